@@ -1,0 +1,49 @@
+"""The ``recserve`` command line.
+
+Each top-level command lives in its own module under ``recserve.commands`` exposing
+``register(subparsers)``; the module sets ``func`` on its parser.  Modules are discovered, so
+adding a command never touches this file.  User errors (:class:`RecserveError`) print one line
+and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from recserve import commands
+from recserve.errors import RecserveError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recserve",
+        description="Serve recommendation models on heterogeneous hardware at the lowest cost that meets their SLAs.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"recserve.commands.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except RecserveError as exc:
+        print(f"recserve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("recserve: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

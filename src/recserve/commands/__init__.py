@@ -1,0 +1,1 @@
+"""One module per top-level ``recserve`` command; each exposes ``register(subparsers)``."""

@@ -1,0 +1,63 @@
+"""Detect the machine recserve runs on, as a ServerType named ``this-host``.
+
+Memory bandwidth cannot be read from sysfs; it is an assumption until ``recserve profile`` measures it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from recserve.specs import ServerType
+
+_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+ASSUMED_MEM_BW_GBS = 20.0
+
+
+def _llc() -> tuple[float, int]:
+    """LLC size (MB) and associativity (ways) of the highest cache level sysfs reports."""
+    best: tuple[int, float, int] = (0, 0.0, 0)
+    for index in sorted(_CACHE.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+            ways = int((index / "ways_of_associativity").read_text())
+        except (OSError, ValueError):
+            continue
+        kb = float(size.rstrip("KMG")) * {"K": 1, "M": 1024, "G": 1024**2}.get(size[-1], 1 / 1024)
+        if level >= best[0]:
+            best = (level, kb / 1024, ways)
+    return best[1], best[2]
+
+
+def _mem_gb() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
+    return 1.0
+
+
+def resctrl_available() -> bool:
+    """Whether Intel CAT / AMD L3 QoS is mounted, so LLC ways can be assigned per model."""
+    return Path("/sys/fs/resctrl/schemata").exists()
+
+
+def this_host() -> ServerType:
+    llc_mb, ways = _llc()
+    cores = len(os.sched_getaffinity(0))
+    return ServerType(
+        name="this-host",
+        cores=cores,
+        mem_gb=round(_mem_gb(), 1),
+        mem_bw_gbs=ASSUMED_MEM_BW_GBS,
+        llc_mb=llc_mb,
+        llc_ways=ways,
+        source="detected at run time from sysfs and /proc",
+        assumptions=(
+            f"mem_bw_gbs={ASSUMED_MEM_BW_GBS} until measured by `recserve profile`",
+            "LLC way partitioning available" if resctrl_available() else "no /sys/fs/resctrl: LLC ways not partitionable",
+        ),
+    )

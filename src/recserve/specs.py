@@ -1,0 +1,356 @@
+"""Plain descriptions of what is served and where: ModelSpec, ServerType, SLA, Traffic.
+
+Specs are loaded from YAML (the bundled catalogue in ``recserve/catalogue/`` or a user's file),
+validated once here, and then passed everywhere as immutable values.  Full-size specs stay
+full-size: planners need real capacities; only the live zoo shrinks rows (``zoo.build(scale=…)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recserve.errors import SpecError
+
+FAMILIES = ("dlrm", "wnd", "mtwnd", "ncf", "din", "dien")
+INTERACTIONS = ("dot", "concat", "attention", "gru")
+SIDES = ("user", "item")
+TABLE_KINDS = ("pooled", "sequence")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table.  ``pooling`` = lookups per sample (the pooling factor).
+
+    A ``sequence`` table is looked up by a behaviour sequence of exactly ``pooling`` ids per sample
+    (DIN/DIEN) and its rows are not sum-pooled but attended over.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    pooling: int = 1
+    side: str = "item"
+    kind: str = "pooled"
+
+    def __post_init__(self) -> None:
+        _positive(self, "rows", "dim", "pooling")
+        _one_of(self, "side", SIDES)
+        _one_of(self, "kind", TABLE_KINDS)
+
+    def row_bytes(self, bytes_per_elem: int = 4) -> int:
+        return self.dim * bytes_per_elem
+
+    def bytes(self, bytes_per_elem: int = 4) -> int:
+        return self.rows * self.row_bytes(bytes_per_elem)
+
+
+@dataclass(frozen=True)
+class SLA:
+    """Tail-latency target: the ``percentile`` of per-query latency must stay under ``target_ms``."""
+
+    target_ms: float
+    percentile: float = 95.0
+
+    def __post_init__(self) -> None:
+        _positive(self, "target_ms")
+        if not 50.0 <= self.percentile < 100.0:
+            raise SpecError(f"SLA percentile must be in [50, 100), got {self.percentile}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A recommendation model at full size, as the papers describe it."""
+
+    name: str
+    family: str
+    dense_in: int
+    tables: tuple[TableSpec, ...]
+    interaction: str
+    sla: SLA
+    bottom_mlp: tuple[int, ...] = ()
+    top_mlp: tuple[int, ...] = (1,)
+    towers: int = 1
+    tower_mlp: tuple[int, ...] = ()
+    gru_hidden: int = 0
+    attention_mlp: tuple[int, ...] = ()
+    source: str = ""
+    notes: str = ""
+    bytes_per_elem: int = 4
+
+    def __post_init__(self) -> None:
+        _one_of(self, "family", FAMILIES)
+        _one_of(self, "interaction", INTERACTIONS)
+        _positive(self, "dense_in", "towers", "bytes_per_elem")
+        if not self.tables:
+            raise SpecError(f"model {self.name!r}: needs at least one table")
+        for name in ("bottom_mlp", "top_mlp", "tower_mlp", "attention_mlp"):
+            if any(int(w) <= 0 for w in getattr(self, name)):
+                raise SpecError(f"model {self.name!r}: {name} widths must be positive")
+        if len({t.name for t in self.tables}) != len(self.tables):
+            raise SpecError(f"model {self.name!r}: table names must be unique")
+        if self.interaction == "dot":
+            dims = {t.dim for t in self.tables}
+            out = self.bottom_mlp[-1] if self.bottom_mlp else self.dense_in
+            if len(dims) != 1 or out not in dims:
+                raise SpecError(
+                    f"model {self.name!r}: dot interaction needs every table dim and the bottom MLP "
+                    f"output equal (tables {sorted(dims)}, bottom MLP out {out})"
+                )
+        if self.interaction == "gru" and self.gru_hidden <= 0:
+            raise SpecError(f"model {self.name!r}: gru interaction needs gru_hidden > 0")
+        if self.interaction in ("attention", "gru") and not self.sequence_tables:
+            raise SpecError(f"model {self.name!r}: {self.interaction} needs a table of kind 'sequence'")
+
+    # ---- derived quantities (used by `models list`, the perfmodel and the planners) ----
+    @property
+    def sequence_tables(self) -> tuple[TableSpec, ...]:
+        return tuple(t for t in self.tables if t.kind == "sequence")
+
+    @property
+    def embedding_bytes(self) -> int:
+        return sum(t.bytes(self.bytes_per_elem) for t in self.tables)
+
+    @property
+    def lookups_per_item(self) -> int:
+        return sum(t.pooling for t in self.tables)
+
+    @property
+    def gather_bytes_per_item(self) -> int:
+        """Bytes of embedding rows read per candidate item (the sparse part's memory traffic)."""
+        return sum(t.pooling * t.row_bytes(self.bytes_per_elem) for t in self.tables)
+
+    def scaled_rows(self, scale: float, min_rows: int = 16) -> tuple[int, ...]:
+        """Table rows after shrinking by ``scale`` (what the live zoo allocates)."""
+        if not 0 < scale <= 1:
+            raise SpecError(f"scale must be in (0, 1], got {scale}")
+        return tuple(max(min_rows, int(round(t.rows * scale))) for t in self.tables)
+
+    def scaled_embedding_bytes(self, scale: float) -> int:
+        rows = self.scaled_rows(scale)
+        return sum(r * t.row_bytes(self.bytes_per_elem) for r, t in zip(rows, self.tables, strict=True))
+
+
+@dataclass(frozen=True)
+class SSDSpec:
+    """A local SSD: random-read IOPS at 4 KiB, read latency and capacity."""
+
+    iops: float
+    read_latency_us: float
+    capacity_gb: float
+    bandwidth_gbs: float = 0.0
+    kind: str = "nand"
+
+
+@dataclass(frozen=True)
+class ServerType:
+    """A kind of machine a model can be placed on, with what it costs to run."""
+
+    name: str
+    cores: int
+    mem_gb: float
+    mem_bw_gbs: float
+    llc_mb: float = 0.0
+    llc_ways: int = 0
+    freq_ghz: float = 2.0
+    flops_per_cycle: int = 16
+    accelerator: str | None = None
+    accel_tflops: float = 0.0
+    accel_mem_gb: float = 0.0
+    accel_mem_bw_gbs: float = 0.0
+    pcie_gbs: float = 0.0
+    nmp: bool = False
+    ssd: SSDSpec | None = None
+    price_per_hr: float | None = None
+    power_w: float | None = None
+    source: str = ""
+    assumptions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive(self, "cores", "mem_gb", "mem_bw_gbs", "freq_ghz")
+        if self.llc_ways < 0 or self.llc_mb < 0:
+            raise SpecError(f"server {self.name!r}: LLC size and ways must be >= 0")
+
+    @property
+    def peak_gflops(self) -> float:
+        return self.cores * self.freq_ghz * self.flops_per_cycle
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Load offered to one model: a rate (or a diurnal trace scaled to ``peak_qps``) and a size mix."""
+
+    model: str
+    qps: float
+    query_sizes: str = "production"
+    trace: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.qps < 0:
+            raise SpecError(f"traffic for {self.model!r}: qps must be >= 0, got {self.qps}")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            label = getattr(obj, "name", type(obj).__name__)
+            raise SpecError(f"{type(obj).__name__} {label!r}: {name} must be a positive number, got {value!r}")
+
+
+def _one_of(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(obj, name)
+    if value not in allowed:
+        label = getattr(obj, "name", type(obj).__name__)
+        raise SpecError(f"{type(obj).__name__} {label!r}: {name} must be one of {allowed}, got {value!r}")
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    """Construct a dataclass from a mapping with clear errors for unknown or missing keys."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(fields)}")
+    missing = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in data
+    ]
+    if missing:
+        raise SpecError(f"{where}: missing field(s) {missing}")
+    kwargs = {}
+    for key, value in data.items():
+        if isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise SpecError(f"{where}: {exc}") from exc
+
+
+def model_from_dict(name: str, data: dict[str, Any]) -> ModelSpec:
+    where = f"model {name!r}"
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping")
+    data = dict(data)
+    tables = []
+    raw_tables = data.pop("tables", None)
+    if not isinstance(raw_tables, list) or not raw_tables:
+        raise SpecError(f"{where}: 'tables' must be a non-empty list")
+    for i, raw in enumerate(raw_tables):
+        raw = dict(raw) if isinstance(raw, dict) else raw
+        repeat = raw.pop("repeat", 1) if isinstance(raw, dict) else 1
+        for r in range(int(repeat)):
+            item = dict(raw)
+            base = item.get("name", f"t{i}")
+            item["name"] = f"{base}{r}" if repeat > 1 else base
+            tables.append(_build(TableSpec, item, f"{where} table {i}"))
+    sla = _build(SLA, data.pop("sla", {}), f"{where} sla")
+    data.setdefault("name", name)
+    return _build(ModelSpec, {**data, "tables": tables, "sla": sla}, where)
+
+
+def server_from_dict(name: str, data: dict[str, Any]) -> ServerType:
+    where = f"server {name!r}"
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping")
+    data = dict(data)
+    ssd = data.pop("ssd", None)
+    if ssd is not None:
+        data["ssd"] = _build(SSDSpec, ssd, f"{where} ssd")
+    data.setdefault("name", name)
+    return _build(ServerType, data, where)
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(f"{path}: no such file")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}") from exc
+
+
+def load_models(path: str | Path) -> dict[str, ModelSpec]:
+    """Load a YAML file of ``models: {name: {...}}`` (or a bare mapping)."""
+    data = read_yaml(path)
+    data = data.get("models", data) if isinstance(data, dict) else data
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of model name to spec")
+    return {name: model_from_dict(name, spec) for name, spec in data.items()}
+
+
+def load_servers(path: str | Path) -> dict[str, ServerType]:
+    data = read_yaml(path)
+    data = data.get("servers", data) if isinstance(data, dict) else data
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of server name to spec")
+    return {name: server_from_dict(name, spec) for name, spec in data.items()}
+
+
+def _catalogue_path(name: str) -> Path:
+    return Path(str(resources.files("recserve") / "catalogue" / name))
+
+
+@cache
+def catalogue_models() -> dict[str, ModelSpec]:
+    return load_models(_catalogue_path("models.yaml"))
+
+
+@cache
+def catalogue_servers() -> dict[str, ServerType]:
+    servers = load_servers(_catalogue_path("servers.yaml"))
+    from recserve.hostinfo import this_host
+
+    servers["this-host"] = this_host()
+    return servers
+
+
+def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec:
+    models = {**catalogue_models(), **(extra or {})}
+    if name not in models:
+        raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))}")
+    return models[name]
+
+
+def get_server(name: str, extra: dict[str, ServerType] | None = None) -> ServerType:
+    servers = {**catalogue_servers(), **(extra or {})}
+    if name not in servers:
+        raise SpecError(f"unknown server type {name!r}; known: {', '.join(sorted(servers))}")
+    return servers[name]
+
+
+def to_dict(spec: Any) -> dict[str, Any]:
+    """A JSON-ready dict of any spec dataclass (tuples become lists)."""
+    return dataclasses.asdict(spec)
+
+
+__all__ = [
+    "SLA",
+    "ModelSpec",
+    "SSDSpec",
+    "ServerType",
+    "TableSpec",
+    "Traffic",
+    "catalogue_models",
+    "catalogue_servers",
+    "get_model",
+    "get_server",
+    "load_models",
+    "load_servers",
+]

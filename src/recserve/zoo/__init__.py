@@ -1,0 +1,41 @@
+"""Real PyTorch recommendation models built from a ModelSpec (see ``zoo.build``)."""
+
+from __future__ import annotations
+
+import torch
+
+from recserve.errors import SpecError
+from recserve.specs import ModelSpec
+from recserve.zoo.base import DramTable, RecModel, TableLookup
+from recserve.zoo.batch import QueryBatch, random_batch
+from recserve.zoo.dlrm import DLRM
+
+FAMILY_CLASSES: dict[str, type[RecModel]] = {"dlrm": DLRM}
+
+
+def build(spec: ModelSpec, scale: float = 1e-3, seed: int = 0, min_rows: int = 16) -> RecModel:
+    """Build ``spec`` with table rows shrunk by ``scale`` (everything else full size), in eval mode."""
+    cls = FAMILY_CLASSES.get(spec.family)
+    if cls is None:
+        raise SpecError(f"model {spec.name!r}: family {spec.family!r} has no zoo implementation yet")
+    torch.manual_seed(seed)
+    model = cls(spec, spec.scaled_rows(scale, min_rows))
+    return model.eval()
+
+
+def sample_batch(model: RecModel, batch_size: int, rng=0, sampler=None) -> QueryBatch:
+    """A synthetic query that fits ``model`` (uniform ids unless a workload sampler is given)."""
+    spec = model.spec
+    kwargs = {"sampler": sampler} if sampler is not None else {}
+    return random_batch(
+        spec.dense_in,
+        model.rows,
+        tuple(t.pooling for t in spec.tables),
+        batch_size,
+        rng,
+        fixed=tuple(t.kind == "sequence" for t in spec.tables),
+        **kwargs,
+    )
+
+
+__all__ = ["DramTable", "QueryBatch", "RecModel", "TableLookup", "build", "random_batch", "sample_batch"]

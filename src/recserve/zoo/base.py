@@ -1,0 +1,108 @@
+"""What every zoo model shares: embedding tables behind one lookup interface, and the
+sparse/dense split (``sparse`` = lookups → pooled embeddings, ``dense`` = MLPs + interaction).
+
+Running ``dense(batch.dense, sparse(batch))`` is by construction exactly ``forward(batch)``: the
+pipelined server, the sharded (ElasticRec) path and the SSD-tiered (SDM) path replace only the
+``tables`` and reuse ``dense`` unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from recserve.specs import ModelSpec
+from recserve.zoo.batch import QueryBatch
+
+
+class TableLookup(Protocol):
+    """One embedding table, wherever its rows live (DRAM, SSD tier, remote shards)."""
+
+    num_rows: int
+    dim: int
+
+    def pool(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Sum of the rows of each bag: ``[B, dim]``."""
+        ...
+
+    def gather(self, indices: torch.Tensor) -> torch.Tensor:
+        """The rows themselves: ``[N, dim]``."""
+        ...
+
+
+class DramTable(nn.Module):
+    """A table held in DRAM as one ``nn.EmbeddingBag`` (sum mode, fbgemm's CPU kernel)."""
+
+    def __init__(self, num_rows: int, dim: int) -> None:
+        super().__init__()
+        self.num_rows, self.dim = num_rows, dim
+        self.bag = nn.EmbeddingBag(num_rows, dim, mode="sum")
+        nn.init.uniform_(self.bag.weight, -0.05, 0.05)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.bag.weight
+
+    def pool(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.bag(indices, offsets)
+
+    def gather(self, indices: torch.Tensor) -> torch.Tensor:
+        return F.embedding(indices, self.bag.weight)
+
+
+def mlp(widths: list[int] | tuple[int, ...], in_features: int, last_activation: bool = True) -> nn.Sequential:
+    """Linear+ReLU stack; the last layer's activation is optional (score heads add a sigmoid)."""
+    layers: list[nn.Module] = []
+    for i, width in enumerate(widths):
+        layers.append(nn.Linear(in_features, width))
+        if last_activation or i < len(widths) - 1:
+            layers.append(nn.ReLU())
+        in_features = width
+    return nn.Sequential(*layers)
+
+
+class RecModel(nn.Module):
+    """Base of every zoo model.  Subclasses build their dense layers and implement :meth:`dense`."""
+
+    def __init__(self, spec: ModelSpec, rows: tuple[int, ...]) -> None:
+        super().__init__()
+        self.spec = spec
+        self.rows = rows
+        self.tables = nn.ModuleList(DramTable(n, t.dim) for n, t in zip(rows, spec.tables, strict=True))
+        self.sequence_lengths = {i: t.pooling for i, t in enumerate(spec.tables) if t.kind == "sequence"}
+
+    # ---- the split ------------------------------------------------------------------
+    def sparse(self, batch: QueryBatch) -> list[torch.Tensor]:
+        """Per table: pooled ``[B, dim]``, or for sequence tables the rows ``[B, L, dim]``."""
+        out = []
+        for t, (indices, offsets) in enumerate(batch.tables()):
+            table = self.tables[t]
+            if t in self.sequence_lengths:
+                out.append(table.gather(indices).view(batch.size, self.sequence_lengths[t], table.dim))
+            else:
+                out.append(table.pool(indices, offsets))
+        return out
+
+    def dense(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        """Scores ``[B, towers]`` from the dense input and the sparse part's output."""
+        raise NotImplementedError
+
+    def forward(self, batch: QueryBatch) -> torch.Tensor:
+        return self.dense(batch.dense, self.sparse(batch))
+
+    # ---- helpers --------------------------------------------------------------------
+    def validate(self, batch: QueryBatch, max_batch: int | None = None) -> None:
+        batch.validate(self.spec.dense_in, self.rows, self.sequence_lengths, max_batch)
+
+    def replace_table(self, t: int, table: TableLookup) -> None:
+        """Back table ``t`` by another store (SSD tier, shards) with the same rows."""
+        if table.num_rows != self.rows[t] or table.dim != self.tables[t].dim:
+            raise ValueError(f"table {t}: replacement has shape ({table.num_rows}, {table.dim}), "
+                             f"expected ({self.rows[t]}, {self.tables[t].dim})")
+        self.tables[t] = table  # type: ignore[assignment]
+
+    def pooled_tables(self) -> list[int]:
+        return [t for t in range(len(self.rows)) if t not in self.sequence_lengths]

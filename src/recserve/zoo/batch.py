@@ -1,0 +1,165 @@
+"""The one input format for every model, server and client.
+
+A query of ``B`` candidate items for a model with ``T`` tables is three tensors (TorchRec's
+KeyedJaggedTensor convention, table-major):
+
+- ``dense``          FP32  ``[B, dense_in]``
+- ``sparse_values``  INT64 ``[N]``      all indices, table 0's bags first, then table 1's, …
+- ``sparse_lengths`` INT32 ``[T, B]``   ids in each (table, sample) bag; ``N = lengths.sum()``
+
+Per table this is the EmbeddingBag convention (indices + offsets), which :meth:`QueryBatch.table`
+gives.  Sequence tables (DIN/DIEN behaviour histories) must have every bag exactly ``pooling`` long.
+The wire names above are the Open Inference Protocol tensor names; the output is ``scores``
+FP32 ``[B, towers]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from recserve.errors import RecserveError
+
+INPUT_DENSE = "dense"
+INPUT_VALUES = "sparse_values"
+INPUT_LENGTHS = "sparse_lengths"
+OUTPUT_SCORES = "scores"
+
+# (rows, n, rng) -> n int64 ids in [0, rows)
+IndexSampler = Callable[[int, int, np.random.Generator], np.ndarray]
+
+
+class BatchError(RecserveError):
+    """A query does not fit the model (wrong shape, dtype, index range, lengths)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass
+class QueryBatch:
+    dense: torch.Tensor
+    values: torch.Tensor
+    lengths: torch.Tensor  # [T, B] int32/int64
+
+    @property
+    def size(self) -> int:
+        return int(self.dense.shape[0])
+
+    @property
+    def num_tables(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def table_offsets(self) -> torch.Tensor:
+        """Start of each table's slice in ``values`` (length T + 1)."""
+        per_table = self.lengths.to(torch.int64).sum(dim=1)
+        return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(per_table, 0)])
+
+    def table(self, t: int, starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices, offsets) of table ``t`` in the EmbeddingBag convention."""
+        starts = self.table_offsets() if starts is None else starts
+        idx = self.values[int(starts[t]) : int(starts[t + 1])]
+        lens = self.lengths[t].to(torch.int64)
+        offsets = torch.zeros(lens.shape[0], dtype=torch.int64)
+        if lens.shape[0] > 1:
+            offsets[1:] = torch.cumsum(lens[:-1], 0)
+        return idx, offsets
+
+    def tables(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        starts = self.table_offsets()
+        return [self.table(t, starts) for t in range(self.num_tables)]
+
+    def slice(self, start: int, stop: int) -> QueryBatch:
+        """Samples ``[start, stop)`` as their own batch (for sub-batching across workers)."""
+        starts = self.table_offsets()
+        lens = self.lengths.to(torch.int64)
+        pieces = []
+        for t in range(self.num_tables):
+            before = int(lens[t, :start].sum())
+            count = int(lens[t, start:stop].sum())
+            base = int(starts[t]) + before
+            pieces.append(self.values[base : base + count])
+        return QueryBatch(self.dense[start:stop], torch.cat(pieces), self.lengths[:, start:stop])
+
+    def as_arrays(self) -> dict[str, np.ndarray]:
+        """Wire tensors by their protocol names."""
+        return {
+            INPUT_DENSE: self.dense.numpy(),
+            INPUT_VALUES: self.values.numpy(),
+            INPUT_LENGTHS: self.lengths.to(torch.int32).numpy(),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> QueryBatch:
+        for name in (INPUT_DENSE, INPUT_VALUES, INPUT_LENGTHS):
+            if name not in arrays:
+                raise BatchError(name, "input tensor missing")
+        return cls(
+            dense=torch.from_numpy(np.ascontiguousarray(arrays[INPUT_DENSE])),
+            values=torch.from_numpy(np.ascontiguousarray(arrays[INPUT_VALUES])),
+            lengths=torch.from_numpy(np.ascontiguousarray(arrays[INPUT_LENGTHS])),
+        )
+
+    def validate(self, dense_in: int, rows: tuple[int, ...], seq_lens: dict[int, int] | None = None,
+                 max_batch: int | None = None) -> None:
+        """Raise :class:`BatchError` naming the offending field; cheap enough for every request."""
+        if self.dense.dtype != torch.float32:
+            raise BatchError(INPUT_DENSE, f"dtype must be FP32, got {self.dense.dtype}")
+        if self.dense.dim() != 2 or self.dense.shape[1] != dense_in:
+            raise BatchError(INPUT_DENSE, f"shape must be [B, {dense_in}], got {list(self.dense.shape)}")
+        b = self.size
+        if b < 1:
+            raise BatchError(INPUT_DENSE, "batch must hold at least one item")
+        if max_batch is not None and b > max_batch:
+            raise BatchError(INPUT_DENSE, f"batch {b} exceeds max_batch_size {max_batch}")
+        if self.values.dtype != torch.int64:
+            raise BatchError(INPUT_VALUES, f"dtype must be INT64, got {self.values.dtype}")
+        if self.lengths.dtype not in (torch.int32, torch.int64):
+            raise BatchError(INPUT_LENGTHS, f"dtype must be INT32, got {self.lengths.dtype}")
+        if self.lengths.dim() != 2 or tuple(self.lengths.shape) != (len(rows), b):
+            raise BatchError(INPUT_LENGTHS, f"shape must be [{len(rows)}, {b}], got {list(self.lengths.shape)}")
+        if bool((self.lengths < 0).any()):
+            raise BatchError(INPUT_LENGTHS, "lengths must be >= 0")
+        if int(self.lengths.to(torch.int64).sum()) != self.values.numel():
+            raise BatchError(INPUT_VALUES, f"has {self.values.numel()} ids but lengths sum to "
+                             f"{int(self.lengths.to(torch.int64).sum())}")
+        for t, length in (seq_lens or {}).items():
+            if bool((self.lengths[t] != length).any()):
+                raise BatchError(INPUT_LENGTHS, f"table {t} is a sequence table: every bag must hold {length} ids")
+        starts = self.table_offsets()
+        for t, n in enumerate(rows):
+            idx = self.values[int(starts[t]) : int(starts[t + 1])]
+            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
+                raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {n})")
+
+
+def uniform_sampler(rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, rows, size=n, dtype=np.int64)
+
+
+def random_batch(
+    dense_in: int,
+    rows: tuple[int, ...],
+    pooling: tuple[int, ...],
+    batch_size: int,
+    rng: np.random.Generator | int = 0,
+    sampler: IndexSampler = uniform_sampler,
+    fixed: tuple[bool, ...] | None = None,
+) -> QueryBatch:
+    """A synthetic query: pooled bags have 1..2×pooling ids (mean ≈ pooling), sequences exactly pooling."""
+    rng = np.random.default_rng(rng) if isinstance(rng, int) else rng
+    fixed = fixed or tuple(False for _ in rows)
+    lengths = np.empty((len(rows), batch_size), dtype=np.int32)
+    values = []
+    for t, (n, p, is_fixed) in enumerate(zip(rows, pooling, fixed, strict=True)):
+        if is_fixed or p == 1:
+            lengths[t] = p
+        else:
+            lengths[t] = rng.integers(max(1, p // 2), p + p // 2 + 1, size=batch_size)
+        values.append(sampler(n, int(lengths[t].sum()), rng))
+    dense = rng.standard_normal((batch_size, dense_in), dtype=np.float32)
+    return QueryBatch(torch.from_numpy(dense), torch.from_numpy(np.concatenate(values)), torch.from_numpy(lengths))
