@@ -58,6 +58,8 @@ def this_host() -> ServerType:
         source="detected at run time from sysfs and /proc",
         assumptions=(
             f"mem_bw_gbs={ASSUMED_MEM_BW_GBS} until measured by `recserve profile`",
-            "LLC way partitioning available" if resctrl_available() else "no /sys/fs/resctrl: LLC ways not partitionable",
+            "LLC way partitioning available"
+            if resctrl_available()
+            else "no /sys/fs/resctrl: LLC ways not partitionable",
         ),
     )
