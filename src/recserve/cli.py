@@ -1,9 +1,10 @@
 """The ``recserve`` command line.
 
 Each top-level command lives in its own module under ``recserve.commands`` exposing
-``register(subparsers)``; the module sets ``func`` on its parser.  Modules are discovered, so
-adding a command never touches this file.  User errors (:class:`RecserveError`) print one line
-and exit with code 2.
+``register(subparsers)``; the module sets ``func`` on its parser.  Command groups (``plan``,
+``profile``, ``simulate``, ``deploy``) gather their actions from modules named ``<group>_<action>.py``
+(see ``commands/_group.py``).  Modules are discovered, so adding a command never touches this file.
+User errors (:class:`RecserveError`) print one line and exit with code 2.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if "_" in info.name:
+            continue  # private helpers and group actions (<group>_<action>) are registered by their group
         module = importlib.import_module(f"recserve.commands.{info.name}")
         module.register(sub)
     return parser
