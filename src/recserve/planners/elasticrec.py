@@ -1,0 +1,242 @@
+"""ElasticRec (Choi et al.): split a model into a dense shard and hotness-sorted embedding shards,
+each replicated only as much as its own traffic needs (Alg. 1 cost, Alg. 2 DP partitioning).
+
+Inputs are a :class:`ShardCostModel` (gather-QPS regression and dense-shard QPS, read from
+Profile tables) and the per-table access CDF; the output is a :class:`ShardPlan`.  The exact DP
+of the paper is O(S·N²) over row positions; :func:`partition_table` runs the same recurrence
+over a candidate grid of boundaries (CDF quantiles ∪ log-spaced row counts), vectorised with
+numpy, and :func:`partition_exact` keeps the full recurrence for checking the gap on small tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from recserve.errors import ProfileError, SpecError
+from recserve.profiles import ProfileSet, ProfileTable
+from recserve.specs import ModelSpec
+
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class ShardCostModel:
+    """What a shard replica costs and sustains on one server type.
+
+    Gather time per query is ``gather_ms0 + gather_ms_per_row × rows gathered`` (ElasticRec Fig. 9's
+    QPS(x) regression in time form); the dense shard sustains ``dense_qps`` per replica.
+    """
+
+    gather_ms0: float
+    gather_ms_per_row: float
+    dense_qps: float
+    min_mem_bytes: float = 256 * MiB
+    dense_bytes: float = 0.0
+    source: str = ""
+
+    def gather_qps(self, rows_gathered: np.ndarray | float) -> np.ndarray | float:
+        return 1000.0 / (self.gather_ms0 + self.gather_ms_per_row * np.asarray(rows_gathered, dtype=float))
+
+    def model_qps(self, total_rows_gathered: float) -> float:
+        """A monolithic replica runs the gathers and the dense part back to back."""
+        return 1000.0 / (1000.0 / self.dense_qps + self.gather_ms0 + self.gather_ms_per_row * total_rows_gathered)
+
+
+def fit_gather_regression(table: ProfileTable) -> tuple[float, float]:
+    """Least-squares fit of per-query gather time (ms) against gathers per query."""
+    x = table.column("gathers")
+    ms = 1000.0 / table.column("qps")
+    if len(x) < 2:
+        raise ProfileError(f"profile {table.key}: need at least two points to fit QPS(x)")
+    slope, intercept = np.polyfit(x, ms, 1)
+    return max(float(intercept), 1e-6), max(float(slope), 1e-9)
+
+
+def cost_model_from_profiles(profiles: ProfileSet, model: ModelSpec, server: str, batch: int,
+                             min_mem_bytes: float = 256 * MiB) -> ShardCostModel:
+    """Read the gather regression (kind ``gather_qps``, any model on ``server``) and the dense
+    shard's QPS (``latency_vs_batch`` with ``conditions.part == "dense"``) for ``model``."""
+    gathers = profiles.find(server=server, kind="gather_qps")
+    if not gathers:
+        raise ProfileError(f"no gather_qps profile for server {server!r}; run `recserve profile host`")
+    g0, g1 = fit_gather_regression(gathers[0])
+    dense = profiles.get(model.name, server, "latency_vs_batch", part="dense")
+    dense_ms = dense.interp(batch, "mean_ms")
+    dense_bytes = sum(a * b for a, b in zip((model.dense_in, *model.bottom_mlp), model.bottom_mlp, strict=False)) * 4
+    return ShardCostModel(g0, g1, 1000.0 / dense_ms, min_mem_bytes, float(dense_bytes), source=gathers[0].source)
+
+
+# ------------------------------------------------------------------ access distribution
+
+
+def access_cdf(sorted_counts: np.ndarray) -> np.ndarray:
+    """CDF over hotness-sorted rows: ``cdf[x]`` = share of accesses to the ``x`` hottest rows (cdf[0] = 0)."""
+    counts = np.asarray(sorted_counts, dtype=float)
+    total = counts.sum()
+    if total <= 0:
+        raise SpecError("access counts must not all be zero")
+    return np.concatenate([[0.0], np.cumsum(counts) / total])
+
+
+def locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> np.ndarray:
+    """CDF of a table whose hottest ``hot_fraction`` of rows take share ``locality`` of accesses,
+    uniform within each group — the locality-P model of ElasticRec §V-C."""
+    hot = max(1, int(round(rows * hot_fraction)))
+    x = np.arange(rows + 1, dtype=float)
+    return np.where(x <= hot, locality * x / hot, locality + (1 - locality) * (x - hot) / max(rows - hot, 1))
+
+
+# ------------------------------------------------------------------ Alg. 1 and Alg. 2
+
+
+@dataclass
+class TableShards:
+    table: str
+    boundaries: list[int]          # [0, b1, ..., rows]
+    replicas: list[int]
+    rows_gathered: list[float]     # expected per query, per shard
+    memory_bytes: float
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.replicas)
+
+
+def shard_cost(cdf: np.ndarray, starts: np.ndarray, ends: np.ndarray, gathers_per_query: float, row_bytes: int,
+               target_qps: float, cost: ShardCostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Alg. 1 COST for shards holding sorted rows [start, end): (memory bytes, replicas). Vectorised.
+
+    Replicas are ``ceil(target / QPS(ns))`` (a replica count is whole; the paper writes ``//``)."""
+    ns = (cdf[ends] - cdf[starts]) * gathers_per_query
+    replicas = np.maximum(1, np.ceil(target_qps / cost.gather_qps(ns) - 1e-9))
+    memory = replicas * ((ends - starts) * float(row_bytes) + cost.min_mem_bytes)
+    return memory, replicas
+
+
+def _dp(points: np.ndarray, cdf: np.ndarray, gathers: float, row_bytes: int, target: float,
+        cost: ShardCostModel, max_shards: int) -> tuple[float, list[int]]:
+    """Alg. 2 over boundary candidates ``points`` (sorted, starting at 0, ending at N)."""
+    g = points.size
+    starts, ends = np.meshgrid(points, points, indexing="ij")          # [k, j]: shard [points[k], points[j])
+    valid = starts < ends
+    mem, _ = shard_cost(cdf, np.where(valid, starts, 0), np.where(valid, ends, 1), gathers, row_bytes, target, cost)
+    mem = np.where(valid, mem, np.inf)
+    best = mem[0].copy()                                               # one shard ending at each point
+    choices = [np.zeros(g, dtype=np.int64)]
+    overall, overall_level = best[-1], 0
+    for _level in range(1, max_shards):
+        total = best[:, None] + mem                                    # previous shards end at k, last is [k, j)
+        arg = np.argmin(total, axis=0)
+        best = total[arg, np.arange(g)]
+        choices.append(arg)
+        if best[-1] < overall - 1e-6:
+            overall, overall_level = best[-1], _level
+    cuts, j = [g - 1], g - 1
+    for level in range(overall_level, 0, -1):
+        j = int(choices[level][j])
+        cuts.append(j)
+    cuts.append(0)
+    return float(overall), sorted({int(points[c]) for c in cuts})
+
+
+def candidate_points(cdf: np.ndarray, grid: int = 512) -> np.ndarray:
+    """Boundary candidates: access-share quantiles ∪ log- and linearly spaced row counts ∪ {0, N}."""
+    n = cdf.size - 1
+    if n + 1 <= grid * 2:
+        return np.arange(n + 1)
+    quantiles = np.searchsorted(cdf, np.linspace(0, 1, grid), side="left")
+    logs = np.geomspace(1, n, grid).astype(np.int64)
+    linear = np.linspace(0, n, grid).astype(np.int64)
+    return np.unique(np.concatenate([[0, n], np.clip(quantiles, 0, n), logs, linear]))
+
+
+def partition_table(name: str, cdf: np.ndarray, gathers_per_query: float, row_bytes: int, target_qps: float,
+                    cost: ShardCostModel, max_shards: int = 16, grid: int = 512) -> TableShards:
+    """Cheapest shard count and boundaries for one table (DP over a candidate grid)."""
+    points = candidate_points(cdf, grid)
+    memory, bounds = _dp(points, cdf, gathers_per_query, row_bytes, target_qps, cost, max_shards)
+    b = np.array(bounds)
+    _, replicas = shard_cost(cdf, b[:-1], b[1:], gathers_per_query, row_bytes, target_qps, cost)
+    rows_gathered = (cdf[b[1:]] - cdf[b[:-1]]) * gathers_per_query
+    return TableShards(name, bounds, [int(r) for r in replicas], [float(x) for x in rows_gathered], memory)
+
+
+def partition_exact(cdf: np.ndarray, gathers_per_query: float, row_bytes: int, target_qps: float,
+                    cost: ShardCostModel, max_shards: int) -> tuple[float, list[int]]:
+    """The paper's DP over every row position (for checking the grid on small tables)."""
+    return _dp(np.arange(cdf.size), cdf, gathers_per_query, row_bytes, target_qps, cost, max_shards)
+
+
+# ------------------------------------------------------------------ whole-model plan
+
+
+@dataclass
+class ShardPlan:
+    model: str
+    target_qps: float
+    batch: int
+    dense_replicas: int
+    dense_memory_bytes: float
+    tables: list[TableShards]
+    modelwise_replicas: int
+    modelwise_memory_bytes: float
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.dense_memory_bytes + sum(t.memory_bytes for t in self.tables)
+
+    @property
+    def saving(self) -> float:
+        return self.modelwise_memory_bytes / self.memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["memory_bytes"] = self.memory_bytes
+        out["saving_vs_modelwise"] = self.saving
+        return out
+
+    def table_text(self) -> str:
+        lines = [f"{self.model}: target {self.target_qps:g} QPS, batch {self.batch}",
+                 f"  dense shard: {self.dense_replicas} replicas, {self.dense_memory_bytes / 2**30:.2f} GiB"]
+        for t in self.tables:
+            shards = ", ".join(f"[{a}:{b}) x{r}" for a, b, r in zip(t.boundaries[:-1], t.boundaries[1:], t.replicas,
+                                                                    strict=True))
+            lines.append(f"  {t.table}: {t.num_shards} shards {shards} -> {t.memory_bytes / 2**30:.2f} GiB")
+        lines.append(f"  ElasticRec total {self.memory_bytes / 2**30:.1f} GiB vs model-wise "
+                     f"{self.modelwise_memory_bytes / 2**30:.1f} GiB ({self.modelwise_replicas} replicas): "
+                     f"{self.saving:.2f}x less memory")
+        return "\n".join(lines)
+
+
+def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch: int = 32,
+                locality: float = 0.9, cdfs: dict[str, np.ndarray] | None = None, max_shards: int = 16,
+                grid: int = 512) -> ShardPlan:
+    """ElasticRec plan for ``spec`` at ``target_qps`` vs model-wise replication of the whole model.
+
+    Each table's CDF comes from ``cdfs`` (measured access counts) or the locality-P model."""
+    if target_qps <= 0:
+        raise SpecError("target QPS must be positive")
+    tables = []
+    total_gathers = 0.0
+    for t in spec.tables:
+        cdf = (cdfs or {}).get(t.name)
+        if cdf is None:
+            cdf = locality_cdf(t.rows, locality)
+        gathers = batch * t.pooling
+        total_gathers += gathers
+        tables.append(partition_table(t.name, cdf, gathers, t.row_bytes(spec.bytes_per_elem), target_qps, cost,
+                                      max_shards, grid))
+    dense_replicas = max(1, math.ceil(target_qps / cost.dense_qps - 1e-9))
+    dense_memory = dense_replicas * (cost.dense_bytes + cost.min_mem_bytes)
+    model_replicas = max(1, math.ceil(target_qps / cost.model_qps(total_gathers) - 1e-9))
+    model_memory = model_replicas * (spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes)
+    return ShardPlan(spec.name, target_qps, batch, dense_replicas, dense_memory, tables, model_replicas, model_memory,
+                     assumptions=[f"locality P={locality:g} where no access counts given" if not cdfs else
+                                  "CDFs from measured access counts",
+                                  f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
+                                  f"cost model source: {cost.source or 'given'}"])

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional as F
+
+from recserve.embedding.sharded import ShardedTable, bucketize, hotness_order
+from recserve.planners.elasticrec import (
+    ShardCostModel,
+    access_cdf,
+    locality_cdf,
+    partition_exact,
+    partition_table,
+    plan_shards,
+    shard_cost,
+)
+from recserve.specs import SLA, ModelSpec, TableSpec
+
+COST = ShardCostModel(gather_ms0=0.2, gather_ms_per_row=0.01, dense_qps=500.0, min_mem_bytes=4000.0)
+
+
+def brute_force(cdf, gathers, row_bytes, target, cost, max_shards):
+    n = cdf.size - 1
+    best = (np.inf, None)
+    for k in range(0, max_shards):
+        for cuts in itertools.combinations(range(1, n), k):
+            b = np.array([0, *cuts, n])
+            mem, _ = shard_cost(cdf, b[:-1], b[1:], gathers, row_bytes, target, cost)
+            if mem.sum() < best[0] - 1e-9:
+                best = (mem.sum(), list(b))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_equals_brute_force_on_small_tables(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 11))
+    counts = np.sort(rng.zipf(1.3, size=n).astype(float))[::-1]
+    cdf = access_cdf(counts)
+    target = float(rng.uniform(200, 5000))
+    row_bytes = int(rng.choice([128, 4096, 100000]))
+    exact, bounds = partition_exact(cdf, 64, row_bytes, target, COST, max_shards=4)
+    brute, brute_bounds = brute_force(cdf, 64, row_bytes, target, COST, 4)
+    assert exact == pytest.approx(brute)
+    mem, _ = shard_cost(cdf, np.array(bounds[:-1]), np.array(bounds[1:]), 64, row_bytes, target, COST)
+    assert mem.sum() == pytest.approx(exact)
+
+
+def test_grid_dp_is_close_to_exact_dp():
+    cdf = locality_cdf(3000, 0.9)
+    exact, _ = partition_exact(cdf, 32 * 128, 128, 1000, COST, max_shards=8)
+    grid = partition_table("t", cdf, 32 * 128, 128, 1000, COST, max_shards=8, grid=64)
+    assert grid.memory_bytes >= exact - 1e-6
+    assert grid.memory_bytes <= exact * 1.05
+
+
+def test_hot_shard_gets_more_replicas_and_plan_beats_modelwise():
+    spec = ModelSpec(name="toy", family="dlrm", dense_in=8, bottom_mlp=(16,), top_mlp=(8, 1), interaction="dot",
+                     tables=tuple(TableSpec(f"t{i}", 2_000_000, 16, pooling=64) for i in range(2)),
+                     sla=SLA(400.0))
+    plan = plan_shards(spec, 2000.0, ShardCostModel(2.0, 0.001, 3000.0, 64 * 2**20), batch=32, locality=0.9)
+    t = plan.tables[0]
+    assert t.num_shards >= 2
+    assert t.replicas[0] > t.replicas[-1]
+    assert plan.memory_bytes < plan.modelwise_memory_bytes
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_bucketized_lookup_equals_unsharded_embedding_bag(seed):
+    g = torch.Generator().manual_seed(seed)
+    rows, dim, batch = int(torch.randint(5, 200, (1,), generator=g)), 8, int(torch.randint(1, 20, (1,), generator=g))
+    weight = torch.randn(rows, dim, generator=g)
+    lengths = torch.randint(0, 6, (batch,), generator=g)
+    indices = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)[:-1]])
+    cuts = sorted(set(torch.randint(1, rows, (3,), generator=g).tolist()))
+    _, remap = hotness_order(np.bincount(indices.numpy(), minlength=rows))
+    table = ShardedTable(weight, [0, *cuts, rows], remap)
+    expected = F.embedding_bag(indices, weight, offsets, mode="sum")
+    assert torch.allclose(table.pool(indices, offsets), expected, atol=1e-5)
+    assert torch.equal(table.gather(indices), weight[indices])
+
+
+def test_bucketize_subtracts_the_shard_base():
+    parts = bucketize(torch.tensor([0, 7, 3, 9]), torch.tensor([0, 2]), [0, 6, 10])
+    assert parts[0].indices.tolist() == [0, 3] and parts[0].offsets.tolist() == [0, 1]
+    assert parts[1].indices.tolist() == [1, 3] and parts[1].offsets.tolist() == [0, 1]
