@@ -1,0 +1,274 @@
+"""Plans: what a planner decided, as plain data that saves to JSON and prints as a table.
+
+Every planner returns a :class:`Plan` subclass.  A plan records its inputs (targets, budget, where
+the profiles came from), its decision, and the same decision made by the baselines it is compared
+with, so one JSON file is enough to reproduce a comparison.  ``Plan.load`` rebuilds the right
+subclass from the ``kind`` field; other planners register their own subclasses with
+:func:`register_plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from recserve.errors import RecserveError
+
+PLAN_VERSION = 1
+_PLAN_KINDS: dict[str, type[Plan]] = {}
+
+
+def register_plan(cls: type[Plan]) -> type[Plan]:
+    """Class decorator: make ``Plan.load`` able to rebuild ``cls`` from its ``kind``."""
+    _PLAN_KINDS[cls.kind] = cls
+    return cls
+
+
+def format_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A left-aligned text table; floats get 4 significant digits."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+        return str(v)
+
+    text = [[cell(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in text]
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return value.item()
+    return value
+
+
+@dataclass
+class Plan:
+    """Base of every plan.  Subclasses add their decision fields and override ``table``."""
+
+    kind: ClassVar[str] = "plan"
+    planner: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": PLAN_VERSION, "kind": self.kind, **_jsonable(self)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+    def table(self) -> str:
+        rows = [[k, v] for k, v in self.summary.items()]
+        return format_table(["metric", "value"], rows)
+
+    def baseline_table(self) -> str:
+        """One row per policy (this plan's planner first) with the summary metrics they share."""
+        if not self.baselines:
+            return ""
+        keys = [k for k in self.summary if all(k in b for b in self.baselines.values())
+                and isinstance(self.summary[k], int | float)]
+        rows = [[self.planner, *(self.summary[k] for k in keys)]]
+        rows += [[name, *(b[k] for k in keys)] for name, b in self.baselines.items()]
+        return format_table(["policy", *keys], rows)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+            raise RecserveError(f"not a recserve plan of version {PLAN_VERSION}")
+        target = _PLAN_KINDS.get(data.get("kind", ""), cls)
+        return target._from_fields({k: v for k, v in data.items() if k not in ("version", "kind")})
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in fields.items() if k in names})
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        if not path.exists():
+            raise RecserveError(f"{path}: no such plan file")
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as exc:
+            raise RecserveError(f"{path}: not valid JSON ({exc})") from exc
+
+
+# ----------------------------------------------------------------- co-location (Hera)
+
+
+@dataclass
+class Placement:
+    """One model's share of a server: workers (= cores), LLC ways, predicted max QPS."""
+
+    model: str
+    workers: int
+    ways: int
+    qps: float
+    isolated_qps: float
+
+    @property
+    def load_fraction(self) -> float:
+        return self.qps / self.isolated_qps if self.isolated_qps > 0 else 0.0
+
+
+@dataclass
+class ServerPlan:
+    """One server and the models placed on it."""
+
+    server: str
+    placements: list[Placement]
+
+    @property
+    def emu(self) -> float:
+        """Effective machine utilisation: Σ model load ÷ that model's isolated max load."""
+        return sum(p.load_fraction for p in self.placements)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(p.model for p in self.placements)
+
+
+@register_plan
+@dataclass
+class ColocationPlan(Plan):
+    kind: ClassVar[str] = "colocate"
+    servers: list[ServerPlan] = field(default_factory=list)
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
+        servers = [ServerPlan(s["server"], [Placement(**p) for p in s["placements"]])
+                   for s in fields.pop("servers", [])]
+        return cls(servers=servers, **{k: v for k, v in fields.items() if k in _BASE_FIELDS})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        for s, raw in zip(self.servers, data["servers"], strict=True):
+            raw["emu"] = s.emu
+        return data
+
+    def table(self) -> str:
+        groups: dict[tuple, list[ServerPlan]] = {}
+        for s in self.servers:
+            key = tuple((p.model, p.workers, p.ways, round(p.qps, 3)) for p in s.placements)
+            groups.setdefault(key, []).append(s)
+        rows = []
+        for members in groups.values():
+            s = members[0]
+            rows.append([len(members), " + ".join(s.models),
+                         " / ".join(str(p.workers) for p in s.placements),
+                         " / ".join(str(p.ways) for p in s.placements),
+                         " / ".join(f"{p.qps:,.1f}" for p in s.placements),
+                         f"{100 * s.emu:.0f}%"])
+        out = format_table(["servers", "models", "workers", "LLC ways", "pred. QPS", "EMU"], rows)
+        extra = self.baseline_table()
+        return out + ("\n\n" + extra if extra else "")
+
+
+# ----------------------------------------------------------------- provisioning (Hercules)
+
+
+@dataclass
+class ProvisionStep:
+    """One provisioning interval: the load and the servers activated for each workload."""
+
+    t: float
+    load: dict[str, float]
+    allocation: dict[str, dict[str, int]]
+    power_w: float
+    capacity_qps: dict[str, float]
+
+    @property
+    def servers(self) -> int:
+        return sum(sum(v.values()) for v in self.allocation.values())
+
+
+@register_plan
+@dataclass
+class ProvisionPlan(Plan):
+    kind: ClassVar[str] = "provision"
+    steps: list[ProvisionStep] = field(default_factory=list)
+    baseline_steps: dict[str, list[ProvisionStep]] = field(default_factory=dict)
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
+        steps = [ProvisionStep(**s) for s in fields.pop("steps", [])]
+        base = {k: [ProvisionStep(**s) for s in v] for k, v in fields.pop("baseline_steps", {}).items()}
+        return cls(steps=steps, baseline_steps=base, **{k: v for k, v in fields.items() if k in _BASE_FIELDS})
+
+    def table(self) -> str:
+        names = [self.planner, *self.baseline_steps]
+        series = [self.steps, *self.baseline_steps.values()]
+        header = ["t (h)", "load (QPS)"] + [f"{n} W" for n in names] + [f"{n} servers" for n in names]
+        rows = []
+        for i, step in enumerate(self.steps):
+            rows.append([f"{step.t:g}", f"{sum(step.load.values()):,.0f}",
+                         *(f"{s[i].power_w:,.0f}" for s in series), *(s[i].servers for s in series)])
+        out = format_table(header, rows)
+        extra = self.baseline_table()
+        return out + ("\n\n" + extra if extra else "")
+
+
+# ----------------------------------------------------------------- instance pools (Kairos)
+
+
+@dataclass
+class PoolChoice:
+    """The pool chosen for one model: instance counts per type, its cost and throughput bound."""
+
+    model: str
+    config: dict[str, int]
+    cost_per_hr: float
+    upper_bound_qps: float
+    homogeneous: dict[str, Any] = field(default_factory=dict)
+    evaluated_qps: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@register_plan
+@dataclass
+class PoolPlan(Plan):
+    kind: ClassVar[str] = "pool"
+    pools: list[PoolChoice] = field(default_factory=list)
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
+        pools = [PoolChoice(**p) for p in fields.pop("pools", [])]
+        return cls(pools=pools, **{k: v for k, v in fields.items() if k in _BASE_FIELDS})
+
+    def table(self) -> str:
+        rows = []
+        for p in self.pools:
+            homo = p.homogeneous
+            gain = p.upper_bound_qps / homo["qps"] if homo.get("qps") else float("nan")
+            rows.append([p.model, " ".join(f"{k}={v}" for k, v in p.config.items() if v),
+                         f"${p.cost_per_hr:.3f}", p.upper_bound_qps,
+                         "-" if p.evaluated_qps is None else p.evaluated_qps,
+                         f"{homo.get('count', '-')}x{homo.get('type', '-')}", homo.get("qps", float("nan")),
+                         f"{gain:.2f}x"])
+        return format_table(["model", "pool", "$/hr", "upper bound QPS", "evaluated QPS", "homogeneous",
+                             "homog. QPS (budget-scaled)", "UB gain"], rows)
+
+
+_BASE_FIELDS = {"planner", "inputs", "summary", "baselines", "notes"}
