@@ -1,0 +1,107 @@
+"""Online query-latency predictor used by the dispatch policies (Kairos Sec. 5.1, "Remarks").
+
+Kairos needs the latency of a query of batch size ``b`` on an instance of type ``t`` to build its
+cost matrix.  Inference latency is close to linear in batch size, so the predictor starts with a
+per-type least-squares line fitted to the first completions it observes and, once a batch bucket
+has been seen ``min_samples`` times, switches that bucket to the observed mean (a lookup table).
+No prior knowledge is required; an optional prior (e.g. a Profile table) only seeds the start.
+
+Predictions live in one dense array ``pred[type, bucket]`` so a policy can build a whole cost
+matrix with one fancy-indexing operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+DEFAULT_BUCKET_STEP = 10  # batch sizes are rounded up to a multiple of this (Kairos' production mix does)
+
+
+def default_buckets(max_batch: int = 1000, step: int = DEFAULT_BUCKET_STEP) -> np.ndarray:
+    return np.arange(step, max_batch + step, step, dtype=float)
+
+
+class LatencyPredictor:
+    """Mean latency (ms) per (instance type, batch bucket), learned online from completions."""
+
+    def __init__(self, types: Sequence[str], buckets: np.ndarray | None = None, min_samples: int = 3,
+                 prior: dict[str, np.ndarray] | None = None, refit_every: int = 16) -> None:
+        self.types = list(types)
+        self.buckets = default_buckets() if buckets is None else np.asarray(buckets, dtype=float)
+        self.step = float(self.buckets[1] - self.buckets[0]) if len(self.buckets) > 1 else float(self.buckets[0])
+        self.min_samples = int(min_samples)
+        self.refit_every = int(refit_every)
+        shape = (len(self.types), len(self.buckets))
+        self.pred = np.zeros(shape)
+        self._sum = np.zeros(shape)
+        self._count = np.zeros(shape, dtype=np.int64)
+        # per-type sufficient statistics of the linear fit: n, sum x, sum y, sum xy, sum xx
+        self._lin = np.zeros((len(self.types), 5))
+        self._since_refit = np.zeros(len(self.types), dtype=np.int64)
+        if prior:
+            for name, row in prior.items():
+                self.pred[self.types.index(name)] = np.asarray(row, dtype=float)
+
+    # ------------------------------------------------------------ lookups
+    def bucket(self, batch: int) -> int:
+        """Index of the bucket a batch size falls into (rounded up, clamped to the table)."""
+        i = int(-(-batch // self.step)) - 1
+        return 0 if i < 0 else min(i, len(self.buckets) - 1)
+
+    def predict(self, type_idx: int, bucket: int) -> float:
+        return float(self.pred[type_idx, bucket])
+
+    def learned(self, type_idx: int) -> bool:
+        """True once the type has enough observations for a linear fit."""
+        return self._lin[type_idx, 0] >= 2
+
+    def coefficients(self) -> np.ndarray:
+        """Kairos heterogeneity coefficients C_j in (0, 1]: latency of the largest query on the fastest type
+        divided by its latency on type j (Definition 1).  Unlearned types get 1."""
+        largest = self.pred[:, -1]
+        known = largest > 0
+        if not known.any():
+            return np.ones(len(self.types))
+        base = largest[known].min()
+        out = np.ones(len(self.types))
+        out[known] = base / largest[known]
+        return out
+
+    # ------------------------------------------------------------ learning
+    def observe(self, type_idx: int, bucket: int, latency_ms: float) -> None:
+        self._sum[type_idx, bucket] += latency_ms
+        self._count[type_idx, bucket] += 1
+        x = self.buckets[bucket]
+        lin = self._lin[type_idx]
+        lin[0] += 1.0
+        lin[1] += x
+        lin[2] += latency_ms
+        lin[3] += x * latency_ms
+        lin[4] += x * x
+        if self._count[type_idx, bucket] >= self.min_samples:
+            self.pred[type_idx, bucket] = self._sum[type_idx, bucket] / self._count[type_idx, bucket]
+        self._since_refit[type_idx] += 1
+        # refit the linear part often while it matters (few samples), rarely afterwards
+        if lin[0] <= 64 or self._since_refit[type_idx] >= self.refit_every:
+            self._refit(type_idx)
+
+    def _refit(self, type_idx: int) -> None:
+        self._since_refit[type_idx] = 0
+        n, sx, sy, sxy, sxx = self._lin[type_idx]
+        var = n * sxx - sx * sx
+        if n >= 2 and var > 1e-9:
+            slope = max((n * sxy - sx * sy) / var, 0.0)
+            intercept = (sy - slope * sx) / n
+        elif n >= 1:  # one distinct batch size seen: proportional model through the origin
+            slope, intercept = sy / sx, 0.0
+        else:
+            return
+        line = np.maximum(intercept + slope * self.buckets, 1e-3)
+        table = self._count[type_idx] >= self.min_samples
+        self.pred[type_idx] = np.where(table, self.pred[type_idx], line)
+
+    def table_fraction(self) -> float:
+        """Fraction of (type, bucket) cells served from the lookup table rather than the line."""
+        return float((self._count >= self.min_samples).mean())
