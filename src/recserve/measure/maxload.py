@@ -1,0 +1,147 @@
+"""Max load (latency-bounded QPS): the highest Poisson rate whose SLA percentile stays under target.
+
+Hera §V-B: "start from a low arrival rate and gradually inject higher rates until the observed
+(95th percentile) tail latency starts violating the SLA".  Here the rate doubles (``growth``) from
+``start_qps`` until a probe violates the SLA, then the bracket [last ok, first violating] is
+bisected until it is narrower than ``rtol`` × its upper end (or ``atol`` qps).  If the start rate
+already violates, the rate halves until one passes.
+
+The search is a pure function over an injected ``rate → latency`` callable, so the same code runs
+against a live server, the in-process baseline, a queueing formula or the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from recserve.errors import RecserveError
+
+
+@dataclass
+class Probe:
+    rate: float
+    latency_ms: float
+    ok: bool
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MaxLoadResult:
+    max_qps: float
+    sla_ms: float
+    percentile: float
+    probes: list[Probe]
+    bracket: tuple[float, float]
+    converged: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["probes"] = [
+            {**asdict(p), "latency_ms": p.latency_ms if math.isfinite(p.latency_ms) else None} for p in self.probes
+        ]
+        return data
+
+
+def _latency_of(outcome: Any, percentile: float) -> tuple[float, dict[str, Any]]:
+    """A probe's outcome is either the percentile latency (ms) or an object with ``percentile(p)``."""
+    if hasattr(outcome, "percentile"):
+        detail = outcome.to_dict() if hasattr(outcome, "to_dict") else {}
+        return float(outcome.percentile(percentile)), detail
+    return float(outcome), {}
+
+
+def find_max_load(
+    run_at: Callable[[float], Any],
+    sla_ms: float,
+    percentile: float = 95.0,
+    start_qps: float = 10.0,
+    growth: float = 2.0,
+    rtol: float = 0.05,
+    atol: float = 0.0,
+    max_qps: float = 1e6,
+    min_qps: float = 1e-3,
+    max_probes: int = 40,
+    log: Callable[[str], None] | None = None,
+) -> MaxLoadResult:
+    """Largest rate at which ``run_at(rate)``'s ``percentile`` latency is ≤ ``sla_ms``.
+
+    ``run_at`` returns either a latency in ms or a :class:`~recserve.measure.loadgen.LoadResult`
+    (failures count as infinitely slow).  ``max_qps`` 0 is never returned unless even ``min_qps``
+    violates, in which case the result is 0 with ``reason="start violates"``.
+    """
+    if sla_ms <= 0 or start_qps <= 0 or growth <= 1 or rtol < 0 or atol < 0:
+        raise RecserveError("max-load search needs sla_ms > 0, start_qps > 0, growth > 1 and tolerances >= 0")
+    probes: list[Probe] = []
+
+    def probe(rate: float) -> bool:
+        latency, detail = _latency_of(run_at(rate), percentile)
+        passed = latency <= sla_ms
+        probes.append(Probe(rate, latency, passed, detail))
+        if log:
+            log(f"  {rate:10.2f} qps: p{percentile:g} {latency:9.2f} ms {'ok' if passed else 'VIOLATES'} "
+                f"SLA {sla_ms:g} ms")
+        return passed
+
+    lo, hi = 0.0, math.inf
+    rate = min(start_qps, max_qps)
+    # 1. grow until the SLA breaks (or shrink until it holds)
+    if probe(rate):
+        lo = rate
+        while len(probes) < max_probes and lo < max_qps:
+            rate = min(lo * growth, max_qps)
+            if probe(rate):
+                lo = rate
+            else:
+                hi = rate
+                break
+        if math.isinf(hi):
+            reason = "reached max_qps" if lo >= max_qps else "probe budget spent while growing"
+            return MaxLoadResult(lo, sla_ms, percentile, probes, (lo, hi), lo >= max_qps, reason)
+    else:
+        hi = rate
+        while len(probes) < max_probes:
+            rate = hi / growth
+            if rate < min_qps:
+                return MaxLoadResult(0.0, sla_ms, percentile, probes, (0.0, hi), True, "start violates")
+            if probe(rate):
+                lo = rate
+                break
+            hi = rate
+        if lo == 0.0:
+            return MaxLoadResult(0.0, sla_ms, percentile, probes, (0.0, hi), False, "probe budget spent")
+    # 2. bisect the bracket
+    while hi - lo > max(rtol * hi, atol) and len(probes) < max_probes:
+        mid = 0.5 * (lo + hi)
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    converged = hi - lo <= max(rtol * hi, atol)
+    return MaxLoadResult(lo, sla_ms, percentile, probes, (lo, hi), converged,
+                         "bisected" if converged else "probe budget spent while bisecting")
+
+
+def stderr_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def mm1_percentile_ms(service_rate: float, percentile: float = 95.0) -> Callable[[float], float]:
+    """Sojourn-time percentile of an M/M/1 queue (``-ln(1-p)/(μ-λ)``): a known answer for tests and
+    a sanity model; infinite at or above saturation."""
+
+    def latency(rate: float) -> float:
+        if rate >= service_rate:
+            return math.inf
+        return -math.log(1 - percentile / 100.0) / (service_rate - rate) * 1000.0
+
+    return latency
+
+
+def mm1_max_load(service_rate: float, sla_ms: float, percentile: float = 95.0) -> float:
+    """The exact threshold of :func:`mm1_percentile_ms`: ``μ + ln(1-p)/SLA``."""
+    return max(0.0, service_rate + math.log(1 - percentile / 100.0) / (sla_ms / 1000.0))

@@ -1,0 +1,340 @@
+"""Where the load generator sends queries: a node server over HTTP or gRPC, or a model in-process.
+
+All three speak the same protocol to the load generator: ``await prepare(pool)`` encodes every
+pooled query once (before the clock starts); ``await infer(i)`` sends pooled query ``i`` and
+returns when its scores are back, raising :class:`RequestFailed` with an error *kind* (``http_503``,
+``grpc_UNAVAILABLE``, ``connection``, ``bad_response`` …) otherwise.
+
+HTTP uses the Open Inference Protocol (KServe v2) with Triton's binary tensor extension: a JSON
+header followed by raw little-endian tensor bytes, the header length in
+``Inference-Header-Content-Length``.  gRPC uses ``inference.GRPCInferenceService/ModelInfer`` with
+``raw_input_contents``; requests are serialised once, up front, and sent as bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+
+from recserve.errors import RecserveError
+from recserve.measure.requests import RequestPool
+from recserve.zoo.batch import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES, QueryBatch
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+NP_DTYPES = {v: k for k, v in DTYPES.items()}
+INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class RequestFailed(Exception):
+    """One query failed; ``kind`` is what the load report counts it under."""
+
+    def __init__(self, kind: str, detail: str = "") -> None:
+        super().__init__(f"{kind}: {detail}" if detail else kind)
+        self.kind = kind
+
+
+class Target(Protocol):
+    name: str
+
+    async def prepare(self, pool: RequestPool) -> None: ...
+
+    async def infer(self, i: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- HTTP (binary tensor extension)
+
+
+def encode_http_request(batch: QueryBatch, request_id: str = "") -> tuple[bytes, int]:
+    """Body and JSON-header length of a binary-extension infer request for ``batch``."""
+    arrays = batch.as_arrays()
+    inputs, blobs = [], []
+    for name in (INPUT_DENSE, INPUT_VALUES, INPUT_LENGTHS):
+        arr = np.ascontiguousarray(arrays[name])
+        raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        inputs.append({"name": name, "shape": list(arr.shape), "datatype": DTYPES[arr.dtype],
+                       "parameters": {"binary_data_size": len(raw)}})
+        blobs.append(raw)
+    header = {"inputs": inputs, "outputs": [{"name": OUTPUT_SCORES, "parameters": {"binary_data": True}}]}
+    if request_id:
+        header["id"] = request_id
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return head + b"".join(blobs), len(head)
+
+
+def decode_http_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
+    """Output tensors of an infer response, binary or plain JSON."""
+    head_len = len(body) if header_length is None else header_length
+    try:
+        header = json.loads(body[:head_len])
+        out, pos = {}, head_len
+        for o in header["outputs"]:
+            dtype = NP_DTYPES[o["datatype"]]
+            size = (o.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                out[o["name"]] = np.asarray(o["data"], dtype=dtype).reshape(o["shape"])
+            else:
+                out[o["name"]] = np.frombuffer(body[pos : pos + size], dtype=dtype.newbyteorder("<")).reshape(
+                    o["shape"])
+                pos += size
+        return out
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RequestFailed("bad_response", str(exc)) from exc
+
+
+class HttpTarget:
+    """A node server's ``/v2/models/<model>/infer`` over one pooled aiohttp session."""
+
+    def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
+                 check_outputs: bool = True) -> None:
+        self.base = url.rstrip("/")
+        self.model = model
+        self.name = f"http {self.base} {model}"
+        self.timeout_s, self.connections, self.check_outputs = timeout_s, connections, check_outputs
+        self._bodies: list[tuple[bytes, dict[str, str], int]] = []
+        self._session = None
+
+    async def prepare(self, pool: RequestPool) -> None:
+        import aiohttp
+
+        self._bodies = []
+        for batch in pool.batches():
+            body, head = encode_http_request(batch)
+            headers = {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
+            self._bodies.append((body, headers, batch.size))
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.connections),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            )
+
+    async def infer(self, i: int) -> None:
+        outputs = await self.infer_outputs(i)
+        if self.check_outputs:
+            scores = outputs.get(OUTPUT_SCORES)
+            if scores is None or scores.shape[0] != self._bodies[i][2]:
+                raise RequestFailed("bad_response", f"scores shape {None if scores is None else scores.shape}")
+
+    async def infer_outputs(self, i: int) -> dict[str, np.ndarray]:
+        import aiohttp
+
+        body, headers, _ = self._bodies[i]
+        try:
+            async with self._session.post(f"{self.base}/v2/models/{self.model}/infer", data=body,
+                                          headers=headers) as resp:
+                data = await resp.read()
+                if resp.status != 200:
+                    raise RequestFailed(f"http_{resp.status}", data[:200].decode(errors="replace"))
+                length = resp.headers.get(HEADER_LENGTH)
+                return decode_http_response(data, int(length) if length is not None else None)
+        except aiohttp.ClientConnectionError as exc:
+            raise RequestFailed("connection", str(exc)) from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+# ---------------------------------------------------------------- gRPC
+
+
+def grpc_messages():
+    """The OIP/Triton protobuf module (``service_pb2``) from tritonclient, or a clear error."""
+    try:
+        from tritonclient.grpc import service_pb2
+    except ImportError as exc:
+        raise RecserveError("gRPC load needs the Triton protobuf stubs: pip install 'tritonclient[grpc]'") from exc
+    return service_pb2
+
+
+def encode_grpc_request(batch: QueryBatch, model: str, version: str = "") -> Any:
+    pb = grpc_messages()
+    req = pb.ModelInferRequest(model_name=model, model_version=version)
+    for name, arr in batch.as_arrays().items():
+        arr = np.ascontiguousarray(arr)
+        tensor = req.inputs.add()
+        tensor.name, tensor.datatype = name, DTYPES[arr.dtype]
+        tensor.shape.extend(arr.shape)
+        req.raw_input_contents.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+    req.outputs.add().name = OUTPUT_SCORES
+    return req
+
+
+def decode_grpc_response(resp: Any) -> dict[str, np.ndarray]:
+    out = {}
+    try:
+        for k, o in enumerate(resp.outputs):
+            dtype = NP_DTYPES[o.datatype].newbyteorder("<")
+            out[o.name] = np.frombuffer(resp.raw_output_contents[k], dtype=dtype).reshape(tuple(o.shape))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise RequestFailed("bad_response", str(exc)) from exc
+    return out
+
+
+class GrpcTarget:
+    """``inference.GRPCInferenceService/ModelInfer`` with requests serialised before the run."""
+
+    def __init__(self, address: str, model: str, timeout_s: float = 10.0, check_outputs: bool = True) -> None:
+        self.address = address.removeprefix("grpc://")
+        self.model = model
+        self.name = f"grpc {self.address} {model}"
+        self.timeout_s, self.check_outputs = timeout_s, check_outputs
+        self._requests: list[tuple[bytes, int]] = []
+        self._channel = None
+        self._call = None
+
+    async def prepare(self, pool: RequestPool) -> None:
+        import grpc
+
+        pb = grpc_messages()
+        self._requests = [(encode_grpc_request(b, self.model).SerializeToString(), b.size) for b in pool.batches()]
+        if self._channel is None:
+            opts = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            self._channel = grpc.aio.insecure_channel(self.address, options=opts)
+            # request_serializer=None: the pre-serialised bytes go out as they are
+            self._call = self._channel.unary_unary(INFER_METHOD, request_serializer=None,
+                                                   response_deserializer=pb.ModelInferResponse.FromString)
+
+    async def infer(self, i: int) -> None:
+        outputs = await self.infer_outputs(i)
+        if self.check_outputs:
+            scores = outputs.get(OUTPUT_SCORES)
+            if scores is None or scores.shape[0] != self._requests[i][1]:
+                raise RequestFailed("bad_response", f"scores shape {None if scores is None else scores.shape}")
+
+    async def infer_outputs(self, i: int) -> dict[str, np.ndarray]:
+        import grpc
+
+        try:
+            resp = await self._call(self._requests[i][0], timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RequestFailed("timeout", exc.details() or "") from exc
+            raise RequestFailed(f"grpc_{code.name}", exc.details() or "") from exc
+        return decode_grpc_response(resp)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+
+# ---------------------------------------------------------------- in-process (no network)
+
+_WORKER: dict[str, Any] = {}
+
+
+def _worker_init(pool: RequestPool, model_seed: int, threads: int) -> None:
+    """Process-pool initializer: build the model and materialise the same request pool."""
+    import torch
+
+    from recserve.zoo import build
+
+    torch.set_num_threads(threads)
+    _WORKER["model"] = build(pool.spec, pool.scale, seed=model_seed)
+    _WORKER["pool"] = pool
+    pool.batches()
+
+
+def _worker_run(i: int) -> int:
+    import torch
+
+    with torch.no_grad():
+        scores = _WORKER["model"](_WORKER["pool"].batch(i))
+    return int(scores.shape[0])
+
+
+class InProcessTarget:
+    """A zoo model run by ``workers`` threads or processes on this host: the no-network baseline.
+
+    Each worker runs whole queries with ``threads`` intra-op threads (one worker = one inference
+    thread, as in Hera).  With processes, every worker builds its own model copy (what a node server
+    with N worker processes holds in memory) and receives only a pool index per query.
+    """
+
+    def __init__(self, workers: int = 1, mode: str = "process", threads: int = 1, model_seed: int = 0) -> None:
+        if mode not in ("thread", "process"):
+            raise RecserveError(f"in-process mode must be 'thread' or 'process', got {mode!r}")
+        if workers < 1:
+            raise RecserveError(f"workers must be >= 1, got {workers}")
+        self.workers, self.mode, self.threads, self.model_seed = workers, mode, threads, model_seed
+        self.name = f"inprocess {mode}s={workers}"
+        self._executor: Executor | None = None
+        self._pool: RequestPool | None = None
+        self._run: Any = _worker_run
+
+    async def prepare(self, pool: RequestPool) -> None:
+        recipe = RequestPool(pool.spec, pool.scale, pool.sizes, pool.seed)
+        if self._executor is not None and self._pool == recipe:
+            return
+        await self.close()
+        self._pool = recipe
+        if self.mode == "thread":
+            import torch
+
+            from recserve.zoo import build
+
+            torch.set_num_threads(self.threads)
+            model = build(recipe.spec, recipe.scale, seed=self.model_seed)
+            recipe.batches()
+
+            def run(i: int) -> int:
+                with torch.no_grad():
+                    return int(model(recipe.batch(i)).shape[0])
+
+            self._run = run
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="recserve-worker")
+        else:
+            self._run = _worker_run
+            import multiprocessing as mp
+
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(["torch", "recserve.zoo"])
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_worker_init,
+                                                 initargs=(recipe, self.model_seed, self.threads))
+        # start every worker (and build its model) before the clock starts
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._executor, self._run, 0) for _ in range(self.workers)))
+
+    async def infer(self, i: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._run, i)
+        except Exception as exc:  # a worker crash is a failed query, not a load-generator crash
+            raise RequestFailed(f"exception_{type(exc).__name__}", str(exc)) from exc
+
+    def worker_pids(self) -> list[int]:
+        if self.mode == "thread":
+            return [os.getpid()]
+        procs = getattr(self._executor, "_processes", None) or {}
+        return sorted(procs)
+
+    async def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+
+def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0) -> Target:
+    """``http://host:port``, ``grpc://host:port`` or ``inprocess[:thread|:process]`` → a Target."""
+    if spec.startswith(("http://", "https://")):
+        return HttpTarget(spec, model, timeout_s=timeout_s)
+    if spec.startswith("grpc://"):
+        parsed = urlparse(spec)
+        if not parsed.port:
+            raise RecserveError(f"gRPC target needs host:port, got {spec!r}")
+        return GrpcTarget(f"{parsed.hostname}:{parsed.port}", model, timeout_s=timeout_s)
+    if spec.split(":")[0] == "inprocess":
+        mode = spec.partition(":")[2] or "process"
+        return InProcessTarget(workers=workers, mode=mode)
+    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, grpc://HOST:PORT or inprocess[:thread]")

@@ -1,0 +1,212 @@
+"""Load generator and max-load search: arrivals, latency accounting, the search itself."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pytest
+
+from recserve.errors import RecserveError
+from recserve.measure.loadgen import LoadSession, run_load
+from recserve.measure.maxload import find_max_load, mm1_max_load, mm1_percentile_ms
+from recserve.measure.requests import RequestPool, arrival_times, poisson_gaps, pool_sizes, sample_sizes
+from recserve.measure.targets import InProcessTarget, RequestFailed
+from recserve.specs import SLA, ModelSpec, TableSpec
+
+
+def tiny_spec() -> ModelSpec:
+    return ModelSpec(
+        name="tiny", family="dlrm", dense_in=4, interaction="dot", sla=SLA(50.0),
+        tables=(TableSpec("a", 1000, 8, pooling=4), TableSpec("b", 500, 8, pooling=2)),
+        bottom_mlp=(16, 8), top_mlp=(16, 1),
+    )
+
+
+def tiny_pool(mix: str = "uniform:1-16", n: int = 8) -> RequestPool:
+    return RequestPool.from_mix(tiny_spec(), 1.0, mix, pool=n)
+
+
+# ---------------------------------------------------------------- arrivals and sizes
+
+
+def test_poisson_gaps_have_the_rate_as_mean_and_cv_one():
+    gaps = poisson_gaps(200.0, 50_000, rng=7)
+    assert gaps.mean() == pytest.approx(1 / 200.0, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, abs=0.03)
+    assert np.array_equal(gaps, poisson_gaps(200.0, 50_000, rng=7))  # seeded
+
+
+def test_arrival_times_respect_duration_and_count():
+    t = arrival_times(100.0, 2.0, None, rng=1)
+    assert t.max() < 2.0 and 150 < t.size < 250 and np.all(np.diff(t) > 0)
+    assert arrival_times(100.0, None, 37, rng=1).size == 37
+    assert arrival_times(100.0, 100.0, 37, rng=1).size == 37
+    with pytest.raises(RecserveError):
+        arrival_times(100.0, None, None)
+    with pytest.raises(RecserveError):
+        poisson_gaps(0.0, 3)
+
+
+def test_production_mix_matches_the_published_summary():
+    # Kairos' production-like mix: mean ~244, median ~180, p90 ~520 (reference README), multiples of 10
+    s = sample_sizes("production", 40_000, rng=3)
+    assert np.all(s % 10 == 0) and s.min() >= 1 and s.max() <= 1024
+    assert 215 < s.mean() < 275 and 160 <= np.median(s) <= 200 and 450 <= np.percentile(s, 90) <= 590
+
+
+def test_pool_sizes_follow_the_mix_quantiles():
+    sizes = pool_sizes("uniform:1-100", 50, seed=0)
+    assert len(sizes) == 50 and list(sizes) == sorted(sizes)
+    assert abs(np.mean(sizes) - 50.5) < 3
+    with pytest.raises(RecserveError):
+        sample_sizes("zipf:3", 4)
+
+
+def test_request_pool_is_deterministic_and_valid():
+    a, b = tiny_pool(), tiny_pool()
+    from recserve.zoo import build
+
+    model = build(tiny_spec(), 1.0)
+    for i in range(len(a)):
+        x, y = a.batch(i), b.batch(i)
+        assert x.size == a.sizes[i] and np.array_equal(x.values.numpy(), y.values.numpy())
+        model.validate(x)
+
+
+# ---------------------------------------------------------------- latency accounting
+
+
+class SerialTarget:
+    """A fake server with one worker and a fixed service time (sleeps, never computes)."""
+
+    def __init__(self, service_s: float, fail_every: int = 0) -> None:
+        self.service_s, self.fail_every = service_s, fail_every
+        self.name = "serial-fake"
+        self.calls = 0
+
+    async def prepare(self, pool):
+        self._lock = asyncio.Lock()
+
+    async def infer(self, i):
+        self.calls += 1
+        if self.fail_every and self.calls % self.fail_every == 0:
+            raise RequestFailed("http_503", "overloaded")
+        async with self._lock:
+            await asyncio.sleep(self.service_s)
+
+    async def close(self):
+        pass
+
+
+class StallingTarget:
+    """Blocks the generator's own event loop once (a GC pause, a slow client): the queries due
+    during the stall are sent late and must be charged for it."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s, self.name, self.calls = stall_s, "stall-fake", 0
+
+    async def prepare(self, pool):
+        pass
+
+    async def infer(self, i):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.stall_s)
+
+    async def close(self):
+        pass
+
+
+def test_latency_counts_from_the_scheduled_time_when_the_generator_stalls():
+    result = run_load(StallingTarget(0.3), 200.0, 1.0, tiny_pool(), seed=2)
+    # ~60 queries were due during the 0.3 s stall; each waited (0.3 s - its offset), so the slowest
+    # few are close to 300 ms although the "server" answers instantly.  Timing from the actual send
+    # (coordinated omission) would report ~0 ms for all of them.
+    assert result.latencies_ms.max() > 250
+    assert np.sum(result.latencies_ms > 100) > 20
+    assert result.p50 < 50
+    assert result.send_lag_ms.max() > 250
+
+
+def test_queueing_behind_a_slow_server_is_visible():
+    # 20 ms service (50 qps capacity) offered 100 qps for 0.5 s: the queue grows ~0.5 s deep
+    result = run_load(SerialTarget(0.02), 100.0, 0.5, tiny_pool(), seed=4)
+    n = result.sent
+    assert result.ok == n
+    expected_last = n * 20.0 - 500.0  # ms the last query waits in a FIFO that drains at 50 qps
+    assert result.latencies_ms.max() > 0.6 * expected_last
+    assert result.p99 > 10 * 20.0
+    assert result.achieved_qps < 70  # cannot beat 50 qps by much over the drain window
+
+
+def test_inflight_cap_drops_and_failures_are_counted_by_kind():
+    result = run_load(SerialTarget(0.05, fail_every=7), 200.0, None, tiny_pool(), max_requests=60, max_inflight=5,
+                      seed=1)
+    assert result.sent == 60
+    assert result.errors.get("dropped", 0) > 10
+    assert result.errors.get("http_503", 0) >= 1
+    assert result.ok + result.failed == 60
+    assert math.isinf(result.p99)  # failures are infinitely slow for the SLA
+    assert math.isfinite(result.percentile(99, failures_as_inf=False))
+
+
+def test_timeout_is_its_own_error_kind():
+    result = run_load(SerialTarget(0.2), 50.0, None, tiny_pool(), max_requests=4, timeout_s=0.05)
+    assert result.errors == {"timeout": 4}
+
+
+def test_in_process_thread_target_runs_the_real_model():
+    target = InProcessTarget(workers=1, mode="thread")
+    with LoadSession(target, tiny_pool()) as session:
+        result = session.run(100.0, None, max_requests=30, seed=0)
+    assert result.ok == 30 and result.failed == 0
+    assert 0 < result.p50 < 1000
+
+
+# ---------------------------------------------------------------- max-load search
+
+
+@pytest.mark.parametrize("mu, sla, p", [(1000.0, 20.0, 95.0), (37.0, 300.0, 99.0), (5000.0, 5.0, 95.0)])
+def test_max_load_search_finds_the_mm1_threshold(mu, sla, p):
+    truth = mm1_max_load(mu, sla, p)
+    res = find_max_load(mm1_percentile_ms(mu, p), sla, p, start_qps=1.0, rtol=0.01)
+    assert res.converged and res.reason == "bisected"
+    assert truth * 0.99 - 1e-9 <= res.max_qps <= truth + 1e-9
+    assert all((pr.latency_ms <= sla) == pr.ok for pr in res.probes)
+    lo, hi = res.bracket
+    assert lo <= truth <= hi
+
+
+def test_max_load_search_when_the_start_rate_already_violates():
+    mu, sla = 100.0, 50.0
+    truth = mm1_max_load(mu, sla)
+    res = find_max_load(mm1_percentile_ms(mu), sla, start_qps=10_000.0, rtol=0.02)
+    assert truth * 0.98 <= res.max_qps <= truth
+    never = find_max_load(lambda r: 1e9, sla, start_qps=10.0, min_qps=0.5)
+    assert never.max_qps == 0.0 and never.reason == "start violates"
+
+
+def test_max_load_search_stops_at_the_cap_and_reads_load_results():
+    class Fake:
+        def __init__(self, rate):
+            self.rate = rate
+
+        def percentile(self, p):
+            return 1.0 if self.rate < 333 else 99.0
+
+    res = find_max_load(Fake, 10.0, 95, start_qps=10, rtol=0.01)
+    assert 333 * 0.99 <= res.max_qps < 333
+    capped = find_max_load(lambda r: 1.0, 10.0, start_qps=10, max_qps=100)
+    assert capped.max_qps == 100 and capped.reason == "reached max_qps"
+
+
+def test_max_load_search_over_a_real_open_loop_run():
+    # a 10 ms single-server fake: max load under a 60 ms p95 SLA is between M/D/1 and M/M/1 bounds
+    target = SerialTarget(0.01)
+    with LoadSession(target, tiny_pool()) as session:
+        res = find_max_load(lambda r: session.run(r, 1.0, seed=int(r), timeout_s=0.3), 60.0, 95, start_qps=20,
+                            rtol=0.1)
+    assert 45 <= res.max_qps <= 100, res.to_dict()
