@@ -34,13 +34,20 @@ class TableLookup(Protocol):
 
 
 class DramTable(nn.Module):
-    """A table held in DRAM as one ``nn.EmbeddingBag`` (sum mode, fbgemm's CPU kernel)."""
+    """A table held in DRAM as one ``nn.EmbeddingBag`` (sum mode, fbgemm's CPU kernel).
+
+    Rows are drawn from a generator of their own, seeded by one draw from the global RNG, so the
+    dense layers built after the tables get the same weights whatever the table sizes: a dense
+    shard built with tiny tables equals the dense part of the full model.
+    """
 
     def __init__(self, num_rows: int, dim: int) -> None:
         super().__init__()
         self.num_rows, self.dim = num_rows, dim
-        self.bag = nn.EmbeddingBag(num_rows, dim, mode="sum")
-        nn.init.uniform_(self.bag.weight, -0.05, 0.05)
+        self.bag = nn.EmbeddingBag(num_rows, dim, mode="sum", _weight=torch.empty(num_rows, dim))
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+        with torch.no_grad():
+            self.bag.weight.uniform_(-0.05, 0.05, generator=generator)
 
     @property
     def weight(self) -> torch.Tensor:
