@@ -9,7 +9,7 @@ from recserve.zoo.batch import BatchError, QueryBatch
 
 
 def test_slice_concatenates_back_to_the_full_result():
-    model = build(get_model("dlrm-rmc1"), scale=1e-4)
+    model = build(get_model("hercules-rmc1"), scale=1e-4)
     batch = sample_batch(model, 9, rng=3)
     with torch.no_grad():
         full = model(batch)
@@ -18,7 +18,7 @@ def test_slice_concatenates_back_to_the_full_result():
 
 
 def test_wire_round_trip_is_exact():
-    model = build(get_model("dlrm-rmc1"), scale=1e-4)
+    model = build(get_model("hercules-rmc1"), scale=1e-4)
     batch = sample_batch(model, 5, rng=1)
     again = QueryBatch.from_arrays(batch.as_arrays())
     with torch.no_grad():
@@ -36,7 +36,7 @@ def test_wire_round_trip_is_exact():
     ],
 )
 def test_validation_names_the_bad_field(mutate, field):
-    model = build(get_model("dlrm-rmc1"), scale=1e-4)
+    model = build(get_model("hercules-rmc1"), scale=1e-4)
     with pytest.raises(BatchError) as err:
         model.validate(mutate(sample_batch(model, 4)))
     assert err.value.field == field
