@@ -1,0 +1,214 @@
+"""ElasticRec on Ray Serve: one deployment per embedding shard plus a dense-shard ingress.
+
+The dense shard bucketizes each query, calls every embedding shard concurrently through its
+``DeploymentHandle``, sums the partial pooled embeddings and runs the dense part.  Each
+deployment autoscales with recserve's own rules (``policies.shard_autoscaler``) as Ray Serve
+custom autoscaling policies: sparse shards on their QPSmax, the dense shard on p95 latency at
+65% of the SLA.  Replicas publish those metrics through ``record_autoscaling_stats``.
+
+Ray is imported lazily so the rest of recserve works without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from recserve.deploy.sharding import ShardLayout, shard_weights
+from recserve.embedding.sharded import bucketize, combine_gathered, combine_pooled
+from recserve.errors import RecserveError
+from recserve.zoo import QueryBatch, build
+
+APP_NAME = "recserve-elasticrec"
+STATS_WINDOW_S = 5.0
+
+
+class _Window:
+    """Completions over the last few seconds: rate and tail latency for autoscaling."""
+
+    def __init__(self, seconds: float = STATS_WINDOW_S) -> None:
+        self.seconds = seconds
+        self.events: deque[tuple[float, float]] = deque()
+
+    def add(self, latency_ms: float) -> None:
+        now = time.monotonic()
+        self.events.append((now, latency_ms))
+        while self.events and self.events[0][0] < now - self.seconds:
+            self.events.popleft()
+
+    def stats(self) -> dict[str, float]:
+        now = time.monotonic()
+        recent = [lat for t, lat in self.events if t >= now - self.seconds]
+        p95 = float(np.percentile(recent, 95)) if recent else 0.0
+        return {"qps": len(recent) / self.seconds, "p95_ms": p95}
+
+
+async def _zeros(rows: int, dim: int) -> np.ndarray:
+    return np.zeros((rows, dim), dtype=np.float32)
+
+
+class EmbeddingShard:
+    """Holds one contiguous, hotness-sorted slice of a table; returns partial pooled sums or rows."""
+
+    def __init__(self, weight: np.ndarray) -> None:
+        torch.set_num_threads(1)
+        self.weight = torch.from_numpy(weight)
+        self.window = _Window()
+
+    async def pool(self, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        out = F.embedding_bag(torch.from_numpy(indices), self.weight, torch.from_numpy(offsets), mode="sum").numpy()
+        self.window.add((time.perf_counter() - start) * 1e3)
+        return out
+
+    async def gather(self, indices: np.ndarray) -> np.ndarray:
+        start = time.perf_counter()
+        out = F.embedding(torch.from_numpy(indices), self.weight).numpy()
+        self.window.add((time.perf_counter() - start) * 1e3)
+        return out
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.window.stats()
+
+    def replica_pid(self) -> int:
+        return os.getpid()
+
+
+class DenseShard:
+    """The ingress: dense part of the model, calling embedding shards through handles."""
+
+    def __init__(self, layout: ShardLayout, handles: dict[str, Any]) -> None:
+        torch.set_num_threads(1)
+        self.layout = layout
+        self.model = build(layout.spec, scale=1e-12, seed=layout.seed, min_rows=1)
+        self.handles = handles
+        self.remaps = [torch.from_numpy(t.remap) for t in layout.tables]
+        self.bounds = [torch.tensor(t.boundaries) for t in layout.tables]
+        self.sequence_lengths = self.model.sequence_lengths
+        self.window = _Window()
+
+    async def _table(self, t: int, batch: QueryBatch, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        table = self.layout.tables[t]
+        sequence = t in self.sequence_lengths
+        if sequence:
+            offsets = torch.arange(indices.numel(), dtype=torch.int64)
+        inputs = bucketize(self.remaps[t][indices], offsets, self.bounds[t])
+        calls = []
+        for s, x in enumerate(inputs):
+            handle = self.handles[f"{table.name}-s{s}"]
+            if x.indices.numel() == 0:  # nothing to read in this shard: don't call it
+                calls.append(_zeros(0 if sequence else batch.size, self.model.tables[t].dim))
+            elif sequence:
+                calls.append(handle.gather.remote(x.indices.numpy()))
+            else:
+                calls.append(handle.pool.remote(x.indices.numpy(), x.offsets.numpy()))
+        parts = [torch.from_numpy(p) for p in await asyncio.gather(*calls)]
+        if sequence:
+            rows = combine_gathered(parts, inputs, indices.numel(), parts[0].shape[1])
+            return rows.view(batch.size, self.sequence_lengths[t], -1)
+        return combine_pooled(parts)
+
+    async def infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        start = time.perf_counter()
+        batch = QueryBatch.from_arrays(arrays)
+        batch.validate(self.model.spec.dense_in, tuple(int(b[-1]) for b in self.bounds), self.sequence_lengths)
+        tables = batch.tables()
+        pooled = await asyncio.gather(*(self._table(t, batch, i, o) for t, (i, o) in enumerate(tables)))
+        with torch.no_grad():
+            scores = self.model.dense(batch.dense, list(pooled)).numpy()
+        self.window.add((time.perf_counter() - start) * 1e3)
+        return scores
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        return self.window.stats()
+
+
+def _require_ray() -> Any:
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RecserveError("Ray Serve is not installed: pip install 'ray[serve]==2.60.*'") from exc
+    return ray, serve
+
+
+def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Start a local Ray instance or join a cluster at ``address`` (no dashboard, no auth token)."""
+    ray, _ = _require_ray()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if address:
+            kwargs["address"] = address
+        elif num_cpus:
+            kwargs["num_cpus"] = num_cpus
+        ray.init(**kwargs)
+
+
+def build_app(layout: ShardLayout, qps_max: dict[str, float] | None = None, max_replicas: int = 4,
+              num_cpus: float = 0.2, autoscale: bool = True) -> Any:
+    """The Ray Serve application for ``layout`` (not yet running)."""
+    _, serve = _require_ray()
+    model = build(layout.spec, scale=layout.scale, seed=layout.seed)
+    weights = shard_weights(model, layout)
+    handles = {}
+    for table in layout.tables:
+        for s, replicas in enumerate(table.replicas):
+            name = f"{table.name}-s{s}"
+            options: dict[str, Any] = {"name": f"shard-{name}", "ray_actor_options": {"num_cpus": num_cpus}}
+            if autoscale:
+                options["autoscaling_config"] = {
+                    "min_replicas": 1, "initial_replicas": replicas, "max_replicas": max(max_replicas, replicas),
+                    "metrics_interval_s": 0.5, "look_back_period_s": 2.0, "upscale_delay_s": 1.0,
+                    "downscale_delay_s": 30.0,
+                    "policy": {"policy_function": "recserve.policies.shard_autoscaler:RaySparsePolicy",
+                               "policy_kwargs": {"qps_max": (qps_max or {}).get(name, 50.0),
+                                                 "max_replicas": max(max_replicas, replicas)}},
+                }
+            else:
+                options["num_replicas"] = replicas
+            handles[name] = serve.deployment(EmbeddingShard).options(**options).bind(weights[name])
+    dense_options: dict[str, Any] = {"name": "dense", "ray_actor_options": {"num_cpus": num_cpus}}
+    if autoscale:
+        dense_options["autoscaling_config"] = {
+            "min_replicas": 1, "initial_replicas": layout.dense_replicas,
+            "max_replicas": max(max_replicas, layout.dense_replicas), "metrics_interval_s": 0.5,
+            "look_back_period_s": 2.0, "upscale_delay_s": 1.0, "downscale_delay_s": 30.0,
+            "policy": {"policy_function": "recserve.policies.shard_autoscaler:RayDensePolicy",
+                       "policy_kwargs": {"sla_ms": layout.sla_ms, "max_replicas": max_replicas}},
+        }
+    else:
+        dense_options["num_replicas"] = layout.dense_replicas
+    return serve.deployment(DenseShard).options(**dense_options).bind(layout, handles)
+
+
+def deploy(layout: ShardLayout, address: str | None = None, **kwargs: Any) -> Any:
+    """Run the application and return the dense shard's DeploymentHandle."""
+    start_ray(address)
+    _, serve = _require_ray()
+    return serve.run(build_app(layout, **kwargs), name=APP_NAME, route_prefix=None)
+
+
+def replica_counts() -> dict[str, int]:
+    """Running replicas per deployment of the recserve application (from ``serve.status``)."""
+    _, serve = _require_ray()
+    app = serve.status().applications.get(APP_NAME)
+    if app is None:
+        return {}
+    return {name: sum(n for state, n in d.replica_states.items() if str(state).endswith("RUNNING"))
+            for name, d in app.deployments.items()}
+
+
+def shutdown() -> None:
+    ray, serve = _require_ray()
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
