@@ -1,0 +1,246 @@
+"""The on-SSD embedding table file: fixed-stride rows behind a checksummed header and footer.
+
+Layout (all little-endian)::
+
+    [0, 4096)                       header: magic, version, dtype, rows, dim, row_bytes, stride, align,
+                                    data_offset, data_bytes, block_bytes, footer_offset, CRC32 of the header
+    [4096, 4096 + rows*stride)      rows, each at ``4096 + row*stride``; padded to a 4096 multiple
+    [footer_offset, +4096k)         footer: CRC32 of every ``block_bytes`` block of the data region,
+                                    then the CRC32 of that list, padded to a 4096 multiple
+
+Row format: ``fp32`` = ``dim`` float32; ``int8`` = FBGEMM's *fused 8-bit rowwise* format,
+``dim`` uint8 codes followed by a float32 scale and a float32 bias (value = code*scale + bias).
+
+Stride: a row is padded so that it never straddles an ``align`` boundary (power of two ≥ row bytes when the
+row is smaller than ``align``, else a multiple of ``align``).  Then one row is one aligned O_DIRECT read of
+``align`` bytes (or its own stride for big rows), never two.  ``align`` is 512 by default: the logical block
+size of NVMe/virtio devices and the access granularity of Optane (SDM Table 1); 4096 when the device's
+logical block is 4 KiB.  The cost is space on SSD (cheap, SDM §A.5), not IOs.
+
+Only the header and footer are memory-mapped (metadata); rows are read with O_DIRECT by ``embedding.io``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from recserve.errors import RecserveError
+
+MAGIC = b"RSEMBTBL"
+VERSION = 1
+HEADER_BYTES = 4096
+PAGE = 4096
+DTYPES = {"fp32": 0, "int8": 1}
+_HEADER = struct.Struct("<8sIIQIIIIQQQQ")  # magic version dtype rows dim row_bytes stride align data_off data_bytes
+#                                             block_bytes footer_offset
+DEFAULT_BLOCK_BYTES = 1 << 20
+
+
+class TableFileError(RecserveError):
+    """A table file is missing, truncated, corrupt (checksum mismatch) or of an unknown format."""
+
+
+def row_bytes_for(dim: int, dtype: str) -> int:
+    if dtype not in DTYPES:
+        raise TableFileError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return dim * 4 if dtype == "fp32" else dim + 8
+
+
+def stride_for(row_bytes: int, align: int) -> int:
+    """Smallest stride ≥ row_bytes that keeps every row inside one ``align`` block (see module doc)."""
+    if row_bytes <= align:
+        return 1 << (row_bytes - 1).bit_length()
+    return -(-row_bytes // align) * align
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+# ---------------------------------------------------------------- row-wise int8 (FBGEMM fused 8-bit rowwise)
+
+
+def quantize_rowwise(weight: np.ndarray) -> np.ndarray:
+    """FP32 ``[R, D]`` → fused rows ``[R, D + 8]`` uint8 (codes, fp32 scale, fp32 bias), as FBGEMM computes them."""
+    w = np.ascontiguousarray(weight, dtype=np.float32)
+    lo = w.min(axis=1, keepdims=True)
+    hi = w.max(axis=1, keepdims=True)
+    scale = ((hi - lo) / np.float32(255.0)).astype(np.float32)
+    inv = np.float32(255.0) / (hi - lo + np.float32(1e-8))
+    codes = np.clip(np.rint((w - lo) * inv), 0, 255).astype(np.uint8)
+    out = np.empty((w.shape[0], w.shape[1] + 8), dtype=np.uint8)
+    out[:, : w.shape[1]] = codes
+    out[:, w.shape[1] : w.shape[1] + 4] = scale.view(np.uint8)
+    out[:, w.shape[1] + 4 :] = lo.astype(np.float32).view(np.uint8)
+    return out
+
+
+def decode_rows(raw: np.ndarray, dim: int, dtype: str) -> torch.Tensor:
+    """Raw row bytes ``[N, row_bytes]`` → FP32 ``[N, dim]``.  The only dequantisation in recserve, so the tiered
+    path and the DRAM reference (``dequantized_weight``) produce identical bits."""
+    raw = np.ascontiguousarray(raw)
+    if dtype == "fp32":
+        return torch.from_numpy(raw.view(np.float32).reshape(raw.shape[0], dim))
+    codes = torch.from_numpy(raw[:, :dim]).to(torch.float32)
+    params = torch.from_numpy(np.ascontiguousarray(raw[:, dim : dim + 8]).view(np.float32))  # [N, 2]
+    return codes * params[:, 0:1] + params[:, 1:2]
+
+
+def dequantized_weight(weight: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """What an int8 tiered table serves: the DRAM weight quantised then decoded (the reference for tests)."""
+    w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+    return decode_rows(quantize_rowwise(w), w.shape[1], "int8")
+
+
+# ---------------------------------------------------------------- header
+
+
+@dataclass(frozen=True)
+class TableHeader:
+    dtype: str
+    rows: int
+    dim: int
+    row_bytes: int
+    stride: int
+    align: int
+    data_offset: int
+    data_bytes: int
+    block_bytes: int
+    footer_offset: int
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.data_bytes // self.block_bytes) if self.data_bytes else 0
+
+    @property
+    def footer_bytes(self) -> int:
+        return _round_up(4 * self.num_blocks + 4, PAGE)
+
+    @property
+    def file_bytes(self) -> int:
+        return self.footer_offset + self.footer_bytes
+
+    def pack(self) -> bytes:
+        body = _HEADER.pack(MAGIC, VERSION, DTYPES[self.dtype], self.rows, self.dim, self.row_bytes, self.stride,
+                            self.align, self.data_offset, self.data_bytes, self.block_bytes, self.footer_offset)
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    @classmethod
+    def unpack(cls, buf: bytes, path: str | Path) -> TableHeader:
+        body, (crc,) = buf[: _HEADER.size], struct.unpack_from("<I", buf, _HEADER.size)
+        fields = _HEADER.unpack(body)
+        if fields[0] != MAGIC:
+            raise TableFileError(f"{path}: not a recserve table file (bad magic {fields[0]!r})")
+        if zlib.crc32(body) != crc:
+            raise TableFileError(f"{path}: header checksum mismatch (corrupt header)")
+        if fields[1] != VERSION:
+            raise TableFileError(f"{path}: table file version {fields[1]}, this recserve reads {VERSION}")
+        names = {v: k for k, v in DTYPES.items()}
+        if fields[2] not in names:
+            raise TableFileError(f"{path}: unknown dtype code {fields[2]}")
+        return cls(names[fields[2]], *fields[3:])
+
+
+# ---------------------------------------------------------------- write / open
+
+
+def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str = "fp32", align: int = 512,
+                block_bytes: int = DEFAULT_BLOCK_BYTES) -> TableHeader:
+    """Write ``weight`` ``[rows, dim]`` once as a table file (atomically: temp file + rename + fsync)."""
+    if align not in (512, 4096):
+        raise TableFileError(f"align must be 512 or 4096, got {align}")
+    w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+    if w.ndim != 2 or w.shape[0] < 1:
+        raise TableFileError(f"weight must be [rows, dim] with rows ≥ 1, got shape {list(w.shape)}")
+    rows, dim = w.shape
+    rb = row_bytes_for(dim, dtype)
+    stride = stride_for(rb, align)
+    raw = quantize_rowwise(w) if dtype == "int8" else np.ascontiguousarray(w, dtype=np.float32).view(np.uint8)
+    padded = np.zeros((rows, stride), dtype=np.uint8)
+    padded[:, :rb] = raw.reshape(rows, rb)
+    data = padded.reshape(-1)
+    data_bytes = _round_up(data.size, PAGE)
+    header = TableHeader(dtype, rows, dim, rb, stride, align, HEADER_BYTES, data_bytes, block_bytes,
+                         HEADER_BYTES + data_bytes)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    crcs = []
+    with open(tmp, "wb") as f:
+        f.write(header.pack().ljust(HEADER_BYTES, b"\0"))
+        pad = np.zeros(data_bytes - data.size, dtype=np.uint8)
+        full = np.concatenate([data, pad]) if pad.size else data
+        for start in range(0, data_bytes, block_bytes):
+            block = full[start : start + block_bytes]
+            crcs.append(zlib.crc32(block))
+            f.write(block.tobytes())
+        listing = np.asarray(crcs, dtype="<u4").tobytes()
+        f.write((listing + struct.pack("<I", zlib.crc32(listing))).ljust(header.footer_bytes, b"\0"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return header
+
+
+def _map_region(fd: int, offset: int, length: int) -> bytes:
+    """Bytes of [offset, offset+length) through a read-only mmap (metadata only; never row data)."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with mmap.mmap(fd, length + offset - start, prot=mmap.PROT_READ, offset=start) as m:
+        return bytes(m[offset - start : offset - start + length])
+
+
+def read_header(path: str | Path) -> TableHeader:
+    """Parse and validate the header and the file size (truncation) without touching the data."""
+    path = Path(path)
+    if not path.exists():
+        raise TableFileError(f"{path}: no such table file")
+    size = path.stat().st_size
+    if size < HEADER_BYTES:
+        raise TableFileError(f"{path}: truncated ({size} bytes, smaller than the {HEADER_BYTES}-byte header)")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        header = TableHeader.unpack(_map_region(fd, 0, _HEADER.size + 4), path)
+    finally:
+        os.close(fd)
+    if size != header.file_bytes:
+        raise TableFileError(f"{path}: truncated or padded: {size} bytes, header says {header.file_bytes}")
+    return header
+
+
+def verify_table(path: str | Path, header: TableHeader | None = None) -> None:
+    """Check every data block's CRC32 against the footer (one sequential buffered pass whose pages are dropped
+    from the page cache afterwards, so verification does not warm the cache the benchmarks measure)."""
+    path = Path(path)
+    header = header or read_header(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        footer = _map_region(fd, header.footer_offset, 4 * header.num_blocks + 4)
+        listing, (crc,) = footer[:-4], struct.unpack("<I", footer[-4:])
+        if zlib.crc32(listing) != crc:
+            raise TableFileError(f"{path}: footer checksum mismatch (corrupt footer)")
+        expected = np.frombuffer(listing, dtype="<u4")
+        os.posix_fadvise(fd, header.data_offset, header.data_bytes, os.POSIX_FADV_SEQUENTIAL)
+        for b in range(header.num_blocks):
+            start = header.data_offset + b * header.block_bytes
+            length = min(header.block_bytes, header.data_bytes - b * header.block_bytes)
+            block = os.pread(fd, length, start)
+            if len(block) != length or zlib.crc32(block) != int(expected[b]):
+                raise TableFileError(f"{path}: data checksum mismatch in block {b} "
+                                     f"(bytes {start}..{start + length}): corrupt table file")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def open_table_header(path: str | Path, verify: bool = True) -> TableHeader:
+    header = read_header(path)
+    if verify:
+        verify_table(path, header)
+    return header

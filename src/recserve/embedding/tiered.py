@@ -1,0 +1,236 @@
+"""SSD-tiered embedding tables (SDM): a table file read with O_DIRECT behind the shared DRAM caches.
+
+``TieredTable`` implements the zoo's table interface (``num_rows``, ``dim``, ``pool``, ``gather``), so
+``model.replace_table(t, TieredTable(...))`` makes a zoo model serve table ``t`` from SSD, and
+``tier_model(model, placement, dir, cache_bytes)`` does it for every table a placement puts on SM.
+
+A lookup: unique ids → row-cache lookup (vectorised) → the misses' aligned windows are deduplicated and read
+concurrently (``blockio``) → rows decoded (FP32, or FBGEMM fused int8 dequantised) into a compact ``[U, dim]``
+matrix → the same ``embedding_bag`` kernel as ``DramTable`` over remapped ids.  Same rows, same kernel, same
+summation order: the result is bit-identical to the DRAM table (the dequantised one for int8).
+The pooled-embedding cache, when enabled, returns a bag's cached sum for any order of the same ids, which is
+equal up to FP32 summation order (see docs/sdm.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from recserve.embedding.blockio import BlockReader, TableIOError
+from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
+from recserve.embedding.tablefile import TableHeader, decode_rows, open_table_header, write_table
+
+__all__ = ["TableIOError", "TierStats", "TieredTable", "TierResources", "tier_model"]
+
+
+@dataclass
+class TierStats:
+    lookups: int = 0  # ids asked for (after the pooled cache)
+    unique: int = 0  # distinct ids per batch, summed
+    hits: int = 0
+    misses: int = 0
+    ios: int = 0
+    bytes_read: int = 0
+    bytes_used: int = 0
+    pooled_hits: int = 0
+    pooled_bags: int = 0
+
+    @property
+    def read_amplification(self) -> float:
+        return self.bytes_read / self.bytes_used if self.bytes_used else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def add(self, other: TierStats) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, float]:
+        out: dict[str, float] = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["read_amplification"] = self.read_amplification
+        out["hit_rate"] = self.hit_rate
+        return out
+
+
+@dataclass
+class TierResources:
+    """What the tiered tables of one process share: the unified row cache and the pooled cache."""
+
+    row_cache: RowCache | None
+    pooled: PooledCache | None = None
+    engine: str = "auto"
+    max_outstanding: int = 32
+    direct: bool = True
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class TieredTable(nn.Module):
+    """One embedding table served from a table file through the shared caches."""
+
+    def __init__(self, path: str | Path, resources: TierResources, use_cache: bool = True,
+                 verify: bool = True, reader: BlockReader | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.header: TableHeader = open_table_header(self.path, verify=verify)
+        self.num_rows, self.dim = self.header.rows, self.header.dim
+        self.dtype = self.header.dtype
+        self.resources = resources
+        h = self.header
+        # Read unit: the file's alignment (a row never straddles it); a row bigger than it spans whole units.
+        self.unit = h.align
+        self.window = h.align if h.stride <= h.align else h.stride
+        self.reader = reader or BlockReader(self.path, self.window, resources.engine, resources.max_outstanding,
+                                            resources.direct)
+        cache = resources.row_cache
+        self.use_cache = bool(use_cache and cache is not None and cache.slots > 0)
+        self.table_id = cache.register(h.row_bytes) if cache is not None else 0
+        self.stats = TierStats()
+        self._col = np.arange(h.row_bytes, dtype=np.int64)
+
+    # ---- the zoo table interface ---------------------------------------------------
+    def pool(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        idx = indices.numpy() if indices.dtype == torch.int64 else indices.to(torch.int64).numpy()
+        offs = offsets.to(torch.int64).numpy()
+        pooled = self.resources.pooled
+        if pooled is None or idx.size == 0:
+            return self._pool_rows(idx, offs)
+        return self._pool_with_cache(idx, offs, pooled)
+
+    def gather(self, indices: torch.Tensor) -> torch.Tensor:
+        idx = indices.to(torch.int64).numpy()
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        compact = decode_rows(self.fetch(uniq), self.dim, self.dtype)
+        return F.embedding(torch.from_numpy(inverse.reshape(idx.shape)), compact)
+
+    # ---- internals -------------------------------------------------------------------
+    def _pool_rows(self, idx: np.ndarray, offs: np.ndarray) -> torch.Tensor:
+        uniq, inverse = np.unique(idx, return_inverse=True)
+        compact = decode_rows(self.fetch(uniq), self.dim, self.dtype)
+        return F.embedding_bag(torch.from_numpy(inverse.astype(np.int64)), compact, torch.from_numpy(offs),
+                               mode="sum")
+
+    def _pool_with_cache(self, idx: np.ndarray, offs: np.ndarray, pooled: PooledCache) -> torch.Tensor:
+        """Bags ≥ min_len are looked up by their order-invariant key; the rest (and misses) pool from rows."""
+        n, batch = idx.size, offs.size
+        lengths = np.diff(np.append(offs, n))
+        hi, lo = bag_keys(idx, offs, self.table_id)
+        eligible = lengths >= pooled.min_len
+        out = torch.empty(batch, self.dim, dtype=torch.float32)
+        todo = np.ones(batch, dtype=bool)
+        with pooled.lock:
+            for b in np.flatnonzero(eligible):
+                vec = pooled.get((int(hi[b]), int(lo[b])))
+                if vec is not None:
+                    out[b] = vec
+                    todo[b] = False
+                    pooled.hit_ids += int(lengths[b])
+        self.stats.pooled_bags += int(eligible.sum())
+        self.stats.pooled_hits += int(batch - todo.sum())
+        if todo.any():
+            bags = np.flatnonzero(todo)
+            keep = np.repeat(todo, lengths)
+            sub_lengths = lengths[bags]
+            sub_offs = np.concatenate([[0], np.cumsum(sub_lengths)[:-1]]).astype(np.int64)
+            computed = self._pool_rows(idx[keep], sub_offs)
+            out[torch.from_numpy(bags)] = computed
+            with pooled.lock:
+                for j, b in enumerate(bags):
+                    if eligible[b]:
+                        pooled.put((int(hi[b]), int(lo[b])), computed[j].clone())
+        return out
+
+    def fetch(self, rows: np.ndarray) -> np.ndarray:
+        """Raw bytes ``[U, row_bytes]`` of distinct ``rows``: cache hits copied, misses read from the file."""
+        h = self.header
+        out = np.empty((rows.size, h.row_bytes), dtype=np.uint8)
+        stats = self.stats
+        stats.lookups += rows.size
+        stats.unique += rows.size
+        cache = self.resources.row_cache
+        if self.use_cache:
+            keys = (np.int64(self.table_id) << np.int64(ROW_BITS)) | rows
+            with cache.lock:
+                slots = cache.lookup(keys)
+                hit = slots >= 0
+                out[hit] = cache.data[slots[hit], : h.row_bytes]
+            miss = np.flatnonzero(~hit)
+        else:
+            miss = np.arange(rows.size)
+        stats.hits += rows.size - miss.size
+        stats.misses += miss.size
+        if miss.size:
+            out[miss] = self._read_rows(rows[miss])
+            if self.use_cache:
+                with cache.lock:
+                    cache.insert(keys[miss], out[miss])
+        return out
+
+    def _read_rows(self, rows: np.ndarray) -> np.ndarray:
+        h = self.header
+        if int(rows.max()) >= h.rows or int(rows.min()) < 0:
+            raise IndexError(f"{self.path}: row index out of range [0, {h.rows})")
+        offsets = h.data_offset + rows * h.stride
+        starts = offsets - offsets % self.unit
+        windows, which = np.unique(starts, return_inverse=True)
+        buf = self.reader.read(windows)
+        self.stats.ios += windows.size
+        self.stats.bytes_read += windows.size * self.window
+        self.stats.bytes_used += rows.size * h.row_bytes
+        return buf[which[:, None], (offsets - starts)[:, None] + self._col]
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def extra_repr(self) -> str:
+        return (f"{self.path.name}: {self.num_rows}x{self.dim} {self.dtype}, stride {self.header.stride}, "
+                f"{self.reader.mode}/{self.reader.engine}, cache={'on' if self.use_cache else 'off'}")
+
+
+def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directory: str | Path,
+               cache_bytes: int, dtype: str = "fp32", policy: str = "clock", pooled_cache_bytes: int = 0,
+               pooled_min_len: int = 4, engine: str = "auto", max_outstanding: int = 32,
+               no_cache_tables: tuple[int, ...] = (), verify: bool = True) -> TierResources:
+    """Write the tables ``placement`` puts on SM to ``directory`` and swap them into ``model`` in place.
+
+    ``placement`` is a list of table ids (or a dict id → options, e.g. ``{"cache": False}``).  The DRAM weights
+    of moved tables are released.  Returns the shared resources (caches, stats) for inspection."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    items = placement.items() if isinstance(placement, dict) else ((t, {}) for t in placement)
+    chosen = {int(t): dict(opts or {}) for t, opts in items}
+    if not chosen:
+        return TierResources(None)
+    from recserve.embedding.tablefile import row_bytes_for
+
+    slot = max(row_bytes_for(model.tables[t].dim, dtype) for t in chosen)
+    cache = RowCache(cache_bytes, slot, policy) if cache_bytes > 0 else None
+    pooled = PooledCache(pooled_cache_bytes, pooled_min_len) if pooled_cache_bytes > 0 else None
+    resources = TierResources(cache, pooled, engine, max_outstanding)
+    for t, opts in sorted(chosen.items()):
+        table = model.tables[t]
+        if isinstance(table, TieredTable):
+            continue
+        path = directory / f"{getattr(model.spec, 'name', 'model')}.t{t}.{dtype}.tbl"
+        write_table(path, table.weight, dtype)
+        use_cache = opts.get("cache", t not in no_cache_tables)
+        model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify))
+    return resources
+
+
+def tier_stats(model: nn.Module) -> TierStats:
+    """Sum of the stats of every tiered table of ``model``."""
+    total = TierStats()
+    for table in model.tables:
+        if isinstance(table, TieredTable):
+            total.add(table.stats)
+    return total
