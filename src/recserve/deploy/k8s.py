@@ -1,0 +1,126 @@
+"""Kubernetes manifests for an ElasticRec deployment: a Deployment, Service and
+HorizontalPodAutoscaler per shard (ElasticRec §IV-D).
+
+Sparse shards autoscale on a per-pod ``recserve_shard_qps`` metric with their QPSmax as the
+target; the dense shard on ``recserve_p95_latency_ms`` at 65% of the SLA (both served by the
+node server's Prometheus /metrics and exposed to the HPA through a custom-metrics adapter).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recserve.deploy.sharding import ShardLayout
+from recserve.policies.shard_autoscaler import DENSE_LATENCY_FRACTION
+
+GRPC_PORT = 8001
+HTTP_PORT = 8000
+
+
+def _labels(layout: ShardLayout, shard: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "recserve", "recserve/model": layout.spec.name, "recserve/shard": shard}
+
+
+def _deployment(name: str, labels: dict[str, str], image: str, args: list[str], replicas: int, cpu: str,
+                memory_bytes: int) -> dict[str, Any]:
+    mem = f"{max(64, memory_bytes // 2**20 + 256)}Mi"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{
+                    "name": "shard",
+                    "image": image,
+                    "args": args,
+                    "ports": [{"name": "http", "containerPort": HTTP_PORT},
+                              {"name": "grpc", "containerPort": GRPC_PORT}],
+                    "resources": {"requests": {"cpu": cpu, "memory": mem}, "limits": {"memory": mem}},
+                    "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": HTTP_PORT}},
+                    "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": HTTP_PORT}},
+                }]},
+            },
+        },
+    }
+
+
+def _service(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT},
+                                               {"name": "grpc", "port": GRPC_PORT, "targetPort": GRPC_PORT}]},
+    }
+
+
+def _hpa(name: str, labels: dict[str, str], metric: str, target: float, min_replicas: int,
+         max_replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": min_replicas,
+            "maxReplicas": max_replicas,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": metric},
+                "target": {"type": "AverageValue", "averageValue": f"{max(1, round(target * 1000))}m"},
+            }}],
+        },
+    }
+
+
+def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict[str, float] | None = None,
+              max_replicas: int = 16, cpu: str = "1") -> list[dict[str, Any]]:
+    """Every object for ``layout``: dense shard first, then one triple per embedding shard."""
+    base = layout.spec.name.replace("_", "-").lower()
+    objects: list[dict[str, Any]] = []
+    dense = f"{base}-dense"
+    labels = _labels(layout, "dense")
+    args = ["serve-shard", "--model", layout.spec.name, "--role", "dense", "--scale", str(layout.scale)]
+    objects += [_deployment(dense, labels, image, args, layout.dense_replicas, cpu, 0), _service(dense, labels),
+                _hpa(dense, labels, "recserve_p95_latency_ms", DENSE_LATENCY_FRACTION * layout.sla_ms, 1,
+                     max(max_replicas, layout.dense_replicas))]
+    for table in layout.tables:
+        for s, replicas in enumerate(table.replicas):
+            shard = f"{table.name}-s{s}"
+            name = f"{base}-{shard}".replace("_", "-").lower()
+            labels = _labels(layout, shard)
+            rows = table.boundaries[s + 1] - table.boundaries[s]
+            nbytes = rows * layout.spec.tables[table.table].row_bytes(layout.spec.bytes_per_elem)
+            args = ["serve-shard", "--model", layout.spec.name, "--role", "embedding", "--table", table.name,
+                    "--rows", f"{table.boundaries[s]}:{table.boundaries[s + 1]}", "--scale", str(layout.scale)]
+            target = (qps_max or {}).get(shard, 100.0)
+            objects += [_deployment(name, labels, image, args, replicas, cpu, nbytes), _service(name, labels),
+                        _hpa(name, labels, "recserve_shard_qps", target, 1, max(max_replicas, replicas))]
+    return objects
+
+
+def write_manifests(objects: list[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    return path
+
+
+def validate(objects: list[dict[str, Any]], version: str = "1.30.0") -> list[str]:
+    """Validate each object against the Kubernetes API schema (kubernetes-validate, strict);
+    returns the errors, empty when all objects are valid."""
+    import kubernetes_validate
+
+    errors = []
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+    return errors
