@@ -1,0 +1,183 @@
+"""Node configuration: which models one node server hosts and how each is executed.
+
+A node config is YAML::
+
+    host: 127.0.0.1
+    http_port: 8000          # 0 = pick a free port
+    grpc_port: 8001
+    models:
+      - model: dlrm-rmc1     # catalogue name (ModelSpec)
+        name: rmc1           # served name (default: model)
+        scale: 1.0e-3
+        workers: 2           # model mode: whole-model workers; pipeline mode: dense workers
+        cores: [[0], [1]]    # per-worker core sets, or a flat list shared out `threads` cores at a time
+        threads: 1           # torch intra-op threads per worker
+        sub_batch: 64        # split a query into parts of at most this many items (0 = never split)
+        mode: model          # model | pipeline (sparse workers feed dense workers)
+        sparse_workers: 1    # pipeline only
+        sparse_cores: null   # pipeline only, like cores
+        share_tables: true   # one copy of the weights in shared memory for all workers
+        max_batch_size: 1024
+        queue_limit: 64      # queries admitted but not finished; more -> 503 / UNAVAILABLE
+
+Everything is validated here so that a typo fails at load time with one clear message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import SpecError
+from recserve.specs import get_model, read_yaml
+
+MODES = ("model", "pipeline")
+
+
+def available_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def expand_cores(cores: Any, workers: int, threads: int, where: str) -> list[list[int]]:
+    """Per-worker core sets from a config value (None, flat list, or list of lists)."""
+    usable = set(available_cores())
+    if cores is None:
+        return [[] for _ in range(workers)]  # empty = inherit the server's affinity
+    if not isinstance(cores, list | tuple) or not cores:
+        raise SpecError(f"{where}: cores must be a non-empty list")
+    if all(isinstance(c, int) for c in cores):
+        flat = [int(c) for c in cores]
+        step = max(1, threads)
+        sets = [[flat[(i * step + k) % len(flat)] for k in range(min(step, len(flat)))] for i in range(workers)]
+    elif all(isinstance(c, list | tuple) and c for c in cores):
+        if len(cores) != workers:
+            raise SpecError(f"{where}: cores lists {len(cores)} core sets for {workers} workers")
+        sets = [[int(x) for x in c] for c in cores]
+    else:
+        raise SpecError(f"{where}: cores must be a list of core ids or a list of core-id lists")
+    for s in sets:
+        bad = sorted(set(s) - usable)
+        if bad:
+            raise SpecError(f"{where}: cores {bad} are not available on this host (usable: {sorted(usable)})")
+    return sets
+
+
+@dataclass
+class ModelConfig:
+    """How one model is served on this node."""
+
+    model: str
+    name: str = ""
+    scale: float = 1e-3
+    workers: int = 1
+    cores: Any = None
+    threads: int = 1
+    sub_batch: int = 0
+    mode: str = "model"
+    sparse_workers: int = 1
+    sparse_cores: Any = None
+    share_tables: bool = True
+    max_batch_size: int = 1024
+    queue_limit: int = 64
+    seed: int = 0
+    llc_ways: int | None = None
+    table_backend: str = "dram"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.model
+        where = f"model {self.name!r}"
+        get_model(self.model)  # raises SpecError naming the known models
+        if self.mode not in MODES:
+            raise SpecError(f"{where}: mode must be one of {MODES}, got {self.mode!r}")
+        for key in ("workers", "threads", "max_batch_size", "queue_limit", "sparse_workers"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.sub_batch, int) or self.sub_batch < 0:
+            raise SpecError(f"{where}: sub_batch must be an integer >= 0, got {self.sub_batch!r}")
+        if not 0 < float(self.scale) <= 1:
+            raise SpecError(f"{where}: scale must be in (0, 1], got {self.scale}")
+        self.scale = float(self.scale)
+        self.worker_cores()  # validate early
+        if self.mode == "pipeline":
+            self.sparse_worker_cores()
+
+    def worker_cores(self) -> list[list[int]]:
+        return expand_cores(self.cores, self.workers, self.threads, f"model {self.name!r} cores")
+
+    def sparse_worker_cores(self) -> list[list[int]]:
+        return expand_cores(self.sparse_cores, self.sparse_workers, self.threads, f"model {self.name!r} sparse_cores")
+
+    def stages(self) -> dict[str, tuple[int, list[list[int]]]]:
+        """Worker pools: stage name -> (workers, per-worker cores)."""
+        if self.mode == "model":
+            return {"model": (self.workers, self.worker_cores())}
+        return {"sparse": (self.sparse_workers, self.sparse_worker_cores()),
+                "dense": (self.workers, self.worker_cores())}
+
+
+@dataclass
+class NodeConfig:
+    models: list[ModelConfig]
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    grpc_port: int = 0
+    max_body_bytes: int = 64 * 1024 * 1024
+    drain_timeout_s: float = 30.0
+    server_name: str = "recserve"
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise SpecError("node config: needs at least one model")
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise SpecError(f"node config: served model names must be unique, repeated: {dupes}")
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise SpecError(f"{where}: {exc}") from exc
+
+
+def config_from_dict(data: Any, where: str = "node config") -> NodeConfig:
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: expected a mapping")
+    data = dict(data)
+    raw_models = data.pop("models", None)
+    if isinstance(raw_models, dict):  # allow {served_name: {...}}
+        raw_models = [{"name": k, **({"model": k} | (v or {}))} for k, v in raw_models.items()]
+    if not isinstance(raw_models, list) or not raw_models:
+        raise SpecError(f"{where}: 'models' must be a non-empty list")
+    models = [_build(ModelConfig, m, f"{where} models[{i}]") for i, m in enumerate(raw_models)]
+    return _build(NodeConfig, {**data, "models": models}, where)
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Read a node config YAML file (see the module docstring for the schema)."""
+    return config_from_dict(read_yaml(path), str(path))
+
+
+def quick_config(model: str, scale: float = 1e-3, workers: int = 1, http_port: int = 0, grpc_port: int = 0,
+                 **model_options: Any) -> NodeConfig:
+    """One model, the ``recserve serve --model NAME`` form."""
+    return NodeConfig(models=[ModelConfig(model=model, scale=scale, workers=workers, **model_options)],
+                      http_port=http_port, grpc_port=grpc_port)

@@ -1,0 +1,77 @@
+"""Python client of the node server's control API (used by the online resource manager).
+
+Only the standard library is used so that a policy process can import it cheaply::
+
+    c = ControlClient("127.0.0.1", http_port)
+    c.get_model("rmc1")["stages"]["model"]["workers"]
+    c.set_workers("rmc1", 3, cores=[[0], [1], [1]])
+    c.set_sub_batch("rmc1", 64)
+    c.set_llc_ways("rmc1", 4)          # raises LlcUnsupportedError where the host has no resctrl
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from recserve.errors import RecserveError
+
+
+class ControlError(RecserveError):
+    """The server refused a control request; ``status`` is the HTTP status, ``field`` the bad field."""
+
+    def __init__(self, status: int, message: str, field: str | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.field = field
+
+
+class LlcUnsupportedError(ControlError):
+    """The node cannot partition its LLC (HTTP 501)."""
+
+
+class ControlClient:
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout_s: float = 180.0) -> None:
+        self.base = f"http://{host}:{port}"
+        self.timeout_s = timeout_s
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read() or b"{}")
+            except ValueError:
+                detail = {}
+            message = detail.get("error", exc.reason)
+            cls = LlcUnsupportedError if exc.code == 501 else ControlError
+            raise cls(exc.code, message, detail.get("field")) from None
+
+    def models(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/control/models")["models"]
+
+    def get_model(self, model: str) -> dict[str, Any]:
+        """Workers per stage (pids, cores, threads, RSS/PSS MB), sub_batch, queue, llc_ways."""
+        return self._request("GET", f"/control/models/{model}")
+
+    def set_workers(self, model: str, n: int, cores: list[Any] | None = None, threads: int | None = None,
+                    stage: str | None = None) -> dict[str, Any]:
+        """Resize (and optionally re-pin) a model's workers; returns once old workers have retired."""
+        body: dict[str, Any] = {"workers": n, "cores": cores, "threads": threads, "stage": stage}
+        return self._request("POST", f"/control/models/{model}/workers", body)
+
+    def set_sub_batch(self, model: str, k: int) -> dict[str, Any]:
+        return self._request("POST", f"/control/models/{model}/sub_batch", {"sub_batch": k})
+
+    def set_llc_ways(self, model: str, ways: int) -> dict[str, Any]:
+        return self._request("POST", f"/control/models/{model}/llc", {"ways": ways})
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.base + "/metrics", timeout=self.timeout_s) as resp:
+            return resp.read().decode()

@@ -1,0 +1,170 @@
+"""HTTP front end (aiohttp): the v2 REST protocol, Triton config/statistics, ``/metrics`` and ``/control``.
+
+Control API (JSON, same port, meant for loopback use by the node resource manager)::
+
+    GET  /control/models                      -> {"models": [state, ...]}
+    GET  /control/models/{m}                  -> state (workers per stage with pids, cores, RSS/PSS, llc_ways)
+    POST /control/models/{m}/workers          {"workers": n, "cores": [[0],[1]] | [0,1] | null,
+                                               "threads": t | null, "stage": "model"|"sparse"|"dense" | null}
+    POST /control/models/{m}/sub_batch        {"sub_batch": k}
+    POST /control/models/{m}/llc              {"ways": w}   -> 501 where resctrl is missing
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from recserve.serving import protocol
+from recserve.serving.llc import LlcUnsupported
+from recserve.serving.metrics import render_prometheus
+from recserve.serving.runtime import InferError, ModelRuntime
+
+if TYPE_CHECKING:
+    from recserve.serving.server import NodeCore
+
+STATUS = {"invalid": 400, "not_found": 404, "unavailable": 503, "internal": 500, "unsupported": 501}
+
+
+def error_response(exc: InferError) -> web.Response:
+    body = {"error": str(exc)}
+    if exc.field:
+        body["field"] = exc.field
+    return web.json_response(body, status=STATUS.get(exc.code, 500))
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def build_app(core: NodeCore) -> web.Application:
+    app = web.Application(client_max_size=core.config.max_body_bytes, middlewares=[_errors])
+    routes = web.RouteTableDef()
+
+    def runtime(request: web.Request) -> ModelRuntime:
+        name = request.match_info["model"]
+        version = request.match_info.get("version")
+        rt = core.models.get(name)
+        if rt is None:
+            raise InferError("not_found", f"unknown model {name!r}; served: {sorted(core.models)}", "model_name")
+        if version not in (None, "", "1"):
+            raise InferError("not_found", f"model {name!r} has only version 1, not {version!r}", "model_version")
+        return rt
+
+    @routes.get("/v2")
+    async def server_metadata(_: web.Request) -> web.Response:
+        return _json(protocol.server_metadata(core.config.server_name))
+
+    @routes.get("/v2/health/live")
+    async def live(_: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    @routes.get("/v2/health/ready")
+    async def ready(_: web.Request) -> web.Response:
+        return web.Response(status=200 if core.ready else 503)
+
+    @routes.get("/v2/models/stats")
+    async def all_stats(_: web.Request) -> web.Response:
+        return _json({"model_stats": [rt.metrics.triton_stats(rt.name) for rt in core.models.values()]})
+
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        @routes.get(prefix)
+        async def metadata(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _json(protocol.model_metadata(rt.name, rt.info))
+
+        @routes.get(prefix + "/ready")
+        async def model_ready(request: web.Request) -> web.Response:
+            return web.Response(status=200 if runtime(request).ready else 503)
+
+        @routes.get(prefix + "/config")
+        async def config(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _json(core.model_config(rt))
+
+        @routes.get(prefix + "/stats")
+        async def stats(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _json({"model_stats": [rt.metrics.triton_stats(rt.name)]})
+
+        @routes.post(prefix + "/infer")
+        async def infer(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            body = await request.read()
+            req, arrays = protocol.parse_http_infer(body, request.headers.get("Inference-Header-Content-Length"))
+            protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
+            scores = await rt.infer(arrays)
+            payload, headers = protocol.http_infer_response(rt.name, req, scores)
+            content_type = headers.pop("Content-Type")
+            return web.Response(body=payload, headers=headers, content_type=content_type)
+
+    @routes.get("/metrics")
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=core.prometheus(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Prometheus-Format": "0.0.4"})
+
+    # ---- control ----
+    @routes.get("/control/models")
+    async def control_models(_: web.Request) -> web.Response:
+        return _json({"models": [rt.state() for rt in core.models.values()]})
+
+    @routes.get("/control/models/{model}")
+    async def control_model(request: web.Request) -> web.Response:
+        return _json(runtime(request).state())
+
+    @routes.post("/control/models/{model}/workers")
+    async def control_workers(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        body = await _body(request)
+        if "workers" not in body:
+            raise InferError("invalid", "workers: required", "workers")
+        state = await rt.set_workers(body["workers"], body.get("cores"), body.get("threads"), body.get("stage"))
+        return _json(state)
+
+    @routes.post("/control/models/{model}/sub_batch")
+    async def control_sub_batch(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        body = await _body(request)
+        return _json(rt.set_sub_batch(body.get("sub_batch")))
+
+    @routes.post("/control/models/{model}/llc")
+    async def control_llc(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        body = await _body(request)
+        return _json(core.set_llc_ways(rt, body.get("ways")))
+
+    app.add_routes(routes)
+    return app
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InferError("invalid", f"body: not valid JSON: {exc}", "body") from exc
+    if not isinstance(body, dict):
+        raise InferError("invalid", "body: expected a JSON object", "body")
+    return body
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except InferError as exc:
+        return error_response(exc)
+    except LlcUnsupported as exc:
+        return web.json_response({"error": str(exc), "supported": False}, status=501)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return web.json_response({"error": f"body: {exc.text}", "field": "body"}, status=400)
+    except json.JSONDecodeError as exc:
+        return web.json_response({"error": f"body: {exc}", "field": "body"}, status=400)
+
+
+def prometheus_text(models: dict[str, ModelRuntime]) -> str:
+    return render_prometheus({
+        name: (rt.metrics, rt.in_flight, {s: p.ready_count() for s, p in rt.pools.items()})
+        for name, rt in models.items()
+    })

@@ -1,0 +1,170 @@
+"""Per-model counters and latency histograms, rendered as Prometheus text and as Triton statistics.
+
+Written by hand (no prometheus_client dependency): everything is updated on the server's event-loop
+thread, so no locking is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+RATE_WINDOW_S = 10.0
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * len(BUCKETS_S))
+    total: int = 0
+    sum_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.total += 1
+        self.sum_s += seconds
+        for i, edge in enumerate(BUCKETS_S):
+            if seconds <= edge:
+                self.counts[i] += 1
+                break
+
+    def lines(self, metric: str, labels: str) -> list[str]:
+        out, cumulative = [], 0
+        for edge, count in zip(BUCKETS_S, self.counts, strict=True):
+            cumulative += count
+            out.append(f'{metric}_bucket{{{labels},le="{edge:g}"}} {cumulative}')
+        out.append(f'{metric}_bucket{{{labels},le="+Inf"}} {self.total}')
+        out.append(f"{metric}_sum{{{labels}}} {self.sum_s:.9f}")
+        out.append(f"{metric}_count{{{labels}}} {self.total}")
+        return out
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelMetrics:
+    """What one served model has done since the server started."""
+
+    requests: int = 0
+    successes: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    items: int = 0
+    executions: int = 0
+    worker_restarts: int = 0
+    last_inference_ms: int = 0
+    e2e: Histogram = field(default_factory=Histogram)
+    queue: Histogram = field(default_factory=Histogram)
+    compute: Histogram = field(default_factory=Histogram)
+    success_d: Duration = field(default_factory=Duration)
+    fail_d: Duration = field(default_factory=Duration)
+    queue_d: Duration = field(default_factory=Duration)
+    compute_d: Duration = field(default_factory=Duration)
+    recent_items: deque = field(default_factory=deque)
+
+    def error(self, code: str) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    def done(self, items: int, e2e_s: float, queue_s: float, compute_s: float, parts: int) -> None:
+        now = time.time()
+        self.successes += 1
+        self.items += items
+        self.executions += parts
+        self.last_inference_ms = int(now * 1000)
+        self.e2e.observe(e2e_s)
+        self.queue.observe(queue_s)
+        self.compute.observe(compute_s)
+        self.success_d.add(e2e_s)
+        self.queue_d.add(queue_s)
+        self.compute_d.add(compute_s)
+        self.recent_items.append((now, items))
+        self._trim(now)
+
+    def failed(self, e2e_s: float) -> None:
+        self.fail_d.add(e2e_s)
+
+    def _trim(self, now: float) -> None:
+        while self.recent_items and self.recent_items[0][0] < now - RATE_WINDOW_S:
+            self.recent_items.popleft()
+
+    def items_per_s(self) -> float:
+        now = time.time()
+        self._trim(now)
+        return sum(n for _, n in self.recent_items) / RATE_WINDOW_S
+
+    def triton_stats(self, name: str) -> dict:
+        """One entry of Triton's ``model_stats`` list (ints, as Triton's HTTP endpoint returns them)."""
+        zero = Duration().as_dict()
+        return {
+            "name": name,
+            "version": "1",
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.items,
+            "execution_count": self.executions,
+            "inference_stats": {
+                "success": self.success_d.as_dict(),
+                "fail": self.fail_d.as_dict(),
+                "queue": self.queue_d.as_dict(),
+                "compute_input": zero,
+                "compute_infer": self.compute_d.as_dict(),
+                "compute_output": zero,
+                "cache_hit": zero,
+                "cache_miss": zero,
+            },
+            "batch_stats": [],
+        }
+
+
+def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]]) -> str:
+    """``models``: served name -> (metrics, queue depth, workers per stage)."""
+    lines: list[str] = []
+
+    def family(metric: str, kind: str, help_text: str) -> None:
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} {kind}")
+
+    family("recserve_requests_total", "counter", "Inference requests received (admitted or not).")
+    for name, (m, _, _) in models.items():
+        lines.append(f'recserve_requests_total{{model="{name}"}} {m.requests}')
+    family("recserve_request_success_total", "counter", "Inference requests answered with scores.")
+    for name, (m, _, _) in models.items():
+        lines.append(f'recserve_request_success_total{{model="{name}"}} {m.successes}')
+    family("recserve_request_errors_total", "counter", "Failed requests by reason.")
+    for name, (m, _, _) in models.items():
+        for code, count in sorted(m.errors.items()):
+            lines.append(f'recserve_request_errors_total{{model="{name}",code="{code}"}} {count}')
+    family("recserve_items_total", "counter", "Candidate items scored.")
+    for name, (m, _, _) in models.items():
+        lines.append(f'recserve_items_total{{model="{name}"}} {m.items}')
+    family("recserve_items_per_second", "gauge", f"Items scored per second over the last {RATE_WINDOW_S:g} s.")
+    for name, (m, _, _) in models.items():
+        lines.append(f'recserve_items_per_second{{model="{name}"}} {m.items_per_s():.3f}')
+    family("recserve_queue_depth", "gauge", "Queries admitted and not yet answered.")
+    for name, (_, depth, _) in models.items():
+        lines.append(f'recserve_queue_depth{{model="{name}"}} {depth}')
+    family("recserve_workers", "gauge", "Ready worker processes per stage.")
+    for name, (_, _, workers) in models.items():
+        for stage, count in workers.items():
+            lines.append(f'recserve_workers{{model="{name}",stage="{stage}"}} {count}')
+    family("recserve_worker_restarts_total", "counter", "Workers that died and were replaced.")
+    for name, (m, _, _) in models.items():
+        lines.append(f'recserve_worker_restarts_total{{model="{name}"}} {m.worker_restarts}')
+    for metric, attr, help_text in (
+        ("recserve_request_latency_seconds", "e2e", "End-to-end latency of successful queries."),
+        ("recserve_queue_latency_seconds", "queue", "Time queries waited for a worker (summed over stages)."),
+        ("recserve_compute_latency_seconds", "compute", "Worker compute time per query (longest part per stage)."),
+    ):
+        family(metric, "histogram", help_text)
+        for name, (m, _, _) in models.items():
+            lines.extend(getattr(m, attr).lines(metric, f'model="{name}"'))
+    return "\n".join(lines) + "\n"

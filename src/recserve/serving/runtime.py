@@ -1,0 +1,527 @@
+"""Per-model execution on one node: worker pools, the dispatcher and run-time reconfiguration.
+
+Everything here runs on the server's asyncio event loop (one thread), so no locks guard the
+queues: each worker's pipe is watched with ``loop.add_reader`` and results resolve futures
+directly.  A query is validated, split into sub-batches of at most ``sub_batch`` items
+(DeepRecSys-style: parts run on different workers in parallel and are concatenated in order),
+and the parts wait in a per-stage FIFO.  A worker holds at most one part at a time, so the
+server always knows which queries a worker holds: if it dies they get an explicit error and a
+replacement worker is started; if it is retired it finishes its part first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing import popen_forkserver, spawn
+from multiprocessing.context import ForkServerProcess
+from typing import Any
+
+import numpy as np
+
+from recserve.serving.config import ModelConfig, expand_cores
+from recserve.serving.llc import LlcAllocator
+from recserve.serving.metrics import ModelMetrics
+from recserve.serving.worker import WorkerArgs, build_worker_model, share_model, worker_main
+from recserve.specs import get_model
+from recserve.zoo.batch import BatchError, QueryBatch
+
+log = logging.getLogger("recserve.serving")
+
+WORKER_START_TIMEOUT_S = 120.0
+WORKER_STOP_TIMEOUT_S = 10.0
+MAX_RESTARTS_IN_A_ROW = 5
+
+
+class InferError(Exception):
+    """A request that cannot be answered with scores.  ``code``: invalid | not_found | unavailable | internal."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+_PREP_LOCK = threading.Lock()
+
+
+class _NoMainPopen(popen_forkserver.Popen):
+    """Forkserver launch that does not re-import the parent's ``__main__`` in the worker.
+
+    Workers only run :func:`worker_main`, so scripts and REPLs that start a NodeServer need no
+    ``if __name__ == "__main__"`` guard.
+    """
+
+    def _launch(self, process_obj: Any) -> None:
+        with _PREP_LOCK:
+            original = spawn.get_preparation_data
+
+            def prep(name: str) -> dict:
+                data = original(name)
+                data.pop("init_main_from_path", None)
+                data.pop("init_main_from_name", None)
+                return data
+
+            spawn.get_preparation_data = prep
+            try:
+                super()._launch(process_obj)
+            finally:
+                spawn.get_preparation_data = original
+
+
+class WorkerProcess(ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _NoMainPopen:  # noqa: N802 (multiprocessing's name)
+        return _NoMainPopen(process_obj)
+
+
+class WorkerContext:
+    """Forkserver with torch preloaded: fast, thread-safe worker starts that can receive shared tensors."""
+
+    def __init__(self) -> None:
+        import torch.multiprocessing  # noqa: F401  registers the reductions that share tensors by fd
+
+        self.ctx = multiprocessing.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["recserve.serving.worker"])
+        self.Process = WorkerProcess
+
+    def Pipe(self, duplex: bool = True) -> tuple[Any, Any]:  # noqa: N802
+        return self.ctx.Pipe(duplex)
+
+
+def mp_context() -> WorkerContext:
+    return WorkerContext()
+
+
+@dataclass
+class ModelInfo:
+    """What the front end needs to validate a query without touching a worker."""
+
+    dense_in: int
+    rows: tuple[int, ...]
+    seq_lens: dict[int, int]
+    towers: int
+
+
+def model_info(cfg: ModelConfig) -> ModelInfo:
+    spec = get_model(cfg.model)
+    return ModelInfo(
+        dense_in=spec.dense_in,
+        rows=spec.scaled_rows(cfg.scale),
+        seq_lens={i: t.pooling for i, t in enumerate(spec.tables) if t.kind == "sequence"},
+        towers=spec.towers,
+    )
+
+
+class Query:
+    """One admitted request: its parts' results and its timing."""
+
+    def __init__(self, items: int, parts: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.items = items
+        self.results: list[Any] = [None] * parts
+        self.remaining = parts
+        self.future: asyncio.Future = loop.create_future()
+        self.queue_s: dict[str, float] = {}
+        self.compute_s: dict[str, float] = {}
+
+    def note(self, stage: str, waited: float, computed: float) -> None:
+        self.queue_s[stage] = max(self.queue_s.get(stage, 0.0), waited)
+        self.compute_s[stage] = max(self.compute_s.get(stage, 0.0), computed)
+
+    def fail(self, error: InferError) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+@dataclass
+class Part:
+    query: Query
+    index: int
+    payload: Any
+    dense: np.ndarray
+    enqueued: float = field(default_factory=time.perf_counter)
+    dispatched: float = 0.0
+    item_id: int = 0
+
+
+@dataclass
+class WorkerHandle:
+    worker_id: int
+    stage: str
+    cores: list[int]
+    threads: int
+    process: Any
+    conn: Any
+    ready: asyncio.Future
+    exited: asyncio.Future
+    pid: int = 0
+    retiring: bool = False
+    stop_sent: bool = False
+    current: Part | None = None
+    items_done: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.worker_id, "pid": self.pid, "cores": self.cores, "threads": self.threads,
+                "ready": self.ready.done() and not self.ready.exception(), "retiring": self.retiring,
+                "busy": self.current is not None, "items_done": self.items_done, **memory_of(self.pid)}
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """RSS and PSS of a process in MB (PSS splits shared pages among the processes mapping them)."""
+    out = {"rss_mb": 0.0, "pss_mb": 0.0}
+    if not pid:
+        return out
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Pss"):
+                    out[f"{key.lower()}_mb"] = int(rest.split()[0]) / 1024
+    except OSError:
+        pass
+    return out
+
+
+@dataclass
+class StagePool:
+    stage: str
+    threads: int
+    cores_spec: Any
+    workers: list[WorkerHandle] = field(default_factory=list)
+    pending: deque = field(default_factory=deque)
+    next_stage: StagePool | None = None
+
+    def active(self) -> list[WorkerHandle]:
+        return [w for w in self.workers if not w.retiring]
+
+    def ready_count(self) -> int:
+        return sum(1 for w in self.active() if w.ready.done() and not w.ready.exception())
+
+
+def _flat_cores(cores: Any) -> Any:
+    if cores and all(isinstance(c, list | tuple) for c in cores):
+        return list(dict.fromkeys(int(x) for c in cores for x in c))
+    return cores
+
+
+class ModelRuntime:
+    """Workers, queues and counters of one served model."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, cfg: ModelConfig, ctx: Any, llc: LlcAllocator | None = None) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.ctx = ctx
+        self.llc = llc
+        self.info = model_info(cfg)
+        self.metrics = ModelMetrics()
+        self.sub_batch = cfg.sub_batch
+        self.in_flight = 0
+        self.accepting = True
+        self.stopping = False
+        self.shared_model = share_model(build_worker_model(cfg)) if cfg.share_tables else None
+        self.pools: dict[str, StagePool] = {}
+        for stage, (_n, _cores) in cfg.stages().items():
+            cores = cfg.sparse_cores if stage == "sparse" else cfg.cores
+            self.pools[stage] = StagePool(stage, cfg.threads, _flat_cores(cores))
+        if cfg.mode == "pipeline":
+            self.pools["sparse"].next_stage = self.pools["dense"]
+        self._control = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        starts = []
+        for stage, (n, core_sets) in self.cfg.stages().items():
+            pool = self.pools[stage]
+            starts += [self._start_worker(pool, core_sets[i], pool.threads) for i in range(n)]
+        await asyncio.gather(*starts)
+
+    @property
+    def ready(self) -> bool:
+        return self.accepting and all(p.ready_count() > 0 for p in self.pools.values())
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new queries and wait for admitted ones to finish."""
+        self.accepting = False
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self.accepting = False
+        self.stopping = True
+        workers = [w for p in self.pools.values() for w in p.workers]
+        for pool in self.pools.values():
+            for w in pool.workers:
+                w.retiring = True
+            self._pump(pool)
+        await self._await_exit(workers, WORKER_STOP_TIMEOUT_S)
+        for pool in self.pools.values():
+            for part in pool.pending:
+                part.query.fail(InferError("unavailable", f"model {self.name!r} stopped"))
+            pool.pending.clear()
+
+    # ------------------------------------------------------------------ workers
+    async def _start_worker(self, pool: StagePool, cores: list[int], threads: int) -> WorkerHandle:
+        loop = asyncio.get_running_loop()
+        parent, child = self.ctx.Pipe(duplex=True)
+        wid = next(self._ids)
+        args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg)
+        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model), daemon=True,
+                                name=f"recserve-{self.name}-{pool.stage}-{wid}")
+        await loop.run_in_executor(None, proc.start)
+        child.close()
+        handle = WorkerHandle(wid, pool.stage, list(cores), threads, proc, parent,
+                              loop.create_future(), loop.create_future())
+        pool.workers.append(handle)
+        loop.add_reader(parent.fileno(), self._on_readable, pool, handle)
+        try:
+            await asyncio.wait_for(asyncio.shield(handle.ready), WORKER_START_TIMEOUT_S)
+        except TimeoutError as exc:
+            proc.kill()
+            raise InferError("internal", f"model {self.name!r}: worker did not start in time") from exc
+        return handle
+
+    def _on_readable(self, pool: StagePool, handle: WorkerHandle) -> None:
+        try:
+            while handle.conn.poll():
+                self._on_message(pool, handle, handle.conn.recv())
+        except (EOFError, OSError):
+            self._on_worker_exit(pool, handle)
+
+    def _on_message(self, pool: StagePool, handle: WorkerHandle, msg: Any) -> None:
+        if msg[0] == "ready":
+            handle.pid = int(msg[1])
+            if self.llc is not None:
+                self.llc.add_pid(self.name, handle.pid)
+            if not handle.ready.done():
+                handle.ready.set_result(handle.pid)
+            self._pump(pool)
+            return
+        item_id, ok, result, compute_s = msg
+        part = handle.current
+        handle.current = None
+        handle.items_done += 1
+        if part is not None and part.item_id == item_id:
+            self._on_result(pool, part, ok, result, compute_s)
+        self._pump(pool)
+
+    def _on_result(self, pool: StagePool, part: Part, ok: bool, result: Any, compute_s: float) -> None:
+        query = part.query
+        query.note(pool.stage, part.dispatched - part.enqueued, compute_s)
+        if not ok:
+            query.fail(InferError("internal", f"model {self.name!r} {pool.stage} worker failed: {result}"))
+            return
+        if pool.next_stage is not None:
+            nxt = Part(query, part.index, (part.dense, result), part.dense)
+            pool.next_stage.pending.append(nxt)
+            self._pump(pool.next_stage)
+            return
+        query.results[part.index] = result
+        query.remaining -= 1
+        if query.remaining == 0 and not query.future.done():
+            out = query.results[0] if len(query.results) == 1 else np.concatenate(query.results)
+            query.future.set_result(out)
+
+    def _on_worker_exit(self, pool: StagePool, handle: WorkerHandle) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(handle.conn.fileno())
+        handle.conn.close()
+        if handle in pool.workers:
+            pool.workers.remove(handle)
+        handle.process.join(timeout=0.5)
+        code = handle.process.exitcode
+        if handle.current is not None:
+            handle.current.query.fail(InferError(
+                "internal", f"model {self.name!r}: worker pid {handle.pid} died (exit code {code}) "
+                            "while computing this query"))
+            handle.current = None
+        if not handle.ready.done():
+            handle.ready.set_exception(InferError(
+                "internal", f"model {self.name!r}: worker exited with code {code} before it was ready"))
+            handle.ready.exception()  # mark retrieved
+        if not handle.exited.done():
+            handle.exited.set_result(code)
+        if self.llc is not None and handle.pid:
+            self.llc.forget_pid(self.name, handle.pid)
+        if handle.retiring or self.stopping or not handle.pid:
+            return  # retired, shutting down, or never started (the starter sees the error)
+        log.warning("model %s: %s worker pid %s died (exit %s); restarting", self.name, pool.stage, handle.pid, code)
+        self.metrics.worker_restarts += 1
+        task = loop.create_task(self._restart(pool, handle))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restart(self, pool: StagePool, dead: WorkerHandle) -> None:
+        for attempt in range(MAX_RESTARTS_IN_A_ROW):
+            if self.stopping:
+                return
+            try:
+                await self._start_worker(pool, dead.cores, dead.threads)
+                return
+            except InferError as exc:
+                log.error("%s (restart attempt %d)", exc, attempt + 1)
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+    async def _await_exit(self, workers: list[WorkerHandle], timeout_s: float) -> None:
+        if not workers:
+            return
+        done, pending = await asyncio.wait([w.exited for w in workers], timeout=timeout_s)
+        for w in workers:
+            if not w.exited.done():
+                w.process.kill()
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+
+    # ------------------------------------------------------------------ dispatch
+    def _pump(self, pool: StagePool) -> None:
+        idle = [w for w in pool.workers if w.current is None and not w.retiring
+                and w.ready.done() and not w.ready.exception()]
+        while pool.pending and idle:
+            part = pool.pending.popleft()
+            if part.query.future.done():
+                continue  # failed or abandoned: do not spend a worker on it
+            worker = idle.pop(0)
+            part.dispatched = time.perf_counter()
+            part.item_id = next(self._ids)
+            worker.current = part
+            try:
+                worker.conn.send((part.item_id, part.payload))
+            except OSError:
+                pass  # the reader sees EOF and fails the part
+        for w in pool.workers:
+            if w.retiring and w.current is None and not w.stop_sent:
+                w.stop_sent = True
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+
+    def decode(self, arrays: dict[str, np.ndarray]) -> QueryBatch:
+        try:
+            batch = QueryBatch.from_arrays(arrays)
+            batch.validate(self.info.dense_in, self.info.rows, self.info.seq_lens, self.cfg.max_batch_size)
+        except BatchError as exc:
+            raise InferError("invalid", str(exc), exc.field) from exc
+        return batch
+
+    def split(self, batch: QueryBatch) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        size, k = batch.size, self.sub_batch
+        bounds = [(0, size)] if k <= 0 or size <= k else [(a, min(a + k, size)) for a in range(0, size, k)]
+        parts = []
+        for a, b in bounds:
+            piece = batch if (a, b) == (0, size) else batch.slice(a, b)
+            parts.append((piece.dense.numpy(), piece.values.numpy(), piece.lengths.numpy()))
+        return parts
+
+    async def infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """Scores ``[B, towers]`` for one query, or :class:`InferError`."""
+        self.metrics.requests += 1
+        start = time.perf_counter()
+        try:
+            if not self.accepting:
+                raise InferError("unavailable", f"model {self.name!r} is not accepting queries (shutting down)")
+            batch = self.decode(arrays)
+            if self.in_flight >= self.cfg.queue_limit:
+                raise InferError("unavailable", f"model {self.name!r} is overloaded: {self.in_flight} queries "
+                                                f"in flight (queue_limit {self.cfg.queue_limit}); retry later")
+        except InferError as exc:
+            self.metrics.error(exc.code)
+            self.metrics.failed(time.perf_counter() - start)
+            raise
+        self.in_flight += 1
+        try:
+            payloads = self.split(batch)
+            query = Query(batch.size, len(payloads), asyncio.get_running_loop())
+            first = next(iter(self.pools.values()))
+            for i, payload in enumerate(payloads):
+                first.pending.append(Part(query, i, payload, payload[0]))
+            self._pump(first)
+            try:
+                scores = await query.future
+            except InferError as exc:
+                self.metrics.error(exc.code)
+                self.metrics.failed(time.perf_counter() - start)
+                raise
+            self.metrics.done(batch.size, time.perf_counter() - start, sum(query.queue_s.values()),
+                              sum(query.compute_s.values()), len(payloads))
+            return scores
+        finally:
+            self.in_flight -= 1
+
+    # ------------------------------------------------------------------ control
+    def stage_for(self, stage: str | None) -> StagePool:
+        stage = stage or ("model" if self.cfg.mode == "model" else "dense")
+        if stage not in self.pools:
+            raise InferError("invalid", f"model {self.name!r} has stages {sorted(self.pools)}, not {stage!r}", "stage")
+        return self.pools[stage]
+
+    async def set_workers(self, n: int, cores: Any = None, threads: int | None = None,
+                          stage: str | None = None) -> dict[str, Any]:
+        """Resize a stage's pool.  New workers are ready before old ones retire; retirees finish their part."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise InferError("invalid", f"workers must be an integer >= 1, got {n!r}", "workers")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise InferError("invalid", f"threads must be an integer >= 1, got {threads!r}", "threads")
+        pool = self.stage_for(stage)
+        async with self._control:
+            threads = threads or pool.threads
+            current = pool.active()
+            try:
+                if cores is not None or threads != pool.threads:
+                    spec = cores if cores is not None else pool.cores_spec
+                    sets = expand_cores(spec, n, threads, f"model {self.name!r} cores")
+                    keep, start_sets = [], sets
+                else:
+                    sets = expand_cores(pool.cores_spec, n, threads, f"model {self.name!r} cores")
+                    keep, start_sets = current[:n], sets[len(current):n]
+            except Exception as exc:
+                raise InferError("invalid", str(exc), "cores") from exc
+            retire = [w for w in current if w not in keep]
+            await asyncio.gather(*(self._start_worker(pool, s, threads) for s in start_sets))
+            pool.threads = threads
+            if cores is not None:
+                pool.cores_spec = _flat_cores(cores)
+            for w in retire:
+                w.retiring = True
+            self._pump(pool)
+            await self._await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
+        return self.state()
+
+    def set_sub_batch(self, k: int) -> dict[str, Any]:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
+        self.sub_batch = k
+        return self.state()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "model": self.cfg.model,
+            "scale": self.cfg.scale,
+            "mode": self.cfg.mode,
+            "sub_batch": self.sub_batch,
+            "max_batch_size": self.cfg.max_batch_size,
+            "queue_limit": self.cfg.queue_limit,
+            "share_tables": self.cfg.share_tables,
+            "in_flight": self.in_flight,
+            "ready": self.ready,
+            "llc_ways": self.llc.ways_of(self.name) if self.llc is not None else None,
+            "stages": {
+                stage: {"workers": len(pool.active()), "threads": pool.threads,
+                        "cores": [w.cores for w in pool.active()], "pending_parts": len(pool.pending),
+                        "worker_detail": [w.describe() for w in pool.workers]}
+                for stage, pool in self.pools.items()
+            },
+            "worker_restarts": self.metrics.worker_restarts,
+            "server_pid": os.getpid(),
+        }
