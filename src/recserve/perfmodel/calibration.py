@@ -1,0 +1,94 @@
+"""The few constants of the analytic model, kept in a JSON file (numbers live in files, not code).
+
+``calibration_default.json`` ships stated assumptions; ``recserve profile calibrate`` fits the
+host-measurable ones (framework overheads, compute efficiency, gather costs) to measured
+``latency_vs_batch`` tables and writes a new file with the same layout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import ProfileError
+
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Constants of :class:`recserve.perfmodel.PerfModel` (units in the names)."""
+
+    fixed_ms: float  # per inference call: framework entry/exit
+    per_op_us: float  # per operator launched (each dense layer, each table)
+    compute_eff: float  # fraction of peak FLOP/s a large batch reaches on one core
+    batch_half: float  # batch at which GEMM efficiency is half of compute_eff
+    lookup_ns: float  # per embedding id: index handling independent of row width
+    llc_gbs_per_core: float  # row bytes/s one core gathers from the LLC
+    dram_gbs_per_core: float  # row bytes/s one core gathers (or streams weights) from DRAM
+    op_serial: float  # Amdahl serial fraction of op-parallelism inside one model-based thread
+    membw_eff: float  # fraction of the server's peak memory bandwidth random gathers can use
+    zipf_s: float  # default index locality (Zipf exponent, 0 = uniform ids)
+    p99_over_mean: float  # service-time tail of one call (p99 / mean)
+    runtime_gb_per_worker: float  # interpreter + framework + activations per worker
+    mem_usable_frac: float  # fraction of DRAM the serving stack may fill
+    idle_power_frac: float  # idle power as a fraction of provisioned power
+    gpu_launch_us: float  # per kernel launched on the accelerator
+    gpu_compute_eff: float  # fraction of accelerator peak at large batch
+    gpu_batch_half: float  # batch at which accelerator efficiency is half of gpu_compute_eff
+    gpu_gather_eff: float  # fraction of accelerator memory bandwidth random gathers reach
+    pcie_eff: float  # fraction of PCIe bandwidth a transfer reaches
+    pcie_latency_us: float  # per host-device transfer
+    fitted_on: str = ""
+    fit_error: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        constants = {k: v for k, v in asdict(self).items() if k not in ("fitted_on", "fit_error")}
+        out: dict[str, Any] = {"version": CALIBRATION_VERSION, "fitted_on": self.fitted_on, "constants": constants}
+        if self.fit_error is not None:
+            out["fit_error"] = self.fit_error
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+    def with_values(self, **values: float) -> Calibration:
+        return replace(self, **values)
+
+
+CONSTANT_NAMES = tuple(f.name for f in fields(Calibration) if f.name not in ("fitted_on", "fit_error"))
+
+
+def calibration_from_dict(data: dict[str, Any], where: str = "calibration") -> Calibration:
+    if not isinstance(data, dict) or data.get("version") != CALIBRATION_VERSION:
+        found = data.get("version") if isinstance(data, dict) else None
+        raise ProfileError(f"{where}: calibration version {found!r} is not supported "
+                           f"(this recserve reads version {CALIBRATION_VERSION})")
+    constants = data.get("constants", {})
+    unknown = sorted(set(constants) - set(CONSTANT_NAMES))
+    missing = [n for n in CONSTANT_NAMES if n not in constants]
+    if unknown or missing:
+        raise ProfileError(f"{where}: calibration constants unknown {unknown}, missing {missing}")
+    return Calibration(**{k: float(constants[k]) for k in CONSTANT_NAMES},
+                       fitted_on=str(data.get("fitted_on", "")), fit_error=data.get("fit_error"))
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """The calibration at ``path``, or the bundled defaults when ``path`` is None."""
+    if path is None:
+        text = (resources.files("recserve") / "perfmodel" / "calibration_default.json").read_text()
+        return calibration_from_dict(json.loads(text), "bundled calibration_default.json")
+    path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"{path}: no such calibration file (make one with `recserve profile calibrate`)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not valid JSON ({exc})") from exc
+    return calibration_from_dict(data, str(path))

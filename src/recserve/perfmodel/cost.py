@@ -1,0 +1,141 @@
+"""What one candidate item costs a model: dense FLOPs, weight bytes, operators, embedding traffic.
+
+FLOPs and weights are counted on the real zoo module when the zoo can build the family (so the
+count matches what is served); otherwise they are estimated from the spec's layer widths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from recserve.errors import SpecError
+from recserve.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    flops_per_item: float
+    weight_bytes: float
+    dense_ops: int
+    tables: int
+    lookups_per_item: float
+    gather_bytes_per_item: float
+    emb_bytes: float
+    pooled_bytes_per_item: float  # SparseNet output handed to DenseNet (pipeline hop, PCIe)
+    index_bytes_per_item: float
+    dense_in_bytes_per_item: float
+    table_rows: tuple[int, ...]
+    table_row_bytes: tuple[int, ...]
+    table_lookups: tuple[int, ...]
+    source: str  # "zoo" or "analytic"
+
+
+def _mlp(widths: tuple[int, ...], n_in: int) -> tuple[float, float, int, int]:
+    """(flops, params, layers, out width) of a Linear stack."""
+    flops = params = 0.0
+    for w in widths:
+        flops += 2.0 * n_in * w
+        params += n_in * w + w
+        n_in = w
+    return flops, params, len(widths), n_in
+
+
+def analytic_dense(spec: ModelSpec) -> tuple[float, float, int]:
+    """(FLOPs per item, weight params, dense layers) from widths alone, for families the zoo lacks."""
+    flops = params = 0.0
+    layers = 0
+    f, p, n, out = _mlp(spec.bottom_mlp, spec.dense_in)
+    flops, params, layers = flops + f, params + p, layers + n
+    pooled = [t for t in spec.tables if t.kind == "pooled"]
+    if spec.interaction == "dot":
+        k = len(spec.tables) + 1
+        flops += 2.0 * k * k * out
+        top_in = out + k * (k - 1) // 2
+    else:
+        top_in = out + sum(t.dim for t in pooled)
+    for t in spec.sequence_tables:
+        length, d = t.pooling, t.dim
+        if spec.interaction == "gru":
+            h = spec.gru_hidden
+            flops += 2.0 * length * 3 * (d * h + h * h)
+            params += 3 * (d * h + h * h + 2 * h)
+            layers += 1
+            d_att = h
+        else:
+            d_att = d
+        f, p, n, _ = _mlp(tuple(spec.attention_mlp) + (1,), 4 * d_att)
+        flops += length * f
+        params, layers = params + p, layers + n
+        top_in += d_att
+    f, p, n, out = _mlp(spec.top_mlp, top_in)
+    flops, params, layers = flops + f, params + p, layers + n
+    if spec.towers > 1 or spec.tower_mlp:
+        f, p, n, _ = _mlp(tuple(spec.tower_mlp) + (1,), out)
+        flops, params, layers = flops + spec.towers * f, params + spec.towers * p, layers + spec.towers * n
+    return flops, params, layers
+
+
+def _zoo_dense(spec: ModelSpec) -> tuple[float, float, int] | None:
+    """(FLOPs per item, dense params, dense layers) counted on the zoo module, or None if unbuildable."""
+    try:
+        from torch import nn
+
+        from recserve.zoo import build
+        from recserve.zoo.flops import dense_flops_per_item
+
+        model = build(spec, scale=1e-12, min_rows=4)
+        flops = float(dense_flops_per_item(spec))
+    except (SpecError, NotImplementedError, ImportError, KeyError):
+        return None
+    table_params = {id(p) for t in model.tables for p in t.parameters()}
+    params = sum(p.numel() for p in model.parameters() if id(p) not in table_params)
+    layers = sum(1 for m in model.modules() if isinstance(m, nn.Linear | nn.GRU | nn.GRUCell | nn.LSTM))
+    return flops, float(params), layers
+
+
+@cache
+def model_cost(spec: ModelSpec) -> ModelCost:
+    zoo = _zoo_dense(spec)
+    flops, params, layers = zoo if zoo is not None else analytic_dense(spec)
+    bpe = spec.bytes_per_elem
+    pooled_out = sum(t.dim * bpe * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables)
+    return ModelCost(
+        flops_per_item=flops,
+        weight_bytes=params * 4.0,
+        dense_ops=max(1, layers),
+        tables=len(spec.tables),
+        lookups_per_item=float(spec.lookups_per_item),
+        gather_bytes_per_item=float(spec.gather_bytes_per_item),
+        emb_bytes=float(spec.embedding_bytes),
+        pooled_bytes_per_item=float(pooled_out),
+        index_bytes_per_item=8.0 * spec.lookups_per_item,
+        dense_in_bytes_per_item=4.0 * spec.dense_in,
+        table_rows=tuple(t.rows for t in spec.tables),
+        table_row_bytes=tuple(t.row_bytes(bpe) for t in spec.tables),
+        table_lookups=tuple(t.pooling for t in spec.tables),
+        source="zoo" if zoo is not None else "analytic",
+    )
+
+
+def scaled_spec(spec: ModelSpec, scale: float, min_rows: int = 16) -> ModelSpec:
+    """``spec`` with the table rows the live zoo allocates at ``scale`` (what a host measurement ran)."""
+    rows = spec.scaled_rows(scale, min_rows)
+    tables = tuple(dataclasses.replace(t, rows=r) for t, r in zip(spec.tables, rows, strict=True))
+    return dataclasses.replace(spec, tables=tables)
+
+
+def zipf_hit(cached_rows: np.ndarray | float, rows: np.ndarray | float, s: float) -> np.ndarray:
+    """Fraction of Zipf(s) accesses over ``rows`` ids that fall on the ``cached_rows`` hottest ids."""
+    k = np.clip(np.asarray(cached_rows, dtype=float), 0.0, None)
+    n = np.maximum(np.asarray(rows, dtype=float), 1.0)
+    k = np.minimum(k, n)
+    if s <= 1e-6:
+        return k / n
+    if abs(s - 1.0) < 1e-6:
+        return np.log1p(k) / np.log1p(n)
+    a = 1.0 - s
+    return np.clip(((k + 1.0) ** a - 1.0) / ((n + 1.0) ** a - 1.0), 0.0, 1.0)

@@ -1,0 +1,368 @@
+"""Analytic, calibrated performance model of one model on one server type under one allocation.
+
+Per inference call of ``m`` items (roofline style):
+
+- overhead   ``fixed_ms + per_op_us · (dense layers + tables)``
+- dense      ``FLOPs·m / (cores' speed · freq · flops/cycle · eff(m))``, ``eff(m) = compute_eff · m/(m+batch_half)``;
+             plus streaming the dense weights that do not fit the allocated LLC
+- sparse     ``m · (lookups · lookup_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
+             with the LLC hit rate from the hot rows (Zipf locality) that fit in the allocated ways
+- memory     DRAM bytes/s demanded at the offered load plus co-runners' bandwidth give utilisation
+             ``u`` of ``mem_bw_gbs · membw_eff``; DRAM time is slowed by ``1 + u²/(2(1−u))``
+- accelerator PCIe transfer of ids/dense inputs (and host-gathered partial sums when the tables do
+             not fit device memory; hot rows go to the device), kernel launches, device compute and
+             gathers, time-shared by the co-located threads
+
+Op-parallelism inside a model-based thread scales as ``c/(1 + op_serial·(c−1))`` (operator
+dependencies leave workers idle, Hercules §III-A); in the sparse-dense pipeline the SparseNet
+threads use their cores without that loss and each DenseNet thread has one core.
+Max load comes from :mod:`recserve.perfmodel.queueing` over a query-size mix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from recserve.errors import SpecError
+from recserve.perfmodel.calibration import Calibration, load_calibration
+from recserve.perfmodel.cost import ModelCost, model_cost, zipf_hit
+from recserve.perfmodel.queueing import SizeMix, Station, jitter, sojourn_percentile, solve_max_load
+from recserve.specs import SLA, ModelSpec, ServerType
+
+TABLE_MODES = ("shared", "copied")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """How a model is run on a server.
+
+    ``workers`` inference threads (model-parallelism) of ``cores_per_worker`` cores each
+    (op-parallelism) serve sub-batches of at most ``batch`` items (data-parallelism; None = whole
+    queries).  With ``sparse_workers > 0`` the model runs as a sparse-dense pipeline:
+    ``sparse_workers`` threads × ``cores_per_worker`` cores gather embeddings and ``workers``
+    DenseNet threads (one core each, or co-located on the accelerator) run the MLPs.
+    ``tables="copied"`` gives every worker its own copy of the tables (separate processes).
+    """
+
+    workers: int = 1
+    cores_per_worker: int = 1
+    batch: int | None = None
+    llc_ways: int | None = None
+    corunner_gbs: float = 0.0
+    tables: str = "shared"
+    accelerator: bool | None = None
+    sparse_workers: int = 0
+    zipf_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.cores_per_worker < 1 or self.sparse_workers < 0:
+            raise SpecError(f"allocation {self}: workers and cores_per_worker must be >= 1")
+        if self.batch is not None and self.batch < 1:
+            raise SpecError(f"allocation {self}: batch must be >= 1")
+        if self.tables not in TABLE_MODES:
+            raise SpecError(f"allocation: tables must be one of {TABLE_MODES}, got {self.tables!r}")
+
+    @property
+    def pipeline(self) -> bool:
+        return self.sparse_workers > 0
+
+
+@dataclass
+class LoadResult:
+    """What the model predicts for one (model, server, allocation) at its max load."""
+
+    max_qps: float
+    feasible: bool
+    reason: str = ""
+    latency_ms: float = math.nan  # SLA-percentile sojourn at max load
+    power_w: float = math.nan
+    membw_gbs: float = 0.0
+    mem_gb: float = 0.0
+    cores_used: int = 0
+    details: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Static:
+    """Everything about a (spec, server, allocation) that does not depend on load."""
+
+    cost: ModelCost
+    on_accel: bool
+    cores_used: int
+    mem_gb: float
+    miss_w: float  # fraction of dense weights streamed from DRAM per call
+    miss_e: float  # fraction of gathered bytes missing the LLC (of the host-side gathers)
+    host_gather_frac: float  # share of gathers done on the host (1 on CPU; misses of the device hot set)
+    reason: str
+
+
+class PerfModel:
+    """Calibrated analytic latency / max-load model.  Cheap: thousands of evaluations per second."""
+
+    def __init__(self, calibration: Calibration | str | Path | None = None) -> None:
+        if isinstance(calibration, Calibration):
+            self.cal = calibration
+        else:
+            self.cal = load_calibration(calibration)
+
+    # ------------------------------------------------------------------ public API
+    def latency_ms(self, spec: ModelSpec, server: ServerType, batch: int, alloc: Allocation | None = None,
+                   qps: float = 0.0) -> float:
+        """Mean latency of one query of ``batch`` items, with no queueing (``qps`` only sets bandwidth load)."""
+        alloc = alloc or Allocation()
+        st = self._static(spec, server, alloc)
+        mix = SizeMix(np.array([max(1, int(batch))]), np.array([1.0]))
+        stations = self._stations(spec, server, alloc, st, mix, qps)
+        return float(sum(s.span[0] for s in stations))
+
+    def call_ms(self, spec: ModelSpec, server: ServerType, batch: int, alloc: Allocation | None = None) -> float:
+        """Service time of one inference call of ``batch`` items on one worker (no splitting)."""
+        alloc = alloc or Allocation()
+        st = self._static(spec, server, alloc)
+        times = self._call_times(spec, server, alloc, st, np.array([float(batch)]), self._slowdown(alloc, server, 0.0))
+        return float(sum(t[0] for t in times))
+
+    def max_load(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None,
+                 sizes: np.ndarray | list[int] | None = None, sla: SLA | None = None) -> float:
+        """Highest Poisson arrival rate (QPS) meeting the SLA percentile; 0.0 when none does."""
+        return self.evaluate(spec, server, alloc, sizes, sla).max_qps
+
+    def evaluate(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None,
+                 sizes: np.ndarray | list[int] | SizeMix | None = None, sla: SLA | None = None) -> LoadResult:
+        alloc = alloc or Allocation()
+        sla = sla or spec.sla
+        mix = sizes if isinstance(sizes, SizeMix) else SizeMix.of(sizes)
+        st = self._static(spec, server, alloc)
+        if st.reason:
+            return LoadResult(0.0, False, st.reason, mem_gb=st.mem_gb, cores_used=st.cores_used)
+        span_scale = jitter(sla.percentile, self.cal.p99_over_mean)
+
+        def at_rate(qps: float) -> list[Station] | None:
+            if self._mem_util(spec, server, alloc, st, mix, qps) >= 0.99:
+                return None
+            return self._stations(spec, server, alloc, st, mix, qps)
+
+        upper = self._upper_qps(spec, server, alloc, st, mix)
+        qps = solve_max_load(at_rate, mix.probs, sla.percentile, sla.target_ms, upper, span_scale)
+        if qps <= 0:
+            return LoadResult(0.0, False, f"p{sla.percentile:g} latency exceeds {sla.target_ms:g} ms even at zero load",
+                              mem_gb=st.mem_gb, cores_used=st.cores_used)
+        stations = self._stations(spec, server, alloc, st, mix, qps)
+        lat = sojourn_percentile(stations, mix.probs, qps, sla.percentile, span_scale)
+        busy = self._busy_fraction(server, alloc, st, stations, mix, qps)
+        return LoadResult(
+            max_qps=qps,
+            feasible=True,
+            latency_ms=lat,
+            power_w=self.power_w(server, busy),
+            membw_gbs=self._dram_gbs(spec, server, alloc, st, mix, qps),
+            mem_gb=st.mem_gb,
+            cores_used=st.cores_used,
+            details={"busy": busy, "llc_miss": st.miss_e, "weights_miss": st.miss_w},
+        )
+
+    def footprint_gb(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None) -> float:
+        return self._static(spec, server, alloc or Allocation()).mem_gb
+
+    def max_workers(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None) -> int:
+        """Most one-core workers that fit memory and cores (Hera's worker limit for capacity-bound models)."""
+        alloc = alloc or Allocation()
+        best = 0
+        for w in range(1, server.cores + 1):
+            st = self._static(spec, server, _replace(alloc, workers=w))
+            if st.reason:
+                break
+            best = w
+        return best
+
+    def power_w(self, server: ServerType, busy: float) -> float:
+        """Power drawn when ``busy`` (0..1) of the server's compute is in use."""
+        peak = self.provisioned_power_w(server)
+        idle = self.cal.idle_power_frac
+        return peak * (idle + (1.0 - idle) * min(max(busy, 0.0), 1.0))
+
+    @staticmethod
+    def provisioned_power_w(server: ServerType) -> float:
+        if server.power_w is not None:
+            return float(server.power_w)
+        raise SpecError(f"server {server.name!r} has no power_w; add it to the server spec")
+
+    # ------------------------------------------------------------------ internals
+    def _static(self, spec: ModelSpec, server: ServerType, alloc: Allocation) -> _Static:
+        cal = self.cal
+        cost = model_cost(spec)
+        on_accel = bool(server.accelerator) and alloc.accelerator is not False
+        if alloc.accelerator and not server.accelerator:
+            raise SpecError(f"server {server.name!r} has no accelerator")
+        if alloc.pipeline:
+            cores = alloc.sparse_workers * alloc.cores_per_worker + (0 if on_accel else alloc.workers)
+        else:
+            cores = alloc.workers * alloc.cores_per_worker
+        copies = alloc.workers if alloc.tables == "copied" and not alloc.pipeline else 1
+        reason = ""
+        if cores > server.cores:
+            reason = f"needs {cores} cores, server has {server.cores}"
+        threads = alloc.workers + alloc.sparse_workers
+        host_emb = cost.emb_bytes
+        host_gather = 1.0
+        if on_accel:
+            dev_cap = server.accel_mem_gb * 1e9 * cal.mem_usable_frac - alloc.workers * cost.weight_bytes
+            per_copy = max(dev_cap, 0.0) / (alloc.workers if alloc.tables == "copied" else 1)
+            if per_copy <= 0:
+                reason = reason or "dense weights do not fit accelerator memory"
+            hot = self._hit(cost, per_copy, self._zipf(alloc))
+            host_gather = 1.0 - hot
+            if alloc.pipeline:
+                host_gather = 1.0  # SparseNet stays on the host, DenseNet on the device
+        mem_gb = (copies * host_emb + threads * cost.weight_bytes) / 1e9 + threads * cal.runtime_gb_per_worker
+        if mem_gb > server.mem_gb * cal.mem_usable_frac:
+            reason = reason or f"needs {mem_gb:.1f} GB of memory, server has {server.mem_gb:g} GB"
+        cache = server.llc_mb * 1e6
+        if alloc.llc_ways is not None and server.llc_ways > 0:
+            cache *= min(alloc.llc_ways, server.llc_ways) / server.llc_ways
+        per_copy_cache = cache / copies
+        weights = 0.0 if on_accel and not alloc.pipeline else cost.weight_bytes
+        miss_w = max(0.0, 1.0 - per_copy_cache / weights) if weights > 0 else 0.0
+        emb_cache = max(per_copy_cache - weights, 0.0)
+        miss_e = 1.0 - self._hit(cost, emb_cache, self._zipf(alloc))
+        return _Static(cost, on_accel, cores, mem_gb, miss_w, miss_e, host_gather, reason)
+
+    def _zipf(self, alloc: Allocation) -> float:
+        return self.cal.zipf_s if alloc.zipf_s is None else alloc.zipf_s
+
+    @staticmethod
+    def _hit(cost: ModelCost, cache_bytes: float, s: float) -> float:
+        """Byte-weighted hit rate when ``cache_bytes`` hold each table's hottest rows (in proportion to size)."""
+        if cost.emb_bytes <= 0:
+            return 1.0
+        rows = np.array(cost.table_rows, dtype=float)
+        row_bytes = np.array(cost.table_row_bytes, dtype=float)
+        traffic = np.array(cost.table_lookups, dtype=float) * row_bytes
+        cached_rows = cache_bytes / cost.emb_bytes * rows
+        hit = zipf_hit(cached_rows, rows, s)
+        return float((traffic * hit).sum() / traffic.sum())
+
+    def _slowdown(self, alloc: Allocation, server: ServerType, own_gbs: float) -> float:
+        u = (own_gbs + alloc.corunner_gbs) / (server.mem_bw_gbs * self.cal.membw_eff)
+        u = min(u, 0.99)
+        return 1.0 + u * u / (2.0 * (1.0 - u))
+
+    def _dram_bytes_per_item(self, st: _Static) -> float:
+        return st.cost.gather_bytes_per_item * st.miss_e * st.host_gather_frac
+
+    def _dram_gbs(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, mix: SizeMix,
+                  qps: float) -> float:
+        items = qps * mix.mean
+        calls = qps * float((mix.probs * np.ceil(mix.sizes / (alloc.batch or 10**9))).sum())
+        return (items * self._dram_bytes_per_item(st) + calls * st.cost.weight_bytes * st.miss_w) / 1e9
+
+    def _mem_util(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, mix: SizeMix,
+                  qps: float) -> float:
+        own = self._dram_gbs(spec, server, alloc, st, mix, qps)
+        return (own + alloc.corunner_gbs) / (server.mem_bw_gbs * self.cal.membw_eff)
+
+    def _call_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
+                    slow: float) -> list[np.ndarray]:
+        """Per-stage service time (ms) of one call of ``m`` items: [model] or [sparse, dense]."""
+        cal, cost = self.cal, st.cost
+        c = alloc.cores_per_worker
+        dram_s = 1.0 / (cal.dram_gbs_per_core * 1e9)
+        llc_s = 1.0 / (cal.llc_gbs_per_core * 1e9)
+        per_item_gather = (cost.lookups_per_item * cal.lookup_ns * 1e-9
+                           + cost.gather_bytes_per_item * ((1 - st.miss_e) * llc_s + st.miss_e * slow * dram_s))
+        host_sparse = m * per_item_gather * st.host_gather_frac * 1e3  # ms on one core
+        weights_ms = cost.weight_bytes * st.miss_w * slow * dram_s * 1e3
+        op_ms = cal.per_op_us * 1e-3
+        if st.on_accel:
+            return self._accel_times(server, alloc, st, m, host_sparse)
+        cpu_flops = server.freq_ghz * 1e9 * server.flops_per_cycle
+        eff = cal.compute_eff * m / (m + cal.batch_half)
+        dense_ms = cost.flops_per_item * m / (cpu_flops * eff) * 1e3
+        if not alloc.pipeline:
+            speed = c / (1.0 + cal.op_serial * (c - 1))
+            over = cal.fixed_ms + op_ms * (cost.dense_ops + cost.tables)
+            return [over + (dense_ms + weights_ms + host_sparse) / speed]
+        hop_ms = m * cost.pooled_bytes_per_item * llc_s * 1e3
+        sparse = cal.fixed_ms + op_ms * cost.tables + host_sparse / c + hop_ms
+        dense = cal.fixed_ms + op_ms * cost.dense_ops + dense_ms + weights_ms + hop_ms
+        return [sparse, dense]
+
+    def _accel_times(self, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
+                     host_sparse: np.ndarray) -> list[np.ndarray]:
+        cal, cost = self.cal, st.cost
+        c = alloc.cores_per_worker
+        launch = cal.gpu_launch_us * 1e-3 * (cost.dense_ops + (0 if alloc.pipeline else cost.tables))
+        pcie_bw = max(server.pcie_gbs, 1e-3) * 1e9 * cal.pcie_eff
+        device_bw = max(server.accel_mem_bw_gbs, 1e-3) * 1e9 * cal.gpu_gather_eff
+        tflops = max(server.accel_tflops, 1e-6) * 1e12
+        eff = cal.gpu_compute_eff * m / (m + cal.gpu_batch_half)
+        dense_dev = cost.flops_per_item * m / (tflops * eff) * 1e3
+        inputs = cost.dense_in_bytes_per_item * m
+        if alloc.pipeline:  # SparseNet on host cores, pooled vectors over PCIe to the DenseNet on the device
+            xfer = (inputs + cost.pooled_bytes_per_item * m) / pcie_bw * 1e3 + cal.pcie_latency_us * 1e-3
+            host = cal.fixed_ms + cal.per_op_us * 1e-3 * cost.tables + host_sparse / c
+            dev = dense_dev
+            host_dev = launch + xfer
+            return [host, self._shared_device(host_dev, dev, alloc.workers)]
+        dev_gather = m * cost.gather_bytes_per_item * (1 - st.host_gather_frac) / device_bw * 1e3
+        psum = cost.pooled_bytes_per_item * m if st.host_gather_frac > 0 else 0.0
+        xfer = (inputs + cost.index_bytes_per_item * m + psum) / pcie_bw * 1e3 + cal.pcie_latency_us * 1e-3
+        speed = c / (1.0 + cal.op_serial * (c - 1))
+        host = cal.fixed_ms + launch + xfer + host_sparse / speed
+        return [self._shared_device(host, dense_dev + dev_gather, alloc.workers)]
+
+    @staticmethod
+    def _shared_device(host: np.ndarray, dev: np.ndarray, workers: int) -> np.ndarray:
+        """Service time when ``workers`` co-located threads time-share one device (MPS-style)."""
+        share = dev / np.maximum(host + dev, 1e-12)
+        return host + dev * (1.0 + (workers - 1) * share)
+
+    def _stations(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, mix: SizeMix,
+                  qps: float) -> list[Station]:
+        slow = self._slowdown(alloc, server, self._dram_gbs(spec, server, alloc, st, mix, qps))
+        n = mix.sizes.astype(float)
+        b = float(alloc.batch) if alloc.batch else float(n.max())
+        full = np.floor(n / b)
+        rem = n - full * b
+        sub = np.concatenate([[b], np.where(rem > 0, rem, b)])
+        times = self._call_times(spec, server, alloc, st, sub, slow)
+        pools = [alloc.sparse_workers, alloc.workers] if alloc.pipeline else [alloc.workers]
+        k = full + (rem > 0)
+        out = []
+        for t, c in zip(times, pools, strict=True):
+            t_full, t_rem = float(t[0]), t[1:]
+            t_rem = np.where(rem > 0, t_rem, 0.0)
+            work = full * t_full + t_rem
+            work2 = full * t_full**2 + t_rem**2
+            rounds = np.ceil(k / c)
+            first = np.where(full > 0, t_full, t_rem)
+            span = np.where(k <= c, first, rounds * t_full)
+            out.append(Station(c, k, work, work2, span))
+        return out
+
+    def _upper_qps(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static,
+                   mix: SizeMix) -> float:
+        """An arrival rate no allocation can sustain (all pools saturated at the fastest service)."""
+        stations = self._stations(spec, server, alloc, st, mix, 0.0)
+        caps = [s.c / max(float((mix.probs * s.work).sum()), 1e-9) * 1000.0 for s in stations]
+        return min(caps) * 1.0001
+
+    def _busy_fraction(self, server: ServerType, alloc: Allocation, st: _Static, stations: list[Station],
+                       mix: SizeMix, qps: float) -> float:
+        if st.on_accel:
+            return max(min(s.utilisation(mix.probs, qps), 1.0) for s in stations)
+        pools_cores = ([alloc.sparse_workers * alloc.cores_per_worker, alloc.workers] if alloc.pipeline
+                       else [alloc.workers * alloc.cores_per_worker])
+        busy = sum(min(s.utilisation(mix.probs, qps), 1.0) * cores
+                   for s, cores in zip(stations, pools_cores, strict=True))
+        return busy / server.cores
+
+
+def _replace(alloc: Allocation, **changes: object) -> Allocation:
+    from dataclasses import replace
+
+    return replace(alloc, **changes)

@@ -1,0 +1,190 @@
+"""Tail latency and max load of a node from per-query service times (M/G/c-style approximation).
+
+A query of ``n`` items is split into sub-batches of at most ``b`` items (DeepRecSys' data
+parallelism); sub-batches are jobs for ``c`` identical workers.  Waiting time follows the
+Allen–Cunneen approximation of M/G/c with batch-Poisson job arrivals: P(wait > t) ≈
+ErlangC · exp(−(c − a)/E[S] · 2/(ca² + cs²) · t).  A query's sojourn time is its wait plus its
+span (the rounds its sub-batches need on ``c`` workers); the SLA percentile of sojourn over the
+query-size mix is solved for, and max load is the largest arrival rate keeping it under the SLA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def production_sizes(n: int = 20000, seed: int = 0) -> np.ndarray:
+    """Kairos' production-like query-size mix (reference/README.md): mean ≈ 244, median ≈ 180, p99 ≈ 920.
+
+    Used until ``recserve.workload`` provides the shared generator.
+    """
+    rng = np.random.default_rng(seed)
+    r = rng.integers(1, 100, size=n)
+    out = np.empty(n)
+    small, mid, large, rest = r <= 8, (r > 8) & (r <= 30), (r > 30) & (r <= 35), r > 35
+    out[small] = rng.integers(1, 100, size=small.sum())
+    out[mid] = rng.integers(200, 600, size=mid.sum())
+    out[large] = rng.integers(600, 1000, size=large.sum())
+    logn = rng.lognormal(5.1, 0.2, size=rest.sum())
+    bad = (logn < 100) | (logn > 200)
+    logn[bad] = rng.integers(190, 200, size=bad.sum())
+    out[rest] = logn
+    return (np.ceil(out / 10.0) * 10.0).astype(int)
+
+
+def default_sizes() -> np.ndarray:
+    """The shared production-like mix from ``recserve.workload`` when it exists, else the local copy."""
+    try:  # the workload colleague's generator, when it lands
+        from recserve.workload import production_query_sizes  # type: ignore[attr-defined]
+
+        return np.asarray(production_query_sizes(20000, seed=0), dtype=int)
+    except (ImportError, AttributeError, TypeError):
+        return production_sizes()
+
+
+@dataclass(frozen=True)
+class SizeMix:
+    sizes: np.ndarray  # distinct query sizes
+    probs: np.ndarray
+
+    @classmethod
+    def of(cls, sizes: np.ndarray | list[int] | None) -> SizeMix:
+        arr = default_sizes() if sizes is None else np.asarray(sizes, dtype=int)
+        arr = np.clip(arr, 1, None)
+        values, counts = np.unique(arr, return_counts=True)
+        return cls(values, counts / counts.sum())
+
+    @property
+    def mean(self) -> float:
+        return float((self.sizes * self.probs).sum())
+
+
+@dataclass(frozen=True)
+class Station:
+    """One pool of ``c`` workers as the query-size mix sees it, at one arrival rate."""
+
+    c: int
+    k: np.ndarray  # jobs per query, per size
+    work: np.ndarray  # worker-ms per query, per size
+    work2: np.ndarray  # sum of squared job times, per size
+    span: np.ndarray  # ms from a query's first job starting to its last finishing, per size
+
+    def wait_tail(self, probs: np.ndarray, qps: float) -> tuple[float, float]:
+        """(P(wait > 0), decay rate per ms) of the Allen–Cunneen exponential wait tail; (1, 0) if overloaded."""
+        ek = float((probs * self.k).sum())
+        ek2 = float((probs * self.k**2).sum())
+        es = float((probs * self.work).sum()) / ek
+        es2 = float((probs * self.work2).sum()) / ek
+        a = qps / 1000.0 * ek * es
+        if a >= self.c or es <= 0:
+            return 1.0, 0.0
+        cs2 = max(es2 / (es * es) - 1.0, 0.0)
+        ca2 = ek2 / ek
+        return erlang_c(self.c, a), (self.c - a) / es * 2.0 / (ca2 + cs2)
+
+    def utilisation(self, probs: np.ndarray, qps: float) -> float:
+        return qps / 1000.0 * float((probs * self.work).sum()) / self.c
+
+
+def erlang_c(c: int, a: float) -> float:
+    """Probability an arrival waits in M/M/c with offered load ``a`` (Erlang B recursion)."""
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    rho = a / c
+    return b / (1.0 - rho * (1.0 - b))
+
+
+def jitter(pct: float, p99_over_mean: float) -> float:
+    """Service-time percentile over mean, from an exponential-shaped tail pinned at p99."""
+    return 1.0 + (p99_over_mean - 1.0) * math.log(1.0 / (1.0 - pct / 100.0)) / math.log(100.0)
+
+
+def sojourn_percentile(stations: list[Station], probs: np.ndarray, qps: float, pct: float,
+                       span_scale: float = 1.0) -> float:
+    """The ``pct`` percentile (ms) of query sojourn through ``stations`` in series at ``qps``."""
+    span = sum(s.span for s in stations) * span_scale
+    if qps <= 0:
+        return _quantile_discrete(span, probs, pct)
+    p_wait, theta = 1.0, math.inf
+    p_none = 1.0
+    for s in stations:
+        pw, th = s.wait_tail(probs, qps)
+        if th <= 0:
+            return math.inf
+        p_none *= 1.0 - pw
+        theta = min(theta, th)
+    p_wait = 1.0 - p_none
+    target = 1.0 - pct / 100.0
+
+    def tail(x: float) -> float:
+        y = x - span
+        return float((probs * np.where(y < 0, 1.0, p_wait * np.exp(-theta * np.maximum(y, 0.0)))).sum())
+
+    lo = float(span.min())
+    hi = float(span.max()) + max(0.0, math.log(max(p_wait, 1e-300) / target)) / theta + 1e-9
+    if tail(lo) <= target:
+        return lo
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if tail(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-4 * hi:
+            break
+    return hi
+
+
+def sla_met(stations: list[Station], probs: np.ndarray, qps: float, pct: float, target_ms: float,
+            span_scale: float = 1.0) -> bool:
+    """Whether the ``pct`` sojourn percentile at ``qps`` is within ``target_ms`` (one tail evaluation)."""
+    span = sum(s.span for s in stations) * span_scale
+    p_none, theta = 1.0, math.inf
+    for s in stations:
+        if qps <= 0:
+            break
+        pw, th = s.wait_tail(probs, qps)
+        if th <= 0:
+            return False
+        p_none *= 1.0 - pw
+        theta = min(theta, th)
+    y = target_ms - span
+    if qps <= 0:
+        violate = float(probs[y < 0].sum())
+    else:
+        violate = float((probs * np.where(y < 0, 1.0, (1.0 - p_none) * np.exp(-theta * np.maximum(y, 0.0)))).sum())
+    return violate <= 1.0 - pct / 100.0 + 1e-12
+
+
+def _quantile_discrete(values: np.ndarray, probs: np.ndarray, pct: float) -> float:
+    order = np.argsort(values)
+    cum = np.cumsum(probs[order])
+    i = int(np.searchsorted(cum, pct / 100.0 - 1e-12))
+    return float(values[order][min(i, len(values) - 1)])
+
+
+def solve_max_load(at_rate: Callable[[float], list[Station] | None], probs: np.ndarray, pct: float,
+                   target_ms: float, upper_qps: float, span_scale: float = 1.0, rel_tol: float = 2e-3) -> float:
+    """Largest arrival rate (QPS) whose sojourn percentile meets ``target_ms``; 0 if none does.
+
+    ``at_rate(qps)`` gives the stations at that rate (service times may depend on it through memory
+    bandwidth) or None when the rate is infeasible outright.
+    """
+    tiny = upper_qps * 1e-6
+    stations = at_rate(tiny)
+    if stations is None or not sla_met(stations, probs, tiny, pct, target_ms, span_scale):
+        return 0.0
+    lo, hi = tiny, upper_qps
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        st = at_rate(mid)
+        if st is not None and sla_met(st, probs, mid, pct, target_ms, span_scale):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,106 @@
+"""Profile tables for server types we cannot run, from the analytic model (``source="modelled"``).
+
+Produces the same kinds ``recserve profile host`` measures: latency_vs_batch, maxload_vs_workers,
+maxload_vs_ways (one table at the most workers, then one per worker count with
+``conditions={"workers": w}``: Hera's (workers, ways) lookup), membw_vs_workers, footprint and
+efficiency (Hercules' tuple at the searched optimum).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+from recserve.perfmodel.calibration import Calibration
+from recserve.perfmodel.model import Allocation, PerfModel
+from recserve.perfmodel.queueing import SizeMix
+from recserve.profiles import ProfileSet, ProfileTable
+from recserve.specs import ModelSpec, ServerType
+
+LATENCY_BATCHES = (1, 8, 16, 32, 64, 128, 256, 512, 1024)
+SUB_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _best_batch(pm: PerfModel, spec: ModelSpec, server: ServerType, alloc: Allocation, mix: SizeMix) -> int:
+    """DeepRecSys' knob: the sub-batch size giving the highest max load at this allocation."""
+    best, best_q = SUB_BATCHES[-1], -1.0
+    for b in SUB_BATCHES:
+        q = pm.evaluate(spec, server, _with(alloc, batch=b), mix).max_qps
+        if q > best_q:
+            best, best_q = b, q
+    return best
+
+
+def _with(alloc: Allocation, **changes: object) -> Allocation:
+    from dataclasses import replace
+
+    return replace(alloc, **changes)
+
+
+def pair_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix, tables: str = "shared",
+                efficiency: bool = True) -> list[ProfileTable]:
+    """All modelled tables of one (model, server type)."""
+    cal = pm.cal
+    out: list[ProfileTable] = []
+
+    def table(kind: str, columns: tuple[str, ...], rows: list[list[float]], **cond: object) -> None:
+        out.append(ProfileTable(spec.name, server.name, kind, columns, rows, "modelled", dict(cond)))
+
+    one = Allocation(tables=tables)
+    lat = [pm.call_ms(spec, server, b, one) for b in LATENCY_BATCHES]
+    table("latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
+          [[b, m, m, m * cal.p99_over_mean] for b, m in zip(LATENCY_BATCHES, lat, strict=True)])
+    wmax = max(pm.max_workers(spec, server, one), 1)
+    batch = _best_batch(pm, spec, server, _with(one, workers=wmax), mix)
+    per_w = []
+    for w in range(1, server.cores + 1):
+        r = pm.evaluate(spec, server, _with(one, workers=w, batch=batch), mix)
+        per_w.append((w, r))
+    table("maxload_vs_workers", ("workers", "max_qps", "batch"), [[w, r.max_qps, batch] for w, r in per_w])
+    table("membw_vs_workers", ("workers", "gbs"), [[w, r.membw_gbs] for w, r in per_w])
+    table("footprint", ("workers", "mem_gb"), [[w, r.mem_gb] for w, r in per_w])
+    if server.llc_ways > 0:
+        worker_counts = [wmax] + [w for w in range(1, server.cores + 1) if w != wmax]
+        for i, w in enumerate(worker_counts):
+            rows = [[k, pm.max_load(spec, server, _with(one, workers=w, batch=batch, llc_ways=k), mix), w]
+                    for k in range(1, server.llc_ways + 1)]
+            table("maxload_vs_ways", ("ways", "max_qps", "workers"), rows, **({} if i == 0 else {"workers": w}))
+    if efficiency and server.power_w is not None:
+        try:
+            from recserve.planners.hercules.search import perfmodel_evaluator, search
+        except ImportError:
+            return out
+
+        evaluate = perfmodel_evaluator(spec, server, pm, mix)
+        res = search(server, evaluate, spec=spec)
+        if res.best is not None:
+            cfg = res.best
+            detail = evaluate.detail(cfg)
+            table("efficiency", ("max_qps", "power_w", "workers", "cores_per_worker", "batch", "sparse_workers"),
+                  [[res.best_qps, detail.power_w, cfg.threads, cfg.cores_per_thread, cfg.batch, cfg.sparse_threads]],
+                  mode=cfg.mode)
+    return out
+
+
+def model_profiles(specs: list[ModelSpec], servers: list[ServerType],
+                   calibration: Calibration | str | None = None, sizes: np.ndarray | list[int] | None = None,
+                   tables: str = "shared", efficiency: bool = True,
+                   progress: Callable[[str], None] | None = None) -> ProfileSet:
+    """Modelled Profile tables for every (model, server type) pair."""
+    pm = PerfModel(calibration)
+    mix = SizeMix.of(sizes)
+    out = ProfileSet(meta={"source": "recserve.perfmodel", "calibration": pm.cal.fitted_on or "bundled defaults",
+                           "query_sizes_mean": mix.mean, "tables": tables})
+    for spec in specs:
+        for server in servers:
+            if progress:
+                progress(f"modelling {spec.name} on {server.name}")
+            for t in pair_tables(pm, spec, server, mix, tables, efficiency):
+                out.add(t)
+    return out
+
+
+def stderr_progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
