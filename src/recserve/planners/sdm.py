@@ -1,0 +1,237 @@
+"""Tier placement (Software Defined Memory §2.2, §4.6): which tables live in DRAM (FM), which on SSD (SM)
+behind the unified row cache, and what that asks of the SSD.
+
+Equations (SDM):
+
+- Eq. 1–2, bandwidth need of table t:  ``BW_t = QPS × B_side(t) × P_t × row_bytes_t`` with ``B_user = 1`` (a query
+  is one user) and ``B_item`` = candidate items per query.  Item tables need ~B_item× more bandwidth per byte.
+- Eq. 8, IOPS required from SM:  ``IOPS = QPS × Σ_{t ∈ SM} B_side(t) × P_t × miss_t``.
+- Eq. 3–4, latency budget: the user (SM) lookups of a query run beside the item (FM) lookups and are hidden while
+  ``T_user(SM) ≤ T_item(FM)``.  ``T_item`` = item bytes per query ÷ effective DRAM gather bandwidth;
+  ``T_user`` = waves of outstanding IOs × loaded SSD latency (``read_latency / (1 − IOPS/IOPS_max)``) + cached rows
+  from DRAM.
+
+Hit rates come from a locality model: ``locality`` P = the share of a table's accesses that go to its hottest 10 %
+of rows (ElasticRec's P; SDM §4.2 reports power-law skew, items more skewed than users).  The unified cache is
+filled greedily with the segments (table, hot 10 % | cold 90 %) of highest access rate per byte — what an ideal
+shared cache converges to.  The DRAM budget always holds: directly mapped tables + cache slots + the cache's
+per-slot index overhead ≤ budget.
+
+Policies (SDM Table 5):
+
+- ``sm-cache``: every table of the SM sides (default: user) on SSD; all the rest of DRAM is row cache.
+- ``fixed-fm``: a fixed share of the budget maps tables to DRAM directly, highest bandwidth need per byte first
+  (Eq. 2); the rest go to SM; the remainder of the budget is cache.
+- ``per-table-cache``: like ``sm-cache``, but tables whose predicted hit rate is below ``min_hit`` skip the cache
+  (low temporal locality; saves the lookup overhead) and their share goes to the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from recserve.errors import InfeasibleError, SpecError
+from recserve.planners.plan import Plan, format_table, register_plan
+from recserve.specs import ModelSpec, ServerType, SSDSpec, TableSpec
+
+POLICIES = ("sm-cache", "fixed-fm", "per-table-cache")
+HOT_FRACTION = 0.10
+CACHE_OVERHEAD_PER_SLOT = 48  # bytes beside the row: slot key 8, hash map 2 × (8 + 4), policy state 8, slack
+DEFAULT_SSD = SSDSpec(iops=500_000, read_latency_us=100, capacity_gb=2000, kind="nand")  # SDM Table 1 NAND
+GATHER_EFFICIENCY = 0.25  # random row gathers reach about a quarter of peak DRAM bandwidth (assumption)
+
+
+@dataclass
+class TablePlacement:
+    table: str
+    side: str
+    tier: str  # "FM" | "SM"
+    bytes: int
+    bw_gbs: float  # Eq. 2
+    cache: bool
+    hit_rate: float
+    iops: float  # Eq. 8 share
+
+
+@register_plan
+@dataclass
+class TierPlan(Plan):
+    kind: ClassVar[str] = "tier"
+    tables: list[TablePlacement] = field(default_factory=list)
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
+        tables = [TablePlacement(**t) for t in fields.pop("tables", [])]
+        base = {k: v for k, v in fields.items() if k in ("planner", "inputs", "summary", "baselines", "notes")}
+        return cls(tables=tables, **base)
+
+    def table(self) -> str:
+        groups: dict[tuple, list[TablePlacement]] = {}
+        for t in self.tables:
+            key = (t.side, t.tier, t.cache, round(t.hit_rate, 3), t.bytes, round(t.bw_gbs, 6))
+            groups.setdefault(key, []).append(t)
+        rows = []
+        for (side, tier, cache, hit, size, bw), members in groups.items():
+            names = members[0].table + (f" (+{len(members) - 1})" if len(members) > 1 else "")
+            rows.append([names, side, tier, "on" if cache and tier == "SM" else "-", size / 1e9, bw * len(members),
+                         f"{100 * hit:.1f}%" if tier == "SM" else "-",
+                         sum(m.iops for m in members)])
+        out = format_table(["tables", "side", "tier", "cache", "GB each", "BW GB/s (all)", "hit", "IOPS"], rows)
+        summary = format_table(["metric", "value"], [[k, v] for k, v in self.summary.items()])
+        extra = self.baseline_table()
+        return out + "\n\n" + summary + ("\n\n" + extra if extra else "")
+
+
+def side_batch(table: TableSpec, item_batch: int) -> int:
+    return 1 if table.side == "user" else item_batch
+
+
+def bandwidth_need(spec: ModelSpec, table: TableSpec, qps: float, item_batch: int) -> float:
+    """Eq. 2 for one table, bytes/s."""
+    return qps * side_batch(table, item_batch) * table.pooling * table.row_bytes(spec.bytes_per_elem)
+
+
+def _hit_rates(spec: ModelSpec, sm: list[int], cached: set[int], cache_bytes: float, qps: float,
+               item_batch: int, locality: dict[str, float]) -> dict[int, float]:
+    """Greedy ideal unified-cache fill by access rate per byte over (table, hot|cold) segments."""
+    segments = []
+    for t in sm:
+        if t not in cached:
+            continue
+        tab = spec.tables[t]
+        rate = qps * side_batch(tab, item_batch) * tab.pooling
+        p = locality[tab.side]
+        slot = tab.row_bytes(spec.bytes_per_elem) + CACHE_OVERHEAD_PER_SLOT
+        for frac, share in ((HOT_FRACTION, p), (1 - HOT_FRACTION, 1 - p)):
+            rows = tab.rows * frac
+            segments.append((rate * share / rows / slot, t, rows, share, slot))
+    segments.sort(key=lambda s: -s[0])
+    hit = {t: 0.0 for t in sm}
+    left = cache_bytes
+    for _, t, rows, share, slot in segments:
+        if left <= 0:
+            break
+        take = min(rows, left / slot)
+        hit[t] += share * take / rows
+        left -= take * slot
+    return hit
+
+
+def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 100, policy: str = "sm-cache",
+              server: ServerType | None = None, sm_sides: tuple[str, ...] = ("user",),
+              locality_user: float = 0.9, locality_item: float = 0.95, fm_fraction: float = 0.5,
+              min_hit: float = 0.05, queue_depth: int = 32, tables_in_flight: int = 4) -> TierPlan:
+    """Place ``spec``'s tables under a DRAM budget of ``dram_gb`` (for embeddings) at ``qps`` queries/s."""
+    if policy not in POLICIES:
+        raise SpecError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if dram_gb <= 0 or qps <= 0 or item_batch < 1:
+        raise SpecError("dram_gb and qps must be > 0 and item_batch ≥ 1")
+    ssd = server.ssd if server is not None and server.ssd is not None else DEFAULT_SSD
+    mem_bw = (server.mem_bw_gbs if server is not None else 50.0) * 1e9
+    budget = dram_gb * 1e9
+    bpe = spec.bytes_per_elem
+    locality = {"user": locality_user, "item": locality_item}
+    sizes = [t.bytes(bpe) for t in spec.tables]
+    bw = [bandwidth_need(spec, t, qps, item_batch) for t in spec.tables]
+    n = len(spec.tables)
+
+    if policy == "fixed-fm":
+        fm_budget = budget * fm_fraction
+        order = sorted(range(n), key=lambda i: -bw[i] / sizes[i])
+        fm, used = [], 0.0
+        for i in order:
+            if used + sizes[i] <= fm_budget:
+                fm.append(i)
+                used += sizes[i]
+        sm = [i for i in range(n) if i not in fm]
+    else:
+        sm = [i for i, t in enumerate(spec.tables) if t.side in sm_sides]
+        fm = [i for i in range(n) if i not in sm]
+    fm_bytes = sum(sizes[i] for i in fm)
+    if fm_bytes > budget:
+        raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.1f} GB, more than the "
+                              f"{dram_gb:g} GB budget; put more sides on SSD (--sm-sides) or raise --dram-gb")
+    cache_bytes = budget - fm_bytes
+    cached = set(sm)
+    hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
+    if policy == "per-table-cache":
+        cached = {i for i in sm if hit[i] >= min_hit}
+        hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
+
+    placements = []
+    iops_total = 0.0
+    for i, t in enumerate(spec.tables):
+        on_sm = i in sm
+        iops = qps * side_batch(t, item_batch) * t.pooling * (1 - hit.get(i, 0.0)) if on_sm else 0.0
+        iops_total += iops
+        placements.append(TablePlacement(t.name, t.side, "SM" if on_sm else "FM", sizes[i], bw[i] / 1e9,
+                                         on_sm and i in cached, hit.get(i, 0.0) if on_sm else 1.0, iops))
+
+    # Eq. 3–4 latency budget, per query
+    utilisation = iops_total / ssd.iops
+    loaded_latency_us = ssd.read_latency_us / max(1e-3, 1 - utilisation) if utilisation < 1 else float("inf")
+    sm_ios_per_query = iops_total / qps
+    waves = -(-sm_ios_per_query // (queue_depth * tables_in_flight)) if sm_ios_per_query else 0
+    sm_hit_bytes = sum(side_batch(spec.tables[i], item_batch) * spec.tables[i].pooling * hit[i]
+                       * spec.tables[i].row_bytes(bpe) for i in sm)
+    t_user_ms = waves * loaded_latency_us / 1e3 + sm_hit_bytes / (mem_bw * GATHER_EFFICIENCY) * 1e3
+    item_bytes = sum(side_batch(t, item_batch) * t.pooling * t.row_bytes(bpe) for t in spec.tables
+                     if t.side == "item")
+    t_item_ms = item_bytes / (mem_bw * GATHER_EFFICIENCY) * 1e3
+    sm_bytes = sum(sizes[i] for i in sm)
+    lookups_sm = sum(side_batch(spec.tables[i], item_batch) * spec.tables[i].pooling for i in sm)
+    summary = {
+        "policy": policy,
+        "dram_budget_gb": dram_gb,
+        "fm_tables": len(fm),
+        "sm_tables": len(sm),
+        "fm_direct_gb": fm_bytes / 1e9,
+        "cache_gb": cache_bytes / 1e9,
+        "sm_gb": sm_bytes / 1e9,
+        "dram_saved_gb": sum(sizes) / 1e9 - dram_gb if sm else 0.0,
+        "hit_rate": (1 - sm_ios_per_query / lookups_sm) if lookups_sm else 1.0,
+        "required_iops": iops_total,
+        "iops_no_cache": qps * lookups_sm,
+        "ssd_iops": ssd.iops,
+        "ssd_utilisation": utilisation,
+        "ssd_loaded_latency_us": loaded_latency_us,
+        "t_user_sm_ms": t_user_ms,
+        "t_item_fm_ms": t_item_ms,
+        "latency_exposed_ms": max(0.0, t_user_ms - t_item_ms),
+        "sla_ms": spec.sla.target_ms,
+        "feasible": utilisation < 1 and max(0.0, t_user_ms - t_item_ms) < spec.sla.target_ms,
+    }
+    if sm_bytes > ssd.capacity_gb * 1e9:
+        summary["feasible"] = False
+    notes = [
+        f"locality: top 10% rows take {100 * locality_user:g}% of user and {100 * locality_item:g}% of item accesses",
+        f"SSD: {ssd.iops:,.0f} IOPS, {ssd.read_latency_us:g} us, {ssd.capacity_gb:g} GB"
+        + ("" if server is not None and server.ssd is not None else " (assumed NAND, SDM Table 1)"),
+        f"DRAM gather bandwidth = {GATHER_EFFICIENCY:g} x {mem_bw / 1e9:g} GB/s (assumption)",
+    ]
+    if utilisation >= 1:
+        notes.append(f"infeasible: {iops_total:,.0f} IOPS required exceeds the SSD's {ssd.iops:,.0f}")
+    inputs = {"model": spec.name, "dram_gb": dram_gb, "qps": qps, "item_batch": item_batch, "policy": policy,
+              "server": server.name if server is not None else None, "sm_sides": list(sm_sides),
+              "locality_user": locality_user, "locality_item": locality_item, "fm_fraction": fm_fraction,
+              "min_hit": min_hit, "queue_depth": queue_depth, "tables_in_flight": tables_in_flight}
+    return TierPlan(planner=f"sdm/{policy}", inputs=inputs, summary=summary, notes=notes, tables=placements)
+
+
+def compare_policies(spec: ModelSpec, dram_gb: float, qps: float, **kwargs: Any) -> TierPlan:
+    """The chosen policy's plan with the other policies as baselines (for ``--json`` and the table)."""
+    chosen = kwargs.pop("policy", "sm-cache")
+    plan = plan_tier(spec, dram_gb, qps, policy=chosen, **kwargs)
+    keys = ("required_iops", "hit_rate", "ssd_utilisation", "t_user_sm_ms", "latency_exposed_ms", "fm_direct_gb",
+            "cache_gb")
+    for other in POLICIES:
+        if other == chosen:
+            continue
+        try:
+            alt = plan_tier(spec, dram_gb, qps, policy=other, **kwargs)
+        except InfeasibleError as exc:
+            plan.baselines[f"sdm/{other}"] = {"error": str(exc)}
+            continue
+        plan.baselines[f"sdm/{other}"] = {k: alt.summary[k] for k in keys}
+    return plan
