@@ -20,7 +20,13 @@ from typing import Any
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
 from recserve.sim.cluster import parse_pool, pool_text
-from recserve.sim.dispatch_eval import DispatchEvaluation, config_to_pool, homogeneous_pool, resolve_model
+from recserve.sim.dispatch_eval import (
+    DispatchEvaluation,
+    config_to_pool,
+    homogeneous_pool,
+    oracle_best_pool,
+    resolve_model,
+)
 from recserve.sim.latency import load_reference
 
 DEFAULT_POLICIES = "kairos,ribbon,drs,clockwork,oracle"
@@ -61,7 +67,11 @@ def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict
     qos, prices, caps, budget = _settings(profiles, args, model)
     ev = DispatchEvaluation(profiles, model, qos, queries=args.queries, seed=args.seed, mix=args.mix,
                             rtol=args.rtol)
-    if args.pool:
+    if args.pool == "oracle-best":
+        pool, oracle_qps = oracle_best_pool(ev, prices, caps, budget)
+        source = {"config": pool_text(pool), "chosen_by": "highest Oracle throughput under the budget",
+                  "oracle_qps": oracle_qps}
+    elif args.pool:
         pool, source = parse_pool(args.pool), {"config": args.pool, "chosen_by": "--pool"}
     else:
         pool, source = _planned_pool(profiles, model, qos, prices, caps, budget)
@@ -158,7 +168,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", help="Kairos AWS latency JSON (latency per batch per instance type)")
     p.add_argument("--profiles", help="a recserve profile file with latency_vs_batch tables instead")
     p.add_argument("--model", required=True, help="model name(s), comma-separated, or 'all' (rm2 = kairos-rm2)")
-    p.add_argument("--pool", help="instances, e.g. g4dn.xlarge=1,c5n.2xlarge=2 (default: Kairos planner's pick)")
+    p.add_argument("--pool", help="instances, e.g. g4dn.xlarge=1,c5n.2xlarge=2, or 'oracle-best' "
+                   "(default: the Kairos planner's pick)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
     p.add_argument("--budget", type=float, help="$/hr budget for the planner and homogeneous pool")
     p.add_argument("--qos-ms", type=float, help="p99 target (default: from the reference)")

@@ -150,3 +150,20 @@ def homogeneous_pool(service: ServiceModel, prices: dict[str, float], budget: fl
     if n < 1:
         raise RecserveError(f"budget ${budget}/hr buys no {base}")
     return [base] * n, budget / (n * prices[base])
+
+
+def oracle_best_pool(ev: DispatchEvaluation, prices: dict[str, float], caps: dict[str, int],
+                     budget: float) -> tuple[list[str], float]:
+    """The pool with the highest Oracle throughput under the budget: what the Kairos paper hands the
+    competing schemes (Sec. 8.2, "best heterogeneous configuration obtained via Oracle search")."""
+    from recserve.planners.kairos import enumerate_configs
+
+    types = [t for t in ev.service.types if t in prices]
+    configs = enumerate_configs([prices[t] for t in types], [int(caps.get(t, 10**6)) for t in types], budget)
+    best, best_pool = -1.0, []
+    for row in configs:
+        pool = [t for t, n in zip(types, row.tolist(), strict=True) for _ in range(n)]
+        value = ev.oracle(pool)
+        if value > best:
+            best, best_pool = value, pool
+    return best_pool, best

@@ -1,0 +1,167 @@
+"""``recserve simulate colocate``: Hera RMU vs PARTIES-style vs static under fluctuating load (Hera Fig. 14).
+
+Example::
+
+    recserve simulate colocate --reference /work/shared/reference/kairos_aws_latency.json \\
+        --models rm2,wnd --json-out results/colocate.json --plot results/colocate.png
+
+Two models share one simulated CPU node (16 cores, 11 LLC ways by default).  The first model is
+the memory-bound one (DLRM(D)'s role), the second the cache-sensitive one (NCF's role); their
+single-worker latencies come from the reference tables of ``--server``, and their co-location
+sensitivities are the documented parameters below.  The Hera RMU needs worker-scalability and
+LLC-ways profiles: they are measured on the simulated node (max-load searches) and cached in
+``--node-profiles``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import RecserveError
+from recserve.profiles import ProfileSet
+from recserve.sim.colocate import hera_fig14, run_scenario
+from recserve.sim.dispatch_eval import resolve_model
+from recserve.sim.latency import ServiceModel, load_reference
+from recserve.sim.node import ColocModel, profile_node
+
+NODE = "sim-node"
+
+
+def _floats(text: str, n: int, what: str) -> list[float]:
+    vals = [float(x) for x in text.split(",") if x.strip()]
+    if len(vals) != n:
+        raise RecserveError(f"--{what} needs {n} comma-separated values, got {text!r}")
+    return vals
+
+
+def build_models(args: argparse.Namespace) -> list[ColocModel]:
+    profiles = load_reference(args.reference) if args.reference else ProfileSet.load(args.profiles)
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    if len(names) != 2:
+        raise RecserveError("--models needs exactly two models: memory-bound first, cache-sensitive second")
+    llc = _floats(args.llc_sensitivity, 2, "llc-sensitivity")
+    bw = _floats(args.bw_per_worker, 2, "bw-per-worker")
+    memf = _floats(args.memory_fraction, 2, "memory-fraction")
+    qos = profiles.meta.get("qos_p99_ms", {})
+    out = []
+    for k, name in enumerate(names):
+        model = resolve_model(profiles, name)
+        sla = qos.get(model)
+        if not sla:
+            raise RecserveError(f"no SLA target for {model!r} in the profile meta")
+        service = ServiceModel.from_profiles(profiles, model, [args.server])
+        out.append(ColocModel(name, service, args.server, float(sla), args.percentile, llc[k], bw[k], memf[k]))
+    return out
+
+
+def node_profiles(args: argparse.Namespace, models: list[ColocModel]) -> ProfileSet:
+    path = Path(args.node_profiles)
+    key = {"models": [m.name for m in models], "cores": args.cores, "ways": args.ways, "mem_bw_gbs": args.mem_bw,
+           "llc": args.llc_sensitivity, "bw": args.bw_per_worker, "memf": args.memory_fraction,
+           "server": args.server, "percentile": args.percentile}
+    if path.exists():
+        cached = ProfileSet.load(path)
+        if cached.meta.get("key") == key:
+            return cached
+    print("profiling the simulated node (max-load searches; cached for next time)...", file=sys.stderr)
+    prof = profile_node(models, args.cores, args.ways, args.mem_bw, NODE, queries=args.profile_queries,
+                        log=lambda s: print(s, file=sys.stderr, flush=True))
+    prof.meta["key"] = key
+    prof.save(path)
+    return prof
+
+
+def _plot(res: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ctls = list(res["controllers"])
+    fig, axes = plt.subplots(3, len(ctls), figsize=(4.2 * len(ctls), 7.5), squeeze=False, sharex=True)
+    for c, name in enumerate(ctls):
+        windows = res["controllers"][name]["windows"]
+        t = [w["t_s"] for w in windows]
+        for m in windows[0]["models"]:
+            axes[0][c].plot(t, [min(w["models"][m]["tail_over_sla"], 5.0) for w in windows], label=m)
+            axes[1][c].step(t, [w["models"][m]["workers"] for w in windows], where="post", label=m)
+            axes[2][c].step(t, [w["models"][m]["ways"] for w in windows], where="post", label=m)
+        axes[0][c].axhline(1.0, color="k", lw=0.8, ls="--")
+        frac = res["controllers"][name]["violating_window_fraction"]
+        axes[0][c].set_title(f"{name}: {frac:.0%} windows violate", fontsize=9)
+        axes[0][c].set_ylabel("tail / SLA (clipped at 5)", fontsize=8)
+        axes[1][c].set_ylabel("workers (cores)", fontsize=8)
+        axes[2][c].set_ylabel("LLC ways", fontsize=8)
+        axes[2][c].set_xlabel("time (s)", fontsize=8)
+        axes[0][c].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_colocate(args: argparse.Namespace) -> int:
+    if not args.reference and not args.profiles:
+        raise RecserveError("give --reference (Kairos latency JSON) or --profiles (latency_vs_batch tables)")
+    models = build_models(args)
+    prof = node_profiles(args, models)
+    alone = {m.name: prof.get(m.name, NODE, "maxload_vs_workers").interp(float(args.cores), "max_qps")
+             for m in models}
+    shapes = hera_fig14(args.duration, memory_peak=args.memory_peak, cache_peak=args.cache_peak)
+    ctls = [c.strip() for c in args.controllers.split(",") if c.strip()]
+    res = run_scenario(models, shapes, alone, prof, NODE, ctls, args.duration, args.cores, args.ways, args.mem_bw,
+                       args.t_monitor, args.seed)
+    res["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
+    res["models"] = {m.name: {"sla_ms": m.sla_ms, "percentile": m.percentile, "llc_sensitivity": m.llc_sensitivity,
+                              "bw_per_worker_gbs": m.bw_per_worker_gbs, "memory_fraction": m.memory_fraction}
+                     for m in models}
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(res, indent=1))
+    if args.plot:
+        _plot(res, args.plot)
+    summary = {name: {"violating_window_fraction": v["violating_window_fraction"],
+                      "per_model": v["per_model_violating_fraction"], "decisions": v["decisions"]}
+               for name, v in res["controllers"].items()}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(f"node: {args.cores} cores, {args.ways} LLC ways, {args.mem_bw:g} GB/s; T_monitor {args.t_monitor:g}s; "
+              f"max load alone: " + ", ".join(f"{k} {v:.1f} qps" for k, v in alone.items()))
+        for name, s in summary.items():
+            per = ", ".join(f"{m} {f:.0%}" for m, f in s["per_model"].items())
+            print(f"{name:8s} windows violating SLA: {s['violating_window_fraction']:.1%} ({per}); "
+                  f"{s['decisions']} decisions")
+    return 0
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("colocate", help="Hera RMU vs PARTIES-style vs static on a co-located node under "
+                                            "fluctuating load (Hera Fig. 14)")
+    p.add_argument("--reference", help="Kairos AWS latency JSON (single-worker latencies per batch size)")
+    p.add_argument("--profiles", help="a recserve profile file with latency_vs_batch tables instead")
+    p.add_argument("--models", default="rm2,wnd", help="memory-bound model, cache-sensitive model")
+    p.add_argument("--server", default="c5n.2xlarge", help="whose latency table is one worker's latency")
+    p.add_argument("--controllers", default="hera,parties,static")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of simulated time")
+    p.add_argument("--t-monitor", type=float, default=2.0, help="monitoring window T_monitor (s)")
+    p.add_argument("--cores", type=int, default=16)
+    p.add_argument("--ways", type=int, default=11)
+    p.add_argument("--mem-bw", type=float, default=60.0, help="node memory bandwidth GB/s")
+    p.add_argument("--percentile", type=float, default=95.0, help="SLA percentile (Hera uses p95)")
+    p.add_argument("--llc-sensitivity", default="0.1,1.0", help="slowdown at 1 LLC way minus 1, per model")
+    p.add_argument("--bw-per-worker", default="6,1", help="GB/s each busy worker draws, per model")
+    p.add_argument("--memory-fraction", default="0.8,0.2", help="share of service time bound by DRAM bandwidth")
+    p.add_argument("--memory-peak", type=float, default=0.6, help="memory-bound model's peak load (x max load)")
+    p.add_argument("--cache-peak", type=float, default=0.5, help="cache-sensitive model's load before T1")
+    p.add_argument("--node-profiles", default="results/colocate_node_profiles.json",
+                   help="cache of the node's worker/ways profiles (made on first use)")
+    p.add_argument("--profile-queries", type=int, default=3000, help="queries per profiling max-load probe")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--json-out", help="write the full timeline JSON here")
+    p.add_argument("--plot", help="write a PNG (tail/SLA, workers, ways over time per controller)")
+    p.set_defaults(func=cmd_colocate)

@@ -1,0 +1,312 @@
+"""Node-level online resource management for co-located models (Hera Sec. VI-C, Alg. 3) and baselines.
+
+Every ``T_monitor`` the controller reads each model's window statistics (tail latency, QPS served,
+arrival rate) through a :class:`NodeControl` and adjusts workers (cores) and LLC ways.  The same
+controllers drive the simulated node (``recserve.sim.node.SimNodeControl``) and a live node server
+through its control API (a ``NodeControl`` over ``recserve.serving.control_client``).
+
+- :class:`HeraRMU` (Alg. 3): if slack = tail/SLA is > 1.0 or < 0.8, pick the fewest workers whose
+  profiled max load covers ``urgency × arrival rate`` (urgency = max(1, tail/SLA)); when any worker
+  count changed, re-split the LLC ways to maximise the profiled aggregate QPS.
+- :class:`PartiesController`: PARTIES-style feedback, one resource unit up or down per interval,
+  switching between cores and LLC ways when the last move did not help.
+- :class:`StaticController`: the initial even split, never changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from recserve.errors import ProfileError, RecserveError
+from recserve.profiles import ProfileSet
+
+
+@dataclass
+class WindowStats:
+    """One model over the last monitoring window."""
+
+    tail_ms: float       # SLA percentile of latencies completed in the window (inf if overloaded, 0 if idle)
+    qps: float           # queries completed per second
+    arrival_qps: float   # queries arrived per second
+    completed: int = 0
+
+
+class NodeControl(Protocol):
+    """What a resource manager may read and change on one node."""
+
+    def models(self) -> list[str]: ...
+    def sla(self, model: str) -> tuple[float, float]: ...  # (target_ms, percentile)
+    def total_cores(self) -> int: ...
+    def total_ways(self) -> int: ...
+    def get_workers(self, model: str) -> int: ...
+    def set_workers(self, model: str, workers: int) -> None: ...
+    def get_ways(self, model: str) -> int: ...
+    def set_ways(self, model: str, ways: int) -> None: ...
+    def window_stats(self, model: str) -> WindowStats: ...
+
+
+def even_split(control: NodeControl) -> None:
+    """Hera's initialisation: cores and LLC ways divided evenly among the co-located models."""
+    models = control.models()
+    k = len(models)
+    cores, ways = control.total_cores(), control.total_ways()
+    for i, m in enumerate(models):
+        control.set_workers(m, max(1, cores // k + (1 if i < cores % k else 0)))
+        control.set_ways(m, max(1, ways // k + (1 if i < ways % k else 0)))
+
+
+# ------------------------------------------------------------------ profile lookups
+
+
+class CapacityProfile:
+    """Profiled max load of a model as a function of (workers, LLC ways) on one server type.
+
+    Built from ``maxload_vs_workers`` (at full LLC) and optionally ``maxload_vs_ways``; a ways table
+    that carries a ``workers`` column is used directly as Hera's 3-D lookup, otherwise the ways curve
+    is applied as a relative factor to the workers curve.
+    """
+
+    def __init__(self, workers_curve: Callable[[int], float], ways_factor: Callable[[int, int], float]) -> None:
+        self._workers = workers_curve
+        self._ways = ways_factor
+
+    def qps(self, workers: int, ways: int) -> float:
+        return self._workers(workers) * self._ways(workers, ways)
+
+    def max_qps(self, workers: int) -> float:
+        return self._workers(workers)
+
+    @classmethod
+    def from_profiles(cls, profiles: ProfileSet, model: str, server: str) -> CapacityProfile:
+        wt = profiles.find(model, server, "maxload_vs_workers")
+        if not wt:
+            raise ProfileError(f"no maxload_vs_workers profile for {model!r} on {server!r} (Hera needs worker "
+                               f"scalability; run `recserve profile` or `recserve simulate colocate --profile-node`)")
+        workers_tab = wt[0]
+
+        def workers_curve(n: int) -> float:
+            return max(workers_tab.interp(float(n), "max_qps"), 0.0)
+
+        wy = profiles.find(model, server, "maxload_vs_ways")
+        if not wy:
+            return cls(workers_curve, lambda _n, _w: 1.0)
+        ways_tab = wy[0]
+        ways = ways_tab.column("ways")
+        full = float(ways.max())
+        if "workers" in ways_tab.columns:
+            w_col, q_col = ways_tab.column("workers"), ways_tab.column("max_qps")
+
+            def factor3(n: int, w: int) -> float:
+                # nearest profiled worker count, relative to that count's full-LLC value
+                near = w_col[np.argmin(np.abs(w_col - n))]
+                sel = w_col == near
+                xs, ys = ways_tab.column("ways")[sel], q_col[sel]
+                order = np.argsort(xs)
+                top = float(ys[order][-1])
+                return float(np.interp(w, xs[order], ys[order])) / top if top > 0 else 0.0
+
+            return cls(workers_curve, factor3)
+        top = ways_tab.interp(full, "max_qps")
+        return cls(workers_curve, lambda _n, w: ways_tab.interp(float(w), "max_qps") / top if top > 0 else 0.0)
+
+
+# ------------------------------------------------------------------ controllers
+
+
+@dataclass
+class Decision:
+    time_s: float
+    model: str
+    action: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Controller:
+    name = "controller"
+
+    def __init__(self) -> None:
+        self.log: list[Decision] = []
+
+    def start(self, control: NodeControl) -> None:
+        even_split(control)
+
+    def step(self, now_s: float, control: NodeControl) -> None:
+        raise NotImplementedError
+
+
+class StaticController(Controller):
+    name = "static"
+
+    def step(self, now_s: float, control: NodeControl) -> None:
+        return None
+
+
+class HeraRMU(Controller):
+    """Hera Alg. 3 with the profiled worker-scalability curve and (workers, ways) QPS lookup."""
+
+    name = "hera"
+
+    def __init__(self, capacity: dict[str, CapacityProfile], low: float = 0.8, high: float = 1.0) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.low, self.high = low, high
+
+    def find_number_of_workers(self, model: str, traffic_qps: float, limit: int) -> int:
+        cap = self.capacity[model]
+        for n in range(1, limit + 1):
+            if cap.max_qps(n) >= traffic_qps:
+                return n
+        return limit
+
+    def step(self, now_s: float, control: NodeControl) -> None:
+        changed = False
+        models = control.models()
+        for m in models:
+            stats = control.window_stats(m)
+            target, _ = control.sla(m)
+            slack = stats.tail_ms / target
+            if self.low <= slack <= self.high:
+                continue
+            urgency = max(1.0, slack if math.isfinite(slack) else 4.0)
+            traffic = urgency * stats.arrival_qps
+            others = sum(control.get_workers(o) for o in models if o != m)
+            limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
+            want = self.find_number_of_workers(m, traffic, limit)
+            free = control.total_cores() - others
+            if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
+                self._reclaim(control, m, want - free)
+                free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
+            want = max(1, min(want, free))
+            if want != control.get_workers(m):
+                control.set_workers(m, want)
+                changed = True
+                self.log.append(Decision(now_s, m, "workers", {"workers": want, "slack": slack,
+                                                               "urgency": urgency, "traffic_qps": traffic}))
+        if changed:
+            self.adjust_llc_partition(now_s, control)
+
+    def _reclaim(self, control: NodeControl, model: str, need: int) -> None:
+        for o in control.models():
+            if o == model or need <= 0:
+                continue
+            stats = control.window_stats(o)
+            have = control.get_workers(o)
+            keep = self.find_number_of_workers(o, max(1.0, stats.tail_ms / control.sla(o)[0]) * stats.arrival_qps,
+                                               have)
+            give = min(need, have - keep)
+            if give > 0:
+                control.set_workers(o, have - give)
+                need -= give
+
+    def adjust_llc_partition(self, now_s: float, control: NodeControl) -> None:
+        models = control.models()
+        total = control.total_ways()
+        best, best_split = -1.0, None
+        for split in _compositions(total, len(models)):
+            qps = sum(self.capacity[m].qps(control.get_workers(m), w) for m, w in zip(models, split, strict=True))
+            if qps > best:
+                best, best_split = qps, split
+        if best_split is None:
+            return
+        for m, w in zip(models, best_split, strict=True):
+            if control.get_ways(m) != w:
+                control.set_ways(m, w)
+        self.log.append(Decision(now_s, "*", "ways", {"split": dict(zip(models, best_split, strict=True)),
+                                                      "profiled_qps": best}))
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way to give ``parts`` models >= 1 way each, summing to ``total`` (small: ways <= ~20)."""
+    if parts == 1:
+        return [(total,)]
+    out = []
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        out.append(tuple(bounds[i + 1] - bounds[i] for i in range(parts)))
+    return out
+
+
+class PartiesController(Controller):
+    """PARTIES-style feedback (Chen et al., ASPLOS'19) restricted to cores and LLC ways: per interval, a
+    model violating its SLA gets one more unit of its current resource, a model with slack < ``low``
+    gives one unit back; a model switches resource (cores <-> ways) when its last upsize did not help."""
+
+    name = "parties"
+
+    def __init__(self, low: float = 0.8, high: float = 1.0) -> None:
+        super().__init__()
+        self.low, self.high = low, high
+        self.resource: dict[str, str] = {}
+        self.last_slack: dict[str, float] = {}
+
+    def start(self, control: NodeControl) -> None:
+        super().start(control)
+        self.resource = {m: "cores" for m in control.models()}
+
+    def step(self, now_s: float, control: NodeControl) -> None:
+        models = control.models()
+        slacks = {m: control.window_stats(m).tail_ms / control.sla(m)[0] for m in models}
+        for m in sorted(models, key=lambda x: -slacks[x]):  # most urgent first
+            slack = slacks[m]
+            prev = self.last_slack.get(m)
+            if slack > self.high:
+                if prev is not None and prev > self.high and slack >= prev:
+                    self.resource[m] = "ways" if self.resource[m] == "cores" else "cores"
+                if self._upsize(control, m, self.resource[m], slacks):
+                    self.log.append(Decision(now_s, m, f"+1 {self.resource[m]}", {"slack": slack}))
+            elif slack < self.low:
+                if self._downsize(control, m, self.resource[m]):
+                    self.log.append(Decision(now_s, m, f"-1 {self.resource[m]}", {"slack": slack}))
+            self.last_slack[m] = slack
+
+    def _upsize(self, control: NodeControl, m: str, res: str, slacks: dict[str, float]) -> bool:
+        get, put, total = ((control.get_workers, control.set_workers, control.total_cores()) if res == "cores"
+                           else (control.get_ways, control.set_ways, control.total_ways()))
+        used = sum(get(o) for o in control.models())
+        if used < total:
+            put(m, get(m) + 1)
+            return True
+        donors = [o for o in control.models() if o != m and get(o) > 1 and slacks[o] < self.high]
+        if not donors:
+            return False
+        donor = min(donors, key=lambda o: slacks[o])
+        put(donor, get(donor) - 1)
+        put(m, get(m) + 1)
+        return True
+
+    def _downsize(self, control: NodeControl, m: str, res: str) -> bool:
+        get, put = (control.get_workers, control.set_workers) if res == "cores" else (control.get_ways,
+                                                                                        control.set_ways)
+        if get(m) <= 1:
+            return False
+        put(m, get(m) - 1)
+        return True
+
+
+CONTROLLERS = ("hera", "parties", "static")
+
+
+def make_controller(name: str, capacity: dict[str, CapacityProfile] | None = None) -> Controller:
+    if name == "hera":
+        if capacity is None:
+            raise RecserveError("the Hera RMU needs capacity profiles (maxload_vs_workers per model)")
+        return HeraRMU(capacity)
+    if name == "parties":
+        return PartiesController()
+    if name == "static":
+        return StaticController()
+    raise RecserveError(f"unknown controller {name!r}; known: {', '.join(CONTROLLERS)}")
+
+
+def violation_fraction(windows: Sequence[dict[str, WindowStats]], sla: dict[str, float]) -> float:
+    """Fraction of monitoring windows in which any model's tail latency exceeded its SLA."""
+    if not windows:
+        return 0.0
+    bad = sum(1 for w in windows if any(s.tail_ms > sla[m] for m, s in w.items()))
+    return bad / len(windows)
