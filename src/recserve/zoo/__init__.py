@@ -8,9 +8,19 @@ from recserve.errors import SpecError
 from recserve.specs import ModelSpec
 from recserve.zoo.base import DramTable, RecModel, TableLookup
 from recserve.zoo.batch import QueryBatch, random_batch
+from recserve.zoo.din import DIEN, DIN
 from recserve.zoo.dlrm import DLRM
+from recserve.zoo.ncf import NCF
+from recserve.zoo.wnd import MultiTaskWideAndDeep, WideAndDeep
 
-FAMILY_CLASSES: dict[str, type[RecModel]] = {"dlrm": DLRM}
+FAMILY_CLASSES: dict[str, type[RecModel]] = {
+    "dlrm": DLRM,
+    "wnd": WideAndDeep,
+    "mtwnd": MultiTaskWideAndDeep,
+    "ncf": NCF,
+    "din": DIN,
+    "dien": DIEN,
+}
 
 
 def build(spec: ModelSpec, scale: float = 1e-3, seed: int = 0, min_rows: int = 16) -> RecModel:

@@ -4,9 +4,29 @@ interaction, top MLP with a sigmoid score."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from recserve.specs import ModelSpec
 from recserve.zoo.base import RecModel, mlp
+from recserve.zoo.layers import ScoreHead, sum_sequences
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products of the ``n`` feature vectors (upper triangle, no diagonal)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        tri = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("tri_i", tri[0], persistent=False)
+        self.register_buffer("tri_j", tri[1], persistent=False)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """``feats`` [B, n, d] → [B, n(n-1)/2]."""
+        return torch.bmm(feats, feats.transpose(1, 2))[:, self.tri_i, self.tri_j]
+
+    def dense_flops(self, inputs: tuple[torch.Tensor, ...], _output: object) -> int:
+        b, n, d = inputs[0].shape
+        return 2 * b * n * n * d
 
 
 class DLRM(RecModel):
@@ -17,19 +37,16 @@ class DLRM(RecModel):
         n = len(spec.tables) + 1
         if spec.interaction == "dot":
             top_in = bottom_out + n * (n - 1) // 2
-            tri = torch.triu_indices(n, n, offset=1)
-            self.register_buffer("tri_i", tri[0], persistent=False)
-            self.register_buffer("tri_j", tri[1], persistent=False)
+            self.interaction = DotInteraction(n)
         else:
             top_in = bottom_out + sum(t.dim for t in spec.tables)
-        self.top = mlp(spec.top_mlp, top_in, last_activation=False)
+        self.top = ScoreHead(spec.top_mlp, top_in, spec.towers)
 
     def dense(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
         x = self.bottom(dense)
+        pooled = sum_sequences(pooled)
         if self.spec.interaction == "dot":
-            feats = torch.stack([x, *pooled], dim=1)  # [B, n, d]
-            inter = torch.bmm(feats, feats.transpose(1, 2))[:, self.tri_i, self.tri_j]
-            z = torch.cat([x, inter], dim=1)
+            z = torch.cat([x, self.interaction(torch.stack([x, *pooled], dim=1))], dim=1)
         else:
             z = torch.cat([x, *pooled], dim=1)
         return torch.sigmoid(self.top(z))
