@@ -1,0 +1,277 @@
+"""Dispatch policies, the online latency predictor and the node resource managers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from recserve.errors import RecserveError
+from recserve.policies.dispatch import (
+    ClockworkPolicy,
+    DRSPolicy,
+    FCFSPolicy,
+    KairosPolicy,
+    Query,
+    make_instances,
+    make_policy,
+    oracle_throughput,
+    tune_threshold,
+)
+from recserve.policies.predictor import LatencyPredictor
+from recserve.policies.rmu import (
+    CapacityProfile,
+    HeraRMU,
+    PartiesController,
+    StaticController,
+    WindowStats,
+    even_split,
+    violation_fraction,
+)
+
+BUCKETS = np.arange(10, 1010, 10, dtype=float)
+
+
+def seeded_predictor(types: list[str], per_item_ms: dict[str, float], base_ms: float = 1.0) -> LatencyPredictor:
+    prior = {t: base_ms + per_item_ms[t] * BUCKETS for t in types}
+    return LatencyPredictor(types, BUCKETS, prior=prior)
+
+
+def bind(policy, pool: list[str]):
+    insts, types = make_instances(pool)
+    policy.bind(insts, types)
+    return insts
+
+
+# ------------------------------------------------------------------ predictor
+
+
+def test_predictor_starts_linear_then_uses_lookup_table():
+    p = LatencyPredictor(["gpu"], BUCKETS, min_samples=3)
+    assert p.pred[0, 5] == 0.0  # nothing known: optimistic
+    p.observe(0, p.bucket(100), 12.0)
+    assert p.pred[0, p.bucket(200)] == pytest.approx(24.0)  # one point: proportional
+    p.observe(0, p.bucket(300), 32.0)
+    assert p.pred[0, p.bucket(500)] == pytest.approx(52.0)  # two points: line 2 + 0.1 * b
+    for _ in range(3):
+        p.observe(0, p.bucket(500), 80.0)
+    # bucket 500 now comes from the table (mean of its observations), others stay on the refitted line
+    assert p.pred[0, p.bucket(500)] == pytest.approx(80.0)
+    assert p.table_fraction() == pytest.approx(1 / len(BUCKETS))
+
+
+def test_predictor_buckets_round_up_and_clamp():
+    p = LatencyPredictor(["a"], BUCKETS)
+    assert p.bucket(1) == 0 and p.bucket(10) == 0 and p.bucket(11) == 1 and p.bucket(5000) == len(BUCKETS) - 1
+
+
+def test_heterogeneity_coefficients_are_latency_ratios_at_the_largest_query():
+    p = seeded_predictor(["gpu", "cpu"], {"gpu": 0.1, "cpu": 0.4})
+    c = p.coefficients()
+    assert c[0] == pytest.approx(1.0)
+    assert c[1] == pytest.approx((1 + 100) / (1 + 400))
+
+
+# ------------------------------------------------------------------ Kairos
+
+
+def test_kairos_penalises_qos_violating_pairs_and_matches_min_cost():
+    pred = seeded_predictor(["gpu", "cpu"], {"gpu": 0.02, "cpu": 0.1})
+    pol = KairosPolicy(qos_ms=50.0, predictor=pred)
+    insts = bind(pol, ["gpu", "cpu"])
+    big, small = Query(0, 800, 0.0, pred.bucket(800)), Query(1, 50, 0.0, pred.bucket(50))
+    cost = pol.cost_matrix(0.0, [big, small])
+    assert cost[0, 1] == pytest.approx(10 * 50.0 * pred.coefficients()[1])  # 81 ms on cpu > 0.98 * 50
+    pairs = pol.assign(0.0, [big, small], insts)
+    assert {(q.id, i.type_name) for q, i in pairs} == {(0, "gpu"), (1, "cpu")}
+
+
+def test_kairos_holds_a_large_query_for_a_soon_free_fast_instance():
+    pred = seeded_predictor(["gpu", "cpu"], {"gpu": 0.02, "cpu": 0.1})
+    pol = KairosPolicy(qos_ms=50.0, predictor=pred)
+    gpu, cpu = bind(pol, ["gpu", "cpu"])
+    pol.free_at[gpu.index] = 5.0  # GPU busy for 5 more ms
+    big = Query(0, 800, 0.0, pred.bucket(800))
+    assert pol.assign(0.0, [big], [cpu]) == []  # waiting for the GPU beats a QoS violation on the CPU
+
+
+def test_kairos_waiting_time_counts_against_qos():
+    pred = seeded_predictor(["gpu"], {"gpu": 0.05})
+    pol = KairosPolicy(qos_ms=50.0, predictor=pred)
+    bind(pol, ["gpu"])
+    fresh = Query(0, 400, 100.0, pred.bucket(400))
+    stale = Query(1, 400, 70.0, pred.bucket(400))  # waited 30 ms already: 21 + 30 > 49
+    cost = pol.cost_matrix(100.0, [fresh, stale])
+    assert cost[0, 0] == pytest.approx(21.0)
+    assert cost[1, 0] == pytest.approx(500.0)
+
+
+def test_kairos_cost_matrix_for_20_by_20_is_cheap_enough_to_build_often():
+    pred = seeded_predictor(["a", "b", "c", "d"], {"a": 0.02, "b": 0.05, "c": 0.08, "d": 0.1})
+    pol = KairosPolicy(qos_ms=100.0, predictor=pred)
+    insts = bind(pol, ["a", "b", "c", "d"] * 5)
+    queue = [Query(i, 10 * (i + 1), 0.0, pred.bucket(10 * (i + 1))) for i in range(20)]
+    pairs = pol.assign(1.0, queue, insts)
+    assert len(pairs) == 20 and len({i.index for _, i in pairs}) == 20
+
+
+# ------------------------------------------------------------------ baselines
+
+
+def test_fcfs_sends_the_head_query_to_the_fastest_idle_instance():
+    pred = seeded_predictor(["cpu", "gpu"], {"cpu": 0.1, "gpu": 0.02})
+    pol = FCFSPolicy(qos_ms=50.0, predictor=pred)
+    insts = bind(pol, ["cpu", "gpu"])
+    q1, q2 = Query(0, 20, 0.0, 1), Query(1, 900, 0.0, 89)
+    pairs = pol.assign(0.0, [q1, q2], insts)
+    assert [(q.id, i.type_name) for q, i in pairs] == [(0, "gpu"), (1, "cpu")]  # FCFS ignores size
+
+
+def test_drs_routes_by_static_threshold_without_crossing_classes():
+    pred = seeded_predictor(["gpu", "cpu"], {"gpu": 0.02, "cpu": 0.1})
+    pol = DRSPolicy(50.0, threshold=300, base_types=["gpu"], predictor=pred)
+    gpu, cpu = bind(pol, ["gpu", "cpu"])
+    small, large = Query(0, 100, 0.0, 9), Query(1, 600, 0.0, 59)
+    assert [(q.id, i.type_name) for q, i in pol.assign(0.0, [small, large], [gpu, cpu])] == [(0, "cpu"), (1, "gpu")]
+    # only the GPU idle: the small query waits for a CPU, the large one behind it still goes
+    assert [(q.id, i.type_name) for q, i in pol.assign(0.0, [small, large], [gpu])] == [(1, "gpu")]
+
+
+def test_clockwork_queues_on_the_instance_with_earliest_predicted_completion():
+    pred = seeded_predictor(["gpu", "cpu"], {"gpu": 0.02, "cpu": 0.1})
+    pol = ClockworkPolicy(qos_ms=100.0, predictor=pred)
+    gpu, cpu = bind(pol, ["gpu", "cpu"])
+    assert pol.per_instance_queues
+    pol.free_at[gpu.index] = 10.0  # busy GPU still finishes a 500-item query first (10 + 11 < 51)
+    pairs = pol.assign(0.0, [Query(0, 500, 0.0, 49)], [cpu])
+    assert pairs[0][1] is gpu
+    assert pol.free_at[gpu.index] == pytest.approx(21.0)
+
+
+def test_on_complete_teaches_the_predictor_and_frees_the_instance():
+    pol = FCFSPolicy(qos_ms=50.0)
+    (inst,) = bind(pol, ["x"])
+    q = Query(0, 100, 0.0, 9)
+    pol.assign(0.0, [q], [inst])
+    pol.on_complete(7.0, q, inst, 7.0)
+    assert pol.free_at[inst.index] == 7.0
+    assert pol.predictor.pred[0, 9] == pytest.approx(7.0)
+
+
+def test_make_policy_rejects_unknown_names():
+    with pytest.raises(RecserveError):
+        make_policy("roundrobin", 10.0)
+
+
+def test_threshold_hill_climb_finds_the_peak():
+    best, value, trace = tune_threshold(lambda t: -abs(t - 370), start=100, step=100, min_step=10, lo=0, hi=1000)
+    assert abs(best - 370) <= 10 and value == -abs(best - 370)
+    assert len(trace) < 40
+
+
+def test_oracle_throughput_matches_a_hand_computed_case():
+    mean = {"gpu": np.full(100, 10.0), "cpu": np.full(100, 40.0)}
+    mean["cpu"][50:] = 1e6  # the CPU cannot serve queries above 500
+    tail = {k: v.copy() for k, v in mean.items()}
+
+    def bucket_of(s):
+        return (np.asarray(s) // 10 - 1).astype(int)
+
+    sizes = np.array([100] * 6 + [900] * 2)
+    qps = oracle_throughput(sizes, ["gpu", "cpu"], mean, tail, qos_ms=50.0, bucket_of=bucket_of)
+    # GPU: 900 @0, 900 @10, then the largest remaining (100s) @20, 30, 40, 50; CPU: smallest 100 @0-40 and,
+    # winning nothing at the 40 ms tie-break order, one more 100 @40-80 -> makespan 80 ms
+    assert qps == pytest.approx(8 / 0.080)
+    assert oracle_throughput(sizes, ["cpu"], mean, tail, 50.0, bucket_of) == 0.0  # 25% unservable
+
+
+# ------------------------------------------------------------------ resource managers
+
+
+class FakeNode:
+    def __init__(self, stats: dict[str, WindowStats], cores: int = 16, ways: int = 11) -> None:
+        self.stats = stats
+        self.workers = {m: 1 for m in stats}
+        self.ways = {m: 1 for m in stats}
+        self.cores, self.nways = cores, ways
+
+    def models(self):
+        return list(self.stats)
+
+    def sla(self, m):
+        return 100.0, 95.0
+
+    def total_cores(self):
+        return self.cores
+
+    def total_ways(self):
+        return self.nways
+
+    def get_workers(self, m):
+        return self.workers[m]
+
+    def set_workers(self, m, n):
+        assert 1 <= n and sum(v for k, v in self.workers.items() if k != m) + n <= self.cores
+        self.workers[m] = n
+
+    def get_ways(self, m):
+        return self.ways[m]
+
+    def set_ways(self, m, w):
+        assert 1 <= w and sum(v for k, v in self.ways.items() if k != m) + w <= self.nways
+        self.ways[m] = w
+
+    def window_stats(self, m):
+        return self.stats[m]
+
+
+def linear_capacity(per_worker: float, cache_sensitive: bool) -> CapacityProfile:
+    def ways_factor(_n, w):
+        return (0.4 + 0.6 * w / 11) if cache_sensitive else 1.0
+
+    return CapacityProfile(lambda n: per_worker * n, ways_factor)
+
+
+def test_hera_scales_workers_with_urgency_and_resplits_llc():
+    node = FakeNode({"mem": WindowStats(200.0, 50, 100.0), "cache": WindowStats(50.0, 100, 100.0)})
+    rmu = HeraRMU({"mem": linear_capacity(10.0, False), "cache": linear_capacity(50.0, True)})
+    rmu.start(node)
+    assert node.workers == {"mem": 8, "cache": 8} and node.ways == {"mem": 6, "cache": 5}
+    rmu.step(1.0, node)
+    # mem: urgency 2 -> 200 qps -> 20 workers wanted, capped by what the neighbour can give up
+    # cache: slack 0.5 -> downsized to ceil(100 / 50) = 2 workers
+    assert node.workers["cache"] == 2
+    assert node.workers["mem"] == 14
+    # LLC: mem does not care, so the cache-sensitive model gets all but one way
+    assert node.ways == {"mem": 1, "cache": 10}
+
+
+def test_hera_leaves_models_inside_the_slack_band_alone():
+    node = FakeNode({"a": WindowStats(90.0, 10, 10.0), "b": WindowStats(85.0, 10, 10.0)})
+    rmu = HeraRMU({"a": linear_capacity(1.0, False), "b": linear_capacity(1.0, False)})
+    rmu.start(node)
+    rmu.step(1.0, node)
+    assert node.workers == {"a": 8, "b": 8} and rmu.log == []
+
+
+def test_parties_moves_one_unit_per_interval_and_switches_resource_when_stuck():
+    node = FakeNode({"a": WindowStats(150.0, 10, 10.0), "b": WindowStats(50.0, 10, 10.0)})
+    ctl = PartiesController()
+    ctl.start(node)
+    ctl.step(1.0, node)
+    assert node.workers == {"a": 9, "b": 6}  # a took a core from the slack b, then b shed one more
+    node.stats["a"] = WindowStats(160.0, 10, 10.0)  # worse: switch to LLC ways
+    node.stats["b"] = WindowStats(90.0, 10, 10.0)
+    ctl.step(2.0, node)
+    assert node.ways["a"] == 7 and node.workers["a"] == 9
+
+
+def test_static_never_changes_and_violation_fraction_counts_windows():
+    node = FakeNode({"a": WindowStats(500.0, 1, 1.0)})
+    ctl = StaticController()
+    even_split(node)
+    ctl.step(1.0, node)
+    assert node.workers == {"a": 16}
+    windows = [{"a": WindowStats(50.0, 1, 1)}, {"a": WindowStats(150.0, 1, 1)}, {"a": WindowStats(math.inf, 0, 1)}]
+    assert violation_fraction(windows, {"a": 100.0}) == pytest.approx(2 / 3)
