@@ -261,3 +261,57 @@ def test_row_cache_policies_keep_hot_rows(policy):
     assert cache.filled == 100
     hot_hits = cache.lookup(hot) >= 0
     assert hot_hits.mean() > 0.6, f"{policy} kept only {hot_hits.mean():.0%} of the hot set"
+
+
+def test_tiered_model_pickles_to_a_worker_and_reopens(disk_dir):
+    import pickle
+
+    spec = small_spec()
+    model = build(spec, scale=1.0)
+    ref = copy.deepcopy(model)
+    tier_model(model, [0, 1], disk_dir, cache_bytes=16 * 1024)
+    batch = sample_batch(model, 4, rng=9)
+    with torch.no_grad():
+        model(batch)
+        clone = pickle.loads(pickle.dumps(model))
+        assert clone.tables[0].reader is not model.tables[0].reader
+        assert clone.tables[0].resources.row_cache is clone.tables[1].resources.row_cache  # still one shared cache
+        assert torch.equal(clone(batch), ref(batch))
+
+
+def test_tier_from_config_sides_names_and_errors(disk_dir):
+    from recserve.embedding.tiered import tier_from_config
+    from recserve.errors import SpecError
+
+    spec = small_spec()
+    model = build(spec, scale=1.0)
+    ref = copy.deepcopy(model)
+    res = tier_from_config(model, {"dir": disk_dir, "tables": "user", "cache_mb": 0.05, "dtype": "fp32",
+                                   "no_cache": ["u1"]})
+    assert [isinstance(t, TieredTable) for t in model.tables] == [True, True, False]
+    assert model.tables[0].use_cache and not model.tables[1].use_cache and res.row_cache is not None
+    batch = sample_batch(model, 8, rng=3)
+    with torch.no_grad():
+        assert torch.equal(model(batch), ref(batch))
+    with pytest.raises(SpecError, match="unknown key"):
+        tier_from_config(build(spec, scale=1.0), {"dir": disk_dir, "cache": 1})
+    with pytest.raises(SpecError, match="unknown table"):
+        tier_from_config(build(spec, scale=1.0), {"dir": disk_dir, "tables": ["nope"]})
+    with pytest.raises(SpecError, match="'dir'"):
+        tier_from_config(build(spec, scale=1.0), {"tables": "user"})
+
+
+def test_prefetch_reads_all_tables_and_keeps_results_exact(disk_dir):
+    spec = small_spec()
+    model = build(spec, scale=1.0)
+    ref = copy.deepcopy(model)
+    tier_model(model, [0, 1, 2], disk_dir, cache_bytes=0, prefetch=True)
+    expected = 0
+    with torch.no_grad():
+        for seed in range(3):
+            batch = sample_batch(model, 8, rng=seed)
+            assert torch.equal(model(batch), ref(batch))
+            expected += sum(int(np.unique(idx.numpy()).size) for idx, _ in batch.tables())
+    # staged rows were consumed by pool: each distinct id fetched once per batch, not again by pool
+    stats = tier_stats(model)
+    assert stats.lookups == expected and stats.ios > 0

@@ -140,6 +140,13 @@ class RowCache:
         self.hits = self.misses = self.evictions = 0
         self._tables = 0
 
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
     def register(self, row_bytes: int) -> int:
         """A table id for a new table whose rows are ``row_bytes`` long (must fit a slot)."""
         if row_bytes > self.slot_bytes:
@@ -297,6 +304,13 @@ class PooledCache:
 
     def reset_stats(self) -> None:
         self.hits = self.misses = self.hit_ids = 0
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
 
     def get(self, key: tuple[int, int]) -> torch.Tensor | None:
         vec = self.entries.get(key)

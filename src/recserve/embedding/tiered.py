@@ -14,9 +14,11 @@ equal up to FP32 summation order (see docs/sdm.md).
 
 from __future__ import annotations
 
-import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,8 +28,9 @@ from torch.nn import functional as F
 from recserve.embedding.blockio import BlockReader, TableIOError
 from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
 from recserve.embedding.tablefile import TableHeader, decode_rows, open_table_header, write_table
+from recserve.errors import SpecError
 
-__all__ = ["TableIOError", "TierStats", "TieredTable", "TierResources", "tier_model"]
+__all__ = ["TableIOError", "TierResources", "TierStats", "TieredTable", "tier_from_config", "tier_model", "tier_stats"]
 
 
 @dataclass
@@ -71,7 +74,16 @@ class TierResources:
     engine: str = "auto"
     max_outstanding: int = 32
     direct: bool = True
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    tables_in_flight: int = 4  # tables whose misses are read at the same time (SDM §A.2 inter-op parallelism)
+    _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
+
+    def executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.tables_in_flight), thread_name_prefix="sdm-tbl")
+        return self._pool
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": None}
 
 
 class TieredTable(nn.Module):
@@ -96,6 +108,20 @@ class TieredTable(nn.Module):
         self.table_id = cache.register(h.row_bytes) if cache is not None else 0
         self.stats = TierStats()
         self._col = np.arange(h.row_bytes, dtype=np.int64)
+        self._staged: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict:
+        """Picklable (the node server ships models to worker processes): the reader is reopened on load."""
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["reader"] = None
+        state["_staged"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        r = self.resources
+        self.reader = BlockReader(self.path, self.window, r.engine, r.max_outstanding, r.direct)
 
     # ---- the zoo table interface ---------------------------------------------------
     def pool(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -109,13 +135,26 @@ class TieredTable(nn.Module):
     def gather(self, indices: torch.Tensor) -> torch.Tensor:
         idx = indices.to(torch.int64).numpy()
         uniq, inverse = np.unique(idx, return_inverse=True)
-        compact = decode_rows(self.fetch(uniq), self.dim, self.dtype)
+        compact = decode_rows(self._rows(uniq), self.dim, self.dtype)
         return F.embedding(torch.from_numpy(inverse.reshape(idx.shape)), compact)
 
+    def stage(self, indices: torch.Tensor) -> None:
+        """Fetch the rows of ``indices`` now (called for all tables at once by the prefetch hook) so that the
+        following ``pool``/``gather`` with the same ids uses them without another lookup."""
+        self._staged = None
+        uniq = np.unique(indices.to(torch.int64).numpy())
+        self._staged = (uniq, self.fetch(uniq))
+
     # ---- internals -------------------------------------------------------------------
+    def _rows(self, uniq: np.ndarray) -> np.ndarray:
+        staged, self._staged = self._staged, None
+        if staged is not None and np.array_equal(staged[0], uniq):
+            return staged[1]
+        return self.fetch(uniq)
+
     def _pool_rows(self, idx: np.ndarray, offs: np.ndarray) -> torch.Tensor:
         uniq, inverse = np.unique(idx, return_inverse=True)
-        compact = decode_rows(self.fetch(uniq), self.dim, self.dtype)
+        compact = decode_rows(self._rows(uniq), self.dim, self.dtype)
         return F.embedding_bag(torch.from_numpy(inverse.astype(np.int64)), compact, torch.from_numpy(offs),
                                mode="sum")
 
@@ -199,11 +238,15 @@ class TieredTable(nn.Module):
 def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directory: str | Path,
                cache_bytes: int, dtype: str = "fp32", policy: str = "clock", pooled_cache_bytes: int = 0,
                pooled_min_len: int = 4, engine: str = "auto", max_outstanding: int = 32,
-               no_cache_tables: tuple[int, ...] = (), verify: bool = True) -> TierResources:
+               no_cache_tables: tuple[int, ...] = (), verify: bool = True, prefetch: bool = True,
+               tables_in_flight: int = 4) -> TierResources:
     """Write the tables ``placement`` puts on SM to ``directory`` and swap them into ``model`` in place.
 
     ``placement`` is a list of table ids (or a dict id → options, e.g. ``{"cache": False}``).  The DRAM weights
-    of moved tables are released.  Returns the shared resources (caches, stats) for inspection."""
+    of moved tables are released.  Files are named by a CRC of the weights, so workers building the same model
+    reuse one file (checksummed again at open) and a changed model never reads a stale one.  With ``prefetch``
+    a forward pre-hook reads the misses of all tiered tables concurrently before the model runs (SDM §A.2).
+    Returns the shared resources (caches, stats) for inspection."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     items = placement.items() if isinstance(placement, dict) else ((t, {}) for t in placement)
@@ -215,16 +258,36 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
     slot = max(row_bytes_for(model.tables[t].dim, dtype) for t in chosen)
     cache = RowCache(cache_bytes, slot, policy) if cache_bytes > 0 else None
     pooled = PooledCache(pooled_cache_bytes, pooled_min_len) if pooled_cache_bytes > 0 else None
-    resources = TierResources(cache, pooled, engine, max_outstanding)
+    resources = TierResources(cache, pooled, engine, max_outstanding, tables_in_flight=tables_in_flight)
     for t, opts in sorted(chosen.items()):
         table = model.tables[t]
         if isinstance(table, TieredTable):
             continue
-        path = directory / f"{getattr(model.spec, 'name', 'model')}.t{t}.{dtype}.tbl"
-        write_table(path, table.weight, dtype)
+        weight = table.weight.detach().contiguous()
+        tag = zlib.crc32(weight.numpy().view(np.uint8)) & 0xFFFFFFFF
+        path = directory / f"{getattr(model.spec, 'name', 'model')}.t{t}.{dtype}.{tag:08x}.tbl"
+        if not path.exists():
+            write_table(path, weight, dtype)
         use_cache = opts.get("cache", t not in no_cache_tables)
         model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify))
+    if prefetch and pooled is None and hasattr(model, "register_forward_pre_hook"):
+        model.register_forward_pre_hook(prefetch_hook)
     return resources
+
+
+def prefetch_hook(model: nn.Module, args: tuple) -> None:
+    """Forward pre-hook: stage the rows of every tiered table of this batch concurrently (IO releases the GIL)."""
+    if not args or not hasattr(args[0], "tables"):
+        return
+    batch = args[0]
+    work = [(table, idx) for table, (idx, _) in zip(model.tables, batch.tables(), strict=True)
+            if isinstance(table, TieredTable)]
+    if len(work) < 2:
+        return
+    pool = work[0][0].resources.executor()
+    futures = [pool.submit(table.stage, idx) for table, idx in work]
+    for f in futures:
+        f.result()  # re-raises an I/O error: the query fails
 
 
 def tier_stats(model: nn.Module) -> TierStats:
@@ -234,3 +297,62 @@ def tier_stats(model: nn.Module) -> TierStats:
         if isinstance(table, TieredTable):
             total.add(table.stats)
     return total
+
+
+TIER_KEYS = {"dir", "tables", "plan", "cache_mb", "dtype", "policy", "pooled_cache_mb", "pooled_min_len", "engine",
+             "max_outstanding", "no_cache", "verify", "prefetch", "tables_in_flight"}
+
+
+def _table_ids(model: nn.Module, names: Any, where: str) -> list[int]:
+    spec_tables = model.spec.tables
+    if names in ("user", "item"):
+        return [i for i, t in enumerate(spec_tables) if t.side == names]
+    if names == "all":
+        return list(range(len(spec_tables)))
+    by_name = {t.name: i for i, t in enumerate(spec_tables)}
+    out = []
+    for n in names if isinstance(names, list | tuple) else [names]:
+        if isinstance(n, int) and 0 <= n < len(spec_tables):
+            out.append(n)
+        elif n in by_name:
+            out.append(by_name[n])
+        else:
+            raise SpecError(f"{where}: unknown table {n!r}")
+    return out
+
+
+def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier") -> TierResources:
+    """Apply a node-config ``tier:`` section to a freshly built model (the server's hook), e.g.::
+
+        tier: {dir: /var/lib/recserve/tables, tables: user, cache_mb: 256, dtype: int8}
+
+    ``tables`` is ``user`` | ``item`` | ``all`` | a list of table names or ids; or ``plan:`` a ``recserve plan
+    tier --out`` JSON whose SM tables (and per-table cache choices) are used."""
+    if not isinstance(tier, dict):
+        raise SpecError(f"{where}: expected a mapping")
+    unknown = sorted(set(tier) - TIER_KEYS)
+    if unknown:
+        raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TIER_KEYS)}")
+    if "dir" not in tier:
+        raise SpecError(f"{where}: 'dir' (a directory on the SSD for the table files) is required")
+    placement: dict[int, dict] = {}
+    if "plan" in tier:
+        from recserve.planners.plan import Plan
+
+        plan = Plan.load(tier["plan"])
+        by_name = {t.name: i for i, t in enumerate(model.spec.tables)}
+        for entry in getattr(plan, "tables", []):
+            if entry.tier == "SM" and entry.table in by_name:
+                placement[by_name[entry.table]] = {"cache": bool(entry.cache)}
+    else:
+        placement = {i: {} for i in _table_ids(model, tier.get("tables", "user"), where)}
+    no_cache = tuple(_table_ids(model, tier["no_cache"], where)) if "no_cache" in tier else ()
+    return tier_model(
+        model, placement, tier["dir"], cache_bytes=int(float(tier.get("cache_mb", 64)) * 2**20),
+        dtype=tier.get("dtype", "fp32"), policy=tier.get("policy", "clock"),
+        pooled_cache_bytes=int(float(tier.get("pooled_cache_mb", 0)) * 2**20),
+        pooled_min_len=int(tier.get("pooled_min_len", 4)), engine=tier.get("engine", "auto"),
+        max_outstanding=int(tier.get("max_outstanding", 32)), no_cache_tables=no_cache,
+        verify=bool(tier.get("verify", True)), prefetch=bool(tier.get("prefetch", True)),
+        tables_in_flight=int(tier.get("tables_in_flight", 4)),
+    )
