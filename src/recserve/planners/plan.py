@@ -198,6 +198,7 @@ class ProvisionStep:
     allocation: dict[str, dict[str, int]]
     power_w: float
     capacity_qps: dict[str, float]
+    unserved: dict[str, float] = field(default_factory=dict)
 
     @property
     def servers(self) -> int:

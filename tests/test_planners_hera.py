@@ -1,0 +1,113 @@
+"""Hera co-location planner on small synthetic profiles (shapes like Hera's eight models)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from planner_fixtures import NODE, hera_like_profiles
+from recserve.errors import InfeasibleError, ProfileError
+from recserve.planners.hera import (
+    affinity_matrix,
+    all_curves,
+    pair_allocation,
+    plan_colocation,
+    targets_at_load,
+)
+from recserve.planners.plan import Plan
+from recserve.profiles import ProfileSet, ProfileTable
+
+
+@pytest.fixture(scope="module")
+def hera():
+    profiles, classes = hera_like_profiles()
+    curves = all_curves(profiles, list(classes), NODE)
+    return profiles, classes, curves
+
+
+def test_scalability_classes_follow_the_slope(hera):
+    _, classes, curves = hera
+    assert {c.name: ("high" if c.high else "low") for c in curves} == classes
+    capacity_bound = next(c for c in curves if c.name == "dlrm-b")
+    assert capacity_bound.feasible_workers == 8  # footprint 23 GB/worker on 192 GB
+
+
+def _affinity_loop(a, b, server):
+    """Alg. 1 written as in the paper, for one pair."""
+    K = server.llc_ways
+    llc = max((a.ways_ratio[i] + b.ways_ratio[K - i]) / 2 for i in range(1, K))
+    half = server.cores // 2
+    bw = a.membw[min(half, a.feasible_workers)] + b.membw[min(half, b.feasible_workers)]
+    return min(llc, min(server.mem_bw_gbs / bw, 1.0))
+
+
+def test_vectorised_affinity_equals_algorithm_1(hera):
+    _, _, curves = hera
+    aff = affinity_matrix(curves, NODE)["affinity"]
+    for i, a in enumerate(curves):
+        for j, b in enumerate(curves):
+            assert aff[i, j] == pytest.approx(_affinity_loop(a, b, NODE))
+    assert np.allclose(aff, aff.T)
+
+
+def test_dram_affinity_drops_when_bandwidth_is_oversubscribed(hera):
+    _, _, curves = hera
+    names = [c.name for c in curves]
+    dram = affinity_matrix(curves, NODE)["dram"]
+    a, d = names.index("dlrm-a"), names.index("dlrm-d")
+    demand = curves[a].membw[8] + curves[d].membw[8]
+    assert demand > NODE.mem_bw_gbs
+    assert dram[a, d] == pytest.approx(NODE.mem_bw_gbs / demand)
+
+
+def test_pair_gives_idle_cores_to_the_partner_and_fits_memory(hera):
+    _, _, curves = hera
+    by = {c.name: c for c in curves}
+    plan = pair_allocation(by["dlrm-b"], by["ncf"], NODE)
+    low, high = plan.placements
+    assert low.workers <= 8 and low.workers + high.workers == NODE.cores
+    assert by["dlrm-b"].mem_gb[low.workers] + by["ncf"].mem_gb[high.workers] <= NODE.mem_gb
+    assert low.ways + high.ways == NODE.llc_ways and min(low.ways, high.ways) >= 1
+    assert plan.emu > 1.0  # a capacity-bound model leaves room for a compute-bound one
+
+
+@pytest.mark.parametrize("low_share", [None, 0.25, 0.75])
+def test_hera_serves_every_target_and_pairs_low_with_high(hera, low_share):
+    profiles, classes, curves = hera
+    targets = targets_at_load(curves, 3.0, low_share)
+    plan = plan_colocation(profiles, NODE, targets, seeds=5)
+    served = dict.fromkeys(targets, 0.0)
+    for server in plan.servers:
+        for p in server.placements:
+            served[p.model] += p.qps
+        if len(server.placements) == 2:
+            assert [classes[m] for m in server.models] == ["low", "high"]
+    assert all(served[m] >= targets[m] - 1e-6 for m in targets)
+    isolated = {c.name: c.isolated_qps for c in curves}
+    assert plan.baselines["deeprecsys"]["servers"] == sum(math.ceil(t / isolated[m] - 1e-9)
+                                                          for m, t in targets.items())
+    assert plan.summary["servers"] <= plan.baselines["deeprecsys"]["servers"]
+
+
+def test_plan_round_trips_through_json(hera, tmp_path):
+    profiles, _, curves = hera
+    plan = plan_colocation(profiles, NODE, targets_at_load(curves, 2.0), seeds=2)
+    again = Plan.load(plan.save(tmp_path / "plan.json"))
+    assert type(again) is type(plan)
+    assert [s.emu for s in again.servers] == pytest.approx([s.emu for s in plan.servers])
+    assert "EMU" in plan.table()
+
+
+def test_missing_profile_and_unservable_model_are_clear_errors(hera):
+    profiles, _, _ = hera
+    with pytest.raises(ProfileError, match="maxload_vs_workers"):
+        plan_colocation(profiles, NODE, {"no-such-model": 10.0})
+    dead = ProfileSet(list(profiles))
+    for kind, cols, rows in [("maxload_vs_workers", ("workers", "max_qps"), [[1.0, 0.0], [16.0, 0.0]]),
+                             ("maxload_vs_ways", ("ways", "max_qps"), [[1.0, 0.0], [11.0, 0.0]]),
+                             ("membw_vs_workers", ("workers", "gbs"), [[1.0, 1.0], [16.0, 1.0]])]:
+        dead.add(ProfileTable("slow", NODE.name, kind, cols, rows, source="modelled"))
+    with pytest.raises(InfeasibleError, match="slow"):
+        plan_colocation(dead, NODE, {"slow": 1.0})

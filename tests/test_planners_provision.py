@@ -1,0 +1,96 @@
+"""Hercules cluster provisioning: the ILP against brute force, the baselines, infeasible loads."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from planner_fixtures import efficiency_profiles
+from recserve.errors import InfeasibleError
+from recserve.planners.hercules.provision import (
+    Efficiency,
+    diurnal_trace,
+    efficiency_matrix,
+    plan_provision,
+    solve_greedy,
+    solve_ilp,
+    solve_oblivious,
+)
+
+
+def _brute_force(eff: Efficiency, need: np.ndarray, avail: np.ndarray) -> float:
+    W, H = eff.qps.shape
+    best = np.inf
+    per_var = [range(int(avail[h]) + 1) for _ in range(W) for h in range(H)]
+    for flat in itertools.product(*per_var):
+        x = np.array(flat).reshape(W, H)
+        if (x.sum(axis=0) > avail).any() or ((eff.qps * x).sum(axis=1) < need - 1e-9).any():
+            continue
+        best = min(best, float((eff.power * x).sum()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ilp_equals_brute_force_on_small_instances(seed):
+    rng = np.random.default_rng(seed)
+    qps = rng.uniform(50, 300, (2, 3)).round(1)
+    qps[rng.random((2, 3)) < 0.15] = 0.0  # a type where the SLA is not met
+    qps[:, 0] = np.maximum(qps[:, 0], 60)
+    eff = Efficiency(["a", "b"], ["x", "y", "z"], qps, rng.uniform(100, 400, (2, 3)).round(0))
+    avail = rng.integers(1, 4, 3)
+    need = (eff.qps @ avail) * rng.uniform(0.1, 0.45, 2)
+    x = solve_ilp(eff, need, avail)
+    assert ((eff.qps * x).sum(axis=1) >= need - 1e-6).all() and (x.sum(axis=0) <= avail).all()
+    assert float((eff.power * x).sum()) == pytest.approx(_brute_force(eff, need, avail))
+    greedy = solve_greedy(eff, need, avail)
+    assert float((eff.power * x).sum()) <= float((eff.power * greedy).sum()) + 1e-9
+
+
+def test_priority_beats_greedy_when_workloads_compete_for_the_best_type():
+    # Hercules Sec. III-C: both workloads rank NMP first, but NMP helps RMC2 far more.
+    eff = Efficiency(["rmc1", "rmc2"], ["cpu", "nmp"], np.array([[100.0, 130.0], [100.0, 300.0]]),
+                     np.array([[200.0, 220.0], [200.0, 220.0]]))
+    avail = np.array([50, 4])
+    need = np.array([500.0, 1200.0])
+    ilp, greedy = solve_ilp(eff, need, avail), solve_greedy(eff, need, avail)
+    assert ilp[1, 1] == 4  # all NMP servers go to RMC2
+    assert (eff.power * ilp).sum() < (eff.power * greedy).sum()
+
+
+def test_baselines_serve_the_load_with_available_servers():
+    rng = np.random.default_rng(3)
+    eff = Efficiency(["a", "b", "c"], list("pqrs"), rng.uniform(100, 500, (3, 4)), rng.uniform(150, 500, (3, 4)))
+    avail = np.array([30, 20, 5, 5])
+    need = np.array([2000.0, 1500.0, 1000.0])
+    for x in (solve_greedy(eff, need, avail), solve_oblivious(eff, need, avail, rng=np.random.default_rng(1))):
+        assert (x.sum(axis=0) <= avail).all()
+        assert ((eff.qps * x).sum(axis=1) >= need).all()
+
+
+def test_load_above_capacity_and_unservable_workload_raise():
+    eff = Efficiency(["a"], ["x"], np.array([[100.0]]), np.array([[200.0]]))
+    with pytest.raises(InfeasibleError, match="exceeds cluster capacity"):
+        solve_ilp(eff, np.array([1001.0]), np.array([10]))
+    profiles = efficiency_profiles({("a", "x"): 100.0, ("b", "x"): 0.0}, {("a", "x"): 200.0, ("b", "x"): 200.0})
+    with pytest.raises(InfeasibleError, match="'b'"):
+        efficiency_matrix(profiles, ["a", "b"], ["x"])
+
+
+def test_a_day_of_provisioning_never_costs_more_than_greedy(tmp_path):
+    rng = np.random.default_rng(7)
+    work, types = ["w1", "w2", "w3"], ["t1", "t2", "t3", "t4"]
+    qps = {(w, h): float(rng.uniform(200, 800) * (1 + j)) for w in work for j, h in enumerate(types)}
+    power = {(w, h): float(200 + 80 * j) for w in work for j, h in enumerate(types)}
+    hours, loads = diurnal_trace({w: 6000.0 for w in work}, steps=8)
+    assert min(loads["w1"]) == pytest.approx(0.5 * 6000, rel=0.05) and max(loads["w1"]) <= 6000
+    plan = plan_provision(efficiency_profiles(qps, power), dict(zip(types, [40, 20, 6, 3], strict=True)),
+                          loads, hours, alpha=0.05)
+    assert len(plan.steps) == 8 and set(plan.baseline_steps) == {"greedy", "oblivious"}
+    for mine, theirs in zip(plan.steps, plan.baseline_steps["greedy"], strict=True):
+        assert mine.power_w <= theirs.power_w * (1 + 1e-3)
+        assert all(mine.capacity_qps[w] >= 1.05 * mine.load[w] - 1e-6 for w in work)
+    assert plan.baselines["greedy"]["hercules_power_saving_avg"] >= 0
+    assert "greedy W" in plan.table()
+    assert plan.save(tmp_path / "p.json").exists()
