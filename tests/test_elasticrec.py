@@ -50,7 +50,7 @@ def test_dp_equals_brute_force_on_small_tables(seed):
 
 
 def test_grid_dp_is_close_to_exact_dp():
-    cdf = locality_cdf(3000, 0.9)
+    cdf = locality_cdf(1500, 0.9)
     exact, _ = partition_exact(cdf, 32 * 128, 128, 1000, COST, max_shards=8)
     grid = partition_table("t", cdf, 32 * 128, 128, 1000, COST, max_shards=8, grid=64)
     assert grid.memory_bytes >= exact - 1e-6
@@ -88,3 +88,24 @@ def test_bucketize_subtracts_the_shard_base():
     parts = bucketize(torch.tensor([0, 7, 3, 9]), torch.tensor([0, 2]), [0, 6, 10])
     assert parts[0].indices.tolist() == [0, 3] and parts[0].offsets.tolist() == [0, 1]
     assert parts[1].indices.tolist() == [1, 3] and parts[1].offsets.tolist() == [0, 1]
+
+
+def test_plan_shard_cli_writes_plan_and_figure(tmp_path):
+    import json
+
+    from recserve.cli import main
+
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    assert main(["plan", "shard", "--model", "elasticrec-rm3", "--qps", "3000", "--grid", "64",
+                 "--json", str(out), "--plot", str(png)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["modelwise_replicas"] > 1 and plan["saving_vs_modelwise"] > 1
+    assert png.stat().st_size > 1000
+
+
+def test_plan_shard_cli_rejects_bad_input(capsys):
+    from recserve.cli import main
+
+    assert main(["plan", "shard", "--model", "nope", "--qps", "10"]) == 2
+    assert main(["plan", "shard", "--model", "elasticrec-rm1", "--qps", "-5"]) == 2
+    assert "error" in capsys.readouterr().err

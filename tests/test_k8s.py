@@ -40,3 +40,13 @@ def test_validation_catches_a_broken_object(layout):
     objects = manifests(layout)
     objects[0]["spec"]["replicas"] = "three"
     assert validate(objects[:1])
+
+
+def test_deploy_k8s_cli_writes_valid_manifests(tmp_path):
+    from recserve.cli import main
+
+    out = tmp_path / "k8s.yaml"
+    assert main(["deploy", "k8s", "--model", "elasticrec-rm1", "--qps", "3000", "--out", str(out)]) == 0
+    objects = list(yaml.safe_load_all(out.read_text()))
+    assert validate(objects) == []
+    assert {o["kind"] for o in objects} == {"Deployment", "Service", "HorizontalPodAutoscaler"}

@@ -91,3 +91,11 @@ def shard_weights(model: RecModel, layout: ShardLayout) -> dict[str, np.ndarray]
         for s, (a, b) in enumerate(zip(t.boundaries[:-1], t.boundaries[1:], strict=True)):
             out[f"{t.name}-s{s}"] = sorted_weight[a:b].numpy().copy()
     return out
+
+
+def layout_for_export(plan: ShardPlan, spec: ModelSpec) -> ShardLayout:
+    """The full-size layout of a plan, for manifests: boundaries and replicas as planned; the hotness
+    remap is computed by each shard server from its access history, so none is carried here."""
+    tables = [TableLayout(t, spec.tables[t].name, s.boundaries, s.replicas, np.empty(0, dtype=np.int64))
+              for t, s in enumerate(plan.tables)]
+    return ShardLayout(spec, 1.0, 0, spec.sla.target_ms, plan.dense_replicas, tables)

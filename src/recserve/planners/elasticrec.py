@@ -11,14 +11,14 @@ numpy, and :func:`partition_exact` keeps the full recurrence for checking the ga
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from recserve.errors import ProfileError, SpecError
 from recserve.profiles import ProfileSet, ProfileTable
-from recserve.specs import ModelSpec
+from recserve.specs import ModelSpec, ServerType
 
 MiB = 1024**2
 
@@ -68,6 +68,33 @@ def cost_model_from_profiles(profiles: ProfileSet, model: ModelSpec, server: str
     dense_ms = dense.interp(batch, "mean_ms")
     dense_bytes = sum(a * b for a, b in zip((model.dense_in, *model.bottom_mlp), model.bottom_mlp, strict=False)) * 4
     return ShardCostModel(g0, g1, 1000.0 / dense_ms, min_mem_bytes, float(dense_bytes), source=gathers[0].source)
+
+
+def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, perfmodel: Any = None,
+                              min_mem_bytes: float = 256 * MiB) -> ShardCostModel:
+    """The same cost model, from the calibrated perfmodel for server types we cannot run: the
+    sparse and dense stage times of a one-core sparse-dense pipeline, with the gather regression
+    fitted over single-table variants of ``spec`` gathering 1/8 … all of its rows per query."""
+    from recserve.perfmodel import Allocation, PerfModel
+
+    pm = perfmodel or PerfModel()
+    alloc = Allocation(workers=1, sparse_workers=1)
+    st = pm._static(spec, server, alloc)
+    m = np.array([float(batch)])
+    dense_ms = float(pm._call_times(spec, server, alloc, st, m, 1.0)[1][0])
+    table = spec.tables[0]
+    total = batch * spec.lookups_per_item
+    xs, ys = [], []
+    for frac in (0.125, 0.25, 0.5, 1.0):
+        pooling = max(1, int(round(total * frac / batch)))
+        variant = replace(spec, tables=(replace(table, pooling=pooling, kind="pooled"),), interaction="concat")
+        vst = pm._static(variant, server, alloc)
+        xs.append(pooling * batch)
+        ys.append(float(pm._call_times(variant, server, alloc, vst, m, 1.0)[0][0]))
+    slope, intercept = np.polyfit(xs, ys, 1)
+    dense_bytes = float(st.cost.weight_bytes) if hasattr(st.cost, "weight_bytes") else 0.0
+    return ShardCostModel(max(float(intercept), 1e-6), max(float(slope), 1e-9), 1000.0 / dense_ms, min_mem_bytes,
+                          dense_bytes, source=f"modelled ({server.name})")
 
 
 # ------------------------------------------------------------------ access distribution
@@ -223,14 +250,20 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
         raise SpecError("target QPS must be positive")
     tables = []
     total_gathers = 0.0
+    solved: dict[tuple[int, int, int], TableShards] = {}  # identical modelled tables share one DP
     for t in spec.tables:
         cdf = (cdfs or {}).get(t.name)
-        if cdf is None:
-            cdf = locality_cdf(t.rows, locality)
         gathers = batch * t.pooling
         total_gathers += gathers
-        tables.append(partition_table(t.name, cdf, gathers, t.row_bytes(spec.bytes_per_elem), target_qps, cost,
-                                      max_shards, grid))
+        key = (t.rows, t.row_bytes(spec.bytes_per_elem), gathers)
+        if cdf is None and key in solved:
+            tables.append(replace(solved[key], table=t.name))
+            continue
+        shards = partition_table(t.name, locality_cdf(t.rows, locality) if cdf is None else cdf, gathers,
+                                 t.row_bytes(spec.bytes_per_elem), target_qps, cost, max_shards, grid)
+        if cdf is None:
+            solved[key] = shards
+        tables.append(shards)
     dense_replicas = max(1, math.ceil(target_qps / cost.dense_qps - 1e-9))
     dense_memory = dense_replicas * (cost.dense_bytes + cost.min_mem_bytes)
     model_replicas = max(1, math.ceil(target_qps / cost.model_qps(total_gathers) - 1e-9))

@@ -1,0 +1,84 @@
+"""``recserve plan shard``: ElasticRec partitioning of a model's tables into hot/cold shards and
+the replicas each needs for a target QPS, vs model-wise replication."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from recserve.errors import ProfileError
+from recserve.planners.elasticrec import ShardPlan, cost_model_from_perfmodel, cost_model_from_profiles, plan_shards
+from recserve.profiles import ProfileSet
+from recserve.specs import get_model, get_server
+
+
+def plot_plan(plan: ShardPlan, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    first = plan.tables[0]
+    labels = [f"S{i + 1}\n{b - a:,} rows" for i, (a, b) in enumerate(zip(first.boundaries[:-1], first.boundaries[1:],
+                                                                         strict=True))]
+    left.bar(labels, first.replicas, color="tab:red")
+    left.set_ylabel("replicas")
+    left.set_title(f"{plan.model} table {first.table}: shards (hot → cold)")
+    right.bar(["model-wise", "ElasticRec"], [plan.modelwise_memory_bytes / 2**30, plan.memory_bytes / 2**30],
+              color=["tab:gray", "tab:blue"])
+    right.set_ylabel("memory allocated (GiB)")
+    right.set_title(f"{plan.target_qps:g} QPS: {plan.saving:.2f}x less memory")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cmd_shard(args: argparse.Namespace) -> int:
+    spec = get_model(args.model)
+    server = get_server(args.server)
+    if args.profiles:
+        cost = cost_model_from_profiles(ProfileSet.load(args.profiles), spec, server.name, args.batch,
+                                        args.min_mem_mb * 2**20)
+    else:
+        try:
+            cost = cost_model_from_perfmodel(spec, server, args.batch, min_mem_bytes=args.min_mem_mb * 2**20)
+        except ImportError as exc:
+            raise ProfileError("no --profiles given and the perfmodel is unavailable") from exc
+    start = time.perf_counter()
+    plan = plan_shards(spec, args.qps, cost, batch=args.batch, locality=args.locality, max_shards=args.max_shards,
+                       grid=args.grid)
+    print(plan.table_text())
+    print(f"(partitioned {len(spec.tables)} tables in {time.perf_counter() - start:.2f} s; cost model: "
+          f"{cost.source}, gather {cost.gather_ms0:.3f} ms + {cost.gather_ms_per_row * 1e3:.3f} us/row, "
+          f"dense {cost.dense_qps:.0f} QPS/replica)", file=sys.stderr)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({**plan.to_dict(), "server": server.name,
+                                               "cost_model": cost.__dict__}, indent=1))
+    if args.plot:
+        plot_plan(plan, args.plot)
+    return 0
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("shard", help="ElasticRec: split tables into hot/cold shards with per-shard replicas")
+    p.add_argument("--model", required=True)
+    p.add_argument("--qps", type=float, required=True, help="target queries per second")
+    p.add_argument("--server", default="hera-xeon", help="server type the shards run on")
+    p.add_argument("--profiles", default=None, help="Profile file with gather_qps and dense latency tables "
+                                                    "(default: the calibrated perfmodel)")
+    p.add_argument("--batch", type=int, default=32, help="items per query (ElasticRec uses 32)")
+    p.add_argument("--locality", type=float, default=0.9, help="share of accesses on the hottest 10%% of rows")
+    p.add_argument("--max-shards", type=int, default=16)
+    p.add_argument("--grid", type=int, default=512, help="boundary candidates per table for the DP")
+    p.add_argument("--min-mem-mb", type=float, default=256.0, help="fixed memory per replica (code, buffers)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="write a PNG of shard replicas and memory")
+    p.set_defaults(func=cmd_shard)
