@@ -7,6 +7,9 @@ follows the code that actually runs.
 
 from __future__ import annotations
 
+import warnings
+from functools import cache
+
 import torch
 from torch import nn
 
@@ -56,8 +59,9 @@ def sum_sequences(embeddings: list[torch.Tensor]) -> list[torch.Tensor]:
 def candidate_tables(spec: ModelSpec) -> dict[int, int]:
     """For each sequence table, the pooled item-side table whose embedding is the candidate item.
 
-    The first pooled ``side: item`` table with the sequence's dim, preferring one no earlier sequence
-    has taken (so ``goods``/``category`` sequences pair with ``goods``/``category`` candidates).
+    Among pooled ``side: item`` tables with the sequence's dim (one no earlier sequence has taken, if
+    any is left), prefer the one with the sequence's row count (the same id space), then the largest:
+    a history of item ids pairs with the ``item`` table, not a small ``category`` table listed first.
     """
     pairs: dict[int, int] = {}
     for s, seq in enumerate(spec.tables):
@@ -69,8 +73,8 @@ def candidate_tables(spec: ModelSpec) -> dict[int, int]:
                 f"model {spec.name!r}: sequence table {seq.name!r} (dim {seq.dim}) needs a candidate: "
                 f"a table with kind 'pooled', side 'item' and dim {seq.dim}; none found"
             )
-        unused = [i for i in matches if i not in pairs.values()]
-        pairs[s] = (unused or matches)[0]
+        free = [i for i in matches if i not in pairs.values()] or matches
+        pairs[s] = min(free, key=lambda i: (spec.tables[i].rows != seq.rows, -spec.tables[i].rows, i))
     if not pairs:
         raise SpecError(f"model {spec.name!r}: family {spec.family!r} needs a table of kind 'sequence'")
     return pairs
@@ -145,8 +149,9 @@ class AUGRU(nn.Module):
 
     ``u'_t = a_t * u_t``;  ``h_t = (1 - u'_t) * h_{t-1} + u'_t * h~_t``.
 
-    Input projections for all steps run as one ``nn.Linear`` on ``[B, L, in]``; the recurrence is an
-    explicit loop over time steps with the hidden projection an ``nn.Linear`` on ``[B, H]``.
+    Input projections for all steps run as one ``nn.Linear`` on ``[B, L, in]`` (hooked by
+    ``zoo.flops``); the recurrence is an explicit loop over time steps (TorchScript, about 2x faster
+    than eager at batch 1) using ``h_proj``'s weights, counted by :meth:`dense_flops`.
     Gate order in the projections is (reset, update, candidate) like ``nn.GRUCell``; note ``u`` here
     is DIEN's "move towards the new state" gate, i.e. ``1 - z`` of PyTorch's GRU.
     """
@@ -160,13 +165,35 @@ class AUGRU(nn.Module):
     def forward(self, x: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """``x`` [B, L, in], ``attention`` [B, L] → final hidden state [B, H]."""
         batch, steps, _ = x.shape
-        gx = self.x_proj(x)
-        h = x.new_zeros(batch, self.hidden_size)
-        for t in range(steps):
-            xr, xu, xn = gx[:, t].chunk(3, dim=1)
-            hr, hu, hn = self.h_proj(h).chunk(3, dim=1)
-            r = torch.sigmoid(xr + hr)
-            u = attention[:, t : t + 1] * torch.sigmoid(xu + hu)
-            n = torch.tanh(xn + r * hn)
-            h = h + u * (n - h)
-        return h
+        gates = self.x_proj(x).view(batch, steps, 3, self.hidden_size)
+        x_r, x_u, x_n = gates.unbind(2)
+        h0 = x.new_zeros(batch, self.hidden_size)
+        return _augru_loop()(x_r, x_u, x_n, attention.unsqueeze(-1), self.h_proj.weight.t(), self.h_proj.bias, h0)
+
+    def dense_flops(self, inputs: tuple[torch.Tensor, ...], _output: object) -> int:
+        x = inputs[0]
+        return 2 * (x.numel() // x.shape[-1]) * self.hidden_size * 3 * self.hidden_size
+
+
+def _augru_steps(
+    x_r: torch.Tensor, x_u: torch.Tensor, x_n: torch.Tensor, att: torch.Tensor,
+    w_h: torch.Tensor, b_h: torch.Tensor, h: torch.Tensor,
+) -> torch.Tensor:
+    for t in range(x_r.shape[1]):
+        h_r, h_u, h_n = torch.addmm(b_h, h, w_h).chunk(3, 1)
+        r = torch.sigmoid(x_r[:, t] + h_r)
+        u = torch.sigmoid(x_u[:, t] + h_u) * att[:, t]
+        n = torch.tanh(torch.addcmul(x_n[:, t], r, h_n))
+        h = torch.addcmul(h, u, n - h)
+    return h
+
+
+@cache
+def _augru_loop():
+    """The AUGRU recurrence compiled once, on first use (not at import); eager if TorchScript is gone."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return torch.jit.script(_augru_steps)
+    except Exception:  # noqa: BLE001 - any scripting failure: the eager loop computes the same
+        return _augru_steps
