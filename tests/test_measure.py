@@ -127,7 +127,7 @@ def test_latency_counts_from_the_scheduled_time_when_the_generator_stalls():
     # (coordinated omission) would report ~0 ms for all of them.
     assert result.latencies_ms.max() > 250
     assert np.sum(result.latencies_ms > 100) > 20
-    assert result.p50 < 50
+    assert result.p50 < 100
     assert result.send_lag_ms.max() > 250
 
 

@@ -203,24 +203,38 @@ class LoadSession:
     """A prepared target driven from a private event-loop thread, so synchronous code (the max-load
     search, the profiler) can run many load levels over one connection pool / worker pool."""
 
-    def __init__(self, target: Target, pool: RequestPool) -> None:
+    def __init__(self, target: Target, pool: RequestPool, warm: bool = False) -> None:
         self.target, self.pool = target, pool
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="recserve-loadgen", daemon=True)
         self._thread.start()
         try:
             self._call(target.prepare(pool))
+            if warm:
+                self._call(self._warm())
         except BaseException:
             self.close()
             raise
+
+    async def _warm(self) -> None:
+        """Send every pooled query once, one at a time (connections, server caches, lazy init), unclocked.
+        Failures here are ignored: the measured runs count them."""
+        for i in range(len(self.pool)):
+            try:
+                await self.target.infer(i)
+            except Exception:  # noqa: BLE001 - warm-up only
+                pass
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def run(self, rate: float, duration_s: float | None = 10.0, max_requests: int | None = None,
             max_inflight: int = 1024, timeout_s: float = 10.0, seed: int = 0, warmup_s: float = 0.0,
-            progress: bool = False) -> LoadResult:
+            progress: bool = False, min_requests: int = 1) -> LoadResult:
+        """One run at ``rate``; at least ``min_requests`` queries even if that outlasts ``duration_s``."""
         times, choice = schedule(rate, duration_s, max_requests, len(self.pool), seed)
+        if times.size < min_requests:  # a low rate probe still needs a sample: extend past the duration
+            times, choice = schedule(rate, None, min_requests, len(self.pool), seed)
         if times.size == 0:
             raise RecserveError(f"no query arrives within {duration_s}s at {rate} qps; raise the duration or rate")
         bar = _Progress(progress, f"[load {rate:.1f} qps]")
@@ -254,7 +268,8 @@ class LoadSession:
 
 def run_load(target: Target, rate: float, duration_s: float | None, pool: RequestPool, *,
              max_requests: int | None = None, max_inflight: int = 1024, timeout_s: float = 10.0, seed: int = 0,
-             warmup_s: float = 0.0, progress: bool = False) -> LoadResult:
+             warmup_s: float = 0.0, progress: bool = False, min_requests: int = 1) -> LoadResult:
     """One open-loop run of ``pool``'s queries against ``target`` at ``rate`` queries/s."""
     with LoadSession(target, pool) as session:
-        return session.run(rate, duration_s, max_requests, max_inflight, timeout_s, seed, warmup_s, progress)
+        return session.run(rate, duration_s, max_requests, max_inflight, timeout_s, seed, warmup_s, progress,
+                           min_requests)

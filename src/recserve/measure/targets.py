@@ -268,17 +268,19 @@ class InProcessTarget:
         if workers < 1:
             raise RecserveError(f"workers must be >= 1, got {workers}")
         self.workers, self.mode, self.threads, self.model_seed = workers, mode, threads, model_seed
-        self.name = f"inprocess {mode}s={workers}"
+        self.name = f"inprocess {workers} {mode}{'es' if mode == 'process' else 's'}"
         self._executor: Executor | None = None
         self._pool: RequestPool | None = None
         self._run: Any = _worker_run
+        self._active = workers
+        self._gate: asyncio.Semaphore | None = None
 
     async def prepare(self, pool: RequestPool) -> None:
         recipe = RequestPool(pool.spec, pool.scale, pool.sizes, pool.seed)
         if self._executor is not None and self._pool == recipe:
             return
         await self.close()
-        self._pool = recipe
+        self._pool, self._gate = recipe, None
         if self.mode == "thread":
             import torch
 
@@ -302,14 +304,25 @@ class InProcessTarget:
             ctx.set_forkserver_preload(["torch", "recserve.zoo"])
             self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_worker_init,
                                                  initargs=(recipe, self.model_seed, self.threads))
-        # start every worker (and build its model) before the clock starts
+        # start every worker (and build its model) and run every pooled query once before the clock starts
         loop = asyncio.get_running_loop()
-        await asyncio.gather(*(loop.run_in_executor(self._executor, self._run, 0) for _ in range(self.workers)))
+        jobs = [i % len(recipe) for i in range(max(self.workers, len(recipe)))]
+        await asyncio.gather(*(loop.run_in_executor(self._executor, self._run, i) for i in jobs))
+
+    def set_active_workers(self, n: int) -> None:
+        """Let only ``n`` workers run at once (emulates an ``n``-worker server without restarting the pool);
+        change it only between runs."""
+        if not 1 <= n <= self.workers:
+            raise RecserveError(f"active workers must be in 1..{self.workers}, got {n}")
+        self._active, self._gate = n, None
 
     async def infer(self, i: int) -> None:
         loop = asyncio.get_running_loop()
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(self._active)
         try:
-            await loop.run_in_executor(self._executor, self._run, i)
+            async with self._gate:
+                await loop.run_in_executor(self._executor, self._run, i)
         except Exception as exc:  # a worker crash is a failed query, not a load-generator crash
             raise RequestFailed(f"exception_{type(exc).__name__}", str(exc)) from exc
 

@@ -1,0 +1,120 @@
+"""``recserve bench``: open-loop Poisson load against a node server (HTTP/gRPC) or a model in-process.
+
+One run at ``--rate``, or ``--find-max-load``: the latency-bounded QPS under the SLA percentile.
+Latency is counted from each query's scheduled send time (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from recserve.errors import RecserveError
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.maxload import find_max_load, stderr_log
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import make_target
+from recserve.specs import get_model
+
+
+def _run(args: argparse.Namespace) -> int:
+    spec = get_model(args.model)
+    sla_ms = args.sla_ms or spec.sla.target_ms
+    percentile = args.percentile or spec.sla.percentile
+    target = make_target(args.target, args.served_name or args.model, workers=args.workers,
+                         timeout_s=args.timeout_ms / 1000.0)
+    pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed)
+    print(f"[bench] {target.name}: model {spec.name} at scale {args.scale:g}, sizes {args.sizes} "
+          f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items)", file=sys.stderr)
+    run_kwargs = dict(max_requests=args.requests, max_inflight=args.max_inflight, timeout_s=args.timeout_ms / 1000.0,
+                      warmup_s=args.warmup, progress=not args.quiet)
+    with LoadSession(target, pool, warm=not args.no_warmup) as session:
+        if args.find_max_load:
+            print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
+                  f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)
+            probe_seed = iter(range(args.seed, args.seed + 10_000))
+            result = find_max_load(
+                lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
+                                         **run_kwargs),
+                sla_ms, percentile, start_qps=args.rate, growth=args.growth, rtol=args.rtol,
+                max_qps=args.max_qps, max_probes=args.max_probes, log=stderr_log,
+            )
+            print(f"max load {result.max_qps:.2f} qps at p{percentile:g} <= {sla_ms:g} ms "
+                  f"(bracket {result.bracket[0]:.2f}..{result.bracket[1]:.2f}, {len(result.probes)} probes, "
+                  f"{result.reason})")
+            out = {"kind": "max_load", "model": spec.name, "scale": args.scale, "target": target.name,
+                   "sizes": args.sizes, **result.to_dict()}
+            if args.plot:
+                from recserve.measure.plot import plot_latency_vs_load
+
+                plot_latency_vs_load(result, args.plot, f"{spec.name} via {target.name}")
+        else:
+            result = session.run(args.rate, args.duration, seed=args.seed, **run_kwargs)
+            print(result.summary())
+            out = {"kind": "load_run", "model": spec.name, "scale": args.scale, "sizes": args.sizes,
+                   "sla_ms": sla_ms, "percentile": percentile,
+                   "meets_sla": result.percentile(percentile) <= sla_ms, **result.to_dict()}
+            if args.plot:
+                from recserve.measure.plot import plot_run
+
+                plot_run(result, args.plot, f"{spec.name} via {target.name} at {args.rate:g} qps")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"[bench] wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        print(f"[bench] wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.rate <= 0:
+        raise RecserveError("--rate must be > 0")
+    if args.duration == 0:
+        args.duration = None
+    if args.duration is None and args.requests is None:
+        raise RecserveError("give --duration or --requests (or both) to bound the run")
+    if args.max_inflight < 1 or args.pool < 1 or args.timeout_ms <= 0:
+        raise RecserveError("--max-inflight and --pool must be >= 1 and --timeout-ms > 0")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _check(args)
+    return _run(args)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="open-loop Poisson load: latency percentiles and max load (latency-bounded QPS)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="catalogue model (queries are built to fit it)")
+    p.add_argument("--target", default="inprocess",
+                   help="http://HOST:PORT, grpc://HOST:PORT, inprocess (process pool) or inprocess:thread")
+    p.add_argument("--served-name", default="", help="model name on the server (default: --model)")
+    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale the server/model was built with")
+    p.add_argument("--workers", type=int, default=1, help="in-process workers (ignored for servers)")
+    p.add_argument("--rate", type=float, default=10.0, help="offered queries/s (start rate with --find-max-load)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per run (0 = bounded by --requests only)")
+    p.add_argument("--requests", type=int, default=None, help="at most this many queries per run")
+    p.add_argument("--sizes", default="production",
+                   help="query-size mix: production, fixed:N, uniform:A-B, lognormal:MU,SIGMA")
+    p.add_argument("--pool", type=int, default=32, help="distinct pre-built queries (mix quantiles)")
+    p.add_argument("--max-inflight", type=int, default=512, help="queries in flight at most; more are dropped")
+    p.add_argument("--timeout-ms", type=float, default=10_000.0, help="per-query timeout")
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds at the start not counted")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-warmup", action="store_true", help="skip sending every pooled query once before timing")
+    p.add_argument("--find-max-load", action="store_true", help="search the highest rate meeting the SLA")
+    p.add_argument("--sla-ms", type=float, default=None, help="SLA target (default: the model's)")
+    p.add_argument("--percentile", type=float, default=None, help="SLA percentile (default: the model's)")
+    p.add_argument("--growth", type=float, default=2.0, help="rate multiplier while no probe violates")
+    p.add_argument("--rtol", type=float, default=0.05, help="bisect until the bracket is this fraction wide")
+    p.add_argument("--max-qps", type=float, default=1e5)
+    p.add_argument("--max-probes", type=int, default=30)
+    p.add_argument("--min-requests", type=int, default=50,
+                   help="each max-load probe sends at least this many queries (low rates run longer)")
+    p.add_argument("--json", default=None, help="write the result as JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG (latency vs load, or the run's latency CDF)")
+    p.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    p.set_defaults(func=cmd_bench)

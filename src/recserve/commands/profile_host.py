@@ -1,0 +1,82 @@
+"""``recserve profile host``: measure Profile tables for catalogue models on this machine.
+
+Writes a ProfileSet (``server="this-host"``, ``source="measured"``): latency_vs_batch,
+maxload_vs_workers, footprint, membw_vs_workers (estimated), gather_qps, and host
+microbenchmarks (random-read bandwidth, GEMM GFLOP/s) in its meta.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from recserve.errors import RecserveError
+from recserve.profiles import ProfileSet
+from recserve.specs import SLA, get_model
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise RecserveError(f"{what} must be a comma-separated list of integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise RecserveError(f"{what} must hold integers >= 1, got {text!r}")
+    return values
+
+
+def cmd_profile_host(args: argparse.Namespace) -> int:
+    import torch
+
+    from recserve.measure.profiler import BATCHES, profile_host
+
+    torch.set_num_threads(1)
+    names = [m for m in args.models.split(",") if m.strip()]
+    if not names:
+        raise RecserveError("--models needs at least one catalogue model name")
+    specs = [get_model(m.strip()) for m in names]
+    if not 0 < args.scale <= 1:
+        raise RecserveError(f"--scale must be in (0, 1], got {args.scale}")
+    batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
+    workers = _ints(args.workers, "--workers") if args.workers else None
+    sla = None
+    if args.sla_ms or args.percentile:
+        sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
+    profiles = profile_host(specs, args.scale, quick=args.quick, batches=batches, workers=workers,
+                            skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb)
+    out = Path(args.out)
+    if args.merge and out.exists():
+        profiles = ProfileSet.load(out).merge(profiles)
+    profiles.save(out)
+    host = profiles.meta.get("host", {})
+    print(f"wrote {len(profiles)} tables to {out}")
+    print(f"host: random read {host.get('random_read_gbs')} GB/s, sequential read {host.get('seq_read_gbs')} GB/s, "
+          f"GEMM {host.get('gemm_gflops')} GFLOP/s ({host.get('cores')} cores)")
+    for spec in specs:
+        lat = profiles.get(spec.name, "this-host", "latency_vs_batch")
+        print(f"{spec.name} latency_vs_batch (ms, 1 thread):")
+        print("  batch      mean       p50       p99")
+        for row in lat.rows:
+            print(f"  {int(row[0]):5d} {row[1]:9.3f} {row[2]:9.3f} {row[3]:9.3f}")
+        for t in profiles.find(spec.name, "this-host", "maxload_vs_workers"):
+            print("  max load vs workers: " + ", ".join(f"{int(r[0])}w {r[1]:.1f} qps" for r in t.rows))
+    return 0
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("host", help="measure Profile tables for models on this host",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", required=True, help="comma-separated catalogue model names")
+    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for the live models")
+    p.add_argument("--out", default="profiles/this-host.json", help="ProfileSet JSON to write")
+    p.add_argument("--quick", action="store_true", help="short measurements (about 30 s per model)")
+    p.add_argument("--batches", default="", help="batch sizes for latency_vs_batch (default 1,8,...,1024)")
+    p.add_argument("--workers", default="", help="worker counts for maxload_vs_workers (default 1..cores)")
+    p.add_argument("--no-maxload", action="store_true", help="skip the max-load / footprint / membw tables")
+    p.add_argument("--sla-ms", type=float, default=None,
+                   help="SLA target for the max-load tables (default: each model's own)")
+    p.add_argument("--percentile", type=float, default=None, help="SLA percentile (default: each model's own)")
+    p.add_argument("--array-mb", type=int, default=None,
+                   help="array size for the bandwidth microbenchmarks (default 256 quick, 1024 full)")
+    p.add_argument("--merge", action="store_true", help="merge into --out if it exists instead of replacing it")
+    p.set_defaults(func=cmd_profile_host)

@@ -1,0 +1,71 @@
+"""PNG figures of load runs (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from recserve.measure.loadgen import LoadResult
+from recserve.measure.maxload import MaxLoadResult
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_latency_vs_load(result: MaxLoadResult, path: str | Path, title: str = "") -> Path:
+    """p50/p95/p99 latency of every probe against offered load, with the SLA and the max load."""
+    plt = _pyplot()
+    probes = sorted(result.probes, key=lambda p: p.rate)
+    rates = np.array([p.rate for p in probes])
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, style in (("p50", "o-"), ("p95", "s-"), ("p99", "^-")):
+        ys = [((p.detail.get("latency_ms") or {}).get(key)) for p in probes]
+        if any(y is not None for y in ys):
+            ax.plot(rates, [np.nan if y is None else y for y in ys], style, label=key, markersize=4)
+    if not any(p.detail for p in probes):
+        ax.plot(rates, [p.latency_ms for p in probes], "o-", label=f"p{result.percentile:g}")
+    ax.axhline(result.sla_ms, color="red", ls="--", lw=1, label=f"SLA p{result.percentile:g} {result.sla_ms:g} ms")
+    ax.axvline(result.max_qps, color="green", ls=":", lw=1, label=f"max load {result.max_qps:.1f} qps")
+    ax.set_xlabel("offered load (queries/s, Poisson)")
+    ax.set_ylabel("latency from scheduled send (ms)")
+    ax.set_yscale("log")
+    ax.set_title(title or "latency vs load")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_run(result: LoadResult, path: str | Path, title: str = "") -> Path:
+    """Latency CDF of one run (the tail is where SLAs live)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lat = np.sort(result.latencies_ms)
+    if lat.size:
+        ax.plot(lat, np.arange(1, lat.size + 1) / max(result.measured, 1), label="ok queries")
+    for p, c in ((50, "gray"), (95, "orange"), (99, "red")):
+        v = result.percentile(p)
+        if np.isfinite(v):
+            ax.axvline(v, color=c, ls="--", lw=1, label=f"p{p} {v:.1f} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency from scheduled send (ms)")
+    ax.set_ylabel("fraction of queries")
+    ax.set_title(title or f"{result.offered_qps:.1f} qps offered, {result.achieved_qps:.1f} achieved")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
