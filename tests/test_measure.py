@@ -25,7 +25,7 @@ def tiny_spec() -> ModelSpec:
     )
 
 
-def tiny_pool(mix: str = "uniform:1-16", n: int = 8) -> RequestPool:
+def tiny_pool(mix: str = "normal:mean=8,sd=4", n: int = 8) -> RequestPool:
     return RequestPool.from_mix(tiny_spec(), 1.0, mix, pool=n)
 
 
@@ -58,11 +58,23 @@ def test_production_mix_matches_the_published_summary():
 
 
 def test_pool_sizes_follow_the_mix_quantiles():
-    sizes = pool_sizes("uniform:1-100", 50, seed=0)
-    assert len(sizes) == 50 and list(sizes) == sorted(sizes)
-    assert abs(np.mean(sizes) - 50.5) < 3
+    sizes = pool_sizes("production", 64, seed=0)
+    draws = sample_sizes("production", 20_000, rng=0)
+    assert len(sizes) == 64 and list(sizes) == sorted(sizes)
+    assert abs(np.mean(sizes) - draws.mean()) < 0.05 * draws.mean()
+    assert abs(np.median(sizes) - np.median(draws)) <= 10
     with pytest.raises(RecserveError):
-        sample_sizes("zipf:3", 4)
+        sample_sizes("no-such-mix", 4)
+
+
+def test_pool_uses_the_workload_index_skew():
+    hot = RequestPool.from_mix(tiny_spec(), 1.0, "fixed:200", pool=2, index="zipf:alpha=1.2")
+    cold = RequestPool.from_mix(tiny_spec(), 1.0, "fixed:200", pool=2)
+    share = [np.unique(p.batch(0).values.numpy(), return_counts=True)[1].max() / p.batch(0).values.numel()
+             for p in (hot, cold)]
+    assert share[0] > 3 * share[1]  # the hottest row takes a far bigger share under Zipf
+    with pytest.raises(RecserveError):
+        RequestPool.from_mix(tiny_spec(), 1.0, "fixed:2", index="pareto:1")
 
 
 def test_request_pool_is_deterministic_and_valid():

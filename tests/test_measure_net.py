@@ -33,7 +33,7 @@ def spec() -> ModelSpec:
 
 
 def pool() -> RequestPool:
-    return RequestPool.from_mix(spec(), 1.0, "uniform:1-12", pool=6, seed=5)
+    return RequestPool.from_mix(spec(), 1.0, "normal:mean=6,sd=3", pool=6, seed=5)
 
 
 class FakeOIP:

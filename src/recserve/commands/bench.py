@@ -25,11 +25,11 @@ def _run(args: argparse.Namespace) -> int:
     percentile = args.percentile or spec.sla.percentile
     target = make_target(args.target, args.served_name or args.model, workers=args.workers,
                          timeout_s=args.timeout_ms / 1000.0)
-    pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed)
+    pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed, index=args.index)
     print(f"[bench] {target.name}: model {spec.name} at scale {args.scale:g}, sizes {args.sizes} "
-          f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items)", file=sys.stderr)
+          f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
     run_kwargs = dict(max_requests=args.requests, max_inflight=args.max_inflight, timeout_s=args.timeout_ms / 1000.0,
-                      warmup_s=args.warmup, progress=not args.quiet)
+                      warmup_s=args.warmup, progress=not args.quiet, integer_ms=args.integer_ms_gaps)
     with LoadSession(target, pool, warm=not args.no_warmup) as session:
         if args.find_max_load:
             print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
@@ -45,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"(bracket {result.bracket[0]:.2f}..{result.bracket[1]:.2f}, {len(result.probes)} probes, "
                   f"{result.reason})")
             out = {"kind": "max_load", "model": spec.name, "scale": args.scale, "target": target.name,
-                   "sizes": args.sizes, **result.to_dict()}
+                   "sizes": args.sizes, "index": args.index, **result.to_dict()}
             if args.plot:
                 from recserve.measure.plot import plot_latency_vs_load
 
@@ -54,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
             result = session.run(args.rate, args.duration, seed=args.seed, **run_kwargs)
             print(result.summary())
             out = {"kind": "load_run", "model": spec.name, "scale": args.scale, "sizes": args.sizes,
-                   "sla_ms": sla_ms, "percentile": percentile,
+                   "index": args.index, "sla_ms": sla_ms, "percentile": percentile,
                    "meets_sla": result.percentile(percentile) <= sla_ms, **result.to_dict()}
             if args.plot:
                 from recserve.measure.plot import plot_run
@@ -98,7 +98,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per run (0 = bounded by --requests only)")
     p.add_argument("--requests", type=int, default=None, help="at most this many queries per run")
     p.add_argument("--sizes", default="production",
-                   help="query-size mix: production, fixed:N, uniform:A-B, lognormal:MU,SIGMA")
+                   help="query-size mix (recserve.workload): production, fixed:N, lognormal:mu=5.1,sigma=0.2, "
+                        "normal:mean=256,sd=32, file:PATH")
+    p.add_argument("--index", default="uniform",
+                   help="embedding-index skew (recserve.workload): uniform, locality:p=0.9, zipf:alpha=1.05")
+    p.add_argument("--integer-ms-gaps", action="store_true",
+                   help="DeepRecSys-style integer-millisecond Poisson gaps instead of exponential gaps")
     p.add_argument("--pool", type=int, default=32, help="distinct pre-built queries (mix quantiles)")
     p.add_argument("--max-inflight", type=int, default=512, help="queries in flight at most; more are dropped")
     p.add_argument("--timeout-ms", type=float, default=10_000.0, help="per-query timeout")

@@ -192,10 +192,10 @@ def _status(sent: int, n: int, state: dict, kinds: list, t: float) -> str:
 
 
 def schedule(rate: float, duration_s: float | None, max_requests: int | None, pool_len: int,
-             seed: int) -> tuple[np.ndarray, np.ndarray]:
+             seed: int, integer_ms: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Arrival times and which pooled query each arrival sends (both seeded)."""
     rng = np.random.default_rng([seed, 1])
-    times = arrival_times(rate, duration_s, max_requests, rng)
+    times = arrival_times(rate, duration_s, max_requests, rng, integer_ms)
     return times, rng.integers(0, pool_len, size=times.size)
 
 
@@ -230,11 +230,12 @@ class LoadSession:
 
     def run(self, rate: float, duration_s: float | None = 10.0, max_requests: int | None = None,
             max_inflight: int = 1024, timeout_s: float = 10.0, seed: int = 0, warmup_s: float = 0.0,
-            progress: bool = False, min_requests: int = 1) -> LoadResult:
-        """One run at ``rate``; at least ``min_requests`` queries even if that outlasts ``duration_s``."""
-        times, choice = schedule(rate, duration_s, max_requests, len(self.pool), seed)
+            progress: bool = False, min_requests: int = 1, integer_ms: bool = False) -> LoadResult:
+        """One run at ``rate``; at least ``min_requests`` queries even if that outlasts ``duration_s``
+        (``integer_ms``: DeepRecSys-style integer-millisecond Poisson gaps instead of exponential ones)."""
+        times, choice = schedule(rate, duration_s, max_requests, len(self.pool), seed, integer_ms)
         if times.size < min_requests:  # a low rate probe still needs a sample: extend past the duration
-            times, choice = schedule(rate, None, min_requests, len(self.pool), seed)
+            times, choice = schedule(rate, None, min_requests, len(self.pool), seed, integer_ms)
         if times.size == 0:
             raise RecserveError(f"no query arrives within {duration_s}s at {rate} qps; raise the duration or rate")
         bar = _Progress(progress, f"[load {rate:.1f} qps]")

@@ -276,7 +276,7 @@ class InProcessTarget:
         self._gate: asyncio.Semaphore | None = None
 
     async def prepare(self, pool: RequestPool) -> None:
-        recipe = RequestPool(pool.spec, pool.scale, pool.sizes, pool.seed)
+        recipe = pool.recipe()
         if self._executor is not None and self._pool == recipe:
             return
         await self.close()
