@@ -72,6 +72,15 @@ class ControlClient:
     def set_llc_ways(self, model: str, ways: int) -> dict[str, Any]:
         return self._request("POST", f"/control/models/{model}/llc", {"ways": ways})
 
+    def node(self) -> dict[str, Any]:
+        """Usable cores and LLC partitioning support (``llc.supported``, ``llc.total_ways``)."""
+        return self._request("GET", "/control/node")
+
+    def window_stats(self, model: str, seconds: float = 10.0, percentile: float | None = None) -> dict[str, Any]:
+        """``tail_ms`` (at the model's SLA percentile unless given), ``qps``, ``arrival_qps`` over the window."""
+        query = f"?seconds={seconds}" + (f"&percentile={percentile}" if percentile is not None else "")
+        return self._request("GET", f"/control/models/{model}/window{query}")
+
     def metrics(self) -> str:
         with urllib.request.urlopen(self.base + "/metrics", timeout=self.timeout_s) as resp:
             return resp.read().decode()

@@ -3,6 +3,9 @@
 Control API (JSON, same port, meant for loopback use by the node resource manager)::
 
     GET  /control/models                      -> {"models": [state, ...]}
+    GET  /control/node                        -> {"cores": [...], "llc": {"supported": bool, "total_ways": w}}
+    GET  /control/models/{m}/window?seconds=10&percentile=95
+                                              -> {"tail_ms", "qps", "arrival_qps", "completed", "errors"}
     GET  /control/models/{m}                  -> state (workers per stage with pids, cores, RSS/PSS, llc_ways)
     POST /control/models/{m}/workers          {"workers": n, "cores": [[0],[1]] | [0,1] | null,
                                                "threads": t | null, "stage": "model"|"sparse"|"dense" | null}
@@ -109,6 +112,20 @@ def build_app(core: NodeCore) -> web.Application:
     @routes.get("/control/models")
     async def control_models(_: web.Request) -> web.Response:
         return _json({"models": [rt.state() for rt in core.models.values()]})
+
+    @routes.get("/control/node")
+    async def control_node(_: web.Request) -> web.Response:
+        return _json(core.node_state())
+
+    @routes.get("/control/models/{model}/window")
+    async def control_window(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        try:
+            seconds = float(request.query.get("seconds", "10"))
+            percentile = float(request.query.get("percentile", str(rt.sla_percentile)))
+        except ValueError as exc:
+            raise InferError("invalid", f"seconds/percentile: {exc}", "seconds") from exc
+        return _json(rt.metrics.window(seconds, percentile))
 
     @routes.get("/control/models/{model}")
     async def control_model(request: web.Request) -> web.Response:

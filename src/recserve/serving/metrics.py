@@ -10,8 +10,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 RATE_WINDOW_S = 10.0
+HISTORY_S = 60.0  # longest window the control API can report
 
 
 @dataclass
@@ -70,7 +73,16 @@ class ModelMetrics:
     fail_d: Duration = field(default_factory=Duration)
     queue_d: Duration = field(default_factory=Duration)
     compute_d: Duration = field(default_factory=Duration)
-    recent_items: deque = field(default_factory=deque)
+    recent_items: deque = field(default_factory=deque)  # (done time, items)
+    recent_latency: deque = field(default_factory=deque)  # (done time, e2e seconds)
+    arrivals: deque = field(default_factory=deque)  # arrival times
+
+    def arrived(self) -> None:
+        self.requests += 1
+        now = time.time()
+        self.arrivals.append(now)
+        while self.arrivals and self.arrivals[0] < now - HISTORY_S:
+            self.arrivals.popleft()
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -88,19 +100,33 @@ class ModelMetrics:
         self.queue_d.add(queue_s)
         self.compute_d.add(compute_s)
         self.recent_items.append((now, items))
+        self.recent_latency.append((now, e2e_s))
         self._trim(now)
 
     def failed(self, e2e_s: float) -> None:
         self.fail_d.add(e2e_s)
 
     def _trim(self, now: float) -> None:
-        while self.recent_items and self.recent_items[0][0] < now - RATE_WINDOW_S:
-            self.recent_items.popleft()
+        for recent in (self.recent_items, self.recent_latency):
+            while recent and recent[0][0] < now - HISTORY_S:
+                recent.popleft()
 
     def items_per_s(self) -> float:
         now = time.time()
         self._trim(now)
-        return sum(n for _, n in self.recent_items) / RATE_WINDOW_S
+        return sum(n for t, n in self.recent_items if t >= now - RATE_WINDOW_S) / RATE_WINDOW_S
+
+    def window(self, seconds: float, percentile: float) -> dict[str, float]:
+        """Tail latency, completions/s and arrivals/s over the last ``seconds`` (for the node resource manager)."""
+        now = time.time()
+        self._trim(now)
+        seconds = min(max(seconds, 1e-3), HISTORY_S)
+        lat = [x for t, x in self.recent_latency if t >= now - seconds]
+        arrived = sum(1 for t in self.arrivals if t >= now - seconds)
+        tail = float(np.percentile(lat, percentile)) * 1e3 if lat else 0.0
+        return {"seconds": seconds, "percentile": percentile, "tail_ms": tail, "completed": len(lat),
+                "qps": len(lat) / seconds, "arrival_qps": arrived / seconds,
+                "errors": int(sum(self.errors.values()))}
 
     def triton_stats(self, name: str) -> dict:
         """One entry of Triton's ``model_stats`` list (ints, as Triton's HTTP endpoint returns them)."""

@@ -10,16 +10,12 @@ batch dimension cannot describe ``[T, B]``): model metadata and config report fu
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
 import numpy as np
 
 from recserve.serving.runtime import InferError, ModelInfo
 from recserve.zoo.batch import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
-
-# Inputs decoded from a request body are read-only numpy views; torch warns once about that.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "recserve_control"]

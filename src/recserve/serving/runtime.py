@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing import popen_forkserver, spawn
@@ -199,7 +200,8 @@ class StagePool:
     next_stage: StagePool | None = None
 
     def active(self) -> list[WorkerHandle]:
-        return [w for w in self.workers if not w.retiring]
+        """Workers not being retired, in start order."""
+        return sorted((w for w in self.workers if not w.retiring), key=lambda w: w.worker_id)
 
     def ready_count(self) -> int:
         return sum(1 for w in self.active() if w.ready.done() and not w.ready.exception())
@@ -222,6 +224,7 @@ class ModelRuntime:
         self.ctx = ctx
         self.llc = llc
         self.info = model_info(cfg)
+        self.sla_percentile = get_model(cfg.model).sla.percentile
         self.metrics = ModelMetrics()
         self.sub_batch = cfg.sub_batch
         self.in_flight = 0
@@ -408,7 +411,9 @@ class ModelRuntime:
 
     def decode(self, arrays: dict[str, np.ndarray]) -> QueryBatch:
         try:
-            batch = QueryBatch.from_arrays(arrays)
+            with warnings.catch_warnings():  # inputs are read-only views of the request body; only read
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                batch = QueryBatch.from_arrays(arrays)
             batch.validate(self.info.dense_in, self.info.rows, self.info.seq_lens, self.cfg.max_batch_size)
         except BatchError as exc:
             raise InferError("invalid", str(exc), exc.field) from exc
@@ -425,7 +430,7 @@ class ModelRuntime:
 
     async def infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         """Scores ``[B, towers]`` for one query, or :class:`InferError`."""
-        self.metrics.requests += 1
+        self.metrics.arrived()
         start = time.perf_counter()
         try:
             if not self.accepting:
@@ -507,6 +512,7 @@ class ModelRuntime:
         return {
             "name": self.name,
             "model": self.cfg.model,
+            "sla": {"target_ms": get_model(self.cfg.model).sla.target_ms, "percentile": self.sla_percentile},
             "scale": self.cfg.scale,
             "mode": self.cfg.mode,
             "sub_batch": self.sub_batch,

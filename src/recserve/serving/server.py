@@ -20,7 +20,7 @@ import grpc
 from aiohttp import web
 
 from recserve.serving import grpc_service, protocol
-from recserve.serving.config import NodeConfig
+from recserve.serving.config import NodeConfig, available_cores
 from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.runtime import InferError, ModelRuntime, mp_context
@@ -54,6 +54,12 @@ class NodeCore:
 
     def prometheus(self) -> str:
         return prometheus_text(self.models)
+
+    def node_state(self) -> dict[str, Any]:
+        supported = self.llc.supported
+        return {"cores": available_cores(), "models": list(self.models),
+                "llc": {"supported": supported, "total_ways": self.llc.total_ways() if supported else 0,
+                        "message": "" if supported else self.llc.why_unsupported()}}
 
     def set_llc_ways(self, rt: ModelRuntime, ways: Any) -> dict[str, Any]:
         pids = [w.pid for p in rt.pools.values() for w in p.active()]

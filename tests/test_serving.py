@@ -1,0 +1,479 @@
+"""Node server end to end: one server (the co-location example config) for the whole module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from recserve.errors import SpecError
+from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
+from recserve.serving.control_client import ControlClient, ControlError, LlcUnsupportedError
+from recserve.serving.llc import LlcAllocator
+from recserve.specs import catalogue_models
+from recserve.zoo import sample_batch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+
+
+def dlrm_names() -> list[str]:
+    return sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")
+
+
+def example_config(path: Path, **node_overrides):
+    """An example node config on free ports, with catalogue names that exist today."""
+    data = yaml.safe_load(path.read_text())
+    known, dlrm = catalogue_models(), dlrm_names()
+    for i, m in enumerate(data["models"]):
+        if m["model"] not in known:
+            m["model"] = dlrm[i % len(dlrm)]
+    data.update(http_port=0, grpc_port=0, **node_overrides)
+    return config_from_dict(data)
+
+
+@pytest.fixture(scope="module")
+def node():
+    config = example_config(EXAMPLES / "node-colocated.yaml", max_body_bytes=12 * 1024 * 1024)
+    config.model("dlrm-a").queue_limit = 2  # small, so overload is easy to provoke
+    server = NodeServer(config)
+    ports = server.start()
+    try:
+        yield server, ports
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def references(node):
+    server, _ = node
+    return {m.name: build_worker_model(m) for m in server.config.models}
+
+
+def reference_scores(model, batch) -> np.ndarray:
+    with torch.no_grad():
+        return model(batch).numpy()
+
+
+def http_inputs(batch, binary=True):
+    inputs = []
+    for name, arr in batch.as_arrays().items():
+        x = thttp.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
+        x.set_data_from_numpy(arr, binary_data=binary)
+        inputs.append(x)
+    return inputs
+
+
+def grpc_inputs(batch):
+    inputs = []
+    for name, arr in batch.as_arrays().items():
+        x = tgrpc.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    return inputs
+
+
+def get_json(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return r.status, json.loads(r.read() or b"null")
+
+
+def post(port, path, body: bytes, headers=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def json_request(batch, binary_output=False):
+    inputs = [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape), "data": a.reshape(-1).tolist()}
+              for n, a in batch.as_arrays().items()]
+    req = {"id": "q1", "inputs": inputs}
+    if binary_output:
+        req["outputs"] = [{"name": "scores", "parameters": {"binary_data": True}}]
+    return req
+
+
+# ---------------------------------------------------------------- correctness over both protocols
+
+
+def test_tritonclient_http_binary_matches_in_process(node, references):
+    server, ports = node
+    model = references["rmc1"]
+    batch = sample_batch(model, 150, rng=7)  # sub_batch 64: three parts on two workers, concatenated in order
+    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    result = client.infer("rmc1", http_inputs(batch), outputs=[thttp.InferRequestedOutput("scores")])
+    assert result.get_response()["outputs"][0]["parameters"]["binary_data_size"] == 150 * 4
+    np.testing.assert_allclose(result.as_numpy("scores"), reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    # the co-located model with per-worker table copies answers too
+    other = references["dlrm-a"]
+    b2 = sample_batch(other, 5, rng=2)
+    r2 = client.infer("dlrm-a", http_inputs(b2))
+    np.testing.assert_allclose(r2.as_numpy("scores"), reference_scores(other, b2), rtol=1e-5, atol=1e-6)
+
+
+def test_tritonclient_grpc_matches_in_process(node, references):
+    _, ports = node
+    model = references["rmc1"]
+    batch = sample_batch(model, 33, rng=11)
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("rmc1")
+    result = client.infer("rmc1", grpc_inputs(batch))
+    np.testing.assert_allclose(result.as_numpy("scores"), reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    meta = client.get_model_metadata("rmc1", as_json=True)
+    assert [i["name"] for i in meta["inputs"]] == ["dense", "sparse_values", "sparse_lengths"]
+    config = client.get_model_config("rmc1", as_json=True)["config"]
+    assert int(config["max_batch_size"]) == 1024
+    stats = client.get_inference_statistics("rmc1", as_json=True)
+    assert int(stats["model_stats"][0]["inference_count"]) >= 33
+
+
+def test_grpc_typed_contents_request(node, references):
+    """A request with typed ``contents`` instead of raw_input_contents (what non-Triton clients send)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    _, ports = node
+    model = references["rmc1"]
+    batch = sample_batch(model, 3, rng=5)
+    request = service_pb2.ModelInferRequest(model_name="rmc1")
+    for name, arr in batch.as_arrays().items():
+        t = request.inputs.add(name=name, datatype=DTYPE_NAMES[arr.dtype], shape=list(arr.shape))
+        field = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}[t.datatype]
+        getattr(t.contents, field).extend(arr.reshape(-1).tolist())
+    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
+        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    scores = np.frombuffer(response.raw_output_contents[0], dtype=np.float32).reshape(list(response.outputs[0].shape))
+    np.testing.assert_allclose(scores, reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+
+
+def test_plain_json_request_with_aiohttp(node, references):
+    _, ports = node
+    model = references["rmc1"]
+    batch = sample_batch(model, 4, rng=3)
+
+    async def send(body):
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{ports.http}/v2/models/rmc1/infer", json=body) as r:
+                return r.status, r.headers, await r.read()
+
+    status, headers, body = asyncio.run(send(json_request(batch)))
+    assert status == 200, body
+    response = json.loads(body)
+    assert response["id"] == "q1" and response["outputs"][0]["shape"] == [4, 1]
+    scores = np.array(response["outputs"][0]["data"], dtype=np.float32).reshape(4, 1)
+    np.testing.assert_allclose(scores, reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    # JSON inputs, binary output requested per output
+    status, headers, body = asyncio.run(send(json_request(batch, binary_output=True)))
+    n = int(headers["Inference-Header-Content-Length"])
+    head = json.loads(body[:n])
+    assert head["outputs"][0]["parameters"]["binary_data_size"] == 16
+    np.testing.assert_allclose(np.frombuffer(body[n:], np.float32).reshape(4, 1), scores)
+
+
+# ---------------------------------------------------------------- endpoints perf_analyzer / Triton clients read
+
+
+def test_triton_endpoints(node):
+    _, ports = node
+    status, meta = get_json(ports.http, "/v2")
+    assert status == 200 and {"binary_tensor_data", "statistics", "model_configuration"} <= set(meta["extensions"])
+    assert get_json(ports.http, "/v2/health/live")[0] == 200
+    assert get_json(ports.http, "/v2/health/ready")[0] == 200
+    assert get_json(ports.http, "/v2/models/rmc1/ready")[0] == 200
+    _, m = get_json(ports.http, "/v2/models/rmc1")
+    spec = catalogue_models()[node[0].config.model("rmc1").model]
+    shapes = {i["name"]: (i["datatype"], i["shape"]) for i in m["inputs"]}
+    assert shapes == {"dense": ("FP32", [-1, spec.dense_in]), "sparse_values": ("INT64", [-1]),
+                      "sparse_lengths": ("INT32", [len(spec.tables), -1])}
+    assert m["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, spec.towers]}]
+    _, cfg = get_json(ports.http, "/v2/models/rmc1/config")
+    assert cfg["max_batch_size"] == 1024 and cfg["platform"] == "pytorch_libtorch"
+    assert [i["data_type"] for i in cfg["input"]] == ["TYPE_FP32", "TYPE_INT64", "TYPE_INT32"]
+    assert cfg["output"][0]["dims"] == [-1, spec.towers]
+    _, cfg_v = get_json(ports.http, "/v2/models/rmc1/versions/1/config")
+    assert cfg_v == cfg
+    _, stats = get_json(ports.http, "/v2/models/rmc1/stats")
+    entry = stats["model_stats"][0]
+    assert entry["name"] == "rmc1" and set(entry["inference_stats"]) >= {"success", "fail", "queue", "compute_infer"}
+    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    assert client.get_model_config("rmc1")["max_batch_size"] == 1024
+    assert client.get_inference_statistics("rmc1")["model_stats"][0]["name"] == "rmc1"
+
+
+def test_prometheus_metrics(node, references):
+    _, ports = node
+    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client.infer("rmc1", http_inputs(sample_batch(references["rmc1"], 2)))
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    for line in ('recserve_workers{model="rmc1",stage="model"} 2', 'recserve_queue_depth{model="dlrm-a"}',
+                 'recserve_request_latency_seconds_bucket{model="rmc1",le="+Inf"}',
+                 'recserve_queue_latency_seconds_count{model="rmc1"}', 'recserve_compute_latency_seconds_sum',
+                 'recserve_items_per_second{model="rmc1"}'):
+        assert line in text, line
+    requests = [ln for ln in text.splitlines() if ln.startswith('recserve_requests_total{model="rmc1"}')]
+    assert int(requests[0].split()[-1]) >= 1
+
+
+# ---------------------------------------------------------------- bad requests and overload
+
+
+def _mutated(batch, what):
+    arrays = batch.as_arrays()
+    if what == "dtype":
+        arrays["dense"] = arrays["dense"].astype(np.float64)
+    elif what == "shape":
+        arrays["dense"] = arrays["dense"][:, :3].copy()
+    elif what == "range":
+        arrays["sparse_values"] = arrays["sparse_values"] + 10**9
+    elif what == "lengths":
+        arrays["sparse_lengths"] = arrays["sparse_lengths"].copy()
+        arrays["sparse_lengths"][0, 0] += 1
+    elif what == "missing":
+        del arrays["sparse_lengths"]
+    return arrays
+
+
+@pytest.mark.parametrize("what, field", [("dtype", "dense"), ("shape", "dense"), ("range", "sparse_values"),
+                                         ("lengths", "sparse_values"), ("missing", "sparse_lengths")])
+def test_bad_request_is_400_naming_the_field(node, references, what, field):
+    _, ports = node
+    arrays = _mutated(sample_batch(references["rmc1"], 4, rng=1), what)
+    body = {"inputs": [{"name": n, "datatype": {"float64": "FP64"}.get(str(a.dtype), DTYPE_NAMES.get(a.dtype)),
+                        "shape": list(a.shape), "data": a.reshape(-1).tolist()} for n, a in arrays.items()]}
+    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", json.dumps(body).encode())
+    error = json.loads(raw)
+    assert status == 400 and error["field"] == field and error["error"].startswith(field), error
+
+
+def test_other_bad_requests(node, references):
+    _, ports = node
+    batch = sample_batch(references["rmc1"], 2)
+    body = json.dumps(json_request(batch)).encode()
+    status, _, raw = post(ports.http, "/v2/models/nope/infer", body)
+    assert status == 404 and "nope" in json.loads(raw)["error"]
+    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", b"{not json")
+    assert status == 400 and json.loads(raw)["field"] == "body"
+    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", body, {"Inference-Header-Content-Length": "999999"})
+    assert status == 400 and json.loads(raw)["field"] == "Inference-Header-Content-Length"
+    big = sample_batch(references["rmc1"], 1025)  # over max_batch_size 1024
+    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    with pytest.raises(InferenceServerException, match="dense: batch 1025 exceeds max_batch_size"):
+        client.infer("rmc1", http_inputs(big))
+    huge = json.dumps({"inputs": [], "pad": "x" * (13 * 1024 * 1024)}).encode()  # over max_body_bytes (12 MiB)
+    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", huge)
+    assert status == 400 and json.loads(raw)["field"] == "body"
+    wrong = [thttp.InferRequestedOutput("logits")]
+    with pytest.raises(InferenceServerException, match="logits: unknown output"):
+        client.infer("rmc1", http_inputs(batch), outputs=wrong)
+
+
+def test_grpc_bad_request_is_invalid_argument(node, references):
+    _, ports = node
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    batch = sample_batch(references["rmc1"], 3)
+    batch.values[0] = 10**9
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("rmc1", grpc_inputs(batch))
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "sparse_values" in err.value.message()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("nope", grpc_inputs(batch))
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+
+
+def binary_body(batch) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension infer request (what tritonclient sends), built by hand."""
+    arrays = batch.as_arrays()
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
+                                   "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
+                       "parameters": {"binary_data_output": True}}).encode()
+    body = head + b"".join(a.tobytes() for a in arrays.values())
+    return body, {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
+
+
+def test_overload_gives_503_not_unbounded_latency(node, references):
+    _, ports = node
+    model = references["dlrm-a"]  # one worker, queue_limit 2
+    body, headers = binary_body(sample_batch(model, 256, rng=4))
+    url = f"http://127.0.0.1:{ports.http}/v2/models/dlrm-a/infer"
+
+    async def burst():
+        async with aiohttp.ClientSession() as s:
+            async def one():
+                async with s.post(url, data=body, headers=headers) as r:
+                    return r.status, await r.read()
+            return await asyncio.gather(*(one() for _ in range(24)))
+
+    results = asyncio.run(burst())
+    statuses = [s for s, _ in results]
+    assert set(statuses) <= {200, 503} and statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
+    overloaded = next(json.loads(b) for s, b in results if s == 503)
+    assert "overloaded" in overloaded["error"]
+    grpc_client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    assert grpc_client.is_model_ready("dlrm-a")  # and it keeps serving afterwards
+    assert grpc_client.infer("dlrm-a", grpc_inputs(sample_batch(model, 2))).as_numpy("scores").shape == (2, 1)
+
+
+# ---------------------------------------------------------------- robustness and control under load
+
+
+class Load:
+    """Closed-loop load from a few threads; records every reply."""
+
+    def __init__(self, port, model_name, model, threads=3, batch=48):
+        self.url = f"127.0.0.1:{port}"
+        self.name = model_name
+        self.batches = [sample_batch(model, batch, rng=i) for i in range(4)]
+        self.expected = [reference_scores(model, b) for b in self.batches]
+        self.results: list[tuple[str, str]] = []
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(threads)
+        self.futures = [self.pool.submit(self._run, i) for i in range(threads)]
+
+    def _run(self, seed):
+        client = thttp.InferenceServerClient(self.url, network_timeout=120)
+        i = seed
+        while not self.stop.is_set():
+            k = i % len(self.batches)
+            i += 1
+            try:
+                out = client.infer(self.name, http_inputs(self.batches[k])).as_numpy("scores")
+                ok = np.allclose(out, self.expected[k], rtol=1e-5, atol=1e-6)
+                self.results.append(("ok" if ok else "wrong", ""))
+            except InferenceServerException as exc:
+                self.results.append(("error", str(exc)))
+            except Exception as exc:  # noqa: BLE001 - a transport failure is a lost query
+                self.results.append(("lost", repr(exc)))
+
+    def finish(self):
+        self.stop.set()
+        for f in self.futures:
+            f.result(timeout=120)
+        self.pool.shutdown()
+        return self.results
+
+
+def wait_for(predicate, timeout_s=90.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_killed_worker_fails_its_query_explicitly_and_comes_back(node, references):
+    _, ports = node
+    control = ControlClient("127.0.0.1", ports.http)
+    before = control.get_model("rmc1")
+    pids = [w["pid"] for w in before["stages"]["model"]["worker_detail"]]
+    load = Load(ports.http, "rmc1", references["rmc1"])
+    assert wait_for(lambda: len(load.results) >= 5)
+    os.kill(pids[0], signal.SIGKILL)
+    assert wait_for(lambda: (lambda s: s["worker_restarts"] >= before["worker_restarts"] + 1
+                             and s["stages"]["model"]["workers"] == 2
+                             and all(w["ready"] for w in s["stages"]["model"]["worker_detail"]))
+                    (control.get_model("rmc1")))
+    n = len(load.results)
+    assert wait_for(lambda: len(load.results) >= n + 5)
+    results = load.finish()
+    kinds = [k for k, _ in results]
+    assert "lost" not in kinds and "wrong" not in kinds, results
+    assert all("died" in msg for k, msg in results if k == "error"), results
+    after = control.get_model("rmc1")["stages"]["model"]["worker_detail"]
+    assert pids[0] not in [w["pid"] for w in after]
+
+
+def test_changing_workers_under_load_loses_no_query(node, references):
+    _, ports = node
+    control = ControlClient("127.0.0.1", ports.http)
+    load = Load(ports.http, "rmc1", references["rmc1"])
+    assert wait_for(lambda: len(load.results) >= 3)
+    state = control.set_workers("rmc1", 1)
+    assert state["stages"]["model"]["workers"] == 1
+    state = control.set_workers("rmc1", 3, cores=[[0], [1], [0, 1]])
+    assert state["stages"]["model"]["cores"] == [[0], [1], [0, 1]]
+    state = control.set_sub_batch("rmc1", 16)
+    assert state["sub_batch"] == 16
+    n = len(load.results)
+    assert wait_for(lambda: len(load.results) >= n + 3)
+    state = control.set_workers("rmc1", 2)  # retires the third worker only
+    results = load.finish()
+    assert [k for k, _ in results].count("ok") == len(results) and len(results) >= 6, results
+    assert state["stages"]["model"]["cores"] == [[0], [1]]
+    assert control.set_sub_batch("rmc1", 64)["sub_batch"] == 64
+    window = control.window_stats("rmc1", seconds=60)
+    assert window["completed"] >= len(results) and window["tail_ms"] > 0
+
+
+def test_control_errors_and_llc_unsupported(node):
+    _, ports = node
+    control = ControlClient("127.0.0.1", ports.http)
+    with pytest.raises(ControlError) as err:
+        control.set_workers("rmc1", 0)
+    assert err.value.status == 400 and err.value.field == "workers"
+    with pytest.raises(ControlError) as err:
+        control.set_workers("rmc1", 1, cores=[[4096]])
+    assert err.value.status == 400 and err.value.field == "cores"
+    with pytest.raises(ControlError) as err:
+        control.get_model("nope")
+    assert err.value.status == 404
+    if not Path("/sys/fs/resctrl/info/L3/cbm_mask").exists():
+        with pytest.raises(LlcUnsupportedError) as err:
+            control.set_llc_ways("rmc1", 2)
+        assert err.value.status == 501 and "unsupported" in str(err.value)
+        assert control.node()["llc"]["supported"] is False
+
+
+def test_llc_allocator_writes_resctrl_groups(tmp_path):
+    """Against a fake resctrl tree: contiguous, side-by-side way masks and worker pids in tasks."""
+    (tmp_path / "info" / "L3").mkdir(parents=True)
+    (tmp_path / "info" / "L3" / "cbm_mask").write_text("7ff\n")  # 11 ways
+    (tmp_path / "schemata").write_text("    L3:0=7ff;1=7ff\n")
+    llc = LlcAllocator(tmp_path)
+    llc.set_ways("a", 4, [101, 102])
+    out = llc.set_ways("b", 3, [201])
+    llc.add_pid("b", 202)
+    assert (tmp_path / "recserve-a" / "schemata").read_text() == "L3:0=f;1=f\n"
+    assert (tmp_path / "recserve-b" / "schemata").read_text() == "L3:0=70;1=70\n"
+    assert out["mask"] == "70"
+    assert (tmp_path / "recserve-b" / "tasks").read_text().split() == ["201", "202"]
+    with pytest.raises(ValueError):
+        llc.set_ways("a", 12, [])
+
+
+# ---------------------------------------------------------------- configs
+
+
+def test_example_configs_load_and_reject_typos(tmp_path):
+    for path in sorted(EXAMPLES.glob("node-*.yaml")):
+        config = example_config(path)
+        assert config.models and all(m.max_batch_size >= 1 for m in config.models)
+    assert load_config(EXAMPLES / "node-pipeline.yaml").models[0].mode == "pipeline"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"models": [{"model": dlrm_names()[0], "wokers": 2}]}))
+    with pytest.raises(SpecError, match="wokers"):
+        load_config(bad)
+    bad.write_text(yaml.safe_dump({"models": [{"model": dlrm_names()[0], "mode": "split"}]}))
+    with pytest.raises(SpecError, match="mode"):
+        load_config(bad)
