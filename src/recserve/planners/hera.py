@@ -57,7 +57,14 @@ class ModelCurves:
 
 
 def _index(profiles: ProfileSet, server: str) -> dict[tuple[str, str], ProfileTable]:
-    return {(t.model, t.kind): t for t in profiles if t.server == server}
+    """(model, kind) -> table on ``server``; a table without conditions (the whole-server profile)
+    wins over per-condition ones such as maxload_vs_ways at a given worker count."""
+    out: dict[tuple[str, str], ProfileTable] = {}
+    for t in profiles:
+        if t.server == server and ((t.model, t.kind) not in out or not t.conditions):
+            if not (out.get((t.model, t.kind)) and not out[(t.model, t.kind)].conditions):
+                out[(t.model, t.kind)] = t
+    return out
 
 
 def _resample(table: ProfileTable, y: str, xs: np.ndarray) -> np.ndarray:

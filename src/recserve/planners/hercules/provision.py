@@ -173,21 +173,23 @@ def solve_oblivious(eff: Efficiency, demand: np.ndarray, avail: np.ndarray, alph
 
 
 def diurnal_trace(peaks: dict[str, float], steps: int = 48, trough_ratio: float = 0.5,
-                  peak_hour: float = 20.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Per-workload load over 24 h at ``steps`` intervals.
+                  peak_hour: float = 20.0, noise: float = 0.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per-workload load over 24 h at ``steps`` intervals (hours, {workload: qps}).
 
-    Uses ``recserve.workload.diurnal`` when a colleague's workload package provides it; otherwise a
-    cosine between ``trough_ratio``·peak and peak (Hercules reports ~50 % peak-to-valley swings, with
-    services peaking together).
+    Uses ``recserve.workload.diurnal_trace`` (synchronous raised cosine, Hercules' ~50 % peak-to-valley
+    swing) when available; otherwise the same cosine computed here.
     """
-    hours = np.arange(steps) * 24.0 / steps
     try:
-        from recserve.workload import diurnal  # type: ignore[attr-defined]
-
-        return hours, {w: np.asarray(diurnal(hours, peak=p), dtype=float) for w, p in peaks.items()}
-    except (ImportError, AttributeError, TypeError):
-        pass
-    shape = trough_ratio + (1 - trough_ratio) * (1 + np.cos(2 * math.pi * (hours - peak_hour) / 24.0)) / 2
+        from recserve.workload import diurnal_trace as workload_trace
+    except ImportError:
+        workload_trace = None
+    if workload_trace is not None:
+        trace = workload_trace(dict(peaks), hours=24.0, step_min=24 * 60 / steps,
+                               peak_valley_ratio=1 / trough_ratio, peak_hour=peak_hour, noise=noise)
+        return trace.times_s / 3600.0, {w: np.asarray(trace.qps[w], dtype=float) for w in peaks}
+    hours = np.arange(steps) * 24.0 / steps
+    mid = hours + 12.0 / steps
+    shape = trough_ratio + (1 - trough_ratio) * (1 + np.cos(2 * math.pi * (mid - peak_hour) / 24.0)) / 2
     return hours, {w: p * shape for w, p in peaks.items()}
 
 

@@ -1,0 +1,115 @@
+"""Shared plumbing of ``recserve plan colocate|provision|pool``: profiles, traffic files, output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import RecserveError, SpecError
+from recserve.planners.plan import Plan
+from recserve.profiles import ProfileSet
+from recserve.specs import ModelSpec, ServerType, get_model, get_server, read_yaml
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def names(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def counts(text: str | None, what: str) -> dict[str, int]:
+    """``a=3,b=5`` -> {"a": 3, "b": 5}."""
+    out: dict[str, int] = {}
+    for item in names(text):
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise RecserveError(f"--{what}: expected NAME=COUNT, got {item!r}")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError as exc:
+            raise RecserveError(f"--{what}: count for {name!r} must be an integer, got {value!r}") from exc
+    return out
+
+
+def read_traffic(path: str | Path) -> dict[str, Any]:
+    """A YAML or JSON traffic file (both parse as YAML)."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a traffic file is a mapping (model: qps, or models/peak_qps/trace/available)")
+    return data
+
+
+def static_targets(data: dict[str, Any], where: str) -> dict[str, float]:
+    """``{model: qps}`` or ``{models: {model: qps}}``."""
+    raw = data.get("models", data)
+    if not isinstance(raw, dict):
+        raise SpecError(f"{where}: 'models' must map model name to target QPS")
+    try:
+        return {str(m): float(q) for m, q in raw.items()}
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{where}: every target QPS must be a number ({exc})") from exc
+
+
+def resolve_specs(models: list[str], servers: list[str]) -> tuple[list[ModelSpec], list[ServerType]]:
+    return [get_model(m) for m in models], [get_server(s) for s in servers]
+
+
+def profiles_for(args: argparse.Namespace, models: list[str], servers: list[str], **model_kw: Any) -> ProfileSet:
+    """``--profiles FILE`` if given, else the analytic perfmodel for exactly these models and servers."""
+    if getattr(args, "profiles", None):
+        return ProfileSet.load(args.profiles)
+    specs, types = resolve_specs(models, servers)
+    try:
+        from recserve.perfmodel import model_profiles
+    except ImportError as exc:
+        raise RecserveError("no --profiles FILE given and the analytic perfmodel (recserve.perfmodel.model_profiles) "
+                            f"is not available: {exc}") from exc
+    progress(f"modelling {len(specs)} model(s) on {len(types)} server type(s) with the perfmodel "
+             "(give --profiles FILE to use measured tables)")
+    profiles = model_profiles(specs, types, progress=progress, **model_kw)
+    if getattr(args, "save_profiles", None):
+        profiles.save(args.save_profiles)
+        progress(f"wrote {args.save_profiles}")
+    return profiles
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profiles", metavar="FILE", help="Profile tables (JSON); default: the analytic perfmodel")
+    p.add_argument("--save-profiles", metavar="FILE", help="write the modelled profiles used")
+    p.add_argument("--json", metavar="FILE", help="write the Plan as JSON")
+    p.add_argument("--plot", metavar="PNG", help="write a figure")
+
+
+def emit(plan: Plan, args: argparse.Namespace) -> None:
+    print(plan.table())
+    if plan.notes:
+        print("\n" + "\n".join(f"note: {n}" for n in plan.notes))
+    if getattr(args, "json", None):
+        plan.save(args.json)
+        progress(f"wrote {args.json}")
+
+
+def figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (8, 4)):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt, *plt.subplots(nrows, ncols, figsize=size)
+
+
+def save_figure(plt: Any, fig: Any, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    progress(f"wrote {path}")
+
+
+def dump(data: Any) -> str:
+    return json.dumps(data, indent=1)

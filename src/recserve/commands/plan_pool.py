@@ -1,0 +1,98 @@
+"""``recserve plan pool``: Kairos' heterogeneous instance pool per model under a $/hr budget.
+
+Examples::
+
+    recserve plan pool --reference /work/shared/reference/kairos_aws_latency.json --json pool.json --plot pool.png
+    recserve plan pool --models kairos-rm2 --servers g4dn.xlarge,c5n.2xlarge,r5n.large,t3.xlarge --budget 2.5
+
+With ``--reference`` the Kairos authors' latencies, prices, caps, QoS and budget are used (flags
+override budget and caps).  Otherwise latencies come from ``--profiles`` or the perfmodel, prices
+from the catalogue's ``price_per_hr`` and QoS from each model's SLA.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from recserve.commands._plan_common import add_output_args, counts, emit, figure, names, profiles_for, save_figure
+from recserve.errors import InfeasibleError, RecserveError
+from recserve.planners.kairos import load_kairos_reference, plan_pool
+from recserve.planners.plan import PoolPlan
+from recserve.specs import get_model, get_server
+
+
+def run(args: argparse.Namespace) -> int:
+    caps = counts(args.cap, "cap")
+    if args.reference:
+        profiles = load_kairos_reference(args.reference)
+        meta = profiles.meta
+        qos = dict(meta["qos_p99_ms"])
+        prices = dict(meta["prices_usd_per_hr"])
+        caps = {**meta.get("max_instances", {}), **caps}
+        budget = args.budget if args.budget is not None else meta.get("budget_usd_per_hr")
+        models = names(args.models) or sorted(qos)
+        types = names(args.servers) or None
+    else:
+        models, types = names(args.models), names(args.servers)
+        if not models or not types:
+            raise RecserveError("without --reference give --models and --servers (catalogue names)")
+        servers = [get_server(s) for s in types]
+        prices = {s.name: s.price_per_hr for s in servers if s.price_per_hr}
+        if len(prices) != len(servers):
+            raise RecserveError(f"server types without price_per_hr: {[s.name for s in servers if not s.price_per_hr]}")
+        qos = {m: get_model(m).sla.target_ms for m in models}
+        profiles = profiles_for(args, models, types)
+        budget = args.budget
+    if budget is None:
+        raise RecserveError("give --budget ($/hr)")
+    unknown = [m for m in models if m not in qos]
+    if unknown:
+        raise InfeasibleError(f"no QoS target (or latency table) for {unknown}; known: {sorted(qos)}")
+    plan = plan_pool(profiles, models, float(budget), prices, qos, caps or None, stat=args.stat, types=types)
+    emit(plan, args)
+    if args.plot:
+        plot(plan, args.plot, profiles, prices, qos, caps, args.stat, types)
+    return 0
+
+
+def plot(plan: PoolPlan, path: str, profiles, prices, qos, caps, stat, types) -> None:
+    """Upper bound of Kairos' pick and budget-scaled homogeneous QPS as the budget grows (normalised)."""
+    budget = plan.inputs["budget_usd_per_hr"]
+    budgets = np.linspace(budget / 2, budget * 2, 7)
+    plt, fig, (left, right) = figure(1, 2, (12, 4.5))
+    for pool in plan.pools:
+        ratio = []
+        for b in budgets:
+            try:
+                sub = plan_pool(profiles, [pool.model], float(b), prices, qos, caps or None, stat=stat, types=types)
+                ratio.append(sub.pools[0].upper_bound_qps / sub.pools[0].homogeneous["qps"])
+            except InfeasibleError:
+                ratio.append(np.nan)
+        left.plot(budgets, ratio, marker="o", label=pool.model)
+    left.axhline(1.0, color="k", lw=1, ls="--")
+    left.set_xlabel("budget ($/hr)")
+    left.set_ylabel("Kairos upper bound / homogeneous")
+    left.legend(fontsize=8)
+    x = np.arange(len(plan.pools))
+    right.bar(x - 0.2, [p.homogeneous["qps"] / p.homogeneous["qps"] for p in plan.pools], 0.4, label="homogeneous")
+    right.bar(x + 0.2, [p.upper_bound_qps / p.homogeneous["qps"] for p in plan.pools], 0.4, label="Kairos (UB)")
+    right.set_xticks(x, [p.model for p in plan.pools], rotation=20, fontsize=8)
+    right.set_ylabel(f"QPS at ${budget:g}/hr (normalised)")
+    right.legend()
+    save_figure(plt, fig, path)
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("pool", help="Kairos: heterogeneous instance pool under a $/hr budget",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reference", metavar="JSON", help="Kairos authors' latency JSON (kairos_aws_latency.json)")
+    p.add_argument("--models", help="comma-separated models (default: all in the reference)")
+    p.add_argument("--servers", help="comma-separated instance types (default: all)")
+    p.add_argument("--budget", type=float, help="$/hr (default: the reference's)")
+    p.add_argument("--cap", help="per-type instance caps NAME=COUNT,...")
+    p.add_argument("--stat", default="mean", choices=("mean", "p50", "p99"),
+                   help="per-query latency compared with QoS to find each type's batch limit s")
+    add_output_args(p)
+    p.set_defaults(func=run)

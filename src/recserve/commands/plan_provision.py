@@ -1,0 +1,101 @@
+"""``recserve plan provision``: Hercules' minimum-power provisioning of a heterogeneous cluster over a day.
+
+Example::
+
+    recserve plan provision --traffic day.yaml --json prov.json --plot prov.png
+
+``day.yaml``::
+
+    available: {hercules-t1: 100, hercules-t2: 100, hercules-t3: 15}   # or --available a=1,b=2
+    peak_qps: {hercules-rmc1: 50000, hercules-rmc2: 50000}          # diurnal trace from recserve.workload
+    steps: 48                                                          # provisioning intervals per day
+    # or an explicit trace instead of peak_qps:
+    # trace: {hours: [0, 1, ...], loads: {hercules-rmc1: [..], hercules-rmc2: [..]}}
+
+Efficiency tuples (max QPS, provisioned power) come from ``efficiency`` Profile tables
+(``--profiles``) or the perfmodel.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from recserve.commands._plan_common import (
+    add_output_args,
+    counts,
+    emit,
+    figure,
+    profiles_for,
+    progress,
+    read_traffic,
+    save_figure,
+)
+from recserve.errors import SpecError
+from recserve.planners.hercules.provision import diurnal_trace, plan_provision
+from recserve.planners.plan import ProvisionPlan
+
+
+def day_loads(data: dict, where: str, steps: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Hours and per-workload loads from a traffic mapping (peak_qps for a diurnal trace, or trace)."""
+    if "trace" in data:
+        trace = data["trace"]
+        if not isinstance(trace, dict) or "loads" not in trace:
+            raise SpecError(f"{where}: 'trace' needs 'loads: {{model: [qps per step]}}' (and optional 'hours')")
+        loads = {m: np.asarray(v, dtype=float) for m, v in trace["loads"].items()}
+        lengths = {len(v) for v in loads.values()}
+        if len(lengths) != 1:
+            raise SpecError(f"{where}: every trace series needs the same number of steps")
+        n = lengths.pop()
+        hours = np.asarray(trace.get("hours", np.arange(n) * 24.0 / n), dtype=float)
+        return hours, loads
+    peaks = data.get("peak_qps")
+    if not isinstance(peaks, dict) or not peaks:
+        raise SpecError(f"{where}: give 'peak_qps: {{model: qps}}' or 'trace: {{loads: ...}}'")
+    n = int(steps or data.get("steps", 48))
+    return diurnal_trace({str(m): float(q) for m, q in peaks.items()}, steps=n,
+                         trough_ratio=float(data.get("trough_ratio", 0.5)))
+
+
+def run(args: argparse.Namespace) -> int:
+    data = read_traffic(args.traffic)
+    available = counts(args.available, "available") or {str(k): int(v) for k, v in data.get("available", {}).items()}
+    if not available:
+        raise SpecError("give the cluster: --available NAME=COUNT,... or 'available:' in the traffic file")
+    hours, loads = day_loads(data, args.traffic, args.steps)
+    profiles = profiles_for(args, list(loads), list(available))
+    plan = plan_provision(profiles, available, loads, hours, alpha=args.alpha, seed=args.seed, progress=progress,
+                          time_limit_s=args.time_limit)
+    emit(plan, args)
+    if args.plot:
+        plot(plan, args.plot)
+    return 0
+
+
+def plot(plan: ProvisionPlan, path: str) -> None:
+    plt, fig, (top, bottom) = figure(2, 1, (9, 6.5))
+    series = {plan.planner: plan.steps, **plan.baseline_steps}
+    for name, steps in series.items():
+        hours = [s.t for s in steps]
+        top.step(hours, [s.power_w / 1e3 for s in steps], where="post", label=name)
+        bottom.step(hours, [s.servers for s in steps], where="post", label=name)
+    top.set_ylabel("provisioned power (kW)")
+    bottom.set_ylabel("active servers")
+    bottom.set_xlabel("hour of day")
+    top.legend()
+    top.set_title("Hercules provisioning over a day")
+    save_figure(plt, fig, path)
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("provision", help="Hercules: minimum provisioned power for a diurnal load (ILP)",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--traffic", required=True, metavar="FILE", help="YAML/JSON with peak_qps or trace")
+    p.add_argument("--available", help="server counts NAME=COUNT,... (else 'available:' in the traffic file)")
+    p.add_argument("--alpha", type=float, default=0.05, help="over-provision rate α")
+    p.add_argument("--steps", type=int, help="provisioning intervals per day (default 48 or 'steps:')")
+    p.add_argument("--seed", type=int, default=0, help="seed of the heterogeneity-oblivious baseline")
+    p.add_argument("--time-limit", type=float, default=10.0, help="HiGHS time limit per interval (s)")
+    add_output_args(p)
+    p.set_defaults(func=run)
