@@ -1,0 +1,126 @@
+"""`recserve serve` as a process: pipeline mode (sparse workers feed dense workers) and SIGTERM draining."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as thttp
+import yaml
+
+from recserve.cli import main
+from recserve.serving import build_worker_model, config_from_dict
+from recserve.specs import catalogue_models
+from recserve.zoo import sample_batch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+READY_LINE = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
+
+
+def http_inputs(batch):
+    inputs = []
+    for name, arr in batch.as_arrays().items():
+        x = thttp.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def pipeline_server(tmp_path_factory):
+    data = yaml.safe_load((EXAMPLES / "node-pipeline.yaml").read_text())
+    dlrm = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")
+    for m in data["models"]:
+        if m["model"] not in catalogue_models():
+            m["model"] = dlrm[0]
+    data.update(http_port=0, grpc_port=0)
+    path = tmp_path_factory.mktemp("node") / "node.yaml"
+    path.write_text(yaml.safe_dump(data))
+    config = config_from_dict(data)
+    proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(path)],
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    ports: dict[str, int] = {}
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            m = READY_LINE.search(line)
+            if m:
+                ports.update(http=int(m.group(1)), grpc=int(m.group(2)))
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert found.wait(150), "".join(lines)
+        yield proc, ports, config, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+
+
+def test_pipeline_mode_matches_in_process(pipeline_server):
+    _, ports, config, _ = pipeline_server
+    cfg = config.models[0]
+    model = build_worker_model(cfg)
+    batch = sample_batch(model, 300, rng=9)  # sub_batch 128: three parts, each sparse stage then dense stage
+    client = thttp.InferenceServerClient(f"127.0.0.1:{ports['http']}")
+    scores = client.infer(cfg.name, http_inputs(batch)).as_numpy("scores")
+    with torch.no_grad():
+        expected = model(batch).numpy()
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/control/models/{cfg.name}", timeout=30) as r:
+        state = json.loads(r.read())
+    assert state["mode"] == "pipeline"
+    assert state["stages"]["sparse"]["workers"] == 1 and state["stages"]["dense"]["workers"] == 1
+
+
+def test_sigterm_drains_in_flight_queries(pipeline_server):
+    proc, ports, config, lines = pipeline_server
+    cfg = config.models[0]
+    model = build_worker_model(cfg)
+    batch = sample_batch(model, 1024, rng=1)
+    results: list[str] = []
+
+    def send() -> None:
+        client = thttp.InferenceServerClient(f"127.0.0.1:{ports['http']}", network_timeout=120)
+        try:
+            out = client.infer(cfg.name, http_inputs(batch)).as_numpy("scores")
+            results.append("ok" if out.shape == (1024, 1) else "wrong")
+        except Exception as exc:  # noqa: BLE001
+            results.append(repr(exc))
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    url = f"http://127.0.0.1:{ports['http']}/control/models/{cfg.name}"
+    deadline = time.monotonic() + 60
+    in_flight = 0
+    while time.monotonic() < deadline and in_flight < 4 and not results:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            in_flight = json.loads(r.read())["in_flight"]
+    assert in_flight >= 1, "queries never became in flight"
+    proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(120)
+    assert proc.wait(60) == 0, "".join(lines)
+    assert results.count("ok") == 4, results
+    assert any("draining" in line for line in lines)
+
+
+def test_serve_needs_a_model_or_config(capsys):
+    assert main(["serve"]) == 2
+    assert "--config" in capsys.readouterr().err
