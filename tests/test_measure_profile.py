@@ -46,13 +46,14 @@ def test_profile_host_quick_writes_a_profile_set_that_round_trips(tmp_path, caps
     assert host["cores"] >= 1
 
 
+@pytest.mark.slow  # starts a process pool (~10 s on a busy 2-core host); the server path is in test_measure_server
 def test_maxload_footprint_and_membw_tables_from_a_worker_pool():
     from test_measure import tiny_spec
 
     spec = tiny_spec()
     budget = Budget(True, 16, 0.05, 2, 1 << 10, 0.01, 0.3, 8, 3, 0.5)
     tables = {t.kind: t for t in maxload_tables(spec, 1.0, budget, [1], mix="fixed:8", sla=SLA(800.0),
-                                                start_qps=40.0)}
+                                                start_qps=40.0, via="inprocess")}
     load, foot, bw = tables["maxload_vs_workers"], tables["footprint"], tables["membw_vs_workers"]
     assert load.server == "this-host" and load.conditions["sla_ms"] == 800.0 and load.conditions["sizes"] == "fixed:8"
     assert load.rows[0][0] == 1 and load.rows[0][1] > 0  # 8-item queries of a tiny model meet an 800 ms SLA

@@ -7,6 +7,7 @@ Latency is counted from each query's scheduled send time (no coordinated omissio
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -23,8 +24,20 @@ def _run(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     sla_ms = args.sla_ms or spec.sla.target_ms
     percentile = args.percentile or spec.sla.percentile
-    target = make_target(args.target, args.served_name or args.model, workers=args.workers,
-                         timeout_s=args.timeout_ms / 1000.0)
+    stack = contextlib.ExitStack()
+    with stack:
+        if args.target in ("serve-http", "serve-grpc"):
+            from recserve.measure.served import LocalServer
+
+            server = stack.enter_context(LocalServer(spec.name, args.scale, workers=args.workers))
+            target = server.target(args.target.removeprefix("serve-"), timeout_s=args.timeout_ms / 1000.0)
+        else:
+            target = make_target(args.target, args.served_name or args.model, workers=args.workers,
+                                 timeout_s=args.timeout_ms / 1000.0)
+        return _bench(args, spec, target, sla_ms, percentile)
+
+
+def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: float) -> int:
     pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed, index=args.index)
     print(f"[bench] {target.name}: model {spec.name} at scale {args.scale:g}, sizes {args.sizes} "
           f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
@@ -90,10 +103,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="catalogue model (queries are built to fit it)")
     p.add_argument("--target", default="inprocess",
-                   help="http://HOST:PORT, grpc://HOST:PORT, inprocess (process pool) or inprocess:thread")
+                   help="http://HOST:PORT, grpc://HOST:PORT, inprocess (process pool), inprocess:thread, or "
+                        "serve-http / serve-grpc (start a local node server with --workers workers)")
     p.add_argument("--served-name", default="", help="model name on the server (default: --model)")
     p.add_argument("--scale", type=float, default=1e-3, help="table-row scale the server/model was built with")
-    p.add_argument("--workers", type=int, default=1, help="in-process workers (ignored for servers)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="workers for inprocess and serve-* targets (ignored for remote servers)")
     p.add_argument("--rate", type=float, default=10.0, help="offered queries/s (start rate with --find-max-load)")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per run (0 = bounded by --requests only)")
     p.add_argument("--requests", type=int, default=None, help="at most this many queries per run")

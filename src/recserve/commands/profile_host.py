@@ -43,7 +43,7 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     if args.sla_ms or args.percentile:
         sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
     profiles = profile_host(specs, args.scale, quick=args.quick, batches=batches, workers=workers,
-                            skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb)
+                            skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb, via=args.via)
     out = Path(args.out)
     if args.merge and out.exists():
         profiles = ProfileSet.load(out).merge(profiles)
@@ -72,6 +72,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="short measurements (about 30 s per model)")
     p.add_argument("--batches", default="", help="batch sizes for latency_vs_batch (default 1,8,...,1024)")
     p.add_argument("--workers", default="", help="worker counts for maxload_vs_workers (default 1..cores)")
+    p.add_argument("--via", choices=("server", "inprocess"), default="server",
+                   help="max-load tables through a local node server (HTTP) or an in-process worker pool")
     p.add_argument("--no-maxload", action="store_true", help="skip the max-load / footprint / membw tables")
     p.add_argument("--sla-ms", type=float, default=None,
                    help="SLA target for the max-load tables (default: each model's own)")

@@ -8,7 +8,8 @@ What is measured, and how:
 - ``latency_vs_batch``: one worker (one intra-op thread) running whole queries in-process,
   repeated; mean, p50, p99 per batch size;
 - ``maxload_vs_workers``: the latency-bounded QPS (open-loop Poisson load, production size mix,
-  the model's SLA) with 1..cores worker processes, through the in-process process pool;
+  the model's SLA) with 1..cores workers, through the real node server over HTTP (``via="server"``,
+  workers resized through its control API) or an in-process process pool (``via="inprocess"``);
 - ``footprint``: proportional set size (PSS, from ``/proc/<pid>/smaps_rollup``) of those workers;
 - ``membw_vs_workers``: an *estimate*, not a counter reading: max load × mean items per query ×
   embedding bytes gathered per item (no DRAM-traffic counters are readable in this VM);
@@ -19,6 +20,7 @@ What is measured, and how:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import os
@@ -32,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import find_max_load
 from recserve.measure.requests import RequestPool, pool_sizes
@@ -274,41 +277,62 @@ def _probe_fn(session: LoadSession, budget: Budget, sla_ms: float, seed: int) ->
     return run_at
 
 
+@contextlib.contextmanager
+def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: int, via: str, server: Any = None):
+    """A load session over ``max_workers`` workers, with ``set(w)`` to use only ``w`` of them and
+    ``pss(w)`` for their memory.  ``via="server"``: a real node server over HTTP (``server``, a started
+    :class:`~recserve.measure.served.LocalServer`, or a new one), resized through its control API;
+    ``via="inprocess"``: a process pool where only ``w`` workers may run at once."""
+    if via == "server":
+        from recserve.measure.served import LocalServer
+
+        with contextlib.ExitStack() as stack:
+            if server is None:
+                server = stack.enter_context(LocalServer(spec.name, scale, workers=max_workers))
+            with LoadSession(server.target("http"), pool, warm=True) as session:
+                yield session, server.set_workers, lambda w: server.worker_pss_gb()
+        return
+    if via != "inprocess":
+        raise RecserveError(f"via must be 'server' or 'inprocess', got {via!r}")
+    target = InProcessTarget(workers=max_workers, mode="process")
+    with LoadSession(target, pool) as session:
+        pids = target.worker_pids()
+        yield session, target.set_active_workers, lambda w: sum(pss_gb(p) for p in pids[:w])
+
+
 def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Sequence[int],
                    lat: ProfileTable | None = None, mix: str = "production", seed: int = 0,
-                   sla: SLA | None = None, start_qps: float | None = None) -> list[ProfileTable]:
-    """``maxload_vs_workers``, ``footprint`` and (estimated) ``membw_vs_workers`` for 1..N workers.
-
-    One pool of ``max(workers)`` processes is started per model; ``w`` workers are emulated by
-    letting only ``w`` of them run at once (queries wait in the generator, still on the clock).
-    """
+                   sla: SLA | None = None, start_qps: float | None = None, via: str = "inprocess",
+                   server: Any = None) -> list[ProfileTable]:
+    """``maxload_vs_workers``, ``footprint`` and (estimated) ``membw_vs_workers`` for each worker count
+    (``server``: reuse a started LocalServer of this model when ``via="server"``)."""
     pool = RequestPool(spec, scale, pool_sizes(mix, 32, seed), seed)
-    target = InProcessTarget(workers=max(workers), mode="process")
     sla = sla or spec.sla
     maxload, foot, membw = [], [], []
     gather_bytes = spec.gather_bytes_per_item
-    with LoadSession(target, pool) as session:
-        pids = target.worker_pids()
+    with _worker_pool(spec, scale, pool, max(workers), via, server) as (session, set_workers, pss):
         for w in workers:
-            target.set_active_workers(w)
+            set_workers(w)
             res = find_max_load(
                 _probe_fn(session, budget, sla.target_ms, seed), sla.target_ms, sla.percentile,
                 start_qps=start_qps or _start_rate(lat, pool.mean_size, w), rtol=budget.rtol,
                 max_probes=budget.max_probes,
             )
-            mem = sum(pss_gb(p) for p in pids[:w])
+            mem = pss(w)
             maxload.append([w, res.max_qps, len(res.probes), float(res.converged)])
             foot.append([w, mem])
             membw.append([w, res.max_qps * pool.mean_size * gather_bytes / 1e9])
             log(f"{spec.name}: {w} worker(s): max load {res.max_qps:.2f} qps (p{sla.percentile:g} <= "
                 f"{sla.target_ms:g} ms, {len(res.probes)} probes, {res.reason}); PSS {mem * 1024:.0f} MiB")
-    cond = {"scale": scale, "sizes": mix, "sla_ms": sla.target_ms, "percentile": sla.percentile,
-            "via": "in-process process pool", "threads_per_worker": 1}
+    how = "node server over HTTP (binary tensors), workers resized by the control API" if via == "server" else \
+        "in-process process pool, w of the workers admitted at once"
+    cond = {"scale": scale, "sizes": mix, "sla_ms": sla.target_ms, "percentile": sla.percentile, "via": how,
+            "threads_per_worker": 1, "client": "recserve open-loop load generator on the same host"}
     return [
         ProfileTable(spec.name, SERVER, "maxload_vs_workers", ("workers", "max_qps", "probes", "converged"),
                      maxload, "measured", cond),
         ProfileTable(spec.name, SERVER, "footprint", ("workers", "mem_gb"), foot, "measured",
-                     {"scale": scale, "method": "sum of worker PSS (/proc/<pid>/smaps_rollup)"}),
+                     {"scale": scale, "via": how, "method": "sum of the workers' PSS (/proc/<pid>/smaps_rollup)"}),
         ProfileTable(spec.name, SERVER, "membw_vs_workers", ("workers", "gbs"), membw, "measured",
                      {**cond, "method": "estimate: max_qps x mean items/query x embedding bytes gathered per item"}),
     ]
@@ -316,7 +340,8 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
 
 def profile_host(specs: Sequence[ModelSpec], scale: float, quick: bool = False,
                  batches: Sequence[int] = BATCHES, workers: Sequence[int] | None = None,
-                 skip_maxload: bool = False, sla: SLA | None = None, array_mb: int | None = None) -> ProfileSet:
+                 skip_maxload: bool = False, sla: SLA | None = None, array_mb: int | None = None,
+                 via: str = "server") -> ProfileSet:
     """Every table above for ``specs`` on this host, plus the host microbenchmarks in ``meta``.
 
     ``sla`` overrides every model's SLA for the max-load tables (recorded in their conditions)."""
@@ -342,7 +367,7 @@ def profile_host(specs: Sequence[ModelSpec], scale: float, quick: bool = False,
         tables.append(ProfileTable(spec.name, SERVER, "gather_qps", ("gathers", "qps", "ms_per_query"), rows,
                                    "measured", fit))
         if not skip_maxload:
-            tables.extend(maxload_tables(spec, scale, budget, workers, lat, sla=sla))
+            tables.extend(maxload_tables(spec, scale, budget, workers, lat, sla=sla, via=via))
     meta["load_avg_after"] = os.getloadavg()
     meta["seconds"] = round(time.perf_counter() - started, 1)
     log(f"done in {meta['seconds']} s")

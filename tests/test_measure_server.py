@@ -1,0 +1,65 @@
+"""The load generator and profiler against the real node server (``recserve.serving``) on loopback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.profiler import Budget, maxload_tables
+from recserve.measure.requests import RequestPool
+from recserve.specs import SLA, catalogue_models, get_model
+
+served = pytest.importorskip("recserve.measure.served")
+pytest.importorskip("recserve.serving")
+pytest.importorskip("tritonclient.grpc.service_pb2")
+
+MODEL = "hera-ncf" if "hera-ncf" in catalogue_models() else next(iter(catalogue_models()))
+SCALE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def server():
+    with served.LocalServer(MODEL, SCALE, workers=2) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return RequestPool.from_mix(get_model(MODEL), SCALE, "normal:mean=40,sd=20", pool=6, seed=3)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_scores_over_the_wire_equal_the_in_process_model(server, pool, protocol):
+    from recserve.serving import build_worker_model
+
+    reference = build_worker_model(server.config.models[0])
+    target = server.target(protocol)
+    with LoadSession(target, pool) as session:
+        for i in range(len(pool)):
+            scores = session._call(target.infer_outputs(i))["scores"]
+            with torch.no_grad():
+                expected = reference(pool.batch(i)).numpy()
+            assert scores.shape == expected.shape
+            np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_open_loop_run_against_the_server(server, pool, protocol):
+    with LoadSession(server.target(protocol), pool, warm=True) as session:
+        result = session.run(20.0, None, max_requests=30, seed=1)
+    assert result.errors == {} and result.ok == 30
+    assert 0 < result.p50 <= result.p99 < 10_000
+
+
+def test_maxload_and_footprint_through_the_server(server):
+    spec = get_model(MODEL)
+    budget = Budget(True, 16, 0.05, 2, 1 << 10, 0.01, 0.3, 8, 3, 0.5)
+    tables = {t.kind: t for t in maxload_tables(spec, SCALE, budget, [1, 2], mix="fixed:8", sla=SLA(2000.0),
+                                                start_qps=20.0, via="server", server=server)}
+    load = tables["maxload_vs_workers"]
+    assert "node server" in load.conditions["via"] and [r[0] for r in load.rows] == [1, 2]
+    assert all(r[1] > 0 for r in load.rows)  # 8-item queries meet a 2 s SLA at 20 qps on any host
+    mem = tables["footprint"].column("mem_gb")
+    assert mem[0] > 0.005 and mem[1] > mem[0]  # a second worker process costs memory
