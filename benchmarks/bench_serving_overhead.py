@@ -1,0 +1,191 @@
+"""What the node server costs on top of running the model in-process, and what shared tables save.
+
+1. Per-request overhead: sequential requests with tritonclient over HTTP (binary tensors) and gRPC,
+   vs the same model called in-process, at batch 1 and 256 (one worker, one thread, no sub-batching).
+2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
+   clients and each worker's RSS / PSS.
+
+Prints a table and writes results/serving_overhead.json.  Usage:
+    .venv/bin/python benchmarks/bench_serving_overhead.py [--model NAME] [--requests 200] [--mem-scale 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+
+from recserve.serving import NodeServer, build_worker_model, quick_config
+from recserve.serving.control_client import ControlClient
+from recserve.serving.runtime import memory_of
+from recserve.specs import catalogue_models
+from recserve.zoo import sample_batch
+
+DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def inputs(mod, batch):
+    out = []
+    for name, arr in batch.as_arrays().items():
+        x = mod.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
+        x.set_data_from_numpy(arr)
+        out.append(x)
+    return out
+
+
+def summary(samples_s: list[float]) -> dict[str, float]:
+    ms = np.array(samples_s) * 1e3
+    return {"mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "n": len(ms)}
+
+
+def timed(fn, n: int, warmup: int = 10) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def overhead(model_name: str, scale: float, requests: int) -> dict:
+    config = quick_config(model_name, scale=scale, workers=1, threads=1)
+    model = build_worker_model(config.models[0])
+    server = NodeServer(config)
+    ports = server.start()
+    log(f"overhead: server up on http {ports.http} grpc {ports.grpc}")
+    results = {}
+    try:
+        http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+        grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        for batch_size in (1, 256):
+            batch = sample_batch(model, batch_size, rng=batch_size)
+            n = requests if batch_size == 1 else max(20, requests // 4)
+            http_in, grpc_in = inputs(thttp, batch), inputs(tgrpc, batch)
+            with torch.inference_mode():
+                local = summary(timed(lambda b=batch: model(b), n))
+            row = {"in_process": local,
+                   "http": summary(timed(lambda x=http_in: http.infer(model_name, x), n)),
+                   "grpc": summary(timed(lambda x=grpc_in: grpc.infer(model_name, x), n))}
+            for proto in ("http", "grpc"):
+                row[proto]["overhead_p50_ms"] = row[proto]["p50_ms"] - local["p50_ms"]
+                row[proto]["overhead_mean_ms"] = row[proto]["mean_ms"] - local["mean_ms"]
+            request_bytes = sum(a.nbytes for a in batch.as_arrays().values())
+            row["request_bytes"] = request_bytes
+            results[str(batch_size)] = row
+            log(f"  batch {batch_size}: in-process p50 {local['p50_ms']:.3f} ms, "
+                f"http p50 {row['http']['p50_ms']:.3f} ms, grpc p50 {row['grpc']['p50_ms']:.3f} ms")
+    finally:
+        server.stop()
+    return results
+
+
+def throughput(model_name: str, scale: float, share: bool, workers: int, seconds: float, clients: int,
+               batch_size: int) -> dict:
+    config = quick_config(model_name, scale=scale, workers=workers, threads=1, share_tables=share,
+                          queue_limit=1000)
+    server = NodeServer(config)
+    ports = server.start()
+    log(f"throughput share_tables={share}: server up")
+    model = build_worker_model(config.models[0]) if not share else server.core.models[model_name].shared_model
+    batches = [sample_batch(model, batch_size, rng=i) for i in range(4)]
+    done = [0] * clients
+    errors = [0] * clients
+    stop = threading.Event()
+
+    def run(k: int) -> None:
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        ins = [inputs(tgrpc, b) for b in batches]
+        i = k
+        while not stop.is_set():
+            try:
+                client.infer(model_name, ins[i % len(ins)])
+                done[k] += 1
+            except Exception:  # noqa: BLE001
+                errors[k] += 1
+            i += 1
+
+    try:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # warm up
+        start_count, t0 = sum(done), time.perf_counter()
+        time.sleep(seconds)
+        count, elapsed = sum(done) - start_count, time.perf_counter() - t0
+        state = ControlClient("127.0.0.1", ports.http).get_model(model_name)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        detail = state["stages"]["model"]["worker_detail"]
+        workers_mem = [{k: w[k] for k in ("pid", "rss_mb", "pss_mb")} for w in detail]
+        server_mem = memory_of(os.getpid())
+    finally:
+        server.stop()
+    table_mb = catalogue_models()[model_name].scaled_embedding_bytes(scale) / 1e6
+    out = {"share_tables": share, "workers": workers, "clients": clients, "batch": batch_size,
+           "qps": count / elapsed, "items_per_s": count * batch_size / elapsed, "errors": sum(errors),
+           "table_mb_per_copy": table_mb, "worker_memory": workers_mem,
+           "worker_rss_mb_sum": sum(w["rss_mb"] for w in workers_mem),
+           "worker_pss_mb_sum": sum(w["pss_mb"] for w in workers_mem),
+           "server_process": server_mem}
+    log(f"  share={share}: {out['qps']:.1f} qps, worker PSS sum {out['worker_pss_mb_sum']:.1f} MB, "
+        f"RSS sum {out['worker_rss_mb_sum']:.1f} MB (tables {table_mb:.1f} MB per copy)")
+    return out
+
+
+def main() -> int:
+    dlrm = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="hercules-rmc1" if "hercules-rmc1" in dlrm else dlrm[0])
+    parser.add_argument("--scale", type=float, default=1e-3, help="table scale for the overhead runs")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--mem-scale", type=float, default=0.02, help="table scale for shared-vs-copied")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--out", default="results/serving_overhead.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    result = {"model": args.model, "host_cores": len(os.sched_getaffinity(0)),
+              "load_average_at_start": os.getloadavg(), "overhead_scale": args.scale}
+    result["overhead"] = overhead(args.model, args.scale, args.requests)
+    result["tables"] = [throughput(args.model, args.mem_scale, share, args.workers, args.seconds, 4, 64)
+                        for share in (True, False)]
+    result["load_average_at_end"] = os.getloadavg()
+    print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
+    print(f"{'batch':>5} {'path':>10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16}")
+    for b, row in result["overhead"].items():
+        for path in ("in_process", "http", "grpc"):
+            r = row[path]
+            extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
+            print(f"{b:>5} {path:>10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra}")
+    print(f"\ntables at scale {args.mem_scale:g}, {args.workers} workers, 4 gRPC clients, batch 64:")
+    print(f"{'share':>6} {'qps':>8} {'items/s':>9} {'RSS MB/worker':>14} {'PSS MB/worker':>14} {'table MB/copy':>14}")
+    for r in result["tables"]:
+        n = max(1, len(r["worker_memory"]))
+        print(f"{str(r['share_tables']):>6} {r['qps']:8.1f} {r['items_per_s']:9.0f} {r['worker_rss_mb_sum'] / n:14.1f} "
+              f"{r['worker_pss_mb_sum'] / n:14.1f} {r['table_mb_per_copy']:14.1f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
