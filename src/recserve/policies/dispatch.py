@@ -92,7 +92,7 @@ class DispatchPolicy:
         self.xi = float(xi)
         self.predictor = predictor
         self.instances: list[Instance] = []
-        self.free_at = np.zeros(0)
+        self.free_at: list[float] = []  # predicted time each instance finishes its assigned work (ms)
 
     def bind(self, instances: Sequence[Instance], types: Sequence[str] | None = None) -> None:
         self.instances = list(instances)
@@ -102,17 +102,18 @@ class DispatchPolicy:
         elif self.predictor.types != names:
             raise RecserveError(f"predictor types {self.predictor.types} differ from pool types {names}")
         self.type_of = np.array([i.type_idx for i in self.instances], dtype=np.int64)
-        self.free_at = np.zeros(len(self.instances))
+        self.free_at = [0.0] * len(self.instances)
 
     def assign(self, now: float, queued: Sequence[Query], idle: Sequence[Instance]) -> Pairs:
         raise NotImplementedError
 
     def commit(self, now: float, query: Query, inst: Instance) -> None:
         """Record a decision: predicted service time and the instance's predicted free time."""
-        pred = self.predictor.pred[inst.type_idx, query.bucket]
+        pred = self.predictor.rows[inst.type_idx][query.bucket]
         query.pred_ms = pred
         j = inst.index
-        self.free_at[j] = max(now, self.free_at[j]) + pred
+        free = self.free_at[j]
+        self.free_at[j] = (free if free > now else now) + pred
 
     def on_complete(self, now: float, query: Query, inst: Instance, service_ms: float) -> None:
         self.predictor.observe(inst.type_idx, query.bucket, service_ms)
@@ -133,13 +134,23 @@ class FCFSPolicy(DispatchPolicy):
     name = "ribbon"
 
     def assign(self, now: float, queued: Sequence[Query], idle: Sequence[Instance]) -> Pairs:
-        pred = self.predictor.pred
+        rows = self.predictor.rows
         free = list(idle)
         out: Pairs = []
         for q in queued:
             if not free:
                 break
-            best = min(free, key=lambda inst: pred[inst.type_idx, q.bucket]) if len(free) > 1 else free[0]
+            if len(free) == 1:
+                best = free[0]
+            else:
+                by_type: dict[int, Instance] = {}
+                for inst in free:
+                    by_type.setdefault(inst.type_idx, inst)
+                if len(by_type) == 1:
+                    best = free[0]
+                else:
+                    b = q.bucket
+                    best = by_type[min(by_type, key=lambda t: rows[t][b])]
             free.remove(best)
             self.commit(now, q, best)
             out.append((q, best))
@@ -190,7 +201,7 @@ class ClockworkPolicy(DispatchPolicy):
         pred = self.predictor.pred
         out: Pairs = []
         for q in queued:
-            finish = np.maximum(self.free_at, now) + pred[self.type_of, q.bucket]
+            finish = np.maximum(np.array(self.free_at), now) + pred[self.type_of, q.bucket]
             inst = self.instances[int(np.argmin(finish))]
             self.commit(now, q, inst)
             out.append((q, inst))
@@ -218,7 +229,7 @@ class KairosPolicy(DispatchPolicy):
         qs = queued[: self.window]
         buckets = np.fromiter((q.bucket for q in qs), dtype=np.int64, count=len(qs))
         waits = now - np.fromiter((q.arrival for q in qs), dtype=float, count=len(qs))
-        remaining = np.maximum(self.free_at - now, 0.0)
+        remaining = np.maximum(np.array(self.free_at) - now, 0.0)
         latency = self.predictor.pred[self.type_of][:, buckets].T + remaining  # [m, n]
         violates = latency + waits[:, None] > self.xi * self.qos_ms
         latency[violates] = self.penalty * self.qos_ms

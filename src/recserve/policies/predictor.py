@@ -27,7 +27,7 @@ class LatencyPredictor:
     """Mean latency (ms) per (instance type, batch bucket), learned online from completions."""
 
     def __init__(self, types: Sequence[str], buckets: np.ndarray | None = None, min_samples: int = 3,
-                 prior: dict[str, np.ndarray] | None = None, refit_every: int = 16) -> None:
+                 prior: dict[str, np.ndarray] | None = None, refit_every: int = 128) -> None:
         self.types = list(types)
         self.buckets = default_buckets() if buckets is None else np.asarray(buckets, dtype=float)
         self.step = float(self.buckets[1] - self.buckets[0]) if len(self.buckets) > 1 else float(self.buckets[0])
@@ -35,14 +35,17 @@ class LatencyPredictor:
         self.refit_every = int(refit_every)
         shape = (len(self.types), len(self.buckets))
         self.pred = np.zeros(shape)
-        self._sum = np.zeros(shape)
-        self._count = np.zeros(shape, dtype=np.int64)
+        # plain Python lists: observe() runs once per simulated query and numpy scalars are slow
+        self._x = self.buckets.tolist()
+        self._sum = [[0.0] * shape[1] for _ in range(shape[0])]
+        self._count = [[0] * shape[1] for _ in range(shape[0])]
         # per-type sufficient statistics of the linear fit: n, sum x, sum y, sum xy, sum xx
-        self._lin = np.zeros((len(self.types), 5))
-        self._since_refit = np.zeros(len(self.types), dtype=np.int64)
+        self._lin = [[0.0] * 5 for _ in range(shape[0])]
+        self._since_refit = [0] * shape[0]
         if prior:
             for name, row in prior.items():
                 self.pred[self.types.index(name)] = np.asarray(row, dtype=float)
+        self.rows = self.pred.tolist()  # list mirror of ``pred`` for fast scalar lookups
 
     # ------------------------------------------------------------ lookups
     def bucket(self, batch: int) -> int:
@@ -51,11 +54,11 @@ class LatencyPredictor:
         return 0 if i < 0 else min(i, len(self.buckets) - 1)
 
     def predict(self, type_idx: int, bucket: int) -> float:
-        return float(self.pred[type_idx, bucket])
+        return self.rows[type_idx][bucket]
 
     def learned(self, type_idx: int) -> bool:
         """True once the type has enough observations for a linear fit."""
-        return self._lin[type_idx, 0] >= 2
+        return self._lin[type_idx][0] >= 2
 
     def coefficients(self) -> np.ndarray:
         """Kairos heterogeneity coefficients C_j in (0, 1]: latency of the largest query on the fastest type
@@ -71,20 +74,23 @@ class LatencyPredictor:
 
     # ------------------------------------------------------------ learning
     def observe(self, type_idx: int, bucket: int, latency_ms: float) -> None:
-        self._sum[type_idx, bucket] += latency_ms
-        self._count[type_idx, bucket] += 1
-        x = self.buckets[bucket]
+        sums, counts = self._sum[type_idx], self._count[type_idx]
+        sums[bucket] += latency_ms
+        counts[bucket] += 1
+        x = self._x[bucket]
         lin = self._lin[type_idx]
         lin[0] += 1.0
         lin[1] += x
         lin[2] += latency_ms
         lin[3] += x * latency_ms
         lin[4] += x * x
-        if self._count[type_idx, bucket] >= self.min_samples:
-            self.pred[type_idx, bucket] = self._sum[type_idx, bucket] / self._count[type_idx, bucket]
+        if counts[bucket] >= self.min_samples:
+            value = sums[bucket] / counts[bucket]
+            self.pred[type_idx, bucket] = value
+            self.rows[type_idx][bucket] = value
         self._since_refit[type_idx] += 1
-        # refit the linear part often while it matters (few samples), rarely afterwards
-        if lin[0] <= 64 or self._since_refit[type_idx] >= self.refit_every:
+        # refit the linear part at every observation while it matters (few samples), rarely afterwards
+        if lin[0] <= 32 or self._since_refit[type_idx] >= self.refit_every:
             self._refit(type_idx)
 
     def _refit(self, type_idx: int) -> None:
@@ -99,9 +105,10 @@ class LatencyPredictor:
         else:
             return
         line = np.maximum(intercept + slope * self.buckets, 1e-3)
-        table = self._count[type_idx] >= self.min_samples
+        table = np.array(self._count[type_idx]) >= self.min_samples
         self.pred[type_idx] = np.where(table, self.pred[type_idx], line)
+        self.rows[type_idx] = self.pred[type_idx].tolist()
 
     def table_fraction(self) -> float:
         """Fraction of (type, bucket) cells served from the lookup table rather than the line."""
-        return float((self._count >= self.min_samples).mean())
+        return float((np.array(self._count) >= self.min_samples).mean())
