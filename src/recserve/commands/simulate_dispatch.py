@@ -25,6 +25,7 @@ from recserve.sim.dispatch_eval import (
     config_to_pool,
     homogeneous_pool,
     oracle_best_pool,
+    policy_best_pool,
     resolve_model,
 )
 from recserve.sim.latency import load_reference
@@ -89,6 +90,11 @@ def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict
         homo_res = ev.evaluate(homo, ["kairos"])["kairos"]
         out["homogeneous"] = {"pool": pool_text(homo), "max_qps": homo_res.max_qps,
                               "budget_scale": scale, "max_qps_scaled_to_budget": homo_res.max_qps * scale}
+    if args.ribbon_own_pool and prices:
+        rpool, rqps, tried = policy_best_pool(ev, "ribbon", prices, caps, budget)
+        out["ribbon_own_pool"] = {"pool": pool_text(rpool), "max_qps": rqps, "pools_evaluated": tried}
+        print(f"  {model} ribbon on its own best pool [{pool_text(rpool)}]: {rqps:.2f} qps ({tried} pools)",
+              file=sys.stderr)
     return out
 
 
@@ -102,6 +108,8 @@ def _ratios(res: dict[str, Any]) -> dict[str, float]:
                 out[f"kairos/{name}"] = k / v["max_qps"]
         if "homogeneous" in res and res["homogeneous"]["max_qps_scaled_to_budget"] > 0:
             out["kairos/homogeneous(scaled)"] = k / res["homogeneous"]["max_qps_scaled_to_budget"]
+        if res.get("ribbon_own_pool", {}).get("max_qps"):
+            out["kairos/ribbon(own pool)"] = k / res["ribbon_own_pool"]["max_qps"]
     return out
 
 
@@ -178,6 +186,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=0.02, help="max-load bisection tolerance")
     p.add_argument("--no-homogeneous", action="store_true", help="skip the homogeneous baseline")
+    p.add_argument("--ribbon-own-pool", action="store_true",
+                   help="also search Ribbon's (FCFS) own best pool near the homogeneous one (slow)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--json-out", help="write the results JSON here")
     p.add_argument("--plot", help="write a PNG bar chart here")

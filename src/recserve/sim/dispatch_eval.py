@@ -167,3 +167,25 @@ def oracle_best_pool(ev: DispatchEvaluation, prices: dict[str, float], caps: dic
         if value > best:
             best, best_pool = value, pool
     return best_pool, best
+
+
+def policy_best_pool(ev: DispatchEvaluation, policy: str, prices: dict[str, float], caps: dict[str, int],
+                     budget: float, slack: int = 1) -> tuple[list[str], float, int]:
+    """Best pool for one policy by exhaustive max-load search over the pools under the budget that keep at
+    least (most affordable base count - ``slack``) base instances - a stand-in for Ribbon's Bayesian search,
+    which for FCFS ends near the homogeneous pool.  Returns (pool, its allowable QPS, pools evaluated)."""
+    from recserve.planners.kairos import enumerate_configs
+
+    types = [t for t in ev.service.types if t in prices]
+    homo, _ = homogeneous_pool(ev.service, prices, budget, ev.qos_ms, caps)
+    base = homo[0]
+    configs = enumerate_configs([prices[t] for t in types], [int(caps.get(t, 10**6)) for t in types], budget)
+    keep = configs[:, types.index(base)] >= max(1, len(homo) - slack)
+    best, best_pool = -1.0, homo
+    for row in configs[keep]:
+        pool = [t for t, n in zip(types, row.tolist(), strict=True) for _ in range(n)]
+        start = max(ev.oracle(pool) / 2.0, 0.5)
+        qps, _ = ev.max_load(pool, lambda: make_policy(policy, ev.qos_ms), start)
+        if qps > best:
+            best, best_pool = qps, pool
+    return best_pool, best, int(keep.sum())
