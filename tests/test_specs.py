@@ -157,3 +157,14 @@ def test_load_models_reads_a_bare_mapping(tmp_path):
     path = tmp_path / "bare.yaml"
     path.write_text(GOOD.replace("models:\n", ""))
     assert list(load_models(path)) == ["tiny"]
+
+
+def test_models_list_prints_na_for_a_family_the_zoo_cannot_build(tmp_path, capsys, monkeypatch):
+    import recserve.zoo as zoo
+
+    monkeypatch.setattr(zoo, "FAMILY_CLASSES", {k: v for k, v in zoo.FAMILY_CLASSES.items() if k != "dlrm"})
+    path = tmp_path / "mine.yaml"
+    path.write_text(GOOD.replace("tiny:", "tiny-unbuilt:"))
+    assert main(["models", "list", "--file", str(path)]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tiny-unbuilt"))
+    assert " n/a " in row
