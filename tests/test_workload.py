@@ -194,6 +194,7 @@ def test_index_sampler_registry_plugs_into_the_zoo_batch():
         index_sampler("locality:p=1.5")
     with pytest.raises(WorkloadError):
         index_sampler("pareto:a=1")
+    assert index_sampler("uniform", hot="first", seed=2)(10, 5, np.random.default_rng(0)).max() < 10
 
 
 def test_sampler_works_with_sample_batch_on_a_built_model():

@@ -216,7 +216,8 @@ def index_sampler(spec: str, **overrides: object):
     ``"zipf:alpha=1.05"`` (also ``hot``, ``seed``); ``overrides`` replace parameters in the string."""
     name, params = parse_spec(spec)
     params = {**params, **{k: str(v) for k, v in overrides.items()}}
-    if name == "uniform" and not params:
+    if name == "uniform":  # every row equally likely: layout and seed do not matter
+        _only(name, {k: v for k, v in params.items() if k not in ("hot", "seed")}, ())
         return uniform
     common = {"hot": params.pop("hot", "scattered"), "perm_seed": int(as_float(params, "seed", 0, where=name))}
     params.pop("seed", None)
