@@ -182,7 +182,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=float, help="$/hr budget for the planner and homogeneous pool")
     p.add_argument("--qos-ms", type=float, help="p99 target (default: from the reference)")
     p.add_argument("--queries", type=int, default=10000, help="queries per max-load probe")
-    p.add_argument("--mix", default="production", help="query-size mix: production | gaussian")
+    p.add_argument("--mix", default="production",
+                   help="query-size distribution (recserve.workload spec), e.g. production, normal:mean=256,sd=32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rtol", type=float, default=0.02, help="max-load bisection tolerance")
     p.add_argument("--no-homogeneous", action="store_true", help="skip the homogeneous baseline")

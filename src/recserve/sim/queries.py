@@ -1,7 +1,7 @@
 """Query streams for the simulator: sizes from the production-like mix, Poisson arrivals, load shapes.
 
-The size mix is the Kairos/DeepRecSys production-like recipe (``/work/shared/reference/README.md``)
-as the pool planner computes it, so planning and simulation agree on the mix.
+Sizes come from ``recserve.workload`` (the production-like Kairos/DeepRecSys mix by default);
+shaped arrival curves (ramps, steps, spikes) are generated here by time rescaling.
 Arrival times use common random numbers: one array of unit exponential gaps is scaled by the rate,
 so runs at different rates (and with different policies) see the same query sequence.
 """
@@ -15,29 +15,15 @@ import numpy as np
 from recserve.errors import RecserveError
 
 
-def production_mix(n: int, rng: np.random.Generator) -> np.ndarray:
-    """Kairos' production-like batch sizes (mean ~244, median ~180, p99 ~920), multiples of 10, drawn from
-    the exact pmf the pool planner uses (which defers to ``recserve.workload`` when that provides it)."""
-    from recserve.planners.kairos import production_size_mix
-
-    sizes, pmf = production_size_mix()
-    return rng.choice(sizes, size=n, p=pmf).astype(np.int64)
-
-
-def gaussian_mix(n: int, rng: np.random.Generator, mean: float = 256, sd: float = 32) -> np.ndarray:
-    return (np.ceil(np.clip(rng.normal(mean, sd, n), 1, 1000) / 10.0) * 10).astype(np.int64)
-
-
-SIZE_MIXES: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
-    "production": production_mix,
-    "gaussian": gaussian_mix,
-}
-
-
 def sizes_for(mix: str, n: int, rng: np.random.Generator) -> np.ndarray:
-    if mix not in SIZE_MIXES:
-        raise RecserveError(f"unknown query-size mix {mix!r}; known: {', '.join(SIZE_MIXES)}")
-    return SIZE_MIXES[mix](n, rng)
+    """``n`` query sizes from a ``recserve.workload`` size distribution spec (``production``,
+    ``normal:mean=256,sd=32``, ``file:sizes.npy``, ...)."""
+    from recserve.workload import WorkloadError, size_distribution
+
+    try:
+        return size_distribution(mix).sample(n, rng)
+    except WorkloadError as exc:
+        raise RecserveError(str(exc)) from exc
 
 
 class QueryStream:
