@@ -315,3 +315,17 @@ def test_prefetch_reads_all_tables_and_keeps_results_exact(disk_dir):
     # staged rows were consumed by pool: each distinct id fetched once per batch, not again by pool
     stats = tier_stats(model)
     assert stats.lookups == expected and stats.ios > 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_file_truncated_while_serving_fails_the_query_through_prefetch(disk_dir, engine):
+    spec = small_spec()
+    model = build(spec, scale=1.0)
+    ref = copy.deepcopy(model)
+    tier_model(model, [0, 1, 2], disk_dir, cache_bytes=0, engine=engine)
+    batch = sample_batch(model, 16, rng=4)
+    with torch.no_grad():
+        assert torch.equal(model(batch), ref(batch))
+        os.truncate(model.tables[0].path, 4096 + 64 * 10)  # table 0 keeps only its first rows
+        with pytest.raises(TableIOError, match="short read"):
+            model(batch)

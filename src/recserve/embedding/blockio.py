@@ -57,6 +57,22 @@ def io_uring_available() -> bool:
         return False
 
 
+RING_ENTRIES = 256
+_local = threading.local()
+
+
+def _thread_ring():
+    """This thread's io_uring (one per thread: rings are not thread-safe; one ring serves every file)."""
+    ring = getattr(_local, "ring", None)
+    if ring is None:
+        lu = _liburing()
+        ring = lu.Ring()
+        if lu.io_uring_queue_init(RING_ENTRIES, ring) != 0:
+            raise TableIOError("io_uring_queue_init failed")
+        _local.ring, _local.cqe = ring, lu.Cqe()
+    return _local.ring, _local.cqe
+
+
 class AlignedSlots:
     """``count`` buffers of ``size`` bytes each, page-aligned (an anonymous mmap), growable."""
 
@@ -117,11 +133,7 @@ class BlockReader:
     def _pick_engine(self, engine: str) -> str:
         if engine in ("auto", "io_uring"):
             if io_uring_available():
-                lu = _liburing()
-                self._lu = lu
-                self._ring = lu.Ring()
-                lu.io_uring_queue_init(max(8, self.max_outstanding), self._ring)
-                self._cqe = lu.Cqe()
+                self._lu = _liburing()
                 return "io_uring"
             if engine == "io_uring":
                 raise TableIOError("io_uring requested but the liburing binding or the kernel ring is unavailable")
@@ -182,44 +194,99 @@ class BlockReader:
                 raise err
 
     def _read_uring(self, offsets: np.ndarray) -> None:
-        lu, ring, cqe = self._lu, self._ring, self._cqe
+        _uring_read_many([(self, offsets)])
+
+    def _iovecs(self) -> list:
         if self.slots.iovecs is None or len(self.slots.iovecs) < self.slots.count:
-            self.slots.iovecs = [lu.Iovec([v]) for v in self.slots.views]
-        iovecs = self.slots.iovecs
-        n, issued, done = offsets.size, 0, 0
-        failure: TableIOError | None = None
-        while done < n:
-            while issued < n and issued - done < self.max_outstanding:
-                sqe = lu.io_uring_get_sqe(ring)
-                lu.io_uring_prep_readv(sqe, self.fd, iovecs[issued], int(offsets[issued]))
-                lu.io_uring_sqe_set_data64(sqe, issued)
-                issued += 1
-            lu.io_uring_submit(ring)
-            lu.io_uring_wait_cqe(ring, cqe)  # one completion at a time: cqe[k>0] is unsafe when the CQ wraps
-            entry = cqe[0]
-            i = lu.io_uring_cqe_get_data64(entry)
-            try:
-                res = entry.res
-            except OSError as exc:  # the binding raises for negative results
-                res = -(exc.errno or 5)
-            lu.io_uring_cqe_seen(ring, entry)
-            done += 1
-            if failure is None:
-                try:
-                    self._check(res, int(offsets[i]))
-                except TableIOError as exc:
-                    failure = exc
-        if failure is not None:
-            raise failure
+            self.slots.iovecs = [self._lu.Iovec([v]) for v in self.slots.views]
+        return self.slots.iovecs
 
     def close(self) -> None:
         with self._lock:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
-            if self.engine == "io_uring":
-                self._lu.io_uring_queue_exit(self._ring)
-                self.engine = "closed"
             if self._own_pool and self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
+
+
+def _uring_read_many(requests: list[tuple[BlockReader, np.ndarray]]) -> None:
+    """Issue every request's windows on this thread's ring, at most ``max_outstanding`` per file and
+    ``RING_ENTRIES`` in all, completions reaped one at a time; raise the first failure after all completed."""
+    lu = _liburing()
+    ring, cqe = _thread_ring()
+    iovecs = [r._iovecs() for r, _ in requests]
+    nxt = [0] * len(requests)
+    inflight = [0] * len(requests)
+    remaining = sum(int(o.size) for _, o in requests)
+    total_inflight = 0
+    failure: TableIOError | None = None
+    while remaining:
+        issued = 0
+        for k, (reader, offsets) in enumerate(requests):
+            while (nxt[k] < offsets.size and inflight[k] < reader.max_outstanding
+                   and total_inflight < RING_ENTRIES):
+                i = nxt[k]
+                sqe = lu.io_uring_get_sqe(ring)
+                lu.io_uring_prep_readv(sqe, reader.fd, iovecs[k][i], int(offsets[i]))
+                lu.io_uring_sqe_set_data64(sqe, (k << 32) | i)
+                nxt[k] += 1
+                inflight[k] += 1
+                total_inflight += 1
+                issued += 1
+        if issued:
+            lu.io_uring_submit(ring)
+        lu.io_uring_wait_cqe(ring, cqe)  # one completion at a time: cqe[k>0] is unsafe when the CQ wraps
+        entry = cqe[0]
+        tag = lu.io_uring_cqe_get_data64(entry)
+        try:
+            res = entry.res
+        except OSError as exc:  # the binding raises for negative results
+            res = -(exc.errno or 5)
+        lu.io_uring_cqe_seen(ring, entry)
+        k, i = tag >> 32, tag & 0xFFFFFFFF
+        inflight[k] -= 1
+        total_inflight -= 1
+        remaining -= 1
+        if failure is None:
+            try:
+                requests[k][0]._check(res, int(requests[k][1][i]))
+            except TableIOError as exc:
+                failure = exc
+    if failure is not None:
+        raise failure
+
+
+def read_many(requests: list[tuple[BlockReader, np.ndarray]], executor=None) -> list[np.ndarray]:
+    """Read several files' windows at once (SDM §A.2 inter-op parallelism: all tables' IOs in flight together).
+    io_uring readers share one submission on this thread's ring; thread-pool readers run side by side on
+    ``executor``.  Each result is valid until that reader's next read."""
+    requests = [(r, np.asarray(o, dtype=np.int64)) for r, o in requests if len(o)]
+    if not requests:
+        return []
+    readers = sorted({id(r): r for r, _ in requests}.values(), key=id)
+    if len(readers) != len(requests):
+        raise ValueError("read_many: one request per reader")
+    if all(r.engine == "io_uring" for r in readers):
+        for r in readers:
+            r._lock.acquire()
+        try:
+            for r, o in requests:
+                r.slots.ensure(o.size)
+            _uring_read_many(requests)
+            out = []
+            for r, o in requests:
+                if r.mode != "O_DIRECT":
+                    os.posix_fadvise(r.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                r.ios += o.size
+                r.bytes_read += o.size * r.window
+                out.append(r.slots.array[: o.size])
+            return out
+        finally:
+            for r in readers:
+                r._lock.release()
+    if executor is None or len(requests) == 1:
+        return [r.read(o) for r, o in requests]
+    futures = [executor.submit(r.read, o) for r, o in requests]
+    return [f.result() for f in futures]

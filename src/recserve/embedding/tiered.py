@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from recserve.embedding.blockio import BlockReader, TableIOError
+from recserve.embedding.blockio import BlockReader, TableIOError, read_many
 from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
 from recserve.embedding.tablefile import TableHeader, decode_rows, open_table_header, write_table
 from recserve.errors import SpecError
@@ -66,6 +66,23 @@ class TierStats:
 
 
 @dataclass
+class PendingFetch:
+    """A lookup between its cache phase and its reads (lets a batch issue all tables' reads together)."""
+
+    table: TieredTable
+    out: np.ndarray
+    miss: np.ndarray
+    keys: np.ndarray | None
+    windows: np.ndarray
+    which: np.ndarray
+    within: np.ndarray
+
+    def complete(self, buf: np.ndarray) -> np.ndarray:
+        self.table._finish(self, buf)
+        return self.out
+
+
+@dataclass
 class TierResources:
     """What the tiered tables of one process share: the unified row cache and the pooled cache."""
 
@@ -76,6 +93,7 @@ class TierResources:
     direct: bool = True
     tables_in_flight: int = 4  # tables whose misses are read at the same time (SDM §A.2 inter-op parallelism)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
+    prefetch_handle: Any = field(default=None, repr=False)  # remove() it to turn the cross-table prefetch off
 
     def executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -83,7 +101,7 @@ class TierResources:
         return self._pool
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_pool": None}
+        return {**self.__dict__, "_pool": None, "prefetch_handle": None}
 
 
 class TieredTable(nn.Module):
@@ -190,13 +208,21 @@ class TieredTable(nn.Module):
 
     def fetch(self, rows: np.ndarray) -> np.ndarray:
         """Raw bytes ``[U, row_bytes]`` of distinct ``rows``: cache hits copied, misses read from the file."""
+        pending = self.begin_fetch(rows)
+        if pending.windows.size:
+            pending.complete(self.reader.read(pending.windows))
+        return pending.out
+
+    def begin_fetch(self, rows: np.ndarray) -> PendingFetch:
+        """Phase 1: cache lookup (hits copied out) and the aligned windows the misses need."""
         h = self.header
         out = np.empty((rows.size, h.row_bytes), dtype=np.uint8)
         stats = self.stats
         stats.lookups += rows.size
         stats.unique += rows.size
-        cache = self.resources.row_cache
+        keys = None
         if self.use_cache:
+            cache = self.resources.row_cache
             keys = (np.int64(self.table_id) << np.int64(ROW_BITS)) | rows
             with cache.lock:
                 slots = cache.lookup(keys)
@@ -207,25 +233,26 @@ class TieredTable(nn.Module):
             miss = np.arange(rows.size)
         stats.hits += rows.size - miss.size
         stats.misses += miss.size
-        if miss.size:
-            out[miss] = self._read_rows(rows[miss])
-            if self.use_cache:
-                with cache.lock:
-                    cache.insert(keys[miss], out[miss])
-        return out
-
-    def _read_rows(self, rows: np.ndarray) -> np.ndarray:
-        h = self.header
-        if int(rows.max()) >= h.rows or int(rows.min()) < 0:
+        missing = rows[miss]
+        if missing.size and (int(missing.max()) >= h.rows or int(missing.min()) < 0):
             raise IndexError(f"{self.path}: row index out of range [0, {h.rows})")
-        offsets = h.data_offset + rows * h.stride
+        offsets = h.data_offset + missing * h.stride
         starts = offsets - offsets % self.unit
         windows, which = np.unique(starts, return_inverse=True)
-        buf = self.reader.read(windows)
-        self.stats.ios += windows.size
-        self.stats.bytes_read += windows.size * self.window
-        self.stats.bytes_used += rows.size * h.row_bytes
-        return buf[which[:, None], (offsets - starts)[:, None] + self._col]
+        return PendingFetch(self, out, miss, keys, windows, which, offsets - starts)
+
+    def _finish(self, p: PendingFetch, buf: np.ndarray) -> None:
+        """Phase 2: rows cut out of the read windows, then cached (only after every read succeeded)."""
+        h = self.header
+        rows = buf[p.which[:, None], p.within[:, None] + self._col]
+        p.out[p.miss] = rows
+        self.stats.ios += p.windows.size
+        self.stats.bytes_read += p.windows.size * self.window
+        self.stats.bytes_used += p.miss.size * h.row_bytes
+        if self.use_cache:
+            cache = self.resources.row_cache
+            with cache.lock:
+                cache.insert(p.keys[p.miss], rows)
 
     def close(self) -> None:
         self.reader.close()
@@ -271,23 +298,31 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
         use_cache = opts.get("cache", t not in no_cache_tables)
         model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify))
     if prefetch and pooled is None and hasattr(model, "register_forward_pre_hook"):
-        model.register_forward_pre_hook(prefetch_hook)
+        resources.prefetch_handle = model.register_forward_pre_hook(prefetch_hook)
     return resources
 
 
 def prefetch_hook(model: nn.Module, args: tuple) -> None:
-    """Forward pre-hook: stage the rows of every tiered table of this batch concurrently (IO releases the GIL)."""
+    """Forward pre-hook: look every tiered table of this batch up in the cache, then read all their misses in
+    one concurrent submission (SDM §A.2), and stage the rows for the tables' ``pool``/``gather``."""
     if not args or not hasattr(args[0], "tables"):
         return
     batch = args[0]
     work = [(table, idx) for table, (idx, _) in zip(model.tables, batch.tables(), strict=True)
-            if isinstance(table, TieredTable)]
+            if isinstance(table, TieredTable) and table.resources.pooled is None]
     if len(work) < 2:
         return
-    pool = work[0][0].resources.executor()
-    futures = [pool.submit(table.stage, idx) for table, idx in work]
-    for f in futures:
-        f.result()  # re-raises an I/O error: the query fails
+    pending = []
+    for table, idx in work:
+        table._staged = None
+        uniq = np.unique(idx.to(torch.int64).numpy())
+        pending.append((uniq, table.begin_fetch(uniq)))
+    reads = [(p.table.reader, p.windows) for _, p in pending if p.windows.size]
+    buffers = iter(read_many(reads, work[0][0].resources.executor()))  # raises on an I/O error: query fails
+    for uniq, p in pending:
+        if p.windows.size:
+            p.complete(next(buffers))
+        p.table._staged = (uniq, p.out)
 
 
 def tier_stats(model: nn.Module) -> TierStats:
