@@ -9,7 +9,7 @@ from torch import nn
 from recserve.errors import SpecError
 from recserve.specs import ModelSpec, catalogue_models, model_from_dict
 from recserve.zoo import FAMILY_CLASSES, build, sample_batch
-from recserve.zoo.flops import dense_flops_per_item
+from recserve.zoo.flops import count_dense_flops, dense_flops_per_item
 from recserve.zoo.layers import AUGRU, ActivationUnit, ScoreHead, candidate_tables
 
 SLA = {"target_ms": 50}
@@ -101,7 +101,9 @@ def test_build_shrinks_rows_only(family):
     small, full = build(s, scale=0.05), build(s, scale=1.0)
     assert small.rows == s.scaled_rows(0.05) and full.rows == tuple(t.rows for t in s.tables)
     dense_params = {k: v.shape for k, v in small.state_dict().items() if not k.startswith("tables.")}
-    assert dense_params == {k: v.shape for k, v in full.state_dict().items() if not k.startswith("tables.")}
+    full_params = {k: v for k, v in full.state_dict().items() if not k.startswith("tables.")}
+    assert dense_params == {k: v.shape for k, v in full_params.items()}
+    assert all(torch.equal(small.state_dict()[k], v) for k, v in full_params.items())  # same dense weights
     assert [t.dim for t in small.tables] == [t.dim for t in s.tables]
 
 
@@ -266,6 +268,16 @@ def test_flops_count_dien_attention_and_augru():
     augru = 2 * steps * h * 3 * h + steps * 2 * h * 3 * h
     head = 2 * ((3 + 4 + 8 + h) * 24 + 24 * 12 + 12 * 2)
     assert dense_flops_per_item(s) == extractor + query + attention + augru + head
+
+
+@pytest.mark.parametrize("family", sorted(SPECS))
+def test_flops_on_meta_equal_flops_of_a_real_run(family):
+    s = SPECS[family]
+    model = build(s, scale=0.1)
+    batch = sample_batch(model, 1)
+    with torch.no_grad():
+        real = count_dense_flops(model, batch.dense, model.sparse(batch))
+    assert real == dense_flops_per_item(s) > 0
 
 
 def test_flops_count_din_attention():

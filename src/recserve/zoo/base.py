@@ -45,7 +45,7 @@ class DramTable(nn.Module):
         super().__init__()
         self.num_rows, self.dim = num_rows, dim
         self.bag = nn.EmbeddingBag(num_rows, dim, mode="sum", _weight=torch.empty(num_rows, dim))
-        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), device="cpu")))
         with torch.no_grad():
             self.bag.weight.uniform_(-0.05, 0.05, generator=generator)
 

@@ -1,11 +1,12 @@
 """Dense FLOPs per candidate item, counted on the real module rather than re-derived by hand.
 
-Dense layers do not depend on table rows, so the model is built with tiny tables and one item is
-run through it with hooks on every Linear / GRU / GRUCell and on every zoo layer that reports its own
-work through a ``dense_flops(inputs, output)`` method (DIN's factored activation unit, attention
-pooling, DLRM's dot interaction).  The AUGRU computes through ``nn.Linear`` and is counted by those
-hooks.  This keeps the count true to what the zoo executes for every family.  Element-wise
-activations and gate arithmetic are not counted (as for ``nn.GRU``).
+Dense layers do not depend on table rows or values, so the model is built on the ``meta`` device
+and one item's sparse outputs (shapes only) run through ``model.dense`` with hooks on every
+Linear / GRU / GRUCell and on every zoo layer that reports its own work through a
+``dense_flops(inputs, output)`` method (DIN's factored activation unit, attention pooling and dot
+scores, the AUGRU recurrence, DLRM's dot interaction).  This keeps the count true to what the zoo
+executes for every family.  Element-wise activations and gate arithmetic are not counted (as for
+``nn.GRU``).
 """
 
 from __future__ import annotations
@@ -34,27 +35,43 @@ def _counted(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear | nn.GRU | nn.GRUCell) or callable(getattr(module, "dense_flops", None))
 
 
-@cache
-def dense_flops_per_item(spec: ModelSpec) -> int:
-    from recserve.zoo import build, sample_batch
-
-    model = build(spec, scale=1e-12, min_rows=4)
+def count_dense_flops(model: nn.Module, dense: torch.Tensor, pooled: list[torch.Tensor]) -> int:
+    """FLOPs of one ``model.dense(dense, pooled)`` call, summed over the hooked layers."""
     total = 0
 
-    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], _out: object) -> None:
+    def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], out: object) -> None:
         nonlocal total
         if isinstance(module, nn.Linear):
             total += _linear_flops(module, inputs)
         elif isinstance(module, nn.GRU | nn.GRUCell):
             total += _gru_flops(module, inputs)
         else:
-            total += int(module.dense_flops(inputs, _out))
+            total += int(module.dense_flops(inputs, out))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if _counted(m)]
     try:
         with torch.no_grad():
-            model(sample_batch(model, 1))
+            model.dense(dense, pooled)
     finally:
         for h in handles:
             h.remove()
     return total
+
+
+def sparse_outputs(spec: ModelSpec, batch: int = 1, device: str | torch.device = "meta") -> list[torch.Tensor]:
+    """Placeholders shaped like ``model.sparse`` output: pooled ``[B, dim]``, sequences ``[B, L, dim]``."""
+    return [
+        torch.zeros((batch, t.pooling, t.dim) if t.kind == "sequence" else (batch, t.dim), device=device)
+        for t in spec.tables
+    ]
+
+
+@cache
+def dense_flops_per_item(spec: ModelSpec) -> int:
+    """Dense FLOPs for one candidate item, from shapes alone: the model is built on the ``meta``
+    device (no memory, no arithmetic), so even multi-GB MLPs (SDM's M3) count in seconds."""
+    from recserve.zoo import build
+
+    with torch.device("meta"):
+        model = build(spec, scale=1e-12, min_rows=4)
+    return count_dense_flops(model, torch.zeros(1, spec.dense_in, device="meta"), sparse_outputs(spec))
