@@ -25,6 +25,13 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
+def _maxload_cell(row: list[float]) -> str:
+    workers, qps, violating = int(row[0]), row[1], row[2]
+    if qps == 0 and violating > 0:
+        return f"{workers}w < {violating:.2f} qps (SLA missed at the lowest rate probed)"
+    return f"{workers}w {qps:.1f} qps"
+
+
 def cmd_profile_host(args: argparse.Namespace) -> int:
     import torch
 
@@ -59,7 +66,8 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
         for row in lat.rows:
             print(f"  {int(row[0]):5d} {row[1]:9.3f} {row[2]:9.3f} {row[3]:9.3f}")
         for t in profiles.find(spec.name, "this-host", "maxload_vs_workers"):
-            print("  max load vs workers: " + ", ".join(f"{int(r[0])}w {r[1]:.1f} qps" for r in t.rows))
+            print(f"  max load vs workers (p{t.conditions['percentile']:g} <= {t.conditions['sla_ms']:g} ms): "
+                  + ", ".join(_maxload_cell(r) for r in t.rows))
     return 0
 
 

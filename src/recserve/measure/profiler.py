@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import math
 import os
 import sys
 import time
@@ -319,7 +320,8 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
                 max_probes=budget.max_probes,
             )
             mem = pss(w)
-            maxload.append([w, res.max_qps, len(res.probes), float(res.converged)])
+            hi = res.bracket[1] if math.isfinite(res.bracket[1]) else -1.0  # lowest violating rate (-1: none)
+            maxload.append([w, res.max_qps, hi, len(res.probes), float(res.converged)])
             foot.append([w, mem])
             membw.append([w, res.max_qps * pool.mean_size * gather_bytes / 1e9])
             log(f"{spec.name}: {w} worker(s): max load {res.max_qps:.2f} qps (p{sla.percentile:g} <= "
@@ -329,7 +331,8 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
     cond = {"scale": scale, "sizes": mix, "sla_ms": sla.target_ms, "percentile": sla.percentile, "via": how,
             "threads_per_worker": 1, "client": "recserve open-loop load generator on the same host"}
     return [
-        ProfileTable(spec.name, SERVER, "maxload_vs_workers", ("workers", "max_qps", "probes", "converged"),
+        ProfileTable(spec.name, SERVER, "maxload_vs_workers",
+                     ("workers", "max_qps", "violating_qps", "probes", "converged"),
                      maxload, "measured", cond),
         ProfileTable(spec.name, SERVER, "footprint", ("workers", "mem_gb"), foot, "measured",
                      {"scale": scale, "via": how, "method": "sum of the workers' PSS (/proc/<pid>/smaps_rollup)"}),
