@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     hours, loads = day_loads(data, args.traffic, args.steps)
     profiles = profiles_for(args, list(loads), list(available))
     plan = plan_provision(profiles, available, loads, hours, alpha=args.alpha, seed=args.seed, progress=progress,
-                          time_limit_s=args.time_limit)
+                          time_limit_s=args.time_limit, mip_rel_gap=args.gap)
     emit(plan, args)
     if args.plot:
         plot(plan, args.plot)
@@ -97,5 +97,6 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="provisioning intervals per day (default 48 or 'steps:')")
     p.add_argument("--seed", type=int, default=0, help="seed of the heterogeneity-oblivious baseline")
     p.add_argument("--time-limit", type=float, default=10.0, help="HiGHS time limit per interval (s)")
+    p.add_argument("--gap", type=float, default=1e-3, help="HiGHS relative optimality gap per interval")
     add_output_args(p)
     p.set_defaults(func=run)
