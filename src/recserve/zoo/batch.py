@@ -99,9 +99,9 @@ class QueryBatch:
             if name not in arrays:
                 raise BatchError(name, "input tensor missing")
         return cls(
-            dense=torch.from_numpy(np.ascontiguousarray(arrays[INPUT_DENSE])),
-            values=torch.from_numpy(np.ascontiguousarray(arrays[INPUT_VALUES])),
-            lengths=torch.from_numpy(np.ascontiguousarray(arrays[INPUT_LENGTHS])),
+            dense=_tensor(arrays[INPUT_DENSE]),
+            values=_tensor(arrays[INPUT_VALUES]),
+            lengths=_tensor(arrays[INPUT_LENGTHS]),
         )
 
     def validate(self, dense_in: int, rows: tuple[int, ...], seq_lens: dict[int, int] | None = None,
@@ -135,6 +135,13 @@ class QueryBatch:
             idx = self.values[int(starts[t]) : int(starts[t + 1])]
             if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
                 raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {n})")
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array``; read-only buffers (decoded straight from a request body) are copied,
+    since torch may not alias memory it cannot write."""
+    array = np.ascontiguousarray(array)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 def uniform_sampler(rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
