@@ -104,8 +104,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     _print_trace(trace)
     if args.out:
         print(f"wrote {trace.save(args.out)}")
-    if args.plot:
-        _plot_trace(trace, args.plot)
+    if args.plot is not None:
+        _plot_trace(trace, args.plot or str(Path(args.out).with_suffix(".png") if args.out else "trace.png"))
     return 0
 
 
@@ -215,7 +215,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--noise", type=float, default=0.03, help="relative per-step noise (sd)")
     tp.add_argument("--seed", type=int, default=0)
     tp.add_argument("--out", help="save the trace (.json or .csv)")
-    tp.add_argument("--plot", help="save a PNG of QPS over time")
+    tp.add_argument("--plot", nargs="?", const="", metavar="PNG",
+                    help="save a PNG of QPS over time (default name: --out with .png, else trace.png)")
     tp.set_defaults(func=cmd_trace)
 
     vp = wsub.add_parser("trace-show", help="summarise (and plot) a saved trace")
