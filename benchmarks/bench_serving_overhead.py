@@ -63,13 +63,43 @@ def timed(fn, n: int, warmup: int = 10) -> list[float]:
     return out
 
 
+def ipc_only(config, batches: dict[int, object], counts: dict[int, int]) -> dict[int, dict[str, float]]:
+    """The worker hand-off alone: ModelRuntime.infer on a private event loop, no network protocol."""
+    import asyncio
+
+    from recserve.serving.runtime import ModelRuntime, mp_context
+
+    async def run() -> dict[int, dict[str, float]]:
+        rt = ModelRuntime(config.models[0], mp_context())
+        await rt.start()
+        out = {}
+        try:
+            for b, batch in batches.items():
+                arrays = batch.as_arrays()
+                for _ in range(10):
+                    await rt.infer(arrays)
+                samples = []
+                for _ in range(counts[b]):
+                    t = time.perf_counter()
+                    await rt.infer(arrays)
+                    samples.append(time.perf_counter() - t)
+                out[b] = summary(samples)
+                out[b]["worker_compute_mean_ms"] = rt.metrics.compute_d.ns / max(1, rt.metrics.compute_d.count) / 1e6
+        finally:
+            await rt.stop()
+        return out
+
+    return asyncio.run(run())
+
+
 def overhead(model_name: str, scale: float, requests: int) -> dict:
     config = quick_config(model_name, scale=scale, workers=1, threads=1)
     model = build_worker_model(config.models[0])
     server = NodeServer(config)
     ports = server.start()
     log(f"overhead: server up on http {ports.http} grpc {ports.grpc}")
-    results = {}
+    results: dict = {}
+    batches_used: dict = {}
     try:
         http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
         grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
@@ -88,10 +118,15 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
             request_bytes = sum(a.nbytes for a in batch.as_arrays().values())
             row["request_bytes"] = request_bytes
             results[str(batch_size)] = row
+            batches_used[batch_size] = (batch, n)
             log(f"  batch {batch_size}: in-process p50 {local['p50_ms']:.3f} ms, "
                 f"http p50 {row['http']['p50_ms']:.3f} ms, grpc p50 {row['grpc']['p50_ms']:.3f} ms")
     finally:
         server.stop()
+    ipc = ipc_only(config, {b: v[0] for b, v in batches_used.items()}, {b: v[1] for b, v in batches_used.items()})
+    for b, row in ipc.items():
+        results[str(b)]["worker_ipc"] = row
+        results[str(b)]["worker_ipc"]["overhead_p50_ms"] = row["p50_ms"] - results[str(b)]["in_process"]["p50_ms"]
     return results
 
 
@@ -170,7 +205,7 @@ def main() -> int:
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
     print(f"{'batch':>5} {'path':>10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16}")
     for b, row in result["overhead"].items():
-        for path in ("in_process", "http", "grpc"):
+        for path in ("in_process", "worker_ipc", "http", "grpc"):
             r = row[path]
             extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
             print(f"{b:>5} {path:>10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra}")

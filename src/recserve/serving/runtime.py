@@ -26,11 +26,20 @@ from multiprocessing.context import ForkServerProcess
 from typing import Any
 
 import numpy as np
+import torch
 
 from recserve.serving.config import ModelConfig, expand_cores
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.metrics import ModelMetrics
-from recserve.serving.worker import WorkerArgs, build_worker_model, share_model, worker_main
+from recserve.serving.worker import (
+    WorkerArgs,
+    build_worker_model,
+    flatten,
+    pack,
+    share_model,
+    unpack,
+    worker_main,
+)
 from recserve.specs import get_model
 from recserve.zoo.batch import BatchError, QueryBatch
 
@@ -109,15 +118,29 @@ class ModelInfo:
     rows: tuple[int, ...]
     seq_lens: dict[int, int]
     towers: int
+    io_in_bytes: int = 0
+    io_out_bytes: int = 0
+
+
+IO_BUFFER_CAP = 256 * 1024 * 1024
 
 
 def model_info(cfg: ModelConfig) -> ModelInfo:
+    """Validation facts, and I/O buffer sizes for a ``max_batch_size`` query (bags up to 2x pooling)."""
     spec = get_model(cfg.model)
+    b = cfg.max_batch_size
+    embedded = sum(t.dim * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables) * 4
+    query_in = b * (spec.dense_in * 4 + len(spec.tables) * 4 + 2 * spec.lookups_per_item * 8)
+    dense_in = b * (spec.dense_in * 4 + embedded)
+    out = b * (embedded if cfg.mode == "pipeline" else spec.towers * 4)
+    pad = 64 * (len(spec.tables) + 4)
     return ModelInfo(
         dense_in=spec.dense_in,
         rows=spec.scaled_rows(cfg.scale),
         seq_lens={i: t.pooling for i, t in enumerate(spec.tables) if t.kind == "sequence"},
         towers=spec.towers,
+        io_in_bytes=min(IO_BUFFER_CAP, max(query_in, dense_in) + pad),
+        io_out_bytes=min(IO_BUFFER_CAP, out + pad),
     )
 
 
@@ -162,6 +185,8 @@ class WorkerHandle:
     conn: Any
     ready: asyncio.Future
     exited: asyncio.Future
+    io: np.ndarray | None = None  # this worker's shared I/O buffer (numpy view)
+    io_split: int = 0
     pid: int = 0
     retiring: bool = False
     stop_sent: bool = False
@@ -278,13 +303,15 @@ class ModelRuntime:
         loop = asyncio.get_running_loop()
         parent, child = self.ctx.Pipe(duplex=True)
         wid = next(self._ids)
-        args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg)
-        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model), daemon=True,
+        split = self.info.io_in_bytes
+        io = torch.empty(split + self.info.io_out_bytes, dtype=torch.uint8).share_memory_()
+        args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg, split)
+        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
         await loop.run_in_executor(None, proc.start)
         child.close()
         handle = WorkerHandle(wid, pool.stage, list(cores), threads, proc, parent,
-                              loop.create_future(), loop.create_future())
+                              loop.create_future(), loop.create_future(), io.numpy(), split)
         pool.workers.append(handle)
         loop.add_reader(parent.fileno(), self._on_readable, pool, handle)
         try:
@@ -311,6 +338,9 @@ class ModelRuntime:
             self._pump(pool)
             return
         item_id, ok, result, compute_s = msg
+        if ok and isinstance(result, tuple) and result[0] == "shm":
+            outputs = unpack(result[1], handle.io[handle.io_split :], copy=True)
+            result = outputs if pool.stage == "sparse" else outputs[0]
         part = handle.current
         handle.current = None
         handle.items_done += 1
@@ -397,8 +427,10 @@ class ModelRuntime:
             part.dispatched = time.perf_counter()
             part.item_id = next(self._ids)
             worker.current = part
+            arrays = flatten(pool.stage, part.payload)
+            descriptors = pack(arrays, worker.io[: worker.io_split])
             try:
-                worker.conn.send((part.item_id, part.payload))
+                worker.conn.send((part.item_id, None if descriptors else part.payload, descriptors))
             except OSError:
                 pass  # the reader sees EOF and fails the part
         for w in pool.workers:
