@@ -138,7 +138,7 @@ def test_client_round_trips_every_tensor_exactly(ports, kind):
     with FakeOIP(*ports) as server:
         target = _targets(ports)[kind]
         with LoadSession(target, p) as session:
-            outs = [session._call(target.infer_outputs(i)) for i in range(len(p))]
+            outs = [session.outputs(i) for i in range(len(p))]
     for i, (seen, out) in enumerate(zip(server.seen, outs, strict=True)):
         sent = p.batch(i).as_arrays()
         for name, arr in sent.items():
@@ -176,3 +176,13 @@ def test_make_target_parses_addresses():
     assert isinstance(make_target("http://127.0.0.1:8000", "m"), HttpTarget)
     assert make_target("grpc://127.0.0.1:8001", "m").address == "127.0.0.1:8001"
     assert make_target("inprocess:thread", "m").mode == "thread"
+
+
+@pytest.mark.parametrize("kind", ["http", "grpc"])
+def test_slow_server_answers_count_as_timeouts(ports, kind):
+    with FakeOIP(*ports, delay_s=0.4):
+        target = _targets(ports)[kind]
+        target.timeout_s = 0.1
+        with LoadSession(target, pool()) as session:
+            res = session.run(20.0, None, max_requests=3, timeout_s=5.0)  # the client's own deadline fires
+    assert res.errors == {"timeout": 3}

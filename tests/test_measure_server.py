@@ -38,7 +38,7 @@ def test_scores_over_the_wire_equal_the_in_process_model(server, pool, protocol)
     target = server.target(protocol)
     with LoadSession(target, pool) as session:
         for i in range(len(pool)):
-            scores = session._call(target.infer_outputs(i))["scores"]
+            scores = session.outputs(i)["scores"]
             with torch.no_grad():
                 expected = reference(pool.batch(i)).numpy()
             assert scores.shape == expected.shape

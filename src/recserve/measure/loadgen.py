@@ -228,6 +228,13 @@ class LoadSession:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def outputs(self, i: int) -> dict[str, np.ndarray]:
+        """Send pooled query ``i`` once, unclocked, and return the output tensors (network targets)."""
+        fetch = getattr(self.target, "infer_outputs", None)
+        if fetch is None:
+            raise RecserveError(f"target {self.target.name!r} does not return output tensors")
+        return self._call(fetch(i))
+
     def run(self, rate: float, duration_s: float | None = 10.0, max_requests: int | None = None,
             max_inflight: int = 1024, timeout_s: float = 10.0, seed: int = 0, warmup_s: float = 0.0,
             progress: bool = False, min_requests: int = 1, integer_ms: bool = False) -> LoadResult:

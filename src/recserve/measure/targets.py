@@ -135,6 +135,8 @@ class HttpTarget:
                     raise RequestFailed(f"http_{resp.status}", data[:200].decode(errors="replace"))
                 length = resp.headers.get(HEADER_LENGTH)
                 return decode_http_response(data, int(length) if length is not None else None)
+        except TimeoutError as exc:  # aiohttp's ServerTimeoutError is also a connection error: timeout first
+            raise RequestFailed("timeout", str(exc)) from exc
         except aiohttp.ClientConnectionError as exc:
             raise RequestFailed("connection", str(exc)) from exc
 
