@@ -1,0 +1,60 @@
+"""The resource managers drive a real node server through its control API (ServerNodeControl)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from recserve.policies.node_control import ControlLoop, ServerNodeControl
+from recserve.policies.rmu import CapacityProfile, HeraRMU, PartiesController
+from recserve.serving import NodeServer
+from recserve.serving.config import quick_config
+from recserve.serving.control_client import ControlClient
+from recserve.specs import catalogue_models
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
+    srv = NodeServer(quick_config(model, scale=1e-4, workers=2))
+    ports = srv.start()
+    try:
+        yield srv, ports, srv.config.models[0].name
+    finally:
+        srv.stop()
+
+
+def test_server_node_control_reads_and_resizes(server):
+    _, ports, name = server
+    ctl = ServerNodeControl(ControlClient("127.0.0.1", ports.http), window_s=1.0)
+    assert ctl.models() == [name]
+    assert ctl.get_workers(name) == 2
+    target, pct = ctl.sla(name)
+    assert target > 0 and 50 <= pct < 100
+    stats = ctl.window_stats(name)
+    assert stats.arrival_qps == 0 and stats.tail_ms == 0  # nothing sent yet
+    ctl.set_ways(name, 1)  # no resctrl here: kept locally, never an error
+    assert ctl.get_ways(name) == 1
+
+
+def test_hera_rmu_shrinks_an_idle_model_on_the_live_server(server):
+    _, ports, name = server
+    ctl = ServerNodeControl(ControlClient("127.0.0.1", ports.http), window_s=1.0)
+    ctl.set_workers(name, 2)
+    rmu = HeraRMU({name: CapacityProfile(lambda n: 100.0 * n, lambda _n, _w: 1.0)})
+    rmu.step(0.0, ctl)  # idle: slack 0 < 0.8 -> the fewest workers for 0 qps
+    assert ctl.get_workers(name) == 1
+    assert rmu.log and rmu.log[0].action == "workers"
+
+
+def test_control_loop_runs_parties_in_the_background(server):
+    _, ports, name = server
+    ctl = ServerNodeControl(ControlClient("127.0.0.1", ports.http), window_s=0.5)
+    ctl.set_workers(name, 2)
+    with ControlLoop(PartiesController(), ctl, period_s=0.3) as loop:
+        loop.controller.resource = {name: "cores"}
+        deadline = time.monotonic() + 20
+        while ctl.get_workers(name) != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert ctl.get_workers(name) == 1 and not loop.errors
