@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("recserve: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `recserve models show X | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
