@@ -107,9 +107,22 @@ def test_bench_cli_max_load_search(tmp_path, capsys):
     assert "max load 80.00 qps" in capsys.readouterr().out
 
 
+def test_bench_cli_sweep_writes_one_probe_per_rate(tmp_path, capsys):
+    js, png = tmp_path / "s.json", tmp_path / "s.png"
+    rc = main(["bench", "--model", MODEL, "--scale", "1e-4", "--target", "inprocess:thread", "--sweep", "10,30",
+               "--duration", "0", "--requests", "12", "--sizes", "fixed:4", "--pool", "2", "--quiet",
+               "--sla-ms", "2000", "--json", str(js), "--plot", str(png)])
+    assert rc == 0
+    data = json.loads(js.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert data["kind"] == "sweep" and [p["rate"] for p in data["probes"]] == [10, 30]
+    assert all(p["ok"] and p["detail"]["ok"] == 12 for p in data["probes"]) and data["max_qps"] == 30
+    assert png.stat().st_size > 1000 and "highest swept rate" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "--model", MODEL, "--rate", "0"], "--rate"),
     (["bench", "--model", MODEL, "--target", "ftp://x"], "unknown target"),
+    (["bench", "--model", MODEL, "--sizes", "zipf:2"], "zipf"),
     (["bench", "--model", "no-such-model"], "unknown model"),
     (["profile", "host", "--models", MODEL, "--batches", "1,x"], "--batches"),
 ])

@@ -63,6 +63,8 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
                 from recserve.measure.plot import plot_latency_vs_load
 
                 plot_latency_vs_load(result, args.plot, f"{spec.name} via {target.name}")
+        elif args.sweep:
+            out = _sweep(args, spec, target, session, sla_ms, percentile, run_kwargs)
         else:
             result = session.run(args.rate, args.duration, seed=args.seed, **run_kwargs)
             print(result.summary())
@@ -80,6 +82,39 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
     if args.plot:
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _sweep(args: argparse.Namespace, spec, target, session, sla_ms: float, percentile: float,
+           run_kwargs: dict) -> dict:
+    """One run per rate in ``--sweep``: the latency-vs-load curve without a search."""
+    from recserve.measure.maxload import MaxLoadResult, Probe
+
+    probes = []
+    for k, rate in enumerate(args.sweep):
+        result = session.run(rate, args.duration, seed=args.seed + k, **run_kwargs)
+        latency = result.percentile(percentile)
+        probes.append(Probe(rate, latency, latency <= sla_ms, result.to_dict()))
+        print(f"{rate:10.2f} qps: {result.summary()}")
+    passing = [p.rate for p in probes if p.ok]
+    best = max(passing, default=0.0)
+    print(f"highest swept rate meeting p{percentile:g} <= {sla_ms:g} ms: {best:g} qps")
+    curve = MaxLoadResult(best, sla_ms, percentile, probes, (best, float("inf")), False, "sweep")
+    if args.plot:
+        from recserve.measure.plot import plot_latency_vs_load
+
+        plot_latency_vs_load(curve, args.plot, f"{spec.name} via {target.name}")
+    return {"kind": "sweep", "model": spec.name, "scale": args.scale, "target": target.name, "sizes": args.sizes,
+            "index": args.index, **curve.to_dict()}
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--sweep needs comma-separated rates, got {text!r}") from exc
+    if not rates or min(rates) <= 0:
+        raise argparse.ArgumentTypeError("--sweep rates must be > 0")
+    return rates
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -126,6 +161,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true", help="skip sending every pooled query once before timing")
     p.add_argument("--find-max-load", action="store_true", help="search the highest rate meeting the SLA")
+    p.add_argument("--sweep", type=_rates, default=None, metavar="R1,R2,...",
+                   help="one run per rate (latency-vs-load curve, plotted with --plot) instead of a search")
     p.add_argument("--sla-ms", type=float, default=None, help="SLA target (default: the model's)")
     p.add_argument("--percentile", type=float, default=None, help="SLA percentile (default: the model's)")
     p.add_argument("--growth", type=float, default=2.0, help="rate multiplier while no probe violates")

@@ -41,6 +41,7 @@ class MaxLoadResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["bracket"] = [b if math.isfinite(b) else None for b in self.bracket]  # strict JSON: no Infinity
         data["probes"] = [
             {**asdict(p), "latency_ms": p.latency_ms if math.isfinite(p.latency_ms) else None} for p in self.probes
         ]

@@ -41,7 +41,7 @@ from recserve.measure.maxload import find_max_load
 from recserve.measure.requests import RequestPool, pool_sizes
 from recserve.measure.targets import InProcessTarget
 from recserve.profiles import ProfileSet, ProfileTable
-from recserve.specs import SLA, ModelSpec
+from recserve.specs import SLA, ModelSpec, to_dict
 
 SERVER = "this-host"
 BATCHES = (1, 8, 32, 64, 128, 256, 512, 1024)
@@ -356,7 +356,8 @@ def profile_host(specs: Sequence[ModelSpec], scale: float, quick: bool = False,
     started = time.perf_counter()
     meta = {"server": SERVER, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "quick": quick, "scale": scale, "torch": torch.__version__, "load_avg_before": os.getloadavg(),
-            "host": measure_host(budget, cores)}
+            "host": measure_host(budget, cores),
+            "specs": {spec.name: to_dict(spec) for spec in specs}}  # perfmodel.fit reads specs from here
     tables: list[ProfileTable] = []
     gathers: dict[int, tuple[list[list[float]], dict[str, Any]]] = {}
     for spec in specs:
