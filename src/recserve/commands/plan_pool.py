@@ -13,6 +13,7 @@ from the catalogue's ``price_per_hr`` and QoS from each model's SLA.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -50,11 +51,41 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in models if m not in qos]
     if unknown:
         raise InfeasibleError(f"no QoS target (or latency table) for {unknown}; known: {sorted(qos)}")
-    plan = plan_pool(profiles, models, float(budget), prices, qos, caps or None, stat=args.stat, types=types)
+    evaluate = sim_evaluator(profiles, qos, args.sim_queries) if args.evaluate == "sim" else None
+    plan = plan_pool(profiles, models, float(budget), prices, qos, caps or None, evaluate=evaluate, stat=args.stat,
+                     types=types)
+    if evaluate is not None:
+        for pool in plan.pools:
+            kp = pool.details["kairos_plus"]
+            print(f"{pool.model}: Kairos+ best {kp['config']} = {kp['qps']:.2f} QPS after {kp['evaluations']} "
+                  f"simulated evaluations of {pool.details['configurations']}; Kairos' one-shot pick "
+                  f"{pool.evaluated_qps:.2f} QPS; homogeneous {pool.homogeneous['evaluated_qps']:.2f} QPS "
+                  "(budget-scaled)")
     emit(plan, args)
     if args.plot:
         plot(plan, args.plot, profiles, prices, qos, caps, args.stat, types)
     return 0
+
+
+def sim_evaluator(profiles, qos: dict[str, float], queries: int):
+    """Kairos+ evaluation function: allowable QPS of a pool under Kairos dispatch, from the simulator."""
+    try:
+        from recserve.policies.dispatch import make_policy
+        from recserve.sim.dispatch_eval import DispatchEvaluation, config_to_pool
+    except ImportError as exc:
+        raise RecserveError(f"--evaluate sim needs the simulator (recserve.sim.dispatch_eval): {exc}") from exc
+    evaluations: dict[str, DispatchEvaluation] = {}
+
+    def evaluate(model: str, config: dict[str, int]) -> float:
+        if model not in evaluations:
+            evaluations[model] = DispatchEvaluation(profiles, model, qos[model], queries=queries, log=None)
+        ev = evaluations[model]
+        pool = config_to_pool(config)
+        qps, _ = ev.max_load(pool, lambda: make_policy("kairos", ev.qos_ms), max(ev.oracle(pool) / 2.0, 0.5))
+        print(f"  {model} {config}: {qps:.2f} QPS", file=sys.stderr, flush=True)
+        return qps
+
+    return evaluate
 
 
 def plot(plan: PoolPlan, path: str, profiles, prices, qos, caps, stat, types) -> None:
@@ -94,5 +125,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--cap", help="per-type instance caps NAME=COUNT,...")
     p.add_argument("--stat", default="mean", choices=("mean", "p50", "p99"),
                    help="per-query latency compared with QoS to find each type's batch limit s")
+    p.add_argument("--evaluate", choices=("none", "sim"), default="none",
+                   help="sim: also run Kairos+ (Alg. 1) with simulated allowable throughput under Kairos dispatch")
+    p.add_argument("--sim-queries", type=int, default=2000, help="queries per simulated evaluation")
     add_output_args(p)
     p.set_defaults(func=run)

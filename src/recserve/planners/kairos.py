@@ -388,5 +388,7 @@ def _plan_one(inputs: PoolInputs, budget: float,
         best = as_dict(configs[res.best_index]) if res.best_index is not None else None
         details["kairos_plus"] = {"config": best, "qps": res.best_qps, "evaluations": res.evaluations}
         evaluated = float(evaluate(inputs.model, as_dict(configs[pick])))
+        homo_config = {n: (homo["count"] if n == inputs.base.name else 0) for n in names}
+        homo["evaluated_qps"] = float(evaluate(inputs.model, homo_config)) * budget / homo["cost_per_hr"]
     return PoolChoice(inputs.model, as_dict(configs[pick]), float(configs[pick] @ prices), float(bounds[pick]),
                       homo, evaluated, details)

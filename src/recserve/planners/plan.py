@@ -32,7 +32,7 @@ def format_table(header: list[str], rows: list[list[Any]]) -> str:
 
     def cell(v: Any) -> str:
         if isinstance(v, float):
-            return f"{v:,.4g}" if abs(v) < 1e6 else f"{v:,.0f}"
+            return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
         return str(v)
 
     text = [[cell(v) for v in r] for r in rows]
@@ -228,7 +228,16 @@ class ProvisionPlan(Plan):
                          *(f"{s[i].power_w:,.0f}" for s in series), *(s[i].servers for s in series)])
         out = format_table(header, rows)
         extra = self.baseline_table()
-        return out + ("\n\n" + extra if extra else "")
+        savings = []
+        for name, b in self.baselines.items():
+            if "hercules_power_saving_peak" not in b:
+                continue
+            pct = {k: 100 * b[f"hercules_{k}"] for k in ("power_saving_peak", "power_saving_avg",
+                                                          "server_saving_peak", "server_saving_avg")}
+            savings.append(f"{self.planner} vs {name}: provisioned power {pct['power_saving_peak']:+.1f}% saved at "
+                           f"peak, {pct['power_saving_avg']:+.1f}% on average; servers saved "
+                           f"{pct['server_saving_peak']:+.1f}% at peak, {pct['server_saving_avg']:+.1f}% on average")
+        return out + ("\n\n" + extra if extra else "") + ("\n" + "\n".join(savings) if savings else "")
 
 
 # ----------------------------------------------------------------- instance pools (Kairos)
