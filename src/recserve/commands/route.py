@@ -1,0 +1,40 @@
+"""``recserve route --pool pool.yaml``: a live Open Inference Protocol router over several node servers.
+
+It speaks the node server's HTTP protocol (clients, ``recserve bench`` and tritonclient point at it
+unchanged) and sends each query to one backend slot chosen by a dispatch policy (Kairos by default;
+ribbon, drs, clockwork) that learns each backend type's latency online.  ``GET /router/stats`` shows
+per-backend counts and the router's own latency percentiles.  See ``recserve.policies.router`` for
+the pool file format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from recserve.policies.router import Router, load_pool
+
+    pool = load_pool(args.pool)
+    if args.qos_ms:
+        pool.qos_ms = args.qos_ms
+    router = Router(pool, pool.make_policy(args.policy))
+    types, urls = pool.instance_pool()
+    print(f"recserve route: {router.policy.name} over {len(types)} slots "
+          + ", ".join(f"{t}@{u}" for t, u in zip(types, urls, strict=True))
+          + f" on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    web.run_app(router.app(), host=args.host, port=args.port, print=None)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("route", help="live query router (KServe v2 HTTP) dispatching to node servers with a policy")
+    p.add_argument("--pool", required=True, help="pool YAML: qos_ms, policy, backends [{url, type, slots, base}]")
+    p.add_argument("--policy", help="override the pool file's policy: kairos | ribbon | drs | clockwork")
+    p.add_argument("--qos-ms", type=float, help="override the pool file's QoS target")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=cmd_route)

@@ -1,0 +1,298 @@
+"""Live query router: an Open Inference Protocol (KServe v2) HTTP front end over several node servers.
+
+Clients send ``POST /v2/models/{model}/infer`` exactly as to a node server.  The router reads the
+query's batch size from the request (parsed with the node server's own protocol code), puts the
+query in its central queue and asks a dispatch policy (:mod:`recserve.policies.dispatch`, the same
+objects the simulator runs) which idle backend instance serves it.  Each backend *slot* is one
+instance serving one query at a time (Kairos Sec. 6); the measured round trip teaches the policy's
+latency predictor.  The backend's response (status, headers, body) is returned unchanged.
+
+Pool file (YAML)::
+
+    qos_ms: 50            # p99 target the policy plans for
+    policy: kairos        # kairos | ribbon | drs | clockwork
+    drs_threshold: 300    # for drs: queries larger than this go to base types
+    backends:
+      - {url: http://127.0.0.1:8001, type: fast, slots: 1, base: true}
+      - {url: http://127.0.0.1:8002, type: slow, slots: 1}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+from recserve.errors import RecserveError, SpecError
+from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
+from recserve.specs import read_yaml
+
+FORWARD_HEADERS = ("Content-Type", "Inference-Header-Content-Length")
+
+
+@dataclass
+class Backend:
+    url: str
+    type: str
+    slots: int = 1
+    base: bool = False
+
+
+@dataclass
+class PoolConfig:
+    backends: list[Backend]
+    qos_ms: float
+    policy: str = "kairos"
+    drs_threshold: int = 300
+
+    def instance_pool(self) -> tuple[list[str], list[str]]:
+        """(type per instance, url per instance): each slot is one instance."""
+        types, urls = [], []
+        for b in self.backends:
+            types += [b.type] * b.slots
+            urls += [b.url.rstrip("/")] * b.slots
+        return types, urls
+
+    def make_policy(self, name: str | None = None) -> DispatchPolicy:
+        name = name or self.policy
+        base = [b.type for b in self.backends if b.base] or [self.backends[0].type]
+        return make_policy(name, self.qos_ms, threshold=self.drs_threshold, base_types=base)
+
+
+def load_pool(path: str | Path) -> PoolConfig:
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not isinstance(data.get("backends"), list) or not data["backends"]:
+        raise SpecError(f"{path}: needs a non-empty 'backends' list")
+    backends = []
+    for i, b in enumerate(data["backends"]):
+        if not isinstance(b, dict) or "url" not in b:
+            raise SpecError(f"{path}: backend {i} needs a 'url'")
+        slots = int(b.get("slots", 1))
+        if slots < 1:
+            raise SpecError(f"{path}: backend {i}: slots must be >= 1")
+        backends.append(Backend(str(b["url"]), str(b.get("type", f"b{i}")), slots, bool(b.get("base", False))))
+    if "qos_ms" not in data:
+        raise SpecError(f"{path}: needs qos_ms (the p99 target the dispatch policy plans for)")
+    return PoolConfig(backends, float(data["qos_ms"]), str(data.get("policy", "kairos")),
+                      int(data.get("drs_threshold", 300)))
+
+
+def batch_size_of(body: bytes, header_length: str | None) -> int:
+    """Rows of the ``dense`` input of a v2 infer request (the query's batch size)."""
+    from recserve.serving import protocol
+    from recserve.zoo.batch import INPUT_DENSE
+
+    _, arrays = protocol.parse_http_infer(body, header_length)
+    dense = arrays.get(INPUT_DENSE)
+    if dense is None or dense.ndim != 2:
+        raise protocol.invalid(INPUT_DENSE, "missing or not 2-D; the router needs it for the batch size")
+    return int(dense.shape[0])
+
+
+class Router:
+    """The central controller: one queue, one policy, instances = backend slots."""
+
+    def __init__(self, pool: PoolConfig, policy: DispatchPolicy | None = None, timeout_s: float = 30.0) -> None:
+        self.pool = pool
+        types, urls = pool.instance_pool()
+        self.instances, self.types = make_instances(types, urls)
+        self.policy = policy or pool.make_policy()
+        self.policy.bind(self.instances, self.types)
+        self.idle: list[Instance] = list(self.instances)
+        self.queue: list[Query] = []
+        self.timeout_s = timeout_s
+        self.t0 = time.monotonic()
+        self.session: aiohttp.ClientSession | None = None
+        self.latencies: list[float] = []
+        self.errors = 0
+        self._next_id = 0
+
+    def now_ms(self) -> float:
+        return (time.monotonic() - self.t0) * 1000.0
+
+    # ------------------------------------------------------------------ dispatch
+    async def submit(self, model: str, body: bytes, headers: dict[str, str], size: int) -> tuple[int, bytes, dict]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        q = Query(self._next_id, size, self.now_ms(), self.policy.predictor.bucket(size),
+                  payload=(model, body, headers, fut))
+        self._next_id += 1
+        self.queue.append(q)
+        self._dispatch()
+        status, payload, out_headers = await fut
+        if status == 200:
+            self.latencies.append(self.now_ms() - q.arrival)
+        else:
+            self.errors += 1
+        return status, payload, out_headers
+
+    def _dispatch(self) -> None:
+        if not self.queue or not (self.idle or self.policy.per_instance_queues):
+            return
+        now = self.now_ms()
+        pairs = self.policy.assign(now, self.queue, self.idle)
+        taken = {q.id for q, _ in pairs}
+        if taken:
+            self.queue[:] = [q for q in self.queue if q.id not in taken]
+        for q, inst in pairs:
+            if inst.busy:
+                inst.local.append(q)
+            else:
+                self._start(q, inst, now)
+
+    def _start(self, q: Query, inst: Instance, now: float) -> None:
+        inst.busy = True
+        inst.current = q
+        q.start = now
+        if inst in self.idle:
+            self.idle.remove(inst)
+        asyncio.get_running_loop().create_task(self._forward(q, inst))
+
+    async def _forward(self, q: Query, inst: Instance) -> None:
+        model, body, headers, fut = q.payload
+        try:
+            async with self.session.post(f"{inst.endpoint}/v2/models/{model}/infer", data=body,
+                                         headers=headers) as resp:
+                payload = await resp.read()
+                result = (resp.status, payload, {k: v for k, v in resp.headers.items() if k in FORWARD_HEADERS})
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            result = (502, f'{{"error": "backend {inst.endpoint}: {type(exc).__name__}"}}'.encode(),
+                      {"Content-Type": "application/json"})
+        now = self.now_ms()
+        inst.served += 1
+        self.policy.on_complete(now, q, inst, now - q.start)
+        if inst.local:
+            self._start(inst.local.popleft(), inst, now)
+        else:
+            inst.busy = False
+            inst.current = None
+            self.idle.append(inst)
+        if not fut.done():
+            fut.set_result(result)
+        self._dispatch()
+
+    def stats(self) -> dict[str, Any]:
+        lat = np.array(self.latencies) if self.latencies else np.zeros(0)
+        return {
+            "policy": self.policy.describe(),
+            "completed": len(self.latencies),
+            "errors": self.errors,
+            "queued": len(self.queue),
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+            "served": {f"{i.index}:{i.type_name}@{i.endpoint}": i.served for i in self.instances},
+            "predictor_table_fraction": self.policy.predictor.table_fraction(),
+        }
+
+    # ------------------------------------------------------------------ HTTP
+    def app(self) -> web.Application:
+        from recserve.serving import protocol
+        from recserve.serving.http import error_response
+        from recserve.serving.runtime import InferError
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+
+        async def infer(request: web.Request) -> web.Response:
+            body = await request.read()
+            try:
+                size = batch_size_of(body, request.headers.get("Inference-Header-Content-Length"))
+            except InferError as exc:
+                return error_response(exc)
+            headers = {k: request.headers[k] for k in FORWARD_HEADERS if k in request.headers}
+            status, payload, out = await self.submit(request.match_info["model"], body, headers, size)
+            return web.Response(status=status, body=payload, headers=out)
+
+        async def proxy_get(request: web.Request) -> web.Response:
+            url = self.instances[0].endpoint + request.path
+            async with self.session.get(url) as resp:
+                return web.Response(status=resp.status, body=await resp.read(),
+                                    content_type=resp.content_type)
+
+        async def live(_: web.Request) -> web.Response:
+            return web.Response(status=200)
+
+        async def server_metadata(_: web.Request) -> web.Response:
+            return web.json_response(protocol.server_metadata("recserve-router"))
+
+        async def stats(_: web.Request) -> web.Response:
+            return web.json_response(self.stats())
+
+        async def on_startup(_: web.Application) -> None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                                 connector=aiohttp.TCPConnector(limit=0))
+
+        async def on_cleanup(_: web.Application) -> None:
+            if self.session is not None:
+                await self.session.close()
+
+        app.router.add_post("/v2/models/{model}/infer", infer)
+        app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+        app.router.add_get("/v2", server_metadata)
+        app.router.add_get("/v2/health/live", live)
+        app.router.add_get("/v2/health/ready", live)
+        app.router.add_get("/v2/models/{model}", proxy_get)
+        app.router.add_get("/v2/models/{model}/ready", proxy_get)
+        app.router.add_get("/v2/models/{model}/config", proxy_get)
+        app.router.add_get("/router/stats", stats)
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_cleanup)
+        return app
+
+
+class RouterThread:
+    """Run a router on 127.0.0.1 in a background thread (tests, benchmarks); ``port`` after ``start``."""
+
+    def __init__(self, router: Router, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.router, self.host, self.port = router, host, port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread = None
+
+    def start(self) -> int:
+        import threading
+
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._serve())
+            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True, name="recserve-router")
+        self._thread.start()
+        ready.wait(30)
+        if failure:
+            raise RecserveError(f"router failed to start: {failure[0]}")
+        return self.port
+
+    async def _serve(self) -> None:
+        self._runner = web.AppRunner(self.router.app())
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        try:
+            fut.result(timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=30)
