@@ -52,6 +52,28 @@ def summary(samples_s: list[float]) -> dict[str, float]:
             "p99_ms": float(np.percentile(ms, 99)), "n": len(ms)}
 
 
+def cpu_s(pid: int) -> float:
+    """User+system CPU seconds of a process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(fn, n: int, worker_pids: list[int]) -> dict[str, float]:
+    """Latency summary plus CPU per request: this process (client + server front end) and the workers.
+
+    CPU time does not include waiting for a core, so it shows the software overhead even on a
+    host whose run queue is long (wall-clock latency there is dominated by wake-up delays).
+    """
+    for _ in range(10):
+        fn()
+    me0, w0 = cpu_s(os.getpid()), sum(cpu_s(p) for p in worker_pids)
+    out = summary(timed(fn, n, warmup=0))
+    out["cpu_ms_per_request_this_process"] = (cpu_s(os.getpid()) - me0) / n * 1e3
+    out["cpu_ms_per_request_workers"] = (sum(cpu_s(p) for p in worker_pids) - w0) / n * 1e3
+    return out
+
+
 def timed(fn, n: int, warmup: int = 10) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -107,11 +129,12 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
             batch = sample_batch(model, batch_size, rng=batch_size)
             n = requests if batch_size == 1 else max(20, requests // 4)
             http_in, grpc_in = inputs(thttp, batch), inputs(tgrpc, batch)
+            pids = [w.pid for w in server.core.models[model_name].pools["model"].workers]
             with torch.inference_mode():
-                local = summary(timed(lambda b=batch: model(b), n))
+                local = timed_cpu(lambda b=batch: model(b), n, [])
             row = {"in_process": local,
-                   "http": summary(timed(lambda x=http_in: http.infer(model_name, x), n)),
-                   "grpc": summary(timed(lambda x=grpc_in: grpc.infer(model_name, x), n))}
+                   "http": timed_cpu(lambda x=http_in: http.infer(model_name, x), n, pids),
+                   "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, pids)}
             for proto in ("http", "grpc"):
                 row[proto]["overhead_p50_ms"] = row[proto]["p50_ms"] - local["p50_ms"]
                 row[proto]["overhead_mean_ms"] = row[proto]["mean_ms"] - local["mean_ms"]
@@ -203,12 +226,15 @@ def main() -> int:
                         for share in (True, False)]
     result["load_average_at_end"] = os.getloadavg()
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
-    print(f"{'batch':>5} {'path':>10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16}")
+    print(f"{'batch':>5} {'path':>10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
+          f"{'CPU ms/req client+front':>24} {'CPU ms/req worker':>18}")
     for b, row in result["overhead"].items():
         for path in ("in_process", "worker_ipc", "http", "grpc"):
             r = row[path]
             extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
-            print(f"{b:>5} {path:>10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra}")
+            cpu = (f"{r['cpu_ms_per_request_this_process']:24.3f} {r['cpu_ms_per_request_workers']:18.3f}"
+                   if "cpu_ms_per_request_workers" in r else "")
+            print(f"{b:>5} {path:>10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra} {cpu}")
     print(f"\ntables at scale {args.mem_scale:g}, {args.workers} workers, 4 gRPC clients, batch 64:")
     print(f"{'share':>6} {'qps':>8} {'items/s':>9} {'RSS MB/worker':>14} {'PSS MB/worker':>14} {'table MB/copy':>14}")
     for r in result["tables"]:

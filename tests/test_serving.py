@@ -413,6 +413,9 @@ def test_changing_workers_under_load_loses_no_query(node, references):
     assert state["stages"]["model"]["workers"] == 1
     state = control.set_workers("rmc1", 3, cores=[[0], [1], [0, 1]])
     assert state["stages"]["model"]["cores"] == [[0], [1], [0, 1]]
+    for w in state["stages"]["model"]["worker_detail"]:
+        if not w["retiring"]:
+            assert sorted(os.sched_getaffinity(w["pid"])) == w["cores"]  # pinned by the worker itself
     state = control.set_sub_batch("rmc1", 16)
     assert state["sub_batch"] == 16
     n = len(load.results)
@@ -424,6 +427,24 @@ def test_changing_workers_under_load_loses_no_query(node, references):
     assert control.set_sub_batch("rmc1", 64)["sub_batch"] == 64
     window = control.window_stats("rmc1", seconds=60)
     assert window["completed"] >= len(results) and window["tail_ms"] > 0
+
+
+def shm_segments(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+                for line in f if "/dev/shm/" in line}
+
+
+def test_tables_are_shared_only_when_asked(node):
+    """rmc1 workers map the same shared weight segments; dlrm-a (share_tables: false) maps only its I/O buffer."""
+    _, ports = node
+    control = ControlClient("127.0.0.1", ports.http)
+    shared = [shm_segments(w["pid"]) for w in control.get_model("rmc1")["stages"]["model"]["worker_detail"]]
+    copied = [shm_segments(w["pid"]) for w in control.get_model("dlrm-a")["stages"]["model"]["worker_detail"]]
+    tables = len(catalogue_models()[node[0].config.model("rmc1").model].tables)
+    common = set.intersection(*shared)
+    assert len(common) >= tables, shared  # every table's weights, the same segments in every worker
+    assert all(len(segments) == 1 for segments in copied), copied  # only the worker's own I/O buffer
 
 
 def test_control_errors_and_llc_unsupported(node):
