@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from recserve.embedding.blockio import BlockReader, TableIOError, io_uring_available
-from recserve.embedding.rowcache import KeyIndex, PooledCache, RowCache, bag_keys
+from recserve.embedding.rowcache import DictIndex, KeyIndex, PooledCache, RowCache, bag_keys
 from recserve.embedding.tablefile import (
     TableFileError,
     decode_rows,
@@ -226,9 +226,10 @@ def test_bag_keys_order_invariant_and_multiset_sensitive():
     assert hi1[0] != hi4[0]
 
 
-def test_key_index_matches_a_dict():
+@pytest.mark.parametrize("index_cls", [KeyIndex, DictIndex])
+def test_key_index_matches_a_dict(index_cls):
     rng = np.random.default_rng(0)
-    index, truth = KeyIndex(500), {}
+    index, truth = index_cls(500), {}
     for _ in range(60):
         live = np.fromiter(truth, dtype=np.int64, count=len(truth))
         drop = rng.choice(live, size=min(live.size, 40), replace=False) if live.size else live
@@ -244,9 +245,10 @@ def test_key_index_matches_a_dict():
         assert np.array_equal(index.find(probe), expect)
 
 
+@pytest.mark.parametrize("index", ["dict", "numpy"])
 @pytest.mark.parametrize("policy", ["lru", "clock", "lfu"])
-def test_row_cache_policies_keep_hot_rows(policy):
-    cache = RowCache(capacity_bytes=100 * 16, slot_bytes=16, policy=policy)
+def test_row_cache_policies_keep_hot_rows(policy, index):
+    cache = RowCache(capacity_bytes=100 * 16, slot_bytes=16, policy=policy, index=index)
     rng = np.random.default_rng(0)
     hot = np.arange(50)
     for step in range(200):

@@ -37,7 +37,7 @@ from recserve.specs import ModelSpec, ServerType, SSDSpec, TableSpec
 
 POLICIES = ("sm-cache", "fixed-fm", "per-table-cache")
 HOT_FRACTION = 0.10
-CACHE_OVERHEAD_PER_SLOT = 48  # bytes beside the row: slot key 8, hash map 2 × (8 + 4), policy state 8, slack
+CACHE_OVERHEAD_PER_SLOT = 121  # bytes beside the row (RowCache.dram_bytes): slot key 8, policy state 13, dict 100
 DEFAULT_SSD = SSDSpec(iops=500_000, read_latency_us=100, capacity_gb=2000, kind="nand")  # SDM Table 1 NAND
 GATHER_EFFICIENCY = 0.25  # random row gathers reach about a quarter of peak DRAM bandwidth (assumption)
 
