@@ -139,3 +139,22 @@ def test_budget_below_the_base_type_is_infeasible(ref):
         plan_pool(ref, ["kairos-ncf"], 0.5, meta["prices_usd_per_hr"], meta["qos_p99_ms"], meta["max_instances"])
     with pytest.raises(InfeasibleError, match="no instance type meets"):
         plan_pool(ref, ["kairos-rm2"], 2.5, meta["prices_usd_per_hr"], {"kairos-rm2": 1.0}, meta["max_instances"])
+
+
+@needs_ref
+def test_plan_pool_runs_kairos_plus_with_an_injected_evaluator(ref):
+    meta = ref.meta
+    weights = {"g4dn.xlarge": 15.0, "c5n.2xlarge": 9.0, "r5n.large": 9.5, "t3.xlarge": 5.0}
+    calls = []
+
+    def evaluate(model, config):
+        calls.append(config)
+        return sum(weights[t] * n for t, n in config.items()) * (1.0 if config["g4dn.xlarge"] else 0.0)
+
+    plan = plan_pool(ref, ["kairos-rm2"], 2.5, meta["prices_usd_per_hr"], meta["qos_p99_ms"], meta["max_instances"],
+                     evaluate=evaluate)
+    pool = plan.pools[0]
+    kp = pool.details["kairos_plus"]
+    assert 1 <= kp["evaluations"] < pool.details["configurations"]
+    assert kp["qps"] >= pool.evaluated_qps == evaluate("kairos-rm2", pool.config)
+    assert pool.homogeneous["evaluated_qps"] == pytest.approx(4 * 15.0 * 2.5 / (4 * 0.526))
