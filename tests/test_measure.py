@@ -221,4 +221,4 @@ def test_max_load_search_over_a_real_open_loop_run():
     with LoadSession(target, tiny_pool()) as session:
         res = find_max_load(lambda r: session.run(r, 1.0, seed=int(r), timeout_s=0.3), 60.0, 95, start_qps=20,
                             rtol=0.1)
-    assert 45 <= res.max_qps <= 100, res.to_dict()
+    assert 30 <= res.max_qps <= 100, res.to_dict()

@@ -153,7 +153,7 @@ def test_open_loop_run_over_the_network_counts_queueing(ports, kind):
         with LoadSession(_targets(ports)[kind], pool()) as session:
             light = session.run(5.0, None, max_requests=8, seed=1)
             heavy = session.run(80.0, 0.75, seed=2)
-    assert light.failed == 0 and light.p50 < 100
+    assert light.failed == 0 and light.p50 < 200
     assert heavy.failed == 0 and heavy.ok == heavy.sent
     assert heavy.p99 > 5 * 20.0 and heavy.latencies_ms.max() > 200
 
