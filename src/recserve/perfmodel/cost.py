@@ -97,10 +97,14 @@ def _zoo_dense(spec: ModelSpec) -> tuple[float, float, int] | None:
     return flops, float(params), layers
 
 
+ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiated
+
+
 @cache
 def model_cost(spec: ModelSpec) -> ModelCost:
-    zoo = _zoo_dense(spec)
-    flops, params, layers = zoo if zoo is not None else analytic_dense(spec)
+    estimate = analytic_dense(spec)
+    zoo = _zoo_dense(spec) if estimate[1] * 4 <= ZOO_COUNT_MAX_BYTES else None
+    flops, params, layers = zoo if zoo is not None else estimate
     bpe = spec.bytes_per_elem
     pooled_out = sum(t.dim * bpe * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables)
     return ModelCost(

@@ -116,7 +116,7 @@ class PerfModel:
         alloc = alloc or Allocation()
         st = self._static(spec, server, alloc)
         mix = SizeMix(np.array([max(1, int(batch))]), np.array([1.0]))
-        stations = self._stations(spec, server, alloc, st, mix, qps)
+        stations = _RateModel(self, spec, server, alloc, st, mix).stations(qps)
         return float(sum(s.span[0] for s in stations))
 
     def call_ms(self, spec: ModelSpec, server: ServerType, batch: int, alloc: Allocation | None = None) -> float:
@@ -132,7 +132,9 @@ class PerfModel:
         return self.evaluate(spec, server, alloc, sizes, sla).max_qps
 
     def evaluate(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None,
-                 sizes: np.ndarray | list[int] | SizeMix | None = None, sla: SLA | None = None) -> LoadResult:
+                 sizes: np.ndarray | list[int] | SizeMix | None = None, sla: SLA | None = None,
+                 with_latency: bool = True) -> LoadResult:
+        """Max load and what goes with it; ``with_latency=False`` skips the sojourn percentile (faster)."""
         alloc = alloc or Allocation()
         sla = sla or spec.sla
         mix = sizes if isinstance(sizes, SizeMix) else SizeMix.of(sizes)
@@ -140,26 +142,27 @@ class PerfModel:
         if st.reason:
             return LoadResult(0.0, False, st.reason, mem_gb=st.mem_gb, cores_used=st.cores_used)
         span_scale = jitter(sla.percentile, self.cal.p99_over_mean)
+        at = _RateModel(self, spec, server, alloc, st, mix)
 
         def at_rate(qps: float) -> list[Station] | None:
-            if self._mem_util(spec, server, alloc, st, mix, qps) >= 0.99:
+            if at.mem_util(qps) >= 0.99:
                 return None
-            return self._stations(spec, server, alloc, st, mix, qps)
+            return at.stations(qps)
 
-        upper = self._upper_qps(spec, server, alloc, st, mix)
+        upper = at.upper_qps()
         qps = solve_max_load(at_rate, mix.probs, sla.percentile, sla.target_ms, upper, span_scale)
         if qps <= 0:
             return LoadResult(0.0, False, f"p{sla.percentile:g} latency exceeds {sla.target_ms:g} ms even at zero load",
                               mem_gb=st.mem_gb, cores_used=st.cores_used)
-        stations = self._stations(spec, server, alloc, st, mix, qps)
-        lat = sojourn_percentile(stations, mix.probs, qps, sla.percentile, span_scale)
+        stations = at.stations(qps)
+        lat = sojourn_percentile(stations, mix.probs, qps, sla.percentile, span_scale) if with_latency else math.nan
         busy = self._busy_fraction(server, alloc, st, stations, mix, qps)
         return LoadResult(
             max_qps=qps,
             feasible=True,
             latency_ms=lat,
             power_w=self.power_w(server, busy),
-            membw_gbs=self._dram_gbs(spec, server, alloc, st, mix, qps),
+            membw_gbs=at.dram_gbs(qps),
             mem_gb=st.mem_gb,
             cores_used=st.cores_used,
             details={"busy": busy, "llc_miss": st.miss_e, "weights_miss": st.miss_w},
@@ -254,17 +257,6 @@ class PerfModel:
     def _dram_bytes_per_item(self, st: _Static) -> float:
         return st.cost.gather_bytes_per_item * st.miss_e * st.host_gather_frac
 
-    def _dram_gbs(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, mix: SizeMix,
-                  qps: float) -> float:
-        items = qps * mix.mean
-        calls = qps * float((mix.probs * np.ceil(mix.sizes / (alloc.batch or 10**9))).sum())
-        return (items * self._dram_bytes_per_item(st) + calls * st.cost.weight_bytes * st.miss_w) / 1e9
-
-    def _mem_util(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, mix: SizeMix,
-                  qps: float) -> float:
-        own = self._dram_gbs(spec, server, alloc, st, mix, qps)
-        return (own + alloc.corunner_gbs) / (server.mem_bw_gbs * self.cal.membw_eff)
-
     def _call_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
                     slow: float) -> list[np.ndarray]:
         """Per-stage service time (ms) of one call of ``m`` items: [model] or [sparse, dense]."""
@@ -321,43 +313,13 @@ class PerfModel:
         share = dev / np.maximum(host + dev, 1e-12)
         return host + dev * (1.0 + (workers - 1) * share)
 
-    def _stations(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, mix: SizeMix,
-                  qps: float) -> list[Station]:
-        slow = self._slowdown(alloc, server, self._dram_gbs(spec, server, alloc, st, mix, qps))
-        n = mix.sizes.astype(float)
-        b = float(alloc.batch) if alloc.batch else float(n.max())
-        full = np.floor(n / b)
-        rem = n - full * b
-        sub = np.concatenate([[b], np.where(rem > 0, rem, b)])
-        times = self._call_times(spec, server, alloc, st, sub, slow)
-        pools = [alloc.sparse_workers, alloc.workers] if alloc.pipeline else [alloc.workers]
-        k = full + (rem > 0)
-        out = []
-        for t, c in zip(times, pools, strict=True):
-            t_full, t_rem = float(t[0]), t[1:]
-            t_rem = np.where(rem > 0, t_rem, 0.0)
-            work = full * t_full + t_rem
-            work2 = full * t_full**2 + t_rem**2
-            rounds = np.ceil(k / c)
-            first = np.where(full > 0, t_full, t_rem)
-            span = np.where(k <= c, first, rounds * t_full)
-            out.append(Station(c, k, work, work2, span))
-        return out
-
-    def _upper_qps(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static,
-                   mix: SizeMix) -> float:
-        """An arrival rate no allocation can sustain (all pools saturated at the fastest service)."""
-        stations = self._stations(spec, server, alloc, st, mix, 0.0)
-        caps = [s.c / max(float((mix.probs * s.work).sum()), 1e-9) * 1000.0 for s in stations]
-        return min(caps) * 1.0001
-
     def _busy_fraction(self, server: ServerType, alloc: Allocation, st: _Static, stations: list[Station],
                        mix: SizeMix, qps: float) -> float:
         if st.on_accel:
-            return max(min(s.utilisation(mix.probs, qps), 1.0) for s in stations)
+            return max(min(s.utilisation(qps), 1.0) for s in stations)
         pools_cores = ([alloc.sparse_workers * alloc.cores_per_worker, alloc.workers] if alloc.pipeline
                        else [alloc.workers * alloc.cores_per_worker])
-        busy = sum(min(s.utilisation(mix.probs, qps), 1.0) * cores
+        busy = sum(min(s.utilisation(qps), 1.0) * cores
                    for s, cores in zip(stations, pools_cores, strict=True))
         return busy / server.cores
 
@@ -366,3 +328,81 @@ def _replace(alloc: Allocation, **changes: object) -> Allocation:
     from dataclasses import replace
 
     return replace(alloc, **changes)
+
+
+class _RateModel:
+    """Stations of one (model, server, allocation, mix) as a function of the arrival rate.
+
+    CPU service times are linear in the DRAM slowdown, so they are computed once at two slowdowns
+    and interpolated for every rate the max-load bisection tries.
+    """
+
+    def __init__(self, pm: PerfModel, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static,
+                 mix: SizeMix) -> None:
+        self.pm, self.spec, self.server, self.alloc, self.st, self.mix = pm, spec, server, alloc, st, mix
+        calls_per_query = float((mix.probs * np.ceil(mix.sizes / (alloc.batch or 10**9))).sum())
+        self.gb_per_query = (mix.mean * pm._dram_bytes_per_item(st) + calls_per_query * st.cost.weight_bytes
+                             * st.miss_w) / 1e9
+        self.bw = server.mem_bw_gbs * pm.cal.membw_eff
+        n = mix.sizes.astype(float)
+        b = float(alloc.batch) if alloc.batch else float(n.max())
+        self.full = np.floor(n / b)
+        self.rem = n - self.full * b
+        self.k = self.full + (self.rem > 0)
+        sub = np.concatenate([[b], np.where(self.rem > 0, self.rem, b)])
+        self.linear = not st.on_accel
+        self.sub = sub
+        self.pools = [alloc.sparse_workers, alloc.workers] if alloc.pipeline else [alloc.workers]
+        self.has_rem = self.rem > 0
+        self.probs = mix.probs
+        if self.linear:  # service times are base + slowdown * dram: precompute every moment's coefficients
+            t1 = pm._call_times(spec, server, alloc, st, sub, 1.0)
+            t2 = pm._call_times(spec, server, alloc, st, sub, 2.0)
+            self.coef = [self._coefficients(2 * a - c, c - a, pool) for a, c, pool in zip(t1, t2, self.pools,
+                                                                                          strict=True)]
+
+    def _coefficients(self, base: np.ndarray, dram: np.ndarray, c: int) -> tuple:
+        p, full, k = self.probs, self.full, self.k
+        bf, df = float(base[0]), float(dram[0])
+        br, dr = np.where(self.has_rem, base[1:], 0.0), np.where(self.has_rem, dram[1:], 0.0)
+        ek, ek2 = float(p @ k), float(p @ (k * k))
+        work = (float(p @ (full * bf + br)), float(p @ (full * df + dr)))
+        work2 = (float(p @ (full * bf * bf + br * br)), float(p @ (2 * (full * bf * df + br * dr))),
+                 float(p @ (full * df * df + dr * dr)))
+        single = k <= c
+        rounds = np.ceil(k / c)
+        span0 = np.where(single, np.where(full > 0, bf, br), rounds * bf)
+        span1 = np.where(single, np.where(full > 0, df, dr), rounds * df)
+        return c, ek, ek2, work, work2, span0, span1
+
+    def dram_gbs(self, qps: float) -> float:
+        return qps * self.gb_per_query
+
+    def mem_util(self, qps: float) -> float:
+        return (self.dram_gbs(qps) + self.alloc.corunner_gbs) / self.bw
+
+    def stations(self, qps: float) -> list[Station]:
+        slow = self.pm._slowdown(self.alloc, self.server, self.dram_gbs(qps))
+        if self.linear:
+            return [Station(c, ek, ek2, w[0] + slow * w[1], w2[0] + slow * w2[1] + slow * slow * w2[2],
+                            s0 + slow * s1) for c, ek, ek2, w, w2, s0, s1 in self.coef]
+        times = self.pm._call_times(self.spec, self.server, self.alloc, self.st, self.sub, slow)
+        full, k = self.full, self.k
+        out = []
+        for t, c in zip(times, self.pools, strict=True):
+            t_full = float(t[0])
+            t_rem = np.where(self.has_rem, t[1:], 0.0)
+            first = np.where(full > 0, t_full, t_rem)
+            span = np.where(k <= c, first, np.ceil(k / c) * t_full)
+            out.append(Station.from_jobs(c, self.probs, k, full * t_full + t_rem,
+                                         full * t_full * t_full + t_rem * t_rem, span))
+        return out
+
+    def upper_qps(self) -> float:
+        """An arrival rate no allocation can sustain (every pool saturated at the fastest service)."""
+        stations = self.stations(0.0)
+        caps = [s.c / max(s.ework, 1e-9) * 1000.0 for s in stations]
+        cap = min(caps)
+        if self.gb_per_query > 0:
+            cap = min(cap, max(self.bw - self.alloc.corunner_gbs, 0.0) / self.gb_per_query)
+        return max(cap, 1e-6) * 1.0001

@@ -65,29 +65,38 @@ class SizeMix:
 
 @dataclass(frozen=True)
 class Station:
-    """One pool of ``c`` workers as the query-size mix sees it, at one arrival rate."""
+    """One pool of ``c`` workers as the query-size mix sees it, at one arrival rate.
+
+    ``ek``/``ek2``: mean jobs per query and its second moment; ``ework``/``ework2``: mean worker-ms
+    per query and mean sum of squared job times per query; ``span`` (per size): ms from a query's
+    first job starting to its last finishing.
+    """
 
     c: int
-    k: np.ndarray  # jobs per query, per size
-    work: np.ndarray  # worker-ms per query, per size
-    work2: np.ndarray  # sum of squared job times, per size
-    span: np.ndarray  # ms from a query's first job starting to its last finishing, per size
+    ek: float
+    ek2: float
+    ework: float
+    ework2: float
+    span: np.ndarray
 
-    def wait_tail(self, probs: np.ndarray, qps: float) -> tuple[float, float]:
+    @classmethod
+    def from_jobs(cls, c: int, probs: np.ndarray, k: np.ndarray, work: np.ndarray, work2: np.ndarray,
+                  span: np.ndarray) -> Station:
+        return cls(c, float(probs @ k), float(probs @ (k * k)), float(probs @ work), float(probs @ work2), span)
+
+    def wait_tail(self, qps: float) -> tuple[float, float]:
         """(P(wait > 0), decay rate per ms) of the Allen–Cunneen exponential wait tail; (1, 0) if overloaded."""
-        ek = float((probs * self.k).sum())
-        ek2 = float((probs * self.k**2).sum())
-        es = float((probs * self.work).sum()) / ek
-        es2 = float((probs * self.work2).sum()) / ek
-        a = qps / 1000.0 * ek * es
+        es = self.ework / self.ek
+        es2 = self.ework2 / self.ek
+        a = qps / 1000.0 * self.ework
         if a >= self.c or es <= 0:
             return 1.0, 0.0
         cs2 = max(es2 / (es * es) - 1.0, 0.0)
-        ca2 = ek2 / ek
+        ca2 = self.ek2 / self.ek
         return erlang_c(self.c, a), (self.c - a) / es * 2.0 / (ca2 + cs2)
 
-    def utilisation(self, probs: np.ndarray, qps: float) -> float:
-        return qps / 1000.0 * float((probs * self.work).sum()) / self.c
+    def utilisation(self, qps: float) -> float:
+        return qps / 1000.0 * self.ework / self.c
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -113,7 +122,7 @@ def sojourn_percentile(stations: list[Station], probs: np.ndarray, qps: float, p
     p_wait, theta = 1.0, math.inf
     p_none = 1.0
     for s in stations:
-        pw, th = s.wait_tail(probs, qps)
+        pw, th = s.wait_tail(qps)
         if th <= 0:
             return math.inf
         p_none *= 1.0 - pw
@@ -135,30 +144,36 @@ def sojourn_percentile(stations: list[Station], probs: np.ndarray, qps: float, p
             lo = mid
         else:
             hi = mid
-        if hi - lo < 1e-4 * hi:
+        if hi - lo < 1e-3 * hi:
             break
     return hi
 
 
-def sla_met(stations: list[Station], probs: np.ndarray, qps: float, pct: float, target_ms: float,
-            span_scale: float = 1.0) -> bool:
-    """Whether the ``pct`` sojourn percentile at ``qps`` is within ``target_ms`` (one tail evaluation)."""
+def violation(stations: list[Station], probs: np.ndarray, qps: float, pct: float, target_ms: float,
+              span_scale: float = 1.0) -> float:
+    """P(sojourn > target) minus the allowed 1 − pct/100 at ``qps`` (≤ 0 means the SLA is met)."""
     span = sum(s.span for s in stations) * span_scale
     p_none, theta = 1.0, math.inf
     for s in stations:
         if qps <= 0:
             break
-        pw, th = s.wait_tail(probs, qps)
+        pw, th = s.wait_tail(qps)
         if th <= 0:
-            return False
+            return pct / 100.0
         p_none *= 1.0 - pw
         theta = min(theta, th)
     y = target_ms - span
     if qps <= 0:
-        violate = float(probs[y < 0].sum())
+        exceed = float(probs[y < 0].sum())
     else:
-        violate = float((probs * np.where(y < 0, 1.0, (1.0 - p_none) * np.exp(-theta * np.maximum(y, 0.0)))).sum())
-    return violate <= 1.0 - pct / 100.0 + 1e-12
+        exceed = float(probs @ np.where(y < 0, 1.0, (1.0 - p_none) * np.exp(-theta * np.maximum(y, 0.0))))
+    return exceed - (1.0 - pct / 100.0)
+
+
+def sla_met(stations: list[Station], probs: np.ndarray, qps: float, pct: float, target_ms: float,
+            span_scale: float = 1.0) -> bool:
+    """Whether the ``pct`` sojourn percentile at ``qps`` is within ``target_ms``."""
+    return violation(stations, probs, qps, pct, target_ms, span_scale) <= 1e-12
 
 
 def _quantile_discrete(values: np.ndarray, probs: np.ndarray, pct: float) -> float:
@@ -173,18 +188,34 @@ def solve_max_load(at_rate: Callable[[float], list[Station] | None], probs: np.n
     """Largest arrival rate (QPS) whose sojourn percentile meets ``target_ms``; 0 if none does.
 
     ``at_rate(qps)`` gives the stations at that rate (service times may depend on it through memory
-    bandwidth) or None when the rate is infeasible outright.
+    bandwidth) or None when the rate is infeasible outright.  The SLA violation is monotone in the
+    rate, so the root is bracketed and found by the Illinois variant of regula falsi.
     """
-    tiny = upper_qps * 1e-6
-    stations = at_rate(tiny)
-    if stations is None or not sla_met(stations, probs, tiny, pct, target_ms, span_scale):
+    allowed = 1.0 - pct / 100.0
+
+    def v(qps: float) -> float:
+        st = at_rate(qps)
+        return allowed if st is None else violation(st, probs, qps, pct, target_ms, span_scale)
+
+    lo, hi = upper_qps * 1e-6, upper_qps
+    f_lo, f_hi = v(lo), allowed
+    if f_lo > 1e-12:
         return 0.0
-    lo, hi = tiny, upper_qps
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        st = at_rate(mid)
-        if st is not None and sla_met(st, probs, mid, pct, target_ms, span_scale):
-            lo = mid
+    side = 0
+    for _ in range(60):
+        if hi - lo <= rel_tol * hi:
+            break
+        x = (lo * f_hi - hi * f_lo) / (f_hi - f_lo) if f_hi != f_lo else 0.5 * (lo + hi)
+        x = min(max(x, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo))
+        fx = v(x)
+        if fx <= 1e-12:
+            lo, f_lo = x, fx
+            if side == -1:
+                f_hi *= 0.5
+            side = -1
         else:
-            hi = mid
+            hi, f_hi = x, fx
+            if side == 1:
+                f_lo *= 0.5
+            side = 1
     return lo

@@ -1,0 +1,71 @@
+"""A small in-process latency measurement of zoo models on this host, for calibrating the perfmodel.
+
+``recserve profile host`` (the measure/ area) is the full profiler; this helper only times
+``model(batch)`` for a few batch sizes with one intra-op thread so the calibration and its tests
+do not depend on a running server.  Tables carry ``conditions={"scale", "threads"}`` and the
+ProfileSet's meta keeps each measured spec so non-catalogue models can be re-read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import torch
+
+from recserve.profiles import ProfileSet, ProfileTable
+from recserve.specs import ModelSpec, to_dict
+
+HOST = "this-host"
+
+
+def time_model(spec: ModelSpec, batches: Iterable[int], scale: float, budget_s: float = 0.25,
+               min_reps: int = 5, max_reps: int = 200, seed: int = 0, max_call_ms: float = 250.0) -> list[list[float]]:
+    """Rows ``[batch, mean_ms, p50_ms, p99_ms]`` of ``forward`` on fresh random queries.
+
+    Batches after one whose mean exceeds ``max_call_ms`` are skipped (keeps the helper quick).
+    """
+    from recserve.zoo import build, sample_batch
+
+    model = build(spec, scale=scale, seed=seed)
+    rng = np.random.default_rng(seed)
+    rows = []
+    with torch.no_grad():
+        for b in batches:
+            queries = [sample_batch(model, b, rng) for _ in range(4)]
+            for q in queries[:2]:
+                model(q)  # warm-up
+            times: list[float] = []
+            start = time.perf_counter()
+            while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget_s):
+                q = queries[len(times) % len(queries)]
+                t0 = time.perf_counter()
+                model(q)
+                times.append((time.perf_counter() - t0) * 1e3)
+            arr = np.array(times)
+            rows.append([float(b), float(arr.mean()), float(np.percentile(arr, 50)), float(np.percentile(arr, 99))])
+            if arr.mean() > max_call_ms:
+                break
+    return rows
+
+
+def measure_host(specs: Iterable[ModelSpec], batches: Iterable[int] = (1, 8, 32, 128, 512),
+                 scale: float | dict[str, float] = 1e-3, threads: int = 1, budget_s: float = 0.25,
+                 progress: Callable[[str], None] | None = None, max_call_ms: float = 250.0) -> ProfileSet:
+    """latency_vs_batch tables (source="measured") of ``specs`` run in-process on this host."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    out = ProfileSet(meta={"source": "recserve.perfmodel.hostbench", "threads": threads, "specs": {}})
+    try:
+        for spec in specs:
+            s = scale.get(spec.name, 1e-3) if isinstance(scale, dict) else scale
+            if progress:
+                progress(f"timing {spec.name} at scale {s:g}")
+            rows = time_model(spec, tuple(batches), s, budget_s, max_call_ms=max_call_ms)
+            out.add(ProfileTable(spec.name, HOST, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
+                                 rows, "measured", {"scale": s, "threads": threads}))
+            out.meta["specs"][spec.name] = to_dict(spec)
+    finally:
+        torch.set_num_threads(previous)
+    return out

@@ -1,0 +1,360 @@
+"""Hercules' node-level task-scheduling search (Hercules §IV-B, Algorithm 1) and its baselines.
+
+A configuration fixes op-parallelism (cores per inference thread), model-parallelism (threads)
+and data-parallelism (sub-batch size), either for *model-based* scheduling (each thread runs the
+whole model) or for the *sparse-dense pipeline* (``sparse_threads`` threads × ``cores_per_thread``
+cores gather embeddings, ``threads`` single-core DenseNet threads — on an accelerator server the
+DenseNet threads are co-located on the device).
+
+The evaluation function is injected: ``evaluate(config) -> max load (QPS) or None`` when the
+configuration is infeasible (SLA unmet even at zero load, memory, power).  It can be the perfmodel
+(:func:`perfmodel_evaluator`) or live measurement.  Every search counts the distinct
+configurations it evaluated.
+
+- :func:`search` — gradient-guided: for each op-parallelism, start at the smallest threads and
+  batch, step to the best of the "+1" neighbours (batch, threads, both; for the pipeline every
+  non-empty subset of sparse threads, dense threads, batch) while throughput improves; stop the
+  outer loop over op-parallelism when its peak drops (convexity, Hercules Fig. 11).
+- :func:`deeprecsys` — DeepRecSys' hill-climbing over the batch size only (one core per thread,
+  one thread per core).
+- :func:`exhaustive` — every configuration: ground truth on small spaces.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from recserve.perfmodel import Allocation, LoadResult, PerfModel, SizeMix
+from recserve.specs import SLA, ModelSpec, ServerType
+
+DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
+MODES = ("model", "pipeline")
+MAX_DEVICE_THREADS = 8
+
+
+@dataclass(frozen=True)
+class SchedConfig:
+    mode: str  # "model" or "pipeline"
+    threads: int  # model-based inference threads, or DenseNet threads in the pipeline
+    cores_per_thread: int  # op-parallelism (of the SparseNet threads in the pipeline)
+    batch: int  # sub-batch size
+    sparse_threads: int = 0
+
+    def allocation(self, base: Allocation | None = None) -> Allocation:
+        from dataclasses import replace
+
+        return replace(base or Allocation(), workers=self.threads, cores_per_worker=self.cores_per_thread,
+                       batch=self.batch, sparse_workers=self.sparse_threads if self.mode == "pipeline" else 0)
+
+    def label(self) -> str:
+        if self.mode == "pipeline":
+            return (f"pipeline: {self.sparse_threads} sparse x {self.cores_per_thread} cores + "
+                    f"{self.threads} dense, batch {self.batch}")
+        return f"model-based: {self.threads} threads x {self.cores_per_thread} cores, batch {self.batch}"
+
+
+Evaluator = Callable[[SchedConfig], "float | None"]
+
+
+@dataclass
+class SearchResult:
+    method: str
+    best: SchedConfig | None
+    best_qps: float
+    evaluations: int
+    space_size: int
+    path: list[tuple[SchedConfig, float | None]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "best": asdict(self.best) if self.best else None,
+            "best_label": self.best.label() if self.best else None,
+            "best_qps": self.best_qps,
+            "evaluations": self.evaluations,
+            "space_size": self.space_size,
+        }
+
+
+class _Counted:
+    """Memoises an evaluator and counts the distinct configurations asked for."""
+
+    def __init__(self, evaluate: Evaluator) -> None:
+        self.evaluate = evaluate
+        self.seen: dict[SchedConfig, float | None] = {}
+        self.path: list[tuple[SchedConfig, float | None]] = []
+
+    def __call__(self, cfg: SchedConfig) -> float | None:
+        if cfg not in self.seen:
+            q = self.evaluate(cfg)
+            self.seen[cfg] = q if q is None or q > 0 else None
+            self.path.append((cfg, self.seen[cfg]))
+        return self.seen[cfg]
+
+    def best(self) -> tuple[SchedConfig | None, float]:
+        feasible = [(q, c) for c, q in self.seen.items() if q is not None]
+        if not feasible:
+            return None, 0.0
+        q, c = max(feasible, key=lambda x: x[0])
+        return c, q
+
+
+# ---------------------------------------------------------------- the space
+
+
+def _fits(server: ServerType, cfg: SchedConfig) -> bool:
+    accel = bool(server.accelerator)
+    if cfg.mode == "pipeline":
+        host = cfg.sparse_threads * cfg.cores_per_thread + (0 if accel else cfg.threads)
+        return host <= server.cores and (not accel or cfg.threads <= MAX_DEVICE_THREADS)
+    return cfg.threads * cfg.cores_per_thread <= server.cores
+
+
+def space(server: ServerType, batches: Iterable[int] = DEFAULT_BATCHES,
+          modes: Iterable[str] = MODES) -> list[SchedConfig]:
+    """Every configuration of the parallelism space (what :func:`exhaustive` evaluates)."""
+    out = []
+    n = server.cores
+    dense_max = MAX_DEVICE_THREADS if server.accelerator else n
+    for mode in modes:
+        for c in range(1, n + 1):
+            for b in batches:
+                if mode == "model":
+                    out += [SchedConfig("model", t, c, b) for t in range(1, n // c + 1)]
+                else:
+                    for s, d in itertools.product(range(1, n // c + 1), range(1, dense_max + 1)):
+                        cfg = SchedConfig("pipeline", d, c, b, s)
+                        if _fits(server, cfg):
+                            out.append(cfg)
+    return out
+
+
+# ---------------------------------------------------------------- searches
+
+
+def exhaustive(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEFAULT_BATCHES,
+               modes: Iterable[str] = MODES) -> SearchResult:
+    counted = _Counted(evaluate)
+    configs = space(server, batches, modes)
+    for cfg in configs:
+        counted(cfg)
+    best, q = counted.best()
+    return SearchResult("exhaustive", best, q, len(counted.seen), len(configs))
+
+
+def deeprecsys(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEFAULT_BATCHES) -> SearchResult:
+    """DeepRecSys: one single-core thread per core; hill-climb the batch size while max load rises."""
+    batches = sorted(batches)
+    counted = _Counted(evaluate)
+    threads = server.cores if not server.accelerator else 1
+    best_q: float | None = None
+    for b in batches:
+        q = counted(SchedConfig("model", threads, 1, b))
+        if best_q is not None and (q is None or q <= best_q):
+            break
+        if q is not None:
+            best_q = q
+    best, q = counted.best()
+    return SearchResult("deeprecsys", best, q, len(counted.seen), len(batches), counted.path)
+
+
+def _climb(start: tuple[int, ...], make: Callable[[tuple[int, ...]], SchedConfig | None],
+           counted: _Counted) -> tuple[SchedConfig | None, float]:
+    """Gradient ascent over "+1" moves in every non-empty subset of the dimensions."""
+    dims = len(start)
+    moves = [m for m in itertools.product((0, 1), repeat=dims) if any(m)]
+    point = start
+    walk = sorted(moves, key=lambda m: (m[-1], -sum(m)))  # more threads first, larger batch last
+    q = None
+    while True:  # infeasible start: walk towards more resources, one evaluation per step
+        cfg = make(point)
+        if cfg is None:
+            return None, 0.0
+        q = counted(cfg)
+        if q is not None:
+            break
+        steps = [tuple(a + b for a, b in zip(point, m, strict=True)) for m in walk]
+        steps = [p for p in steps if make(p) is not None]
+        if not steps:
+            return None, 0.0
+        point = steps[0]
+    best_cfg, best_q = cfg, q
+    while True:
+        candidates = []
+        for m in moves:
+            p = tuple(a + b for a, b in zip(point, m, strict=True))
+            c = make(p)
+            if c is not None:
+                candidates.append((p, c, counted(c)))
+        valid = [x for x in candidates if x[2] is not None]
+        if not valid:
+            return best_cfg, best_q
+        p, c, cq = max(valid, key=lambda x: x[2])
+        if cq <= q:
+            return best_cfg, best_q
+        point, q = p, cq
+        best_cfg, best_q = c, cq
+
+
+def _maker(mode: str, c: int, server: ServerType, batches: tuple[int, ...]) -> Callable[[tuple[int, ...]],
+                                                                                  SchedConfig | None]:
+    """Lattice point -> configuration at op-parallelism ``c``: (threads, batch index) for model-based,
+    (sparse threads, dense threads, batch index) for the pipeline; None outside the space."""
+    n = server.cores
+    dense_max = MAX_DEVICE_THREADS if server.accelerator else n
+
+    def make(p: tuple[int, ...]) -> SchedConfig | None:
+        if c < 1 or c > n or p[-1] < 0 or p[-1] >= len(batches):
+            return None
+        if mode == "model":
+            t, bi = p
+            return SchedConfig("model", t, c, batches[bi]) if 1 <= t <= n // c else None
+        s, d, bi = p
+        if s < 1 or d < 1 or d > dense_max:
+            return None
+        cfg = SchedConfig("pipeline", d, c, batches[bi], s)
+        return cfg if _fits(server, cfg) else None
+
+    return make
+
+
+def _point(cfg: SchedConfig, batches: tuple[int, ...]) -> tuple[int, ...]:
+    bi = batches.index(cfg.batch)
+    return (cfg.threads, bi) if cfg.mode == "model" else (cfg.sparse_threads, cfg.threads, bi)
+
+
+def _polish(best: SchedConfig, best_q: float, server: ServerType, batches: tuple[int, ...],
+            counted: _Counted) -> None:
+    """Local refinement around the climb's optimum: every ±1 neighbour (and op-parallelism ±1) while it improves.
+
+    The climb only moves towards more threads and larger batches; this catches a neighbour just
+    behind it where the space is not exactly convex.
+    """
+    while True:
+        point = _point(best, batches)
+        neighbours = [(best.cores_per_thread, tuple(a + b for a, b in zip(point, m, strict=True)))
+                      for m in itertools.product((-1, 0, 1), repeat=len(point)) if any(m)]
+        neighbours += [(best.cores_per_thread + dc, point) for dc in (-1, 1)]
+        improved = False
+        for c, p in neighbours:
+            cfg = _maker(best.mode, c, server, batches)(p)
+            if cfg is None:
+                continue
+            q = counted(cfg)
+            if q is not None and q > best_q * (1 + 1e-9):
+                best, best_q, improved = cfg, q, True
+        if not improved:
+            return
+
+
+def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEFAULT_BATCHES,
+           modes: Iterable[str] = MODES, spec: ModelSpec | None = None, polish: bool = True) -> SearchResult:
+    """Hercules' gradient-guided search over op-, model- and data-parallelism for each scheduling mode."""
+    batches = tuple(sorted(batches))
+    counted = _Counted(evaluate)
+    n = server.cores
+    for mode in modes:
+        last_peak = -1.0
+        mode_best: tuple[SchedConfig | None, float] = (None, 0.0)
+        for c in range(1, n + 1):
+            if mode == "pipeline" and c >= n and not server.accelerator:
+                break
+            start = (1, 0) if mode == "model" else (1, 1, 0)
+            cfg, peak = _climb(start, _maker(mode, c, server, batches), counted)
+            if cfg is not None and peak > mode_best[1]:
+                mode_best = (cfg, peak)
+            if (last_peak > 0 and peak < last_peak) or (peak <= 0 and last_peak == 0):
+                break  # peak throughput dropped, or two op-parallelism levels in a row were infeasible
+            last_peak = peak if peak > 0 else (0.0 if last_peak <= 0 else last_peak)
+        if polish and mode_best[0] is not None:
+            _polish(mode_best[0], mode_best[1], server, batches, counted)
+    best, q = counted.best()
+    return SearchResult("hercules", best, q, len(counted.seen), len(space(server, batches, modes)), counted.path)
+
+
+# ---------------------------------------------------------------- evaluators
+
+
+class PerfModelEvaluator:
+    """``config -> max load`` from the analytic model, with an optional power budget (Hercules' constraint)."""
+
+    def __init__(self, spec: ModelSpec, server: ServerType, model: PerfModel | None = None,
+                 sizes: SizeMix | Any = None, sla: SLA | None = None, power_budget_w: float | None = None,
+                 base: Allocation | None = None) -> None:
+        self.spec, self.server = spec, server
+        self.model = model or PerfModel()
+        self.mix = sizes if isinstance(sizes, SizeMix) else SizeMix.of(sizes)
+        self.sla = sla or spec.sla
+        self.power_budget_w = power_budget_w
+        self.base = base or Allocation()
+        self._cache: dict[SchedConfig, LoadResult] = {}
+
+    def detail(self, cfg: SchedConfig) -> LoadResult:
+        if cfg not in self._cache:
+            self._cache[cfg] = self.model.evaluate(self.spec, self.server, cfg.allocation(self.base), self.mix,
+                                                   self.sla, with_latency=False)
+        return self._cache[cfg]
+
+    def __call__(self, cfg: SchedConfig) -> float | None:
+        r = self.detail(cfg)
+        if not r.feasible or r.max_qps <= 0:
+            return None
+        if self.power_budget_w is not None and r.power_w > self.power_budget_w:
+            return None
+        return r.max_qps
+
+
+def perfmodel_evaluator(spec: ModelSpec, server: ServerType, model: PerfModel | None = None,
+                        sizes: SizeMix | Any = None, sla: SLA | None = None,
+                        power_budget_w: float | None = None) -> PerfModelEvaluator:
+    return PerfModelEvaluator(spec, server, model, sizes, sla, power_budget_w)
+
+
+class LiveEvaluator:
+    """``config -> max load`` measured on this host: a node server per configuration, open-loop Poisson
+    load from the production-like mix, and the latency-bounded throughput search of ``recserve bench``."""
+
+    def __init__(self, spec: ModelSpec, server: ServerType, sla: SLA | None = None, scale: float = 1e-3,
+                 duration_s: float = 3.0, sizes: str = "production", start_qps: float = 20.0,
+                 log: Callable[[str], None] | None = None) -> None:
+        from recserve.errors import RecserveError
+
+        if server.name != "this-host":
+            raise RecserveError(f"--live measures this host only (server 'this-host'), not {server.name!r}")
+        self.spec, self.server, self.sla = spec, server, sla or spec.sla
+        self.scale, self.duration_s, self.sizes, self.start_qps, self.log = scale, duration_s, sizes, start_qps, log
+
+    def __call__(self, cfg: SchedConfig) -> float | None:
+        from recserve.errors import SpecError
+        from recserve.measure.loadgen import LoadSession
+        from recserve.measure.maxload import find_max_load
+        from recserve.measure.requests import RequestPool
+        from recserve.measure.served import LocalServer
+
+        options: dict[str, Any] = {"threads": cfg.cores_per_thread, "sub_batch": cfg.batch, "mode": cfg.mode}
+        if cfg.mode == "pipeline":
+            options["sparse_workers"] = cfg.sparse_threads
+        if self.log:
+            self.log(f"[live] {cfg.label()}")
+        try:
+            server = LocalServer(self.spec.name, self.scale, workers=cfg.threads, **options)
+        except SpecError as exc:  # e.g. more cores than this host has
+            if self.log:
+                self.log(f"[live] infeasible: {exc}")
+            return None
+        pool = RequestPool.from_mix(self.spec, self.scale, self.sizes, pool=32, seed=0, index="uniform")
+        seeds = iter(range(10_000))
+        with server, LoadSession(server.target("http"), pool, warm=True) as session:
+            result = find_max_load(
+                lambda rate: session.run(rate, self.duration_s, seed=next(seeds), min_requests=30),
+                self.sla.target_ms, self.sla.percentile, start_qps=self.start_qps, rtol=0.1, max_probes=12,
+                log=self.log)
+        return result.max_qps if result.max_qps > 0 else None
+
+
+def live_evaluator(spec: ModelSpec, server: ServerType, sla: SLA | None = None, **kwargs: Any) -> Evaluator:
+    """Measure each configuration through the node server on this host (slow: seconds per configuration)."""
+    return LiveEvaluator(spec, server, sla, **kwargs)
