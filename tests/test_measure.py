@@ -222,3 +222,17 @@ def test_max_load_search_over_a_real_open_loop_run():
         res = find_max_load(lambda r: session.run(r, 1.0, seed=int(r), timeout_s=0.3), 60.0, 95, start_qps=20,
                             rtol=0.1)
     assert 30 <= res.max_qps <= 100, res.to_dict()
+
+
+def test_package_exports_are_lazy_and_complete():
+    import subprocess
+    import sys
+
+    import recserve.measure as measure
+
+    assert measure.find_max_load is find_max_load and measure.run_load is run_load
+    for name in measure.__all__:
+        assert getattr(measure, name) is not None
+    code = "import sys, recserve.measure.maxload; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # the simulator can reuse the search without importing torch
