@@ -111,3 +111,13 @@ def test_missing_profile_and_unservable_model_are_clear_errors(hera):
         dead.add(ProfileTable("slow", NODE.name, kind, cols, rows, source="modelled"))
     with pytest.raises(InfeasibleError, match="slow"):
         plan_colocation(dead, NODE, {"slow": 1.0})
+
+
+def test_whole_server_table_wins_over_per_condition_tables(hera):
+    profiles, classes, curves = hera
+    extra = ProfileSet(list(profiles))
+    extra.add(ProfileTable("ncf", NODE.name, "maxload_vs_ways", ("ways", "max_qps"), [[1.0, 1.0], [11.0, 1000.0]],
+                           source="modelled", conditions={"workers": 4}))
+    again = {c.name: c for c in all_curves(extra, list(classes), NODE)}
+    before = {c.name: c for c in curves}
+    assert np.allclose(again["ncf"].ways_ratio, before["ncf"].ways_ratio)

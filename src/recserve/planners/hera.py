@@ -61,9 +61,9 @@ def _index(profiles: ProfileSet, server: str) -> dict[tuple[str, str], ProfileTa
     wins over per-condition ones such as maxload_vs_ways at a given worker count."""
     out: dict[tuple[str, str], ProfileTable] = {}
     for t in profiles:
-        if t.server == server and ((t.model, t.kind) not in out or not t.conditions):
-            if not (out.get((t.model, t.kind)) and not out[(t.model, t.kind)].conditions):
-                out[(t.model, t.kind)] = t
+        key = (t.model, t.kind)
+        if t.server == server and (key not in out or (out[key].conditions and not t.conditions)):
+            out[key] = t
     return out
 
 
