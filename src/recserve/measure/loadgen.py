@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,11 +117,12 @@ class _Progress:
         self.enabled, self.label, self.every = enabled, label, every
         self._last = 0.0
 
-    def update(self, text: str, force: bool = False) -> None:
+    def update(self, text: Callable[[], str], force: bool = False) -> None:
+        """``text`` is only built when a line is due (building it is O(queries))."""
         now = time.monotonic()
         if self.enabled and (force or now - self._last >= self.every):
             self._last = now
-            print(f"\r{self.label} {text}\033[K", end="", file=sys.stderr, flush=True)
+            print(f"\r{self.label} {text()}\033[K", end="", file=sys.stderr, flush=True)
 
     def done(self) -> None:
         if self.enabled:
@@ -136,7 +138,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
     latency = np.full(n, np.nan)
     kinds: list[str | None] = [None] * n
     lag = np.zeros(n)
-    state = {"inflight": 0, "done": 0, "last": 0.0}
+    state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0}
     start = loop.time() + 0.005
 
     async def one(k: int) -> None:
@@ -151,6 +153,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         except Exception as exc:  # any other client-side failure is still one failed query
             kinds[k] = f"exception_{type(exc).__name__}"
         finally:
+            state["failed"] += kinds[k] is not None
             state["inflight"] -= 1
             state["done"] += 1
             state["last"] = loop.time() - start
@@ -169,26 +172,27 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         if state["inflight"] >= max_inflight:
             kinds[k] = "dropped"
             state["done"] += 1
+            state["failed"] += 1
         else:
             state["inflight"] += 1
             task = asyncio.create_task(one(k))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if progress is not None:
-            progress.update(_status(k + 1, n, state, kinds, times[k]))
+            progress.update(lambda k=k: _status(k + 1, n, state, times[k]))
     while tasks:
         await asyncio.wait(set(tasks), timeout=0.5)
         if progress is not None:
-            progress.update(_status(n, n, state, kinds, loop.time() - start))
+            progress.update(lambda: _status(n, n, state, loop.time() - start))
     elapsed = max(float(times[-1]) if n else 0.0, state["last"])
     keep = times >= warmup_s
     elapsed -= min(warmup_s, elapsed)  # rates are over the measured window only
     return latency[keep], [kd for kd, m in zip(kinds, keep, strict=True) if m], lag[keep], elapsed
 
 
-def _status(sent: int, n: int, state: dict, kinds: list, t: float) -> str:
-    errors = sum(1 for k in kinds[:sent] if k is not None)
-    return f"t={t:6.1f}s sent {sent}/{n} done {state['done']} in-flight {state['inflight']} errors {errors}"
+def _status(sent: int, n: int, state: dict, t: float) -> str:
+    return (f"t={t:6.1f}s sent {sent}/{n} done {state['done']} in-flight {state['inflight']} "
+            f"errors {state['failed']}")
 
 
 def schedule(rate: float, duration_s: float | None, max_requests: int | None, pool_len: int,
