@@ -32,7 +32,8 @@ def plot_latency_vs_load(result: MaxLoadResult, path: str | Path, title: str = "
     if not any(p.detail for p in probes):
         ax.plot(rates, [p.latency_ms for p in probes], "o-", label=f"p{result.percentile:g}")
     ax.axhline(result.sla_ms, color="red", ls="--", lw=1, label=f"SLA p{result.percentile:g} {result.sla_ms:g} ms")
-    ax.axvline(result.max_qps, color="green", ls=":", lw=1, label=f"max load {result.max_qps:.1f} qps")
+    what = "highest swept rate meeting SLA" if result.reason == "sweep" else "max load"
+    ax.axvline(result.max_qps, color="green", ls=":", lw=1, label=f"{what} {result.max_qps:.1f} qps")
     ax.set_xlabel("offered load (queries/s, Poisson)")
     ax.set_ylabel("latency from scheduled send (ms)")
     ax.set_yscale("log")
