@@ -118,7 +118,7 @@ class _Progress:
         self._last = 0.0
 
     def update(self, text: Callable[[], str], force: bool = False) -> None:
-        """``text`` is only built when a line is due (building it is O(queries))."""
+        """``text`` is only called when a line is due, so the hot loop pays for a clock read only."""
         now = time.monotonic()
         if self.enabled and (force or now - self._last >= self.every):
             self._last = now
