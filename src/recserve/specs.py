@@ -321,8 +321,22 @@ def catalogue_servers() -> dict[str, ServerType]:
     return servers
 
 
+TABLES_SUFFIX = "@tables="
+
+
+def first_tables(spec: ModelSpec, k: int) -> ModelSpec:
+    """``spec`` with only its first ``k`` tables, named ``<name>@tables=<k>`` so that ``get_model`` resolves
+    it in any process (worker processes rebuild models by name) — a big model cut down to fit a small host."""
+    if not 0 < k <= len(spec.tables):
+        raise SpecError(f"model {spec.name!r} has {len(spec.tables)} tables; cannot keep {k}")
+    return dataclasses.replace(spec, name=f"{spec.name}{TABLES_SUFFIX}{k}", tables=spec.tables[:k])
+
+
 def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec:
     models = {**catalogue_models(), **(extra or {})}
+    base, sep, keep = name.rpartition(TABLES_SUFFIX)
+    if name not in models and sep and base in models and keep.isdigit():
+        return first_tables(models[base], int(keep))
     if name not in models:
         raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))}")
     return models[name]

@@ -40,6 +40,10 @@ from recserve.zoo.batch import QueryBatch
 STAGES = ("model", "sparse", "dense")
 
 
+# table_backend -> "module:function(model_config) -> model", imported in the worker process itself
+TABLE_BACKENDS: dict[str, str] = {"elasticrec": "recserve.serving.shards:build_dense_shard_model"}
+
+
 def build_worker_model(model_config: Any) -> RecModel:
     """The one place that turns a served-model config into a runnable model.
 
@@ -47,6 +51,11 @@ def build_worker_model(model_config: Any) -> RecModel:
     ``model_config.table_backend`` / ``model_config.options`` and calling ``model.replace_table``.
     """
     backend = getattr(model_config, "table_backend", "dram")
+    if backend in TABLE_BACKENDS:
+        import importlib
+
+        module, _, function = TABLE_BACKENDS[backend].partition(":")
+        return getattr(importlib.import_module(module), function)(model_config)
     if backend != "dram":
         from recserve.errors import SpecError
 

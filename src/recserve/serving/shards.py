@@ -1,0 +1,526 @@
+"""ElasticRec sharded serving on this host: embedding-shard services + a dense-shard node-server model.
+
+``start_sharded(layout)`` starts, on loopback,
+
+- per embedding shard (a contiguous range of a hotness-sorted table) its planned number of replica
+  processes (:mod:`recserve.serving.shard_service`), each a gRPC server with a private copy of its rows;
+- a :class:`~recserve.serving.NodeServer` whose model is the *dense shard*: ``table_backend:
+  elasticrec``, so each worker builds the dense layers and :class:`RemoteShardedTable` tables that
+  bucketize every query and call the shard services concurrently (one gRPC future per shard with
+  ids, all tables at once), sum the partial pooled embeddings and run ``model.dense``.
+
+Clients see the usual Open Inference Protocol (HTTP + gRPC) of every recserve model.
+
+Replicas are balanced on the client side (each dense worker keeps a channel per replica and sends
+to the one with the fewest calls outstanding): no dispatcher hop between the dense and the
+embedding shards (on a 2-core host a relay process costs more than the lookup), a replica is an
+independent process as a Kubernetes pod is, and a dead replica is seen directly as a failed call:
+the call is retried once on another replica of that shard if there is one, else the query gets
+an error reply (never a hang: every call has a deadline).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+from torch import nn
+
+from recserve.deploy.sharding import ShardLayout, access_counts, even_layout, layout_from_plan, shard_weights
+from recserve.embedding.sharded import ShardedTable, ShardInput, combine_gathered, combine_pooled
+from recserve.errors import RecserveError, SpecError
+from recserve.planners.elasticrec import ShardPlan, TableShards
+from recserve.serving.shard_service import (
+    GRPC_OPTIONS,
+    INFER_METHOD,
+    ReplicaArgs,
+    decode_response,
+    encode_request,
+    replica_main,
+)
+from recserve.specs import ModelSpec, get_model
+from recserve.zoo import QueryBatch, RecModel, build, sample_batch
+
+BACKEND = "elasticrec"
+DEFAULT_TIMEOUT_S = 10.0
+RETRY_AFTER_S = 2.0  # a replica that refused a call is skipped this long
+
+
+class ShardCallError(RuntimeError):
+    """An embedding-shard call failed; the dense worker turns it into an error reply for the query."""
+
+
+# ---------------------------------------------------------------- client side (in dense workers)
+
+
+@dataclass
+class _Replica:
+    address: str
+    call: Any = None
+    channel: Any = None
+    outstanding: int = 0
+    down_until: float = 0.0
+
+
+class ShardClient:
+    """Channels to every replica of every shard; least-outstanding choice, futures for concurrency."""
+
+    def __init__(self, endpoints: dict[str, list[str]], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.replicas = {name: [_Replica(a) for a in addrs] for name, addrs in endpoints.items()}
+        self.timeout_s = timeout_s
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def _connect(self, r: _Replica) -> None:
+        from tritonclient.grpc import service_pb2
+
+        r.channel = grpc.insecure_channel(r.address, options=GRPC_OPTIONS[:2])
+        r.call = r.channel.unary_unary(INFER_METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                                       response_deserializer=service_pb2.ModelInferResponse.FromString)
+
+    def _pick(self, shard: str, avoid: _Replica | None = None) -> _Replica:
+        replicas = self.replicas.get(shard)
+        if not replicas:
+            raise ShardCallError(f"no endpoint for embedding shard {shard!r}")
+        now = time.monotonic()
+        live = [r for r in replicas if r.down_until <= now and r is not avoid] or [
+            r for r in replicas if r is not avoid] or replicas
+        k = next(self._turn)
+        return min((live[(k + i) % len(live)] for i in range(len(live))), key=lambda r: r.outstanding)
+
+    def start(self, shard: str, indices: np.ndarray, offsets: np.ndarray | None) -> _Call:
+        """Send one request now; the returned call's ``result()`` waits for it."""
+        request = encode_request(shard, indices, offsets)
+        return _Call(self, shard, request)._send(self._pick(shard))
+
+    def _release(self, r: _Replica) -> None:
+        with self._lock:
+            r.outstanding -= 1
+
+    def close(self) -> None:
+        for rs in self.replicas.values():
+            for r in rs:
+                if r.channel is not None:
+                    r.channel.close()
+                    r.channel = r.call = None
+
+
+class _Call:
+    def __init__(self, client: ShardClient, shard: str, request: Any) -> None:
+        self.client, self.shard, self.request = client, shard, request
+        self.replica: _Replica | None = None
+        self.future: Any = None
+        self.retried = False
+
+    def _send(self, r: _Replica) -> _Call:
+        if r.call is None:
+            self.client._connect(r)
+        with self.client._lock:
+            r.outstanding += 1
+        self.replica = r
+        self.future = r.call.future(self.request, timeout=self.client.timeout_s)
+        self.future.add_done_callback(lambda _f, r=r: self.client._release(r))
+        return self
+
+    def result(self) -> np.ndarray:
+        try:
+            return decode_response(self.future.result())
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            where = f"embedding shard {self.shard} replica {self.replica.address}"
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.replica.down_until = time.monotonic() + RETRY_AFTER_S
+                others = [r for r in self.client.replicas[self.shard] if r is not self.replica]
+                if others and not self.retried:
+                    self.retried = True
+                    return self._send(self.client._pick(self.shard, avoid=self.replica)).result()
+            name = code.name if code is not None else "ERROR"
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            raise ShardCallError(f"{where}: {name}: {details}") from None
+
+
+class RemoteShardedTable(ShardedTable):
+    """A :class:`ShardedTable` whose shards live in embedding-shard services.
+
+    Holds only the hotness remap and the boundaries (no rows).  ``pool_fn`` is a blocking remote
+    call; :meth:`start` sends every shard's part at once and returns a pending result, which is how
+    the dense shard overlaps all shards of all tables.
+    """
+
+    def __init__(self, name: str, num_rows: int, dim: int, boundaries: list[int], remap: np.ndarray,
+                 client: ShardClient) -> None:
+        nn.Module.__init__(self)
+        self.num_rows, self.dim, self.name = int(num_rows), int(dim), name
+        if boundaries[0] != 0 or boundaries[-1] != self.num_rows or list(boundaries) != sorted(set(boundaries)):
+            raise ValueError(f"boundaries must rise strictly from 0 to {self.num_rows}, got {list(boundaries)}")
+        self.boundaries = torch.as_tensor(list(boundaries), dtype=torch.int64)
+        self.register_buffer("remap", torch.from_numpy(np.asarray(remap, dtype=np.int64)), persistent=False)
+        self.shards = []
+        self.client = client
+        self.pool_fn = self._remote_pool
+
+    def shard_name(self, s: int) -> str:
+        return f"{self.name}-s{s}"
+
+    def _remote_pool(self, s: int, x: ShardInput) -> torch.Tensor:
+        return torch.from_numpy(self.client.start(self.shard_name(s), x.indices.numpy(), x.offsets.numpy())
+                                .result().copy())
+
+    def start(self, indices: torch.Tensor, offsets: torch.Tensor | None) -> _PendingLookup:
+        """Bucketize and send; ``offsets=None`` gathers rows (sequence tables)."""
+        gather = offsets is None
+        if gather:
+            offsets = torch.arange(indices.numel(), dtype=torch.int64)
+        inputs = self.shard_inputs(indices, offsets)
+        calls = [None if x.indices.numel() == 0 else
+                 self.client.start(self.shard_name(s), x.indices.numpy(), None if gather else x.offsets.numpy())
+                 for s, x in enumerate(inputs)]
+        return _PendingLookup(self, inputs, calls, gather, int(offsets.numel()), int(indices.numel()))
+
+    def pool(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.start(indices, offsets).result()
+
+    def gather(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.start(indices, None).result()
+
+
+@dataclass
+class _PendingLookup:
+    table: RemoteShardedTable
+    inputs: list[ShardInput]
+    calls: list[_Call | None]
+    gather: bool
+    bags: int
+    n: int
+
+    def result(self) -> torch.Tensor:
+        dim = self.table.dim
+        parts = []
+        for call in self.calls:
+            if call is None:
+                parts.append(torch.zeros((0 if self.gather else self.bags, dim)))
+            else:
+                parts.append(torch.from_numpy(call.result().copy()))
+        if self.gather:
+            return combine_gathered(parts, self.inputs, self.n, dim)
+        return combine_pooled(parts)
+
+
+class DenseShardModel(nn.Module):
+    """The dense shard as a node-server worker model: concurrent remote sparse part, local dense part."""
+
+    def __init__(self, model: RecModel, client: ShardClient) -> None:
+        super().__init__()
+        self.model, self.client = model, client
+        self.spec, self.rows, self.sequence_lengths = model.spec, model.rows, model.sequence_lengths
+
+    def sparse(self, batch: QueryBatch) -> list[torch.Tensor]:
+        pending = []
+        for t, (indices, offsets) in enumerate(batch.tables()):
+            sequence = t in self.sequence_lengths
+            pending.append(self.model.tables[t].start(indices, None if sequence else offsets))
+        out = []
+        for t, p in enumerate(pending):  # every call is in flight before the first wait
+            res = p.result()
+            out.append(res.view(batch.size, self.sequence_lengths[t], -1) if t in self.sequence_lengths else res)
+        return out
+
+    def dense(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        return self.model.dense(dense, pooled)
+
+    def forward(self, batch: QueryBatch) -> torch.Tensor:
+        return self.dense(batch.dense, self.sparse(batch))
+
+
+def build_dense_shard_model(model_config: Any) -> DenseShardModel:
+    """``table_backend: elasticrec`` worker model; ``options`` = :func:`dense_options` output."""
+    options = model_config.options
+    for key in ("tables", "endpoints"):
+        if key not in options:
+            raise SpecError(f"model {model_config.name!r}: table_backend elasticrec needs options.{key}")
+    spec = get_model(model_config.model)
+    model = build(spec, scale=1e-12, seed=model_config.seed, min_rows=1)  # dense weights as the full model's
+    client = ShardClient(options["endpoints"], float(options.get("timeout_s", DEFAULT_TIMEOUT_S)))
+    model.rows = tuple(int(t["rows"]) for t in options["tables"])
+    for t, table in enumerate(options["tables"]):
+        model.replace_table(t, RemoteShardedTable(table["name"], table["rows"], spec.tables[t].dim,
+                                                  table["boundaries"], table["remap"], client))
+    return DenseShardModel(model, client).eval()
+
+
+def dense_options(layout: ShardLayout, rows: tuple[int, ...], endpoints: dict[str, list[str]],
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
+    tables = [{"name": t.name, "rows": int(rows[t.table]), "boundaries": [int(b) for b in t.boundaries],
+               "remap": np.asarray(t.remap, dtype=np.int64)} for t in layout.tables]
+    return {"tables": tables, "endpoints": endpoints, "timeout_s": timeout_s}
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def plan_from_json(path: str | Path) -> ShardPlan:
+    """A :class:`ShardPlan` from ``recserve plan shard --json`` output."""
+    try:
+        data = json.loads(Path(path).read_text())
+        names = {f.name for f in fields(ShardPlan)}
+        table_names = {f.name for f in fields(TableShards)}
+        tables = [TableShards(**{k: v for k, v in t.items() if k in table_names}) for t in data["tables"]]
+        return ShardPlan(**{k: v for k, v in data.items() if k in names and k != "tables"}, tables=tables)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecserveError(f"{path}: not a `recserve plan shard --json` file: {exc}") from exc
+
+
+def warmup_counts(model: RecModel, queries: int = 50, batch: int = 32, locality: float = 0.9,
+                  seed: int = 10_000) -> list[np.ndarray]:
+    """Access counts over a warm-up sample from the locality-P index model (the hotness history)."""
+    from recserve.workload.indices import index_sampler
+
+    sampler = index_sampler(f"locality:p={locality}")
+    return access_counts(model, [sample_batch(model, batch, rng=seed + i, sampler=sampler) for i in range(queries)])
+
+
+def make_layout(spec: ModelSpec, scale: float, seed: int = 0, plan: ShardPlan | None = None,
+                shards_per_table: int = 2, replicas: list[int] | None = None, dense_replicas: int | None = None,
+                warmup_queries: int = 50, batch: int = 32, locality: float = 0.9,
+                model: RecModel | None = None) -> ShardLayout:
+    """Layout of the live scaled model: from a plan, or a hot shard + even cold shards.
+
+    ``replicas`` (per shard position, e.g. ``[2, 1]``) overrides the replica counts of every table."""
+    model = model if model is not None else build(spec, scale=scale, seed=seed)
+    counts = warmup_counts(model, warmup_queries, batch, locality)
+    if plan is not None:
+        if len(plan.tables) < len(spec.tables):
+            raise RecserveError(f"plan has {len(plan.tables)} tables, model {spec.name} has {len(spec.tables)}")
+        plan = replace(plan, tables=plan.tables[: len(spec.tables)])
+        layout = layout_from_plan(plan, model, counts, seed=seed, scale=scale)
+    else:
+        layout = even_layout(model, counts, shards_per_table, seed=seed, scale=scale)
+    if replicas:
+        for t in layout.tables:
+            t.replicas = [int(replicas[min(s, len(replicas) - 1)]) for s in range(len(t.replicas))]
+    if dense_replicas:
+        layout.dense_replicas = int(dense_replicas)
+    return layout
+
+
+# ---------------------------------------------------------------- the local deployment
+
+
+def _log(progress: bool, text: str) -> None:
+    if progress:
+        print(f"[shards] {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class ReplicaProcess:
+    shard: str
+    replica: int
+    process: Any
+    conn: Any
+    pid: int = 0
+    port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class ShardedDeployment:
+    """A running local ElasticRec deployment; ``ports`` is the dense shard's HTTP/gRPC front end."""
+
+    layout: ShardLayout
+    model_name: str
+    replicas: list[ReplicaProcess]
+    server: Any = None
+    ports: Any = None
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def endpoints(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for r in self.replicas:
+            out.setdefault(r.shard, []).append(r.address)
+        return out
+
+    def replica_pids(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for r in self.replicas:
+            out.setdefault(r.shard, []).append(r.pid)
+        return out
+
+    def dense_worker_pids(self) -> list[int]:
+        if self.server is None or self.server.core is None:
+            return []
+        return [w.pid for rt in self.server.core.models.values() for p in rt.pools.values() for w in p.workers
+                if w.pid]
+
+    def pids(self) -> list[int]:
+        """Every process of the deployment except this one (the front end lives in the caller)."""
+        return [r.pid for r in self.replicas if r.pid] + self.dense_worker_pids()
+
+    def kill_replica(self, shard: str, replica: int = 0) -> int:
+        """SIGKILL one replica (fault injection); returns its pid."""
+        for r in self.replicas:
+            if r.shard == shard and r.replica == replica:
+                r.process.kill()
+                r.process.join(5)
+                return r.pid
+        raise KeyError(f"{shard} replica {replica}")
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.server is not None:
+            self.server.stop(drain=False)
+        _stop_replicas(self.replicas)
+
+    def __enter__(self) -> ShardedDeployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _stop_replicas(replicas: list[ReplicaProcess]) -> None:
+    for r in replicas:
+        try:
+            r.conn.send(None)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    for r in replicas:
+        r.process.join(max(0.1, deadline - time.monotonic()))
+        if r.process.is_alive():
+            r.process.kill()
+            r.process.join(2)
+        r.conn.close()
+
+
+def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir: Path, threads: int,
+                    progress: bool) -> list[ReplicaProcess]:
+    from recserve.serving.runtime import mp_context
+
+    ctx = mp_context()
+    replicas: list[ReplicaProcess] = []
+    try:
+        for table in layout.tables:
+            for s, count in enumerate(table.replicas):
+                name = f"{table.name}-s{s}"
+                path = workdir / f"{name}.npy"
+                np.save(path, weights[name])
+                for k in range(int(count)):
+                    parent, child = ctx.Pipe(duplex=True)
+                    args = ReplicaArgs(name, k, str(path), threads=threads)
+                    proc = ctx.Process(target=replica_main, args=(child, args), daemon=True,
+                                       name=f"recserve-shard-{name}-{k}")
+                    proc.start()
+                    child.close()
+                    replicas.append(ReplicaProcess(name, k, proc, parent))
+        for r in replicas:
+            if not r.conn.poll(120):
+                raise RecserveError(f"embedding shard {r.shard} replica {r.replica} did not start in time")
+            msg = r.conn.recv()
+            if msg[0] != "ready":
+                raise RecserveError(f"embedding shard {r.shard} replica {r.replica}: {msg[1]}")
+            r.pid, r.port = int(msg[1]), int(msg[2])
+        _log(progress, f"{len(replicas)} embedding-shard replicas up: " + ", ".join(
+            f"{r.shard}#{r.replica}@{r.port}" for r in replicas))
+    except BaseException:
+        _stop_replicas(replicas)
+        raise
+    return replicas
+
+
+def start_sharded(layout: ShardLayout, *, model_name: str | None = None, dense_replicas: int | None = None,
+                  host: str = "127.0.0.1", http_port: int = 0, grpc_port: int = 0, threads: int = 1,
+                  timeout_s: float = DEFAULT_TIMEOUT_S, queue_limit: int = 256, max_batch_size: int = 1024,
+                  progress: bool = True, model: RecModel | None = None) -> ShardedDeployment:
+    """Start every embedding-shard replica and the dense-shard node server on loopback.
+
+    ``model`` (the full scaled model built from ``layout.spec``/``scale``/``seed``) is only read to
+    cut the shards; it is built here if not given.  ``layout.spec.name`` must resolve with
+    ``get_model`` (a catalogue name, or ``<name>@tables=K``) because dense workers rebuild it by name.
+    """
+    from recserve.serving import ModelConfig, NodeConfig, NodeServer
+
+    spec = layout.spec
+    try:
+        get_model(spec.name)
+    except SpecError as exc:
+        raise RecserveError(f"layout model {spec.name!r} must be a catalogue name or <name>@tables=K: {exc}") from exc
+    model = model if model is not None else build(spec, scale=layout.scale, seed=layout.seed)
+    rows = tuple(model.rows)
+    _log(progress, f"cutting {len(layout.shard_names())} shards of {spec.name} (scale {layout.scale:g})")
+    weights = shard_weights(model, layout)
+    del model
+    workdir = Path(tempfile.mkdtemp(prefix="recserve-shards-"))
+    try:
+        replicas = _start_replicas(layout, weights, workdir, threads, progress)
+    finally:
+        del weights
+        shutil.rmtree(workdir, ignore_errors=True)
+    deployment = ShardedDeployment(layout, model_name or spec.name, replicas)
+    try:
+        cfg = ModelConfig(model=spec.name, name=deployment.model_name, scale=layout.scale,
+                          workers=int(dense_replicas or layout.dense_replicas), threads=threads, share_tables=False,
+                          seed=layout.seed, table_backend=BACKEND, queue_limit=queue_limit,
+                          max_batch_size=max_batch_size,
+                          options=dense_options(layout, rows, deployment.endpoints, timeout_s))
+        deployment.server = NodeServer(NodeConfig(models=[cfg], host=host, http_port=http_port,
+                                                  grpc_port=grpc_port, drain_timeout_s=5.0))
+        deployment.ports = deployment.server.start()
+    except BaseException:
+        deployment.stop()
+        raise
+    _log(progress, f"dense shard {deployment.model_name!r}: {cfg.workers} workers, http {deployment.ports.http}, "
+                   f"grpc {deployment.ports.grpc}")
+    return deployment
+
+
+def process_memory_mb(pids: list[int]) -> dict[str, float]:
+    """Summed RSS and PSS (MB) of ``pids`` from /proc (PSS splits shared pages among their users)."""
+    from recserve.serving.runtime import memory_of
+
+    total = {"rss_mb": 0.0, "pss_mb": 0.0, "processes": 0}
+    for pid in pids:
+        m = memory_of(pid)
+        if m["rss_mb"] > 0:
+            total["rss_mb"] += m["rss_mb"]
+            total["pss_mb"] += m["pss_mb"]
+            total["processes"] += 1
+    return total
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants (from /proc/*/stat), for measuring a deployment run as a command."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out

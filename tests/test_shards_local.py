@@ -1,0 +1,124 @@
+"""ElasticRec local backend: embedding-shard services + dense-shard node server, live on loopback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import GrpcTarget, HttpTarget
+from recserve.serving import NodeServer, quick_config
+from recserve.serving.shard_service import OUTPUT_POOLED, lookup
+from recserve.serving.shards import ShardClient, make_layout, process_memory_mb, start_sharded
+from recserve.specs import get_model
+from recserve.zoo import build
+
+MODEL = "elasticrec-rm1@tables=2"
+SCALE = 5e-4  # 10k rows per table
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return get_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def model(spec):
+    return build(spec, scale=SCALE, seed=0)
+
+
+@pytest.fixture(scope="module")
+def pool(spec):
+    return RequestPool(spec, SCALE, sizes=(1, 5, 32, 48), seed=7, index="locality:p=0.9")
+
+
+@pytest.fixture(scope="module")
+def sharded(spec, model):
+    layout = make_layout(spec, SCALE, seed=0, shards_per_table=3, replicas=[2, 1, 1], model=model)
+    deployment = start_sharded(layout, model=model, dense_replicas=1, timeout_s=5.0, progress=False)
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def _outputs(target, pool) -> list[np.ndarray]:
+    with LoadSession(target, pool) as session:
+        return [session.outputs(i)["scores"].copy() for i in range(len(pool))]
+
+
+def test_shard_lookup_matches_embedding_bag():
+    weight = torch.randn(50, 8)
+    indices = np.array([3, 49, 0, 7, 7], dtype=np.int64)
+    offsets = np.array([0, 2, 2], dtype=np.int64)  # second bag empty
+    name, out = lookup(weight, {"indices": indices, "offsets": offsets})
+    assert name == OUTPUT_POOLED
+    expected = torch.nn.functional.embedding_bag(torch.from_numpy(indices), weight, torch.from_numpy(offsets),
+                                                 mode="sum")
+    assert np.allclose(out, expected.numpy())
+    assert np.all(out[1] == 0)
+    with pytest.raises(ValueError, match="indices must lie"):
+        lookup(weight, {"indices": np.array([50], dtype=np.int64), "offsets": np.array([0], dtype=np.int64)})
+
+
+def test_sharded_scores_equal_monolithic(sharded, model, pool, spec):
+    layout = sharded.layout
+    assert [len(t.replicas) for t in layout.tables] == [3, 3]
+    assert len(sharded.replicas) == 2 * 4  # per table: hot shard x2, two cold shards x1
+    expected = [model(pool.batch(i)).detach().numpy() for i in range(len(pool))]
+    sharded_grpc = _outputs(GrpcTarget(f"127.0.0.1:{sharded.ports.grpc}", sharded.model_name), pool)
+    sharded_http = _outputs(HttpTarget(f"http://127.0.0.1:{sharded.ports.http}", sharded.model_name), pool)
+    with NodeServer(quick_config(MODEL, scale=SCALE, workers=1, share_tables=False)) as mono:
+        mono_grpc = _outputs(GrpcTarget(f"127.0.0.1:{mono.ports.grpc}", MODEL), pool)
+    for i in range(len(pool)):
+        assert sharded_grpc[i].shape == (pool.sizes[i], 1)
+        assert np.allclose(sharded_grpc[i], mono_grpc[i], atol=1e-6, rtol=0)
+        assert np.allclose(sharded_http[i], mono_grpc[i], atol=1e-6, rtol=0)
+        assert np.allclose(mono_grpc[i], expected[i], atol=1e-6, rtol=0)
+    assert process_memory_mb(sharded.pids())["processes"] == len(sharded.pids())
+
+
+def test_shard_service_serves_its_slice(sharded, model):
+    table = sharded.layout.tables[0]
+    lo, hi = table.boundaries[1], table.boundaries[2]  # first cold shard
+    sorted_weight = torch.empty_like(model.tables[0].weight)
+    sorted_weight[torch.from_numpy(table.remap)] = model.tables[0].weight.detach()
+    client = ShardClient(sharded.endpoints, timeout_s=5.0)
+    try:
+        ids = np.array([0, hi - lo - 1, 5], dtype=np.int64)
+        pooled = client.start(f"{table.name}-s1", ids, np.array([0, 1], dtype=np.int64)).result()
+        assert np.allclose(pooled[0], sorted_weight[lo].numpy())
+        assert np.allclose(pooled[1], (sorted_weight[hi - 1] + sorted_weight[lo + 5]).numpy(), atol=1e-6)
+        rows = client.start(f"{table.name}-s1", ids, None).result()
+        assert np.allclose(rows, sorted_weight[lo + ids].numpy())
+        with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
+            client.start(f"{table.name}-s1", np.array([hi - lo], dtype=np.int64), np.array([0])).result()
+    finally:
+        client.close()
+
+
+def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
+    """Hot shards have 2 replicas: losing one fails over.  A cold shard has 1: its queries get an error
+    reply (a gRPC status, not a hang), while queries that do not touch it still succeed."""
+    t0 = sharded.layout.tables[0]
+    target = GrpcTarget(f"127.0.0.1:{sharded.ports.grpc}", sharded.model_name, timeout_s=30.0)
+    with LoadSession(target, pool) as session:
+        sharded.kill_replica(f"{t0.name}-s0", 0)
+        for i in range(len(pool)):  # hot shard keeps one replica: every query still answered
+            assert session.outputs(i)["scores"].shape == (pool.sizes[i], 1)
+        sharded.kill_replica(f"{t0.name}-s2", 0)
+        remap = torch.from_numpy(t0.remap)
+        errors = 0
+        for i in range(len(pool)):
+            indices, _ = pool.batch(i).table(0)
+            touches = bool((remap[indices] >= t0.boundaries[2]).any())
+            try:
+                session.outputs(i)
+                assert not touches, "a query reading the dead shard was answered"
+            except Exception as exc:  # noqa: BLE001 - the load generator's RequestFailed
+                assert touches
+                assert "grpc_INTERNAL" in str(exc) and "s2" in str(exc)
+                errors += 1
+        assert errors >= 1
