@@ -1,0 +1,75 @@
+"""``recserve shards serve``: a model as ElasticRec shards on this host (embedding-shard gRPC replicas +
+a dense-shard node server speaking the Open Inference Protocol); Ctrl-C stops everything."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from recserve.errors import RecserveError
+
+
+def _replicas(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise RecserveError(f"--replicas must be comma-separated integers, got {text!r}") from exc
+    if not values or any(v < 1 for v in values):
+        raise RecserveError("--replicas values must be >= 1")
+    return values
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from recserve.serving.shards import make_layout, plan_from_json, start_sharded
+    from recserve.specs import first_tables, get_model
+
+    spec = get_model(args.model)
+    if args.max_tables:
+        spec = first_tables(spec, min(args.max_tables, len(spec.tables)))
+    plan = plan_from_json(args.plan) if args.plan else None
+    print(f"[shards] hotness from {args.warmup} warm-up queries (locality P={args.locality:g}) ...", file=sys.stderr)
+    layout = make_layout(spec, args.scale, seed=args.seed, plan=plan, shards_per_table=args.shards_per_table,
+                         replicas=_replicas(args.replicas), dense_replicas=args.dense_replicas,
+                         warmup_queries=args.warmup, locality=args.locality)
+    for t in layout.tables:
+        shards = ", ".join(f"[{a}:{b}) x{r}" for a, b, r in zip(t.boundaries[:-1], t.boundaries[1:], t.replicas,
+                                                                strict=True))
+        print(f"[shards] {t.name}: {shards}", file=sys.stderr)
+    deployment = start_sharded(layout, http_port=args.http_port, grpc_port=args.grpc_port, host=args.host,
+                               timeout_s=args.timeout)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"recserve shards: {deployment.model_name} on http://{args.host}:{deployment.ports.http} "
+          f"grpc {args.host}:{deployment.ports.grpc}; Ctrl-C to stop", file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    finally:
+        print("recserve shards: stopping", file=sys.stderr, flush=True)
+        deployment.stop()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("shards", help="serve a model as ElasticRec embedding + dense shards on this host")
+    actions = parser.add_subparsers(dest="shards_action", metavar="ACTION", required=True)
+    p = actions.add_parser("serve", help="start embedding-shard replicas and the dense shard on loopback")
+    p.add_argument("--model", required=True, help="catalogue model (or <name>@tables=K)")
+    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for this host")
+    p.add_argument("--max-tables", type=int, default=0, help="keep only the first N tables (small hosts)")
+    p.add_argument("--plan", default=None, help="`recserve plan shard --json` output (boundaries, replicas)")
+    p.add_argument("--shards-per-table", type=int, default=2, help="without --plan: hot shard + even cold shards")
+    p.add_argument("--replicas", default=None, help="replicas per shard position, e.g. 2,1 (overrides the plan)")
+    p.add_argument("--dense-replicas", type=int, default=None, help="dense-shard workers (default: plan or 1)")
+    p.add_argument("--locality", type=float, default=0.9, help="warm-up sample: share of lookups on hottest 10%%")
+    p.add_argument("--warmup", type=int, default=50, help="warm-up queries for the hotness order")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=10.0, help="deadline of each embedding-shard call (s)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address of the dense shard")
+    p.add_argument("--http-port", type=int, default=8000, help="0 = any free port")
+    p.add_argument("--grpc-port", type=int, default=8001, help="0 = any free port")
+    p.set_defaults(func=cmd_serve)
