@@ -321,3 +321,12 @@ def test_spec_variations_build_and_score(fields):
     assert scores.shape == (5, s.towers) and torch.equal(scores, split)
     assert bool(((scores > 0) & (scores < 1)).all())
     assert dense_flops_per_item(s) > 0
+
+
+def test_all_tables_at_once_equal_table_by_table():
+    model = build(SPECS["mtwnd"], scale=0.1)
+    for size in (1, 6):
+        batch = sample_batch(model, size, rng=size)
+        for t, (indices, offsets) in enumerate(batch.tables()):
+            one_i, one_o = batch.table(t)
+            assert torch.equal(indices, one_i) and torch.equal(offsets, one_o)
