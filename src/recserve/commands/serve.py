@@ -21,7 +21,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             config.grpc_port = args.grpc_port
     else:
         config = quick_config(args.model, scale=args.scale, workers=args.workers,
-                              http_port=args.http_port or 8000, grpc_port=args.grpc_port or 8001,
+                              http_port=8000 if args.http_port is None else args.http_port,
+                              grpc_port=8001 if args.grpc_port is None else args.grpc_port,
                               threads=args.threads, sub_batch=args.sub_batch, mode=args.mode,
                               share_tables=not args.copy_tables)
     if args.host:

@@ -26,6 +26,7 @@ of per-table embeddings; ``dense`` payload ``(dense, [embeddings])`` -> scores.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,10 @@ def run_stage(model: RecModel, stage: str, payload: Any) -> Any:
 
 
 def _pin(args: WorkerArgs) -> None:
+    # The server owns the worker's lifetime (it exits on ``None`` or when its pipe closes): a SIGTERM
+    # or Ctrl-C sent to the whole process group must not kill queries the server is still draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.cores:
         os.sched_setaffinity(0, args.cores)
     torch.set_num_threads(args.threads)
