@@ -237,23 +237,27 @@ def _uring_read_many(requests: list[tuple[BlockReader, np.ndarray]]) -> None:
                 issued += 1
         if issued:
             lu.io_uring_submit(ring)
-        lu.io_uring_wait_cqe(ring, cqe)  # one completion at a time: cqe[k>0] is unsafe when the CQ wraps
-        entry = cqe[0]
-        tag = lu.io_uring_cqe_get_data64(entry)
-        try:
-            res = entry.res
-        except OSError as exc:  # the binding raises for negative results
-            res = -(exc.errno or 5)
-        lu.io_uring_cqe_seen(ring, entry)
-        k, i = tag >> 32, tag & 0xFFFFFFFF
-        inflight[k] -= 1
-        total_inflight -= 1
-        remaining -= 1
-        if failure is None:
+        lu.io_uring_wait_cqe(ring, cqe)
+        ready = max(1, lu.io_uring_cq_ready(ring))
+        for j in range(ready):  # reap every completion ready, each as the head (cqe[k>0] breaks when the CQ wraps)
+            if j:
+                lu.io_uring_peek_cqe(ring, cqe)
+            entry = cqe[0]
+            tag = lu.io_uring_cqe_get_data64(entry)
             try:
-                requests[k][0]._check(res, int(requests[k][1][i]))
-            except TableIOError as exc:
-                failure = exc
+                res = entry.res
+            except OSError as exc:  # the binding raises for negative results
+                res = -(exc.errno or 5)
+            lu.io_uring_cqe_seen(ring, entry)
+            k, i = tag >> 32, tag & 0xFFFFFFFF
+            inflight[k] -= 1
+            total_inflight -= 1
+            remaining -= 1
+            if failure is None:
+                try:
+                    requests[k][0]._check(res, int(requests[k][1][i]))
+                except TableIOError as exc:
+                    failure = exc
     if failure is not None:
         raise failure
 
