@@ -331,3 +331,16 @@ def test_file_truncated_while_serving_fails_the_query_through_prefetch(disk_dir,
         os.truncate(model.tables[0].path, 4096 + 64 * 10)  # table 0 keeps only its first rows
         with pytest.raises(TableIOError, match="short read"):
             model(batch)
+
+
+def test_pooled_cache_keys_differ_between_tables_without_row_cache(disk_dir):
+    torch.manual_seed(6)
+    a, b = DramTable(100, 8), DramTable(100, 8)
+    write_table(os.path.join(disk_dir, "a.tbl"), a.weight)
+    write_table(os.path.join(disk_dir, "b.tbl"), b.weight)
+    res = TierResources(None, PooledCache(1 << 20, min_len=2))
+    ta, tb = TieredTable(os.path.join(disk_dir, "a.tbl"), res), TieredTable(os.path.join(disk_dir, "b.tbl"), res)
+    idx, offsets = torch.tensor([3, 4, 5]), torch.tensor([0])
+    assert torch.equal(ta.pool(idx, offsets), a.pool(idx, offsets))
+    assert torch.equal(tb.pool(idx, offsets), b.pool(idx, offsets))  # same ids, other table: no false hit
+    assert res.pooled.hits == 0

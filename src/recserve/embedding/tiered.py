@@ -95,6 +95,12 @@ class TierResources:
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
     prefetch_handle: Any = field(default=None, repr=False)  # remove() it to turn the cross-table prefetch off
 
+    _tables: int = 0
+
+    def new_table_id(self) -> int:
+        self._tables += 1
+        return self._tables - 1
+
     def executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, self.tables_in_flight), thread_name_prefix="sdm-tbl")
@@ -123,7 +129,9 @@ class TieredTable(nn.Module):
                                             resources.direct)
         cache = resources.row_cache
         self.use_cache = bool(use_cache and cache is not None and cache.slots > 0)
-        self.table_id = cache.register(h.row_bytes) if cache is not None else 0
+        if cache is not None:
+            cache.register(h.row_bytes)  # checks the row fits a slot
+        self.table_id = resources.new_table_id()  # distinct per table even without a row cache (pooled keys)
         self.stats = TierStats()
         self._col = np.arange(h.row_bytes, dtype=np.int64)
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
