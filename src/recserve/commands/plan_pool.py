@@ -19,7 +19,7 @@ import numpy as np
 
 from recserve.commands._plan_common import add_output_args, counts, emit, figure, names, profiles_for, save_figure
 from recserve.errors import InfeasibleError, RecserveError
-from recserve.planners.kairos import load_kairos_reference, plan_pool
+from recserve.planners.kairos import empirical_size_mix, load_kairos_reference, plan_pool
 from recserve.planners.plan import PoolPlan
 from recserve.specs import get_model, get_server
 
@@ -52,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise InfeasibleError(f"no QoS target (or latency table) for {unknown}; known: {sorted(qos)}")
     evaluate = sim_evaluator(profiles, qos, args.sim_queries) if args.evaluate == "sim" else None
+    mix = None
+    if args.sizes:
+        from recserve.workload import load_sizes
+
+        mix = empirical_size_mix(load_sizes(args.sizes))
     plan = plan_pool(profiles, models, float(budget), prices, qos, caps or None, evaluate=evaluate, stat=args.stat,
-                     types=types)
+                     types=types, size_mix=mix)
     if evaluate is not None:
         for pool in plan.pools:
             kp = pool.details["kairos_plus"]
@@ -125,6 +130,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--cap", help="per-type instance caps NAME=COUNT,...")
     p.add_argument("--stat", default="mean", choices=("mean", "p50", "p99"),
                    help="per-query latency compared with QoS to find each type's batch limit s")
+    p.add_argument("--sizes", metavar="FILE",
+                   help="observed query sizes (one per line or .npy) instead of the production-like mix")
     p.add_argument("--evaluate", choices=("none", "sim"), default="none",
                    help="sim: also run Kairos+ (Alg. 1) with simulated allowable throughput under Kairos dispatch")
     p.add_argument("--sim-queries", type=int, default=2000, help="queries per simulated evaluation")
