@@ -1,7 +1,9 @@
 """What the node server costs on top of running the model in-process, and what shared tables save.
 
-1. Per-request overhead: sequential requests with tritonclient over HTTP (binary tensors) and gRPC,
-   vs the same model called in-process, at batch 1 and 256 (one worker, one thread, no sub-batching).
+1. Per-request overhead: sequential requests with tritonclient over HTTP (binary tensors) and gRPC
+   to a ``recserve serve`` process, vs the same model called in-process, at batch 1 and 256 (one
+   worker, one thread, no sub-batching); wall-clock latency and CPU per request of client, server
+   front end and worker.
 2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
    clients and each worker's RSS / PSS.
 
@@ -59,18 +61,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_cpu(fn, n: int, worker_pids: list[int]) -> dict[str, float]:
-    """Latency summary plus CPU per request: this process (client + server front end) and the workers.
+def timed_cpu(fn, n: int, server_pids: list[int], worker_pids: list[int]) -> dict[str, float]:
+    """Latency summary plus CPU per request of the client (this process), the server front end and the workers.
 
     CPU time does not include waiting for a core, so it shows the software overhead even on a
     host whose run queue is long (wall-clock latency there is dominated by wake-up delays).
     """
     for _ in range(10):
         fn()
-    me0, w0 = cpu_s(os.getpid()), sum(cpu_s(p) for p in worker_pids)
+    groups = {"client": [os.getpid()], "server_front_end": server_pids, "workers": worker_pids}
+    before = {k: sum(cpu_s(p) for p in pids) for k, pids in groups.items()}
     out = summary(timed(fn, n, warmup=0))
-    out["cpu_ms_per_request_this_process"] = (cpu_s(os.getpid()) - me0) / n * 1e3
-    out["cpu_ms_per_request_workers"] = (sum(cpu_s(p) for p in worker_pids) - w0) / n * 1e3
+    for k, pids in groups.items():
+        out[f"cpu_ms_per_request_{k}"] = (sum(cpu_s(p) for p in pids) - before[k]) / n * 1e3
     return out
 
 
@@ -114,32 +117,58 @@ def ipc_only(config, batches: dict[int, object], counts: dict[int, int]) -> dict
     return asyncio.run(run())
 
 
+class ServerProcess:
+    """``recserve serve`` in its own process, so its CPU time is not mixed with the client's."""
+
+    def __init__(self, model: str, scale: float) -> None:
+        import re
+        import subprocess
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--model", model,
+                                      "--scale", str(scale), "--workers", "1", "--http-port", "0",
+                                      "--grpc-port", "0"], stderr=subprocess.PIPE, text=True)
+        pattern = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
+        for line in self.proc.stderr:
+            m = pattern.search(line)
+            if m:
+                self.http, self.grpc = int(m.group(1)), int(m.group(2))
+                break
+        else:
+            raise RuntimeError("server did not start")
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+        state = ControlClient("127.0.0.1", self.http).get_model(model)
+        self.worker_pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
 def overhead(model_name: str, scale: float, requests: int) -> dict:
     config = quick_config(model_name, scale=scale, workers=1, threads=1)
     model = build_worker_model(config.models[0])
-    server = NodeServer(config)
-    ports = server.start()
-    log(f"overhead: server up on http {ports.http} grpc {ports.grpc}")
+    server = ServerProcess(model_name, scale)
+    log(f"overhead: server pid {server.proc.pid} up on http {server.http} grpc {server.grpc}")
     results: dict = {}
     batches_used: dict = {}
     try:
-        http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
-        grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        http = thttp.InferenceServerClient(f"127.0.0.1:{server.http}")
+        grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
         for batch_size in (1, 256):
             batch = sample_batch(model, batch_size, rng=batch_size)
             n = requests if batch_size == 1 else max(20, requests // 4)
             http_in, grpc_in = inputs(thttp, batch), inputs(tgrpc, batch)
-            pids = [w.pid for w in server.core.models[model_name].pools["model"].workers]
             with torch.inference_mode():
-                local = timed_cpu(lambda b=batch: model(b), n, [])
+                local = timed_cpu(lambda b=batch: model(b), n, [], [])
             row = {"in_process": local,
-                   "http": timed_cpu(lambda x=http_in: http.infer(model_name, x), n, pids),
-                   "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, pids)}
+                   "http": timed_cpu(lambda x=http_in: http.infer(model_name, x), n, [server.proc.pid],
+                                     server.worker_pids),
+                   "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, [server.proc.pid],
+                                     server.worker_pids)}
             for proto in ("http", "grpc"):
                 row[proto]["overhead_p50_ms"] = row[proto]["p50_ms"] - local["p50_ms"]
                 row[proto]["overhead_mean_ms"] = row[proto]["mean_ms"] - local["mean_ms"]
-            request_bytes = sum(a.nbytes for a in batch.as_arrays().values())
-            row["request_bytes"] = request_bytes
+            row["request_bytes"] = sum(a.nbytes for a in batch.as_arrays().values())
             results[str(batch_size)] = row
             batches_used[batch_size] = (batch, n)
             log(f"  batch {batch_size}: in-process p50 {local['p50_ms']:.3f} ms, "
@@ -227,13 +256,13 @@ def main() -> int:
     result["load_average_at_end"] = os.getloadavg()
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
     print(f"{'batch':>5} {'path':>10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
-          f"{'CPU ms/req client+front':>24} {'CPU ms/req worker':>18}")
+          f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8}")
     for b, row in result["overhead"].items():
         for path in ("in_process", "worker_ipc", "http", "grpc"):
             r = row[path]
             extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
-            cpu = (f"{r['cpu_ms_per_request_this_process']:24.3f} {r['cpu_ms_per_request_workers']:18.3f}"
-                   if "cpu_ms_per_request_workers" in r else "")
+            cpu = (f"{r['cpu_ms_per_request_client']:19.3f} {r['cpu_ms_per_request_server_front_end']:10.3f} "
+                   f"{r['cpu_ms_per_request_workers']:8.3f}" if "cpu_ms_per_request_workers" in r else "")
             print(f"{b:>5} {path:>10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra} {cpu}")
     print(f"\ntables at scale {args.mem_scale:g}, {args.workers} workers, 4 gRPC clients, batch 64:")
     print(f"{'share':>6} {'qps':>8} {'items/s':>9} {'RSS MB/worker':>14} {'PSS MB/worker':>14} {'table MB/copy':>14}")
