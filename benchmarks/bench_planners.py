@@ -160,12 +160,20 @@ def scenario_hera(results_dir: Path) -> dict:
 
 
 def scenario_hercules(results_dir: Path, peaks: dict[str, float]) -> dict:
-    from recserve.planners.hercules.provision import diurnal_trace, plan_provision
+    from recserve.planners.hercules.provision import diurnal_trace, efficiency_matrix, plan_provision
 
     profiles = cached_profiles(results_dir / "profiles_hercules.json", HERCULES_MODELS, list(HERCULES_AVAILABLE))
     hours, loads = diurnal_trace(peaks, steps=48)
     plan = plan_provision(profiles, HERCULES_AVAILABLE, loads, hours, alpha=0.05)
-    return {"peaks": peaks, "hercules": plan.summary, **plan.baselines}
+    eff = efficiency_matrix(profiles, HERCULES_MODELS, list(HERCULES_AVAILABLE))
+    avail = np.array(list(HERCULES_AVAILABLE.values()))
+    cpu = []
+    for k in range(len(hours)):
+        c = time.process_time()
+        solve_ilp(eff, np.array([loads[w][k] for w in HERCULES_MODELS]), avail, 0.05)
+        cpu.append(time.process_time() - c)
+    step_cpu = {"median": float(np.median(cpu)), "p90": float(np.percentile(cpu, 90)), "max": float(max(cpu))}
+    return {"peaks": peaks, "hercules": plan.summary, **plan.baselines, "ilp_step_cpu_s": step_cpu}
 
 
 def scenario_kairos(reference: Path) -> dict:
