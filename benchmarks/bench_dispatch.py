@@ -29,7 +29,7 @@ def main(m: int = 20, n: int = 20, reps: int = 3000) -> dict:
     pol = KairosPolicy(qos_ms=350.0, predictor=pred)
     pol.bind(insts, types)
     rng = np.random.default_rng(0)
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
         sizes = rng.integers(1, 100, m) * 10
         queue = [Query(i, int(s), float(-rng.uniform(0, 50)), pred.bucket(int(s))) for i, s in enumerate(sizes)]
@@ -38,14 +38,18 @@ def main(m: int = 20, n: int = 20, reps: int = 3000) -> dict:
         for j, left in zip(busy.tolist(), rng.uniform(0, 100, len(busy)).tolist(), strict=True):
             pol.free_at[j] = left
         idle = [insts[j] for j in range(n) if j not in set(busy.tolist())]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         pol.assign(0.0, queue, idle)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
     t = np.array(times[100:]) * 1e3
+    c = np.array(cpu[100:]) * 1e3
     out = {"queries": m, "instances": n, "reps": len(t), "median_ms": float(np.median(t)),
-           "p99_ms": float(np.percentile(t, 99)), "mean_ms": float(t.mean()), "target_ms": 1.0}
-    print(f"Kairos dispatch decision {m}x{n}: median {out['median_ms']:.3f} ms, p99 {out['p99_ms']:.3f} ms "
-          f"(target < 1 ms, includes building the cost matrix)")
+           "p90_ms": float(np.percentile(t, 90)), "p99_ms": float(np.percentile(t, 99)), "mean_ms": float(t.mean()),
+           "cpu_median_ms": float(np.median(c)), "cpu_p99_ms": float(np.percentile(c, 99)), "target_ms": 1.0}
+    print(f"Kairos dispatch decision {m}x{n} (cost matrix + matching): wall median {out['median_ms']:.3f} ms, "
+          f"p90 {out['p90_ms']:.3f} ms, p99 {out['p99_ms']:.3f} ms; CPU time median {out['cpu_median_ms']:.3f} ms, "
+          f"p99 {out['cpu_p99_ms']:.3f} ms (target < 1 ms; wall p99 includes preemption on a shared host)")
     Path("results").mkdir(exist_ok=True)
     Path("results/dispatch_decision.json").write_text(json.dumps(out, indent=1))
     return out
