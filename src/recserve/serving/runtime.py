@@ -223,6 +223,7 @@ class StagePool:
     workers: list[WorkerHandle] = field(default_factory=list)
     pending: deque = field(default_factory=deque)
     next_stage: StagePool | None = None
+    restarting: int = 0
 
     def active(self) -> list[WorkerHandle]:
         """Workers not being retired, in start order."""
@@ -294,9 +295,7 @@ class ModelRuntime:
             self._pump(pool)
         await self._await_exit(workers, WORKER_STOP_TIMEOUT_S)
         for pool in self.pools.values():
-            for part in pool.pending:
-                part.query.fail(InferError("unavailable", f"model {self.name!r} stopped"))
-            pool.pending.clear()
+            self._fail_pending(pool, f"model {self.name!r} stopped")
 
     # ------------------------------------------------------------------ workers
     async def _start_worker(self, pool: StagePool, cores: list[int], threads: int) -> WorkerHandle:
@@ -395,15 +394,25 @@ class ModelRuntime:
         task.add_done_callback(self._tasks.discard)
 
     async def _restart(self, pool: StagePool, dead: WorkerHandle) -> None:
-        for attempt in range(MAX_RESTARTS_IN_A_ROW):
-            if self.stopping:
-                return
-            try:
-                await self._start_worker(pool, dead.cores, dead.threads)
-                return
-            except InferError as exc:
-                log.error("%s (restart attempt %d)", exc, attempt + 1)
-                await asyncio.sleep(0.5 * (attempt + 1))
+        pool.restarting += 1
+        try:
+            for attempt in range(MAX_RESTARTS_IN_A_ROW):
+                if self.stopping:
+                    return
+                try:
+                    await self._start_worker(pool, dead.cores, dead.threads)
+                    return
+                except InferError as exc:
+                    log.error("%s (restart attempt %d)", exc, attempt + 1)
+                    await asyncio.sleep(0.5 * (attempt + 1))
+        finally:
+            pool.restarting -= 1
+        if not pool.workers and not pool.restarting:  # nobody will take the queued parts: answer, never hang
+            self._fail_pending(pool, f"model {self.name!r}: no {pool.stage} worker could be restarted")
+
+    def _fail_pending(self, pool: StagePool, message: str) -> None:
+        while pool.pending:
+            pool.pending.popleft().query.fail(InferError("unavailable", message))
 
     async def _await_exit(self, workers: list[WorkerHandle], timeout_s: float) -> None:
         if not workers:
@@ -468,6 +477,10 @@ class ModelRuntime:
             if not self.accepting:
                 raise InferError("unavailable", f"model {self.name!r} is not accepting queries (shutting down)")
             batch = self.decode(arrays)
+            empty = [stage for stage, pool in self.pools.items() if not pool.workers and not pool.restarting]
+            if empty:
+                raise InferError("unavailable", f"model {self.name!r} has no {empty[0]} workers (they died and "
+                                                "could not be restarted)")
             if self.in_flight >= self.cfg.queue_limit:
                 raise InferError("unavailable", f"model {self.name!r} is overloaded: {self.in_flight} queries "
                                                 f"in flight (queue_limit {self.cfg.queue_limit}); retry later")
