@@ -39,7 +39,9 @@ from recserve.serving.shards import (
     ShardedDeployment,
     make_layout,
     plan_from_json,
+    plan_replicas,
     process_memory_mb,
+    service_rates,
     start_sharded,
 )
 from recserve.specs import first_tables, get_model
@@ -132,8 +134,12 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=0.05, help="table-row scale (0.05: 1M rows per RM1 table)")
     p.add_argument("--plan", default=None, help="`recserve plan shard --json` output for the same model")
     p.add_argument("--shards-per-table", type=int, default=3, help="without --plan: hot 10%% + even cold shards")
-    p.add_argument("--replicas", default="2,1,1", help="without --plan: replicas per shard position")
-    p.add_argument("--workers", type=int, default=2, help="model-wise replicas = dense-shard replicas")
+    p.add_argument("--replicas", default="planned",
+                   help="without --plan: 'planned' = ceil(target / measured rate) per shard (ElasticRec Alg. 1), "
+                        "or replicas per shard position, e.g. 2,1,1 (dense and model-wise: --workers)")
+    p.add_argument("--workers", type=int, default=3, help="model-wise replicas; 'planned' sets the target QPS "
+                                                          "so that model-wise replication needs this many")
+    p.add_argument("--target-qps", type=float, default=0.0, help="planning target (default: see --workers)")
     p.add_argument("--batch", type=int, default=32, help="items per query (ElasticRec: 32)")
     p.add_argument("--locality", type=float, default=0.9)
     p.add_argument("--qps", type=float, default=20.0, help="fixed offered load for the p95 comparison")
@@ -151,10 +157,18 @@ def main() -> int:
         spec = first_tables(spec, args.tables)
     model = build(spec, scale=args.scale, seed=0)
     plan = plan_from_json(args.plan) if args.plan else None
-    replicas = None if plan else [int(x) for x in args.replicas.split(",")]
+    planned = args.replicas == "planned" and plan is None
+    replicas = None if plan or planned else [int(x) for x in args.replicas.split(",")]
     layout = make_layout(spec, args.scale, plan=plan, shards_per_table=args.shards_per_table, replicas=replicas,
                          dense_replicas=None if plan else args.workers, batch=args.batch, locality=args.locality,
                          model=model)
+    rates = service_rates(model, layout, args.batch, args.locality)
+    target = args.target_qps or 0.95 * args.workers * rates["model"]
+    log("service rates (queries/s, one worker): " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
+    if planned:
+        _dense, args.workers = plan_replicas(layout, rates, target)
+        log(f"replicas planned for {target:.0f} QPS: model-wise {args.workers}, dense {layout.dense_replicas}, "
+            "shards " + "; ".join(f"{t.name} x{t.replicas}" for t in layout.tables))
     log(f"{spec.name} at scale {args.scale:g}: rows {model.rows}; layout " + "; ".join(
         f"{t.name} {t.boundaries} x{t.replicas}" for t in layout.tables))
     pool = RequestPool(spec, args.scale, sizes=(args.batch,) * 16, seed=3, index=f"locality:p={args.locality}")
@@ -168,6 +182,7 @@ def main() -> int:
         "model": spec.name, "scale": args.scale, "rows": list(model.rows), "batch": args.batch,
         "locality": args.locality, "host_cores": len(os.sched_getaffinity(0)),
         "layout_source": args.plan or f"even layout, {args.shards_per_table} shards/table, replicas {args.replicas}",
+        "service_rates_qps": rates, "planning_target_qps": target,
         "table_bytes": table_bytes(model, layout, args.workers),
         "modelwise": modelwise, "sharded": sharded, "memory_utility": utility,
         "memory_saving_pss": modelwise["memory"]["pss_mb"] / max(1e-9, sharded["memory"]["pss_mb"]),

@@ -122,3 +122,29 @@ def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
                 assert "grpc_INTERNAL" in str(exc) and "s2" in str(exc)
                 errors += 1
         assert errors >= 1
+
+
+def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):
+    import json
+
+    from recserve.planners.elasticrec import ShardPlan, TableShards
+    from recserve.serving.shards import plan_from_json, plan_replicas
+
+    full = spec.tables[0].rows
+    tables = [TableShards(t.name, [0, full // 10, full], [3, 1], [100.0, 10.0], 1.0) for t in spec.tables]
+    plan = ShardPlan(spec.name, 1000.0, 32, 2, 1.0, tables, 4, 8.0)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan.to_dict()))
+    layout = make_layout(spec, SCALE, plan=plan_from_json(path), model=model)
+    assert layout.dense_replicas == 2
+    assert [t.boundaries for t in layout.tables] == [[0, model.rows[0] // 10, model.rows[0]]] * 2
+    assert [t.replicas for t in layout.tables] == [[3, 1]] * 2
+    rates = {"model": 100.0, "dense": 400.0, **{f"{t.name}-s{s}": [250.0, 2000.0][s] for t in layout.tables
+                                                 for s in range(2)}}
+    dense, modelwise = plan_replicas(layout, rates, target_qps=500.0)
+    assert (dense, modelwise) == (2, 5)
+    assert [t.replicas for t in layout.tables] == [[2, 1]] * 2
+    with pytest.raises(Exception, match="not a `recserve plan shard"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("{}")
+        plan_from_json(bad)

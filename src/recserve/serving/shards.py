@@ -524,3 +524,55 @@ def process_tree(root: int) -> list[int]:
         out.append(pid)
         todo.extend(children.get(pid, []))
     return out
+
+
+def service_rates(model: RecModel, layout: ShardLayout, batch: int = 32, locality: float = 0.9,
+                  queries: int = 8, repeats: int = 3) -> dict[str, float]:
+    """Queries/s one single-threaded worker sustains for each piece, timed in this process (best of
+    ``repeats``): every embedding shard (its part of locality-P queries), the dense part, the whole model.
+
+    ElasticRec's profiled QPS(x) (Fig. 9) measured on the live shards instead of fitted; protocol
+    costs (one gRPC hop per shard call) are not included."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from recserve.embedding.sharded import bucketize
+    from recserve.workload.indices import index_sampler
+
+    sampler = index_sampler(f"locality:p={locality}")
+    qs = [sample_batch(model, batch, rng=90_000 + i, sampler=sampler) for i in range(queries)]
+
+    def per_query_s(fn: Any) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        return max(best / queries, 1e-9)
+
+    rates: dict[str, float] = {}
+    with torch.inference_mode():
+        rates["model"] = 1.0 / per_query_s(lambda: [model(q) for q in qs])
+        pooled = [model.sparse(q) for q in qs]
+        rates["dense"] = 1.0 / per_query_s(lambda: [model.dense(q.dense, p) for q, p in zip(qs, pooled, strict=True)])
+        weights = shard_weights(model, layout)
+        for t in layout.tables:
+            remap = torch.from_numpy(t.remap)
+            parts = [bucketize(remap[q.table(t.table)[0]], q.table(t.table)[1], t.boundaries) for q in qs]
+            for s in range(len(t.replicas)):
+                w = torch.from_numpy(weights[f"{t.name}-s{s}"])
+                rates[f"{t.name}-s{s}"] = 1.0 / per_query_s(
+                    lambda s=s, w=w, parts=parts: [F.embedding_bag(p[s].indices, w, p[s].offsets, mode="sum")
+                                                   for p in parts])
+    return rates
+
+
+def plan_replicas(layout: ShardLayout, rates: dict[str, float], target_qps: float) -> tuple[int, int]:
+    """ElasticRec's rule (Alg. 1 REPLICAS, HPA on QPSmax): each shard gets ceil(target / its rate)
+    replicas, set on ``layout`` in place.  Returns (dense replicas, model-wise replicas) for the target."""
+    def need(rate: float) -> int:
+        return max(1, int(np.ceil(target_qps / rate - 1e-9)))
+
+    for t in layout.tables:
+        t.replicas = [need(rates[f"{t.name}-s{s}"]) for s in range(len(t.replicas))]
+    layout.dense_replicas = need(rates["dense"])
+    return layout.dense_replicas, need(rates["model"])
