@@ -1,0 +1,395 @@
+"""The main job (``recserve demo``): the whole pipeline on this host in a few minutes.
+
+specs → profiles (measured here, quick) → calibrated perfmodel → plans (Hera co-location, Kairos
+pool, Hercules provisioning, ElasticRec shards, SDM tiers, dispatch simulation) → a live
+deployment (a node server co-locating two models, a second node server, the Kairos router in
+front) under a diurnal-shaped Poisson load with the production query mix while the Hera resource
+manager resizes workers → metrics → an HTML report and a terminal summary.
+
+Every step is the same code the CLI runs; each step's outputs (JSON, PNG) land in ``--out``.
+A failed step is reported and the demo carries on with what does not depend on it; the exit code
+is non-zero if any step failed.  Everything started is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recserve import report
+from recserve.cli import main as cli
+from recserve.errors import RecserveError
+from recserve.reference import reference_path
+
+# Live pair: a memory-bound, low-scalability DLRM and a compute-bound, high-scalability one whose
+# SLA the production query mix (p99 920 items) can meet on one core of a 2-core host.
+LIVE_MODELS = ("hera-dlrm-a", "elasticrec-rm3")
+# Hercules' heterogeneous cluster (counts are ours: the paper gives the types, not a fleet) and a day of load
+HERCULES_DAY = """available: {hercules-t1: 40, hercules-t2: 40, hercules-t3: 20, hercules-t4: 20, hercules-t5: 10,
+            hercules-t6: 10, hercules-t7: 10, hercules-t8: 10, hercules-t9: 10, hercules-t10: 10}
+peak_qps: {hercules-rmc1: 20000, hercules-rmc2: 3000, hercules-rmc3: 5000, hercules-din: 2000}
+"""
+HERA_MODELS = ("hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din",
+               "hera-wnd")
+
+
+@dataclass
+class Step:
+    name: str
+    seconds: float = 0.0
+    ok: bool = False
+    summary: str = ""
+    outputs: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+class DemoRun:
+    """Runs named steps with timing, progress lines and failure isolation."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.steps: list[Step] = []
+        self.started = time.monotonic()
+
+    def path(self, name: str) -> Path:
+        return self.out / name
+
+    def step(self, name: str, fn: Callable[[Step], None]) -> Step:
+        step = Step(name)
+        self.steps.append(step)
+        elapsed = time.monotonic() - self.started
+        print(f"[{elapsed:6.1f}s] {name} ...", file=sys.stderr, flush=True)
+        start = time.monotonic()
+        try:
+            fn(step)
+            step.ok = True
+        except Exception as exc:  # noqa: BLE001 - a failed step is reported, the demo goes on
+            step.error = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc(file=sys.stderr)
+        step.seconds = time.monotonic() - start
+        mark = "ok" if step.ok else f"FAILED ({step.error})"
+        print(f"[{time.monotonic() - self.started:6.1f}s] {name}: {mark} {step.summary}", file=sys.stderr, flush=True)
+        return step
+
+    def cli(self, step: Step, args: list[str], outputs: list[Path]) -> None:
+        code = cli(args)
+        if code != 0:
+            raise RecserveError(f"`recserve {' '.join(args)}` exited with {code}")
+        step.outputs += [str(p) for p in outputs if p.exists()]
+
+
+# ------------------------------------------------------------------------------ steps
+
+
+def profile_step(run: DemoRun, scale: float, quick: bool) -> Callable[[Step], None]:
+    def go(step: Step) -> None:
+        measured = run.path("profiles/this-host.json")
+        args = ["profile", "host", "--models", ",".join(LIVE_MODELS), "--scale", str(scale), "--via", "inprocess",
+                "--batches", "1,16,64,256,1024", "--workers", "1,2", "--out", str(measured)]
+        run.cli(step, args + (["--quick"] if quick else []), [measured])
+        calibration = run.path("profiles/calibration.json")
+        run.cli(step, ["profile", "calibrate", "--measured", str(measured), "--out", str(calibration)], [calibration])
+        from recserve.profiles import ProfileSet
+
+        tables = ProfileSet.load(measured)
+        maxload = {t.model: t.interp(1, "max_qps") for t in tables.find(kind="maxload_vs_workers")}
+        step.summary = "max load, 1 worker: " + ", ".join(f"{m} {q:.1f} QPS" for m, q in maxload.items())
+    return go
+
+
+def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
+    ref = reference_path("kairos_aws_latency.json")
+    calibration = run.path("profiles/calibration.json")
+
+    def colocate(step: Step) -> None:
+        out, png = run.path("plans/colocate.json"), run.path("plans/colocate.png")
+        run.cli(step, ["plan", "colocate", "--server", "hera-xeon", "--models", ",".join(HERA_MODELS), "--level", "4",
+                       "--json", str(out), "--plot", str(png)], [out, png])
+        step.summary = _plan_summary(out)
+
+    def pool(step: Step) -> None:
+        out, png = run.path("plans/pool.json"), run.path("plans/pool.png")
+        run.cli(step, ["plan", "pool", "--reference", str(ref), "--json", str(out), "--plot", str(png)], [out, png])
+        step.summary = _plan_summary(out)
+
+    def provision(step: Step) -> None:
+        traffic = run.path("plans/day.yaml")
+        traffic.parent.mkdir(parents=True, exist_ok=True)
+        traffic.write_text(HERCULES_DAY)
+        out, png = run.path("plans/provision.json"), run.path("plans/provision.png")
+        run.cli(step, ["plan", "provision", "--traffic", str(traffic), "--steps", "24", "--json", str(out),
+                       "--plot", str(png)], [traffic, out, png])
+        step.summary = _plan_summary(out)
+
+    def dispatch(step: Step) -> None:
+        out, png = run.path("plans/dispatch.json"), run.path("plans/dispatch.png")
+        run.cli(step, ["simulate", "dispatch", "--reference", str(ref), "--model", "rm2", "--queries", "4000",
+                       "--json-out", str(out), "--plot", str(png)], [out, png])
+
+    def shard(step: Step) -> None:
+        out, png = run.path("plans/shard.json"), run.path("plans/shard.png")
+        run.cli(step, ["plan", "shard", "--model", "elasticrec-rm1", "--qps", "3000", "--grid", "128",
+                       "--json", str(out), "--plot", str(png)], [out, png])
+        step.summary = f"{json.loads(out.read_text())['saving_vs_modelwise']:.2f}x less memory than model-wise"
+
+    def tier(step: Step) -> None:
+        out = run.path("plans/tier.json")
+        run.cli(step, ["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "1000", "--out", str(out)],
+                [out])
+
+    del calibration  # the planners use the bundled constants; the calibration feeds the live capacity
+    return [("plan: Hera co-location (8 Hera models, hera-xeon)", colocate),
+            ("plan: Kairos pool ($2.5/hr, AWS reference latencies)", pool),
+            ("plan: Hercules provisioning over a day", provision),
+            ("simulate: Kairos dispatch vs Ribbon/DRS/Clockwork/Oracle", dispatch),
+            ("plan: ElasticRec shards for RM1", shard),
+            ("plan: SDM tiering for M1", tier)]
+
+
+def _plan_summary(path: Path) -> str:
+    data = json.loads(path.read_text())
+    keys = ("summary", "headline")
+    for k in keys:
+        if isinstance(data.get(k), str):
+            return data[k]
+    return ""
+
+
+# ------------------------------------------------------------------------------ live
+
+
+@dataclass
+class LiveWindow:
+    t_s: float
+    model: str
+    offered_qps: float
+    achieved_qps: float
+    p95_ms: float
+    sla_ms: float
+    errors: int
+    workers: int
+
+
+def diurnal_rates(peak: float, windows: int, ratio: float = 3.0) -> np.ndarray:
+    """A compressed day: valley → evening peak → valley, one rate per window."""
+    from recserve.workload.diurnal import diurnal_shape
+
+    hours = np.linspace(8.0, 8.0 + 24.0, windows, endpoint=False)
+    return peak * diurnal_shape(hours * 3600.0, peak_valley_ratio=ratio, peak_hour=20.0)
+
+
+def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Callable[[Step], None]:
+    def go(step: Step) -> None:
+        data = run_live(run, scale, seconds, window_s)
+        path = run.path("live/live.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1))
+        png = plot_live(data, run.path("live/live.png"))
+        step.outputs += [str(path), str(png)]
+        v = data["violation_fraction"]
+        step.summary = (f"{len(data['windows'])} windows, SLA violated in "
+                        + ", ".join(f"{m} {100 * f:.0f}%" for m, f in v.items())
+                        + f"; {len(data['decisions'])} RMU decisions")
+    return go
+
+
+def run_live(run: DemoRun, scale: float, seconds: float, window_s: float) -> dict[str, Any]:
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.policies.node_control import ControlLoop, ServerNodeControl
+    from recserve.policies.rmu import CapacityProfile, HeraRMU
+    from recserve.policies.router import Router, RouterThread, load_pool
+    from recserve.profiles import ProfileSet
+    from recserve.serving import NodeServer, config_from_dict
+    from recserve.serving.control_client import ControlClient
+    from recserve.specs import get_model
+
+    lo, hi = LIVE_MODELS
+    profiles = ProfileSet.load(run.path("profiles/this-host.json"))
+    capacity = {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in LIVE_MODELS}
+    node_a = NodeServer(config_from_dict({"models": [
+        {"model": lo, "scale": scale, "workers": 1, "cores": [[0]], "queue_limit": 64},
+        {"model": hi, "scale": scale, "workers": 1, "cores": [[1]], "queue_limit": 64}]}))
+    node_b = NodeServer(config_from_dict({"models": [
+        {"model": lo, "scale": scale, "workers": 1, "cores": [[1]], "queue_limit": 64}]}))
+    started: list[Any] = []
+    try:
+        ports_a = node_a.start()
+        started.append(node_a)
+        ports_b = node_b.start()
+        started.append(node_b)
+        pool_file = run.path("live/pool.yaml")
+        pool_file.parent.mkdir(parents=True, exist_ok=True)
+        pool_file.write_text(
+            f"qos_ms: {get_model(lo).sla.target_ms}\npolicy: kairos\nbackends:\n"
+            f"  - {{url: 'http://127.0.0.1:{ports_a.http}', type: node-a, slots: 1, base: true}}\n"
+            f"  - {{url: 'http://127.0.0.1:{ports_b.http}', type: node-b, slots: 1}}\n")
+        router = RouterThread(Router(load_pool(pool_file)))
+        router_port = router.start()
+        started.append(router)
+        windows = max(4, int(seconds / window_s))
+        for m in LIVE_MODELS:
+            if capacity[m].max_qps(1) <= 0:
+                raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
+        # peak offered load: 60% of what the profile says the deployment sustains
+        peak = {lo: 0.6 * 2 * capacity[lo].max_qps(1), hi: 0.6 * capacity[hi].max_qps(2)}
+        rates = {m: diurnal_rates(peak[m], windows) for m in LIVE_MODELS}
+        targets = {lo: HttpTarget(f"http://127.0.0.1:{router_port}", lo),
+                   hi: HttpTarget(f"http://127.0.0.1:{ports_a.http}", hi)}
+        control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(LIVE_MODELS))
+        controller = HeraRMU(capacity)
+        results: list[LiveWindow] = []
+        lock = threading.Lock()
+        t0 = time.monotonic()
+
+        failures: list[str] = []
+
+        def drive(model: str) -> None:
+            try:
+                drive_windows(model)
+            except Exception as exc:  # noqa: BLE001 - re-raised in the demo thread below
+                failures.append(f"{model}: {type(exc).__name__}: {exc}")
+
+        def drive_windows(model: str) -> None:
+            spec = get_model(model)
+            pool = RequestPool.from_mix(spec, scale, "production", pool=32, seed=1)
+            with LoadSession(targets[model], pool, warm=True) as session:
+                for w, rate in enumerate(rates[model]):
+                    r = session.run(float(rate), window_s, seed=w, timeout_s=5.0, min_requests=1)
+                    workers = control.get_workers(model) if model in control.models() else 1
+                    with lock:
+                        results.append(LiveWindow(time.monotonic() - t0, model, float(rate), r.achieved_qps,
+                                                  _finite(r.p95), spec.sla.target_ms, r.failed, workers))
+
+        with ControlLoop(controller, control, period_s=window_s) as loop:
+            threads = [threading.Thread(target=drive, args=(m,), name=f"load-{m}") for m in LIVE_MODELS]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            loop_errors = list(loop.errors)
+        stats = router.router.stats()
+        if failures:
+            raise RecserveError("load generation failed: " + "; ".join(failures))
+    finally:
+        for s in reversed(started):
+            s.stop()
+    by_model = {m: [w for w in results if w.model == m] for m in LIVE_MODELS}
+    violation = {m: float(np.mean([w.p95_ms > w.sla_ms for w in ws])) if ws else 1.0 for m, ws in by_model.items()}
+    return {"kind": "demo-live", "models": list(LIVE_MODELS), "scale": scale, "window_s": window_s,
+            "peak_qps": peak, "windows": [w.__dict__ for w in results], "violation_fraction": violation,
+            "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
+            "router": stats}
+
+
+def _finite(x: float) -> float:
+    return float(x) if np.isfinite(x) else float("nan")
+
+
+def plot_live(data: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    for m in data["models"]:
+        ws = [w for w in data["windows"] if w["model"] == m]
+        t = [w["t_s"] for w in ws]
+        line = axes[0].plot(t, [w["p95_ms"] for w in ws], marker=".", label=f"{m} p95")[0]
+        axes[0].axhline(ws[0]["sla_ms"] if ws else 0, color=line.get_color(), ls="--", lw=1, label=f"{m} SLA")
+        axes[1].plot(t, [w["offered_qps"] for w in ws], ls="--", color=line.get_color(), label=f"{m} offered")
+        axes[1].plot(t, [w["achieved_qps"] for w in ws], color=line.get_color(), label=f"{m} served")
+        axes[2].step(t, [w["workers"] for w in ws], where="post", color=line.get_color(), label=m)
+    axes[0].set_ylabel("p95 latency (ms)")
+    axes[0].set_yscale("log")
+    axes[1].set_ylabel("QPS")
+    axes[2].set_ylabel("workers (node A)")
+    axes[2].set_xlabel("seconds into the compressed day")
+    for ax in axes:
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.suptitle("live: diurnal load, Kairos router, Hera resource manager")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def render_live(data: dict[str, Any], base: Path) -> str:
+    rows = []
+    for m in data["models"]:
+        ws = [w for w in data["windows"] if w["model"] == m]
+        p95 = [w["p95_ms"] for w in ws if w["p95_ms"] == w["p95_ms"]]
+        rows.append({"model": m, "windows": len(ws), "SLA ms": ws[0]["sla_ms"] if ws else "",
+                     "median p95 ms": float(np.median(p95)) if p95 else float("nan"),
+                     "windows violating": f"{100 * data['violation_fraction'][m]:.0f}%",
+                     "peak offered QPS": data["peak_qps"][m],
+                     "errors": sum(w["errors"] for w in ws)})
+    decisions = [{"t (s)": round(d["time_s"], 1), "model": d["model"], "action": d["kind"] if "kind" in d else "",
+                  "detail": json.dumps(d.get("detail", d.get("values", "")))[:80]} for d in data["decisions"]]
+    return ("<h2>Live deployment on this host</h2>" + report.table(rows)
+            + report.image(base / "live.png") + "<h3>Resource-manager decisions</h3>" + report.table(decisions))
+
+
+def render_demo(data: dict[str, Any], base: Path) -> str:
+    rows = [{"step": s["name"], "status": "ok" if s["ok"] else "FAILED", "seconds": round(s["seconds"], 1),
+             "result": s["summary"] or s["error"]} for s in data["steps"]]
+    return "<h2>Steps</h2>" + report.table(rows)
+
+
+report.RENDERERS["demo-live"] = render_live
+report.RENDERERS["demo"] = render_demo
+
+
+def write_report(run: DemoRun) -> Path:
+    summary = {"kind": "demo", "steps": [s.__dict__ for s in run.steps]}
+    summary_path = run.path("demo.json")
+    summary_path.write_text(json.dumps(summary, indent=1))
+    sections = [render_demo(summary, run.out)]
+    live = run.path("live/live.json")
+    if live.exists():
+        sections.append(render_live(json.loads(live.read_text()), live.parent))
+    for s in run.steps:
+        if s.name.startswith(("plan", "simulate")):
+            images = [report.image(p) for p in s.outputs if p.endswith(".png")]
+            sections.append(f"<h2>{report.esc(s.name)}</h2><p>{report.esc(s.summary)}</p>" + "".join(images))
+    html_path = run.path("report.html")
+    html_path.write_text(report.page("recserve demo", sections, time.strftime("%Y-%m-%d %H:%M:%S")))
+    return html_path
+
+
+def run_demo(out: Path, scale: float = 1e-3, live_seconds: float = 90.0, window_s: float = 3.0,
+             quick: bool = True) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    run = DemoRun(out)
+    profiled = run.step("profile two models on this host", profile_step(run, scale, quick))
+    for name, fn in plan_steps(run):
+        run.step(name, fn)
+    if profiled.ok:
+        run.step("live: node servers + router + RMU under diurnal load", live_step(run, scale, live_seconds, window_s))
+    html = write_report(run)
+    print_summary(run, html)
+    return 0 if all(s.ok for s in run.steps) else 1
+
+
+def print_summary(run: DemoRun, html: Path) -> None:
+    print(f"\nrecserve demo — {time.monotonic() - run.started:.0f} s")
+    for s in run.steps:
+        status = "ok    " if s.ok else "FAILED"
+        print(f"  {status} {s.name:58s} {s.seconds:6.1f}s  {s.summary or s.error}")
+    print(f"report: {html}")
