@@ -9,7 +9,7 @@ from torch import nn
 from recserve.errors import SpecError
 from recserve.specs import ModelSpec, catalogue_models, model_from_dict
 from recserve.zoo import FAMILY_CLASSES, build, sample_batch
-from recserve.zoo.flops import count_dense_flops, dense_flops_per_item
+from recserve.zoo.flops import count_dense_flops, count_spec_flops, dense_flops_per_item
 from recserve.zoo.layers import AUGRU, ActivationUnit, ScoreHead, candidate_tables
 
 SLA = {"target_ms": 50}
@@ -271,13 +271,19 @@ def test_flops_count_dien_attention_and_augru():
 
 
 @pytest.mark.parametrize("family", sorted(SPECS))
-def test_flops_on_meta_equal_flops_of_a_real_run(family):
+def test_flops_per_item_equal_flops_of_a_real_run(family):
     s = SPECS[family]
     model = build(s, scale=0.1)
     batch = sample_batch(model, 1)
     with torch.no_grad():
         real = count_dense_flops(model, batch.dense, model.sparse(batch))
     assert real == dense_flops_per_item(s) > 0
+
+
+def test_flops_on_the_meta_device_equal_flops_on_cpu():
+    """The path used for giant MLPs; DIEN (GRU, attention, AUGRU loop) and DLRM (dot) cover every layer type."""
+    for family in ("dien", "dlrm", "din"):
+        assert count_spec_flops(SPECS[family], "meta") == count_spec_flops(SPECS[family], "cpu")
 
 
 def test_flops_count_din_attention():

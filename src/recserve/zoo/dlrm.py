@@ -16,7 +16,7 @@ class DotInteraction(nn.Module):
 
     def __init__(self, n: int) -> None:
         super().__init__()
-        tri = torch.triu_indices(n, n, offset=1)
+        tri = torch.triu_indices(n, n, offset=1, device="cpu")  # CPU even when built on meta (flops)
         self.register_buffer("tri_i", tri[0], persistent=False)
         self.register_buffer("tri_j", tri[1], persistent=False)
 

@@ -1,7 +1,8 @@
 """Dense FLOPs per candidate item, counted on the real module rather than re-derived by hand.
 
-Dense layers do not depend on table rows or values, so the model is built on the ``meta`` device
-and one item's sparse outputs (shapes only) run through ``model.dense`` with hooks on every
+Dense layers do not depend on table rows or values, so the model is built with tiny tables (on the
+``meta`` device when its MLPs are huge) and one item's sparse outputs run through ``model.dense``
+with hooks on every
 Linear / GRU / GRUCell and on every zoo layer that reports its own work through a
 ``dense_flops(inputs, output)`` method (DIN's factored activation unit, attention pooling and dot
 scores, the AUGRU recurrence, DLRM's dot interaction).  This keeps the count true to what the zoo
@@ -66,12 +67,28 @@ def sparse_outputs(spec: ModelSpec, batch: int = 1, device: str | torch.device =
     ]
 
 
-@cache
-def dense_flops_per_item(spec: ModelSpec) -> int:
-    """Dense FLOPs for one candidate item, from shapes alone: the model is built on the ``meta``
-    device (no memory, no arithmetic), so even multi-GB MLPs (SDM's M3) count in seconds."""
+# Above this many dense weights the count runs on the meta device instead of allocating them.
+META_ABOVE_WEIGHTS = 20_000_000
+
+
+def count_spec_flops(spec: ModelSpec, device: str = "cpu") -> int:
+    """Dense FLOPs for one item of ``spec``, running ``model.dense`` on ``device`` ("cpu" or "meta")."""
     from recserve.zoo import build
 
-    with torch.device("meta"):
+    with torch.device(device):
         model = build(spec, scale=1e-12, min_rows=4)
-    return count_dense_flops(model, torch.zeros(1, spec.dense_in, device="meta"), sparse_outputs(spec))
+    dense = torch.zeros(1, spec.dense_in, device=device)
+    return count_dense_flops(model, dense, sparse_outputs(spec, device=device))
+
+
+@cache
+def dense_flops_per_item(spec: ModelSpec) -> int:
+    """Dense FLOPs for one candidate item.  Models with huge MLPs (SDM's M2, M3: up to 4.3 G weights)
+    are counted on the meta device (shapes only: no memory, no arithmetic, but the first meta run
+    imports torch._dynamo, ~2 s CPU); the rest on CPU with tiny tables."""
+    with torch.device("meta"):
+        from recserve.zoo import build
+
+        weights = sum(p.numel() for n, p in build(spec, scale=1e-12, min_rows=4).named_parameters()
+                      if not n.startswith("tables."))
+    return count_spec_flops(spec, "meta" if weights > META_ABOVE_WEIGHTS else "cpu")

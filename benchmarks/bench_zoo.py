@@ -1,0 +1,83 @@
+"""Forward cost of every catalogue model in the live zoo: sparse and dense CPU time per query.
+
+One thread (as one serving worker runs), tables at ``--scale``, uniform ids.  Times are process CPU
+time (median over runs), which stays meaningful on a machine shared with other jobs; wall-clock
+medians are in the JSON too.
+
+Run: ``.venv/bin/python benchmarks/bench_zoo.py [--batch 1,256] [--models a,b] [--scale 1e-3]``
+Prints a table and writes ``results/zoo_forward.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from recserve.specs import catalogue_models
+from recserve.zoo import build, sample_batch
+from recserve.zoo.flops import dense_flops_per_item
+
+MAX_MFLOP_PER_ITEM = 40.0  # skip models (SDM M2, M3) whose dense part alone takes seconds per query here
+
+
+def cpu_times(fn, min_time: float, min_runs: int = 3) -> tuple[float, float]:  # noqa: ANN001
+    fn()
+    cpu, wall = [], []
+    start = time.perf_counter()
+    while len(cpu) < min_runs or time.perf_counter() - start < min_time:
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", default="1,256")
+    p.add_argument("--models", default="", help="comma-separated catalogue names (default: all)")
+    p.add_argument("--scale", type=float, default=1e-3)
+    p.add_argument("--min-time", type=float, default=0.5)
+    p.add_argument("--out", default="results/zoo_forward.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    batches = [int(b) for b in args.batch.split(",")]
+    names = [n for n in catalogue_models() if not args.models or n in args.models.split(",")]
+    rows = []
+    print(f"{'model':16s} {'family':6s} {'MFLOP/item':>10s} " + " ".join(
+        f"{'B=' + str(b) + ' sparse ms':>15s} {'dense ms':>9s}" for b in batches))
+    for name in names:
+        spec = catalogue_models()[name]
+        flops = dense_flops_per_item(spec)
+        if flops / 1e6 > MAX_MFLOP_PER_ITEM:
+            print(f"{name:16s} skipped: {flops / 1e6:,.0f} MFLOP/item", file=sys.stderr)
+            continue
+        model = build(spec, scale=args.scale)
+        cells = []
+        for b in batches:
+            batch = sample_batch(model, b, rng=b)
+            with torch.no_grad():
+                pooled = model.sparse(batch)
+                sparse = cpu_times(lambda m=model, q=batch: m.sparse(q), args.min_time)
+                dense = cpu_times(lambda m=model, q=batch, e=pooled: m.dense(q.dense, e), args.min_time)
+            rows.append({"model": name, "family": spec.family, "batch": b, "scale": args.scale,
+                         "mflop_per_item": flops / 1e6, "sparse_cpu_ms": sparse[0] * 1e3,
+                         "dense_cpu_ms": dense[0] * 1e3, "sparse_wall_ms": sparse[1] * 1e3,
+                         "dense_wall_ms": dense[1] * 1e3})
+            cells.append(f"{sparse[0] * 1e3:15.2f} {dense[0] * 1e3:9.2f}")
+        print(f"{name:16s} {spec.family:6s} {flops / 1e6:10.2f} " + " ".join(cells), flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"threads": 1, "results": rows}, indent=1))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
