@@ -32,6 +32,7 @@ from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration
 from recserve.perfmodel.fit import errors, fit, points_from_profiles
 from recserve.perfmodel.hostbench import measure_host
 from recserve.planners.hercules.search import deeprecsys, exhaustive, perfmodel_evaluator, search
+from recserve.profiles import ProfileSet
 from recserve.specs import catalogue_models, catalogue_servers, get_server
 
 RESULTS = Path("results")
@@ -48,17 +49,21 @@ def log(msg: str) -> None:
 
 
 def buildable(spec) -> bool:
+    """The zoo builds the family and its dense part is small enough to instantiate here."""
+    from recserve.perfmodel.cost import model_cost
     from recserve.zoo import FAMILY_CLASSES
 
-    return spec.family in FAMILY_CLASSES
+    return spec.family in FAMILY_CLASSES and model_cost(spec).source == "zoo"
 
 
-def host_accuracy(quick: bool) -> dict:
+def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
     models = [m for m in catalogue_models().values() if buildable(m)]
     if quick:
         models = models[::3]
-    measured = None
-    for tag, target in (("small", SMALL_BYTES), ("large", LARGE_BYTES)):
+    measured = ProfileSet.load(reuse) if reuse else None
+    if measured is not None:
+        models = [m for m in models if m.name in measured.models()]
+    for tag, target in (() if reuse else (("small", SMALL_BYTES), ("large", LARGE_BYTES))):
         scales = {m.name: float(min(1.0, max(1e-7, target / m.embedding_bytes))) for m in models}
         ps = measure_host(models, BATCHES, scales, threads=1, budget_s=0.15 if quick else 0.3, progress=log)
         for t in ps:
@@ -183,11 +188,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer models and servers")
     ap.add_argument("--skip-measure", action="store_true", help="reuse results/calibration.json")
+    ap.add_argument("--reuse-measured", metavar="FILE", help="fit on this earlier hostbench file instead of timing")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out: dict = {}
     if not args.skip_measure:
-        out["host_accuracy"] = host_accuracy(args.quick)
+        out["host_accuracy"] = host_accuracy(args.quick, Path(args.reuse_measured) if args.reuse_measured else None)
         h = out["host_accuracy"]
         print(f"held-out models: median APE {h['median_ape_heldout_models']:.1f}% "
               f"(p90 {h['p90_ape_heldout_models']:.1f}%, {h['points_heldout']} points; fit set "

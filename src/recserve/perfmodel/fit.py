@@ -8,6 +8,7 @@ log-parameterised constants (scipy ``least_squares``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class Point:
 def _spec_for(name: str, profiles: ProfileSet) -> ModelSpec:
     stored = profiles.meta.get("specs", {}).get(name)
     if stored is not None:
-        return model_from_dict(name, stored)
+        return model_from_dict(name, json.loads(json.dumps(stored)))
     try:
         return get_model(name)
     except SpecError as exc:

@@ -8,6 +8,7 @@ ProfileSet's meta keeps each measured spec so non-catalogue models can be re-rea
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable
 
@@ -65,7 +66,7 @@ def measure_host(specs: Iterable[ModelSpec], batches: Iterable[int] = (1, 8, 32,
             rows = time_model(spec, tuple(batches), s, budget_s, max_call_ms=max_call_ms)
             out.add(ProfileTable(spec.name, HOST, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
                                  rows, "measured", {"scale": s, "threads": threads}))
-            out.meta["specs"][spec.name] = to_dict(spec)
+            out.meta["specs"][spec.name] = json.loads(json.dumps(to_dict(spec)))  # tuples -> lists
     finally:
         torch.set_num_threads(previous)
     return out

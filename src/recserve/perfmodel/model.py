@@ -168,6 +168,39 @@ class PerfModel:
             details={"busy": busy, "llc_miss": st.miss_e, "weights_miss": st.miss_w},
         )
 
+    def evaluate_many(self, spec: ModelSpec, server: ServerType, allocs: list[Allocation],
+                      sizes: np.ndarray | list[int] | SizeMix | None = None, sla: SLA | None = None
+                      ) -> list[LoadResult]:
+        """:meth:`evaluate` (without latency) for many allocations at once: CPU allocations share one
+        vectorised bisection over arrival rates (what exhaustive search needs); others go one by one."""
+        sla = sla or spec.sla
+        mix = sizes if isinstance(sizes, SizeMix) else SizeMix.of(sizes)
+        out: list[LoadResult | None] = [None] * len(allocs)
+        batch: list[tuple[int, _RateModel]] = []
+        for i, alloc in enumerate(allocs):
+            st = self._static(spec, server, alloc)
+            if st.reason:
+                out[i] = LoadResult(0.0, False, st.reason, mem_gb=st.mem_gb, cores_used=st.cores_used)
+            elif st.on_accel:
+                out[i] = self.evaluate(spec, server, alloc, mix, sla, with_latency=False)
+            else:
+                batch.append((i, _RateModel(self, spec, server, alloc, st, mix)))
+        if batch:
+            qps = _solve_many([rm for _, rm in batch], mix.probs, sla,
+                              jitter(sla.percentile, self.cal.p99_over_mean))
+            for (i, rm), q in zip(batch, qps, strict=True):
+                if q <= 0:
+                    out[i] = LoadResult(0.0, False, f"p{sla.percentile:g} latency exceeds {sla.target_ms:g} ms "
+                                        "even at zero load", mem_gb=rm.st.mem_gb, cores_used=rm.st.cores_used)
+                    continue
+                stations = rm.stations(float(q))
+                busy = self._busy_fraction(server, rm.alloc, rm.st, stations, mix, float(q))
+                out[i] = LoadResult(float(q), True, latency_ms=math.nan, power_w=self.power_w(server, busy),
+                                    membw_gbs=rm.dram_gbs(float(q)), mem_gb=rm.st.mem_gb,
+                                    cores_used=rm.st.cores_used,
+                                    details={"busy": busy, "llc_miss": rm.st.miss_e, "weights_miss": rm.st.miss_w})
+        return [r for r in out if r is not None]
+
     def footprint_gb(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None) -> float:
         return self._static(spec, server, alloc or Allocation()).mem_gb
 
@@ -406,3 +439,66 @@ class _RateModel:
         if self.gb_per_query > 0:
             cap = min(cap, max(self.bw - self.alloc.corunner_gbs, 0.0) / self.gb_per_query)
         return max(cap, 1e-6) * 1.0001
+
+
+def _erlang_c_many(c: np.ndarray, a: np.ndarray) -> np.ndarray:
+    b = np.ones_like(a)
+    for k in range(1, int(c.max()) + 1):
+        b = np.where(k <= c, a * b / (k + a * b), b)
+    rho = a / c
+    return b / (1.0 - rho * (1.0 - b))
+
+
+def _solve_many(models: list[_RateModel], probs: np.ndarray, sla: SLA, span_scale: float,
+                iterations: int = 24) -> np.ndarray:
+    """Vectorised :func:`solve_max_load` over CPU rate models (same queueing formulas, plain bisection)."""
+    n_stages = max(len(m.coef) for m in models)
+    shape = (len(models), n_stages)
+    c, ek, ek2 = np.ones(shape), np.ones(shape), np.ones(shape)
+    w = np.zeros(shape + (2,))
+    w2 = np.zeros(shape + (3,))
+    s0 = np.zeros(shape + (len(probs),))
+    s1 = np.zeros(shape + (len(probs),))
+    active = np.zeros(shape, dtype=bool)
+    for i, m in enumerate(models):
+        for j, (cj, ekj, ek2j, wj, w2j, s0j, s1j) in enumerate(m.coef):
+            c[i, j], ek[i, j], ek2[i, j] = cj, ekj, ek2j
+            w[i, j], w2[i, j], s0[i, j], s1[i, j] = wj, w2j, s0j, s1j
+            active[i, j] = True
+    gb = np.array([m.gb_per_query for m in models])
+    bw = np.array([m.bw for m in models])
+    corunner = np.array([m.alloc.corunner_gbs for m in models])
+    upper = np.array([m.upper_qps() for m in models])
+    allowed = 1.0 - sla.percentile / 100.0
+
+    def violation(qps: np.ndarray) -> np.ndarray:
+        u = (qps * gb + corunner) / bw
+        uc = np.minimum(u, 0.99)
+        slow = (1.0 + uc * uc / (2.0 * (1.0 - uc)))[:, None]
+        ework = w[..., 0] + slow * w[..., 1]
+        ework2 = w2[..., 0] + slow * w2[..., 1] + slow * slow * w2[..., 2]
+        es, es2 = ework / ek, ework2 / ek
+        a = qps[:, None] / 1000.0 * ework
+        over = active & ((a >= c) | (es <= 0))
+        a_ok = np.where(over, 0.0, a)
+        cs2 = np.maximum(es2 / np.maximum(es * es, 1e-300) - 1.0, 0.0)
+        ca2 = ek2 / ek
+        pw = np.where(active, _erlang_c_many(c, a_ok), 0.0)
+        theta = np.where(active, (c - a_ok) / np.maximum(es, 1e-300) * 2.0 / (ca2 + cs2), np.inf)
+        p_wait = 1.0 - np.prod(1.0 - pw, axis=1)
+        th = theta.min(axis=1)
+        span = ((s0 + slow[..., None] * s1) * active[..., None]).sum(axis=1) * span_scale
+        y = sla.target_ms - span
+        tail = np.where(y < 0, 1.0, p_wait[:, None] * np.exp(-th[:, None] * np.maximum(y, 0.0)))
+        exceed = tail @ probs
+        bad = over.any(axis=1) | (u >= 0.99)
+        return np.where(bad, 1.0, exceed - allowed)
+
+    lo, hi = upper * 1e-6, upper.copy()
+    feasible = violation(lo) <= 1e-12
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        ok = violation(mid) <= 1e-12
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid)
+    return np.where(feasible, lo, 0.0)

@@ -139,6 +139,9 @@ def exhaustive(server: ServerType, evaluate: Evaluator, batches: Iterable[int] =
                modes: Iterable[str] = MODES) -> SearchResult:
     counted = _Counted(evaluate)
     configs = space(server, batches, modes)
+    prefetch = getattr(evaluate, "prefetch", None)
+    if prefetch is not None:  # evaluators that can score many configurations at once
+        prefetch(configs)
     for cfg in configs:
         counted(cfg)
     best, q = counted.best()
@@ -161,11 +164,14 @@ def deeprecsys(server: ServerType, evaluate: Evaluator, batches: Iterable[int] =
     return SearchResult("deeprecsys", best, q, len(counted.seen), len(batches), counted.path)
 
 
+MODEL_MOVES = ((0, 1), (1, 0), (1, 1))  # batch only, threads only, both (Hercules Alg. 1)
+PIPELINE_MOVES = ((1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1))  # sparse, dense, both, batch
+
+
 def _climb(start: tuple[int, ...], make: Callable[[tuple[int, ...]], SchedConfig | None],
            counted: _Counted) -> tuple[SchedConfig | None, float]:
-    """Gradient ascent over "+1" moves in every non-empty subset of the dimensions."""
-    dims = len(start)
-    moves = [m for m in itertools.product((0, 1), repeat=dims) if any(m)]
+    """Gradient ascent over "+1" moves: to the best feasible candidate while max load improves."""
+    moves = MODEL_MOVES if len(start) == 2 else PIPELINE_MOVES
     point = start
     walk = sorted(moves, key=lambda m: (m[-1], -sum(m)))  # more threads first, larger batch last
     q = None
@@ -228,15 +234,15 @@ def _point(cfg: SchedConfig, batches: tuple[int, ...]) -> tuple[int, ...]:
 
 def _polish(best: SchedConfig, best_q: float, server: ServerType, batches: tuple[int, ...],
             counted: _Counted) -> None:
-    """Local refinement around the climb's optimum: every ±1 neighbour (and op-parallelism ±1) while it improves.
+    """Local refinement around the climb's optimum: ±1 along each axis (and op-parallelism) while it improves.
 
     The climb only moves towards more threads and larger batches; this catches a neighbour just
     behind it where the space is not exactly convex.
     """
     while True:
         point = _point(best, batches)
-        neighbours = [(best.cores_per_thread, tuple(a + b for a, b in zip(point, m, strict=True)))
-                      for m in itertools.product((-1, 0, 1), repeat=len(point)) if any(m)]
+        axis = [tuple(d if i == k else 0 for i in range(len(point))) for k in range(len(point)) for d in (-1, 1)]
+        neighbours = [(best.cores_per_thread, tuple(a + b for a, b in zip(point, m, strict=True))) for m in axis]
         neighbours += [(best.cores_per_thread + dc, point) for dc in (-1, 1)]
         improved = False
         for c, p in neighbours:
@@ -297,6 +303,13 @@ class PerfModelEvaluator:
             self._cache[cfg] = self.model.evaluate(self.spec, self.server, cfg.allocation(self.base), self.mix,
                                                    self.sla, with_latency=False)
         return self._cache[cfg]
+
+    def prefetch(self, configs: list[SchedConfig]) -> None:
+        """Evaluate many configurations in one vectorised pass (exhaustive search)."""
+        todo = [c for c in configs if c not in self._cache]
+        results = self.model.evaluate_many(self.spec, self.server, [c.allocation(self.base) for c in todo],
+                                           self.mix, self.sla)
+        self._cache.update(zip(todo, results, strict=True))
 
     def __call__(self, cfg: SchedConfig) -> float | None:
         r = self.detail(cfg)
