@@ -186,3 +186,21 @@ def test_cli_simulate_dispatch_writes_json(tmp_path, capsys):
 def test_cli_rejects_unknown_policy():
     assert main(["simulate", "dispatch", "--reference", REFERENCE, "--model", "rm2", "--pool", "g4dn.xlarge=1",
                  "--policies", "random", "--no-homogeneous"]) == 2
+
+
+def test_cli_simulate_colocate_profiles_the_node_and_compares_controllers(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    rc = main(["simulate", "colocate", "--reference", REFERENCE, "--models", "rm2,wnd", "--cores", "4", "--ways", "4",
+               "--duration", "12", "--t-monitor", "2", "--profile-queries", "300",
+               "--node-profiles", str(tmp_path / "prof.json"), "--json-out", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert set(data["controllers"]) == {"hera", "parties", "static"}
+    for ctl in data["controllers"].values():
+        assert len(ctl["windows"]) == 6 and 0.0 <= ctl["violating_window_fraction"] <= 1.0
+        for w in ctl["windows"]:
+            alloc = w["models"].values()
+            assert sum(m["workers"] for m in alloc) <= 4 and sum(m["ways"] for m in alloc) <= 4
+    prof = ProfileSet.load(tmp_path / "prof.json")
+    assert prof.find(kind="maxload_vs_workers") and prof.find(kind="maxload_vs_ways")
+    assert "hera" in capsys.readouterr().out

@@ -124,6 +124,7 @@ def cmd_colocate(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(res, args.plot)
     summary = {name: {"violating_window_fraction": v["violating_window_fraction"],
+                      "severe_window_fraction": v["severe_window_fraction"],
                       "per_model": v["per_model_violating_fraction"], "decisions": v["decisions"]}
                for name, v in res["controllers"].items()}
     if args.json:
@@ -134,7 +135,7 @@ def cmd_colocate(args: argparse.Namespace) -> int:
         for name, s in summary.items():
             per = ", ".join(f"{m} {f:.0%}" for m, f in s["per_model"].items())
             print(f"{name:8s} windows violating SLA: {s['violating_window_fraction']:.1%} ({per}); "
-                  f"{s['decisions']} decisions")
+                  f"over 1.5x SLA: {s['severe_window_fraction']:.1%}; {s['decisions']} decisions")
     return 0
 
 
