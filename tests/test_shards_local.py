@@ -80,6 +80,26 @@ def test_sharded_scores_equal_monolithic(sharded, model, pool, spec):
     assert process_memory_mb(sharded.pids())["processes"] == len(sharded.pids())
 
 
+def test_tritonclient_talks_to_the_dense_shard(sharded, pool):
+    import tritonclient.grpc as grpcclient
+
+    batch = pool.batch(1)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{sharded.ports.grpc}")
+    try:
+        assert client.is_model_ready(sharded.model_name)
+        inputs = []
+        for name, arr in batch.as_arrays().items():
+            tensor = grpcclient.InferInput(name, list(arr.shape), {"float32": "FP32", "int64": "INT64",
+                                                                    "int32": "INT32"}[str(arr.dtype)])
+            tensor.set_data_from_numpy(arr)
+            inputs.append(tensor)
+        scores = client.infer(sharded.model_name, inputs).as_numpy("scores")
+    finally:
+        client.close()
+    with LoadSession(GrpcTarget(f"127.0.0.1:{sharded.ports.grpc}", sharded.model_name), pool) as session:
+        assert np.allclose(scores, session.outputs(1)["scores"], atol=1e-6, rtol=0)
+
+
 def test_shard_service_serves_its_slice(sharded, model):
     table = sharded.layout.tables[0]
     lo, hi = table.boundaries[1], table.boundaries[2]  # first cold shard

@@ -24,23 +24,33 @@ def _replicas(text: str | None) -> list[int] | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from recserve.serving.shards import make_layout, plan_from_json, start_sharded
+    from recserve.serving.shards import make_layout, plan_from_json, plan_replicas, service_rates, start_sharded
     from recserve.specs import first_tables, get_model
+    from recserve.zoo import build
 
     spec = get_model(args.model)
     if args.max_tables:
         spec = first_tables(spec, min(args.max_tables, len(spec.tables)))
     plan = plan_from_json(args.plan) if args.plan else None
     print(f"[shards] hotness from {args.warmup} warm-up queries (locality P={args.locality:g}) ...", file=sys.stderr)
+    model = build(spec, scale=args.scale, seed=args.seed)
     layout = make_layout(spec, args.scale, seed=args.seed, plan=plan, shards_per_table=args.shards_per_table,
                          replicas=_replicas(args.replicas), dense_replicas=args.dense_replicas,
-                         warmup_queries=args.warmup, locality=args.locality)
+                         warmup_queries=args.warmup, locality=args.locality, model=model)
+    if args.target_qps:
+        rates = service_rates(model, layout, locality=args.locality)
+        dense, modelwise = plan_replicas(layout, rates, args.target_qps)
+        print("[shards] measured queries/s per worker: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()),
+              file=sys.stderr)
+        print(f"[shards] for {args.target_qps:g} QPS: dense x{dense} (model-wise replication would need "
+              f"x{modelwise} whole-model replicas)", file=sys.stderr)
     for t in layout.tables:
         shards = ", ".join(f"[{a}:{b}) x{r}" for a, b, r in zip(t.boundaries[:-1], t.boundaries[1:], t.replicas,
                                                                 strict=True))
         print(f"[shards] {t.name}: {shards}", file=sys.stderr)
     deployment = start_sharded(layout, http_port=args.http_port, grpc_port=args.grpc_port, host=args.host,
-                               timeout_s=args.timeout)
+                               timeout_s=args.timeout, model=model)
+    del model
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -64,6 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", default=None, help="`recserve plan shard --json` output (boundaries, replicas)")
     p.add_argument("--shards-per-table", type=int, default=2, help="without --plan: hot shard + even cold shards")
     p.add_argument("--replicas", default=None, help="replicas per shard position, e.g. 2,1 (overrides the plan)")
+    p.add_argument("--target-qps", type=float, default=0.0,
+                   help="set every shard's replicas to ceil(target / its measured rate) (ElasticRec Alg. 1)")
     p.add_argument("--dense-replicas", type=int, default=None, help="dense-shard workers (default: plan or 1)")
     p.add_argument("--locality", type=float, default=0.9, help="warm-up sample: share of lookups on hottest 10%%")
     p.add_argument("--warmup", type=int, default=50, help="warm-up queries for the hotness order")
