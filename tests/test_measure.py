@@ -236,3 +236,29 @@ def test_package_exports_are_lazy_and_complete():
     code = "import sys, recserve.measure.maxload; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"  # the simulator can reuse the search without importing torch
+
+
+def test_timed_out_in_process_jobs_keep_their_worker_until_done():
+    import threading
+
+    target = InProcessTarget(workers=2, mode="thread")  # two threads, but only one admitted at a time
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def slow(i: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.1)
+        with lock:
+            running[0] -= 1
+        return 1
+
+    with LoadSession(target, tiny_pool()) as session:
+        target._run = slow
+        target.set_active_workers(1)
+        first = session.run(100.0, None, max_requests=5, timeout_s=0.02, seed=1)
+        assert first.errors == {"timeout": 5}
+        session.settle()  # waits for the abandoned jobs
+        assert running[0] == 0 and not target._outstanding
+        second = session.run(5.0, None, max_requests=2, timeout_s=2.0, seed=2)
+    assert second.ok == 2 and peak[0] == 1  # a timeout never let a second job run beside the admitted one

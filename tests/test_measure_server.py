@@ -63,3 +63,10 @@ def test_maxload_and_footprint_through_the_server(server):
     assert all(r[1] > 0 for r in load.rows)  # 8-item queries meet a 2 s SLA at 20 qps on any host
     mem = tables["footprint"].column("mem_gb")
     assert mem[0] > 0.005 and mem[1] > mem[0]  # a second worker process costs memory
+
+
+def test_wait_idle_outlasts_work_left_by_timed_out_queries(server, pool):
+    with LoadSession(server.target("http", timeout_s=0.001), pool) as session:
+        result = session.run(200.0, None, max_requests=10, timeout_s=0.001)
+    assert result.errors.get("timeout", 0) >= 1
+    assert server.wait_idle(timeout_s=60) and not server.busy()

@@ -31,19 +31,21 @@ def _run(args: argparse.Namespace) -> int:
 
             server = stack.enter_context(LocalServer(spec.name, args.scale, workers=args.workers))
             target = server.target(args.target.removeprefix("serve-"), timeout_s=args.timeout_ms / 1000.0)
+            before_run = server.wait_idle
         else:
             target = make_target(args.target, args.served_name or args.model, workers=args.workers,
                                  timeout_s=args.timeout_ms / 1000.0)
-        return _bench(args, spec, target, sla_ms, percentile)
+            before_run = None
+        return _bench(args, spec, target, sla_ms, percentile, before_run)
 
 
-def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: float) -> int:
+def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: float, before_run=None) -> int:
     pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed, index=args.index)
     print(f"[bench] {target.name}: model {spec.name} at scale {args.scale:g}, sizes {args.sizes} "
           f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
     run_kwargs = dict(max_requests=args.requests, max_inflight=args.max_inflight, timeout_s=args.timeout_ms / 1000.0,
                       warmup_s=args.warmup, progress=not args.quiet, integer_ms=args.integer_ms_gaps)
-    with LoadSession(target, pool, warm=not args.no_warmup) as session:
+    with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run) as session:
         if args.find_max_load:
             print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
                   f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)

@@ -207,8 +207,11 @@ class LoadSession:
     """A prepared target driven from a private event-loop thread, so synchronous code (the max-load
     search, the profiler) can run many load levels over one connection pool / worker pool."""
 
-    def __init__(self, target: Target, pool: RequestPool, warm: bool = False) -> None:
-        self.target, self.pool = target, pool
+    def __init__(self, target: Target, pool: RequestPool, warm: bool = False,
+                 before_run: Callable[[], None] | None = None) -> None:
+        """``before_run`` is called (unclocked) before every run, e.g. to wait until a server has
+        worked off what timed-out queries of the previous run left behind."""
+        self.target, self.pool, self.before_run = target, pool, before_run
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="recserve-loadgen", daemon=True)
         self._thread.start()
@@ -232,6 +235,14 @@ class LoadSession:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def settle(self) -> None:
+        """Let the target finish abandoned work so runs do not inherit each other's backlog."""
+        drain = getattr(self.target, "drain", None)
+        if drain is not None:
+            self._call(drain())
+        if self.before_run is not None:
+            self.before_run()
+
     def outputs(self, i: int) -> dict[str, np.ndarray]:
         """Send pooled query ``i`` once, unclocked, and return the output tensors (network targets)."""
         fetch = getattr(self.target, "infer_outputs", None)
@@ -249,6 +260,7 @@ class LoadSession:
             times, choice = schedule(rate, None, min_requests, len(self.pool), seed, integer_ms)
         if times.size == 0:
             raise RecserveError(f"no query arrives within {duration_s}s at {rate} qps; raise the duration or rate")
+        self.settle()
         bar = _Progress(progress, f"[load {rate:.1f} qps]")
         latency, kinds, lag, elapsed = self._call(
             drive(self.target, times, choice, max_inflight, timeout_s, warmup_s, bar))

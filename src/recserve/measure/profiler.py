@@ -291,7 +291,7 @@ def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: 
         with contextlib.ExitStack() as stack:
             if server is None:
                 server = stack.enter_context(LocalServer(spec.name, scale, workers=max_workers))
-            with LoadSession(server.target("http"), pool, warm=True) as session:
+            with LoadSession(server.target("http"), pool, warm=True, before_run=server.wait_idle) as session:
                 yield session, server.set_workers, lambda w: server.worker_pss_gb()
         return
     if via != "inprocess":

@@ -8,6 +8,7 @@ memory (PSS) from the same API.
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from recserve.errors import RecserveError
@@ -64,3 +65,23 @@ class LocalServer:
                 if worker.get("pid"):
                     total_mb += float(worker.get("pss_mb") or worker.get("rss_mb") or 0.0)
         return total_mb / 1024.0
+
+    def busy(self) -> bool:
+        """Whether the model still has queries in flight, queued parts or busy workers."""
+        state = self._control.get_model(self.model)
+        if state.get("in_flight"):
+            return True
+        for stage in state.get("stages", {}).values():
+            if stage.get("pending_parts") or any(w.get("busy") for w in stage.get("worker_detail", [])):
+                return True
+        return False
+
+    def wait_idle(self, timeout_s: float = 120.0, poll_s: float = 0.05) -> bool:
+        """Block until :meth:`busy` is false (work left by timed-out queries), at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy():
+            if time.monotonic() > deadline:
+                print(f"[measure] server still busy after {timeout_s:g} s; measuring anyway", file=sys.stderr)
+                return False
+            time.sleep(poll_s)
+        return True

@@ -276,6 +276,7 @@ class InProcessTarget:
         self._run: Any = _worker_run
         self._active = workers
         self._gate: asyncio.Semaphore | None = None
+        self._outstanding: set[asyncio.Future] = set()
 
     async def prepare(self, pool: RequestPool) -> None:
         recipe = pool.recipe()
@@ -322,11 +323,29 @@ class InProcessTarget:
         loop = asyncio.get_running_loop()
         if self._gate is None:
             self._gate = asyncio.Semaphore(self._active)
+        gate = self._gate
+        await gate.acquire()
         try:
-            async with self._gate:
-                await loop.run_in_executor(self._executor, self._run, i)
+            job = loop.run_in_executor(self._executor, self._run, i)
+        except BaseException:
+            gate.release()
+            raise
+        # a timed-out query keeps its worker busy until the job really ends: the gate is released then,
+        # not when the caller stops waiting (else a timeout would admit more than `active` at once)
+        job.add_done_callback(lambda _: gate.release())
+        self._outstanding.add(job)
+        job.add_done_callback(self._outstanding.discard)
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # a worker crash is a failed query, not a load-generator crash
             raise RequestFailed(f"exception_{type(exc).__name__}", str(exc)) from exc
+
+    async def drain(self) -> None:
+        """Wait for jobs whose callers gave up (timeouts) so the next run starts on idle workers."""
+        if self._outstanding:
+            await asyncio.wait(set(self._outstanding))
 
     def worker_pids(self) -> list[int]:
         if self.mode == "thread":
