@@ -36,9 +36,9 @@ from recserve.profiles import ProfileSet
 from recserve.specs import catalogue_models, catalogue_servers, get_server
 
 RESULTS = Path("results")
-BATCHES = (1, 4, 16, 64, 256, 1024)
-FIT_BATCHES = (1, 16, 256)
-SMALL_BYTES, LARGE_BYTES = 8e6, 400e6
+BATCHES = (1, 8, 32, 128, 512)
+FIT_BATCHES = (1, 32, 512)
+SMALL_BYTES, LARGE_BYTES = 8e6, 200e6
 KAIROS = {"ncf": "kairos-ncf", "rm2": "kairos-rm2", "wnd": "kairos-wnd", "mtwnd": "kairos-mtwnd",
           "dien": "kairos-dien"}
 SEARCH_SERVERS = ("hera-xeon", "hercules-t1", "hercules-t7", "c5n.2xlarge")

@@ -173,3 +173,13 @@ def test_calibration_file_round_trip_and_version(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="calibration version 7"):
         load_calibration(path)
+
+
+def test_near_memory_processing_helps_multi_hot_tables_only():
+    from dataclasses import replace
+
+    nmp = replace(CPU, name="t-nmp", nmp=True, source="CPU + NMPx4")
+    multi = dlrm(rows=4_000_000, pooling=80)
+    one_hot = dlrm(rows=4_000_000, pooling=1, bottom=(512, 256, 32), top=(512, 256, 1))
+    assert PM.latency_ms(multi, nmp, 256) < 0.8 * PM.latency_ms(multi, CPU, 256)
+    assert PM.latency_ms(one_hot, nmp, 256) == pytest.approx(PM.latency_ms(one_hot, CPU, 256))

@@ -32,6 +32,8 @@ class ModelCost:
     table_row_bytes: tuple[int, ...]
     table_lookups: tuple[int, ...]
     source: str  # "zoo" or "analytic"
+    multihot_bytes_per_item: float = 0.0  # gathered by pooled tables with pooling > 1 (what NMP reduces in memory)
+    multihot_pooled_bytes_per_item: float = 0.0  # their pooled results
 
 
 def _mlp(widths: tuple[int, ...], n_in: int) -> tuple[float, float, int, int]:
@@ -122,6 +124,10 @@ def model_cost(spec: ModelSpec) -> ModelCost:
         table_row_bytes=tuple(t.row_bytes(bpe) for t in spec.tables),
         table_lookups=tuple(t.pooling for t in spec.tables),
         source="zoo" if zoo is not None else "analytic",
+        multihot_bytes_per_item=float(sum(t.pooling * t.row_bytes(bpe) for t in spec.tables
+                                          if t.kind == "pooled" and t.pooling > 1)),
+        multihot_pooled_bytes_per_item=float(sum(t.row_bytes(bpe) for t in spec.tables
+                                                 if t.kind == "pooled" and t.pooling > 1)),
     )
 
 

@@ -22,6 +22,7 @@ Max load comes from :mod:`recserve.perfmodel.queueing` over a query-size mix.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,7 @@ class _Static:
     miss_e: float  # fraction of gathered bytes missing the LLC (of the host-side gathers)
     host_gather_frac: float  # share of gathers done on the host (1 on CPU; misses of the device hot set)
     reason: str
+    nmp_ranks: int = 0  # ranks per channel doing gather-reduce near memory; 0 = plain DIMMs
 
 
 class PerfModel:
@@ -265,7 +267,7 @@ class PerfModel:
         miss_w = max(0.0, 1.0 - per_copy_cache / weights) if weights > 0 else 0.0
         emb_cache = max(per_copy_cache - weights, 0.0)
         miss_e = 1.0 - self._hit(cost, emb_cache, self._zipf(alloc))
-        return _Static(cost, on_accel, cores, mem_gb, miss_w, miss_e, host_gather, reason)
+        return _Static(cost, on_accel, cores, mem_gb, miss_w, miss_e, host_gather, reason, nmp_ranks(server))
 
     def _zipf(self, alloc: Allocation) -> float:
         return self.cal.zipf_s if alloc.zipf_s is None else alloc.zipf_s
@@ -288,7 +290,11 @@ class PerfModel:
         return 1.0 + u * u / (2.0 * (1.0 - u))
 
     def _dram_bytes_per_item(self, st: _Static) -> float:
-        return st.cost.gather_bytes_per_item * st.miss_e * st.host_gather_frac
+        cost = st.cost
+        if st.nmp_ranks:  # gather-reduce happens in the DIMMs: only pooled results cross the memory bus
+            rest = cost.gather_bytes_per_item - cost.multihot_bytes_per_item
+            return (rest * st.miss_e + cost.multihot_pooled_bytes_per_item) * st.host_gather_frac
+        return cost.gather_bytes_per_item * st.miss_e * st.host_gather_frac
 
     def _call_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
                     slow: float) -> list[np.ndarray]:
@@ -297,8 +303,11 @@ class PerfModel:
         c = alloc.cores_per_worker
         dram_s = 1.0 / (cal.dram_gbs_per_core * 1e9)
         llc_s = 1.0 / (cal.llc_gbs_per_core * 1e9)
+        cached_bytes = cost.gather_bytes_per_item - (cost.multihot_bytes_per_item if st.nmp_ranks else 0.0)
         per_item_gather = (cost.lookups_per_item * cal.lookup_ns * 1e-9
-                           + cost.gather_bytes_per_item * ((1 - st.miss_e) * llc_s + st.miss_e * slow * dram_s))
+                           + cached_bytes * ((1 - st.miss_e) * llc_s + st.miss_e * slow * dram_s))
+        if st.nmp_ranks:  # NMP: rank-parallel gather-reduce of multi-hot tables in memory (Hercules S3-S5)
+            per_item_gather += cost.multihot_bytes_per_item * slow * dram_s / st.nmp_ranks
         host_sparse = m * per_item_gather * st.host_gather_frac * 1e3  # ms on one core
         weights_ms = cost.weight_bytes * st.miss_w * slow * dram_s * 1e3
         op_ms = cal.per_op_us * 1e-3
@@ -355,6 +364,18 @@ class PerfModel:
         busy = sum(min(s.utilisation(qps), 1.0) * cores
                    for s, cores in zip(stations, pools_cores, strict=True))
         return busy / server.cores
+
+
+def nmp_ranks(server: ServerType) -> int:
+    """Near-memory-processing parallelism of a server: ``nmp_ranks`` if the spec has it, else the N of
+    "NMPxN" in its source (Hercules Table II), else 2; 0 without NMP."""
+    if not server.nmp:
+        return 0
+    ranks = int(getattr(server, "nmp_ranks", 0) or 0)
+    if ranks:
+        return ranks
+    found = re.search(r"NMPx(\d+)", server.source or "")
+    return int(found.group(1)) if found else 2
 
 
 def _replace(alloc: Allocation, **changes: object) -> Allocation:
