@@ -14,6 +14,7 @@ is non-zero if any step failed.  Everything started is stopped.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -38,6 +39,7 @@ HERCULES_DAY = """available: {hercules-t1: 40, hercules-t2: 40, hercules-t3: 20,
             hercules-t6: 10, hercules-t7: 10, hercules-t8: 10, hercules-t9: 10, hercules-t10: 10}
 peak_qps: {hercules-rmc1: 20000, hercules-rmc2: 3000, hercules-rmc3: 5000, hercules-din: 2000}
 """
+WORKER_SLOTS_PER_CORE = 2
 HERA_MODELS = ("hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din",
                "hera-wnd")
 
@@ -134,6 +136,7 @@ def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
         out, png = run.path("plans/dispatch.json"), run.path("plans/dispatch.png")
         run.cli(step, ["simulate", "dispatch", "--reference", str(ref), "--model", "rm2", "--queries", "4000",
                        "--json-out", str(out), "--plot", str(png)], [out, png])
+        step.summary = _plan_summary(out)
 
     def shard(step: Step) -> None:
         out, png = run.path("plans/shard.json"), run.path("plans/shard.png")
@@ -143,8 +146,9 @@ def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
 
     def tier(step: Step) -> None:
         out = run.path("plans/tier.json")
-        run.cli(step, ["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "1000", "--out", str(out)],
+        run.cli(step, ["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "200", "--out", str(out)],
                 [out])
+        step.summary = _plan_summary(out)
 
     del calibration  # the planners use the bundled constants; the calibration feeds the live capacity
     return [("plan: Hera co-location (8 Hera models, hera-xeon)", colocate),
@@ -156,11 +160,28 @@ def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
 
 
 def _plan_summary(path: Path) -> str:
+    """One line of headline numbers from a plan or simulation JSON (by its ``kind``)."""
     data = json.loads(path.read_text())
-    keys = ("summary", "headline")
-    for k in keys:
-        if isinstance(data.get(k), str):
-            return data[k]
+    s, b = data.get("summary", {}), data.get("baselines", {})
+    kind = data.get("kind")
+    if kind == "colocate":
+        return (f"Hera {s['servers']:.0f} servers vs DeepRecSys {b['deeprecsys']['servers']:.0f}, "
+                f"Random {b['random']['servers']:.1f}; "
+                f"chosen pairs' EMU {s['min_pair_emu']:.2f}-{s['max_pair_emu']:.2f}")
+    if kind == "pool":
+        return f"upper-bound throughput {s['mean_ub_gain_vs_homogeneous']:.2f}x the best homogeneous pool (mean of 5)"
+    if kind == "provision":
+        g, o = b["greedy"], b["oblivious"]
+        return (f"peak provisioned power {s['peak_power_w']:,.0f} W vs greedy {g['peak_power_w']:,.0f} W, "
+                f"oblivious {o['peak_power_w']:,.0f} W")
+    if kind == "tier":
+        return (f"{s['dram_saved_gb']:.0f} GB DRAM saved, hit rate {s['hit_rate']:.2f}, "
+                f"{s['required_iops']:,.0f} IOPS of {s['ssd_iops']:,.0f}")
+    if "results" in data:
+        r = data["results"][0]
+        qps = {k: v["max_qps"] for k, v in r["policies"].items()}
+        return (f"{r['model']} on {r['pool']}: " + ", ".join(f"{k} {v:.0f}" for k, v in qps.items())
+                + f" QPS; homogeneous {r['homogeneous']['max_qps']:.0f}")
     return ""
 
 
@@ -241,12 +262,15 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float) -> dic
         for m in LIVE_MODELS:
             if capacity[m].max_qps(1) <= 0:
                 raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
-        # peak offered load: 60% of what the profile says the deployment sustains
-        peak = {lo: 0.6 * 2 * capacity[lo].max_qps(1), hi: 0.6 * capacity[hi].max_qps(2)}
+        # peak offered load: half of what the profile says the deployment sustains
+        peak = {lo: 0.5 * 2 * capacity[lo].max_qps(1), hi: 0.5 * capacity[hi].max_qps(2)}
         rates = {m: diurnal_rates(peak[m], windows) for m in LIVE_MODELS}
         targets = {lo: HttpTarget(f"http://127.0.0.1:{router_port}", lo),
                    hi: HttpTarget(f"http://127.0.0.1:{ports_a.http}", hi)}
-        control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(LIVE_MODELS))
+        # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
+        # the demo lets it place up to WORKER_SLOTS_PER_CORE workers per core (time-shared processes).
+        control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(LIVE_MODELS),
+                                    total_cores=WORKER_SLOTS_PER_CORE * len(os.sched_getaffinity(0)))
         controller = HeraRMU(capacity)
         results: list[LiveWindow] = []
         lock = threading.Lock()
@@ -340,8 +364,8 @@ def render_live(data: dict[str, Any], base: Path) -> str:
                      "windows violating": f"{100 * data['violation_fraction'][m]:.0f}%",
                      "peak offered QPS": data["peak_qps"][m],
                      "errors": sum(w["errors"] for w in ws)})
-    decisions = [{"t (s)": round(d["time_s"], 1), "model": d["model"], "action": d["kind"] if "kind" in d else "",
-                  "detail": json.dumps(d.get("detail", d.get("values", "")))[:80]} for d in data["decisions"]]
+    decisions = [{"t (s)": round(d["time_s"], 1), "model": d["model"], "action": d["action"],
+                  "detail": json.dumps(d["detail"])[:100]} for d in data["decisions"]]
     return ("<h2>Live deployment on this host</h2>" + report.table(rows)
             + report.image(base / "live.png") + "<h3>Resource-manager decisions</h3>" + report.table(decisions))
 
