@@ -204,3 +204,17 @@ def test_cli_simulate_colocate_profiles_the_node_and_compares_controllers(tmp_pa
     prof = ProfileSet.load(tmp_path / "prof.json")
     assert prof.find(kind="maxload_vs_workers") and prof.find(kind="maxload_vs_ways")
     assert "hera" in capsys.readouterr().out
+
+
+def test_load_scenarios_have_the_documented_shape():
+    from recserve.sim.colocate import diurnal, hera_fig14, steps
+
+    mem, cache = hera_fig14(120.0)
+    rm, rc = mem.rate(100.0), cache.rate(100.0)
+    assert rm(0) == pytest.approx(10) and rm(40) == pytest.approx(60) and rm(81) == pytest.approx(10)
+    assert rc(39.9) > 45 and rc(41) == pytest.approx(20) and rc(81) == pytest.approx(60)
+    mem, cache = diurnal(120.0, peak=0.6, trough=0.2)
+    assert mem.rate(1.0)(60) == pytest.approx(0.6) and cache.rate(1.0)(60) == pytest.approx(0.2)
+    mem, cache = steps(60.0, (0.1, 0.5, 0.3))
+    assert [mem.rate(1.0)(t) for t in (10, 30, 50)] == pytest.approx([0.1, 0.5, 0.3])
+    assert [cache.rate(1.0)(t) for t in (10, 30, 50)] == pytest.approx([0.3, 0.5, 0.1])

@@ -23,7 +23,7 @@ from typing import Any
 
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
-from recserve.sim.colocate import hera_fig14, run_scenario
+from recserve.sim.colocate import SCENARIOS, hera_fig14, run_scenario
 from recserve.sim.dispatch_eval import resolve_model
 from recserve.sim.latency import ServiceModel, load_reference
 from recserve.sim.node import ColocModel, profile_node
@@ -110,7 +110,12 @@ def cmd_colocate(args: argparse.Namespace) -> int:
     prof = node_profiles(args, models)
     alone = {m.name: prof.get(m.name, NODE, "maxload_vs_workers").interp(float(args.cores), "max_qps")
              for m in models}
-    shapes = hera_fig14(args.duration, memory_peak=args.memory_peak, cache_peak=args.cache_peak)
+    if args.scenario == "fig14":
+        shapes = hera_fig14(args.duration, memory_peak=args.memory_peak, cache_peak=args.cache_peak)
+    elif args.scenario in SCENARIOS:
+        shapes = SCENARIOS[args.scenario](args.duration)
+    else:
+        raise RecserveError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}")
     ctls = [c.strip() for c in args.controllers.split(",") if c.strip()]
     res = run_scenario(models, shapes, alone, prof, NODE, ctls, args.duration, args.cores, args.ways, args.mem_bw,
                        args.t_monitor, args.seed)
@@ -147,6 +152,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default="rm2,wnd", help="memory-bound model, cache-sensitive model")
     p.add_argument("--server", default="c5n.2xlarge", help="whose latency table is one worker's latency")
     p.add_argument("--controllers", default="hera,parties,static")
+    p.add_argument("--scenario", default="fig14", help="load over time: fig14 (rise, drop, spike) | diurnal | steps")
     p.add_argument("--duration", type=float, default=120.0, help="seconds of simulated time")
     p.add_argument("--t-monitor", type=float, default=2.0, help="monitoring window T_monitor (s)")
     p.add_argument("--cores", type=int, default=16)

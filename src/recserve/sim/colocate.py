@@ -44,6 +44,33 @@ def hera_fig14(duration_s: float = 120.0, t1: float | None = None, t2: float | N
     return memory, cache
 
 
+def diurnal(duration_s: float = 120.0, peak: float = 0.6, trough: float = 0.15,
+            points: int = 61) -> tuple[LoadShape, LoadShape]:
+    """One compressed "day" per run: the memory-bound model peaks mid-run, the cache-sensitive one is in
+    anti-phase (peaks at the start and end), both sinusoidal between ``trough`` and ``peak``."""
+    ts = np.linspace(0.0, duration_s, points)
+    mid, amp = (peak + trough) / 2, (peak - trough) / 2
+    memory = LoadShape([(float(t), float(mid - amp * np.cos(2 * np.pi * t / duration_s))) for t in ts])
+    cache = LoadShape([(float(t), float(mid + amp * np.cos(2 * np.pi * t / duration_s))) for t in ts])
+    return memory, cache
+
+
+def steps(duration_s: float = 120.0, levels: Sequence[float] = (0.1, 0.3, 0.5, 0.3, 0.6, 0.2)
+          ) -> tuple[LoadShape, LoadShape]:
+    """Staircase loads: the memory-bound model walks ``levels``, the cache-sensitive one walks them reversed."""
+    def stair(lv: Sequence[float]) -> LoadShape:
+        width = duration_s / len(lv)
+        pts: list[tuple[float, float]] = []
+        for k, f in enumerate(lv):
+            pts += [(k * width + (1e-3 if k else 0.0), f), ((k + 1) * width, f)]
+        return LoadShape(pts)
+
+    return stair(levels), stair(list(reversed(levels)))
+
+
+SCENARIOS = {"fig14": hera_fig14, "diurnal": diurnal, "steps": steps}
+
+
 def run_scenario(models: Sequence[ColocModel], shapes: Sequence[LoadShape], alone_max_qps: dict[str, float],
                  profiles: ProfileSet, server: str, controllers: Sequence[str], duration_s: float,
                  cores: int = 16, ways: int = 11, mem_bw_gbs: float = 60.0, t_monitor_s: float = 1.0,
