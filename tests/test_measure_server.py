@@ -21,7 +21,7 @@ SCALE = 1e-4
 
 @pytest.fixture(scope="module")
 def server():
-    with served.LocalServer(MODEL, SCALE, workers=2) as s:
+    with served.LocalServer(MODEL, SCALE, workers=2, in_process=True) as s:  # in a thread: quick to start
         yield s
 
 
@@ -70,3 +70,14 @@ def test_wait_idle_outlasts_work_left_by_timed_out_queries(server, pool):
         result = session.run(200.0, None, max_requests=10, timeout_s=0.001)
     assert result.errors.get("timeout", 0) >= 1
     assert server.wait_idle(timeout_s=60) and not server.busy()
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and starting workers: ~10 s idle, a minute when busy
+def test_server_as_its_own_process_serves_and_stops(pool):
+    with served.LocalServer(MODEL, SCALE, workers=1) as s:
+        assert s.pid != __import__("os").getpid()
+        with LoadSession(s.target("grpc"), pool, before_run=s.wait_idle) as session:
+            result = session.run(20.0, None, max_requests=10)
+        assert result.ok == 10 and s.worker_pss_gb() > 0.005
+        proc = s._proc
+    assert proc.poll() is not None  # terminated on exit

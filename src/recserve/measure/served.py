@@ -1,48 +1,130 @@
 """A real node server for one model on loopback, for measurements "through the server".
 
-Starts ``recserve.serving.NodeServer`` on free ports in this process (its workers are separate
-processes), resizes its workers through the control API between load levels, and reads worker
-memory (PSS) from the same API.
+By default the server is its own process (``recserve serve --config`` on free ports), so its
+front end does not share a GIL or an event loop with the load generator, as in a deployment; with
+``in_process=True`` it runs in a background thread of this process instead (faster to start, what
+tests of the server itself do).  Workers are resized through the control API between load levels,
+and worker memory (PSS) is read from the same API.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from recserve.errors import RecserveError
 from recserve.measure.targets import GrpcTarget, HttpTarget, Target
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _log(msg: str) -> None:
+    print(f"[measure] {msg}", file=sys.stderr, flush=True)
+
+
 class LocalServer:
     """``with LocalServer("hera-ncf", 1e-3, workers=2) as s: s.target("http")``."""
 
-    def __init__(self, model: str, scale: float, workers: int = 1, queue_limit: int = 512,
-                 **model_options: Any) -> None:
+    def __init__(self, model: str, scale: float, workers: int = 1, queue_limit: int = 512, in_process: bool = False,
+                 start_timeout_s: float = 600.0, **model_options: Any) -> None:
         try:
-            from recserve.serving import NodeServer, quick_config
+            from recserve.serving import quick_config
         except ImportError as exc:  # the serving package is optional for measurement
             raise RecserveError(f"the node server is not available: {exc}") from exc
-        self.model = model
+        self.model, self.in_process, self.start_timeout_s = model, in_process, start_timeout_s
         self.config = quick_config(model, scale=scale, workers=workers, queue_limit=queue_limit, **model_options)
-        self.server = NodeServer(self.config)
-        self.ports = None
-        self._control = None
+        self.ports: Any = None
+        self._server: Any = None
+        self._proc: subprocess.Popen | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._control: Any = None
 
+    # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> LocalServer:
-        print(f"[measure] starting node server for {self.model} ...", file=sys.stderr, flush=True)
-        self.ports = self.server.start()
+        from recserve.serving import NodeServer
         from recserve.serving.control_client import ControlClient
+        from recserve.serving.server import Ports
 
+        where = "in this process" if self.in_process else "as its own process"
+        _log(f"starting a node server for {self.model} ({self.config.models[0].workers} workers) {where} ...")
+        if self.in_process:
+            self._server = NodeServer(self.config)
+            self.ports = self._server.start()
+        else:
+            self.ports = Ports(_free_port(), _free_port())
+            try:
+                self._spawn()
+            except BaseException:
+                self._terminate()
+                raise
         self._control = ControlClient("127.0.0.1", self.ports.http)
-        print(f"[measure] node server up: http {self.ports.http}, grpc {self.ports.grpc}", file=sys.stderr,
-              flush=True)
+        _log(f"node server up: http {self.ports.http}, grpc {self.ports.grpc}")
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.server.stop(drain=False)
+    def _spawn(self) -> None:
+        model = self.config.models[0]
+        cfg = {"http_port": self.ports.http, "grpc_port": self.ports.grpc, "host": "127.0.0.1",
+               "models": [{"model": model.model, "scale": model.scale, "workers": model.workers,
+                           "queue_limit": model.queue_limit, "threads": model.threads}]}
+        self._tmp = tempfile.TemporaryDirectory(prefix="recserve-measure-")
+        path = Path(self._tmp.name) / "node.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        log = open(Path(self._tmp.name) / "server.log", "wb")  # noqa: SIM115 - kept open for the child's life
+        self._proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(path)],
+                                      stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        deadline = time.monotonic() + self.start_timeout_s
+        url = f"http://127.0.0.1:{self.ports.http}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RecserveError(f"node server exited with code {self._proc.returncode}: {self._log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RecserveError(f"node server not ready after {self.start_timeout_s:g} s: {self._log_tail()}")
 
+    def _log_tail(self) -> str:
+        if self._tmp is None:
+            return ""
+        text = (Path(self._tmp.name) / "server.log").read_text(errors="replace")
+        return " | ".join(text.strip().splitlines()[-3:])
+
+    def _terminate(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()  # SIGTERM: the server drains and stops its workers
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+        self._proc = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.stop(drain=False)
+        self._terminate()
+
+    # ---------------------------------------------------------------- use
     def target(self, protocol: str = "http", timeout_s: float = 10.0) -> Target:
         if self.ports is None:
             raise RecserveError("server not started")
@@ -51,6 +133,11 @@ class LocalServer:
         if protocol == "grpc":
             return GrpcTarget(f"127.0.0.1:{self.ports.grpc}", self.model, timeout_s=timeout_s)
         raise RecserveError(f"protocol must be http or grpc, got {protocol!r}")
+
+    @property
+    def pid(self) -> int:
+        """The server process (this process when ``in_process``)."""
+        return self._proc.pid if self._proc is not None else os.getpid()
 
     def set_workers(self, n: int) -> None:
         """Resize the model's worker pool (returns once retired workers are gone)."""
@@ -81,7 +168,7 @@ class LocalServer:
         deadline = time.monotonic() + timeout_s
         while self.busy():
             if time.monotonic() > deadline:
-                print(f"[measure] server still busy after {timeout_s:g} s; measuring anyway", file=sys.stderr)
+                _log(f"server still busy after {timeout_s:g} s; measuring anyway")
                 return False
             time.sleep(poll_s)
         return True
