@@ -25,12 +25,9 @@ SUB_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 
 def _best_batch(pm: PerfModel, spec: ModelSpec, server: ServerType, alloc: Allocation, mix: SizeMix) -> int:
     """DeepRecSys' knob: the sub-batch size giving the highest max load at this allocation."""
-    best, best_q = SUB_BATCHES[-1], -1.0
-    for b in SUB_BATCHES:
-        q = pm.evaluate(spec, server, _with(alloc, batch=b), mix).max_qps
-        if q > best_q:
-            best, best_q = b, q
-    return best
+    results = pm.evaluate_many(spec, server, [_with(alloc, batch=b) for b in SUB_BATCHES], mix)
+    best_q = max(r.max_qps for r in results)
+    return SUB_BATCHES[[r.max_qps for r in results].index(best_q)]
 
 
 def _with(alloc: Allocation, **changes: object) -> Allocation:
@@ -54,18 +51,20 @@ def pair_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix
           [[b, m, m, m * cal.p99_over_mean] for b, m in zip(LATENCY_BATCHES, lat, strict=True)])
     wmax = max(pm.max_workers(spec, server, one), 1)
     batch = _best_batch(pm, spec, server, _with(one, workers=wmax), mix)
-    per_w = []
-    for w in range(1, server.cores + 1):
-        r = pm.evaluate(spec, server, _with(one, workers=w, batch=batch), mix)
-        per_w.append((w, r))
+    workers = list(range(1, server.cores + 1))
+    results = pm.evaluate_many(spec, server, [_with(one, workers=w, batch=batch) for w in workers], mix)
+    per_w = list(zip(workers, results, strict=True))
     table("maxload_vs_workers", ("workers", "max_qps", "batch"), [[w, r.max_qps, batch] for w, r in per_w])
     table("membw_vs_workers", ("workers", "gbs"), [[w, r.membw_gbs] for w, r in per_w])
     table("footprint", ("workers", "mem_gb"), [[w, r.mem_gb] for w, r in per_w])
     if server.llc_ways > 0:
         worker_counts = [wmax] + [w for w in range(1, server.cores + 1) if w != wmax]
+        ways = list(range(1, server.llc_ways + 1))
+        grid = [(w, k) for w in worker_counts for k in ways]
+        loads = pm.evaluate_many(spec, server, [_with(one, workers=w, batch=batch, llc_ways=k) for w, k in grid], mix)
+        qps = {wk: r.max_qps for wk, r in zip(grid, loads, strict=True)}
         for i, w in enumerate(worker_counts):
-            rows = [[k, pm.max_load(spec, server, _with(one, workers=w, batch=batch, llc_ways=k), mix), w]
-                    for k in range(1, server.llc_ways + 1)]
+            rows = [[k, qps[(w, k)], w] for k in ways]
             table("maxload_vs_ways", ("ways", "max_qps", "workers"), rows, **({} if i == 0 else {"workers": w}))
     if efficiency and server.power_w is not None:
         try:
