@@ -29,8 +29,6 @@ from recserve.zoo.layers import (
 class _InterestModel(RecModel):
     """Shared layout: per-sequence interest units, then a head over everything pooled."""
 
-    interest_dim: int
-
     def __init__(self, spec: ModelSpec, rows: tuple[int, ...]) -> None:
         super().__init__(spec, rows)
         self.candidates = candidate_tables(spec)
