@@ -168,3 +168,21 @@ def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):
         bad = tmp_path / "bad.json"
         bad.write_text("{}")
         plan_from_json(bad)
+
+
+def test_sequence_tables_use_the_gather_variant():
+    """DIN: pooled tables and the behaviour-history sequence table, all sharded; scores as the whole model's."""
+    din = get_model("hera-din")
+    scale = 1e-4
+    din_model = build(din, scale=scale, seed=1)
+    layout = make_layout(din, scale, seed=1, shards_per_table=2, warmup_queries=10, batch=8, model=din_model)
+    din_pool = RequestPool(din, scale, sizes=(1, 9), seed=5, index="locality:p=0.9")
+    deployment = start_sharded(layout, model=din_model, timeout_s=5.0, progress=False)
+    try:
+        got = _outputs(GrpcTarget(f"127.0.0.1:{deployment.ports.grpc}", deployment.model_name), din_pool)
+    finally:
+        deployment.stop()
+    for i in range(len(din_pool)):
+        expected = din_model(din_pool.batch(i)).detach().numpy()
+        assert got[i].shape == expected.shape == (din_pool.sizes[i], din.towers)
+        assert np.allclose(got[i], expected, atol=1e-6, rtol=0)
