@@ -150,12 +150,13 @@ def test_client_round_trips_every_tensor_exactly(ports, kind):
 def test_open_loop_run_over_the_network_counts_queueing(ports, kind):
     # one-worker fake with 20 ms service, offered 80 qps: queueing must show in the tail
     with FakeOIP(*ports, delay_s=0.02):
-        with LoadSession(_targets(ports)[kind], pool()) as session:
+        with LoadSession(_targets(ports)[kind], pool(), warm=True) as session:  # warm: connect first
             light = session.run(5.0, None, max_requests=8, seed=1)
             heavy = session.run(80.0, 0.75, seed=2)
-    assert light.failed == 0 and light.p50 < 200
-    assert heavy.failed == 0 and heavy.ok == heavy.sent
-    assert heavy.p99 > 5 * 20.0 and heavy.latencies_ms.max() > 200
+    assert light.failed == 0 and heavy.failed == 0 and heavy.ok == heavy.sent
+    # ~60 queries in 0.75 s on a 50 qps server: the queue reaches ~0.45 s, far above a light load's latency
+    assert heavy.p99 > 100 and heavy.latencies_ms.max() > 200
+    assert heavy.p99 > 3 * light.p50
 
 
 @pytest.mark.parametrize("kind, error", [("http", "http_503"), ("grpc", "grpc_UNAVAILABLE")])
