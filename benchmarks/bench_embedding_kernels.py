@@ -17,7 +17,7 @@ Kernels:
 TorchRec is optional: without it only ``embeddingbag`` runs.  Install (pins that load with torch 2.13):
     .venv/bin/pip install --no-deps torchrec==1.9.2 fbgemm-gpu-cpu==1.8.0 tensordict torchmetrics \\
         pyre-extensions typing_inspect mypy_extensions tqdm lightning-utilities cloudpickle orjson \\
-        pyvers importlib_metadata zipp
+        pyvers importlib_metadata==8.7.0 zipp
 
 Run: ``.venv/bin/python benchmarks/bench_embedding_kernels.py [--quick] [--threads 1,2]``
 Prints a table and writes ``results/embedding_kernels.json``.
