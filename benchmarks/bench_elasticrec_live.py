@@ -132,7 +132,8 @@ def main() -> int:
     p.add_argument("--model", default="elasticrec-rm1")
     p.add_argument("--tables", type=int, default=2, help="keep the first N tables (this host has 2 cores)")
     p.add_argument("--scale", type=float, default=0.05, help="table-row scale (0.05: 1M rows per RM1 table)")
-    p.add_argument("--plan", default=None, help="`recserve plan shard --json` output for the same model")
+    p.add_argument("--plan", default=None, help="`recserve plan shard --json` output for the same model "
+                                                "(boundaries, replicas and the model-wise replica count)")
     p.add_argument("--shards-per-table", type=int, default=3, help="without --plan: hot 10%% + even cold shards")
     p.add_argument("--replicas", default="planned",
                    help="without --plan: 'planned' = ceil(target / measured rate) per shard (ElasticRec Alg. 1), "
@@ -162,6 +163,8 @@ def main() -> int:
     layout = make_layout(spec, args.scale, plan=plan, shards_per_table=args.shards_per_table, replicas=replicas,
                          dense_replicas=None if plan else args.workers, batch=args.batch, locality=args.locality,
                          model=model)
+    if plan is not None:
+        args.workers = plan.modelwise_replicas  # the plan's own model-wise baseline
     rates = service_rates(model, layout, args.batch, args.locality)
     target = args.target_qps or 0.95 * args.workers * rates["model"]
     log("service rates (queries/s, one worker): " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
