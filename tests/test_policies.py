@@ -275,3 +275,20 @@ def test_static_never_changes_and_violation_fraction_counts_windows():
     assert node.workers == {"a": 16}
     windows = [{"a": WindowStats(50.0, 1, 1)}, {"a": WindowStats(150.0, 1, 1)}, {"a": WindowStats(math.inf, 0, 1)}]
     assert violation_fraction(windows, {"a": 100.0}) == pytest.approx(2 / 3)
+
+
+def test_capacity_profile_reads_per_worker_ways_tables_as_a_3d_lookup():
+    from recserve.profiles import ProfileSet, ProfileTable
+
+    def ways_table(workers: int, cond: bool) -> ProfileTable:
+        rows = [[float(k), 10.0 * workers * (0.5 + 0.05 * k), float(workers)] for k in range(1, 11)]
+        return ProfileTable("m", "s", "maxload_vs_ways", ("ways", "max_qps", "workers"), rows, "modelled",
+                            {"workers": workers} if cond else {})
+
+    prof = ProfileSet([ProfileTable("m", "s", "maxload_vs_workers", ("workers", "max_qps"),
+                                    [[1.0, 10.0], [8.0, 80.0]], "modelled"),
+                       ways_table(8, False), ways_table(2, True)])
+    cap = CapacityProfile.from_profiles(prof, "m", "s")
+    assert cap.max_qps(4) == pytest.approx(40.0)
+    assert cap.qps(8, 10) == pytest.approx(80.0)
+    assert cap.qps(2, 5) == pytest.approx(20.0 * 0.75 / 1.0)  # nearest worker table (2), relative to its 10 ways

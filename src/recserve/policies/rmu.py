@@ -87,7 +87,8 @@ class CapacityProfile:
         wt = profiles.find(model, server, "maxload_vs_workers")
         if not wt:
             raise ProfileError(f"no maxload_vs_workers profile for {model!r} on {server!r} (Hera needs worker "
-                               f"scalability; run `recserve profile` or `recserve simulate colocate --profile-node`)")
+                               f"scalability: measure it with `recserve profile`, model it with the perfmodel, or let "
+                               f"`recserve simulate colocate` profile its simulated node)")
         workers_tab = wt[0]
 
         def workers_curve(n: int) -> float:
@@ -96,22 +97,25 @@ class CapacityProfile:
         wy = profiles.find(model, server, "maxload_vs_ways")
         if not wy:
             return cls(workers_curve, lambda _n, _w: 1.0)
-        ways_tab = wy[0]
-        ways = ways_tab.column("ways")
-        full = float(ways.max())
-        if "workers" in ways_tab.columns:
-            w_col, q_col = ways_tab.column("workers"), ways_tab.column("max_qps")
+        with_workers = [t for t in wy if "workers" in t.columns]
+        if with_workers:
+            # Hera's 3-D lookup; perfmodel/measure write one table per worker count (conditions workers=w)
+            w_col = np.concatenate([t.column("workers") for t in with_workers])
+            y_col = np.concatenate([t.column("ways") for t in with_workers])
+            q_col = np.concatenate([t.column("max_qps") for t in with_workers])
 
             def factor3(n: int, w: int) -> float:
                 # nearest profiled worker count, relative to that count's full-LLC value
                 near = w_col[np.argmin(np.abs(w_col - n))]
                 sel = w_col == near
-                xs, ys = ways_tab.column("ways")[sel], q_col[sel]
+                xs, ys = y_col[sel], q_col[sel]
                 order = np.argsort(xs)
                 top = float(ys[order][-1])
                 return float(np.interp(w, xs[order], ys[order])) / top if top > 0 else 0.0
 
             return cls(workers_curve, factor3)
+        ways_tab = wy[0]
+        full = float(ways_tab.column("ways").max())
         top = ways_tab.interp(full, "max_qps")
         return cls(workers_curve, lambda _n, w: ways_tab.interp(float(w), "max_qps") / top if top > 0 else 0.0)
 
