@@ -17,8 +17,8 @@ from typing import Any
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0} td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+table{border-collapse:collapse;margin:.6em 0} td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f3f3f3} td.num{text-align:right}
 .ok{color:#18794e;font-weight:600} .bad{color:#c4291c;font-weight:600} .muted{color:#777}
 img{max-width:100%;border:1px solid #eee;margin:.4em 0}
 """
@@ -34,12 +34,17 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def _cell(value: Any) -> str:
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"<td class=num>{esc(fmt(value))}</td>" if numeric else f"<td>{esc(fmt(value))}</td>"
+
+
 def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     if not rows:
         return "<p class=muted>(no rows)</p>"
     columns = columns or list(rows[0])
     head = "".join(f"<th>{esc(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{esc(fmt(r.get(c, '')))}</td>" for c in columns) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(_cell(r.get(c, "")) for c in columns) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
