@@ -101,7 +101,6 @@ def lookup(weight: torch.Tensor, arrays: dict[str, np.ndarray]) -> tuple[str, np
 class ShardServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, name: str, weight: torch.Tensor) -> None:
         self.name, self.weight = name, weight
-        self.served = 0
 
     def ServerLive(self, request, context):  # noqa: N802 (generated names)
         return service_pb2.ServerLiveResponse(live=True)
@@ -125,7 +124,6 @@ class ShardServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         t.name, t.datatype = output, "FP32"
         t.shape.extend(out.shape)
         response.raw_output_contents.append(np.ascontiguousarray(out, dtype="<f4").tobytes())
-        self.served += 1
         return response
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -503,27 +502,6 @@ def process_memory_mb(pids: list[int]) -> dict[str, float]:
             total["pss_mb"] += m["pss_mb"]
             total["processes"] += 1
     return total
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants (from /proc/*/stat), for measuring a deployment run as a command."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
 
 
 def service_rates(model: RecModel, layout: ShardLayout, batch: int = 32, locality: float = 0.9,
