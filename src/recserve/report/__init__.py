@@ -30,7 +30,7 @@ def esc(value: Any) -> str:
 
 def fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
 
 

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from recserve.cli import main  # noqa: E402
+from recserve.demo import diurnal_rates, plot_live  # noqa: E402
+
+
+def _png(path):
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def test_report_embeds_scalars_and_named_figures(tmp_path):
+    png = _png(tmp_path / "fig.png")
+    result = tmp_path / "bench.json"
+    result.write_text(json.dumps({"max_qps": 123.5, "model": "m", "plot": str(png), "nested": {"x": [1, 2]}}))
+    out = tmp_path / "r.html"
+    assert main(["report", str(result), "--out", str(out)]) == 0
+    html = out.read_text()
+    assert "123.5" in html and "data:image/png;base64," in html and "bench.json" in html
+
+
+def test_demo_live_results_render_with_their_figure(tmp_path):
+    windows = [{"t_s": 3.0 * i, "model": m, "offered_qps": 5.0, "achieved_qps": 4.0, "p95_ms": 50.0 + i,
+                "sla_ms": 100.0, "errors": 0, "workers": 1 + i % 2} for i in range(6) for m in ("a", "b")]
+    live = {"kind": "demo-live", "models": ["a", "b"], "windows": windows, "peak_qps": {"a": 5.0, "b": 5.0},
+            "violation_fraction": {"a": 0.0, "b": 0.0},
+            "decisions": [{"time_s": 3.0, "model": "a", "action": "workers", "detail": {"workers": 2}}]}
+    (tmp_path / "live.json").write_text(json.dumps(live))
+    plot_live(live, tmp_path / "live.png")
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "live.json"), "--out", str(out)]) == 0
+    html = out.read_text()
+    assert "Resource-manager decisions" in html and html.count("data:image/png") == 1
+
+
+def test_diurnal_rates_peak_in_the_evening_of_the_compressed_day():
+    rates = diurnal_rates(30.0, 24, ratio=3.0)
+    assert rates.max() <= 30.0 + 1e-9 and rates.min() >= 10.0 - 1e-9
+    assert 10 <= int(rates.argmax()) <= 14  # 20:00 in a day that starts at 08:00
