@@ -30,7 +30,7 @@ from scipy.stats import spearmanr
 from recserve.errors import SpecError
 from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration
 from recserve.perfmodel.fit import errors, fit, points_from_profiles
-from recserve.perfmodel.hostbench import measure_host
+from recserve.perfmodel.hostbench import calibration_host, measure_host
 from recserve.planners.hercules.search import deeprecsys, exhaustive, perfmodel_evaluator, search
 from recserve.profiles import ProfileSet
 from recserve.specs import catalogue_models, catalogue_servers, get_server
@@ -63,16 +63,21 @@ def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
     measured = ProfileSet.load(reuse) if reuse else None
     if measured is not None:
         models = [m for m in models if m.name in measured.models()]
-    for tag, target in (() if reuse else (("small", SMALL_BYTES), ("large", LARGE_BYTES))):
-        scales = {m.name: float(min(1.0, max(1e-7, target / m.embedding_bytes))) for m in models}
-        ps = measure_host(models, BATCHES, scales, threads=1, budget_s=0.15 if quick else 0.3, progress=log)
-        for t in ps:
-            t.conditions["tables"] = tag
-        measured = ps if measured is None else measured.merge(ps)
-        measured.meta["specs"].update(ps.meta["specs"])
+    for m in ([] if reuse else models):  # both table sizes of a model back to back: they share the host's mood
+        for tag, target in (("small", SMALL_BYTES), ("large", LARGE_BYTES)):
+            scale = float(min(1.0, max(1e-7, target / m.embedding_bytes)))
+            ps = measure_host([m], BATCHES, scale, threads=1, budget_s=0.15 if quick else 0.3, progress=log)
+            for t in ps:
+                t.conditions["tables"] = tag
+            if measured is None:
+                measured = ps
+            else:
+                specs = {**measured.meta["specs"], **ps.meta["specs"]}
+                measured = measured.merge(ps)
+                measured.meta["specs"] = specs
     RESULTS.mkdir(exist_ok=True)
     measured.save(RESULTS / "this-host-hostbench.json")
-    host = get_server("this-host")
+    host = calibration_host()
     names = sorted(m.name for m in models)
     fit_models, held_models = names[0::2], names[1::2]
     base = load_calibration()

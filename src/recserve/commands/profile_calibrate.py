@@ -24,7 +24,12 @@ from recserve.specs import get_model, get_server
 
 
 def cmd_profile_calibrate(args: argparse.Namespace) -> int:
-    server = get_server(args.server)
+    if args.server == "this-host":
+        from recserve.perfmodel.hostbench import calibration_host
+
+        server = calibration_host()
+    else:
+        server = get_server(args.server)
     base = load_calibration(args.base)
     if args.measured:
         measured = ProfileSet.load(args.measured)

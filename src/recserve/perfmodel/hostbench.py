@@ -11,14 +11,30 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from recserve.profiles import ProfileSet, ProfileTable
-from recserve.specs import ModelSpec, to_dict
+from recserve.specs import ModelSpec, ServerType, get_server, to_dict
 
 HOST = "this-host"
+
+
+def calibration_host() -> ServerType:
+    """``this-host`` with the clock and SIMD width read from /proc/cpuinfo (the catalogue entry keeps
+    defaults there): the fitted compute efficiency is relative to this peak."""
+    host = get_server(HOST)
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return host
+    mhz = [float(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu MHz")]
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    fpc = 32 if " avx512f" in flags else 16 if " avx2" in flags else 8  # one FMA unit of that width, FP32
+    return replace(host, freq_ghz=round(mhz[0] / 1000, 2) if mhz else host.freq_ghz, flops_per_cycle=fpc)
 
 
 def time_model(spec: ModelSpec, batches: Iterable[int], scale: float, budget_s: float = 0.25,
@@ -26,8 +42,10 @@ def time_model(spec: ModelSpec, batches: Iterable[int], scale: float, budget_s: 
                rounds: int = 3) -> list[list[float]]:
     """Rows ``[batch, mean_ms, p50_ms, p99_ms]`` of ``forward`` on fresh random queries.
 
-    Each batch size is timed in ``rounds`` interleaved rounds and the round with the lowest median is
-    kept: on a shared host this drops the rounds a neighbour's burst landed on.  Batches after one
+    Time is the calling thread's CPU time (``time.thread_time``; torch runs one intra-op thread), not
+    wall time: on a shared host wall time counts the slices other processes ran in, and that bias grows
+    with the call's length.  On an idle host the two agree.  Each batch size is timed in ``rounds``
+    interleaved rounds and the round with the lowest median is kept.  Batches after one
     whose mean exceeds ``max_call_ms`` are skipped (keeps the helper quick).
     """
     from recserve.zoo import build, sample_batch
@@ -49,9 +67,9 @@ def time_model(spec: ModelSpec, batches: Iterable[int], scale: float, budget_s: 
                 while len(times) < max_reps and (len(times) < min_reps
                                                   or time.perf_counter() - start < budget_s / rounds):
                     q = queries[b][len(times) % 4]
-                    t0 = time.perf_counter()
+                    t0 = time.thread_time()
                     model(q)
-                    times.append((time.perf_counter() - t0) * 1e3)
+                    times.append((time.thread_time() - t0) * 1e3)
                 arr = np.array(times)
                 if b not in best or np.median(arr) < np.median(best[b]):
                     best[b] = arr
