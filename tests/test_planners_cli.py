@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from planner_fixtures import NODE, efficiency_profiles, hera_like_profiles
 from recserve.cli import main
 from recserve.profiles import ProfileSet, ProfileTable
+from recserve.reference import reference_path
 
-REF = Path("/work/shared/reference/kairos_aws_latency.json")
+REF = reference_path("kairos_aws_latency.json")
 
 
 def _rename_server(profiles: ProfileSet, server: str) -> ProfileSet:

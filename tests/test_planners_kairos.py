@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,9 @@ from recserve.planners.kairos import (
     type_stats,
     upper_bounds,
 )
+from recserve.reference import reference_path
 
-REF = Path("/work/shared/reference")
+REF = reference_path("kairos_aws_latency.json").parent
 needs_ref = pytest.mark.skipif(not (REF / "kairos_aws_latency.json").exists(), reason="reference data absent")
 
 

@@ -39,9 +39,9 @@ def test_repeat_expands_into_distinct_tables():
 def test_kairos_qos_matches_reference_data():
     import json
 
-    ref = Path("/work/shared/reference/kairos_aws_latency.json")
-    if not ref.exists():
-        pytest.skip("reference data not on this machine")
+    from recserve.reference import reference_path
+
+    ref = reference_path("kairos_aws_latency.json")
     data = json.loads(ref.read_text())
     models, servers = catalogue_models(), catalogue_servers()
     for short, qos in data["qos_p99_ms"].items():
