@@ -24,6 +24,9 @@ def _replicas(text: str | None) -> list[int] | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    stop = threading.Event()  # handlers first: a Ctrl-C during start-up must not leave processes behind
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     from recserve.serving.shards import make_layout, plan_from_json, plan_replicas, service_rates, start_sharded
     from recserve.specs import first_tables, get_model
     from recserve.zoo import build
@@ -48,12 +51,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shards = ", ".join(f"[{a}:{b}) x{r}" for a, b, r in zip(t.boundaries[:-1], t.boundaries[1:], t.replicas,
                                                                 strict=True))
         print(f"[shards] {t.name}: {shards}", file=sys.stderr)
+    if stop.is_set():
+        return 130
     deployment = start_sharded(layout, http_port=args.http_port, grpc_port=args.grpc_port, host=args.host,
                                timeout_s=args.timeout, model=model)
     del model
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     print(f"recserve shards: {deployment.model_name} on http://{args.host}:{deployment.ports.http} "
           f"grpc {args.host}:{deployment.ports.grpc}; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:

@@ -16,6 +16,7 @@ One handler thread per replica: a replica is one worker; more throughput = more 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -139,6 +140,7 @@ class ReplicaArgs:
 
 def replica_main(conn: Any, args: ReplicaArgs) -> None:
     """Process entry: load the rows, serve until the parent says stop or goes away (pipe EOF)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal Ctrl-C reaches the whole group: the parent stops us
     torch.set_num_threads(args.threads)
     weight = torch.from_numpy(np.load(args.weight_path))  # a private copy, not a shared mapping
     server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{args.shard}"),
