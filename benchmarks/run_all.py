@@ -87,7 +87,7 @@ def limits_rows(d: dict) -> list[Row]:
         g = max(m.get("gather") or [{}], key=lambda r: r.get("batch", 0))
         dn = max(m.get("dense") or [{}], key=lambda r: r.get("batch", 0))
         b = g.get("batch", "?")
-        out.append(row(f"{key} gather GB/s per CPU-s, batch {b}, {m.get('table_mb', 0):.0f} MiB tables (peer = "
+        out.append(row(f"{key} gather GB/s per CPU-s, batch {b}, {num(m.get('table_mb')) or 0:.0f} MiB tables (peer = "
                        "profiler random read, same row size, table-sized array)", g.get("gbs_cpu"),
                        m.get("host_same_set_gbs_cpu"), g.get("ratio_same_set_cpu"), "GB/s"))
         if m.get("scale") != first_scale:
@@ -166,7 +166,7 @@ def zoo_rows(d: dict) -> list[Row]:
     out = []
     for b in sorted({r.get("batch") for r in res if isinstance(r.get("batch"), int)}):
         at_b = [r for r in res if r.get("batch") == b]
-        ms = [num(r.get("sparse_cpu_ms", 0) or 0) + num(r.get("dense_cpu_ms", 0) or 0) for r in at_b]
+        ms = [(num(r.get("sparse_cpu_ms")) or 0.0) + (num(r.get("dense_cpu_ms")) or 0.0) for r in at_b]
         slowest = max(zip(ms, at_b, strict=True), key=lambda x: x[0], default=(None, {}))
         out.append(row(f"forward CPU ms per query, batch {b}, slowest of {len(at_b)} models "
                        f"({slowest[1].get('model')})", slowest[0], unit="ms"))
@@ -234,7 +234,7 @@ def sdm_rows(d: dict) -> list[Row]:
                                                      default=None), unit="IOPS")]
     for c in configs:
         if c is not dram:
-            out.append(row(f"{c.get('name')}: max QPS at SLA (vs all-DRAM), {c.get('dram_saved_mb', 0):.0f} MB "
+            out.append(row(f"{c.get('name')}: max QPS at SLA (vs all-DRAM), {num(c.get('dram_saved_mb')) or 0:.0f} MB "
                            "DRAM saved", c.get("max_qps"), dram.get("max_qps"),
                            div(c.get("max_qps"), dram.get("max_qps")), "QPS"))
     return out
@@ -447,7 +447,7 @@ def main() -> int:
             log(f"    {line}")
     if selected:
         log(f"all done in {time.perf_counter() - t0:.0f} s")
-    shown = benches if args.summary_only or not only else [b for b in benches if b.name in only]
+    shown = [b for b in benches if (not only or b.name in only) and (args.summary_only or b.name not in skip)]
     rows = summarise(shown)
     table = markdown(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
