@@ -262,3 +262,9 @@ def test_timed_out_in_process_jobs_keep_their_worker_until_done():
         assert running[0] == 0 and not target._outstanding
         second = session.run(5.0, None, max_requests=2, timeout_s=2.0, seed=2)
     assert second.ok == 2 and peak[0] == 1  # a timeout never let a second job run beside the admitted one
+
+
+def test_unloaded_latency_sends_each_pooled_query_alone():
+    with LoadSession(SerialTarget(0.02), tiny_pool(n=5)) as session:
+        ms = session.unloaded_latency_ms()
+    assert ms.shape == (5,) and np.all(ms >= 19) and np.all(ms < 500)

@@ -63,6 +63,12 @@ def test_maxload_and_footprint_through_the_server(server):
     assert all(r[1] > 0 for r in load.rows)  # 8-item queries meet a 2 s SLA at 20 qps on any host
     mem = tables["footprint"].column("mem_gb")
     assert mem[0] > 0.005 and mem[1] > mem[0]  # a second worker process costs memory
+    assert all(0 < r[5] < 2000 for r in load.rows)  # unloaded p95 latency, recorded per worker count
+
+    # an SLA below the latency of a query sent alone: max load 0 at once, without probing lower rates
+    impossible = maxload_tables(spec, SCALE, budget, [1], mix="fixed:8", sla=SLA(1e-3), start_qps=20.0,
+                                via="server", server=server)[0]
+    assert impossible.rows[0][1] == 0 and impossible.rows[0][2] == 0 and impossible.rows[0][3] == 1
 
 
 def test_wait_idle_outlasts_work_left_by_timed_out_queries(server, pool):

@@ -27,6 +27,8 @@ def _ints(text: str, what: str) -> list[int]:
 
 def _maxload_cell(row: list[float]) -> str:
     workers, qps, violating = int(row[0]), row[1], row[2]
+    if qps == 0 and violating == 0:
+        return f"{workers}w 0 qps (SLA missed even by queries sent one at a time)"
     if qps == 0 and violating > 0:
         return f"{workers}w < {violating:.2f} qps (SLA missed at the lowest rate probed)"
     return f"{workers}w {qps:.1f} qps"

@@ -235,6 +235,25 @@ class LoadSession:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def unloaded_latency_ms(self) -> np.ndarray:
+        """Each pooled query sent alone, one after another: latency with no queueing at all (ms).
+
+        If its SLA percentile already misses the target, no arrival rate can meet it."""
+        self.settle()
+
+        async def one_by_one() -> list[float]:
+            out = []
+            for i in range(len(self.pool)):
+                t0 = time.perf_counter()
+                try:
+                    await self.target.infer(i)
+                    out.append((time.perf_counter() - t0) * 1000.0)
+                except RequestFailed:
+                    out.append(float("inf"))
+            return out
+
+        return np.asarray(self._call(one_by_one()))
+
     def settle(self) -> None:
         """Let the target finish abandoned work so runs do not inherit each other's backlog."""
         drain = getattr(self.target, "drain", None)

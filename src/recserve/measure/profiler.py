@@ -37,7 +37,7 @@ import torch
 
 from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
-from recserve.measure.maxload import find_max_load
+from recserve.measure.maxload import MaxLoadResult, Probe, find_max_load
 from recserve.measure.requests import RequestPool, pool_sizes
 from recserve.measure.targets import InProcessTarget
 from recserve.profiles import ProfileSet, ProfileTable
@@ -269,14 +269,32 @@ def _start_rate(lat: ProfileTable | None, mean_size: float, workers: int) -> flo
 
 
 def _probe_fn(session: LoadSession, budget: Budget, sla_ms: float, seed: int) -> Callable[[float], Any]:
-    """``rate → LoadResult`` for the max-load search; each probe gets its own arrival seed."""
+    """``rate → LoadResult`` for the max-load search; each probe gets its own arrival seed and at least
+    ``probe_min_requests`` queries, but a low-rate probe never runs longer than 4 × ``probe_s`` + 10 s."""
     seeds = iter(range(seed, seed + 10_000))
 
     def run_at(rate: float) -> Any:
-        return session.run(rate, budget.probe_s, seed=next(seeds), min_requests=budget.probe_min_requests,
+        cap = int(rate * (4 * budget.probe_s + 10.0))
+        return session.run(rate, budget.probe_s, seed=next(seeds),
+                           min_requests=max(5, min(budget.probe_min_requests, cap)),
                            timeout_s=max(1.0, 4 * sla_ms / 1000.0))
 
     return run_at
+
+
+def _search(session: LoadSession, budget: Budget, sla: SLA, start: float, seed: int
+            ) -> tuple[MaxLoadResult, float]:
+    """The max-load search, after checking the SLA is reachable at all: if queries sent one at a time
+    already miss it, no rate can meet it (max load 0) and probing ever lower rates would only take time."""
+    unloaded = session.unloaded_latency_ms()
+    floor = float(np.percentile(unloaded, sla.percentile, method="higher"))
+    if floor > sla.target_ms:
+        probe = Probe(0.0, floor, False, {"unloaded_latency_ms": [float(x) for x in unloaded]})
+        return MaxLoadResult(0.0, sla.target_ms, sla.percentile, [probe], (0.0, 0.0), True,
+                             f"unloaded p{sla.percentile:g} {floor:.1f} ms misses the SLA"), floor
+    return find_max_load(_probe_fn(session, budget, sla.target_ms, seed), sla.target_ms, sla.percentile,
+                         start_qps=start, rtol=budget.rtol, max_probes=budget.max_probes,
+                         min_qps=max(0.05, start / 32)), floor
 
 
 @contextlib.contextmanager
@@ -315,14 +333,11 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
     with _worker_pool(spec, scale, pool, max(workers), via, server) as (session, set_workers, pss):
         for w in workers:
             set_workers(w)
-            res = find_max_load(
-                _probe_fn(session, budget, sla.target_ms, seed), sla.target_ms, sla.percentile,
-                start_qps=start_qps or _start_rate(lat, pool.mean_size, w), rtol=budget.rtol,
-                max_probes=budget.max_probes,
-            )
+            res, unloaded = _search(session, budget, sla, start_qps or _start_rate(lat, pool.mean_size, w), seed)
             mem = pss(w)
-            hi = res.bracket[1] if math.isfinite(res.bracket[1]) else -1.0  # lowest violating rate (-1: none)
-            maxload.append([w, res.max_qps, hi, len(res.probes), float(res.converged)])
+            hi = res.bracket[1] if math.isfinite(res.bracket[1]) else -1.0  # lowest violating rate (-1: none;
+            # 0: the SLA is missed even with no load)
+            maxload.append([w, res.max_qps, hi, len(res.probes), float(res.converged), unloaded])
             foot.append([w, mem])
             membw.append([w, res.max_qps * pool.mean_size * gather_bytes / 1e9])
             log(f"{spec.name}: {w} worker(s): max load {res.max_qps:.2f} qps (p{sla.percentile:g} <= "
@@ -333,7 +348,7 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
             "threads_per_worker": 1, "client": "recserve open-loop load generator on the same host"}
     return [
         ProfileTable(spec.name, SERVER, "maxload_vs_workers",
-                     ("workers", "max_qps", "violating_qps", "probes", "converged"),
+                     ("workers", "max_qps", "violating_qps", "probes", "converged", "unloaded_pctl_ms"),
                      maxload, "measured", cond),
         ProfileTable(spec.name, SERVER, "footprint", ("workers", "mem_gb"), foot, "measured",
                      {"scale": scale, "via": how, "method": "sum of the workers' PSS (/proc/<pid>/smaps_rollup)"}),
