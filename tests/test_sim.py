@@ -13,6 +13,7 @@ from recserve.errors import RecserveError
 from recserve.policies.dispatch import make_policy
 from recserve.policies.rmu import CapacityProfile, HeraRMU, StaticController
 from recserve.profiles import ProfileSet, ProfileTable
+from recserve.reference import reference_path
 from recserve.sim.cluster import ClusterSim, parse_pool, pool_text
 from recserve.sim.colocate import LoadShape, run_scenario
 from recserve.sim.dispatch_eval import DispatchEvaluation, homogeneous_pool
@@ -20,7 +21,7 @@ from recserve.sim.latency import ServiceModel, load_reference
 from recserve.sim.node import ColocModel, ColocNode, SimNodeControl
 from recserve.sim.queries import QueryStream, piecewise_rate
 
-REFERENCE = "/work/shared/reference/kairos_aws_latency.json"
+REFERENCE = str(reference_path("kairos_aws_latency.json"))
 
 
 def synthetic_profiles(per_item: dict[str, float], base_ms: float = 1.0, spread: float = 1.2) -> ProfileSet:
