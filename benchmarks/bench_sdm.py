@@ -11,8 +11,8 @@ Prints and writes ``results/sdm.json`` (and ``results/sdm.png``):
 Table files go under ``--dir`` (default ``./.sdm_bench`` on the repository's disk: /tmp may be tmpfs, where
 O_DIRECT is refused and the fallback would be measured instead).
 
-    .venv/bin/python benchmarks/bench_sdm.py            # ~4 min on 2 cores
-    .venv/bin/python benchmarks/bench_sdm.py --quick    # ~1 min
+    .venv/bin/python benchmarks/bench_sdm.py            # ~25 min on the shared 2-core host
+    .venv/bin/python benchmarks/bench_sdm.py --quick    # ~5 min
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def bench_pooled(quick: bool) -> dict:
     probability ``drift`` per visit, so a long history repeats exactly less often than a short one."""
     rng = np.random.default_rng(2)
     users, rows = 20_000, 1_000_000
-    visits = 20_000 if quick else 60_000
+    visits = 10_000 if quick else 60_000
     drift = 0.01
     lengths = np.clip(rng.geometric(1 / 20, users), 1, 120)
     history = [rng.integers(0, rows, n) for n in lengths]
@@ -291,8 +291,8 @@ def bench_end_to_end(directory: Path, quick: bool, p: float) -> dict:
     user_bytes = sum(t.bytes() for t in spec.tables if t.side == "user")
     item_bytes = sum(t.bytes() for t in spec.tables if t.side == "item")
     items = 50
-    n_warm = 1500 if quick else 4000
-    n_trial = 150 if quick else 300
+    n_warm = 1000 if quick else 4000
+    n_trial = 100 if quick else 300
     stream = QueryStream(spec, items, p, seed=10)
     sla = spec.sla.target_ms / 1e3
     out: dict = {"spec": {"user_tables": 6, "user_rows": user_rows, "dim": 32, "user_pooling": 40,
