@@ -29,7 +29,6 @@ import numpy as np
 from recserve import report
 from recserve.cli import main as cli
 from recserve.errors import RecserveError
-from recserve.reference import reference_path
 
 # Live pair: a memory-bound, low-scalability DLRM and a compute-bound, high-scalability one whose
 # SLA the production query mix (p99 920 items) can meet on one core of a 2-core host.
@@ -109,7 +108,6 @@ def profile_step(run: DemoRun, scale: float, quick: bool) -> Callable[[Step], No
 
 
 def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
-    ref = reference_path("kairos_aws_latency.json")
     calibration = run.path("profiles/calibration.json")
 
     def colocate(step: Step) -> None:
@@ -120,7 +118,7 @@ def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
 
     def pool(step: Step) -> None:
         out, png = run.path("plans/pool.json"), run.path("plans/pool.png")
-        run.cli(step, ["plan", "pool", "--reference", str(ref), "--json", str(out), "--plot", str(png)], [out, png])
+        run.cli(step, ["plan", "pool", "--reference", "kairos", "--json", str(out), "--plot", str(png)], [out, png])
         step.summary = _plan_summary(out)
 
     def provision(step: Step) -> None:
@@ -134,7 +132,7 @@ def plan_steps(run: DemoRun) -> list[tuple[str, Callable[[Step], None]]]:
 
     def dispatch(step: Step) -> None:
         out, png = run.path("plans/dispatch.json"), run.path("plans/dispatch.png")
-        run.cli(step, ["simulate", "dispatch", "--reference", str(ref), "--model", "rm2", "--queries", "4000",
+        run.cli(step, ["simulate", "dispatch", "--reference", "kairos", "--model", "rm2", "--queries", "4000",
                        "--json-out", str(out), "--plot", str(png)], [out, png])
         step.summary = _plan_summary(out)
 

@@ -2,7 +2,7 @@
 
 Examples::
 
-    recserve plan pool --reference /work/shared/reference/kairos_aws_latency.json --json pool.json --plot pool.png
+    recserve plan pool --reference kairos --json pool.json --plot pool.png
     recserve plan pool --models kairos-rm2 --servers g4dn.xlarge,c5n.2xlarge,r5n.large,t3.xlarge --budget 2.5
 
 With ``--reference`` the Kairos authors' latencies, prices, caps, QoS and budget are used (flags
@@ -21,13 +21,14 @@ from recserve.commands._plan_common import add_output_args, counts, emit, figure
 from recserve.errors import InfeasibleError, RecserveError
 from recserve.planners.kairos import empirical_size_mix, load_kairos_reference, plan_pool
 from recserve.planners.plan import PoolPlan
+from recserve.reference import resolve_reference
 from recserve.specs import get_model, get_server
 
 
 def run(args: argparse.Namespace) -> int:
     caps = counts(args.cap, "cap")
     if args.reference:
-        profiles = load_kairos_reference(args.reference)
+        profiles = load_kairos_reference(resolve_reference(args.reference))
         meta = profiles.meta
         qos = dict(meta["qos_p99_ms"])
         prices = dict(meta["prices_usd_per_hr"])
@@ -123,7 +124,7 @@ def plot(plan: PoolPlan, path: str, profiles, prices, qos, caps, stat, types) ->
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("pool", help="Kairos: heterogeneous instance pool under a $/hr budget",
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--reference", metavar="JSON", help="Kairos authors' latency JSON (kairos_aws_latency.json)")
+    p.add_argument("--reference", metavar="JSON", help="Kairos authors' latency JSON, or 'kairos' for the bundled copy")
     p.add_argument("--models", help="comma-separated models (default: all in the reference)")
     p.add_argument("--servers", help="comma-separated instance types (default: all)")
     p.add_argument("--budget", type=float, help="$/hr (default: the reference's)")

@@ -2,7 +2,7 @@
 
 Example::
 
-    recserve simulate colocate --reference /work/shared/reference/kairos_aws_latency.json \\
+    recserve simulate colocate --reference kairos \\
         --models rm2,wnd --json-out results/colocate.json --plot results/colocate.png
 
 Two models share one simulated CPU node (16 cores, 11 LLC ways by default).  The first model is
@@ -23,6 +23,7 @@ from typing import Any
 
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
+from recserve.reference import resolve_reference
 from recserve.sim.colocate import SCENARIOS, hera_fig14, run_scenario
 from recserve.sim.dispatch_eval import resolve_model
 from recserve.sim.latency import ServiceModel, load_reference
@@ -39,7 +40,7 @@ def _floats(text: str, n: int, what: str) -> list[float]:
 
 
 def build_models(args: argparse.Namespace) -> list[ColocModel]:
-    profiles = load_reference(args.reference) if args.reference else ProfileSet.load(args.profiles)
+    profiles = load_reference(resolve_reference(args.reference)) if args.reference else ProfileSet.load(args.profiles)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     if len(names) != 2:
         raise RecserveError("--models needs exactly two models: memory-bound first, cache-sensitive second")

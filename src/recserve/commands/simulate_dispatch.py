@@ -2,7 +2,7 @@
 
 Example::
 
-    recserve simulate dispatch --reference /work/shared/reference/kairos_aws_latency.json \\
+    recserve simulate dispatch --reference kairos \\
         --model rm2 --policies kairos,ribbon,drs,clockwork,oracle --json out.json --plot out.png
 
 Without ``--pool`` the pool is the Kairos pool planner's one-shot choice under the budget; the best
@@ -19,6 +19,7 @@ from typing import Any
 
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
+from recserve.reference import resolve_reference
 from recserve.sim.cluster import parse_pool, pool_text
 from recserve.sim.dispatch_eval import (
     DispatchEvaluation,
@@ -35,7 +36,7 @@ DEFAULT_POLICIES = "kairos,ribbon,drs,clockwork,oracle"
 
 def _profiles(args: argparse.Namespace) -> ProfileSet:
     if args.reference:
-        return load_reference(args.reference)
+        return load_reference(resolve_reference(args.reference))
     if args.profiles:
         return ProfileSet.load(args.profiles)
     raise RecserveError("give --reference (Kairos latency JSON) or --profiles (a recserve profile file)")
@@ -173,7 +174,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("dispatch", help="allowable throughput of dispatch policies (Kairos, Ribbon, DRS, "
                                             "Clockwork, Oracle) on a heterogeneous pool")
-    p.add_argument("--reference", help="Kairos AWS latency JSON (latency per batch per instance type)")
+    p.add_argument("--reference", help="Kairos AWS latency JSON, or 'kairos' for the bundled copy")
     p.add_argument("--profiles", help="a recserve profile file with latency_vs_batch tables instead")
     p.add_argument("--model", required=True, help="model name(s), comma-separated, or 'all' (rm2 = kairos-rm2)")
     p.add_argument("--pool", help="instances, e.g. g4dn.xlarge=1,c5n.2xlarge=2, or 'oracle-best' "
