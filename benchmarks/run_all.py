@@ -320,16 +320,35 @@ def run_one(bench: Bench, timeout_scale: float) -> None:
         proc = subprocess.Popen([sys.executable, str(BENCH_DIR / bench.script), *bench.args], cwd=ROOT,
                                 stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout)
-            status = "ok" if rc == 0 else "failed"
-            detail = f"exit {rc}"
+            rc = wait_with_heartbeat(proc, bench.name, timeout, log_path)
+            status, detail = ("ok" if rc == 0 else "failed"), f"exit {rc}"
         except subprocess.TimeoutExpired:
             stop_group(proc)
             status, detail = "timeout", f"killed after {timeout} s"
+        except KeyboardInterrupt:
+            stop_group(proc)
+            raise
     bench.state.update(status=status, detail=detail, seconds=round(time.perf_counter() - start, 1),
                        log=str(log_path.relative_to(ROOT)))
     if status != "ok":
         bench.state["log_tail"] = tail(log_path, 5)
+
+
+def wait_with_heartbeat(proc: subprocess.Popen, name: str, timeout: float, log_path: Path,
+                        every_s: float = 60.0) -> int:
+    """Exit code of ``proc``; a progress line with the log's last line every ``every_s`` seconds.
+    Raises TimeoutExpired after ``timeout`` seconds."""
+    deadline = time.perf_counter() + timeout
+    start = time.perf_counter()
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            return proc.wait(min(every_s, left))
+        except subprocess.TimeoutExpired:
+            last = (tail(log_path, 1) or [""])[0][:100]
+            log(f"    {name}: running {time.perf_counter() - start:.0f} s ... {last}")
 
 
 def stop_group(proc: subprocess.Popen) -> None:
