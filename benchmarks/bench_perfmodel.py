@@ -78,8 +78,9 @@ def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
     RESULTS.mkdir(exist_ok=True)
     measured.save(RESULTS / "this-host-hostbench.json")
     host = calibration_host()
-    names = sorted(m.name for m in models)
-    fit_models, held_models = names[0::2], names[1::2]
+    # alternate within each family so every family is fitted and every family has held-out models
+    ordered = [m.name for m in sorted(models, key=lambda m: (m.family, m.name))]
+    fit_models, held_models = sorted(ordered[0::2]), sorted(ordered[1::2])
     base = load_calibration()
     pts_fit = points_from_profiles(measured, host, fit_models)
     pts_held = points_from_profiles(measured, host, held_models)

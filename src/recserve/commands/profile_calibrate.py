@@ -43,8 +43,10 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
     points = points_from_profiles(measured, server)
     models = sorted({p.spec.name for p in points})
     heldout = None
-    if len(models) >= 2:
-        train, test = models[0::2], models[1::2]
+    if len(models) >= 2:  # alternate within each family: every family fitted, every family held out
+        family = {p.spec.name: p.spec.family for p in points}
+        ordered = sorted(models, key=lambda m: (family[m], m))
+        train, test = ordered[0::2], ordered[1::2]
         cal_half = fit([p for p in points if p.spec.name in train], base)
         heldout = float(np.median(errors(cal_half, [p for p in points if p.spec.name in test])))
     cal = fit(points, base, label=f"{args.measured or 'in-process measurement'} on {server.name}: {', '.join(models)}")

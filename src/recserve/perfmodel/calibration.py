@@ -29,6 +29,7 @@ class Calibration:
     lookup_ns: float  # per embedding id: index handling independent of row width
     llc_gbs_per_core: float  # row bytes/s one core gathers from the LLC
     dram_gbs_per_core: float  # row bytes/s one core gathers (or streams weights) from DRAM
+    act_gbs_per_core: float  # activation bytes/s one core writes and re-reads between dense layers
     op_serial: float  # Amdahl serial fraction of op-parallelism inside one model-based thread
     membw_eff: float  # fraction of the server's peak memory bandwidth random gathers can use
     zipf_s: float  # default index locality (Zipf exponent, 0 = uniform ids)

@@ -32,6 +32,7 @@ class ModelCost:
     table_row_bytes: tuple[int, ...]
     table_lookups: tuple[int, ...]
     source: str  # "zoo" or "analytic"
+    activation_bytes_per_item: float = 0.0  # written by dense layers per item (GRU/attention over sequences)
     multihot_bytes_per_item: float = 0.0  # gathered by pooled tables with pooling > 1 (what NMP reduces in memory)
     multihot_pooled_bytes_per_item: float = 0.0  # their pooled results
 
@@ -81,8 +82,17 @@ def analytic_dense(spec: ModelSpec) -> tuple[float, float, int]:
     return flops, params, layers
 
 
-def _zoo_dense(spec: ModelSpec) -> tuple[float, float, int] | None:
-    """(FLOPs per item, dense params, dense layers) counted on the zoo module, or None if unbuildable."""
+def analytic_activation_bytes(spec: ModelSpec) -> float:
+    """Layer outputs per item from widths (sequence layers once per step), for families the zoo lacks."""
+    widths = sum(spec.bottom_mlp) + sum(spec.top_mlp) + spec.towers * (sum(spec.tower_mlp) + 1)
+    for t in spec.sequence_tables:
+        per_step = sum(spec.attention_mlp) + 1 + (3 * spec.gru_hidden if spec.interaction == "gru" else 0)
+        widths += t.pooling * (per_step + 4 * t.dim)
+    return 4.0 * widths
+
+
+def _zoo_dense(spec: ModelSpec) -> tuple[float, float, int, float] | None:
+    """(FLOPs, dense params, dense layers, activation bytes) per item counted on the zoo module, or None."""
     try:
         from torch import nn
 
@@ -96,7 +106,34 @@ def _zoo_dense(spec: ModelSpec) -> tuple[float, float, int] | None:
     table_params = {id(p) for t in model.tables for p in t.parameters()}
     params = sum(p.numel() for p in model.parameters() if id(p) not in table_params)
     layers = sum(1 for m in model.modules() if isinstance(m, nn.Linear | nn.GRU | nn.GRUCell | nn.LSTM))
-    return flops, float(params), layers
+    return flops, float(params), layers, _activation_bytes(model)
+
+
+def _activation_bytes(model: object) -> float:
+    """Bytes written by the dense part's leaf modules for one item (activations stream through memory)."""
+    import torch
+    from torch import nn
+
+    from recserve.zoo import sample_batch
+
+    tables = {id(m) for t in model.tables for m in t.modules()}
+    total = 0.0
+
+    def hook(_m: nn.Module, _i: object, out: object) -> None:
+        nonlocal total
+        for t in out if isinstance(out, tuple) else (out,):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+
+    leaves = [m for m in model.modules() if not list(m.children()) and id(m) not in tables]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        with torch.no_grad():
+            model(sample_batch(model, 1))
+    finally:
+        for h in handles:
+            h.remove()
+    return total
 
 
 ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiated
@@ -104,9 +141,9 @@ ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiate
 
 @cache
 def model_cost(spec: ModelSpec) -> ModelCost:
-    estimate = analytic_dense(spec)
+    estimate = (*analytic_dense(spec), analytic_activation_bytes(spec))
     zoo = _zoo_dense(spec) if estimate[1] * 4 <= ZOO_COUNT_MAX_BYTES else None
-    flops, params, layers = zoo if zoo is not None else estimate
+    flops, params, layers, act = zoo if zoo is not None else estimate
     bpe = spec.bytes_per_elem
     pooled_out = sum(t.dim * bpe * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables)
     return ModelCost(
@@ -124,6 +161,7 @@ def model_cost(spec: ModelSpec) -> ModelCost:
         table_row_bytes=tuple(t.row_bytes(bpe) for t in spec.tables),
         table_lookups=tuple(t.pooling for t in spec.tables),
         source="zoo" if zoo is not None else "analytic",
+        activation_bytes_per_item=float(act),
         multihot_bytes_per_item=float(sum(t.pooling * t.row_bytes(bpe) for t in spec.tables
                                           if t.kind == "pooled" and t.pooling > 1)),
         multihot_pooled_bytes_per_item=float(sum(t.row_bytes(bpe) for t in spec.tables

@@ -32,6 +32,7 @@ FIT_PARAMS: dict[str, tuple[float, float]] = {
     "lookup_ns": (0.1, 500.0),
     "llc_gbs_per_core": (0.5, 200.0),
     "dram_gbs_per_core": (0.1, 50.0),
+    "act_gbs_per_core": (0.1, 200.0),
 }
 
 

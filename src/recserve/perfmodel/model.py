@@ -100,6 +100,8 @@ class _Static:
     host_gather_frac: float  # share of gathers done on the host (1 on CPU; misses of the device hot set)
     reason: str
     nmp_ranks: int = 0  # ranks per channel doing gather-reduce near memory; 0 = plain DIMMs
+    table_miss: np.ndarray | None = None  # per table: steady-state miss fraction across calls
+    cache_bytes: float = 0.0  # LLC bytes one copy of the tables may use
 
 
 class PerfModel:
@@ -267,7 +269,35 @@ class PerfModel:
         miss_w = max(0.0, 1.0 - per_copy_cache / weights) if weights > 0 else 0.0
         emb_cache = max(per_copy_cache - weights, 0.0)
         miss_e = 1.0 - self._hit(cost, emb_cache, self._zipf(alloc))
-        return _Static(cost, on_accel, cores, mem_gb, miss_w, miss_e, host_gather, reason, nmp_ranks(server))
+        table_miss = 1.0 - self._table_hits(cost, emb_cache, self._zipf(alloc))
+        return _Static(cost, on_accel, cores, mem_gb, miss_w, miss_e, host_gather, reason, nmp_ranks(server),
+                       table_miss, per_copy_cache)
+
+    @staticmethod
+    def _table_hits(cost: ModelCost, cache_bytes: float, s: float) -> np.ndarray:
+        rows = np.array(cost.table_rows, dtype=float)
+        if cost.emb_bytes <= 0:
+            return np.ones_like(rows)
+        return zipf_hit(cache_bytes / cost.emb_bytes * rows, rows, s)
+
+    @staticmethod
+    def _miss_bytes(st: _Static, m: np.ndarray, nmp: bool) -> np.ndarray:
+        """DRAM-missing gathered bytes per item at call size ``m`` (tables handled near memory excluded).
+
+        Steady-state misses come from the hot rows that fit the cache across calls; within one call a
+        table's rows are fetched once if the rows it touches fit the cache (uniform-draw estimate of
+        distinct rows), so repeated ids in a batch hit.
+        """
+        cost = st.cost
+        rows = np.array(cost.table_rows, dtype=float)
+        lookups = np.array(cost.table_lookups, dtype=float)
+        row_bytes = np.array(cost.table_row_bytes, dtype=float)
+        keep = ~((lookups > 1) & nmp) if nmp else np.ones_like(rows, dtype=bool)
+        n = np.asarray(m, dtype=float)[:, None] * lookups[None, :]
+        distinct = rows * -np.expm1(-n / rows)
+        within = np.where(distinct * row_bytes <= st.cache_bytes, distinct / np.maximum(n, 1e-12), 1.0)
+        miss = st.table_miss[None, :] * within
+        return (miss * (lookups * row_bytes * keep)[None, :]).sum(axis=1)
 
     def _zipf(self, alloc: Allocation) -> float:
         return self.cal.zipf_s if alloc.zipf_s is None else alloc.zipf_s
@@ -289,12 +319,11 @@ class PerfModel:
         u = min(u, 0.99)
         return 1.0 + u * u / (2.0 * (1.0 - u))
 
-    def _dram_bytes_per_item(self, st: _Static) -> float:
-        cost = st.cost
+    def _dram_bytes_per_item(self, st: _Static, m: float = 128.0) -> float:
+        miss = float(self._miss_bytes(st, np.array([m]), bool(st.nmp_ranks))[0])
         if st.nmp_ranks:  # gather-reduce happens in the DIMMs: only pooled results cross the memory bus
-            rest = cost.gather_bytes_per_item - cost.multihot_bytes_per_item
-            return (rest * st.miss_e + cost.multihot_pooled_bytes_per_item) * st.host_gather_frac
-        return cost.gather_bytes_per_item * st.miss_e * st.host_gather_frac
+            miss += st.cost.multihot_pooled_bytes_per_item
+        return miss * st.host_gather_frac
 
     def _call_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
                     slow: float) -> list[np.ndarray]:
@@ -304,8 +333,9 @@ class PerfModel:
         dram_s = 1.0 / (cal.dram_gbs_per_core * 1e9)
         llc_s = 1.0 / (cal.llc_gbs_per_core * 1e9)
         cached_bytes = cost.gather_bytes_per_item - (cost.multihot_bytes_per_item if st.nmp_ranks else 0.0)
+        miss_bytes = self._miss_bytes(st, m, bool(st.nmp_ranks))
         per_item_gather = (cost.lookups_per_item * cal.lookup_ns * 1e-9
-                           + cached_bytes * ((1 - st.miss_e) * llc_s + st.miss_e * slow * dram_s))
+                           + (cached_bytes - miss_bytes) * llc_s + miss_bytes * slow * dram_s)
         if st.nmp_ranks:  # NMP: rank-parallel gather-reduce of multi-hot tables in memory (Hercules S3-S5)
             per_item_gather += cost.multihot_bytes_per_item * slow * dram_s / st.nmp_ranks
         host_sparse = m * per_item_gather * st.host_gather_frac * 1e3  # ms on one core
@@ -315,7 +345,8 @@ class PerfModel:
             return self._accel_times(server, alloc, st, m, host_sparse)
         cpu_flops = server.freq_ghz * 1e9 * server.flops_per_cycle
         eff = cal.compute_eff * m / (m + cal.batch_half)
-        dense_ms = cost.flops_per_item * m / (cpu_flops * eff) * 1e3
+        dense_ms = (cost.flops_per_item * m / (cpu_flops * eff)
+                    + cost.activation_bytes_per_item * m / (cal.act_gbs_per_core * 1e9)) * 1e3
         if not alloc.pipeline:
             speed = c / (1.0 + cal.op_serial * (c - 1))
             over = cal.fixed_ms + op_ms * (cost.dense_ops + cost.tables)
@@ -395,7 +426,8 @@ class _RateModel:
                  mix: SizeMix) -> None:
         self.pm, self.spec, self.server, self.alloc, self.st, self.mix = pm, spec, server, alloc, st, mix
         calls_per_query = float((mix.probs * np.ceil(mix.sizes / (alloc.batch or 10**9))).sum())
-        self.gb_per_query = (mix.mean * pm._dram_bytes_per_item(st) + calls_per_query * st.cost.weight_bytes
+        self.gb_per_query = (mix.mean * pm._dram_bytes_per_item(st, float(min(alloc.batch or mix.mean, mix.mean)))
+                             + calls_per_query * st.cost.weight_bytes
                              * st.miss_w) / 1e9
         self.bw = server.mem_bw_gbs * pm.cal.membw_eff
         n = mix.sizes.astype(float)
