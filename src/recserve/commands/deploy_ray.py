@@ -59,7 +59,7 @@ async def _drive(handle: Any, queries: list[dict[str, np.ndarray]], rate: float,
 
 
 def _measure_qps_max(weights: dict[str, np.ndarray], probes: dict[str, tuple[np.ndarray, np.ndarray]],
-                     seconds: float = 0.5) -> dict[str, float]:
+                     seconds: float = 1.0) -> dict[str, float]:
     """ElasticRec's QPSmax per sparse shard: back-to-back gathers of a representative sub-query on the
     shard's own rows (the paper profiles gather operations, Fig. 9), one shard at a time."""
     import torch
@@ -97,7 +97,6 @@ def cmd_ray(args: argparse.Namespace) -> int:
                          scale=args.scale)
     print(f"deploying {spec.name} ({len(spec.tables)} tables x {args.shards_per_table} shards) on Ray Serve ...",
           file=sys.stderr)
-    ray_serve.start_ray(args.address)
     log: dict[str, Any] = {"model": spec.name, "scale": args.scale, "shards": layout.shard_names(), "steps": []}
     try:
         weights = shard_weights(model, layout)
@@ -108,12 +107,13 @@ def cmd_ray(args: argparse.Namespace) -> int:
             parts = bucketize(torch.from_numpy(table.remap)[indices], offsets, torch.tensor(table.boundaries))
             for s, part in enumerate(parts):
                 probes[f"{table.name}-s{s}"] = (part.indices.numpy(), part.offsets.numpy())
-        measured = _measure_qps_max(weights, probes)
+        measured = _measure_qps_max(weights, probes)  # before Ray starts: its start-up would skew the timing
         # a replica carries at most --headroom of its profiled gather rate (Ray calls cost more than the gather)
         qps_max = {k: v * args.headroom for k, v in measured.items()}
         log["qps_max"] = qps_max
-        print("QPSmax per shard (x headroom): " + ", ".join(f"{k}={v:.0f}" for k, v in qps_max.items()),
+        print("QPSmax per shard (x headroom): " + ", ".join(f"{k}={v:.1f}" for k, v in qps_max.items()),
               file=sys.stderr)
+        ray_serve.start_ray(args.address)
         handle = ray_serve.deploy(layout, autoscale=not args.no_autoscale, qps_max=qps_max,
                                   max_replicas=args.max_replicas)
         if not args.ramp:
