@@ -344,3 +344,42 @@ def test_pooled_cache_keys_differ_between_tables_without_row_cache(disk_dir):
     assert torch.equal(ta.pool(idx, offsets), a.pool(idx, offsets))
     assert torch.equal(tb.pool(idx, offsets), b.pool(idx, offsets))  # same ids, other table: no false hit
     assert res.pooled.hits == 0
+
+
+def test_o_direct_refused_falls_back_logged_and_exact(disk_dir, monkeypatch, caplog):
+    """A file system that refuses O_DIRECT (older tmpfs, some overlays; this kernel's tmpfs accepts it) is
+    simulated by an os.open that fails with EINVAL for O_DIRECT."""
+    import errno
+
+    from recserve.embedding import blockio
+
+    real_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args, **kwargs)
+
+    torch.manual_seed(7)
+    dram = DramTable(300, 16)
+    path = os.path.join(disk_dir, "t.tbl")
+    write_table(path, dram.weight)
+    monkeypatch.setattr(blockio.os, "open", refusing_open)
+    with caplog.at_level("WARNING", logger="recserve.embedding"):
+        tiered = TieredTable(path, TierResources(RowCache(4096, 64)))
+    assert tiered.reader.mode == "buffered+fadvise"
+    assert "O_DIRECT refused" in caplog.text and "falling back to buffered pread" in caplog.text
+    idx, offsets = torch.tensor([1, 299, 5, 1]), torch.tensor([0, 2])
+    assert torch.equal(tiered.pool(idx, offsets), dram.pool(idx, offsets))
+    tiered.close()
+
+
+def test_buffered_mode_on_request(disk_dir):
+    dram = DramTable(200, 8)
+    path = os.path.join(disk_dir, "b.tbl")
+    write_table(path, dram.weight)
+    tiered = TieredTable(path, TierResources(None, direct=False))
+    assert tiered.reader.mode == "buffered+fadvise" and not tiered.use_cache
+    idx, offsets = torch.tensor([0, 199, 7]), torch.tensor([0])
+    assert torch.equal(tiered.pool(idx, offsets), dram.pool(idx, offsets))
+    tiered.close()
