@@ -109,3 +109,18 @@ def test_plan_shard_cli_rejects_bad_input(capsys):
     assert main(["plan", "shard", "--model", "nope", "--qps", "10"]) == 2
     assert main(["plan", "shard", "--model", "elasticrec-rm1", "--qps", "-5"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_cost_model_from_measured_profiles_splits_dense_from_gathers():
+    from recserve.planners.elasticrec import cost_model_from_profiles
+    from recserve.profiles import ProfileSet, ProfileTable
+
+    spec = ModelSpec(name="toy", family="dlrm", dense_in=8, bottom_mlp=(16,), top_mlp=(8, 1), interaction="dot",
+                     tables=(TableSpec("t0", 1000, 16, pooling=10),), sla=SLA(100.0))
+    gathers = ProfileTable("*", "host", "gather_qps", ("gathers", "qps"),
+                           [[x, 1000.0 / (0.5 + 0.001 * x)] for x in (10, 100, 1000)])
+    latency = ProfileTable("toy", "host", "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
+                           [[b, 2.0 + 0.5 + 0.001 * b * 10, 0, 0] for b in (1, 32, 256)])
+    cost = cost_model_from_profiles(ProfileSet([gathers, latency]), spec, "host", 32)
+    assert cost.gather_ms0 == pytest.approx(0.5) and cost.gather_ms_per_row == pytest.approx(0.001)
+    assert cost.dense_qps == pytest.approx(1000.0 / 2.0)

@@ -58,16 +58,18 @@ def fit_gather_regression(table: ProfileTable) -> tuple[float, float]:
 
 def cost_model_from_profiles(profiles: ProfileSet, model: ModelSpec, server: str, batch: int,
                              min_mem_bytes: float = 256 * MiB) -> ShardCostModel:
-    """Read the gather regression (kind ``gather_qps``, any model on ``server``) and the dense
-    shard's QPS (``latency_vs_batch`` with ``conditions.part == "dense"``) for ``model``."""
+    """Read the gather regression (kind ``gather_qps`` on ``server``) and the model's measured
+    ``latency_vs_batch``; the dense shard's time is the whole-model latency at ``batch`` less the
+    gathers the regression predicts for it (never below a tenth of the whole)."""
     gathers = profiles.find(server=server, kind="gather_qps")
     if not gathers:
         raise ProfileError(f"no gather_qps profile for server {server!r}; run `recserve profile host`")
     g0, g1 = fit_gather_regression(gathers[0])
-    dense = profiles.get(model.name, server, "latency_vs_batch", part="dense")
-    dense_ms = dense.interp(batch, "mean_ms")
+    whole_ms = profiles.get(model.name, server, "latency_vs_batch").interp(batch, "mean_ms")
+    dense_ms = max(whole_ms - (g0 + g1 * batch * model.lookups_per_item), 0.1 * whole_ms)
     dense_bytes = sum(a * b for a, b in zip((model.dense_in, *model.bottom_mlp), model.bottom_mlp, strict=False)) * 4
-    return ShardCostModel(g0, g1, 1000.0 / dense_ms, min_mem_bytes, float(dense_bytes), source=gathers[0].source)
+    return ShardCostModel(g0, g1, 1000.0 / dense_ms, min_mem_bytes, float(dense_bytes),
+                          source=f"{gathers[0].source} ({server})")
 
 
 def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, perfmodel: Any = None,
