@@ -294,7 +294,8 @@ def suite() -> list[Bench]:
         Bench("elasticrec_live", "bench_elasticrec_live.py", ["--seconds", "8", "--low-seconds", "5"],
               [("elasticrec_live.json", elasticrec_rows)], 600),
         Bench("route", "bench_route.py", [], [("route_live.json", route_rows)], 1200),
-        Bench("peers", "bench_peers.py", ["--model", "hercules-rmc1", "--scale", "1e-3", "--probe-s", "3"],
+        Bench("peers", "bench_peers.py", ["--model", "hercules-rmc1", "--scale", "1e-3", "--sla-ms", "100",
+                                          "--probe-s", "3"],
               [("bench_peers.json", peers_rows)], 1500),
     ]
 
