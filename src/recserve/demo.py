@@ -221,12 +221,15 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
     return go
 
 
-def run_live(run: DemoRun, scale: float, seconds: float, window_s: float) -> dict[str, Any]:
+def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",
+             use_router: bool = True) -> dict[str, Any]:
+    """Node A co-locates the two models, node B replicates the first behind the router (``use_router``);
+    ``controller_name`` (hera | parties | static) resizes node A's workers every window."""
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
     from recserve.policies.node_control import ControlLoop, ServerNodeControl
-    from recserve.policies.rmu import CapacityProfile, HeraRMU
+    from recserve.policies.rmu import CapacityProfile, make_controller
     from recserve.policies.router import Router, RouterThread, load_pool
     from recserve.profiles import ProfileSet
     from recserve.serving import NodeServer, config_from_dict
@@ -263,13 +266,14 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float) -> dic
         # peak offered load: half of what the profile says the deployment sustains
         peak = {lo: 0.5 * 2 * capacity[lo].max_qps(1), hi: 0.5 * capacity[hi].max_qps(2)}
         rates = {m: diurnal_rates(peak[m], windows) for m in LIVE_MODELS}
-        targets = {lo: HttpTarget(f"http://127.0.0.1:{router_port}", lo),
+        front = router_port if use_router else ports_a.http
+        targets = {lo: HttpTarget(f"http://127.0.0.1:{front}", lo),
                    hi: HttpTarget(f"http://127.0.0.1:{ports_a.http}", hi)}
         # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
         # the demo lets it place up to WORKER_SLOTS_PER_CORE workers per core (time-shared processes).
         control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(LIVE_MODELS),
                                     total_cores=WORKER_SLOTS_PER_CORE * len(os.sched_getaffinity(0)))
-        controller = HeraRMU(capacity)
+        controller = make_controller(controller_name, capacity)
         results: list[LiveWindow] = []
         lock = threading.Lock()
         t0 = time.monotonic()
@@ -308,10 +312,11 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float) -> dic
             s.stop()
     by_model = {m: [w for w in results if w.model == m] for m in LIVE_MODELS}
     violation = {m: float(np.mean([w.p95_ms > w.sla_ms for w in ws])) if ws else 1.0 for m, ws in by_model.items()}
-    return {"kind": "demo-live", "models": list(LIVE_MODELS), "scale": scale, "window_s": window_s,
+    return {"kind": "demo-live", "controller": controller_name, "router": use_router,
+            "models": list(LIVE_MODELS), "scale": scale, "window_s": window_s,
             "peak_qps": peak, "windows": [w.__dict__ for w in results], "violation_fraction": violation,
             "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
-            "router": stats}
+            "router_stats": stats}
 
 
 def _finite(x: float) -> float:
