@@ -33,6 +33,7 @@ from recserve.specs import SLA, ModelSpec, ServerType
 DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 MODES = ("model", "pipeline")
 MAX_DEVICE_THREADS = 8
+INFEASIBLE_PATIENCE = 3  # op-parallelism levels in a row with no feasible configuration before giving up
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
     n = server.cores
     for mode in modes:
         last_peak = -1.0
+        infeasible_run = 0
         mode_best: tuple[SchedConfig | None, float] = (None, 0.0)
         for c in range(1, n + 1):
             if mode == "pipeline" and c >= n and not server.accelerator:
@@ -272,8 +274,9 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
             cfg, peak = _climb(start, _maker(mode, c, server, batches), counted)
             if cfg is not None and peak > mode_best[1]:
                 mode_best = (cfg, peak)
-            if (last_peak > 0 and peak < last_peak) or (peak <= 0 and last_peak == 0):
-                break  # peak throughput dropped, or two op-parallelism levels in a row were infeasible
+            infeasible_run = infeasible_run + 1 if peak <= 0 else 0
+            if (last_peak > 0 and peak < last_peak) or infeasible_run >= INFEASIBLE_PATIENCE:
+                break  # peak throughput dropped, or op-parallelism stopped making the SLA reachable
             last_peak = peak if peak > 0 else (0.0 if last_peak <= 0 else last_peak)
         if polish and mode_best[0] is not None:
             _polish(mode_best[0], mode_best[1], server, batches, counted)
