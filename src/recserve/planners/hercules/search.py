@@ -342,8 +342,15 @@ class LiveEvaluator:
             raise RecserveError(f"--live measures this host only (server 'this-host'), not {server.name!r}")
         self.spec, self.server, self.sla = spec, server, sla or spec.sla
         self.scale, self.duration_s, self.sizes, self.start_qps, self.log = scale, duration_s, sizes, start_qps, log
+        self._measured: dict[SchedConfig, float | None] = {}
 
     def __call__(self, cfg: SchedConfig) -> float | None:
+        """Measured once per configuration; the baselines reuse the measurement."""
+        if cfg not in self._measured:
+            self._measured[cfg] = self._measure(cfg)
+        return self._measured[cfg]
+
+    def _measure(self, cfg: SchedConfig) -> float | None:
         from recserve.errors import SpecError
         from recserve.measure.loadgen import LoadSession
         from recserve.measure.maxload import find_max_load
