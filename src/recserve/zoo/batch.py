@@ -136,11 +136,17 @@ class QueryBatch:
         for t, length in (seq_lens or {}).items():
             if bool((self.lengths[t] != length).any()):
                 raise BatchError(INPUT_LENGTHS, f"table {t} is a sequence table: every bag must hold {length} ids")
-        starts = self.table_offsets()
-        for t, n in enumerate(rows):
-            idx = self.values[int(starts[t]) : int(starts[t + 1])]
-            if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
-                raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {n})")
+        # one pass over all ids: per-table min/max with reduceat (tables are contiguous in values)
+        counts = self.lengths.to(torch.int64).sum(dim=1).numpy()
+        nonempty = np.flatnonzero(counts)
+        if nonempty.size:
+            values = self.values.numpy()
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[nonempty]
+            low, high = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
+            bad = np.flatnonzero((low < 0) | (high >= np.asarray(rows, dtype=np.int64)[nonempty]))
+            if bad.size:
+                t = int(nonempty[bad[0]])
+                raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
