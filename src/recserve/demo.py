@@ -39,7 +39,7 @@ HERCULES_DAY = """available: {hercules-t1: 40, hercules-t2: 40, hercules-t3: 20,
 peak_qps: {hercules-rmc1: 20000, hercules-rmc2: 3000, hercules-rmc3: 5000, hercules-din: 2000}
 """
 WORKER_SLOTS_PER_CORE = 2
-PEAK_SHARE = 0.3
+PEAK_SHARE = {"hera-dlrm-a": 0.3, "elasticrec-rm3": 0.6}
 HERA_MODELS = ("hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din",
                "hera-wnd")
 
@@ -264,10 +264,11 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
         for m in LIVE_MODELS:
             if capacity[m].max_qps(1) <= 0:
                 raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
-        # Peak offered load: PEAK_SHARE of one worker's profiled (in-process) max load.  The profile has no
+        # Peak offered load: a share of one worker's profiled (in-process) max load.  The profile has no
         # server, router or co-runner costs, and on a 2-core host the two node servers, the router and the
-        # load generator all share the cores the workers run on.
-        peak = {m: PEAK_SHARE * capacity[m].max_qps(1) for m in LIVE_MODELS}
+        # load generator all share the cores the workers run on.  The compute-bound model is pushed past one
+        # worker at the evening peak, so the resource manager has something to do.
+        peak = {m: PEAK_SHARE[m] * capacity[m].max_qps(1) for m in LIVE_MODELS}
         rates = {m: diurnal_rates(peak[m], windows) for m in LIVE_MODELS}
         front = router_port if use_router else ports_a.http
         targets = {lo: HttpTarget(f"http://127.0.0.1:{front}", lo),
