@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from recserve.errors import ProfileError
+from recserve.jsonio import read_json
 
 PROFILE_VERSION = 1
 
@@ -170,11 +171,4 @@ class ProfileSet:
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileSet:
-        path = Path(path)
-        if not path.exists():
-            raise ProfileError(f"{path}: no such profile file")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not valid JSON ({exc})") from exc
-        return cls.from_dict(data, str(path))
+        return cls.from_dict(read_json(path, ProfileError, "profile file"), str(path))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import ProfileError
+from recserve.jsonio import read_json
 
 CALIBRATION_VERSION = 1
 
@@ -85,11 +86,5 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     if path is None:
         text = (resources.files("recserve") / "perfmodel" / "calibration_default.json").read_text()
         return calibration_from_dict(json.loads(text), "bundled calibration_default.json")
-    path = Path(path)
-    if not path.exists():
-        raise ProfileError(f"{path}: no such calibration file (make one with `recserve profile calibrate`)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: not valid JSON ({exc})") from exc
+    data = read_json(path, ProfileError, "calibration file", "make one with `recserve profile calibrate`")
     return calibration_from_dict(data, str(path))

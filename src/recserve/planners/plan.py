@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from recserve.errors import RecserveError
+from recserve.jsonio import read_json
 
 PLAN_VERSION = 1
 _PLAN_KINDS: dict[str, type[Plan]] = {}
@@ -106,13 +107,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        path = Path(path)
-        if not path.exists():
-            raise RecserveError(f"{path}: no such plan file")
-        try:
-            return cls.from_dict(json.loads(path.read_text()))
-        except json.JSONDecodeError as exc:
-            raise RecserveError(f"{path}: not valid JSON ({exc})") from exc
+        return cls.from_dict(read_json(path, RecserveError, "plan file"))
 
 
 # ----------------------------------------------------------------- co-location (Hera)
