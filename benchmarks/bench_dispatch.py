@@ -6,8 +6,8 @@ filled from the Kairos reference latencies (as after warm-up); a quarter of the 
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -15,9 +15,10 @@ import numpy as np
 
 from recserve.policies.dispatch import KairosPolicy, Query, make_instances
 from recserve.policies.predictor import LatencyPredictor
+from recserve.reference import reference_path
 from recserve.sim.latency import ServiceModel, load_reference
 
-REFERENCE = "/work/shared/reference/kairos_aws_latency.json"
+REFERENCE = str(reference_path("kairos_aws_latency.json"))
 
 
 def main(m: int = 20, n: int = 20, reps: int = 3000) -> dict:
@@ -56,4 +57,8 @@ def main(m: int = 20, n: int = 20, reps: int = 3000) -> dict:
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("queries", type=int, nargs="?", default=20)
+    parser.add_argument("instances", type=int, nargs="?", default=20)
+    args = parser.parse_args()
+    main(args.queries, args.instances)

@@ -33,6 +33,7 @@ from recserve.perfmodel.fit import errors, fit, points_from_profiles
 from recserve.perfmodel.hostbench import calibration_host, measure_host
 from recserve.planners.hercules.search import deeprecsys, exhaustive, perfmodel_evaluator, search
 from recserve.profiles import ProfileSet
+from recserve.reference import reference_path
 from recserve.specs import catalogue_models, catalogue_servers, get_server
 
 RESULTS = Path("results")
@@ -117,7 +118,7 @@ def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
 
 
 def kairos_check(cal_path: Path) -> dict:
-    ref = json.loads(Path("/work/shared/reference/kairos_aws_latency.json").read_text())
+    ref = json.loads(reference_path("kairos_aws_latency.json").read_text())
     pm = PerfModel(cal_path if cal_path.exists() else None)
     servers = catalogue_servers()
     out: dict = {"fitted_to_kairos": False, "models": {}}

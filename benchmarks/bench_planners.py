@@ -29,6 +29,7 @@ from recserve.planners.kairos import (
     upper_bounds,
 )
 from recserve.profiles import ProfileSet, ProfileTable
+from recserve.reference import reference_path
 from recserve.specs import ServerType
 
 
@@ -190,7 +191,7 @@ def scenario_kairos(reference: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reference", default="/work/shared/reference/kairos_aws_latency.json")
+    parser.add_argument("--reference", default=str(reference_path("kairos_aws_latency.json")))
     parser.add_argument("--out", default="results/planners.json")
     parser.add_argument("--scenarios", action="store_true", help="also run the papers' comparisons (minutes)")
     args = parser.parse_args()

@@ -8,6 +8,7 @@ Writes results/route_live.json.  Slow: several minutes; on a shared 2-core host 
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -89,4 +90,6 @@ def main(duration_s: float = 6.0) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration-s", type=float, default=6.0, help="seconds per load probe")
+    main(parser.parse_args().duration_s)

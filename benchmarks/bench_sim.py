@@ -8,16 +8,18 @@ the core on a shared machine).  Writes results/sim.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 
 from recserve.policies.dispatch import make_policy
+from recserve.reference import reference_path
 from recserve.sim.cluster import ClusterSim, parse_pool
 from recserve.sim.latency import ServiceModel, load_reference
 from recserve.sim.queries import QueryStream
 
-REFERENCE = "/work/shared/reference/kairos_aws_latency.json"
+REFERENCE = str(reference_path("kairos_aws_latency.json"))
 POOL = "g4dn.xlarge=1,r5n.large=13"
 
 
@@ -50,4 +52,5 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
