@@ -61,7 +61,13 @@ def build_worker_model(model_config: Any) -> RecModel:
         from recserve.errors import SpecError
 
         raise SpecError(f"model {model_config.name!r}: table_backend {backend!r} is not available")
-    return build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
+    model = build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
+    tier = (model_config.options or {}).get("tier")
+    if tier:  # SDM: some tables served from SSD files behind DRAM caches (docs/sdm.md)
+        from recserve.embedding.tiered import tier_from_config
+
+        tier_from_config(model, tier, f"model {model_config.name!r} tier")
+    return model
 
 
 def share_model(model: RecModel) -> RecModel:
