@@ -45,7 +45,10 @@ def main() -> int:
         data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
                         use_router=not args.no_router)
         results[name] = {"violation_fraction": data["violation_fraction"], "decisions": len(data["decisions"]),
-                         "errors": sum(w["errors"] for w in data["windows"])}
+                         "errors": sum(w["errors"] for w in data["windows"]),
+                         "controller_errors": data["controller_errors"][:3]}
+        if data["controller_errors"]:
+            print(f"  {name} controller errors: {data['controller_errors'][:3]}", file=sys.stderr)
         run.path(f"live_{name}.json").write_text(json.dumps(data, indent=1))
     print(f"fraction of {args.window_s:g}-s windows with p95 over the SLA ({args.seconds:g}-s compressed day)")
     for name, r in results.items():

@@ -292,3 +292,43 @@ def test_capacity_profile_reads_per_worker_ways_tables_as_a_3d_lookup():
     assert cap.max_qps(4) == pytest.approx(40.0)
     assert cap.qps(8, 10) == pytest.approx(80.0)
     assert cap.qps(2, 5) == pytest.approx(20.0 * 0.75 / 1.0)  # nearest worker table (2), relative to its 10 ways
+
+
+def test_parties_acts_without_start_on_an_existing_allocation():
+    """The live control loop may attach to a running node without calling ``start``."""
+    from recserve.policies.rmu import PartiesController, WindowStats
+
+    class Node:
+        def __init__(self):
+            self.workers = {"a": 1, "b": 1}
+
+        def models(self):
+            return ["a", "b"]
+
+        def sla(self, m):
+            return (100.0, 95.0)
+
+        def total_cores(self):
+            return 4
+
+        def total_ways(self):
+            return 2
+
+        def get_workers(self, m):
+            return self.workers[m]
+
+        def set_workers(self, m, n):
+            self.workers[m] = n
+
+        def get_ways(self, m):
+            return 1
+
+        def set_ways(self, m, n):
+            pass
+
+        def window_stats(self, m):
+            return WindowStats(250.0 if m == "a" else 50.0, 10.0, 10.0, 30)
+
+    node, parties = Node(), PartiesController()
+    parties.step(0.0, node)
+    assert node.workers["a"] == 2 and parties.log and parties.log[0].model == "a"

@@ -259,6 +259,7 @@ class PartiesController(Controller):
         for m in sorted(models, key=lambda x: -slacks[x]):  # most urgent first
             slack = slacks[m]
             prev = self.last_slack.get(m)
+            self.resource.setdefault(m, "cores")  # also when started on an existing allocation
             if slack > self.high:
                 if prev is not None and prev > self.high and slack >= prev:
                     self.resource[m] = "ways" if self.resource[m] == "cores" else "cores"
