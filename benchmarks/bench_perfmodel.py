@@ -30,7 +30,7 @@ from scipy.stats import spearmanr
 from recserve.errors import SpecError
 from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration
 from recserve.perfmodel.fit import errors, fit, points_from_profiles
-from recserve.perfmodel.hostbench import calibration_host, measure_host
+from recserve.perfmodel.hostbench import calibration_host, measure_host, measure_stream_gbs, measured_constants
 from recserve.planners.hercules.search import deeprecsys, exhaustive, perfmodel_evaluator, search
 from recserve.profiles import ProfileSet
 from recserve.reference import reference_path
@@ -76,13 +76,15 @@ def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
                 specs = {**measured.meta["specs"], **ps.meta["specs"]}
                 measured = measured.merge(ps)
                 measured.meta["specs"] = specs
+    if "stream_gbs_per_core" not in measured.meta:  # files written before it was recorded
+        measured.meta["stream_gbs_per_core"] = measure_stream_gbs()
     RESULTS.mkdir(exist_ok=True)
     measured.save(RESULTS / "this-host-hostbench.json")
     host = calibration_host()
     # alternate within each family so every family is fitted and every family has held-out models
     ordered = [m.name for m in sorted(models, key=lambda m: (m.family, m.name))]
     fit_models, held_models = sorted(ordered[0::2]), sorted(ordered[1::2])
-    base = load_calibration()
+    base = load_calibration().with_values(**measured_constants(measured))
     pts_fit = points_from_profiles(measured, host, fit_models)
     pts_held = points_from_profiles(measured, host, held_models)
     t0 = time.time()

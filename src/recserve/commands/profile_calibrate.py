@@ -40,6 +40,9 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
         measured = measure_host(specs, scale=args.scale, progress=progress)
         if args.save_measured:
             measured.save(args.save_measured)
+    from recserve.perfmodel.hostbench import measured_constants
+
+    base = base.with_values(**measured_constants(measured))
     points = points_from_profiles(measured, server)
     models = sorted({p.spec.name for p in points})
     heldout = None

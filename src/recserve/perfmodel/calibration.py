@@ -16,7 +16,8 @@ from typing import Any
 from recserve.errors import ProfileError
 from recserve.jsonio import read_json
 
-CALIBRATION_VERSION = 1
+# 2: per_module_us, stream_gbs_per_core, bag_ns added; per_op_us counts ATen operators dispatched
+CALIBRATION_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,15 @@ class Calibration:
     """Constants of :class:`recserve.perfmodel.PerfModel` (units in the names)."""
 
     fixed_ms: float  # per inference call: framework entry/exit
-    per_op_us: float  # per operator launched (each dense layer, each table)
+    per_op_us: float  # per ATen operator dispatched (counted on the zoo module)
+    per_module_us: float  # per nn.Module invoked (Python call, hooks)
     compute_eff: float  # fraction of peak FLOP/s a large batch reaches on one core
-    batch_half: float  # batch at which GEMM efficiency is half of compute_eff
+    batch_half: float  # GEMM rows at which efficiency is half of compute_eff
     lookup_ns: float  # per embedding id: index handling independent of row width
+    bag_ns: float  # per bag (one table of one item): offsets, output row, kernel dispatch inside the bag op
     llc_gbs_per_core: float  # row bytes/s one core gathers from the LLC
-    dram_gbs_per_core: float  # row bytes/s one core gathers (or streams weights) from DRAM
+    dram_gbs_per_core: float  # row bytes/s one core gathers from DRAM (random rows)
+    stream_gbs_per_core: float  # weight bytes/s one core streams from DRAM (sequential, prefetched)
     act_gbs_per_core: float  # activation bytes/s one core writes and re-reads between dense layers
     op_serial: float  # Amdahl serial fraction of op-parallelism inside one model-based thread
     membw_eff: float  # fraction of the server's peak memory bandwidth random gathers can use

@@ -9,18 +9,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from recserve.errors import SpecError
 from recserve.specs import ModelSpec
 
+if TYPE_CHECKING:
+    from recserve.zoo.flops import CallCounts
+
 
 @dataclass(frozen=True)
 class ModelCost:
     flops_per_item: float
     weight_bytes: float
-    dense_ops: int
+    dense_ops: int  # ATen operators one dense call dispatches
     tables: int
     lookups_per_item: float
     gather_bytes_per_item: float
@@ -35,6 +39,10 @@ class ModelCost:
     activation_bytes_per_item: float = 0.0  # written by dense layers per item (GRU/attention over sequences)
     multihot_bytes_per_item: float = 0.0  # gathered by pooled tables with pooling > 1 (what NMP reduces in memory)
     multihot_pooled_bytes_per_item: float = 0.0  # their pooled results
+    sparse_ops: int = 0  # ATen operators one sparse call dispatches
+    sparse_modules: int = 0  # nn.Module invocations of one sparse call
+    dense_modules: int = 0  # ... of one dense call
+    gemm_rows_per_item: float = 1.0  # FLOP-weighted GEMM rows per item (sequence length for attention)
 
 
 def _mlp(widths: tuple[int, ...], n_in: int) -> tuple[float, float, int, int]:
@@ -82,6 +90,21 @@ def analytic_dense(spec: ModelSpec) -> tuple[float, float, int]:
     return flops, params, layers
 
 
+def analytic_calls(spec: ModelSpec) -> CallCounts:
+    """Operator and module counts from the layout, for families the zoo cannot build (what the zoo
+    dispatches per table and per layer: indices/offsets slicing + the bag; Linear + activation)."""
+    from recserve.zoo.flops import CallCounts
+
+    layers = analytic_dense(spec)[2]
+    seq_steps = sum(t.pooling for t in spec.sequence_tables) if spec.interaction == "gru" else 0
+    flops = analytic_dense(spec)[0]
+    seq_flops = sum(t.pooling * 2.0 * 4 * t.dim * (spec.attention_mlp[0] if spec.attention_mlp else 1)
+                    for t in spec.sequence_tables)
+    rows = 1.0 + sum(t.pooling - 1 for t in spec.sequence_tables[:1]) * min(seq_flops / max(flops, 1.0), 1.0)
+    return CallCounts(sparse_ops=3 * len(spec.tables) + 5, dense_ops=4 * layers + 16 * seq_steps + 5,
+                      sparse_modules=len(spec.tables) + 1, dense_modules=2 * layers + 2, gemm_rows_per_item=rows)
+
+
 def analytic_activation_bytes(spec: ModelSpec) -> float:
     """Layer outputs per item from widths (sequence layers once per step), for families the zoo lacks."""
     widths = sum(spec.bottom_mlp) + sum(spec.top_mlp) + spec.towers * (sum(spec.tower_mlp) + 1)
@@ -91,49 +114,20 @@ def analytic_activation_bytes(spec: ModelSpec) -> float:
     return 4.0 * widths
 
 
-def _zoo_dense(spec: ModelSpec) -> tuple[float, float, int, float] | None:
-    """(FLOPs, dense params, dense layers, activation bytes) per item counted on the zoo module, or None."""
+def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float] | None:
+    """(FLOPs, dense params, call counts, activation bytes) per item counted on the zoo module, or None."""
     try:
-        from torch import nn
-
         from recserve.zoo import build
-        from recserve.zoo.flops import dense_flops_per_item
+        from recserve.zoo.flops import count_calls, dense_flops_per_item
 
         model = build(spec, scale=1e-12, min_rows=4)
         flops = float(dense_flops_per_item(spec))
+        calls = count_calls(spec)
     except (SpecError, NotImplementedError, ImportError, KeyError):
         return None
     table_params = {id(p) for t in model.tables for p in t.parameters()}
     params = sum(p.numel() for p in model.parameters() if id(p) not in table_params)
-    layers = sum(1 for m in model.modules() if isinstance(m, nn.Linear | nn.GRU | nn.GRUCell | nn.LSTM))
-    return flops, float(params), layers, _activation_bytes(model)
-
-
-def _activation_bytes(model: object) -> float:
-    """Bytes written by the dense part's leaf modules for one item (activations stream through memory)."""
-    import torch
-    from torch import nn
-
-    from recserve.zoo import sample_batch
-
-    tables = {id(m) for t in model.tables for m in t.modules()}
-    total = 0.0
-
-    def hook(_m: nn.Module, _i: object, out: object) -> None:
-        nonlocal total
-        for t in out if isinstance(out, tuple) else (out,):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-
-    leaves = [m for m in model.modules() if not list(m.children()) and id(m) not in tables]
-    handles = [m.register_forward_hook(hook) for m in leaves]
-    try:
-        with torch.no_grad():
-            model(sample_batch(model, 1))
-    finally:
-        for h in handles:
-            h.remove()
-    return total
+    return flops, float(params), calls, calls.dense_written_bytes_per_item
 
 
 ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiated
@@ -141,15 +135,16 @@ ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiate
 
 @cache
 def model_cost(spec: ModelSpec) -> ModelCost:
-    estimate = (*analytic_dense(spec), analytic_activation_bytes(spec))
-    zoo = _zoo_dense(spec) if estimate[1] * 4 <= ZOO_COUNT_MAX_BYTES else None
-    flops, params, layers, act = zoo if zoo is not None else estimate
+    flops, params, _ = analytic_dense(spec)
+    estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec))
+    zoo = _zoo_dense(spec) if params * 4 <= ZOO_COUNT_MAX_BYTES else None
+    flops, params, calls, act = zoo if zoo is not None else estimate
     bpe = spec.bytes_per_elem
     pooled_out = sum(t.dim * bpe * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables)
     return ModelCost(
         flops_per_item=flops,
         weight_bytes=params * 4.0,
-        dense_ops=max(1, layers),
+        dense_ops=max(1, calls.dense_ops),
         tables=len(spec.tables),
         lookups_per_item=float(spec.lookups_per_item),
         gather_bytes_per_item=float(spec.gather_bytes_per_item),
@@ -166,6 +161,10 @@ def model_cost(spec: ModelSpec) -> ModelCost:
                                           if t.kind == "pooled" and t.pooling > 1)),
         multihot_pooled_bytes_per_item=float(sum(t.row_bytes(bpe) for t in spec.tables
                                                  if t.kind == "pooled" and t.pooling > 1)),
+        sparse_ops=calls.sparse_ops,
+        sparse_modules=calls.sparse_modules,
+        dense_modules=calls.dense_modules,
+        gemm_rows_per_item=calls.gemm_rows_per_item,
     )
 
 

@@ -1,6 +1,7 @@
 """Fit the host-measurable perfmodel constants to measured latency_vs_batch tables.
 
 Only the constants a single-socket CPU measurement can identify are fitted (``FIT_PARAMS``);
+the weight-streaming rate is measured directly (``hostbench.measured_constants``);
 the rest (memory-bandwidth contention, power, accelerator) stay as stated in the calibration file.
 The fit minimises squared log error (relative error) of per-call mean latency with bounded,
 log-parameterised constants (scipy ``least_squares``).
@@ -26,10 +27,12 @@ from recserve.specs import ModelSpec, ServerType, get_model, model_from_dict
 # name -> (lower, upper) bounds
 FIT_PARAMS: dict[str, tuple[float, float]] = {
     "fixed_ms": (1e-3, 5.0),
-    "per_op_us": (0.1, 200.0),
+    "per_op_us": (0.05, 200.0),
+    "per_module_us": (0.05, 500.0),
     "compute_eff": (0.005, 4.0),  # > 1 when the host spec understates its peak
     "batch_half": (0.1, 2000.0),
-    "lookup_ns": (0.1, 500.0),
+    "lookup_ns": (0.01, 500.0),
+    "bag_ns": (0.1, 5000.0),
     "llc_gbs_per_core": (0.5, 200.0),
     "dram_gbs_per_core": (0.1, 50.0),
     "act_gbs_per_core": (0.1, 200.0),

@@ -55,18 +55,20 @@ def time_model(spec: ModelSpec, batches: Iterable[int], scale: float, budget_s: 
     sizes = list(batches)
     best: dict[int, np.ndarray] = {}
     with torch.no_grad():
-        queries = {b: [sample_batch(model, b, rng) for _ in range(4)] for b in sizes}
+        # enough distinct queries that their mean pooling is the spec's (multi-hot lengths vary per item)
+        queries = {b: [sample_batch(model, b, rng) for _ in range(max(4, min(64, -(-256 // b))))] for b in sizes}
         for _ in range(max(1, rounds)):
             for b in sizes:
                 if b not in queries:
                     continue
+                n = len(queries[b])
                 for q in queries[b][:2]:
                     model(q)  # warm-up
                 times: list[float] = []
                 start = time.perf_counter()
-                while len(times) < max_reps and (len(times) < min_reps
+                while len(times) < max_reps and (len(times) < max(min_reps, min(n, max_reps))
                                                   or time.perf_counter() - start < budget_s / rounds):
-                    q = queries[b][len(times) % 4]
+                    q = queries[b][len(times) % n]
                     t0 = time.thread_time()
                     model(q)
                     times.append((time.thread_time() - t0) * 1e3)
@@ -80,13 +82,39 @@ def time_model(spec: ModelSpec, batches: Iterable[int], scale: float, budget_s: 
             for b in sizes if b in best and b in queries]
 
 
+def measure_stream_gbs(matrix_mb: float = 128.0, reps: int = 5) -> float:
+    """Bytes/s one core streams dense weights from DRAM: a GEMV over a matrix larger than the LLC,
+    best of ``reps`` (what a batch-1 call of a model with huge MLPs does)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cols = 4096
+        w = torch.rand(int(matrix_mb * 2**20 / 4 / cols), cols)
+        v = torch.rand(1, w.shape[0])
+        best = float("inf")
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            v @ w
+            best = min(best, time.perf_counter() - t0)
+        return w.numel() * 4 / best / 1e9
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measured_constants(profiles: ProfileSet) -> dict[str, float]:
+    """Calibration constants measured directly (not fitted) and stored with a hostbench ProfileSet."""
+    value = profiles.meta.get("stream_gbs_per_core")
+    return {"stream_gbs_per_core": float(value)} if value else {}
+
+
 def measure_host(specs: Iterable[ModelSpec], batches: Iterable[int] = (1, 8, 32, 128, 512),
                  scale: float | dict[str, float] = 1e-3, threads: int = 1, budget_s: float = 0.25,
                  progress: Callable[[str], None] | None = None, max_call_ms: float = 250.0) -> ProfileSet:
     """latency_vs_batch tables (source="measured") of ``specs`` run in-process on this host."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    out = ProfileSet(meta={"source": "recserve.perfmodel.hostbench", "threads": threads, "specs": {}})
+    out = ProfileSet(meta={"source": "recserve.perfmodel.hostbench", "threads": threads, "specs": {},
+                           "stream_gbs_per_core": measure_stream_gbs()})
     try:
         for spec in specs:
             s = scale.get(spec.name, 1e-3) if isinstance(scale, dict) else scale

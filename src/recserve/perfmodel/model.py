@@ -2,10 +2,12 @@
 
 Per inference call of ``m`` items (roofline style):
 
-- overhead   ``fixed_ms + per_op_us · (dense layers + tables)``
-- dense      ``FLOPs·m / (cores' speed · freq · flops/cycle · eff(m))``, ``eff(m) = compute_eff · m/(m+batch_half)``;
-             plus streaming the dense weights that do not fit the allocated LLC
-- sparse     ``m · (lookups · lookup_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
+- overhead   ``fixed_ms + per_op_us · operators dispatched + per_module_us · modules invoked`` (counted on the
+             zoo module: DIEN's scripted recurrence dispatches thousands of small operators, SDM's M2 730 bags)
+- dense      ``FLOPs·m / (cores' speed · freq · flops/cycle · eff(r))``, ``eff(r) = compute_eff · r/(r+batch_half)``
+             with ``r = m · GEMM rows per item`` (the sequence length for attention over behaviours);
+             plus streaming the dense weights that do not fit the allocated LLC (sequential: ``stream_gbs_per_core``)
+- sparse     ``m · (lookups · lookup_ns + tables · bag_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
              with the LLC hit rate from the hot rows (Zipf locality) that fit in the allocated ways
 - memory     DRAM bytes/s demanded at the offered load plus co-runners' bandwidth give utilisation
              ``u`` of ``mem_bw_gbs · membw_eff``; DRAM time is slowed by ``1 + u²/(2(1−u))``
@@ -334,42 +336,50 @@ class PerfModel:
         llc_s = 1.0 / (cal.llc_gbs_per_core * 1e9)
         cached_bytes = cost.gather_bytes_per_item - (cost.multihot_bytes_per_item if st.nmp_ranks else 0.0)
         miss_bytes = self._miss_bytes(st, m, bool(st.nmp_ranks))
-        per_item_gather = (cost.lookups_per_item * cal.lookup_ns * 1e-9
+        per_item_gather = ((cost.lookups_per_item * cal.lookup_ns + cost.tables * cal.bag_ns) * 1e-9
                            + (cached_bytes - miss_bytes) * llc_s + miss_bytes * slow * dram_s)
         if st.nmp_ranks:  # NMP: rank-parallel gather-reduce of multi-hot tables in memory (Hercules S3-S5)
             per_item_gather += cost.multihot_bytes_per_item * slow * dram_s / st.nmp_ranks
         host_sparse = m * per_item_gather * st.host_gather_frac * 1e3  # ms on one core
-        weights_ms = cost.weight_bytes * st.miss_w * slow * dram_s * 1e3
-        op_ms = cal.per_op_us * 1e-3
+        # every call reads all dense weights once: from the LLC what fits, streamed from DRAM the rest
+        weights_ms = cost.weight_bytes * ((1.0 - st.miss_w) * llc_s
+                                          + st.miss_w * slow / (cal.stream_gbs_per_core * 1e9)) * 1e3
         if st.on_accel:
             return self._accel_times(server, alloc, st, m, host_sparse)
         cpu_flops = server.freq_ghz * 1e9 * server.flops_per_cycle
-        eff = cal.compute_eff * m / (m + cal.batch_half)
+        rows = m * cost.gemm_rows_per_item
+        eff = cal.compute_eff * rows / (rows + cal.batch_half)
         dense_ms = (cost.flops_per_item * m / (cpu_flops * eff)
                     + cost.activation_bytes_per_item * m / (cal.act_gbs_per_core * 1e9)) * 1e3
         if not alloc.pipeline:
             speed = c / (1.0 + cal.op_serial * (c - 1))
-            over = cal.fixed_ms + op_ms * (cost.dense_ops + cost.tables)
+            over = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + self._overhead_ms(cost, sparse=False)
             return [over + (dense_ms + weights_ms + host_sparse) / speed]
         hop_ms = m * cost.pooled_bytes_per_item * llc_s * 1e3
-        sparse = cal.fixed_ms + op_ms * cost.tables + host_sparse / c + hop_ms
-        dense = cal.fixed_ms + op_ms * cost.dense_ops + dense_ms + weights_ms + hop_ms
+        sparse = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + host_sparse / c + hop_ms
+        dense = cal.fixed_ms + self._overhead_ms(cost, sparse=False) + dense_ms + weights_ms + hop_ms
         return [sparse, dense]
+
+    def _overhead_ms(self, cost: ModelCost, sparse: bool) -> float:
+        """Framework time of one call's sparse or dense part: per module invoked and per operator dispatched."""
+        ops, modules = (cost.sparse_ops, cost.sparse_modules) if sparse else (cost.dense_ops, cost.dense_modules)
+        return (self.cal.per_op_us * ops + self.cal.per_module_us * modules) * 1e-3
 
     def _accel_times(self, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
                      host_sparse: np.ndarray) -> list[np.ndarray]:
         cal, cost = self.cal, st.cost
         c = alloc.cores_per_worker
-        launch = cal.gpu_launch_us * 1e-3 * (cost.dense_ops + (0 if alloc.pipeline else cost.tables))
+        launch = cal.gpu_launch_us * 1e-3 * (cost.dense_ops + (0 if alloc.pipeline else cost.sparse_ops))
         pcie_bw = max(server.pcie_gbs, 1e-3) * 1e9 * cal.pcie_eff
         device_bw = max(server.accel_mem_bw_gbs, 1e-3) * 1e9 * cal.gpu_gather_eff
         tflops = max(server.accel_tflops, 1e-6) * 1e12
-        eff = cal.gpu_compute_eff * m / (m + cal.gpu_batch_half)
+        rows = m * cost.gemm_rows_per_item
+        eff = cal.gpu_compute_eff * rows / (rows + cal.gpu_batch_half)
         dense_dev = cost.flops_per_item * m / (tflops * eff) * 1e3
         inputs = cost.dense_in_bytes_per_item * m
         if alloc.pipeline:  # SparseNet on host cores, pooled vectors over PCIe to the DenseNet on the device
             xfer = (inputs + cost.pooled_bytes_per_item * m) / pcie_bw * 1e3 + cal.pcie_latency_us * 1e-3
-            host = cal.fixed_ms + cal.per_op_us * 1e-3 * cost.tables + host_sparse / c
+            host = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + host_sparse / c
             dev = dense_dev
             host_dev = launch + xfer
             return [host, self._shared_device(host_dev, dev, alloc.workers)]

@@ -12,10 +12,12 @@ executes for every family.  Element-wise activations and gate arithmetic are not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from recserve.specs import ModelSpec
 
@@ -92,3 +94,87 @@ def dense_flops_per_item(spec: ModelSpec) -> int:
         weights = sum(p.numel() for n, p in build(spec, scale=1e-12, min_rows=4).named_parameters()
                       if not n.startswith("tables."))
     return count_spec_flops(spec, "meta" if weights > META_ABOVE_WEIGHTS else "cpu")
+
+
+GEMM_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
+
+
+@dataclass(frozen=True)
+class CallCounts:
+    """What one forward call dispatches, counted on the real module (framework overhead scales with it).
+
+    ``*_ops`` are ATen operators dispatched (scripted loops included: DIEN's AUGRU is ~3,000 small ops),
+    ``*_modules`` are ``nn.Module`` invocations (each costs a Python call and hook checks), and
+    ``gemm_rows_per_item`` is the FLOP-weighted number of GEMM rows one item contributes: 1 for an MLP,
+    the sequence length for DIN's attention, so GEMM efficiency is judged on the matrix that runs.
+    """
+
+    sparse_ops: int
+    dense_ops: int
+    sparse_modules: int
+    dense_modules: int
+    gemm_rows_per_item: float
+    dense_written_bytes_per_item: float = 0.0  # outputs of the dense part's non-GEMM operators
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.gemms: list[tuple[int, float]] = []  # (rows, flops)
+        self.written = 0.0  # bytes output by non-GEMM operators (element-wise work over activations)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's hook
+        self.ops += 1
+        name = str(func)
+        if name.startswith(GEMM_OPS):
+            a, b = (args[1], args[2]) if "addmm" in name or "baddbmm" in name else (args[0], args[1])
+            rows = a.shape[0] if a.dim() == 2 else a.shape[0] * a.shape[1]
+            self.gemms.append((rows, 2.0 * rows * a.shape[-1] * b.shape[-1]))
+            return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and not t._is_view():
+                self.written += t.numel() * t.element_size()
+        return out
+
+
+def _count(model: nn.Module, call) -> tuple[_OpCounter, int, object]:  # noqa: ANN001
+    modules = 0
+
+    def pre_hook(*_: object) -> None:
+        nonlocal modules
+        modules += 1
+
+    handles = [m.register_forward_pre_hook(pre_hook) for m in model.modules()]
+    counter = _OpCounter()
+    try:
+        with torch.no_grad(), counter:
+            out = call()
+    finally:
+        for h in handles:
+            h.remove()
+    return counter, modules, out
+
+
+@cache
+def count_calls(spec: ModelSpec, batch: int = 4) -> CallCounts:
+    """Operators, module calls and GEMM shapes of one ``batch``-item forward (tiny tables, CPU)."""
+    from recserve.zoo import build, sample_batch
+
+    model = build(spec, scale=1e-12, min_rows=4).eval()
+    query = sample_batch(model, batch)
+    with torch.no_grad():  # warm-up: TorchScript's profiling runs dispatch extra ops on the first calls
+        for _ in range(2):
+            model(query)
+    sparse, sparse_modules, pooled = _count(model, lambda: model.sparse(query))
+    dense, dense_modules, _ = _count(model, lambda: model.dense(query.dense, pooled))
+    flops = sum(f for _, f in dense.gemms)
+    rows = sum(r * f for r, f in dense.gemms) / flops / batch if flops else 1.0
+    # bytes per item = the slope between two batch sizes (per-call work such as weight sums cancels)
+    bigger = sample_batch(model, 3 * batch)
+    with torch.no_grad():
+        pooled_big = model.sparse(bigger)
+    dense_big, _, _ = _count(model, lambda: model.dense(bigger.dense, pooled_big))
+    written = max(0.0, (dense_big.written - dense.written) / (2 * batch))
+    return CallCounts(sparse.ops, dense.ops, sparse_modules, dense_modules, float(rows), written)

@@ -347,10 +347,16 @@ class LiveEvaluator:
     def __call__(self, cfg: SchedConfig) -> float | None:
         """Measured once per configuration; the baselines reuse the measurement."""
         if cfg not in self._measured:
-            self._measured[cfg] = self._measure(cfg)
+            self._measured[cfg] = self.measure(cfg)
         return self._measured[cfg]
 
-    def _measure(self, cfg: SchedConfig) -> float | None:
+    @property
+    def measured(self) -> dict[SchedConfig, float | None]:
+        """Every configuration measured so far and its max load (None: SLA unmet or does not fit)."""
+        return dict(self._measured)
+
+    def measure(self, cfg: SchedConfig) -> float | None:
+        """A fresh measurement (not memoised): a new server, a new max-load search."""
         from recserve.errors import SpecError
         from recserve.measure.loadgen import LoadSession
         from recserve.measure.maxload import find_max_load
