@@ -1,12 +1,14 @@
 """Live resource management under a fluctuating load: Hera RMU vs PARTIES-style vs static.
 
-The demo's live deployment (node server A co-locating a memory-bound and a compute-bound DLRM;
-the first also on node B behind the Kairos router) is driven three times with the same
-diurnal-shaped Poisson load, once per controller; printed: the fraction of monitoring windows in
-which a model's p95 exceeded its SLA.  Capacity tables come from a quick `recserve profile host`
-of this machine (reused from --profiles when given).
+The demo's live deployment (node server A co-locating a memory-bound and a compute-bound DLRM, each
+starting with one worker on its own core; added workers go round-robin over both cores) is driven
+once per controller with the same Poisson load; printed: the fraction of monitoring windows in which
+a model's p95 exceeded its SLA.  The default load is Hera's Fig. 14 scenario (gradual rise; at T1
+the second model drops; at T2 it spikes while the first drops) as fractions of each model's max load
+alone on the node.  Capacity tables (max load vs workers) come from `recserve profile host --via
+server` on this machine, i.e. measured through the node server (reused from --profiles when given).
 
-    .venv/bin/python benchmarks/bench_rmu_live.py --seconds 60
+    .venv/bin/python benchmarks/bench_rmu_live.py [--seconds 90] [--shape fig14|diurnal] [--router]
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 from pathlib import Path
 
 from recserve.cli import main as cli
-from recserve.demo import LIVE_MODELS, DemoRun, run_live
+from recserve.demo import DemoRun, run_live
 
 
 def main() -> int:
@@ -25,32 +27,46 @@ def main() -> int:
     parser.add_argument("--out", default="results/rmu_live")
     parser.add_argument("--profiles", default=None, help="a this-host ProfileSet to reuse (default: profile now)")
     parser.add_argument("--scale", type=float, default=1e-3)
-    parser.add_argument("--seconds", type=float, default=60.0, help="length of each compressed day")
+    parser.add_argument("--seconds", type=float, default=90.0, help="length of each run")
+    parser.add_argument("--shape", default="fig14", choices=("fig14", "diurnal"), help="load over time")
+    parser.add_argument("--via", default="server", choices=("server", "inprocess"),
+                        help="how the capacity profile is measured")
     parser.add_argument("--window-s", type=float, default=3.0)
     parser.add_argument("--controllers", default="hera,parties,static")
-    parser.add_argument("--no-router", action="store_true", help="send the first model straight to node A")
+    parser.add_argument("--models", default="elasticrec-rm3,hera-dlrm-b",
+                        help="the two co-located models (compute-heavy: on 2 cores the HTTP front end and load "
+                             "generator take much of a light model's CPU, so workers would barely matter)")
+    parser.add_argument("--quick-profile", action="store_true", help="coarse capacity profile (4 short probes)")
+    parser.add_argument("--router", action="store_true",
+                        help="also put the first model on node B behind the Kairos router (the demo's layout)")
     args = parser.parse_args()
     run = DemoRun(Path(args.out))
+    models = tuple(args.models.split(","))
+    if len(models) != 2:
+        parser.error("--models takes exactly two models")
     measured = run.path("profiles/this-host.json")
     if args.profiles:
         measured.parent.mkdir(parents=True, exist_ok=True)
         measured.write_text(Path(args.profiles).read_text())
-    elif cli(["profile", "host", "--models", ",".join(LIVE_MODELS), "--scale", str(args.scale), "--via",
-              "inprocess", "--quick", "--batches", "1,16,64,256,1024", "--workers", "1,2", "--out",
-              str(measured)]) != 0:
+    elif cli(["profile", "host", "--models", ",".join(models), "--scale", str(args.scale), "--via", args.via,
+              *(["--quick"] if args.quick_profile else []), "--batches", "1,64,256", "--workers", "1,2,3",
+              "--out", str(measured)]) != 0:
         return 1
     results = {}
     for name in args.controllers.split(","):
         print(f"== {name}", file=sys.stderr)
         data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
-                        use_router=not args.no_router)
-        results[name] = {"violation_fraction": data["violation_fraction"], "decisions": len(data["decisions"]),
+                        use_router=args.router, shape=args.shape, models=models)
+        peaks = data["peak_qps"]
+        results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
+                         "decisions": len(data["decisions"]),
                          "errors": sum(w["errors"] for w in data["windows"]),
                          "controller_errors": data["controller_errors"][:3]}
         if data["controller_errors"]:
             print(f"  {name} controller errors: {data['controller_errors'][:3]}", file=sys.stderr)
         run.path(f"live_{name}.json").write_text(json.dumps(data, indent=1))
-    print(f"fraction of {args.window_s:g}-s windows with p95 over the SLA ({args.seconds:g}-s compressed day)")
+    print(f"fraction of {args.window_s:g}-s windows with p95 over the SLA ({args.shape} load, {args.seconds:g} s; "
+          f"peak offered {', '.join(f'{m} {q:.0f} qps' for m, q in peaks.items())})")
     for name, r in results.items():
         v = ", ".join(f"{m} {100 * f:.0f}%" for m, f in r["violation_fraction"].items())
         print(f"  {name:8s} {v}   decisions {r['decisions']}, errors {r['errors']}")

@@ -8,10 +8,12 @@ queries and misses the QoS target on large ones, which is the heterogeneity Kair
 
 Steps, all in one run:
 1. latency vs batch size of each backend (one query at a time, through HTTP);
-2. QoS = ``--qos-x`` × the DRAM node's latency at the largest batch, so every query can meet it on
-   the DRAM node and only small ones on the SSD node;
+2. QoS = ``--qos-x`` × the DRAM node's p99 latency at the largest batch, so every query can meet it
+   on the DRAM node and only small ones on the SSD node;
 3. the simulator (``recserve.sim``, the same policy objects) predicts each policy's allowable
-   throughput on these two measured latency curves;
+   throughput on these two measured latency curves;  in both the simulator and the router the
+   policies' latency predictors start from these curves (a pool file's ``prior``) and learn online:
+   a cold predictor lets a greedy policy lock in whichever type its first completions made look fast;
 4. each policy's allowable throughput live (open-loop Poisson, production-like size mix, p99 under
    QoS), policies alternated ``--rounds`` times so host drift hits both.
 
@@ -36,6 +38,7 @@ from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import find_max_load
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import make_target
+from recserve.policies.predictor import prior_from_profiles
 from recserve.policies.router import Backend, PoolConfig, Router, RouterThread
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.serving import NodeServer
@@ -64,17 +67,23 @@ def backend_latency(url: str, model: str, scale: float, reps: int) -> list[list[
     return rows
 
 
-def simulate(model: str, curves: dict[str, list[list[float]]], qos: float) -> dict[str, float]:
+def curves_profile(model: str, curves: dict[str, list[list[float]]]) -> ProfileSet:
     profiles = ProfileSet()
     for name, rows in curves.items():
         profiles.add(ProfileTable(model, name, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"), rows))
-    ev = DispatchEvaluation(profiles, model, qos, queries=4000, log=None)
-    return {k: v.max_qps for k, v in ev.evaluate(list(curves), [*POLICIES, "oracle"]).items()}
+    return profiles
+
+
+def simulate(model: str, profiles: ProfileSet, qos: float) -> dict[str, float]:
+    """Allowable throughput per policy on the two measured curves, predictors seeded like the live router's."""
+    ev = DispatchEvaluation(profiles, model, qos, queries=4000, log=None, seed_predictor=True)
+    return {k: v.max_qps for k, v in ev.evaluate(["dram", "ssd"], [*POLICIES, "oracle"]).items()}
 
 
 def live(model: str, scale: float, urls: dict[str, str], qos: float, policy: str, duration_s: float,
-         start_qps: float) -> dict:
-    pool = PoolConfig([Backend(urls["dram"], "dram", 1, True), Backend(urls["ssd"], "ssd", 1)], qos)
+         start_qps: float, profiles: ProfileSet) -> dict:
+    prior = prior_from_profiles(profiles, model, ["dram", "ssd"])
+    pool = PoolConfig([Backend(urls["dram"], "dram", 1, True), Backend(urls["ssd"], "ssd", 1)], qos, prior=prior)
     router = Router(pool, pool.make_policy(policy))
     thread = RouterThread(router)
     port = thread.start()
@@ -83,7 +92,7 @@ def live(model: str, scale: float, urls: dict[str, str], qos: float, policy: str
         with LoadSession(make_target(f"http://127.0.0.1:{port}", model), mix) as sess:
             sess.run(rate=start_qps / 2, duration_s=4.0)  # warm-up: the predictor learns both backends
             t0 = time.time()
-            res = find_max_load(lambda r: sess.run(rate=r, duration_s=duration_s, min_requests=40), qos, 99.0,
+            res = find_max_load(lambda r: sess.run(rate=r, duration_s=duration_s, min_requests=100), qos, 99.0,
                                 start_qps=start_qps, rtol=0.08, max_probes=10, log=log)
         return {"max_qps": res.max_qps, "probes": len(res.probes), "search_s": time.time() - t0,
                 "router_stats": router.stats()}
@@ -97,10 +106,11 @@ def main() -> int:
     ap.add_argument("--model", default="kairos-wnd")
     ap.add_argument("--scale", type=float, default=1e-3)
     ap.add_argument("--cache-mb", type=float, default=0.25, help="the SSD node's DRAM row cache")
-    ap.add_argument("--qos-x", type=float, default=1.3, help="QoS = this x the DRAM node's latency at batch 1000")
+    ap.add_argument("--qos-x", type=float, default=1.3,
+                    help="QoS = this x the DRAM node's p99 latency at batch 1000 (one query at a time)")
     ap.add_argument("--duration-s", type=float, default=8.0, help="seconds per load probe")
     ap.add_argument("--rounds", type=int, default=2, help="times each policy is measured (alternating)")
-    ap.add_argument("--reps", type=int, default=12, help="queries per batch size for the latency curves")
+    ap.add_argument("--reps", type=int, default=20, help="queries per batch size for the latency curves")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="recserve-ssd-node-") as ssd_dir:
@@ -112,16 +122,18 @@ def main() -> int:
             curves = {name: backend_latency(url, args.model, args.scale, args.reps) for name, url in urls.items()}
             for name, rows in curves.items():
                 log(f"{name}: " + ", ".join(f"b{int(r[0])} {r[1]:.1f} ms" for r in rows))
-            qos = args.qos_x * curves["dram"][-1][1]
+            qos = args.qos_x * curves["dram"][-1][3]
             log(f"QoS p99 target {qos:.1f} ms")
-            sim = simulate(args.model, curves, qos)
+            profiles = curves_profile(args.model, curves)
+            sim = simulate(args.model, profiles, qos)
             log("simulated allowable throughput: " + ", ".join(f"{k} {v:.1f}" for k, v in sim.items()))
             start = max(1.0, 0.6 * sim["kairos"])
             runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
             for r in range(args.rounds):
                 order = POLICIES if r % 2 == 0 else POLICIES[::-1]
                 for policy in order:
-                    runs[policy].append(live(args.model, args.scale, urls, qos, policy, args.duration_s, start))
+                    runs[policy].append(live(args.model, args.scale, urls, qos, policy, args.duration_s, start,
+                                             profiles))
                     log(f"round {r + 1}: {policy} allowable {runs[policy][-1]['max_qps']:.1f} qps")
         finally:
             for srv in servers.values():

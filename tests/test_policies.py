@@ -332,3 +332,62 @@ def test_parties_acts_without_start_on_an_existing_allocation():
     node, parties = Node(), PartiesController()
     parties.step(0.0, node)
     assert node.workers["a"] == 2 and parties.log and parties.log[0].model == "a"
+
+
+def _greedy_lock_in(prior: dict[str, np.ndarray] | None) -> str:
+    """FCFS sees one small query on each type first (the fast type's looks slow: a cold start), then is
+    asked where a large query should go while both are idle."""
+    from recserve.policies.dispatch import FCFSPolicy, Instance, Query
+
+    types = ["fast", "slow"]
+    truth = {"fast": lambda b: 5.0 + 0.06 * b, "slow": lambda b: 5.0 + 0.15 * b}
+    policy = FCFSPolicy(100.0, predictor=LatencyPredictor(types, prior=prior))
+    insts = [Instance(0, "fast", 0), Instance(1, "slow", 1)]
+    policy.bind(insts, types)
+    bucket = policy.predictor.bucket
+    small = Query(0, 10, 0.0, bucket(10))
+    policy.on_complete(1.0, small, insts[0], 40.0)  # one slow-looking first call (cold caches)
+    policy.on_complete(1.0, Query(1, 20, 0.0, bucket(20)), insts[1], truth["slow"](20))
+    big = Query(2, 900, 2.0, bucket(900))
+    return policy.assign(2.0, [big], insts)[0][1].type_name
+
+
+def test_prior_keeps_a_greedy_policy_from_locking_in_a_cold_start_belief():
+    assert _greedy_lock_in(None) == "slow"  # the failure mode: a line through one cold call
+    grid = LatencyPredictor(["x"]).buckets
+    prior = {"fast": 5.0 + 0.06 * grid, "slow": 5.0 + 0.15 * grid}
+    assert _greedy_lock_in(prior) == "fast"
+
+
+def test_prior_is_kept_for_unseen_buckets_and_replaced_where_learned():
+    grid = LatencyPredictor(["a"]).buckets
+    p = LatencyPredictor(["a"], prior={"a": 1.0 + grid}, min_samples=2)
+    b = p.bucket(100)
+    for _ in range(40):  # many observations of one bucket: the rest of the row must not become a line
+        p.observe(0, b, 7.0)
+    assert p.predict(0, b) == pytest.approx(7.0)
+    assert p.predict(0, p.bucket(900)) == pytest.approx(1.0 + grid[p.bucket(900)])
+    with pytest.raises(ValueError, match="buckets"):
+        LatencyPredictor(["a"], prior={"a": np.ones(3)})
+
+
+def test_pool_file_prior_from_profiles(tmp_path):
+    from recserve.errors import SpecError
+    from recserve.policies.router import load_pool
+    from recserve.profiles import ProfileSet, ProfileTable
+
+    ps = ProfileSet()
+    for name, slope in (("dram", 0.06), ("ssd", 0.15)):
+        ps.add(ProfileTable("kairos-wnd", name, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
+                            [[b, 5 + slope * b, 5 + slope * b, 6 + slope * b] for b in (10, 500, 1000)]))
+    ps.save(tmp_path / "p.json")
+    text = ("qos_ms: 80\nprior: {profiles: %s, model: %s}\nbackends:\n"
+            "  - {url: 'http://127.0.0.1:1', type: dram, base: true}\n  - {url: 'http://127.0.0.1:2', type: ssd}\n")
+    (tmp_path / "pool.yaml").write_text(text % (tmp_path / "p.json", "kairos-wnd"))
+    pool = load_pool(tmp_path / "pool.yaml")
+    assert set(pool.prior) == {"dram", "ssd"}
+    policy = pool.make_policy("ribbon")
+    assert policy.predictor.rows[1][-1] == pytest.approx(5 + 0.15 * 1000)
+    (tmp_path / "bad.yaml").write_text(text % (tmp_path / "p.json", "hera-ncf"))
+    with pytest.raises(SpecError, match="no latency_vs_batch table"):
+        load_pool(tmp_path / "bad.yaml")

@@ -222,10 +222,32 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
     return go
 
 
+def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: float,
+               models: tuple[str, str] = LIVE_MODELS) -> dict[str, np.ndarray]:
+    """Offered load per window for the two live models.
+
+    ``diurnal``: a compressed day peaking at ``PEAK_SHARE`` of one worker's profiled max load.
+    ``fig14``: Hera Fig. 14 (gradual rise; at T1 the second model drops; at T2 it spikes while the first
+    drops), as fractions of each model's max load alone on the node's two cores.
+    """
+    from recserve.sim.colocate import hera_fig14
+
+    if shape == "diurnal":
+        return {m: diurnal_rates(PEAK_SHARE.get(m, 0.5) * capacity[m].max_qps(1), windows) for m in models}
+    if shape == "fig14":
+        mids = (np.arange(windows) + 0.5) * window_s
+        shapes = dict(zip(models, hera_fig14(duration_s=windows * window_s, memory_peak=0.7, cache_peak=0.6),
+                          strict=True))
+        return {m: np.array([shapes[m].rate(capacity[m].max_qps(2))(t) for t in mids]) for m in models}
+    raise RecserveError(f"unknown live load shape {shape!r}; known: diurnal, fig14")
+
+
 def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",
-             use_router: bool = True) -> dict[str, Any]:
+             use_router: bool = True, shape: str = "diurnal",
+             models: tuple[str, str] = LIVE_MODELS) -> dict[str, Any]:
     """Node A co-locates the two models, node B replicates the first behind the router (``use_router``);
-    ``controller_name`` (hera | parties | static) resizes node A's workers every window."""
+    ``controller_name`` (hera | parties | static) resizes node A's workers every window under the
+    ``shape`` load (see :func:`live_rates`)."""
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
@@ -237,12 +259,15 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     from recserve.serving.control_client import ControlClient
     from recserve.specs import get_model
 
-    lo, hi = LIVE_MODELS
+    lo, hi = models
     profiles = ProfileSet.load(run.path("profiles/this-host.json"))
-    capacity = {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in LIVE_MODELS}
+    capacity = {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in models}
+    # each model starts on its own core; workers the controller adds go round-robin over both cores, so a
+    # model's worker count is its share of the node's CPU when both are busy
+    cores = sorted(os.sched_getaffinity(0))[:2]
     node_a = NodeServer(config_from_dict({"models": [
-        {"model": lo, "scale": scale, "workers": 1, "cores": [[0]], "queue_limit": 64},
-        {"model": hi, "scale": scale, "workers": 1, "cores": [[1]], "queue_limit": 64}]}))
+        {"model": lo, "scale": scale, "workers": 1, "cores": cores, "queue_limit": 64},
+        {"model": hi, "scale": scale, "workers": 1, "cores": cores[::-1], "queue_limit": 64}]}))
     node_b = NodeServer(config_from_dict({"models": [
         {"model": lo, "scale": scale, "workers": 1, "cores": [[1]], "queue_limit": 64}]}))
     started: list[Any] = []
@@ -261,21 +286,21 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
         router_port = router.start()
         started.append(router)
         windows = max(4, int(seconds / window_s))
-        for m in LIVE_MODELS:
+        for m in models:
             if capacity[m].max_qps(1) <= 0:
                 raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
-        # Peak offered load: a share of one worker's profiled (in-process) max load.  The profile has no
-        # server, router or co-runner costs, and on a 2-core host the two node servers, the router and the
-        # load generator all share the cores the workers run on.  The compute-bound model is pushed past one
-        # worker at the evening peak, so the resource manager has something to do.
-        peak = {m: PEAK_SHARE[m] * capacity[m].max_qps(1) for m in LIVE_MODELS}
-        rates = {m: diurnal_rates(peak[m], windows) for m in LIVE_MODELS}
+        # Diurnal peak: a share of one worker's profiled max load.  An in-process profile has no server,
+        # router or co-runner costs, and on a 2-core host the node servers, the router and the load
+        # generator all share the workers' cores.  The compute-bound model is pushed past one worker at the
+        # evening peak, so the resource manager has something to do.
+        rates = live_rates(shape, capacity, windows, window_s, models)
+        peak = {m: float(np.max(r)) for m, r in rates.items()}
         front = router_port if use_router else ports_a.http
         targets = {lo: HttpTarget(f"http://127.0.0.1:{front}", lo),
                    hi: HttpTarget(f"http://127.0.0.1:{ports_a.http}", hi)}
         # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
         # the demo lets it place up to WORKER_SLOTS_PER_CORE workers per core (time-shared processes).
-        control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(LIVE_MODELS),
+        control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(models),
                                     total_cores=WORKER_SLOTS_PER_CORE * len(os.sched_getaffinity(0)))
         controller = make_controller(controller_name, capacity)
         results: list[LiveWindow] = []
@@ -302,7 +327,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
                                                   _finite(r.p95), spec.sla.target_ms, r.failed, workers))
 
         with ControlLoop(controller, control, period_s=window_s) as loop:
-            threads = [threading.Thread(target=drive, args=(m,), name=f"load-{m}") for m in LIVE_MODELS]
+            threads = [threading.Thread(target=drive, args=(m,), name=f"load-{m}") for m in models]
             for t in threads:
                 t.start()
             for t in threads:
@@ -314,10 +339,10 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     finally:
         for s in reversed(started):
             s.stop()
-    by_model = {m: [w for w in results if w.model == m] for m in LIVE_MODELS}
+    by_model = {m: [w for w in results if w.model == m] for m in models}
     violation = {m: float(np.mean([w.p95_ms > w.sla_ms for w in ws])) if ws else 1.0 for m, ws in by_model.items()}
-    return {"kind": "demo-live", "controller": controller_name, "router": use_router,
-            "models": list(LIVE_MODELS), "scale": scale, "window_s": window_s,
+    return {"kind": "demo-live", "controller": controller_name, "router": use_router, "shape": shape,
+            "models": list(models), "scale": scale, "window_s": window_s,
             "peak_qps": peak, "windows": [w.__dict__ for w in results], "violation_fraction": violation,
             "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
             "router_stats": stats}

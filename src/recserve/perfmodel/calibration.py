@@ -16,7 +16,7 @@ from typing import Any
 from recserve.errors import ProfileError
 from recserve.jsonio import read_json
 
-# 2: per_module_us, stream_gbs_per_core, bag_ns added; per_op_us counts ATen operators dispatched
+# 2: per_module_us, stream_gbs_per_core added; per_op_us counts ATen operators dispatched
 CALIBRATION_VERSION = 2
 
 
@@ -30,7 +30,6 @@ class Calibration:
     compute_eff: float  # fraction of peak FLOP/s a large batch reaches on one core
     batch_half: float  # GEMM rows at which efficiency is half of compute_eff
     lookup_ns: float  # per embedding id: index handling independent of row width
-    bag_ns: float  # per bag (one table of one item): offsets, output row, kernel dispatch inside the bag op
     llc_gbs_per_core: float  # row bytes/s one core gathers from the LLC
     dram_gbs_per_core: float  # row bytes/s one core gathers from DRAM (random rows)
     stream_gbs_per_core: float  # weight bytes/s one core streams from DRAM (sequential, prefetched)

@@ -32,7 +32,6 @@ FIT_PARAMS: dict[str, tuple[float, float]] = {
     "compute_eff": (0.005, 4.0),  # > 1 when the host spec understates its peak
     "batch_half": (0.1, 2000.0),
     "lookup_ns": (0.01, 500.0),
-    "bag_ns": (0.1, 5000.0),
     "llc_gbs_per_core": (0.5, 200.0),
     "dram_gbs_per_core": (0.1, 50.0),
     "act_gbs_per_core": (0.1, 200.0),

@@ -7,7 +7,7 @@ Per inference call of ``m`` items (roofline style):
 - dense      ``FLOPs·m / (cores' speed · freq · flops/cycle · eff(r))``, ``eff(r) = compute_eff · r/(r+batch_half)``
              with ``r = m · GEMM rows per item`` (the sequence length for attention over behaviours);
              plus streaming the dense weights that do not fit the allocated LLC (sequential: ``stream_gbs_per_core``)
-- sparse     ``m · (lookups · lookup_ns + tables · bag_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
+- sparse     ``m · (lookups · lookup_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
              with the LLC hit rate from the hot rows (Zipf locality) that fit in the allocated ways
 - memory     DRAM bytes/s demanded at the offered load plus co-runners' bandwidth give utilisation
              ``u`` of ``mem_bw_gbs · membw_eff``; DRAM time is slowed by ``1 + u²/(2(1−u))``
@@ -336,7 +336,7 @@ class PerfModel:
         llc_s = 1.0 / (cal.llc_gbs_per_core * 1e9)
         cached_bytes = cost.gather_bytes_per_item - (cost.multihot_bytes_per_item if st.nmp_ranks else 0.0)
         miss_bytes = self._miss_bytes(st, m, bool(st.nmp_ranks))
-        per_item_gather = ((cost.lookups_per_item * cal.lookup_ns + cost.tables * cal.bag_ns) * 1e-9
+        per_item_gather = (cost.lookups_per_item * cal.lookup_ns * 1e-9
                            + (cached_bytes - miss_bytes) * llc_s + miss_bytes * slow * dram_s)
         if st.nmp_ranks:  # NMP: rank-parallel gather-reduce of multi-hot tables in memory (Hercules S3-S5)
             per_item_gather += cost.multihot_bytes_per_item * slow * dram_s / st.nmp_ranks

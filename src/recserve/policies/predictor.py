@@ -4,7 +4,8 @@ Kairos needs the latency of a query of batch size ``b`` on an instance of type `
 cost matrix.  Inference latency is close to linear in batch size, so the predictor starts with a
 per-type least-squares line fitted to the first completions it observes and, once a batch bucket
 has been seen ``min_samples`` times, switches that bucket to the observed mean (a lookup table).
-No prior knowledge is required; an optional prior (e.g. a Profile table) only seeds the start.
+No prior knowledge is required; an optional prior (e.g. a measured Profile table, see
+:func:`prior_from_profiles`) replaces the line for the buckets not yet learned.
 
 Predictions live in one dense array ``pred[type, bucket]`` so a policy can build a whole cost
 matrix with one fancy-indexing operation.
@@ -13,8 +14,12 @@ matrix with one fancy-indexing operation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from recserve.profiles import ProfileSet
 
 DEFAULT_BUCKET_STEP = 10  # batch sizes are rounded up to a multiple of this (Kairos' production mix does)
 
@@ -42,9 +47,19 @@ class LatencyPredictor:
         # per-type sufficient statistics of the linear fit: n, sum x, sum y, sum xy, sum xx
         self._lin = [[0.0] * 5 for _ in range(shape[0])]
         self._since_refit = [0] * shape[0]
+        # a prior (e.g. measured latency_vs_batch) stays the prediction of every bucket not yet seen
+        # ``min_samples`` times: a greedy policy only observes the type it believes fastest, so a line
+        # fitted to its first few completions could lock in a wrong belief about the other types
+        self.prior: dict[int, np.ndarray] = {}
         if prior:
             for name, row in prior.items():
-                self.pred[self.types.index(name)] = np.asarray(row, dtype=float)
+                if name not in self.types:
+                    continue
+                row = np.asarray(row, dtype=float)
+                if row.shape != self.buckets.shape:
+                    raise ValueError(f"prior for {name!r} has {row.size} values for {self.buckets.size} buckets")
+                self.prior[self.types.index(name)] = row
+                self.pred[self.types.index(name)] = row
         self.rows = self.pred.tolist()  # list mirror of ``pred`` for fast scalar lookups
 
     # ------------------------------------------------------------ lookups
@@ -95,6 +110,8 @@ class LatencyPredictor:
 
     def _refit(self, type_idx: int) -> None:
         self._since_refit[type_idx] = 0
+        if type_idx in self.prior:  # unseen buckets keep the prior; seen ones are set by observe()
+            return
         n, sx, sy, sxy, sxx = self._lin[type_idx]
         var = n * sxx - sx * sx
         if n >= 2 and var > 1e-9:
@@ -112,3 +129,21 @@ class LatencyPredictor:
     def table_fraction(self) -> float:
         """Fraction of (type, bucket) cells served from the lookup table rather than the line."""
         return float((np.array(self._count) >= self.min_samples).mean())
+
+
+def prior_from_profiles(profiles: ProfileSet, model: str, types: Sequence[str],
+                        buckets: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Mean latency per bucket of each type that has a ``latency_vs_batch`` table for ``model`` (the
+    table's server name is the type name), interpolated linearly and extrapolated along the last segment."""
+    grid = default_buckets() if buckets is None else np.asarray(buckets, dtype=float)
+    out = {}
+    for table in profiles.find(model=model, kind="latency_vs_batch"):
+        if table.server not in types:
+            continue
+        b, mean = np.asarray(table.column("batch"), float), np.asarray(table.column("mean_ms"), float)
+        row = np.interp(grid, b, mean)
+        if len(b) > 1:
+            slope = (mean[-1] - mean[-2]) / max(b[-1] - b[-2], 1e-9)
+            row = np.where(grid > b[-1], mean[-1] + slope * (grid - b[-1]), row)
+        out[table.server] = np.maximum(row, 1e-3)
+    return out

@@ -12,6 +12,9 @@ Pool file (YAML)::
     qos_ms: 50            # p99 target the policy plans for
     policy: kairos        # kairos | ribbon | drs | clockwork
     drs_threshold: 300    # for drs: queries larger than this go to base types
+    prior:                # optional: seed the latency predictor from measured latency_vs_batch tables
+      profiles: profiles/backends.json   # tables whose server name is the backend type
+      model: kairos-wnd
     backends:
       - {url: http://127.0.0.1:8001, type: fast, slots: 1, base: true}
       - {url: http://127.0.0.1:8002, type: slow, slots: 1}
@@ -31,6 +34,7 @@ from aiohttp import web
 
 from recserve.errors import RecserveError, SpecError
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
+from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
 from recserve.specs import read_yaml
 
 FORWARD_HEADERS = ("Content-Type", "Inference-Header-Content-Length")
@@ -50,6 +54,7 @@ class PoolConfig:
     qos_ms: float
     policy: str = "kairos"
     drs_threshold: int = 300
+    prior: dict[str, np.ndarray] | None = None  # backend type -> mean latency per predictor bucket
 
     def instance_pool(self) -> tuple[list[str], list[str]]:
         """(type per instance, url per instance): each slot is one instance."""
@@ -62,7 +67,9 @@ class PoolConfig:
     def make_policy(self, name: str | None = None) -> DispatchPolicy:
         name = name or self.policy
         base = [b.type for b in self.backends if b.base] or [self.backends[0].type]
-        return make_policy(name, self.qos_ms, threshold=self.drs_threshold, base_types=base)
+        types = list(dict.fromkeys(b.type for b in self.backends))
+        predictor = LatencyPredictor(types, prior=self.prior) if self.prior else None
+        return make_policy(name, self.qos_ms, threshold=self.drs_threshold, base_types=base, predictor=predictor)
 
 
 def load_pool(path: str | Path) -> PoolConfig:
@@ -79,8 +86,20 @@ def load_pool(path: str | Path) -> PoolConfig:
         backends.append(Backend(str(b["url"]), str(b.get("type", f"b{i}")), slots, bool(b.get("base", False))))
     if "qos_ms" not in data:
         raise SpecError(f"{path}: needs qos_ms (the p99 target the dispatch policy plans for)")
+    prior = None
+    if data.get("prior") is not None:
+        spec = data["prior"]
+        if not isinstance(spec, dict) or "profiles" not in spec or "model" not in spec:
+            raise SpecError(f"{path}: prior needs 'profiles' (a ProfileSet file) and 'model'")
+        from recserve.profiles import ProfileSet
+
+        types = [b.type for b in backends]
+        prior = prior_from_profiles(ProfileSet.load(spec["profiles"]), str(spec["model"]), types)
+        if not prior:
+            raise SpecError(f"{path}: {spec['profiles']} has no latency_vs_batch table of {spec['model']!r} "
+                            f"on any backend type {sorted(set(types))}")
     return PoolConfig(backends, float(data["qos_ms"]), str(data.get("policy", "kairos")),
-                      int(data.get("drs_threshold", 300)))
+                      int(data.get("drs_threshold", 300)), prior)
 
 
 def batch_size_of(body: bytes, header_length: str | None) -> int:

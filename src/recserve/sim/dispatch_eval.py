@@ -20,6 +20,7 @@ import numpy as np
 from recserve.errors import ProfileError, RecserveError
 from recserve.measure.maxload import find_max_load
 from recserve.policies.dispatch import DispatchPolicy, make_policy, oracle_throughput, tune_threshold
+from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
 from recserve.profiles import ProfileSet
 from recserve.sim.cluster import ClusterSim, pool_text
 from recserve.sim.latency import ServiceModel
@@ -60,7 +61,7 @@ class DispatchEvaluation:
 
     def __init__(self, profiles: ProfileSet, model: str, qos_ms: float, queries: int = 10000, seed: int = 0,
                  mix: str = "production", percentile: float = 99.0, rtol: float = 0.02,
-                 log: Callable[[str], None] | None = _log) -> None:
+                 log: Callable[[str], None] | None = _log, seed_predictor: bool = False) -> None:
         self.profiles = profiles
         self.model = model
         self.qos_ms = float(qos_ms)
@@ -69,6 +70,16 @@ class DispatchEvaluation:
         self.stream = QueryStream(queries, seed=seed, mix=mix)
         self.service = ServiceModel.from_profiles(profiles, model)
         self.log = log or (lambda _m: None)
+        self.seed_predictor = seed_predictor  # start each policy's predictor from the latency tables
+
+    def policy(self, name: str, pool: Sequence[str], **kw: object) -> DispatchPolicy:
+        """A fresh policy; with ``seed_predictor`` its predictor starts from the profiled latencies
+        (what the live router does with a pool file's ``prior``)."""
+        if self.seed_predictor:
+            types = list(dict.fromkeys(pool))
+            prior = prior_from_profiles(self.profiles, self.model, types)
+            kw["predictor"] = LatencyPredictor(types, prior=prior)
+        return make_policy(name, self.qos_ms, **kw)
 
     def base_types(self, pool: Sequence[str]) -> list[str]:
         """The type fastest on the largest query (Kairos' base type), among those in the pool."""
@@ -114,7 +125,7 @@ class DispatchEvaluation:
             if name == "drs":
                 out[name] = self._drs(pool, base, start)
             else:
-                qps, probes = self.max_load(pool, lambda n=name: make_policy(n, self.qos_ms), start)
+                qps, probes = self.max_load(pool, lambda n=name: self.policy(n, pool), start)
                 out[name] = PolicyResult(name, qps, probes)
             self.log(f"  {self.model} [{pool_text(pool)}] {name:9s} {out[name].max_qps:9.2f} qps")
         return out
@@ -124,7 +135,7 @@ class DispatchEvaluation:
 
         def value(threshold: int) -> float:
             nonlocal probes
-            qps, n = self.max_load(pool, lambda: make_policy("drs", self.qos_ms, threshold=threshold,
+            qps, n = self.max_load(pool, lambda: self.policy("drs", pool, threshold=threshold,
                                                              base_types=base), start)
             probes += n
             return qps
@@ -185,7 +196,7 @@ def policy_best_pool(ev: DispatchEvaluation, policy: str, prices: dict[str, floa
     for row in configs[keep]:
         pool = [t for t, n in zip(types, row.tolist(), strict=True) for _ in range(n)]
         start = max(ev.oracle(pool) / 2.0, 0.5)
-        qps, _ = ev.max_load(pool, lambda: make_policy(policy, ev.qos_ms), start)
+        qps, _ = ev.max_load(pool, lambda p=pool: ev.policy(policy, p), start)
         if qps > best:
             best, best_pool = qps, pool
     return best_pool, best, int(keep.sum())
