@@ -36,6 +36,8 @@ def main() -> int:
     parser.add_argument("--models", default="elasticrec-rm3,hera-dlrm-b",
                         help="the two co-located models (compute-heavy: on 2 cores the HTTP front end and load "
                              "generator take much of a light model's CPU, so workers would barely matter)")
+    parser.add_argument("--peaks", default="0.7,0.6",
+                        help="fig14: the first model's plateau and the second's spike, as fractions of max load alone")
     parser.add_argument("--quick-profile", action="store_true", help="coarse capacity profile (4 short probes)")
     parser.add_argument("--router", action="store_true",
                         help="also put the first model on node B behind the Kairos router (the demo's layout)")
@@ -56,7 +58,8 @@ def main() -> int:
     for name in args.controllers.split(","):
         print(f"== {name}", file=sys.stderr)
         data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
-                        use_router=args.router, shape=args.shape, models=models)
+                        use_router=args.router, shape=args.shape, models=models,
+                        peaks=tuple(float(x) for x in args.peaks.split(",")))
         peaks = data["peak_qps"]
         results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
                          "decisions": len(data["decisions"]),

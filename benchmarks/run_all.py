@@ -251,9 +251,21 @@ def elasticrec_rows(d: dict) -> list[Row]:
 
 
 def route_rows(d: dict) -> list[Row]:
-    k, r = dig(d, "results", "kairos", "max_qps"), dig(d, "results", "ribbon", "max_qps")
-    return [row(f"live router: Kairos vs FCFS (Ribbon) max load at p99 QoS, {d.get('model')}", k, r, div(k, r),
-                "QPS")]
+    k, r = dig(d, "live_allowable_qps", "kairos"), dig(d, "live_allowable_qps", "ribbon")
+    sk, sr = dig(d, "simulated_qps", "kairos"), dig(d, "simulated_qps", "ribbon")
+    return [row(f"live router: Kairos vs FCFS (Ribbon) allowable QPS at p99 QoS, {d.get('model')}", k, r, div(k, r),
+                "QPS"),
+            row("same pool simulated: Kairos vs FCFS", sk, sr, div(sk, sr), "QPS")]
+
+
+def search_live_rows(d: dict) -> list[Row]:
+    return [row(f"live Hercules / DeepRecSys re-measured max load, {m['model']}", dig(m, "confirm", "ratio"))
+            for m in d.get("models", [])]
+
+
+def rmu_live_rows(d: dict) -> list[Row]:
+    return [row(f"live windows violating SLA, {name}", 100 * max(r["violation_fraction"].values()), unit="%")
+            for name, r in d.items() if isinstance(r, dict) and "violation_fraction" in r]
 
 
 # ---------------------------------------------------------------- the suite
@@ -294,6 +306,8 @@ def suite() -> list[Bench]:
         Bench("elasticrec_live", "bench_elasticrec_live.py", ["--seconds", "8", "--low-seconds", "5"],
               [("elasticrec_live.json", elasticrec_rows)], 600),
         Bench("route", "bench_route.py", [], [("route_live.json", route_rows)], 1200),
+        Bench("search_live", "bench_search_live.py", [], [("search_live.json", search_live_rows)], 1800),
+        Bench("rmu_live", "bench_rmu_live.py", [], [("rmu_live.json", rmu_live_rows)], 1800),
         Bench("peers", "bench_peers.py", ["--model", "hercules-rmc1", "--scale", "1e-3", "--sla-ms", "100",
                                           "--probe-s", "3"],
               [("bench_peers.json", peers_rows)], 1500),

@@ -219,3 +219,21 @@ def test_load_scenarios_have_the_documented_shape():
     mem, cache = steps(60.0, (0.1, 0.5, 0.3))
     assert [mem.rate(1.0)(t) for t in (10, 30, 50)] == pytest.approx([0.1, 0.5, 0.3])
     assert [cache.rate(1.0)(t) for t in (10, 30, 50)] == pytest.approx([0.3, 0.5, 0.1])
+
+
+def test_seeded_predictors_use_the_service_grid():
+    """With ``seed_predictor`` the policies start from the latency tables on the simulator's own grid
+    (simulated queries carry grid indices): Kairos keeps large queries off the slow type and beats FCFS."""
+    from recserve.profiles import ProfileSet, ProfileTable
+    from recserve.sim.dispatch_eval import DispatchEvaluation
+
+    sizes = [10, 100, 250, 500, 750, 1000]
+    ps = ProfileSet()
+    for name, lat in (("dram", [9.5, 13.7, 21.9, 43.8, 56.3, 72.9]), ("ssd", [11.2, 21.3, 48.7, 84.0, 115.8, 147.3])):
+        ps.add(ProfileTable("kairos-wnd", name, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
+                            [[b, m, m, 1.15 * m] for b, m in zip(sizes, lat, strict=True)]))
+    ev = DispatchEvaluation(ps, "kairos-wnd", 96.6, queries=3000, log=None, seed_predictor=True)
+    policy = ev.policy("kairos", ["dram", "ssd"])
+    assert len(policy.predictor.buckets) == len(ev.service.batches)
+    res = ev.evaluate(["dram", "ssd"], ["kairos", "ribbon"])
+    assert res["kairos"].max_qps > 1.5 * res["ribbon"].max_qps > 0

@@ -223,12 +223,14 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
 
 
 def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: float,
-               models: tuple[str, str] = LIVE_MODELS) -> dict[str, np.ndarray]:
+               models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, float] = (0.7, 0.6)
+               ) -> dict[str, np.ndarray]:
     """Offered load per window for the two live models.
 
     ``diurnal``: a compressed day peaking at ``PEAK_SHARE`` of one worker's profiled max load.
     ``fig14``: Hera Fig. 14 (gradual rise; at T1 the second model drops; at T2 it spikes while the first
-    drops), as fractions of each model's max load alone on the node's two cores.
+    drops), as fractions of each model's max load alone on the node's two cores; ``peaks`` are the first
+    model's plateau and the second's spike.
     """
     from recserve.sim.colocate import hera_fig14
 
@@ -236,15 +238,15 @@ def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: flo
         return {m: diurnal_rates(PEAK_SHARE.get(m, 0.5) * capacity[m].max_qps(1), windows) for m in models}
     if shape == "fig14":
         mids = (np.arange(windows) + 0.5) * window_s
-        shapes = dict(zip(models, hera_fig14(duration_s=windows * window_s, memory_peak=0.7, cache_peak=0.6),
-                          strict=True))
+        shapes = dict(zip(models, hera_fig14(duration_s=windows * window_s, memory_peak=peaks[0],
+                                             cache_peak=peaks[1]), strict=True))
         return {m: np.array([shapes[m].rate(capacity[m].max_qps(2))(t) for t in mids]) for m in models}
     raise RecserveError(f"unknown live load shape {shape!r}; known: diurnal, fig14")
 
 
 def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",
              use_router: bool = True, shape: str = "diurnal",
-             models: tuple[str, str] = LIVE_MODELS) -> dict[str, Any]:
+             models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, float] = (0.7, 0.6)) -> dict[str, Any]:
     """Node A co-locates the two models, node B replicates the first behind the router (``use_router``);
     ``controller_name`` (hera | parties | static) resizes node A's workers every window under the
     ``shape`` load (see :func:`live_rates`)."""
@@ -293,7 +295,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
         # router or co-runner costs, and on a 2-core host the node servers, the router and the load
         # generator all share the workers' cores.  The compute-bound model is pushed past one worker at the
         # evening peak, so the resource manager has something to do.
-        rates = live_rates(shape, capacity, windows, window_s, models)
+        rates = live_rates(shape, capacity, windows, window_s, models, peaks)
         peak = {m: float(np.max(r)) for m, r in rates.items()}
         front = router_port if use_router else ports_a.http
         targets = {lo: HttpTarget(f"http://127.0.0.1:{front}", lo),

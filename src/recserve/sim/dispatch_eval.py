@@ -75,10 +75,11 @@ class DispatchEvaluation:
     def policy(self, name: str, pool: Sequence[str], **kw: object) -> DispatchPolicy:
         """A fresh policy; with ``seed_predictor`` its predictor starts from the profiled latencies
         (what the live router does with a pool file's ``prior``)."""
-        if self.seed_predictor:
+        if self.seed_predictor:  # simulated queries carry indices into the service grid, not size buckets
             types = list(dict.fromkeys(pool))
-            prior = prior_from_profiles(self.profiles, self.model, types)
-            kw["predictor"] = LatencyPredictor(types, prior=prior)
+            grid = self.service.batches
+            prior = prior_from_profiles(self.profiles, self.model, types, buckets=grid)
+            kw["predictor"] = LatencyPredictor(types, buckets=grid, prior=prior)
         return make_policy(name, self.qos_ms, **kw)
 
     def base_types(self, pool: Sequence[str]) -> list[str]:
