@@ -44,12 +44,11 @@ def log(msg: str) -> None:
 
 def confirm(spec_name: str, sla: SLA, a: SchedConfig, b: SchedConfig, duration_s: float) -> dict:
     """Max load of ``a`` and ``b`` measured alternately (fresh servers each time)."""
-    spec, server = get_model(spec_name), get_server("this-host")
+    evaluator = LiveEvaluator(get_model(spec_name), get_server("this-host"), sla, duration_s=duration_s, log=log)
     qa, qb = [], []
     for _ in range(CONFIRM_ROUNDS):
         for cfg, out in ((a, qa), (b, qb)):
-            q = LiveEvaluator(spec, server, sla, duration_s=duration_s, log=log).measure(cfg)
-            out.append(q or 0.0)
+            out.append(evaluator.measure(cfg) or 0.0)  # a fresh server and search each time
     ma, mb = float(np.median(qa)), float(np.median(qb))
     return {"hercules_qps": qa, "deeprecsys_qps": qb, "hercules_median": ma, "deeprecsys_median": mb,
             "ratio": ma / mb if mb > 0 else None}

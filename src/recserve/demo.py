@@ -244,6 +244,29 @@ def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: flo
     raise RecserveError(f"unknown live load shape {shape!r}; known: diurnal, fig14")
 
 
+def _replica_router(run: DemoRun, model: str, scale: float, port_a: int, core: int, started: list[Any]) -> Any:
+    """Node B (a replica of ``model`` on ``core``) and a Kairos router over node A's and node B's copies;
+    both are appended to ``started`` so the caller stops them."""
+    from recserve.policies.router import Router, RouterThread, load_pool
+    from recserve.serving import NodeServer, config_from_dict
+    from recserve.specs import get_model
+
+    node_b = NodeServer(config_from_dict({"models": [
+        {"model": model, "scale": scale, "workers": 1, "cores": [[core]], "queue_limit": 64}]}))
+    ports_b = node_b.start()
+    started.append(node_b)
+    pool_file = run.path("live/pool.yaml")
+    pool_file.parent.mkdir(parents=True, exist_ok=True)
+    pool_file.write_text(
+        f"qos_ms: {get_model(model).sla.target_ms}\npolicy: kairos\nbackends:\n"
+        f"  - {{url: 'http://127.0.0.1:{port_a}', type: node-a, slots: 1, base: true}}\n"
+        f"  - {{url: 'http://127.0.0.1:{ports_b.http}', type: node-b, slots: 1}}\n")
+    router = RouterThread(Router(load_pool(pool_file)))
+    router.start()  # sets router.port
+    started.append(router)
+    return router
+
+
 def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",
              use_router: bool = True, shape: str = "diurnal",
              models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, float] = (0.7, 0.6)) -> dict[str, Any]:
@@ -255,7 +278,6 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     from recserve.measure.targets import HttpTarget
     from recserve.policies.node_control import ControlLoop, ServerNodeControl
     from recserve.policies.rmu import CapacityProfile, make_controller
-    from recserve.policies.router import Router, RouterThread, load_pool
     from recserve.profiles import ProfileSet
     from recserve.serving import NodeServer, config_from_dict
     from recserve.serving.control_client import ControlClient
@@ -264,40 +286,28 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     lo, hi = models
     profiles = ProfileSet.load(run.path("profiles/this-host.json"))
     capacity = {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in models}
+    for m in models:  # before any server starts
+        if capacity[m].max_qps(1) <= 0:
+            raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
     # each model starts on its own core; workers the controller adds go round-robin over both cores, so a
     # model's worker count is its share of the node's CPU when both are busy
     cores = sorted(os.sched_getaffinity(0))[:2]
     node_a = NodeServer(config_from_dict({"models": [
         {"model": lo, "scale": scale, "workers": 1, "cores": cores, "queue_limit": 64},
         {"model": hi, "scale": scale, "workers": 1, "cores": cores[::-1], "queue_limit": 64}]}))
-    node_b = NodeServer(config_from_dict({"models": [
-        {"model": lo, "scale": scale, "workers": 1, "cores": [[1]], "queue_limit": 64}]}))
     started: list[Any] = []
     try:
         ports_a = node_a.start()
         started.append(node_a)
-        ports_b = node_b.start()
-        started.append(node_b)
-        pool_file = run.path("live/pool.yaml")
-        pool_file.parent.mkdir(parents=True, exist_ok=True)
-        pool_file.write_text(
-            f"qos_ms: {get_model(lo).sla.target_ms}\npolicy: kairos\nbackends:\n"
-            f"  - {{url: 'http://127.0.0.1:{ports_a.http}', type: node-a, slots: 1, base: true}}\n"
-            f"  - {{url: 'http://127.0.0.1:{ports_b.http}', type: node-b, slots: 1}}\n")
-        router = RouterThread(Router(load_pool(pool_file)))
-        router_port = router.start()
-        started.append(router)
+        router = _replica_router(run, lo, scale, ports_a.http, cores[-1], started) if use_router else None
         windows = max(4, int(seconds / window_s))
-        for m in models:
-            if capacity[m].max_qps(1) <= 0:
-                raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
         # Diurnal peak: a share of one worker's profiled max load.  An in-process profile has no server,
         # router or co-runner costs, and on a 2-core host the node servers, the router and the load
         # generator all share the workers' cores.  The compute-bound model is pushed past one worker at the
         # evening peak, so the resource manager has something to do.
         rates = live_rates(shape, capacity, windows, window_s, models, peaks)
         peak = {m: float(np.max(r)) for m, r in rates.items()}
-        front = router_port if use_router else ports_a.http
+        front = router.port if router is not None else ports_a.http
         targets = {lo: HttpTarget(f"http://127.0.0.1:{front}", lo),
                    hi: HttpTarget(f"http://127.0.0.1:{ports_a.http}", hi)}
         # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
@@ -335,7 +345,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
             for t in threads:
                 t.join()
             loop_errors = list(loop.errors)
-        stats = router.router.stats()
+        stats = router.router.stats() if router is not None else None
         if failures:
             raise RecserveError("load generation failed: " + "; ".join(failures))
     finally:

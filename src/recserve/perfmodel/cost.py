@@ -95,9 +95,8 @@ def analytic_calls(spec: ModelSpec) -> CallCounts:
     dispatches per table and per layer: indices/offsets slicing + the bag; Linear + activation)."""
     from recserve.zoo.flops import CallCounts
 
-    layers = analytic_dense(spec)[2]
+    flops, _, layers = analytic_dense(spec)
     seq_steps = sum(t.pooling for t in spec.sequence_tables) if spec.interaction == "gru" else 0
-    flops = analytic_dense(spec)[0]
     seq_flops = sum(t.pooling * 2.0 * 4 * t.dim * (spec.attention_mlp[0] if spec.attention_mlp else 1)
                     for t in spec.sequence_tables)
     rows = 1.0 + sum(t.pooling - 1 for t in spec.sequence_tables[:1]) * min(seq_flops / max(flops, 1.0), 1.0)

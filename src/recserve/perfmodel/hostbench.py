@@ -109,12 +109,14 @@ def measured_constants(profiles: ProfileSet) -> dict[str, float]:
 
 def measure_host(specs: Iterable[ModelSpec], batches: Iterable[int] = (1, 8, 32, 128, 512),
                  scale: float | dict[str, float] = 1e-3, threads: int = 1, budget_s: float = 0.25,
-                 progress: Callable[[str], None] | None = None, max_call_ms: float = 250.0) -> ProfileSet:
-    """latency_vs_batch tables (source="measured") of ``specs`` run in-process on this host."""
+                 progress: Callable[[str], None] | None = None, max_call_ms: float = 250.0,
+                 stream_gbs: float | None = None) -> ProfileSet:
+    """latency_vs_batch tables (source="measured") of ``specs`` run in-process on this host, with the
+    weight-streaming rate in the meta (``stream_gbs`` when the caller measured it already)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     out = ProfileSet(meta={"source": "recserve.perfmodel.hostbench", "threads": threads, "specs": {},
-                           "stream_gbs_per_core": measure_stream_gbs()})
+                           "stream_gbs_per_core": stream_gbs or measure_stream_gbs()})
     try:
         for spec in specs:
             s = scale.get(spec.name, 1e-3) if isinstance(scale, dict) else scale
