@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import numpy as np
+import pytest
 import torch
 
+from recserve.embedding import uring
 from recserve.serving import NodeServer, config_from_dict
 from recserve.specs import get_model
 from recserve.zoo import build, sample_batch
 
 
-def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path):
+@pytest.fixture(params=["auto", "threads", "probe-crashed"])
+def engine(request, monkeypatch):
+    """``auto`` serves with io_uring where it works; ``probe-crashed`` is a host where the probe dies (issue #13):
+    the verdict travels to the worker processes, which serve with the thread pool."""
+    uring.reset_probe()
+    if request.param == "probe-crashed":
+        monkeypatch.setattr(uring, "PROBE_CODE", "import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+        assert not uring.probe()[0]
+    yield request.param
+    uring.reset_probe()
+
+
+def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path, engine):
     import tritonclient.http as httpclient
 
     scale = 2e-5
     config = config_from_dict({"models": [{
         "model": "sdm-m1", "scale": scale, "workers": 1, "max_batch_size": 64,
-        "options": {"tier": {"dir": str(tmp_path), "tables": "user", "cache_mb": 1}}}]})
+        "options": {"tier": {"dir": str(tmp_path), "tables": "user", "cache_mb": 1,
+                             "engine": "threads" if engine == "threads" else "auto"}}}]})
     reference = build(get_model("sdm-m1"), scale=scale)
     batch = sample_batch(reference, 8, rng=3)
     with torch.no_grad():
@@ -32,7 +50,17 @@ def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path):
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         scores = client.infer("sdm-m1", inputs).as_numpy("scores")
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/sdm-m1") as r:
+            tier_io = json.load(r)["tier_io"]
     finally:
         server.stop()
     np.testing.assert_array_equal(scores, expected)
     assert any(tmp_path.iterdir()), "the tier wrote its table files"
+    assert tier_io and all(t["why"] for t in tier_io), "the node says which I/O engine each tiered table uses"
+    engines = {t["engine"] for t in tier_io}
+    if engine == "auto":
+        assert engines == {"io_uring" if uring.probe()[0] else "threads"}
+    else:
+        assert engines == {"threads"}
+    if engine == "probe-crashed":
+        assert all("SIGILL" in t["why"] for t in tier_io)

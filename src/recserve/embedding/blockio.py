@@ -6,9 +6,10 @@ Two decisions are made once per file and reported (``BlockReader.mode`` / ``.eng
   file system refuses O_DIRECT (tmpfs, some overlays), ``buffered+fadvise``: plain ``pread`` followed by
   ``posix_fadvise(DONTNEED)`` so the page cache does not silently become a DRAM copy of the table.  The fallback
   is logged as a warning.
-- **engine**: ``io_uring`` through the ``liburing`` Python binding when it imports and a ring can be set up
-  (SDM §4.1 chose io_uring for its low per-IO overhead), otherwise a thread pool issuing ``os.preadv``
-  (which releases the GIL).  Either way at most ``max_outstanding`` IOs per table are in flight (SDM §4.1:
+- **engine**: ``io_uring`` through recserve's own syscall layer (:mod:`recserve.embedding.uring`; SDM §4.1
+  chose io_uring for its low per-IO overhead) when a probe in a child process has shown it works on this
+  host, otherwise a thread pool issuing ``os.preadv`` (which releases the GIL).  ``BlockReader.engine_reason``
+  says why.  Either way at most ``max_outstanding`` IOs per table are in flight (SDM §4.1:
   capping outstanding IOs smooths NAND bursts; a "Tuning API" knob).
 
 A read that fails or comes back short raises :class:`TableIOError`: the caller fails that query, it never
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.embedding import uring
+
 log = logging.getLogger("recserve.embedding")
 
 ENGINES = ("auto", "io_uring", "threads")
@@ -35,42 +38,25 @@ class TableIOError(OSError):
     """Reading rows from a table file failed during serving (device error, short read, file truncated)."""
 
 
-def _liburing():
-    try:
-        import liburing  # type: ignore[import-not-found]
-    except Exception:  # noqa: BLE001 - any import failure means "not available here"
-        return None
-    return liburing
-
-
 def io_uring_available() -> bool:
-    lu = _liburing()
-    if lu is None:
-        return False
-    try:
-        ring = lu.Ring()
-        if lu.io_uring_queue_init(8, ring) != 0:
-            return False
-        lu.io_uring_queue_exit(ring)
-        return True
-    except Exception:  # noqa: BLE001 - kernel without io_uring, seccomp, disabled by sysctl
-        return False
+    """Whether io_uring works here, decided once by a probe in a child process (never crashes the caller)."""
+    return uring.probe()[0]
 
 
 RING_ENTRIES = 256
 _local = threading.local()
 
 
-def _thread_ring():
+def _thread_ring() -> uring.Ring:
     """This thread's io_uring (one per thread: rings are not thread-safe; one ring serves every file)."""
     ring = getattr(_local, "ring", None)
     if ring is None:
-        lu = _liburing()
-        ring = lu.Ring()
-        if lu.io_uring_queue_init(RING_ENTRIES, ring) != 0:
-            raise TableIOError("io_uring_queue_init failed")
-        _local.ring, _local.cqe = ring, lu.Cqe()
-    return _local.ring, _local.cqe
+        try:
+            ring = uring.Ring(RING_ENTRIES)
+        except OSError as exc:
+            raise TableIOError(f"io_uring ring set-up failed: {exc}") from exc
+        _local.ring = ring
+    return ring
 
 
 class AlignedSlots:
@@ -86,7 +72,7 @@ class AlignedSlots:
         self.buf = mmap.mmap(-1, self.size * self.count)
         self.array = np.frombuffer(self.buf, dtype=np.uint8).reshape(self.count, self.size)
         self.views = [memoryview(self.buf)[i * self.size : (i + 1) * self.size] for i in range(self.count)]
-        self.iovecs: list | None = None
+        self.iovecs = uring.iovecs_for(self.array.ctypes.data, self.size, self.count)  # for io_uring readv
 
     def ensure(self, count: int) -> None:
         if count > self.count:
@@ -131,13 +117,16 @@ class BlockReader:
         return os.open(self.path, os.O_RDONLY), "buffered+fadvise"
 
     def _pick_engine(self, engine: str) -> str:
-        if engine in ("auto", "io_uring"):
-            if io_uring_available():
-                self._lu = _liburing()
-                return "io_uring"
-            if engine == "io_uring":
-                raise TableIOError("io_uring requested but the liburing binding or the kernel ring is unavailable")
-            log.info("io_uring unavailable (pip install liburing); using a thread pool of os.preadv")
+        if engine == "threads":
+            self.engine_reason = "thread pool requested (engine: threads)"
+            return "threads"
+        available, why = uring.probe()
+        if available:
+            self.engine_reason = why
+            return "io_uring"
+        if engine == "io_uring":
+            raise TableIOError(f"io_uring requested but unavailable here: {why}")
+        self.engine_reason = f"io_uring unavailable ({why}); thread pool of os.preadv"
         return "threads"
 
     # ---- reads -------------------------------------------------------------------
@@ -196,11 +185,6 @@ class BlockReader:
     def _read_uring(self, offsets: np.ndarray) -> None:
         _uring_read_many([(self, offsets)])
 
-    def _iovecs(self) -> list:
-        if self.slots.iovecs is None or len(self.slots.iovecs) < self.slots.count:
-            self.slots.iovecs = [self._lu.Iovec([v]) for v in self.slots.views]
-        return self.slots.iovecs
-
     def close(self) -> None:
         with self._lock:
             if self.fd >= 0:
@@ -213,51 +197,42 @@ class BlockReader:
 
 def _uring_read_many(requests: list[tuple[BlockReader, np.ndarray]]) -> None:
     """Issue every request's windows on this thread's ring, at most ``max_outstanding`` per file and
-    ``RING_ENTRIES`` in all, completions reaped one at a time; raise the first failure after all completed."""
-    lu = _liburing()
-    ring, cqe = _thread_ring()
-    iovecs = [r._iovecs() for r, _ in requests]
+    ``RING_ENTRIES`` in all; raise the first failure once every read issued has completed (the buffers must
+    not be reused while the kernel still writes them)."""
+    ring = _thread_ring()
     nxt = [0] * len(requests)
     inflight = [0] * len(requests)
     remaining = sum(int(o.size) for _, o in requests)
-    total_inflight = 0
+    windows = np.array([r.window for r, _ in requests], dtype=np.int64)
     failure: TableIOError | None = None
     while remaining:
-        issued = 0
         for k, (reader, offsets) in enumerate(requests):
-            while (nxt[k] < offsets.size and inflight[k] < reader.max_outstanding
-                   and total_inflight < RING_ENTRIES):
-                i = nxt[k]
-                sqe = lu.io_uring_get_sqe(ring)
-                lu.io_uring_prep_readv(sqe, reader.fd, iovecs[k][i], int(offsets[i]))
-                lu.io_uring_sqe_set_data64(sqe, (k << 32) | i)
-                nxt[k] += 1
-                inflight[k] += 1
-                total_inflight += 1
-                issued += 1
-        if issued:
-            lu.io_uring_submit(ring)
-        lu.io_uring_wait_cqe(ring, cqe)
-        ready = max(1, lu.io_uring_cq_ready(ring))
-        for j in range(ready):  # reap every completion ready, each as the head (cqe[k>0] breaks when the CQ wraps)
-            if j:
-                lu.io_uring_peek_cqe(ring, cqe)
-            entry = cqe[0]
-            tag = lu.io_uring_cqe_get_data64(entry)
+            take = min(offsets.size - nxt[k], reader.max_outstanding - inflight[k], ring.space())
+            if take > 0:
+                i = np.arange(nxt[k], nxt[k] + take, dtype=np.uint64)
+                iov = reader.slots.iovecs.ctypes.data + uring.IOVEC_DTYPE.itemsize * i
+                ring.submit_readv(reader.fd, iov, offsets[nxt[k]:nxt[k] + take].astype(np.uint64), (k << 32) | i)
+                nxt[k] += take
+                inflight[k] += take
+        # All issued: one wait for every read; else wake at a quarter done so the queue refills while deep.
+        all_issued = all(n == o.size for n, (_, o) in zip(nxt, requests, strict=True))
+        try:
+            ring.enter(ring.outstanding if all_issued else max(1, ring.outstanding // 4))
+        except OSError as exc:
+            raise TableIOError(f"io_uring_enter failed: {exc}") from exc
+        tags, results = ring.reap()
+        which, slot = (tags >> np.uint64(32)).astype(np.int64), (tags & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        for k, done in enumerate(np.bincount(which, minlength=len(requests))):
+            inflight[k] -= int(done)
+        remaining -= tags.size
+        bad = np.flatnonzero(results != windows[which])
+        if failure is None and bad.size:
+            j = int(bad[0])
+            reader, offsets = requests[int(which[j])]
             try:
-                res = entry.res
-            except OSError as exc:  # the binding raises for negative results
-                res = -(exc.errno or 5)
-            lu.io_uring_cqe_seen(ring, entry)
-            k, i = tag >> 32, tag & 0xFFFFFFFF
-            inflight[k] -= 1
-            total_inflight -= 1
-            remaining -= 1
-            if failure is None:
-                try:
-                    requests[k][0]._check(res, int(requests[k][1][i]))
-                except TableIOError as exc:
-                    failure = exc
+                reader._check(int(results[j]), int(offsets[int(slot[j])]))
+            except TableIOError as exc:
+                failure = exc
     if failure is not None:
         raise failure
 

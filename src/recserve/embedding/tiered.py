@@ -140,14 +140,25 @@ class TieredTable(nn.Module):
         """Picklable (the node server ships models to worker processes): the reader is reopened on load."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
-        state["reader"] = None
+        state["_reader"] = None
         state["_staged"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        r = self.resources
-        self.reader = BlockReader(self.path, self.window, r.engine, r.max_outstanding, r.direct)
+        super().__setstate__(state)  # the reader reopens on first use, once the worker has its settings
+
+    @property
+    def reader(self) -> BlockReader:
+        reader = self.__dict__.get("_reader")
+        if reader is None:
+            r = self.resources
+            reader = self.__dict__["_reader"] = BlockReader(self.path, self.window, r.engine, r.max_outstanding,
+                                                            r.direct)
+        return reader
+
+    @reader.setter
+    def reader(self, reader: BlockReader | None) -> None:
+        self.__dict__["_reader"] = reader
 
     # ---- the zoo table interface ---------------------------------------------------
     def pool(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -268,6 +279,13 @@ class TieredTable(nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.path.name}: {self.num_rows}x{self.dim} {self.dtype}, stride {self.header.stride}, "
                 f"{self.reader.mode}/{self.reader.engine}, cache={'on' if self.use_cache else 'off'}")
+
+
+def io_report(model: nn.Module) -> list[dict[str, str]]:
+    """Which read path each tiered table of ``model`` uses and why (served in the node's model state)."""
+    return [{"table": name or "?", "file": t.path.name, "mode": t.reader.mode, "engine": t.reader.engine,
+             "why": t.reader.engine_reason}
+            for name, t in model.named_modules() if isinstance(t, TieredTable)]
 
 
 def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directory: str | Path,

@@ -125,6 +125,17 @@ class ModelInfo:
 IO_BUFFER_CAP = 256 * 1024 * 1024
 
 
+def io_uring_verdict(cfg: ModelConfig) -> str:
+    """For a tiered model, probe io_uring once here (in a child process) and hand the verdict to every worker:
+    the forkserver's environment predates it, and one probe per node beats one per worker."""
+    if not (cfg.options or {}).get("tier"):
+        return ""
+    from recserve.embedding import uring
+
+    ok, why = uring.probe()
+    return "ok" if ok else f"unavailable: {why}"
+
+
 def model_info(cfg: ModelConfig) -> ModelInfo:
     """Validation facts, and I/O buffer sizes for a ``max_batch_size`` query (bags up to 2x pooling)."""
     spec = get_model(cfg.model)
@@ -254,6 +265,8 @@ class ModelRuntime:
         self.metrics = ModelMetrics()
         self.sub_batch = cfg.sub_batch
         self.in_flight = 0
+        self.tier_io: list[dict[str, str]] = []  # tiered tables' read path, from the first ready worker
+        self.io_uring_verdict = io_uring_verdict(cfg)
         self.accepting = True
         self.stopping = False
         self.shared_model = share_model(build_worker_model(cfg)) if cfg.share_tables else None
@@ -304,7 +317,7 @@ class ModelRuntime:
         wid = next(self._ids)
         split = self.info.io_in_bytes
         io = torch.empty(split + self.info.io_out_bytes, dtype=torch.uint8).share_memory_()
-        args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg, split)
+        args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg, split, self.io_uring_verdict)
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
         await loop.run_in_executor(None, proc.start)
@@ -330,6 +343,11 @@ class ModelRuntime:
     def _on_message(self, pool: StagePool, handle: WorkerHandle, msg: Any) -> None:
         if msg[0] == "ready":
             handle.pid = int(msg[1])
+            if msg[2] and not self.tier_io:
+                self.tier_io = msg[2]
+                for t in self.tier_io:
+                    log.info("model %s: tiered table %s (%s) reads %s with %s: %s", self.name, t["table"],
+                             t["file"], t["mode"], t["engine"], t["why"])
             if self.llc is not None:
                 self.llc.add_pid(self.name, handle.pid)
             if not handle.ready.done():
@@ -574,5 +592,6 @@ class ModelRuntime:
                 for stage, pool in self.pools.items()
             },
             "worker_restarts": self.metrics.worker_restarts,
+            "tier_io": self.tier_io,
             "server_pid": os.getpid(),
         }

@@ -87,6 +87,7 @@ class WorkerArgs:
     threads: int
     model_config: Any
     io_split: int = 0  # bytes of the I/O buffer reserved for inputs; the rest holds outputs
+    io_uring_verdict: str = ""  # the server's io_uring probe result (embedding.uring.PROBE_ENV), "" = not probed
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -137,6 +138,13 @@ def run_stage(model: RecModel, stage: str, payload: Any) -> Any:
     return [t.numpy() for t in model.sparse(batch)]
 
 
+def _io_report(model: RecModel) -> list[dict[str, str]]:
+    """Tiered tables' read path (mode, I/O engine and why), for the server to report; [] for DRAM models."""
+    from recserve.embedding.tiered import io_report
+
+    return io_report(model)
+
+
 def _pin(args: WorkerArgs) -> None:
     # The server owns the worker's lifetime (it exits on ``None`` or when its pipe closes): a SIGTERM
     # or Ctrl-C sent to the whole process group must not kill queries the server is still draining.
@@ -154,11 +162,15 @@ def _pin(args: WorkerArgs) -> None:
 def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: torch.Tensor | None = None) -> None:
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
     _pin(args)
+    if args.io_uring_verdict:
+        from recserve.embedding.uring import PROBE_ENV
+
+        os.environ[PROBE_ENV] = args.io_uring_verdict
     model = shared_model if shared_model is not None else build_worker_model(args.model_config)
     model.eval()
     buf = io.numpy() if io is not None else np.zeros(0, np.uint8)
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
-    conn.send(("ready", os.getpid()))
+    conn.send(("ready", os.getpid(), _io_report(model)))
     with torch.inference_mode():
         while True:
             try:

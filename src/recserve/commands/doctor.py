@@ -1,0 +1,85 @@
+"""``recserve doctor``: what this host offers recserve, and why a fallback was taken.
+
+Checks what decides how recserve runs here, each with its reason: the CPU's vector extensions (a native wheel
+built for AVX-512 traps without them), the SSD-tier read path (O_DIRECT on a directory, io_uring probed in a
+child process so that a crash cannot take this command down), and the PyTorch build and threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from recserve.errors import RecserveError
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _direct_io(directory: Path) -> tuple[str, str]:
+    """The read mode a table file in ``directory`` would get, and why (BlockReader's own decision)."""
+    from recserve.embedding.blockio import BlockReader
+
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".recserve-doctor-") as f:
+        f.write(b"\0" * 8192)
+        f.flush()
+        reader = BlockReader(f.name, 4096, engine="threads")
+        try:
+            mode = reader.mode
+        finally:
+            reader.close()
+    why = "reads bypass the page cache" if mode == "O_DIRECT" else \
+        "this file system refuses O_DIRECT: buffered reads, pages dropped after each read"
+    return mode, why
+
+
+def checks(directory: Path) -> dict:
+    import torch
+
+    from recserve.embedding import uring
+
+    flags = _cpu_flags()
+    uring_ok, uring_why = uring.probe()
+    mode, mode_why = _direct_io(directory)
+    return {
+        "cpu": {"cores_usable": len(os.sched_getaffinity(0)), "avx2": "avx2" in flags,
+                "avx512f": "avx512f" in flags},
+        "torch": {"version": torch.__version__, "threads": torch.get_num_threads(),
+                  "cuda": bool(torch.cuda.is_available())},
+        "ssd_tier": {"directory": str(directory), "mode": mode, "mode_why": mode_why,
+                     "engine": "io_uring" if uring_ok else "threads", "engine_why": uring_why},
+    }
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    if not directory.is_dir():
+        raise RecserveError(f"--dir {directory} is not a directory")
+    result = checks(directory)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    cpu, tch, tier = result["cpu"], result["torch"], result["ssd_tier"]
+    print(f"cpu         {cpu['cores_usable']} usable cores, avx2={'yes' if cpu['avx2'] else 'no'}, "
+          f"avx512f={'yes' if cpu['avx512f'] else 'no'}")
+    print(f"torch       {tch['version']}, {tch['threads']} threads, cuda={'yes' if tch['cuda'] else 'no'}")
+    print(f"tier mode   {tier['mode']} in {tier['directory']} ({tier['mode_why']})")
+    print(f"tier engine {tier['engine']} ({tier['engine_why']})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="what this host offers recserve (CPU, torch, SSD-tier read path) and why")
+    p.add_argument("--dir", default=".", help="directory where tiered table files would live (default: .)")
+    p.add_argument("--json", action="store_true", help="print the checks as JSON")
+    p.set_defaults(func=cmd_doctor)
