@@ -120,6 +120,9 @@ class ModelConfig:
                 "dense": (self.workers, self.worker_cores())}
 
 
+FRONT_ENDS = ("workers", "server")
+
+
 @dataclass
 class NodeConfig:
     models: list[ModelConfig]
@@ -129,10 +132,15 @@ class NodeConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     drain_timeout_s: float = 30.0
     server_name: str = "recserve"
+    # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
+    # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
+    front_end: str = "workers"
 
     def __post_init__(self) -> None:
         if not self.models:
             raise SpecError("node config: needs at least one model")
+        if self.front_end not in FRONT_ENDS:
+            raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

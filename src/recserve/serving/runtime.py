@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.context import ForkServerProcess
@@ -278,6 +279,11 @@ class ModelRuntime:
             self.pools["sparse"].next_stage = self.pools["dense"]
         self._control = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        # Data plane v2: set by the node before start() when this model's workers accept queries themselves.
+        self.listen_sock: Any = None
+        self.max_body = 64 * 1024 * 1024
+        self.on_handoff: Callable[[int, bytes, str], None] | None = None
+        self._next_adopter = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -294,6 +300,7 @@ class ModelRuntime:
     async def drain(self, timeout_s: float) -> None:
         """Refuse new queries and wait for admitted ones to finish."""
         self.accepting = False
+        self._broadcast(("drain",))
         deadline = time.monotonic() + timeout_s
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -318,6 +325,10 @@ class ModelRuntime:
         split = self.info.io_in_bytes
         io = torch.empty(split + self.info.io_out_bytes, dtype=torch.uint8).share_memory_()
         args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg, split, self.io_uring_verdict)
+        if self.accepts_in_workers and pool.stage == "model":
+            n = max(1, self.cfg.workers)
+            args.listen, args.info, args.max_body = self.listen_sock, self.info, self.max_body
+            args.queue_limit, args.sub_batch = max(1, -(-self.cfg.queue_limit // n)), self.sub_batch
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
         await loop.run_in_executor(None, proc.start)
@@ -341,6 +352,18 @@ class ModelRuntime:
             self._on_worker_exit(pool, handle)
 
     def _on_message(self, pool: StagePool, handle: WorkerHandle, msg: Any) -> None:
+        if msg[0] == "stats":
+            self._worker_stats(msg[1])
+            return
+        if msg[0] == "handoff":
+            from multiprocessing.reduction import recv_handle
+
+            fd = recv_handle(handle.conn)
+            if self.on_handoff is None:
+                os.close(fd)
+            else:
+                self.on_handoff(fd, msg[1], msg[2])
+            return
         if msg[0] == "ready":
             handle.pid = int(msg[1])
             if msg[2] and not self.tier_io:
@@ -364,6 +387,54 @@ class ModelRuntime:
         if part is not None and part.item_id == item_id:
             self._on_result(pool, part, ok, result, compute_s)
         self._pump(pool)
+
+    def _worker_stats(self, records: list[tuple]) -> None:
+        """Queries a v2 worker answered itself, into the node's one metrics view."""
+        for rec in records:
+            self.metrics.arrived()
+            if rec[0] == "done":
+                _, items, e2e_s, queue_s, compute_s = rec
+                self.metrics.done(items, e2e_s, queue_s, compute_s, 1)
+            else:
+                self.metrics.error(rec[1])
+                self.metrics.failed(rec[2])
+
+    # ------------------------------------------------------------------ data plane v2
+    @property
+    def accepts_in_workers(self) -> bool:
+        return self.listen_sock is not None and self.cfg.mode == "model"
+
+    def adopters(self) -> list[WorkerHandle]:
+        """Workers that take a connection for this model now (whole-query mode, no sub-batching)."""
+        if not self.accepts_in_workers or self.sub_batch > 0 or not self.accepting:
+            return []
+        return [w for w in self.pools["model"].workers
+                if not w.retiring and w.ready.done() and not w.ready.exception()]
+
+    def adopt(self, fd: int, prefix: bytes) -> bool:
+        """Pass a connection to one of this model's workers (round robin); False if none can take it."""
+        from multiprocessing.reduction import send_handle
+
+        workers = self.adopters()
+        if not workers:
+            return False
+        self._next_adopter = (self._next_adopter + 1) % len(workers)
+        worker = workers[self._next_adopter]
+        try:
+            worker.conn.send(("adopt", prefix))
+            send_handle(worker.conn, fd, worker.pid)
+        except OSError:
+            return False
+        return True
+
+    def _broadcast(self, msg: Any) -> None:
+        if not self.accepts_in_workers:
+            return
+        for w in self.pools["model"].workers:
+            try:
+                w.conn.send(msg)
+            except OSError:
+                pass
 
     def _on_result(self, pool: StagePool, part: Part, ok: bool, result: Any, compute_s: float) -> None:
         query = part.query
@@ -569,6 +640,7 @@ class ModelRuntime:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
         self.sub_batch = k
+        self._broadcast(("config", {"sub_batch": k}))
         return self.state()
 
     def state(self) -> dict[str, Any]:

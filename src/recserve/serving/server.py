@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -28,6 +30,28 @@ from recserve.serving.runtime import InferError, ModelRuntime, mp_context
 log = logging.getLogger("recserve.serving")
 
 
+def _infer_target(prefix: bytes) -> str | None:
+    """The model an HTTP request's line names for inference (``POST /v2/models/<m>[/versions/<v>]/infer``)."""
+    line = prefix.split(b"\r\n", 1)[0].decode("latin-1", "replace").split(" ")
+    if len(line) < 2 or line[0] != "POST":
+        return None
+    parts = line[1].partition("?")[0].split("/")
+    if len(parts) in (5, 7) and parts[:3] == ["", "v2", "models"] and parts[-1] == "infer":
+        return parts[3]
+    return None
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The node's HTTP socket, created once here and inherited by every accepting worker."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
 @dataclass(frozen=True)
 class Ports:
     http: int
@@ -43,6 +67,39 @@ class NodeCore:
         ctx = mp_context()
         self.models: dict[str, ModelRuntime] = {m.name: ModelRuntime(m, ctx, self.llc) for m in config.models}
         self.accepting = False
+        self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
+        self._tasks: set[asyncio.Task] = set()
+
+    def use_worker_front_end(self, sock: socket.socket) -> bool:
+        """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can."""
+        takers = [rt for rt in self.models.values() if rt.cfg.mode == "model"]
+        for rt in takers:
+            rt.listen_sock, rt.max_body, rt.on_handoff = sock, self.config.max_body_bytes, self.route
+        return bool(takers)
+
+    def route(self, fd: int, prefix: bytes, hint: str) -> None:
+        """A connection a worker handed over: to a worker of the model its request names, else to aiohttp here.
+
+        A worker that declines a request for its own model (chunked body, sub-batching, retiring with a partial
+        request) means "serve it in the server": passing it back to that model's workers would loop."""
+        target = _infer_target(prefix) if prefix else hint
+        rt = self.models.get(target or "") if target != hint or not prefix else None
+        if rt is not None and rt.adopt(fd, prefix):
+            os.close(fd)
+            return
+        task = asyncio.get_running_loop().create_task(self._serve_here(fd, prefix))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_here(self, fd: int, prefix: bytes) -> None:
+        sock = socket.socket(fileno=fd)
+        if self.http_server is None:
+            sock.close()
+            return
+        sock.setblocking(False)
+        _, protocol = await asyncio.get_running_loop().connect_accepted_socket(self.http_server, sock)
+        if prefix:
+            protocol.data_received(prefix)
 
     @property
     def ready(self) -> bool:
@@ -80,19 +137,23 @@ class NodeServer:
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
+        self._sock: socket.socket | None = None
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
         self._stopped = asyncio.Event()
         self.core = NodeCore(self.config, self._llc)
         try:
-            await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             host = self.config.host
+            sock = self._sock = listening_socket(host, self.config.http_port)
+            in_workers = self.config.front_end == "workers" and self.core.use_worker_front_end(sock)
+            await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, host, self.config.http_port, reuse_address=True)
-            await site.start()
-            http_port = self._runner.addresses[0][1]
+            self.core.http_server = self._runner.server
+            if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
+                await web.SockSite(self._runner, sock).start()
+            http_port = sock.getsockname()[1]
             limit = self.config.max_body_bytes
             self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                                   ("grpc.max_send_message_length", limit),
@@ -121,6 +182,9 @@ class NodeServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
         if core is not None:
             await asyncio.gather(*(rt.stop() for rt in core.models.values()))
         if self._stopped is not None:

@@ -14,8 +14,16 @@ buffer per worker is enough.
 
 Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never torch tensors):
 
-- worker -> server: ``("ready", pid)`` once the model is built.
+- worker -> server: ``("ready", pid, tier_io)`` once the model is built.
 - server -> worker: ``(item_id, arrays_or_None, descriptors_or_None)``; ``None`` = finish and exit.
+
+Data plane v2 (``serving/dataplane.py``): a ``model``-stage worker given the node's listening socket also
+accepts and answers its own model's HTTP queries itself.  Then, in addition:
+
+- worker -> server: ``("stats", records)`` (completed/failed queries, batched); ``("handoff", prefix, model)``
+  followed by a descriptor (SCM_RIGHTS) = a connection the worker does not serve.
+- server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
+  ``("config", {"sub_batch": k})``; ``("drain",)`` = stop accepting, refuse new queries with 503.
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
   ``result`` is an array, a list of arrays, or ``("shm", descriptors)``.
 
@@ -88,6 +96,11 @@ class WorkerArgs:
     model_config: Any
     io_split: int = 0  # bytes of the I/O buffer reserved for inputs; the rest holds outputs
     io_uring_verdict: str = ""  # the server's io_uring probe result (embedding.uring.PROBE_ENV), "" = not probed
+    listen: Any = None  # data plane v2: the node's HTTP listening socket (this worker accepts on it)
+    info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
+    max_body: int = 64 * 1024 * 1024
+    queue_limit: int = 64  # this worker's share of the model's queue limit
+    sub_batch: int = 0
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -172,6 +185,11 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
     conn.send(("ready", os.getpid(), _io_report(model)))
     with torch.inference_mode():
+        if args.listen is not None:
+            import asyncio
+
+            asyncio.run(_serve(conn, args, model, in_buf, out_buf))
+            return
         while True:
             try:
                 msg = conn.recv()
@@ -179,19 +197,80 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
                 return
             if msg is None:
                 return
-            item_id, payload, descriptors = msg
-            start = time.perf_counter()
             try:
-                if descriptors is not None:
-                    payload = unflatten(args.stage, unpack(descriptors, in_buf, copy=False))
-                result = run_stage(model, args.stage, payload)
-                arrays = result if isinstance(result, list) else [result]
-                packed = pack(arrays, out_buf)
-                reply = (item_id, True, ("shm", packed) if packed is not None else result,
-                         time.perf_counter() - start)
-            except Exception as exc:  # a bad item must not kill the worker
-                reply = (item_id, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
-            try:
-                conn.send(reply)
+                conn.send(_item(args, model, msg, in_buf, out_buf))
             except (BrokenPipeError, OSError):
                 return
+
+
+def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_buf: np.ndarray) -> tuple:
+    """Compute one item the server sent over the pipe; the reply to send back."""
+    item_id, payload, descriptors = msg
+    start = time.perf_counter()
+    try:
+        if descriptors is not None:
+            payload = unflatten(args.stage, unpack(descriptors, in_buf, copy=False))
+        result = run_stage(model, args.stage, payload)
+        arrays = result if isinstance(result, list) else [result]
+        packed = pack(arrays, out_buf)
+        return (item_id, True, ("shm", packed) if packed is not None else result, time.perf_counter() - start)
+    except Exception as exc:  # a bad item must not kill the worker
+        return (item_id, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
+
+
+async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray) -> None:
+    """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
+    import asyncio
+    from multiprocessing.reduction import recv_handle, send_handle
+
+    from recserve.serving.dataplane import WorkerPlane, make_infer
+
+    loop = asyncio.get_running_loop()
+    server_pid = os.getppid()
+
+    def send(msg: Any) -> None:
+        try:
+            conn.send(msg)
+        except (BrokenPipeError, OSError):
+            plane.exit_event.set()
+
+    def hand_off(fd: int, prefix: bytes) -> None:
+        send(("handoff", prefix, args.model_config.name))
+        send_handle(conn, fd, server_pid)
+
+    infer = make_infer(model, args.model_config.name, args.info, args.model_config.max_batch_size,
+                       lambda payload: run_stage(model, "model", payload))
+    plane = WorkerPlane(loop, args.model_config.name, infer, send, hand_off, args.max_body, args.queue_limit,
+                        args.sub_batch)
+
+    def on_pipe() -> None:
+        try:
+            while conn.poll():
+                msg = conn.recv()
+                if msg is None:
+                    plane.retire()
+                elif isinstance(msg[0], str):
+                    _control(plane, msg, recv_handle(conn) if msg[0] == "adopt" else None)
+                else:
+                    send(_item(args, model, msg, in_buf, out_buf))
+        except (EOFError, OSError):
+            plane.exit_event.set()  # the server is gone
+
+    loop.add_reader(conn.fileno(), on_pipe)
+    await plane.listen(args.listen)
+    await plane.exit_event.wait()
+    plane.flush()
+
+
+def _control(plane: Any, msg: tuple, fd: int | None) -> None:
+    import asyncio
+
+    kind = msg[0]
+    if kind == "adopt" and fd is not None:
+        task = asyncio.ensure_future(plane.adopt(fd, msg[1]))
+        task.add_done_callback(lambda t: t.exception())
+    elif kind == "config":
+        plane.sub_batch = int(msg[1].get("sub_batch", plane.sub_batch))
+    elif kind == "drain":
+        plane.drain()
+
