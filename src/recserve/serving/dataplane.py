@@ -49,8 +49,7 @@ class Request:
     path: str
     version: str
     headers: dict[str, str]
-    body: bytes
-    raw: bytes  # the whole request as received (head + body), replayed if the connection is handed off
+    body: bytearray  # writable, so decoded inputs are viewed by torch without a copy
     arrived: float
 
     @property
@@ -162,10 +161,10 @@ class Connection(asyncio.Protocol):
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
         end = head_end + length
-        raw = bytes(self.buf[:end])
+        body = self.buf[head_end:end]
         del self.buf[:end]
         self.busy = True
-        self.plane.admit(self, Request(method, path, version, headers, raw[head_end:], raw, self.arrived))
+        self.plane.admit(self, Request(method, path, version, headers, body, self.arrived))
 
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
@@ -189,7 +188,7 @@ class Connection(asyncio.Protocol):
 class WorkerPlane:
     """The worker's event loop side: listening socket, connections, local FIFO, stats and hand-offs."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, infer: Callable[[bytes, str | None, dict],
+    def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, infer: Callable[[bytearray, str | None, dict],
                  tuple[bytes, dict[str, str]]], send: Callable[[Any], None], hand_off: Callable[[int, bytes], None],
                  max_body: int, queue_limit: int, sub_batch: int) -> None:
         self.loop = loop
@@ -351,7 +350,7 @@ def make_infer(model: Any, model_name: str, info: Any, max_batch_size: int, run:
     from recserve.serving.runtime import InferError
     from recserve.zoo.batch import BatchError, QueryBatch
 
-    def infer(body: bytes, header_length: str | None, _headers: dict) -> tuple[bytes, dict[str, str]]:
+    def infer(body: bytes | bytearray, header_length: str | None, _headers: dict) -> tuple[bytes, dict[str, str]]:
         req, arrays = protocol.parse_http_infer(body, header_length)
         protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
         try:

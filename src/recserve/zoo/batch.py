@@ -128,19 +128,19 @@ class QueryBatch:
             raise BatchError(INPUT_LENGTHS, f"dtype must be INT32, got {self.lengths.dtype}")
         if self.lengths.dim() != 2 or tuple(self.lengths.shape) != (len(rows), b):
             raise BatchError(INPUT_LENGTHS, f"shape must be [{len(rows)}, {b}], got {list(self.lengths.shape)}")
-        if bool((self.lengths < 0).any()):
+        # numpy views from here on: each torch call on these small tensors costs microseconds of dispatch
+        lengths, values = self.lengths.numpy(), self.values.numpy()
+        if lengths.size and lengths.min() < 0:
             raise BatchError(INPUT_LENGTHS, "lengths must be >= 0")
-        if int(self.lengths.to(torch.int64).sum()) != self.values.numel():
-            raise BatchError(INPUT_VALUES, f"has {self.values.numel()} ids but lengths sum to "
-                             f"{int(self.lengths.to(torch.int64).sum())}")
+        counts = lengths.sum(axis=1, dtype=np.int64)
+        if int(counts.sum()) != values.size:
+            raise BatchError(INPUT_VALUES, f"has {values.size} ids but lengths sum to {int(counts.sum())}")
         for t, length in (seq_lens or {}).items():
-            if bool((self.lengths[t] != length).any()):
+            if (lengths[t] != length).any():
                 raise BatchError(INPUT_LENGTHS, f"table {t} is a sequence table: every bag must hold {length} ids")
         # one pass over all ids: per-table min/max with reduceat (tables are contiguous in values)
-        counts = self.lengths.to(torch.int64).sum(dim=1).numpy()
         nonempty = np.flatnonzero(counts)
         if nonempty.size:
-            values = self.values.numpy()
             starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[nonempty]
             low, high = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
             bad = np.flatnonzero((low < 0) | (high >= np.asarray(rows, dtype=np.int64)[nonempty]))
