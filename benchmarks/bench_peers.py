@@ -1,17 +1,21 @@
-"""Serving benchmark: max load at the SLA for the same model, the same 2 cores and the same query
-mix, served by recserve, by a Ray Serve deployment and by a plain FastAPI + PyTorch server.
+"""Serving benchmark: max load at the SLA for the same model, the same cores and the same query
+mix, served by recserve, by a plain FastAPI + uvicorn + PyTorch server and (optionally) by Ray Serve.
 
-Every server gets two single-threaded model workers and is driven by recserve's open-loop
-Poisson load generator over HTTP with the v2 binary protocol; latency counts from the scheduled
-send time.  Ratios are taken within one run (the machine is shared and noisy).
+For each worker count in ``--workers`` every server gets that many single-threaded model workers,
+each runs as its own process(es) and is driven by recserve's open-loop Poisson load generator
+(``--procs`` generator processes) over HTTP with the v2 binary protocol; latency counts from the
+scheduled send time.  Ratios are taken within one run (the machine is shared and noisy).  At each
+max-load point the generator's own send lag p99 and CPU are reported: if the lag is large there,
+the generator, not the server, may have set the limit.
 
-    .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100
+    .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import socket
 import subprocess
@@ -25,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from recserve.measure.loadgen import run_load  # noqa: E402
+from recserve.measure.loadgen import LoadSession  # noqa: E402
 from recserve.measure.maxload import find_max_load  # noqa: E402
 from recserve.measure.requests import RequestPool  # noqa: E402
 from recserve.measure.targets import HttpTarget  # noqa: E402
@@ -50,16 +54,40 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> None:
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
-@contextmanager
-def recserve_server(model: str, scale: float, workers: int) -> Iterator[str]:
+def recserve_node(model: str, scale: float, workers: int):
+    """The one place the recserve node is built (switch its data-plane options here)."""
     from recserve.serving import NodeServer, quick_config
 
-    server = NodeServer(quick_config(model, scale=scale, workers=workers))
-    ports = server.start()
+    return NodeServer(quick_config(model, scale=scale, workers=workers))
+
+
+def _recserve_main(conn, model: str, scale: float, workers: int) -> None:
+    """Serve from a process of its own (like the peers), so it shares no GIL with the load generator."""
+    server = recserve_node(model, scale, workers)
+    conn.send(server.start().http)
     try:
-        yield f"http://127.0.0.1:{ports.http}"
+        conn.recv()  # any message, or the parent gone, means stop
+    except EOFError:
+        pass
     finally:
         server.stop()
+
+
+@contextmanager
+def recserve_server(model: str, scale: float, workers: int) -> Iterator[str]:
+    mine, theirs = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_recserve_main, args=(theirs, model, scale, workers))
+    proc.start()  # not a daemon: the node starts worker processes of its own
+    try:
+        if not mine.poll(600):
+            raise RuntimeError("recserve node did not start within 600 s")
+        yield f"http://127.0.0.1:{mine.recv()}"
+    finally:
+        mine.send("stop")
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=10)
 
 
 def _peer_env(model: str, scale: float) -> dict[str, str]:
@@ -105,48 +133,73 @@ def ray_server(model: str, scale: float, workers: int) -> Iterator[str]:
 PEERS: dict[str, Callable] = {"recserve": recserve_server, "ray-serve": ray_server, "fastapi": fastapi_server}
 
 
-def max_load(url: str, model: str, pool: RequestPool, sla_ms: float, percentile: float, probe_s: float,
-             start_qps: float) -> dict:
+def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, sla_ms: float) -> dict:
+    """The max-load search against one server, with the generator's lag and CPU at the max-load point."""
     target = HttpTarget(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
+    with LoadSession(target, pool, warm=True, procs=args.procs) as session:
+        def run_at(rate: float):
+            return session.run(rate, args.probe_s, warmup_s=1.0, seed=int(rate * 1000) % 2**31)
 
-    def run_at(rate: float):
-        return run_load(target, rate, probe_s, pool, warmup_s=1.0, seed=int(rate * 1000) % 2**31)
+        run_at(args.start_qps)  # warm every worker before the search
+        result = find_max_load(run_at, sla_ms, args.percentile, start_qps=args.start_qps, rtol=0.08,
+                               max_probes=args.max_probes, log=lambda line: print(line, file=sys.stderr)).to_dict()
+    at_max = next((p["detail"] for p in result["probes"] if p["ok"] and p["rate"] == result["max_qps"]), {})
+    result["generator_at_max"] = {"send_lag_ms_p99": (at_max.get("send_lag_ms") or {}).get("p99"),
+                                  **{k: v for k, v in (at_max.get("generator") or {}).items()
+                                     if k in ("procs", "cpu_per_s", "loop_cpu_s")}}
+    return result
 
-    run_at(start_qps)  # warm every worker before the search
-    result = find_max_load(run_at, sla_ms, percentile, start_qps=start_qps, rtol=0.08, max_probes=14,
-                           log=lambda line: print(line, file=sys.stderr))
-    return result.to_dict()
+
+def worker_counts(text: str) -> list[int]:
+    """``1,2,all``: ``all`` is the cores this process may use."""
+    usable = len(os.sched_getaffinity(0))
+    return sorted({usable if x.strip() == "all" else int(x) for x in text.split(",") if x.strip()})
+
+
+def print_table(results: dict) -> None:
+    print(f"max load at p{results['percentile']:g} <= {results['sla_ms']:g} ms, {results['model']} scale "
+          f"{results['scale']}, {results['mix']} mix, {results['procs']} generator process(es)")
+    print(f"{'workers':>7} {'server':10s} {'max QPS':>9} {'recserve/it':>11} {'gen lag p99':>11} {'gen CPU':>8}")
+    for workers, by_peer in results["by_workers"].items():
+        base = by_peer.get("recserve", {}).get("max_qps")
+        for name, r in by_peer.items():
+            ratio = f"{base / r['max_qps']:.2f}x" if base and r["max_qps"] else "n/a"
+            gen = r["generator_at_max"]
+            lag = f"{gen['send_lag_ms_p99']:.2f} ms" if gen.get("send_lag_ms_p99") is not None else "n/a"
+            cpu = f"{gen['cpu_per_s']:.2f}" if gen.get("cpu_per_s") is not None else "n/a"
+            print(f"{workers:>7} {name:10s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8}")
+    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
     parser.add_argument("--scale", type=float, default=1e-3)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=worker_counts, default="2", help="worker counts, e.g. 1,2,all")
     parser.add_argument("--sla-ms", type=float, default=None, help="default: the model's catalogue SLA")
     parser.add_argument("--percentile", type=float, default=95.0)
     parser.add_argument("--mix", default="production", help="query-size mix")
     parser.add_argument("--probe-s", type=float, default=6.0, help="seconds per load probe")
     parser.add_argument("--start-qps", type=float, default=5.0)
-    parser.add_argument("--peers", default="recserve,ray-serve,fastapi")
+    parser.add_argument("--max-probes", type=int, default=14)
+    parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
+    parser.add_argument("--peers", default="recserve,fastapi", help="of recserve,fastapi,ray-serve")
     parser.add_argument("--out", default="results/bench_peers.json")
     args = parser.parse_args()
     spec = get_model(args.model)
     sla = args.sla_ms or spec.sla.target_ms
     pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
     results = {"model": args.model, "scale": args.scale, "workers": args.workers, "sla_ms": sla,
-               "percentile": args.percentile, "mix": args.mix, "peers": {}}
-    for name in args.peers.split(","):
-        print(f"== {name}", file=sys.stderr)
-        with PEERS[name](args.model, args.scale, args.workers) as url:
-            results["peers"][name] = max_load(url, args.model, pool, sla, args.percentile, args.probe_s,
-                                              args.start_qps)
-    base = results["peers"].get("recserve", {}).get("max_qps")
-    print(f"max load at p{args.percentile:g} <= {sla:g} ms, {args.model} scale {args.scale}, "
-          f"{args.workers} workers, {args.mix} mix")
-    for name, r in results["peers"].items():
-        ratio = f"{base / r['max_qps']:.2f}x" if base and r["max_qps"] else "n/a"
-        print(f"  {name:10s} {r['max_qps']:8.1f} QPS   recserve / {name} = {ratio}")
+               "percentile": args.percentile, "mix": args.mix, "procs": args.procs, "probe_s": args.probe_s,
+               "load_avg_before": os.getloadavg()[0], "by_workers": {}}
+    for workers in args.workers:
+        by_peer = results["by_workers"].setdefault(str(workers), {})
+        for name in args.peers.split(","):
+            print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
+            with PEERS[name](args.model, args.scale, workers) as url:
+                by_peer[name] = max_load(url, args.model, pool, args, sla)
+    results["load_avg_after"] = os.getloadavg()[0]
+    print_table(results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

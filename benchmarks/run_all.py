@@ -108,15 +108,24 @@ def limits_rows(d: dict) -> list[Row]:
 
 
 def peers_rows(d: dict) -> list[Row]:
-    peers = d.get("peers") or {}
-    base = dig(peers, "recserve", "max_qps")
     sla = f"p{d.get('percentile', 95):g} <= {d.get('sla_ms')} ms"
-    out = [row(f"recserve max load at {sla}, {d.get('model')}", base, unit="QPS")]
-    for name, r in peers.items():
-        if name != "recserve":
-            out.append(row(f"recserve vs {name} max load (target/peer = {name})", base, dig(r, "max_qps"),
-                           div(base, dig(r, "max_qps")), "QPS"))
+    by_workers = d.get("by_workers") or {str(d.get("workers")): d.get("peers") or {}}  # older files: one count
+    out = []
+    for workers, peers in by_workers.items():
+        base = dig(peers, "recserve", "max_qps")
+        out.append(row(f"recserve max load at {sla}, {d.get('model')}, {workers} workers", base, unit="QPS"))
+        for name, r in peers.items():
+            if name != "recserve":
+                out.append(row(f"recserve vs {name} max load, {workers} workers (target/peer = {name})", base,
+                               dig(r, "max_qps"), div(base, dig(r, "max_qps")), "QPS"))
     return out
+
+
+def loadgen_rows(d: dict) -> list[Row]:
+    target = [r for r in d.get("rows") or [] if r.get("offered_qps") == 5000]
+    return [row(f"load generator send-lag p99 at 5000 batch-1 qps, {r.get('procs')} process(es) "
+                f"(achieved {r.get('achieved_qps')} qps)", dig(r, "send_lag_ms", "p99"), 1.0,
+                div(dig(r, "send_lag_ms", "p99"), 1.0), "ms") for r in target]
 
 
 def serving_overhead_rows(d: dict) -> list[Row]:
@@ -294,6 +303,7 @@ def suite() -> list[Bench]:
               [("embedding_kernels.json", embedding_kernels_rows)], 300),
         Bench("measure", "bench_measure.py", ["--scale", "1e-3", "--array-mb", "256"],
               [("bench_measure.json", measure_rows)], 600),
+        Bench("loadgen", "bench_loadgen.py", ["--seconds", "3"], [("loadgen.json", loadgen_rows)], 300),
         Bench("dispatch", "bench_dispatch.py", ["20", "20"], [("dispatch_decision.json", dispatch_rows)], 300),
         Bench("sim", "bench_sim.py", [], [("sim.json", sim_rows)], 300),
         Bench("planners", "bench_planners.py", [], [("planners.json", planners_rows),
@@ -309,7 +319,7 @@ def suite() -> list[Bench]:
         Bench("search_live", "bench_search_live.py", [], [("search_live.json", search_live_rows)], 1800),
         Bench("rmu_live", "bench_rmu_live.py", [], [("rmu_live.json", rmu_live_rows)], 1800),
         Bench("peers", "bench_peers.py", ["--model", "hercules-rmc1", "--scale", "1e-3", "--sla-ms", "100",
-                                          "--probe-s", "3"],
+                                          "--probe-s", "3", "--workers", "1,2"],
               [("bench_peers.json", peers_rows)], 1500),
     ]
 

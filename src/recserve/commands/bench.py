@@ -45,7 +45,8 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
           f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
     run_kwargs = dict(max_requests=args.requests, max_inflight=args.max_inflight, timeout_s=args.timeout_ms / 1000.0,
                       warmup_s=args.warmup, progress=not args.quiet, integer_ms=args.integer_ms_gaps)
-    with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run) as session:
+    with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run, procs=args.procs,
+                     spin_ms=args.spin_ms) as session:
         if args.find_max_load:
             print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
                   f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)
@@ -126,8 +127,8 @@ def _check(args: argparse.Namespace) -> None:
         args.duration = None
     if args.duration is None and args.requests is None:
         raise RecserveError("give --duration or --requests (or both) to bound the run")
-    if args.max_inflight < 1 or args.pool < 1 or args.timeout_ms <= 0:
-        raise RecserveError("--max-inflight and --pool must be >= 1 and --timeout-ms > 0")
+    if args.max_inflight < 1 or args.pool < 1 or args.procs < 1 or args.timeout_ms <= 0 or args.spin_ms < 0:
+        raise RecserveError("--max-inflight, --pool and --procs must be >= 1, --timeout-ms > 0, --spin-ms >= 0")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -159,6 +160,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pool", type=int, default=32, help="distinct pre-built queries (mix quantiles)")
     p.add_argument("--max-inflight", type=int, default=512, help="queries in flight at most; more are dropped")
     p.add_argument("--timeout-ms", type=float, default=10_000.0, help="per-query timeout")
+    p.add_argument("--procs", type=int, default=1,
+                   help="load-generator processes sharing the Poisson schedule (http/grpc/serve-* targets)")
+    p.add_argument("--spin-ms", type=float, default=0.0,
+                   help="yield instead of sleeping for the last MS before each send: sub-ms send lag, more CPU")
     p.add_argument("--warmup", type=float, default=0.0, help="seconds at the start not counted")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true", help="skip sending every pooled query once before timing")

@@ -8,6 +8,11 @@ arrives while the cap is reached is not sent and counts as ``dropped``.  Failure
 kind (``http_503``, ``grpc_UNAVAILABLE``, ``timeout``, ``dropped`` …) and, for SLA purposes, count
 as infinitely slow.
 
+The generator measures itself, so a run can show it was not the bottleneck: *send lag* (when each
+query was actually dispatched minus when it was scheduled) and its CPU use.  ``procs=N`` spreads
+the schedule over N generator processes (:mod:`recserve.measure.spread`) when one event loop is
+not enough.
+
 Use :func:`run_load` for one run, or :class:`LoadSession` to keep one target (connection pool,
 worker processes) across many runs, e.g. inside a max-load search.
 """
@@ -44,6 +49,14 @@ class LoadResult:
     send_lag_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mean_size: float = 0.0
     measured: int = 0
+    procs: int = 1
+    run_s: float = 0.0
+    """Wall time of the whole run, warm-up included: from the common start to the last completion."""
+    cpu_s: float = 0.0
+    """CPU seconds (user + system, all threads) of the processes the generator ran in, summed.  With
+    ``procs=1`` that is the calling process, so it also counts anything else that process runs (an
+    in-process target or server); ``loop_cpu_s`` is the generator's event loop(s) alone."""
+    loop_cpu_s: float = 0.0
 
     @property
     def ok(self) -> int:
@@ -70,6 +83,16 @@ class LoadResult:
     def p50(self) -> float:
         return self.percentile(50)
 
+    def send_lag(self, p: float) -> float:
+        """The ``p``-th percentile send lag (ms; 100 = max): how late the generator dispatched queries."""
+        lag = self.send_lag_ms
+        return float(np.percentile(lag, p, method="higher")) if lag.size else float("nan")
+
+    @property
+    def cpu_per_s(self) -> float:
+        """Generator CPU seconds per second of run (1.0 = one core busy)."""
+        return self.cpu_s / self.run_s if self.run_s > 0 else 0.0
+
     @property
     def p95(self) -> float:
         return self.percentile(95)
@@ -82,7 +105,9 @@ class LoadResult:
         errs = ", ".join(f"{k}={v}" for k, v in sorted(self.errors.items())) or "none"
         return (f"offered {self.offered_qps:.1f} qps, achieved {self.achieved_qps:.1f} qps over {self.elapsed_s:.1f}s; "
                 f"latency p50 {self.p50:.2f} ms, p95 {self.p95:.2f} ms, p99 {self.p99:.2f} ms; "
-                f"{self.ok}/{self.measured} ok; errors: {errs}")
+                f"{self.ok}/{self.measured} ok; errors: {errs}; send lag p50 {self.send_lag(50):.2f} / "
+                f"p99 {self.send_lag(99):.2f} / max {self.send_lag(100):.2f} ms; generator CPU "
+                f"{self.cpu_per_s:.2f} s/s on {self.procs} process{'es' if self.procs > 1 else ''}")
 
     def to_dict(self) -> dict[str, Any]:
         ok_lat = self.latencies_ms
@@ -102,7 +127,11 @@ class LoadResult:
                 "mean_ok": float(ok_lat.mean()) if ok_lat.size else None,
                 "max_ok": float(ok_lat.max()) if ok_lat.size else None,
             },
-            "send_lag_ms_p99": float(np.percentile(self.send_lag_ms, 99)) if self.send_lag_ms.size else None,
+            "send_lag_ms_p99": _finite(self.send_lag(99)),
+            "send_lag_ms": {"p50": _finite(self.send_lag(50)), "p99": _finite(self.send_lag(99)),
+                            "max": _finite(self.send_lag(100))},
+            "generator": {"procs": self.procs, "run_s": self.run_s, "cpu_s": self.cpu_s,
+                          "cpu_per_s": self.cpu_per_s, "loop_cpu_s": self.loop_cpu_s},
         }
 
 
@@ -129,17 +158,46 @@ class _Progress:
             print(file=sys.stderr, flush=True)
 
 
+@dataclass
+class Drive:
+    """What one generator event loop saw, per query of the schedule it was given (in its order)."""
+
+    latency_ms: np.ndarray  # from the scheduled time; NaN when the query failed
+    kinds: list[str | None]  # failure kind, None when ok
+    lag_ms: np.ndarray  # dispatch time - scheduled time
+    last_s: float  # last completion, seconds from the start
+    cpu_s: float  # process CPU seconds over the run (all threads)
+    loop_cpu_s: float  # the event-loop thread's CPU seconds over the run
+
+
+def deal(times: np.ndarray, choice: np.ndarray, procs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Deal the schedule round-robin: query ``k`` goes to part ``k % procs``."""
+    return [(times[j::procs], choice[j::procs]) for j in range(procs)]
+
+
+def merge(parts: list[Drive]) -> Drive:
+    """Undo :func:`deal`: every scheduled query back at its place, counted once; CPU summed."""
+    n, procs = sum(p.lag_ms.size for p in parts), len(parts)
+    latency, lag, kinds = np.empty(n), np.empty(n), [None] * n
+    for j, part in enumerate(parts):
+        latency[j::procs], lag[j::procs], kinds[j::procs] = part.latency_ms, part.lag_ms, part.kinds
+    return Drive(latency, kinds, lag, max((p.last_s for p in parts), default=0.0),
+                 sum(p.cpu_s for p in parts), sum(p.loop_cpu_s for p in parts))
+
+
 async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_inflight: int, timeout_s: float,
-                warmup_s: float = 0.0, progress: _Progress | None = None) -> tuple[np.ndarray, list, np.ndarray, float]:
-    """Send query ``choice[k]`` at ``times[k]`` (s from start); returns per-query latency (ms, NaN when
-    failed), failure kinds (None when ok), send lag (ms) and the elapsed time to the last completion."""
+                progress: _Progress | None = None, start_at: float | None = None, spin_s: float = 0.0) -> Drive:
+    """Send query ``choice[k]`` at ``times[k]`` (s from the start: ``start_at`` on the loop's clock,
+    ``time.monotonic()``, which processes on one host share; default 5 ms from now).  ``spin_s``: see
+    :func:`until`."""
     loop = asyncio.get_running_loop()
     n = len(times)
     latency = np.full(n, np.nan)
     kinds: list[str | None] = [None] * n
     lag = np.zeros(n)
     state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0}
-    start = loop.time() + 0.005
+    cpu0, loop_cpu0 = time.process_time(), time.thread_time()
+    start = loop.time() + 0.005 if start_at is None else start_at
 
     async def one(k: int) -> None:
         try:
@@ -161,9 +219,8 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
     tasks: set[asyncio.Task] = set()
     unyielded = 0
     for k in range(n):
-        delay = start + times[k] - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if start + times[k] > loop.time():
+            await until(loop, start + times[k], spin_s)
             unyielded = 0
         elif (unyielded := unyielded + 1) >= 32:
             await asyncio.sleep(0)  # behind schedule: still let responses in
@@ -184,10 +241,27 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         await asyncio.wait(set(tasks), timeout=0.5)
         if progress is not None:
             progress.update(lambda: _status(n, n, state, loop.time() - start))
-    elapsed = max(float(times[-1]) if n else 0.0, state["last"])
-    keep = times >= warmup_s
-    elapsed -= min(warmup_s, elapsed)  # rates are over the measured window only
-    return latency[keep], [kd for kd, m in zip(kinds, keep, strict=True) if m], lag[keep], elapsed
+    return Drive(latency, kinds, lag, state["last"], time.process_time() - cpu0, time.thread_time() - loop_cpu0)
+
+
+async def until(loop: asyncio.AbstractEventLoop, when: float, spin_s: float = 0.0) -> None:
+    """Return at loop time ``when``.  The loop's timer wakes up to 1 ms late (epoll rounds its timeout
+    up to whole ms), so the last ``spin_s`` are spent yielding to the loop instead: on time, but that
+    core stays busy while waiting."""
+    if when - loop.time() > spin_s:
+        await asyncio.sleep(when - loop.time() - spin_s)
+    while loop.time() < when:
+        await asyncio.sleep(0)
+
+
+async def warm_up(target: Target, n: int) -> None:
+    """Send pooled queries ``0..n-1`` once each, one at a time (connections, server caches, lazy init),
+    unclocked.  Failures are ignored: the measured runs count them."""
+    for i in range(n):
+        try:
+            await target.infer(i)
+        except Exception:  # noqa: BLE001 - warm-up only
+            pass
 
 
 def _status(sent: int, n: int, state: dict, t: float) -> str:
@@ -208,29 +282,30 @@ class LoadSession:
     search, the profiler) can run many load levels over one connection pool / worker pool."""
 
     def __init__(self, target: Target, pool: RequestPool, warm: bool = False,
-                 before_run: Callable[[], None] | None = None) -> None:
+                 before_run: Callable[[], None] | None = None, procs: int = 1, spin_ms: float = 0.0) -> None:
         """``before_run`` is called (unclocked) before every run, e.g. to wait until a server has
-        worked off what timed-out queries of the previous run left behind."""
-        self.target, self.pool, self.before_run = target, pool, before_run
+        worked off what timed-out queries of the previous run left behind.  ``procs`` > 1 sends the
+        runs from that many generator processes; this process still serves the other methods.
+        ``spin_ms`` > 0 trades CPU for sub-millisecond send times (see :func:`until`)."""
+        if procs < 1 or spin_ms < 0:
+            raise RecserveError(f"procs must be >= 1 and spin_ms >= 0, got {procs} and {spin_ms}")
+        self.target, self.pool, self.before_run, self.procs = target, pool, before_run, procs
+        self.spin_s = spin_ms / 1000.0
+        self._spread: Any = None
+        if procs > 1:  # before this process prepares the target: the processes get it unprepared
+            from recserve.measure.spread import GeneratorProcesses
+
+            self._spread = GeneratorProcesses(target, pool, procs, warm)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="recserve-loadgen", daemon=True)
         self._thread.start()
         try:
             self._call(target.prepare(pool))
             if warm:
-                self._call(self._warm())
+                self._call(warm_up(target, len(pool)))
         except BaseException:
             self.close()
             raise
-
-    async def _warm(self) -> None:
-        """Send every pooled query once, one at a time (connections, server caches, lazy init), unclocked.
-        Failures here are ignored: the measured runs count them."""
-        for i in range(len(self.pool)):
-            try:
-                await self.target.infer(i)
-            except Exception:  # noqa: BLE001 - warm-up only
-                pass
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -280,19 +355,33 @@ class LoadSession:
         if times.size == 0:
             raise RecserveError(f"no query arrives within {duration_s}s at {rate} qps; raise the duration or rate")
         self.settle()
-        bar = _Progress(progress, f"[load {rate:.1f} qps]")
-        latency, kinds, lag, elapsed = self._call(
-            drive(self.target, times, choice, max_inflight, timeout_s, warmup_s, bar))
-        bar.done()
-        failed = Counter(k for k in kinds if k is not None)
+        if self._spread is not None:
+            outcome = self._spread.run(times, choice, max_inflight, timeout_s, self.spin_s)
+        else:
+            bar = _Progress(progress, f"[load {rate:.1f} qps]")
+            outcome = self._call(drive(self.target, times, choice, max_inflight, timeout_s, bar, spin_s=self.spin_s))
+            bar.done()
+        return self._result(rate, duration_s, times, choice, outcome, warmup_s)
+
+    def _result(self, rate: float, duration_s: float | None, times: np.ndarray, choice: np.ndarray, outcome: Drive,
+                warmup_s: float) -> LoadResult:
+        """Counts and latencies over the measured window (queries scheduled after ``warmup_s``)."""
+        run_s = max(float(times[-1]), outcome.last_s)
+        keep = times >= warmup_s
+        latency = outcome.latency_ms[keep]
+        failed = Counter(kd for kd, m in zip(outcome.kinds, keep, strict=True) if m and kd is not None)
         sizes = np.asarray(self.pool.sizes)[choice]
         return LoadResult(
             target=self.target.name, offered_qps=rate, duration_s=float(duration_s or times[-1]),
-            elapsed_s=elapsed, sent=int(times.size), latencies_ms=latency[~np.isnan(latency)],
-            errors=dict(failed), send_lag_ms=lag, mean_size=float(sizes.mean()), measured=len(kinds),
+            elapsed_s=run_s - min(warmup_s, run_s), sent=int(times.size), latencies_ms=latency[~np.isnan(latency)],
+            errors=dict(failed), send_lag_ms=outcome.lag_ms[keep], mean_size=float(sizes.mean()),
+            measured=int(keep.sum()), procs=self.procs, run_s=run_s, cpu_s=outcome.cpu_s,
+            loop_cpu_s=outcome.loop_cpu_s,
         )
 
     def close(self) -> None:
+        if self._spread is not None:
+            self._spread.close()
         if self._loop.is_closed():
             return
         try:
@@ -311,8 +400,9 @@ class LoadSession:
 
 def run_load(target: Target, rate: float, duration_s: float | None, pool: RequestPool, *,
              max_requests: int | None = None, max_inflight: int = 1024, timeout_s: float = 10.0, seed: int = 0,
-             warmup_s: float = 0.0, progress: bool = False, min_requests: int = 1) -> LoadResult:
-    """One open-loop run of ``pool``'s queries against ``target`` at ``rate`` queries/s."""
-    with LoadSession(target, pool) as session:
+             warmup_s: float = 0.0, progress: bool = False, min_requests: int = 1, procs: int = 1) -> LoadResult:
+    """One open-loop run of ``pool``'s queries against ``target`` at ``rate`` queries/s (from ``procs``
+    generator processes; for many runs keep one :class:`LoadSession`, which starts them once)."""
+    with LoadSession(target, pool, procs=procs) as session:
         return session.run(rate, duration_s, max_requests, max_inflight, timeout_s, seed, warmup_s, progress,
                            min_requests)
