@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,ray]'
+	$(BIN)/pip install -q -e '.[dev,ray,bench]'
 	$(BIN)/python benchmarks/run_all.py
 
 clean:
