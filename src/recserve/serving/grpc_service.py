@@ -49,7 +49,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except InferError as exc:
             await context.abort(grpc_code(exc), str(exc))
         except LlcUnsupported as exc:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+            await context.abort(grpc_code(InferError("unsupported", str(exc))), str(exc))
 
     async def ServerLive(self, request, context):  # noqa: N802 (generated names)
         return service_pb2.ServerLiveResponse(live=True)

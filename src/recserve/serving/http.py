@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from recserve.serving import codec, protocol
-from recserve.serving.errors import InferError
+from recserve.serving.errors import STATUS, InferError
 from recserve.serving.llc import LlcUnsupported
 from recserve.serving.metrics import render_prometheus
 
@@ -182,7 +182,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except InferError as exc:
         return error_response(exc)
     except LlcUnsupported as exc:
-        return web.json_response({"error": str(exc), "supported": False}, status=501)
+        return web.json_response({"error": str(exc), "supported": False}, status=STATUS["unsupported"].http)
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(InferError("too_large", f"body: {exc.text}", "body"))
     except json.JSONDecodeError as exc:
