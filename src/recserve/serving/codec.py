@@ -109,14 +109,14 @@ def from_list(field: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
     return arr.astype(dtype, copy=False).reshape(dims)
 
 
-def _check_names(names: Sequence[Any], where: str = "inputs") -> None:
+def _check_names(names: Sequence[Any]) -> None:
     for n in names:
         if not isinstance(n, str):
-            raise invalid(where, f"every input needs a string 'name', got {n!r}")
+            raise invalid("inputs", f"every input needs a string 'name', got {n!r}")
         if n not in EXPECTED:
             raise invalid(n, f"unknown input; expected {sorted(EXPECTED)}")
     if len(set(names)) != len(names):
-        raise invalid(where, "an input is given twice")
+        raise invalid("inputs", "an input is given twice")
     for n in EXPECTED:
         if n not in names:
             raise invalid(n, "input tensor missing")
