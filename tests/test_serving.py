@@ -142,7 +142,8 @@ def test_tritonclient_grpc_matches_in_process(node, references):
     meta = client.get_model_metadata("rmc1", as_json=True)
     assert [i["name"] for i in meta["inputs"]] == ["dense", "sparse_values", "sparse_lengths"]
     config = client.get_model_config("rmc1", as_json=True)["config"]
-    assert int(config["max_batch_size"]) == 1024
+    assert int(config.get("max_batch_size", 0)) == 0  # proto3 JSON leaves the 0 out
+    assert config["parameters"]["max_query_size"]["string_value"] == "1024"
     stats = client.get_inference_statistics("rmc1", as_json=True)
     assert int(stats["model_stats"][0]["inference_count"]) >= 33
 
@@ -207,7 +208,8 @@ def test_triton_endpoints(node):
                       "sparse_lengths": ("INT32", [len(spec.tables), -1])}
     assert m["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, spec.towers]}]
     _, cfg = get_json(ports.http, "/v2/models/rmc1/config")
-    assert cfg["max_batch_size"] == 1024 and cfg["platform"] == "pytorch_libtorch"
+    assert cfg["max_batch_size"] == 0 and cfg["platform"] == "pytorch_libtorch"
+    assert cfg["parameters"]["max_query_size"] == {"string_value": "1024"}
     assert [i["data_type"] for i in cfg["input"]] == ["TYPE_FP32", "TYPE_INT64", "TYPE_INT32"]
     assert cfg["output"][0]["dims"] == [-1, spec.towers]
     _, cfg_v = get_json(ports.http, "/v2/models/rmc1/versions/1/config")
@@ -216,7 +218,7 @@ def test_triton_endpoints(node):
     entry = stats["model_stats"][0]
     assert entry["name"] == "rmc1" and set(entry["inference_stats"]) >= {"success", "fail", "queue", "compute_infer"}
     client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
-    assert client.get_model_config("rmc1")["max_batch_size"] == 1024
+    assert client.get_model_config("rmc1")["parameters"]["max_query_size"]["string_value"] == "1024"
     assert client.get_inference_statistics("rmc1")["model_stats"][0]["name"] == "rmc1"
 
 
@@ -282,7 +284,7 @@ def test_other_bad_requests(node, references):
         client.infer("rmc1", http_inputs(big))
     huge = json.dumps({"inputs": [], "pad": "x" * (13 * 1024 * 1024)}).encode()  # over max_body_bytes (12 MiB)
     status, _, raw = post(ports.http, "/v2/models/rmc1/infer", huge)
-    assert status == 400 and json.loads(raw)["field"] == "body"
+    assert status == 413 and json.loads(raw)["field"] == "body"
     wrong = [thttp.InferRequestedOutput("logits")]
     with pytest.raises(InferenceServerException, match="logits: unknown output"):
         client.infer("rmc1", http_inputs(batch), outputs=wrong)

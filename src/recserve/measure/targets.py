@@ -8,13 +8,13 @@ returns when its scores are back, raising :class:`RequestFailed` with an error *
 HTTP uses the Open Inference Protocol (KServe v2) with Triton's binary tensor extension: a JSON
 header followed by raw little-endian tensor bytes, the header length in
 ``Inference-Header-Content-Length``.  gRPC uses ``inference.GRPCInferenceService/ModelInfer`` with
-``raw_input_contents``; requests are serialised once, up front, and sent as bytes.
+``raw_input_contents``; requests are serialised once, up front, and sent as bytes.  Both encode and
+decode tensors with the node server's own codec (:mod:`recserve.serving.codec`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -24,11 +24,10 @@ import numpy as np
 
 from recserve.errors import RecserveError
 from recserve.measure.requests import RequestPool
-from recserve.zoo.batch import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES, QueryBatch
+from recserve.serving import codec
+from recserve.serving.codec import HEADER_LENGTH
+from recserve.zoo.batch import OUTPUT_SCORES, QueryBatch
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
-NP_DTYPES = {v: k for k, v in DTYPES.items()}
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
 
@@ -54,39 +53,15 @@ class Target(Protocol):
 
 
 def encode_http_request(batch: QueryBatch, request_id: str = "") -> tuple[bytes, int]:
-    """Body and JSON-header length of a binary-extension infer request for ``batch``."""
-    arrays = batch.as_arrays()
-    inputs, blobs = [], []
-    for name in (INPUT_DENSE, INPUT_VALUES, INPUT_LENGTHS):
-        arr = np.ascontiguousarray(arrays[name])
-        raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-        inputs.append({"name": name, "shape": list(arr.shape), "datatype": DTYPES[arr.dtype],
-                       "parameters": {"binary_data_size": len(raw)}})
-        blobs.append(raw)
-    header = {"inputs": inputs, "outputs": [{"name": OUTPUT_SCORES, "parameters": {"binary_data": True}}]}
-    if request_id:
-        header["id"] = request_id
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return head + b"".join(blobs), len(head)
+    """Body and JSON-header length of a binary-extension infer request for ``batch`` (binary scores back)."""
+    return codec.encode_http_request(batch.as_arrays(), request_id)
 
 
 def decode_http_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
-    """Output tensors of an infer response, binary or plain JSON."""
-    head_len = len(body) if header_length is None else header_length
+    """Output tensors of an infer response, binary or plain JSON; :class:`RequestFailed` if malformed."""
     try:
-        header = json.loads(body[:head_len])
-        out, pos = {}, head_len
-        for o in header["outputs"]:
-            dtype = NP_DTYPES[o["datatype"]]
-            size = (o.get("parameters") or {}).get("binary_data_size")
-            if size is None:
-                out[o["name"]] = np.asarray(o["data"], dtype=dtype).reshape(o["shape"])
-            else:
-                out[o["name"]] = np.frombuffer(body[pos : pos + size], dtype=dtype.newbyteorder("<")).reshape(
-                    o["shape"])
-                pos += size
-        return out
-    except (ValueError, KeyError, TypeError) as exc:
+        return codec.decode_http_response(body, header_length)
+    except ValueError as exc:
         raise RequestFailed("bad_response", str(exc)) from exc
 
 
@@ -162,24 +137,18 @@ def encode_grpc_request(batch: QueryBatch, model: str, version: str = "") -> Any
     pb = grpc_messages()
     req = pb.ModelInferRequest(model_name=model, model_version=version)
     for name, arr in batch.as_arrays().items():
-        arr = np.ascontiguousarray(arr)
-        tensor = req.inputs.add()
-        tensor.name, tensor.datatype = name, DTYPES[arr.dtype]
-        tensor.shape.extend(arr.shape)
-        req.raw_input_contents.append(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())
+        entry, raw = codec.raw_tensor(name, arr)
+        req.inputs.add(**entry)
+        req.raw_input_contents.append(raw)
     req.outputs.add().name = OUTPUT_SCORES
     return req
 
 
 def decode_grpc_response(resp: Any) -> dict[str, np.ndarray]:
-    out = {}
     try:
-        for k, o in enumerate(resp.outputs):
-            dtype = NP_DTYPES[o.datatype].newbyteorder("<")
-            out[o.name] = np.frombuffer(resp.raw_output_contents[k], dtype=dtype).reshape(tuple(o.shape))
-    except (KeyError, IndexError, ValueError) as exc:
+        return codec.decode_raw_outputs(resp.outputs, resp.raw_output_contents)
+    except ValueError as exc:
         raise RequestFailed("bad_response", str(exc)) from exc
-    return out
 
 
 class GrpcTarget:

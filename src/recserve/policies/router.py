@@ -1,7 +1,8 @@
 """Live query router: an Open Inference Protocol (KServe v2) HTTP front end over several node servers.
 
 Clients send ``POST /v2/models/{model}/infer`` exactly as to a node server.  The router reads the
-query's batch size from the request (parsed with the node server's own protocol code), puts the
+query's batch size from the request's JSON header (the node server's numpy-only codec: the router
+imports neither torch nor the worker machinery, and leaves full validation to the backend), puts the
 query in its central queue and asks a dispatch policy (:mod:`recserve.policies.dispatch`, the same
 objects the simulator runs) which idle backend instance serves it.  Each backend *slot* is one
 instance serving one query at a time (Kairos Sec. 6); the measured round trip teaches the policy's
@@ -35,9 +36,13 @@ from aiohttp import web
 from recserve.errors import RecserveError, SpecError
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
+from recserve.serving import protocol
+from recserve.serving.codec import HEADER_LENGTH, batch_size_of
+from recserve.serving.errors import InferError
+from recserve.serving.http import error_response
 from recserve.specs import read_yaml
 
-FORWARD_HEADERS = ("Content-Type", "Inference-Header-Content-Length")
+FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
 
 
 @dataclass
@@ -100,18 +105,6 @@ def load_pool(path: str | Path) -> PoolConfig:
                             f"on any backend type {sorted(set(types))}")
     return PoolConfig(backends, float(data["qos_ms"]), str(data.get("policy", "kairos")),
                       int(data.get("drs_threshold", 300)), prior)
-
-
-def batch_size_of(body: bytes, header_length: str | None) -> int:
-    """Rows of the ``dense`` input of a v2 infer request (the query's batch size)."""
-    from recserve.serving import protocol
-    from recserve.zoo.batch import INPUT_DENSE
-
-    _, arrays = protocol.parse_http_infer(body, header_length)
-    dense = arrays.get(INPUT_DENSE)
-    if dense is None or dense.ndim != 2:
-        raise protocol.invalid(INPUT_DENSE, "missing or not 2-D; the router needs it for the batch size")
-    return int(dense.shape[0])
 
 
 class Router:
@@ -211,16 +204,12 @@ class Router:
 
     # ------------------------------------------------------------------ HTTP
     def app(self) -> web.Application:
-        from recserve.serving import protocol
-        from recserve.serving.http import error_response
-        from recserve.serving.runtime import InferError
-
         app = web.Application(client_max_size=64 * 1024 * 1024)
 
         async def infer(request: web.Request) -> web.Response:
             body = await request.read()
             try:
-                size = batch_size_of(body, request.headers.get("Inference-Header-Content-Length"))
+                size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
             except InferError as exc:
                 return error_response(exc)
             headers = {k: request.headers[k] for k in FORWARD_HEADERS if k in request.headers}
@@ -234,7 +223,10 @@ class Router:
                                     content_type=resp.content_type)
 
         async def live(_: web.Request) -> web.Response:
-            return web.Response(status=200)
+            return web.json_response({"live": True})
+
+        async def ready(_: web.Request) -> web.Response:
+            return web.json_response({"ready": True})
 
         async def server_metadata(_: web.Request) -> web.Response:
             return web.json_response(protocol.server_metadata("recserve-router"))
@@ -254,7 +246,7 @@ class Router:
         app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
         app.router.add_get("/v2", server_metadata)
         app.router.add_get("/v2/health/live", live)
-        app.router.add_get("/v2/health/ready", live)
+        app.router.add_get("/v2/health/ready", ready)
         app.router.add_get("/v2/models/{model}", proxy_get)
         app.router.add_get("/v2/models/{model}/ready", proxy_get)
         app.router.add_get("/v2/models/{model}/config", proxy_get)

@@ -338,10 +338,11 @@ class WorkerPlane:
 
 
 def _status_of(exc: Exception) -> tuple[int, str, str | None]:
-    from recserve.serving.http import STATUS
+    """HTTP status, error code and field of a failed query (the one table in ``serving/errors.py``)."""
+    from recserve.serving.errors import STATUS
 
-    code = getattr(exc, "code", "internal")
-    return STATUS.get(code, 500), code, getattr(exc, "field", None)
+    code = getattr(exc, "code", "internal") if isinstance(getattr(exc, "code", None), str) else "internal"
+    return STATUS.get(code, STATUS["internal"]).http, code, getattr(exc, "field", None)
 
 
 def make_infer(model: Any, model_name: str, info: Any, max_batch_size: int, run: Callable[[tuple], np.ndarray]):

@@ -1,11 +1,19 @@
 """gRPC front end: the standard ``inference.GRPCInferenceService`` (KServe v2 / Triton) on grpc.aio.
 
 The message classes are the generated stubs shipped in ``tritonclient.grpc`` (a runtime
-dependency), so the wire format is exactly Triton's.
+dependency), so the wire format is exactly Triton's.  Tensor contents are read and written by
+:mod:`recserve.serving.codec`; error codes map to gRPC status through :mod:`recserve.serving.errors`.
+
+``ModelReady`` answers ``ready: false`` for an unknown model or version (HTTP answers 404 there;
+tritonclient's ``is_model_ready`` reports both as not ready).  ``ModelStreamInfer`` answers every
+request of the stream, in order, with its ``infer_response`` or an ``error_message``; requests of
+one stream run concurrently and an error does not end the stream.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -13,21 +21,14 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from recserve.serving import protocol
+from recserve.serving import codec, protocol
+from recserve.serving.errors import InferError, grpc_code
 from recserve.serving.llc import LlcUnsupported
-from recserve.serving.runtime import InferError, ModelRuntime
-from recserve.zoo.batch import OUTPUT_SCORES
+from recserve.wire import OUTPUT_SCORES
 
 if TYPE_CHECKING:
+    from recserve.serving.runtime import ModelRuntime
     from recserve.serving.server import NodeCore
-
-CODES = {
-    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "not_found": grpc.StatusCode.NOT_FOUND,
-    "unavailable": grpc.StatusCode.UNAVAILABLE,
-    "internal": grpc.StatusCode.INTERNAL,
-    "unsupported": grpc.StatusCode.UNIMPLEMENTED,
-}
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -46,9 +47,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             return await fn()
         except InferError as exc:
-            await context.abort(CODES.get(exc.code, grpc.StatusCode.INTERNAL), str(exc))
+            await context.abort(grpc_code(exc), str(exc))
         except LlcUnsupported as exc:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, str(exc))
+            await context.abort(grpc_code(InferError("unsupported", str(exc))), str(exc))
 
     async def ServerLive(self, request, context):  # noqa: N802 (generated names)
         return service_pb2.ServerLiveResponse(live=True)
@@ -57,8 +58,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerReadyResponse(ready=self.core.ready)
 
     async def ModelReady(self, request, context):  # noqa: N802
-        rt = self.core.models.get(request.name)
-        return service_pb2.ModelReadyResponse(ready=bool(rt is not None and rt.ready))
+        try:
+            ready = self._runtime(request.name, request.version).ready
+        except InferError:
+            ready = False
+        return service_pb2.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request, context):  # noqa: N802
         meta = protocol.server_metadata(self.core.config.server_name)
@@ -85,18 +89,47 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
         return await self._guard(context, run)
 
+    async def _infer(self, request: Any) -> Any:
+        """The ``ModelInferResponse`` to one request, or :class:`InferError`."""
+        rt = self._runtime(request.model_name, request.model_version)
+        arrays = codec.parse_grpc_infer(request)
+        entry, raw = codec.raw_tensor(OUTPUT_SCORES, np.asarray(await rt.infer(arrays), dtype=np.float32))
+        response = service_pb2.ModelInferResponse(model_name=rt.name, model_version="1", id=request.id)
+        response.outputs.add(**entry)
+        response.raw_output_contents.append(raw)
+        return response
+
     async def ModelInfer(self, request, context):  # noqa: N802
-        async def run():
-            rt = self._runtime(request.model_name, request.model_version)
-            arrays = protocol.parse_grpc_infer(request)
-            scores = np.ascontiguousarray(await rt.infer(arrays), dtype=np.float32)
-            response = service_pb2.ModelInferResponse(model_name=rt.name, model_version="1", id=request.id)
-            out = response.outputs.add()
-            out.name, out.datatype = OUTPUT_SCORES, "FP32"
-            out.shape.extend(scores.shape)
-            response.raw_output_contents.append(scores.tobytes())
-            return response
-        return await self._guard(context, run)
+        return await self._guard(context, lambda: self._infer(request))
+
+    async def _stream_answer(self, request: Any) -> Any:
+        try:
+            return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
+        except (InferError, LlcUnsupported) as exc:
+            return service_pb2.ModelStreamInferResponse(error_message=str(exc))
+
+    async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:  # noqa: N802
+        # Each request starts as it arrives; answers leave in request order.  The reader always ends
+        # the queue with None, also when the client goes away, so the loop below cannot hang.
+        answers: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    answers.put_nowait(asyncio.ensure_future(self._stream_answer(request)))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await answers.get()) is not None:
+                yield await task
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                pending = answers.get_nowait()
+                if pending is not None:
+                    pending.cancel()
 
 
 def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:

@@ -11,31 +11,39 @@ Control API (JSON, same port, meant for loopback use by the node resource manage
                                                "threads": t | null, "stage": "model"|"sparse"|"dense" | null}
     POST /control/models/{m}/sub_batch        {"sub_batch": k}
     POST /control/models/{m}/llc              {"ways": w}   -> 501 where resctrl is missing
+
+Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
+``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
+``Content-Type: application/json``, with the status from :data:`recserve.serving.errors.STATUS`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from recserve.serving import protocol
+from recserve.serving import codec, protocol
+from recserve.serving.errors import STATUS, InferError
 from recserve.serving.llc import LlcUnsupported
 from recserve.serving.metrics import render_prometheus
-from recserve.serving.runtime import InferError, ModelRuntime
 
 if TYPE_CHECKING:
+    from recserve.serving.runtime import ModelRuntime
     from recserve.serving.server import NodeCore
 
-STATUS = {"invalid": 400, "not_found": 404, "unavailable": 503, "internal": 500, "unsupported": 501}
+log = logging.getLogger("recserve.serving")
 
 
 def error_response(exc: InferError) -> web.Response:
-    body = {"error": str(exc)}
-    if exc.field:
-        body["field"] = exc.field
-    return web.json_response(body, status=STATUS.get(exc.code, 500))
+    return web.json_response(exc.body(), status=exc.status.http)
+
+
+def _ready(data: dict[str, Any], ready: bool) -> web.Response:
+    """A readiness answer: the Open Inference Protocol body, 200 when ready and 503 otherwise."""
+    return web.json_response({**data, "ready": ready}, status=200 if ready else 503)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -62,11 +70,11 @@ def build_app(core: NodeCore) -> web.Application:
 
     @routes.get("/v2/health/live")
     async def live(_: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return _json({"live": True})
 
     @routes.get("/v2/health/ready")
     async def ready(_: web.Request) -> web.Response:
-        return web.Response(status=200 if core.ready else 503)
+        return _ready({}, core.ready)
 
     @routes.get("/v2/models/stats")
     async def all_stats(_: web.Request) -> web.Response:
@@ -80,7 +88,8 @@ def build_app(core: NodeCore) -> web.Application:
 
         @routes.get(prefix + "/ready")
         async def model_ready(request: web.Request) -> web.Response:
-            return web.Response(status=200 if runtime(request).ready else 503)
+            rt = runtime(request)
+            return _ready({"name": rt.name}, rt.ready)
 
         @routes.get(prefix + "/config")
         async def config(request: web.Request) -> web.Response:
@@ -96,10 +105,9 @@ def build_app(core: NodeCore) -> web.Application:
         async def infer(request: web.Request) -> web.Response:
             rt = runtime(request)
             body = await request.read()
-            req, arrays = protocol.parse_http_infer(body, request.headers.get("Inference-Header-Content-Length"))
-            protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
+            req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH))
             scores = await rt.infer(arrays)
-            payload, headers = protocol.http_infer_response(rt.name, req, scores)
+            payload, headers = codec.http_infer_response(rt.name, req, scores)
             content_type = headers.pop("Content-Type")
             return web.Response(body=payload, headers=headers, content_type=content_type)
 
@@ -168,16 +176,26 @@ async def _body(request: web.Request) -> dict:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure as a JSON error body (clients such as KServe's parse it)."""
     try:
         return await handler(request)
     except InferError as exc:
         return error_response(exc)
     except LlcUnsupported as exc:
-        return web.json_response({"error": str(exc), "supported": False}, status=501)
+        return web.json_response({"error": str(exc), "supported": False}, status=STATUS["unsupported"].http)
     except web.HTTPRequestEntityTooLarge as exc:
-        return web.json_response({"error": f"body: {exc.text}", "field": "body"}, status=400)
+        return error_response(InferError("too_large", f"body: {exc.text}", "body"))
     except json.JSONDecodeError as exc:
-        return web.json_response({"error": f"body: {exc}", "field": "body"}, status=400)
+        return error_response(InferError("invalid", f"body: {exc}", "body"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"},
+                                 status=exc.status, headers=allow)
+    except Exception as exc:  # a bug: still a JSON answer, and the traceback in the log
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        return error_response(InferError("internal", f"{type(exc).__name__}: {exc}"))
 
 
 def prometheus_text(models: dict[str, ModelRuntime]) -> str:

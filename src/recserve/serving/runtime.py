@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from recserve.serving.config import ModelConfig, expand_cores
+from recserve.serving.errors import InferError
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.metrics import ModelMetrics
 from recserve.serving.worker import (
@@ -49,15 +50,6 @@ log = logging.getLogger("recserve.serving")
 WORKER_START_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 10.0
 MAX_RESTARTS_IN_A_ROW = 5
-
-
-class InferError(Exception):
-    """A request that cannot be answered with scores.  ``code``: invalid | not_found | unavailable | internal."""
-
-    def __init__(self, code: str, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.field = field
 
 
 _PREP_LOCK = threading.Lock()

@@ -22,11 +22,8 @@ import numpy as np
 import torch
 
 from recserve.errors import RecserveError
-
-INPUT_DENSE = "dense"
-INPUT_VALUES = "sparse_values"
-INPUT_LENGTHS = "sparse_lengths"
-OUTPUT_SCORES = "scores"
+from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
+from recserve.wire import OUTPUT_SCORES as OUTPUT_SCORES  # re-exported: the wire names are imported from here
 
 # (rows, n, rng) -> n int64 ids in [0, rows)
 IndexSampler = Callable[[int, int, np.random.Generator], np.ndarray]

@@ -1,0 +1,328 @@
+"""Open Inference Protocol (KServe v2) tensors on the wire: JSON, the HTTP binary extension, gRPC raw contents.
+
+Only numpy and the standard library are imported, so the router, the load generator and benchmark
+peers encode and decode queries without torch, aiohttp or grpc (gRPC messages are duck-typed: the
+caller owns the protobuf classes).
+
+Server side, :func:`parse_http_infer` and :func:`parse_grpc_infer` validate the *whole* request
+(inputs, request and output ``parameters``, ``outputs``, ``id``) before anything runs: every
+malformed field is ``InferError("invalid", "<field>: …", field)`` (HTTP 400 / gRPC INVALID_ARGUMENT),
+never an exception after the model has run.  Client side, the ``encode_*``/``decode_*`` functions
+raise ``ValueError`` on a malformed response.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from recserve.serving.errors import InferError
+from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+DTYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_), "INT8": np.dtype(np.int8), "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64), "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16), "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64),
+    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+}
+DATATYPES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
+EXPECTED: dict[str, tuple[str, ...]] = {
+    INPUT_DENSE: ("FP32",), INPUT_VALUES: ("INT64",), INPUT_LENGTHS: ("INT32", "INT64"),
+}
+GRPC_CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}
+"""Typed ``InferTensorContents`` field per accepted datatype."""
+
+
+def invalid(field: str, message: str) -> InferError:
+    return InferError("invalid", f"{field}: {message}", field)
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def raw_tensor(name: str, arr: np.ndarray) -> tuple[dict[str, Any], bytes]:
+    """``{"name", "datatype", "shape"}`` and the little-endian C-order bytes of ``arr`` (the wire form)."""
+    arr = np.ascontiguousarray(arr)
+    datatype = DATATYPES.get(arr.dtype.newbyteorder("="))
+    if datatype is None:
+        raise ValueError(f"{name}: no Open Inference Protocol datatype for {arr.dtype}")
+    raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+    return {"name": name, "datatype": datatype, "shape": list(arr.shape)}, raw
+
+
+def _shape(field: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, list | tuple) or not all(type(d) is int and d >= 0 for d in shape):
+        raise invalid(field, f"shape must be a list of non-negative integers, got {shape!r}")
+    return tuple(shape)
+
+
+def _check_dtype(field: str, datatype: Any) -> np.dtype:
+    if datatype not in EXPECTED[field]:
+        raise invalid(field, f"datatype must be {' or '.join(EXPECTED[field])}, got {datatype!r}")
+    return DTYPES[datatype]
+
+
+def from_raw(field: str, datatype: Any, shape: Any, raw: bytes | memoryview) -> np.ndarray:
+    dtype = _check_dtype(field, datatype)
+    dims = _shape(field, shape)
+    expected = math.prod(dims) * dtype.itemsize
+    if len(raw) != expected:
+        raise invalid(field, f"binary data has {len(raw)} bytes, shape {list(dims)} of {datatype} needs {expected}")
+    # frombuffer views the request body (no copy); the model only reads its inputs.
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
+
+
+def _numbers(field: str, datatype: str, data: Any) -> np.ndarray:
+    """``data`` as a flat array, refusing what a cast would silently change (floats to ints, overflow)."""
+    try:
+        values = np.asarray(data).reshape(-1)
+    except ValueError as exc:  # ragged nesting
+        raise invalid(field, f"data is not a list of {datatype} numbers: {exc}") from exc
+    if values.size == 0:
+        return values
+    dtype = DTYPES[datatype]
+    integral = dtype.kind in "iu"
+    if values.dtype.kind not in ("iu" if integral else "iuf"):
+        kind = "integers" if integral else "numbers"
+        raise invalid(field, f"data must hold {datatype} {kind} (integers beyond 64 bits are refused too), "
+                             f"got {values.dtype} values")
+    if integral:
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise invalid(field, f"data holds values outside the {datatype} range [{info.min}, {info.max}]")
+    return values
+
+
+def from_list(field: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
+    dtype = _check_dtype(field, datatype)
+    dims = _shape(field, shape)
+    arr = _numbers(field, datatype, data)
+    count = math.prod(dims)
+    if arr.size != count:
+        raise invalid(field, f"data holds {arr.size} elements, shape {list(dims)} needs {count}")
+    return arr.astype(dtype, copy=False).reshape(dims)
+
+
+def _check_names(names: Sequence[Any]) -> None:
+    for n in names:
+        if not isinstance(n, str):
+            raise invalid("inputs", f"every input needs a string 'name', got {n!r}")
+        if n not in EXPECTED:
+            raise invalid(n, f"unknown input; expected {sorted(EXPECTED)}")
+    if len(set(names)) != len(names):
+        raise invalid("inputs", "an input is given twice")
+    for n in EXPECTED:
+        if n not in names:
+            raise invalid(n, "input tensor missing")
+
+
+def check_outputs(names: Iterable[Any]) -> None:
+    for n in names:
+        if n != OUTPUT_SCORES:
+            raise invalid(str(n), f"unknown output; this model has only {OUTPUT_SCORES!r}")
+
+
+# ---------------------------------------------------------------- HTTP requests (server side)
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """The JSON header and the binary tail of a request body."""
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        n = int(header_length)
+    except ValueError as exc:
+        raise invalid(HEADER_LENGTH, f"not an integer: {header_length!r}") from exc
+    if not 0 < n <= len(body):
+        raise invalid(HEADER_LENGTH, f"{n} is outside the body of {len(body)} bytes")
+    return body[:n], memoryview(body)[n:]
+
+
+def _header(head: bytes) -> dict[str, Any]:
+    try:
+        request = json.loads(head)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid("body", f"not valid JSON: {exc}") from exc
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
+        raise invalid("inputs", "request must be a JSON object with an 'inputs' list")
+    if not all(isinstance(t, dict) for t in request["inputs"]):
+        raise invalid("inputs", "every input must be a JSON object")
+    return request
+
+
+def _parameters(field: str, holder: dict[str, Any], flag: str | None = None) -> dict[str, Any]:
+    """``holder["parameters"]`` (a JSON object or absent); ``flag``, if present in it, must be a boolean."""
+    params = holder.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise invalid(field, f"parameters must be a JSON object, got {params!r}")
+    if flag is not None and flag in params and not isinstance(params[flag], bool):
+        raise invalid(field, f"parameters.{flag} must be true or false, got {params[flag]!r}")
+    return params
+
+
+def _check_request(request: dict[str, Any]) -> None:
+    """Everything of the request besides the input tensors: ``id``, ``parameters``, ``outputs``."""
+    if "id" in request and not isinstance(request["id"], str):
+        raise invalid("id", f"must be a string, got {request['id']!r}")
+    _parameters("parameters", request, "binary_data_output")
+    outputs = request.get("outputs")
+    if outputs is None:
+        return
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise invalid("outputs", f"must be a list of JSON objects, got {outputs!r}")
+    names = [o.get("name") for o in outputs]
+    if not all(isinstance(n, str) for n in names):
+        raise invalid("outputs", f"every output needs a string 'name', got {names!r}")
+    check_outputs(names)
+    for o in outputs:
+        _parameters(o["name"], o, "binary_data")
+
+
+def _input_array(t: dict[str, Any], binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
+    """One input tensor (JSON ``data`` or the binary slice at ``offset``) and the next offset."""
+    name = t["name"]
+    size = _parameters(name, t).get("binary_data_size")
+    if size is None:
+        if "data" not in t:
+            raise invalid(name, "needs 'data' or parameters.binary_data_size")
+        return from_list(name, t.get("datatype"), t.get("shape"), t["data"]), offset
+    if "data" in t:
+        raise invalid(name, "has both 'data' and parameters.binary_data_size")
+    if type(size) is not int or size < 0 or offset + size > len(binary):
+        raise invalid(name, f"binary_data_size {size!r} runs past the {len(binary)} binary bytes")
+    return from_raw(name, t.get("datatype"), t.get("shape"), binary[offset : offset + size]), offset + size
+
+
+def parse_http_infer(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """The validated JSON part of a v2 infer request and its input arrays (JSON ``data`` or binary extension)."""
+    head, binary = _split(body, header_length)
+    request = _header(head)
+    tensors = request["inputs"]
+    _check_names([t.get("name") for t in tensors])
+    _check_request(request)
+    arrays, offset = {}, 0
+    for t in tensors:
+        arrays[t["name"]], offset = _input_array(t, binary, offset)
+    if offset != len(binary):
+        raise invalid("body", f"{len(binary) - offset} binary bytes after the last input")
+    return request, arrays
+
+
+def batch_size_of(body: bytes, header_length: str | None) -> int:
+    """Rows of the ``dense`` input of an encoded request, read from the JSON header alone (cheap: no tensors)."""
+    head, _ = _split(body, header_length)
+    for t in _header(head)["inputs"]:
+        if t.get("name") == INPUT_DENSE:
+            dims = _shape(INPUT_DENSE, t.get("shape"))
+            if len(dims) != 2:
+                raise invalid(INPUT_DENSE, f"shape must be [batch, features], got {list(dims)}")
+            return dims[0]
+    raise invalid(INPUT_DENSE, "input tensor missing")
+
+
+# ---------------------------------------------------------------- HTTP responses (server side)
+
+
+def wants_binary_output(request: dict) -> bool:
+    """Binary ``scores`` if asked per output or with ``binary_data_output``; JSON otherwise (request validated)."""
+    for out in request.get("outputs") or []:
+        if out.get("name") == OUTPUT_SCORES:
+            flag = (out.get("parameters") or {}).get("binary_data")
+            if flag is not None:
+                return flag
+    return (request.get("parameters") or {}).get("binary_data_output", False)
+
+
+def http_infer_response(name: str, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """Body and extra headers of a v2 infer response."""
+    out, raw = raw_tensor(OUTPUT_SCORES, np.asarray(scores, dtype=np.float32))
+    response: dict[str, Any] = {"model_name": name, "model_version": "1", "outputs": [out]}
+    if "id" in request:
+        response["id"] = request["id"]
+    if wants_binary_output(request):
+        out["parameters"] = {"binary_data_size": len(raw)}
+        head = json.dumps(response).encode()
+        return head + raw, {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
+    out["data"] = np.asarray(scores, dtype=np.float32).reshape(-1).tolist()
+    return json.dumps(response).encode(), {"Content-Type": "application/json"}
+
+
+# ---------------------------------------------------------------- HTTP (client side)
+
+
+def encode_http_request(arrays: dict[str, np.ndarray], request_id: str = "",
+                        binary_output: bool = True) -> tuple[bytes, int]:
+    """Body and JSON-header length of a binary-extension infer request for ``arrays`` (name -> tensor)."""
+    inputs, blobs = [], []
+    for name, arr in arrays.items():
+        entry, raw = raw_tensor(name, arr)
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        inputs.append(entry)
+        blobs.append(raw)
+    header: dict[str, Any] = {"inputs": inputs,
+                              "outputs": [{"name": OUTPUT_SCORES, "parameters": {"binary_data": binary_output}}]}
+    if request_id:
+        header["id"] = request_id
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return head + b"".join(blobs), len(head)
+
+
+def _output_array(datatype: str, shape: Sequence[int], raw: bytes | memoryview) -> np.ndarray:
+    return np.frombuffer(raw, dtype=DTYPES[datatype].newbyteorder("<")).reshape(tuple(shape))
+
+
+def decode_http_response(body: bytes, header_length: int | None) -> dict[str, np.ndarray]:
+    """Output tensors of an infer response, binary or plain JSON; ``ValueError`` if malformed."""
+    head_len = len(body) if header_length is None else header_length
+    try:
+        header = json.loads(body[:head_len])
+        out, pos = {}, head_len
+        for o in header["outputs"]:
+            size = (o.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                out[o["name"]] = np.asarray(o["data"], dtype=DTYPES[o["datatype"]]).reshape(o["shape"])
+            else:
+                out[o["name"]] = _output_array(o["datatype"], o["shape"], body[pos : pos + size])
+                pos += size
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed infer response: {exc!r}") from exc
+
+
+# ---------------------------------------------------------------- gRPC messages' contents
+
+
+def parse_grpc_infer(request: Any) -> dict[str, np.ndarray]:
+    """Input arrays of a ``ModelInferRequest``: all inputs as ``raw_input_contents`` or all as typed ``contents``."""
+    _check_names([t.name for t in request.inputs])
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise invalid("raw_input_contents", f"{len(raw)} raw buffers for {len(request.inputs)} inputs")
+    arrays = {}
+    for i, t in enumerate(request.inputs):
+        if raw:
+            if t.contents.ListFields():
+                raise invalid(t.name, "has both raw_input_contents and typed contents; send one of them")
+            arrays[t.name] = from_raw(t.name, t.datatype, list(t.shape), raw[i])
+        else:
+            _check_dtype(t.name, t.datatype)
+            values = getattr(t.contents, GRPC_CONTENTS[t.datatype])
+            arrays[t.name] = from_list(t.name, t.datatype, list(t.shape), values)
+    check_outputs(o.name for o in request.outputs)
+    return arrays
+
+
+def decode_raw_outputs(outputs: Sequence[Any], raw: Sequence[bytes]) -> dict[str, np.ndarray]:
+    """Arrays of a ``ModelInferResponse``'s ``outputs`` and ``raw_output_contents``; ``ValueError`` if malformed."""
+    try:
+        return {o.name: _output_array(o.datatype, o.shape, raw[k]) for k, o in enumerate(outputs)}
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"malformed infer response: {exc!r}") from exc

@@ -1,0 +1,54 @@
+"""The one error type of the data plane and the one table that maps its codes onto HTTP and gRPC.
+
+HTTP (``serving/http.py``), gRPC (``serving/grpc_service.py``), the codec and the router all raise
+or translate :class:`InferError`; keeping the status table here means an error code answers with
+the same meaning over both protocols.  gRPC codes are stored by name so that importing this module
+(and the numpy-only codec that raises it) does not import grpc.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Status(NamedTuple):
+    http: int
+    grpc: str  # a grpc.StatusCode member name
+
+
+STATUS: dict[str, Status] = {
+    "invalid": Status(400, "INVALID_ARGUMENT"),
+    "not_found": Status(404, "NOT_FOUND"),
+    "too_large": Status(413, "RESOURCE_EXHAUSTED"),
+    "unavailable": Status(503, "UNAVAILABLE"),
+    "internal": Status(500, "INTERNAL"),
+    "unsupported": Status(501, "UNIMPLEMENTED"),
+}
+"""Error code -> (HTTP status, gRPC status code name); an unknown code is answered as ``internal``."""
+
+
+class InferError(Exception):
+    """A request that cannot be answered with scores; ``code`` is a key of :data:`STATUS`."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+    @property
+    def status(self) -> Status:
+        return STATUS.get(self.code, STATUS["internal"])
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body every HTTP front end answers with."""
+        body: dict[str, Any] = {"error": str(self)}
+        if self.field:
+            body["field"] = self.field
+        return body
+
+
+def grpc_code(exc: InferError) -> Any:
+    """The ``grpc.StatusCode`` for ``exc`` (grpc imported here, only by the gRPC front end)."""
+    import grpc
+
+    return grpc.StatusCode[exc.status.grpc]
