@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -26,15 +25,6 @@ from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
 
 ENGINES = ["threads"] + (["io_uring"] if io_uring_available() else [])
-
-
-@pytest.fixture
-def disk_dir():
-    """A temp dir on a real disk (O_DIRECT works there; /tmp may be tmpfs elsewhere)."""
-    base = os.path.join(os.path.dirname(__file__), "..", ".pytest_tmp_sdm")
-    os.makedirs(base, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=base) as d:
-        yield d
 
 
 def small_spec(dim: int = 16) -> ModelSpec:

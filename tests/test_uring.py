@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -24,14 +23,6 @@ def fresh_probe(monkeypatch):
     uring.reset_probe()
     yield monkeypatch
     uring.reset_probe()
-
-
-@pytest.fixture
-def disk_dir():
-    base = os.path.join(os.path.dirname(__file__), "..", ".pytest_tmp_sdm")
-    os.makedirs(base, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=base) as d:
-        yield d
 
 
 def test_probe_killed_by_a_signal_means_unavailable_and_reads_stay_exact(fresh_probe, disk_dir, caplog):
