@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -303,6 +304,24 @@ def test_grpc_bad_request_is_invalid_argument(node, references):
     assert err.value.status() == "StatusCode.NOT_FOUND"
 
 
+@contextlib.contextmanager
+def paused_workers(port: int, model: str, seconds: float):
+    """Stop the model's workers (SIGSTOP) and let them go ``seconds`` after the block has started its requests.
+
+    Requests sent meanwhile wait in the kernel, so the worker reads them all at once: admission is then
+    decided on a known queue, whatever the speed of the client or of the machine."""
+    state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/control/models/{model}", timeout=30).read())
+    pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, lambda: [os.kill(pid, signal.SIGCONT) for pid in pids])
+    timer.start()
+    try:
+        yield pids
+    finally:
+        timer.join()
+
+
 def binary_body(batch) -> tuple[bytes, dict[str, str]]:
     """A binary-extension infer request (what tritonclient sends), built by hand."""
     arrays = batch.as_arrays()
@@ -314,6 +333,8 @@ def binary_body(batch) -> tuple[bytes, dict[str, str]]:
 
 
 def test_overload_gives_503_not_unbounded_latency(node, references):
+    """A burst that lands while the worker is busy (paused here, so the burst is whole when it reads it):
+    two queries are admitted (queue_limit 2), the rest are refused at once with 503 and Retry-After."""
     _, ports = node
     model = references["dlrm-a"]  # one worker, queue_limit 2
     body, headers = binary_body(sample_batch(model, 256, rng=4))
@@ -323,14 +344,15 @@ def test_overload_gives_503_not_unbounded_latency(node, references):
         async with aiohttp.ClientSession() as s:
             async def one():
                 async with s.post(url, data=body, headers=headers) as r:
-                    return r.status, await r.read()
+                    return r.status, await r.read(), r.headers.get("Retry-After")
             return await asyncio.gather(*(one() for _ in range(24)))
 
-    results = asyncio.run(burst())
-    statuses = [s for s, _ in results]
+    with paused_workers(ports.http, "dlrm-a", seconds=1.0):
+        results = asyncio.run(burst())
+    statuses = [s for s, _, _ in results]
     assert set(statuses) <= {200, 503} and statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
-    overloaded = next(json.loads(b) for s, b in results if s == 503)
-    assert "overloaded" in overloaded["error"]
+    overloaded = next((json.loads(b), retry) for s, b, retry in results if s == 503)
+    assert "overloaded" in overloaded[0]["error"] and int(overloaded[1]) >= 1
     grpc_client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
     assert grpc_client.is_model_ready("dlrm-a")  # and it keeps serving afterwards
     assert grpc_client.infer("dlrm-a", grpc_inputs(sample_batch(model, 2))).as_numpy("scores").shape == (2, 1)

@@ -29,6 +29,8 @@ from recserve.serving.runtime import InferError, ModelRuntime, mp_context
 
 log = logging.getLogger("recserve.serving")
 
+WATCHDOG_S = 0.2  # how often hung workers are looked for
+
 
 def _infer_target(prefix: bytes) -> str | None:
     """The model an HTTP request's line names for inference (``POST /v2/models/<m>[/versions/<v>]/infer``)."""
@@ -68,13 +70,52 @@ class NodeCore:
         self.models: dict[str, ModelRuntime] = {m.name: ModelRuntime(m, ctx, self.llc) for m in config.models}
         self.accepting = False
         self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
+        self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
         self._tasks: set[asyncio.Task] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.listen_sock: socket.socket | None = None
+        self._fallback: Any = None  # the server process's own accept loop while no worker accepts
+
+    def start_watchdog(self) -> None:
+        """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/watchdog.py``),
+        and this process accepts on the node's socket itself while no worker does."""
+        for rt in self.models.values():
+            rt.watch()
+        self._cover_accepts()
+        self._watchdog = asyncio.get_running_loop().call_later(WATCHDOG_S, self.start_watchdog)
+
+    def stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._stop_fallback()
+
+    def _stop_fallback(self) -> None:
+        if self._fallback is not None:
+            fallback, self._fallback = self._fallback, None
+            fallback.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+
+    def _cover_accepts(self) -> None:
+        """With every accepting worker down, hung or restarting, nothing would take new connections: health,
+        readiness and metrics would hang with them.  Accept here meanwhile (queries then wait for the restarted
+        workers in this process's queue) and stop as soon as a worker is back."""
+        if self.listen_sock is None or self.http_server is None:
+            return
+        covered = any(rt.accepting_now() for rt in self.models.values())
+        loop = asyncio.get_running_loop()
+        if not covered and self._fallback is None:
+            log.warning("no worker is accepting connections: the server process accepts them until one is back")
+            self._fallback = loop.create_task(loop.create_server(self.http_server, sock=self.listen_sock.dup()))
+        elif covered:
+            self._stop_fallback()
 
     def use_worker_front_end(self, sock: socket.socket) -> bool:
         """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can."""
         takers = [rt for rt in self.models.values() if rt.cfg.mode == "model"]
+        self.listen_sock = sock if takers else None
         for rt in takers:
             rt.listen_sock, rt.max_body, rt.on_handoff = sock, self.config.max_body_bytes, self.route
+            rt.read_timeout_s = self.config.read_timeout_s
         return bool(takers)
 
     def route(self, fd: int, prefix: bytes, hint: str) -> None:
@@ -110,7 +151,7 @@ class NodeCore:
         return protocol.model_config(rt.name, rt.info, rt.cfg.max_batch_size, workers)
 
     def prometheus(self) -> str:
-        return prometheus_text(self.models)
+        return prometheus_text(self.models, self.refusals)
 
     def node_state(self) -> dict[str, Any]:
         supported = self.llc.supported
@@ -167,6 +208,7 @@ class NodeServer:
             await self._ashutdown(drain=False)
             raise
         self.core.accepting = True
+        self.core.start_watchdog()
         self.ports = Ports(http_port, grpc_port)
         return self.ports
 
@@ -174,6 +216,7 @@ class NodeServer:
         core = self.core
         if core is not None:
             core.accepting = False
+            core.stop_watchdog()
             if drain:
                 await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.models.values()))
         if self._grpc is not None:

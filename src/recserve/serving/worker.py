@@ -20,8 +20,9 @@ Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never to
 Data plane v2 (``serving/dataplane.py``): a ``model``-stage worker given the node's listening socket also
 accepts and answers its own model's HTTP queries itself.  Then, in addition:
 
-- worker -> server: ``("stats", records)`` (completed/failed queries, batched); ``("handoff", prefix, model)``
-  followed by a descriptor (SCM_RIGHTS) = a connection the worker does not serve.
+- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat", fds)`` every
+  0.25 s (the descriptors of connections holding a query: the watchdog answers them if the worker hangs);
+  ``("handoff", prefix, model)`` followed by a descriptor (SCM_RIGHTS) = a connection the worker does not serve.
 - server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
   ``("config", {"sub_batch": k})``; ``("drain",)`` = stop accepting, refuse new queries with 503.
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
@@ -33,6 +34,7 @@ of per-table embeddings; ``dense`` payload ``(dense, [embeddings])`` -> scores.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -98,8 +100,7 @@ class WorkerArgs:
     io_uring_verdict: str = ""  # the server's io_uring probe result (embedding.uring.PROBE_ENV), "" = not probed
     listen: Any = None  # data plane v2: the node's HTTP listening socket (this worker accepts on it)
     info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
-    max_body: int = 64 * 1024 * 1024
-    queue_limit: int = 64  # this worker's share of the model's queue limit
+    limits: Any = None  # dataplane.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
     sub_batch: int = 0
 
 
@@ -186,8 +187,6 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     conn.send(("ready", os.getpid(), _io_report(model)))
     with torch.inference_mode():
         if args.listen is not None:
-            import asyncio
-
             asyncio.run(_serve(conn, args, model, in_buf, out_buf))
             return
         while True:
@@ -220,10 +219,9 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
 
 async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
-    import asyncio
     from multiprocessing.reduction import recv_handle, send_handle
 
-    from recserve.serving.dataplane import WorkerPlane, make_infer
+    from recserve.serving.dataplane import WorkerPlane, make_model_path
 
     loop = asyncio.get_running_loop()
     server_pid = os.getppid()
@@ -238,10 +236,9 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send(("handoff", prefix, args.model_config.name))
         send_handle(conn, fd, server_pid)
 
-    infer = make_infer(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                       lambda payload: run_stage(model, "model", payload))
-    plane = WorkerPlane(loop, args.model_config.name, infer, send, hand_off, args.max_body, args.queue_limit,
-                        args.sub_batch)
+    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
+                           lambda payload: run_stage(model, "model", payload))
+    plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch)
 
     def on_pipe() -> None:
         try:
@@ -263,8 +260,6 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
 
 
 def _control(plane: Any, msg: tuple, fd: int | None) -> None:
-    import asyncio
-
     kind = msg[0]
     if kind == "adopt" and fd is not None:
         task = asyncio.ensure_future(plane.adopt(fd, msg[1]))
