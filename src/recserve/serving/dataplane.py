@@ -264,13 +264,14 @@ class ServiceTime:
         return passes * fixed + per_item * items
 
 
+Reply = Callable[[np.ndarray | None, InferError | None], None]  # (scores, None) or (None, error)
+
+
 @dataclass
 class Query:
-    conn: Connection
-    keep_alive: bool
+    reply: Reply  # the transport's answer (HTTP bytes on a connection, a gRPC future)
     arrived: float
     deadline: float
-    request: dict
     arrays: tuple  # (dense, values, lengths), validated
     items: int
     behind: bool  # admitted behind other queries (only those can miss their deadline by waiting here)
@@ -280,6 +281,7 @@ class ModelPath(Protocol):
     """The model side of a worker's query path (``make_model_path``)."""
 
     def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]: ...
+    def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]: ...
     def compute(self, queries: list[tuple]) -> list[np.ndarray]: ...
     def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]: ...
 
@@ -342,25 +344,45 @@ class WorkerPlane:
 
     # ---- admission ---------------------------------------------------------------------------------
     def admit(self, conn: Connection, req: Request) -> None:
-        """Decode and validate now (errors answered at once), then queue the query if it can meet its deadline."""
+        """An HTTP request: decode and validate now (errors answered at once), then queue it as a query."""
         try:
             request, arrays, items = self.model.decode(req.body, req.headers.get("inference-header-content-length"))
-            # the deadline runs from when the request is whole (as Triton's queue timeout): upload time is the
-            # client's network, not this worker's queue
-            deadline = time.perf_counter() + (_timeout_s(request) or self.limits.deadline_s)
+            timeout = _timeout_s(request)
         except Exception as exc:  # noqa: BLE001 - an unreadable request is answered; the worker lives on
             error = as_infer_error(exc)
             self.refused(error.code)
             conn.write(error_response(error, close=not req.keep_alive))
             conn.answered(req.keep_alive)
             return
+
+        def reply(scores: np.ndarray | None, error: InferError | None) -> None:
+            if error is None:
+                try:
+                    payload, headers = self.model.encode(request, scores)
+                except Exception as exc:  # noqa: BLE001
+                    error = as_infer_error(exc)
+                else:
+                    content_type = headers.pop("Content-Type")
+                    conn.write(response_bytes(200, payload, content_type, headers, close=not req.keep_alive))
+            if error is not None:
+                extra = {"Retry-After": self.retry_after()} if error.code == "unavailable" else None
+                conn.write(error_response(error, close=not req.keep_alive, extra=extra))
+            conn.answered(req.keep_alive)
+
+        self.enqueue(arrays, items, req.arrived, timeout, reply)
+
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
+        """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
+        ``reply`` is called once, with scores or the error."""
+        # the deadline runs from when the request is whole (as Triton's queue timeout): upload time is the
+        # client's network, not this worker's queue
+        deadline = time.perf_counter() + (timeout_s or self.limits.deadline_s)
         try:
             self._check_admission(items, deadline)
         except InferError as exc:
-            self._answer_error(conn, req.keep_alive, req.arrived, exc)
+            self._fail(reply, arrived, exc)
             return
-        self.queue.append(Query(conn, req.keep_alive, req.arrived, deadline, request, arrays, items,
-                                behind=bool(self.queue)))
+        self.queue.append(Query(reply, arrived, deadline, arrays, items, behind=bool(self.queue)))
         self.queued_items += items
         if not self._running:
             self._running = True
@@ -405,7 +427,7 @@ class WorkerPlane:
             if q.behind and q.deadline < now:
                 self._take(q)
                 waited = (now - q.arrived) * 1e3
-                self._answer_error(q.conn, q.keep_alive, q.arrived, InferError(
+                self._fail(q.reply, q.arrived, InferError(
                     "deadline", f"model {self.model_name!r}: deadline exceeded: {waited:.1f} ms after the request "
                                 "arrived it was still queued"))
                 continue
@@ -434,33 +456,22 @@ class WorkerPlane:
                 scores = self.model.compute([q.arrays for q in group])
         except Exception as exc:  # noqa: BLE001 - every failure is answered; the worker lives on
             for q in group:
-                self._answer_error(q.conn, q.keep_alive, q.arrived, as_infer_error(exc), start)
+                self._fail(q.reply, q.arrived, as_infer_error(exc), start)
         else:
             done = time.perf_counter()
             self.service.observe(sum(q.items for q in group), done - start)
-            for i, (q, s) in enumerate(zip(group, scores, strict=True)):
-                self._answer(q, s, start, done, executions=int(i == 0))
+            for i, (q, answer) in enumerate(zip(group, scores, strict=True)):
+                q.reply(answer, None)
+                self._record(("done", q.items, done - q.arrived, start - q.arrived, done - start, int(i == 0)))
         self.loop.call_soon(self._run_next)
 
-    def _answer(self, q: Query, scores: np.ndarray, start: float, done: float, executions: int) -> None:
-        try:
-            payload, headers = self.model.encode(q.request, scores)
-        except Exception as exc:  # noqa: BLE001
-            self._answer_error(q.conn, q.keep_alive, q.arrived, as_infer_error(exc), start)
-            return
-        content_type = headers.pop("Content-Type")
-        q.conn.write(response_bytes(200, payload, content_type, headers, close=not q.keep_alive))
-        self._record(("done", q.items, done - q.arrived, start - q.arrived, done - start, executions))
-        q.conn.answered(q.keep_alive)
-
-    def _answer_error(self, conn: Connection, keep_alive: bool, arrived: float, exc: InferError,
-                      start: float | None = None) -> None:
-        extra = None
-        if exc.code == "unavailable":
-            extra = {"Retry-After": str(max(1, int(self.backlog_s()) + 1))}
-        conn.write(error_response(exc, close=not keep_alive, extra=extra))
+    def _fail(self, reply: Reply, arrived: float, exc: InferError, start: float | None = None) -> None:
         self._record(("failed", exc.code, time.perf_counter() - arrived, start is not None))
-        conn.answered(keep_alive)
+        reply(None, exc)
+
+    def retry_after(self) -> str:
+        """Seconds a shed client should wait: the queue ahead, rounded up (at least 1, as the header needs)."""
+        return str(max(1, int(self.backlog_s()) + 1))
 
     # ---- stats and heartbeat to the supervisor ------------------------------------------------------------
     def _record(self, record: tuple) -> None:
@@ -559,12 +570,15 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
         def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
             req, arrays = protocol.parse_http_infer(body, header_length)
             protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
+            return (req, *self.validate(arrays))
+
+        def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
             try:
                 batch = QueryBatch.from_arrays(arrays)
                 batch.validate(info.dense_in, info.rows, info.seq_lens, max_batch_size)
             except BatchError as exc:
                 raise InferError("invalid", str(exc), exc.field) from exc
-            return req, (batch.dense.numpy(), batch.values.numpy(), batch.lengths.numpy()), batch.size
+            return (batch.dense.numpy(), batch.values.numpy(), batch.lengths.numpy()), batch.size
 
         def compute(self, queries: list[tuple]) -> list[np.ndarray]:
             if len(queries) == 1:
