@@ -44,6 +44,16 @@ def node():
 
 
 @pytest.fixture(scope="module")
+def grpc_node():
+    config = config_from_dict({"models": [
+        {"name": "a", "model": MODELS["a"], "scale": 1e-4, "workers": 2, "max_batch_size": 128},
+        {"name": "b", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
+         "deadline_ms": 30_000}]})
+    with NodeServer(config) as server:
+        yield server.ports
+
+
+@pytest.fixture(scope="module")
 def cases(node):
     server, _ = node
     out = {}
@@ -425,3 +435,29 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
 
 def metrics_text(port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+
+
+def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(grpc_node, cases):
+    """Workers listen on the public gRPC port too: their model's ModelInfer never crosses a pipe; metadata,
+    readiness, statistics, other models and streams are forwarded to the server process."""
+    import tritonclient.grpc as tgrpc
+
+    ports = grpc_node
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    assert client.is_server_ready() and client.is_model_ready("a") and not client.is_model_ready("nope")
+    assert client.get_model_metadata("b").name == "b"
+    for _ in range(3):  # new connections land on any worker: each forwards what is not its own
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        for name, pairs in cases.items():
+            for batch, expected in pairs:
+                inputs = []
+                for n, arr in batch.as_arrays().items():
+                    x = tgrpc.InferInput(n, list(arr.shape), DTYPES[arr.dtype])
+                    x.set_data_from_numpy(arr)
+                    inputs.append(x)
+                scores = client.infer(name, inputs, client_timeout=30).as_numpy("scores")
+                np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    served_here = pipe_items(ports.http, "a") + pipe_items(ports.http, "b")
+    assert served_here < 18  # queries that met a worker of their own model did not cross a pipe
+    stats = client.get_inference_statistics("a").model_stats[0]
+    assert stats.inference_stats.success.count >= 9

@@ -53,6 +53,7 @@ MAX_HEAD_BYTES = 64 * 1024
 STATS_FLUSH_S = 0.005  # completed-query records reach the supervisor within this delay
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
+LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
            504: "Gateway Timeout"}
@@ -135,6 +136,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.busy = False  # a request of this connection is queued or computing (no pipelining: one at a time)
         self.closed = False
+        self.discarding = False  # refused: reading only to drop what the client still sends
         self.arrived = 0.0
         self._head: Head | None = None
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
@@ -147,6 +149,8 @@ class Connection(asyncio.Protocol):
             self.plane.loop.call_soon(self._advance)
 
     def data_received(self, data: bytes) -> None:
+        if self.discarding:
+            return
         if not self.buf:
             self.arrived = time.perf_counter()
         self.buf += data
@@ -206,9 +210,20 @@ class Connection(asyncio.Protocol):
         return True
 
     def refuse(self, exc: InferError) -> None:
-        """Answer an unreadable request and close: what follows it on the connection cannot be trusted."""
+        """Answer an unreadable request and close: what follows it on the connection cannot be trusted.
+
+        A lingering close (RFC 9112 9.6): the write side is shut and what the client still sends is read and
+        dropped for ``LINGER_S``, so a client still uploading a refused body reads the answer instead of a reset.
+        """
         self.plane.refused(exc.code)
-        self.write(error_response(exc, close=True), close=True)
+        if self.transport is None or self.closed:
+            return
+        self.transport.write(error_response(exc, close=True))
+        self.closed = self.discarding = True
+        self.buf.clear()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.plane.loop.call_later(LINGER_S, self.transport.close)
 
     def too_slow(self, now: float, limit_s: float) -> bool:
         """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
@@ -322,6 +337,7 @@ class WorkerPlane:
         self._records: list[tuple] = []
         self._flush_at: asyncio.TimerHandle | None = None
         self._running = False
+        self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
         prefix = f"/v2/models/{model_name}"
         self._paths = {prefix + "/infer", prefix + "/versions/1/infer"}
 
@@ -339,8 +355,11 @@ class WorkerPlane:
         await self.loop.connect_accepted_socket(lambda: Connection(self, prefix), sock)
 
     def serves(self, method: str, path: str) -> bool:
-        return (method == "POST" and path.partition("?")[0] in self._paths and self.sub_batch <= 0
-                and not self.retiring)
+        return method == "POST" and path.partition("?")[0] in self._paths and self.serves_queries()
+
+    def serves_queries(self) -> bool:
+        """Whole queries of this model are answered here (not while sub-batching or retiring)."""
+        return self.sub_batch <= 0 and not self.retiring
 
     # ---- admission ---------------------------------------------------------------------------------
     def admit(self, conn: Connection, req: Request) -> None:
@@ -537,6 +556,9 @@ class WorkerPlane:
         if self.server is not None:
             self.server.close()
             self.server = None
+        for hook in self.on_stop_listening:
+            hook()
+        self.on_stop_listening = []
 
     def maybe_exit(self) -> None:
         if not self.retiring:

@@ -283,6 +283,8 @@ class ModelRuntime:
         self.listen_sock: Any = None
         self.max_body = 64 * 1024 * 1024
         self.read_timeout_s = 30.0
+        self.grpc_address = ""  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
+        self.grpc_upstream = ""
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
         self._next_adopter = 0
 
@@ -329,6 +331,7 @@ class ModelRuntime:
         if self.accepts_in_workers and pool.stage == "model":
             args.listen, args.info, args.limits, args.sub_batch = self.listen_sock, self.info, self._limits(), \
                 self.sub_batch
+            args.grpc_address, args.grpc_upstream = self.grpc_address, self.grpc_upstream
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
         await loop.run_in_executor(None, proc.start)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +78,7 @@ class NodeCore:
         self._watchdog: asyncio.TimerHandle | None = None
         self.listen_sock: socket.socket | None = None
         self._fallback: Any = None  # the server process's own accept loop while no worker accepts
+        self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
 
     def start_watchdog(self) -> None:
         """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/watchdog.py``),
@@ -106,8 +110,16 @@ class NodeCore:
         if not covered and self._fallback is None:
             log.warning("no worker is accepting connections: the server process accepts them until one is back")
             self._fallback = loop.create_task(loop.create_server(self.http_server, sock=self.listen_sock.dup()))
-        elif covered:
+            self._cover_grpc(True)
+        elif covered and self._fallback is not None:
             self._stop_fallback()
+            self._cover_grpc(False)
+
+    def _cover_grpc(self, cover: bool) -> None:
+        if self.cover_grpc is not None:
+            task = asyncio.get_running_loop().create_task(self.cover_grpc(cover))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def use_worker_front_end(self, sock: socket.socket) -> bool:
         """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can."""
@@ -179,6 +191,9 @@ class NodeServer:
         self._grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self._sock: socket.socket | None = None
+        self._grpc_reserve: socket.socket | None = None  # the public gRPC port, held while the workers serve it
+        self._grpc_dir = ""
+        self._grpc_fallback: grpc.aio.Server | None = None
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
@@ -188,6 +203,8 @@ class NodeServer:
             host = self.config.host
             sock = self._sock = listening_socket(host, self.config.http_port)
             in_workers = self.config.front_end == "workers" and self.core.use_worker_front_end(sock)
+            if in_workers:
+                self._reserve_grpc_port(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
             await self._runner.setup()
@@ -195,15 +212,7 @@ class NodeServer:
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
                 await web.SockSite(self._runner, sock).start()
             http_port = sock.getsockname()[1]
-            limit = self.config.max_body_bytes
-            self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                                  ("grpc.max_send_message_length", limit),
-                                                  ("grpc.so_reuseport", 0)])
-            grpc_service.add_to_server(self._grpc, self.core)
-            grpc_port = self._grpc.add_insecure_port(f"{host}:{self.config.grpc_port}")
-            if grpc_port == 0:
-                raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {host}")
-            await self._grpc.start()
+            grpc_port = await self._start_grpc(in_workers)
         except BaseException:
             await self._ashutdown(drain=False)
             raise
@@ -212,6 +221,57 @@ class NodeServer:
         self.ports = Ports(http_port, grpc_port)
         return self.ports
 
+    def _grpc_server(self) -> grpc.aio.Server:
+        limit = self.config.max_body_bytes
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                          ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 1)])
+        grpc_service.add_to_server(server, self.core)
+        return server
+
+    def _reserve_grpc_port(self, host: str) -> None:
+        """Data plane v2 for gRPC: hold the public port (bound, not listening, ``SO_REUSEPORT``) so the workers can
+        all listen on it, and give the server a private Unix socket the workers forward other calls to."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            return  # a host name may resolve to several addresses: keep gRPC in this process
+        reserve = socket.socket(family, socket.SOCK_STREAM)
+        reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserve.bind((host, self.config.grpc_port))
+        self._grpc_reserve = reserve
+        self._grpc_dir = tempfile.mkdtemp(prefix="recserve-grpc-")
+        public = f"[{host}]" if family == socket.AF_INET6 else host
+        address, upstream = f"{public}:{reserve.getsockname()[1]}", f"unix:{self._grpc_dir}/server.sock"
+        for rt in self.core.models.values():
+            if rt.accepts_in_workers:
+                rt.grpc_address, rt.grpc_upstream = address, upstream
+        self.core.cover_grpc = self._cover_grpc
+
+    async def _start_grpc(self, in_workers: bool) -> int:
+        """This process's gRPC server: the private address the workers forward to, or the public port."""
+        self._grpc = self._grpc_server()
+        if self._grpc_reserve is not None:
+            if not self._grpc.add_insecure_port(f"unix:{self._grpc_dir}/server.sock"):
+                raise InferError("internal", f"cannot bind the server's gRPC socket in {self._grpc_dir}")
+            await self._grpc.start()
+            return self._grpc_reserve.getsockname()[1]
+        port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.grpc_port}")
+        if port == 0:
+            raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}")
+        await self._grpc.start()
+        return port
+
+    async def _cover_grpc(self, cover: bool) -> None:
+        """While no worker accepts, this process also listens on the public gRPC port (see ``_cover_accepts``)."""
+        if cover and self._grpc_fallback is None and self._grpc_reserve is not None:
+            self._grpc_fallback = self._grpc_server()
+            self._grpc_fallback.add_insecure_port(f"{self.config.host}:{self._grpc_reserve.getsockname()[1]}")
+            await self._grpc_fallback.start()
+        elif not cover and self._grpc_fallback is not None:
+            fallback, self._grpc_fallback = self._grpc_fallback, None
+            await fallback.stop(grace=5.0)
+
     async def _ashutdown(self, drain: bool = True) -> None:
         core = self.core
         if core is not None:
@@ -219,9 +279,14 @@ class NodeServer:
             core.stop_watchdog()
             if drain:
                 await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.models.values()))
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
-            self._grpc = None
+        for server in (self._grpc, self._grpc_fallback):
+            if server is not None:
+                await server.stop(grace=1.0)
+        self._grpc = self._grpc_fallback = None
+        if self._grpc_reserve is not None:
+            self._grpc_reserve.close()
+            self._grpc_reserve = None
+            shutil.rmtree(self._grpc_dir, ignore_errors=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

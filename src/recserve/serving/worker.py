@@ -102,6 +102,8 @@ class WorkerArgs:
     info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
     limits: Any = None  # dataplane.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
     sub_batch: int = 0
+    grpc_address: str = ""  # the node's public gRPC address (bound with SO_REUSEPORT); "" = gRPC in the server
+    grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -184,11 +186,12 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     model.eval()
     buf = io.numpy() if io is not None else np.zeros(0, np.uint8)
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
-    conn.send(("ready", os.getpid(), _io_report(model)))
+    ready = ("ready", os.getpid(), _io_report(model))
     with torch.inference_mode():
-        if args.listen is not None:
-            asyncio.run(_serve(conn, args, model, in_buf, out_buf))
+        if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
+            asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready))
             return
+        conn.send(ready)
         while True:
             try:
                 msg = conn.recv()
@@ -217,7 +220,8 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
         return (item_id, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
 
 
-async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray) -> None:
+async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
+                 ready: tuple) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
     from multiprocessing.reduction import recv_handle, send_handle
 
@@ -253,10 +257,26 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    loop.add_reader(conn.fileno(), on_pipe)
+    grpc_server = await _serve_grpc(plane, args) if args.grpc_address else None
     await plane.listen(args.listen)
+    send(ready)
+    loop.add_reader(conn.fileno(), on_pipe)
     await plane.exit_event.wait()
+    if grpc_server is not None:
+        await grpc_server.stop(grace=GRPC_GRACE_S)
     plane.flush()
+
+
+GRPC_GRACE_S = 5.0
+
+
+async def _serve_grpc(plane: Any, args: WorkerArgs) -> Any:
+    """This worker's gRPC server (``serving/grpc_worker.py``); it stops taking calls when the worker retires."""
+    from recserve.serving.grpc_worker import serve_grpc
+
+    server = await serve_grpc(plane, args.grpc_address, args.grpc_upstream, args.limits.max_body)
+    plane.on_stop_listening.append(lambda: asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S)))
+    return server
 
 
 def _control(plane: Any, msg: tuple, fd: int | None) -> None:
