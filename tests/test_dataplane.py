@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
+from oip_inputs import DTYPE_NAMES, grpc_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.dataplane import ParseError, parse_head
 from recserve.serving.server import _infer_target
 from recserve.zoo import sample_batch
 
-DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 MODELS = {"a": "hera-dlrm-a", "b": "hera-ncf"}
 
 
@@ -67,7 +67,7 @@ def cases(node):
 
 def body_of(batch) -> tuple[bytes, dict[str, str]]:
     arrays = batch.as_arrays()
-    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPES[a.dtype], "shape": list(a.shape),
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
                                    "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
                        "parameters": {"binary_data_output": True}}).encode()
     return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
@@ -263,7 +263,7 @@ def post(port: int, model: str, body: bytes, headers: dict[str, str]) -> tuple[i
 def with_parameters(batch, **parameters) -> tuple[bytes, dict[str, str]]:
     """A binary-extension request with extra request-level ``parameters``."""
     arrays = batch.as_arrays()
-    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPES[a.dtype], "shape": list(a.shape),
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
                                    "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
                        "parameters": {"binary_data_output": True, **parameters}}).encode()
     return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
@@ -450,12 +450,7 @@ def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
         for name, pairs in cases.items():
             for batch, expected in pairs:
-                inputs = []
-                for n, arr in batch.as_arrays().items():
-                    x = tgrpc.InferInput(n, list(arr.shape), DTYPES[arr.dtype])
-                    x.set_data_from_numpy(arr)
-                    inputs.append(x)
-                scores = client.infer(name, inputs, client_timeout=30).as_numpy("scores")
+                scores = client.infer(name, grpc_inputs(batch), client_timeout=30).as_numpy("scores")
                 np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
     served_here = pipe_items(ports.http, "a") + pipe_items(ports.http, "b")
     assert served_here < 18  # queries that met a worker of their own model did not cross a pipe

@@ -23,6 +23,7 @@ import tritonclient.http as thttp
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
 from recserve.serving.control_client import ControlClient, ControlError, LlcUnsupportedError
@@ -31,7 +32,6 @@ from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 
 
 def dlrm_names() -> list[str]:
@@ -70,24 +70,6 @@ def references(node):
 def reference_scores(model, batch) -> np.ndarray:
     with torch.no_grad():
         return model(batch).numpy()
-
-
-def http_inputs(batch, binary=True):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = thttp.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
-        x.set_data_from_numpy(arr, binary_data=binary)
-        inputs.append(x)
-    return inputs
-
-
-def grpc_inputs(batch):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = tgrpc.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
 
 
 def get_json(port, path):
