@@ -346,8 +346,9 @@ def test_overload_gives_503_not_unbounded_latency(node, references):
 class Load:
     """Closed-loop load from a few threads; records every reply."""
 
-    def __init__(self, port, model_name, model, threads=3, batch=48):
+    def __init__(self, port, model_name, model, threads=3, batch=48, grpc_port=None):
         self.url = f"127.0.0.1:{port}"
+        self.grpc_url = f"127.0.0.1:{grpc_port}" if grpc_port else None
         self.name = model_name
         self.batches = [sample_batch(model, batch, rng=i) for i in range(4)]
         self.expected = [reference_scores(model, b) for b in self.batches]
@@ -357,13 +358,16 @@ class Load:
         self.futures = [self.pool.submit(self._run, i) for i in range(threads)]
 
     def _run(self, seed):
-        client = thttp.InferenceServerClient(self.url, network_timeout=120)
+        if self.grpc_url:
+            client, inputs = tgrpc.InferenceServerClient(self.grpc_url), grpc_inputs
+        else:
+            client, inputs = thttp.InferenceServerClient(self.url, network_timeout=120), http_inputs
         i = seed
         while not self.stop.is_set():
             k = i % len(self.batches)
             i += 1
             try:
-                out = client.infer(self.name, http_inputs(self.batches[k])).as_numpy("scores")
+                out = client.infer(self.name, inputs(self.batches[k])).as_numpy("scores")
                 ok = np.allclose(out, self.expected[k], rtol=1e-5, atol=1e-6)
                 self.results.append(("ok" if ok else "wrong", ""))
             except InferenceServerException as exc:
@@ -410,10 +414,11 @@ def test_killed_worker_fails_its_query_explicitly_and_comes_back(node, reference
     assert pids[0] not in [w["pid"] for w in after]
 
 
-def test_changing_workers_under_load_loses_no_query(node, references):
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_changing_workers_under_load_loses_no_query(node, references, protocol):
     _, ports = node
     control = ControlClient("127.0.0.1", ports.http)
-    load = Load(ports.http, "rmc1", references["rmc1"])
+    load = Load(ports.http, "rmc1", references["rmc1"], grpc_port=ports.grpc if protocol == "grpc" else None)
     assert wait_for(lambda: len(load.results) >= 3)
     state = control.set_workers("rmc1", 1)
     assert state["stages"]["model"]["workers"] == 1
