@@ -1,0 +1,274 @@
+"""The papers' headline results, regenerated from recserve's planners, perfmodel and simulator.
+
+Every run recomputes the ``recserve`` column from the code (the perfmodel profiles of Hera and Hercules
+are cached under ``results/`` because modelling them takes minutes: ``--fresh`` redoes them); the only
+numbers written here are the papers' own, as the reference column.  A row is *reproduced* when its
+direction matches the paper and, where the setup matches, it lies within 10 points (or 10 % of the
+ratio) of the paper; every other row says why not.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_papers.py [--only hera,elasticrec] [--out results/papers.json]
+
+Prints a markdown table (claim | paper | recserve | reproduced? | reason for any gap) and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RESULTS = Path("results")
+
+
+@dataclass
+class Row:
+    claim: str
+    paper: str
+    recserve: str
+    reproduced: str          # "yes" | "direction" | "no" | "n/a"
+    reason: str = ""
+    numbers: dict = field(default_factory=dict)
+
+
+def within(value: float, paper: float, points: float = 0.10) -> bool:
+    """Same sign and within ``points`` (absolute, for fractions) of the paper."""
+    return np.sign(value) == np.sign(paper) and abs(value - paper) <= points
+
+
+def verdict(direction: bool, close: bool) -> str:
+    return "yes" if direction and close else ("direction" if direction else "no")
+
+
+# ----------------------------------------------------------------------------------------- Hera
+
+
+def row_hera(fresh: bool) -> list[Row]:
+    from bench_planners import HERA_MODELS, cached_profiles
+
+    from recserve.planners.hera import affinity_matrix, all_curves, plan_colocation, targets_at_load
+    from recserve.specs import get_server
+
+    server = get_server("hera-xeon")
+    path = RESULTS / "profiles_hera.json"
+    if fresh and path.exists():
+        path.unlink()
+    profiles = cached_profiles(path, HERA_MODELS, [server.name], tables="copied", efficiency=False)
+    curves = all_curves(profiles, HERA_MODELS, server)
+    aff = affinity_matrix(curves, server)["affinity"]
+    pairs = aff[np.triu_indices(len(HERA_MODELS), 1)]
+    savings, emu_gain = {}, {}
+    for level in (1, 2, 4, 8):
+        plan = plan_colocation(profiles, server, targets_at_load(curves, level), seeds=5)
+        drs = plan.baselines["deeprecsys"]
+        savings[level] = 1 - plan.summary["servers"] / drs["servers"]
+        emu_gain[level] = plan.summary["mean_emu"] / drs["mean_emu"] - 1
+    low = sorted(c.name for c in curves if not c.high)
+    best = max(savings.values())
+    mean_gain = float(np.mean(list(emu_gain.values())))
+    servers_txt = " / ".join(f"{-100 * s:+.1f}%" for s in savings.values())
+    reason = ("perfmodel profiles: "
+              f"affinity over the 28 pairs spans {pairs.min():.4f}..{pairs.max():.4f} (median {np.median(pairs):.4f}), "
+              f"low-scalability models {low} (paper: DLRM(B), DLRM(D) and others); a flat LLC curve leaves Alg. 1 "
+              "nothing to rank")
+    return [
+        Row("Hera: servers vs DeepRecSys (levels 1/2/4/8)", "-26%", servers_txt,
+            verdict(best > 0, within(-best, -0.26)), reason,
+            {"server_saving": savings, "emu_gain": emu_gain, "low_scalability": low}),
+        Row("Hera: EMU vs DeepRecSys", "+37.3%", f"{100 * mean_gain:+.1f}% (mean of levels)",
+            verdict(mean_gain > 0, within(mean_gain, 0.373)), reason, {"emu_gain": emu_gain}),
+        Row("Hera: spread of co-location affinity (28 pairs)", "pairs differ (Fig. 10a; EMU of random pairs < 100%)",
+            f"min {pairs.min():.4f}, p25 {np.percentile(pairs, 25):.4f}, median {np.median(pairs):.4f}, "
+            f"max {pairs.max():.4f}", "yes" if pairs.max() - pairs.min() > 0.3 else "no",
+            "interference modelled, not measured (maxload_vs_ways from the perfmodel)",
+            {"affinity_pairs": pairs.tolist()}),
+    ]
+
+
+# ------------------------------------------------------------------------------------- Hercules
+
+
+def row_hercules_provision(fresh: bool) -> list[Row]:
+    from bench_planners import HERCULES_AVAILABLE, HERCULES_MODELS, cached_profiles
+
+    from recserve.planners.hercules.provision import diurnal_trace, plan_provision
+
+    path = RESULTS / "profiles_hercules.json"
+    if fresh and path.exists():
+        path.unlink()
+    profiles = cached_profiles(path, HERCULES_MODELS, list(HERCULES_AVAILABLE))
+    peaks = {"hercules-rmc1": 70000.0, "hercules-rmc2": 1800.0, "hercules-rmc3": 40000.0,
+             "hercules-mtwnd": 25000.0, "hercules-din": 20000.0, "hercules-dien": 10000.0}
+    hours, loads = diurnal_trace(peaks, steps=24)
+    plan = plan_provision(profiles, HERCULES_AVAILABLE, loads, hours, alpha=0.05)
+    greedy = plan.baselines["greedy"]
+    cap, power = greedy["hercules_server_saving_peak"], greedy["hercules_power_saving_peak"]
+    return [Row("Hercules: capacity / peak power vs greedy", "-47.7% / -23.7%",
+                f"{-100 * cap:+.1f}% / {-100 * power:+.1f}%",
+                verdict(cap > 0 and power > 0, within(cap, 0.477) and within(power, 0.237)),
+                "perfmodel efficiency matrix: one server type dominates QPS/W for most models, so greedy already "
+                "picks it; NMP types gain little (the Day-X mix and the paper's measured matrix are not available)",
+                {"greedy": greedy, "hercules": plan.summary})]
+
+
+def row_hercules_search() -> list[Row]:
+    from recserve.perfmodel import PerfModel, SizeMix
+    from recserve.planners.hercules.search import deeprecsys, perfmodel_evaluator, search
+    from recserve.specs import get_model, get_server
+
+    pm, mix = PerfModel(), SizeMix.of(None)
+    gains: dict[str, dict[str, float]] = {"cpu": {}, "gpu": {}}
+    for kind, sname in (("cpu", "hercules-t1"), ("gpu", "hercules-t7")):
+        server = get_server(sname)
+        for m in ("hercules-rmc1", "hercules-rmc2", "hercules-rmc3"):
+            ev = perfmodel_evaluator(get_model(m), server, pm, mix)
+            hs, dr = search(server, ev), deeprecsys(server, ev)
+            gains[kind][m] = hs.best_qps / dr.best_qps if dr.best_qps > 0 else float("inf")
+    cpu, gpu = list(gains["cpu"].values()), list(gains["gpu"].values())
+    ok_cpu = min(cpu) >= 1.8 * 0.9
+    finite = [g for g in gpu if np.isfinite(g)]
+    gpu_txt = (f"{min(finite):.1f}-{max(finite):.1f}x" if finite else "-") + (
+        f" ({len(gpu) - len(finite)} with a baseline meeting no SLA)" if len(finite) < len(gpu) else "")
+    return [Row("Hercules search vs DeepRecSys (CPU, RMC1-3) / vs Baymax (GPU)", "1.8-2.6x / up to 9x",
+                f"{min(cpu):.2f}-{max(cpu):.2f}x / {gpu_txt}",
+                verdict(min(cpu) > 1.0 and min(gpu) > 1.0, ok_cpu and max(gpu) <= 9 * 1.1),
+                "CPU: the perfmodel has no operator idling or co-runner interference for the search to exploit; "
+                "GPU: the DeepRecSys baseline runs one thread on the device (no Baymax co-location)",
+                {"gain": gains})]
+
+
+# ----------------------------------------------------------------------------------- ElasticRec
+
+
+def row_elasticrec() -> list[Row]:
+    from recserve.planners.elasticrec import cost_model_from_perfmodel, plan_shards
+    from recserve.specs import get_model, get_server
+
+    server = get_server("hera-xeon")  # ElasticRec's CPU node: Xeon Gold 6242, as Hera's
+    paper = {"elasticrec-rm1": 2.2, "elasticrec-rm2": 2.6, "elasticrec-rm3": 8.1}
+    saving = {}
+    for name in paper:
+        spec = get_model(name)
+        cost = cost_model_from_perfmodel(spec, server, 32)
+        plan = plan_shards(spec, 100.0, cost, batch=32, locality=0.9)
+        saving[name] = plan.saving
+    got = " / ".join(f"{s:.2f}x" for s in saving.values())
+    close = all(abs(saving[m] - p) <= 0.1 * p for m, p in paper.items())
+    return [Row("ElasticRec: memory vs model-wise (RM1/2/3, 100 QPS)", "2.2x / 2.6x / 8.1x", got,
+                verdict(min(saving.values()) > 1.0, close),
+                "one modelled replica covers 100 QPS, so model-wise needs one copy; 256 MiB fixed memory per "
+                "replica; two-level locality makes the hot 10% uniform",
+                {"saving": saving}),
+            Row("ElasticRec: memory utility / deployment cost", "8.1x / 1.6x", "not computed", "no",
+                "utility and server count not implemented", {})]
+
+
+# ------------------------------------------------------------------------------------------ SDM
+
+
+def row_sdm() -> list[Row]:
+    from recserve.planners.sdm import plan_tier
+    from recserve.specs import get_model, get_server
+
+    spec, server = get_model("sdm-m1"), get_server("sdm-hw-ss")
+    embed_gb = server.mem_gb - 16  # leave the OS and dense part 16 GB of the 64 GB host
+    plan = plan_tier(spec, embed_gb, 120.0, item_batch=50, server=server)
+    hit = plan.summary["hit_rate"]
+    return [Row("SDM: row-cache hit rate (M1 on HW-SS, 120 QPS)", ">96%", f"{100 * hit:.1f}%",
+                verdict(hit > 0.5, hit >= 0.96 - 0.10),
+                "ideal greedy fill over a two-level locality model (P=0.9 user), not a simulated trace",
+                {"hit_rate": hit, "summary": plan.summary}),
+            Row("SDM: power saved (M1 HW-SS vs HW-L, M2 HW-AO vs scale-out)", "20% / 5% (5-29%)", "not computed",
+                "no", "Eq. 5-7 (hosts and power) not implemented", {})]
+
+
+# --------------------------------------------------------------------------------------- Kairos
+
+
+def row_kairos() -> list[Row]:
+    from bench_planners import scenario_kairos
+
+    from recserve.reference import reference_path
+
+    ref = reference_path("kairos_aws_latency.json")
+    if not ref.exists():
+        return [Row("Kairos: pool vs homogeneous", "~2x", "reference data missing", "n/a", str(ref))]
+    pools = scenario_kairos(ref)
+    gains = {m: p["gain"] for m, p in pools.items()}
+    txt = ", ".join(f"{m.removeprefix('kairos-')} {g:.2f}x" for m, g in gains.items())
+    return [Row("Kairos: upper-bound QPS of the chosen pool vs homogeneous (same budget)", "~2x (1.3-2.6x)", txt,
+                verdict(min(gains.values()) >= 1.0, float(np.median(list(gains.values()))) >= 1.3),
+                "mtwnd's best pool is all-t3 (homogeneous) under the reference latencies", {"gain": gains})]
+
+
+# ------------------------------------------------------------------------------------ perfmodel
+
+
+def row_perfmodel() -> list[Row]:
+    from bench_perfmodel import kairos_check
+
+    k = kairos_check(Path("/nonexistent"))  # bundled constants: nothing fitted to the Kairos data
+    med, rho = k["median_ape_all"], k["mean_spearman"]
+    return [Row("perfmodel on the Kairos EC2 latencies (not fitted to them)", "target: median <= 35%, Spearman >= 0.9",
+                f"median {med:.0f}%, mean Spearman {rho:.2f}", "yes" if med <= 35 and rho >= 0.9 else "no",
+                "bundled constants fitted on the 2-core dev VM do not transfer to the EC2 types",
+                {"kairos": {m: {"spearman": v["spearman_rank_of_instances"], "median_ape": v["median_ape"]}
+                            for m, v in k["models"].items()}})]
+
+
+SECTIONS: dict[str, Callable[..., list[Row]]] = {
+    "hera": row_hera,
+    "hercules_provision": row_hercules_provision,
+    "hercules_search": row_hercules_search,
+    "elasticrec": row_elasticrec,
+    "sdm": row_sdm,
+    "kairos": row_kairos,
+    "perfmodel": row_perfmodel,
+}
+NEEDS_FRESH = {"hera", "hercules_provision"}
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| claim | paper | recserve | reproduced? | reason for any gap |", "|---|---|---|---|---|"]
+    lines += [f"| {r.claim} | {r.paper} | {r.recserve} | {r.reproduced} | {r.reason if r.reproduced != 'yes' else ''} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help=f"comma-separated sections of {','.join(SECTIONS)}")
+    parser.add_argument("--fresh", action="store_true", help="re-model the cached Hera/Hercules profiles")
+    parser.add_argument("--out", default=str(RESULTS / "papers.json"))
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    chosen = [s for s in args.only.split(",") if s] or list(SECTIONS)
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    rows: list[Row] = []
+    timings = {}
+    for name in chosen:
+        start = time.perf_counter()
+        print(f"[{name}] ...", file=sys.stderr, flush=True)
+        fn = SECTIONS[name]
+        rows += fn(args.fresh) if name in NEEDS_FRESH else fn()
+        timings[name] = time.perf_counter() - start
+        print(f"[{name}] {timings[name]:.1f} s", file=sys.stderr, flush=True)
+    print(markdown(rows))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"rows": [asdict(r) for r in rows], "seconds": timings}, indent=1, default=float))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
