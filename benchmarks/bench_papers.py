@@ -213,19 +213,43 @@ def row_elasticrec() -> list[Row]:
 
 
 def row_sdm() -> list[Row]:
-    from recserve.planners.sdm import plan_tier
+    from recserve.planners.sdm import dram_host_qps, fleet, plan_tier, sdm_host_qps
+    from recserve.sim.cache import simulate_tier_hits
     from recserve.specs import get_model, get_server
 
-    spec, server = get_model("sdm-m1"), get_server("sdm-hw-ss")
-    embed_gb = server.mem_gb - 16  # leave the OS and dense part 16 GB of the 64 GB host
-    plan = plan_tier(spec, embed_gb, 120.0, item_batch=50, server=server)
-    hit = plan.summary["hit_rate"]
-    return [Row("SDM: row-cache hit rate (M1 on HW-SS, 120 QPS)", ">96%", f"{100 * hit:.1f}%",
+    spec, hw_ss, hw_l = get_model("sdm-m1"), get_server("sdm-hw-ss"), get_server("sdm-hw-l")
+    embed_gb, item_batch, qps = hw_ss.mem_gb - 16, 50, 120.0  # 16 of the 64 GB for the OS and the dense part
+    ideal = plan_tier(spec, embed_gb, qps, item_batch=item_batch, server=hw_ss)
+    sm = [i for i, t in enumerate(spec.tables) if t.side == "user"]
+    sim = simulate_tier_hits(spec, sm, ideal.summary["cache_gb"] * 1e9, item_batch=item_batch, queries=600,
+                             pooled_bytes=0.05 * ideal.summary["cache_gb"] * 1e9)
+    hit = sim.hit_rate
+    total = 240.0 * 1200  # Table 8's fleet load (HW-L: 240 QPS x 1200 hosts), the paper's setup
+    q_l, why_l = dram_host_qps(spec, hw_l, item_batch)
+    base = fleet("HW-L", hw_l, total, q_l, why_l)
+    out = {}
+    for label, h in (("simulated", hit), ("paper_hit", 0.96)):
+        q, why = sdm_host_qps(spec, hw_ss, embed_gb, item_batch, simulated_hit=h)
+        opt = fleet("HW-SS+SDM", hw_ss, total, q, why)
+        out[label] = {"saving": 1 - opt.power_w / base.power_w, "qps_per_host": q, "limit": why,
+                      "hosts": opt.hosts}
+    sim_saving, paper_saving = out["simulated"]["saving"], out["paper_hit"]["saving"]
+    return [Row("SDM: row-cache hit rate (M1 user tables on HW-SS, 48 GB for embeddings)", ">96%",
+                f"ideal fill {100 * ideal.summary['hit_rate']:.1f}%; simulated trace {100 * hit:.1f}% "
+                f"(pooled cache {100 * sim.pooled_hit_rate:.1f}%)",
                 verdict(hit > 0.5, hit >= 0.96 - 0.10),
-                "ideal greedy fill over a two-level locality model (P=0.9 user), not a simulated trace",
-                {"hit_rate": hit, "summary": plan.summary}),
-            Row("SDM: power saved (M1 HW-SS vs HW-L, M2 HW-AO vs scale-out)", "20% / 5% (5-29%)", "not computed",
-                "no", "Eq. 5-7 (hosts and power) not implemented", {})]
+                f"Zipf traces with P=0.9 (clock cache of {ideal.summary['cache_gb']:.1f} GB = "
+                f"{sim.slots / sim.scale / 1e6:.0f}M slots, 121 B overhead per 51 B row); the paper's host sees "
+                "production traces with user-sticky routing (Fig. 4c: higher locality); random bags never repeat, "
+                "so the pooled cache (paper: ~5%) stays near 0", {"ideal": ideal.summary["hit_rate"],
+                                                                  "simulated": hit, "pooled": sim.pooled_hit_rate}),
+            Row("SDM Eq. 5-7: fleet power, M1 on HW-SS+SDM vs HW-L", "20% saved (M1); 5-29% overall",
+                f"{100 * sim_saving:+.0f}% saved at the simulated hit rate ({out['simulated']['limit']}); "
+                f"{100 * paper_saving:+.0f}% at the paper's observed 96%",
+                verdict(sim_saving > 0, within(sim_saving, 0.20)),
+                f"HW-L {q_l:,.0f} QPS/host and HW-SS {out['paper_hit']['qps_per_host']:,.0f} (perfmodel, "
+                "compute-bound, half the cores); at the simulated hit rate the SSD's IOPS cap the host; M2/M3 "
+                "(accelerator hosts) not modelled", {"fleet": out, "hw_l_qps": q_l})]
 
 
 # --------------------------------------------------------------------------------------- Kairos
