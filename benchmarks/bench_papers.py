@@ -271,6 +271,59 @@ def row_kairos() -> list[Row]:
                 "mtwnd's best pool is all-t3 (homogeneous) under the reference latencies", {"gain": gains})]
 
 
+def row_kairos_predictor() -> list[Row]:
+    """Why online latency learning costs Kairos throughput on mtwnd's pool: max load with the predictor learned
+    from zero vs seeded with the latency tables, and where the QoS violations happen."""
+    from collections import Counter
+
+    from bench_planners import scenario_kairos
+
+    from recserve.planners.kairos import load_kairos_reference
+    from recserve.reference import reference_path
+    from recserve.sim.cluster import ClusterSim
+    from recserve.sim.dispatch_eval import DispatchEvaluation, config_to_pool
+
+    ref = reference_path("kairos_aws_latency.json")
+    profiles = load_kairos_reference(ref)
+    model = "kairos-mtwnd"
+    qos = profiles.meta["qos_p99_ms"][model]
+    pool = config_to_pool(scenario_kairos(ref)[model]["config"])
+    out: dict[str, dict] = {}
+    for mode, seeded in (("online", False), ("seeded", True)):
+        ev = DispatchEvaluation(profiles, model, qos, queries=10000, seed_predictor=seeded, log=None)
+        qps, _ = ev.max_load(pool, lambda ev=ev: ev.policy("kairos", pool), 300.0)
+        policy = ev.policy("kairos", pool)
+        violations: Counter = Counter()
+        learn = policy.on_complete
+
+        def on_complete(now, q, inst, svc, learn=learn, violations=violations):
+            if now - q.arrival > qos:
+                violations[inst.type_name] += 1
+            learn(now, q, inst, svc)
+
+        policy.on_complete = on_complete
+        res = ClusterSim(ev.service, pool, qos, 99.0).run(policy, ev.stream, qps=750.0, abort_on_violation=False)
+        out[mode] = {"max_qps": qps, "violations_at_750_qps": dict(violations), "served": res.served_by_type}
+    s = ev.service
+    t3 = s.type_index("t3.xlarge") if "t3.xlarge" in s.types else None
+    tail = ""
+    if t3 is not None:
+        b = int(np.searchsorted(s.batches, 200))
+        tail = f"t3 at batch 200: mean {s.mean[t3][b]:.1f} ms, p99 {s.p99[t3][b]:.1f} ms vs QoS {qos:g} ms; "
+    loss = 1 - out["online"]["max_qps"] / out["seeded"]["max_qps"]
+    v_on, v_se = out["online"]["violations_at_750_qps"], out["seeded"]["violations_at_750_qps"]
+    return [Row("Kairos on mtwnd's pool: online latency learning vs tables-seeded predictor",
+                "online learning, no profiling (Sec. 5.1)",
+                f"{out['online']['max_qps']:.0f} vs {out['seeded']['max_qps']:.0f} QPS ({100 * loss:.0f}% lost); "
+                f"violations at 750 QPS online {v_on}, seeded {v_se}", "n/a",
+                tail + "Kairos compares *mean* predictions with 0.98 x QoS, so the single t3 (right-skewed burstable "
+                "tail) takes queries whose mean fits and whose tail does not, seeded or not; online, a t3 bucket "
+                "switches to the mean of its first 3 draws (~15% noise at this spread): the under-estimated buckets "
+                "near the limit admit queries that then violate, the over-estimated ones cost little, so the noise "
+                "is one-sided in effect; most violations are the t3's",
+                out)]
+
+
 # ------------------------------------------------------------------------------------ perfmodel
 
 
@@ -293,6 +346,7 @@ SECTIONS: dict[str, Callable[..., list[Row]]] = {
     "elasticrec": row_elasticrec,
     "sdm": row_sdm,
     "kairos": row_kairos,
+    "kairos_predictor": row_kairos_predictor,
     "perfmodel": row_perfmodel,
 }
 NEEDS_FRESH = {"hera", "hercules_provision"}
