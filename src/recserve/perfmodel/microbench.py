@@ -8,7 +8,7 @@ stands for in ``PerfModel._call_times`` (one thread, like the model's per-core r
 |---|---|
 | ``compute_eff``, ``batch_half`` | GEMM ``[rows, 512] @ [512, 512]``, rows 1..1024: ``ce·rows/(rows+bh)`` of peak |
 | ``per_op_us`` | one ATen op on a 1-element tensor |
-| ``per_module_us`` | an ``nn.Module`` call around that op, less the op |
+| ``per_module_us`` | tiny ``Linear`` and ``EmbeddingBag`` module calls, less one op |
 | ``lookup_ns``, ``llc_gbs_per_core`` | ``EmbeddingBag`` sums, LLC-resident table, two row widths: intercept, slope |
 | ``dram_gbs_per_core`` | the same from a table 8x the LLC (random rows): slope per byte |
 | ``stream_gbs_per_core`` | GEMV over a matrix larger than the LLC (``hostbench.measure_stream_gbs``) |
@@ -79,20 +79,18 @@ def fit_gemm(eff: dict[int, float]) -> tuple[float, float]:
 
 
 def framework_overheads() -> tuple[float, float]:
-    """(per_op_us, per_module_us)."""
+    """(per_op_us, per_module_us): one ATen op on a 1-element tensor; the zoo's two module kinds (``Linear``,
+    ``EmbeddingBag``) called on tiny inputs, less their one op — what a module costs beyond its arithmetic."""
     import torch
 
-    x = torch.zeros(1)
-
-    class One(torch.nn.Module):
-        def forward(self, t: torch.Tensor) -> torch.Tensor:
-            return torch.relu(t)
-
-    mod = One()
+    x, row = torch.zeros(1), torch.zeros(1, 8)
+    linear = torch.nn.Linear(8, 8)
+    bag = torch.nn.EmbeddingBag(16, 8, mode="sum")
+    ids, offsets = torch.tensor([1, 2]), torch.tensor([0])
     with torch.no_grad():
         op = _per_call_us(lambda: torch.relu(x), 200)
-        call = _per_call_us(lambda: mod(x), 200)
-    return op, max(call - op, 0.01)
+        modules = [_per_call_us(lambda: linear(row), 200), _per_call_us(lambda: bag(ids, offsets), 200)]
+    return op, max(float(np.mean(modules)) - op, 0.01)
 
 
 def gather_rates(llc_mb: float, pooling: int = 64, bags: int = 256,
