@@ -94,7 +94,7 @@ def main() -> int:
         HOSTS.mkdir(parents=True, exist_ok=True)
         timings.save(HOSTS / f"{args.record}.json")
         log(f"recorded {HOSTS / (args.record + '.json')}")
-    hosts = {"this host (now)": timings}
+    hosts = {} if args.record else {"this host (now)": timings}
     for path in sorted(HOSTS.glob("*.json")) if HOSTS.exists() else []:
         hosts[f"recorded {path.stem}"] = ProfileSet.load(path)
     bundled = load_calibration()
