@@ -73,3 +73,24 @@ def test_corunner_runs_and_stops_and_a_tiny_measurement_has_every_kind():
     assert kinds == {"slowdown_vs_llc_occupied", "slowdown_vs_corunner_gbs"}
     gbs = prof.get("hera-ncf", "this-host", "slowdown_vs_corunner_gbs").rows[-1][0]
     assert gbs > 0
+
+
+def test_profile_model_cli_builds_ways_tables_from_measured_interference(tmp_path):
+    from recserve.cli import main
+
+    measured = tmp_path / "interference.json"
+    prof = ProfileSet(meta={"llc_mb": 32.0})
+    prof.add(ProfileTable("hera-ncf", "this-host", "slowdown_vs_llc_occupied",
+                          ("occupied_mb", "alone_ms", "with_ms", "slowdown"),
+                          [[16.0, 1.0, 1.3, 1.3], [32.0, 1.0, 2.0, 2.0]], "measured"))
+    prof.add(ProfileTable("hera-ncf", "this-host", "slowdown_vs_corunner_gbs",
+                          ("corunner_gbs", "alone_ms", "with_ms", "slowdown"),
+                          [[0.0, 1.0, 1.0, 1.0], [5.0, 1.0, 1.1, 1.1]], "measured"))
+    prof.save(measured)
+    out = tmp_path / "modelled.json"
+    assert main(["profile", "model", "--models", "hera-ncf", "--servers", "hera-xeon", "--no-efficiency",
+                 "--interference", str(measured), "--out", str(out)]) == 0
+    ways = [t for t in ProfileSet.load(out).find("hera-ncf", "hera-xeon", "maxload_vs_ways") if not t.conditions]
+    assert len(ways) == 1 and ways[0].conditions == {}
+    q = ways[0].column("max_qps")
+    assert q[0] < q[-1]                      # the measured 2x slowdown at an empty LLC shows at 1 way
