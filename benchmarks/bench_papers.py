@@ -85,6 +85,27 @@ def _measured_hera_profiles(profiles, server, models):
     return with_measured_ways(profiles, server.name, fits, server.llc_mb, server.llc_ways) if fits else None
 
 
+def row_hera_measured_pairs() -> list[Row]:
+    """Measured co-location on the dev host (Hera Fig. 10b's measure): each pair's QPS kept, mean of the two."""
+    from recserve.reference import reference_path
+
+    try:
+        measured = ProfileSet.load(reference_path(MEASURED_INTERFERENCE))
+    except Exception:  # noqa: BLE001
+        return []
+    slow = {(t.model, t.conditions["with"]): float(t.rows[0][2]) for t in measured.find(kind="colocated_slowdown")}
+    kept = {tuple(sorted(p)): (1 / slow[p] + 1 / slow[p[::-1]]) / 2 for p in slow if p[::-1] in slow}
+    if not kept:
+        return []
+    short = {m: m.removeprefix("hera-") for pair in kept for m in pair}
+    txt = ", ".join(f"{short[a]}+{short[b]} {v:.2f}" for (a, b), v in sorted(kept.items()))
+    return [Row(f"Hera: measured QPS kept when co-located, {len(kept)} pairs (dev host, 1 worker each)",
+                "Fig. 10b: pairs differ", txt, "n/a",
+                "two single-worker models on two cores of a shared host; no LLC partitioning; "
+                "noise of a few % (see the load average in the data file)", {"kept": {f"{a}+{b}": v for (a, b), v
+                                                                                       in kept.items()}})]
+
+
 def row_hera(fresh: bool) -> list[Row]:
     from bench_planners import HERA_MODELS, cached_profiles
 
@@ -99,7 +120,7 @@ def row_hera(fresh: bool) -> list[Row]:
     measured = _measured_hera_profiles(profiles, server, HERA_MODELS)
     if measured is not None:
         variants["measured LLC"] = _hera_outcome(measured, server, HERA_MODELS)
-    rows = []
+    rows = row_hera_measured_pairs()
     for label, o in variants.items():
         pairs, savings, emu_gain = o["pairs"], o["savings"], o["emu_gain"]
         best = max(savings.values())

@@ -241,8 +241,9 @@ def measure_interference(specs: Sequence[ModelSpec], *, max_table_mb: float = 12
                 b = bracket(timer, lambda mb=mb: CoRunner("occupy", mb, other), seconds)
                 say(f"{spec.name}: LLC occupied {mb:.0f} MB -> x{b.slowdown:.3f}")
                 rows.append([mb, b.alone_ms, b.with_ms, b.slowdown])
-            out.add(ProfileTable(spec.name, HOST, "slowdown_vs_llc_occupied",
-                                 ("occupied_mb", "alone_ms", "with_ms", "slowdown"), rows, "measured", cond))
+            if rows:
+                out.add(ProfileTable(spec.name, HOST, "slowdown_vs_llc_occupied",
+                                     ("occupied_mb", "alone_ms", "with_ms", "slowdown"), rows, "measured", cond))
             b = bracket(timer, lambda: CoRunner("stream", "", other), seconds)
             say(f"{spec.name}: streaming co-runner at {b.extra:.1f} GB/s -> x{b.slowdown:.3f}")
             out.add(ProfileTable(spec.name, HOST, "slowdown_vs_corunner_gbs",
