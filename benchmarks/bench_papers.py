@@ -68,7 +68,7 @@ def _hera_outcome(profiles, server, models) -> dict:
         savings[level] = 1 - plan.summary["servers"] / drs["servers"]
         emu_gain[level] = plan.summary["mean_emu"] / drs["mean_emu"] - 1
     keep_1way = {c.name: float(c.ways_ratio[1]) for c in curves}
-    return {"pairs": pairs, "savings": savings, "emu_gain": emu_gain, "keep_at_1_way": keep_1way,
+    return {"pairs": pairs, "matrix": aff, "savings": savings, "emu_gain": emu_gain, "keep_at_1_way": keep_1way,
             "low": sorted(c.name for c in curves if not c.high)}
 
 
@@ -121,6 +121,16 @@ def row_hera(fresh: bool) -> list[Row]:
     if measured is not None:
         variants["measured LLC"] = _hera_outcome(measured, server, HERA_MODELS)
     rows = row_hera_measured_pairs()
+    if rows:  # does Alg. 1's estimate rank the measured pairs right?
+        from scipy.stats import spearmanr
+
+        kept = rows[0].numbers["kept"]
+        idx = {m: i for i, m in enumerate(HERA_MODELS)}
+        for label, o in variants.items():
+            est = [float(o["matrix"][idx[a], idx[b]]) for a, b in (k.split("+") for k in kept)]
+            rho = spearmanr(est, list(kept.values())).statistic if len(kept) > 2 else float("nan")
+            rows[0].numbers[f"spearman_vs_alg1_{label}"] = float(rho)
+            rows[0].reason += f"; Spearman vs Alg. 1's estimate ({label}): {rho:+.2f}"
     for label, o in variants.items():
         pairs, savings, emu_gain = o["pairs"], o["savings"], o["emu_gain"]
         best = max(savings.values())
