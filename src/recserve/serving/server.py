@@ -127,7 +127,7 @@ class NodeCore:
         self.listen_sock = sock if takers else None
         for rt in takers:
             rt.listen_sock, rt.max_body, rt.on_handoff = sock, self.config.max_body_bytes, self.route
-            rt.read_timeout_s = self.config.read_timeout_s
+            rt.read_timeout_s, rt.max_json = self.config.read_timeout_s, self.config.max_json_bytes
         return bool(takers)
 
     def route(self, fd: int, prefix: bytes, hint: str) -> None:

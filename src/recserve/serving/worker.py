@@ -241,7 +241,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send_handle(conn, fd, server_pid)
 
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           lambda payload: run_stage(model, "model", payload))
+                           lambda payload: run_stage(model, "model", payload), args.limits.max_json)
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch)
 
     def on_pipe() -> None:
