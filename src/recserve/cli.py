@@ -14,13 +14,22 @@ import importlib
 import os
 import pkgutil
 import sys
+from typing import NoReturn
 
 from recserve import commands
 from recserve.errors import RecserveError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line naming the argument and exit code 2 (as every other user error);
+    ``--help`` still shows the usage.  Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="recserve",
         description="Serve recommendation models on heterogeneous hardware at the lowest cost that meets their SLAs.",
     )
@@ -35,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad argument (2) or --help (0): a return code, so main() is callable in-process
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

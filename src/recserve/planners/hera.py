@@ -253,11 +253,14 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
     """
     if not targets:
         raise InfeasibleError("no target QPS given")
-    bad = {m: q for m, q in targets.items() if q < 0}
+    bad = {m: q for m, q in targets.items() if not (math.isfinite(q) and q >= 0)}
     if bad:
-        raise InfeasibleError(f"target QPS must be >= 0: {bad}")
+        raise InfeasibleError(f"target QPS must be finite and >= 0: {bad}")
+    if seeds < 1:
+        raise InfeasibleError(f"seeds must be >= 1, got {seeds}")
     models = list(targets)
     curves = all_curves(profiles, models, server, threshold=threshold)
+    _check_cluster_size(curves, targets, server)
     aff = affinity_matrix(curves, server)
     sched = _Scheduler(curves, server, aff["affinity"])
     chosen = sched.run(targets, "hera", np.random.default_rng(0))
@@ -287,6 +290,17 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
     return ColocationPlan("hera", inputs=inputs, summary=summary, baselines=base, servers=chosen,
                           notes=["predicted QPS comes from Profile tables (no measurement); EMU = Σ load ÷ isolated "
                                  "max load"])
+
+
+MAX_CLUSTER_SERVERS = 100_000
+"""Refuse targets needing more servers than this even alone: the greedy scheduler places one server at a time."""
+
+
+def _check_cluster_size(curves: Sequence[ModelCurves], targets: dict[str, float], server: ServerType) -> None:
+    needed = sum(targets[c.name] / c.isolated_qps for c in curves if c.isolated_qps > 0)
+    if needed > MAX_CLUSTER_SERVERS:
+        raise InfeasibleError(f"targets need at least {needed:,.0f} {server.name} servers (one model per server), "
+                              f"more than the {MAX_CLUSTER_SERVERS:,} this planner places; lower the target QPS")
 
 
 def _summary(servers: list[ServerPlan]) -> dict[str, float]:

@@ -144,7 +144,7 @@ def check_inputs(arrays: dict[str, np.ndarray]) -> None:
         raise invalid(INPUT_LENGTHS, f"every length must be in [0, {ids}] (the number of sparse_values)")
     total = int(lengths.sum(dtype=np.int64))
     if total != ids:
-        raise invalid(INPUT_LENGTHS, f"lengths sum to {total} but sparse_values holds {ids} ids")
+        raise invalid(INPUT_VALUES, f"has {ids} ids but sparse_lengths sum to {total}")
 
 
 def finite_scores(scores: Any) -> np.ndarray:

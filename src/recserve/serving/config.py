@@ -135,6 +135,8 @@ class NodeConfig:
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
     # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
     front_end: str = "workers"
+    # bearer token the control API requires; needed when host is not loopback (see serving/control_api.py)
+    control_token: str | None = None
 
     def __post_init__(self) -> None:
         if not self.models:

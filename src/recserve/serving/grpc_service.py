@@ -50,7 +50,7 @@ def _refusing(behaviour: Any) -> Any:
     """A unary handler that answers INVALID_ARGUMENT to an undecodable request instead of running."""
     async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Undecodable):
-            await context.abort(grpc_code(request.error), str(request.error))
+            await context.abort(grpc_code(request.error), request.error.public_message())
         return await behaviour(request, context)
     return run
 
@@ -92,7 +92,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             return await fn()
         except InferError as exc:
-            await context.abort(grpc_code(exc), str(exc))
+            await context.abort(grpc_code(exc), exc.public_message())
         except LlcUnsupported as exc:
             await context.abort(grpc_code(InferError("unsupported", str(exc))), str(exc))
 
@@ -152,7 +152,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _stream_answer(self, request: Any) -> Any:
         try:
             return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
-        except (InferError, LlcUnsupported) as exc:
+        except InferError as exc:
+            return service_pb2.ModelStreamInferResponse(error_message=exc.public_message())
+        except LlcUnsupported as exc:
             return service_pb2.ModelStreamInferResponse(error_message=str(exc))
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:  # noqa: N802
