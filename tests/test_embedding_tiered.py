@@ -139,11 +139,9 @@ def test_truncated_after_open_fails_the_query(disk_dir, engine):
     idx = torch.tensor([5, 4000, 17], dtype=torch.int64)
     with pytest.raises(TableIOError, match="short read"):
         tiered.pool(idx, torch.tensor([0, 2]))
-    # rows still present cannot be verified either (their CRCs lived in the lost footer): refused, not served
+    # rows still present keep working, and nothing wrong was cached by the failed query
     ok = torch.tensor([5, 17])
-    with pytest.raises(TableIOError, match="row checksums"):
-        tiered.pool(ok, torch.tensor([0]))
-    assert tiered.resources.row_cache.lookup(np.array([5, 17], dtype=np.int64)).max() < 0, "nothing was cached"
+    assert torch.equal(tiered.pool(ok, torch.tensor([0])), dram.pool(ok, torch.tensor([0])))
     tiered.close()
 
 

@@ -11,8 +11,8 @@ Layout (all little-endian)::
                                     (the file's fingerprint), padded to a 4096 multiple
 
 Checks: the whole file (header, footer, every block) at open; every row read while serving against its row
-CRC (:class:`RowChecksums`, the footer memory-mapped: 4 bytes per row of metadata).  A row CRC costs far less
-than the SSD read that brought the row (``benchmarks/bench_row_checksum.py``).
+CRC (:class:`RowChecksums`: 4 bytes per row kept in DRAM).  A row CRC costs far less than the SSD read that
+brought the row (``benchmarks/bench_row_checksum.py``).
 
 Row format: ``fp32`` = ``dim`` float32; ``int8`` = FBGEMM's *fused 8-bit rowwise* format,
 ``dim`` uint8 codes followed by a float32 scale and a float32 bias (value = code*scale + bias).
@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.embedding.blockio import TableIOError
 from recserve.errors import RecserveError
 
 MAGIC = b"RSEMBTBL"
@@ -295,44 +294,22 @@ def open_table_header(path: str | Path, verify: bool = True) -> TableHeader:
     return header
 
 
-class ChecksumUnavailable(TableIOError):
-    """The row CRCs could not be read while serving (file truncated under the server): the query fails."""
-
-
 class RowChecksums:
-    """The row CRCs of one table file, read from its footer on demand: one buffered ``pread`` per 4 KiB page of
-    CRCs a read needs (1024 rows' worth; the page cache keeps the hot ones).  Not memory-mapped: a file truncated
-    under a mapping kills the process with SIGBUS, where a short read is an error the query can fail with."""
-
-    ROWS_PER_PAGE = PAGE // 4
+    """The row CRCs of one table file, read from its footer into DRAM at open: 4 bytes per row (1.6% of a 256-byte
+    fp32 row, 5.6% of a 72-byte int8 one) so that checking a read costs an index, not another I/O.  Measured
+    alternative: reading the CRC pages on demand with ``pread`` cost 20-30 us per lookup here, a second I/O in
+    all but name (``benchmarks/bench_row_checksum.py``)."""
 
     def __init__(self, path: str | Path, header: TableHeader) -> None:
-        self.path = Path(path)
-        self.header = header
-        self.fd = _open_readable(self.path)
-
-    def lookup(self, row_ids: np.ndarray) -> np.ndarray:
-        """The recorded CRC of each row in ``row_ids``."""
-        pages, where = np.unique(row_ids // self.ROWS_PER_PAGE, return_inverse=True)
-        table = np.empty((pages.size, self.ROWS_PER_PAGE), dtype="<u4")
-        for i, page in enumerate(pages.tolist()):
-            first = page * self.ROWS_PER_PAGE
-            want = 4 * min(self.ROWS_PER_PAGE, self.header.rows - first)
-            raw = os.pread(self.fd, want, self.header.footer_offset + 4 * first)
-            if len(raw) != want:
-                raise ChecksumUnavailable(f"{self.path.name}: short read of the row checksums (file truncated?): "
-                                          "rows that cannot be verified are not served")
-            table[i, : want // 4] = np.frombuffer(raw, dtype="<u4")
-        return table[where, row_ids % self.ROWS_PER_PAGE]
+        fd = _open_readable(Path(path))
+        try:
+            raw = os.pread(fd, 4 * header.rows, header.footer_offset)
+        finally:
+            os.close(fd)
+        if len(raw) != 4 * header.rows:
+            raise TableFileError(f"{path}: truncated footer (row checksums)")
+        self.crcs = np.frombuffer(raw, dtype="<u4")
 
     def mismatches(self, row_ids: np.ndarray, raw_rows: np.ndarray) -> np.ndarray:
         """Positions in ``row_ids`` whose bytes (``raw_rows[i]``) do not match their recorded CRC."""
-        return np.flatnonzero(row_crcs(raw_rows) != self.lookup(row_ids))
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def __del__(self) -> None:
-        self.close()
+        return np.flatnonzero(row_crcs(raw_rows) != self.crcs[row_ids])

@@ -114,6 +114,7 @@ class TierResources:
     tables_in_flight: int = 4  # tables whose misses are read at the same time (SDM §A.2 inter-op parallelism)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
     prefetch_handle: Any = field(default=None, repr=False)  # remove() it to turn the cross-table prefetch off
+    rebuilt: list[str] = field(default_factory=list)  # table files (re)written from DRAM by this tier_model call
 
     _tables: int = 0
 
@@ -163,7 +164,10 @@ class TieredTable(nn.Module):
 
     def _open_file(self) -> TableHeader:
         """Header, footer and (with ``verify``) every block checked; the file must be the expected table's."""
-        header = open_table_header(self.path, verify=self.verify)
+        try:
+            header = open_table_header(self.path, verify=self.verify)
+        except TableFileError as exc:
+            raise TableFileError(f"table {self.name}: {exc}; rebuild it (recserve tier rebuild)") from exc
         if self.expect is not None:
             rows, dim, source = self.expect
             if (header.rows, header.dim) != (rows, dim):
@@ -334,8 +338,6 @@ class TieredTable(nn.Module):
 
     def close(self) -> None:
         self.reader.close()
-        if self.checksums is not None:
-            self.checksums.close()
 
     def extra_repr(self) -> str:
         return (f"{self.path.name}: {self.num_rows}x{self.dim} {self.dtype}, stride {self.header.stride}, "
@@ -353,14 +355,15 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
                cache_bytes: int, dtype: str = "fp32", policy: str = "clock", pooled_cache_bytes: int = 0,
                pooled_min_len: int = 4, engine: str = "auto", max_outstanding: int = 32,
                no_cache_tables: tuple[int, ...] = (), verify: bool = True, prefetch: bool = True,
-               tables_in_flight: int = 4) -> TierResources:
+               tables_in_flight: int = 4, rebuild: bool = False) -> TierResources:
     """Write the tables ``placement`` puts on SM to ``directory`` and swap them into ``model`` in place.
 
     ``placement`` is a list of table ids (or a dict id → options, e.g. ``{"cache": False}``).  The DRAM weights
     of moved tables are released.  Files are named by a CRC of the weights, so workers building the same model
     reuse one file (checksummed again at open) and a changed model never reads a stale one.  With ``prefetch``
     a forward pre-hook reads the misses of all tiered tables concurrently before the model runs (SDM §A.2).
-    Returns the shared resources (caches, stats) for inspection."""
+    With ``rebuild`` a file that fails validation (corrupt, truncated, swapped) is rewritten from the DRAM weights
+    instead of refused (``recserve tier rebuild``).  Returns the shared resources (caches, stats) for inspection."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     items = placement.items() if isinstance(placement, dict) else ((t, {}) for t in placement)
@@ -380,14 +383,24 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
         weight = table.weight.detach().contiguous()
         tag = weights_crc(weight)
         path = table_path(directory, model, t, dtype, tag)
-        if not path.exists():
+        expect = (weight.shape[0], weight.shape[1], tag)
+        if not path.exists() or (rebuild and not _valid_file(path, expect)):
             write_table(path, weight, dtype)
+            resources.rebuilt.append(path.name)
         use_cache = opts.get("cache", t not in no_cache_tables)
         model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify,
-                                           name=_table_name(model, t), expect=(weight.shape[0], weight.shape[1], tag)))
+                                           name=_table_name(model, t), expect=expect))
     if prefetch and pooled is None and hasattr(model, "register_forward_pre_hook"):
         resources.prefetch_handle = model.register_forward_pre_hook(prefetch_hook)
     return resources
+
+
+def _valid_file(path: Path, expect: tuple[int, int, int]) -> bool:
+    try:
+        TieredTable(path, TierResources(None), use_cache=False, expect=expect).close()
+    except (TableFileError, TableIOError):
+        return False
+    return True
 
 
 def _table_name(model: nn.Module, t: int) -> str:
@@ -455,7 +468,8 @@ def _table_ids(model: nn.Module, names: Any, where: str) -> list[int]:
     return out
 
 
-def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier") -> TierResources:
+def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier",
+                     rebuild: bool = False) -> TierResources:
     """Apply a node-config ``tier:`` section to a freshly built model (the server's hook), e.g.::
 
         tier: {dir: /var/lib/recserve/tables, tables: user, cache_mb: 256, dtype: int8}
@@ -488,5 +502,5 @@ def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier"
         pooled_min_len=int(tier.get("pooled_min_len", 4)), engine=tier.get("engine", "auto"),
         max_outstanding=int(tier.get("max_outstanding", 32)), no_cache_tables=no_cache,
         verify=bool(tier.get("verify", True)), prefetch=bool(tier.get("prefetch", True)),
-        tables_in_flight=int(tier.get("tables_in_flight", 4)),
+        tables_in_flight=int(tier.get("tables_in_flight", 4)), rebuild=rebuild,
     )
