@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import pkgutil
 import sys
@@ -28,6 +29,30 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def finite_float(text: str) -> float:
+    """Every ``type=float`` option's parser: NaN and infinities are never a meaningful rate, size or time."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+finite_float.__name__ = "a finite number"
+
+
+def _finite_floats(parser: argparse.ArgumentParser) -> None:
+    """Swap ``type=float`` for :func:`finite_float` in ``parser`` and its sub-parsers (commands keep ``float``)."""
+    for action in parser._actions:
+        if action.type is float:
+            action.type = finite_float
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _finite_floats(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="recserve",
@@ -39,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # private helpers and group actions (<group>_<action>) are registered by their group
         module = importlib.import_module(f"recserve.commands.{info.name}")
         module.register(sub)
+    _finite_floats(parser)
     return parser
 
 

@@ -275,8 +275,8 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
                         "servers_max": max(counts), "runs": len(runs)}
     all_pairs = [sched.pair(a, b).emu for i, a in enumerate(models) for b in models[i + 1:]]
     summary.update({
-        "random_pair_emu_min": float(min(all_pairs)) if all_pairs else float("nan"),
-        "random_pair_emu_max": float(max(all_pairs)) if all_pairs else float("nan"),
+        "random_pair_emu_min": float(min(all_pairs)) if all_pairs else None,  # None, not NaN: JSON has no NaN
+        "random_pair_emu_max": float(max(all_pairs)) if all_pairs else None,
     })
     inputs = {
         "server": server.name, "targets_qps": dict(targets), "scalability_threshold": threshold,
@@ -303,15 +303,15 @@ def _check_cluster_size(curves: Sequence[ModelCurves], targets: dict[str, float]
                               f"more than the {MAX_CLUSTER_SERVERS:,} this planner places; lower the target QPS")
 
 
-def _summary(servers: list[ServerPlan]) -> dict[str, float]:
+def _summary(servers: list[ServerPlan]) -> dict[str, float | None]:
     pairs = [s.emu for s in servers if len(s.placements) > 1]
     emus = [s.emu for s in servers]
     return {
         "servers": len(servers),
         "colocated_servers": len(pairs),
         "mean_emu": float(np.mean(emus)) if emus else 0.0,
-        "min_pair_emu": float(min(pairs)) if pairs else float("nan"),
-        "max_pair_emu": float(max(pairs)) if pairs else float("nan"),
+        "min_pair_emu": float(min(pairs)) if pairs else None,  # no co-located pair: nothing to report
+        "max_pair_emu": float(max(pairs)) if pairs else None,
     }
 
 
