@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.errors import redact_paths
+
 log = logging.getLogger("recserve.serving")
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -93,7 +95,7 @@ def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str,
 
 
 def error_bytes(status: int, message: str, field: str | None = None, close: bool = False) -> bytes:
-    body: dict[str, Any] = {"error": message}
+    body: dict[str, Any] = {"error": redact_paths(message)}  # an error body must not map the host's files
     if field:
         body["field"] = field
     return response_bytes(status, json.dumps(body).encode(), "application/json", close=close)
