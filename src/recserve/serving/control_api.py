@@ -22,12 +22,11 @@ from typing import Any
 from recserve.errors import SpecError
 from recserve.serving.config import available_cores
 from recserve.serving.errors import InferError
+from recserve.serving.metrics import HISTORY_S
 
 MAX_WORKERS_PER_CORE = 4
 """Workers beyond this many per usable core only add processes that wait for a core (and their memory)."""
 MAX_WORKERS = 256
-WINDOW_MAX_S = 300.0
-"""Longest statistics window the server keeps (``metrics.HISTORY_S``)."""
 TOKEN_ENV = "RECSERVE_CONTROL_TOKEN"
 
 
@@ -123,11 +122,11 @@ def _query_number(query: Any, field: str, default: float, low: float, high: floa
 
 
 def window_query(query: Any, default_percentile: float) -> tuple[float, float]:
-    """``GET /control/models/{m}/window?seconds=&percentile=``: seconds in (0, 300], percentile in (0, 100]."""
+    """``GET /control/models/{m}/window?seconds=&percentile=``: seconds in (0, HISTORY_S], percentile in (0, 100]."""
     for key in query:
         if key not in ("seconds", "percentile"):
             raise invalid(str(key), "unknown query parameter; this request takes ['seconds', 'percentile']")
-    seconds = _query_number(query, "seconds", 10.0, 0.0, WINDOW_MAX_S, low_open=True)
+    seconds = _query_number(query, "seconds", 10.0, 0.0, HISTORY_S, low_open=True)
     percentile = _query_number(query, "percentile", default_percentile, 0.0, 100.0, low_open=True)
     return seconds, percentile
 
