@@ -34,6 +34,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host:
         config.host = args.host
     config.control_token = os.environ.get(TOKEN_ENV) or config.control_token
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise RecserveError("--tls-cert and --tls-key go together")
+        config.tls_cert, config.tls_key, config.front_end = args.tls_cert, args.tls_key, "server"
+    if config.tls_cert:
+        print("recserve serve: TLS on HTTP and gRPC (one front-end process: front_end server)", file=sys.stderr)
     print(f"recserve serve: {check_exposure(config.host, config.control_token)}", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     NodeServer(config).run_forever()
@@ -55,4 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bind address (default 127.0.0.1; any other needs RECSERVE_CONTROL_TOKEN)")
     p.add_argument("--http-port", type=PORT, default=None, help="0 = any free port (default 8000 / config)")
     p.add_argument("--grpc-port", type=PORT, default=None, help="0 = any free port (default 8001 / config)")
+    p.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve HTTPS and gRPC over TLS")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     p.set_defaults(func=cmd_serve)

@@ -137,12 +137,19 @@ class NodeConfig:
     front_end: str = "workers"
     # bearer token the control API requires; needed when host is not loopback (see serving/control_api.py)
     control_token: str | None = None
+    # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/tls.py)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
             raise SpecError("node config: needs at least one model")
         if self.front_end not in FRONT_ENDS:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
+        if self.tls_cert:
+            self.front_end = "server"  # a TLS session cannot be handed between processes (serving/tls.py)
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

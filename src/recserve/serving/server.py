@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from recserve.serving import grpc_service, protocol
+from recserve.serving import grpc_service, protocol, tls
 from recserve.serving.config import NodeConfig, available_cores
 from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
@@ -146,20 +146,21 @@ class NodeServer:
         try:
             host = self.config.host
             sock = self._sock = listening_socket(host, self.config.http_port)
-            in_workers = self.config.front_end == "workers" and self.core.use_worker_front_end(sock)
+            in_workers = (self.config.front_end == "workers" and not self.config.tls_cert  # TLS: serving/tls.py
+                          and self.core.use_worker_front_end(sock))
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
             await self._runner.setup()
             self.core.http_server = self._runner.server
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
-                await web.SockSite(self._runner, sock).start()
+                await web.SockSite(self._runner, sock, ssl_context=tls.http_context(self.config)).start()
             http_port = sock.getsockname()[1]
             limit = self.config.max_body_bytes
             self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                                   ("grpc.max_send_message_length", limit),
                                                   ("grpc.so_reuseport", 0)])
             grpc_service.add_to_server(self._grpc, self.core)
-            grpc_port = self._grpc.add_insecure_port(f"{host}:{self.config.grpc_port}")
+            grpc_port = tls.bind_grpc(self._grpc, f"{host}:{self.config.grpc_port}", self.config)
             if grpc_port == 0:
                 raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {host}")
             await self._grpc.start()
