@@ -81,7 +81,11 @@ class TierStats:
 
 
 class TableChecksumError(TableIOError):
-    """A row read while serving does not match its CRC: the file changed under the server (never serve it)."""
+    """A row read while serving does not match its CRC: the file changed under the server (never serve it).
+    ``code`` is its key in ``serving/errors.STATUS`` (500 / DATA_LOSS), so the query's failure is counted as such."""
+
+    code = "data_loss"
+    field = None
 
 
 @dataclass

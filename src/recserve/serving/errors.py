@@ -24,6 +24,7 @@ STATUS: dict[str, Status] = {
     "too_large": Status(413, "RESOURCE_EXHAUSTED"),
     "unavailable": Status(503, "UNAVAILABLE"),
     "internal": Status(500, "INTERNAL"),
+    "data_loss": Status(500, "DATA_LOSS"),  # a corrupt SSD table block: the server's data, not the request
     "unsupported": Status(501, "UNIMPLEMENTED"),
 }
 """Error code -> (HTTP status, gRPC status code name); an unknown code is answered as ``internal``."""
