@@ -442,6 +442,31 @@ def test_planner_arguments(command, data):
         assert_one_error_line(rc, err)
 
 
+CHEAP = {
+    ("workload", "sample"): (["--n", "100"], ["--n", "--seed"]),
+    ("workload", "trace"): (["--peak-qps", "hercules-rmc1=100"],
+                            ["--hours", "--step-min", "--ratio", "--peak-hour", "--sharpness", "--noise", "--seed"]),
+    ("workload", "indices"): (["--rows", "1000", "--n", "100"],
+                              ["--locality", "--zipf", "--hot-fraction", "--perm-seed", "--rows", "--n", "--seed"]),
+    ("workload", "arrivals"): (["--qps", "100", "--n", "50"], ["--qps", "--n", "--seed"]),
+}
+"""Commands whose valid runs take well under a second: fuzzed with any value, valid or not (the planners'
+valid runs take seconds: fuzzed in :func:`test_planner_arguments`; the others' numeric options get junk only)."""
+
+
+@settings(FUZZ, max_examples=50)
+@given(command=st.sampled_from(sorted(CHEAP)), data=st.data())
+def test_cheap_commands_with_edge_values(tmp_path, command, data):
+    base, options = CHEAP[command]
+    option = data.draw(st.sampled_from(options))
+    value = data.draw(st.sampled_from(["-1", "0", "1", "0.5", "1e12", "-1e-9", "2"]))
+    out = ["--out", str(tmp_path / "out")]
+    rc, stdout, err = run_cli([*command, *base, *out, f"{option}={value}"])
+    COUNTS["cli_cheap"] += 1
+    if rc != 0:
+        assert_one_error_line(rc, err)
+
+
 def test_cli_error_is_one_line_in_a_subprocess():
     """The installed entry point behaves as main() does (no traceback on stderr, exit 2)."""
     import subprocess

@@ -43,11 +43,28 @@ def finite_float(text: str) -> float:
 finite_float.__name__ = "a finite number"
 
 
+def seed_value(text: str) -> int:
+    """Every ``--seed``/``--*-seed`` option's parser: numpy seeds are non-negative integers."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+seed_value.__name__ = "an integer >= 0"
+
+
 def _finite_floats(parser: argparse.ArgumentParser) -> None:
-    """Swap ``type=float`` for :func:`finite_float` in ``parser`` and its sub-parsers (commands keep ``float``)."""
+    """Swap ``type=float`` for :func:`finite_float` and integer seeds for :func:`seed_value` in ``parser`` and its
+    sub-parsers: rules for every command, so that commands keep writing plain ``float`` / ``int``."""
     for action in parser._actions:
         if action.type is float:
             action.type = finite_float
+        if action.type is int and (action.dest == "seed" or action.dest.endswith("_seed")):
+            action.type = seed_value
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):
                 _finite_floats(sub)
