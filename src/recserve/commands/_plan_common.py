@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -75,7 +76,11 @@ query rates (a billion QPS is beyond any cluster a plan here describes; larger v
 
 def checked(value: Any, where: str, low: float | None = None, high: float | None = None, *,
             low_open: bool = False, high_open: bool = False, integer: bool = False) -> Any:
-    """``value`` from a file, or SpecError naming where it came from (the file-side twin of :func:`number`)."""
+    """``value`` from a file, or SpecError naming where it came from (the file-side twin of :func:`number`).
+    Numeric strings count as numbers: YAML 1.1 reads ``1e5`` (no dot) as a string."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = int(value) if integer else float(value)
     problem = _complaint(value, low, high, low_open, high_open, integer)
     if problem:
         raise SpecError(f"{where}: must be {problem}, got {value!r}")
