@@ -109,7 +109,7 @@ def test_bad_file_at_start_is_one_line_exit_2_and_rebuild_fixes_it(tmp_path, dis
     assert len(err) == 2 and "checksum mismatch" in err[-1] and "recserve tier rebuild" in err[-1], err
     assert main(["tier", "rebuild", "--config", config]) == 0
     assert f"1 valid, 1 (re)written from DRAM: {files[0]}" in capsys.readouterr().out
-    np.testing.assert_equal(main(["tier", "rebuild", "--config", config]), 0)
+    assert main(["tier", "rebuild", "--config", config]) == 0
     assert "2 valid, 0 (re)written" in capsys.readouterr().out
 
 
