@@ -53,8 +53,10 @@ def report_counts(request):
     line = ", ".join(f"{k} {v}" for k, v in sorted(COUNTS.items()))
     line = f"fuzz cases: {line} (total {sum(COUNTS.values())})"
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None:
-        reporter.write_line(line)
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            reporter.write_line("\n" + line)
     out = Path(request.config.rootpath) / ".pytest_cache" / "fuzz_counts.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(COUNTS), indent=1))
