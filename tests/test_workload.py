@@ -289,4 +289,4 @@ def test_cli_trace_and_indices(tmp_path, capsys):
 def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("recserve: error:") and "\n" not in err
+    assert err.startswith("recserve") and "error:" in err and "\n" not in err  # argparse: "recserve workload x: error:"

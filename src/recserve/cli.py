@@ -11,16 +11,67 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import pkgutil
 import sys
+from typing import NoReturn
 
 from recserve import commands
 from recserve.errors import RecserveError
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as one line naming the argument and exit code 2 (as every other user error);
+    ``--help`` still shows the usage.  Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def finite_float(text: str) -> float:
+    """Every ``type=float`` option's parser: NaN and infinities are never a meaningful rate, size or time."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+finite_float.__name__ = "a finite number"
+
+
+def seed_value(text: str) -> int:
+    """Every ``--seed``/``--*-seed`` option's parser: numpy seeds are non-negative integers."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+seed_value.__name__ = "an integer >= 0"
+
+
+def _finite_floats(parser: argparse.ArgumentParser) -> None:
+    """Swap ``type=float`` for :func:`finite_float` and integer seeds for :func:`seed_value` in ``parser`` and its
+    sub-parsers: rules for every command, so that commands keep writing plain ``float`` / ``int``."""
+    for action in parser._actions:
+        if action.type is float:
+            action.type = finite_float
+        if action.type is int and (action.dest == "seed" or action.dest.endswith("_seed")):
+            action.type = seed_value
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _finite_floats(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="recserve",
         description="Serve recommendation models on heterogeneous hardware at the lowest cost that meets their SLAs.",
     )
@@ -30,12 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # private helpers and group actions (<group>_<action>) are registered by their group
         module = importlib.import_module(f"recserve.commands.{info.name}")
         module.register(sub)
+    _finite_floats(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a bad argument (2) or --help (0): a return code, so main() is callable in-process
+        return exc.code if isinstance(exc.code, int) else 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

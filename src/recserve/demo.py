@@ -164,9 +164,10 @@ def _plan_summary(path: Path) -> str:
     s, b = data.get("summary", {}), data.get("baselines", {})
     kind = data.get("kind")
     if kind == "colocate":
+        pairs = ("no co-located pairs" if s.get("min_pair_emu") is None
+                 else f"chosen pairs' EMU {s['min_pair_emu']:.2f}-{s['max_pair_emu']:.2f}")
         return (f"Hera {s['servers']:.0f} servers vs DeepRecSys {b['deeprecsys']['servers']:.0f}, "
-                f"Random {b['random']['servers']:.1f}; "
-                f"chosen pairs' EMU {s['min_pair_emu']:.2f}-{s['max_pair_emu']:.2f}")
+                f"Random {b['random']['servers']:.1f}; {pairs}")
     if kind == "pool":
         return f"upper-bound throughput {s['mean_ub_gain_vs_homogeneous']:.2f}x the best homogeneous pool (mean of 5)"
     if kind == "provision":

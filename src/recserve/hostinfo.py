@@ -12,6 +12,9 @@ from recserve.specs import ServerType
 
 _CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 ASSUMED_MEM_BW_GBS = 20.0
+ASSUMED_BASE_POWER_W = 60.0
+ASSUMED_POWER_PER_CORE_W = 8.0
+"""Power cannot be read either (RAPL is rarely exposed to users): a stated estimate, so planners can run."""
 
 
 def _llc() -> tuple[float, int]:
@@ -48,6 +51,7 @@ def resctrl_available() -> bool:
 def this_host() -> ServerType:
     llc_mb, ways = _llc()
     cores = len(os.sched_getaffinity(0))
+    power_w = ASSUMED_BASE_POWER_W + ASSUMED_POWER_PER_CORE_W * cores
     return ServerType(
         name="this-host",
         cores=cores,
@@ -55,9 +59,12 @@ def this_host() -> ServerType:
         mem_bw_gbs=ASSUMED_MEM_BW_GBS,
         llc_mb=llc_mb,
         llc_ways=ways,
+        power_w=power_w,
         source="detected at run time from sysfs and /proc",
         assumptions=(
             f"mem_bw_gbs={ASSUMED_MEM_BW_GBS} until measured by `recserve profile`",
+            f"power_w={power_w:g} assumed ({ASSUMED_BASE_POWER_W:g} W + {ASSUMED_POWER_PER_CORE_W:g} W per core; "
+            "not measured): watts on this host rank configurations, they are not a power reading",
             "LLC way partitioning available"
             if resctrl_available()
             else "no /sys/fs/resctrl: LLC ways not partitionable",

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,91 @@ from recserve.errors import RecserveError, SpecError
 from recserve.planners.plan import Plan
 from recserve.profiles import ProfileSet
 from recserve.specs import ModelSpec, ServerType, get_model, get_server, read_yaml
+
+# ---------------------------------------------------------------- argument and file-value validators
+# One set of bounds checks for every command's numbers: argparse types (``type=number(...)``) turn a bad
+# value into exit 2 with "argument --x: must be ..."; ``checked`` does the same for values read from files.
+
+
+def _bounds_text(low: float | None, high: float | None, low_open: bool, high_open: bool, integer: bool) -> str:
+    kind = "an integer" if integer else "a finite number"
+    if low is not None and high is not None:
+        return f"{kind} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{kind} {'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{kind} {'<' if high_open else '<='} {high:g}"
+    return kind
+
+
+def _complaint(value: Any, low: float | None, high: float | None, low_open: bool, high_open: bool,
+               integer: bool) -> str | None:
+    """None if ``value`` is a number within the bounds, else what it must be."""
+    wanted = _bounds_text(low, high, low_open, high_open, integer)
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        return wanted
+    if not math.isfinite(value):
+        return wanted
+    if low is not None and (value < low or (low_open and value == low)):
+        return wanted
+    if high is not None and (value > high or (high_open and value == high)):
+        return wanted
+    return None
+
+
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False, integer: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type``: a finite float (or int) within the bounds, else a one-line error naming the flag."""
+
+    def parse(text: str) -> float | int:
+        try:
+            value: float | int = int(text) if integer else float(text)
+        except ValueError:
+            value = math.nan  # reported below with the bounds
+        problem = _complaint(value, low, high, low_open, high_open, integer)
+        if problem:
+            raise argparse.ArgumentTypeError(f"must be {problem}, got {text!r}")
+        return value
+
+    parse.__name__ = _bounds_text(low, high, low_open, high_open, integer)
+    return parse
+
+
+positive = number(0, low_open=True)
+non_negative = number(0)
+fraction = number(0, 1)
+count = number(1, integer=True)
+qps = number(0, 1e9, low_open=True)
+"""The common cases: sizes (> 0), memory/time offsets (>= 0), shares and locality ([0, 1]), counts (>= 1), and
+query rates (a billion QPS is beyond any cluster a plan here describes; larger values only overflow counts)."""
+
+
+def checked(value: Any, where: str, low: float | None = None, high: float | None = None, *,
+            low_open: bool = False, high_open: bool = False, integer: bool = False) -> Any:
+    """``value`` from a file, or SpecError naming where it came from (the file-side twin of :func:`number`).
+    Numeric strings count as numbers: YAML 1.1 reads ``1e5`` (no dot) as a string."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = int(value) if integer else float(value)
+    problem = _complaint(value, low, high, low_open, high_open, integer)
+    if problem:
+        raise SpecError(f"{where}: must be {problem}, got {value!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse ``type`` for ``8,16,32``: positive integers, at least one."""
+    items = names(text)
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+int_list.__name__ = "comma-separated integers >= 1"
 
 
 def progress(msg: str) -> None:
@@ -33,6 +121,8 @@ def counts(text: str | None, what: str) -> dict[str, int]:
             out[name.strip()] = int(value)
         except ValueError as exc:
             raise RecserveError(f"--{what}: count for {name!r} must be an integer, got {value!r}") from exc
+        if out[name.strip()] < 0:
+            raise RecserveError(f"--{what}: count for {name!r} must be >= 0, got {value!r}")
     return out
 
 
@@ -50,9 +140,12 @@ def static_targets(data: dict[str, Any], where: str) -> dict[str, float]:
     if not isinstance(raw, dict):
         raise SpecError(f"{where}: 'models' must map model name to target QPS")
     try:
-        return {str(m): float(q) for m, q in raw.items()}
+        targets = {str(m): float(q) for m, q in raw.items()}
     except (TypeError, ValueError) as exc:
         raise SpecError(f"{where}: every target QPS must be a number ({exc})") from exc
+    for m, q in targets.items():
+        checked(q, f"{where}: target QPS of {m}", 0)
+    return targets
 
 
 def resolve_specs(models: list[str], servers: list[str]) -> tuple[list[ModelSpec], list[ServerType]]:

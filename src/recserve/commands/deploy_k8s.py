@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from recserve.commands._plan_common import count, fraction, qps
 from recserve.errors import RecserveError
 from recserve.specs import get_model, get_server
 
@@ -36,12 +37,12 @@ def cmd_k8s(args: argparse.Namespace) -> int:
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("k8s", help="write Kubernetes manifests (Deployment/Service/HPA per ElasticRec shard)")
     p.add_argument("--model", required=True)
-    p.add_argument("--qps", type=float, required=True, help="target QPS the initial replicas are sized for")
+    p.add_argument("--qps", type=qps, required=True, help="target QPS the initial replicas are sized for")
     p.add_argument("--server", default="hera-xeon", help="server type the pods run on (for the cost model)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--locality", type=float, default=0.9)
+    p.add_argument("--batch", type=count, default=32)
+    p.add_argument("--locality", type=fraction, default=0.9)
     p.add_argument("--image", default="recserve:latest")
-    p.add_argument("--max-replicas", type=int, default=16)
+    p.add_argument("--max-replicas", type=count, default=16)
     p.add_argument("--k8s-version", default="1.30.0")
     p.add_argument("--out", default="out/k8s/manifests.yaml")
     p.set_defaults(func=cmd_k8s)

@@ -16,9 +16,12 @@ import argparse
 
 from recserve.commands._plan_common import (
     add_output_args,
+    count,
     emit,
     figure,
+    fraction,
     names,
+    positive,
     profiles_for,
     read_traffic,
     save_figure,
@@ -73,11 +76,11 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--server", required=True, help="server type (catalogue name), e.g. hera-xeon")
     p.add_argument("--traffic", metavar="FILE", help="YAML/JSON: model -> target QPS")
     p.add_argument("--models", help="comma-separated models (default: those in --traffic)")
-    p.add_argument("--level", type=float, help="target = LEVEL x each model's isolated max load")
-    p.add_argument("--low-share", type=float, help="share of the total target for low-scalability models")
-    p.add_argument("--threshold", type=float, default=0.5,
+    p.add_argument("--level", type=positive, help="target = LEVEL x each model's isolated max load")
+    p.add_argument("--low-share", type=fraction, help="share of the total target for low-scalability models")
+    p.add_argument("--threshold", type=fraction, default=0.5,
                    help="normalised slope over the last quarter of cores below which scalability is low")
-    p.add_argument("--seeds", type=int, default=20, help="runs averaged for the random baselines")
+    p.add_argument("--seeds", type=count, default=20, help="runs averaged for the random baselines")
     p.add_argument("--tables", default="copied", choices=("copied", "shared"),
                    help="perfmodel only: each worker holds its own tables (Hera's servers) or shares one copy")
     add_output_args(p)

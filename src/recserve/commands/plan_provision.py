@@ -24,9 +24,14 @@ import numpy as np
 
 from recserve.commands._plan_common import (
     add_output_args,
+    checked,
+    count,
     counts,
     emit,
     figure,
+    non_negative,
+    number,
+    positive,
     profiles_for,
     progress,
     read_traffic,
@@ -43,22 +48,43 @@ def day_loads(data: dict, where: str, steps: int | None) -> tuple[np.ndarray, di
         trace = data["trace"]
         if not isinstance(trace, dict) or "loads" not in trace:
             raise SpecError(f"{where}: 'trace' needs 'loads: {{model: [qps per step]}}' (and optional 'hours')")
-        loads = {m: np.asarray(v, dtype=float) for m, v in trace["loads"].items()}
+        if not isinstance(trace["loads"], dict) or not trace["loads"]:
+            raise SpecError(f"{where}: trace.loads must map each model to its QPS per step")
+        loads = {str(m): np.asarray([checked(q, f"{where}: trace.loads.{m}", 0) for q in _series(v, where, m)],
+                                    dtype=float) for m, v in trace["loads"].items()}
         lengths = {len(v) for v in loads.values()}
         if len(lengths) != 1:
             raise SpecError(f"{where}: every trace series needs the same number of steps")
         n = lengths.pop()
+        if n == 0 or not any(v.any() for v in loads.values()):
+            raise SpecError(f"{where}: trace.loads holds no load above 0: nothing to provision")
         hours = np.asarray(trace.get("hours", np.arange(n) * 24.0 / n), dtype=float)
+        if hours.shape != (n,) or not np.isfinite(hours).all():
+            raise SpecError(f"{where}: trace.hours must be {n} finite numbers, one per step")
         return hours, loads
     peaks = data.get("peak_qps")
     if not isinstance(peaks, dict) or not peaks:
         raise SpecError(f"{where}: give 'peak_qps: {{model: qps}}' or 'trace: {{loads: ...}}'")
-    n = int(steps or data.get("steps", 48))
-    return diurnal_trace({str(m): float(q) for m, q in peaks.items()}, steps=n,
-                         trough_ratio=float(data.get("trough_ratio", 0.5)))
+    n = steps if steps is not None else checked(data.get("steps", 48), f"{where}: steps", 1, integer=True)
+    peak_qps = {str(m): checked(q, f"{where}: peak_qps.{m}", 0) for m, q in peaks.items()}
+    if not any(peak_qps.values()):
+        raise SpecError(f"{where}: every peak_qps is 0: nothing to provision")
+    trough = checked(data.get("trough_ratio", 0.5), f"{where}: trough_ratio", 0, 1)
+    return diurnal_trace({m: float(q) for m, q in peak_qps.items()}, steps=n, trough_ratio=float(trough))
 
 
-def over_provision_rate(arg: str, loads: dict) -> float:
+def _series(values: object, where: str, model: object) -> list:
+    if not isinstance(values, list):
+        raise SpecError(f"{where}: trace.loads.{model} must be a list of QPS, one per step")
+    return values
+
+
+def alpha_arg(text: str) -> float | str:
+    """``--alpha``'s argparse type: ``history``, or a finite number in [0, 10] (one-line error otherwise)."""
+    return "history" if text.strip().lower() == "history" else number(0, 10)(text)
+
+
+def over_provision_rate(arg: str | float, loads: dict) -> float:
     """``--alpha``: a number, or ``history`` = the largest growth per interval in the (cyclic) day's loads."""
     if str(arg).strip().lower() == "history":
         from recserve.planners.hercules.provision import alpha_from_history
@@ -75,7 +101,11 @@ def over_provision_rate(arg: str, loads: dict) -> float:
 
 def run(args: argparse.Namespace) -> int:
     data = read_traffic(args.traffic)
-    available = counts(args.available, "available") or {str(k): int(v) for k, v in data.get("available", {}).items()}
+    from_file = data.get("available") or {}
+    if not isinstance(from_file, dict):
+        raise SpecError(f"{args.traffic}: available must map server type to a count")
+    available = counts(args.available, "available") or {
+        str(k): checked(v, f"{args.traffic}: available.{k}", 0, integer=True) for k, v in from_file.items()}
     if not available:
         raise SpecError("give the cluster: --available NAME=COUNT,... or 'available:' in the traffic file")
     hours, loads = day_loads(data, args.traffic, args.steps)
@@ -109,13 +139,13 @@ def register(actions: argparse._SubParsersAction) -> None:
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traffic", required=True, metavar="FILE", help="YAML/JSON with peak_qps or trace")
     p.add_argument("--available", help="server counts NAME=COUNT,... (else 'available:' in the traffic file)")
-    p.add_argument("--alpha", default="0.05",
-                   help="over-provision rate α, or 'history' to estimate it from the load trace's growth per "
-                        "interval (Hercules §IV-C)")
-    p.add_argument("--steps", type=int, help="provisioning intervals per day (default 48 or 'steps:')")
+    p.add_argument("--alpha", type=alpha_arg, default=0.05,
+                   help="over-provision rate α in [0, 10] (0 = none), or 'history' to estimate it from the load "
+                        "trace's growth per interval (Hercules §IV-C)")
+    p.add_argument("--steps", type=count, help="provisioning intervals per day (default 48 or 'steps:')")
     p.add_argument("--seed", type=int, default=0, help="seed of the heterogeneity-oblivious baseline")
-    p.add_argument("--time-limit", type=float, default=STEP_TIME_LIMIT_S,
+    p.add_argument("--time-limit", type=positive, default=STEP_TIME_LIMIT_S,
                    help="HiGHS time limit per interval (s); its best allocation is kept and the gap reported")
-    p.add_argument("--gap", type=float, default=1e-3, help="HiGHS relative optimality gap per interval")
+    p.add_argument("--gap", type=non_negative, default=1e-3, help="HiGHS relative optimality gap per interval")
     add_output_args(p)
     p.set_defaults(func=run)

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from recserve.commands._plan_common import names, progress
+from recserve.commands._plan_common import int_list, names, number, positive, progress
 from recserve.errors import RecserveError
 from recserve.perfmodel import PerfModel
 from recserve.planners.hercules.search import (
@@ -38,8 +38,9 @@ def _row(label: str, cfg, qps: float, evals: int, extra: str = "") -> str:
 
 def cmd_plan_search(args: argparse.Namespace) -> int:
     spec, server = get_model(args.model), get_server(args.server)
-    sla = SLA(args.sla_ms, args.percentile or spec.sla.percentile) if args.sla_ms else spec.sla
-    batches = tuple(int(b) for b in names(args.batches)) if args.batches else DEFAULT_BATCHES
+    sla = SLA(spec.sla.target_ms if args.sla_ms is None else args.sla_ms,
+              spec.sla.percentile if args.percentile is None else args.percentile)
+    batches = tuple(args.batches) if args.batches else DEFAULT_BATCHES
     modes = tuple(names(args.modes)) if args.modes else MODES
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -61,8 +62,8 @@ def cmd_plan_search(args: argparse.Namespace) -> int:
     if ex is not None:
         ratio = herc.best_qps / ex.best_qps if ex.best_qps > 0 else float("nan")
         print(_row("exhaustive", ex.best, ex.best_qps, ex.evaluations, f"  (hercules reaches {ratio:.1%})"))
-    gain = herc.best_qps / drs.best_qps if drs.best_qps > 0 else float("inf")
-    print(_row("deeprecsys", drs.best, drs.best_qps, drs.evaluations, f"  (hercules {gain:.2f}x)"))
+    gain = f"  (hercules {herc.best_qps / drs.best_qps:.2f}x)" if drs.best_qps > 0 else ""
+    print(_row("deeprecsys", drs.best, drs.best_qps, drs.evaluations, gain))
     if herc.best is not None and not args.live and hasattr(evaluate, "detail"):
         detail = evaluate.detail(herc.best)
         print(f"at max load: power {detail.power_w:.0f} W, memory {detail.mem_gb:.1f} GB, "
@@ -83,13 +84,15 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--server", required=True)
     p.add_argument("--live", action="store_true", help="measure configurations on the node server")
-    p.add_argument("--scale", type=float, default=1e-3, help="--live: table-row scale of the served model")
-    p.add_argument("--duration", type=float, default=3.0, help="--live: seconds per load probe")
+    p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3,
+                   help="--live: table-row scale of the served model")
+    p.add_argument("--duration", type=positive, default=3.0, help="--live: seconds per load probe")
     p.add_argument("--calibration", metavar="FILE", help="perfmodel calibration JSON")
-    p.add_argument("--sla-ms", type=float, help="override the model's SLA target")
-    p.add_argument("--percentile", type=float, help="override the SLA percentile")
-    p.add_argument("--power-budget", type=float, metavar="W", help="reject configurations drawing more power")
-    p.add_argument("--batches", help=f"sub-batch sizes to consider (default {','.join(map(str, DEFAULT_BATCHES))})")
+    p.add_argument("--sla-ms", type=positive, help="override the model's SLA target")
+    p.add_argument("--percentile", type=number(0, 100, low_open=True), help="override the SLA percentile")
+    p.add_argument("--power-budget", type=positive, metavar="W", help="reject configurations drawing more power")
+    p.add_argument("--batches", type=int_list,
+                   help=f"sub-batch sizes to consider (default {','.join(map(str, DEFAULT_BATCHES))})")
     p.add_argument("--modes", help="scheduling modes: model,pipeline (default both)")
     p.add_argument("--no-exhaustive", action="store_true", help="skip the exhaustive ground truth")
     p.add_argument("--json", metavar="FILE", help="write the search results as JSON")

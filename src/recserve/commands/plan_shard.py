@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from recserve.commands._plan_common import count, fraction, non_negative, number, qps
 from recserve.errors import ProfileError
 from recserve.planners.elasticrec import (
     LOCALITY_MODELS,
@@ -94,20 +95,20 @@ def cmd_shard(args: argparse.Namespace) -> int:
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("shard", help="ElasticRec: split tables into hot/cold shards with per-shard replicas")
     p.add_argument("--model", required=True)
-    p.add_argument("--qps", type=float, required=True, help="target queries per second")
+    p.add_argument("--qps", type=qps, required=True, help="target queries per second")
     p.add_argument("--server", default="hera-xeon", help="server type the shards run on")
     p.add_argument("--profiles", default=None, help="Profile file with gather_qps and dense latency tables "
                                                     "(default: the calibrated perfmodel)")
-    p.add_argument("--batch", type=int, default=32, help="items per query (ElasticRec uses 32)")
-    p.add_argument("--locality", type=float, default=0.9, help="share of accesses on the hottest 10%% of rows")
-    p.add_argument("--max-shards", type=int, default=16)
-    p.add_argument("--grid", type=int, default=512, help="boundary candidates per table for the DP")
+    p.add_argument("--batch", type=count, default=32, help="items per query (ElasticRec uses 32)")
+    p.add_argument("--locality", type=fraction, default=0.9, help="share of accesses on the hottest 10%% of rows")
+    p.add_argument("--max-shards", type=count, default=16)
+    p.add_argument("--grid", type=number(2, integer=True), default=512, help="boundary candidates per table for the DP")
     p.add_argument("--locality-model", choices=LOCALITY_MODELS, default="two-level",
                    help="access CDF with the given locality: hot/cold uniform groups, or Zipf")
     p.add_argument("--paper-dp-constant", action="store_true",
                    help=f"partition at the paper's constant {PAPER_DP_TARGET_QPS:g} QPS, size replicas for --qps")
-    p.add_argument("--rpc-ms", type=float, default=2.0, help="added latency per shard call for the SLA check")
-    p.add_argument("--min-mem-mb", type=float, default=MEASURED_REPLICA_BYTES / 2**20,
+    p.add_argument("--rpc-ms", type=non_negative, default=2.0, help="added latency per shard call for the SLA check")
+    p.add_argument("--min-mem-mb", type=non_negative, default=MEASURED_REPLICA_BYTES / 2**20,
                    help="fixed memory per replica (code, buffers; default: ~30 MB measured per replica process)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="write a PNG of shard replicas and memory")

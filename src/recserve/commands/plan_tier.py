@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from recserve.commands._plan_common import count, fraction, positive, qps
+from recserve.errors import SpecError
 from recserve.planners.sdm import POLICIES, compare_policies
 from recserve.specs import get_model, get_server
 
@@ -12,6 +14,8 @@ from recserve.specs import get_model, get_server
 def cmd_tier(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     server = get_server(args.server) if args.server else None
+    if server is not None and server.ssd is None:
+        raise SpecError(f"--server: {server.name} has no SSD; omit --server to assume a NAND SSD (SDM Table 1)")
     plan = compare_policies(
         spec, args.dram_gb, args.qps, policy=args.policy, item_batch=args.batch, server=server,
         sm_sides=tuple(args.sm_sides.split(",")), locality_user=args.locality_user,
@@ -32,17 +36,17 @@ def cmd_tier(args: argparse.Namespace) -> int:
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("tier", help="place embedding tables on DRAM or SSD behind a row cache (SDM)")
     p.add_argument("--model", required=True, help="catalogue model name")
-    p.add_argument("--dram-gb", type=float, required=True, help="DRAM budget for embeddings (tables + caches)")
-    p.add_argument("--qps", type=float, required=True, help="queries per second per host")
+    p.add_argument("--dram-gb", type=positive, required=True, help="DRAM budget for embeddings (tables + caches)")
+    p.add_argument("--qps", type=qps, required=True, help="queries per second per host")
     p.add_argument("--server", help="server type (its SSD spec and memory bandwidth); default: assumed NAND SSD")
     p.add_argument("--policy", choices=POLICIES, default="sm-cache")
-    p.add_argument("--batch", type=int, default=100, help="candidate items per query (item batch); user batch 1")
+    p.add_argument("--batch", type=count, default=100, help="candidate items per query (item batch); user batch 1")
     p.add_argument("--sm-sides", default="user", help="sides placed on SSD by sm-cache policies: user | user,item")
-    p.add_argument("--locality-user", type=float, default=0.9, help="share of accesses to the hottest 10%% rows")
-    p.add_argument("--locality-item", type=float, default=0.95)
-    p.add_argument("--fm-fraction", type=float, default=0.5, help="fixed-fm: budget share mapped directly")
-    p.add_argument("--min-hit", type=float, default=0.05, help="per-table-cache: cache tables above this hit rate")
-    p.add_argument("--queue-depth", type=int, default=32, help="outstanding IOs per table")
+    p.add_argument("--locality-user", type=fraction, default=0.9, help="share of accesses to the hottest 10%% rows")
+    p.add_argument("--locality-item", type=fraction, default=0.95)
+    p.add_argument("--fm-fraction", type=fraction, default=0.5, help="fixed-fm: budget share mapped directly")
+    p.add_argument("--min-hit", type=fraction, default=0.05, help="per-table-cache: cache tables above this hit rate")
+    p.add_argument("--queue-depth", type=count, default=32, help="outstanding IOs per table")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--out", help="also save the plan JSON here")
     p.set_defaults(func=cmd_tier)

@@ -25,6 +25,10 @@ def _pick(text: str, catalogue: dict, getter, what: str) -> list:
     return [getter(n) for n in chosen]
 
 
+def _ms(value: float | None) -> str:
+    return f"{value:8.2f} ms" if value is not None else f"{'—':>8s} ms"
+
+
 def cmd_profile_model(args: argparse.Namespace) -> int:
     specs = _pick(args.models, catalogue_models(), get_model, "models")
     servers = _pick(args.servers, catalogue_servers(), get_server, "servers")
@@ -32,6 +36,12 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
                               efficiency=not args.no_efficiency, progress=progress)
     if args.interference:
         profiles = _measured_ways(profiles, specs, servers, args.interference)
+    stated = {server.name: list(server.assumptions) for server in servers if server.assumptions}
+    if stated:  # e.g. this-host's power and memory bandwidth: estimates, said so in the file and here
+        profiles.meta["server_assumptions"] = stated
+        for name, lines in stated.items():
+            for line in lines:
+                progress(f"assumption ({name}): {line}")
     profiles.save(args.out)
     for spec in specs:
         for server in servers:
@@ -39,8 +49,8 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
             lat = profiles.find(spec.name, server.name, "latency_vs_batch")[0]
             at = {int(r[0]): r[1] for r in lat.rows}
             best = f"{eff[0].rows[0][0]:10.1f} QPS at {eff[0].rows[0][1]:6.0f} W" if eff and eff[0].rows else "   —"
-            print(f"{spec.name:18s} {server.name:14s} latency b=64 {at.get(64, float('nan')):8.2f} ms  "
-                  f"b=512 {at.get(512, float('nan')):8.2f} ms  best {best}")
+            print(f"{spec.name:18s} {server.name:14s} latency b=64 {_ms(at.get(64))}  b=512 {_ms(at.get(512))}  "
+                  f"best {best}")
     progress(f"wrote {len(profiles)} modelled tables to {args.out}")
     return 0
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 
+from recserve.commands._plan_common import count, number
 from recserve.errors import RecserveError
+
+PORT = number(0, 65535, integer=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from recserve.serving import NodeServer, load_config, quick_config
+    from recserve.serving.control_api import TOKEN_ENV, check_exposure
 
     if bool(args.config) == bool(args.model):
         raise RecserveError("serve: give either --config NODE.yaml or --model NAME")
@@ -27,6 +33,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               share_tables=not args.copy_tables)
     if args.host:
         config.host = args.host
+    config.control_token = os.environ.get(TOKEN_ENV) or config.control_token
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise RecserveError("--tls-cert and --tls-key go together")
+        config.tls_cert, config.tls_key, config.front_end = args.tls_cert, args.tls_key, "server"
+    if config.tls_cert:
+        print("recserve serve: TLS on HTTP and gRPC (one front-end process: front_end server)", file=sys.stderr)
+    print(f"recserve serve: {check_exposure(config.host, config.control_token)}", file=sys.stderr, flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     NodeServer(config).run_forever()
     return 0
@@ -36,13 +50,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a node inference server (KServe v2 / Triton protocol, HTTP + gRPC)")
     p.add_argument("--config", help="node config YAML (see examples/node-*.yaml)")
     p.add_argument("--model", help="quick form: serve one catalogue model")
-    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for --model")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
-    p.add_argument("--sub-batch", type=int, default=0, help="split queries into parts of this many items")
+    p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale for --model")
+    p.add_argument("--workers", type=count, default=1)
+    p.add_argument("--threads", type=count, default=1, help="torch threads per worker")
+    p.add_argument("--sub-batch", type=number(0, integer=True), default=0,
+                   help="split queries into parts of this many items")
     p.add_argument("--mode", choices=("model", "pipeline"), default="model")
     p.add_argument("--copy-tables", action="store_true", help="each worker builds its own tables")
-    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    p.add_argument("--http-port", type=int, default=None, help="0 = any free port (default 8000 / config)")
-    p.add_argument("--grpc-port", type=int, default=None, help="0 = any free port (default 8001 / config)")
+    p.add_argument("--host", default=None,
+                   help="bind address (default 127.0.0.1; any other needs RECSERVE_CONTROL_TOKEN)")
+    p.add_argument("--http-port", type=PORT, default=None, help="0 = any free port (default 8000 / config)")
+    p.add_argument("--grpc-port", type=PORT, default=None, help="0 = any free port (default 8001 / config)")
+    p.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve HTTPS and gRPC over TLS")
+    p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     p.set_defaults(func=cmd_serve)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.commands._plan_common import number, qps
 from recserve.workload import (
     DiurnalTrace,
     WorkloadError,
@@ -207,12 +208,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp = wsub.add_parser("trace", help="a synchronous diurnal QPS trace")
     tp.add_argument("--peak-qps", required=True, help="peak QPS, or MODEL=QPS,MODEL=QPS for several models")
     tp.add_argument("--models", help="comma-separated model names sharing one --peak-qps")
-    tp.add_argument("--hours", type=float, default=24.0)
-    tp.add_argument("--step-min", type=float, default=15.0)
-    tp.add_argument("--ratio", type=float, default=2.0, help="peak/valley ratio (Hercules: ~2)")
+    tp.add_argument("--hours", type=number(0, 24 * 366, low_open=True), default=24.0)
+    tp.add_argument("--step-min", type=number(1 / 60, 24 * 60), default=15.0)
+    tp.add_argument("--ratio", type=number(1), default=2.0, help="peak/valley ratio (Hercules: ~2)")
     tp.add_argument("--peak-hour", type=float, default=20.0)
     tp.add_argument("--sharpness", type=float, default=1.0, help=">1 narrows the daily peak")
-    tp.add_argument("--noise", type=float, default=0.03, help="relative per-step noise (sd)")
+    tp.add_argument("--noise", type=number(0, 1), default=0.03, help="relative per-step noise (sd)")
     tp.add_argument("--seed", type=int, default=0)
     tp.add_argument("--out", help="save the trace (.json or .csv)")
     tp.add_argument("--plot", nargs="?", const="", metavar="PNG",
@@ -225,7 +226,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     vp.set_defaults(func=cmd_trace_show)
 
     ip = wsub.add_parser("indices", help="draw embedding indices and measure their locality")
-    ip.add_argument("--locality", type=float, help="share of lookups on the hottest rows (ElasticRec's P)")
+    ip.add_argument("--locality", type=number(0, 1), help="share of lookups on the hottest rows (ElasticRec's P)")
     ip.add_argument("--zipf", type=float, help="Zipf exponent alpha instead of --locality")
     ip.add_argument("--hot-fraction", type=float, default=0.1)
     ip.add_argument("--hot", choices=("scattered", "first"), default="scattered", help="where the hot rows lie")
@@ -237,7 +238,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ip.set_defaults(func=cmd_indices)
 
     ap = wsub.add_parser("arrivals", help="a Poisson query stream (arrival times and sizes)")
-    ap.add_argument("--qps", type=float, required=True)
+    ap.add_argument("--qps", type=qps, required=True)
     ap.add_argument("--n", type=_positive_int, default=10000)
     ap.add_argument("--dist", default="production")
     ap.add_argument("--param", action="append", metavar="KEY=VALUE")

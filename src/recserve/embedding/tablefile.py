@@ -3,10 +3,16 @@
 Layout (all little-endian)::
 
     [0, 4096)                       header: magic, version, dtype, rows, dim, row_bytes, stride, align,
-                                    data_offset, data_bytes, block_bytes, footer_offset, CRC32 of the header
+                                    data_offset, data_bytes, block_bytes, footer_offset, source_crc (CRC32 of
+                                    the DRAM weights the file was written from), CRC32 of the header
     [4096, 4096 + rows*stride)      rows, each at ``4096 + row*stride``; padded to a 4096 multiple
-    [footer_offset, +4096k)         footer: CRC32 of every ``block_bytes`` block of the data region,
-                                    then the CRC32 of that list, padded to a 4096 multiple
+    [footer_offset, +4096k)         footer: CRC32 of every row's ``row_bytes``, then CRC32 of every
+                                    ``block_bytes`` block of the data region, then the CRC32 of both lists
+                                    (the file's fingerprint), padded to a 4096 multiple
+
+Checks: the whole file (header, footer, every block) at open; every row read while serving against its row
+CRC (:class:`RowChecksums`: 4 bytes per row kept in DRAM).  A row CRC costs far less than the SSD read that
+brought the row (``benchmarks/bench_row_checksum.py``).
 
 Row format: ``fp32`` = ``dim`` float32; ``int8`` = FBGEMM's *fused 8-bit rowwise* format,
 ``dim`` uint8 codes followed by a float32 scale and a float32 bias (value = code*scale + bias).
@@ -35,12 +41,12 @@ import torch
 from recserve.errors import RecserveError
 
 MAGIC = b"RSEMBTBL"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 4096
 PAGE = 4096
 DTYPES = {"fp32": 0, "int8": 1}
-_HEADER = struct.Struct("<8sIIQIIIIQQQQ")  # magic version dtype rows dim row_bytes stride align data_off data_bytes
-#                                             block_bytes footer_offset
+_HEADER = struct.Struct("<8sIIQIIIIQQQQI")  # magic version dtype rows dim row_bytes stride align data_off
+#                                              data_bytes block_bytes footer_offset source_crc
 DEFAULT_BLOCK_BYTES = 1 << 20
 
 
@@ -115,14 +121,20 @@ class TableHeader:
     data_bytes: int
     block_bytes: int
     footer_offset: int
+    source_crc: int = 0
 
     @property
     def num_blocks(self) -> int:
         return -(-self.data_bytes // self.block_bytes) if self.data_bytes else 0
 
     @property
+    def listing_bytes(self) -> int:
+        """Row CRCs then block CRCs (the footer before its own CRC)."""
+        return 4 * (self.rows + self.num_blocks)
+
+    @property
     def footer_bytes(self) -> int:
-        return _round_up(4 * self.num_blocks + 4, PAGE)
+        return _round_up(self.listing_bytes + 4, PAGE)
 
     @property
     def file_bytes(self) -> int:
@@ -130,7 +142,8 @@ class TableHeader:
 
     def pack(self) -> bytes:
         body = _HEADER.pack(MAGIC, VERSION, DTYPES[self.dtype], self.rows, self.dim, self.row_bytes, self.stride,
-                            self.align, self.data_offset, self.data_bytes, self.block_bytes, self.footer_offset)
+                            self.align, self.data_offset, self.data_bytes, self.block_bytes, self.footer_offset,
+                            self.source_crc)
         return body + struct.pack("<I", zlib.crc32(body))
 
     @classmethod
@@ -152,6 +165,19 @@ class TableHeader:
 # ---------------------------------------------------------------- write / open
 
 
+def row_crcs(raw_rows: np.ndarray) -> np.ndarray:
+    """CRC32 of each row of a ``[N, row_bytes]`` uint8 array (zlib: measured cheaper here than a CRC32C in Python,
+    see ``benchmarks/bench_row_checksum.py``)."""
+    rows = np.ascontiguousarray(raw_rows)
+    return np.fromiter((zlib.crc32(r) for r in rows), dtype=np.uint32, count=rows.shape[0])
+
+
+def weights_crc(weight: torch.Tensor | np.ndarray) -> int:
+    """CRC32 of the DRAM weights a table file is written from (its ``source_crc`` and file-name tag)."""
+    w = weight.detach().cpu().contiguous().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+    return zlib.crc32(np.ascontiguousarray(w).view(np.uint8)) & 0xFFFFFFFF
+
+
 def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str = "fp32", align: int = 512,
                 block_bytes: int = DEFAULT_BLOCK_BYTES) -> TableHeader:
     """Write ``weight`` ``[rows, dim]`` once as a table file (atomically: temp file + rename + fsync)."""
@@ -164,12 +190,13 @@ def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str 
     rb = row_bytes_for(dim, dtype)
     stride = stride_for(rb, align)
     raw = quantize_rowwise(w) if dtype == "int8" else np.ascontiguousarray(w, dtype=np.float32).view(np.uint8)
+    raw = raw.reshape(rows, rb)
     padded = np.zeros((rows, stride), dtype=np.uint8)
-    padded[:, :rb] = raw.reshape(rows, rb)
+    padded[:, :rb] = raw
     data = padded.reshape(-1)
     data_bytes = _round_up(data.size, PAGE)
     header = TableHeader(dtype, rows, dim, rb, stride, align, HEADER_BYTES, data_bytes, block_bytes,
-                         HEADER_BYTES + data_bytes)
+                         HEADER_BYTES + data_bytes, weights_crc(w))
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     crcs = []
@@ -181,7 +208,7 @@ def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str 
             block = full[start : start + block_bytes]
             crcs.append(zlib.crc32(block))
             f.write(block.tobytes())
-        listing = np.asarray(crcs, dtype="<u4").tobytes()
+        listing = row_crcs(raw).astype("<u4").tobytes() + np.asarray(crcs, dtype="<u4").tobytes()
         f.write((listing + struct.pack("<I", zlib.crc32(listing))).ljust(header.footer_bytes, b"\0"))
         f.flush()
         os.fsync(f.fileno())
@@ -204,7 +231,7 @@ def read_header(path: str | Path) -> TableHeader:
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise TableFileError(f"{path}: truncated ({size} bytes, smaller than the {HEADER_BYTES}-byte header)")
-    fd = os.open(path, os.O_RDONLY)
+    fd = _open_readable(path)
     try:
         header = TableHeader.unpack(_map_region(fd, 0, _HEADER.size + 4), path)
     finally:
@@ -214,18 +241,39 @@ def read_header(path: str | Path) -> TableHeader:
     return header
 
 
+def _open_readable(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise TableFileError(f"{path}: cannot open the table file: {exc.strerror}") from exc
+
+
+def footer_fingerprint(path: str | Path, header: TableHeader) -> int:
+    """The footer's own CRC32 after checking it: it covers every row and block CRC, so it names the contents."""
+    fd = _open_readable(Path(path))
+    try:
+        return _checked_footer(fd, header, path)[1]
+    finally:
+        os.close(fd)
+
+
+def _checked_footer(fd: int, header: TableHeader, path: str | Path) -> tuple[bytes, int]:
+    footer = _map_region(fd, header.footer_offset, header.listing_bytes + 4)
+    listing, (crc,) = footer[:-4], struct.unpack("<I", footer[-4:])
+    if zlib.crc32(listing) != crc:
+        raise TableFileError(f"{path}: footer checksum mismatch (corrupt footer)")
+    return listing, crc
+
+
 def verify_table(path: str | Path, header: TableHeader | None = None) -> None:
     """Check every data block's CRC32 against the footer (one sequential buffered pass whose pages are dropped
     from the page cache afterwards, so verification does not warm the cache the benchmarks measure)."""
     path = Path(path)
     header = header or read_header(path)
-    fd = os.open(path, os.O_RDONLY)
+    fd = _open_readable(path)
     try:
-        footer = _map_region(fd, header.footer_offset, 4 * header.num_blocks + 4)
-        listing, (crc,) = footer[:-4], struct.unpack("<I", footer[-4:])
-        if zlib.crc32(listing) != crc:
-            raise TableFileError(f"{path}: footer checksum mismatch (corrupt footer)")
-        expected = np.frombuffer(listing, dtype="<u4")
+        listing, _ = _checked_footer(fd, header, path)
+        expected = np.frombuffer(listing, dtype="<u4", offset=4 * header.rows)
         os.posix_fadvise(fd, header.data_offset, header.data_bytes, os.POSIX_FADV_SEQUENTIAL)
         for b in range(header.num_blocks):
             start = header.data_offset + b * header.block_bytes
@@ -244,3 +292,24 @@ def open_table_header(path: str | Path, verify: bool = True) -> TableHeader:
     if verify:
         verify_table(path, header)
     return header
+
+
+class RowChecksums:
+    """The row CRCs of one table file, read from its footer into DRAM at open: 4 bytes per row (1.6% of a 256-byte
+    fp32 row, 5.6% of a 72-byte int8 one) so that checking a read costs an index, not another I/O.  Measured
+    alternative: reading the CRC pages on demand with ``pread`` cost 20-30 us per lookup here, a second I/O in
+    all but name (``benchmarks/bench_row_checksum.py``)."""
+
+    def __init__(self, path: str | Path, header: TableHeader) -> None:
+        fd = _open_readable(Path(path))
+        try:
+            raw = os.pread(fd, 4 * header.rows, header.footer_offset)
+        finally:
+            os.close(fd)
+        if len(raw) != 4 * header.rows:
+            raise TableFileError(f"{path}: truncated footer (row checksums)")
+        self.crcs = np.frombuffer(raw, dtype="<u4")
+
+    def mismatches(self, row_ids: np.ndarray, raw_rows: np.ndarray) -> np.ndarray:
+        """Positions in ``row_ids`` whose bytes (``raw_rows[i]``) do not match their recorded CRC."""
+        return np.flatnonzero(row_crcs(raw_rows) != self.crcs[row_ids])

@@ -8,13 +8,16 @@ A lookup: unique ids → row-cache lookup (vectorised) → the misses' aligned w
 concurrently (``blockio``) → rows decoded (FP32, or FBGEMM fused int8 dequantised) into a compact ``[U, dim]``
 matrix → the same ``embedding_bag`` kernel as ``DramTable`` over remapped ids.  Same rows, same kernel, same
 summation order: the result is bit-identical to the DRAM table (the dequantised one for int8).
+Every row read from the file is checked against its row CRC before it is used or cached: a mismatch fails the
+query with :class:`TableChecksumError` naming the table, row and block, and is counted
+(``TierStats.checksum_errors``).  Every open (including a worker's reopen after unpickling) checks the header,
+the footer, every block, and that the file is the one written from this table's DRAM weights.
 The pooled-embedding cache, when enabled, returns a bag's cached sum for any order of the same ids, which is
 equal up to FP32 summation order (see docs/sdm.md).
 """
 
 from __future__ import annotations
 
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +30,21 @@ from torch.nn import functional as F
 
 from recserve.embedding.blockio import BlockReader, TableIOError, read_many
 from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
-from recserve.embedding.tablefile import TableHeader, decode_rows, open_table_header, write_table
+from recserve.embedding.tablefile import (
+    VERSION,
+    RowChecksums,
+    TableFileError,
+    TableHeader,
+    decode_rows,
+    footer_fingerprint,
+    open_table_header,
+    weights_crc,
+    write_table,
+)
 from recserve.errors import SpecError
 
-__all__ = ["TableIOError", "TierResources", "TierStats", "TieredTable", "tier_from_config", "tier_model", "tier_stats"]
+__all__ = ["TableChecksumError", "TableIOError", "TierResources", "TierStats", "TieredTable", "tier_from_config",
+           "tier_model", "tier_stats"]
 
 
 @dataclass
@@ -44,6 +58,7 @@ class TierStats:
     bytes_used: int = 0
     pooled_hits: int = 0
     pooled_bags: int = 0
+    checksum_errors: int = 0  # rows read whose CRC did not match (each failed its query)
 
     @property
     def read_amplification(self) -> float:
@@ -65,6 +80,14 @@ class TierStats:
         return out
 
 
+class TableChecksumError(TableIOError):
+    """A row read while serving does not match its CRC: the file changed under the server (never serve it).
+    ``code`` is its key in ``serving/errors.STATUS`` (500 / DATA_LOSS), so the query's failure is counted as such."""
+
+    code = "data_loss"
+    field = None
+
+
 @dataclass
 class PendingFetch:
     """A lookup between its cache phase and its reads (lets a batch issue all tables' reads together)."""
@@ -72,6 +95,7 @@ class PendingFetch:
     table: TieredTable
     out: np.ndarray
     miss: np.ndarray
+    missing: np.ndarray  # row ids of the misses (what their CRCs are looked up by)
     keys: np.ndarray | None
     windows: np.ndarray
     which: np.ndarray
@@ -94,6 +118,7 @@ class TierResources:
     tables_in_flight: int = 4  # tables whose misses are read at the same time (SDM §A.2 inter-op parallelism)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
     prefetch_handle: Any = field(default=None, repr=False)  # remove() it to turn the cross-table prefetch off
+    rebuilt: list[str] = field(default_factory=list)  # table files (re)written from DRAM by this tier_model call
 
     _tables: int = 0
 
@@ -114,10 +139,15 @@ class TieredTable(nn.Module):
     """One embedding table served from a table file through the shared caches."""
 
     def __init__(self, path: str | Path, resources: TierResources, use_cache: bool = True,
-                 verify: bool = True, reader: BlockReader | None = None) -> None:
+                 verify: bool = True, reader: BlockReader | None = None, name: str = "",
+                 expect: tuple[int, int, int] | None = None) -> None:
+        """``expect`` = (rows, dim, source_crc) of the DRAM table this file must have been written from."""
         super().__init__()
         self.path = Path(path)
-        self.header: TableHeader = open_table_header(self.path, verify=verify)
+        self.name = name or self.path.stem
+        self.verify = verify
+        self.expect = expect
+        self.header: TableHeader = self._open_file()
         self.num_rows, self.dim = self.header.rows, self.header.dim
         self.dtype = self.header.dtype
         self.resources = resources
@@ -136,16 +166,41 @@ class TieredTable(nn.Module):
         self._col = np.arange(h.row_bytes, dtype=np.int64)
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
 
+    def _open_file(self) -> TableHeader:
+        """Header, footer and (with ``verify``) every block checked; the file must be the expected table's."""
+        try:
+            header = open_table_header(self.path, verify=self.verify)
+        except TableFileError as exc:
+            raise TableFileError(f"table {self.name}: {exc}; rebuild it (recserve tier rebuild)") from exc
+        if self.expect is not None:
+            rows, dim, source = self.expect
+            if (header.rows, header.dim) != (rows, dim):
+                raise TableFileError(f"table {self.name}: {self.path.name} holds {header.rows}x{header.dim} rows, "
+                                     f"the model's table is {rows}x{dim}; rebuild it (recserve tier rebuild)")
+            if header.source_crc != source:
+                raise TableFileError(f"table {self.name}: {self.path.name} was written from other weights "
+                                     f"(source CRC {header.source_crc:08x}, expected {source:08x}); rebuild it")
+        self.fingerprint = footer_fingerprint(self.path, header)
+        self.checksums = RowChecksums(self.path, header)
+        return header
+
     def __getstate__(self) -> dict:
-        """Picklable (the node server ships models to worker processes): the reader is reopened on load."""
+        """Picklable (the node server ships models to worker processes): the file is re-validated on load."""
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
         state["_reader"] = None
         state["_staged"] = None
+        state["checksums"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)  # the reader reopens on first use, once the worker has its settings
+        # A worker (re)starting reopens the file by path: it must still be the file the server validated.
+        pickled, fingerprint = self.header, self.fingerprint
+        header = self._open_file()
+        if header != pickled or self.fingerprint != fingerprint:
+            raise TableFileError(f"table {self.name}: {self.path.name} changed since the server opened it "
+                                 "(header or checksums differ); refusing to serve another file")
 
     @property
     def reader(self) -> BlockReader:
@@ -258,12 +313,13 @@ class TieredTable(nn.Module):
         offsets = h.data_offset + missing * h.stride
         starts = offsets - offsets % self.unit
         windows, which = np.unique(starts, return_inverse=True)
-        return PendingFetch(self, out, miss, keys, windows, which, offsets - starts)
+        return PendingFetch(self, out, miss, missing, keys, windows, which, offsets - starts)
 
     def _finish(self, p: PendingFetch, buf: np.ndarray) -> None:
         """Phase 2: rows cut out of the read windows, then cached (only after every read succeeded)."""
         h = self.header
         rows = buf[p.which[:, None], p.within[:, None] + self._col]
+        self._check_rows(p.missing, rows)
         p.out[p.miss] = rows
         self.stats.ios += p.windows.size
         self.stats.bytes_read += p.windows.size * self.window
@@ -272,6 +328,17 @@ class TieredTable(nn.Module):
             cache = self.resources.row_cache
             with cache.lock:
                 cache.insert(p.keys[p.miss], rows)
+
+    def _check_rows(self, row_ids: np.ndarray, rows: np.ndarray) -> None:
+        bad = self.checksums.mismatches(row_ids, rows)
+        if bad.size:
+            self.stats.checksum_errors += int(bad.size)
+            row = int(row_ids[bad[0]])
+            offset = self.header.data_offset + row * self.header.stride
+            raise TableChecksumError(
+                f"table {self.name}: checksum mismatch in row {row} (block {offset // self.unit}, byte {offset}) "
+                f"of {self.path.name}, {bad.size} bad row(s) in this read: corrupt table file, query failed; "
+                "rebuild it with `recserve tier rebuild`")
 
     def close(self) -> None:
         self.reader.close()
@@ -292,14 +359,15 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
                cache_bytes: int, dtype: str = "fp32", policy: str = "clock", pooled_cache_bytes: int = 0,
                pooled_min_len: int = 4, engine: str = "auto", max_outstanding: int = 32,
                no_cache_tables: tuple[int, ...] = (), verify: bool = True, prefetch: bool = True,
-               tables_in_flight: int = 4) -> TierResources:
+               tables_in_flight: int = 4, rebuild: bool = False) -> TierResources:
     """Write the tables ``placement`` puts on SM to ``directory`` and swap them into ``model`` in place.
 
     ``placement`` is a list of table ids (or a dict id → options, e.g. ``{"cache": False}``).  The DRAM weights
     of moved tables are released.  Files are named by a CRC of the weights, so workers building the same model
     reuse one file (checksummed again at open) and a changed model never reads a stale one.  With ``prefetch``
     a forward pre-hook reads the misses of all tiered tables concurrently before the model runs (SDM §A.2).
-    Returns the shared resources (caches, stats) for inspection."""
+    With ``rebuild`` a file that fails validation (corrupt, truncated, swapped) is rewritten from the DRAM weights
+    instead of refused (``recserve tier rebuild``).  Returns the shared resources (caches, stats) for inspection."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     items = placement.items() if isinstance(placement, dict) else ((t, {}) for t in placement)
@@ -317,15 +385,37 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
         if isinstance(table, TieredTable):
             continue
         weight = table.weight.detach().contiguous()
-        tag = zlib.crc32(weight.numpy().view(np.uint8)) & 0xFFFFFFFF
-        path = directory / f"{getattr(model.spec, 'name', 'model')}.t{t}.{dtype}.{tag:08x}.tbl"
-        if not path.exists():
+        tag = weights_crc(weight)
+        path = table_path(directory, model, t, dtype, tag)
+        expect = (weight.shape[0], weight.shape[1], tag)
+        if not path.exists() or (rebuild and not _valid_file(path, expect)):
             write_table(path, weight, dtype)
+            resources.rebuilt.append(path.name)
         use_cache = opts.get("cache", t not in no_cache_tables)
-        model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify))
+        model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify,
+                                           name=_table_name(model, t), expect=expect))
     if prefetch and pooled is None and hasattr(model, "register_forward_pre_hook"):
         resources.prefetch_handle = model.register_forward_pre_hook(prefetch_hook)
     return resources
+
+
+def _valid_file(path: Path, expect: tuple[int, int, int]) -> bool:
+    try:
+        TieredTable(path, TierResources(None), use_cache=False, expect=expect).close()
+    except (TableFileError, TableIOError):
+        return False
+    return True
+
+
+def _table_name(model: nn.Module, t: int) -> str:
+    spec = getattr(model, "spec", None)
+    return spec.tables[t].name if spec is not None else f"t{t}"
+
+
+def table_path(directory: str | Path, model: nn.Module, t: int, dtype: str, tag: int) -> Path:
+    """Where table ``t`` of ``model`` lives: named by model, table, dtype, file version and weights' CRC, so workers
+    building the same model share one file and a changed model (or format) never reads a stale one."""
+    return Path(directory) / f"{getattr(model.spec, 'name', 'model')}.t{t}.{dtype}.v{VERSION}.{tag:08x}.tbl"
 
 
 def prefetch_hook(model: nn.Module, args: tuple) -> None:
@@ -382,7 +472,8 @@ def _table_ids(model: nn.Module, names: Any, where: str) -> list[int]:
     return out
 
 
-def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier") -> TierResources:
+def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier",
+                     rebuild: bool = False) -> TierResources:
     """Apply a node-config ``tier:`` section to a freshly built model (the server's hook), e.g.::
 
         tier: {dir: /var/lib/recserve/tables, tables: user, cache_mb: 256, dtype: int8}
@@ -415,5 +506,5 @@ def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier"
         pooled_min_len=int(tier.get("pooled_min_len", 4)), engine=tier.get("engine", "auto"),
         max_outstanding=int(tier.get("max_outstanding", 32)), no_cache_tables=no_cache,
         verify=bool(tier.get("verify", True)), prefetch=bool(tier.get("prefetch", True)),
-        tables_in_flight=int(tier.get("tables_in_flight", 4)),
+        tables_in_flight=int(tier.get("tables_in_flight", 4)), rebuild=rebuild,
     )

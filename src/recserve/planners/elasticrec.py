@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from recserve.errors import ProfileError, SpecError
+from recserve.errors import InfeasibleError, ProfileError, SpecError
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.specs import ModelSpec, ServerType
 
@@ -255,8 +255,24 @@ class ShardPlan:
             lines.append(f"  {t.table}: {t.num_shards} shards {shards} -> {t.memory_bytes / 2**30:.2f} GiB")
         lines.append(f"  ElasticRec total {self.memory_bytes / 2**30:.1f} GiB vs model-wise "
                      f"{self.modelwise_memory_bytes / 2**30:.1f} GiB ({self.modelwise_replicas} replicas): "
-                     f"{self.saving:.2f}x less memory")
+                     + (f"{self.saving:.2f}x less memory" if self.saving >= 1
+                        else f"{1 / self.saving:.2f}x more memory (sharding does not pay at this load)"))
         return "\n".join(lines)
+
+
+def unloaded_latency_ms(cost: ShardCostModel, tables: list[TableShards]) -> float:
+    """One query with no queueing: every shard gathers in parallel, then the dense shard runs."""
+    slowest = max((float(1000.0 / cost.gather_qps(ns)) for t in tables for ns in t.rows_gathered), default=0.0)
+    return slowest + 1000.0 / cost.dense_qps
+
+
+def _check_sla(spec: ModelSpec, batch: int, cost: ShardCostModel, tables: list[TableShards]) -> None:
+    """Replicas add throughput, never speed: a query slower than the SLA unloaded fails it at any replica count."""
+    latency = unloaded_latency_ms(cost, tables)
+    if latency > spec.sla.target_ms:
+        raise InfeasibleError(f"{spec.name}: a query of batch {batch} takes {latency:.1f} ms unloaded on its "
+                              f"shards, over the {spec.sla.target_ms:g} ms p{spec.sla.percentile:g} SLA; lower "
+                              "the batch")
 
 
 def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch: int = 32,
@@ -267,8 +283,11 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
     Each table's CDF comes from ``cdfs`` (measured access counts) or the locality-P model
     (``locality_model``: two-level, or Zipf with the same P).  ``dp_target_qps`` partitions at the paper's
     constant QPS goal (:data:`PAPER_DP_TARGET_QPS`) and then sizes each shard's replicas for ``target_qps``."""
-    if target_qps <= 0:
-        raise SpecError("target QPS must be positive")
+    if not (math.isfinite(target_qps) and target_qps > 0):
+        raise SpecError(f"target QPS must be a finite number > 0, got {target_qps}")
+    if batch < 1 or max_shards < 1 or not 0 <= locality <= 1:
+        raise SpecError(f"batch and max_shards must be >= 1 and locality in [0, 1], got {batch}, {max_shards}, "
+                        f"{locality}")
     tables = []
     total_gathers = 0.0
     solved: dict[tuple[int, int, int], TableShards] = {}  # identical modelled tables share one DP
@@ -288,6 +307,7 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
         if cdf is None:
             solved[key] = shards
         tables.append(shards)
+    _check_sla(spec, batch, cost, tables)
     dense_replicas = max(1, math.ceil(target_qps / cost.dense_qps - 1e-9))
     dense_memory = dense_replicas * (cost.dense_bytes + cost.min_mem_bytes)
     model_replicas = max(1, math.ceil(target_qps / cost.model_qps(total_gathers) - 1e-9))
@@ -298,7 +318,9 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
                                   *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "
                                      f"{target_qps:g} QPS"] if dp_target_qps else []),
                                   f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
-                                  f"cost model source: {cost.source or 'given'}"])
+                                  f"cost model source: {cost.source or 'given'}",
+                                  f"unloaded query latency {unloaded_latency_ms(cost, tables):.2f} ms within the "
+                                  f"{spec.sla.target_ms:g} ms SLA (queueing not modelled)"])
 
 
 def resize_shards(shards: TableShards, cdf: np.ndarray, gathers_per_query: float, row_bytes: int,

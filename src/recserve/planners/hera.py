@@ -253,11 +253,14 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
     """
     if not targets:
         raise InfeasibleError("no target QPS given")
-    bad = {m: q for m, q in targets.items() if q < 0}
+    bad = {m: q for m, q in targets.items() if not (math.isfinite(q) and q >= 0)}
     if bad:
-        raise InfeasibleError(f"target QPS must be >= 0: {bad}")
+        raise InfeasibleError(f"target QPS must be finite and >= 0: {bad}")
+    if seeds < 1:
+        raise InfeasibleError(f"seeds must be >= 1, got {seeds}")
     models = list(targets)
     curves = all_curves(profiles, models, server, threshold=threshold)
+    _check_cluster_size(curves, targets, server)
     aff = affinity_matrix(curves, server)
     sched = _Scheduler(curves, server, aff["affinity"])
     chosen = sched.run(targets, "hera", np.random.default_rng(0))
@@ -272,8 +275,8 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
                         "servers_max": max(counts), "runs": len(runs)}
     all_pairs = [sched.pair(a, b).emu for i, a in enumerate(models) for b in models[i + 1:]]
     summary.update({
-        "random_pair_emu_min": float(min(all_pairs)) if all_pairs else float("nan"),
-        "random_pair_emu_max": float(max(all_pairs)) if all_pairs else float("nan"),
+        "random_pair_emu_min": float(min(all_pairs)) if all_pairs else None,  # None, not NaN: JSON has no NaN
+        "random_pair_emu_max": float(max(all_pairs)) if all_pairs else None,
     })
     inputs = {
         "server": server.name, "targets_qps": dict(targets), "scalability_threshold": threshold,
@@ -289,15 +292,26 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
                                  "max load"])
 
 
-def _summary(servers: list[ServerPlan]) -> dict[str, float]:
+MAX_CLUSTER_SERVERS = 100_000
+"""Refuse targets needing more servers than this even alone: the greedy scheduler places one server at a time."""
+
+
+def _check_cluster_size(curves: Sequence[ModelCurves], targets: dict[str, float], server: ServerType) -> None:
+    needed = sum(targets[c.name] / c.isolated_qps for c in curves if c.isolated_qps > 0)
+    if needed > MAX_CLUSTER_SERVERS:
+        raise InfeasibleError(f"targets need at least {needed:,.0f} {server.name} servers (one model per server), "
+                              f"more than the {MAX_CLUSTER_SERVERS:,} this planner places; lower the target QPS")
+
+
+def _summary(servers: list[ServerPlan]) -> dict[str, float | None]:
     pairs = [s.emu for s in servers if len(s.placements) > 1]
     emus = [s.emu for s in servers]
     return {
         "servers": len(servers),
         "colocated_servers": len(pairs),
         "mean_emu": float(np.mean(emus)) if emus else 0.0,
-        "min_pair_emu": float(min(pairs)) if pairs else float("nan"),
-        "max_pair_emu": float(max(pairs)) if pairs else float("nan"),
+        "min_pair_emu": float(min(pairs)) if pairs else None,  # no co-located pair: nothing to report
+        "max_pair_emu": float(max(pairs)) if pairs else None,
     }
 
 

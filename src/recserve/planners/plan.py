@@ -32,6 +32,8 @@ def format_table(header: list[str], rows: list[list[Any]]) -> str:
     """A left-aligned text table; floats get 4 significant digits."""
 
     def cell(v: Any) -> str:
+        if v is None:
+            return "-"
         if isinstance(v, float):
             return f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
         return str(v)

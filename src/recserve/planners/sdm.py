@@ -130,8 +130,13 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
     trace (``sim.cache.simulate_tier_hits``)."""
     if policy not in POLICIES:
         raise SpecError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if dram_gb <= 0 or qps <= 0 or item_batch < 1:
-        raise SpecError("dram_gb and qps must be > 0 and item_batch ≥ 1")
+    if not (0 < dram_gb < math.inf and 0 < qps < math.inf) or item_batch < 1 or queue_depth < 1:
+        raise SpecError(f"dram_gb and qps must be finite and > 0, item_batch and queue_depth >= 1; got {dram_gb}, "
+                        f"{qps}, {item_batch}, {queue_depth}")
+    for name, share in (("locality_user", locality_user), ("locality_item", locality_item),
+                        ("fm_fraction", fm_fraction), ("min_hit", min_hit)):
+        if not 0 <= share <= 1:
+            raise SpecError(f"{name} must be in [0, 1], got {share}")
     ssd = server.ssd if server is not None and server.ssd is not None else DEFAULT_SSD
     mem_bw = (server.mem_bw_gbs if server is not None else 50.0) * 1e9
     budget = dram_gb * 1e9
@@ -196,7 +201,7 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         "fm_direct_gb": fm_bytes / 1e9,
         "cache_gb": cache_bytes / 1e9,
         "sm_gb": sm_bytes / 1e9,
-        "dram_saved_gb": sum(sizes) / 1e9 - dram_gb if sm else 0.0,
+        "dram_saved_gb": max(0.0, sum(sizes) / 1e9 - dram_gb) if sm else 0.0,
         "hit_rate": (1 - sm_ios_per_query / lookups_sm) if lookups_sm else 1.0,
         "required_iops": iops_total,
         "iops_no_cache": qps * lookups_sm,
@@ -218,6 +223,9 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         f"DRAM gather bandwidth = {GATHER_EFFICIENCY:g} x {mem_bw / 1e9:g} GB/s (assumption)",
         "hit rate: " + ("simulated on an index trace" if simulated_hit is not None else "ideal fill (no trace)"),
     ]
+    if budget >= sum(sizes):
+        notes.append(f"the {dram_gb:g} GB budget holds all {sum(sizes) / 1e9:,.1f} GB of tables: no SSD tier needed, "
+                     "nothing saved")
     if utilisation >= 1:
         notes.append(f"infeasible: {iops_total:,.0f} IOPS required exceeds the SSD's {ssd.iops:,.0f}")
     inputs = {"model": spec.name, "dram_gb": dram_gb, "qps": qps, "item_batch": item_batch, "policy": policy,

@@ -37,6 +37,10 @@ EXPECTED: dict[str, tuple[str, ...]] = {
 }
 GRPC_CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}
 """Typed ``InferTensorContents`` field per accepted datatype."""
+RANKS: dict[str, int] = {INPUT_DENSE: 2, INPUT_VALUES: 1, INPUT_LENGTHS: 2}
+"""Rank of each input (``[B, D]``, ``[N]``, ``[T, B]``): reshaping any other rank would silently reinterpret ids."""
+MAX_ELEMENTS = 2**40
+"""Elements one tensor may declare: far above any body this server accepts, far below int64 overflow."""
 
 
 def invalid(field: str, message: str) -> InferError:
@@ -59,6 +63,11 @@ def raw_tensor(name: str, arr: np.ndarray) -> tuple[dict[str, Any], bytes]:
 def _shape(field: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, list | tuple) or not all(type(d) is int and d >= 0 for d in shape):
         raise invalid(field, f"shape must be a list of non-negative integers, got {shape!r}")
+    # each dimension bounded too: a zero elsewhere makes the product 0 but numpy still refuses the reshape
+    if any(d > MAX_ELEMENTS for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+        raise invalid(field, f"shape {list(shape)} declares more than {MAX_ELEMENTS} elements")
+    if field in RANKS and len(shape) != RANKS[field]:
+        raise invalid(field, f"shape must have rank {RANKS[field]}, got {list(shape)}")
     return tuple(shape)
 
 
@@ -88,6 +97,8 @@ def _numbers(field: str, datatype: str, data: Any) -> np.ndarray:
         return values
     dtype = DTYPES[datatype]
     integral = dtype.kind in "iu"
+    if values.dtype.kind == "O" and any(v is None for v in values):
+        raise invalid(field, "data holds null; every element must be a number")
     if values.dtype.kind not in ("iu" if integral else "iuf"):
         kind = "integers" if integral else "numbers"
         raise invalid(field, f"data must hold {datatype} {kind} (integers beyond 64 bits are refused too), "
@@ -120,6 +131,28 @@ def _check_names(names: Sequence[Any]) -> None:
     for n in EXPECTED:
         if n not in names:
             raise invalid(n, "input tensor missing")
+
+
+def check_inputs(arrays: dict[str, np.ndarray]) -> None:
+    """What no single tensor shows: non-finite features, bag lengths that overrun (or wrap past) the ids."""
+    dense = arrays[INPUT_DENSE]
+    if dense.size and not np.isfinite(dense).all():
+        raise invalid(INPUT_DENSE, "holds NaN or infinite values; every feature must be a finite number")
+    lengths, ids = arrays[INPUT_LENGTHS], arrays[INPUT_VALUES].size
+    # bounding each length by the id count first keeps the int64 sum below from wrapping round
+    if lengths.size and (lengths.min() < 0 or lengths.max() > ids):
+        raise invalid(INPUT_LENGTHS, f"every length must be in [0, {ids}] (the number of sparse_values)")
+    total = int(lengths.sum(dtype=np.int64))
+    if total != ids:
+        raise invalid(INPUT_VALUES, f"has {ids} ids but sparse_lengths sum to {total}")
+
+
+def finite_scores(scores: Any) -> np.ndarray:
+    """``scores`` as FP32, refusing NaN/inf: a response must never carry them (bare ``NaN`` is not JSON)."""
+    scores = np.asarray(scores, dtype=np.float32)
+    if not np.isfinite(scores).all():
+        raise InferError("internal", f"{OUTPUT_SCORES}: the model produced non-finite scores", OUTPUT_SCORES)
+    return scores
 
 
 def check_outputs(names: Iterable[Any]) -> None:
@@ -237,6 +270,7 @@ def parse_http_infer(body: bytes, header_length: str | None,
         arrays[t["name"]], offset = _input_array(t, binary, offset)
     if offset != len(binary):
         raise invalid("body", f"{len(binary) - offset} binary bytes after the last input")
+    check_inputs(arrays)
     return request, arrays
 
 
@@ -267,7 +301,8 @@ def wants_binary_output(request: dict) -> bool:
 
 def http_infer_response(name: str, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
     """Body and extra headers of a v2 infer response."""
-    out, raw = raw_tensor(OUTPUT_SCORES, np.asarray(scores, dtype=np.float32))
+    scores = finite_scores(scores)
+    out, raw = raw_tensor(OUTPUT_SCORES, scores)
     response: dict[str, Any] = {"model_name": name, "model_version": "1", "outputs": [out]}
     if "id" in request:
         response["id"] = request["id"]
@@ -275,8 +310,8 @@ def http_infer_response(name: str, request: dict, scores: np.ndarray) -> tuple[b
         out["parameters"] = {"binary_data_size": len(raw)}
         head = json.dumps(response).encode()
         return head + raw, {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
-    out["data"] = np.asarray(scores, dtype=np.float32).reshape(-1).tolist()
-    return json.dumps(response).encode(), {"Content-Type": "application/json"}
+    out["data"] = scores.reshape(-1).tolist()
+    return json.dumps(response, allow_nan=False).encode(), {"Content-Type": "application/json"}
 
 
 # ---------------------------------------------------------------- HTTP (client side)
@@ -341,6 +376,7 @@ def parse_grpc_infer(request: Any) -> dict[str, np.ndarray]:
             values = getattr(t.contents, GRPC_CONTENTS[t.datatype])
             arrays[t.name] = from_list(t.name, t.datatype, list(t.shape), values)
     check_outputs(o.name for o in request.outputs)
+    check_inputs(arrays)
     return arrays
 
 

@@ -153,6 +153,11 @@ class NodeConfig:
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
     # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
     front_end: str = "workers"
+    # bearer token the control API requires; needed when host is not loopback (see serving/control_api.py)
+    control_token: str | None = None
+    # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/tls.py)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -166,6 +171,10 @@ class NodeConfig:
             raise SpecError(f"node config: read_timeout_s must be a number of seconds > 0, got {self.read_timeout_s!r}")
         if self.front_end not in FRONT_ENDS:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
+        if self.tls_cert:
+            self.front_end = "server"  # a TLS session cannot be handed between processes (serving/tls.py)
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -12,6 +12,7 @@ Only the standard library is used so that a policy process can import it cheaply
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -33,14 +34,18 @@ class LlcUnsupportedError(ControlError):
 
 
 class ControlClient:
-    def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout_s: float = 180.0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout_s: float = 180.0,
+                 token: str | None = None) -> None:
         self.base = f"http://{host}:{port}"
         self.timeout_s = timeout_s
+        self.token = token if token is not None else os.environ.get("RECSERVE_CONTROL_TOKEN")
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read() or b"{}")

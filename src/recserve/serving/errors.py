@@ -8,6 +8,7 @@ the same meaning over both protocols.  gRPC codes are stored by name so that imp
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 
@@ -18,15 +19,25 @@ class Status(NamedTuple):
 
 STATUS: dict[str, Status] = {
     "invalid": Status(400, "INVALID_ARGUMENT"),
+    "unauthorized": Status(401, "UNAUTHENTICATED"),
     "not_found": Status(404, "NOT_FOUND"),
     "too_large": Status(413, "RESOURCE_EXHAUSTED"),
     "slow_client": Status(408, "DEADLINE_EXCEEDED"),
     "unavailable": Status(503, "UNAVAILABLE"),
     "deadline": Status(504, "DEADLINE_EXCEEDED"),
     "internal": Status(500, "INTERNAL"),
+    "data_loss": Status(500, "DATA_LOSS"),  # a corrupt SSD table block: the server's data, not the request
     "unsupported": Status(501, "UNIMPLEMENTED"),
 }
 """Error code -> (HTTP status, gRPC status code name); an unknown code is answered as ``internal``."""
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.@+-]+/)+([\w.@+-]+)")
+
+
+def redact_paths(text: str) -> str:
+    """``text`` with absolute file paths cut to their last component: an error body must not map the host."""
+    return _ABSOLUTE_PATH.sub(r".../\1", text)
 
 
 class InferError(Exception):
@@ -37,13 +48,17 @@ class InferError(Exception):
         self.code = code
         self.field = field
 
+    def public_message(self) -> str:
+        """The message as clients see it (HTTP body, gRPC details): absolute paths redacted."""
+        return redact_paths(str(self))
+
     @property
     def status(self) -> Status:
         return STATUS.get(self.code, STATUS["internal"])
 
     def body(self) -> dict[str, Any]:
         """The JSON error body every HTTP front end answers with."""
-        body: dict[str, Any] = {"error": str(self)}
+        body: dict[str, Any] = {"error": self.public_message()}
         if self.field:
             body["field"] = self.field
         return body

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
@@ -29,6 +28,52 @@ from recserve.wire import OUTPUT_SCORES
 if TYPE_CHECKING:
     from recserve.serving.runtime import ModelRuntime
     from recserve.serving.server import NodeCore
+
+
+class Undecodable:
+    """A request whose bytes are not the method's protobuf message (grpc would answer UNKNOWN)."""
+
+    def __init__(self, reason: str) -> None:
+        self.error = InferError("invalid", f"request: not a valid protobuf message ({reason})", "request")
+
+
+def _tolerant(deserialize: Any) -> Any:
+    def run(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError and friends: the client's bytes, never our bug
+            return Undecodable(type(exc).__name__)
+    return run
+
+
+def _refusing(behaviour: Any) -> Any:
+    """A unary handler that answers INVALID_ARGUMENT to an undecodable request instead of running."""
+    async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc_code(request.error), request.error.public_message())
+        return await behaviour(request, context)
+    return run
+
+
+def _with_tolerant_decoding(handler: Any) -> Any:
+    handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
+    if handler.unary_unary is not None:
+        handler = handler._replace(unary_unary=_refusing(handler.unary_unary))
+    return handler  # ModelStreamInfer answers an Undecodable item with its error_message (see _infer)
+
+
+class _Registrar:
+    """Collects the generated method handlers so that they can be wrapped before the server sees them."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Any] = {}
+        self.service = ""
+
+    def add_generic_rpc_handlers(self, _: Any) -> None:
+        pass  # the same handlers arrive below, by name
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, handlers
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -47,7 +92,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         try:
             return await fn()
         except InferError as exc:
-            await context.abort(grpc_code(exc), str(exc))
+            await context.abort(grpc_code(exc), exc.public_message())
         except LlcUnsupported as exc:
             await context.abort(grpc_code(InferError("unsupported", str(exc))), str(exc))
 
@@ -91,6 +136,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: Any) -> Any:
         """The ``ModelInferResponse`` to one request, or :class:`InferError`."""
+        if isinstance(request, Undecodable):
+            raise request.error
         rt = self._runtime(request.model_name, request.model_version)
         arrays = codec.parse_grpc_infer(request)
         return infer_response(rt.name, request.id, await rt.infer(arrays))
@@ -101,7 +148,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _stream_answer(self, request: Any) -> Any:
         try:
             return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
-        except (InferError, LlcUnsupported) as exc:
+        except InferError as exc:
+            return service_pb2.ModelStreamInferResponse(error_message=exc.public_message())
+        except LlcUnsupported as exc:
             return service_pb2.ModelStreamInferResponse(error_message=str(exc))
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:  # noqa: N802
@@ -128,9 +177,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     pending.cancel()
 
 
-def infer_response(name: str, request_id: str, scores: np.ndarray) -> Any:
+def infer_response(name: str, request_id: str, scores: Any) -> Any:
     """A ``ModelInferResponse`` carrying ``scores`` as raw FP32 contents (what tritonclient reads)."""
-    entry, raw = codec.raw_tensor(OUTPUT_SCORES, np.asarray(scores, dtype=np.float32))
+    entry, raw = codec.raw_tensor(OUTPUT_SCORES, codec.finite_scores(scores))
     response = service_pb2.ModelInferResponse(model_name=name, model_version="1", id=request_id)
     response.outputs.add(**entry)
     response.raw_output_contents.append(raw)
@@ -138,4 +187,9 @@ def infer_response(name: str, request_id: str, scores: np.ndarray) -> Any:
 
 
 def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core), server)
+    """The inference service with every request decoded tolerantly: bad bytes are INVALID_ARGUMENT, not UNKNOWN."""
+    registrar = _Registrar()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(core), registrar)
+    handlers = {name: _with_tolerant_decoding(h) for name, h in registrar.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(registrar.service, handlers),))
+    server.add_registered_method_handlers(registrar.service, handlers)

@@ -55,7 +55,7 @@ class WorkerHandler(grpc.GenericRpcHandler):
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
-            await context.abort(grpc_code(error), str(error))
+            await context.abort(grpc_code(error), error.public_message())
         answer: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def reply(scores: np.ndarray | None, error: InferError | None) -> None:
@@ -65,7 +65,7 @@ class WorkerHandler(grpc.GenericRpcHandler):
         self.plane.enqueue(arrays, items, arrived, context.time_remaining(), reply)
         scores, error = await answer
         if error is not None:
-            await context.abort(grpc_code(error), str(error))
+            await context.abort(grpc_code(error), error.public_message())
         return infer_response(name, request.id, scores).SerializeToString()
 
     def _forward(self, method: str) -> Any:

@@ -12,6 +12,10 @@ Control API (JSON, same port, meant for loopback use by the node resource manage
     POST /control/models/{m}/sub_batch        {"sub_batch": k}
     POST /control/models/{m}/llc              {"ways": w}   -> 501 where resctrl is missing
 
+Control requests are validated field by field (:mod:`recserve.serving.control_api`) and, when the node has a
+``control_token``, need ``Authorization: Bearer <token>`` (401 otherwise).  Responses name the server
+``recserve`` only (aiohttp's default ``Server`` header names Python's and aiohttp's versions).
+
 Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
 ``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
 ``Content-Type: application/json``, with the status from :data:`recserve.serving.errors.STATUS`.
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from recserve.serving import codec, protocol
+from recserve.serving import codec, control_api, protocol
 from recserve.serving.errors import STATUS, InferError
 from recserve.serving.llc import LlcUnsupported
 from recserve.serving.metrics import render_prometheus
@@ -62,7 +66,10 @@ def build_app(core: NodeCore) -> web.Application:
                 core.refusals[code] = core.refusals.get(code, 0) + 1
             raise
 
-    app = web.Application(client_max_size=core.config.max_body_bytes, middlewares=[_errors, count_refusals])
+    control_api.check_exposure(core.config.host, core.config.control_token)
+    app = web.Application(client_max_size=core.config.max_body_bytes,
+                          middlewares=[_errors, _control_access(core.config.control_token), count_refusals])
+    app.on_response_prepare.append(_plain_server_header)
     routes = web.RouteTableDef()
 
     def runtime(request: web.Request) -> ModelRuntime:
@@ -145,11 +152,7 @@ def build_app(core: NodeCore) -> web.Application:
     @routes.get("/control/models/{model}/window")
     async def control_window(request: web.Request) -> web.Response:
         rt = runtime(request)
-        try:
-            seconds = float(request.query.get("seconds", "10"))
-            percentile = float(request.query.get("percentile", str(rt.sla_percentile)))
-        except ValueError as exc:
-            raise InferError("invalid", f"seconds/percentile: {exc}", "seconds") from exc
+        seconds, percentile = control_api.window_query(request.query, rt.sla_percentile)
         return _json(rt.metrics.window(seconds, percentile))
 
     @routes.get("/control/models/{model}")
@@ -159,23 +162,18 @@ def build_app(core: NodeCore) -> web.Application:
     @routes.post("/control/models/{model}/workers")
     async def control_workers(request: web.Request) -> web.Response:
         rt = runtime(request)
-        body = await _body(request)
-        if "workers" not in body:
-            raise InferError("invalid", "workers: required", "workers")
-        state = await rt.set_workers(body["workers"], body.get("cores"), body.get("threads"), body.get("stage"))
-        return _json(state)
+        ask = control_api.workers_request(await _body(request), sorted(rt.pools))
+        return _json(await rt.set_workers(ask.workers, ask.cores, ask.threads, ask.stage))
 
     @routes.post("/control/models/{model}/sub_batch")
     async def control_sub_batch(request: web.Request) -> web.Response:
         rt = runtime(request)
-        body = await _body(request)
-        return _json(rt.set_sub_batch(body.get("sub_batch")))
+        return _json(rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
 
     @routes.post("/control/models/{model}/llc")
     async def control_llc(request: web.Request) -> web.Response:
         rt = runtime(request)
-        body = await _body(request)
-        return _json(core.set_llc_ways(rt, body.get("ways")))
+        return _json(core.set_llc_ways(rt, control_api.llc_request(await _body(request))))
 
     app.add_routes(routes)
     return app
@@ -189,6 +187,24 @@ async def _body(request: web.Request) -> dict:
     if not isinstance(body, dict):
         raise InferError("invalid", "body: expected a JSON object", "body")
     return body
+
+
+def _control_access(token: str | None) -> Any:
+    """Middleware: ``/control`` requests need the node's bearer token when it has one."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/control") and not control_api.authorised(request.headers.get("Authorization"),
+                                                                              token):
+            raise InferError("unauthorized", "Authorization: the control API needs 'Bearer <token>'",
+                             "Authorization")
+        return await handler(request)
+
+    return check
+
+
+async def _plain_server_header(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = "recserve"
 
 
 @web.middleware

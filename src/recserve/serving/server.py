@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from recserve.serving import grpc_service, protocol
+from recserve.serving import grpc_service, protocol, tls
 from recserve.serving.config import NodeConfig, available_cores
 from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
@@ -202,7 +202,8 @@ class NodeServer:
         try:
             host = self.config.host
             sock = self._sock = listening_socket(host, self.config.http_port)
-            in_workers = self.config.front_end == "workers" and self.core.use_worker_front_end(sock)
+            in_workers = (self.config.front_end == "workers" and not self.config.tls_cert  # TLS: serving/tls.py
+                          and self.core.use_worker_front_end(sock))
             if in_workers:
                 self._reserve_grpc_port(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
@@ -210,9 +211,9 @@ class NodeServer:
             await self._runner.setup()
             self.core.http_server = self._runner.server
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
-                await web.SockSite(self._runner, sock).start()
+                await web.SockSite(self._runner, sock, ssl_context=tls.http_context(self.config)).start()
             http_port = sock.getsockname()[1]
-            grpc_port = await self._start_grpc(in_workers)
+            grpc_port = await self._start_grpc()
         except BaseException:
             await self._ashutdown(drain=False)
             raise
@@ -248,7 +249,7 @@ class NodeServer:
                 rt.grpc_address, rt.grpc_upstream = address, upstream
         self.core.cover_grpc = self._cover_grpc
 
-    async def _start_grpc(self, in_workers: bool) -> int:
+    async def _start_grpc(self) -> int:
         """This process's gRPC server: the private address the workers forward to, or the public port."""
         self._grpc = self._grpc_server()
         if self._grpc_reserve is not None:
@@ -256,7 +257,7 @@ class NodeServer:
                 raise InferError("internal", f"cannot bind the server's gRPC socket in {self._grpc_dir}")
             await self._grpc.start()
             return self._grpc_reserve.getsockname()[1]
-        port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.grpc_port}")
+        port = tls.bind_grpc(self._grpc, f"{self.config.host}:{self.config.grpc_port}", self.config)
         if port == 0:
             raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}")
         await self._grpc.start()

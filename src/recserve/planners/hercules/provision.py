@@ -239,6 +239,11 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
                    seed: int = 0, progress: Callable[[str], None] | None = None, mip_rel_gap: float = 1e-3,
                    time_limit_s: float = STEP_TIME_LIMIT_S) -> ProvisionPlan:
     """Provision every interval of a day with the ILP and the baselines; summarise peak/average savings."""
+    if not (0 <= alpha < float("inf")) or mip_rel_gap < 0 or not time_limit_s > 0:
+        raise InfeasibleError(f"alpha and mip_rel_gap must be >= 0 (an under-provisioning alpha < 0 meets no load) "
+                              f"and time_limit_s > 0; got {alpha}, {mip_rel_gap}, {time_limit_s}")
+    if any(n < 0 for n in available.values()):
+        raise InfeasibleError(f"available server counts must be >= 0, got {available}")
     workloads = list(loads)
     servers = [h for h, n in available.items() if n > 0]
     if not servers:

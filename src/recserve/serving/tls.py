@@ -1,0 +1,46 @@
+"""TLS for the node's HTTP and gRPC ports, from the node config's ``tls_cert`` / ``tls_key`` (PEM files).
+
+With TLS the node runs the single front-end layout (``front_end: server``): in data plane v2 a worker hands a
+connection it cannot answer to another process by file descriptor, and a TLS session's state cannot follow
+the descriptor.  Without TLS both ports stay plaintext (meant for loopback or a trusted network).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import SpecError
+
+
+def _pem(path: str | None, what: str) -> bytes:
+    try:
+        return Path(str(path)).read_bytes()
+    except OSError as exc:
+        raise SpecError(f"node config: {what} {Path(str(path)).name!r} cannot be read: {exc.strerror}") from exc
+
+
+def http_context(config: Any) -> ssl.SSLContext | None:
+    """The aiohttp site's server context, or None for plaintext."""
+    if not config.tls_cert:
+        return None
+    _pem(config.tls_cert, "tls_cert")  # a clear error naming the file before ssl's own
+    _pem(config.tls_key, "tls_key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except ssl.SSLError as exc:
+        raise SpecError(f"node config: tls_cert/tls_key do not form a certificate chain and key: {exc}") from exc
+    return context
+
+
+def bind_grpc(server: Any, address: str, config: Any) -> int:
+    """Bind the gRPC server to ``address`` with TLS credentials when configured; returns the port (0 = failed)."""
+    import grpc
+
+    if not config.tls_cert:
+        return server.add_insecure_port(address)
+    credentials = grpc.ssl_server_credentials([(_pem(config.tls_key, "tls_key"), _pem(config.tls_cert, "tls_cert"))])
+    return server.add_secure_port(address, credentials)

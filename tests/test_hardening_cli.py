@@ -1,0 +1,128 @@
+"""Each planner/CLI defect of issue #17, found by trying: now exit 2 with one line naming the argument, or a
+correct answer."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from recserve.cli import main
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def traffic(tmp_path):
+    def write(text: str) -> str:
+        path = tmp_path / "traffic.yaml"
+        path.write_text(text)
+        return str(path)
+    return write
+
+
+COLOCATE = ["plan", "colocate", "--server", "hera-xeon", "--models", "hera-dlrm-a,hera-ncf"]
+SHARD = ["plan", "shard", "--model", "hercules-rmc1"]
+TIER = ["plan", "tier", "--model", "sdm-m1"]
+SEARCH = ["plan", "search", "--model", "hercules-rmc1", "--server", "hera-xeon", "--no-exhaustive"]
+REFUSED = [
+    (COLOCATE + ["--level", "nan"], "--level"),
+    (COLOCATE + ["--level", "inf"], "--level"),
+    (COLOCATE + ["--level", "2", "--seeds", "0"], "--seeds"),
+    (COLOCATE + ["--level", "2", "--low-share", "1.5"], "--low-share"),
+    (SEARCH + ["--sla-ms", "0"], "--sla-ms"),
+    (SEARCH + ["--batches", "abc"], "--batches"),
+    (SEARCH + ["--batches", ","], "--batches"),
+    (SEARCH + ["--percentile", "101"], "--percentile"),
+    (SHARD + ["--qps", "nan"], "--qps"),
+    (SHARD + ["--qps", "inf"], "--qps"),
+    (SHARD + ["--qps", "100", "--batch", "0"], "--batch"),
+    (SHARD + ["--qps", "100", "--locality", "1.5"], "--locality"),
+    (SHARD + ["--qps", "100", "--max-shards", "0"], "--max-shards"),
+    (SHARD + ["--qps", "100", "--min-mem-mb", "-1000"], "--min-mem-mb"),
+    (TIER + ["--dram-gb", "64", "--qps", "200", "--queue-depth", "0"], "--queue-depth"),
+    (TIER + ["--dram-gb", "64", "--qps", "nan"], "--qps"),
+    (TIER + ["--dram-gb", "64", "--qps", "inf"], "--qps"),
+    (TIER + ["--dram-gb", "64", "--qps", "200", "--locality-user", "1.1"], "--locality-user"),
+    (TIER + ["--dram-gb", "64", "--qps", "200", "--locality-item", "-0.1"], "--locality-item"),
+    (TIER + ["--dram-gb", "64", "--qps", "200", "--server", "hera-xeon"], "--server"),
+    (["serve", "--model", "hercules-rmc1", "--workers", "0"], "--workers"),
+]
+
+
+@pytest.mark.parametrize(("argv", "names"), REFUSED, ids=[" ".join(a[2:]) for a, _ in REFUSED])
+def test_bad_argument_is_exit_2_with_one_line_naming_it(argv, names):
+    rc, _, err = run(argv)
+    assert rc == 2 and names in error_line(err), err
+
+
+@pytest.mark.parametrize(("extra", "names"), [
+    (["--alpha", "nan"], "--alpha"), (["--alpha", "-0.9"], "--alpha"), (["--steps", "0"], "--steps"),
+    (["--gap", "-1"], "--gap"), (["--available", "hercules-t1=-3"], "--available"),
+])
+def test_provision_arguments(traffic, extra, names):
+    path = traffic("available: {hercules-t1: 10}\npeak_qps: {hercules-rmc1: 1000}\n")
+    rc, _, err = run(["plan", "provision", "--traffic", path, *extra])
+    assert rc == 2 and names in error_line(err), err
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ("available: {hercules-t1: 10}\npeak_qps: {hercules-rmc1: 0}\n", "every peak_qps is 0"),
+    ("available: {hercules-t1: 10}\npeak_qps: {hercules-rmc1: 100}\nsteps: 0\n", "steps"),
+    ("available: {hercules-t1: -2}\npeak_qps: {hercules-rmc1: 100}\n", "available.hercules-t1"),
+    ("available: {hercules-t1: 10}\npeak_qps: {hercules-rmc1: .nan}\n", "peak_qps.hercules-rmc1"),
+])
+def test_provision_traffic_file_values(traffic, text, names):
+    rc, _, err = run(["plan", "provision", "--traffic", traffic(text)])
+    assert rc == 2 and names in error_line(err), err
+
+
+def test_colocate_beyond_any_cluster_is_refused_not_a_hang(traffic):
+    rc, _, err = run(["plan", "colocate", "--server", "hera-xeon", "--traffic", traffic("hera-dlrm-a: 1e12\n")])
+    assert rc == 2 and "lower the target QPS" in error_line(err)
+    rc, _, err = run(COLOCATE + ["--level", "1e12"])
+    assert rc == 2 and "lower the target QPS" in error_line(err)
+
+
+def test_shard_checks_the_sla_and_says_when_sharding_does_not_pay():
+    rc, _, err = run(SHARD + ["--qps", "100", "--batch", "100000"])
+    assert rc == 2 and "over the 20 ms p95 SLA" in error_line(err)
+    rc, out, _ = run(SHARD + ["--qps", "100", "--grid", "64"])
+    assert rc == 0 and ("less memory" in out or "more memory (sharding does not pay" in out)
+
+
+def test_tier_budget_beyond_the_tables_saves_nothing():
+    rc, out, _ = run(TIER + ["--dram-gb", "1e9", "--qps", "200", "--json"])
+    assert rc == 0
+    import json
+
+    plan = json.loads(out)
+    assert plan["summary"]["dram_saved_gb"] == 0.0
+    assert any("no SSD tier needed" in note for note in plan["notes"])
+
+
+def test_search_without_a_feasible_baseline_prints_no_infinite_gain():
+    rc, out, _ = run(SEARCH + ["--sla-ms", "0.01"])
+    assert rc == 0 and "infx" not in out and "no feasible configuration" in out
+
+
+def test_profile_model_on_this_host_states_its_power_assumption(tmp_path):
+    out_file = tmp_path / "p.json"
+    rc, out, err = run(["profile", "model", "--models", "hercules-rmc1", "--servers", "this-host", "--out",
+                        str(out_file)])
+    assert rc == 0 and out_file.exists(), err
+    from recserve.hostinfo import this_host
+
+    assert any(a.startswith("power_w=") and "assumed" in a for a in this_host().assumptions)

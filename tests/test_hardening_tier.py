@@ -1,0 +1,174 @@
+"""SSD-tier faults: a block corrupted while serving fails the query (never scores), a file swapped under a worker
+is refused when the worker reopens it, a bad file at start is one line and exit 2, and one command rebuilds it."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from recserve.cli import main
+from recserve.embedding.tablefile import TableFileError, read_header, write_table
+from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, tier_model
+from recserve.specs import SLA, ModelSpec, TableSpec
+from recserve.zoo import DramTable, build, sample_batch
+
+
+def corrupt(path: str, offset: int, data: bytes = b"\xff\xff\xff\xff") -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_block_corrupted_while_serving_fails_the_query_and_is_counted(disk_dir):
+    torch.manual_seed(0)
+    dram = DramTable(4000, 16)
+    path = os.path.join(disk_dir, "live.tbl")
+    write_table(path, dram.weight)
+    table = TieredTable(path, TierResources(None, engine="threads"), use_cache=False, name="user_ids")
+    header = read_header(path)
+    corrupt(path, header.data_offset + 1234 * header.stride)  # row 1234, after the open-time check
+    offsets = torch.tensor([0])
+    with pytest.raises(TableChecksumError, match=r"table user_ids: checksum mismatch in row 1234 \(block \d+"):
+        table.pool(torch.tensor([7, 1234, 99]), offsets)
+    assert table.stats.checksum_errors == 1
+    fine = torch.tensor([7, 99])
+    assert torch.equal(table.pool(fine, offsets), dram.pool(fine, offsets)), "other rows still serve exactly"
+    table.close()
+
+
+def test_corrupt_rows_never_reach_the_row_cache_or_the_scores(disk_dir):
+    spec = ModelSpec("sdm-fault", "dlrm", 8, (TableSpec("u0", 3000, 16, pooling=8, side="user"),
+                                              TableSpec("i0", 500, 16, pooling=2, side="item")),
+                     "dot", SLA(50.0), bottom_mlp=(32, 16), top_mlp=(16, 1))
+    model = build(spec, scale=1.0)
+    tier_model(model, [0], disk_dir, cache_bytes=1 << 20)
+    table = model.tables[0]
+    batch = sample_batch(model, 16, rng=1)
+    nan_rows = b"\x00\x00\xc0\x7f" * (table.header.rows * table.header.stride // 4)
+    corrupt(str(table.path), table.header.data_offset, nan_rows)  # every row now decodes to NaN
+    with torch.no_grad():
+        with pytest.raises(TableChecksumError, match="table u0"):
+            model(batch)
+        with pytest.raises(TableChecksumError):
+            model(batch)  # again: nothing corrupt was cached by the failed query
+    assert table.resources.row_cache.lookup(np.arange(3000, dtype=np.int64)).max() < 0
+
+
+def test_worker_reopen_after_file_swap_is_refused(disk_dir):
+    torch.manual_seed(1)
+    first, other = DramTable(2000, 16), DramTable(2000, 16)
+    path = os.path.join(disk_dir, "t.tbl")
+    write_table(path, first.weight)
+    table = TieredTable(path, TierResources(None, engine="threads"), name="u0")
+    shipped = pickle.dumps(table)  # what the server sends a (re)starting worker
+    assert pickle.loads(shipped).fingerprint == table.fingerprint  # unchanged file: reopens fine
+    write_table(path, other.weight)  # same shape, other contents, same path (a rename over it)
+    with pytest.raises(TableFileError, match="changed since the server opened it"):
+        pickle.loads(shipped)
+    table.close()
+
+
+def test_tier_model_refuses_a_file_of_other_weights_or_shape(disk_dir):
+    spec = ModelSpec("sdm-swap", "dlrm", 8, (TableSpec("u0", 3000, 16, pooling=8, side="user"),
+                                             TableSpec("u1", 1000, 16, pooling=4, side="user")),
+                     "dot", SLA(50.0), bottom_mlp=(32, 16), top_mlp=(16, 1))
+    model = build(spec, scale=1.0)
+    tier_model(model, [0, 1], disk_dir, cache_bytes=0)
+    paths = [model.tables[t].path for t in (0, 1)]
+    for t in (0, 1):
+        model.tables[t].close()
+    os.replace(paths[1], paths[0])  # table 1's file (1000 rows) under table 0's name
+    with pytest.raises(TableFileError, match=r"table u0: .* holds 1000x16 rows, the model's table is 3000x16"):
+        tier_model(build(spec, scale=1.0), [0], disk_dir, cache_bytes=0)
+
+
+def node_config(tmp_path, tier_dir) -> str:
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"http_port": 0, "grpc_port": 0, "models": [{
+        "model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
+        "options": {"tier": {"dir": str(tier_dir), "tables": [0, 1], "cache_mb": 1, "engine": "threads"}}}]}))
+    return str(path)
+
+
+def test_bad_file_at_start_is_one_line_exit_2_and_rebuild_fixes_it(tmp_path, disk_dir, capsys):
+    config = node_config(tmp_path, disk_dir)
+    assert main(["tier", "rebuild", "--config", config]) == 0
+    assert "0 valid, 2 (re)written" in capsys.readouterr().out
+    files = sorted(p for p in os.listdir(disk_dir) if p.endswith(".tbl"))
+    header = read_header(os.path.join(disk_dir, files[0]))
+    corrupt(os.path.join(disk_dir, files[0]), header.data_offset + 100)
+    assert main(["serve", "--config", config]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "checksum mismatch" in err[-1] and "recserve tier rebuild" in err[-1], err
+    assert main(["tier", "rebuild", "--config", config]) == 0
+    assert f"1 valid, 1 (re)written from DRAM: {files[0]}" in capsys.readouterr().out
+    assert main(["tier", "rebuild", "--config", config]) == 0
+    assert "2 valid, 0 (re)written" in capsys.readouterr().out
+
+
+def _infer(port: int, batch, timeout_s: float) -> tuple[object, bytes]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = {"inputs": [{"name": n, "datatype": {np.float32: "FP32", np.int64: "INT64", np.int32: "INT32"}[a.dtype.type],
+                        "shape": list(a.shape), "data": a.reshape(-1).tolist()} for n, a in batch.as_arrays().items()]}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/sdm-m1/infer", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError as e:  # timed out or reset: no answer is not an answer with scores
+        return "no answer", repr(e).encode()
+
+
+def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_dir):
+    import json
+    import signal
+    import time
+    import urllib.request
+
+    from recserve.serving import NodeServer, config_from_dict
+    from recserve.specs import get_model
+
+    config = config_from_dict({"models": [{"model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
+                                           "options": {"tier": {"dir": disk_dir, "tables": [0, 1], "cache_mb": 0,
+                                                                "engine": "threads"}}}]})
+    reference = build(get_model("sdm-m1"), scale=2e-5)
+    server = NodeServer(config)
+    ports = server.start()
+    try:
+        status, _ = _infer(ports.http, sample_batch(reference, 8, rng=1), 60)
+        assert status == 200
+        path = sorted(p for p in (os.path.join(disk_dir, f) for f in os.listdir(disk_dir)) if p.endswith(".tbl"))[0]
+        header = read_header(path)
+        corrupt(path, header.data_offset, b"\x00\x00\xc0\x7f" * (header.data_bytes // 4))
+        status, body = _infer(ports.http, sample_batch(reference, 8, rng=2), 60)
+        assert status == 500 and b"table user0: checksum mismatch in row" in body and b"block" in body, body
+        counted = ""
+        for _ in range(50):  # workers report their failures in short batches
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics") as r:
+                counted = r.read().decode()
+            if 'code="data_loss"} 1' in counted:
+                break
+            time.sleep(0.1)
+        assert 'recserve_request_errors_total{model="sdm-m1",code="data_loss"} 1' in counted
+        # swap the file under the same name, then kill the worker: the restarted worker must refuse it
+        write_table(path, np.random.default_rng(0).standard_normal((header.rows, header.dim)).astype(np.float32))
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/sdm-m1") as r:
+            pid = json.load(r)["stages"]["model"]["worker_detail"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(1.0)
+        status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 3)
+        assert status != 200, "a worker served the swapped file"
+    finally:
+        server.stop(drain=False)

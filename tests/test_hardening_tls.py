@@ -1,0 +1,60 @@
+"""TLS on the node's HTTP and gRPC ports (node config tls_cert / tls_key)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from recserve.errors import SpecError
+from recserve.serving import NodeServer
+from recserve.serving.config import quick_config
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def test_http_and_grpc_speak_tls(certificate):
+    cert, key = certificate
+    config = quick_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.tls_cert, config.tls_key = cert, key  # set after construction: the server still uses one front end
+    server = NodeServer(config)
+    ports = server.start()
+    try:
+        context = ssl.create_default_context(cafile=cert)
+        with urllib.request.urlopen(f"https://127.0.0.1:{ports.http}/v2/health/live", context=context,
+                                    timeout=30) as r:
+            assert r.status == 200 and json.load(r) == {"live": True}
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/live", timeout=10).read()
+        credentials = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read())
+        with grpc.secure_channel(f"127.0.0.1:{ports.grpc}", credentials) as channel:
+            answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(),
+                                                                                   timeout=30)
+            assert answer.live
+    finally:
+        server.stop(drain=False)
+
+
+def test_tls_config_needs_both_files_and_uses_one_front_end(certificate):
+    cert, key = certificate
+    config = quick_config("hercules-rmc1", scale=1e-4)
+    with pytest.raises(SpecError, match="tls_cert and tls_key go together"):
+        type(config)(models=config.models, tls_cert=cert)
+    assert type(config)(models=config.models, tls_cert=cert, tls_key=key).front_end == "server"
