@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from recserve.serving.errors import InferError
+from recserve.serving.errors import STATUS, InferError
 
 log = logging.getLogger("recserve.serving")
 
@@ -117,9 +117,13 @@ def error_response(exc: InferError, close: bool = False, extra: dict[str, str] |
 
 
 def as_infer_error(exc: Exception) -> InferError:
-    """A failure while answering a query, as the error the client is told about."""
+    """A failure while answering a query, as the error the client is told about.  An exception from below the
+    serving layer may carry an error ``code`` of its own (a corrupt SSD table block is ``data_loss``)."""
     if isinstance(exc, InferError):
         return exc
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code in STATUS:
+        return InferError(code, str(exc), getattr(exc, "field", None))
     return InferError("internal", f"{type(exc).__name__}: {exc}")
 
 

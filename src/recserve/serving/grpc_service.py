@@ -37,7 +37,8 @@ class Undecodable:
         self.error = InferError("invalid", f"request: not a valid protobuf message ({reason})", "request")
 
 
-def _tolerant(deserialize: Any) -> Any:
+def tolerant(deserialize: Any) -> Any:
+    """``deserialize`` returning :class:`Undecodable` instead of raising (also used by the workers' gRPC)."""
     def run(data: bytes) -> Any:
         try:
             return deserialize(data)
@@ -56,7 +57,7 @@ def _refusing(behaviour: Any) -> Any:
 
 
 def _with_tolerant_decoding(handler: Any) -> Any:
-    handler = handler._replace(request_deserializer=_tolerant(handler.request_deserializer))
+    handler = handler._replace(request_deserializer=tolerant(handler.request_deserializer))
     if handler.unary_unary is not None:
         handler = handler._replace(unary_unary=_refusing(handler.unary_unary))
     return handler  # ModelStreamInfer answers an Undecodable item with its error_message (see _infer)

@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2
 from recserve.serving import codec
 from recserve.serving.dataplane import WorkerPlane, as_infer_error
 from recserve.serving.errors import InferError, grpc_code
-from recserve.serving.grpc_service import infer_response
+from recserve.serving.grpc_service import Undecodable, infer_response, tolerant
 
 SERVICE = "/inference.GRPCInferenceService/"
 
@@ -46,7 +46,9 @@ class WorkerHandler(grpc.GenericRpcHandler):
 
     async def _infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         arrived = time.perf_counter()
-        request = service_pb2.ModelInferRequest.FromString(raw)
+        request = tolerant(service_pb2.ModelInferRequest.FromString)(raw)
+        if isinstance(request, Undecodable):
+            await context.abort(grpc_code(request.error), request.error.public_message())
         name, version = request.model_name, request.model_version
         if name != self.plane.model_name or version not in ("", "1") or not self.plane.serves_queries():
             return await self._forward(SERVICE + "ModelInfer")(raw, context)
