@@ -19,6 +19,7 @@ A node config is YAML::
         share_tables: true   # one copy of the weights in shared memory for all workers
         max_batch_size: 1024
         queue_limit: 64      # queries admitted but not finished; more -> 503 / UNAVAILABLE
+    repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
 """
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import SpecError
-from recserve.specs import get_model, read_yaml
+from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
 
@@ -86,11 +87,19 @@ class ModelConfig:
     llc_ways: int | None = None
     table_backend: str = "dram"
     options: dict[str, Any] = field(default_factory=dict)
+    # Repository models (serving/repository.py): the artifact file of one version and the spec describing it.
+    # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
+    artifact: str = ""
+    version: int = 1
+    spec: ModelSpec | None = None
 
     def __post_init__(self) -> None:
         self.name = self.name or self.model
         where = f"model {self.name!r}"
-        get_model(self.model)  # raises SpecError naming the known models
+        if self.spec is None:
+            get_model(self.model)  # raises SpecError naming the known models
+        elif self.artifact:
+            self._check_split(where)
         if self.mode not in MODES:
             raise SpecError(f"{where}: mode must be one of {MODES}, got {self.mode!r}")
         for key in ("workers", "threads", "max_batch_size", "queue_limit", "sparse_workers"):
@@ -105,6 +114,28 @@ class ModelConfig:
         self.worker_cores()  # validate early
         if self.mode == "pipeline":
             self.sparse_worker_cores()
+
+    def model_spec(self) -> ModelSpec:
+        """The spec of what is served: the artifact's own for repository models, else the catalogue's."""
+        return self.spec if self.spec is not None else get_model(self.model)
+
+    def served_rows(self) -> tuple[int, ...]:
+        """Table rows the served model holds: an artifact's real rows, a catalogue model's scaled ones."""
+        spec = self.model_spec()
+        return tuple(t.rows for t in spec.tables) if self.artifact else spec.scaled_rows(self.scale)
+
+    def _check_split(self, where: str) -> None:
+        """A program artifact has no sparse/dense split: refuse the layouts that need one, saying why."""
+        from recserve.zoo.artifacts import PROGRAM_KINDS, artifact_kind, no_split_reason
+
+        if artifact_kind(Path(self.artifact)) not in PROGRAM_KINDS:
+            return
+        needs = ("mode: pipeline" if self.mode == "pipeline" else
+                 "tiering" if (self.options or {}).get("tier") else
+                 f"table_backend: {self.table_backend}" if self.table_backend != "dram" else "")
+        if needs:
+            raise SpecError(f"{where} version {self.version} ({self.artifact}): {needs} needs a sparse/dense split; "
+                            f"{no_split_reason(self.artifact)}")
 
     def worker_cores(self) -> list[list[int]]:
         return expand_cores(self.cores, self.workers, self.threads, f"model {self.name!r} cores")
@@ -135,10 +166,12 @@ class NodeConfig:
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
     # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
     front_end: str = "workers"
+    # A model repository (serving/repository.py) whose models are loaded at start, beside ``models``.
+    repository: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.models:
-            raise SpecError("node config: needs at least one model")
+        if not self.models and not self.repository:
+            raise SpecError("node config: needs at least one model or a repository")
         if self.front_end not in FRONT_ENDS:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
         names = [m.name for m in self.models]
@@ -171,9 +204,11 @@ def config_from_dict(data: Any, where: str = "node config") -> NodeConfig:
         raise SpecError(f"{where}: expected a mapping")
     data = dict(data)
     raw_models = data.pop("models", None)
-    if isinstance(raw_models, dict):  # allow {served_name: {...}}
+    if raw_models is None and data.get("repository"):
+        raw_models = []
+    elif isinstance(raw_models, dict):  # allow {served_name: {...}}
         raw_models = [{"name": k, **({"model": k} | (v or {}))} for k, v in raw_models.items()]
-    if not isinstance(raw_models, list) or not raw_models:
+    if not isinstance(raw_models, list) or (not raw_models and not data.get("repository")):
         raise SpecError(f"{where}: 'models' must be a non-empty list")
     models = [_build(ModelConfig, m, f"{where} models[{i}]") for i, m in enumerate(raw_models)]
     return _build(NodeConfig, {**data, "models": models}, where)

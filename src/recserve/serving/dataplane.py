@@ -7,9 +7,9 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 
 - The node's HTTP listening socket is created once by the supervisor and inherited by every such worker; they
   all ``accept`` from its one queue (no SO_REUSEPORT: a worker that retires or dies drops no backlog).
-- A request ``POST /v2/models/<own model>[/versions/1]/infer`` is parsed with a minimal HTTP/1.1 reader, decoded
-  and validated with the shared protocol codec, computed in this process and answered: no other process
-  touches it.
+- A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` is parsed with a minimal HTTP/1.1
+  reader, decoded and validated with the shared protocol codec, computed in this process and answered: no other
+  process touches it.  The unversioned path is answered only by the model's default (newest loaded) version.
 - Anything else (control, metrics, health, another model, chunked bodies, a model that sub-batches) is *handed
   off*: the connection's descriptor and the bytes already read go to the supervisor over the worker's socket
   pair (SCM_RIGHTS), which passes it to a worker of the right model or serves it in its own aiohttp app.  A
@@ -190,7 +190,7 @@ class WorkerPlane:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, infer: Callable[[bytearray, str | None, dict],
                  tuple[bytes, dict[str, str]]], send: Callable[[Any], None], hand_off: Callable[[int, bytes], None],
-                 max_body: int, queue_limit: int, sub_batch: int) -> None:
+                 max_body: int, queue_limit: int, sub_batch: int, version: str = "1", default: bool = True) -> None:
         self.loop = loop
         self.model_name = model_name
         self.infer = infer
@@ -208,8 +208,9 @@ class WorkerPlane:
         self._records: list[tuple] = []
         self._flush_at: asyncio.TimerHandle | None = None
         self._running = False
-        prefix = f"/v2/models/{model_name}"
-        self._paths = {prefix + "/infer", prefix + "/versions/1/infer"}
+        self.version = version
+        self._paths: set[str] = set()
+        self.set_default(default)
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -221,6 +222,11 @@ class WorkerPlane:
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         await self.loop.connect_accepted_socket(lambda: Connection(self, prefix), sock)
+
+    def set_default(self, default: bool) -> None:
+        """The unversioned path is answered only by the model's default (newest loaded) version."""
+        prefix = f"/v2/models/{self.model_name}"
+        self._paths = {f"{prefix}/versions/{self.version}/infer"} | ({prefix + "/infer"} if default else set())
 
     def serves(self, method: str, path: str) -> bool:
         return (method == "POST" and path.partition("?")[0] in self._paths and self.sub_batch <= 0
@@ -345,7 +351,8 @@ def _status_of(exc: Exception) -> tuple[int, str, str | None]:
     return STATUS.get(code, STATUS["internal"]).http, code, getattr(exc, "field", None)
 
 
-def make_infer(model: Any, model_name: str, info: Any, max_batch_size: int, run: Callable[[tuple], np.ndarray]):
+def make_infer(model: Any, model_name: str, info: Any, max_batch_size: int, run: Callable[[tuple], np.ndarray],
+               version: str = "1"):
     """The worker's whole-query path: decode → validate → model → encode (the same codec as the supervisor's)."""
     from recserve.serving import protocol
     from recserve.serving.runtime import InferError
@@ -360,7 +367,7 @@ def make_infer(model: Any, model_name: str, info: Any, max_batch_size: int, run:
         except BatchError as exc:
             raise InferError("invalid", str(exc), exc.field) from exc
         scores = run((batch.dense.numpy(), batch.values.numpy(), batch.lengths.numpy()))
-        payload, headers = protocol.http_infer_response(model_name, req, scores)
+        payload, headers = protocol.http_infer_response(model_name, req, scores, version)
         headers["X-Recserve-Items"] = str(batch.size)
         return payload, headers
 

@@ -15,30 +15,43 @@ import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 from aiohttp import web
 
+from recserve.errors import RecserveError
 from recserve.serving import grpc_service, protocol
 from recserve.serving.config import NodeConfig, available_cores
 from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
+from recserve.serving.repository import Repository
 from recserve.serving.runtime import InferError, ModelRuntime, mp_context
 
 log = logging.getLogger("recserve.serving")
 
 
-def _infer_target(prefix: bytes) -> str | None:
-    """The model an HTTP request's line names for inference (``POST /v2/models/<m>[/versions/<v>]/infer``)."""
+def _infer_route(prefix: bytes) -> tuple[str, str] | None:
+    """(model, version or "") an HTTP request's line names (``POST /v2/models/<m>[/versions/<v>]/infer``)."""
     line = prefix.split(b"\r\n", 1)[0].decode("latin-1", "replace").split(" ")
     if len(line) < 2 or line[0] != "POST":
         return None
     parts = line[1].partition("?")[0].split("/")
-    if len(parts) in (5, 7) and parts[:3] == ["", "v2", "models"] and parts[-1] == "infer":
-        return parts[3]
+    if len(parts) == 5 and parts[:3] == ["", "v2", "models"] and parts[-1] == "infer":
+        return parts[3], ""
+    if len(parts) == 7 and parts[:3] == ["", "v2", "models"] and parts[4] == "versions" and parts[-1] == "infer":
+        return parts[3], parts[5]
     return None
+
+
+def _infer_target(prefix: bytes) -> str | None:
+    """The model an HTTP request's line names for inference."""
+    route = _infer_route(prefix)
+    return route[0] if route else None
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -64,26 +77,59 @@ class NodeCore:
     def __init__(self, config: NodeConfig, llc: LlcAllocator | None = None) -> None:
         self.config = config
         self.llc = llc or LlcAllocator()
-        ctx = mp_context()
-        self.models: dict[str, ModelRuntime] = {m.name: ModelRuntime(m, ctx, self.llc) for m in config.models}
+        self.ctx = mp_context()
+        # served name -> the runtime answering unversioned requests (the newest loaded version)
+        self.models: dict[str, ModelRuntime] = {m.name: ModelRuntime(m, self.ctx, self.llc) for m in config.models}
+        # served name -> version -> runtime (catalogue models have version "1" only)
+        self.versions: dict[str, dict[str, ModelRuntime]] = {n: {rt.version: rt} for n, rt in self.models.items()}
+        self.repository = Repository(config.repository) if config.repository else None
+        self.repo_state: dict[tuple[str, str], tuple[str, str]] = {}  # (model, version) -> (state, reason)
+        self._model_locks: dict[str, asyncio.Lock] = {}
+        self.listen_sock: socket.socket | None = None
+        self.on_models_changed: Callable[[], Awaitable[None]] | None = None  # the server keeps HTTP reachable
         self.accepting = False
         self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
         self._tasks: set[asyncio.Task] = set()
 
     def use_worker_front_end(self, sock: socket.socket) -> bool:
         """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can."""
+        self.listen_sock = sock
         takers = [rt for rt in self.models.values() if rt.cfg.mode == "model"]
         for rt in takers:
-            rt.listen_sock, rt.max_body, rt.on_handoff = sock, self.config.max_body_bytes, self.route
+            self._attach(rt)
         return bool(takers)
 
-    def route(self, fd: int, prefix: bytes, hint: str) -> None:
-        """A connection a worker handed over: to a worker of the model its request names, else to aiohttp here.
+    def _attach(self, rt: ModelRuntime) -> None:
+        if self.listen_sock is not None and rt.cfg.mode == "model":
+            rt.listen_sock, rt.max_body = self.listen_sock, self.config.max_body_bytes
+            rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
 
-        A worker that declines a request for its own model (chunked body, sub-batching, retiring with a partial
-        request) means "serve it in the server": passing it back to that model's workers would loop."""
-        target = _infer_target(prefix) if prefix else hint
-        rt = self.models.get(target or "") if target != hint or not prefix else None
+    def find(self, name: str, version: str = "") -> ModelRuntime | None:
+        """The runtime serving ``name`` at ``version`` ("" = the default version), or None."""
+        return self.models.get(name) if not version else self.versions.get(name, {}).get(version)
+
+    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
+        """Like :meth:`find`, raising the protocol's not-found error."""
+        if name not in self.models:
+            raise InferError("not_found", f"unknown model {name!r}; served: {sorted(self.models)}", "model_name")
+        rt = self.find(name, version or "")
+        if rt is None:
+            raise InferError("not_found", f"model {name!r} has no version {version!r} loaded; loaded: "
+                                          f"{sorted(self.versions.get(name, {}), key=int)}", "model_version")
+        return rt
+
+    def route(self, fd: int, prefix: bytes, source: ModelRuntime | None = None) -> None:
+        """A connection a worker handed over: to a worker of the model (and version) its request names, else to
+        aiohttp here.  An idle connection (no bytes read) goes to its model's default version now.
+
+        A worker that declines a request for its own runtime (chunked body, sub-batching, retiring with a partial
+        request) means "serve it in the server": passing it back to that runtime's workers would loop."""
+        if prefix:
+            target = _infer_route(prefix)
+            rt = self.find(*target) if target else None
+            rt = None if rt is source else rt
+        else:
+            rt = self.models.get(source.name) if source is not None else None
         if rt is not None and rt.adopt(fd, prefix):
             os.close(fd)
             return
@@ -104,6 +150,10 @@ class NodeCore:
     @property
     def ready(self) -> bool:
         return self.accepting and all(rt.ready for rt in self.models.values())
+
+    def all_runtimes(self) -> list[ModelRuntime]:
+        """Every loaded version of every model."""
+        return [rt for versions in self.versions.values() for rt in versions.values()]
 
     def model_config(self, rt: ModelRuntime) -> dict[str, Any]:
         workers = sum(len(p.active()) for p in rt.pools.values())
@@ -126,6 +176,126 @@ class NodeCore:
             raise InferError("invalid", f"ways: {exc}", "ways") from exc
 
 
+    # ------------------------------------------------------------------ model repository
+    def _repo(self) -> Repository:
+        if self.repository is None:
+            raise InferError("unsupported", "this node has no model repository (serve --repository REPO)")
+        return self.repository
+
+    async def load_repository(self) -> None:
+        """Start: load every repository model (Triton's default); a model that fails is logged and left out."""
+        for name in self._repo().names():
+            try:
+                await self.load_model(name)
+            except InferError as exc:
+                log.error("repository model %s not loaded: %s", name, exc)
+
+    async def load_model(self, name: str) -> list[str]:
+        """Load (or reload) repository model ``name``: the versions its policy selects.
+
+        New versions are checked (one batch) and their workers started before anything changes; then the newest
+        becomes the default and versions the policy no longer selects are retired (admitted queries finish, idle
+        connections move to the new default).  If any new version fails, the ones started here are stopped, the
+        versions already serving keep serving, and the error names the file and the reason."""
+        repo = self._repo()
+        async with self._model_locks.setdefault(name, asyncio.Lock()):
+            current = self.models.get(name)
+            if current is not None and not current.cfg.artifact:
+                raise InferError("invalid", f"model {name!r} is a catalogue model of the node config, not a "
+                                            "repository model", "model_name")
+            try:
+                wanted = [str(v) for v in repo.selected_versions(name)]
+            except RecserveError as exc:
+                self.repo_state[(name, "")] = ("UNAVAILABLE", str(exc))
+                raise InferError("invalid", str(exc), "model_name") from exc
+            loaded = self.versions.setdefault(name, {})
+            newest = max(wanted, key=int)
+            started: list[ModelRuntime] = []
+            for version in (v for v in wanted if v not in loaded):
+                try:
+                    started.append(await self._start_version(name, int(version), version == newest))
+                except (RecserveError, InferError) as exc:
+                    self.repo_state[(name, version)] = ("UNAVAILABLE", str(exc))
+                    await asyncio.gather(*(rt.stop() for rt in started))
+                    if not loaded:
+                        self.versions.pop(name, None)
+                    raise InferError("invalid", f"model {name!r} version {version} not loaded: {exc}",
+                                     "model_name") from exc
+            for rt in started:
+                loaded[rt.version] = rt
+            for version, rt in loaded.items():
+                self.repo_state[(name, version)] = ("READY", "")
+                if version != newest and rt.is_default:
+                    rt.set_default(False)
+            loaded[newest].set_default(True)
+            self.models[name] = loaded[newest]
+            retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
+            for rt in retire:
+                self.repo_state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")
+            await self._models_changed()
+            await asyncio.gather(*(self._retire(rt) for rt in retire))
+            return wanted
+
+    async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
+        from recserve.zoo.artifacts import check_artifact
+
+        cfg = self._repo().model_config(name, version)
+        self.repo_state[(name, str(version))] = ("LOADING", "")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, check_artifact, Path(cfg.artifact), cfg.spec)
+        rt = ModelRuntime(cfg, self.ctx, self.llc)
+        rt.is_default = default
+        self._attach(rt)
+        try:
+            await rt.start()
+        except BaseException:
+            await rt.stop()
+            raise
+        log.info("model %s version %s loaded from %s", name, version, cfg.artifact)
+        return rt
+
+    async def unload_model(self, name: str) -> None:
+        """Unload every version of ``name``; admitted queries finish, later ones get 404."""
+        async with self._model_locks.setdefault(name, asyncio.Lock()):
+            if name not in self.models:
+                raise InferError("not_found", f"model {name!r} is not loaded; loaded: {sorted(self.models)}",
+                                 "model_name")
+            del self.models[name]
+            versions = self.versions.pop(name, {})
+            for version in versions:
+                self.repo_state[(name, version)] = ("UNAVAILABLE", "unloaded")
+            await self._models_changed()
+            await asyncio.gather(*(self._retire(rt) for rt in versions.values()))
+
+    async def _retire(self, rt: ModelRuntime) -> None:
+        """Let queries admitted through the server finish, then stop the workers (they finish their own)."""
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while rt.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await rt.stop()
+
+    async def _models_changed(self) -> None:
+        if self.on_models_changed is not None:
+            await self.on_models_changed()
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: every repository model, with each version's state and reason."""
+        names = set(self.repository.names()) if self.repository is not None else set()
+        names |= set(self.versions) | {n for n, _ in self.repo_state}
+        entries = []
+        for name in sorted(names):
+            seen = {v for n, v in self.repo_state if n == name and v} | set(self.versions.get(name, {}))
+            if not seen:
+                state, reason = self.repo_state.get((name, ""), ("", ""))
+                entries.append({"name": name, "version": "", "state": state, "reason": reason})
+            for version in sorted(seen, key=int):
+                rt = self.versions.get(name, {}).get(version)
+                state, reason = ("READY" if rt.ready else "LOADING", "") if rt is not None else \
+                    self.repo_state.get((name, version), ("UNAVAILABLE", ""))
+                entries.append({"name": name, "version": version, "state": state, "reason": reason})
+        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+
 class NodeServer:
     def __init__(self, config: NodeConfig, llc: LlcAllocator | None = None) -> None:
         self.config = config
@@ -138,6 +308,7 @@ class NodeServer:
         self._grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self._sock: socket.socket | None = None
+        self._door: web.SockSite | None = None
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
@@ -146,12 +317,19 @@ class NodeServer:
         try:
             host = self.config.host
             sock = self._sock = listening_socket(host, self.config.http_port)
-            in_workers = self.config.front_end == "workers" and self.core.use_worker_front_end(sock)
+            in_workers = self.config.front_end == "workers"
+            if in_workers:
+                self.core.use_worker_front_end(sock)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
             await self._runner.setup()
             self.core.http_server = self._runner.server
-            if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
+            if self.core.repository is not None:
+                await self.core.load_repository()
+            if in_workers:  # this process accepts too while no worker does (no whole-query model loaded)
+                self.core.on_models_changed = self._sync_front_door
+                await self._sync_front_door()
+            else:  # v1 layout: this process accepts every connection
                 await web.SockSite(self._runner, sock).start()
             http_port = sock.getsockname()[1]
             limit = self.config.max_body_bytes
@@ -170,23 +348,36 @@ class NodeServer:
         self.ports = Ports(http_port, grpc_port)
         return self.ports
 
+    async def _sync_front_door(self) -> None:
+        """Keep HTTP reachable: the supervisor accepts on (a duplicate of) the node's socket while no worker does,
+        e.g. a repository node whose models are all unloaded, so the repository API can load one again."""
+        assert self.core is not None and self._runner is not None and self._sock is not None
+        needed = not any(rt.accepts_in_workers for rt in self.core.all_runtimes())
+        if needed and self._door is None:
+            self._door = web.SockSite(self._runner, self._sock.dup())
+            await self._door.start()
+        elif not needed and self._door is not None:
+            await self._door.stop()
+            self._door = None
+
     async def _ashutdown(self, drain: bool = True) -> None:
         core = self.core
         if core is not None:
             core.accepting = False
             if drain:
-                await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.models.values()))
+                await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
             self._grpc = None
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._runner.cleanup()  # stops every site, the front door too
             self._runner = None
+            self._door = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
         if core is not None:
-            await asyncio.gather(*(rt.stop() for rt in core.models.values()))
+            await asyncio.gather(*(rt.stop() for rt in core.all_runtimes()))
         if self._stopped is not None:
             self._stopped.set()
 

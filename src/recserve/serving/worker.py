@@ -69,7 +69,14 @@ def build_worker_model(model_config: Any) -> RecModel:
         from recserve.errors import SpecError
 
         raise SpecError(f"model {model_config.name!r}: table_backend {backend!r} is not available")
-    model = build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
+    if getattr(model_config, "artifact", ""):  # a repository model: the user's trained weights or program
+        from pathlib import Path
+
+        from recserve.zoo.artifacts import load_artifact
+
+        model = load_artifact(Path(model_config.artifact), model_config.spec)
+    else:
+        model = build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
     tier = (model_config.options or {}).get("tier")
     if tier:  # SDM: some tables served from SSD files behind DRAM caches (docs/sdm.md)
         from recserve.embedding.tiered import tier_from_config
@@ -101,6 +108,8 @@ class WorkerArgs:
     max_body: int = 64 * 1024 * 1024
     queue_limit: int = 64  # this worker's share of the model's queue limit
     sub_batch: int = 0
+    version: str = "1"  # the model version this worker serves (repository models)
+    default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -239,9 +248,9 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send_handle(conn, fd, server_pid)
 
     infer = make_infer(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                       lambda payload: run_stage(model, "model", payload))
+                       lambda payload: run_stage(model, "model", payload), args.version)
     plane = WorkerPlane(loop, args.model_config.name, infer, send, hand_off, args.max_body, args.queue_limit,
-                        args.sub_batch)
+                        args.sub_batch, args.version, args.default)
 
     def on_pipe() -> None:
         try:
@@ -271,6 +280,8 @@ def _control(plane: Any, msg: tuple, fd: int | None) -> None:
         task.add_done_callback(lambda t: t.exception())
     elif kind == "config":
         plane.sub_batch = int(msg[1].get("sub_batch", plane.sub_batch))
+        if "default" in msg[1]:
+            plane.set_default(bool(msg[1]["default"]))
     elif kind == "drain":
         plane.drain()
 
