@@ -10,7 +10,6 @@ from recserve.errors import RecserveError
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from recserve.serving import NodeServer, load_config, quick_config
-
     from recserve.serving.config import NodeConfig
 
     if sum(map(bool, (args.config, args.model, args.repository))) != 1 and not (args.config and args.repository):

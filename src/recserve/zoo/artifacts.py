@@ -138,8 +138,13 @@ def _load_export(artifact: Path, extra: dict[str, str] | None = None) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
+    """The line of an exception's message that says what went wrong (TorchScript puts it last, after a trace)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if "TorchScript interpreter" in lines[0]:
+        return lines[-1][:300]
+    return lines[0][:300]
 
 
 # ---------------------------------------------------------------- loading
@@ -334,3 +339,17 @@ def export_program(model: RecModel, path: Path | str) -> Path:
             program = torch.export.export(wire, args, dynamic_shapes=({0: batch_dim}, {0: ids}, {1: batch_dim}))
             torch.export.save(program, str(path), extra_files=extra)
     return path
+
+
+def write_version(model: RecModel, model_dir: Path | str, version: int, kind: str = "safetensors") -> Path:
+    """Write ``model`` as ``model_dir/<version>/`` of a repository (``kind``: safetensors, export or torchscript)."""
+    names = {k: n for n, k in ARTIFACT_KINDS.items()}
+    if kind not in names:
+        raise SpecError(f"artifact kind must be one of {sorted(names)}, got {kind!r}")
+    version_dir = Path(model_dir) / str(version)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    path = version_dir / names[kind]
+    if kind == "safetensors":
+        save_spec(model.spec, version_dir / SPEC_FILE)
+        return save_safetensors(model, path)
+    return export_program(model, path)

@@ -1,0 +1,359 @@
+"""Model repository (#15): the user's trained models as files, served, swapped and refused when broken."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
+from torch import nn
+
+from recserve.errors import SpecError
+from recserve.serving import NodeServer
+from recserve.serving.config import NodeConfig
+from recserve.serving.repository import Repository, VersionPolicy, parse_policy
+from recserve.specs import model_from_dict, to_dict
+from recserve.zoo import FAMILY_CLASSES, sample_batch
+from recserve.zoo.artifacts import (
+    SPEC_EXTRA,
+    ArtifactError,
+    artifact_spec,
+    check_artifact,
+    load_artifact,
+    write_version,
+)
+
+SPEC = dict(family="dlrm", dense_in=8, bottom_mlp=[16, 8], top_mlp=[16, 1], interaction="dot",
+            tables=[dict(name="t", rows=500, dim=8, pooling=2, repeat=3)], sla=dict(target_ms=50))
+KINDS = {"ctr": "safetensors", "ctr_pt2": "export", "ctr_ts": "torchscript"}
+DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
+
+
+def trained(seed: int, name: str = "ctr"):
+    """A DLRM with weights of its own (``seed``) standing in for a trained one."""
+    spec = model_from_dict(name, SPEC)
+    torch.manual_seed(seed)
+    return FAMILY_CLASSES["dlrm"](spec, tuple(t.rows for t in spec.tables)).eval()
+
+
+def scores(model, batch) -> np.ndarray:
+    with torch.inference_mode():
+        return model(batch).numpy()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    for name, kind in KINDS.items():
+        (root / name).mkdir()
+        (root / name / "config.yaml").write_text("workers: 1\nqueue_limit: 32\nsla: {target_ms: 20}\n")
+        write_version(trained(0, name), root / name, 1, kind)
+    (root / "swap").mkdir()
+    (root / "swap" / "config.yaml").write_text("workers: 1\nqueue_limit: 256\n"
+                                               "version_policy: {latest: {num_versions: 1}}\n")
+    write_version(trained(1, "swap"), root / "swap", 1, "safetensors")
+    return root
+
+
+# ---------------------------------------------------------------- artifacts in-process
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "export", "torchscript"])
+def test_each_artifact_kind_scores_like_the_trained_model(repo, kind):
+    name = next(n for n, k in KINDS.items() if k == kind)
+    cfg = Repository(repo).model_config(name, 1)
+    model = check_artifact(Path(cfg.artifact), cfg.spec)
+    batch = sample_batch(trained(0, name), 33, rng=7)
+    diff = np.abs(scores(model, batch) - scores(trained(0, name), batch)).max()
+    print(f"{kind}: max abs diff {diff:.3g}")
+    assert diff <= 1e-6
+    assert cfg.spec.sla.target_ms == 20  # config.yaml's SLA wins over the spec's
+
+
+def test_safetensors_tables_are_memory_mapped_from_the_file(repo):
+    cfg = Repository(repo).model_config("ctr", 1)
+    model = load_artifact(Path(cfg.artifact), cfg.spec)
+    spans = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(cfg.artifact):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            spans.append((lo, hi))
+    assert spans, "the weights file is not mapped"
+    for table in model.tables:
+        ptr = table.weight.data_ptr()
+        assert any(lo <= ptr < hi for lo, hi in spans), "table rows were copied out of the mapped file"
+
+
+def _corrupt(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+
+
+class Raising(nn.Module):
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if bool(dense.sum() > -1e30):
+            raise RuntimeError("feature store unreachable")
+        return dense[:, :1]
+
+
+class WrongWidth(nn.Module):
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return dense[:, :3]
+
+
+def _program(module: nn.Module, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spec = {k: v for k, v in to_dict(model_from_dict("x", SPEC)).items() if k != "name"}
+    torch.jit.save(torch.jit.script(module), str(path), _extra_files={SPEC_EXTRA: json.dumps(spec)})
+
+
+BROKEN = {
+    "wrong shapes": (lambda d: (write_version(trained(0), d, 1, "safetensors"),
+                                (d / "1" / "spec.yaml").write_text((d / "1" / "spec.yaml").read_text()
+                                                                   .replace("rows: 500", "rows: 400"))),
+                     "model.safetensors", "tensor 'tables.0.bag.weight' is torch.float32 [500, 8], the spec needs"),
+    "corrupt file": (lambda d: _corrupt(write_version(trained(0), d, 1, "safetensors")),
+                     "model.safetensors", "not a readable safetensors file"),
+    "corrupt program": (lambda d: _corrupt(write_version(trained(0), d, 1, "torchscript")),
+                        "model.pt", "cannot read the program"),
+    "missing file": (lambda d: (d / "1").mkdir(parents=True), "1", "no model file"),
+    "missing spec": (lambda d: (write_version(trained(0), d, 1, "safetensors"), (d / "1" / "spec.yaml").unlink()),
+                     "model.safetensors", "no spec"),
+    "program raises": (lambda d: _program(Raising(), d / "1" / "model.pt"), "model.pt",
+                       "RuntimeError: feature store unreachable"),
+    "wrong output": (lambda d: _program(WrongWidth(), d / "1" / "model.pt"), "model.pt",
+                     "returned scores [2, 3], expected [2, 1]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_artifact_is_refused_naming_the_file_and_reason(tmp_path, case):
+    make, file_name, reason = BROKEN[case]
+    make(tmp_path / "m")
+    with pytest.raises(ArtifactError) as err:
+        cfg = Repository(tmp_path).model_config("m", 1)
+        check_artifact(Path(cfg.artifact), cfg.spec)
+    print(f"{case}: {err.value}")
+    assert str(tmp_path / "m" / "1") in str(err.value) and file_name in str(err.value)
+    assert reason in str(err.value)
+
+
+def test_program_artifacts_refuse_the_sparse_dense_split(repo, tmp_path):
+    shutil.copytree(repo / "ctr_pt2", tmp_path / "p")
+    (tmp_path / "p" / "config.yaml").write_text("mode: pipeline\n")
+    with pytest.raises(SpecError, match="needs a sparse/dense split; a torch.export program is one opaque"):
+        Repository(tmp_path).model_config("p", 1)
+    shutil.copytree(repo / "ctr", tmp_path / "s")
+    (tmp_path / "s" / "config.yaml").write_text("mode: pipeline\nsparse_workers: 1\n")
+    assert Repository(tmp_path).model_config("s", 1).mode == "pipeline"  # safetensors: the zoo model splits
+
+
+def test_version_policy_and_config_errors(tmp_path):
+    assert VersionPolicy().select([3, 1, 2]) == [3]
+    assert parse_policy({"latest": {"num_versions": 2}}, "x").select([1, 2, 3]) == [2, 3]
+    assert parse_policy({"all": {}}, "x").select([2, 1]) == [1, 2]
+    assert parse_policy({"specific": {"versions": [1, 3]}}, "x").select([1, 2, 3]) == [1, 3]
+    with pytest.raises(SpecError, match="version_policy kind"):
+        parse_policy({"newest": {}}, "x")
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.yaml").write_text("workerz: 2\n")
+    with pytest.raises(SpecError, match=r"unknown key\(s\) \['workerz'\]"):
+        Repository(tmp_path).settings("m")
+
+
+def test_program_spec_comes_from_inside_the_program(repo):
+    spec = artifact_spec(repo / "ctr_pt2" / "1" / "model.pt2", "renamed")
+    assert spec.name == "renamed" and [t.rows for t in spec.tables] == [500, 500, 500]
+
+
+# ---------------------------------------------------------------- served
+
+
+@pytest.fixture(scope="module")
+def node(repo):
+    server = NodeServer(NodeConfig(models=[], repository=str(repo)))
+    ports = server.start()
+    try:
+        yield server, ports
+    finally:
+        server.stop()
+
+
+def _http_inputs(batch):
+    inputs = []
+    for name, arr in batch.as_arrays().items():
+        x = thttp.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    return inputs
+
+
+def _grpc_inputs(batch):
+    inputs = []
+    for name, arr in batch.as_arrays().items():
+        x = tgrpc.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
+        x.set_data_from_numpy(arr)
+        inputs.append(x)
+    return inputs
+
+
+def test_served_scores_equal_the_trained_model_over_http_and_grpc(node):
+    _, ports = node
+    http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    for name, kind in KINDS.items():
+        reference = trained(0, name)
+        batch = sample_batch(reference, 17, rng=3)
+        want = scores(reference, batch)
+        via_http = http.infer(name, _http_inputs(batch)).as_numpy("scores")
+        via_grpc = grpc.infer(name, _grpc_inputs(batch), model_version="1").as_numpy("scores")
+        diffs = np.abs(via_http - want).max(), np.abs(via_grpc - want).max()
+        print(f"{name} ({kind}): max abs diff HTTP {diffs[0]:.3g}, gRPC {diffs[1]:.3g}")
+        assert max(diffs) <= 1e-6
+
+
+def _post(port: int, path: str, body: dict | None = None) -> tuple[int, object]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body or {}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_repository_index_versioned_paths_and_unload_load(node):
+    _, ports = node
+    status, index = _post(ports.http, "/v2/repository/index")
+    assert status == 200
+    assert {(e["name"], e["version"], e["state"]) for e in index} >= {(n, "1", "READY") for n in KINDS}
+    reference = trained(0, "ctr_ts")
+    batch = sample_batch(reference, 4, rng=1)
+    http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    result = http.infer("ctr_ts", _http_inputs(batch), model_version="1")
+    assert result.get_response()["model_version"] == "1"
+    with pytest.raises(Exception, match="no version '9' loaded"):
+        http.infer("ctr_ts", _http_inputs(batch), model_version="9")
+    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    grpc.unload_model("ctr_ts")
+    assert not http.is_model_ready("ctr_ts")
+    index = grpc.get_model_repository_index(as_json=True)["models"]  # proto JSON leaves out empty fields
+    states = {e["name"]: (e.get("state", ""), e.get("reason", "")) for e in index}
+    assert states["ctr_ts"] == ("UNAVAILABLE", "unloaded")
+    http.load_model("ctr_ts")
+    assert np.abs(http.infer("ctr_ts", _http_inputs(batch)).as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
+
+
+def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
+    _, ports = node
+    target = repo / "ctr_ts" / "2"
+    target.mkdir()
+    try:
+        (target / "model.pt").write_bytes(b"not a torchscript archive")
+        status, body = _post(ports.http, "/v2/repository/models/ctr_ts/load")
+        print(body)
+        assert status == 400 and str(target / "model.pt") in body["error"]
+        assert "cannot read the program" in body["error"]
+        _, index = _post(ports.http, "/v2/repository/index")
+        entry = next(e for e in index if e["name"] == "ctr_ts" and e["version"] == "2")
+        assert entry["state"] == "UNAVAILABLE" and "cannot read the program" in entry["reason"]
+        reference = trained(0, "ctr_ts")
+        batch = sample_batch(reference, 3, rng=2)
+        answer = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts", _http_inputs(batch))
+        assert answer.get_response()["model_version"] == "1"
+        assert np.abs(answer.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
+    finally:
+        shutil.rmtree(target)
+
+
+def _body(batch) -> tuple[bytes, dict[str, str]]:
+    arrays = batch.as_arrays()
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPES[a.dtype], "shape": list(a.shape),
+                                   "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
+                       "parameters": {"binary_data_output": True}}).encode()
+    return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
+
+
+async def _poisson_load(port: int, batches: list, rate: float, seconds: float, swap_at: float, swap) -> list[dict]:
+    """Queries at Poisson arrivals over keep-alive connections; ``swap`` runs at ``swap_at`` s in a thread."""
+    rng = np.random.default_rng(0)
+    records: list[dict] = []
+    start = time.perf_counter()
+
+    async def one(session: aiohttp.ClientSession, i: int, sent: float) -> None:
+        body, headers = _body(batches[i % len(batches)])
+        record = {"i": i, "sent": sent, "status": None, "version": None, "scores": None}
+        records.append(record)
+        try:
+            async with session.post(f"http://127.0.0.1:{port}/v2/models/swap/infer", data=body,
+                                    headers=headers) as r:
+                raw = await r.read()
+                record["status"] = r.status
+                if r.status == 200:
+                    n = int(r.headers["Inference-Header-Content-Length"])
+                    head = json.loads(raw[:n])
+                    record["version"] = head["model_version"]
+                    record["scores"] = np.frombuffer(raw[n:], dtype=np.float32).reshape(head["outputs"][0]["shape"])
+        except aiohttp.ClientError as exc:
+            record["status"] = f"{type(exc).__name__}: {exc}"
+
+    loop = asyncio.get_running_loop()
+    swapper = None
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8)) as session:
+        tasks, t, i = [], 0.0, 0
+        while t < seconds:
+            t += rng.exponential(1 / rate)
+            await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+            if swapper is None and t >= swap_at:
+                swapper = loop.run_in_executor(None, swap)
+            tasks.append(asyncio.ensure_future(one(session, i, time.perf_counter() - start)))
+            i += 1
+        await asyncio.gather(*tasks)
+        await swapper
+    return records
+
+
+def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo):
+    _, ports = node
+    old, new = trained(1, "swap"), trained(2, "swap")
+    batches = [sample_batch(old, 1 + 3 * k, rng=k) for k in range(4)]
+    write_version(new, repo / "swap", 2, "safetensors")
+    swap_times: dict[str, float] = {}
+
+    def swap() -> None:
+        swap_times["start"] = time.perf_counter()
+        status, body = _post(ports.http, "/v2/repository/models/swap/load")
+        assert status == 200, body
+        swap_times["end"] = time.perf_counter()
+
+    records = asyncio.run(_poisson_load(ports.http, batches, rate=60.0, seconds=8.0, swap_at=2.0, swap=swap))
+    failed = [r for r in records if r["status"] != 200]
+    timeline = "".join(r["version"] or "x" for r in sorted(records, key=lambda r: r["sent"]))
+    print(f"{len(records)} queries, {len(failed)} failed; version per query in send order:\n{timeline}")
+    assert not failed and len(records) > 100
+    assert timeline.startswith("1" * 20) and timeline.endswith("2" * 20)
+    assert set(timeline) == {"1", "2"}
+    for r in records:  # every answer is its version's trained model's
+        reference = old if r["version"] == "1" else new
+        assert np.abs(r["scores"] - scores(reference, batches[r["i"] % len(batches)])).max() <= 1e-6
+    _, index = _post(ports.http, "/v2/repository/index")
+    states = {(e["name"], e["version"]): e["state"] for e in index}
+    assert states[("swap", "2")] == "READY" and states[("swap", "1")] == "UNAVAILABLE"
+
+
+def test_control_state_names_version_and_artifact(node):
+    _, ports = node
+    with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/ctr", timeout=30) as r:
+        state = json.loads(r.read())
+    assert state["artifact"].endswith("model.safetensors") and state["version"] == "1"
+    assert state["stages"]["model"]["worker_detail"][0]["pss_mb"] > 0
