@@ -357,3 +357,21 @@ def test_control_state_names_version_and_artifact(node):
         state = json.loads(r.read())
     assert state["artifact"].endswith("model.safetensors") and state["version"] == "1"
     assert state["stages"]["model"]["worker_detail"][0]["pss_mb"] > 0
+
+
+def test_models_cli_lists_loads_and_unloads_on_a_server(node, capsys):
+    from recserve.cli import main
+
+    _, ports = node
+    url = f"http://127.0.0.1:{ports.http}"
+    assert main(["models", "unload", "ctr_pt2", "--server", url]) == 0
+    assert main(["models", "list", "--server", url]) == 0
+    out = capsys.readouterr().out
+    assert "unloaded ctr_pt2" in out
+    assert any(line.split()[:3] == ["ctr_pt2", "1", "UNAVAILABLE"] for line in out.splitlines())
+    assert main(["models", "load", "ctr_pt2", "--server", url]) == 0
+    assert "loaded ctr_pt2: version(s) 1 serving" in capsys.readouterr().out
+    assert main(["models", "load", "nope", "--server", url]) == 2
+    assert "no model 'nope'" in capsys.readouterr().err
+    assert main(["models", "list"]) == 0  # the catalogue listing is unchanged
+    assert "hera-dlrm-a" in capsys.readouterr().out
