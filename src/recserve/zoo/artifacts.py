@@ -337,7 +337,9 @@ def export_program(model: RecModel, path: Path | str) -> Path:
         else:
             batch_dim, ids = torch.export.Dim("batch", min=1, max=1 << 20), torch.export.Dim("ids", min=1)
             program = torch.export.export(wire, args, dynamic_shapes=({0: batch_dim}, {0: ids}, {1: batch_dim}))
-            torch.export.save(program, str(path), extra_files=extra)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pt2 archive notes about weight grouping
+                torch.export.save(program, str(path), extra_files=extra)
     return path
 
 
