@@ -375,3 +375,34 @@ def test_models_cli_lists_loads_and_unloads_on_a_server(node, capsys):
     assert "no model 'nope'" in capsys.readouterr().err
     assert main(["models", "list"]) == 0  # the catalogue listing is unchanged
     assert "hera-dlrm-a" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- profile and plan a repository model
+
+
+def test_a_repository_model_path_resolves_as_a_model_name(repo):
+    from recserve.serving.config import served_name
+    from recserve.specs import get_model
+
+    for name in KINDS:
+        spec = get_model(str(repo / name))
+        assert spec.name == str(repo / name) and [t.rows for t in spec.tables] == [500, 500, 500]
+        assert spec.sla.target_ms == 20  # config.yaml's
+    assert get_model(str(repo / "swap" / "1")).sla.target_ms == 50  # config.yaml gives none: the spec's own
+    assert served_name(str(repo / "ctr")) == "ctr" and served_name(str(repo / "ctr" / "1")) == "ctr"
+    with pytest.raises(SpecError, match="repository model's path"):
+        get_model("no-such-model")
+
+
+def test_plan_and_perfmodel_take_a_repository_model(repo, tmp_path, capsys):
+    from recserve.cli import main
+
+    model = str(repo / "ctr_pt2")
+    assert main(["plan", "tier", "--model", model, "--dram-gb", "0.0001", "--qps", "1000"]) == 0
+    assert "feasible" in capsys.readouterr().out
+    assert main(["plan", "shard", "--model", model, "--qps", "1000"]) == 0
+    assert f"{model}: target 1000 QPS" in capsys.readouterr().out
+    out = tmp_path / "modelled.json"
+    assert main(["profile", "model", "--models", model, "--servers", "hera-xeon", "--out", str(out)]) == 0
+    tables = json.loads(out.read_text())["tables"]
+    assert {t["model"] for t in tables} == {model}

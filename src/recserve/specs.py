@@ -337,8 +337,15 @@ def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec
     base, sep, keep = name.rpartition(TABLES_SUFFIX)
     if name not in models and sep and base in models and keep.isdigit():
         return first_tables(models[base], int(keep))
+    if name not in models and "/" in name and Path(name).is_dir():
+        # a model of a model repository, named by its path (REPO/<model>[/<version>]): its own spec file or the spec
+        # inside its program (imported here only, so catalogue users never load the artifact readers)
+        from recserve.serving.repository import reference_spec
+
+        return reference_spec(name)
     if name not in models:
-        raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))}")
+        raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))} (or a repository model's "
+                        "path, REPO/<model>)")
     return models[name]
 
 

@@ -66,6 +66,15 @@ def expand_cores(cores: Any, workers: int, threads: int, where: str) -> list[lis
     return sets
 
 
+def served_name(model: str) -> str:
+    """The default served name: the model's, or for a repository model named by path (``REPO/ctr[/2]``) its
+    directory's (``ctr``), since a name is one segment of the protocol's URLs."""
+    if "/" not in model:
+        return model
+    parts = [p for p in model.split("/") if p]
+    return parts[-2] if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
 @dataclass
 class ModelConfig:
     """How one model is served on this node."""
@@ -94,7 +103,7 @@ class ModelConfig:
     spec: ModelSpec | None = None
 
     def __post_init__(self) -> None:
-        self.name = self.name or self.model
+        self.name = self.name or served_name(self.model)
         where = f"model {self.name!r}"
         if self.spec is None:
             get_model(self.model)  # raises SpecError naming the known models

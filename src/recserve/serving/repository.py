@@ -11,6 +11,10 @@
     tiering: {dir: /ssd/tables, tables: user, cache_mb: 64}     # SDM (safetensors artifacts only)
     version_policy: {latest: {num_versions: 1}}   # or {all: {}} or {specific: {versions: [1, 3]}}
 
+``recserve profile host``, ``plan search|shard|tier`` and the perfmodel take a repository model wherever they take
+a catalogue name: ``--model REPO/<model>`` (newest version) or ``REPO/<model>/<version>`` (:func:`reference_spec`,
+reached through ``specs.get_model``).
+
 This module only reads the repository and turns a (model, version) into a validated
 :class:`~recserve.serving.config.ModelConfig`; loading, swapping and unloading live in the node (server.py).
 """
@@ -24,7 +28,7 @@ from typing import Any
 
 from recserve.errors import SpecError
 from recserve.serving.config import ModelConfig
-from recserve.specs import SLA, _build, read_yaml
+from recserve.specs import SLA, ModelSpec, _build, read_yaml
 
 CONFIG_FILE = "config.yaml"
 # config.yaml key -> ModelConfig field (the node config's names, plus Triton's max_query_size spelling)
@@ -143,22 +147,30 @@ class Repository:
             raise SpecError(f"model {name!r}: version_policy selects none of the versions on disk {available}")
         return chosen
 
+    def spec(self, name: str, version: int | None = None) -> tuple[ModelSpec, Path]:
+        """(spec, artifact) of a version (default: the newest on disk), with config.yaml's SLA."""
+        from recserve.zoo.artifacts import artifact_spec, find_artifact
+
+        settings = self.settings(name)
+        on_disk = self.versions(name)
+        version = version if version is not None else (on_disk[-1] if on_disk else 1)
+        version_dir = self.model_dir(name) / str(version)
+        if not version_dir.is_dir():
+            raise SpecError(f"model {name!r}: no version {version} in {self.model_dir(name)} "
+                            f"(versions on disk: {on_disk})")
+        artifact = find_artifact(version_dir)
+        spec = artifact_spec(artifact, name, {"sla": DEFAULT_SLA})
+        if settings.sla is not None:
+            spec = dataclasses.replace(spec, sla=_build(SLA, settings.sla, f"{self.model_dir(name) / CONFIG_FILE} sla"))
+        return spec, artifact
+
     def model_config(self, name: str, version: int) -> ModelConfig:
         """The served-model config of one version: the artifact, its spec and the model's serving settings.
 
         Reads the spec (cheap); :func:`recserve.zoo.artifacts.check_artifact` runs the artifact (the node does
         that off its event loop before starting workers)."""
-        from recserve.zoo.artifacts import artifact_spec, find_artifact
-
         settings = self.settings(name)
-        version_dir = self.model_dir(name) / str(version)
-        if not version_dir.is_dir():
-            raise SpecError(f"model {name!r}: no version {version} in {self.model_dir(name)} "
-                            f"(versions on disk: {self.versions(name)})")
-        artifact = find_artifact(version_dir)
-        spec = artifact_spec(artifact, name, {"sla": DEFAULT_SLA})
-        if settings.sla is not None:
-            spec = dataclasses.replace(spec, sla=_build(SLA, settings.sla, f"{self.model_dir(name) / CONFIG_FILE} sla"))
+        spec, artifact = self.spec(name, version)
         options = {"tier": settings.tiering} if settings.tiering else {}
         fields = {f.name for f in dataclasses.fields(ModelConfig)}
         extra = {k: v for k, v in settings.serving.items() if k in fields}
@@ -167,3 +179,17 @@ class Repository:
                                options=options, **extra)
         except TypeError as exc:
             raise SpecError(f"{self.model_dir(name) / CONFIG_FILE}: {exc}") from exc
+
+
+def is_reference(name: str) -> bool:
+    """Whether a model name is a path to a repository model (``REPO/<model>[/<version>]``)."""
+    return "/" in name and Path(name).is_dir()
+
+
+def reference_spec(reference: str) -> ModelSpec:
+    """The spec of a repository model named by path; its ``name`` is the path, so any process resolves it again."""
+    path = Path(reference.rstrip("/"))
+    version = int(path.name) if path.name.isdigit() else None
+    model_dir = path.parent if version is not None else path
+    spec, _ = Repository(model_dir.parent).spec(model_dir.name, version)
+    return dataclasses.replace(spec, name=reference)
