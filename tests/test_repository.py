@@ -153,6 +153,9 @@ def test_program_artifacts_refuse_the_sparse_dense_split(repo, tmp_path):
     (tmp_path / "p" / "config.yaml").write_text("mode: pipeline\n")
     with pytest.raises(SpecError, match="needs a sparse/dense split; a torch.export program is one opaque"):
         Repository(tmp_path).model_config("p", 1)
+    (tmp_path / "p" / "config.yaml").write_text(f"tiering: {{dir: {tmp_path}, tables: all}}\n")
+    with pytest.raises(SpecError, match="tiering needs a sparse/dense split"):
+        Repository(tmp_path).model_config("p", 1)
     shutil.copytree(repo / "ctr", tmp_path / "s")
     (tmp_path / "s" / "config.yaml").write_text("mode: pipeline\nsparse_workers: 1\n")
     assert Repository(tmp_path).model_config("s", 1).mode == "pipeline"  # safetensors: the zoo model splits
@@ -406,3 +409,29 @@ def test_plan_and_perfmodel_take_a_repository_model(repo, tmp_path, capsys):
     assert main(["profile", "model", "--models", model, "--servers", "hera-xeon", "--out", str(out)]) == 0
     tables = json.loads(out.read_text())["tables"]
     assert {t["model"] for t in tables} == {model}
+
+
+def test_node_config_serves_a_repository_beside_catalogue_models_and_tiers_a_safetensors_model(repo, disk_dir):
+    """``repository:`` in a node config; a repository model's ``tiering:`` goes through the SDM path."""
+    from recserve.serving import config_from_dict
+
+    root = Path(disk_dir) / "repo"
+    shutil.copytree(repo / "ctr", root / "tiered")
+    (root / "tiered" / "config.yaml").write_text(
+        f"workers: 1\ntiering: {{dir: {disk_dir}, tables: all, cache_mb: 1, engine: threads}}\n")
+    config = config_from_dict({"models": [{"model": "hera-ncf", "name": "ncf", "scale": 1e-4}],
+                               "repository": str(root)})
+    server = NodeServer(config)
+    ports = server.start()
+    try:
+        client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+        reference = trained(0, "ctr")
+        batch = sample_batch(reference, 9, rng=4)
+        served = client.infer("tiered", _http_inputs(batch)).as_numpy("scores")
+        assert client.is_model_ready("ncf")
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/tiered", timeout=30) as r:
+            tier_io = json.loads(r.read())["tier_io"]
+    finally:
+        server.stop()
+    assert np.abs(served - scores(reference, batch)).max() <= 1e-6
+    assert len(tier_io) == 3 and {t["engine"] for t in tier_io} == {"threads"}
