@@ -23,7 +23,7 @@ from recserve.serving import NodeServer
 from recserve.serving.config import NodeConfig
 from recserve.serving.repository import Repository, VersionPolicy, parse_policy
 from recserve.specs import model_from_dict, to_dict
-from recserve.zoo import FAMILY_CLASSES, sample_batch
+from recserve.zoo import FAMILY_CLASSES, random_batch, sample_batch
 from recserve.zoo.artifacts import (
     SPEC_EXTRA,
     ArtifactError,
@@ -51,6 +51,41 @@ def scores(model, batch) -> np.ndarray:
         return model(batch).numpy()
 
 
+class OwnArchitecture(nn.Module):
+    """Not a zoo model: two tables of different widths, one MLP over everything, two towers; exported bare."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.user, self.item = nn.Parameter(torch.randn(300, 8) * 0.1), nn.Parameter(torch.randn(200, 4) * 0.1)
+        self.mlp = nn.Sequential(nn.Linear(6 + 12, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        tables, batch = lengths.shape
+        lens = lengths.to(torch.int64)
+        offsets = torch.cat([lens.new_zeros(1), torch.cumsum(lens.reshape(-1), 0)])
+        table_of = torch.repeat_interleave(torch.arange(tables), lens.sum(1), output_size=values.shape[0])
+        pooled = []
+        for t, weight in enumerate((self.user, self.item)):
+            bags = nn.functional.embedding_bag(values.clamp(0, weight.shape[0] - 1), weight, offsets, mode="sum",
+                                               per_sample_weights=(table_of == t).to(weight.dtype),
+                                               include_last_offset=True)
+            pooled.append(bags[t * batch:(t + 1) * batch])
+        return torch.sigmoid(self.mlp(torch.cat([dense, *pooled], 1)))
+
+
+def export_own(path: Path) -> nn.Module:
+    """A torch.export program with nothing recserve-specific inside (no spec)."""
+    module = OwnArchitecture().eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lengths = torch.tensor([[1, 2, 1, 1], [1, 1, 1, 1]], dtype=torch.int32)
+    example = (torch.randn(4, 6), torch.randint(0, 200, (9,)), lengths)
+    batch, ids = torch.export.Dim("batch", min=1, max=1 << 20), torch.export.Dim("ids", min=1)
+    program = torch.export.export(module, example, dynamic_shapes=({0: batch}, {0: ids}, {1: batch}))
+    torch.export.save(program, str(path))
+    return module
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
@@ -62,6 +97,7 @@ def repo(tmp_path_factory) -> Path:
     (root / "swap" / "config.yaml").write_text("workers: 1\nqueue_limit: 256\n"
                                                "version_policy: {latest: {num_versions: 1}}\n")
     write_version(trained(1, "swap"), root / "swap", 1, "safetensors")
+    export_own(root / "own" / "1" / "model.pt2")
     return root
 
 
@@ -174,6 +210,20 @@ def test_version_policy_and_config_errors(tmp_path):
         Repository(tmp_path).settings("m")
 
 
+def test_a_bare_program_describes_itself(repo):
+    """No spec inside or beside it: inputs, tables, towers and dense FLOPs are read off the program."""
+    spec = artifact_spec(repo / "own" / "1" / "model.pt2", "own")
+    assert (spec.family, spec.dense_in, spec.towers) == ("program", 6, 2)
+    assert [(t.rows, t.dim) for t in spec.tables] == [(300, 8), (200, 4)]
+    assert spec.dense_flops == 2 * (18 * 16 + 16 * 2)  # two Linear layers per item; lookups are not FLOPs
+    assert spec.dense_params == 18 * 16 + 16 + 16 * 2 + 2
+    module = check_artifact(repo / "own" / "1" / "model.pt2", spec)
+    batch = random_batch(6, (300, 200), (1, 1), 5, 1)
+    with torch.inference_mode():
+        want = OwnArchitecture()(batch.dense, batch.values, batch.lengths).numpy()
+    assert np.abs(scores(module, batch) - want).max() <= 1e-6
+
+
 def test_program_spec_comes_from_inside_the_program(repo):
     spec = artifact_spec(repo / "ctr_pt2" / "1" / "model.pt2", "renamed")
     assert spec.name == "renamed" and [t.rows for t in spec.tables] == [500, 500, 500]
@@ -223,6 +273,15 @@ def test_served_scores_equal_the_trained_model_over_http_and_grpc(node):
         diffs = np.abs(via_http - want).max(), np.abs(via_grpc - want).max()
         print(f"{name} ({kind}): max abs diff HTTP {diffs[0]:.3g}, gRPC {diffs[1]:.3g}")
         assert max(diffs) <= 1e-6
+
+
+def test_a_bare_program_of_its_own_architecture_is_served(node):
+    _, ports = node
+    batch = random_batch(6, (300, 200), (1, 1), 7, 2)
+    with torch.inference_mode():
+        want = OwnArchitecture()(batch.dense, batch.values, batch.lengths).numpy()
+    served = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("own", _grpc_inputs(batch))
+    assert np.abs(served.as_numpy("scores") - want).max() <= 1e-6
 
 
 def _post(port: int, path: str, body: dict | None = None) -> tuple[int, object]:
@@ -409,6 +468,10 @@ def test_plan_and_perfmodel_take_a_repository_model(repo, tmp_path, capsys):
     assert main(["profile", "model", "--models", model, "--servers", "hera-xeon", "--out", str(out)]) == 0
     tables = json.loads(out.read_text())["tables"]
     assert {t["model"] for t in tables} == {model}
+    own = str(repo / "own")
+    assert main(["profile", "model", "--models", own, "--servers", "hera-xeon", "--out", str(out)]) == 0
+    assert main(["models", "show", own]) == 0
+    assert '"flops_per_item": 640' in capsys.readouterr().out
 
 
 def test_node_config_serves_a_repository_beside_catalogue_models_and_tiers_a_safetensors_model(repo, disk_dir):

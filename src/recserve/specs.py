@@ -18,8 +18,9 @@ import yaml
 
 from recserve.errors import SpecError
 
-FAMILIES = ("dlrm", "wnd", "mtwnd", "ncf", "din", "dien")
-INTERACTIONS = ("dot", "concat", "attention", "gru")
+# "program": a user's torch.export program of any architecture, described by what was read off it (zoo/artifacts.py)
+FAMILIES = ("dlrm", "wnd", "mtwnd", "ncf", "din", "dien", "program")
+INTERACTIONS = ("dot", "concat", "attention", "gru", "program")
 SIDES = ("user", "item")
 TABLE_KINDS = ("pooled", "sequence")
 
@@ -83,6 +84,9 @@ class ModelSpec:
     source: str = ""
     notes: str = ""
     bytes_per_elem: int = 4
+    # Counted on a program (family "program"), whose MLP widths are unknown; 0 = derive from the widths / the zoo.
+    dense_flops: float = 0.0
+    dense_params: int = 0
 
     def __post_init__(self) -> None:
         _one_of(self, "family", FAMILIES)

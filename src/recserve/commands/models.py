@@ -55,6 +55,8 @@ def rough_dense_params(spec: ModelSpec) -> int:
 
 def flops_per_item(spec: ModelSpec) -> tuple[int | None, str]:
     """(FLOPs, how) — counted on the built zoo model, estimated if too big, None if the zoo lacks the family."""
+    if spec.dense_flops:
+        return int(spec.dense_flops), "counted"  # on the program a repository model was derived from
     rough = rough_dense_params(spec)
     if rough > MAX_BUILD_DENSE_PARAMS:
         return 2 * rough, "estimated"

@@ -9,8 +9,10 @@ Three artifact kinds, one per file name in a version directory (``REPO/<model>/<
 - ``model.pt2``: a ``torch.export`` program; ``model.pt``: a TorchScript module.  Either takes
   ``(dense, sparse_values, sparse_lengths)`` (the wire tensors, ``zoo/batch.py``) and returns ``scores``.
   Their input layout (tables, rows, dims) comes from the ``recserve_spec.json`` extra file that
-  :func:`export_program` writes, else from a spec YAML beside it.  A program is one opaque computation, so the
-  sparse/dense split (pipelines, ElasticRec shards, SDM tiers) is refused for it with a clear message.
+  :func:`export_program` writes, else from a spec YAML beside it, else (``.pt2`` of any architecture) is read off
+  the program itself (:func:`derived_spec`: shapes, embedding weights, FLOPs counted by running it).  A program
+  is one opaque computation, so the sparse/dense split (pipelines, ElasticRec shards, SDM tiers) is refused for
+  it with a clear message.
 
 Every load is checked by running one small batch (:func:`check_artifact`): a broken artifact is refused with
 :class:`ArtifactError` naming the file and the reason, before any worker starts.
@@ -19,6 +21,7 @@ Every load is checked by running one small batch (:func:`check_artifact`): a bro
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -104,11 +107,73 @@ def artifact_spec(artifact: Path, name: str, defaults: dict[str, Any] | None = N
             except SpecError as exc:
                 raise ArtifactError(artifact, f"bad {SPEC_EXTRA} inside the program: {exc}") from exc
     spec_path = spec_file_for(artifact)
+    if spec_path is None and kind == "export":
+        return derived_spec(artifact, name, defaults)
     if spec_path is None:
         what = f"a {SPEC_EXTRA} inside the program or " if kind in PROGRAM_KINDS else ""
         raise ArtifactError(artifact, f"no spec: needs {what}a {SPEC_FILE} in {artifact.parent} or "
                                       f"{artifact.parent.parent} (tables with rows/dim/pooling, dense_in, MLPs)")
     return read_spec(spec_path, name, defaults)
+
+
+def derived_spec(artifact: Path, name: str, defaults: dict[str, Any] | None = None) -> ModelSpec:
+    """What a torch.export program of any architecture says about itself: ``dense_in``, the number of tables and
+    ``towers`` from its input/output shapes, each table's rows and dim from the weights its embedding lookups read
+    (in graph order, one per table), dense FLOPs per item counted by running it.  Pooling factors are not in a
+    program: taken as 1 (a spec.yaml beside it gives them)."""
+    try:
+        program = _load_export(artifact)
+    except Exception as exc:  # noqa: BLE001
+        raise ArtifactError(artifact, f"cannot read the program: {type(exc).__name__}: {_first_line(exc)}") from exc
+    signature = program.graph_signature
+    if len(signature.user_inputs) != 3:
+        raise ArtifactError(artifact, f"the program takes {len(signature.user_inputs)} inputs; expected 3 "
+                                      "(dense, sparse_values, sparse_lengths)")
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    dense, _, lengths = (nodes[n].meta["val"].shape for n in signature.user_inputs)
+    outputs = program.graph.output_node().args[0]
+    dense_in, tables = _static(artifact, "dense dim 1", dense[1]), _static(artifact, "sparse_lengths dim 0", lengths[0])
+    towers = _static(artifact, "scores dim 1", outputs[0].meta["val"].shape[1])
+    state = {**program.state_dict, **program.constants}
+    keys = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
+            **signature.inputs_to_lifted_tensor_constants}
+    weights: dict[str, torch.Tensor] = {}
+    for node in program.graph.nodes:
+        if node.op == "call_function" and "embedding" in str(node.target) and node.args:
+            arg = node.args[0]
+            if getattr(arg, "name", None) in keys:
+                weights.setdefault(arg.name, state[keys[arg.name]])
+    if len(weights) != tables:
+        raise ArtifactError(artifact, f"the program looks up {len(weights)} embedding weight(s) for {tables} tables in "
+                                      f"sparse_lengths, so each table's rows cannot be read off it; put a {SPEC_FILE} "
+                                      "beside it")
+    table_ids = {id(w) for w in weights.values()}
+    dense_params = sum(t.numel() for t in program.state_dict.values() if id(t) not in table_ids)
+    table_specs = [{"name": f"table{t}", "rows": int(w.shape[0]), "dim": int(w.shape[1])}
+                   for t, w in enumerate(weights.values())]
+    data = {"family": "program", "interaction": "program", "dense_in": dense_in, "towers": towers,
+            "tables": table_specs, "dense_params": int(dense_params), "source": f"derived from {artifact.name}"}
+    spec = model_from_dict(name, {"sla": {"target_ms": 100.0}, **(defaults or {}), **data})
+    return dataclasses.replace(spec, dense_flops=_flops_per_item(program.module(), spec))
+
+
+def _static(artifact: Path, what: str, size: Any) -> int:
+    if not isinstance(size, int):
+        raise ArtifactError(artifact, f"{what} is dynamic ({size}) in the program; it must be fixed")
+    return size
+
+
+def _flops_per_item(program: Any, spec: ModelSpec) -> float:
+    """Dense FLOPs per item: the FLOP counter's total at batch 3 minus at batch 1, halved (per-call work cancels)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    totals = []
+    for size in (1, 3):
+        batch = random_batch(spec.dense_in, tuple(t.rows for t in spec.tables), tuple(1 for _ in spec.tables), size)
+        with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+            program(batch.dense, batch.values, batch.lengths)
+        totals.append(counter.get_total_flops())
+    return max(0.0, (totals[1] - totals[0]) / 2)
 
 
 def _embedded_spec(artifact: Path, kind: str) -> dict[str, Any] | None:
