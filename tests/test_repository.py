@@ -98,6 +98,8 @@ def repo(tmp_path_factory) -> Path:
                                                "version_policy: {latest: {num_versions: 1}}\n")
     write_version(trained(1, "swap"), root / "swap", 1, "safetensors")
     export_own(root / "own" / "1" / "model.pt2")
+    shutil.copytree(root / "ctr_ts", root / "ctr_ts_pipeline")  # TorchScript exposes sparse() and dense()
+    (root / "ctr_ts_pipeline" / "config.yaml").write_text("mode: pipeline\nsparse_workers: 1\nworkers: 1\n")
     return root
 
 
@@ -185,6 +187,10 @@ def test_broken_artifact_is_refused_naming_the_file_and_reason(tmp_path, case):
 
 
 def test_program_artifacts_refuse_the_sparse_dense_split(repo, tmp_path):
+    shutil.copytree(repo / "ctr_ts", tmp_path / "t")
+    (tmp_path / "t" / "config.yaml").write_text(f"tiering: {{dir: {tmp_path}, tables: all}}\n")
+    with pytest.raises(SpecError, match="tiering needs a sparse/dense split; a TorchScript module holds its tables"):
+        Repository(tmp_path).model_config("t", 1)
     shutil.copytree(repo / "ctr_pt2", tmp_path / "p")
     (tmp_path / "p" / "config.yaml").write_text("mode: pipeline\n")
     with pytest.raises(SpecError, match="needs a sparse/dense split; a torch.export program is one opaque"):
@@ -282,6 +288,20 @@ def test_a_bare_program_of_its_own_architecture_is_served(node):
         want = OwnArchitecture()(batch.dense, batch.values, batch.lengths).numpy()
     served = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("own", _grpc_inputs(batch))
     assert np.abs(served.as_numpy("scores") - want).max() <= 1e-6
+
+
+def test_a_torchscript_module_with_sparse_and_dense_methods_serves_as_a_pipeline(node):
+    server, ports = node
+    state = server.call(_state(server, "ctr_ts_pipeline"))
+    assert state["mode"] == "pipeline" and set(state["stages"]) == {"sparse", "dense"}
+    reference = trained(0, "ctr_ts_pipeline")
+    batch = sample_batch(reference, 12, rng=8)
+    served = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts_pipeline", _http_inputs(batch))
+    assert np.abs(served.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
+
+
+async def _state(server, name: str) -> dict:
+    return server.core.runtime(name).state()
 
 
 def _post(port: int, path: str, body: dict | None = None) -> tuple[int, object]:

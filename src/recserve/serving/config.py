@@ -135,16 +135,19 @@ class ModelConfig:
 
     def _check_split(self, where: str) -> None:
         """A program artifact has no sparse/dense split: refuse the layouts that need one, saying why."""
-        from recserve.zoo.artifacts import PROGRAM_KINDS, artifact_kind, no_split_reason
+        from recserve.zoo.artifacts import PROGRAM_KINDS, artifact_kind, no_split_reason, program_exposes_split
 
         if artifact_kind(Path(self.artifact)) not in PROGRAM_KINDS:
             return
-        needs = ("mode: pipeline" if self.mode == "pipeline" else
-                 "tiering" if (self.options or {}).get("tier") else
-                 f"table_backend: {self.table_backend}" if self.table_backend != "dram" else "")
+        tables = ("tiering" if (self.options or {}).get("tier") else
+                  f"table_backend: {self.table_backend}" if self.table_backend != "dram" else "")
+        if not tables and self.mode != "pipeline":
+            return
+        splits = program_exposes_split(Path(self.artifact))
+        needs = tables or ("" if splits else "mode: pipeline")
         if needs:
             raise SpecError(f"{where} version {self.version} ({self.artifact}): {needs} needs a sparse/dense split; "
-                            f"{no_split_reason(self.artifact)}")
+                            f"{no_split_reason(self.artifact, splits)}")
 
     def worker_cores(self) -> list[list[int]]:
         return expand_cores(self.cores, self.workers, self.threads, f"model {self.name!r} cores")

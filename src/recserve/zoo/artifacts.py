@@ -231,20 +231,41 @@ class ProgramModel(nn.Module):
         return self.program(batch.dense, batch.values, batch.lengths)
 
     def sparse(self, batch: QueryBatch) -> list[torch.Tensor]:
-        raise ArtifactError(self.path, no_split_reason(self.path))
+        """The program's own ``sparse`` method's output (one tensor, whatever its layout), if it has one."""
+        if not exposes_split(self.program):
+            raise ArtifactError(self.path, no_split_reason(self.path))
+        return [self.program.sparse(batch.dense, batch.values, batch.lengths)]
 
     def dense(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
-        raise ArtifactError(self.path, no_split_reason(self.path))
+        if not exposes_split(self.program):
+            raise ArtifactError(self.path, no_split_reason(self.path))
+        return self.program.dense(dense, pooled[0])
+
+
+def exposes_split(program: Any) -> bool:
+    """A TorchScript module with ``sparse(dense, values, lengths) -> T`` and ``dense(dense, T) -> scores`` methods
+    (what :func:`export_program` writes) can run as a sparse/dense pipeline."""
+    return isinstance(program, torch.jit.ScriptModule) and all(
+        hasattr(program, m) for m in ("sparse", "dense"))
+
+
+def program_exposes_split(artifact: Path) -> bool:
+    return artifact_kind(artifact) == "torchscript" and exposes_split(torch.jit.load(str(artifact), map_location="cpu"))
 
     def validate(self, batch: QueryBatch, max_batch: int | None = None) -> None:
         batch.validate(self.spec.dense_in, self.rows, self.sequence_lengths, max_batch)
 
 
-def no_split_reason(path: Path | str) -> str:
+def no_split_reason(path: Path | str, pipeline_ok: bool = False) -> str:
+    """Why a program cannot be split: tiers and shards replace a zoo model's tables, which a program holds inside;
+    a pipeline needs ``sparse`` and ``dense`` methods, which only a TorchScript module can carry."""
     kind = "a torch.export program" if str(path).endswith(".pt2") else "a TorchScript module"
+    if pipeline_ok:
+        return (f"{kind} holds its tables inside, so they cannot be placed on ElasticRec shards or SDM tiers; "
+                "export the model as spec.yaml + model.safetensors for that")
     return (f"{kind} is one opaque computation with no sparse/dense split, so it cannot run as a pipeline, "
-            "on ElasticRec shards or with SDM-tiered tables; serve it with mode: model, or export the model as "
-            "spec.yaml + model.safetensors")
+            "on ElasticRec shards or with SDM-tiered tables; serve it with mode: model, export it as TorchScript with "
+            "sparse() and dense() methods (export_program does) for a pipeline, or as spec.yaml + model.safetensors")
 
 
 def load_artifact(artifact: Path, spec: ModelSpec) -> nn.Module:
@@ -377,12 +398,18 @@ class WireModule(nn.Module):
         self.dense_part.tables = nn.ModuleList()
 
     def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.dense(dense, self.sparse(dense, values, lengths))
+
+    def sparse(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Pooled embeddings ``[tables, batch, widest dim]`` (the split a TorchScript export exposes)."""
         tables, batch = lengths.shape
         lens = lengths.to(torch.int64)
         offsets = torch.cat([lens.new_zeros(1), torch.cumsum(lens.reshape(-1), 0)])
         table_of = torch.repeat_interleave(torch.arange(tables), lens.sum(1), output_size=values.shape[0])
-        pooled = F.embedding_bag(values + self.row_base[table_of], self.weight, offsets, mode="sum",
-                                 include_last_offset=True).view(tables, batch, -1)
+        return F.embedding_bag(values + self.row_base[table_of], self.weight, offsets, mode="sum",
+                               include_last_offset=True).view(tables, batch, -1)
+
+    def dense(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         return self.dense_part.dense(dense, [pooled[t, :, :d] for t, d in enumerate(self.dims)])
 
 
@@ -398,7 +425,9 @@ def export_program(model: RecModel, path: Path | str) -> Path:
     extra = {SPEC_EXTRA: json.dumps(to_dict(model.spec))}
     with torch.no_grad():
         if kind == "torchscript":
-            torch.jit.save(torch.jit.trace(wire, args), str(path), _extra_files=extra)
+            pooled = wire.sparse(*args)
+            traced = torch.jit.trace_module(wire, {"forward": args, "sparse": args, "dense": (args[0], pooled)})
+            torch.jit.save(traced, str(path), _extra_files=extra)
         else:
             batch_dim, ids = torch.export.Dim("batch", min=1, max=1 << 20), torch.export.Dim("ids", min=1)
             program = torch.export.export(wire, args, dynamic_shapes=({0: batch_dim}, {0: ids}, {1: batch_dim}))
