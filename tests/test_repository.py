@@ -476,6 +476,24 @@ def test_a_repository_model_path_resolves_as_a_model_name(repo):
         get_model("no-such-model")
 
 
+def test_a_repository_path_builds_and_serves_its_own_artifact(repo):
+    """What profiling measures for a repository model: the artifact itself, not a random zoo model at a scale."""
+    from recserve.serving.config import ModelConfig
+    from recserve.specs import get_model
+    from recserve.zoo import build_or_load
+
+    for name in ("ctr", "own"):
+        path = str(repo / name)
+        model = build_or_load(get_model(path), scale=1e-3)
+        cfg = ModelConfig(model=path, scale=1e-3)
+        assert (cfg.name, cfg.version, Path(cfg.artifact).parent) == (name, 1, repo / name / "1")
+        assert cfg.served_rows() == tuple(t.rows for t in get_model(path).tables)  # real rows: scale does not apply
+        batch = random_batch(cfg.spec.dense_in, cfg.served_rows(), (1,) * len(cfg.served_rows()), 3, 0)
+        want = scores(trained(0, name), batch) if name == "ctr" else \
+            OwnArchitecture()(batch.dense, batch.values, batch.lengths).detach().numpy()
+        assert np.abs(scores(model, batch) - want).max() <= 1e-6
+
+
 def test_plan_and_perfmodel_take_a_repository_model(repo, tmp_path, capsys):
     from recserve.cli import main
 

@@ -105,6 +105,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.name = self.name or served_name(self.model)
         where = f"model {self.name!r}"
+        if self.spec is None and not self.artifact and "/" in self.model and Path(self.model).is_dir():
+            self._from_repository_path()
         if self.spec is None:
             get_model(self.model)  # raises SpecError naming the known models
         elif self.artifact:
@@ -123,6 +125,15 @@ class ModelConfig:
         self.worker_cores()  # validate early
         if self.mode == "pipeline":
             self.sparse_worker_cores()
+
+    def _from_repository_path(self) -> None:
+        """``model: REPO/<model>[/<version>]`` serves that artifact (profiling serves repository models so)."""
+        from recserve.serving.repository import reference_spec
+        from recserve.zoo.artifacts import reference_artifact
+
+        self.spec = reference_spec(self.model)
+        artifact = reference_artifact(self.model)
+        self.artifact, self.version = str(artifact), int(artifact.parent.name)
 
     def model_spec(self) -> ModelSpec:
         """The spec of what is served: the artifact's own for repository models, else the catalogue's."""

@@ -65,6 +65,17 @@ def find_artifact(version_dir: Path) -> Path:
     return found[0]
 
 
+def reference_artifact(reference: str) -> Path:
+    """The artifact a repository path names: ``REPO/<model>/<version>``, or the newest version of ``REPO/<model>``."""
+    path = Path(reference.rstrip("/"))
+    if not path.name.isdigit():
+        versions = sorted(int(d.name) for d in path.iterdir() if d.is_dir() and d.name.isdigit())
+        if not versions:
+            raise ArtifactError(path, "no version directory (e.g. 1/)")
+        path = path / str(versions[-1])
+    return find_artifact(path)
+
+
 def artifact_kind(path: Path) -> str:
     kind = ARTIFACT_KINDS.get(Path(path).name)
     if kind is None:
