@@ -431,6 +431,9 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
     _, index = _post(ports.http, "/v2/repository/index")
     states = {(e["name"], e["version"]): e["state"] for e in index}
     assert states[("swap", "2")] == "READY" and states[("swap", "1")] == "UNAVAILABLE"
+    answer = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("swap", _grpc_inputs(batches[1]))
+    assert answer.get_response().model_version == "2"
+    assert np.abs(answer.as_numpy("scores") - scores(new, batches[1])).max() <= 1e-6
 
 
 def test_control_state_names_version_and_artifact(node):

@@ -175,7 +175,6 @@ class NodeCore:
         except ValueError as exc:
             raise InferError("invalid", f"ways: {exc}", "ways") from exc
 
-
     # ------------------------------------------------------------------ model repository
     def _repo(self) -> Repository:
         if self.repository is None:
