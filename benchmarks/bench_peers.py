@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,16 +55,17 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> None:
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
-def recserve_node(model: str, scale: float, workers: int):
-    """The one place the recserve node is built (switch its data-plane options here)."""
+def recserve_node(model: str, scale: float, workers: int, sla_ms: float, **options: Any):
+    """The one place the recserve node is built (switch its data-plane options here).  Its queries' deadline is
+    the benchmark's SLA: what would miss it is shed at once (and counted as a failure, as a late answer is)."""
     from recserve.serving import NodeServer, quick_config
 
-    return NodeServer(quick_config(model, scale=scale, workers=workers))
+    return NodeServer(quick_config(model, scale=scale, workers=workers, deadline_ms=sla_ms, **options))
 
 
-def _recserve_main(conn, model: str, scale: float, workers: int) -> None:
+def _recserve_main(conn, model: str, scale: float, workers: int, sla_ms: float, options: dict) -> None:
     """Serve from a process of its own (like the peers), so it shares no GIL with the load generator."""
-    server = recserve_node(model, scale, workers)
+    server = recserve_node(model, scale, workers, sla_ms, **options)
     conn.send(server.start().http)
     try:
         conn.recv()  # any message, or the parent gone, means stop
@@ -74,9 +76,10 @@ def _recserve_main(conn, model: str, scale: float, workers: int) -> None:
 
 
 @contextmanager
-def recserve_server(model: str, scale: float, workers: int) -> Iterator[str]:
+def recserve_server(model: str, scale: float, workers: int, sla_ms: float, **options: Any) -> Iterator[str]:
     mine, theirs = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=_recserve_main, args=(theirs, model, scale, workers))
+    proc = mp.get_context("spawn").Process(target=_recserve_main,
+                                           args=(theirs, model, scale, workers, sla_ms, options))
     proc.start()  # not a daemon: the node starts worker processes of its own
     try:
         if not mine.poll(600):
@@ -96,7 +99,7 @@ def _peer_env(model: str, scale: float) -> dict[str, str]:
 
 
 @contextmanager
-def fastapi_server(model: str, scale: float, workers: int) -> Iterator[str]:
+def fastapi_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.peers.fastapi_app:app", "--host",
                              "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning"],
@@ -110,7 +113,7 @@ def fastapi_server(model: str, scale: float, workers: int) -> Iterator[str]:
 
 
 @contextmanager
-def ray_server(model: str, scale: float, workers: int) -> Iterator[str]:
+def ray_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
     os.environ.update(_peer_env(model, scale))
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -130,7 +133,19 @@ def ray_server(model: str, scale: float, workers: int) -> Iterator[str]:
         ray.shutdown()
 
 
-PEERS: dict[str, Callable] = {"recserve": recserve_server, "ray-serve": ray_server, "fastapi": fastapi_server}
+@contextmanager
+def recserve_nofuse_server(model: str, scale: float, workers: int, sla_ms: float) -> Iterator[str]:
+    """recserve computing one query per forward pass (fusion off): what fusing queued queries buys."""
+    with recserve_server(model, scale, workers, sla_ms, fuse_items=0) as url:
+        yield url
+
+
+PEERS: dict[str, Callable] = {
+    "recserve": recserve_server,
+    "recserve-nofuse": recserve_nofuse_server,
+    "ray-serve": ray_server,
+    "fastapi": fastapi_server,
+}
 
 
 def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, sla_ms: float) -> dict:
@@ -183,7 +198,7 @@ def main() -> int:
     parser.add_argument("--start-qps", type=float, default=5.0)
     parser.add_argument("--max-probes", type=int, default=14)
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
-    parser.add_argument("--peers", default="recserve,fastapi", help="of recserve,fastapi,ray-serve")
+    parser.add_argument("--peers", default="recserve,fastapi", help="of recserve,recserve-nofuse,fastapi,ray-serve")
     parser.add_argument("--out", default="results/bench_peers.json")
     args = parser.parse_args()
     spec = get_model(args.model)
@@ -196,7 +211,7 @@ def main() -> int:
         by_peer = results["by_workers"].setdefault(str(workers), {})
         for name in args.peers.split(","):
             print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
-            with PEERS[name](args.model, args.scale, workers) as url:
+            with PEERS[name](args.model, args.scale, workers, sla) as url:
                 by_peer[name] = max_load(url, args.model, pool, args, sla)
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)

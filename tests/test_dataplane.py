@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import threading
 import time
+import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import numpy as np
 import pytest
 import torch
 
+from oip_inputs import DTYPE_NAMES, grpc_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.dataplane import ParseError, parse_head
 from recserve.serving.server import _infer_target
 from recserve.zoo import sample_batch
 
-DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 MODELS = {"a": "hera-dlrm-a", "b": "hera-ncf"}
 
 
@@ -27,7 +32,8 @@ MODELS = {"a": "hera-dlrm-a", "b": "hera-ncf"}
 def node():
     config = config_from_dict({"models": [
         {"name": "a", "model": MODELS["a"], "scale": 1e-4, "workers": 2, "max_batch_size": 128},
-        {"name": "b", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128},
+        {"name": "b", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
+         "deadline_ms": 30_000},  # tests of deadlines set their own; the others must not depend on the host's speed
     ]})
     server = NodeServer(config)
     ports = server.start()
@@ -35,6 +41,16 @@ def node():
         yield server, ports.http
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def grpc_node():
+    config = config_from_dict({"models": [
+        {"name": "a", "model": MODELS["a"], "scale": 1e-4, "workers": 2, "max_batch_size": 128},
+        {"name": "b", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
+         "deadline_ms": 30_000}]})
+    with NodeServer(config) as server:
+        yield server.ports
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +67,7 @@ def cases(node):
 
 def body_of(batch) -> tuple[bytes, dict[str, str]]:
     arrays = batch.as_arrays()
-    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPES[a.dtype], "shape": list(a.shape),
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
                                    "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
                        "parameters": {"binary_data_output": True}}).encode()
     return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
@@ -230,3 +246,213 @@ def test_front_end_is_validated_and_the_v1_layout_still_serves(cases):
             scores = scores_of(r.read(), r.headers["Inference-Header-Content-Length"])
         assert pipe_items(port, "b") == 1  # v1: the server process decoded it and shipped it over the pipe
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- admission, deadlines, fusion, faults
+
+
+def post(port: int, model: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{model}/infer", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), dict(err.headers)
+
+
+def with_parameters(batch, **parameters) -> tuple[bytes, dict[str, str]]:
+    """A binary-extension request with extra request-level ``parameters``."""
+    arrays = batch.as_arrays()
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
+                                   "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
+                       "parameters": {"binary_data_output": True, **parameters}}).encode()
+    return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
+
+
+def worker_pids(port: int, model: str) -> list[int]:
+    return [w["pid"] for w in get(port, f"/control/models/{model}")["stages"]["model"]["worker_detail"]]
+
+
+def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
+    """``parameters.timeout`` (microseconds, Triton's convention): a query queued behind others past it is
+    answered 504 without being computed, or refused at once if it could not make it; a malformed one is a 400
+    naming the field."""
+    _, port = node
+    batch, expected = cases["b"][0]
+    for bad in (0, -5, 1.5, "10", True):
+        status, raw, _ = post(port, "b", *with_parameters(batch, timeout=bad))
+        assert status == 400 and json.loads(raw)["field"] == "parameters.timeout", (bad, raw)
+    status, raw, headers = post(port, "b", *with_parameters(batch, timeout=10_000_000))
+    assert status == 200
+    np.testing.assert_allclose(scores_of(raw, headers["Inference-Header-Content-Length"]), expected, rtol=1e-5,
+                               atol=1e-6)
+    pids = worker_pids(port, "b")
+    with ThreadPoolExecutor(8) as pool:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        timer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGCONT) for pid in pids])
+        timer.start()
+        answers = list(pool.map(lambda _: post(port, "b", *with_parameters(batch, timeout=1)), range(8)))
+        timer.join()
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses.count(200) >= 1 and set(statuses) <= {200, 503, 504} and len(set(statuses)) > 1, statuses
+    for status, raw, hdrs in answers:
+        if status == 504:
+            assert "deadline exceeded" in json.loads(raw)["error"]
+        if status == 503:
+            assert "after its deadline" in json.loads(raw)["error"] and int(hdrs["Retry-After"]) >= 1
+    deadline = time.monotonic() + 5
+    codes = {503: "unavailable", 504: "deadline"}
+    for status in set(statuses) - {200}:
+        while f'recserve_request_errors_total{{model="b",code="{codes[status]}"}}' not in metrics_text(port):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+
+def test_queued_queries_are_fused_into_one_pass_with_the_same_scores(node, cases):
+    """Queries that are queued together run as one forward pass (Triton-style dynamic batching) and each gets
+    exactly its own scores."""
+    _, port = node
+    stats = get(port, "/v2/models/b/stats")["model_stats"][0]
+    pids = worker_pids(port, "b")
+    pairs = cases["b"] * 3
+
+    async def burst() -> list[np.ndarray]:
+        async with aiohttp.ClientSession() as s:
+            s.port = port
+            return await asyncio.gather(*(post_scores(s, "b", batch) for batch, _ in pairs))
+
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGCONT) for pid in pids])
+    timer.start()
+    got = asyncio.run(burst())
+    timer.join()
+    for scores, (_, expected) in zip(got, pairs, strict=True):
+        np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    time.sleep(0.1)
+    after = get(port, "/v2/models/b/stats")["model_stats"][0]
+    queries = after["inference_stats"]["success"]["count"] - stats["inference_stats"]["success"]["count"]
+    passes = after["execution_count"] - stats["execution_count"]
+    assert queries == len(pairs) and passes < queries, (queries, passes)
+
+
+def test_concat_arrays_is_the_batch_of_the_concatenated_samples(cases):
+    from recserve.zoo.batch import QueryBatch, concat_arrays
+
+    parts = [b for b, _ in cases["a"]]
+    fused = concat_arrays([(b.dense.numpy(), b.values.numpy(), b.lengths.numpy()) for b in parts])
+    fused_batch = QueryBatch(*(torch.from_numpy(a) for a in fused))
+    start = 0
+    for b in parts:
+        piece = fused_batch.slice(start, start + b.size)
+        start += b.size
+        for x, y in zip((piece.dense, piece.values, piece.lengths), (b.dense, b.values, b.lengths), strict=True):
+            assert torch.equal(x, y.to(x.dtype))
+
+
+def test_service_time_fit_predicts_fixed_and_per_item_cost():
+    from recserve.serving.dataplane import ServiceTime
+
+    fit = ServiceTime()
+    assert fit.predict(100) == 0.0  # nothing learned: admit
+    for items in (1, 10, 100, 1000) * 5:
+        fit.observe(items, 0.001 + 2e-6 * items)
+    fixed, per_item = fit.coefficients()
+    assert fixed == pytest.approx(0.001, rel=1e-3) and per_item == pytest.approx(2e-6, rel=1e-3)
+    assert fit.predict(500, passes=2) == pytest.approx(0.002 + 0.001, rel=1e-3)
+
+
+@pytest.fixture
+def fragile_node():
+    config = config_from_dict({"read_timeout_s": 1.0, "models": [
+        {"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
+         "hang_timeout_s": 1.0, "deadline_ms": 2000}]})
+    with NodeServer(config) as server:
+        yield server.ports.http
+
+
+def test_a_hung_worker_answers_504_turns_unready_and_is_replaced(fragile_node, cases):
+    port = fragile_node
+    batch, expected = cases["b"][1]
+    body, headers = body_of(batch)
+    (pid,) = worker_pids(port, "h")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        head = (f"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+        s.sendall(head + body)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")  # this connection now lives in the worker
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        s.sendall(head + body)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        waited = time.monotonic() - start
+    assert reply.startswith(b"HTTP/1.1 504") and b"stopped responding" in reply, reply[:300]
+    assert waited < 10, waited  # bounded by hang_timeout_s plus the watchdog's tick, not by the client
+    seen_unready = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/h/ready", timeout=30)
+            if seen_unready:
+                break
+        except urllib.error.HTTPError as err:
+            assert err.code == 503
+            seen_unready = True
+        time.sleep(0.02)
+    assert seen_unready
+    state = get(port, "/control/models/h")
+    assert state["worker_restarts"] == 1 and worker_pids(port, "h") != [pid]
+    status, raw, hdrs = post(port, "h", body, headers)
+    assert status == 200
+    np.testing.assert_allclose(scores_of(raw, hdrs["Inference-Header-Content-Length"]), expected, rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
+    port = fragile_node
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(20)]
+    try:
+        for s in socks:  # a body promised and never sent
+            s.sendall(b"POST /v2/models/h/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+        assert get(port, "/v2/health/live") == {"live": True}
+        replies = [s.recv(65536) for s in socks]  # within read_timeout_s plus one sweep
+    finally:
+        for s in socks:
+            s.close()
+    assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies[:2]
+    line = 'recserve_requests_refused_total{model="h",reason="slow_client"} 20'
+    deadline = time.monotonic() + 5  # the worker reports within milliseconds
+    while line not in metrics_text(port) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert line in metrics_text(port)
+
+
+def metrics_text(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+
+
+def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(grpc_node, cases):
+    """Workers listen on the public gRPC port too: their model's ModelInfer never crosses a pipe; metadata,
+    readiness, statistics, other models and streams are forwarded to the server process."""
+    import tritonclient.grpc as tgrpc
+
+    ports = grpc_node
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    assert client.is_server_ready() and client.is_model_ready("a") and not client.is_model_ready("nope")
+    assert client.get_model_metadata("b").name == "b"
+    for _ in range(3):  # new connections land on any worker: each forwards what is not its own
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        for name, pairs in cases.items():
+            for batch, expected in pairs:
+                scores = client.infer(name, grpc_inputs(batch), client_timeout=30).as_numpy("scores")
+                np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    served_here = pipe_items(ports.http, "a") + pipe_items(ports.http, "b")
+    assert served_here < 18  # queries that met a worker of their own model did not cross a pipe
+    stats = client.get_inference_statistics("a").model_stats[0]
+    assert stats.inference_stats.success.count >= 9

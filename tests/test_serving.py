@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ import tritonclient.http as thttp
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
 from recserve.serving.control_client import ControlClient, ControlError, LlcUnsupportedError
@@ -30,7 +32,6 @@ from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 
 
 def dlrm_names() -> list[str]:
@@ -69,24 +70,6 @@ def references(node):
 def reference_scores(model, batch) -> np.ndarray:
     with torch.no_grad():
         return model(batch).numpy()
-
-
-def http_inputs(batch, binary=True):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = thttp.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
-        x.set_data_from_numpy(arr, binary_data=binary)
-        inputs.append(x)
-    return inputs
-
-
-def grpc_inputs(batch):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = tgrpc.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
 
 
 def get_json(port, path):
@@ -303,6 +286,24 @@ def test_grpc_bad_request_is_invalid_argument(node, references):
     assert err.value.status() == "StatusCode.NOT_FOUND"
 
 
+@contextlib.contextmanager
+def paused_workers(port: int, model: str, seconds: float):
+    """Stop the model's workers (SIGSTOP) and let them go ``seconds`` after the block has started its requests.
+
+    Requests sent meanwhile wait in the kernel, so the worker reads them all at once: admission is then
+    decided on a known queue, whatever the speed of the client or of the machine."""
+    state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/control/models/{model}", timeout=30).read())
+    pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, lambda: [os.kill(pid, signal.SIGCONT) for pid in pids])
+    timer.start()
+    try:
+        yield pids
+    finally:
+        timer.join()
+
+
 def binary_body(batch) -> tuple[bytes, dict[str, str]]:
     """A binary-extension infer request (what tritonclient sends), built by hand."""
     arrays = batch.as_arrays()
@@ -314,6 +315,8 @@ def binary_body(batch) -> tuple[bytes, dict[str, str]]:
 
 
 def test_overload_gives_503_not_unbounded_latency(node, references):
+    """A burst that lands while the worker is busy (paused here, so the burst is whole when it reads it):
+    two queries are admitted (queue_limit 2), the rest are refused at once with 503 and Retry-After."""
     _, ports = node
     model = references["dlrm-a"]  # one worker, queue_limit 2
     body, headers = binary_body(sample_batch(model, 256, rng=4))
@@ -323,14 +326,15 @@ def test_overload_gives_503_not_unbounded_latency(node, references):
         async with aiohttp.ClientSession() as s:
             async def one():
                 async with s.post(url, data=body, headers=headers) as r:
-                    return r.status, await r.read()
+                    return r.status, await r.read(), r.headers.get("Retry-After")
             return await asyncio.gather(*(one() for _ in range(24)))
 
-    results = asyncio.run(burst())
-    statuses = [s for s, _ in results]
+    with paused_workers(ports.http, "dlrm-a", seconds=1.0):
+        results = asyncio.run(burst())
+    statuses = [s for s, _, _ in results]
     assert set(statuses) <= {200, 503} and statuses.count(503) >= 1 and statuses.count(200) >= 2, statuses
-    overloaded = next(json.loads(b) for s, b in results if s == 503)
-    assert "overloaded" in overloaded["error"]
+    overloaded = next((json.loads(b), retry) for s, b, retry in results if s == 503)
+    assert "overloaded" in overloaded[0]["error"] and int(overloaded[1]) >= 1
     grpc_client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
     assert grpc_client.is_model_ready("dlrm-a")  # and it keeps serving afterwards
     assert grpc_client.infer("dlrm-a", grpc_inputs(sample_batch(model, 2))).as_numpy("scores").shape == (2, 1)
@@ -342,8 +346,9 @@ def test_overload_gives_503_not_unbounded_latency(node, references):
 class Load:
     """Closed-loop load from a few threads; records every reply."""
 
-    def __init__(self, port, model_name, model, threads=3, batch=48):
+    def __init__(self, port, model_name, model, threads=3, batch=48, grpc_port=None):
         self.url = f"127.0.0.1:{port}"
+        self.grpc_url = f"127.0.0.1:{grpc_port}" if grpc_port else None
         self.name = model_name
         self.batches = [sample_batch(model, batch, rng=i) for i in range(4)]
         self.expected = [reference_scores(model, b) for b in self.batches]
@@ -353,13 +358,16 @@ class Load:
         self.futures = [self.pool.submit(self._run, i) for i in range(threads)]
 
     def _run(self, seed):
-        client = thttp.InferenceServerClient(self.url, network_timeout=120)
+        if self.grpc_url:
+            client, inputs = tgrpc.InferenceServerClient(self.grpc_url), grpc_inputs
+        else:
+            client, inputs = thttp.InferenceServerClient(self.url, network_timeout=120), http_inputs
         i = seed
         while not self.stop.is_set():
             k = i % len(self.batches)
             i += 1
             try:
-                out = client.infer(self.name, http_inputs(self.batches[k])).as_numpy("scores")
+                out = client.infer(self.name, inputs(self.batches[k])).as_numpy("scores")
                 ok = np.allclose(out, self.expected[k], rtol=1e-5, atol=1e-6)
                 self.results.append(("ok" if ok else "wrong", ""))
             except InferenceServerException as exc:
@@ -406,10 +414,11 @@ def test_killed_worker_fails_its_query_explicitly_and_comes_back(node, reference
     assert pids[0] not in [w["pid"] for w in after]
 
 
-def test_changing_workers_under_load_loses_no_query(node, references):
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_changing_workers_under_load_loses_no_query(node, references, protocol):
     _, ports = node
     control = ControlClient("127.0.0.1", ports.http)
-    load = Load(ports.http, "rmc1", references["rmc1"])
+    load = Load(ports.http, "rmc1", references["rmc1"], grpc_port=ports.grpc if protocol == "grpc" else None)
     assert wait_for(lambda: len(load.results) >= 3)
     state = control.set_workers("rmc1", 1)
     assert state["stages"]["model"]["workers"] == 1

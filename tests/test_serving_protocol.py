@@ -20,13 +20,13 @@ import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import recserve
+from oip_inputs import DTYPE_NAMES, grpc_inputs
 from recserve.serving import NodeServer, build_worker_model, codec
 from recserve.serving.config import quick_config
 from recserve.serving.errors import STATUS, InferError
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
-DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 MAX_BODY = 1024 * 1024
 
 
@@ -62,15 +62,6 @@ def call(port: int, path: str, body: bytes | None = None, method: str | None = N
 def json_request(batch) -> dict:
     return {"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
                         "data": a.reshape(-1).tolist()} for n, a in batch.as_arrays().items()]}
-
-
-def grpc_inputs(batch):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = tgrpc.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
 
 
 # ---------------------------------------------------------------- HTTP health and errors

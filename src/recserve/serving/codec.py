@@ -168,11 +168,25 @@ def _parameters(field: str, holder: dict[str, Any], flag: str | None = None) -> 
     return params
 
 
+MAX_TIMEOUT_US = 3600 * 10**6
+
+
+def timeout_s(params: dict[str, Any]) -> float | None:
+    """The request's ``timeout`` parameter (microseconds, Triton's convention) in seconds; None if absent."""
+    value = params.get("timeout")
+    if value is None:
+        return None
+    if type(value) is not int or not 0 < value <= MAX_TIMEOUT_US:
+        raise invalid("parameters.timeout", f"must be an integer number of microseconds in (0, {MAX_TIMEOUT_US}], "
+                                            f"got {value!r}")
+    return value / 1e6
+
+
 def _check_request(request: dict[str, Any]) -> None:
     """Everything of the request besides the input tensors: ``id``, ``parameters``, ``outputs``."""
     if "id" in request and not isinstance(request["id"], str):
         raise invalid("id", f"must be a string, got {request['id']!r}")
-    _parameters("parameters", request, "binary_data_output")
+    timeout_s(_parameters("parameters", request, "binary_data_output"))
     outputs = request.get("outputs")
     if outputs is None:
         return

@@ -19,6 +19,10 @@ A node config is YAML::
         share_tables: true   # one copy of the weights in shared memory for all workers
         max_batch_size: 1024
         queue_limit: 64      # queries admitted but not finished; more -> 503 / UNAVAILABLE
+        deadline_ms: null    # a query's deadline when the client sets no `timeout` (null = twice the model's
+                             # SLA target); queries that cannot finish by it are shed (503), late ones get 504
+        fuse_items: 256      # fuse queued queries into one forward pass of at most this many items (0 = off)
+        hang_timeout_s: 5.0  # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
@@ -36,6 +40,7 @@ from recserve.errors import SpecError
 from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
+DEADLINE_SLA_FACTOR = 2.0
 
 
 def available_cores() -> list[int]:
@@ -96,6 +101,9 @@ class ModelConfig:
     llc_ways: int | None = None
     table_backend: str = "dram"
     options: dict[str, Any] = field(default_factory=dict)
+    deadline_ms: float | None = None
+    fuse_items: int = 256
+    hang_timeout_s: float = 5.0
     # Repository models (serving/repository.py): the artifact file of one version and the spec describing it.
     # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
     artifact: str = ""
@@ -107,10 +115,17 @@ class ModelConfig:
         where = f"model {self.name!r}"
         if self.spec is None and not self.artifact and "/" in self.model and Path(self.model).is_dir():
             self._from_repository_path()
-        if self.spec is None:
-            get_model(self.model)  # raises SpecError naming the known models
-        elif self.artifact:
+        spec = self.model_spec()  # raises SpecError naming the known models
+        if self.artifact:
             self._check_split(where)
+        if self.deadline_ms is None:  # room for the tail the SLA allows past its target, and no more
+            self.deadline_ms = DEADLINE_SLA_FACTOR * float(spec.sla.target_ms)
+        for key, low in (("deadline_ms", 0.0), ("hang_timeout_s", 0.0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not low < value < 1e7:
+                raise SpecError(f"{where}: {key} must be a number > {low:g}, got {value!r}")
+        if isinstance(self.fuse_items, bool) or not isinstance(self.fuse_items, int) or self.fuse_items < 0:
+            raise SpecError(f"{where}: fuse_items must be an integer >= 0, got {self.fuse_items!r}")
         if self.mode not in MODES:
             raise SpecError(f"{where}: mode must be one of {MODES}, got {self.mode!r}")
         for key in ("workers", "threads", "max_batch_size", "queue_limit", "sparse_workers"):
@@ -184,6 +199,7 @@ class NodeConfig:
     http_port: int = 0
     grpc_port: int = 0
     max_body_bytes: int = 64 * 1024 * 1024
+    read_timeout_s: float = 30.0  # a request must arrive whole within this, else 408 and close (slow clients)
     drain_timeout_s: float = 30.0
     server_name: str = "recserve"
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
@@ -195,6 +211,9 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not self.models and not self.repository:
             raise SpecError("node config: needs at least one model or a repository")
+        if isinstance(self.read_timeout_s, bool) or not isinstance(self.read_timeout_s, int | float) \
+                or not 0 < self.read_timeout_s < 1e6:
+            raise SpecError(f"node config: read_timeout_s must be a number of seconds > 0, got {self.read_timeout_s!r}")
         if self.front_end not in FRONT_ENDS:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
         names = [m.name for m in self.models]

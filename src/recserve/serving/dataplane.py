@@ -14,7 +14,17 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
   off*: the connection's descriptor and the bytes already read go to the supervisor over the worker's socket
   pair (SCM_RIGHTS), which passes it to a worker of the right model or serves it in its own aiohttp app.  A
   connection is handed off once and then stays where it belongs: only its first request pays the hop.
-- Queries wait in a bounded local FIFO (``queue_limit`` split over the workers); past it they get 503.
+- Queries wait in a bounded local FIFO (``queue_limit`` split over the workers).  A query is admitted only if
+  it can still finish before its deadline (the client's ``timeout`` parameter, else the model's SLA) given the
+  work queued ahead of it, as predicted by an online fit of this worker's compute time; the rest are shed at
+  once with 503 and ``Retry-After``, and a query whose deadline passed while it waited is answered 504
+  without computing it (Triton's queue policy with timeouts, made latency-aware).
+- Queries already queued when the worker turns to compute are fused into one forward pass (up to
+  ``fuse_items`` samples; Triton's dynamic batching with no added delay): a forward pass costs ~1 ms of fixed
+  overhead at batch 1 on a 2-core host, so under load this is where a worker gains throughput.
+- The worker reports a heartbeat with the connections whose queries it holds; the supervisor's watchdog
+  answers those with 504 (it takes the descriptors with ``pidfd_getfd``) and replaces a worker that stops
+  beating (a hung or stopped process).
 - Completed queries are reported to the supervisor in small batches (one ``/stats`` and Prometheus view per
   node, whatever the process layout).
 """
@@ -31,16 +41,22 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+
+from recserve.serving.errors import InferError
 
 log = logging.getLogger("recserve.serving")
 
 MAX_HEAD_BYTES = 64 * 1024
 STATS_FLUSH_S = 0.005  # completed-query records reach the supervisor within this delay
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large", 500: "Internal Server Error",
-           501: "Not Implemented", 503: "Service Unavailable"}
+BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
+SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
+LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
+           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
+           504: "Gateway Timeout"}
 
 
 @dataclass
@@ -62,7 +78,10 @@ class ParseError(Exception):
     """The bytes on a connection are not an HTTP/1.x request we can read; answered with 400 and closed."""
 
 
-def parse_head(buf: bytearray) -> tuple[int, str, str, str, dict[str, str]] | None:
+Head = tuple[int, str, str, str, dict[str, str]]
+
+
+def parse_head(buf: bytearray) -> Head | None:
     """``(head_end, method, path, version, headers)`` once the head is complete, else None."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
@@ -92,15 +111,24 @@ def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str,
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
-def error_bytes(status: int, message: str, field: str | None = None, close: bool = False) -> bytes:
-    body: dict[str, Any] = {"error": message}
-    if field:
-        body["field"] = field
-    return response_bytes(status, json.dumps(body).encode(), "application/json", close=close)
+def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None) -> bytes:
+    """The one JSON error answer (status from ``serving/errors.py``'s table)."""
+    return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close)
+
+
+def as_infer_error(exc: Exception) -> InferError:
+    """A failure while answering a query, as the error the client is told about."""
+    if isinstance(exc, InferError):
+        return exc
+    return InferError("internal", f"{type(exc).__name__}: {exc}")
 
 
 class Connection(asyncio.Protocol):
-    """One client connection on a worker: reads requests, hands them to the plane, writes answers in order."""
+    """One client connection on a worker: reads requests, hands them to the plane, writes answers in order.
+
+    The head of a request is parsed once; later chunks of its body only extend the buffer until
+    ``Content-Length`` bytes are there (so a large body arriving in many chunks costs linear time).
+    """
 
     def __init__(self, plane: WorkerPlane, prefix: bytes = b"") -> None:
         self.plane = plane
@@ -108,7 +136,10 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.busy = False  # a request of this connection is queued or computing (no pipelining: one at a time)
         self.closed = False
+        self.discarding = False  # refused: reading only to drop what the client still sends
         self.arrived = 0.0
+        self._head: Head | None = None
+        self._needed = 0  # bytes the buffer must hold before the pending request is complete
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -118,10 +149,12 @@ class Connection(asyncio.Protocol):
             self.plane.loop.call_soon(self._advance)
 
     def data_received(self, data: bytes) -> None:
+        if self.discarding:
+            return
         if not self.buf:
             self.arrived = time.perf_counter()
         self.buf += data
-        if not self.busy:
+        if not self.busy and len(self.buf) >= self._needed:
             self._advance()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -129,42 +162,72 @@ class Connection(asyncio.Protocol):
         self.plane.connections.discard(self)
         self.plane.maybe_exit()
 
+    @property
+    def fd(self) -> int:
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        return sock.fileno() if sock is not None else -1
+
     def _advance(self) -> None:
         """Parse the next complete request, if any, and route it."""
         if self.closed or self.busy or self.transport is None:
             return
-        try:
-            head = parse_head(self.buf)
-        except ParseError as exc:
-            self.write(error_bytes(400, f"request: {exc}", close=True), close=True)
+        if self._head is None and not self._read_head():
             return
-        if head is None:
-            return
-        head_end, method, path, version, headers = head
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.plane.hand_off(self)  # rare for inference clients: aiohttp in the supervisor reads it
-            return
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError:
-            self.write(error_bytes(400, "Content-Length: not an integer", "Content-Length", close=True), close=True)
-            return
-        if not self.plane.serves(method, path):
-            self.plane.hand_off(self)
-            return
-        if length > self.plane.max_body:
-            self.write(error_bytes(413, f"body: {length} bytes exceed the limit of {self.plane.max_body}", "body",
-                                   close=True), close=True)
-            return
-        if len(self.buf) < head_end + length:
+        head_end, method, path, version, headers = self._head  # type: ignore[misc]
+        if len(self.buf) < self._needed:
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return
-        end = head_end + length
+        end, self._head, self._needed = self._needed, None, 0
         body = self.buf[head_end:end]
         del self.buf[:end]
         self.busy = True
         self.plane.admit(self, Request(method, path, version, headers, body, self.arrived))
+
+    def _read_head(self) -> bool:
+        """Parse the head; True if the request is ours to read on, False if answered, handed off or incomplete."""
+        try:
+            head = parse_head(self.buf)
+        except ParseError as exc:
+            self.refuse(InferError("invalid", f"request: {exc}"))
+            return False
+        if head is None:
+            return False
+        head_end, method, path, _version, headers = head
+        if "chunked" in headers.get("transfer-encoding", "").lower() or not self.plane.serves(method, path):
+            self.plane.hand_off(self)  # the supervisor's aiohttp app reads chunked bodies and every other route
+            return False
+        try:
+            length = int(headers.get("content-length", "0"))
+        except ValueError:
+            self.refuse(InferError("invalid", "Content-Length: not an integer", "Content-Length"))
+            return False
+        if length < 0 or length > self.plane.max_body:
+            self.refuse(InferError("too_large", f"body: {length} bytes exceed the limit of {self.plane.max_body}",
+                                   "body"))
+            return False
+        self._head, self._needed = head, head_end + length
+        return True
+
+    def refuse(self, exc: InferError) -> None:
+        """Answer an unreadable request and close: what follows it on the connection cannot be trusted.
+
+        A lingering close (RFC 9112 9.6): the write side is shut and what the client still sends is read and
+        dropped for ``LINGER_S``, so a client still uploading a refused body reads the answer instead of a reset.
+        """
+        self.plane.refused(exc.code)
+        if self.transport is None or self.closed:
+            return
+        self.transport.write(error_response(exc, close=True))
+        self.closed = self.discarding = True
+        self.buf.clear()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.plane.loop.call_later(LINGER_S, self.transport.close)
+
+    def too_slow(self, now: float, limit_s: float) -> bool:
+        """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
+        return not self.busy and not self.closed and bool(self.buf) and now - self.arrived > limit_s
 
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
@@ -185,22 +248,88 @@ class Connection(asyncio.Protocol):
         self.plane.loop.call_soon(self._advance)
 
 
+class ServiceTime:
+    """Online least-squares fit of one forward pass: ``seconds = fixed + per_item * items``.
+
+    Why: admission must know what the queries queued ahead will cost on *this* worker now (its model,
+    cores, co-runners), so it learns from every pass it makes, forgetting old passes geometrically.
+    """
+
+    def __init__(self, forget: float = 0.98) -> None:
+        self.forget = forget
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def observe(self, items: int, seconds: float) -> None:
+        f = self.forget
+        self.n, self.sx, self.sy = f * self.n + 1, f * self.sx + items, f * self.sy + seconds
+        self.sxx, self.sxy = f * self.sxx + items * items, f * self.sxy + items * seconds
+
+    def coefficients(self) -> tuple[float, float]:
+        if self.n < 1:
+            return 0.0, 0.0
+        var = self.sxx / self.n - (self.sx / self.n) ** 2
+        mean_x, mean_y = self.sx / self.n, self.sy / self.n
+        slope = (self.sxy / self.n - mean_x * mean_y) / var if var > 1e-9 else 0.0
+        if slope <= 0:  # one batch size seen so far (or noise): attribute everything to the fixed part
+            return mean_y, 0.0
+        return max(0.0, mean_y - slope * mean_x), slope
+
+    def predict(self, items: int, passes: int = 1) -> float:
+        fixed, per_item = self.coefficients()
+        return passes * fixed + per_item * items
+
+
+Reply = Callable[[np.ndarray | None, InferError | None], None]  # (scores, None) or (None, error)
+
+
+@dataclass
+class Query:
+    reply: Reply  # the transport's answer (HTTP bytes on a connection, a gRPC future)
+    arrived: float
+    deadline: float
+    arrays: tuple  # (dense, values, lengths), validated
+    items: int
+    behind: bool  # admitted behind other queries (only those can miss their deadline by waiting here)
+
+
+class ModelPath(Protocol):
+    """The model side of a worker's query path (``make_model_path``)."""
+
+    def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]: ...
+    def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]: ...
+    def compute(self, queries: list[tuple]) -> list[np.ndarray]: ...
+    def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]: ...
+
+
+@dataclass
+class PlaneLimits:
+    """What bounds a worker's queue: count, time, body size, fused pass size and slow clients."""
+
+    max_body: int = 64 * 1024 * 1024
+    queue_limit: int = 64
+    deadline_s: float = 1.0  # per-query deadline when the client sets no ``timeout``
+    fuse_items: int = 256  # largest fused forward pass in samples; 0 = one query per pass
+    read_timeout_s: float = 30.0  # a request must arrive whole within this
+
+
 class WorkerPlane:
     """The worker's event loop side: listening socket, connections, local FIFO, stats and hand-offs."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, infer: Callable[[bytearray, str | None, dict],
-                 tuple[bytes, dict[str, str]]], send: Callable[[Any], None], hand_off: Callable[[int, bytes], None],
-                 max_body: int, queue_limit: int, sub_batch: int, version: str = "1", default: bool = True) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, model: ModelPath,
+                 send: Callable[[Any], None], hand_off: Callable[[int, bytes], None], limits: PlaneLimits,
+                 sub_batch: int, version: str = "1", default: bool = True) -> None:
         self.loop = loop
         self.model_name = model_name
-        self.infer = infer
+        self.model = model
         self.send = send
         self._hand_off = hand_off
-        self.max_body = max_body
-        self.queue_limit = max(1, queue_limit)
+        self.limits = limits
+        self.max_body = limits.max_body
         self.sub_batch = sub_batch
+        self.service = ServiceTime()
         self.connections: set[Connection] = set()
-        self.queue: collections.deque[tuple[Connection, Request]] = collections.deque()
+        self.queue: collections.deque[Query] = collections.deque()
+        self.queued_items = 0
         self.server: asyncio.base_events.Server | None = None
         self.draining = False  # finish what is queued; answer 503 to new requests
         self.retiring = False  # hand every connection to the supervisor, then exit
@@ -208,7 +337,9 @@ class WorkerPlane:
         self._records: list[tuple] = []
         self._flush_at: asyncio.TimerHandle | None = None
         self._running = False
+        self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
         self.version = version
+        self.default = default
         self._paths: set[str] = set()
         self.set_default(default)
 
@@ -216,6 +347,8 @@ class WorkerPlane:
     async def listen(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.server = await self.loop.create_server(lambda: Connection(self), sock=sock, start_serving=True)
+        self.loop.call_soon(self._beat)
+        self.loop.call_later(SWEEP_S, self._sweep)
 
     async def adopt(self, fd: int, prefix: bytes) -> None:
         """Serve a connection handed over by the supervisor (``prefix``: bytes already read from it)."""
@@ -225,61 +358,153 @@ class WorkerPlane:
 
     def set_default(self, default: bool) -> None:
         """The unversioned path is answered only by the model's default (newest loaded) version."""
+        self.default = default
         prefix = f"/v2/models/{self.model_name}"
         self._paths = {f"{prefix}/versions/{self.version}/infer"} | ({prefix + "/infer"} if default else set())
 
-    def serves(self, method: str, path: str) -> bool:
-        return (method == "POST" and path.partition("?")[0] in self._paths and self.sub_batch <= 0
-                and not self.retiring)
+    def answers(self, version: str) -> bool:
+        """Whether a query naming ``version`` ("" = the default) is this worker's (HTTP and gRPC alike)."""
+        return version == self.version or (version == "" and self.default)
 
-    # ---- queries -----------------------------------------------------------------------------------
+    def serves(self, method: str, path: str) -> bool:
+        return method == "POST" and path.partition("?")[0] in self._paths and self.serves_queries()
+
+    def serves_queries(self) -> bool:
+        """Whole queries of this model are answered here (not while sub-batching or retiring)."""
+        return self.sub_batch <= 0 and not self.retiring
+
+    # ---- admission ---------------------------------------------------------------------------------
     def admit(self, conn: Connection, req: Request) -> None:
-        if self.draining:
-            self._answer_error(conn, req, 503, f"model {self.model_name!r} is not accepting queries (shutting down)",
-                               "unavailable")
+        """An HTTP request: decode and validate now (errors answered at once), then queue it as a query."""
+        try:
+            request, arrays, items = self.model.decode(req.body, req.headers.get("inference-header-content-length"))
+            timeout = _timeout_s(request)
+        except Exception as exc:  # noqa: BLE001 - an unreadable request is answered; the worker lives on
+            error = as_infer_error(exc)
+            self.refused(error.code)
+            conn.write(error_response(error, close=not req.keep_alive))
+            conn.answered(req.keep_alive)
             return
-        if len(self.queue) >= self.queue_limit:
-            self._answer_error(conn, req, 503, f"model {self.model_name!r} is overloaded: {len(self.queue)} queries "
-                                               f"queued at this worker (limit {self.queue_limit}); retry later",
-                               "unavailable")
+
+        def reply(scores: np.ndarray | None, error: InferError | None) -> None:
+            if error is None:
+                try:
+                    payload, headers = self.model.encode(request, scores)
+                except Exception as exc:  # noqa: BLE001
+                    error = as_infer_error(exc)
+                else:
+                    content_type = headers.pop("Content-Type")
+                    conn.write(response_bytes(200, payload, content_type, headers, close=not req.keep_alive))
+            if error is not None:
+                extra = {"Retry-After": self.retry_after()} if error.code == "unavailable" else None
+                conn.write(error_response(error, close=not req.keep_alive, extra=extra))
+            conn.answered(req.keep_alive)
+
+        self.enqueue(arrays, items, req.arrived, timeout, reply)
+
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
+        """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
+        ``reply`` is called once, with scores or the error."""
+        # the deadline runs from when the request is whole (as Triton's queue timeout): upload time is the
+        # client's network, not this worker's queue
+        deadline = time.perf_counter() + (timeout_s or self.limits.deadline_s)
+        try:
+            self._check_admission(items, deadline)
+        except InferError as exc:
+            self._fail(reply, arrived, exc)
             return
-        self.queue.append((conn, req))
+        self.queue.append(Query(reply, arrived, deadline, arrays, items, behind=bool(self.queue)))
+        self.queued_items += items
         if not self._running:
             self._running = True
             self.loop.call_soon(self._run_next)
 
-    def _run_next(self) -> None:
-        """Compute one queued query, then yield to the loop so new requests are read (and admitted) in between."""
+    def _check_admission(self, items: int, deadline: float) -> None:
+        if self.draining:
+            raise InferError("unavailable", f"model {self.model_name!r} is not accepting queries (shutting down)")
+        if len(self.queue) >= self.limits.queue_limit:
+            raise InferError("unavailable", f"model {self.model_name!r} is overloaded: {len(self.queue)} queries "
+                                            f"queued at this worker (limit {self.limits.queue_limit}); retry later")
         if not self.queue:
+            return  # alone, a query is always tried: only its own deadline at dequeue can refuse it
+        finish = time.perf_counter() + self.backlog_s(items)
+        if finish > deadline:
+            raise InferError("unavailable", f"model {self.model_name!r} is overloaded: this query would finish "
+                                            f"{(finish - deadline) * 1e3:.1f} ms after its deadline behind "
+                                            f"{len(self.queue)} queued; retry later")
+
+    def backlog_s(self, items: int = 0) -> float:
+        """Predicted seconds until a query of ``items`` samples joining the queue now is answered."""
+        total = self.queued_items + items
+        fuse = self.limits.fuse_items
+        passes = max(1, -(-total // fuse)) if fuse > 0 else len(self.queue) + 1
+        return self.service.predict(total, passes)
+
+    def refused(self, code: str) -> None:
+        """A request answered with an error before it was a query (unreadable, too large, too slow)."""
+        self._record(("refused", code))
+
+    # ---- computing ---------------------------------------------------------------------------------
+    def _next_group(self) -> list[Query]:
+        """Queued queries for one forward pass: the head, and what follows it up to ``fuse_items`` samples.
+
+        Queries that waited behind others past their deadline are answered 504 here without computing them (a
+        query that found the queue empty is always computed: its wait is only the host's scheduling).
+        """
+        group: list[Query] = []
+        total, now = 0, time.perf_counter()
+        while self.queue:
+            q = self.queue[0]
+            if q.behind and q.deadline < now:
+                self._take(q)
+                waited = (now - q.arrived) * 1e3
+                self._fail(q.reply, q.arrived, InferError(
+                    "deadline", f"model {self.model_name!r}: deadline exceeded: {waited:.1f} ms after the request "
+                                "arrived it was still queued"))
+                continue
+            if group and (self.limits.fuse_items <= 0 or total + q.items > self.limits.fuse_items):
+                break
+            self._take(q)
+            group.append(q)
+            total += q.items
+        return group
+
+    def _take(self, q: Query) -> None:
+        self.queue.popleft()
+        self.queued_items -= q.items
+
+    def _run_next(self) -> None:
+        """Compute one (fused) pass, then yield to the loop so new requests are read (and admitted) in between."""
+        group = self._next_group()
+        if not group:
             self._running = False
             self.maybe_exit()
             return
-        conn, req = self.queue.popleft()
         start = time.perf_counter()
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                payload, headers = self.infer(req.body, req.headers.get("inference-header-content-length"),
-                                              req.headers)
+                scores = self.model.compute([q.arrays for q in group])
         except Exception as exc:  # noqa: BLE001 - every failure is answered; the worker lives on
-            status, code, field = _status_of(exc)
-            self._answer_error(conn, req, status, str(exc), code, field, start)
+            for q in group:
+                self._fail(q.reply, q.arrived, as_infer_error(exc), start)
         else:
             done = time.perf_counter()
-            items = int(headers.pop("X-Recserve-Items", "0"))
-            content_type = headers.pop("Content-Type")
-            conn.write(response_bytes(200, payload, content_type, headers, close=not req.keep_alive))
-            self._record(("done", items, done - req.arrived, start - req.arrived, done - start))
-            conn.answered(req.keep_alive)
+            self.service.observe(sum(q.items for q in group), done - start)
+            for i, (q, answer) in enumerate(zip(group, scores, strict=True)):
+                q.reply(answer, None)
+                self._record(("done", q.items, done - q.arrived, start - q.arrived, done - start, int(i == 0)))
         self.loop.call_soon(self._run_next)
 
-    def _answer_error(self, conn: Connection, req: Request, status: int, message: str, code: str,
-                      field: str | None = None, start: float | None = None) -> None:
-        conn.write(error_bytes(status, message, field, close=not req.keep_alive))
-        self._record(("failed", code, time.perf_counter() - req.arrived, start is not None))
-        conn.answered(req.keep_alive)
+    def _fail(self, reply: Reply, arrived: float, exc: InferError, start: float | None = None) -> None:
+        self._record(("failed", exc.code, time.perf_counter() - arrived, start is not None))
+        reply(None, exc)
 
-    # ---- stats to the supervisor -----------------------------------------------------------------------
+    def retry_after(self) -> str:
+        """Seconds a shed client should wait: the queue ahead, rounded up (at least 1, as the header needs)."""
+        return str(max(1, int(self.backlog_s()) + 1))
+
+    # ---- stats and heartbeat to the supervisor ------------------------------------------------------------
     def _record(self, record: tuple) -> None:
         self._records.append(record)
         if self._flush_at is None:
@@ -290,6 +515,22 @@ class WorkerPlane:
         if self._records:
             records, self._records = self._records, []
             self.send(("stats", records))
+
+    def _beat(self) -> None:
+        """Tell the supervisor this loop is alive and which connections hold a query (its watchdog's evidence)."""
+        if self.exit_event.is_set():
+            return
+        self.send(("beat", [c.fd for c in self.connections if c.busy and not c.closed]))
+        self.loop.call_later(BEAT_S, self._beat)
+
+    def _sweep(self) -> None:
+        """Close connections whose request has been arriving for too long (slow or stalled clients)."""
+        if self.exit_event.is_set():
+            return
+        now = time.perf_counter()
+        for conn in [c for c in self.connections if c.too_slow(now, self.limits.read_timeout_s)]:
+            conn.refuse(InferError("slow_client", f"request not received within {self.limits.read_timeout_s:g} s"))
+        self.loop.call_later(SWEEP_S, self._sweep)
 
     # ---- hand-off, drain, retire ---------------------------------------------------------------------
     def hand_off(self, conn: Connection) -> None:
@@ -327,6 +568,9 @@ class WorkerPlane:
         if self.server is not None:
             self.server.close()
             self.server = None
+        for hook in self.on_stop_listening:
+            hook()
+        self.on_stop_listening = []
 
     def maybe_exit(self) -> None:
         if not self.retiring:
@@ -343,32 +587,41 @@ class WorkerPlane:
             self.exit_event.set()
 
 
-def _status_of(exc: Exception) -> tuple[int, str, str | None]:
-    """HTTP status, error code and field of a failed query (the one table in ``serving/errors.py``)."""
-    from recserve.serving.errors import STATUS
+def _timeout_s(request: dict) -> float | None:
+    """The client's deadline for this query from the ``timeout`` request parameter (microseconds, as Triton)."""
+    from recserve.serving.codec import timeout_s
 
-    code = getattr(exc, "code", "internal") if isinstance(getattr(exc, "code", None), str) else "internal"
-    return STATUS.get(code, STATUS["internal"]).http, code, getattr(exc, "field", None)
+    return timeout_s(request.get("parameters") or {})
 
 
-def make_infer(model: Any, model_name: str, info: Any, max_batch_size: int, run: Callable[[tuple], np.ndarray],
-               version: str = "1"):
-    """The worker's whole-query path: decode → validate → model → encode (the same codec as the supervisor's)."""
+def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
+                    run: Callable[[tuple], np.ndarray], version: str = "1") -> ModelPath:
+    """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec."""
     from recserve.serving import protocol
-    from recserve.serving.runtime import InferError
-    from recserve.zoo.batch import BatchError, QueryBatch
+    from recserve.zoo.batch import BatchError, QueryBatch, concat_arrays
 
-    def infer(body: bytes | bytearray, header_length: str | None, _headers: dict) -> tuple[bytes, dict[str, str]]:
-        req, arrays = protocol.parse_http_infer(body, header_length)
-        protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
-        try:
-            batch = QueryBatch.from_arrays(arrays)
-            batch.validate(info.dense_in, info.rows, info.seq_lens, max_batch_size)
-        except BatchError as exc:
-            raise InferError("invalid", str(exc), exc.field) from exc
-        scores = run((batch.dense.numpy(), batch.values.numpy(), batch.lengths.numpy()))
-        payload, headers = protocol.http_infer_response(model_name, req, scores, version)
-        headers["X-Recserve-Items"] = str(batch.size)
-        return payload, headers
+    class Path:
+        def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
+            req, arrays = protocol.parse_http_infer(body, header_length)
+            protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
+            return (req, *self.validate(arrays))
 
-    return infer
+        def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
+            try:
+                batch = QueryBatch.from_arrays(arrays)
+                batch.validate(info.dense_in, info.rows, info.seq_lens, max_batch_size)
+            except BatchError as exc:
+                raise InferError("invalid", str(exc), exc.field) from exc
+            return (batch.dense.numpy(), batch.values.numpy(), batch.lengths.numpy()), batch.size
+
+        def compute(self, queries: list[tuple]) -> list[np.ndarray]:
+            if len(queries) == 1:
+                return [run(queries[0])]
+            scores = run(concat_arrays(queries))
+            bounds = np.cumsum([q[0].shape[0] for q in queries])[:-1]
+            return np.split(scores, bounds)
+
+        def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
+            return protocol.http_infer_response(model_name, request, scores, version)
+
+    return Path()

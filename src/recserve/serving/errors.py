@@ -20,7 +20,9 @@ STATUS: dict[str, Status] = {
     "invalid": Status(400, "INVALID_ARGUMENT"),
     "not_found": Status(404, "NOT_FOUND"),
     "too_large": Status(413, "RESOURCE_EXHAUSTED"),
+    "slow_client": Status(408, "DEADLINE_EXCEEDED"),
     "unavailable": Status(503, "UNAVAILABLE"),
+    "deadline": Status(504, "DEADLINE_EXCEEDED"),
     "internal": Status(500, "INTERNAL"),
     "unsupported": Status(501, "UNIMPLEMENTED"),
 }

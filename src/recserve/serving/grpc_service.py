@@ -89,11 +89,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         """The ``ModelInferResponse`` to one request, or :class:`InferError`."""
         rt = self._runtime(request.model_name, request.model_version)
         arrays = codec.parse_grpc_infer(request)
-        entry, raw = codec.raw_tensor(OUTPUT_SCORES, np.asarray(await rt.infer(arrays), dtype=np.float32))
-        response = service_pb2.ModelInferResponse(model_name=rt.name, model_version=rt.version, id=request.id)
-        response.outputs.add(**entry)
-        response.raw_output_contents.append(raw)
-        return response
+        return infer_response(rt.name, request.id, await rt.infer(arrays), rt.version)
 
     async def ModelInfer(self, request, context):  # noqa: N802
         return await self._guard(context, lambda: self._infer(request))
@@ -144,6 +140,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 pending = answers.get_nowait()
                 if pending is not None:
                     pending.cancel()
+
+
+def infer_response(name: str, request_id: str, scores: np.ndarray, version: str = "1") -> Any:
+    """A ``ModelInferResponse`` carrying ``scores`` as raw FP32 contents (what tritonclient reads)."""
+    entry, raw = codec.raw_tensor(OUTPUT_SCORES, np.asarray(scores, dtype=np.float32))
+    response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
+    response.outputs.add(**entry)
+    response.raw_output_contents.append(raw)
+    return response
 
 
 def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:

@@ -57,7 +57,18 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def build_app(core: NodeCore) -> web.Application:
-    app = web.Application(client_max_size=core.config.max_body_bytes, middlewares=[_errors])
+    @web.middleware
+    async def count_refusals(request: web.Request, handler: Any) -> web.StreamResponse:
+        """Inference requests refused before any model counted them (unknown model, bad route), by status."""
+        try:
+            return await handler(request)
+        except Exception as exc:
+            if request.path.endswith("/infer") and not getattr(exc, "counted", False):
+                code = exc.code if isinstance(exc, InferError) else str(getattr(exc, "status", "internal"))
+                core.refusals[code] = core.refusals.get(code, 0) + 1
+            raise
+
+    app = web.Application(client_max_size=core.config.max_body_bytes, middlewares=[_errors, count_refusals])
     routes = web.RouteTableDef()
 
     def runtime(request: web.Request) -> ModelRuntime:
@@ -103,8 +114,13 @@ def build_app(core: NodeCore) -> web.Application:
         @routes.post(prefix + "/infer")
         async def infer(request: web.Request) -> web.Response:
             rt = runtime(request)
-            body = await request.read()
-            req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH))
+            try:
+                body = await request.read()
+                req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH))
+            except (InferError, web.HTTPRequestEntityTooLarge) as exc:
+                rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
+                exc.counted = True  # type: ignore[union-attr]
+                raise
             scores = await rt.infer(arrays)
             payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version)
             content_type = headers.pop("Content-Type")
@@ -213,8 +229,8 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(InferError("internal", f"{type(exc).__name__}: {exc}"))
 
 
-def prometheus_text(models: dict[str, ModelRuntime]) -> str:
+def prometheus_text(models: dict[str, ModelRuntime], node_refusals: dict[str, int] | None = None) -> str:
     return render_prometheus({
         name: (rt.metrics, rt.in_flight, {s: p.ready_count() for s, p in rt.pools.items()})
         for name, rt in models.items()
-    })
+    }, node_refusals)

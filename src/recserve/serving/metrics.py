@@ -62,6 +62,7 @@ class ModelMetrics:
     requests: int = 0
     successes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)  # requests not readable as queries, by reason
     items: int = 0
     executions: int = 0
     worker_restarts: int = 0
@@ -86,6 +87,9 @@ class ModelMetrics:
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+
+    def refused(self, code: str) -> None:
+        self.refusals[code] = self.refusals.get(code, 0) + 1
 
     def done(self, items: int, e2e_s: float, queue_s: float, compute_s: float, parts: int) -> None:
         now = time.time()
@@ -151,8 +155,10 @@ class ModelMetrics:
         }
 
 
-def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]]) -> str:
-    """``models``: served name -> (metrics, queue depth, workers per stage)."""
+def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]],
+                      node_refusals: dict[str, int] | None = None) -> str:
+    """``models``: served name -> (metrics, queue depth, workers per stage); ``node_refusals``: inference
+    requests refused before a model was known (unknown model, unreadable request), by reason."""
     lines: list[str] = []
 
     def family(metric: str, kind: str, help_text: str) -> None:
@@ -169,6 +175,14 @@ def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]
     for name, (m, _, _) in models.items():
         for code, count in sorted(m.errors.items()):
             lines.append(f'recserve_request_errors_total{{model="{name}",code="{code}"}} {count}')
+    family("recserve_requests_refused_total", "counter",
+           "Inference requests refused before admission (unreadable, invalid, too large, too slow), by reason; "
+           'model="" when no served model was named.')
+    for name, (m, _, _) in models.items():
+        for code, count in sorted(m.refusals.items()):
+            lines.append(f'recserve_requests_refused_total{{model="{name}",reason="{code}"}} {count}')
+    for code, count in sorted((node_refusals or {}).items()):
+        lines.append(f'recserve_requests_refused_total{{model="",reason="{code}"}} {count}')
     family("recserve_items_total", "counter", "Candidate items scored.")
     for name, (m, _, _) in models.items():
         lines.append(f'recserve_items_total{{model="{name}"}} {m.items}')

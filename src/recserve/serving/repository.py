@@ -8,6 +8,7 @@
 
     workers: 2            cores: [0, 1]        threads: 1       sub_batch: 0      mode: model
     queue_limit: 64       max_query_size: 1024 sla: {target_ms: 20, percentile: 95}
+    deadline_ms: 40       fuse_items: 256      hang_timeout_s: 5
     tiering: {dir: /ssd/tables, tables: user, cache_mb: 64}     # SDM (safetensors artifacts only)
     version_policy: {latest: {num_versions: 1}}   # or {all: {}} or {specific: {versions: [1, 3]}}
 
@@ -35,7 +36,8 @@ CONFIG_FILE = "config.yaml"
 SERVING_KEYS = {"workers": "workers", "cores": "cores", "threads": "threads", "sub_batch": "sub_batch",
                 "mode": "mode", "sparse_workers": "sparse_workers", "sparse_cores": "sparse_cores",
                 "queue_limit": "queue_limit", "max_query_size": "max_batch_size",
-                "max_batch_size": "max_batch_size", "llc_ways": "llc_ways", "share_tables": "share_tables"}
+                "max_batch_size": "max_batch_size", "llc_ways": "llc_ways", "share_tables": "share_tables",
+                "deadline_ms": "deadline_ms", "fuse_items": "fuse_items", "hang_timeout_s": "hang_timeout_s"}
 DEFAULT_SLA = {"target_ms": 100.0}  # when neither config.yaml nor the spec gives one
 OTHER_KEYS = {"sla", "tiering", "version_policy", "name"}
 

@@ -49,6 +49,7 @@ log = logging.getLogger("recserve.serving")
 WORKER_START_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 10.0
 MAX_RESTARTS_IN_A_ROW = 5
+RESPONSIVE_S = 1.0  # a v2 worker silent longer than this is not counted on to accept connections
 
 
 _PREP_LOCK = threading.Lock()
@@ -195,6 +196,13 @@ class WorkerHandle:
     stop_sent: bool = False
     current: Part | None = None
     items_done: int = 0
+    last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
+    held_fds: list[int] = field(default_factory=list)  # its connections holding a query, as of that beat
+    hung: bool = False
+
+    @property
+    def working(self) -> bool:
+        return self.ready.done() and not self.ready.exception() and not self.hung
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.worker_id, "pid": self.pid, "cores": self.cores, "threads": self.threads,
@@ -233,7 +241,7 @@ class StagePool:
         return sorted((w for w in self.workers if not w.retiring), key=lambda w: w.worker_id)
 
     def ready_count(self) -> int:
-        return sum(1 for w in self.active() if w.ready.done() and not w.ready.exception())
+        return sum(1 for w in self.active() if w.working)
 
 
 def _flat_cores(cores: Any) -> Any:
@@ -279,6 +287,9 @@ class ModelRuntime:
         # Data plane v2: set by the node before start() when this model's workers accept queries themselves.
         self.listen_sock: Any = None
         self.max_body = 64 * 1024 * 1024
+        self.read_timeout_s = 30.0
+        self.grpc_address = ""  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
+        self.grpc_upstream = ""
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
         self._next_adopter = 0
 
@@ -323,9 +334,9 @@ class ModelRuntime:
         io = torch.empty(split + self.info.io_out_bytes, dtype=torch.uint8).share_memory_()
         args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg, split, self.io_uring_verdict)
         if self.accepts_in_workers and pool.stage == "model":
-            n = max(1, self.cfg.workers)
-            args.listen, args.info, args.max_body = self.listen_sock, self.info, self.max_body
-            args.queue_limit, args.sub_batch = max(1, -(-self.cfg.queue_limit // n)), self.sub_batch
+            args.listen, args.info, args.limits, args.sub_batch = self.listen_sock, self.info, self._limits(), \
+                self.sub_batch
+            args.grpc_address, args.grpc_upstream = self.grpc_address, self.grpc_upstream
             args.version, args.default = self.version, self.is_default
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
@@ -353,6 +364,9 @@ class ModelRuntime:
         if msg[0] == "stats":
             self._worker_stats(msg[1])
             return
+        if msg[0] == "beat":
+            handle.last_beat, handle.held_fds = time.monotonic(), msg[1]
+            return
         if msg[0] == "handoff":
             from multiprocessing.reduction import recv_handle
 
@@ -373,6 +387,7 @@ class ModelRuntime:
                 self.llc.add_pid(self.name, handle.pid)
             if not handle.ready.done():
                 handle.ready.set_result(handle.pid)
+            handle.last_beat = time.monotonic()
             self._pump(pool)
             return
         item_id, ok, result, compute_s = msg
@@ -389,13 +404,57 @@ class ModelRuntime:
     def _worker_stats(self, records: list[tuple]) -> None:
         """Queries a v2 worker answered itself, into the node's one metrics view."""
         for rec in records:
+            if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request
+                self.metrics.refused(rec[1])
+                continue
             self.metrics.arrived()
             if rec[0] == "done":
-                _, items, e2e_s, queue_s, compute_s = rec
-                self.metrics.done(items, e2e_s, queue_s, compute_s, 1)
+                _, items, e2e_s, queue_s, compute_s, executions = rec
+                self.metrics.done(items, e2e_s, queue_s, compute_s, executions)
             else:
                 self.metrics.error(rec[1])
                 self.metrics.failed(rec[2])
+
+    def _limits(self) -> Any:
+        """One worker's share of this model's admission limits (data plane v2)."""
+        from recserve.serving.dataplane import PlaneLimits
+
+        return PlaneLimits(max_body=self.max_body, queue_limit=max(1, -(-self.cfg.queue_limit // self.cfg.workers)),
+                           deadline_s=self.cfg.deadline_ms / 1e3, fuse_items=self.cfg.fuse_items,
+                           read_timeout_s=self.read_timeout_s)
+
+    def accepting_now(self) -> bool:
+        """A worker of this model is taking new connections on the node's socket (beat within ``RESPONSIVE_S``)."""
+        if not self.accepts_in_workers:
+            return False
+        now = time.monotonic()
+        return any(w.working and not w.retiring and now - w.last_beat < RESPONSIVE_S
+                   for w in self.pools["model"].workers)
+
+    def watch(self) -> None:
+        """Watchdog tick: a v2 worker silent for ``hang_timeout_s`` is hung; answer its queries, replace it."""
+        if not self.accepts_in_workers or self.stopping:
+            return
+        now = time.monotonic()
+        for w in list(self.pools["model"].workers):
+            if w.working and not w.retiring and w.last_beat and now - w.last_beat > self.cfg.hang_timeout_s:
+                self._replace_hung(w, now - w.last_beat)
+
+    def _replace_hung(self, handle: WorkerHandle, silent_s: float) -> None:
+        from recserve.serving.dataplane import error_response
+        from recserve.serving.watchdog import answer_held
+
+        handle.hung = True
+        exc = InferError("deadline", f"model {self.name!r}: worker pid {handle.pid} stopped responding "
+                                     f"({silent_s:.1f} s without a heartbeat) while holding this query")
+        answered = answer_held(handle.pid, handle.held_fds, error_response(exc, close=True))
+        for _ in range(answered):
+            self.metrics.arrived()
+            self.metrics.error("deadline")
+            self.metrics.failed(silent_s)
+        log.error("model %s: worker pid %s hung (%.1f s silent): answered %d held queries with 504; replacing it",
+                  self.name, handle.pid, silent_s, answered)
+        handle.process.kill()
 
     # ------------------------------------------------------------------ data plane v2
     @property

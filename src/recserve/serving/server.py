@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +35,8 @@ from recserve.serving.repository import Repository
 from recserve.serving.runtime import InferError, ModelRuntime, mp_context
 
 log = logging.getLogger("recserve.serving")
+
+WATCHDOG_S = 0.2  # how often hung workers are looked for
 
 
 def _infer_route(prefix: bytes) -> tuple[str, str] | None:
@@ -85,24 +89,73 @@ class NodeCore:
         self.repository = Repository(config.repository) if config.repository else None
         self.repo_state: dict[tuple[str, str], tuple[str, str]] = {}  # (model, version) -> (state, reason)
         self._model_locks: dict[str, asyncio.Lock] = {}
-        self.listen_sock: socket.socket | None = None
-        self.on_models_changed: Callable[[], Awaitable[None]] | None = None  # the server keeps HTTP reachable
+        self.grpc_address = self.grpc_upstream = ""  # gRPC in the workers (NodeServer sets them), for loaded models
         self.accepting = False
         self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
+        self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
         self._tasks: set[asyncio.Task] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.listen_sock: socket.socket | None = None
+        self._fallback: Any = None  # the server process's own accept loop while no worker accepts
+        self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
+
+    def start_watchdog(self) -> None:
+        """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/watchdog.py``),
+        and this process accepts on the node's socket itself while no worker does."""
+        for rt in self.all_runtimes():
+            rt.watch()
+        self._cover_accepts()
+        self._watchdog = asyncio.get_running_loop().call_later(WATCHDOG_S, self.start_watchdog)
+
+    def stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._stop_fallback()
+
+    def _stop_fallback(self) -> None:
+        if self._fallback is not None:
+            fallback, self._fallback = self._fallback, None
+            fallback.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+
+    def _cover_accepts(self) -> None:
+        """With every accepting worker down, hung or restarting, nothing would take new connections: health,
+        readiness and metrics would hang with them.  Accept here meanwhile (queries then wait for the restarted
+        workers in this process's queue) and stop as soon as a worker is back."""
+        if self.listen_sock is None or self.http_server is None:
+            return
+        covered = any(rt.accepting_now() for rt in self.models.values())
+        loop = asyncio.get_running_loop()
+        if not covered and self._fallback is None:
+            log.warning("no worker is accepting connections: the server process accepts them until one is back")
+            self._fallback = loop.create_task(loop.create_server(self.http_server, sock=self.listen_sock.dup()))
+            self._cover_grpc(True)
+        elif covered and self._fallback is not None:
+            self._stop_fallback()
+            self._cover_grpc(False)
+
+    def _cover_grpc(self, cover: bool) -> None:
+        if self.cover_grpc is not None:
+            task = asyncio.get_running_loop().create_task(self.cover_grpc(cover))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def use_worker_front_end(self, sock: socket.socket) -> bool:
-        """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can."""
-        self.listen_sock = sock
+        """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can (a repository
+        node counts on the models it will load: until one accepts, this process covers, see ``_cover_accepts``)."""
         takers = [rt for rt in self.models.values() if rt.cfg.mode == "model"]
+        self.listen_sock = sock if takers or self.repository is not None else None
         for rt in takers:
             self._attach(rt)
-        return bool(takers)
+        return self.listen_sock is not None
 
     def _attach(self, rt: ModelRuntime) -> None:
+        """A whole-query runtime's workers accept HTTP (and gRPC) queries themselves."""
         if self.listen_sock is not None and rt.cfg.mode == "model":
             rt.listen_sock, rt.max_body = self.listen_sock, self.config.max_body_bytes
             rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
+            rt.read_timeout_s = self.config.read_timeout_s
+            rt.grpc_address, rt.grpc_upstream = self.grpc_address, self.grpc_upstream
 
     def find(self, name: str, version: str = "") -> ModelRuntime | None:
         """The runtime serving ``name`` at ``version`` ("" = the default version), or None."""
@@ -160,7 +213,7 @@ class NodeCore:
         return protocol.model_config(rt.name, rt.info, rt.cfg.max_batch_size, workers)
 
     def prometheus(self) -> str:
-        return prometheus_text(self.models)
+        return prometheus_text(self.models, self.refusals)
 
     def node_state(self) -> dict[str, Any]:
         supported = self.llc.supported
@@ -274,8 +327,8 @@ class NodeCore:
         await rt.stop()
 
     async def _models_changed(self) -> None:
-        if self.on_models_changed is not None:
-            await self.on_models_changed()
+        """Keep the node's socket covered: this process accepts while no worker does (all models unloaded)."""
+        self._cover_accepts()
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: every repository model, with each version's state and reason."""
@@ -307,7 +360,9 @@ class NodeServer:
         self._grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self._sock: socket.socket | None = None
-        self._door: web.SockSite | None = None
+        self._grpc_reserve: socket.socket | None = None  # the public gRPC port, held while the workers serve it
+        self._grpc_dir = ""
+        self._grpc_fallback: grpc.aio.Server | None = None
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
@@ -316,62 +371,97 @@ class NodeServer:
         try:
             host = self.config.host
             sock = self._sock = listening_socket(host, self.config.http_port)
-            in_workers = self.config.front_end == "workers"
+            in_workers = self.config.front_end == "workers" and self.core.use_worker_front_end(sock)
             if in_workers:
-                self.core.use_worker_front_end(sock)
+                self._reserve_grpc_port(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
             await self._runner.setup()
             self.core.http_server = self._runner.server
-            if self.core.repository is not None:
-                await self.core.load_repository()
-            if in_workers:  # this process accepts too while no worker does (no whole-query model loaded)
-                self.core.on_models_changed = self._sync_front_door
-                await self._sync_front_door()
-            else:  # v1 layout: this process accepts every connection
+            if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
                 await web.SockSite(self._runner, sock).start()
             http_port = sock.getsockname()[1]
-            limit = self.config.max_body_bytes
-            self._grpc = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                                  ("grpc.max_send_message_length", limit),
-                                                  ("grpc.so_reuseport", 0)])
-            grpc_service.add_to_server(self._grpc, self.core)
-            grpc_port = self._grpc.add_insecure_port(f"{host}:{self.config.grpc_port}")
-            if grpc_port == 0:
-                raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {host}")
-            await self._grpc.start()
+            grpc_port = await self._start_grpc(in_workers)
+            if self.core.repository is not None:
+                await self.core.load_repository()
         except BaseException:
             await self._ashutdown(drain=False)
             raise
         self.core.accepting = True
+        self.core.start_watchdog()
         self.ports = Ports(http_port, grpc_port)
         return self.ports
 
-    async def _sync_front_door(self) -> None:
-        """Keep HTTP reachable: the supervisor accepts on (a duplicate of) the node's socket while no worker does,
-        e.g. a repository node whose models are all unloaded, so the repository API can load one again."""
-        assert self.core is not None and self._runner is not None and self._sock is not None
-        needed = not any(rt.accepts_in_workers for rt in self.core.all_runtimes())
-        if needed and self._door is None:
-            self._door = web.SockSite(self._runner, self._sock.dup())
-            await self._door.start()
-        elif not needed and self._door is not None:
-            await self._door.stop()
-            self._door = None
+    def _grpc_server(self) -> grpc.aio.Server:
+        limit = self.config.max_body_bytes
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
+                                          ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 1)])
+        grpc_service.add_to_server(server, self.core)
+        return server
+
+    def _reserve_grpc_port(self, host: str) -> None:
+        """Data plane v2 for gRPC: hold the public port (bound, not listening, ``SO_REUSEPORT``) so the workers can
+        all listen on it, and give the server a private Unix socket the workers forward other calls to."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            socket.inet_pton(family, host)
+        except OSError:
+            return  # a host name may resolve to several addresses: keep gRPC in this process
+        reserve = socket.socket(family, socket.SOCK_STREAM)
+        reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserve.bind((host, self.config.grpc_port))
+        self._grpc_reserve = reserve
+        self._grpc_dir = tempfile.mkdtemp(prefix="recserve-grpc-")
+        public = f"[{host}]" if family == socket.AF_INET6 else host
+        address, upstream = f"{public}:{reserve.getsockname()[1]}", f"unix:{self._grpc_dir}/server.sock"
+        self.core.grpc_address, self.core.grpc_upstream = address, upstream
+        for rt in self.core.models.values():
+            if rt.accepts_in_workers:
+                rt.grpc_address, rt.grpc_upstream = address, upstream
+        self.core.cover_grpc = self._cover_grpc
+
+    async def _start_grpc(self, in_workers: bool) -> int:
+        """This process's gRPC server: the private address the workers forward to, or the public port."""
+        self._grpc = self._grpc_server()
+        if self._grpc_reserve is not None:
+            if not self._grpc.add_insecure_port(f"unix:{self._grpc_dir}/server.sock"):
+                raise InferError("internal", f"cannot bind the server's gRPC socket in {self._grpc_dir}")
+            await self._grpc.start()
+            return self._grpc_reserve.getsockname()[1]
+        port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.grpc_port}")
+        if port == 0:
+            raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}")
+        await self._grpc.start()
+        return port
+
+    async def _cover_grpc(self, cover: bool) -> None:
+        """While no worker accepts, this process also listens on the public gRPC port (see ``_cover_accepts``)."""
+        if cover and self._grpc_fallback is None and self._grpc_reserve is not None:
+            self._grpc_fallback = self._grpc_server()
+            self._grpc_fallback.add_insecure_port(f"{self.config.host}:{self._grpc_reserve.getsockname()[1]}")
+            await self._grpc_fallback.start()
+        elif not cover and self._grpc_fallback is not None:
+            fallback, self._grpc_fallback = self._grpc_fallback, None
+            await fallback.stop(grace=5.0)
 
     async def _ashutdown(self, drain: bool = True) -> None:
         core = self.core
         if core is not None:
             core.accepting = False
+            core.stop_watchdog()
             if drain:
                 await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
-            self._grpc = None
+        for server in (self._grpc, self._grpc_fallback):
+            if server is not None:
+                await server.stop(grace=1.0)
+        self._grpc = self._grpc_fallback = None
+        if self._grpc_reserve is not None:
+            self._grpc_reserve.close()
+            self._grpc_reserve = None
+            shutil.rmtree(self._grpc_dir, ignore_errors=True)
         if self._runner is not None:
-            await self._runner.cleanup()  # stops every site, the front door too
+            await self._runner.cleanup()
             self._runner = None
-            self._door = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None

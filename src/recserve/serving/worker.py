@@ -20,8 +20,9 @@ Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never to
 Data plane v2 (``serving/dataplane.py``): a ``model``-stage worker given the node's listening socket also
 accepts and answers its own model's HTTP queries itself.  Then, in addition:
 
-- worker -> server: ``("stats", records)`` (completed/failed queries, batched); ``("handoff", prefix, model)``
-  followed by a descriptor (SCM_RIGHTS) = a connection the worker does not serve.
+- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat", fds)`` every
+  0.25 s (the descriptors of connections holding a query: the watchdog answers them if the worker hangs);
+  ``("handoff", prefix, model)`` followed by a descriptor (SCM_RIGHTS) = a connection the worker does not serve.
 - server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
   ``("config", {"sub_batch": k})``; ``("drain",)`` = stop accepting, refuse new queries with 503.
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
@@ -33,6 +34,7 @@ of per-table embeddings; ``dense`` payload ``(dense, [embeddings])`` -> scores.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -105,9 +107,10 @@ class WorkerArgs:
     io_uring_verdict: str = ""  # the server's io_uring probe result (embedding.uring.PROBE_ENV), "" = not probed
     listen: Any = None  # data plane v2: the node's HTTP listening socket (this worker accepts on it)
     info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
-    max_body: int = 64 * 1024 * 1024
-    queue_limit: int = 64  # this worker's share of the model's queue limit
+    limits: Any = None  # dataplane.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
     sub_batch: int = 0
+    grpc_address: str = ""  # the node's public gRPC address (bound with SO_REUSEPORT); "" = gRPC in the server
+    grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
 
@@ -192,13 +195,12 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     model.eval()
     buf = io.numpy() if io is not None else np.zeros(0, np.uint8)
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
-    conn.send(("ready", os.getpid(), _io_report(model)))
+    ready = ("ready", os.getpid(), _io_report(model))
     with torch.inference_mode():
-        if args.listen is not None:
-            import asyncio
-
-            asyncio.run(_serve(conn, args, model, in_buf, out_buf))
+        if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
+            asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready))
             return
+        conn.send(ready)
         while True:
             try:
                 msg = conn.recv()
@@ -227,12 +229,12 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
         return (item_id, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
 
 
-async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray) -> None:
+async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
+                 ready: tuple) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
-    import asyncio
     from multiprocessing.reduction import recv_handle, send_handle
 
-    from recserve.serving.dataplane import WorkerPlane, make_infer
+    from recserve.serving.dataplane import WorkerPlane, make_model_path
 
     loop = asyncio.get_running_loop()
     server_pid = os.getppid()
@@ -247,10 +249,10 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send(("handoff", prefix, args.model_config.name))
         send_handle(conn, fd, server_pid)
 
-    infer = make_infer(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                       lambda payload: run_stage(model, "model", payload), args.version)
-    plane = WorkerPlane(loop, args.model_config.name, infer, send, hand_off, args.max_body, args.queue_limit,
-                        args.sub_batch, args.version, args.default)
+    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
+                           lambda payload: run_stage(model, "model", payload), args.version)
+    plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
+                        args.version, args.default)
 
     def on_pipe() -> None:
         try:
@@ -265,15 +267,29 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    loop.add_reader(conn.fileno(), on_pipe)
+    grpc_server = await _serve_grpc(plane, args) if args.grpc_address else None
     await plane.listen(args.listen)
+    send(ready)
+    loop.add_reader(conn.fileno(), on_pipe)
     await plane.exit_event.wait()
+    if grpc_server is not None:
+        await grpc_server.stop(grace=GRPC_GRACE_S)
     plane.flush()
 
 
-def _control(plane: Any, msg: tuple, fd: int | None) -> None:
-    import asyncio
+GRPC_GRACE_S = 5.0
 
+
+async def _serve_grpc(plane: Any, args: WorkerArgs) -> Any:
+    """This worker's gRPC server (``serving/grpc_worker.py``); it stops taking calls when the worker retires."""
+    from recserve.serving.grpc_worker import serve_grpc
+
+    server = await serve_grpc(plane, args.grpc_address, args.grpc_upstream, args.limits.max_body)
+    plane.on_stop_listening.append(lambda: asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S)))
+    return server
+
+
+def _control(plane: Any, msg: tuple, fd: int | None) -> None:
     kind = msg[0]
     if kind == "adopt" and fd is not None:
         task = asyncio.ensure_future(plane.adopt(fd, msg[1]))

@@ -146,6 +146,20 @@ class QueryBatch:
                 raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
 
 
+def concat_arrays(queries: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
+    """Several queries' ``(dense, values, lengths)`` as one batch, in order (a fused forward pass).
+
+    ``values`` is table-major, so each table's slice of every query is gathered in turn.
+    """
+    per_table = [np.concatenate([[0], np.cumsum(lengths.sum(axis=1, dtype=np.int64))]) for _, _, lengths in queries]
+    tables = queries[0][2].shape[0]
+    values = [q[1][starts[t] : starts[t + 1]] for t in range(tables) for q, starts in zip(queries, per_table,
+                                                                                         strict=True)]
+    lengths = np.concatenate([q[2] for q in queries], axis=1) if len({q[2].dtype for q in queries}) == 1 else \
+        np.concatenate([q[2].astype(np.int64) for q in queries], axis=1)
+    return np.concatenate([q[0] for q in queries]), np.concatenate(values), lengths
+
+
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """A tensor over ``array``; read-only buffers (decoded straight from a request body) are copied,
     since torch may not alias memory it cannot write."""
