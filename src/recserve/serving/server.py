@@ -89,6 +89,7 @@ class NodeCore:
         self.repository = Repository(config.repository) if config.repository else None
         self.repo_state: dict[tuple[str, str], tuple[str, str]] = {}  # (model, version) -> (state, reason)
         self._model_locks: dict[str, asyncio.Lock] = {}
+        self.retiring: set[ModelRuntime] = set()  # versions unloaded or replaced, finishing their queries
         self.grpc_address = self.grpc_upstream = ""  # gRPC in the workers (NodeServer sets them), for loaded models
         self.accepting = False
         self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
@@ -246,9 +247,9 @@ class NodeCore:
         """Load (or reload) repository model ``name``: the versions its policy selects.
 
         New versions are checked (one batch) and their workers started before anything changes; then the newest
-        becomes the default and versions the policy no longer selects are retired (admitted queries finish, idle
-        connections move to the new default).  If any new version fails, the ones started here are stopped, the
-        versions already serving keep serving, and the error names the file and the reason."""
+        becomes the default and versions the policy no longer selects are retired after the answer (admitted
+        queries finish, idle connections move to the new default).  If any new version fails, the ones started here
+        are stopped, the versions already serving keep serving, and the error names the file and the reason."""
         repo = self._repo()
         async with self._model_locks.setdefault(name, asyncio.Lock()):
             current = self.models.get(name)
@@ -284,8 +285,8 @@ class NodeCore:
             retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
             for rt in retire:
                 self.repo_state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")
-            await self._models_changed()
-            await asyncio.gather(*(self._retire(rt) for rt in retire))
+            self._models_changed()
+            self._retire_in_background(retire)
             return wanted
 
     async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
@@ -316,8 +317,18 @@ class NodeCore:
             versions = self.versions.pop(name, {})
             for version in versions:
                 self.repo_state[(name, version)] = ("UNAVAILABLE", "unloaded")
-            await self._models_changed()
-            await asyncio.gather(*(self._retire(rt) for rt in versions.values()))
+            self._models_changed()
+            self._retire_in_background(list(versions.values()))
+
+    def _retire_in_background(self, runtimes: list[ModelRuntime]) -> None:
+        """Retire versions after answering: the load/unload call itself may have come through one of their workers
+        (gRPC calls are forwarded by the worker that took them), which waits for its calls before it exits."""
+        for rt in runtimes:
+            self.retiring.add(rt)
+            task = asyncio.get_running_loop().create_task(self._retire(rt))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _, rt=rt: self.retiring.discard(rt))
 
     async def _retire(self, rt: ModelRuntime) -> None:
         """Let queries admitted through the server finish, then stop the workers (they finish their own)."""
@@ -326,7 +337,7 @@ class NodeCore:
             await asyncio.sleep(0.005)
         await rt.stop()
 
-    async def _models_changed(self) -> None:
+    def _models_changed(self) -> None:
         """Keep the node's socket covered: this process accepts while no worker does (all models unloaded)."""
         self._cover_accepts()
 
@@ -466,7 +477,7 @@ class NodeServer:
             self._sock.close()
             self._sock = None
         if core is not None:
-            await asyncio.gather(*(rt.stop() for rt in core.all_runtimes()))
+            await asyncio.gather(*(rt.stop() for rt in [*core.all_runtimes(), *core.retiring]))
         if self._stopped is not None:
             self._stopped.set()
 
