@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -418,7 +419,32 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
         assert status == 200, body
         swap_times["end"] = time.perf_counter()
 
-    records = asyncio.run(_poisson_load(ports.http, batches, rate=60.0, seconds=8.0, swap_at=2.0, swap=swap))
+    grpc_answers: list[str] = []
+    stop = threading.Event()
+
+    def grpc_queries() -> None:  # a gRPC client querying throughout, on its own connection
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        while not stop.is_set():
+            try:
+                answer = client.infer("swap", _grpc_inputs(batches[0]), client_timeout=30)
+                ok = np.abs(answer.as_numpy("scores") - scores(old if answer.get_response().model_version == "1"
+                                                               else new, batches[0])).max() <= 1e-6
+                grpc_answers.append(answer.get_response().model_version if ok else "wrong scores")
+            except Exception as exc:  # noqa: BLE001 - recorded, asserted below
+                grpc_answers.append(f"{type(exc).__name__}: {exc}")
+            time.sleep(0.02)
+
+    querier = threading.Thread(target=grpc_queries)
+    querier.start()
+    try:
+        records = asyncio.run(_poisson_load(ports.http, batches, rate=60.0, seconds=8.0, swap_at=2.0, swap=swap))
+    finally:
+        stop.set()
+        querier.join()
+    grpc_timeline = "".join(a if a in ("1", "2") else "x" for a in grpc_answers)
+    print(f"gRPC: {len(grpc_answers)} queries, versions in order:\n{grpc_timeline}")
+    assert all(a in ("1", "2") for a in grpc_answers), [a for a in grpc_answers if a not in ("1", "2")][:3]
+    assert grpc_timeline.startswith("1") and grpc_timeline.endswith("2") and "21" not in grpc_timeline
     failed = [r for r in records if r["status"] != 200]
     timeline = "".join(r["version"] or "x" for r in sorted(records, key=lambda r: r["sent"]))
     print(f"{len(records)} queries, {len(failed)} failed; version per query in send order:\n{timeline}")
