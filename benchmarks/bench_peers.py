@@ -60,7 +60,7 @@ def recserve_node(model: str, scale: float, workers: int, sla_ms: float, **optio
     the benchmark's SLA: what would miss it is shed at once (and counted as a failure, as a late answer is)."""
     from recserve.serving import NodeServer, quick_config
 
-    return NodeServer(quick_config(model, scale=scale, workers=workers, deadline_ms=sla_ms, **options))
+    return NodeServer(quick_config(model, scale=scale, workers=workers, **{"deadline_ms": sla_ms, **options}))
 
 
 def _recserve_main(conn, model: str, scale: float, workers: int, sla_ms: float, options: dict) -> None:

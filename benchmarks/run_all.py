@@ -194,6 +194,28 @@ def perfmodel_rows(d: dict) -> list[Row]:
             row("Hercules search evaluations / exhaustive, mean", dig(d, "search", "mean_eval_fraction"))]
 
 
+def papers_rows(d: dict) -> list[Row]:
+    rows = d.get("rows") or []
+    verdicts = [r.get("reproduced") for r in rows]
+    out = [row("papers' claims reproduced (yes / direction only / no)",
+               f"{verdicts.count('yes')} / {verdicts.count('direction')} / {verdicts.count('no')}")]
+    return out + [row(f"{r.get('claim')} (paper {r.get('paper')})", r.get("recserve")) for r in rows]
+
+
+def transfer_rows(d: dict) -> list[Row]:
+    out = []
+    for host, res in (d.get("hosts") or {}).items():
+        for how, r in res.items():
+            out.append(row(f"perfmodel median abs. % error on {host}, {how}", r.get("median_ape"), 20.0,
+                           div(r.get("median_ape"), 20.0), unit="%"))
+    for how, k in (d.get("kairos") or {}).items():
+        out.append(row(f"Kairos EC2 median abs. % error ({how})", k.get("median_ape_all"), 35.0,
+                       div(k.get("median_ape_all"), 35.0), unit="%"))
+        out.append(row(f"Kairos EC2 mean Spearman ({how})", k.get("mean_spearman"), 0.9,
+                       div(k.get("mean_spearman"), 0.9)))
+    return out
+
+
 def planners_rows(d: dict) -> list[Row]:
     out = []
     for key, label, value in (("hera_affinity", "Hera affinity matrix, 200 models", "total_wall_s"),
@@ -309,6 +331,8 @@ def suite() -> list[Bench]:
         Bench("planners", "bench_planners.py", [], [("planners.json", planners_rows),
                                                      ("planners_scenarios.json", planners_scenarios_rows)], 600),
         Bench("perfmodel", "bench_perfmodel.py", ["--quick"], [("perfmodel.json", perfmodel_rows)], 900),
+        Bench("papers", "bench_papers.py", [], [("papers.json", papers_rows)], 900),
+        Bench("transfer", "bench_transfer.py", ["--every", "3"], [("transfer.json", transfer_rows)], 900),
         Bench("sdm", "bench_sdm.py", ["--quick", "--out", "results/sdm_quick.json"],
               [("sdm_quick.json", sdm_rows)], 600),
         Bench("serving_overhead", "bench_serving_overhead.py", ["--requests", "100", "--seconds", "4"],

@@ -456,3 +456,33 @@ def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(
     assert served_here < 18  # queries that met a worker of their own model did not cross a pipe
     stats = client.get_inference_statistics("a").model_stats[0]
     assert stats.inference_stats.success.count >= 9
+
+
+def test_huge_json_is_refused_and_health_answers_during_a_long_decode():
+    """Above ``max_json_bytes`` the JSON part is refused before it is decoded (413 pointing at the binary
+    extension); below it, while the only worker decodes for a long time, health is still answered (the server
+    accepts while no worker does)."""
+    config = config_from_dict({"max_json_bytes": 24 * 1024 * 1024, "models": [
+        {"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128}]})
+    with NodeServer(config) as server:
+        check_huge_json(server.ports.http)
+
+
+def check_huge_json(port: int) -> None:
+    floats = 3_000_000  # ~15 MB of JSON: seconds of decoding on a small host
+    big = b'{"inputs": [{"name": "dense", "datatype": "FP32", "shape": [1, %d], "data": [' % floats
+    big += b"0.5, " * (floats - 1) + b"0.5]}]}"
+    status, raw, _ = post(port, "h", big + b" " * (25 * 1024 * 1024 - len(big)), {})
+    assert status == 413 and "binary" in json.loads(raw)["error"]
+    answer: dict = {}
+    sender = threading.Thread(target=lambda: answer.update(result=post(port, "h", big, {})))
+    sender.start()
+    slowest = 0.0
+    while sender.is_alive():
+        start = time.monotonic()
+        assert get(port, "/v2/health/live") == {"live": True}
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.05)
+    sender.join()
+    assert answer["result"][0] == 400  # decoded, then refused: the shape does not fit the model
+    assert slowest < 5.0, slowest  # bounded by the watchdog's tick and RESPONSIVE_S, not by the decode

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -124,3 +125,93 @@ def test_cost_model_from_measured_profiles_splits_dense_from_gathers():
     cost = cost_model_from_profiles(ProfileSet([gathers, latency]), spec, "host", 32)
     assert cost.gather_ms0 == pytest.approx(0.5) and cost.gather_ms_per_row == pytest.approx(0.001)
     assert cost.dense_qps == pytest.approx(1000.0 / 2.0)
+
+
+# ------------------------------------------------------------------ fidelity: locality, utility, servers, SLA
+
+
+def test_zipf_rank_cdf_matches_the_sampler_and_the_locality():
+    from recserve.planners.elasticrec import zipf_locality_cdf
+    from recserve.workload import ZipfSampler, zipf_rank_cdf
+
+    rows = 5000
+    ranks = ZipfSampler(alpha=1.1, hot="first")(rows, 100_000, np.random.default_rng(0))
+    empirical = np.searchsorted(np.sort(ranks), [10, 100, 1000], side="left") / ranks.size
+    assert empirical == pytest.approx(zipf_rank_cdf(rows, 1.1)[[10, 100, 1000]], abs=0.01)
+    cdf = zipf_locality_cdf(200_000, 0.9)
+    assert cdf[20_000] == pytest.approx(0.9, abs=1e-6)
+    assert cdf[0] == 0.0 and cdf[-1] == 1.0 and np.all(np.diff(cdf) >= 0)
+    assert cdf[2_000] > locality_cdf(200_000, 0.9)[2_000]  # hotness keeps falling inside the hot 10%
+
+
+def test_shard_utility_matches_monte_carlo():
+    from recserve.planners.elasticrec import shard_utility, zipf_locality_cdf
+
+    rows, lookups = 2000, 3000
+    cdf = zipf_locality_cdf(rows, 0.8)
+    draws = np.searchsorted(cdf, np.random.default_rng(1).random((20, lookups)), side="right") - 1
+    touched = np.zeros((20, rows), dtype=bool)
+    for i, d in enumerate(draws):
+        touched[i, d] = True
+    bounds = [0, 100, 500, rows]
+    expected = [touched[:, a:b].mean() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    assert shard_utility(cdf, bounds, lookups) == pytest.approx(expected, abs=0.02)
+    assert shard_utility(cdf, bounds, lookups)[0] > shard_utility(cdf, bounds, lookups)[-1]
+
+
+def test_pack_servers_first_fit_by_cores_and_memory():
+    from recserve.planners.elasticrec import Replica, pack_servers
+    from recserve.specs import ServerType
+
+    server = ServerType(name="s", cores=4, mem_gb=10, mem_bw_gbs=10, llc_mb=8, llc_ways=8)
+    assert pack_servers([Replica("a", 1.0, 6e9), Replica("b", 1.0, 6e9)], server) == 2      # memory-bound
+    assert pack_servers([Replica(f"c{i}", 1.0, 1e9) for i in range(8)], server) == 2          # core-bound
+    assert pack_servers([Replica("a", 1.0, 6e9), Replica("d", 0.5, 4e9)], server) == 1
+    with pytest.raises(Exception, match="fits no"):
+        pack_servers([Replica("big", 1.0, 11e9)], server)
+
+
+def _toy_spec(rows: int = 2_000_000) -> ModelSpec:
+    return ModelSpec(name="toy", family="dlrm", dense_in=8, bottom_mlp=(16,), top_mlp=(8, 1), interaction="dot",
+                     tables=(TableSpec("t0", rows, 16, pooling=64),), sla=SLA(400.0))
+
+
+def test_zipf_replicas_follow_hotness_and_paper_constant_sizes_for_the_target():
+    spec = _toy_spec()
+    cost = ShardCostModel(0.05, 0.002, 50_000.0, 30 * 2**20)
+    plan = plan_shards(spec, 20_000.0, cost, batch=32, locality=0.9, locality_model="zipf")
+    reps = plan.tables[0].replicas
+    assert plan.tables[0].num_shards >= 3
+    assert reps == sorted(reps, reverse=True) and reps[0] > reps[-1]
+    fixed = plan_shards(spec, 200.0, cost, batch=32, locality=0.9, locality_model="zipf", dp_target_qps=20_000.0)
+    assert fixed.tables[0].boundaries == plan.tables[0].boundaries          # partitioned at the constant
+    assert fixed.tables[0].replicas == [1] * fixed.tables[0].num_shards    # sized for 200 QPS
+    with pytest.raises(Exception, match="locality model"):
+        plan_shards(spec, 200.0, cost, locality_model="uniform")
+
+
+def test_evaluate_plan_utility_servers_and_sla():
+    from recserve.planners.elasticrec import evaluate_plan
+    from recserve.specs import ServerType
+
+    spec = _toy_spec()
+    server = ServerType(name="s", cores=16, mem_gb=2, mem_bw_gbs=10, llc_mb=8, llc_ways=8, price_per_hr=2.0)
+    cost = ShardCostModel(0.05, 0.002, 50_000.0, 30 * 2**20, dense_bytes=1e6)
+    plan = plan_shards(spec, 20_000.0, cost, batch=32, locality=0.9, locality_model="zipf")
+    ev = evaluate_plan(plan, spec, cost, server, locality=0.9, locality_model="zipf")
+    assert ev.utility_shards[0] > ev.utility_modelwise > ev.utility_shards[-1] * 0.5
+    assert ev.utility_gain > 1.0
+    assert ev.servers_modelwise > ev.servers and ev.cost_per_hr == 2.0 * ev.servers
+    light = plan_shards(spec, 200.0, cost, batch=32, locality=0.9, locality_model="zipf", dp_target_qps=20_000.0)
+    ok = evaluate_plan(light, spec, cost, server, locality=0.9, locality_model="zipf")
+    assert ok.sla_ok and ok.p95_ms > ok.rpc_ms
+    strict = replace(spec, sla=SLA(ok.p95_ms * 0.5))
+    assert not evaluate_plan(light, strict, cost, server, locality=0.9, locality_model="zipf").sla_ok
+
+
+def test_p95_grows_with_utilisation():
+    from recserve.planners.elasticrec import p95_ms
+
+    assert p95_ms(1.0, 10.0, 1000.0) == pytest.approx(np.log(20) / 0.99)
+    assert p95_ms(1.0, 900.0, 1000.0) > 5 * p95_ms(1.0, 100.0, 1000.0)
+    assert p95_ms(1.0, 1000.0, 1000.0) == float("inf")

@@ -132,3 +132,32 @@ def test_plan_search_cli(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["hercules"]["evaluations"] <= data["exhaustive"]["evaluations"]
     assert main(["plan", "search", "--model", name, "--server", server.name, "--live"]) == 2
+
+
+GPU12 = ServerType(name="fx-gpu12", cores=12, mem_gb=64, mem_bw_gbs=40, llc_mb=12, llc_ways=12, freq_ghz=2.5,
+                   flops_per_cycle=32, accelerator="fx", accel_tflops=12, accel_mem_gb=16, accel_mem_bw_gbs=600,
+                   pcie_gbs=16, power_w=350)
+
+
+def test_one_device_thread_cap_for_every_mode():
+    from recserve.planners.hercules.search import MAX_DEVICE_THREADS
+
+    configs = space(GPU12, BATCHES)
+    assert max(c.threads for c in configs if c.mode == "model") == MAX_DEVICE_THREADS < GPU12.cores
+    assert max(c.threads for c in configs if c.mode == "pipeline") == MAX_DEVICE_THREADS
+    assert max(c.threads for c in space(SERVERS[0], BATCHES) if c.mode == "model") == SERVERS[0].cores
+    spec = models()[0]
+    found = search(GPU12, perfmodel_evaluator(spec, GPU12, PM, MIX), BATCHES)
+    assert all(c.threads <= MAX_DEVICE_THREADS for c, _ in found.path)
+
+
+def test_baymax_colocates_on_the_device_and_is_deeprecsys_on_cpu():
+    from recserve.planners.hercules.search import MAX_DEVICE_THREADS, baymax
+
+    spec = models()[0]
+    ev = perfmodel_evaluator(spec, GPU12, PM, MIX)
+    bm, drs = baymax(GPU12, ev, BATCHES), deeprecsys(GPU12, ev, BATCHES)
+    assert bm.best_qps >= drs.best_qps
+    assert any(c.threads > 1 for c, _ in bm.path) and all(c.threads <= MAX_DEVICE_THREADS for c, _ in bm.path)
+    cpu_ev = perfmodel_evaluator(spec, SERVERS[2], PM, MIX)
+    assert baymax(SERVERS[2], cpu_ev, BATCHES).best == deeprecsys(SERVERS[2], cpu_ev, BATCHES).best

@@ -212,3 +212,19 @@ def test_operator_overhead_is_calibrated_not_per_layer():
     host = get_server("this-host")
     m2, rm1 = get_model("sdm-m2"), get_model("hercules-rmc1")
     assert pm.call_ms(m2, host, 1) > 10 * pm.call_ms(rm1, host, 1)
+
+
+def test_burstable_cpu_share_stretches_host_time():
+    from dataclasses import replace as _replace
+
+    from recserve.errors import SpecError
+    from recserve.perfmodel import PerfModel
+    from recserve.specs import get_model, get_server
+
+    pm = PerfModel()
+    spec, full = get_model("kairos-wnd"), get_server("c5n.2xlarge")
+    half = _replace(full, cpu_share=0.5)
+    assert pm.call_ms(spec, half, 64) == pytest.approx(2 * pm.call_ms(spec, full, 64))
+    assert get_server("t3.xlarge").cpu_share == 0.4
+    with pytest.raises(SpecError):
+        _replace(full, cpu_share=0.0)

@@ -63,8 +63,12 @@ def test_derived_s_f_qps_agree_with_the_authors_allocator_profile(ref):
         for name, theirs in per_type.items():
             if "vio_batch" not in theirs:
                 continue
-            # the authors store the first violating batch; ours is the last meeting one
-            assert theirs["vio_batch"] - 10 - 70 <= ours[name].s <= theirs["vio_batch"] - 10
+            # the authors store the first violating batch; ours is the last meeting one.  For ncf (QoS 5 ms) the
+            # authors pass batches whose mean is up to 0.6% over 5 ms (docs/planners.md); t3 latencies are noisy.
+            if name == "t3.xlarge":
+                assert theirs["vio_batch"] - 10 - 50 <= ours[name].s <= theirs["vio_batch"] - 10
+            else:
+                assert ours[name].s == theirs["vio_batch"] - (20 if model == "ncf" else 10)
             assert ours[name].f == pytest.approx(theirs["small_ratio"], abs=0.035)
             assert ours[name].qps == pytest.approx(theirs["qps"], rel=0.12)
 

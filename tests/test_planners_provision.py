@@ -94,3 +94,15 @@ def test_a_day_of_provisioning_never_costs_more_than_greedy(tmp_path):
     assert plan.baselines["greedy"]["hercules_power_saving_avg"] >= 0
     assert "greedy W" in plan.table()
     assert plan.save(tmp_path / "p.json").exists()
+
+
+def test_alpha_from_history_is_the_largest_growth_per_interval():
+    from recserve.planners.hercules.provision import alpha_from_history
+
+    history = {"a": [100, 110, 99, 120], "b": [50, 50, 60, 40]}
+    assert alpha_from_history(history) == pytest.approx(120 / 99 - 1)           # a: 99 -> 120 beats b: 50 -> 60
+    assert alpha_from_history(history, interval_steps=2) == pytest.approx(0.2)  # b: 50 -> 60 beats a: 110 -> 120
+    assert alpha_from_history(history, quantile=0.5) < alpha_from_history(history)
+    assert alpha_from_history({"flat": [5, 5, 4]}) == 0.0
+    with pytest.raises(InfeasibleError):
+        alpha_from_history({"a": [1.0]})

@@ -391,3 +391,21 @@ def test_pool_file_prior_from_profiles(tmp_path):
     (tmp_path / "bad.yaml").write_text(text % (tmp_path / "p.json", "hera-ncf"))
     with pytest.raises(SpecError, match="no latency_vs_batch table"):
         load_pool(tmp_path / "bad.yaml")
+
+
+def test_apply_split_shrinks_before_it_grows():
+    from recserve.policies.rmu import apply_split
+
+    have = {"a": 10, "b": 1}
+    calls = []
+
+    def put(m, v):
+        calls.append((m, v))
+        if sum({**have, m: v}.values()) > 11:
+            raise AssertionError(f"{m}={v} exceeds the 11 ways")
+        have[m] = v
+
+    apply_split(["b", "a"], [7, 4], have.get, put)      # b grows only after a shrinks, whatever the order given
+    assert have == {"a": 4, "b": 7} and calls == [("a", 4), ("b", 7)]
+    apply_split(["a", "b"], [4, 7], have.get, put)      # nothing changes: nothing set
+    assert len(calls) == 2

@@ -103,3 +103,42 @@ def test_plan_tier_cli_table_and_errors(capsys):
     assert "required_iops" in capsys.readouterr().out
     assert main(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "1", "--qps", "120"]) == 2
     assert "more than" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ Eq. 5-7 and simulated hit rates
+
+
+def test_fleet_eq5_to_7_hosts_and_power():
+    from recserve.planners.sdm import fleet
+
+    big = ServerType("big", cores=40, mem_gb=256, mem_bw_gbs=256, power_w=500)
+    small = ServerType("small", cores=20, mem_gb=64, mem_bw_gbs=128, power_w=200)
+    # SDM Table 8's shape: half the QPS per host at 0.4 of the power -> 20% less fleet power
+    a, b = fleet("L", big, 288_000, 240), fleet("SS", small, 288_000, 120)
+    assert (a.hosts, b.hosts) == (1200, 2400)
+    assert 1 - b.power_w / a.power_w == pytest.approx(0.2)
+    assert fleet("L", big, 1001, 1000).hosts == 2
+    with pytest.raises(InfeasibleError):
+        fleet("none", big, 10, 0.0)
+
+
+def test_simulated_hit_replaces_ideal_fill_and_sets_iops():
+    ideal = plan_tier(spec(), 10, 1000, item_batch=50, server=SERVER)
+    low = plan_tier(spec(), 10, 1000, item_batch=50, server=SERVER, simulated_hit=0.2)
+    high = plan_tier(spec(), 10, 1000, item_batch=50, server=SERVER, simulated_hit=0.9)
+    assert low.summary["hit_rate"] == pytest.approx(0.2)
+    assert high.summary["required_iops"] == pytest.approx(low.summary["required_iops"] * 0.1 / 0.8)
+    assert ideal.inputs["simulated_hit"] is None and high.inputs["simulated_hit"] == 0.9
+
+
+def test_sdm_host_qps_grows_with_hit_rate_and_is_capped_by_compute():
+    from recserve.planners.sdm import sdm_host_qps
+
+    server = ServerType("box", cores=16, mem_gb=64, mem_bw_gbs=100, power_w=200.0,
+                        ssd=SSDSpec(iops=200_000, read_latency_us=80, capacity_gb=1000))
+    q_low, why_low = sdm_host_qps(spec(), server, 10, 50, simulated_hit=0.2)
+    q_high, _ = sdm_host_qps(spec(), server, 10, 50, simulated_hit=0.99)
+    assert 0 < q_low < q_high
+    assert "SSD" in why_low
+    s = plan_tier(spec(), 10, q_low, item_batch=50, server=server, simulated_hit=0.2).summary
+    assert s["ssd_utilisation"] < 1

@@ -32,6 +32,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "footprint": ("workers", "mem_gb"),
     "gather_qps": ("gathers", "qps"),
     "efficiency": ("max_qps", "power_w"),
+    # co-location interference measured on a host (measure/interference.py)
+    "slowdown_vs_llc_occupied": ("occupied_mb", "slowdown"),
+    "slowdown_vs_corunner_gbs": ("corunner_gbs", "slowdown"),
+    "colocated_slowdown": ("alone_ms", "with_ms", "slowdown"),
+    "latency_vs_table_mb": ("table_mb", "mean_ms"),
 }
 SOURCES = ("measured", "modelled", "reference")
 

@@ -173,11 +173,14 @@ class ServerType:
     ssd: SSDSpec | None = None
     price_per_hr: float | None = None
     power_w: float | None = None
+    cpu_share: float = 1.0  # sustained share of each core (burstable cloud instances: their baseline)
     source: str = ""
     assumptions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _positive(self, "cores", "mem_gb", "mem_bw_gbs", "freq_ghz")
+        if not 0 < self.cpu_share <= 1:
+            raise SpecError(f"server {self.name!r}: cpu_share must be in (0, 1], got {self.cpu_share}")
         if self.llc_ways < 0 or self.llc_mb < 0:
             raise SpecError(f"server {self.name!r}: LLC size and ways must be >= 0")
 

@@ -58,6 +58,21 @@ def day_loads(data: dict, where: str, steps: int | None) -> tuple[np.ndarray, di
                          trough_ratio=float(data.get("trough_ratio", 0.5)))
 
 
+def over_provision_rate(arg: str, loads: dict) -> float:
+    """``--alpha``: a number, or ``history`` = the largest growth per interval in the (cyclic) day's loads."""
+    if str(arg).strip().lower() == "history":
+        from recserve.planners.hercules.provision import alpha_from_history
+
+        cyclic = {w: list(v) + [v[0]] for w, v in loads.items()}
+        alpha = alpha_from_history(cyclic)
+        progress(f"over-provision rate from the load history: alpha = {alpha:.4f}")
+        return alpha
+    try:
+        return float(arg)
+    except ValueError as exc:
+        raise SpecError(f"--alpha must be a number or 'history', got {arg!r}") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     data = read_traffic(args.traffic)
     available = counts(args.available, "available") or {str(k): int(v) for k, v in data.get("available", {}).items()}
@@ -65,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("give the cluster: --available NAME=COUNT,... or 'available:' in the traffic file")
     hours, loads = day_loads(data, args.traffic, args.steps)
     profiles = profiles_for(args, list(loads), list(available))
-    plan = plan_provision(profiles, available, loads, hours, alpha=args.alpha, seed=args.seed, progress=progress,
+    alpha = over_provision_rate(args.alpha, loads)
+    plan = plan_provision(profiles, available, loads, hours, alpha=alpha, seed=args.seed, progress=progress,
                           time_limit_s=args.time_limit, mip_rel_gap=args.gap)
     emit(plan, args)
     if args.plot:
@@ -93,7 +109,9 @@ def register(actions: argparse._SubParsersAction) -> None:
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--traffic", required=True, metavar="FILE", help="YAML/JSON with peak_qps or trace")
     p.add_argument("--available", help="server counts NAME=COUNT,... (else 'available:' in the traffic file)")
-    p.add_argument("--alpha", type=float, default=0.05, help="over-provision rate α")
+    p.add_argument("--alpha", default="0.05",
+                   help="over-provision rate α, or 'history' to estimate it from the load trace's growth per "
+                        "interval (Hercules §IV-C)")
     p.add_argument("--steps", type=int, help="provisioning intervals per day (default 48 or 'steps:')")
     p.add_argument("--seed", type=int, default=0, help="seed of the heterogeneity-oblivious baseline")
     p.add_argument("--time-limit", type=float, default=STEP_TIME_LIMIT_S,

@@ -10,7 +10,16 @@ import time
 from pathlib import Path
 
 from recserve.errors import ProfileError
-from recserve.planners.elasticrec import ShardPlan, cost_model_from_perfmodel, cost_model_from_profiles, plan_shards
+from recserve.planners.elasticrec import (
+    LOCALITY_MODELS,
+    MEASURED_REPLICA_BYTES,
+    PAPER_DP_TARGET_QPS,
+    ShardPlan,
+    cost_model_from_perfmodel,
+    cost_model_from_profiles,
+    evaluate_plan,
+    plan_shards,
+)
 from recserve.profiles import ProfileSet
 from recserve.specs import get_model, get_server
 
@@ -40,6 +49,16 @@ def plot_plan(plan: ShardPlan, path: str | Path) -> Path:
     return path
 
 
+def evaluation_text(ev) -> str:
+    util = ", ".join(f"S{i + 1} {100 * u:.1f}%" for i, u in enumerate(ev.utility_shards))
+    cost = (f", ${ev.cost_per_hr:.2f}/hr vs ${ev.cost_per_hr_modelwise:.2f}/hr" if ev.cost_per_hr is not None else "")
+    return (f"  memory utility (first table, 1000 queries): {util}; model-wise {100 * ev.utility_modelwise:.1f}% "
+            f"({ev.utility_gain:.2f}x)\n"
+            f"  servers: {ev.servers} vs model-wise {ev.servers_modelwise} ({ev.server_saving:.2f}x){cost}\n"
+            f"  p95 estimate: {ev.p95_ms:.1f} ms (incl. {ev.rpc_ms:g} ms RPC) vs model-wise {ev.p95_ms_modelwise:.1f} "
+            f"ms; SLA {ev.sla_ms:g} ms: {'met' if ev.sla_ok else 'VIOLATED'}")
+
+
 def cmd_shard(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     server = get_server(args.server)
@@ -53,15 +72,20 @@ def cmd_shard(args: argparse.Namespace) -> int:
             raise ProfileError("no --profiles given and the perfmodel is unavailable") from exc
     start = time.perf_counter()
     plan = plan_shards(spec, args.qps, cost, batch=args.batch, locality=args.locality, max_shards=args.max_shards,
-                       grid=args.grid)
+                       grid=args.grid, locality_model=args.locality_model,
+                       dp_target_qps=PAPER_DP_TARGET_QPS if args.paper_dp_constant else None)
     print(plan.table_text())
+    evaluation = evaluate_plan(plan, spec, cost, server, locality=args.locality, locality_model=args.locality_model,
+                               rpc_ms=args.rpc_ms)
+    print(evaluation_text(evaluation))
     print(f"(partitioned {len(spec.tables)} tables in {time.perf_counter() - start:.2f} s; cost model: "
           f"{cost.source}, gather {cost.gather_ms0:.3f} ms + {cost.gather_ms_per_row * 1e3:.3f} us/row, "
           f"dense {cost.dense_qps:.0f} QPS/replica)", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({**plan.to_dict(), "server": server.name,
-                                               "cost_model": cost.__dict__}, indent=1))
+                                               "cost_model": cost.__dict__, "evaluation": evaluation.to_dict()},
+                                              indent=1))
     if args.plot:
         plot_plan(plan, args.plot)
     return 0
@@ -78,7 +102,13 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--locality", type=float, default=0.9, help="share of accesses on the hottest 10%% of rows")
     p.add_argument("--max-shards", type=int, default=16)
     p.add_argument("--grid", type=int, default=512, help="boundary candidates per table for the DP")
-    p.add_argument("--min-mem-mb", type=float, default=256.0, help="fixed memory per replica (code, buffers)")
+    p.add_argument("--locality-model", choices=LOCALITY_MODELS, default="two-level",
+                   help="access CDF with the given locality: hot/cold uniform groups, or Zipf")
+    p.add_argument("--paper-dp-constant", action="store_true",
+                   help=f"partition at the paper's constant {PAPER_DP_TARGET_QPS:g} QPS, size replicas for --qps")
+    p.add_argument("--rpc-ms", type=float, default=2.0, help="added latency per shard call for the SLA check")
+    p.add_argument("--min-mem-mb", type=float, default=MEASURED_REPLICA_BYTES / 2**20,
+                   help="fixed memory per replica (code, buffers; default: ~30 MB measured per replica process)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="write a PNG of shard replicas and memory")
     p.set_defaults(func=cmd_shard)

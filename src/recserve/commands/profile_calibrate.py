@@ -17,6 +17,7 @@ import argparse
 import numpy as np
 
 from recserve.commands._plan_common import names, progress
+from recserve.errors import SpecError
 from recserve.perfmodel import load_calibration
 from recserve.perfmodel.fit import FIT_PARAMS, errors, fit, points_from_profiles
 from recserve.profiles import ProfileSet
@@ -31,6 +32,10 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
     else:
         server = get_server(args.server)
     base = load_calibration(args.base)
+    if not (args.micro or args.measured or args.measure):
+        raise SpecError("give --micro (microbenchmarks), --measured FILE or --measure MODELS")
+    if args.micro:
+        return _micro(args, server, base)
     if args.measured:
         measured = ProfileSet.load(args.measured)
     else:
@@ -66,14 +71,45 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _micro(args: argparse.Namespace, server, base) -> int:
+    """Constants from microbenchmarks only; with --measured, report the error on those (held-out) model timings."""
+    import json
+
+    from recserve.perfmodel.microbench import calibration_from_micro, measure_micro
+
+    micro = measure_micro(server, progress=progress)
+    cal = calibration_from_micro(micro, base)
+    if args.measured:
+        points = points_from_profiles(ProfileSet.load(args.measured), server)
+        held = float(np.median(errors(cal, points)))
+        bundled = float(np.median(errors(base, points)))
+        cal = cal.with_values(fit_error={"heldout_all_models_median_ape": held})
+        print(f"{len(points)} measured calls (none used for the constants): median |error| {held:.1f}% "
+              f"(base constants: {bundled:.1f}%)")
+    cal.save(args.out)
+    if args.save_micro:
+        with open(args.save_micro, "w") as f:
+            json.dump(micro, f, indent=1)
+    for name in ("compute_eff", "batch_half", "per_op_us", "per_module_us", "lookup_ns", "llc_gbs_per_core",
+                 "dram_gbs_per_core", "stream_gbs_per_core", "act_gbs_per_core"):
+        print(f"{name:20s} {getattr(base, name):10.4g} -> {getattr(cal, name):10.4g}")
+    print(f"microbenchmarks: {micro['seconds']:.0f} s")
+    progress(f"wrote {args.out}")
+    return 0
+
+
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("calibrate", help="fit perfmodel constants to measured latency_vs_batch tables")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--measured", metavar="FILE", help="ProfileSet with measured latency_vs_batch tables")
     src.add_argument("--measure", metavar="MODELS", help="time these catalogue models in-process now instead")
+    p.add_argument("--micro", action="store_true",
+                     help="set the constants from microbenchmarks only (no model timing, a minute or two); "
+                          "--measured FILE then only reports the error on those model timings")
     p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for --measure")
     p.add_argument("--save-measured", metavar="FILE", help="write the --measure tables")
     p.add_argument("--server", default="this-host", help="server type the measurements ran on")
     p.add_argument("--base", metavar="FILE", help="calibration to start from (default: bundled constants)")
     p.add_argument("--out", default="calibration.json", help="calibration JSON to write")
+    p.add_argument("--save-micro", metavar="FILE", help="write the raw microbenchmark results (with --micro)")
     p.set_defaults(func=cmd_profile_calibrate)

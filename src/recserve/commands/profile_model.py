@@ -30,6 +30,8 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     servers = _pick(args.servers, catalogue_servers(), get_server, "servers")
     profiles = model_profiles(specs, servers, args.calibration, tables=args.tables,
                               efficiency=not args.no_efficiency, progress=progress)
+    if args.interference:
+        profiles = _measured_ways(profiles, specs, servers, args.interference)
     profiles.save(args.out)
     for spec in specs:
         for server in servers:
@@ -43,6 +45,24 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measured_ways(profiles, specs: list, servers: list, path: str):
+    """Replace the modelled ``maxload_vs_ways`` tables of every measured model by ones built from its measured
+    LLC sensitivity (``recserve profile interference``), on every server type with LLC ways."""
+    from recserve.perfmodel.interference import fit_interference, with_measured_ways
+    from recserve.profiles import ProfileSet
+
+    measured = ProfileSet.load(path)
+    have = {t.model for t in measured.find(kind="slowdown_vs_llc_occupied")}
+    fits = {s.name: fit_interference(measured, s.name) for s in specs if s.name in have}
+    if not fits:
+        raise RecserveError(f"{path}: no measured LLC sensitivity for any of {[s.name for s in specs]}")
+    for server in servers:
+        if server.llc_ways > 0:
+            profiles = with_measured_ways(profiles, server.name, fits, server.llc_mb, server.llc_ways)
+    progress(f"maxload_vs_ways from measured LLC sensitivity for {sorted(fits)}")
+    return profiles
+
+
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("model", help="model Profile tables for server types we cannot run (perfmodel)")
     p.add_argument("--models", required=True, help="comma-separated catalogue models, or 'all'")
@@ -51,5 +71,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--tables", choices=("shared", "copied"), default="shared",
                    help="workers share one copy of the tables (threads) or each holds a copy (processes)")
     p.add_argument("--no-efficiency", action="store_true", help="skip the Hercules search for efficiency tuples")
+    p.add_argument("--interference", metavar="FILE",
+                   help="measured interference (`recserve profile interference`): Hera's ways tables from it")
     p.add_argument("--out", default="profiles/modelled.json", help="output ProfileSet JSON")
     p.set_defaults(func=cmd_profile_model)

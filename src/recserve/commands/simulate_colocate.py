@@ -47,6 +47,8 @@ def build_models(args: argparse.Namespace) -> list[ColocModel]:
     llc = _floats(args.llc_sensitivity, 2, "llc-sensitivity")
     bw = _floats(args.bw_per_worker, 2, "bw-per-worker")
     memf = _floats(args.memory_fraction, 2, "memory-fraction")
+    if args.interference:
+        llc, memf = measured_sensitivities(args, names, llc, memf)
     qos = profiles.meta.get("qos_p99_ms", {})
     out = []
     for k, name in enumerate(names):
@@ -59,11 +61,29 @@ def build_models(args: argparse.Namespace) -> list[ColocModel]:
     return out
 
 
+def measured_sensitivities(args: argparse.Namespace, names: list[str], llc: list[float],
+                           memf: list[float]) -> tuple[list[float], list[float]]:
+    """LLC sensitivity and memory fraction fitted to measured interference tables (``recserve profile
+    interference``), for the measured models named by ``--interference-models`` (default: ``--models``)."""
+    from recserve.perfmodel.interference import fit_interference
+
+    measured = ProfileSet.load(args.interference)
+    which = [m.strip() for m in (args.interference_models or ",".join(names)).split(",") if m.strip()]
+    if len(which) != len(names):
+        raise RecserveError(f"--interference-models needs {len(names)} names, got {which}")
+    fits = [fit_interference(measured, m) for m in which]
+    print("measured interference: " + "; ".join(
+        f"{n} <- {f.model}: llc_sensitivity {f.llc_sensitivity(args.ways):.3f}, memory_fraction "
+        f"{f.memory_fraction():.3f}" for n, f in zip(names, fits, strict=True)), file=sys.stderr)
+    return [f.llc_sensitivity(args.ways) for f in fits], [f.memory_fraction() for f in fits]
+
+
 def node_profiles(args: argparse.Namespace, models: list[ColocModel]) -> ProfileSet:
     path = Path(args.node_profiles)
     key = {"models": [m.name for m in models], "cores": args.cores, "ways": args.ways, "mem_bw_gbs": args.mem_bw,
            "llc": args.llc_sensitivity, "bw": args.bw_per_worker, "memf": args.memory_fraction,
-           "server": args.server, "percentile": args.percentile}
+           "server": args.server, "percentile": args.percentile, "interference": args.interference,
+           "interference_models": args.interference_models}
     if path.exists():
         cached = ProfileSet.load(path)
         if cached.meta.get("key") == key:
@@ -163,6 +183,10 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--llc-sensitivity", default="0.1,1.0", help="slowdown at 1 LLC way minus 1, per model")
     p.add_argument("--bw-per-worker", default="6,1", help="GB/s each busy worker draws, per model")
     p.add_argument("--memory-fraction", default="0.8,0.2", help="share of service time bound by DRAM bandwidth")
+    p.add_argument("--interference", metavar="FILE",
+                   help="measured interference (`recserve profile interference`): fit --llc-sensitivity and "
+                        "--memory-fraction to it instead of the documented defaults")
+    p.add_argument("--interference-models", help="measured model standing in for each of --models (default: same)")
     p.add_argument("--memory-peak", type=float, default=0.6, help="memory-bound model's peak load (x max load)")
     p.add_argument("--cache-peak", type=float, default=0.5, help="cache-sensitive model's load before T1")
     p.add_argument("--node-profiles", default="results/colocate_node_profiles.json",

@@ -57,6 +57,8 @@ class LoadResult:
     ``procs=1`` that is the calling process, so it also counts anything else that process runs (an
     in-process target or server); ``loop_cpu_s`` is the generator's event loop(s) alone."""
     loop_cpu_s: float = 0.0
+    refused_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Time to the server's error answer, for queries it refused (503, 504, ...): how fast shedding is."""
 
     @property
     def ok(self) -> int:
@@ -127,6 +129,7 @@ class LoadResult:
                 "mean_ok": float(ok_lat.mean()) if ok_lat.size else None,
                 "max_ok": float(ok_lat.max()) if ok_lat.size else None,
             },
+            "refused_answer_ms": {"p50": _pct(self.refused_ms, 50), "p99": _pct(self.refused_ms, 99)},
             "send_lag_ms_p99": _finite(self.send_lag(99)),
             "send_lag_ms": {"p50": _finite(self.send_lag(50)), "p99": _finite(self.send_lag(99)),
                             "max": _finite(self.send_lag(100))},
@@ -168,6 +171,7 @@ class Drive:
     last_s: float  # last completion, seconds from the start
     cpu_s: float  # process CPU seconds over the run (all threads)
     loop_cpu_s: float  # the event-loop thread's CPU seconds over the run
+    refused_ms: np.ndarray | None = None  # from the scheduled time to the server's error answer; NaN otherwise
 
 
 def deal(times: np.ndarray, choice: np.ndarray, procs: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -178,11 +182,24 @@ def deal(times: np.ndarray, choice: np.ndarray, procs: int) -> list[tuple[np.nda
 def merge(parts: list[Drive]) -> Drive:
     """Undo :func:`deal`: every scheduled query back at its place, counted once; CPU summed."""
     n, procs = sum(p.lag_ms.size for p in parts), len(parts)
-    latency, lag, kinds = np.empty(n), np.empty(n), [None] * n
+    latency, lag, kinds, refused = np.empty(n), np.empty(n), [None] * n, np.full(n, np.nan)
     for j, part in enumerate(parts):
         latency[j::procs], lag[j::procs], kinds[j::procs] = part.latency_ms, part.lag_ms, part.kinds
+        if part.refused_ms is not None:
+            refused[j::procs] = part.refused_ms
     return Drive(latency, kinds, lag, max((p.last_s for p in parts), default=0.0),
-                 sum(p.cpu_s for p in parts), sum(p.loop_cpu_s for p in parts))
+                 sum(p.cpu_s for p in parts), sum(p.loop_cpu_s for p in parts), refused)
+
+
+def _pct(values: np.ndarray, p: float) -> float | None:
+    return float(np.percentile(values, p)) if values.size else None
+
+
+def _answered(refused_ms: np.ndarray | None, keep: np.ndarray) -> np.ndarray:
+    if refused_ms is None:
+        return np.zeros(0)
+    kept = refused_ms[keep]
+    return kept[~np.isnan(kept)]
 
 
 async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_inflight: int, timeout_s: float,
@@ -192,7 +209,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
     :func:`until`."""
     loop = asyncio.get_running_loop()
     n = len(times)
-    latency = np.full(n, np.nan)
+    latency, refused = np.full(n, np.nan), np.full(n, np.nan)
     kinds: list[str | None] = [None] * n
     lag = np.zeros(n)
     state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0}
@@ -206,6 +223,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
             latency[k] = (loop.time() - start - times[k]) * 1000.0
         except RequestFailed as exc:
             kinds[k] = exc.kind
+            refused[k] = (loop.time() - start - times[k]) * 1000.0
         except TimeoutError:
             kinds[k] = "timeout"
         except Exception as exc:  # any other client-side failure is still one failed query
@@ -241,7 +259,8 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         await asyncio.wait(set(tasks), timeout=0.5)
         if progress is not None:
             progress.update(lambda: _status(n, n, state, loop.time() - start))
-    return Drive(latency, kinds, lag, state["last"], time.process_time() - cpu0, time.thread_time() - loop_cpu0)
+    return Drive(latency, kinds, lag, state["last"], time.process_time() - cpu0, time.thread_time() - loop_cpu0,
+                 refused)
 
 
 async def until(loop: asyncio.AbstractEventLoop, when: float, spin_s: float = 0.0) -> None:
@@ -376,7 +395,7 @@ class LoadSession:
             elapsed_s=run_s - min(warmup_s, run_s), sent=int(times.size), latencies_ms=latency[~np.isnan(latency)],
             errors=dict(failed), send_lag_ms=outcome.lag_ms[keep], mean_size=float(sizes.mean()),
             measured=int(keep.sum()), procs=self.procs, run_s=run_s, cpu_s=outcome.cpu_s,
-            loop_cpu_s=outcome.loop_cpu_s,
+            loop_cpu_s=outcome.loop_cpu_s, refused_ms=_answered(outcome.refused_ms, keep),
         )
 
     def close(self) -> None:

@@ -329,7 +329,15 @@ class PerfModel:
 
     def _call_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
                     slow: float) -> list[np.ndarray]:
-        """Per-stage service time (ms) of one call of ``m`` items: [model] or [sparse, dense]."""
+        """Per-stage service time (ms) of one call of ``m`` items: [model] or [sparse, dense].  On a server whose
+        cores run at a sustained share below 1 (burstable instances) the host's CPU time stretches by 1/share."""
+        times = self._full_speed_times(spec, server, alloc, st, m, slow)
+        if server.cpu_share >= 1.0 or st.on_accel:
+            return times
+        return [t / server.cpu_share for t in times]
+
+    def _full_speed_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
+                          slow: float) -> list[np.ndarray]:
         cal, cost = self.cal, st.cost
         c = alloc.cores_per_worker
         dram_s = 1.0 / (cal.dram_gbs_per_core * 1e9)

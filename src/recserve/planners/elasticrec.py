@@ -21,6 +21,9 @@ from recserve.profiles import ProfileSet, ProfileTable
 from recserve.specs import ModelSpec, ServerType
 
 MiB = 1024**2
+MEASURED_REPLICA_BYTES = 30 * MiB  # ≈30 MB PSS per shard replica process, measured live (docs/elasticrec.md)
+PAPER_DP_TARGET_QPS = 1000.0       # §IV-B: the DP's constant QPS goal ("we utilized 1000")
+LOCALITY_MODELS = ("two-level", "zipf")
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class ShardCostModel:
     gather_ms0: float
     gather_ms_per_row: float
     dense_qps: float
-    min_mem_bytes: float = 256 * MiB
+    min_mem_bytes: float = MEASURED_REPLICA_BYTES
     dense_bytes: float = 0.0
     source: str = ""
 
@@ -57,7 +60,7 @@ def fit_gather_regression(table: ProfileTable) -> tuple[float, float]:
 
 
 def cost_model_from_profiles(profiles: ProfileSet, model: ModelSpec, server: str, batch: int,
-                             min_mem_bytes: float = 256 * MiB) -> ShardCostModel:
+                             min_mem_bytes: float = MEASURED_REPLICA_BYTES) -> ShardCostModel:
     """Read the gather regression (kind ``gather_qps`` on ``server``) and the model's measured
     ``latency_vs_batch``; the dense shard's time is the whole-model latency at ``batch`` less the
     gathers the regression predicts for it (never below a tenth of the whole)."""
@@ -73,7 +76,7 @@ def cost_model_from_profiles(profiles: ProfileSet, model: ModelSpec, server: str
 
 
 def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, perfmodel: Any = None,
-                              min_mem_bytes: float = 256 * MiB) -> ShardCostModel:
+                              min_mem_bytes: float = MEASURED_REPLICA_BYTES) -> ShardCostModel:
     """The same cost model, from the calibrated perfmodel for server types we cannot run: the
     sparse and dense stage times of a one-core sparse-dense pipeline, with the gather regression
     fitted over single-table variants of ``spec`` gathering 1/8 … all of its rows per query."""
@@ -117,6 +120,20 @@ def locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> np.nd
     hot = max(1, int(round(rows * hot_fraction)))
     x = np.arange(rows + 1, dtype=float)
     return np.where(x <= hot, locality * x / hot, locality + (1 - locality) * (x - hot) / max(rows - hot, 1))
+
+
+def zipf_locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> np.ndarray:
+    """CDF of a Zipf table with locality ``locality`` (the hottest ``hot_fraction`` take that share): hotness
+    keeps falling inside the hot set, so a hotter sub-range can earn more replicas than the rest of it."""
+    from recserve.workload.indices import zipf_alpha_for_locality, zipf_rank_cdf
+
+    return zipf_rank_cdf(rows, zipf_alpha_for_locality(locality, rows, hot_fraction))
+
+
+def modelled_cdf(rows: int, locality: float, model: str = "two-level") -> np.ndarray:
+    if model not in LOCALITY_MODELS:
+        raise SpecError(f"locality model must be one of {LOCALITY_MODELS}, got {model!r}")
+    return locality_cdf(rows, locality) if model == "two-level" else zipf_locality_cdf(rows, locality)
 
 
 # ------------------------------------------------------------------ Alg. 1 and Alg. 2
@@ -244,10 +261,12 @@ class ShardPlan:
 
 def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch: int = 32,
                 locality: float = 0.9, cdfs: dict[str, np.ndarray] | None = None, max_shards: int = 16,
-                grid: int = 512) -> ShardPlan:
+                grid: int = 512, locality_model: str = "two-level", dp_target_qps: float | None = None) -> ShardPlan:
     """ElasticRec plan for ``spec`` at ``target_qps`` vs model-wise replication of the whole model.
 
-    Each table's CDF comes from ``cdfs`` (measured access counts) or the locality-P model."""
+    Each table's CDF comes from ``cdfs`` (measured access counts) or the locality-P model
+    (``locality_model``: two-level, or Zipf with the same P).  ``dp_target_qps`` partitions at the paper's
+    constant QPS goal (:data:`PAPER_DP_TARGET_QPS`) and then sizes each shard's replicas for ``target_qps``."""
     if target_qps <= 0:
         raise SpecError("target QPS must be positive")
     tables = []
@@ -261,8 +280,11 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
         if cdf is None and key in solved:
             tables.append(replace(solved[key], table=t.name))
             continue
-        shards = partition_table(t.name, locality_cdf(t.rows, locality) if cdf is None else cdf, gathers,
-                                 t.row_bytes(spec.bytes_per_elem), target_qps, cost, max_shards, grid)
+        table_cdf = modelled_cdf(t.rows, locality, locality_model) if cdf is None else cdf
+        shards = partition_table(t.name, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem),
+                                 dp_target_qps or target_qps, cost, max_shards, grid)
+        if dp_target_qps:
+            shards = resize_shards(shards, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem), target_qps, cost)
         if cdf is None:
             solved[key] = shards
         tables.append(shards)
@@ -271,7 +293,142 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
     model_replicas = max(1, math.ceil(target_qps / cost.model_qps(total_gathers) - 1e-9))
     model_memory = model_replicas * (spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes)
     return ShardPlan(spec.name, target_qps, batch, dense_replicas, dense_memory, tables, model_replicas, model_memory,
-                     assumptions=[f"locality P={locality:g} where no access counts given" if not cdfs else
-                                  "CDFs from measured access counts",
+                     assumptions=[f"locality P={locality:g} ({locality_model}) where no access counts given"
+                                  if not cdfs else "CDFs from measured access counts",
+                                  *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "
+                                     f"{target_qps:g} QPS"] if dp_target_qps else []),
                                   f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
                                   f"cost model source: {cost.source or 'given'}"])
+
+
+def resize_shards(shards: TableShards, cdf: np.ndarray, gathers_per_query: float, row_bytes: int,
+                  target_qps: float, cost: ShardCostModel) -> TableShards:
+    """The same boundaries with replicas and memory for another target (Alg. 1 COST at ``target_qps``)."""
+    b = np.array(shards.boundaries)
+    memory, replicas = shard_cost(cdf, b[:-1], b[1:], gathers_per_query, row_bytes, target_qps, cost)
+    return replace(shards, replicas=[int(r) for r in replicas], memory_bytes=float(memory.sum()))
+
+
+# ------------------------------------------------------------------ utility, servers, cost, SLA (§VI)
+
+
+def shard_utility(cdf: np.ndarray, boundaries: list[int], lookups: float) -> list[float]:
+    """Expected share of each shard's rows touched by ``lookups`` draws from ``cdf`` (ElasticRec Fig. 14's
+    memory utility over the first 1,000 queries): a row of access probability p is touched with 1-(1-p)^n."""
+    p = np.clip(np.diff(cdf), 0.0, 1.0)
+    touched = -np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-15)))
+    sums = np.concatenate([[0.0], np.cumsum(touched)])
+    b = np.asarray(boundaries)
+    return [float((sums[e] - sums[s]) / max(e - s, 1)) for s, e in zip(b[:-1], b[1:], strict=True)]
+
+
+@dataclass
+class Replica:
+    """One container: the cores its load needs on the cost model's one-core rates, and its memory."""
+
+    name: str
+    cores: float
+    memory_bytes: float
+
+
+def _cores(load_qps: float, capacity_qps: float, granularity: float = 0.1) -> float:
+    return max(granularity, math.ceil(min(1.0, load_qps / capacity_qps) / granularity - 1e-9) * granularity)
+
+
+def plan_replicas(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel) -> tuple[list[Replica], list[Replica]]:
+    """(ElasticRec replicas, model-wise replicas), each sized to the load it serves."""
+    q = plan.target_qps
+    sharded = [Replica("dense", _cores(q / plan.dense_replicas, cost.dense_qps), cost.dense_bytes + cost.min_mem_bytes)
+               for _ in range(plan.dense_replicas)]
+    for t, tab in zip(plan.tables, spec.tables, strict=True):
+        row_bytes = tab.row_bytes(spec.bytes_per_elem)
+        for k, (r, ns) in enumerate(zip(t.replicas, t.rows_gathered, strict=True)):
+            rows = t.boundaries[k + 1] - t.boundaries[k]
+            sharded += [Replica(f"{t.table}-s{k}", _cores(q / r, float(cost.gather_qps(ns))),
+                                rows * row_bytes + cost.min_mem_bytes) for _ in range(r)]
+    total_gathers = sum(plan.batch * tab.pooling for tab in spec.tables)
+    per_model = plan.modelwise_memory_bytes / plan.modelwise_replicas
+    modelwise = [Replica("model", _cores(q / plan.modelwise_replicas, cost.model_qps(total_gathers)), per_model)
+                 for _ in range(plan.modelwise_replicas)]
+    return sharded, modelwise
+
+
+def pack_servers(replicas: list[Replica], server: ServerType) -> int:
+    """First-fit decreasing by memory onto servers of ``server``'s cores and memory (a Kubernetes scheduler
+    placing pods by their requests).  Raises SpecError for a replica no server can hold."""
+    cap_mem, cap_cores = server.mem_gb * 1e9, float(server.cores)
+    bins: list[list[float]] = []
+    for rep in sorted(replicas, key=lambda r: -r.memory_bytes):
+        if rep.memory_bytes > cap_mem or rep.cores > cap_cores:
+            raise SpecError(f"replica {rep.name} ({rep.memory_bytes / 1e9:.1f} GB) fits no {server.name}")
+        for b in bins:
+            if b[0] + rep.cores <= cap_cores + 1e-9 and b[1] + rep.memory_bytes <= cap_mem:
+                b[0] += rep.cores
+                b[1] += rep.memory_bytes
+                break
+        else:
+            bins.append([rep.cores, rep.memory_bytes])
+    return len(bins)
+
+
+def p95_ms(service_ms: float, load_qps: float, capacity_qps: float) -> float:
+    """p95 sojourn of an M/M/1 replica: exponential with mean S / (1 - rho); inf at rho >= 1."""
+    rho = load_qps / capacity_qps
+    return math.log(20.0) * service_ms / (1 - rho) if rho < 1 else math.inf
+
+
+@dataclass
+class ShardEvaluation:
+    """ElasticRec §VI's metrics for one plan against model-wise replication."""
+
+    utility_shards: list[float]          # first table, hot -> cold
+    utility_modelwise: float
+    servers: int
+    servers_modelwise: int
+    cost_per_hr: float | None
+    cost_per_hr_modelwise: float | None
+    p95_ms: float
+    p95_ms_modelwise: float
+    sla_ms: float
+    rpc_ms: float
+
+    @property
+    def utility_gain(self) -> float:
+        return float(np.mean(self.utility_shards)) / self.utility_modelwise
+
+    @property
+    def server_saving(self) -> float:
+        return self.servers_modelwise / self.servers
+
+    @property
+    def sla_ok(self) -> bool:
+        return self.p95_ms <= self.sla_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "utility_gain": self.utility_gain, "server_saving": self.server_saving,
+                "sla_ok": self.sla_ok, "sla_ok_modelwise": self.p95_ms_modelwise <= self.sla_ms}
+
+
+def evaluate_plan(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel, server: ServerType, *,
+                  locality: float = 0.9, locality_model: str = "two-level", cdf: np.ndarray | None = None,
+                  queries: int = 1000, rpc_ms: float = 2.0) -> ShardEvaluation:
+    """Memory utility of the first table over ``queries`` queries, servers to host every replica, their
+    $/hr, and a p95 estimate per deployment against the SLA.  ElasticRec's p95 = the slowest shard call
+    + ``rpc_ms`` per hop (an assumption; the paper measured +31 ms on its cluster) + the dense shard."""
+    first, tab = plan.tables[0], spec.tables[0]
+    table_cdf = cdf if cdf is not None else modelled_cdf(tab.rows, locality, locality_model)
+    lookups = queries * plan.batch * tab.pooling
+    utility = shard_utility(table_cdf, first.boundaries, lookups)
+    whole = shard_utility(table_cdf, [0, tab.rows], lookups)[0]
+    sharded, modelwise = plan_replicas(plan, spec, cost)
+    n_er, n_mw = pack_servers(sharded, server), pack_servers(modelwise, server)
+    q = plan.target_qps
+    gather_p95 = max(p95_ms(1000.0 / float(cost.gather_qps(ns)), q / r, float(cost.gather_qps(ns)))
+                     for t in plan.tables for r, ns in zip(t.replicas, t.rows_gathered, strict=True))
+    dense_p95 = p95_ms(1000.0 / cost.dense_qps, q / plan.dense_replicas, cost.dense_qps)
+    total_gathers = sum(plan.batch * t.pooling for t in spec.tables)
+    mw_qps = cost.model_qps(total_gathers)
+    price = server.price_per_hr
+    return ShardEvaluation(utility, whole, n_er, n_mw, price * n_er if price else None,
+                           price * n_mw if price else None, gather_p95 + rpc_ms + dense_p95,
+                           p95_ms(1000.0 / mw_qps, q / plan.modelwise_replicas, mw_qps), spec.sla.target_ms, rpc_ms)

@@ -28,7 +28,8 @@ Policies (SDM Table 5):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from recserve.errors import InfeasibleError, SpecError
@@ -121,8 +122,12 @@ def _hit_rates(spec: ModelSpec, sm: list[int], cached: set[int], cache_bytes: fl
 def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 100, policy: str = "sm-cache",
               server: ServerType | None = None, sm_sides: tuple[str, ...] = ("user",),
               locality_user: float = 0.9, locality_item: float = 0.95, fm_fraction: float = 0.5,
-              min_hit: float = 0.05, queue_depth: int = 32, tables_in_flight: int = 4) -> TierPlan:
-    """Place ``spec``'s tables under a DRAM budget of ``dram_gb`` (for embeddings) at ``qps`` queries/s."""
+              min_hit: float = 0.05, queue_depth: int = 32, tables_in_flight: int = 4,
+              simulated_hit: float | None = None) -> TierPlan:
+    """Place ``spec``'s tables under a DRAM budget of ``dram_gb`` (for embeddings) at ``qps`` queries/s.
+
+    ``simulated_hit`` replaces the ideal-fill hit rate of every cached SM table by one measured on an index
+    trace (``sim.cache.simulate_tier_hits``)."""
     if policy not in POLICIES:
         raise SpecError(f"policy must be one of {POLICIES}, got {policy!r}")
     if dram_gb <= 0 or qps <= 0 or item_batch < 1:
@@ -158,6 +163,8 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
     if policy == "per-table-cache":
         cached = {i for i in sm if hit[i] >= min_hit}
         hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
+    if simulated_hit is not None:
+        hit = {i: (simulated_hit if i in cached and cache_bytes > 0 else 0.0) for i in sm}
 
     placements = []
     iops_total = 0.0
@@ -209,13 +216,15 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         f"SSD: {ssd.iops:,.0f} IOPS, {ssd.read_latency_us:g} us, {ssd.capacity_gb:g} GB"
         + ("" if server is not None and server.ssd is not None else " (assumed NAND, SDM Table 1)"),
         f"DRAM gather bandwidth = {GATHER_EFFICIENCY:g} x {mem_bw / 1e9:g} GB/s (assumption)",
+        "hit rate: " + ("simulated on an index trace" if simulated_hit is not None else "ideal fill (no trace)"),
     ]
     if utilisation >= 1:
         notes.append(f"infeasible: {iops_total:,.0f} IOPS required exceeds the SSD's {ssd.iops:,.0f}")
     inputs = {"model": spec.name, "dram_gb": dram_gb, "qps": qps, "item_batch": item_batch, "policy": policy,
               "server": server.name if server is not None else None, "sm_sides": list(sm_sides),
               "locality_user": locality_user, "locality_item": locality_item, "fm_fraction": fm_fraction,
-              "min_hit": min_hit, "queue_depth": queue_depth, "tables_in_flight": tables_in_flight}
+              "min_hit": min_hit, "queue_depth": queue_depth, "tables_in_flight": tables_in_flight,
+              "simulated_hit": simulated_hit}
     return TierPlan(planner=f"sdm/{policy}", inputs=inputs, summary=summary, notes=notes, tables=placements)
 
 
@@ -235,3 +244,69 @@ def compare_policies(spec: ModelSpec, dram_gb: float, qps: float, **kwargs: Any)
             continue
         plan.baselines[f"sdm/{other}"] = {k: alt.summary[k] for k in keys}
     return plan
+
+
+# ------------------------------------------------------------------ Eq. 5-7: hosts and power at fleet scale
+
+
+@dataclass
+class FleetOption:
+    """One way to serve a fleet-wide load (SDM Tables 8-9): per-host QPS at the SLA, hosts, total power."""
+
+    name: str
+    server: str
+    qps_per_host: float
+    power_w_per_host: float
+    hosts: int
+    power_w: float
+    limit: str = ""
+
+
+def fleet(name: str, server: ServerType, total_qps: float, qps_per_host: float, limit: str = "") -> FleetOption:
+    """Eq. 5-7: hosts = ceil(total QPS / QPS per host at the target latency); power = hosts x host power."""
+    if qps_per_host <= 0:
+        raise InfeasibleError(f"{name}: {server.name} serves no QPS within the SLA ({limit})")
+    hosts = int(math.ceil(total_qps / qps_per_host - 1e-9))
+    return FleetOption(name, server.name, qps_per_host, server.power_w, hosts, hosts * server.power_w, limit)
+
+
+def dram_host_qps(spec: ModelSpec, server: ServerType, item_batch: int, perfmodel: Any = None) -> tuple[float, str]:
+    """Max QPS at the SLA of the all-DRAM host (calibrated perfmodel, one single-core worker per core)."""
+    from recserve.perfmodel import Allocation, PerfModel
+
+    pm = perfmodel or PerfModel()
+    res = pm.evaluate(spec, server, Allocation(workers=server.cores), sizes=[item_batch], with_latency=False)
+    return res.max_qps, res.reason or "compute/bandwidth (perfmodel)"
+
+
+def sdm_host_qps(spec: ModelSpec, server: ServerType, dram_gb: float, item_batch: int,
+                 simulated_hit: float | None = None, perfmodel: Any = None, **tier: Any) -> tuple[float, str]:
+    """Max QPS at the SLA of a host whose SM tables sit on its SSD behind the row cache: the perfmodel's
+    rate for the model with only the DRAM-resident part of the SM tables (what the cache holds), capped
+    by the highest load at which the SSD keeps up and the exposed SM latency stays within the SLA (Eq. 3-4, 8)."""
+    from recserve.perfmodel import Allocation, PerfModel
+
+    pm = perfmodel or PerfModel()
+    probe = plan_tier(spec, dram_gb, 1.0, item_batch=item_batch, server=server, simulated_hit=simulated_hit, **tier)
+    sm_gb = probe.summary["sm_gb"]
+    keep = min(1.0, probe.summary["cache_gb"] / sm_gb) if sm_gb else 1.0
+    sm_names = {t.table for t in probe.tables if t.tier == "SM"}
+    resident = replace(spec, tables=tuple(replace(t, rows=max(1, int(t.rows * keep))) if t.name in sm_names else t
+                                          for t in spec.tables))
+    cpu = pm.evaluate(resident, server, Allocation(workers=server.cores), sizes=[item_batch], with_latency=False)
+    if cpu.max_qps <= 0:
+        return 0.0, cpu.reason
+    base_ms = pm.latency_ms(resident, server, item_batch, Allocation(workers=server.cores))
+
+    def ok(qps: float) -> bool:
+        s = plan_tier(spec, dram_gb, qps, item_batch=item_batch, server=server, simulated_hit=simulated_hit,
+                      **tier).summary
+        return bool(s["feasible"]) and s["latency_exposed_ms"] + base_ms <= spec.sla.target_ms
+
+    if ok(cpu.max_qps):
+        return cpu.max_qps, "compute/bandwidth (perfmodel)"
+    lo, hi = 0.0, cpu.max_qps
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, "SSD IOPS / exposed SM latency (Eq. 3-4, 8)"

@@ -51,14 +51,23 @@ class NodeControl(Protocol):
     def window_stats(self, model: str) -> WindowStats: ...
 
 
+def apply_split(models: list[str], values: list[int], get, put) -> None:
+    """Set a new split of one resource, shrinking models before growing others, so that no intermediate
+    step asks for more than the node has."""
+    for m, v in sorted(zip(models, values, strict=True), key=lambda mv: mv[1] - get(mv[0])):
+        if get(m) != v:
+            put(m, v)
+
+
 def even_split(control: NodeControl) -> None:
     """Hera's initialisation: cores and LLC ways divided evenly among the co-located models."""
     models = control.models()
     k = len(models)
     cores, ways = control.total_cores(), control.total_ways()
-    for i, m in enumerate(models):
-        control.set_workers(m, max(1, cores // k + (1 if i < cores % k else 0)))
-        control.set_ways(m, max(1, ways // k + (1 if i < ways % k else 0)))
+    apply_split(models, [max(1, cores // k + (1 if i < cores % k else 0)) for i in range(k)],
+                control.get_workers, control.set_workers)
+    apply_split(models, [max(1, ways // k + (1 if i < ways % k else 0)) for i in range(k)],
+                control.get_ways, control.set_ways)
 
 
 # ------------------------------------------------------------------ profile lookups
@@ -218,9 +227,7 @@ class HeraRMU(Controller):
                 best, best_split = qps, split
         if best_split is None:
             return
-        for m, w in zip(models, best_split, strict=True):
-            if control.get_ways(m) != w:
-                control.set_ways(m, w)
+        apply_split(models, list(best_split), control.get_ways, control.set_ways)
         self.log.append(Decision(now_s, "*", "ways", {"split": dict(zip(models, best_split, strict=True)),
                                                       "profiled_qps": best}))
 

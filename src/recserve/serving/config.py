@@ -22,7 +22,7 @@ A node config is YAML::
         deadline_ms: null    # a query's deadline when the client sets no `timeout` (null = twice the model's
                              # SLA target); queries that cannot finish by it are shed (503), late ones get 504
         fuse_items: 256      # fuse queued queries into one forward pass of at most this many items (0 = off)
-        hang_timeout_s: 5.0  # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
+        hang_timeout_s: 10.0 # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
@@ -103,7 +103,7 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
     deadline_ms: float | None = None
     fuse_items: int = 256
-    hang_timeout_s: float = 5.0
+    hang_timeout_s: float = 10.0
     # Repository models (serving/repository.py): the artifact file of one version and the spec describing it.
     # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
     artifact: str = ""
@@ -199,6 +199,7 @@ class NodeConfig:
     http_port: int = 0
     grpc_port: int = 0
     max_body_bytes: int = 64 * 1024 * 1024
+    max_json_bytes: int = 16 * 1024 * 1024  # the JSON part of an infer request; tensors beyond go binary
     read_timeout_s: float = 30.0  # a request must arrive whole within this, else 408 and close (slow clients)
     drain_timeout_s: float = 30.0
     server_name: str = "recserve"
@@ -211,6 +212,10 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not self.models and not self.repository:
             raise SpecError("node config: needs at least one model or a repository")
+        for key in ("max_body_bytes", "max_json_bytes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SpecError(f"node config: {key} must be an integer number of bytes >= 1, got {value!r}")
         if isinstance(self.read_timeout_s, bool) or not isinstance(self.read_timeout_s, int | float) \
                 or not 0 < self.read_timeout_s < 1e6:
             raise SpecError(f"node config: read_timeout_s must be a number of seconds > 0, got {self.read_timeout_s!r}")

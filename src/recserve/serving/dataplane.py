@@ -306,6 +306,7 @@ class PlaneLimits:
     """What bounds a worker's queue: count, time, body size, fused pass size and slow clients."""
 
     max_body: int = 64 * 1024 * 1024
+    max_json: int = 16 * 1024 * 1024  # the JSON part of a request (decoding blocks the worker's loop)
     queue_limit: int = 64
     deadline_s: float = 1.0  # per-query deadline when the client sets no ``timeout``
     fuse_items: int = 256  # largest fused forward pass in samples; 0 = one query per pass
@@ -595,14 +596,14 @@ def _timeout_s(request: dict) -> float | None:
 
 
 def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
-                    run: Callable[[tuple], np.ndarray], version: str = "1") -> ModelPath:
+                    run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1") -> ModelPath:
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec."""
     from recserve.serving import protocol
     from recserve.zoo.batch import BatchError, QueryBatch, concat_arrays
 
     class Path:
         def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
-            req, arrays = protocol.parse_http_infer(body, header_length)
+            req, arrays = protocol.parse_http_infer(body, header_length, max_json)
             protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
             return (req, *self.validate(arrays))
 

@@ -116,7 +116,8 @@ def build_app(core: NodeCore) -> web.Application:
             rt = runtime(request)
             try:
                 body = await request.read()
-                req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH))
+                req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH),
+                                                     core.config.max_json_bytes)
             except (InferError, web.HTTPRequestEntityTooLarge) as exc:
                 rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
                 exc.counted = True  # type: ignore[union-attr]

@@ -288,6 +288,7 @@ class ModelRuntime:
         self.listen_sock: Any = None
         self.max_body = 64 * 1024 * 1024
         self.read_timeout_s = 30.0
+        self.max_json = 16 * 1024 * 1024
         self.grpc_address = ""  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
         self.grpc_upstream = ""
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
@@ -419,7 +420,8 @@ class ModelRuntime:
         """One worker's share of this model's admission limits (data plane v2)."""
         from recserve.serving.dataplane import PlaneLimits
 
-        return PlaneLimits(max_body=self.max_body, queue_limit=max(1, -(-self.cfg.queue_limit // self.cfg.workers)),
+        share = max(1, -(-self.cfg.queue_limit // self.cfg.workers))
+        return PlaneLimits(max_body=self.max_body, max_json=self.max_json, queue_limit=share,
                            deadline_s=self.cfg.deadline_ms / 1e3, fuse_items=self.cfg.fuse_items,
                            read_timeout_s=self.read_timeout_s)
 

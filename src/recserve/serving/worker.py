@@ -38,6 +38,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,7 +251,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send_handle(conn, fd, server_pid)
 
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           lambda payload: run_stage(model, "model", payload), args.version)
+                           lambda payload: run_stage(model, "model", payload), args.limits.max_json, args.version)
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default)
 
@@ -267,26 +268,32 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    grpc_server = await _serve_grpc(plane, args) if args.grpc_address else None
+    grpc_stopped = await _serve_grpc(plane, args) if args.grpc_address else None
     await plane.listen(args.listen)
     send(ready)
     loop.add_reader(conn.fileno(), on_pipe)
     await plane.exit_event.wait()
-    if grpc_server is not None:
-        await grpc_server.stop(grace=GRPC_GRACE_S)
+    if grpc_stopped is not None:
+        await grpc_stopped()  # its calls still in flight (forwarded ones too) are answered before the exit
     plane.flush()
 
 
 GRPC_GRACE_S = 5.0
 
 
-async def _serve_grpc(plane: Any, args: WorkerArgs) -> Any:
-    """This worker's gRPC server (``serving/grpc_worker.py``); it stops taking calls when the worker retires."""
+async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[None]]:
+    """Start this worker's gRPC server (``serving/grpc_worker.py``); it stops taking calls when the worker retires
+    or drains.  Returns what to await before exiting: that stop, which waits for the calls in flight."""
     from recserve.serving.grpc_worker import serve_grpc
 
     server = await serve_grpc(plane, args.grpc_address, args.grpc_upstream, args.limits.max_body)
-    plane.on_stop_listening.append(lambda: asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S)))
-    return server
+    stopping: list[asyncio.Future] = []
+    plane.on_stop_listening.append(lambda: stopping.append(asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S))))
+
+    async def stopped() -> None:
+        await (stopping[0] if stopping else server.stop(grace=GRPC_GRACE_S))
+
+    return stopped
 
 
 def _control(plane: Any, msg: tuple, fd: int | None) -> None:

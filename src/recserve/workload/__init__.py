@@ -20,6 +20,7 @@ from recserve.workload.indices import (
     measure_locality,
     zipf_alpha_for_locality,
     zipf_locality,
+    zipf_rank_cdf,
 )
 from recserve.workload.sizes import (
     SIZE_DISTRIBUTIONS,
@@ -58,5 +59,6 @@ __all__ = [
     "size_distribution",
     "summarize",
     "zipf_alpha_for_locality",
+    "zipf_rank_cdf",
     "zipf_locality",
 ]

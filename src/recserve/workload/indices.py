@@ -177,6 +177,28 @@ def zipf_locality(alpha: float, rows: int, hot_fraction: float = HOT_FRACTION) -
     return hot / (head_mass + tail_mass)
 
 
+def zipf_rank_cdf(rows: int, alpha: float) -> np.ndarray:
+    """CDF over popularity ranks of the bounded Zipf that :class:`ZipfSampler` draws: ``cdf[x]`` = share of
+    lookups to the ``x`` hottest rows (``cdf[0] = 0``, ``cdf[rows] = 1``), exact over the sampler's head and
+    its continuous tail beyond — so a planner sees the same skew the live sampler produces."""
+    head_cdf, head_mass, tail_mass = _zipf_parts(rows, alpha, 100_000)
+    h = len(head_cdf)
+    out = np.empty(rows + 1, dtype=np.float64)
+    out[0] = 0.0
+    out[1 : h + 1] = head_cdf
+    if rows > h:
+        x = np.arange(h + 1, rows + 1, dtype=np.float64) + 0.5
+        lo = h + 0.5
+        if abs(alpha - 1.0) < 1e-12:
+            tail = np.log(x / lo)
+        else:
+            tail = (x ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
+        out[h + 1 :] = head_mass + tail
+    out /= head_mass + tail_mass
+    out[-1] = 1.0
+    return out
+
+
 def zipf_alpha_for_locality(p: float, rows: int, hot_fraction: float = HOT_FRACTION) -> float:
     """The Zipf alpha whose locality over ``rows`` is ``p`` (bisection; locality grows with alpha)."""
     if not hot_fraction < p < 1:

@@ -180,6 +180,28 @@ def solve_oblivious(eff: Efficiency, demand: np.ndarray, avail: np.ndarray, alph
     return _take_turns(eff, (1 + alpha) * np.asarray(demand, float), np.asarray(avail), pick, t, strict)
 
 
+# ----------------------------------------------------------------- over-provision rate
+
+
+def alpha_from_history(history: dict[str, Sequence[float]], interval_steps: int = 1, quantile: float = 1.0) -> float:
+    """Hercules §IV-C: the over-provision rate α that covers the load growth within one provisioning interval,
+    estimated from past loads — the ``quantile`` (default: the largest) of every workload's relative increase
+    over ``interval_steps`` consecutive samples (0 when loads never rise)."""
+    if interval_steps < 1:
+        raise InfeasibleError("interval_steps must be >= 1")
+    rises = []
+    for series in history.values():
+        x = np.asarray(series, dtype=float)
+        if x.size <= interval_steps:
+            continue
+        before, after = x[:-interval_steps], x[interval_steps:]
+        ok = before > 0
+        rises.append(np.maximum(after[ok] / before[ok] - 1.0, 0.0))
+    if not rises:
+        raise InfeasibleError("load history too short to estimate the over-provision rate")
+    return float(np.quantile(np.concatenate(rises), quantile))
+
+
 # ----------------------------------------------------------------- a day
 
 

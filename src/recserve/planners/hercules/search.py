@@ -17,6 +17,8 @@ configurations it evaluated.
   outer loop over op-parallelism when its peak drops (convexity, Hercules Fig. 11).
 - :func:`deeprecsys` — DeepRecSys' hill-climbing over the batch size only (one core per thread,
   one thread per core).
+- :func:`baymax` — the GPU baseline: model-based threads co-located on the device (Baymax-style), thread
+  count and batch hill-climbed; every mode obeys one device-thread cap (``MAX_DEVICE_THREADS``).
 - :func:`exhaustive` — every configuration: ground truth on small spaces.
 """
 
@@ -106,12 +108,18 @@ class _Counted:
 # ---------------------------------------------------------------- the space
 
 
+def device_threads_ok(server: ServerType, threads: int) -> bool:
+    """One cap for every mode: at most MAX_DEVICE_THREADS threads share an accelerator (model-based threads run
+    on the device as the pipeline's DenseNet threads do)."""
+    return not server.accelerator or threads <= MAX_DEVICE_THREADS
+
+
 def _fits(server: ServerType, cfg: SchedConfig) -> bool:
     accel = bool(server.accelerator)
     if cfg.mode == "pipeline":
         host = cfg.sparse_threads * cfg.cores_per_thread + (0 if accel else cfg.threads)
-        return host <= server.cores and (not accel or cfg.threads <= MAX_DEVICE_THREADS)
-    return cfg.threads * cfg.cores_per_thread <= server.cores
+        return host <= server.cores and device_threads_ok(server, cfg.threads)
+    return cfg.threads * cfg.cores_per_thread <= server.cores and device_threads_ok(server, cfg.threads)
 
 
 def space(server: ServerType, batches: Iterable[int] = DEFAULT_BATCHES,
@@ -124,7 +132,7 @@ def space(server: ServerType, batches: Iterable[int] = DEFAULT_BATCHES,
         for c in range(1, n + 1):
             for b in batches:
                 if mode == "model":
-                    out += [SchedConfig("model", t, c, b) for t in range(1, n // c + 1)]
+                    out += [SchedConfig("model", t, c, b) for t in range(1, min(n // c, dense_max) + 1)]
                 else:
                     for s, d in itertools.product(range(1, n // c + 1), range(1, dense_max + 1)):
                         cfg = SchedConfig("pipeline", d, c, b, s)
@@ -163,6 +171,32 @@ def deeprecsys(server: ServerType, evaluate: Evaluator, batches: Iterable[int] =
             best_q = q
     best, q = counted.best()
     return SearchResult("deeprecsys", best, q, len(counted.seen), len(batches), counted.path)
+
+
+def baymax(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEFAULT_BATCHES) -> SearchResult:
+    """Baymax-style GPU baseline (Hercules' GPU comparison): co-locate model-based inference threads on the
+    device (one host core each, up to the device-thread cap) and hill-climb the thread count while max load
+    rises, at each of DeepRecSys' batch sizes (also hill-climbed).  On a CPU server it is DeepRecSys."""
+    if not server.accelerator:
+        res = deeprecsys(server, evaluate, batches)
+        return SearchResult("baymax", res.best, res.best_qps, res.evaluations, res.space_size, res.path)
+    counted = _Counted(evaluate)
+    cap = min(MAX_DEVICE_THREADS, server.cores)
+    best_b: float | None = None
+    for b in sorted(batches):
+        best_t: float | None = None
+        for t in range(1, cap + 1):
+            q = counted(SchedConfig("model", t, 1, b))
+            if best_t is not None and (q is None or q <= best_t):
+                break
+            if q is not None:
+                best_t = q
+        if best_b is not None and (best_t is None or best_t <= best_b):
+            break
+        if best_t is not None:
+            best_b = best_t
+    best, q = counted.best()
+    return SearchResult("baymax", best, q, len(counted.seen), len(list(batches)) * cap, counted.path)
 
 
 MODEL_MOVES = ((0, 1), (1, 0), (1, 1))  # batch only, threads only, both (Hercules Alg. 1)
@@ -218,7 +252,7 @@ def _maker(mode: str, c: int, server: ServerType, batches: tuple[int, ...]) -> C
             return None
         if mode == "model":
             t, bi = p
-            return SchedConfig("model", t, c, batches[bi]) if 1 <= t <= n // c else None
+            return SchedConfig("model", t, c, batches[bi]) if 1 <= t <= min(n // c, dense_max) else None
         s, d, bi = p
         if s < 1 or d < 1 or d > dense_max:
             return None

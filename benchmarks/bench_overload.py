@@ -1,0 +1,107 @@
+"""Overload: what a node admits and how fast it sheds at several times its capacity (issue #17).
+
+One model on a node server in its own process, driven by recserve's open-loop Poisson load generator:
+first its max load at the SLA (p95), then ``--overload`` times that for ``--seconds``, twice in one run:
+
+- ``deadline``: the node's default admission (a query is admitted only if the worker's online fit says it
+  can finish before its deadline, here the SLA; a query that waited past it is answered 504);
+- ``count``: admission by queue length alone (``deadline_ms`` so large it never binds), the v1 behaviour.
+
+Prints admitted latency p50/p99, the share shed and how fast a shed query got its answer; writes JSON.
+
+    .venv/bin/python benchmarks/bench_overload.py --model hercules-rmc1 --scale 1e-3 --workers 2 --overload 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_peers import recserve_server  # noqa: E402
+from recserve.measure.loadgen import LoadSession  # noqa: E402
+from recserve.measure.maxload import find_max_load  # noqa: E402
+from recserve.measure.requests import RequestPool  # noqa: E402
+from recserve.measure.targets import HttpTarget  # noqa: E402
+from recserve.specs import get_model  # noqa: E402
+
+COUNT_ONLY_DEADLINE_MS = 1e6  # never binds: admission by queue length alone
+
+
+def run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, rate: float | None,
+                  deadline_ms: float) -> dict:
+    """Max load (when ``rate`` is None) then the overload run, against a fresh node."""
+    with recserve_server(args.model, args.scale, args.workers, sla_ms, deadline_ms=deadline_ms) as url:
+        target = HttpTarget(url, args.model, timeout_s=60.0)
+        with LoadSession(target, pool, warm=True) as session:
+            out: dict = {}
+            if rate is None:
+                found = find_max_load(lambda r: session.run(r, args.probe_s, warmup_s=1.0), sla_ms,
+                                      start_qps=args.start_qps, rtol=0.1, max_probes=args.max_probes,
+                                      log=lambda line: print(line, file=sys.stderr))
+                out["capacity_qps"] = found.max_qps
+                if found.max_qps <= 0:
+                    raise SystemExit(f"{args.model} misses its {sla_ms:g} ms SLA even at the lowest rate on this "
+                                     "host: pick a larger --sla-ms, a smaller --scale or another --mix")
+                rate = args.overload * found.max_qps
+            result = session.run(rate, args.seconds, warmup_s=1.0)
+    d = result.to_dict()
+    shed = sum(n for kind, n in result.errors.items() if kind != "timeout")
+    return {**out, "offered_qps": rate, "ok": result.ok, "measured": result.measured, "errors": result.errors,
+            "shed_share": shed / max(1, result.measured),
+            "admitted_ms": {"p50": d["latency_ms"]["p50"] if result.ok else None,
+                            "p99": float(_pct(result.latencies_ms, 99)) if result.ok else None},
+            "shed_answer_ms": d["refused_answer_ms"]}
+
+
+def _pct(values, p: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(values, p))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="hercules-rmc1")
+    parser.add_argument("--scale", type=float, default=1e-3)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--overload", type=float, default=5.0, help="offered load / max load at the SLA")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--probe-s", type=float, default=3.0)
+    parser.add_argument("--start-qps", type=float, default=20.0)
+    parser.add_argument("--max-probes", type=int, default=10)
+    parser.add_argument("--mix", default="production")
+    parser.add_argument("--sla-ms", type=float, default=None, help="default: the model's catalogue SLA")
+    parser.add_argument("--out", default="results/bench_overload.json")
+    args = parser.parse_args()
+    spec = get_model(args.model)
+    sla_ms = args.sla_ms or spec.sla.target_ms
+    pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
+    print(f"== {args.model}: SLA p95 <= {sla_ms:g} ms, {args.workers} workers (load average "
+          f"{os.getloadavg()[0]:.2f})", file=sys.stderr)
+    deadline = run_admission(args, pool, sla_ms, None, sla_ms)
+    count = run_admission(args, pool, sla_ms, deadline["offered_qps"], COUNT_ONLY_DEADLINE_MS)
+    results = {"model": args.model, "scale": args.scale, "workers": args.workers, "sla_ms": sla_ms,
+               "overload": args.overload, "capacity_qps": deadline["capacity_qps"],
+               "load_avg": os.getloadavg()[0], "admission": {"deadline": deadline, "count": count}}
+    print(f"{args.model}: max load at the SLA {deadline['capacity_qps']:.1f} qps; offered "
+          f"{deadline['offered_qps']:.1f} qps ({args.overload:g}x) for {args.seconds:g} s")
+    print(f"{'admission':>10} {'ok':>6} {'shed':>6} {'admitted p50':>13} {'admitted p99':>13} {'shed answer p99':>16}")
+    for name, r in results["admission"].items():
+        adm, shed = r["admitted_ms"], r["shed_answer_ms"]
+        fmt = lambda v: f"{v:.1f} ms" if v is not None else "n/a"  # noqa: E731
+        print(f"{name:>10} {r['ok']:>6} {r['shed_share']:>6.0%} {fmt(adm['p50']):>13} {fmt(adm['p99']):>13} "
+              f"{fmt(shed['p99']):>16}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Does the perfmodel transfer to a host it was not fitted on?  Microbenchmark calibration vs recorded model timings.
+
+1. Model timings of this host (every buildable catalogue model, or every ``--every``-th, at an LLC-resident and a
+   DRAM-bound table size, batches 1..512, one thread) — recorded with ``--record NAME`` under
+   ``src/recserve/data/hosts/NAME.json`` together with this host's microbenchmarks, so other hosts can be judged
+   against it later (leave-one-host-out).
+2. Calibrations judged on every recorded host: the bundled constants; the microbenchmark-only constants of that
+   host (no model timed); and, with two or more hosts recorded, constants fitted on the *other* hosts' timings.
+3. The Kairos EC2 latencies (no microbenchmarks exist for those instances: spec-derived, bundled constants).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_transfer.py [--reuse results/hostbench.json] [--record NAME]
+
+Prints median/p90 absolute percentage error per calibration and host and writes results/transfer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recserve.perfmodel import load_calibration  # noqa: E402
+from recserve.perfmodel.fit import errors, fit, points_from_profiles  # noqa: E402
+from recserve.perfmodel.hostbench import calibration_host, measure_host, measure_stream_gbs  # noqa: E402
+from recserve.perfmodel.microbench import calibration_from_micro, measure_micro  # noqa: E402
+from recserve.profiles import ProfileSet  # noqa: E402
+from recserve.specs import catalogue_models, server_from_dict, to_dict  # noqa: E402
+
+RESULTS = Path("results")
+HOSTS = Path(__file__).resolve().parent.parent / "src" / "recserve" / "data" / "hosts"
+BATCHES = (1, 8, 32, 128, 512)
+SMALL_BYTES, LARGE_BYTES = 8e6, 200e6
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def record_timings(every: int) -> ProfileSet:
+    from bench_perfmodel import buildable
+
+    models = [m for m in catalogue_models().values() if buildable(m)][::every]
+    stream = measure_stream_gbs()
+    out: ProfileSet | None = None
+    for m in models:
+        for tag, target in (("small", SMALL_BYTES), ("large", LARGE_BYTES)):
+            scale = float(min(1.0, max(1e-7, target / m.embedding_bytes)))
+            ps = measure_host([m], BATCHES, scale, threads=1, budget_s=0.2, progress=log, stream_gbs=stream)
+            for t in ps:
+                t.conditions["tables"] = tag
+            if out is None:
+                out = ps
+            else:
+                specs = {**out.meta["specs"], **ps.meta["specs"]}
+                out = out.merge(ps)
+                out.meta["specs"] = specs
+    assert out is not None
+    return out
+
+
+def judge(cal, timings: ProfileSet, host) -> dict:
+    pts = points_from_profiles(timings, host)
+    err = np.asarray(errors(cal, pts))
+    per_model: dict[str, list[float]] = {}
+    for p, e in zip(pts, err, strict=True):
+        per_model.setdefault(p.spec.name, []).append(float(e))
+    return {"points": len(pts), "median_ape": float(np.median(err)), "p90_ape": float(np.percentile(err, 90)),
+            "per_model_median_ape": {k: float(np.median(v)) for k, v in per_model.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reuse", help="model timings of this host from an earlier run")
+    parser.add_argument("--every", type=int, default=2, help="time every N-th buildable catalogue model")
+    parser.add_argument("--record", metavar="NAME", help="also save this host's timings + microbenchmarks as data")
+    parser.add_argument("--out", default=str(RESULTS / "transfer.json"))
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    host = calibration_host()
+    log("microbenchmarks on this host")
+    micro = measure_micro(host, progress=log)
+    timings = ProfileSet.load(args.reuse) if args.reuse else record_timings(args.every)
+    timings.meta["micro"] = micro
+    timings.meta["host"] = to_dict(host)
+    timings.meta["hostname"] = socket.gethostname()
+    timings.save(RESULTS / "hostbench.json")
+    if args.record:
+        HOSTS.mkdir(parents=True, exist_ok=True)
+        timings.save(HOSTS / f"{args.record}.json")
+        log(f"recorded {HOSTS / (args.record + '.json')}")
+    hosts = {} if args.record else {"this host (now)": timings}
+    for path in sorted(HOSTS.glob("*.json")) if HOSTS.exists() else []:
+        hosts[f"recorded {path.stem}"] = ProfileSet.load(path)
+    bundled = load_calibration()
+    out: dict = {"hosts": {}}
+    for name, ps in hosts.items():
+        h = server_from_dict("this-host", ps.meta["host"]) if "host" in ps.meta else host
+        res = {"bundled constants (fitted on the dev host)": judge(bundled, ps, h)}
+        if "micro" in ps.meta:
+            res["microbenchmarks of that host only"] = judge(calibration_from_micro(ps.meta["micro"], bundled), ps, h)
+        others = [q for n, q in hosts.items() if n != name and q.meta.get("hostname") != ps.meta.get("hostname")]
+        if others:
+            pts = [p for q in others for p in points_from_profiles(
+                q, server_from_dict("this-host", q.meta["host"]) if "host" in q.meta else host)]
+            res["fitted on the other hosts"] = judge(fit(pts, bundled), ps, h)
+        out["hosts"][name] = res
+    from bench_perfmodel import kairos_check
+
+    micro_cal = RESULTS / "calibration_micro.json"
+    calibration_from_micro(micro, bundled).save(micro_cal)
+    out["kairos"] = {"bundled": kairos_check(Path("/nonexistent")), "micro (this host)": kairos_check(micro_cal)}
+    for name, res in out["hosts"].items():
+        for how, r in res.items():
+            print(f"{name:28s} {how:45s} median {r['median_ape']:5.1f}%  p90 {r['p90_ape']:5.1f}%  "
+                  f"({r['points']} calls)")
+    for how, k in out["kairos"].items():
+        print(f"Kairos EC2 ({how}): median {k['median_ape_all']:.0f}%, mean Spearman {k['mean_spearman']:.2f}")
+    Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

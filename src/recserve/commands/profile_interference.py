@@ -1,0 +1,51 @@
+"""``recserve profile interference``: measure co-location interference on this host (no resctrl needed).
+
+Runs each model alone and beside a co-runner on another core: a process occupying a known number of MB of
+the LLC, a memory-streaming process, and each other model; plus a table-size sweep across the LLC.  Writes
+a ProfileSet of slowdown tables (see ``recserve.measure.interference``) and prints them.
+
+    recserve profile interference --models hera-ncf,hera-dlrm-a --seconds 1 --out profiles/interference.json
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from recserve.commands._plan_common import names, progress
+from recserve.errors import RecserveError
+from recserve.specs import get_model
+
+
+def cmd_profile_interference(args: argparse.Namespace) -> int:
+    from recserve.hostinfo import this_host
+    from recserve.measure.interference import measure_interference, summary_lines
+
+    specs = [get_model(m) for m in names(args.models)]
+    if not specs:
+        raise RecserveError("--models needs at least one catalogue model")
+    llc_mb = args.llc_mb or this_host().llc_mb
+    fractions = [float(x) for x in args.occupy.split(",") if x.strip()]
+    sweep = [float(x) for x in args.table_sweep.split(",") if x.strip()]
+    profiles = measure_interference(specs, max_table_mb=args.max_table_mb, batch=args.batch, seconds=args.seconds,
+                                    llc_mb=llc_mb, occupy_fractions=fractions, table_sweep=sweep,
+                                    pairs=not args.no_pairs, progress=progress)
+    profiles.save(args.out)
+    for line in summary_lines(profiles):
+        print(line)
+    progress(f"wrote {args.out}")
+    return 0
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("interference", help="measure co-location slowdowns on this host (LLC, bandwidth, pairs)",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", required=True, help="comma-separated catalogue model names")
+    p.add_argument("--max-table-mb", type=float, default=128.0, help="shrink each model's tables to at most this")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=1.0, help="timing per run (each condition runs 3)")
+    p.add_argument("--llc-mb", type=float, default=None, help="LLC size (default: detected)")
+    p.add_argument("--occupy", default="0.25,0.5,1,2", help="co-runner buffer sizes as fractions of the LLC")
+    p.add_argument("--table-sweep", default="0.25,1,4", help="table sizes as multiples of the LLC ('' = none)")
+    p.add_argument("--no-pairs", action="store_true", help="skip model-with-model runs")
+    p.add_argument("--out", default="interference.json")
+    p.set_defaults(func=cmd_profile_interference)

@@ -1,0 +1,171 @@
+"""Calibrate the perfmodel on a new host from microbenchmarks only (no model timing): a few minutes, one command
+(``recserve profile calibrate --micro``).
+
+Each host-measurable constant of :class:`Calibration` has a microbenchmark that exercises exactly the term it
+stands for in ``PerfModel._call_times`` (one thread, like the model's per-core rates):
+
+| constant | microbenchmark |
+|---|---|
+| ``compute_eff``, ``batch_half`` | GEMM ``[rows, 512] @ [512, 512]``, rows 1..1024: ``ce·rows/(rows+bh)`` of peak |
+| ``per_op_us`` | one ATen op on a 1-element tensor |
+| ``per_module_us`` | tiny ``Linear`` and ``EmbeddingBag`` module calls, less one op |
+| ``lookup_ns``, ``llc_gbs_per_core`` | ``EmbeddingBag`` sums, LLC-resident table, two row widths: intercept, slope |
+| ``dram_gbs_per_core`` | the same from a table 8x the LLC (random rows): slope per byte |
+| ``stream_gbs_per_core`` | GEMV over a matrix larger than the LLC (``hostbench.measure_stream_gbs``) |
+| ``act_gbs_per_core`` | ReLU over an activation larger than the L2, bytes read + written |
+
+The model's *form* (how the constants combine) was fitted once on model timings; only these constants move
+with the host.  Every timing is the thread's CPU time (robust to other processes' slices), best of rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from recserve.perfmodel.calibration import Calibration
+from recserve.specs import ServerType
+
+GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
+GEMM_DIM = 512
+
+
+def _best_us(fn: Callable[[], object], reps: int, rounds: int = 3) -> float:
+    """Median CPU µs per call over ``reps`` calls, best of ``rounds``."""
+    best = float("inf")
+    for _ in range(rounds):
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.thread_time_ns()
+            fn()
+            times.append(time.thread_time_ns() - t0)
+        best = min(best, float(np.median(times)) / 1e3)
+    return best
+
+
+def _per_call_us(fn: Callable[[], object], inner: int, reps: int = 30) -> float:
+    """µs per call of a call too short to time alone: ``inner`` calls per timed sample."""
+    def many() -> None:
+        for _ in range(inner):
+            fn()
+    return _best_us(many, reps) / inner
+
+
+def gemm_efficiency(host: ServerType) -> dict[int, float]:
+    import torch
+
+    peak = host.freq_ghz * 1e9 * host.flops_per_cycle
+    w = torch.rand(GEMM_DIM, GEMM_DIM)
+    out = {}
+    for rows in GEMM_ROWS:
+        x = torch.rand(rows, GEMM_DIM)
+        us = _best_us(lambda x=x: x @ w, reps=max(5, 2000 // rows))
+        out[rows] = 2.0 * rows * GEMM_DIM * GEMM_DIM / (us * 1e-6) / peak
+    return out
+
+
+def fit_gemm(eff: dict[int, float]) -> tuple[float, float]:
+    """(compute_eff, batch_half) of ``eff(rows) = ce·rows/(rows+bh)``, least squares in the linear form
+    ``1/eff = 1/ce + (bh/ce)·(1/rows)``."""
+    rows = np.array(list(eff), dtype=float)
+    inv = 1.0 / np.array(list(eff.values()))
+    slope, intercept = np.polyfit(1.0 / rows, inv, 1)
+    ce = 1.0 / max(intercept, 1e-6)
+    return float(ce), float(max(slope * ce, 0.1))
+
+
+def framework_overheads() -> tuple[float, float]:
+    """(per_op_us, per_module_us): one ATen op on a 1-element tensor; the zoo's two module kinds (``Linear``,
+    ``EmbeddingBag``) called on tiny inputs, less their one op — what a module costs beyond its arithmetic."""
+    import torch
+
+    x, row = torch.zeros(1), torch.zeros(1, 8)
+    linear = torch.nn.Linear(8, 8)
+    bag = torch.nn.EmbeddingBag(16, 8, mode="sum")
+    ids, offsets = torch.tensor([1, 2]), torch.tensor([0])
+    with torch.no_grad():
+        op = _per_call_us(lambda: torch.relu(x), 200)
+        modules = [_per_call_us(lambda: linear(row), 200), _per_call_us(lambda: bag(ids, offsets), 200)]
+    return op, max(float(np.mean(modules)) - op, 0.01)
+
+
+def gather_rates(llc_mb: float, pooling: int = 64, bags: int = 256,
+                 dims: tuple[int, int] = (16, 128)) -> dict[str, float]:
+    """``lookup_ns`` and the LLC / DRAM gather rates (bytes/s of rows) of ``EmbeddingBag`` sums."""
+    import torch
+
+    def ns_per_lookup(table_mb: float, dim: int) -> float:
+        rows = max(1024, int(table_mb * 2**20 / (4 * dim)))
+        bag = torch.nn.EmbeddingBag(rows, dim, mode="sum")
+        rng = np.random.default_rng(0)
+        idx = [torch.from_numpy(rng.integers(0, rows, bags * pooling)) for _ in range(4)]
+        offsets = torch.arange(0, bags * pooling, pooling)
+        k = [0]
+
+        def call() -> None:
+            k[0] += 1
+            bag(idx[k[0] % 4], offsets)
+        with torch.no_grad():
+            return _best_us(call, reps=20) * 1e3 / (bags * pooling)
+
+    small_mb, large_mb = max(0.25, llc_mb / 8), max(64.0, llc_mb * 8)
+    s1, s2 = (ns_per_lookup(small_mb, d) for d in dims)
+    l1, l2 = (ns_per_lookup(large_mb, d) for d in dims)
+    dbytes = 4.0 * (dims[1] - dims[0])
+    llc_slope = max((s2 - s1) / dbytes, 1e-4)       # ns per byte from the LLC
+    dram_slope = max((l2 - l1) / dbytes, llc_slope)  # ns per byte from DRAM
+    lookup = max(s1 - 4.0 * dims[0] * llc_slope, 0.01)
+    return {"lookup_ns": lookup, "llc_gbs_per_core": 1.0 / llc_slope, "dram_gbs_per_core": 1.0 / dram_slope,
+            "raw_ns": {"llc": [s1, s2], "dram": [l1, l2]}}
+
+
+def activation_gbs(mb: float = 8.0) -> float:
+    """Bytes/s of a ReLU over an activation larger than the L2 (read + write), one thread."""
+    import torch
+
+    x = torch.rand(int(mb * 2**20 / 4))
+    us = _best_us(lambda: torch.nn.functional.relu(x), reps=20)
+    return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
+
+
+def measure_micro(host: ServerType, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every microbenchmark above on this host (one thread)."""
+    import torch
+
+    from recserve.perfmodel.hostbench import measure_stream_gbs
+
+    say = progress or (lambda _m: None)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        say("GEMM efficiency vs rows")
+        gemm = gemm_efficiency(host)
+        say("framework overheads")
+        op, module = framework_overheads()
+        say("embedding gathers from the LLC and from DRAM")
+        gather = gather_rates(host.llc_mb or 32.0)
+        say("weight streaming and activations")
+        stream = measure_stream_gbs(max(128.0, 4 * (host.llc_mb or 32.0)))
+        act = activation_gbs()
+        return {"host": host.name, "freq_ghz": host.freq_ghz, "flops_per_cycle": host.flops_per_cycle,
+                "llc_mb": host.llc_mb, "gemm_eff": {str(k): v for k, v in gemm.items()}, "per_op_us": op,
+                "per_module_us": module, **gather, "stream_gbs_per_core": stream, "act_gbs_per_core": act,
+                "seconds": time.perf_counter() - start}
+    finally:
+        torch.set_num_threads(previous)
+
+
+def calibration_from_micro(micro: dict[str, Any], base: Calibration) -> Calibration:
+    """``base`` with every host-measurable constant set from the microbenchmarks (nothing fitted to models)."""
+    ce, bh = fit_gemm({int(k): float(v) for k, v in micro["gemm_eff"].items()})
+    values = {"compute_eff": ce, "batch_half": bh, "per_op_us": micro["per_op_us"],
+              "per_module_us": micro["per_module_us"], "lookup_ns": micro["lookup_ns"],
+              "llc_gbs_per_core": micro["llc_gbs_per_core"], "dram_gbs_per_core": micro["dram_gbs_per_core"],
+              "stream_gbs_per_core": micro["stream_gbs_per_core"], "act_gbs_per_core": micro["act_gbs_per_core"]}
+    cal = base.with_values(**values)
+    return cal.with_values(fitted_on=f"microbenchmarks on {micro['host']} ({micro['seconds']:.0f} s; no model timed)")

@@ -1,0 +1,121 @@
+"""Trace-driven hit rates of SDM's DRAM caches (the unified row cache and the pooled-embedding cache).
+
+The tier planner's default hit rate is an *ideal* fill (the cache holds exactly the hottest rows).  Here the
+real caches of ``embedding/rowcache.py`` (same eviction policies, same order-invariant bag keys) replay an
+index trace drawn from a Zipf law with the tables' locality P, so eviction, warm-up and the pooled cache's
+(rare) full-sequence repeats are in the number.  Full-size tables (billions of rows) are shrunk by ``scale``:
+rows and cache slots shrink together and the Zipf exponent is refitted so that the hottest 10 % still take P
+of the lookups at the scaled size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
+from recserve.errors import SpecError
+from recserve.specs import ModelSpec
+from recserve.workload.indices import ZipfSampler, zipf_alpha_for_locality
+
+SLOT_OVERHEAD = 121  # bytes beside each cached row (RowCache.dram_bytes per slot; = planners.sdm's constant)
+
+
+@dataclass
+class CacheSimResult:
+    hit_rate: float                    # row cache, per distinct row looked up per query, after warm-up
+    per_table: dict[int, float]        # table index -> hit rate
+    pooled_hit_rate: float
+    queries: int
+    warmup_queries: int
+    scale: float
+    slots: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _scaled_rows(rows: int, scale: float) -> int:
+    return max(100, int(round(rows * scale)))
+
+
+def simulate_tier_hits(spec: ModelSpec, sm_tables: list[int], cache_bytes: float, *, item_batch: int = 100,
+                       locality: dict[str, float] | None = None, queries: int = 2000, warmup: int | None = None,
+                       scale: float | None = None, policy: str = "clock", pooled_bytes: float = 0.0,
+                       max_rows: int = 2_000_000, seed: int = 0) -> CacheSimResult:
+    """Replay ``queries`` queries' lookups to the SM tables through a row cache of ``cache_bytes`` (full-size
+    bytes; slots = bytes / (row + per-slot overhead)), after ``warmup`` queries (default: until the cache is
+    full, at most ``queries``).  ``pooled_bytes`` > 0 puts a pooled cache in front (a bag hit skips its rows)."""
+    if not sm_tables:
+        raise SpecError("no SM tables to simulate")
+    locality = locality or {"user": 0.9, "item": 0.95}
+    tables = [spec.tables[i] for i in sm_tables]
+    total_rows = sum(t.rows for t in tables)
+    scale = scale if scale is not None else min(1.0, max_rows / total_rows)
+    slot_bytes = {i: spec.tables[i].row_bytes(spec.bytes_per_elem) + SLOT_OVERHEAD for i in sm_tables}
+    mean_slot = float(np.mean(list(slot_bytes.values())))
+    slots = int(cache_bytes * scale // mean_slot)
+    cache = RowCache(max(slots, 0), 1, policy=policy, seed=seed)
+    pooled = PooledCache(int(pooled_bytes * scale), min_len=4) if pooled_bytes > 0 else None
+    rng = np.random.default_rng(seed)
+    samplers, rows_of = {}, {}
+    for i, t in zip(sm_tables, tables, strict=True):
+        rows_of[i] = _scaled_rows(t.rows, scale)
+        samplers[i] = ZipfSampler(alpha=zipf_alpha_for_locality(locality[t.side], rows_of[i]), hot="scattered",
+                                  perm_seed=seed + i)
+    per_hits = {i: 0 for i in sm_tables}
+    per_total = {i: 0 for i in sm_tables}
+    dummy = torch.zeros(1)
+
+    def query_keys() -> np.ndarray:
+        keys_all = []
+        for i, t in zip(sm_tables, tables, strict=True):
+            bags = 1 if t.side == "user" else item_batch
+            idx = samplers[i](rows_of[i], bags * t.pooling, rng)
+            if pooled is not None and t.pooling >= pooled.min_len:
+                idx = idx[_pooled_misses(pooled, idx, bags, t.pooling, i, dummy)]
+            keys_all.append((np.int64(i) << ROW_BITS) | np.unique(idx))
+        return np.concatenate(keys_all)
+
+    warming, warm_done, measured = warmup != 0, 0, 0
+    while measured < queries:
+        keys = query_keys()
+        with cache.lock:
+            found = cache.lookup(keys)
+            missing = keys[found < 0]
+            cache.insert(missing, np.zeros((missing.size, 1), dtype=np.uint8))
+        if warming:
+            warm_done += 1
+            full = cache.filled >= cache.slots or warm_done >= queries
+            warming = warm_done < warmup if warmup is not None else not full
+            if pooled is not None and not warming:
+                pooled.reset_stats()
+            continue
+        measured += 1
+        table_of = keys >> ROW_BITS
+        for i in sm_tables:
+            mine = table_of == i
+            per_total[i] += int(mine.sum())
+            per_hits[i] += int((found[mine] >= 0).sum())
+    total = sum(per_total.values())
+    hit = sum(per_hits.values()) / total if total else 0.0
+    pooled_rate = pooled.hit_rate if pooled is not None else 0.0
+    return CacheSimResult(hit, {i: per_hits[i] / per_total[i] if per_total[i] else 0.0 for i in sm_tables},
+                          pooled_rate, measured, warm_done, scale, slots,
+                          notes=[f"Zipf traces with locality {locality}, rows and cache scaled by {scale:.3g}",
+                                 f"{policy} row cache of {slots:,} slots; pooled cache "
+                                 f"{'off' if pooled is None else f'{pooled_bytes * scale / 1e6:.1f} MB'}"])
+
+
+def _pooled_misses(pooled: PooledCache, idx: np.ndarray, bags: int, pooling: int, table: int,
+                   value: torch.Tensor) -> np.ndarray:
+    """Mask of the lookups whose bag missed the pooled cache (those bags are cached for next time)."""
+    offsets = np.arange(bags, dtype=np.int64) * pooling
+    hi, lo = bag_keys(idx, offsets, table)
+    keep = np.ones(idx.size, dtype=bool)
+    for b, key in enumerate(zip(hi.tolist(), lo.tolist(), strict=True)):
+        if pooled.get(key) is not None:
+            keep[b * pooling:(b + 1) * pooling] = False
+        else:
+            pooled.put(key, value)
+    return keep

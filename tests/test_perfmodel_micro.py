@@ -1,0 +1,34 @@
+"""Microbenchmark-only calibration (perfmodel/microbench.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from recserve.perfmodel import load_calibration
+from recserve.perfmodel.microbench import calibration_from_micro, fit_gemm, framework_overheads
+
+
+def test_fit_gemm_recovers_the_saturating_curve():
+    ce, bh = 0.8, 12.0
+    eff = {r: ce * r / (r + bh) for r in (1, 4, 16, 64, 256, 1024)}
+    got_ce, got_bh = fit_gemm(eff)
+    assert got_ce == pytest.approx(ce, rel=1e-6) and got_bh == pytest.approx(bh, rel=1e-6)
+
+
+def test_calibration_from_micro_sets_every_host_constant_and_nothing_else():
+    base = load_calibration()
+    micro = {"host": "h", "seconds": 3.0, "gemm_eff": {"1": 0.1, "16": 0.5, "256": 0.9, "1024": 0.95},
+             "per_op_us": 2.0, "per_module_us": 3.0, "lookup_ns": 4.0, "llc_gbs_per_core": 50.0,
+             "dram_gbs_per_core": 9.0, "stream_gbs_per_core": 11.0, "act_gbs_per_core": 22.0}
+    cal = calibration_from_micro(micro, base)
+    assert (cal.per_op_us, cal.per_module_us, cal.lookup_ns) == (2.0, 3.0, 4.0)
+    assert (cal.llc_gbs_per_core, cal.dram_gbs_per_core, cal.stream_gbs_per_core, cal.act_gbs_per_core) == (
+        50.0, 9.0, 11.0, 22.0)
+    assert 0.7 < cal.compute_eff < 1.2 and cal.batch_half > 0
+    assert cal.membw_eff == base.membw_eff and cal.gpu_launch_us == base.gpu_launch_us  # not host-measurable here
+    assert "no model timed" in cal.fitted_on
+
+
+def test_framework_overheads_are_measured_positive():
+    op, module = framework_overheads()
+    assert 0 < op < 1000 and 0 < module < 1000
