@@ -18,8 +18,9 @@ import yaml
 
 from recserve.errors import SpecError
 
-FAMILIES = ("dlrm", "wnd", "mtwnd", "ncf", "din", "dien")
-INTERACTIONS = ("dot", "concat", "attention", "gru")
+# "program": a user's torch.export program of any architecture, described by what was read off it (zoo/artifacts.py)
+FAMILIES = ("dlrm", "wnd", "mtwnd", "ncf", "din", "dien", "program")
+INTERACTIONS = ("dot", "concat", "attention", "gru", "program")
 SIDES = ("user", "item")
 TABLE_KINDS = ("pooled", "sequence")
 
@@ -83,6 +84,9 @@ class ModelSpec:
     source: str = ""
     notes: str = ""
     bytes_per_elem: int = 4
+    # Counted on a program (family "program"), whose MLP widths are unknown; 0 = derive from the widths / the zoo.
+    dense_flops: float = 0.0
+    dense_params: int = 0
 
     def __post_init__(self) -> None:
         _one_of(self, "family", FAMILIES)
@@ -340,8 +344,15 @@ def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec
     base, sep, keep = name.rpartition(TABLES_SUFFIX)
     if name not in models and sep and base in models and keep.isdigit():
         return first_tables(models[base], int(keep))
+    if name not in models and "/" in name and Path(name).is_dir():
+        # a model of a model repository, named by its path (REPO/<model>[/<version>]): its own spec file or the spec
+        # inside its program (imported here only, so catalogue users never load the artifact readers)
+        from recserve.serving.repository import reference_spec
+
+        return reference_spec(name)
     if name not in models:
-        raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))}")
+        raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))} (or a repository model's "
+                        "path, REPO/<model>)")
     return models[name]
 
 

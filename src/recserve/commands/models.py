@@ -1,4 +1,5 @@
-"""``recserve models list|show|servers``: the catalogue at full size and at a live scale.
+"""``recserve models list|show|servers``: the catalogue at full size and at a live scale;
+``recserve models list|load|unload --server URL``: a running node's model repository.
 
 ``--file PATH`` reads a user's YAML catalogue instead of (``list``, ``servers``) or on top of (``show``)
 the bundled one, so a malformed or invalid file is reported as one clear error line.
@@ -54,6 +55,8 @@ def rough_dense_params(spec: ModelSpec) -> int:
 
 def flops_per_item(spec: ModelSpec) -> tuple[int | None, str]:
     """(FLOPs, how) — counted on the built zoo model, estimated if too big, None if the zoo lacks the family."""
+    if spec.dense_flops:
+        return int(spec.dense_flops), "counted"  # on the program a repository model was derived from
     rough = rough_dense_params(spec)
     if rough > MAX_BUILD_DENSE_PARAMS:
         return 2 * rough, "estimated"
@@ -98,6 +101,8 @@ def _check_scale(scale: float) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.server:
+        return _server_index(args.server)
     _check_scale(args.scale)
     models = load_models(args.file) if args.file else catalogue_models()
     header = ["model", "family", "tables", "full GB", f"MB@{args.scale:g}", "MFLOP/item", "KB gathered/item", "SLA"]
@@ -148,13 +153,47 @@ def cmd_servers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_index(url: str) -> int:
+    from recserve.serving.control_client import ControlClient
+
+    rows = [[e.get("name", ""), e.get("version", ""), e.get("state", ""), e.get("reason", "")]
+            for e in ControlClient.from_url(url).repository_index()]
+    _print_table(["model", "version", "state", "reason"], rows)
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from recserve.serving.control_client import ControlClient
+
+    client = ControlClient.from_url(args.server)
+    client.load_model(args.name)
+    serving = [e for e in client.repository_index() if e.get("name") == args.name and e.get("state") == "READY"]
+    print(f"loaded {args.name}: version(s) {', '.join(e['version'] for e in serving)} serving")
+    return 0
+
+
+def cmd_unload(args: argparse.Namespace) -> int:
+    from recserve.serving.control_client import ControlClient
+
+    ControlClient.from_url(args.server).unload_model(args.name)
+    print(f"unloaded {args.name}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="list or show catalogue models and server types")
+    p = sub.add_parser("models", help="catalogue models and server types; a node's repository (load/unload/list)")
     msub = p.add_subparsers(dest="models_cmd", metavar="ACTION", required=True)
     lp = msub.add_parser("list", help="one line per catalogue model")
     lp.add_argument("--scale", type=float, default=1e-3, help="live table-row scale for the MB column")
     lp.add_argument("--file", help="a YAML catalogue of models to list instead of the bundled one")
+    lp.add_argument("--server", help="list a running node's model repository instead (http://HOST:PORT)")
     lp.set_defaults(func=cmd_list)
+    for action, func, what in (("load", cmd_load, "load (or reload: a new version swaps in) a repository model"),
+                               ("unload", cmd_unload, "unload every version of a model")):
+        ap = msub.add_parser(action, help=f"{what} on a running node")
+        ap.add_argument("name")
+        ap.add_argument("--server", required=True, help="the node's HTTP address, http://HOST:PORT")
+        ap.set_defaults(func=func)
     sp = msub.add_parser("show", help="full spec of one model as JSON")
     sp.add_argument("name")
     sp.add_argument("--scale", type=float, default=1e-3)

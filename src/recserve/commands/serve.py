@@ -15,16 +15,22 @@ PORT = number(0, 65535, integer=True)
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from recserve.serving import NodeServer, load_config, quick_config
+    from recserve.serving.config import NodeConfig
     from recserve.serving.control_api import TOKEN_ENV, check_exposure
 
-    if bool(args.config) == bool(args.model):
-        raise RecserveError("serve: give either --config NODE.yaml or --model NAME")
+    if sum(map(bool, (args.config, args.model, args.repository))) != 1 and not (args.config and args.repository):
+        raise RecserveError("serve: give --config NODE.yaml, --model NAME or --repository REPO")
     if args.config:
         config = load_config(args.config)
+        config.repository = args.repository or config.repository
         if args.http_port is not None:
             config.http_port = args.http_port
         if args.grpc_port is not None:
             config.grpc_port = args.grpc_port
+    elif args.repository:
+        config = NodeConfig(models=[], repository=args.repository,
+                            http_port=8000 if args.http_port is None else args.http_port,
+                            grpc_port=8001 if args.grpc_port is None else args.grpc_port)
     else:
         config = quick_config(args.model, scale=args.scale, workers=args.workers,
                               http_port=8000 if args.http_port is None else args.http_port,
@@ -50,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a node inference server (KServe v2 / Triton protocol, HTTP + gRPC)")
     p.add_argument("--config", help="node config YAML (see examples/node-*.yaml)")
     p.add_argument("--model", help="quick form: serve one catalogue model")
+    p.add_argument("--repository", help="a model repository (REPO/<model>/config.yaml, REPO/<model>/<version>/...): "
+                                        "load its models (with --config: beside the config's models)")
     p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale for --model")
     p.add_argument("--workers", type=count, default=1)
     p.add_argument("--threads", type=count, default=1, help="torch threads per worker")

@@ -197,9 +197,9 @@ def measure_host(budget: Budget, cores: int) -> dict[str, Any]:
 def latency_vs_batch(spec: ModelSpec, scale: float, budget: Budget, batches: Sequence[int] = BATCHES,
                      seed: int = 0) -> ProfileTable:
     """In-process latency of one single-threaded worker per batch size (mean, p50, p99 in ms)."""
-    from recserve.zoo import build
+    from recserve.zoo import build_or_load
 
-    model = build(spec, scale, seed=seed)
+    model = build_or_load(spec, scale, seed=seed)
     rows = []
     with _threads(1), torch.no_grad():
         for b in batches:

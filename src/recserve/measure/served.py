@@ -47,6 +47,7 @@ class LocalServer:
             raise RecserveError(f"the node server is not available: {exc}") from exc
         self.model, self.in_process, self.start_timeout_s = model, in_process, start_timeout_s
         self.config = quick_config(model, scale=scale, workers=workers, queue_limit=queue_limit, **model_options)
+        self.served = self.config.models[0].name  # a URL-safe name (a repository model's path is not)
         self.ports: Any = None
         self._server: Any = None
         self._proc: subprocess.Popen | None = None
@@ -78,7 +79,7 @@ class LocalServer:
     def _spawn(self) -> None:
         model = self.config.models[0]
         cfg = {"http_port": self.ports.http, "grpc_port": self.ports.grpc, "host": "127.0.0.1",
-               "models": [{"model": model.model, "scale": model.scale, "workers": model.workers,
+               "models": [{"model": model.model, "name": model.name, "scale": model.scale, "workers": model.workers,
                            "queue_limit": model.queue_limit, "threads": model.threads}]}
         self._tmp = tempfile.TemporaryDirectory(prefix="recserve-measure-")
         path = Path(self._tmp.name) / "node.yaml"
@@ -129,9 +130,9 @@ class LocalServer:
         if self.ports is None:
             raise RecserveError("server not started")
         if protocol == "http":
-            return HttpTarget(f"http://127.0.0.1:{self.ports.http}", self.model, timeout_s=timeout_s)
+            return HttpTarget(f"http://127.0.0.1:{self.ports.http}", self.served, timeout_s=timeout_s)
         if protocol == "grpc":
-            return GrpcTarget(f"127.0.0.1:{self.ports.grpc}", self.model, timeout_s=timeout_s)
+            return GrpcTarget(f"127.0.0.1:{self.ports.grpc}", self.served, timeout_s=timeout_s)
         raise RecserveError(f"protocol must be http or grpc, got {protocol!r}")
 
     @property
@@ -141,11 +142,11 @@ class LocalServer:
 
     def set_workers(self, n: int) -> None:
         """Resize the model's worker pool (returns once retired workers are gone)."""
-        self._control.set_workers(self.model, n)
+        self._control.set_workers(self.served, n)
 
     def worker_pss_gb(self) -> float:
         """Sum of the model's worker processes' PSS (shared tables split among them), in GB."""
-        state = self._control.get_model(self.model)
+        state = self._control.get_model(self.served)
         total_mb = 0.0
         for stage in state.get("stages", {}).values():
             for worker in stage.get("worker_detail", []):
@@ -155,7 +156,7 @@ class LocalServer:
 
     def busy(self) -> bool:
         """Whether the model still has queries in flight, queued parts or busy workers."""
-        state = self._control.get_model(self.model)
+        state = self._control.get_model(self.served)
         if state.get("in_flight"):
             return True
         for stage in state.get("stages", {}).values():

@@ -209,10 +209,10 @@ def _worker_init(pool: RequestPool, model_seed: int, threads: int) -> None:
     """Process-pool initializer: build the model and materialise the same request pool."""
     import torch
 
-    from recserve.zoo import build
+    from recserve.zoo import build_or_load
 
     torch.set_num_threads(threads)
-    _WORKER["model"] = build(pool.spec, pool.scale, seed=model_seed)
+    _WORKER["model"] = build_or_load(pool.spec, pool.scale, seed=model_seed)
     _WORKER["pool"] = pool
     pool.batches()
 
@@ -256,10 +256,10 @@ class InProcessTarget:
         if self.mode == "thread":
             import torch
 
-            from recserve.zoo import build
+            from recserve.zoo import build_or_load
 
             torch.set_num_threads(self.threads)
-            model = build(recipe.spec, recipe.scale, seed=self.model_seed)
+            model = build_or_load(recipe.spec, recipe.scale, seed=self.model_seed)
             recipe.batches()
 
             def run(i: int) -> int:

@@ -138,6 +138,8 @@ def model_cost(spec: ModelSpec) -> ModelCost:
     estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec))
     zoo = _zoo_dense(spec) if params * 4 <= ZOO_COUNT_MAX_BYTES else None
     flops, params, calls, act = zoo if zoo is not None else estimate
+    if spec.dense_flops:  # counted on the user's program (a repository model of no zoo family)
+        flops, params = spec.dense_flops, float(spec.dense_params or params)
     bpe = spec.bytes_per_elem
     pooled_out = sum(t.dim * bpe * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables)
     return ModelCost(

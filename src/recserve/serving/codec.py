@@ -299,11 +299,12 @@ def wants_binary_output(request: dict) -> bool:
     return (request.get("parameters") or {}).get("binary_data_output", False)
 
 
-def http_infer_response(name: str, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    """Body and extra headers of a v2 infer response."""
+def http_infer_response(name: str, request: dict, scores: np.ndarray,
+                        version: str = "1") -> tuple[bytes, dict[str, str]]:
+    """Body and extra headers of a v2 infer response (``model_version``: the version that answered)."""
     scores = finite_scores(scores)
     out, raw = raw_tensor(OUTPUT_SCORES, scores)
-    response: dict[str, Any] = {"model_name": name, "model_version": "1", "outputs": [out]}
+    response: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": [out]}
     if "id" in request:
         response["id"] = request["id"]
     if wants_binary_output(request):

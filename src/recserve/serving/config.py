@@ -23,6 +23,7 @@ A node config is YAML::
                              # SLA target); queries that cannot finish by it are shed (503), late ones get 504
         fuse_items: 256      # fuse queued queries into one forward pass of at most this many items (0 = off)
         hang_timeout_s: 10.0 # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
+    repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
 """
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import SpecError
-from recserve.specs import get_model, read_yaml
+from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
 DEADLINE_SLA_FACTOR = 2.0
@@ -70,6 +71,15 @@ def expand_cores(cores: Any, workers: int, threads: int, where: str) -> list[lis
     return sets
 
 
+def served_name(model: str) -> str:
+    """The default served name: the model's, or for a repository model named by path (``REPO/ctr[/2]``) its
+    directory's (``ctr``), since a name is one segment of the protocol's URLs."""
+    if "/" not in model:
+        return model
+    parts = [p for p in model.split("/") if p]
+    return parts[-2] if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
+
+
 @dataclass
 class ModelConfig:
     """How one model is served on this node."""
@@ -94,11 +104,20 @@ class ModelConfig:
     deadline_ms: float | None = None
     fuse_items: int = 256
     hang_timeout_s: float = 10.0
+    # Repository models (serving/repository.py): the artifact file of one version and the spec describing it.
+    # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
+    artifact: str = ""
+    version: int = 1
+    spec: ModelSpec | None = None
 
     def __post_init__(self) -> None:
-        self.name = self.name or self.model
+        self.name = self.name or served_name(self.model)
         where = f"model {self.name!r}"
-        spec = get_model(self.model)  # raises SpecError naming the known models
+        if self.spec is None and not self.artifact and "/" in self.model and Path(self.model).is_dir():
+            self._from_repository_path()
+        spec = self.model_spec()  # raises SpecError naming the known models
+        if self.artifact:
+            self._check_split(where)
         if self.deadline_ms is None:  # room for the tail the SLA allows past its target, and no more
             self.deadline_ms = DEADLINE_SLA_FACTOR * float(spec.sla.target_ms)
         for key, low in (("deadline_ms", 0.0), ("hang_timeout_s", 0.0)):
@@ -121,6 +140,40 @@ class ModelConfig:
         self.worker_cores()  # validate early
         if self.mode == "pipeline":
             self.sparse_worker_cores()
+
+    def _from_repository_path(self) -> None:
+        """``model: REPO/<model>[/<version>]`` serves that artifact (profiling serves repository models so)."""
+        from recserve.serving.repository import reference_spec
+        from recserve.zoo.artifacts import reference_artifact
+
+        self.spec = reference_spec(self.model)
+        artifact = reference_artifact(self.model)
+        self.artifact, self.version = str(artifact), int(artifact.parent.name)
+
+    def model_spec(self) -> ModelSpec:
+        """The spec of what is served: the artifact's own for repository models, else the catalogue's."""
+        return self.spec if self.spec is not None else get_model(self.model)
+
+    def served_rows(self) -> tuple[int, ...]:
+        """Table rows the served model holds: an artifact's real rows, a catalogue model's scaled ones."""
+        spec = self.model_spec()
+        return tuple(t.rows for t in spec.tables) if self.artifact else spec.scaled_rows(self.scale)
+
+    def _check_split(self, where: str) -> None:
+        """A program artifact has no sparse/dense split: refuse the layouts that need one, saying why."""
+        from recserve.zoo.artifacts import PROGRAM_KINDS, artifact_kind, no_split_reason, program_exposes_split
+
+        if artifact_kind(Path(self.artifact)) not in PROGRAM_KINDS:
+            return
+        tables = ("tiering" if (self.options or {}).get("tier") else
+                  f"table_backend: {self.table_backend}" if self.table_backend != "dram" else "")
+        if not tables and self.mode != "pipeline":
+            return
+        splits = program_exposes_split(Path(self.artifact))
+        needs = tables or ("" if splits else "mode: pipeline")
+        if needs:
+            raise SpecError(f"{where} version {self.version} ({self.artifact}): {needs} needs a sparse/dense split; "
+                            f"{no_split_reason(self.artifact, splits)}")
 
     def worker_cores(self) -> list[list[int]]:
         return expand_cores(self.cores, self.workers, self.threads, f"model {self.name!r} cores")
@@ -158,10 +211,12 @@ class NodeConfig:
     # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/tls.py)
     tls_cert: str | None = None
     tls_key: str | None = None
+    # A model repository (serving/repository.py) whose models are loaded at start, beside ``models``.
+    repository: str | None = None
 
     def __post_init__(self) -> None:
-        if not self.models:
-            raise SpecError("node config: needs at least one model")
+        if not self.models and not self.repository:
+            raise SpecError("node config: needs at least one model or a repository")
         for key in ("max_body_bytes", "max_json_bytes"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -205,9 +260,11 @@ def config_from_dict(data: Any, where: str = "node config") -> NodeConfig:
         raise SpecError(f"{where}: expected a mapping")
     data = dict(data)
     raw_models = data.pop("models", None)
-    if isinstance(raw_models, dict):  # allow {served_name: {...}}
+    if raw_models is None and data.get("repository"):
+        raw_models = []
+    elif isinstance(raw_models, dict):  # allow {served_name: {...}}
         raw_models = [{"name": k, **({"model": k} | (v or {}))} for k, v in raw_models.items()]
-    if not isinstance(raw_models, list) or not raw_models:
+    if not isinstance(raw_models, list) or (not raw_models and not data.get("repository")):
         raise SpecError(f"{where}: 'models' must be a non-empty list")
     models = [_build(ModelConfig, m, f"{where} models[{i}]") for i, m in enumerate(raw_models)]
     return _build(NodeConfig, {**data, "models": models}, where)

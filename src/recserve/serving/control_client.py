@@ -86,6 +86,26 @@ class ControlClient:
         query = f"?seconds={seconds}" + (f"&percentile={percentile}" if percentile is not None else "")
         return self._request("GET", f"/control/models/{model}/window{query}")
 
+    # ---- model repository (Triton's extension) ----
+    @classmethod
+    def from_url(cls, url: str, timeout_s: float = 180.0) -> ControlClient:
+        """``http://host:port`` or ``host:port``."""
+        address = url.split("://", 1)[-1].rstrip("/")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise RecserveError(f"server URL must look like http://HOST:PORT, got {url!r}")
+        return cls(host, int(port), timeout_s)
+
+    def repository_index(self, ready: bool = False) -> list[dict[str, str]]:
+        return self._request("POST", "/v2/repository/index", {"ready": ready})  # type: ignore[return-value]
+
+    def load_model(self, model: str) -> None:
+        """Load (or reload: a new version swaps in) a repository model; returns once it serves."""
+        self._request("POST", f"/v2/repository/models/{model}/load", {})
+
+    def unload_model(self, model: str) -> None:
+        self._request("POST", f"/v2/repository/models/{model}/unload", {})
+
     def metrics(self) -> str:
         with urllib.request.urlopen(self.base + "/metrics", timeout=self.timeout_s) as resp:
             return resp.read().decode()

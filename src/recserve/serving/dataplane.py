@@ -7,9 +7,9 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 
 - The node's HTTP listening socket is created once by the supervisor and inherited by every such worker; they
   all ``accept`` from its one queue (no SO_REUSEPORT: a worker that retires or dies drops no backlog).
-- A request ``POST /v2/models/<own model>[/versions/1]/infer`` is parsed with a minimal HTTP/1.1 reader, decoded
-  and validated with the shared protocol codec, computed in this process and answered: no other process
-  touches it.
+- A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` is parsed with a minimal HTTP/1.1
+  reader, decoded and validated with the shared protocol codec, computed in this process and answered: no other
+  process touches it.  The unversioned path is answered only by the model's default (newest loaded) version.
 - Anything else (control, metrics, health, another model, chunked bodies, a model that sub-batches) is *handed
   off*: the connection's descriptor and the bytes already read go to the supervisor over the worker's socket
   pair (SCM_RIGHTS), which passes it to a worker of the right model or serves it in its own aiohttp app.  A
@@ -322,7 +322,7 @@ class WorkerPlane:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, model: ModelPath,
                  send: Callable[[Any], None], hand_off: Callable[[int, bytes], None], limits: PlaneLimits,
-                 sub_batch: int) -> None:
+                 sub_batch: int, version: str = "1", default: bool = True) -> None:
         self.loop = loop
         self.model_name = model_name
         self.model = model
@@ -343,8 +343,10 @@ class WorkerPlane:
         self._flush_at: asyncio.TimerHandle | None = None
         self._running = False
         self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
-        prefix = f"/v2/models/{model_name}"
-        self._paths = {prefix + "/infer", prefix + "/versions/1/infer"}
+        self.version = version
+        self.default = default
+        self._paths: set[str] = set()
+        self.set_default(default)
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -358,6 +360,16 @@ class WorkerPlane:
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         await self.loop.connect_accepted_socket(lambda: Connection(self, prefix), sock)
+
+    def set_default(self, default: bool) -> None:
+        """The unversioned path is answered only by the model's default (newest loaded) version."""
+        self.default = default
+        prefix = f"/v2/models/{self.model_name}"
+        self._paths = {f"{prefix}/versions/{self.version}/infer"} | ({prefix + "/infer"} if default else set())
+
+    def answers(self, version: str) -> bool:
+        """Whether a query naming ``version`` ("" = the default) is this worker's (HTTP and gRPC alike)."""
+        return version == self.version or (version == "" and self.default)
 
     def serves(self, method: str, path: str) -> bool:
         return method == "POST" and path.partition("?")[0] in self._paths and self.serves_queries()
@@ -588,7 +600,7 @@ def _timeout_s(request: dict) -> float | None:
 
 
 def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
-                    run: Callable[[tuple], np.ndarray], max_json: int) -> ModelPath:
+                    run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1") -> ModelPath:
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec."""
     from recserve.serving import protocol
     from recserve.zoo.batch import BatchError, QueryBatch, concat_arrays
@@ -615,6 +627,6 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
             return np.split(scores, bounds)
 
         def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
-            return protocol.http_infer_response(model_name, request, scores)
+            return protocol.http_infer_response(model_name, request, scores, version)
 
     return Path()

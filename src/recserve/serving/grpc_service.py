@@ -82,12 +82,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.core = core
 
     def _runtime(self, name: str, version: str = "") -> ModelRuntime:
-        rt = self.core.models.get(name)
-        if rt is None:
-            raise InferError("not_found", f"unknown model {name!r}; served: {sorted(self.core.models)}", "model_name")
-        if version not in ("", "1"):
-            raise InferError("not_found", f"model {name!r} has only version 1, not {version!r}", "model_version")
-        return rt
+        return self.core.runtime(name, version)
 
     async def _guard(self, context: grpc.aio.ServicerContext, fn: Any) -> Any:
         try:
@@ -117,7 +112,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(self, request, context):  # noqa: N802
         async def run():
             rt = self._runtime(request.name, request.version)
-            return json_format.ParseDict(protocol.model_metadata(rt.name, rt.info),
+            versions = sorted(self.core.versions.get(rt.name, {}), key=int)
+            return json_format.ParseDict(protocol.model_metadata(rt.name, rt.info, versions),
                                          service_pb2.ModelMetadataResponse())
         return await self._guard(context, run)
 
@@ -141,10 +137,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             raise request.error
         rt = self._runtime(request.model_name, request.model_version)
         arrays = codec.parse_grpc_infer(request)
-        return infer_response(rt.name, request.id, await rt.infer(arrays))
+        return infer_response(rt.name, request.id, await rt.infer(arrays), rt.version)
 
     async def ModelInfer(self, request, context):  # noqa: N802
         return await self._guard(context, lambda: self._infer(request))
+
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        async def run():
+            entries = self.core.repository_index(request.ready)
+            return json_format.ParseDict({"models": entries}, service_pb2.RepositoryIndexResponse())
+        return await self._guard(context, run)
+
+    async def RepositoryModelLoad(self, request, context):  # noqa: N802
+        async def run():
+            await self.core.load_model(request.model_name)
+            return service_pb2.RepositoryModelLoadResponse()
+        return await self._guard(context, run)
+
+    async def RepositoryModelUnload(self, request, context):  # noqa: N802
+        async def run():
+            await self.core.unload_model(request.model_name)
+            return service_pb2.RepositoryModelUnloadResponse()
+        return await self._guard(context, run)
 
     async def _stream_answer(self, request: Any) -> Any:
         try:
@@ -178,10 +192,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     pending.cancel()
 
 
-def infer_response(name: str, request_id: str, scores: Any) -> Any:
+def infer_response(name: str, request_id: str, scores: Any, version: str = "1") -> Any:
     """A ``ModelInferResponse`` carrying ``scores`` as raw FP32 contents (what tritonclient reads)."""
     entry, raw = codec.raw_tensor(OUTPUT_SCORES, codec.finite_scores(scores))
-    response = service_pb2.ModelInferResponse(model_name=name, model_version="1", id=request_id)
+    response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
     response.outputs.add(**entry)
     response.raw_output_contents.append(raw)
     return response

@@ -50,7 +50,7 @@ class WorkerHandler(grpc.GenericRpcHandler):
         if isinstance(request, Undecodable):
             await context.abort(grpc_code(request.error), request.error.public_message())
         name, version = request.model_name, request.model_version
-        if name != self.plane.model_name or version not in ("", "1") or not self.plane.serves_queries():
+        if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
             return await self._forward(SERVICE + "ModelInfer")(raw, context)
         try:
             arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request))
@@ -68,7 +68,7 @@ class WorkerHandler(grpc.GenericRpcHandler):
         scores, error = await answer
         if error is not None:
             await context.abort(grpc_code(error), error.public_message())
-        return infer_response(name, request.id, scores).SerializeToString()
+        return infer_response(name, request.id, scores, self.plane.version).SerializeToString()
 
     def _forward(self, method: str) -> Any:
         call = self.upstream.unary_unary(method)

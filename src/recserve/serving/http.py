@@ -16,6 +16,12 @@ Control requests are validated field by field (:mod:`recserve.serving.control_ap
 ``control_token``, need ``Authorization: Bearer <token>`` (401 otherwise).  Responses name the server
 ``recserve`` only (aiohttp's default ``Server`` header names Python's and aiohttp's versions).
 
+Model repository (Triton's extension; 501 on a node without ``repository``)::
+
+    POST /v2/repository/index                 {"ready": bool}? -> [{"name", "version", "state", "reason"}, ...]
+    POST /v2/repository/models/{m}/load       -> {} once the versions its policy selects serve; 400 naming the file
+    POST /v2/repository/models/{m}/unload     -> {}
+
 Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
 ``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
 ``Content-Type: application/json``, with the status from :data:`recserve.serving.errors.STATUS`.
@@ -73,14 +79,7 @@ def build_app(core: NodeCore) -> web.Application:
     routes = web.RouteTableDef()
 
     def runtime(request: web.Request) -> ModelRuntime:
-        name = request.match_info["model"]
-        version = request.match_info.get("version")
-        rt = core.models.get(name)
-        if rt is None:
-            raise InferError("not_found", f"unknown model {name!r}; served: {sorted(core.models)}", "model_name")
-        if version not in (None, "", "1"):
-            raise InferError("not_found", f"model {name!r} has only version 1, not {version!r}", "model_version")
-        return rt
+        return core.runtime(request.match_info["model"], request.match_info.get("version"))
 
     @routes.get("/v2")
     async def server_metadata(_: web.Request) -> web.Response:
@@ -102,7 +101,7 @@ def build_app(core: NodeCore) -> web.Application:
         @routes.get(prefix)
         async def metadata(request: web.Request) -> web.Response:
             rt = runtime(request)
-            return _json(protocol.model_metadata(rt.name, rt.info))
+            return _json(protocol.model_metadata(rt.name, rt.info, sorted(core.versions.get(rt.name, {}), key=int)))
 
         @routes.get(prefix + "/ready")
         async def model_ready(request: web.Request) -> web.Response:
@@ -131,9 +130,25 @@ def build_app(core: NodeCore) -> web.Application:
                 exc.counted = True  # type: ignore[union-attr]
                 raise
             scores = await rt.infer(arrays)
-            payload, headers = codec.http_infer_response(rt.name, req, scores)
+            payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version)
             content_type = headers.pop("Content-Type")
             return web.Response(body=payload, headers=headers, content_type=content_type)
+
+    # ---- model repository (Triton's model-repository extension) ----
+    @routes.post("/v2/repository/index")
+    async def repository_index(request: web.Request) -> web.Response:
+        body = await _body(request) if request.can_read_body else {}
+        return _json(core.repository_index(bool(body.get("ready", False))))
+
+    @routes.post("/v2/repository/models/{model}/load")
+    async def repository_load(request: web.Request) -> web.Response:
+        await core.load_model(request.match_info["model"])
+        return _json({})
+
+    @routes.post("/v2/repository/models/{model}/unload")
+    async def repository_unload(request: web.Request) -> web.Response:
+        await core.unload_model(request.match_info["model"])
+        return _json({})
 
     @routes.get("/metrics")
     async def metrics(_: web.Request) -> web.Response:

@@ -40,7 +40,7 @@ __all__ = ["DTYPES", "EXPECTED", "check_outputs", "from_list", "from_raw", "http
            "server_metadata", "wants_binary_output"]
 
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "recserve_control"]
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository", "recserve_control"]
 PLATFORM = "pytorch_libtorch"
 BACKEND = "pytorch"
 
@@ -57,9 +57,9 @@ def io_shapes(info: ModelInfo) -> tuple[list[dict], list[dict]]:
     return inputs, outputs
 
 
-def model_metadata(name: str, info: ModelInfo) -> dict[str, Any]:
+def model_metadata(name: str, info: ModelInfo, versions: list[str] | None = None) -> dict[str, Any]:
     inputs, outputs = io_shapes(info)
-    return {"name": name, "versions": ["1"], "platform": PLATFORM, "inputs": inputs, "outputs": outputs}
+    return {"name": name, "versions": versions or ["1"], "platform": PLATFORM, "inputs": inputs, "outputs": outputs}
 
 
 def model_config(name: str, info: ModelInfo, max_batch_size: int, workers: int) -> dict[str, Any]:

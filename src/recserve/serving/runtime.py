@@ -42,7 +42,6 @@ from recserve.serving.worker import (
     unpack,
     worker_main,
 )
-from recserve.specs import get_model
 from recserve.zoo.batch import BatchError, QueryBatch
 
 log = logging.getLogger("recserve.serving")
@@ -132,7 +131,7 @@ def io_uring_verdict(cfg: ModelConfig) -> str:
 
 def model_info(cfg: ModelConfig) -> ModelInfo:
     """Validation facts, and I/O buffer sizes for a ``max_batch_size`` query (bags up to 2x pooling)."""
-    spec = get_model(cfg.model)
+    spec = cfg.model_spec()
     b = cfg.max_batch_size
     embedded = sum(t.dim * (t.pooling if t.kind == "sequence" else 1) for t in spec.tables) * 4
     query_in = b * (spec.dense_in * 4 + len(spec.tables) * 4 + 2 * spec.lookups_per_item * 8)
@@ -141,7 +140,7 @@ def model_info(cfg: ModelConfig) -> ModelInfo:
     pad = 64 * (len(spec.tables) + 4)
     return ModelInfo(
         dense_in=spec.dense_in,
-        rows=spec.scaled_rows(cfg.scale),
+        rows=cfg.served_rows(),
         seq_lens={i: t.pooling for i, t in enumerate(spec.tables) if t.kind == "sequence"},
         towers=spec.towers,
         io_in_bytes=min(IO_BUFFER_CAP, max(query_in, dense_in) + pad),
@@ -262,7 +261,10 @@ class ModelRuntime:
         self.ctx = ctx
         self.llc = llc
         self.info = model_info(cfg)
-        self.sla_percentile = get_model(cfg.model).sla.percentile
+        self.version = str(cfg.version)
+        self.is_default = True  # answers the unversioned path (the node moves it to the newest loaded version)
+        self.sla = cfg.model_spec().sla
+        self.sla_percentile = self.sla.percentile
         self.metrics = ModelMetrics()
         self.sub_batch = cfg.sub_batch
         self.in_flight = 0
@@ -270,7 +272,10 @@ class ModelRuntime:
         self.io_uring_verdict = io_uring_verdict(cfg)
         self.accepting = True
         self.stopping = False
-        self.shared_model = share_model(build_worker_model(cfg)) if cfg.share_tables else None
+        # Artifacts are loaded by each worker: safetensors tables are memory-mapped (the page cache is the one
+        # shared copy; share_memory_() would copy them), and programs are opaque.
+        share = cfg.share_tables and not cfg.artifact
+        self.shared_model = share_model(build_worker_model(cfg)) if share else None
         self.pools: dict[str, StagePool] = {}
         for stage, (_n, _cores) in cfg.stages().items():
             cores = cfg.sparse_cores if stage == "sparse" else cfg.cores
@@ -333,6 +338,7 @@ class ModelRuntime:
             args.listen, args.info, args.limits, args.sub_batch = self.listen_sock, self.info, self._limits(), \
                 self.sub_batch
             args.grpc_address, args.grpc_upstream = self.grpc_address, self.grpc_upstream
+            args.version, args.default = self.version, self.is_default
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
         await loop.run_in_executor(None, proc.start)
@@ -689,6 +695,10 @@ class ModelRuntime:
             await self._await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
         return self.state()
 
+    def set_default(self, default: bool) -> None:
+        self.is_default = default
+        self._broadcast(("config", {"default": default}))
+
     def set_sub_batch(self, k: int) -> dict[str, Any]:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
@@ -700,7 +710,9 @@ class ModelRuntime:
         return {
             "name": self.name,
             "model": self.cfg.model,
-            "sla": {"target_ms": get_model(self.cfg.model).sla.target_ms, "percentile": self.sla_percentile},
+            "version": self.version,
+            "artifact": self.cfg.artifact,
+            "sla": {"target_ms": self.sla.target_ms, "percentile": self.sla_percentile},
             "scale": self.cfg.scale,
             "mode": self.cfg.mode,
             "sub_batch": self.sub_batch,

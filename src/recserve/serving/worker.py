@@ -72,7 +72,14 @@ def build_worker_model(model_config: Any) -> RecModel:
         from recserve.errors import SpecError
 
         raise SpecError(f"model {model_config.name!r}: table_backend {backend!r} is not available")
-    model = build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
+    if getattr(model_config, "artifact", ""):  # a repository model: the user's trained weights or program
+        from pathlib import Path
+
+        from recserve.zoo.artifacts import load_artifact
+
+        model = load_artifact(Path(model_config.artifact), model_config.spec)
+    else:
+        model = build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
     tier = (model_config.options or {}).get("tier")
     if tier:  # SDM: some tables served from SSD files behind DRAM caches (docs/sdm.md)
         from recserve.embedding.tiered import tier_from_config
@@ -105,6 +112,8 @@ class WorkerArgs:
     sub_batch: int = 0
     grpc_address: str = ""  # the node's public gRPC address (bound with SO_REUSEPORT); "" = gRPC in the server
     grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
+    version: str = "1"  # the model version this worker serves (repository models)
+    default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -242,8 +251,9 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send_handle(conn, fd, server_pid)
 
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           lambda payload: run_stage(model, "model", payload), args.limits.max_json)
-    plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch)
+                           lambda payload: run_stage(model, "model", payload), args.limits.max_json, args.version)
+    plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
+                        args.version, args.default)
 
     def on_pipe() -> None:
         try:
@@ -293,6 +303,8 @@ def _control(plane: Any, msg: tuple, fd: int | None) -> None:
         task.add_done_callback(lambda t: t.exception())
     elif kind == "config":
         plane.sub_batch = int(msg[1].get("sub_batch", plane.sub_batch))
+        if "default" in msg[1]:
+            plane.set_default(bool(msg[1]["default"]))
     elif kind == "drain":
         plane.drain()
 

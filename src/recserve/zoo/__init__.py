@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from recserve.errors import SpecError
@@ -33,6 +35,16 @@ def build(spec: ModelSpec, scale: float = 1e-3, seed: int = 0, min_rows: int = 1
     return model.eval()
 
 
+def build_or_load(spec: ModelSpec, scale: float = 1e-3, seed: int = 0) -> RecModel:
+    """What a measurement runs: :func:`build`, or for a repository model named by its path (``REPO/<model>[/<v>]``,
+    see ``specs.get_model``) its own artifact, trained weights and real rows (``scale`` does not apply)."""
+    if "/" in spec.name and Path(spec.name).is_dir():
+        from recserve.zoo.artifacts import load_artifact, reference_artifact
+
+        return load_artifact(reference_artifact(spec.name), spec).eval()  # type: ignore[return-value]
+    return build(spec, scale=scale, seed=seed)
+
+
 def sample_batch(model: RecModel, batch_size: int, rng=0, sampler=None) -> QueryBatch:
     """A synthetic query that fits ``model`` (uniform ids unless a workload sampler is given)."""
     spec = model.spec
@@ -48,4 +60,5 @@ def sample_batch(model: RecModel, batch_size: int, rng=0, sampler=None) -> Query
     )
 
 
-__all__ = ["DramTable", "QueryBatch", "RecModel", "TableLookup", "build", "random_batch", "sample_batch"]
+__all__ = ["DramTable", "QueryBatch", "RecModel", "TableLookup", "build", "build_or_load", "random_batch",
+           "sample_batch"]
