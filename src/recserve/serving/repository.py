@@ -99,6 +99,12 @@ class Repository:
         if not self.root.is_dir():
             raise SpecError(f"model repository {self.root}: no such directory")
 
+    def relative(self, message: str) -> str:
+        """``message`` with this repository's paths written from its root (``ctr/2/model.pt``): they name the file
+        exactly and do not expose the host's directories (absolute paths are redacted from error bodies)."""
+        root = str(self.root.resolve())
+        return message.replace(root + "/", "").replace(str(self.root) + "/", "")
+
     def names(self) -> list[str]:
         """Models in the repository: every directory holding a config.yaml or a numeric version directory."""
         return sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")

@@ -268,11 +268,12 @@ class NodeCore:
                 try:
                     started.append(await self._start_version(name, int(version), version == newest))
                 except (RecserveError, InferError) as exc:
-                    self.repo_state[(name, version)] = ("UNAVAILABLE", str(exc))
+                    reason = self.repository.relative(str(exc)) if self.repository is not None else str(exc)
+                    self.repo_state[(name, version)] = ("UNAVAILABLE", reason)
                     await asyncio.gather(*(rt.stop() for rt in started))
                     if not loaded:
                         self.versions.pop(name, None)
-                    raise InferError("invalid", f"model {name!r} version {version} not loaded: {exc}",
+                    raise InferError("invalid", f"model {name!r} version {version} not loaded: {reason}",
                                      "model_name") from exc
             for rt in started:
                 loaded[rt.version] = rt
