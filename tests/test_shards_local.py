@@ -147,12 +147,13 @@ def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
 def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):
     import json
 
-    from recserve.planners.elasticrec import ShardPlan, TableShards
+    from recserve.planners.plan import ShardPlan, TableShards
     from recserve.serving.shards import plan_from_json, plan_replicas
 
     full = spec.tables[0].rows
     tables = [TableShards(t.name, [0, full // 10, full], [3, 1], [100.0, 10.0], 1.0) for t in spec.tables]
-    plan = ShardPlan(spec.name, 1000.0, 32, 2, 1.0, tables, 4, 8.0)
+    plan = ShardPlan(model=spec.name, target_qps=1000.0, batch=32, dense_replicas=2, dense_memory_bytes=1.0,
+                     tables=tables, modelwise_replicas=4, modelwise_memory_bytes=8.0)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.to_dict()))
     layout = make_layout(spec, SCALE, plan=plan_from_json(path), model=model)

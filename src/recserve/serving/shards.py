@@ -22,13 +22,12 @@ an error reply (never a hang: every call has a deadline).
 from __future__ import annotations
 
 import itertools
-import json
 import shutil
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,8 @@ from torch import nn
 from recserve.deploy.sharding import ShardLayout, access_counts, even_layout, layout_from_plan, shard_weights
 from recserve.embedding.sharded import ShardedTable, ShardInput, combine_gathered, combine_pooled
 from recserve.errors import RecserveError, SpecError
-from recserve.planners.elasticrec import ShardPlan, TableShards
+from recserve.planners.plan import Plan, ShardPlan
+from recserve.planners.replicas import replicas_for
 from recserve.serving.shard_service import (
     GRPC_OPTIONS,
     INFER_METHOD,
@@ -270,15 +270,14 @@ def dense_options(layout: ShardLayout, rows: tuple[int, ...], endpoints: dict[st
 
 
 def plan_from_json(path: str | Path) -> ShardPlan:
-    """A :class:`ShardPlan` from ``recserve plan shard --json`` output."""
+    """A :class:`ShardPlan` from ``recserve plan shard --json`` output (the one plan reader, ``Plan.load``)."""
     try:
-        data = json.loads(Path(path).read_text())
-        names = {f.name for f in fields(ShardPlan)}
-        table_names = {f.name for f in fields(TableShards)}
-        tables = [TableShards(**{k: v for k, v in t.items() if k in table_names}) for t in data["tables"]]
-        return ShardPlan(**{k: v for k, v in data.items() if k in names and k != "tables"}, tables=tables)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        plan = Plan.load(path)
+    except RecserveError as exc:
         raise RecserveError(f"{path}: not a `recserve plan shard --json` file: {exc}") from exc
+    if not isinstance(plan, ShardPlan):
+        raise RecserveError(f"{path}: not a `recserve plan shard --json` file (a {plan.kind!r} plan)")
+    return plan
 
 
 def warmup_counts(model: RecModel, queries: int = 50, batch: int = 32, locality: float = 0.9,
@@ -551,7 +550,7 @@ def plan_replicas(layout: ShardLayout, rates: dict[str, float], target_qps: floa
     """ElasticRec's rule (Alg. 1 REPLICAS, HPA on QPSmax): each shard gets ceil(target / its rate)
     replicas, set on ``layout`` in place.  Returns (dense replicas, model-wise replicas) for the target."""
     def need(rate: float) -> int:
-        return max(1, int(np.ceil(target_qps / rate - 1e-9)))
+        return replicas_for(target_qps, rate)
 
     for t in layout.tables:
         t.replicas = [need(rates[f"{t.name}-s{s}"]) for s in range(len(t.replicas))]
