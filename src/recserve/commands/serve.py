@@ -14,7 +14,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if bool(args.config) == bool(args.model):
         raise RecserveError("serve: give either --config NODE.yaml or --model NAME")
     if args.config:
-        config = load_config(args.config)
+        from recserve.deploy.nodeconfig import resolve_tier_plans
+
+        config = resolve_tier_plans(load_config(args.config))
         if args.http_port is not None:
             config.http_port = args.http_port
         if args.grpc_port is not None:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from recserve.perfmodel import Allocation, LoadResult, PerfModel, SizeMix
+from recserve.profiles import ProfileTable
 from recserve.specs import SLA, ModelSpec, ServerType
 
 DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
@@ -387,3 +388,21 @@ class LiveEvaluator:
 def live_evaluator(spec: ModelSpec, server: ServerType, sla: SLA | None = None, **kwargs: Any) -> Evaluator:
     """Measure each configuration through the node server on this host (slow: seconds per configuration)."""
     return LiveEvaluator(spec, server, sla, **kwargs)
+
+
+def efficiency_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix) -> list[ProfileTable]:
+    """Hercules' efficiency tuple (max QPS, provisioned power) at the searched optimum on the modelled server, as
+    an ``efficiency`` Profile table for the provisioning planner; none without a power figure or a feasible config.
+    Pass it as ``model_profiles(..., extra=efficiency_tables)``."""
+    if server.power_w is None:
+        return []
+    evaluate = perfmodel_evaluator(spec, server, pm, mix)
+    res = search(server, evaluate, spec=spec)
+    if res.best is None:
+        return []
+    cfg = res.best
+    detail = evaluate.detail(cfg)
+    return [ProfileTable(spec.name, server.name, "efficiency",
+                         ("max_qps", "power_w", "workers", "cores_per_worker", "batch", "sparse_workers"),
+                         [[res.best_qps, detail.power_w, cfg.threads, cfg.cores_per_thread, cfg.batch,
+                           cfg.sparse_threads]], "modelled", {"mode": cfg.mode})]
