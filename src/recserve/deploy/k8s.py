@@ -8,6 +8,7 @@ node server's Prometheus /metrics and exposed to the HPA through a custom-metric
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,8 @@ def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict
 def write_manifests(objects: list[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    plain = json.loads(json.dumps(objects))  # no shared sub-objects, so no YAML anchors in the output
+    path.write_text(yaml.safe_dump_all(plain, sort_keys=False))
     return path
 
 
