@@ -178,6 +178,7 @@ def replica_counts() -> dict[str, int]:
 
 
 def shutdown() -> None:
+    """Stop Serve and disconnect (a cluster joined by address keeps running; a local one stops)."""
     ray, serve = _require_ray()
     try:
         serve.shutdown()
