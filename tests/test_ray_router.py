@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from types import SimpleNamespace
 
 from recserve.deploy.ray_plans import KairosRouter, node_start_flags, query_size, type_resource
@@ -11,11 +12,16 @@ from recserve.planners.plan import PoolChoice
 from recserve.wire import BATCH_SIZE_HEADER
 
 
+class ProxyRequest:  # stands in for Ray's StreamingHTTPRequest, which the proxy sends pickled
+    def __init__(self, scope: dict) -> None:
+        self._asgi_scope = scope
+
+
 def pending(request_id: str, size: int, via_header: bool = False) -> SimpleNamespace:
-    meta = SimpleNamespace(internal_request_id=request_id)
+    meta = SimpleNamespace(internal_request_id=request_id, is_http_request=lambda: via_header)
     if via_header:
         scope = {"headers": [(b"content-type", b"x"), (BATCH_SIZE_HEADER.lower().encode(), str(size).encode())]}
-        return SimpleNamespace(args=[SimpleNamespace(_asgi_scope=scope)], kwargs={}, metadata=meta)
+        return SimpleNamespace(args=[pickle.dumps(ProxyRequest(scope))], kwargs={}, metadata=meta)
     return SimpleNamespace(args=[], kwargs={"size": size}, metadata=meta)
 
 
@@ -32,6 +38,9 @@ def make_router(tmp_path) -> tuple[KairosRouter, list[SimpleNamespace]]:
 def test_size_from_the_handle_keyword_or_the_proxy_header():
     assert query_size(pending("a", 70), 5) == 70 and query_size(pending("b", 30, via_header=True), 5) == 30
     assert query_size(SimpleNamespace(args=[], kwargs={}, metadata=None), 5) == 5
+    handle_bytes = SimpleNamespace(args=[pickle.dumps(ProxyRequest({}))], kwargs={},
+                                   metadata=SimpleNamespace(is_http_request=lambda: False))
+    assert query_size(handle_bytes, 5) == 5  # bytes from a handle call are never unpickled
 
 
 def test_requests_wait_in_the_dispatcher_until_an_instance_frees(tmp_path):

@@ -192,21 +192,26 @@ def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str,
     out: dict[str, Any] = {"model": choice.model, "pool": choice.config, "qos_ms": drive["qos_ms"],
                            "rate_qps": args.rate, "seconds": args.seconds}
     with LoadSession(target, pool) as session:
-        diffs = []
-        for i in range(len(pool.sizes)):  # also warms every instance up
-            got = session.outputs(i)["scores"]
-            with torch.inference_mode():
-                want = model(pool.batch(i)).numpy()
-            diffs.append(float(np.abs(got.reshape(want.shape) - want).max()))
+        diffs, unloaded = [], []
+        for _ in range(2):  # every pooled query twice, one at a time: scores, warm-up, unloaded latency via Ray
+            for i in range(len(pool.sizes)):
+                start = time.perf_counter()
+                got = session.outputs(i)["scores"]
+                unloaded.append([pool.sizes[i], (time.perf_counter() - start) * 1e3])
+                with torch.inference_mode():
+                    want = model(pool.batch(i)).numpy()
+                diffs.append(float(np.abs(got.reshape(want.shape) - want).max()))
         out["scores_max_abs_diff"] = max(diffs)
         print(f"scores vs the in-process model: max |diff| {max(diffs):.3g} over {len(diffs)} queries", file=sys.stderr)
-        if log_path:
-            Path(log_path).write_text("")  # the decisions of the measured run only
+        first_measured = len(Path(log_path).read_text().splitlines()) if log_path else 0
         result = session.run(args.rate, args.seconds, timeout_s=30.0, seed=args.seed)
     times, choices = schedule(args.rate, args.seconds, None, len(pool.sizes), args.seed)
     sizes = np.asarray(pool.sizes)[choices]
     predicted = predict_pool(drive["latency"], pool_list(choice.config), drive["qos_ms"], times, sizes, args.policy,
                              args.seed)
+    via_ray = unloaded_table(drive["latency"], unloaded[len(pool.sizes):])  # the second, warm pass
+    out["simulated_with_ray_overhead"] = predict_pool(via_ray, pool_list(choice.config), drive["qos_ms"], times, sizes,
+                                                      args.policy, args.seed)
     lat = result.latencies_ms
     out["measured"] = {"sent": result.sent, "ok": result.ok, "errors": result.errors,
                        "achieved_qps": result.achieved_qps, "p50_ms": float(np.percentile(lat, 50)),
@@ -214,18 +219,34 @@ def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str,
     out["simulated"] = predicted
     out["latency_table"] = drive["latency"].to_dict()
     if log_path:
-        starts = [r for r in map(json.loads, Path(log_path).read_text().splitlines()) if r.get("event") == "start"]
+        records = [json.loads(line) for line in Path(log_path).read_text().splitlines()]
+        out["router_pool"] = next((r["instances"] for r in reversed(records) if r.get("event") == "pool"), None)
+        starts = [r for r in records[first_measured:] if r.get("event") == "start"]
         by_type: dict[str, int] = {}
         for r in starts:
             by_type[r["type"]] = by_type.get(r["type"], 0) + 1
         out["measured"]["served_by_type"] = by_type
         out["router_decisions"] = len(starts)
-    m, p = out["measured"], predicted
+    m, p, v = out["measured"], predicted, out["simulated_with_ray_overhead"]
     print(f"{choice.model} on {choice.config} at {args.rate:g} qps for {args.seconds:g} s: measured p50 "
           f"{m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms ({m['ok']}/{m['sent']} ok, by type "
-          f"{m.get('served_by_type')}); simulated p50 {p['p50_ms']:.1f} ms p99 {p['p99_ms']:.1f} ms "
-          f"(by type {p['served_by_type']})", file=sys.stderr)
+          f"{m.get('served_by_type')}); simulated (in-process service times) p50 {p['p50_ms']:.1f} ms p99 "
+          f"{p['p99_ms']:.1f} ms (by type {p['served_by_type']}); simulated (unloaded latency via Ray as service "
+          f"time) p50 {v['p50_ms']:.1f} ms p99 {v['p99_ms']:.1f} ms (by type {v['served_by_type']})", file=sys.stderr)
     return out
+
+
+def unloaded_table(like: Any, samples: list[list[float]]) -> Any:
+    """A latency_vs_batch table from queries sent one at a time through Ray (mean per size as mean/p50/p99): the
+    simulator's service times with the proxy and HTTP costs included."""
+    from recserve.profiles import ProfileTable
+
+    by_size: dict[int, list[float]] = {}
+    for size, ms in samples:
+        by_size.setdefault(int(size), []).append(ms)
+    rows = [[s, float(np.mean(v)), float(np.mean(v)), float(np.mean(v))] for s, v in sorted(by_size.items())]
+    return ProfileTable(like.model, like.server, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"), rows,
+                        "measured", {"via": "ray proxy, one query at a time"})
 
 
 def cmd_ray_shards(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import pickle
 import re
 import time
 from typing import Any
@@ -51,11 +52,26 @@ def node_start_flags(choice: PoolChoice) -> dict[str, str]:
     return {t: json.dumps({SLOT_RESOURCE: n, type_resource(t): 1}) for t, n in choice.config.items() if n}
 
 
+def _http_scope(pending_request: Any) -> dict[str, Any]:
+    """The ASGI scope of a request from Ray's HTTP proxy (which sends its own pickled ``StreamingHTTPRequest``:
+    unpickled only when the metadata says the request came through the proxy)."""
+    arg = pending_request.args[0] if pending_request.args else None
+    if isinstance(arg, bytes | bytearray):
+        is_http = getattr(pending_request.metadata, "is_http_request", None)
+        if not (callable(is_http) and is_http()):
+            return {}
+        try:
+            arg = pickle.loads(arg)
+        except Exception:  # noqa: BLE001 - not the proxy's object: no scope
+            return {}
+    return getattr(arg, "_asgi_scope", None) or {}
+
+
 def query_size(pending_request: Any, default: int) -> int:
     """A request's batch size: ``size=`` of a handle call, else the proxy request's size header."""
     size = (pending_request.kwargs or {}).get("size")
     if size is None and pending_request.args:
-        scope = getattr(pending_request.args[0], "_asgi_scope", None) or {}
+        scope = _http_scope(pending_request)
         wanted = BATCH_SIZE_HEADER.lower().encode()
         for key, value in scope.get("headers", []):
             if key.lower() == wanted:
@@ -139,7 +155,8 @@ class KairosRouter(_request_router_base()):  # type: ignore[misc]
         if fut is not None and not fut.done():
             fut.set_result(inst.index)
         self._log({"event": "start", "t_ms": round(now, 3), "request": request_id, "size": q.size,
-                   "instance": inst.index, "type": inst.type_name, "waited_ms": round(now - q.arrival, 3)})
+                   "instance": inst.index, "type": inst.type_name, "waited_ms": round(now - q.arrival, 3),
+                   "predicted_ms": round(q.pred_ms, 3)})
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.log_path:
