@@ -138,6 +138,14 @@ def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str
     return result
 
 
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    pool = result["pool"]
+    keys = ("pool", "qos_ms", "rate_qps", "seconds", "router_decisions", "router_sizes_match_sent",
+            "scores_max_abs_diff", "measured", "simulated", "simulated_with_ray_overhead", "router_pool")
+    return {**{k: pool.get(k) for k in keys}, "cluster": result["cluster"],
+            "colocate_scores_max_abs_diff": result["colocate"].get("scores_max_abs_diff")}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rate", type=float, default=6.0)
@@ -149,14 +157,7 @@ def main() -> int:
     result = run(Path(args.workdir), args.rate, args.seconds, args.scale)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    pool = result["pool"]
-    m, s = pool["measured"], pool["simulated"]
-    summary = {"pool": pool["pool"], "rate_qps": pool["rate_qps"], "router_decisions": pool.get("router_decisions"),
-               "scores_max_abs_diff": pool["scores_max_abs_diff"], "measured": m, "simulated": s,
-               "simulated_with_ray_overhead": pool["simulated_with_ray_overhead"],
-               "router_pool": pool.get("router_pool"),
-               "colocate_scores_max_abs_diff": result["colocate"].get("scores_max_abs_diff")}
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summarize(result), indent=1))
     return 0
 
 

@@ -18,7 +18,7 @@ class ProxyRequest:  # stands in for Ray's StreamingHTTPRequest, which the proxy
 
 
 def pending(request_id: str, size: int, via_header: bool = False) -> SimpleNamespace:
-    meta = SimpleNamespace(internal_request_id=request_id, is_http_request=lambda: via_header)
+    meta = SimpleNamespace(internal_request_id=request_id, is_http_request=via_header)  # a property in Ray
     if via_header:
         scope = {"headers": [(b"content-type", b"x"), (BATCH_SIZE_HEADER.lower().encode(), str(size).encode())]}
         return SimpleNamespace(args=[pickle.dumps(ProxyRequest(scope))], kwargs={}, metadata=meta)
@@ -39,7 +39,7 @@ def test_size_from_the_handle_keyword_or_the_proxy_header():
     assert query_size(pending("a", 70), 5) == 70 and query_size(pending("b", 30, via_header=True), 5) == 30
     assert query_size(SimpleNamespace(args=[], kwargs={}, metadata=None), 5) == 5
     handle_bytes = SimpleNamespace(args=[pickle.dumps(ProxyRequest({}))], kwargs={},
-                                   metadata=SimpleNamespace(is_http_request=lambda: False))
+                                   metadata=SimpleNamespace(is_http_request=False))
     assert query_size(handle_bytes, 5) == 5  # bytes from a handle call are never unpickled
 
 

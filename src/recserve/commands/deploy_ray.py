@@ -84,6 +84,12 @@ def cmd_ray(args: argparse.Namespace) -> int:
     if bool(args.plan) == bool(args.model):
         raise RecserveError("deploy ray: give either --plan PLAN.json (pool, colocate) or --model NAME (shards)")
     if args.plan:
+        from recserve.planners.plan import Plan
+
+        plan = Plan.load(args.plan)
+        if plan.kind == "shard":  # ElasticRec: the shards as planned, on the existing shard path
+            args.model, args.shard_plan = plan.model, plan
+            return cmd_ray_shards(args)
         return cmd_ray_plan(args)
     return cmd_ray_shards(args)
 
@@ -227,6 +233,7 @@ def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str,
             by_type[r["type"]] = by_type.get(r["type"], 0) + 1
         out["measured"]["served_by_type"] = by_type
         out["router_decisions"] = len(starts)
+        out["router_sizes_match_sent"] = sorted(r["size"] for r in starts) == sorted(int(s) for s in sizes)
     m, p, v = out["measured"], predicted, out["simulated_with_ray_overhead"]
     print(f"{choice.model} on {choice.config} at {args.rate:g} qps for {args.seconds:g} s: measured p50 "
           f"{m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms ({m['ok']}/{m['sent']} ok, by type "
@@ -250,25 +257,30 @@ def unloaded_table(like: Any, samples: list[list[float]]) -> Any:
 
 
 def cmd_ray_shards(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     import torch
 
     from recserve.deploy import ray_serve
-    from recserve.deploy.sharding import access_counts, even_layout, shard_weights
+    from recserve.deploy.sharding import access_counts, even_layout, layout_from_plan, shard_weights
     from recserve.embedding.sharded import bucketize
     from recserve.workload.indices import index_sampler
     from recserve.zoo import build, sample_batch
 
     spec = get_model(args.model)
     if args.max_tables:
-        from dataclasses import replace
-
         spec = replace(spec, tables=spec.tables[: args.max_tables])
     model = build(spec, scale=args.scale, seed=args.seed)
     sampler = index_sampler(f"locality:p={args.locality}")
     history = [sample_batch(model, args.batch, rng=i, sampler=sampler) for i in range(50)]
-    layout = even_layout(model, access_counts(model, history), args.shards_per_table, seed=args.seed,
-                         scale=args.scale)
-    print(f"deploying {spec.name} ({len(spec.tables)} tables x {args.shards_per_table} shards) on Ray Serve ...",
+    plan = getattr(args, "shard_plan", None)
+    if plan is not None:
+        plan = replace(plan, tables=plan.tables[: len(spec.tables)])
+        layout = layout_from_plan(plan, model, access_counts(model, history), seed=args.seed, scale=args.scale)
+    else:
+        layout = even_layout(model, access_counts(model, history), args.shards_per_table, seed=args.seed,
+                             scale=args.scale)
+    print(f"deploying {spec.name} ({len(spec.tables)} tables, {len(layout.shard_names())} shards) on Ray Serve ...",
           file=sys.stderr)
     log: dict[str, Any] = {"model": spec.name, "scale": args.scale, "shards": layout.shard_names(), "steps": []}
     try:

@@ -57,8 +57,8 @@ def _http_scope(pending_request: Any) -> dict[str, Any]:
     unpickled only when the metadata says the request came through the proxy)."""
     arg = pending_request.args[0] if pending_request.args else None
     if isinstance(arg, bytes | bytearray):
-        is_http = getattr(pending_request.metadata, "is_http_request", None)
-        if not (callable(is_http) and is_http()):
+        is_http = getattr(pending_request.metadata, "is_http_request", False)  # a property in Ray 2.60
+        if not (is_http() if callable(is_http) else is_http):
             return {}
         try:
             arg = pickle.loads(arg)
