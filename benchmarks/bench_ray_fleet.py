@@ -126,7 +126,7 @@ def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str
     port = free_port()
     with LocalRayCluster(head, node) as cluster:
         recserve("deploy", "ray", "--plan", str(pool_plan), "--address", cluster.address, "--scale", str(scale),
-                 "--cpus", "0.25", "--http-port", str(port), "--rate", str(rate), "--seconds", str(seconds),
+                 "--cpus", "0.25", "--http-port", str(port), "--rate", str(rate), "--seconds", str(seconds), "--prior",
                  "--decisions", str(out / "decisions.jsonl"), "--json", str(out / "pool_run.json"))
         recserve("deploy", "ray", "--plan", str(colocate_plan), "--address", cluster.address, "--scale", str(scale),
                  "--cpus", "0.05", "--http-port", str(port), "--json", str(out / "colocate_run.json"))
@@ -140,7 +140,7 @@ def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     pool = result["pool"]
-    keys = ("pool", "qos_ms", "rate_qps", "seconds", "router_decisions", "router_sizes_match_sent",
+    keys = ("pool", "qos_ms", "rate_qps", "seconds", "router_prior", "router_decisions", "router_sizes_match_sent",
             "scores_max_abs_diff", "measured", "simulated", "simulated_with_ray_overhead", "router_pool")
     return {**{k: pool.get(k) for k in keys}, "cluster": result["cluster"],
             "colocate_scores_max_abs_diff": result["colocate"].get("scores_max_abs_diff")}

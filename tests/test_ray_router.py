@@ -69,3 +69,14 @@ def test_node_start_flags_mark_type_and_slots():
     flags = node_start_flags(PoolChoice("m", {"g4dn.xlarge": 1, "r5n.large": 2, "t3.xlarge": 0}, 1.0, 10.0))
     assert json.loads(flags["r5n.large"]) == {"recserve_slot": 2, "recserve_type_r5n_large": 1}
     assert set(flags) == {"g4dn.xlarge", "r5n.large"}
+
+
+def test_a_prior_seeds_the_routers_predictor(tmp_path):
+    router, replicas = make_router(tmp_path)
+    row = [float(b) for b in range(1, 101)]  # one value per default predictor bucket
+    router.initialize_state(types={type_resource("fast"): "fast", type_resource("slow"): "slow"}, qos_ms=50.0,
+                            prior={"fast": row, "slow": [2 * x for x in row]})
+    router._node_types = lambda: {"node-a": "fast", "node-b": "slow"}
+    router._bind(replicas)
+    predictor = router.dispatcher.policy.predictor
+    assert predictor.pred[predictor.types.index("slow"), 9] == 20.0 and predictor.pred[0, 9] == 10.0

@@ -113,11 +113,16 @@ def cmd_ray_plan(args: argparse.Namespace) -> int:
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         Path(log_path).write_text("")
+    prior = None
+    if args.prior:
+        if not drive:
+            raise RecserveError("--prior needs --rate (the prior is this host's latency table measured for the run)")
+        prior = drive["prior"] = ray_plans.latency_prior(drive["latency"], ray_plans.pool_list(drive["choice"].config))
     try:
         ray_serve.start_ray(args.address)
         routes = ray_plans.serve_plan(plan, args.scale, models or None, args.seed, args.policy, log_path,
                                       args.cpus, int(np.mean(drive["pool"].sizes)) if drive else 100,
-                                      args.http_port)
+                                      args.http_port, prior)
         report["routes"] = routes
         print("serving " + ", ".join(f"{a} at http://127.0.0.1:{args.http_port}{r}" for a, r in routes.items()),
               file=sys.stderr)
@@ -213,11 +218,13 @@ def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str,
         result = session.run(args.rate, args.seconds, timeout_s=30.0, seed=args.seed)
     times, choices = schedule(args.rate, args.seconds, None, len(pool.sizes), args.seed)
     sizes = np.asarray(pool.sizes)[choices]
+    prior = drive.get("prior")
+    out["router_prior"] = bool(prior)
     predicted = predict_pool(drive["latency"], pool_list(choice.config), drive["qos_ms"], times, sizes, args.policy,
-                             args.seed)
+                             args.seed, prior)
     via_ray = unloaded_table(drive["latency"], unloaded[len(pool.sizes):])  # the second, warm pass
     out["simulated_with_ray_overhead"] = predict_pool(via_ray, pool_list(choice.config), drive["qos_ms"], times, sizes,
-                                                      args.policy, args.seed)
+                                                      args.policy, args.seed, prior)
     lat = result.latencies_ms
     out["measured"] = {"sent": result.sent, "ok": result.ok, "errors": result.errors,
                        "achieved_qps": result.achieved_qps, "p50_ms": float(np.percentile(lat, 50)),
@@ -334,6 +341,9 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=20.0, help="with --rate: length of the run")
     p.add_argument("--mix", default="production", help="with --rate: query-size mix")
     p.add_argument("--http-port", type=int, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")
+    p.add_argument("--prior", action="store_true",
+                   help="with --rate: seed the request router's latency predictor (and the simulator's) with this "
+                        "host's in-process latency table for every type, as a pool file's `prior`")
     p.add_argument("--decisions", default=None, help="with a pool plan: JSON-lines log of the router's decisions")
     p.add_argument("--model", help="ElasticRec shards of this model (instead of --plan)")
     p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for this host")

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from recserve.deploy.k8s import GRPC_PORT, HTTP_PORT, _hpa, manifests
+from recserve.deploy.k8s import GRPC_PORT, HTTP_PORT, hpa, manifests
 from recserve.deploy.nodeconfig import node_config, planned_cpus, server_groups
 from recserve.deploy.sharding import layout_for_export
 from recserve.errors import RecserveError
@@ -221,7 +221,7 @@ def provision_manifests(plan: ProvisionPlan, image: str, scale: float, name: str
         cap = max(most, int(available.get(h, most)))
         qps = float(efficiency.get(w, {}).get(h, {}).get("qps", 0.0)) or 1.0
         objects += [config_map(app, labels, "node.yaml", config), workload("Deployment", app, labels, first, pod),
-                    service(app, labels), _hpa(app, labels, QPS_METRIC, qps, max(1, first), cap)]
+                    service(app, labels), hpa(app, labels, QPS_METRIC, qps, max(1, first), cap)]
     objects += _scaler_rbac(name)
     for k, step in enumerate(steps):
         counts = {names[p]: int(step.allocation.get(p[0], {}).get(p[1], 0)) for p in pairs}

@@ -36,6 +36,7 @@ from recserve.errors import RecserveError
 from recserve.planners.plan import ColocationPlan, PoolChoice
 from recserve.policies.dispatch import make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
+from recserve.policies.predictor import LatencyPredictor
 from recserve.wire import BATCH_SIZE_HEADER
 
 SLOT_RESOURCE = "recserve_slot"
@@ -99,10 +100,14 @@ class KairosRouter(_request_router_base()):  # type: ignore[misc]
 
     def initialize_state(self, types: dict[str, str] | None = None, qos_ms: float = 100.0, policy: str = "kairos",
                          base_types: list[str] | None = None, default_size: int = 100, log_path: str | None = None,
-                         **_: Any) -> None:
+                         prior: dict[str, list[float]] | None = None, **_: Any) -> None:
+        """``prior``: mean latency per predictor bucket and type (``policies.predictor.prior_from_profiles``), as
+        the live router's pool-file ``prior``: without it, one cold-start outlier can make the online predictor
+        avoid a type it then never observes again."""
         self.type_of_resource = dict(types or {})  # node marker resource -> instance type
         self.qos_ms, self.policy_name, self.base_types = float(qos_ms), policy, list(base_types or [])
         self.default_size, self.log_path = int(default_size), log_path
+        self.prior = {t: np.asarray(row, dtype=float) for t, row in (prior or {}).items()}
         self.dispatcher: Dispatcher | None = None
         self.replica_ids: tuple = ()
         self.instance_of: dict[Any, Any] = {}
@@ -135,6 +140,8 @@ class KairosRouter(_request_router_base()):  # type: ignore[misc]
         kw: dict[str, Any] = {}
         if self.policy_name == "drs":
             kw = {"threshold": 300, "base_types": self.base_types or types[:1]}
+        if self.prior:
+            kw["predictor"] = LatencyPredictor(types, prior=self.prior)
         policy = make_policy(self.policy_name, self.qos_ms, **kw)
         for fut in self.started.values():
             if not fut.done():
@@ -253,7 +260,8 @@ class ModelServer:
 
 
 def pool_app(choice: PoolChoice, qos_ms: float, scale: float, seed: int = 0, policy: str = "kairos",
-             default_size: int = 100, log_path: str | None = None, cpus_per_instance: float = 1.0) -> Any:
+             default_size: int = 100, log_path: str | None = None, cpus_per_instance: float = 1.0,
+             prior: dict[str, list[float]] | None = None) -> Any:
     """The Ray Serve application of one model's Kairos pool (not yet running)."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -266,7 +274,7 @@ def pool_app(choice: PoolChoice, qos_ms: float, scale: float, seed: int = 0, pol
         request_router_class="recserve.deploy.ray_plans:KairosRouter",
         request_router_kwargs={"types": {type_resource(t): t for t, n in choice.config.items() if n},
                                "qos_ms": qos_ms, "policy": policy, "base_types": base,
-                               "default_size": default_size, "log_path": log_path},
+                               "default_size": default_size, "log_path": log_path, "prior": prior},
         initial_backoff_s=0.002, max_backoff_s=0.02)
     deployment = serve.deployment(ModelServer).options(
         name=f"pool-{choice.model}", num_replicas=instances, max_ongoing_requests=1, max_queued_requests=-1,
@@ -295,7 +303,7 @@ def colocation_apps(plan: ColocationPlan, scale: float, seed: int = 0,
 
 def serve_plan(plan: Any, scale: float, models: list[str] | None = None, seed: int = 0, policy: str = "kairos",
                log_path: str | None = None, cpus: float = 1.0, default_size: int = 100,
-               http_port: int = 8000) -> dict[str, str]:
+               http_port: int = 8000, prior: dict[str, list[float]] | None = None) -> dict[str, str]:
     """Run a pool or co-location plan on the connected Ray cluster; returns ``{application: route prefix}``.
     One HTTP proxy, on the head node: the Kairos router inside it is the pool's one central controller."""
     from ray import serve
@@ -311,7 +319,7 @@ def serve_plan(plan: Any, scale: float, models: list[str] | None = None, seed: i
 
             qos_ms = float(qos.get(choice.model, get_model(choice.model).sla.target_ms))
             name = f"kairos-{choice.model}"
-            serve.run(pool_app(choice, qos_ms, scale, seed, policy, default_size, log_path, cpus), name=name,
+            serve.run(pool_app(choice, qos_ms, scale, seed, policy, default_size, log_path, cpus, prior), name=name,
                       route_prefix=f"/{name}")
             routes[name] = f"/{name}"
     elif plan.kind == "colocate":
@@ -331,10 +339,23 @@ def pool_list(config: dict[str, int]) -> list[str]:
     return [t for t, n in config.items() for _ in range(int(n))]
 
 
+def latency_prior(latency: Any, pool: list[str]) -> dict[str, list[float]]:
+    """Predictor prior for every type of ``pool`` from one latency_vs_batch table (this host's)."""
+    import dataclasses
+
+    from recserve.policies.predictor import prior_from_profiles
+    from recserve.profiles import ProfileSet
+
+    types = list(dict.fromkeys(pool))
+    profiles = ProfileSet([dataclasses.replace(latency, server=t) for t in types])
+    return {t: row.tolist() for t, row in prior_from_profiles(profiles, latency.model, types).items()}
+
+
 def predict_pool(latency: Any, pool: list[str], qos_ms: float, times_s: np.ndarray, sizes: np.ndarray,
-                 policy: str = "kairos", seed: int = 0) -> dict[str, Any]:
+                 policy: str = "kairos", seed: int = 0, prior: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The simulator's prediction for this pool on exactly the trace sent (same arrivals and sizes): service
-    times drawn from ``latency`` (a latency_vs_batch table, used for every type of the pool)."""
+    times drawn from ``latency`` (a latency_vs_batch table, used for every type of the pool); ``prior`` seeds
+    the policy's predictor as the request router's."""
     import dataclasses
 
     from recserve.profiles import ProfileSet
@@ -346,8 +367,9 @@ def predict_pool(latency: Any, pool: list[str], qos_ms: float, times_s: np.ndarr
     service = ServiceModel.from_profiles(profiles, latency.model, types)
     noise = np.random.default_rng([seed, 7]).standard_normal(len(sizes))
     draws = service.sample(types, service.bucket(sizes), noise).tolist()
-    result = replay(make_policy(policy, qos_ms), pool, [int(s) for s in sizes], (np.asarray(times_s) * 1e3).tolist(),
-                    draws, qos_ms, percentile=99.0, record=True)
+    kw: dict[str, Any] = {"predictor": LatencyPredictor(types, prior=prior)} if prior else {}
+    result = replay(make_policy(policy, qos_ms, **kw), pool, [int(s) for s in sizes],
+                    (np.asarray(times_s) * 1e3).tolist(), draws, qos_ms, percentile=99.0, record=True)
     served = {t: 0 for t in types}
     for _, _, inst in result.decisions:
         served[pool[inst]] += 1
