@@ -7,6 +7,8 @@ import json
 import pickle
 from types import SimpleNamespace
 
+import pytest
+
 from recserve.deploy.ray_plans import KairosRouter, node_start_flags, query_size, type_resource
 from recserve.planners.plan import PoolChoice
 from recserve.wire import BATCH_SIZE_HEADER
@@ -80,3 +82,24 @@ def test_a_prior_seeds_the_routers_predictor(tmp_path):
     router._bind(replicas)
     predictor = router.dispatcher.policy.predictor
     assert predictor.pred[predictor.types.index("slow"), 9] == 20.0 and predictor.pred[0, 9] == 10.0
+
+
+def test_provision_and_pool_plans_build_ray_applications():
+    """Ray validates the deployment options (autoscaling policy, request router) when the app is built."""
+    pytest.importorskip("ray.serve")
+    from recserve.deploy.ray_plans import pool_app, provision_apps
+    from recserve.planners.plan import ProvisionPlan, ProvisionStep
+
+    steps = [ProvisionStep(0.0, {"w": 1.0}, {"hercules-rmc1": {"hercules-t1": 2}}, 1.0, {}),
+             ProvisionStep(12.0, {"w": 1.0}, {"hercules-rmc1": {"hercules-t1": 0}}, 1.0, {})]
+    plan = ProvisionPlan(planner="hercules", steps=steps, inputs={
+        "available": {"hercules-t1": 5}, "efficiency": {"hercules-rmc1": {"hercules-t1": {"qps": 900.0}}}})
+    (name, app), = provision_apps(plan, 1e-3).items()
+    config = app._bound_deployment._deployment_config
+    assert name == "prov-hercules-rmc1-hercules-t1" and config.autoscaling_config.max_replicas == 5
+    assert config.autoscaling_config.policy.policy_kwargs == {"steps": [[0.0, 2], [12.0, 0]], "qps_per_server": 900.0}
+    assert app._bound_deployment.ray_actor_options["resources"] == {type_resource("hercules-t1"): 0.001}
+    pool = pool_app(PoolChoice("kairos-wnd", {"g4dn.xlarge": 1, "r5n.large": 2}, 1.0, 1.0), 25.0, 1e-3)
+    deployment = pool._bound_deployment
+    assert deployment.num_replicas == 3 and deployment._deployment_config.max_ongoing_requests == 1
+    assert deployment._deployment_config.request_router_config.request_router_class.endswith(":KairosRouter")

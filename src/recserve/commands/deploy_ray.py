@@ -108,6 +108,10 @@ def cmd_ray_plan(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 for t, flags in ray_plans.node_start_flags(choice).items():
                     print(f"  {t}: --resources '{flags}'", file=sys.stderr)
+    if plan.kind == "provision":
+        types = sorted({h for s in plan.steps for alloc in s.allocation.values() for h, n in alloc.items() if n})
+        print("start each node with its type marker, ray start --resources '{\"" +
+              "|".join(ray_plans.type_resource(t) for t in types) + "\": 1}'", file=sys.stderr)
     drive = _load_plan(args, plan, models) if args.rate else None
     log_path = str(Path(args.decisions).resolve()) if args.decisions else None
     if log_path:
@@ -332,7 +336,7 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("ray", help="run a plan on Ray Serve (Kairos pool with the Kairos request router, "
                                        "Hera co-location) or a model as autoscaled ElasticRec shards")
-    p.add_argument("--plan", help="a pool or colocate plan JSON")
+    p.add_argument("--plan", help="a pool, colocate, provision or shard plan JSON")
     p.add_argument("--models", help="with --plan: only these models of the plan (comma-separated)")
     p.add_argument("--policy", default="kairos", help="with a pool plan: the request router's dispatch policy")
     p.add_argument("--cpus", type=float, default=1.0,

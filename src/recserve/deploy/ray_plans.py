@@ -1,4 +1,5 @@
-"""Plans on Ray Serve: a Kairos pool routed by the Kairos policy inside Ray, and Hera co-location plans.
+"""Plans on Ray Serve: a Kairos pool routed by the Kairos policy inside Ray, Hera co-location and Hercules
+provisioning plans.
 
 **Kairos pool.**  One deployment per model whose replicas are the pool's instances (``max_ongoing_requests=1``:
 an instance serves one query at a time, Kairos Sec. 6).  Each Ray node says which instance type it is and how
@@ -15,7 +16,10 @@ proxy) or the ``size`` keyword (deployment handles).  Each decision is appended 
 planned CPUs (``num_cpus`` = planned workers × ``cpus_per_worker``); a replica hosts the server's models, each
 with its planned workers as torch threads.
 
-Both serve the node server's Open Inference Protocol path ``/v2/models/<model>/infer`` under the application's
+**Hercules provisioning.**  One deployment per (workload, server type) on nodes marked with that type, autoscaled
+by the plan's schedule with the reactive rule on top (``policies.provision_autoscaler.RayScheduledPolicy``).
+
+All serve the node server's Open Inference Protocol path ``/v2/models/<model>/infer`` under the application's
 route prefix.  Ray is imported lazily (and this module only on Ray hosts).
 """
 
@@ -33,13 +37,15 @@ import numpy as np
 
 from recserve.deploy.nodeconfig import planned_cpus, server_groups
 from recserve.errors import RecserveError
-from recserve.planners.plan import ColocationPlan, PoolChoice
+from recserve.planners.plan import ColocationPlan, PoolChoice, ProvisionPlan
 from recserve.policies.dispatch import make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor
+from recserve.serving.metrics import SlidingWindow
 from recserve.wire import BATCH_SIZE_HEADER
 
 SLOT_RESOURCE = "recserve_slot"
+STATS_WINDOW_S = 10.0
 log = logging.getLogger("recserve.ray")
 
 
@@ -219,6 +225,11 @@ class ModelServer:
         self.models = {name: build(get_model(name), scale=scale, seed=seed).eval() for name in models}
         self.threads = dict(models)
         self.instance_type = instance_type
+        self.completions = SlidingWindow(STATS_WINDOW_S)
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Completed queries/s over the window: the reactive rule of a provisioning plan's autoscaling policy."""
+        return {"qps": self.completions.rate()}
 
     def _run(self, name: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
         import torch
@@ -230,7 +241,9 @@ class ModelServer:
         batch.validate(model.spec.dense_in, tuple(model.rows), model.sequence_lengths)
         torch.set_num_threads(self.threads[name])
         with torch.inference_mode():
-            return model(batch).numpy()
+            scores = model(batch).numpy()
+        self.completions.add()
+        return scores
 
     async def infer(self, name: str, arrays: dict[str, np.ndarray], size: int | None = None) -> np.ndarray:
         return self._run(name, arrays)
@@ -298,6 +311,37 @@ def colocation_apps(plan: ColocationPlan, scale: float, seed: int = 0,
     return apps
 
 
+def provision_apps(plan: ProvisionPlan, scale: float, seed: int = 0, cpus_per_core: float = 1.0) -> dict[str, Any]:
+    """One application per (workload, server type) of a provisioning plan: replicas (servers) on nodes marked with
+    the type, each with the type's cores, autoscaled by :class:`~recserve.policies.provision_autoscaler.
+    RayScheduledPolicy` (the planned count for the hour, raised when the load passes the type's QPS)."""
+    from ray import serve
+
+    from recserve.specs import get_server
+
+    efficiency = plan.inputs.get("efficiency", {})
+    available = plan.inputs.get("available", {})
+    pairs = sorted({(w, h) for s in plan.steps for w, alloc in s.allocation.items() for h, n in alloc.items() if n})
+    apps = {}
+    for w, h in pairs:
+        steps = [[s.t, int(s.allocation.get(w, {}).get(h, 0))] for s in plan.steps]
+        most = max(n for _, n in steps)
+        cores = max(1, get_server(h).cores)
+        qps = float(efficiency.get(w, {}).get(h, {}).get("qps", 0.0))
+        name = re.sub(r"[^A-Za-z0-9-]+", "-", f"prov-{w}-{h}")
+        deployment = serve.deployment(ModelServer).options(
+            name=name, max_ongoing_requests=max(1, cores),
+            ray_actor_options={"num_cpus": cores * cpus_per_core, "resources": {type_resource(h): 0.001}},
+            autoscaling_config={
+                "min_replicas": 0, "initial_replicas": steps[0][1],
+                "max_replicas": max(most, int(available.get(h, most))), "metrics_interval_s": 2.0,
+                "look_back_period_s": 30.0, "upscale_delay_s": 30.0, "downscale_delay_s": 300.0,
+                "policy": {"policy_function": "recserve.policies.provision_autoscaler:RayScheduledPolicy",
+                           "policy_kwargs": {"steps": steps, "qps_per_server": qps}}})
+        apps[name] = deployment.bind({w: cores}, scale, seed, h)
+    return apps
+
+
 # ---------------------------------------------------------------- running a plan, driving it, predicting it
 
 
@@ -322,13 +366,14 @@ def serve_plan(plan: Any, scale: float, models: list[str] | None = None, seed: i
             serve.run(pool_app(choice, qos_ms, scale, seed, policy, default_size, log_path, cpus, prior), name=name,
                       route_prefix=f"/{name}")
             routes[name] = f"/{name}"
-    elif plan.kind == "colocate":
-        for name, app in colocation_apps(plan, scale, seed, cpus).items():
+    elif plan.kind in ("colocate", "provision"):
+        apps = colocation_apps(plan, scale, seed, cpus) if plan.kind == "colocate" else \
+            provision_apps(plan, scale, seed, cpus)
+        for name, app in apps.items():
             serve.run(app, name=name, route_prefix=f"/{name}")
             routes[name] = f"/{name}"
     else:
-        raise RecserveError(f"no Ray Serve deployment for {plan.kind!r} plans (pool, colocate; shards: "
-                            "`recserve deploy ray --model`)")
+        raise RecserveError(f"no Ray Serve deployment for {plan.kind!r} plans (pool, colocate, provision, shard)")
     if not routes:
         raise RecserveError(f"plan has none of the models {models}")
     return routes

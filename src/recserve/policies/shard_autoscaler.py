@@ -42,7 +42,7 @@ def dense_replicas(tail_latency_ms: float | None, sla_ms: float, current: int, m
 # ---------------------------------------------------------------- Ray Serve adapters
 
 
-def _metric_sum(ctx: Any, name: str) -> float | None:
+def metric_sum(ctx: Any, name: str) -> float | None:
     metrics = ctx.aggregated_metrics or {}
     values = metrics.get(name)
     if not values:
@@ -66,7 +66,7 @@ class RaySparsePolicy:
         self.qps_max, self.max_replicas = qps_max, max_replicas
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        qps = _metric_sum(ctx, "qps") or 0.0
+        qps = metric_sum(ctx, "qps") or 0.0
         want = sparse_replicas(qps, self.qps_max, ctx.current_num_replicas, ctx.capacity_adjusted_min_replicas,
                                min(self.max_replicas, ctx.capacity_adjusted_max_replicas))
         return want, {**(ctx.policy_state or {}), "last_qps": qps}
