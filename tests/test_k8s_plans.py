@@ -132,3 +132,36 @@ def test_deploy_k8s_cli_takes_a_plan_file(tmp_path):
     objects = list(yaml.safe_load_all(out.read_text()))
     assert validate(objects) == [] and {o["kind"] for o in objects} == {"ConfigMap", "Deployment", "Service"}
     assert "&id" not in out.read_text()  # no YAML anchors
+
+
+def test_sdm_tier_plan_places_its_sm_tables_on_a_volume(tmp_path):
+    from recserve.planners.sdm import TablePlacement, TierPlan
+
+    tables = [TablePlacement("user0", "user", "SM", 10**9, 0.1, True, 0.9, 100.0),
+              TablePlacement("user1", "user", "SM", 10**9, 0.1, False, 0.0, 100.0),
+              TablePlacement("item0", "item", "FM", 10**9, 0.1, False, 0.0, 0.0)]
+    plan = reloaded(TierPlan(planner="sdm/sm-cache", inputs={"model": "sdm-m1", "dram_gb": 8.0},
+                             summary={"cache_gb": 0.5, "sm_gb": 2.0}, tables=tables), tmp_path)
+    objects = plan_manifests(plan, name="sdm")
+    assert validate(objects) == []
+    (sts,) = by_kind(objects, "StatefulSet").values()
+    assert container(sts)["resources"]["limits"]["memory"] == "8192Mi"  # the planned DRAM budget
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "3Gi"
+    config = yaml.safe_load(by_kind(objects, "ConfigMap")[sts["metadata"]["name"]]["data"]["node.yaml"])
+    tier = config["models"][0]["options"]["tier"]
+    assert tier["tables"] == ["user0", "user1"] and tier["no_cache"] == ["user1"] and tier["cache_mb"] == 512
+
+
+def test_a_node_configs_tier_plan_becomes_a_placement_before_storage(tmp_path):
+    from recserve.deploy.nodeconfig import resolve_tier_plans
+    from recserve.embedding.tiered import tier_from_config
+    from recserve.planners.sdm import TablePlacement, TierPlan
+    from recserve.serving.config import config_from_dict
+
+    plan = TierPlan(planner="sdm", tables=[TablePlacement("user0", "user", "SM", 1, 0.1, False, 0.0, 1.0)])
+    path = plan.save(tmp_path / "tier.json")
+    config = config_from_dict({"models": [{"model": "sdm-m1", "options": {"tier": {"dir": "/x", "plan": str(path)}}}]})
+    resolve_tier_plans(config)
+    assert config.models[0].options["tier"] == {"dir": "/x", "tables": ["user0"], "no_cache": ["user0"]}
+    with pytest.raises(Exception, match="must be resolved"):
+        tier_from_config(object(), {"dir": "/x", "plan": str(path)})

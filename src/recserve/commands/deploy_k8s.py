@@ -1,5 +1,5 @@
 """``recserve deploy k8s``: Kubernetes manifests for any plan (``--plan PLAN.json``: Hera co-location, Kairos
-pool, Hercules provisioning, ElasticRec shards), or an ElasticRec plan made on the spot (``--model --qps``);
+pool, Hercules provisioning, ElasticRec shards, SDM tiers), or an ElasticRec plan made on the spot (``--model --qps``);
 validated against the Kubernetes API schema (strict) before they are written."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def cmd_k8s(args: argparse.Namespace) -> int:
 
 
 def register(actions: argparse._SubParsersAction) -> None:
-    p = actions.add_parser("k8s", help="write Kubernetes manifests for a plan (colocate, pool, provision, shard)")
+    p = actions.add_parser("k8s", help="write Kubernetes manifests for a plan (colocate, pool, provision, shard, tier)")
     p.add_argument("--plan", help="a plan JSON from `recserve plan colocate|pool|provision|shard --json`")
     p.add_argument("--name", default=None, help="prefix of the object names (default recserve-<plan kind>)")
     p.add_argument("--scale", type=float, default=1.0, help="table-row scale of the served models (1 = full size)")

@@ -13,6 +13,7 @@
   efficiency tuple) and, per provisioning step, a CronJob that sets the planned server count as the HPA's
   floor (and scales a pair to zero when the plan switches it off).
 - **shard** (ElasticRec): the shard Deployments/Services/HPAs of :mod:`recserve.deploy.k8s`.
+- **tier** (SDM): a node server whose node config places the plan's SM tables on a persistent volume.
 
 Pods run the image's ``recserve`` entry point (``serve --config``, ``route --pool``).
 """
@@ -26,7 +27,7 @@ from typing import Any
 import yaml
 
 from recserve.deploy.k8s import GRPC_PORT, HTTP_PORT, hpa, manifests
-from recserve.deploy.nodeconfig import node_config, planned_cpus, server_groups
+from recserve.deploy.nodeconfig import node_config, planned_cpus, server_groups, tier_section
 from recserve.deploy.sharding import layout_for_export
 from recserve.errors import RecserveError
 from recserve.planners.plan import ColocationPlan, Plan, PoolPlan, ProvisionPlan, ShardPlan
@@ -270,11 +271,40 @@ def shard_manifests(plan: ShardPlan, image: str, scale: float, name: str,
     return manifests(layout, image=image, qps_max=qps_max, max_replicas=max_replicas)
 
 
+# ---------------------------------------------------------------- SDM tiers
+
+TABLES_DIR = "/var/lib/recserve/tables"
+
+
+def tier_manifests(plan: Plan, image: str, scale: float, name: str, workers: int = 1) -> list[dict[str, Any]]:
+    """One node server (a StatefulSet of one) whose node config tiers the plan's SM tables onto a persistent volume
+    sized for them, with the planned DRAM budget as its Guaranteed memory (row cache included)."""
+    model = plan.inputs.get("model")
+    if not model:
+        raise RecserveError("tier plan has no inputs.model")
+    summary = plan.summary
+    app = dns_name(name, model)
+    labels = _labels(app, plan="tier", model=model)
+    tier = tier_section(plan, {"dir": TABLES_DIR, "cache_mb": int(float(summary.get("cache_gb", 0.0)) * 1024)})
+    config = {"host": "0.0.0.0", "http_port": HTTP_PORT, "grpc_port": GRPC_PORT,
+              "models": [{"model": model, "name": model, "scale": scale, "workers": workers, "threads": 1,
+                          "options": {"tier": tier}}]}
+    memory_mib = int(float(plan.inputs.get("dram_gb", summary.get("dram_budget_gb", 1.0))) * 1024)
+    pod = node_server_pod(labels, image, app, guaranteed_resources(workers, memory_mib), None)
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "tables", "mountPath": TABLES_DIR})
+    sts = workload("StatefulSet", app, labels, 1, pod, service_name=app)
+    sm_gib = max(1, int(float(summary.get("sm_gb", 1.0)) * 1.1 + 0.999))  # the SM tables' files, with 10% room
+    sts["spec"]["volumeClaimTemplates"] = [{"metadata": {"name": "tables"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{sm_gib}Gi"}}}}]
+    return [config_map(app, labels, "node.yaml", config), service(app, labels, headless=True), sts]
+
+
 BUILDERS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "colocate": colocation_manifests,
     "pool": pool_manifests,
     "provision": provision_manifests,
     "shard": shard_manifests,
+    "tier": tier_manifests,
 }
 
 
