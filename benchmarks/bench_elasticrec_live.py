@@ -4,7 +4,7 @@ Both deployments run for real on loopback, one after the other:
 
 - **model-wise**: the node server serving the whole model with N workers, each with its own copy of
   the tables (``share_tables: false``: replicating a model copies it, as a replicated container does);
-- **sharded**: ``recserve.serving.shards.start_sharded``: embedding-shard replica processes (hot shard
+- **sharded**: ``recserve.deploy.local_shards.start_sharded``: embedding-shard replica processes (hot shard
   replicated, cold shards once, or as a ``recserve plan shard`` plan says) + the dense shard (node
   server, ``table_backend: elasticrec``) with N workers.
 
@@ -30,12 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recserve.embedding.sharded import bucketize
-from recserve.measure.loadgen import LoadSession
-from recserve.measure.requests import RequestPool
-from recserve.measure.targets import GrpcTarget
-from recserve.serving import NodeServer, quick_config
-from recserve.serving.shards import (
+from recserve.deploy.local_shards import (
     ShardedDeployment,
     make_layout,
     plan_from_json,
@@ -44,6 +39,11 @@ from recserve.serving.shards import (
     service_rates,
     start_sharded,
 )
+from recserve.embedding.sharded import bucketize
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import GrpcTarget
+from recserve.serving import NodeServer, quick_config
 from recserve.specs import first_tables, get_model
 from recserve.workload.indices import index_sampler
 from recserve.zoo import build, sample_batch

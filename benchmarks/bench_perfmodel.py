@@ -29,9 +29,10 @@ from scipy.stats import spearmanr
 
 from recserve.errors import SpecError
 from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration
+from recserve.perfmodel.evaluator import perfmodel_evaluator
 from recserve.perfmodel.fit import errors, fit, points_from_profiles
 from recserve.perfmodel.hostbench import calibration_host, measure_host, measure_stream_gbs, measured_constants
-from recserve.planners.hercules.search import deeprecsys, exhaustive, perfmodel_evaluator, search
+from recserve.planners.hercules.search import deeprecsys, exhaustive, search
 from recserve.profiles import ProfileSet
 from recserve.reference import reference_path
 from recserve.specs import catalogue_models, catalogue_servers, get_server

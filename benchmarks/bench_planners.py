@@ -134,9 +134,11 @@ def cached_profiles(path: Path, models: list[str], servers: list[str], **kw) -> 
     if path.exists():
         return ProfileSet.load(path)
     from recserve.perfmodel import model_profiles
+    from recserve.planners.hercules.search import efficiency_tables
     from recserve.specs import get_model, get_server
 
     print(f"modelling {len(models)} models on {len(servers)} server types (cached in {path})", file=sys.stderr)
+    kw["extra"] = efficiency_tables if kw.pop("efficiency", True) else None
     profiles = model_profiles([get_model(m) for m in models], [get_server(s) for s in servers], **kw)
     return ProfileSet.load(profiles.save(path))
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recserve.measure.config_eval import LiveEvaluator
 from recserve.planners.hercules.search import (
-    LiveEvaluator,
     SchedConfig,
     deeprecsys,
     exhaustive,

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from recserve.perfmodel import PerfModel, SizeMix
+from recserve.perfmodel.evaluator import perfmodel_evaluator
 from recserve.perfmodel.queueing import production_sizes
 from recserve.planners.hercules.search import (
     SchedConfig,
     deeprecsys,
     exhaustive,
-    perfmodel_evaluator,
     search,
     space,
 )

@@ -11,6 +11,7 @@ from recserve.errors import ProfileError
 from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration, model_profiles
 from recserve.perfmodel.cost import analytic_dense, model_cost, zipf_hit
 from recserve.perfmodel.queueing import Station, erlang_c, production_sizes, sojourn_percentile
+from recserve.planners.hercules.search import efficiency_tables
 from recserve.profiles import KINDS, ProfileSet
 from recserve.specs import SLA, ModelSpec, ServerType, TableSpec
 
@@ -135,7 +136,7 @@ def test_analytic_fallback_close_to_zoo_count():
 def test_model_profiles_round_trip(tmp_path):
     spec = dlrm(tables=4)
     small = ServerType(name="t-small", cores=4, mem_gb=32, mem_bw_gbs=30, llc_mb=8, llc_ways=8, power_w=60)
-    ps = model_profiles([spec], [small], sizes=production_sizes(2000))
+    ps = model_profiles([spec], [small], sizes=production_sizes(2000), extra=efficiency_tables)
     kinds = {t.kind for t in ps}
     assert {"latency_vs_batch", "maxload_vs_workers", "maxload_vs_ways", "membw_vs_workers", "footprint",
             "efficiency"} <= kinds
@@ -153,7 +154,7 @@ def test_model_profiles_round_trip(tmp_path):
 def test_wrong_profile_version_is_refused_clearly(tmp_path):
     spec = dlrm(tables=2)
     small = ServerType(name="t-small", cores=2, mem_gb=16, mem_bw_gbs=20, llc_mb=4, llc_ways=4, power_w=40)
-    path = model_profiles([spec], [small], efficiency=False, sizes=[64, 128]).save(tmp_path / "p.json")
+    path = model_profiles([spec], [small], sizes=[64, 128]).save(tmp_path / "p.json")
     data = json.loads(path.read_text())
     data["version"] = 99
     path.write_text(json.dumps(data))

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from recserve.deploy.local_shards import make_layout, process_memory_mb, start_sharded
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import GrpcTarget, HttpTarget
 from recserve.serving import NodeServer, quick_config
 from recserve.serving.shard_service import OUTPUT_POOLED, lookup
-from recserve.serving.shards import ShardClient, make_layout, process_memory_mb, start_sharded
+from recserve.serving.shards import ShardClient
 from recserve.specs import get_model
 from recserve.zoo import build
 
@@ -147,12 +148,13 @@ def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
 def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):
     import json
 
-    from recserve.planners.elasticrec import ShardPlan, TableShards
-    from recserve.serving.shards import plan_from_json, plan_replicas
+    from recserve.deploy.local_shards import plan_from_json, plan_replicas
+    from recserve.planners.plan import ShardPlan, TableShards
 
     full = spec.tables[0].rows
     tables = [TableShards(t.name, [0, full // 10, full], [3, 1], [100.0, 10.0], 1.0) for t in spec.tables]
-    plan = ShardPlan(spec.name, 1000.0, 32, 2, 1.0, tables, 4, 8.0)
+    plan = ShardPlan(model=spec.name, target_qps=1000.0, batch=32, dense_replicas=2, dense_memory_bytes=1.0,
+                     tables=tables, modelwise_replicas=4, modelwise_memory_bytes=8.0)
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.to_dict()))
     layout = make_layout(spec, SCALE, plan=plan_from_json(path), model=model)

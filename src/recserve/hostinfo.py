@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from recserve.specs import ServerType
+from typing import Any
 
 _CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 ASSUMED_MEM_BW_GBS = 20.0
@@ -48,11 +47,12 @@ def resctrl_available() -> bool:
     return Path("/sys/fs/resctrl/schemata").exists()
 
 
-def this_host() -> ServerType:
+def this_host() -> dict[str, Any]:
+    """This host's ServerType fields (``specs`` builds the ServerType: host facts sit below the spec layer)."""
     llc_mb, ways = _llc()
     cores = len(os.sched_getaffinity(0))
     power_w = ASSUMED_BASE_POWER_W + ASSUMED_POWER_PER_CORE_W * cores
-    return ServerType(
+    return dict(
         name="this-host",
         cores=cores,
         mem_gb=round(_mem_gb(), 1),

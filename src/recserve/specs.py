@@ -324,7 +324,7 @@ def catalogue_servers() -> dict[str, ServerType]:
     servers = load_servers(_catalogue_path("servers.yaml"))
     from recserve.hostinfo import this_host
 
-    servers["this-host"] = this_host()
+    servers["this-host"] = ServerType(**this_host())
     return servers
 
 

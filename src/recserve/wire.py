@@ -8,3 +8,7 @@ INPUT_DENSE = "dense"
 INPUT_VALUES = "sparse_values"
 INPUT_LENGTHS = "sparse_lengths"
 OUTPUT_SCORES = "scores"
+
+# Optional request header carrying the query's batch size, for routers that cannot read the body (a Ray Serve
+# request router sees only the HTTP scope); recserve's load generator sends it with ``size_header=True``.
+BATCH_SIZE_HEADER = "Recserve-Batch-Size"

@@ -164,7 +164,10 @@ def profiles_for(args: argparse.Namespace, models: list[str], servers: list[str]
                             f"is not available: {exc}") from exc
     progress(f"modelling {len(specs)} model(s) on {len(types)} server type(s) with the perfmodel "
              "(give --profiles FILE to use measured tables)")
-    profiles = model_profiles(specs, types, progress=progress, **model_kw)
+    from recserve.planners.hercules.search import efficiency_tables
+
+    extra = efficiency_tables if model_kw.pop("efficiency", True) else None
+    profiles = model_profiles(specs, types, progress=progress, extra=extra, **model_kw)
     if getattr(args, "save_profiles", None):
         profiles.save(args.save_profiles)
         progress(f"wrote {args.save_profiles}")

@@ -1,44 +1,62 @@
-"""``recserve deploy k8s``: Kubernetes manifests (Deployment, Service, HPA per shard) for an
-ElasticRec plan, validated against the Kubernetes API schema before they are written."""
+"""``recserve deploy k8s``: Kubernetes manifests for any plan (``--plan PLAN.json``: Hera co-location, Kairos
+pool, Hercules provisioning, ElasticRec shards, SDM tiers), or an ElasticRec plan made on the spot (``--model --qps``);
+validated against the Kubernetes API schema (strict) before they are written."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
-from recserve.commands._plan_common import count, fraction, qps
+from recserve.commands._plan_common import count, fraction, number, qps
 from recserve.errors import RecserveError
 from recserve.specs import get_model, get_server
 
 
-def cmd_k8s(args: argparse.Namespace) -> int:
-    from recserve.deploy.k8s import manifests, validate, write_manifests
-    from recserve.deploy.sharding import layout_for_export
+def _shard_plan_now(args: argparse.Namespace):  # noqa: ANN202 - a ShardPlan
     from recserve.planners.elasticrec import cost_model_from_perfmodel, plan_shards
 
     spec = get_model(args.model)
     cost = cost_model_from_perfmodel(spec, get_server(args.server), args.batch)
     plan = plan_shards(spec, args.qps, cost, batch=args.batch, locality=args.locality)
-    layout = layout_for_export(plan, spec)
-    qps_max = {}
-    for table, shards in zip(layout.tables, plan.tables, strict=True):
-        for s, gathered in enumerate(shards.rows_gathered):
-            qps_max[f"{table.name}-s{s}"] = float(cost.gather_qps(gathered))
-    objects = manifests(layout, image=args.image, qps_max=qps_max, max_replicas=args.max_replicas)
+    plan.server = args.server
+    return plan
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from recserve.deploy.k8s import validate, write_manifests
+    from recserve.deploy.k8s_plans import plan_manifests, shard_manifests
+    from recserve.planners.plan import Plan
+
+    if bool(args.plan) == bool(args.model):
+        raise RecserveError("deploy k8s: give either --plan PLAN.json or --model NAME --qps Q (an ElasticRec plan)")
+    if args.plan:
+        plan = Plan.load(args.plan)
+        objects = plan_manifests(plan, image=args.image, scale=args.scale, name=args.name)
+    else:
+        if args.qps is None:
+            raise RecserveError("deploy k8s --model needs --qps (the target the shard replicas are sized for)")
+        plan = _shard_plan_now(args)
+        objects = shard_manifests(plan, args.image, 1.0, args.name or "", max_replicas=args.max_replicas)
     errors = validate(objects, args.k8s_version)
     if errors:
         raise RecserveError("generated manifests do not validate: " + "; ".join(errors[:3]))
     path = write_manifests(objects, args.out)
-    print(f"wrote {len(objects)} objects ({len(layout.shard_names())} embedding shards + dense) to {path}; "
+    kinds = ", ".join(f"{n} {k}" for k, n in Counter(o["kind"] for o in objects).items())
+    print(f"wrote {len(objects)} objects for the {plan.kind} plan ({kinds}) to {path}; "
           f"valid for Kubernetes {args.k8s_version}", file=sys.stderr)
     return 0
 
 
 def register(actions: argparse._SubParsersAction) -> None:
-    p = actions.add_parser("k8s", help="write Kubernetes manifests (Deployment/Service/HPA per ElasticRec shard)")
-    p.add_argument("--model", required=True)
-    p.add_argument("--qps", type=qps, required=True, help="target QPS the initial replicas are sized for")
-    p.add_argument("--server", default="hera-xeon", help="server type the pods run on (for the cost model)")
+    p = actions.add_parser("k8s", help="write Kubernetes manifests for a plan (colocate, pool, provision, shard, tier)")
+    p.add_argument("--plan", help="a plan JSON from `recserve plan colocate|pool|provision|shard --json`")
+    p.add_argument("--name", default=None, help="prefix of the object names (default recserve-<plan kind>)")
+    p.add_argument("--scale", type=number(0, 1, low_open=True), default=1.0,
+                   help="table-row scale of the served models (1 = full size)")
+    p.add_argument("--model", help="instead of --plan: plan ElasticRec shards for this model now")
+    p.add_argument("--qps", type=qps, help="with --model: target QPS the initial replicas are sized for")
+    p.add_argument("--server", default="hera-xeon", help="with --model: server type the pods run on (cost model)")
     p.add_argument("--batch", type=count, default=32)
     p.add_argument("--locality", type=fraction, default=0.9)
     p.add_argument("--image", default="recserve:latest")

@@ -1,5 +1,9 @@
-"""``recserve deploy ray``: run a model as ElasticRec shards on Ray Serve (local Ray, or a cluster
-by ``--address``), optionally drive a rising Poisson load and log replica counts per shard."""
+"""``recserve deploy ray``: run a plan on Ray Serve (local Ray, or a cluster by ``--address``).
+
+``--plan POOL.json`` runs a Kairos pool routed by the Kairos request router, ``--plan COLOCATE.json`` a Hera
+co-location plan; with ``--rate`` a Poisson load goes through Ray's HTTP proxy and the result is written beside
+the simulator's prediction for the same pool and trace.  ``--model`` runs ElasticRec shards with per-shard
+autoscaling and optionally a rising Poisson load, logging replica counts per shard."""
 
 from __future__ import annotations
 
@@ -77,25 +81,217 @@ def _measure_qps_max(weights: dict[str, np.ndarray], probes: dict[str, tuple[np.
 
 
 def cmd_ray(args: argparse.Namespace) -> int:
+    if bool(args.plan) == bool(args.model):
+        raise RecserveError("deploy ray: give either --plan PLAN.json (pool, colocate) or --model NAME (shards)")
+    if args.plan:
+        from recserve.planners.plan import Plan
+
+        plan = Plan.load(args.plan)
+        if plan.kind == "shard":  # ElasticRec: the shards as planned, on the existing shard path
+            args.model, args.shard_plan = plan.model, plan
+            return cmd_ray_shards(args)
+        return cmd_ray_plan(args)
+    return cmd_ray_shards(args)
+
+
+def cmd_ray_plan(args: argparse.Namespace) -> int:
+    from recserve.deploy import ray_plans, ray_serve
+    from recserve.planners.plan import Plan
+
+    plan = Plan.load(args.plan)
+    models = [m for m in (args.models or "").split(",") if m]
+    report: dict[str, Any] = {"plan": args.plan, "kind": plan.kind, "scale": args.scale}
+    if plan.kind == "pool":
+        for choice in plan.pools:
+            if not models or choice.model in models:
+                print(f"{choice.model}: start one Ray node per instance type with ray start --resources:",
+                      file=sys.stderr)
+                for t, flags in ray_plans.node_start_flags(choice).items():
+                    print(f"  {t}: --resources '{flags}'", file=sys.stderr)
+    if plan.kind == "provision":
+        types = sorted({h for s in plan.steps for alloc in s.allocation.values() for h, n in alloc.items() if n})
+        print("start each node with its type marker, ray start --resources '{\"" +
+              "|".join(ray_plans.type_resource(t) for t in types) + "\": 1}'", file=sys.stderr)
+    drive = _load_plan(args, plan, models) if args.rate else None
+    log_path = str(Path(args.decisions).resolve()) if args.decisions else None
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_path).write_text("")
+    prior = None
+    if args.prior:
+        if not drive:
+            raise RecserveError("--prior needs --rate (the prior is this host's latency table measured for the run)")
+        prior = drive["prior"] = ray_plans.latency_prior(drive["latency"], ray_plans.pool_list(drive["choice"].config))
+    try:
+        ray_serve.start_ray(args.address)
+        routes = ray_plans.serve_plan(plan, args.scale, models or None, args.seed, args.policy, log_path,
+                                      args.cpus, int(np.mean(drive["pool"].sizes)) if drive else 100,
+                                      args.http_port, prior)
+        report["routes"] = routes
+        print("serving " + ", ".join(f"{a} at http://127.0.0.1:{args.http_port}{r}" for a, r in routes.items()),
+              file=sys.stderr)
+        if drive:
+            report.update(_run_load(args, drive, routes, log_path))
+        elif plan.kind == "colocate":
+            report["scores_max_abs_diff"] = _check_colocation(args, plan, routes)
+        if not args.json and not drive:
+            print("serving; Ctrl-C to stop", file=sys.stderr)
+            while True:
+                time.sleep(5)
+    finally:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+        ray_serve.shutdown()
+    return 0
+
+
+def _check_colocation(args: argparse.Namespace, plan: Any, routes: dict[str, str]) -> dict[str, float]:
+    """One query per model of every planned server group through Ray's proxy, against the in-process model."""
+    import torch
+
+    from recserve.deploy.nodeconfig import server_groups
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.zoo import build
+
+    out = {}
+    for k, (server, _count) in enumerate(server_groups(plan)):
+        for p in server.placements:
+            spec = get_model(p.model)
+            pool = RequestPool(spec, args.scale, (64,), args.seed)
+            target = HttpTarget(f"http://127.0.0.1:{args.http_port}{routes[f'hera-node-{k}']}", p.model, timeout_s=60.0)
+            with LoadSession(target, pool) as session:
+                got = session.outputs(0)["scores"]
+            with torch.inference_mode():
+                want = build(spec, scale=args.scale, seed=args.seed).eval()(pool.batch(0)).numpy()
+            out[f"hera-node-{k}/{p.model}"] = float(np.abs(got.reshape(want.shape) - want).max())
+    print("co-location plan: scores vs the in-process models, max |diff|: "
+          + ", ".join(f"{k} {v:.3g}" for k, v in out.items()), file=sys.stderr)
+    return out
+
+
+def _load_plan(args: argparse.Namespace, plan: Any, models: list[str]) -> dict[str, Any]:
+    """The query pool and this host's in-process latency table (measured before Ray starts, for the simulator)."""
+    from recserve.measure.profiler import Budget, latency_vs_batch
+    from recserve.measure.requests import RequestPool
+
+    if plan.kind != "pool":
+        raise RecserveError("--rate drives a pool plan (a Kairos pool); a co-location plan is served without load")
+    choice = next((c for c in plan.pools if not models or c.model in models), None)
+    if choice is None:
+        raise RecserveError(f"plan has none of the models {models}")
+    spec = get_model(choice.model)
+    pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=16, seed=args.seed)
+    latency = latency_vs_batch(spec, args.scale, Budget.of(quick=True), sorted(set(pool.sizes)), seed=args.seed)
+    qos = plan.inputs.get("qos_ms", {})
+    return {"choice": choice, "spec": spec, "pool": pool, "latency": latency,
+            "qos_ms": float(qos.get(choice.model, spec.sla.target_ms))}
+
+
+def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str, str],
+              log_path: str | None) -> dict[str, Any]:
+    """Scores against the in-process model, then one Poisson run through Ray's proxy, beside the prediction."""
+    import torch
+
+    from recserve.deploy.ray_plans import pool_list, predict_pool
+    from recserve.measure.loadgen import LoadSession, schedule
+    from recserve.measure.targets import HttpTarget
+    from recserve.zoo import build
+
+    choice, pool, spec = drive["choice"], drive["pool"], drive["spec"]
+    url = f"http://127.0.0.1:{args.http_port}{routes[f'kairos-{choice.model}']}"
+    target = HttpTarget(url, choice.model, timeout_s=30.0, size_header=True)
+    model = build(spec, scale=args.scale, seed=args.seed).eval()
+    out: dict[str, Any] = {"model": choice.model, "pool": choice.config, "qos_ms": drive["qos_ms"],
+                           "rate_qps": args.rate, "seconds": args.seconds}
+    with LoadSession(target, pool) as session:
+        diffs, unloaded = [], []
+        for _ in range(2):  # every pooled query twice, one at a time: scores, warm-up, unloaded latency via Ray
+            for i in range(len(pool.sizes)):
+                start = time.perf_counter()
+                got = session.outputs(i)["scores"]
+                unloaded.append([pool.sizes[i], (time.perf_counter() - start) * 1e3])
+                with torch.inference_mode():
+                    want = model(pool.batch(i)).numpy()
+                diffs.append(float(np.abs(got.reshape(want.shape) - want).max()))
+        out["scores_max_abs_diff"] = max(diffs)
+        print(f"scores vs the in-process model: max |diff| {max(diffs):.3g} over {len(diffs)} queries", file=sys.stderr)
+        first_measured = len(Path(log_path).read_text().splitlines()) if log_path else 0
+        result = session.run(args.rate, args.seconds, timeout_s=30.0, seed=args.seed)
+    times, choices = schedule(args.rate, args.seconds, None, len(pool.sizes), args.seed)
+    sizes = np.asarray(pool.sizes)[choices]
+    prior = drive.get("prior")
+    out["router_prior"] = bool(prior)
+    predicted = predict_pool(drive["latency"], pool_list(choice.config), drive["qos_ms"], times, sizes, args.policy,
+                             args.seed, prior)
+    via_ray = unloaded_table(drive["latency"], unloaded[len(pool.sizes):])  # the second, warm pass
+    out["simulated_with_ray_overhead"] = predict_pool(via_ray, pool_list(choice.config), drive["qos_ms"], times, sizes,
+                                                      args.policy, args.seed, prior)
+    lat = result.latencies_ms
+    out["measured"] = {"sent": result.sent, "ok": result.ok, "errors": result.errors,
+                       "achieved_qps": result.achieved_qps, "p50_ms": float(np.percentile(lat, 50)),
+                       "p99_ms": result.percentile(99), "mean_ms": float(lat.mean())}
+    out["simulated"] = predicted
+    out["latency_table"] = drive["latency"].to_dict()
+    if log_path:
+        records = [json.loads(line) for line in Path(log_path).read_text().splitlines()]
+        out["router_pool"] = next((r["instances"] for r in reversed(records) if r.get("event") == "pool"), None)
+        starts = [r for r in records[first_measured:] if r.get("event") == "start"]
+        by_type: dict[str, int] = {}
+        for r in starts:
+            by_type[r["type"]] = by_type.get(r["type"], 0) + 1
+        out["measured"]["served_by_type"] = by_type
+        out["router_decisions"] = len(starts)
+        out["router_sizes_match_sent"] = sorted(r["size"] for r in starts) == sorted(int(s) for s in sizes)
+    m, p, v = out["measured"], predicted, out["simulated_with_ray_overhead"]
+    print(f"{choice.model} on {choice.config} at {args.rate:g} qps for {args.seconds:g} s: measured p50 "
+          f"{m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms ({m['ok']}/{m['sent']} ok, by type "
+          f"{m.get('served_by_type')}); simulated (in-process service times) p50 {p['p50_ms']:.1f} ms p99 "
+          f"{p['p99_ms']:.1f} ms (by type {p['served_by_type']}); simulated (unloaded latency via Ray as service "
+          f"time) p50 {v['p50_ms']:.1f} ms p99 {v['p99_ms']:.1f} ms (by type {v['served_by_type']})", file=sys.stderr)
+    return out
+
+
+def unloaded_table(like: Any, samples: list[list[float]]) -> Any:
+    """A latency_vs_batch table from queries sent one at a time through Ray (mean per size as mean/p50/p99): the
+    simulator's service times with the proxy and HTTP costs included."""
+    from recserve.profiles import ProfileTable
+
+    by_size: dict[int, list[float]] = {}
+    for size, ms in samples:
+        by_size.setdefault(int(size), []).append(ms)
+    rows = [[s, float(np.mean(v)), float(np.mean(v)), float(np.mean(v))] for s, v in sorted(by_size.items())]
+    return ProfileTable(like.model, like.server, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"), rows,
+                        "measured", {"via": "ray proxy, one query at a time"})
+
+
+def cmd_ray_shards(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     import torch
 
     from recserve.deploy import ray_serve
-    from recserve.deploy.sharding import access_counts, even_layout, shard_weights
+    from recserve.deploy.sharding import access_counts, even_layout, layout_from_plan, shard_weights
     from recserve.embedding.sharded import bucketize
     from recserve.workload.indices import index_sampler
     from recserve.zoo import build, sample_batch
 
     spec = get_model(args.model)
     if args.max_tables:
-        from dataclasses import replace
-
         spec = replace(spec, tables=spec.tables[: args.max_tables])
     model = build(spec, scale=args.scale, seed=args.seed)
     sampler = index_sampler(f"locality:p={args.locality}")
     history = [sample_batch(model, args.batch, rng=i, sampler=sampler) for i in range(50)]
-    layout = even_layout(model, access_counts(model, history), args.shards_per_table, seed=args.seed,
-                         scale=args.scale)
-    print(f"deploying {spec.name} ({len(spec.tables)} tables x {args.shards_per_table} shards) on Ray Serve ...",
+    plan = getattr(args, "shard_plan", None)
+    if plan is not None:
+        plan = replace(plan, tables=plan.tables[: len(spec.tables)])
+        layout = layout_from_plan(plan, model, access_counts(model, history), seed=args.seed, scale=args.scale)
+    else:
+        layout = even_layout(model, access_counts(model, history), args.shards_per_table, seed=args.seed,
+                             scale=args.scale)
+    print(f"deploying {spec.name} ({len(spec.tables)} tables, {len(layout.shard_names())} shards) on Ray Serve ...",
           file=sys.stderr)
     log: dict[str, Any] = {"model": spec.name, "scale": args.scale, "shards": layout.shard_names(), "steps": []}
     try:
@@ -138,8 +334,22 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
 
 def register(actions: argparse._SubParsersAction) -> None:
-    p = actions.add_parser("ray", help="serve a model as ElasticRec shards on Ray Serve with per-shard autoscaling")
-    p.add_argument("--model", required=True)
+    p = actions.add_parser("ray", help="run a plan on Ray Serve (Kairos pool with the Kairos request router, "
+                                       "Hera co-location) or a model as autoscaled ElasticRec shards")
+    p.add_argument("--plan", help="a pool, colocate, provision or shard plan JSON")
+    p.add_argument("--models", help="with --plan: only these models of the plan (comma-separated)")
+    p.add_argument("--policy", default="kairos", help="with a pool plan: the request router's dispatch policy")
+    p.add_argument("--cpus", type=float, default=1.0,
+                   help="with --plan: Ray CPUs per pool instance / per planned Hera worker (below 1 on small hosts)")
+    p.add_argument("--rate", type=float, default=0.0, help="with a pool plan: Poisson queries/s through the proxy")
+    p.add_argument("--seconds", type=float, default=20.0, help="with --rate: length of the run")
+    p.add_argument("--mix", default="production", help="with --rate: query-size mix")
+    p.add_argument("--http-port", type=int, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")
+    p.add_argument("--prior", action="store_true",
+                   help="with --rate: seed the request router's latency predictor (and the simulator's) with this "
+                        "host's in-process latency table for every type, as a pool file's `prior`")
+    p.add_argument("--decisions", default=None, help="with a pool plan: JSON-lines log of the router's decisions")
+    p.add_argument("--model", help="ElasticRec shards of this model (instead of --plan)")
     p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for this host")
     p.add_argument("--max-tables", type=int, default=0, help="keep only the first N tables (small hosts)")
     p.add_argument("--shards-per-table", type=int, default=2)

@@ -18,14 +18,14 @@ from pathlib import Path
 
 from recserve.commands._plan_common import int_list, names, number, positive, progress
 from recserve.errors import RecserveError
+from recserve.measure.config_eval import live_evaluator
 from recserve.perfmodel import PerfModel
+from recserve.perfmodel.evaluator import perfmodel_evaluator
 from recserve.planners.hercules.search import (
     DEFAULT_BATCHES,
     MODES,
     deeprecsys,
     exhaustive,
-    live_evaluator,
-    perfmodel_evaluator,
     search,
 )
 from recserve.specs import SLA, get_model, get_server

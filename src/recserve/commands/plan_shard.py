@@ -4,7 +4,6 @@ the replicas each needs for a target QPS, vs model-wise replication."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -15,12 +14,12 @@ from recserve.planners.elasticrec import (
     LOCALITY_MODELS,
     MEASURED_REPLICA_BYTES,
     PAPER_DP_TARGET_QPS,
-    ShardPlan,
     cost_model_from_perfmodel,
     cost_model_from_profiles,
     evaluate_plan,
     plan_shards,
 )
+from recserve.planners.plan import ShardPlan
 from recserve.profiles import ProfileSet
 from recserve.specs import get_model, get_server
 
@@ -83,10 +82,10 @@ def cmd_shard(args: argparse.Namespace) -> int:
           f"{cost.source}, gather {cost.gather_ms0:.3f} ms + {cost.gather_ms_per_row * 1e3:.3f} us/row, "
           f"dense {cost.dense_qps:.0f} QPS/replica)", file=sys.stderr)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({**plan.to_dict(), "server": server.name,
-                                               "cost_model": cost.__dict__, "evaluation": evaluation.to_dict()},
-                                              indent=1))
+        plan.server = server.name
+        plan.inputs = {"model": spec.name, "qps": args.qps, "server": server.name, "cost_model": cost.__dict__}
+        plan.summary["evaluation"] = evaluation.to_dict()
+        plan.save(args.json)
     if args.plot:
         plot_plan(plan, args.plot)
     return 0

@@ -13,6 +13,7 @@ import argparse
 from recserve.commands._plan_common import names, progress
 from recserve.errors import RecserveError
 from recserve.perfmodel import model_profiles
+from recserve.planners.hercules.search import efficiency_tables
 from recserve.specs import catalogue_models, catalogue_servers, get_model, get_server
 
 
@@ -33,7 +34,7 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     specs = _pick(args.models, catalogue_models(), get_model, "models")
     servers = _pick(args.servers, catalogue_servers(), get_server, "servers")
     profiles = model_profiles(specs, servers, args.calibration, tables=args.tables,
-                              efficiency=not args.no_efficiency, progress=progress)
+                              extra=None if args.no_efficiency else efficiency_tables, progress=progress)
     if args.interference:
         profiles = _measured_ways(profiles, specs, servers, args.interference)
     stated = {server.name: list(server.assumptions) for server in servers if server.assumptions}

@@ -21,7 +21,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if sum(map(bool, (args.config, args.model, args.repository))) != 1 and not (args.config and args.repository):
         raise RecserveError("serve: give --config NODE.yaml, --model NAME or --repository REPO")
     if args.config:
-        config = load_config(args.config)
+        from recserve.deploy.nodeconfig import resolve_tier_plans
+
+        config = resolve_tier_plans(load_config(args.config))
         config.repository = args.repository or config.repository
         if args.http_port is not None:
             config.http_port = args.http_port

@@ -27,7 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()  # handlers first: a Ctrl-C during start-up must not leave processes behind
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    from recserve.serving.shards import make_layout, plan_from_json, plan_replicas, service_rates, start_sharded
+    from recserve.deploy.local_shards import make_layout, plan_from_json, plan_replicas, service_rates, start_sharded
     from recserve.specs import first_tables, get_model
     from recserve.zoo import build
 

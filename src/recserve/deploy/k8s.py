@@ -8,6 +8,7 @@ node server's Prometheus /metrics and exposed to the HPA through a custom-metric
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def _service(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _hpa(name: str, labels: dict[str, str], metric: str, target: float, min_replicas: int,
+def hpa(name: str, labels: dict[str, str], metric: str, target: float, min_replicas: int,
          max_replicas: int) -> dict[str, Any]:
     return {
         "apiVersion": "autoscaling/v2",
@@ -88,7 +89,7 @@ def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict
     labels = _labels(layout, "dense")
     args = ["serve-shard", "--model", layout.spec.name, "--role", "dense", "--scale", str(layout.scale)]
     objects += [_deployment(dense, labels, image, args, layout.dense_replicas, cpu, 0), _service(dense, labels),
-                _hpa(dense, labels, "recserve_p95_latency_ms", DENSE_LATENCY_FRACTION * layout.sla_ms, 1,
+                hpa(dense, labels, "recserve_p95_latency_ms", DENSE_LATENCY_FRACTION * layout.sla_ms, 1,
                      max(max_replicas, layout.dense_replicas))]
     for table in layout.tables:
         for s, replicas in enumerate(table.replicas):
@@ -101,14 +102,15 @@ def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict
                     "--rows", f"{table.boundaries[s]}:{table.boundaries[s + 1]}", "--scale", str(layout.scale)]
             target = (qps_max or {}).get(shard, 100.0)
             objects += [_deployment(name, labels, image, args, replicas, cpu, nbytes), _service(name, labels),
-                        _hpa(name, labels, "recserve_shard_qps", target, 1, max(max_replicas, replicas))]
+                        hpa(name, labels, "recserve_shard_qps", target, 1, max(max_replicas, replicas))]
     return objects
 
 
 def write_manifests(objects: list[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    plain = json.loads(json.dumps(objects))  # no shared sub-objects, so no YAML anchors in the output
+    path.write_text(yaml.safe_dump_all(plain, sort_keys=False))
     return path
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import deque
 from typing import Any
 
 import numpy as np
@@ -22,36 +21,18 @@ import torch
 from torch.nn import functional as F
 
 from recserve.deploy.sharding import ShardLayout, shard_weights
-from recserve.embedding.sharded import bucketize, combine_gathered, combine_pooled
+from recserve.embedding.sharded import ShardedLookup
 from recserve.errors import RecserveError
+from recserve.serving.metrics import SlidingWindow
 from recserve.zoo import QueryBatch, build
 
 APP_NAME = "recserve-elasticrec"
 STATS_WINDOW_S = 5.0
 
 
-class _Window:
-    """Completions over the last few seconds: rate and tail latency for autoscaling."""
-
-    def __init__(self, seconds: float = STATS_WINDOW_S) -> None:
-        self.seconds = seconds
-        self.events: deque[tuple[float, float]] = deque()
-
-    def add(self, latency_ms: float) -> None:
-        now = time.monotonic()
-        self.events.append((now, latency_ms))
-        while self.events and self.events[0][0] < now - self.seconds:
-            self.events.popleft()
-
-    def stats(self) -> dict[str, float]:
-        now = time.monotonic()
-        recent = [lat for t, lat in self.events if t >= now - self.seconds]
-        p95 = float(np.percentile(recent, 95)) if recent else 0.0
-        return {"qps": len(recent) / self.seconds, "p95_ms": p95}
-
-
-async def _zeros(rows: int, dim: int) -> np.ndarray:
-    return np.zeros((rows, dim), dtype=np.float32)
+def _autoscaling_stats(window: SlidingWindow) -> dict[str, float]:
+    """What the shard autoscaling policies read: completions/s and p95 latency over the window."""
+    return {"qps": window.rate(), "p95_ms": window.tail(95.0)}
 
 
 class EmbeddingShard:
@@ -60,7 +41,7 @@ class EmbeddingShard:
     def __init__(self, weight: np.ndarray) -> None:
         torch.set_num_threads(1)
         self.weight = torch.from_numpy(weight)
-        self.window = _Window()
+        self.window = SlidingWindow(STATS_WINDOW_S)
 
     async def pool(self, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         start = time.perf_counter()
@@ -75,45 +56,35 @@ class EmbeddingShard:
         return out
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        return self.window.stats()
+        return _autoscaling_stats(self.window)
 
     def replica_pid(self) -> int:
         return os.getpid()
 
 
 class DenseShard:
-    """The ingress: dense part of the model, calling embedding shards through handles."""
+    """The ingress: dense part of the model; embedding shards are called through their handles, the Ray
+    transport of the one :class:`~recserve.embedding.sharded.ShardedLookup` path (gRPC services are the other)."""
 
     def __init__(self, layout: ShardLayout, handles: dict[str, Any]) -> None:
         torch.set_num_threads(1)
         self.layout = layout
         self.model = build(layout.spec, scale=1e-12, seed=layout.seed, min_rows=1)
         self.handles = handles
-        self.remaps = [torch.from_numpy(t.remap) for t in layout.tables]
-        self.bounds = [torch.tensor(t.boundaries) for t in layout.tables]
+        self.lookups = [ShardedLookup(t.name, t.boundaries[-1], self.model.tables[t.table].dim, t.boundaries, t.remap)
+                        for t in layout.tables]
+        self.bounds = [lookup.boundaries for lookup in self.lookups]
         self.sequence_lengths = self.model.sequence_lengths
-        self.window = _Window()
+        self.window = SlidingWindow(STATS_WINDOW_S)
+
+    def _send(self, shard: str, indices: np.ndarray, offsets: np.ndarray | None) -> Any:
+        handle = self.handles[shard]
+        return handle.gather.remote(indices) if offsets is None else handle.pool.remote(indices, offsets)
 
     async def _table(self, t: int, batch: QueryBatch, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        table = self.layout.tables[t]
         sequence = t in self.sequence_lengths
-        if sequence:
-            offsets = torch.arange(indices.numel(), dtype=torch.int64)
-        inputs = bucketize(self.remaps[t][indices], offsets, self.bounds[t])
-        calls = []
-        for s, x in enumerate(inputs):
-            handle = self.handles[f"{table.name}-s{s}"]
-            if x.indices.numel() == 0:  # nothing to read in this shard: don't call it
-                calls.append(_zeros(0 if sequence else batch.size, self.model.tables[t].dim))
-            elif sequence:
-                calls.append(handle.gather.remote(x.indices.numpy()))
-            else:
-                calls.append(handle.pool.remote(x.indices.numpy(), x.offsets.numpy()))
-        parts = [torch.from_numpy(p) for p in await asyncio.gather(*calls)]
-        if sequence:
-            rows = combine_gathered(parts, inputs, indices.numel(), parts[0].shape[1])
-            return rows.view(batch.size, self.sequence_lengths[t], -1)
-        return combine_pooled(parts)
+        out = await self.lookups[t].start(indices, None if sequence else offsets, self._send).wait()
+        return out.view(batch.size, self.sequence_lengths[t], -1) if sequence else out
 
     async def infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         start = time.perf_counter()
@@ -127,7 +98,7 @@ class DenseShard:
         return scores
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        return self.window.stats()
+        return _autoscaling_stats(self.window)
 
 
 def _require_ray() -> Any:
@@ -207,6 +178,7 @@ def replica_counts() -> dict[str, int]:
 
 
 def shutdown() -> None:
+    """Stop Serve and disconnect (a cluster joined by address keeps running; a local one stops)."""
     ray, serve = _require_ray()
     try:
         serve.shutdown()

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from recserve.embedding.sharded import hotness_order
-from recserve.planners.elasticrec import ShardPlan
+from recserve.planners.plan import ShardPlan
 from recserve.specs import ModelSpec
 from recserve.zoo import QueryBatch, RecModel
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +70,72 @@ def combine_gathered(parts: Sequence[torch.Tensor], inputs: Sequence[ShardInput]
     for rows, shard_input in zip(parts, inputs, strict=True):
         out[shard_input.positions] = rows
     return out
+
+
+# ---------------------------------------------------------------- remote shards: one fan-out / combine path
+
+# A transport sends one shard's part: (shard name, ids, EmbeddingBag offsets or None to gather rows) -> a pending
+# call: an object with ``result()`` (gRPC futures) or an awaitable (Ray Serve handles); the answer is a numpy array.
+SendFn = Callable[[str, np.ndarray, np.ndarray | None], Any]
+
+
+@dataclass
+class PendingLookup:
+    """One table lookup in flight: every non-empty shard's call sent, answers combined in one place."""
+
+    inputs: list[ShardInput]
+    calls: list[Any]  # None where the shard has nothing to read
+    gather: bool
+    bags: int
+    n: int
+    dim: int
+
+    def combine(self, answers: Sequence[np.ndarray | None]) -> torch.Tensor:
+        empty = (0 if self.gather else self.bags, self.dim)
+        parts = [torch.zeros(empty) if a is None else torch.from_numpy(np.array(a, copy=True)) for a in answers]
+        if self.gather:
+            return combine_gathered(parts, self.inputs, self.n, self.dim)
+        return combine_pooled(parts)
+
+    def result(self) -> torch.Tensor:
+        """Wait for blocking calls (``call.result()``)."""
+        return self.combine([None if c is None else c.result() for c in self.calls])
+
+    async def wait(self) -> torch.Tensor:
+        """Await asynchronous calls concurrently."""
+        import asyncio
+
+        live = [c for c in self.calls if c is not None]
+        got = iter(await asyncio.gather(*live))
+        return self.combine([None if c is None else next(got) for c in self.calls])
+
+
+class ShardedLookup:
+    """A table whose shards live elsewhere: hotness remap + boundaries (no rows), shard names ``<table>-s<k>``.
+
+    ``start`` bucketizes a lookup and sends every non-empty part through a transport at once, so a caller can
+    overlap all shards of all tables; gRPC shard services and Ray Serve handles are two transports of it."""
+
+    def __init__(self, name: str, num_rows: int, dim: int, boundaries: Sequence[int], remap: np.ndarray) -> None:
+        if boundaries[0] != 0 or boundaries[-1] != num_rows or list(boundaries) != sorted(set(boundaries)):
+            raise ValueError(f"boundaries must rise strictly from 0 to {num_rows}, got {list(boundaries)}")
+        self.name, self.num_rows, self.dim = name, int(num_rows), int(dim)
+        self.boundaries = torch.as_tensor(list(boundaries), dtype=torch.int64)
+        self.remap = torch.from_numpy(np.asarray(remap, dtype=np.int64))
+
+    def shard_name(self, s: int) -> str:
+        return f"{self.name}-s{s}"
+
+    def start(self, indices: torch.Tensor, offsets: torch.Tensor | None, send: SendFn) -> PendingLookup:
+        """Bucketize and send; ``offsets=None`` gathers rows (sequence tables)."""
+        gather = offsets is None
+        if gather:
+            offsets = torch.arange(indices.numel(), dtype=torch.int64)
+        inputs = bucketize(self.remap[indices], offsets, self.boundaries)
+        calls = [None if x.indices.numel() == 0 else
+                 send(self.shard_name(s), x.indices.numpy(), None if gather else x.offsets.numpy())
+                 for s, x in enumerate(inputs)]
+        return PendingLookup(inputs, calls, gather, int(offsets.numel()), int(indices.numel()), self.dim)
 
 
 # A shard backend: (shard, ShardInput) -> partial pooled [B, dim]; lets the same ShardedTable call

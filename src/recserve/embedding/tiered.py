@@ -450,7 +450,7 @@ def tier_stats(model: nn.Module) -> TierStats:
     return total
 
 
-TIER_KEYS = {"dir", "tables", "plan", "cache_mb", "dtype", "policy", "pooled_cache_mb", "pooled_min_len", "engine",
+TIER_KEYS = {"dir", "tables", "cache_mb", "dtype", "policy", "pooled_cache_mb", "pooled_min_len", "engine",
              "max_outstanding", "no_cache", "verify", "prefetch", "tables_in_flight"}
 
 
@@ -478,26 +478,20 @@ def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier"
 
         tier: {dir: /var/lib/recserve/tables, tables: user, cache_mb: 256, dtype: int8}
 
-    ``tables`` is ``user`` | ``item`` | ``all`` | a list of table names or ids; or ``plan:`` a ``recserve plan
-    tier --out`` JSON whose SM tables (and per-table cache choices) are used."""
+    ``tables`` is ``user`` | ``item`` | ``all`` | a list of table names or ids.  A ``plan:`` (a ``recserve plan
+    tier --out`` JSON) is turned into ``tables`` + ``no_cache`` before the config reaches storage
+    (``deploy.nodeconfig.resolve_tier_plans``, done by ``recserve serve``): storage never reads plans."""
     if not isinstance(tier, dict):
         raise SpecError(f"{where}: expected a mapping")
+    if "plan" in tier:
+        raise SpecError(f"{where}: 'plan' must be resolved into 'tables'/'no_cache' first "
+                        "(recserve serve does it; in code: recserve.deploy.nodeconfig.resolve_tier_plans)")
     unknown = sorted(set(tier) - TIER_KEYS)
     if unknown:
         raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TIER_KEYS)}")
     if "dir" not in tier:
         raise SpecError(f"{where}: 'dir' (a directory on the SSD for the table files) is required")
-    placement: dict[int, dict] = {}
-    if "plan" in tier:
-        from recserve.planners.plan import Plan
-
-        plan = Plan.load(tier["plan"])
-        by_name = {t.name: i for i, t in enumerate(model.spec.tables)}
-        for entry in getattr(plan, "tables", []):
-            if entry.tier == "SM" and entry.table in by_name:
-                placement[by_name[entry.table]] = {"cache": bool(entry.cache)}
-    else:
-        placement = {i: {} for i in _table_ids(model, tier.get("tables", "user"), where)}
+    placement = {i: {} for i in _table_ids(model, tier.get("tables", "user"), where)}
     no_cache = tuple(_table_ids(model, tier["no_cache"], where)) if "no_cache" in tier else ()
     return tier_model(
         model, placement, tier["dir"], cache_bytes=int(float(tier.get("cache_mb", 64)) * 2**20),

@@ -26,6 +26,7 @@ from recserve.errors import RecserveError
 from recserve.measure.requests import RequestPool
 from recserve.serving import codec
 from recserve.serving.codec import HEADER_LENGTH
+from recserve.wire import BATCH_SIZE_HEADER
 from recserve.zoo.batch import OUTPUT_SCORES, QueryBatch
 
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -69,8 +70,11 @@ class HttpTarget:
     """A node server's ``/v2/models/<model>/infer`` over one pooled aiohttp session."""
 
     def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
-                 check_outputs: bool = True) -> None:
+                 check_outputs: bool = True, size_header: bool = False) -> None:
+        """``url`` may carry a route prefix (a Ray Serve application); ``size_header`` adds each query's batch
+        size as a header (``wire.BATCH_SIZE_HEADER``) for routers that see only headers."""
         self.base = url.rstrip("/")
+        self.size_header = size_header
         self.model = model
         self.name = f"http {self.base} {model}"
         self.timeout_s, self.connections, self.check_outputs = timeout_s, connections, check_outputs
@@ -84,6 +88,8 @@ class HttpTarget:
         for batch in pool.batches():
             body, head = encode_http_request(batch)
             headers = {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
+            if self.size_header:
+                headers[BATCH_SIZE_HEADER] = str(batch.size)
             self._bodies.append((body, headers, batch.size))
         if self._session is None:
             self._session = aiohttp.ClientSession(

@@ -2,8 +2,8 @@
 
 Produces the same kinds ``recserve profile host`` measures: latency_vs_batch, maxload_vs_workers,
 maxload_vs_ways (one table at the most workers, then one per worker count with
-``conditions={"workers": w}``: Hera's (workers, ways) lookup), membw_vs_workers, footprint and
-efficiency (Hercules' tuple at the searched optimum).
+``conditions={"workers": w}``: Hera's (workers, ways) lookup), membw_vs_workers and footprint.  The
+``efficiency`` tuple is the Hercules search's result on this model, made by the planner (``extra``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ def _with(alloc: Allocation, **changes: object) -> Allocation:
     return replace(alloc, **changes)
 
 
-def pair_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix, tables: str = "shared",
-                efficiency: bool = True) -> list[ProfileTable]:
+ExtraTables = Callable[[PerfModel, ModelSpec, ServerType, SizeMix], list[ProfileTable]]
+
+
+def pair_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix,
+                tables: str = "shared") -> list[ProfileTable]:
     """All modelled tables of one (model, server type)."""
     cal = pm.cal
     out: list[ProfileTable] = []
@@ -66,28 +69,18 @@ def pair_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix
         for i, w in enumerate(worker_counts):
             rows = [[k, qps[(w, k)], w] for k in ways]
             table("maxload_vs_ways", ("ways", "max_qps", "workers"), rows, **({} if i == 0 else {"workers": w}))
-    if efficiency and server.power_w is not None:
-        try:
-            from recserve.planners.hercules.search import perfmodel_evaluator, search
-        except ImportError:
-            return out
-
-        evaluate = perfmodel_evaluator(spec, server, pm, mix)
-        res = search(server, evaluate, spec=spec)
-        if res.best is not None:
-            cfg = res.best
-            detail = evaluate.detail(cfg)
-            table("efficiency", ("max_qps", "power_w", "workers", "cores_per_worker", "batch", "sparse_workers"),
-                  [[res.best_qps, detail.power_w, cfg.threads, cfg.cores_per_thread, cfg.batch, cfg.sparse_threads]],
-                  mode=cfg.mode)
     return out
 
 
 def model_profiles(specs: list[ModelSpec], servers: list[ServerType],
                    calibration: Calibration | str | None = None, sizes: np.ndarray | list[int] | None = None,
-                   tables: str = "shared", efficiency: bool = True,
+                   tables: str = "shared", extra: ExtraTables | None = None,
                    progress: Callable[[str], None] | None = None) -> ProfileSet:
-    """Modelled Profile tables for every (model, server type) pair."""
+    """Modelled Profile tables for every (model, server type) pair.
+
+    ``extra(pm, spec, server, mix)`` adds tables per pair that other layers derive from this model: the
+    Hercules search's ``efficiency`` tuple (``planners.hercules.search.efficiency_tables``) is passed in by
+    ``commands/``, so the performance model never runs a planner (data flows one way)."""
     pm = PerfModel(calibration)
     mix = SizeMix.of(sizes)
     out = ProfileSet(meta={"source": "recserve.perfmodel", "calibration": pm.cal.fitted_on or "bundled defaults",
@@ -96,7 +89,7 @@ def model_profiles(specs: list[ModelSpec], servers: list[ServerType],
         for server in servers:
             if progress:
                 progress(f"modelling {spec.name} on {server.name}")
-            for t in pair_tables(pm, spec, server, mix, tables, efficiency):
+            for t in pair_tables(pm, spec, server, mix, tables) + (extra(pm, spec, server, mix) if extra else []):
                 out.add(t)
     return out
 

@@ -11,12 +11,14 @@ numpy, and :func:`partition_exact` keeps the full recurrence for checking the ga
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from recserve.errors import InfeasibleError, ProfileError, SpecError
+from recserve.planners.plan import ShardPlan, TableShards
+from recserve.planners.replicas import replicas_for
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.specs import ModelSpec, ServerType
 
@@ -139,26 +141,13 @@ def modelled_cdf(rows: int, locality: float, model: str = "two-level") -> np.nda
 # ------------------------------------------------------------------ Alg. 1 and Alg. 2
 
 
-@dataclass
-class TableShards:
-    table: str
-    boundaries: list[int]          # [0, b1, ..., rows]
-    replicas: list[int]
-    rows_gathered: list[float]     # expected per query, per shard
-    memory_bytes: float
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.replicas)
-
-
 def shard_cost(cdf: np.ndarray, starts: np.ndarray, ends: np.ndarray, gathers_per_query: float, row_bytes: int,
                target_qps: float, cost: ShardCostModel) -> tuple[np.ndarray, np.ndarray]:
     """Alg. 1 COST for shards holding sorted rows [start, end): (memory bytes, replicas). Vectorised.
 
     Replicas are ``ceil(target / QPS(ns))`` (a replica count is whole; the paper writes ``//``)."""
     ns = (cdf[ends] - cdf[starts]) * gathers_per_query
-    replicas = np.maximum(1, np.ceil(target_qps / cost.gather_qps(ns) - 1e-9))
+    replicas = replicas_for(target_qps, cost.gather_qps(ns))
     memory = replicas * ((ends - starts) * float(row_bytes) + cost.min_mem_bytes)
     return memory, replicas
 
@@ -208,7 +197,8 @@ def partition_table(name: str, cdf: np.ndarray, gathers_per_query: float, row_by
     b = np.array(bounds)
     _, replicas = shard_cost(cdf, b[:-1], b[1:], gathers_per_query, row_bytes, target_qps, cost)
     rows_gathered = (cdf[b[1:]] - cdf[b[:-1]]) * gathers_per_query
-    return TableShards(name, bounds, [int(r) for r in replicas], [float(x) for x in rows_gathered], memory)
+    return TableShards(name, bounds, [int(r) for r in replicas], [float(x) for x in rows_gathered], memory,
+                       [float(q) for q in np.atleast_1d(cost.gather_qps(rows_gathered))])
 
 
 def partition_exact(cdf: np.ndarray, gathers_per_query: float, row_bytes: int, target_qps: float,
@@ -218,46 +208,6 @@ def partition_exact(cdf: np.ndarray, gathers_per_query: float, row_bytes: int, t
 
 
 # ------------------------------------------------------------------ whole-model plan
-
-
-@dataclass
-class ShardPlan:
-    model: str
-    target_qps: float
-    batch: int
-    dense_replicas: int
-    dense_memory_bytes: float
-    tables: list[TableShards]
-    modelwise_replicas: int
-    modelwise_memory_bytes: float
-    assumptions: list[str] = field(default_factory=list)
-
-    @property
-    def memory_bytes(self) -> float:
-        return self.dense_memory_bytes + sum(t.memory_bytes for t in self.tables)
-
-    @property
-    def saving(self) -> float:
-        return self.modelwise_memory_bytes / self.memory_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["memory_bytes"] = self.memory_bytes
-        out["saving_vs_modelwise"] = self.saving
-        return out
-
-    def table_text(self) -> str:
-        lines = [f"{self.model}: target {self.target_qps:g} QPS, batch {self.batch}",
-                 f"  dense shard: {self.dense_replicas} replicas, {self.dense_memory_bytes / 2**30:.2f} GiB"]
-        for t in self.tables:
-            shards = ", ".join(f"[{a}:{b}) x{r}" for a, b, r in zip(t.boundaries[:-1], t.boundaries[1:], t.replicas,
-                                                                    strict=True))
-            lines.append(f"  {t.table}: {t.num_shards} shards {shards} -> {t.memory_bytes / 2**30:.2f} GiB")
-        lines.append(f"  ElasticRec total {self.memory_bytes / 2**30:.1f} GiB vs model-wise "
-                     f"{self.modelwise_memory_bytes / 2**30:.1f} GiB ({self.modelwise_replicas} replicas): "
-                     + (f"{self.saving:.2f}x less memory" if self.saving >= 1
-                        else f"{1 / self.saving:.2f}x more memory (sharding does not pay at this load)"))
-        return "\n".join(lines)
 
 
 def unloaded_latency_ms(cost: ShardCostModel, tables: list[TableShards]) -> float:
@@ -308,11 +258,13 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
             solved[key] = shards
         tables.append(shards)
     _check_sla(spec, batch, cost, tables)
-    dense_replicas = max(1, math.ceil(target_qps / cost.dense_qps - 1e-9))
+    dense_replicas = int(replicas_for(target_qps, cost.dense_qps))
     dense_memory = dense_replicas * (cost.dense_bytes + cost.min_mem_bytes)
-    model_replicas = max(1, math.ceil(target_qps / cost.model_qps(total_gathers) - 1e-9))
+    model_replicas = int(replicas_for(target_qps, cost.model_qps(total_gathers)))
     model_memory = model_replicas * (spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes)
-    return ShardPlan(spec.name, target_qps, batch, dense_replicas, dense_memory, tables, model_replicas, model_memory,
+    return ShardPlan(model=spec.name, target_qps=target_qps, batch=batch, dense_replicas=dense_replicas,
+                     dense_memory_bytes=dense_memory, tables=tables, modelwise_replicas=model_replicas,
+                     modelwise_memory_bytes=model_memory,
                      assumptions=[f"locality P={locality:g} ({locality_model}) where no access counts given"
                                   if not cdfs else "CDFs from measured access counts",
                                   *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "

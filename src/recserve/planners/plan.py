@@ -278,4 +278,77 @@ class PoolPlan(Plan):
                              "homog. QPS (budget-scaled)", "UB gain"], rows)
 
 
+# ----------------------------------------------------------------- shards (ElasticRec)
+
+
+@dataclass
+class TableShards:
+    """One table's hotness-sorted shards: boundaries, planned replicas, expected rows gathered per query
+    and the QPS one replica of each shard sustains (the autoscaler's target)."""
+
+    table: str
+    boundaries: list[int]          # [0, b1, ..., rows]
+    replicas: list[int]
+    rows_gathered: list[float]     # expected per query, per shard
+    memory_bytes: float
+    qps_max: list[float] = field(default_factory=list)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.replicas)
+
+
+@register_plan
+@dataclass
+class ShardPlan(Plan):
+    """ElasticRec: a dense shard and per-table embedding shards, each with its own replicas, vs model-wise
+    replication of the whole model."""
+
+    kind: ClassVar[str] = "shard"
+    planner: str = "elasticrec"
+    model: str = ""
+    server: str = ""
+    target_qps: float = 0.0
+    batch: int = 32
+    dense_replicas: int = 1
+    dense_memory_bytes: float = 0.0
+    tables: list[TableShards] = field(default_factory=list)
+    modelwise_replicas: int = 1
+    modelwise_memory_bytes: float = 0.0
+    assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.dense_memory_bytes + sum(t.memory_bytes for t in self.tables)
+
+    @property
+    def saving(self) -> float:
+        return self.modelwise_memory_bytes / self.memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "memory_bytes": self.memory_bytes, "saving_vs_modelwise": self.saving}
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
+        names = {f.name for f in dataclasses.fields(TableShards)}
+        tables = [TableShards(**{k: v for k, v in t.items() if k in names}) for t in fields.pop("tables", [])]
+        own = {f.name for f in dataclasses.fields(cls)}
+        return cls(tables=tables, **{k: v for k, v in fields.items() if k in own})
+
+    def table(self) -> str:
+        return self.table_text()
+
+    def table_text(self) -> str:
+        lines = [f"{self.model}: target {self.target_qps:g} QPS, batch {self.batch}",
+                 f"  dense shard: {self.dense_replicas} replicas, {self.dense_memory_bytes / 2**30:.2f} GiB"]
+        for t in self.tables:
+            shards = ", ".join(f"[{a}:{b}) x{r}" for a, b, r in zip(t.boundaries[:-1], t.boundaries[1:], t.replicas,
+                                                                    strict=True))
+            lines.append(f"  {t.table}: {t.num_shards} shards {shards} -> {t.memory_bytes / 2**30:.2f} GiB")
+        lines.append(f"  ElasticRec total {self.memory_bytes / 2**30:.1f} GiB vs model-wise "
+                     f"{self.modelwise_memory_bytes / 2**30:.1f} GiB ({self.modelwise_replicas} replicas): "
+                     f"{self.saving:.2f}x less memory")
+        return "\n".join(lines)
+
+
 _BASE_FIELDS = {"planner", "inputs", "summary", "baselines", "notes"}

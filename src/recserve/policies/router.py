@@ -4,7 +4,8 @@ Clients send ``POST /v2/models/{model}/infer`` exactly as to a node server.  The
 query's batch size from the request's JSON header (the node server's numpy-only codec: the router
 imports neither torch nor the worker machinery, and leaves full validation to the backend), puts the
 query in its central queue and asks a dispatch policy (:mod:`recserve.policies.dispatch`, the same
-objects the simulator runs) which idle backend instance serves it.  Each backend *slot* is one
+objects the simulator runs, through the same :class:`~recserve.policies.dispatcher.Dispatcher`) which
+idle backend instance serves it.  Each backend *slot* is one
 instance serving one query at a time (Kairos Sec. 6); the measured round trip teaches the policy's
 latency predictor.  The backend's response (status, headers, body) is returned unchanged.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from aiohttp import web
 
 from recserve.errors import RecserveError, SpecError
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
+from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
 from recserve.serving import protocol
 from recserve.serving.codec import HEADER_LENGTH, batch_size_of
@@ -107,36 +110,42 @@ def load_pool(path: str | Path) -> PoolConfig:
                       int(data.get("drs_threshold", 300)), prior)
 
 
-class Router:
-    """The central controller: one queue, one policy, instances = backend slots."""
+Transport = Callable[[Instance, str, bytes, dict[str, str]], Awaitable[tuple[int, bytes, dict]]]
 
-    def __init__(self, pool: PoolConfig, policy: DispatchPolicy | None = None, timeout_s: float = 30.0) -> None:
+
+class Router:
+    """The central controller: one :class:`Dispatcher` (queue, policy), instances = backend slots.
+
+    ``transport`` sends one query to one instance (default: HTTP POST to its node server); ``clock``
+    returns milliseconds (default: monotonic since start).  Both are parameters so a recorded trace
+    can drive the router on a virtual clock (tests compare its decisions with the simulator's)."""
+
+    def __init__(self, pool: PoolConfig, policy: DispatchPolicy | None = None, timeout_s: float = 30.0,
+                 transport: Transport | None = None, clock: Callable[[], float] | None = None,
+                 record: bool = False) -> None:
         self.pool = pool
         types, urls = pool.instance_pool()
         self.instances, self.types = make_instances(types, urls)
         self.policy = policy or pool.make_policy()
-        self.policy.bind(self.instances, self.types)
-        self.idle: list[Instance] = list(self.instances)
-        self.queue: list[Query] = []
+        self.dispatcher = Dispatcher(self.policy, self.instances, self.types, self._start, record=record)
         self.timeout_s = timeout_s
         self.t0 = time.monotonic()
+        self.clock = clock or self._monotonic_ms
+        self.transport = transport or self._http
         self.session: aiohttp.ClientSession | None = None
         self.latencies: list[float] = []
         self.errors = 0
-        self._next_id = 0
+
+    def _monotonic_ms(self) -> float:
+        return (time.monotonic() - self.t0) * 1000.0
 
     def now_ms(self) -> float:
-        return (time.monotonic() - self.t0) * 1000.0
+        return self.clock()
 
     # ------------------------------------------------------------------ dispatch
     async def submit(self, model: str, body: bytes, headers: dict[str, str], size: int) -> tuple[int, bytes, dict]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-        q = Query(self._next_id, size, self.now_ms(), self.policy.predictor.bucket(size),
-                  payload=(model, body, headers, fut))
-        self._next_id += 1
-        self.queue.append(q)
-        self._dispatch()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        q = self.dispatcher.arrive(self.now_ms(), size, payload=(model, body, headers, fut))
         status, payload, out_headers = await fut
         if status == 200:
             self.latencies.append(self.now_ms() - q.arrival)
@@ -144,50 +153,27 @@ class Router:
             self.errors += 1
         return status, payload, out_headers
 
-    def _dispatch(self) -> None:
-        if not self.queue or not (self.idle or self.policy.per_instance_queues):
-            return
-        now = self.now_ms()
-        pairs = self.policy.assign(now, self.queue, self.idle)
-        taken = {q.id for q, _ in pairs}
-        if taken:
-            self.queue[:] = [q for q in self.queue if q.id not in taken]
-        for q, inst in pairs:
-            if inst.busy:
-                inst.local.append(q)
-            else:
-                self._start(q, inst, now)
-
     def _start(self, q: Query, inst: Instance, now: float) -> None:
-        inst.busy = True
-        inst.current = q
-        q.start = now
-        if inst in self.idle:
-            self.idle.remove(inst)
         asyncio.get_running_loop().create_task(self._forward(q, inst))
 
-    async def _forward(self, q: Query, inst: Instance) -> None:
-        model, body, headers, fut = q.payload
+    async def _http(self, inst: Instance, model: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict]:
         try:
             async with self.session.post(f"{inst.endpoint}/v2/models/{model}/infer", data=body,
                                          headers=headers) as resp:
                 payload = await resp.read()
-                result = (resp.status, payload, {k: v for k, v in resp.headers.items() if k in FORWARD_HEADERS})
+                return resp.status, payload, {k: v for k, v in resp.headers.items() if k in FORWARD_HEADERS}
         except (TimeoutError, aiohttp.ClientError) as exc:
-            result = (502, f'{{"error": "backend {inst.endpoint}: {type(exc).__name__}"}}'.encode(),
-                      {"Content-Type": "application/json"})
+            return (502, f'{{"error": "backend {inst.endpoint}: {type(exc).__name__}"}}'.encode(),
+                    {"Content-Type": "application/json"})
+
+    async def _forward(self, q: Query, inst: Instance) -> None:
+        model, body, headers, fut = q.payload
+        result = await self.transport(inst, model, body, headers)
         now = self.now_ms()
-        inst.served += 1
-        self.policy.on_complete(now, q, inst, now - q.start)
-        if inst.local:
-            self._start(inst.local.popleft(), inst, now)
-        else:
-            inst.busy = False
-            inst.current = None
-            self.idle.append(inst)
+        self.dispatcher.finish(now, inst)
         if not fut.done():
             fut.set_result(result)
-        self._dispatch()
+        self.dispatcher.dispatch(now)
 
     def stats(self) -> dict[str, Any]:
         lat = np.array(self.latencies) if self.latencies else np.zeros(0)
@@ -195,7 +181,7 @@ class Router:
             "policy": self.policy.describe(),
             "completed": len(self.latencies),
             "errors": self.errors,
-            "queued": len(self.queue),
+            "queued": len(self.dispatcher.queue),
             "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
             "served": {f"{i.index}:{i.type_name}@{i.endpoint}": i.served for i in self.instances},

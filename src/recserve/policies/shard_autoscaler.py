@@ -4,13 +4,15 @@ Sparse (embedding) shards scale on throughput: enough replicas that none serves 
 measured QPSmax.  The dense shard scales on latency: add a replica when its tail latency passes
 65% of the SLA, remove one when it is well below.  The same functions drive the Ray Serve
 custom autoscaling policies (``RaySparsePolicy`` / ``RayDensePolicy``), the Kubernetes HPA
-targets we export, and the simulator.
+targets we export, and the simulator (``sim/shards.py``).  The replica count itself is the one rule
+``planners.replicas.replicas_for`` the ElasticRec planner uses.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
+
+from recserve.planners.replicas import replicas_for
 
 DENSE_LATENCY_FRACTION = 0.65
 DENSE_SCALE_DOWN_FRACTION = 0.30
@@ -21,7 +23,7 @@ def sparse_replicas(observed_qps: float, qps_max: float, current: int, min_repli
     """Replicas so that each sees at most ``qps_max``; never below ``min_replicas``."""
     if qps_max <= 0:
         raise ValueError("qps_max must be positive")
-    want = math.ceil(observed_qps / qps_max - 1e-9) if observed_qps > 0 else min_replicas
+    want = replicas_for(observed_qps, qps_max) if observed_qps > 0 else min_replicas
     return int(min(max(want, min_replicas), max_replicas))
 
 
@@ -40,7 +42,7 @@ def dense_replicas(tail_latency_ms: float | None, sla_ms: float, current: int, m
 # ---------------------------------------------------------------- Ray Serve adapters
 
 
-def _metric_sum(ctx: Any, name: str) -> float | None:
+def metric_sum(ctx: Any, name: str) -> float | None:
     metrics = ctx.aggregated_metrics or {}
     values = metrics.get(name)
     if not values:
@@ -64,7 +66,7 @@ class RaySparsePolicy:
         self.qps_max, self.max_replicas = qps_max, max_replicas
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        qps = _metric_sum(ctx, "qps") or 0.0
+        qps = metric_sum(ctx, "qps") or 0.0
         want = sparse_replicas(qps, self.qps_max, ctx.current_num_replicas, ctx.capacity_adjusted_min_replicas,
                                min(self.max_replicas, ctx.capacity_adjusted_max_replicas))
         return want, {**(ctx.policy_state or {}), "last_qps": qps}

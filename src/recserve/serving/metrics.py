@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,47 @@ import numpy as np
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 RATE_WINDOW_S = 10.0
 HISTORY_S = 60.0  # longest window the control API can report
+
+
+class SlidingWindow:
+    """Timestamped values over the last ``horizon_s`` seconds: the one place rates and tail latencies over a
+    recent window are computed (node-server control API, Ray Serve autoscaling stats)."""
+
+    def __init__(self, horizon_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.horizon_s = float(horizon_s)
+        self.clock = clock
+        self.events: deque[tuple[float, float]] = deque()
+
+    def add(self, value: float = 1.0, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
+        self.events.append((now, value))
+        self.trim(now)
+
+    def trim(self, now: float) -> None:
+        while self.events and self.events[0][0] < now - self.horizon_s:
+            self.events.popleft()
+
+    def values(self, seconds: float | None = None, now: float | None = None) -> list[float]:
+        now = self.clock() if now is None else now
+        self.trim(now)
+        since = now - (self.horizon_s if seconds is None else seconds)
+        return [v for t, v in self.events if t >= since]
+
+    def rate(self, seconds: float | None = None, now: float | None = None) -> float:
+        """Events per second over the last ``seconds`` (default: the horizon)."""
+        seconds = self.horizon_s if seconds is None else seconds
+        return len(self.values(seconds, now)) / seconds
+
+    def total_rate(self, seconds: float | None = None, now: float | None = None) -> float:
+        """Sum of values per second (e.g. items scored per second)."""
+        seconds = self.horizon_s if seconds is None else seconds
+        return sum(self.values(seconds, now)) / seconds
+
+    def tail(self, percentile: float, seconds: float | None = None, now: float | None = None) -> float:
+        """The ``percentile`` of the values in the window (0 when empty)."""
+        recent = self.values(seconds, now)
+        return float(np.percentile(recent, percentile)) if recent else 0.0
+
 
 
 @dataclass
@@ -74,16 +116,13 @@ class ModelMetrics:
     fail_d: Duration = field(default_factory=Duration)
     queue_d: Duration = field(default_factory=Duration)
     compute_d: Duration = field(default_factory=Duration)
-    recent_items: deque = field(default_factory=deque)  # (done time, items)
-    recent_latency: deque = field(default_factory=deque)  # (done time, e2e seconds)
-    arrivals: deque = field(default_factory=deque)  # arrival times
+    recent_items: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))  # items
+    recent_latency: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))  # e2e s
+    arrivals: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))
 
     def arrived(self) -> None:
         self.requests += 1
-        now = time.time()
-        self.arrivals.append(now)
-        while self.arrivals and self.arrivals[0] < now - HISTORY_S:
-            self.arrivals.popleft()
+        self.arrivals.add()
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -103,33 +142,23 @@ class ModelMetrics:
         self.success_d.add(e2e_s)
         self.queue_d.add(queue_s)
         self.compute_d.add(compute_s)
-        self.recent_items.append((now, items))
-        self.recent_latency.append((now, e2e_s))
-        self._trim(now)
+        self.recent_items.add(items, now)
+        self.recent_latency.add(e2e_s, now)
 
     def failed(self, e2e_s: float) -> None:
         self.fail_d.add(e2e_s)
 
-    def _trim(self, now: float) -> None:
-        for recent in (self.recent_items, self.recent_latency):
-            while recent and recent[0][0] < now - HISTORY_S:
-                recent.popleft()
-
     def items_per_s(self) -> float:
-        now = time.time()
-        self._trim(now)
-        return sum(n for t, n in self.recent_items if t >= now - RATE_WINDOW_S) / RATE_WINDOW_S
+        return self.recent_items.total_rate(RATE_WINDOW_S)
 
     def window(self, seconds: float, percentile: float) -> dict[str, float]:
         """Tail latency, completions/s and arrivals/s over the last ``seconds`` (for the node resource manager)."""
         now = time.time()
-        self._trim(now)
         seconds = min(max(seconds, 1e-3), HISTORY_S)
-        lat = [x for t, x in self.recent_latency if t >= now - seconds]
-        arrived = sum(1 for t in self.arrivals if t >= now - seconds)
-        tail = float(np.percentile(lat, percentile)) * 1e3 if lat else 0.0
-        return {"seconds": seconds, "percentile": percentile, "tail_ms": tail, "completed": len(lat),
-                "qps": len(lat) / seconds, "arrival_qps": arrived / seconds,
+        completed = len(self.recent_latency.values(seconds, now))
+        return {"seconds": seconds, "percentile": percentile,
+                "tail_ms": self.recent_latency.tail(percentile, seconds, now) * 1e3, "completed": completed,
+                "qps": completed / seconds, "arrival_qps": self.arrivals.rate(seconds, now),
                 "errors": int(sum(self.errors.values()))}
 
     def triton_stats(self, name: str) -> dict:

@@ -1,7 +1,8 @@
 """Discrete-event simulation of a pool of instances behind one dispatch policy.
 
 Events are query arrivals (pre-generated, sorted) and instance completions (a heap).  After every
-event the runtime asks the policy for assignments, exactly as the live router does.  Each query's
+event the one :class:`~recserve.policies.dispatcher.Dispatcher` asks the policy for assignments, the same
+object the live router and the Ray Serve request router drive.  Each query's
 service time on each server type is drawn up front from the :class:`ServiceModel` with common
 random numbers, so different policies and rates see the same queries.
 """
@@ -19,6 +20,7 @@ import numpy as np
 
 from recserve.errors import RecserveError
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances
+from recserve.policies.dispatcher import Dispatcher
 from recserve.sim.latency import ServiceModel
 from recserve.sim.queries import QueryStream
 
@@ -34,6 +36,7 @@ class SimResult:
     wall_s: float
     served_by_type: dict[str, int] = field(default_factory=dict)
     events: int = 0
+    decisions: list[tuple[float, int, int]] | None = None  # (ms, query id, instance) when recorded
 
     def tail(self, percentile: float) -> float:
         """Tail latency; unfinished queries count as infinitely late."""
@@ -96,36 +99,42 @@ class ClusterSim:
             service.type_index(t)
 
     def run(self, policy: DispatchPolicy, stream: QueryStream, qps: float | None = None,
-            arrivals: np.ndarray | None = None, warmup: float = 0.02, abort_on_violation: bool = True) -> SimResult:
+            arrivals: np.ndarray | None = None, warmup: float = 0.02, abort_on_violation: bool = True,
+            record: bool = False) -> SimResult:
         """Simulate until every query completes (or, with ``abort_on_violation``, until more queries
-        have missed the QoS target than the percentile allows, since the answer is then known)."""
+        have missed the QoS target than the percentile allows, since the answer is then known).
+        With ``record`` the result carries the dispatcher's decisions (time, query id, instance)."""
         if arrivals is None:
             if qps is None:
                 raise RecserveError("give qps or arrivals")
             arrivals = stream.arrivals(qps)
         n = len(arrivals)
-        instances, types = make_instances(self.pool)
-        policy.bind(instances, types)
-        buckets = self.service.bucket(stream.sizes[:n])
-        service = self.service.sample(types, buckets, stream.noise[:n]).tolist()
-        return _event_loop(policy, instances, types, stream.sizes[:n].tolist(), buckets.tolist(),
-                           arrivals.tolist(), service, self.qos_ms, self.percentile, warmup, abort_on_violation)
+        grid = self.service.bucket(stream.sizes[:n])  # service-grid index: only for drawing service times
+        service = self.service.sample(list(dict.fromkeys(self.pool)), grid, stream.noise[:n]).tolist()
+        return replay(policy, self.pool, stream.sizes[:n].tolist(), arrivals.tolist(), service, self.qos_ms,
+                      self.percentile, warmup, abort_on_violation, record)
 
 
-def _event_loop(policy: DispatchPolicy, instances: list[Instance], types: list[str], sizes: list[int],
-                buckets: list[int], arrivals: list[float], service: list[list[float]], qos_ms: float,
-                percentile: float, warmup: float, abort_on_violation: bool) -> SimResult:
+def replay(policy: DispatchPolicy, pool: Sequence[str], sizes: list[int], arrivals: list[float],
+           service: list[list[float]], qos_ms: float, percentile: float = 99.0, warmup: float = 0.0,
+           abort_on_violation: bool = False, record: bool = False) -> SimResult:
+    """Discrete-event replay of a recorded query trace through the one :class:`Dispatcher`.
+
+    ``service[i][t]`` is query ``i``'s service time on the ``t``-th distinct type of ``pool``."""
     t0 = time.perf_counter()
     n = len(arrivals)
     first_measured = int(n * warmup)
     budget = (n - first_measured) * (1.0 - percentile / 100.0)
     heap: list[tuple[float, int, int]] = []
-    queue: list[Query] = []
-    idle: list[Instance] = list(instances)
-    latencies: list[float] = []
-    per_instance = policy.per_instance_queues
-    assign, on_complete = policy.assign, policy.on_complete
     heappush, heappop = heapq.heappush, heapq.heappop
+
+    def start(q: Query, inst: Instance, now: float) -> None:
+        heappush(heap, (now + service[q.id][inst.type_idx], q.id, inst.index))
+
+    instances, types = make_instances(pool)
+    dispatcher = Dispatcher(policy, instances, types, start, record=record)
+    arrive, finish, dispatch = dispatcher.arrive, dispatcher.finish, dispatcher.dispatch
+    latencies: list[float] = []
     violations = events = 0
     aborted = False
     now = 0.0
@@ -138,7 +147,6 @@ def _event_loop(policy: DispatchPolicy, instances: list[Instance], types: list[s
             now, _, j = heappop(heap)
             inst = instances[j]
             q = inst.current
-            svc = now - q.start
             if q.id >= first_measured:
                 lat = now - q.arrival
                 latencies.append(lat)
@@ -147,47 +155,14 @@ def _event_loop(policy: DispatchPolicy, instances: list[Instance], types: list[s
                     if abort_on_violation and violations > budget:
                         aborted = True
                         break
-            inst.served += 1
-            on_complete(now, q, inst, svc)
-            if inst.local:
-                nxt = inst.local.popleft()
-                nxt.start = now
-                inst.current = nxt
-                heappush(heap, (now + service[nxt.id][inst.type_idx], nxt.id, j))
-            else:
-                inst.busy = False
-                inst.current = None
-                idle.append(inst)
+            finish(now, inst)
+            dispatch(now)
         else:
             now = t_arr
-            queue.append(Query(i, sizes[i], t_arr, buckets[i]))
+            arrive(now, sizes[i], query_id=i)
             i += 1
-        if queue and (idle or per_instance):
-            pairs = assign(now, queue, idle)
-            if pairs:
-                _apply(pairs, queue, idle, heap, service, now)
-    return SimResult(np.array(latencies), len(latencies), n - first_measured, violations, aborted, now,
-                     time.perf_counter() - t0, {t: sum(x.served for x in instances if x.type_name == t)
-                                                 for t in types}, events)
-
-
-def _apply(pairs: list[tuple[Query, Instance]], queue: list[Query], idle: list[Instance],
-           heap: list[tuple[float, int, int]], service: list[list[float]], now: float) -> None:
-    taken = set()
-    for q, inst in pairs:
-        taken.add(q.id)
-        if inst.busy:
-            inst.local.append(q)
-            continue
-        inst.busy = True
-        inst.current = q
-        q.start = now
-        idle.remove(inst)
-        heapq.heappush(heap, (now + service[q.id][inst.type_idx], q.id, inst.index))
-    k = len(taken)
-    if k == len(queue):
-        queue.clear()
-    elif all(queue[x].id in taken for x in range(k)):
-        del queue[:k]
-    else:
-        queue[:] = [q for q in queue if q.id not in taken]
+    result = SimResult(np.array(latencies), len(latencies), n - first_measured, violations, aborted, now,
+                       time.perf_counter() - t0, {t: sum(x.served for x in instances if x.type_name == t)
+                                                   for t in types}, events)
+    result.decisions = dispatcher.decisions
+    return result

@@ -75,7 +75,7 @@ class DispatchEvaluation:
     def policy(self, name: str, pool: Sequence[str], **kw: object) -> DispatchPolicy:
         """A fresh policy; with ``seed_predictor`` its predictor starts from the profiled latencies
         (what the live router does with a pool file's ``prior``)."""
-        if self.seed_predictor:  # simulated queries carry indices into the service grid, not size buckets
+        if self.seed_predictor:  # the prior is read on the service grid, so the predictor buckets by that grid
             types = list(dict.fromkeys(pool))
             grid = self.service.batches
             prior = prior_from_profiles(self.profiles, self.model, types, buckets=grid)

@@ -7,9 +7,10 @@ cores gather embeddings, ``threads`` single-core DenseNet threads — on an acce
 DenseNet threads are co-located on the device).
 
 The evaluation function is injected: ``evaluate(config) -> max load (QPS) or None`` when the
-configuration is infeasible (SLA unmet even at zero load, memory, power).  It can be the perfmodel
-(:func:`perfmodel_evaluator`) or live measurement.  Every search counts the distinct
-configurations it evaluated.
+configuration is infeasible (SLA unmet even at zero load, memory, power).  The search never models or
+measures itself: ``recserve.perfmodel.evaluator.perfmodel_evaluator`` (the analytic model) or
+``recserve.measure.config_eval.LiveEvaluator`` (node servers on this host) are passed in by ``commands/``.
+Every search counts the distinct configurations it evaluated.
 
 - :func:`search` — gradient-guided: for each op-parallelism, start at the smallest threads and
   batch, step to the best of the "+1" neighbours (batch, threads, both; for the pipeline every
@@ -29,8 +30,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from recserve.perfmodel import Allocation, LoadResult, PerfModel, SizeMix
-from recserve.specs import SLA, ModelSpec, ServerType
+from recserve.perfmodel import Allocation, PerfModel, SizeMix
+from recserve.profiles import ProfileTable
+from recserve.specs import ModelSpec, ServerType
 
 DEFAULT_BATCHES = (16, 32, 64, 128, 256, 512, 1024)
 MODES = ("model", "pipeline")
@@ -318,106 +320,21 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
     return SearchResult("hercules", best, q, len(counted.seen), len(space(server, batches, modes)), counted.path)
 
 
-# ---------------------------------------------------------------- evaluators
+def efficiency_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix) -> list[ProfileTable]:
+    """Hercules' efficiency tuple (max QPS, provisioned power) at the searched optimum on the modelled server, as
+    an ``efficiency`` Profile table for the provisioning planner; none without a power figure or a feasible config.
+    Pass it as ``model_profiles(..., extra=efficiency_tables)``."""
+    if server.power_w is None:
+        return []
+    from recserve.perfmodel.evaluator import perfmodel_evaluator
 
-
-class PerfModelEvaluator:
-    """``config -> max load`` from the analytic model, with an optional power budget (Hercules' constraint)."""
-
-    def __init__(self, spec: ModelSpec, server: ServerType, model: PerfModel | None = None,
-                 sizes: SizeMix | Any = None, sla: SLA | None = None, power_budget_w: float | None = None,
-                 base: Allocation | None = None) -> None:
-        self.spec, self.server = spec, server
-        self.model = model or PerfModel()
-        self.mix = sizes if isinstance(sizes, SizeMix) else SizeMix.of(sizes)
-        self.sla = sla or spec.sla
-        self.power_budget_w = power_budget_w
-        self.base = base or Allocation()
-        self._cache: dict[SchedConfig, LoadResult] = {}
-
-    def detail(self, cfg: SchedConfig) -> LoadResult:
-        if cfg not in self._cache:
-            self._cache[cfg] = self.model.evaluate(self.spec, self.server, cfg.allocation(self.base), self.mix,
-                                                   self.sla, with_latency=False)
-        return self._cache[cfg]
-
-    def prefetch(self, configs: list[SchedConfig]) -> None:
-        """Evaluate many configurations in one vectorised pass (exhaustive search)."""
-        todo = [c for c in configs if c not in self._cache]
-        results = self.model.evaluate_many(self.spec, self.server, [c.allocation(self.base) for c in todo],
-                                           self.mix, self.sla)
-        self._cache.update(zip(todo, results, strict=True))
-
-    def __call__(self, cfg: SchedConfig) -> float | None:
-        r = self.detail(cfg)
-        if not r.feasible or r.max_qps <= 0:
-            return None
-        if self.power_budget_w is not None and r.power_w > self.power_budget_w:
-            return None
-        return r.max_qps
-
-
-def perfmodel_evaluator(spec: ModelSpec, server: ServerType, model: PerfModel | None = None,
-                        sizes: SizeMix | Any = None, sla: SLA | None = None,
-                        power_budget_w: float | None = None) -> PerfModelEvaluator:
-    return PerfModelEvaluator(spec, server, model, sizes, sla, power_budget_w)
-
-
-class LiveEvaluator:
-    """``config -> max load`` measured on this host: a node server per configuration, open-loop Poisson
-    load from the production-like mix, and the latency-bounded throughput search of ``recserve bench``."""
-
-    def __init__(self, spec: ModelSpec, server: ServerType, sla: SLA | None = None, scale: float = 1e-3,
-                 duration_s: float = 3.0, sizes: str = "production", start_qps: float = 20.0,
-                 log: Callable[[str], None] | None = None) -> None:
-        from recserve.errors import RecserveError
-
-        if server.name != "this-host":
-            raise RecserveError(f"--live measures this host only (server 'this-host'), not {server.name!r}")
-        self.spec, self.server, self.sla = spec, server, sla or spec.sla
-        self.scale, self.duration_s, self.sizes, self.start_qps, self.log = scale, duration_s, sizes, start_qps, log
-        self._measured: dict[SchedConfig, float | None] = {}
-
-    def __call__(self, cfg: SchedConfig) -> float | None:
-        """Measured once per configuration; the baselines reuse the measurement."""
-        if cfg not in self._measured:
-            self._measured[cfg] = self.measure(cfg)
-        return self._measured[cfg]
-
-    @property
-    def measured(self) -> dict[SchedConfig, float | None]:
-        """Every configuration measured so far and its max load (None: SLA unmet or does not fit)."""
-        return dict(self._measured)
-
-    def measure(self, cfg: SchedConfig) -> float | None:
-        """A fresh measurement (not memoised): a new server, a new max-load search."""
-        from recserve.errors import SpecError
-        from recserve.measure.loadgen import LoadSession
-        from recserve.measure.maxload import find_max_load
-        from recserve.measure.requests import RequestPool
-        from recserve.measure.served import LocalServer
-
-        options: dict[str, Any] = {"threads": cfg.cores_per_thread, "sub_batch": cfg.batch, "mode": cfg.mode}
-        if cfg.mode == "pipeline":
-            options["sparse_workers"] = cfg.sparse_threads
-        if self.log:
-            self.log(f"[live] {cfg.label()}")
-        try:
-            server = LocalServer(self.spec.name, self.scale, workers=cfg.threads, **options)
-        except SpecError as exc:  # e.g. more cores than this host has
-            if self.log:
-                self.log(f"[live] infeasible: {exc}")
-            return None
-        pool = RequestPool.from_mix(self.spec, self.scale, self.sizes, pool=32, seed=0, index="uniform")
-        seeds = iter(range(10_000))
-        with server, LoadSession(server.target("http"), pool, warm=True) as session:
-            result = find_max_load(
-                lambda rate: session.run(rate, self.duration_s, seed=next(seeds), min_requests=30),
-                self.sla.target_ms, self.sla.percentile, start_qps=self.start_qps, rtol=0.1, max_probes=12,
-                log=self.log)
-        return result.max_qps if result.max_qps > 0 else None
-
-
-def live_evaluator(spec: ModelSpec, server: ServerType, sla: SLA | None = None, **kwargs: Any) -> Evaluator:
-    """Measure each configuration through the node server on this host (slow: seconds per configuration)."""
-    return LiveEvaluator(spec, server, sla, **kwargs)
+    evaluate = perfmodel_evaluator(spec, server, pm, mix)
+    res = search(server, evaluate, spec=spec)
+    if res.best is None:
+        return []
+    cfg = res.best
+    detail = evaluate.detail(cfg)
+    return [ProfileTable(spec.name, server.name, "efficiency",
+                         ("max_qps", "power_w", "workers", "cores_per_worker", "batch", "sparse_workers"),
+                         [[res.best_qps, detail.power_w, cfg.threads, cfg.cores_per_thread, cfg.batch,
+                           cfg.sparse_threads]], "modelled", {"mode": cfg.mode})]
