@@ -125,4 +125,4 @@ def test_profile_model_on_this_host_states_its_power_assumption(tmp_path):
     assert rc == 0 and out_file.exists(), err
     from recserve.hostinfo import this_host
 
-    assert any(a.startswith("power_w=") and "assumed" in a for a in this_host().assumptions)
+    assert any(a.startswith("power_w=") and "assumed" in a for a in this_host()["assumptions"])

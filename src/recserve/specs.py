@@ -8,6 +8,7 @@ full-size: planners need real capacities; only the live zoo shrinks rows (``zoo.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -339,18 +340,26 @@ def first_tables(spec: ModelSpec, k: int) -> ModelSpec:
     return dataclasses.replace(spec, name=f"{spec.name}{TABLES_SUFFIX}{k}", tables=spec.tables[:k])
 
 
+MODEL_SOURCES: list[Callable[[str], ModelSpec | None]] = []
+"""Where else a model name may point, added by the layers that can read it (``serving/repository.py`` adds
+repository paths): specs sits below every artifact reader, so it asks them instead of importing them."""
+
+
+def add_model_source(source: Callable[[str], ModelSpec | None]) -> None:
+    if source not in MODEL_SOURCES:
+        MODEL_SOURCES.append(source)
+
+
 def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec:
     models = {**catalogue_models(), **(extra or {})}
     base, sep, keep = name.rpartition(TABLES_SUFFIX)
     if name not in models and sep and base in models and keep.isdigit():
         return first_tables(models[base], int(keep))
-    if name not in models and "/" in name and Path(name).is_dir():
-        # a model of a model repository, named by its path (REPO/<model>[/<version>]): its own spec file or the spec
-        # inside its program (imported here only, so catalogue users never load the artifact readers)
-        from recserve.serving.repository import reference_spec
-
-        return reference_spec(name)
     if name not in models:
+        for source in MODEL_SOURCES:  # e.g. a model repository's path, REPO/<model>[/<version>]
+            spec = source(name)
+            if spec is not None:
+                return spec
         raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))} (or a repository model's "
                         "path, REPO/<model>)")
     return models[name]

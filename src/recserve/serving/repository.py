@@ -29,7 +29,7 @@ from typing import Any
 
 from recserve.errors import SpecError
 from recserve.serving.config import ModelConfig
-from recserve.specs import SLA, ModelSpec, _build, read_yaml
+from recserve.specs import SLA, ModelSpec, _build, add_model_source, read_yaml
 
 CONFIG_FILE = "config.yaml"
 # config.yaml key -> ModelConfig field (the node config's names, plus Triton's max_query_size spelling)
@@ -192,6 +192,14 @@ class Repository:
 def is_reference(name: str) -> bool:
     """Whether a model name is a path to a repository model (``REPO/<model>[/<version>]``)."""
     return "/" in name and Path(name).is_dir()
+
+
+def repository_model(name: str) -> ModelSpec | None:
+    """``specs.get_model``'s source for repository paths (REPO/<model>[/<version>]); None for anything else."""
+    return reference_spec(name) if "/" in name and Path(name).is_dir() else None
+
+
+add_model_source(repository_model)
 
 
 def reference_spec(reference: str) -> ModelSpec:
