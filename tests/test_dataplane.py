@@ -486,3 +486,37 @@ def check_huge_json(port: int) -> None:
     sender.join()
     assert answer["result"][0] == 400  # decoded, then refused: the shape does not fit the model
     assert slowest < 5.0, slowest  # bounded by the watchdog's tick and RESPONSIVE_S, not by the decode
+
+
+def test_admission_by_count_and_by_time_on_one_worker_queue():
+    """The worker's admission rule, with a model whose pass takes a known time: alone a query is always tried;
+    behind others it is shed (503 naming its deadline) when the fitted pass time says it would be late, and the
+    queue length bounds admission whatever the deadline."""
+    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+
+    class SlowPath:
+        def compute(self, queries):
+            time.sleep(0.02 * len(queries))
+            return [np.zeros((q[0].shape[0], 1), np.float32) for q in queries]
+
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda fd, prefix: None,
+                            PlaneLimits(queue_limit=3, deadline_s=10.0, fuse_items=0), sub_batch=0)
+        for _ in range(20):
+            plane.service.observe(4, 0.02)  # learned: 20 ms a pass
+        answers = []
+
+        def reply(scores, error):
+            answers.append(str(error) if error is not None else "ok")
+
+        query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
+        for timeout in (0.001, 0.001, 10.0, 10.0, 10.0, 10.0):
+            plane.enqueue(query, 4, time.perf_counter(), timeout, reply)
+        # shed at once: the 2nd (it would finish after its 1 ms deadline behind the 1st), the 5th and 6th (3 queued)
+        assert len(answers) == 3 and "after its deadline" in answers[0]
+        assert all("queued at this worker (limit 3)" in a for a in answers[1:])
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert answers.count("ok") == 3
+    finally:
+        loop.close()

@@ -53,6 +53,7 @@ MAX_HEAD_BYTES = 64 * 1024
 STATS_FLUSH_S = 0.005  # completed-query records reach the supervisor within this delay
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
+PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -144,6 +145,9 @@ class Connection(asyncio.Protocol):
         self.arrived = 0.0
         self._head: Head | None = None
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
+        self._body: bytearray | None = None  # a large body being received in place (``_start_body``)
+        self._filled = 0
+        self._head_bytes = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -154,6 +158,15 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.discarding:
+            return
+        if self._body is not None:  # a large body: each chunk copied once, into its place
+            take = min(len(data), len(self._body) - self._filled)
+            self._body[self._filled : self._filled + take] = memoryview(data)[:take]
+            self._filled += take
+            if take < len(data):
+                self.buf += memoryview(data)[take:]
+            if self._filled == len(self._body) and not self.busy:
+                self._advance()
             return
         if not self.buf:
             self.arrived = time.perf_counter()
@@ -178,15 +191,38 @@ class Connection(asyncio.Protocol):
         if self._head is None and not self._read_head():
             return
         head_end, method, path, version, headers = self._head  # type: ignore[misc]
-        if len(self.buf) < self._needed:
+        if self._body is not None:
+            if self._filled < len(self._body):
+                return
+            body, self._body = self._body, None
+        elif len(self.buf) < self._needed:
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self._needed - head_end >= PREALLOCATE_BYTES:
+                self._start_body(head_end)
             return
-        end, self._head, self._needed = self._needed, None, 0
-        body = self.buf[head_end:end]
-        del self.buf[:end]
+        else:
+            body = self.buf[head_end : self._needed]
+            del self.buf[: self._needed]
+        self._head, self._needed = None, 0
         self.busy = True
         self.plane.admit(self, Request(method, path, version, headers, body, self.arrived))
+
+    def _start_body(self, head_end: int) -> None:
+        """Receive the rest of a large body straight into a buffer of its size: appending megabytes to a growing
+        buffer re-copied it on every chunk (~60% of a worker's CPU at 1.9 MB requests)."""
+        self._body = bytearray(self._needed - head_end)
+        got = self.buf[head_end:]
+        self._body[: len(got)] = got
+        self._filled = len(got)
+        self._head_bytes = bytes(self.buf[:head_end])
+        self.buf.clear()
+
+    def pending(self) -> bytes:
+        """Everything read and not yet answered, as received (what a hand-off passes on)."""
+        if self._body is None:
+            return bytes(self.buf)
+        return self._head_bytes + bytes(self._body[: self._filled]) + bytes(self.buf)
 
     def _read_head(self) -> bool:
         """Parse the head; True if the request is ours to read on, False if answered, handed off or incomplete."""
@@ -231,7 +267,8 @@ class Connection(asyncio.Protocol):
 
     def too_slow(self, now: float, limit_s: float) -> bool:
         """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
-        return not self.busy and not self.closed and bool(self.buf) and now - self.arrived > limit_s
+        receiving = bool(self.buf) or self._body is not None
+        return not self.busy and not self.closed and receiving and now - self.arrived > limit_s
 
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
@@ -549,7 +586,7 @@ class WorkerPlane:
         transport.pause_reading()
         sock = transport.get_extra_info("socket")
         fd = os.dup(sock.fileno())
-        prefix = bytes(conn.buf)
+        prefix = conn.pending()
         conn.closed = True
         transport.abort()  # closes this process's descriptor; the dup keeps the connection open
         self.connections.discard(conn)
