@@ -54,7 +54,7 @@ def run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, ra
     shed = sum(n for kind, n in result.errors.items() if kind != "timeout")
     return {**out, "offered_qps": rate, "ok": result.ok, "measured": result.measured, "errors": result.errors,
             "shed_share": shed / max(1, result.measured),
-            "admitted_ms": {"p50": d["latency_ms"]["p50"] if result.ok else None,
+            "admitted_ms": {"p50": float(_pct(result.latencies_ms, 50)) if result.ok else None,
                             "p99": float(_pct(result.latencies_ms, 99)) if result.ok else None},
             "shed_answer_ms": d["refused_answer_ms"]}
 
