@@ -19,6 +19,7 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from torch import nn
 
+from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
 from recserve.serving.config import NodeConfig
@@ -37,7 +38,6 @@ from recserve.zoo.artifacts import (
 SPEC = dict(family="dlrm", dense_in=8, bottom_mlp=[16, 8], top_mlp=[16, 1], interaction="dot",
             tables=[dict(name="t", rows=500, dim=8, pooling=2, repeat=3)], sla=dict(target_ms=50))
 KINDS = {"ctr": "safetensors", "ctr_pt2": "export", "ctr_ts": "torchscript"}
-DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 
 
 def trained(seed: int, name: str = "ctr"):
@@ -249,24 +249,6 @@ def node(repo):
         server.stop()
 
 
-def _http_inputs(batch):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = thttp.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
-
-
-def _grpc_inputs(batch):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = tgrpc.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
-
-
 def test_served_scores_equal_the_trained_model_over_http_and_grpc(node):
     _, ports = node
     http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
@@ -275,8 +257,8 @@ def test_served_scores_equal_the_trained_model_over_http_and_grpc(node):
         reference = trained(0, name)
         batch = sample_batch(reference, 17, rng=3)
         want = scores(reference, batch)
-        via_http = http.infer(name, _http_inputs(batch)).as_numpy("scores")
-        via_grpc = grpc.infer(name, _grpc_inputs(batch), model_version="1").as_numpy("scores")
+        via_http = http.infer(name, http_inputs(batch)).as_numpy("scores")
+        via_grpc = grpc.infer(name, grpc_inputs(batch), model_version="1").as_numpy("scores")
         diffs = np.abs(via_http - want).max(), np.abs(via_grpc - want).max()
         print(f"{name} ({kind}): max abs diff HTTP {diffs[0]:.3g}, gRPC {diffs[1]:.3g}")
         assert max(diffs) <= 1e-6
@@ -287,7 +269,7 @@ def test_a_bare_program_of_its_own_architecture_is_served(node):
     batch = random_batch(6, (300, 200), (1, 1), 7, 2)
     with torch.inference_mode():
         want = OwnArchitecture()(batch.dense, batch.values, batch.lengths).numpy()
-    served = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("own", _grpc_inputs(batch))
+    served = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("own", grpc_inputs(batch))
     assert np.abs(served.as_numpy("scores") - want).max() <= 1e-6
 
 
@@ -297,7 +279,7 @@ def test_a_torchscript_module_with_sparse_and_dense_methods_serves_as_a_pipeline
     assert state["mode"] == "pipeline" and set(state["stages"]) == {"sparse", "dense"}
     reference = trained(0, "ctr_ts_pipeline")
     batch = sample_batch(reference, 12, rng=8)
-    served = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts_pipeline", _http_inputs(batch))
+    served = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts_pipeline", http_inputs(batch))
     assert np.abs(served.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
 
 
@@ -323,10 +305,10 @@ def test_repository_index_versioned_paths_and_unload_load(node):
     reference = trained(0, "ctr_ts")
     batch = sample_batch(reference, 4, rng=1)
     http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
-    result = http.infer("ctr_ts", _http_inputs(batch), model_version="1")
+    result = http.infer("ctr_ts", http_inputs(batch), model_version="1")
     assert result.get_response()["model_version"] == "1"
     with pytest.raises(Exception, match="no version '9' loaded"):
-        http.infer("ctr_ts", _http_inputs(batch), model_version="9")
+        http.infer("ctr_ts", http_inputs(batch), model_version="9")
     grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
     grpc.unload_model("ctr_ts")
     assert not http.is_model_ready("ctr_ts")
@@ -334,7 +316,7 @@ def test_repository_index_versioned_paths_and_unload_load(node):
     states = {e["name"]: (e.get("state", ""), e.get("reason", "")) for e in index}
     assert states["ctr_ts"] == ("UNAVAILABLE", "unloaded")
     http.load_model("ctr_ts")
-    assert np.abs(http.infer("ctr_ts", _http_inputs(batch)).as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
+    assert np.abs(http.infer("ctr_ts", http_inputs(batch)).as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
 
 
 def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
@@ -352,7 +334,7 @@ def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
         assert entry["state"] == "UNAVAILABLE" and "cannot read the program" in entry["reason"]
         reference = trained(0, "ctr_ts")
         batch = sample_batch(reference, 3, rng=2)
-        answer = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts", _http_inputs(batch))
+        answer = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts", http_inputs(batch))
         assert answer.get_response()["model_version"] == "1"
         assert np.abs(answer.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
     finally:
@@ -361,7 +343,7 @@ def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
 
 def _body(batch) -> tuple[bytes, dict[str, str]]:
     arrays = batch.as_arrays()
-    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPES[a.dtype], "shape": list(a.shape),
+    head = json.dumps({"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
                                    "parameters": {"binary_data_size": a.nbytes}} for n, a in arrays.items()],
                        "parameters": {"binary_data_output": True}}).encode()
     return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
@@ -426,7 +408,7 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
         while not stop.is_set():
             try:
-                answer = client.infer("swap", _grpc_inputs(batches[0]), client_timeout=30)
+                answer = client.infer("swap", grpc_inputs(batches[0]), client_timeout=30)
                 ok = np.abs(answer.as_numpy("scores") - scores(old if answer.get_response().model_version == "1"
                                                                else new, batches[0])).max() <= 1e-6
                 grpc_answers.append(answer.get_response().model_version if ok else "wrong scores")
@@ -457,7 +439,7 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
     _, index = _post(ports.http, "/v2/repository/index")
     states = {(e["name"], e["version"]): e["state"] for e in index}
     assert states[("swap", "2")] == "READY" and states[("swap", "1")] == "UNAVAILABLE"
-    answer = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("swap", _grpc_inputs(batches[1]))
+    answer = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("swap", grpc_inputs(batches[1]))
     assert answer.get_response().model_version == "2"
     assert np.abs(answer.as_numpy("scores") - scores(new, batches[1])).max() <= 1e-6
 
@@ -557,7 +539,7 @@ def test_node_config_serves_a_repository_beside_catalogue_models_and_tiers_a_saf
         client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
         reference = trained(0, "ctr")
         batch = sample_batch(reference, 9, rng=4)
-        served = client.infer("tiered", _http_inputs(batch)).as_numpy("scores")
+        served = client.infer("tiered", http_inputs(batch)).as_numpy("scores")
         assert client.is_model_ready("ncf")
         with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/tiered", timeout=30) as r:
             tier_io = json.loads(r.read())["tier_io"]
