@@ -18,23 +18,14 @@ import torch
 import tritonclient.http as thttp
 import yaml
 
+from oip_inputs import http_inputs
 from recserve.cli import main
 from recserve.serving import build_worker_model, config_from_dict
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 READY_LINE = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
-
-
-def http_inputs(batch):
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = thttp.InferInput(name, list(arr.shape), DTYPE_NAMES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from scipy.stats import rankdata
 
+from recserve.serving.codec import triton_inputs
 from recserve.specs import ModelSpec, model_from_dict
 from recserve.zoo import FAMILY_CLASSES, RecModel
 from recserve.zoo.artifacts import write_version
@@ -37,7 +38,6 @@ SPEC = dict(family="dlrm", dense_in=DENSE, bottom_mlp=[32, 8], top_mlp=[64, 32, 
                     dict(name="category", rows=CATEGORIES, dim=8),
                     dict(name="history", rows=ITEMS, dim=8, pooling=HISTORY, side="user")])
 ARTIFACTS = {"ctr": "safetensors", "ctr_pt2": "export", "ctr_ts": "torchscript"}
-DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 
 
 @dataclass
@@ -123,15 +123,6 @@ def export(model: RecModel, repo: Path) -> None:
         print(f"exported {kind:<11} -> {path} ({path.stat().st_size / 1e3:,.0f} kB)", flush=True)
 
 
-def _inputs(module, batch: QueryBatch) -> list:
-    inputs = []
-    for name, arr in batch.as_arrays().items():
-        x = module.InferInput(name, list(arr.shape), DTYPES[arr.dtype])
-        x.set_data_from_numpy(arr)
-        inputs.append(x)
-    return inputs
-
-
 def query_served(http_port: int, grpc_port: int, log: ClickLog, expected: np.ndarray,
                  batch_size: int = 256) -> dict[str, dict[str, float]]:
     """Score the test log through every served model over HTTP and gRPC (tritonclient); diff and AUC."""
@@ -143,9 +134,9 @@ def query_served(http_port: int, grpc_port: int, log: ClickLog, expected: np.nda
     results = {}
     for name in ARTIFACTS:
         for protocol, (module, client) in clients.items():
-            served = np.concatenate([
-                client.infer(name, _inputs(module, log.batch(slice(s, s + batch_size)))).as_numpy("scores")[:, 0]
-                for s in range(0, len(log.clicks), batch_size)])
+            batches = (log.batch(slice(s, s + batch_size)).as_arrays() for s in range(0, len(log.clicks), batch_size))
+            served = np.concatenate([client.infer(name, triton_inputs(module, arrays)).as_numpy("scores")[:, 0]
+                                     for arrays in batches])
             results[f"{name} {protocol}"] = {"max_abs_diff": float(np.abs(served - expected).max()),
                                              "auc": auc(log.clicks, served)}
     return results

@@ -318,6 +318,18 @@ def http_infer_response(name: str, request: dict, scores: np.ndarray,
 # ---------------------------------------------------------------- HTTP (client side)
 
 
+def triton_inputs(client: Any, arrays: dict[str, np.ndarray], binary: bool = True) -> list[Any]:
+    """tritonclient ``InferInput`` objects for ``arrays``, as a user's client builds them; ``client`` is the module
+    ``tritonclient.http`` or ``tritonclient.grpc`` (passed in, so this module needs no tritonclient).
+    ``binary=False`` (HTTP only) sends the tensors as JSON lists."""
+    inputs = []
+    for name, arr in arrays.items():
+        x = client.InferInput(name, list(arr.shape), DATATYPES[arr.dtype.newbyteorder("=")])
+        x.set_data_from_numpy(arr) if binary else x.set_data_from_numpy(arr, binary_data=False)
+        inputs.append(x)
+    return inputs
+
+
 def encode_http_request(arrays: dict[str, np.ndarray], request_id: str = "",
                         binary_output: bool = True) -> tuple[bytes, int]:
     """Body and JSON-header length of a binary-extension infer request for ``arrays`` (name -> tensor)."""
