@@ -58,19 +58,14 @@ def buildable(spec) -> bool:
     return spec.family in FAMILY_CLASSES and model_cost(spec).source == "zoo"
 
 
-def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
-    models = [m for m in catalogue_models().values() if buildable(m)]
-    if quick:
-        models = models[::3]
-    measured = ProfileSet.load(reuse) if reuse else None
-    if measured is not None:
-        models = [m for m in models if m.name in measured.models()]
-    stream_gbs = None if reuse else measure_stream_gbs()  # once, not per measure_host call
-    for m in ([] if reuse else models):  # both table sizes of a model back to back: they share the host's mood
+def measure_table_sizes(models: list, budget_s: float) -> ProfileSet:
+    """latency_vs_batch of every model with small (in-cache) and large (DRAM) tables, tagged ``tables``."""
+    stream_gbs = measure_stream_gbs()  # once, not per measure_host call
+    measured: ProfileSet | None = None
+    for m in models:  # both table sizes of a model back to back: they share the host's mood
         for tag, target in (("small", SMALL_BYTES), ("large", LARGE_BYTES)):
             scale = float(min(1.0, max(1e-7, target / m.embedding_bytes)))
-            ps = measure_host([m], BATCHES, scale, threads=1, budget_s=0.15 if quick else 0.3, progress=log,
-                              stream_gbs=stream_gbs)
+            ps = measure_host([m], BATCHES, scale, threads=1, budget_s=budget_s, progress=log, stream_gbs=stream_gbs)
             for t in ps:
                 t.conditions["tables"] = tag
             if measured is None:
@@ -79,6 +74,19 @@ def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
                 specs = {**measured.meta["specs"], **ps.meta["specs"]}
                 measured = measured.merge(ps)
                 measured.meta["specs"] = specs
+    assert measured is not None
+    return measured
+
+
+def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
+    models = [m for m in catalogue_models().values() if buildable(m)]
+    if quick:
+        models = models[::3]
+    if reuse:
+        measured = ProfileSet.load(reuse)
+        models = [m for m in models if m.name in measured.models()]
+    else:
+        measured = measure_table_sizes(models, budget_s=0.15 if quick else 0.3)
     if "stream_gbs_per_core" not in measured.meta:  # files written before it was recorded
         measured.meta["stream_gbs_per_core"] = measure_stream_gbs()
     RESULTS.mkdir(exist_ok=True)

@@ -27,15 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recserve.perfmodel import load_calibration  # noqa: E402
 from recserve.perfmodel.fit import errors, fit, points_from_profiles  # noqa: E402
-from recserve.perfmodel.hostbench import calibration_host, measure_host, measure_stream_gbs  # noqa: E402
+from recserve.perfmodel.hostbench import calibration_host  # noqa: E402
 from recserve.perfmodel.microbench import calibration_from_micro, measure_micro  # noqa: E402
 from recserve.profiles import ProfileSet  # noqa: E402
 from recserve.specs import catalogue_models, server_from_dict, to_dict  # noqa: E402
 
 RESULTS = Path("results")
 HOSTS = Path(__file__).resolve().parent.parent / "src" / "recserve" / "data" / "hosts"
-BATCHES = (1, 8, 32, 128, 512)
-SMALL_BYTES, LARGE_BYTES = 8e6, 200e6
 
 
 def log(msg: str) -> None:
@@ -43,25 +41,10 @@ def log(msg: str) -> None:
 
 
 def record_timings(every: int) -> ProfileSet:
-    from bench_perfmodel import buildable
+    from bench_perfmodel import buildable, measure_table_sizes
 
     models = [m for m in catalogue_models().values() if buildable(m)][::every]
-    stream = measure_stream_gbs()
-    out: ProfileSet | None = None
-    for m in models:
-        for tag, target in (("small", SMALL_BYTES), ("large", LARGE_BYTES)):
-            scale = float(min(1.0, max(1e-7, target / m.embedding_bytes)))
-            ps = measure_host([m], BATCHES, scale, threads=1, budget_s=0.2, progress=log, stream_gbs=stream)
-            for t in ps:
-                t.conditions["tables"] = tag
-            if out is None:
-                out = ps
-            else:
-                specs = {**out.meta["specs"], **ps.meta["specs"]}
-                out = out.merge(ps)
-                out.meta["specs"] = specs
-    assert out is not None
-    return out
+    return measure_table_sizes(models, budget_s=0.2)
 
 
 def judge(cal, timings: ProfileSet, host) -> dict:
