@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import SpecError
+from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
@@ -199,7 +200,7 @@ class NodeConfig:
     http_port: int = 0
     grpc_port: int = 0
     max_body_bytes: int = 64 * 1024 * 1024
-    max_json_bytes: int = 16 * 1024 * 1024  # the JSON part of an infer request; tensors beyond go binary
+    max_json_bytes: int = MAX_JSON_BYTES  # the JSON part of an infer request; tensors beyond go binary
     read_timeout_s: float = 30.0  # a request must arrive whole within this, else 408 and close (slow clients)
     drain_timeout_s: float = 30.0
     server_name: str = "recserve"

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
 
 log = logging.getLogger("recserve.serving")
@@ -242,9 +243,9 @@ class Connection(asyncio.Protocol):
         except ValueError:
             self.refuse(InferError("invalid", "Content-Length: not an integer", "Content-Length"))
             return False
-        if length < 0 or length > self.plane.max_body:
-            self.refuse(InferError("too_large", f"body: {length} bytes exceed the limit of {self.plane.max_body}",
-                                   "body"))
+        limit = self.plane.limits.max_body
+        if length < 0 or length > limit:
+            self.refuse(InferError("too_large", f"body: {length} bytes exceed the limit of {limit}", "body"))
             return False
         self._head, self._needed = head, head_end + length
         return True
@@ -347,7 +348,7 @@ class PlaneLimits:
     """What bounds a worker's queue: count, time, body size, fused pass size and slow clients."""
 
     max_body: int = 64 * 1024 * 1024
-    max_json: int = 16 * 1024 * 1024  # the JSON part of a request (decoding blocks the worker's loop)
+    max_json: int = MAX_JSON_BYTES  # the JSON part of a request (decoding blocks the worker's loop)
     queue_limit: int = 64
     deadline_s: float = 1.0  # per-query deadline when the client sets no ``timeout``
     fuse_items: int = 256  # largest fused forward pass in samples; 0 = one query per pass
@@ -366,7 +367,6 @@ class WorkerPlane:
         self.send = send
         self._hand_off = hand_off
         self.limits = limits
-        self.max_body = limits.max_body
         self.sub_batch = sub_batch
         self.service = ServiceTime()
         self.connections: set[Connection] = set()

@@ -286,9 +286,7 @@ class ModelRuntime:
         self._tasks: set[asyncio.Task] = set()
         # Data plane v2: set by the node before start() when this model's workers accept queries themselves.
         self.listen_sock: Any = None
-        self.max_body = 64 * 1024 * 1024
-        self.read_timeout_s = 30.0
-        self.max_json = 16 * 1024 * 1024
+        self.node: Any = None  # the NodeConfig whose body, JSON and read-time bounds the workers apply
         self.grpc_address = ""  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
         self.grpc_upstream = ""
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
@@ -421,9 +419,9 @@ class ModelRuntime:
         from recserve.serving.dataplane import PlaneLimits
 
         share = max(1, -(-self.cfg.queue_limit // self.cfg.workers))
-        return PlaneLimits(max_body=self.max_body, max_json=self.max_json, queue_limit=share,
+        return PlaneLimits(max_body=self.node.max_body_bytes, max_json=self.node.max_json_bytes, queue_limit=share,
                            deadline_s=self.cfg.deadline_ms / 1e3, fuse_items=self.cfg.fuse_items,
-                           read_timeout_s=self.read_timeout_s)
+                           read_timeout_s=self.node.read_timeout_s)
 
     def accepting_now(self) -> bool:
         """A worker of this model is taking new connections on the node's socket (beat within ``RESPONSIVE_S``)."""

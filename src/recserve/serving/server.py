@@ -153,9 +153,8 @@ class NodeCore:
     def _attach(self, rt: ModelRuntime) -> None:
         """A whole-query runtime's workers accept HTTP (and gRPC) queries themselves."""
         if self.listen_sock is not None and rt.cfg.mode == "model":
-            rt.listen_sock, rt.max_body = self.listen_sock, self.config.max_body_bytes
+            rt.listen_sock, rt.node = self.listen_sock, self.config
             rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
-            rt.read_timeout_s, rt.max_json = self.config.read_timeout_s, self.config.max_json_bytes
             rt.grpc_address, rt.grpc_upstream = self.grpc_address, self.grpc_upstream
 
     def find(self, name: str, version: str = "") -> ModelRuntime | None:
