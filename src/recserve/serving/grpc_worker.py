@@ -33,11 +33,18 @@ class WorkerHandler(grpc.GenericRpcHandler):
     def __init__(self, plane: WorkerPlane, upstream: grpc.aio.Channel) -> None:
         self.plane = plane
         self.upstream = upstream
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # grpc asks on every call: built once per method
+        self._forward_infer = self._forward(SERVICE + "ModelInfer")  # another model's or version's queries
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         if not method.startswith(SERVICE):
             return None
+        if method not in self._handlers:
+            self._handlers[method] = self._handler(method)
+        return self._handlers[method]
+
+    def _handler(self, method: str) -> grpc.RpcMethodHandler:
         if method == SERVICE + "ModelInfer":
             return grpc.unary_unary_rpc_method_handler(self._infer)
         if method == SERVICE + "ModelStreamInfer":
@@ -51,7 +58,7 @@ class WorkerHandler(grpc.GenericRpcHandler):
             await context.abort(grpc_code(request.error), request.error.public_message())
         name, version = request.model_name, request.model_version
         if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
-            return await self._forward(SERVICE + "ModelInfer")(raw, context)
+            return await self._forward_infer(raw, context)
         try:
             arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request))
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
