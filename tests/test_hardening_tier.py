@@ -43,10 +43,14 @@ def test_block_corrupted_while_serving_fails_the_query_and_is_counted(disk_dir):
     table.close()
 
 
+def small_dlrm(name: str, second: TableSpec) -> ModelSpec:
+    """A two-table DLRM whose first table (u0, 3000x16) is the one tiered to SSD."""
+    return ModelSpec(name, "dlrm", 8, (TableSpec("u0", 3000, 16, pooling=8, side="user"), second), "dot", SLA(50.0),
+                     bottom_mlp=(32, 16), top_mlp=(16, 1))
+
+
 def test_corrupt_rows_never_reach_the_row_cache_or_the_scores(disk_dir):
-    spec = ModelSpec("sdm-fault", "dlrm", 8, (TableSpec("u0", 3000, 16, pooling=8, side="user"),
-                                              TableSpec("i0", 500, 16, pooling=2, side="item")),
-                     "dot", SLA(50.0), bottom_mlp=(32, 16), top_mlp=(16, 1))
+    spec = small_dlrm("sdm-fault", TableSpec("i0", 500, 16, pooling=2, side="item"))
     model = build(spec, scale=1.0)
     tier_model(model, [0], disk_dir, cache_bytes=1 << 20)
     table = model.tables[0]
@@ -76,9 +80,7 @@ def test_worker_reopen_after_file_swap_is_refused(disk_dir):
 
 
 def test_tier_model_refuses_a_file_of_other_weights_or_shape(disk_dir):
-    spec = ModelSpec("sdm-swap", "dlrm", 8, (TableSpec("u0", 3000, 16, pooling=8, side="user"),
-                                             TableSpec("u1", 1000, 16, pooling=4, side="user")),
-                     "dot", SLA(50.0), bottom_mlp=(32, 16), top_mlp=(16, 1))
+    spec = small_dlrm("sdm-swap", TableSpec("u1", 1000, 16, pooling=4, side="user"))
     model = build(spec, scale=1.0)
     tier_model(model, [0, 1], disk_dir, cache_bytes=0)
     paths = [model.tables[t].path for t in (0, 1)]
