@@ -511,12 +511,13 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
             answers.append(str(error) if error is not None else "ok")
 
         query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
-        for timeout in (0.001, 0.001, 10.0, 10.0, 10.0, 10.0):
+        for timeout in (10.0, 0.001, 0.001, 10.0, 10.0, 10.0, 10.0):
             plane.enqueue(query, 4, time.perf_counter(), timeout, reply)
-        # shed at once: the 2nd (it would finish after its 1 ms deadline behind the 1st), the 5th and 6th (3 queued)
-        assert len(answers) == 3 and "after its deadline" in answers[0]
-        assert all("queued at this worker (limit 3)" in a for a in answers[1:])
+        # the 1st found the worker idle and was computed at once; the rest arrived while its next turn was pending.
+        # Shed at once: the 3rd (it would finish after its 1 ms deadline behind the 2nd), the 6th and 7th (3 queued)
+        assert answers[0] == "ok" and len(answers) == 4 and "after its deadline" in answers[1]
+        assert all("queued at this worker (limit 3)" in a for a in answers[2:])
         loop.run_until_complete(asyncio.sleep(0.3))
-        assert answers.count("ok") == 3
+        assert answers.count("ok") == 4
     finally:
         loop.close()

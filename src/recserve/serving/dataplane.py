@@ -47,6 +47,7 @@ import numpy as np
 
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
+from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
 log = logging.getLogger("recserve.serving")
 
@@ -55,6 +56,7 @@ STATS_FLUSH_S = 0.005  # completed-query records reach the supervisor within thi
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
+RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -129,11 +131,12 @@ def as_infer_error(exc: Exception) -> InferError:
     return InferError("internal", f"{type(exc).__name__}: {exc}")
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     """One client connection on a worker: reads requests, hands them to the plane, writes answers in order.
 
-    The head of a request is parsed once; later chunks of its body only extend the buffer until
-    ``Content-Length`` bytes are there (so a large body arriving in many chunks costs linear time).
+    The head of a request is parsed once.  A large body is received straight into a buffer of its size
+    (``recv_into``: the kernel copies each byte once, into its place, and the decoded tensors view it); smaller
+    reads land in the plane's one scratch buffer and are appended to the connection's buffer.
     """
 
     def __init__(self, plane: WorkerPlane, prefix: bytes = b"") -> None:
@@ -148,6 +151,7 @@ class Connection(asyncio.Protocol):
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
         self._body: bytearray | None = None  # a large body being received in place (``_start_body``)
         self._filled = 0
+        self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -157,15 +161,32 @@ class Connection(asyncio.Protocol):
             self.arrived = time.perf_counter()
             self.plane.loop.call_soon(self._advance)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        body = self._body
+        self._into_body = body is not None and self._filled < len(body) and not self.discarding
+        if self._into_body:
+            return memoryview(body)[self._filled :]  # type: ignore[arg-type]
+        return self.plane.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._into_body:
+            self._filled += nbytes
+            if self._filled == len(self._body) and not self.busy:  # type: ignore[arg-type]
+                self._advance()
+            return
+        self.data_received(self.plane.scratch[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Bytes read outside a large body (request heads, small bodies, what follows a body)."""
         if self.discarding:
             return
-        if self._body is not None:  # a large body: each chunk copied once, into its place
+        if self._body is not None:  # the rest of a body started from bytes already buffered
             take = min(len(data), len(self._body) - self._filled)
-            self._body[self._filled : self._filled + take] = memoryview(data)[:take]
+            self._body[self._filled : self._filled + take] = data[:take]
             self._filled += take
-            if take < len(data):
-                self.buf += memoryview(data)[take:]
+            data = data[take:]
+            if data:
+                self.buf += data
             if self._filled == len(self._body) and not self.busy:
                 self._advance()
             return
@@ -368,7 +389,11 @@ class WorkerPlane:
         self._hand_off = hand_off
         self.limits = limits
         self.sub_batch = sub_batch
+        # inputs decoded from immutable bytes (gRPC) are read-only views; torch only reads them: warned once per
+        # process, not re-filtered on every pass (``catch_warnings`` per pass also reset the warning caches)
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self.service = ServiceTime()
+        self.scratch = memoryview(bytearray(RECV_BYTES))  # every connection's small reads (one loop: one at a time)
         self.connections: set[Connection] = set()
         self.queue: collections.deque[Query] = collections.deque()
         self.queued_items = 0
@@ -457,9 +482,9 @@ class WorkerPlane:
             return
         self.queue.append(Query(reply, arrived, deadline, arrays, items, behind=bool(self.queue)))
         self.queued_items += items
-        if not self._running:
+        if not self._running:  # idle: compute now (a loop turn costs ~30 µs); later arrivals queue and fuse
             self._running = True
-            self.loop.call_soon(self._run_next)
+            self._run_next()
 
     def _check_admission(self, items: int, deadline: float) -> None:
         if self.draining:
@@ -524,9 +549,7 @@ class WorkerPlane:
             return
         start = time.perf_counter()
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                scores = self.model.compute([q.arrays for q in group])
+            scores = self.model.compute([q.arrays for q in group])
         except Exception as exc:  # noqa: BLE001 - every failure is answered; the worker lives on
             for q in group:
                 self._fail(q.reply, q.arrived, as_infer_error(exc), start)
@@ -636,11 +659,20 @@ def _timeout_s(request: dict) -> float | None:
     return timeout_s(request.get("parameters") or {})
 
 
+def _wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """One input as the model reads it: contiguous (a JSON-decoded or sliced array may not be)."""
+    from recserve.zoo.batch import BatchError
+
+    if name not in arrays:
+        raise BatchError(name, "input tensor missing")
+    return np.ascontiguousarray(arrays[name])
+
+
 def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
                     run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1") -> ModelPath:
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec."""
     from recserve.serving import protocol
-    from recserve.zoo.batch import BatchError, QueryBatch, concat_arrays
+    from recserve.zoo.batch import BatchError, check_query, concat_arrays
 
     class Path:
         def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
@@ -650,11 +682,11 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
 
         def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
             try:
-                batch = QueryBatch.from_arrays(arrays)
-                batch.validate(info.dense_in, info.rows, info.seq_lens, max_batch_size)
+                query = tuple(_wire_array(arrays, name) for name in (INPUT_DENSE, INPUT_VALUES, INPUT_LENGTHS))
+                check_query(*query, info.dense_in, info.rows, info.seq_lens, max_batch_size)
             except BatchError as exc:
                 raise InferError("invalid", str(exc), exc.field) from exc
-            return (batch.dense.numpy(), batch.values.numpy(), batch.lengths.numpy()), batch.size
+            return query, query[0].shape[0]
 
         def compute(self, queries: list[tuple]) -> list[np.ndarray]:
             if len(queries) == 1:

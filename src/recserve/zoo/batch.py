@@ -110,40 +110,51 @@ class QueryBatch:
     def validate(self, dense_in: int, rows: tuple[int, ...], seq_lens: dict[int, int] | None = None,
                  max_batch: int | None = None) -> None:
         """Raise :class:`BatchError` naming the offending field; cheap enough for every request."""
-        if self.dense.dtype != torch.float32:
-            raise BatchError(INPUT_DENSE, f"dtype must be FP32, got {self.dense.dtype}")
-        if self.dense.dim() != 2 or self.dense.shape[1] != dense_in:
-            raise BatchError(INPUT_DENSE, f"shape must be [B, {dense_in}], got {list(self.dense.shape)}")
-        b = self.size
-        if b < 1:
-            raise BatchError(INPUT_DENSE, "batch must hold at least one item")
-        if max_batch is not None and b > max_batch:
-            raise BatchError(INPUT_DENSE, f"batch {b} exceeds max_batch_size {max_batch}")
-        if self.values.dtype != torch.int64:
-            raise BatchError(INPUT_VALUES, f"dtype must be INT64, got {self.values.dtype}")
-        if self.lengths.dtype not in (torch.int32, torch.int64):
-            raise BatchError(INPUT_LENGTHS, f"dtype must be INT32, got {self.lengths.dtype}")
-        if self.lengths.dim() != 2 or tuple(self.lengths.shape) != (len(rows), b):
-            raise BatchError(INPUT_LENGTHS, f"shape must be [{len(rows)}, {b}], got {list(self.lengths.shape)}")
-        # numpy views from here on: each torch call on these small tensors costs microseconds of dispatch
-        lengths, values = self.lengths.numpy(), self.values.numpy()
-        if lengths.size and lengths.min() < 0:
-            raise BatchError(INPUT_LENGTHS, "lengths must be >= 0")
-        counts = lengths.sum(axis=1, dtype=np.int64)
-        if int(counts.sum()) != values.size:
-            raise BatchError(INPUT_VALUES, f"has {values.size} ids but lengths sum to {int(counts.sum())}")
-        for t, length in (seq_lens or {}).items():
-            if (lengths[t] != length).any():
-                raise BatchError(INPUT_LENGTHS, f"table {t} is a sequence table: every bag must hold {length} ids")
-        # one pass over all ids: per-table min/max with reduceat (tables are contiguous in values)
-        nonempty = np.flatnonzero(counts)
-        if nonempty.size:
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[nonempty]
-            low, high = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
-            bad = np.flatnonzero((low < 0) | (high >= np.asarray(rows, dtype=np.int64)[nonempty]))
-            if bad.size:
-                t = int(nonempty[bad[0]])
-                raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
+        check_query(self.dense.numpy(), self.values.numpy(), self.lengths.numpy(), dense_in, rows, seq_lens,
+                    max_batch)
+
+
+WIRE_DTYPES = {INPUT_DENSE: (np.dtype(np.float32),), INPUT_VALUES: (np.dtype(np.int64),),
+               INPUT_LENGTHS: (np.dtype(np.int32), np.dtype(np.int64))}
+WIRE_DTYPE_NAMES = {INPUT_DENSE: "FP32", INPUT_VALUES: "INT64", INPUT_LENGTHS: "INT32"}
+
+
+def check_query(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray, dense_in: int, rows: tuple[int, ...],
+                seq_lens: dict[int, int] | None = None, max_batch: int | None = None) -> None:
+    """Raise :class:`BatchError` unless the three wire arrays are a query this model can run.
+
+    numpy only: the worker validates every query with it before any tensor exists (each torch call on these
+    small tensors costs microseconds of dispatch; this check runs in ~15 µs at batch 1)."""
+    for name, array in ((INPUT_DENSE, dense), (INPUT_VALUES, values), (INPUT_LENGTHS, lengths)):
+        if array.dtype not in WIRE_DTYPES[name]:
+            raise BatchError(name, f"dtype must be {WIRE_DTYPE_NAMES[name]}, got {array.dtype}")
+    if dense.ndim != 2 or dense.shape[1] != dense_in:
+        raise BatchError(INPUT_DENSE, f"shape must be [B, {dense_in}], got {list(dense.shape)}")
+    b = dense.shape[0]
+    if b < 1:
+        raise BatchError(INPUT_DENSE, "batch must hold at least one item")
+    if max_batch is not None and b > max_batch:
+        raise BatchError(INPUT_DENSE, f"batch {b} exceeds max_batch_size {max_batch}")
+    if lengths.shape != (len(rows), b):
+        raise BatchError(INPUT_LENGTHS, f"shape must be [{len(rows)}, {b}], got {list(lengths.shape)}")
+    if lengths.size and lengths.min() < 0:
+        raise BatchError(INPUT_LENGTHS, "lengths must be >= 0")
+    counts = lengths.sum(axis=1, dtype=np.int64)
+    if int(counts.sum()) != values.size:
+        raise BatchError(INPUT_VALUES, f"has {values.size} ids but lengths sum to {int(counts.sum())}")
+    for t, length in (seq_lens or {}).items():
+        if (lengths[t] != length).any():
+            raise BatchError(INPUT_LENGTHS, f"table {t} is a sequence table: every bag must hold {length} ids")
+    # one pass over all ids: per-table min/max with reduceat (tables are contiguous in values)
+    nonempty = np.flatnonzero(counts)
+    if nonempty.size:
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[nonempty]
+        # as unsigned, a negative id is above every table's row count: one max per table checks both bounds
+        high = np.maximum.reduceat(values.view(np.uint64), starts)
+        bad = np.flatnonzero(high >= np.asarray(rows, dtype=np.uint64)[nonempty])
+        if bad.size:
+            t = int(nonempty[bad[0]])
+            raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
 
 
 def concat_arrays(queries: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
