@@ -414,6 +414,61 @@ def test_a_hung_worker_answers_504_turns_unready_and_is_replaced(fragile_node, c
                                atol=1e-6)
 
 
+def _read_reply(s: socket.socket) -> bytes:
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply) < reply.index(b"\r\n\r\n") + 4 + int(
+            dict(h.split(b": ", 1) for h in reply.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]
+                 if b": " in h).get(b"Content-Length", b"0")):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    return reply
+
+
+def test_a_dying_worker_costs_only_its_own_queries(cases):
+    """SIGKILL a worker holding a query (a request half read), an idle connection and a request it never read:
+    the held query is answered 500 naming the worker, the unread request and the idle connection are served."""
+    config = config_from_dict({"models": [{"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1,
+                                           "max_batch_size": 128, "hang_timeout_s": 60.0, "deadline_ms": 30_000}]})
+    batch, expected = cases["b"][1]
+    body, headers = body_of(batch)
+    head = (f"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+    with NodeServer(config) as server:
+        port = server.ports.http
+        (pid,) = worker_pids(port, "h")
+        idle, unread, held = (socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(3))
+        try:
+            for s in (idle, unread):
+                s.sendall(head + body)
+                assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")  # both now live in the worker
+            held.sendall(head + body[: len(body) // 2])
+            time.sleep(0.5)  # the worker reads the first half: a request in progress
+            os.kill(pid, signal.SIGSTOP)
+            unread.sendall(head + body)  # the stopped worker never reads it
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+            reply = _read_reply(held)
+            assert reply.startswith(b"HTTP/1.1 500") and f"worker pid {pid} died".encode() in reply, reply[:300]
+            reply = _read_reply(unread)
+            assert reply.startswith(b"HTTP/1.1 200 OK"), reply[:300]
+            got = scores_of(reply.split(b"\r\n\r\n", 1)[1], headers_of(reply)["inference-header-content-length"])
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+            idle.sendall(head + body)  # the idle keep-alive connection was kept open and moved on
+            assert _read_reply(idle).startswith(b"HTTP/1.1 200 OK")
+        finally:
+            for s in (idle, unread, held):
+                s.close()
+        stats = get(port, "/v2/models/h/stats")["model_stats"][0]["inference_stats"]
+        assert stats["fail"]["count"] >= 1
+
+
+def headers_of(reply: bytes) -> dict[str, str]:
+    lines = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+    return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
 def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
     port = fragile_node
     socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(20)]

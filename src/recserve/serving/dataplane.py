@@ -22,9 +22,10 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 - Queries already queued when the worker turns to compute are fused into one forward pass (up to
   ``fuse_items`` samples; Triton's dynamic batching with no added delay): a forward pass costs ~1 ms of fixed
   overhead at batch 1 on a 2-core host, so under load this is where a worker gains throughput.
-- The worker reports a heartbeat with the connections whose queries it holds; the supervisor's watchdog
-  answers those with 504 (it takes the descriptors with ``pidfd_getfd``) and replaces a worker that stops
-  beating (a hung or stopped process).
+- The supervisor holds its own descriptor of every connection a worker serves, and a shared byte per
+  connection says whether a request of it is read and unanswered.  A worker that dies costs only its own
+  queries: those connections are answered 500 naming the worker, its idle ones move to another worker.  A
+  worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
 - Completed queries are reported to the supervisor in small batches (one ``/stats`` and Prometheus view per
   node, whatever the process layout).
 """
@@ -153,13 +154,25 @@ class Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
+        self.slot = -1  # this connection's descriptor, its index in the plane's shared state bytes
+        self.handed_off = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.plane.connections.add(self)
+        self.slot = self.fd
+        self.plane.opened(self)
         if self.buf:
             self.arrived = time.perf_counter()
+            self.mark(True)
             self.plane.loop.call_soon(self._advance)
+
+    def mark(self, in_request: bool) -> None:
+        """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the
+        supervisor reads if this process dies (answer it with an error, or pass the idle connection on)."""
+        states = self.plane.states
+        if 0 <= self.slot < len(states):
+            states[self.slot] = in_request
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
@@ -192,6 +205,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         if not self.buf:
             self.arrived = time.perf_counter()
+            self.mark(True)
         self.buf += data
         if not self.busy and len(self.buf) >= self._needed:
             self._advance()
@@ -199,6 +213,9 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.plane.connections.discard(self)
+        self.mark(False)
+        if not self.handed_off:
+            self.plane.gone(self)
         self.plane.maybe_exit()
 
     @property
@@ -308,6 +325,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         if self.buf:
             self.arrived = time.perf_counter()
+        else:
+            self.mark(False)
         self.plane.loop.call_soon(self._advance)
 
 
@@ -381,7 +400,8 @@ class WorkerPlane:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, model: ModelPath,
                  send: Callable[[Any], None], hand_off: Callable[[int, bytes], None], limits: PlaneLimits,
-                 sub_batch: int, version: str = "1", default: bool = True) -> None:
+                 sub_batch: int, version: str = "1", default: bool = True,
+                 share: Callable[[int], None] | None = None, states: np.ndarray | None = None) -> None:
         self.loop = loop
         self.model_name = model_name
         self.model = model
@@ -407,6 +427,8 @@ class WorkerPlane:
         self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
         self.version = version
         self.default = default
+        self._share = share  # gives the supervisor its own descriptor of a connection (``opened``)
+        self.states = states if states is not None else np.zeros(0, np.uint8)  # shared: one byte per descriptor
         self._paths: set[str] = set()
         self.set_default(default)
 
@@ -582,10 +604,10 @@ class WorkerPlane:
             self.send(("stats", records))
 
     def _beat(self) -> None:
-        """Tell the supervisor this loop is alive and which connections hold a query (its watchdog's evidence)."""
+        """Tell the supervisor this loop is alive (its watchdog's evidence)."""
         if self.exit_event.is_set():
             return
-        self.send(("beat", [c.fd for c in self.connections if c.busy and not c.closed]))
+        self.send(("beat",))
         self.loop.call_later(BEAT_S, self._beat)
 
     def _sweep(self) -> None:
@@ -596,6 +618,27 @@ class WorkerPlane:
         for conn in [c for c in self.connections if c.too_slow(now, self.limits.read_timeout_s)]:
             conn.refuse(InferError("slow_client", f"request not received within {self.limits.read_timeout_s:g} s"))
         self.loop.call_later(SWEEP_S, self._sweep)
+
+    # ---- connections the supervisor holds too ----------------------------------------------------------
+    def opened(self, conn: Connection) -> None:
+        """The supervisor keeps its own descriptor of every connection this worker serves (with the shared
+        state byte), so if this process dies its clients get an error for a query it held, and an idle
+        connection lives on in another worker, instead of a reset."""
+        if self._share is not None and 0 <= conn.slot < len(self.states):
+            self._share(conn.slot)
+
+    def gone(self, conn: Connection) -> None:
+        """The connection is closed here: shut it down (the supervisor's descriptor would keep it open) and tell
+        the supervisor to drop its descriptor."""
+        if self._share is None or not 0 <= conn.slot < len(self.states):
+            return
+        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.send(("gone", conn.slot))
 
     # ---- hand-off, drain, retire ---------------------------------------------------------------------
     def hand_off(self, conn: Connection) -> None:
@@ -610,9 +653,12 @@ class WorkerPlane:
         sock = transport.get_extra_info("socket")
         fd = os.dup(sock.fileno())
         prefix = conn.pending()
-        conn.closed = True
+        conn.closed = conn.handed_off = True
         transport.abort()  # closes this process's descriptor; the dup keeps the connection open
         self.connections.discard(conn)
+        conn.mark(False)
+        if self._share is not None and 0 <= conn.slot < len(self.states):
+            self.send(("gone", conn.slot))  # before the hand-off: the supervisor drops the descriptor it held
         try:
             self._hand_off(fd, prefix)
         finally:

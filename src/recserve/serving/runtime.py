@@ -33,6 +33,7 @@ from recserve.serving.config import ModelConfig, expand_cores
 from recserve.serving.errors import InferError
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.metrics import ModelMetrics
+from recserve.serving.watchdog import CONN_SLOTS, answer_held, release
 from recserve.serving.worker import (
     WorkerArgs,
     build_worker_model,
@@ -197,7 +198,8 @@ class WorkerHandle:
     current: Part | None = None
     items_done: int = 0
     last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
-    held_fds: list[int] = field(default_factory=list)  # its connections holding a query, as of that beat
+    conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
+    states: np.ndarray | None = None  # v2: shared, one byte per worker descriptor: a request is unanswered
     hung: bool = False
 
     @property
@@ -332,17 +334,20 @@ class ModelRuntime:
         split = self.info.io_in_bytes
         io = torch.empty(split + self.info.io_out_bytes, dtype=torch.uint8).share_memory_()
         args = WorkerArgs(wid, pool.stage, list(cores), threads, self.cfg, split, self.io_uring_verdict)
+        states = None
         if self.accepts_in_workers and pool.stage == "model":
             args.listen, args.info, args.limits, args.sub_batch = self.listen_sock, self.info, self._limits(), \
                 self.sub_batch
             args.grpc_address, args.grpc_upstream = self.grpc_address, self.grpc_upstream
             args.version, args.default = self.version, self.is_default
-        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io), daemon=True,
+            states = torch.zeros(CONN_SLOTS, dtype=torch.uint8).share_memory_()
+        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states), daemon=True,
                                 name=f"recserve-{self.name}-{pool.stage}-{wid}")
         await loop.run_in_executor(None, proc.start)
         child.close()
         handle = WorkerHandle(wid, pool.stage, list(cores), threads, proc, parent,
-                              loop.create_future(), loop.create_future(), io.numpy(), split)
+                              loop.create_future(), loop.create_future(), io.numpy(), split,
+                              states=states.numpy() if states is not None else None)
         pool.workers.append(handle)
         loop.add_reader(parent.fileno(), self._on_readable, pool, handle)
         try:
@@ -364,7 +369,16 @@ class ModelRuntime:
             self._worker_stats(msg[1])
             return
         if msg[0] == "beat":
-            handle.last_beat, handle.held_fds = time.monotonic(), msg[1]
+            handle.last_beat = time.monotonic()
+            return
+        if msg[0] == "conn":
+            from multiprocessing.reduction import recv_handle
+
+            release(handle.conns, msg[1])
+            handle.conns[msg[1]] = recv_handle(handle.conn)
+            return
+        if msg[0] == "gone":
+            release(handle.conns, msg[1])
             return
         if msg[0] == "handoff":
             from multiprocessing.reduction import recv_handle
@@ -441,20 +455,44 @@ class ModelRuntime:
                 self._replace_hung(w, now - w.last_beat)
 
     def _replace_hung(self, handle: WorkerHandle, silent_s: float) -> None:
-        from recserve.serving.dataplane import error_response
-        from recserve.serving.watchdog import answer_held
-
         handle.hung = True
         exc = InferError("deadline", f"model {self.name!r}: worker pid {handle.pid} stopped responding "
                                      f"({silent_s:.1f} s without a heartbeat) while holding this query")
-        answered = answer_held(handle.pid, handle.held_fds, error_response(exc, close=True))
-        for _ in range(answered):
-            self.metrics.arrived()
-            self.metrics.error("deadline")
-            self.metrics.failed(silent_s)
+        answered = self._answer_held(handle, exc, silent_s, unread_too=True)
         log.error("model %s: worker pid %s hung (%.1f s silent): answered %d held queries with 504; replacing it",
                   self.name, handle.pid, silent_s, answered)
-        handle.process.kill()
+        handle.process.kill()  # its idle connections move on when it has exited (``_on_worker_exit``)
+
+    def _answer_held(self, handle: WorkerHandle, exc: InferError, waited_s: float, unread_too: bool) -> int:
+        """Answer ``exc`` on the connections of a dead or hung worker that hold a query (see ``watchdog.py``)."""
+        from recserve.serving.dataplane import error_response
+
+        if not handle.conns or handle.states is None:
+            return 0
+        answered = answer_held(handle.conns, handle.states, error_response(exc, close=True), unread_too)
+        for _ in range(answered):
+            self.metrics.arrived()
+            self.metrics.error(exc.code)
+            self.metrics.failed(waited_s)
+        return answered
+
+    def _rescue_connections(self, handle: WorkerHandle, code: int | None) -> None:
+        """A v2 worker exited: its held queries get an explicit error, its idle connections another worker."""
+        if not handle.conns:
+            return
+        if handle.retiring or self.stopping or self.on_handoff is None:
+            for theirs in list(handle.conns):
+                release(handle.conns, theirs)
+            return
+        exc = InferError("internal", f"model {self.name!r}: worker pid {handle.pid} died (exit code {code}) while "
+                                     "holding this query; it was not answered")
+        answered = self._answer_held(handle, exc, 0.0, unread_too=False)
+        moved = len(handle.conns)
+        for ours in handle.conns.values():
+            self.on_handoff(ours, b"", self.name)  # routed to a live worker (or served here); takes the descriptor
+        handle.conns.clear()
+        log.warning("model %s: worker pid %s died: %d held queries answered with an error, %d idle connections "
+                    "moved on", self.name, handle.pid, answered, moved)
 
     # ------------------------------------------------------------------ data plane v2
     @property
@@ -523,6 +561,7 @@ class ModelRuntime:
                 "internal", f"model {self.name!r}: worker pid {handle.pid} died (exit code {code}) "
                             "while computing this query"))
             handle.current = None
+        self._rescue_connections(handle, code)
         if not handle.ready.done():
             handle.ready.set_exception(InferError(
                 "internal", f"model {self.name!r}: worker exited with code {code} before it was ready"))

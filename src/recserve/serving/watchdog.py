@@ -1,66 +1,37 @@
-"""Answer the queries a hung worker holds, from the supervisor, before the worker is replaced.
+"""Answer the queries a dead or hung worker holds, from the supervisor, and keep its idle clients connected.
 
-With data plane v2 a worker owns its clients' connections, so when it stops (SIGSTOP, a deadlock, a
-kernel that never returns) nobody else could answer them.  ``pidfd_getfd(2)`` (Linux 5.6+) gives the
-supervisor its own copy of each of the worker's TCP connections: one that holds a query (named by the
-worker's last heartbeat) or has an unread request waiting in the kernel gets a 504; an idle keep-alive
-connection is just closed (clients reconnect, as after any server's idle timeout).  Each is shut down, so
-the stuck process can no longer write into it, before the worker is killed and restarted.
-Where the syscall is unavailable (older kernel, a seccomp policy) the connections are reset when the worker
-dies: the fallback every crashed HTTP server has.
+With data plane v2 a worker owns its clients' connections, so when it dies (a crash, the OOM killer) or stops
+(SIGSTOP, a deadlock) nobody else could answer them, and its kernel descriptors would close with it.  So the
+supervisor holds its own descriptor of every connection a worker serves (sent by SCM_RIGHTS when the worker
+takes the connection, dropped when the worker lets it go), and the worker keeps one shared byte per descriptor
+saying whether a request of that connection is read and not yet answered.  When the worker is gone:
+
+- a connection holding a query is answered with an error naming the worker (500 if it died, 504 if it hung)
+  and closed: only the worker's own queries are lost, each with an explicit error;
+- an idle keep-alive connection moves to another worker (or the supervisor), so its client sees nothing, and
+  a request the worker never started reading is served there.
+
+A hung worker is still alive and may wake: its held connections are shut down as they are answered (it can no
+longer write into them), a request it has not read yet is answered too (consumed, so that closing the socket
+does not reset the client before it reads the answer), and the worker is killed before its idle connections
+move on.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import socket
 
+import numpy as np
+
 log = logging.getLogger("recserve.serving")
 
-SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}.get(os.uname().machine, 438)
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def take_fd(pid: int, fd: int) -> int:
-    """Our own descriptor for descriptor ``fd`` of process ``pid``; raises OSError if it cannot be had."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        ours = _libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
-        if ours < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"pidfd_getfd({pid}, {fd}): {os.strerror(err)}")
-        return ours
-    finally:
-        os.close(pidfd)
-
-
-def socket_fds(pid: int) -> list[int]:
-    """Descriptors of process ``pid`` that are sockets (its listening socket and pipes are filtered later)."""
-    fds = []
-    try:
-        for name in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
-                    fds.append(int(name))
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return fds
-
-
-def _is_connection(sock: socket.socket) -> bool:
-    return (sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
-            and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+CONN_SLOTS = 4096  # descriptors a worker's shared state covers; a connection on a higher one is reset if it dies
 
 
 def _read_unread(sock: socket.socket) -> bool:
-    """Consume what the client sent that nobody read; True if there was any (a request is waiting).
-
-    Consumed, not peeked: a socket closed with unread data sends a reset, which can make the client drop
-    the 504 written just before it."""
+    """Consume what the client sent that nobody read; True if there was any (a request is waiting)."""
     got = False
     while True:
         try:
@@ -72,28 +43,34 @@ def _read_unread(sock: socket.socket) -> bool:
         got = True
 
 
-def answer_held(pid: int, held: list[int], response: bytes) -> int:
-    """Answer ``response`` on each connection of ``pid`` with a query (``held`` or unread), close the others.
-
-    Returns how many were answered."""
+def answer_held(conns: dict[int, int], states: np.ndarray, response: bytes, unread_too: bool) -> int:
+    """Answer ``response`` on each held connection (``conns``: the worker's descriptor -> ours) whose state byte
+    says a request is unanswered (or, with ``unread_too``, that has an unread request waiting), shut it down and
+    close our descriptor.  Answered connections leave ``conns``; the idle rest stay.  Returns how many."""
     answered = 0
-    for fd in socket_fds(pid):
+    for theirs, ours in list(conns.items()):
+        sock = socket.socket(fileno=os.dup(ours))
         try:
-            sock = socket.socket(fileno=take_fd(pid, fd))
-        except OSError as exc:
-            log.warning("watchdog: cannot take descriptor %d of pid %d (%s); its connection is reset instead",
-                        fd, pid, exc)
-            continue
-        try:
-            if not _is_connection(sock):
+            held = bool(states[theirs]) if 0 <= theirs < len(states) else False
+            if not held and not (unread_too and _read_unread(sock)):
                 continue
-            if _read_unread(sock) or fd in held:
-                sock.settimeout(1.0)
+            if held:
+                _read_unread(sock)
+            sock.settimeout(1.0)
+            try:
                 sock.sendall(response)
-                answered += 1
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            answered += 1
+            os.close(conns.pop(theirs))
         finally:
             sock.close()
     return answered
+
+
+def release(conns: dict[int, int], theirs: int) -> None:
+    """The worker no longer serves descriptor ``theirs``: close ours."""
+    ours = conns.pop(theirs, None)
+    if ours is not None:
+        os.close(ours)

@@ -20,9 +20,11 @@ Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never to
 Data plane v2 (``serving/dataplane.py``): a ``model``-stage worker given the node's listening socket also
 accepts and answers its own model's HTTP queries itself.  Then, in addition:
 
-- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat", fds)`` every
-  0.25 s (the descriptors of connections holding a query: the watchdog answers them if the worker hangs);
-  ``("handoff", prefix, model)`` followed by a descriptor (SCM_RIGHTS) = a connection the worker does not serve.
+- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat",)`` every
+  0.25 s (the watchdog's evidence that the worker's loop runs); ``("handoff", prefix, model)`` followed by a
+  descriptor (SCM_RIGHTS) = a connection the worker does not serve; ``("conn", fd)`` followed by a descriptor =
+  a connection the worker serves (the server holds it too, with a shared byte per descriptor saying whether a
+  request of it is unanswered, for when the worker dies or hangs); ``("gone", fd)`` = no longer served here.
 - server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
   ``("config", {"sub_batch": k})``; ``("drain",)`` = stop accepting, refuse new queries with 503.
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
@@ -185,7 +187,8 @@ def _pin(args: WorkerArgs) -> None:
         pass  # already set by an earlier parallel op: harmless
 
 
-def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: torch.Tensor | None = None) -> None:
+def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: torch.Tensor | None = None,
+                states: torch.Tensor | None = None) -> None:
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
     _pin(args)
     if args.io_uring_verdict:
@@ -199,7 +202,8 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     ready = ("ready", os.getpid(), _io_report(model))
     with torch.inference_mode():
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
-            asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready))
+            asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready,
+                               states.numpy() if states is not None else None))
             return
         conn.send(ready)
         while True:
@@ -231,7 +235,7 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
 
 
 async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
-                 ready: tuple) -> None:
+                 ready: tuple, states: np.ndarray | None = None) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
     from multiprocessing.reduction import recv_handle, send_handle
 
@@ -250,10 +254,17 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         send(("handoff", prefix, args.model_config.name))
         send_handle(conn, fd, server_pid)
 
+    def share(fd: int) -> None:
+        send(("conn", fd))
+        try:
+            send_handle(conn, fd, server_pid)
+        except OSError:
+            plane.exit_event.set()
+
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
                            lambda payload: run_stage(model, "model", payload), args.limits.max_json, args.version)
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
-                        args.version, args.default)
+                        args.version, args.default, share if states is not None else None, states)
 
     def on_pipe() -> None:
         try:
