@@ -10,6 +10,10 @@ first its max load at the SLA (p95), then ``--overload`` times that for ``--seco
 Prints admitted latency p50/p99, the share shed and how fast a shed query got its answer; writes JSON.
 
     .venv/bin/python benchmarks/bench_overload.py --model hercules-rmc1 --scale 1e-3 --workers 2 --overload 5
+
+On a small host the generator must not share cores with the workers (at 5x every worker core is busy, and a
+starved generator's lag shows up in every latency): ``--worker-cores 1 --generator-cores 0`` pins the node's
+workers to core 1 and the generator (and the node's supervisor) to core 0.
 """
 
 from __future__ import annotations
@@ -33,10 +37,21 @@ from recserve.specs import get_model  # noqa: E402
 COUNT_ONLY_DEADLINE_MS = 1e6  # never binds: admission by queue length alone
 
 
+def cores_list(text: str) -> list[int]:
+    try:
+        cores = [int(c) for c in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1, got {text!r}") from exc
+    if not cores or any(c not in os.sched_getaffinity(0) for c in cores):
+        raise argparse.ArgumentTypeError(f"cores {text!r} are not all usable here ({sorted(os.sched_getaffinity(0))})")
+    return cores
+
+
 def run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, rate: float | None,
                   deadline_ms: float) -> dict:
     """Max load (when ``rate`` is None) then the overload run, against a fresh node."""
-    with recserve_server(args.model, args.scale, args.workers, sla_ms, deadline_ms=deadline_ms) as url:
+    cores = {"cores": args.worker_cores} if args.worker_cores else {}
+    with recserve_server(args.model, args.scale, args.workers, sla_ms, deadline_ms=deadline_ms, **cores) as url:
         target = HttpTarget(url, args.model, timeout_s=60.0)
         with LoadSession(target, pool, warm=True) as session:
             out: dict = {}
@@ -78,8 +93,14 @@ def main() -> int:
     parser.add_argument("--max-probes", type=int, default=10)
     parser.add_argument("--mix", default="production")
     parser.add_argument("--sla-ms", type=float, default=None, help="default: the model's catalogue SLA")
+    parser.add_argument("--worker-cores", type=cores_list, default=None,
+                        help="cores the workers share, e.g. 1 (default: the node's own choice)")
+    parser.add_argument("--generator-cores", type=cores_list, default=None,
+                        help="cores for the load generator and the node's supervisor, e.g. 0")
     parser.add_argument("--out", default="results/bench_overload.json")
     args = parser.parse_args()
+    if args.generator_cores:
+        os.sched_setaffinity(0, args.generator_cores)  # the node's process inherits it; its workers pin their own
     spec = get_model(args.model)
     sla_ms = args.sla_ms or spec.sla.target_ms
     pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
@@ -88,6 +109,7 @@ def main() -> int:
     deadline = run_admission(args, pool, sla_ms, None, sla_ms)
     count = run_admission(args, pool, sla_ms, deadline["offered_qps"], COUNT_ONLY_DEADLINE_MS)
     results = {"model": args.model, "scale": args.scale, "workers": args.workers, "sla_ms": sla_ms,
+               "worker_cores": args.worker_cores, "generator_cores": args.generator_cores,
                "overload": args.overload, "capacity_qps": deadline["capacity_qps"],
                "load_avg": os.getloadavg()[0], "admission": {"deadline": deadline, "count": count}}
     print(f"{args.model}: max load at the SLA {deadline['capacity_qps']:.1f} qps; offered "

@@ -68,6 +68,28 @@ def test_bad_argument_is_exit_2_with_one_line_naming_it(argv, names):
     assert rc == 2 and names in error_line(err), err
 
 
+# long-running commands: a bad number is refused before any work starts (a server, a simulation, a profile)
+LONG_RUNNING = [
+    (["bench", "--rate", "0"], "--rate"), (["bench", "--percentile", "101"], "--percentile"),
+    (["bench", "--procs", "0"], "--procs"), (["bench", "--duration", "-1"], "--duration"),
+    (["bench", "--growth", "1"], "--growth"), (["demo", "--live-seconds", "0"], "--live-seconds"),
+    (["demo", "--window-s", "nan"], "--window-s"), (["profile", "host", "--scale", "-1"], "--scale"),
+    (["profile", "interference", "--seconds", "inf"], "--seconds"),
+    (["simulate", "colocate", "--seed", "-1"], "--seed"), (["simulate", "colocate", "--cores", "0"], "--cores"),
+    (["simulate", "dispatch", "--rtol", "0"], "--rtol"), (["simulate", "dispatch", "--queries", "-5"], "--queries"),
+    (["shards", "serve", "--model", "hercules-rmc1", "--http-port", "70000"], "--http-port"),
+    (["shards", "serve", "--model", "hercules-rmc1", "--locality", "2"], "--locality"),
+    (["route", "--pool", "p.json", "--port", "-1"], "--port"),
+    (["workload", "trace", "--peak-hour", "24"], "--peak-hour"),
+]
+
+
+@pytest.mark.parametrize(("argv", "names"), LONG_RUNNING, ids=[" ".join(a) for a, _ in LONG_RUNNING])
+def test_long_running_commands_refuse_bad_numbers_before_starting(argv, names):
+    rc, _, err = run(argv)
+    assert rc == 2 and names in error_line(err), err
+
+
 @pytest.mark.parametrize(("extra", "names"), [
     (["--alpha", "nan"], "--alpha"), (["--alpha", "-0.9"], "--alpha"), (["--steps", "0"], "--steps"),
     (["--gap", "-1"], "--gap"), (["--available", "hercules-t1=-3"], "--available"),

@@ -72,6 +72,14 @@ count = number(1, integer=True)
 qps = number(0, 1e9, low_open=True)
 """The common cases: sizes (> 0), memory/time offsets (>= 0), shares and locality ([0, 1]), counts (>= 1), and
 query rates (a billion QPS is beyond any cluster a plan here describes; larger values only overflow counts)."""
+non_negative_int = number(0, integer=True)
+seed = number(0, integer=True)
+port = number(0, 65535, integer=True)
+percentile = number(0, 100, low_open=True)
+open_fraction = number(0, 1, low_open=True, high_open=True)
+growth = number(1, 1e6, low_open=True)
+hour = number(0, 24, high_open=True)
+"""Seeds (numpy's range), TCP ports (0 = any free one), tail percentiles, tolerances, multipliers, hours of a day."""
 
 
 def checked(value: Any, where: str, low: float | None = None, high: float | None = None, *,

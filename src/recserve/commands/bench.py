@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from recserve.commands._plan_common import count, growth, non_negative, percentile, positive, qps, seed
 from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import find_max_load, stderr_log
@@ -144,12 +145,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="http://HOST:PORT, grpc://HOST:PORT, inprocess (process pool), inprocess:thread, or "
                         "serve-http / serve-grpc (start a local node server with --workers workers)")
     p.add_argument("--served-name", default="", help="model name on the server (default: --model)")
-    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale the server/model was built with")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale the server/model was built with")
+    p.add_argument("--workers", type=count, default=1,
                    help="workers for inprocess and serve-* targets (ignored for remote servers)")
-    p.add_argument("--rate", type=float, default=10.0, help="offered queries/s (start rate with --find-max-load)")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds per run (0 = bounded by --requests only)")
-    p.add_argument("--requests", type=int, default=None, help="at most this many queries per run")
+    p.add_argument("--rate", type=qps, default=10.0, help="offered queries/s (start rate with --find-max-load)")
+    p.add_argument("--duration", type=non_negative, default=10.0,
+                   help="seconds per run (0 = bounded by --requests only)")
+    p.add_argument("--requests", type=count, default=None, help="at most this many queries per run")
     p.add_argument("--sizes", default="production",
                    help="query-size mix (recserve.workload): production, fixed:N, lognormal:mu=5.1,sigma=0.2, "
                         "normal:mean=256,sd=32, file:PATH")
@@ -157,26 +159,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="embedding-index skew (recserve.workload): uniform, locality:p=0.9, zipf:alpha=1.05")
     p.add_argument("--integer-ms-gaps", action="store_true",
                    help="DeepRecSys-style integer-millisecond Poisson gaps instead of exponential gaps")
-    p.add_argument("--pool", type=int, default=32, help="distinct pre-built queries (mix quantiles)")
-    p.add_argument("--max-inflight", type=int, default=512, help="queries in flight at most; more are dropped")
-    p.add_argument("--timeout-ms", type=float, default=10_000.0, help="per-query timeout")
-    p.add_argument("--procs", type=int, default=1,
+    p.add_argument("--pool", type=count, default=32, help="distinct pre-built queries (mix quantiles)")
+    p.add_argument("--max-inflight", type=count, default=512, help="queries in flight at most; more are dropped")
+    p.add_argument("--timeout-ms", type=positive, default=10_000.0, help="per-query timeout")
+    p.add_argument("--procs", type=count, default=1,
                    help="load-generator processes sharing the Poisson schedule (http/grpc/serve-* targets)")
-    p.add_argument("--spin-ms", type=float, default=0.0,
+    p.add_argument("--spin-ms", type=non_negative, default=0.0,
                    help="yield instead of sleeping for the last MS before each send: sub-ms send lag, more CPU")
     p.add_argument("--warmup", type=float, default=0.0, help="seconds at the start not counted")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--no-warmup", action="store_true", help="skip sending every pooled query once before timing")
     p.add_argument("--find-max-load", action="store_true", help="search the highest rate meeting the SLA")
     p.add_argument("--sweep", type=_rates, default=None, metavar="R1,R2,...",
                    help="one run per rate (latency-vs-load curve, plotted with --plot) instead of a search")
-    p.add_argument("--sla-ms", type=float, default=None, help="SLA target (default: the model's)")
-    p.add_argument("--percentile", type=float, default=None, help="SLA percentile (default: the model's)")
-    p.add_argument("--growth", type=float, default=2.0, help="rate multiplier while no probe violates")
+    p.add_argument("--sla-ms", type=positive, default=None, help="SLA target (default: the model's)")
+    p.add_argument("--percentile", type=percentile, default=None, help="SLA percentile (default: the model's)")
+    p.add_argument("--growth", type=growth, default=2.0, help="rate multiplier while no probe violates")
     p.add_argument("--rtol", type=float, default=0.05, help="bisect until the bracket is this fraction wide")
     p.add_argument("--max-qps", type=float, default=1e5)
-    p.add_argument("--max-probes", type=int, default=30)
-    p.add_argument("--min-requests", type=int, default=50,
+    p.add_argument("--max-probes", type=count, default=30)
+    p.add_argument("--min-requests", type=count, default=50,
                    help="each max-load probe sends at least this many queries (low rates run longer)")
     p.add_argument("--json", default=None, help="write the result as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG (latency vs load, or the run's latency CDF)")

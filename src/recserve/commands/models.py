@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from recserve.commands._plan_common import positive
 from recserve.errors import SpecError
 from recserve.specs import (
     ModelSpec,
@@ -184,7 +185,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="catalogue models and server types; a node's repository (load/unload/list)")
     msub = p.add_subparsers(dest="models_cmd", metavar="ACTION", required=True)
     lp = msub.add_parser("list", help="one line per catalogue model")
-    lp.add_argument("--scale", type=float, default=1e-3, help="live table-row scale for the MB column")
+    lp.add_argument("--scale", type=positive, default=1e-3, help="live table-row scale for the MB column")
     lp.add_argument("--file", help="a YAML catalogue of models to list instead of the bundled one")
     lp.add_argument("--server", help="list a running node's model repository instead (http://HOST:PORT)")
     lp.set_defaults(func=cmd_list)
@@ -196,7 +197,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ap.set_defaults(func=func)
     sp = msub.add_parser("show", help="full spec of one model as JSON")
     sp.add_argument("name")
-    sp.add_argument("--scale", type=float, default=1e-3)
+    sp.add_argument("--scale", type=positive, default=1e-3)
     sp.add_argument("--file", help="a YAML catalogue of models searched on top of the bundled one")
     sp.set_defaults(func=cmd_show)
     vp = msub.add_parser("servers", help="one line per server type, or one as JSON")

@@ -17,7 +17,17 @@ import sys
 
 import numpy as np
 
-from recserve.commands._plan_common import add_output_args, counts, emit, figure, names, profiles_for, save_figure
+from recserve.commands._plan_common import (
+    add_output_args,
+    count,
+    counts,
+    emit,
+    figure,
+    names,
+    positive,
+    profiles_for,
+    save_figure,
+)
 from recserve.errors import InfeasibleError, RecserveError
 from recserve.planners.kairos import empirical_size_mix, load_kairos_reference, plan_pool
 from recserve.planners.plan import PoolPlan
@@ -127,7 +137,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", metavar="JSON", help="Kairos authors' latency JSON, or 'kairos' for the bundled copy")
     p.add_argument("--models", help="comma-separated models (default: all in the reference)")
     p.add_argument("--servers", help="comma-separated instance types (default: all)")
-    p.add_argument("--budget", type=float, help="$/hr (default: the reference's)")
+    p.add_argument("--budget", type=positive, help="$/hr (default: the reference's)")
     p.add_argument("--cap", help="per-type instance caps NAME=COUNT,...")
     p.add_argument("--stat", default="mean", choices=("mean", "p50", "p99"),
                    help="per-query latency compared with QoS to find each type's batch limit s")
@@ -135,6 +145,6 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="observed query sizes (one per line or .npy) instead of the production-like mix")
     p.add_argument("--evaluate", choices=("none", "sim"), default="none",
                    help="sim: also run Kairos+ (Alg. 1) with simulated allowable throughput under Kairos dispatch")
-    p.add_argument("--sim-queries", type=int, default=2000, help="queries per simulated evaluation")
+    p.add_argument("--sim-queries", type=count, default=2000, help="queries per simulated evaluation")
     add_output_args(p)
     p.set_defaults(func=run)

@@ -36,6 +36,7 @@ from recserve.commands._plan_common import (
     progress,
     read_traffic,
     save_figure,
+    seed,
 )
 from recserve.errors import SpecError
 from recserve.planners.hercules.provision import STEP_TIME_LIMIT_S, diurnal_trace, plan_provision
@@ -143,7 +144,7 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="over-provision rate α in [0, 10] (0 = none), or 'history' to estimate it from the load "
                         "trace's growth per interval (Hercules §IV-C)")
     p.add_argument("--steps", type=count, help="provisioning intervals per day (default 48 or 'steps:')")
-    p.add_argument("--seed", type=int, default=0, help="seed of the heterogeneity-oblivious baseline")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the heterogeneity-oblivious baseline")
     p.add_argument("--time-limit", type=positive, default=STEP_TIME_LIMIT_S,
                    help="HiGHS time limit per interval (s); its best allocation is kept and the gap reported")
     p.add_argument("--gap", type=non_negative, default=1e-3, help="HiGHS relative optimality gap per interval")

@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from recserve.commands._plan_common import names, progress
+from recserve.commands._plan_common import names, positive, progress
 from recserve.errors import SpecError
 from recserve.perfmodel import load_calibration
 from recserve.perfmodel.fit import FIT_PARAMS, errors, fit, points_from_profiles
@@ -106,7 +106,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--micro", action="store_true",
                      help="set the constants from microbenchmarks only (no model timing, a minute or two); "
                           "--measured FILE then only reports the error on those model timings")
-    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for --measure")
+    p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for --measure")
     p.add_argument("--save-measured", metavar="FILE", help="write the --measure tables")
     p.add_argument("--server", default="this-host", help="server type the measurements ran on")
     p.add_argument("--base", metavar="FILE", help="calibration to start from (default: bundled constants)")

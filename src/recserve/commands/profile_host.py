@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from recserve.commands._plan_common import count, percentile, positive
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
 from recserve.specs import SLA, get_model
@@ -77,7 +78,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("host", help="measure Profile tables for models on this host",
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", required=True, help="comma-separated catalogue model names")
-    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for the live models")
+    p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for the live models")
     p.add_argument("--out", default="profiles/this-host.json", help="ProfileSet JSON to write")
     p.add_argument("--quick", action="store_true", help="short measurements (about 30 s per model)")
     p.add_argument("--batches", default="", help="batch sizes for latency_vs_batch (default 1,8,...,1024)")
@@ -85,10 +86,10 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--via", choices=("server", "inprocess"), default="server",
                    help="max-load tables through a local node server (HTTP) or an in-process worker pool")
     p.add_argument("--no-maxload", action="store_true", help="skip the max-load / footprint / membw tables")
-    p.add_argument("--sla-ms", type=float, default=None,
+    p.add_argument("--sla-ms", type=positive, default=None,
                    help="SLA target for the max-load tables (default: each model's own)")
-    p.add_argument("--percentile", type=float, default=None, help="SLA percentile (default: each model's own)")
-    p.add_argument("--array-mb", type=int, default=None,
+    p.add_argument("--percentile", type=percentile, default=None, help="SLA percentile (default: each model's own)")
+    p.add_argument("--array-mb", type=count, default=None,
                    help="array size for the bandwidth microbenchmarks (default 256 quick, 1024 full)")
     p.add_argument("--merge", action="store_true", help="merge into --out if it exists instead of replacing it")
     p.set_defaults(func=cmd_profile_host)

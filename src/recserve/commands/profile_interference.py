@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from recserve.commands._plan_common import names, progress
+from recserve.commands._plan_common import count, names, positive, progress
 from recserve.errors import RecserveError
 from recserve.specs import get_model
 
@@ -40,10 +40,10 @@ def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("interference", help="measure co-location slowdowns on this host (LLC, bandwidth, pairs)",
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", required=True, help="comma-separated catalogue model names")
-    p.add_argument("--max-table-mb", type=float, default=128.0, help="shrink each model's tables to at most this")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=1.0, help="timing per run (each condition runs 3)")
-    p.add_argument("--llc-mb", type=float, default=None, help="LLC size (default: detected)")
+    p.add_argument("--max-table-mb", type=positive, default=128.0, help="shrink each model's tables to at most this")
+    p.add_argument("--batch", type=count, default=64)
+    p.add_argument("--seconds", type=positive, default=1.0, help="timing per run (each condition runs 3)")
+    p.add_argument("--llc-mb", type=positive, default=None, help="LLC size (default: detected)")
     p.add_argument("--occupy", default="0.25,0.5,1,2", help="co-runner buffer sizes as fractions of the LLC")
     p.add_argument("--table-sweep", default="0.25,1,4", help="table sizes as multiples of the LLC ('' = none)")
     p.add_argument("--no-pairs", action="store_true", help="skip model-with-model runs")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from recserve.commands._plan_common import port, positive
+
 
 def cmd_route(args: argparse.Namespace) -> int:
     from aiohttp import web
@@ -34,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("route", help="live query router (KServe v2 HTTP) dispatching to node servers with a policy")
     p.add_argument("--pool", required=True, help="pool YAML: qos_ms, policy, backends [{url, type, slots, base}]")
     p.add_argument("--policy", help="override the pool file's policy: kairos | ribbon | drs | clockwork")
-    p.add_argument("--qos-ms", type=float, help="override the pool file's QoS target")
+    p.add_argument("--qos-ms", type=positive, help="override the pool file's QoS target")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.set_defaults(func=cmd_route)

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 
+from recserve.commands._plan_common import count, fraction, non_negative_int, port, positive, seed
 from recserve.errors import RecserveError
 
 
@@ -71,19 +72,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="shards_action", metavar="ACTION", required=True)
     p = actions.add_parser("serve", help="start embedding-shard replicas and the dense shard on loopback")
     p.add_argument("--model", required=True, help="catalogue model (or <name>@tables=K)")
-    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for this host")
-    p.add_argument("--max-tables", type=int, default=0, help="keep only the first N tables (small hosts)")
+    p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for this host")
+    p.add_argument("--max-tables", type=non_negative_int, default=0, help="keep only the first N tables (small hosts)")
     p.add_argument("--plan", default=None, help="`recserve plan shard --json` output (boundaries, replicas)")
-    p.add_argument("--shards-per-table", type=int, default=2, help="without --plan: hot shard + even cold shards")
+    p.add_argument("--shards-per-table", type=count, default=2, help="without --plan: hot shard + even cold shards")
     p.add_argument("--replicas", default=None, help="replicas per shard position, e.g. 2,1 (overrides the plan)")
     p.add_argument("--target-qps", type=float, default=0.0,
                    help="set every shard's replicas to ceil(target / its measured rate) (ElasticRec Alg. 1)")
-    p.add_argument("--dense-replicas", type=int, default=None, help="dense-shard workers (default: plan or 1)")
-    p.add_argument("--locality", type=float, default=0.9, help="warm-up sample: share of lookups on hottest 10%%")
-    p.add_argument("--warmup", type=int, default=50, help="warm-up queries for the hotness order")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=10.0, help="deadline of each embedding-shard call (s)")
+    p.add_argument("--dense-replicas", type=count, default=None, help="dense-shard workers (default: plan or 1)")
+    p.add_argument("--locality", type=fraction, default=0.9, help="warm-up sample: share of lookups on hottest 10%%")
+    p.add_argument("--warmup", type=count, default=50, help="warm-up queries for the hotness order")
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--timeout", type=positive, default=10.0, help="deadline of each embedding-shard call (s)")
     p.add_argument("--host", default="127.0.0.1", help="bind address of the dense shard")
-    p.add_argument("--http-port", type=int, default=8000, help="0 = any free port")
-    p.add_argument("--grpc-port", type=int, default=8001, help="0 = any free port")
+    p.add_argument("--http-port", type=port, default=8000, help="0 = any free port")
+    p.add_argument("--grpc-port", type=port, default=8001, help="0 = any free port")
     p.set_defaults(func=cmd_serve)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recserve.commands._plan_common import count, percentile, positive, seed
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
@@ -174,12 +175,12 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--server", default="c5n.2xlarge", help="whose latency table is one worker's latency")
     p.add_argument("--controllers", default="hera,parties,static")
     p.add_argument("--scenario", default="fig14", help="load over time: fig14 (rise, drop, spike) | diurnal | steps")
-    p.add_argument("--duration", type=float, default=120.0, help="seconds of simulated time")
-    p.add_argument("--t-monitor", type=float, default=2.0, help="monitoring window T_monitor (s)")
-    p.add_argument("--cores", type=int, default=16)
-    p.add_argument("--ways", type=int, default=11)
-    p.add_argument("--mem-bw", type=float, default=60.0, help="node memory bandwidth GB/s")
-    p.add_argument("--percentile", type=float, default=95.0, help="SLA percentile (Hera uses p95)")
+    p.add_argument("--duration", type=positive, default=120.0, help="seconds of simulated time")
+    p.add_argument("--t-monitor", type=positive, default=2.0, help="monitoring window T_monitor (s)")
+    p.add_argument("--cores", type=count, default=16)
+    p.add_argument("--ways", type=count, default=11)
+    p.add_argument("--mem-bw", type=positive, default=60.0, help="node memory bandwidth GB/s")
+    p.add_argument("--percentile", type=percentile, default=95.0, help="SLA percentile (Hera uses p95)")
     p.add_argument("--llc-sensitivity", default="0.1,1.0", help="slowdown at 1 LLC way minus 1, per model")
     p.add_argument("--bw-per-worker", default="6,1", help="GB/s each busy worker draws, per model")
     p.add_argument("--memory-fraction", default="0.8,0.2", help="share of service time bound by DRAM bandwidth")
@@ -187,12 +188,12 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="measured interference (`recserve profile interference`): fit --llc-sensitivity and "
                         "--memory-fraction to it instead of the documented defaults")
     p.add_argument("--interference-models", help="measured model standing in for each of --models (default: same)")
-    p.add_argument("--memory-peak", type=float, default=0.6, help="memory-bound model's peak load (x max load)")
-    p.add_argument("--cache-peak", type=float, default=0.5, help="cache-sensitive model's load before T1")
+    p.add_argument("--memory-peak", type=positive, default=0.6, help="memory-bound model's peak load (x max load)")
+    p.add_argument("--cache-peak", type=positive, default=0.5, help="cache-sensitive model's load before T1")
     p.add_argument("--node-profiles", default="results/colocate_node_profiles.json",
                    help="cache of the node's worker/ways profiles (made on first use)")
-    p.add_argument("--profile-queries", type=int, default=3000, help="queries per profiling max-load probe")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile-queries", type=count, default=3000, help="queries per profiling max-load probe")
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", action="store_true")
     p.add_argument("--json-out", help="write the full timeline JSON here")
     p.add_argument("--plot", help="write a PNG (tail/SLA, workers, ways over time per controller)")

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recserve.commands._plan_common import count, open_fraction, positive, seed
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
@@ -180,13 +181,13 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--pool", help="instances, e.g. g4dn.xlarge=1,c5n.2xlarge=2, or 'oracle-best' "
                    "(default: the Kairos planner's pick)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
-    p.add_argument("--budget", type=float, help="$/hr budget for the planner and homogeneous pool")
-    p.add_argument("--qos-ms", type=float, help="p99 target (default: from the reference)")
-    p.add_argument("--queries", type=int, default=10000, help="queries per max-load probe")
+    p.add_argument("--budget", type=positive, help="$/hr budget for the planner and homogeneous pool")
+    p.add_argument("--qos-ms", type=positive, help="p99 target (default: from the reference)")
+    p.add_argument("--queries", type=count, default=10000, help="queries per max-load probe")
     p.add_argument("--mix", default="production",
                    help="query-size distribution (recserve.workload spec), e.g. production, normal:mean=256,sd=32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rtol", type=float, default=0.02, help="max-load bisection tolerance")
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--rtol", type=open_fraction, default=0.02, help="max-load bisection tolerance")
     p.add_argument("--no-homogeneous", action="store_true", help="skip the homogeneous baseline")
     p.add_argument("--ribbon-own-pool", action="store_true",
                    help="also search Ribbon's (FCFS) own best pool near the homogeneous one (slow)")

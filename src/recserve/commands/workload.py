@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.commands._plan_common import number, qps
+from recserve.commands._plan_common import hour, number, positive, qps, seed
 from recserve.workload import (
     DiurnalTrace,
     WorkloadError,
@@ -200,7 +200,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="production | lognormal[:mu=,sigma=] | normal[:mean=,sd=] | fixed:N | file:PATH")
     sp.add_argument("--param", action="append", metavar="KEY=VALUE", help="distribution parameter (repeatable)")
     sp.add_argument("--n", type=_positive_int, default=20000)
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=seed, default=0)
     sp.add_argument("--out", help="save sizes (.npy, or text with one size per line)")
     sp.add_argument("--plot", help="save a histogram PNG")
     sp.set_defaults(func=cmd_sample)
@@ -211,10 +211,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--hours", type=number(0, 24 * 366, low_open=True), default=24.0)
     tp.add_argument("--step-min", type=number(1 / 60, 24 * 60), default=15.0)
     tp.add_argument("--ratio", type=number(1), default=2.0, help="peak/valley ratio (Hercules: ~2)")
-    tp.add_argument("--peak-hour", type=float, default=20.0)
-    tp.add_argument("--sharpness", type=float, default=1.0, help=">1 narrows the daily peak")
+    tp.add_argument("--peak-hour", type=hour, default=20.0)
+    tp.add_argument("--sharpness", type=positive, default=1.0, help=">1 narrows the daily peak")
     tp.add_argument("--noise", type=number(0, 1), default=0.03, help="relative per-step noise (sd)")
-    tp.add_argument("--seed", type=int, default=0)
+    tp.add_argument("--seed", type=seed, default=0)
     tp.add_argument("--out", help="save the trace (.json or .csv)")
     tp.add_argument("--plot", nargs="?", const="", metavar="PNG",
                     help="save a PNG of QPS over time (default name: --out with .png, else trace.png)")
@@ -227,13 +227,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ip = wsub.add_parser("indices", help="draw embedding indices and measure their locality")
     ip.add_argument("--locality", type=number(0, 1), help="share of lookups on the hottest rows (ElasticRec's P)")
-    ip.add_argument("--zipf", type=float, help="Zipf exponent alpha instead of --locality")
+    ip.add_argument("--zipf", type=positive, help="Zipf exponent alpha instead of --locality")
     ip.add_argument("--hot-fraction", type=float, default=0.1)
     ip.add_argument("--hot", choices=("scattered", "first"), default="scattered", help="where the hot rows lie")
     ip.add_argument("--perm-seed", type=int, default=0, help="seed of the scattered hot-row layout")
     ip.add_argument("--rows", type=_positive_int, default=10000)
     ip.add_argument("--n", type=_positive_int, default=100000)
-    ip.add_argument("--seed", type=int, default=0)
+    ip.add_argument("--seed", type=seed, default=0)
     ip.add_argument("--out", help="save the indices (.npy)")
     ip.set_defaults(func=cmd_indices)
 
@@ -243,7 +243,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ap.add_argument("--dist", default="production")
     ap.add_argument("--param", action="append", metavar="KEY=VALUE")
     ap.add_argument("--integer-ms", action="store_true", help="DeepRecSys' integer Poisson gaps in ms")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--out", help="save the stream (.npz or .csv)")
     ap.add_argument("--json", action="store_true", help="also print a JSON summary")
     ap.set_defaults(func=cmd_arrivals)
