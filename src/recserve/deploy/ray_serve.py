@@ -167,10 +167,16 @@ def deploy(layout: ShardLayout, address: str | None = None, **kwargs: Any) -> An
     return serve.run(build_app(layout, **kwargs), name=APP_NAME, route_prefix=None)
 
 
-def replica_counts() -> dict[str, int]:
-    """Running replicas per deployment of the recserve application (from ``serve.status``)."""
+def planned_replicas(layout: ShardLayout) -> dict[str, int]:
+    """Replicas per deployment of :func:`build_app` as the layout plans them (what Ray starts with)."""
+    shards = {f"shard-{t.name}-s{s}": int(n) for t in layout.tables for s, n in enumerate(t.replicas)}
+    return {**shards, "dense": int(layout.dense_replicas)}
+
+
+def replica_counts(app_name: str = APP_NAME) -> dict[str, int]:
+    """Running replicas per deployment of an application (from ``serve.status``; the ElasticRec one by default)."""
     _, serve = _require_ray()
-    app = serve.status().applications.get(APP_NAME)
+    app = serve.status().applications.get(app_name)
     if app is None:
         return {}
     return {name: sum(n for state, n in d.replica_states.items() if str(state).endswith("RUNNING"))

@@ -32,6 +32,11 @@ def planned_count(steps: Sequence[Sequence[float]], t_hours: float, period_h: fl
     return current
 
 
+def hour_of_day(utc_offset_h: float = 0.0) -> float:
+    """Now, as the hour of the day a plan's steps are written in (UTC unless ``utc_offset_h``)."""
+    return (time.time() / 3600.0 + utc_offset_h) % 24.0
+
+
 def scheduled_replicas(steps: Sequence[Sequence[float]], t_hours: float, observed_qps: float, qps_per_server: float,
                        min_replicas: int = 0, max_replicas: int = 64) -> int:
     """max(planned count now, servers the observed load needs), within [min, max]."""
@@ -49,7 +54,7 @@ class RayScheduledPolicy:
         self.steps, self.qps_per_server, self.utc_offset_h = steps, float(qps_per_server), float(utc_offset_h)
 
     def hour_of_day(self) -> float:
-        return (time.time() / 3600.0 + self.utc_offset_h) % 24.0
+        return hour_of_day(self.utc_offset_h)
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         qps = metric_sum(ctx, "qps") or 0.0
