@@ -3,7 +3,10 @@
 ``--plan POOL.json`` runs a Kairos pool routed by the Kairos request router, ``--plan COLOCATE.json`` a Hera
 co-location plan; with ``--rate`` a Poisson load goes through Ray's HTTP proxy and the result is written beside
 the simulator's prediction for the same pool and trace.  ``--model`` runs ElasticRec shards with per-shard
-autoscaling and optionally a rising Poisson load, logging replica counts per shard."""
+autoscaling and optionally a rising Poisson load, logging replica counts per shard (a shard plan's
+``--plan SHARDS.json`` runs the plan's shards); the shards' scores are checked against the in-process model and
+their replica counts against the plan.  With ``--json`` and no ``--rate``/``--ramp`` a plan comes up, is checked,
+and stops."""
 
 from __future__ import annotations
 
@@ -204,7 +207,8 @@ def _check_provision(args: argparse.Namespace, plan: Any, routes: dict[str, str]
         planned = target.decision(out["hour_utc"])
         entry: dict[str, Any] = {"workload": target.workload, "server": target.server, "planned_now": planned,
                                  "qps_per_server": target.qps_per_server,
-                                 "replicas_after_deploy": ray_serve.replica_counts(target.name).get(target.name, 0)}
+                                 "replicas_after_deploy": ray_serve.wait_replicas({target.name: planned}, target.name,
+                                                                                  60.0).get(target.name, 0)}
         if planned:  # a deployment planned at 0 servers now has no replica to answer
             url = f"http://127.0.0.1:{args.http_port}{routes[target.name]}"
             entry["scores_max_abs_diff"] = _scores_diff(url, target.workload, args.scale, args.seed)
@@ -343,7 +347,7 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     if args.max_tables:
         spec = replace(spec, tables=spec.tables[: args.max_tables])
-    model = build(spec, scale=args.scale, seed=args.seed)
+    model = build(spec, scale=args.scale, seed=args.seed).eval()
     sampler = index_sampler(f"locality:p={args.locality}")
     history = [sample_batch(model, args.batch, rng=i, sampler=sampler) for i in range(50)]
     plan = getattr(args, "shard_plan", None)
@@ -374,14 +378,22 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
         ray_serve.start_ray(args.address)
         handle = ray_serve.deploy(layout, autoscale=not args.no_autoscale, qps_max=qps_max,
                                   max_replicas=args.max_replicas)
-        if not args.ramp:
+        log["planned_replicas"] = ray_serve.planned_replicas(layout)
+        start = time.monotonic()
+        log["replicas_after_deploy"] = ray_serve.wait_replicas(log["planned_replicas"])
+        log["replicas_wait_s"] = time.monotonic() - start
+        log["replicas_as_planned"] = log["replicas_after_deploy"] == log["planned_replicas"]
+        log["scores_max_abs_diff"] = _shard_scores_diff(handle, model, args.batch, sampler)
+        print(f"shards: replicas as planned {log['replicas_as_planned']} ({log['replicas_after_deploy']}); scores vs "
+              f"the in-process model, max |diff| {log['scores_max_abs_diff']:.3g}", file=sys.stderr)
+        if not args.ramp and not args.json:
             print("serving; Ctrl-C to stop", file=sys.stderr)
             while True:
                 time.sleep(5)
                 print(json.dumps(ray_serve.replica_counts()), file=sys.stderr)
         queries = [sample_batch(model, args.batch, rng=1000 + i, sampler=sampler).as_arrays() for i in range(64)]
         rng = np.random.default_rng(args.seed)
-        for rate in _parse_rates(args.ramp):
+        for rate in _parse_rates(args.ramp) if args.ramp else []:
             result = asyncio.run(_drive(handle, queries, rate, args.step_s, rng))
             result["replicas"] = ray_serve.replica_counts()
             log["steps"].append(result)
@@ -393,6 +405,22 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
             Path(args.json).write_text(json.dumps(log, indent=1))
         ray_serve.shutdown()
     return 0
+
+
+def _shard_scores_diff(handle: Any, model: Any, batch: int, sampler: Any, queries: int = 4) -> float:
+    """Max |score difference| of queries through the dense shard's handle against the monolithic in-process model."""
+    import torch
+
+    from recserve.zoo import sample_batch
+
+    diffs = []
+    for i in range(queries):
+        query = sample_batch(model, batch, rng=500 + i, sampler=sampler)
+        with torch.inference_mode():
+            want = model(query).numpy()
+        got = handle.infer.remote(query.as_arrays()).result()
+        diffs.append(float(np.abs(np.asarray(got).reshape(want.shape) - want).max()))
+    return max(diffs)
 
 
 def register(actions: argparse._SubParsersAction) -> None:

@@ -183,6 +183,17 @@ def replica_counts(app_name: str = APP_NAME) -> dict[str, int]:
             for name, d in app.deployments.items()}
 
 
+def wait_replicas(expected: dict[str, int], app_name: str = APP_NAME, timeout_s: float = 120.0) -> dict[str, int]:
+    """Poll the running replicas until they equal ``expected`` or ``timeout_s`` passes; the last counts read.
+    ``serve.run`` returns once an autoscaled application is within its bounds, before all initial replicas run."""
+    deadline = time.monotonic() + timeout_s
+    counts = replica_counts(app_name)
+    while counts != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+        counts = replica_counts(app_name)
+    return counts
+
+
 def shutdown() -> None:
     """Stop Serve and disconnect (a cluster joined by address keeps running; a local one stops)."""
     ray, serve = _require_ray()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recserve.planners.replicas import replicas_for
-from recserve.policies.shard_autoscaler import metric_sum
+from recserve.policies.shard_autoscaler import hold_while_starting, metric_sum
 
 
 def planned_count(steps: Sequence[Sequence[float]], t_hours: float, period_h: float = 24.0) -> int:
@@ -61,4 +61,4 @@ class RayScheduledPolicy:
         now = self.hour_of_day()
         want = scheduled_replicas(self.steps, now, qps, self.qps_per_server, ctx.capacity_adjusted_min_replicas,
                                   ctx.capacity_adjusted_max_replicas)
-        return want, {**(ctx.policy_state or {}), "hour": now, "last_qps": qps}
+        return hold_while_starting(ctx, want), {**(ctx.policy_state or {}), "hour": now, "last_qps": qps}
