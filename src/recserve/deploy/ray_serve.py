@@ -161,9 +161,11 @@ def build_app(layout: ShardLayout, qps_max: dict[str, float] | None = None, max_
 
 
 def deploy(layout: ShardLayout, address: str | None = None, **kwargs: Any) -> Any:
-    """Run the application and return the dense shard's DeploymentHandle."""
+    """Run the application and return the dense shard's DeploymentHandle (no HTTP proxy: handles only, so no
+    port of the host is taken)."""
     start_ray(address)
     _, serve = _require_ray()
+    serve.start(proxy_location="Disabled")
     return serve.run(build_app(layout, **kwargs), name=APP_NAME, route_prefix=None)
 
 
