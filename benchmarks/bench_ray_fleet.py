@@ -56,7 +56,8 @@ def free_port() -> int:
 def recserve(*argv: str, timeout_s: float = 900.0) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     print("$ recserve " + " ".join(argv), file=sys.stderr, flush=True)
-    subprocess.run([PY, "-m", "recserve.cli", *argv], check=True, env=env, timeout=timeout_s)
+    # the commands' tables go to stderr with their progress: this script's stdout is its JSON summary only
+    subprocess.run([PY, "-m", "recserve.cli", *argv], check=True, env=env, timeout=timeout_s, stdout=sys.stderr)
 
 
 class LocalRayCluster:
