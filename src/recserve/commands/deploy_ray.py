@@ -431,7 +431,9 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="kairos", help="with a pool plan: the request router's dispatch policy")
     p.add_argument("--cpus", type=float, default=1.0,
                    help="with --plan: Ray CPUs per pool instance / per planned Hera worker (below 1 on small hosts)")
-    p.add_argument("--rate", type=float, default=0.0, help="with a pool plan: Poisson queries/s through the proxy")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="with a pool plan: Poisson queries/s through the proxy; with a provision plan and --json: per "
+                        "deployment (default 4)")
     p.add_argument("--seconds", type=float, default=20.0, help="with --rate: length of the run")
     p.add_argument("--mix", default="production", help="with --rate: query-size mix")
     p.add_argument("--http-port", type=int, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")
