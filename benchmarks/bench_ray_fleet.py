@@ -1,16 +1,26 @@
-"""Plans on a local multi-node Ray cluster: a Kairos pool routed by the Kairos request router, and a Hera plan.
+"""Plans on a local multi-node Ray cluster: a Kairos pool routed by the Kairos request router, a Hera plan with
+several models on one server, a Hercules provisioning plan and an ElasticRec shard plan.
 
 Steps (everything on 127.0.0.1; both Ray nodes are processes this script starts with ``ray start --block``
 and stops by terminating them):
 
 1. plans from the planners: ``recserve plan pool`` (Kairos reference data, two instance types under a small
-   budget) and ``recserve plan colocate`` (Hera, from a targets file);
-2. a Ray head node posing as the pool's first instance type and a second ``ray start --address`` node as the
-   other (each advertises ``recserve_slot`` = its planned instances and its type marker);
+   budget), ``recserve plan colocate`` (Hera, targets that put two models on one server), ``recserve plan
+   provision`` (Hercules, a day alternating hour by hour between two loads on two server types) and ``recserve plan
+   shard`` (ElasticRec);
+2. a Ray head node posing as the pool's first instance type and the first provisioned server type, and a second
+   ``ray start --address`` node as the other two (each advertises ``recserve_slot`` = its planned pool instances
+   and its type markers);
 3. ``recserve deploy ray --plan pool.json --rate R --seconds S``: scores against the in-process model, a
    Poisson load through Ray's HTTP proxy routed by the Kairos request router (decisions logged), and the
    simulator's prediction for the same pool and trace;
-4. ``recserve deploy ray --plan colocate.json``: the Hera plan's servers come up and answer.
+4. ``recserve deploy ray --plan colocate.json``: the Hera plan's servers come up and every model of every server
+   answers as the in-process model;
+5. ``recserve deploy ray --plan provision.json``: one deployment per (workload, server type) at the count planned
+   for the current hour; scores, a short Poisson load through the proxy, and the replicas Ray runs beside the
+   autoscaling policy's decision;
+6. ``recserve deploy ray --plan shards.json``: the plan's shards (first two tables) at the planned replica counts,
+   scores through the dense shard against the monolithic model.
 
 Both node "types" run on this host's cores: the types differ in name and placement, not in hardware, so the
 simulator is given this host's measured latency table for every type.
@@ -46,7 +56,8 @@ def free_port() -> int:
 def recserve(*argv: str, timeout_s: float = 900.0) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     print("$ recserve " + " ".join(argv), file=sys.stderr, flush=True)
-    subprocess.run([PY, "-m", "recserve.cli", *argv], check=True, env=env, timeout=timeout_s)
+    # the commands' tables go to stderr with their progress: this script's stdout is its JSON summary only
+    subprocess.run([PY, "-m", "recserve.cli", *argv], check=True, env=env, timeout=timeout_s, stdout=sys.stderr)
 
 
 class LocalRayCluster:
@@ -101,21 +112,29 @@ class LocalRayCluster:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def make_plans(out: Path) -> tuple[Path, Path]:
-    pool, colocate = out / "pool.json", out / "colocate.json"
+HERA_TARGETS = "hera-ncf: 8000\nhera-dlrm-b: 100\n"  # one server with both models, one with hera-dlrm-b alone
+PROVISION_DAY = {"available": {"hercules-t1": 2, "hercules-t2": 1},  # every hour: t1 at 1 or 2 servers, t2 at 1
+                 "trace": {"hours": list(range(24)), "loads": {"hercules-rmc1": [3000, 4000] * 12}}}
+
+
+def make_plans(out: Path) -> dict[str, Path]:
+    plans = {kind: out / f"{kind}.json" for kind in ("pool", "colocate", "provision", "shards")}
     recserve("plan", "pool", "--reference", "kairos", "--models", "kairos-wnd", "--servers", "g4dn.xlarge,r5n.large",
-             "--budget", "0.85", "--json", str(pool))
+             "--budget", "0.85", "--json", str(plans["pool"]))
     targets = out / "hera-targets.yaml"
-    targets.write_text("hera-ncf: 8000\nhera-dlrm-a: 500\n")
-    recserve("plan", "colocate", "--server", "hera-xeon", "--traffic", str(targets), "--json", str(colocate))
-    return pool, colocate
+    targets.write_text(HERA_TARGETS)
+    recserve("plan", "colocate", "--server", "hera-xeon", "--traffic", str(targets), "--json", str(plans["colocate"]))
+    day = out / "hercules-day.json"
+    day.write_text(json.dumps(PROVISION_DAY))
+    recserve("plan", "provision", "--traffic", str(day), "--json", str(plans["provision"]))
+    recserve("plan", "shard", "--model", "hera-dlrm-a", "--qps", "8000", "--json", str(plans["shards"]))
+    return plans
 
 
-def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    pool_plan, colocate_plan = make_plans(out)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from recserve.deploy.ray_plans import node_start_flags
+def node_resources(pool_plan: Path, provision_plan: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``ray start --resources`` of the head and the second node: the pool's two instance types one per node, and
+    the provisioned server types spread over the two nodes."""
+    from recserve.deploy.ray_plans import node_start_flags, provision_targets, type_resource
     from recserve.planners.plan import Plan
 
     choice = Plan.load(pool_plan).pools[0]
@@ -123,27 +142,53 @@ def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str
     if len(flags) != 2:
         raise RuntimeError(f"expected a pool of two instance types, got {choice.config}")
     (head_type, head), (node_type, node) = flags.items()
+    servers = sorted({t.server for t in provision_targets(Plan.load(provision_plan))})
+    for i, server in enumerate(servers):
+        (head if i % 2 == 0 else node)[type_resource(server)] = 1
+    types = {"head": {"pool_type": head_type, "servers": servers[0::2], "resources": head},
+             "node": {"pool_type": node_type, "servers": servers[1::2], "resources": node}}
+    return head, node, types
+
+
+def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    plans = make_plans(out)
+    head, node, types = node_resources(plans["pool"], plans["provision"])
     port = free_port()
     with LocalRayCluster(head, node) as cluster:
-        recserve("deploy", "ray", "--plan", str(pool_plan), "--address", cluster.address, "--scale", str(scale),
-                 "--cpus", "0.25", "--http-port", str(port), "--rate", str(rate), "--seconds", str(seconds), "--prior",
-                 "--decisions", str(out / "decisions.jsonl"), "--json", str(out / "pool_run.json"))
-        recserve("deploy", "ray", "--plan", str(colocate_plan), "--address", cluster.address, "--scale", str(scale),
-                 "--cpus", "0.05", "--http-port", str(port), "--json", str(out / "colocate_run.json"))
-    result = {"cluster": {"head": {"type": head_type, "resources": head}, "node": {"type": node_type,
-                                                                                   "resources": node}},
-              "pool": json.loads((out / "pool_run.json").read_text()),
-              "colocate": json.loads((out / "colocate_run.json").read_text())}
+        common = ["--address", cluster.address, "--scale", str(scale)]
+        recserve("deploy", "ray", "--plan", str(plans["pool"]), *common, "--cpus", "0.25", "--http-port", str(port),
+                 "--rate", str(rate), "--seconds", str(seconds), "--prior", "--decisions", str(out / "decisions.jsonl"),
+                 "--json", str(out / "pool_run.json"))
+        recserve("deploy", "ray", "--plan", str(plans["colocate"]), *common, "--cpus", "0.05", "--http-port",
+                 str(port), "--json", str(out / "colocate_run.json"))
+        recserve("deploy", "ray", "--plan", str(plans["provision"]), *common, "--cpus", "0.01", "--http-port",
+                 str(port), "--rate", "4", "--seconds", "4", "--json", str(out / "provision_run.json"))
+        recserve("deploy", "ray", "--plan", str(plans["shards"]), *common, "--max-tables", "2",
+                 "--json", str(out / "shards_run.json"))
+    result = {"cluster": types, **{kind: json.loads((out / f"{kind}_run.json").read_text())
+                                   for kind in ("pool", "colocate", "provision", "shards")}}
+    result["colocate"]["servers"] = [[p["model"] for p in s["placements"]]
+                                     for s in json.loads(plans["colocate"].read_text())["servers"]]
     result["pool"].pop("latency_table", None)
     return result
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    pool = result["pool"]
+    pool, provision, shards = result["pool"], result["provision"]["provision"], result["shards"]
     keys = ("pool", "qos_ms", "rate_qps", "seconds", "router_prior", "router_decisions", "router_sizes_match_sent",
             "scores_max_abs_diff", "measured", "simulated", "simulated_with_ray_overhead", "router_pool")
+    deployment_keys = ("planned_now", "reactive_servers", "policy_decision", "replicas_running", "as_decided",
+                       "scores_max_abs_diff", "load")
     return {**{k: pool.get(k) for k in keys}, "cluster": result["cluster"],
-            "colocate_scores_max_abs_diff": result["colocate"].get("scores_max_abs_diff")}
+            "colocate_servers": result["colocate"].get("servers"),
+            "colocate_replicas": result["colocate"].get("replicas"),
+            "colocate_scores_max_abs_diff": result["colocate"].get("scores_max_abs_diff"),
+            "provision_hour_utc": provision["hour_utc"],
+            "provision": {name: {k: d.get(k) for k in deployment_keys} for name, d in provision["deployments"].items()},
+            "shards": {k: shards.get(k) for k in ("planned_replicas", "replicas_after_deploy", "replicas_as_planned",
+                                                  "scores_max_abs_diff")}}
 
 
 def main() -> int:

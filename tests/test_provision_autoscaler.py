@@ -29,3 +29,20 @@ def test_ray_policy_reads_published_qps():
     assert want == 4 and state["last_qps"] == 310.0
     ctx.aggregated_metrics = {}
     assert policy(ctx)[0] == 2  # no load reported: the plan's count for 20:00
+
+
+def test_provision_targets_start_at_the_hours_planned_count():
+    """A provisioning plan becomes one target per (workload, type); each starts at the count planned for the hour,
+    and its decision adds the reactive servers on top."""
+    from recserve.deploy.ray_plans import provision_targets
+    from recserve.planners.plan import ProvisionPlan, ProvisionStep
+
+    steps = [ProvisionStep(0.0, {}, {"w": {"t1": 1, "t2": 1}}, 1.0, {}),
+             ProvisionStep(12.0, {}, {"w": {"t1": 2}}, 1.0, {})]
+    plan = ProvisionPlan(planner="hercules", steps=steps, inputs={
+        "available": {"t1": 3}, "efficiency": {"w": {"t1": {"qps": 100.0}, "t2": {"qps": 50.0}}}})
+    t1, t2 = provision_targets(plan)
+    assert (t1.name, t1.steps, t1.max_replicas) == ("prov-w-t1", [[0.0, 1], [12.0, 2]], 3)
+    assert (t2.name, t2.steps, t2.max_replicas) == ("prov-w-t2", [[0.0, 1], [12.0, 0]], 1)
+    assert [t1.decision(6.0), t1.decision(13.0), t2.decision(13.0)] == [1, 2, 0]
+    assert t1.decision(13.0, observed_qps=250.0) == 3 and t1.decision(13.0, observed_qps=950.0) == 3  # max 3

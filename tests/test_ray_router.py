@@ -94,9 +94,12 @@ def test_provision_and_pool_plans_build_ray_applications():
              ProvisionStep(12.0, {"w": 1.0}, {"hercules-rmc1": {"hercules-t1": 0}}, 1.0, {})]
     plan = ProvisionPlan(planner="hercules", steps=steps, inputs={
         "available": {"hercules-t1": 5}, "efficiency": {"hercules-rmc1": {"hercules-t1": {"qps": 900.0}}}})
-    (name, app), = provision_apps(plan, 1e-3).items()
+    (name, app), = provision_apps(plan, 1e-3, t_hours=1.0).items()
     config = app._bound_deployment._deployment_config
     assert name == "prov-hercules-rmc1-hercules-t1" and config.autoscaling_config.max_replicas == 5
+    assert config.autoscaling_config.initial_replicas == 2  # the count planned for 01:00 ...
+    (_, afternoon), = provision_apps(plan, 1e-3, t_hours=13.0).items()
+    assert afternoon._bound_deployment._deployment_config.autoscaling_config.initial_replicas == 0  # ... for 13:00
     assert config.autoscaling_config.policy.policy_kwargs == {"steps": [[0.0, 2], [12.0, 0]], "qps_per_server": 900.0}
     assert app._bound_deployment.ray_actor_options["resources"] == {type_resource("hercules-t1"): 0.001}
     pool = pool_app(PoolChoice("kairos-wnd", {"g4dn.xlarge": 1, "r5n.large": 2}, 1.0, 1.0), 25.0, 1e-3)

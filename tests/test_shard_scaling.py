@@ -33,3 +33,20 @@ def test_simulated_scaling_follows_the_autoscaler_rules():
     assert dense[1] == 2 and max(dense) >= 3  # one step per interval while the tail is above 65% of the SLA
     settled = rows[4]
     assert settled["dense_tail_ms"] <= DENSE_LATENCY_FRACTION * 50.0 or dense[4] > dense[3]
+
+
+def test_ray_shard_policies_keep_the_planned_count_until_a_replica_runs():
+    """Ray applies a decision taken with no replica running at once: an idle start-up must not cut the plan."""
+    from types import SimpleNamespace
+
+    from recserve.policies.shard_autoscaler import RayDensePolicy, RaySparsePolicy
+
+    def ctx(running: int, target: int, metrics: dict) -> SimpleNamespace:
+        return SimpleNamespace(aggregated_metrics=metrics, current_num_replicas=running, target_num_replicas=target,
+                               capacity_adjusted_min_replicas=1, capacity_adjusted_max_replicas=8, policy_state={})
+
+    dense, sparse = RayDensePolicy(sla_ms=100.0), RaySparsePolicy(qps_max=50.0)
+    assert dense(ctx(0, 2, {}))[0] == 2 and sparse(ctx(0, 3, {}))[0] == 3  # starting: the planned initial count
+    idle = {"p95_ms": {"r1": 1.0, "r2": 1.0}, "qps": {"r1": 0.0, "r2": 0.0}}
+    assert dense(ctx(2, 2, idle))[0] == 1 and sparse(ctx(2, 2, idle))[0] == 1  # running and idle: scale down
+    assert sparse(ctx(0, 1, {"qps": {"r1": 120.0}}))[0] == 3  # more than planned is still allowed

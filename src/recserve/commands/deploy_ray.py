@@ -3,7 +3,10 @@
 ``--plan POOL.json`` runs a Kairos pool routed by the Kairos request router, ``--plan COLOCATE.json`` a Hera
 co-location plan; with ``--rate`` a Poisson load goes through Ray's HTTP proxy and the result is written beside
 the simulator's prediction for the same pool and trace.  ``--model`` runs ElasticRec shards with per-shard
-autoscaling and optionally a rising Poisson load, logging replica counts per shard."""
+autoscaling and optionally a rising Poisson load, logging replica counts per shard (a shard plan's
+``--plan SHARDS.json`` runs the plan's shards); the shards' scores are checked against the in-process model and
+their replica counts against the plan.  With ``--json`` and no ``--rate``/``--ramp`` a plan comes up, is checked,
+and stops."""
 
 from __future__ import annotations
 
@@ -112,7 +115,7 @@ def cmd_ray_plan(args: argparse.Namespace) -> int:
         types = sorted({h for s in plan.steps for alloc in s.allocation.values() for h, n in alloc.items() if n})
         print("start each node with its type marker, ray start --resources '{\"" +
               "|".join(ray_plans.type_resource(t) for t in types) + "\": 1}'", file=sys.stderr)
-    drive = _load_plan(args, plan, models) if args.rate else None
+    drive = _load_plan(args, plan, models) if args.rate and plan.kind != "provision" else None
     log_path = str(Path(args.decisions).resolve()) if args.decisions else None
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +137,9 @@ def cmd_ray_plan(args: argparse.Namespace) -> int:
             report.update(_run_load(args, drive, routes, log_path))
         elif plan.kind == "colocate":
             report["scores_max_abs_diff"] = _check_colocation(args, plan, routes)
+            report["replicas"] = {app: ray_serve.replica_counts(app) for app in routes}
+        elif plan.kind == "provision" and args.json:
+            report["provision"] = _check_provision(args, plan, routes)
         if not args.json and not drive:
             print("serving; Ctrl-C to stop", file=sys.stderr)
             while True:
@@ -146,29 +152,89 @@ def cmd_ray_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_colocation(args: argparse.Namespace, plan: Any, routes: dict[str, str]) -> dict[str, float]:
-    """One query per model of every planned server group through Ray's proxy, against the in-process model."""
+def _scores_diff(url: str, model: str, scale: float, seed: int, queries: int = 2) -> float:
+    """Max |score difference| of ``queries`` queries through Ray's proxy at ``url`` against the in-process model."""
     import torch
 
-    from recserve.deploy.nodeconfig import server_groups
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
     from recserve.zoo import build
 
+    spec = get_model(model)
+    pool = RequestPool(spec, scale, (64,) * queries, seed)
+    reference = build(spec, scale=scale, seed=seed).eval()
+    diffs = []
+    with LoadSession(HttpTarget(url, model, timeout_s=60.0), pool) as session:
+        for i in range(queries):
+            got = session.outputs(i)["scores"]
+            with torch.inference_mode():
+                want = reference(pool.batch(i)).numpy()
+            diffs.append(float(np.abs(got.reshape(want.shape) - want).max()))
+    return max(diffs)
+
+
+def _check_colocation(args: argparse.Namespace, plan: Any, routes: dict[str, str]) -> dict[str, float]:
+    """Queries to every model of every planned server group through Ray's proxy, against the in-process model."""
+    from recserve.deploy.nodeconfig import server_groups
+
     out = {}
     for k, (server, _count) in enumerate(server_groups(plan)):
+        url = f"http://127.0.0.1:{args.http_port}{routes[f'hera-node-{k}']}"
         for p in server.placements:
-            spec = get_model(p.model)
-            pool = RequestPool(spec, args.scale, (64,), args.seed)
-            target = HttpTarget(f"http://127.0.0.1:{args.http_port}{routes[f'hera-node-{k}']}", p.model, timeout_s=60.0)
-            with LoadSession(target, pool) as session:
-                got = session.outputs(0)["scores"]
-            with torch.inference_mode():
-                want = build(spec, scale=args.scale, seed=args.seed).eval()(pool.batch(0)).numpy()
-            out[f"hera-node-{k}/{p.model}"] = float(np.abs(got.reshape(want.shape) - want).max())
+            out[f"hera-node-{k}/{p.model}"] = _scores_diff(url, p.model, args.scale, args.seed)
     print("co-location plan: scores vs the in-process models, max |diff|: "
           + ", ".join(f"{k} {v:.3g}" for k, v in out.items()), file=sys.stderr)
+    return out
+
+
+def _check_provision(args: argparse.Namespace, plan: Any, routes: dict[str, str],
+                     settle_s: float = 6.0) -> dict[str, Any]:
+    """Each (workload, type) deployment planned to run now: scores against the in-process model and a short
+    Poisson load through Ray's proxy; then the replicas Ray runs (``serve.status``) beside the autoscaling
+    policy's decision (planned count for the hour, raised by the reactive rule for the load carried)."""
+    from recserve.deploy import ray_serve
+    from recserve.deploy.ray_plans import provision_targets
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.planners.replicas import replicas_for
+    from recserve.policies.provision_autoscaler import hour_of_day
+
+    rate = args.rate or 4.0
+    out: dict[str, Any] = {"hour_utc": hour_of_day(), "rate_qps": rate, "seconds": args.seconds, "deployments": {}}
+    for target in provision_targets(plan):
+        planned = target.decision(out["hour_utc"])
+        entry: dict[str, Any] = {"workload": target.workload, "server": target.server, "planned_now": planned,
+                                 "qps_per_server": target.qps_per_server,
+                                 "replicas_after_deploy": ray_serve.wait_replicas({target.name: planned}, target.name,
+                                                                                  60.0).get(target.name, 0)}
+        if planned:  # a deployment planned at 0 servers now has no replica to answer
+            url = f"http://127.0.0.1:{args.http_port}{routes[target.name]}"
+            entry["scores_max_abs_diff"] = _scores_diff(url, target.workload, args.scale, args.seed)
+            pool = RequestPool.from_mix(get_model(target.workload), args.scale, args.mix, pool=16, seed=args.seed)
+            with LoadSession(HttpTarget(url, target.workload, timeout_s=30.0), pool) as session:
+                result = session.run(rate, args.seconds, timeout_s=30.0, seed=args.seed)
+            entry["load"] = {"sent": result.sent, "ok": result.ok, "errors": dict(result.errors),
+                             "achieved_qps": result.achieved_qps, "p99_ms": result.percentile(99),
+                             "p50_ms": float(np.percentile(result.latencies_ms, 50))}
+        out["deployments"][target.name] = entry
+    time.sleep(settle_s)  # a few of the policy's metric intervals
+    hour = hour_of_day()
+    for target in provision_targets(plan):
+        entry = out["deployments"][target.name]
+        carried = entry.get("load", {}).get("achieved_qps", 0.0)
+        entry["reactive_servers"] = replicas_for(carried, target.qps_per_server) if carried and \
+            target.qps_per_server > 0 else 0
+        entry["policy_decision"] = target.decision(hour, carried)
+        entry["replicas_running"] = ray_serve.replica_counts(target.name).get(target.name, 0)
+        entry["as_decided"] = entry["replicas_running"] == entry["policy_decision"]
+        load = entry.get("load") or {}
+        print(f"{target.name}: planned now {entry['planned_now']}, reactive {entry['reactive_servers']}, policy "
+              f"decision {entry['policy_decision']}, Ray runs {entry['replicas_running']}"
+              + (f"; scores max |diff| {entry['scores_max_abs_diff']:.3g}; {load['ok']}/{load['sent']} ok at "
+                 f"{load['achieved_qps']:.1f} qps, p50 {load['p50_ms']:.1f} ms p99 {load['p99_ms']:.1f} ms"
+                 if load else ""), file=sys.stderr)
     return out
 
 
@@ -281,7 +347,7 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     if args.max_tables:
         spec = replace(spec, tables=spec.tables[: args.max_tables])
-    model = build(spec, scale=args.scale, seed=args.seed)
+    model = build(spec, scale=args.scale, seed=args.seed).eval()
     sampler = index_sampler(f"locality:p={args.locality}")
     history = [sample_batch(model, args.batch, rng=i, sampler=sampler) for i in range(50)]
     plan = getattr(args, "shard_plan", None)
@@ -312,14 +378,22 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
         ray_serve.start_ray(args.address)
         handle = ray_serve.deploy(layout, autoscale=not args.no_autoscale, qps_max=qps_max,
                                   max_replicas=args.max_replicas)
-        if not args.ramp:
+        log["planned_replicas"] = ray_serve.planned_replicas(layout)
+        start = time.monotonic()
+        log["replicas_after_deploy"] = ray_serve.wait_replicas(log["planned_replicas"])
+        log["replicas_wait_s"] = time.monotonic() - start
+        log["replicas_as_planned"] = log["replicas_after_deploy"] == log["planned_replicas"]
+        log["scores_max_abs_diff"] = _shard_scores_diff(handle, model, args.batch, sampler)
+        print(f"shards: replicas as planned {log['replicas_as_planned']} ({log['replicas_after_deploy']}); scores vs "
+              f"the in-process model, max |diff| {log['scores_max_abs_diff']:.3g}", file=sys.stderr)
+        if not args.ramp and not args.json:
             print("serving; Ctrl-C to stop", file=sys.stderr)
             while True:
                 time.sleep(5)
                 print(json.dumps(ray_serve.replica_counts()), file=sys.stderr)
         queries = [sample_batch(model, args.batch, rng=1000 + i, sampler=sampler).as_arrays() for i in range(64)]
         rng = np.random.default_rng(args.seed)
-        for rate in _parse_rates(args.ramp):
+        for rate in _parse_rates(args.ramp) if args.ramp else []:
             result = asyncio.run(_drive(handle, queries, rate, args.step_s, rng))
             result["replicas"] = ray_serve.replica_counts()
             log["steps"].append(result)
@@ -333,6 +407,22 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard_scores_diff(handle: Any, model: Any, batch: int, sampler: Any, queries: int = 4) -> float:
+    """Max |score difference| of queries through the dense shard's handle against the monolithic in-process model."""
+    import torch
+
+    from recserve.zoo import sample_batch
+
+    diffs = []
+    for i in range(queries):
+        query = sample_batch(model, batch, rng=500 + i, sampler=sampler)
+        with torch.inference_mode():
+            want = model(query).numpy()
+        got = handle.infer.remote(query.as_arrays()).result()
+        diffs.append(float(np.abs(np.asarray(got).reshape(want.shape) - want).max()))
+    return max(diffs)
+
+
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("ray", help="run a plan on Ray Serve (Kairos pool with the Kairos request router, "
                                        "Hera co-location) or a model as autoscaled ElasticRec shards")
@@ -341,7 +431,9 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", default="kairos", help="with a pool plan: the request router's dispatch policy")
     p.add_argument("--cpus", type=float, default=1.0,
                    help="with --plan: Ray CPUs per pool instance / per planned Hera worker (below 1 on small hosts)")
-    p.add_argument("--rate", type=float, default=0.0, help="with a pool plan: Poisson queries/s through the proxy")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="with a pool plan: Poisson queries/s through the proxy; with a provision plan and --json: per "
+                        "deployment (default 4)")
     p.add_argument("--seconds", type=float, default=20.0, help="with --rate: length of the run")
     p.add_argument("--mix", default="production", help="with --rate: query-size mix")
     p.add_argument("--http-port", type=int, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")

@@ -17,7 +17,8 @@ planned CPUs (``num_cpus`` = planned workers × ``cpus_per_worker``); a replica 
 with its planned workers as torch threads.
 
 **Hercules provisioning.**  One deployment per (workload, server type) on nodes marked with that type, autoscaled
-by the plan's schedule with the reactive rule on top (``policies.provision_autoscaler.RayScheduledPolicy``).
+by the plan's schedule with the reactive rule on top (``policies.provision_autoscaler.RayScheduledPolicy``); each
+starts at the planned count for the current hour.
 
 All serve the node server's Open Inference Protocol path ``/v2/models/<model>/infer`` under the application's
 route prefix.  Ray is imported lazily (and this module only on Ray hosts).
@@ -31,6 +32,7 @@ import logging
 import pickle
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,7 @@ from recserve.planners.plan import ColocationPlan, PoolChoice, ProvisionPlan
 from recserve.policies.dispatch import make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor
+from recserve.policies.provision_autoscaler import hour_of_day, scheduled_replicas
 from recserve.serving.metrics import SlidingWindow
 from recserve.wire import BATCH_SIZE_HEADER
 
@@ -311,34 +314,61 @@ def colocation_apps(plan: ColocationPlan, scale: float, seed: int = 0,
     return apps
 
 
-def provision_apps(plan: ProvisionPlan, scale: float, seed: int = 0, cpus_per_core: float = 1.0) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ProvisionTarget:
+    """One (workload, server type) deployment of a provisioning plan: its schedule and its reactive rule."""
+
+    name: str
+    workload: str
+    server: str
+    steps: list[list[float]]  # [[hour, servers], ...] as the plan's steps
+    qps_per_server: float  # the type's latency-bounded QPS for the workload (the planner's efficiency input)
+    max_replicas: int
+
+    def decision(self, t_hours: float, observed_qps: float = 0.0) -> int:
+        """The autoscaling policy's replica count at ``t_hours`` under ``observed_qps`` (before Ray's delays)."""
+        return scheduled_replicas(self.steps, t_hours, observed_qps, self.qps_per_server, 0, self.max_replicas)
+
+
+def provision_targets(plan: ProvisionPlan) -> list[ProvisionTarget]:
+    """The deployments a provisioning plan becomes, one per (workload, server type) it ever allocates."""
+    efficiency = plan.inputs.get("efficiency", {})
+    available = plan.inputs.get("available", {})
+    pairs = sorted({(w, h) for s in plan.steps for w, alloc in s.allocation.items() for h, n in alloc.items() if n})
+    out = []
+    for w, h in pairs:
+        steps = [[s.t, int(s.allocation.get(w, {}).get(h, 0))] for s in plan.steps]
+        most = max(n for _, n in steps)
+        out.append(ProvisionTarget(re.sub(r"[^A-Za-z0-9-]+", "-", f"prov-{w}-{h}"), w, h, steps,
+                                   float(efficiency.get(w, {}).get(h, {}).get("qps", 0.0)),
+                                   max(most, int(available.get(h, most)))))
+    return out
+
+
+def provision_apps(plan: ProvisionPlan, scale: float, seed: int = 0, cpus_per_core: float = 1.0,
+                   t_hours: float | None = None) -> dict[str, Any]:
     """One application per (workload, server type) of a provisioning plan: replicas (servers) on nodes marked with
-    the type, each with the type's cores, autoscaled by :class:`~recserve.policies.provision_autoscaler.
-    RayScheduledPolicy` (the planned count for the hour, raised when the load passes the type's QPS)."""
+    the type, each with the type's cores, starting at the planned count for the hour ``t_hours`` (now by default)
+    and autoscaled by :class:`~recserve.policies.provision_autoscaler.RayScheduledPolicy` (the planned count for the
+    hour, raised when the load passes the type's QPS)."""
     from ray import serve
 
     from recserve.specs import get_server
 
-    efficiency = plan.inputs.get("efficiency", {})
-    available = plan.inputs.get("available", {})
-    pairs = sorted({(w, h) for s in plan.steps for w, alloc in s.allocation.items() for h, n in alloc.items() if n})
+    hour = hour_of_day() if t_hours is None else t_hours
     apps = {}
-    for w, h in pairs:
-        steps = [[s.t, int(s.allocation.get(w, {}).get(h, 0))] for s in plan.steps]
-        most = max(n for _, n in steps)
-        cores = max(1, get_server(h).cores)
-        qps = float(efficiency.get(w, {}).get(h, {}).get("qps", 0.0))
-        name = re.sub(r"[^A-Za-z0-9-]+", "-", f"prov-{w}-{h}")
+    for target in provision_targets(plan):
+        cores = max(1, get_server(target.server).cores)
         deployment = serve.deployment(ModelServer).options(
-            name=name, max_ongoing_requests=max(1, cores),
-            ray_actor_options={"num_cpus": cores * cpus_per_core, "resources": {type_resource(h): 0.001}},
+            name=target.name, max_ongoing_requests=max(1, cores),
+            ray_actor_options={"num_cpus": cores * cpus_per_core, "resources": {type_resource(target.server): 0.001}},
             autoscaling_config={
-                "min_replicas": 0, "initial_replicas": steps[0][1],
-                "max_replicas": max(most, int(available.get(h, most))), "metrics_interval_s": 2.0,
-                "look_back_period_s": 30.0, "upscale_delay_s": 30.0, "downscale_delay_s": 300.0,
+                "min_replicas": 0, "initial_replicas": target.decision(hour), "max_replicas": target.max_replicas,
+                "metrics_interval_s": 2.0, "look_back_period_s": 30.0, "upscale_delay_s": 30.0,
+                "downscale_delay_s": 300.0,
                 "policy": {"policy_function": "recserve.policies.provision_autoscaler:RayScheduledPolicy",
-                           "policy_kwargs": {"steps": steps, "qps_per_server": qps}}})
-        apps[name] = deployment.bind({w: cores}, scale, seed, h)
+                           "policy_kwargs": {"steps": target.steps, "qps_per_server": target.qps_per_server}}})
+        apps[target.name] = deployment.bind({target.workload: cores}, scale, seed, target.server)
     return apps
 
 

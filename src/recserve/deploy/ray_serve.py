@@ -161,20 +161,39 @@ def build_app(layout: ShardLayout, qps_max: dict[str, float] | None = None, max_
 
 
 def deploy(layout: ShardLayout, address: str | None = None, **kwargs: Any) -> Any:
-    """Run the application and return the dense shard's DeploymentHandle."""
+    """Run the application and return the dense shard's DeploymentHandle (no HTTP proxy: handles only, so no
+    port of the host is taken)."""
     start_ray(address)
     _, serve = _require_ray()
+    serve.start(proxy_location="Disabled")
     return serve.run(build_app(layout, **kwargs), name=APP_NAME, route_prefix=None)
 
 
-def replica_counts() -> dict[str, int]:
-    """Running replicas per deployment of the recserve application (from ``serve.status``)."""
+def planned_replicas(layout: ShardLayout) -> dict[str, int]:
+    """Replicas per deployment of :func:`build_app` as the layout plans them (what Ray starts with)."""
+    shards = {f"shard-{t.name}-s{s}": int(n) for t in layout.tables for s, n in enumerate(t.replicas)}
+    return {**shards, "dense": int(layout.dense_replicas)}
+
+
+def replica_counts(app_name: str = APP_NAME) -> dict[str, int]:
+    """Running replicas per deployment of an application (from ``serve.status``; the ElasticRec one by default)."""
     _, serve = _require_ray()
-    app = serve.status().applications.get(APP_NAME)
+    app = serve.status().applications.get(app_name)
     if app is None:
         return {}
     return {name: sum(n for state, n in d.replica_states.items() if str(state).endswith("RUNNING"))
             for name, d in app.deployments.items()}
+
+
+def wait_replicas(expected: dict[str, int], app_name: str = APP_NAME, timeout_s: float = 120.0) -> dict[str, int]:
+    """Poll the running replicas until they equal ``expected`` or ``timeout_s`` passes; the last counts read.
+    ``serve.run`` returns once an autoscaled application is within its bounds, before all initial replicas run."""
+    deadline = time.monotonic() + timeout_s
+    counts = replica_counts(app_name)
+    while counts != expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+        counts = replica_counts(app_name)
+    return counts
 
 
 def shutdown() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from recserve.planners.replicas import replicas_for
-from recserve.policies.shard_autoscaler import metric_sum
+from recserve.policies.shard_autoscaler import hold_while_starting, metric_sum
 
 
 def planned_count(steps: Sequence[Sequence[float]], t_hours: float, period_h: float = 24.0) -> int:
@@ -30,6 +30,11 @@ def planned_count(steps: Sequence[Sequence[float]], t_hours: float, period_h: fl
         if start <= t:
             current = n
     return current
+
+
+def hour_of_day(utc_offset_h: float = 0.0) -> float:
+    """Now, as the hour of the day a plan's steps are written in (UTC unless ``utc_offset_h``)."""
+    return (time.time() / 3600.0 + utc_offset_h) % 24.0
 
 
 def scheduled_replicas(steps: Sequence[Sequence[float]], t_hours: float, observed_qps: float, qps_per_server: float,
@@ -49,11 +54,11 @@ class RayScheduledPolicy:
         self.steps, self.qps_per_server, self.utc_offset_h = steps, float(qps_per_server), float(utc_offset_h)
 
     def hour_of_day(self) -> float:
-        return (time.time() / 3600.0 + self.utc_offset_h) % 24.0
+        return hour_of_day(self.utc_offset_h)
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         qps = metric_sum(ctx, "qps") or 0.0
         now = self.hour_of_day()
         want = scheduled_replicas(self.steps, now, qps, self.qps_per_server, ctx.capacity_adjusted_min_replicas,
                                   ctx.capacity_adjusted_max_replicas)
-        return want, {**(ctx.policy_state or {}), "hour": now, "last_qps": qps}
+        return hold_while_starting(ctx, want), {**(ctx.policy_state or {}), "hour": now, "last_qps": qps}

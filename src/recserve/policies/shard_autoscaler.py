@@ -50,6 +50,16 @@ def metric_sum(ctx: Any, name: str) -> float | None:
     return float(sum(values.values()))
 
 
+def hold_while_starting(ctx: Any, want: int) -> int:
+    """``want``, but not below Ray's target while no replica runs yet: Ray applies a decision taken with none
+    running at once (without its up/downscale delays), so a policy reading the idle start-up would cut the
+    planned initial count before a replica served anything."""
+    target = getattr(ctx, "target_num_replicas", None)
+    if target is not None and ctx.current_num_replicas == 0:
+        return max(want, int(target))
+    return want
+
+
 def _metric_max(ctx: Any, name: str) -> float | None:
     metrics = ctx.aggregated_metrics or {}
     values = metrics.get(name)
@@ -69,7 +79,7 @@ class RaySparsePolicy:
         qps = metric_sum(ctx, "qps") or 0.0
         want = sparse_replicas(qps, self.qps_max, ctx.current_num_replicas, ctx.capacity_adjusted_min_replicas,
                                min(self.max_replicas, ctx.capacity_adjusted_max_replicas))
-        return want, {**(ctx.policy_state or {}), "last_qps": qps}
+        return hold_while_starting(ctx, want), {**(ctx.policy_state or {}), "last_qps": qps}
 
 
 class RayDensePolicy:
@@ -82,4 +92,4 @@ class RayDensePolicy:
         latency = _metric_max(ctx, "p95_ms")
         want = dense_replicas(latency, self.sla_ms, ctx.current_num_replicas, ctx.capacity_adjusted_min_replicas,
                               min(self.max_replicas, ctx.capacity_adjusted_max_replicas))
-        return want, {**(ctx.policy_state or {}), "last_p95_ms": latency}
+        return hold_while_starting(ctx, want), {**(ctx.policy_state or {}), "last_p95_ms": latency}
