@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.commands._plan_common import count, fraction, non_negative, non_negative_int, port, positive, seed
 from recserve.errors import RecserveError
 from recserve.specs import get_model
 
@@ -429,32 +430,32 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", help="a pool, colocate, provision or shard plan JSON")
     p.add_argument("--models", help="with --plan: only these models of the plan (comma-separated)")
     p.add_argument("--policy", default="kairos", help="with a pool plan: the request router's dispatch policy")
-    p.add_argument("--cpus", type=float, default=1.0,
+    p.add_argument("--cpus", type=positive, default=1.0,
                    help="with --plan: Ray CPUs per pool instance / per planned Hera worker (below 1 on small hosts)")
-    p.add_argument("--rate", type=float, default=0.0,
+    p.add_argument("--rate", type=non_negative, default=0.0,
                    help="with a pool plan: Poisson queries/s through the proxy; with a provision plan and --json: per "
                         "deployment (default 4)")
-    p.add_argument("--seconds", type=float, default=20.0, help="with --rate: length of the run")
+    p.add_argument("--seconds", type=positive, default=20.0, help="with --rate: length of the run")
     p.add_argument("--mix", default="production", help="with --rate: query-size mix")
-    p.add_argument("--http-port", type=int, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")
+    p.add_argument("--http-port", type=port, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")
     p.add_argument("--prior", action="store_true",
                    help="with --rate: seed the request router's latency predictor (and the simulator's) with this "
                         "host's in-process latency table for every type, as a pool file's `prior`")
     p.add_argument("--decisions", default=None, help="with a pool plan: JSON-lines log of the router's decisions")
     p.add_argument("--model", help="ElasticRec shards of this model (instead of --plan)")
-    p.add_argument("--scale", type=float, default=1e-3, help="table-row scale for this host")
-    p.add_argument("--max-tables", type=int, default=0, help="keep only the first N tables (small hosts)")
-    p.add_argument("--shards-per-table", type=int, default=2)
-    p.add_argument("--locality", type=float, default=0.9, help="share of lookups on the hottest 10%% of rows")
-    p.add_argument("--batch", type=int, default=64, help="items per query")
+    p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for this host")
+    p.add_argument("--max-tables", type=non_negative_int, default=0, help="keep only the first N tables (small hosts)")
+    p.add_argument("--shards-per-table", type=count, default=2)
+    p.add_argument("--locality", type=fraction, default=0.9, help="share of lookups on the hottest 10%% of rows")
+    p.add_argument("--batch", type=count, default=64, help="items per query")
     p.add_argument("--address", default=None, help="join an existing Ray cluster (default: start a local one)")
     p.add_argument("--ramp", default="", help="comma-separated arrival rates to step through, e.g. 5,20,60")
-    p.add_argument("--step-s", type=float, default=20.0, help="seconds per ramp step")
-    p.add_argument("--max-replicas", type=int, default=4)
-    p.add_argument("--headroom", type=float, default=0.5,
+    p.add_argument("--step-s", type=positive, default=20.0, help="seconds per ramp step")
+    p.add_argument("--max-replicas", type=count, default=4)
+    p.add_argument("--headroom", type=positive, default=0.5,
                    help="share of a shard's profiled gather QPSmax one replica may carry before another is added "
                         "(a Ray call costs more than the gather itself)")
     p.add_argument("--no-autoscale", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", default=None, help="write the run log here")
     p.set_defaults(func=cmd_ray)
