@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from recserve.errors import RecserveError
+from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
 from recserve.measure.requests import RequestPool
 from recserve.serving import codec
 from recserve.serving.codec import HEADER_LENGTH
@@ -67,64 +68,61 @@ def decode_http_response(body: bytes, header_length: int | None) -> dict[str, np
 
 
 class HttpTarget:
-    """A node server's ``/v2/models/<model>/infer`` over one pooled aiohttp session."""
+    """A node server's ``/v2/models/<model>/infer`` over keep-alive connections (``measure/http_client.py``:
+    each pooled query's whole request is encoded once, so a query costs the generator one write and one read)."""
 
     def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
                  check_outputs: bool = True, size_header: bool = False) -> None:
         """``url`` may carry a route prefix (a Ray Serve application); ``size_header`` adds each query's batch
         size as a header (``wire.BATCH_SIZE_HEADER``) for routers that see only headers."""
         self.base = url.rstrip("/")
+        parsed = urlparse(self.base)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise RecserveError(f"HTTP target must be http[s]://host[:port][/prefix], got {url!r}")
+        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._tls = parsed.scheme == "https"
+        self._path = f"{parsed.path.rstrip('/')}/v2/models/{model}/infer"
         self.size_header = size_header
         self.model = model
         self.name = f"http {self.base} {model}"
         self.timeout_s, self.connections, self.check_outputs = timeout_s, connections, check_outputs
-        self._bodies: list[tuple[bytes, dict[str, str], int]] = []
-        self._session = None
+        self._requests: list[tuple[bytes, int]] = []
+        self._pool: HttpPool | None = None
 
     async def prepare(self, pool: RequestPool) -> None:
-        import aiohttp
-
-        self._bodies = []
+        self._requests = []
         for batch in pool.batches():
             body, head = encode_http_request(batch)
             headers = {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
             if self.size_header:
                 headers[BATCH_SIZE_HEADER] = str(batch.size)
-            self._bodies.append((body, headers, batch.size))
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.connections),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            )
+            self._requests.append((encode_post(f"{self._host}:{self._port}", self._path, body, headers), batch.size))
+        if self._pool is None:
+            self._pool = HttpPool(self._host, self._port, self.connections, tls=self._tls)
 
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)
         if self.check_outputs:
             scores = outputs.get(OUTPUT_SCORES)
-            if scores is None or scores.shape[0] != self._bodies[i][2]:
+            if scores is None or scores.shape[0] != self._requests[i][1]:
                 raise RequestFailed("bad_response", f"scores shape {None if scores is None else scores.shape}")
 
     async def infer_outputs(self, i: int) -> dict[str, np.ndarray]:
-        import aiohttp
-
-        body, headers, _ = self._bodies[i]
         try:
-            async with self._session.post(f"{self.base}/v2/models/{self.model}/infer", data=body,
-                                          headers=headers) as resp:
-                data = await resp.read()
-                if resp.status != 200:
-                    raise RequestFailed(f"http_{resp.status}", data[:200].decode(errors="replace"))
-                length = resp.headers.get(HEADER_LENGTH)
-                return decode_http_response(data, int(length) if length is not None else None)
-        except TimeoutError as exc:  # aiohttp's ServerTimeoutError is also a connection error: timeout first
+            resp = await self._pool.send(self._requests[i][0], self.timeout_s)  # type: ignore[union-attr]
+        except TimeoutError as exc:
             raise RequestFailed("timeout", str(exc)) from exc
-        except aiohttp.ClientConnectionError as exc:
+        except HttpClientError as exc:
             raise RequestFailed("connection", str(exc)) from exc
+        if resp.status != 200:
+            raise RequestFailed(f"http_{resp.status}", resp.body[:200].decode(errors="replace"))
+        length = resp.headers.get(HEADER_LENGTH.lower())
+        return decode_http_response(resp.body, int(length) if length is not None else None)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 # ---------------------------------------------------------------- gRPC

@@ -1,0 +1,87 @@
+"""The load generator's lean HTTP client: keep-alive reuse, Content-Length and chunked bodies, closes, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def serve(port: int, answers: list[bytes], accepted: list[int]) -> asyncio.AbstractServer:
+    """Answers each request (one read of a whole small request) with the next canned answer; b"" = close."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        while answers:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            answer = answers.pop(0)
+            if answer == b"hang":
+                await asyncio.sleep(5)
+                return
+            if not answer:
+                writer.close()
+                return
+            writer.write(answer)
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", port)
+
+
+def test_keep_alive_chunked_close_and_timeout():
+    async def run() -> None:
+        port = free_port()
+        answers = [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+                   b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nbus\r\n1;x=y\r\ny\r\n"
+                   b"0\r\n\r\n",
+                   b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                   b"",  # the server drops the next connection's request
+                   b"hang"]
+        accepted: list[int] = []
+        server = await serve(port, answers, accepted)
+        pool = HttpPool("127.0.0.1", port, limit=4)
+        request = encode_post("x", "/v2/models/m/infer", b"body", {"X-A": "1"})
+        try:
+            first = await pool.send(request, 5.0)
+            assert (first.status, first.body) == (200, b"hello")
+            second = await pool.send(request, 5.0)  # the same connection, kept alive
+            assert (second.status, second.body, len(accepted)) == (503, b"busy", 1)
+            third = await pool.send(request, 5.0)  # answered with Connection: close: not reused
+            assert third.body == b"ok"
+            with pytest.raises(HttpClientError, match="closed"):
+                await pool.send(request, 5.0)
+            with pytest.raises(TimeoutError):
+                await pool.send(request, 0.2)
+            assert len(accepted) == 3
+        finally:
+            pool.close()
+            server.close()
+        with pytest.raises(HttpClientError, match="cannot connect"):
+            await HttpPool("127.0.0.1", free_port()).send(request, 1.0)
+
+    asyncio.run(run())
+
+
+def test_a_malformed_response_is_an_error():
+    async def run() -> None:
+        port = free_port()
+        server = await serve(port, [b"SMTP ready\r\n\r\n"], [])
+        try:
+            with pytest.raises(HttpClientError, match="not an HTTP"):
+                await HttpPool("127.0.0.1", port).send(encode_post("x", "/", b"", {}), 5.0)
+        finally:
+            server.close()
+
+    asyncio.run(run())
