@@ -464,6 +464,63 @@ def test_a_dying_worker_costs_only_its_own_queries(cases):
         assert stats["fail"]["count"] >= 1
 
 
+def connection_owner(client: socket.socket, pids: list[int]) -> int | None:
+    """Which of ``pids`` serves the server side of ``client``'s TCP connection (from /proc/net/tcp inodes)."""
+    local_port = client.getsockname()[1]
+    peer_port = client.getpeername()[1]
+    inode = None
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == peer_port and int(fields[2].split(":")[1], 16) == local_port:
+                inode = fields[9]
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):
+    """All four keep-alive connections land on one worker (the other is stopped while they connect); with
+    queries queued there, it moves a connection that goes idle to its idle sibling, which then serves it."""
+    config = config_from_dict({"models": [{"name": "h", "model": MODELS["a"], "scale": 1e-4, "workers": 2,
+                                           "max_batch_size": 128, "deadline_ms": 30_000, "fuse_items": 0}]})
+    batch, _ = cases["a"][2]
+    body, headers = body_of(batch)
+    head = (f"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+    with NodeServer(config) as server:
+        port = server.ports.http
+        busy, idle = worker_pids(port, "h")
+        os.kill(idle, signal.SIGSTOP)
+        try:
+            clients = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(4)]
+            for s in clients:  # one query each, one at a time: every connection now lives in the running worker
+                s.sendall(head + body)
+                assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
+        finally:
+            os.kill(idle, signal.SIGCONT)
+        try:
+            assert {connection_owner(s, [busy, idle]) for s in clients} == {busy}
+            owners: list[int | None] = []
+            for _ in range(30):
+                for s in clients:  # four at once: some wait behind others at the busy worker
+                    s.sendall(head + body)
+                for s in clients:
+                    assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
+                owners = [connection_owner(s, [busy, idle]) for s in clients]
+                if idle in owners:
+                    break
+            assert idle in owners and busy in owners, owners
+        finally:
+            for s in clients:
+                s.close()
+
+
 def headers_of(reply: bytes) -> dict[str, str]:
     lines = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
     return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
@@ -556,7 +613,7 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
 
     loop = asyncio.new_event_loop()
     try:
-        plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda fd, prefix: None,
+        plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=3, deadline_s=10.0, fuse_items=0), sub_batch=0)
         for _ in range(20):
             plane.service.observe(4, 0.02)  # learned: 20 ms a pass

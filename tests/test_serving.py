@@ -451,8 +451,8 @@ def shm_segments(pid: int) -> set[str]:
 
 
 def test_tables_are_shared_only_when_asked(node):
-    """rmc1 workers map the same shared weight segments; dlrm-a (share_tables: false) maps only its own two: its
-    I/O buffer and its connection-state bytes."""
+    """rmc1 workers map the same shared weight segments; dlrm-a (share_tables: false) maps none: only its I/O
+    buffer, its connection-state bytes and its model's load slots."""
     _, ports = node
     control = ControlClient("127.0.0.1", ports.http)
     shared = [shm_segments(w["pid"]) for w in control.get_model("rmc1")["stages"]["model"]["worker_detail"]]
@@ -460,7 +460,8 @@ def test_tables_are_shared_only_when_asked(node):
     tables = len(catalogue_models()[node[0].config.model("rmc1").model].tables)
     common = set.intersection(*shared)
     assert len(common) >= tables, shared  # every table's weights, the same segments in every worker
-    assert all(len(segments) == 2 for segments in copied), copied  # only the worker's own I/O and state segments
+    # no weights: its own I/O buffer and connection-state bytes, and its model's shared load slots
+    assert all(len(segments) == 3 for segments in copied), copied
 
 
 def test_control_errors_and_llc_unsupported(node):

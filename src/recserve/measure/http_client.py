@@ -10,6 +10,7 @@ is read by a small protocol that finds the head, then ``Content-Length`` (or chu
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 from dataclasses import dataclass
 
@@ -131,12 +132,14 @@ def _dechunk(buf: bytearray, start: int) -> tuple[bytes | None, int]:
 
 
 class HttpPool:
-    """Keep-alive connections to one host: a query takes an idle one (or opens one, up to ``limit``)."""
+    """Keep-alive connections to one host: a query takes the connection idle longest (or opens one, up to
+    ``limit``).  Oldest first spreads queries over every open connection, as many independent clients would: most
+    recent first sent almost all of them down one connection, i.e. to one of a multi-process server's workers."""
 
     def __init__(self, host: str, port: int, limit: int = 256, tls: bool = False) -> None:
         self.host, self.port = host, port
         self._ssl = ssl.create_default_context() if tls else None
-        self._idle: list[_Connection] = []
+        self._idle: collections.deque[_Connection] = collections.deque()
         self._slots = asyncio.Semaphore(limit)
 
     async def send(self, request: bytes, timeout_s: float) -> Response:
@@ -162,7 +165,7 @@ class HttpPool:
 
     async def _take(self, loop: asyncio.AbstractEventLoop) -> _Connection:
         while self._idle:
-            conn = self._idle.pop()
+            conn = self._idle.popleft()
             if not conn.closed:
                 return conn
         try:

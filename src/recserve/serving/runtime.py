@@ -50,6 +50,7 @@ log = logging.getLogger("recserve.serving")
 WORKER_START_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 10.0
 MAX_RESTARTS_IN_A_ROW = 5
+LOAD_SLOTS = 64  # model workers that share connections by load; more are served but never take moved connections
 RESPONSIVE_S = 1.0  # a v2 worker silent longer than this is not counted on to accept connections
 
 
@@ -199,6 +200,7 @@ class WorkerHandle:
     items_done: int = 0
     last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
     conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
+    slot: int = -1  # v2: its index in the model's shared load array
     states: np.ndarray | None = None  # v2: shared, one byte per worker descriptor: a request is unanswered
     hung: bool = False
 
@@ -293,6 +295,10 @@ class ModelRuntime:
         self.grpc_upstream = ""
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
         self._next_adopter = 0
+        # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
+        # connections from a worker with a backlog (``WorkerPlane.maybe_move``)
+        self.loads = torch.full((LOAD_SLOTS,), -1, dtype=torch.int32).share_memory_()
+        self._slots: set[int] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -341,13 +347,18 @@ class ModelRuntime:
             args.grpc_address, args.grpc_upstream = self.grpc_address, self.grpc_upstream
             args.version, args.default = self.version, self.is_default
             states = torch.zeros(CONN_SLOTS, dtype=torch.uint8).share_memory_()
-        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states), daemon=True,
-                                name=f"recserve-{self.name}-{pool.stage}-{wid}")
-        await loop.run_in_executor(None, proc.start)
+            args.slot = self._free_slot()
+        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states, self.loads),
+                                daemon=True, name=f"recserve-{self.name}-{pool.stage}-{wid}")
+        try:
+            await loop.run_in_executor(None, proc.start)
+        except BaseException:
+            self._slots.discard(args.slot)
+            raise
         child.close()
         handle = WorkerHandle(wid, pool.stage, list(cores), threads, proc, parent,
                               loop.create_future(), loop.create_future(), io.numpy(), split,
-                              states=states.numpy() if states is not None else None)
+                              states=states.numpy() if states is not None else None, slot=args.slot)
         pool.workers.append(handle)
         loop.add_reader(parent.fileno(), self._on_readable, pool, handle)
         try:
@@ -384,7 +395,9 @@ class ModelRuntime:
             from multiprocessing.reduction import recv_handle
 
             fd = recv_handle(handle.conn)
-            if self.on_handoff is None:
+            if len(msg) > 3 and msg[3] is not None and self.adopt(fd, b"", to_slot=msg[3]):
+                os.close(fd)  # moved to the idle sibling it named
+            elif self.on_handoff is None:
                 os.close(fd)
             else:
                 self.on_handoff(fd, msg[1], msg[2])
@@ -503,14 +516,16 @@ class ModelRuntime:
         """Workers that take a connection for this model now (whole-query mode, no sub-batching)."""
         if not self.accepts_in_workers or self.sub_batch > 0 or not self.accepting:
             return []
-        return [w for w in self.pools["model"].workers
-                if not w.retiring and w.ready.done() and not w.ready.exception()]
+        return [w for w in self.pools["model"].workers if not w.retiring and w.working]
 
-    def adopt(self, fd: int, prefix: bytes) -> bool:
-        """Pass a connection to one of this model's workers (round robin); False if none can take it."""
+    def adopt(self, fd: int, prefix: bytes, to_slot: int | None = None) -> bool:
+        """Pass a connection to one of this model's workers (round robin, or the one in load slot ``to_slot``);
+        False if none can take it."""
         from multiprocessing.reduction import send_handle
 
         workers = self.adopters()
+        if to_slot is not None:
+            workers = [w for w in workers if w.slot == to_slot]
         if not workers:
             return False
         self._next_adopter = (self._next_adopter + 1) % len(workers)
@@ -548,8 +563,18 @@ class ModelRuntime:
             out = query.results[0] if len(query.results) == 1 else np.concatenate(query.results)
             query.future.set_result(out)
 
+    def _free_slot(self) -> int:
+        """Take the lowest load slot no worker of this model holds (-1 if every slot is taken)."""
+        slot = next((i for i in range(LOAD_SLOTS) if i not in self._slots), -1)
+        if slot >= 0:
+            self._slots.add(slot)
+        return slot
+
     def _on_worker_exit(self, pool: StagePool, handle: WorkerHandle) -> None:
         loop = asyncio.get_running_loop()
+        if 0 <= handle.slot < LOAD_SLOTS:
+            self.loads[handle.slot] = -1
+            self._slots.discard(handle.slot)
         loop.remove_reader(handle.conn.fileno())
         handle.conn.close()
         if handle in pool.workers:

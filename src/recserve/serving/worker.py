@@ -25,6 +25,7 @@ accepts and answers its own model's HTTP queries itself.  Then, in addition:
   descriptor (SCM_RIGHTS) = a connection the worker does not serve; ``("conn", fd)`` followed by a descriptor =
   a connection the worker serves (the server holds it too, with a shared byte per descriptor saying whether a
   request of it is unanswered, for when the worker dies or hangs); ``("gone", fd)`` = no longer served here.
+  A ``handoff`` may name a sibling's load slot: the connection moves to that (idle) worker.
 - server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
   ``("config", {"sub_batch": k})``; ``("drain",)`` = stop accepting, refuse new queries with 503.
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
@@ -116,6 +117,7 @@ class WorkerArgs:
     grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
+    slot: int = -1  # this worker's index in its model's shared load array (data plane v2)
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -188,7 +190,7 @@ def _pin(args: WorkerArgs) -> None:
 
 
 def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: torch.Tensor | None = None,
-                states: torch.Tensor | None = None) -> None:
+                states: torch.Tensor | None = None, loads: torch.Tensor | None = None) -> None:
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
     _pin(args)
     if args.io_uring_verdict:
@@ -203,7 +205,8 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     with torch.inference_mode():
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
             asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready,
-                               states.numpy() if states is not None else None))
+                               states.numpy() if states is not None else None,
+                               loads.numpy() if loads is not None else None))
             return
         conn.send(ready)
         while True:
@@ -235,7 +238,7 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
 
 
 async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
-                 ready: tuple, states: np.ndarray | None = None) -> None:
+                 ready: tuple, states: np.ndarray | None = None, loads: np.ndarray | None = None) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
     from multiprocessing.reduction import recv_handle, send_handle
 
@@ -250,8 +253,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (BrokenPipeError, OSError):
             plane.exit_event.set()
 
-    def hand_off(fd: int, prefix: bytes) -> None:
-        send(("handoff", prefix, args.model_config.name))
+    def hand_off(fd: int, prefix: bytes, to_slot: int | None = None) -> None:
+        send(("handoff", prefix, args.model_config.name, to_slot))
         send_handle(conn, fd, server_pid)
 
     def share(fd: int) -> None:
@@ -264,7 +267,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
                            lambda payload: run_stage(model, "model", payload), args.limits.max_json, args.version)
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
-                        args.version, args.default, share if states is not None else None, states)
+                        args.version, args.default, share if states is not None else None, states,
+                        loads, args.slot)
 
     def on_pipe() -> None:
         try:
