@@ -431,6 +431,7 @@ class WorkerPlane:
         self.states = states if states is not None else np.zeros(0, np.uint8)  # shared: one byte per descriptor
         self._paths: set[str] = set()
         self.set_default(default)
+        self.offload: Any = None  # an accel.AcceleratorClient when the model has accelerator workers
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -497,6 +498,11 @@ class WorkerPlane:
         # the deadline runs from when the request is whole (as Triton's queue timeout): upload time is the
         # client's network, not this worker's queue
         deadline = time.perf_counter() + (timeout_s or self.limits.deadline_s)
+        if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
+            if self.offload.takes(items):
+                self._offload(arrays, items, arrived, deadline, reply)
+                return
+            self._record(("kind", "cpu", items))
         try:
             self._check_admission(items, deadline)
         except InferError as exc:
@@ -507,6 +513,21 @@ class WorkerPlane:
         if not self._running:  # idle: compute now (a loop turn costs ~30 µs); later arrivals queue and fuse
             self._running = True
             self._run_next()
+
+    def _offload(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> None:
+        """A large query goes to an accelerator worker (``serving/accel.py``); this loop serves on meanwhile."""
+        self._record(("kind", "accelerator", items))
+        sent = time.perf_counter()
+
+        def done(scores: np.ndarray | None, error: InferError | None) -> None:
+            if error is not None:
+                self._fail(reply, arrived, error, sent)
+                return
+            reply(scores, None)
+            now = time.perf_counter()
+            self._record(("done", items, now - arrived, sent - arrived, now - sent, 0))  # passes: the worker's
+
+        self.offload.submit(arrays, deadline, done)  # type: ignore[union-attr]
 
     def _check_admission(self, items: int, deadline: float) -> None:
         if self.draining:
