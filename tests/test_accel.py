@@ -25,6 +25,7 @@ from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.accel import AcceleratorServer, read_reply, read_request, reply_frame, request_frame
+from recserve.serving.errors import InferError
 from recserve.zoo import sample_batch
 
 MIN_ITEMS = 16
@@ -135,14 +136,17 @@ def test_frames_carry_the_arrays_exactly():
         dense = np.arange(6, dtype=np.float32).reshape(3, 2)
         values = np.array([5, 1, 2, 7], np.int64)
         lengths = np.array([[1, 0, 2], [0, 1, 0]], np.int64)  # int64 on the wire too: sent as int32
-        request_id, arrays = await read_request(_feed(b"".join(request_frame(9, (dense, values, lengths)))))
-        assert request_id == 9
+        before = time.perf_counter()
+        request_id, arrays, deadline = await read_request(_feed(b"".join(request_frame(9, (dense, values, lengths),
+                                                                                       2.0))))
+        assert request_id == 9 and before + 1.9 < deadline < time.perf_counter() + 2.0
         for got, want in zip(arrays, (dense, values, lengths), strict=True):
             np.testing.assert_array_equal(got, want)
         assert arrays[2].dtype == np.int32
-        assert await read_reply(_feed(reply_frame(4, None, "bad table"))) == (4, None, "bad table")
+        rid, scores, error = await read_reply(_feed(reply_frame(4, None, InferError("deadline", "too late"))))
+        assert (rid, scores, error.code, str(error)) == (4, None, "deadline", "too late")
         rid, scores, error = await read_reply(_feed(reply_frame(5, dense)))
-        assert rid == 5 and error == "" and np.array_equal(scores, dense)
+        assert rid == 5 and error is None and np.array_equal(scores, dense)
 
     asyncio.run(run())
 
@@ -163,21 +167,24 @@ def test_the_accelerator_server_fuses_up_to_fuse_items_within_the_delay(tmp_path
         sizes = [4, 4, 4, 1]
         for i, b in enumerate(sizes):
             dense = np.full((b, 2), i, np.float32)
-            writer.writelines(request_frame(i, (dense, np.zeros(0, np.int64), np.zeros((1, b), np.int32))))
+            writer.writelines(request_frame(i, (dense, np.zeros(0, np.int64), np.zeros((1, b), np.int32)), 30.0))
         got = {}
         for _ in sizes:
             rid, scores, _ = await read_reply(reader)
             got[rid] = scores
         start = time.perf_counter()
-        writer.writelines(request_frame(9, (np.ones((1, 2), np.float32), np.zeros(0, np.int64),
-                                            np.zeros((1, 1), np.int32))))
+        one = (np.ones((1, 2), np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32))
+        writer.writelines(request_frame(9, one, 30.0))
         await read_reply(reader)
         alone_s = time.perf_counter() - start
+        writer.writelines(request_frame(10, one, 0.0))  # its deadline passes while it waits for company
+        late = await read_reply(reader)
         writer.close()
         listening.close()
         for i, b in enumerate(sizes):
             np.testing.assert_array_equal(got[i], np.full((b, 1), 2 * i, np.float32))
         assert alone_s >= 0.2  # it waited for company up to the delay (a lower bound: not a speed assertion)
+        assert late[0] == 10 and late[1] is None and late[2].code == "deadline"
 
     asyncio.run(run())
     assert passes[0] == [4, 4] and sum(len(p) for p in passes[:-1]) == 4, passes  # 12 items > 10: two passes

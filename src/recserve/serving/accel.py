@@ -12,10 +12,15 @@ scores back, and splits them per query.
 
 Frames on the socket (little endian; raw array bytes, never pickled tensors):
 
-- request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N) then dense f32 ``[B, D]``, values
-  i64 ``[N]``, lengths i32 ``[T, B]``.
+- request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, microseconds left until the query's
+  deadline) then dense f32 ``[B, D]``, values i64 ``[N]``, lengths i32 ``[T, B]``.
 - reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
-  ``columns`` bytes of UTF-8 error message (status 1).
+  ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
+
+The deadline travels with the query because the accelerator worker's queue is where a burst waits: a query
+whose deadline passed is answered 504 without computing it, and one that cannot finish in time by the worker's
+online fit of its pass time (``dataplane.ServiceTime``) is shed at once with 503, so an overload never leaves a
+backlog of abandoned work in front of new queries.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 import struct
 import time
 import warnings
@@ -34,47 +40,71 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.dataplane import ServiceTime
 from recserve.serving.errors import InferError
 
 log = logging.getLogger("recserve.serving")
 
-REQUEST = struct.Struct("<QIIIQ")
+REQUEST = struct.Struct("<QIIIQQ")
 REPLY = struct.Struct("<QBxxxII")
-OK, FAILED = 0, 1
+OK = 0
+ERROR_CODES = ("internal", "unavailable", "deadline")  # reply status i + 1
+# A large query is megabytes (hera-dlrm-a: 1.4 MB at 256 items): with asyncio's 64 KiB stream limit and the
+# default socket buffers it crossed the socket in dozens of wake-ups (+2 ms); these let it cross in a few.
+STREAM_LIMIT = 16 * 1024 * 1024
+SOCKET_BUFFER = 4 * 1024 * 1024
+
+
+def _widen(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            except OSError:
+                pass  # the kernel's cap applies
+STOP_GRACE_S = 10.0
 
 Done = Callable[[np.ndarray | None, InferError | None], None]
 
 
-def request_frame(request_id: int, arrays: tuple[np.ndarray, ...]) -> list[bytes | memoryview]:
+def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], budget_s: float) -> list[bytes | memoryview]:
     """A query as frame pieces (header, then each array's bytes without a copy where it is contiguous)."""
     dense, values, lengths = arrays
     lengths = lengths if lengths.dtype == np.int32 else lengths.astype(np.int32)  # sums fit: bounded by the body
-    header = REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0])
+    budget_us = max(0, int(budget_s * 1e6))
+    header = REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0], budget_us)
     return [header, *(memoryview(np.ascontiguousarray(a)).cast("B") for a in (dense, values, lengths))]
 
 
-async def read_request(reader: asyncio.StreamReader) -> tuple[int, tuple[np.ndarray, ...]]:
-    request_id, items, width, tables, ids = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+async def read_request(reader: asyncio.StreamReader) -> tuple[int, tuple[np.ndarray, ...], float]:
+    """(id, arrays, deadline on this process's ``perf_counter``)."""
+    request_id, items, width, tables, ids, budget_us = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+    deadline = time.perf_counter() + budget_us / 1e6
     dense = np.frombuffer(await reader.readexactly(items * width * 4), np.float32).reshape(items, width)
     values = np.frombuffer(await reader.readexactly(ids * 8), np.int64)
     lengths = np.frombuffer(await reader.readexactly(tables * items * 4), np.int32).reshape(tables, items)
-    return request_id, (dense, values, lengths)
+    return request_id, (dense, values, lengths), deadline
 
 
-def reply_frame(request_id: int, scores: np.ndarray | None, error: str = "") -> bytes:
+def reply_frame(request_id: int, scores: np.ndarray | None, error: InferError | None = None) -> bytes:
     if scores is None:
-        message = error.encode()
-        return REPLY.pack(request_id, FAILED, 0, len(message)) + message
+        error = error or InferError("internal", "no scores")
+        code = error.code if error.code in ERROR_CODES else "internal"
+        message = str(error).encode()
+        return REPLY.pack(request_id, ERROR_CODES.index(code) + 1, 0, len(message)) + message
     scores = np.ascontiguousarray(scores, dtype=np.float32)
     return REPLY.pack(request_id, OK, scores.shape[0], scores.shape[1]) + scores.tobytes()
 
 
-async def read_reply(reader: asyncio.StreamReader) -> tuple[int, np.ndarray | None, str]:
+async def read_reply(reader: asyncio.StreamReader) -> tuple[int, np.ndarray | None, InferError | None]:
     request_id, status, rows, columns = REPLY.unpack(await reader.readexactly(REPLY.size))
     if status != OK:
-        return request_id, None, (await reader.readexactly(columns)).decode(errors="replace")
+        message = (await reader.readexactly(columns)).decode(errors="replace")
+        code = ERROR_CODES[status - 1] if status <= len(ERROR_CODES) else "internal"
+        return request_id, None, InferError(code, message)
     scores = np.frombuffer(await reader.readexactly(rows * columns * 4), np.float32).reshape(rows, columns)
-    return request_id, scores, ""
+    return request_id, scores, None
 
 
 # ---------------------------------------------------------------------------------------- accelerator worker
@@ -87,6 +117,7 @@ class Waiting:
     arrays: tuple[np.ndarray, ...]
     items: int
     arrived: float
+    deadline: float
 
 
 class AcceleratorServer:
@@ -102,6 +133,7 @@ class AcceleratorServer:
         self.fuse_items = fuse_items
         self.fuse_delay_s = fuse_delay_us / 1e6
         self.report = report  # (items, queries, seconds) of each pass, for the node's metrics
+        self.service = ServiceTime()
         self.queue: deque[Waiting] = deque()
         self.queued_items = 0
         self.arrival = asyncio.Event()
@@ -110,19 +142,32 @@ class AcceleratorServer:
     async def serve(self, path: str) -> asyncio.AbstractServer:
         if os.path.exists(path):
             os.unlink(path)  # a dead predecessor's socket file
-        server = await asyncio.start_unix_server(self._connection, path=path)
+        server = await asyncio.start_unix_server(self._connection, path=path, limit=STREAM_LIMIT)
         asyncio.get_running_loop().create_task(self._run())
         return server
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _widen(writer)
         try:
             while True:
-                request_id, arrays = await read_request(reader)
-                self.queue.append(Waiting(writer, request_id, arrays, arrays[0].shape[0], time.perf_counter()))
-                self.queued_items += arrays[0].shape[0]
-                self.arrival.set()
-        except (asyncio.IncompleteReadError, ConnectionError):
+                request_id, arrays, deadline = await read_request(reader)
+                self._admit(Waiting(writer, request_id, arrays, arrays[0].shape[0], time.perf_counter(), deadline))
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
             writer.close()
+
+    def _admit(self, w: Waiting) -> None:
+        """Queue a query if the work ahead of it, by this worker's fit, leaves it time to finish; else 503 now."""
+        if self.queue:
+            total = self.queued_items + w.items
+            finish = w.arrived + self.service.predict(total, -(-total // self.fuse_items))
+            if finish > w.deadline:
+                self._write(w, reply_frame(w.request_id, None, InferError(
+                    "unavailable", f"accelerator worker overloaded: the query would finish "
+                                   f"{(finish - w.deadline) * 1e3:.1f} ms after its deadline; retry later")))
+                return
+        self.queue.append(w)
+        self.queued_items += w.items
+        self.arrival.set()
 
     async def _run(self) -> None:
         while True:
@@ -146,24 +191,33 @@ class AcceleratorServer:
                 return
 
     def _take(self) -> list[Waiting]:
-        group, total = [], 0
+        """The next pass: queued queries up to ``fuse_items``; those past their deadline are answered 504 here."""
+        group, total, now = [], 0, time.perf_counter()
         while self.queue and (not group or total + self.queue[0].items <= self.fuse_items):
             w = self.queue.popleft()
             self.queued_items -= w.items
+            if w.deadline < now:
+                self._write(w, reply_frame(w.request_id, None, InferError(
+                    "deadline", f"deadline exceeded: {(now - w.arrived) * 1e3:.1f} ms queued at the accelerator")))
+                continue
             group.append(w)
             total += w.items
         return group
 
     def _pass(self, group: list[Waiting]) -> None:
+        if not group:
+            return
         start = time.perf_counter()
         try:
             answers = self.compute([w.arrays for w in group])
         except Exception as exc:  # noqa: BLE001 - every query is answered; the worker lives on
-            message = f"accelerator pass failed: {type(exc).__name__}: {exc}"
+            error = InferError("internal", f"accelerator pass failed: {type(exc).__name__}: {exc}")
             for w in group:
-                self._write(w, reply_frame(w.request_id, None, message))
+                self._write(w, reply_frame(w.request_id, None, error))
             return
-        self.report(sum(w.items for w in group), len(group), time.perf_counter() - start)
+        items, seconds = sum(w.items for w in group), time.perf_counter() - start
+        self.service.observe(items, seconds)
+        self.report(items, len(group), seconds)
         for w, scores in zip(group, answers, strict=True):
             self._write(w, reply_frame(w.request_id, scores))
 
@@ -189,12 +243,13 @@ class Link:
         if self.writer is not None and not self.writer.is_closing():
             return self.writer
         if self.connecting is None:
-            self.connecting = asyncio.ensure_future(asyncio.open_unix_connection(self.path))
+            self.connecting = asyncio.ensure_future(asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT))
         try:
             reader, writer = await asyncio.shield(self.connecting)
         finally:
             self.connecting = None
         if self.writer is None or self.writer.is_closing():
+            _widen(writer)
             self.writer = writer
             asyncio.get_running_loop().create_task(self._read(reader, writer))
         return self.writer
@@ -205,7 +260,7 @@ class Link:
                 request_id, scores, error = await read_reply(reader)
                 done = self.outstanding.pop(request_id, None)
                 if done is not None:
-                    done(scores, None if scores is not None else InferError("internal", error))
+                    done(scores, error)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         if self.writer is writer:
@@ -260,13 +315,13 @@ class AcceleratorClient:
             done(scores, error)
 
         link.outstanding[request_id] = finish
-        task = loop.create_task(self._send(link, request_id, arrays))
+        task = loop.create_task(self._send(link, request_id, arrays, deadline))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    async def _send(self, link: Link, request_id: int, arrays: tuple[np.ndarray, ...]) -> None:
+    async def _send(self, link: Link, request_id: int, arrays: tuple[np.ndarray, ...], deadline: float) -> None:
         try:
             writer = await link.connect()
-            writer.writelines(request_frame(request_id, arrays))
+            writer.writelines(request_frame(request_id, arrays, deadline - time.perf_counter()))
         except (OSError, ConnectionError) as exc:
             done = link.outstanding.pop(request_id, None)
             if done is not None:
@@ -337,3 +392,6 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     send(("ready", os.getpid(), []))
     await stop.wait()
     listening.close()
+    end = time.monotonic() + STOP_GRACE_S
+    while server.queue and time.monotonic() < end:  # queries already sent are answered before the exit
+        await asyncio.sleep(0.005)
