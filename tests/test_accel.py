@@ -125,6 +125,14 @@ def test_accelerator_config_is_validated_naming_the_field():
         config_from_dict({"models": [{**MODEL, "mode": "pipeline", "accelerator": {"device": "cpu"}}]})
 
 
+def test_a_repository_model_takes_the_same_accelerator_section(tmp_path):
+    from recserve.serving.repository import Repository
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.yaml").write_text("workers: 1\naccelerator: {device: cpu, min_items: 64}\n")
+    assert Repository(tmp_path).settings("m").serving["accelerator"] == {"device": "cpu", "min_items": 64}
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA")
 def test_a_cuda_device_on_a_host_without_cuda_is_refused_with_one_clear_error():
     for device in ("cuda", "cuda:1"):
@@ -202,6 +210,34 @@ def test_the_accelerator_server_fuses_up_to_fuse_items_within_the_delay(tmp_path
     asyncio.run(run())
     assert passes[0] == [4, 4] and sum(len(p) for p in passes[:-1]) == 4, passes  # 12 items > 10: two passes
     assert all(sum(p) <= 10 for p in passes)
+
+
+def test_the_accelerator_server_sheds_what_its_fit_says_cannot_finish_in_time(tmp_path):
+    """After one observed 50 ms pass, queries queued behind another that would end past their deadline get 503 at
+    once instead of waiting (no backlog of abandoned work); the one in front is computed."""
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        time.sleep(0.05)
+        return [q[0][:, :1] for q in queries]
+
+    def query(i: int) -> tuple[np.ndarray, ...]:
+        return np.full((1, 2), i, np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32)
+
+    async def run() -> list:
+        server = AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None)
+        listening = await server.serve(str(tmp_path / "a.sock"))
+        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+        writer.writelines(request_frame(0, query(0), 30.0))
+        await read_reply(reader)  # the fit has seen one pass
+        writer.writelines([piece for i in (1, 2, 3) for piece in request_frame(i, query(i), 0.08)])
+        replies = [await read_reply(reader) for _ in range(3)]
+        writer.close()
+        listening.close()
+        return replies
+
+    replies = {rid: (scores, error) for rid, scores, error in asyncio.run(run())}
+    assert replies[1][1] is None and replies[1][0][0, 0] == 1
+    assert [replies[i][1].code for i in (2, 3)] == ["unavailable", "unavailable"]
 
 
 # ---------------------------------------------------------------------------------------- a node
