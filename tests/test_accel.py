@@ -119,6 +119,8 @@ def test_accelerator_config_is_validated_naming_the_field():
                        ({"device": "cpu", "cores": [0]}, "cores")):
         with pytest.raises(SpecError, match=field):
             load(bad)
+    with pytest.raises(SpecError, match="cannot serve tiering"):  # SSD tiers are read on the host
+        config_from_dict({"models": [{**MODEL, "options": {"tier": {"dir": "/x"}}, "accelerator": {"device": "cuda"}}]})
     with pytest.raises(SpecError, match="front_end: workers"):
         load({"device": "cpu"}, front_end="server")
     with pytest.raises(SpecError, match="mode: model"):
@@ -318,6 +320,27 @@ def test_the_threshold_moves_queries_at_run_time_and_is_validated(node, model):
     assert 'recserve_routed_queries_total{model="ncf",kind="accelerator"}' in text
     assert 'recserve_accelerator_passes_total{model="ncf"}' in text
     assert 'recserve_workers{model="ncf",stage="accel"} 1' in text
+
+
+def test_accelerator_workers_are_resized_through_the_control_api(node, model):
+    """The accelerator pool grows and shrinks at run time; the CPU workers get the new socket list and every
+    large query is answered with its scores throughout."""
+    _, ports = node
+    status, state = post_json(ports.http, "/control/models/ncf/workers", {"workers": 2, "stage": "accel"})
+    try:
+        assert status == 200 and state["accelerator"]["workers"] == 2, state
+        assert len({w["pid"] for w in state["stages"]["accel"]["worker_detail"]}) == 2
+        time.sleep(0.2)  # the socket list reaches the CPU worker's loop
+        batches = [sample_batch(model, 200, rng=20 + i) for i in range(6)]
+        answers = infer_many(ports.http, batches)
+        assert [status for status, _ in answers] == [200] * len(batches)
+        for (_, scores), batch in zip(answers, batches, strict=True):
+            np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+    finally:
+        status, state = post_json(ports.http, "/control/models/ncf/workers", {"workers": 1, "stage": "accel"})
+    assert status == 200 and state["accelerator"]["workers"] == 1
+    [(status, scores)] = infer_many(ports.http, [sample_batch(model, 40, rng=8)])
+    assert status == 200
 
 
 def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, model):

@@ -198,6 +198,12 @@ class ModelConfig:
             raise SpecError(f"{where}: accelerator must be a mapping, got {type(self.accelerator).__name__}")
         if self.mode != "model":
             raise SpecError(f"{where}: accelerator needs mode: model (whole queries), got mode: {self.mode}")
+        host_tables = "tiering" if (self.options or {}).get("tier") else \
+            f"table_backend: {self.table_backend}" if self.table_backend != "dram" else ""
+        device = self.accelerator.device
+        if host_tables and isinstance(device, str) and device.startswith("cuda"):
+            raise SpecError(f"{where}: accelerator device {device!r} cannot serve {host_tables} (its tables are "
+                            "read on the host); use device: cpu or DRAM tables")
         self.accelerator.check(where)
 
     def _from_repository_path(self) -> None:
