@@ -26,6 +26,8 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
   connection says whether a request of it is read and unanswered.  A worker that dies costs only its own
   queries: those connections are answered 500 naming the worker, its idle ones move to another worker.  A
   worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
+- A model with accelerator workers (``serving/accel.py``) sets ``WorkerPlane.offload``: a decoded query of at
+  least its ``min_items`` items skips this queue and goes to an accelerator worker; this loop serves on.
 - Completed queries are reported to the supervisor in small batches (one ``/stats`` and Prometheus view per
   node, whatever the process layout).
 """
