@@ -23,6 +23,13 @@ A node config is YAML::
                              # SLA target); queries that cannot finish by it are shed (503), late ones get 504
         fuse_items: 256      # fuse queued queries into one forward pass of at most this many items (0 = off)
         hang_timeout_s: 10.0 # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
+        accelerator:         # optional: accelerator workers beside the CPU workers (serving/accel.py)
+          device: cuda       # cpu | cuda | cuda:N (cpu: DeepRecSys' offload of large queries to a many-threaded worker)
+          workers: 1         # accelerator worker processes (they accept no client connections)
+          threads: 4         # CPU threads of each accelerator worker
+          min_items: 256     # queries with at least this many items go to an accelerator worker
+          fuse_items: 4096   # largest fused launch in items
+          fuse_delay_us: 0   # how long a worker waits for more queries before launching (Triton's max_queue_delay)
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +80,43 @@ def expand_cores(cores: Any, workers: int, threads: int, where: str) -> list[lis
     return sets
 
 
+@dataclass
+class AcceleratorConfig:
+    """A model's accelerator workers (``serving/accel.py``): where they compute and which queries they take."""
+
+    device: str = "cuda"
+    workers: int = 1
+    threads: int = 1
+    min_items: int = 256
+    fuse_items: int = 4096
+    fuse_delay_us: int = 0
+
+    def check(self, where: str) -> None:
+        where = f"{where} accelerator"
+        for key, low in (("workers", 1), ("threads", 1), ("min_items", 1), ("fuse_items", 1), ("fuse_delay_us", 0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
+                raise SpecError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
+        check_device(self.device, f"{where}: device")
+
+
+def check_device(device: Any, where: str) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N`` that this host can use; a CUDA device on a host without one is refused here,
+    not in a worker that would die at start."""
+    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise SpecError(f"{where} must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if device == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SpecError(f"{where} is {device!r} but CUDA is not available on this host "
+                        f"(torch {torch.__version__}); use device: cpu or a host with a GPU")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise SpecError(f"{where} is {device!r} but this host has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def served_name(model: str) -> str:
     """The default served name: the model's, or for a repository model named by path (``REPO/ctr[/2]``) its
     directory's (``ctr``), since a name is one segment of the protocol's URLs."""
@@ -110,6 +155,7 @@ class ModelConfig:
     artifact: str = ""
     version: int = 1
     spec: ModelSpec | None = None
+    accelerator: Any = None  # an AcceleratorConfig (or its mapping, from YAML); None = CPU workers only
 
     def __post_init__(self) -> None:
         self.name = self.name or served_name(self.model)
@@ -138,9 +184,27 @@ class ModelConfig:
         if not 0 < float(self.scale) <= 1:
             raise SpecError(f"{where}: scale must be in (0, 1], got {self.scale}")
         self.scale = float(self.scale)
+        self._check_accelerator(where)
         self.worker_cores()  # validate early
         if self.mode == "pipeline":
             self.sparse_worker_cores()
+
+    def _check_accelerator(self, where: str) -> None:
+        if self.accelerator is None:
+            return
+        if isinstance(self.accelerator, dict):
+            self.accelerator = _build(AcceleratorConfig, self.accelerator, f"{where} accelerator")
+        if not isinstance(self.accelerator, AcceleratorConfig):
+            raise SpecError(f"{where}: accelerator must be a mapping, got {type(self.accelerator).__name__}")
+        if self.mode != "model":
+            raise SpecError(f"{where}: accelerator needs mode: model (whole queries), got mode: {self.mode}")
+        host_tables = "tiering" if (self.options or {}).get("tier") else \
+            f"table_backend: {self.table_backend}" if self.table_backend != "dram" else ""
+        device = self.accelerator.device
+        if host_tables and isinstance(device, str) and device.startswith("cuda"):
+            raise SpecError(f"{where}: accelerator device {device!r} cannot serve {host_tables} (its tables are "
+                            "read on the host); use device: cpu or DRAM tables")
+        self.accelerator.check(where)
 
     def _from_repository_path(self) -> None:
         """``model: REPO/<model>[/<version>]`` serves that artifact (profiling serves repository models so)."""
@@ -231,6 +295,10 @@ class NodeConfig:
             raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
         if self.tls_cert:
             self.front_end = "server"  # a TLS session cannot be handed between processes (serving/tls.py)
+        offloading = [m.name for m in self.models if m.accelerator is not None]
+        if offloading and self.front_end != "workers":
+            raise SpecError(f"node config: models {offloading} have an accelerator, which needs front_end: workers "
+                            "(the CPU workers dispatch large queries to it; TLS forces front_end: server)")
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -102,6 +102,12 @@ def sub_batch_request(body: dict[str, Any], max_batch_size: int) -> int:
     return _bounded_int(body, "sub_batch", 0, max_batch_size)
 
 
+def accelerator_request(body: dict[str, Any], max_batch_size: int) -> int:
+    """``POST /control/models/{m}/accelerator``: ``{"min_items": k}``, 1 to max_batch_size + 1 (= none offloaded)."""
+    _only(body, ("min_items",), required=("min_items",))
+    return _bounded_int(body, "min_items", 1, max_batch_size + 1)
+
+
 def llc_request(body: dict[str, Any]) -> int:
     """``POST /control/models/{m}/llc``: ``{"ways": w}`` (the allocator checks w against the cache)."""
     _only(body, ("ways",), required=("ways",))

@@ -26,6 +26,8 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
   connection says whether a request of it is read and unanswered.  A worker that dies costs only its own
   queries: those connections are answered 500 naming the worker, its idle ones move to another worker.  A
   worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
+- A model with accelerator workers (``serving/accel.py``) sets ``WorkerPlane.offload``: a decoded query of at
+  least its ``min_items`` items skips this queue and goes to an accelerator worker; this loop serves on.
 - Completed queries are reported to the supervisor in small batches (one ``/stats`` and Prometheus view per
   node, whatever the process layout).
 """
@@ -442,6 +444,7 @@ class WorkerPlane:
         self._publish_load()
         self._paths: set[str] = set()
         self.set_default(default)
+        self.offload: Any = None  # an accel.AcceleratorClient when the model has accelerator workers
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -508,6 +511,11 @@ class WorkerPlane:
         # the deadline runs from when the request is whole (as Triton's queue timeout): upload time is the
         # client's network, not this worker's queue
         deadline = time.perf_counter() + (timeout_s or self.limits.deadline_s)
+        if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
+            if self.offload.takes(items):
+                self._offload(arrays, items, arrived, deadline, reply)
+                return
+            self._record(("kind", "cpu", items))
         try:
             self._check_admission(items, deadline)
         except InferError as exc:
@@ -519,6 +527,21 @@ class WorkerPlane:
         if not self._running:  # idle: compute now (a loop turn costs ~30 µs); later arrivals queue and fuse
             self._running = True
             self._run_next()
+
+    def _offload(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> None:
+        """A large query goes to an accelerator worker (``serving/accel.py``); this loop serves on meanwhile."""
+        self._record(("kind", "accelerator", items))
+        sent = time.perf_counter()
+
+        def done(scores: np.ndarray | None, error: InferError | None) -> None:
+            if error is not None:
+                self._fail(reply, arrived, error, sent)
+                return
+            reply(scores, None)
+            now = time.perf_counter()
+            self._record(("done", items, now - arrived, sent - arrived, now - sent, 0))  # passes: the worker's
+
+        self.offload.submit(arrays, deadline, done)  # type: ignore[union-attr]
 
     def _check_admission(self, items: int, deadline: float) -> None:
         if self.draining:

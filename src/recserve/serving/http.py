@@ -10,6 +10,7 @@ Control API (JSON, same port, meant for loopback use by the node resource manage
     POST /control/models/{m}/workers          {"workers": n, "cores": [[0],[1]] | [0,1] | null,
                                                "threads": t | null, "stage": "model"|"sparse"|"dense" | null}
     POST /control/models/{m}/sub_batch        {"sub_batch": k}
+    POST /control/models/{m}/accelerator      {"min_items": k}  (queries of >= k items go to accelerator workers)
     POST /control/models/{m}/llc              {"ways": w}   -> 501 where resctrl is missing
 
 Control requests are validated field by field (:mod:`recserve.serving.control_api`) and, when the node has a
@@ -184,6 +185,11 @@ def build_app(core: NodeCore) -> web.Application:
     async def control_sub_batch(request: web.Request) -> web.Response:
         rt = runtime(request)
         return _json(rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
+
+    @routes.post("/control/models/{model}/accelerator")
+    async def control_accelerator(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        return _json(rt.set_min_items(control_api.accelerator_request(await _body(request), rt.cfg.max_batch_size)))
 
     @routes.post("/control/models/{model}/llc")
     async def control_llc(request: web.Request) -> web.Response:

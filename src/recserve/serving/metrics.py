@@ -119,6 +119,21 @@ class ModelMetrics:
     recent_items: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))  # items
     recent_latency: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))  # e2e s
     arrivals: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))
+    # a model with accelerator workers: queries and items sent to each kind ("cpu", "accelerator"), fused passes
+    routed_queries: dict[str, int] = field(default_factory=dict)
+    routed_items: dict[str, int] = field(default_factory=dict)
+    accel_passes: int = 0
+    accel_pass_items: int = 0
+
+    def routed(self, kind: str, items: int) -> None:
+        self.routed_queries[kind] = self.routed_queries.get(kind, 0) + 1
+        self.routed_items[kind] = self.routed_items.get(kind, 0) + items
+
+    def accel_pass(self, items: int, queries: int) -> None:
+        """One fused launch on an accelerator worker (counted as one execution, as Triton counts them)."""
+        self.accel_passes += 1
+        self.accel_pass_items += items
+        self.executions += 1
 
     def arrived(self) -> None:
         self.requests += 1
@@ -225,6 +240,19 @@ def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]
     for name, (_, _, workers) in models.items():
         for stage, count in workers.items():
             lines.append(f'recserve_workers{{model="{name}",stage="{stage}"}} {count}')
+    family("recserve_routed_queries_total", "counter",
+           "Queries of models with accelerator workers, by the kind of worker that computed them.")
+    for name, (m, _, _) in models.items():
+        for kind, count in sorted(m.routed_queries.items()):
+            lines.append(f'recserve_routed_queries_total{{model="{name}",kind="{kind}"}} {count}')
+    family("recserve_routed_items_total", "counter", "Items of those queries, by kind of worker.")
+    for name, (m, _, _) in models.items():
+        for kind, count in sorted(m.routed_items.items()):
+            lines.append(f'recserve_routed_items_total{{model="{name}",kind="{kind}"}} {count}')
+    family("recserve_accelerator_passes_total", "counter", "Fused passes (launches) of accelerator workers.")
+    for name, (m, _, _) in models.items():
+        if m.routed_queries:
+            lines.append(f'recserve_accelerator_passes_total{{model="{name}"}} {m.accel_passes}')
     family("recserve_worker_restarts_total", "counter", "Workers that died and were replaced.")
     for name, (m, _, _) in models.items():
         lines.append(f'recserve_worker_restarts_total{{model="{name}"}} {m.worker_restarts}')

@@ -16,6 +16,8 @@ import itertools
 import logging
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -203,6 +205,7 @@ class WorkerHandle:
     slot: int = -1  # v2: its index in the model's shared load array
     states: np.ndarray | None = None  # v2: shared, one byte per worker descriptor: a request is unanswered
     hung: bool = False
+    accel_socket: str = ""  # an accelerator worker's Unix socket (serving/accel.py)
 
     @property
     def working(self) -> bool:
@@ -286,6 +289,15 @@ class ModelRuntime:
             self.pools[stage] = StagePool(stage, cfg.threads, _flat_cores(cores))
         if cfg.mode == "pipeline":
             self.pools["sparse"].next_stage = self.pools["dense"]
+        # Accelerator workers (serving/accel.py): their sockets live in a directory removed at stop.
+        self.accel = cfg.accelerator
+        self.accel_dir = tempfile.mkdtemp(prefix="recserve-accel-") if self.accel is not None else ""
+        self._accel_taken: set[str] = set()
+        self.min_items = self.accel.min_items if self.accel is not None else 0
+        if self.accel is not None:
+            self.pools["accel"] = StagePool("accel", self.accel.threads, None)
+            self.metrics.routed_queries = {"cpu": 0, "accelerator": 0}
+            self.metrics.routed_items = {"cpu": 0, "accelerator": 0}
         self._control = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         # Data plane v2: set by the node before start() when this model's workers accept queries themselves.
@@ -302,6 +314,13 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        if self.accel is not None:  # first: the CPU workers send large queries to them from their first query
+            if not self.accepts_in_workers:
+                from recserve.errors import SpecError
+
+                raise SpecError(f"model {self.name!r}: an accelerator needs the node's front_end: workers")
+            pool = self.pools["accel"]
+            await asyncio.gather(*(self._start_worker(pool, [], pool.threads) for _ in range(self.accel.workers)))
         starts = []
         for stage, (n, core_sets) in self.cfg.stages().items():
             pool = self.pools[stage]
@@ -331,6 +350,8 @@ class ModelRuntime:
         await self._await_exit(workers, WORKER_STOP_TIMEOUT_S)
         for pool in self.pools.values():
             self._fail_pending(pool, f"model {self.name!r} stopped")
+        if self.accel_dir:
+            shutil.rmtree(self.accel_dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ workers
     async def _start_worker(self, pool: StagePool, cores: list[int], threads: int) -> WorkerHandle:
@@ -348,6 +369,9 @@ class ModelRuntime:
             args.version, args.default = self.version, self.is_default
             states = torch.zeros(CONN_SLOTS, dtype=torch.uint8).share_memory_()
             args.slot = self._free_slot()
+            args.accel_sockets, args.accel_min_items = tuple(self.accel_sockets()), self.min_items
+        if pool.stage == "accel":
+            args.accel_socket, args.info = self._free_accel_socket(), self.info
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states, self.loads),
                                 daemon=True, name=f"recserve-{self.name}-{pool.stage}-{wid}")
         try:
@@ -358,7 +382,8 @@ class ModelRuntime:
         child.close()
         handle = WorkerHandle(wid, pool.stage, list(cores), threads, proc, parent,
                               loop.create_future(), loop.create_future(), io.numpy(), split,
-                              states=states.numpy() if states is not None else None, slot=args.slot)
+                              states=states.numpy() if states is not None else None, slot=args.slot,
+                              accel_socket=args.accel_socket)
         pool.workers.append(handle)
         loop.add_reader(parent.fileno(), self._on_readable, pool, handle)
         try:
@@ -430,6 +455,12 @@ class ModelRuntime:
     def _worker_stats(self, records: list[tuple]) -> None:
         """Queries a v2 worker answered itself, into the node's one metrics view."""
         for rec in records:
+            if rec[0] == "kind":  # where a query of a model with accelerator workers went: ("kind", kind, items)
+                self.metrics.routed(rec[1], rec[2])
+                continue
+            if rec[0] == "pass":  # an accelerator worker's fused pass: ("pass", items, queries, seconds)
+                self.metrics.accel_pass(rec[1], rec[2])
+                continue
             if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request
                 self.metrics.refused(rec[1])
                 continue
@@ -595,6 +626,7 @@ class ModelRuntime:
             handle.exited.set_result(code)
         if self.llc is not None and handle.pid:
             self.llc.forget_pid(self.name, handle.pid)
+        self._accel_taken.discard(handle.accel_socket)  # a replacement serves the same path
         if handle.retiring or self.stopping or not handle.pid:
             return  # retired, shutting down, or never started (the starter sees the error)
         log.warning("model %s: %s worker pid %s died (exit %s); restarting", self.name, pool.stage, handle.pid, code)
@@ -753,9 +785,46 @@ class ModelRuntime:
                 pool.cores_spec = _flat_cores(cores)
             for w in retire:
                 w.retiring = True
+            if pool.stage == "accel":  # before they exit: the CPU workers stop sending to the retirees
+                self._broadcast(("config", {"accel_sockets": self.accel_sockets()}))
             self._pump(pool)
             await self._await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
         return self.state()
+
+    # ------------------------------------------------------------------ accelerator workers
+    def accel_sockets(self) -> list[str]:
+        """Sockets of the accelerator workers the CPU workers may send to (not retiring)."""
+        pool = self.pools.get("accel")
+        return [w.accel_socket for w in pool.active()] if pool is not None else []
+
+    def _free_accel_socket(self) -> str:
+        """The first socket path no live accelerator worker serves (a replacement takes its predecessor's)."""
+        for i in itertools.count():
+            path = os.path.join(self.accel_dir, f"accel-{i}.sock")
+            if path not in self._accel_taken:
+                self._accel_taken.add(path)
+                return path
+        raise AssertionError("unreachable")
+
+    def set_min_items(self, k: int) -> dict[str, Any]:
+        """Queries with at least ``k`` items go to the accelerator workers (DeepRecSys' threshold, at run time)."""
+        if self.accel is None:
+            raise InferError("invalid", f"model {self.name!r} has no accelerator workers", "min_items")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InferError("invalid", f"min_items must be an integer >= 1, got {k!r}", "min_items")
+        self.min_items = k
+        self._broadcast(("config", {"min_items": k}))
+        return self.state()
+
+    def accel_state(self) -> dict[str, Any] | None:
+        if self.accel is None:
+            return None
+        m = self.metrics
+        return {"device": self.accel.device, "workers": len(self.pools["accel"].active()),
+                "threads": self.pools["accel"].threads, "min_items": self.min_items,
+                "fuse_items": self.accel.fuse_items, "fuse_delay_us": self.accel.fuse_delay_us,
+                "queries": dict(m.routed_queries), "items": dict(m.routed_items), "passes": m.accel_passes,
+                "pass_items": m.accel_pass_items}
 
     def set_default(self, default: bool) -> None:
         self.is_default = default
@@ -792,5 +861,6 @@ class ModelRuntime:
             },
             "worker_restarts": self.metrics.worker_restarts,
             "tier_io": self.tier_io,
+            "accelerator": self.accel_state(),
             "server_pid": os.getpid(),
         }

@@ -27,9 +27,13 @@ accepts and answers its own model's HTTP queries itself.  Then, in addition:
   request of it is unanswered, for when the worker dies or hangs); ``("gone", fd)`` = no longer served here.
   A ``handoff`` may name a sibling's load slot: the connection moves to that (idle) worker.
 - server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
-  ``("config", {"sub_batch": k})``; ``("drain",)`` = stop accepting, refuse new queries with 503.
+  ``("config", {"sub_batch": k})`` (also ``default``, and ``min_items`` / ``accel_sockets`` for a model with
+  accelerator workers); ``("drain",)`` = stop accepting, refuse new queries with 503.
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
   ``result`` is an array, a list of arrays, or ``("shm", descriptors)``.
+
+Accelerator workers (stage ``accel``, ``serving/accel.py``) serve framed queries on a Unix socket, send
+``("ready", pid, [])`` and ``("stats", [("pass", items, queries, seconds)])`` per fused pass, and exit on ``None``.
 
 Stages: ``model`` payload ``(dense, values, lengths)`` -> scores; ``sparse`` same payload -> list
 of per-table embeddings; ``dense`` payload ``(dense, [embeddings])`` -> scores.
@@ -118,6 +122,9 @@ class WorkerArgs:
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
     slot: int = -1  # this worker's index in its model's shared load array (data plane v2)
+    accel_socket: str = ""  # an accelerator worker (stage ``accel``): the Unix socket it serves
+    accel_sockets: tuple[str, ...] = ()  # a CPU worker of a model with accelerator workers: where to send large queries
+    accel_min_items: int = 0  # ... the queries with at least this many items
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -203,6 +210,11 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
     ready = ("ready", os.getpid(), _io_report(model))
     with torch.inference_mode():
+        if args.stage == "accel":
+            from recserve.serving.accel import serve_accelerator
+
+            asyncio.run(serve_accelerator(conn, args, model))
+            return
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
             asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready,
                                states.numpy() if states is not None else None,
@@ -269,6 +281,11 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,
                         loads, args.slot)
+    if args.model_config.accelerator is not None:
+        from recserve.serving.accel import AcceleratorClient
+
+        plane.offload = AcceleratorClient(args.model_config.name, list(args.accel_sockets), args.accel_min_items,
+                                          args.limits.queue_limit)
 
     def on_pipe() -> None:
         try:
@@ -320,6 +337,10 @@ def _control(plane: Any, msg: tuple, fd: int | None) -> None:
         plane.sub_batch = int(msg[1].get("sub_batch", plane.sub_batch))
         if "default" in msg[1]:
             plane.set_default(bool(msg[1]["default"]))
+        if plane.offload is not None and "min_items" in msg[1]:
+            plane.offload.min_items = int(msg[1]["min_items"])
+        if plane.offload is not None and "accel_sockets" in msg[1]:
+            plane.offload.set_sockets(list(msg[1]["accel_sockets"]))
     elif kind == "drain":
         plane.drain()
 

@@ -416,7 +416,8 @@ class WireModule(nn.Module):
         tables, batch = lengths.shape
         lens = lengths.to(torch.int64)
         offsets = torch.cat([lens.new_zeros(1), torch.cumsum(lens.reshape(-1), 0)])
-        table_of = torch.repeat_interleave(torch.arange(tables), lens.sum(1), output_size=values.shape[0])
+        table_of = torch.repeat_interleave(torch.arange(tables, device=lens.device), lens.sum(1),
+                                           output_size=values.shape[0])
         return F.embedding_bag(values + self.row_base[table_of], self.weight, offsets, mode="sum",
                                include_last_offset=True).view(tables, batch, -1)
 

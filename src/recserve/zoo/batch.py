@@ -54,14 +54,14 @@ class QueryBatch:
     def table_offsets(self) -> torch.Tensor:
         """Start of each table's slice in ``values`` (length T + 1)."""
         per_table = self.lengths.to(torch.int64).sum(dim=1)
-        return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(per_table, 0)])
+        return torch.cat([torch.zeros(1, dtype=torch.int64, device=per_table.device), torch.cumsum(per_table, 0)])
 
     def table(self, t: int, starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(indices, offsets) of table ``t`` in the EmbeddingBag convention."""
         starts = self.table_offsets() if starts is None else starts
         idx = self.values[int(starts[t]) : int(starts[t + 1])]
         lens = self.lengths[t].to(torch.int64)
-        offsets = torch.zeros(lens.shape[0], dtype=torch.int64)
+        offsets = torch.zeros(lens.shape[0], dtype=torch.int64, device=lens.device)
         if lens.shape[0] > 1:
             offsets[1:] = torch.cumsum(lens[:-1], 0)
         return idx, offsets

@@ -1,0 +1,122 @@
+"""Accelerator workers (issue #16): max load at the SLA of a CPU-only, an accelerator-only and a mixed node.
+
+One model, the production query mix, recserve's open-loop Poisson load generator against a node in its own
+process; three node layouts, one after another in one run:
+
+- ``cpu``: ``--cpu-only-workers`` CPU workers of ``--cpu-threads`` threads, no accelerator (default: as many
+  processes as the mixed node has, CPU and accelerator workers together);
+- ``accel``: one CPU worker that only decodes and forwards (``min_items: 1``) + ``--accel-workers`` accelerator
+  workers on ``--device``;
+- ``mixed``: ``--cpu-workers`` CPU workers + the accelerator workers, queries of >= ``--min-items`` items
+  offloaded (DeepRecSys' threshold).
+
+Prints each node's max load (p95 <= SLA) and where its queries went; writes JSON.  On a CPU-only host the
+accelerator is ``--device cpu`` (a many-threaded worker); on a GPU host pass ``--device cuda``.
+
+    .venv/bin/python benchmarks/bench_accel.py --model hera-dlrm-a --scale 1e-3 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_peers import recserve_server  # noqa: E402
+from recserve.measure.loadgen import LoadSession  # noqa: E402
+from recserve.measure.maxload import find_max_load  # noqa: E402
+from recserve.measure.requests import RequestPool  # noqa: E402
+from recserve.measure.targets import HttpTarget  # noqa: E402
+from recserve.specs import get_model  # noqa: E402
+
+
+def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Node options per layout: (CPU workers, their threads, accelerator section or None)."""
+    accel = {"device": args.device, "workers": args.accel_workers, "threads": args.accel_threads,
+             "fuse_items": args.fuse_items, "fuse_delay_us": args.fuse_delay_us}
+    return {
+        "cpu": {"workers": args.cpu_only_workers or args.cpu_workers + args.accel_workers,
+                "threads": args.cpu_threads},
+        "accel": {"workers": 1, "threads": 1, "accelerator": {**accel, "min_items": 1}},
+        "mixed": {"workers": args.cpu_workers, "threads": args.cpu_threads,
+                  "accelerator": {**accel, "min_items": args.min_items}},
+    }
+
+
+def measure(args: argparse.Namespace, pool: RequestPool, sla_ms: float, options: dict[str, Any]) -> dict[str, Any]:
+    workers, node = options["workers"], {k: v for k, v in options.items() if k != "workers"}
+    with recserve_server(args.model, args.scale, workers, sla_ms, max_batch_size=args.max_batch_size,
+                         **node) as url:
+        target = HttpTarget(url, args.model, timeout_s=60.0)
+        with LoadSession(target, pool, warm=True) as session:
+            found = find_max_load(lambda r: session.run(r, args.probe_s, warmup_s=0.5), sla_ms,
+                                  start_qps=args.start_qps, rtol=0.1, max_probes=args.max_probes,
+                                  log=lambda line: print(line, file=sys.stderr))
+        with urllib.request.urlopen(f"{url}/control/models/{args.model}", timeout=30) as r:
+            state = json.loads(r.read())
+    accel = state.get("accelerator") or {}
+    return {"options": options, "max_qps": found.max_qps, "search": found.to_dict(),
+            "queries": accel.get("queries", {"cpu": None}), "items": accel.get("items", {}),
+            "accel_passes": accel.get("passes", 0)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="hera-dlrm-a")
+    parser.add_argument("--scale", type=float, default=1e-3)
+    parser.add_argument("--device", default="cpu", help="the accelerator workers' device: cpu, cuda or cuda:N")
+    parser.add_argument("--cpu-workers", type=int, default=1)
+    parser.add_argument("--cpu-threads", type=int, default=1)
+    parser.add_argument("--cpu-only-workers", type=int, default=0,
+                        help="workers of the CPU-only node (default: --cpu-workers + --accel-workers)")
+    parser.add_argument("--accel-workers", type=int, default=1)
+    parser.add_argument("--accel-threads", type=int, default=1)
+    parser.add_argument("--min-items", type=int, default=256, help="mixed node: queries of >= this go to the "
+                                                                   "accelerator workers")
+    parser.add_argument("--fuse-items", type=int, default=4096)
+    parser.add_argument("--fuse-delay-us", type=int, default=0)
+    parser.add_argument("--max-batch-size", type=int, default=1024)
+    parser.add_argument("--mix", default="production")
+    parser.add_argument("--sla-ms", type=float, default=None, help="default: the model's catalogue SLA")
+    parser.add_argument("--probe-s", type=float, default=3.0)
+    parser.add_argument("--start-qps", type=float, default=20.0)
+    parser.add_argument("--max-probes", type=int, default=8)
+    parser.add_argument("--layouts", default="cpu,accel,mixed", help="which nodes to measure, in order")
+    parser.add_argument("--out", default="results/bench_accel.json")
+    args = parser.parse_args()
+    spec = get_model(args.model)
+    sla_ms = args.sla_ms or spec.sla.target_ms
+    pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
+    chosen = [name.strip() for name in args.layouts.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(layouts(args)))
+    if unknown:
+        parser.error(f"--layouts: unknown {unknown}; choose from {sorted(layouts(args))}")
+    print(f"== {args.model} scale {args.scale:g}, {args.mix} mix (sizes {min(pool.sizes)}..{max(pool.sizes)}), "
+          f"SLA p95 <= {sla_ms:g} ms, accelerator device {args.device}, {len(os.sched_getaffinity(0))} cores "
+          f"(load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
+    results: dict[str, Any] = {"model": args.model, "scale": args.scale, "mix": args.mix, "sla_ms": sla_ms,
+                               "device": args.device, "cores": len(os.sched_getaffinity(0)), "nodes": {}}
+    for name in chosen:
+        print(f"-- {name} node", file=sys.stderr)
+        results["nodes"][name] = measure(args, pool, sla_ms, layouts(args)[name])
+    results["load_avg_after"] = os.getloadavg()[0]
+    print(f"{'node':>6} {'max qps':>9} {'cpu queries':>12} {'accel queries':>14} {'accel passes':>13}  layout")
+    for name, r in results["nodes"].items():
+        q = r["queries"]
+        print(f"{name:>6} {r['max_qps']:>9.1f} {q.get('cpu') if q.get('cpu') is not None else 'all':>12} "
+              f"{q.get('accelerator', 0):>14} {r['accel_passes']:>13}  {json.dumps(r['options'])}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Accelerator workers (issue #16): large queries go from the CPU workers to a fusing accelerator worker.
+
+On a CPU-only host the accelerator is ``device: cpu`` (DeepRecSys' offload of large queries to a many-threaded
+worker), which runs every path but the device copies; CUDA tests skip without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as thttp
+
+from oip_inputs import grpc_inputs, http_inputs
+from recserve.errors import SpecError
+from recserve.serving import NodeServer, build_worker_model, config_from_dict
+from recserve.serving.accel import AcceleratorServer, read_reply, read_request, reply_frame, request_frame
+from recserve.serving.errors import InferError
+from recserve.zoo import sample_batch
+
+MIN_ITEMS = 16
+FUSE_DELAY_US = 50_000
+MODEL = {"name": "ncf", "model": "hera-ncf", "scale": 1e-4, "workers": 1, "max_batch_size": 256,
+         "deadline_ms": 30_000}
+ACCEL = {"device": "cpu", "workers": 1, "threads": 1, "min_items": MIN_ITEMS, "fuse_items": 1024,
+         "fuse_delay_us": FUSE_DELAY_US}
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def node():
+    with NodeServer(config_from_dict({"models": [{**MODEL, "accelerator": ACCEL}]})) as server:
+        yield server, server.ports
+
+
+@pytest.fixture(scope="module")
+def model(node):
+    server, _ = node
+    return build_worker_model(server.config.models[0]).eval()
+
+
+def expected(model, batch) -> np.ndarray:
+    with torch.no_grad():
+        return model(batch).numpy()
+
+
+def get(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return json.loads(r.read())
+
+
+def post_json(port: int, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def accel_state(port: int) -> dict:
+    return get(port, "/control/models/ncf")["accelerator"]
+
+
+def accel_state_after(port: int, before: dict, queries: int) -> dict:
+    """The state once ``queries`` more queries are counted (workers report in batches, a few ms after answering)
+    and, if any went to the accelerator, its passes too."""
+    end = time.monotonic() + 10
+    while True:
+        state = accel_state(port)
+        routed = sum(state["queries"].values()) - sum(before["queries"].values())
+        offloaded = state["queries"]["accelerator"] > before["queries"]["accelerator"]
+        if (routed >= queries and (not offloaded or state["passes"] > before["passes"])) or time.monotonic() > end:
+            return state
+        time.sleep(0.02)
+
+
+async def infer(session: aiohttp.ClientSession, port: int, batch) -> tuple[int, np.ndarray | None]:
+    body, header_length = thttp.InferenceServerClient.generate_request_body(http_inputs(batch))
+    async with session.post(f"http://127.0.0.1:{port}/v2/models/ncf/infer", data=body,
+                            headers={"Inference-Header-Content-Length": str(header_length)}) as r:
+        raw = await r.read()
+        if r.status != 200:
+            return r.status, None
+        n = int(r.headers["Inference-Header-Content-Length"])
+        shape = json.loads(raw[:n])["outputs"][0]["shape"]
+        return 200, np.frombuffer(raw[n:], np.float32).reshape(shape)
+
+
+def infer_many(port: int, batches: list) -> list[tuple[int, np.ndarray | None]]:
+    async def run() -> list:
+        async with aiohttp.ClientSession() as s:
+            return await asyncio.gather(*(infer(s, port, b) for b in batches))
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------------------- config
+
+
+def test_accelerator_config_is_validated_naming_the_field():
+    def load(accel: dict, **node: object) -> None:
+        config_from_dict({"models": [{**MODEL, "accelerator": accel}], **node})
+
+    for bad, field in (({"device": "tpu"}, "device"), ({"device": "cpu", "workers": 0}, "workers"),
+                       ({"device": "cpu", "min_items": True}, "min_items"),
+                       ({"device": "cpu", "fuse_delay_us": -1}, "fuse_delay_us"),
+                       ({"device": "cpu", "cores": [0]}, "cores")):
+        with pytest.raises(SpecError, match=field):
+            load(bad)
+    with pytest.raises(SpecError, match="cannot serve tiering"):  # SSD tiers are read on the host
+        config_from_dict({"models": [{**MODEL, "options": {"tier": {"dir": "/x"}}, "accelerator": {"device": "cuda"}}]})
+    with pytest.raises(SpecError, match="front_end: workers"):
+        load({"device": "cpu"}, front_end="server")
+    with pytest.raises(SpecError, match="mode: model"):
+        config_from_dict({"models": [{**MODEL, "mode": "pipeline", "accelerator": {"device": "cpu"}}]})
+
+
+def test_a_repository_model_takes_the_same_accelerator_section(tmp_path):
+    from recserve.serving.repository import Repository
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "config.yaml").write_text("workers: 1\naccelerator: {device: cpu, min_items: 64}\n")
+    assert Repository(tmp_path).settings("m").serving["accelerator"] == {"device": "cpu", "min_items": 64}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA")
+def test_a_cuda_device_on_a_host_without_cuda_is_refused_with_one_clear_error():
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(SpecError) as info:
+            config_from_dict({"models": [{**MODEL, "accelerator": {"device": device}}]})
+        message = str(info.value)
+        assert "accelerator: device" in message and "CUDA is not available on this host" in message, message
+
+
+# ---------------------------------------------------------------------------------------- frames and fusion
+
+
+def _feed(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+def test_frames_carry_the_arrays_exactly():
+    async def run() -> None:
+        dense = np.arange(6, dtype=np.float32).reshape(3, 2)
+        values = np.array([5, 1, 2, 7], np.int64)
+        lengths = np.array([[1, 0, 2], [0, 1, 0]], np.int64)  # int64 on the wire too: sent as int32
+        before = time.perf_counter()
+        request_id, arrays, deadline = await read_request(_feed(b"".join(request_frame(9, (dense, values, lengths),
+                                                                                       2.0))))
+        assert request_id == 9 and before + 1.9 < deadline < time.perf_counter() + 2.0
+        for got, want in zip(arrays, (dense, values, lengths), strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert arrays[2].dtype == np.int32
+        rid, scores, error = await read_reply(_feed(reply_frame(4, None, InferError("deadline", "too late"))))
+        assert (rid, scores, error.code, str(error)) == (4, None, "deadline", "too late")
+        rid, scores, error = await read_reply(_feed(reply_frame(5, dense)))
+        assert rid == 5 and error is None and np.array_equal(scores, dense)
+
+    asyncio.run(run())
+
+
+def test_the_accelerator_server_fuses_up_to_fuse_items_within_the_delay(tmp_path):
+    """Queries arriving within the delay share one pass, never more than ``fuse_items`` items; each gets its
+    own scores back; a query alone waits only the delay."""
+    passes: list[list[int]] = []
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        passes.append([q[0].shape[0] for q in queries])
+        return [q[0][:, :1] * 2 for q in queries]
+
+    async def run() -> None:
+        server = AcceleratorServer(compute, fuse_items=10, fuse_delay_us=200_000, report=lambda *a: None)
+        listening = await server.serve(str(tmp_path / "a.sock"))
+        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+        sizes = [4, 4, 4, 1]
+        for i, b in enumerate(sizes):
+            dense = np.full((b, 2), i, np.float32)
+            writer.writelines(request_frame(i, (dense, np.zeros(0, np.int64), np.zeros((1, b), np.int32)), 30.0))
+        got = {}
+        for _ in sizes:
+            rid, scores, _ = await read_reply(reader)
+            got[rid] = scores
+        start = time.perf_counter()
+        one = (np.ones((1, 2), np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32))
+        writer.writelines(request_frame(9, one, 30.0))
+        await read_reply(reader)
+        alone_s = time.perf_counter() - start
+        writer.writelines(request_frame(10, one, 0.0))  # its deadline passes while it waits for company
+        late = await read_reply(reader)
+        writer.close()
+        listening.close()
+        for i, b in enumerate(sizes):
+            np.testing.assert_array_equal(got[i], np.full((b, 1), 2 * i, np.float32))
+        assert alone_s >= 0.2  # it waited for company up to the delay (a lower bound: not a speed assertion)
+        assert late[0] == 10 and late[1] is None and late[2].code == "deadline"
+
+    asyncio.run(run())
+    assert passes[0] == [4, 4] and sum(len(p) for p in passes[:-1]) == 4, passes  # 12 items > 10: two passes
+    assert all(sum(p) <= 10 for p in passes)
+
+
+def test_the_accelerator_server_sheds_what_its_fit_says_cannot_finish_in_time(tmp_path):
+    """After one observed 50 ms pass, queries queued behind another that would end past their deadline get 503 at
+    once instead of waiting (no backlog of abandoned work); the one in front is computed."""
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        time.sleep(0.05)
+        return [q[0][:, :1] for q in queries]
+
+    def query(i: int) -> tuple[np.ndarray, ...]:
+        return np.full((1, 2), i, np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32)
+
+    async def run() -> list:
+        server = AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None)
+        listening = await server.serve(str(tmp_path / "a.sock"))
+        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+        writer.writelines(request_frame(0, query(0), 30.0))
+        await read_reply(reader)  # the fit has seen one pass
+        writer.writelines([piece for i in (1, 2, 3) for piece in request_frame(i, query(i), 0.08)])
+        replies = [await read_reply(reader) for _ in range(3)]
+        writer.close()
+        listening.close()
+        return replies
+
+    replies = {rid: (scores, error) for rid, scores, error in asyncio.run(run())}
+    assert replies[1][1] is None and replies[1][0][0, 0] == 1
+    assert [replies[i][1].code for i in (2, 3)] == ["unavailable", "unavailable"]
+
+
+# ---------------------------------------------------------------------------------------- a node
+
+
+def test_queries_are_routed_by_size_and_scored_like_the_in_process_model(node, model):
+    _, ports = node
+    before = accel_state(ports.http)
+    small, large = sample_batch(model, 4, rng=1), sample_batch(model, 64, rng=2)
+    (s1, small_scores), (s2, large_scores) = infer_many(ports.http, [small, large])
+    assert s1 == s2 == 200
+    np.testing.assert_allclose(small_scores, expected(model, small), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(large_scores, expected(model, large), rtol=1e-5, atol=1e-6)
+    after = accel_state_after(ports.http, before, 2)
+    assert after["queries"]["cpu"] - before["queries"]["cpu"] == 1
+    assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 1
+    assert after["items"]["accelerator"] - before["items"]["accelerator"] == 64
+    assert after["passes"] > before["passes"]
+    assert after["device"] == "cpu" and after["min_items"] == MIN_ITEMS and after["workers"] == 1
+
+
+def test_grpc_queries_take_the_same_routes(node, model):
+    import tritonclient.grpc as tgrpc
+
+    _, ports = node
+    before = accel_state(ports.http)
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    try:
+        for size in (2, 32):
+            batch = sample_batch(model, size, rng=size)
+            scores = client.infer("ncf", grpc_inputs(batch), client_timeout=30).as_numpy("scores")
+            np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+    finally:
+        client.close()
+    after = accel_state_after(ports.http, before, 2)
+    assert after["queries"]["cpu"] - before["queries"]["cpu"] == 1
+    assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 1
+
+
+def test_concurrent_large_queries_are_fused_into_fewer_passes(node, model):
+    _, ports = node
+    before = accel_state(ports.http)
+    batches = [sample_batch(model, MIN_ITEMS + i, rng=10 + i) for i in range(6)]
+    answers = infer_many(ports.http, batches)
+    for (status, scores), batch in zip(answers, batches, strict=True):
+        assert status == 200
+        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+    after = accel_state_after(ports.http, before, len(batches))
+    queries = after["queries"]["accelerator"] - before["queries"]["accelerator"]
+    passes = after["passes"] - before["passes"]
+    assert queries == len(batches) and 1 <= passes < queries, (queries, passes)
+    assert after["pass_items"] - before["pass_items"] <= passes * ACCEL["fuse_items"]
+
+
+def test_the_threshold_moves_queries_at_run_time_and_is_validated(node, model):
+    _, ports = node
+    path = "/control/models/ncf/accelerator"
+    status, body = post_json(ports.http, path, {"min_items": 0})
+    assert status == 400 and "min_items" in body["error"]
+    status, body = post_json(ports.http, path, {"min_items": 257, "x": 1})
+    assert status == 400 and "x" in body["error"]
+    batch = sample_batch(model, 32, rng=5)
+    try:
+        status, state = post_json(ports.http, path, {"min_items": 257})  # max_batch_size + 1: none offloaded
+        assert status == 200 and state["accelerator"]["min_items"] == 257
+        time.sleep(0.2)  # the broadcast reaches the worker's loop
+        before = accel_state(ports.http)
+        [(code, scores)] = infer_many(ports.http, [batch])
+        assert code == 200
+        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+        after = accel_state_after(ports.http, before, 1)
+        assert after["queries"]["cpu"] - before["queries"]["cpu"] == 1
+        assert after["queries"]["accelerator"] == before["queries"]["accelerator"]
+    finally:
+        post_json(ports.http, path, {"min_items": MIN_ITEMS})
+    time.sleep(0.2)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30).read().decode()
+    assert 'recserve_routed_queries_total{model="ncf",kind="accelerator"}' in text
+    assert 'recserve_accelerator_passes_total{model="ncf"}' in text
+    assert 'recserve_workers{model="ncf",stage="accel"} 1' in text
+
+
+def test_accelerator_workers_are_resized_through_the_control_api(node, model):
+    """The accelerator pool grows and shrinks at run time; the CPU workers get the new socket list and every
+    large query is answered with its scores throughout."""
+    _, ports = node
+    status, state = post_json(ports.http, "/control/models/ncf/workers", {"workers": 2, "stage": "accel"})
+    try:
+        assert status == 200 and state["accelerator"]["workers"] == 2, state
+        assert len({w["pid"] for w in state["stages"]["accel"]["worker_detail"]}) == 2
+        time.sleep(0.2)  # the socket list reaches the CPU worker's loop
+        batches = [sample_batch(model, 200, rng=20 + i) for i in range(6)]
+        answers = infer_many(ports.http, batches)
+        assert [status for status, _ in answers] == [200] * len(batches)
+        for (_, scores), batch in zip(answers, batches, strict=True):
+            np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+    finally:
+        status, state = post_json(ports.http, "/control/models/ncf/workers", {"workers": 1, "stage": "accel"})
+    assert status == 200 and state["accelerator"]["workers"] == 1
+    [(status, scores)] = infer_many(ports.http, [sample_batch(model, 40, rng=8)])
+    assert status == 200
+
+
+def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, model):
+    _, ports = node
+    pid = get(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"][0]["pid"]
+    batch = sample_batch(model, 40, rng=7)
+    os.kill(pid, signal.SIGSTOP)  # the query waits at the stopped worker, then the worker dies holding it
+    killer = threading.Timer(0.5, lambda: os.kill(pid, signal.SIGKILL))
+    killer.start()
+    try:
+        [(status, _)] = infer_many(ports.http, [batch])
+    finally:
+        killer.join()
+    assert status == 503
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        detail = get(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
+        if detail and detail[0]["ready"] and detail[0]["pid"] != pid:
+            break
+        time.sleep(0.1)
+    [(status, scores)] = infer_many(ports.http, [batch])  # the replacement serves the same socket
+    assert status == 200
+    np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+
+
+@CUDA
+def test_cuda_accelerator_scores_equal_cpu_scores():
+    config = config_from_dict({"models": [{**MODEL, "accelerator": {**ACCEL, "device": "cuda"}}]})
+    with NodeServer(config) as server:
+        model = build_worker_model(server.config.models[0]).eval()
+        batch = sample_batch(model, 128, rng=3)
+        [(status, scores)] = infer_many(server.ports.http, [batch])
+        assert status == 200
+        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-4, atol=1e-5)
