@@ -65,8 +65,12 @@ def recserve_node(model: str, scale: float, workers: int, sla_ms: float, **optio
 
 def _recserve_main(conn, model: str, scale: float, workers: int, sla_ms: float, options: dict) -> None:
     """Serve from a process of its own (like the peers), so it shares no GIL with the load generator."""
-    server = recserve_node(model, scale, workers, sla_ms, **options)
-    conn.send(server.start().http)
+    try:
+        server = recserve_node(model, scale, workers, sla_ms, **options)
+        conn.send(server.start().http)
+    except Exception as exc:  # the parent reports why instead of waiting for a port
+        conn.send(f"{type(exc).__name__}: {exc}")
+        raise
     try:
         conn.recv()  # any message, or the parent gone, means stop
     except EOFError:
@@ -84,7 +88,10 @@ def recserve_server(model: str, scale: float, workers: int, sla_ms: float, **opt
     try:
         if not mine.poll(600):
             raise RuntimeError("recserve node did not start within 600 s")
-        yield f"http://127.0.0.1:{mine.recv()}"
+        port = mine.recv()
+        if not isinstance(port, int):
+            raise RuntimeError(f"recserve node did not start: {port}")
+        yield f"http://127.0.0.1:{port}"
     finally:
         mine.send("stop")
         proc.join(timeout=60)
