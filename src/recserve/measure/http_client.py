@@ -136,8 +136,13 @@ class HttpPool:
     ``limit``).  Oldest first spreads queries over every open connection, as many independent clients would: most
     recent first sent almost all of them down one connection, i.e. to one of a multi-process server's workers."""
 
-    def __init__(self, host: str, port: int, limit: int = 256, tls: bool = False) -> None:
+    def __init__(self, host: str, port: int, limit: int = 256, tls: bool = False, reuse: str = "oldest") -> None:
+        """``reuse="newest"`` takes the most recently used idle connection instead (what aiohttp's pool does): a
+        benchmark of how a server copes with clients that keep most traffic on few connections."""
+        if reuse not in ("oldest", "newest"):
+            raise ValueError(f"reuse must be 'oldest' or 'newest', got {reuse!r}")
         self.host, self.port = host, port
+        self._newest = reuse == "newest"
         self._ssl = ssl.create_default_context() if tls else None
         self._idle: collections.deque[_Connection] = collections.deque()
         self._slots = asyncio.Semaphore(limit)
@@ -165,7 +170,7 @@ class HttpPool:
 
     async def _take(self, loop: asyncio.AbstractEventLoop) -> _Connection:
         while self._idle:
-            conn = self._idle.popleft()
+            conn = self._idle.pop() if self._newest else self._idle.popleft()
             if not conn.closed:
                 return conn
         try:

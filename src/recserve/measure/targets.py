@@ -72,9 +72,10 @@ class HttpTarget:
     each pooled query's whole request is encoded once, so a query costs the generator one write and one read)."""
 
     def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
-                 check_outputs: bool = True, size_header: bool = False) -> None:
+                 check_outputs: bool = True, size_header: bool = False, reuse: str = "oldest") -> None:
         """``url`` may carry a route prefix (a Ray Serve application); ``size_header`` adds each query's batch
-        size as a header (``wire.BATCH_SIZE_HEADER``) for routers that see only headers."""
+        size as a header (``wire.BATCH_SIZE_HEADER``) for routers that see only headers; ``reuse``: which idle
+        connection a query takes (``http_client.HttpPool``)."""
         self.base = url.rstrip("/")
         parsed = urlparse(self.base)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -88,6 +89,7 @@ class HttpTarget:
         self.timeout_s, self.connections, self.check_outputs = timeout_s, connections, check_outputs
         self._requests: list[tuple[bytes, int]] = []
         self._pool: HttpPool | None = None
+        self._reuse = reuse
 
     async def prepare(self, pool: RequestPool) -> None:
         self._requests = []
@@ -98,7 +100,7 @@ class HttpTarget:
                 headers[BATCH_SIZE_HEADER] = str(batch.size)
             self._requests.append((encode_post(f"{self._host}:{self._port}", self._path, body, headers), batch.size))
         if self._pool is None:
-            self._pool = HttpPool(self._host, self._port, self.connections, tls=self._tls)
+            self._pool = HttpPool(self._host, self._port, self.connections, tls=self._tls, reuse=self._reuse)
 
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)

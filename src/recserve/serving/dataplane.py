@@ -160,6 +160,7 @@ class Connection(asyncio.BufferedProtocol):
         self._head_bytes = b""
         self.slot = -1  # this connection's descriptor, its index in the plane's shared state bytes
         self.handed_off = False
+        self.leaving = False  # being handed off: no further request is read here
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -229,7 +230,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _advance(self) -> None:
         """Parse the next complete request, if any, and route it."""
-        if self.closed or self.busy or self.transport is None:
+        if self.closed or self.busy or self.leaving or self.transport is None:
             return
         if self._head is None and not self._read_head():
             return
@@ -709,10 +710,11 @@ class WorkerPlane:
         transport = conn.transport
         if transport is None or conn.closed:
             return
+        conn.leaving = True  # from now on bytes stay unread or buffered: they travel with the connection
+        transport.pause_reading()
         if transport.get_write_buffer_size():
             self.loop.call_later(0.001, self.hand_off, conn, to_slot)
             return
-        transport.pause_reading()
         sock = transport.get_extra_info("socket")
         fd = os.dup(sock.fileno())
         prefix = conn.pending()

@@ -16,6 +16,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import queue
 import shutil
 import tempfile
 import threading
@@ -183,6 +184,45 @@ class Part:
     item_id: int = 0
 
 
+class Outbox:
+    """What the supervisor sends one worker, written by a thread of its own, in order.
+
+    Why: a blocking write to a worker that is not reading (busy computing, or itself blocked writing to the
+    supervisor) would stop the supervisor's loop; once both directions of the pipe were full, neither would read
+    again (seen live: a retiring worker's few hundred connections handed to a sibling that registered each one
+    back, and the node stopped accepting).  The loop only queues; this thread waits for the worker."""
+
+    def __init__(self, conn: Any, name: str) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-outbox", daemon=True)
+        self._thread.start()
+
+    def post(self, msg: Any, fd: int | None = None) -> None:
+        """Send ``msg`` (then a duplicate of descriptor ``fd``, which the caller keeps) to the worker."""
+        self._queue.put((msg, os.dup(fd) if fd is not None else None))
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        from multiprocessing.reduction import send_handle
+
+        broken = False
+        while (item := self._queue.get()) is not None:
+            msg, fd = item
+            try:
+                if not broken:
+                    self._conn.send(msg)
+                    if fd is not None:
+                        send_handle(self._conn, fd, 0)
+            except OSError:
+                broken = True  # the worker is gone: its reader on the supervisor's side sees EOF
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+
 @dataclass
 class WorkerHandle:
     worker_id: int
@@ -203,6 +243,7 @@ class WorkerHandle:
     last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
     conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
     slot: int = -1  # v2: its index in the model's shared load array
+    outbox: Outbox | None = None
     states: np.ndarray | None = None  # v2: shared, one byte per worker descriptor: a request is unanswered
     hung: bool = False
     accel_socket: str = ""  # an accelerator worker's Unix socket (serving/accel.py)
@@ -384,6 +425,7 @@ class ModelRuntime:
                               loop.create_future(), loop.create_future(), io.numpy(), split,
                               states=states.numpy() if states is not None else None, slot=args.slot,
                               accel_socket=args.accel_socket)
+        handle.outbox = Outbox(parent, proc.name)
         pool.workers.append(handle)
         loop.add_reader(parent.fileno(), self._on_readable, pool, handle)
         try:
@@ -552,8 +594,6 @@ class ModelRuntime:
     def adopt(self, fd: int, prefix: bytes, to_slot: int | None = None) -> bool:
         """Pass a connection to one of this model's workers (round robin, or the one in load slot ``to_slot``);
         False if none can take it."""
-        from multiprocessing.reduction import send_handle
-
         workers = self.adopters()
         if to_slot is not None:
             workers = [w for w in workers if w.slot == to_slot]
@@ -561,21 +601,14 @@ class ModelRuntime:
             return False
         self._next_adopter = (self._next_adopter + 1) % len(workers)
         worker = workers[self._next_adopter]
-        try:
-            worker.conn.send(("adopt", prefix))
-            send_handle(worker.conn, fd, worker.pid)
-        except OSError:
-            return False
+        worker.outbox.post(("adopt", prefix), fd)  # type: ignore[union-attr]
         return True
 
     def _broadcast(self, msg: Any) -> None:
         if not self.accepts_in_workers:
             return
         for w in self.pools["model"].workers:
-            try:
-                w.conn.send(msg)
-            except OSError:
-                pass
+            w.outbox.post(msg)  # type: ignore[union-attr]
 
     def _on_result(self, pool: StagePool, part: Part, ok: bool, result: Any, compute_s: float) -> None:
         query = part.query
@@ -603,6 +636,8 @@ class ModelRuntime:
 
     def _on_worker_exit(self, pool: StagePool, handle: WorkerHandle) -> None:
         loop = asyncio.get_running_loop()
+        if handle.outbox is not None:
+            handle.outbox.close()
         if 0 <= handle.slot < LOAD_SLOTS:
             self.loads[handle.slot] = -1
             self._slots.discard(handle.slot)
@@ -680,17 +715,11 @@ class ModelRuntime:
             worker.current = part
             arrays = flatten(pool.stage, part.payload)
             descriptors = pack(arrays, worker.io[: worker.io_split])
-            try:
-                worker.conn.send((part.item_id, None if descriptors else part.payload, descriptors))
-            except OSError:
-                pass  # the reader sees EOF and fails the part
+            worker.outbox.post((part.item_id, None if descriptors else part.payload, descriptors))  # type: ignore[union-attr]
         for w in pool.workers:
             if w.retiring and w.current is None and not w.stop_sent:
                 w.stop_sent = True
-                try:
-                    w.conn.send(None)
-                except OSError:
-                    pass
+                w.outbox.post(None)  # type: ignore[union-attr]
 
     def decode(self, arrays: dict[str, np.ndarray]) -> QueryBatch:
         try:
