@@ -73,6 +73,12 @@ def body_of(batch) -> tuple[bytes, dict[str, str]]:
     return head + b"".join(a.tobytes() for a in arrays.values()), {"Inference-Header-Content-Length": str(len(head))}
 
 
+def infer_head(model: str, body: bytes, headers: dict[str, str], extra: str = "\r\n") -> bytes:
+    """The HTTP head of a binary infer request for ``body`` (``extra``: more header lines, then the blank line)."""
+    return (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n{extra}").encode()
+
+
 def scores_of(raw: bytes, header_length: str) -> np.ndarray:
     n = int(header_length)
     out = json.loads(raw[:n])["outputs"][0]
@@ -195,9 +201,7 @@ def test_http_edge_cases_on_the_worker_reader(node, cases):
     _, port = node
     batch, expected = cases["b"][1]
     body, headers = body_of(batch)
-    head = (f"POST /v2/models/b/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n"
-            "Connection: close\r\n").encode()
+    head = infer_head("b", body, headers, "Connection: close\r\n")
     # curl-style Expect: 100-continue
     reply = raw_exchange(port, head + b"Expect: 100-continue\r\n\r\n", expect_continue=body)
     status, _, rest = reply.partition(b"\r\n")
@@ -378,8 +382,7 @@ def test_a_hung_worker_answers_504_turns_unready_and_is_replaced(fragile_node, c
     body, headers = body_of(batch)
     (pid,) = worker_pids(port, "h")
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        head = (f"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-                f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+        head = infer_head("h", body, headers)
         s.sendall(head + body)
         assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")  # this connection now lives in the worker
         os.kill(pid, signal.SIGSTOP)
@@ -433,8 +436,7 @@ def test_a_dying_worker_costs_only_its_own_queries(cases):
                                            "max_batch_size": 128, "hang_timeout_s": 60.0, "deadline_ms": 30_000}]})
     batch, expected = cases["b"][1]
     body, headers = body_of(batch)
-    head = (f"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+    head = infer_head("h", body, headers)
     with NodeServer(config) as server:
         port = server.ports.http
         (pid,) = worker_pids(port, "h")
@@ -491,8 +493,7 @@ def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):
                                            "max_batch_size": 128, "deadline_ms": 30_000, "fuse_items": 0}]})
     batch, _ = cases["a"][2]
     body, headers = body_of(batch)
-    head = (f"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-            f"Inference-Header-Content-Length: {headers['Inference-Header-Content-Length']}\r\n\r\n").encode()
+    head = infer_head("h", body, headers)
     with NodeServer(config) as server:
         port = server.ports.http
         busy, idle = worker_pids(port, "h")
