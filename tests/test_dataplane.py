@@ -634,3 +634,55 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
         assert answers.count("ok") == 4
     finally:
         loop.close()
+
+
+def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
+    """Under overload a large query is refused (503 + Retry-After) as soon as its JSON header is in, before its
+    body: the body is then dropped as it arrives and the connection serves its next request normally."""
+    from recserve.serving.dataplane import Connection, PlaneLimits, WorkerPlane
+
+    class FakePath:
+        def decode(self, body, header_length):
+            return {}, (np.zeros((1, 1), np.float32),), 1
+
+        arrivals = 10  # each pass sees another query arrive, so one always waits (a worker under load)
+
+        def compute(self, queries):
+            time.sleep(0.02)
+            if self.arrivals:
+                self.arrivals -= 1
+                plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)
+            return [np.zeros((1, 1), np.float32) for _ in queries]
+
+        def encode(self, request, scores):
+            return b"ok", {"Content-Type": "text/plain"}
+
+    query = (np.zeros((1, 1), np.float32),)
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0), sub_batch=0)
+        loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))
+        plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
+        assert len(plane.queue) == 1  # the queue (limit 1) is full
+        header = json.dumps({"inputs": [{"name": "dense", "datatype": "FP32", "shape": [2048, 13],
+                                         "parameters": {"binary_data_size": 2048 * 13 * 4}}]}).encode()
+        body = header + bytes(2048 * 13 * 4)  # over 64 KiB: a body received in place
+        head = (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                f"Inference-Header-Content-Length: {len(header)}\r\n\r\n").encode()
+        theirs.sendall(head + body[:4096])  # the JSON header and a little of the body
+        loop.run_until_complete(asyncio.sleep(0.05))
+        theirs.settimeout(5)
+        reply = theirs.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After:" in reply and b"overloaded" in reply, reply
+        theirs.sendall(body[4096:])  # the rest is dropped, not decoded
+        loop.run_until_complete(asyncio.sleep(0.4))  # meanwhile the queued queries are computed
+        small = b"{}"
+        theirs.sendall(f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(small)}\r\n"
+                       "\r\n".encode() + small)
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert theirs.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        theirs.close()
+        loop.close()

@@ -161,6 +161,8 @@ class Connection(asyncio.BufferedProtocol):
         self.slot = -1  # this connection's descriptor, its index in the plane's shared state bytes
         self.handed_off = False
         self.leaving = False  # being handed off: no further request is read here
+        self._skip = 0  # body bytes still to drop: the request was refused from its JSON header (``_shed_early``)
+        self._skip_keep_alive = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -198,6 +200,14 @@ class Connection(asyncio.BufferedProtocol):
         """Bytes read outside a large body (request heads, small bodies, what follows a body)."""
         if self.discarding:
             return
+        if self._skip:
+            take = min(len(data), self._skip)
+            self._skip -= take
+            if self._skip:
+                return
+            self.buf += data[take:]  # what follows the refused body: the next request
+            self.answered(self._skip_keep_alive)
+            return
         if self._body is not None:  # the rest of a body started from bytes already buffered
             take = min(len(data), len(self._body) - self._filled)
             self._body[self._filled : self._filled + take] = data[:take]
@@ -230,7 +240,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _advance(self) -> None:
         """Parse the next complete request, if any, and route it."""
-        if self.closed or self.busy or self.leaving or self.transport is None:
+        if self.closed or self.busy or self.leaving or self._skip or self.transport is None:
             return
         if self._head is None and not self._read_head():
             return
@@ -242,7 +252,7 @@ class Connection(asyncio.BufferedProtocol):
         elif len(self.buf) < self._needed:
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            if self._needed - head_end >= PREALLOCATE_BYTES:
+            if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers, version):
                 self._start_body(head_end)
             return
         else:
@@ -251,6 +261,24 @@ class Connection(asyncio.BufferedProtocol):
         self._head, self._needed = None, 0
         self.busy = True
         self.plane.admit(self, Request(method, path, version, headers, body, self.arrived))
+
+    def _shed_early(self, head_end: int, headers: dict[str, str], version: str) -> bool:
+        """Under overload, refuse a large query from its JSON header alone and drop its body as it arrives.
+
+        Why: at 5x overload with ~1.8 MB queries, receiving and decoding the bodies of queries that are then shed
+        took most of a worker's core, so the next requests waited in the socket before admission saw them."""
+        length = headers.get("inference-header-content-length", "")
+        if not length.isdigit() or len(self.buf) < head_end + int(length):
+            return False
+        error = self.plane.early_refusal(bytes(self.buf[head_end : head_end + int(length)]))
+        if error is None:
+            return False
+        keep_alive = Request("POST", "", version, headers, bytearray(), self.arrived).keep_alive
+        self.plane.shed(self, error, keep_alive)
+        self._skip, self._skip_keep_alive = self._needed - len(self.buf), keep_alive
+        self.buf.clear()
+        self._head, self._needed = None, 0
+        return True
 
     def _start_body(self, head_end: int) -> None:
         """Receive the rest of a large body straight into a buffer of its size: appending megabytes to a growing
@@ -311,7 +339,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def too_slow(self, now: float, limit_s: float) -> bool:
         """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
-        receiving = bool(self.buf) or self._body is not None
+        receiving = bool(self.buf) or self._body is not None or self._skip > 0
         return not self.busy and not self.closed and receiving and now - self.arrived > limit_s
 
     def write(self, data: bytes, close: bool = False) -> None:
@@ -557,6 +585,31 @@ class WorkerPlane:
             raise InferError("unavailable", f"model {self.model_name!r} is overloaded: this query would finish "
                                             f"{(finish - deadline) * 1e3:.1f} ms after its deadline behind "
                                             f"{len(self.queue)} queued; retry later")
+
+    def early_refusal(self, header: bytes) -> InferError | None:
+        """The admission decision for a query known only by its JSON header (its size and ``timeout``), or None
+        when it would be admitted or the header cannot tell (the whole request is then decoded as usual)."""
+        if not self.queue:
+            return None  # alone, a query is always tried
+        try:
+            request = json.loads(header)
+            dense = next(t for t in request["inputs"] if t.get("name") == INPUT_DENSE)
+            items = int(dense["shape"][0])
+            timeout = _timeout_s(request)
+        except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
+            return None
+        try:
+            self._check_admission(items, time.perf_counter() + (timeout or self.limits.deadline_s))
+        except InferError as exc:
+            return exc
+        return None
+
+    def shed(self, conn: Connection, error: InferError, keep_alive: bool) -> None:
+        """Answer a query refused before it was read whole (503 with Retry-After), counted as a failure."""
+        def reply(_scores: np.ndarray | None, exc: InferError | None) -> None:
+            conn.write(error_response(exc or error, close=not keep_alive, extra={"Retry-After": self.retry_after()}))
+
+        self._fail(reply, conn.arrived, error)
 
     def backlog_s(self, items: int = 0) -> float:
         """Predicted seconds until a query of ``items`` samples joining the queue now is answered."""
