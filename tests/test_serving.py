@@ -381,7 +381,7 @@ class Load:
 
     def _infer(self, client, inputs):
         """One query.  Known limit (issue #14's note): a gRPC call that reaches a retiring worker's server in the
-        instant it shuts down is CANCELLED by grpc-core (~1 in 6 resizes under load on 2 busy cores); the client
+        instant it shuts down is CANCELLED by grpc-core (here: 2 of 10 runs of this test beside a CPU hog); the client
         resends it once, as a client with a retry policy would, and the resend must succeed."""
         try:
             return client.infer(self.name, inputs).as_numpy("scores")
