@@ -686,3 +686,27 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
     finally:
         theirs.close()
         loop.close()
+
+
+def test_early_refusal_leaves_queries_for_the_accelerator_alone():
+    """A query the accelerator workers take is not this worker's queue to refuse from its header."""
+    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+
+    class Offload:
+        def takes(self, items):
+            return items >= 256
+
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", None, lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=1), sub_batch=0)
+        plane._running = True  # a pass in progress: what arrives now queues
+        plane.enqueue((np.zeros((1, 1), np.float32),), 1, time.perf_counter(), None, lambda *answer: None)
+        header = {"inputs": [{"name": "dense", "datatype": "FP32", "shape": [512, 13]}]}
+        assert plane.early_refusal(json.dumps(header).encode()) is not None  # queue full: refused
+        plane.offload = Offload()
+        assert plane.early_refusal(json.dumps(header).encode()) is None
+        header["inputs"][0]["shape"] = [8, 13]
+        assert plane.early_refusal(json.dumps(header).encode()) is not None  # small: this queue's, still full
+    finally:
+        loop.close()

@@ -274,10 +274,20 @@ def parse_http_infer(body: bytes, header_length: str | None,
     return request, arrays
 
 
+def parse_header(head: bytes) -> dict[str, Any]:
+    """The JSON header of an infer request alone, checked as ``parse_http_infer`` checks it."""
+    return _header(head)
+
+
 def batch_size_of(body: bytes, header_length: str | None) -> int:
     """Rows of the ``dense`` input of an encoded request, read from the JSON header alone (cheap: no tensors)."""
     head, _ = _split(body, header_length)
-    for t in _header(head)["inputs"]:
+    return dense_rows(_header(head))
+
+
+def dense_rows(request: dict[str, Any]) -> int:
+    """Rows of the ``dense`` input named in a decoded JSON header (``_header``'s checks already applied)."""
+    for t in request["inputs"]:
         if t.get("name") == INPUT_DENSE:
             dims = _shape(INPUT_DENSE, t.get("shape"))
             if len(dims) != 2:

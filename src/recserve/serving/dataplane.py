@@ -79,8 +79,13 @@ class Request:
 
     @property
     def keep_alive(self) -> bool:
-        conn = self.headers.get("connection", "").lower()
-        return conn != "close" if self.version == "HTTP/1.1" else conn == "keep-alive"
+        return keep_alive(self.version, self.headers)
+
+
+def keep_alive(version: str, headers: dict[str, str]) -> bool:
+    """Whether the connection stays open after this request (HTTP/1.1 by default, 1.0 only if asked)."""
+    conn = headers.get("connection", "").lower()
+    return conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
 
 
 class ParseError(Exception):
@@ -273,9 +278,9 @@ class Connection(asyncio.BufferedProtocol):
         error = self.plane.early_refusal(bytes(self.buf[head_end : head_end + int(length)]))
         if error is None:
             return False
-        keep_alive = Request("POST", "", version, headers, bytearray(), self.arrived).keep_alive
-        self.plane.shed(self, error, keep_alive)
-        self._skip, self._skip_keep_alive = self._needed - len(self.buf), keep_alive
+        self._skip_keep_alive = keep_alive(version, headers)
+        self.plane.shed(self, error, self._skip_keep_alive)
+        self._skip = self._needed - len(self.buf)
         self.buf.clear()
         self._head, self._needed = None, 0
         return True
@@ -537,9 +542,7 @@ class WorkerPlane:
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
         ``reply`` is called once, with scores or the error."""
-        # the deadline runs from when the request is whole (as Triton's queue timeout): upload time is the
-        # client's network, not this worker's queue
-        deadline = time.perf_counter() + (timeout_s or self.limits.deadline_s)
+        deadline = self._deadline(timeout_s)
         if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
             if self.offload.takes(items):
                 self._offload(arrays, items, arrived, deadline, reply)
@@ -586,20 +589,28 @@ class WorkerPlane:
                                             f"{(finish - deadline) * 1e3:.1f} ms after its deadline behind "
                                             f"{len(self.queue)} queued; retry later")
 
+    def _deadline(self, timeout_s: float | None) -> float:
+        """When a query whole now must be answered: the transport's ``timeout_s``, else the model's default.  It runs
+        from when the request is whole (as Triton's queue timeout): upload time is the client's network."""
+        return time.perf_counter() + (timeout_s or self.limits.deadline_s)
+
     def early_refusal(self, header: bytes) -> InferError | None:
         """The admission decision for a query known only by its JSON header (its size and ``timeout``), or None
-        when it would be admitted or the header cannot tell (the whole request is then decoded as usual)."""
+        when it would be admitted, goes to an accelerator worker, or the header cannot tell (the whole request is
+        then decoded as usual)."""
+        from recserve.serving.codec import dense_rows, parse_header
+
         if not self.queue:
             return None  # alone, a query is always tried
         try:
-            request = json.loads(header)
-            dense = next(t for t in request["inputs"] if t.get("name") == INPUT_DENSE)
-            items = int(dense["shape"][0])
-            timeout = _timeout_s(request)
+            request = parse_header(header)
+            items, timeout = dense_rows(request), _timeout_s(request)
         except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
             return None
+        if self.offload is not None and self.offload.takes(items):
+            return None  # not this queue's to refuse
         try:
-            self._check_admission(items, time.perf_counter() + (timeout or self.limits.deadline_s))
+            self._check_admission(items, self._deadline(timeout))
         except InferError as exc:
             return exc
         return None
@@ -713,17 +724,21 @@ class WorkerPlane:
         self.loop.call_later(SWEEP_S, self._sweep)
 
     # ---- connections the supervisor holds too ----------------------------------------------------------
+    def _shared(self, conn: Connection) -> bool:
+        """Whether the supervisor holds a descriptor of this connection (its descriptor has a state byte)."""
+        return self._share is not None and 0 <= conn.slot < len(self.states)
+
     def opened(self, conn: Connection) -> None:
         """The supervisor keeps its own descriptor of every connection this worker serves (with the shared
         state byte), so if this process dies its clients get an error for a query it held, and an idle
         connection lives on in another worker, instead of a reset."""
-        if self._share is not None and 0 <= conn.slot < len(self.states):
-            self._share(conn.slot)
+        if self._shared(conn):
+            self._share(conn.slot)  # type: ignore[misc]
 
     def gone(self, conn: Connection) -> None:
         """The connection is closed here: shut it down (the supervisor's descriptor would keep it open) and tell
         the supervisor to drop its descriptor."""
-        if self._share is None or not 0 <= conn.slot < len(self.states):
+        if not self._shared(conn):
             return
         sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
         try:
@@ -775,7 +790,7 @@ class WorkerPlane:
         transport.abort()  # closes this process's descriptor; the dup keeps the connection open
         self.connections.discard(conn)
         conn.mark(False)
-        if self._share is not None and 0 <= conn.slot < len(self.states):
+        if self._shared(conn):
             self.send(("gone", conn.slot))  # before the hand-off: the supervisor drops the descriptor it held
         try:
             self._hand_off(fd, prefix, to_slot)
