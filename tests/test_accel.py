@@ -24,7 +24,18 @@ import tritonclient.http as thttp
 from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.accel import AcceleratorServer, read_reply, read_request, reply_frame, request_frame
+from recserve.serving.accel import (
+    ACK,
+    HELLO,
+    INLINE,
+    AcceleratorClient,
+    AcceleratorServer,
+    Arena,
+    read_reply,
+    read_request,
+    reply_frame,
+    request_frame,
+)
 from recserve.serving.errors import InferError
 from recserve.zoo import sample_batch
 
@@ -147,6 +158,14 @@ def test_a_cuda_device_on_a_host_without_cuda_is_refused_with_one_clear_error():
 # ---------------------------------------------------------------------------------------- frames and fusion
 
 
+async def _connect(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw link to an accelerator worker, as a CPU worker opens one without a staging arena."""
+    reader, writer = await asyncio.open_unix_connection(path)
+    writer.write(HELLO.pack(os.getpid(), 0, 0))
+    assert ACK.unpack(await reader.readexactly(ACK.size)) == (0,)
+    return reader, writer
+
+
 def _feed(data: bytes) -> asyncio.StreamReader:
     reader = asyncio.StreamReader()
     reader.feed_data(data)
@@ -186,7 +205,7 @@ def test_the_accelerator_server_fuses_up_to_fuse_items_within_the_delay(tmp_path
     async def run() -> None:
         server = AcceleratorServer(compute, fuse_items=10, fuse_delay_us=200_000, report=lambda *a: None)
         listening = await server.serve(str(tmp_path / "a.sock"))
-        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+        reader, writer = await _connect(str(tmp_path / "a.sock"))
         sizes = [4, 4, 4, 1]
         for i, b in enumerate(sizes):
             dense = np.full((b, 2), i, np.float32)
@@ -228,7 +247,7 @@ def test_the_accelerator_server_sheds_what_its_fit_says_cannot_finish_in_time(tm
     async def run() -> list:
         server = AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None)
         listening = await server.serve(str(tmp_path / "a.sock"))
-        reader, writer = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+        reader, writer = await _connect(str(tmp_path / "a.sock"))
         writer.writelines(request_frame(0, query(0), 30.0))
         await read_reply(reader)  # the fit has seen one pass
         writer.writelines([piece for i in (1, 2, 3) for piece in request_frame(i, query(i), 0.08)])
@@ -240,6 +259,64 @@ def test_the_accelerator_server_sheds_what_its_fit_says_cannot_finish_in_time(tm
     replies = {rid: (scores, error) for rid, scores, error in asyncio.run(run())}
     assert replies[1][1] is None and replies[1][0][0, 0] == 1
     assert [replies[i][1].code for i in (2, 3)] == ["unavailable", "unavailable"]
+
+
+def test_the_staging_arena_hands_out_aligned_slots_and_reuses_released_ones():
+    arena = Arena(1024)
+    try:
+        a = (np.ones(10, np.float32),)  # 40 bytes
+        first, second = arena.put(a), arena.put(a)
+        assert (first, second) == (0, 64)  # each slot starts on a 64-byte boundary
+        np.testing.assert_array_equal(arena.view[:40].view(np.float32), a[0])
+        assert arena.put((np.ones(300, np.float32),)) is None  # 1200 bytes: never fits, the caller goes inline
+        big = arena.put((np.ones(220, np.float32),))  # 880 bytes fit after the two slots
+        assert big == 128
+        assert arena.put(a) is None  # full
+        arena.release(first)
+        assert arena.put(a) == 0  # the released slot is taken again
+        arena.release(None)  # an inline query had no slot: nothing happens
+    finally:
+        arena.close()
+
+
+def test_queries_cross_through_the_staging_arena_and_fall_back_to_the_socket_when_it_is_full(tmp_path):
+    """A CPU worker's link offers its arena; the accelerator worker maps it (``adopt`` sees it) and reads the
+    queries in place; one larger than the arena crosses the socket; every slot is free once answered."""
+    adopted: list[np.ndarray] = []
+    in_arena: list[bool] = []
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        start = adopted[0].ctypes.data
+        in_arena.extend(start <= q[0].ctypes.data < start + adopted[0].shape[0] for q in queries)
+        return [q[0][:, :1] + q[1][: q[0].shape[0], None] for q in queries]
+
+    def query(items: int, fill: int) -> tuple[np.ndarray, ...]:
+        return (np.full((items, 4), fill, np.float32), np.arange(items, dtype=np.int64),
+                np.ones((1, items), np.int32))
+
+    async def run() -> tuple[list, AcceleratorClient]:
+        server = AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None,
+                                   adopt=adopted.append)
+        listening = await server.serve(str(tmp_path / "a.sock"))
+        client = AcceleratorClient("m", [str(tmp_path / "a.sock")], 1, limit=8, staging_bytes=4096)
+        loop = asyncio.get_running_loop()
+        results = []
+        for items, fill in ((8, 1), (16, 2), (200, 3)):  # 200 items = 5.6 kB > the 4 kB arena: inline
+            answer = loop.create_future()
+            client.submit(query(items, fill), time.perf_counter() + 30, lambda s, e, f=answer: f.set_result((s, e)))
+            results.append(await answer)
+        listening.close()
+        return results, client
+
+    results, client = asyncio.run(run())
+    for (scores, error), (items, fill) in zip(results, ((8, 1), (16, 2), (200, 3)), strict=True):
+        assert error is None
+        np.testing.assert_array_equal(scores[:, 0], fill + np.arange(items, dtype=np.float32))
+    assert [a.shape[0] for a in adopted] == [4096]
+    assert in_arena == [True, True, False]
+    link = client.links[0]
+    assert link.arena is not None and link.arena.taken == {} and link.slots == {}
+    assert link.stage(99, query(200, 0)) == INLINE
 
 
 # ---------------------------------------------------------------------------------------- a node

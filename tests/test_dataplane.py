@@ -569,6 +569,8 @@ def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(
     assert served_here < 18  # queries that met a worker of their own model did not cross a pipe
     stats = client.get_inference_statistics("a").model_stats[0]
     assert stats.inference_stats.success.count >= 9
+    computed = stats.inference_stats  # perf_analyzer aborts over gRPC unless the three compute counts agree
+    assert computed.compute_input.count == computed.compute_infer.count == computed.compute_output.count > 0
 
 
 def test_huge_json_is_refused_and_health_answers_during_a_long_decode():

@@ -12,8 +12,11 @@ scores back, and splits them per query.
 
 Frames on the socket (little endian; raw array bytes, never pickled tensors):
 
+- hello, once per connection from the CPU worker: ``HELLO`` (its pid, the fd of its staging arena, the arena's
+  bytes; 0 bytes: no arena), answered with one ``ACK`` byte (1: the accelerator worker mapped the arena).
 - request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, microseconds left until the query's
-  deadline) then dense f32 ``[B, D]``, values i64 ``[N]``, lengths i32 ``[T, B]``.
+  deadline, the arrays' offset in the arena or ``INLINE``) then, when inline, dense f32 ``[B, D]``, values i64
+  ``[N]``, lengths i32 ``[T, B]``.
 - reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
   ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
 
@@ -45,8 +48,11 @@ from recserve.serving.errors import InferError
 
 log = logging.getLogger("recserve.serving")
 
-REQUEST = struct.Struct("<QIIIQQ")
+HELLO = struct.Struct("<QQQ")
+ACK = struct.Struct("<B")
+REQUEST = struct.Struct("<QIIIQQQ")
 REPLY = struct.Struct("<QBxxxII")
+INLINE = 2**64 - 1  # a request whose arrays follow its header on the socket
 OK = 0
 ERROR_CODES = ("internal", "unavailable", "deadline")  # reply status i + 1
 # A large query is megabytes (hera-dlrm-a: 1.4 MB at 256 items): with asyncio's 64 KiB stream limit and the
@@ -68,23 +74,122 @@ STOP_GRACE_S = 10.0
 Done = Callable[[np.ndarray | None, InferError | None], None]
 
 
+def array_bytes(items: int, width: int, tables: int, ids: int) -> tuple[int, int, int]:
+    """Bytes of a query's dense, values and lengths arrays (how a frame or an arena slot is laid out)."""
+    return items * width * 4, ids * 8, tables * items * 4
+
+
+def request_header(request_id: int, arrays: tuple[np.ndarray, ...], budget_s: float, offset: int = INLINE) -> bytes:
+    dense, values, lengths = arrays
+    budget_us = max(0, int(budget_s * 1e6))
+    return REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0], budget_us,
+                        offset)
+
+
+def wire_arrays(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """The arrays in the frame's dtypes (lengths as i32: sums fit, bounded by the body), contiguous."""
+    dense, values, lengths = arrays
+    lengths = lengths if lengths.dtype == np.int32 else lengths.astype(np.int32)
+    return tuple(np.ascontiguousarray(a) for a in (dense, values, lengths))
+
+
 def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], budget_s: float) -> list[bytes | memoryview]:
     """A query as frame pieces (header, then each array's bytes without a copy where it is contiguous)."""
-    dense, values, lengths = arrays
-    lengths = lengths if lengths.dtype == np.int32 else lengths.astype(np.int32)  # sums fit: bounded by the body
-    budget_us = max(0, int(budget_s * 1e6))
-    header = REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0], budget_us)
-    return [header, *(memoryview(np.ascontiguousarray(a)).cast("B") for a in (dense, values, lengths))]
+    arrays = wire_arrays(arrays)
+    return [request_header(request_id, arrays, budget_s), *(memoryview(a).cast("B") for a in arrays)]
 
 
-async def read_request(reader: asyncio.StreamReader) -> tuple[int, tuple[np.ndarray, ...], float]:
-    """(id, arrays, deadline on this process's ``perf_counter``)."""
-    request_id, items, width, tables, ids, budget_us = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: int) -> tuple[np.ndarray, ...]:
+    """dense, values, lengths as views of ``buffer`` (uint8, laid out as ``array_bytes`` says)."""
+    sizes = array_bytes(items, width, tables, ids)
+    a, b = sizes[0], sizes[0] + sizes[1]
+    return (buffer[:a].view(np.float32).reshape(items, width), buffer[a:b].view(np.int64),
+            buffer[b : b + sizes[2]].view(np.int32).reshape(tables, items))
+
+
+async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = None
+                       ) -> tuple[int, tuple[np.ndarray, ...], float]:
+    """(id, arrays, deadline on this process's ``perf_counter``); arrays in ``arena`` are views of it."""
+    request_id, items, width, tables, ids, budget_us, offset = REQUEST.unpack(await reader.readexactly(REQUEST.size))
     deadline = time.perf_counter() + budget_us / 1e6
-    dense = np.frombuffer(await reader.readexactly(items * width * 4), np.float32).reshape(items, width)
-    values = np.frombuffer(await reader.readexactly(ids * 8), np.int64)
-    lengths = np.frombuffer(await reader.readexactly(tables * items * 4), np.int32).reshape(tables, items)
-    return request_id, (dense, values, lengths), deadline
+    total = sum(array_bytes(items, width, tables, ids))
+    if offset == INLINE:
+        buffer = np.frombuffer(await reader.readexactly(total), np.uint8)
+    elif arena is not None and offset + total <= arena.shape[0]:
+        buffer = arena[offset : offset + total]
+    else:
+        raise ConnectionError(f"request {request_id} names arena bytes [{offset}, {offset + total}) this worker "
+                              "has not mapped")
+    return request_id, split_arrays(buffer, items, width, tables, ids), deadline
+
+
+# ---------------------------------------------------------------------------------------- staging arena
+
+
+class Arena:
+    """Shared staging memory of one CPU worker -> accelerator worker link (a memfd both map).
+
+    Why (issue #16): a 23 MB query (hera-dlrm-a, batch 4096) crossed the socket in ~25 ms of the two workers'
+    CPU (asyncio joins and buffers the frame, the reader re-assembles it), more than the GPU pass itself.  With
+    the arena the CPU worker copies the arrays once and sends only their offset; the accelerator worker reads
+    them in place, and on a GPU the arena is registered as pinned memory, so the host-to-device copy is DMA
+    straight from it.  A slot stays taken until its reply arrives (the accelerator may still be reading it
+    after the CPU worker gave up on the query); a query that does not fit crosses the socket as before.
+    """
+
+    ALIGN = 64
+
+    def __init__(self, size: int) -> None:
+        import mmap
+
+        self.size = size
+        self.fd = os.memfd_create("recserve-accel-staging")
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size)
+        self.view = np.frombuffer(self.map, np.uint8)
+        self.taken: dict[int, int] = {}  # offset -> bytes, of queries sent and not yet answered
+
+    def put(self, arrays: tuple[np.ndarray, ...]) -> int | None:
+        """Copy ``arrays`` (wire dtypes) into a free slot; its offset, or None when none is large enough."""
+        total = sum(a.nbytes for a in arrays)
+        offset = self._fit(total)
+        if offset is None:
+            return None
+        self.taken[offset] = total
+        at = offset
+        for a in arrays:
+            self.view[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
+            at += a.nbytes
+        return offset
+
+    def _fit(self, total: int) -> int | None:
+        start = 0
+        for offset in sorted(self.taken):
+            if offset - start >= total:
+                return start
+            start = -(-(offset + self.taken[offset]) // self.ALIGN) * self.ALIGN
+        return start if self.size - start >= total else None
+
+    def release(self, offset: int | None) -> None:
+        if offset is not None:
+            self.taken.pop(offset, None)
+
+    def close(self) -> None:
+        self.taken.clear()
+        self.view = np.zeros(0, np.uint8)
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a view is still alive: the mapping goes with it
+        os.close(self.fd)
+
+
+def map_arena(pid: int, fd: int, size: int) -> np.ndarray:
+    """The accelerator worker's view of a CPU worker's arena (read through /proc: no fd passing needed)."""
+    import mmap
+
+    with open(f"/proc/{pid}/fd/{fd}", "r+b") as f:
+        return np.frombuffer(mmap.mmap(f.fileno(), size), np.uint8)
 
 
 def reply_frame(request_id: int, scores: np.ndarray | None, error: InferError | None = None) -> bytes:
@@ -128,8 +233,12 @@ class AcceleratorServer:
     """
 
     def __init__(self, compute: Callable[[list[tuple]], list[np.ndarray]], fuse_items: int, fuse_delay_us: int,
-                 report: Callable[[int, int, float], None]) -> None:
+                 report: Callable[[int, int, float], None],
+                 adopt: Callable[[np.ndarray], None] = lambda arena: None,
+                 forget: Callable[[np.ndarray], None] = lambda arena: None) -> None:
         self.compute = compute
+        self.adopt = adopt  # called with each mapped arena (a GPU worker registers it as pinned memory) ...
+        self.forget = forget  # ... and this when its connection ends (queued views of it stay valid: mapped)
         self.fuse_items = fuse_items
         self.fuse_delay_s = fuse_delay_us / 1e6
         self.report = report  # (items, queries, seconds) of each pass, for the node's metrics
@@ -148,12 +257,30 @@ class AcceleratorServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         _widen(writer)
+        arena = None
         try:
+            arena = self._hello(*HELLO.unpack(await reader.readexactly(HELLO.size)))
+            writer.write(ACK.pack(arena is not None))
             while True:
-                request_id, arrays, deadline = await read_request(reader)
+                request_id, arrays, deadline = await read_request(reader, arena)
                 self._admit(Waiting(writer, request_id, arrays, arrays[0].shape[0], time.perf_counter(), deadline))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
             writer.close()
+        finally:
+            if arena is not None:
+                self.forget(arena)
+
+    def _hello(self, pid: int, fd: int, size: int) -> np.ndarray | None:
+        if not size:
+            return None
+        try:
+            arena = map_arena(pid, fd, size)
+            self.adopt(arena)
+        except (OSError, ValueError, RuntimeError) as exc:  # the link works without it, through the socket
+            log.warning("accelerator worker: cannot map the staging arena of pid %d (%s); queries will cross "
+                        "the socket", pid, exc)
+            return None
+        return arena
 
     def _admit(self, w: Waiting) -> None:
         """Queue a query if the work ahead of it, by this worker's fit, leaves it time to finish; else 503 now."""
@@ -233,31 +360,63 @@ class AcceleratorServer:
 class Link:
     """One CPU worker's connection to one accelerator worker; queries outstanding on it by request id."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, staging_bytes: int = 0) -> None:
         self.path = path
+        self.staging_bytes = staging_bytes
+        self.arena: Arena | None = None  # mapped by the accelerator worker of the current connection
         self.writer: asyncio.StreamWriter | None = None
         self.connecting: asyncio.Future | None = None
         self.outstanding: dict[int, Done] = {}
+        self.slots: dict[int, int] = {}  # request id -> its arena offset, until the reply arrives
 
     async def connect(self) -> asyncio.StreamWriter:
         if self.writer is not None and not self.writer.is_closing():
             return self.writer
         if self.connecting is None:
-            self.connecting = asyncio.ensure_future(asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT))
+            self.connecting = asyncio.ensure_future(self._open())
         try:
-            reader, writer = await asyncio.shield(self.connecting)
+            reader, writer, arena = await asyncio.shield(self.connecting)
         finally:
             self.connecting = None
         if self.writer is None or self.writer.is_closing():
             _widen(writer)
-            self.writer = writer
+            self.writer, self.arena = writer, arena
             asyncio.get_running_loop().create_task(self._read(reader, writer))
         return self.writer
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Arena | None]:
+        """Connect and offer the staging arena (made once per link; kept across reconnections)."""
+        reader, writer = await asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT)
+        if self.staging_bytes and self.arena is None:
+            try:
+                self.arena = Arena(self.staging_bytes)
+            except OSError as exc:
+                log.warning("accelerator link %s: no staging arena (%s); queries cross the socket", self.path, exc)
+                self.staging_bytes = 0
+        arena = self.arena
+        writer.write(HELLO.pack(os.getpid(), arena.fd if arena else 0, arena.size if arena else 0))
+        (mapped,) = ACK.unpack(await reader.readexactly(ACK.size))
+        return reader, writer, arena if mapped else None
+
+    def stage(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> int:
+        """The arena offset the query's arrays were copied to, or ``INLINE`` (no arena, or no room)."""
+        offset = self.arena.put(arrays) if self.arena is not None else None
+        if offset is None:
+            return INLINE
+        self.slots[request_id] = offset
+        return offset
+
+    def settled(self, request_id: int) -> None:
+        """The accelerator worker answered (or will never read): the query's slot is free again."""
+        offset = self.slots.pop(request_id, None)
+        if self.arena is not None:
+            self.arena.release(offset)
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 request_id, scores, error = await read_reply(reader)
+                self.settled(request_id)
                 done = self.outstanding.pop(request_id, None)
                 if done is not None:
                     done(scores, error)
@@ -269,6 +428,8 @@ class Link:
         self.fail_all(f"accelerator worker at {self.path} closed the connection")
 
     def fail_all(self, why: str) -> None:
+        for request_id in list(self.slots):  # the connection is gone: nothing reads the arena any more
+            self.settled(request_id)
         waiting, self.outstanding = self.outstanding, {}
         for done in waiting.values():
             done(None, InferError("unavailable", f"{why}; the query was not answered, retry"))
@@ -280,9 +441,11 @@ class AcceleratorClient:
     Never a hang: a dead or unreachable accelerator worker is 503 at once, a silent one 504 at the deadline.
     """
 
-    def __init__(self, model_name: str, sockets: list[str], min_items: int, limit: int) -> None:
+    def __init__(self, model_name: str, sockets: list[str], min_items: int, limit: int,
+                 staging_bytes: int = 0) -> None:
         self.model_name = model_name
         self.min_items = min_items
+        self.staging_bytes = staging_bytes  # each link's shared arena (``Arena``); 0: every query on the socket
         self.limit = limit  # queries outstanding per accelerator worker from this CPU worker; more -> 503
         self.links: list[Link] = []
         self._ids = itertools.count(1)
@@ -291,7 +454,7 @@ class AcceleratorClient:
     def set_sockets(self, sockets: list[str]) -> None:
         """The accelerator workers now running (the supervisor broadcasts them when their pool changes)."""
         keep = {link.path: link for link in self.links}
-        self.links = [keep.get(path) or Link(path) for path in sockets]
+        self.links = [keep.get(path) or Link(path, self.staging_bytes) for path in sockets]
 
     def takes(self, items: int) -> bool:
         return items >= self.min_items
@@ -321,7 +484,15 @@ class AcceleratorClient:
     async def _send(self, link: Link, request_id: int, arrays: tuple[np.ndarray, ...], deadline: float) -> None:
         try:
             writer = await link.connect()
-            writer.writelines(request_frame(request_id, arrays, deadline - time.perf_counter()))
+            if request_id not in link.outstanding:
+                return  # expired while connecting
+            arrays = wire_arrays(arrays)
+            offset = link.stage(request_id, arrays)
+            header = request_header(request_id, arrays, deadline - time.perf_counter(), offset)
+            if offset == INLINE:
+                writer.writelines([header, *(memoryview(a).cast("B") for a in arrays)])
+            else:
+                writer.write(header)
         except (OSError, ConnectionError) as exc:
             done = link.outstanding.pop(request_id, None)
             if done is not None:
@@ -338,24 +509,56 @@ class AcceleratorClient:
 # ---------------------------------------------------------------------------------------- device pass
 
 
-def device_runner(model: Any, device: str) -> Callable[[tuple], np.ndarray]:
+def device_runner(model: Any, device: str, pinned: bool = True) -> Callable[[tuple], np.ndarray]:
     """One forward pass of a query on ``device``: inputs copied host -> device, scores back (numpy).
 
-    The model is moved to the device once, here; on ``cpu`` nothing moves.
+    On a GPU a zoo model runs with its tables fused (``zoo.fused``: one lookup kernel for all tables instead of
+    one per table) and its inputs go through pinned host memory, so the copies are real DMA rather than a staged
+    pageable copy.  The weights move to the device once, here; on ``cpu`` nothing moves and nothing is fused
+    (the per-table path is the faster one on CPU cores at large batches).
     """
     import torch
 
     from recserve.zoo.batch import QueryBatch
+    from recserve.zoo.fused import FusedModel, fusable
 
     target = torch.device(device)
-    if target.type != "cpu":
+    if target.type == "cpu":
+        return lambda arrays: model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy()
+    if fusable(model):
+        model = FusedModel(model).to_device(target)
+    else:
         model.to(target)
 
+    def host(a: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(a)
+        return tensor.pin_memory() if pinned and not tensor.is_pinned() else tensor  # arena views are pinned
+
     def run(arrays: tuple) -> np.ndarray:
-        dense, values, lengths = (torch.from_numpy(a).to(target, non_blocking=True) for a in arrays)
+        dense, values, lengths = (host(a).to(target, non_blocking=True) for a in arrays)
         return model(QueryBatch(dense, values, lengths)).cpu().numpy()
 
     return run
+
+
+def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[np.ndarray], None]]:
+    """(adopt, forget) for ``AcceleratorServer``: on a GPU, register each staging arena as pinned host memory
+    (``cudaHostRegister``), so a query's host-to-device copy is DMA from where the CPU worker wrote it."""
+    if not device.startswith("cuda"):
+        return (lambda arena: None), (lambda arena: None)
+    import torch
+
+    cudart = torch.cuda.cudart()
+
+    def adopt(arena: np.ndarray) -> None:
+        error = cudart.cudaHostRegister(arena.ctypes.data, arena.nbytes, 0)
+        if int(error) != 0:
+            raise RuntimeError(f"cudaHostRegister failed: {error}")
+
+    def forget(arena: np.ndarray) -> None:
+        cudart.cudaHostUnregister(arena.ctypes.data)
+
+    return adopt, forget
 
 
 async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
@@ -377,7 +580,8 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
 
     run = device_runner(model, accel.device)
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
-    server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report)
+    server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
+                               *arena_pinning(accel.device))
     listening = await server.serve(args.accel_socket)
 
     def on_pipe() -> None:

@@ -90,10 +90,12 @@ class AcceleratorConfig:
     min_items: int = 256
     fuse_items: int = 4096
     fuse_delay_us: int = 0
+    staging_mb: int = 128  # shared memory per CPU worker -> accelerator worker link (0: queries cross the socket)
 
     def check(self, where: str) -> None:
         where = f"{where} accelerator"
-        for key, low in (("workers", 1), ("threads", 1), ("min_items", 1), ("fuse_items", 1), ("fuse_delay_us", 0)):
+        for key, low in (("workers", 1), ("threads", 1), ("min_items", 1), ("fuse_items", 1), ("fuse_delay_us", 0),
+                         ("staging_mb", 0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
                 raise SpecError(f"{where}: {key} must be an integer >= {low}, got {value!r}")

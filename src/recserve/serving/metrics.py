@@ -177,8 +177,14 @@ class ModelMetrics:
                 "errors": int(sum(self.errors.values()))}
 
     def triton_stats(self, name: str) -> dict:
-        """One entry of Triton's ``model_stats`` list (ints, as Triton's HTTP endpoint returns them)."""
+        """One entry of Triton's ``model_stats`` list (ints, as Triton's HTTP endpoint returns them).
+
+        ``compute_input`` and ``compute_output`` carry the count of ``compute_infer`` with no time of their own:
+        perf_analyzer aborts ("Server side statistics compute counts must be the same") unless the three counts
+        agree, and recserve times a query's decoding inside ``queue`` and its encoding inside ``success``.
+        """
         zero = Duration().as_dict()
+        counted = Duration(count=self.compute_d.count).as_dict()
         return {
             "name": name,
             "version": "1",
@@ -189,9 +195,9 @@ class ModelMetrics:
                 "success": self.success_d.as_dict(),
                 "fail": self.fail_d.as_dict(),
                 "queue": self.queue_d.as_dict(),
-                "compute_input": zero,
+                "compute_input": counted,
                 "compute_infer": self.compute_d.as_dict(),
-                "compute_output": zero,
+                "compute_output": counted,
                 "cache_hit": zero,
                 "cache_miss": zero,
             },

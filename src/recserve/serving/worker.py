@@ -285,7 +285,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         from recserve.serving.accel import AcceleratorClient
 
         plane.offload = AcceleratorClient(args.model_config.name, list(args.accel_sockets), args.accel_min_items,
-                                          args.limits.queue_limit)
+                                          args.limits.queue_limit, args.model_config.accelerator.staging_mb << 20)
 
     def on_pipe() -> None:
         try:
