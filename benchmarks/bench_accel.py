@@ -5,8 +5,8 @@ process; three node layouts, one after another in one run:
 
 - ``cpu``: ``--cpu-only-workers`` CPU workers of ``--cpu-threads`` threads, no accelerator (default: as many
   processes as the mixed node has, CPU and accelerator workers together);
-- ``accel``: one CPU worker that only decodes and forwards (``min_items: 1``) + ``--accel-workers`` accelerator
-  workers on ``--device``;
+- ``accel``: ``--front-workers`` CPU workers that only decode and forward (``min_items: 1``) +
+  ``--accel-workers`` accelerator workers on ``--device``;
 - ``mixed``: ``--cpu-workers`` CPU workers + the accelerator workers, queries of >= ``--min-items`` items
   offloaded (DeepRecSys' threshold).
 
@@ -44,7 +44,7 @@ def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {
         "cpu": {"workers": args.cpu_only_workers or args.cpu_workers + args.accel_workers,
                 "threads": args.cpu_threads},
-        "accel": {"workers": 1, "threads": 1, "accelerator": {**accel, "min_items": 1}},
+        "accel": {"workers": args.front_workers, "threads": 1, "accelerator": {**accel, "min_items": 1}},
         "mixed": {"workers": args.cpu_workers, "threads": args.cpu_threads,
                   "accelerator": {**accel, "min_items": args.min_items}},
     }
@@ -53,9 +53,9 @@ def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def measure(args: argparse.Namespace, pool: RequestPool, sla_ms: float, options: dict[str, Any]) -> dict[str, Any]:
     workers, node = options["workers"], {k: v for k, v in options.items() if k != "workers"}
     with recserve_server(args.model, args.scale, workers, sla_ms, max_batch_size=args.max_batch_size,
-                         **node) as url:
+                         queue_limit=args.queue_limit, **node) as url:
         target = HttpTarget(url, args.model, timeout_s=60.0)
-        with LoadSession(target, pool, warm=True) as session:
+        with LoadSession(target, pool, warm=True, procs=args.procs) as session:
             found = find_max_load(lambda r: session.run(r, args.probe_s, warmup_s=0.5), sla_ms,
                                   start_qps=args.start_qps, rtol=0.1, max_probes=args.max_probes,
                                   log=lambda line: print(line, file=sys.stderr))
@@ -76,6 +76,8 @@ def main() -> int:
     parser.add_argument("--cpu-threads", type=int, default=1)
     parser.add_argument("--cpu-only-workers", type=int, default=0,
                         help="workers of the CPU-only node (default: --cpu-workers + --accel-workers)")
+    parser.add_argument("--front-workers", type=int, default=1,
+                        help="accelerator-only node: CPU workers that decode and forward every query")
     parser.add_argument("--accel-workers", type=int, default=1)
     parser.add_argument("--accel-threads", type=int, default=1)
     parser.add_argument("--min-items", type=int, default=256, help="mixed node: queries of >= this go to the "
@@ -88,6 +90,10 @@ def main() -> int:
     parser.add_argument("--probe-s", type=float, default=3.0)
     parser.add_argument("--start-qps", type=float, default=20.0)
     parser.add_argument("--max-probes", type=int, default=8)
+    parser.add_argument("--queue-limit", type=int, default=256,
+                        help="the model's queue_limit (split among its CPU workers; also bounds each worker's "
+                             "queries outstanding at the accelerator)")
+    parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
     parser.add_argument("--layouts", default="cpu,accel,mixed", help="which nodes to measure, in order")
     parser.add_argument("--out", default="results/bench_accel.json")
     args = parser.parse_args()

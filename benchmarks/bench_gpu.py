@@ -10,8 +10,9 @@ Part 1, in process (inputs start as numpy arrays on the host and scores end ther
 
 Part 2, served: a node whose queries all go to one ``device: cuda`` accelerator worker (``min_items: 1``),
 queried with tritonclient over HTTP and gRPC at each ``--served-batches`` size: p50 latency, the ratio to the
-in-process ``gpu`` p50 (issue #16's goal: <= 1.3 at batch >= 1024), and the max abs difference of the served
-scores from the CPU model's.
+in-process ``gpu`` p50 (issue #16's goal: <= 1.3 at batch >= 1024), the accelerator worker's own mean pass time
+(``pass_ms``: host-to-device copy from the staging arena, model, scores back; from the node's control API) and
+its ratio to the in-process time, and the max abs difference of the served scores from the CPU model's.
 
     PYTHONPATH=src python3 benchmarks/bench_gpu.py --models hera-din,hera-wnd,hercules-rmc2 --scale 0.01
 """
@@ -102,6 +103,15 @@ def in_process(args: argparse.Namespace, name: str) -> dict[str, Any]:
     return {"model": name, "rows": rows}
 
 
+def accel_busy(port: int, name: str) -> tuple[int, float]:
+    """(passes, seconds in passes) of the model's accelerator workers so far (the node's control API)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/control/models/{name}", timeout=30) as r:
+        accel = json.loads(r.read())["accelerator"]
+    return accel["passes"], accel["pass_seconds"]
+
+
 def served(args: argparse.Namespace, name: str, gpu_ms: dict[int, float]) -> dict[str, Any]:
     """Latency and scores of a node whose every query goes to one GPU accelerator worker."""
     import tritonclient.grpc as tgrpc
@@ -135,11 +145,16 @@ def served(args: argparse.Namespace, name: str, gpu_ms: dict[int, float]) -> dic
 
                 def call(_arrays: tuple, client=client, inputs=inputs) -> np.ndarray:
                     return client.infer(name, inputs).as_numpy("scores")
+                passes, busy = accel_busy(server.ports.http, name)
                 ms, scores = timed(call, (), args.min_s, args.max_reps)
+                passes_after, busy_after = accel_busy(server.ports.http, name)
+                pass_ms = (busy_after - busy) / max(1, passes_after - passes) * 1e3  # one query per pass here
                 row[f"{proto}_ms"] = round(ms, 3)
+                row[f"{proto}_pass_ms"] = round(pass_ms, 3)
                 row[f"{proto}_max_abs_diff"] = float(np.abs(scores - reference).max())
                 if size in gpu_ms:
                     row[f"{proto}_vs_in_process"] = round(ms / gpu_ms[size], 3)
+                    row[f"{proto}_pass_vs_in_process"] = round(pass_ms / gpu_ms[size], 3)
             rows.append(row)
             print(f"  served {name:14s} " + " ".join(f"{k}={v}" for k, v in row.items()), file=sys.stderr,
                   flush=True)

@@ -124,15 +124,17 @@ class ModelMetrics:
     routed_items: dict[str, int] = field(default_factory=dict)
     accel_passes: int = 0
     accel_pass_items: int = 0
+    accel_pass_s: float = 0.0  # time in passes (host->device copy, model, scores back), the accelerator's busy time
 
     def routed(self, kind: str, items: int) -> None:
         self.routed_queries[kind] = self.routed_queries.get(kind, 0) + 1
         self.routed_items[kind] = self.routed_items.get(kind, 0) + items
 
-    def accel_pass(self, items: int, queries: int) -> None:
+    def accel_pass(self, items: int, queries: int, seconds: float = 0.0) -> None:
         """One fused launch on an accelerator worker (counted as one execution, as Triton counts them)."""
         self.accel_passes += 1
         self.accel_pass_items += items
+        self.accel_pass_s += seconds
         self.executions += 1
 
     def arrived(self) -> None:

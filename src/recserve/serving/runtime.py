@@ -501,7 +501,7 @@ class ModelRuntime:
                 self.metrics.routed(rec[1], rec[2])
                 continue
             if rec[0] == "pass":  # an accelerator worker's fused pass: ("pass", items, queries, seconds)
-                self.metrics.accel_pass(rec[1], rec[2])
+                self.metrics.accel_pass(rec[1], rec[2], rec[3])
                 continue
             if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request
                 self.metrics.refused(rec[1])
@@ -853,7 +853,7 @@ class ModelRuntime:
                 "threads": self.pools["accel"].threads, "min_items": self.min_items,
                 "fuse_items": self.accel.fuse_items, "fuse_delay_us": self.accel.fuse_delay_us,
                 "queries": dict(m.routed_queries), "items": dict(m.routed_items), "passes": m.accel_passes,
-                "pass_items": m.accel_pass_items}
+                "pass_items": m.accel_pass_items, "pass_seconds": round(m.accel_pass_s, 6)}
 
     def set_default(self, default: bool) -> None:
         self.is_default = default
