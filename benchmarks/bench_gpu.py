@@ -121,7 +121,8 @@ def served(args: argparse.Namespace, name: str, gpu_ms: dict[int, float]) -> dic
     from recserve.serving.codec import triton_inputs
     from recserve.serving.worker import build_worker_model
 
-    accel = {"device": args.device, "workers": 1, "min_items": 1, "fuse_items": max(args.served_batches)}
+    accel = {"device": args.device, "workers": 1, "min_items": 1, "fuse_items": max(args.served_batches),
+             "staging_mb": args.staging_mb}
     config = dataclasses.replace(quick_config(name, scale=args.scale, workers=1,
                                               max_batch_size=max(args.served_batches), accelerator=accel,
                                               deadline_ms=60_000), max_body_bytes=1 << 30)
@@ -145,6 +146,8 @@ def served(args: argparse.Namespace, name: str, gpu_ms: dict[int, float]) -> dic
 
                 def call(_arrays: tuple, client=client, inputs=inputs) -> np.ndarray:
                     return client.infer(name, inputs).as_numpy("scores")
+                call(())  # first passes on a link map and pin its staging arena: not counted in pass_ms
+                call(())
                 passes, busy = accel_busy(server.ports.http, name)
                 ms, scores = timed(call, (), args.min_s, args.max_reps)
                 passes_after, busy_after = accel_busy(server.ports.http, name)
@@ -174,6 +177,7 @@ def main() -> int:
     parser.add_argument("--min-s", type=float, default=0.5, help="time each case for at least this long")
     parser.add_argument("--max-reps", type=int, default=50)
     parser.add_argument("--served-max-mb", type=float, default=128.0, help="skip served queries larger than this")
+    parser.add_argument("--staging-mb", type=int, default=128, help="the accelerator links' staging arena")
     parser.add_argument("--no-served", action="store_true", help="part 1 only")
     parser.add_argument("--out", default="results/bench_gpu.json")
     args = parser.parse_args()
