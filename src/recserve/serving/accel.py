@@ -14,16 +14,19 @@ Frames on the socket (little endian; raw array bytes, never pickled tensors):
 
 - hello, once per connection from the CPU worker: ``HELLO`` (its pid, the fd of its staging arena, the arena's
   bytes; 0 bytes: no arena), answered with one ``ACK`` byte (1: the accelerator worker mapped the arena).
-- request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, microseconds left until the query's
-  deadline, the arrays' offset in the arena or ``INLINE``) then, when inline, dense f32 ``[B, D]``, values i64
-  ``[N]``, lengths i32 ``[T, B]``.
+- request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, the query's deadline in nanoseconds
+  of ``CLOCK_MONOTONIC``, the arrays' offset in the arena or ``INLINE``) then, when inline, dense f32 ``[B, D]``,
+  values i64 ``[N]``, lengths i32 ``[T, B]``.
 - reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
   ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
 
-The deadline travels with the query because the accelerator worker's queue is where a burst waits: a query
-whose deadline passed is answered 504 without computing it, and one that cannot finish in time by the worker's
-online fit of its pass time (``dataplane.ServiceTime``) is shed at once with 503, so an overload never leaves a
-backlog of abandoned work in front of new queries.
+The deadline travels with the query because the accelerator worker's queue is where a burst waits.  It is an
+absolute time on the host's monotonic clock (both workers' ``perf_counter``), not the time left: under overload
+a frame can wait in the socket before the accelerator worker reads it, and a budget counted from the read gave
+that wait back, so the worker computed queries its CPU worker had already answered 504 (goodput fell from 291 to
+127 QPS at 2x overload on the 2-core host).  A query whose deadline passed is answered 504 without computing
+it, and one that cannot finish in time by the worker's online fit of its pass time (``dataplane.ServiceTime``) is
+shed at once with 503, so an overload never leaves a backlog of abandoned work in front of new queries.
 """
 
 from __future__ import annotations
@@ -79,11 +82,11 @@ def array_bytes(items: int, width: int, tables: int, ids: int) -> tuple[int, int
     return items * width * 4, ids * 8, tables * items * 4
 
 
-def request_header(request_id: int, arrays: tuple[np.ndarray, ...], budget_s: float, offset: int = INLINE) -> bytes:
+def request_header(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, offset: int = INLINE) -> bytes:
+    """``deadline``: ``time.perf_counter()`` seconds (``CLOCK_MONOTONIC``, the same clock in every process)."""
     dense, values, lengths = arrays
-    budget_us = max(0, int(budget_s * 1e6))
-    return REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0], budget_us,
-                        offset)
+    return REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0],
+                        max(0, int(deadline * 1e9)), offset)
 
 
 def wire_arrays(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
@@ -93,10 +96,10 @@ def wire_arrays(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     return tuple(np.ascontiguousarray(a) for a in (dense, values, lengths))
 
 
-def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], budget_s: float) -> list[bytes | memoryview]:
+def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float) -> list[bytes | memoryview]:
     """A query as frame pieces (header, then each array's bytes without a copy where it is contiguous)."""
     arrays = wire_arrays(arrays)
-    return [request_header(request_id, arrays, budget_s), *(memoryview(a).cast("B") for a in arrays)]
+    return [request_header(request_id, arrays, deadline), *(memoryview(a).cast("B") for a in arrays)]
 
 
 def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: int) -> tuple[np.ndarray, ...]:
@@ -110,8 +113,8 @@ def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: i
 async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = None
                        ) -> tuple[int, tuple[np.ndarray, ...], float]:
     """(id, arrays, deadline on this process's ``perf_counter``); arrays in ``arena`` are views of it."""
-    request_id, items, width, tables, ids, budget_us, offset = REQUEST.unpack(await reader.readexactly(REQUEST.size))
-    deadline = time.perf_counter() + budget_us / 1e6
+    request_id, items, width, tables, ids, deadline_ns, offset = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+    deadline = deadline_ns / 1e9
     total = sum(array_bytes(items, width, tables, ids))
     if offset == INLINE:
         buffer = np.frombuffer(await reader.readexactly(total), np.uint8)
@@ -488,7 +491,7 @@ class AcceleratorClient:
                 return  # expired while connecting
             arrays = wire_arrays(arrays)
             offset = link.stage(request_id, arrays)
-            header = request_header(request_id, arrays, deadline - time.perf_counter(), offset)
+            header = request_header(request_id, arrays, deadline, offset)
             if offset == INLINE:
                 writer.writelines([header, *(memoryview(a).cast("B") for a in arrays)])
             else:
