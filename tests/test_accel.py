@@ -311,6 +311,44 @@ def test_a_query_that_waited_unread_in_the_socket_keeps_its_deadline(tmp_path):
     assert computed == [0.0]
 
 
+def test_a_full_staging_arena_refuses_at_once_instead_of_queueing_without_bound(tmp_path):
+    """While the accelerator worker is busy, a query that would fit the arena but finds it full is 503 at once
+    (the accelerator is a whole arena behind); a query larger than the whole arena still goes inline."""
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        time.sleep(0.3)
+        return [q[0][:, :1] for q in queries]
+
+    def query(items: int, width: int) -> tuple[np.ndarray, ...]:
+        return np.ones((items, width), np.float32), np.zeros(0, np.int64), np.zeros((1, items), np.int32)
+
+    server_loop = asyncio.new_event_loop()  # a loop of its own: it computes while the client's loop goes on
+    server = AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None)
+    listening = server_loop.run_until_complete(server.serve(str(tmp_path / "a.sock")))
+    thread = threading.Thread(target=server_loop.run_forever, daemon=True)
+    thread.start()
+
+    async def run() -> dict:
+        client = AcceleratorClient("m", [str(tmp_path / "a.sock")], 1, limit=8, staging_bytes=4096)
+        loop = asyncio.get_running_loop()
+        answers = {}
+        for name, items, width in (("first", 150, 4), ("second", 150, 4), ("huge", 20, 300)):  # 3, 3, 24 kB
+            answers[name] = loop.create_future()
+            client.submit(query(items, width), time.perf_counter() + 30,
+                          lambda s, e, f=answers[name]: f.set_result((s, e)))
+            await asyncio.sleep(0.05)
+        return {name: await f for name, f in answers.items()}
+
+    try:
+        results = asyncio.run(run())
+    finally:
+        server_loop.call_soon_threadsafe(listening.close)
+        server_loop.call_soon_threadsafe(server_loop.stop)
+        thread.join(timeout=5)
+    assert results["first"][1] is None and results["huge"][1] is None
+    assert results["second"][1].code == "unavailable" and "arena is full" in str(results["second"][1])
+
+
 def test_the_staging_arena_hands_out_aligned_slots_and_reuses_released_ones():
     arena = Arena(1024)
     try:

@@ -73,6 +73,7 @@ def _widen(writer: asyncio.StreamWriter) -> None:
             except OSError:
                 pass  # the kernel's cap applies
 STOP_GRACE_S = 10.0
+SEND_BACKLOG = 32 * 1024 * 1024  # inline query bytes a CPU worker lets wait in an accelerator socket; more -> 503
 
 Done = Callable[[np.ndarray | None, InferError | None], None]
 
@@ -401,13 +402,20 @@ class Link:
         (mapped,) = ACK.unpack(await reader.readexactly(ACK.size))
         return reader, writer, arena if mapped else None
 
-    def stage(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> int:
-        """The arena offset the query's arrays were copied to, or ``INLINE`` (no arena, or no room)."""
-        offset = self.arena.put(arrays) if self.arena is not None else None
-        if offset is None:
+    def stage(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> int | None:
+        """The arena offset the query's arrays were copied to; ``INLINE`` when there is no arena or the query is
+        larger than all of it; None when it would fit but the slots are taken (the accelerator is that far behind)."""
+        if self.arena is None or sum(a.nbytes for a in arrays) > self.arena.size:
             return INLINE
-        self.slots[request_id] = offset
+        offset = self.arena.put(arrays)
+        if offset is not None:
+            self.slots[request_id] = offset
         return offset
+
+    def backlogged(self) -> bool:
+        """Bytes written to the socket and not yet taken by the accelerator worker are over ``SEND_BACKLOG``."""
+        transport = self.writer.transport if self.writer is not None else None
+        return transport is not None and transport.get_write_buffer_size() > SEND_BACKLOG
 
     def settled(self, request_id: int) -> None:
         """The accelerator worker answered (or will never read): the query's slot is free again."""
@@ -491,6 +499,10 @@ class AcceleratorClient:
                 return  # expired while connecting
             arrays = wire_arrays(arrays)
             offset = link.stage(request_id, arrays)
+            if offset is None or (offset == INLINE and link.backlogged()):
+                self._refuse(link, request_id, "its staging arena is full" if offset is None else
+                             f"over {SEND_BACKLOG >> 20} MiB of queries wait in its socket")
+                return
             header = request_header(request_id, arrays, deadline, offset)
             if offset == INLINE:
                 writer.writelines([header, *(memoryview(a).cast("B") for a in arrays)])
@@ -501,6 +513,15 @@ class AcceleratorClient:
             if done is not None:
                 done(None, InferError("unavailable", f"model {self.model_name!r}: accelerator worker at "
                                                      f"{link.path} is unreachable ({exc}); retry"))
+
+    def _refuse(self, link: Link, request_id: int, why: str) -> None:
+        """503 at once: the accelerator worker is behind by a full arena or socket, so this query would wait
+        behind at least that much work (before this, the CPU worker queued frames in memory without bound and
+        spent its core copying them while its own clients waited)."""
+        done = link.outstanding.pop(request_id, None)
+        if done is not None:
+            done(None, InferError("unavailable", f"model {self.model_name!r}: the accelerator worker is overloaded "
+                                                 f"({why}); retry later"))
 
     def _expire(self, link: Link, request_id: int) -> None:
         done = link.outstanding.pop(request_id, None)
