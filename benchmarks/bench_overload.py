@@ -60,7 +60,10 @@ def run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, ra
 
 def _run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, rate: float | None,
                    deadline_ms: float, cores: dict) -> dict:
-    with recserve_server(args.model, args.scale, args.workers, sla_ms, deadline_ms=deadline_ms, **cores) as url:
+    accel = {"accelerator": {"device": args.accelerator, "workers": 1, "min_items": 1},
+             "queue_limit": 256} if args.accelerator else {}
+    with recserve_server(args.model, args.scale, args.workers, sla_ms, deadline_ms=deadline_ms, **cores,
+                         **accel) as url:
         if args.generator_cores:
             os.sched_setaffinity(0, args.generator_cores)  # after the node started: it keeps every core
         target = HttpTarget(url, args.model, timeout_s=60.0)
@@ -79,6 +82,7 @@ def _run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, r
     d = result.to_dict()
     shed = sum(n for kind, n in result.errors.items() if kind != "timeout")
     return {**out, "offered_qps": rate, "ok": result.ok, "measured": result.measured, "errors": result.errors,
+            "goodput_qps": result.ok / args.seconds,
             "shed_share": shed / max(1, result.measured),
             "admitted_ms": {"p50": float(_pct(result.latencies_ms, 50)) if result.ok else None,
                             "p99": float(_pct(result.latencies_ms, 99)) if result.ok else None},
@@ -108,6 +112,9 @@ def main() -> int:
                         help="cores the workers share, e.g. 1 (default: the node's own choice)")
     parser.add_argument("--generator-cores", type=cores_list, default=None,
                         help="cores for the load generator, e.g. 0")
+    parser.add_argument("--accelerator", default=None, metavar="DEVICE",
+                        help="serve every query through one accelerator worker on DEVICE (cpu, cuda): the CPU "
+                             "workers only decode and forward, so the accelerator's own admission is measured")
     parser.add_argument("--out", default="results/bench_overload.json")
     args = parser.parse_args()
     spec = get_model(args.model)
@@ -123,12 +130,14 @@ def main() -> int:
                "load_avg": os.getloadavg()[0], "admission": {"deadline": deadline, "count": count}}
     print(f"{args.model}: max load at the SLA {deadline['capacity_qps']:.1f} qps; offered "
           f"{deadline['offered_qps']:.1f} qps ({args.overload:g}x) for {args.seconds:g} s")
-    print(f"{'admission':>10} {'ok':>6} {'shed':>6} {'admitted p50':>13} {'admitted p99':>13} {'shed answer p50':>16} "
+    print(f"{'admission':>10} {'ok':>6} {'ok/s':>7} {'shed':>6} {'admitted p50':>13} {'admitted p99':>13} "
+          f"{'shed answer p50':>16} "
           f"{'shed answer p99':>16} {'gen lag p99':>12}")
     for name, r in results["admission"].items():
         adm, shed = r["admitted_ms"], r["shed_answer_ms"]
         fmt = lambda v: f"{v:.1f} ms" if v is not None else "n/a"  # noqa: E731
-        print(f"{name:>10} {r['ok']:>6} {r['shed_share']:>6.0%} {fmt(adm['p50']):>13} {fmt(adm['p99']):>13} "
+        print(f"{name:>10} {r['ok']:>6} {r['goodput_qps']:>7.1f} {r['shed_share']:>6.0%} {fmt(adm['p50']):>13} "
+              f"{fmt(adm['p99']):>13} "
               f"{fmt(shed['p50']):>16} {fmt(shed['p99']):>16} {fmt(r['send_lag_ms']['p99']):>12}")
     print("(latencies from each query's scheduled send: a large generator lag means the host, not the node, "
           "set them)")

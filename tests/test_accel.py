@@ -349,6 +349,25 @@ def test_a_full_staging_arena_refuses_at_once_instead_of_queueing_without_bound(
     assert results["second"][1].code == "unavailable" and "arena is full" in str(results["second"][1])
 
 
+def test_a_worker_refuses_queries_for_an_accelerator_that_is_behind():
+    """The congestion signal is the wait of the oldest query outstanding at the least-loaded accelerator worker:
+    over half of a new query's time left means 503 (before decoding, from the JSON header), else it is sent."""
+    client = AcceleratorClient("m", ["/nonexistent/a.sock", "/nonexistent/b.sock"], 1, limit=8)
+    now = time.perf_counter()
+    assert client.behind(now + 0.1) is None  # nothing outstanding
+    busy, idle = client.links
+    busy.outstanding[1] = busy.outstanding[2] = lambda *a: None
+    busy.sent_at.update({1: now - 5.0, 2: now - 0.01})
+    assert client.behind(now + 0.1) is None  # the least-loaded link (idle) has waited for nothing
+    idle.outstanding[3] = lambda *a: None
+    idle.sent_at[3] = now - 0.08
+    refusal = client.behind(now + 0.1)  # 80 ms waited > half of 100 ms left
+    assert refusal is not None and refusal.code == "unavailable" and "behind" in str(refusal)
+    assert client.behind(now + 1.0) is None  # a query with a second left can wait behind it
+    del idle.outstanding[3]  # answered: its entry is pruned lazily
+    assert client.behind(now + 0.1) is None and idle.sent_at == {}
+
+
 def test_the_staging_arena_hands_out_aligned_slots_and_reuses_released_ones():
     arena = Arena(1024)
     try:

@@ -690,24 +690,35 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
         loop.close()
 
 
-def test_early_refusal_leaves_queries_for_the_accelerator_alone():
-    """A query the accelerator workers take is not this worker's queue to refuse from its header."""
+def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
+    """A query the accelerator workers take is not this worker's queue to refuse from its header: it is refused
+    only when the accelerator is behind (``AcceleratorClient.behind``), even with this worker's queue empty."""
     from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+    from recserve.serving.errors import InferError
 
     class Offload:
+        lagging = False
+
         def takes(self, items):
             return items >= 256
+
+        def behind(self, deadline):
+            return InferError("unavailable", "the accelerator worker is behind") if self.lagging else None
 
     loop = asyncio.new_event_loop()
     try:
         plane = WorkerPlane(loop, "m", None, lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=1), sub_batch=0)
+        header = {"inputs": [{"name": "dense", "datatype": "FP32", "shape": [512, 13]}]}
+        plane.offload = Offload()
+        plane.offload.lagging = True
+        assert "behind" in str(plane.early_refusal(json.dumps(header).encode()))  # refused with an empty queue
+        plane.offload = None
         plane._running = True  # a pass in progress: what arrives now queues
         plane.enqueue((np.zeros((1, 1), np.float32),), 1, time.perf_counter(), None, lambda *answer: None)
-        header = {"inputs": [{"name": "dense", "datatype": "FP32", "shape": [512, 13]}]}
         assert plane.early_refusal(json.dumps(header).encode()) is not None  # queue full: refused
         plane.offload = Offload()
-        assert plane.early_refusal(json.dumps(header).encode()) is None
+        assert plane.early_refusal(json.dumps(header).encode()) is None  # the accelerator's, and it keeps up
         header["inputs"][0]["shape"] = [8, 13]
         assert plane.early_refusal(json.dumps(header).encode()) is not None  # small: this queue's, still full
     finally:

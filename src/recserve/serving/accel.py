@@ -371,6 +371,7 @@ class Link:
         self.writer: asyncio.StreamWriter | None = None
         self.connecting: asyncio.Future | None = None
         self.outstanding: dict[int, Done] = {}
+        self.sent_at: dict[int, float] = {}  # request id -> when submitted, oldest first (pruned lazily)
         self.slots: dict[int, int] = {}  # request id -> its arena offset, until the reply arrives
 
     async def connect(self) -> asyncio.StreamWriter:
@@ -411,6 +412,15 @@ class Link:
         if offset is not None:
             self.slots[request_id] = offset
         return offset
+
+    def oldest_wait(self, now: float) -> float:
+        """Seconds the oldest query still outstanding on this link has waited for its reply (0 if none)."""
+        while self.sent_at:
+            oldest = next(iter(self.sent_at))
+            if oldest in self.outstanding:
+                return now - self.sent_at[oldest]
+            del self.sent_at[oldest]
+        return 0.0
 
     def backlogged(self) -> bool:
         """Bytes written to the socket and not yet taken by the accelerator worker are over ``SEND_BACKLOG``."""
@@ -470,10 +480,34 @@ class AcceleratorClient:
     def takes(self, items: int) -> bool:
         return items >= self.min_items
 
+    def behind(self, deadline: float) -> InferError | None:
+        """503 when even the least-loaded accelerator worker is behind for a query due by ``deadline``: the oldest
+        query this worker has outstanding there has already waited over half of the new query's time left.
+
+        Why: the sojourn time of the head of the queue is the congestion signal (CoDel's), and it is known here
+        before the query is decoded (``WorkerPlane.early_refusal``).  Count and byte bounds alone let 256 queries
+        wait (~0.6 s at hera-dlrm-a's rate on the 2-core host against a 100 ms deadline): the CPU worker then spent
+        its core decoding queries it later answered 504 while replies waited unread (goodput 123 of ~450 QPS at
+        2x overload)."""
+        if not self.links:
+            return None
+        now = time.perf_counter()
+        link = min(self.links, key=lambda k: len(k.outstanding))
+        waited, left = link.oldest_wait(now), deadline - now
+        if waited > left / 2:
+            return InferError("unavailable", f"model {self.model_name!r}: the accelerator worker is behind (its "
+                                             f"oldest query has waited {waited * 1e3:.0f} ms, this one has "
+                                             f"{left * 1e3:.0f} ms left); retry later")
+        return None
+
     def submit(self, arrays: tuple[np.ndarray, ...], deadline: float, done: Done) -> None:
         """Send one validated query; ``done`` is called exactly once (scores, or the error)."""
         if not self.links:
             done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
+            return
+        refusal = self.behind(deadline)
+        if refusal is not None:
+            done(None, refusal)
             return
         link = min(self.links, key=lambda k: len(k.outstanding))
         if len(link.outstanding) >= self.limit:
@@ -489,6 +523,7 @@ class AcceleratorClient:
             done(scores, error)
 
         link.outstanding[request_id] = finish
+        link.sent_at[request_id] = time.perf_counter()
         task = loop.create_task(self._send(link, request_id, arrays, deadline))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 

@@ -596,11 +596,11 @@ class WorkerPlane:
 
     def early_refusal(self, header: bytes) -> InferError | None:
         """The admission decision for a query known only by its JSON header (its size and ``timeout``), or None
-        when it would be admitted, goes to an accelerator worker, or the header cannot tell (the whole request is
-        then decoded as usual)."""
+        when it would be admitted or the header cannot tell (the whole request is then decoded as usual).  A query
+        for an accelerator worker is refused here when that worker is behind (``AcceleratorClient.behind``)."""
         from recserve.serving.codec import dense_rows, parse_header
 
-        if not self.queue:
+        if not self.queue and self.offload is None:
             return None  # alone, a query is always tried
         try:
             request = parse_header(header)
@@ -608,7 +608,9 @@ class WorkerPlane:
         except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
             return None
         if self.offload is not None and self.offload.takes(items):
-            return None  # not this queue's to refuse
+            return None if self.draining else self.offload.behind(self._deadline(timeout))
+        if not self.queue:
+            return None
         try:
             self._check_admission(items, self._deadline(timeout))
         except InferError as exc:
