@@ -131,6 +131,7 @@ def test_accelerator_config_is_validated_naming_the_field():
     for bad, field in (({"device": "tpu"}, "device"), ({"device": "cpu", "workers": 0}, "workers"),
                        ({"device": "cpu", "min_items": True}, "min_items"),
                        ({"device": "cpu", "fuse_delay_us": -1}, "fuse_delay_us"),
+                       ({"device": "cpu", "staging_mb": -1}, "staging_mb"),
                        ({"device": "cpu", "cores": [0]}, "cores")):
         with pytest.raises(SpecError, match=field):
             load(bad)

@@ -30,6 +30,7 @@ A node config is YAML::
           min_items: 256     # queries with at least this many items go to an accelerator worker
           fuse_items: 4096   # largest fused launch in items
           fuse_delay_us: 0   # how long a worker waits for more queries before launching (Triton's max_queue_delay)
+          staging_mb: 128    # shared memory per CPU worker -> accelerator worker link (pinned on a GPU; 0: socket)
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
