@@ -1,0 +1,115 @@
+"""The perfmodel's GPU terms against GPU latencies measured on an H100 (issue #16).
+
+Input: a ``bench_gpu.py`` JSON (default: the H100 run committed in ``docs/measured/h100-2026-11-22/``).  Its
+``gpu_tables_ms`` column is the model as the perfmodel describes it (one kernel group per table and per dense
+operator, inputs copied host -> device, scores back); ``gpu_ms`` is what recserve's accelerator workers run
+(tables fused, pinned copies).  For each (model, batch) this prints the measured time beside
+``PerfModel.call_ms`` on a ServerType for that machine, with the bundled calibration and with the GPU constants
+(``gpu_launch_us``, ``gpu_compute_eff``, ``gpu_batch_half``, ``gpu_gather_eff``, ``pcie_eff``) fitted to the
+``--train`` models only, and reports the median absolute error on the held-out models, which the fit never saw.
+
+    .venv/bin/python benchmarks/bench_gpu_perfmodel.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from recserve.perfmodel.model import Allocation, PerfModel  # noqa: E402
+from recserve.specs import ServerType, get_model  # noqa: E402
+
+MEASURED = ROOT / "docs" / "measured" / "h100-2026-11-22" / "bench_gpu_run1.json"
+# The lent machine: NVIDIA H100 80GB HBM3 (SXM5) and 16 host cores (NVIDIA's data sheet for the GPU; the host
+# CPU's model was not recorded, so its clock is an assumption that only the host-side terms use).
+H100_HOST = ServerType(
+    name="lent-h100", cores=16, mem_gb=128, mem_bw_gbs=100.0, freq_ghz=2.0, flops_per_cycle=32,
+    accelerator="H100", accel_tflops=67.0, accel_mem_gb=80, accel_mem_bw_gbs=3350.0, pcie_gbs=64.0,
+    source="the GPU machine lent on 2026-11-22: H100 SXM5 80 GB (67 FP32 TFLOPS, 3.35 TB/s HBM3, PCIe Gen5 x16)",
+    assumptions=("host: 16 cores at 2.0 GHz, 100 GB/s (not recorded)",))
+FITTED = ("gpu_launch_us", "gpu_compute_eff", "gpu_batch_half", "gpu_gather_eff", "pcie_eff", "pcie_latency_us")
+BOUNDS = ((0.5, 50.0), (0.01, 1.0), (1.0, 1e5), (0.01, 1.0), (0.05, 1.0), (1.0, 5000.0))
+
+
+def rows_of(path: Path, column: str) -> list[tuple[str, int, float]]:
+    data = json.loads(path.read_text())
+    return [(part["model"], row["batch"], row[column]) for part in data["in_process"] for row in part["rows"]
+            if column in row]
+
+
+def predict(model: PerfModel, rows: list[tuple[str, int, float]]) -> np.ndarray:
+    alloc = Allocation(accelerator=True)
+    return np.array([model.call_ms(get_model(name), H100_HOST, batch, alloc) for name, batch, _ in rows])
+
+
+def error_pct(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(predicted - measured) / measured * 100
+
+
+def fit(base: PerfModel, rows: list[tuple[str, int, float]]) -> PerfModel:
+    """GPU constants minimising the squared log error over ``rows`` (bounded; scipy's trust-region solver)."""
+    measured = np.array([r[2] for r in rows])
+    low, high = (np.log([b[i] for b in BOUNDS]) for i in (0, 1))
+
+    def model_at(x: np.ndarray) -> PerfModel:
+        return PerfModel(dataclasses.replace(base.cal, **dict(zip(FITTED, np.exp(x).tolist(), strict=True))))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return np.log(predict(model_at(x), rows) / measured)
+
+    start = np.clip(np.log([getattr(base.cal, k) for k in FITTED]), low + 1e-9, high - 1e-9)
+    return model_at(least_squares(residuals, start, bounds=(low, high)).x)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--measured", type=Path, default=MEASURED)
+    parser.add_argument("--column", default="gpu_tables_ms", help="gpu_tables_ms (per-table) or gpu_ms (fused)")
+    parser.add_argument("--train", default="hera-din,hera-wnd,hercules-rmc2,hera-dlrm-a")
+    parser.add_argument("--min-batch", type=int, default=1)
+    parser.add_argument("--out", default="results/bench_gpu_perfmodel.json")
+    args = parser.parse_args()
+    rows = [r for r in rows_of(args.measured, args.column) if r[1] >= args.min_batch]
+    if not rows:
+        parser.error(f"{args.measured} has no {args.column} rows")
+    train_names = {m.strip() for m in args.train.split(",") if m.strip()}
+    train = [r for r in rows if r[0] in train_names]
+    held = [r for r in rows if r[0] not in train_names]
+    default = PerfModel()
+    fitted = fit(default, train)
+    measured = np.array([r[2] for r in rows])
+    pred_default, pred_fitted = predict(default, rows), predict(fitted, rows)
+    print(f"{'model':14s} {'batch':>6s} {'measured':>9s} {'default':>9s} {'fitted':>9s}  set")
+    for (name, batch, ms), d, f in zip(rows, pred_default, pred_fitted, strict=True):
+        print(f"{name:14s} {batch:6d} {ms:9.3f} {d:9.3f} {f:9.3f}  {'train' if name in train_names else 'held out'}")
+    result: dict[str, Any] = {"measured": str(args.measured), "column": args.column, "server": H100_HOST.name,
+                              "fitted": {k: getattr(fitted.cal, k) for k in FITTED},
+                              "default": {k: getattr(default.cal, k) for k in FITTED}, "errors_pct": {}}
+    for label, subset in (("train", train), ("held out", held)):
+        if not subset:
+            continue
+        idx = [rows.index(r) for r in subset]
+        e_default = float(np.median(error_pct(pred_default[idx], measured[idx])))
+        e_fitted = float(np.median(error_pct(pred_fitted[idx], measured[idx])))
+        result["errors_pct"][label] = {"default": e_default, "fitted": e_fitted, "rows": len(subset)}
+        print(f"median abs error, {label} ({len(subset)} rows): default calibration {e_default:.0f}%, "
+              f"GPU constants fitted on the train models {e_fitted:.0f}%")
+    print("fitted: " + ", ".join(f"{k} {getattr(fitted.cal, k):.4g}" for k in FITTED))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
