@@ -395,7 +395,7 @@ class Link:
         if self.staging_bytes and self.arena is None:
             try:
                 self.arena = Arena(self.staging_bytes)
-            except OSError as exc:
+            except (OSError, AttributeError) as exc:  # AttributeError: no memfd_create on this platform
                 log.warning("accelerator link %s: no staging arena (%s); queries cross the socket", self.path, exc)
                 self.staging_bytes = 0
         arena = self.arena
