@@ -551,6 +551,37 @@ def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, mode
     np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
 
 
+def test_a_hung_accelerator_worker_is_replaced_and_its_queries_get_503_before_their_deadline():
+    """A stopped accelerator worker sends no heartbeat: after ``hang_timeout_s`` the watchdog kills it, the CPU
+    worker's link closes and the query it held is 503 at once (not 504 at its 30 s deadline); a new one serves."""
+    config = config_from_dict({"models": [{**MODEL, "hang_timeout_s": 1.0, "accelerator": ACCEL}]})
+    with NodeServer(config) as server:
+        port = server.ports.http
+        model = build_worker_model(server.config.models[0]).eval()
+        pid = get(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"][0]["pid"]
+        batch = sample_batch(model, 40, rng=9)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            [(status, _)] = infer_many(port, [batch])
+            waited = time.monotonic() - start
+        finally:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # killed by the watchdog, as intended
+        assert status == 503 and waited < 10.0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            detail = get(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
+            if detail and detail[0]["ready"] and detail[0]["pid"] != pid:
+                break
+            time.sleep(0.1)
+        [(status, scores)] = infer_many(port, [batch])
+        assert status == 200
+        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+
+
 @CUDA
 def test_cuda_accelerator_scores_equal_cpu_scores():
     config = config_from_dict({"models": [{**MODEL, "accelerator": {**ACCEL, "device": "cuda"}}]})

@@ -622,7 +622,7 @@ def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[
 
 async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     """Entry of an accelerator worker (``worker_main`` with stage ``accel``): serve its socket until told to stop."""
-    from recserve.serving.dataplane import make_model_path
+    from recserve.serving.dataplane import BEAT_S, make_model_path
 
     loop = asyncio.get_running_loop()
     accel = args.model_config.accelerator
@@ -651,8 +651,14 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
         except (EOFError, OSError):
             stop.set()
 
+    def beat() -> None:  # the supervisor's watchdog replaces a worker whose loop stays silent (a stuck pass)
+        if not stop.is_set():
+            send(("beat",))
+            loop.call_later(BEAT_S, beat)
+
     loop.add_reader(conn.fileno(), on_pipe)
     send(("ready", os.getpid(), []))
+    beat()
     await stop.wait()
     listening.close()
     end = time.monotonic() + STOP_GRACE_S

@@ -532,13 +532,22 @@ class ModelRuntime:
                    for w in self.pools["model"].workers)
 
     def watch(self) -> None:
-        """Watchdog tick: a v2 worker silent for ``hang_timeout_s`` is hung; answer its queries, replace it."""
+        """Watchdog tick: a v2 worker silent for ``hang_timeout_s`` is hung; answer its queries, replace it.  An
+        accelerator worker holds no client connection: killing it closes its socket, so the CPU workers answer
+        what they sent it with 503 at once instead of 504 at each query's deadline, and its pool restarts it."""
         if not self.accepts_in_workers or self.stopping:
             return
         now = time.monotonic()
         for w in list(self.pools["model"].workers):
             if w.working and not w.retiring and w.last_beat and now - w.last_beat > self.cfg.hang_timeout_s:
                 self._replace_hung(w, now - w.last_beat)
+        accel = self.pools.get("accel")
+        for w in list(accel.workers) if accel is not None else []:
+            if not w.hung and not w.retiring and w.last_beat and now - w.last_beat > self.cfg.hang_timeout_s:
+                w.hung = True
+                log.error("model %s: accelerator worker pid %s hung (%.1f s silent); replacing it", self.name,
+                          w.pid, now - w.last_beat)
+                w.process.kill()
 
     def _replace_hung(self, handle: WorkerHandle, silent_s: float) -> None:
         handle.hung = True
