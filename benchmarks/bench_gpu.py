@@ -55,11 +55,12 @@ def timed(run, arrays: tuple, min_s: float, max_reps: int) -> tuple[float, np.nd
 
 
 def cpu_runner(model: Any, threads: int):
+    """The CPU workers' path (``device_runner`` on ``cpu``) on ``threads`` threads."""
+    forward = device_runner(model, "cpu")
+
     def run(arrays: tuple) -> np.ndarray:
         torch.set_num_threads(threads)
-        from recserve.zoo.batch import QueryBatch
-
-        return model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy()
+        return forward(arrays)
     return run
 
 

@@ -387,6 +387,16 @@ def test_the_staging_arena_hands_out_aligned_slots_and_reuses_released_ones():
         arena.close()
 
 
+def test_an_arena_no_longer_referenced_closes_its_memfd():
+    """A link dropped when the accelerator pool shrinks is never closed explicitly: its memfd goes with it."""
+    arena = Arena(4096)
+    fd = arena.fd
+    os.fstat(fd)
+    del arena
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
 def test_queries_cross_through_the_staging_arena_and_fall_back_to_the_socket_when_it_is_full(tmp_path):
     """A CPU worker's link offers its arena; the accelerator worker maps it (``adopt`` sees it) and reads the
     queries in place; one larger than the arena crosses the socket; every slot is free once answered."""

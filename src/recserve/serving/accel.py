@@ -39,6 +39,7 @@ import socket
 import struct
 import time
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,10 +98,13 @@ def wire_arrays(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
     return tuple(np.ascontiguousarray(a) for a in (dense, values, lengths))
 
 
-def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float) -> list[bytes | memoryview]:
-    """A query as frame pieces (header, then each array's bytes without a copy where it is contiguous)."""
+def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, offset: int = INLINE
+                  ) -> list[bytes | memoryview]:
+    """A query as frame pieces: the header, then (inline) each array's bytes without a copy where it is
+    contiguous; a query staged at ``offset`` in the arena is its header alone."""
     arrays = wire_arrays(arrays)
-    return [request_header(request_id, arrays, deadline), *(memoryview(a).cast("B") for a in arrays)]
+    header = request_header(request_id, arrays, deadline, offset)
+    return [header, *(memoryview(a).cast("B") for a in arrays)] if offset == INLINE else [header]
 
 
 def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: int) -> tuple[np.ndarray, ...]:
@@ -148,6 +152,7 @@ class Arena:
 
         self.size = size
         self.fd = os.memfd_create("recserve-accel-staging")
+        self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when a dropped link is collected
         os.ftruncate(self.fd, size)
         self.map = mmap.mmap(self.fd, size)
         self.view = np.frombuffer(self.map, np.uint8)
@@ -185,7 +190,7 @@ class Arena:
             self.map.close()
         except BufferError:
             pass  # a view is still alive: the mapping goes with it
-        os.close(self.fd)
+        self._close_fd()
 
 
 def map_arena(pid: int, fd: int, size: int) -> np.ndarray:
@@ -480,7 +485,10 @@ class AcceleratorClient:
     def takes(self, items: int) -> bool:
         return items >= self.min_items
 
-    def behind(self, deadline: float) -> InferError | None:
+    def _least_loaded(self) -> Link:
+        return min(self.links, key=lambda k: len(k.outstanding))
+
+    def behind(self, deadline: float, link: Link | None = None) -> InferError | None:
         """503 when even the least-loaded accelerator worker is behind for a query due by ``deadline``: the oldest
         query this worker has outstanding there has already waited over half of the new query's time left.
 
@@ -492,7 +500,7 @@ class AcceleratorClient:
         if not self.links:
             return None
         now = time.perf_counter()
-        link = min(self.links, key=lambda k: len(k.outstanding))
+        link = link or self._least_loaded()
         waited, left = link.oldest_wait(now), deadline - now
         if waited > left / 2:
             return InferError("unavailable", f"model {self.model_name!r}: the accelerator worker is behind (its "
@@ -505,11 +513,11 @@ class AcceleratorClient:
         if not self.links:
             done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
             return
-        refusal = self.behind(deadline)
+        link = self._least_loaded()
+        refusal = self.behind(deadline, link)
         if refusal is not None:
             done(None, refusal)
             return
-        link = min(self.links, key=lambda k: len(k.outstanding))
         if len(link.outstanding) >= self.limit:
             done(None, InferError("unavailable", f"model {self.model_name!r}: accelerator workers are overloaded "
                                                  f"({self.limit} queries outstanding each); retry later"))
@@ -538,31 +546,29 @@ class AcceleratorClient:
                 self._refuse(link, request_id, "its staging arena is full" if offset is None else
                              f"over {SEND_BACKLOG >> 20} MiB of queries wait in its socket")
                 return
-            header = request_header(request_id, arrays, deadline, offset)
-            if offset == INLINE:
-                writer.writelines([header, *(memoryview(a).cast("B") for a in arrays)])
-            else:
-                writer.write(header)
+            writer.writelines(request_frame(request_id, arrays, deadline, offset))
         except (OSError, ConnectionError) as exc:
-            done = link.outstanding.pop(request_id, None)
-            if done is not None:
-                done(None, InferError("unavailable", f"model {self.model_name!r}: accelerator worker at "
-                                                     f"{link.path} is unreachable ({exc}); retry"))
+            self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: accelerator "
+                                                                     f"worker at {link.path} is unreachable ({exc}); "
+                                                                     "retry"))
 
     def _refuse(self, link: Link, request_id: int, why: str) -> None:
         """503 at once: the accelerator worker is behind by a full arena or socket, so this query would wait
         behind at least that much work (before this, the CPU worker queued frames in memory without bound and
         spent its core copying them while its own clients waited)."""
-        done = link.outstanding.pop(request_id, None)
-        if done is not None:
-            done(None, InferError("unavailable", f"model {self.model_name!r}: the accelerator worker is overloaded "
-                                                 f"({why}); retry later"))
+        self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: the accelerator "
+                                                                 f"worker is overloaded ({why}); retry later"))
 
     def _expire(self, link: Link, request_id: int) -> None:
+        self._answer(link, request_id, InferError("deadline", f"model {self.model_name!r}: deadline exceeded "
+                                                              "waiting for the accelerator worker"))
+
+    @staticmethod
+    def _answer(link: Link, request_id: int, error: InferError) -> None:
+        """Answer a query sent on ``link`` with ``error``, unless it was answered already (reply or deadline)."""
         done = link.outstanding.pop(request_id, None)
         if done is not None:
-            done(None, InferError("deadline", f"model {self.model_name!r}: deadline exceeded waiting for the "
-                                              "accelerator worker"))
+            done(None, error)
 
 
 # ---------------------------------------------------------------------------------------- device pass
