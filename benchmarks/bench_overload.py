@@ -34,7 +34,8 @@ from recserve.measure.requests import RequestPool  # noqa: E402
 from recserve.measure.targets import HttpTarget  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
 
-COUNT_ONLY_DEADLINE_MS = 1e6  # never binds: admission by queue length alone
+COUNT_ONLY_DEADLINE_MS = 1e6
+PROBE_MAX_S = 20.0  # never binds: admission by queue length alone
 
 
 def cores_list(text: str) -> list[int]:
@@ -69,8 +70,13 @@ def _run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, r
         target = HttpTarget(url, args.model, timeout_s=60.0)
         with LoadSession(target, pool, warm=True) as session:
             out: dict = {}
+            if rate is None and args.capacity_qps:
+                out["capacity_qps"], rate = args.capacity_qps, args.overload * args.capacity_qps
             if rate is None:
-                found = find_max_load(lambda r: session.run(r, args.probe_s, warmup_s=1.0), sla_ms,
+                # a probe lasts long enough to hold ``--probe-queries`` queries (at most 20 s): at 20 qps a 3-s
+                # probe's p95 was its 3rd-slowest of 60 queries, and one host hiccup failed a rate the node holds
+                found = find_max_load(lambda r: session.run(r, min(PROBE_MAX_S, max(args.probe_s, args.probe_queries
+                                                                                     / r)), warmup_s=1.0), sla_ms,
                                       start_qps=args.start_qps, rtol=0.1, max_probes=args.max_probes,
                                       log=lambda line: print(line, file=sys.stderr))
                 out["capacity_qps"] = found.max_qps
@@ -106,6 +112,11 @@ def main() -> int:
     parser.add_argument("--probe-s", type=float, default=3.0)
     parser.add_argument("--start-qps", type=float, default=20.0)
     parser.add_argument("--max-probes", type=int, default=10)
+    parser.add_argument("--probe-queries", type=int, default=300,
+                        help="each probe of the max-load search lasts long enough for this many queries")
+    parser.add_argument("--capacity-qps", type=float, default=None,
+                        help="skip the max-load search: overload is this many qps times --overload (runs comparable "
+                             "across code versions)")
     parser.add_argument("--mix", default="production")
     parser.add_argument("--sla-ms", type=float, default=None, help="default: the model's catalogue SLA")
     parser.add_argument("--worker-cores", type=cores_list, default=None,

@@ -617,7 +617,8 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
     loop = asyncio.new_event_loop()
     try:
         plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda *handoff: None,
-                            PlaneLimits(queue_limit=3, deadline_s=10.0, fuse_items=0), sub_batch=0)
+                            PlaneLimits(queue_limit=3, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                            sub_batch=0)
         for _ in range(20):
             plane.service.observe(4, 0.02)  # learned: 20 ms a pass
         answers = []
@@ -634,6 +635,45 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
         assert all("queued at this worker (limit 3)" in a for a in answers[2:])
         loop.run_until_complete(asyncio.sleep(0.3))
         assert answers.count("ok") == 4
+    finally:
+        loop.close()
+
+
+def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
+    """A pass the fit predicts at ``compute_thread_ms`` or more runs on the compute thread: a query arriving
+    meanwhile is admitted or shed at once (not after the pass), admission counts what is left of the pass in
+    flight although the queue is empty, and the queries admitted behind it are computed in the next pass."""
+    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+
+    computing = threading.Event()
+
+    class SlowPath:
+        def compute(self, queries):
+            computing.set()
+            time.sleep(0.15)
+            return [np.zeros((q[0].shape[0], 1), np.float32) for q in queries]
+
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=8, deadline_s=10.0, compute_thread_ms=2.0), sub_batch=0)
+        for _ in range(20):
+            plane.service.observe(4, 0.15)  # learned: 150 ms a pass, so passes go to the compute thread
+        answers: list[tuple[str, float]] = []
+
+        def reply(scores, error):
+            answers.append(("ok" if error is None else str(error), time.perf_counter()))
+
+        query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
+        started = time.perf_counter()
+        plane.enqueue(query, 4, started, 10.0, reply)  # alone: computed, on the compute thread
+        assert computing.wait(5.0) and not answers and plane.busy_s() > 0
+        plane.enqueue(query, 4, time.perf_counter(), 0.05, reply)  # 50 ms left < the ~150 ms pass ahead: shed now
+        assert len(answers) == 1 and "after its deadline" in answers[0][0]
+        assert answers[0][1] - started < 0.1  # answered while the first pass was still computing
+        plane.enqueue(query, 4, time.perf_counter(), 10.0, reply)  # time enough: queued behind the pass
+        loop.run_until_complete(asyncio.sleep(0.6))
+        assert [a for a, _ in answers] == [answers[0][0], "ok", "ok"] and plane.busy_s() == 0
     finally:
         loop.close()
 
@@ -664,7 +704,8 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
     ours, theirs = socket.socketpair()
     try:
         plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
-                            PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0), sub_batch=0)
+                            PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                            sub_batch=0)  # inline passes: ``compute`` enqueues the next arrival on the loop's thread
         loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))
         plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
         assert len(plane.queue) == 1  # the queue (limit 1) is full
@@ -723,3 +764,71 @@ def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
         assert plane.early_refusal(json.dumps(header).encode()) is not None  # small: this queue's, still full
     finally:
         loop.close()
+
+
+def test_admission_keeps_headroom_for_the_lateness_it_has_seen():
+    """``Lateness`` is the p99 of how late recent queries were against their predicted answer time; admission
+    refuses a query whose predicted finish plus that headroom passes its deadline, and says so."""
+    from recserve.serving.dataplane import Lateness, PlaneLimits, Query, WorkerPlane
+
+    late = Lateness(keep=100, quantile=99.0, every=10)
+    for i in range(100):
+        late.observe(0.001 * (i % 10))  # 0..9 ms late
+    assert 0.0085 <= late.headroom() <= 0.0091
+    early = Lateness(every=1)
+    early.observe(-0.005)
+    assert early.headroom() == 0.0  # early answers never lower a deadline below itself
+
+    plane = WorkerPlane(asyncio.new_event_loop(), "m", object(), lambda msg: None, lambda *handoff: None,
+                        PlaneLimits(queue_limit=8, fuse_items=0), sub_batch=0)
+    for _ in range(20):
+        plane.service.observe(4, 0.002)  # 2 ms a pass
+    query = (np.zeros((4, 1), np.float32),)
+    plane.queue.append(Query(lambda *a: None, time.perf_counter(), time.perf_counter() + 10, query, 4, False))
+    plane.queued_items = 4
+    deadline = time.perf_counter() + 0.010  # two passes (4 ms) fit in 10 ms...
+    assert plane._check_admission(4, deadline) > 0
+    for _ in range(16):
+        plane.lateness.observe(0.008)  # ...but not with 8 ms of recent lateness on top
+    with pytest.raises(Exception, match="headroom for recent lateness"):
+        plane._check_admission(4, deadline)
+    plane.loop.close()
+
+
+def test_backlog_counts_the_passes_the_queue_will_really_take():
+    """Queued queries are grouped greedily up to ``fuse_items``, as ``_next_group`` takes them: four queries of
+    130 items make four passes under a 256-item limit (ceil(520 / 256) = 3 counted one fixed cost too few)."""
+    from recserve.serving.dataplane import PlaneLimits, Query, WorkerPlane
+
+    plane = WorkerPlane(asyncio.new_event_loop(), "m", object(), lambda msg: None, lambda *handoff: None,
+                        PlaneLimits(fuse_items=256), sub_batch=0)
+
+    def queue(*sizes):
+        plane.queue.clear()
+        for n in sizes:
+            plane.queue.append(Query(lambda *a: None, 0.0, 1e9, (), n, False))
+
+    queue(130, 130, 130)
+    assert plane._passes_with(130) == 4
+    queue(60, 60, 60)
+    assert plane._passes_with(60) == 1
+    groups = []
+    while plane.queue:
+        groups.append([q.items for q in plane._next_group()])
+    assert groups == [[60, 60, 60]]
+    plane.loop.close()
+
+
+def test_a_beat_during_a_pass_on_the_compute_thread_ages_the_worker_by_that_pass():
+    """The loop beats on while the compute thread computes, so each beat carries how long the pass in flight has
+    run; the supervisor dates the beat back by it, and a pass that never ends looks like a silent (hung) worker."""
+    from types import SimpleNamespace
+
+    from recserve.serving.runtime import ModelRuntime
+
+    handle = SimpleNamespace(last_beat=0.0)
+    before = time.monotonic()
+    ModelRuntime._on_message(None, None, handle, ("beat", 12.0))  # type: ignore[arg-type]
+    assert before - 12.0 - 0.5 < handle.last_beat < before - 11.5
+    ModelRuntime._on_message(None, None, handle, ("beat",))  # type: ignore[arg-type]  # an accelerator worker's
+    assert handle.last_beat >= before

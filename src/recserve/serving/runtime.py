@@ -446,8 +446,8 @@ class ModelRuntime:
         if msg[0] == "stats":
             self._worker_stats(msg[1])
             return
-        if msg[0] == "beat":
-            handle.last_beat = time.monotonic()
+        if msg[0] == "beat":  # ("beat", seconds its pass in flight has run): a pass that never ends is a hang
+            handle.last_beat = time.monotonic() - (float(msg[1]) if len(msg) > 1 else 0.0)
             return
         if msg[0] == "conn":
             from multiprocessing.reduction import recv_handle

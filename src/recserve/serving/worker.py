@@ -20,8 +20,9 @@ Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never to
 Data plane v2 (``serving/dataplane.py``): a ``model``-stage worker given the node's listening socket also
 accepts and answers its own model's HTTP queries itself.  Then, in addition:
 
-- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat",)`` every
-  0.25 s (the watchdog's evidence that the worker's loop runs); ``("handoff", prefix, model)`` followed by a
+- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat", busy_s)``
+  every 0.25 s (the watchdog's evidence that the worker's loop runs, less how long a pass on its compute thread has
+  run: a pass that never ends is a hang too); ``("handoff", prefix, model)`` followed by a
   descriptor (SCM_RIGHTS) = a connection the worker does not serve; ``("conn", fd)`` followed by a descriptor =
   a connection the worker serves (the server holds it too, with a shared byte per descriptor saying whether a
   request of it is unanswered, for when the worker dies or hangs); ``("gone", fd)`` = no longer served here.
@@ -44,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,6 +59,7 @@ from recserve.zoo import RecModel, build
 from recserve.zoo.batch import QueryBatch
 
 STAGES = ("model", "sparse", "dense")
+SWITCH_INTERVAL_S = 0.001  # GIL hand-over bound in a v2 worker: its loop answers while the compute thread runs
 
 
 # table_backend -> "module:function(model_config) -> model", imported in the worker process itself
@@ -276,8 +279,14 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except OSError:
             plane.exit_event.set()
 
+    def run(payload: tuple) -> np.ndarray:
+        with torch.inference_mode():  # thread-local: long passes run on the plane's compute thread
+            return run_stage(model, "model", payload)
+
+    # the loop thread waits at most this long for the GIL while the compute thread runs Python (default 5 ms)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           lambda payload: run_stage(model, "model", payload), args.limits.max_json, args.version)
+                           run, args.limits.max_json, args.version)
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,
                         loads, args.slot)
@@ -296,7 +305,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
                 elif isinstance(msg[0], str):
                     _control(plane, msg, recv_handle(conn) if msg[0] == "adopt" else None)
                 else:
-                    send(_item(args, model, msg, in_buf, out_buf))
+                    with plane.model_lock:  # a pass may be computing on the plane's compute thread
+                        send(_item(args, model, msg, in_buf, out_buf))
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
