@@ -415,8 +415,9 @@ def row_perfmodel() -> list[Row]:
     return [Row("perfmodel on the Kairos EC2 latencies (not fitted to them)", "target: median <= 35%, Spearman >= 0.9",
                 f"median {med:.0f}%, mean Spearman {rho:.2f}", "yes" if med <= 35 and rho >= 0.9 else "no",
                 ("ranks right (t3's sustained cpu_share 0.4); " if rho >= 0.9 else "ranks wrong; ")
-                + "magnitudes off: bundled constants fitted on the 2-core dev VM, the artifact's serving stack and "
-                "host-side embeddings on g4dn are not modelled (see bench_transfer.py for microbenchmark constants)",
+                + "the artifact's stack is modelled (one Caffe2 thread, ids fed from Python lists: feed='pylist'); "
+                "left: the dev-VM compute constants over-predict large GEMMs (WnD, MT-WnD ~1.6x, also on the dev VM "
+                "itself) and t3 throttles less than its 0.4 baseline in the data (bench_perfmodel.py --kairos-only)",
                 {"kairos": {m: {"spearman": v["spearman_rank_of_instances"], "median_ape": v["median_ape"]}
                             for m, v in k["models"].items()}})]
 

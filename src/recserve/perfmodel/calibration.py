@@ -8,7 +8,7 @@ host-measurable ones (framework overheads, compute efficiency, gather costs) to 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,15 @@ class Calibration:
     gpu_gather_eff: float  # fraction of accelerator memory bandwidth random gathers reach
     pcie_eff: float  # fraction of PCIe bandwidth a transfer reaches
     pcie_latency_us: float  # per host-device transfer
+    # Input feeding of a serving stack that hands the model its ids as Python lists (Allocation.feed == "pylist",
+    # e.g. the DeepRecSys harness behind the Kairos artifact: ``FeedBlob(np.array(list))`` per table per call).
+    # Measured on the dev host (AMD EPYC, 2.45 GHz, numpy 2.x, one thread) by ``microbench.feed_costs``:
+    # ``np.array(list of Python ints)`` 28.0 ns/element, ``np.array(list of np.int32)`` 40.6 ns/element, one
+    # ``np.array`` call 0.35 µs.  Optional in calibration files (older files get these values).
+    feed_pyint_ns: float = 28.0  # per id converted from a Python int
+    feed_npscalar_ns: float = 40.6  # per bag length converted from a numpy scalar
+    feed_call_us: float = 0.35  # per array converted (one per ids list, one per lengths list)
+    feed_ref_ghz: float = 2.45  # clock the feed costs were measured at (interpreter-bound: scale with clock)
     fitted_on: str = ""
     fit_error: dict[str, Any] | None = None
 
@@ -68,6 +77,9 @@ class Calibration:
 
 
 CONSTANT_NAMES = tuple(f.name for f in fields(Calibration) if f.name not in ("fitted_on", "fit_error"))
+# constants added after version 2 files were written: a file without them gets the dataclass default
+OPTIONAL_CONSTANTS = frozenset(f.name for f in fields(Calibration)
+                               if f.name in CONSTANT_NAMES and f.default is not MISSING)
 
 
 def calibration_from_dict(data: dict[str, Any], where: str = "calibration") -> Calibration:
@@ -77,10 +89,10 @@ def calibration_from_dict(data: dict[str, Any], where: str = "calibration") -> C
                            f"(this recserve reads version {CALIBRATION_VERSION})")
     constants = data.get("constants", {})
     unknown = sorted(set(constants) - set(CONSTANT_NAMES))
-    missing = [n for n in CONSTANT_NAMES if n not in constants]
+    missing = [n for n in CONSTANT_NAMES if n not in constants and n not in OPTIONAL_CONSTANTS]
     if unknown or missing:
         raise ProfileError(f"{where}: calibration constants unknown {unknown}, missing {missing}")
-    return Calibration(**{k: float(constants[k]) for k in CONSTANT_NAMES},
+    return Calibration(**{k: float(constants[k]) for k in CONSTANT_NAMES if k in constants},
                        fitted_on=str(data.get("fitted_on", "")), fit_error=data.get("fit_error"))
 
 

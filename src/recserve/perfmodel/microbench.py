@@ -13,6 +13,7 @@ stands for in ``PerfModel._call_times`` (one thread, like the model's per-core r
 | ``dram_gbs_per_core`` | the same from a table 8x the LLC (random rows): slope per byte |
 | ``stream_gbs_per_core`` | GEMV over a matrix larger than the LLC (``hostbench.measure_stream_gbs``) |
 | ``act_gbs_per_core`` | ReLU over an activation larger than the L2, bytes read + written |
+| ``feed_*`` | ``np.array`` of a list of Python ints / of numpy scalars (ids and lengths handed over as lists) |
 
 The model's *form* (how the constants combine) was fitted once on model timings; only these constants move
 with the host.  Every timing is the thread's CPU time (robust to other processes' slices), best of rounds.
@@ -132,6 +133,20 @@ def activation_gbs(mb: float = 8.0) -> float:
     return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
 
 
+def feed_costs(n: int = 100_000) -> dict[str, float]:
+    """What a serving stack pays per call when the model's ids arrive as Python lists (``Allocation.feed ==
+    "pylist"``): ns per element of ``np.array(list of Python ints)`` (ids, as ``ndarray.tolist()`` makes them) and
+    of ``np.array(list of np.int32)`` (bag lengths), and µs per ``np.array`` call on a one-element list."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 500_000, n).astype(np.int32).tolist()
+    lengths = [np.int32(1)] * n
+    one = [1]
+    pyint = _best_us(lambda: np.array(ids), reps=10) * 1e3 / n
+    npscalar = _best_us(lambda: np.array(lengths), reps=10) * 1e3 / n
+    call = _per_call_us(lambda: np.array(one), 200)
+    return {"feed_pyint_ns": pyint, "feed_npscalar_ns": npscalar, "feed_call_us": call}
+
+
 def measure_micro(host: ServerType, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every microbenchmark above on this host (one thread)."""
     import torch
@@ -152,7 +167,9 @@ def measure_micro(host: ServerType, progress: Callable[[str], None] | None = Non
         say("weight streaming and activations")
         stream = measure_stream_gbs(max(128.0, 4 * (host.llc_mb or 32.0)))
         act = activation_gbs()
-        return {"host": host.name, "freq_ghz": host.freq_ghz, "flops_per_cycle": host.flops_per_cycle,
+        say("input feeding from Python lists")
+        feed = feed_costs()
+        return {**feed, "host": host.name, "freq_ghz": host.freq_ghz, "flops_per_cycle": host.flops_per_cycle,
                 "llc_mb": host.llc_mb, "gemm_eff": {str(k): v for k, v in gemm.items()}, "per_op_us": op,
                 "per_module_us": module, **gather, "stream_gbs_per_core": stream, "act_gbs_per_core": act,
                 "seconds": time.perf_counter() - start}
@@ -167,5 +184,8 @@ def calibration_from_micro(micro: dict[str, Any], base: Calibration) -> Calibrat
               "per_module_us": micro["per_module_us"], "lookup_ns": micro["lookup_ns"],
               "llc_gbs_per_core": micro["llc_gbs_per_core"], "dram_gbs_per_core": micro["dram_gbs_per_core"],
               "stream_gbs_per_core": micro["stream_gbs_per_core"], "act_gbs_per_core": micro["act_gbs_per_core"]}
+    if "feed_pyint_ns" in micro:  # microbenchmark files recorded before the feed costs keep the base values
+        values.update({k: float(micro[k]) for k in ("feed_pyint_ns", "feed_npscalar_ns", "feed_call_us")},
+                      feed_ref_ghz=float(micro["freq_ghz"]))
     cal = base.with_values(**values)
     return cal.with_values(fitted_on=f"microbenchmarks on {micro['host']} ({micro['seconds']:.0f} s; no model timed)")

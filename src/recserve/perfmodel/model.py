@@ -37,6 +37,10 @@ from recserve.perfmodel.queueing import SizeMix, Station, jitter, sojourn_percen
 from recserve.specs import SLA, ModelSpec, ServerType
 
 TABLE_MODES = ("shared", "copied")
+# How a query's ids reach the model: "tensor" = already arrays (recserve's data plane decodes them in bulk); "pylist" =
+# Python lists converted per call, one ``np.array`` per table's ids and one per its bag lengths (the DeepRecSys
+# harness behind the Kairos artifact: ``FeedBlob(tag, np.array(S_indices[i]))`` in ``run()``, timed as "loading").
+FEED_MODES = ("tensor", "pylist")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Allocation:
     ``sparse_workers`` threads × ``cores_per_worker`` cores gather embeddings and ``workers``
     DenseNet threads (one core each, or co-located on the accelerator) run the MLPs.
     ``tables="copied"`` gives every worker its own copy of the tables (separate processes).
+    ``feed="pylist"`` adds the per-call conversion of ids handed over as Python lists (see ``FEED_MODES``).
     """
 
     workers: int = 1
@@ -60,6 +65,7 @@ class Allocation:
     accelerator: bool | None = None
     sparse_workers: int = 0
     zipf_s: float | None = None
+    feed: str = "tensor"
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cores_per_worker < 1 or self.sparse_workers < 0:
@@ -68,6 +74,8 @@ class Allocation:
             raise SpecError(f"allocation {self}: batch must be >= 1")
         if self.tables not in TABLE_MODES:
             raise SpecError(f"allocation: tables must be one of {TABLE_MODES}, got {self.tables!r}")
+        if self.feed not in FEED_MODES:
+            raise SpecError(f"allocation: feed must be one of {FEED_MODES}, got {self.feed!r}")
 
     @property
     def pipeline(self) -> bool:
@@ -352,8 +360,9 @@ class PerfModel:
         # every call reads all dense weights once: from the LLC what fits, streamed from DRAM the rest
         weights_ms = cost.weight_bytes * ((1.0 - st.miss_w) * llc_s
                                           + st.miss_w * slow / (cal.stream_gbs_per_core * 1e9)) * 1e3
+        feed = self._feed_ms(server, alloc, st, m)
         if st.on_accel:
-            return self._accel_times(server, alloc, st, m, host_sparse)
+            return self._accel_times(server, alloc, st, m, host_sparse, feed)
         cpu_flops = server.freq_ghz * 1e9 * server.flops_per_cycle
         rows = m * cost.gemm_rows_per_item
         eff = cal.compute_eff * rows / (rows + cal.batch_half)
@@ -362,11 +371,27 @@ class PerfModel:
         if not alloc.pipeline:
             speed = c / (1.0 + cal.op_serial * (c - 1))
             over = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + self._overhead_ms(cost, sparse=False)
-            return [over + (dense_ms + weights_ms + host_sparse) / speed]
+            return [over + feed + (dense_ms + weights_ms + host_sparse) / speed]
         hop_ms = m * cost.pooled_bytes_per_item * llc_s * 1e3
-        sparse = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + host_sparse / c + hop_ms
+        sparse = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + feed + host_sparse / c + hop_ms
         dense = cal.fixed_ms + self._overhead_ms(cost, sparse=False) + dense_ms + weights_ms + hop_ms
         return [sparse, dense]
+
+    def _feed_ms(self, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray) -> np.ndarray | float:
+        """Host time (ms) to turn one call's ids from Python lists into arrays (``alloc.feed == "pylist"``): per
+        table one ``np.array`` of its ``m·pooling`` ids (Python ints) and one of its ``m`` bag lengths (numpy
+        scalars), interpreter-bound, so scaled from the clock the costs were measured at to the server's clock.
+        On an accelerator every converted array is also one host-to-device copy (``pcie_latency_us`` each; their
+        bytes are already in the accelerator path's transfer)."""
+        if alloc.feed != "pylist":
+            return 0.0
+        cal, cost = self.cal, st.cost
+        tables = len(cost.table_lookups)
+        ns = (cost.lookups_per_item * cal.feed_pyint_ns + tables * cal.feed_npscalar_ns) * m
+        ms = (ns * 1e-6 + 2 * tables * cal.feed_call_us * 1e-3) * cal.feed_ref_ghz / server.freq_ghz
+        if st.on_accel:
+            ms = ms + (2 * tables + 1) * cal.pcie_latency_us * 1e-3  # ids and lengths per table, and dense input
+        return ms
 
     def _overhead_ms(self, cost: ModelCost, sparse: bool) -> float:
         """Framework time of one call's sparse or dense part: per module invoked and per operator dispatched."""
@@ -374,7 +399,7 @@ class PerfModel:
         return (self.cal.per_op_us * ops + self.cal.per_module_us * modules) * 1e-3
 
     def _accel_times(self, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
-                     host_sparse: np.ndarray) -> list[np.ndarray]:
+                     host_sparse: np.ndarray, feed: np.ndarray | float = 0.0) -> list[np.ndarray]:
         cal, cost = self.cal, st.cost
         c = alloc.cores_per_worker
         launch = cal.gpu_launch_us * 1e-3 * (cost.dense_ops + (0 if alloc.pipeline else cost.sparse_ops))
@@ -387,7 +412,7 @@ class PerfModel:
         inputs = cost.dense_in_bytes_per_item * m
         if alloc.pipeline:  # SparseNet on host cores, pooled vectors over PCIe to the DenseNet on the device
             xfer = (inputs + cost.pooled_bytes_per_item * m) / pcie_bw * 1e3 + cal.pcie_latency_us * 1e-3
-            host = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + host_sparse / c
+            host = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + feed + host_sparse / c
             dev = dense_dev
             host_dev = launch + xfer
             return [host, self._shared_device(host_dev, dev, alloc.workers)]
@@ -395,7 +420,7 @@ class PerfModel:
         psum = cost.pooled_bytes_per_item * m if st.host_gather_frac > 0 else 0.0
         xfer = (inputs + cost.index_bytes_per_item * m + psum) / pcie_bw * 1e3 + cal.pcie_latency_us * 1e-3
         speed = c / (1.0 + cal.op_serial * (c - 1))
-        host = cal.fixed_ms + launch + xfer + host_sparse / speed
+        host = cal.fixed_ms + launch + xfer + feed + host_sparse / speed
         return [self._shared_device(host, dense_dev + dev_gather, alloc.workers)]
 
     @staticmethod
