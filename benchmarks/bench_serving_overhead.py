@@ -3,7 +3,8 @@
 1. Per-request overhead: sequential requests with tritonclient over HTTP (binary tensors) and gRPC
    to a ``recserve serve`` process, vs the same model called in-process, at batch 1 and 256 (one
    worker, one thread, no sub-batching); wall-clock latency and CPU per request of client, server
-   front end and worker.
+   front end and worker.  ``http_minimal`` repeats HTTP with a bare keep-alive socket client (one write of a
+   pre-encoded request, one read), so the server's own share shows apart from tritonclient's.
 2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
    clients and each worker's RSS / PSS.
 
@@ -117,6 +118,40 @@ def ipc_only(config, batches: dict[int, object], counts: dict[int, int]) -> dict
     return asyncio.run(run())
 
 
+class MinimalHttp:
+    """A blocking keep-alive HTTP/1.1 client that sends one pre-encoded request and reads the answer: the
+    ``http_minimal`` row, so the server's own overhead shows apart from tritonclient's (~0.2 ms of client CPU)."""
+
+    def __init__(self, port: int, model: str, batch) -> None:
+        import socket
+
+        from recserve.measure.http_client import encode_post
+        from recserve.measure.targets import encode_http_request
+
+        body, header_length = encode_http_request(batch)
+        self.request = encode_post("127.0.0.1", f"/v2/models/{model}/infer", body,
+                                   {"Inference-Header-Content-Length": str(header_length)})
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def infer(self) -> None:
+        self.sock.sendall(self.request)
+        got = self.sock.recv(1 << 20)
+        head_end = got.find(b"\r\n\r\n")
+        while head_end < 0:
+            got += self.sock.recv(1 << 20)
+            head_end = got.find(b"\r\n\r\n")
+        if not got.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"server answered {got[:200]!r}")
+        length = int(next(line.split(b":", 1)[1] for line in got[:head_end].split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        while len(got) < head_end + 4 + length:
+            got += self.sock.recv(1 << 20)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class ServerProcess:
     """``recserve serve`` in its own process, so its CPU time is not mixed with the client's."""
 
@@ -165,7 +200,12 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
                                      server.worker_pids),
                    "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, [server.proc.pid],
                                      server.worker_pids)}
-            for proto in ("http", "grpc"):
+            minimal = MinimalHttp(server.http, model_name, batch)
+            try:
+                row["http_minimal"] = timed_cpu(minimal.infer, n, [server.proc.pid], server.worker_pids)
+            finally:
+                minimal.close()
+            for proto in ("http", "grpc", "http_minimal"):
                 row[proto]["overhead_p50_ms"] = row[proto]["p50_ms"] - local["p50_ms"]
                 row[proto]["overhead_mean_ms"] = row[proto]["mean_ms"] - local["mean_ms"]
             row["request_bytes"] = sum(a.nbytes for a in batch.as_arrays().values())
@@ -255,15 +295,17 @@ def main() -> int:
                         for share in (True, False)]
     result["load_average_at_end"] = os.getloadavg()
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
-    print(f"{'batch':>5} {'path':>10} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
+    print(f"{'batch':>5} {'path':>12} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
           f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8}")
     for b, row in result["overhead"].items():
-        for path in ("in_process", "worker_ipc", "http", "grpc"):
+        for path in ("in_process", "worker_ipc", "http", "grpc", "http_minimal"):
+            if path not in row:
+                continue
             r = row[path]
             extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
             cpu = (f"{r['cpu_ms_per_request_client']:19.3f} {r['cpu_ms_per_request_server_front_end']:10.3f} "
                    f"{r['cpu_ms_per_request_workers']:8.3f}" if "cpu_ms_per_request_workers" in r else "")
-            print(f"{b:>5} {path:>10} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra} {cpu}")
+            print(f"{b:>5} {path:>12} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra} {cpu}")
     print(f"\ntables at scale {args.mem_scale:g}, {args.workers} workers, 4 gRPC clients, batch 64:")
     print(f"{'share':>6} {'qps':>8} {'items/s':>9} {'RSS MB/worker':>14} {'PSS MB/worker':>14} {'table MB/copy':>14}")
     for r in result["tables"]:
