@@ -89,6 +89,7 @@ def _run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, r
     shed = sum(n for kind, n in result.errors.items() if kind != "timeout")
     return {**out, "offered_qps": rate, "ok": result.ok, "measured": result.measured, "errors": result.errors,
             "goodput_qps": result.ok / args.seconds,
+            "within_sla_qps": int((result.latencies_ms <= sla_ms).sum()) / args.seconds,
             "shed_share": shed / max(1, result.measured),
             "admitted_ms": {"p50": float(_pct(result.latencies_ms, 50)) if result.ok else None,
                             "p99": float(_pct(result.latencies_ms, 99)) if result.ok else None},
@@ -141,13 +142,14 @@ def main() -> int:
                "load_avg": os.getloadavg()[0], "admission": {"deadline": deadline, "count": count}}
     print(f"{args.model}: max load at the SLA {deadline['capacity_qps']:.1f} qps; offered "
           f"{deadline['offered_qps']:.1f} qps ({args.overload:g}x) for {args.seconds:g} s")
-    print(f"{'admission':>10} {'ok':>6} {'ok/s':>7} {'shed':>6} {'admitted p50':>13} {'admitted p99':>13} "
-          f"{'shed answer p50':>16} "
+    print(f"{'admission':>10} {'ok':>6} {'ok/s':>7} {'in SLA/s':>9} {'shed':>6} {'admitted p50':>13} "
+          f"{'admitted p99':>13} {'shed answer p50':>16} "
           f"{'shed answer p99':>16} {'gen lag p99':>12}")
     for name, r in results["admission"].items():
         adm, shed = r["admitted_ms"], r["shed_answer_ms"]
         fmt = lambda v: f"{v:.1f} ms" if v is not None else "n/a"  # noqa: E731
-        print(f"{name:>10} {r['ok']:>6} {r['goodput_qps']:>7.1f} {r['shed_share']:>6.0%} {fmt(adm['p50']):>13} "
+        print(f"{name:>10} {r['ok']:>6} {r['goodput_qps']:>7.1f} {r['within_sla_qps']:>9.1f} {r['shed_share']:>6.0%} "
+              f"{fmt(adm['p50']):>13} "
               f"{fmt(adm['p99']):>13} "
               f"{fmt(shed['p50']):>16} {fmt(shed['p99']):>16} {fmt(r['send_lag_ms']['p99']):>12}")
     print("(latencies from each query's scheduled send: a large generator lag means the host, not the node, "

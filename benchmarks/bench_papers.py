@@ -199,7 +199,8 @@ def row_hercules_provision(fresh: bool) -> list[Row]:
 
 def row_hercules_search() -> list[Row]:
     from recserve.perfmodel import PerfModel, SizeMix
-    from recserve.planners.hercules.search import baymax, deeprecsys, perfmodel_evaluator, search
+    from recserve.perfmodel.evaluator import perfmodel_evaluator
+    from recserve.planners.hercules.search import baymax, deeprecsys, search
     from recserve.specs import get_model, get_server
 
     pm, mix = PerfModel(), SizeMix.of(None)
