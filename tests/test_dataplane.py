@@ -832,3 +832,29 @@ def test_a_beat_during_a_pass_on_the_compute_thread_ages_the_worker_by_that_pass
     assert before - 12.0 - 0.5 < handle.last_beat < before - 11.5
     ModelRuntime._on_message(None, None, handle, ("beat",))  # type: ignore[arg-type]  # an accelerator worker's
     assert handle.last_beat >= before
+
+
+def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_it_stopped_listening():
+    """A connection the loop accepted just before the listener closed becomes a ``Connection`` a loop turn or two
+    later; a retiring worker with nothing left looks again after ``EXIT_SETTLE_S`` instead of exiting at once (which
+    reset such a connection under its client: a "lost" query in the resize test), and hands it on."""
+    from recserve.serving.dataplane import EXIT_SETTLE_S, Connection, PlaneLimits, WorkerPlane
+
+    handed: list[int] = []
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        plane = WorkerPlane(loop, "m", object(), lambda msg: None, lambda fd, prefix, to=None: handed.append(fd),
+                            PlaneLimits(), sub_batch=0)
+        plane.retire()
+        assert not plane.exit_event.is_set()  # nothing left, but it looks again first
+        loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))  # arrives late
+        loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 3))
+        assert len(handed) == 1 and plane.exit_event.is_set()  # handed on, then exited
+        fresh = WorkerPlane(loop, "m", object(), lambda msg: None, lambda *a: None, PlaneLimits(), sub_batch=0)
+        fresh.retire()
+        loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 3))
+        assert fresh.exit_event.is_set()  # and with nothing arriving it exits on its own
+    finally:
+        theirs.close()
+        loop.close()

@@ -70,6 +70,7 @@ RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
 MOVE_GAP_S = 0.005  # at most one such move per worker this often
+EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -543,6 +544,7 @@ class WorkerPlane:
         self._records: list[tuple] = []
         self._flush_at: asyncio.TimerHandle | None = None
         self._running = False
+        self._empty_since = 0.0  # when a retiring worker first had nothing left (``maybe_exit`` waits a little more)
         self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
         self.version = version
         self.default = default
@@ -963,9 +965,18 @@ class WorkerPlane:
                     self.connections.discard(conn)
                 else:
                     self.hand_off(conn)
-        if not self.queue and not self.connections and not self._running:
-            self.flush()
-            self.exit_event.set()
+        if self.queue or self.connections or self._running:
+            self._empty_since = 0.0
+            return
+        now = time.perf_counter()
+        if not self._empty_since or now - self._empty_since < EXIT_SETTLE_S:
+            # look again shortly: a connection accepted just before the listener closed becomes a Connection a
+            # loop turn or two later, and exiting now would reset it under its client
+            self._empty_since = self._empty_since or now
+            self.loop.call_later(EXIT_SETTLE_S, self.maybe_exit)
+            return
+        self.flush()
+        self.exit_event.set()
 
 
 def _timeout_s(request: dict) -> float | None:
