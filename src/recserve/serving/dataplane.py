@@ -790,34 +790,35 @@ class WorkerPlane:
         start = time.perf_counter()
         self._computing = len(group)
         self._publish_load()
-        items = sum(q.items for q in group)
+        items, arrays = sum(q.items for q in group), [q.arrays for q in group]
         predicted = self.service.predict(items)
         limit = self.limits.compute_thread_ms
         if limit >= 0 and self.service.n >= 1 and predicted * 1e3 >= limit:
             if self._thread is None:
                 self._thread = ComputeThread(self.loop, self.model.compute, self.model_lock)
             self._pass_started, self._pass_end = start, start + predicted
-            self._thread.submit([q.arrays for q in group],
-                                lambda scores, error, seconds: self._passed(group, start, scores, error, seconds))
+            self._thread.submit(arrays, lambda scores, error, seconds: self._passed(group, items, start, scores,
+                                                                                    error, seconds))
             return
         try:
             with self.model_lock:
-                scores = self.model.compute([q.arrays for q in group])
+                scores = self.model.compute(arrays)
         except Exception as exc:  # noqa: BLE001 - every failure is answered; the worker lives on
-            self._passed(group, start, None, exc, time.perf_counter() - start)
+            self._passed(group, items, start, None, exc, time.perf_counter() - start)
         else:
-            self._passed(group, start, scores, None, time.perf_counter() - start)
+            self._passed(group, items, start, scores, None, time.perf_counter() - start)
 
-    def _passed(self, group: list[Query], start: float, scores: list[np.ndarray] | None, error: Exception | None,
-                seconds: float) -> None:
-        """A pass ended (inline or on the compute thread): answer its queries, then turn to the next."""
+    def _passed(self, group: list[Query], items: int, start: float, scores: list[np.ndarray] | None,
+                error: Exception | None, seconds: float) -> None:
+        """A pass of ``items`` samples ended (inline or on the compute thread): answer its queries (``scores``, or
+        ``error`` for all of them), then turn to the next."""
         self._pass_started = self._pass_end = 0.0
-        if error is not None or scores is None:
+        if error is not None:
             for q in group:
-                self._fail(q.reply, q.arrived, as_infer_error(error or RuntimeError("no scores")), start)
+                self._fail(q.reply, q.arrived, as_infer_error(error), start)
         else:
             done = start + seconds
-            self.service.observe(sum(q.items for q in group), seconds)
+            self.service.observe(items, seconds)
             for i, (q, answer) in enumerate(zip(group, scores, strict=True)):
                 q.reply(answer, None)
                 self.lateness.observe(time.perf_counter() - q.predicted)

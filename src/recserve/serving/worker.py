@@ -306,7 +306,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
                     _control(plane, msg, recv_handle(conn) if msg[0] == "adopt" else None)
                 else:
                     with plane.model_lock:  # a pass may be computing on the plane's compute thread
-                        send(_item(args, model, msg, in_buf, out_buf))
+                        reply = _item(args, model, msg, in_buf, out_buf)
+                    send(reply)
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
