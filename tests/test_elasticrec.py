@@ -215,3 +215,57 @@ def test_p95_grows_with_utilisation():
     assert p95_ms(1.0, 10.0, 1000.0) == pytest.approx(np.log(20) / 0.99)
     assert p95_ms(1.0, 900.0, 1000.0) > 5 * p95_ms(1.0, 100.0, 1000.0)
     assert p95_ms(1.0, 1000.0, 1000.0) == float("inf")
+
+
+def test_qpsmax_puts_an_mm1_replicas_p95_exactly_on_its_budget():
+    from recserve.planners.elasticrec import LatencyBudget, p95_ms
+    from recserve.planners.replicas import sla_bounded_qps
+
+    mu, budget = 200.0, 50.0
+    qmax = sla_bounded_qps(mu, budget)
+    assert p95_ms(1000.0 / mu, qmax, mu) == pytest.approx(budget)
+    assert sla_bounded_qps(mu, 0.9 * np.log(20) * 1000.0 / mu) == 0.0          # idle replica already over budget
+    b = LatencyBudget(400.0, 95.0, rpc_ms=2.0)
+    assert (b.dense_ms, b.gather_ms) == pytest.approx((260.0, 138.0))
+    assert sla_bounded_qps(mu, budget, 99.0) < qmax                                # a stricter percentile costs rate
+
+
+def test_fifo_simulation_matches_mm1():
+    from recserve.planners.elasticrec import p95_ms
+    from recserve.sim.shards import fifo_departures, replica_departures
+
+    assert list(fifo_departures(np.array([0.0, 1.0, 10.0]), np.array([5.0, 1.0, 1.0]))) == [5.0, 6.0, 11.0]
+    rng = np.random.default_rng(1)
+    arrivals = np.cumsum(rng.exponential(1000.0 / 150.0, 200_000))              # 150 QPS on two 100-QPS replicas
+    sojourn = (replica_departures(arrivals, 10.0, 2, rng) - arrivals)[20_000:]
+    assert np.percentile(sojourn, 95) == pytest.approx(p95_ms(10.0, 75.0, 100.0), rel=0.1)
+
+
+def _tight_spec() -> ModelSpec:
+    return ModelSpec(name="tight", family="dlrm", dense_in=8, bottom_mlp=(16,), top_mlp=(8, 1), interaction="dot",
+                     tables=(TableSpec("t0", 100_000, 16, pooling=4),), sla=SLA(400.0))
+
+
+def test_sla_sizing_keeps_the_simulated_tail_in_the_sla_where_saturation_sizing_breaks_it():
+    from recserve.sim.shards import simulate_plan_latency
+
+    spec = _tight_spec()
+    cost = ShardCostModel(0.05, 0.0001, dense_qps=100.0, min_mem_bytes=4000.0)   # 10 ms dense shard
+    old = plan_shards(spec, 199.0, cost, size_for_sla=False)                      # 2 dense replicas at rho 0.995
+    new = plan_shards(spec, 199.0, cost)
+    assert (old.dense_replicas, new.dense_replicas) == (2, 3)
+    assert new.tables[0].qps_max[0] < float(cost.gather_qps(new.tables[0].rows_gathered[0]))
+    assert any("QPSmax" in a for a in new.assumptions)
+    run_old = simulate_plan_latency(old, spec, cost, queries=40_000)
+    run_new = simulate_plan_latency(new, spec, cost, queries=40_000)
+    assert run_old.sharded_ms > spec.sla.target_ms >= run_new.sharded_ms
+    assert run_new.within(spec.sla.target_ms)
+
+
+def test_sla_sizing_refuses_a_dense_shard_whose_idle_tail_misses_its_budget():
+    from recserve.errors import InfeasibleError
+
+    slow = ShardCostModel(0.05, 0.0001, dense_qps=10.0, min_mem_bytes=4000.0)    # 100 ms: idle p95 ~300 > 260
+    with pytest.raises(InfeasibleError, match="dense shard"):
+        plan_shards(_tight_spec(), 5.0, slow)
+    assert plan_shards(_tight_spec(), 5.0, slow, size_for_sla=False).dense_replicas == 1

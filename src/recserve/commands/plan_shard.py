@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from recserve.commands._plan_common import count, fraction, non_negative, number, qps
@@ -21,6 +22,7 @@ from recserve.planners.elasticrec import (
 )
 from recserve.planners.plan import ShardPlan
 from recserve.profiles import ProfileSet
+from recserve.sim.shards import simulate_plan_latency
 from recserve.specs import get_model, get_server
 
 
@@ -73,11 +75,17 @@ def cmd_shard(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     plan = plan_shards(spec, args.qps, cost, batch=args.batch, locality=args.locality, max_shards=args.max_shards,
                        grid=args.grid, locality_model=args.locality_model,
-                       dp_target_qps=PAPER_DP_TARGET_QPS if args.paper_dp_constant else None)
+                       dp_target_qps=PAPER_DP_TARGET_QPS if args.paper_dp_constant else None,
+                       size_for_sla=not args.saturation_sizing, rpc_ms=args.rpc_ms)
     print(plan.table_text())
     evaluation = evaluate_plan(plan, spec, cost, server, locality=args.locality, locality_model=args.locality_model,
                                rpc_ms=args.rpc_ms)
     print(evaluation_text(evaluation))
+    simulated = simulate_plan_latency(plan, spec, cost, rpc_ms=args.rpc_ms, queries=int(max(20_000, 60 * args.qps)))
+    print(f"  p{simulated.percentile:g} simulated (a minute of Poisson queries through every replica queue): "
+          f"{simulated.sharded_ms:.1f} ms vs model-wise {simulated.modelwise_ms:.1f} ms; "
+          f"SLA {spec.sla.target_ms:g} ms: "
+          f"{'met' if simulated.within(spec.sla.target_ms) else 'VIOLATED'}")
     print(f"(partitioned {len(spec.tables)} tables in {time.perf_counter() - start:.2f} s; cost model: "
           f"{cost.source}, gather {cost.gather_ms0:.3f} ms + {cost.gather_ms_per_row * 1e3:.3f} us/row, "
           f"dense {cost.dense_qps:.0f} QPS/replica)", file=sys.stderr)
@@ -85,6 +93,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
         plan.server = server.name
         plan.inputs = {"model": spec.name, "qps": args.qps, "server": server.name, "cost_model": cost.__dict__}
         plan.summary["evaluation"] = evaluation.to_dict()
+        plan.summary["simulated_latency"] = asdict(simulated)
         plan.save(args.json)
     if args.plot:
         plot_plan(plan, args.plot)
@@ -106,7 +115,11 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="access CDF with the given locality: hot/cold uniform groups, or Zipf")
     p.add_argument("--paper-dp-constant", action="store_true",
                    help=f"partition at the paper's constant {PAPER_DP_TARGET_QPS:g} QPS, size replicas for --qps")
-    p.add_argument("--rpc-ms", type=non_negative, default=2.0, help="added latency per shard call for the SLA check")
+    p.add_argument("--rpc-ms", type=non_negative, default=2.0,
+                   help="latency per shard call: taken from the gathers' SLA budget and added in the SLA check")
+    p.add_argument("--saturation-sizing", action="store_true",
+                   help="size replicas to each one's saturation rate (the DP's QPS(x)) instead of its QPSmax within "
+                        "the SLA budget (dense shard 65%% of the SLA)")
     p.add_argument("--min-mem-mb", type=non_negative, default=MEASURED_REPLICA_BYTES / 2**20,
                    help="fixed memory per replica (code, buffers; default: ~30 MB measured per replica process)")
     p.add_argument("--json", default=None)

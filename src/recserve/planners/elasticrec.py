@@ -18,7 +18,7 @@ import numpy as np
 
 from recserve.errors import InfeasibleError, ProfileError, SpecError
 from recserve.planners.plan import ShardPlan, TableShards
-from recserve.planners.replicas import replicas_for
+from recserve.planners.replicas import DENSE_LATENCY_FRACTION, replicas_for, sla_bounded_qps, tail_factor
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.specs import ModelSpec, ServerType
 
@@ -138,27 +138,76 @@ def modelled_cdf(rows: int, locality: float, model: str = "two-level") -> np.nda
     return locality_cdf(rows, locality) if model == "two-level" else zipf_locality_cdf(rows, locality)
 
 
+# ------------------------------------------------------------------ latency budget (§IV-D)
+
+
+@dataclass(frozen=True)
+class LatencyBudget:
+    """Where each stage's tail must stay for a query to meet its SLA, as ElasticRec deploys (§IV-D): the dense
+    shard scales out at 65% of the SLA; the gathers and one RPC hop share the rest.  A model-wise replica has
+    the whole SLA.  Each replica is sized to its QPSmax under its budget (:func:`sla_bounded_qps`), so no
+    replica runs at a utilisation whose queueing alone breaks the SLA."""
+
+    sla_ms: float
+    percentile: float = 95.0
+    rpc_ms: float = 2.0
+
+    @property
+    def dense_ms(self) -> float:
+        return DENSE_LATENCY_FRACTION * self.sla_ms
+
+    @property
+    def gather_ms(self) -> float:
+        return self.sla_ms - self.dense_ms - self.rpc_ms
+
+    def gather_rate(self, qps: np.ndarray | float) -> np.ndarray | float:
+        return sla_bounded_qps(qps, self.gather_ms, self.percentile) if self.gather_ms > 0 else qps * 0.0
+
+    def dense_rate(self, qps: float) -> float:
+        return float(sla_bounded_qps(qps, self.dense_ms, self.percentile))
+
+    def monolith_rate(self, qps: float) -> float:
+        return float(sla_bounded_qps(qps, self.sla_ms, self.percentile))
+
+    def describe(self) -> str:
+        return (f"replicas sized to QPSmax for p{self.percentile:g} within budget: dense {self.dense_ms:g} ms "
+                f"(65% of the SLA), gathers {self.gather_ms:g} ms (the rest less {self.rpc_ms:g} ms RPC), "
+                f"model-wise {self.sla_ms:g} ms; M/M/1 per replica")
+
+
 # ------------------------------------------------------------------ Alg. 1 and Alg. 2
 
 
+def shard_rates(cdf: np.ndarray, starts: np.ndarray, ends: np.ndarray, gathers_per_query: float,
+                cost: ShardCostModel, budget: LatencyBudget | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(rows gathered per query, QPS one replica takes) for shards [start, end): QPS(ns), or QPSmax in budget."""
+    ns = (cdf[ends] - cdf[starts]) * gathers_per_query
+    rate = cost.gather_qps(ns)
+    return ns, (rate if budget is None else budget.gather_rate(rate))
+
+
 def shard_cost(cdf: np.ndarray, starts: np.ndarray, ends: np.ndarray, gathers_per_query: float, row_bytes: int,
-               target_qps: float, cost: ShardCostModel) -> tuple[np.ndarray, np.ndarray]:
+               target_qps: float, cost: ShardCostModel,
+               budget: LatencyBudget | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Alg. 1 COST for shards holding sorted rows [start, end): (memory bytes, replicas). Vectorised.
 
-    Replicas are ``ceil(target / QPS(ns))`` (a replica count is whole; the paper writes ``//``)."""
-    ns = (cdf[ends] - cdf[starts]) * gathers_per_query
-    replicas = replicas_for(target_qps, cost.gather_qps(ns))
+    Replicas are ``ceil(target / QPS(ns))`` (a replica count is whole; the paper writes ``//``); with a
+    ``budget``, QPS(ns) is the shard's QPSmax, and a shard no replica count keeps in budget costs infinity."""
+    _, rate = shard_rates(cdf, starts, ends, gathers_per_query, cost, budget)
+    with np.errstate(divide="ignore"):
+        replicas = np.where(rate > 0, replicas_for(target_qps, np.maximum(rate, 1e-300)), np.inf)
     memory = replicas * ((ends - starts) * float(row_bytes) + cost.min_mem_bytes)
     return memory, replicas
 
 
 def _dp(points: np.ndarray, cdf: np.ndarray, gathers: float, row_bytes: int, target: float,
-        cost: ShardCostModel, max_shards: int) -> tuple[float, list[int]]:
+        cost: ShardCostModel, max_shards: int, budget: LatencyBudget | None = None) -> tuple[float, list[int]]:
     """Alg. 2 over boundary candidates ``points`` (sorted, starting at 0, ending at N)."""
     g = points.size
     starts, ends = np.meshgrid(points, points, indexing="ij")          # [k, j]: shard [points[k], points[j])
     valid = starts < ends
-    mem, _ = shard_cost(cdf, np.where(valid, starts, 0), np.where(valid, ends, 1), gathers, row_bytes, target, cost)
+    mem, _ = shard_cost(cdf, np.where(valid, starts, 0), np.where(valid, ends, 1), gathers, row_bytes, target, cost,
+                        budget)
     mem = np.where(valid, mem, np.inf)
     best = mem[0].copy()                                               # one shard ending at each point
     choices = [np.zeros(g, dtype=np.int64)]
@@ -190,21 +239,31 @@ def candidate_points(cdf: np.ndarray, grid: int = 512) -> np.ndarray:
 
 
 def partition_table(name: str, cdf: np.ndarray, gathers_per_query: float, row_bytes: int, target_qps: float,
-                    cost: ShardCostModel, max_shards: int = 16, grid: int = 512) -> TableShards:
+                    cost: ShardCostModel, max_shards: int = 16, grid: int = 512,
+                    budget: LatencyBudget | None = None) -> TableShards:
     """Cheapest shard count and boundaries for one table (DP over a candidate grid)."""
     points = candidate_points(cdf, grid)
-    memory, bounds = _dp(points, cdf, gathers_per_query, row_bytes, target_qps, cost, max_shards)
+    memory, bounds = _dp(points, cdf, gathers_per_query, row_bytes, target_qps, cost, max_shards, budget)
+    if not math.isfinite(memory):
+        raise InfeasibleError(f"table {name}: no split keeps every shard's p{budget.percentile:g} within its "
+                              f"{budget.gather_ms:g} ms gather budget; raise the SLA or lower the batch")
+    return _table_shards(name, bounds, cdf, gathers_per_query, row_bytes, target_qps, cost, budget)
+
+
+def _table_shards(name: str, bounds: list[int], cdf: np.ndarray, gathers_per_query: float, row_bytes: int,
+                  target_qps: float, cost: ShardCostModel, budget: LatencyBudget | None) -> TableShards:
     b = np.array(bounds)
-    _, replicas = shard_cost(cdf, b[:-1], b[1:], gathers_per_query, row_bytes, target_qps, cost)
-    rows_gathered = (cdf[b[1:]] - cdf[b[:-1]]) * gathers_per_query
-    return TableShards(name, bounds, [int(r) for r in replicas], [float(x) for x in rows_gathered], memory,
-                       [float(q) for q in np.atleast_1d(cost.gather_qps(rows_gathered))])
+    memory, replicas = shard_cost(cdf, b[:-1], b[1:], gathers_per_query, row_bytes, target_qps, cost, budget)
+    rows_gathered, rate = shard_rates(cdf, b[:-1], b[1:], gathers_per_query, cost, budget)
+    return TableShards(name, [int(x) for x in bounds], [int(r) for r in replicas], [float(x) for x in rows_gathered],
+                       float(memory.sum()), [float(q) for q in np.atleast_1d(rate)])
 
 
 def partition_exact(cdf: np.ndarray, gathers_per_query: float, row_bytes: int, target_qps: float,
-                    cost: ShardCostModel, max_shards: int) -> tuple[float, list[int]]:
+                    cost: ShardCostModel, max_shards: int,
+                    budget: LatencyBudget | None = None) -> tuple[float, list[int]]:
     """The paper's DP over every row position (for checking the grid on small tables)."""
-    return _dp(np.arange(cdf.size), cdf, gathers_per_query, row_bytes, target_qps, cost, max_shards)
+    return _dp(np.arange(cdf.size), cdf, gathers_per_query, row_bytes, target_qps, cost, max_shards, budget)
 
 
 # ------------------------------------------------------------------ whole-model plan
@@ -227,17 +286,24 @@ def _check_sla(spec: ModelSpec, batch: int, cost: ShardCostModel, tables: list[T
 
 def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch: int = 32,
                 locality: float = 0.9, cdfs: dict[str, np.ndarray] | None = None, max_shards: int = 16,
-                grid: int = 512, locality_model: str = "two-level", dp_target_qps: float | None = None) -> ShardPlan:
+                grid: int = 512, locality_model: str = "two-level", dp_target_qps: float | None = None,
+                size_for_sla: bool = True, rpc_ms: float = 2.0) -> ShardPlan:
     """ElasticRec plan for ``spec`` at ``target_qps`` vs model-wise replication of the whole model.
 
     Each table's CDF comes from ``cdfs`` (measured access counts) or the locality-P model
     (``locality_model``: two-level, or Zipf with the same P).  ``dp_target_qps`` partitions at the paper's
-    constant QPS goal (:data:`PAPER_DP_TARGET_QPS`) and then sizes each shard's replicas for ``target_qps``."""
+    constant QPS goal (:data:`PAPER_DP_TARGET_QPS`) and then sizes each shard's replicas for ``target_qps``.
+    ``size_for_sla`` gives every replica (shards and the model-wise baseline alike) its QPSmax under the
+    SLA's :class:`LatencyBudget` instead of its saturation rate, as the paper's autoscaler targets do."""
     if not (math.isfinite(target_qps) and target_qps > 0):
         raise SpecError(f"target QPS must be a finite number > 0, got {target_qps}")
     if batch < 1 or max_shards < 1 or not 0 <= locality <= 1:
         raise SpecError(f"batch and max_shards must be >= 1 and locality in [0, 1], got {batch}, {max_shards}, "
                         f"{locality}")
+    budget = LatencyBudget(spec.sla.target_ms, spec.sla.percentile, rpc_ms) if size_for_sla else None
+    if budget is not None and budget.gather_ms <= 0:
+        raise InfeasibleError(f"{spec.name}: the {rpc_ms:g} ms RPC hop leaves the gathers no time in the "
+                              f"{spec.sla.target_ms:g} ms SLA after the dense shard's 65%")
     tables = []
     total_gathers = 0.0
     solved: dict[tuple[int, int, int], TableShards] = {}  # identical modelled tables share one DP
@@ -251,16 +317,18 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
             continue
         table_cdf = modelled_cdf(t.rows, locality, locality_model) if cdf is None else cdf
         shards = partition_table(t.name, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem),
-                                 dp_target_qps or target_qps, cost, max_shards, grid)
+                                 dp_target_qps or target_qps, cost, max_shards, grid, budget)
         if dp_target_qps:
-            shards = resize_shards(shards, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem), target_qps, cost)
+            shards = resize_shards(shards, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem), target_qps, cost,
+                                   budget)
         if cdf is None:
             solved[key] = shards
         tables.append(shards)
     _check_sla(spec, batch, cost, tables)
-    dense_replicas = int(replicas_for(target_qps, cost.dense_qps))
+    dense_rate, model_rate = _whole_rates(spec, cost, total_gathers, budget)
+    dense_replicas = int(replicas_for(target_qps, dense_rate))
     dense_memory = dense_replicas * (cost.dense_bytes + cost.min_mem_bytes)
-    model_replicas = int(replicas_for(target_qps, cost.model_qps(total_gathers)))
+    model_replicas = int(replicas_for(target_qps, model_rate))
     model_memory = model_replicas * (spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes)
     return ShardPlan(model=spec.name, target_qps=target_qps, batch=batch, dense_replicas=dense_replicas,
                      dense_memory_bytes=dense_memory, tables=tables, modelwise_replicas=model_replicas,
@@ -269,18 +337,34 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
                                   if not cdfs else "CDFs from measured access counts",
                                   *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "
                                      f"{target_qps:g} QPS"] if dp_target_qps else []),
+                                  budget.describe() if budget else "replicas sized to saturation rates (no SLA budget)",
                                   f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
                                   f"cost model source: {cost.source or 'given'}",
                                   f"unloaded query latency {unloaded_latency_ms(cost, tables):.2f} ms within the "
-                                  f"{spec.sla.target_ms:g} ms SLA (queueing not modelled)"])
+                                  f"{spec.sla.target_ms:g} ms SLA"])
+
+
+def _whole_rates(spec: ModelSpec, cost: ShardCostModel, total_gathers: float,
+                 budget: LatencyBudget | None) -> tuple[float, float]:
+    """QPS one dense-shard replica and one model-wise replica take (QPSmax in ``budget`` when given)."""
+    dense, model = cost.dense_qps, cost.model_qps(total_gathers)
+    if budget is None:
+        return dense, model
+    dense, model = budget.dense_rate(dense), budget.monolith_rate(model)
+    for what, rate, ms, share in (("dense shard", dense, 1000.0 / cost.dense_qps, budget.dense_ms),
+                                  ("model-wise replica", model, 1000.0 / cost.model_qps(total_gathers),
+                                   budget.sla_ms)):
+        if rate <= 0:
+            raise InfeasibleError(f"{spec.name}: a {what} idle has a p{budget.percentile:g} of "
+                                  f"{tail_factor(budget.percentile) * ms:.1f} ms (M/M/1), over its {share:g} ms "
+                                  "budget; lower the batch")
+    return dense, model
 
 
 def resize_shards(shards: TableShards, cdf: np.ndarray, gathers_per_query: float, row_bytes: int,
-                  target_qps: float, cost: ShardCostModel) -> TableShards:
+                  target_qps: float, cost: ShardCostModel, budget: LatencyBudget | None = None) -> TableShards:
     """The same boundaries with replicas and memory for another target (Alg. 1 COST at ``target_qps``)."""
-    b = np.array(shards.boundaries)
-    memory, replicas = shard_cost(cdf, b[:-1], b[1:], gathers_per_query, row_bytes, target_qps, cost)
-    return replace(shards, replicas=[int(r) for r in replicas], memory_bytes=float(memory.sum()))
+    return _table_shards(shards.table, shards.boundaries, cdf, gathers_per_query, row_bytes, target_qps, cost, budget)
 
 
 # ------------------------------------------------------------------ utility, servers, cost, SLA (§VI)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from recserve.planners.replicas import replicas_for
+from recserve.planners.replicas import DENSE_LATENCY_FRACTION, replicas_for
 
-DENSE_LATENCY_FRACTION = 0.65
 DENSE_SCALE_DOWN_FRACTION = 0.30
 
 
