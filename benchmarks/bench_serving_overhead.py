@@ -4,7 +4,8 @@
    to a ``recserve serve`` process, vs the same model called in-process, at batch 1 and 256 (one
    worker, one thread, no sub-batching); wall-clock latency and CPU per request of client, server
    front end and worker.  ``http_minimal`` repeats HTTP with a bare keep-alive socket client (one write of a
-   pre-encoded request, one read), so the server's own share shows apart from tritonclient's.
+   pre-encoded request, one read), so the server's own share shows apart from tritonclient's; ``grpc_minimal``
+   does the same over gRPC (grpcio's channel, request and answer as bytes).
 2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
    clients and each worker's RSS / PSS.
 
@@ -152,6 +153,32 @@ class MinimalHttp:
         self.sock.close()
 
 
+class MinimalGrpc:
+    """A blocking gRPC client that sends one pre-serialised ``ModelInferRequest`` as bytes and takes the answer
+    as bytes (no tritonclient objects, no protobuf work per call): the ``grpc_minimal`` row, so grpc.aio's cost
+    in the server shows apart from tritonclient's gRPC client."""
+
+    def __init__(self, port: int, model: str, batch) -> None:
+        import grpc as grpcio
+
+        from recserve.measure.targets import encode_grpc_request
+
+        self.request = encode_grpc_request(batch, model).SerializeToString()
+        self.channel = grpcio.insecure_channel(f"127.0.0.1:{port}")
+        self.call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    def infer(self) -> None:
+        if not self.call(self.request, timeout=10.0):
+            raise RuntimeError("empty gRPC answer")
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+MINIMAL_CLIENTS = {"http_minimal": ("http", MinimalHttp), "grpc_minimal": ("grpc", MinimalGrpc)}
+PATHS = ("in_process", "worker_ipc", "http", "grpc", "http_minimal", "grpc_minimal")
+
+
 class ServerProcess:
     """``recserve serve`` in its own process, so its CPU time is not mixed with the client's."""
 
@@ -200,12 +227,13 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
                                      server.worker_pids),
                    "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, [server.proc.pid],
                                      server.worker_pids)}
-            minimal = MinimalHttp(server.http, model_name, batch)
-            try:
-                row["http_minimal"] = timed_cpu(minimal.infer, n, [server.proc.pid], server.worker_pids)
-            finally:
-                minimal.close()
-            for proto in ("http", "grpc", "http_minimal"):
+            for path, (port_of, client) in MINIMAL_CLIENTS.items():
+                minimal = client(getattr(server, port_of), model_name, batch)
+                try:
+                    row[path] = timed_cpu(minimal.infer, n, [server.proc.pid], server.worker_pids)
+                finally:
+                    minimal.close()
+            for proto in ("http", "grpc", *MINIMAL_CLIENTS):
                 row[proto]["overhead_p50_ms"] = row[proto]["p50_ms"] - local["p50_ms"]
                 row[proto]["overhead_mean_ms"] = row[proto]["mean_ms"] - local["mean_ms"]
             row["request_bytes"] = sum(a.nbytes for a in batch.as_arrays().values())
@@ -298,7 +326,7 @@ def main() -> int:
     print(f"{'batch':>5} {'path':>12} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
           f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8}")
     for b, row in result["overhead"].items():
-        for path in ("in_process", "worker_ipc", "http", "grpc", "http_minimal"):
+        for path in PATHS:
             if path not in row:
                 continue
             r = row[path]
