@@ -858,3 +858,38 @@ def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_i
     finally:
         theirs.close()
         loop.close()
+
+
+def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before_its_transport_exists():
+    """A worker killed between ``accept`` and ``connection_made`` took the only descriptor of a connection whose
+    client may already have sent a request (a reset, a "lost" query).  Now the descriptor is shared in the accept
+    callback itself, the state byte reads idle, it is shared once, and a retiring worker waits for accepted
+    connections whose transport is not made yet."""
+    from recserve.serving.dataplane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
+
+    events: list[tuple] = []
+    loop = asyncio.new_event_loop()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    states = np.ones(4096, np.uint8)  # stale bytes from earlier connections on the same descriptors
+    client = socket.create_connection(listener.getsockname())
+    try:
+        plane = WorkerPlane(loop, "m", object(), lambda msg: events.append(msg),
+                            lambda fd, prefix, to=None: events.append(("handoff", fd)), PlaneLimits(), sub_batch=0,
+                            share=lambda fd: events.append(("share", fd, len(plane.connections))), states=states)
+        loop.run_until_complete(plane.listen(listener))
+        plane._accept()  # what the loop runs when the listener is readable
+        shares = [e for e in events if e[0] == "share"]
+        assert len(shares) == 1 and shares[0][2] == 0  # shared before any Connection existed
+        fd = shares[0][1]
+        assert states[fd] == 0 and plane._connecting == 1
+        plane.retire()
+        assert not plane.exit_event.is_set()
+        loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 4))
+        assert [e for e in events if e[0] == "share"] == shares  # connection_made did not share it again
+        assert [e[0] for e in events if e[0] in ("handoff", "gone")] == ["gone", "handoff"]  # handed on, then exit
+        assert plane._connecting == 0 and plane.exit_event.is_set()
+    finally:
+        client.close()
+        loop.close()

@@ -70,6 +70,8 @@ RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
 MOVE_GAP_S = 0.005  # at most one such move per worker this often
+ACCEPT_BATCH = 64  # connections taken per wake-up of the listening socket (asyncio's default backlog loop)
+ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
@@ -158,8 +160,9 @@ class Connection(asyncio.BufferedProtocol):
     reads land in the plane's one scratch buffer and are appended to the connection's buffer.
     """
 
-    def __init__(self, plane: WorkerPlane, prefix: bytes = b"") -> None:
+    def __init__(self, plane: WorkerPlane, prefix: bytes = b"", shared: bool = False) -> None:
         self.plane = plane
+        self.shared = shared  # the supervisor already holds this connection's descriptor (taken at accept)
         self.buf = bytearray(prefix)
         self.transport: asyncio.Transport | None = None
         self.busy = False  # a request of this connection is queued or computing (no pipelining: one at a time)
@@ -537,7 +540,8 @@ class WorkerPlane:
         self.connections: set[Connection] = set()
         self.queue: collections.deque[Query] = collections.deque()
         self.queued_items = 0
-        self.server: asyncio.base_events.Server | None = None
+        self._listener: socket.socket | None = None
+        self._connecting = 0  # accepted connections whose transport is not made yet
         self.draining = False  # finish what is queued; answer 503 to new requests
         self.retiring = False  # hand every connection to the supervisor, then exit
         self.exit_event = asyncio.Event()
@@ -567,9 +571,54 @@ class WorkerPlane:
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
         sock.setblocking(False)
-        self.server = await self.loop.create_server(lambda: Connection(self), sock=sock, start_serving=True)
+        self._listener = sock
+        self.loop.add_reader(sock.fileno(), self._accept)
         self.loop.call_soon(self._beat)
         self.loop.call_later(SWEEP_S, self._sweep)
+
+    def _accept(self) -> None:
+        """Accept the queued connections and give the supervisor each one's descriptor at once, in this callback.
+
+        asyncio's own server makes the transport (and so ``connection_made``) a loop turn or two after
+        ``accept``; a worker killed in between would take the only descriptor of a connection whose client may
+        already have sent its request, and that client would see a reset instead of an answer."""
+        listener = self._listener
+        for _ in range(ACCEPT_BATCH):
+            if listener is None:
+                return
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: no descriptor for it now; the client stays queued
+                log.warning("worker for %s: accept failed (%s); pausing accepts for %g s", self.model_name, exc,
+                            ACCEPT_PAUSE_S)
+                self.loop.remove_reader(listener.fileno())
+                self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
+                return
+            sock.setblocking(False)
+            early = self._share is not None and sock.fileno() < len(self.states)
+            if early:
+                self.states[sock.fileno()] = False
+                self._share(sock.fileno())  # type: ignore[misc]
+            self._connecting += 1
+            self.loop.create_task(self._connect(sock, early))
+
+    def _resume_accepting(self) -> None:
+        if self._listener is not None:
+            self.loop.add_reader(self._listener.fileno(), self._accept)
+
+    async def _connect(self, sock: socket.socket, shared: bool) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: Connection(self, shared=shared), sock)
+        except OSError:  # the client went away before its transport was made
+            if shared:
+                self.send(("gone", sock.fileno()))
+            sock.close()
+        finally:
+            self._connecting -= 1
+            if self.retiring:
+                self.maybe_exit()  # it was waiting for this connection: hand it on
 
     async def adopt(self, fd: int, prefix: bytes) -> None:
         """Serve a connection handed over by the supervisor (``prefix``: bytes already read from it)."""
@@ -872,7 +921,7 @@ class WorkerPlane:
         """The supervisor keeps its own descriptor of every connection this worker serves (with the shared
         state byte), so if this process dies its clients get an error for a query it held, and an idle
         connection lives on in another worker, instead of a reset."""
-        if self._shared(conn):
+        if self._shared(conn) and not conn.shared:
             self._share(conn.slot)  # type: ignore[misc]
 
     def gone(self, conn: Connection) -> None:
@@ -949,9 +998,10 @@ class WorkerPlane:
         self.maybe_exit()
 
     def _stop_listening(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+        if self._listener is not None:
+            self.loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
         for hook in self.on_stop_listening:
             hook()
         self.on_stop_listening = []
@@ -966,7 +1016,7 @@ class WorkerPlane:
                     self.connections.discard(conn)
                 else:
                     self.hand_off(conn)
-        if self.queue or self.connections or self._running:
+        if self.queue or self.connections or self._running or self._connecting:
             self._empty_since = 0.0
             return
         now = time.perf_counter()
