@@ -893,3 +893,13 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     finally:
         client.close()
         loop.close()
+
+
+def test_the_planes_percentile_equals_numpys():
+    from recserve.serving.dataplane import percentile
+
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 256):
+        values = rng.exponential(size=n)
+        for q in (0.0, 50.0, 95.0, 99.0, 100.0):
+            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-12)

@@ -433,11 +433,20 @@ class Lateness:
         self.late[self.n % len(self.late)] = late_s
         self.n += 1
         if self.n % self.every == 0:
-            seen = self.late[: min(self.n, len(self.late))]
-            self._headroom = max(0.0, float(np.percentile(seen, self.quantile)))
+            self._headroom = max(0.0, percentile(self.late[: min(self.n, len(self.late))], self.quantile))
 
     def headroom(self) -> float:
         return self._headroom
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """``np.percentile(values, q)`` (linear interpolation) by a partial sort: ~10x cheaper on a few hundred values,
+    which matters on a path run every 16 queries (np.percentile cost ~1% of a batch-1 worker's CPU)."""
+    k = q / 100.0 * (values.size - 1)
+    lo = int(k)
+    hi = min(lo + 1, values.size - 1)
+    part = np.partition(values, (lo, hi))
+    return float(part[lo] + (part[hi] - part[lo]) * (k - lo))
 
 
 Reply = Callable[[np.ndarray | None, InferError | None], None]  # (scores, None) or (None, error)
