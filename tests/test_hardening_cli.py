@@ -120,6 +120,8 @@ def test_colocate_beyond_any_cluster_is_refused_not_a_hang(traffic):
 
 def test_shard_checks_the_sla_and_says_when_sharding_does_not_pay():
     rc, _, err = run(SHARD + ["--qps", "100", "--batch", "100000"])
+    assert rc == 2 and "of the 20 ms p95 SLA" in error_line(err) and "lower the batch" in error_line(err)
+    rc, _, err = run(SHARD + ["--qps", "100", "--batch", "100000", "--saturation-sizing"])
     assert rc == 2 and "over the 20 ms p95 SLA" in error_line(err)
     rc, out, _ = run(SHARD + ["--qps", "100", "--grid", "64"])
     assert rc == 0 and ("less memory" in out or "more memory (sharding does not pay" in out)
