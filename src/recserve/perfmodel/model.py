@@ -402,7 +402,9 @@ class PerfModel:
                      host_sparse: np.ndarray, feed: np.ndarray | float = 0.0) -> list[np.ndarray]:
         cal, cost = self.cal, st.cost
         c = alloc.cores_per_worker
-        launch = cal.gpu_launch_us * 1e-3 * (cost.dense_ops + (0 if alloc.pipeline else cost.sparse_ops))
+        # launches as the device runs the dense part: an RNN module is one cuDNN call there, not its CPU per-step ops
+        dense_ops = cost.device_dense_ops or cost.dense_ops
+        launch = cal.gpu_launch_us * 1e-3 * (dense_ops + (0 if alloc.pipeline else cost.sparse_ops))
         pcie_bw = max(server.pcie_gbs, 1e-3) * 1e9 * cal.pcie_eff
         device_bw = max(server.accel_mem_bw_gbs, 1e-3) * 1e9 * cal.gpu_gather_eff
         tflops = max(server.accel_tflops, 1e-6) * 1e12
