@@ -231,7 +231,6 @@ def row_hercules_search() -> list[Row]:
 def row_elasticrec() -> list[Row]:
     from recserve.planners.elasticrec import (
         MEASURED_REPLICA_BYTES,
-        PAPER_DP_TARGET_QPS,
         cost_model_from_perfmodel,
         evaluate_plan,
         plan_shards,
@@ -247,8 +246,7 @@ def row_elasticrec() -> list[Row]:
         for name in paper:
             spec = get_model(name)
             cost = cost_model_from_perfmodel(spec, server, 32, min_mem_bytes=MEASURED_REPLICA_BYTES)
-            plan = plan_shards(spec, qps, cost, batch=32, locality=0.9, locality_model="zipf",
-                               dp_target_qps=max(qps, PAPER_DP_TARGET_QPS))
+            plan = plan_shards(spec, qps, cost, batch=32, locality=0.9, locality_model="zipf", paper_dp_rule=True)
             ev = evaluate_plan(plan, spec, cost, server, locality=0.9, locality_model="zipf")
             sim = simulate_plan_latency(plan, spec, cost, queries=int(max(20_000, 60 * qps)))  # a minute of load
             out[qps][name] = {"saving": plan.saving, "modelwise_replicas": plan.modelwise_replicas,
@@ -263,8 +261,9 @@ def row_elasticrec() -> list[Row]:
 
     mw100 = [v["modelwise_replicas"] for v in at100.values()]
     mw10k = [v["modelwise_replicas"] for v in at10k.values()]
-    setup = ("Zipf with P=0.9, 30 MiB per replica (measured), DP at the paper's 1000 QPS constant, perfmodel "
-             "one-core rates on hera-xeon")
+    setup = ("Zipf with P=0.9, 30 MiB per replica (measured), DP at the paper's 1000 QPS constant (raised per table to "
+             "twice an unsplit replica's rate where one replica takes 1000: the paper's 'replicas larger than 1'), "
+             "perfmodel one-core rates on hera-xeon")
     close = all(abs(at100[m]["saving"] - p) <= 0.1 * p for m, p in paper.items())
     sla = all(v["sla_ok"] and v["sla_ok_simulated"] for d in out.values() for v in d.values())
 
@@ -285,9 +284,10 @@ def row_elasticrec() -> list[Row]:
             "not the paper's load: shows the saving once model-wise must replicate", {"at_10k_qps": at10k}),
         Row("ElasticRec: memory utility (mean over shards of table 1 vs model-wise, 100 QPS / 10k QPS)", "8.1x",
             f"{fmt(at100, 'utility_gain')}; {fmt(at10k, 'utility_gain')}",
-            verdict(min(v["utility_gain"] for v in at10k.values()) > 1.0, False),
-            "utility only grows when the DP splits a table, which it does only where replicas are needed",
-            {}),
+            verdict(min(v["utility_gain"] for d in out.values() for v in d.values()) > 1.0, False),
+            f"the DP splits table 1 into {'/'.join(str(v['shards_first_table']) for v in at100.values())} shards "
+            "(paper: 4/3/3); a table left whole keeps model-wise utility (RM3: 32 gathers per item, so a shard's "
+            "time is mostly its fixed per-call cost and splitting buys no rate)", {}),
         Row("ElasticRec: servers (deployment cost) vs model-wise (100 QPS / 10k QPS)", "1.67/1.67/2.0x (cost 1.6x)",
             f"{fmt(at100, 'server_saving')}; {fmt(at10k, 'server_saving')}",
             verdict(min(v["server_saving"] for v in at10k.values()) > 1.0, False),

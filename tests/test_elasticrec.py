@@ -269,3 +269,21 @@ def test_sla_sizing_refuses_a_dense_shard_whose_idle_tail_misses_its_budget():
     with pytest.raises(InfeasibleError, match="dense shard"):
         plan_shards(_tight_spec(), 5.0, slow)
     assert plan_shards(_tight_spec(), 5.0, slow, size_for_sla=False).dense_replicas == 1
+
+
+def test_paper_dp_rule_keeps_the_constant_above_one_replica_so_the_dp_can_split():
+    """§IV-B: the DP's constant (1000 QPS) works "as long as it makes the number of replicas larger than 1"; on
+    replicas faster than that, 1000 QPS leaves every shard at one replica and the DP never splits."""
+    from recserve.planners.elasticrec import PAPER_DP_TARGET_QPS, modelled_cdf, paper_dp_target
+
+    spec = _toy_spec()
+    fast = ShardCostModel(0.001, 0.00003, 50_000.0, 30 * 2**20)              # an unsplit replica takes ~16k QPS
+    at_constant = plan_shards(spec, 200.0, fast, locality_model="zipf", dp_target_qps=PAPER_DP_TARGET_QPS)
+    ruled = plan_shards(spec, 200.0, fast, locality_model="zipf", paper_dp_rule=True)
+    assert at_constant.tables[0].num_shards == 1
+    assert ruled.tables[0].num_shards >= 2 and ruled.tables[0].replicas == [1] * ruled.tables[0].num_shards
+    assert any("raised per table" in a for a in ruled.assumptions)
+    cdf = modelled_cdf(spec.tables[0].rows, 0.9, "zipf")
+    slow = ShardCostModel(5.0, 0.001, 50_000.0, 30 * 2**20)                 # an unsplit replica takes < 500 QPS
+    assert paper_dp_target(cdf, 32 * 64, slow) == PAPER_DP_TARGET_QPS        # the paper's constant where it holds
+    assert paper_dp_target(cdf, 32 * 64, fast) == pytest.approx(2 * float(fast.gather_qps(32 * 64)))

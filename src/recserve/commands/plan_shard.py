@@ -75,7 +75,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     plan = plan_shards(spec, args.qps, cost, batch=args.batch, locality=args.locality, max_shards=args.max_shards,
                        grid=args.grid, locality_model=args.locality_model,
-                       dp_target_qps=PAPER_DP_TARGET_QPS if args.paper_dp_constant else None,
+                       paper_dp_rule=args.paper_dp_constant,
                        size_for_sla=not args.saturation_sizing, rpc_ms=args.rpc_ms)
     print(plan.table_text())
     evaluation = evaluate_plan(plan, spec, cost, server, locality=args.locality, locality_model=args.locality_model,
@@ -114,7 +114,9 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--locality-model", choices=LOCALITY_MODELS, default="two-level",
                    help="access CDF with the given locality: hot/cold uniform groups, or Zipf")
     p.add_argument("--paper-dp-constant", action="store_true",
-                   help=f"partition at the paper's constant {PAPER_DP_TARGET_QPS:g} QPS, size replicas for --qps")
+                   help=f"partition at the paper's constant {PAPER_DP_TARGET_QPS:g} QPS (raised per table to twice an "
+                        "unsplit replica's rate where one replica would take it, as the paper's condition asks), "
+                        "size replicas for --qps")
     p.add_argument("--rpc-ms", type=non_negative, default=2.0,
                    help="latency per shard call: taken from the gathers' SLA budget and added in the SLA check")
     p.add_argument("--saturation-sizing", action="store_true",

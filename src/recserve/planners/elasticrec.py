@@ -291,12 +291,13 @@ def _check_sla(spec: ModelSpec, batch: int, cost: ShardCostModel, tables: list[T
 def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch: int = 32,
                 locality: float = 0.9, cdfs: dict[str, np.ndarray] | None = None, max_shards: int = 16,
                 grid: int = 512, locality_model: str = "two-level", dp_target_qps: float | None = None,
-                size_for_sla: bool = True, rpc_ms: float = 2.0) -> ShardPlan:
+                size_for_sla: bool = True, rpc_ms: float = 2.0, paper_dp_rule: bool = False) -> ShardPlan:
     """ElasticRec plan for ``spec`` at ``target_qps`` vs model-wise replication of the whole model.
 
     Each table's CDF comes from ``cdfs`` (measured access counts) or the locality-P model
     (``locality_model``: two-level, or Zipf with the same P).  ``dp_target_qps`` partitions at the paper's
-    constant QPS goal (:data:`PAPER_DP_TARGET_QPS`) and then sizes each shard's replicas for ``target_qps``.
+    constant QPS goal (:data:`PAPER_DP_TARGET_QPS`) and then sizes each shard's replicas for ``target_qps``;
+    ``paper_dp_rule`` does so at :func:`paper_dp_target` per table (the constant, kept above one replica's rate).
     ``size_for_sla`` gives every replica (shards and the model-wise baseline alike) its QPSmax under the
     SLA's :class:`LatencyBudget` instead of its saturation rate, as the paper's autoscaler targets do."""
     if not (math.isfinite(target_qps) and target_qps > 0):
@@ -320,9 +321,10 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
             tables.append(replace(solved[key], table=t.name))
             continue
         table_cdf = modelled_cdf(t.rows, locality, locality_model) if cdf is None else cdf
+        dp_target = paper_dp_target(table_cdf, gathers, cost, budget) if paper_dp_rule else dp_target_qps
         shards = partition_table(t.name, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem),
-                                 dp_target_qps or target_qps, cost, max_shards, grid, budget)
-        if dp_target_qps:
+                                 dp_target or target_qps, cost, max_shards, grid, budget)
+        if dp_target:
             shards = resize_shards(shards, table_cdf, gathers, t.row_bytes(spec.bytes_per_elem), target_qps, cost,
                                    budget)
         if cdf is None:
@@ -340,12 +342,25 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
                      assumptions=[f"locality P={locality:g} ({locality_model}) where no access counts given"
                                   if not cdfs else "CDFs from measured access counts",
                                   *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "
-                                     f"{target_qps:g} QPS"] if dp_target_qps else []),
+                                     f"{target_qps:g} QPS"] if dp_target_qps and not paper_dp_rule else []),
+                                  *([f"partitioned at the paper's DP constant ({PAPER_DP_TARGET_QPS:g} QPS, raised per "
+                                     "table to twice an unsplit replica's rate where one replica would take it), "
+                                     f"replicas sized for {target_qps:g} QPS"] if paper_dp_rule else []),
                                   budget.describe() if budget else "replicas sized to saturation rates (no SLA budget)",
                                   f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
                                   f"cost model source: {cost.source or 'given'}",
                                   f"unloaded query latency {unloaded_latency_ms(cost, tables):.2f} ms within the "
                                   f"{spec.sla.target_ms:g} ms SLA"])
+
+
+def paper_dp_target(cdf: np.ndarray, gathers_per_query: float, cost: ShardCostModel,
+                    budget: LatencyBudget | None = None) -> float:
+    """§IV-B's constant QPS goal for the DP: 1000 in the paper, which says "any QPS values that make the number of
+    replicas larger than 1 can be utilized".  Where one replica of the unsplit table takes 1000 QPS (faster hardware
+    than the paper's), 1000 breaks that condition and the DP has nothing to trade (every shard one replica, so no
+    split ever pays); the goal is then twice that replica's rate, the least whole multiple that needs two."""
+    _, whole = shard_rates(cdf, np.array([0]), np.array([cdf.size - 1]), gathers_per_query, cost, budget)
+    return max(PAPER_DP_TARGET_QPS, 2.0 * float(np.atleast_1d(whole)[0]))
 
 
 def _whole_rates(spec: ModelSpec, cost: ShardCostModel, total_gathers: float,
