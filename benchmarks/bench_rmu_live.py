@@ -37,7 +37,8 @@ def main() -> int:
                         help="the two co-located models (compute-heavy: on 2 cores the HTTP front end and load "
                              "generator take much of a light model's CPU, so workers would barely matter)")
     parser.add_argument("--peaks", default="0.7,0.6",
-                        help="fig14: the first model's plateau and the second's spike, as fractions of max load alone")
+                        help="fig14: the first model's plateau, the second's level at T1 and (optional, default 0.6) "
+                             "its spike at T2, as fractions of each model's max load alone on the node")
     parser.add_argument("--quick-profile", action="store_true", help="coarse capacity profile (4 short probes)")
     parser.add_argument("--router", action="store_true",
                         help="also put the first model on node B behind the Kairos router (the demo's layout)")

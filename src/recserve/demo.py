@@ -231,14 +231,14 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
 
 
 def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: float,
-               models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, float] = (0.7, 0.6)
+               models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, ...] = (0.7, 0.6)
                ) -> dict[str, np.ndarray]:
     """Offered load per window for the two live models.
 
     ``diurnal``: a compressed day peaking at ``PEAK_SHARE`` of one worker's profiled max load.
-    ``fig14``: Hera Fig. 14 (gradual rise; at T1 the second model drops; at T2 it spikes while the first
-    drops), as fractions of each model's max load alone on the node's two cores; ``peaks`` are the first
-    model's plateau and the second's spike.
+    ``fig14``: Hera Fig. 14 (gradual rise; at T1 the second model drops to 20%; at T2 it spikes while the first
+    drops to 10%), as fractions of each model's max load alone on the node's two cores; ``peaks`` are the first
+    model's plateau, the second's level at T1 and, if given, its spike at T2 (default the paper's 60%).
     """
     from recserve.sim.colocate import hera_fig14
 
@@ -247,7 +247,7 @@ def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: flo
     if shape == "fig14":
         mids = (np.arange(windows) + 0.5) * window_s
         shapes = dict(zip(models, hera_fig14(duration_s=windows * window_s, memory_peak=peaks[0],
-                                             cache_peak=peaks[1]), strict=True))
+                                             cache_peak=peaks[1], cache_spike=(*peaks, 0.6)[2]), strict=True))
         return {m: np.array([shapes[m].rate(capacity[m].max_qps(2))(t) for t in mids]) for m in models}
     raise RecserveError(f"unknown live load shape {shape!r}; known: diurnal, fig14")
 
@@ -277,7 +277,7 @@ def _replica_router(run: DemoRun, model: str, scale: float, port_a: int, core: i
 
 def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",
              use_router: bool = True, shape: str = "diurnal",
-             models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, float] = (0.7, 0.6)) -> dict[str, Any]:
+             models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, ...] = (0.7, 0.6)) -> dict[str, Any]:
     """Node A co-locates the two models, node B replicates the first behind the router (``use_router``);
     ``controller_name`` (hera | parties | static) resizes node A's workers every window under the
     ``shape`` load (see :func:`live_rates`)."""
