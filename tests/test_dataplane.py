@@ -903,3 +903,42 @@ def test_the_planes_percentile_equals_numpys():
         values = rng.exponential(size=n)
         for q in (0.0, 50.0, 95.0, 99.0, 100.0):
             assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-12)
+
+
+def test_a_worker_out_of_descriptors_pauses_accepting_and_resumes(monkeypatch):
+    """EMFILE at accept leaves the client queued in the listener; the worker stops reading the listener for
+    ``ACCEPT_PAUSE_S`` (as asyncio's server does) instead of spinning on it, then accepts again."""
+    import errno
+
+    from recserve.serving import dataplane
+    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+
+    monkeypatch.setattr(dataplane, "ACCEPT_PAUSE_S", 0.05)
+    loop = asyncio.new_event_loop()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    client = socket.create_connection(listener.getsockname())
+    try:
+        plane = WorkerPlane(loop, "m", object(), lambda msg: None, lambda *a: None, PlaneLimits(), sub_batch=0)
+        loop.run_until_complete(plane.listen(listener))
+
+        class Exhausted:
+            def __init__(self, sock: socket.socket) -> None:
+                self.sock = sock
+
+            def accept(self):
+                raise OSError(errno.EMFILE, "Too many open files")
+
+            def fileno(self) -> int:
+                return self.sock.fileno()
+
+        plane._listener = Exhausted(listener)
+        plane._accept()
+        assert not loop.remove_reader(listener.fileno())  # paused: the listener is not being read
+        plane._listener = listener
+        loop.run_until_complete(asyncio.sleep(0.15))  # resumed: the queued client is accepted now
+        assert plane._connecting == 0 and len(plane.connections) == 1
+    finally:
+        client.close()
+        loop.close()
