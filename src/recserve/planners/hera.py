@@ -95,7 +95,12 @@ def model_curves(profiles: ProfileSet | dict, model: str, server: ServerType, th
         raise InfeasibleError(f"model {model!r} cannot run even one worker on {server.name!r} "
                               f"(footprint {mem[1]:.1f} GB > {server.mem_gb:g} GB or no profile row)")
     feasible_workers = int(workers[feasible].max())
-    qps = np.maximum.accumulate(np.where(feasible, np.maximum(raw, 0.0), 0.0))
+    served = np.where(feasible, np.maximum(raw, 0.0), 0.0)
+    qps = np.maximum.accumulate(served)
+    # the worker count that delivers qps[w] (best with <= w workers): its bandwidth is the model's MemBW with w
+    # cores (Alg. 1 line 13), not that of a row that serves nothing (e.g. one over the usable memory)
+    best = np.array([int(np.argmax(served[:w + 1])) for w in workers])
+    at = np.where(qps > 0, best, np.minimum(workers, feasible_workers))
     iso = qps[-1]
     if iso <= 0:
         raise InfeasibleError(f"model {model!r} meets its SLA at no load on {server.name!r}")
@@ -106,7 +111,7 @@ def model_curves(profiles: ProfileSet | dict, model: str, server: ServerType, th
     by_ways = _resample(ways, "max_qps", np.arange(K + 1))
     full = by_ways[K] if by_ways[K] > 0 else by_ways.max()
     ratio = np.clip(by_ways / full, 0.0, 1.0) if full > 0 else np.ones(K + 1)
-    bw = _resample(need("membw_vs_workers"), "gbs", np.minimum(workers, feasible_workers))
+    bw = _resample(need("membw_vs_workers"), "gbs", at)
     return ModelCurves(model, qps, ratio, np.maximum(bw, 0.0), mem, feasible_workers, slope, slope >= threshold,
                        useful)
 
