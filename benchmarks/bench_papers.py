@@ -137,8 +137,9 @@ def row_hera(fresh: bool) -> list[Row]:
         mean_gain = float(np.mean(list(emu_gain.values())))
         servers_txt = " / ".join(f"{-100 * v:+.1f}%" for v in savings.values())
         keep = ", ".join(f"{m.removeprefix('hera-')} {v:.2f}" for m, v in o["keep_at_1_way"].items())
-        reason = (f"{label}: QPS kept at 1 of 11 ways: {keep}; low-scalability {o['low']} (paper: DLRM(B), "
-                  "DLRM(D) and others); "
+        reason = (f"{label}: QPS kept at 1 of 11 ways: {keep}; low-scalability {o['low']} (paper: DLRM(B) and "
+                  "DLRM(D); DLRM(D) stays high here because the per-core DRAM rate, fitted on the dev host, keeps 16 "
+                  "workers under hera-xeon's bandwidth, so every pair's CoAff_DRAM is 1); "
                   + ("flat LLC curves leave Alg. 1 nothing to rank" if label == "perfmodel LLC" else
                      "slowdowns measured on the shared 2-core dev host with scaled tables (<= 128 MB), mapped to "
                      "hera-xeon by share of the LLC per worker"))
