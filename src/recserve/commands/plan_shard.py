@@ -81,7 +81,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
     evaluation = evaluate_plan(plan, spec, cost, server, locality=args.locality, locality_model=args.locality_model,
                                rpc_ms=args.rpc_ms)
     print(evaluation_text(evaluation))
-    simulated = simulate_plan_latency(plan, spec, cost, rpc_ms=args.rpc_ms, queries=int(max(20_000, 60 * args.qps)))
+    simulated = simulate_plan_latency(plan, spec, cost, rpc_ms=args.rpc_ms)
     print(f"  p{simulated.percentile:g} simulated (a minute of Poisson queries through every replica queue): "
           f"{simulated.sharded_ms:.1f} ms vs model-wise {simulated.modelwise_ms:.1f} ms; "
           f"SLA {spec.sla.target_ms:g} ms: "

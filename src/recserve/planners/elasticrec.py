@@ -161,13 +161,7 @@ class LatencyBudget:
         return self.sla_ms - self.dense_ms - self.rpc_ms
 
     def gather_rate(self, qps: np.ndarray | float) -> np.ndarray | float:
-        return sla_bounded_qps(qps, self.gather_ms, self.percentile) if self.gather_ms > 0 else qps * 0.0
-
-    def dense_rate(self, qps: float) -> float:
-        return float(sla_bounded_qps(qps, self.dense_ms, self.percentile))
-
-    def monolith_rate(self, qps: float) -> float:
-        return float(sla_bounded_qps(qps, self.sla_ms, self.percentile))
+        return sla_bounded_qps(qps, self.gather_ms, self.percentile)
 
     def describe(self) -> str:
         return (f"replicas sized to QPSmax for p{self.percentile:g} within budget: dense {self.dense_ms:g} ms "
@@ -369,15 +363,18 @@ def _whole_rates(spec: ModelSpec, cost: ShardCostModel, total_gathers: float,
     dense, model = cost.dense_qps, cost.model_qps(total_gathers)
     if budget is None:
         return dense, model
-    dense, model = budget.dense_rate(dense), budget.monolith_rate(model)
-    for what, rate, ms, share in (("dense shard", dense, 1000.0 / cost.dense_qps, budget.dense_ms),
-                                  ("model-wise replica", model, 1000.0 / cost.model_qps(total_gathers),
-                                   budget.sla_ms)):
-        if rate <= 0:
-            raise InfeasibleError(f"{spec.name}: a {what} idle has a p{budget.percentile:g} of "
-                                  f"{tail_factor(budget.percentile) * ms:.1f} ms (M/M/1), over its {share:g} ms "
-                                  "budget; lower the batch")
-    return dense, model
+    return (_bounded(spec, "dense shard", dense, budget.dense_ms, budget.percentile),
+            _bounded(spec, "model-wise replica", model, budget.sla_ms, budget.percentile))
+
+
+def _bounded(spec: ModelSpec, what: str, qps: float, budget_ms: float, percentile: float) -> float:
+    """``what``'s QPSmax within ``budget_ms``; InfeasibleError when even an idle replica misses it."""
+    rate = float(sla_bounded_qps(qps, budget_ms, percentile))
+    if rate <= 0:
+        raise InfeasibleError(f"{spec.name}: a {what} idle has a p{percentile:g} of "
+                              f"{tail_factor(percentile) * 1000.0 / qps:.1f} ms (M/M/1), over its {budget_ms:g} ms "
+                              "budget; lower the batch")
+    return rate
 
 
 def resize_shards(shards: TableShards, cdf: np.ndarray, gathers_per_query: float, row_bytes: int,
@@ -451,7 +448,7 @@ def pack_servers(replicas: list[Replica], server: ServerType) -> int:
 def p95_ms(service_ms: float, load_qps: float, capacity_qps: float) -> float:
     """p95 sojourn of an M/M/1 replica: exponential with mean S / (1 - rho); inf at rho >= 1."""
     rho = load_qps / capacity_qps
-    return math.log(20.0) * service_ms / (1 - rho) if rho < 1 else math.inf
+    return tail_factor(95.0) * service_ms / (1 - rho) if rho < 1 else math.inf
 
 
 @dataclass

@@ -36,7 +36,10 @@ def sla_bounded_qps(qps_per_replica: float | np.ndarray, budget_ms: float,
     The paper stress-tests each shard for the load at which its tail latency rises sharply; we take the
     replica as M/M/1, whose sojourn time is exponential with rate ``mu - lambda``, so the p-th percentile
     stays within ``budget_ms`` up to ``lambda = mu - tail_factor(p) / budget``.  0 where even an idle
-    replica misses the budget (no replica count helps)."""
+    replica misses the budget, or there is no budget (no replica count helps)."""
     mu = np.asarray(qps_per_replica, dtype=float)
-    bound = np.maximum(mu - tail_factor(percentile) * 1000.0 / budget_ms, 0.0)
+    if budget_ms <= 0:
+        bound = np.zeros_like(mu)
+    else:
+        bound = np.maximum(mu - tail_factor(percentile) * 1000.0 / budget_ms, 0.0)
     return float(bound) if bound.ndim == 0 else bound

@@ -122,10 +122,11 @@ def simulate_shard_latency(plan: ShardPlan, gather_ms: dict[str, float], dense_m
                         max(worst, key=worst.get) if worst else "")
 
 
-def simulate_plan_latency(plan: ShardPlan, spec: Any, cost: Any, rpc_ms: float = 2.0, queries: int = 20_000,
+def simulate_plan_latency(plan: ShardPlan, spec: Any, cost: Any, rpc_ms: float = 2.0, queries: int | None = None,
                           seed: int = 0) -> ShardLatency:
     """:func:`simulate_shard_latency` with service times from the plan's ``ShardCostModel`` (what it was sized
-    on) and the SLA percentile of ``spec``."""
+    on) and the SLA percentile of ``spec``; by default a minute of load (at least 20,000 queries)."""
+    queries = queries or int(max(20_000, 60 * plan.target_qps))
     gather_ms = {f"{t.table}-s{k}": 1000.0 / float(cost.gather_qps(ns))
                  for t in plan.tables for k, ns in enumerate(t.rows_gathered)}
     total_gathers = sum(plan.batch * tab.pooling for tab in spec.tables)
