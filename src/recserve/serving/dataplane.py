@@ -592,9 +592,9 @@ class WorkerPlane:
         ``accept``; a worker killed in between would take the only descriptor of a connection whose client may
         already have sent its request, and that client would see a reset instead of an answer."""
         listener = self._listener
+        if listener is None:
+            return
         for _ in range(ACCEPT_BATCH):
-            if listener is None:
-                return
             try:
                 sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -606,7 +606,7 @@ class WorkerPlane:
                 self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
                 return
             sock.setblocking(False)
-            early = self._share is not None and sock.fileno() < len(self.states)
+            early = self._holds(sock.fileno())
             if early:
                 self.states[sock.fileno()] = False
                 self._share(sock.fileno())  # type: ignore[misc]
@@ -922,9 +922,12 @@ class WorkerPlane:
         self.loop.call_later(SWEEP_S, self._sweep)
 
     # ---- connections the supervisor holds too ----------------------------------------------------------
+    def _holds(self, fd: int) -> bool:
+        """Whether the supervisor holds a copy of descriptor ``fd`` (the descriptor has a state byte)."""
+        return self._share is not None and 0 <= fd < len(self.states)
+
     def _shared(self, conn: Connection) -> bool:
-        """Whether the supervisor holds a descriptor of this connection (its descriptor has a state byte)."""
-        return self._share is not None and 0 <= conn.slot < len(self.states)
+        return self._holds(conn.slot)
 
     def opened(self, conn: Connection) -> None:
         """The supervisor keeps its own descriptor of every connection this worker serves (with the shared
