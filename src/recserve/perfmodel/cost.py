@@ -43,7 +43,7 @@ class ModelCost:
     sparse_modules: int = 0  # nn.Module invocations of one sparse call
     dense_modules: int = 0  # ... of one dense call
     gemm_rows_per_item: float = 1.0  # FLOP-weighted GEMM rows per item (sequence length for attention)
-    device_dense_ops: int = 0  # operators one dense call launches on a GPU (0: as dense_ops); see _rnn_dispatch
+    device_dense_ops: int = 0  # operators one dense call launches on a GPU (0: as dense_ops); see CallCounts
 
 
 def _mlp(widths: tuple[int, ...], n_in: int) -> tuple[float, float, int, int]:
@@ -114,54 +114,8 @@ def analytic_activation_bytes(spec: ModelSpec) -> float:
     return 4.0 * widths
 
 
-def _rnn_dispatch(model: object) -> tuple[int, int]:
-    """(ATen operators dispatched inside ``nn.RNNBase`` modules, time steps they run) in one dense call on the CPU.
-
-    On the CPU ``nn.GRU``/``nn.LSTM`` decompose into per-step ATen operators (~14 per GRU step), and
-    ``zoo.flops.count_calls`` counts them all; on a CUDA device ATen hands the whole recurrence to one cuDNN call
-    (``use_cudnn(input)`` -> ``gru_cudnn_stub`` in ATen's ``RNN.cpp``), which launches its kernels natively, about one
-    per time step.  The GPU path charges a launch per operator, so it needs the count as the device runs it.
-    """
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from recserve.zoo import sample_batch
-
-    state = {"depth": 0, "ops": 0, "steps": 0}
-
-    class _Inside(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's hook
-            state["ops"] += state["depth"] > 0
-            return func(*args, **(kwargs or {}))
-
-    def enter(module: torch.nn.RNNBase, inputs: tuple) -> None:
-        state["depth"] += 1
-        if state["depth"] == 1 and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() == 3:
-            state["steps"] += int(inputs[0].shape[1 if module.batch_first else 0])
-
-    def leave(*_: object) -> None:
-        state["depth"] -= 1
-
-    rnns = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
-    if not rnns:
-        return 0, 0
-    handles = [h for m in rnns for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
-    try:
-        model.eval()
-        query = sample_batch(model, 4)
-        with torch.no_grad():
-            pooled = model.sparse(query)
-            with _Inside():
-                model.dense(query.dense, pooled)
-    finally:
-        for h in handles:
-            h.remove()
-    return state["ops"], state["steps"]
-
-
-def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float, int] | None:
-    """(FLOPs, dense params, call counts, activation bytes, GPU dense operators) per item counted on the zoo
-    module, or None."""
+def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float] | None:
+    """(FLOPs, dense params, call counts, activation bytes) per item counted on the zoo module, or None."""
     try:
         from recserve.zoo import build
         from recserve.zoo.flops import count_calls, dense_flops_per_item
@@ -169,13 +123,11 @@ def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float, int] |
         model = build(spec, scale=1e-12, min_rows=4)
         flops = float(dense_flops_per_item(spec))
         calls = count_calls(spec)
-        rnn_ops, rnn_steps = _rnn_dispatch(model)
     except (SpecError, NotImplementedError, ImportError, KeyError):
         return None
     table_params = {id(p) for t in model.tables for p in t.parameters()}
     params = sum(p.numel() for p in model.parameters() if id(p) not in table_params)
-    device_ops = max(1, calls.dense_ops - rnn_ops + rnn_steps)
-    return flops, float(params), calls, calls.dense_written_bytes_per_item, device_ops
+    return flops, float(params), calls, calls.dense_written_bytes_per_item
 
 
 ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiated
@@ -184,10 +136,9 @@ ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiate
 @cache
 def model_cost(spec: ModelSpec) -> ModelCost:
     flops, params, _ = analytic_dense(spec)
-    calls = analytic_calls(spec)
-    estimate = (flops, params, calls, analytic_activation_bytes(spec), max(1, calls.dense_ops))
+    estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec))
     zoo = _zoo_dense(spec) if params * 4 <= ZOO_COUNT_MAX_BYTES else None
-    flops, params, calls, act, device_ops = zoo if zoo is not None else estimate
+    flops, params, calls, act = zoo if zoo is not None else estimate
     if spec.dense_flops:  # counted on the user's program (a repository model of no zoo family)
         flops, params = spec.dense_flops, float(spec.dense_params or params)
     bpe = spec.bytes_per_elem
@@ -216,7 +167,7 @@ def model_cost(spec: ModelSpec) -> ModelCost:
         sparse_modules=calls.sparse_modules,
         dense_modules=calls.dense_modules,
         gemm_rows_per_item=calls.gemm_rows_per_item,
-        device_dense_ops=device_ops,
+        device_dense_ops=calls.device_dense_ops or max(1, calls.dense_ops),
     )
 
 

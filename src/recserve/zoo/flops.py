@@ -115,6 +115,10 @@ class CallCounts:
     dense_modules: int
     gemm_rows_per_item: float
     dense_written_bytes_per_item: float = 0.0  # outputs of the dense part's non-GEMM operators
+    # operators the dense part launches on a GPU: an ``nn.RNNBase`` module decomposes into ~14 ATen operators per
+    # time step on the CPU, but on a CUDA device ATen hands the whole recurrence to one cuDNN call (``use_cudnn``
+    # -> ``gru_cudnn_stub`` in ``RNN.cpp``), which launches its kernels natively, about one per step; 0 = dense_ops
+    device_dense_ops: int = 0
 
 
 class _OpCounter(TorchDispatchMode):
@@ -123,9 +127,13 @@ class _OpCounter(TorchDispatchMode):
         self.ops = 0
         self.gemms: list[tuple[int, float]] = []  # (rows, flops)
         self.written = 0.0  # bytes output by non-GEMM operators (element-wise work over activations)
+        self.rnn_depth = 0  # inside an nn.RNNBase module (set by ``_count``'s hooks)
+        self.rnn_ops = 0  # operators dispatched there
+        self.rnn_steps = 0  # time steps those modules ran
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's hook
         self.ops += 1
+        self.rnn_ops += self.rnn_depth > 0
         name = str(func)
         if name.startswith(GEMM_OPS):
             a, b = (args[1], args[2]) if "addmm" in name or "baddbmm" in name else (args[0], args[1])
@@ -141,13 +149,23 @@ class _OpCounter(TorchDispatchMode):
 
 def _count(model: nn.Module, call) -> tuple[_OpCounter, int, object]:  # noqa: ANN001
     modules = 0
+    counter = _OpCounter()
 
     def pre_hook(*_: object) -> None:
         nonlocal modules
         modules += 1
 
+    def rnn_enter(module: nn.RNNBase, inputs: tuple) -> None:
+        counter.rnn_depth += 1
+        if counter.rnn_depth == 1 and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() == 3:
+            counter.rnn_steps += int(inputs[0].shape[1 if module.batch_first else 0])
+
+    def rnn_leave(*_: object) -> None:
+        counter.rnn_depth -= 1
+
     handles = [m.register_forward_pre_hook(pre_hook) for m in model.modules()]
-    counter = _OpCounter()
+    rnns = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+    handles += [h for m in rnns for h in (m.register_forward_pre_hook(rnn_enter), m.register_forward_hook(rnn_leave))]
     try:
         with torch.no_grad(), counter:
             out = call()
@@ -177,4 +195,5 @@ def count_calls(spec: ModelSpec, batch: int = 4) -> CallCounts:
         pooled_big = model.sparse(bigger)
     dense_big, _, _ = _count(model, lambda: model.dense(bigger.dense, pooled_big))
     written = max(0.0, (dense_big.written - dense.written) / (2 * batch))
-    return CallCounts(sparse.ops, dense.ops, sparse_modules, dense_modules, float(rows), written)
+    device_ops = max(1, dense.ops - dense.rnn_ops + dense.rnn_steps)
+    return CallCounts(sparse.ops, dense.ops, sparse_modules, dense_modules, float(rows), written, device_ops)
