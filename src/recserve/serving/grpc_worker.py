@@ -1,19 +1,20 @@
 """gRPC in the worker (data plane v2): a model worker answers its own model's ``ModelInfer`` itself.
 
-Every whole-query worker runs a grpc.aio server on the node's public gRPC port (``SO_REUSEPORT``: the kernel
-spreads connections over the workers).  ``ModelInfer`` for this worker's model is decoded with the shared codec,
-queued in the worker's one queue (the same admission, deadlines and fused passes as HTTP; the deadline is the
-call's gRPC deadline) and answered here.  Every other call (metadata, health, statistics, other models, the
-repository API, streams) is forwarded byte for byte to the supervisor's gRPC server on a private Unix socket, so
-the worker needs to know no other part of the service and a client sees one server.
+Every whole-query worker serves the node's public gRPC port (``SO_REUSEPORT``: the kernel spreads connections
+over the workers) with the lean HTTP/2 server of ``serving/h2grpc.py`` (grpc.aio's server cost ~5x its CPU per
+call; see that module).  ``ModelInfer`` for this worker's model is decoded with the shared codec, queued in the
+worker's one queue (the same admission, deadlines and fused passes as HTTP; the deadline is the call's
+``grpc-timeout``) and answered from the reply callback, with no task per call.  Every other call (metadata,
+health, statistics, other models, the repository API, streams) is forwarded byte for byte to the supervisor's
+gRPC server on a private Unix socket through a grpc.aio channel, so the worker needs to know no other part of
+the service and a client sees one server.
 """
 
 from __future__ import annotations
 
-import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 import numpy as np
@@ -23,91 +24,117 @@ from recserve.serving import codec
 from recserve.serving.dataplane import WorkerPlane, as_infer_error
 from recserve.serving.errors import InferError, grpc_code
 from recserve.serving.grpc_service import Undecodable, infer_response, tolerant
+from recserve.serving.h2grpc import GrpcCall, GrpcServer, Method
 
 SERVICE = "/inference.GRPCInferenceService/"
+decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
 
 
-class WorkerHandler(grpc.GenericRpcHandler):
+def _fail(call: GrpcCall, error: InferError) -> None:
+    call.finish(grpc_code(error).value[0], error.public_message())
+
+
+class WorkerMethods:
     """Routes each call: this model's ``ModelInfer`` to the worker's queue, anything else to the supervisor."""
 
     def __init__(self, plane: WorkerPlane, upstream: grpc.aio.Channel) -> None:
         self.plane = plane
         self.upstream = upstream
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}  # grpc asks on every call: built once per method
-        self._forward_infer = self._forward(SERVICE + "ModelInfer")  # another model's or version's queries
+        self._methods: dict[str, Method] = {}  # asked on every call: built once per method
+        self._forward_infer = self._forward(SERVICE + "ModelInfer").unary  # another model's or version's queries
 
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = details.method
-        if not method.startswith(SERVICE):
+    def __call__(self, path: str) -> Method | None:
+        if not path.startswith(SERVICE):
             return None
-        if method not in self._handlers:
-            self._handlers[method] = self._handler(method)
-        return self._handlers[method]
+        if path not in self._methods:
+            self._methods[path] = self._method(path)
+        return self._methods[path]
 
-    def _handler(self, method: str) -> grpc.RpcMethodHandler:
-        if method == SERVICE + "ModelInfer":
-            return grpc.unary_unary_rpc_method_handler(self._infer)
-        if method == SERVICE + "ModelStreamInfer":
-            return grpc.stream_stream_rpc_method_handler(self._forward_stream(method))
-        return grpc.unary_unary_rpc_method_handler(self._forward(method))
+    def _method(self, path: str) -> Method:
+        if path == SERVICE + "ModelInfer":
+            return Method(unary=self._infer)
+        if path == SERVICE + "ModelStreamInfer":
+            return self._forward_stream(path)
+        return self._forward(path)
 
-    async def _infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    def _infer(self, call: GrpcCall, raw: memoryview) -> None:
         arrived = time.perf_counter()
-        request = tolerant(service_pb2.ModelInferRequest.FromString)(raw)
+        request = decode_infer(raw)
         if isinstance(request, Undecodable):
-            await context.abort(grpc_code(request.error), request.error.public_message())
+            _fail(call, request.error)
+            return
         name, version = request.model_name, request.model_version
         if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
-            return await self._forward_infer(raw, context)
+            self._forward_infer(call, raw)  # type: ignore[misc]
+            return
         try:
             arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request))
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
-            await context.abort(grpc_code(error), error.public_message())
-        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+            _fail(call, error)
+            return
 
         def reply(scores: np.ndarray | None, error: InferError | None) -> None:
-            if not answer.done():
-                answer.set_result((scores, error))
+            if error is not None:
+                _fail(call, error)
+            elif not call.done:
+                call.reply(infer_response(name, request.id, scores, self.plane.version).SerializeToString())
 
-        self.plane.enqueue(arrays, items, arrived, context.time_remaining(), reply)
-        scores, error = await answer
-        if error is not None:
-            await context.abort(grpc_code(error), error.public_message())
-        return infer_response(name, request.id, scores, self.plane.version).SerializeToString()
+        self.plane.enqueue(arrays, items, arrived, call.time_remaining(), reply)
 
-    def _forward(self, method: str) -> Any:
-        call = self.upstream.unary_unary(method)
+    def _forward(self, path: str) -> Method:
+        send = self.upstream.unary_unary(path)
 
-        async def forward(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        async def relay(call: GrpcCall, raw: memoryview) -> None:
             try:
-                return await call(raw, timeout=context.time_remaining())
+                call.reply(await send(bytes(raw), timeout=call.time_remaining()))
             except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), exc.details() or "")
+                call.finish(exc.code().value[0], exc.details() or "")
 
-        return forward
+        return Method(unary=lambda call, raw: call.run(relay(call, raw)))
 
-    def _forward_stream(self, method: str) -> Any:
-        call = self.upstream.stream_stream(method)
+    def _forward_stream(self, path: str) -> Method:
+        open_stream = self.upstream.stream_stream(path)
 
-        async def forward(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async def requests(call: GrpcCall) -> AsyncIterator[bytes]:
+            while (message := await call.requests.get()) is not None:  # type: ignore[union-attr]
+                yield bytes(message)
+
+        async def relay(call: GrpcCall) -> None:
             try:
-                async for response in call(requests, timeout=context.time_remaining()):
-                    yield response
+                async for response in open_stream(requests(call), timeout=call.time_remaining()):
+                    call.send(response)
+                call.finish()
             except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), exc.details() or "")
+                call.finish(exc.code().value[0], exc.details() or "")
 
-        return forward
+        return Method(stream=lambda call: call.run(relay(call)))
 
 
-async def serve_grpc(plane: WorkerPlane, address: str, upstream: str, max_message: int) -> grpc.aio.Server:
+def _listening_socket(address: str) -> socket.socket:
+    """``host:port`` or ``[v6]:port``, bound with ``SO_REUSEPORT`` beside the node's other workers."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, int(port)))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot bind gRPC address {address}: {exc}") from exc
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_grpc(plane: WorkerPlane, address: str, upstream: str, max_message: int) -> GrpcServer:
     """Start this worker's gRPC server on ``address`` (shared by port reuse) forwarding to ``upstream``."""
     options = [("grpc.max_receive_message_length", max_message), ("grpc.max_send_message_length", max_message)]
     channel = grpc.aio.insecure_channel(upstream, options=options)
-    server = grpc.aio.server(options=[*options, ("grpc.so_reuseport", 1)])
-    server.add_generic_rpc_handlers((WorkerHandler(plane, channel),))
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot bind gRPC address {address}")
-    await server.start()
+    server = GrpcServer(WorkerMethods(plane, channel), max_message)
+    await server.start(_listening_socket(address))
     return server
+
+

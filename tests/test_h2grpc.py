@@ -1,0 +1,188 @@
+"""The workers' HTTP/2 gRPC server (serving/h2grpc.py) against grpcio's own client: framing, flow control both
+ways, streaming, status and messages, deadlines and cancellation, compression, limits and the graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from recserve.serving.h2grpc import (
+    INVALID_ARGUMENT,
+    GrpcCall,
+    GrpcServer,
+    Method,
+    _percent_encoded,
+    _timeout_s,
+)
+
+MAX_MESSAGE = 8 << 20
+
+
+class Service:
+    """Methods by name: echo, slow echo, never answer, an error with a non-ASCII message, a streaming echo."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.cancelled = threading.Event()
+        self.deadlines: list[float | None] = []
+
+    def __call__(self, path: str) -> Method | None:
+        return {
+            "/t.S/Echo": Method(unary=lambda call, raw: call.reply(bytes(raw))),
+            "/t.S/Slow": Method(unary=self._slow),
+            "/t.S/Never": Method(unary=self._never),
+            "/t.S/Fail": Method(unary=lambda call, raw: call.finish(INVALID_ARGUMENT, "bad input: größe 100%")),
+            "/t.S/Big": Method(unary=lambda call, raw: call.reply(b"z" * int(bytes(raw)))),
+            "/t.S/Chat": Method(stream=lambda call: call.run(self._chat(call))),
+        }.get(path)
+
+    def _slow(self, call: GrpcCall, raw: memoryview) -> None:
+        message = bytes(raw)
+        self.loop.call_later(0.3, call.reply, message)
+
+    def _never(self, call: GrpcCall, raw: memoryview) -> None:
+        self.deadlines.append(call.time_remaining())
+        call.on_cancel = self.cancelled.set
+
+    async def _chat(self, call: GrpcCall) -> None:
+        while (message := await call.requests.get()) is not None:
+            call.send(bytes(message) + b"!")
+        call.finish()
+
+
+@pytest.fixture()
+def served():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    service = Service(loop)
+    server = GrpcServer(service, MAX_MESSAGE)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    sock.setblocking(False)
+    asyncio.run_coroutine_threadsafe(server.start(sock), loop).result(5)
+    address = f"127.0.0.1:{sock.getsockname()[1]}"
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20),
+                                                      ("grpc.max_receive_message_length", 64 << 20)])
+    try:
+        yield channel, server, loop, service, address
+    finally:
+        channel.close()
+        asyncio.run_coroutine_threadsafe(server.stop(grace=1.0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        sock.close()
+
+
+def test_unary_calls_round_trip_many_times_on_one_connection(served):
+    channel = served[0]
+    echo = channel.unary_unary("/t.S/Echo")
+    for i in range(300):
+        payload = os.urandom(i % 97)
+        assert echo(payload, timeout=5) == payload
+
+
+def test_large_messages_cross_both_ways_within_the_peers_windows_and_frame_sizes(served):
+    channel = served[0]
+    payload = os.urandom(5 << 20)  # above the client's initial 64 KiB window and 16 KiB frames: flow control
+    assert channel.unary_unary("/t.S/Echo")(payload, timeout=30) == payload
+    assert channel.unary_unary("/t.S/Big")(str(6 << 20).encode(), timeout=30) == b"z" * (6 << 20)
+
+
+def test_concurrent_calls_from_many_threads_all_get_their_own_answers(served):
+    channel = served[0]
+    echo, slow = channel.unary_unary("/t.S/Echo"), channel.unary_unary("/t.S/Slow")
+
+    def one(i: int) -> bool:
+        payload = str(i).encode() * (1 + i % 300)
+        return (slow if i % 10 == 0 else echo)(payload, timeout=10) == payload
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(one, range(400)))
+
+
+def test_a_streaming_call_answers_each_message_in_order(served):
+    channel = served[0]
+    chat = channel.stream_stream("/t.S/Chat")
+    messages = [os.urandom(n) for n in (0, 1, 70_000, 5, 300_000)]
+    assert list(chat(iter(messages), timeout=10)) == [m + b"!" for m in messages]
+
+
+def test_an_error_carries_its_code_and_its_non_ascii_message(served):
+    with pytest.raises(grpc.RpcError) as caught:
+        served[0].unary_unary("/t.S/Fail")(b"x", timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "bad input: größe 100%"
+
+
+def test_an_unknown_method_is_unimplemented(served):
+    with pytest.raises(grpc.RpcError) as caught:
+        served[0].unary_unary("/t.S/Nope")(b"x", timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_message_over_the_limit_is_resource_exhausted_and_the_connection_lives_on(served):
+    channel = served[0]
+    with pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary("/t.S/Echo")(b"x" * (MAX_MESSAGE + 1), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert channel.unary_unary("/t.S/Echo")(b"after", timeout=5) == b"after"
+
+
+def test_the_deadline_reaches_the_handler_and_a_client_timeout_cancels_the_call(served):
+    channel, _, _, service, _ = served
+    with pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary("/t.S/Never")(b"x", timeout=0.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert service.cancelled.wait(5), "the client's RST_STREAM did not cancel the call"
+    assert service.deadlines and 0 < service.deadlines[0] <= 0.5
+
+
+def test_a_gzip_compressed_request_is_inflated(served):
+    payload = b"compress me " * 10_000
+    answer = served[0].unary_unary("/t.S/Echo")(payload, timeout=5, compression=grpc.Compression.Gzip)
+    assert answer == payload
+
+
+def test_a_client_that_does_not_speak_http2_is_closed_with_goaway(served):
+    host, port = served[4].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = b""
+        while chunk := sock.recv(4096):
+            received += chunk
+    assert received, "nothing answered"
+    frames, goaway = received, False
+    while len(frames) >= 9:  # our SETTINGS, WINDOW_UPDATE, then GOAWAY
+        length = int.from_bytes(frames[:3], "big")
+        goaway |= frames[3] == 7
+        frames = frames[9 + length:]
+    assert goaway
+
+
+def test_a_graceful_stop_answers_the_calls_in_flight_and_takes_no_new_connection(served):
+    channel, server, loop, _, address = served
+    slow = channel.unary_unary("/t.S/Slow")
+    with ThreadPoolExecutor(4) as pool:
+        in_flight = [pool.submit(slow, b"%d" % i, timeout=10) for i in range(4)]
+        time.sleep(0.1)
+        asyncio.run_coroutine_threadsafe(server.stop(grace=5.0), loop).result(10)
+        assert [f.result() for f in in_flight] == [b"%d" % i for i in range(4)]
+    with pytest.raises(OSError):
+        socket.create_connection(address.split(":")[0:1] + [int(address.split(":")[1])], timeout=2)
+
+
+def test_timeouts_and_messages_follow_the_grpc_wire_rules():
+    assert _timeout_s(b"100m") == pytest.approx(0.1)
+    assert _timeout_s(b"2S") == 2.0 and _timeout_s(b"1H") == 3600.0 and _timeout_s(b"5u") == pytest.approx(5e-6)
+    assert _timeout_s(b"") is None and _timeout_s(b"10") is None and _timeout_s(b"x1m") is None
+    assert _percent_encoded("a b%c\n") == b"a b%25c%0A"
+    assert _percent_encoded("é") == b"%C3%A9"
