@@ -18,6 +18,7 @@ import torch
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from torch import nn
+from tritonclient.utils import InferenceServerException
 
 from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
@@ -547,3 +548,27 @@ def test_node_config_serves_a_repository_beside_catalogue_models_and_tiers_a_saf
         server.stop()
     assert np.abs(served - scores(reference, batch)).max() <= 1e-6
     assert len(tier_io) == 3 and {t["engine"] for t in tier_io} == {"threads"}
+
+
+def test_a_node_with_no_model_loaded_answers_grpc_itself_on_the_public_port(tmp_path):
+    """No worker accepts yet (an empty repository): the server covers the shared gRPC socket with its own HTTP/2
+    server and forwards every call to its gRPC service, so health and errors still answer."""
+    (tmp_path / "repo").mkdir()
+    server = NodeServer(NodeConfig(models=[], repository=str(tmp_path / "repo")))
+    ports = server.start()
+    try:
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                live = client.is_server_live()
+                break
+            except InferenceServerException:
+                time.sleep(0.1)
+        assert live and client.is_server_ready()
+        assert not client.is_model_ready("absent")
+        with pytest.raises(InferenceServerException, match="absent"):
+            client.infer("absent", grpc_inputs(sample_batch(trained(0, "ctr"), 2, rng=0)))
+        client.close()
+    finally:
+        server.stop()

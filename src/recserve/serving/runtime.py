@@ -344,7 +344,7 @@ class ModelRuntime:
         # Data plane v2: set by the node before start() when this model's workers accept queries themselves.
         self.listen_sock: Any = None
         self.node: Any = None  # the NodeConfig whose body, JSON and read-time bounds the workers apply
-        self.grpc_address = ""  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
+        self.grpc_listen: Any = None  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
         self.grpc_upstream = ""
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
         self._next_adopter = 0
@@ -406,7 +406,7 @@ class ModelRuntime:
         if self.accepts_in_workers and pool.stage == "model":
             args.listen, args.info, args.limits, args.sub_batch = self.listen_sock, self.info, self._limits(), \
                 self.sub_batch
-            args.grpc_address, args.grpc_upstream = self.grpc_address, self.grpc_upstream
+            args.grpc_listen, args.grpc_upstream = self.grpc_listen, self.grpc_upstream
             args.version, args.default = self.version, self.is_default
             states = torch.zeros(CONN_SLOTS, dtype=torch.uint8).share_memory_()
             args.slot = self._free_slot()

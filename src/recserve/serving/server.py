@@ -29,6 +29,8 @@ from aiohttp import web
 from recserve.errors import RecserveError
 from recserve.serving import grpc_service, protocol, tls
 from recserve.serving.config import NodeConfig, available_cores
+from recserve.serving.grpc_worker import Forwarder, channel_to
+from recserve.serving.h2grpc import GrpcServer
 from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.repository import Repository
@@ -90,7 +92,8 @@ class NodeCore:
         self.repo_state: dict[tuple[str, str], tuple[str, str]] = {}  # (model, version) -> (state, reason)
         self._model_locks: dict[str, asyncio.Lock] = {}
         self.retiring: set[ModelRuntime] = set()  # versions unloaded or replaced, finishing their queries
-        self.grpc_address = self.grpc_upstream = ""  # gRPC in the workers (NodeServer sets them), for loaded models
+        self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
+        self.grpc_upstream = ""
         self.accepting = False
         self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
         self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
@@ -155,7 +158,7 @@ class NodeCore:
         if self.listen_sock is not None and rt.cfg.mode == "model":
             rt.listen_sock, rt.node = self.listen_sock, self.config
             rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
-            rt.grpc_address, rt.grpc_upstream = self.grpc_address, self.grpc_upstream
+            rt.grpc_listen, rt.grpc_upstream = self.grpc_listen, self.grpc_upstream
 
     def find(self, name: str, version: str = "") -> ModelRuntime | None:
         """The runtime serving ``name`` at ``version`` ("" = the default version), or None."""
@@ -371,9 +374,9 @@ class NodeServer:
         self._grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self._sock: socket.socket | None = None
-        self._grpc_reserve: socket.socket | None = None  # the public gRPC port, held while the workers serve it
+        self._grpc_listen: socket.socket | None = None  # the public gRPC socket, while the workers accept on it
         self._grpc_dir = ""
-        self._grpc_fallback: grpc.aio.Server | None = None
+        self._grpc_fallback: GrpcServer | None = None  # this process's accept loop on it while no worker accepts
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
@@ -385,7 +388,7 @@ class NodeServer:
             in_workers = (self.config.front_end == "workers" and not self.config.tls_cert  # TLS: serving/tls.py
                           and self.core.use_worker_front_end(sock))
             if in_workers:
-                self._reserve_grpc_port(host)
+                self._listen_grpc(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
             await self._runner.setup()
@@ -411,35 +414,27 @@ class NodeServer:
         grpc_service.add_to_server(server, self.core)
         return server
 
-    def _reserve_grpc_port(self, host: str) -> None:
-        """Data plane v2 for gRPC: hold the public port (bound, not listening, ``SO_REUSEPORT``) so the workers can
-        all listen on it, and give the server a private Unix socket the workers forward other calls to."""
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            socket.inet_pton(family, host)
-        except OSError:
-            return  # a host name may resolve to several addresses: keep gRPC in this process
-        reserve = socket.socket(family, socket.SOCK_STREAM)
-        reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        reserve.bind((host, self.config.grpc_port))
-        self._grpc_reserve = reserve
+    def _listen_grpc(self, host: str) -> None:
+        """Data plane v2 for gRPC: one public listening socket that every whole-query worker inherits and accepts
+        on (as HTTP's), and a private Unix socket for this process's gRPC service, where the workers forward every
+        call they do not answer."""
+        sock = self._grpc_listen = listening_socket(host, self.config.grpc_port)
         self._grpc_dir = tempfile.mkdtemp(prefix="recserve-grpc-")
-        public = f"[{host}]" if family == socket.AF_INET6 else host
-        address, upstream = f"{public}:{reserve.getsockname()[1]}", f"unix:{self._grpc_dir}/server.sock"
-        self.core.grpc_address, self.core.grpc_upstream = address, upstream
+        upstream = f"unix:{self._grpc_dir}/server.sock"
+        self.core.grpc_listen, self.core.grpc_upstream = sock, upstream
         for rt in self.core.models.values():
             if rt.accepts_in_workers:
-                rt.grpc_address, rt.grpc_upstream = address, upstream
+                rt.grpc_listen, rt.grpc_upstream = sock, upstream
         self.core.cover_grpc = self._cover_grpc
 
     async def _start_grpc(self) -> int:
         """This process's gRPC server: the private address the workers forward to, or the public port."""
         self._grpc = self._grpc_server()
-        if self._grpc_reserve is not None:
-            if not self._grpc.add_insecure_port(f"unix:{self._grpc_dir}/server.sock"):
+        if self._grpc_listen is not None:
+            if not self._grpc.add_insecure_port(self.core.grpc_upstream):
                 raise InferError("internal", f"cannot bind the server's gRPC socket in {self._grpc_dir}")
             await self._grpc.start()
-            return self._grpc_reserve.getsockname()[1]
+            return self._grpc_listen.getsockname()[1]
         port = tls.bind_grpc(self._grpc, f"{self.config.host}:{self.config.grpc_port}", self.config)
         if port == 0:
             raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}")
@@ -447,11 +442,13 @@ class NodeServer:
         return port
 
     async def _cover_grpc(self, cover: bool) -> None:
-        """While no worker accepts, this process also listens on the public gRPC port (see ``_cover_accepts``)."""
-        if cover and self._grpc_fallback is None and self._grpc_reserve is not None:
-            self._grpc_fallback = self._grpc_server()
-            self._grpc_fallback.add_insecure_port(f"{self.config.host}:{self._grpc_reserve.getsockname()[1]}")
-            await self._grpc_fallback.start()
+        """While no worker accepts, this process accepts on the public gRPC socket too and forwards every call to
+        its own service (see ``_cover_accepts``); connections it took end with a graceful GOAWAY once a worker
+        is back."""
+        if cover and self._grpc_fallback is None and self._grpc_listen is not None:
+            limit = self.config.max_body_bytes
+            self._grpc_fallback = GrpcServer(Forwarder(channel_to(self.core.grpc_upstream, limit)), limit)
+            await self._grpc_fallback.start(self._grpc_listen.dup())
         elif not cover and self._grpc_fallback is not None:
             fallback, self._grpc_fallback = self._grpc_fallback, None
             await fallback.stop(grace=5.0)
@@ -467,9 +464,9 @@ class NodeServer:
             if server is not None:
                 await server.stop(grace=1.0)
         self._grpc = self._grpc_fallback = None
-        if self._grpc_reserve is not None:
-            self._grpc_reserve.close()
-            self._grpc_reserve = None
+        if self._grpc_listen is not None:
+            self._grpc_listen.close()
+            self._grpc_listen = None
             shutil.rmtree(self._grpc_dir, ignore_errors=True)
         if self._runner is not None:
             await self._runner.cleanup()

@@ -120,7 +120,7 @@ class WorkerArgs:
     info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
     limits: Any = None  # dataplane.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
     sub_batch: int = 0
-    grpc_address: str = ""  # the node's public gRPC address (bound with SO_REUSEPORT); "" = gRPC in the server
+    grpc_listen: Any = None  # data plane v2: the node's gRPC listening socket; None = gRPC in the server
     grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
@@ -311,7 +311,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    grpc_stopped = await _serve_grpc(plane, args) if args.grpc_address else None
+    grpc_stopped = await _serve_grpc(plane, args) if args.grpc_listen is not None else None
     await plane.listen(args.listen)
     send(ready)
     loop.add_reader(conn.fileno(), on_pipe)
@@ -329,7 +329,7 @@ async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[No
     or drains.  Returns what to await before exiting: that stop, which waits for the calls in flight."""
     from recserve.serving.grpc_worker import serve_grpc
 
-    server = await serve_grpc(plane, args.grpc_address, args.grpc_upstream, args.limits.max_body)
+    server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body)
     stopping: list[asyncio.Future] = []
     plane.on_stop_listening.append(lambda: stopping.append(asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S))))
 
