@@ -14,10 +14,13 @@ import grpc
 import pytest
 
 from recserve.serving.h2grpc import (
+    ENHANCE_YOUR_CALM,
     INVALID_ARGUMENT,
+    PREFACE,
     GrpcCall,
     GrpcServer,
     Method,
+    _frame,
     _percent_encoded,
     _timeout_s,
 )
@@ -186,3 +189,55 @@ def test_timeouts_and_messages_follow_the_grpc_wire_rules():
     assert _timeout_s(b"") is None and _timeout_s(b"10") is None and _timeout_s(b"x1m") is None
     assert _percent_encoded("a b%c\n") == b"a b%25c%0A"
     assert _percent_encoded("é") == b"%C3%A9"
+
+
+def _raw_connection(address: str) -> socket.socket:
+    host, port = address.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    sock.sendall(PREFACE + _frame(4, 0, 0))  # preface + empty SETTINGS
+    return sock
+
+
+def _frames_until_closed(sock: socket.socket) -> list[tuple[int, bytes]]:
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    frames = []
+    while len(received) >= 9:
+        length = int.from_bytes(received[:3], "big")
+        frames.append((received[3], received[9:9 + length]))
+        received = received[9 + length:]
+    return frames
+
+
+def test_a_continuation_flood_ends_the_connection_and_the_server_serves_on(served):
+    channel, address = served[0], served[4]
+    with _raw_connection(address) as sock:
+        sock.sendall(_frame(1, 0, 1, b"\x82"))  # HEADERS without END_HEADERS, then endless CONTINUATION
+        try:
+            for _ in range(100):
+                sock.sendall(_frame(9, 0, 1, b"\x00" * 16_000))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        goaways = [payload for kind, payload in _frames_until_closed(sock) if kind == 7]
+    assert goaways and int.from_bytes(goaways[-1][4:8], "big") == ENHANCE_YOUR_CALM
+    assert channel.unary_unary("/t.S/Echo")(b"still here", timeout=5) == b"still here"
+
+
+@pytest.mark.parametrize("garbage", [
+    _frame(0, 0, 0, b"x"),  # DATA on stream 0
+    _frame(1, 4, 2, b"\x82"),  # a server-side (even) stream id
+    _frame(6, 0, 0, b"short"),  # PING of the wrong length
+    _frame(4, 0, 0, b"\x00\x04\xff\xff\xff\xff"),  # initial window over 2^31 - 1
+    _frame(1, 4, 1, b"\xff\xff\xff\xff"),  # an undecodable header block
+    _frame(5, 4, 1, b"\x00\x00\x00\x02"),  # PUSH_PROMISE from a client
+])
+def test_protocol_errors_end_only_their_connection_with_goaway(served, garbage):
+    channel, address = served[0], served[4]
+    with _raw_connection(address) as sock:
+        sock.sendall(garbage)
+        assert any(kind == 7 for kind, _ in _frames_until_closed(sock))
+    assert channel.unary_unary("/t.S/Echo")(b"ok", timeout=5) == b"ok"

@@ -40,7 +40,7 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x2, 0x3, 0x6
-REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x7, 0x8, 0x9
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x3, 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 MAX_WINDOW = 2**31 - 1
@@ -48,6 +48,7 @@ DEFAULT_WINDOW = 65_535
 DEFAULT_FRAME = 16_384
 RECEIVE_FRAME = 1 << 20  # the largest frame we accept (advertised): fewer frames for a large query
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
+MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
 GOAWAY_PING = b"goaway\x00\x01"  # the PING whose acknowledgement allows the final GOAWAY
 
@@ -446,7 +447,7 @@ class GrpcConnection(asyncio.Protocol):
             stream = _Stream(stream_id, self._initial_send_window)
             stream.ended = bool(flags & END_STREAM)
             self._streams[stream_id] = stream
-        stream.block += block
+        self._add_to_block(stream, block)
         if flags & END_HEADERS:
             self._header_block(stream)
         else:
@@ -456,10 +457,16 @@ class GrpcConnection(asyncio.Protocol):
         stream = self._continuing
         if stream is None or stream.id != stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without a header block")
-        stream.block += payload
+        self._add_to_block(stream, payload)
         if flags & END_HEADERS:
             self._continuing = None
             self._header_block(stream)
+
+    @staticmethod
+    def _add_to_block(stream: _Stream, fragment: bytes) -> None:
+        stream.block += fragment
+        if len(stream.block) > MAX_HEADER_BLOCK:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
 
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
         """Decode a header block; one made only of single-byte indexed fields cannot change the dynamic table,
