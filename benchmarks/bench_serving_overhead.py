@@ -21,6 +21,8 @@ import os
 import sys
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,20 +65,40 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_cpu(fn, n: int, server_pids: list[int], worker_pids: list[int]) -> dict[str, float]:
+def timed_cpu(fn, n: int, server_pids: list[int], worker_pids: list[int],
+              model_time: Callable[[], tuple[int, int]] | None = None) -> dict[str, float]:
     """Latency summary plus CPU per request of the client (this process), the server front end and the workers.
 
     CPU time does not include waiting for a core, so it shows the software overhead even on a
-    host whose run queue is long (wall-clock latency there is dominated by wake-up delays).
+    host whose run queue is long (wall-clock latency there is dominated by wake-up delays).  With
+    ``model_time`` (the server's own ``compute_infer`` count and ns), the server's CPU per request
+    that is not the model's forward pass is reported too: the client's CPU on a 2-core host slows
+    the worker's model beside it, which a comparison with the in-process model would count as overhead.
     """
     for _ in range(10):
         fn()
     groups = {"client": [os.getpid()], "server_front_end": server_pids, "workers": worker_pids}
     before = {k: sum(cpu_s(p) for p in pids) for k, pids in groups.items()}
+    model_before = model_time() if model_time else (0, 0)
     out = summary(timed(fn, n, warmup=0))
     for k, pids in groups.items():
         out[f"cpu_ms_per_request_{k}"] = (sum(cpu_s(p) for p in pids) - before[k]) / n * 1e3
+    if model_time is not None:
+        time.sleep(0.1)  # the workers report completed queries every 25 ms
+        count, ns = (a - b for a, b in zip(model_time(), model_before, strict=True))
+        out["model_ms_per_request"] = ns / max(1, count) / 1e6
+        out["server_non_model_cpu_ms_per_request"] = (out["cpu_ms_per_request_server_front_end"]
+                                                      + out["cpu_ms_per_request_workers"] - out["model_ms_per_request"])
     return out
+
+
+def stats_reader(port: int, model: str) -> Callable[[], tuple[int, int]]:
+    """The node's ``compute_infer`` (count, ns) for ``model``, from ``/v2/models/{m}/stats``."""
+    def read() -> tuple[int, int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as r:
+            stats = json.load(r)["model_stats"][0]["inference_stats"]["compute_infer"]
+        return stats["count"], stats["ns"]
+    return read
 
 
 def timed(fn, n: int, warmup: int = 10) -> list[float]:
@@ -222,15 +244,14 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
             http_in, grpc_in = inputs(thttp, batch), inputs(tgrpc, batch)
             with torch.inference_mode():
                 local = timed_cpu(lambda b=batch: model(b), n, [], [])
+            pids, model_time = ([server.proc.pid], server.worker_pids), stats_reader(server.http, model_name)
             row = {"in_process": local,
-                   "http": timed_cpu(lambda x=http_in: http.infer(model_name, x), n, [server.proc.pid],
-                                     server.worker_pids),
-                   "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, [server.proc.pid],
-                                     server.worker_pids)}
+                   "http": timed_cpu(lambda x=http_in: http.infer(model_name, x), n, *pids, model_time),
+                   "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, *pids, model_time)}
             for path, (port_of, client) in MINIMAL_CLIENTS.items():
                 minimal = client(getattr(server, port_of), model_name, batch)
                 try:
-                    row[path] = timed_cpu(minimal.infer, n, [server.proc.pid], server.worker_pids)
+                    row[path] = timed_cpu(minimal.infer, n, *pids, model_time)
                 finally:
                     minimal.close()
             for proto in ("http", "grpc", *MINIMAL_CLIENTS):
@@ -324,7 +345,7 @@ def main() -> int:
     result["load_average_at_end"] = os.getloadavg()
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
     print(f"{'batch':>5} {'path':>12} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
-          f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8}")
+          f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8} {'model':>7} {'server non-model':>17}")
     for b, row in result["overhead"].items():
         for path in PATHS:
             if path not in row:
@@ -333,6 +354,8 @@ def main() -> int:
             extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
             cpu = (f"{r['cpu_ms_per_request_client']:19.3f} {r['cpu_ms_per_request_server_front_end']:10.3f} "
                    f"{r['cpu_ms_per_request_workers']:8.3f}" if "cpu_ms_per_request_workers" in r else "")
+            if "model_ms_per_request" in r:
+                cpu += f" {r['model_ms_per_request']:7.3f} {r['server_non_model_cpu_ms_per_request']:17.3f}"
             print(f"{b:>5} {path:>12} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra} {cpu}")
     print(f"\ntables at scale {args.mem_scale:g}, {args.workers} workers, 4 gRPC clients, batch 64:")
     print(f"{'share':>6} {'qps':>8} {'items/s':>9} {'RSS MB/worker':>14} {'PSS MB/worker':>14} {'table MB/copy':>14}")
