@@ -5,7 +5,9 @@
    worker, one thread, no sub-batching); wall-clock latency and CPU per request of client, server
    front end and worker.  ``http_minimal`` repeats HTTP with a bare keep-alive socket client (one write of a
    pre-encoded request, one read), so the server's own share shows apart from tritonclient's; ``grpc_minimal``
-   does the same over gRPC (grpcio's channel, request and answer as bytes).
+   does the same over gRPC (grpcio's channel, request and answer as bytes).  Each path is timed alone (with
+   its CPU, and the server's own model time from ``/stats``), then all paths in turn, one call each per round
+   (``interleaved``: the overhead a drifting host cannot bias).
 2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
    clients and each worker's RSS / PSS.
 
@@ -56,6 +58,18 @@ def summary(samples_s: list[float]) -> dict[str, float]:
     ms = np.array(samples_s) * 1e3
     return {"mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
             "p99_ms": float(np.percentile(ms, 99)), "n": len(ms)}
+
+
+def interleaved(calls: dict[str, Callable[[], object]], n: int) -> dict[str, dict[str, float]]:
+    """Latency of every path taken in turn, one call each per round: a host whose speed drifts over a run (a
+    shared VM's does, by 2x within minutes) moves every path alike, so their differences hold."""
+    samples: dict[str, list[float]] = {path: [] for path in calls}
+    for _ in range(n):
+        for path, call in calls.items():
+            t = time.perf_counter()
+            call()
+            samples[path].append(time.perf_counter() - t)
+    return {path: summary(s) for path, s in samples.items()}
 
 
 def cpu_s(pid: int) -> float:
@@ -245,18 +259,25 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
             with torch.inference_mode():
                 local = timed_cpu(lambda b=batch: model(b), n, [], [])
             pids, model_time = ([server.proc.pid], server.worker_pids), stats_reader(server.http, model_name)
-            row = {"in_process": local,
-                   "http": timed_cpu(lambda x=http_in: http.infer(model_name, x), n, *pids, model_time),
-                   "grpc": timed_cpu(lambda x=grpc_in: grpc.infer(model_name, x), n, *pids, model_time)}
-            for path, (port_of, client) in MINIMAL_CLIENTS.items():
-                minimal = client(getattr(server, port_of), model_name, batch)
-                try:
-                    row[path] = timed_cpu(minimal.infer, n, *pids, model_time)
-                finally:
-                    minimal.close()
-            for proto in ("http", "grpc", *MINIMAL_CLIENTS):
-                row[proto]["overhead_p50_ms"] = row[proto]["p50_ms"] - local["p50_ms"]
-                row[proto]["overhead_mean_ms"] = row[proto]["mean_ms"] - local["mean_ms"]
+            minimal = {path: client(getattr(server, port_of), model_name, batch)
+                       for path, (port_of, client) in MINIMAL_CLIENTS.items()}
+            calls = {"http": lambda x=http_in: http.infer(model_name, x),
+                     "grpc": lambda x=grpc_in: grpc.infer(model_name, x),
+                     **{path: c.infer for path, c in minimal.items()}}
+            try:
+                row = {"in_process": local, **{path: timed_cpu(call, n, *pids, model_time)
+                                               for path, call in calls.items()}}
+                with torch.inference_mode():
+                    paired = interleaved({"in_process": lambda b=batch: model(b), **calls}, n)
+            finally:
+                for c in minimal.values():
+                    c.close()
+            for path in calls:
+                row[path]["overhead_p50_ms"] = row[path]["p50_ms"] - local["p50_ms"]
+                row[path]["overhead_mean_ms"] = row[path]["mean_ms"] - local["mean_ms"]
+                row[path]["interleaved"] = paired[path]
+                row[path]["overhead_p50_interleaved_ms"] = paired[path]["p50_ms"] - paired["in_process"]["p50_ms"]
+            row["in_process"]["interleaved"] = paired["in_process"]
             row["request_bytes"] = sum(a.nbytes for a in batch.as_arrays().values())
             results[str(batch_size)] = row
             batches_used[batch_size] = (batch, n)
@@ -344,14 +365,18 @@ def main() -> int:
                         for share in (True, False)]
     result["load_average_at_end"] = os.getloadavg()
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
+    print("overhead p50 = p50 minus the in-process p50, each path timed alone; 'interleaved': all paths in turn, "
+          "one call each per round (robust to the host's drift)")
     print(f"{'batch':>5} {'path':>12} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
+          f"{'interleaved':>11} "
           f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8} {'model':>7} {'server non-model':>17}")
     for b, row in result["overhead"].items():
         for path in PATHS:
             if path not in row:
                 continue
             r = row[path]
-            extra = f"{r['overhead_p50_ms']:16.3f}" if path != "in_process" else f"{'':>16}"
+            extra = (f"{r['overhead_p50_ms']:16.3f}" if "overhead_p50_ms" in r else f"{'':>16}") + (
+                f" {r['overhead_p50_interleaved_ms']:11.3f}" if "overhead_p50_interleaved_ms" in r else f" {'':>11}")
             cpu = (f"{r['cpu_ms_per_request_client']:19.3f} {r['cpu_ms_per_request_server_front_end']:10.3f} "
                    f"{r['cpu_ms_per_request_workers']:8.3f}" if "cpu_ms_per_request_workers" in r else "")
             if "model_ms_per_request" in r:
