@@ -942,3 +942,20 @@ def test_a_worker_out_of_descriptors_pauses_accepting_and_resumes(monkeypatch):
     finally:
         client.close()
         loop.close()
+
+
+def test_a_large_grpc_query_is_decoded_from_the_received_bytes_and_scores_like_the_model(grpc_node, node):
+    """From ``SPLIT_BYTES`` on, a worker splits the tensors off before protobuf parses the request."""
+    import tritonclient.grpc as tgrpc
+
+    from recserve.serving.grpc_worker import SPLIT_BYTES
+
+    server, _ = node
+    model = build_worker_model(server.config.models[0]).eval()  # "a", the same model as grpc_node's
+    batch = sample_batch(model, 128, rng=11)
+    assert sum(a.nbytes for a in batch.as_arrays().values()) > SPLIT_BYTES
+    with torch.no_grad():
+        expected = model(batch).numpy()
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_node.grpc}")
+    scores = client.infer("a", grpc_inputs(batch), client_timeout=60).as_numpy("scores")
+    np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)

@@ -83,3 +83,53 @@ def test_a_response_never_carries_nan():
     assert info.value.status.http == 500 and info.value.field == "scores"
     body, _ = codec.http_infer_response("m", {}, np.array([0.5, 0.25], np.float32))
     assert json.loads(body)["outputs"][0]["data"] == [0.5, 0.25]
+
+
+def _infer_request(raw: bool = True):
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name="m", model_version="2", id="q7")
+    request.parameters["timeout"].int64_param = 5000
+    arrays = {"dense": np.arange(6, dtype=np.float32).reshape(2, 3),
+              "sparse_values": np.arange(5, dtype=np.int64), "sparse_lengths": np.array([[2, 3]], np.int64)}
+    for name, array in arrays.items():
+        entry = request.inputs.add(name=name, datatype=codec.DATATYPES[array.dtype], shape=list(array.shape))
+        if raw:
+            request.raw_input_contents.append(array.tobytes())
+        elif array.dtype == np.float32:
+            entry.contents.fp32_contents.extend(array.reshape(-1).tolist())
+        else:
+            entry.contents.int64_contents.extend(array.reshape(-1).tolist())
+    request.outputs.add(name="scores")
+    return request, arrays
+
+
+def test_raw_contents_split_off_as_views_leave_the_same_request_for_protobuf():
+    from tritonclient.grpc import service_pb2
+
+    request, arrays = _infer_request()
+    message = memoryview(request.SerializeToString())
+    rest, raw = codec.split_raw_input_contents(message)
+    assert [bytes(r) for r in raw] == list(request.raw_input_contents)
+    assert all(r.obj is message.obj for r in raw)  # views of the received bytes, not copies
+    parsed = service_pb2.ModelInferRequest.FromString(rest)
+    expected = service_pb2.ModelInferRequest()
+    expected.CopyFrom(request)
+    del expected.raw_input_contents[:]
+    assert parsed == expected
+    decoded = codec.parse_grpc_infer(parsed, raw)
+    assert all(np.array_equal(decoded[n], a) for n, a in arrays.items())
+
+
+def test_a_request_without_raw_contents_splits_into_itself():
+    request, arrays = _infer_request(raw=False)
+    rest, raw = codec.split_raw_input_contents(memoryview(request.SerializeToString()))
+    assert raw == [] and rest == request.SerializeToString()
+
+
+@pytest.mark.parametrize("cut", [1, 7, -1, -3])
+def test_a_truncated_or_malformed_request_is_not_split(cut):
+    message = _infer_request()[0].SerializeToString()
+    assert codec.split_raw_input_contents(memoryview(message[:cut])) is None
+    assert codec.split_raw_input_contents(memoryview(b"\x0b" + message)) is None  # wire type 3 (a group)
+    assert codec.split_raw_input_contents(memoryview(b"\x08" + b"\xff" * 11)) is None  # an endless varint

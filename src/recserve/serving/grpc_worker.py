@@ -28,6 +28,7 @@ from recserve.serving.h2grpc import GrpcCall, GrpcServer, Method
 
 SERVICE = "/inference.GRPCInferenceService/"
 decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
+SPLIT_BYTES = 64 << 10  # from this size on the tensors are split off before protobuf parses the request
 
 
 def _fail(call: GrpcCall, error: InferError) -> None:
@@ -95,7 +96,8 @@ class WorkerMethods(Forwarder):
 
     def _infer(self, call: GrpcCall, raw: memoryview) -> None:
         arrived = time.perf_counter()
-        request = decode_infer(raw)
+        split = codec.split_raw_input_contents(raw) if len(raw) >= SPLIT_BYTES else None
+        request = decode_infer(raw if split is None else split[0])
         if isinstance(request, Undecodable):
             _fail(call, request.error)
             return
@@ -104,7 +106,7 @@ class WorkerMethods(Forwarder):
             self._forward_infer(call, raw)  # type: ignore[misc]
             return
         try:
-            arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request))
+            arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request, split and split[1]))
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
