@@ -959,3 +959,35 @@ def test_a_large_grpc_query_is_decoded_from_the_received_bytes_and_scores_like_t
     client = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_node.grpc}")
     scores = client.infer("a", grpc_inputs(batch), client_timeout=60).as_numpy("scores")
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_stream_mixing_models_is_answered_in_request_order_by_the_worker_that_took_it(grpc_node, cases):
+    """A worker answers its own model's streamed requests itself and sends the others to the server process as
+    unary calls; answers leave in request order and an error is that request's alone."""
+    import queue
+
+    import tritonclient.grpc as tgrpc
+
+    ports = grpc_node
+    sent = [("a", 0, "1"), ("b", 1, "1"), ("a", 2, "9"), ("b", 0, "1"), ("a", 1, "1")]  # (model, case, version)
+    for _ in range(3):  # a new connection each time: it lands on a worker of either model
+        before = pipe_items(ports.http, "a") + pipe_items(ports.http, "b")
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error, q=answers: q.put((result, error)))
+        try:
+            for k, (name, case, version) in enumerate(sent):
+                client.async_stream_infer(name, grpc_inputs(cases[name][case][0]), model_version=version,
+                                          request_id=str(k))
+            got = [answers.get(timeout=60) for _ in sent]
+        finally:
+            client.stop_stream()
+            client.close()
+        for k, ((name, case, version), (result, error)) in enumerate(zip(sent, got, strict=True)):
+            if version != "1":
+                assert error is not None and "version" in error.message()
+                continue
+            assert error is None and result.get_response().id == str(k)  # in request order
+            np.testing.assert_allclose(result.as_numpy("scores"), cases[name][case][1], rtol=1e-5, atol=1e-6)
+        crossed = pipe_items(ports.http, "a") + pipe_items(ports.http, "b") - before
+        assert crossed < sum(cases[n][c][0].dense.shape[0] for n, c, v in sent if v == "1")  # some were local

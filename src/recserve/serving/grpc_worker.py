@@ -5,16 +5,19 @@ dying worker leaves no connection in a backlog of its own) with the lean HTTP/2 
 (grpc.aio's server cost ~5x its CPU per call; see that module).  ``ModelInfer`` for this worker's model is
 decoded with the shared codec, queued in the worker's one queue (the same admission, deadlines and fused passes
 as HTTP; the deadline is the call's ``grpc-timeout``) and answered from the reply callback, with no task per
-call.  Every other call (metadata, health, statistics, other models, the repository API, streams) is forwarded
+call; ``ModelStreamInfer`` is answered here too, request by request.  Every other call (metadata, health,
+statistics, other models, the repository API) and a streamed request for another model is forwarded
 byte for byte to the supervisor's gRPC server on a private Unix socket through a grpc.aio channel
 (``Forwarder``), so the worker needs to know no other part of the service and a client sees one server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 import numpy as np
@@ -90,36 +93,97 @@ class WorkerMethods(Forwarder):
         super().__init__(upstream)
         self.plane = plane
         self._forward_infer = super().method(SERVICE + "ModelInfer").unary  # another model's or version's queries
+        self._send_infer = upstream.unary_unary(SERVICE + "ModelInfer")  # the same, for a streamed request
 
     def method(self, path: str) -> Method:
-        return Method(unary=self._infer) if path == SERVICE + "ModelInfer" else super().method(path)
+        if path == SERVICE + "ModelInfer":
+            return Method(unary=self._infer)
+        if path == SERVICE + "ModelStreamInfer":
+            return Method(stream=lambda call: call.run(self._stream(call)))
+        return super().method(path)
 
     def _infer(self, call: GrpcCall, raw: memoryview) -> None:
+        def answer(response: Any, error: InferError | None) -> None:
+            if error is not None:
+                _fail(call, error)
+            elif not call.done:
+                call.reply(response.SerializeToString())
+
+        if not self._query(raw, call.time_remaining(), answer):
+            self._forward_infer(call, raw)  # type: ignore[misc]
+
+    def _query(self, raw: memoryview, timeout_s: float | None, answer: Callable[[Any, InferError | None], None]
+               ) -> bool:
+        """Decode, validate and queue a ``ModelInferRequest`` for this worker's model; ``answer`` gets the
+        ``ModelInferResponse`` or the error.  False (nothing done) when the query is not this worker's."""
         arrived = time.perf_counter()
         split = codec.split_raw_input_contents(raw) if len(raw) >= SPLIT_BYTES else None
         request = decode_infer(raw if split is None else split[0])
         if isinstance(request, Undecodable):
-            _fail(call, request.error)
-            return
+            answer(None, request.error)
+            return True
         name, version = request.model_name, request.model_version
         if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
-            self._forward_infer(call, raw)  # type: ignore[misc]
-            return
+            return False
         try:
             arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request, split and split[1]))
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
-            _fail(call, error)
-            return
+            answer(None, error)
+            return True
 
         def reply(scores: np.ndarray | None, error: InferError | None) -> None:
-            if error is not None:
-                _fail(call, error)
-            elif not call.done:
-                call.reply(infer_response(name, request.id, scores, self.plane.version).SerializeToString())
+            answer(None if error else infer_response(name, request.id, scores, self.plane.version), error)
 
-        self.plane.enqueue(arrays, items, arrived, call.time_remaining(), reply)
+        self.plane.enqueue(arrays, items, arrived, timeout_s, reply)
+        return True
+
+    async def _stream(self, call: GrpcCall) -> None:
+        """``ModelStreamInfer`` (tritonclient's ``start_stream``, perf_analyzer ``--streaming``) answered here as
+        the server process answers it: each request starts as it arrives, answers leave in request order, an
+        error is that request's ``error_message`` and does not end the stream.  Requests for this worker's model
+        are queued like unary calls; any other is sent to the server process as a unary ``ModelInfer``."""
+        answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                while (raw := await call.requests.get()) is not None:  # type: ignore[union-attr]
+                    answers.put_nowait(self._stream_answer(raw, call.time_remaining()))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                call.send(await answer)
+            call.finish()
+        finally:
+            reader.cancel()
+            while not answers.empty():
+                if (pending := answers.get_nowait()) is not None:
+                    pending.cancel()
+
+    def _stream_answer(self, raw: memoryview, timeout_s: float | None) -> asyncio.Future:
+        """The serialized ``ModelStreamInferResponse`` for one streamed request, as a future."""
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def answer(response: Any, error: InferError | None) -> None:
+            if not done.done():
+                message = (service_pb2.ModelStreamInferResponse(error_message=error.public_message()) if error
+                           else service_pb2.ModelStreamInferResponse(infer_response=response))
+                done.set_result(message.SerializeToString())
+
+        if self._query(raw, timeout_s, answer):
+            return done
+        return asyncio.ensure_future(self._forwarded_answer(bytes(raw), timeout_s))
+
+    async def _forwarded_answer(self, raw: bytes, timeout_s: float | None) -> bytes:
+        try:
+            response = service_pb2.ModelInferResponse.FromString(await self._send_infer(raw, timeout=timeout_s))
+            return service_pb2.ModelStreamInferResponse(infer_response=response).SerializeToString()
+        except grpc.aio.AioRpcError as exc:
+            return service_pb2.ModelStreamInferResponse(error_message=exc.details() or "").SerializeToString()
 
 
 def channel_to(upstream: str, max_message: int) -> grpc.aio.Channel:
