@@ -47,6 +47,7 @@ MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65_535
 DEFAULT_FRAME = 16_384
 RECEIVE_FRAME = 1 << 20  # the largest frame we accept (advertised): fewer frames for a large query
+BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio would set 100)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
@@ -718,7 +719,8 @@ class GrpcServer:
         return conn
 
     async def start(self, sock: Any) -> None:
-        self._server = await asyncio.get_running_loop().create_server(self._connection, sock=sock)
+        """Accept on ``sock`` (asyncio calls ``listen`` on it again: the backlog is kept at the node's)."""
+        self._server = await asyncio.get_running_loop().create_server(self._connection, sock=sock, backlog=BACKLOG)
 
     async def stop(self, grace: float) -> None:
         """Stop listening, send every connection GOAWAY, wait up to ``grace`` s for their calls, then close."""

@@ -377,6 +377,7 @@ class NodeServer:
         self._grpc_listen: socket.socket | None = None  # the public gRPC socket, while the workers accept on it
         self._grpc_dir = ""
         self._grpc_fallback: GrpcServer | None = None  # this process's accept loop on it while no worker accepts
+        self._grpc_cover_methods: Forwarder | None = None
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
@@ -447,7 +448,9 @@ class NodeServer:
         is back."""
         if cover and self._grpc_fallback is None and self._grpc_listen is not None:
             limit = self.config.max_body_bytes
-            self._grpc_fallback = GrpcServer(Forwarder(channel_to(self.core.grpc_upstream, limit)), limit)
+            if self._grpc_cover_methods is None:  # one channel to this process's service, for every cover
+                self._grpc_cover_methods = Forwarder(channel_to(self.core.grpc_upstream, limit))
+            self._grpc_fallback = GrpcServer(self._grpc_cover_methods, limit)
             await self._grpc_fallback.start(self._grpc_listen.dup())
         elif not cover and self._grpc_fallback is not None:
             fallback, self._grpc_fallback = self._grpc_fallback, None
@@ -464,6 +467,9 @@ class NodeServer:
             if server is not None:
                 await server.stop(grace=1.0)
         self._grpc = self._grpc_fallback = None
+        if self._grpc_cover_methods is not None:
+            await self._grpc_cover_methods.channel.close()
+            self._grpc_cover_methods = None
         if self._grpc_listen is not None:
             self._grpc_listen.close()
             self._grpc_listen = None
