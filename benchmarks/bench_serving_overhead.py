@@ -7,7 +7,8 @@
    pre-encoded request, one read), so the server's own share shows apart from tritonclient's; ``grpc_minimal``
    does the same over gRPC (grpcio's channel, request and answer as bytes).  Each path is timed alone (with
    its CPU, and the server's own model time from ``/stats``), then all paths in turn, one call each per round
-   (``interleaved``: the overhead a drifting host cannot bias).
+   (``interleaved``: the overhead a drifting host cannot bias).  ``grpc_stream``: tritonclient's streaming
+   API on one open stream, one request at a time (perf_analyzer's ``--streaming``).
 2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
    clients and each worker's RSS / PSS.
 
@@ -191,8 +192,8 @@ class MinimalHttp:
 
 class MinimalGrpc:
     """A blocking gRPC client that sends one pre-serialised ``ModelInferRequest`` as bytes and takes the answer
-    as bytes (no tritonclient objects, no protobuf work per call): the ``grpc_minimal`` row, so grpc.aio's cost
-    in the server shows apart from tritonclient's gRPC client."""
+    as bytes (no tritonclient objects, no protobuf work per call): the ``grpc_minimal`` row, so the server's
+    gRPC cost shows apart from tritonclient's gRPC client."""
 
     def __init__(self, port: int, model: str, batch) -> None:
         import grpc as grpcio
@@ -211,8 +212,31 @@ class MinimalGrpc:
         self.channel.close()
 
 
-MINIMAL_CLIENTS = {"http_minimal": ("http", MinimalHttp), "grpc_minimal": ("grpc", MinimalGrpc)}
-PATHS = ("in_process", "worker_ipc", "http", "grpc", "http_minimal", "grpc_minimal")
+class GrpcStream:
+    """tritonclient's ``ModelStreamInfer`` (``start_stream`` / ``async_stream_infer``, what perf_analyzer
+    ``--streaming`` uses), one request in flight at a time on one open stream: the ``grpc_stream`` row."""
+
+    def __init__(self, port: int, model: str, batch) -> None:
+        import queue
+
+        self.model, self.inputs = model, inputs(tgrpc, batch)
+        self.answers: queue.Queue = queue.Queue()
+        self.client = tgrpc.InferenceServerClient(f"127.0.0.1:{port}")
+        self.client.start_stream(callback=lambda result, error: self.answers.put(error))
+
+    def infer(self) -> None:
+        self.client.async_stream_infer(self.model, self.inputs)
+        if (error := self.answers.get(timeout=10.0)) is not None:
+            raise RuntimeError(f"stream answered {error}")
+
+    def close(self) -> None:
+        self.client.stop_stream()
+        self.client.close()
+
+
+CLIENTS = {  # path -> (the server port it uses, its client)
+    "http_minimal": ("http", MinimalHttp), "grpc_minimal": ("grpc", MinimalGrpc), "grpc_stream": ("grpc", GrpcStream)}
+PATHS = ("in_process", "worker_ipc", "http", "grpc", "grpc_stream", "http_minimal", "grpc_minimal")
 
 
 class ServerProcess:
@@ -260,7 +284,7 @@ def overhead(model_name: str, scale: float, requests: int) -> dict:
                 local = timed_cpu(lambda b=batch: model(b), n, [], [])
             pids, model_time = ([server.proc.pid], server.worker_pids), stats_reader(server.http, model_name)
             minimal = {path: client(getattr(server, port_of), model_name, batch)
-                       for path, (port_of, client) in MINIMAL_CLIENTS.items()}
+                       for path, (port_of, client) in CLIENTS.items()}
             calls = {"http": lambda x=http_in: http.infer(model_name, x),
                      "grpc": lambda x=grpc_in: grpc.infer(model_name, x),
                      **{path: c.infer for path, c in minimal.items()}}
