@@ -991,3 +991,28 @@ def test_a_stream_mixing_models_is_answered_in_request_order_by_the_worker_that_
             np.testing.assert_allclose(result.as_numpy("scores"), cases[name][case][1], rtol=1e-5, atol=1e-6)
         crossed = pipe_items(ports.http, "a") + pipe_items(ports.http, "b") - before
         assert crossed < sum(cases[n][c][0].dense.shape[0] for n, c, v in sent if v == "1")  # some were local
+
+
+def test_the_node_listening_socket_gives_asyncio_transports_without_nagle():
+    """A node's listening socket is made with IPPROTO_TCP so that asyncio sets TCP_NODELAY on what it accepts."""
+    from recserve.serving.server import listening_socket
+
+    async def accept_one() -> int:
+        sock = listening_socket("127.0.0.1", 0)
+        accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport):
+                accepted.set_result(transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP,
+                                                                                   socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        try:
+            return await asyncio.wait_for(accepted, 10)
+        finally:
+            writer.close()
+            server.close()
+
+    assert asyncio.run(accept_one()) == 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import zlib
 from collections.abc import Callable
@@ -226,6 +227,12 @@ class GrpcConnection(asyncio.Protocol):
     # ---- connection ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # asyncio sets TCP_NODELAY only when the socket's protocol field says TCP; a PING or SETTINGS
+            # acknowledgement still unacknowledged by the client would hold the next answer under Nagle's
+            # algorithm until the client's delayed ACK (~40 ms)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         settings = (SETTINGS_MAX_CONCURRENT_STREAMS.to_bytes(2, "big") + MAX_STREAMS.to_bytes(4, "big")
                     + SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big") + MAX_WINDOW.to_bytes(4, "big")
                     + SETTINGS_MAX_FRAME_SIZE.to_bytes(2, "big") + RECEIVE_FRAME.to_bytes(4, "big"))

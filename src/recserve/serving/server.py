@@ -61,9 +61,13 @@ def _infer_target(prefix: bytes) -> str | None:
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """The node's HTTP socket, created once here and inherited by every accepting worker."""
+    """A node's listening socket (HTTP, and gRPC with data plane v2), created once here and inherited by every
+    accepting worker.  Made with protocol ``IPPROTO_TCP``: a socket accepted from it carries that protocol, and
+    only then does asyncio turn Nagle's algorithm off on its transports (``TCP_NODELAY``); with protocol 0 a
+    small answer written while an earlier small frame was unacknowledged waited for the client's delayed ACK
+    (measured: 1-2% of gRPC calls took ~45 ms more)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(4096)
