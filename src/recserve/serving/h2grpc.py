@@ -16,7 +16,10 @@ which is what gRPC clients speak without TLS):
 - gRPC: length-prefixed messages (gzip and deflate requests inflated), ``grpc-timeout``, status and
   percent-encoded ``grpc-message`` in trailers (trailers-only for an error before any reply), RST_STREAM as
   cancellation, unary and bidirectional-streaming methods;
-- a graceful stop: GOAWAY with the last stream id, calls in flight answered, then the connection closed.
+- reads: DATA kept as views of the received bytes (a message is joined once), a header block bounded;
+- a graceful stop: two GOAWAYs (the second, naming the last stream, once a PING sent with the first is
+  acknowledged), calls in flight answered, then our side half-closed and the client closes;
+- ``TCP_NODELAY`` on every connection (asyncio sets it only on sockets made with ``IPPROTO_TCP``).
 
 It knows nothing of recserve: ``grpc_worker.py`` maps methods to handlers.
 """
