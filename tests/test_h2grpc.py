@@ -4,6 +4,7 @@ ways, streaming, status and messages, deadlines and cancellation, compression, l
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import threading
@@ -251,3 +252,43 @@ def test_connections_turn_nagles_algorithm_off(served):
     assert channel.unary_unary("/t.S/Echo")(b"x", timeout=5) == b"x"
     sockets = [conn.transport.get_extra_info("socket") for conn in list(server.connections)]
     assert sockets and all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
+def test_random_frames_after_the_preface_never_break_the_server(served, caplog):
+    """Seeded garbage (random frame kinds, flags, stream ids, payloads, cut anywhere): each connection may be
+    closed, nothing escapes the protocol as an error, and the server serves on."""
+    import random
+
+    from hpack import Encoder
+
+    channel, address = served[0], served[4]
+    rng = random.Random(7)
+
+    def header_block() -> bytes:
+        path = rng.choice(["/t.S/Echo", "/t.S/Chat", "/nope"])
+        return Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
+                                 ("content-type", "application/grpc")])
+
+    def frame() -> bytes:
+        kind = rng.choice([*range(11), 0, 1, 0, 1])
+        payload = (header_block() if kind == 1 and rng.random() < 0.7 else
+                   bytes([rng.choice([0, 1])]) + (n := rng.choice([0, 3, 2000])).to_bytes(4, "big")
+                   + os.urandom(rng.choice([0, n, n // 2])) if kind == 0 and rng.random() < 0.6 else
+                   os.urandom(rng.choice([0, 1, 4, 5, 6, 8, 9, 30])))
+        return _frame(kind, rng.choice([0, 1, 4, 5, 8, 0x20, 0x25, 0xFF]), rng.choice([0, 1, 2, 3, 5, 2**31 - 1]),
+                      payload)
+
+    host, port = address.split(":")
+    for _ in range(200):
+        data = PREFACE + _frame(4, 0, 0) + b"".join(frame() for _ in range(rng.randint(1, 8)))
+        data = data[:rng.randint(0, len(data))] if rng.random() < 0.2 else data
+        with socket.create_connection((host, int(port)), timeout=2) as sock:
+            sock.sendall(data)
+            sock.settimeout(0.02)
+            try:
+                while sock.recv(65536):
+                    pass
+            except (TimeoutError, ConnectionResetError):
+                pass
+    assert channel.unary_unary("/t.S/Echo")(b"still serving", timeout=5) == b"still serving"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
