@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x2, 0x3, 0x6
-REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x8, 0x9, 0xB
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
+REFUSED_STREAM, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x7, 0x9, 0xB
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x3, 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 MAX_WINDOW = 2**31 - 1
@@ -58,8 +58,7 @@ REPLENISH = 1 << 30  # give a window back once this much of it has been read
 GOAWAY_PING = b"goaway\x00\x01"  # the PING whose acknowledgement allows the final GOAWAY
 
 # gRPC status codes (grpc.StatusCode values), named here so that this module needs no grpc import
-OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
-RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
+OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 3, 8, 12, 13
 TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 
 
@@ -266,10 +265,6 @@ class GrpcConnection(asyncio.Protocol):
 
     def _goaway(self, last_id: int, code: int = NO_ERROR, reason: bytes = b"") -> bytes:
         return _frame(GOAWAY, 0, 0, last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + reason)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._streams)
 
     def _flush(self) -> None:
         """Write the frames queued (one write: one syscall), and after GOAWAY and the last call end our side and
@@ -501,11 +496,7 @@ class GrpcConnection(asyncio.Protocol):
         if stream.call is not None:  # request trailers: ignored, the stream has ended
             self._request_ended(stream)
             return
-        if self._closing:
-            self._streams.pop(stream.id, None)
-            self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
-            return
-        if len(self._streams) > MAX_STREAMS:
+        if self._closing or len(self._streams) > MAX_STREAMS:  # retried by gRPC clients on another connection
             self._streams.pop(stream.id, None)
             self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
             return
