@@ -13,7 +13,7 @@ one stream run concurrently and an error does not end the stream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -169,27 +169,34 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return service_pb2.ModelStreamInferResponse(error_message=str(exc))
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:  # noqa: N802
-        # Each request starts as it arrives; answers leave in request order.  The reader always ends
-        # the queue with None, also when the client goes away, so the loop below cannot hang.
-        answers: asyncio.Queue[asyncio.Task | None] = asyncio.Queue()
+        async for answer in answered_in_order(request_iterator, self._stream_answer):
+            yield answer
 
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    answers.put_nowait(asyncio.ensure_future(self._stream_answer(request)))
-            finally:
-                answers.put_nowait(None)
 
-        reader = asyncio.ensure_future(read())
+async def answered_in_order(requests: AsyncIterator[Any], answer: Callable[[Any], Awaitable[Any]]
+                            ) -> AsyncIterator[Any]:
+    """``ModelStreamInfer``'s order, for the server process and the workers alike: each request's ``answer``
+    starts as the request arrives, answers leave in request order.  The reader always ends the queue with None,
+    also when the client goes away, so the loop cannot hang; what is pending when the stream ends is cancelled."""
+    answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
+
+    async def read() -> None:
         try:
-            while (task := await answers.get()) is not None:
-                yield await task
+            async for request in requests:
+                answers.put_nowait(asyncio.ensure_future(answer(request)))
         finally:
-            reader.cancel()
-            while not answers.empty():
-                pending = answers.get_nowait()
-                if pending is not None:
-                    pending.cancel()
+            answers.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while (task := await answers.get()) is not None:
+            yield await task
+    finally:
+        reader.cancel()
+        while not answers.empty():
+            pending = answers.get_nowait()
+            if pending is not None:
+                pending.cancel()
 
 
 def infer_response(name: str, request_id: str, scores: Any, version: str = "1") -> Any:

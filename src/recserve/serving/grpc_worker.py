@@ -26,7 +26,7 @@ from tritonclient.grpc import service_pb2
 from recserve.serving import codec
 from recserve.serving.dataplane import WorkerPlane, as_infer_error
 from recserve.serving.errors import InferError, grpc_code
-from recserve.serving.grpc_service import Undecodable, infer_response, tolerant
+from recserve.serving.grpc_service import Undecodable, answered_in_order, infer_response, tolerant
 from recserve.serving.h2grpc import GrpcCall, GrpcServer, Method
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -36,6 +36,12 @@ SPLIT_BYTES = 64 << 10  # from this size on the tensors are split off before pro
 
 def _fail(call: GrpcCall, error: InferError) -> None:
     call.finish(grpc_code(error).value[0], error.public_message())
+
+
+async def _requests(call: GrpcCall) -> AsyncIterator[memoryview]:
+    """A streaming call's request messages as they arrive, until the client half-closes."""
+    while (message := await call.requests.get()) is not None:  # type: ignore[union-attr]
+        yield message
 
 
 class Forwarder:
@@ -71,13 +77,10 @@ class Forwarder:
     def _stream(self, path: str) -> Method:
         open_stream = self.channel.stream_stream(path)
 
-        async def requests(call: GrpcCall) -> AsyncIterator[bytes]:
-            while (message := await call.requests.get()) is not None:  # type: ignore[union-attr]
-                yield bytes(message)
-
         async def relay(call: GrpcCall) -> None:
             try:
-                async for response in open_stream(requests(call), timeout=call.time_remaining()):
+                requests = (bytes(message) async for message in _requests(call))
+                async for response in open_stream(requests, timeout=call.time_remaining()):
                     call.send(response)
                 call.finish()
             except grpc.aio.AioRpcError as exc:
@@ -144,25 +147,10 @@ class WorkerMethods(Forwarder):
         the server process answers it: each request starts as it arrives, answers leave in request order, an
         error is that request's ``error_message`` and does not end the stream.  Requests for this worker's model
         are queued like unary calls; any other is sent to the server process as a unary ``ModelInfer``."""
-        answers: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
-
-        async def read() -> None:
-            try:
-                while (raw := await call.requests.get()) is not None:  # type: ignore[union-attr]
-                    answers.put_nowait(self._stream_answer(raw, call.time_remaining()))
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while (answer := await answers.get()) is not None:
-                call.send(await answer)
-            call.finish()
-        finally:
-            reader.cancel()
-            while not answers.empty():
-                if (pending := answers.get_nowait()) is not None:
-                    pending.cancel()
+        async for answer in answered_in_order(_requests(call),
+                                              lambda raw: self._stream_answer(raw, call.time_remaining())):
+            call.send(answer)
+        call.finish()
 
     def _stream_answer(self, raw: memoryview, timeout_s: float | None) -> asyncio.Future:
         """The serialized ``ModelStreamInferResponse`` for one streamed request, as a future."""
