@@ -242,9 +242,9 @@ def partition_table(name: str, cdf: np.ndarray, gathers_per_query: float, row_by
         whole_ms = tail_factor(budget.percentile) * 1000.0 / float(cost.gather_qps(gathers_per_query))
         raise InfeasibleError(f"table {name}: no split into at most {max_shards} shards keeps every shard's "
                               f"p{budget.percentile:g} within {budget.gather_ms:g} ms, the gathers' share of the "
-                              f"{budget.sla_ms:g} ms p{budget.percentile:g} SLA (65% goes to the dense shard, "
-                              f"{budget.rpc_ms:g} ms to the RPC); unsplit its gathers take {whole_ms:.1f} ms at "
-                              f"p{budget.percentile:g}; raise the SLA or lower the batch")
+                              f"{budget.sla_ms:g} ms p{budget.percentile:g} SLA ({budget.dense_ms:g} ms goes to the "
+                              f"dense shard, {budget.rpc_ms:g} ms to the RPC); unsplit its gathers take "
+                              f"{whole_ms:.1f} ms at p{budget.percentile:g}; raise the SLA or lower the batch")
     return _table_shards(name, bounds, cdf, gathers_per_query, row_bytes, target_qps, cost, budget)
 
 
