@@ -47,8 +47,9 @@ MIN_ITEMS = 16
 FUSE_DELAY_US = 50_000
 MODEL = {"name": "ncf", "model": "hera-ncf", "scale": 1e-4, "workers": 1, "max_batch_size": 256,
          "deadline_ms": 30_000}
+ACCEL_CORE = max(os.sched_getaffinity(0))
 ACCEL = {"device": "cpu", "workers": 1, "threads": 1, "min_items": MIN_ITEMS, "fuse_items": 1024,
-         "fuse_delay_us": FUSE_DELAY_US}
+         "fuse_delay_us": FUSE_DELAY_US, "cores": [ACCEL_CORE]}
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -132,7 +133,8 @@ def test_accelerator_config_is_validated_naming_the_field():
                        ({"device": "cpu", "min_items": True}, "min_items"),
                        ({"device": "cpu", "fuse_delay_us": -1}, "fuse_delay_us"),
                        ({"device": "cpu", "staging_mb": -1}, "staging_mb"),
-                       ({"device": "cpu", "cores": [0]}, "cores")):
+                       ({"device": "cpu", "cores": [100_000]}, "cores"),
+                       ({"device": "cpu", "workers": 2, "cores": [[0]]}, "cores")):
         with pytest.raises(SpecError, match=field):
             load(bad)
     with pytest.raises(SpecError, match="cannot serve tiering"):  # SSD tiers are read on the host
@@ -536,6 +538,13 @@ def test_accelerator_workers_are_resized_through_the_control_api(node, model):
     assert status == 200 and state["accelerator"]["workers"] == 1
     [(status, scores)] = infer_many(ports.http, [sample_batch(model, 40, rng=8)])
     assert status == 200
+
+
+def test_accelerator_workers_run_on_their_own_cores(node):
+    """``accelerator.cores`` pins them (a GPU node and a CPU node on one host split its cores)."""
+    _, ports = node
+    [detail] = get(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
+    assert os.sched_getaffinity(detail["pid"]) == {ACCEL_CORE}
 
 
 def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, model):

@@ -31,6 +31,8 @@ A node config is YAML::
           fuse_items: 4096   # largest fused launch in items
           fuse_delay_us: 0   # how long a worker waits for more queries before launching (Triton's max_queue_delay)
           staging_mb: 128    # shared memory per CPU worker -> accelerator worker link (pinned on a GPU; 0: socket)
+          cores: [0, 1]      # optional: pin them (each takes `threads` of these in turn, or one list per
+                             # worker), e.g. to split one host's cores between a GPU node and a CPU node
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
@@ -92,6 +94,7 @@ class AcceleratorConfig:
     fuse_items: int = 4096
     fuse_delay_us: int = 0
     staging_mb: int = 128  # shared memory per CPU worker -> accelerator worker link (0: queries cross the socket)
+    cores: Any = None  # pinned like a model's workers (``expand_cores``); None = the server's affinity
 
     def check(self, where: str) -> None:
         where = f"{where} accelerator"
@@ -101,6 +104,11 @@ class AcceleratorConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
                 raise SpecError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
         check_device(self.device, f"{where}: device")
+        self.core_sets(where)  # validate early
+
+    def core_sets(self, where: str = "accelerator") -> list[list[int]]:
+        """One core set per accelerator worker (empty: inherit the server's affinity)."""
+        return expand_cores(self.cores, self.workers, self.threads, f"{where} cores")
 
 
 def check_device(device: Any, where: str) -> None:

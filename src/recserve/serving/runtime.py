@@ -336,7 +336,7 @@ class ModelRuntime:
         self._accel_taken: set[str] = set()
         self.min_items = self.accel.min_items if self.accel is not None else 0
         if self.accel is not None:
-            self.pools["accel"] = StagePool("accel", self.accel.threads, None)
+            self.pools["accel"] = StagePool("accel", self.accel.threads, _flat_cores(self.accel.cores))
             self.metrics.routed_queries = {"cpu": 0, "accelerator": 0}
             self.metrics.routed_items = {"cpu": 0, "accelerator": 0}
         self._control = asyncio.Lock()
@@ -361,7 +361,7 @@ class ModelRuntime:
 
                 raise SpecError(f"model {self.name!r}: an accelerator needs the node's front_end: workers")
             pool = self.pools["accel"]
-            await asyncio.gather(*(self._start_worker(pool, [], pool.threads) for _ in range(self.accel.workers)))
+            await asyncio.gather(*(self._start_worker(pool, cores, pool.threads) for cores in self.accel.core_sets()))
         starts = []
         for stage, (n, core_sets) in self.cfg.stages().items():
             pool = self.pools[stage]
