@@ -8,7 +8,8 @@ process; three node layouts, one after another in one run:
 - ``accel``: ``--front-workers`` CPU workers that only decode and forward (``min_items: 1``) +
   ``--accel-workers`` accelerator workers on ``--device``;
 - ``mixed``: ``--cpu-workers`` CPU workers + the accelerator workers, queries of >= ``--min-items`` items
-  offloaded (DeepRecSys' threshold).
+  offloaded (DeepRecSys' threshold).  ``--min-items 16,64,256`` measures one mixed node per threshold
+  (``mixed-16``, ...): DeepRecSys finds the threshold by such a sweep, on the host, under load.
 
 Prints each node's max load (p95 <= SLA) and where its queries went; writes JSON.  On a CPU-only host the
 accelerator is ``--device cpu`` (a many-threaded worker); on a GPU host pass ``--device cuda``.
@@ -37,16 +38,27 @@ from recserve.measure.targets import HttpTarget  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
 
 
+def thresholds(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, comma-separated, got {text!r}")
+    return values
+
+
 def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """Node options per layout: (CPU workers, their threads, accelerator section or None)."""
     accel = {"device": args.device, "workers": args.accel_workers, "threads": args.accel_threads,
              "fuse_items": args.fuse_items, "fuse_delay_us": args.fuse_delay_us}
+    mixed = {"workers": args.cpu_workers, "threads": args.cpu_threads}
     return {
         "cpu": {"workers": args.cpu_only_workers or args.cpu_workers + args.accel_workers,
                 "threads": args.cpu_threads},
         "accel": {"workers": args.front_workers, "threads": 1, "accelerator": {**accel, "min_items": 1}},
-        "mixed": {"workers": args.cpu_workers, "threads": args.cpu_threads,
-                  "accelerator": {**accel, "min_items": args.min_items}},
+        **{f"mixed-{k}" if len(args.min_items) > 1 else "mixed": {**mixed, "accelerator": {**accel, "min_items": k}}
+           for k in args.min_items},
     }
 
 
@@ -80,8 +92,8 @@ def main() -> int:
                         help="accelerator-only node: CPU workers that decode and forward every query")
     parser.add_argument("--accel-workers", type=int, default=1)
     parser.add_argument("--accel-threads", type=int, default=1)
-    parser.add_argument("--min-items", type=int, default=256, help="mixed node: queries of >= this go to the "
-                                                                   "accelerator workers")
+    parser.add_argument("--min-items", type=thresholds, default=[256],
+                        help="mixed node: queries of >= this go to the accelerator workers (a list: one node each)")
     parser.add_argument("--fuse-items", type=int, default=4096)
     parser.add_argument("--fuse-delay-us", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=1024)
@@ -94,13 +106,13 @@ def main() -> int:
                         help="the model's queue_limit (split among its CPU workers; also bounds each worker's "
                              "queries outstanding at the accelerator)")
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
-    parser.add_argument("--layouts", default="cpu,accel,mixed", help="which nodes to measure, in order")
+    parser.add_argument("--layouts", default="", help="which nodes to measure, in order (default: all)")
     parser.add_argument("--out", default="results/bench_accel.json")
     args = parser.parse_args()
     spec = get_model(args.model)
     sla_ms = args.sla_ms or spec.sla.target_ms
     pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
-    chosen = [name.strip() for name in args.layouts.split(",") if name.strip()]
+    chosen = [name.strip() for name in args.layouts.split(",") if name.strip()] or list(layouts(args))
     unknown = sorted(set(chosen) - set(layouts(args)))
     if unknown:
         parser.error(f"--layouts: unknown {unknown}; choose from {sorted(layouts(args))}")
@@ -118,6 +130,16 @@ def main() -> int:
         q = r["queries"]
         print(f"{name:>6} {r['max_qps']:>9.1f} {q.get('cpu') if q.get('cpu') is not None else 'all':>12} "
               f"{q.get('accelerator', 0):>14} {r['accel_passes']:>13}  {json.dumps(r['options'])}")
+    nodes = results["nodes"]
+    mixed = {name: r["max_qps"] for name, r in nodes.items() if name.startswith("mixed")}
+    if mixed:
+        best = max(mixed, key=mixed.get)
+        results["best_mixed"] = best
+        ratios = {other: mixed[best] / nodes[other]["max_qps"] for other in ("accel", "cpu")
+                  if other in nodes and nodes[other]["max_qps"] > 0}
+        results["best_mixed_over"] = ratios
+        print(f"best mixed node {best} ({mixed[best]:.1f} qps): " + (", ".join(
+            f"{r:.2f}x the {other}-only node" for other, r in ratios.items()) or "no other node served at the SLA"))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")

@@ -134,6 +134,21 @@ def counts(text: str | None, what: str) -> dict[str, int]:
     return out
 
 
+def prices(text: str | None, what: str = "price") -> dict[str, float]:
+    """``a=1.5,b=0.2`` -> {"a": 1.5, "b": 0.2} ($/hr, > 0)."""
+    out: dict[str, float] = {}
+    for item in names(text):
+        name, sep, value = item.partition("=")
+        try:
+            price = float(value) if sep else float("nan")
+        except ValueError:
+            price = float("nan")
+        if not math.isfinite(price) or price <= 0:
+            raise RecserveError(f"--{what}: expected NAME=USD_PER_HR with a price > 0, got {item!r}")
+        out[name.strip()] = price
+    return out
+
+
 def read_traffic(path: str | Path) -> dict[str, Any]:
     """A YAML or JSON traffic file (both parse as YAML)."""
     data = read_yaml(path)

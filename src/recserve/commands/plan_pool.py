@@ -25,6 +25,7 @@ from recserve.commands._plan_common import (
     figure,
     names,
     positive,
+    prices,
     profiles_for,
     save_figure,
 )
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         profiles = load_kairos_reference(resolve_reference(args.reference))
         meta = profiles.meta
         qos = dict(meta["qos_p99_ms"])
-        prices = dict(meta["prices_usd_per_hr"])
+        cost = {**meta["prices_usd_per_hr"], **prices(args.price)}
         caps = {**meta.get("max_instances", {}), **caps}
         budget = args.budget if args.budget is not None else meta.get("budget_usd_per_hr")
         models = names(args.models) or sorted(qos)
@@ -50,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
         models, types = names(args.models), names(args.servers)
         if not models or not types:
             raise RecserveError("without --reference give --models and --servers (catalogue names)")
-        servers = [get_server(s) for s in types]
-        prices = {s.name: s.price_per_hr for s in servers if s.price_per_hr}
-        if len(prices) != len(servers):
-            raise RecserveError(f"server types without price_per_hr: {[s.name for s in servers if not s.price_per_hr]}")
+        given = prices(args.price)
+        cost = {**{s: get_server(s).price_per_hr for s in types if s not in given}, **given}
+        unpriced = [s for s in types if not cost.get(s)]
+        if unpriced:
+            raise RecserveError(f"server types without price_per_hr: {unpriced} (give --price NAME=USD_PER_HR)")
         qos = {m: get_model(m).sla.target_ms for m in models}
         profiles = profiles_for(args, models, types)
         budget = args.budget
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         from recserve.workload import load_sizes
 
         mix = empirical_size_mix(load_sizes(args.sizes))
-    plan = plan_pool(profiles, models, float(budget), prices, qos, caps or None, evaluate=evaluate, stat=args.stat,
+    plan = plan_pool(profiles, models, float(budget), cost, qos, caps or None, evaluate=evaluate, stat=args.stat,
                      types=types, size_mix=mix)
     if evaluate is not None:
         for pool in plan.pools:
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                   "(budget-scaled)")
     emit(plan, args)
     if args.plot:
-        plot(plan, args.plot, profiles, prices, qos, caps, args.stat, types)
+        plot(plan, args.plot, profiles, cost, qos, caps, args.stat, types)
     return 0
 
 
@@ -139,6 +141,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--servers", help="comma-separated instance types (default: all)")
     p.add_argument("--budget", type=positive, help="$/hr (default: the reference's)")
     p.add_argument("--cap", help="per-type instance caps NAME=COUNT,...")
+    p.add_argument("--price", help="$/hr per type NAME=USD,... (types outside the catalogue, e.g. this-host-cuda "
+                                   "from `recserve profile host --device cuda`; overrides catalogue prices)")
     p.add_argument("--stat", default="mean", choices=("mean", "p50", "p99"),
                    help="per-query latency compared with QoS to find each type's batch limit s")
     p.add_argument("--sizes", metavar="FILE",

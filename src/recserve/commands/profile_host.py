@@ -2,7 +2,13 @@
 
 Writes a ProfileSet (``server="this-host"``, ``source="measured"``): latency_vs_batch,
 maxload_vs_workers, footprint, membw_vs_workers (estimated), gather_qps, and host
-microbenchmarks (random-read bandwidth, GEMM GFLOP/s) in its meta.
+microbenchmarks (random-read bandwidth, GEMM GFLOP/s) in its meta.  ``--device cuda`` adds the
+accelerator's tables under ``this-host-cuda`` (``measure/accel_profile.py``): latency_vs_batch of an
+accelerator worker's pass, footprint in device memory, maxload_vs_workers over accelerator workers;
+``--device-only`` measures those alone.  Then, e.g.::
+
+    recserve plan pool --profiles gpu.json --models hera-din --servers this-host,this-host-cuda \
+        --price this-host=1.0,this-host-cuda=3.0 --budget 10
 """
 
 from __future__ import annotations
@@ -52,25 +58,48 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     sla = None
     if args.sla_ms or args.percentile:
         sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
-    profiles = profile_host(specs, args.scale, quick=args.quick, batches=batches, workers=workers,
-                            skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb, via=args.via)
+    if args.device_only and not args.device:
+        raise RecserveError("--device-only needs --device (e.g. --device cuda)")
+    if args.device:
+        from recserve.serving.config import check_device
+
+        check_device(args.device, "--device")
+    if args.device_only:
+        profiles = ProfileSet(meta={"server": "this-host", "scale": args.scale, "quick": args.quick})
+    else:
+        profiles = profile_host(specs, args.scale, quick=args.quick, batches=batches, workers=workers,
+                                skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb, via=args.via)
+    from recserve.measure.accel_profile import device_server, device_tables
+    from recserve.measure.profiler import Budget
+
+    if args.device:
+        device_workers = _ints(args.device_workers, "--device-workers")
+        for spec in specs:
+            for table in device_tables(spec, args.scale, Budget.of(args.quick), batches, args.device,
+                                       device_workers, skip_maxload=args.no_maxload, sla=sla):
+                profiles.add(table)
     out = Path(args.out)
     if args.merge and out.exists():
         profiles = ProfileSet.load(out).merge(profiles)
     profiles.save(out)
     host = profiles.meta.get("host", {})
     print(f"wrote {len(profiles)} tables to {out}")
-    print(f"host: random read {host.get('random_read_gbs')} GB/s, sequential read {host.get('seq_read_gbs')} GB/s, "
-          f"GEMM {host.get('gemm_gflops')} GFLOP/s ({host.get('cores')} cores)")
+    if host:
+        print(f"host: random read {host.get('random_read_gbs')} GB/s, sequential read {host.get('seq_read_gbs')} GB/s, "
+              f"GEMM {host.get('gemm_gflops')} GFLOP/s ({host.get('cores')} cores)")
+    servers = ([] if args.device_only else ["this-host"]) + ([device_server(args.device)] if args.device else [])
     for spec in specs:
-        lat = profiles.get(spec.name, "this-host", "latency_vs_batch")
-        print(f"{spec.name} latency_vs_batch (ms, 1 thread):")
-        print("  batch      mean       p50       p99")
-        for row in lat.rows:
-            print(f"  {int(row[0]):5d} {row[1]:9.3f} {row[2]:9.3f} {row[3]:9.3f}")
-        for t in profiles.find(spec.name, "this-host", "maxload_vs_workers"):
-            print(f"  max load vs workers (p{t.conditions['percentile']:g} <= {t.conditions['sla_ms']:g} ms): "
-                  + ", ".join(_maxload_cell(r) for r in t.rows))
+        for server in servers:
+            lat = profiles.get(spec.name, server, "latency_vs_batch")
+            print(f"{spec.name} on {server} latency_vs_batch (ms{', 1 thread' if server == 'this-host' else ''}):")
+            print("  batch      mean       p50       p99")
+            for row in lat.rows:
+                print(f"  {int(row[0]):5d} {row[1]:9.3f} {row[2]:9.3f} {row[3]:9.3f}")
+            for t in profiles.find(spec.name, server, "maxload_vs_workers"):
+                print(f"  max load vs workers (p{t.conditions['percentile']:g} <= {t.conditions['sla_ms']:g} ms): "
+                      + ", ".join(_maxload_cell(r) for r in t.rows))
+            for t in profiles.find(spec.name, server, "footprint"):
+                print("  memory: " + ", ".join(f"{int(r[0])}w {r[1]:.3f} GB" for r in t.rows))
     return 0
 
 
@@ -91,5 +120,9 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--percentile", type=percentile, default=None, help="SLA percentile (default: each model's own)")
     p.add_argument("--array-mb", type=count, default=None,
                    help="array size for the bandwidth microbenchmarks (default 256 quick, 1024 full)")
+    p.add_argument("--device", default=None, help="also measure this accelerator's tables (cuda, cuda:N; cpu runs "
+                                                   "the same path on a CPU accelerator worker)")
+    p.add_argument("--device-workers", default="1,2", help="accelerator worker counts for its maxload_vs_workers")
+    p.add_argument("--device-only", action="store_true", help="measure only the accelerator's tables")
     p.add_argument("--merge", action="store_true", help="merge into --out if it exists instead of replacing it")
     p.set_defaults(func=cmd_profile_host)

@@ -140,9 +140,10 @@ class LocalServer:
         """The server process (this process when ``in_process``)."""
         return self._proc.pid if self._proc is not None else os.getpid()
 
-    def set_workers(self, n: int) -> None:
-        """Resize the model's worker pool (returns once retired workers are gone)."""
-        self._control.set_workers(self.served, n)
+    def set_workers(self, n: int, stage: str | None = None) -> None:
+        """Resize the model's worker pool, or its ``stage`` (``accel``: its accelerator workers); returns once
+        retired workers are gone."""
+        self._control.set_workers(self.served, n, stage=stage)
 
     def worker_pss_gb(self) -> float:
         """Sum of the model's worker processes' PSS (shared tables split among them), in GB."""
