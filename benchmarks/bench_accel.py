@@ -125,10 +125,10 @@ def main() -> int:
         print(f"-- {name} node", file=sys.stderr)
         results["nodes"][name] = measure(args, pool, sla_ms, layouts(args)[name])
     results["load_avg_after"] = os.getloadavg()[0]
-    print(f"{'node':>6} {'max qps':>9} {'cpu queries':>12} {'accel queries':>14} {'accel passes':>13}  layout")
+    print(f"{'node':>10} {'max qps':>9} {'cpu queries':>12} {'accel queries':>14} {'accel passes':>13}  layout")
     for name, r in results["nodes"].items():
         q = r["queries"]
-        print(f"{name:>6} {r['max_qps']:>9.1f} {q.get('cpu') if q.get('cpu') is not None else 'all':>12} "
+        print(f"{name:>10} {r['max_qps']:>9.1f} {q.get('cpu') if q.get('cpu') is not None else 'all':>12} "
               f"{q.get('accelerator', 0):>14} {r['accel_passes']:>13}  {json.dumps(r['options'])}")
     nodes = results["nodes"]
     mixed = {name: r["max_qps"] for name, r in nodes.items() if name.startswith("mixed")}
