@@ -42,6 +42,7 @@ from recserve.embedding.tablefile import (
     write_table,
 )
 from recserve.errors import SpecError
+from recserve.zoo.threads import inherit_torch_threads
 
 __all__ = ["TableChecksumError", "TableIOError", "TierResources", "TierStats", "TieredTable", "tier_from_config",
            "tier_model", "tier_stats"]
@@ -128,7 +129,8 @@ class TierResources:
 
     def executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(1, self.tables_in_flight), thread_name_prefix="sdm-tbl")
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.tables_in_flight), thread_name_prefix="sdm-tbl",
+                                            initializer=inherit_torch_threads)
         return self._pool
 
     def __getstate__(self) -> dict:

@@ -29,6 +29,7 @@ from recserve.serving import codec
 from recserve.serving.codec import HEADER_LENGTH
 from recserve.wire import BATCH_SIZE_HEADER
 from recserve.zoo.batch import OUTPUT_SCORES, QueryBatch
+from recserve.zoo.threads import inherit_torch_threads
 
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -273,7 +274,8 @@ class InProcessTarget:
                     return int(model(recipe.batch(i)).shape[0])
 
             self._run = run
-            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="recserve-worker")
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="recserve-worker",
+                                                initializer=inherit_torch_threads)
         else:
             self._run = _worker_run
             import multiprocessing as mp

@@ -505,6 +505,9 @@ class ComputeThread:
         self._jobs.put((arrays, done))
 
     def _serve(self) -> None:
+        from recserve.zoo.threads import inherit_torch_threads
+
+        inherit_torch_threads()  # else MKL runs this thread's GEMMs on every core of the host
         try:  # the loop thread preempts this one when a request arrives (both may share one pinned core)
             tid = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + COMPUTE_NICE)

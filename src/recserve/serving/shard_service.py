@@ -28,6 +28,8 @@ import torch
 from torch.nn import functional as F
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from recserve.zoo.threads import inherit_torch_threads
+
 INPUT_INDICES, INPUT_OFFSETS = "indices", "offsets"
 OUTPUT_POOLED, OUTPUT_ROWS = "pooled", "rows"
 INFER_METHOD = "/inference.GRPCInferenceService/ModelInfer"
@@ -143,7 +145,8 @@ def replica_main(conn: Any, args: ReplicaArgs) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal Ctrl-C reaches the whole group: the parent stops us
     torch.set_num_threads(args.threads)
     weight = torch.from_numpy(np.load(args.weight_path))  # a private copy, not a shared mapping
-    server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{args.shard}"),
+    server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard-{args.shard}",
+                                            initializer=inherit_torch_threads),
                          options=GRPC_OPTIONS)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(ShardServicer(args.shard, weight), server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
