@@ -36,6 +36,17 @@ RESULTS = Path("results")
 HOSTS = Path(__file__).resolve().parent.parent / "src" / "recserve" / "data" / "hosts"
 
 
+HARDWARE = ("cores", "freq_ghz", "flops_per_cycle", "llc_mb", "llc_ways", "mem_gb")
+
+
+def same_host(a: ProfileSet, b: ProfileSet) -> bool:
+    """Timings from one machine (a host's recording and this run on it): same hostname *and* same hardware facts
+    (hostnames alone are not enough: containers are often all called ``vm``; whole ServerType dicts too much:
+    their notes and assumed fields change between versions)."""
+    facts = [{k: p.meta.get("host", {}).get(k) for k in HARDWARE} for p in (a, b)]
+    return a.meta.get("hostname") == b.meta.get("hostname") and facts[0] == facts[1]
+
+
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -87,7 +98,7 @@ def main() -> int:
         res = {"bundled constants (fitted on the dev host)": judge(bundled, ps, h)}
         if "micro" in ps.meta:
             res["microbenchmarks of that host only"] = judge(calibration_from_micro(ps.meta["micro"], bundled), ps, h)
-        others = [q for n, q in hosts.items() if n != name and q.meta.get("hostname") != ps.meta.get("hostname")]
+        others = [q for n, q in hosts.items() if n != name and not same_host(q, ps)]
         if others:
             pts = [p for q in others for p in points_from_profiles(
                 q, server_from_dict("this-host", q.meta["host"]) if "host" in q.meta else host)]

@@ -87,3 +87,12 @@ def test_server_as_its_own_process_serves_and_stops(pool):
         assert result.ok == 10 and s.worker_pss_gb() > 0.005
         proc = s._proc
     assert proc.poll() is not None  # terminated on exit
+
+
+def test_a_spawned_server_keeps_the_deadline_it_was_given():
+    """``profile host --sla-ms`` looser than the catalogue's: the spawned node must not shed by the catalogue's."""
+    cfg = served.LocalServer(MODEL, SCALE, workers=1, deadline_ms=1234.0).node_config(1, 2)
+    assert cfg["models"][0]["deadline_ms"] == 1234.0
+    from recserve.serving import config_from_dict
+
+    assert config_from_dict(cfg).models[0].deadline_ms == 1234.0  # a config `recserve serve` accepts

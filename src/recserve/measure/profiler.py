@@ -298,17 +298,21 @@ def _search(session: LoadSession, budget: Budget, sla: SLA, start: float, seed: 
 
 
 @contextlib.contextmanager
-def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: int, via: str, server: Any = None):
+def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: int, via: str, server: Any = None,
+                 sla: SLA | None = None):
     """A load session over ``max_workers`` workers, with ``set(w)`` to use only ``w`` of them and
     ``pss(w)`` for their memory.  ``via="server"``: a real node server over HTTP (``server``, a started
-    :class:`~recserve.measure.served.LocalServer`, or a new one), resized through its control API;
+    :class:`~recserve.measure.served.LocalServer`, or a new one whose queries' deadline follows ``sla``: the
+    node's default follows the catalogue's, and would shed what a looser ``--sla-ms`` allows), resized through its
+    control API;
     ``via="inprocess"``: a process pool where only ``w`` workers may run at once."""
     if via == "server":
         from recserve.measure.served import LocalServer
 
         with contextlib.ExitStack() as stack:
             if server is None:
-                server = stack.enter_context(LocalServer(spec.name, scale, workers=max_workers))
+                deadline = {"deadline_ms": 2.0 * sla.target_ms} if sla is not None else {}
+                server = stack.enter_context(LocalServer(spec.name, scale, workers=max_workers, **deadline))
             with LoadSession(server.target("http"), pool, warm=True, before_run=server.wait_idle) as session:
                 yield session, server.set_workers, lambda w: server.worker_pss_gb()
         return
@@ -330,7 +334,7 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
     sla = sla or spec.sla
     maxload, foot, membw = [], [], []
     gather_bytes = spec.gather_bytes_per_item
-    with _worker_pool(spec, scale, pool, max(workers), via, server) as (session, set_workers, pss):
+    with _worker_pool(spec, scale, pool, max(workers), via, server, sla) as (session, set_workers, pss):
         for w in workers:
             set_workers(w)
             res, unloaded = _search(session, budget, sla, start_qps or _start_rate(lat, pool.mean_size, w), seed)

@@ -76,11 +76,16 @@ class LocalServer:
         _log(f"node server up: http {self.ports.http}, grpc {self.ports.grpc}")
         return self
 
-    def _spawn(self) -> None:
+    def node_config(self, http_port: int, grpc_port: int) -> dict[str, Any]:
+        """The node config the spawned server runs (``recserve serve --config``)."""
         model = self.config.models[0]
-        cfg = {"http_port": self.ports.http, "grpc_port": self.ports.grpc, "host": "127.0.0.1",
-               "models": [{"model": model.model, "name": model.name, "scale": model.scale, "workers": model.workers,
-                           "queue_limit": model.queue_limit, "threads": model.threads}]}
+        return {"http_port": http_port, "grpc_port": grpc_port, "host": "127.0.0.1",
+                "models": [{"model": model.model, "name": model.name, "scale": model.scale, "workers": model.workers,
+                            "queue_limit": model.queue_limit, "threads": model.threads,
+                            "deadline_ms": model.deadline_ms}]}
+
+    def _spawn(self) -> None:
+        cfg = self.node_config(self.ports.http, self.ports.grpc)
         self._tmp = tempfile.TemporaryDirectory(prefix="recserve-measure-")
         path = Path(self._tmp.name) / "node.yaml"
         path.write_text(yaml.safe_dump(cfg))
