@@ -106,7 +106,12 @@ def device_maxload(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
             LoadSession(server.target("http"), pool, warm=True, before_run=server.wait_idle) as session:
         for w in workers:
             server.set_workers(w, stage="accel")
-            res, unloaded = _search(session, budget, sla, _start_rate(lat, pool.mean_size, w), seed)
+            start = _start_rate(lat, pool.mean_size, w)
+            # unmeasured: a new accelerator worker's first passes map and pin its arenas and meet new shapes (on
+            # the H100, hera-din's 1-worker search, the first on a fresh node, failed at 182 QPS where 2 workers
+            # then passed 2,900; a cold start is the likely cause, not a verified one)
+            session.run(start, budget.probe_s, seed=seed + 7919 * w)
+            res, unloaded = _search(session, budget, sla, start, seed)
             hi = res.bracket[1] if np.isfinite(res.bracket[1]) else -1.0
             rows.append([w, res.max_qps, hi, len(res.probes), float(res.converged), unloaded])
             log(f"{spec.name} on {device}: {w} accelerator worker(s): max load {res.max_qps:.2f} qps "
