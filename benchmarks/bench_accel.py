@@ -31,21 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_peers import recserve_server  # noqa: E402
+from recserve.commands._plan_common import int_list  # noqa: E402
 from recserve.measure.loadgen import LoadSession  # noqa: E402
 from recserve.measure.maxload import find_max_load  # noqa: E402
 from recserve.measure.requests import RequestPool  # noqa: E402
 from recserve.measure.targets import HttpTarget  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
-
-
-def thresholds(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, comma-separated, got {text!r}")
-    return values
 
 
 def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -92,7 +83,7 @@ def main() -> int:
                         help="accelerator-only node: CPU workers that decode and forward every query")
     parser.add_argument("--accel-workers", type=int, default=1)
     parser.add_argument("--accel-threads", type=int, default=1)
-    parser.add_argument("--min-items", type=thresholds, default=[256],
+    parser.add_argument("--min-items", type=int_list, default=[256],
                         help="mixed node: queries of >= this go to the accelerator workers (a list: one node each)")
     parser.add_argument("--fuse-items", type=int, default=4096)
     parser.add_argument("--fuse-delay-us", type=int, default=0)

@@ -1,6 +1,8 @@
 """``recserve bench``: open-loop Poisson load against a node server (HTTP/gRPC) or a model in-process.
 
-One run at ``--rate``, or ``--find-max-load``: the latency-bounded QPS under the SLA percentile.
+One run at ``--rate``, or ``--find-max-load``: the latency-bounded QPS under the SLA percentile, or
+``--tune-offload K1,K2,...``: that search with each accelerator threshold ``min_items`` set on a live node
+(DeepRecSys' offload threshold found by measurement), the best one left set.
 Latency is counted from each query's scheduled send time (no coordinated omission).
 """
 
@@ -12,7 +14,16 @@ import json
 import sys
 from pathlib import Path
 
-from recserve.commands._plan_common import count, growth, non_negative, percentile, positive, qps, seed
+from recserve.commands._plan_common import (
+    count,
+    growth,
+    int_list,
+    non_negative,
+    percentile,
+    positive,
+    qps,
+    seed,
+)
 from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import find_max_load, stderr_log
@@ -48,7 +59,9 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
                       warmup_s=args.warmup, progress=not args.quiet, integer_ms=args.integer_ms_gaps)
     with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run, procs=args.procs,
                      spin_ms=args.spin_ms) as session:
-        if args.find_max_load:
+        if args.tune_offload:
+            out = _tune_offload(args, spec, target, session, sla_ms, percentile, run_kwargs)
+        elif args.find_max_load:
             print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
                   f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)
             probe_seed = iter(range(args.seed, args.seed + 10_000))
@@ -86,6 +99,43 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
     if args.plot:
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float, percentile: float,
+                  run_kwargs: dict) -> dict:
+    """The max load with each ``--tune-offload`` threshold set through the node's control API; the best stays set."""
+    from recserve.measure.offload import tune_offload
+    from recserve.serving.control_client import ControlClient, ControlError
+
+    if not args.target.startswith("http"):
+        raise RecserveError("--tune-offload needs --target http://HOST:PORT of a node whose model has accelerator "
+                            "workers (it sets their threshold through the control API)")
+    control, name = ControlClient.from_url(args.target), args.served_name or args.model
+    probe_seed = iter(range(args.seed, args.seed + 100_000))
+
+    def set_threshold(k: int) -> None:
+        try:
+            control.set_min_items(name, k)
+        except ControlError as exc:
+            raise RecserveError(f"--tune-offload: the node refused min_items {k} for {name!r}: {exc}") from exc
+
+    def search(_k: int):
+        return find_max_load(
+            lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
+                                     **run_kwargs),
+            sla_ms, percentile, start_qps=args.rate, growth=args.growth, rtol=args.rtol, max_qps=args.max_qps,
+            max_probes=args.max_probes, log=stderr_log)
+
+    best, results = tune_offload(set_threshold, search, args.tune_offload,
+                                 log=lambda m: print(f"[bench] {m}", file=sys.stderr))
+    print(f"max load at p{percentile:g} <= {sla_ms:g} ms by offload threshold (queries of >= min_items items go to "
+          "the accelerator workers):")
+    for r in results:
+        mark = "  <- best, left set" if r is best else ""
+        print(f"  min_items {r.min_items:6d}: {r.search.max_qps:10.2f} qps{mark}")
+    return {"kind": "offload_threshold", "model": spec.name, "scale": args.scale, "target": target.name,
+            "sizes": args.sizes, "sla_ms": sla_ms, "percentile": percentile, "best_min_items": best.min_items,
+            "results": [r.to_dict() for r in results]}
 
 
 def _sweep(args: argparse.Namespace, spec, target, session, sla_ms: float, percentile: float,
@@ -172,6 +222,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--find-max-load", action="store_true", help="search the highest rate meeting the SLA")
     p.add_argument("--sweep", type=_rates, default=None, metavar="R1,R2,...",
                    help="one run per rate (latency-vs-load curve, plotted with --plot) instead of a search")
+    p.add_argument("--tune-offload", type=int_list, default=None, metavar="K1,K2,...",
+                   help="on a node with accelerator workers: max load with each offload threshold min_items (set "
+                        "through its control API), the best left set")
     p.add_argument("--sla-ms", type=positive, default=None, help="SLA target (default: the model's)")
     p.add_argument("--percentile", type=percentile, default=None, help="SLA percentile (default: the model's)")
     p.add_argument("--growth", type=growth, default=2.0, help="rate multiplier while no probe violates")

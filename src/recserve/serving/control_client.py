@@ -74,6 +74,10 @@ class ControlClient:
     def set_sub_batch(self, model: str, k: int) -> dict[str, Any]:
         return self._request("POST", f"/control/models/{model}/sub_batch", {"sub_batch": k})
 
+    def set_min_items(self, model: str, k: int) -> dict[str, Any]:
+        """Queries of >= ``k`` items go to the model's accelerator workers."""
+        return self._request("POST", f"/control/models/{model}/accelerator", {"min_items": k})
+
     def set_llc_ways(self, model: str, ways: int) -> dict[str, Any]:
         return self._request("POST", f"/control/models/{model}/llc", {"ways": ways})
 
