@@ -19,7 +19,7 @@ from pathlib import Path
 from recserve.commands._plan_common import count, percentile, positive
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
-from recserve.specs import SLA, get_model
+from recserve.specs import SLA, ModelSpec, get_model
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -41,23 +41,12 @@ def _maxload_cell(row: list[float]) -> str:
     return f"{workers}w {qps:.1f} qps"
 
 
-def cmd_profile_host(args: argparse.Namespace) -> int:
-    import torch
+def _measure(args: argparse.Namespace, specs: list[ModelSpec], batches: list[int], workers: list[int] | None,
+             sla: SLA | None) -> ProfileSet:
+    """This host's CPU tables (unless ``--device-only``) and, with ``--device``, the accelerator's."""
+    from recserve.measure.accel_profile import device_tables
+    from recserve.measure.profiler import Budget, profile_host
 
-    from recserve.measure.profiler import BATCHES, profile_host
-
-    torch.set_num_threads(1)
-    names = [m for m in args.models.split(",") if m.strip()]
-    if not names:
-        raise RecserveError("--models needs at least one catalogue model name")
-    specs = [get_model(m.strip()) for m in names]
-    if not 0 < args.scale <= 1:
-        raise RecserveError(f"--scale must be in (0, 1], got {args.scale}")
-    batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
-    workers = _ints(args.workers, "--workers") if args.workers else None
-    sla = None
-    if args.sla_ms or args.percentile:
-        sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
     if args.device_only and not args.device:
         raise RecserveError("--device-only needs --device (e.g. --device cuda)")
     if args.device:
@@ -67,23 +56,22 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     if args.device_only:
         profiles = ProfileSet(meta={"server": "this-host", "scale": args.scale, "quick": args.quick})
     else:
-        profiles = profile_host(specs, args.scale, quick=args.quick, batches=batches, workers=workers,
-                                skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb, via=args.via)
-    from recserve.measure.accel_profile import device_server, device_tables
-    from recserve.measure.profiler import Budget
-
+        profiles = profile_host(specs, args.scale, quick=args.quick, batches=batches,
+                                workers=workers, skip_maxload=args.no_maxload, sla=sla, array_mb=args.array_mb,
+                                via=args.via)
     if args.device:
-        device_workers = _ints(args.device_workers, "--device-workers")
         for spec in specs:
-            for table in device_tables(spec, args.scale, Budget.of(args.quick), batches, args.device,
-                                       device_workers, skip_maxload=args.no_maxload, sla=sla):
+            for table in device_tables(spec, args.scale, Budget.of(args.quick), batches,
+                                       args.device, _ints(args.device_workers, "--device-workers"),
+                                       skip_maxload=args.no_maxload, sla=sla):
                 profiles.add(table)
-    out = Path(args.out)
-    if args.merge and out.exists():
-        profiles = ProfileSet.load(out).merge(profiles)
-    profiles.save(out)
+    return profiles
+
+
+def _print(args: argparse.Namespace, profiles: ProfileSet, specs: list[ModelSpec]) -> None:
+    from recserve.measure.accel_profile import device_server
+
     host = profiles.meta.get("host", {})
-    print(f"wrote {len(profiles)} tables to {out}")
     if host:
         print(f"host: random read {host.get('random_read_gbs')} GB/s, sequential read {host.get('seq_read_gbs')} GB/s, "
               f"GEMM {host.get('gemm_gflops')} GFLOP/s ({host.get('cores')} cores)")
@@ -100,6 +88,32 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
                       + ", ".join(_maxload_cell(r) for r in t.rows))
             for t in profiles.find(spec.name, server, "footprint"):
                 print("  memory: " + ", ".join(f"{int(r[0])}w {r[1]:.3f} GB" for r in t.rows))
+
+
+def cmd_profile_host(args: argparse.Namespace) -> int:
+    import torch
+
+    from recserve.measure.profiler import BATCHES
+
+    torch.set_num_threads(1)
+    names = [m for m in args.models.split(",") if m.strip()]
+    if not names:
+        raise RecserveError("--models needs at least one catalogue model name")
+    specs = [get_model(m.strip()) for m in names]
+    if not 0 < args.scale <= 1:
+        raise RecserveError(f"--scale must be in (0, 1], got {args.scale}")
+    batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
+    workers = _ints(args.workers, "--workers") if args.workers else None
+    sla = None
+    if args.sla_ms or args.percentile:
+        sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
+    profiles = _measure(args, specs, batches, workers, sla)
+    out = Path(args.out)
+    if args.merge and out.exists():
+        profiles = ProfileSet.load(out).merge(profiles)
+    profiles.save(out)
+    print(f"wrote {len(profiles)} tables to {out}")
+    _print(args, profiles, specs)
     return 0
 
 
