@@ -196,7 +196,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="times each policy is measured (alternating)")
     ap.add_argument("--reps", type=int, default=20, help="queries per batch size for the latency curves")
     ap.add_argument("--out", default="results/route_live.json")
+    ap.add_argument("--plot", default=None, metavar="PNG", help="also draw each policy's p99 vs offered load")
+    ap.add_argument("--replot", default=None, metavar="JSON", help="only draw --plot from an earlier run's JSON")
     args = ap.parse_args()
+    if args.replot:
+        return plot(json.loads(Path(args.replot).read_text()), args.plot or str(Path(args.replot).with_suffix(".png")))
     args.model = args.model or ("hera-din" if args.pool == "gpu" else "kairos-wnd")
     args.scale = args.scale or (0.01 if args.pool == "gpu" else 1e-3)
     torch.set_num_threads(1)
@@ -246,6 +250,18 @@ def main() -> int:
     for x, a in sweep.items():
         print(f"  at {x} QoS ({float(x[:-1]) * qos:.0f} ms): kairos {a['kairos']:g} qps, ribbon {a['ribbon']:g} qps")
     print(f"wrote {args.out}")
+    return plot(out, args.plot) if args.plot else 0
+
+
+def plot(result: dict, png: str) -> int:
+    from recserve.measure.plot import plot_policies_vs_load
+
+    pool = "GPU node + CPU node" if result.get("pool") == "gpu" else "DRAM node + SSD node"
+    title = f"{result['model']} @ {result['scale']:g}: Kairos vs FCFS over a {pool}"
+    label = {"kairos": "Kairos", "ribbon": "FCFS (Ribbon)"}
+    plot_policies_vs_load(result["rates"], {label[p]: result["live_p99_median_ms"][p] for p in POLICIES},
+                          result["qos_ms"], png, title, {label[p]: result["simulated_qps"][p] for p in POLICIES})
+    print(f"wrote {png}")
     return 0
 
 

@@ -63,6 +63,28 @@ def plot_run(result: LoadResult, path: str | Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
+def plot_policies_vs_load(rates: list[float], tails_ms: dict[str, list[float]], qos_ms: float, path: str | Path,
+                          title: str = "", simulated_qps: dict[str, float] | None = None) -> Path:
+    """Each dispatch policy's p99 at each offered rate of one ladder, the QoS line, and where the simulator put
+    each policy's allowable throughput (a live/simulated comparison at a glance)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, (policy, tails) in enumerate(tails_ms.items()):
+        ys = [t if t is not None and np.isfinite(t) else np.nan for t in tails]
+        line, = ax.plot(rates, ys, "os^dv"[k % 5] + "-", label=f"{policy} (live p99)", markersize=5)
+        if simulated_qps and policy in simulated_qps:
+            ax.axvline(simulated_qps[policy], color=line.get_color(), ls=":", lw=1,
+                       label=f"{policy} simulated max {simulated_qps[policy]:.0f} qps")
+    ax.axhline(qos_ms, color="red", ls="--", lw=1, label=f"QoS p99 {qos_ms:g} ms")
+    ax.set_xlabel("offered load (queries/s, Poisson)")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(title or "dispatch policies vs load")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
