@@ -130,3 +130,12 @@ def test_cli_user_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_the_policy_comparison_figure_draws_every_policy_and_missing_tails(tmp_path):
+    from recserve.measure.plot import plot_policies_vs_load
+
+    tails = {"Kairos": [50.0, 90.0, float("inf")], "FCFS": [120.0, None, 900.0]}
+    png = plot_policies_vs_load([10.0, 20.0, 30.0], tails, 100.0, tmp_path / "route.png",
+                                simulated_qps={"Kairos": 25.0, "FCFS": 8.0})
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
