@@ -90,3 +90,30 @@ def test_pool_file_errors_are_clear(tmp_path):
     bad.write_text("backends:\n  - {url: 'http://x'}\n")
     with pytest.raises(SpecError, match="qos_ms"):
         load_pool(bad)
+
+
+def test_a_backend_that_is_down_is_a_502_naming_it_and_errors_pass_through(tmp_path, backend):
+    """A refused connection is answered 502 with the backend's URL; a backend's own error (an unknown model: 404)
+    reaches the client with its status and JSON body."""
+    import socket
+
+    url, model = backend
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connections are refused
+        thread = RouterThread(Router(load_pool(write_pool(tmp_path, dead, "ribbon"))))
+        port = thread.start()
+        try:
+            body, hl = encode_http_request(RequestPool(get_model(model), 1e-4, (4,)).batch(0))
+            status, answer, _ = post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, hl)
+            assert status == 502 and dead.encode() in answer
+        finally:
+            thread.stop()
+    thread = RouterThread(Router(load_pool(write_pool(tmp_path, url, "ribbon"))))
+    port = thread.start()
+    try:
+        status, answer, headers = post(f"http://127.0.0.1:{port}/v2/models/no-such-model/infer", body, hl)
+        assert status == 404 and "no-such-model" in json.loads(answer)["error"]
+        assert headers["Content-Type"].startswith("application/json")
+    finally:
+        thread.stop()
