@@ -220,11 +220,18 @@ def main() -> int:
             print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
             with PEERS[name](args.model, args.scale, workers, sla) as url:
                 by_peer[name] = max_load(url, args.model, pool, args, sla)
+            save(results, args.out)  # after every search: a run cut short (a time limit) keeps what it measured
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    save(results, args.out)
     return 0
+
+
+def save(results: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(out).with_suffix(".partial")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(out)
 
 
 if __name__ == "__main__":
