@@ -166,7 +166,8 @@ class Router:
         pool = self._pools.get(inst.endpoint) or self._open_pool(inst.endpoint)
         request = encode_post(f"{pool.host}:{pool.port}", f"/v2/models/{model}/infer", body, headers)
         try:
-            resp = await pool.send(request, self.timeout_s)
+            # the outer bound also covers connecting (a backend that drops SYNs would hold a query for minutes)
+            resp = await asyncio.wait_for(pool.send(request, self.timeout_s), self.timeout_s)
         except (TimeoutError, HttpClientError) as exc:
             return (502, f'{{"error": "backend {inst.endpoint}: {type(exc).__name__}"}}'.encode(),
                     {"Content-Type": "application/json"})
