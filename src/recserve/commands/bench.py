@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from recserve.commands._plan_common import (
@@ -64,13 +66,7 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
         elif args.find_max_load:
             print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
                   f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)
-            probe_seed = iter(range(args.seed, args.seed + 10_000))
-            result = find_max_load(
-                lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
-                                         **run_kwargs),
-                sla_ms, percentile, start_qps=args.rate, growth=args.growth, rtol=args.rtol,
-                max_qps=args.max_qps, max_probes=args.max_probes, log=stderr_log,
-            )
+            result = _max_load(args, session, sla_ms, percentile, run_kwargs, itertools.count(args.seed))
             print(f"max load {result.max_qps:.2f} qps at p{percentile:g} <= {sla_ms:g} ms "
                   f"(bracket {result.bracket[0]:.2f}..{result.bracket[1]:.2f}, {len(result.probes)} probes, "
                   f"{result.reason})")
@@ -101,6 +97,17 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
     return 0
 
 
+def _max_load(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict,
+              probe_seed: Iterator[int]):
+    """``--find-max-load``'s search: each probe a run of ``--duration`` at its rate with the next seed."""
+    return find_max_load(
+        lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
+                                 **run_kwargs),
+        sla_ms, percentile, start_qps=args.rate, growth=args.growth, rtol=args.rtol,
+        max_qps=args.max_qps, max_probes=args.max_probes, log=stderr_log,
+    )
+
+
 def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float, percentile: float,
                   run_kwargs: dict) -> dict:
     """The max load with each ``--tune-offload`` threshold set through the node's control API; the best stays set."""
@@ -111,7 +118,7 @@ def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float
         raise RecserveError("--tune-offload needs --target http://HOST:PORT of a node whose model has accelerator "
                             "workers (it sets their threshold through the control API)")
     control, name = ControlClient.from_url(args.target), args.served_name or args.model
-    probe_seed = iter(range(args.seed, args.seed + 100_000))
+    probe_seed = itertools.count(args.seed)  # one sequence over every threshold's probes
 
     def set_threshold(k: int) -> None:
         try:
@@ -119,14 +126,9 @@ def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float
         except ControlError as exc:
             raise RecserveError(f"--tune-offload: the node refused min_items {k} for {name!r}: {exc}") from exc
 
-    def search(_k: int):
-        return find_max_load(
-            lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
-                                     **run_kwargs),
-            sla_ms, percentile, start_qps=args.rate, growth=args.growth, rtol=args.rtol, max_qps=args.max_qps,
-            max_probes=args.max_probes, log=stderr_log)
-
-    best, results = tune_offload(set_threshold, search, args.tune_offload,
+    best, results = tune_offload(set_threshold,
+                                 lambda _k: _max_load(args, session, sla_ms, percentile, run_kwargs, probe_seed),
+                                 args.tune_offload,
                                  log=lambda m: print(f"[bench] {m}", file=sys.stderr))
     print(f"max load at p{percentile:g} <= {sla_ms:g} ms by offload threshold (queries of >= min_items items go to "
           "the accelerator workers):")
