@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_peers import recserve_server  # noqa: E402
+from recserve.commands._plan_common import core_list  # noqa: E402
 from recserve.measure.loadgen import LoadSession  # noqa: E402
 from recserve.measure.maxload import find_max_load  # noqa: E402
 from recserve.measure.requests import RequestPool  # noqa: E402
@@ -36,16 +37,6 @@ from recserve.specs import get_model  # noqa: E402
 
 COUNT_ONLY_DEADLINE_MS = 1e6
 PROBE_MAX_S = 20.0  # never binds: admission by queue length alone
-
-
-def cores_list(text: str) -> list[int]:
-    try:
-        cores = [int(c) for c in text.split(",")]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1, got {text!r}") from exc
-    if not cores or any(c not in os.sched_getaffinity(0) for c in cores):
-        raise argparse.ArgumentTypeError(f"cores {text!r} are not all usable here ({sorted(os.sched_getaffinity(0))})")
-    return cores
 
 
 def run_admission(args: argparse.Namespace, pool: RequestPool, sla_ms: float, rate: float | None,
@@ -123,9 +114,9 @@ def main() -> int:
     parser.add_argument("--deadline-ms", type=float, default=None,
                         help="the node's per-query deadline (default: the SLA; the SLA is end to end, so a node "
                              "whose clients must see p99 within it leaves the network and client their share)")
-    parser.add_argument("--worker-cores", type=cores_list, default=None,
+    parser.add_argument("--worker-cores", type=core_list, default=None,
                         help="cores the workers share, e.g. 1 (default: the node's own choice)")
-    parser.add_argument("--generator-cores", type=cores_list, default=None,
+    parser.add_argument("--generator-cores", type=core_list, default=None,
                         help="cores for the load generator, e.g. 0")
     parser.add_argument("--accelerator", default=None, metavar="DEVICE",
                         help="serve every query through one accelerator worker on DEVICE (cpu, cuda): the CPU "

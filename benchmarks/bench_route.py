@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recserve.commands._plan_common import core_list
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import make_target
@@ -132,15 +133,6 @@ def allowable(rates: list[float], p99: list[float], qos: float) -> float:
     return best
 
 
-def core_range(text: str) -> list[int]:
-    """``0-3`` or ``0,2,4`` -> core ids."""
-    cores: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cores += list(range(int(lo), int(hi or lo) + 1))
-    return cores
-
-
 def ssd_pool(args: argparse.Namespace, ssd_dir: str) -> tuple[dict[str, NodeServer], dict[str, int]]:
     """A DRAM node (core 0) and an SSD node (core 1), one worker = one router slot each."""
     tier = {"dir": ssd_dir, "tables": "all", "cache_mb": args.cache_mb}
@@ -153,9 +145,9 @@ def gpu_pool(args: argparse.Namespace) -> tuple[dict[str, NodeServer], dict[str,
     """A GPU node on ``--gpu-cores`` (CPU workers that forward every query + one accelerator worker on the last of
     those cores) and a CPU-only node with one single-threaded worker per remaining core."""
     every = sorted(os.sched_getaffinity(0))
-    mine = core_range(args.gpu_cores) if args.gpu_cores else every[:max(1, len(every) // 4)]
+    mine = args.gpu_cores or every[:max(1, len(every) // 4)]
     rest = [c for c in every if c not in mine]
-    if not rest or not set(mine) <= set(every):
+    if not rest:
         raise SystemExit(f"--gpu-cores {mine} must be some, not all, of this host's cores {every}")
     front = mine[:-1] or mine
     accel = {"device": args.device, "workers": 1, "threads": 1, "min_items": 1, "cores": [mine[-1]],
@@ -185,7 +177,8 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=None, help="default: 1e-3 (ssd pool), 0.01 (gpu pool)")
     ap.add_argument("--cache-mb", type=float, default=0.25, help="the SSD node's DRAM row cache")
     ap.add_argument("--device", default="cuda", help="gpu pool: the accelerator's device (cpu: a harness check)")
-    ap.add_argument("--gpu-cores", default="", help="gpu pool: the GPU node's cores, e.g. 0-3 (default: a quarter)")
+    ap.add_argument("--gpu-cores", type=core_list, default=None,
+                    help="gpu pool: the GPU node's cores, e.g. 0-3 (default: a quarter)")
     ap.add_argument("--gpu-slots", type=int, default=2, help="gpu pool: queries the router keeps at the GPU node")
     ap.add_argument("--procs", type=int, default=1, help="load-generator processes")
     ap.add_argument("--qos-x", type=float, default=1.3,

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -108,6 +109,21 @@ def int_list(text: str) -> list[int]:
 
 
 int_list.__name__ = "comma-separated integers >= 1"
+
+
+def core_list(text: str) -> list[int]:
+    """An argparse ``type`` for cores this process may use: ``0,1``, ranges ``0-3``, or both."""
+    cores: list[int] = []
+    try:
+        for part in names(text):
+            low, _, high = part.partition("-")
+            cores += range(int(low), int(high or low) + 1)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected core numbers like 0,1 or 0-3, got {text!r}") from exc
+    usable = os.sched_getaffinity(0)
+    if not cores or any(c not in usable for c in cores):
+        raise argparse.ArgumentTypeError(f"cores {text!r} are not all usable here ({sorted(usable)})")
+    return cores
 
 
 def progress(msg: str) -> None:
