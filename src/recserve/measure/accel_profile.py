@@ -35,13 +35,6 @@ def device_server(device: str) -> str:
     return f"{SERVER}-{device.replace(':', '')}"
 
 
-def _memory(device: str) -> tuple[int, int]:
-    """(allocated, peak) bytes on ``device`` (0, 0 on a CPU: no device allocator to ask)."""
-    if not device.startswith("cuda"):
-        return 0, 0
-    return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
-
-
 def _weight_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
@@ -53,9 +46,10 @@ def device_latency(spec: ModelSpec, scale: float, budget: Budget, batches: Seque
     from recserve.zoo import build_or_load
 
     model = build_or_load(spec, scale, seed=seed).eval()
-    if device.startswith("cuda"):
+    on_gpu = device.startswith("cuda")  # on a CPU there is no device allocator to ask: the weights' bytes instead
+    if on_gpu:
         torch.cuda.reset_peak_memory_stats(device)
-    base, _ = _memory(device)
+        base = torch.cuda.memory_allocated(device)
     run = device_runner(model, device)
     rows = []
     with torch.inference_mode():
@@ -67,15 +61,14 @@ def device_latency(spec: ModelSpec, scale: float, budget: Budget, batches: Seque
             rows.append([b, float(ms.mean()), float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(ms)])
             log(f"{spec.name} on {device}: batch {b:5d}: mean {ms.mean():8.3f} ms  p50 {np.percentile(ms, 50):8.3f}"
                 f"  p99 {np.percentile(ms, 99):8.3f}  ({len(ms)} runs)")
-    _, peak = _memory(device)
-    mem_gb = (peak - base) / 1e9 if device.startswith("cuda") else _weight_bytes(model) / 1e9
+    mem_gb = (torch.cuda.max_memory_allocated(device) - base) / 1e9 if on_gpu else _weight_bytes(model) / 1e9
     del run, model
-    if device.startswith("cuda"):
+    if on_gpu:
         torch.cuda.empty_cache()
     conditions = {"scale": scale, "device": device, "via": "in-process accelerator pass (serving.accel.device_runner)",
                   "includes": "copies to the device from pinned memory, the fused pass, scores back to the host",
                   "torch": torch.__version__,
-                  "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"}
+                  "device_name": torch.cuda.get_device_name(device) if on_gpu else "cpu"}
     table = ProfileTable(spec.name, device_server(device), "latency_vs_batch",
                          ("batch", "mean_ms", "p50_ms", "p99_ms", "runs"), rows, "measured", conditions)
     return table, mem_gb
@@ -87,10 +80,11 @@ def _accelerator_node(spec: ModelSpec, scale: float, device: str, workers: int, 
     """A node whose ``front`` CPU workers forward every query to ``workers`` accelerator workers on ``device``;
     its queries' deadline follows the SLA searched against (the node's default follows the catalogue's)."""
     from recserve.measure.served import LocalServer
+    from recserve.serving.config import default_deadline_ms
 
     accel = {"device": device, "workers": workers, "threads": 1, "min_items": 1, "fuse_items": 4096}
     with LocalServer(spec.name, scale, workers=front, queue_limit=64 * front, in_process=True, accelerator=accel,
-                     deadline_ms=2.0 * sla.target_ms) as server:
+                     deadline_ms=default_deadline_ms(sla.target_ms)) as server:
         yield server
 
 

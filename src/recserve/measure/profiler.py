@@ -308,10 +308,11 @@ def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: 
     ``via="inprocess"``: a process pool where only ``w`` workers may run at once."""
     if via == "server":
         from recserve.measure.served import LocalServer
+        from recserve.serving.config import default_deadline_ms
 
         with contextlib.ExitStack() as stack:
             if server is None:
-                deadline = {"deadline_ms": 2.0 * sla.target_ms} if sla is not None else {}
+                deadline = {"deadline_ms": default_deadline_ms(sla.target_ms)} if sla is not None else {}
                 server = stack.enter_context(LocalServer(spec.name, scale, workers=max_workers, **deadline))
             with LoadSession(server.target("http"), pool, warm=True, before_run=server.wait_idle) as session:
                 yield session, server.set_workers, lambda w: server.worker_pss_gb()

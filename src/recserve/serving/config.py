@@ -55,6 +55,12 @@ MODES = ("model", "pipeline")
 DEADLINE_SLA_FACTOR = 2.0
 
 
+def default_deadline_ms(sla_target_ms: float) -> float:
+    """A query's deadline when neither the client nor the config sets one: room for the tail the SLA allows past
+    its target, and no more."""
+    return DEADLINE_SLA_FACTOR * float(sla_target_ms)
+
+
 def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
@@ -176,8 +182,8 @@ class ModelConfig:
         spec = self.model_spec()  # raises SpecError naming the known models
         if self.artifact:
             self._check_split(where)
-        if self.deadline_ms is None:  # room for the tail the SLA allows past its target, and no more
-            self.deadline_ms = DEADLINE_SLA_FACTOR * float(spec.sla.target_ms)
+        if self.deadline_ms is None:
+            self.deadline_ms = default_deadline_ms(spec.sla.target_ms)
         for key, low in (("deadline_ms", 0.0), ("hang_timeout_s", 0.0)):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not low < value < 1e7:
