@@ -415,7 +415,7 @@ class NodeServer:
     def _grpc_server(self) -> grpc.aio.Server:
         limit = self.config.max_body_bytes
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                          ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 1)])
+                                          ("grpc.max_send_message_length", limit)])
         grpc_service.add_to_server(server, self.core)
         return server
 
