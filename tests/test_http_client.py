@@ -85,3 +85,15 @@ def test_a_malformed_response_is_an_error():
             server.close()
 
     asyncio.run(run())
+
+
+def test_an_endpoint_url_gives_host_port_tls_and_route_prefix():
+    from recserve.measure.http_client import Endpoint
+
+    assert Endpoint.parse("http://127.0.0.1:8000") == Endpoint("127.0.0.1", 8000, False, "")
+    assert Endpoint.parse("https://node.example/app/") == Endpoint("node.example", 443, True, "/app")
+    assert Endpoint.parse("http://[::1]:9000/a/b") == Endpoint("::1", 9000, False, "/a/b")
+    assert Endpoint.parse("http://h") == Endpoint("h", 80, False, "")
+    for bad in ("127.0.0.1:8000", "ftp://h:1", "http://:80"):
+        with pytest.raises(ValueError, match="http"):
+            Endpoint.parse(bad)

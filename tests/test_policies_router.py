@@ -117,3 +117,18 @@ def test_a_backend_that_is_down_is_a_502_naming_it_and_errors_pass_through(tmp_p
         assert headers["Content-Type"].startswith("application/json")
     finally:
         thread.stop()
+
+
+def test_a_backend_url_with_a_route_prefix_is_posted_under_it(tmp_path, backend):
+    """``http://host:port/prefix`` (a Ray Serve route, say): the query goes to ``/prefix/v2/models/...``; a node
+    server has no such route and answers 404, which the client gets."""
+    url, model = backend
+    thread = RouterThread(Router(load_pool(write_pool(tmp_path, f"{url}/some/prefix", "ribbon"))))
+    port = thread.start()
+    try:
+        body, hl = encode_http_request(RequestPool(get_model(model), 1e-4, (4,)).batch(0))
+        status, _, _ = post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, hl)
+        assert status == 404
+        assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/router/stats").read())["errors"] == 1
+    finally:
+        thread.stop()

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import ssl
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 
 class HttpClientError(Exception):
@@ -24,6 +25,29 @@ class Response:
     status: int
     headers: dict[str, str]  # names in lower case
     body: bytes
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where ``http[s]://host[:port][/prefix]`` points: what an :class:`HttpPool` connects to, and the path
+    prefix (a Ray Serve route, say) the requests' paths go under."""
+
+    host: str
+    port: int
+    tls: bool
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        """Raises ValueError naming ``url`` when it is not an http(s) URL with a host."""
+        parsed = urlparse(url.rstrip("/"))
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"must be http[s]://host[:port][/prefix], got {url!r}")
+        tls = parsed.scheme == "https"
+        return cls(parsed.hostname, parsed.port or (443 if tls else 80), tls, parsed.path.rstrip("/"))
+
+    def pool(self, limit: int = 256, reuse: str = "oldest") -> HttpPool:
+        return HttpPool(self.host, self.port, limit, self.tls, reuse)
 
 
 def encode_post(host: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from recserve.errors import RecserveError
-from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
+from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
 from recserve.measure.requests import RequestPool
 from recserve.serving import codec
 from recserve.serving.codec import HEADER_LENGTH
@@ -78,12 +78,11 @@ class HttpTarget:
         size as a header (``wire.BATCH_SIZE_HEADER``) for routers that see only headers; ``reuse``: which idle
         connection a query takes (``http_client.HttpPool``)."""
         self.base = url.rstrip("/")
-        parsed = urlparse(self.base)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise RecserveError(f"HTTP target must be http[s]://host[:port][/prefix], got {url!r}")
-        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
-        self._tls = parsed.scheme == "https"
-        self._path = f"{parsed.path.rstrip('/')}/v2/models/{model}/infer"
+        try:
+            self._endpoint = Endpoint.parse(self.base)
+        except ValueError as exc:
+            raise RecserveError(f"HTTP target {exc}") from exc
+        self._path = f"{self._endpoint.prefix}/v2/models/{model}/infer"
         self.size_header = size_header
         self.model = model
         self.name = f"http {self.base} {model}"
@@ -99,9 +98,10 @@ class HttpTarget:
             headers = {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
             if self.size_header:
                 headers[BATCH_SIZE_HEADER] = str(batch.size)
-            self._requests.append((encode_post(f"{self._host}:{self._port}", self._path, body, headers), batch.size))
+            host = f"{self._endpoint.host}:{self._endpoint.port}"
+            self._requests.append((encode_post(host, self._path, body, headers), batch.size))
         if self._pool is None:
-            self._pool = HttpPool(self._host, self._port, self.connections, tls=self._tls, reuse=self._reuse)
+            self._pool = self._endpoint.pool(self.connections, self._reuse)
 
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)

@@ -36,7 +36,7 @@ import numpy as np
 from aiohttp import web
 
 from recserve.errors import RecserveError, SpecError
-from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
+from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
@@ -134,7 +134,7 @@ class Router:
         self.clock = clock or self._monotonic_ms
         self.transport = transport or self._http
         self.session: aiohttp.ClientSession | None = None  # the few GETs proxied to a backend
-        self._pools: dict[str, HttpPool] = {}  # keep-alive connections per backend, for the queries
+        self._pools: dict[str, tuple[Endpoint, HttpPool]] = {}  # keep-alive connections per backend, for queries
         self.latencies: list[float] = []
         self.errors = 0
 
@@ -163,23 +163,23 @@ class Router:
         client (``measure/http_client.py``).  Measured on the 2-core host, router thread CPU per hera-din query
         (scale 0.01, production mix, 300 QPS against a sink, three interleaved rounds): 0.90-1.33 ms with it,
         1.41-1.58 ms with aiohttp's client; for hercules-rmc1 the difference was inside the noise."""
-        pool = self._pools.get(inst.endpoint) or self._open_pool(inst.endpoint)
-        request = encode_post(f"{pool.host}:{pool.port}", f"/v2/models/{model}/infer", body, headers)
         try:
+            endpoint, pool = self._backend(inst.endpoint)
+            request = encode_post(f"{endpoint.host}:{endpoint.port}", f"{endpoint.prefix}/v2/models/{model}/infer",
+                                  body, headers)
             # the outer bound also covers connecting (a backend that drops SYNs would hold a query for minutes)
             resp = await asyncio.wait_for(pool.send(request, self.timeout_s), self.timeout_s)
-        except (TimeoutError, HttpClientError) as exc:
+        except (TimeoutError, HttpClientError, ValueError) as exc:  # ValueError: not an http(s) URL
             return (502, f'{{"error": "backend {inst.endpoint}: {type(exc).__name__}"}}'.encode(),
                     {"Content-Type": "application/json"})
         return resp.status, resp.body, {k: resp.headers[k.lower()] for k in FORWARD_HEADERS
                                         if k.lower() in resp.headers}
 
-    def _open_pool(self, endpoint: str) -> HttpPool:
-        scheme, _, address = endpoint.partition("://")
-        host, _, port = address.rstrip("/").rpartition(":")
-        pool = HttpPool(host, int(port), limit=4096, tls=scheme == "https")
-        self._pools[endpoint] = pool
-        return pool
+    def _backend(self, url: str) -> tuple[Endpoint, HttpPool]:
+        if url not in self._pools:
+            endpoint = Endpoint.parse(url)
+            self._pools[url] = endpoint, endpoint.pool(limit=4096)
+        return self._pools[url]
 
     async def _forward(self, q: Query, inst: Instance) -> None:
         model, body, headers, fut = q.payload
@@ -242,7 +242,7 @@ class Router:
         async def on_cleanup(_: web.Application) -> None:
             if self.session is not None:
                 await self.session.close()
-            for pool in self._pools.values():
+            for _, pool in self._pools.values():
                 pool.close()
 
         app.router.add_post("/v2/models/{model}/infer", infer)
