@@ -574,13 +574,17 @@ class AcceleratorClient:
 # ---------------------------------------------------------------------------------------- device pass
 
 
-def device_runner(model: Any, device: str, pinned: bool = True) -> Callable[[tuple], np.ndarray]:
+def device_runner(model: Any, device: str, pinned: bool = True,
+                  table_mb: float | None = None) -> Callable[[tuple], np.ndarray]:
     """One forward pass of a query on ``device``: inputs copied host -> device, scores back (numpy).
 
     On a GPU a zoo model runs with its tables fused (``zoo.fused``: one lookup kernel for all tables instead of
     one per table) and its inputs go through pinned host memory, so the copies are real DMA rather than a staged
     pageable copy.  The weights move to the device once, here; on ``cpu`` nothing moves and nothing is fused
     (the per-table path is the faster one on CPU cores at large batches).
+
+    ``table_mb`` (``accelerator.device_table_mb``): the tables stay on the host and at most this many MiB of
+    their hottest rows are cached on the device (``zoo.device_cache``), on any device, ``cpu`` included.
     """
     import torch
 
@@ -588,16 +592,27 @@ def device_runner(model: Any, device: str, pinned: bool = True) -> Callable[[tup
     from recserve.zoo.fused import FusedModel, fusable
 
     target = torch.device(device)
+
+    def host(a: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(a)
+        if target.type == "cpu" or not pinned or tensor.is_pinned():  # arena views are pinned
+            return tensor
+        return tensor.pin_memory()
+
+    if table_mb is not None:
+        from recserve.zoo.device_cache import CachedModel
+
+        if not fusable(model):
+            raise ValueError("accelerator device_table_mb needs a zoo model whose tables are all in memory "
+                             f"(DramTable); {type(model).__name__} is not one")
+        cached = CachedModel(model, target, table_mb * 2**20, pinned=pinned and target.type == "cuda")
+        return lambda arrays: cached.run(arrays, host)
     if target.type == "cpu":
         return lambda arrays: model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy()
     if fusable(model):
         model = FusedModel(model).to_device(target)
     else:
         model.to(target)
-
-    def host(a: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(a)
-        return tensor.pin_memory() if pinned and not tensor.is_pinned() else tensor  # arena views are pinned
 
     def run(arrays: tuple) -> np.ndarray:
         dense, values, lengths = (host(a).to(target, non_blocking=True) for a in arrays)
@@ -643,7 +658,7 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     def report(items: int, queries: int, seconds: float) -> None:
         send(("stats", [("pass", items, queries, seconds)]))
 
-    run = device_runner(model, accel.device)
+    run = device_runner(model, accel.device, table_mb=accel.device_table_mb)
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
     server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
                                *arena_pinning(accel.device))

@@ -33,6 +33,9 @@ A node config is YAML::
           staging_mb: 128    # shared memory per CPU worker -> accelerator worker link (pinned on a GPU; 0: socket)
           cores: [0, 1]      # optional: pin them (each takes `threads` of these in turn, or one list per
                              # worker), e.g. to split one host's cores between a GPU node and a CPU node
+          device_table_mb: null  # optional: MiB of device memory for embedding rows; the tables stay in host
+                             # memory and their most looked-up rows are cached on the device (zoo/device_cache.py);
+                             # null = whole tables on the device.  Any device, cpu included; DRAM tables only
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
@@ -101,6 +104,7 @@ class AcceleratorConfig:
     fuse_delay_us: int = 0
     staging_mb: int = 128  # shared memory per CPU worker -> accelerator worker link (0: queries cross the socket)
     cores: Any = None  # pinned like a model's workers (``expand_cores``); None = the server's affinity
+    device_table_mb: float | None = None  # device memory for cached embedding rows (None: whole tables there)
 
     def check(self, where: str) -> None:
         where = f"{where} accelerator"
@@ -110,6 +114,11 @@ class AcceleratorConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
                 raise SpecError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
         check_device(self.device, f"{where}: device")
+        budget = self.device_table_mb
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
+                                   or not 0 <= budget <= 2**40):
+            raise SpecError(f"{where}: device_table_mb must be a number of MiB >= 0 (or null: whole tables on the "
+                            f"device), got {budget!r}")
         self.core_sets(where)  # validate early
 
     def core_sets(self, where: str = "accelerator") -> list[list[int]]:
@@ -222,6 +231,11 @@ class ModelConfig:
             raise SpecError(f"{where}: accelerator device {device!r} cannot serve {host_tables} (its tables are "
                             "read on the host); use device: cpu or DRAM tables")
         self.accelerator.check(where)
+        if self.accelerator.device_table_mb is not None:  # the cache is built from tables held in memory
+            program = self.artifact and not self.artifact.endswith("model.safetensors")
+            if host_tables or program:
+                raise SpecError(f"{where}: accelerator device_table_mb caches rows of tables held in memory; "
+                                f"this model has {host_tables or 'a program artifact ' + repr(self.artifact)}")
 
     def _from_repository_path(self) -> None:
         """``model: REPO/<model>[/<version>]`` serves that artifact (profiling serves repository models so)."""

@@ -54,26 +54,38 @@ class FusedTables(nn.Module):
     def forward(self, batch: QueryBatch) -> list[torch.Tensor]:
         """Per table: pooled ``[B, dim]``, or for sequence tables the rows ``[B, L, dim]`` (``RecModel.sparse``)."""
         lens = batch.lengths.to(torch.int64)
-        tables, size = lens.shape
         counts = lens.sum(dim=1)
         values = batch.values.to(torch.int64)
-        owner = torch.repeat_interleave(torch.arange(tables, device=values.device), counts,
+        owner = torch.repeat_interleave(torch.arange(lens.shape[0], device=values.device), counts,
                                         output_size=values.shape[0])
         ids = values + self.first_row[owner]
+        if len(self.widths) == 1:
+            group_ids = [ids]
+        else:  # ids of other widths' tables become row 0, their bags discarded
+            group_ids = [torch.where(getattr(self, f"member{g}")[owner], ids, 0) for g in range(len(self.widths))]
+        return self.lookup(lens, group_ids, [self.weight(g) for g in range(len(self.widths))])
+
+    def lookup(self, lens: torch.Tensor, group_ids: list[torch.Tensor],
+               weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The pass itself, given per width group the row of every value in ``weights[g]`` (int64, on the weights'
+        device) and the ``[T, B]`` int64 lengths: one ``embedding_bag`` per group, sequence tables gathered.
+        ``zoo.device_cache`` calls it with rows remapped to a device cache's slots."""
+        tables, size = lens.shape
+        counts = lens.sum(dim=1)
         flat = lens.reshape(-1)
         offsets = torch.cumsum(flat, 0) - flat  # each bag's first value, all T * B bags
         starts = torch.cumsum(counts, 0) - counts
         out: list[torch.Tensor | None] = [None] * tables
         for g, width in enumerate(self.widths):
-            group_ids = ids if len(self.widths) == 1 else torch.where(getattr(self, f"member{g}")[owner], ids, 0)
-            pooled = F.embedding_bag(group_ids, self.weight(g), offsets, mode="sum").view(tables, size, width)
+            ids, weight = group_ids[g], weights[g]
+            pooled = F.embedding_bag(ids, weight, offsets, mode="sum").view(tables, size, width)
             for t in range(tables):
                 if self.group_of[t] != g:
                     continue
                 if t in self.sequence_lengths:
                     length = self.sequence_lengths[t]
                     where = starts[t] + torch.arange(size * length, device=ids.device)
-                    out[t] = F.embedding(group_ids[where], self.weight(g)).view(size, length, width)
+                    out[t] = F.embedding(ids[where], weight).view(size, length, width)
                 else:
                     out[t] = pooled[t]
         return out  # type: ignore[return-value]
