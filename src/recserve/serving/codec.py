@@ -13,6 +13,7 @@ raise ``ValueError`` on a malformed response.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,8 @@ DTYPES: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
 }
 DATATYPES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
+LITTLE_ENDIAN: dict[np.dtype, np.dtype] = {v: v.newbyteorder("<") for v in DTYPES.values()}
+"""The wire's byte order of each datatype (made once: ``newbyteorder`` builds a new dtype on every call)."""
 EXPECTED: dict[str, tuple[str, ...]] = {
     INPUT_DENSE: ("FP32",), INPUT_VALUES: ("INT64",), INPUT_LENGTHS: ("INT32", "INT64"),
 }
@@ -61,10 +64,16 @@ def raw_tensor(name: str, arr: np.ndarray) -> tuple[dict[str, Any], bytes]:
 
 
 def _shape(field: str, shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, list | tuple) or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not list and not isinstance(shape, list | tuple):
         raise invalid(field, f"shape must be a list of non-negative integers, got {shape!r}")
+    total, huge = 1, False
+    for d in shape:  # a plain loop: generator checks cost ~1 µs each, several per tensor of every query
+        if type(d) is not int or d < 0:
+            raise invalid(field, f"shape must be a list of non-negative integers, got {shape!r}")
+        huge = huge or d > MAX_ELEMENTS
+        total *= d
     # each dimension bounded too: a zero elsewhere makes the product 0 but numpy still refuses the reshape
-    if any(d > MAX_ELEMENTS for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+    if huge or total > MAX_ELEMENTS:
         raise invalid(field, f"shape {list(shape)} declares more than {MAX_ELEMENTS} elements")
     if field in RANKS and len(shape) != RANKS[field]:
         raise invalid(field, f"shape must have rank {RANKS[field]}, got {list(shape)}")
@@ -84,7 +93,7 @@ def from_raw(field: str, datatype: Any, shape: Any, raw: bytes | memoryview) -> 
     if len(raw) != expected:
         raise invalid(field, f"binary data has {len(raw)} bytes, shape {list(dims)} of {datatype} needs {expected}")
     # frombuffer views the request body (no copy); the model only reads its inputs.
-    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(dims)
+    return np.frombuffer(raw, dtype=LITTLE_ENDIAN[dtype]).reshape(dims)
 
 
 def _numbers(field: str, datatype: str, data: Any) -> np.ndarray:
@@ -313,16 +322,30 @@ def http_infer_response(name: str, request: dict, scores: np.ndarray,
                         version: str = "1") -> tuple[bytes, dict[str, str]]:
     """Body and extra headers of a v2 infer response (``model_version``: the version that answered)."""
     scores = finite_scores(scores)
-    out, raw = raw_tensor(OUTPUT_SCORES, scores)
+    if wants_binary_output(request):
+        raw = scores.astype("<f4", copy=False).tobytes()
+        head = _binary_head(name, version, scores.shape, len(raw), request.get("id")).encode()
+        return head + raw, {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
+    out, _ = raw_tensor(OUTPUT_SCORES, scores)
     response: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": [out]}
     if "id" in request:
         response["id"] = request["id"]
-    if wants_binary_output(request):
-        out["parameters"] = {"binary_data_size": len(raw)}
-        head = json.dumps(response).encode()
-        return head + raw, {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
     out["data"] = scores.reshape(-1).tolist()
     return json.dumps(response, allow_nan=False).encode(), {"Content-Type": "application/json"}
+
+
+def _binary_head(name: str, version: str, shape: tuple[int, ...], size: int, request_id: Any) -> str:
+    """The JSON header of a binary-output response, from a template: ``json.dumps`` of the same dict cost ~8 µs
+    of the ~0.3 ms a batch-1 query costs the server besides its model (issue #14)."""
+    ident = "" if request_id is None else f',"id":{json.dumps(request_id)}'
+    return (f'{{"model_name":{_json_str(name)},"model_version":{_json_str(version)},"outputs":[{{"name":'
+            f'"{OUTPUT_SCORES}","datatype":"FP32","shape":[{",".join(map(str, shape))}],'
+            f'"parameters":{{"binary_data_size":{size}}}}}]{ident}}}')
+
+
+@functools.lru_cache(maxsize=256)
+def _json_str(text: str) -> str:
+    return json.dumps(text)
 
 
 # ---------------------------------------------------------------- HTTP (client side)

@@ -1052,20 +1052,17 @@ def _timeout_s(request: dict) -> float | None:
     return timeout_s(request.get("parameters") or {})
 
 
-def _wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
-    """One input as the model reads it: contiguous (a JSON-decoded or sliced array may not be)."""
-    from recserve.zoo.batch import BatchError
-
-    if name not in arrays:
-        raise BatchError(name, "input tensor missing")
-    return np.ascontiguousarray(arrays[name])
-
-
 def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
                     run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1") -> ModelPath:
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec."""
     from recserve.serving import protocol
     from recserve.zoo.batch import BatchError, check_query, concat_arrays
+
+    def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
+        """One input as the model reads it: contiguous (a JSON-decoded or sliced array may not be)."""
+        if name not in arrays:
+            raise BatchError(name, "input tensor missing")
+        return np.ascontiguousarray(arrays[name])
 
     class Path:
         def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
@@ -1075,7 +1072,8 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
 
         def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
             try:
-                query = tuple(_wire_array(arrays, name) for name in (INPUT_DENSE, INPUT_VALUES, INPUT_LENGTHS))
+                query = (wire_array(arrays, INPUT_DENSE), wire_array(arrays, INPUT_VALUES),
+                         wire_array(arrays, INPUT_LENGTHS))
                 check_query(*query, info.dense_in, info.rows, info.seq_lens, max_batch_size)
             except BatchError as exc:
                 raise InferError("invalid", str(exc), exc.field) from exc
