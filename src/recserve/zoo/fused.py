@@ -54,16 +54,22 @@ class FusedTables(nn.Module):
     def forward(self, batch: QueryBatch) -> list[torch.Tensor]:
         """Per table: pooled ``[B, dim]``, or for sequence tables the rows ``[B, L, dim]`` (``RecModel.sparse``)."""
         lens = batch.lengths.to(torch.int64)
-        counts = lens.sum(dim=1)
-        values = batch.values.to(torch.int64)
-        owner = torch.repeat_interleave(torch.arange(lens.shape[0], device=values.device), counts,
+        return self.lookup(lens, self.group_ids(batch.values, lens), [self.weight(g) for g in range(len(self.widths))])
+
+    def group_ids(self, values: torch.Tensor, lens: torch.Tensor, first_row: torch.Tensor | None = None,
+                  members: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per width group, the row of every value in that group's weight, computed where ``values`` are (ids of
+        other widths' tables become row 0, their bags discarded).  ``first_row``/``members``: copies of this
+        module's buffers on ``values``' device (``zoo.device_cache`` keeps its weights apart from this module)."""
+        first_row = self.first_row if first_row is None else first_row
+        values = values.to(torch.int64)
+        owner = torch.repeat_interleave(torch.arange(lens.shape[0], device=values.device), lens.sum(dim=1),
                                         output_size=values.shape[0])
-        ids = values + self.first_row[owner]
+        ids = values + first_row[owner]
         if len(self.widths) == 1:
-            group_ids = [ids]
-        else:  # ids of other widths' tables become row 0, their bags discarded
-            group_ids = [torch.where(getattr(self, f"member{g}")[owner], ids, 0) for g in range(len(self.widths))]
-        return self.lookup(lens, group_ids, [self.weight(g) for g in range(len(self.widths))])
+            return [ids]
+        members = [getattr(self, f"member{g}") for g in range(len(self.widths))] if members is None else members
+        return [torch.where(member[owner], ids, 0) for member in members]
 
     def lookup(self, lens: torch.Tensor, group_ids: list[torch.Tensor],
                weights: list[torch.Tensor]) -> list[torch.Tensor]:

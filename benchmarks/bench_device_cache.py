@@ -1,0 +1,203 @@
+"""Device row cache (zoo/device_cache.py, issue #16): what it costs on the host and how often it hits.
+
+Two measurements, both on the host (this needs no GPU and claims nothing about one):
+
+- ``cost``: host-side time per query of ``DeviceTableCache.prepare`` (global ids, remap to device slots, sampled
+  counting, misses deduplicated and gathered into the spare region) at each batch size, per budget, on queries
+  drawn from ``--sampler`` after ``--warm`` other queries were counted and their hot rows cached; beside it
+  ``remap`` = the global ids + ``np.take`` alone (the floor of any host-side remap), the rows gathered per query,
+  and the bytes a pass would copy to the device: cached (dense + int32 slots + lengths + missed rows) against
+  today's whole-table path (dense + int64 ids + lengths).  With device ``cpu`` the gather writes into the cache's
+  host-side "device" weight; on a GPU it writes a pinned buffer of the same size and the copy is queued, so the
+  host work is the same; the copy itself is not measured.
+- ``hit``: share of lookups served from the cache vs budget (share of the tables' bytes) for the catalogue's index
+  samplers (hot rows scattered over the ids): ``prefix`` = the initial cache (a prefix of every table), ``counted``
+  = after ``--warm`` queries counted and one refresh, ``online`` = serving with the default refresh policy (second
+  half of ``--online`` queries), ``oracle`` = the truly hottest rows (from the sampler's own rank order).
+
+    .venv/bin/python benchmarks/bench_device_cache.py                      # hera-dlrm-a @ 0.01, batches 1,256,4096
+    .venv/bin/python benchmarks/bench_device_cache.py --model hercules-rmc2 --batches 1,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from recserve.commands._plan_common import int_list  # noqa: E402
+from recserve.specs import catalogue_models  # noqa: E402
+from recserve.workload.indices import index_sampler  # noqa: E402
+from recserve.zoo import build, sample_batch  # noqa: E402
+from recserve.zoo.device_cache import DeviceTableCache  # noqa: E402
+
+
+def table_bytes(model: Any) -> int:
+    return sum(t.weight.numel() * t.weight.element_size() for t in model.tables)
+
+
+def queries(model: Any, batch: int, count: int, sampler: Any, seed: int) -> list[tuple[np.ndarray, ...]]:
+    out = []
+    for i in range(count):
+        b = sample_batch(model, batch, rng=seed + i, sampler=sampler)
+        out.append((b.dense.numpy(), b.values.numpy(), b.lengths.numpy()))
+    return out
+
+
+def cost(model: Any, args: argparse.Namespace, sampler: Any) -> list[dict[str, Any]]:
+    rows = []
+    total = table_bytes(model)
+    warm = queries(model, args.hit_batch, args.warm, sampler, seed=10_000)
+    for batch in args.batches:
+        pool = queries(model, batch, args.pool, sampler, seed=batch)
+        reps = max(3, min(args.reps, int(args.ids_budget // max(1, pool[0][1].size))))
+        for share in args.budgets:
+            cache = DeviceTableCache(model, "cpu", share * total)
+            if cache.whole:  # a pass does no host work: the ids are resolved on the device (FusedModel's path)
+                print(f"  batch {batch:5d}  budget {share:5.0%}  whole tables cached: no host-side work per query")
+                rows.append({"batch": batch, "budget_share": share, "whole": True, "prepare_us": 0.0})
+                continue
+            for _, values, lengths in warm:  # other queries counted, their hot rows cached: the steady state
+                cache.observe(values, lengths)
+            cache.refresh()
+            gathered, lookups, hits = cache.gathered, cache.lookups, cache.hits
+            times, floor = [], []
+            for r in range(reps):
+                dense, values, lengths = pool[r % len(pool)]
+                start = time.perf_counter()
+                cache.prepare(values, lengths)
+                times.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                np.take(cache.remap, cache._global_ids(values, lengths))
+                floor.append(time.perf_counter() - start)
+            missed = (cache.gathered - gathered) / reps
+            width_bytes = cache.host[0].shape[1] * cache.host[0].element_size()
+            dense, values, lengths = pool[0]
+            today = dense.nbytes + values.size * 8 + lengths.nbytes
+            cached = dense.nbytes + values.size * 4 + lengths.nbytes + missed * width_bytes
+            row = {"batch": batch, "budget_share": share, "ids": int(values.size), "reps": reps,
+                   "prepare_us": 1e6 * statistics.median(times), "prepare_us_min": 1e6 * min(times),
+                   "remap_floor_us": 1e6 * statistics.median(floor),
+                   "hit_rate": (cache.hits - hits) / max(1, cache.lookups - lookups), "gathered_rows": missed,
+                   "h2d_bytes_cached": cached, "h2d_bytes_whole_tables": today}
+            rows.append(row)
+            print(f"  batch {batch:5d}  budget {share:5.0%}  ids {values.size:9d}"
+                  f"  prepare {row['prepare_us']:9.1f} us (min {row['prepare_us_min']:9.1f})"
+                  f"  (remap floor {row['remap_floor_us']:9.1f} us)  hit {row['hit_rate']:.3f}"
+                  f"  rows gathered {missed:9.0f}  to device {cached / 1e6:8.2f} MB (whole tables: {today / 1e6:.2f})")
+    return rows
+
+
+def oracle_rows(cache: DeviceTableCache, model: Any, sampler: Any) -> list[np.ndarray]:
+    """Per group, each table's truly hottest rows (its pro-rata share of the group's capacity)."""
+    out = []
+    for g in range(len(cache.host)):
+        group_rows = int(cache.host[g].shape[0])
+        parts = []
+        for t in np.flatnonzero(cache.table_group == g):
+            rows_t = model.rows[t]
+            take = int(cache.capacity[g] * rows_t / group_rows)
+            parts.append(cache.table_first[t] + sampler.rank_to_row(np.arange(take), rows_t))
+        out.append(np.concatenate(parts) if parts else np.empty(0, np.int64))
+    return out
+
+
+def hit_rates(model: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    total = table_bytes(model)
+    for spec in args.samplers:
+        sampler = index_sampler(spec)
+        warm = queries(model, args.hit_batch, args.warm, sampler, seed=10_000)
+        test = queries(model, args.hit_batch, args.test, sampler, seed=20_000)
+        online = queries(model, args.hit_batch, args.online, sampler, seed=30_000)
+
+        def rate(cache: DeviceTableCache, pool: list) -> float:
+            lookups, hits = cache.lookups, cache.hits
+            for _, values, lengths in pool:
+                cache.prepare(values, lengths)
+            return (cache.hits - hits) / max(1, cache.lookups - lookups)
+
+        for share in args.budgets:
+            cache = DeviceTableCache(model, "cpu", share * total, refresh_ids=10**15)
+            prefix = rate(cache, test)
+            for _, values, lengths in warm:
+                cache.observe(values, lengths)
+            start = time.perf_counter()
+            copied = cache.refresh()
+            refresh_ms = 1e3 * (time.perf_counter() - start)
+            counted = rate(cache, test)
+            live = DeviceTableCache(model, "cpu", share * total)
+            rate(live, online[:len(online) // 2])
+            steady = rate(live, online[len(online) // 2:])
+            oracle = None
+            if hasattr(sampler, "rank_to_row"):
+                best = DeviceTableCache(model, "cpu", share * total, refresh_ids=10**15)
+                for g, chosen in enumerate(oracle_rows(best, model, sampler)):
+                    best._install(g, chosen)
+                oracle = rate(best, test)
+            row = {"sampler": spec, "budget_share": share, "prefix": prefix, "counted": counted, "online": steady,
+                   "oracle": oracle, "refresh_ms": refresh_ms, "refresh_rows_copied": copied,
+                   "online_refreshes": live.refreshes}
+            rows.append(row)
+            print(f"  {spec:18s} budget {share:5.0%}  prefix {prefix:.3f}  counted {counted:.3f}  online {steady:.3f}"
+                  f"  oracle {'-' if oracle is None else f'{oracle:.3f}'}  refresh {refresh_ms:7.1f} ms"
+                  f" ({copied} rows)")
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="hera-dlrm-a")
+    parser.add_argument("--scale", type=float, default=0.01)
+    parser.add_argument("--batches", type=int_list, default=[1, 256, 4096])
+    parser.add_argument("--budgets", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.1, 0.5, 2.0],
+                        help="device budgets as shares of the tables' bytes (>= 1: whole tables)")
+    parser.add_argument("--sampler", default="zipf:alpha=1.05", help="index sampler of the cost queries")
+    parser.add_argument("--samplers", type=lambda s: s.split(","), default=["uniform", "locality:p=0.9",
+                                                                              "zipf:alpha=1.05"])
+    parser.add_argument("--pool", type=int, default=4, help="distinct queries per batch size (cost)")
+    parser.add_argument("--reps", type=int, default=200, help="timed prepares per point, at most")
+    parser.add_argument("--ids-budget", type=float, default=5e7, help="fewer reps at large batches: ids per point")
+    parser.add_argument("--hit-batch", type=int, default=256)
+    parser.add_argument("--warm", type=int, default=40)
+    parser.add_argument("--test", type=int, default=20)
+    parser.add_argument("--online", type=int, default=200)
+    parser.add_argument("--skip", choices=("cost", "hit"), action="append", default=[])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (an accelerator worker's accelerator.threads, default 1)")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/device_cache_<model>.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model = build(catalogue_models()[args.model], scale=args.scale).eval()
+    print(f"{args.model} @ {args.scale}: {len(model.tables)} tables, {sum(model.rows):,} rows, "
+          f"{table_bytes(model) / 2**20:.1f} MiB; host-side only (device cpu), no GPU measured")
+    result: dict[str, Any] = {"model": args.model, "scale": args.scale, "threads": args.threads,
+                              "rows": int(sum(model.rows)),
+                              "table_bytes": table_bytes(model), "device": "cpu (host-side cost only; no GPU)"}
+    if "cost" not in args.skip:
+        print(f"host-side cost per query ({args.sampler}):")
+        result["cost"] = {"sampler": args.sampler, "rows": cost(model, args, index_sampler(args.sampler))}
+    if "hit" not in args.skip:
+        print(f"hit rate vs budget (batch {args.hit_batch}):")
+        result["hit"] = {"batch": args.hit_batch, "warm": args.warm, "test": args.test, "online": args.online,
+                         "rows": hit_rates(model, args)}
+    args.out = args.out or ROOT / "results" / f"device_cache_{args.model}.json"
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
