@@ -47,7 +47,7 @@ def test_cached_scores_equal_the_model_exactly_at_every_budget(name):
     model = build(catalogue_models()[name], scale=1e-4).eval()
     fused = FusedModel(model)
     for share in (0.0, 0.2, 2.0):  # everything from the host, a fifth cached, whole tables
-        cached = CachedModel(model, "cpu", share * table_bytes(model), refresh_ids=256)
+        cached = CachedModel(model, "cpu", share * table_bytes(model), count_stride=1, refresh_ids=256)
         for i, size in enumerate((1, 3, 37, 37, 64)):  # refreshes happen between these passes
             batch = sample_batch(model, size, rng=100 + i)
             with torch.inference_mode():
@@ -61,7 +61,7 @@ def test_cached_scores_equal_the_model_exactly_at_every_budget(name):
 def test_hit_rate_rises_on_a_zipf_trace_once_the_hot_rows_are_counted():
     model = build(catalogue_models()["hera-dlrm-a"], scale=1e-3).eval()  # 8 tables, 8,000 rows
     sampler = ZipfSampler(alpha=1.05)  # hot rows scattered over the ids, as in the catalogue's workloads
-    cache = DeviceTableCache(model, "cpu", 0.1 * table_bytes(model), refresh_ids=10**9)  # refresh by hand
+    cache = DeviceTableCache(model, "cpu", 0.1 * table_bytes(model), count_stride=1, refresh_ids=10**9)  # by hand
 
     def hit_rate(seed: int) -> float:
         lookups, hits = cache.lookups, cache.hits

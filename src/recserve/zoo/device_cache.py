@@ -13,13 +13,14 @@ reads them from its staging arena):
   into the spare region (through a pinned buffer, copied non-blocking with the query), rewrites the missed ids to
   their spare slots, and the pass runs the fused path's own ``FusedTables.lookup``: the same rows in the same
   order, so scores equal the uncached fused path's exactly.  Nothing waits for the device but the scores;
-- the hot set is the most looked-up rows: a systematic sample of each pass's ids (at most ``sample_ids``) adds
-  one to the count of every row in it, once however often it occurs there (a fancy-index add; ``np.add.at``, which
-  counts repeats, cost 10x as much: 270 vs 14 us for 4,096 ids).  A row's chance to be in a sample grows with its
-  lookup rate, so the counts rank rows as their rates do; every ``refresh_ids`` counted lookups the cache is
-  refilled between passes with each group's top rows (rows staying keep their slot; only entering rows are copied),
-  counts then halved so the set follows drift.  Before any count the cache holds a prefix of every table, pro rata
-  (the catalogue's samplers scatter hot rows over the ids, so a prefix is only a start, not a policy).
+- the hot set is the most looked-up rows: every ``count_stride``-th id of a pass adds one to its row's count, once
+  per pass however often it occurs among them (a fancy-index add; ``np.add.at``, which counts repeats, cost 10x
+  as much: 270 vs 14 us for 4,096 ids).  A row's chance to be in a pass's sample grows with its lookup rate, so the
+  counts rank rows as their rates do.  Once ``refresh_ids`` ids were counted (default: the tables' rows, at least
+  2^18, so a refresh's O(rows) scan is spread over at least as many counted ids) the cache is refilled between
+  passes with each group's top rows (rows staying keep their slot; only entering rows are copied), counts then
+  halved so the set follows drift.  Before any count the cache holds a prefix of every table, pro rata (the
+  catalogue's samplers scatter hot rows over the ids, so a prefix is only a start, not a policy).
 
 The device budget (``budget_bytes``) is shared out so every group caches the same fraction of its rows.  A pass also
 needs its missed rows on the device: the spare region grows to the largest pass's distinct misses (reported in
@@ -46,8 +47,8 @@ from recserve.zoo.base import RecModel
 from recserve.zoo.batch import QueryBatch
 from recserve.zoo.fused import FusedTables
 
-SAMPLE_IDS = 1 << 12  # ids counted per pass at most (a systematic sample of the pass's ids)
-REFRESH_IDS = 1 << 18  # counted lookups between two refreshes of the hot set
+COUNT_STRIDE = 16  # every 16th id of a pass is counted (a systematic sample)
+REFRESH_IDS = 1 << 18  # counted ids between two refreshes of the hot set, at least (and at least the rows)
 
 
 class DeviceTableCache:
@@ -55,13 +56,13 @@ class DeviceTableCache:
     device: on ``cpu`` the "device" weights are host tensors and the whole path runs, which is how it is tested)."""
 
     def __init__(self, model: RecModel, device: torch.device | str, budget_bytes: float, *,
-                 sample_ids: int = SAMPLE_IDS, refresh_ids: int = REFRESH_IDS, pinned: bool | None = None) -> None:
+                 count_stride: int = COUNT_STRIDE, refresh_ids: int | None = None, pinned: bool | None = None) -> None:
         if not budget_bytes >= 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes!r}")
         self.fused = fused = FusedTables(model)
         self.device = torch.device(device)
         self.pinned = self.device.type == "cuda" if pinned is None else pinned
-        self.sample_ids, self.refresh_ids = max(1, int(sample_ids)), max(1, int(refresh_ids))
+        self.count_stride = max(1, int(count_stride))
         groups = len(fused.widths)
         self.host = [fused.weight(g) for g in range(groups)]  # [rows_g, width_g], host memory
         rows = [int(w.shape[0]) for w in self.host]
@@ -73,6 +74,7 @@ class DeviceTableCache:
         share = 1.0 if budget_bytes >= total_bytes else budget_bytes / total_bytes
         self.capacity = [r if share >= 1.0 else min(r, int(share * r)) for r in rows]
         self.whole = all(c == r for c, r in zip(self.capacity, rows, strict=True))
+        self.refresh_ids = max(REFRESH_IDS, int(self.base[-1])) if refresh_ids is None else max(1, int(refresh_ids))
         self.remap = np.full(int(self.base[-1]), -1, np.int32)
         self.slot_row = [np.full(c, -1, np.int64) for c in self.capacity]  # slot -> global row (-1: empty)
         self.counts = np.zeros(int(self.base[-1]), np.uint32)
@@ -95,13 +97,12 @@ class DeviceTableCache:
         cap = self.capacity[g]
         if cap >= hi - lo:
             return np.arange(lo, hi, dtype=np.int64)
-        members = np.flatnonzero(self.table_group == g)
-        firsts = self.table_first[members]
-        ends = np.append(firsts[1:], hi)  # tables of one group are contiguous, in table order
-        position = np.empty(hi - lo, np.float64)  # each row's position in its own table, 0 to 1
-        for start, end in zip(firsts, ends, strict=True):
-            position[start - lo:end - lo] = np.arange(end - start) / (end - start)
-        return lo + np.argpartition(position, cap - 1)[:cap] if cap else np.empty(0, np.int64)
+        firsts = self.table_first[self.table_group == g]
+        sizes = np.diff(np.append(firsts, hi))  # tables of one group are contiguous, in table order
+        take = cap * sizes // (hi - lo)
+        short = np.flatnonzero(take < sizes)[:cap - int(take.sum())]  # what rounding left, one row a table
+        take[short] += 1
+        return np.concatenate([np.arange(f, f + n, dtype=np.int64) for f, n in zip(firsts, take, strict=True)])
 
     def _hottest(self, g: int) -> np.ndarray:
         """Global rows of group ``g``'s ``capacity[g]`` most counted rows (rows never counted only if fewer are)."""
@@ -165,7 +166,7 @@ class DeviceTableCache:
     def _count(self, ids: np.ndarray) -> None:
         if self.whole or not len(ids):
             return
-        sample = ids[::-(-len(ids) // self.sample_ids)]
+        sample = ids[::self.count_stride]
         self.counts[sample] += 1  # one per sample a row is in (not np.add.at: 10x slower, measured)
         self.counted += len(sample)
 
