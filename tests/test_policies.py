@@ -247,6 +247,34 @@ def test_hera_scales_workers_with_urgency_and_resplits_llc():
     assert node.ways == {"mem": 1, "cache": 10}
 
 
+def test_hera_does_not_shrink_back_to_a_worker_count_just_seen_to_violate():
+    # the profile says one worker carries 60 qps; live, one worker violated at 53 qps (a co-located node)
+    node = FakeNode({"a": WindowStats(250.0, 50, 53.0), "b": WindowStats(85.0, 10, 10.0)})
+    rmu = HeraRMU({"a": linear_capacity(60.0, False), "b": linear_capacity(60.0, False)}, memory_windows=3)
+    rmu.start(node)
+    node.workers = {"a": 1, "b": 1}
+    rmu.step(1.0, node)
+    assert node.workers["a"] == 3  # urgency 2.5 x 53 qps
+    node.stats["a"] = WindowStats(40.0, 53, 53.0)  # slack 0.4 with three workers
+    rmu.step(2.0, node)
+    assert node.workers["a"] == 2  # the fewest the profile allows, less the count that just failed at 53 qps
+    rmu.step(3.0, node)
+    assert node.workers["a"] == 2
+    rmu.step(4.0, node)  # the memory is three decisions long: the failure at step 1 is forgotten
+    assert node.workers["a"] == 1
+
+
+def test_hera_may_return_to_a_failed_worker_count_at_a_lower_rate():
+    node = FakeNode({"a": WindowStats(250.0, 50, 53.0), "b": WindowStats(85.0, 10, 10.0)})
+    rmu = HeraRMU({"a": linear_capacity(60.0, False), "b": linear_capacity(60.0, False)})
+    rmu.start(node)
+    node.workers = {"a": 1, "b": 1}
+    rmu.step(1.0, node)
+    node.stats["a"] = WindowStats(40.0, 45, 45.0)  # below the rate one worker failed at
+    rmu.step(2.0, node)
+    assert node.workers["a"] == 1
+
+
 def test_hera_leaves_models_inside_the_slack_band_alone():
     node = FakeNode({"a": WindowStats(90.0, 10, 10.0), "b": WindowStats(85.0, 10, 10.0)})
     rmu = HeraRMU({"a": linear_capacity(1.0, False), "b": linear_capacity(1.0, False)})
