@@ -5,7 +5,9 @@
    ``src/recserve/data/hosts/NAME.json`` together with this host's microbenchmarks, so other hosts can be judged
    against it later (leave-one-host-out).
 2. Calibrations judged on every recorded host: the bundled constants; the microbenchmark-only constants of that
-   host (no model timed); and, with two or more hosts recorded, constants fitted on the *other* hosts' timings.
+   host (no model timed); and, with two or more hosts recorded, constants fitted on the *other* hosts' timings, their
+   compute efficiency carried over by the hosts' GEMM microbenchmarks (``microbench.transfer_calibration``; the
+   unscaled fit is printed too).
 3. The Kairos EC2 latencies (no microbenchmarks exist for those instances: spec-derived, bundled constants).
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_transfer.py [--reuse results/hostbench.json] [--record NAME]
@@ -28,7 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recserve.perfmodel import load_calibration  # noqa: E402
 from recserve.perfmodel.fit import errors, fit, points_from_profiles  # noqa: E402
 from recserve.perfmodel.hostbench import calibration_host  # noqa: E402
-from recserve.perfmodel.microbench import calibration_from_micro, measure_micro  # noqa: E402
+from recserve.perfmodel.microbench import (  # noqa: E402
+    calibration_from_micro,
+    measure_micro,
+    transfer_calibration,
+)
 from recserve.profiles import ProfileSet  # noqa: E402
 from recserve.specs import catalogue_models, server_from_dict, to_dict  # noqa: E402
 
@@ -100,9 +106,17 @@ def main() -> int:
             res["microbenchmarks of that host only"] = judge(calibration_from_micro(ps.meta["micro"], bundled), ps, h)
         others = [q for n, q in hosts.items() if n != name and not same_host(q, ps)]
         if others:
-            pts = [p for q in others for p in points_from_profiles(
-                q, server_from_dict("this-host", q.meta["host"]) if "host" in q.meta else host)]
-            res["fitted on the other hosts"] = judge(fit(pts, bundled), ps, h)
+            per_host = [points_from_profiles(q, server_from_dict("this-host", q.meta["host"]) if "host" in q.meta
+                                             else host) for q in others]
+            fitted = fit([p for pts in per_host for p in pts], bundled)
+            if "micro" in ps.meta and all("micro" in q.meta for q in others):
+                # compute efficiency carried over by the hosts' GEMM microbenchmarks (microbench.transfer_calibration)
+                res["fitted on the other hosts"] = judge(transfer_calibration(
+                    fitted, [(q.meta["micro"], len(pts)) for q, pts in zip(others, per_host, strict=True)],
+                    ps.meta["micro"]), ps, h)
+                res["fitted on the other hosts, compute not rescaled"] = judge(fitted, ps, h)
+            else:
+                res["fitted on the other hosts"] = judge(fitted, ps, h)
         out["hosts"][name] = res
     from bench_perfmodel import kairos_check
 
@@ -111,7 +125,7 @@ def main() -> int:
     out["kairos"] = {"bundled": kairos_check(Path("/nonexistent")), "micro (this host)": kairos_check(micro_cal)}
     for name, res in out["hosts"].items():
         for how, r in res.items():
-            print(f"{name:28s} {how:45s} median {r['median_ape']:5.1f}%  p90 {r['p90_ape']:5.1f}%  "
+            print(f"{name:28s} {how:50s} median {r['median_ape']:5.1f}%  p90 {r['p90_ape']:5.1f}%  "
                   f"({r['points']} calls)")
     for how, k in out["kairos"].items():
         print(f"Kairos EC2 ({how}): median {k['median_ape_all']:.0f}%, mean Spearman {k['mean_spearman']:.2f}")

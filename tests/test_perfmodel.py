@@ -44,7 +44,7 @@ def test_latency_grows_with_batch_and_falls_with_op_parallelism():
 
 
 def test_llc_ways_and_corunner_bandwidth_slow_a_query():
-    spec = dlrm(rows=20_000, tables=8)  # 8 x 20k x 128 B = 20 MB: fits the whole LLC, not one way
+    spec = dlrm(rows=7_000, tables=8)  # 8 x 7k x 128 B = 7 MB: fits the whole LLC (and the TLB reach), not one way
     full = PM.latency_ms(spec, CPU, 256, Allocation(llc_ways=11))
     one_way = PM.latency_ms(spec, CPU, 256, Allocation(llc_ways=1))
     assert one_way > full * 1.2
@@ -52,6 +52,21 @@ def test_llc_ways_and_corunner_bandwidth_slow_a_query():
     quiet = PM.latency_ms(big, CPU, 256)
     noisy = PM.latency_ms(big, CPU, 256, Allocation(corunner_gbs=60))
     assert noisy > quiet * 1.2
+
+
+def test_gathers_beyond_the_tlb_reach_cost_like_misses_but_add_no_dram_traffic():
+    big_llc = ServerType(name="t-big-llc", cores=16, mem_gb=128, mem_bw_gbs=20, llc_mb=300, llc_ways=20, freq_ghz=2.1,
+                         flops_per_cycle=32, power_w=200)
+    no_tlb = PerfModel(PM.cal.with_values(tlb_reach_mb=0.0))
+    large = dlrm(rows=200_000, tables=8)  # 8 x 200k x 128 B = 205 MB: LLC-resident, 25x the TLB reach
+    small = dlrm(rows=7_000, tables=8)  # 7 MB: within the reach
+    assert PM.call_ms(large, big_llc, 256) > 1.5 * no_tlb.call_ms(large, big_llc, 256)
+    assert PM.call_ms(small, big_llc, 256) == pytest.approx(no_tlb.call_ms(small, big_llc, 256))
+    alloc = Allocation(workers=4, batch=64)
+    assert PM.evaluate(large, big_llc, alloc, MIX).membw_gbs == pytest.approx(0.0, abs=1e-9)  # all from the LLC
+    # past the LLC as well, the DRAM rate is paid once: the reach adds nothing
+    huge = dlrm(rows=5_000_000)
+    assert PM.call_ms(huge, CPU, 256) == pytest.approx(no_tlb.call_ms(huge, CPU, 256), rel=0.02)
 
 
 def test_locality_raises_hit_rate():

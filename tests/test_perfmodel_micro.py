@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from recserve.perfmodel import load_calibration
-from recserve.perfmodel.microbench import calibration_from_micro, fit_gemm, framework_overheads
+from recserve.perfmodel.microbench import (
+    calibration_from_micro,
+    fit_gemm,
+    framework_overheads,
+    gemm_plateau,
+    transfer_calibration,
+)
 
 
 def test_fit_gemm_recovers_the_saturating_curve():
@@ -32,3 +38,16 @@ def test_calibration_from_micro_sets_every_host_constant_and_nothing_else():
 def test_framework_overheads_are_measured_positive():
     op, module = framework_overheads()
     assert 0 < op < 1000 and 0 < module < 1000
+
+
+def test_transfer_scales_compute_efficiency_by_the_hosts_gemm_plateaus():
+    base = load_calibration().with_values(compute_eff=1.5, lookup_ns=7.0)
+    source = {"gemm_eff": {"1": 0.5, "64": 2.2, "256": 2.4, "1024": 2.2}}  # plateau: mean of rows >= 256 = 2.3
+    target = {"gemm_eff": {"1": 0.5, "64": 2.1, "256": 1.9, "1024": 1.8}}  # 1.85
+    assert gemm_plateau(source) == pytest.approx(2.3) and gemm_plateau(target) == pytest.approx(1.85)
+    cal = transfer_calibration(base, [(source, 120)], target, label="moved")
+    assert cal.compute_eff == pytest.approx(1.5 * 1.85 / 2.3)
+    assert cal.lookup_ns == 7.0 and cal.fitted_on == "moved"  # only compute moves with the host
+    # several source hosts: geometric mean of their plateaus, weighted by the points each gave
+    two = transfer_calibration(base, [(source, 100), (target, 300)], target)
+    assert two.compute_eff == pytest.approx(1.5 * 1.85 / (2.3 ** 0.25 * 1.85 ** 0.75))

@@ -56,6 +56,10 @@ class Calibration:
     feed_npscalar_ns: float = 40.6  # per bag length converted from a numpy scalar
     feed_call_us: float = 0.35  # per array converted (one per ids list, one per lengths list)
     feed_ref_ghz: float = 2.45  # clock the feed costs were measured at (interpreter-bound: scale with clock)
+    # Bytes of table rows whose pages the second-level TLB maps (stated, not fitted: 2048 entries x 4 KB pages on x86
+    # server cores since Skylake-SP / Zen 2; 0 = no limit, e.g. tables on huge pages).  A gather beyond it pays a page
+    # walk per row even when the row is LLC-resident; it is costed like a DRAM miss (docs/perfmodel.md).
+    tlb_reach_mb: float = 8.388608  # 2048 x 4096 bytes
     fitted_on: str = ""
     fit_error: dict[str, Any] | None = None
 

@@ -79,6 +79,35 @@ def fit_gemm(eff: dict[int, float]) -> tuple[float, float]:
     return float(ce), float(max(slope * ce, 0.1))
 
 
+PLATEAU_ROWS = 256  # GEMM rows from which efficiency has saturated (what ``compute_eff`` stands for)
+
+
+def gemm_plateau(micro: dict[str, Any]) -> float:
+    """Fraction of the host's nominal peak (``freq_ghz · flops_per_cycle``) the GEMM microbenchmark reaches at large
+    row counts (mean over rows >= ``PLATEAU_ROWS``): the host's real large-batch FLOP rate, which nominal peaks miss
+    (turbo clocks, a second FMA unit, AVX-512 clock licences, L2 size)."""
+    eff = {int(k): float(v) for k, v in micro["gemm_eff"].items()}
+    large = [v for k, v in eff.items() if k >= PLATEAU_ROWS] or [eff[max(eff)]]
+    return float(np.mean(large))
+
+
+def transfer_calibration(cal: Calibration, sources: list[tuple[dict[str, Any], int]], target: dict[str, Any],
+                         label: str = "") -> Calibration:
+    """``cal``, fitted on model timings of the ``sources`` hosts (their microbenchmarks, with the number of points
+    each contributed), carried to the ``target`` host (its microbenchmarks): ``compute_eff`` is scaled by the ratio of
+    the hosts' GEMM plateaus (:func:`gemm_plateau`, geometric mean over the sources weighted by points).
+
+    ``compute_eff`` fitted on models is the nominal-peak fraction *the models'* GEMMs reach; it is the product of what
+    the host's cores reach on a large GEMM (measured by the microbenchmark, host-dependent) and what the models'
+    shapes and glue keep of it (a property of the software, the same on every host).  Only the first moves with the
+    host.  The other fitted constants stay: their microbenchmarks do not track the model timings across hosts
+    (docs/perfmodel.md, "Transfer to another host")."""
+    weights = np.array([max(n, 1) for _, n in sources], dtype=float)
+    source = float(np.exp(np.average(np.log([gemm_plateau(m) for m, _ in sources]), weights=weights)))
+    out = cal.with_values(compute_eff=cal.compute_eff * gemm_plateau(target) / source)
+    return out.with_values(fitted_on=label) if label else out
+
+
 def framework_overheads() -> tuple[float, float]:
     """(per_op_us, per_module_us): one ATen op on a 1-element tensor; the zoo's two module kinds (``Linear``,
     ``EmbeddingBag``) called on tiny inputs, less their one op — what a module costs beyond its arithmetic."""

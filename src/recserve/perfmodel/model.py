@@ -8,7 +8,9 @@ Per inference call of ``m`` items (roofline style):
              with ``r = m · GEMM rows per item`` (the sequence length for attention over behaviours);
              plus streaming the dense weights that do not fit the allocated LLC (sequential: ``stream_gbs_per_core``)
 - sparse     ``m · (lookups · lookup_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
-             with the LLC hit rate from the hot rows (Zipf locality) that fit in the allocated ways
+             with the LLC hit rate from the hot rows (Zipf locality) that fit in the allocated ways and within the
+             TLB reach (``tlb_reach_mb``: beyond it a page walk per row costs about a DRAM miss; DRAM traffic still
+             counts LLC misses only)
 - memory     DRAM bytes/s demanded at the offered load plus co-runners' bandwidth give utilisation
              ``u`` of ``mem_bw_gbs · membw_eff``; DRAM time is slowed by ``1 + u²/(2(1−u))``
 - accelerator PCIe transfer of ids/dense inputs (and host-gathered partial sums when the tables do
@@ -110,8 +112,10 @@ class _Static:
     host_gather_frac: float  # share of gathers done on the host (1 on CPU; misses of the device hot set)
     reason: str
     nmp_ranks: int = 0  # ranks per channel doing gather-reduce near memory; 0 = plain DIMMs
-    table_miss: np.ndarray | None = None  # per table: steady-state miss fraction across calls
-    cache_bytes: float = 0.0  # LLC bytes one copy of the tables may use
+    table_miss: np.ndarray | None = None  # per table: steady-state fraction of lookups costed as DRAM misses
+    cache_bytes: float = 0.0  # bytes of one copy of the tables gathered fast: its LLC share, at most the TLB reach
+    table_miss_dram: np.ndarray | None = None  # per table: steady-state fraction missing the LLC (DRAM traffic)
+    dram_cache_bytes: float = 0.0  # LLC bytes one copy of the tables may use
 
 
 class PerfModel:
@@ -279,9 +283,14 @@ class PerfModel:
         miss_w = max(0.0, 1.0 - per_copy_cache / weights) if weights > 0 else 0.0
         emb_cache = max(per_copy_cache - weights, 0.0)
         miss_e = 1.0 - self._hit(cost, emb_cache, self._zipf(alloc))
-        table_miss = 1.0 - self._table_hits(cost, emb_cache, self._zipf(alloc))
+        # a row is gathered fast only if its page is in the TLB as well as the row in the LLC: beyond the TLB reach a
+        # page walk per row costs about a DRAM miss (both hosts: +10-20 ns per lookup from an 8 MB to a 200 MB table,
+        # whether the LLC is 32 or 300 MB), while the DRAM traffic is still what misses the LLC
+        reach = cal.tlb_reach_mb * 1e6 if cal.tlb_reach_mb > 0 else math.inf
+        table_miss = 1.0 - self._table_hits(cost, min(emb_cache, reach), self._zipf(alloc))
+        table_miss_dram = 1.0 - self._table_hits(cost, emb_cache, self._zipf(alloc))
         return _Static(cost, on_accel, cores, mem_gb, miss_w, miss_e, host_gather, reason, nmp_ranks(server),
-                       table_miss, per_copy_cache)
+                       table_miss, min(per_copy_cache, reach), table_miss_dram, per_copy_cache)
 
     @staticmethod
     def _table_hits(cost: ModelCost, cache_bytes: float, s: float) -> np.ndarray:
@@ -291,8 +300,9 @@ class PerfModel:
         return zipf_hit(cache_bytes / cost.emb_bytes * rows, rows, s)
 
     @staticmethod
-    def _miss_bytes(st: _Static, m: np.ndarray, nmp: bool) -> np.ndarray:
-        """DRAM-missing gathered bytes per item at call size ``m`` (tables handled near memory excluded).
+    def _miss_bytes(st: _Static, m: np.ndarray, nmp: bool, dram: bool = False) -> np.ndarray:
+        """Gathered bytes per item at call size ``m`` costed as DRAM misses (tables handled near memory excluded);
+        ``dram=True``: the bytes that miss the LLC (memory traffic; the TLB reach does not limit them).
 
         Steady-state misses come from the hot rows that fit the cache across calls; within one call a
         table's rows are fetched once if the rows it touches fit the cache (uniform-draw estimate of
@@ -305,8 +315,9 @@ class PerfModel:
         keep = ~((lookups > 1) & nmp) if nmp else np.ones_like(rows, dtype=bool)
         n = np.asarray(m, dtype=float)[:, None] * lookups[None, :]
         distinct = rows * -np.expm1(-n / rows)
-        within = np.where(distinct * row_bytes <= st.cache_bytes, distinct / np.maximum(n, 1e-12), 1.0)
-        miss = st.table_miss[None, :] * within
+        cache, table_miss = (st.dram_cache_bytes, st.table_miss_dram) if dram else (st.cache_bytes, st.table_miss)
+        within = np.where(distinct * row_bytes <= cache, distinct / np.maximum(n, 1e-12), 1.0)
+        miss = table_miss[None, :] * within
         return (miss * (lookups * row_bytes * keep)[None, :]).sum(axis=1)
 
     def _zipf(self, alloc: Allocation) -> float:
@@ -330,7 +341,7 @@ class PerfModel:
         return 1.0 + u * u / (2.0 * (1.0 - u))
 
     def _dram_bytes_per_item(self, st: _Static, m: float = 128.0) -> float:
-        miss = float(self._miss_bytes(st, np.array([m]), bool(st.nmp_ranks))[0])
+        miss = float(self._miss_bytes(st, np.array([m]), bool(st.nmp_ranks), dram=True)[0])
         if st.nmp_ranks:  # gather-reduce happens in the DIMMs: only pooled results cross the memory bus
             miss += st.cost.multihot_pooled_bytes_per_item
         return miss * st.host_gather_frac
