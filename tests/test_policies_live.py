@@ -58,3 +58,29 @@ def test_control_loop_runs_parties_in_the_background(server):
         while ctl.get_workers(name) != 1 and time.monotonic() < deadline:
             time.sleep(0.2)
     assert ctl.get_workers(name) == 1 and not loop.errors
+
+
+class _WindowClient:
+    """A control client that answers one fixed window (the adapter's arithmetic, no server)."""
+
+    def __init__(self, window: dict) -> None:
+        self.window = window
+
+    def node(self) -> dict:
+        return {"cores": [0, 1]}
+
+    def models(self) -> list[dict]:
+        return [{"name": "m"}]
+
+    def window_stats(self, model: str, seconds: float = 10.0) -> dict:
+        return self.window
+
+
+@pytest.mark.parametrize(("failed", "overloaded"), [(0, False), (5, False), (6, True), (40, True)])
+def test_failed_queries_count_as_over_the_sla(failed, overloaded):
+    # 100 completed in 230 ms at p95: more than 5% of the window's queries failing breaks the p95 on their own
+    window = {"completed": 100, "failed": failed, "arrival_qps": 40.0, "qps": 33.0, "tail_ms": 230.0,
+              "percentile": 95.0}
+    stats = ServerNodeControl(_WindowClient(window), window_s=3.0).window_stats("m")
+    assert (stats.tail_ms == float("inf")) is overloaded
+    assert stats.tail_ms in (230.0, float("inf")) and stats.completed == 100

@@ -5,7 +5,7 @@ Control API (JSON, same port, meant for loopback use by the node resource manage
     GET  /control/models                      -> {"models": [state, ...]}
     GET  /control/node                        -> {"cores": [...], "llc": {"supported": bool, "total_ways": w}}
     GET  /control/models/{m}/window?seconds=10&percentile=95
-                                              -> {"tail_ms", "qps", "arrival_qps", "completed", "errors"}
+                                              -> {"tail_ms", "qps", "arrival_qps", "completed", "failed", "errors"}
     GET  /control/models/{m}                  -> state (workers per stage with pids, cores, RSS/PSS, llc_ways)
     POST /control/models/{m}/workers          {"workers": n, "cores": [[0],[1]] | [0,1] | null,
                                                "threads": t | null, "stage": "model"|"sparse"|"dense" | null}

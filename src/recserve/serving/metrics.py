@@ -119,6 +119,7 @@ class ModelMetrics:
     recent_items: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))  # items
     recent_latency: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))  # e2e s
     arrivals: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))
+    recent_failures: SlidingWindow = field(default_factory=lambda: SlidingWindow(HISTORY_S, time.time))
     # a model with accelerator workers: queries and items sent to each kind ("cpu", "accelerator"), fused passes
     routed_queries: dict[str, int] = field(default_factory=dict)
     routed_items: dict[str, int] = field(default_factory=dict)
@@ -164,19 +165,22 @@ class ModelMetrics:
 
     def failed(self, e2e_s: float) -> None:
         self.fail_d.add(e2e_s)
+        self.recent_failures.add()
 
     def items_per_s(self) -> float:
         return self.recent_items.total_rate(RATE_WINDOW_S)
 
     def window(self, seconds: float, percentile: float) -> dict[str, float]:
-        """Tail latency, completions/s and arrivals/s over the last ``seconds`` (for the node resource manager)."""
+        """Tail latency, completions/s and arrivals/s over the last ``seconds`` (for the node resource manager);
+        ``failed``: queries answered with an error in the window (shed under overload, past their deadline), which
+        the tail of completed queries cannot show."""
         now = time.time()
         seconds = min(max(seconds, 1e-3), HISTORY_S)
         completed = len(self.recent_latency.values(seconds, now))
         return {"seconds": seconds, "percentile": percentile,
                 "tail_ms": self.recent_latency.tail(percentile, seconds, now) * 1e3, "completed": completed,
                 "qps": completed / seconds, "arrival_qps": self.arrivals.rate(seconds, now),
-                "errors": int(sum(self.errors.values()))}
+                "failed": len(self.recent_failures.values(seconds, now)), "errors": int(sum(self.errors.values()))}
 
     def triton_stats(self, name: str) -> dict:
         """One entry of Triton's ``model_stats`` list (ints, as Triton's HTTP endpoint returns them).
