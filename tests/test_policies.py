@@ -275,6 +275,15 @@ def test_hera_may_return_to_a_failed_worker_count_at_a_lower_rate():
     assert node.workers["a"] == 1
 
 
+def test_hera_stops_at_the_knee_of_the_worker_curve_when_no_count_covers_the_traffic():
+    curve = {1: 87.0, 2: 133.0, 3: 137.0}  # a 2-core node: the third worker adds 3%
+    rmu = HeraRMU({"a": CapacityProfile(lambda n: curve[min(n, 3)], lambda _n, _w: 1.0)})
+    assert rmu.find_number_of_workers("a", 428.0, 3) == 2
+    assert rmu.find_number_of_workers("a", 100.0, 3) == 2  # covered: the fewest that cover it
+    steep = HeraRMU({"a": CapacityProfile(lambda n: 100.0 * n, lambda _n, _w: 1.0)})
+    assert steep.find_number_of_workers("a", 428.0, 3) == 3
+
+
 def test_hera_leaves_models_inside_the_slack_band_alone():
     node = FakeNode({"a": WindowStats(90.0, 10, 10.0), "b": WindowStats(85.0, 10, 10.0)})
     rmu = HeraRMU({"a": linear_capacity(1.0, False), "b": linear_capacity(1.0, False)})
