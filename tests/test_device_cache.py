@@ -6,6 +6,9 @@ path (remap, gather into the spare region, refresh, the fused lookup) is the one
 
 from __future__ import annotations
 
+import re
+import urllib.request
+
 import numpy as np
 import pytest
 import torch
@@ -162,3 +165,9 @@ def test_an_accelerator_worker_with_a_table_budget_serves_a_node_end_to_end():
             np.testing.assert_allclose(got, expected(model, batch), rtol=1e-5, atol=1e-6)
         after = accel_state_after(port, before, len(batches))
         assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 3
+        cache = after["device_cache"]  # the cache's counters reach /control and /metrics
+        assert cache["budget_mb"] == 0.004 and 0 <= cache["hits"] <= cache["lookups"] and cache["lookups"] > 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        counted = re.search(r'^recserve_device_cache_lookups_total\{model="ncf"\} (\d+)$', metrics, re.M)
+        assert counted and int(counted.group(1)) >= cache["lookups"]  # later passes may have reported meanwhile

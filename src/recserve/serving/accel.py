@@ -606,7 +606,12 @@ def device_runner(model: Any, device: str, pinned: bool = True,
             raise ValueError("accelerator device_table_mb needs a zoo model whose tables are all in memory "
                              f"(DramTable); {type(model).__name__} is not one")
         cached = CachedModel(model, target, table_mb * 2**20, pinned=pinned and target.type == "cuda")
-        return lambda arrays: cached.run(arrays, host)
+
+        def run_cached(arrays: tuple) -> np.ndarray:
+            return cached.run(arrays, host)
+
+        run_cached.device_cache = cached.cache  # type: ignore[attr-defined]  # its counters, for the stats
+        return run_cached
     if target.type == "cpu":
         return lambda arrays: model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy()
     if fusable(model):
@@ -655,10 +660,17 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
         except (BrokenPipeError, OSError):
             stop.set()
 
-    def report(items: int, queries: int, seconds: float) -> None:
-        send(("stats", [("pass", items, queries, seconds)]))
-
     run = device_runner(model, accel.device, table_mb=accel.device_table_mb)
+    cache = getattr(run, "device_cache", None)
+    counted = [0, 0]  # the cache's lookups and hits already reported
+
+    def report(items: int, queries: int, seconds: float) -> None:
+        stats: list[tuple] = [("pass", items, queries, seconds)]
+        if cache is not None:  # the device row cache's lookups and hits since the last pass
+            stats.append(("cache", cache.lookups - counted[0], cache.hits - counted[1]))
+            counted[:] = cache.lookups, cache.hits
+        send(("stats", stats))
+
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
     server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
                                *arena_pinning(accel.device))

@@ -126,6 +126,8 @@ class ModelMetrics:
     accel_passes: int = 0
     accel_pass_items: int = 0
     accel_pass_s: float = 0.0  # time in passes (host->device copy, model, scores back), the accelerator's busy time
+    cache_lookups: int = 0  # rows looked up through accelerator workers' device row caches (device_table_mb)
+    cache_hits: int = 0  # of those, rows found on the device
 
     def routed(self, kind: str, items: int) -> None:
         self.routed_queries[kind] = self.routed_queries.get(kind, 0) + 1
@@ -137,6 +139,10 @@ class ModelMetrics:
         self.accel_pass_items += items
         self.accel_pass_s += seconds
         self.executions += 1
+
+    def device_cache(self, lookups: int, hits: int) -> None:
+        self.cache_lookups += lookups
+        self.cache_hits += hits
 
     def arrived(self) -> None:
         self.requests += 1
@@ -265,6 +271,15 @@ def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]
     for name, (m, _, _) in models.items():
         if m.routed_queries:
             lines.append(f'recserve_accelerator_passes_total{{model="{name}"}} {m.accel_passes}')
+    family("recserve_device_cache_lookups_total", "counter",
+           "Embedding rows looked up through accelerator workers' device row caches (accelerator.device_table_mb).")
+    for name, (m, _, _) in models.items():
+        if m.cache_lookups:
+            lines.append(f'recserve_device_cache_lookups_total{{model="{name}"}} {m.cache_lookups}')
+    family("recserve_device_cache_hits_total", "counter", "Of those, rows found in device memory.")
+    for name, (m, _, _) in models.items():
+        if m.cache_lookups:
+            lines.append(f'recserve_device_cache_hits_total{{model="{name}"}} {m.cache_hits}')
     family("recserve_worker_restarts_total", "counter", "Workers that died and were replaced.")
     for name, (m, _, _) in models.items():
         lines.append(f'recserve_worker_restarts_total{{model="{name}"}} {m.worker_restarts}')

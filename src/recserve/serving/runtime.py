@@ -503,6 +503,9 @@ class ModelRuntime:
             if rec[0] == "pass":  # an accelerator worker's fused pass: ("pass", items, queries, seconds)
                 self.metrics.accel_pass(rec[1], rec[2], rec[3])
                 continue
+            if rec[0] == "cache":  # its device row cache during that pass: ("cache", lookups, hits)
+                self.metrics.device_cache(rec[1], rec[2])
+                continue
             if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request
                 self.metrics.refused(rec[1])
                 continue
@@ -862,7 +865,10 @@ class ModelRuntime:
                 "threads": self.pools["accel"].threads, "min_items": self.min_items,
                 "fuse_items": self.accel.fuse_items, "fuse_delay_us": self.accel.fuse_delay_us,
                 "queries": dict(m.routed_queries), "items": dict(m.routed_items), "passes": m.accel_passes,
-                "pass_items": m.accel_pass_items, "pass_seconds": round(m.accel_pass_s, 6)}
+                "pass_items": m.accel_pass_items, "pass_seconds": round(m.accel_pass_s, 6),
+                "device_cache": None if self.accel.device_table_mb is None else {
+                    "budget_mb": self.accel.device_table_mb, "lookups": m.cache_lookups, "hits": m.cache_hits,
+                    "hit_rate": m.cache_hits / m.cache_lookups if m.cache_lookups else None}}
 
     def set_default(self, default: bool) -> None:
         self.is_default = default
