@@ -284,6 +284,15 @@ def test_hera_stops_at_the_knee_of_the_worker_curve_when_no_count_covers_the_tra
     assert steep.find_number_of_workers("a", 428.0, 3) == 3
 
 
+def test_hera_keeps_its_workers_when_every_count_just_failed_at_this_rate():
+    flat = {1: 109.0, 2: 109.0, 3: 109.0}  # a flat profile: it cannot tell the counts apart
+    rmu = HeraRMU({"a": CapacityProfile(lambda n: flat[min(n, 3)], lambda _n, _w: 1.0)})
+    rmu._steps = 1
+    rmu._remember("a", 3, WindowStats(float("inf"), 50, 65.0), float("inf"))  # three workers failed at 65 qps
+    assert rmu.find_number_of_workers("a", 95.0, 3, current=3) == 3  # and so would one or two: stay
+    assert rmu.find_number_of_workers("a", 60.0, 3, current=3) == 1  # below the failed rate the profile decides
+
+
 def test_hera_leaves_models_inside_the_slack_band_alone():
     node = FakeNode({"a": WindowStats(90.0, 10, 10.0), "b": WindowStats(85.0, 10, 10.0)})
     rmu = HeraRMU({"a": linear_capacity(1.0, False), "b": linear_capacity(1.0, False)})

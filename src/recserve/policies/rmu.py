@@ -167,11 +167,11 @@ MARGINAL = 0.05
 class HeraRMU(Controller):
     """Hera Alg. 3 with the profiled worker-scalability curve and (workers, ways) QPS lookup.
 
-    One addition to the paper's algorithm: a worker count observed to violate the SLA at some arrival rate is not
-    chosen again for that rate (or more) during the next ``memory_windows`` decisions.  Why: the curve is
-    profiled with the model alone, and a co-located node sustains less; live on the 2-core host the RMU shrank
-    hera-dlrm-b to the one worker its profile said covered 90% of its max load, violated, grew to three, met
-    the SLA with slack, shrank again, so it missed the SLA in 30% of windows where a static split missed 25%.
+    One addition to the paper's algorithm: a worker count observed to violate the SLA at some arrival rate (and any
+    smaller count) is not chosen again for that rate (or more) during the next ``memory_windows`` decisions.  Why:
+    the curve is profiled with the model alone, and a co-located node sustains less; live on the 2-core host the
+    RMU shrank hera-dlrm-b to the one worker its profile said covered 90% of its max load, violated, grew to three,
+    met the SLA with slack, shrank again, so it missed the SLA in 30% of windows where a static split missed 25%.
     A count that has just been seen to fail is evidence the profile cannot give.  It changes a decision only where
     the profile says a count suffices for a rate at which that count was just seen to fail."""
 
@@ -186,22 +186,27 @@ class HeraRMU(Controller):
         self._steps = 0
         self._failed: dict[str, dict[int, tuple[float, int]]] = {}  # model -> workers -> (arrival qps, step)
 
-    def find_number_of_workers(self, model: str, traffic_qps: float, limit: int) -> int:
-        """The fewest workers whose profiled max load covers ``traffic_qps``.  If none does, the fewest that reach
-        all but ``MARGINAL`` of the best profiled max load (not simply ``limit``: a worker past the curve's knee adds
-        no capacity and takes a core — live on 2 cores, elasticrec-rm3, profiled 133 / 137 qps with 2 / 3 workers,
-        held 107 qps with 2 and shed 30% of it with 3)."""
+    def find_number_of_workers(self, model: str, traffic_qps: float, limit: int, current: int | None = None) -> int:
+        """The fewest workers whose profiled max load covers ``traffic_qps``, among the counts not just seen to fail
+        at this rate.  If none covers it, the fewest of those that reach all but ``MARGINAL`` of their best profiled
+        max load (not simply ``limit``: a worker past the curve's knee adds no capacity and takes a core — live on 2
+        cores, elasticrec-rm3, profiled 133 / 137 qps with 2 / 3 workers, held 107 qps with 2 and shed 30% of it
+        with 3).  If every count has just failed at this rate, ``current`` stays: there is nothing to go on."""
         cap = self.capacity[model]
-        for n in range(1, limit + 1):
-            if cap.max_qps(n) >= traffic_qps and not self._failed_at(model, n, traffic_qps):
+        fresh = [n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)]
+        for n in fresh:
+            if cap.max_qps(n) >= traffic_qps:
                 return n
-        best = max(cap.max_qps(n) for n in range(1, limit + 1))
-        return next(n for n in range(1, limit + 1) if cap.max_qps(n) >= (1.0 - MARGINAL) * best)
+        if not fresh:
+            return min(current, limit) if current is not None else limit
+        best = max(cap.max_qps(n) for n in fresh)
+        return next(n for n in fresh if cap.max_qps(n) >= (1.0 - MARGINAL) * best)
 
     def _failed_at(self, model: str, workers: int, traffic_qps: float) -> bool:
-        """``workers`` violated the SLA at this rate or a lower one within the last ``memory_windows`` steps."""
-        seen = self._failed.get(model, {}).get(workers)
-        return seen is not None and self._steps - seen[1] < self.memory_windows and traffic_qps >= seen[0]
+        """This many workers, or more, violated the SLA at this rate or a lower one within the last
+        ``memory_windows`` steps (fewer workers than a count that failed would fail too)."""
+        return any(n >= workers and self._steps - step < self.memory_windows and traffic_qps >= rate
+                   for n, (rate, step) in self._failed.get(model, {}).items())
 
     def _remember(self, model: str, workers: int, stats: WindowStats, slack: float) -> None:
         if slack > self.high and stats.arrival_qps > 0:
@@ -222,7 +227,7 @@ class HeraRMU(Controller):
             traffic = urgency * stats.arrival_qps
             others = sum(control.get_workers(o) for o in models if o != m)
             limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
-            want = self.find_number_of_workers(m, traffic, limit)
+            want = self.find_number_of_workers(m, traffic, limit, control.get_workers(m))
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
                 self._reclaim(control, m, want - free)
@@ -243,7 +248,7 @@ class HeraRMU(Controller):
             stats = control.window_stats(o)
             have = control.get_workers(o)
             keep = self.find_number_of_workers(o, max(1.0, stats.tail_ms / control.sla(o)[0]) * stats.arrival_qps,
-                                               have)
+                                               have, have)
             give = min(need, have - keep)
             if give > 0:
                 control.set_workers(o, have - give)
