@@ -9,11 +9,11 @@ import pytest
 
 from recserve.errors import ProfileError
 from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration, model_profiles
-from recserve.perfmodel.cost import analytic_dense, model_cost, zipf_hit
+from recserve.perfmodel.cost import analytic_dense, model_cost, scaled_spec, zipf_hit
 from recserve.perfmodel.queueing import Station, erlang_c, production_sizes, sojourn_percentile
 from recserve.planners.hercules.search import efficiency_tables
 from recserve.profiles import KINDS, ProfileSet
-from recserve.specs import SLA, ModelSpec, ServerType, TableSpec
+from recserve.specs import SLA, ModelSpec, ServerType, TableSpec, get_model
 
 
 def dlrm(name: str = "t-dlrm", rows: int = 1_000_000, dim: int = 32, pooling: int = 40, tables: int = 8,
@@ -67,6 +67,31 @@ def test_gathers_beyond_the_tlb_reach_cost_like_misses_but_add_no_dram_traffic()
     # past the LLC as well, the DRAM rate is paid once: the reach adds nothing
     huge = dlrm(rows=5_000_000)
     assert PM.call_ms(huge, CPU, 256) == pytest.approx(no_tlb.call_ms(huge, CPU, 256), rel=0.02)
+
+
+def test_a_single_row_product_takes_the_gemv_path_without_the_gemm_knee():
+    """Batch 1 of an MLP model is a matrix-vector product: batch_half (the GEMM's per-call work on weight panels) does
+    not apply there, only to products of two rows or more; attention over a sequence has many rows even at batch 1."""
+    knee, flat = (PerfModel(PM.cal.with_values(batch_half=bh)) for bh in (200.0, 0.1))
+    heavy = dlrm(rows=1_000, bottom=(1024, 1024, 32), top=(1024, 1024, 1))  # MLP-bound, weights in the LLC
+    assert knee.call_ms(heavy, CPU, 1) == pytest.approx(flat.call_ms(heavy, CPU, 1))
+    assert knee.call_ms(heavy, CPU, 2) > 5 * flat.call_ms(heavy, CPU, 2)
+    din = scaled_spec(get_model("hera-din"), 1e-4)  # 250 GEMM rows per item
+    assert knee.call_ms(din, CPU, 1) > 1.1 * flat.call_ms(din, CPU, 1)  # the knee still applies
+
+
+def test_tensors_past_the_mmap_cap_fault_in_every_call():
+    """DIN allocates three 80 KB-per-item activations: past 32 MiB (batch 512: 41 MB each) glibc maps them fresh every
+    call, so each page faults in at fault_gbs_per_core; at batch 128 (10 MB) the heap reuses them."""
+    din = scaled_spec(get_model("hera-din"), 1e-4)
+    sizes = model_cost(din).alloc_bytes_per_item
+    assert sorted(sizes)[-3:] == pytest.approx([80_000.0] * 3)  # [250 steps x 80 units] fp32
+    slow, free = (PerfModel(PM.cal.with_values(fault_gbs_per_core=g)) for g in (1.0, 1e9))
+    assert slow.call_ms(din, CPU, 128) == pytest.approx(free.call_ms(din, CPU, 128))
+    assert slow.call_ms(din, CPU, 512) - free.call_ms(din, CPU, 512) == pytest.approx(3 * 80_000 * 512 / 1e9 * 1e3,
+                                                                                     rel=0.01)
+    mlp = dlrm()  # no tensor near the cap
+    assert slow.call_ms(mlp, CPU, 512) == pytest.approx(free.call_ms(mlp, CPU, 512))
 
 
 def test_locality_raises_hit_rate():

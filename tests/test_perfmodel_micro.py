@@ -51,3 +51,15 @@ def test_transfer_scales_compute_efficiency_by_the_hosts_gemm_plateaus():
     # several source hosts: geometric mean of their plateaus, weighted by the points each gave
     two = transfer_calibration(base, [(source, 100), (target, 300)], target)
     assert two.compute_eff == pytest.approx(1.5 * 1.85 / (2.3 ** 0.25 * 1.85 ** 0.75))
+
+
+def test_fault_rate_is_the_target_hosts_measurement_when_it_has_one():
+    base = load_calibration().with_values(fault_gbs_per_core=1.8)
+    plain = {"gemm_eff": {"256": 2.0, "1024": 2.0}}
+    measured = {**plain, "fault_gbs_per_core": 3.5}
+    assert transfer_calibration(base, [(plain, 10)], measured).fault_gbs_per_core == 3.5
+    assert transfer_calibration(base, [(measured, 10)], plain).fault_gbs_per_core == 1.8  # recorded without it
+    micro = {"host": "h", "seconds": 1.0, "gemm_eff": {"4": 0.5, "16": 1.0, "256": 2.0}, "per_op_us": 2.0,
+             "per_module_us": 3.0, "lookup_ns": 4.0, "llc_gbs_per_core": 50.0, "dram_gbs_per_core": 9.0,
+             "stream_gbs_per_core": 11.0, "act_gbs_per_core": 22.0, "fault_gbs_per_core": 2.5}
+    assert calibration_from_micro(micro, base).fault_gbs_per_core == 2.5

@@ -60,6 +60,11 @@ class Calibration:
     # server cores since Skylake-SP / Zen 2; 0 = no limit, e.g. tables on huge pages).  A gather beyond it pays a page
     # walk per row even when the row is LLC-resident; it is costed like a DRAM miss (docs/perfmodel.md).
     tlb_reach_mb: float = 8.388608  # 2048 x 4096 bytes
+    # Bytes/s at which one thread first-touches freshly mapped memory (a page fault and the kernel zeroing the page per
+    # 4 KB).  A tensor larger than glibc's mmap threshold cap (32 MiB, ``cost.MMAP_MAX_BYTES``) is mmapped and unmapped
+    # on every call, so each call pays this for it (DIN at batch 512: three 41 MB activations).  Measured, not fitted:
+    # ``microbench.fresh_memory_gbs`` on the dev host, 2026-11-23 (1.8 GB/s; a 48 MB ReLU output, 12,289 faults/call).
+    fault_gbs_per_core: float = 1.8
     fitted_on: str = ""
     fit_error: dict[str, Any] | None = None
 

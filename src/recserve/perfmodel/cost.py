@@ -44,6 +44,14 @@ class ModelCost:
     dense_modules: int = 0  # ... of one dense call
     gemm_rows_per_item: float = 1.0  # FLOP-weighted GEMM rows per item (sequence length for attention)
     device_dense_ops: int = 0  # operators one dense call launches on a GPU (0: as dense_ops); see CallCounts
+    # bytes per item of each tensor one forward call allocates (operator outputs that are not views or in-place, sizes
+    # growing with the batch): the ones past MMAP_MAX_BYTES at a call's size are mapped fresh every call
+    alloc_bytes_per_item: tuple[float, ...] = ()
+
+
+# glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit): a larger allocation is always mmapped
+# and unmapped when freed, so its pages fault in (and are zeroed) on every call; smaller ones are reused from the heap
+MMAP_MAX_BYTES = 32 * 2**20
 
 
 def _mlp(widths: tuple[int, ...], n_in: int) -> tuple[float, float, int, int]:
@@ -114,8 +122,9 @@ def analytic_activation_bytes(spec: ModelSpec) -> float:
     return 4.0 * widths
 
 
-def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float] | None:
-    """(FLOPs, dense params, call counts, activation bytes) per item counted on the zoo module, or None."""
+def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float, tuple[float, ...]] | None:
+    """(FLOPs, dense params, call counts, activation bytes, allocation sizes) per item counted on the zoo module, or
+    None."""
     try:
         from recserve.zoo import build
         from recserve.zoo.flops import count_calls, dense_flops_per_item
@@ -127,18 +136,55 @@ def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float] | None
         return None
     table_params = {id(p) for t in model.tables for p in t.parameters()}
     params = sum(p.numel() for p in model.parameters() if id(p) not in table_params)
-    return flops, float(params), calls, calls.dense_written_bytes_per_item
+    return flops, float(params), calls, calls.dense_written_bytes_per_item, _alloc_sizes(model.eval(), spec)
 
 
 ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiated
 
 
+def _alloc_sizes(model, spec: ModelSpec, batch: int = 4) -> tuple[float, ...]:  # noqa: ANN001 - a zoo module
+    """Bytes per item of every tensor one forward call allocates (the slope between ``batch`` and ``3·batch`` items
+    of each operator's outputs, skipping outputs that share an input's storage); sizes under 1 KB per item dropped."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from recserve.zoo import sample_batch
+
+    class Sizes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[float] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's hook
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in (*args, *(kwargs or {}).values())
+                      if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                    self.sizes.append(float(t.untyped_storage().nbytes()))
+            return out
+
+    runs = []
+    with torch.no_grad():
+        for b in (batch, 3 * batch):
+            query = sample_batch(model, b)
+            model(query)
+            mode = Sizes()
+            with mode:
+                model(query)
+            runs.append(mode.sizes)
+    if len(runs[0]) != len(runs[1]):
+        return ()
+    per_item = ((big - small) / (2 * batch) for small, big in zip(*runs, strict=True))
+    return tuple(s for s in per_item if s >= 1024.0)
+
+
 @cache
 def model_cost(spec: ModelSpec) -> ModelCost:
     flops, params, _ = analytic_dense(spec)
-    estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec))
+    estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec), ())
     zoo = _zoo_dense(spec) if params * 4 <= ZOO_COUNT_MAX_BYTES else None
-    flops, params, calls, act = zoo if zoo is not None else estimate
+    flops, params, calls, act, allocs = zoo if zoo is not None else estimate
     if spec.dense_flops:  # counted on the user's program (a repository model of no zoo family)
         flops, params = spec.dense_flops, float(spec.dense_params or params)
     bpe = spec.bytes_per_elem
@@ -168,6 +214,7 @@ def model_cost(spec: ModelSpec) -> ModelCost:
         dense_modules=calls.dense_modules,
         gemm_rows_per_item=calls.gemm_rows_per_item,
         device_dense_ops=calls.device_dense_ops or max(1, calls.dense_ops),
+        alloc_bytes_per_item=allocs,
     )
 
 

@@ -14,6 +14,7 @@ stands for in ``PerfModel._call_times`` (one thread, like the model's per-core r
 | ``stream_gbs_per_core`` | GEMV over a matrix larger than the LLC (``hostbench.measure_stream_gbs``) |
 | ``act_gbs_per_core`` | ReLU over an activation larger than the L2, bytes read + written |
 | ``feed_*`` | ``np.array`` of a list of Python ints / of numpy scalars (ids and lengths handed over as lists) |
+| ``fault_gbs_per_core`` | ReLU into a fresh 48 MB output (past glibc's 32 MiB mmap cap) less into a reused one |
 
 The model's *form* (how the constants combine) was fitted once on model timings; only these constants move
 with the host.  Every timing is the thread's CPU time (robust to other processes' slices), best of rounds.
@@ -101,10 +102,13 @@ def transfer_calibration(cal: Calibration, sources: list[tuple[dict[str, Any], i
     the host's cores reach on a large GEMM (measured by the microbenchmark, host-dependent) and what the models'
     shapes and glue keep of it (a property of the software, the same on every host).  Only the first moves with the
     host.  The other fitted constants stay: their microbenchmarks do not track the model timings across hosts
-    (docs/perfmodel.md, "Transfer to another host")."""
+    (docs/perfmodel.md, "Transfer to another host").  ``fault_gbs_per_core`` is measured, never fitted: the target's
+    microbenchmark when it has one."""
     weights = np.array([max(n, 1) for _, n in sources], dtype=float)
     source = float(np.exp(np.average(np.log([gemm_plateau(m) for m, _ in sources]), weights=weights)))
     out = cal.with_values(compute_eff=cal.compute_eff * gemm_plateau(target) / source)
+    if "fault_gbs_per_core" in target:  # measured, not fitted: the target host's own value
+        out = out.with_values(fault_gbs_per_core=float(target["fault_gbs_per_core"]))
     return out.with_values(fitted_on=label) if label else out
 
 
@@ -162,6 +166,18 @@ def activation_gbs(mb: float = 8.0) -> float:
     return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
 
 
+def fresh_memory_gbs(mb: float = 48.0) -> float:
+    """Bytes/s at which one thread faults in freshly mapped memory: a ReLU whose output (``mb``, past glibc's 32 MiB
+    mmap threshold cap, so mapped and unmapped every call) is new each call, less the same ReLU into a reused output."""
+    import torch
+
+    x = torch.rand(int(mb * 2**20 / 4))
+    out = torch.empty_like(x)
+    fresh = _best_us(lambda: torch.relu(x), reps=5)
+    reused = _best_us(lambda: torch.clamp_min(x, 0.0, out=out), reps=5)
+    return x.numel() * 4 / max((fresh - reused) * 1e-6, 1e-9) / 1e9
+
+
 def feed_costs(n: int = 100_000) -> dict[str, float]:
     """What a serving stack pays per call when the model's ids arrive as Python lists (``Allocation.feed ==
     "pylist"``): ns per element of ``np.array(list of Python ints)`` (ids, as ``ndarray.tolist()`` makes them) and
@@ -198,7 +214,10 @@ def measure_micro(host: ServerType, progress: Callable[[str], None] | None = Non
         act = activation_gbs()
         say("input feeding from Python lists")
         feed = feed_costs()
-        return {**feed, "host": host.name, "freq_ghz": host.freq_ghz, "flops_per_cycle": host.flops_per_cycle,
+        say("page faults of freshly mapped memory")
+        fault = fresh_memory_gbs()
+        return {**feed, "fault_gbs_per_core": fault,
+                "host": host.name, "freq_ghz": host.freq_ghz, "flops_per_cycle": host.flops_per_cycle,
                 "llc_mb": host.llc_mb, "gemm_eff": {str(k): v for k, v in gemm.items()}, "per_op_us": op,
                 "per_module_us": module, **gather, "stream_gbs_per_core": stream, "act_gbs_per_core": act,
                 "seconds": time.perf_counter() - start}
@@ -213,6 +232,8 @@ def calibration_from_micro(micro: dict[str, Any], base: Calibration) -> Calibrat
               "per_module_us": micro["per_module_us"], "lookup_ns": micro["lookup_ns"],
               "llc_gbs_per_core": micro["llc_gbs_per_core"], "dram_gbs_per_core": micro["dram_gbs_per_core"],
               "stream_gbs_per_core": micro["stream_gbs_per_core"], "act_gbs_per_core": micro["act_gbs_per_core"]}
+    if "fault_gbs_per_core" in micro:  # recorded before it: the base value
+        values["fault_gbs_per_core"] = float(micro["fault_gbs_per_core"])
     if "feed_pyint_ns" in micro:  # microbenchmark files recorded before the feed costs keep the base values
         values.update({k: float(micro[k]) for k in ("feed_pyint_ns", "feed_npscalar_ns", "feed_call_us")},
                       feed_ref_ghz=float(micro["freq_ghz"]))

@@ -5,8 +5,10 @@ Per inference call of ``m`` items (roofline style):
 - overhead   ``fixed_ms + per_op_us · operators dispatched + per_module_us · modules invoked`` (counted on the
              zoo module: DIEN's scripted recurrence dispatches thousands of small operators, SDM's M2 730 bags)
 - dense      ``FLOPs·m / (cores' speed · freq · flops/cycle · eff(r))``, ``eff(r) = compute_eff · r/(r+batch_half)``
-             with ``r = m · GEMM rows per item`` (the sequence length for attention over behaviours);
+             with ``r = m · GEMM rows per item`` (the sequence length for attention over behaviours); a single-row
+             product (an MLP at batch 1: BLAS's GEMV path) runs at ``compute_eff``, its time the weight read below;
              plus streaming the dense weights that do not fit the allocated LLC (sequential: ``stream_gbs_per_core``)
+             and page faults of tensors past glibc's 32 MiB mmap cap, mapped fresh every call (``fault_gbs_per_core``)
 - sparse     ``m · (lookups · lookup_ns + gathered bytes · (hit/llc_bw + miss·slowdown/dram_bw))``
              with the LLC hit rate from the hot rows (Zipf locality) that fit in the allocated ways and within the
              TLB reach (``tlb_reach_mb``: beyond it a page walk per row costs about a DRAM miss; DRAM traffic still
@@ -34,7 +36,7 @@ import numpy as np
 
 from recserve.errors import SpecError
 from recserve.perfmodel.calibration import Calibration, load_calibration
-from recserve.perfmodel.cost import ModelCost, model_cost, zipf_hit
+from recserve.perfmodel.cost import MMAP_MAX_BYTES, ModelCost, model_cost, zipf_hit
 from recserve.perfmodel.queueing import SizeMix, Station, jitter, sojourn_percentile, solve_max_load
 from recserve.specs import SLA, ModelSpec, ServerType
 
@@ -43,6 +45,8 @@ TABLE_MODES = ("shared", "copied")
 # Python lists converted per call, one ``np.array`` per table's ids and one per its bag lengths (the DeepRecSys
 # harness behind the Kairos artifact: ``FeedBlob(tag, np.array(S_indices[i]))`` in ``run()``, timed as "loading").
 FEED_MODES = ("tensor", "pylist")
+# GEMM rows below which a dense product is a matrix-vector product (BLAS's GEMV path, no batch_half penalty)
+GEMV_ROWS = 1.5
 
 
 @dataclass(frozen=True)
@@ -376,9 +380,12 @@ class PerfModel:
             return self._accel_times(server, alloc, st, m, host_sparse, feed)
         cpu_flops = server.freq_ghz * 1e9 * server.flops_per_cycle
         rows = m * cost.gemm_rows_per_item
-        eff = cal.compute_eff * rows / (rows + cal.batch_half)
+        # a single-row product (an MLP at batch 1) runs BLAS's matrix-vector path: it reads the weights once (already
+        # in weights_ms) and pays none of the GEMM's per-call work on weight panels that batch_half stands for (the GEMM
+        # microbenchmark's 1-row point is 1.2-1.9x above the curve through rows >= 4 in all three recordings)
+        eff = np.where(rows < GEMV_ROWS, cal.compute_eff, cal.compute_eff * rows / (rows + cal.batch_half))
         dense_ms = (cost.flops_per_item * m / (cpu_flops * eff)
-                    + cost.activation_bytes_per_item * m / (cal.act_gbs_per_core * 1e9)) * 1e3
+                    + cost.activation_bytes_per_item * m / (cal.act_gbs_per_core * 1e9)) * 1e3 + self._fresh_ms(cost, m)
         if not alloc.pipeline:
             speed = c / (1.0 + cal.op_serial * (c - 1))
             over = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + self._overhead_ms(cost, sparse=False)
@@ -387,6 +394,15 @@ class PerfModel:
         sparse = cal.fixed_ms + self._overhead_ms(cost, sparse=True) + feed + host_sparse / c + hop_ms
         dense = cal.fixed_ms + self._overhead_ms(cost, sparse=False) + dense_ms + weights_ms + hop_ms
         return [sparse, dense]
+
+    def _fresh_ms(self, cost: ModelCost, m: np.ndarray) -> np.ndarray | float:
+        """Page faults (ms) of one call's tensors past glibc's mmap threshold cap: mapped fresh every call, so every
+        4 KB page faults in and is zeroed, at ``fault_gbs_per_core`` (DIN at batch 512 on both recorded hosts)."""
+        if not cost.alloc_bytes_per_item or self.cal.fault_gbs_per_core <= 0:
+            return 0.0
+        sizes = np.asarray(m, dtype=float)[..., None] * np.array(cost.alloc_bytes_per_item)
+        fresh = np.where(sizes > MMAP_MAX_BYTES, sizes, 0.0).sum(axis=-1)
+        return fresh / (self.cal.fault_gbs_per_core * 1e9) * 1e3
 
     def _feed_ms(self, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray) -> np.ndarray | float:
         """Host time (ms) to turn one call's ids from Python lists into arrays (``alloc.feed == "pylist"``): per
