@@ -63,3 +63,21 @@ def test_fault_rate_is_the_target_hosts_measurement_when_it_has_one():
              "per_module_us": 3.0, "lookup_ns": 4.0, "llc_gbs_per_core": 50.0, "dram_gbs_per_core": 9.0,
              "stream_gbs_per_core": 11.0, "act_gbs_per_core": 22.0, "fault_gbs_per_core": 2.5}
     assert calibration_from_micro(micro, base).fault_gbs_per_core == 2.5
+
+
+def test_overheads_follow_the_in_model_microbenchmark_only_when_every_host_has_it():
+    base = load_calibration().with_values(fixed_ms=0.01, per_op_us=1.0, per_module_us=20.0, lookup_ns=5.0)
+    src = {"gemm_eff": {"256": 2.0}, "model_module_us": 22.0}
+    tgt = {"gemm_eff": {"256": 2.0}, "model_module_us": 11.0}
+    moved = transfer_calibration(base, [(src, 10)], tgt)
+    assert (moved.fixed_ms, moved.per_op_us, moved.per_module_us) == pytest.approx((0.005, 0.5, 10.0))
+    assert moved.lookup_ns == 5.0
+    old = {"gemm_eff": {"256": 2.0}}  # recorded before the microbenchmark existed
+    assert transfer_calibration(base, [(old, 10)], tgt).per_module_us == 20.0
+    assert transfer_calibration(base, [(src, 10)], old).per_module_us == 20.0
+
+
+def test_in_model_framework_time_is_measured_positive():
+    from recserve.perfmodel.microbench import model_module_us
+
+    assert 0 < model_module_us() < 1000

@@ -14,6 +14,7 @@ stands for in ``PerfModel._call_times`` (one thread, like the model's per-core r
 | ``stream_gbs_per_core`` | GEMV over a matrix larger than the LLC (``hostbench.measure_stream_gbs``) |
 | ``act_gbs_per_core`` | ReLU over an activation larger than the L2, bytes read + written |
 | ``feed_*`` | ``np.array`` of a list of Python ints / of numpy scalars (ids and lengths handed over as lists) |
+| (transfer) ``model_module_us`` | a whole zoo model (``hera-dlrm-a``, tiny tables) at batch 1, per module called |
 | ``fault_gbs_per_core`` | ReLU into a fresh 48 MB output (past glibc's 32 MiB mmap cap) less into a reused one |
 
 The model's *form* (how the constants combine) was fitted once on model timings; only these constants move
@@ -102,11 +103,18 @@ def transfer_calibration(cal: Calibration, sources: list[tuple[dict[str, Any], i
     the host's cores reach on a large GEMM (measured by the microbenchmark, host-dependent) and what the models'
     shapes and glue keep of it (a property of the software, the same on every host).  Only the first moves with the
     host.  The other fitted constants stay: their microbenchmarks do not track the model timings across hosts
-    (docs/perfmodel.md, "Transfer to another host").  ``fault_gbs_per_core`` is measured, never fitted: the target's
-    microbenchmark when it has one."""
+    (docs/perfmodel.md, "Transfer to another host"), except the framework overheads when every host has the in-context
+    microbenchmark (:func:`model_module_us`, recorded since 2026-11-23): they scale by its ratio.
+    ``fault_gbs_per_core`` is measured, never fitted: the target's microbenchmark when it has one."""
     weights = np.array([max(n, 1) for _, n in sources], dtype=float)
     source = float(np.exp(np.average(np.log([gemm_plateau(m) for m, _ in sources]), weights=weights)))
     out = cal.with_values(compute_eff=cal.compute_eff * gemm_plateau(target) / source)
+    if all("model_module_us" in m for m, _ in sources) and "model_module_us" in target:
+        # framework time in context (model_module_us) carries the fitted overheads; recordings before it keep them
+        mod = float(np.exp(np.average(np.log([m["model_module_us"] for m, _ in sources]), weights=weights)))
+        ratio = float(target["model_module_us"]) / mod
+        out = out.with_values(fixed_ms=cal.fixed_ms * ratio, per_op_us=cal.per_op_us * ratio,
+                              per_module_us=cal.per_module_us * ratio)
     if "fault_gbs_per_core" in target:  # measured, not fitted: the target host's own value
         out = out.with_values(fault_gbs_per_core=float(target["fault_gbs_per_core"]))
     return out.with_values(fitted_on=label) if label else out
@@ -166,6 +174,30 @@ def activation_gbs(mb: float = 8.0) -> float:
     return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
 
 
+def model_module_us(name: str = "hera-dlrm-a") -> float:
+    """µs per ``nn.Module`` call of a whole zoo model at batch 1 with tiny tables: framework time *in context* (the
+    model's Python, dispatcher and allocator working set), which the isolated op/module microbenchmarks miss (on the
+    dev host 22 µs per module for four catalogue models vs 11 µs for an isolated ``Linear``/``EmbeddingBag`` call)."""
+    import torch
+
+    from recserve.perfmodel.cost import model_cost, scaled_spec
+    from recserve.specs import get_model
+    from recserve.zoo import build, sample_batch
+
+    spec = get_model(name)
+    model = build(spec, scale=1e-6, seed=0).eval()
+    rng = np.random.default_rng(0)
+    queries = [sample_batch(model, 1, rng) for _ in range(8)]
+    k = [0]
+
+    def call() -> None:
+        k[0] += 1
+        model(queries[k[0] % len(queries)])
+    cost = model_cost(scaled_spec(spec, 1e-6))
+    with torch.no_grad():
+        return _per_call_us(call, 20, reps=20) / max(1, cost.sparse_modules + cost.dense_modules)
+
+
 def fresh_memory_gbs(mb: float = 48.0) -> float:
     """Bytes/s at which one thread faults in freshly mapped memory: a ReLU whose output (``mb``, past glibc's 32 MiB
     mmap threshold cap, so mapped and unmapped every call) is new each call, less the same ReLU into a reused output."""
@@ -216,7 +248,9 @@ def measure_micro(host: ServerType, progress: Callable[[str], None] | None = Non
         feed = feed_costs()
         say("page faults of freshly mapped memory")
         fault = fresh_memory_gbs()
-        return {**feed, "fault_gbs_per_core": fault,
+        say("framework time in a whole model")
+        in_model = model_module_us()
+        return {**feed, "fault_gbs_per_core": fault, "model_module_us": in_model,
                 "host": host.name, "freq_ghz": host.freq_ghz, "flops_per_cycle": host.flops_per_cycle,
                 "llc_mb": host.llc_mb, "gemm_eff": {str(k): v for k, v in gemm.items()}, "per_op_us": op,
                 "per_module_us": module, **gather, "stream_gbs_per_core": stream, "act_gbs_per_core": act,
