@@ -14,6 +14,7 @@
 
 Prints a table and writes results/serving_overhead.json.  Usage:
     .venv/bin/python benchmarks/bench_serving_overhead.py [--model NAME] [--requests 200] [--mem-scale 0.02]
+        [--split-cores]
 """
 
 from __future__ import annotations
@@ -242,13 +243,14 @@ PATHS = ("in_process", "worker_ipc", "http", "grpc", "grpc_stream", "http_minima
 class ServerProcess:
     """``recserve serve`` in its own process, so its CPU time is not mixed with the client's."""
 
-    def __init__(self, model: str, scale: float) -> None:
+    def __init__(self, model: str, scale: float, cores: list[int] | None = None) -> None:
         import re
         import subprocess
 
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # its workers inherit it
         self.proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--model", model,
                                       "--scale", str(scale), "--workers", "1", "--http-port", "0",
-                                      "--grpc-port", "0"], stderr=subprocess.PIPE, text=True)
+                                      "--grpc-port", "0"], stderr=subprocess.PIPE, text=True, preexec_fn=pin)
         pattern = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
         for line in self.proc.stderr:
             m = pattern.search(line)
@@ -266,10 +268,10 @@ class ServerProcess:
         self.proc.wait(60)
 
 
-def overhead(model_name: str, scale: float, requests: int) -> dict:
+def overhead(model_name: str, scale: float, requests: int, server_cores: list[int] | None = None) -> dict:
     config = quick_config(model_name, scale=scale, workers=1, threads=1)
     model = build_worker_model(config.models[0])
-    server = ServerProcess(model_name, scale)
+    server = ServerProcess(model_name, scale, server_cores)
     log(f"overhead: server pid {server.proc.pid} up on http {server.http} grpc {server.grpc}")
     results: dict = {}
     batches_used: dict = {}
@@ -380,11 +382,23 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--out", default="results/serving_overhead.json")
+    parser.add_argument("--split-cores", action="store_true",
+                        help="overhead runs with the server on the first core and this client (and the in-process "
+                             "model) on the others, as a remote client would be; default: all share every core")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = {"model": args.model, "host_cores": len(os.sched_getaffinity(0)),
-              "load_average_at_start": os.getloadavg(), "overhead_scale": args.scale}
-    result["overhead"] = overhead(args.model, args.scale, args.requests)
+    server_cores = None
+    if args.split_cores:
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            parser.error("--split-cores needs at least two cores")
+        server_cores = cores[:1]
+        os.sched_setaffinity(0, cores[1:])
+    result = {"model": args.model, "host_cores": len(os.sched_getaffinity(0)) + len(server_cores or []),
+              "server_cores": server_cores, "load_average_at_start": os.getloadavg(), "overhead_scale": args.scale}
+    result["overhead"] = overhead(args.model, args.scale, args.requests, server_cores)
+    if server_cores:
+        os.sched_setaffinity(0, server_cores + sorted(os.sched_getaffinity(0)))  # the table runs use every core
     result["tables"] = [throughput(args.model, args.mem_scale, share, args.workers, args.seconds, 4, 64)
                         for share in (True, False)]
     result["load_average_at_end"] = os.getloadavg()
