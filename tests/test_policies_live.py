@@ -84,3 +84,18 @@ def test_failed_queries_count_as_over_the_sla(failed, overloaded):
     stats = ServerNodeControl(_WindowClient(window), window_s=3.0).window_stats("m")
     assert (stats.tail_ms == float("inf")) is overloaded
     assert stats.tail_ms in (230.0, float("inf")) and stats.completed == 100
+
+
+def test_the_window_counts_failed_queries_apart_from_the_tail():
+    from recserve.serving.metrics import ModelMetrics
+
+    m = ModelMetrics()
+    for _ in range(3):
+        m.arrived()
+        m.done(1, 0.010, 0.0, 0.010, 1)
+    for _ in range(2):
+        m.arrived()
+        m.error("unavailable")
+        m.failed(0.001)
+    w = m.window(10.0, 95.0)
+    assert w["completed"] == 3 and w["failed"] == 2 and w["tail_ms"] == pytest.approx(10.0, rel=0.01)
