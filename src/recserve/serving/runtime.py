@@ -96,6 +96,10 @@ class WorkerContext:
     def __init__(self) -> None:
         import torch.multiprocessing  # noqa: F401  registers the reductions that share tensors by fd
 
+        from recserve.zoo.allocator import worker_tunables
+
+        # read by glibc when the forkserver starts (the first worker's start): the workers reuse freed activations
+        os.environ["GLIBC_TUNABLES"] = worker_tunables(os.environ.get("GLIBC_TUNABLES", ""))
         self.ctx = multiprocessing.get_context("forkserver")
         self.ctx.set_forkserver_preload(["recserve.serving.worker"])
         self.Process = WorkerProcess

@@ -1,0 +1,27 @@
+"""glibc's allocator set to keep freed memory for the next forward pass: the environment of the serving workers.
+
+Why (found by the perfmodel's transfer work, issue #18, measured here): glibc serves every allocation above its
+mmap threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, so a model whose activations pass
+that size faults every page of them in again on every call.  hera-din at batch 512 (three 41 MB activations) took
+182 ms per call on a worker-like thread with 46,700 minor faults; with the threshold raised, trimming off and one
+arena (a second thread otherwise gets its own arena, whose 64 MiB heaps cannot hold such blocks and fall back to
+``mmap``), 75 ms and 1,300 faults, for ~30 MB more peak RSS.  PyTorch servers usually get this by preloading
+jemalloc or tcmalloc; glibc's tunables give it with no native dependency.  They are read when a process starts, so
+they go in the environment the workers' forkserver starts with (``serving.runtime.WorkerContext``); a C library
+other than glibc ignores them.
+"""
+
+from __future__ import annotations
+
+WORKER_TUNABLES = {
+    "glibc.malloc.mmap_threshold": str(1 << 30),  # blocks up to 1 GiB come from the heap and go back to it
+    "glibc.malloc.trim_threshold": str(2**31 - 1),  # free memory at the top of the heap stays mapped
+    "glibc.malloc.arena_max": "1",  # the compute thread allocates from the main heap too
+}
+
+
+def worker_tunables(existing: str = "") -> str:
+    """``GLIBC_TUNABLES`` for a worker: ``existing`` (the user's, which win) plus the settings above."""
+    given = {item.split("=", 1)[0] for item in existing.split(":") if "=" in item}
+    ours = [f"{key}={value}" for key, value in WORKER_TUNABLES.items() if key not in given]
+    return ":".join([part for part in existing.split(":") if part] + ours)
