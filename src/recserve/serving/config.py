@@ -224,15 +224,16 @@ class ModelConfig:
             raise SpecError(f"{where}: accelerator must be a mapping, got {type(self.accelerator).__name__}")
         if self.mode != "model":
             raise SpecError(f"{where}: accelerator needs mode: model (whole queries), got mode: {self.mode}")
-        host_tables = "tiering" if (self.options or {}).get("tier") else \
-            f"table_backend: {self.table_backend}" if self.table_backend != "dram" else ""
+        host_tables = self._host_tables()
         device = self.accelerator.device
         if host_tables and isinstance(device, str) and device.startswith("cuda"):
             raise SpecError(f"{where}: accelerator device {device!r} cannot serve {host_tables} (its tables are "
                             "read on the host); use device: cpu or DRAM tables")
         self.accelerator.check(where)
         if self.accelerator.device_table_mb is not None:  # the cache is built from tables held in memory
-            program = self.artifact and not self.artifact.endswith("model.safetensors")
+            from recserve.zoo.artifacts import PROGRAM_KINDS, artifact_kind
+
+            program = bool(self.artifact) and artifact_kind(Path(self.artifact)) in PROGRAM_KINDS
             if host_tables or program:
                 raise SpecError(f"{where}: accelerator device_table_mb caches rows of tables held in memory; "
                                 f"this model has {host_tables or 'a program artifact ' + repr(self.artifact)}")
@@ -255,14 +256,19 @@ class ModelConfig:
         spec = self.model_spec()
         return tuple(t.rows for t in spec.tables) if self.artifact else spec.scaled_rows(self.scale)
 
+    def _host_tables(self) -> str:
+        """What keeps this model's tables out of plain memory (tiering, an SSD or sharded backend), or ""."""
+        if (self.options or {}).get("tier"):
+            return "tiering"
+        return f"table_backend: {self.table_backend}" if self.table_backend != "dram" else ""
+
     def _check_split(self, where: str) -> None:
         """A program artifact has no sparse/dense split: refuse the layouts that need one, saying why."""
         from recserve.zoo.artifacts import PROGRAM_KINDS, artifact_kind, no_split_reason, program_exposes_split
 
         if artifact_kind(Path(self.artifact)) not in PROGRAM_KINDS:
             return
-        tables = ("tiering" if (self.options or {}).get("tier") else
-                  f"table_backend: {self.table_backend}" if self.table_backend != "dram" else "")
+        tables = self._host_tables()
         if not tables and self.mode != "pipeline":
             return
         splits = program_exposes_split(Path(self.artifact))
