@@ -45,7 +45,7 @@ from torch import nn
 
 from recserve.zoo.base import RecModel
 from recserve.zoo.batch import QueryBatch
-from recserve.zoo.fused import FusedTables
+from recserve.zoo.fused import FusedTables, dense_to
 
 COUNT_STRIDE = 16  # every 16th id of a pass is counted (a systematic sample)
 REFRESH_IDS = 1 << 18  # counted ids between two refreshes of the hot set, at least (and at least the rows)
@@ -159,8 +159,9 @@ class DeviceTableCache:
 
     # ---------------------------------------------------------------- a pass
 
-    def _global_ids(self, values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        counts = lengths.sum(axis=1, dtype=np.int64)
+    def _global_ids(self, values: np.ndarray, lengths: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """Every value as a row of the concatenated weights; ``counts``: ids per table, if the caller has them."""
+        counts = lengths.sum(axis=1, dtype=np.int64) if counts is None else counts
         return np.asarray(values, np.int64) + np.repeat(self.table_first, counts)
 
     def _count(self, ids: np.ndarray) -> None:
@@ -194,7 +195,8 @@ class DeviceTableCache:
         gathered into the spare region (queued to the device), ids of other groups' tables at slot 0."""
         if self.counted >= self.refresh_ids:
             self.refresh()
-        ids = self._global_ids(values, lengths)
+        counts = lengths.sum(axis=1, dtype=np.int64)
+        ids = self._global_ids(values, lengths, counts)
         self._count(ids)
         groups = len(self.host)
         first = self._buffer(self._slots, 0, len(ids), self._slots[0])
@@ -221,7 +223,6 @@ class DeviceTableCache:
             self.gathered += len(distinct)
         if groups == 1:
             return [first]
-        counts = lengths.sum(axis=1, dtype=np.int64)
         out = [first]
         for g in range(1, groups):
             member = np.repeat(self.table_group == g, counts)
@@ -280,12 +281,7 @@ class CachedModel(nn.Module):
         super().__init__()
         self.cache = DeviceTableCache(model, device, budget_bytes, **cache)
         self.model = model
-        tables = model.tables
-        model.tables = nn.ModuleList()
-        try:
-            model.to(self.cache.device)
-        finally:
-            model.tables = tables
+        dense_to(model, self.cache.device)
 
     def forward(self, batch: QueryBatch) -> torch.Tensor:
         """Scores on the device; ``batch.values`` and ``batch.lengths`` must be on the host (CPU tensors)."""

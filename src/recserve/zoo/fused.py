@@ -111,13 +111,20 @@ class FusedModel(nn.Module):
     def to_device(self, device: torch.device) -> FusedModel:
         """Move the dense layers and the fused weights to ``device``; the per-table copies stay on the host
         (a second copy of every table on the device would halve the tables that fit)."""
-        tables = self.model.tables
-        self.model.tables = nn.ModuleList()
-        try:
-            self.to(device)
-        finally:
-            self.model.tables = tables
+        self.sparse.to(device)
+        dense_to(self.model, device)
         return self
+
+
+def dense_to(model: RecModel, device: torch.device | str) -> None:
+    """Move ``model``'s dense layers to ``device``, leaving its per-table weights on the host (the tables reach the
+    device fused: whole, ``FusedModel``, or as a cache of hot rows, ``zoo.device_cache``)."""
+    tables = model.tables
+    model.tables = nn.ModuleList()
+    try:
+        model.to(device)
+    finally:
+        model.tables = tables
 
 
 def fusable(model: object) -> bool:
