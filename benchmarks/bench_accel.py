@@ -39,18 +39,42 @@ from recserve.measure.targets import HttpTarget  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
 
 
+def split_cores(args: argparse.Namespace) -> tuple[list[int], list[int]]:
+    """(the node's cores, the load generator's cores) under ``--loadgen-cores K``: the last K of this process's
+    cores generate load, the others serve; ([], []) unpinned."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not args.loadgen_cores:
+        return [], []
+    if args.loadgen_cores >= len(cores) - args.accel_workers:
+        raise SystemExit(f"--loadgen-cores {args.loadgen_cores} leaves too few of {len(cores)} cores to serve")
+    return cores[: -args.loadgen_cores], cores[-args.loadgen_cores :]
+
+
 def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Node options per layout: (CPU workers, their threads, accelerator section or None)."""
+    """Node options per layout: (CPU workers, their threads, accelerator section or None).
+
+    Pinned (``--loadgen-cores``): the CPU-only node's workers share every node core; the others' accelerator
+    workers get the last ``--accel-workers`` node cores to themselves and their CPU workers share the rest, so a
+    CPU worker computing a small query never slows the accelerator workers' host side."""
+    node, _ = split_cores(args)
     accel = {"device": args.device, "workers": args.accel_workers, "threads": args.accel_threads,
              "fuse_items": args.fuse_items, "fuse_delay_us": args.fuse_delay_us}
-    mixed = {"workers": args.cpu_workers, "threads": args.cpu_threads}
-    return {
+    cpu_cores: dict[str, Any] = {}
+    if node:
+        accel["cores"] = node[-args.accel_workers :]
+        cpu_cores = {"cores": node[: -args.accel_workers]}
+    mixed = {"workers": args.cpu_workers, "threads": args.cpu_threads, **cpu_cores}
+    found = {
         "cpu": {"workers": args.cpu_only_workers or args.cpu_workers + args.accel_workers,
-                "threads": args.cpu_threads},
-        "accel": {"workers": args.front_workers, "threads": 1, "accelerator": {**accel, "min_items": 1}},
+                "threads": args.cpu_threads, **({"cores": node} if node else {})},
+        "accel": {"workers": args.front_workers, "threads": 1, **cpu_cores, "accelerator": {**accel, "min_items": 1}},
         **{f"mixed-{k}" if len(args.min_items) > 1 else "mixed": {**mixed, "accelerator": {**accel, "min_items": k}}
            for k in args.min_items},
     }
+    if args.inline_pass:  # the same accelerator-only node with each pass on the worker's loop (A/B of pass_thread)
+        found["accel-inline"] = {**found["accel"], "accelerator": {**found["accel"]["accelerator"],
+                                                                   "pass_thread": False}}
+    return found
 
 
 def measure(args: argparse.Namespace, pool: RequestPool, sla_ms: float, options: dict[str, Any]) -> dict[str, Any]:
@@ -58,16 +82,24 @@ def measure(args: argparse.Namespace, pool: RequestPool, sla_ms: float, options:
     with recserve_server(args.model, args.scale, workers, sla_ms, max_batch_size=args.max_batch_size,
                          queue_limit=args.queue_limit, **node) as url:
         target = HttpTarget(url, args.model, timeout_s=60.0)
-        with LoadSession(target, pool, warm=True, procs=args.procs) as session:
-            found = find_max_load(lambda r: session.run(r, args.probe_s, warmup_s=0.5), sla_ms,
-                                  start_qps=args.start_qps, rtol=0.1, max_probes=args.max_probes,
-                                  log=lambda line: print(line, file=sys.stderr))
+        mine = os.sched_getaffinity(0)
+        _, loadgen = split_cores(args)
+        if loadgen:  # after the node started (it inherits this process's cores): the generator's processes only
+            os.sched_setaffinity(0, loadgen)
+        try:
+            with LoadSession(target, pool, warm=True, procs=args.procs) as session:
+                found = find_max_load(lambda r: session.run(r, args.probe_s, warmup_s=0.5), sla_ms,
+                                      start_qps=args.start_qps, rtol=0.1, max_probes=args.max_probes,
+                                      log=lambda line: print(line, file=sys.stderr))
+        finally:
+            os.sched_setaffinity(0, mine)
         with urllib.request.urlopen(f"{url}/control/models/{args.model}", timeout=30) as r:
             state = json.loads(r.read())
     accel = state.get("accelerator") or {}
     return {"options": options, "max_qps": found.max_qps, "search": found.to_dict(),
             "queries": accel.get("queries", {"cpu": None}), "items": accel.get("items", {}),
-            "accel_passes": accel.get("passes", 0)}
+            "accel_passes": accel.get("passes", 0), "accel_pass_s": accel.get("pass_seconds", 0.0),
+            "accel_pass_items": accel.get("pass_items")}
 
 
 def main() -> int:
@@ -98,6 +130,12 @@ def main() -> int:
                              "queries outstanding at the accelerator)")
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
     parser.add_argument("--layouts", default="", help="which nodes to measure, in order (default: all)")
+    parser.add_argument("--loadgen-cores", type=int, default=0,
+                        help="pin the load generator to this host's last K cores and the nodes to the others "
+                             "(accelerator workers on cores of their own); 0: nothing pinned")
+    parser.add_argument("--inline-pass", action="store_true",
+                        help="also measure the accelerator-only node with passes on the worker's loop "
+                             "(accelerator.pass_thread: false), the A/B of the pass thread")
     parser.add_argument("--out", default="results/bench_accel.json")
     args = parser.parse_args()
     spec = get_model(args.model)
@@ -116,11 +154,13 @@ def main() -> int:
         print(f"-- {name} node", file=sys.stderr)
         results["nodes"][name] = measure(args, pool, sla_ms, layouts(args)[name])
     results["load_avg_after"] = os.getloadavg()[0]
-    print(f"{'node':>10} {'max qps':>9} {'cpu queries':>12} {'accel queries':>14} {'accel passes':>13}  layout")
+    print(f"{'node':>12} {'max qps':>9} {'cpu queries':>12} {'accel queries':>14} {'accel passes':>13} "
+          f"{'ms/pass':>8}  layout")
     for name, r in results["nodes"].items():
         q = r["queries"]
-        print(f"{name:>10} {r['max_qps']:>9.1f} {q.get('cpu') if q.get('cpu') is not None else 'all':>12} "
-              f"{q.get('accelerator', 0):>14} {r['accel_passes']:>13}  {json.dumps(r['options'])}")
+        per_pass = 1e3 * r["accel_pass_s"] / r["accel_passes"] if r["accel_passes"] else 0.0
+        print(f"{name:>12} {r['max_qps']:>9.1f} {q.get('cpu') if q.get('cpu') is not None else 'all':>12} "
+              f"{q.get('accelerator', 0):>14} {r['accel_passes']:>13} {per_pass:>8.2f}  {json.dumps(r['options'])}")
     nodes = results["nodes"]
     mixed = {name: r["max_qps"] for name, r in nodes.items() if name.startswith("mixed")}
     if mixed:

@@ -1,6 +1,6 @@
 """Device row cache (zoo/device_cache.py, issue #16): what it costs on the host and how often it hits.
 
-Two measurements, both on the host (this needs no GPU and claims nothing about one):
+Two measurements on the host (they need no GPU and claim nothing about one), and one on a device:
 
 - ``cost``: host-side time per query of ``DeviceTableCache.prepare`` (global ids, remap to device slots, sampled
   counting, misses deduplicated and gathered into the spare region) at each batch size, per budget, on queries
@@ -14,6 +14,8 @@ Two measurements, both on the host (this needs no GPU and claims nothing about o
   samplers (hot rows scattered over the ids): ``prefix`` = the initial cache (a prefix of every table), ``counted``
   = after ``--warm`` queries counted and one refresh, ``online`` = serving with the default refresh policy (second
   half of ``--online`` queries), ``oracle`` = the truly hottest rows (from the sampler's own rank order).
+- ``pass`` (with ``--device cuda``): the whole accelerator pass (``device_runner``: prepare, copies, device pass,
+  scores back) per budget against whole tables on the device, and its max abs difference from the CPU model.
 
     .venv/bin/python benchmarks/bench_device_cache.py                      # hera-dlrm-a @ 0.01, batches 1,256,4096
     .venv/bin/python benchmarks/bench_device_cache.py --model hercules-rmc2 --batches 1,256
@@ -22,6 +24,7 @@ Two measurements, both on the host (this needs no GPU and claims nothing about o
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -155,6 +158,40 @@ def hit_rates(model: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def device_pass(model: Any, args: argparse.Namespace, sampler: Any) -> list[dict[str, Any]]:
+    """The whole accelerator pass on ``--device`` (``serving.accel.device_runner``: host prepare, copies, device
+    pass, scores back) with whole tables on the device vs each budget, and the max abs difference of its scores
+    from the in-process CPU model: what the cache costs where it runs, not only its host side."""
+    from recserve.serving.accel import device_runner
+    from recserve.zoo.batch import QueryBatch
+
+    rows, total = [], table_bytes(model)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    warm = queries(model, args.hit_batch, args.warm, sampler, seed=10_000)
+    for share in args.budgets:
+        budget_mb = None if share >= 1 else share * total / 2**20
+        runner = device_runner(copy.deepcopy(model), args.device, table_mb=budget_mb)
+        for arrays in warm:  # counted and (for a budget) refreshed: the steady state
+            runner(arrays)
+        for batch in args.batches:
+            pool = queries(model, batch, args.pool, sampler, seed=batch)
+            reps = max(3, min(args.reps, int(args.ids_budget // max(1, pool[0][1].size))))
+            diff = max(float(np.abs(runner(q) - model(QueryBatch(*(torch.from_numpy(a) for a in q))).numpy()).max())
+                       for q in pool)
+            times = []
+            for r in range(reps):
+                sync()
+                start = time.perf_counter()
+                runner(pool[r % len(pool)])
+                times.append(time.perf_counter() - start)
+            row = {"batch": batch, "budget_share": share, "reps": reps, "pass_ms": 1e3 * statistics.median(times),
+                   "pass_ms_min": 1e3 * min(times), "max_abs_diff_vs_cpu": diff}
+            rows.append(row)
+            print(f"  batch {batch:5d}  budget {'whole' if share >= 1 else f'{share:.0%}':>6}  pass "
+                  f"{row['pass_ms']:8.3f} ms (min {row['pass_ms_min']:8.3f})  max abs diff vs CPU {diff:.2e}")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hera-dlrm-a")
@@ -172,7 +209,10 @@ def main() -> int:
     parser.add_argument("--warm", type=int, default=40)
     parser.add_argument("--test", type=int, default=20)
     parser.add_argument("--online", type=int, default=200)
-    parser.add_argument("--skip", choices=("cost", "hit"), action="append", default=[])
+    parser.add_argument("--skip", choices=("cost", "hit", "pass"), action="append", default=[])
+    parser.add_argument("--device", default="",
+                        help="also time the whole accelerator pass on this device (cuda, cuda:N, cpu) for each "
+                             "budget against whole tables, and check its scores against the CPU model")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (an accelerator worker's accelerator.threads, default 1)")
     parser.add_argument("--out", type=Path, default=None, help="default: results/device_cache_<model>.json")
@@ -181,10 +221,11 @@ def main() -> int:
 
     model = build(catalogue_models()[args.model], scale=args.scale).eval()
     print(f"{args.model} @ {args.scale}: {len(model.tables)} tables, {sum(model.rows):,} rows, "
-          f"{table_bytes(model) / 2**20:.1f} MiB; host-side only (device cpu), no GPU measured")
+          f"{table_bytes(model) / 2**20:.1f} MiB; cost and hit on the host (device cpu)"
+          + (f", whole passes on {args.device}" if args.device else ", no device pass measured"))
     result: dict[str, Any] = {"model": args.model, "scale": args.scale, "threads": args.threads,
                               "rows": int(sum(model.rows)),
-                              "table_bytes": table_bytes(model), "device": "cpu (host-side cost only; no GPU)"}
+                              "table_bytes": table_bytes(model), "device": "cpu (cost, hit: host side)"}
     if "cost" not in args.skip:
         print(f"host-side cost per query ({args.sampler}):")
         result["cost"] = {"sampler": args.sampler, "rows": cost(model, args, index_sampler(args.sampler))}
@@ -192,6 +233,11 @@ def main() -> int:
         print(f"hit rate vs budget (batch {args.hit_batch}):")
         result["hit"] = {"batch": args.hit_batch, "warm": args.warm, "test": args.test, "online": args.online,
                          "rows": hit_rates(model, args)}
+    if args.device and "pass" not in args.skip:
+        print(f"whole pass on {args.device} ({args.sampler}):")
+        with torch.inference_mode():
+            result["pass"] = {"device": args.device, "sampler": args.sampler,
+                              "rows": device_pass(model, args, index_sampler(args.sampler))}
     args.out = args.out or ROOT / "results" / f"device_cache_{args.model}.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))

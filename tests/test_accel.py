@@ -241,6 +241,49 @@ def test_the_accelerator_server_fuses_up_to_fuse_items_within_the_delay(tmp_path
     assert all(sum(p) <= 10 for p in passes)
 
 
+@pytest.mark.parametrize("pass_thread", [True, False])
+def test_queries_are_read_during_a_pass_on_the_pass_thread(tmp_path, pass_thread):
+    """With ``pass_thread`` the loop reads and queues queries while a pass runs (they make the next pass, fused),
+    and the heartbeat's pass age counts the pass in flight; inline, nothing is read until the pass ends."""
+    passes: list[int] = []
+    release = threading.Event()
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        passes.append(len(queries))
+        if len(passes) == 1:
+            release.wait(10)
+        return [q[0][:, :1] for q in queries]
+
+    async def run() -> tuple[int, float]:
+        server = AcceleratorServer(compute, fuse_items=100, fuse_delay_us=0, report=lambda *a: None,
+                                   pass_thread=pass_thread)
+        listening = await server.serve(str(tmp_path / "t.sock"))
+        reader, writer = await _connect(str(tmp_path / "t.sock"))
+        one = (np.ones((1, 2), np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32))
+        writer.writelines(request_frame(0, one, time.perf_counter() + 30.0))
+        while not passes:
+            await asyncio.sleep(0.01)
+        for rid in (1, 2, 3):
+            writer.writelines(request_frame(rid, one, time.perf_counter() + 30.0))
+        await asyncio.sleep(0.3)
+        queued, age = len(server.queue), server.pass_age()
+        release.set()
+        for _ in range(4):
+            await read_reply(reader)
+        writer.close()
+        listening.close()
+        return queued, age
+
+    if pass_thread:
+        queued, age = asyncio.run(run())
+        assert queued == 3 and age >= 0.2  # read while the first pass ran
+        assert passes == [1, 3]  # ... and fused into the next one
+    else:
+        threading.Timer(0.5, release.set).start()  # the inline pass blocks the loop that would set it
+        queued, age = asyncio.run(run())
+        assert queued == 0 and age == 0.0
+
+
 def test_the_accelerator_server_sheds_what_its_fit_says_cannot_finish_in_time(tmp_path):
     """After one observed 50 ms pass, queries queued behind another that would end past their deadline get 503 at
     once instead of waiting (no backlog of abandoned work); the one in front is computed."""

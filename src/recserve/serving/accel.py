@@ -37,6 +37,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 import warnings
 import weakref
@@ -244,8 +245,11 @@ class AcceleratorServer:
     def __init__(self, compute: Callable[[list[tuple]], list[np.ndarray]], fuse_items: int, fuse_delay_us: int,
                  report: Callable[[int, int, float], None],
                  adopt: Callable[[np.ndarray], None] = lambda arena: None,
-                 forget: Callable[[np.ndarray], None] = lambda arena: None) -> None:
+                 forget: Callable[[np.ndarray], None] = lambda arena: None, pass_thread: bool = True) -> None:
         self.compute = compute
+        self.pass_thread = pass_thread  # passes off the loop (``ComputeThread``), so it reads and answers meanwhile
+        self._thread: Any = None
+        self.pass_started = 0.0  # perf_counter of the pass in flight, 0 when none (the heartbeat reports its age)
         self.adopt = adopt  # called with each mapped arena (a GPU worker registers it as pinned memory) ...
         self.forget = forget  # ... and this when its connection ends (queued views of it stay valid: mapped)
         self.fuse_items = fuse_items
@@ -311,7 +315,7 @@ class AcceleratorServer:
                 self.arrival.clear()
                 await self.arrival.wait()
             await self._gather()
-            self._pass(self._take())
+            await self._pass(self._take())
             await asyncio.sleep(0)  # read what arrived during the pass before the next one
 
     async def _gather(self) -> None:
@@ -340,17 +344,46 @@ class AcceleratorServer:
             total += w.items
         return group
 
-    def _pass(self, group: list[Waiting]) -> None:
+    def pass_age(self) -> float:
+        """Seconds the pass in flight has run (0: none), for the heartbeat: a pass that never ends is a hang."""
+        return time.perf_counter() - self.pass_started if self.pass_started else 0.0
+
+    async def _compute(self, arrays: list[tuple]) -> list[np.ndarray]:
+        """One pass, on the compute thread when ``pass_thread``: torch releases the GIL while the device works,
+        so this loop reads, admits and answers queries meanwhile and the next pass is gathered by the time it
+        ends (with the pass inline, the socket waited for every device pass and its copies)."""
+        if not self.pass_thread:
+            return self.compute(arrays)
+        if self._thread is None:
+            from recserve.serving.dataplane import ComputeThread
+
+            self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock())
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def done(scores: list[np.ndarray] | None, error: Exception | None, _seconds: float) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(scores)
+
+        self._thread.submit(arrays, done)
+        return await future
+
+    async def _pass(self, group: list[Waiting]) -> None:
         if not group:
             return
-        start = time.perf_counter()
+        start = self.pass_started = time.perf_counter()
         try:
-            answers = self.compute([w.arrays for w in group])
+            answers = await self._compute([w.arrays for w in group])
         except Exception as exc:  # noqa: BLE001 - every query is answered; the worker lives on
             error = InferError("internal", f"accelerator pass failed: {type(exc).__name__}: {exc}")
             for w in group:
                 self._write(w, reply_frame(w.request_id, None, error))
             return
+        finally:
+            self.pass_started = 0.0
         items, seconds = sum(w.items for w in group), time.perf_counter() - start
         self.service.observe(items, seconds)
         self.report(items, len(group), seconds)
@@ -660,8 +693,15 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
         except (BrokenPipeError, OSError):
             stop.set()
 
-    run = device_runner(model, accel.device, table_mb=accel.device_table_mb)
-    cache = getattr(run, "device_cache", None)
+    device_run = device_runner(model, accel.device, table_mb=accel.device_table_mb)
+    cache = getattr(device_run, "device_cache", None)
+
+    def run(arrays: tuple) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():  # thread-local, and passes run on the pass thread
+            return device_run(arrays)
+
     counted = [0, 0]  # the cache's lookups and hits already reported
 
     def report(items: int, queries: int, seconds: float) -> None:
@@ -673,7 +713,7 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
 
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
     server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
-                               *arena_pinning(accel.device))
+                               *arena_pinning(accel.device), pass_thread=accel.pass_thread)
     listening = await server.serve(args.accel_socket)
 
     def on_pipe() -> None:
@@ -686,7 +726,7 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
 
     def beat() -> None:  # the supervisor's watchdog replaces a worker whose loop stays silent (a stuck pass)
         if not stop.is_set():
-            send(("beat",))
+            send(("beat", server.pass_age()))
             loop.call_later(BEAT_S, beat)
 
     loop.add_reader(conn.fileno(), on_pipe)
@@ -695,5 +735,5 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     await stop.wait()
     listening.close()
     end = time.monotonic() + STOP_GRACE_S
-    while server.queue and time.monotonic() < end:  # queries already sent are answered before the exit
+    while (server.queue or server.pass_started) and time.monotonic() < end:  # answer what was sent, then exit
         await asyncio.sleep(0.005)

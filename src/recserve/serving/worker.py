@@ -216,6 +216,7 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
         if args.stage == "accel":
             from recserve.serving.accel import serve_accelerator
 
+            sys.setswitchinterval(SWITCH_INTERVAL_S)  # its loop reads and answers while the pass thread runs
             asyncio.run(serve_accelerator(conn, args, model))
             return
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
