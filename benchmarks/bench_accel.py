@@ -71,9 +71,9 @@ def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         **{f"mixed-{k}" if len(args.min_items) > 1 else "mixed": {**mixed, "accelerator": {**accel, "min_items": k}}
            for k in args.min_items},
     }
-    if args.inline_pass:  # the same accelerator-only node with each pass on the worker's loop (A/B of pass_thread)
-        found["accel-inline"] = {**found["accel"], "accelerator": {**found["accel"]["accelerator"],
-                                                                   "pass_thread": False}}
+    if args.pass_thread:  # the same accelerator-only node with its passes on a thread (the A/B of pass_thread)
+        found["accel-thread"] = {**found["accel"], "accelerator": {**found["accel"]["accelerator"],
+                                                                   "pass_thread": True}}
     return found
 
 
@@ -133,9 +133,9 @@ def main() -> int:
     parser.add_argument("--loadgen-cores", type=int, default=0,
                         help="pin the load generator to this host's last K cores and the nodes to the others "
                              "(accelerator workers on cores of their own); 0: nothing pinned")
-    parser.add_argument("--inline-pass", action="store_true",
-                        help="also measure the accelerator-only node with passes on the worker's loop "
-                             "(accelerator.pass_thread: false), the A/B of the pass thread")
+    parser.add_argument("--pass-thread", action="store_true",
+                        help="also measure the accelerator-only node with its passes on a thread "
+                             "(accelerator.pass_thread: true), the A/B of the pass thread")
     parser.add_argument("--out", default="results/bench_accel.json")
     args = parser.parse_args()
     spec = get_model(args.model)

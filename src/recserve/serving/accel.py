@@ -245,7 +245,7 @@ class AcceleratorServer:
     def __init__(self, compute: Callable[[list[tuple]], list[np.ndarray]], fuse_items: int, fuse_delay_us: int,
                  report: Callable[[int, int, float], None],
                  adopt: Callable[[np.ndarray], None] = lambda arena: None,
-                 forget: Callable[[np.ndarray], None] = lambda arena: None, pass_thread: bool = True) -> None:
+                 forget: Callable[[np.ndarray], None] = lambda arena: None, pass_thread: bool = False) -> None:
         self.compute = compute
         self.pass_thread = pass_thread  # passes off the loop (``ComputeThread``), so it reads and answers meanwhile
         self._thread: Any = None
@@ -349,15 +349,16 @@ class AcceleratorServer:
         return time.perf_counter() - self.pass_started if self.pass_started else 0.0
 
     async def _compute(self, arrays: list[tuple]) -> list[np.ndarray]:
-        """One pass, on the compute thread when ``pass_thread``: torch releases the GIL while the device works,
-        so this loop reads, admits and answers queries meanwhile and the next pass is gathered by the time it
-        ends (with the pass inline, the socket waited for every device pass and its copies)."""
+        """One pass, inline or (``pass_thread``) on a compute thread at the loop's priority: torch releases the
+        GIL while the device works, so the loop reads and answers meanwhile.  Off by default: on the H100 host an
+        accelerator-only node of hera-dlrm-a held 2,500 QPS with passes inline and 938 with them on a thread
+        below the loop's priority (one pinned core per accelerator worker; bench_accel.py, 2026-11-23)."""
         if not self.pass_thread:
             return self.compute(arrays)
         if self._thread is None:
             from recserve.serving.dataplane import ComputeThread
 
-            self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock())
+            self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock(), nice=0)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def done(scores: list[np.ndarray] | None, error: Exception | None, _seconds: float) -> None:

@@ -36,7 +36,7 @@ A node config is YAML::
           device_table_mb: null  # optional: MiB of device memory for embedding rows; the tables stay in host
                              # memory and their most looked-up rows are cached on the device (zoo/device_cache.py);
                              # null = whole tables on the device.  Any device, cpu included; DRAM tables only
-          pass_thread: true  # passes run on a thread, so queries are read, admitted and answered during one
+          pass_thread: false # true: passes on a thread, queries read and answered during one (slower measured)
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
@@ -106,7 +106,7 @@ class AcceleratorConfig:
     staging_mb: int = 128  # shared memory per CPU worker -> accelerator worker link (0: queries cross the socket)
     cores: Any = None  # pinned like a model's workers (``expand_cores``); None = the server's affinity
     device_table_mb: float | None = None  # device memory for cached embedding rows (None: whole tables there)
-    pass_thread: bool = True  # passes run on a thread: the worker reads, admits and answers queries during one
+    pass_thread: bool = False  # passes on a thread: the worker reads and answers during one (see accel._compute)
 
     def check(self, where: str) -> None:
         where = f"{where} accelerator"

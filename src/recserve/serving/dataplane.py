@@ -492,10 +492,11 @@ class ComputeThread:
     kills such a worker; an executor's threads are joined at interpreter exit)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, compute: Callable[[list[tuple]], list[np.ndarray]],
-                 lock: threading.Lock) -> None:
+                 lock: threading.Lock, nice: int = COMPUTE_NICE) -> None:
         self.loop = loop
         self.compute = compute
         self.lock = lock
+        self.nice = nice  # above the loop's; 0 where the passes, not the loop, are what the worker is for
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="recserve-compute", daemon=True).start()
 
@@ -510,7 +511,7 @@ class ComputeThread:
         inherit_torch_threads()  # else MKL runs this thread's GEMMs on every core of the host
         try:  # the loop thread preempts this one when a request arrives (both may share one pinned core)
             tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + COMPUTE_NICE)
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + self.nice)
         except OSError:
             pass
         while True:
