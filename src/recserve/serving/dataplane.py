@@ -527,6 +527,9 @@ class ComputeThread:
                 self.loop.call_soon_threadsafe(done, result, error, seconds)
             except RuntimeError:  # the loop is closed: the worker is exiting
                 return
+            # not held while waiting for the next pass: the inputs may view a shared-memory region that is being
+            # unregistered (serving/shm.py), or a large request body
+            del arrays, done, result, error
 
 
 class WorkerPlane:
