@@ -7,8 +7,11 @@ caller owns the protobuf classes).
 Server side, :func:`parse_http_infer` and :func:`parse_grpc_infer` validate the *whole* request
 (inputs, request and output ``parameters``, ``outputs``, ``id``) before anything runs: every
 malformed field is ``InferError("invalid", "<field>: …", field)`` (HTTP 400 / gRPC INVALID_ARGUMENT),
-never an exception after the model has run.  Client side, the ``encode_*``/``decode_*`` functions
-raise ``ValueError`` on a malformed response.
+never an exception after the model has run.  Given the process's ``regions``
+(:class:`recserve.serving.shm.Regions`), an input or output whose parameters name a ``shared_memory_region`` is
+read from or written to that region (Triton's system shared-memory extension) on every transport alike.
+
+Client side, the ``encode_*``/``decode_*`` functions raise ``ValueError`` on a malformed response.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from recserve.serving.errors import InferError
+from recserve.serving.shm import grpc_params, tensor_params
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -170,6 +174,39 @@ def check_outputs(names: Iterable[Any]) -> None:
             raise invalid(str(n), f"unknown output; this model has only {OUTPUT_SCORES!r}")
 
 
+Target = tuple[str, int, int]
+"""A tensor's place in shared memory: (region, byte_size, offset)."""
+
+
+def _no_regions(field: str) -> InferError:
+    return invalid(field, "parameters.shared_memory_region: this server path reads no shared memory")
+
+
+def _shm_input(field: str, datatype: Any, shape: Any, target: Target, regions: Any) -> np.ndarray:
+    """An input read from a registered region (a view of the client's memory, checked against shape and bounds)."""
+    dtype = _check_dtype(field, datatype)
+    dims = _shape(field, shape)
+    if regions is None:
+        raise _no_regions(field)
+    return regions.view(field, *target, LITTLE_ENDIAN[dtype], dims)
+
+
+def _shm_output(field: str, params: dict[str, Any], regions: Any) -> None:
+    """A requested output's shared-memory parameters, checked (the region exists, the span lies within it)."""
+    target = tensor_params(field, params)
+    if target is not None:
+        if regions is None:
+            raise _no_regions(field)
+        regions.check_output(field, *target)
+
+
+def _write_scores(target: Target, scores: np.ndarray, regions: Any) -> dict[str, Any]:
+    """Scores written into the output's region; the response's output entry, without data (Triton's rule)."""
+    entry = {"name": OUTPUT_SCORES, "datatype": "FP32", "shape": list(scores.shape)}
+    regions.write(OUTPUT_SCORES, *target, scores.astype("<f4", copy=False))
+    return entry
+
+
 # ---------------------------------------------------------------- HTTP requests (server side)
 
 
@@ -224,7 +261,7 @@ def timeout_s(params: dict[str, Any]) -> float | None:
     return value / 1e6
 
 
-def _check_request(request: dict[str, Any]) -> None:
+def _check_request(request: dict[str, Any], regions: Any = None) -> None:
     """Everything of the request besides the input tensors: ``id``, ``parameters``, ``outputs``."""
     if "id" in request and not isinstance(request["id"], str):
         raise invalid("id", f"must be a string, got {request['id']!r}")
@@ -239,13 +276,23 @@ def _check_request(request: dict[str, Any]) -> None:
         raise invalid("outputs", f"every output needs a string 'name', got {names!r}")
     check_outputs(names)
     for o in outputs:
-        _parameters(o["name"], o, "binary_data")
+        params = _parameters(o["name"], o, "binary_data")
+        if params:
+            _shm_output(o["name"], params, regions)
 
 
-def _input_array(t: dict[str, Any], binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
-    """One input tensor (JSON ``data`` or the binary slice at ``offset``) and the next offset."""
+def _input_array(t: dict[str, Any], binary: memoryview, offset: int, regions: Any = None) -> tuple[np.ndarray, int]:
+    """One input tensor (JSON ``data``, the binary slice at ``offset`` or a shared-memory region) and the next
+    offset."""
     name = t["name"]
-    size = _parameters(name, t).get("binary_data_size")
+    params = _parameters(name, t)
+    size = params.get("binary_data_size")
+    target = tensor_params(name, params) if params else None
+    if target is not None:
+        if "data" in t or size is not None:
+            raise invalid(name, "has parameters.shared_memory_region and also 'data' or binary_data_size; "
+                                "send the tensor one way")
+        return _shm_input(name, t.get("datatype"), t.get("shape"), target, regions), offset
     if size is None:
         if "data" not in t:
             raise invalid(name, "needs 'data' or parameters.binary_data_size")
@@ -260,12 +307,13 @@ def _input_array(t: dict[str, Any], binary: memoryview, offset: int) -> tuple[np
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
 
-def parse_http_infer(body: bytes, header_length: str | None,
-                     max_json: int = MAX_JSON_BYTES) -> tuple[dict, dict[str, np.ndarray]]:
-    """The validated JSON part of a v2 infer request and its input arrays (JSON ``data`` or binary extension).
+def parse_http_infer(body: bytes, header_length: str | None, max_json: int = MAX_JSON_BYTES,
+                     regions: Any = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """The validated JSON part of a v2 infer request and its input arrays (JSON ``data``, binary extension, or
+    shared-memory regions of ``regions``).
 
     The JSON part is bounded (``max_json`` bytes): an audit's 60 MB JSON request took 5.9 s and 0.7 GB to
-    decode, so large tensors must travel in the binary extension."""
+    decode, so large tensors must travel in the binary extension (or shared memory)."""
     head, binary = _split(body, header_length)
     if len(head) > max_json:
         raise InferError("too_large", f"body: the JSON part is {len(head)} bytes, over the limit of {max_json}; "
@@ -273,10 +321,10 @@ def parse_http_infer(body: bytes, header_length: str | None,
     request = _header(head)
     tensors = request["inputs"]
     _check_names([t.get("name") for t in tensors])
-    _check_request(request)
+    _check_request(request, regions)
     arrays, offset = {}, 0
     for t in tensors:
-        arrays[t["name"]], offset = _input_array(t, binary, offset)
+        arrays[t["name"]], offset = _input_array(t, binary, offset, regions)
     if offset != len(binary):
         raise invalid("body", f"{len(binary) - offset} binary bytes after the last input")
     check_inputs(arrays)
@@ -318,10 +366,27 @@ def wants_binary_output(request: dict) -> bool:
     return (request.get("parameters") or {}).get("binary_data_output", False)
 
 
-def http_infer_response(name: str, request: dict, scores: np.ndarray,
-                        version: str = "1") -> tuple[bytes, dict[str, str]]:
-    """Body and extra headers of a v2 infer response (``model_version``: the version that answered)."""
+def output_target(request: dict) -> Target | None:
+    """Where the request asks ``scores`` to be written in shared memory (request validated), or None."""
+    for out in request.get("outputs") or []:
+        params = out.get("parameters")
+        if params and out.get("name") == OUTPUT_SCORES:
+            return tensor_params(OUTPUT_SCORES, params)
+    return None
+
+
+def http_infer_response(name: str, request: dict, scores: np.ndarray, version: str = "1",
+                        regions: Any = None) -> tuple[bytes, dict[str, str]]:
+    """Body and extra headers of a v2 infer response (``model_version``: the version that answered); scores asked
+    into a shared-memory region are written there and left out of the body."""
     scores = finite_scores(scores)
+    target = output_target(request)
+    if target is not None:
+        response = {"model_name": name, "model_version": version,
+                    "outputs": [_write_scores(target, scores, regions)]}
+        if "id" in request:
+            response["id"] = request["id"]
+        return json.dumps(response).encode(), {"Content-Type": "application/json"}
     if wants_binary_output(request):
         raw = scores.astype("<f4", copy=False).tobytes()
         head = _binary_head(name, version, scores.shape, len(raw), request.get("id")).encode()
@@ -457,26 +522,56 @@ def split_raw_input_contents(message: memoryview) -> tuple[bytes, list[memoryvie
     return b"".join(rest), raw
 
 
-def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None) -> dict[str, np.ndarray]:
-    """Input arrays of a ``ModelInferRequest``: all inputs as ``raw_input_contents`` (or ``raw_contents``, those
-    split off by :func:`split_raw_input_contents`) or all as typed ``contents``."""
+def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None,
+                     regions: Any = None) -> dict[str, np.ndarray]:
+    """Input arrays of a ``ModelInferRequest``: the inputs not in shared memory all as ``raw_input_contents`` (or
+    ``raw_contents``, those split off by :func:`split_raw_input_contents`, in input order) or all as typed
+    ``contents``; an input whose parameters name a ``shared_memory_region`` is read from ``regions``."""
     _check_names([t.name for t in request.inputs])
     raw = list(request.raw_input_contents) if raw_contents is None else raw_contents
-    if raw and len(raw) != len(request.inputs):
-        raise invalid("raw_input_contents", f"{len(raw)} raw buffers for {len(request.inputs)} inputs")
-    arrays = {}
-    for i, t in enumerate(request.inputs):
-        if raw:
+    targets = [tensor_params(t.name, grpc_params(t.parameters)) if t.parameters else None for t in request.inputs]
+    inline = sum(target is None for target in targets)
+    if raw and len(raw) != inline:
+        shared = " not in shared memory" if inline != len(targets) else ""
+        raise invalid("raw_input_contents", f"{len(raw)} raw buffers for {inline} inputs{shared}")
+    arrays, k = {}, 0
+    for t, target in zip(request.inputs, targets, strict=True):
+        if target is not None:
+            if t.contents.ListFields():
+                raise invalid(t.name, "has parameters.shared_memory_region and also typed contents; send one")
+            arrays[t.name] = _shm_input(t.name, t.datatype, list(t.shape), target, regions)
+        elif raw:
             if t.contents.ListFields():
                 raise invalid(t.name, "has both raw_input_contents and typed contents; send one of them")
-            arrays[t.name] = from_raw(t.name, t.datatype, list(t.shape), raw[i])
+            arrays[t.name] = from_raw(t.name, t.datatype, list(t.shape), raw[k])
+            k += 1
         else:
             _check_dtype(t.name, t.datatype)
             values = getattr(t.contents, GRPC_CONTENTS[t.datatype])
             arrays[t.name] = from_list(t.name, t.datatype, list(t.shape), values)
     check_outputs(o.name for o in request.outputs)
+    for o in request.outputs:
+        if o.parameters:
+            _shm_output(o.name, grpc_params(o.parameters), regions)
     check_inputs(arrays)
     return arrays
+
+
+def grpc_output_target(outputs: Sequence[Any]) -> Target | None:
+    """Where a ``ModelInferRequest``'s ``outputs`` (validated) ask ``scores`` to be written, or None."""
+    for o in outputs:
+        if o.parameters and o.name == OUTPUT_SCORES:
+            return tensor_params(OUTPUT_SCORES, grpc_params(o.parameters))
+    return None
+
+
+def grpc_output_entry(scores: np.ndarray, target: Target | None, regions: Any) -> tuple[dict[str, Any], bytes | None]:
+    """A ``ModelInferResponse`` output entry for ``scores`` (finite, checked) and its raw contents; None when the
+    scores went to the requested shared-memory region instead."""
+    scores = finite_scores(scores)
+    if target is not None:
+        return _write_scores(target, scores, regions), None
+    return raw_tensor(OUTPUT_SCORES, scores)
 
 
 def decode_raw_outputs(outputs: Sequence[Any], raw: Sequence[bytes]) -> dict[str, np.ndarray]:

@@ -579,6 +579,7 @@ class WorkerPlane:
         self._paths: set[str] = set()
         self.set_default(default)
         self.offload: Any = None  # an accel.AcceleratorClient when the model has accelerator workers
+        self.regions: Any = None  # the node's shared-memory regions as this worker follows them (serving/shm.py)
         self.model_lock = threading.Lock()  # one forward pass at a time (the loop's pipe items take it too)
         self._thread: ComputeThread | None = None
         self._pass_started = 0.0  # a pass on the compute thread: when it started (0: none in flight)
@@ -917,6 +918,8 @@ class WorkerPlane:
         if self.exit_event.is_set():
             return
         self.send(("beat", self.busy_s()))
+        if self.regions is not None:  # unregistered regions' mappings are let go without waiting for a query
+            self.regions.refresh()
         self.loop.call_later(BEAT_S, self._beat)
 
     def _sweep(self) -> None:
@@ -1057,8 +1060,10 @@ def _timeout_s(request: dict) -> float | None:
 
 
 def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
-                    run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1") -> ModelPath:
-    """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec."""
+                    run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1",
+                    regions: Any = None) -> ModelPath:
+    """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
+    (``regions``: the node's shared-memory regions, for tensors that name one)."""
     from recserve.serving import protocol
     from recserve.zoo.batch import BatchError, check_query, concat_arrays
 
@@ -1070,7 +1075,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
 
     class Path:
         def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
-            req, arrays = protocol.parse_http_infer(body, header_length, max_json)
+            req, arrays = protocol.parse_http_infer(body, header_length, max_json, regions)
             protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
             return (req, *self.validate(arrays))
 
@@ -1091,6 +1096,6 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
             return np.split(scores, bounds)
 
         def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
-            return protocol.http_infer_response(model_name, request, scores, version)
+            return protocol.http_infer_response(model_name, request, scores, version, regions)
 
     return Path()

@@ -8,6 +8,10 @@ dependency), so the wire format is exactly Triton's.  Tensor contents are read a
 tritonclient's ``is_model_ready`` reports both as not ready).  ``ModelStreamInfer`` answers every
 request of the stream, in order, with its ``infer_response`` or an ``error_message``; requests of
 one stream run concurrently and an error does not end the stream.
+
+System shared memory (``serving/shm.py``): ``SystemSharedMemoryRegister``/``Unregister``/``Status`` act on the node's
+one registry here (workers forward these calls); ``ModelInfer`` reads inputs from and writes scores to registered
+regions.  The ``CudaSharedMemory*`` calls answer ``UNIMPLEMENTED`` with a message saying so.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from recserve.serving import codec, protocol
+from recserve.serving import codec, control_api, protocol
 from recserve.serving.errors import InferError, grpc_code
 from recserve.serving.llc import LlcUnsupported
-from recserve.wire import OUTPUT_SCORES
+from recserve.serving.shm import CUDA_UNSUPPORTED
 
 if TYPE_CHECKING:
     from recserve.serving.runtime import ModelRuntime
@@ -136,8 +140,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if isinstance(request, Undecodable):
             raise request.error
         rt = self._runtime(request.model_name, request.model_version)
-        arrays = codec.parse_grpc_infer(request)
-        return infer_response(rt.name, request.id, await rt.infer(arrays), rt.version)
+        regions = self.core.shm
+        arrays = codec.parse_grpc_infer(request, regions=regions)
+        target = codec.grpc_output_target(request.outputs)
+        return infer_response(rt.name, request.id, await rt.infer(arrays), rt.version, target, regions)
 
     async def ModelInfer(self, request, context):  # noqa: N802
         return await self._guard(context, lambda: self._infer(request))
@@ -159,6 +165,51 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await self.core.unload_model(request.model_name)
             return service_pb2.RepositoryModelUnloadResponse()
         return await self._guard(context, run)
+
+    # ---- system shared memory (serving/shm.py); CUDA shared memory is not supported ----
+    def _may_register(self, context: grpc.aio.ServicerContext) -> None:
+        """The control API's access rule: with a control token, the call must carry it (``authorization``)."""
+        token = self.core.config.control_token
+        if token:
+            header = dict(context.invocation_metadata() or ()).get("authorization")
+            if not control_api.authorised(header, token):
+                raise InferError("unauthorized", "authorization: registering shared memory on this node needs "
+                                                 "'Bearer <token>' (over gRPC only where the server answers it "
+                                                 "itself; register over HTTP otherwise)", "authorization")
+
+    async def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
+        async def run():
+            regions = {r["name"]: r for r in self.core.shm.status(request.name)}
+            return json_format.ParseDict({"regions": regions}, service_pb2.SystemSharedMemoryStatusResponse())
+        return await self._guard(context, run)
+
+    async def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
+        async def run():
+            self._may_register(context)
+            self.core.shm.register(request.name, request.key, request.offset, request.byte_size)
+            return service_pb2.SystemSharedMemoryRegisterResponse()
+        return await self._guard(context, run)
+
+    async def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
+        async def run():
+            self._may_register(context)
+            self.core.shm.unregister(request.name)
+            return service_pb2.SystemSharedMemoryUnregisterResponse()
+        return await self._guard(context, run)
+
+    async def _no_cuda(self, context: grpc.aio.ServicerContext) -> Any:
+        async def run():
+            raise InferError("unsupported", CUDA_UNSUPPORTED)
+        return await self._guard(context, run)
+
+    async def CudaSharedMemoryStatus(self, request, context):  # noqa: N802
+        return await self._no_cuda(context)
+
+    async def CudaSharedMemoryRegister(self, request, context):  # noqa: N802
+        return await self._no_cuda(context)
+
+    async def CudaSharedMemoryUnregister(self, request, context):  # noqa: N802
+        return await self._no_cuda(context)
 
     async def _stream_answer(self, request: Any) -> Any:
         try:
@@ -199,12 +250,15 @@ async def answered_in_order(requests: AsyncIterator[Any], answer: Callable[[Any]
                 pending.cancel()
 
 
-def infer_response(name: str, request_id: str, scores: Any, version: str = "1") -> Any:
-    """A ``ModelInferResponse`` carrying ``scores`` as raw FP32 contents (what tritonclient reads)."""
-    entry, raw = codec.raw_tensor(OUTPUT_SCORES, codec.finite_scores(scores))
+def infer_response(name: str, request_id: str, scores: Any, version: str = "1", target: Any = None,
+                   regions: Any = None) -> Any:
+    """A ``ModelInferResponse`` carrying ``scores`` as raw FP32 contents (what tritonclient reads), or without
+    contents when the request asked them into a shared-memory region (``target``, written there)."""
+    entry, raw = codec.grpc_output_entry(scores, target, regions)
     response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
     response.outputs.add(**entry)
-    response.raw_output_contents.append(raw)
+    if raw is not None:
+        response.raw_output_contents.append(raw)
     return response
 
 

@@ -128,8 +128,10 @@ class WorkerMethods(Forwarder):
         name, version = request.model_name, request.model_version
         if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
             return False
+        regions = self.plane.regions
         try:
-            arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request, split and split[1]))
+            arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request, split and split[1], regions))
+            target = codec.grpc_output_target(request.outputs)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
@@ -137,7 +139,13 @@ class WorkerMethods(Forwarder):
             return True
 
         def reply(scores: np.ndarray | None, error: InferError | None) -> None:
-            answer(None if error else infer_response(name, request.id, scores, self.plane.version), error)
+            response = None
+            if error is None:
+                try:  # scores into a shared-memory region may fail (too small): answered, never raised to the pass
+                    response = infer_response(name, request.id, scores, self.plane.version, target, regions)
+                except Exception as exc:  # noqa: BLE001
+                    error = as_infer_error(exc)
+            answer(response, error)
 
         self.plane.enqueue(arrays, items, arrived, timeout_s, reply)
         return True

@@ -23,6 +23,13 @@ Model repository (Triton's extension; 501 on a node without ``repository``)::
     POST /v2/repository/models/{m}/load       -> {} once the versions its policy selects serve; 400 naming the file
     POST /v2/repository/models/{m}/unload     -> {}
 
+System shared memory (Triton's extension, ``serving/shm.py``; the control API's access rule)::
+
+    POST /v2/systemsharedmemory/region/{r}/register {"key", "offset", "byte_size"} -> {}
+    POST /v2/systemsharedmemory[/region/{r}]/unregister -> {}
+    GET  /v2/systemsharedmemory[/region/{r}]/status -> [{"name", "key", "offset", "byte_size"}, ...]
+    *    /v2/cudasharedmemory/...             -> 501 (not supported)
+
 Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
 ``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
 ``Content-Type: application/json``, with the status from :data:`recserve.serving.errors.STATUS`.
@@ -40,12 +47,14 @@ from recserve.serving import codec, control_api, protocol
 from recserve.serving.errors import STATUS, InferError
 from recserve.serving.llc import LlcUnsupported
 from recserve.serving.metrics import render_prometheus
+from recserve.serving.shm import CUDA_UNSUPPORTED, register_request
 
 if TYPE_CHECKING:
     from recserve.serving.runtime import ModelRuntime
     from recserve.serving.server import NodeCore
 
 log = logging.getLogger("recserve.serving")
+GUARDED = ("/control", "/v2/systemsharedmemory")  # paths behind the control token (when the node has one)
 
 
 def error_response(exc: InferError) -> web.Response:
@@ -125,13 +134,13 @@ def build_app(core: NodeCore) -> web.Application:
             try:
                 body = await request.read()
                 req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH),
-                                                     core.config.max_json_bytes)
+                                                     core.config.max_json_bytes, core.shm)
             except (InferError, web.HTTPRequestEntityTooLarge) as exc:
                 rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
                 exc.counted = True  # type: ignore[union-attr]
                 raise
             scores = await rt.infer(arrays)
-            payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version)
+            payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
             content_type = headers.pop("Content-Type")
             return web.Response(body=payload, headers=headers, content_type=content_type)
 
@@ -150,6 +159,27 @@ def build_app(core: NodeCore) -> web.Application:
     async def repository_unload(request: web.Request) -> web.Response:
         await core.unload_model(request.match_info["model"])
         return _json({})
+
+    # ---- system shared memory (Triton's extension; serving/shm.py) ----
+    @routes.get("/v2/systemsharedmemory/status")
+    @routes.get("/v2/systemsharedmemory/region/{region}/status")
+    async def shm_status(request: web.Request) -> web.Response:
+        return _json(core.shm.status(request.match_info.get("region", "")))
+
+    @routes.post("/v2/systemsharedmemory/region/{region}/register")
+    async def shm_register(request: web.Request) -> web.Response:
+        core.shm.register(request.match_info["region"], *register_request(await _body(request)))
+        return _json({})
+
+    @routes.post("/v2/systemsharedmemory/unregister")
+    @routes.post("/v2/systemsharedmemory/region/{region}/unregister")
+    async def shm_unregister(request: web.Request) -> web.Response:
+        core.shm.unregister(request.match_info.get("region", ""))
+        return _json({})
+
+    @routes.route("*", "/v2/cudasharedmemory{tail:(/.*)?}")
+    async def cuda_shm(_: web.Request) -> web.Response:
+        raise InferError("unsupported", CUDA_UNSUPPORTED)
 
     @routes.get("/metrics")
     async def metrics(_: web.Request) -> web.Response:
@@ -211,14 +241,14 @@ async def _body(request: web.Request) -> dict:
 
 
 def _control_access(token: str | None) -> Any:
-    """Middleware: ``/control`` requests need the node's bearer token when it has one."""
+    """Middleware: ``/control`` and shared-memory requests need the node's bearer token when it has one."""
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path.startswith("/control") and not control_api.authorised(request.headers.get("Authorization"),
-                                                                              token):
-            raise InferError("unauthorized", "Authorization: the control API needs 'Bearer <token>'",
-                             "Authorization")
+        if request.path.startswith(GUARDED) and not control_api.authorised(request.headers.get("Authorization"),
+                                                                           token):
+            what = "the control API" if request.path.startswith("/control") else "shared memory registration"
+            raise InferError("unauthorized", f"Authorization: {what} needs 'Bearer <token>'", "Authorization")
         return await handler(request)
 
     return check

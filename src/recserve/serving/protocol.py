@@ -40,7 +40,8 @@ __all__ = ["DTYPES", "EXPECTED", "check_outputs", "from_list", "from_raw", "http
            "server_metadata", "wants_binary_output"]
 
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository", "recserve_control"]
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository", "system_shared_memory",
+              "recserve_control"]
 PLATFORM = "pytorch_libtorch"
 BACKEND = "pytorch"
 

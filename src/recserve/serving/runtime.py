@@ -350,6 +350,7 @@ class ModelRuntime:
         self.node: Any = None  # the NodeConfig whose body, JSON and read-time bounds the workers apply
         self.grpc_listen: Any = None  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
         self.grpc_upstream = ""
+        self.shm_dir = ""  # the node's shared-memory registry (serving/shm.py) the workers follow
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
         self._next_adopter = 0
         # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
@@ -411,6 +412,7 @@ class ModelRuntime:
             args.listen, args.info, args.limits, args.sub_batch = self.listen_sock, self.info, self._limits(), \
                 self.sub_batch
             args.grpc_listen, args.grpc_upstream = self.grpc_listen, self.grpc_upstream
+            args.shm_dir = self.shm_dir
             args.version, args.default = self.version, self.is_default
             states = torch.zeros(CONN_SLOTS, dtype=torch.uint8).share_memory_()
             args.slot = self._free_slot()

@@ -35,6 +35,7 @@ from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.repository import Repository
 from recserve.serving.runtime import InferError, ModelRuntime, mp_context
+from recserve.serving.shm import Registry
 
 log = logging.getLogger("recserve.serving")
 
@@ -106,6 +107,8 @@ class NodeCore:
         self.listen_sock: socket.socket | None = None
         self._fallback: Any = None  # the server process's own accept loop while no worker accepts
         self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
+        # Triton's system shared memory: the node's one table of regions, which the workers follow (serving/shm.py)
+        self.shm = Registry()
 
     def start_watchdog(self) -> None:
         """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/watchdog.py``),
@@ -163,6 +166,7 @@ class NodeCore:
             rt.listen_sock, rt.node = self.listen_sock, self.config
             rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
             rt.grpc_listen, rt.grpc_upstream = self.grpc_listen, self.grpc_upstream
+            rt.shm_dir = self.shm.directory
 
     def find(self, name: str, version: str = "") -> ModelRuntime | None:
         """The runtime serving ``name`` at ``version`` ("" = the default version), or None."""
@@ -486,6 +490,7 @@ class NodeServer:
             self._sock = None
         if core is not None:
             await asyncio.gather(*(rt.stop() for rt in [*core.all_runtimes(), *core.retiring]))
+            core.shm.close()
         if self._stopped is not None:
             self._stopped.set()
 

@@ -128,6 +128,7 @@ class WorkerArgs:
     accel_socket: str = ""  # an accelerator worker (stage ``accel``): the Unix socket it serves
     accel_sockets: tuple[str, ...] = ()  # a CPU worker of a model with accelerator workers: where to send large queries
     accel_min_items: int = 0  # ... the queries with at least this many items
+    shm_dir: str = ""  # data plane v2: the node's shared-memory registry (serving/shm.py), followed by this worker
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -259,6 +260,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     from multiprocessing.reduction import recv_handle, send_handle
 
     from recserve.serving.dataplane import WorkerPlane, make_model_path
+    from recserve.serving.shm import Regions
 
     loop = asyncio.get_running_loop()
     server_pid = os.getppid()
@@ -286,11 +288,13 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
 
     # the loop thread waits at most this long for the GIL while the compute thread runs Python (default 5 ms)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    regions = Regions(args.shm_dir) if args.shm_dir else None
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           run, args.limits.max_json, args.version)
+                           run, args.limits.max_json, args.version, regions)
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,
                         loads, args.slot)
+    plane.regions = regions
     if args.model_config.accelerator is not None:
         from recserve.serving.accel import AcceleratorClient
 
