@@ -4,7 +4,9 @@ tritonclient.http and tritonclient.grpc with ``tritonclient.utils.shared_memory`
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -19,11 +21,13 @@ import tritonclient.utils.shared_memory as tshm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget, make_target
 from recserve.serving import NodeServer, build_worker_model, codec
 from recserve.serving.config import quick_config
 from recserve.serving.errors import InferError
 from recserve.serving.shm import Regions, Registry, register_request, tensor_params
-from recserve.specs import catalogue_models
+from recserve.specs import catalogue_models, get_model
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 from recserve.zoo import sample_batch
 
@@ -482,3 +486,33 @@ def test_server_front_end_with_a_token(small_model):
         grpc.close()
         tshm.destroy_shared_memory_region(handle)
         server.stop()
+
+
+def test_load_generator_sends_pooled_queries_through_regions(node, small_model):
+    """``SharedMemoryHttpTarget`` (``http+shm://``): the pool written once and registered one region per query;
+    every answer equals the inline ``HttpTarget``'s; closing unregisters the regions and removes the object."""
+    server, ports = node
+    cfg = small_model[0]
+    pool = RequestPool.from_mix(get_model(cfg.model), cfg.scale, pool=4)
+    url = f"http://127.0.0.1:{ports.http}"
+    inline = HttpTarget(url, server.config.models[0].name)
+    shared = make_target(f"http+shm://127.0.0.1:{ports.http}", server.config.models[0].name)
+    assert isinstance(shared, SharedMemoryHttpTarget)
+
+    async def run() -> str:
+        await inline.prepare(pool)
+        await shared.prepare(pool)
+        try:
+            assert len(server.core.shm.status()) == len(pool)
+            for i in range(len(pool)):
+                want = (await inline.infer_outputs(i))[OUTPUT_SCORES]
+                np.testing.assert_array_equal((await shared.infer_outputs(i))[OUTPUT_SCORES], want)
+                await shared.infer(i)  # the shape check of a load run
+            return shared._segment.name
+        finally:
+            await inline.close()
+            await shared.close()
+
+    key = asyncio.run(run())
+    assert server.core.shm.status() == []
+    assert not os.path.exists(f"/dev/shm/{key}")

@@ -128,6 +128,94 @@ class HttpTarget:
             self._pool = None
 
 
+class SharedMemoryHttpTarget(HttpTarget):
+    """:class:`HttpTarget` whose pooled queries live in shared memory (Triton's system shared-memory extension,
+    ``serving/shm.py``): ``prepare`` writes every query once into one POSIX shared-memory object on this host and
+    registers it as one region per query; a request then carries only its JSON header naming the regions (the
+    scores come back in the body).  How a client on the node's host offers queries too large for the wire (a
+    hercules-rmc2 production-mix query is ~19 MB).  ``close`` unregisters the regions and removes the object;
+    each generator process (``procs > 1``) prepares its own.  ``token``: the node's control token, if it has one
+    (default ``RECSERVE_CONTROL_TOKEN``)."""
+
+    ALIGN = 64
+
+    def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
+                 check_outputs: bool = True, reuse: str = "oldest", token: str | None = None) -> None:
+        super().__init__(url, model, timeout_s, connections, check_outputs, reuse=reuse)
+        self.name = f"http+shm {self.base} {model}"
+        self.token = token if token is not None else os.environ.get("RECSERVE_CONTROL_TOKEN")
+        self._segment: Any = None
+        self._regions: list[str] = []
+
+    def _call(self, path: str, body: dict | None = None) -> None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(f"{self.base}/v2/systemsharedmemory/{path}", method="POST", headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else b"")
+        try:
+            with urllib.request.urlopen(req, timeout=max(self.timeout_s, 10.0)):
+                pass
+        except urllib.error.HTTPError as exc:
+            raise RecserveError(f"{self.name}: {path}: HTTP {exc.code} {exc.read()[:300].decode(errors='replace')}"
+                                ) from exc
+        except OSError as exc:
+            raise RecserveError(f"{self.name}: {path}: {exc}") from exc
+
+    async def prepare(self, pool: RequestPool) -> None:
+        import json
+        import uuid
+        from multiprocessing import shared_memory
+
+        await self._release()
+        arrays = [batch.as_arrays() for batch in pool.batches()]
+        spans = [sum(-(-a.nbytes // self.ALIGN) * self.ALIGN for a in q.values()) for q in arrays]
+        self._segment = shared_memory.SharedMemory(f"recserve-loadgen-{uuid.uuid4().hex[:12]}", create=True,
+                                                   size=max(1, sum(spans)))
+        self._requests, start = [], 0
+        host = f"{self._endpoint.host}:{self._endpoint.port}"
+        for i, (query, span) in enumerate(zip(arrays, spans, strict=True)):
+            region = f"{self._segment.name}-{i}"
+            inputs, pos = [], 0
+            for name, arr in query.items():
+                self._segment.buf[start + pos : start + pos + arr.nbytes] = np.ascontiguousarray(arr).tobytes()
+                inputs.append({"name": name, "datatype": codec.DATATYPES[arr.dtype.newbyteorder("=")],
+                               "shape": list(arr.shape),
+                               "parameters": {"shared_memory_region": region, "shared_memory_offset": pos,
+                                              "shared_memory_byte_size": arr.nbytes}})
+                pos += -(-arr.nbytes // self.ALIGN) * self.ALIGN
+            self._call(f"region/{region}/register", {"key": self._segment.name, "offset": start,
+                                                     "byte_size": max(1, span)})
+            self._regions.append(region)
+            body = json.dumps({"inputs": inputs, "outputs": [{"name": OUTPUT_SCORES,
+                                                              "parameters": {"binary_data": True}}]}).encode()
+            headers = {HEADER_LENGTH: str(len(body)), "Content-Type": "application/json"}
+            self._requests.append((encode_post(host, self._path, body, headers), pool.sizes[i]))
+            start += span
+        if self._pool is None:
+            self._pool = self._endpoint.pool(self.connections, self._reuse)
+
+    async def _release(self) -> None:
+        regions, self._regions = self._regions, []
+        for region in regions:
+            try:
+                self._call(f"region/{region}/unregister")
+            except RecserveError:
+                pass  # the node is gone: nothing holds the regions any more
+        if self._segment is not None:
+            segment, self._segment = self._segment, None
+            segment.close()
+            segment.unlink()
+
+    async def close(self) -> None:
+        await self._release()
+        await super().close()
+
+
 # ---------------------------------------------------------------- gRPC
 
 
@@ -337,7 +425,10 @@ class InProcessTarget:
 
 
 def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0) -> Target:
-    """``http://host:port``, ``grpc://host:port`` or ``inprocess[:thread|:process]`` → a Target."""
+    """``http://host:port``, ``http+shm://host:port`` (queries in shared memory, a node on this host),
+    ``grpc://host:port`` or ``inprocess[:thread|:process]`` → a Target."""
+    if spec.startswith("http+shm://"):
+        return SharedMemoryHttpTarget("http://" + spec.removeprefix("http+shm://"), model, timeout_s=timeout_s)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, model, timeout_s=timeout_s)
     if spec.startswith("grpc://"):
@@ -348,4 +439,5 @@ def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0
     if spec.split(":")[0] == "inprocess":
         mode = spec.partition(":")[2] or "process"
         return InProcessTarget(workers=workers, mode=mode)
-    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, grpc://HOST:PORT or inprocess[:thread]")
+    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, http+shm://HOST:PORT, grpc://HOST:PORT or "
+                        "inprocess[:thread]")
