@@ -71,9 +71,10 @@ def layouts(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         **{f"mixed-{k}" if len(args.min_items) > 1 else "mixed": {**mixed, "accelerator": {**accel, "min_items": k}}
            for k in args.min_items},
     }
-    if args.pass_thread:  # the same accelerator-only node with its passes on a thread (the A/B of pass_thread)
-        found["accel-thread"] = {**found["accel"], "accelerator": {**found["accel"]["accelerator"],
-                                                                   "pass_thread": True}}
+    if args.pass_thread:  # each accelerator node again with its passes on a thread (the A/B of pass_thread)
+        for name in [n for n, options in found.items() if "accelerator" in options]:
+            found[f"{name}-thread"] = {**found[name], "accelerator": {**found[name]["accelerator"],
+                                                                      "pass_thread": True}}
     return found
 
 
@@ -143,8 +144,8 @@ def main() -> int:
                         help="offer the queries through Triton's system shared memory (the pool registered once as "
                              "regions; requests carry only their JSON header): queries too large for the wire")
     parser.add_argument("--pass-thread", action="store_true",
-                        help="also measure the accelerator-only node with its passes on a thread "
-                             "(accelerator.pass_thread: true), the A/B of the pass thread")
+                        help="also measure each accelerator node with its passes on a thread (NAME-thread: "
+                             "accelerator.pass_thread: true), the A/B of the pass thread")
     parser.add_argument("--out", default="results/bench_accel.json")
     args = parser.parse_args()
     spec = get_model(args.model)
