@@ -395,6 +395,73 @@ def test_a_full_staging_arena_refuses_at_once_instead_of_queueing_without_bound(
     assert results["second"][1].code == "unavailable" and "arena is full" in str(results["second"][1])
 
 
+def test_links_open_before_the_first_query_and_idle_accelerator_workers_take_turns(tmp_path):
+    """A CPU worker opens (and offers its arena on) every accelerator link as soon as it learns the sockets, so
+    the arenas are pinned before load arrives; with no query outstanding, successive queries alternate between
+    the accelerator workers instead of all going to the first."""
+    adopted: dict[str, int] = {"a": 0, "b": 0}
+    computed: dict[str, int] = {"a": 0, "b": 0}
+
+    def worker(name: str) -> AcceleratorServer:
+        def compute(queries: list[tuple]) -> list[np.ndarray]:
+            computed[name] += len(queries)
+            return [q[0][:, :1] for q in queries]
+
+        def adopt(arena: np.ndarray) -> None:
+            adopted[name] += 1
+
+        return AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None, adopt=adopt)
+
+    async def run() -> None:
+        servers = [await worker(n).serve(str(tmp_path / f"{n}.sock")) for n in ("a", "b")]
+        client = AcceleratorClient("m", [str(tmp_path / "a.sock"), str(tmp_path / "b.sock")], 1, limit=8,
+                                   staging_bytes=4096)
+        for _ in range(100):
+            if adopted == {"a": 1, "b": 1}:
+                break
+            await asyncio.sleep(0.01)
+        assert adopted == {"a": 1, "b": 1} and computed == {"a": 0, "b": 0}  # opened, no query yet
+        one = (np.ones((1, 2), np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32))
+        for _ in range(4):
+            answer = asyncio.get_running_loop().create_future()
+            client.submit(one, time.perf_counter() + 30, lambda s, e, f=answer: f.set_result((s, e)))
+            assert (await answer)[1] is None
+        for server in servers:
+            server.close()
+
+    asyncio.run(run())
+    assert computed == {"a": 2, "b": 2}
+
+
+def test_pinning_a_new_links_arena_does_not_hold_the_other_links_queries(tmp_path):
+    """Mapping and pinning an arena runs off the accelerator worker's loop: a query on an open link is answered
+    while another CPU worker's link is still being pinned (0.5 s here)."""
+
+    def compute(queries: list[tuple]) -> list[np.ndarray]:
+        return [q[0][:, :1] for q in queries]
+
+    async def run() -> float:
+        server = AcceleratorServer(compute, fuse_items=1, fuse_delay_us=0, report=lambda *a: None,
+                                   adopt=lambda arena: time.sleep(0.5))
+        listening = await server.serve(str(tmp_path / "p.sock"))
+        reader, writer = await _connect(str(tmp_path / "p.sock"))  # open, no arena
+        arena = Arena(4096)
+        _, slow = await asyncio.open_unix_connection(str(tmp_path / "p.sock"))
+        start = time.perf_counter()
+        slow.write(HELLO.pack(os.getpid(), arena.fd, arena.size))  # this hello's pinning takes 0.5 s
+        await asyncio.sleep(0.05)
+        one = (np.ones((1, 2), np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32))
+        writer.writelines(request_frame(1, one, time.perf_counter() + 30.0))
+        await read_reply(reader)
+        answered = time.perf_counter() - start
+        writer.close()
+        slow.close()
+        listening.close()
+        return answered
+
+    assert asyncio.run(run()) < 0.4
+
+
 def test_a_worker_refuses_queries_for_an_accelerator_that_is_behind():
     """The congestion signal is the wait of the oldest query outstanding at the least-loaded accelerator worker:
     over half of a new query's time left means 503 (before decoding, from the JSON header), else it is sent."""

@@ -272,7 +272,10 @@ class AcceleratorServer:
         _widen(writer)
         arena = None
         try:
-            arena = self._hello(*HELLO.unpack(await reader.readexactly(HELLO.size)))
+            hello = HELLO.unpack(await reader.readexactly(HELLO.size))
+            # on a thread: pinning a 128 MiB arena (cudaHostRegister faults in and locks every page) took the loop
+            # away from the other links' queries for tens of ms per CPU worker as links opened under load
+            arena = await asyncio.get_running_loop().run_in_executor(None, self._hello, *hello)
             writer.write(ACK.pack(arena is not None))
             while True:
                 request_id, arrays, deadline = await read_request(reader, arena)
@@ -512,15 +515,29 @@ class AcceleratorClient:
         self.set_sockets(sockets)
 
     def set_sockets(self, sockets: list[str]) -> None:
-        """The accelerator workers now running (the supervisor broadcasts them when their pool changes)."""
+        """The accelerator workers now running (the supervisor broadcasts them when their pool changes); new links
+        are opened at once, so their arenas are mapped and pinned before queries need them, not under load."""
         keep = {link.path: link for link in self.links}
         self.links = [keep.get(path) or Link(path, self.staging_bytes) for path in sockets]
+        self._turn = 0
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: each link opens at its first query
+        for link in self.links:
+            if link.writer is None and link.connecting is None:
+                task = loop.create_task(link.connect())
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retried at the first query
 
     def takes(self, items: int) -> bool:
         return items >= self.min_items
 
     def _least_loaded(self) -> Link:
-        return min(self.links, key=lambda k: len(k.outstanding))
+        """The link with the fewest queries outstanding, ties taken in turn: with ``min`` alone an idle node sent
+        every query to the first accelerator worker, and the others' links first opened under load."""
+        self._turn = (self._turn + 1) % len(self.links)
+        order = self.links[self._turn :] + self.links[: self._turn]
+        return min(order, key=lambda k: len(k.outstanding))
 
     def behind(self, deadline: float, link: Link | None = None) -> InferError | None:
         """503 when even the least-loaded accelerator worker is behind for a query due by ``deadline``: the oldest
