@@ -586,6 +586,38 @@ def test_grpc_queries_take_the_same_routes(node, model):
     assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 1
 
 
+def test_queries_in_shared_memory_regions_reach_the_accelerator_and_score_like_the_in_process_model(node, model):
+    """A query whose inputs sit in a registered system shared-memory region (how rmc2-sized queries are offered) is
+    read in place by the CPU worker, staged for the accelerator worker like any other, and scored exactly."""
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget
+    from recserve.specs import get_model
+    from recserve.wire import OUTPUT_SCORES
+
+    _, ports = node
+    pool = RequestPool(get_model(MODEL["model"]), MODEL["scale"], (4, 40, 200, 8))  # two small, two offloaded
+    url = f"http://127.0.0.1:{ports.http}"
+    inline, shared = HttpTarget(url, "ncf"), SharedMemoryHttpTarget(url, "ncf")
+    before = accel_state(ports.http)
+
+    async def run() -> None:
+        await inline.prepare(pool)
+        await shared.prepare(pool)
+        try:
+            for i in range(len(pool)):
+                want = (await inline.infer_outputs(i))[OUTPUT_SCORES]
+                np.testing.assert_array_equal((await shared.infer_outputs(i))[OUTPUT_SCORES], want)
+        finally:
+            await inline.close()
+            await shared.close()
+
+    asyncio.run(run())
+    offloaded = sum(size >= MIN_ITEMS for size in pool.sizes)
+    assert offloaded > 0
+    state = accel_state_after(ports.http, before, 2 * len(pool))
+    assert state["queries"]["accelerator"] - before["queries"]["accelerator"] == 2 * offloaded
+
+
 def test_concurrent_large_queries_are_fused_into_fewer_passes(node, model):
     _, ports = node
     before = accel_state(ports.http)
