@@ -171,6 +171,51 @@ def test_pack_servers_first_fit_by_cores_and_memory():
         pack_servers([Replica("big", 1.0, 11e9)], server)
 
 
+def test_pack_servers_on_nodes_of_several_sockets():
+    """ElasticRec §V-A: a node is two sockets of the Xeon Gold 6242 (Fig. 15 counts nodes): a node of k sockets
+    holds k sockets' cores and memory."""
+    from recserve.planners.elasticrec import PAPER_NODE_SOCKETS, Replica, pack_servers
+    from recserve.specs import ServerType
+
+    server = ServerType(name="s", cores=4, mem_gb=10, mem_bw_gbs=10, llc_mb=8, llc_ways=8)
+    assert PAPER_NODE_SOCKETS == 2
+    assert pack_servers([Replica("a", 1.0, 6e9), Replica("b", 1.0, 6e9)], server, sockets=2) == 1
+    assert pack_servers([Replica(f"c{i}", 1.0, 1e9) for i in range(8)], server, sockets=2) == 1
+    assert pack_servers([Replica(f"c{i}", 1.0, 1e9) for i in range(9)], server, sockets=2) == 2
+    assert pack_servers([Replica("big", 1.0, 11e9)], server, sockets=2) == 1      # fits no socket, fits a node
+    with pytest.raises(Exception, match="fits no 2-socket s"):
+        pack_servers([Replica("huge", 1.0, 21e9)], server, sockets=2)
+    with pytest.raises(Exception, match="sockets"):
+        pack_servers([Replica("a", 1.0, 1e9)], server, sockets=0)
+
+
+def test_modelwise_replicas_implied_by_a_saving():
+    """ElasticRec holds every row once, so a memory saving s over model-wise needs at least s whole copies."""
+    from recserve.planners.elasticrec import modelwise_replicas_implied
+
+    spec = _toy_spec()                                          # 2M x 16 x 4 B = 128 MB of rows
+    lean = ShardCostModel(0.05, 0.002, 50_000.0, min_mem_bytes=0.0)
+    assert [modelwise_replicas_implied(s, spec, lean) for s in (0.5, 1.0, 2.2, 2.6, 8.1)] == [1, 1, 3, 3, 9]
+    heavy = ShardCostModel(0.05, 0.002, 50_000.0, min_mem_bytes=spec.embedding_bytes)   # overhead = the rows
+    assert modelwise_replicas_implied(8.1, spec, heavy) == 5    # each copy is twice the rows: 8.1 / 2 -> 5
+
+
+def test_catalogue_follows_elasticrec_table_ii():
+    """Table II (bottom MLP lists the dense input first, as the DLRM repository's arch-mlp-bot), 20M-row tables,
+    128/128/32 gathers per table per item, §V-C's SLA of 400 ms at p95."""
+    from recserve.specs import get_model
+
+    table_ii = {"elasticrec-rm1": (256, (128, 32), (256, 64, 1), 10, 128),
+                "elasticrec-rm2": (256, (128, 32), (512, 128, 1), 32, 128),
+                "elasticrec-rm3": (2560, (512, 32), (512, 128, 1), 10, 32)}
+    for name, (dense_in, bottom, top, tables, gathers) in table_ii.items():
+        spec = get_model(name)
+        assert (spec.dense_in, tuple(spec.bottom_mlp), tuple(spec.top_mlp)) == (dense_in, bottom, top), name
+        assert len(spec.tables) == tables, name
+        assert {(t.rows, t.dim, t.pooling) for t in spec.tables} == {(20_000_000, 32, gathers)}, name
+        assert (spec.sla.target_ms, spec.sla.percentile) == (400.0, 95.0), name
+
+
 def _toy_spec(rows: int = 2_000_000) -> ModelSpec:
     return ModelSpec(name="toy", family="dlrm", dense_in=8, bottom_mlp=(16,), top_mlp=(8, 1), interaction="dot",
                      tables=(TableSpec("t0", rows, 16, pooling=64),), sla=SLA(400.0))
@@ -207,6 +252,9 @@ def test_evaluate_plan_utility_servers_and_sla():
     assert ok.sla_ok and ok.p95_ms > ok.rpc_ms
     strict = replace(spec, sla=SLA(ok.p95_ms * 0.5))
     assert not evaluate_plan(light, strict, cost, server, locality=0.9, locality_model="zipf").sla_ok
+    node = evaluate_plan(plan, spec, cost, server, locality=0.9, locality_model="zipf", sockets=2)
+    assert node.sockets == 2 and node.servers <= ev.servers and node.servers_modelwise <= ev.servers_modelwise
+    assert node.cost_per_hr == 2 * 2.0 * node.servers                       # a node costs two of the type
 
 
 def test_p95_grows_with_utilisation():

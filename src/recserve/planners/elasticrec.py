@@ -25,6 +25,10 @@ from recserve.specs import ModelSpec, ServerType
 MiB = 1024**2
 MEASURED_REPLICA_BYTES = 30 * MiB  # ≈30 MB PSS per shard replica process, measured live (docs/elasticrec.md)
 PAPER_DP_TARGET_QPS = 1000.0       # §IV-B: the DP's constant QPS goal ("we utilized 1000")
+PAPER_RPC_MS = 31.0                # §VI-B: "the additional communication overheads of ElasticRec adds 31 ms of
+                                   # average latency (8% of SLA)" on the paper's CPU-only cluster
+PAPER_NODE_SOCKETS = 2             # §V-A: "each CPU node is equipped with a dual-socket Intel Xeon Gold 6242 ...
+                                   # 32 logical cores and 192 GB of DRAM per socket"; Fig. 15 counts such nodes
 LOCALITY_MODELS = ("two-level", "zipf")
 
 
@@ -427,14 +431,18 @@ def plan_replicas(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel) -> tup
     return sharded, modelwise
 
 
-def pack_servers(replicas: list[Replica], server: ServerType) -> int:
-    """First-fit decreasing by memory onto servers of ``server``'s cores and memory (a Kubernetes scheduler
-    placing pods by their requests).  Raises SpecError for a replica no server can hold."""
-    cap_mem, cap_cores = server.mem_gb * 1e9, float(server.cores)
+def pack_servers(replicas: list[Replica], server: ServerType, sockets: int = 1) -> int:
+    """First-fit decreasing by memory onto servers of ``sockets`` × ``server``'s cores and memory (a Kubernetes
+    scheduler placing pods by their requests on nodes of that many sockets of the type: ElasticRec's nodes are two
+    sockets, :data:`PAPER_NODE_SOCKETS`).  Raises SpecError for a replica no server can hold."""
+    if sockets < 1:
+        raise SpecError(f"sockets per server must be >= 1, got {sockets}")
+    cap_mem, cap_cores = sockets * server.mem_gb * 1e9, float(sockets * server.cores)
     bins: list[list[float]] = []
     for rep in sorted(replicas, key=lambda r: -r.memory_bytes):
         if rep.memory_bytes > cap_mem or rep.cores > cap_cores:
-            raise SpecError(f"replica {rep.name} ({rep.memory_bytes / 1e9:.1f} GB) fits no {server.name}")
+            raise SpecError(f"replica {rep.name} ({rep.memory_bytes / 1e9:.1f} GB) fits no "
+                            f"{f'{sockets}-socket ' if sockets > 1 else ''}{server.name}")
         for b in bins:
             if b[0] + rep.cores <= cap_cores + 1e-9 and b[1] + rep.memory_bytes <= cap_mem:
                 b[0] += rep.cores
@@ -465,6 +473,7 @@ class ShardEvaluation:
     p95_ms_modelwise: float
     sla_ms: float
     rpc_ms: float
+    sockets: int = 1                     # sockets of the server type per counted server (node)
 
     @property
     def utility_gain(self) -> float:
@@ -485,24 +494,36 @@ class ShardEvaluation:
 
 def evaluate_plan(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel, server: ServerType, *,
                   locality: float = 0.9, locality_model: str = "two-level", cdf: np.ndarray | None = None,
-                  queries: int = 1000, rpc_ms: float = 2.0) -> ShardEvaluation:
-    """Memory utility of the first table over ``queries`` queries, servers to host every replica, their
-    $/hr, and a p95 estimate per deployment against the SLA.  ElasticRec's p95 = the slowest shard call
-    + ``rpc_ms`` per hop (an assumption; the paper measured +31 ms on its cluster) + the dense shard."""
+                  queries: int = 1000, rpc_ms: float = 2.0, sockets: int = 1) -> ShardEvaluation:
+    """Memory utility of the first table over ``queries`` queries, servers (nodes of ``sockets`` × ``server``) to
+    host every replica, their $/hr (a node costs ``sockets`` × the type's price), and a p95 estimate per
+    deployment against the SLA.  ElasticRec's p95 = the slowest shard call + ``rpc_ms`` per hop (2 ms assumed by
+    default; the paper measured +31 ms on its cluster, :data:`PAPER_RPC_MS`) + the dense shard."""
     first, tab = plan.tables[0], spec.tables[0]
     table_cdf = cdf if cdf is not None else modelled_cdf(tab.rows, locality, locality_model)
     lookups = queries * plan.batch * tab.pooling
     utility = shard_utility(table_cdf, first.boundaries, lookups)
     whole = shard_utility(table_cdf, [0, tab.rows], lookups)[0]
     sharded, modelwise = plan_replicas(plan, spec, cost)
-    n_er, n_mw = pack_servers(sharded, server), pack_servers(modelwise, server)
+    n_er, n_mw = pack_servers(sharded, server, sockets), pack_servers(modelwise, server, sockets)
     q = plan.target_qps
     gather_p95 = max(p95_ms(1000.0 / float(cost.gather_qps(ns)), q / r, float(cost.gather_qps(ns)))
                      for t in plan.tables for r, ns in zip(t.replicas, t.rows_gathered, strict=True))
     dense_p95 = p95_ms(1000.0 / cost.dense_qps, q / plan.dense_replicas, cost.dense_qps)
     total_gathers = sum(plan.batch * t.pooling for t in spec.tables)
     mw_qps = cost.model_qps(total_gathers)
-    price = server.price_per_hr
+    price = server.price_per_hr * sockets if server.price_per_hr else None
     return ShardEvaluation(utility, whole, n_er, n_mw, price * n_er if price else None,
                            price * n_mw if price else None, gather_p95 + rpc_ms + dense_p95,
-                           p95_ms(1000.0 / mw_qps, q / plan.modelwise_replicas, mw_qps), spec.sla.target_ms, rpc_ms)
+                           p95_ms(1000.0 / mw_qps, q / plan.modelwise_replicas, mw_qps), spec.sla.target_ms, rpc_ms,
+                           sockets)
+
+
+def modelwise_replicas_implied(saving: float, spec: ModelSpec, cost: ShardCostModel) -> int:
+    """The fewest model-wise replicas a reported memory ``saving`` (model-wise ÷ ElasticRec) can come from.
+
+    ElasticRec holds every row of every table at least once, so its memory is at least the tables' bytes E, while
+    N model-wise replicas hold N × (E + dense + min_mem_alloc); a saving s needs N ≥ s · E / (E + dense + min_mem).
+    Read off the paper's Fig. 13 savings it bounds how many replicas its model-wise baseline ran."""
+    whole = spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes
+    return max(1, math.ceil(saving * spec.embedding_bytes / whole - 1e-9))
