@@ -109,7 +109,21 @@ def test_plan_shard_cli_rejects_bad_input(capsys):
 
     assert main(["plan", "shard", "--model", "nope", "--qps", "10"]) == 2
     assert main(["plan", "shard", "--model", "elasticrec-rm1", "--qps", "-5"]) == 2
+    assert main(["plan", "shard", "--model", "elasticrec-rm1", "--qps", "10", "--node-sockets", "0"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_plan_shard_cli_packs_nodes_of_several_sockets(capsys):
+    """``--node-sockets 2`` packs replicas onto ElasticRec's two-socket nodes: never more servers than per socket."""
+    from recserve.cli import main
+
+    counts = []
+    for sockets in ("1", "2"):
+        assert main(["plan", "shard", "--model", "elasticrec-rm2", "--qps", "10000", "--grid", "64",
+                     "--node-sockets", sockets]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("servers:"))
+        counts.append(int(line.split()[1]))
+    assert counts[1] <= counts[0] and counts[1] >= counts[0] / 2
 
 
 def test_cost_model_from_measured_profiles_splits_dense_from_gathers():

@@ -79,7 +79,7 @@ def cmd_shard(args: argparse.Namespace) -> int:
                        size_for_sla=not args.saturation_sizing, rpc_ms=args.rpc_ms)
     print(plan.table_text())
     evaluation = evaluate_plan(plan, spec, cost, server, locality=args.locality, locality_model=args.locality_model,
-                               rpc_ms=args.rpc_ms)
+                               rpc_ms=args.rpc_ms, sockets=args.node_sockets)
     print(evaluation_text(evaluation))
     simulated = simulate_plan_latency(plan, spec, cost, rpc_ms=args.rpc_ms)
     print(f"  p{simulated.percentile:g} simulated (a minute of Poisson queries through every replica queue): "
@@ -118,7 +118,10 @@ def register(actions: argparse._SubParsersAction) -> None:
                         "unsplit replica's rate where one replica would take it, as the paper's condition asks), "
                         "size replicas for --qps")
     p.add_argument("--rpc-ms", type=non_negative, default=2.0,
-                   help="latency per shard call: taken from the gathers' SLA budget and added in the SLA check")
+                   help="latency per shard call: taken from the gathers' SLA budget and added in the SLA check "
+                        "(2 ms: a gRPC hop on one host; the paper measured 31 ms on its Kubernetes cluster)")
+    p.add_argument("--node-sockets", type=count, default=1,
+                   help="servers are packed as nodes of this many sockets of --server (ElasticRec's: 2)")
     p.add_argument("--saturation-sizing", action="store_true",
                    help="size replicas to each one's saturation rate (the DP's QPS(x)) instead of its QPSmax within "
                         "the SLA budget (dense shard 65%% of the SLA)")
