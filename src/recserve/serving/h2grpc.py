@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 import time
 import zlib
 from collections.abc import Callable
@@ -62,9 +63,11 @@ OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 3, 8, 12,
 TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 
 
+_HEAD = struct.Struct(">IBI")  # a frame's 9-byte header: length << 8 | type, flags, stream id
+
+
 def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    size = len(payload)
-    return bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, kind, flags)) + stream.to_bytes(4, "big") + payload
+    return _HEAD.pack(len(payload) << 8 | kind, flags, stream) + payload
 
 
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -92,6 +95,11 @@ def _percent_encoded(message: str) -> bytes:
 
 RESPONSE_HEADERS = b"\x88" + _literal(b"content-type", b"application/grpc")  # 0x88: ":status: 200", static index 8
 TRAILERS_OK = _literal(b"grpc-status", b"0")
+# a unary answer that the windows admit whole, as one write: HEADERS frame and block, DATA frame header and the
+# message's 5-byte prefix (packed in one call), the message, then the trailers' HEADERS frame
+_REPLY_HEAD = struct.Struct(f">IBI{len(RESPONSE_HEADERS)}sIBIBI")
+_REPLY_TAIL = struct.Struct(f">IBI{len(TRAILERS_OK)}s")
+_HEADERS_WORD, _TRAILERS_WORD = len(RESPONSE_HEADERS) << 8 | HEADERS, len(TRAILERS_OK) << 8 | HEADERS
 
 
 def _trailers(code: int, message: str) -> bytes:
@@ -212,11 +220,12 @@ class GrpcConnection(asyncio.Protocol):
         self._partial: tuple[int, int, int] | None = None  # a DATA frame read in parts: stream, flags, bytes left
         self._preface = False
         self._decoder = Decoder()
-        self._indexed: dict[bytes, list[tuple[bytes, bytes]]] = {}  # all-indexed header blocks, decoded
+        self._indexed: dict[bytes, tuple[bytes, ...]] = {}  # header blocks of indexed fields: ``_request_head``
         self._streams: dict[int, _Stream] = {}
         self._last_id = 0
         self._continuing: _Stream | None = None  # a HEADERS frame without END_HEADERS: only CONTINUATION may follow
         self._send_window = DEFAULT_WINDOW
+        self._blocked = False  # a stream may have reply data waiting for the client's windows (``_flush_pending``)
         self._initial_send_window = DEFAULT_WINDOW
         self._max_frame = DEFAULT_FRAME
         self._unacked = 0
@@ -332,12 +341,12 @@ class GrpcConnection(asyncio.Protocol):
         view is of immutable received bytes, so a DATA payload is kept as a view, not copied; a DATA frame longer
         than this read is handed on in parts as it arrives (``_partial``) instead of being buffered."""
         size = len(view)
+        unpack = _HEAD.unpack_from
         while size - pos >= 9:
-            length = (view[pos] << 16) | (view[pos + 1] << 8) | view[pos + 2]
+            word, flags, stream = unpack(view, pos)
+            length, kind, stream = word >> 8, word & 0xFF, stream & 0x7FFFFFFF
             if length > RECEIVE_FRAME:
                 raise ConnectionError_(FRAME_SIZE_ERROR, f"frame of {length} bytes")
-            kind, flags = view[pos + 3], view[pos + 4]
-            stream = int.from_bytes(view[pos + 5:pos + 9], "big") & 0x7FFFFFFF
             end = pos + 9 + length
             if self._continuing is not None and (kind != CONTINUATION or stream != self._continuing.id):
                 raise ConnectionError_(PROTOCOL_ERROR, "a header block was interrupted")
@@ -366,6 +375,8 @@ class GrpcConnection(asyncio.Protocol):
     def _frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
         if kind == HEADERS:
             self._headers(flags, stream, payload)
+        elif kind == WINDOW_UPDATE:  # grpcio sends two with every call
+            self._window_update(stream, payload)
         elif kind == CONTINUATION:
             self._continuation(flags, stream, payload)
         elif kind == SETTINGS:
@@ -378,8 +389,6 @@ class GrpcConnection(asyncio.Protocol):
             elif payload == GOAWAY_PING and not self._closing:  # the client has seen the first GOAWAY
                 self._closing = True
                 self._out.append(self._goaway(self._last_id))
-        elif kind == WINDOW_UPDATE:
-            self._window_update(stream, payload)
         elif kind == RST_STREAM:
             self._reset(stream)
         elif kind == GOAWAY:
@@ -440,7 +449,7 @@ class GrpcConnection(asyncio.Protocol):
         return payload[start:len(payload) - pad] if start or pad else payload
 
     def _headers(self, flags: int, stream_id: int, payload: bytes) -> None:
-        block = self._unpad(flags, payload, priority=True)
+        block = self._unpad(flags, payload, priority=True) if flags & (PADDED | PRIORITY_FLAG) else payload
         stream = self._streams.get(stream_id)
         if stream is not None:  # trailers from the client: they end the request
             if not flags & END_STREAM:
@@ -453,10 +462,12 @@ class GrpcConnection(asyncio.Protocol):
             stream = _Stream(stream_id, self._initial_send_window)
             stream.ended = bool(flags & END_STREAM)
             self._streams[stream_id] = stream
-        self._add_to_block(stream, block)
-        if flags & END_HEADERS:
-            self._header_block(stream)
+        if flags & END_HEADERS:  # the whole block in this frame (the usual case): no copy into ``stream.block``
+            if len(block) > MAX_HEADER_BLOCK:
+                raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
+            self._header_block(stream, block)
         else:
+            self._add_to_block(stream, block)
             self._continuing = stream
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -466,7 +477,8 @@ class GrpcConnection(asyncio.Protocol):
         self._add_to_block(stream, payload)
         if flags & END_HEADERS:
             self._continuing = None
-            self._header_block(stream)
+            block, stream.block = bytes(stream.block), bytearray()
+            self._header_block(stream, block)
 
     @staticmethod
     def _add_to_block(stream: _Stream, fragment: bytes) -> None:
@@ -474,34 +486,20 @@ class GrpcConnection(asyncio.Protocol):
         if len(stream.block) > MAX_HEADER_BLOCK:
             raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
 
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        """Decode a header block; one made only of single-byte indexed fields cannot change the dynamic table,
-        so its decoding stays valid until a block that could change the table arrives."""
-        indexed = all(byte >= 0x80 for byte in block)
-        if indexed and block in self._indexed:
-            return self._indexed[block]
+    def _request_head(self, block: bytes) -> tuple[str, float | None, bytes | None, bytes]:
+        """What a call needs of its header block: the method's path, ``grpc-timeout`` in seconds (None if absent),
+        the HTTP status refusing a request that is not gRPC (None if it is) and ``grpc-encoding``.  A block made
+        only of single-byte indexed fields cannot change the dynamic table, so what it says stays valid until a
+        block that could change the table arrives: a client sends the same few such blocks call after call
+        (tritonclient's and grpcio's: 8-9 bytes), each decoded once."""
+        head = self._indexed.get(block)
+        if head is not None:  # only blocks of indexed fields are kept
+            return head
         try:
             headers = self._decoder.decode(block, raw=True)
         except HPACKError as exc:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {exc}") from exc
-        if indexed:
-            self._indexed[block] = headers
-        else:
-            self._indexed.clear()
-        return headers
-
-    def _header_block(self, stream: _Stream) -> None:
-        headers = self._decode(bytes(stream.block))
-        stream.block = bytearray()
-        if stream.call is not None:  # request trailers: ignored, the stream has ended
-            self._request_ended(stream)
-            return
-        if self._closing or len(self._streams) > MAX_STREAMS:  # retried by gRPC clients on another connection
-            self._streams.pop(stream.id, None)
-            self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
-            return
-        path = timeout = b""
-        method = content_type = b""
+        path = timeout = method = content_type = encoding = b""
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -512,15 +510,32 @@ class GrpcConnection(asyncio.Protocol):
             elif name == b"content-type":
                 content_type = value
             elif name == b"grpc-encoding":
-                stream.encoding = value
-        seconds = _timeout_s(timeout) if timeout else None
-        call = GrpcCall(self, stream, path.decode("latin-1"),
-                        None if seconds is None else time.monotonic() + seconds)
-        stream.call = call
-        if method != b"POST" or not content_type.startswith(b"application/grpc"):
-            self._http_error(stream, b"415" if method == b"POST" else b"405")
+                encoding = value
+        refusal = (None if method == b"POST" and content_type.startswith(b"application/grpc")
+                   else b"415" if method == b"POST" else b"405")
+        head = (path.decode("latin-1"), _timeout_s(timeout) if timeout else None, refusal, encoding)
+        if all(byte >= 0x80 for byte in block):
+            self._indexed[block] = head
+        else:
+            self._indexed.clear()
+        return head
+
+    def _header_block(self, stream: _Stream, block: bytes) -> None:
+        path, seconds, refusal, encoding = self._request_head(block)
+        if stream.call is not None:  # request trailers: ignored, the stream has ended
+            self._request_ended(stream)
             return
-        served = self.methods(call.method)
+        if self._closing or len(self._streams) > MAX_STREAMS:  # retried by gRPC clients on another connection
+            self._streams.pop(stream.id, None)
+            self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
+            return
+        call = GrpcCall(self, stream, path, None if seconds is None else time.monotonic() + seconds)
+        stream.call = call
+        stream.encoding = encoding
+        if refusal is not None:
+            self._http_error(stream, refusal)
+            return
+        served = self.methods(path)
         stream.method = served
         if served is None:
             call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented")
@@ -538,7 +553,8 @@ class GrpcConnection(asyncio.Protocol):
         self._end(stream)
 
     def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        self._unacked += len(payload)
+        size = len(payload)
+        self._unacked += size
         if self._unacked >= REPLENISH:
             self._out.append(_frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
             self._unacked = 0
@@ -549,12 +565,13 @@ class GrpcConnection(asyncio.Protocol):
             if stream_id > self._last_id:
                 raise ConnectionError_(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             return  # a stream already answered or reset: its data is dropped (the window was counted above)
-        stream.unacked += len(payload)
+        stream.unacked += size
         if stream.unacked >= REPLENISH and not flags & END_STREAM:
             self._out.append(_frame(WINDOW_UPDATE, 0, stream_id, stream.unacked.to_bytes(4, "big")))
             stream.unacked = 0
         if not stream.call.done:
-            payload = self._unpad(flags, payload, priority=False)
+            if flags & PADDED:
+                payload = self._unpad(flags, payload, priority=False)
             if payload:
                 stream.chunks.append(payload)
                 stream.size += len(payload)
@@ -636,7 +653,21 @@ class GrpcConnection(asyncio.Protocol):
 
     # ---- writing -------------------------------------------------------------------------------
     def send_reply(self, stream: _Stream, message: bytes) -> None:
-        self._send(stream, self._message(message), TRAILERS_OK)
+        size = len(message) + 5
+        if (stream.headers_sent or size > self._max_frame or size > self._send_window or size > stream.send_window
+                or self.transport is None or self._streams.get(stream.id) is not stream):
+            self._send(stream, self._message(message), TRAILERS_OK)
+            return
+        # the usual unary answer, which the windows admit whole: its three frames built at once (``_send`` and
+        # ``_drain_stream`` would write the same bytes)
+        stream.headers_sent = True
+        self._send_window -= size
+        stream.send_window -= size
+        sid = stream.id
+        self._out += (_REPLY_HEAD.pack(_HEADERS_WORD, END_HEADERS, sid, RESPONSE_HEADERS, size << 8 | DATA, 0, sid, 0,
+                                       size - 5),
+                      message, _REPLY_TAIL.pack(_TRAILERS_WORD, END_HEADERS | END_STREAM, sid, TRAILERS_OK))
+        self._end(stream)
 
     def send_message(self, stream: _Stream, message: bytes) -> None:
         self._send(stream, self._message(message), None)
@@ -680,6 +711,8 @@ class GrpcConnection(asyncio.Protocol):
         if finished:
             frames.append(_frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.pending_end))
             stream.pending_end = None
+        elif pending:
+            self._blocked = True
         self._out.extend(frames)
         if finished:
             self._end(stream)
@@ -687,6 +720,10 @@ class GrpcConnection(asyncio.Protocol):
             self._flush()
 
     def _flush_pending(self) -> None:
+        """Send what the windows now admit of every stream's waiting data (``_blocked``: some stream may have)."""
+        if not self._blocked:
+            return
+        self._blocked = False  # set again by a stream that still has data the windows do not admit
         for stream in list(self._streams.values()):
             if stream.pending or stream.pending_end is not None:
                 self._drain_stream(stream, [])
