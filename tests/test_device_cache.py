@@ -18,7 +18,7 @@ from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.accel import device_runner
 from recserve.specs import catalogue_models
 from recserve.workload.indices import ZipfSampler
-from recserve.zoo import build, sample_batch
+from recserve.zoo import build, device_cache, sample_batch
 from recserve.zoo.device_cache import CachedModel, DeviceTableCache
 from recserve.zoo.fused import FusedModel
 
@@ -59,6 +59,35 @@ def test_cached_scores_equal_the_model_exactly_at_every_budget(name):
                 torch.testing.assert_close(got, model(batch), rtol=0, atol=0)
         consistent(cached.cache)
         assert cached.cache.refreshes > 0 if share < 1 else cached.cache.refreshes == 0
+
+
+@pytest.mark.parametrize("per_table_ids", [1, 10**9], ids=["remap-per-table", "remap-global-ids"])
+@pytest.mark.parametrize("mark_scan", [10**9, 0], ids=["dedup-mark", "dedup-positions"])
+def test_every_path_gathers_each_missed_row_once_and_restores_the_remap(monkeypatch, per_table_ids, mark_scan):
+    monkeypatch.setattr(device_cache, "PER_TABLE_IDS", per_table_ids)
+    monkeypatch.setattr(device_cache, "MARK_SCAN", mark_scan)
+    model = build(catalogue_models()["sdm-m1"], scale=1e-4).eval()  # 91 tables, two widths: two groups
+    for share in (0.0, 0.2):  # every id missed, or a fifth of the rows cached
+        cached = CachedModel(model, "cpu", share * table_bytes(model), count_stride=101, refresh_ids=10**9)
+        cache = cached.cache
+        batch = sample_batch(model, 47, rng=7)  # tables start off multiples of the stride
+        batch.values[:] = 1000 + batch.values % 64  # beyond the prefix cached: repeats within a table and across
+        batch.values[::3] = 1  # in the prefix: a hit at 20 %
+        values, lengths = batch.values.numpy(), batch.lengths.numpy()
+        ids = cache._global_ids(values, lengths)
+        remap, counts = cache.remap.copy(), cache.counts.copy()
+        with torch.inference_mode():  # the tables' outputs themselves: sdm-m1's scores barely depend on them
+            got, want = cache.sparse(batch.values, batch.lengths), model.sparse(batch)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+        missed = ids[remap[ids] < 0]
+        assert cache.gathered == len(np.unique(missed)) and cache.lookups == len(ids)
+        assert cache.hits == len(ids) - len(missed) and (share == 0) == (cache.hits == 0)
+        np.testing.assert_array_equal(cache.remap, remap)  # spare slots released: uncached rows read ~row again
+        counted = counts.copy()
+        counted[ids[::101]] += 1  # every 101st id counted, once a pass whatever its repeats
+        np.testing.assert_array_equal(cache.counts, counted)
+        consistent(cache)
 
 
 def test_hit_rate_rises_on_a_zipf_trace_once_the_hot_rows_are_counted():
@@ -107,7 +136,7 @@ def test_budget_zero_reads_every_row_from_the_host():
     cache = cached.cache
     assert cache.capacity == [0] and cache.hits == 0 and cache.lookups == batch.values.numel()
     assert cache.gathered == len(np.unique(cache._global_ids(batch.values.numpy(), batch.lengths.numpy())))
-    assert (cache.remap == -1).all()  # the spare slots a pass used are released after it
+    np.testing.assert_array_equal(cache.remap, ~np.arange(len(cache.remap)))  # spare slots released: ~row again
 
 
 def test_a_budget_larger_than_the_tables_holds_them_whole_as_today():
