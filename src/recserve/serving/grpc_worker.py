@@ -31,11 +31,55 @@ from recserve.serving.h2grpc import GrpcCall, GrpcServer, Method
 
 SERVICE = "/inference.GRPCInferenceService/"
 decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
-SPLIT_BYTES = 64 << 10  # from this size on the tensors are split off before protobuf parses the request
+# every request's tensors are split off before protobuf parses the rest (the rest is also the plan's key); from
+# this size on that is what keeps a large query from being copied twice (codec.split_raw_input_contents)
+SPLIT_BYTES = 64 << 10
+PLANS = 64  # requests (all but their tensors) a worker remembers as plans; more distinct ones start it over
+RAW_OUTPUT_KEY = 6 << 3 | 2  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
+STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
 
 def _fail(call: GrpcCall, error: InferError) -> None:
     call.finish(grpc_code(error).value[0], error.public_message())
+
+
+def _field(key: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field (``key`` of one byte): key, varint length, value."""
+    size = len(value)
+    out = bytearray((key,))
+    while size >= 0x80:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out) + value
+
+
+class Plan:
+    """A request this worker has decoded, validated and answered, but for its tensors: what a request of the same
+    bytes (the raw input contents aside) needs, so that protobuf is not asked again (issue #14: tritonclient and
+    grpcio clients send the same names, datatypes and shapes on every call)."""
+
+    __slots__ = ("version", "id", "inputs", "heads")
+
+    def __init__(self, request: Any, inputs: codec.RawPlan) -> None:
+        self.version: str = request.model_version
+        self.id: str = request.id
+        self.inputs = inputs
+        self.heads: dict[tuple[str, tuple[int, ...]], bytes] = {}  # the response but for its raw contents
+
+    def response(self, name: str, version: str, scores: np.ndarray) -> bytes:
+        """The serialized ``ModelInferResponse`` for ``scores``, as ``infer_response`` makes it (its raw contents,
+        the last field, appended to the rest made once per answering version and scores shape)."""
+        scores = codec.finite_scores(scores)
+        head = self.heads.get((version, scores.shape))
+        if head is None:
+            entry, _ = codec.raw_tensor(codec.OUTPUT_SCORES, scores)
+            response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=self.id)
+            response.outputs.add(**entry)
+            if len(self.heads) >= 16:
+                self.heads.clear()
+            head = self.heads[(version, scores.shape)] = response.SerializeToString()
+        return head + _field(RAW_OUTPUT_KEY, scores.astype("<f4", copy=False).tobytes())
 
 
 async def _requests(call: GrpcCall) -> AsyncIterator[memoryview]:
@@ -97,6 +141,13 @@ class WorkerMethods(Forwarder):
         self.plane = plane
         self._forward_infer = super().method(SERVICE + "ModelInfer").unary  # another model's or version's queries
         self._send_infer = upstream.unary_unary(SERVICE + "ModelInfer")  # the same, for a streamed request
+        self._plans: dict[bytes, Plan] = {}  # by the request's bytes without its raw contents
+
+    def _remember(self, key: bytes, plan: Plan) -> Plan:
+        if len(self._plans) >= PLANS:  # a client whose ids or shapes change on every call: plans do not pay
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
 
     def method(self, path: str) -> Method:
         if path == SERVICE + "ModelInfer":
@@ -106,32 +157,50 @@ class WorkerMethods(Forwarder):
         return super().method(path)
 
     def _infer(self, call: GrpcCall, raw: memoryview) -> None:
-        def answer(response: Any, error: InferError | None) -> None:
+        def answer(response: bytes | None, error: InferError | None) -> None:
             if error is not None:
                 _fail(call, error)
             elif not call.done:
-                call.reply(response.SerializeToString())
+                call.reply(response)  # type: ignore[arg-type]
 
         if not self._query(raw, call.time_remaining(), answer):
             self._forward_infer(call, raw)  # type: ignore[misc]
 
-    def _query(self, raw: memoryview, timeout_s: float | None, answer: Callable[[Any, InferError | None], None]
-               ) -> bool:
+    def _query(self, raw: memoryview, timeout_s: float | None, answer: Callable[[bytes | None, InferError | None],
+                                                                                None]) -> bool:
         """Decode, validate and queue a ``ModelInferRequest`` for this worker's model; ``answer`` gets the
-        ``ModelInferResponse`` or the error.  False (nothing done) when the query is not this worker's."""
+        serialized ``ModelInferResponse`` or the error.  False (nothing done) when the query is not this worker's.
+
+        A request whose bytes but for its raw contents were seen before (``Plan``) is read without protobuf: its
+        tensors viewed where they arrived, only their sizes and values checked; any other is decoded whole and,
+        once accepted, remembered."""
         arrived = time.perf_counter()
-        split = codec.split_raw_input_contents(raw) if len(raw) >= SPLIT_BYTES else None
-        request = decode_infer(raw if split is None else split[0])
-        if isinstance(request, Undecodable):
-            answer(None, request.error)
-            return True
-        name, version = request.model_name, request.model_version
+        split = codec.split_raw_input_contents(raw)
+        plan = self._plans.get(split[0]) if split is not None else None
+        request = None
+        if plan is None:
+            request = decode_infer(raw if split is None else split[0])
+            if isinstance(request, Undecodable):
+                answer(None, request.error)
+                return True
+            name, version = request.model_name, request.model_version
+        else:
+            name, version = self.plane.model_name, plan.version  # only this model's requests have plans
         if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
             return False
         regions = self.plane.regions
+        target = None
         try:
-            arrays, items = self.plane.model.validate(codec.parse_grpc_infer(request, split and split[1], regions))
-            target = codec.grpc_output_target(request.outputs)
+            arrays = None if plan is None else codec.parse_grpc_raw(plan.inputs, split[1])  # type: ignore[index]
+            if arrays is None:  # not planned, or its tensors do not fit the plan: decoded whole, the error named
+                plan = None
+                if request is None:
+                    request = decode_infer(split[0])  # type: ignore[index]
+                arrays = codec.parse_grpc_infer(request, split and split[1], regions)
+                target = codec.grpc_output_target(request.outputs)
+                if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
+                    plan = self._remember(split[0], Plan(request, inputs))
+            arrays, items = self.plane.model.validate(arrays)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
@@ -142,7 +211,9 @@ class WorkerMethods(Forwarder):
             response = None
             if error is None:
                 try:  # scores into a shared-memory region may fail (too small): answered, never raised to the pass
-                    response = infer_response(name, request.id, scores, self.plane.version, target, regions)
+                    response = (plan.response(name, self.plane.version, scores) if plan is not None else
+                                infer_response(name, request.id, scores, self.plane.version, target,
+                                               regions).SerializeToString())
                 except Exception as exc:  # noqa: BLE001
                     error = as_infer_error(exc)
             answer(response, error)
@@ -164,11 +235,10 @@ class WorkerMethods(Forwarder):
         """The serialized ``ModelStreamInferResponse`` for one streamed request, as a future."""
         done: asyncio.Future = asyncio.get_running_loop().create_future()
 
-        def answer(response: Any, error: InferError | None) -> None:
+        def answer(response: bytes | None, error: InferError | None) -> None:
             if not done.done():
-                message = (service_pb2.ModelStreamInferResponse(error_message=error.public_message()) if error
-                           else service_pb2.ModelStreamInferResponse(infer_response=response))
-                done.set_result(message.SerializeToString())
+                done.set_result(service_pb2.ModelStreamInferResponse(error_message=error.public_message())
+                                .SerializeToString() if error else _field(STREAM_INFER_KEY, response))  # type: ignore[arg-type]
 
         if self._query(raw, timeout_s, answer):
             return done

@@ -1,0 +1,181 @@
+"""The worker's gRPC fast path (issue #14): a request whose bytes but for its raw contents were seen before is read
+without protobuf (``grpc_worker.Plan``, ``codec.parse_grpc_raw``) and answered with a response encoded from a cached
+head.  Every answer and every refusal must equal what the whole decode gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from recserve.serving import codec
+from recserve.serving.errors import InferError
+from recserve.serving.grpc_service import infer_response
+from recserve.serving.grpc_worker import PLANS, STREAM_INFER_KEY, Plan, WorkerMethods, _field
+
+
+def request_of(arrays: dict[str, np.ndarray], request_id: str = "", model: str = "m", version: str = "",
+               outputs: bool = True) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for name, array in arrays.items():
+        request.inputs.add(name=name, datatype=codec.DATATYPES[array.dtype], shape=list(array.shape))
+        request.raw_input_contents.append(array.tobytes())
+    if outputs:
+        request.outputs.add(name="scores")
+    return request
+
+
+def query(batch: int = 1, ids: int = 3, lengths_dtype=np.int32, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = np.zeros((2, batch), lengths_dtype)
+    lengths[0, 0] = ids
+    return {"dense": rng.standard_normal((batch, 4)).astype(np.float32),
+            "sparse_values": rng.integers(0, 10, ids).astype(np.int64), "sparse_lengths": lengths}
+
+
+def split(request: service_pb2.ModelInferRequest) -> tuple[bytes, list[memoryview]]:
+    parts = codec.split_raw_input_contents(memoryview(request.SerializeToString()))
+    assert parts is not None
+    return parts
+
+
+def test_a_plan_reads_the_same_arrays_as_the_whole_decode():
+    for lengths_dtype in (np.int32, np.int64):
+        request = request_of(query(lengths_dtype=lengths_dtype))
+        rest, raw = split(request)
+        plan = codec.grpc_raw_plan(service_pb2.ModelInferRequest.FromString(rest), len(raw))
+        assert plan is not None
+        for seed in range(3):  # other values, the same shapes: the same plan
+            rest2, raw2 = split(request_of(query(lengths_dtype=lengths_dtype, seed=seed)))
+            assert rest2 == rest
+            fast = codec.parse_grpc_raw(plan, raw2)
+            whole = codec.parse_grpc_infer(service_pb2.ModelInferRequest.FromString(rest2), raw2)
+            assert list(fast) == list(whole)
+            assert all(fast[n].dtype == whole[n].dtype and np.array_equal(fast[n], whole[n]) for n in whole)
+            assert all(np.shares_memory(fast[n], np.frombuffer(raw2[k], np.uint8)) for k, n in enumerate(fast))
+
+
+def test_contents_that_do_not_fit_the_plan_are_left_to_the_whole_decode():
+    rest, raw = split(request_of(query()))
+    plan = codec.grpc_raw_plan(service_pb2.ModelInferRequest.FromString(rest), len(raw))
+    assert codec.parse_grpc_raw(plan, raw[:2]) is None
+    assert codec.parse_grpc_raw(plan, [raw[0], raw[1][:-8], raw[2]]) is None
+    bad = query()
+    bad["dense"][0, 0] = np.nan  # the values are checked on every request
+    with pytest.raises(InferError) as info:
+        codec.parse_grpc_raw(plan, split(request_of(bad))[1])
+    assert info.value.field == "dense"
+
+
+def test_no_plan_for_typed_contents_or_shared_memory():
+    request = request_of(query())
+    del request.raw_input_contents[:]
+    assert codec.grpc_raw_plan(request, 0) is None
+    request = request_of(query())
+    request.inputs[0].parameters["shared_memory_region"].string_param = "r"
+    assert codec.grpc_raw_plan(request, 3) is None
+    request = request_of(query())
+    request.outputs[0].parameters["shared_memory_region"].string_param = "r"
+    assert codec.grpc_raw_plan(request, 3) is None
+
+
+def test_the_split_keeps_fields_that_follow_the_raw_contents():
+    request = request_of(query(batch=40, ids=200))  # contents over 127 bytes: two-byte lengths
+    message = request.SerializeToString()
+    tail = service_pb2.ModelInferRequest(id="after")  # field 3 again, after field 7: protobuf keeps the last
+    rest, raw = codec.split_raw_input_contents(memoryview(message + tail.SerializeToString()))
+    assert [bytes(r) for r in raw] == list(request.raw_input_contents)
+    parsed = service_pb2.ModelInferRequest.FromString(rest)
+    assert parsed.id == "after" and len(parsed.inputs) == 3 and not parsed.raw_input_contents
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1), (200, 1), (1,)])
+@pytest.mark.parametrize("request_id", ["", "q7", "é" * 70])
+def test_a_planned_response_is_the_bytes_protobuf_makes(shape, request_id):
+    rest, raw = split(request_of(query(), request_id=request_id))
+    request = service_pb2.ModelInferRequest.FromString(rest)
+    plan = Plan(request, codec.grpc_raw_plan(request, len(raw)))
+    for seed in range(2):  # the second is encoded from the cached head
+        scores = np.random.default_rng(seed).random(shape).astype(np.float32)
+        expected = infer_response("model", request_id, scores, "3").SerializeToString()
+        assert plan.response("model", "3", scores) == expected
+        streamed = service_pb2.ModelStreamInferResponse(infer_response=service_pb2.ModelInferResponse.FromString(
+            expected)).SerializeToString()
+        assert _field(STREAM_INFER_KEY, expected) == streamed
+    with pytest.raises(InferError):
+        plan.response("model", "3", np.array([[np.inf]], np.float32))
+
+
+class FakePlane:
+    """What ``WorkerMethods._query`` asks of a worker's plane; a query is answered at once with one score per item."""
+
+    model_name, version, regions = "m", "1", None
+
+    def __init__(self) -> None:
+        self.refusals: list[str] = []
+        self.model = self
+
+    def answers(self, version: str) -> bool:
+        return version in ("", "1")
+
+    def serves_queries(self) -> bool:
+        return True
+
+    def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
+        if int(arrays["sparse_values"].max()) >= 10:
+            raise InferError("invalid", "sparse_values: id out of range", "sparse_values")
+        return (arrays["dense"],), arrays["dense"].shape[0]
+
+    def refused(self, code: str) -> None:
+        self.refusals.append(code)
+
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply) -> None:
+        reply(arrays[0].sum(axis=1, keepdims=True), None)
+
+
+def ask(methods: WorkerMethods, request: service_pb2.ModelInferRequest) -> tuple[bool, bytes | None, str | None]:
+    got: list = []
+    taken = methods._query(memoryview(request.SerializeToString()), None, lambda r, e: got.append((r, e)))
+    if not got:
+        return taken, None, None
+    response, error = got[0]
+    return taken, response, None if error is None else error.public_message()
+
+
+def test_the_worker_answers_planned_requests_as_it_answers_new_ones():
+    methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    for seed in range(4):
+        arrays = query(batch=2, seed=seed)
+        taken, response, error = ask(methods, request_of(arrays, request_id="r"))
+        assert taken and error is None
+        expected = infer_response("m", "r", arrays["dense"].sum(axis=1, keepdims=True), "1").SerializeToString()
+        assert response == expected
+    assert len(methods._plans) == 1
+    # refusals through a plan name the same field with the same message as the whole decode
+    short = request_of(query(batch=2))
+    short.raw_input_contents[1] = short.raw_input_contents[1][:-8]
+    fresh = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    assert ask(methods, short)[2] == ask(fresh, short)[2] and "sparse_values" in ask(methods, short)[2]
+    out_of_range = query(batch=2)
+    out_of_range["sparse_values"][0] = 99
+    assert "id out of range" in ask(methods, request_of(out_of_range, request_id="r"))[2]
+    # another model's or version's request is not this worker's, planned or not
+    assert ask(methods, request_of(query(), model="other"))[0] is False
+    assert ask(methods, request_of(query(), version="2"))[0] is False
+
+
+def test_plans_are_bounded():
+    methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    for k in range(PLANS + 5):
+        assert ask(methods, request_of(query(), request_id=str(k)))[2] is None
+    assert 0 < len(methods._plans) <= PLANS
+
+
+class _NoChannel:
+    """A grpc.aio channel that is never called (no request here is forwarded)."""
+
+    def unary_unary(self, path: str):
+        return lambda *args, **kwargs: pytest.fail(f"forwarded {path}")
+
+    def stream_stream(self, path: str):
+        return self.unary_unary(path)
