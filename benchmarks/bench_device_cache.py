@@ -7,9 +7,10 @@ Two measurements on the host (they need no GPU and claim nothing about one), and
   drawn from ``--sampler`` after ``--warm`` other queries were counted and their hot rows cached; beside it
   ``remap`` = the global ids + ``np.take`` alone (the floor of any host-side remap), the rows gathered per query,
   and the bytes a pass would copy to the device: cached (dense + int32 slots + lengths + missed rows) against
-  today's whole-table path (dense + int64 ids + lengths).  With device ``cpu`` the gather writes into the cache's
-  host-side "device" weight; on a GPU it writes a pinned buffer of the same size and the copy is queued, so the
-  host work is the same; the copy itself is not measured.
+  today's whole-table path (dense + int64 ids + lengths), and the device memory the cache's weights then take
+  (cached rows + the spare region, which grows to the passes' distinct misses) against the tables' bytes.  With
+  device ``cpu`` the gather writes into the cache's host-side "device" weight; on a GPU it writes a pinned buffer
+  of the same size and the copy is queued, so the host work is the same; the copy itself is not measured.
 - ``hit``: share of lookups served from the cache vs budget (share of the tables' bytes) for the catalogue's index
   samplers (hot rows scattered over the ids): ``prefix`` = the initial cache (a prefix of every table), ``counted``
   = after ``--warm`` queries counted and one refresh, ``online`` = serving with the default refresh policy (second
@@ -92,12 +93,14 @@ def cost(model: Any, args: argparse.Namespace, sampler: Any) -> list[dict[str, A
                    "prepare_us": 1e6 * statistics.median(times), "prepare_us_min": 1e6 * min(times),
                    "remap_floor_us": 1e6 * statistics.median(floor),
                    "hit_rate": (cache.hits - hits) / max(1, cache.lookups - lookups), "gathered_rows": missed,
-                   "h2d_bytes_cached": cached, "h2d_bytes_whole_tables": today}
+                   "h2d_bytes_cached": cached, "h2d_bytes_whole_tables": today,
+                   "device_bytes": cache.device_bytes(), "table_bytes": total}
             rows.append(row)
             print(f"  batch {batch:5d}  budget {share:5.0%}  ids {values.size:9d}"
                   f"  prepare {row['prepare_us']:9.1f} us (min {row['prepare_us_min']:9.1f})"
                   f"  (remap floor {row['remap_floor_us']:9.1f} us)  hit {row['hit_rate']:.3f}"
-                  f"  rows gathered {missed:9.0f}  to device {cached / 1e6:8.2f} MB (whole tables: {today / 1e6:.2f})")
+                  f"  rows gathered {missed:9.0f}  to device {cached / 1e6:8.2f} MB (whole tables: {today / 1e6:.2f})"
+                  f"  device memory {cache.device_bytes() / 1e6:.1f} MB (tables {total / 1e6:.1f})")
     return rows
 
 

@@ -55,8 +55,8 @@ COUNT_STRIDE = 16  # every 16th id of a pass is counted (a systematic sample)
 REFRESH_IDS = 1 << 18  # counted ids between two refreshes of the hot set, at least (and at least the rows)
 PER_TABLE_IDS = 2048  # ids a table (mean) from which a pass remaps table by table (no global ids)
 MARK_SCAN = 8  # a pass's misses are deduplicated by a scan of the remap when it has at most 8 rows per missed id
-MARK = np.int32(np.iinfo(np.int32).min)  # a remap entry no row has: ~row > MARK for every row < 2^31 - 1
-MARK_ROW_LIMIT = (1 << 31) - 1
+MARK_ROW_LIMIT = (1 << 31) - 1  # rows the int32 remap can hold: ~row > MARK for every row below it
+MARK = np.int32(-MARK_ROW_LIMIT - 1)  # a remap entry no row has (nor any slot)
 
 
 class DeviceTableCache:
@@ -96,7 +96,7 @@ class DeviceTableCache:
         self._slots: list[torch.Tensor] = [torch.empty(0, dtype=torch.int32)]  # one buffer, every group's slots
         self._staging: list[torch.Tensor] = [w[:0] for w in self.host]
         self.lookups = self.hits = self.gathered = self.refreshes = self.passes = 0
-        self._device_layout: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # for whole tables
+        self._device_layout: tuple[torch.Tensor, list[torch.Tensor]] | None = None  # see _layout
         for g in range(groups):
             self._install(g, self._prefix(g))
 
