@@ -248,8 +248,7 @@ class DeviceTableCache:
         """Gather the distinct rows of the ``missed`` positions into their groups' spare regions and point the
         missed slots at them; the remap is left as it was.  An uncached row's remap entry is ``~row``, so a missed
         slot names its row: no global ids, no second look at the values."""
-        rows = slots[missed].astype(np.int64)  # int64: a fancy index converts int32 on every use
-        np.invert(rows, out=rows)
+        rows = np.invert(slots[missed], dtype=np.int64)  # int64: a fancy index converts int32 on every use
         distinct = self._distinct(rows)
         for g, mine in self._by_group(distinct):
             self.remap[mine] = self.capacity[g] + np.arange(len(mine), dtype=np.int32)
