@@ -19,6 +19,7 @@ from recserve.serving.h2grpc import (
     INVALID_ARGUMENT,
     PREFACE,
     GrpcCall,
+    GrpcConnection,
     GrpcServer,
     Method,
     _frame,
@@ -292,3 +293,87 @@ def test_random_frames_after_the_preface_never_break_the_server(served, caplog):
                 pass
     assert channel.unary_unary("/t.S/Echo")(b"still serving", timeout=5) == b"still serving"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+class _Transport:
+    """What a GrpcConnection writes, write by write (no socket: frames fed straight to ``data_received``)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def frames(self) -> list[tuple[int, int, int, bytes]]:
+        """(type, flags, stream, payload) of everything written since the last call."""
+        data, self.writes = b"".join(self.writes), []
+        out = []
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            out.append((data[3], data[4], int.from_bytes(data[5:9], "big"), data[9:9 + length]))
+            data = data[9 + length:]
+        return out
+
+
+def _connection(initial_window: int | None = None) -> tuple[GrpcConnection, _Transport]:
+    echo = Method(unary=lambda call, raw: call.reply(bytes(raw)))
+    conn, transport = GrpcConnection(lambda path: echo if path == "/t.S/Echo" else None, MAX_MESSAGE), _Transport()
+    conn.connection_made(transport)
+    settings = b"" if initial_window is None else (4).to_bytes(2, "big") + initial_window.to_bytes(4, "big")
+    conn.data_received(PREFACE + _frame(4, 0, 0, settings))
+    transport.frames()
+    return conn, transport
+
+
+def _call(stream: int, message: bytes, encoder) -> bytes:
+    block = encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"), (":authority", "x"),
+                            ("content-type", "application/grpc"), ("te", "trailers")])
+    return (_frame(1, 4, stream, block)
+            + _frame(0, 1, stream, b"\x00" + len(message).to_bytes(4, "big") + message))
+
+
+def test_a_unary_answer_leaves_at_once_in_one_write_and_later_frames_in_another():
+    from hpack import Encoder
+
+    conn, transport = _connection()
+    encoder = Encoder()
+    for stream in (1, 3, 5):  # the first block is literal, then the same fields indexed (decoded once)
+        conn.data_received(_call(stream, b"hi", encoder) + _frame(6, 0, 0, b"12345678"))
+        assert len(transport.writes) == 2  # the answer as soon as it was made, then the PING acknowledgement
+        frames = transport.frames()
+        assert [(kind, flags, sid) for kind, flags, sid, _ in frames] == [(1, 4, stream), (0, 0, stream),
+                                                                         (1, 5, stream), (6, 1, 0)]
+        assert frames[1][3] == b"\x00\x00\x00\x00\x02hi" and b"grpc-status" in frames[2][3]
+    assert len(conn._indexed) == 1
+
+
+def test_an_answer_the_client_window_does_not_admit_waits_for_its_window_update():
+    from hpack import Encoder
+
+    conn, transport = _connection(initial_window=4)
+    conn.data_received(_call(1, b"0123456789", Encoder()))
+    frames = transport.frames()  # 15 bytes to send (5 of prefix, 10 of message), 4 admitted
+    assert [(kind, payload) for kind, _, _, payload in frames][1:] == [(0, b"\x00\x00\x00\x00")]
+    conn.data_received(_frame(8, 0, 1, (6).to_bytes(4, "big")))  # 6 more bytes on the stream: still 5 short
+    assert [(kind, payload) for kind, _, _, payload in transport.frames()] == [(0, b"\x0a01234")]
+    conn.data_received(_frame(8, 0, 0, (100).to_bytes(4, "big")))  # the connection's window was never short
+    assert transport.frames() == []
+    conn.data_received(_frame(8, 0, 1, (100).to_bytes(4, "big")))
+    assert [(kind, flags, payload[:5]) for kind, flags, _, payload in transport.frames()] == [
+        (0, 0, b"56789"), (1, 5, b"\x00\x0bgrp")]  # the rest, then the trailers
+    assert not conn._streams and not conn._blocked
+
+
+def test_remembered_header_blocks_are_bounded():
+    import itertools
+
+    conn, transport = _connection()
+    fields = [b"\x83", b"\x86", b"\x84", b"\x87", b"\x82"]  # static-table fields: each block a distinct request
+    blocks = [b"".join(p) for p in itertools.permutations(fields)]
+    for k, block in enumerate(blocks):
+        conn.data_received(_frame(1, 5, 1 + 2 * k, block))
+    assert 0 < len(conn._indexed) <= 64
+    assert all(kind in (1, 3) for kind, *_ in transport.frames())  # answered (405 or UNIMPLEMENTED), never closed

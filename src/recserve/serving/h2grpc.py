@@ -56,6 +56,7 @@ BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio wou
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
+MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 GOAWAY_PING = b"goaway\x00\x01"  # the PING whose acknowledgement allows the final GOAWAY
 
 # gRPC status codes (grpc.StatusCode values), named here so that this module needs no grpc import
@@ -515,6 +516,8 @@ class GrpcConnection(asyncio.Protocol):
                    else b"415" if method == b"POST" else b"405")
         head = (path.decode("latin-1"), _timeout_s(timeout) if timeout else None, refusal, encoding)
         if all(byte >= 0x80 for byte in block):
+            if len(self._indexed) >= MAX_INDEXED_BLOCKS:  # a client sending ever new combinations: bounded
+                self._indexed.clear()
             self._indexed[block] = head
         else:
             self._indexed.clear()
