@@ -353,9 +353,10 @@ class AcceleratorServer:
 
     async def _compute(self, arrays: list[tuple]) -> list[np.ndarray]:
         """One pass, inline or (``pass_thread``) on a compute thread at the loop's priority: torch releases the
-        GIL while the device works, so the loop reads and answers meanwhile.  Off by default: on the H100 host an
-        accelerator-only node of hera-dlrm-a held 2,500 QPS with passes inline and 938 with them on a thread
-        below the loop's priority (one pinned core per accelerator worker; bench_accel.py, 2026-11-23)."""
+        GIL while the device works, so the loop reads and answers meanwhile.  Off by default: on the H100 host
+        (hera-dlrm-a, one pinned core per accelerator worker, bench_accel.py --pass-thread, 2026-11-23) neither
+        setting was better beyond the run-to-run spread: 938-3,250 QPS on a thread, 938-2,500 inline, both
+        dominated by the links' opening under load that was fixed after those runs."""
         if not self.pass_thread:
             return self.compute(arrays)
         if self._thread is None:
