@@ -36,7 +36,7 @@ A node config is YAML::
           device_table_mb: null  # optional: MiB of device memory for embedding rows; the tables stay in host
                              # memory and their most looked-up rows are cached on the device (zoo/device_cache.py);
                              # null = whole tables on the device.  Any device, cpu included; DRAM tables only
-          pass_thread: false # true: passes on a thread, queries read and answered during one (slower measured)
+          pass_thread: false # true: passes on a thread, queries read and answered during one (no faster measured)
     repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
