@@ -309,12 +309,8 @@ class DeviceTableCache:
             self.hits += values.shape[0]
             return self.fused.lookup(lens, ids, self.weights)
         slots = self.prepare(values.numpy(), lengths.numpy()).to(self.device, non_blocking=True).to(torch.int64)
-        if len(self.host) == 1:
-            return self.fused.lookup(lens, [slots], self.weights)
-        owner = torch.repeat_interleave(torch.arange(lens.shape[0], device=self.device), lens.sum(dim=1),
-                                        output_size=slots.shape[0])
-        return self.fused.lookup(lens, [torch.where(member[owner], slots, 0) for member in self._layout()[1]],
-                                 self.weights)
+        members = self._layout()[1] if len(self.host) > 1 else None
+        return self.fused.lookup(lens, self.fused.split_groups(slots, lens, members), self.weights)
 
     def stats(self) -> dict[str, Any]:
         lookups = max(1, self.lookups)

@@ -21,6 +21,12 @@ from recserve.zoo.base import DramTable, RecModel
 from recserve.zoo.batch import QueryBatch
 
 
+def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
+    """The table of each of a query's ``count`` values (table-major, ``lens`` ``[T, B]``), on ``lens``' device."""
+    return torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens.sum(dim=1),
+                                   output_size=count)
+
+
 class FusedTables(nn.Module):
     """The sparse part of ``model`` as one lookup per embedding width (scores equal the per-table path)."""
 
@@ -63,13 +69,18 @@ class FusedTables(nn.Module):
         module's buffers on ``values``' device (``zoo.device_cache`` keeps its weights apart from this module)."""
         first_row = self.first_row if first_row is None else first_row
         values = values.to(torch.int64)
-        owner = torch.repeat_interleave(torch.arange(lens.shape[0], device=values.device), lens.sum(dim=1),
-                                        output_size=values.shape[0])
-        ids = values + first_row[owner]
+        owner = table_of_values(lens, values.shape[0])
+        return self.split_groups(values + first_row[owner], lens, members, owner)
+
+    def split_groups(self, rows: torch.Tensor, lens: torch.Tensor, members: list[torch.Tensor] | None = None,
+                     owner: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Per width group, ``rows`` (one per value, each in its own group's weight) where the value's table is of
+        that group's width, else row 0 (those bags are discarded).  ``owner``: each value's table, if known."""
         if len(self.widths) == 1:
-            return [ids]
+            return [rows]
+        owner = table_of_values(lens, rows.shape[0]) if owner is None else owner
         members = [getattr(self, f"member{g}") for g in range(len(self.widths))] if members is None else members
-        return [torch.where(member[owner], ids, 0) for member in members]
+        return [torch.where(member[owner], rows, 0) for member in members]
 
     def lookup(self, lens: torch.Tensor, group_ids: list[torch.Tensor],
                weights: list[torch.Tensor]) -> list[torch.Tensor]:
