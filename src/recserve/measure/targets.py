@@ -141,30 +141,17 @@ class SharedMemoryHttpTarget(HttpTarget):
 
     def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
                  check_outputs: bool = True, reuse: str = "oldest", token: str | None = None) -> None:
+        from recserve.serving.control_client import ControlClient
+
         super().__init__(url, model, timeout_s, connections, check_outputs, reuse=reuse)
         self.name = f"http+shm {self.base} {model}"
-        self.token = token if token is not None else os.environ.get("RECSERVE_CONTROL_TOKEN")
+        self._control = ControlClient(self._endpoint.host, self._endpoint.port, max(timeout_s, 10.0), token)
         self._segment: Any = None
         self._regions: list[str] = []
 
-    def _call(self, path: str, body: dict | None = None) -> None:
-        import json
-        import urllib.error
-        import urllib.request
-
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(f"{self.base}/v2/systemsharedmemory/{path}", method="POST", headers=headers,
-                                     data=json.dumps(body).encode() if body is not None else b"")
-        try:
-            with urllib.request.urlopen(req, timeout=max(self.timeout_s, 10.0)):
-                pass
-        except urllib.error.HTTPError as exc:
-            raise RecserveError(f"{self.name}: {path}: HTTP {exc.code} {exc.read()[:300].decode(errors='replace')}"
-                                ) from exc
-        except OSError as exc:
-            raise RecserveError(f"{self.name}: {path}: {exc}") from exc
+    def _aligned(self, nbytes: int) -> int:
+        """``nbytes`` rounded up to ``ALIGN``: every tensor starts aligned in the shared object."""
+        return -(-nbytes // self.ALIGN) * self.ALIGN
 
     async def prepare(self, pool: RequestPool) -> None:
         import json
@@ -173,7 +160,7 @@ class SharedMemoryHttpTarget(HttpTarget):
 
         await self._release()
         arrays = [batch.as_arrays() for batch in pool.batches()]
-        spans = [sum(-(-a.nbytes // self.ALIGN) * self.ALIGN for a in q.values()) for q in arrays]
+        spans = [sum(self._aligned(a.nbytes) for a in q.values()) for q in arrays]
         self._segment = shared_memory.SharedMemory(f"recserve-loadgen-{uuid.uuid4().hex[:12]}", create=True,
                                                    size=max(1, sum(spans)))
         self._requests, start = [], 0
@@ -187,9 +174,11 @@ class SharedMemoryHttpTarget(HttpTarget):
                                "shape": list(arr.shape),
                                "parameters": {"shared_memory_region": region, "shared_memory_offset": pos,
                                               "shared_memory_byte_size": arr.nbytes}})
-                pos += -(-arr.nbytes // self.ALIGN) * self.ALIGN
-            self._call(f"region/{region}/register", {"key": self._segment.name, "offset": start,
-                                                     "byte_size": max(1, span)})
+                pos += self._aligned(arr.nbytes)
+            try:
+                self._control.register_system_shared_memory(region, self._segment.name, max(1, span), start)
+            except OSError as exc:  # the node unreachable (its refusals are ControlError, a RecserveError)
+                raise RecserveError(f"{self.name}: registering {region}: {exc}") from exc
             self._regions.append(region)
             body = json.dumps({"inputs": inputs, "outputs": [{"name": OUTPUT_SCORES,
                                                               "parameters": {"binary_data": True}}]}).encode()
@@ -203,8 +192,8 @@ class SharedMemoryHttpTarget(HttpTarget):
         regions, self._regions = self._regions, []
         for region in regions:
             try:
-                self._call(f"region/{region}/unregister")
-            except RecserveError:
+                self._control.unregister_system_shared_memory(region)
+            except (RecserveError, OSError):
                 pass  # the node is gone: nothing holds the regions any more
         if self._segment is not None:
             segment, self._segment = self._segment, None

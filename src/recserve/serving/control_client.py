@@ -110,6 +110,16 @@ class ControlClient:
     def unload_model(self, model: str) -> None:
         self._request("POST", f"/v2/repository/models/{model}/unload", {})
 
+    # ---- system shared memory (Triton's extension) ----
+    def register_system_shared_memory(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
+        """Register ``byte_size`` bytes at ``offset`` of the POSIX shared-memory object ``key`` as region ``name``."""
+        self._request("POST", f"/v2/systemsharedmemory/region/{name}/register",
+                      {"key": key, "offset": offset, "byte_size": byte_size})
+
+    def unregister_system_shared_memory(self, name: str = "") -> None:
+        """Unregister region ``name`` (every region when empty)."""
+        self._request("POST", f"/v2/systemsharedmemory{f'/region/{name}' if name else ''}/unregister")
+
     def metrics(self) -> str:
         with urllib.request.urlopen(self.base + "/metrics", timeout=self.timeout_s) as resp:
             return resp.read().decode()
