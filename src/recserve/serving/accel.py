@@ -534,11 +534,11 @@ class AcceleratorClient:
         return items >= self.min_items
 
     def _least_loaded(self) -> Link:
-        """The link with the fewest queries outstanding, ties taken in turn: with ``min`` alone an idle node sent
+        """The link with the fewest queries outstanding, ties taken in turn (``submit`` moves the turn on, so the
+        ``behind`` check before it looks at the link the query will take): with ``min`` alone an idle node sent
         every query to the first accelerator worker, and the others' links first opened under load."""
-        self._turn = (self._turn + 1) % len(self.links)
-        order = self.links[self._turn :] + self.links[: self._turn]
-        return min(order, key=lambda k: len(k.outstanding))
+        turn = self._turn % len(self.links)
+        return min(self.links[turn:] + self.links[:turn], key=lambda k: len(k.outstanding))
 
     def behind(self, deadline: float, link: Link | None = None) -> InferError | None:
         """503 when even the least-loaded accelerator worker is behind for a query due by ``deadline``: the oldest
@@ -566,6 +566,7 @@ class AcceleratorClient:
             done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
             return
         link = self._least_loaded()
+        self._turn += 1
         refusal = self.behind(deadline, link)
         if refusal is not None:
             done(None, refusal)
