@@ -110,6 +110,11 @@ class _Mapping:
         self.mm, self.base, self.end = mm, base, end  # region byte 0 is mm[base]; the object must hold ``end`` bytes
 
 
+def _shrank(reg: Registration, end: int) -> InferError:
+    return invalid(REGION, f"region {reg.name!r}: its shared memory object {reg.key!r} shrank below the {end} bytes "
+                           "registered")
+
+
 def shm_path(key: str) -> str:
     """``/dev/shm/<key>`` for a POSIX shared-memory key (``shm_open``'s rules: leading slashes dropped, no other)."""
     name = key.lstrip("/")
@@ -225,16 +230,14 @@ class Regions:
             try:
                 end = reg.offset + reg.byte_size
                 if os.fstat(fd).st_size < end:
-                    raise invalid(REGION, f"region {reg.name!r}: its shared memory object {reg.key!r} shrank below "
-                                          f"the {end} bytes registered")
+                    raise _shrank(reg, end)
                 start = reg.offset - reg.offset % mmap.ALLOCATIONGRANULARITY
                 mm = mmap.mmap(fd, end - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
             finally:
                 os.close(fd)
             m = self._maps[reg.serial] = _Mapping(mm, reg.offset - start, end)
         elif m.mm.size() < m.end:  # one fstat: a client that truncated its object must not cost us a SIGBUS
-            raise invalid(REGION, f"region {reg.name!r}: its shared memory object {reg.key!r} shrank below the "
-                                  f"{m.end} bytes registered")
+            raise _shrank(reg, m.end)
         return m
 
     def _span(self, field: str, region: str, byte_size: int, offset: int) -> tuple[Registration, int]:
@@ -311,8 +314,8 @@ class Registry(Regions):
             raise invalid("name", f"{where}: a region of that name is already registered (unregister it first)")
         if len(self.table) >= MAX_REGIONS:
             raise invalid("name", f"{where}: {MAX_REGIONS} regions are registered, the most this server holds")
-        for field, value in (("offset", offset), ("byte_size", byte_size)):
-            _count(field, value, field, low=1 if field == "byte_size" else 0)
+        _count("offset", offset, "offset")
+        _count("byte_size", byte_size, "byte_size", low=1)
         path = shm_path(key)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
