@@ -293,6 +293,35 @@ def test_hera_keeps_its_workers_when_every_count_just_failed_at_this_rate():
     assert rmu.find_number_of_workers("a", 60.0, 3, current=3) == 1  # below the failed rate the profile decides
 
 
+def test_hera_scales_its_curve_by_what_a_count_just_failed_at():
+    # live on 2 cores: three workers of hera-dlrm-b (profiled 56 / 59 / 67 qps) failed at 27 qps; at 26 qps the
+    # exclusion alone (a lower rate) let the profile send it back to one worker, which failed again
+    curve = {1: 56.0, 2: 59.0, 3: 67.0}
+    node = FakeNode({"a": WindowStats(900.0, 20, 27.0), "b": WindowStats(85.0, 10, 10.0)}, cores=4)
+    rmu = HeraRMU({"a": CapacityProfile(lambda n: curve[min(n, 3)], lambda _n, _w: 1.0),
+                   "b": linear_capacity(60.0, False)})
+    node.workers = {"a": 3, "b": 1}
+    rmu.step(1.0, node)  # three workers, settled, violate at 27 qps
+    assert rmu.derating("a") == 27.0 / 67.0
+    node.stats["a"] = WindowStats(70.0, 26, 26.0)  # slack 0.7: the RMU looks for fewer workers
+    rmu.step(2.0, node)
+    assert node.workers["a"] == 3  # 27/67 of the curve: one worker carries 22.6 qps, two 23.8, three 27
+
+
+def test_hera_does_not_blame_a_count_for_the_window_it_was_set_in():
+    node = FakeNode({"a": WindowStats(250.0, 50, 100.0), "b": WindowStats(85.0, 10, 10.0)})
+    rmu = HeraRMU({"a": linear_capacity(60.0, False), "b": linear_capacity(60.0, False)})
+    rmu.step(1.0, node)  # one worker (settled) fails at 100 qps: remembered, grows to 5
+    assert node.workers["a"] == 5 and rmu.derating("a") == 1.0  # 100 qps is past one worker's 60: no derating
+    rmu.step(2.0, node)  # the window the new workers started in fails too: not held against five workers
+    assert 5 not in rmu._failed["a"]
+
+
+def test_capacity_from_points_never_loses_load_with_more_workers():
+    cap = CapacityProfile.from_points({1: 33.0, 2: 22.0, 3: 50.0})  # a noisy live measurement
+    assert [cap.max_qps(n) for n in (1, 2, 3, 4)] == [33.0, 33.0, 50.0, 50.0]
+
+
 def test_hera_leaves_models_inside_the_slack_band_alone():
     node = FakeNode({"a": WindowStats(90.0, 10, 10.0), "b": WindowStats(85.0, 10, 10.0)})
     rmu = HeraRMU({"a": linear_capacity(1.0, False), "b": linear_capacity(1.0, False)})

@@ -82,7 +82,7 @@ class CapacityProfile:
     """
 
     def __init__(self, workers_curve: Callable[[int], float], ways_factor: Callable[[int, int], float]) -> None:
-        self._workers = workers_curve
+        self._workers = _nondecreasing(workers_curve)
         self._ways = ways_factor
 
     def qps(self, workers: int, ways: int) -> float:
@@ -90,6 +90,15 @@ class CapacityProfile:
 
     def max_qps(self, workers: int) -> float:
         return self._workers(workers)
+
+    @classmethod
+    def from_points(cls, max_qps: dict[int, float]) -> CapacityProfile:
+        """A curve measured at a few worker counts (linear between them, flat past the last), full LLC."""
+        counts = sorted(max_qps)
+        if not counts or counts[0] < 1:
+            raise RecserveError(f"a capacity curve needs max loads at worker counts >= 1, got {sorted(max_qps)}")
+        xs, ys = np.array(counts, dtype=float), np.array([max_qps[n] for n in counts], dtype=float)
+        return cls(lambda n: max(float(np.interp(float(n), xs, ys)), 0.0), lambda _n, _w: 1.0)
 
     @classmethod
     def from_profiles(cls, profiles: ProfileSet, model: str, server: str) -> CapacityProfile:
@@ -127,6 +136,14 @@ class CapacityProfile:
         full = float(ways_tab.column("ways").max())
         top = ways_tab.interp(full, "max_qps")
         return cls(workers_curve, lambda _n, w: ways_tab.interp(float(w), "max_qps") / top if top > 0 else 0.0)
+
+
+def _nondecreasing(curve: Callable[[int], float]) -> Callable[[int], float]:
+    """Max load with n workers as the best of 1..n: the controllers choose how many workers run, so a measured dip
+    (noise, or a worker past the knee time-sharing a core) means "no gain", never "more workers lose load"."""
+    def best(n: int) -> float:
+        return max(curve(k) for k in range(1, max(1, int(n)) + 1))
+    return best
 
 
 # ------------------------------------------------------------------ controllers
@@ -167,13 +184,16 @@ MARGINAL = 0.05
 class HeraRMU(Controller):
     """Hera Alg. 3 with the profiled worker-scalability curve and (workers, ways) QPS lookup.
 
-    One addition to the paper's algorithm: a worker count observed to violate the SLA at some arrival rate (and any
-    smaller count) is not chosen again for that rate (or more) during the next ``memory_windows`` decisions.  Why:
-    the curve is profiled with the model alone, and a co-located node sustains less; live on the 2-core host the
-    RMU shrank hera-dlrm-b to the one worker its profile said covered 90% of its max load, violated, grew to three,
-    met the SLA with slack, shrank again, so it missed the SLA in 30% of windows where a static split missed 25%.
-    A count that has just been seen to fail is evidence the profile cannot give.  It changes a decision only where
-    the profile says a count suffices for a rate at which that count was just seen to fail."""
+    One addition to the paper's algorithm: what a worker count was just seen to fail at corrects the profile.  A count
+    observed to violate the SLA at some arrival rate (and any smaller count) is not chosen again for that rate (or
+    more) during the next ``memory_windows`` decisions, and while that failure is remembered the whole curve is
+    scaled by (failed rate / profiled max load of that count), so no count is trusted with more than the observed
+    ratio lets it carry.  Why: the curve is profiled with the model alone, and a co-located node sustains less; live
+    on the 2-core host the RMU shrank hera-dlrm-b to the one worker its profile said covered 90% of its max load,
+    violated, grew to three, met the SLA with slack, shrank again, so it missed the SLA in 30% of windows where a
+    static split missed 25%; with the exclusion alone it still went back to one worker at 26 qps after three had
+    failed at 27.  A window in which the count changed (the decision before it) is not counted as that count
+    failing: the new workers were starting and the old backlog draining."""
 
     name = "hera"
 
@@ -185,22 +205,32 @@ class HeraRMU(Controller):
         self.memory_windows = memory_windows
         self._steps = 0
         self._failed: dict[str, dict[int, tuple[float, int]]] = {}  # model -> workers -> (arrival qps, step)
+        self._set_at: dict[str, int] = {}  # model -> the step that last changed its workers
 
     def find_number_of_workers(self, model: str, traffic_qps: float, limit: int, current: int | None = None) -> int:
-        """The fewest workers whose profiled max load covers ``traffic_qps``, among the counts not just seen to fail
-        at this rate.  If none covers it, the fewest of those that reach all but ``MARGINAL`` of their best profiled
-        max load (not simply ``limit``: a worker past the curve's knee adds no capacity and takes a core — live on 2
-        cores, elasticrec-rm3, profiled 133 / 137 qps with 2 / 3 workers, held 107 qps with 2 and shed 30% of it
-        with 3).  If every count has just failed at this rate, ``current`` stays: there is nothing to go on."""
-        cap = self.capacity[model]
+        """The fewest workers whose profiled max load (scaled by :meth:`derating`) covers ``traffic_qps``, among the
+        counts not just seen to fail at this rate.  If none covers it, the fewest of those that reach all but
+        ``MARGINAL`` of their best profiled max load (not simply ``limit``: a worker past the curve's knee adds no
+        capacity and takes a core — live on 2 cores, elasticrec-rm3, profiled 133 / 137 qps with 2 / 3 workers, held
+        107 qps with 2 and shed 30% of it with 3).  If every count has just failed at this rate, ``current`` stays:
+        there is nothing to go on."""
+        cap, derate = self.capacity[model], self.derating(model)
         fresh = [n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)]
         for n in fresh:
-            if cap.max_qps(n) >= traffic_qps:
+            if derate * cap.max_qps(n) >= traffic_qps:
                 return n
         if not fresh:
             return min(current, limit) if current is not None else limit
         best = max(cap.max_qps(n) for n in fresh)
         return next(n for n in fresh if cap.max_qps(n) >= (1.0 - MARGINAL) * best)
+
+    def derating(self, model: str) -> float:
+        """The factor (<= 1) the profiled curve is trusted with: the lowest (rate a count failed at / that count's
+        profiled max load) among the failures remembered."""
+        cap = self.capacity[model]
+        ratios = [rate / cap.max_qps(n) for n, (rate, step) in self._failed.get(model, {}).items()
+                  if self._steps - step < self.memory_windows and cap.max_qps(n) > 0]
+        return min([1.0, *ratios])
 
     def _failed_at(self, model: str, workers: int, traffic_qps: float) -> bool:
         """This many workers, or more, violated the SLA at this rate or a lower one within the last
@@ -209,8 +239,13 @@ class HeraRMU(Controller):
                    for n, (rate, step) in self._failed.get(model, {}).items())
 
     def _remember(self, model: str, workers: int, stats: WindowStats, slack: float) -> None:
-        if slack > self.high and stats.arrival_qps > 0:
+        settled = self._set_at.get(model, -1) < self._steps - 1  # not changed at the decision before this window
+        if slack > self.high and stats.arrival_qps > 0 and settled:
             self._failed.setdefault(model, {})[workers] = (stats.arrival_qps, self._steps)
+
+    def _set_workers(self, control: NodeControl, model: str, workers: int) -> None:
+        control.set_workers(model, workers)
+        self._set_at[model] = self._steps
 
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
@@ -234,7 +269,7 @@ class HeraRMU(Controller):
                 free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
             want = max(1, min(want, free))
             if want != control.get_workers(m):
-                control.set_workers(m, want)
+                self._set_workers(control, m, want)
                 changed = True
                 self.log.append(Decision(now_s, m, "workers", {"workers": want, "slack": slack,
                                                                "urgency": urgency, "traffic_qps": traffic}))
@@ -251,7 +286,7 @@ class HeraRMU(Controller):
                                                have, have)
             give = min(need, have - keep)
             if give > 0:
-                control.set_workers(o, have - give)
+                self._set_workers(control, o, have - give)
                 need -= give
 
     def adjust_llc_partition(self, now_s: float, control: NodeControl) -> None:
