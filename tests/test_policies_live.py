@@ -99,3 +99,28 @@ def test_the_window_counts_failed_queries_apart_from_the_tail():
         m.failed(0.001)
     w = m.window(10.0, 95.0)
     assert w["completed"] == 3 and w["failed"] == 2 and w["tail_ms"] == pytest.approx(10.0, rel=0.01)
+
+
+def test_node_max_loads_measures_each_worker_count_of_a_running_node(server):
+    import dataclasses
+
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.profiler import Budget, node_max_loads
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.specs import SLA, get_model
+
+    srv, ports, name = server
+    control = ControlClient("127.0.0.1", ports.http)
+    counts: list[int] = []
+
+    def set_workers(n: int) -> None:
+        control.set_workers(name, n)
+        counts.append(ControlClient("127.0.0.1", ports.http).get_model(name)["stages"]["model"]["workers"])
+
+    pool = RequestPool.from_mix(get_model(name), 1e-4, "production", pool=8, seed=0)
+    budget = dataclasses.replace(Budget.of(True), probe_s=0.3, probe_min_requests=5, max_probes=3)
+    with LoadSession(HttpTarget(f"http://127.0.0.1:{ports.http}", name), pool, warm=True) as session:
+        loads = node_max_loads(session, set_workers, SLA(target_ms=2000.0), (1, 2), start_qps=5.0, budget=budget)
+    assert counts == [1, 2] and set(loads) == {1, 2}
+    assert all(q >= 5.0 for q in loads.values())  # 5 qps within 2 s is met by any worker of a 1e-4 model

@@ -362,6 +362,26 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
     ]
 
 
+def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla: SLA, workers: Sequence[int],
+                   start_qps: float, budget: Budget | None = None, seed: int = 0) -> dict[int, float]:
+    """Max load of one model of a running node at each worker count, resized through ``set_workers``.
+
+    Why beside the profile: a controller acting on a live node needs what that node sustains now, with its
+    neighbours, router and load generator on the same cores; a profile taken alone, or at another hour on a shared
+    host, was 2x off live on the 2-core host.  Each count's search starts near the previous count's result."""
+    budget = budget or dataclasses.replace(Budget.of(False), probe_s=2.5, probe_min_requests=20, max_probes=7,
+                                           rtol=0.1)
+    out: dict[int, float] = {}
+    start = start_qps
+    for w in workers:
+        set_workers(w)
+        res, _ = _search(session, budget, sla, start, seed + w)
+        out[w] = res.max_qps
+        log(f"{w} worker(s): max load {res.max_qps:.1f} qps ({len(res.probes)} probes, {res.reason})")
+        start = max(start, 0.7 * res.max_qps)
+    return out
+
+
 def profile_host(specs: Sequence[ModelSpec], scale: float, quick: bool = False,
                  batches: Sequence[int] = BATCHES, workers: Sequence[int] | None = None,
                  skip_maxload: bool = False, sla: SLA | None = None, array_mb: int | None = None,
