@@ -40,3 +40,29 @@ def test_validation_names_the_bad_field(mutate, field):
     with pytest.raises(BatchError) as err:
         model.validate(mutate(sample_batch(model, 4)))
     assert err.value.field == field
+
+
+def test_check_query_skips_only_the_length_checks_the_codec_made():
+    """``lengths_checked`` (the serving codec's ``check_inputs`` ran) skips the lengths' sign and sum, nothing else."""
+    from recserve.serving.codec import check_inputs
+    from recserve.serving.errors import InferError
+    from recserve.zoo.batch import check_query
+
+    model = build(get_model("hercules-rmc1"), scale=1e-4)
+    arrays = sample_batch(model, 4, rng=2).as_arrays()
+    dense, values, lengths = arrays["dense"], arrays["sparse_values"], arrays["sparse_lengths"]
+    spec = (model.spec.dense_in, tuple(model.rows))
+    check_query(dense, values, lengths, *spec, lengths_checked=True)
+    for bad, field in (((dense, values + 10**9, lengths), "sparse_values"), ((dense[:, :3], values, lengths), "dense"),
+                       ((dense, values, lengths[:, :2]), "sparse_lengths")):
+        with pytest.raises(BatchError) as err:
+            check_query(*bad, *spec, lengths_checked=True)
+        assert err.value.field == field
+    negative = lengths.copy()
+    negative[0, 0], negative[0, 1] = -1, negative[0, 1] + 1
+    short = values[:-1]
+    for bad in ((dense, values, negative), (dense, short, lengths)):
+        with pytest.raises(BatchError):  # unchecked: found here
+            check_query(*bad, *spec)
+        with pytest.raises(InferError):  # checked: the codec's check refuses them first
+            check_inputs({"dense": bad[0], "sparse_values": bad[1], "sparse_lengths": bad[2]})

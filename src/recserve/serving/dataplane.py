@@ -1080,10 +1080,12 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
             return (req, *self.validate(arrays))
 
         def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
+            """``arrays`` as the codec decoded them (HTTP or gRPC): its ``check_inputs`` checked the lengths' values
+            and sum, which ``check_query`` does not repeat."""
             try:
                 query = (wire_array(arrays, INPUT_DENSE), wire_array(arrays, INPUT_VALUES),
                          wire_array(arrays, INPUT_LENGTHS))
-                check_query(*query, info.dense_in, info.rows, info.seq_lens, max_batch_size)
+                check_query(*query, info.dense_in, info.rows, info.seq_lens, max_batch_size, lengths_checked=True)
             except BatchError as exc:
                 raise InferError("invalid", str(exc), exc.field) from exc
             return query, query[0].shape[0]
