@@ -5,8 +5,10 @@ starting with one worker on its own core; added workers go round-robin over both
 once per controller with the same Poisson load; printed: the fraction of monitoring windows in which
 a model's p95 exceeded its SLA.  The default load is Hera's Fig. 14 scenario (gradual rise; at T1
 the second model drops; at T2 it spikes while the first drops) as fractions of each model's max load
-alone on the node.  Capacity tables (max load vs workers) come from `recserve profile host --via
-server` on this machine, i.e. measured through the node server (reused from --profiles when given).
+with two workers on the node.  That max load (and the RMU's curve) is measured on node A just before
+the runs (`--capacity live`, 1 and 2 workers, the other model idle; a --profiles file only seeds the
+search), or read from a capacity profile (`--capacity profile`: --profiles, else `recserve profile
+host --via server` now).
 
     .venv/bin/python benchmarks/bench_rmu_live.py [--seconds 90] [--shape fig14|diurnal] [--router]
 """
@@ -19,7 +21,8 @@ import sys
 from pathlib import Path
 
 from recserve.cli import main as cli
-from recserve.demo import DemoRun, run_live
+from recserve.demo import DemoRun, live_capacity, profiled_capacity, run_live
+from recserve.policies.rmu import CapacityProfile
 
 
 def main() -> int:
@@ -33,17 +36,22 @@ def main() -> int:
                         help="how the capacity profile is measured")
     parser.add_argument("--window-s", type=float, default=3.0)
     parser.add_argument("--controllers", default="hera,parties,static")
-    parser.add_argument("--models", default="elasticrec-rm3,hera-dlrm-b",
+    parser.add_argument("--models", default="hera-dlrm-b,elasticrec-rm3",
                         help="the two co-located models (compute-heavy: on 2 cores the HTTP front end and load "
                              "generator take much of a light model's CPU, so workers would barely matter)")
-    parser.add_argument("--peaks", default="0.7,0.6",
+    parser.add_argument("--peaks", default="0.45,0.2,0.8",
                         help="fig14: the first model's plateau, the second's level at T1 and (optional, default 0.6) "
                              "its spike at T2, as fractions of each model's max load alone on the node")
     parser.add_argument("--quick-profile", action="store_true", help="coarse capacity profile (4 short probes)")
+    parser.add_argument("--capacity", default="live", choices=("live", "profile"),
+                        help="the load's and the RMU's max-load curve: 'live' measures node A now (1 and 2 workers "
+                             "per model, the other idle; the profile only seeds the search), 'profile' uses the "
+                             "capacity profile as is")
     parser.add_argument("--router", action="store_true",
                         help="also put the first model on node B behind the Kairos router (the demo's layout)")
     args = parser.parse_args()
     run = DemoRun(Path(args.out))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     models = tuple(args.models.split(","))
     if len(models) != 2:
         parser.error("--models takes exactly two models")
@@ -51,18 +59,28 @@ def main() -> int:
     if args.profiles:
         measured.parent.mkdir(parents=True, exist_ok=True)
         measured.write_text(Path(args.profiles).read_text())
-    elif cli(["profile", "host", "--models", ",".join(models), "--scale", str(args.scale), "--via", args.via,
-              *(["--quick"] if args.quick_profile else []), "--batches", "1,64,256", "--workers", "1,2,3",
-              "--out", str(measured)]) != 0:
+    elif args.capacity == "profile" and cli([
+            "profile", "host", "--models", ",".join(models), "--scale", str(args.scale), "--via", args.via,
+            *(["--quick"] if args.quick_profile else []), "--batches", "1,64,256", "--workers", "1,2,3",
+            "--out", str(measured)]) != 0:
         return 1
+    capacity = None
+    if args.capacity == "live":
+        profiled = profiled_capacity(run, models) if measured.exists() else {}
+        starts = {m: 0.5 * c.max_qps(1) for m, c in profiled.items()}
+        now = live_capacity(args.scale, models, start_qps=starts)
+        capacity = {m: CapacityProfile.from_points(q) for m, q in now.items()}
+        print("capacity now: " + "; ".join(f"{m} " + " / ".join(f"{q:.0f}" for q in qs.values()) + " qps with "
+                                           + " / ".join(map(str, qs)) + " workers" for m, qs in now.items()))
     results = {}
     for name in args.controllers.split(","):
         print(f"== {name}", file=sys.stderr)
         data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
                         use_router=args.router, shape=args.shape, models=models,
-                        peaks=tuple(float(x) for x in args.peaks.split(",")))
+                        peaks=tuple(float(x) for x in args.peaks.split(",")), capacity=capacity)
         peaks = data["peak_qps"]
         results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
+                         "capacity_qps": data["capacity_qps"],
                          "decisions": len(data["decisions"]),
                          "errors": sum(w["errors"] for w in data["windows"]),
                          "controller_errors": data["controller_errors"][:3]}

@@ -32,13 +32,17 @@ from recserve.errors import RecserveError
 
 # Live pair: a memory-bound, low-scalability DLRM and a compute-bound, high-scalability one whose
 # SLA the production query mix (p99 920 items) can meet on one core of a 2-core host.
-LIVE_MODELS = ("hera-dlrm-a", "elasticrec-rm3")
+LIVE_MODELS = ("hera-dlrm-b", "elasticrec-rm3")
 # Hercules' heterogeneous cluster (counts are ours: the paper gives the types, not a fleet) and a day of load
 HERCULES_DAY = """available: {hercules-t1: 40, hercules-t2: 40, hercules-t3: 20, hercules-t4: 20, hercules-t5: 10,
             hercules-t6: 10, hercules-t7: 10, hercules-t8: 10, hercules-t9: 10, hercules-t10: 10}
 peak_qps: {hercules-rmc1: 20000, hercules-rmc2: 3000, hercules-rmc3: 5000, hercules-din: 2000}
 """
 WORKER_SLOTS_PER_CORE = 2
+# the live load: Hera Fig. 14 as fractions of each model's max load with two workers on node A, measured just
+# before (the first model's plateau, the second's level at T1, its spike at T2: past one worker, within two)
+LIVE_PEAKS = (0.45, 0.2, 0.8)
+LIVE_CONTROLLERS = ("hera", "static")  # the first is the report's main run; the others get the same load
 PEAK_SHARE = {"hera-dlrm-a": 0.3, "elasticrec-rm3": 0.6}
 HERA_MODELS = ("hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din",
                "hera-wnd")
@@ -216,17 +220,30 @@ def diurnal_rates(peak: float, windows: int, ratio: float = 3.0) -> np.ndarray:
 
 
 def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Callable[[Step], None]:
+    """Measure node A's capacity now, then one run per controller in ``LIVE_CONTROLLERS`` under the same load."""
     def go(step: Step) -> None:
-        data = run_live(run, scale, seconds, window_s)
-        path = run.path("live/live.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
-        png = plot_live(data, run.path("live/live.png"))
-        step.outputs += [str(path), str(png)]
-        v = data["violation_fraction"]
-        step.summary = (f"{len(data['windows'])} windows, SLA violated in "
-                        + ", ".join(f"{m} {100 * f:.0f}%" for m, f in v.items())
-                        + f"; {len(data['decisions'])} RMU decisions")
+        from recserve.policies.rmu import CapacityProfile
+
+        profiled = profiled_capacity(run)
+        measured = live_capacity(scale, LIVE_MODELS, start_qps={m: 0.5 * c.max_qps(1) for m, c in profiled.items()})
+        capacity = {m: CapacityProfile.from_points(q) for m, q in measured.items()}
+        runs: dict[str, dict[str, Any]] = {}
+        for name in LIVE_CONTROLLERS:
+            data = run_live(run, scale, seconds, window_s, name, shape="fig14", peaks=LIVE_PEAKS, capacity=capacity)
+            data["capacity_measured"] = {m: {str(n): q for n, q in qs.items()} for m, qs in measured.items()}
+            runs[name] = data
+            path = run.path("live/live.json" if name == LIVE_CONTROLLERS[0] else f"live/live_{name}.json")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(data, indent=1))
+            png = plot_live(data, path.with_suffix(".png"))
+            step.outputs += [str(path), str(png)]
+        lead = runs[LIVE_CONTROLLERS[0]]
+        lead["compared"] = {name: d["violation_fraction"] for name, d in runs.items()}
+        run.path("live/live.json").write_text(json.dumps(lead, indent=1))
+        step.summary = (f"{len(lead['windows']) // 2} windows per model; SLA violated in "
+                        + "; ".join(f"{name}: " + ", ".join(f"{m} {100 * f:.0f}%" for m, f in v.items())
+                                    for name, v in lead["compared"].items())
+                        + f"; {len(lead['decisions'])} RMU decisions")
     return go
 
 
@@ -275,44 +292,87 @@ def _replica_router(run: DemoRun, model: str, scale: float, port_a: int, core: i
     return router
 
 
+def _node_a(models: tuple[str, str], scale: float) -> Any:
+    """Node A: the two models co-located, one worker each on its own core; workers a controller adds go
+    round-robin over both cores, so a model's worker count is its share of the node's CPU when both are busy."""
+    from recserve.serving import NodeServer, config_from_dict
+
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    lo, hi = models
+    return NodeServer(config_from_dict({"models": [
+        {"model": lo, "scale": scale, "workers": 1, "cores": cores, "queue_limit": 64},
+        {"model": hi, "scale": scale, "workers": 1, "cores": cores[::-1], "queue_limit": 64}]}))
+
+
+def profiled_capacity(run: DemoRun, models: tuple[str, str] = LIVE_MODELS) -> dict[str, Any]:
+    """Each model's CapacityProfile from the run's profile of this host (``profiles/this-host.json``)."""
+    from recserve.policies.rmu import CapacityProfile
+    from recserve.profiles import ProfileSet
+
+    profiles = ProfileSet.load(run.path("profiles/this-host.json"))
+    return {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in models}
+
+
+def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: tuple[int, ...] = (1, 2),
+                  start_qps: dict[str, float] | None = None) -> dict[str, dict[int, float]]:
+    """Each model's max load on node A now (the other model idle) with each worker count, over HTTP.
+
+    Why: the live runs' load and the RMU's curve must describe this node at this hour.  On the shared 2-core host a
+    profile taken in-process, or an hour earlier, was up to 2x off live (hera-dlrm-b: profiled 56 qps on one
+    worker, violated at 27), which made a load meant to be within reach impossible for every controller."""
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.profiler import node_max_loads
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.serving.control_client import ControlClient
+    from recserve.specs import get_model
+
+    node = _node_a(models, scale)
+    out: dict[str, dict[int, float]] = {}
+    try:
+        ports = node.start()
+        control = ControlClient(port=ports.http)
+        for m in models:
+            spec = get_model(m)
+            pool = RequestPool.from_mix(spec, scale, "production", pool=32, seed=2)
+            with LoadSession(HttpTarget(f"http://127.0.0.1:{ports.http}", m), pool, warm=True) as session:
+                out[m] = node_max_loads(session, lambda n, m=m: control.set_workers(m, n), spec.sla, workers,
+                                        (start_qps or {}).get(m, 10.0))
+            control.set_workers(m, 1)
+    finally:
+        node.stop()
+    return out
+
+
 def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",
              use_router: bool = True, shape: str = "diurnal",
-             models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, ...] = (0.7, 0.6)) -> dict[str, Any]:
+             models: tuple[str, str] = LIVE_MODELS, peaks: tuple[float, ...] = (0.7, 0.6),
+             capacity: dict[str, Any] | None = None) -> dict[str, Any]:
     """Node A co-locates the two models, node B replicates the first behind the router (``use_router``);
     ``controller_name`` (hera | parties | static) resizes node A's workers every window under the
-    ``shape`` load (see :func:`live_rates`)."""
+    ``shape`` load (see :func:`live_rates`), sized from ``capacity`` (default: the run's profile of this host),
+    which is also the RMU's curve."""
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
     from recserve.policies.node_control import ControlLoop, ServerNodeControl
-    from recserve.policies.rmu import CapacityProfile, make_controller
-    from recserve.profiles import ProfileSet
-    from recserve.serving import NodeServer, config_from_dict
+    from recserve.policies.rmu import make_controller
     from recserve.serving.control_client import ControlClient
     from recserve.specs import get_model
 
     lo, hi = models
-    profiles = ProfileSet.load(run.path("profiles/this-host.json"))
-    capacity = {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in models}
+    capacity = capacity or profiled_capacity(run, models)
     for m in models:  # before any server starts
         if capacity[m].max_qps(1) <= 0:
-            raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (profiled max load 0)")
-    # each model starts on its own core; workers the controller adds go round-robin over both cores, so a
-    # model's worker count is its share of the node's CPU when both are busy
-    cores = sorted(os.sched_getaffinity(0))[:2]
-    node_a = NodeServer(config_from_dict({"models": [
-        {"model": lo, "scale": scale, "workers": 1, "cores": cores, "queue_limit": 64},
-        {"model": hi, "scale": scale, "workers": 1, "cores": cores[::-1], "queue_limit": 64}]}))
+            raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (max load 0)")
+    node_a = _node_a(models, scale)
     started: list[Any] = []
     try:
         ports_a = node_a.start()
         started.append(node_a)
-        router = _replica_router(run, lo, scale, ports_a.http, cores[-1], started) if use_router else None
+        core_b = sorted(os.sched_getaffinity(0))[:2][-1]
+        router = _replica_router(run, lo, scale, ports_a.http, core_b, started) if use_router else None
         windows = max(4, int(seconds / window_s))
-        # Diurnal peak: a share of one worker's profiled max load.  An in-process profile has no server,
-        # router or co-runner costs, and on a 2-core host the node servers, the router and the load
-        # generator all share the workers' cores.  The compute-bound model is pushed past one worker at the
-        # evening peak, so the resource manager has something to do.
         rates = live_rates(shape, capacity, windows, window_s, models, peaks)
         peak = {m: float(np.max(r)) for m, r in rates.items()}
         front = router.port if router is not None else ports_a.http
@@ -364,6 +424,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     violation = {m: float(np.mean([w.violates(window_s) for w in ws])) if ws else 1.0 for m, ws in by_model.items()}
     return {"kind": "demo-live", "controller": controller_name, "router": use_router, "shape": shape,
             "models": list(models), "scale": scale, "window_s": window_s,
+            "capacity_qps": {m: [capacity[m].max_qps(n) for n in (1, 2, 3)] for m in models},
             "peak_qps": peak, "windows": [w.__dict__ for w in results], "violation_fraction": violation,
             "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
             "router_stats": stats}
@@ -396,7 +457,8 @@ def plot_live(data: dict[str, Any], path: Path) -> Path:
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(alpha=0.3)
-    fig.suptitle("live: diurnal load, Kairos router, Hera resource manager")
+    fig.suptitle(f"live: {data.get('shape', 'diurnal')} load, "
+                 + ("Kairos router, " if data.get("router") else "") + f"controller {data.get('controller', 'hera')}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -419,7 +481,10 @@ def render_live(data: dict[str, Any], base: Path) -> str:
                      "errors": sum(w["errors"] for w in ws)})
     decisions = [{"t (s)": round(d["time_s"], 1), "model": d["model"], "action": d["action"],
                   "detail": json.dumps(d["detail"])[:100]} for d in data["decisions"]]
+    compared = [{"controller": name, **{m: f"{100 * f:.0f}%" for m, f in v.items()}}
+                for name, v in data.get("compared", {}).items()]
     return ("<h2>Live deployment on this host</h2>" + report.table(rows)
+            + (("<h3>Windows over the SLA, same load, by controller</h3>" + report.table(compared)) if compared else "")
             + report.image(base / "live.png") + "<h3>Resource-manager decisions</h3>" + report.table(decisions))
 
 
@@ -458,7 +523,8 @@ def run_demo(out: Path, scale: float = 1e-3, live_seconds: float = 90.0, window_
     for name, fn in plan_steps(run):
         run.step(name, fn)
     if profiled.ok:
-        run.step("live: node servers + router + RMU under diurnal load", live_step(run, scale, live_seconds, window_s))
+        run.step("live: node servers + router + RMU vs static, Hera Fig. 14 load",
+                 live_step(run, scale, live_seconds, window_s))
     html = write_report(run)
     print_summary(run, html)
     return 0 if all(s.ok for s in run.steps) else 1
