@@ -39,7 +39,7 @@ def main() -> int:
     parser.add_argument("--models", default="hera-dlrm-b,elasticrec-rm3",
                         help="the two co-located models (compute-heavy: on 2 cores the HTTP front end and load "
                              "generator take much of a light model's CPU, so workers would barely matter)")
-    parser.add_argument("--peaks", default="0.45,0.2,0.8",
+    parser.add_argument("--peaks", default="0.35,0.2,0.8",
                         help="fig14: the first model's plateau, the second's level at T1 and (optional, default 0.6) "
                              "its spike at T2, as fractions of each model's max load alone on the node")
     parser.add_argument("--quick-profile", action="store_true", help="coarse capacity profile (4 short probes)")

@@ -484,3 +484,13 @@ def test_apply_split_shrinks_before_it_grows():
     assert have == {"a": 4, "b": 7} and calls == [("a", 4), ("b", 7)]
     apply_split(["a", "b"], [4, 7], have.get, put)      # nothing changes: nothing set
     assert len(calls) == 2
+
+
+def test_hera_does_not_move_past_the_knee_when_the_counts_below_just_failed():
+    # live: two rm3 workers (measured 76 / 138 qps with 1 / 2, flat beyond) failed at 111 qps; three promise no more
+    rmu = HeraRMU({"a": CapacityProfile.from_points({1: 76.0, 2: 138.0})})
+    rmu._steps = 1
+    rmu._remember("a", 2, WindowStats(467.0, 100, 111.0), 1.17)
+    assert rmu.find_number_of_workers("a", 116.0, 3, current=2) == 2
+    fresh = HeraRMU({"a": CapacityProfile.from_points({1: 76.0, 2: 138.0})})
+    assert fresh.find_number_of_workers("a", 200.0, 3, current=3) == 2  # nothing failed: back to the knee

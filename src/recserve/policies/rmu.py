@@ -212,17 +212,19 @@ class HeraRMU(Controller):
         counts not just seen to fail at this rate.  If none covers it, the fewest of those that reach all but
         ``MARGINAL`` of their best profiled max load (not simply ``limit``: a worker past the curve's knee adds no
         capacity and takes a core — live on 2 cores, elasticrec-rm3, profiled 133 / 137 qps with 2 / 3 workers, held
-        107 qps with 2 and shed 30% of it with 3).  If every count has just failed at this rate, ``current`` stays:
-        there is nothing to go on."""
+        107 qps with 2 and shed 30% of it with 3).  ``current`` is one of those even if it just failed: no count is
+        moved to unless its profile promises more (live, two rm3 workers failed at 111 qps, the flat curve past two
+        sent it to three, which shed 40%); if every count has just failed, ``current`` stays."""
         cap, derate = self.capacity[model], self.derating(model)
         fresh = [n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)]
         for n in fresh:
             if derate * cap.max_qps(n) >= traffic_qps:
                 return n
-        if not fresh:
-            return min(current, limit) if current is not None else limit
-        best = max(cap.max_qps(n) for n in fresh)
-        return next(n for n in fresh if cap.max_qps(n) >= (1.0 - MARGINAL) * best)
+        knee = sorted({*fresh, min(current, limit)} if current is not None else fresh)
+        if not knee:
+            return limit
+        best = max(cap.max_qps(n) for n in knee)
+        return next(n for n in knee if cap.max_qps(n) >= (1.0 - MARGINAL) * best)
 
     def derating(self, model: str) -> float:
         """The factor (<= 1) the profiled curve is trusted with: the lowest (rate a count failed at / that count's
