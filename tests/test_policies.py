@@ -494,3 +494,12 @@ def test_hera_does_not_move_past_the_knee_when_the_counts_below_just_failed():
     assert rmu.find_number_of_workers("a", 116.0, 3, current=2) == 2
     fresh = HeraRMU({"a": CapacityProfile.from_points({1: 76.0, 2: 138.0})})
     assert fresh.find_number_of_workers("a", 200.0, 3, current=3) == 2  # nothing failed: back to the knee
+
+
+def test_hera_never_grows_a_model_with_slack_to_spare():
+    node = FakeNode({"a": WindowStats(60.0, 5, 5.2), "b": WindowStats(90.0, 10, 10.0)})  # a: slack 0.6
+    rmu = HeraRMU({"a": linear_capacity(40.0, False), "b": linear_capacity(60.0, False)})
+    rmu._steps = 1
+    rmu._remember("a", 1, WindowStats(float("inf"), 0, 5.0), float("inf"))  # a neighbour's spike starved it
+    rmu.step(2.0, node)
+    assert node.workers["a"] == 1  # the remembered failure rules out one worker at 5.2 qps, yet it is not grown

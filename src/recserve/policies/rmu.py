@@ -265,6 +265,8 @@ class HeraRMU(Controller):
             others = sum(control.get_workers(o) for o in models if o != m)
             limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
             want = self.find_number_of_workers(m, traffic, limit, control.get_workers(m))
+            if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it; live,
+                want = min(want, control.get_workers(m))  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
                 self._reclaim(control, m, want - free)
