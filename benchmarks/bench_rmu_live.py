@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 from recserve.cli import main as cli
-from recserve.demo import DemoRun, live_capacity, profiled_capacity, run_live
-from recserve.policies.rmu import CapacityProfile
+from recserve.demo import DemoRun, measured_capacity, run_live
 
 
 def main() -> int:
@@ -66,10 +65,7 @@ def main() -> int:
         return 1
     capacity = None
     if args.capacity == "live":
-        profiled = profiled_capacity(run, models) if measured.exists() else {}
-        starts = {m: 0.5 * c.max_qps(1) for m, c in profiled.items()}
-        now = live_capacity(args.scale, models, start_qps=starts)
-        capacity = {m: CapacityProfile.from_points(q) for m, q in now.items()}
+        now, capacity = measured_capacity(run, args.scale, models)
         print("capacity now: " + "; ".join(f"{m} " + " / ".join(f"{q:.0f}" for q in qs.values()) + " qps with "
                                            + " / ".join(map(str, qs)) + " workers" for m, qs in now.items()))
     results = {}

@@ -224,28 +224,22 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
     to node A directly: through the Kairos router (node A + a replica on node B, one slot each) hera-dlrm-b's p95
     reached 0.5-1 s at 4-20 qps on this host, so the comparison would have measured the router, not the RMU."""
     def go(step: Step) -> None:
-        from recserve.policies.rmu import CapacityProfile
-
-        profiled = profiled_capacity(run)
-        measured = live_capacity(scale, LIVE_MODELS, start_qps={m: 0.5 * c.max_qps(1) for m, c in profiled.items()})
-        capacity = {m: CapacityProfile.from_points(q) for m, q in measured.items()}
-        runs: dict[str, dict[str, Any]] = {}
-        for name in LIVE_CONTROLLERS:
-            data = run_live(run, scale, seconds, window_s, name, use_router=False, shape="fig14", peaks=LIVE_PEAKS,
-                            capacity=capacity)
+        measured, capacity = measured_capacity(run, scale, LIVE_MODELS)
+        runs = {name: run_live(run, scale, seconds, window_s, name, use_router=False, shape="fig14",
+                               peaks=LIVE_PEAKS, capacity=capacity) for name in LIVE_CONTROLLERS}
+        compared = {name: d["violation_fraction"] for name, d in runs.items()}
+        for name, data in runs.items():
             data["capacity_measured"] = {m: {str(n): q for n, q in qs.items()} for m, qs in measured.items()}
-            runs[name] = data
+            if name == LIVE_CONTROLLERS[0]:
+                data["compared"] = compared
             path = run.path("live/live.json" if name == LIVE_CONTROLLERS[0] else f"live/live_{name}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data, indent=1))
-            png = plot_live(data, path.with_suffix(".png"))
-            step.outputs += [str(path), str(png)]
+            step.outputs += [str(path), str(plot_live(data, path.with_suffix(".png")))]
         lead = runs[LIVE_CONTROLLERS[0]]
-        lead["compared"] = {name: d["violation_fraction"] for name, d in runs.items()}
-        run.path("live/live.json").write_text(json.dumps(lead, indent=1))
         step.summary = (f"{len(lead['windows']) // 2} windows per model; SLA violated in "
                         + "; ".join(f"{name}: " + ", ".join(f"{m} {100 * f:.0f}%" for m, f in v.items())
-                                    for name, v in lead["compared"].items())
+                                    for name, v in compared.items())
                         + f"; {len(lead['decisions'])} RMU decisions")
     return go
 
@@ -295,12 +289,17 @@ def _replica_router(run: DemoRun, model: str, scale: float, port_a: int, core: i
     return router
 
 
+def _live_cores() -> list[int]:
+    """The two cores the live nodes use: node A's models start one on each, node B's replica takes the last."""
+    return sorted(os.sched_getaffinity(0))[:2]
+
+
 def _node_a(models: tuple[str, str], scale: float) -> Any:
     """Node A: the two models co-located, one worker each on its own core; workers a controller adds go
     round-robin over both cores, so a model's worker count is its share of the node's CPU when both are busy."""
     from recserve.serving import NodeServer, config_from_dict
 
-    cores = sorted(os.sched_getaffinity(0))[:2]
+    cores = _live_cores()
     lo, hi = models
     return NodeServer(config_from_dict({"models": [
         {"model": lo, "scale": scale, "workers": 1, "cores": cores, "queue_limit": 64},
@@ -314,6 +313,17 @@ def profiled_capacity(run: DemoRun, models: tuple[str, str] = LIVE_MODELS) -> di
 
     profiles = ProfileSet.load(run.path("profiles/this-host.json"))
     return {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in models}
+
+
+def measured_capacity(run: DemoRun, scale: float, models: tuple[str, str] = LIVE_MODELS
+                      ) -> tuple[dict[str, dict[int, float]], dict[str, Any]]:
+    """:func:`live_capacity` (its searches seeded at half the run's profiled one-worker max load, when the run has a
+    profile) and the CapacityProfile of each model's measured points."""
+    from recserve.policies.rmu import CapacityProfile
+
+    profiled = profiled_capacity(run, models) if run.path("profiles/this-host.json").exists() else {}
+    measured = live_capacity(scale, models, start_qps={m: 0.5 * c.max_qps(1) for m, c in profiled.items()})
+    return measured, {m: CapacityProfile.from_points(q) for m, q in measured.items()}
 
 
 def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: tuple[int, ...] = (1, 2),
@@ -373,8 +383,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     try:
         ports_a = node_a.start()
         started.append(node_a)
-        core_b = sorted(os.sched_getaffinity(0))[:2][-1]
-        router = _replica_router(run, lo, scale, ports_a.http, core_b, started) if use_router else None
+        router = _replica_router(run, lo, scale, ports_a.http, _live_cores()[-1], started) if use_router else None
         windows = max(4, int(seconds / window_s))
         rates = live_rates(shape, capacity, windows, window_s, models, peaks)
         peak = {m: float(np.max(r)) for m, r in rates.items()}

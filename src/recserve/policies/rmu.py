@@ -15,6 +15,7 @@ through its control API (a ``NodeControl`` over ``recserve.serving.control_clien
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -141,6 +142,7 @@ class CapacityProfile:
 def _nondecreasing(curve: Callable[[int], float]) -> Callable[[int], float]:
     """Max load with n workers as the best of 1..n: the controllers choose how many workers run, so a measured dip
     (noise, or a worker past the knee time-sharing a core) means "no gain", never "more workers lose load"."""
+    @functools.cache
     def best(n: int) -> float:
         return max(curve(k) for k in range(1, max(1, int(n)) + 1))
     return best
@@ -230,15 +232,17 @@ class HeraRMU(Controller):
         """The factor (<= 1) the profiled curve is trusted with: the lowest (rate a count failed at / that count's
         profiled max load) among the failures remembered."""
         cap = self.capacity[model]
-        ratios = [rate / cap.max_qps(n) for n, (rate, step) in self._failed.get(model, {}).items()
-                  if self._steps - step < self.memory_windows and cap.max_qps(n) > 0]
-        return min([1.0, *ratios])
+        return min([1.0, *(rate / cap.max_qps(n) for n, rate in self._recent_failures(model) if cap.max_qps(n) > 0)])
 
     def _failed_at(self, model: str, workers: int, traffic_qps: float) -> bool:
         """This many workers, or more, violated the SLA at this rate or a lower one within the last
         ``memory_windows`` steps (fewer workers than a count that failed would fail too)."""
-        return any(n >= workers and self._steps - step < self.memory_windows and traffic_qps >= rate
-                   for n, (rate, step) in self._failed.get(model, {}).items())
+        return any(n >= workers and traffic_qps >= rate for n, rate in self._recent_failures(model))
+
+    def _recent_failures(self, model: str) -> list[tuple[int, float]]:
+        """(workers, arrival qps) of the failures within the last ``memory_windows`` steps."""
+        return [(n, rate) for n, (rate, step) in self._failed.get(model, {}).items()
+                if self._steps - step < self.memory_windows]
 
     def _remember(self, model: str, workers: int, stats: WindowStats, slack: float) -> None:
         settled = self._set_at.get(model, -1) < self._steps - 1  # not changed at the decision before this window
