@@ -377,3 +377,19 @@ def test_remembered_header_blocks_are_bounded():
         conn.data_received(_frame(1, 5, 1 + 2 * k, block))
     assert 0 < len(conn._indexed) <= 64
     assert all(kind in (1, 3) for kind, *_ in transport.frames())  # answered (405 or UNIMPLEMENTED), never closed
+
+
+def test_request_head_keeps_the_clients_metadata_for_forwarded_calls():
+    """Custom metadata (``authorization``, a ``-bin`` entry) survives into ``GrpcCall.metadata`` as grpc.aio takes it;
+    HTTP/2's and gRPC's own headers do not, and a remembered block of indexed fields gives the same metadata."""
+    from hpack import Encoder
+
+    conn = GrpcConnection(lambda path: None, 1 << 20)
+    encoder = Encoder()
+    headers = [(":method", "POST"), (":path", "/inference.GRPCInferenceService/RepositoryModelLoad"),
+               ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "5S"),
+               ("authorization", "Bearer s3cret"), ("trace-bin", "AAEC")]
+    first = conn._request_head(encoder.encode(headers))
+    assert first[4] == (("authorization", "Bearer s3cret"), ("trace-bin", b"\x00\x01\x02"))
+    again = encoder.encode(headers)  # now every field is indexed in the dynamic table
+    assert conn._request_head(again)[4] == first[4] and conn._request_head(again)[4] == first[4]

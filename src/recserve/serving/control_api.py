@@ -159,6 +159,27 @@ def check_exposure(host: str, token: str | None) -> str:
     return f"control API open to loopback clients only ({host}); set {TOKEN_ENV} to require a token"
 
 
+GUARDED_HTTP = {"/control": "the control API", "/v2/systemsharedmemory": "shared memory",
+                "/v2/repository/models/": "loading and unloading models"}
+"""HTTP path prefixes behind the node's control token (when it has one), with what each is named in the 401."""
+GUARDED_GRPC = {"SystemSharedMemoryStatus": "shared memory", "SystemSharedMemoryRegister": "shared memory",
+                "SystemSharedMemoryUnregister": "shared memory", "RepositoryModelLoad": "loading and unloading models",
+                "RepositoryModelUnload": "loading and unloading models"}
+"""The same operations over gRPC, by method name: one rule for both transports (a region's key names a file in
+/dev/shm, and loading or unloading changes what the node serves, so neither is left open where control is not)."""
+
+
+def guarded_http(path: str) -> str | None:
+    """What an HTTP path is named in its 401 if it needs the control token, else None."""
+    return next((what for prefix, what in GUARDED_HTTP.items() if path.startswith(prefix)), None)
+
+
+def require_token(what: str, header: str | None, token: str | None, header_name: str = "Authorization") -> None:
+    """The access rule: with a control token, ``what`` needs ``Bearer <token>`` (InferError "unauthorized")."""
+    if not authorised(header, token):
+        raise InferError("unauthorized", f"{header_name}: {what} needs 'Bearer <token>'", header_name)
+
+
 def authorised(header: str | None, token: str | None) -> bool:
     """Whether an ``Authorization`` header carries ``token`` (constant-time compare); no token = open."""
     if not token:

@@ -88,13 +88,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _runtime(self, name: str, version: str = "") -> ModelRuntime:
         return self.core.runtime(name, version)
 
-    async def _guard(self, context: grpc.aio.ServicerContext, fn: Any) -> Any:
+    async def _guard(self, context: grpc.aio.ServicerContext, fn: Any, method: str | None = None) -> Any:
+        """Run ``fn``, answering its InferError with the one table's gRPC code; ``method`` named in
+        ``control_api.GUARDED_GRPC`` needs the node's control token in the ``authorization`` metadata first."""
         try:
+            if method is not None:
+                self._check_access(context, method)
             return await fn()
         except InferError as exc:
             await context.abort(grpc_code(exc), exc.public_message())
         except LlcUnsupported as exc:
             await context.abort(grpc_code(InferError("unsupported", str(exc))), str(exc))
+
+    def _check_access(self, context: grpc.aio.ServicerContext, method: str) -> None:
+        """The control API's access rule, as over HTTP (forwarded calls keep their metadata)."""
+        token, what = self.core.config.control_token, control_api.GUARDED_GRPC.get(method)
+        if token and what is not None:
+            header = dict(context.invocation_metadata() or ()).get("authorization")
+            control_api.require_token(what, header, token, "authorization")
 
     async def ServerLive(self, request, context):  # noqa: N802 (generated names)
         return service_pb2.ServerLiveResponse(live=True)
@@ -158,44 +169,32 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def run():
             await self.core.load_model(request.model_name)
             return service_pb2.RepositoryModelLoadResponse()
-        return await self._guard(context, run)
+        return await self._guard(context, run, "RepositoryModelLoad")
 
     async def RepositoryModelUnload(self, request, context):  # noqa: N802
         async def run():
             await self.core.unload_model(request.model_name)
             return service_pb2.RepositoryModelUnloadResponse()
-        return await self._guard(context, run)
+        return await self._guard(context, run, "RepositoryModelUnload")
 
     # ---- system shared memory (serving/shm.py); CUDA shared memory is not supported ----
-    def _may_register(self, context: grpc.aio.ServicerContext) -> None:
-        """The control API's access rule: with a control token, the call must carry it (``authorization``)."""
-        token = self.core.config.control_token
-        if token:
-            header = dict(context.invocation_metadata() or ()).get("authorization")
-            if not control_api.authorised(header, token):
-                raise InferError("unauthorized", "authorization: registering shared memory on this node needs "
-                                                 "'Bearer <token>' (over gRPC only where the server answers it "
-                                                 "itself; register over HTTP otherwise)", "authorization")
-
     async def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
         async def run():
             regions = {r["name"]: r for r in self.core.shm.status(request.name)}
             return json_format.ParseDict({"regions": regions}, service_pb2.SystemSharedMemoryStatusResponse())
-        return await self._guard(context, run)
+        return await self._guard(context, run, "SystemSharedMemoryStatus")
 
     async def SystemSharedMemoryRegister(self, request, context):  # noqa: N802
         async def run():
-            self._may_register(context)
             self.core.shm.register(request.name, request.key, request.offset, request.byte_size)
             return service_pb2.SystemSharedMemoryRegisterResponse()
-        return await self._guard(context, run)
+        return await self._guard(context, run, "SystemSharedMemoryRegister")
 
     async def SystemSharedMemoryUnregister(self, request, context):  # noqa: N802
         async def run():
-            self._may_register(context)
             self.core.shm.unregister(request.name)
             return service_pb2.SystemSharedMemoryUnregisterResponse()
-        return await self._guard(context, run)
+        return await self._guard(context, run, "SystemSharedMemoryUnregister")
 
     async def _no_cuda(self, context: grpc.aio.ServicerContext) -> Any:
         async def run():

@@ -112,7 +112,7 @@ class Forwarder:
 
         async def relay(call: GrpcCall, raw: memoryview) -> None:
             try:
-                call.reply(await send(bytes(raw), timeout=call.time_remaining()))
+                call.reply(await send(bytes(raw), timeout=call.time_remaining(), metadata=call.metadata or None))
             except grpc.aio.AioRpcError as exc:
                 call.finish(exc.code().value[0], exc.details() or "")
 
@@ -124,7 +124,8 @@ class Forwarder:
         async def relay(call: GrpcCall) -> None:
             try:
                 requests = (bytes(message) async for message in _requests(call))
-                async for response in open_stream(requests, timeout=call.time_remaining()):
+                async for response in open_stream(requests, timeout=call.time_remaining(),
+                                                  metadata=call.metadata or None):
                     call.send(response)
                 call.finish()
             except grpc.aio.AioRpcError as exc:

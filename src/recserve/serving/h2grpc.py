@@ -27,6 +27,8 @@ It knows nothing of recserve: ``grpc_worker.py`` maps methods to handlers.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import socket
 import struct
@@ -57,6 +59,8 @@ MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission pr
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
+RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
+Metadata = tuple[tuple[str, "str | bytes"], ...]
 GOAWAY_PING = b"goaway\x00\x01"  # the PING whose acknowledgement allows the final GOAWAY
 
 # gRPC status codes (grpc.StatusCode values), named here so that this module needs no grpc import
@@ -110,6 +114,18 @@ def _trailers(code: int, message: str) -> bytes:
     return block + _literal(b"grpc-message", _percent_encoded(message)) if message else block
 
 
+def _metadatum(name: bytes, value: bytes) -> tuple[str, str | bytes]:
+    """One metadata entry as grpc.aio takes it: a ``-bin`` value base64-decoded to bytes (undecodable: kept as sent,
+    so the forwarded call fails where the client's would), any other as text."""
+    key = name.decode("latin-1")
+    if key.endswith("-bin"):
+        try:
+            return key, base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            return key, value
+    return key, value.decode("latin-1")
+
+
 def _timeout_s(value: bytes) -> float | None:
     """``grpc-timeout`` (up to 8 digits and a unit) in seconds; None when absent or malformed."""
     if len(value) < 2 or value[-1] not in TIMEOUT_UNITS or not value[:-1].isdigit():
@@ -120,11 +136,13 @@ def _timeout_s(value: bytes) -> float | None:
 class GrpcCall:
     """One call (an HTTP/2 stream) as its handler sees it: reply once (unary), or send messages then finish."""
 
-    __slots__ = ("_conn", "_stream", "method", "deadline", "done", "requests", "on_cancel", "_task")
+    __slots__ = ("_conn", "_stream", "method", "deadline", "metadata", "done", "requests", "on_cancel", "_task")
 
-    def __init__(self, conn: GrpcConnection, stream: _Stream, method: str, deadline: float | None) -> None:
+    def __init__(self, conn: GrpcConnection, stream: _Stream, method: str, deadline: float | None,
+                 metadata: Metadata = ()) -> None:
         self._conn, self._stream = conn, stream
         self.method = method
+        self.metadata = metadata  # the client's own metadata (``authorization``, ...), as grpc.aio takes it
         self.deadline = deadline  # time.monotonic() by which the client stops waiting; None = no deadline
         self.done = False  # trailers sent, or the client cancelled: nothing more is written
         self.requests: asyncio.Queue[bytes | None] | None = None  # a streaming call's messages; None = half-closed
@@ -487,9 +505,10 @@ class GrpcConnection(asyncio.Protocol):
         if len(stream.block) > MAX_HEADER_BLOCK:
             raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
 
-    def _request_head(self, block: bytes) -> tuple[str, float | None, bytes | None, bytes]:
+    def _request_head(self, block: bytes) -> tuple[str, float | None, bytes | None, bytes, Metadata]:
         """What a call needs of its header block: the method's path, ``grpc-timeout`` in seconds (None if absent),
-        the HTTP status refusing a request that is not gRPC (None if it is) and ``grpc-encoding``.  A block made
+        the HTTP status refusing a request that is not gRPC (None if it is), ``grpc-encoding`` and the client's own
+        metadata (a forwarded call carries it on: the control token's ``authorization``).  A block made
         only of single-byte indexed fields cannot change the dynamic table, so what it says stays valid until a
         block that could change the table arrives: a client sends the same few such blocks call after call
         (tritonclient's and grpcio's: 8-9 bytes), each decoded once."""
@@ -501,6 +520,7 @@ class GrpcConnection(asyncio.Protocol):
         except HPACKError as exc:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {exc}") from exc
         path = timeout = method = content_type = encoding = b""
+        metadata: list[tuple[str, str | bytes]] = []
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -512,9 +532,11 @@ class GrpcConnection(asyncio.Protocol):
                 content_type = value
             elif name == b"grpc-encoding":
                 encoding = value
+            elif not name.startswith(b":") and name not in RESERVED_HEADERS and not name.startswith(b"grpc-"):
+                metadata.append(_metadatum(name, value))
         refusal = (None if method == b"POST" and content_type.startswith(b"application/grpc")
                    else b"415" if method == b"POST" else b"405")
-        head = (path.decode("latin-1"), _timeout_s(timeout) if timeout else None, refusal, encoding)
+        head = (path.decode("latin-1"), _timeout_s(timeout) if timeout else None, refusal, encoding, tuple(metadata))
         if all(byte >= 0x80 for byte in block):
             if len(self._indexed) >= MAX_INDEXED_BLOCKS:  # a client sending ever new combinations: bounded
                 self._indexed.clear()
@@ -524,7 +546,7 @@ class GrpcConnection(asyncio.Protocol):
         return head
 
     def _header_block(self, stream: _Stream, block: bytes) -> None:
-        path, seconds, refusal, encoding = self._request_head(block)
+        path, seconds, refusal, encoding, metadata = self._request_head(block)
         if stream.call is not None:  # request trailers: ignored, the stream has ended
             self._request_ended(stream)
             return
@@ -532,7 +554,7 @@ class GrpcConnection(asyncio.Protocol):
             self._streams.pop(stream.id, None)
             self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
             return
-        call = GrpcCall(self, stream, path, None if seconds is None else time.monotonic() + seconds)
+        call = GrpcCall(self, stream, path, None if seconds is None else time.monotonic() + seconds, metadata)
         stream.call = call
         stream.encoding = encoding
         if refusal is not None:

@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from recserve.serving.server import NodeCore
 
 log = logging.getLogger("recserve.serving")
-GUARDED = ("/control", "/v2/systemsharedmemory")  # paths behind the control token (when the node has one)
 
 
 def error_response(exc: InferError) -> web.Response:
@@ -241,14 +240,13 @@ async def _body(request: web.Request) -> dict:
 
 
 def _control_access(token: str | None) -> Any:
-    """Middleware: ``/control`` and shared-memory requests need the node's bearer token when it has one."""
+    """Middleware: the paths of ``control_api.GUARDED_HTTP`` need the node's bearer token when it has one."""
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path.startswith(GUARDED) and not control_api.authorised(request.headers.get("Authorization"),
-                                                                           token):
-            what = "the control API" if request.path.startswith("/control") else "shared memory registration"
-            raise InferError("unauthorized", f"Authorization: {what} needs 'Bearer <token>'", "Authorization")
+        what = control_api.guarded_http(request.path) if token else None
+        if what is not None:
+            control_api.require_token(what, request.headers.get("Authorization"), token)
         return await handler(request)
 
     return check
