@@ -10,7 +10,11 @@ the runs (`--capacity live`, 1 and 2 workers, the other model idle; a --profiles
 search), or read from a capacity profile (`--capacity profile`: --profiles, else `recserve profile
 host --via server` now).
 
-    .venv/bin/python benchmarks/bench_rmu_live.py [--seconds 90] [--shape fig14|diurnal] [--router]
+    .venv/bin/python benchmarks/bench_rmu_live.py [--seconds 90] [--shape fig14|diurnal] [--router] [--rounds 2]
+
+The controllers run one after another, so a host that drifts (this shared 2-core VM can change speed by 2x within an
+hour) favours whichever runs in its faster stretch.  ``--rounds N`` repeats the comparison with the order reversed
+every other round (hera, static; static, hera; ...) and prints each round and the mean per controller.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def main() -> int:
                         help="the load's and the RMU's max-load curve: 'live' measures node A now (1 and 2 workers "
                              "per model, the other idle; the profile only seeds the search), 'profile' uses the "
                              "capacity profile as is")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the comparison, reversing the controllers' order every other round (drift)")
     parser.add_argument("--router", action="store_true",
                         help="also put the first model on node B behind the Kairos router (the demo's layout)")
     args = parser.parse_args()
@@ -68,26 +74,37 @@ def main() -> int:
         now, capacity = measured_capacity(run, args.scale, models)
         print("capacity now: " + "; ".join(f"{m} " + " / ".join(f"{q:.0f}" for q in qs.values()) + " qps with "
                                            + " / ".join(map(str, qs)) + " workers" for m, qs in now.items()))
-    results = {}
-    for name in args.controllers.split(","):
-        print(f"== {name}", file=sys.stderr)
-        data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
-                        use_router=args.router, shape=args.shape, models=models,
-                        peaks=tuple(float(x) for x in args.peaks.split(",")), capacity=capacity)
-        peaks = data["peak_qps"]
-        results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
-                         "capacity_qps": data["capacity_qps"],
-                         "decisions": len(data["decisions"]),
-                         "errors": sum(w["errors"] for w in data["windows"]),
-                         "controller_errors": data["controller_errors"][:3]}
-        if data["controller_errors"]:
-            print(f"  {name} controller errors: {data['controller_errors'][:3]}", file=sys.stderr)
-        run.path(f"live_{name}.json").write_text(json.dumps(data, indent=1))
-    print(f"fraction of {args.window_s:g}-s windows with p95 over the SLA ({args.shape} load, {args.seconds:g} s; "
-          f"peak offered {', '.join(f'{m} {q:.0f} qps' for m, q in peaks.items())})")
-    for name, r in results.items():
-        v = ", ".join(f"{m} {100 * f:.0f}%" for m, f in r["violation_fraction"].items())
-        print(f"  {name:8s} {v}   decisions {r['decisions']}, errors {r['errors']}")
+    names = args.controllers.split(",")
+    rounds: list[dict[str, dict]] = []
+    for k in range(max(1, args.rounds)):
+        results = {}
+        for name in (names if k % 2 == 0 else names[::-1]):
+            print(f"== round {k + 1}: {name}", file=sys.stderr)
+            data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
+                            use_router=args.router, shape=args.shape, models=models,
+                            peaks=tuple(float(x) for x in args.peaks.split(",")), capacity=capacity)
+            peaks = data["peak_qps"]
+            results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
+                             "capacity_qps": data["capacity_qps"],
+                             "decisions": len(data["decisions"]),
+                             "errors": sum(w["errors"] for w in data["windows"]),
+                             "controller_errors": data["controller_errors"][:3], "order": k % 2}
+            if data["controller_errors"]:
+                print(f"  {name} controller errors: {data['controller_errors'][:3]}", file=sys.stderr)
+            run.path(f"live_{name}{'' if k == 0 else f'_round{k + 1}'}.json").write_text(json.dumps(data, indent=1))
+        rounds.append(results)
+        print(f"round {k + 1}: fraction of {args.window_s:g}-s windows with p95 over the SLA ({args.shape} load, "
+              f"{args.seconds:g} s; peak offered {', '.join(f'{m} {q:.0f} qps' for m, q in peaks.items())})")
+        for name, r in results.items():
+            v = ", ".join(f"{m} {100 * f:.0f}%" for m, f in r["violation_fraction"].items())
+            print(f"  {name:8s} {v}   decisions {r['decisions']}, errors {r['errors']}")
+    mean = {name: {m: sum(r[name]["violation_fraction"][m] for r in rounds) / len(rounds) for m in models}
+            for name in names}
+    if len(rounds) > 1:
+        print(f"mean over {len(rounds)} rounds (order reversed every other round):")
+        for name, v in mean.items():
+            print(f"  {name:8s} " + ", ".join(f"{m} {100 * f:.0f}%" for m, f in v.items()))
+    results = {**rounds[0], "rounds": rounds, "mean_violation_fraction": mean}
     Path("results").mkdir(exist_ok=True)
     Path("results/rmu_live.json").write_text(json.dumps(results, indent=1))
     return 0
