@@ -9,9 +9,10 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from recserve.serving import codec
+from recserve.serving.codec import protobuf_field
 from recserve.serving.errors import InferError
 from recserve.serving.grpc_service import infer_response
-from recserve.serving.grpc_worker import PLANS, STREAM_INFER_KEY, Plan, WorkerMethods, _field
+from recserve.serving.grpc_worker import PLANS, STREAM_INFER_KEY, Plan, WorkerMethods
 
 
 def request_of(arrays: dict[str, np.ndarray], request_id: str = "", model: str = "m", version: str = "",
@@ -101,7 +102,7 @@ def test_a_planned_response_is_the_bytes_protobuf_makes(shape, request_id):
         assert plan.response("model", "3", scores) == expected
         streamed = service_pb2.ModelStreamInferResponse(infer_response=service_pb2.ModelInferResponse.FromString(
             expected)).SerializeToString()
-        assert _field(STREAM_INFER_KEY, expected) == streamed
+        assert protobuf_field(STREAM_INFER_KEY, expected) == streamed
     with pytest.raises(InferError):
         plan.response("model", "3", np.array([[np.inf]], np.float32))
 

@@ -627,8 +627,19 @@ class AcceleratorClient:
 # ---------------------------------------------------------------------------------------- device pass
 
 
-def device_runner(model: Any, device: str, pinned: bool = True,
-                  table_mb: float | None = None) -> Callable[[tuple], np.ndarray]:
+@dataclass(frozen=True)
+class DeviceRunner:
+    """A forward pass on a device, called with a query's arrays; ``cache`` is the device row cache whose counters
+    the worker reports (None where the tables are whole on the device)."""
+
+    run: Callable[[tuple], np.ndarray]
+    cache: Any = None
+
+    def __call__(self, arrays: tuple) -> np.ndarray:
+        return self.run(arrays)
+
+
+def device_runner(model: Any, device: str, pinned: bool = True, table_mb: float | None = None) -> DeviceRunner:
     """One forward pass of a query on ``device``: inputs copied host -> device, scores back (numpy).
 
     On a GPU a zoo model runs with its tables fused (``zoo.fused``: one lookup kernel for all tables instead of
@@ -659,14 +670,9 @@ def device_runner(model: Any, device: str, pinned: bool = True,
             raise ValueError("accelerator device_table_mb needs a zoo model whose tables are all in memory "
                              f"(DramTable); {type(model).__name__} is not one")
         cached = CachedModel(model, target, table_mb * 2**20, pinned=pinned and target.type == "cuda")
-
-        def run_cached(arrays: tuple) -> np.ndarray:
-            return cached.run(arrays, host)
-
-        run_cached.device_cache = cached.cache  # type: ignore[attr-defined]  # its counters, for the stats
-        return run_cached
+        return DeviceRunner(lambda arrays: cached.run(arrays, host), cached.cache)
     if target.type == "cpu":
-        return lambda arrays: model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy()
+        return DeviceRunner(lambda arrays: model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy())
     if fusable(model):
         model = FusedModel(model).to_device(target)
     else:
@@ -676,7 +682,7 @@ def device_runner(model: Any, device: str, pinned: bool = True,
         dense, values, lengths = (host(a).to(target, non_blocking=True) for a in arrays)
         return model(QueryBatch(dense, values, lengths)).cpu().numpy()
 
-    return run
+    return DeviceRunner(run)
 
 
 def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[np.ndarray], None]]:
@@ -714,7 +720,7 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
             stop.set()
 
     device_run = device_runner(model, accel.device, table_mb=accel.device_table_mb)
-    cache = getattr(device_run, "device_cache", None)
+    cache = device_run.cache
 
     def run(arrays: tuple) -> np.ndarray:
         import torch

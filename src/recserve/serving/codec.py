@@ -474,6 +474,18 @@ RAW_INPUT_CONTENTS = 7  # ModelInferRequest's field number for ``raw_input_conte
 _RAW_KEY = RAW_INPUT_CONTENTS << 3 | 2  # its key byte: the field number and wire type 2 (length-delimited)
 
 
+def protobuf_field(key: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field (``key`` of one byte): key, varint length, value (the writer beside
+    :func:`_varint`, the reader; the workers' gRPC answers are built from such fields around cached heads)."""
+    size = len(value)
+    out = bytearray((key,))
+    while size >= 0x80:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out) + value
+
+
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:

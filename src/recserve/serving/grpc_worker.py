@@ -43,17 +43,6 @@ def _fail(call: GrpcCall, error: InferError) -> None:
     call.finish(grpc_code(error).value[0], error.public_message())
 
 
-def _field(key: int, value: bytes) -> bytes:
-    """A length-delimited protobuf field (``key`` of one byte): key, varint length, value."""
-    size = len(value)
-    out = bytearray((key,))
-    while size >= 0x80:
-        out.append(size & 0x7F | 0x80)
-        size >>= 7
-    out.append(size)
-    return bytes(out) + value
-
-
 class Plan:
     """A request this worker has decoded, validated and answered, but for its tensors: what a request of the same
     bytes (the raw input contents aside) needs, so that protobuf is not asked again (issue #14: tritonclient and
@@ -79,7 +68,7 @@ class Plan:
             if len(self.heads) >= 16:
                 self.heads.clear()
             head = self.heads[(version, scores.shape)] = response.SerializeToString()
-        return head + _field(RAW_OUTPUT_KEY, scores.astype("<f4", copy=False).tobytes())
+        return head + codec.protobuf_field(RAW_OUTPUT_KEY, scores.astype("<f4", copy=False).tobytes())
 
 
 async def _requests(call: GrpcCall) -> AsyncIterator[memoryview]:
@@ -239,7 +228,7 @@ class WorkerMethods(Forwarder):
         def answer(response: bytes | None, error: InferError | None) -> None:
             if not done.done():
                 done.set_result(service_pb2.ModelStreamInferResponse(error_message=error.public_message())
-                                .SerializeToString() if error else _field(STREAM_INFER_KEY, response))  # type: ignore[arg-type]
+                                .SerializeToString() if error else codec.protobuf_field(STREAM_INFER_KEY, response))  # type: ignore[arg-type]
 
         if self._query(raw, timeout_s, answer):
             return done
