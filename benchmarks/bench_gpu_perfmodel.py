@@ -7,6 +7,13 @@ operator, inputs copied host -> device, scores back); ``gpu_ms`` is what recserv
 ``PerfModel.call_ms`` on a ServerType for that machine, with the bundled calibration and with the GPU constants
 (``gpu_launch_us``, ``gpu_compute_eff``, ``gpu_batch_half``, ``gpu_gather_eff``, ``pcie_eff``) fitted to the
 ``--train`` models only, and reports the median absolute error on the held-out models, which the fit never saw.
+Then leave-one-model-out: each measured model held out in turn, the GPU constants fitted on the other five; the
+median over all held-out rows.
+
+The host half of a GPU call (Python, the dispatcher: per module and per operator, ``PerfModel._launch_ms``) is the
+host CPU's framework time, so it takes the CPU constants fitted on that machine's own CPU timings
+(``src/recserve/data/hosts/h100-host.json``, the 16-core host of the same H100 machine), with every model held out
+of the GPU fit also left out of that CPU fit (``--host-cpu none``: the bundled constants).
 
     .venv/bin/python benchmarks/bench_gpu_perfmodel.py
 """
@@ -26,8 +33,12 @@ from scipy.optimize import least_squares
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from recserve.perfmodel.calibration import Calibration, load_calibration  # noqa: E402
+from recserve.perfmodel.fit import fit as fit_cpu  # noqa: E402
+from recserve.perfmodel.fit import points_from_profiles  # noqa: E402
 from recserve.perfmodel.model import Allocation, PerfModel  # noqa: E402
-from recserve.specs import ServerType, get_model  # noqa: E402
+from recserve.profiles import ProfileSet  # noqa: E402
+from recserve.specs import ServerType, get_model, server_from_dict  # noqa: E402
 
 MEASURED = ROOT / "docs" / "measured" / "h100-2026-11-22" / "bench_gpu_run1.json"
 # The lent machine: NVIDIA H100 80GB HBM3 (SXM5) and 16 host cores (NVIDIA's data sheet for the GPU; the host
@@ -39,6 +50,23 @@ H100_HOST = ServerType(
     assumptions=("host: 16 cores at 2.0 GHz, 100 GB/s (not recorded)",))
 FITTED = ("gpu_launch_us", "gpu_compute_eff", "gpu_batch_half", "gpu_gather_eff", "pcie_eff", "pcie_latency_us")
 BOUNDS = ((0.5, 50.0), (0.01, 1.0), (1.0, 1e5), (0.01, 1.0), (0.05, 1.0), (1.0, 5000.0))
+
+
+HOST_CPU = ROOT / "src" / "recserve" / "data" / "hosts" / "h100-host.json"
+_HOST_FITS: dict[frozenset[str], Calibration] = {}
+
+
+def host_calibration(path: Path | None, leave_out: set[str]) -> Calibration:
+    """CPU constants fitted on the GPU machine's own CPU timings without the ``leave_out`` models (cached)."""
+    if path is None:
+        return load_calibration()
+    key = frozenset(leave_out)
+    if key not in _HOST_FITS:
+        ps = ProfileSet.load(path)
+        host = server_from_dict("this-host", ps.meta["host"])
+        points = [p for p in points_from_profiles(ps, host) if p.spec.name not in leave_out]
+        _HOST_FITS[key] = fit_cpu(points, load_calibration())
+    return _HOST_FITS[key]
 
 
 def rows_of(path: Path, column: str) -> list[tuple[str, int, float]]:
@@ -77,8 +105,12 @@ def main() -> int:
     parser.add_argument("--column", default="gpu_tables_ms", help="gpu_tables_ms (per-table) or gpu_ms (fused)")
     parser.add_argument("--train", default="hera-din,hera-wnd,hercules-rmc2,hera-dlrm-a")
     parser.add_argument("--min-batch", type=int, default=1)
+    parser.add_argument("--host-cpu", default=str(HOST_CPU),
+                        help="CPU timings of the GPU machine's host for its framework constants; 'none': bundled")
+    parser.add_argument("--no-lomo", action="store_true", help="skip leave-one-model-out")
     parser.add_argument("--out", default="results/bench_gpu_perfmodel.json")
     args = parser.parse_args()
+    host_cpu = None if args.host_cpu == "none" else Path(args.host_cpu)
     rows = [r for r in rows_of(args.measured, args.column) if r[1] >= args.min_batch]
     if not rows:
         parser.error(f"{args.measured} has no {args.column} rows")
@@ -86,7 +118,7 @@ def main() -> int:
     train = [r for r in rows if r[0] in train_names]
     held = [r for r in rows if r[0] not in train_names]
     default = PerfModel()
-    fitted = fit(default, train)
+    fitted = fit(PerfModel(host_calibration(host_cpu, {r[0] for r in held})), train)
     measured = np.array([r[2] for r in rows])
     pred_default, pred_fitted = predict(default, rows), predict(fitted, rows)
     print(f"{'model':14s} {'batch':>6s} {'measured':>9s} {'default':>9s} {'fitted':>9s}  set")
@@ -104,7 +136,23 @@ def main() -> int:
         result["errors_pct"][label] = {"default": e_default, "fitted": e_fitted, "rows": len(subset)}
         print(f"median abs error, {label} ({len(subset)} rows): default calibration {e_default:.0f}%, "
               f"GPU constants fitted on the train models {e_fitted:.0f}%")
-    print("fitted: " + ", ".join(f"{k} {getattr(fitted.cal, k):.4g}" for k in FITTED))
+    print("fitted: " + ", ".join(f"{k} {getattr(fitted.cal, k):.4g}" for k in FITTED)
+          + f"; host framework: per_op_us {fitted.cal.per_op_us:.3g}, per_module_us {fitted.cal.per_module_us:.3g}")
+    if not args.no_lomo:
+        names = list(dict.fromkeys(r[0] for r in rows))
+        per_model: dict[str, float] = {}
+        held_errors: list[float] = []
+        for name in names:
+            out = [r for r in rows if r[0] == name]
+            model = fit(PerfModel(host_calibration(host_cpu, {name})), [r for r in rows if r[0] != name])
+            err = error_pct(predict(model, out), np.array([r[2] for r in out]))
+            per_model[name] = float(np.median(err))
+            held_errors += err.tolist()
+        lomo = float(np.median(held_errors))
+        result["errors_pct"]["leave one model out"] = {"fitted": lomo, "rows": len(held_errors),
+                                                        "per_model_median": per_model}
+        print(f"leave-one-model-out ({len(names)} models, {len(held_errors)} held-out rows): median abs error "
+              f"{lomo:.0f}%; per model " + ", ".join(f"{k} {v:.0f}%" for k, v in per_model.items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -47,6 +47,10 @@ class ModelCost:
     # bytes per item of each tensor one forward call allocates (operator outputs that are not views or in-place, sizes
     # growing with the batch): the ones past MMAP_MAX_BYTES at a call's size are mapped fresh every call
     alloc_bytes_per_item: tuple[float, ...] = ()
+    # kernels one call launches on a GPU (operators writing a tensor of their own; views launch none; an RNN module
+    # one per step): see _forward_profile.  0 = not counted (then the dispatched operators stand in)
+    device_sparse_launches: int = 0
+    device_dense_launches: int = 0
 
 
 # glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit): a larger allocation is always mmapped
@@ -113,6 +117,15 @@ def analytic_calls(spec: ModelSpec) -> CallCounts:
                       sparse_modules=len(spec.tables) + 1, dense_modules=2 * layers + 2, gemm_rows_per_item=rows)
 
 
+def analytic_launches(spec: ModelSpec) -> tuple[int, int]:
+    """GPU kernels of one call (sparse, dense) from the layout, for families the zoo cannot build: a bag per table and
+    the ids' offsets (cast, zeros, cumsum); a GEMM and an activation per layer, a cuDNN launch and DIEN's AUGRU step
+    (~11 kernels, as the zoo's scripted loop runs) per recurrent step, and the head's concat and sigmoid."""
+    _, _, layers = analytic_dense(spec)
+    steps = sum(t.pooling for t in spec.sequence_tables) if spec.interaction == "gru" else 0
+    return len(spec.tables) + 3, 2 * layers + 12 * steps + 2
+
+
 def analytic_activation_bytes(spec: ModelSpec) -> float:
     """Layer outputs per item from widths (sequence layers once per step), for families the zoo lacks."""
     widths = sum(spec.bottom_mlp) + sum(spec.top_mlp) + spec.towers * (sum(spec.tower_mlp) + 1)
@@ -122,9 +135,9 @@ def analytic_activation_bytes(spec: ModelSpec) -> float:
     return 4.0 * widths
 
 
-def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float, tuple[float, ...]] | None:
-    """(FLOPs, dense params, call counts, activation bytes, allocation sizes) per item counted on the zoo module, or
-    None."""
+def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float, tuple[float, ...], tuple[int, int]] | None:
+    """(FLOPs, dense params, call counts, activation bytes, allocation sizes, GPU kernel launches (sparse, dense))
+    per item counted on the zoo module, or None."""
     try:
         from recserve.zoo import build
         from recserve.zoo.flops import count_calls, dense_flops_per_item
@@ -136,55 +149,90 @@ def _zoo_dense(spec: ModelSpec) -> tuple[float, float, CallCounts, float, tuple[
         return None
     table_params = {id(p) for t in model.tables for p in t.parameters()}
     params = sum(p.numel() for p in model.parameters() if id(p) not in table_params)
-    return flops, float(params), calls, calls.dense_written_bytes_per_item, _alloc_sizes(model.eval(), spec)
+    sizes, launches = _forward_profile(model.eval())
+    return flops, float(params), calls, calls.dense_written_bytes_per_item, sizes, launches
 
 
 ZOO_COUNT_MAX_BYTES = 256e6  # larger dense parts are estimated, not instantiated
 
 
-def _alloc_sizes(model, spec: ModelSpec, batch: int = 4) -> tuple[float, ...]:  # noqa: ANN001 - a zoo module
-    """Bytes per item of every tensor one forward call allocates (the slope between ``batch`` and ``3·batch`` items
-    of each operator's outputs, skipping outputs that share an input's storage); sizes under 1 KB per item dropped."""
+def _forward_profile(model, batch: int = 4) -> tuple[tuple[float, ...], tuple[int, int]]:  # noqa: ANN001 - zoo module
+    """One dispatch-counted forward (sparse part, then dense part, as ``forward`` runs them) at ``batch`` and
+    ``3·batch`` items: bytes per item of every tensor it allocates (the slope between the two sizes of each
+    operator's outputs, skipping outputs that share an input's storage; sizes under 1 KB per item dropped), and the
+    kernels one call launches on a GPU (sparse, dense) at ``batch`` items.
+
+    A kernel is launched per operator that writes a tensor of its own; an operator whose every output shares an
+    input's storage (``view``, ``select``, ``chunk``, ``unsqueeze``, ``t``, slicing) only makes a tensor header on
+    the host and launches nothing.  Inside an ``nn.RNNBase`` module the CPU decomposition is not what the device
+    runs: ATen hands the recurrence to one cuDNN call (``use_cudnn``), about one native launch per time step, so
+    its operators count as its steps (as ``CallCounts.device_dense_ops`` does).  DIEN's scripted AUGRU loop is
+    ATen operators on the device too, ~11 kernels and ~6 views per step: counted as it runs."""
     import torch
+    from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from recserve.zoo import sample_batch
 
-    class Sizes(TorchDispatchMode):
+    class Profile(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.sizes: list[float] = []
+            self.launches = 0
+            self.rnn_depth = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's hook
             out = func(*args, **(kwargs or {}))
             inputs = {a.untyped_storage().data_ptr() for a in (*args, *(kwargs or {}).values())
                       if isinstance(a, torch.Tensor)}
+            owned = False
             for t in out if isinstance(out, tuple | list) else (out,):
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
                     self.sizes.append(float(t.untyped_storage().nbytes()))
+                    owned = True
+            self.launches += owned and not self.rnn_depth
             return out
 
-    runs = []
-    with torch.no_grad():
-        for b in (batch, 3 * batch):
-            query = sample_batch(model, b)
-            model(query)
-            mode = Sizes()
-            with mode:
+    def rnn_enter(module: nn.RNNBase, inputs: tuple) -> None:
+        mode.rnn_depth += 1
+        if mode.rnn_depth == 1 and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() == 3:
+            mode.launches += int(inputs[0].shape[1 if module.batch_first else 0])
+
+    def rnn_leave(*_: object) -> None:
+        mode.rnn_depth -= 1
+
+    rnns = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+    handles = [h for m in rnns for h in (m.register_forward_pre_hook(rnn_enter), m.register_forward_hook(rnn_leave))]
+    runs, launches = [], (0, 0)
+    mode = Profile()  # the RNN hooks count into the current one (the warm-up call's is dropped)
+    try:
+        with torch.no_grad():
+            for b in (batch, 3 * batch):
+                query = sample_batch(model, b)
                 model(query)
-            runs.append(mode.sizes)
+                mode = Profile()
+                with mode:
+                    pooled = model.sparse(query)
+                    sparse_launches = mode.launches
+                    model.dense(query.dense, pooled)
+                runs.append(mode.sizes)
+                if b == batch:
+                    launches = (sparse_launches, mode.launches - sparse_launches)
+    finally:
+        for h in handles:
+            h.remove()
     if len(runs[0]) != len(runs[1]):
-        return ()
+        return (), launches
     per_item = ((big - small) / (2 * batch) for small, big in zip(*runs, strict=True))
-    return tuple(s for s in per_item if s >= 1024.0)
+    return tuple(s for s in per_item if s >= 1024.0), launches
 
 
 @cache
 def model_cost(spec: ModelSpec) -> ModelCost:
     flops, params, _ = analytic_dense(spec)
-    estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec), ())
+    estimate = (flops, params, analytic_calls(spec), analytic_activation_bytes(spec), (), analytic_launches(spec))
     zoo = _zoo_dense(spec) if params * 4 <= ZOO_COUNT_MAX_BYTES else None
-    flops, params, calls, act, allocs = zoo if zoo is not None else estimate
+    flops, params, calls, act, allocs, launches = zoo if zoo is not None else estimate
     if spec.dense_flops:  # counted on the user's program (a repository model of no zoo family)
         flops, params = spec.dense_flops, float(spec.dense_params or params)
     bpe = spec.bytes_per_elem
@@ -215,6 +263,8 @@ def model_cost(spec: ModelSpec) -> ModelCost:
         gemm_rows_per_item=calls.gemm_rows_per_item,
         device_dense_ops=calls.device_dense_ops or max(1, calls.dense_ops),
         alloc_bytes_per_item=allocs,
+        device_sparse_launches=launches[0],
+        device_dense_launches=launches[1],
     )
 
 

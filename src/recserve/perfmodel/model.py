@@ -429,9 +429,7 @@ class PerfModel:
                      host_sparse: np.ndarray, feed: np.ndarray | float = 0.0) -> list[np.ndarray]:
         cal, cost = self.cal, st.cost
         c = alloc.cores_per_worker
-        # launches as the device runs the dense part: an RNN module is one cuDNN call there, not its CPU per-step ops
-        dense_ops = cost.device_dense_ops or cost.dense_ops
-        launch = cal.gpu_launch_us * 1e-3 * (dense_ops + (0 if alloc.pipeline else cost.sparse_ops))
+        launch = self._launch_ms(cost, with_sparse=not alloc.pipeline)
         pcie_bw = max(server.pcie_gbs, 1e-3) * 1e9 * cal.pcie_eff
         device_bw = max(server.accel_mem_bw_gbs, 1e-3) * 1e9 * cal.gpu_gather_eff
         tflops = max(server.accel_tflops, 1e-6) * 1e12
@@ -451,6 +449,27 @@ class PerfModel:
         speed = c / (1.0 + cal.op_serial * (c - 1))
         host = cal.fixed_ms + launch + xfer + feed + host_sparse / speed
         return [self._shared_device(host, dense_dev + dev_gather, alloc.workers)]
+
+    def _launch_ms(self, cost: ModelCost, with_sparse: bool = True) -> float:
+        """Host time (ms) to issue one call's work to the device: the framework's own time, as on a CPU (per operator
+        dispatched and per module invoked: Python and the dispatcher run the same code whatever the device; an RNN
+        module dispatches its cuDNN call, not its CPU per-step operators), plus ``gpu_launch_us`` per kernel launched.
+
+        Kernels are counted per operator that writes a tensor of its own (``ModelCost.device_*_launches``), not per
+        operator dispatched: views (``select``, ``chunk``, ``view``...) launch nothing.  Charging every dispatched
+        operator a launch had to carry the per-module Python time of the per-table models in ``gpu_launch_us``:
+        fitted on din, wnd, rmc2 and dlrm-a it came out at 14 us a launch, and hera-dien (1,959 dispatched operators,
+        1,278 kernels, 59 modules) was predicted at 28 ms against 10.3 ms measured at batch 1 on the H100
+        (docs/measured/h100-2026-11-22/bench_gpu_run1.json), i.e. ~5 us per operator there."""
+        dense_ops = cost.device_dense_ops or cost.dense_ops
+        dense_kernels = cost.device_dense_launches or dense_ops
+        sparse_kernels = cost.device_sparse_launches or cost.sparse_ops
+        framework = self.cal.per_op_us * dense_ops + self.cal.per_module_us * cost.dense_modules
+        kernels = dense_kernels
+        if with_sparse:
+            framework += self.cal.per_op_us * cost.sparse_ops + self.cal.per_module_us * cost.sparse_modules
+            kernels += sparse_kernels
+        return (framework + self.cal.gpu_launch_us * kernels) * 1e-3
 
     @staticmethod
     def _shared_device(host: np.ndarray, dev: np.ndarray, workers: int) -> np.ndarray:
