@@ -170,7 +170,9 @@ def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_d
             pid = json.load(r)["stages"]["model"]["worker_detail"][0]["pid"]
         os.kill(pid, signal.SIGKILL)
         time.sleep(1.0)
-        status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 3)
+        # wait for the answer (503 once the restarts give up, ~10 s): a query left queued would hold the
+        # server's shutdown for its 60 s grace period; every restart attempt in between is watched
+        status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 60)
         assert status != 200, "a worker served the swapped file"
     finally:
         server.stop(drain=False)
