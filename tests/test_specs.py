@@ -136,14 +136,41 @@ def test_bad_input_is_one_line_exit_2_in_process(case, tmp_path, capsys):
     assert BAD_INPUTS[case][2] in err
 
 
-@pytest.mark.parametrize("case", ["unknown", "malformed", "negative"])
-def test_bad_input_is_one_line_exit_2_subprocess(case, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "recserve.cli", *_argv(case, tmp_path)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and BAD_INPUTS[case][2] in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+SUBPROCESS_CASES = ["unknown", "malformed", "negative"]
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory):
+    """The subprocess cases' CLIs, all started at once (each is mostly interpreter start-up, so together they
+    take about the time of one): case -> (returncode, stderr), read on first use."""
+    procs: dict[str, subprocess.Popen] = {}
+    done: dict[str, tuple[int, str]] = {}
+
+    def result(case: str) -> tuple[int, str]:
+        if case not in done:
+            _, stderr = procs[case].communicate(timeout=120)
+            done[case] = (procs[case].returncode, stderr)
+        return done[case]
+
+    try:
+        for case in SUBPROCESS_CASES:
+            procs[case] = subprocess.Popen([sys.executable, "-m", "recserve.cli",
+                                            *_argv(case, tmp_path_factory.mktemp(case))],
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        yield result
+    finally:
+        for proc in procs.values():
+            proc.kill()  # a no-op for those already reaped
+            proc.communicate()
+
+
+@pytest.mark.parametrize("case", SUBPROCESS_CASES)
+def test_bad_input_is_one_line_exit_2_subprocess(case, cli_results):
+    returncode, stderr = cli_results(case)
+    assert returncode == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and BAD_INPUTS[case][2] in lines[0], stderr
+    assert "Traceback" not in stderr
 
 
 def test_dot_interaction_dims_are_validated():
