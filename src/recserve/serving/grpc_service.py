@@ -146,18 +146,19 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
         return await self._guard(context, run)
 
-    async def _infer(self, request: Any) -> Any:
-        """The ``ModelInferResponse`` to one request, or :class:`InferError`."""
+    async def _infer(self, request: Any, timeout_s: float | None = None) -> Any:
+        """The ``ModelInferResponse`` to one request, or :class:`InferError`; ``timeout_s``: the call's deadline."""
         if isinstance(request, Undecodable):
             raise request.error
         rt = self._runtime(request.model_name, request.model_version)
         regions = self.core.shm
         arrays = codec.parse_grpc_infer(request, regions=regions)
         target = codec.grpc_output_target(request.outputs)
-        return infer_response(rt.name, request.id, await rt.infer(arrays), rt.version, target, regions)
+        scores = await rt.infer(arrays, timeout_s)
+        return infer_response(rt.name, request.id, scores, rt.version, target, regions)
 
     async def ModelInfer(self, request, context):  # noqa: N802
-        return await self._guard(context, lambda: self._infer(request))
+        return await self._guard(context, lambda: self._infer(request, context.time_remaining()))
 
     async def RepositoryIndex(self, request, context):  # noqa: N802
         async def run():

@@ -138,7 +138,7 @@ def build_app(core: NodeCore) -> web.Application:
                 rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
                 exc.counted = True  # type: ignore[union-attr]
                 raise
-            scores = await rt.infer(arrays)
+            scores = await rt.infer(arrays, codec.timeout_s(req.get("parameters") or {}))
             payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
             content_type = headers.pop("Content-Type")
             return web.Response(body=payload, headers=headers, content_type=content_type)

@@ -165,6 +165,7 @@ class Query:
         self.results: list[Any] = [None] * parts
         self.remaining = parts
         self.future: asyncio.Future = loop.create_future()
+        self.started = False  # a part of it reached a worker (from then on it is not shed at its deadline)
         self.queue_s: dict[str, float] = {}
         self.compute_s: dict[str, float] = {}
 
@@ -394,6 +395,8 @@ class ModelRuntime:
                 w.retiring = True
             self._pump(pool)
         await self._await_exit(workers, WORKER_STOP_TIMEOUT_S)
+        if self._tasks:  # restarts in flight: each stops the worker it started (else it would outlive the node)
+            await asyncio.wait(list(self._tasks), timeout=WORKER_START_TIMEOUT_S + WORKER_STOP_TIMEOUT_S)
         for pool in self.pools.values():
             self._fail_pending(pool, f"model {self.name!r} stopped")
         if self.accel_dir:
@@ -544,7 +547,10 @@ class ModelRuntime:
         """Watchdog tick: a v2 worker silent for ``hang_timeout_s`` is hung; answer its queries, replace it.  An
         accelerator worker holds no client connection: killing it closes its socket, so the CPU workers answer
         what they sent it with 503 at once instead of 504 at each query's deadline, and its pool restarts it."""
-        if not self.accepts_in_workers or self.stopping:
+        if self.stopping:
+            return
+        self._watch_parts()
+        if not self.accepts_in_workers:
             return
         now = time.monotonic()
         for w in list(self.pools["model"].workers):
@@ -556,6 +562,23 @@ class ModelRuntime:
                 w.hung = True
                 log.error("model %s: accelerator worker pid %s hung (%.1f s silent); replacing it", self.name,
                           w.pid, now - w.last_beat)
+                w.process.kill()
+
+    def _watch_parts(self) -> None:
+        """A worker that has computed one part of a query through the server for ``hang_timeout_s`` is hung (such a
+        worker sends no heartbeat of its own): its query is answered 504 and the worker killed, then restarted."""
+        now = time.perf_counter()
+        for pool in self.pools.values():
+            for w in list(pool.workers):
+                part = w.current
+                if part is None or w.hung or now - part.dispatched <= self.cfg.hang_timeout_s:
+                    continue
+                w.hung = True
+                part.query.fail(InferError("deadline", f"model {self.name!r}: {pool.stage} worker pid {w.pid} "
+                                                       f"stopped responding ({now - part.dispatched:.1f} s on one "
+                                                       "part of this query)"))
+                log.error("model %s: %s worker pid %s hung (%.1f s on one part); replacing it", self.name,
+                          pool.stage, w.pid, now - part.dispatched)
                 w.process.kill()
 
     def _replace_hung(self, handle: WorkerHandle, silent_s: float) -> None:
@@ -695,10 +718,14 @@ class ModelRuntime:
                 if self.stopping:
                     return
                 try:
-                    await self._start_worker(pool, dead.cores, dead.threads)
+                    handle = await self._start_worker(pool, dead.cores, dead.threads)
+                    if self.stopping:  # the model stopped while this worker started
+                        handle.retiring = True
+                        self._pump(pool)
+                        await self._await_exit([handle], WORKER_STOP_TIMEOUT_S)
                     return
-                except InferError as exc:
-                    log.error("%s (restart attempt %d)", exc, attempt + 1)
+                except Exception as exc:  # noqa: BLE001 - an OSError (fork, pipe, memory) is a failed attempt too
+                    log.error("model %s: %s (restart attempt %d)", self.name, exc, attempt + 1)
                     await asyncio.sleep(0.5 * (attempt + 1))
         finally:
             pool.restarting -= 1
@@ -708,6 +735,20 @@ class ModelRuntime:
     def _fail_pending(self, pool: StagePool, message: str) -> None:
         while pool.pending:
             pool.pending.popleft().query.fail(InferError("unavailable", message))
+
+    def abandon(self, message: str) -> int:
+        """Answer every query the server still holds for this model (queued, or on a worker) with 503; returns how
+        many.  The node calls it when it stops after its drain: a client should hear that now, not wait for a
+        worker that shutdown will stop anyway (their sockets would hold the HTTP server's shutdown)."""
+        queries = {id(p.query): p.query for pool in self.pools.values() for p in pool.pending}
+        queries |= {id(w.current.query): w.current.query for pool in self.pools.values() for w in pool.workers
+                    if w.current is not None}
+        for pool in self.pools.values():
+            pool.pending.clear()
+        live = [q for q in queries.values() if not q.future.done()]
+        for q in live:
+            q.fail(InferError("unavailable", message))
+        return len(live)
 
     async def _await_exit(self, workers: list[WorkerHandle], timeout_s: float) -> None:
         if not workers:
@@ -729,6 +770,7 @@ class ModelRuntime:
                 continue  # failed or abandoned: do not spend a worker on it
             worker = idle.pop(0)
             part.dispatched = time.perf_counter()
+            part.query.started = True
             part.item_id = next(self._ids)
             worker.current = part
             arrays = flatten(pool.stage, part.payload)
@@ -758,8 +800,9 @@ class ModelRuntime:
             parts.append((piece.dense.numpy(), piece.values.numpy(), piece.lengths.numpy()))
         return parts
 
-    async def infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        """Scores ``[B, towers]`` for one query, or :class:`InferError`."""
+    async def infer(self, arrays: dict[str, np.ndarray], timeout_s: float | None = None) -> np.ndarray:
+        """Scores ``[B, towers]`` for one query, or :class:`InferError`; ``timeout_s`` is the client's deadline
+        (else the model's ``deadline_ms``)."""
         self.metrics.arrived()
         start = time.perf_counter()
         try:
@@ -786,7 +829,7 @@ class ModelRuntime:
                 first.pending.append(Part(query, i, payload, payload[0]))
             self._pump(first)
             try:
-                scores = await query.future
+                scores = await self._answer(query, start + (timeout_s or self.cfg.deadline_ms / 1e3), start)
             except InferError as exc:
                 self.metrics.error(exc.code)
                 self.metrics.failed(time.perf_counter() - start)
@@ -798,6 +841,24 @@ class ModelRuntime:
             self.in_flight -= 1
 
     # ------------------------------------------------------------------ control
+    async def _answer(self, query: Query, deadline: float, arrived: float) -> np.ndarray:
+        """The query's scores.  One that no worker has started by its deadline is answered 504 and its parts are
+        skipped when they reach the head of the queue (as the workers' own queues shed late queries), so a
+        stalled pool does not hold clients past their deadline; once a part runs the query waits for it, and
+        ``_watch_parts`` bounds a worker that never returns."""
+        timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.perf_counter()), self._shed_late,
+                                                      query, arrived)
+        try:
+            return await query.future
+        finally:
+            timer.cancel()
+
+    def _shed_late(self, query: Query, arrived: float) -> None:
+        if not query.started:
+            query.fail(InferError("deadline", f"model {self.name!r}: deadline exceeded: "
+                                              f"{(time.perf_counter() - arrived) * 1e3:.1f} ms after the request "
+                                              "arrived it was still queued"))
+
     def stage_for(self, stage: str | None) -> StagePool:
         stage = stage or ("model" if self.cfg.mode == "model" else "dense")
         if stage not in self.pools:

@@ -40,6 +40,7 @@ from recserve.serving.shm import Registry
 log = logging.getLogger("recserve.serving")
 
 WATCHDOG_S = 0.2  # how often hung workers are looked for
+SHUTDOWN_GRACE_S = 5.0  # HTTP handlers still running after the drain (and its 503s) get this long, not aiohttp's 60 s
 
 
 def _infer_route(prefix: bytes) -> tuple[str, str] | None:
@@ -399,7 +400,8 @@ class NodeServer:
             if in_workers:
                 self._listen_grpc(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
-            self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False)
+            self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False,
+                                         shutdown_timeout=SHUTDOWN_GRACE_S)
             await self._runner.setup()
             self.core.http_server = self._runner.server
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
@@ -471,6 +473,10 @@ class NodeServer:
             core.stop_watchdog()
             if drain:
                 await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
+            abandoned = sum(rt.abandon("the node server is shutting down") for rt in [*core.all_runtimes(),
+                                                                                       *core.retiring])
+            if abandoned:
+                log.warning("shutting down: %d queries still held were answered with 503", abandoned)
         for server in (self._grpc, self._grpc_fallback):
             if server is not None:
                 await server.stop(grace=1.0)
