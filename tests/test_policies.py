@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -29,7 +27,6 @@ from recserve.policies.rmu import (
     StaticController,
     WindowStats,
     even_split,
-    make_controller,
     violation_fraction,
 )
 
@@ -506,56 +503,3 @@ def test_hera_never_grows_a_model_with_slack_to_spare():
     rmu._remember("a", 1, WindowStats(float("inf"), 0, 5.0), float("inf"))  # a neighbour's spike starved it
     rmu.step(2.0, node)
     assert node.workers["a"] == 1  # the remembered failure rules out one worker at 5.2 qps, yet it is not grown
-
-
-def test_hera_react_grows_an_overloaded_model_between_steps_but_never_shrinks():
-    """``react`` (live, between monitoring steps): a model over its SLA whose window holds no earlier change is
-    resized at once; one with slack, or one changed within the last window, is left to the step."""
-    node = FakeNode({"spike": WindowStats(300.0, 20, 40.0), "idle": WindowStats(10.0, 5, 5.0)}, cores=4)
-    node.window_s = 3.0
-    rmu = HeraRMU({"spike": linear_capacity(30.0, False), "idle": linear_capacity(30.0, False)}, react_s=1.0)
-    assert rmu.name == "hera-react" and make_controller("hera-react", rmu.capacity).react_s == 1.0
-    rmu.react(1.0, node)
-    assert node.workers == {"spike": 3, "idle": 1}  # urgency 3 x 40 qps at 30 qps per worker; idle not shrunk
-    rmu.react(2.0, node)  # still over the SLA, but its window began before the change: wait
-    assert node.workers["spike"] == 3 and [d.time_s for d in rmu.log if d.action == "workers"] == [1.0]
-    node.stats["spike"] = WindowStats(20.0, 40, 40.0)  # slack to spare: only a step gives cores back
-    rmu.react(5.0, node)
-    assert node.workers["spike"] == 3
-    rmu.step(6.0, node)
-    assert node.workers["spike"] == 2
-
-
-def test_hera_react_needs_a_sliding_window():
-    """The simulator's node has no ``window_s`` (its windows are its steps): ``react`` does nothing there."""
-    node = FakeNode({"spike": WindowStats(300.0, 20, 40.0), "idle": WindowStats(10.0, 5, 5.0)}, cores=4)
-    rmu = HeraRMU({"spike": linear_capacity(30.0, False), "idle": linear_capacity(30.0, False)}, react_s=1.0)
-    rmu.react(1.0, node)
-    assert node.workers == {"spike": 1, "idle": 1} and not rmu.log
-
-
-def test_control_loop_reacts_between_steps():
-    from recserve.policies.node_control import ControlLoop
-    from recserve.policies.rmu import Controller
-
-    class Counting(Controller):
-        react_s = 0.05
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.calls: list[str] = []
-
-        def step(self, now_s, control):
-            self.calls.append("step")
-
-        def react(self, now_s, control):
-            self.calls.append("react")
-
-    ctl = Counting()
-    with ControlLoop(ctl, control=None, period_s=0.2):
-        deadline = time.monotonic() + 10.0
-        while ctl.calls.count("step") < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    steps = [i for i, c in enumerate(ctl.calls) if c == "step"]
-    assert len(steps) >= 3
-    assert all(ctl.calls[a + 1:b].count("react") >= 1 for a, b in itertools.pairwise(steps))  # looks between

@@ -112,18 +112,9 @@ class ControlLoop:
             self._thread.join(timeout=self.period_s + 30)
 
     def _run(self) -> None:
-        """``controller.step`` every ``period_s``; in between, ``controller.react`` every ``react_s`` if it has one."""
         t0 = time.monotonic()
-        react = self.controller.react_s
-        tick = min(react, self.period_s) if react else self.period_s
-        next_step = self.period_s
-        while not self._stop.wait(tick):
-            now = time.monotonic() - t0
+        while not self._stop.wait(self.period_s):
             try:
-                if now >= next_step - 1e-3:
-                    next_step += self.period_s * max(1, math.floor((now - next_step) / self.period_s + 1))
-                    self.controller.step(now, self.control)
-                else:
-                    self.controller.react(now, self.control)
+                self.controller.step(time.monotonic() - t0, self.control)
             except Exception as exc:  # noqa: BLE001 - keep monitoring; the error is reported to the caller
                 self.errors.append(f"{type(exc).__name__}: {exc}")

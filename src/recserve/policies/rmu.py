@@ -161,8 +161,6 @@ class Decision:
 
 class Controller:
     name = "controller"
-    react_s: float | None = None
-    """How often ``react`` runs between steps in a live ``ControlLoop`` (None: never)."""
 
     def __init__(self) -> None:
         self.log: list[Decision] = []
@@ -172,10 +170,6 @@ class Controller:
 
     def step(self, now_s: float, control: NodeControl) -> None:
         raise NotImplementedError
-
-    def react(self, now_s: float, control: NodeControl) -> None:
-        """A look between monitoring steps; nothing by default."""
-        return None
 
 
 class StaticController(Controller):
@@ -206,19 +200,14 @@ class HeraRMU(Controller):
     name = "hera"
 
     def __init__(self, capacity: dict[str, CapacityProfile], low: float = 0.8, high: float = 1.0,
-                 memory_windows: int = 10, react_s: float | None = None) -> None:
+                 memory_windows: int = 10) -> None:
         super().__init__()
-        self.react_s = react_s
-        if react_s is not None:
-            self.name = "hera-react"
         self.capacity = capacity
         self.low, self.high = low, high
         self.memory_windows = memory_windows
         self._steps = 0
         self._failed: dict[str, dict[int, tuple[float, int]]] = {}  # model -> workers -> (arrival qps, step)
         self._set_at: dict[str, int] = {}  # model -> the step that last changed its workers
-        self._set_time: dict[str, float] = {}  # model -> when (controller time) it last changed
-        self._now = 0.0
 
     def find_number_of_workers(self, model: str, traffic_qps: float, limit: int, current: int | None = None) -> int:
         """The fewest workers whose profiled max load (scaled by :meth:`derating`) covers ``traffic_qps``, among the
@@ -263,64 +252,37 @@ class HeraRMU(Controller):
     def _set_workers(self, control: NodeControl, model: str, workers: int) -> None:
         control.set_workers(model, workers)
         self._set_at[model] = self._steps
-        self._set_time[model] = self._now
 
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
-        self._now = now_s
         changed = False
-        for m in control.models():
-            stats = control.window_stats(m)
-            self._remember(m, control.get_workers(m), stats, stats.tail_ms / control.sla(m)[0])
-            changed |= self._adjust(now_s, control, m, stats)
-        if changed:
-            self.adjust_llc_partition(now_s, control)
-
-    def react(self, now_s: float, control: NodeControl) -> None:
-        """Between monitoring steps (``ControlLoop(react_s=...)``): a model whose window is over its SLA, and whose
-        workers did not change within the last ``window_s``, is resized now, as a step would, instead of up to one
-        window later.  Only growth: giving cores back waits for the step.  Why: live, a load spike was answered at
-        the end of the window it began in, and the next window went to draining that window's backlog (issue #18).
-        Failures are remembered at steps only, so the curve's correction keeps its step-based memory."""
-        self._now = now_s
-        window = getattr(control, "window_s", None)
-        if window is None:  # a NodeControl without a sliding window (the simulator's ticks): steps only
-            return
-        changed = False
-        for m in control.models():
-            if now_s - self._set_time.get(m, -math.inf) < window:
-                continue  # its window still holds time before the last change
-            stats = control.window_stats(m)
-            if stats.tail_ms / control.sla(m)[0] > self.high:
-                changed |= self._adjust(now_s, control, m, stats)
-        if changed:
-            self.adjust_llc_partition(now_s, control)
-
-    def _adjust(self, now_s: float, control: NodeControl, m: str, stats: WindowStats) -> bool:
-        """Alg. 3's adjustment of one model's workers from its window; True if they changed."""
         models = control.models()
-        target, _ = control.sla(m)
-        slack = stats.tail_ms / target
-        if self.low <= slack <= self.high:
-            return False
-        urgency = max(1.0, slack if math.isfinite(slack) else 4.0)
-        traffic = urgency * stats.arrival_qps
-        others = sum(control.get_workers(o) for o in models if o != m)
-        limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
-        want = self.find_number_of_workers(m, traffic, limit, control.get_workers(m))
-        if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it; live,
-            want = min(want, control.get_workers(m))  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
-        free = control.total_cores() - others
-        if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
-            self._reclaim(control, m, want - free)
-            free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
-        want = max(1, min(want, free))
-        if want == control.get_workers(m):
-            return False
-        self._set_workers(control, m, want)
-        self.log.append(Decision(now_s, m, "workers", {"workers": want, "slack": slack,
-                                                       "urgency": urgency, "traffic_qps": traffic}))
-        return True
+        for m in models:
+            stats = control.window_stats(m)
+            target, _ = control.sla(m)
+            slack = stats.tail_ms / target
+            self._remember(m, control.get_workers(m), stats, slack)
+            if self.low <= slack <= self.high:
+                continue
+            urgency = max(1.0, slack if math.isfinite(slack) else 4.0)
+            traffic = urgency * stats.arrival_qps
+            others = sum(control.get_workers(o) for o in models if o != m)
+            limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
+            want = self.find_number_of_workers(m, traffic, limit, control.get_workers(m))
+            if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it; live,
+                want = min(want, control.get_workers(m))  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
+            free = control.total_cores() - others
+            if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
+                self._reclaim(control, m, want - free)
+                free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
+            want = max(1, min(want, free))
+            if want != control.get_workers(m):
+                self._set_workers(control, m, want)
+                changed = True
+                self.log.append(Decision(now_s, m, "workers", {"workers": want, "slack": slack,
+                                                               "urgency": urgency, "traffic_qps": traffic}))
+        if changed:
+            self.adjust_llc_partition(now_s, control)
 
     def _reclaim(self, control: NodeControl, model: str, need: int) -> None:
         for o in control.models():
@@ -419,18 +381,14 @@ class PartiesController(Controller):
         return True
 
 
-CONTROLLERS = ("hera", "hera-react", "parties", "static")
-
-
-REACT_S = 1.0
-"""``hera-react``: how often the RMU looks between its steps for a model over its SLA (live only)."""
+CONTROLLERS = ("hera", "parties", "static")
 
 
 def make_controller(name: str, capacity: dict[str, CapacityProfile] | None = None) -> Controller:
-    if name in ("hera", "hera-react"):
+    if name == "hera":
         if capacity is None:
             raise RecserveError("the Hera RMU needs capacity profiles (maxload_vs_workers per model)")
-        return HeraRMU(capacity, react_s=REACT_S if name == "hera-react" else None)
+        return HeraRMU(capacity)
     if name == "parties":
         return PartiesController()
     if name == "static":
