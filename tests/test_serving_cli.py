@@ -89,10 +89,12 @@ def test_sigterm_drains_in_flight_queries(pipeline_server):
     def send() -> None:
         client = thttp.InferenceServerClient(f"127.0.0.1:{ports['http']}", network_timeout=120)
         try:
-            out = client.infer(cfg.name, http_inputs(batch)).as_numpy("scores")
+            # a client deadline of 60 s: behind each other these 1024-item queries wait longer than the model's
+            # default deadline (2 x its 20 ms SLA), past which a query still queued is answered 504
+            out = client.infer(cfg.name, http_inputs(batch), timeout=60_000_000).as_numpy("scores")
             results.append("ok" if out.shape == (1024, 1) else "wrong")
         except Exception as exc:  # noqa: BLE001
-            results.append(repr(exc))
+            results.append(f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=send) for _ in range(4)]
     for t in threads:
