@@ -194,8 +194,11 @@ class HeraRMU(Controller):
     on the 2-core host the RMU shrank hera-dlrm-b to the one worker its profile said covered 90% of its max load,
     violated, grew to three, met the SLA with slack, shrank again, so it missed the SLA in 30% of windows where a
     static split missed 25%; with the exclusion alone it still went back to one worker at 26 qps after three had
-    failed at 27.  A window in which the count changed (the decision before it) is not counted as that count
-    failing: the new workers were starting and the old backlog draining."""
+    failed at 27.  A window in which the count grew (the decision before it) is not counted as that count failing:
+    the new workers were starting and the old backlog draining; a count shrunk to is judged on its first window
+    (nothing starts, and a failure there is what keeps the RMU from shrinking to it again at once: live on a slow
+    host, dlrm-b went 2 -> 1 -> 2 -> 1 -> 2 workers, one worker failing each time in the unjudged window).  A model
+    with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee."""
 
     name = "hera"
 
@@ -207,7 +210,7 @@ class HeraRMU(Controller):
         self.memory_windows = memory_windows
         self._steps = 0
         self._failed: dict[str, dict[int, tuple[float, int]]] = {}  # model -> workers -> (arrival qps, step)
-        self._set_at: dict[str, int] = {}  # model -> the step that last changed its workers
+        self._grown_at: dict[str, int] = {}  # model -> the step that last gave it more workers
 
     def find_number_of_workers(self, model: str, traffic_qps: float, limit: int, current: int | None = None) -> int:
         """The fewest workers whose profiled max load (scaled by :meth:`derating`) covers ``traffic_qps``, among the
@@ -217,16 +220,22 @@ class HeraRMU(Controller):
         107 qps with 2 and shed 30% of it with 3).  ``current`` is one of those even if it just failed: no count is
         moved to unless its profile promises more (live, two rm3 workers failed at 111 qps, the flat curve past two
         sent it to three, which shed 40%); if every count has just failed, ``current`` stays."""
-        cap, derate = self.capacity[model], self.derating(model)
+        covering = self._covering(model, traffic_qps, limit)
+        if covering is not None:
+            return covering
+        cap = self.capacity[model]
         fresh = [n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)]
-        for n in fresh:
-            if derate * cap.max_qps(n) >= traffic_qps:
-                return n
         knee = sorted({*fresh, min(current, limit)} if current is not None else fresh)
         if not knee:
             return limit
         best = max(cap.max_qps(n) for n in knee)
         return next(n for n in knee if cap.max_qps(n) >= (1.0 - MARGINAL) * best)
+
+    def _covering(self, model: str, traffic_qps: float, limit: int) -> int | None:
+        """The fewest workers, among those not just seen to fail at this rate, whose derated max load covers it."""
+        cap, derate = self.capacity[model], self.derating(model)
+        return next((n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)
+                     and derate * cap.max_qps(n) >= traffic_qps), None)
 
     def derating(self, model: str) -> float:
         """The factor (<= 1) the profiled curve is trusted with: the lowest (rate a count failed at / that count's
@@ -235,9 +244,11 @@ class HeraRMU(Controller):
         return min([1.0, *(rate / cap.max_qps(n) for n, rate in self._recent_failures(model) if cap.max_qps(n) > 0)])
 
     def _failed_at(self, model: str, workers: int, traffic_qps: float) -> bool:
-        """This many workers, or more, violated the SLA at this rate or a lower one within the last
-        ``memory_windows`` steps (fewer workers than a count that failed would fail too)."""
-        return any(n >= workers and traffic_qps >= rate for n, rate in self._recent_failures(model))
+        """This many workers, or more, violated the SLA within the last ``memory_windows`` steps at a rate this one
+        is not clearly below (fewer workers than a count that failed would fail too).  "Clearly" is the slack band's
+        ``low``: a rate read from one window is noisy, and live on a slow host dlrm-b went back to the one worker
+        that had failed at 11.3 qps as soon as a window read 10.3, and failed again."""
+        return any(n >= workers and traffic_qps >= self.low * rate for n, rate in self._recent_failures(model))
 
     def _recent_failures(self, model: str) -> list[tuple[int, float]]:
         """(workers, arrival qps) of the failures within the last ``memory_windows`` steps."""
@@ -245,13 +256,14 @@ class HeraRMU(Controller):
                 if self._steps - step < self.memory_windows]
 
     def _remember(self, model: str, workers: int, stats: WindowStats, slack: float) -> None:
-        settled = self._set_at.get(model, -1) < self._steps - 1  # not changed at the decision before this window
+        settled = self._grown_at.get(model, -1) < self._steps - 1  # not grown at the decision before this window
         if slack > self.high and stats.arrival_qps > 0 and settled:
             self._failed.setdefault(model, {})[workers] = (stats.arrival_qps, self._steps)
 
     def _set_workers(self, control: NodeControl, model: str, workers: int) -> None:
+        if workers > control.get_workers(model):
+            self._grown_at[model] = self._steps
         control.set_workers(model, workers)
-        self._set_at[model] = self._steps
 
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
@@ -271,6 +283,9 @@ class HeraRMU(Controller):
             want = self.find_number_of_workers(m, traffic, limit, control.get_workers(m))
             if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it; live,
                 want = min(want, control.get_workers(m))  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
+            elif self._covering(m, traffic, limit) is not None:  # over the SLA: fewer only as the curve's knee
+                want = max(want, control.get_workers(m))  # (live, dlrm-b violating with two workers went back to
+                # one because its rate fell just under the rate one had failed at)
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
                 self._reclaim(control, m, want - free)
