@@ -840,7 +840,6 @@ class ModelRuntime:
         finally:
             self.in_flight -= 1
 
-    # ------------------------------------------------------------------ control
     async def _answer(self, query: Query, deadline: float, arrived: float) -> np.ndarray:
         """The query's scores.  One that no worker has started by its deadline is answered 504 and its parts are
         skipped when they reach the head of the queue (as the workers' own queues shed late queries), so a
@@ -859,6 +858,7 @@ class ModelRuntime:
                                               f"{(time.perf_counter() - arrived) * 1e3:.1f} ms after the request "
                                               "arrived it was still queued"))
 
+    # ------------------------------------------------------------------ control
     def stage_for(self, stage: str | None) -> StagePool:
         stage = stage or ("model" if self.cfg.mode == "model" else "dense")
         if stage not in self.pools:
