@@ -221,8 +221,10 @@ class HeraRMU(Controller):
         moved to unless its profile promises more (live, two rm3 workers failed at 111 qps, the flat curve past two
         sent it to three, which shed 40%); if every count has just failed, ``current`` stays."""
         covering = self._covering(model, traffic_qps, limit)
-        if covering is not None:
-            return covering
+        return covering if covering is not None else self._knee(model, traffic_qps, limit, current)
+
+    def _knee(self, model: str, traffic_qps: float, limit: int, current: int | None) -> int:
+        """The fewest counts (not just seen to fail at this rate, or ``current``) within ``MARGINAL`` of the best."""
         cap = self.capacity[model]
         fresh = [n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)]
         knee = sorted({*fresh, min(current, limit)} if current is not None else fresh)
@@ -273,25 +275,26 @@ class HeraRMU(Controller):
             stats = control.window_stats(m)
             target, _ = control.sla(m)
             slack = stats.tail_ms / target
-            self._remember(m, control.get_workers(m), stats, slack)
+            current = control.get_workers(m)
+            self._remember(m, current, stats, slack)
             if self.low <= slack <= self.high:
                 continue
             urgency = max(1.0, slack if math.isfinite(slack) else 4.0)
             traffic = urgency * stats.arrival_qps
             others = sum(control.get_workers(o) for o in models if o != m)
             limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
-            want = self.find_number_of_workers(m, traffic, limit, control.get_workers(m))
+            covering = self._covering(m, traffic, limit)
+            want = covering if covering is not None else self._knee(m, traffic, limit, current)
             if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it; live,
-                want = min(want, control.get_workers(m))  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
-            elif self._covering(m, traffic, limit) is not None:  # over the SLA: fewer only as the curve's knee
-                want = max(want, control.get_workers(m))  # (live, dlrm-b violating with two workers went back to
-                # one because its rate fell just under the rate one had failed at)
+                want = min(want, current)  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
+            elif covering is not None:  # over the SLA: fewer only as the curve's knee (live, dlrm-b violating with
+                want = max(want, current)  # two workers went back to one: its rate fell just under one's failure)
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
                 self._reclaim(control, m, want - free)
                 free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
             want = max(1, min(want, free))
-            if want != control.get_workers(m):
+            if want != current:
                 self._set_workers(control, m, want)
                 changed = True
                 self.log.append(Decision(now_s, m, "workers", {"workers": want, "slack": slack,
