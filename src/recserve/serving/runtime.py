@@ -740,15 +740,15 @@ class ModelRuntime:
         """Answer every query the server still holds for this model (queued, or on a worker) with 503; returns how
         many.  The node calls it when it stops after its drain: a client should hear that now, not wait for a
         worker that shutdown will stop anyway (their sockets would hold the HTTP server's shutdown)."""
-        queries = {id(p.query): p.query for pool in self.pools.values() for p in pool.pending}
-        queries |= {id(w.current.query): w.current.query for pool in self.pools.values() for w in pool.workers
-                    if w.current is not None}
+        held = {id(p.query): p.query for pool in self.pools.values() for p in pool.pending}
+        held |= {id(w.current.query): w.current.query for pool in self.pools.values() for w in pool.workers
+                 if w.current is not None}
+        live = sum(not q.future.done() for q in held.values())
         for pool in self.pools.values():
-            pool.pending.clear()
-        live = [q for q in queries.values() if not q.future.done()]
-        for q in live:
+            self._fail_pending(pool, message)
+        for q in held.values():
             q.fail(InferError("unavailable", message))
-        return len(live)
+        return live
 
     async def _await_exit(self, workers: list[WorkerHandle], timeout_s: float) -> None:
         if not workers:
