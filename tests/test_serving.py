@@ -380,8 +380,13 @@ class Load:
 
     def _infer(self, client, inputs):
         """One query; nothing is resent (a retiring worker's gRPC connections get GOAWAY and their calls in flight
-        are answered; a call that crosses the GOAWAY is refused with REFUSED_STREAM, which grpc-core retries)."""
-        return client.infer(self.name, inputs).as_numpy("scores")
+        are answered; a call that crosses the GOAWAY is refused with REFUSED_STREAM, which grpc-core retries).
+        A 60-s client deadline: these tests are about losing no query, and on a slow 2-core host a 48-item query
+        split into sub-batches can wait longer than the model's default deadline (2 x its 20 ms SLA), past which a
+        query still queued is shed with 504 by design."""
+        if self.grpc_url:
+            return client.infer(self.name, inputs, client_timeout=60.0).as_numpy("scores")
+        return client.infer(self.name, inputs, timeout=60_000_000).as_numpy("scores")
 
     def finish(self):
         self.stop.set()
