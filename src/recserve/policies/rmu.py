@@ -224,7 +224,8 @@ class HeraRMU(Controller):
         return covering if covering is not None else self._knee(model, traffic_qps, limit, current)
 
     def _knee(self, model: str, traffic_qps: float, limit: int, current: int | None) -> int:
-        """The fewest counts (not just seen to fail at this rate, or ``current``) within ``MARGINAL`` of the best."""
+        """The fewest workers whose max load is within ``MARGINAL`` of the best, among the counts not just seen to
+        fail at this rate (and ``current``): where the curve's knee is when no count covers the traffic."""
         cap = self.capacity[model]
         fresh = [n for n in range(1, limit + 1) if not self._failed_at(model, n, traffic_qps)]
         knee = sorted({*fresh, min(current, limit)} if current is not None else fresh)

@@ -740,13 +740,13 @@ class ModelRuntime:
         """Answer every query the server still holds for this model (queued, or on a worker) with 503; returns how
         many.  The node calls it when it stops after its drain: a client should hear that now, not wait for a
         worker that shutdown will stop anyway (their sockets would hold the HTTP server's shutdown)."""
-        held = {id(p.query): p.query for pool in self.pools.values() for p in pool.pending}
-        held |= {id(w.current.query): w.current.query for pool in self.pools.values() for w in pool.workers
-                 if w.current is not None}
-        live = sum(not q.future.done() for q in held.values())
+        queued = {id(p.query): p.query for pool in self.pools.values() for p in pool.pending}
+        running = {id(w.current.query): w.current.query for pool in self.pools.values() for w in pool.workers
+                   if w.current is not None}
+        live = sum(not q.future.done() for q in (queued | running).values())
         for pool in self.pools.values():
             self._fail_pending(pool, message)
-        for q in held.values():
+        for q in running.values():
             q.fail(InferError("unavailable", message))
         return live
 
