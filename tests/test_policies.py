@@ -537,3 +537,21 @@ def test_hera_judges_a_count_it_shrank_to_on_its_first_window():
     node.stats["a"] = WindowStats(40.0, 9, 9.0)  # two hold it with slack; one is not tried again at this rate
     rmu.step(3.0, node)
     assert node.workers["a"] == 2
+
+
+def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone():
+    # live on 2 cores (two workers per core allowed): rm3 spiked to 58 qps on one worker (profiled 33); beside it
+    # dlrm-b (one worker profiled at 28 qps) missed its SLA at 5 qps and was given a second worker on rm3's core
+    profiles = {"dlrm-b": CapacityProfile.from_points({1: 27.9, 2: 40.6}),
+                "rm3": CapacityProfile.from_points({1: 33.1, 2: 72.2})}
+    node = FakeNode({"dlrm-b": WindowStats(170.0, 5, 5.0), "rm3": WindowStats(float("inf"), 33, 57.8)}, cores=4)
+    rmu = HeraRMU(profiles)
+    rmu._steps = 1
+    rmu.step(1.0, node)
+    assert node.workers == {"dlrm-b": 1, "rm3": 2}  # the neighbour that is over its own load gets the core
+    assert 1 not in rmu._failed.get("dlrm-b", {})  # and dlrm-b's miss is not held against one worker
+    alone = FakeNode({"dlrm-b": WindowStats(170.0, 5, 5.0), "rm3": WindowStats(90.0, 20, 20.0)}, cores=4)
+    rmu = HeraRMU(profiles)
+    rmu._steps = 1
+    rmu.step(1.0, alone)  # no neighbour over its load: the miss is dlrm-b's own, and is learned
+    assert rmu._failed["dlrm-b"][1][0] == 5.0 and alone.workers["dlrm-b"] == 2

@@ -198,7 +198,9 @@ class HeraRMU(Controller):
     the new workers were starting and the old backlog draining; a count shrunk to is judged on its first window
     (nothing starts, and a failure there is what keeps the RMU from shrinking to it again at once: live on a slow
     host, dlrm-b went 2 -> 1 -> 2 -> 1 -> 2 workers, one worker failing each time in the unjudged window).  A model
-    with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee."""
+    with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee.  Only a
+    model's own load teaches the memory: one missing its SLA well under its workers' profiled load beside a
+    neighbour over its own is left as it is (:meth:`_victims`)."""
 
     name = "hera"
 
@@ -268,15 +270,36 @@ class HeraRMU(Controller):
             self._grown_at[model] = self._steps
         control.set_workers(model, workers)
 
+    def _slack(self, control: NodeControl, model: str, stats: WindowStats) -> float:
+        return stats.tail_ms / control.sla(model)[0]
+
+    def _loaded(self, model: str, workers: int, stats: WindowStats) -> bool:
+        """Its arrivals reach ``low`` x what its workers were profiled to carry: a miss then is its own load's."""
+        return stats.arrival_qps >= self.low * self.capacity[model].max_qps(workers)
+
+    def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> set[str]:
+        """The models over their SLA at a rate well under their workers' profiled load while a neighbour is over its
+        SLA under its own load: that neighbour starves them (cores, cache, memory bandwidth, the host's front
+        end).  A victim keeps its workers and its miss is not remembered against its count; more workers of its
+        own would only take more of the node from the model that needs it (live on 2 cores: dlrm-b missing its
+        SLA at 5 qps, one worker profiled at 28, beside rm3's spike, was given a second worker on rm3's core and
+        both lost windows)."""
+        over = {m for m, s in stats.items() if self._slack(control, m, s) > self.high}
+        loaded = {m for m in over if self._loaded(m, control.get_workers(m), stats[m])}
+        return {m for m in over - loaded if loaded - {m}}
+
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
         changed = False
         models = control.models()
+        window = {m: control.window_stats(m) for m in models}
+        victims = self._victims(control, window)
         for m in models:
-            stats = control.window_stats(m)
-            target, _ = control.sla(m)
-            slack = stats.tail_ms / target
+            stats = window[m]
+            slack = self._slack(control, m, stats)
             current = control.get_workers(m)
+            if m in victims:
+                continue
             self._remember(m, current, stats, slack)
             if self.low <= slack <= self.high:
                 continue
