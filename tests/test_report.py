@@ -31,8 +31,10 @@ def test_report_embeds_scalars_and_named_figures(tmp_path):
 
 def test_demo_live_results_render_with_their_figure(tmp_path):
     windows = [{"t_s": 3.0 * i, "model": m, "offered_qps": 5.0, "achieved_qps": 4.0, "p95_ms": 50.0 + i,
-                "sla_ms": 100.0, "errors": 0, "workers": 1 + i % 2} for i in range(6) for m in ("a", "b")]
+                "sla_ms": 100.0, "errors": 3 * (i == 4), "workers": 1 + i % 2} for i in range(6) for m in ("a", "b")]
+    windows[8]["p95_ms"] = float("nan")  # a window whose queries all failed has no p95
     live = {"kind": "demo-live", "models": ["a", "b"], "windows": windows, "peak_qps": {"a": 5.0, "b": 5.0},
+            "window_s": 3.0,
             "violation_fraction": {"a": 0.0, "b": 0.0},
             "decisions": [{"time_s": 3.0, "model": "a", "action": "workers", "detail": {"workers": 2}}]}
     (tmp_path / "live.json").write_text(json.dumps(live))

@@ -451,6 +451,7 @@ def plot_live(data: dict[str, Any], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     for m in data["models"]:
@@ -460,11 +461,16 @@ def plot_live(data: dict[str, Any], path: Path) -> Path:
         axes[0].axhline(ws[0]["sla_ms"] if ws else 0, color=line.get_color(), ls="--", lw=1, label=f"{m} SLA")
         axes[1].plot(t, [w["offered_qps"] for w in ws], ls="--", color=line.get_color(), label=f"{m} offered")
         axes[1].plot(t, [w["achieved_qps"] for w in ws], color=line.get_color(), label=f"{m} served")
+        failed = [(w["t_s"], w["errors"] / data["window_s"]) for w in ws if w.get("errors")]
+        if failed:  # a window whose queries failed may have no p95 point at all
+            axes[1].scatter(*zip(*failed, strict=True), marker="x", color=line.get_color(), label=f"{m} failed")
         axes[2].step(t, [w["workers"] for w in ws], where="post", color=line.get_color(), label=m)
     axes[0].set_ylabel("p95 latency (ms)")
     axes[0].set_yscale("log")
     axes[1].set_ylabel("QPS")
     axes[2].set_ylabel("workers (node A)")
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[2].set_ylim(0, max((w["workers"] for w in data["windows"]), default=1) + 0.5)
     axes[2].set_xlabel("seconds into the compressed day")
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left")
