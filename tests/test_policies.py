@@ -555,3 +555,12 @@ def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone():
     rmu._steps = 1
     rmu.step(1.0, alone)  # no neighbour over its load: the miss is dlrm-b's own, and is learned
     assert rmu._failed["dlrm-b"][1][0] == 5.0 and alone.workers["dlrm-b"] == 2
+    # the next demo: rm3, two workers (profiled 73.6 qps), missed at 55 qps (75 % of its profile, but 2 x 55 qps is
+    # past it: its load explains its miss); dlrm-b, one worker profiled at 32, missed at 5.7 qps beside it
+    spike = FakeNode({"dlrm-b": WindowStats(192.0, 5, 5.67), "rm3": WindowStats(200.0, 48, 55.0)}, cores=4)
+    spike.workers["rm3"] = 2
+    rmu = HeraRMU({"dlrm-b": CapacityProfile.from_points({1: 32.1, 2: 40.9}),
+                   "rm3": CapacityProfile.from_points({1: 33.7, 2: 73.6})})
+    rmu._steps = 1
+    rmu.step(1.0, spike)
+    assert spike.workers["dlrm-b"] == 1 and "dlrm-b" not in rmu._failed

@@ -199,8 +199,8 @@ class HeraRMU(Controller):
     (nothing starts, and a failure there is what keeps the RMU from shrinking to it again at once: live on a slow
     host, dlrm-b went 2 -> 1 -> 2 -> 1 -> 2 workers, one worker failing each time in the unjudged window).  A model
     with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee.  Only a
-    model's own load teaches the memory: one missing its SLA well under its workers' profiled load beside a
-    neighbour over its own is left as it is (:meth:`_victims`)."""
+    model's own load teaches the memory: one missing its SLA at a load its workers' profile covers, beside a
+    neighbour whose load explains its own miss, is left as it is (:meth:`_victims`)."""
 
     name = "hera"
 
@@ -273,19 +273,23 @@ class HeraRMU(Controller):
     def _slack(self, control: NodeControl, model: str, stats: WindowStats) -> float:
         return stats.tail_ms / control.sla(model)[0]
 
-    def _loaded(self, model: str, workers: int, stats: WindowStats) -> bool:
-        """Its arrivals reach ``low`` x what its workers were profiled to carry: a miss then is its own load's."""
-        return stats.arrival_qps >= self.low * self.capacity[model].max_qps(workers)
+    def _urgency(self, slack: float) -> float:
+        return max(1.0, slack if math.isfinite(slack) else 4.0)
+
+    def _loaded(self, model: str, workers: int, stats: WindowStats, slack: float) -> bool:
+        """Alg. 3's own reading of a miss: urgency x arrival rate is past what its workers were profiled to carry."""
+        return self._urgency(slack) * stats.arrival_qps > self.capacity[model].max_qps(workers)
 
     def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> set[str]:
-        """The models over their SLA at a rate well under their workers' profiled load while a neighbour is over its
-        SLA under its own load: that neighbour starves them (cores, cache, memory bandwidth, the host's front
-        end).  A victim keeps its workers and its miss is not remembered against its count; more workers of its
-        own would only take more of the node from the model that needs it (live on 2 cores: dlrm-b missing its
-        SLA at 5 qps, one worker profiled at 28, beside rm3's spike, was given a second worker on rm3's core and
-        both lost windows)."""
-        over = {m for m, s in stats.items() if self._slack(control, m, s) > self.high}
-        loaded = {m for m in over if self._loaded(m, control.get_workers(m), stats[m])}
+        """The models over their SLA whose load does not explain it (their workers' profile covers urgency x arrival
+        rate) while a neighbour's load explains its own miss: that neighbour starves them (cores, cache, memory
+        bandwidth, the host's front end).  A victim keeps its workers and its miss is not remembered against its
+        count; more workers of its own would only take more of the node from the model that needs it (live on 2
+        cores: dlrm-b missing its SLA at 5 qps, one worker profiled at 28, beside rm3's spike, was given a second
+        worker on rm3's core and both lost windows)."""
+        slack = {m: self._slack(control, m, s) for m, s in stats.items()}
+        over = {m for m in stats if slack[m] > self.high}
+        loaded = {m for m in over if self._loaded(m, control.get_workers(m), stats[m], slack[m])}
         return {m for m in over - loaded if loaded - {m}}
 
     def step(self, now_s: float, control: NodeControl) -> None:
@@ -303,7 +307,7 @@ class HeraRMU(Controller):
             self._remember(m, current, stats, slack)
             if self.low <= slack <= self.high:
                 continue
-            urgency = max(1.0, slack if math.isfinite(slack) else 4.0)
+            urgency = self._urgency(slack)
             traffic = urgency * stats.arrival_qps
             others = sum(control.get_workers(o) for o in models if o != m)
             limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
