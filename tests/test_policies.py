@@ -564,3 +564,12 @@ def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone():
     rmu._steps = 1
     rmu.step(1.0, spike)
     assert spike.workers["dlrm-b"] == 1 and "dlrm-b" not in rmu._failed
+    # and the one after: a failed query made dlrm-b's window read infinite slack (urgency 4 x 6 qps is past one
+    # worker's 22.9), yet at 26 % of its profile beside rm3 at 79 % of its own it is still the one starved
+    spike = FakeNode({"dlrm-b": WindowStats(float("inf"), 5, 6.0), "rm3": WindowStats(160.0, 45, 50.0)}, cores=4)
+    spike.workers["rm3"] = 2
+    rmu = HeraRMU({"dlrm-b": CapacityProfile.from_points({1: 22.9, 2: 39.3}),
+                   "rm3": CapacityProfile.from_points({1: 34.8, 2: 63.3})})
+    rmu._steps = 1
+    rmu.step(1.0, spike)
+    assert spike.workers["dlrm-b"] == 1 and "dlrm-b" not in rmu._failed

@@ -199,8 +199,8 @@ class HeraRMU(Controller):
     (nothing starts, and a failure there is what keeps the RMU from shrinking to it again at once: live on a slow
     host, dlrm-b went 2 -> 1 -> 2 -> 1 -> 2 workers, one worker failing each time in the unjudged window).  A model
     with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee.  Only a
-    model's own load teaches the memory: one missing its SLA at a load its workers' profile covers, beside a
-    neighbour whose load explains its own miss, is left as it is (:meth:`_victims`)."""
+    model's own load teaches the memory: one missing its SLA well under its workers' profiled load, beside a
+    neighbour nearer its own whose load explains its miss, is left as it is (:meth:`_victims`)."""
 
     name = "hera"
 
@@ -281,16 +281,19 @@ class HeraRMU(Controller):
         return self._urgency(slack) * stats.arrival_qps > self.capacity[model].max_qps(workers)
 
     def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> set[str]:
-        """The models over their SLA whose load does not explain it (their workers' profile covers urgency x arrival
-        rate) while a neighbour's load explains its own miss: that neighbour starves them (cores, cache, memory
-        bandwidth, the host's front end).  A victim keeps its workers and its miss is not remembered against its
-        count; more workers of its own would only take more of the node from the model that needs it (live on 2
-        cores: dlrm-b missing its SLA at 5 qps, one worker profiled at 28, beside rm3's spike, was given a second
-        worker on rm3's core and both lost windows)."""
+        """The models over their SLA at an arrival rate under ``low`` x their workers' profiled max load while a
+        neighbour nearer its own profile is over its SLA past it by Alg. 3's reading (urgency x rate): that
+        neighbour starves them (cores, cache, memory bandwidth, the host's front end).  A victim keeps its workers
+        and its miss is not remembered against its count; more workers of its own would only take more of the node
+        from the model that needs it (live on 2 cores: dlrm-b missing its SLA at 5 qps, one worker profiled at 28,
+        beside rm3's spike, was given a second worker on rm3's core and both lost windows).  The plain rate, not
+        urgency x rate, says who is starved: a window with failed queries reads as infinite slack (urgency 4)."""
+        workers = {m: control.get_workers(m) for m in stats}
+        use = {m: s.arrival_qps / max(self.capacity[m].max_qps(workers[m]), 1e-9) for m, s in stats.items()}
         slack = {m: self._slack(control, m, s) for m, s in stats.items()}
         over = {m for m in stats if slack[m] > self.high}
-        loaded = {m for m in over if self._loaded(m, control.get_workers(m), stats[m], slack[m])}
-        return {m for m in over - loaded if loaded - {m}}
+        loaded = {m for m in over if self._loaded(m, workers[m], stats[m], slack[m])}
+        return {m for m in over if use[m] < self.low and any(use[o] > use[m] for o in loaded - {m})}
 
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
