@@ -573,3 +573,12 @@ def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone():
     rmu._steps = 1
     rmu.step(1.0, spike)
     assert spike.workers["dlrm-b"] == 1 and "dlrm-b" not in rmu._failed
+    # and one more: rm3 missed at 44.9 qps with two workers (profiled 57.1; 1.06 x 44.9 is within it), dlrm-b at 4.3
+    # qps with one (profiled 28.9): both miss, and the one nearer its profile is served first
+    spike = FakeNode({"dlrm-b": WindowStats(128.0, 4, 4.3), "rm3": WindowStats(106.0, 44, 44.9)}, cores=4)
+    spike.workers["rm3"] = 2
+    rmu = HeraRMU({"dlrm-b": CapacityProfile.from_points({1: 28.9, 2: 44.6}),
+                   "rm3": CapacityProfile.from_points({1: 27.0, 2: 57.1})})
+    rmu._steps = 1
+    rmu.step(1.0, spike)
+    assert spike.workers == {"dlrm-b": 1, "rm3": 2} and "dlrm-b" not in rmu._failed

@@ -200,7 +200,7 @@ class HeraRMU(Controller):
     host, dlrm-b went 2 -> 1 -> 2 -> 1 -> 2 workers, one worker failing each time in the unjudged window).  A model
     with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee.  Only a
     model's own load teaches the memory: one missing its SLA well under its workers' profiled load, beside a
-    neighbour nearer its own whose load explains its miss, is left as it is (:meth:`_victims`)."""
+    neighbour nearer its own that misses too, is left as it is (:meth:`_victims`)."""
 
     name = "hera"
 
@@ -273,27 +273,19 @@ class HeraRMU(Controller):
     def _slack(self, control: NodeControl, model: str, stats: WindowStats) -> float:
         return stats.tail_ms / control.sla(model)[0]
 
-    def _urgency(self, slack: float) -> float:
-        return max(1.0, slack if math.isfinite(slack) else 4.0)
-
-    def _loaded(self, model: str, workers: int, stats: WindowStats, slack: float) -> bool:
-        """Alg. 3's own reading of a miss: urgency x arrival rate is past what its workers were profiled to carry."""
-        return self._urgency(slack) * stats.arrival_qps > self.capacity[model].max_qps(workers)
-
     def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> set[str]:
         """The models over their SLA at an arrival rate under ``low`` x their workers' profiled max load while a
-        neighbour nearer its own profile is over its SLA past it by Alg. 3's reading (urgency x rate): that
-        neighbour starves them (cores, cache, memory bandwidth, the host's front end).  A victim keeps its workers
-        and its miss is not remembered against its count; more workers of its own would only take more of the node
-        from the model that needs it (live on 2 cores: dlrm-b missing its SLA at 5 qps, one worker profiled at 28,
-        beside rm3's spike, was given a second worker on rm3's core and both lost windows).  The plain rate, not
-        urgency x rate, says who is starved: a window with failed queries reads as infinite slack (urgency 4)."""
-        workers = {m: control.get_workers(m) for m in stats}
-        use = {m: s.arrival_qps / max(self.capacity[m].max_qps(workers[m]), 1e-9) for m, s in stats.items()}
-        slack = {m: self._slack(control, m, s) for m, s in stats.items()}
-        over = {m for m in stats if slack[m] > self.high}
-        loaded = {m for m in over if self._loaded(m, workers[m], stats[m], slack[m])}
-        return {m for m in over if use[m] < self.low and any(use[o] > use[m] for o in loaded - {m})}
+        neighbour that runs nearer its own profile is over its SLA too: when co-located models miss together, the
+        one further under its profile is starved by the other (cores, cache, memory bandwidth, the host's front
+        end) and waits.  A victim keeps its workers and its miss is not remembered against its count; more workers
+        of its own would only take more of the node from the model that needs it (live on 2 cores: dlrm-b missing
+        its SLA at 5 qps, one worker profiled at 28, beside rm3's spike, was given a second worker on rm3's core
+        and both lost windows).  Plain rates, not urgency x rate: a window with a failed query reads as infinite
+        slack (urgency 4), which made a starved dlrm-b at 6 qps look loaded past its one worker's 22.9."""
+        use = {m: s.arrival_qps / max(self.capacity[m].max_qps(control.get_workers(m)), 1e-9)
+               for m, s in stats.items()}
+        over = {m for m, s in stats.items() if self._slack(control, m, s) > self.high}
+        return {m for m in over if use[m] < self.low and any(use[o] > use[m] for o in over - {m})}
 
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
@@ -310,7 +302,7 @@ class HeraRMU(Controller):
             self._remember(m, current, stats, slack)
             if self.low <= slack <= self.high:
                 continue
-            urgency = self._urgency(slack)
+            urgency = max(1.0, slack if math.isfinite(slack) else 4.0)
             traffic = urgency * stats.arrival_qps
             others = sum(control.get_workers(o) for o in models if o != m)
             limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
