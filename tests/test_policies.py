@@ -539,46 +539,38 @@ def test_hera_judges_a_count_it_shrank_to_on_its_first_window():
     assert node.workers["a"] == 2
 
 
-def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone():
-    # live on 2 cores (two workers per core allowed): rm3 spiked to 58 qps on one worker (profiled 33); beside it
-    # dlrm-b (one worker profiled at 28 qps) missed its SLA at 5 qps and was given a second worker on rm3's core
-    profiles = {"dlrm-b": CapacityProfile.from_points({1: 27.9, 2: 40.6}),
-                "rm3": CapacityProfile.from_points({1: 33.1, 2: 72.2})}
-    node = FakeNode({"dlrm-b": WindowStats(170.0, 5, 5.0), "rm3": WindowStats(float("inf"), 33, 57.8)}, cores=4)
-    rmu = HeraRMU(profiles)
+def _one_step(dlrm_b: WindowStats, rm3: WindowStats, curves: tuple[dict, dict], rm3_workers: int):
+    """One RMU step on a 4-slot node (2 cores, two workers per core, as the demo) from a live window."""
+    node = FakeNode({"dlrm-b": dlrm_b, "rm3": rm3}, cores=4)
+    node.workers["rm3"] = rm3_workers
+    rmu = HeraRMU({m: CapacityProfile.from_points(c) for m, c in zip(("dlrm-b", "rm3"), curves, strict=True)})
     rmu._steps = 1
     rmu.step(1.0, node)
-    assert node.workers == {"dlrm-b": 1, "rm3": 2}  # the neighbour that is over its own load gets the core
-    assert 1 not in rmu._failed.get("dlrm-b", {})  # and dlrm-b's miss is not held against one worker
-    alone = FakeNode({"dlrm-b": WindowStats(170.0, 5, 5.0), "rm3": WindowStats(90.0, 20, 20.0)}, cores=4)
-    rmu = HeraRMU(profiles)
-    rmu._steps = 1
-    rmu.step(1.0, alone)  # no neighbour over its load: the miss is dlrm-b's own, and is learned
-    assert rmu._failed["dlrm-b"][1][0] == 5.0 and alone.workers["dlrm-b"] == 2
-    # the next demo: rm3, two workers (profiled 73.6 qps), missed at 55 qps (75 % of its profile, but 2 x 55 qps is
-    # past it: its load explains its miss); dlrm-b, one worker profiled at 32, missed at 5.7 qps beside it
-    spike = FakeNode({"dlrm-b": WindowStats(192.0, 5, 5.67), "rm3": WindowStats(200.0, 48, 55.0)}, cores=4)
-    spike.workers["rm3"] = 2
-    rmu = HeraRMU({"dlrm-b": CapacityProfile.from_points({1: 32.1, 2: 40.9}),
-                   "rm3": CapacityProfile.from_points({1: 33.7, 2: 73.6})})
-    rmu._steps = 1
-    rmu.step(1.0, spike)
-    assert spike.workers["dlrm-b"] == 1 and "dlrm-b" not in rmu._failed
-    # and the one after: a failed query made dlrm-b's window read infinite slack (urgency 4 x 6 qps is past one
-    # worker's 22.9), yet at 26 % of its profile beside rm3 at 79 % of its own it is still the one starved
-    spike = FakeNode({"dlrm-b": WindowStats(float("inf"), 5, 6.0), "rm3": WindowStats(160.0, 45, 50.0)}, cores=4)
-    spike.workers["rm3"] = 2
-    rmu = HeraRMU({"dlrm-b": CapacityProfile.from_points({1: 22.9, 2: 39.3}),
-                   "rm3": CapacityProfile.from_points({1: 34.8, 2: 63.3})})
-    rmu._steps = 1
-    rmu.step(1.0, spike)
-    assert spike.workers["dlrm-b"] == 1 and "dlrm-b" not in rmu._failed
-    # and one more: rm3 missed at 44.9 qps with two workers (profiled 57.1; 1.06 x 44.9 is within it), dlrm-b at 4.3
-    # qps with one (profiled 28.9): both miss, and the one nearer its profile is served first
-    spike = FakeNode({"dlrm-b": WindowStats(128.0, 4, 4.3), "rm3": WindowStats(106.0, 44, 44.9)}, cores=4)
-    spike.workers["rm3"] = 2
-    rmu = HeraRMU({"dlrm-b": CapacityProfile.from_points({1: 28.9, 2: 44.6}),
-                   "rm3": CapacityProfile.from_points({1: 27.0, 2: 57.1})})
-    rmu._steps = 1
-    rmu.step(1.0, spike)
-    assert spike.workers == {"dlrm-b": 1, "rm3": 2} and "dlrm-b" not in rmu._failed
+    return node, rmu
+
+
+# live windows from the demos on 2 cores in which dlrm-b, far under its profile, missed its SLA beside rm3's spike and
+# was given a second worker on rm3's core, so that both lost windows
+STARVED = {
+    "rm3 on one worker, past its profile": (WindowStats(170.0, 5, 5.0), WindowStats(float("inf"), 33, 57.8),
+                                            ({1: 27.9, 2: 40.6}, {1: 33.1, 2: 72.2}), 1),
+    "rm3 at 75 % of its profile": (WindowStats(192.0, 5, 5.67), WindowStats(200.0, 48, 55.0),
+                                   ({1: 32.1, 2: 40.9}, {1: 33.7, 2: 73.6}), 2),
+    "a failed query: dlrm-b reads infinite slack": (WindowStats(float("inf"), 5, 6.0), WindowStats(160.0, 45, 50.0),
+                                                    ({1: 22.9, 2: 39.3}, {1: 34.8, 2: 63.3}), 2),
+    "rm3 within its profile by urgency x rate": (WindowStats(128.0, 4, 4.3), WindowStats(106.0, 44, 44.9),
+                                                 ({1: 28.9, 2: 44.6}, {1: 27.0, 2: 57.1}), 2),
+}
+
+
+@pytest.mark.parametrize("case", list(STARVED))
+def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone(case):
+    node, rmu = _one_step(*STARVED[case])
+    assert node.workers == {"dlrm-b": 1, "rm3": 2}  # the model nearer its profile gets the core
+    assert "dlrm-b" not in rmu._failed  # and dlrm-b's miss is not held against one worker
+
+
+def test_hera_learns_a_miss_no_neighbour_shares():
+    node, rmu = _one_step(WindowStats(170.0, 5, 5.0), WindowStats(90.0, 20, 20.0),
+                          ({1: 27.9, 2: 40.6}, {1: 33.1, 2: 72.2}), 1)
+    assert rmu._failed["dlrm-b"][1][0] == 5.0 and node.workers["dlrm-b"] == 2  # dlrm-b's own: learned, grown
