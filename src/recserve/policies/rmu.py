@@ -294,11 +294,11 @@ class HeraRMU(Controller):
         window = {m: control.window_stats(m) for m in models}
         victims = self._victims(control, window)
         for m in models:
+            if m in victims:
+                continue
             stats = window[m]
             slack = self._slack(control, m, stats)
             current = control.get_workers(m)
-            if m in victims:
-                continue
             self._remember(m, current, stats, slack)
             if self.low <= slack <= self.high:
                 continue
