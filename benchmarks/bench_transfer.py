@@ -30,27 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recserve.perfmodel import load_calibration  # noqa: E402
 from recserve.perfmodel.fit import errors, fit, points_from_profiles  # noqa: E402
 from recserve.perfmodel.hostbench import calibration_host  # noqa: E402
-from recserve.perfmodel.microbench import (  # noqa: E402
-    calibration_from_micro,
-    measure_micro,
-    transfer_calibration,
-)
+from recserve.perfmodel.hosts import HOSTS_DIR, Machine, calibration_for_host, recorded_hosts  # noqa: E402
+from recserve.perfmodel.microbench import calibration_from_micro, measure_micro  # noqa: E402
 from recserve.profiles import ProfileSet  # noqa: E402
 from recserve.specs import catalogue_models, server_from_dict, to_dict  # noqa: E402
 
 RESULTS = Path("results")
-HOSTS = Path(__file__).resolve().parent.parent / "src" / "recserve" / "data" / "hosts"
-
-
-HARDWARE = ("cores", "freq_ghz", "flops_per_cycle", "llc_mb", "llc_ways", "mem_gb")
-
-
-def same_host(a: ProfileSet, b: ProfileSet) -> bool:
-    """Timings from one machine (a host's recording and this run on it): same hostname *and* same hardware facts
-    (hostnames alone are not enough: containers are often all called ``vm``; whole ServerType dicts too much:
-    their notes and assumed fields change between versions)."""
-    facts = [{k: p.meta.get("host", {}).get(k) for k in HARDWARE} for p in (a, b)]
-    return a.meta.get("hostname") == b.meta.get("hostname") and facts[0] == facts[1]
 
 
 def log(msg: str) -> None:
@@ -91,32 +76,29 @@ def main() -> int:
     timings.meta["hostname"] = socket.gethostname()
     timings.save(RESULTS / "hostbench.json")
     if args.record:
-        HOSTS.mkdir(parents=True, exist_ok=True)
-        timings.save(HOSTS / f"{args.record}.json")
-        log(f"recorded {HOSTS / (args.record + '.json')}")
+        HOSTS_DIR.mkdir(parents=True, exist_ok=True)
+        timings.save(HOSTS_DIR / f"{args.record}.json")
+        log(f"recorded {HOSTS_DIR / (args.record + '.json')}")
     hosts = {} if args.record else {"this host (now)": timings}
-    for path in sorted(HOSTS.glob("*.json")) if HOSTS.exists() else []:
-        hosts[f"recorded {path.stem}"] = ProfileSet.load(path)
+    recorded = recorded_hosts()
+    hosts.update({f"recorded {name}": ps for name, ps in recorded.items()})
     bundled = load_calibration()
     out: dict = {"hosts": {}}
     for name, ps in hosts.items():
         h = server_from_dict("this-host", ps.meta["host"]) if "host" in ps.meta else host
         res = {"bundled constants (fitted on the dev host)": judge(bundled, ps, h)}
         if "micro" in ps.meta:
-            res["microbenchmarks of that host only"] = judge(calibration_from_micro(ps.meta["micro"], bundled), ps, h)
-        others = [q for n, q in hosts.items() if n != name and not same_host(q, ps)]
-        if others:
-            per_host = [points_from_profiles(q, server_from_dict("this-host", q.meta["host"]) if "host" in q.meta
-                                             else host) for q in others]
-            fitted = fit([p for pts in per_host for p in pts], bundled)
-            if "micro" in ps.meta and all("micro" in q.meta for q in others):
-                # compute efficiency carried over by the hosts' GEMM microbenchmarks (microbench.transfer_calibration)
-                res["fitted on the other hosts"] = judge(transfer_calibration(
-                    fitted, [(q.meta["micro"], len(pts)) for q, pts in zip(others, per_host, strict=True)],
-                    ps.meta["micro"]), ps, h)
-                res["fitted on the other hosts, compute not rescaled"] = judge(fitted, ps, h)
-            else:
-                res["fitted on the other hosts"] = judge(fitted, ps, h)
+            res["microbenchmarks of that host only (--micro-only)"] = judge(
+                calibration_from_micro(ps.meta["micro"], bundled), ps, h)
+            # what `recserve profile calibrate --micro` gives on that host: the other recorded hosts' fit, carried
+            moved = calibration_for_host(ps.meta["micro"], Machine.of(ps), bundled, recorded)
+            if moved is not None:
+                res[f"one command (--micro): fitted on {'+'.join(moved.sources)}, carried"] = judge(
+                    moved.calibration, ps, h)
+                others = [recorded[n] for n in moved.sources]
+                unscaled = fit([p for q in others for p in points_from_profiles(
+                    q, server_from_dict("this-host", q.meta["host"]))], bundled)
+                res["fitted on the other hosts, compute not rescaled"] = judge(unscaled, ps, h)
         out["hosts"][name] = res
     from bench_perfmodel import kairos_check
 

@@ -65,6 +65,16 @@ def test_fault_rate_is_the_target_hosts_measurement_when_it_has_one():
     assert calibration_from_micro(micro, base).fault_gbs_per_core == 2.5
 
 
+def test_feed_costs_are_the_target_hosts_measurement_when_it_has_them():
+    base = load_calibration().with_values(feed_pyint_ns=28.0, feed_ref_ghz=2.45)
+    plain = {"gemm_eff": {"256": 2.0}}
+    measured = {**plain, "feed_pyint_ns": 19.0, "feed_npscalar_ns": 30.0, "feed_call_us": 0.2, "freq_ghz": 3.1}
+    moved = transfer_calibration(base, [(plain, 10)], measured)
+    assert (moved.feed_pyint_ns, moved.feed_npscalar_ns, moved.feed_call_us, moved.feed_ref_ghz) == (19.0, 30.0, 0.2,
+                                                                                                    3.1)
+    assert transfer_calibration(base, [(measured, 10)], plain).feed_pyint_ns == 28.0  # recorded without them
+
+
 def test_overheads_follow_the_in_model_microbenchmark_only_when_every_host_has_it():
     base = load_calibration().with_values(fixed_ms=0.01, per_op_us=1.0, per_module_us=20.0, lookup_ns=5.0)
     src = {"gemm_eff": {"256": 2.0}, "model_module_us": 22.0}

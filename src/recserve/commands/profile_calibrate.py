@@ -32,6 +32,8 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
     else:
         server = get_server(args.server)
     base = load_calibration(args.base)
+    if args.micro_only and not args.micro:
+        raise SpecError("--micro-only goes with --micro")
     if not (args.micro or args.measured or args.measure):
         raise SpecError("give --micro (microbenchmarks), --measured FILE or --measure MODELS")
     if args.micro:
@@ -72,13 +74,24 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
 
 
 def _micro(args: argparse.Namespace, server, base) -> int:
-    """Constants from microbenchmarks only; with --measured, report the error on those (held-out) model timings."""
+    """Constants for this host from its microbenchmarks: fitted on the other recorded hosts and carried here (default),
+    or the microbenchmarks' own values (``--micro-only``); with --measured, report the error on those timings."""
     import json
 
+    from recserve.perfmodel.hosts import Machine, calibration_for_host
     from recserve.perfmodel.microbench import calibration_from_micro, measure_micro
 
     micro = measure_micro(server, progress=progress)
-    cal = calibration_from_micro(micro, base)
+    moved = None if args.micro_only else calibration_for_host(micro, Machine.this(server), base)
+    if moved is not None:
+        cal = moved.calibration
+        progress(f"constants fitted on recorded hosts {', '.join(moved.sources)}, carried here by the "
+                 f"microbenchmarks" + (f" (left out as this machine: {', '.join(moved.skipped)})" if moved.skipped
+                                       else ""))
+    else:
+        cal = calibration_from_micro(micro, base)
+        if not args.micro_only:
+            progress("no other host recorded under recserve/data/hosts: microbenchmark-only constants")
     if args.measured:
         points = points_from_profiles(ProfileSet.load(args.measured), server)
         held = float(np.median(errors(cal, points)))
@@ -90,8 +103,8 @@ def _micro(args: argparse.Namespace, server, base) -> int:
     if args.save_micro:
         with open(args.save_micro, "w") as f:
             json.dump(micro, f, indent=1)
-    for name in ("compute_eff", "batch_half", "per_op_us", "per_module_us", "lookup_ns", "llc_gbs_per_core",
-                 "dram_gbs_per_core", "stream_gbs_per_core", "act_gbs_per_core"):
+    for name in ("compute_eff", "batch_half", "fixed_ms", "per_op_us", "per_module_us", "lookup_ns",
+                 "llc_gbs_per_core", "dram_gbs_per_core", "stream_gbs_per_core", "act_gbs_per_core"):
         print(f"{name:20s} {getattr(base, name):10.4g} -> {getattr(cal, name):10.4g}")
     print(f"microbenchmarks: {micro['seconds']:.0f} s")
     progress(f"wrote {args.out}")
@@ -104,8 +117,13 @@ def register(actions: argparse._SubParsersAction) -> None:
     src.add_argument("--measured", metavar="FILE", help="ProfileSet with measured latency_vs_batch tables")
     src.add_argument("--measure", metavar="MODELS", help="time these catalogue models in-process now instead")
     p.add_argument("--micro", action="store_true",
-                     help="set the constants from microbenchmarks only (no model timing, a minute or two); "
-                          "--measured FILE then only reports the error on those model timings")
+                     help="calibrate this host from microbenchmarks (no model timing, a minute or two): constants "
+                          "fitted on the model timings of the hosts recorded with recserve (recserve/data/hosts), "
+                          "carried here by the microbenchmarks; --measured FILE then only reports the error on those "
+                          "model timings")
+    p.add_argument("--micro-only", action="store_true",
+                   help="with --micro: the microbenchmarks' own values, no recorded host (median error 37-39%% on "
+                        "the recorded hosts, against 14-15%% carried)")
     p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for --measure")
     p.add_argument("--save-measured", metavar="FILE", help="write the --measure tables")
     p.add_argument("--server", default="this-host", help="server type the measurements ran on")

@@ -105,7 +105,8 @@ def transfer_calibration(cal: Calibration, sources: list[tuple[dict[str, Any], i
     host.  The other fitted constants stay: their microbenchmarks do not track the model timings across hosts
     (docs/perfmodel.md, "Transfer to another host"), except the framework overheads when every host has the in-context
     microbenchmark (:func:`model_module_us`, recorded since 2026-11-23): they scale by its ratio.
-    ``fault_gbs_per_core`` is measured, never fitted: the target's microbenchmark when it has one."""
+    ``fault_gbs_per_core`` and the ``feed_*`` costs are measured, never fitted: the target's microbenchmarks when it
+    has them."""
     weights = np.array([max(n, 1) for _, n in sources], dtype=float)
     source = float(np.exp(np.average(np.log([gemm_plateau(m) for m, _ in sources]), weights=weights)))
     out = cal.with_values(compute_eff=cal.compute_eff * gemm_plateau(target) / source)
@@ -115,9 +116,20 @@ def transfer_calibration(cal: Calibration, sources: list[tuple[dict[str, Any], i
         ratio = float(target["model_module_us"]) / mod
         out = out.with_values(fixed_ms=cal.fixed_ms * ratio, per_op_us=cal.per_op_us * ratio,
                               per_module_us=cal.per_module_us * ratio)
-    if "fault_gbs_per_core" in target:  # measured, not fitted: the target host's own value
-        out = out.with_values(fault_gbs_per_core=float(target["fault_gbs_per_core"]))
+    out = _measured_constants(out, target)
     return out.with_values(fitted_on=label) if label else out
+
+
+def _measured_constants(cal: Calibration, micro: dict[str, Any]) -> Calibration:
+    """``cal`` with the constants that are measured, never fitted (page faults, feeding ids from Python lists) set
+    from ``micro`` where it has them (recordings made before a microbenchmark existed keep ``cal``'s value)."""
+    values: dict[str, float] = {}
+    if "fault_gbs_per_core" in micro:
+        values["fault_gbs_per_core"] = float(micro["fault_gbs_per_core"])
+    if "feed_pyint_ns" in micro:
+        values.update({k: float(micro[k]) for k in ("feed_pyint_ns", "feed_npscalar_ns", "feed_call_us")},
+                      feed_ref_ghz=float(micro["freq_ghz"]))
+    return cal.with_values(**values)
 
 
 def framework_overheads() -> tuple[float, float]:
@@ -266,10 +278,5 @@ def calibration_from_micro(micro: dict[str, Any], base: Calibration) -> Calibrat
               "per_module_us": micro["per_module_us"], "lookup_ns": micro["lookup_ns"],
               "llc_gbs_per_core": micro["llc_gbs_per_core"], "dram_gbs_per_core": micro["dram_gbs_per_core"],
               "stream_gbs_per_core": micro["stream_gbs_per_core"], "act_gbs_per_core": micro["act_gbs_per_core"]}
-    if "fault_gbs_per_core" in micro:  # recorded before it: the base value
-        values["fault_gbs_per_core"] = float(micro["fault_gbs_per_core"])
-    if "feed_pyint_ns" in micro:  # microbenchmark files recorded before the feed costs keep the base values
-        values.update({k: float(micro[k]) for k in ("feed_pyint_ns", "feed_npscalar_ns", "feed_call_us")},
-                      feed_ref_ghz=float(micro["freq_ghz"]))
-    cal = base.with_values(**values)
+    cal = _measured_constants(base.with_values(**values), micro)
     return cal.with_values(fitted_on=f"microbenchmarks on {micro['host']} ({micro['seconds']:.0f} s; no model timed)")
