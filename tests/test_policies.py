@@ -568,9 +568,14 @@ def test_hera_leaves_a_model_starved_by_an_overloaded_neighbour_alone(case):
     node, rmu = _one_step(*STARVED[case])
     assert node.workers == {"dlrm-b": 1, "rm3": 2}  # the model nearer its profile gets the core
     assert "dlrm-b" not in rmu._failed  # and dlrm-b's miss is not held against one worker
+    # the hold is shown (why a model over its SLA kept its workers), apart from the changes counted as decisions
+    assert [(d.model, d.detail["starved_by"]) for d in rmu.held] == [("dlrm-b", "rm3")]
+    assert rmu.held[0].detail["use_of_profile"] < rmu.low and rmu.held[0].detail["slack"] > rmu.high
+    assert all(d.model != "dlrm-b" for d in rmu.log)
 
 
 def test_hera_learns_a_miss_no_neighbour_shares():
     node, rmu = _one_step(WindowStats(170.0, 5, 5.0), WindowStats(90.0, 20, 20.0),
                           ({1: 27.9, 2: 40.6}, {1: 33.1, 2: 72.2}), 1)
     assert rmu._failed["dlrm-b"][1][0] == 5.0 and node.workers["dlrm-b"] == 2  # dlrm-b's own: learned, grown
+    assert not rmu.held

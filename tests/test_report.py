@@ -36,13 +36,16 @@ def test_demo_live_results_render_with_their_figure(tmp_path):
     live = {"kind": "demo-live", "models": ["a", "b"], "windows": windows, "peak_qps": {"a": 5.0, "b": 5.0},
             "window_s": 3.0,
             "violation_fraction": {"a": 0.0, "b": 0.0},
-            "decisions": [{"time_s": 3.0, "model": "a", "action": "workers", "detail": {"workers": 2}}]}
+            "decisions": [{"time_s": 3.0, "model": "a", "action": "workers", "detail": {"workers": 2}}],
+            "held": [{"time_s": 6.0, "model": "b", "action": "held (starved by a neighbour)",
+                      "detail": {"starved_by": "a"}}]}
     (tmp_path / "live.json").write_text(json.dumps(live))
     plot_live(live, tmp_path / "live.png")
     out = tmp_path / "r.html"
     assert main(["report", str(tmp_path / "live.json"), "--out", str(out)]) == 0
     html = out.read_text()
     assert "Resource-manager decisions" in html and html.count("data:image/png") == 1
+    assert "held (starved by a neighbour)" in html
 
 
 def test_diurnal_rates_peak_in_the_evening_of_the_compressed_day():

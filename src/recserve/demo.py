@@ -439,6 +439,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
             "capacity_qps": {m: [capacity[m].max_qps(n) for n in (1, 2, 3)] for m in models},
             "peak_qps": peak, "windows": [w.__dict__ for w in results], "violation_fraction": violation,
             "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
+            "held": [d.__dict__ for d in getattr(controller, "held", [])],
             "router_stats": stats}
 
 
@@ -497,8 +498,9 @@ def render_live(data: dict[str, Any], base: Path) -> str:
                      "windows violating": f"{100 * data['violation_fraction'][m]:.0f}%",
                      "peak offered QPS": data["peak_qps"][m],
                      "errors": sum(w["errors"] for w in ws)})
-    decisions = [{"t (s)": round(d["time_s"], 1), "model": d["model"], "action": d["action"],
-                  "detail": json.dumps(d["detail"])[:100]} for d in data["decisions"]]
+    decisions = sorted(({"t (s)": round(d["time_s"], 1), "model": d["model"], "action": d["action"],
+                         "detail": json.dumps(d["detail"])[:100]} for d in data["decisions"] + data.get("held", [])),
+                       key=lambda row: row["t (s)"])
     compared = [{"controller": name, **{m: f"{100 * f:.0f}%" for m, f in v.items()}}
                 for name, v in data.get("compared", {}).items()]
     return ("<h2>Live deployment on this host</h2>" + report.table(rows)

@@ -213,6 +213,9 @@ class HeraRMU(Controller):
         self._steps = 0
         self._failed: dict[str, dict[int, tuple[float, int]]] = {}  # model -> workers -> (arrival qps, step)
         self._grown_at: dict[str, int] = {}  # model -> the step that last gave it more workers
+        # windows in which a model over its SLA was held as a victim (``_victims``): kept apart from ``log``, which
+        # counts changes made, so a user can see why a missing model was not given more workers
+        self.held: list[Decision] = []
 
     def find_number_of_workers(self, model: str, traffic_qps: float, limit: int, current: int | None = None) -> int:
         """The fewest workers whose profiled max load (scaled by :meth:`derating`) covers ``traffic_qps``, among the
@@ -273,7 +276,7 @@ class HeraRMU(Controller):
     def _slack(self, control: NodeControl, model: str, stats: WindowStats) -> float:
         return stats.tail_ms / control.sla(model)[0]
 
-    def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> set[str]:
+    def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> dict[str, dict[str, Any]]:
         """The models over their SLA at an arrival rate under ``low`` x their workers' profiled max load while a
         neighbour that runs nearer its own profile is over its SLA too: when co-located models miss together, the
         one further under its profile is starved by the other (cores, cache, memory bandwidth, the host's front
@@ -285,7 +288,9 @@ class HeraRMU(Controller):
         use = {m: s.arrival_qps / max(self.capacity[m].max_qps(control.get_workers(m)), 1e-9)
                for m, s in stats.items()}
         over = {m for m, s in stats.items() if self._slack(control, m, s) > self.high}
-        return {m for m in over if use[m] < self.low and any(use[o] > use[m] for o in over - {m})}
+        return {m: {"slack": self._slack(control, m, stats[m]), "arrival_qps": stats[m].arrival_qps,
+                    "use_of_profile": use[m], "starved_by": max(over - {m}, key=lambda o: use[o])}
+                for m in over if use[m] < self.low and any(use[o] > use[m] for o in over - {m})}
 
     def step(self, now_s: float, control: NodeControl) -> None:
         self._steps += 1
@@ -295,6 +300,7 @@ class HeraRMU(Controller):
         victims = self._victims(control, window)
         for m in models:
             if m in victims:
+                self.held.append(Decision(now_s, m, "held (starved by a neighbour)", victims[m]))
                 continue
             stats = window[m]
             slack = self._slack(control, m, stats)
