@@ -94,3 +94,21 @@ def test_profile_model_cli_builds_ways_tables_from_measured_interference(tmp_pat
     assert len(ways) == 1 and ways[0].conditions == {}
     q = ways[0].column("max_qps")
     assert q[0] < q[-1]                      # the measured 2x slowdown at an empty LLC shows at 1 way
+
+
+def test_profile_interference_cli_reads_this_hosts_llc_when_not_given(tmp_path, monkeypatch):
+    """Without ``--llc-mb`` the command sizes its co-runners from the LLC detected on this host (the command once
+    read a field of the host facts as an attribute and crashed before measuring anything)."""
+    import recserve.measure.interference as measuring
+    from recserve.cli import main
+    from recserve.hostinfo import this_host
+
+    seen = {}
+
+    def fake(specs, **kwargs):
+        seen.update(kwargs)
+        return ProfileSet()
+
+    monkeypatch.setattr(measuring, "measure_interference", fake)
+    assert main(["profile", "interference", "--models", "hera-ncf", "--out", str(tmp_path / "i.json")]) == 0
+    assert seen["llc_mb"] == this_host()["llc_mb"] and seen["llc_mb"] > 0

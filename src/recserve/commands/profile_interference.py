@@ -23,7 +23,7 @@ def cmd_profile_interference(args: argparse.Namespace) -> int:
     specs = [get_model(m) for m in names(args.models)]
     if not specs:
         raise RecserveError("--models needs at least one catalogue model")
-    llc_mb = args.llc_mb or this_host().llc_mb
+    llc_mb = args.llc_mb or this_host()["llc_mb"]
     fractions = [float(x) for x in args.occupy.split(",") if x.strip()]
     sweep = [float(x) for x in args.table_sweep.split(",") if x.strip()]
     profiles = measure_interference(specs, max_table_mb=args.max_table_mb, batch=args.batch, seconds=args.seconds,
