@@ -112,3 +112,18 @@ def test_profile_interference_cli_reads_this_hosts_llc_when_not_given(tmp_path, 
     monkeypatch.setattr(measuring, "measure_interference", fake)
     assert main(["profile", "interference", "--models", "hera-ncf", "--out", str(tmp_path / "i.json")]) == 0
     assert seen["llc_mb"] == this_host()["llc_mb"] and seen["llc_mb"] > 0
+
+
+@pytest.mark.parametrize("name", ["interference_dev_host.json", "interference_zen1_vm.json"])
+def test_every_bundled_measurement_covers_each_hera_model(name):
+    """The bundled measurements (two hosts, 32 and 8 MB of LLC) feed ``bench_papers.py``'s Hera rows, which need an
+    LLC curve and a bandwidth slowdown for all eight Hera models, measured on the host the file names."""
+    from recserve.reference import reference_path
+
+    measured = ProfileSet.load(reference_path(name))
+    hera = {"hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din", "hera-wnd"}
+    assert hera <= {t.model for t in measured.find(kind="slowdown_vs_llc_occupied")}
+    for model in sorted(hera):
+        inter = fit_interference(measured, model)
+        assert inter.llc_mb == measured.meta["llc_mb"] and len(inter.occupied_mb) >= 4
+        assert all(0.5 < s < 3.0 for s in inter.slowdown_llc) and inter.slowdown_bw > 0.5
