@@ -6,10 +6,11 @@ machine's microbenchmarks (``meta.micro``), recorded by ``benchmarks/bench_trans
 
 A new host runs only the microbenchmarks (a minute or two, no model timed).  Its calibration is then the constants
 fitted on the *other* recorded hosts' model timings, carried over by the two hosts' microbenchmarks
-(:func:`recserve.perfmodel.microbench.transfer_calibration`): leave-one-host-out, measured 13.9 % (dev VM) and
-15.1 % (H100 host) median error against 38.6 % / 37.0 % for the microbenchmark-only constants, because kernels timed
-alone run faster than the same kernels inside a model, by a factor the recorded models carry and the microbenchmarks
-do not.  A recording of the machine being calibrated is never used for it (it would not be a transfer).
+(:func:`recserve.perfmodel.microbench.transfer_calibration`): leave-one-host-out over the three recorded hosts,
+14.3 % (Zen 2 dev VM), 15.5 % (H100 host) and 17.0 % (Zen 1 VM) median error against 38.6 / 37.0 / 25.6 % for the
+microbenchmark-only constants, because kernels timed alone run faster than the same kernels inside a model, by a
+factor the recorded models carry and the microbenchmarks do not.  A recording of the machine being calibrated is
+never used for it (it would not be a transfer).
 """
 
 from __future__ import annotations
@@ -92,9 +93,6 @@ def calibration_for_host(micro: dict[str, Any], machine: Machine, base: Calibrat
     return Transferred(cal, tuple(sources), skipped)
 
 
-IN_MODEL_PROBE = "hera-dlrm-a"  # the model ``microbench.model_module_us`` times
-
-
 def source_micro(recording: ProfileSet) -> dict[str, Any]:
     """A recording's microbenchmarks, with ``model_module_us`` (framework time per module inside a whole model) taken
     from its own model timings where it was recorded before that microbenchmark existed: the recorded batch-1 call of
@@ -104,6 +102,7 @@ def source_micro(recording: ProfileSet) -> dict[str, Any]:
     if "model_module_us" in micro:
         return micro
     from recserve.perfmodel.cost import model_cost, scaled_spec
+    from recserve.perfmodel.microbench import IN_MODEL_PROBE
     from recserve.specs import get_model
 
     for table in recording.find(model=IN_MODEL_PROBE, kind="latency_vs_batch"):

@@ -186,7 +186,10 @@ def activation_gbs(mb: float = 8.0) -> float:
     return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
 
 
-def model_module_us(name: str = "hera-dlrm-a") -> float:
+IN_MODEL_PROBE = "hera-dlrm-a"  # the whole model whose per-module framework time ``model_module_us`` measures
+
+
+def model_module_us(name: str = IN_MODEL_PROBE) -> float:
     """µs per ``nn.Module`` call of a whole zoo model at batch 1 with tiny tables: framework time *in context* (the
     model's Python, dispatcher and allocator working set), which the isolated op/module microbenchmarks miss (on the
     dev host 22 µs per module for four catalogue models vs 11 µs for an isolated ``Linear``/``EmbeddingBag`` call)."""
