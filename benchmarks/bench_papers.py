@@ -471,8 +471,9 @@ def row_perfmodel() -> list[Row]:
 def row_perfmodel_unseen_host() -> Row:
     """Issue #18's transfer bar: each recorded host judged with what ``recserve profile calibrate --micro`` gives there
     (its microbenchmarks; constants fitted on the *other* recorded hosts' model timings)."""
+    from bench_transfer import judge
+
     from recserve.perfmodel import load_calibration
-    from recserve.perfmodel.fit import errors, points_from_profiles
     from recserve.perfmodel.hosts import Machine, calibration_for_host, recorded_hosts
     from recserve.perfmodel.microbench import calibration_from_micro
     from recserve.specs import server_from_dict
@@ -480,11 +481,11 @@ def row_perfmodel_unseen_host() -> Row:
     recorded, base = recorded_hosts(), load_calibration()
     carried, own = {}, {}
     for name, rec in recorded.items():
+        host = server_from_dict("this-host", rec.meta["host"])
         moved = calibration_for_host(rec.meta["micro"], Machine.of(rec), base, recorded)
-        points = points_from_profiles(rec, server_from_dict("this-host", rec.meta["host"]))
         if moved is not None:
-            carried[name] = float(np.median(errors(moved.calibration, points)))
-        own[name] = float(np.median(errors(calibration_from_micro(rec.meta["micro"], base), points)))
+            carried[name] = judge(moved.calibration, rec, host)["median_ape"]
+        own[name] = judge(calibration_from_micro(rec.meta["micro"], base), rec, host)["median_ape"]
     txt = " / ".join(f"{n} {v:.1f}%" for n, v in carried.items())
     worst = max(carried.values(), default=float("inf"))
     return Row(f"perfmodel on a host not used for fitting ({len(carried)} recorded hosts, leave-one-host-out, "

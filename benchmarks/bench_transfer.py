@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recserve.perfmodel import load_calibration  # noqa: E402
-from recserve.perfmodel.fit import errors, fit, points_from_profiles  # noqa: E402
+from recserve.perfmodel.fit import errors, points_from_profiles  # noqa: E402
 from recserve.perfmodel.hostbench import calibration_host  # noqa: E402
 from recserve.perfmodel.hosts import HOSTS_DIR, Machine, calibration_for_host, recorded_hosts  # noqa: E402
 from recserve.perfmodel.microbench import calibration_from_micro, measure_micro  # noqa: E402
@@ -95,10 +95,7 @@ def main() -> int:
             if moved is not None:
                 res[f"one command (--micro): fitted on {'+'.join(moved.sources)}, carried"] = judge(
                     moved.calibration, ps, h)
-                others = [recorded[n] for n in moved.sources]
-                unscaled = fit([p for q in others for p in points_from_profiles(
-                    q, server_from_dict("this-host", q.meta["host"]))], bundled)
-                res["fitted on the other hosts, compute not rescaled"] = judge(unscaled, ps, h)
+                res["fitted on the other hosts, compute not rescaled"] = judge(moved.fitted, ps, h)
         out["hosts"][name] = res
     from bench_perfmodel import kairos_check
 

@@ -51,10 +51,10 @@ def test_carried_constants_beat_the_microbenchmark_only_ones_on_the_left_out_hos
     """Leave-one-host-out on the bundled recordings: the left-out host's model timings are used only to judge."""
     target, base, moved = recorded[judged], load_calibration(), carried[judged]
     points = points_from_profiles(target, server_from_dict("this-host", target.meta["host"]))
-    carried = float(np.median(errors(moved.calibration, points)))
+    error = float(np.median(errors(moved.calibration, points)))
     micro_only = float(np.median(errors(calibration_from_micro(target.meta["micro"], base), points)))
-    assert carried <= 20.0, f"median error {carried:.1f}% on {judged} (issue #18's bar for an unseen host)"
-    assert carried < micro_only
+    assert error <= 20.0, f"median error {error:.1f}% on {judged} (issue #18's bar for an unseen host)"
+    assert error < micro_only
 
 
 def test_a_recording_without_the_in_model_microbenchmark_gets_it_from_its_own_timings(recorded):
@@ -74,7 +74,6 @@ def test_calibrate_micro_carries_the_recorded_hosts_and_micro_only_does_not(reco
     so the test neither waits for them nor depends on this machine's speed)."""
     import recserve.perfmodel.microbench as microbench
     from recserve.cli import main
-    from recserve.perfmodel import load_calibration
 
     micro = {**recorded["h100-host"].meta["micro"], "host": "elsewhere"}
     monkeypatch.setattr(microbench, "measure_micro", lambda host, progress=None: dict(micro))

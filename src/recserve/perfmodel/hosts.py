@@ -68,6 +68,7 @@ class Transferred:
     """A calibration carried to a host, and what it was made from."""
 
     calibration: Calibration
+    fitted: Calibration  # the same fit before it was carried (what the sources' timings alone give)
     sources: tuple[str, ...]  # recorded hosts whose model timings were fitted
     skipped: tuple[str, ...]  # recordings of this same machine, left out
 
@@ -90,7 +91,7 @@ def calibration_for_host(micro: dict[str, Any], machine: Machine, base: Calibrat
     label = (f"fitted on the model timings of recorded hosts {', '.join(sources)}, carried to {micro.get('host')} "
              f"by its microbenchmarks ({float(micro.get('seconds', 0)):.0f} s; no model timed here)")
     cal = transfer_calibration(fitted, [(source_micro(sources[n]), len(points[n])) for n in sources], micro, label)
-    return Transferred(cal, tuple(sources), skipped)
+    return Transferred(cal, fitted, tuple(sources), skipped)
 
 
 def source_micro(recording: ProfileSet) -> dict[str, Any]:
@@ -101,16 +102,14 @@ def source_micro(recording: ProfileSet) -> dict[str, Any]:
     micro = dict(recording.meta["micro"])
     if "model_module_us" in micro:
         return micro
-    from recserve.perfmodel.cost import model_cost, scaled_spec
-    from recserve.perfmodel.microbench import IN_MODEL_PROBE
-    from recserve.specs import get_model
+    from recserve.perfmodel.microbench import IN_MODEL_PROBE, modules_called
 
     for table in recording.find(model=IN_MODEL_PROBE, kind="latency_vs_batch"):
         if table.conditions.get("tables") != "small":
             continue
         batch_1 = [row for row in table.rows if row[0] == 1]
         if batch_1:
-            cost = model_cost(scaled_spec(get_model(IN_MODEL_PROBE), float(table.conditions["scale"])))
-            micro["model_module_us"] = float(batch_1[0][1]) * 1e3 / max(1, cost.sparse_modules + cost.dense_modules)
+            calls = modules_called(IN_MODEL_PROBE, float(table.conditions["scale"]))
+            micro["model_module_us"] = float(batch_1[0][1]) * 1e3 / calls
             micro["model_module_us_from"] = f"recorded {IN_MODEL_PROBE} batch 1, small tables"
     return micro

@@ -189,18 +189,25 @@ def activation_gbs(mb: float = 8.0) -> float:
 IN_MODEL_PROBE = "hera-dlrm-a"  # the whole model whose per-module framework time ``model_module_us`` measures
 
 
+def modules_called(name: str, scale: float) -> int:
+    """``nn.Module`` calls in one forward pass of catalogue model ``name`` at table ``scale`` (at least 1)."""
+    from recserve.perfmodel.cost import model_cost, scaled_spec
+    from recserve.specs import get_model
+
+    cost = model_cost(scaled_spec(get_model(name), scale))
+    return max(1, cost.sparse_modules + cost.dense_modules)
+
+
 def model_module_us(name: str = IN_MODEL_PROBE) -> float:
     """µs per ``nn.Module`` call of a whole zoo model at batch 1 with tiny tables: framework time *in context* (the
     model's Python, dispatcher and allocator working set), which the isolated op/module microbenchmarks miss (on the
     dev host 22 µs per module for four catalogue models vs 11 µs for an isolated ``Linear``/``EmbeddingBag`` call)."""
     import torch
 
-    from recserve.perfmodel.cost import model_cost, scaled_spec
     from recserve.specs import get_model
     from recserve.zoo import build, sample_batch
 
-    spec = get_model(name)
-    model = build(spec, scale=1e-6, seed=0).eval()
+    model = build(get_model(name), scale=1e-6, seed=0).eval()
     rng = np.random.default_rng(0)
     queries = [sample_batch(model, 1, rng) for _ in range(8)]
     k = [0]
@@ -208,9 +215,8 @@ def model_module_us(name: str = IN_MODEL_PROBE) -> float:
     def call() -> None:
         k[0] += 1
         model(queries[k[0] % len(queries)])
-    cost = model_cost(scaled_spec(spec, 1e-6))
     with torch.no_grad():
-        return _per_call_us(call, 20, reps=20) / max(1, cost.sparse_modules + cost.dense_modules)
+        return _per_call_us(call, 20, reps=20) / modules_called(name, 1e-6)
 
 
 def fresh_memory_gbs(mb: float = 48.0) -> float:

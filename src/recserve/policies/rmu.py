@@ -287,9 +287,10 @@ class HeraRMU(Controller):
         slack (urgency 4), which made a starved dlrm-b at 6 qps look loaded past its one worker's 22.9."""
         use = {m: s.arrival_qps / max(self.capacity[m].max_qps(control.get_workers(m)), 1e-9)
                for m, s in stats.items()}
-        over = {m for m, s in stats.items() if self._slack(control, m, s) > self.high}
-        return {m: {"slack": self._slack(control, m, stats[m]), "arrival_qps": stats[m].arrival_qps,
-                    "use_of_profile": use[m], "starved_by": max(over - {m}, key=lambda o: use[o])}
+        slack = {m: self._slack(control, m, s) for m, s in stats.items()}
+        over = {m for m in stats if slack[m] > self.high}
+        return {m: {"slack": slack[m], "arrival_qps": stats[m].arrival_qps, "use_of_profile": use[m],
+                    "starved_by": max(over - {m}, key=lambda o: use[o])}
                 for m in over if use[m] < self.low and any(use[o] > use[m] for o in over - {m})}
 
     def step(self, now_s: float, control: NodeControl) -> None:
