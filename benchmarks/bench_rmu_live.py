@@ -6,8 +6,9 @@ once per controller with the same Poisson load; printed: the fraction of monitor
 a model's p95 exceeded its SLA.  The default load is Hera's Fig. 14 scenario (gradual rise; at T1
 the second model drops; at T2 it spikes while the first drops) as fractions of each model's max load
 with two workers on the node.  That max load (and the RMU's curve) is measured on node A just before
-the runs (`--capacity live`, 1 and 2 workers, the other model idle; a --profiles file only seeds the
-search), or read from a capacity profile (`--capacity profile`: --profiles, else `recserve profile
+the runs (`--capacity live`, 1 and 2 workers, first with the other model idle, then with the other
+model at the load it carries during this one's peak; the second sizes the load; a --profiles file only seeds
+the search), or read from a capacity profile (`--capacity profile`: --profiles, else `recserve profile
 host --via server` now).
 
     .venv/bin/python benchmarks/bench_rmu_live.py [--seconds 90] [--shape fig14|diurnal] [--router] [--rounds 2]
@@ -70,10 +71,15 @@ def main() -> int:
             "--out", str(measured)]) != 0:
         return 1
     capacity = None
+    shape_peaks = tuple(float(x) for x in args.peaks.split(","))
     if args.capacity == "live":
-        now, capacity = measured_capacity(run, args.scale, models)
-        print("capacity now: " + "; ".join(f"{m} " + " / ".join(f"{q:.0f}" for q in qs.values()) + " qps with "
-                                           + " / ".join(map(str, qs)) + " workers" for m, qs in now.items()))
+        measured = measured_capacity(run, args.scale, models, args.shape, shape_peaks)
+        capacity = measured.profiles
+        for label, points in (("alone", measured.alone), ("beside its neighbour", measured.beside)):
+            print(f"capacity now, {label}: " + "; ".join(
+                f"{m} " + " / ".join(f"{q:.0f}" for q in qs.values()) + " qps with " + " / ".join(map(str, qs))
+                + " workers" + (f" (neighbour at {measured.neighbour_qps[m]:.0f} qps)" if label != "alone" else "")
+                for m, qs in points.items()))
     names = args.controllers.split(",")
     rounds: list[dict[str, dict]] = []
     for k in range(max(1, args.rounds)):
@@ -82,8 +88,10 @@ def main() -> int:
             print(f"== round {k + 1}: {name}", file=sys.stderr)
             data = run_live(run, args.scale, args.seconds, args.window_s, controller_name=name,
                             use_router=args.router, shape=args.shape, models=models,
-                            peaks=tuple(float(x) for x in args.peaks.split(",")), capacity=capacity)
+                            peaks=shape_peaks, capacity=capacity)
             peaks = data["peak_qps"]
+            if capacity is not None and args.capacity == "live":
+                data.update(measured.to_dict())
             results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
                              "capacity_qps": data["capacity_qps"],
                              "decisions": len(data["decisions"]),

@@ -11,7 +11,7 @@ import pytest
 
 from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession, run_load
-from recserve.measure.maxload import find_max_load, mm1_max_load, mm1_percentile_ms
+from recserve.measure.maxload import confirm_max_load, find_max_load, mm1_max_load, mm1_percentile_ms
 from recserve.measure.requests import RequestPool, arrival_times, poisson_gaps, pool_sizes, sample_sizes
 from recserve.measure.targets import InProcessTarget, RequestFailed
 from recserve.specs import SLA, ModelSpec, TableSpec
@@ -268,3 +268,26 @@ def test_unloaded_latency_sends_each_pooled_query_alone():
     with LoadSession(SerialTarget(0.02), tiny_pool(n=5)) as session:
         ms = session.unloaded_latency_ms()
     assert ms.shape == (5,) and np.all(ms >= 19) and np.all(ms < 500)
+
+
+def test_confirm_max_load_steps_down_from_a_lucky_probe():
+    """A noisy host: the search's highest passes were luck (the host held 95 qps then, 80 now); confirming probes
+    the result again, steps down by ``step`` of it, and keeps the first rate that passes."""
+    true_max = 80.0
+    found = find_max_load(lambda r: 10.0 if r <= 95.0 else 500.0, 100.0, start_qps=10.0, rtol=0.05)
+    assert found.max_qps > 90.0  # the search believed the lucky readings
+    confirmed = confirm_max_load(lambda r: 10.0 if r <= true_max else 500.0, found, step=0.1, tries=3)
+    assert true_max * 0.9 < confirmed.max_qps <= true_max
+    assert "confirmed 2 step(s) down" in confirmed.reason and confirmed.converged
+    assert [p.ok for p in confirmed.probes[len(found.probes):]] == [False, False, True]
+
+
+def test_confirm_max_load_keeps_a_result_that_holds_and_marks_one_that_never_does():
+    found = find_max_load(lambda r: 10.0 if r <= 50.0 else 500.0, 100.0, start_qps=10.0, rtol=0.05)
+    kept = confirm_max_load(lambda r: 10.0 if r <= 50.0 else 500.0, found)
+    assert kept.max_qps == found.max_qps and kept.reason.endswith("confirmed") and len(kept.probes) == len(
+        found.probes) + 1
+    lost = confirm_max_load(lambda r: 500.0, found, step=0.1, tries=2)
+    assert not lost.converged and "not confirmed in 2 probes" in lost.reason
+    assert lost.max_qps == pytest.approx(0.9 * found.max_qps)
+    assert confirm_max_load(lambda r: 500.0, found, tries=0) is found

@@ -124,3 +124,50 @@ def test_node_max_loads_measures_each_worker_count_of_a_running_node(server):
         loads = node_max_loads(session, set_workers, SLA(target_ms=2000.0), (1, 2), start_qps=5.0, budget=budget)
     assert counts == [1, 2] and set(loads) == {1, 2}
     assert all(q >= 5.0 for q in loads.values())  # 5 qps within 2 s is met by any worker of a 1e-4 model
+
+
+def test_background_load_offers_its_rate_until_the_block_ends(server):
+    """The demo measures each model's capacity beside its neighbour's live load: that load must really arrive,
+    and stop with the block."""
+    from recserve.demo import background_load
+
+    _, ports, name = server
+    client = ControlClient("127.0.0.1", ports.http)
+    with background_load(f"http://127.0.0.1:{ports.http}", name, 1e-4, qps=40.0, chunk_s=0.5):
+        time.sleep(2.0)
+        during = client.window_stats(name, seconds=1.5)
+    assert during["completed"] >= 20 and not during["failed"]
+    time.sleep(1.2)
+    assert client.window_stats(name, seconds=1.0)["completed"] == 0  # stopped with the block
+
+
+def test_background_load_raises_what_failed_in_its_thread():
+    from conftest import free_port
+    from recserve.demo import background_load
+    from recserve.errors import RecserveError
+
+    with pytest.raises(RecserveError, match="background load failed"):
+        with background_load(f"http://127.0.0.1:{free_port()}", "hera-dlrm-b", 1e-4, qps=10.0):
+            pass
+
+
+def test_background_load_at_zero_sends_nothing(server):
+    from recserve.demo import background_load
+
+    _, ports, name = server
+    with background_load(f"http://127.0.0.1:{ports.http}", name, 1e-4, qps=0.0):
+        pass
+    time.sleep(0.3)
+    assert ControlClient("127.0.0.1", ports.http).window_stats(name, seconds=0.25)["completed"] == 0
+
+
+def test_neighbour_load_is_what_the_other_model_carries_at_this_ones_peak():
+    """Hera Fig. 14 in the demo's shares: beside the memory-bound model's plateau the other is at its T1 level
+    (20%), beside the other's spike the memory-bound one has dropped to 10%."""
+    from recserve.demo import neighbour_load
+
+    capacity = {"a": CapacityProfile.from_points({1: 30.0, 2: 50.0}),
+                "b": CapacityProfile.from_points({1: 40.0, 2: 80.0})}
+    load = neighbour_load("fig14", capacity, ("a", "b"), (0.35, 0.2, 0.8))
+    assert load["a"] == pytest.approx(0.2 * 80.0, rel=0.02)
+    assert load["b"] == pytest.approx(0.1 * 50.0, rel=0.02)

@@ -19,7 +19,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,10 @@ peak_qps: {hercules-rmc1: 20000, hercules-rmc2: 3000, hercules-rmc3: 5000, hercu
 """
 WORKER_SLOTS_PER_CORE = 2
 # the live load: Hera Fig. 14 as fractions of each model's max load with two workers on node A, measured just
-# before (the first model's plateau, the second's level at T1, its spike at T2: past one worker, within two)
+# before beside the neighbour's load (the first model's plateau, the second's level at T1, its spike at T2: past one
+# worker, within two)
 LIVE_PEAKS = (0.35, 0.2, 0.8)
+CONFIRM_PROBES = 3  # the capacity that sizes the live load: its max load must pass again (or a step lower)
 LIVE_CONTROLLERS = ("hera", "static")  # the first is the report's main run; the others get the same load
 PEAK_SHARE = {"hera-dlrm-a": 0.3, "elasticrec-rm3": 0.6}
 HERA_MODELS = ("hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din",
@@ -224,12 +227,12 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
     to node A directly: through the Kairos router (node A + a replica on node B, one slot each) hera-dlrm-b's p95
     reached 0.5-1 s at 4-20 qps on this host, so the comparison would have measured the router, not the RMU."""
     def go(step: Step) -> None:
-        measured, capacity = measured_capacity(run, scale, LIVE_MODELS)
+        measured = measured_capacity(run, scale, LIVE_MODELS, "fig14", LIVE_PEAKS)
         runs = {name: run_live(run, scale, seconds, window_s, name, use_router=False, shape="fig14",
-                               peaks=LIVE_PEAKS, capacity=capacity) for name in LIVE_CONTROLLERS}
+                               peaks=LIVE_PEAKS, capacity=measured.profiles) for name in LIVE_CONTROLLERS}
         compared = {name: d["violation_fraction"] for name, d in runs.items()}
         for name, data in runs.items():
-            data["capacity_measured"] = {m: {str(n): q for n, q in qs.items()} for m, qs in measured.items()}
+            data.update(measured.to_dict())
             if name == LIVE_CONTROLLERS[0]:
                 data["compared"] = compared
             path = run.path("live/live.json" if name == LIVE_CONTROLLERS[0] else f"live/live_{name}.json")
@@ -315,20 +318,62 @@ def profiled_capacity(run: DemoRun, models: tuple[str, str] = LIVE_MODELS) -> di
     return {m: CapacityProfile.from_profiles(profiles, m, "this-host") for m in models}
 
 
-def measured_capacity(run: DemoRun, scale: float, models: tuple[str, str] = LIVE_MODELS
-                      ) -> tuple[dict[str, dict[int, float]], dict[str, Any]]:
-    """:func:`live_capacity` (its searches seeded at half the run's profiled one-worker max load, when the run has a
-    profile) and the CapacityProfile of each model's measured points."""
+@dataclass
+class LiveCapacity:
+    """Node A's max load per model and worker count, measured twice: ``alone`` (the neighbour idle) and ``beside``
+    (the neighbour driven at ``neighbour_qps``, the load it carries while this model peaks in the live shape).
+    ``profiles`` (from ``beside``) size the live load and are the RMU's curve."""
+
+    alone: dict[str, dict[int, float]]
+    beside: dict[str, dict[int, float]]
+    neighbour_qps: dict[str, float]
+    profiles: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"capacity_alone": _by_workers(self.alone), "capacity_measured": _by_workers(self.beside),
+                "neighbour_qps_while_measured": self.neighbour_qps}
+
+
+def _by_workers(points: dict[str, dict[int, float]]) -> dict[str, dict[str, float]]:
+    return {m: {str(n): q for n, q in qs.items()} for m, qs in points.items()}
+
+
+def measured_capacity(run: DemoRun, scale: float, models: tuple[str, str] = LIVE_MODELS, shape: str = "fig14",
+                      peaks: tuple[float, ...] = LIVE_PEAKS) -> LiveCapacity:
+    """:func:`live_capacity` twice: alone (searches seeded at half the run's profiled one-worker max load, when the
+    run has a profile), then beside the neighbour at its load during this model's peak in ``shape``.
+
+    Why twice: sized from a capacity measured with the neighbour idle, the demo's spike (rm3 at 80% of 73.5 qps)
+    was past what two workers held once the neighbour and its load generator were running too (~55 qps achieved),
+    so the live bar was missed by every controller."""
     from recserve.policies.rmu import CapacityProfile
 
     profiled = profiled_capacity(run, models) if run.path("profiles/this-host.json").exists() else {}
-    measured = live_capacity(scale, models, start_qps={m: 0.5 * c.max_qps(1) for m, c in profiled.items()})
-    return measured, {m: CapacityProfile.from_points(q) for m, q in measured.items()}
+    alone = live_capacity(scale, models, start_qps={m: 0.5 * c.max_qps(1) for m, c in profiled.items()})
+    neighbour = neighbour_load(shape, {m: CapacityProfile.from_points(q) for m, q in alone.items()}, models, peaks)
+    beside = live_capacity(scale, models, start_qps={m: 0.7 * q[min(q)] for m, q in alone.items()},
+                           neighbour_qps=neighbour, confirm=CONFIRM_PROBES)
+    return LiveCapacity(alone, beside, neighbour, {m: CapacityProfile.from_points(q) for m, q in beside.items()})
+
+
+def neighbour_load(shape: str, capacity: dict[str, Any], models: tuple[str, str] = LIVE_MODELS,
+                   peaks: tuple[float, ...] = LIVE_PEAKS, windows: int = 60) -> dict[str, float]:
+    """For each model, the highest rate its neighbour is offered while this model is within 5% of its own peak in
+    ``shape`` (Fig. 14: beside rm3's spike, dlrm-b at 10%; beside dlrm-b's plateau, rm3 at 20%)."""
+    rates = live_rates(shape, capacity, windows, 1.0, models, peaks)
+    out: dict[str, float] = {}
+    for m, other in (models, models[::-1]):
+        at_peak = rates[m] >= 0.95 * rates[m].max()
+        out[m] = float(rates[other][at_peak].max())
+    return out
 
 
 def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: tuple[int, ...] = (1, 2),
-                  start_qps: dict[str, float] | None = None) -> dict[str, dict[int, float]]:
-    """Each model's max load on node A now (the other model idle) with each worker count, over HTTP.
+                  start_qps: dict[str, float] | None = None, neighbour_qps: dict[str, float] | None = None,
+                  confirm: int = 0) -> dict[str, dict[int, float]]:
+    """Each model's max load on node A now with each worker count, over HTTP, while the other model is offered
+    ``neighbour_qps[model]`` (default idle) from the same process, as in the live runs; ``confirm`` > 0 probes
+    each result again before it counts (:func:`~recserve.measure.maxload.confirm_max_load`).
 
     Why: the live runs' load and the RMU's curve must describe this node at this hour.  On the shared 2-core host a
     profile taken in-process, or an hour earlier, was up to 2x off live (hera-dlrm-b: profiled 56 qps on one
@@ -344,17 +389,63 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
     out: dict[str, dict[int, float]] = {}
     try:
         ports = node.start()
+        url = f"http://127.0.0.1:{ports.http}"
         control = ControlClient(port=ports.http)
-        for m in models:
+        for m, other in (models, models[::-1]):
             spec = get_model(m)
             pool = RequestPool.from_mix(spec, scale, "production", pool=32, seed=2)
-            with LoadSession(HttpTarget(f"http://127.0.0.1:{ports.http}", m), pool, warm=True) as session:
+            with background_load(url, other, scale, (neighbour_qps or {}).get(m, 0.0)), \
+                    LoadSession(HttpTarget(url, m), pool, warm=True) as session:
                 out[m] = node_max_loads(session, lambda n, m=m: control.set_workers(m, n), spec.sla, workers,
-                                        (start_qps or {}).get(m, 10.0))
+                                        (start_qps or {}).get(m, 10.0), confirm=confirm)
             control.set_workers(m, 1)
     finally:
         node.stop()
     return out
+
+
+@contextmanager
+def background_load(url: str, model: str, scale: float, qps: float, chunk_s: float = 2.0) -> Iterator[None]:
+    """Offer ``model`` at ``url`` a Poisson load of ``qps`` (production mix) from a thread until the block ends;
+    a failure in that thread (or a stretch of ``chunk_s`` with no query answered) is raised when the block ends.
+    ``qps`` <= 0: nothing is sent."""
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.specs import get_model
+
+    if qps <= 0:
+        yield
+        return
+    stop, failures = threading.Event(), []
+    ready = threading.Event()
+
+    def drive() -> None:
+        try:
+            pool = RequestPool.from_mix(get_model(model), scale, "production", pool=32, seed=3)
+            with LoadSession(HttpTarget(url, model), pool, warm=True) as session:
+                ready.set()
+                k = 0
+                while not stop.is_set():
+                    r = session.run(qps, chunk_s, seed=1000 + k, timeout_s=5.0, min_requests=1)
+                    if r.ok == 0:  # the neighbour is not loaded as meant: a capacity beside it would be wrong
+                        raise RecserveError(f"none of {r.sent} queries answered ({dict(r.errors)})")
+                    k += 1
+        except Exception as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+            failures.append(f"{model}: {type(exc).__name__}: {exc}")
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=drive, name=f"background-{model}", daemon=True)
+    thread.start()
+    ready.wait()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    if failures:
+        raise RecserveError("background load failed: " + "; ".join(failures))
 
 
 def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, controller_name: str = "hera",

@@ -127,6 +127,34 @@ def find_max_load(
                          "bisected" if converged else "probe budget spent while bisecting")
 
 
+def confirm_max_load(run_at: Callable[[float], Any], result: MaxLoadResult, step: float = 0.1, tries: int = 3
+                     ) -> MaxLoadResult:
+    """``result`` probed again at its max load with ``run_at``'s next arrivals; each violation steps the rate down by
+    ``step`` (of the found max) and probes again, up to ``tries`` probes.  The first rate that passes twice (in the
+    search and here, or here after a step down) is the max load; none passing gives the last rate tried, marked
+    unconverged.
+
+    Why: the search keeps the highest rate that passed once, so on a noisy host it picks the luckiest probe near the
+    knee.  The demo's live capacity on the shared 2-core VM read 73.5 qps for two workers, where the live run then
+    held ~55."""
+    if result.max_qps <= 0 or tries < 1:
+        return result
+    probes = list(result.probes)
+    rate = result.max_qps
+    for k in range(tries):
+        rate = result.max_qps * (1.0 - step * k)
+        if rate <= 0:
+            break
+        latency, detail = _latency_of(run_at(rate), result.percentile)
+        passed = latency <= result.sla_ms
+        probes.append(Probe(rate, latency, passed, {**detail, "confirm": True}))
+        if passed:
+            return MaxLoadResult(rate, result.sla_ms, result.percentile, probes, (rate, result.bracket[1]),
+                                 result.converged, f"{result.reason}, confirmed" + (f" {k} step(s) down" if k else ""))
+    return MaxLoadResult(max(rate, 0.0), result.sla_ms, result.percentile, probes, (0.0, result.max_qps), False,
+                         f"{result.reason}, not confirmed in {tries} probes")
+
+
 def stderr_log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 

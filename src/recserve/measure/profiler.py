@@ -37,7 +37,7 @@ import torch
 
 from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
-from recserve.measure.maxload import MaxLoadResult, Probe, find_max_load
+from recserve.measure.maxload import MaxLoadResult, Probe, confirm_max_load, find_max_load
 from recserve.measure.requests import RequestPool, pool_sizes
 from recserve.measure.targets import InProcessTarget
 from recserve.profiles import ProfileSet, ProfileTable
@@ -363,8 +363,10 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
 
 
 def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla: SLA, workers: Sequence[int],
-                   start_qps: float, budget: Budget | None = None, seed: int = 0) -> dict[int, float]:
-    """Max load of one model of a running node at each worker count, resized through ``set_workers``.
+                   start_qps: float, budget: Budget | None = None, seed: int = 0, confirm: int = 0
+                   ) -> dict[int, float]:
+    """Max load of one model of a running node at each worker count, resized through ``set_workers``; ``confirm``
+    > 0 probes each result again (stepping down on a violation, see :func:`confirm_max_load`).
 
     Why beside the profile: a controller acting on a live node needs what that node sustains now, with its
     neighbours, router and load generator on the same cores; a profile taken alone, or at another hour on a shared
@@ -376,6 +378,9 @@ def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla
     for w in workers:
         set_workers(w)
         res, _ = _search(session, budget, sla, start, seed + w)
+        if confirm:
+            res = confirm_max_load(_probe_fn(session, budget, sla.target_ms, seed + 7919 * (w + 1)), res,
+                                   step=budget.rtol, tries=confirm)
         out[w] = res.max_qps
         log(f"{w} worker(s): max load {res.max_qps:.1f} qps ({len(res.probes)} probes, {res.reason})")
         start = max(start, 0.7 * res.max_qps)
