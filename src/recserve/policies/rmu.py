@@ -276,7 +276,8 @@ class HeraRMU(Controller):
     def _slack(self, control: NodeControl, model: str, stats: WindowStats) -> float:
         return stats.tail_ms / control.sla(model)[0]
 
-    def _victims(self, control: NodeControl, stats: dict[str, WindowStats]) -> dict[str, dict[str, Any]]:
+    def _victims(self, control: NodeControl, stats: dict[str, WindowStats], slack: dict[str, float]
+                 ) -> dict[str, dict[str, Any]]:
         """The models over their SLA at an arrival rate under ``low`` x their workers' profiled max load while a
         neighbour that runs nearer its own profile is over its SLA too: when co-located models miss together, the
         one further under its profile is starved by the other (cores, cache, memory bandwidth, the host's front
@@ -287,7 +288,6 @@ class HeraRMU(Controller):
         slack (urgency 4), which made a starved dlrm-b at 6 qps look loaded past its one worker's 22.9."""
         use = {m: s.arrival_qps / max(self.capacity[m].max_qps(control.get_workers(m)), 1e-9)
                for m, s in stats.items()}
-        slack = {m: self._slack(control, m, s) for m, s in stats.items()}
         over = {m for m in stats if slack[m] > self.high}
         return {m: {"slack": slack[m], "arrival_qps": stats[m].arrival_qps, "use_of_profile": use[m],
                     "starved_by": max(over - {m}, key=lambda o: use[o])}
@@ -298,13 +298,13 @@ class HeraRMU(Controller):
         changed = False
         models = control.models()
         window = {m: control.window_stats(m) for m in models}
-        victims = self._victims(control, window)
+        slacks = {m: self._slack(control, m, window[m]) for m in models}
+        victims = self._victims(control, window, slacks)
         for m in models:
             if m in victims:
                 self.held.append(Decision(now_s, m, "held (starved by a neighbour)", victims[m]))
                 continue
-            stats = window[m]
-            slack = self._slack(control, m, stats)
+            stats, slack = window[m], slacks[m]
             current = control.get_workers(m)
             self._remember(m, current, stats, slack)
             if self.low <= slack <= self.high:
@@ -321,7 +321,7 @@ class HeraRMU(Controller):
                 want = max(want, current)  # two workers went back to one: its rate fell just under one's failure)
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
-                self._reclaim(control, m, want - free)
+                self._reclaim(control, m, want - free, window)
                 free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
             want = max(1, min(want, free))
             if want != current:
@@ -332,11 +332,12 @@ class HeraRMU(Controller):
         if changed:
             self.adjust_llc_partition(now_s, control)
 
-    def _reclaim(self, control: NodeControl, model: str, need: int) -> None:
+    def _reclaim(self, control: NodeControl, model: str, need: int, window: dict[str, WindowStats]) -> None:
+        """Up to ``need`` workers back from neighbours with more than this window's load needs."""
         for o in control.models():
             if o == model or need <= 0:
                 continue
-            stats = control.window_stats(o)
+            stats = window[o]
             have = control.get_workers(o)
             keep = self.find_number_of_workers(o, max(1.0, stats.tail_ms / control.sla(o)[0]) * stats.arrival_qps,
                                                have, have)
