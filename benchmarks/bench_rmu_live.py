@@ -90,7 +90,7 @@ def main() -> int:
                             use_router=args.router, shape=args.shape, models=models,
                             peaks=shape_peaks, capacity=capacity)
             peaks = data["peak_qps"]
-            if capacity is not None and args.capacity == "live":
+            if args.capacity == "live":
                 data.update(measured.to_dict())
             results[name] = {"violation_fraction": data["violation_fraction"], "peak_qps": peaks,
                              "capacity_qps": data["capacity_qps"],

@@ -23,13 +23,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from recserve import report
 from recserve.cli import main as cli
 from recserve.errors import RecserveError
+
+if TYPE_CHECKING:
+    from recserve.measure.loadgen import LoadSession
 
 # Live pair: a memory-bound, low-scalability DLRM and a compute-bound, high-scalability one whose
 # SLA the production query mix (p99 920 items) can meet on one core of a 2-core host.
@@ -378,10 +381,7 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
     Why: the live runs' load and the RMU's curve must describe this node at this hour.  On the shared 2-core host a
     profile taken in-process, or an hour earlier, was up to 2x off live (hera-dlrm-b: profiled 56 qps on one
     worker, violated at 27), which made a load meant to be within reach impossible for every controller."""
-    from recserve.measure.loadgen import LoadSession
     from recserve.measure.profiler import node_max_loads
-    from recserve.measure.requests import RequestPool
-    from recserve.measure.targets import HttpTarget
     from recserve.serving.control_client import ControlClient
     from recserve.specs import get_model
 
@@ -392,11 +392,9 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
         url = f"http://127.0.0.1:{ports.http}"
         control = ControlClient(port=ports.http)
         for m, other in (models, models[::-1]):
-            spec = get_model(m)
-            pool = RequestPool.from_mix(spec, scale, "production", pool=32, seed=2)
             with background_load(url, other, scale, (neighbour_qps or {}).get(m, 0.0)), \
-                    LoadSession(HttpTarget(url, m), pool, warm=True) as session:
-                out[m] = node_max_loads(session, lambda n, m=m: control.set_workers(m, n), spec.sla, workers,
+                    production_session(url, m, scale, seed=2) as session:
+                out[m] = node_max_loads(session, lambda n, m=m: control.set_workers(m, n), get_model(m).sla, workers,
                                         (start_qps or {}).get(m, 10.0), confirm=confirm)
             control.set_workers(m, 1)
     finally:
@@ -404,16 +402,23 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
     return out
 
 
-@contextmanager
-def background_load(url: str, model: str, scale: float, qps: float, chunk_s: float = 2.0) -> Iterator[None]:
-    """Offer ``model`` at ``url`` a Poisson load of ``qps`` (production mix) from a thread until the block ends;
-    a failure in that thread (or a stretch of ``chunk_s`` with no query answered) is raised when the block ends.
-    ``qps`` <= 0: nothing is sent."""
+def production_session(url: str, model: str, scale: float, seed: int) -> LoadSession:
+    """A warmed-up load session sending ``model``'s production query mix (a pool of 32) to the node at ``url``: what
+    the live runs, the capacity searches and the neighbour's background load all send."""
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
     from recserve.specs import get_model
 
+    pool = RequestPool.from_mix(get_model(model), scale, "production", pool=32, seed=seed)
+    return LoadSession(HttpTarget(url, model), pool, warm=True)
+
+
+@contextmanager
+def background_load(url: str, model: str, scale: float, qps: float, chunk_s: float = 2.0) -> Iterator[None]:
+    """Offer ``model`` at ``url`` a Poisson load of ``qps`` (production mix) from a thread until the block ends;
+    a failure in that thread (or a stretch of ``chunk_s`` with no query answered) is raised when the block ends.
+    ``qps`` <= 0: nothing is sent."""
     if qps <= 0:
         yield
         return
@@ -422,8 +427,7 @@ def background_load(url: str, model: str, scale: float, qps: float, chunk_s: flo
 
     def drive() -> None:
         try:
-            pool = RequestPool.from_mix(get_model(model), scale, "production", pool=32, seed=3)
-            with LoadSession(HttpTarget(url, model), pool, warm=True) as session:
+            with production_session(url, model, scale, seed=3) as session:
                 ready.set()
                 k = 0
                 while not stop.is_set():
@@ -456,9 +460,6 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     ``controller_name`` (hera | parties | static) resizes node A's workers every window under the
     ``shape`` load (see :func:`live_rates`), sized from ``capacity`` (default: the run's profile of this host),
     which is also the RMU's curve."""
-    from recserve.measure.loadgen import LoadSession
-    from recserve.measure.requests import RequestPool
-    from recserve.measure.targets import HttpTarget
     from recserve.policies.node_control import ControlLoop, ServerNodeControl
     from recserve.policies.rmu import make_controller
     from recserve.serving.control_client import ControlClient
@@ -479,8 +480,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
         rates = live_rates(shape, capacity, windows, window_s, models, peaks)
         peak = {m: float(np.max(r)) for m, r in rates.items()}
         front = router.port if router is not None else ports_a.http
-        targets = {lo: HttpTarget(f"http://127.0.0.1:{front}", lo),
-                   hi: HttpTarget(f"http://127.0.0.1:{ports_a.http}", hi)}
+        urls = {lo: f"http://127.0.0.1:{front}", hi: f"http://127.0.0.1:{ports_a.http}"}
         # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
         # the demo lets it place up to WORKER_SLOTS_PER_CORE workers per core (time-shared processes).
         control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(models),
@@ -500,8 +500,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
 
         def drive_windows(model: str) -> None:
             spec = get_model(model)
-            pool = RequestPool.from_mix(spec, scale, "production", pool=32, seed=1)
-            with LoadSession(targets[model], pool, warm=True) as session:
+            with production_session(urls[model], model, scale, seed=1) as session:
                 for w, rate in enumerate(rates[model]):
                     r = session.run(float(rate), window_s, seed=w, timeout_s=5.0, min_requests=1)
                     workers = control.get_workers(model) if model in control.models() else 1

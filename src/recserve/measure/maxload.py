@@ -56,6 +56,12 @@ def _latency_of(outcome: Any, percentile: float) -> tuple[float, dict[str, Any]]
     return float(outcome), {}
 
 
+def _probe(run_at: Callable[[float], Any], rate: float, sla_ms: float, percentile: float) -> Probe:
+    """One probe at ``rate``: its ``percentile`` latency against ``sla_ms``."""
+    latency, detail = _latency_of(run_at(rate), percentile)
+    return Probe(rate, latency, latency <= sla_ms, detail)
+
+
 def find_max_load(
     run_at: Callable[[float], Any],
     sla_ms: float,
@@ -80,13 +86,11 @@ def find_max_load(
     probes: list[Probe] = []
 
     def probe(rate: float) -> bool:
-        latency, detail = _latency_of(run_at(rate), percentile)
-        passed = latency <= sla_ms
-        probes.append(Probe(rate, latency, passed, detail))
+        probes.append(p := _probe(run_at, rate, sla_ms, percentile))
         if log:
-            log(f"  {rate:10.2f} qps: p{percentile:g} {latency:9.2f} ms {'ok' if passed else 'VIOLATES'} "
+            log(f"  {rate:10.2f} qps: p{percentile:g} {p.latency_ms:9.2f} ms {'ok' if p.ok else 'VIOLATES'} "
                 f"SLA {sla_ms:g} ms")
-        return passed
+        return p.ok
 
     lo, hi = 0.0, math.inf
     rate = min(start_qps, max_qps)
@@ -145,10 +149,9 @@ def confirm_max_load(run_at: Callable[[float], Any], result: MaxLoadResult, step
         rate = result.max_qps * (1.0 - step * k)
         if rate <= 0:
             break
-        latency, detail = _latency_of(run_at(rate), result.percentile)
-        passed = latency <= result.sla_ms
-        probes.append(Probe(rate, latency, passed, {**detail, "confirm": True}))
-        if passed:
+        probes.append(p := _probe(run_at, rate, result.sla_ms, result.percentile))
+        p.detail["confirm"] = True
+        if p.ok:
             return MaxLoadResult(rate, result.sla_ms, result.percentile, probes, (rate, result.bracket[1]),
                                  result.converged, f"{result.reason}, confirmed" + (f" {k} step(s) down" if k else ""))
     return MaxLoadResult(max(rate, 0.0), result.sla_ms, result.percentile, probes, (0.0, result.max_qps), False,

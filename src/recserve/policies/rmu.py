@@ -321,7 +321,7 @@ class HeraRMU(Controller):
                 want = max(want, current)  # two workers went back to one: its rate fell just under one's failure)
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
-                self._reclaim(control, m, want - free, window)
+                self._reclaim(control, m, want - free, window, slacks)
                 free = control.total_cores() - sum(control.get_workers(o) for o in models if o != m)
             want = max(1, min(want, free))
             if want != current:
@@ -332,15 +332,14 @@ class HeraRMU(Controller):
         if changed:
             self.adjust_llc_partition(now_s, control)
 
-    def _reclaim(self, control: NodeControl, model: str, need: int, window: dict[str, WindowStats]) -> None:
+    def _reclaim(self, control: NodeControl, model: str, need: int, window: dict[str, WindowStats],
+                 slacks: dict[str, float]) -> None:
         """Up to ``need`` workers back from neighbours with more than this window's load needs."""
         for o in control.models():
             if o == model or need <= 0:
                 continue
-            stats = window[o]
             have = control.get_workers(o)
-            keep = self.find_number_of_workers(o, max(1.0, stats.tail_ms / control.sla(o)[0]) * stats.arrival_qps,
-                                               have, have)
+            keep = self.find_number_of_workers(o, max(1.0, slacks[o]) * window[o].arrival_qps, have, have)
             give = min(need, have - keep)
             if give > 0:
                 self._set_workers(control, o, have - give)
