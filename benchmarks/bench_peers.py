@@ -8,6 +8,13 @@ scheduled send time.  Ratios are taken within one run (the machine is shared and
 max-load point the generator's own send lag p99 and CPU are reported: if the lag is large there,
 the generator, not the server, may have set the limit.
 
+For each worker count the servers are all started, then their max-load searches take turns probe by
+probe (only one server is loaded at a time; the others idle): a shared VM's speed moved up to 2x
+within an hour, so searches run one after the other compared different machines (the 2-worker ratio
+ranged 1.06x-1.47x over five sequential runs).  ``--sequential`` runs one search after the other.
+Each search's best rate is then probed again (``--confirm``, stepping down 8 % after a miss): a search
+keeps the luckiest probe near the knee, and one 6 s probe there passes or fails by chance.
+
     .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
 """
 
@@ -20,10 +27,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from recserve.measure.loadgen import LoadSession  # noqa: E402
-from recserve.measure.maxload import find_max_load  # noqa: E402
+from recserve.measure.maxload import confirm_max_load, find_max_load  # noqa: E402
 from recserve.measure.requests import RequestPool  # noqa: E402
 from recserve.measure.targets import HttpTarget  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
@@ -155,16 +163,52 @@ PEERS: dict[str, Callable] = {
 }
 
 
-def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, sla_ms: float) -> dict:
-    """The max-load search against one server, with the generator's lag and CPU at the max-load point."""
+class Turns:
+    """Several searches probing one at a time, in turn (a finished search drops out of the rotation)."""
+
+    def __init__(self, n: int) -> None:
+        self._cv = threading.Condition()
+        self._n, self._turn, self._done = n, 0, set[int]()
+
+    @contextmanager
+    def take(self, i: int) -> Iterator[None]:
+        with self._cv:
+            self._cv.wait_for(lambda: self._turn == i)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._pass(i)
+
+    def finish(self, i: int) -> None:
+        with self._cv:
+            self._done.add(i)
+            if self._turn == i:
+                self._pass(i)
+
+    def _pass(self, i: int) -> None:
+        waiting = [(i + k) % self._n for k in range(1, self._n + 1) if (i + k) % self._n not in self._done]
+        if waiting:
+            self._turn = waiting[0]
+        self._cv.notify_all()
+
+
+def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, sla_ms: float,
+             turn: Callable[[], Any] = nullcontext, label: str = "") -> dict:
+    """The max-load search against one server, with the generator's lag and CPU at the max-load point; each probe
+    runs inside ``turn()`` (the interleaving of several searches)."""
     target = HttpTarget(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
     with LoadSession(target, pool, warm=True, procs=args.procs) as session:
         def run_at(rate: float):
-            return session.run(rate, args.probe_s, warmup_s=1.0, seed=int(rate * 1000) % 2**31)
+            with turn():
+                return session.run(rate, args.probe_s, warmup_s=1.0, seed=int(rate * 1000) % 2**31)
 
         run_at(args.start_qps)  # warm every worker before the search
-        result = find_max_load(run_at, sla_ms, args.percentile, start_qps=args.start_qps, rtol=0.08,
-                               max_probes=args.max_probes, log=lambda line: print(line, file=sys.stderr)).to_dict()
+        found = find_max_load(run_at, sla_ms, args.percentile, start_qps=args.start_qps, rtol=0.08,
+                              max_probes=args.max_probes, log=lambda line: print(f"{label}{line}", file=sys.stderr))
+        result = confirm_max_load(run_at, found, step=0.08, tries=args.confirm).to_dict()
+        if args.confirm:
+            print(f"{label}  max load {result['max_qps']:.1f} qps ({result['reason']})", file=sys.stderr)
     at_max = next((p["detail"] for p in result["probes"] if p["ok"] and p["rate"] == result["max_qps"]), {})
     result["generator_at_max"] = {"send_lag_ms_p99": (at_max.get("send_lag_ms") or {}).get("p99"),
                                   **{k: v for k, v in (at_max.get("generator") or {}).items()
@@ -206,25 +250,68 @@ def main() -> int:
     parser.add_argument("--max-probes", type=int, default=14)
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
     parser.add_argument("--peers", default="recserve,fastapi", help="of recserve,recserve-nofuse,fastapi,ray-serve")
+    parser.add_argument("--confirm", type=int, default=3,
+                        help="probes re-checking each max load, 8%% lower after each miss (0: the search's best probe)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="one server at a time, each search whole (default: all up, probes in turn)")
     parser.add_argument("--out", default="results/bench_peers.json")
     args = parser.parse_args()
     spec = get_model(args.model)
     sla = args.sla_ms or spec.sla.target_ms
     pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
     results = {"model": args.model, "scale": args.scale, "workers": args.workers, "sla_ms": sla,
+               "order": "sequential" if args.sequential else "interleaved", "confirm_probes": args.confirm,
                "percentile": args.percentile, "mix": args.mix, "procs": args.procs, "probe_s": args.probe_s,
                "load_avg_before": os.getloadavg()[0], "by_workers": {}}
+    peers = [name.strip() for name in args.peers.split(",") if name.strip()]
+    unknown = [name for name in peers if name not in PEERS]
+    if unknown:
+        parser.error(f"--peers: unknown {unknown}; choose from {sorted(PEERS)}")
     for workers in args.workers:
         by_peer = results["by_workers"].setdefault(str(workers), {})
-        for name in args.peers.split(","):
-            print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
-            with PEERS[name](args.model, args.scale, workers, sla) as url:
-                by_peer[name] = max_load(url, args.model, pool, args, sla)
-            save(results, args.out)  # after every search: a run cut short (a time limit) keeps what it measured
+        if args.sequential:
+            for name in peers:
+                print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
+                with PEERS[name](args.model, args.scale, workers, sla) as url:
+                    by_peer[name] = max_load(url, args.model, pool, args, sla)
+                save(results, args.out)  # after every search: a run cut short (a time limit) keeps what it measured
+        else:
+            by_peer.update(interleaved(peers, workers, pool, args, sla))
+            save(results, args.out)
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)
     save(results, args.out)
     return 0
+
+
+def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argparse.Namespace,
+                sla_ms: float) -> dict[str, dict]:
+    """Every peer's server up at once; their searches probe in turn, so a drift of the host's speed falls on all."""
+    turns, found, failed = Turns(len(peers)), {}, []
+    with ExitStack() as stack:
+        urls = {}
+        for name in peers:
+            print(f"== {name}, {workers} workers: starting", file=sys.stderr)
+            urls[name] = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms))
+        print(f"== {workers} workers, searches in turn (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
+
+        def search(i: int, name: str) -> None:
+            try:
+                found[name] = max_load(urls[name], args.model, pool, args, sla_ms,
+                                       lambda: turns.take(i), f"[{name}] ")
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other searches end
+                failed.append(exc)
+            finally:
+                turns.finish(i)
+
+        threads = [threading.Thread(target=search, args=(i, name)) for i, name in enumerate(peers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if failed:
+        raise failed[0]
+    return {name: found[name] for name in peers}
 
 
 def save(results: dict, out: str) -> None:
