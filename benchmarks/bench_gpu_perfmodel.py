@@ -15,7 +15,10 @@ host CPU's framework time, so it takes the CPU constants fitted on that machine'
 (``src/recserve/data/hosts/h100-host.json``, the 16-core host of the same H100 machine), with every model held out
 of the GPU fit also left out of that CPU fit (``--host-cpu none``: the bundled constants).
 
-    .venv/bin/python benchmarks/bench_gpu_perfmodel.py
+    .venv/bin/python benchmarks/bench_gpu_perfmodel.py [--batch1]
+
+``--batch1`` also fits the batch-1 rows alone to three host terms (operators; modules + kernels; the same host's
+measured CPU batch-1 time + kernels), each model held out in turn.
 """
 
 from __future__ import annotations
@@ -99,6 +102,45 @@ def fit(base: PerfModel, rows: list[tuple[str, int, float]]) -> PerfModel:
     return model_at(least_squares(residuals, start, bounds=(low, high)).x)
 
 
+BATCH1_FORMS = {"operators": ("ops",), "modules + kernels": ("modules", "kernels"),
+                "CPU batch 1 + kernels": ("cpu1_ms", "kernels")}
+
+
+def batch1_regression(path: Path) -> dict[str, Any]:
+    """Batch-1 GPU time as a constant plus a linear form of the model's counts or of the same host's measured CPU
+    batch-1 time, each model held out in turn (relative least squares on the other five): which host term the
+    launch-bound regime follows, apart from the CPU constants' fit."""
+    from recserve.perfmodel.cost import model_cost
+
+    data = json.loads(path.read_text())
+    rows = {part["model"]: next(r for r in part["rows"] if r["batch"] == 1) for part in data["in_process"]}
+    names = [n for n, r in rows.items() if "cpu1_ms" in r and "gpu_tables_ms" in r]
+    features: dict[str, dict[str, float]] = {}
+    for name in names:
+        cost = model_cost(get_model(name))
+        features[name] = {"ops": cost.sparse_ops + (cost.device_dense_ops or cost.dense_ops),
+                          "modules": cost.sparse_modules + cost.dense_modules,
+                          "kernels": cost.device_sparse_launches + cost.device_dense_launches,
+                          "cpu1_ms": rows[name]["cpu1_ms"]}
+    y = np.array([rows[n]["gpu_tables_ms"] for n in names])
+    out: dict[str, Any] = {}
+    for label, form in BATCH1_FORMS.items():
+        x = np.array([[1.0] + [features[n][k] for k in form] for n in names])
+        errors = []
+        for i in range(len(names)):
+            keep = np.arange(len(names)) != i
+            coef = np.linalg.lstsq(x[keep] / y[keep, None], np.ones(keep.sum()), rcond=None)[0]
+            errors.append(float(abs(x[i] @ coef - y[i]) / y[i] * 100))
+        coef = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)[0]
+        out[label] = {"coefficients": dict(zip(("ms",) + form, coef.tolist(), strict=True)),
+                      "held_out_error_pct": dict(zip(names, errors, strict=True)), "median": float(np.median(errors))}
+        print(f"batch 1, {label:22s}: leave-one-model-out median {np.median(errors):4.0f}% ("
+              + ", ".join(f"{n} {e:.0f}%" for n, e in zip(names, errors, strict=True)) + "); all six: "
+              + " + ".join(f"{c:.4g} x {k}" if k != "ms" else f"{c:.3g} ms" for k, c in
+                           zip(("ms",) + form, coef, strict=True)))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", type=Path, default=MEASURED)
@@ -108,6 +150,8 @@ def main() -> int:
     parser.add_argument("--host-cpu", default=str(HOST_CPU),
                         help="CPU timings of the GPU machine's host for its framework constants; 'none': bundled")
     parser.add_argument("--no-lomo", action="store_true", help="skip leave-one-model-out")
+    parser.add_argument("--batch1", action="store_true",
+                        help="also fit batch-1 rows to counts or to the host's measured CPU batch-1 time")
     parser.add_argument("--out", default="results/bench_gpu_perfmodel.json")
     args = parser.parse_args()
     host_cpu = None if args.host_cpu == "none" else Path(args.host_cpu)
@@ -153,6 +197,8 @@ def main() -> int:
                                                         "per_model_median": per_model}
         print(f"leave-one-model-out ({len(names)} models, {len(held_errors)} held-out rows): median abs error "
               f"{lomo:.0f}%; per model " + ", ".join(f"{k} {v:.0f}%" for k, v in per_model.items()))
+    if args.batch1:
+        result["batch1_regression"] = batch1_regression(args.measured)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
