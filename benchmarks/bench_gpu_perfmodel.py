@@ -106,32 +106,39 @@ BATCH1_FORMS = {"operators": ("ops",), "modules + kernels": ("modules", "kernels
                 "CPU batch 1 + kernels": ("cpu1_ms", "kernels")}
 
 
+def _relative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients minimising the squared relative error of ``x @ coef`` against ``y``."""
+    return np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)[0]
+
+
 def batch1_regression(path: Path) -> dict[str, Any]:
     """Batch-1 GPU time as a constant plus a linear form of the model's counts or of the same host's measured CPU
     batch-1 time, each model held out in turn (relative least squares on the other five): which host term the
     launch-bound regime follows, apart from the CPU constants' fit."""
-    from recserve.perfmodel.cost import model_cost
+    from recserve.perfmodel.cost import model_cost, scaled_spec
+    from recserve.perfmodel.microbench import modules_called
 
-    data = json.loads(path.read_text())
-    rows = {part["model"]: next(r for r in part["rows"] if r["batch"] == 1) for part in data["in_process"]}
-    names = [n for n, r in rows.items() if "cpu1_ms" in r and "gpu_tables_ms" in r]
+    scale = float(json.loads(path.read_text())["scale"])
+    gpu = {name: ms for name, batch, ms in rows_of(path, "gpu_tables_ms") if batch == 1}
+    cpu = {name: ms for name, batch, ms in rows_of(path, "cpu1_ms") if batch == 1}
+    names = [n for n in gpu if n in cpu]
     features: dict[str, dict[str, float]] = {}
     for name in names:
-        cost = model_cost(get_model(name))
+        cost = model_cost(scaled_spec(get_model(name), scale))
         features[name] = {"ops": cost.sparse_ops + (cost.device_dense_ops or cost.dense_ops),
-                          "modules": cost.sparse_modules + cost.dense_modules,
+                          "modules": modules_called(name, scale),
                           "kernels": cost.device_sparse_launches + cost.device_dense_launches,
-                          "cpu1_ms": rows[name]["cpu1_ms"]}
-    y = np.array([rows[n]["gpu_tables_ms"] for n in names])
+                          "cpu1_ms": cpu[name]}
+    y = np.array([gpu[n] for n in names])
     out: dict[str, Any] = {}
     for label, form in BATCH1_FORMS.items():
         x = np.array([[1.0] + [features[n][k] for k in form] for n in names])
         errors = []
         for i in range(len(names)):
             keep = np.arange(len(names)) != i
-            coef = np.linalg.lstsq(x[keep] / y[keep, None], np.ones(keep.sum()), rcond=None)[0]
+            coef = _relative_lstsq(x[keep], y[keep])
             errors.append(float(abs(x[i] @ coef - y[i]) / y[i] * 100))
-        coef = np.linalg.lstsq(x / y[:, None], np.ones(len(y)), rcond=None)[0]
+        coef = _relative_lstsq(x, y)
         out[label] = {"coefficients": dict(zip(("ms",) + form, coef.tolist(), strict=True)),
                       "held_out_error_pct": dict(zip(names, errors, strict=True)), "median": float(np.median(errors))}
         print(f"batch 1, {label:22s}: leave-one-model-out median {np.median(errors):4.0f}% ("
