@@ -56,3 +56,90 @@ def test_to_device_leaves_the_per_table_copies_where_they_were():
     fused = FusedModel(model).to_device(torch.device("meta"))
     assert fused.sparse.weight(0).device.type == "meta"
     assert all(t.weight.device.type == "cpu" for t in model.tables)
+
+
+# ---- fused in place: what a node's CPU workers run (RecModel.fuse_tables, issue #14) -------------------------------
+
+@pytest.mark.parametrize("name", ["hercules-rmc1", "hera-din", "hercules-mtwnd", "sdm-m1"])
+def test_a_model_fused_in_place_scores_exactly_as_before_on_both_paths(name):
+    plain = build(catalogue_models()[name], scale=1e-4)
+    model = build(catalogue_models()[name], scale=1e-4)
+    model.fuse_tables()
+    for size in (1, 37):
+        batch = sample_batch(plain, size, rng=size)
+        with torch.inference_mode():
+            torch.testing.assert_close(model(batch), plain(batch), rtol=0, atol=0)
+            sparse = model.sparse(batch)  # the pipeline's sparse stage reads the fused lookup too
+            model_fused, model.fused = model.fused, None  # the per-table path over the moved rows
+            for got, want in zip(sparse, model.sparse(batch), strict=True):
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+            model.fused = model_fused
+
+
+def test_fusing_in_place_moves_the_rows_so_the_tables_are_held_once():
+    model = build(catalogue_models()["sdm-m1"], scale=1e-4)  # two widths
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse_tables()
+    fused = model.fused
+    storages = {fused.weight(g).untyped_storage().data_ptr() for g in range(len(fused.widths))}
+    for t, table in enumerate(model.tables):
+        assert table.weight.untyped_storage().data_ptr() in storages, f"table {t} is a copy"
+        assert not table.weight.requires_grad
+    held = sum(t.weight.numel() for t in model.tables)
+    assert sum(fused.weight(g).numel() for g in range(len(fused.widths))) == held
+    after = model.state_dict()  # what is saved is unchanged: the fused weights are not persistent buffers
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        torch.testing.assert_close(after[key], value, rtol=0, atol=0)
+
+
+def test_a_fused_model_shared_with_another_process_keeps_one_copy_of_the_rows():
+    import multiprocessing as mp
+
+    model = build(catalogue_models()["hera-dlrm-a"], scale=1e-4)
+    model.fuse_tables()
+    model.share_memory()
+    assert all(t.weight.is_shared() for t in model.tables) and model.fused.weight(0).is_shared()
+    batch = sample_batch(model, 9, rng=3)
+    with torch.inference_mode():
+        want = model(batch)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_score_in_child, args=(child, model, batch))
+    proc.start()
+    try:
+        got, aliased = parent.recv()
+    finally:
+        proc.join(60)
+    assert aliased, "the child's tables are no longer views of its fused weights"
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=0)
+
+
+def _score_in_child(conn, model, batch) -> None:
+    with torch.inference_mode():
+        scores = model(batch)
+    ptr = model.fused.weight(0).untyped_storage().data_ptr()
+    conn.send((scores.numpy(), all(t.weight.untyped_storage().data_ptr() == ptr for t in model.tables)))
+
+
+def test_replacing_a_table_drops_the_fused_lookup_and_fused_model_takes_it_over():
+    model = build(catalogue_models()["hera-ncf"], scale=1e-4)
+    model.fuse_tables()
+    wrapped = FusedModel(model)  # an accelerator worker's wrapper reuses the rows (no second copy) ...
+    assert model.fused is None and wrapped.sparse.weight(0).untyped_storage().data_ptr() == \
+        model.tables[0].weight.untyped_storage().data_ptr()
+    model.fuse_tables()
+    model.replace_table(0, model.tables[0])  # ... and a table backed elsewhere means the fused rows are stale
+    assert model.fused is None
+
+
+def test_host_and_device_id_shifts_agree():
+    model = build(catalogue_models()["sdm-m1"], scale=1e-4)
+    fused = FusedTables(model)
+    batch = sample_batch(model, 13, rng=5)
+    lens = batch.lengths.to(torch.int64)
+    host = fused.group_ids(batch.values, lens)
+    owner = torch.repeat_interleave(torch.arange(lens.shape[0]), lens.sum(dim=1))  # the device path's formula
+    device = fused.split_groups(batch.values.to(torch.int64) + fused.first_row[owner], lens)
+    for got, want in zip(host, device, strict=True):
+        assert torch.equal(got, want)

@@ -29,7 +29,7 @@ from recserve.serving import NodeServer, build_worker_model, config_from_dict, l
 from recserve.serving.control_client import ControlClient, ControlError, LlcUnsupportedError
 from recserve.serving.llc import LlcAllocator
 from recserve.specs import catalogue_models
-from recserve.zoo import sample_batch
+from recserve.zoo import build, sample_batch
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -463,14 +463,26 @@ def shm_segments(pid: int) -> set[str]:
 
 def test_tables_are_shared_only_when_asked(node):
     """rmc1 workers map the same shared weight segments; dlrm-a (share_tables: false) maps none: only its I/O
-    buffer, its connection-state bytes and its model's load slots."""
-    _, ports = node
+    buffer, its connection-state bytes and its model's load slots.  rmc1's tables are fused in place: its rows are
+    one segment (not one per table plus a fused copy) and it scores as the plain, per-table model."""
+    server, ports = node
     control = ControlClient("127.0.0.1", ports.http)
-    shared = [shm_segments(w["pid"]) for w in control.get_model("rmc1")["stages"]["model"]["worker_detail"]]
+    state = control.get_model("rmc1")
+    assert state["fuse_tables"] is True and state["tables_fused"] is True
+    shared = [shm_segments(w["pid"]) for w in state["stages"]["model"]["worker_detail"]]
     copied = [shm_segments(w["pid"]) for w in control.get_model("dlrm-a")["stages"]["model"]["worker_detail"]]
-    tables = len(catalogue_models()[node[0].config.model("rmc1").model].tables)
+    built = build_worker_model(server.config.model("rmc1"))
+    storages = {t.untyped_storage().data_ptr() for t in [*built.parameters(), *built.buffers()]}
+    tables = {t.weight.untyped_storage().data_ptr() for t in built.tables}
+    assert len(tables) == 1 and len(storages) < len(built.tables) + len(list(built.parameters()))
     common = set.intersection(*shared)
-    assert len(common) >= tables, shared  # every table's weights, the same segments in every worker
+    assert len(common) >= len(storages), shared  # every weight (all tables: one), the same segments in every worker
+    cfg = server.config.model("rmc1")
+    plain = build(catalogue_models()[cfg.model], scale=cfg.scale, seed=cfg.seed)
+    batch = sample_batch(plain, 40, rng=4)
+    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    served = client.infer("rmc1", http_inputs(batch)).as_numpy("scores")
+    np.testing.assert_allclose(served, reference_scores(plain, batch), rtol=1e-6, atol=1e-7)
     # no weights: its own I/O buffer and connection-state bytes, and its model's shared load slots
     assert all(len(segments) == 3 for segments in copied), copied
 
@@ -525,4 +537,7 @@ def test_example_configs_load_and_reject_typos(tmp_path):
         load_config(bad)
     bad.write_text(yaml.safe_dump({"models": [{"model": dlrm_names()[0], "mode": "split"}]}))
     with pytest.raises(SpecError, match="mode"):
+        load_config(bad)
+    bad.write_text(yaml.safe_dump({"models": [{"model": dlrm_names()[0], "fuse_tables": "yes"}]}))
+    with pytest.raises(SpecError, match="fuse_tables must be true or false"):
         load_config(bad)

@@ -38,7 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               http_port=8000 if args.http_port is None else args.http_port,
                               grpc_port=8001 if args.grpc_port is None else args.grpc_port,
                               threads=args.threads, sub_batch=args.sub_batch, mode=args.mode,
-                              share_tables=not args.copy_tables)
+                              share_tables=not args.copy_tables, fuse_tables=not args.per_table)
     if args.host:
         config.host = args.host
     config.control_token = os.environ.get(TOKEN_ENV) or config.control_token
@@ -67,6 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="split queries into parts of this many items")
     p.add_argument("--mode", choices=("model", "pipeline"), default="model")
     p.add_argument("--copy-tables", action="store_true", help="each worker builds its own tables")
+    p.add_argument("--per-table", action="store_true",
+                   help="pool each table with its own lookup (default: all tables of one width in one lookup)")
     p.add_argument("--host", default=None,
                    help="bind address (default 127.0.0.1; any other needs RECSERVE_CONTROL_TOKEN)")
     p.add_argument("--http-port", type=PORT, default=None, help="0 = any free port (default 8000 / config)")

@@ -644,8 +644,8 @@ def device_runner(model: Any, device: str, pinned: bool = True, table_mb: float 
 
     On a GPU a zoo model runs with its tables fused (``zoo.fused``: one lookup kernel for all tables instead of
     one per table) and its inputs go through pinned host memory, so the copies are real DMA rather than a staged
-    pageable copy.  The weights move to the device once, here; on ``cpu`` nothing moves and nothing is fused
-    (the per-table path is the faster one on CPU cores at large batches).
+    pageable copy.  The weights move to the device once, here; on ``cpu`` nothing moves and the model runs as the
+    node built it (its tables fused unless the model's ``fuse_tables`` is false).
 
     ``table_mb`` (``accelerator.device_table_mb``): the tables stay on the host and at most this many MiB of
     their hottest rows are cached on the device (``zoo.device_cache``), on any device, ``cpu`` included.

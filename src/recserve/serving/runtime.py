@@ -948,6 +948,10 @@ class ModelRuntime:
         self._broadcast(("config", {"sub_batch": k}))
         return self.state()
 
+    def tables_fused(self) -> bool | None:
+        """Whether the served tables are pooled in one lookup per width (None: each worker built its own copy)."""
+        return None if self.shared_model is None else getattr(self.shared_model, "fused", None) is not None
+
     def state(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -961,6 +965,8 @@ class ModelRuntime:
             "max_batch_size": self.cfg.max_batch_size,
             "queue_limit": self.cfg.queue_limit,
             "share_tables": self.cfg.share_tables,
+            "fuse_tables": self.cfg.fuse_tables,
+            "tables_fused": self.tables_fused(),
             "in_flight": self.in_flight,
             "ready": self.ready,
             "llc_ways": self.llc.ways_of(self.name) if self.llc is not None else None,

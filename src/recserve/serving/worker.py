@@ -95,6 +95,11 @@ def build_worker_model(model_config: Any) -> RecModel:
         from recserve.embedding.tiered import tier_from_config
 
         tier_from_config(model, tier, f"model {model_config.name!r} tier")
+    if getattr(model_config, "fuse_tables", False) and not getattr(model_config, "artifact", ""):
+        from recserve.zoo.fused import fusable
+
+        if fusable(model):  # every table in DRAM: one lookup per width (artifacts stay memory-mapped, unfused)
+            model.fuse_tables()
     return model
 
 

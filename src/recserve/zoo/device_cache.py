@@ -34,8 +34,9 @@ whole-table path).
 
 Buffers reused across passes (the pinned staging rows and slot arrays) are safe because every pass ends by copying
 its scores to the host, which waits for the pass's copies; a caller that does not must synchronise before the next.
-Host memory: the fused host weights (one copy of the tables, private to the process, as ``FusedTables`` builds)
-plus 8 B per row (remap and counts).
+Host memory: the fused host weights (the model's own when it was built fused, ``RecModel.fuse_tables``, as a node
+builds it: one copy shared by the node's workers; else a copy private to the process) plus 8 B per row (remap and
+counts).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from torch import nn
 
 from recserve.zoo.base import RecModel
 from recserve.zoo.batch import QueryBatch
-from recserve.zoo.fused import FusedTables, dense_to
+from recserve.zoo.fused import dense_to, fused_tables
 
 COUNT_STRIDE = 16  # every 16th id of a pass is counted (a systematic sample)
 REFRESH_IDS = 1 << 18  # counted ids between two refreshes of the hot set, at least (and at least the rows)
@@ -67,7 +68,7 @@ class DeviceTableCache:
                  count_stride: int = COUNT_STRIDE, refresh_ids: int | None = None, pinned: bool | None = None) -> None:
         if not budget_bytes >= 0:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes!r}")
-        self.fused = fused = FusedTables(model)
+        self.fused = fused = fused_tables(model)
         self.device = torch.device(device)
         self.pinned = self.device.type == "cuda" if pinned is None else pinned
         self.count_stride = max(1, int(count_stride))

@@ -9,10 +9,17 @@ wherever PyTorch does: the tables of one width are concatenated into one weight,
 by its first row, and a single ``embedding_bag`` over all ``T * B`` bags pools every table at once.  Sequence
 tables (DIN/DIEN behaviour histories) are gathered from the same weight with one index computed on the
 device.  Nothing in a pass waits for the device, so a pass is a short run of kernel launches.
+
+On CPU workers too (issue #14), through :meth:`RecModel.fuse_tables`: the tables' rows move into the fused
+weights and each table's weight becomes a view of them, so the node still holds one copy (shared by every
+worker).  There the ids are shifted with numpy (one ``repeat`` and one add; torch's ``repeat_interleave``
+and gather cost 2 ms of a 4 ms batch-256 pass), and a CPU pass costs one lookup call instead of one per
+table: hercules-rmc1 @1e-3 at batch 1 0.99 -> 0.54 ms, at batch 256 4.4 -> 4.1 ms (``bench_zoo.py --fused``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,9 +35,12 @@ def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
 
 
 class FusedTables(nn.Module):
-    """The sparse part of ``model`` as one lookup per embedding width (scores equal the per-table path)."""
+    """The sparse part of ``model`` as one lookup per embedding width (scores equal the per-table path).
 
-    def __init__(self, model: RecModel) -> None:
+    ``in_place``: move the rows instead of copying them; each of ``model``'s tables is left a view of its group's
+    weight, so the per-table path reads the same memory (one table at a time is copied: no second full copy)."""
+
+    def __init__(self, model: RecModel, in_place: bool = False) -> None:
         super().__init__()
         tables = list(model.tables)
         if not all(isinstance(t, DramTable) for t in tables):
@@ -47,20 +57,61 @@ class FusedTables(nn.Module):
             g = group_of[t]
             first_row[t], sizes[g] = sizes[g], sizes[g] + table.num_rows
             weights[g].append(table.weight.detach())
-        for g, parts in enumerate(weights):
-            self.register_buffer(f"weight{g}", torch.cat(parts))
+        for g, parts in enumerate(weights):  # not in state_dict: the tables' own weights are the saved copy
+            if in_place:
+                self.register_buffer(f"weight{g}", torch.empty(sizes[g], self.widths[g]), persistent=False)
+            else:
+                self.register_buffer(f"weight{g}", torch.cat(parts), persistent=False)
+        if in_place:
+            for t, table in enumerate(tables):
+                rows = self.weight(group_of[t])[first_row[t]: first_row[t] + table.num_rows]
+                rows.copy_(table.weight.detach())
+                table.bag.weight = nn.Parameter(rows, requires_grad=False)
         self.group_of = group_of
-        self.register_buffer("first_row", torch.tensor(first_row, dtype=torch.int64))
+        self.register_buffer("first_row", torch.tensor(first_row, dtype=torch.int64), persistent=False)
         for g in range(len(self.widths)):  # ids of other widths' tables become row 0, their bags discarded
-            self.register_buffer(f"member{g}", torch.tensor([x == g for x in group_of]))
+            self.register_buffer(f"member{g}", torch.tensor([x == g for x in group_of]), persistent=False)
 
     def weight(self, g: int) -> torch.Tensor:
         return getattr(self, f"weight{g}")
 
     def forward(self, batch: QueryBatch) -> list[torch.Tensor]:
         """Per table: pooled ``[B, dim]``, or for sequence tables the rows ``[B, L, dim]`` (``RecModel.sparse``)."""
+        if batch.values.device.type == "cpu" and self.weight(0).device.type == "cpu":
+            return self._host_lookup(batch.values.numpy(), batch.lengths.numpy())
         lens = batch.lengths.to(torch.int64)
         return self.lookup(lens, self.group_ids(batch.values, lens), [self.weight(g) for g in range(len(self.widths))])
+
+    def _host_lookup(self, values: np.ndarray, lengths: np.ndarray) -> list[torch.Tensor]:
+        """The pass on the host, where each table's slice of ``values`` is known without a device sync: one
+        ``embedding_bag`` per width over only that width's pooled tables (the device path pools every bag of every
+        group, which doubled a two-width model's lookups and pooled DIN's 250-id histories for nothing), and each
+        sequence table gathered from its own slice."""
+        tables, size = lengths.shape
+        counts = lengths.sum(axis=1, dtype=np.int64)
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        first = self.first_row.numpy()
+        out: list[torch.Tensor | None] = [None] * tables
+        for g, width in enumerate(self.widths):
+            weight = self.weight(g)
+            pooled = [t for t in range(tables) if self.group_of[t] == g and t not in self.sequence_lengths]
+            if pooled:
+                if len(pooled) == tables:  # every table: the ids in place, one shift per table's run
+                    ids = values.astype(np.int64, copy=False) + np.repeat(first, counts)
+                else:
+                    ids = np.concatenate([values[starts[t]:ends[t]] for t in pooled]).astype(np.int64, copy=False)
+                    ids += np.repeat(first[pooled], counts[pooled])
+                flat = lengths[pooled].reshape(-1).astype(np.int64)
+                offsets = np.cumsum(flat) - flat
+                bags = F.embedding_bag(torch.from_numpy(ids), weight, torch.from_numpy(offsets), mode="sum")
+                for i, t in enumerate(pooled):
+                    out[t] = bags[i * size:(i + 1) * size]
+            for t in range(tables):
+                if self.group_of[t] == g and t in self.sequence_lengths:
+                    ids = torch.from_numpy(values[starts[t]:ends[t]].astype(np.int64) + first[t])
+                    out[t] = F.embedding(ids, weight).view(size, self.sequence_lengths[t], width)
+        return out  # type: ignore[return-value]
 
     def group_ids(self, values: torch.Tensor, lens: torch.Tensor, first_row: torch.Tensor | None = None,
                   members: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -68,9 +119,20 @@ class FusedTables(nn.Module):
         other widths' tables become row 0, their bags discarded).  ``first_row``/``members``: copies of this
         module's buffers on ``values``' device (``zoo.device_cache`` keeps its weights apart from this module)."""
         first_row = self.first_row if first_row is None else first_row
+        if values.device.type == "cpu":
+            return self._group_ids_host(values, lens, first_row, members)
         values = values.to(torch.int64)
         owner = table_of_values(lens, values.shape[0])
         return self.split_groups(values + first_row[owner], lens, members, owner)
+
+    def _group_ids_host(self, values: torch.Tensor, lens: torch.Tensor, first_row: torch.Tensor,
+                        members: list[torch.Tensor] | None) -> list[torch.Tensor]:
+        """:meth:`group_ids` on the host with numpy: a per-value gather through an index costs ~7 ns an id there,
+        a ``repeat`` of each table's shift ~1."""
+        counts = lens.sum(dim=1).numpy()
+        rows = values.numpy().astype(np.int64, copy=False) + np.repeat(first_row.numpy(), counts)
+        owner = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)) if len(self.widths) > 1 else None
+        return self.split_groups(torch.from_numpy(rows), lens, members, owner)
 
     def split_groups(self, rows: torch.Tensor, lens: torch.Tensor, members: list[torch.Tensor] | None = None,
                      owner: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -113,7 +175,8 @@ class FusedModel(nn.Module):
 
     def __init__(self, model: RecModel) -> None:
         super().__init__()
-        self.sparse = FusedTables(model)
+        self.sparse = fused_tables(model)
+        model.fused = None  # taken over: the model's own sparse path stays per table, on the host
         self.model = model
 
     def forward(self, batch: QueryBatch) -> torch.Tensor:
@@ -127,15 +190,21 @@ class FusedModel(nn.Module):
         return self
 
 
+def fused_tables(model: RecModel) -> FusedTables:
+    """``model``'s fused tables: those it holds (``RecModel.fuse_tables``, over its own rows: no second copy), else
+    a new copy."""
+    return model.fused if isinstance(model.fused, FusedTables) else FusedTables(model)
+
+
 def dense_to(model: RecModel, device: torch.device | str) -> None:
     """Move ``model``'s dense layers to ``device``, leaving its per-table weights on the host (the tables reach the
     device fused: whole, ``FusedModel``, or as a cache of hot rows, ``zoo.device_cache``)."""
-    tables = model.tables
-    model.tables = nn.ModuleList()
+    tables, fused = model.tables, model.fused
+    model.tables, model.fused = nn.ModuleList(), None
     try:
         model.to(device)
     finally:
-        model.tables = tables
+        model.tables, model.fused = tables, fused
 
 
 def fusable(model: object) -> bool:
