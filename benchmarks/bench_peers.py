@@ -155,9 +155,17 @@ def recserve_nofuse_server(model: str, scale: float, workers: int, sla_ms: float
         yield url
 
 
+@contextmanager
+def recserve_per_table_server(model: str, scale: float, workers: int, sla_ms: float) -> Iterator[str]:
+    """recserve pooling each embedding table with its own lookup (``fuse_tables: false``): what table fusion buys."""
+    with recserve_server(model, scale, workers, sla_ms, fuse_tables=False) as url:
+        yield url
+
+
 PEERS: dict[str, Callable] = {
     "recserve": recserve_server,
     "recserve-nofuse": recserve_nofuse_server,
+    "recserve-per-table": recserve_per_table_server,
     "ray-serve": ray_server,
     "fastapi": fastapi_server,
 }
@@ -249,7 +257,8 @@ def main() -> int:
     parser.add_argument("--start-qps", type=float, default=5.0)
     parser.add_argument("--max-probes", type=int, default=14)
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
-    parser.add_argument("--peers", default="recserve,fastapi", help="of recserve,recserve-nofuse,fastapi,ray-serve")
+    parser.add_argument("--peers", default="recserve,fastapi",
+                        help="of recserve,recserve-nofuse,recserve-per-table,fastapi,ray-serve")
     parser.add_argument("--confirm", type=int, default=3,
                         help="probes re-checking each max load, 8%% lower after each miss (0: the search's best probe)")
     parser.add_argument("--sequential", action="store_true",

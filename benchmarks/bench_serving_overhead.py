@@ -1,7 +1,8 @@
 """What the node server costs on top of running the model in-process, and what shared tables save.
 
 1. Per-request overhead: sequential requests with tritonclient over HTTP (binary tensors) and gRPC
-   to a ``recserve serve`` process, vs the same model called in-process, at batch 1 and 256 (one
+   to a ``recserve serve`` process, vs the same model called in-process (built as the worker builds it, tables
+   fused; the ``per_table`` row times the plain per-table model a user would call), at batch 1 and 256 (one
    worker, one thread, no sub-batching); wall-clock latency and CPU per request of client, server
    front end and worker.  ``http_minimal`` repeats HTTP with a bare keep-alive socket client (one write of a
    pre-encoded request, one read), so the server's own share shows apart from tritonclient's; ``grpc_minimal``
@@ -249,7 +250,7 @@ class GrpcStream:
 
 CLIENTS = {  # path -> (the server port it uses, its client)
     "http_minimal": ("http", MinimalHttp), "grpc_minimal": ("grpc", MinimalGrpc), "grpc_stream": ("grpc", GrpcStream)}
-PATHS = ("in_process", "worker_ipc", "http", "grpc", "grpc_stream", "http_minimal", "grpc_minimal")
+PATHS = ("in_process", "per_table", "worker_ipc", "http", "grpc", "grpc_stream", "http_minimal", "grpc_minimal")
 
 
 class ServerProcess:
@@ -282,7 +283,9 @@ class ServerProcess:
 
 def overhead(model_name: str, scale: float, requests: int, server_cores: list[int] | None = None) -> dict:
     config = quick_config(model_name, scale=scale, workers=1, threads=1)
-    model = build_worker_model(config.models[0])
+    model = build_worker_model(config.models[0])  # as the worker runs it (tables fused): the overhead's reference
+    plain = build_worker_model(quick_config(model_name, scale=scale, workers=1, threads=1,
+                                            fuse_tables=False).models[0])  # the per-table model a user would run
     server = ServerProcess(model_name, scale, server_cores)
     log(f"overhead: server pid {server.proc.pid} up on http {server.http} grpc {server.grpc}")
     results: dict = {}
@@ -306,7 +309,9 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
                 row = {"in_process": local, **{path: timed_cpu(call, n, *pids, model_time)
                                                for path, call in calls.items()}}
                 with torch.inference_mode():
-                    paired = interleaved({"in_process": lambda b=batch: model(b), **calls}, n)
+                    row["per_table"] = timed_cpu(lambda b=batch: plain(b), n, [], [])
+                    paired = interleaved({"in_process": lambda b=batch: model(b),
+                                          "per_table": lambda b=batch: plain(b), **calls}, n)
             finally:
                 for c in minimal.values():
                     c.close()
@@ -316,6 +321,7 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
                 row[path]["interleaved"] = paired[path]
                 row[path]["overhead_p50_interleaved_ms"] = paired[path]["p50_ms"] - paired["in_process"]["p50_ms"]
             row["in_process"]["interleaved"] = paired["in_process"]
+            row["per_table"]["interleaved"] = paired["per_table"]
             row["request_bytes"] = sum(a.nbytes for a in batch.as_arrays().values())
             results[str(batch_size)] = row
             batches_used[batch_size] = (batch, n)
@@ -416,7 +422,8 @@ def main() -> int:
     result["load_average_at_end"] = os.getloadavg()
     print(f"model {args.model}  (host cores {result['host_cores']}, load avg {result['load_average_at_start'][0]:.1f})")
     print("overhead p50 = p50 minus the in-process p50, each path timed alone; 'interleaved': all paths in turn, "
-          "one call each per round (robust to the host's drift)")
+          "one call each per round (robust to the host's drift).  in_process runs the model as the worker does (tables "
+          "fused); per_table is the plain model, in process")
     print(f"{'batch':>5} {'path':>12} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
           f"{'interleaved':>11} "
           f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8} {'model':>7} {'server non-model':>17}")

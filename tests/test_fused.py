@@ -143,3 +143,18 @@ def test_host_and_device_id_shifts_agree():
     device = fused.split_groups(batch.values.to(torch.int64) + fused.first_row[owner], lens)
     for got, want in zip(host, device, strict=True):
         assert torch.equal(got, want)
+
+
+def test_a_query_with_many_ids_a_table_takes_the_per_table_path_over_the_same_rows(monkeypatch):
+    import recserve.zoo.fused as fused_module
+
+    plain = build(catalogue_models()["hercules-rmc1"], scale=1e-4)
+    model = build(catalogue_models()["hercules-rmc1"], scale=1e-4)
+    model.fuse_tables()
+    batch = sample_batch(plain, 37, rng=2)
+    assert model.fused.takes(batch)  # ~3 k ids a table: fused
+    monkeypatch.setattr(fused_module, "HOST_FUSED_IDS_PER_TABLE", 50)
+    assert not model.fused.takes(batch)
+    monkeypatch.setattr(FusedTables, "forward", lambda *_: pytest.fail("a fused pass for a query past the limit"))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(batch), plain(batch), rtol=0, atol=0)

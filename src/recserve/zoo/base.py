@@ -85,7 +85,7 @@ class RecModel(nn.Module):
     # ---- the split ------------------------------------------------------------------
     def sparse(self, batch: QueryBatch) -> list[torch.Tensor]:
         """Per table: pooled ``[B, dim]``, or for sequence tables the rows ``[B, L, dim]``."""
-        if self.fused is not None:
+        if self.fused is not None and self.fused.takes(batch):
             return self.fused(batch)
         out = []
         for t, (indices, offsets) in enumerate(batch.tables()):

@@ -14,7 +14,9 @@ On CPU workers too (issue #14), through :meth:`RecModel.fuse_tables`: the tables
 weights and each table's weight becomes a view of them, so the node still holds one copy (shared by every
 worker).  There the ids are shifted with numpy (one ``repeat`` and one add; torch's ``repeat_interleave``
 and gather cost 2 ms of a 4 ms batch-256 pass), and a CPU pass costs one lookup call instead of one per
-table: hercules-rmc1 @1e-3 at batch 1 0.99 -> 0.54 ms, at batch 256 4.4 -> 4.1 ms (``bench_zoo.py --fused``).
+table: hercules-rmc1 @1e-3's whole pass at batch 1 0.99 -> 0.54 ms, its sparse part at batch 256 2.00 -> 1.74 ms
+(``bench_zoo.py --fused``, docs/zoo.md).  A query of over ``HOST_FUSED_IDS_PER_TABLE`` ids a table takes the
+per-table path (the ids' copy would cost more than the calls it saves).
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
     """The table of each of a query's ``count`` values (table-major, ``lens`` ``[T, B]``), on ``lens``' device."""
     return torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens.sum(dim=1),
                                    output_size=count)
+
+
+# On the host a fused pass trades each table's lookup call (~45 us of dispatch on the 2-core Zen 1 VM) for a shifted
+# copy of the query's ids (~1.5 ns an id): past ~30 k ids a table the copy costs more than the calls it saves
+# (hercules-rmc1 at batch 512, 41 k ids a table: sparse 3.04 ms fused vs 2.86 per table; rmc2, 100 tables, crosses
+# at batch ~256, 31 k), so larger queries take the per-table path over the same rows (``RecModel.sparse``).
+HOST_FUSED_IDS_PER_TABLE = 30_000
 
 
 class FusedTables(nn.Module):
@@ -74,6 +83,13 @@ class FusedTables(nn.Module):
 
     def weight(self, g: int) -> torch.Tensor:
         return getattr(self, f"weight{g}")
+
+    def takes(self, batch: QueryBatch) -> bool:
+        """Whether the fused pass is the cheaper one for ``batch``: always on a device (no per-table syncs), on the
+        host up to ``HOST_FUSED_IDS_PER_TABLE`` ids a table."""
+        if self.weight(0).device.type != "cpu":
+            return True
+        return batch.values.shape[0] <= HOST_FUSED_IDS_PER_TABLE * self.num_tables
 
     def forward(self, batch: QueryBatch) -> list[torch.Tensor]:
         """Per table: pooled ``[B, dim]``, or for sequence tables the rows ``[B, L, dim]`` (``RecModel.sparse``)."""
