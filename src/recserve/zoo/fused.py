@@ -43,6 +43,12 @@ def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
 HOST_FUSED_IDS_PER_TABLE = 30_000
 
 
+def shifted(values: np.ndarray, counts: np.ndarray, first_row: np.ndarray) -> np.ndarray:
+    """Table-major ids (``counts[t]`` of table ``t`` in turn) as rows of the fused weight: each plus its table's
+    first row, as int64 (a new array; a ``repeat`` of the shifts costs ~1 ns an id, torch's index gather ~7)."""
+    return values.astype(np.int64, copy=False) + np.repeat(first_row, counts)
+
+
 class FusedTables(nn.Module):
     """The sparse part of ``model`` as one lookup per embedding width (scores equal the per-table path).
 
@@ -60,18 +66,15 @@ class FusedTables(nn.Module):
         self.widths = sorted({t.dim for t in tables})
         group_of = [self.widths.index(t.dim) for t in tables]
         first_row = [0] * len(tables)
-        weights: list[list[torch.Tensor]] = [[] for _ in self.widths]
         sizes = [0] * len(self.widths)
         for t, table in enumerate(tables):
             g = group_of[t]
             first_row[t], sizes[g] = sizes[g], sizes[g] + table.num_rows
-            weights[g].append(table.weight.detach())
-        for g, parts in enumerate(weights):  # not in state_dict: the tables' own weights are the saved copy
-            if in_place:
-                self.register_buffer(f"weight{g}", torch.empty(sizes[g], self.widths[g]), persistent=False)
-            else:
-                self.register_buffer(f"weight{g}", torch.cat(parts), persistent=False)
-        if in_place:
+        for g, width in enumerate(self.widths):  # not in state_dict: the tables' own weights are the saved copy
+            fused = torch.empty(sizes[g], width) if in_place else \
+                torch.cat([table.weight.detach() for table, x in zip(tables, group_of, strict=True) if x == g])
+            self.register_buffer(f"weight{g}", fused, persistent=False)
+        if in_place:  # each table's rows copied in, then its own tensor dropped: at most one table held twice
             for t, table in enumerate(tables):
                 rows = self.weight(group_of[t])[first_row[t]: first_row[t] + table.num_rows]
                 rows.copy_(table.weight.detach())
@@ -113,11 +116,11 @@ class FusedTables(nn.Module):
             weight = self.weight(g)
             pooled = [t for t in range(tables) if self.group_of[t] == g and t not in self.sequence_lengths]
             if pooled:
-                if len(pooled) == tables:  # every table: the ids in place, one shift per table's run
-                    ids = values.astype(np.int64, copy=False) + np.repeat(first, counts)
+                if len(pooled) == tables:  # every table is pooled in this group: all ids, shifted
+                    ids = shifted(values, counts, first)
                 else:
-                    ids = np.concatenate([values[starts[t]:ends[t]] for t in pooled]).astype(np.int64, copy=False)
-                    ids += np.repeat(first[pooled], counts[pooled])
+                    ids = shifted(np.concatenate([values[starts[t]:ends[t]] for t in pooled]), counts[pooled],
+                                  first[pooled])
                 flat = lengths[pooled].reshape(-1).astype(np.int64)
                 offsets = np.cumsum(flat) - flat
                 bags = F.embedding_bag(torch.from_numpy(ids), weight, torch.from_numpy(offsets), mode="sum")
@@ -143,10 +146,9 @@ class FusedTables(nn.Module):
 
     def _group_ids_host(self, values: torch.Tensor, lens: torch.Tensor, first_row: torch.Tensor,
                         members: list[torch.Tensor] | None) -> list[torch.Tensor]:
-        """:meth:`group_ids` on the host with numpy: a per-value gather through an index costs ~7 ns an id there,
-        a ``repeat`` of each table's shift ~1."""
+        """:meth:`group_ids` on the host, with numpy (:func:`shifted`)."""
         counts = lens.sum(dim=1).numpy()
-        rows = values.numpy().astype(np.int64, copy=False) + np.repeat(first_row.numpy(), counts)
+        rows = shifted(values.numpy(), counts, first_row.numpy())
         owner = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)) if len(self.widths) > 1 else None
         return self.split_groups(torch.from_numpy(rows), lens, members, owner)
 
