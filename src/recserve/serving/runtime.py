@@ -471,8 +471,10 @@ class ModelRuntime:
             from multiprocessing.reduction import recv_handle
 
             fd = recv_handle(handle.conn)
-            if len(msg) > 3 and msg[3] is not None and self.adopt(fd, b"", to_slot=msg[3]):
-                os.close(fd)  # moved to the idle sibling it named
+            # moved to the idle sibling it named, with whatever was read of it (none today: only idle connections
+            # move; a future move of a partly read request must not lose its bytes)
+            if len(msg) > 3 and msg[3] is not None and self.adopt(fd, msg[1], to_slot=msg[3]):
+                os.close(fd)
             elif self.on_handoff is None:
                 os.close(fd)
             else:
