@@ -32,6 +32,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,24 +149,12 @@ def ray_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterat
         ray.shutdown()
 
 
-@contextmanager
-def recserve_nofuse_server(model: str, scale: float, workers: int, sla_ms: float) -> Iterator[str]:
-    """recserve computing one query per forward pass (fusion off): what fusing queued queries buys."""
-    with recserve_server(model, scale, workers, sla_ms, fuse_items=0) as url:
-        yield url
-
-
-@contextmanager
-def recserve_per_table_server(model: str, scale: float, workers: int, sla_ms: float) -> Iterator[str]:
-    """recserve pooling each embedding table with its own lookup (``fuse_tables: false``): what table fusion buys."""
-    with recserve_server(model, scale, workers, sla_ms, fuse_tables=False) as url:
-        yield url
-
-
 PEERS: dict[str, Callable] = {
     "recserve": recserve_server,
-    "recserve-nofuse": recserve_nofuse_server,
-    "recserve-per-table": recserve_per_table_server,
+    # recserve computing one query per forward pass (fusion off): what fusing queued queries buys
+    "recserve-nofuse": partial(recserve_server, fuse_items=0),
+    # recserve pooling each embedding table with its own lookup: what table fusion buys
+    "recserve-per-table": partial(recserve_server, fuse_tables=False),
     "ray-serve": ray_server,
     "fastapi": fastapi_server,
 }
