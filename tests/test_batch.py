@@ -66,3 +66,46 @@ def test_check_query_skips_only_the_length_checks_the_codec_made():
             check_query(*bad, *spec)
         with pytest.raises(InferError):  # checked: the codec's check refuses them first
             check_inputs({"dense": bad[0], "sparse_values": bad[1], "sparse_lengths": bad[2]})
+
+
+@pytest.mark.parametrize("lengths_checked", [False, True])
+def test_small_queries_get_the_same_verdict_as_large_ones(monkeypatch, lengths_checked):
+    """A query of at most ``SMALL_QUERY`` lengths is checked on Python lists (cheaper at batch 1): every verdict,
+    and the field and message of every refusal, must equal the numpy path's."""
+    import numpy as np
+
+    from recserve.serving.codec import SMALL_LENGTHS, check_inputs
+    from recserve.serving.errors import InferError
+    from recserve.zoo import batch as batch_mod
+
+    model = build(get_model("hercules-rmc1"), scale=1e-4)
+    spec = (model.spec.dense_in, tuple(model.rows), {1: 5})
+    rng = np.random.default_rng(7)
+    cases = 0
+    for _ in range(300):
+        b = int(rng.integers(1, 3))
+        lengths = rng.integers(0, 4, size=(len(model.rows), b)).astype(rng.choice([np.int32, np.int64]))
+        lengths[1] = 5 if rng.random() < 0.7 else rng.integers(0, 7, size=b)  # table 1: a sequence table
+        if rng.random() < 0.2:
+            lengths[rng.integers(len(model.rows)), 0] = -1
+        size = max(0, int(lengths.sum()) + int(rng.choice([0, 0, 0, -1, 1])))
+        values = rng.integers(0, min(model.rows), size=size).astype(np.int64)
+        if values.size and rng.random() < 0.3:  # just past a table's last row, negative, or far out
+            values[rng.integers(values.size)] = rng.choice([min(model.rows), -1, 10**9])
+        dense = rng.standard_normal((b, spec[0])).astype(np.float32)
+        if rng.random() < 0.1:
+            dense[0, 0] = rng.choice([np.nan, np.inf])
+        verdicts = []
+        for small in (True, False):
+            monkeypatch.setattr(batch_mod, "SMALL_QUERY", 64 if small else 0)
+            monkeypatch.setattr("recserve.serving.codec.SMALL_LENGTHS", SMALL_LENGTHS if small else 0)
+            try:
+                if lengths_checked:
+                    check_inputs({"dense": dense, "sparse_values": values, "sparse_lengths": lengths})
+                batch_mod.check_query(dense, values, lengths, *spec, lengths_checked=lengths_checked)
+                verdicts.append(None)
+            except (BatchError, InferError) as exc:
+                verdicts.append((type(exc).__name__, str(exc)))
+        assert verdicts[0] == verdicts[1], (lengths.tolist(), values.tolist())
+        cases += verdicts[0] is not None
+    assert 50 < cases < 290  # both verdicts were exercised

@@ -48,6 +48,26 @@ RANKS: dict[str, int] = {INPUT_DENSE: 2, INPUT_VALUES: 1, INPUT_LENGTHS: 2}
 """Rank of each input (``[B, D]``, ``[N]``, ``[T, B]``): reshaping any other rank would silently reinterpret ids."""
 MAX_ELEMENTS = 2**40
 """Elements one tensor may declare: far above any body this server accepts, far below int64 overflow."""
+SMALL_LENGTHS = 64
+"""Up to this many bag lengths a query's checks run on a Python list (a batch-1 query's ten or so)."""
+
+
+try:  # a native wheel, so optional: without it (no wheel for the platform) the standard library reads the same JSON
+    import orjson
+
+    def json_loads(text: bytes | bytearray | memoryview | str) -> Any:
+        """orjson: 3.6x faster on a request's JSON header (3.3 vs 11.9 us), 4.2x on tensors sent as JSON ``data``
+        (14 vs 61 ms for a batch-256 DLRM query).  What orjson refuses is read again by ``json`` (``NaN`` literals,
+        which ``check_inputs`` then refuses naming the tensor), so errors read as before; integers beyond 64 bits
+        become floats, refused wherever an integer is required."""
+        if isinstance(text, memoryview):  # orjson reads bytes, bytearray and str
+            text = text.tobytes()
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return json.loads(text)
+except ImportError:  # pragma: no cover - orjson is a dependency; this is the fail-soft path
+    json_loads = json.loads
 
 
 def invalid(field: str, message: str) -> InferError:
@@ -149,13 +169,17 @@ def _check_names(names: Sequence[Any]) -> None:
 def check_inputs(arrays: dict[str, np.ndarray]) -> None:
     """What no single tensor shows: non-finite features, bag lengths that overrun (or wrap past) the ids."""
     dense = arrays[INPUT_DENSE]
-    if dense.size and not np.isfinite(dense).all():
+    # one reduction, no temporary: a float64 sum of float32 values cannot overflow, and is finite iff every one is
+    if dense.size and not math.isfinite(np.add.reduce(dense, axis=None, dtype=np.float64)):
         raise invalid(INPUT_DENSE, "holds NaN or infinite values; every feature must be a finite number")
     lengths, ids = arrays[INPUT_LENGTHS], arrays[INPUT_VALUES].size
+    # a batch-1 query's ten lengths: three numpy reductions cost ~9 us, the same in Python on a list ~1 us
+    flat = lengths.ravel().tolist() if lengths.size <= SMALL_LENGTHS else None
     # bounding each length by the id count first keeps the int64 sum below from wrapping round
-    if lengths.size and (lengths.min() < 0 or lengths.max() > ids):
+    if lengths.size and ((min(flat) < 0 or max(flat) > ids) if flat is not None else
+                         (lengths.min() < 0 or lengths.max() > ids)):
         raise invalid(INPUT_LENGTHS, f"every length must be in [0, {ids}] (the number of sparse_values)")
-    total = int(lengths.sum(dtype=np.int64))
+    total = sum(flat) if flat is not None else int(lengths.sum(dtype=np.int64))
     if total != ids:
         raise invalid(INPUT_VALUES, f"has {ids} ids but sparse_lengths sum to {total}")
 
@@ -163,7 +187,7 @@ def check_inputs(arrays: dict[str, np.ndarray]) -> None:
 def finite_scores(scores: Any) -> np.ndarray:
     """``scores`` as FP32, refusing NaN/inf: a response must never carry them (bare ``NaN`` is not JSON)."""
     scores = np.asarray(scores, dtype=np.float32)
-    if not np.isfinite(scores).all():
+    if not math.isfinite(np.add.reduce(scores, axis=None, dtype=np.float64)):  # as check_inputs: one reduction
         raise InferError("internal", f"{OUTPUT_SCORES}: the model produced non-finite scores", OUTPUT_SCORES)
     return scores
 
@@ -225,8 +249,8 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
 
 def _header(head: bytes) -> dict[str, Any]:
     try:
-        request = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as exc:
+        request = json_loads(head)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise invalid("body", f"not valid JSON: {exc}") from exc
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise invalid("inputs", "request must be a JSON object with an 'inputs' list")
@@ -453,7 +477,7 @@ def decode_http_response(body: bytes, header_length: int | None) -> dict[str, np
     """Output tensors of an infer response, binary or plain JSON; ``ValueError`` if malformed."""
     head_len = len(body) if header_length is None else header_length
     try:
-        header = json.loads(body[:head_len])
+        header = json_loads(body[:head_len])
         out, pos = {}, head_len
         for o in header["outputs"]:
             size = (o.get("parameters") or {}).get("binary_data_size")

@@ -1075,8 +1075,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
 
     class Path:
         def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
-            req, arrays = protocol.parse_http_infer(body, header_length, max_json, regions)
-            protocol.check_outputs([o.get("name") for o in req.get("outputs") or [] if isinstance(o, dict)])
+            req, arrays = protocol.parse_http_infer(body, header_length, max_json, regions)  # outputs checked too
             return (req, *self.validate(arrays))
 
         def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
