@@ -54,20 +54,23 @@ SMALL_LENGTHS = 64
 
 try:  # a native wheel, so optional: without it (no wheel for the platform) the standard library reads the same JSON
     import orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; this is the fail-soft path
+    orjson = None
 
-    def json_loads(text: bytes | bytearray | memoryview | str) -> Any:
-        """orjson: 3.6x faster on a request's JSON header (3.3 vs 11.9 us), 4.2x on tensors sent as JSON ``data``
-        (14 vs 61 ms for a batch-256 DLRM query).  What orjson refuses is read again by ``json`` (``NaN`` literals,
-        which ``check_inputs`` then refuses naming the tensor), so errors read as before; integers beyond 64 bits
-        become floats, refused wherever an integer is required."""
-        if isinstance(text, memoryview):  # orjson reads bytes, bytearray and str
-            text = text.tobytes()
+
+def json_loads(text: bytes | bytearray | memoryview | str) -> Any:
+    """JSON from a request, with orjson where it is installed: 3.6x faster on a request's JSON header (3.3 vs
+    11.9 us), 4.2x on tensors sent as JSON ``data`` (14 vs 61 ms for a batch-256 DLRM query).  What orjson refuses
+    is read again by ``json`` (``NaN`` literals, which ``check_inputs`` then refuses naming the tensor), so errors
+    read as before; integers beyond 64 bits become floats, refused wherever an integer is required."""
+    if isinstance(text, memoryview):  # a body received in place (``dataplane.Connection``); neither reads views
+        text = text.tobytes()
+    if orjson is not None:
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
-            return json.loads(text)
-except ImportError:  # pragma: no cover - orjson is a dependency; this is the fail-soft path
-    json_loads = json.loads
+            pass
+    return json.loads(text)
 
 
 def invalid(field: str, message: str) -> InferError:
@@ -169,8 +172,7 @@ def _check_names(names: Sequence[Any]) -> None:
 def check_inputs(arrays: dict[str, np.ndarray]) -> None:
     """What no single tensor shows: non-finite features, bag lengths that overrun (or wrap past) the ids."""
     dense = arrays[INPUT_DENSE]
-    # one reduction, no temporary: a float64 sum of float32 values cannot overflow, and is finite iff every one is
-    if dense.size and not math.isfinite(np.add.reduce(dense, axis=None, dtype=np.float64)):
+    if dense.size and not np.isfinite(dense).all():
         raise invalid(INPUT_DENSE, "holds NaN or infinite values; every feature must be a finite number")
     lengths, ids = arrays[INPUT_LENGTHS], arrays[INPUT_VALUES].size
     # a batch-1 query's ten lengths: three numpy reductions cost ~9 us, the same in Python on a list ~1 us
@@ -187,7 +189,7 @@ def check_inputs(arrays: dict[str, np.ndarray]) -> None:
 def finite_scores(scores: Any) -> np.ndarray:
     """``scores`` as FP32, refusing NaN/inf: a response must never carry them (bare ``NaN`` is not JSON)."""
     scores = np.asarray(scores, dtype=np.float32)
-    if not math.isfinite(np.add.reduce(scores, axis=None, dtype=np.float64)):  # as check_inputs: one reduction
+    if not np.isfinite(scores).all():
         raise InferError("internal", f"{OUTPUT_SCORES}: the model produced non-finite scores", OUTPUT_SCORES)
     return scores
 

@@ -66,6 +66,7 @@ STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
+BODY_ALIGN = 64  # where such a body's binary tensors start (a cache line)
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
@@ -171,7 +172,7 @@ class Connection(asyncio.BufferedProtocol):
         self.arrived = 0.0
         self._head: Head | None = None
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
-        self._body: bytearray | None = None  # a large body being received in place (``_start_body``)
+        self._body: memoryview | None = None  # a large body being received in place (``_start_body``)
         self._filled = 0
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
@@ -202,7 +203,7 @@ class Connection(asyncio.BufferedProtocol):
         body = self._body
         self._into_body = body is not None and self._filled < len(body) and not self.discarding
         if self._into_body:
-            return memoryview(body)[self._filled :]  # type: ignore[arg-type]
+            return body[self._filled :]  # type: ignore[index]
         return self.plane.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -270,7 +271,7 @@ class Connection(asyncio.BufferedProtocol):
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers, version):
-                self._start_body(head_end)
+                self._start_body(head_end, headers.get("inference-header-content-length", ""))
             return
         else:
             body = self.buf[head_end : self._needed]
@@ -297,10 +298,18 @@ class Connection(asyncio.BufferedProtocol):
         self._head, self._needed = None, 0
         return True
 
-    def _start_body(self, head_end: int) -> None:
+    def _start_body(self, head_end: int, json_length: str) -> None:
         """Receive the rest of a large body straight into a buffer of its size: appending megabytes to a growing
-        buffer re-copied it on every chunk (~60% of a worker's CPU at 1.9 MB requests)."""
-        self._body = bytearray(self._needed - head_end)
+        buffer re-copied it on every chunk (~60% of a worker's CPU at 1.9 MB requests).
+
+        The buffer is left uninitialised (a zeroed ``bytearray`` of a 1.9 MB body cost the loop ~0.2 ms a query)
+        and placed so that the binary tensors after the JSON header (``json_length`` bytes) start 64-byte aligned:
+        numpy reads unaligned ids at half speed (the ids' bounds check, 136 vs 72 us for 200k ids)."""
+        size = self._needed - head_end
+        lead = int(json_length) if json_length.isdigit() and int(json_length) < size else 0
+        store = np.empty(size + BODY_ALIGN, np.uint8)
+        pad = -(store.ctypes.data + lead) % BODY_ALIGN
+        self._body = memoryview(store)[pad : pad + size]
         got = self.buf[head_end:]
         self._body[: len(got)] = got
         self._filled = len(got)
