@@ -731,6 +731,54 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
         loop.close()
 
 
+def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
+    """A body of 64 KiB or more is received in place into an uninitialised buffer: every byte must be the client's,
+    and the binary part after the JSON header must start 64-byte aligned (numpy reads unaligned ids at half
+    speed), whatever the header's length and however the body is split into reads."""
+    from recserve.serving.dataplane import Connection, PlaneLimits, WorkerPlane
+
+    seen = []
+
+    class FakePath:
+        def decode(self, body, header_length):
+            n = int(header_length)
+            seen.append((bytes(body), np.frombuffer(body, np.uint8)[n:].ctypes.data % 64))
+            return {}, (np.zeros((1, 1), np.float32),), 1
+
+        def compute(self, queries):
+            return [np.zeros((1, 1), np.float32) for _ in queries]
+
+        def encode(self, request, scores):
+            return b"ok", {"Content-Type": "text/plain"}
+
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    rng = np.random.default_rng(3)
+    sent = []
+    try:
+        plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=4, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
+        loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))
+        theirs.settimeout(5)
+        for pad in (0, 1, 7, 37):
+            header = json.dumps({"inputs": [], "pad": "x" * pad}).encode()
+            body = header + rng.integers(0, 256, 100_000 + pad, dtype=np.uint8).tobytes()
+            head = (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                    f"Inference-Header-Content-Length: {len(header)}\r\n\r\n").encode()
+            wire = head + body
+            for start in range(0, len(wire), 30_001):  # several reads, the first ending inside the body
+                theirs.sendall(wire[start : start + 30_001])
+                loop.run_until_complete(asyncio.sleep(0.01))
+            loop.run_until_complete(asyncio.sleep(0.05))
+            assert theirs.recv(65536).startswith(b"HTTP/1.1 200 OK")
+            sent.append(body)
+        assert [body for body, _ in seen] == sent
+        assert [misalign for _, misalign in seen] == [0] * len(sent)
+    finally:
+        theirs.close()
+        loop.close()
+
+
 def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
     """A query the accelerator workers take is not this worker's queue to refuse from its header: it is refused
     only when the accelerator is behind (``AcceleratorClient.behind``), even with this worker's queue empty."""
