@@ -1,0 +1,113 @@
+"""Two node servers side by side, one from another source tree: worker CPU and latency per query, A/B.
+
+A code change to the worker's query path moves its CPU per query by tens of microseconds, less than the drift of
+a shared host within minutes.  So both servers run at once (one worker each, pinned to the same core) and one
+client sends sequential queries to each in turn, in ``--rounds`` turns that alternate which goes first; each
+server's CPU is read over its own turns only.  The other tree is any checkout of recserve, e.g.
+``git worktree add /tmp/base HEAD~1``.
+
+Prints both rows and their difference and writes results/ab_serving.json.  Usage:
+    .venv/bin/python benchmarks/bench_ab_serving.py --base-src /tmp/base/src [--protocol http|grpc] [--batch 1]
+        [--seconds 16] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_serving_overhead import MinimalGrpc, MinimalHttp, ServerProcess, cpu_s  # noqa: E402
+
+from recserve.serving import build_worker_model, quick_config  # noqa: E402
+from recserve.zoo import sample_batch  # noqa: E402
+
+
+def started(model: str, scale: float, core: int, src: str | None) -> ServerProcess:
+    """A server whose processes import recserve from ``src`` (None: this tree)."""
+    old = os.environ.get("PYTHONPATH")
+    if src is not None:
+        os.environ["PYTHONPATH"] = src
+    try:
+        return ServerProcess(model, scale, [core])
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def run(args: argparse.Namespace) -> dict:
+    model = build_worker_model(quick_config(args.model, scale=args.scale, workers=1, threads=1).models[0])
+    batch = sample_batch(model, args.batch, rng=1)
+    servers = {"base": started(args.model, args.scale, args.server_core, args.base_src),
+               "this": started(args.model, args.scale, args.server_core, None)}
+    os.sched_setaffinity(0, [args.client_core])
+    client_of = MinimalHttp if args.protocol == "http" else MinimalGrpc
+    try:
+        clients = {k: client_of(s.http if args.protocol == "http" else s.grpc, args.model, batch)
+                   for k, s in servers.items()}
+        for c in clients.values():
+            for _ in range(args.warmup):
+                c.infer()
+        latency: dict[str, list[float]] = {k: [] for k in servers}
+        cpu = dict.fromkeys(servers, 0.0)
+        for r in range(args.rounds):
+            for k in (("base", "this") if r % 2 == 0 else ("this", "base")):
+                pid, client = servers[k].worker_pids[0], clients[k]
+                before, start = cpu_s(pid), time.perf_counter()
+                while time.perf_counter() - start < args.seconds / args.rounds / 2:
+                    t = time.perf_counter()
+                    client.infer()
+                    latency[k].append(time.perf_counter() - t)
+                cpu[k] += cpu_s(pid) - before
+        for c in clients.values():
+            c.close()
+    finally:
+        for s in servers.values():
+            s.stop()
+    rows = {k: {"queries": len(latency[k]), "p50_ms": float(np.median(latency[k]) * 1e3),
+                "worker_cpu_ms_per_query": cpu[k] / len(latency[k]) * 1e3} for k in servers}
+    return {"model": args.model, "scale": args.scale, "protocol": args.protocol, "batch": args.batch,
+            "base_src": args.base_src, "rows": rows,
+            "delta_worker_cpu_ms": rows["this"]["worker_cpu_ms_per_query"] - rows["base"]["worker_cpu_ms_per_query"],
+            "delta_p50_ms": rows["this"]["p50_ms"] - rows["base"]["p50_ms"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--base-src", required=True, help="the other tree's src/ directory")
+    parser.add_argument("--model", default="hercules-rmc1")
+    parser.add_argument("--scale", type=float, default=1e-3)
+    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=16.0, help="client time over both servers")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--server-core", type=int, default=1)
+    parser.add_argument("--client-core", type=int, default=0)
+    parser.add_argument("--out", default="results/ab_serving.json")
+    args = parser.parse_args()
+    if not (Path(args.base_src) / "recserve").is_dir():
+        parser.error(f"--base-src {args.base_src}: no recserve package there")
+    result = run(args)
+    for k, row in result["rows"].items():
+        print(f"{k:5s} p50 {row['p50_ms']:.3f} ms, worker CPU {row['worker_cpu_ms_per_query']:.3f} ms per query "
+              f"({row['queries']} queries)")
+    print(f"this - base: worker CPU {result['delta_worker_cpu_ms'] * 1e3:+.0f} us, p50 "
+          f"{result['delta_p50_ms'] * 1e3:+.0f} us per query")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
