@@ -70,12 +70,13 @@ def test_check_query_skips_only_the_length_checks_the_codec_made():
 
 @pytest.mark.parametrize("lengths_checked", [False, True])
 def test_small_queries_get_the_same_verdict_as_large_ones(monkeypatch, lengths_checked):
-    """A query of at most ``SMALL_QUERY`` lengths is checked on Python lists (cheaper at batch 1): every verdict,
-    and the field and message of every refusal, must equal the numpy path's."""
+    """A query of at most ``SMALL_QUERY_LENGTHS`` lengths is checked on Python lists (cheaper at batch 1): every
+    verdict, and the field and message of every refusal, must equal the numpy path's."""
     import numpy as np
 
-    from recserve.serving.codec import SMALL_LENGTHS, check_inputs
+    from recserve.serving.codec import check_inputs
     from recserve.serving.errors import InferError
+    from recserve.wire import SMALL_QUERY_LENGTHS
     from recserve.zoo import batch as batch_mod
 
     model = build(get_model("hercules-rmc1"), scale=1e-4)
@@ -97,8 +98,8 @@ def test_small_queries_get_the_same_verdict_as_large_ones(monkeypatch, lengths_c
             dense[0, 0] = rng.choice([np.nan, np.inf])
         verdicts = []
         for small in (True, False):
-            monkeypatch.setattr(batch_mod, "SMALL_QUERY", 64 if small else 0)
-            monkeypatch.setattr("recserve.serving.codec.SMALL_LENGTHS", SMALL_LENGTHS if small else 0)
+            for module in ("recserve.zoo.batch", "recserve.serving.codec"):
+                monkeypatch.setattr(f"{module}.SMALL_QUERY_LENGTHS", SMALL_QUERY_LENGTHS if small else 0)
             try:
                 if lengths_checked:
                     check_inputs({"dense": dense, "sparse_values": values, "sparse_lengths": lengths})

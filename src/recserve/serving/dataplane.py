@@ -475,7 +475,7 @@ class Query:
 class ModelPath(Protocol):
     """The model side of a worker's query path (``make_model_path``)."""
 
-    def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]: ...
+    def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]: ...
     def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]: ...
     def compute(self, queries: list[tuple]) -> list[np.ndarray]: ...
     def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]: ...
@@ -1083,7 +1083,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
         return np.ascontiguousarray(arrays[name])
 
     class Path:
-        def decode(self, body: bytearray, header_length: str | None) -> tuple[dict, tuple, int]:
+        def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]:
             req, arrays = protocol.parse_http_infer(body, header_length, max_json, regions)  # outputs checked too
             return (req, *self.validate(arrays))
 
