@@ -32,16 +32,7 @@ from recserve.zoo import sample_batch  # noqa: E402
 
 def started(model: str, scale: float, core: int, src: str | None) -> ServerProcess:
     """A server whose processes import recserve from ``src`` (None: this tree)."""
-    old = os.environ.get("PYTHONPATH")
-    if src is not None:
-        os.environ["PYTHONPATH"] = src
-    try:
-        return ServerProcess(model, scale, [core])
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+    return ServerProcess(model, scale, [core], None if src is None else {**os.environ, "PYTHONPATH": src})
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -256,14 +256,16 @@ PATHS = ("in_process", "per_table", "worker_ipc", "http", "grpc", "grpc_stream",
 class ServerProcess:
     """``recserve serve`` in its own process, so its CPU time is not mixed with the client's."""
 
-    def __init__(self, model: str, scale: float, cores: list[int] | None = None) -> None:
+    def __init__(self, model: str, scale: float, cores: list[int] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         import re
         import subprocess
 
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # its workers inherit it
         self.proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--model", model,
                                       "--scale", str(scale), "--workers", "1", "--http-port", "0",
-                                      "--grpc-port", "0"], stderr=subprocess.PIPE, text=True, preexec_fn=pin)
+                                      "--grpc-port", "0"], stderr=subprocess.PIPE, text=True, preexec_fn=pin,
+                                     env=env)
         pattern = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
         for line in self.proc.stderr:
             m = pattern.search(line)

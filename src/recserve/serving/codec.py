@@ -173,12 +173,14 @@ def check_inputs(arrays: dict[str, np.ndarray]) -> None:
     if dense.size and not np.isfinite(dense).all():
         raise invalid(INPUT_DENSE, "holds NaN or infinite values; every feature must be a finite number")
     lengths, ids = arrays[INPUT_LENGTHS], arrays[INPUT_VALUES].size
-    flat = lengths.ravel().tolist() if lengths.size <= SMALL_QUERY_LENGTHS else None
-    # bounding each length by the id count first keeps the int64 sum below from wrapping round
-    if lengths.size and ((min(flat) < 0 or max(flat) > ids) if flat is not None else
-                         (lengths.min() < 0 or lengths.max() > ids)):
-        raise invalid(INPUT_LENGTHS, f"every length must be in [0, {ids}] (the number of sparse_values)")
-    total = sum(flat) if flat is not None else int(lengths.sum(dtype=np.int64))
+    total = 0
+    if lengths.size:
+        flat = lengths.ravel().tolist() if lengths.size <= SMALL_QUERY_LENGTHS else None
+        lo, hi = (min(flat), max(flat)) if flat is not None else (lengths.min(), lengths.max())
+        # bounding each length by the id count first keeps the int64 sum below from wrapping round
+        if lo < 0 or hi > ids:
+            raise invalid(INPUT_LENGTHS, f"every length must be in [0, {ids}] (the number of sparse_values)")
+        total = sum(flat) if flat is not None else int(lengths.sum(dtype=np.int64))
     if total != ids:
         raise invalid(INPUT_VALUES, f"has {ids} ids but sparse_lengths sum to {total}")
 
