@@ -1,5 +1,5 @@
 """The worker's gRPC fast path (issue #14): a request whose bytes but for its raw contents were seen before is read
-without protobuf (``grpc_worker.Plan``, ``codec.parse_grpc_raw``) and answered with a response encoded from a cached
+without protobuf (``grpc_worker.Plan``, ``codec.parse_raw``) and answered with a response encoded from a cached
 head.  Every answer and every refusal must equal what the whole decode gives."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from recserve.serving import codec
-from recserve.serving.codec import protobuf_field
+from recserve.serving.codec import PLANS, protobuf_field
 from recserve.serving.errors import InferError
 from recserve.serving.grpc_service import infer_response
-from recserve.serving.grpc_worker import PLANS, STREAM_INFER_KEY, Plan, WorkerMethods
+from recserve.serving.grpc_worker import STREAM_INFER_KEY, Plan, WorkerMethods
 
 
 def request_of(arrays: dict[str, np.ndarray], request_id: str = "", model: str = "m", version: str = "",
@@ -49,7 +49,7 @@ def test_a_plan_reads_the_same_arrays_as_the_whole_decode():
         for seed in range(3):  # other values, the same shapes: the same plan
             rest2, raw2 = split(request_of(query(lengths_dtype=lengths_dtype, seed=seed)))
             assert rest2 == rest
-            fast = codec.parse_grpc_raw(plan, raw2)
+            fast = codec.parse_raw(plan, raw2)
             whole = codec.parse_grpc_infer(service_pb2.ModelInferRequest.FromString(rest2), raw2)
             assert list(fast) == list(whole)
             assert all(fast[n].dtype == whole[n].dtype and np.array_equal(fast[n], whole[n]) for n in whole)
@@ -59,12 +59,12 @@ def test_a_plan_reads_the_same_arrays_as_the_whole_decode():
 def test_contents_that_do_not_fit_the_plan_are_left_to_the_whole_decode():
     rest, raw = split(request_of(query()))
     plan = codec.grpc_raw_plan(service_pb2.ModelInferRequest.FromString(rest), len(raw))
-    assert codec.parse_grpc_raw(plan, raw[:2]) is None
-    assert codec.parse_grpc_raw(plan, [raw[0], raw[1][:-8], raw[2]]) is None
+    assert codec.parse_raw(plan, raw[:2]) is None
+    assert codec.parse_raw(plan, [raw[0], raw[1][:-8], raw[2]]) is None
     bad = query()
     bad["dense"][0, 0] = np.nan  # the values are checked on every request
     with pytest.raises(InferError) as info:
-        codec.parse_grpc_raw(plan, split(request_of(bad))[1])
+        codec.parse_raw(plan, split(request_of(bad))[1])
     assert info.value.field == "dense"
 
 

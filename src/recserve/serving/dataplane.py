@@ -1074,6 +1074,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
     (``regions``: the node's shared-memory regions, for tensors that name one)."""
     from recserve.serving import protocol
+    from recserve.serving.codec import HttpPlans
     from recserve.zoo.batch import BatchError, check_query, concat_arrays
 
     def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -1082,9 +1083,11 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
             raise BatchError(name, "input tensor missing")
         return np.ascontiguousarray(arrays[name])
 
+    plans = HttpPlans()
+
     class Path:
         def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]:
-            req, arrays = protocol.parse_http_infer(body, header_length, max_json, regions)  # outputs checked too
+            req, arrays = plans.parse(body, header_length, max_json, regions)  # outputs checked too
             return (req, *self.validate(arrays))
 
         def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:

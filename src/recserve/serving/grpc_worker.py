@@ -34,7 +34,6 @@ decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
 # every request's tensors are split off before protobuf parses the rest (the rest is also the plan's key); from
 # this size on that is what keeps a large query from being copied twice (codec.split_raw_input_contents)
 SPLIT_BYTES = 64 << 10
-PLANS = 64  # requests (all but their tensors) a worker remembers as plans; more distinct ones start it over
 RAW_OUTPUT_KEY = 6 << 3 | 2  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
 STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
@@ -134,7 +133,7 @@ class WorkerMethods(Forwarder):
         self._plans: dict[bytes, Plan] = {}  # by the request's bytes without its raw contents
 
     def _remember(self, key: bytes, plan: Plan) -> Plan:
-        if len(self._plans) >= PLANS:  # a client whose ids or shapes change on every call: plans do not pay
+        if len(self._plans) >= codec.PLANS:  # a client whose ids or shapes change on every call: plans do not pay
             self._plans.clear()
         self._plans[key] = plan
         return plan
@@ -181,7 +180,7 @@ class WorkerMethods(Forwarder):
         regions = self.plane.regions
         target = None
         try:
-            arrays = None if plan is None else codec.parse_grpc_raw(plan.inputs, split[1])  # type: ignore[index]
+            arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1])  # type: ignore[index]
             if arrays is None:  # not planned, or its tensors do not fit the plan: decoded whole, the error named
                 plan = None
                 if request is None:
