@@ -55,6 +55,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from recserve.serving import codec
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
@@ -763,13 +764,11 @@ class WorkerPlane:
         """The admission decision for a query known only by its JSON header (its size and ``timeout``), or None
         when it would be admitted or the header cannot tell (the whole request is then decoded as usual).  A query
         for an accelerator worker is refused here when that worker is behind (``AcceleratorClient.behind``)."""
-        from recserve.serving.codec import dense_rows, parse_header
-
         if not self._busy() and self.offload is None:
             return None  # alone, a query is always tried
         try:
-            request = parse_header(header)
-            items, timeout = dense_rows(request), _timeout_s(request)
+            request = codec.parse_header(header)
+            items, timeout = codec.dense_rows(request), _timeout_s(request)
         except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
             return None
         if self.offload is not None and self.offload.takes(items):
@@ -1063,9 +1062,7 @@ class WorkerPlane:
 
 def _timeout_s(request: dict) -> float | None:
     """The client's deadline for this query from the ``timeout`` request parameter (microseconds, as Triton)."""
-    from recserve.serving.codec import timeout_s
-
-    return timeout_s(request.get("parameters") or {})
+    return codec.timeout_s(request.get("parameters") or {})
 
 
 def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
@@ -1074,7 +1071,6 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
     (``regions``: the node's shared-memory regions, for tensors that name one)."""
     from recserve.serving import protocol
-    from recserve.serving.codec import HttpPlans
     from recserve.zoo.batch import BatchError, check_query, concat_arrays
 
     def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -1083,7 +1079,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
             raise BatchError(name, "input tensor missing")
         return np.ascontiguousarray(arrays[name])
 
-    plans = HttpPlans()
+    plans = codec.HttpPlans()
 
     class Path:
         def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]:

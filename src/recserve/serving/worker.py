@@ -288,6 +288,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
             plane.exit_event.set()
 
     def run(payload: tuple) -> np.ndarray:
+        if torch.is_inference_mode_enabled():  # on the loop's thread (worker_main entered it): ~4 us a query saved
+            return run_stage(model, "model", payload)
         with torch.inference_mode():  # thread-local: long passes run on the plane's compute thread
             return run_stage(model, "model", payload)
 
