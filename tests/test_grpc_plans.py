@@ -180,3 +180,19 @@ class _NoChannel:
 
     def stream_stream(self, path: str):
         return self.unary_unary(path)
+
+
+def test_the_largest_raw_content_is_found_from_a_requests_first_bytes():
+    """What a worker aligns a large gRPC request on: the ids' data, found as soon as their field's start arrives."""
+    arrays = query(batch=4, ids=5000)
+    message = request_of(arrays).SerializeToString()
+    ids = arrays["sparse_values"].tobytes()
+    start = codec.largest_raw_content(memoryview(message))
+    assert message[start : start + len(ids)] == ids
+    dense = arrays["dense"].tobytes()
+    dense_start = message.index(dense)
+    for cut in (start, start - 1, start + 100, len(message)):  # from the ids' length varint on, the ids are known
+        found = codec.largest_raw_content(memoryview(message)[:cut])
+        assert found == (start if cut >= start else dense_start)
+    assert codec.largest_raw_content(memoryview(message)[:dense_start - 3]) == 0  # no content has begun
+    assert codec.largest_raw_content(memoryview(b"\xff\xff")) == 0  # garbage: nothing to align on

@@ -4,6 +4,7 @@ ways, streaming, status and messages, deadlines and cancellation, compression, l
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import socket
@@ -368,7 +369,6 @@ def test_an_answer_the_client_window_does_not_admit_waits_for_its_window_update(
 
 
 def test_remembered_header_blocks_are_bounded():
-    import itertools
 
     conn, transport = _connection()
     fields = [b"\x83", b"\x86", b"\x84", b"\x87", b"\x82"]  # static-table fields: each block a distinct request
@@ -393,3 +393,60 @@ def test_request_head_keeps_the_clients_metadata_for_forwarded_calls():
     assert first[4] == (("authorization", "Bearer s3cret"), ("trace-bin", b"\x00\x01\x02"))
     again = encoder.encode(headers)  # now every field is indexed in the dynamic table
     assert conn._request_head(again)[4] == first[4] and conn._request_head(again)[4] == first[4]
+
+
+def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tuple[bytes, int]]]:
+    """A connection whose Echo method aligns offset ``lead`` of large messages and records each message as it came
+    (its bytes, and the address of its byte ``lead`` modulo 64)."""
+    import numpy as np
+
+    seen: list[tuple[bytes, int]] = []
+
+    def echo(call: GrpcCall, raw: memoryview) -> None:
+        seen.append((bytes(raw), (np.frombuffer(raw, np.uint8).ctypes.data + lead) % 64))
+        call.reply(b"ok")
+
+    method = Method(unary=echo, align=lambda head: lead)
+    conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE), _Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + _frame(4, 0, 0, b""))
+    transport.frames()
+    return conn, transport, seen
+
+
+@pytest.mark.parametrize("lead", [0, 13, 63])
+@pytest.mark.parametrize("pieces", [1, 2, 7])
+def test_a_large_unary_message_is_assembled_with_its_named_part_aligned(lead, pieces):
+    """However its DATA is cut (frames and reads), a large message arrives whole, with byte ``lead`` 64-byte
+    aligned; a small one arrives as before."""
+    from hpack import Encoder
+
+    conn, transport, seen = _landing_connection(lead)
+    encoder = Encoder()
+    message = os.urandom(300_000)
+    wire = _call(1, message, encoder)
+    head_end = 9 + int.from_bytes(wire[:3], "big")
+    data = wire[head_end + 9:]  # the DATA frame's payload: the gRPC prefix and the message
+    cuts = sorted({0, len(data), *(len(data) * k // pieces + 3 * k for k in range(1, pieces))})
+    frames = [_frame(0, 1 if b == len(data) else 0, 1, data[a:b]) for a, b in itertools.pairwise(cuts)]
+    stream_bytes = wire[:head_end] + b"".join(frames)
+    for k in range(0, len(stream_bytes), 70_001):  # reads cut across frames too
+        conn.data_received(stream_bytes[k:k + 70_001])
+    conn.data_received(_call(3, b"small", encoder))
+    assert [m for m, _ in seen] == [message, b"small"]
+    assert seen[0][1] == 0
+    assert [(kind, flags) for kind, flags, _, _ in transport.frames()].count((1, 5)) == 2  # both answered
+
+
+def test_a_large_unary_message_followed_by_another_is_refused_as_before():
+    from hpack import Encoder
+
+    conn, transport, seen = _landing_connection(0)
+    wire = _call(1, os.urandom(100_000), Encoder())
+    extra = b"\x00" + (2).to_bytes(4, "big") + b"hi"
+    head_end = 9 + int.from_bytes(wire[:3], "big")
+    payload = wire[head_end + 9:] + extra
+    conn.data_received(wire[:head_end] + _frame(0, 1, 1, payload))
+    assert not seen
+    trailers = [payload for kind, flags, _, payload in transport.frames() if kind == 1]
+    assert trailers and b"grpc-status" in trailers[-1]

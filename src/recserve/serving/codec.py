@@ -634,6 +634,31 @@ def split_raw_input_contents(message: memoryview) -> tuple[bytes, list[memoryvie
     return (bytes(rest[0]) if len(rest) == 1 else b"".join(rest)), raw
 
 
+def largest_raw_content(head: memoryview) -> int:
+    """Where the data of the largest ``raw_input_contents`` entry begins in a serialized ``ModelInferRequest`` of
+    which only ``head`` (its first bytes) has arrived, among the entries whose start is in it; 0 if none is.  What a
+    worker aligns a large request's buffer on (``h2grpc.Method.align``): a query's ids are its largest tensor."""
+    best, best_length, pos = 0, -1, 0
+    try:
+        while pos < len(head):
+            key, body = _varint(head, pos)
+            wire = key & 7
+            if wire == 2:
+                length, start = _varint(head, body)
+                if key == _RAW_KEY and length > best_length:
+                    best, best_length = start, length
+                pos = start + length
+            elif wire == 0:
+                pos = _varint(head, body)[1]
+            elif wire in (1, 5):
+                pos = body + (8 if wire == 1 else 4)
+            else:
+                break
+    except (IndexError, ValueError):  # a field cut off where ``head`` ends
+        pass
+    return best
+
+
 def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None,
                      regions: Any = None) -> dict[str, np.ndarray]:
     """Input arrays of a ``ModelInferRequest``: the inputs not in shared memory all as ``raw_input_contents`` (or

@@ -140,7 +140,7 @@ class WorkerMethods(Forwarder):
 
     def method(self, path: str) -> Method:
         if path == SERVICE + "ModelInfer":
-            return Method(unary=self._infer)
+            return Method(unary=self._infer, align=codec.largest_raw_content)
         if path == SERVICE + "ModelStreamInfer":
             return Method(stream=lambda call: call.run(self._stream(call)))
         return super().method(path)

@@ -16,7 +16,9 @@ which is what gRPC clients speak without TLS):
 - gRPC: length-prefixed messages (gzip and deflate requests inflated), ``grpc-timeout``, status and
   percent-encoded ``grpc-message`` in trailers (trailers-only for an error before any reply), RST_STREAM as
   cancellation, unary and bidirectional-streaming methods;
-- reads: DATA kept as views of the received bytes (a message is joined once), a header block bounded;
+- reads: DATA kept as views of the received bytes (a message is joined once), a header block bounded; a large
+  unary request is assembled as it arrives in a buffer of its size, placed so that the part its method names
+  (``Method.align``) starts 64-byte aligned;
 - a graceful stop: two GOAWAYs (the second, naming the last stream, once a PING sent with the first is
   acknowledged), calls in flight answered, then our side half-closed and the client closes;
 - ``TCP_NODELAY`` on every connection (asyncio sets it only on sockets made with ``IPPROTO_TCP``).
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
@@ -58,6 +61,8 @@ BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio wou
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
+LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled in place (``_land``)
+ALIGN = 64  # ... with the part its method names at this alignment
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
 Metadata = tuple[tuple[str, "str | bytes"], ...]
@@ -196,11 +201,13 @@ class Method:
 
     unary: Callable[[GrpcCall, memoryview], None] | None = None
     stream: Callable[[GrpcCall], None] | None = None
+    # where, in the first bytes of a large unary request (as many as have arrived), the part to align begins
+    align: Callable[[memoryview], int] | None = None
 
 
 class _Stream:
     __slots__ = ("id", "call", "block", "ended", "chunks", "size", "unacked", "send_window", "pending", "pending_end",
-                 "headers_sent", "encoding", "method")
+                 "headers_sent", "encoding", "method", "landing", "landed")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
@@ -216,6 +223,8 @@ class _Stream:
         self.headers_sent = False
         self.encoding = b""
         self.method: Method | None = None
+        self.landing: memoryview | None = None  # a large unary message's buffer, filled as DATA arrives
+        self.landed = 0  # its bytes filled so far
 
 
 class ConnectionError_(Exception):
@@ -597,6 +606,8 @@ class GrpcConnection(asyncio.Protocol):
         if not stream.call.done:
             if flags & PADDED:
                 payload = self._unpad(flags, payload, priority=False)
+            if payload and stream.landing is not None:
+                payload = self._land(stream, payload)
             if payload:
                 stream.chunks.append(payload)
                 stream.size += len(payload)
@@ -611,7 +622,8 @@ class GrpcConnection(asyncio.Protocol):
         as soon as its prefix is in, so an oversized request is refused without being held."""
         call = stream.call
         if stream.method is None or stream.method.stream is None:
-            self._prefix(stream)
+            if stream.landing is None and (prefix := self._prefix(stream)) is not None:
+                self._start_landing(stream, *prefix)
             return
         while not call.done and (message := self._next_message(stream)) is not None:  # type: ignore[union-attr]
             call.requests.put_nowait(message)  # type: ignore[union-attr]
@@ -630,8 +642,41 @@ class GrpcConnection(asyncio.Protocol):
             return None
         return first[0], size
 
+    def _start_landing(self, stream: _Stream, compressed: int, size: int) -> None:
+        """Assemble a large unary message in a buffer of its size as its DATA arrives, instead of joining the
+        pieces at its end: the same one copy, but into a buffer placed so that the part the method names
+        (``Method.align``: a request's largest tensor) starts 64-byte aligned (numpy reads misaligned ids at half
+        speed: a batch-256 query's bounds check and model took 0.14 ms longer unaligned)."""
+        if compressed or size < LAND_BYTES or stream.method is None or stream.method.unary is None:
+            return
+        first = memoryview(stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks))[5:]
+        head = first[:size]
+        lead = stream.method.align(head) if stream.method.align is not None else 0
+        store = np.empty(size + ALIGN, np.uint8)
+        pad = -(store.ctypes.data + lead) % ALIGN
+        stream.landing = memoryview(store)[pad : pad + size]
+        stream.landing[: len(head)] = head
+        stream.landed = len(head)
+        rest = first[len(head):]
+        stream.chunks, stream.size = ([rest] if rest else []), len(rest)
+
+    @staticmethod
+    def _land(stream: _Stream, payload: memoryview) -> memoryview:
+        """Copy DATA into the message being assembled; returns what lies beyond the message."""
+        landing, at = stream.landing, stream.landed
+        take = min(len(payload), len(landing) - at)  # type: ignore[arg-type]
+        landing[at : at + take] = payload[:take]  # type: ignore[index]
+        stream.landed = at + take
+        return payload[take:]
+
     def _next_message(self, stream: _Stream) -> Any:
-        """The next complete message (bytes-like: a view of the received bytes where it arrived in one piece)."""
+        """The next complete message (bytes-like: a view of the received bytes where it arrived in one piece, or
+        of the buffer a large one was assembled in)."""
+        if stream.landing is not None:
+            if stream.landed < len(stream.landing):
+                return None
+            message, stream.landing = stream.landing, None
+            return message
         if stream.size < 5 or (prefix := self._prefix(stream)) is None:
             return None
         compressed, size = prefix
