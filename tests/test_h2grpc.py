@@ -369,7 +369,6 @@ def test_an_answer_the_client_window_does_not_admit_waits_for_its_window_update(
 
 
 def test_remembered_header_blocks_are_bounded():
-
     conn, transport = _connection()
     fields = [b"\x83", b"\x86", b"\x84", b"\x87", b"\x82"]  # static-table fields: each block a distinct request
     blocks = [b"".join(p) for p in itertools.permutations(fields)]
