@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Issue #14's and #16's must-shows on a lent GPU machine (16 cores, Python 3.12, torch preinstalled), phase by phase,
+# each bounded so that one device call (10 minutes at most) holds it.  Run from the repository root there, with the
+# wheels of benchmarks/device/wheels.sh carried:
+#
+#     run(command="bash benchmarks/device/round.sh env scaling", carry=[".whl"], timeout_s=600)
+#
+# Phases (minutes, roughly, on the H100 host; a session has 30 device-minutes, start-up included):
+#   env      (0.5) versions, GPU, cores, and an import of everything the phases need
+#   scaling  (9)   #14: max load at p95 <= 100 ms, recserve vs FastAPI + uvicorn, 1 / 8 / 16 workers, one run
+#   overhead (4)   #14: per-query overhead and server CPU at batch 1 and 256 (HTTP, gRPC, bare clients)
+#   pa       (3)   #14: perf_analyzer over HTTP, gRPC and gRPC streaming, Poisson arrivals
+#   gpu      (7)   #16: in-process CPU vs GPU, served GPU latency and scores' max abs difference over HTTP and gRPC
+#   mixed    (9)   #16: max load of a GPU-only, a mixed CPU+GPU and a CPU-only node on the production mix
+#   route    (8)   #16: the Kairos router over a GPU node and a CPU node against FCFS, with the simulator beside
+# Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-results}
+mkdir -p "$OUT"
+WHEELS=${WHEELS:-.whl}  # none: use what is installed (a check of this script where the wheels do not fit)
+PY=${PY:-python3}
+if [ "$WHEELS" != none ] && [ -d "$WHEELS" ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+    || { echo "round.sh: installing the wheels in $WHEELS failed" >&2; exit 1; }
+  export PATH=/tmp/site/bin:$PATH
+fi
+export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+CORES=$(nproc)
+LIMIT_S=${LIMIT_S:-}  # a bound for every phase instead of its own (LIMIT_S=8: do the phases' arguments parse?)
+
+phase() {  # name, seconds, command...: run it bounded, its output kept in $OUT/<name>.log
+  local name=$1 limit=${LIMIT_S:-$2}
+  shift 2
+  echo "== $name (at most ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  echo "== $name: exit ${PIPESTATUS[0]}"
+}
+
+for name in "$@"; do
+  case $name in
+    env)
+      phase env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; \
+        $PY -c 'import sys, torch, numpy, recserve.serving, tritonclient.grpc, fastapi, uvicorn, orjson, hpack; \
+print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), numpy.__version__)'; \
+        command -v perf_analyzer || echo 'no perf_analyzer on PATH'" ;;
+    scaling)
+      phase scaling 560 $PY benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+        --workers "1,8,$CORES" --procs 4 --probe-s 2.5 --max-probes 7 --confirm 1 --out "$OUT/peers.json" ;;
+    overhead)
+      phase overhead 300 $PY benchmarks/bench_serving_overhead.py --requests 400 --seconds 2 --split-cores \
+        --out "$OUT/serving_overhead.json" ;;
+    pa)
+      phase pa 240 $PY benchmarks/bench_perf_analyzer.py --model hera-dlrm-a --workers 8 --rates 500,2000 \
+        --out "$OUT/perf_analyzer.json" ;;
+    gpu)
+      phase gpu 480 $PY benchmarks/bench_gpu.py --models hera-din,hera-wnd,hercules-rmc2 --scale 0.01 \
+        --out "$OUT/bench_gpu.json" ;;
+    mixed)
+      phase mixed 560 $PY benchmarks/bench_accel.py --model hera-dlrm-a --scale 0.01 --device cuda \
+        --cpu-workers 10 --front-workers 10 --accel-workers 2 --cpu-only-workers 12 --loadgen-cores 4 --procs 4 \
+        --min-items 160 --layouts accel,mixed,cpu --warm-s 3 --start-qps 1000 --probe-s 2.5 --max-probes 6 \
+        --out "$OUT/accel_mixed.json" ;;
+    route)
+      phase route 560 $PY benchmarks/bench_route.py --pool gpu --device cuda --gpu-cores 0-3 \
+        --out "$OUT/route_gpu.json" --plot "$OUT/route_gpu.png" ;;
+    *)
+      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route)" >&2
+      exit 2 ;;
+  esac
+done

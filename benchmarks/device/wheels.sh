@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fetch here (where PyPI is reachable) the Python 3.12 wheels that a lent GPU machine lacks, into .whl/ (ignored by
+# git, carried with `carry: [".whl"]`), at this venv's versions where it has them; round.sh installs them there.
+#
+# The device's image has torch, numpy, scipy, aiohttp, pyyaml, uvloop, grpcio and protobuf, but not recserve's
+# serving dependencies (hpack, orjson, tritonclient and its clients' needs), the FastAPI peer, or perf_analyzer.
+# grpcio and protobuf travel too: tritonclient's generated stubs need the protobuf they were made with.
+#
+#     bash benchmarks/device/wheels.sh            # then: du -sh .whl (must stay well under the 64 MiB a call carries)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+DEST=.whl
+PACKAGES=(hpack orjson tritonclient python-rapidjson geventhttpclient gevent greenlet zope.event zope.interface
+          brotli certifi grpcio protobuf fastapi starlette pydantic pydantic-core annotated-types typing-inspection
+          annotated-doc uvicorn h11 perf-analyzer)
+
+version_here() {  # this venv's version of $1, or nothing
+  { "$PY" -m pip show "$1" 2>/dev/null || true; } | sed -n 's/^Version: //p'
+}
+
+# pip matches a manylinux tag's glibc version exactly: name every one up to the device's glibc 2.39
+PLATFORMS=(--platform any --platform manylinux1_x86_64 --platform manylinux2014_x86_64)
+for n in 5 17 24 27 28 31 34 35 38 39; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
+
+mkdir -p "$DEST"
+for name in "${PACKAGES[@]}"; do
+  version=$(version_here "$name")
+  spec=$name${version:+==$version}
+  if ! "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      "${PLATFORMS[@]}" -d "$DEST" "$spec"; then
+    echo "wheels.sh: no cp312 manylinux wheel for $spec" >&2
+    exit 1
+  fi
+done
+echo "wheels.sh: $(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1) in $DEST"
