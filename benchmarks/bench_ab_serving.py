@@ -3,8 +3,9 @@
 A code change to the worker's query path moves its CPU per query by tens of microseconds, less than the drift of
 a shared host within minutes.  So both servers run at once (one worker each, pinned to the same core) and one
 client sends sequential queries to each in turn, in ``--rounds`` turns that alternate which goes first; each
-server's CPU is read over its own turns only.  The other tree is any checkout of recserve, e.g.
-``git worktree add /tmp/base HEAD~1``.
+server's CPU is read over its own turns only, and so is the time its model's passes took (the node's
+``compute_infer``): worker CPU minus that is what the rest of the worker costs.  The other tree is any checkout of
+recserve, e.g. ``git worktree add /tmp/base HEAD~1``.
 
 Prints both rows and their difference and writes results/ab_serving.json.  Usage:
     .venv/bin/python benchmarks/bench_ab_serving.py --base-src /tmp/base/src [--protocol http|grpc] [--batch 1]
@@ -24,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving_overhead import MinimalGrpc, MinimalHttp, ServerProcess, cpu_s  # noqa: E402
+from bench_serving_overhead import MinimalGrpc, MinimalHttp, ServerProcess, cpu_s, stats_reader  # noqa: E402
 
 from recserve.serving import build_worker_model, quick_config  # noqa: E402
 from recserve.zoo import sample_batch  # noqa: E402
@@ -50,22 +51,27 @@ def run(args: argparse.Namespace) -> dict:
                 c.infer()
         latency: dict[str, list[float]] = {k: [] for k in servers}
         cpu = dict.fromkeys(servers, 0.0)
+        passes = {k: [0, 0] for k in servers}  # the model's passes: count, ns (the node's compute_infer)
+        readers = {k: stats_reader(s.http, args.model) for k, s in servers.items()}
         for r in range(args.rounds):
             for k in (("base", "this") if r % 2 == 0 else ("this", "base")):
                 pid, client = servers[k].worker_pids[0], clients[k]
-                before, start = cpu_s(pid), time.perf_counter()
+                before, model_before, start = cpu_s(pid), readers[k](), time.perf_counter()
                 while time.perf_counter() - start < args.seconds / args.rounds / 2:
                     t = time.perf_counter()
                     client.infer()
                     latency[k].append(time.perf_counter() - t)
                 cpu[k] += cpu_s(pid) - before
+                time.sleep(0.1)  # the worker reports its passes every 25 ms
+                passes[k] = [a + now - was for a, now, was in zip(passes[k], readers[k](), model_before, strict=True)]
         for c in clients.values():
             c.close()
     finally:
         for s in servers.values():
             s.stop()
     rows = {k: {"queries": len(latency[k]), "p50_ms": float(np.median(latency[k]) * 1e3),
-                "worker_cpu_ms_per_query": cpu[k] / len(latency[k]) * 1e3} for k in servers}
+                "worker_cpu_ms_per_query": cpu[k] / len(latency[k]) * 1e3,
+                "model_ms_per_query": passes[k][1] / max(1, passes[k][0]) / 1e6} for k in servers}
     return {"model": args.model, "scale": args.scale, "protocol": args.protocol, "batch": args.batch,
             "base_src": args.base_src, "rows": rows,
             "delta_worker_cpu_ms": rows["this"]["worker_cpu_ms_per_query"] - rows["base"]["worker_cpu_ms_per_query"],
@@ -90,8 +96,8 @@ def main() -> int:
         parser.error(f"--base-src {args.base_src}: no recserve package there")
     result = run(args)
     for k, row in result["rows"].items():
-        print(f"{k:5s} p50 {row['p50_ms']:.3f} ms, worker CPU {row['worker_cpu_ms_per_query']:.3f} ms per query "
-              f"({row['queries']} queries)")
+        print(f"{k:5s} p50 {row['p50_ms']:.3f} ms, worker CPU {row['worker_cpu_ms_per_query']:.3f} ms per query, "
+              f"of which its model's passes {row['model_ms_per_query']:.3f} ms ({row['queries']} queries)")
     print(f"this - base: worker CPU {result['delta_worker_cpu_ms'] * 1e3:+.0f} us, p50 "
           f"{result['delta_p50_ms'] * 1e3:+.0f} us per query")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
