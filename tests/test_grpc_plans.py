@@ -9,7 +9,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from recserve.serving import codec
-from recserve.serving.codec import PLANS, protobuf_field
+from recserve.serving.codec import PLAN_KEY_BYTES, PLANS, protobuf_field
 from recserve.serving.errors import InferError
 from recserve.serving.grpc_service import infer_response
 from recserve.serving.grpc_worker import STREAM_INFER_KEY, Plan, WorkerMethods
@@ -170,6 +170,14 @@ def test_plans_are_bounded():
     for k in range(PLANS + 5):
         assert ask(methods, request_of(query(), request_id=str(k)))[2] is None
     assert 0 < len(methods._plans) <= PLANS
+
+
+def test_a_request_too_long_besides_its_tensors_is_answered_but_not_remembered():
+    methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    for request_id in ("x" * (PLAN_KEY_BYTES + 1), "x" * (PLAN_KEY_BYTES - 200)):
+        taken, response, error = ask(methods, request_of(query(), request_id=request_id))
+        assert taken and error is None and response is not None
+    assert len(methods._plans) == 1  # the shorter one
 
 
 class _NoChannel:

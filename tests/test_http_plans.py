@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from recserve.serving import codec
-from recserve.serving.codec import PLANS, HttpPlans
+from recserve.serving.codec import PLAN_KEY_BYTES, PLANS, HttpPlans
 from recserve.serving.errors import InferError
 
 
@@ -116,6 +116,15 @@ def test_a_request_id_is_part_of_the_header_and_of_the_answer():
         request, _ = plans.parse(*body_of(query(), request_id=request_id))
         assert request["id"] == request_id
     assert len(plans._plans) == 2
+
+
+def test_a_header_too_long_to_remember_is_read_whole_every_time():
+    plans = HttpPlans()
+    for request_id in ("x" * PLAN_KEY_BYTES, "x" * (PLAN_KEY_BYTES - 1000)):
+        body, length = body_of(query(), request_id=request_id)
+        assert plans.parse(body, length)[0]["id"] == request_id
+        assert plans.parse(body, length)[0]["id"] == request_id
+    assert len(plans._plans) == 1  # the shorter one
 
 
 def test_the_plans_stay_bounded():

@@ -396,7 +396,7 @@ class HttpPlans:
             if arrays is not None:
                 return known[0], arrays
         request, arrays = parse_http_infer(body, header_length, max_json, regions)
-        if key is not None and (plan := http_raw_plan(request)) is not None:
+        if key is not None and len(key) <= PLAN_KEY_BYTES and (plan := http_raw_plan(request)) is not None:
             if len(self._plans) >= PLANS:
                 self._plans.clear()
             self._plans[key] = (request, plan)
@@ -698,6 +698,8 @@ RawPlan = tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]
 """Each input's name, wire dtype, shape and byte count, in request order (:func:`grpc_raw_plan`,
 :func:`http_raw_plan`): what a request sent again but for its tensors' bytes needs (:func:`parse_raw`)."""
 PLANS = 64  # plans a worker remembers per transport; more distinct requests start it over (plans do not pay then)
+PLAN_KEY_BYTES = 4096  # a request whose bytes besides its tensors exceed this is not remembered (a header is
+# ~0.3-0.5 KB; a long id or unknown fields, up to the JSON limit, would otherwise hold PLANS x 16 MB)
 
 
 def grpc_raw_plan(request: Any, raw_count: int) -> RawPlan | None:

@@ -187,7 +187,8 @@ class WorkerMethods(Forwarder):
                     request = decode_infer(split[0])  # type: ignore[index]
                 arrays = codec.parse_grpc_infer(request, split and split[1], regions)
                 target = codec.grpc_output_target(request.outputs)
-                if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
+                if (split is not None and len(split[0]) <= codec.PLAN_KEY_BYTES
+                        and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None):
                     plan = self._remember(split[0], Plan(request, inputs))
             arrays, items = self.plane.model.validate(arrays)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
