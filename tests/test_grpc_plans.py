@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from oip_inputs import small_query as query
 from recserve.serving import codec
 from recserve.serving.codec import PLAN_KEY_BYTES, PLANS, protobuf_field
 from recserve.serving.errors import InferError
@@ -24,14 +25,6 @@ def request_of(arrays: dict[str, np.ndarray], request_id: str = "", model: str =
     if outputs:
         request.outputs.add(name="scores")
     return request
-
-
-def query(batch: int = 1, ids: int = 3, lengths_dtype=np.int32, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    lengths = np.zeros((2, batch), lengths_dtype)
-    lengths[0, 0] = ids
-    return {"dense": rng.standard_normal((batch, 4)).astype(np.float32),
-            "sparse_values": rng.integers(0, 10, ids).astype(np.int64), "sparse_lengths": lengths}
 
 
 def split(request: service_pb2.ModelInferRequest) -> tuple[bytes, list[memoryview]]:

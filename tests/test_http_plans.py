@@ -9,17 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from oip_inputs import small_query as query
 from recserve.serving import codec
 from recserve.serving.codec import PLAN_KEY_BYTES, PLANS, HttpPlans
 from recserve.serving.errors import InferError
-
-
-def query(batch: int = 1, ids: int = 3, lengths_dtype=np.int32, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    lengths = np.zeros((2, batch), lengths_dtype)
-    lengths[0, 0] = ids
-    return {"dense": rng.standard_normal((batch, 4)).astype(np.float32),
-            "sparse_values": rng.integers(0, 10, ids).astype(np.int64), "sparse_lengths": lengths}
 
 
 def body_of(arrays: dict[str, np.ndarray], request_id: str | None = None, outputs: list | None = None,
