@@ -449,3 +449,26 @@ def test_a_large_unary_message_followed_by_another_is_refused_as_before():
     assert not seen
     trailers = [payload for kind, flags, _, payload in transport.frames() if kind == 1]
     assert trailers and b"grpc-status" in trailers[-1]
+
+
+def test_large_messages_assembled_at_once_on_a_connection_are_bounded():
+    """A buffer is taken at a message's declared size: past two max messages at once on one connection, a further
+    message is joined at its end as before (and still arrives whole)."""
+    from hpack import Encoder
+
+    conn, transport, seen = _landing_connection(0)
+    encoder = Encoder()
+    messages = {stream: os.urandom(MAX_MESSAGE - 1000) for stream in (1, 3, 5)}
+    rests = {}
+    for stream, message in messages.items():  # each call's headers and the first 100 kB of its message
+        wire = _call(stream, message, encoder)
+        head_end = 9 + int.from_bytes(wire[:3], "big")
+        data = wire[head_end + 9:]
+        conn.data_received(wire[:head_end] + _frame(0, 0, stream, data[:100_000]))
+        rests[stream] = data[100_000:]
+    assert [conn._streams[s].landing is not None for s in (1, 3, 5)] == [True, True, False]
+    for stream, rest in rests.items():
+        for k in range(0, len(rest), 1 << 20):
+            piece = rest[k:k + (1 << 20)]
+            conn.data_received(_frame(0, 1 if k + len(piece) == len(rest) else 0, stream, piece))
+    assert sorted(m for m, _ in seen) == sorted(messages.values())

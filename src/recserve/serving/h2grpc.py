@@ -63,6 +63,7 @@ MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINU
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
 LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled in place (``_land``)
 ALIGN = 64  # ... with the part its method names at this alignment
+LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most this many max messages
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
 Metadata = tuple[tuple[str, "str | bytes"], ...]
@@ -649,6 +650,9 @@ class GrpcConnection(asyncio.Protocol):
         speed: a batch-256 query's bounds check and model took 0.14 ms longer unaligned)."""
         if compressed or size < LAND_BYTES or stream.method is None or stream.method.unary is None:
             return
+        landing = sum(len(s.landing) for s in self._streams.values() if s.landing is not None)
+        if landing + size > LAND_LIMIT * self.max_message:  # a buffer is taken at the declared size: bounded
+            return  # joined at its end, as before
         first = memoryview(stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks))[5:]
         head = first[:size]
         lead = stream.method.align(head) if stream.method.align is not None else 0
