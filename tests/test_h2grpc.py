@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from recserve.serving.codec import aligned_buffer
 from recserve.serving.h2grpc import (
     ENHANCE_YOUR_CALM,
     INVALID_ARGUMENT,
@@ -395,8 +396,8 @@ def test_request_head_keeps_the_clients_metadata_for_forwarded_calls():
 
 
 def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tuple[bytes, int]]]:
-    """A connection whose Echo method aligns offset ``lead`` of large messages and records each message as it came
-    (its bytes, and the address of its byte ``lead`` modulo 64)."""
+    """A connection whose Echo method receives large messages in ``codec.aligned_buffer``s aligning offset ``lead``
+    and records each message as it came (its bytes, and the address of its byte ``lead`` modulo 64)."""
     import numpy as np
 
     seen: list[tuple[bytes, int]] = []
@@ -405,7 +406,7 @@ def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tup
         seen.append((bytes(raw), (np.frombuffer(raw, np.uint8).ctypes.data + lead) % 64))
         call.reply(b"ok")
 
-    method = Method(unary=echo, align=lambda head: lead)
+    method = Method(unary=echo, land=lambda head, size: aligned_buffer(size, lead))
     conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE), _Transport()
     conn.connection_made(transport)
     conn.data_received(PREFACE + _frame(4, 0, 0, b""))

@@ -71,6 +71,18 @@ def json_loads(text: bytes | bytearray | memoryview | str) -> Any:
     return json.loads(text)
 
 
+TENSOR_ALIGN = 64  # where a received request's largest tensor starts (a cache line)
+
+
+def aligned_buffer(size: int, lead: int = 0) -> memoryview:
+    """An uninitialised buffer of ``size`` bytes for a request being received, placed so that its byte ``lead`` (where
+    its tensors, or its largest one, begin) is ``TENSOR_ALIGN``-aligned: numpy reads misaligned ids at half speed
+    (a bounds check of 200k ids took 136 vs 72 us), and zeroing a 1.9 MB buffer cost the receiving loop ~0.2 ms."""
+    store = np.empty(size + TENSOR_ALIGN, np.uint8)
+    pad = -(store.ctypes.data + lead) % TENSOR_ALIGN
+    return memoryview(store)[pad : pad + size]
+
+
 def invalid(field: str, message: str) -> InferError:
     return InferError("invalid", f"{field}: {message}", field)
 
@@ -382,7 +394,7 @@ class HttpPlans:
     besides its model (issue #14)."""
 
     def __init__(self) -> None:
-        self._plans: dict[bytes, tuple[dict[str, Any], RawPlan]] = {}
+        self._plans = PlanStore()
 
     def parse(self, body: bytes | bytearray | memoryview, header_length: str | None, max_json: int = MAX_JSON_BYTES,
               regions: Any = None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -396,10 +408,8 @@ class HttpPlans:
             if arrays is not None:
                 return known[0], arrays
         request, arrays = parse_http_infer(body, header_length, max_json, regions)
-        if key is not None and len(key) <= PLAN_KEY_BYTES and (plan := http_raw_plan(request)) is not None:
-            if len(self._plans) >= PLANS:
-                self._plans.clear()
-            self._plans[key] = (request, plan)
+        if key is not None and (plan := http_raw_plan(request)) is not None:
+            self._plans.remember(key, (request, plan))
         return request, arrays
 
 
@@ -637,7 +647,7 @@ def split_raw_input_contents(message: memoryview) -> tuple[bytes, list[memoryvie
 def largest_raw_content(head: memoryview) -> int:
     """Where the data of the largest ``raw_input_contents`` entry begins in a serialized ``ModelInferRequest`` of
     which only ``head`` (its first bytes) has arrived, among the entries whose start is in it; 0 if none is.  What a
-    worker aligns a large request's buffer on (``h2grpc.Method.align``): a query's ids are its largest tensor."""
+    worker aligns a large gRPC request's buffer on (:func:`aligned_buffer`): a query's ids are its largest tensor."""
     best, best_length, pos = 0, -1, 0
     try:
         while pos < len(head):
@@ -700,6 +710,29 @@ RawPlan = tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]
 PLANS = 64  # plans a worker remembers per transport; more distinct requests start it over (plans do not pay then)
 PLAN_KEY_BYTES = 4096  # a request whose bytes besides its tensors exceed this is not remembered (a header is
 # ~0.3-0.5 KB; a long id or unknown fields, up to the JSON limit, would otherwise hold PLANS x 16 MB)
+
+
+class PlanStore:
+    """Plans by the bytes of their request besides its tensors (HTTP's JSON header, gRPC's message without its raw
+    contents), bounded for both transports alike: at most ``PLANS``, each key at most ``PLAN_KEY_BYTES``."""
+
+    def __init__(self) -> None:
+        self._plans: dict[bytes, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def get(self, key: bytes) -> Any:
+        return self._plans.get(key)
+
+    def remember(self, key: bytes, plan: Any) -> None:
+        """Keep ``plan`` for ``key``, unless the key is too long to hold; a full store starts over (a client whose
+        ids or shapes change on every call: plans do not pay then)."""
+        if len(key) > PLAN_KEY_BYTES:
+            return
+        if len(self._plans) >= PLANS:
+            self._plans.clear()
+        self._plans[key] = plan
 
 
 def grpc_raw_plan(request: Any, raw_count: int) -> RawPlan | None:

@@ -67,7 +67,6 @@ STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
-BODY_ALIGN = 64  # where such a body's binary tensors start (a cache line)
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
@@ -303,14 +302,11 @@ class Connection(asyncio.BufferedProtocol):
         """Receive the rest of a large body straight into a buffer of its size: appending megabytes to a growing
         buffer re-copied it on every chunk (~60% of a worker's CPU at 1.9 MB requests).
 
-        The buffer is left uninitialised (a zeroed ``bytearray`` of a 1.9 MB body cost the loop ~0.2 ms a query)
-        and placed so that the binary tensors after the JSON header (``json_length`` bytes) start 64-byte aligned:
-        numpy reads unaligned ids at half speed (the ids' bounds check, 136 vs 72 us for 200k ids)."""
+        The buffer is uninitialised and its binary tensors, after the JSON header (``json_length`` bytes), start
+        aligned (``codec.aligned_buffer``)."""
         size = self._needed - head_end
         lead = int(json_length) if json_length.isdigit() and int(json_length) < size else 0
-        store = np.empty(size + BODY_ALIGN, np.uint8)
-        pad = -(store.ctypes.data + lead) % BODY_ALIGN
-        self._body = memoryview(store)[pad : pad + size]
+        self._body = codec.aligned_buffer(size, lead)
         got = self.buf[head_end:]
         self._body[: len(got)] = got
         self._filled = len(got)

@@ -38,6 +38,11 @@ RAW_OUTPUT_KEY = 6 << 3 | 2  # ModelInferResponse.raw_output_contents (field 6, 
 STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
 
+def _aligned_request(head: memoryview, size: int) -> memoryview:
+    """The buffer a large ``ModelInferRequest`` is received in: its largest raw content (the ids) aligned."""
+    return codec.aligned_buffer(size, codec.largest_raw_content(head))
+
+
 def _fail(call: GrpcCall, error: InferError) -> None:
     call.finish(grpc_code(error).value[0], error.public_message())
 
@@ -130,17 +135,11 @@ class WorkerMethods(Forwarder):
         self.plane = plane
         self._forward_infer = super().method(SERVICE + "ModelInfer").unary  # another model's or version's queries
         self._send_infer = upstream.unary_unary(SERVICE + "ModelInfer")  # the same, for a streamed request
-        self._plans: dict[bytes, Plan] = {}  # by the request's bytes without its raw contents
-
-    def _remember(self, key: bytes, plan: Plan) -> Plan:
-        if len(self._plans) >= codec.PLANS:  # a client whose ids or shapes change on every call: plans do not pay
-            self._plans.clear()
-        self._plans[key] = plan
-        return plan
+        self._plans = codec.PlanStore()  # by the request's bytes without its raw contents
 
     def method(self, path: str) -> Method:
         if path == SERVICE + "ModelInfer":
-            return Method(unary=self._infer, align=codec.largest_raw_content)
+            return Method(unary=self._infer, land=_aligned_request)
         if path == SERVICE + "ModelStreamInfer":
             return Method(stream=lambda call: call.run(self._stream(call)))
         return super().method(path)
@@ -187,9 +186,9 @@ class WorkerMethods(Forwarder):
                     request = decode_infer(split[0])  # type: ignore[index]
                 arrays = codec.parse_grpc_infer(request, split and split[1], regions)
                 target = codec.grpc_output_target(request.outputs)
-                if (split is not None and len(split[0]) <= codec.PLAN_KEY_BYTES
-                        and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None):
-                    plan = self._remember(split[0], Plan(request, inputs))
+                if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
+                    plan = Plan(request, inputs)
+                    self._plans.remember(split[0], plan)
             arrays, items = self.plane.model.validate(arrays)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)

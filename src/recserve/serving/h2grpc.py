@@ -17,8 +17,7 @@ which is what gRPC clients speak without TLS):
   percent-encoded ``grpc-message`` in trailers (trailers-only for an error before any reply), RST_STREAM as
   cancellation, unary and bidirectional-streaming methods;
 - reads: DATA kept as views of the received bytes (a message is joined once), a header block bounded; a large
-  unary request is assembled as it arrives in a buffer of its size, placed so that the part its method names
-  (``Method.align``) starts 64-byte aligned;
+  unary request is assembled as it arrives in a buffer its method provides (``Method.land``);
 - a graceful stop: two GOAWAYs (the second, naming the last stream, once a PING sent with the first is
   acknowledged), calls in flight answered, then our side half-closed and the client closes;
 - ``TCP_NODELAY`` on every connection (asyncio sets it only on sockets made with ``IPPROTO_TCP``).
@@ -40,7 +39,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
@@ -62,7 +60,6 @@ MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission pr
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
 LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled in place (``_land``)
-ALIGN = 64  # ... with the part its method names at this alignment
 LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most this many max messages
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
@@ -202,8 +199,9 @@ class Method:
 
     unary: Callable[[GrpcCall, memoryview], None] | None = None
     stream: Callable[[GrpcCall], None] | None = None
-    # where, in the first bytes of a large unary request (as many as have arrived), the part to align begins
-    align: Callable[[memoryview], int] | None = None
+    # a buffer of ``size`` bytes for a large unary request, given its first bytes (as many as have arrived); None:
+    # joined from its pieces at its end
+    land: Callable[[memoryview, int], memoryview] | None = None
 
 
 class _Stream:
@@ -644,21 +642,18 @@ class GrpcConnection(asyncio.Protocol):
         return first[0], size
 
     def _start_landing(self, stream: _Stream, compressed: int, size: int) -> None:
-        """Assemble a large unary message in a buffer of its size as its DATA arrives, instead of joining the
-        pieces at its end: the same one copy, but into a buffer placed so that the part the method names
-        (``Method.align``: a request's largest tensor) starts 64-byte aligned (numpy reads misaligned ids at half
-        speed: a batch-256 query's bounds check and model took 0.14 ms longer unaligned)."""
-        if compressed or size < LAND_BYTES or stream.method is None or stream.method.unary is None:
+        """Assemble a large unary message as its DATA arrives in the buffer its method provides, instead of joining
+        the pieces at its end: the same one copy, but into memory of the method's choosing (the workers' places a
+        request's largest tensor 64-byte aligned: a batch-256 query's bounds check and model took 0.14 ms longer
+        unaligned)."""
+        if compressed or size < LAND_BYTES or stream.method is None or stream.method.land is None:
             return
         landing = sum(len(s.landing) for s in self._streams.values() if s.landing is not None)
         if landing + size > LAND_LIMIT * self.max_message:  # a buffer is taken at the declared size: bounded
             return  # joined at its end, as before
         first = memoryview(stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks))[5:]
         head = first[:size]
-        lead = stream.method.align(head) if stream.method.align is not None else 0
-        store = np.empty(size + ALIGN, np.uint8)
-        pad = -(store.ctypes.data + lead) % ALIGN
-        stream.landing = memoryview(store)[pad : pad + size]
+        stream.landing = stream.method.land(head, size)
         stream.landing[: len(head)] = head
         stream.landed = len(head)
         rest = first[len(head):]
