@@ -4,7 +4,9 @@ Starts a node (``--workers`` CPU workers), writes perf_analyzer's ``--input-data
 mix (real shapes and in-range ids: the table-major inputs cannot be random data, see docs/serving.md), then runs
 the perf_analyzer binary with a Poisson request distribution at each ``--rates`` rate over HTTP, gRPC and
 gRPC streaming, and prints perf_analyzer's own throughput and latency percentiles.  perf_analyzer's PyPI wheel
-needs glibc >= 2.38 (the GPU machines have it; this project's 2-core VM does not).
+needs glibc >= 2.38 (the GPU machines have it; this project's 2-core VM, Debian 12, has 2.36):
+``bash benchmarks/perf_analyzer_here.sh`` writes ``.pa/bin/perf_analyzer``, the wheel's binary run by a newer
+glibc's loader, which this script uses when it is there.
 
     PYTHONPATH=src python3 benchmarks/bench_perf_analyzer.py --model hera-dlrm-a --workers 8 --rates 500,2000
 """
@@ -41,14 +43,17 @@ def input_data(pool: RequestPool) -> dict[str, Any]:
     return {"data": entries}
 
 
-def binary() -> str:
-    found = shutil.which("perf_analyzer")
-    if found:
-        return found
+def binary(given: str | None = None) -> str:
+    """The perf_analyzer to run: ``given``, else this tree's ``.pa`` wrapper, else one on PATH, else the wheel's."""
+    here = ROOT / ".pa" / "bin" / "perf_analyzer"
+    for found in (given, str(here) if here.exists() else None, shutil.which("perf_analyzer")):
+        if found:
+            return found
     try:
         import perf_analyzer
     except ImportError as exc:
-        raise SystemExit("perf_analyzer is not installed (pip install perf-analyzer; needs glibc >= 2.38)") from exc
+        raise SystemExit("perf_analyzer is not installed: pip install perf-analyzer where glibc >= 2.38, "
+                         "else bash benchmarks/perf_analyzer_here.sh") from exc
     return str(Path(perf_analyzer.__file__).parent / "bin" / "perf_analyzer")
 
 
@@ -87,15 +92,18 @@ def main() -> int:
     parser.add_argument("--stability", type=float, default=50.0,
                         help="perf_analyzer's --stability-percentage: Poisson arrivals of a mix of query sizes "
                              "vary more between windows than its default 10%% allows")
+    parser.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: .pa/bin/perf_analyzer from "
+                        "benchmarks/perf_analyzer_here.sh, else PATH, else the perf-analyzer wheel's)")
     parser.add_argument("--out", default="results/bench_perf_analyzer.json")
     args = parser.parse_args()
     from recserve.serving import NodeServer, quick_config
 
     spec = get_model(args.model)
     pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=args.queries)
-    exe = binary()
+    exe = binary(args.perf_analyzer)
     results: dict[str, Any] = {"model": args.model, "scale": args.scale, "workers": args.workers,
-                               "cores": len(os.sched_getaffinity(0)), "runs": []}
+                               "cores": len(os.sched_getaffinity(0)), "perf_analyzer": exe,
+                               "host_glibc": os.confstr("CS_GNU_LIBC_VERSION"), "runs": []}
     with tempfile.TemporaryDirectory() as tmp, NodeServer(quick_config(
             args.model, scale=args.scale, workers=args.workers, deadline_ms=spec.sla.target_ms)) as server:
         work = Path(tmp)
