@@ -155,6 +155,8 @@ PEERS: dict[str, Callable] = {
     "recserve-nofuse": partial(recserve_server, fuse_items=0),
     # recserve pooling each embedding table with its own lookup: what table fusion buys
     "recserve-per-table": partial(recserve_server, fuse_tables=False),
+    # recserve whose busy workers keep their queries (no idle sibling computes them): what forwarding buys
+    "recserve-noforward": partial(recserve_server, forward_to_idle=False),
     "ray-serve": ray_server,
     "fastapi": fastapi_server,
 }
@@ -247,7 +249,7 @@ def main() -> int:
     parser.add_argument("--max-probes", type=int, default=14)
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
     parser.add_argument("--peers", default="recserve,fastapi",
-                        help="of recserve,recserve-nofuse,recserve-per-table,fastapi,ray-serve")
+                        help="of recserve,recserve-nofuse,recserve-per-table,recserve-noforward,fastapi,ray-serve")
     parser.add_argument("--confirm", type=int, default=3,
                         help="probes re-checking each max load, 8%% lower after each miss (0: the search's best probe)")
     parser.add_argument("--sequential", action="store_true",

@@ -505,6 +505,8 @@ class AcceleratorClient:
     Never a hang: a dead or unreachable accelerator worker is 503 at once, a silent one 504 at the deadline.
     """
 
+    peer = "accelerator worker"  # what the errors call the other side
+
     def __init__(self, model_name: str, sockets: list[str], min_items: int, limit: int,
                  staging_bytes: int = 0) -> None:
         self.model_name = model_name
@@ -560,13 +562,15 @@ class AcceleratorClient:
                                              f"{left * 1e3:.0f} ms left); retry later")
         return None
 
-    def submit(self, arrays: tuple[np.ndarray, ...], deadline: float, done: Done) -> None:
-        """Send one validated query; ``done`` is called exactly once (scores, or the error)."""
-        if not self.links:
-            done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
-            return
-        link = self._least_loaded()
-        self._turn += 1
+    def submit(self, arrays: tuple[np.ndarray, ...], deadline: float, done: Done, link: Link | None = None) -> None:
+        """Send one validated query (on ``link``, else the least-loaded one); ``done`` is called exactly once
+        (scores, or the error)."""
+        if link is None:
+            if not self.links:
+                done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
+                return
+            link = self._least_loaded()
+            self._turn += 1
         refusal = self.behind(deadline, link)
         if refusal is not None:
             done(None, refusal)
@@ -614,7 +618,7 @@ class AcceleratorClient:
 
     def _expire(self, link: Link, request_id: int) -> None:
         self._answer(link, request_id, InferError("deadline", f"model {self.model_name!r}: deadline exceeded "
-                                                              "waiting for the accelerator worker"))
+                                                              f"waiting for the {self.peer}"))
 
     @staticmethod
     def _answer(link: Link, request_id: int, error: InferError) -> None:

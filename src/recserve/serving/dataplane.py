@@ -71,6 +71,7 @@ RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
 MOVE_GAP_S = 0.005  # at most one such move per worker this often
+RETIRING_LOAD = 1 << 30  # the load a retiring worker publishes: no sibling sends it anything
 ACCEPT_BATCH = 64  # connections taken per wake-up of the listening socket (asyncio's default backlog loop)
 ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
@@ -585,6 +586,7 @@ class WorkerPlane:
         self._paths: set[str] = set()
         self.set_default(default)
         self.offload: Any = None  # an accel.AcceleratorClient when the model has accelerator workers
+        self.siblings: Any = None  # a siblings.SiblingClient: idle workers of the model that take a busy one's queries
         self.regions: Any = None  # the node's shared-memory regions as this worker follows them (serving/shm.py)
         self.model_lock = threading.Lock()  # one forward pass at a time (the loop's pipe items take it too)
         self._thread: ComputeThread | None = None
@@ -697,17 +699,48 @@ class WorkerPlane:
 
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
-        ``reply`` is called once, with scores or the error."""
+        ``reply`` is called once, with scores or the error.  While this worker is busy, an idle sibling worker
+        of the model may compute it instead (``serving/siblings.py``)."""
         deadline = self._deadline(timeout_s, arrived)
         if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
             if self.offload.takes(items):
                 self._offload(arrays, items, arrived, deadline, reply)
                 return
             self._record(("kind", "cpu", items))
+        if self.siblings is not None and self._busy() and not self.draining and \
+                self._forward(arrays, items, arrived, deadline, reply):
+            return
+        self.enqueue_at(arrays, items, arrived, deadline, reply)
+
+    def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> bool:
+        """Send the query to an idle sibling, if there is one; it comes back here if the sibling refuses it, retires
+        or dies (and is then queued as if it had never left).  The sibling records it in the node's statistics."""
+        link = self.siblings.idle()  # type: ignore[union-attr]
+        if link is None:
+            return False
+        self._record(("sibling", "forwarded"))
+
+        def done(scores: np.ndarray | None, error: InferError | None) -> None:
+            if error is None or error.code == "deadline":
+                reply(scores, error)
+            else:
+                self._record(("sibling", "returned"))
+                self.enqueue_at(arrays, items, arrived, deadline, reply)
+
+        self.siblings.submit(arrays, deadline, done, link)  # type: ignore[union-attr]
+        return True
+
+    def enqueue_at(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply,
+                   forwarded: bool = False) -> None:
+        """Queue a validated query due by ``deadline`` if admission lets it in (``forwarded``: a sibling sent it,
+        and takes it back if it is refused here, so the refusal is not this node's answer to count)."""
         try:
             predicted = self._check_admission(items, deadline)
         except InferError as exc:
-            self._fail(reply, arrived, exc)
+            if forwarded:
+                reply(None, exc)
+            else:
+                self._fail(reply, arrived, exc)
             return
         self.queue.append(Query(reply, arrived, deadline, arrays, items, self._busy(), predicted))
         self.queued_items += items
@@ -965,8 +998,10 @@ class WorkerPlane:
 
     # ---- balancing connections over the model's workers -------------------------------------------------
     def _publish_load(self) -> None:
+        """Queries this worker holds, in its shared slot; a retiring worker shows itself full, so that no sibling
+        moves a connection or forwards a query to it."""
         if self.loads is not None:
-            self.loads[self.slot] = len(self.queue) + self._computing
+            self.loads[self.slot] = RETIRING_LOAD if self.retiring else len(self.queue) + self._computing
 
     def maybe_move(self, conn: Connection) -> bool:
         """Move a keep-alive connection that just went idle to an idle sibling while queries wait here.
@@ -1020,6 +1055,7 @@ class WorkerPlane:
     def retire(self) -> None:
         """Resize down: stop accepting, finish what is queued, hand idle connections on, then exit."""
         self.retiring = True
+        self._publish_load()
         self._stop_listening()
         self.maybe_exit()
 

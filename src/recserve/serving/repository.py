@@ -37,7 +37,7 @@ SERVING_KEYS = {"workers": "workers", "cores": "cores", "threads": "threads", "s
                 "mode": "mode", "sparse_workers": "sparse_workers", "sparse_cores": "sparse_cores",
                 "queue_limit": "queue_limit", "max_query_size": "max_batch_size",
                 "max_batch_size": "max_batch_size", "llc_ways": "llc_ways", "share_tables": "share_tables",
-                "fuse_tables": "fuse_tables",
+                "fuse_tables": "fuse_tables", "forward_to_idle": "forward_to_idle",
                 "deadline_ms": "deadline_ms", "fuse_items": "fuse_items", "hang_timeout_s": "hang_timeout_s",
                 "accelerator": "accelerator"}
 DEFAULT_SLA = {"target_ms": 100.0}  # when neither config.yaml nor the spec gives one

@@ -357,6 +357,10 @@ class ModelRuntime:
         # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
         # connections from a worker with a backlog (``WorkerPlane.maybe_move``)
         self.loads = torch.full((LOAD_SLOTS,), -1, dtype=torch.int32).share_memory_()
+        # and each serves a socket there for the queries busy siblings forward (``serving/siblings.py``)
+        self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
+            if cfg.forward_to_idle and cfg.mode == "model" else ""
+        self.siblings = {"forwarded": 0, "returned": 0}  # queries busy workers sent to idle ones; given back
         self._slots: set[int] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -399,8 +403,9 @@ class ModelRuntime:
             await asyncio.wait(list(self._tasks), timeout=WORKER_START_TIMEOUT_S + WORKER_STOP_TIMEOUT_S)
         for pool in self.pools.values():
             self._fail_pending(pool, f"model {self.name!r} stopped")
-        if self.accel_dir:
-            shutil.rmtree(self.accel_dir, ignore_errors=True)
+        for directory in (self.accel_dir, self.sibling_dir):
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
 
     # ------------------------------------------------------------------ workers
     async def _start_worker(self, pool: StagePool, cores: list[int], threads: int) -> WorkerHandle:
@@ -419,6 +424,7 @@ class ModelRuntime:
             args.version, args.default = self.version, self.is_default
             states = torch.zeros(CONN_SLOTS, dtype=torch.uint8).share_memory_()
             args.slot = self._free_slot()
+            args.sibling_dir = self.sibling_dir if args.slot >= 0 else ""
             args.accel_sockets, args.accel_min_items = tuple(self.accel_sockets()), self.min_items
         if pool.stage == "accel":
             args.accel_socket, args.info = self._free_accel_socket(), self.info
@@ -516,6 +522,9 @@ class ModelRuntime:
                 continue
             if rec[0] == "cache":  # its device row cache during that pass: ("cache", lookups, hits)
                 self.metrics.device_cache(rec[1], rec[2])
+                continue
+            if rec[0] == "sibling":  # a query sent to an idle sibling worker, or given back by it (siblings.py)
+                self.siblings[rec[1]] += 1
                 continue
             if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request
                 self.metrics.refused(rec[1])
@@ -981,5 +990,6 @@ class ModelRuntime:
             "worker_restarts": self.metrics.worker_restarts,
             "tier_io": self.tier_io,
             "accelerator": self.accel_state(),
+            "siblings": dict(self.siblings),
             "server_pid": os.getpid(),
         }

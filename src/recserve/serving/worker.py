@@ -43,6 +43,7 @@ of per-table embeddings; ``dense`` payload ``(dense, [embeddings])`` -> scores.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -134,6 +135,7 @@ class WorkerArgs:
     accel_sockets: tuple[str, ...] = ()  # a CPU worker of a model with accelerator workers: where to send large queries
     accel_min_items: int = 0  # ... the queries with at least this many items
     shm_dir: str = ""  # data plane v2: the node's shared-memory registry (serving/shm.py), followed by this worker
+    sibling_dir: str = ""  # data plane v2: where the model's workers serve queries forwarded by busy siblings
 
 
 def pack(arrays: list[np.ndarray], buf: np.ndarray) -> list[Descriptor] | None:
@@ -298,10 +300,17 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     regions = Regions(args.shm_dir) if args.shm_dir else None
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
                            run, args.limits.max_json, args.version, regions)
+    siblings = await _serve_siblings(args) if args.sibling_dir and loads is not None and args.slot >= 0 else None
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,
                         loads, args.slot)
     plane.regions = regions
+    if siblings is not None:
+        from recserve.serving.siblings import SiblingClient
+
+        siblings.plane = plane
+        plane.siblings = SiblingClient(args.model_config.name, args.sibling_dir, args.slot, loads,
+                                       args.limits.queue_limit)
     if args.model_config.accelerator is not None:
         from recserve.serving.accel import AcceleratorClient
 
@@ -334,6 +343,22 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
 
 
 GRPC_GRACE_S = 5.0
+
+
+async def _serve_siblings(args: WorkerArgs) -> Any:
+    """Serve the queries busy sibling workers forward (``serving/siblings.py``), before this worker publishes its
+    load (siblings send only to a worker whose slot shows 0).  None if the socket cannot be made: the worker then
+    serves its own queries only."""
+    from recserve.serving.siblings import SiblingServer, socket_path
+
+    server = SiblingServer()
+    try:
+        await server.serve(socket_path(args.sibling_dir, args.slot))
+    except OSError as exc:
+        logging.getLogger("recserve.serving").warning(
+            "worker %s: no sibling socket (%s); it takes no queries from busy siblings", args.worker_id, exc)
+        return None
+    return server
 
 
 async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[None]]:

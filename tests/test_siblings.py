@@ -1,0 +1,170 @@
+"""Idle siblings (serving/siblings.py): a busy worker's query computed by an idle worker of the same model.
+
+The plane-level tests run two planes in one event loop (each with its own model path, so the scores say which one
+computed a query); the node test sends one gRPC channel's calls to a two-worker node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tgrpc
+
+from oip_inputs import grpc_inputs
+from recserve.serving import NodeServer, build_worker_model, quick_config
+from recserve.serving.control_client import ControlClient
+from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+from recserve.serving.siblings import SiblingClient, SiblingServer, socket_path
+from recserve.zoo import sample_batch
+
+QUERY = (np.zeros((4, 3), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
+
+
+class ConstantPath:
+    """A model path whose scores are ``value``: which plane computed a query shows in its answer."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def compute(self, queries):
+        return [np.full((q[0].shape[0], 1), self.value, np.float32) for q in queries]
+
+
+def plane_at(loop, value: float, slot: int, loads: np.ndarray, records: list) -> WorkerPlane:
+    plane = WorkerPlane(loop, "m", ConstantPath(value), records.append, lambda *handoff: None,
+                        PlaneLimits(queue_limit=8, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                        sub_batch=0, loads=loads, slot=slot)
+    plane._record = lambda record: records.append(record)  # unbatched: the test reads them at once
+    return plane
+
+
+def enqueue_three(plane: WorkerPlane, answers: list) -> None:
+    """The 1st query is computed at once, the 2nd queues behind the pass's next turn, the 3rd finds the worker
+    busy (one queued): only the 3rd may go to a sibling.  Then the loop runs until the answers are in."""
+    async def send() -> None:
+        for _ in range(3):
+            plane.enqueue(QUERY, 4, time.perf_counter(), 10.0,
+                          lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
+        await asyncio.sleep(0.5)
+
+    plane.loop.run_until_complete(send())
+
+
+def run(loop, coro_or_seconds):
+    return loop.run_until_complete(asyncio.sleep(coro_or_seconds) if isinstance(coro_or_seconds, float)
+                                   else coro_or_seconds)
+
+
+def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_records_it():
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            loads = np.full(4, -1, np.int32)
+            a_records, b_records, answers = [], [], []
+            server = SiblingServer()
+            run(loop, server.serve(socket_path(tmp, 1)))
+            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
+            a = plane_at(loop, 0.0, 0, loads, a_records)
+            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
+            assert loads[:2].tolist() == [0, 0]
+            enqueue_three(a, answers)
+            assert sorted(answers) == [0.0, 0.0, 1.0]  # two computed here, the third by the sibling
+            assert a_records.count(("sibling", "forwarded")) == 1 and ("sibling", "returned") not in a_records
+            assert sum(r[0] == "done" for r in a_records) == 2  # the forwarded one is the sibling's to record
+            assert sum(r[0] == "done" for r in b_records) == 1 and b.service.n == 1
+            server.close()
+        finally:
+            loop.close()
+
+
+def test_a_query_the_sibling_cannot_take_comes_back_and_is_answered_here():
+    """No sibling behind the socket (it died), or a sibling that refuses (draining): the query is queued where it
+    arrived, as if it had never left; the refusal is not counted by the sibling."""
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            loads = np.full(4, -1, np.int32)
+            a_records, answers = [], []
+            a = plane_at(loop, 0.0, 0, loads, a_records)
+            loads[2] = 0  # slot 2 looks idle, but nothing serves its socket
+            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
+            enqueue_three(a, answers)
+            assert answers == [0.0, 0.0, 0.0]
+            assert a_records.count(("sibling", "forwarded")) == 1 and a_records.count(("sibling", "returned")) == 1
+            assert sum(r[0] == "done" for r in a_records) == 3
+
+            b_records, answers = [], []
+            server = SiblingServer()
+            run(loop, server.serve(socket_path(tmp, 1)))
+            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
+            loads[2] = -1
+            b.draining = True  # refuses every query at admission; still publishes load 0
+            a_records.clear()
+            enqueue_three(a, answers)
+            assert answers == [0.0, 0.0, 0.0]
+            assert a_records.count(("sibling", "returned")) == 1 and b_records == []
+            server.close()
+        finally:
+            loop.close()
+
+
+def test_a_retiring_worker_is_sent_nothing():
+    loop = asyncio.new_event_loop()
+    try:
+        loads = np.full(2, -1, np.int32)
+        b = plane_at(loop, 1.0, 1, loads, [])
+        assert loads[1] == 0
+        b.retire()
+        assert loads[1] > 1000
+        a = plane_at(loop, 0.0, 0, loads, [])
+        a.siblings = SiblingClient("m", "/nonexistent", 0, loads, 8)
+        assert a.siblings.idle() is None
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
+    """tritonclient's one channel with calls in flight: with ``forward_to_idle`` both workers compute (each
+    call answered with the model's scores, counted once in /stats); without it only the accepting one does."""
+    name, scale, size, calls = "hercules-rmc1", 1e-3, 64, 160
+    model = build_worker_model(quick_config(name, scale=scale).models[0])
+    batch = sample_batch(model, size, rng=3)
+    expected = model(batch).detach().numpy()
+    config = quick_config(name, scale=scale, workers=2, forward_to_idle=forward, deadline_ms=5000)
+    with NodeServer(config) as server:
+        directory = server.core.models[name].sibling_dir
+        assert bool(directory) == forward and (not forward or os.path.isdir(directory))
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        answers: queue.Queue = queue.Queue()
+        window = threading.Semaphore(6)
+
+        def done(result, error):
+            answers.put(error if error is not None else result.as_numpy("scores"))
+            window.release()
+
+        for _ in range(calls):
+            window.acquire()
+            client.async_infer(name, grpc_inputs(batch), done)
+        got = [answers.get(timeout=30) for _ in range(calls)]
+        client.close()
+        assert all(isinstance(g, np.ndarray) and np.allclose(g, expected, atol=1e-5) for g in got), got[:3]
+        time.sleep(0.2)  # workers report every 25 ms
+        state = ControlClient("127.0.0.1", server.ports.http).get_model(name)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.http}/v2/models/{name}/stats") as r:
+            stats = json.load(r)["model_stats"][0]["inference_stats"]
+    assert stats["success"]["count"] == calls  # a forwarded query is counted once, by the worker computing it
+    if forward:
+        assert state["siblings"]["forwarded"] > 0
+    else:
+        assert state["siblings"] == {"forwarded": 0, "returned": 0}
+    assert not directory or not os.path.exists(directory)  # removed at stop
