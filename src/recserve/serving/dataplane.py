@@ -71,6 +71,7 @@ RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
 MOVE_GAP_S = 0.005  # at most one such move per worker this often
+FORWARDED_RECENTLY_S = 0.05  # a worker that forwarded a query this recently moves a connection that goes idle
 RETIRING_LOAD = 1 << 30  # the load a retiring worker publishes: no sibling sends it anything
 ACCEPT_BATCH = 64  # connections taken per wake-up of the listening socket (asyncio's default backlog loop)
 ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
@@ -586,6 +587,7 @@ class WorkerPlane:
         self._paths: set[str] = set()
         self.set_default(default)
         self.offload: Any = None  # an accel.AcceleratorClient when the model has accelerator workers
+        self._forwarded_at = 0.0  # when a query last went to a sibling (``maybe_move``)
         self.siblings: Any = None  # a siblings.SiblingClient: idle workers of the model that take a busy one's queries
         self.regions: Any = None  # the node's shared-memory regions as this worker follows them (serving/shm.py)
         self.model_lock = threading.Lock()  # one forward pass at a time (the loop's pipe items take it too)
@@ -719,6 +721,7 @@ class WorkerPlane:
         if link is None:
             return False
         self._record(("sibling", "forwarded"))
+        self._forwarded_at = time.perf_counter()
 
         def done(scores: np.ndarray | None, error: InferError | None) -> None:
             if error is None or error.code == "deadline":
@@ -1004,14 +1007,17 @@ class WorkerPlane:
             self.loads[self.slot] = RETIRING_LOAD if self.retiring else len(self.queue) + self._computing
 
     def maybe_move(self, conn: Connection) -> bool:
-        """Move a keep-alive connection that just went idle to an idle sibling while queries wait here.
+        """Move a keep-alive connection that just went idle to an idle sibling while queries wait here (or were just
+        forwarded to a sibling for want of this worker: moving the connection saves its next queries that hop).
 
         Why: a worker keeps the connections it accepted, and a client that reuses few connections (a router, a
         pooled HTTP client reusing its most recent one) would keep a model's other workers idle while queries
         queue at one (measured: 2:1 CPU split and p95 8x higher at 150 qps on two workers)."""
-        if self.loads is None or len(self.queue) < MOVE_BACKLOG or self.retiring:
+        if self.loads is None or self.retiring:
             return False
         now = time.perf_counter()
+        if len(self.queue) < MOVE_BACKLOG and now - self._forwarded_at > FORWARDED_RECENTLY_S:
+            return False
         if now - self._moved_at < MOVE_GAP_S:
             return False
         idle = np.flatnonzero(self.loads == 0)

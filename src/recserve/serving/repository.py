@@ -8,7 +8,7 @@
 
     workers: 2            cores: [0, 1]        threads: 1       sub_batch: 0      mode: model
     queue_limit: 64       max_query_size: 1024 sla: {target_ms: 20, percentile: 95}
-    deadline_ms: 40       fuse_items: 256      hang_timeout_s: 5
+    deadline_ms: 40       fuse_items: 256      hang_timeout_s: 5    forward_to_idle: true
     tiering: {dir: /ssd/tables, tables: user, cache_mb: 64}     # SDM (safetensors artifacts only)
     version_policy: {latest: {num_versions: 1}}   # or {all: {}} or {specific: {versions: [1, 3]}}
 
