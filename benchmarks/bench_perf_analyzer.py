@@ -92,6 +92,8 @@ def main() -> int:
     parser.add_argument("--stability", type=float, default=50.0,
                         help="perf_analyzer's --stability-percentage: Poisson arrivals of a mix of query sizes "
                              "vary more between windows than its default 10%% allows")
+    parser.add_argument("--no-forward", action="store_true",
+                        help="forward_to_idle: false (a busy worker keeps its queries; one stream uses one worker)")
     parser.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: .pa/bin/perf_analyzer from "
                         "benchmarks/perf_analyzer_here.sh, else PATH, else the perf-analyzer wheel's)")
     parser.add_argument("--out", default="results/bench_perf_analyzer.json")
@@ -103,9 +105,11 @@ def main() -> int:
     exe = binary(args.perf_analyzer)
     results: dict[str, Any] = {"model": args.model, "scale": args.scale, "workers": args.workers,
                                "cores": len(os.sched_getaffinity(0)), "perf_analyzer": exe,
+                               "forward_to_idle": not args.no_forward,
                                "host_glibc": os.confstr("CS_GNU_LIBC_VERSION"), "runs": []}
     with tempfile.TemporaryDirectory() as tmp, NodeServer(quick_config(
-            args.model, scale=args.scale, workers=args.workers, deadline_ms=spec.sla.target_ms)) as server:
+            args.model, scale=args.scale, workers=args.workers, deadline_ms=spec.sla.target_ms,
+            forward_to_idle=not args.no_forward)) as server:
         work = Path(tmp)
         data = work / "input.json"
         data.write_text(json.dumps(input_data(pool)))

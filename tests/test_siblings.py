@@ -81,7 +81,9 @@ def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_recor
             assert a_records.count(("sibling", "forwarded")) == 1 and ("sibling", "returned") not in a_records
             assert sum(r[0] == "done" for r in a_records) == 2  # the forwarded one is the sibling's to record
             assert sum(r[0] == "done" for r in b_records) == 1 and b.service.n == 1
+            a.siblings.close()
             server.close()
+            run(loop, 0.05)
         finally:
             loop.close()
 
@@ -112,7 +114,9 @@ def test_a_query_the_sibling_cannot_take_comes_back_and_is_answered_here():
             enqueue_three(a, answers)
             assert answers == [0.0, 0.0, 0.0]
             assert a_records.count(("sibling", "returned")) == 1 and b_records == []
+            a.siblings.close()
             server.close()
+            run(loop, 0.05)
         finally:
             loop.close()
 

@@ -126,3 +126,9 @@ class SiblingClient(AcceleratorClient):
             if not link.outstanding:
                 return link
         return None
+
+    def close(self) -> None:
+        """Close every link (a worker's links otherwise end with its process)."""
+        for link in self.by_slot.values():
+            if link.writer is not None:
+                link.writer.close()
