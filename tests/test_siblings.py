@@ -172,3 +172,58 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
     else:
         assert state["siblings"] == {"forwarded": 0, "returned": 0}
     assert not directory or not os.path.exists(directory)  # removed at stop
+
+
+def grpc_connection_owner(port: int, pids: list[int]) -> int | None:
+    """Which of ``pids`` holds an established connection on local TCP ``port`` (the channel's server side)."""
+    inodes = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                inodes.add(f"socket:[{fields[9]}]")
+    for pid in pids:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+def test_a_sibling_killed_with_forwarded_queries_loses_none_of_them():
+    """SIGKILL the worker that computes the channel's forwarded queries while it holds some: each comes back to the
+    worker that owns the channel and is answered there; no call fails, and the killed worker is replaced."""
+    import signal
+
+    name, scale, size, calls = "hercules-rmc1", 1e-3, 512, 120
+    model = build_worker_model(quick_config(name, scale=scale).models[0])
+    batch = sample_batch(model, size, rng=5)
+    config = quick_config(name, scale=scale, workers=2, deadline_ms=20_000, fuse_items=0)
+    with NodeServer(config) as server:
+        control = ControlClient("127.0.0.1", server.ports.http)
+        pids = [w["pid"] for w in control.get_model(name)["stages"]["model"]["worker_detail"]]
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        client.infer(name, grpc_inputs(batch))
+        origin = grpc_connection_owner(server.ports.grpc, pids)
+        assert origin in pids
+        sibling = next(p for p in pids if p != origin)
+        answers: queue.Queue = queue.Queue()
+        window = threading.Semaphore(6)
+
+        def done(result, error):
+            answers.put(error)
+            window.release()
+
+        for i in range(calls):
+            window.acquire()
+            client.async_infer(name, grpc_inputs(batch), done)
+            if i == calls // 3:
+                os.kill(sibling, signal.SIGKILL)
+        errors = [e for e in (answers.get(timeout=60) for _ in range(calls)) if e is not None]
+        client.close()
+        time.sleep(0.2)
+        state = control.get_model(name)
+    assert errors == []
+    assert state["siblings"]["forwarded"] > 0 and state["worker_restarts"] >= 1
