@@ -227,3 +227,47 @@ def test_a_sibling_killed_with_forwarded_queries_loses_none_of_them():
         state = control.get_model(name)
     assert errors == []
     assert state["siblings"]["forwarded"] > 0 and state["worker_restarts"] >= 1
+
+
+def test_resizing_under_one_grpc_channel_fails_no_query():
+    """Workers resized 2 -> 3 -> 1 -> 2 while one channel keeps calls in flight (some forwarded): every call is
+    answered with scores, whichever worker retires (the channel's own included: its GOAWAY moves the client)."""
+    name, scale, size = "hercules-rmc1", 1e-3, 128
+    model = build_worker_model(quick_config(name, scale=scale).models[0])
+    batch = sample_batch(model, size, rng=7)
+    expected = model(batch).detach().numpy()
+    config = quick_config(name, scale=scale, workers=2, deadline_ms=20_000)
+    with NodeServer(config) as server:
+        control = ControlClient("127.0.0.1", server.ports.http)
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        answers: queue.Queue = queue.Queue()
+        window = threading.Semaphore(4)
+        stop = threading.Event()
+        sent = [0]
+
+        def done(result, error):
+            answers.put(error if error is not None else result.as_numpy("scores"))
+            window.release()
+
+        def send():
+            while not stop.is_set():
+                window.acquire()
+                sent[0] += 1
+                client.async_infer(name, grpc_inputs(batch), done)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        try:
+            for n in (3, 1, 2):
+                time.sleep(0.5)
+                control.set_workers(name, n)
+        finally:
+            stop.set()
+            sender.join(timeout=30)
+        got = [answers.get(timeout=60) for _ in range(sent[0])]
+        client.close()
+        time.sleep(0.2)
+        state = control.get_model(name)
+    failed = [g for g in got if not isinstance(g, np.ndarray)]
+    assert failed == [] and all(np.allclose(g, expected, atol=1e-5) for g in got)
+    assert len(got) > 20 and state["siblings"]["forwarded"] > 0
