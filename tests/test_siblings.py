@@ -271,3 +271,33 @@ def test_resizing_under_one_grpc_channel_fails_no_query():
     failed = [g for g in got if not isinstance(g, np.ndarray)]
     assert failed == [] and all(np.allclose(g, expected, atol=1e-5) for g in got)
     assert len(got) > 20 and state["siblings"]["forwarded"] > 0
+
+
+def test_a_query_given_back_during_a_drain_is_still_computed():
+    """The worker admitted the query, forwarded it, then began draining (SIGTERM) before the sibling, draining too,
+    gave it back: admitted queries finish in a drain, so it is computed here, not refused."""
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            loads = np.full(4, -1, np.int32)
+            a_records, b_records, answers = [], [], []
+            server = SiblingServer()
+            run(loop, server.serve(socket_path(tmp, 1)))
+            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
+            a = plane_at(loop, 0.0, 0, loads, a_records)
+            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
+
+            async def send_then_drain() -> None:
+                for _ in range(3):
+                    a.enqueue(QUERY, 4, time.perf_counter(), 10.0,
+                              lambda s, e: answers.append(float(s[0, 0]) if e is None else str(e)))
+                a.draining = b.draining = True
+                await asyncio.sleep(0.5)
+
+            run(loop, send_then_drain())
+            assert answers == [0.0, 0.0, 0.0] and a_records.count(("sibling", "returned")) == 1
+            a.siblings.close()
+            server.close()
+            run(loop, 0.05)
+        finally:
+            loop.close()

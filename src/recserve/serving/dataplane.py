@@ -728,17 +728,18 @@ class WorkerPlane:
                 reply(scores, error)
             else:
                 self._record(("sibling", "returned"))
-                self.enqueue_at(arrays, items, arrived, deadline, reply)
+                self.enqueue_at(arrays, items, arrived, deadline, reply, returned=True)
 
         self.siblings.submit(arrays, deadline, done, link)  # type: ignore[union-attr]
         return True
 
     def enqueue_at(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply,
-                   forwarded: bool = False) -> None:
+                   forwarded: bool = False, returned: bool = False) -> None:
         """Queue a validated query due by ``deadline`` if admission lets it in (``forwarded``: a sibling sent it,
-        and takes it back if it is refused here, so the refusal is not this node's answer to count)."""
+        and takes it back if it is refused here, so the refusal is not this node's answer to count; ``returned``:
+        this worker admitted it before a sibling gave it back, so a drain begun since does not refuse it)."""
         try:
-            predicted = self._check_admission(items, deadline)
+            predicted = self._check_admission(items, deadline, admitted=returned)
         except InferError as exc:
             if forwarded:
                 reply(None, exc)
@@ -767,9 +768,12 @@ class WorkerPlane:
 
         self.offload.submit(arrays, deadline, done)  # type: ignore[union-attr]
 
-    def _check_admission(self, items: int, deadline: float) -> float:
+    def _check_admission(self, items: int, deadline: float, admitted: bool = False) -> float:
         """Raise 503 unless a query of ``items`` can be answered by ``deadline``; return when it is predicted to be
-        (the fit of the work ahead, plus ``Lateness`` headroom for the decision only)."""
+        (the fit of the work ahead, plus ``Lateness`` headroom for the decision only).  ``admitted``: a query this
+        worker took before and a sibling gave back: only its deadline can refuse it now."""
+        if admitted:
+            return time.perf_counter() + self.backlog_s(items)
         if self.draining:
             raise InferError("unavailable", f"model {self.model_name!r} is not accepting queries (shutting down)")
         if len(self.queue) >= self.limits.queue_limit:
