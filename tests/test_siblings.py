@@ -23,6 +23,7 @@ from oip_inputs import grpc_inputs
 from recserve.serving import NodeServer, build_worker_model, quick_config
 from recserve.serving.control_client import ControlClient
 from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+from recserve.serving.errors import InferError
 from recserve.serving.siblings import SiblingClient, SiblingServer, socket_path
 from recserve.zoo import sample_batch
 
@@ -296,6 +297,36 @@ def test_a_query_given_back_during_a_drain_is_still_computed():
 
             run(loop, send_then_drain())
             assert answers == [0.0, 0.0, 0.0] and a_records.count(("sibling", "returned")) == 1
+            a.siblings.close()
+            server.close()
+            run(loop, 0.05)
+        finally:
+            loop.close()
+
+
+def test_a_pass_that_fails_at_the_sibling_is_answered_with_its_error_not_computed_again():
+    """A corrupt SSD block (``data_loss``) in the sibling's pass: the client gets that error, once, and the query is
+    not recomputed where it arrived (only a refusal or a lost sibling sends it back)."""
+    class Corrupt:
+        def compute(self, queries):
+            raise InferError("data_loss", "table 3: block at 4096 fails its CRC")
+
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            loads = np.full(4, -1, np.int32)
+            a_records, b_records, answers = [], [], []
+            server = SiblingServer()
+            run(loop, server.serve(socket_path(tmp, 1)))
+            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
+            b.model = Corrupt()
+            a = plane_at(loop, 0.0, 0, loads, a_records)
+            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
+            enqueue_three(a, answers)
+            assert answers[:2] == [0.0, 0.0] and len(answers) == 3
+            assert "fails its CRC" in answers[2] and ("sibling", "returned") not in a_records
+            assert sum(r[0] == "failed" and r[1] == "data_loss" for r in b_records) == 1
+            assert sum(r[0] == "done" for r in a_records) == 2
             a.siblings.close()
             server.close()
             run(loop, 0.05)

@@ -59,7 +59,8 @@ REQUEST = struct.Struct("<QIIIQQQ")
 REPLY = struct.Struct("<QBxxxII")
 INLINE = 2**64 - 1  # a request whose arrays follow its header on the socket
 OK = 0
-ERROR_CODES = ("internal", "unavailable", "deadline")  # reply status i + 1
+# reply status i + 1; append only (a code's index is its status on the wire)
+ERROR_CODES = ("internal", "unavailable", "deadline", "data_loss", "invalid")
 # A large query is megabytes (hera-dlrm-a: 1.4 MB at 256 items): with asyncio's 64 KiB stream limit and the
 # default socket buffers it crossed the socket in dozens of wake-ups (+2 ms); these let it cross in a few.
 STREAM_LIMIT = 16 * 1024 * 1024

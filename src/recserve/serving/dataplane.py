@@ -716,7 +716,8 @@ class WorkerPlane:
 
     def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> bool:
         """Send the query to an idle sibling, if there is one; it comes back here if the sibling refuses it, retires
-        or dies (and is then queued as if it had never left).  The sibling records it in the node's statistics."""
+        or dies (503 ``unavailable``; it is then queued as if it had never left).  Any other answer, scores or an
+        error of the pass, is the client's.  The sibling records it in the node's statistics."""
         link = self.siblings.idle()  # type: ignore[union-attr]
         if link is None:
             return False
@@ -724,7 +725,7 @@ class WorkerPlane:
         self._forwarded_at = time.perf_counter()
 
         def done(scores: np.ndarray | None, error: InferError | None) -> None:
-            if error is None or error.code == "deadline":
+            if error is None or error.code != "unavailable":  # scores, or the sibling's verdict on the query
                 reply(scores, error)
             else:
                 self._record(("sibling", "returned"))
