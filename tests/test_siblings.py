@@ -7,6 +7,7 @@ computed a query); the node test sends one gRPC channel's calls to a two-worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -14,6 +15,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -65,61 +67,70 @@ def run(loop, coro_or_seconds):
                                    else coro_or_seconds)
 
 
-def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_records_it():
+@dataclass
+class Pair:
+    """Plane ``a`` (slot 0, scores 0.0) whose sibling is plane ``b`` (slot 1, scores 1.0) behind its socket."""
+
+    loop: asyncio.AbstractEventLoop
+    tmp: str
+    loads: np.ndarray
+    a: WorkerPlane
+    b: WorkerPlane
+    server: SiblingServer
+    a_records: list
+    b_records: list
+
+
+@contextlib.contextmanager
+def two_planes():
     loop = asyncio.new_event_loop()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             loads = np.full(4, -1, np.int32)
-            a_records, b_records, answers = [], [], []
+            a_records, b_records = [], []
             server = SiblingServer()
             run(loop, server.serve(socket_path(tmp, 1)))
             b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
             a = plane_at(loop, 0.0, 0, loads, a_records)
             a.siblings = SiblingClient("m", tmp, 0, loads, 8)
-            assert loads[:2].tolist() == [0, 0]
-            enqueue_three(a, answers)
-            assert sorted(answers) == [0.0, 0.0, 1.0]  # two computed here, the third by the sibling
-            assert a_records.count(("sibling", "forwarded")) == 1 and ("sibling", "returned") not in a_records
-            assert sum(r[0] == "done" for r in a_records) == 2  # the forwarded one is the sibling's to record
-            assert sum(r[0] == "done" for r in b_records) == 1 and b.service.n == 1
+            yield Pair(loop, tmp, loads, a, b, server, a_records, b_records)
             a.siblings.close()
             server.close()
             run(loop, 0.05)
         finally:
             loop.close()
+
+
+def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_records_it():
+    with two_planes() as p:
+        answers: list = []
+        assert p.loads[:2].tolist() == [0, 0]
+        enqueue_three(p.a, answers)
+        assert sorted(answers) == [0.0, 0.0, 1.0]  # two computed here, the third by the sibling
+        assert p.a_records.count(("sibling", "forwarded")) == 1 and ("sibling", "returned") not in p.a_records
+        assert sum(r[0] == "done" for r in p.a_records) == 2  # the forwarded one is the sibling's to record
+        assert sum(r[0] == "done" for r in p.b_records) == 1 and p.b.service.n == 1
 
 
 def test_a_query_the_sibling_cannot_take_comes_back_and_is_answered_here():
     """No sibling behind the socket (it died), or a sibling that refuses (draining): the query is queued where it
     arrived, as if it had never left; the refusal is not counted by the sibling."""
-    loop = asyncio.new_event_loop()
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            loads = np.full(4, -1, np.int32)
-            a_records, answers = [], []
-            a = plane_at(loop, 0.0, 0, loads, a_records)
-            loads[2] = 0  # slot 2 looks idle, but nothing serves its socket
-            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
-            enqueue_three(a, answers)
-            assert answers == [0.0, 0.0, 0.0]
-            assert a_records.count(("sibling", "forwarded")) == 1 and a_records.count(("sibling", "returned")) == 1
-            assert sum(r[0] == "done" for r in a_records) == 3
+    with two_planes() as p:
+        p.loads[1] = 5  # the live sibling looks busy; slot 2 looks idle, but nothing serves its socket
+        p.loads[2] = 0
+        answers: list = []
+        enqueue_three(p.a, answers)
+        assert answers == [0.0, 0.0, 0.0]
+        assert p.a_records.count(("sibling", "forwarded")) == 1 and p.a_records.count(("sibling", "returned")) == 1
+        assert sum(r[0] == "done" for r in p.a_records) == 3
 
-            b_records, answers = [], []
-            server = SiblingServer()
-            run(loop, server.serve(socket_path(tmp, 1)))
-            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
-            loads[2] = -1
-            b.draining = True  # refuses every query at admission; still publishes load 0
-            a_records.clear()
-            enqueue_three(a, answers)
-            assert answers == [0.0, 0.0, 0.0]
-            assert a_records.count(("sibling", "returned")) == 1 and b_records == []
-            a.siblings.close()
-            server.close()
-            run(loop, 0.05)
-        finally:
-            loop.close()
+        p.loads[1:3] = [0, -1]
+        p.b.draining = True  # refuses every query at admission; still publishes load 0
+        p.a_records.clear()
+        answers.clear()
+        enqueue_three(p.a, answers)
+        assert answers == [0.0, 0.0, 0.0]
+        assert p.a_records.count(("sibling", "returned")) == 1 and p.b_records == []
 
 
 def test_a_retiring_worker_is_sent_nothing():
@@ -277,31 +288,18 @@ def test_resizing_under_one_grpc_channel_fails_no_query():
 def test_a_query_given_back_during_a_drain_is_still_computed():
     """The worker admitted the query, forwarded it, then began draining (SIGTERM) before the sibling, draining too,
     gave it back: admitted queries finish in a drain, so it is computed here, not refused."""
-    loop = asyncio.new_event_loop()
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            loads = np.full(4, -1, np.int32)
-            a_records, b_records, answers = [], [], []
-            server = SiblingServer()
-            run(loop, server.serve(socket_path(tmp, 1)))
-            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
-            a = plane_at(loop, 0.0, 0, loads, a_records)
-            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
+    with two_planes() as p:
+        answers: list = []
 
-            async def send_then_drain() -> None:
-                for _ in range(3):
-                    a.enqueue(QUERY, 4, time.perf_counter(), 10.0,
-                              lambda s, e: answers.append(float(s[0, 0]) if e is None else str(e)))
-                a.draining = b.draining = True
-                await asyncio.sleep(0.5)
+        async def send_then_drain() -> None:
+            for _ in range(3):
+                p.a.enqueue(QUERY, 4, time.perf_counter(), 10.0,
+                            lambda s, e: answers.append(float(s[0, 0]) if e is None else str(e)))
+            p.a.draining = p.b.draining = True
+            await asyncio.sleep(0.5)
 
-            run(loop, send_then_drain())
-            assert answers == [0.0, 0.0, 0.0] and a_records.count(("sibling", "returned")) == 1
-            a.siblings.close()
-            server.close()
-            run(loop, 0.05)
-        finally:
-            loop.close()
+        run(p.loop, send_then_drain())
+        assert answers == [0.0, 0.0, 0.0] and p.a_records.count(("sibling", "returned")) == 1
 
 
 def test_a_pass_that_fails_at_the_sibling_is_answered_with_its_error_not_computed_again():
@@ -311,24 +309,11 @@ def test_a_pass_that_fails_at_the_sibling_is_answered_with_its_error_not_compute
         def compute(self, queries):
             raise InferError("data_loss", "table 3: block at 4096 fails its CRC")
 
-    loop = asyncio.new_event_loop()
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            loads = np.full(4, -1, np.int32)
-            a_records, b_records, answers = [], [], []
-            server = SiblingServer()
-            run(loop, server.serve(socket_path(tmp, 1)))
-            b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
-            b.model = Corrupt()
-            a = plane_at(loop, 0.0, 0, loads, a_records)
-            a.siblings = SiblingClient("m", tmp, 0, loads, 8)
-            enqueue_three(a, answers)
-            assert answers[:2] == [0.0, 0.0] and len(answers) == 3
-            assert "fails its CRC" in answers[2] and ("sibling", "returned") not in a_records
-            assert sum(r[0] == "failed" and r[1] == "data_loss" for r in b_records) == 1
-            assert sum(r[0] == "done" for r in a_records) == 2
-            a.siblings.close()
-            server.close()
-            run(loop, 0.05)
-        finally:
-            loop.close()
+    with two_planes() as p:
+        p.b.model = Corrupt()
+        answers: list = []
+        enqueue_three(p.a, answers)
+        assert answers[:2] == [0.0, 0.0] and len(answers) == 3
+        assert "fails its CRC" in answers[2] and ("sibling", "returned") not in p.a_records
+        assert sum(r[0] == "failed" and r[1] == "data_loss" for r in p.b_records) == 1
+        assert sum(r[0] == "done" for r in p.a_records) == 2
