@@ -223,6 +223,51 @@ async def read_reply(reader: asyncio.StreamReader) -> tuple[int, np.ndarray | No
     return request_id, scores, None
 
 
+# ---------------------------------------------------------------------------------------- a link's receiving end
+
+OnRequest = Callable[[asyncio.StreamWriter, int, tuple[np.ndarray, ...], float], None]
+
+
+async def serve_links(path: str, on_request: OnRequest, adopt: Callable[[np.ndarray], None] = lambda arena: None,
+                      forget: Callable[[np.ndarray], None] = lambda arena: None) -> asyncio.AbstractServer:
+    """The receiving end of every ``Link`` to ``path`` (an accelerator worker, or a sibling CPU worker): per
+    connection the hello (the sender's staging arena mapped and ``adopt``-ed), then each request frame handed to
+    ``on_request(writer, id, arrays, deadline)`` until the connection closes (the arena then ``forget``-ed)."""
+    if os.path.exists(path):
+        os.unlink(path)  # a dead predecessor's socket file
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _widen(writer)
+        arena = None
+        try:
+            hello = HELLO.unpack(await reader.readexactly(HELLO.size))
+            # on a thread: pinning a 128 MiB arena (cudaHostRegister faults in and locks every page) took the loop
+            # away from the other links' queries for tens of ms per CPU worker as links opened under load
+            arena = await asyncio.get_running_loop().run_in_executor(None, _open_arena, *hello, adopt)
+            writer.write(ACK.pack(arena is not None))
+            while True:
+                on_request(writer, *await read_request(reader, arena))
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
+            writer.close()
+        finally:
+            if arena is not None:
+                forget(arena)
+
+    return await asyncio.start_unix_server(connection, path=path, limit=STREAM_LIMIT)
+
+
+def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None]) -> np.ndarray | None:
+    if not size:
+        return None
+    try:
+        arena = map_arena(pid, fd, size)
+        adopt(arena)
+    except (OSError, ValueError, RuntimeError) as exc:  # the link works without it, through the socket
+        log.warning("cannot map the staging arena of pid %d (%s); its queries will cross the socket", pid, exc)
+        return None
+    return arena
+
+
 # ---------------------------------------------------------------------------------------- accelerator worker
 
 
@@ -263,41 +308,14 @@ class AcceleratorServer:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # torch only reads
 
     async def serve(self, path: str) -> asyncio.AbstractServer:
-        if os.path.exists(path):
-            os.unlink(path)  # a dead predecessor's socket file
-        server = await asyncio.start_unix_server(self._connection, path=path, limit=STREAM_LIMIT)
+        server = await serve_links(path, self._request, lambda arena: self.adopt(arena),
+                                   lambda arena: self.forget(arena))
         asyncio.get_running_loop().create_task(self._run())
         return server
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _widen(writer)
-        arena = None
-        try:
-            hello = HELLO.unpack(await reader.readexactly(HELLO.size))
-            # on a thread: pinning a 128 MiB arena (cudaHostRegister faults in and locks every page) took the loop
-            # away from the other links' queries for tens of ms per CPU worker as links opened under load
-            arena = await asyncio.get_running_loop().run_in_executor(None, self._hello, *hello)
-            writer.write(ACK.pack(arena is not None))
-            while True:
-                request_id, arrays, deadline = await read_request(reader, arena)
-                self._admit(Waiting(writer, request_id, arrays, arrays[0].shape[0], time.perf_counter(), deadline))
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
-            writer.close()
-        finally:
-            if arena is not None:
-                self.forget(arena)
-
-    def _hello(self, pid: int, fd: int, size: int) -> np.ndarray | None:
-        if not size:
-            return None
-        try:
-            arena = map_arena(pid, fd, size)
-            self.adopt(arena)
-        except (OSError, ValueError, RuntimeError) as exc:  # the link works without it, through the socket
-            log.warning("accelerator worker: cannot map the staging arena of pid %d (%s); queries will cross "
-                        "the socket", pid, exc)
-            return None
-        return arena
+    def _request(self, writer: asyncio.StreamWriter, request_id: int, arrays: tuple[np.ndarray, ...],
+                 deadline: float) -> None:
+        self._admit(Waiting(writer, request_id, arrays, arrays[0].shape[0], time.perf_counter(), deadline))
 
     def _admit(self, w: Waiting) -> None:
         """Queue a query if the work ahead of it, by this worker's fit, leaves it time to finish; else 503 now."""

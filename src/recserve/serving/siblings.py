@@ -22,27 +22,14 @@ query.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from typing import Any
 
 import numpy as np
 
-from recserve.serving.accel import (
-    ACK,
-    HELLO,
-    STREAM_LIMIT,
-    AcceleratorClient,
-    Link,
-    _widen,
-    map_arena,
-    read_request,
-    reply_frame,
-)
+from recserve.serving.accel import AcceleratorClient, Link, reply_frame, serve_links
 from recserve.serving.errors import InferError
-
-log = logging.getLogger("recserve.serving")
 
 STAGING_BYTES = 4 * 1024 * 1024  # each link's arena: a batch-256 query of the catalogue's models fits; larger go inline
 
@@ -60,26 +47,7 @@ class SiblingServer:
         self.server: asyncio.AbstractServer | None = None
 
     async def serve(self, path: str) -> None:
-        if os.path.exists(path):
-            os.unlink(path)  # a dead predecessor's socket
-        self.server = await asyncio.start_unix_server(self._connection, path=path, limit=STREAM_LIMIT)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _widen(writer)
-        arena = None
-        try:
-            pid, fd, size = HELLO.unpack(await reader.readexactly(HELLO.size))
-            if size:
-                try:
-                    arena = map_arena(pid, fd, size)
-                except (OSError, ValueError) as exc:  # the link works without it, through the socket
-                    log.warning("worker: cannot map the staging arena of sibling pid %d (%s)", pid, exc)
-            writer.write(ACK.pack(arena is not None))
-            while True:
-                request_id, arrays, deadline = await read_request(reader, arena)
-                self._queue(writer, request_id, arrays, deadline)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            writer.close()
+        self.server = await serve_links(path, self._queue)
 
     def _queue(self, writer: asyncio.StreamWriter, request_id: int, arrays: tuple[np.ndarray, ...],
                deadline: float) -> None:
