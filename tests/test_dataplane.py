@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from oip_inputs import DTYPE_NAMES, grpc_inputs
+from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.dataplane import ParseError, parse_head
@@ -468,22 +469,8 @@ def test_a_dying_worker_costs_only_its_own_queries(cases):
 
 def connection_owner(client: socket.socket, pids: list[int]) -> int | None:
     """Which of ``pids`` serves the server side of ``client``'s TCP connection (from /proc/net/tcp inodes)."""
-    local_port = client.getsockname()[1]
-    peer_port = client.getpeername()[1]
-    inode = None
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if int(fields[1].split(":")[1], 16) == peer_port and int(fields[2].split(":")[1], 16) == local_port:
-                inode = fields[9]
-    for pid in pids:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
-                    return pid
-            except OSError:
-                continue
-    return None
+    local_port, peer_port = client.getsockname()[1], client.getpeername()[1]
+    return holder(tcp_inodes(lambda local, remote, _state: local == peer_port and remote == local_port), pids)
 
 
 def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):

@@ -22,6 +22,7 @@ import pytest
 import tritonclient.grpc as tgrpc
 
 from oip_inputs import grpc_inputs
+from proc_net import holder, tcp_inodes
 from recserve.serving import NodeServer, build_worker_model, quick_config
 from recserve.serving.control_client import ControlClient
 from recserve.serving.dataplane import PlaneLimits, WorkerPlane
@@ -188,20 +189,7 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
 
 def grpc_connection_owner(port: int, pids: list[int]) -> int | None:
     """Which of ``pids`` holds an established connection on local TCP ``port`` (the channel's server side)."""
-    inodes = set()
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":  # ESTABLISHED
-                inodes.add(f"socket:[{fields[9]}]")
-    for pid in pids:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                    return pid
-            except OSError:
-                continue
-    return None
+    return holder(tcp_inodes(lambda local, _remote, state: local == port and state == "01"), pids)  # ESTABLISHED
 
 
 def test_a_sibling_killed_with_forwarded_queries_loses_none_of_them():
