@@ -9,13 +9,18 @@
    does the same over gRPC (grpcio's channel, request and answer as bytes).  Each path is timed alone (with
    its CPU, and the server's own model time from ``/stats``), then all paths in turn, one call each per round
    (``interleaved``: the overhead a drifting host cannot bias).  ``grpc_stream``: tritonclient's streaming
-   API on one open stream, one request at a time (perf_analyzer's ``--streaming``).
+   API on one open stream, one request at a time (perf_analyzer's ``--streaming``).  Then the batch-1 rows again
+   with the ``null`` model (rows ``1/null``): a TorchScript program served from a model repository that reads the
+   same queries (the model's spec, so they are decoded and validated alike) and returns zeros.  Its
+   ``server non-model`` is the node's CPU per query besides any model, measured without the model's own pass
+   slowing what runs beside it on the core (the real model's row counts that too); its overhead is what a query
+   pays besides its model's pass.
 2. Tables shared (one shared-memory copy) vs copied per worker: closed-loop throughput with gRPC
    clients and each worker's RSS / PSS.
 
 Prints a table and writes results/serving_overhead.json.  Usage:
     .venv/bin/python benchmarks/bench_serving_overhead.py [--model NAME] [--requests 200] [--mem-scale 0.02]
-        [--split-cores]
+        [--split-cores] [--no-null]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -254,10 +260,11 @@ PATHS = ("in_process", "per_table", "worker_ipc", "http", "grpc", "grpc_stream",
 
 
 class ServerProcess:
-    """``recserve serve`` in its own process, so its CPU time is not mixed with the client's."""
+    """``recserve serve`` in its own process, so its CPU time is not mixed with the client's (``served``: the name
+    the node serves ``model`` under, when ``model`` is a repository path)."""
 
     def __init__(self, model: str, scale: float, cores: list[int] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, served: str | None = None) -> None:
         import re
         import subprocess
 
@@ -275,7 +282,7 @@ class ServerProcess:
         else:
             raise RuntimeError("server did not start")
         threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
-        state = ControlClient("127.0.0.1", self.http).get_model(model)
+        state = ControlClient("127.0.0.1", self.http).get_model(served or model)
         self.worker_pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
 
     def stop(self) -> None:
@@ -283,20 +290,59 @@ class ServerProcess:
         self.proc.wait(60)
 
 
-def overhead(model_name: str, scale: float, requests: int, server_cores: list[int] | None = None) -> dict:
+def null_repository(model_name: str, scale: float, directory: Path) -> Path:
+    """A repository model that reads ``model_name``'s queries (its spec, rows at ``scale``) and returns zeros: a
+    TorchScript program, loaded as a user's would be.  Served, it costs the node what serving any model costs besides
+    the model itself (Triton's advice for measuring a server's overhead: an identity or null model)."""
+    import dataclasses
+
+    from recserve.specs import get_model
+    from recserve.zoo.artifacts import save_spec
+
+    class NullScores(torch.nn.Module):
+        def __init__(self, towers: int) -> None:
+            super().__init__()
+            self.towers = towers
+
+        def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(dense.shape[0], self.towers)
+
+    spec = get_model(model_name)
+    tables = tuple(dataclasses.replace(t, rows=r) for t, r in zip(spec.tables, spec.scaled_rows(scale), strict=True))
+    spec = dataclasses.replace(spec, name=NULL_MODEL, tables=tables)
+    version = directory / NULL_MODEL / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    torch.jit.script(NullScores(spec.towers)).save(str(version / "model.pt"))
+    save_spec(spec, version / "spec.yaml")
+    return version.parent
+
+
+NULL_MODEL = "null"
+
+
+def overhead(model_name: str, scale: float, requests: int, server_cores: list[int] | None = None,
+             batch_sizes: tuple[int, ...] = (1, 256), queries_of: str | None = None) -> dict:
+    """Every path's latency and CPU at each batch size (``queries_of``: the model whose queries are sent, when
+    ``model_name`` is the null model that reads them)."""
+    import recserve.serving.repository  # noqa: F401 - a repository path is a model name
+
     config = quick_config(model_name, scale=scale, workers=1, threads=1)
+    served = config.models[0].name
     model = build_worker_model(config.models[0])  # as the worker runs it (tables fused): the overhead's reference
-    plain = build_worker_model(quick_config(model_name, scale=scale, workers=1, threads=1,
+    source = queries_of or model_name
+    plain = build_worker_model(quick_config(source, scale=scale, workers=1, threads=1,
                                             fuse_tables=False).models[0])  # the per-table model a user would run
-    server = ServerProcess(model_name, scale, server_cores)
+    queries_model = plain if queries_of else model
+    server = ServerProcess(model_name, scale, server_cores, served=served)
     log(f"overhead: server pid {server.proc.pid} up on http {server.http} grpc {server.grpc}")
     results: dict = {}
     batches_used: dict = {}
+    model_name = served
     try:
         http = thttp.InferenceServerClient(f"127.0.0.1:{server.http}")
         grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{server.grpc}")
-        for batch_size in (1, 256):
-            batch = sample_batch(model, batch_size, rng=batch_size)
+        for batch_size in batch_sizes:
+            batch = sample_batch(queries_model, batch_size, rng=batch_size)
             n = requests if batch_size == 1 else max(20, requests // 4)
             http_in, grpc_in = inputs(thttp, batch), inputs(tgrpc, batch)
             with torch.inference_mode():
@@ -310,10 +356,13 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
             try:
                 row = {"in_process": local, **{path: timed_cpu(call, n, *pids, model_time)
                                                for path, call in calls.items()}}
+                local_calls = {"in_process": lambda b=batch: model(b)}
+                if not queries_of:  # the null model's run has no per-table twin
+                    local_calls["per_table"] = lambda b=batch: plain(b)
                 with torch.inference_mode():
-                    row["per_table"] = timed_cpu(lambda b=batch: plain(b), n, [], [])
-                    paired = interleaved({"in_process": lambda b=batch: model(b),
-                                          "per_table": lambda b=batch: plain(b), **calls}, n)
+                    if not queries_of:
+                        row["per_table"] = timed_cpu(local_calls["per_table"], n, [], [])
+                    paired = interleaved({**local_calls, **calls}, n)
             finally:
                 for c in minimal.values():
                     c.close()
@@ -322,8 +371,8 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
                 row[path]["overhead_mean_ms"] = row[path]["mean_ms"] - local["mean_ms"]
                 row[path]["interleaved"] = paired[path]
                 row[path]["overhead_p50_interleaved_ms"] = paired[path]["p50_ms"] - paired["in_process"]["p50_ms"]
-            row["in_process"]["interleaved"] = paired["in_process"]
-            row["per_table"]["interleaved"] = paired["per_table"]
+            for path in local_calls:
+                row[path]["interleaved"] = paired[path]
             row["request_bytes"] = sum(a.nbytes for a in batch.as_arrays().values())
             results[str(batch_size)] = row
             batches_used[batch_size] = (batch, n)
@@ -331,6 +380,8 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
                 f"http p50 {row['http']['p50_ms']:.3f} ms, grpc p50 {row['grpc']['p50_ms']:.3f} ms")
     finally:
         server.stop()
+    if queries_of:
+        return results
     ipc = ipc_only(config, {b: v[0] for b, v in batches_used.items()}, {b: v[1] for b, v in batches_used.items()})
     for b, row in ipc.items():
         results[str(b)]["worker_ipc"] = row
@@ -402,6 +453,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--out", default="results/serving_overhead.json")
+    parser.add_argument("--no-null", action="store_true",
+                        help="skip the null-model rows (the same queries answered by a program returning zeros)")
     parser.add_argument("--split-cores", action="store_true",
                         help="overhead runs with the server on the first core and this client (and the in-process "
                              "model) on the others, as a remote client would be; default: all share every core")
@@ -417,6 +470,10 @@ def main() -> int:
     result = {"model": args.model, "host_cores": len(os.sched_getaffinity(0)) + len(server_cores or []),
               "server_cores": server_cores, "load_average_at_start": os.getloadavg(), "overhead_scale": args.scale}
     result["overhead"] = overhead(args.model, args.scale, args.requests, server_cores)
+    if not args.no_null:
+        with tempfile.TemporaryDirectory(prefix="recserve-null-") as repo:
+            null = null_repository(args.model, args.scale, Path(repo))
+            result["null_model"] = overhead(str(null), args.scale, args.requests, server_cores, (1,), args.model)
     if server_cores:
         os.sched_setaffinity(0, server_cores + sorted(os.sched_getaffinity(0)))  # the table runs use every core
     result["tables"] = [throughput(args.model, args.mem_scale, share, args.workers, args.seconds, 4, 64)
@@ -429,7 +486,9 @@ def main() -> int:
     print(f"{'batch':>5} {'path':>12} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'overhead p50 ms':>16} "
           f"{'interleaved':>11} "
           f"{'CPU ms/req: client':>19} {'front end':>10} {'worker':>8} {'model':>7} {'server non-model':>17}")
-    for b, row in result["overhead"].items():
+    rows = [(str(b), row) for b, row in result["overhead"].items()]
+    rows += [(f"{b}/null", row) for b, row in result.get("null_model", {}).items()]
+    for b, row in rows:
         for path in PATHS:
             if path not in row:
                 continue
@@ -441,6 +500,10 @@ def main() -> int:
             if "model_ms_per_request" in r:
                 cpu += f" {r['model_ms_per_request']:7.3f} {r['server_non_model_cpu_ms_per_request']:17.3f}"
             print(f"{b:>5} {path:>12} {r['mean_ms']:9.3f} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {extra} {cpu}")
+    if "null_model" in result:
+        print(f"batch 'N/null': the same queries answered by {NULL_MODEL!r}, a TorchScript program returning zeros "
+              "(served from a model repository): its 'server non-model' is what the node costs besides any model, "
+              "its overhead what a query pays besides its model's pass")
     print(f"\ntables at scale {args.mem_scale:g}, {args.workers} workers, 4 gRPC clients, batch 64:")
     print(f"{'share':>6} {'qps':>8} {'items/s':>9} {'RSS MB/worker':>14} {'PSS MB/worker':>14} {'table MB/copy':>14}")
     for r in result["tables"]:

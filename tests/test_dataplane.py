@@ -22,7 +22,7 @@ from oip_inputs import DTYPE_NAMES, grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.dataplane import ParseError, parse_head
+from recserve.serving.dataplane import HEADS, ParseError, _heads, parse_head
 from recserve.serving.server import _infer_target
 from recserve.zoo import sample_batch
 
@@ -231,6 +231,15 @@ def test_parse_head_and_routing_helpers():
     assert parse_head(bytearray(b"POST / HTTP/1.1\r\nHost")) is None
     with pytest.raises(ParseError):
         parse_head(bytearray(b"POST /\r\n\r\n"))
+    with pytest.raises(ParseError):  # a refused head is never remembered as parsed
+        parse_head(bytearray(b"POST /\r\n\r\n"))
+    again = parse_head(bytearray(bytes(buf[:end]) + b"xyz12"))  # a head seen before: the same answer
+    assert again == (end, method, path, version, headers)
+    other = parse_head(bytearray(bytes(buf[:end]).replace(b"Content-Length: 3", b"Content-Length: 4")))
+    assert other[4] == {"content-length": "4", "x-a": "b"}  # another head: parsed, not confused with the first
+    for n in range(HEADS + 3):  # many distinct heads: the store stays bounded and every answer right
+        assert parse_head(bytearray(f"GET /{n} HTTP/1.1\r\n\r\n".encode()))[2] == f"/{n}"
+    assert len(_heads) <= HEADS
     assert _infer_target(b"POST /v2/models/m/infer HTTP/1.1\r\n") == "m"
     assert _infer_target(b"POST /v2/models/m/versions/1/infer?q HTTP/1.1\r\n") == "m"
     assert _infer_target(b"GET /v2/models/m/infer HTTP/1.1\r\n") is None

@@ -115,7 +115,7 @@ class FakePlane:
     def serves_queries(self) -> bool:
         return True
 
-    def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
+    def validate(self, arrays: dict[str, np.ndarray], plan=None) -> tuple[tuple, int]:
         if int(arrays["sparse_values"].max()) >= 10:
             raise InferError("invalid", "sparse_values: id out of range", "sparse_values")
         return (arrays["dense"],), arrays["dense"].shape[0]

@@ -125,3 +125,41 @@ def test_the_plans_stay_bounded():
     for k in range(PLANS + 5):  # a client whose ids change on every call
         plans.parse(*body_of(query(), request_id=str(k)))
     assert 0 < len(plans._plans) <= PLANS
+
+
+def model_path(rows: tuple[int, ...] = (10, 10), seq_lens: dict[int, int] | None = None, dense_in: int = 4):
+    """The worker's decode → validate path for a two-table model of ``small_query``'s layout."""
+    from recserve.serving.dataplane import make_model_path
+    from recserve.serving.runtime import ModelInfo
+
+    info = ModelInfo(dense_in=dense_in, rows=rows, seq_lens=seq_lens or {}, towers=1)
+    return make_model_path(None, "m", info, 64, lambda query: None, codec.MAX_JSON_BYTES)
+
+
+def path_verdict(path, body: bytes, length: str):
+    try:
+        _, query, items = path.decode(bytearray(body), length)
+    except InferError as exc:
+        return ("refused", exc.code, exc.field, str(exc))
+    return items, [(a.dtype, a.tolist()) for a in query]
+
+
+@pytest.mark.parametrize("model", ["rows", "sequence", "dense"])
+def test_a_planned_request_whose_shapes_passed_gets_the_whole_checks_verdict(model):
+    """Once a plan's dtypes and shapes are accepted only values are checked: every request still gets the verdict
+    of a path that never saw the plan (ids past a table's rows, a sequence table's bag, a dense width)."""
+    kwargs = {"rows": {"rows": (5, 10)}, "sequence": {"seq_lens": {1: 1}}, "dense": {"dense_in": 3}}[model]
+    warm = model_path(**kwargs)
+    for seed in range(6):
+        body, length = body_of(query(seed=seed))
+        warm_verdict = path_verdict(warm, body, length)
+        assert warm_verdict == path_verdict(model_path(**kwargs), body, length)
+        if model == "rows" and seed == 0:
+            good = query(seed=seed)
+            good["sparse_values"][:] = np.minimum(good["sparse_values"], 4)
+            assert path_verdict(warm, *body_of(good))[0] == 1  # the plan's shapes accepted, values in range
+    refusals = [path_verdict(warm, *body_of(query(seed=seed)))[0] for seed in range(6)]
+    if model == "rows":
+        assert "refused" in refusals and 1 in refusals  # some ids reach past table 0's 5 rows, some do not
+    else:
+        assert all(r == "refused" for r in refusals)  # a shape (or sequence bag) this model never accepts

@@ -400,17 +400,26 @@ class HttpPlans:
               regions: Any = None) -> tuple[dict, dict[str, np.ndarray]]:
         """What :func:`parse_http_infer` returns for this request.  A planned request's dict is the one parsed
         from the first request of its header, shared with every later one: read it, never change it."""
+        request, arrays, _ = self.parse_planned(body, header_length, max_json, regions)
+        return request, arrays
+
+    def parse_planned(self, body: bytes | bytearray | memoryview, header_length: str | None,
+                      max_json: int = MAX_JSON_BYTES, regions: Any = None) -> tuple[dict, dict[str, np.ndarray],
+                                                                                  RawPlan | None]:
+        """:meth:`parse`, and the request's plan (None for a request without one): requests of one plan share
+        their inputs' names, dtypes and shapes."""
         key = _header_bytes(body, header_length)
         known = self._plans.get(key) if key is not None else None
         if known is not None:
             parts = _binary_parts(known[1], memoryview(body)[len(key):])  # type: ignore[arg-type]
             arrays = parse_raw(known[1], parts) if parts is not None else None
             if arrays is not None:
-                return known[0], arrays
+                return known[0], arrays, known[1]
         request, arrays = parse_http_infer(body, header_length, max_json, regions)
-        if key is not None and (plan := http_raw_plan(request)) is not None:
-            self._plans.remember(key, (request, plan))
-        return request, arrays
+        plan = http_raw_plan(request) if key is not None else None
+        if plan is not None:
+            self._plans.remember(key, (request, plan))  # type: ignore[arg-type]
+        return request, arrays, plan
 
 
 def _header_bytes(body: bytes | bytearray | memoryview, header_length: str | None) -> bytes | None:

@@ -109,14 +109,37 @@ class ParseError(Exception):
 Head = tuple[int, str, str, str, dict[str, str]]
 
 
+HEADS = 64  # request heads a worker remembers parsed; more distinct ones start it over
+HEAD_KEY_BYTES = 2048  # a longer head is parsed every time
+
+
 def parse_head(buf: bytearray) -> Head | None:
-    """``(head_end, method, path, version, headers)`` once the head is complete, else None."""
+    """``(head_end, method, path, version, headers)`` once the head is complete, else None.
+
+    A head whose bytes were parsed before is not parsed again (its headers dict is shared: read it, never change
+    it): a client sends the same head call after call, and parsing one cost ~7 µs of a batch-1 query (issue #14)."""
     end = buf.find(b"\r\n\r\n")
     if end < 0:
         if len(buf) > MAX_HEAD_BYTES:
             raise ParseError(f"request head longer than {MAX_HEAD_BYTES} bytes")
         return None
-    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    raw = bytes(buf[:end])
+    known = _heads.get(raw)
+    if known is not None:
+        return (end + 4, *known)
+    head = _parse_head_lines(raw)
+    if end <= HEAD_KEY_BYTES:
+        if len(_heads) >= HEADS:
+            _heads.clear()
+        _heads[raw] = head
+    return (end + 4, *head)
+
+
+_heads: dict[bytes, tuple[str, str, str, dict[str, str]]] = {}
+
+
+def _parse_head_lines(raw: bytes) -> tuple[str, str, str, dict[str, str]]:
+    lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise ParseError(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
@@ -126,7 +149,7 @@ def parse_head(buf: bytearray) -> Head | None:
         if not sep:
             raise ParseError(f"malformed header line {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
-    return end + 4, parts[0], parts[1], parts[2], headers
+    return parts[0], parts[1], parts[2], headers
 
 
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
@@ -475,7 +498,7 @@ class ModelPath(Protocol):
     """The model side of a worker's query path (``make_model_path``)."""
 
     def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]: ...
-    def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]: ...
+    def validate(self, arrays: dict[str, np.ndarray], plan: Any = None) -> tuple[tuple, int]: ...
     def compute(self, queries: list[tuple]) -> list[np.ndarray]: ...
     def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]: ...
 
@@ -1114,7 +1137,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
     (``regions``: the node's shared-memory regions, for tensors that name one)."""
     from recserve.serving import protocol
-    from recserve.zoo.batch import BatchError, check_query, concat_arrays
+    from recserve.zoo.batch import BatchError, check_query, check_values, concat_arrays
 
     def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
         """One input as the model reads it: contiguous (a JSON-decoded or sliced array may not be)."""
@@ -1123,21 +1146,32 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
         return np.ascontiguousarray(arrays[name])
 
     plans = codec.HttpPlans()
+    shaped: set[codec.RawPlan] = set()  # plans whose dtypes and shapes this model accepted (HTTP's and gRPC's)
 
     class Path:
         def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]:
-            req, arrays = plans.parse(body, header_length, max_json, regions)  # outputs checked too
-            return (req, *self.validate(arrays))
+            req, arrays, plan = plans.parse_planned(body, header_length, max_json, regions)  # outputs checked too
+            return (req, *self.validate(arrays, plan))
 
-        def validate(self, arrays: dict[str, np.ndarray]) -> tuple[tuple, int]:
+        def validate(self, arrays: dict[str, np.ndarray], plan: codec.RawPlan | None = None) -> tuple[tuple, int]:
             """``arrays`` as the codec decoded them (HTTP or gRPC): its ``check_inputs`` checked the lengths' values
-            and sum, which ``check_query`` does not repeat."""
+            and sum, which ``check_query`` does not repeat.  Arrays read by a ``plan`` whose dtypes and shapes passed
+            before are views of the request (contiguous) and have only their values checked: ~7 µs of a batch-1
+            query (issue #14)."""
             try:
+                if plan is not None and plan in shaped:
+                    query = (arrays[INPUT_DENSE], arrays[INPUT_VALUES], arrays[INPUT_LENGTHS])
+                    check_values(query[1], query[2], info.rows, info.seq_lens, lengths_checked=True)
+                    return query, query[0].shape[0]
                 query = (wire_array(arrays, INPUT_DENSE), wire_array(arrays, INPUT_VALUES),
                          wire_array(arrays, INPUT_LENGTHS))
                 check_query(*query, info.dense_in, info.rows, info.seq_lens, max_batch_size, lengths_checked=True)
             except BatchError as exc:
                 raise InferError("invalid", str(exc), exc.field) from exc
+            if plan is not None:
+                if len(shaped) >= 4 * codec.PLANS:  # plans come and go (``PlanStore``): keep the set bounded too
+                    shaped.clear()
+                shaped.add(plan)
             return query, query[0].shape[0]
 
         def compute(self, queries: list[tuple]) -> list[np.ndarray]:

@@ -189,7 +189,7 @@ class WorkerMethods(Forwarder):
                 if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
                     plan = Plan(request, inputs)
                     self._plans.remember(split[0], plan)
-            arrays, items = self.plane.model.validate(arrays)
+            arrays, items = self.plane.model.validate(arrays, plan and plan.inputs)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)

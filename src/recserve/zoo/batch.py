@@ -129,6 +129,14 @@ def check_query(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray, dens
     caller has checked already that every length is >= 0 and that they sum to the number of ids (every request the
     serving codec decodes is, by ``serving.codec.check_inputs``), so those two passes over the lengths are skipped;
     their shape, sequence tables and every id's bounds are checked here all the same."""
+    check_shapes(dense, values, lengths, dense_in, len(rows), max_batch)
+    check_values(values, lengths, rows, seq_lens, lengths_checked)
+
+
+def check_shapes(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray, dense_in: int, tables: int,
+                 max_batch: int | None = None) -> None:
+    """``check_query``'s checks of dtypes and shapes: the same for every request a client sends with the same
+    header, so a server that has seen one pass them can check only the values of the next (``check_values``)."""
     for name, array in ((INPUT_DENSE, dense), (INPUT_VALUES, values), (INPUT_LENGTHS, lengths)):
         if array.dtype not in WIRE_DTYPES[name]:
             raise BatchError(name, f"dtype must be {WIRE_DTYPE_NAMES[name]}, got {array.dtype}")
@@ -139,8 +147,14 @@ def check_query(dense: np.ndarray, values: np.ndarray, lengths: np.ndarray, dens
         raise BatchError(INPUT_DENSE, "batch must hold at least one item")
     if max_batch is not None and b > max_batch:
         raise BatchError(INPUT_DENSE, f"batch {b} exceeds max_batch_size {max_batch}")
-    if lengths.shape != (len(rows), b):
-        raise BatchError(INPUT_LENGTHS, f"shape must be [{len(rows)}, {b}], got {list(lengths.shape)}")
+    if lengths.shape != (tables, b):
+        raise BatchError(INPUT_LENGTHS, f"shape must be [{tables}, {b}], got {list(lengths.shape)}")
+
+
+def check_values(values: np.ndarray, lengths: np.ndarray, rows: tuple[int, ...],
+                 seq_lens: dict[int, int] | None = None, lengths_checked: bool = False) -> None:
+    """``check_query``'s checks of the values (of arrays whose dtypes and shapes passed ``check_shapes``): lengths,
+    sequence tables, every id within its table."""
     if lengths.size <= SMALL_QUERY_LENGTHS:
         _check_small(values, lengths.tolist(), rows, seq_lens, lengths_checked)
         return
