@@ -677,7 +677,7 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
 def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
     """Under overload a large query is refused (503 + Retry-After) as soon as its JSON header is in, before its
     body: the body is then dropped as it arrives and the connection serves its next request normally."""
-    from recserve.serving.dataplane import Connection, PlaneLimits, WorkerPlane
+    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
 
     class FakePath:
         def decode(self, body, header_length):
@@ -702,7 +702,7 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
         plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
                             sub_batch=0)  # inline passes: ``compute`` enqueues the next arrival on the loop's thread
-        loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))
+        loop.run_until_complete(plane.adopt(ours.detach(), b""))
         plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
         assert len(plane.queue) == 1  # the queue (limit 1) is full
         header = json.dumps({"inputs": [{"name": "dense", "datatype": "FP32", "shape": [2048, 13],
@@ -731,7 +731,7 @@ def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
     """A body of 64 KiB or more is received in place into an uninitialised buffer: every byte must be the client's,
     and the binary part after the JSON header must start 64-byte aligned (numpy reads unaligned ids at half
     speed), whatever the header's length and however the body is split into reads."""
-    from recserve.serving.dataplane import Connection, PlaneLimits, WorkerPlane
+    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
 
     seen = []
 
@@ -754,7 +754,7 @@ def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
     try:
         plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=4, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
-        loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))
+        loop.run_until_complete(plane.adopt(ours.detach(), b""))
         theirs.settimeout(5)
         for pad in (0, 1, 7, 37):
             header = json.dumps({"inputs": [], "pad": "x" * pad}).encode()
@@ -882,7 +882,7 @@ def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_i
     """A connection the loop accepted just before the listener closed becomes a ``Connection`` a loop turn or two
     later; a retiring worker with nothing left looks again after ``EXIT_SETTLE_S`` instead of exiting at once (which
     reset such a connection under its client: a "lost" query in the resize test), and hands it on."""
-    from recserve.serving.dataplane import EXIT_SETTLE_S, Connection, PlaneLimits, WorkerPlane
+    from recserve.serving.dataplane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
 
     handed: list[int] = []
     loop = asyncio.new_event_loop()
@@ -892,7 +892,7 @@ def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_i
                             PlaneLimits(), sub_batch=0)
         plane.retire()
         assert not plane.exit_event.is_set()  # nothing left, but it looks again first
-        loop.run_until_complete(loop.connect_accepted_socket(lambda: Connection(plane), ours))  # arrives late
+        loop.run_until_complete(plane.adopt(ours.detach(), b""))  # arrives late
         loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 3))
         assert len(handed) == 1 and plane.exit_event.is_set()  # handed on, then exited
         fresh = WorkerPlane(loop, "m", object(), lambda msg: None, lambda *a: None, PlaneLimits(), sub_batch=0)

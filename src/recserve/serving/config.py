@@ -305,6 +305,7 @@ class ModelConfig:
 
 
 FRONT_ENDS = ("workers", "server")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")  # serving.eventloop's choices (not imported: it is the workers' side)
 
 
 @dataclass
@@ -321,6 +322,9 @@ class NodeConfig:
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
     # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
     front_end: str = "workers"
+    # the workers' event loop: "auto" (uvloop where its probe passes, else asyncio), "uvloop", "asyncio"
+    # (serving/eventloop.py); a worker asked for uvloop where it cannot run uses asyncio and the node says why
+    event_loop: str = "auto"
     # bearer token the control API requires; needed when host is not loopback (see serving/control_api.py)
     control_token: str | None = None
     # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/tls.py)
@@ -341,6 +345,8 @@ class NodeConfig:
             raise SpecError(f"node config: read_timeout_s must be a number of seconds > 0, got {self.read_timeout_s!r}")
         if self.front_end not in FRONT_ENDS:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise SpecError(f"node config: event_loop must be one of {EVENT_LOOPS}, got {self.event_loop!r}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
         if self.tls_cert:

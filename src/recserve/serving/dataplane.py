@@ -186,8 +186,12 @@ class Connection(asyncio.BufferedProtocol):
     reads land in the plane's one scratch buffer and are appended to the connection's buffer.
     """
 
-    def __init__(self, plane: WorkerPlane, prefix: bytes = b"", shared: bool = False) -> None:
+    def __init__(self, plane: WorkerPlane, sock: socket.socket, prefix: bytes = b"", shared: bool = False) -> None:
         self.plane = plane
+        # this process's own descriptor of the connection (its number is the slot the supervisor knows it by): the
+        # transport reads and writes a duplicate, so the number stays this connection's until ``gone`` or a hand-off
+        # closes it, whenever the event loop closes its copy (uvloop closes it before ``connection_lost``)
+        self.sock = sock
         self.shared = shared  # the supervisor already holds this connection's descriptor (taken at accept)
         self.buf = bytearray(prefix)
         self.transport: asyncio.Transport | None = None
@@ -201,7 +205,7 @@ class Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
-        self.slot = -1  # this connection's descriptor, its index in the plane's shared state bytes
+        self.slot = sock.fileno()  # this connection's descriptor, its index in the plane's shared state bytes
         self.handed_off = False
         self.leaving = False  # being handed off: no further request is read here
         self._skip = 0  # body bytes still to drop: the request was refused from its JSON header (``_shed_early``)
@@ -210,7 +214,6 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.plane.connections.add(self)
-        self.slot = self.fd
         self.plane.opened(self)
         if self.buf:
             self.arrived = time.perf_counter()
@@ -275,11 +278,6 @@ class Connection(asyncio.BufferedProtocol):
         if not self.handed_off:
             self.plane.gone(self)
         self.plane.maybe_exit()
-
-    @property
-    def fd(self) -> int:
-        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
-        return sock.fileno() if sock is not None else -1
 
     def _advance(self) -> None:
         """Parse the next complete request, if any, and route it."""
@@ -660,21 +658,28 @@ class WorkerPlane:
 
     async def _connect(self, sock: socket.socket, shared: bool) -> None:
         try:
-            await self.loop.connect_accepted_socket(lambda: Connection(self, shared=shared), sock)
-        except OSError:  # the client went away before its transport was made
-            if shared:
-                self.send(("gone", sock.fileno()))
-            sock.close()
+            await self._serve_connection(sock, b"", shared)
         finally:
             self._connecting -= 1
             if self.retiring:
                 self.maybe_exit()  # it was waiting for this connection: hand it on
 
+    async def _serve_connection(self, sock: socket.socket, prefix: bytes, shared: bool) -> None:
+        """Serve ``sock`` (kept as the connection's own descriptor) through a transport on a duplicate of it."""
+        copy = sock.dup()
+        try:
+            await self.loop.connect_accepted_socket(lambda: Connection(self, sock, prefix, shared), copy)
+        except OSError:  # the client went away before its transport was made
+            if shared:
+                self.send(("gone", sock.fileno()))
+            sock.close()
+            copy.close()
+
     async def adopt(self, fd: int, prefix: bytes) -> None:
         """Serve a connection handed over by the supervisor (``prefix``: bytes already read from it)."""
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
-        await self.loop.connect_accepted_socket(lambda: Connection(self, prefix), sock)
+        await self._serve_connection(sock, prefix, False)
 
     def set_default(self, default: bool) -> None:
         """The unversioned path is answered only by the model's default (newest loaded) version."""
@@ -1017,15 +1022,13 @@ class WorkerPlane:
     def gone(self, conn: Connection) -> None:
         """The connection is closed here: shut it down (the supervisor's descriptor would keep it open) and tell
         the supervisor to drop its descriptor."""
-        if not self._shared(conn):
-            return
-        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
-        try:
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.send(("gone", conn.slot))
+        if self._shared(conn):
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.send(("gone", conn.slot))
+        conn.sock.close()  # only now may the number name another descriptor
 
     # ---- balancing connections over the model's workers -------------------------------------------------
     def _publish_load(self) -> None:
@@ -1067,19 +1070,17 @@ class WorkerPlane:
         if transport.get_write_buffer_size():
             self.loop.call_later(0.001, self.hand_off, conn, to_slot)
             return
-        sock = transport.get_extra_info("socket")
-        fd = os.dup(sock.fileno())
         prefix = conn.pending()
         conn.closed = conn.handed_off = True
-        transport.abort()  # closes this process's descriptor; the dup keeps the connection open
+        transport.abort()  # closes the transport's duplicate; the connection's own descriptor keeps it open
         self.connections.discard(conn)
         conn.mark(False)
         if self._shared(conn):
             self.send(("gone", conn.slot))  # before the hand-off: the supervisor drops the descriptor it held
         try:
-            self._hand_off(fd, prefix, to_slot)
+            self._hand_off(conn.sock.fileno(), prefix, to_slot)
         finally:
-            os.close(fd)
+            conn.sock.close()
 
     def drain(self) -> None:
         """Shutdown: stop accepting, finish what is queued, refuse the rest with 503."""

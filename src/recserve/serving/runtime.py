@@ -361,6 +361,7 @@ class ModelRuntime:
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.siblings = {"forwarded": 0, "returned": 0}  # queries busy workers sent to idle ones; given back
+        self.event_loop: dict[str, str] | None = None  # the loop the v2 workers run, and why not the one asked
         self._slots: set[int] = set()
 
     # ------------------------------------------------------------------ lifecycle
@@ -408,6 +409,19 @@ class ModelRuntime:
                 shutil.rmtree(directory, ignore_errors=True)
 
     # ------------------------------------------------------------------ workers
+    async def _event_loop(self) -> str:
+        """The loop this model's v2 workers run (``serving/eventloop.py``), chosen once: the probe runs a child
+        process, off this loop."""
+        if self.event_loop is None:
+            from recserve.serving import eventloop
+
+            setting = getattr(self.node, "event_loop", "auto")
+            chosen, why = await asyncio.get_running_loop().run_in_executor(None, eventloop.choose, setting)
+            if why and setting == "uvloop":
+                log.warning("model %s: event_loop uvloop asked, workers run asyncio: %s", self.name, why)
+            self.event_loop = {"loop": chosen, "asked": setting, "why": why}
+        return self.event_loop["loop"]
+
     async def _start_worker(self, pool: StagePool, cores: list[int], threads: int) -> WorkerHandle:
         loop = asyncio.get_running_loop()
         parent, child = self.ctx.Pipe(duplex=True)
@@ -426,6 +440,7 @@ class ModelRuntime:
             args.slot = self._free_slot()
             args.sibling_dir = self.sibling_dir if args.slot >= 0 else ""
             args.accel_sockets, args.accel_min_items = tuple(self.accel_sockets()), self.min_items
+            args.event_loop = await self._event_loop()
         if pool.stage == "accel":
             args.accel_socket, args.info = self._free_accel_socket(), self.info
         proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states, self.loads),
@@ -991,5 +1006,6 @@ class ModelRuntime:
             "tier_io": self.tier_io,
             "accelerator": self.accel_state(),
             "siblings": dict(self.siblings),
+            "event_loop": self.event_loop,
             "server_pid": os.getpid(),
         }

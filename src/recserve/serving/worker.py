@@ -127,6 +127,7 @@ class WorkerArgs:
     limits: Any = None  # dataplane.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
     sub_batch: int = 0
     grpc_listen: Any = None  # data plane v2: the node's gRPC listening socket; None = gRPC in the server
+    event_loop: str = "asyncio"  # data plane v2: the loop this worker runs ("uvloop" once the node's probe passed)
     grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
@@ -228,9 +229,11 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
             asyncio.run(serve_accelerator(conn, args, model))
             return
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
-            asyncio.run(_serve(conn, args, model, in_buf, out_buf, ready,
-                               states.numpy() if states is not None else None,
-                               loads.numpy() if loads is not None else None))
+            from recserve.serving import eventloop
+
+            eventloop.run(_serve(conn, args, model, in_buf, out_buf, ready,
+                                 states.numpy() if states is not None else None,
+                                 loads.numpy() if loads is not None else None), args.event_loop)
             return
         conn.send(ready)
         while True:
@@ -336,6 +339,9 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     await plane.listen(args.listen)
     send(ready)
     loop.add_reader(conn.fileno(), on_pipe)
+    # uvloop's add_reader makes the descriptor non-blocking; the pipe's messages are read (and the descriptors it
+    # carries taken) whole, in blocking calls, once the loop says a message has started to arrive
+    os.set_blocking(conn.fileno(), True)
     await plane.exit_event.wait()
     if grpc_stopped is not None:
         await grpc_stopped()  # its calls still in flight (forwarded ones too) are answered before the exit
