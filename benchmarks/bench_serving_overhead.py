@@ -318,6 +318,7 @@ def null_repository(model_name: str, scale: float, directory: Path) -> Path:
 
 
 NULL_MODEL = "null"
+WARM_UP = 100  # queries the server answers before a batch size's rows are timed
 
 
 def overhead(model_name: str, scale: float, requests: int, server_cores: list[int] | None = None,
@@ -350,6 +351,8 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
             pids, model_time = ([server.proc.pid], server.worker_pids), stats_reader(server.http, model_name)
             minimal = {path: client(getattr(server, port_of), model_name, batch)
                        for path, (port_of, client) in CLIENTS.items()}
+            for _ in range(WARM_UP):  # a TorchScript program (the null model) optimises itself over its first calls
+                minimal["http_minimal"].infer()
             calls = {"http": lambda x=http_in: http.infer(model_name, x),
                      "grpc": lambda x=grpc_in: grpc.infer(model_name, x),
                      **{path: c.infer for path, c in minimal.items()}}
