@@ -6,7 +6,9 @@
    worker, one thread, no sub-batching); wall-clock latency and CPU per request of client, server
    front end and worker.  ``http_minimal`` repeats HTTP with a bare keep-alive socket client (one write of a
    pre-encoded request, one read), so the server's own share shows apart from tritonclient's; ``grpc_minimal``
-   does the same over gRPC (grpcio's channel, request and answer as bytes).  Each path is timed alone (with
+   does the same over gRPC (grpcio's channel, request and answer as bytes), and ``grpc_h2`` with a bare HTTP/2
+   client (one socket, a header block encoded once, frames read until the call's trailers), whose own CPU is
+   ~1/6 of grpcio's.  Each path is timed alone (with
    its CPU, and the server's own model time from ``/stats``), then all paths in turn, one call each per round
    (``interleaved``: the overhead a drifting host cannot bias).  ``grpc_stream``: tritonclient's streaming
    API on one open stream, one request at a time (perf_analyzer's ``--streaming``).  Then the batch-1 rows again
@@ -232,6 +234,92 @@ class MinimalGrpc:
         self.channel.close()
 
 
+class MinimalH2Grpc:
+    """A bare HTTP/2 gRPC client over one socket: the call's header block encoded once (HPACK), its HEADERS and DATA
+    frames sent in one write, frames read until the call's trailers (decoded, with its ``grpc-status`` checked): the
+    ``grpc_h2`` row, so the server's gRPC cost shows apart from grpcio's client (~0.3 ms of CPU a call on the 2-core
+    host), as ``http_minimal`` shows HTTP's apart from tritonclient's."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    WINDOW = 2**31 - 1
+
+    def __init__(self, port: int, model: str, batch) -> None:
+        import socket
+
+        import hpack
+
+        from recserve.measure.targets import encode_grpc_request
+
+        message = encode_grpc_request(batch, model).SerializeToString()
+        self.data = b"\0" + len(message).to_bytes(4, "big") + message
+        self.block = hpack.Encoder().encode([
+            (":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"), ("te", "trailers")])
+        self.decoder = hpack.Decoder()
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        settings = (4).to_bytes(2, "big") + self.WINDOW.to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE
+        self.sock.sendall(self.PREFACE + self.frame(4, 0, 0, settings)
+                          + self.frame(8, 0, 0, (self.WINDOW - 65535).to_bytes(4, "big")))  # the connection's window
+        self.stream, self.buf = 1, bytearray()
+        self.max_frame = 16384
+        self.sock.settimeout(10.0)
+        settings_seen = window_seen = False
+        while not (settings_seen and window_seen):  # the server's SETTINGS (its frame size) and connection window
+            head = self._read(9)
+            payload = self._read(int.from_bytes(head[:3], "big"))
+            if head[3] == 4 and not head[4] & 0x1:
+                for at in range(0, len(payload), 6):
+                    if int.from_bytes(payload[at : at + 2], "big") == 5:  # SETTINGS_MAX_FRAME_SIZE
+                        self.max_frame = int.from_bytes(payload[at + 2 : at + 6], "big")
+                self.sock.sendall(self.frame(4, 0x1, 0, b""))
+                settings_seen = True
+            window_seen = window_seen or head[3] == 8
+
+    @staticmethod
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            got = self.sock.recv(1 << 20)
+            if not got:
+                raise RuntimeError("the server closed the connection")
+            self.buf += got
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def infer(self) -> None:
+        stream, self.stream = self.stream, self.stream + 2
+        step, data = self.max_frame, self.data
+        frames = [self.frame(0, 0x1 if at + step >= len(data) else 0, stream, data[at : at + step])
+                  for at in range(0, len(data), step)]
+        self.sock.sendall(b"".join([self.frame(1, 0x4, stream, self.block), *frames]))
+        answered = False
+        while True:
+            head = self._read(9)
+            kind, flags, on = head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF
+            payload = self._read(int.from_bytes(head[:3], "big"))
+            if kind == 4 and not flags & 0x1:  # SETTINGS: acknowledge
+                self.sock.sendall(self.frame(4, 0x1, 0, b""))
+            elif kind == 6 and not flags & 0x1:  # PING: answer
+                self.sock.sendall(self.frame(6, 0x1, 0, payload))
+            elif kind == 7:
+                raise RuntimeError("the server sent GOAWAY")
+            elif kind == 0 and on == stream:
+                answered = answered or len(payload) > 5
+            elif kind == 1:  # every header block, to keep the HPACK table in step
+                fields = dict(self.decoder.decode(payload))
+                if on == stream and flags & 0x1:  # the call's trailers
+                    if fields.get("grpc-status") != "0" or not answered:
+                        raise RuntimeError(f"gRPC call failed: {fields}")
+                    return
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class GrpcStream:
     """tritonclient's ``ModelStreamInfer`` (``start_stream`` / ``async_stream_infer``, what perf_analyzer
     ``--streaming`` uses), one request in flight at a time on one open stream: the ``grpc_stream`` row."""
@@ -255,8 +343,10 @@ class GrpcStream:
 
 
 CLIENTS = {  # path -> (the server port it uses, its client)
-    "http_minimal": ("http", MinimalHttp), "grpc_minimal": ("grpc", MinimalGrpc), "grpc_stream": ("grpc", GrpcStream)}
-PATHS = ("in_process", "per_table", "worker_ipc", "http", "grpc", "grpc_stream", "http_minimal", "grpc_minimal")
+    "http_minimal": ("http", MinimalHttp), "grpc_minimal": ("grpc", MinimalGrpc), "grpc_stream": ("grpc", GrpcStream),
+    "grpc_h2": ("grpc", MinimalH2Grpc)}
+PATHS = ("in_process", "per_table", "worker_ipc", "http", "grpc", "grpc_stream", "http_minimal", "grpc_minimal",
+         "grpc_h2")
 
 
 class ServerProcess:
