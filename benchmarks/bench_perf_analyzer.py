@@ -9,6 +9,10 @@ needs glibc >= 2.38 (the GPU machines have it; this project's 2-core VM, Debian 
 glibc's loader, which this script uses when it is there.
 
     PYTHONPATH=src python3 benchmarks/bench_perf_analyzer.py --model hera-dlrm-a --workers 8 --rates 500,2000
+
+With ``--concurrency 1`` it keeps one request in flight instead (perf_analyzer's default load mode) and also times
+the same queries in process: perf_analyzer's p50 minus that is the serving overhead measured by NVIDIA's C++ client
+(batch 1: ``--model hercules-rmc1 --scale 0.001 --workers 1 --mix fixed:1 --concurrency 1``).
 """
 
 from __future__ import annotations
@@ -58,14 +62,17 @@ def binary(given: str | None = None) -> str:
 
 
 def run_one(exe: str, model: str, port: int, proto: str, rate: float, data: Path, interval_ms: int,
-            work: Path, stability: float) -> dict[str, Any]:
-    report = work / f"{proto}_{rate:g}.csv"
+            work: Path, stability: float, concurrency: int = 0) -> dict[str, Any]:
+    """One perf_analyzer run: Poisson arrivals at ``rate``, or ``concurrency`` requests kept in flight."""
+    report = work / f"{proto}_{rate:g}_{concurrency}.csv"
+    load = [f"--concurrency-range={concurrency}"] if concurrency else [
+        "--request-distribution=poisson", f"--request-rate-range={rate:g}"]
     cmd = [exe, "-m", model, "-u", f"127.0.0.1:{port}", *PROTOCOLS[proto], "--input-data", str(data),
-           "--request-distribution=poisson", f"--request-rate-range={rate:g}", "--measurement-interval",
+           *load, "--measurement-interval",
            str(interval_ms), "--percentile=99", "--max-threads=64", f"--stability-percentage={stability:g}",
            "--max-trials=6", "-f", str(report)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    row: dict[str, Any] = {"protocol": proto, "rate": rate, "rc": proc.returncode}
+    row: dict[str, Any] = {"protocol": proto, "rate": rate, "concurrency": concurrency, "rc": proc.returncode}
     if proc.returncode != 0 or not report.exists():
         row["error"] = (proc.stderr or proc.stdout)[-2000:]
         return row
@@ -77,6 +84,54 @@ def run_one(exe: str, model: str, port: int, proto: str, rate: float, data: Path
                p99_ms=float(line["p99 latency"]) / 1e3, server_queue_us=float(line.get("Server Queue", 0) or 0),
                server_compute_us=float(line.get("Server Compute Infer", 0) or 0))
     return row
+
+
+def server_cpu(server: Any, model: str) -> tuple[float, int, int]:
+    """The node's workers' CPU seconds, and its ``/stats`` count and ns of ``compute_infer`` for ``model``."""
+    from bench_serving_overhead import cpu_s, stats_reader
+
+    from recserve.serving.control_client import ControlClient
+
+    state = ControlClient("127.0.0.1", server.ports.http).get_model(model)
+    pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
+    count, ns = stats_reader(server.ports.http, model)()
+    return sum(cpu_s(pid) for pid in pids), count, ns
+
+
+def server_cpu_per_query(before: tuple[float, int, int], after: tuple[float, int, int]) -> dict[str, float]:
+    """Workers' CPU per query over a run, and of that what is not the model's passes (the node's overhead)."""
+    queries = after[1] - before[1]
+    if queries <= 0:
+        return {}
+    cpu_ms = (after[0] - before[0]) / queries * 1e3
+    model_ms = (after[2] - before[2]) / queries / 1e6
+    return {"queries": queries, "worker_cpu_ms_per_query": cpu_ms, "model_ms_per_query": model_ms,
+            "non_model_cpu_ms_per_query": cpu_ms - model_ms}
+
+
+def in_process_p50(model_name: str, scale: float, pool: RequestPool, rounds: int = 50) -> float:
+    """p50 of the pool's queries run in this process by the model as a worker builds it (tables fused), one torch
+    thread: the reference the serving overhead is measured against (``bench_serving_overhead.py``'s ``in_process``)."""
+    import time
+
+    import torch
+
+    from recserve.serving import build_worker_model, quick_config
+
+    torch.set_num_threads(1)
+    model = build_worker_model(quick_config(model_name, scale=scale, workers=1, threads=1).models[0])
+    batches = list(pool.batches())
+    samples = []
+    with torch.inference_mode():
+        for _ in range(5):
+            model(batches[0])
+        for _ in range(rounds):
+            for batch in batches:
+                start = time.perf_counter()
+                model(batch)
+                samples.append(time.perf_counter() - start)
+    samples.sort()
+    return samples[len(samples) // 2] * 1e3
 
 
 def main() -> int:
@@ -92,6 +147,10 @@ def main() -> int:
     parser.add_argument("--stability", type=float, default=50.0,
                         help="perf_analyzer's --stability-percentage: Poisson arrivals of a mix of query sizes "
                              "vary more between windows than its default 10%% allows")
+    parser.add_argument("--concurrency", type=int, default=0,
+                        help="keep this many requests in flight instead of Poisson rates; with 1, also the queries' "
+                             "in-process p50 on the model as the worker builds it, and perf_analyzer's p50 minus it "
+                             "(the serving overhead measured by NVIDIA's own client), e.g. --mix fixed:1")
     parser.add_argument("--no-forward", action="store_true",
                         help="forward_to_idle: false (a busy worker keeps its queries; one stream uses one worker)")
     parser.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: .pa/bin/perf_analyzer from "
@@ -107,6 +166,10 @@ def main() -> int:
                                "cores": len(os.sched_getaffinity(0)), "perf_analyzer": exe,
                                "forward_to_idle": not args.no_forward,
                                "host_glibc": os.confstr("CS_GNU_LIBC_VERSION"), "runs": []}
+    if args.concurrency == 1:
+        results["in_process_p50_ms"] = in_process_p50(args.model, args.scale, pool)
+        print(f"in process (the worker's model, one thread): p50 {results['in_process_p50_ms']:.3f} ms")
+    rates = [float(r) for r in args.rates.split(",")] if not args.concurrency else [0.0]
     with tempfile.TemporaryDirectory() as tmp, NodeServer(quick_config(
             args.model, scale=args.scale, workers=args.workers, deadline_ms=spec.sla.target_ms,
             forward_to_idle=not args.no_forward)) as server:
@@ -115,14 +178,24 @@ def main() -> int:
         data.write_text(json.dumps(input_data(pool)))
         for proto in [p.strip() for p in args.protocols.split(",") if p.strip()]:
             port = server.ports.http if proto == "http" else server.ports.grpc
-            for rate in [float(r) for r in args.rates.split(",")]:
-                row = run_one(exe, args.model, port, proto, rate, data, args.interval_ms, work, args.stability)
+            for rate in rates:
+                before = server_cpu(server, args.model)
+                row = run_one(exe, args.model, port, proto, rate, data, args.interval_ms, work, args.stability,
+                              args.concurrency)
+                row.update(server_cpu_per_query(before, server_cpu(server, args.model)))
+                if "p50_ms" in row and "in_process_p50_ms" in results:
+                    row["overhead_p50_ms"] = row["p50_ms"] - results["in_process_p50_ms"]
                 results["runs"].append(row)
                 if "error" in row:
                     print(f"{proto:12s} rate {rate:g}: perf_analyzer rc {row['rc']}: {row['error']}")
                 else:
-                    print(f"{proto:12s} rate {rate:7g}/s  throughput {row['throughput']:8.1f}/s  p50 "
-                          f"{row['p50_ms']:7.2f} ms  p90 {row['p90_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms",
+                    load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {rate:7g}/s"
+                    extra = f"  overhead p50 {row['overhead_p50_ms']:.3f} ms" if "overhead_p50_ms" in row else ""
+                    if "non_model_cpu_ms_per_query" in row:
+                        extra += (f"  workers' CPU/query {row['worker_cpu_ms_per_query']:.3f} ms, not the model "
+                                  f"{row['non_model_cpu_ms_per_query']:.3f}")
+                    print(f"{proto:12s} {load}  throughput {row['throughput']:8.1f}/s  p50 "
+                          f"{row['p50_ms']:7.3f} ms  p90 {row['p90_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms{extra}",
                           flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
