@@ -89,15 +89,15 @@ def test_a_planned_response_is_the_bytes_protobuf_makes(shape, request_id):
     rest, raw = split(request_of(query(), request_id=request_id))
     request = service_pb2.ModelInferRequest.FromString(rest)
     plan = Plan(request, codec.grpc_raw_plan(request, len(raw)))
-    for seed in range(2):  # the second is encoded from the cached head
+    for seed, answered_id in enumerate([request_id, request_id, "other", ""]):  # later ones from the cached head
         scores = np.random.default_rng(seed).random(shape).astype(np.float32)
-        expected = infer_response("model", request_id, scores, "3").SerializeToString()
-        assert plan.response("model", "3", scores) == expected
+        expected = infer_response("model", answered_id, scores, "3").SerializeToString()
+        assert plan.response("model", "3", scores, answered_id) == expected  # a plan serves requests of any id
         streamed = service_pb2.ModelStreamInferResponse(infer_response=service_pb2.ModelInferResponse.FromString(
             expected)).SerializeToString()
         assert protobuf_field(STREAM_INFER_KEY, expected) == streamed
     with pytest.raises(InferError):
-        plan.response("model", "3", np.array([[np.inf]], np.float32))
+        plan.response("model", "3", np.array([[np.inf]], np.float32), request_id)
 
 
 class FakePlane:
@@ -158,17 +158,33 @@ def test_the_worker_answers_planned_requests_as_it_answers_new_ones():
     assert ask(methods, request_of(query(), version="2"))[0] is False
 
 
+def test_requests_differing_only_in_their_id_share_a_plan_and_each_answer_carries_its_own():
+    """perf_analyzer ``--streaming`` numbers every request; the id is no part of a plan's key."""
+    methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    arrays = query(batch=2)
+    for request_id in ("1", "2", "", "é" * 70, "2"):
+        taken, response, error = ask(methods, request_of(arrays, request_id=request_id))
+        expected = infer_response("m", request_id, arrays["dense"].sum(axis=1, keepdims=True), "1")
+        assert taken and error is None and response == expected.SerializeToString()
+    assert len(methods._plans) == 1
+
+
+def padded(request: service_pb2.ModelInferRequest, size: int) -> service_pb2.ModelInferRequest:
+    request.parameters["pad"].string_param = "x" * size  # bytes besides the tensors that are part of the key
+    return request
+
+
 def test_plans_are_bounded():
     methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
     for k in range(PLANS + 5):
-        assert ask(methods, request_of(query(), request_id=str(k)))[2] is None
+        assert ask(methods, padded(request_of(query()), k))[2] is None
     assert 0 < len(methods._plans) <= PLANS
 
 
 def test_a_request_too_long_besides_its_tensors_is_answered_but_not_remembered():
     methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
-    for request_id in ("x" * (PLAN_KEY_BYTES + 1), "x" * (PLAN_KEY_BYTES - 200)):
-        taken, response, error = ask(methods, request_of(query(), request_id=request_id))
+    for size in (PLAN_KEY_BYTES + 1, PLAN_KEY_BYTES - 200):
+        taken, response, error = ask(methods, padded(request_of(query()), size))
         assert taken and error is None and response is not None
     assert len(methods._plans) == 1  # the shorter one
 

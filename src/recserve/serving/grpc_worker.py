@@ -35,6 +35,7 @@ decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
 # this size on that is what keeps a large query from being copied twice (codec.split_raw_input_contents)
 SPLIT_BYTES = 64 << 10
 RAW_OUTPUT_KEY = 6 << 3 | 2  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
+RESPONSE_ID_KEY = 3 << 3 | 2  # ModelInferResponse.id (field 3, a string)
 STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
 
@@ -52,27 +53,33 @@ class Plan:
     bytes (the raw input contents aside) needs, so that protobuf is not asked again (issue #14: tritonclient and
     grpcio clients send the same names, datatypes and shapes on every call)."""
 
-    __slots__ = ("version", "id", "inputs", "heads")
+    __slots__ = ("version", "inputs", "heads")
 
     def __init__(self, request: Any, inputs: codec.RawPlan) -> None:
         self.version: str = request.model_version
-        self.id: str = request.id
         self.inputs = inputs
-        self.heads: dict[tuple[str, tuple[int, ...]], bytes] = {}  # the response but for its raw contents
+        # per answering version and scores shape: the response's fields before its id, and after it but for its
+        # raw contents (a plan serves requests of any id: the id is not part of its key)
+        self.heads: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes]] = {}
 
-    def response(self, name: str, version: str, scores: np.ndarray) -> bytes:
-        """The serialized ``ModelInferResponse`` for ``scores``, as ``infer_response`` makes it (its raw contents,
-        the last field, appended to the rest made once per answering version and scores shape)."""
+    def response(self, name: str, version: str, scores: np.ndarray, request_id: str) -> bytes:
+        """The serialized ``ModelInferResponse`` for ``scores``, byte for byte as ``infer_response`` makes it: the
+        fields before the id and after it made once per answering version and scores shape, the id and the raw
+        contents (the last field) put between and after them."""
         scores = codec.finite_scores(scores)
         head = self.heads.get((version, scores.shape))
         if head is None:
             entry, _ = codec.raw_tensor(codec.OUTPUT_SCORES, scores)
-            response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=self.id)
-            response.outputs.add(**entry)
+            outputs = service_pb2.ModelInferResponse()
+            outputs.outputs.add(**entry)
             if len(self.heads) >= 16:
                 self.heads.clear()
-            head = self.heads[(version, scores.shape)] = response.SerializeToString()
-        return head + codec.protobuf_field(RAW_OUTPUT_KEY, scores.astype("<f4", copy=False).tobytes())
+            head = self.heads[(version, scores.shape)] = (
+                service_pb2.ModelInferResponse(model_name=name, model_version=version).SerializeToString(),
+                outputs.SerializeToString())
+        ident = codec.protobuf_field(RESPONSE_ID_KEY, request_id.encode()) if request_id else b""
+        return head[0] + ident + head[1] + codec.protobuf_field(RAW_OUTPUT_KEY,
+                                                                  scores.astype("<f4", copy=False).tobytes())
 
 
 async def _requests(call: GrpcCall) -> AsyncIterator[memoryview]:
@@ -163,14 +170,17 @@ class WorkerMethods(Forwarder):
         tensors viewed where they arrived, only their sizes and values checked; any other is decoded whole and,
         once accepted, remembered."""
         arrived = time.perf_counter()
-        split = codec.split_raw_input_contents(raw)
+        split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
         plan = self._plans.get(split[0]) if split is not None else None
         request = None
+        request_id = split[2] if split is not None else ""
         if plan is None:
             request = decode_infer(raw if split is None else split[0])
             if isinstance(request, Undecodable):
                 answer(None, request.error)
                 return True
+            if split is not None:
+                request.id = request_id
             name, version = request.model_name, request.model_version
         else:
             name, version = self.plane.model_name, plan.version  # only this model's requests have plans
@@ -184,6 +194,7 @@ class WorkerMethods(Forwarder):
                 plan = None
                 if request is None:
                     request = decode_infer(split[0])  # type: ignore[index]
+                    request.id = request_id
                 arrays = codec.parse_grpc_infer(request, split and split[1], regions)
                 target = codec.grpc_output_target(request.outputs)
                 if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
@@ -200,7 +211,7 @@ class WorkerMethods(Forwarder):
             response = None
             if error is None:
                 try:  # scores into a shared-memory region may fail (too small): answered, never raised to the pass
-                    response = (plan.response(name, self.plane.version, scores) if plan is not None else
+                    response = (plan.response(name, self.plane.version, scores, request_id) if plan is not None else
                                 infer_response(name, request.id, scores, self.plane.version, target,
                                                regions).SerializeToString())
                 except Exception as exc:  # noqa: BLE001
