@@ -77,5 +77,5 @@ def test_the_probe_survives_a_child_that_dies_on_an_illegal_instruction(monkeypa
     """What a native wheel built for a newer CPU does (issue #13's io_uring binding): the child dies, not us."""
     monkeypatch.setattr(eventloop, "PROBE_CODE", "import os, signal\nos.kill(os.getpid(), signal.SIGILL)")
     ok, why = eventloop.probe_uvloop.__wrapped__()
-    assert not ok and "-4" in why  # SIGILL's exit status; no stderr from a killed child
+    assert not ok and "SIGILL" in why
     assert eventloop.choose("auto")[0] in ("uvloop", "asyncio")  # the cached verdict of the real probe stands

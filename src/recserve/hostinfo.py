@@ -6,10 +6,36 @@ Memory bandwidth cannot be read from sysfs; it is an assumption until ``recserve
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 _CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def probe_in_child(code: str, what: str, timeout_s: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Run ``code`` in a child interpreter; ``(True, "")`` if it exits 0 having printed ``ok``, else ``(False,
+    why)`` naming ``what``.  Native code (io_uring through ctypes, uvloop's wheel) may die on this CPU or kernel
+    (SIGILL, a seccomp kill): in a child that only means "unavailable", never the caller's death."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False, f"{what} did not finish in {timeout_s:.0f} s"
+    except OSError as exc:
+        return False, f"{what} could not start: {exc}"
+    if proc.returncode < 0:
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        return False, f"{what} process was killed by {name}"
+    if proc.returncode != 0 or proc.stdout.strip() != "ok":
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return False, f"{what} failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+    return True, ""
 ASSUMED_MEM_BW_GBS = 20.0
 ASSUMED_BASE_POWER_W = 60.0
 ASSUMED_POWER_PER_CORE_W = 8.0

@@ -19,13 +19,13 @@ import ctypes
 import logging
 import mmap
 import os
-import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import numpy as np
+
+from recserve.hostinfo import probe_in_child
 
 log = logging.getLogger("recserve.embedding")
 
@@ -234,23 +234,8 @@ def _run_probe() -> tuple[bool, str]:
     src_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([src_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    try:
-        proc = subprocess.run([sys.executable, "-c", PROBE_CODE], env=env, capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return False, f"the io_uring probe did not finish in {PROBE_TIMEOUT_S:.0f} s"
-    except OSError as exc:
-        return False, f"the io_uring probe could not start: {exc}"
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
-        return False, f"the io_uring probe process was killed by {name}"
-    if proc.returncode != 0 or proc.stdout.strip() != "ok":
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        return False, f"the io_uring probe failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
-    return True, "io_uring set up and read a test file in a probe process"
+    ok, why = probe_in_child(PROBE_CODE, "the io_uring probe", PROBE_TIMEOUT_S, env)
+    return (True, "io_uring set up and read a test file in a probe process") if ok else (False, why)
 
 
 def probe() -> tuple[bool, str]:

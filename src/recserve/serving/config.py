@@ -57,6 +57,7 @@ from typing import Any
 
 from recserve.errors import SpecError
 from recserve.serving.codec import MAX_JSON_BYTES
+from recserve.serving.eventloop import EVENT_LOOPS
 from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
@@ -305,7 +306,6 @@ class ModelConfig:
 
 
 FRONT_ENDS = ("workers", "server")
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")  # serving.eventloop's choices (not imported: it is the workers' side)
 
 
 @dataclass

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import subprocess
-import sys
 from collections.abc import Coroutine
 from typing import Any
+
+from recserve.hostinfo import probe_in_child
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 PROBE_TIMEOUT_S = 20.0
@@ -42,21 +42,14 @@ async def main():
     server.close()
 
 uvloop.run(main())
+print("ok")
 """
 
 
 @functools.cache
 def probe_uvloop() -> tuple[bool, str]:
     """Whether uvloop serves a TCP echo in a child process of this interpreter, and why not."""
-    try:
-        proc = subprocess.run([sys.executable, "-c", PROBE_CODE], capture_output=True, text=True,
-                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"probe failed: {exc}"
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        return False, lines[-1] if lines else f"probe exited with {proc.returncode}"
-    return True, ""
+    return probe_in_child(PROBE_CODE, "the uvloop probe", PROBE_TIMEOUT_S)
 
 
 def choose(setting: str) -> tuple[str, str]:
