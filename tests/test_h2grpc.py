@@ -18,6 +18,8 @@ import pytest
 from recserve.serving.codec import aligned_buffer
 from recserve.serving.h2grpc import (
     ENHANCE_YOUR_CALM,
+    GOAWAY_PING,
+    GOAWAY_PING_AGAIN,
     INVALID_ARGUMENT,
     PREFACE,
     GrpcCall,
@@ -302,12 +304,16 @@ class _Transport:
 
     def __init__(self) -> None:
         self.writes: list[bytes] = []
+        self.eof = False  # our side ended (``write_eof``)
 
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
 
     def get_extra_info(self, name: str) -> None:
         return None
+
+    def write_eof(self) -> None:
+        self.eof = True
 
     def frames(self) -> list[tuple[int, int, int, bytes]]:
         """(type, flags, stream, payload) of everything written since the last call."""
@@ -350,6 +356,53 @@ def test_a_unary_answer_leaves_at_once_in_one_write_and_later_frames_in_another(
                                                                          (1, 5, stream), (6, 1, 0)]
         assert frames[1][3] == b"\x00\x00\x00\x00\x02hi" and b"grpc-status" in frames[2][3]
     assert len(conn._indexed) == 1
+
+
+def _goaway_last_ids(frames: list[tuple[int, int, int, bytes]]) -> list[int]:
+    return [int.from_bytes(payload[:4], "big") for kind, _, _, payload in frames if kind == 7]
+
+
+def test_a_stream_the_client_sends_after_its_first_ping_acknowledgement_is_still_served():
+    """grpc-core writes a PING's acknowledgement before the HEADERS of a stream it numbered just before it read
+    the first GOAWAY: the final GOAWAY waits for a second PING round trip, so that stream is answered instead of
+    crossing the final GOAWAY (grpc-core retries a crossed call only once)."""
+    from hpack import Encoder
+
+    async def run() -> None:
+        conn, transport = _connection()
+        encoder = Encoder()
+        conn.close_gracefully()
+        frames = transport.frames()
+        assert _goaway_last_ids(frames) == [2**31 - 1] and (6, 0, 0, GOAWAY_PING) in frames
+        conn.data_received(_frame(6, 1, 0, GOAWAY_PING) + _call(1, b"late", encoder))
+        frames = transport.frames()
+        assert (0, 0, 1, b"\x00\x00\x00\x00\x04late") in frames  # answered, not refused
+        assert _goaway_last_ids(frames) == [] and (6, 0, 0, GOAWAY_PING_AGAIN) in frames
+        conn.data_received(_frame(6, 1, 0, GOAWAY_PING_AGAIN) + _call(3, b"later", encoder))
+        frames = transport.frames()
+        assert _goaway_last_ids(frames) == [1]  # stream 3 came after it: refused, the client retries it
+        assert (3, 0, 3, (7).to_bytes(4, "big")) in frames and transport.eof
+
+    asyncio.run(run())
+
+
+def test_a_client_that_never_acknowledges_gets_the_final_goaway_after_a_while(monkeypatch):
+    import recserve.serving.h2grpc as h2grpc
+
+    monkeypatch.setattr(h2grpc, "GOAWAY_ACK_S", 0.01)
+
+    from hpack import Encoder
+
+    async def run() -> None:
+        conn, transport = _connection()
+        conn.data_received(_call(1, b"hi", Encoder()))
+        transport.frames()
+        conn.close_gracefully()
+        assert _goaway_last_ids(transport.frames()) == [2**31 - 1] and not transport.eof
+        await asyncio.sleep(0.05)
+        assert _goaway_last_ids(transport.frames()) == [1] and transport.eof  # no call in flight: our side ends
+
+    asyncio.run(run())
 
 
 def test_an_answer_the_client_window_does_not_admit_waits_for_its_window_update():

@@ -380,7 +380,8 @@ class Load:
 
     def _infer(self, client, inputs):
         """One query; nothing is resent (a retiring worker's gRPC connections get GOAWAY and their calls in flight
-        are answered; a call that crosses the GOAWAY is refused with REFUSED_STREAM, which grpc-core retries).
+        are answered; the final GOAWAY waits two PING round trips, so a call rarely crosses it, and one that does is
+        refused with REFUSED_STREAM, which grpc-core retries once).
         A 60-s client deadline: these tests are about losing no query, and on a slow 2-core host a 48-item query
         split into sub-batches can wait longer than the model's default deadline (2 x its 20 ms SLA), past which a
         query still queued is shed with 504 by design."""

@@ -18,8 +18,9 @@ which is what gRPC clients speak without TLS):
   cancellation, unary and bidirectional-streaming methods;
 - reads: DATA kept as views of the received bytes (a message is joined once), a header block bounded; a large
   unary request is assembled as it arrives in a buffer its method provides (``Method.land``);
-- a graceful stop: two GOAWAYs (the second, naming the last stream, once a PING sent with the first is
-  acknowledged), calls in flight answered, then our side half-closed and the client closes;
+- a graceful stop: two GOAWAYs (the second, naming the last stream, once two PINGs in a row, the first sent
+  with the first GOAWAY, are acknowledged), calls in flight answered, then our side half-closed and the client
+  closes;
 - ``TCP_NODELAY`` on every connection (asyncio sets it only on sockets made with ``IPPROTO_TCP``).
 
 It knows nothing of recserve: ``grpc_worker.py`` maps methods to handlers.
@@ -64,7 +65,10 @@ LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most 
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
 Metadata = tuple[tuple[str, "str | bytes"], ...]
-GOAWAY_PING = b"goaway\x00\x01"  # the PING whose acknowledgement allows the final GOAWAY
+# the PINGs of a graceful close: the first goes with the first GOAWAY; its acknowledgement sends the second, and
+# the second's allows the final GOAWAY (``close_gracefully`` says why two)
+GOAWAY_PING, GOAWAY_PING_AGAIN = b"goaway\x00\x01", b"goaway\x00\x02"
+GOAWAY_ACK_S = 1.0  # a client that has not acknowledged them by then gets the final GOAWAY anyway
 
 # gRPC status codes (grpc.StatusCode values), named here so that this module needs no grpc import
 OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 3, 8, 12, 13
@@ -291,13 +295,29 @@ class GrpcConnection(asyncio.Protocol):
 
     def close_gracefully(self) -> None:
         """Stop taking calls, answer those in flight, then close.  Two GOAWAYs, as grpc-core's server does: the
-        first (any stream id) tells the client to open no more streams here; once it acknowledges the PING sent
-        with it, every stream it opened before has arrived, and the second names the last of them.  A single
-        GOAWAY would fail, UNAVAILABLE, a call whose HEADERS were on the wire as it went out."""
+        first (any stream id) tells the client to open no more streams here, and the second names the last stream
+        that arrived.  A single GOAWAY would fail, UNAVAILABLE, a call whose HEADERS were on the wire as it went
+        out.  The second waits for two PING round trips, not one as grpc-core's: grpc-core writes a PING's
+        acknowledgement before the HEADERS of a stream it had numbered just before it read the first GOAWAY, so
+        after one round trip such a stream could still cross the final GOAWAY.  grpc-core retries a crossed
+        call once, transparently; a connection closed again before the retry was seen (a worker retired while
+        the node's cover was closing) failed the call, "Stream removed (GOAWAY received)".
+
+        A client that does not acknowledge (seen: grpc-core given the first GOAWAY as it connects, its calls then
+        waiting for their deadline on a connection that never closed) gets the final GOAWAY after
+        ``GOAWAY_ACK_S``, and our side ends once its calls have."""
         if self._closing or self._goaway_ping or self.transport is None:
             return
         self._goaway_ping = True
         self._write([self._goaway(MAX_WINDOW), _frame(PING, 0, 0, GOAWAY_PING)])
+        asyncio.get_running_loop().call_later(GOAWAY_ACK_S, self._final_goaway)
+
+    def _final_goaway(self) -> None:
+        """The second GOAWAY, naming the last stream that arrived; our side ends when the calls in flight have."""
+        if self._closing or self.transport is None:
+            return
+        self._closing = True
+        self._write([self._goaway(self._last_id)])
 
     def _goaway(self, last_id: int, code: int = NO_ERROR, reason: bytes = b"") -> bytes:
         return _frame(GOAWAY, 0, 0, last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + reason)
@@ -414,8 +434,9 @@ class GrpcConnection(asyncio.Protocol):
             if not flags & ACK:
                 self._out.append(_frame(PING, ACK, 0, payload))
             elif payload == GOAWAY_PING and not self._closing:  # the client has seen the first GOAWAY
-                self._closing = True
-                self._out.append(self._goaway(self._last_id))
+                self._out.append(_frame(PING, 0, 0, GOAWAY_PING_AGAIN))  # after the streams it had numbered
+            elif payload == GOAWAY_PING_AGAIN:  # every stream it opened has arrived
+                self._final_goaway()
         elif kind == RST_STREAM:
             self._reset(stream)
         elif kind == GOAWAY:

@@ -1,0 +1,111 @@
+"""The gRPC graceful close under fire: grpcio clients call while every connection is closed again and again.
+
+A worker that retires and the node's cover that stops both close their gRPC connections with GOAWAY
+(``serving/h2grpc.py``, ``GrpcConnection.close_gracefully``).  A call whose HEADERS cross the final GOAWAY is
+refused and grpc-core retries it once, transparently; a call crossing twice fails ("Stream removed (GOAWAY
+received)"), as ``test_changing_workers_under_load_loses_no_query[grpc]`` once did in CI.  This script counts,
+for ``--closes`` rounds ``--gap-ms`` apart, the calls answered, the streams refused after a final GOAWAY
+(crossings) and every failure by code and message, and writes JSON.  Every call should be answered.
+
+    .venv/bin/python benchmarks/stress_grpc_goaway.py --threads 8 --closes 500 --gap-ms 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from recserve.serving import eventloop, h2grpc  # noqa: E402
+from recserve.serving.server import listening_socket  # noqa: E402
+
+Counts = collections.Counter
+
+
+class CountingConnection(h2grpc.GrpcConnection):
+    """Counts the streams that arrive after the final GOAWAY (they are refused: the client retries them)."""
+
+    counts: Counts = Counts()
+
+    def _header_block(self, stream, block):  # type: ignore[no-untyped-def]
+        if self._closing and stream.call is None:
+            self.counts["refused after the final GOAWAY"] += 1
+        super()._header_block(stream, block)
+
+
+def echo(path: str) -> h2grpc.Method:
+    return h2grpc.Method(unary=lambda call, raw: call.reply(bytes(raw)))
+
+
+def call_until(port: int, stop: threading.Event, counts: Counts) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        send = channel.unary_unary("/stress.S/Echo")
+        while not stop.is_set():
+            try:
+                send(b"hello", timeout=30)
+                counts["answered"] += 1
+            except grpc.RpcError as exc:
+                counts[f"{exc.code().name}: {exc.details()}"] += 1
+
+
+async def stress(args: argparse.Namespace) -> dict:
+    counts = CountingConnection.counts
+    sock = listening_socket("127.0.0.1", 0)
+    server = h2grpc.GrpcServer(echo, 1 << 20)
+    server._connection = lambda: _tracked(server)  # type: ignore[method-assign]
+    await server.start(sock)
+    stop = threading.Event()
+    threads = [threading.Thread(target=call_until, args=(sock.getsockname()[1], stop, counts))
+               for _ in range(args.threads)]
+    for t in threads:
+        t.start()
+    await asyncio.sleep(0.5)
+    closed = 0
+    for i in range(args.closes):
+        for conn in list(server.connections):
+            conn.close_gracefully()
+            closed += 1
+        await asyncio.sleep(args.gap_ms / 1000)
+        if args.progress and i % 100 == 99:
+            print(f"  {i + 1}/{args.closes} rounds: {dict(counts)}", flush=True)
+    stop.set()
+    await asyncio.get_running_loop().run_in_executor(None, lambda: [t.join() for t in threads])
+    await server.stop(grace=1.0)
+    failed = sum(n for k, n in counts.items() if k not in ("answered", "refused after the final GOAWAY"))
+    return {"threads": args.threads, "closes": closed, "gap_ms": args.gap_ms, "loop": args.loop,
+            "counts": dict(counts), "failed": failed}
+
+
+def _tracked(server: h2grpc.GrpcServer) -> h2grpc.GrpcConnection:
+    conn = CountingConnection(server.methods, server.max_message, server.connections.discard)
+    server.connections.add(conn)
+    return conn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=8, help="client threads, each with its own channel")
+    parser.add_argument("--closes", type=int, default=500, help="rounds of closing every connection")
+    parser.add_argument("--gap-ms", type=float, default=20.0, help="time between rounds")
+    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the server's event loop")
+    parser.add_argument("--progress", action="store_true", help="print the counts every 100 rounds")
+    parser.add_argument("--json", type=Path, default=ROOT / "results" / "stress_grpc_goaway.json")
+    args = parser.parse_args()
+    result = eventloop.run(stress(args), args.loop)
+    print(json.dumps(result, indent=1))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    sys.exit(1 if result["failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
