@@ -14,6 +14,11 @@ from typing import Any
 
 _CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
+ASSUMED_MEM_BW_GBS = 20.0
+ASSUMED_BASE_POWER_W = 60.0
+ASSUMED_POWER_PER_CORE_W = 8.0
+"""Power cannot be read either (RAPL is rarely exposed to users): a stated estimate, so planners can run."""
+
 
 def probe_in_child(code: str, what: str, timeout_s: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
     """Run ``code`` in a child interpreter; ``(True, "")`` if it exits 0 having printed ``ok``, else ``(False,
@@ -36,10 +41,6 @@ def probe_in_child(code: str, what: str, timeout_s: float, env: dict[str, str] |
         lines = (proc.stderr or proc.stdout).strip().splitlines()
         return False, f"{what} failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
     return True, ""
-ASSUMED_MEM_BW_GBS = 20.0
-ASSUMED_BASE_POWER_W = 60.0
-ASSUMED_POWER_PER_CORE_W = 8.0
-"""Power cannot be read either (RAPL is rarely exposed to users): a stated estimate, so planners can run."""
 
 
 def _llc() -> tuple[float, int]:

@@ -846,8 +846,10 @@ class GrpcServer:
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
 
+    connection_type = GrpcConnection  # what each accepted connection is served by
+
     def _connection(self) -> GrpcConnection:
-        conn = GrpcConnection(self.methods, self.max_message, self.connections.discard)
+        conn = self.connection_type(self.methods, self.max_message, self.connections.discard)
         self.connections.add(conn)
         return conn
 
