@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import os
@@ -154,12 +155,19 @@ def _parse_head_lines(raw: bytes) -> tuple[str, str, str, dict[str, str]]:
 
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
                    close: bool = False) -> bytes:
+    return _response_head(status, content_type, len(body), tuple((extra or {}).items()), close) + body
+
+
+@functools.lru_cache(maxsize=1024)
+def _response_head(status: int, content_type: str, length: int, extra: tuple[tuple[str, str], ...],
+                   close: bool) -> bytes:
+    """A response's head, remembered: answers of one shape repeat it call after call (~3 µs of a batch-1 query)."""
     head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}"]
-    head += [f"{k}: {v}" for k, v in (extra or {}).items()]
+            f"Content-Length: {length}"]
+    head += [f"{k}: {v}" for k, v in extra]
     if close:
         head.append("Connection: close")
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
 
 
 def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None) -> bytes:
