@@ -12,7 +12,9 @@ glibc's loader, which this script uses when it is there.
 
 With ``--concurrency 1`` it keeps one request in flight instead (perf_analyzer's default load mode) and also times
 the same queries in process: perf_analyzer's p50 minus that is the serving overhead measured by NVIDIA's C++ client
-(batch 1: ``--model hercules-rmc1 --scale 0.001 --workers 1 --mix fixed:1 --concurrency 1``).
+(batch 1: ``--model hercules-rmc1 --scale 0.001 --workers 1 --mix fixed:1 --concurrency 1``).  The in-process p50
+is taken again just before and after each run (the reference is their mean), and each row also shows the worker's
+own pass time (the node's ``compute_infer``): overhead = (served p50 - that pass) + (that pass - in process).
 """
 
 from __future__ import annotations
@@ -109,29 +111,49 @@ def server_cpu_per_query(before: tuple[float, int, int], after: tuple[float, int
             "non_model_cpu_ms_per_query": cpu_ms - model_ms}
 
 
-def in_process_p50(model_name: str, scale: float, pool: RequestPool, rounds: int = 50) -> float:
-    """p50 of the pool's queries run in this process by the model as a worker builds it (tables fused), one torch
-    thread: the reference the serving overhead is measured against (``bench_serving_overhead.py``'s ``in_process``)."""
-    import time
+class InProcess:
+    """The pool's queries run in this process by the model as a worker builds it (tables fused), one torch thread:
+    the reference the serving overhead is measured against (``bench_serving_overhead.py``'s ``in_process``).
+    Measured again around every perf_analyzer run (``bracket``): a shared host's speed drifts by 2x within
+    minutes, and a reference taken once at the start bent every later run's overhead with it."""
 
-    import torch
+    def __init__(self, model_name: str, scale: float, pool: RequestPool) -> None:
+        import torch
 
-    from recserve.serving import build_worker_model, quick_config
+        from recserve.serving import build_worker_model, quick_config
 
-    torch.set_num_threads(1)
-    model = build_worker_model(quick_config(model_name, scale=scale, workers=1, threads=1).models[0])
-    batches = list(pool.batches())
-    samples = []
-    with torch.inference_mode():
-        for _ in range(5):
-            model(batches[0])
-        for _ in range(rounds):
-            for batch in batches:
-                start = time.perf_counter()
-                model(batch)
-                samples.append(time.perf_counter() - start)
-    samples.sort()
-    return samples[len(samples) // 2] * 1e3
+        torch.set_num_threads(1)
+        self.model = build_worker_model(quick_config(model_name, scale=scale, workers=1, threads=1).models[0])
+        self.batches = list(pool.batches())
+
+    def p50(self, rounds: int = 50) -> float:
+        import time
+
+        import torch
+
+        samples = []
+        with torch.inference_mode():
+            for _ in range(5):
+                self.model(self.batches[0])
+            for _ in range(rounds):
+                for batch in self.batches:
+                    start = time.perf_counter()
+                    self.model(batch)
+                    samples.append(time.perf_counter() - start)
+        samples.sort()
+        return samples[len(samples) // 2] * 1e3
+
+
+def bracketed(before_ms: float, after_ms: float, row: dict[str, Any]) -> None:
+    """``row``'s overhead against the mean of the in-process p50 just before and just after its run, and the worker's
+    own pass time beside it: overhead = (served p50 - the worker's pass) + (the worker's pass - in process), the
+    serving path's share and the host's slowing of the pass in a worker (cache and core shared with the client)."""
+    reference = (before_ms + after_ms) / 2
+    row["in_process_p50_ms"], row["in_process_drift_ms"] = reference, after_ms - before_ms
+    if "p50_ms" in row:
+        row["overhead_p50_ms"] = row["p50_ms"] - reference
+    if "model_ms_per_query" in row:
+        row["pass_slowdown_ms"] = row["model_ms_per_query"] - reference
 
 
 def main() -> int:
@@ -166,9 +188,11 @@ def main() -> int:
                                "cores": len(os.sched_getaffinity(0)), "perf_analyzer": exe,
                                "forward_to_idle": not args.no_forward,
                                "host_glibc": os.confstr("CS_GNU_LIBC_VERSION"), "runs": []}
-    if args.concurrency == 1:
-        results["in_process_p50_ms"] = in_process_p50(args.model, args.scale, pool)
-        print(f"in process (the worker's model, one thread): p50 {results['in_process_p50_ms']:.3f} ms")
+    reference = InProcess(args.model, args.scale, pool) if args.concurrency == 1 else None
+    if reference is not None:
+        results["in_process_p50_ms"] = reference.p50()
+        print(f"in process (the worker's model, one thread): p50 {results['in_process_p50_ms']:.3f} ms "
+              "(measured again around each run)")
     rates = [float(r) for r in args.rates.split(",")] if not args.concurrency else [0.0]
     with tempfile.TemporaryDirectory() as tmp, NodeServer(quick_config(
             args.model, scale=args.scale, workers=args.workers, deadline_ms=spec.sla.target_ms,
@@ -179,18 +203,21 @@ def main() -> int:
         for proto in [p.strip() for p in args.protocols.split(",") if p.strip()]:
             port = server.ports.http if proto == "http" else server.ports.grpc
             for rate in rates:
+                ahead = reference.p50() if reference is not None else 0.0
                 before = server_cpu(server, args.model)
                 row = run_one(exe, args.model, port, proto, rate, data, args.interval_ms, work, args.stability,
                               args.concurrency)
                 row.update(server_cpu_per_query(before, server_cpu(server, args.model)))
-                if "p50_ms" in row and "in_process_p50_ms" in results:
-                    row["overhead_p50_ms"] = row["p50_ms"] - results["in_process_p50_ms"]
+                if reference is not None:
+                    bracketed(ahead, reference.p50(), row)
                 results["runs"].append(row)
                 if "error" in row:
                     print(f"{proto:12s} rate {rate:g}: perf_analyzer rc {row['rc']}: {row['error']}")
                 else:
                     load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {rate:7g}/s"
-                    extra = f"  overhead p50 {row['overhead_p50_ms']:.3f} ms" if "overhead_p50_ms" in row else ""
+                    extra = (f"  overhead p50 {row['overhead_p50_ms']:.3f} ms (in process "
+                             f"{row['in_process_p50_ms']:.3f}, the worker's pass "
+                             f"{row.get('model_ms_per_query', float('nan')):.3f})" if "overhead_p50_ms" in row else "")
                     if "non_model_cpu_ms_per_query" in row:
                         extra += (f"  workers' CPU/query {row['worker_cpu_ms_per_query']:.3f} ms, not the model "
                                   f"{row['non_model_cpu_ms_per_query']:.3f}")
