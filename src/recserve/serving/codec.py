@@ -804,7 +804,7 @@ def parse_raw(plan: RawPlan, raw: Sequence[Any]) -> dict[str, np.ndarray] | None
     for (name, dtype, dims, size), contents in zip(plan, raw, strict=True):
         if len(contents) != size:
             return None
-        arrays[name] = np.frombuffer(contents, dtype).reshape(dims)
+        arrays[name] = np.ndarray(dims, dtype, contents)  # one call, not frombuffer + reshape (~0.7 µs each)
     check_inputs(arrays)
     return arrays
 
