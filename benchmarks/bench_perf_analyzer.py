@@ -114,7 +114,7 @@ def server_cpu_per_query(before: tuple[float, int, int], after: tuple[float, int
 class InProcess:
     """The pool's queries run in this process by the model as a worker builds it (tables fused), one torch thread:
     the reference the serving overhead is measured against (``bench_serving_overhead.py``'s ``in_process``).
-    Measured again around every perf_analyzer run (``bracket``): a shared host's speed drifts by 2x within
+    Measured again around every perf_analyzer run (``bracketed``): a shared host's speed drifts by 2x within
     minutes, and a reference taken once at the start bent every later run's overhead with it."""
 
     def __init__(self, model_name: str, scale: float, pool: RequestPool) -> None:
@@ -189,8 +189,9 @@ def main() -> int:
                                "forward_to_idle": not args.no_forward,
                                "host_glibc": os.confstr("CS_GNU_LIBC_VERSION"), "runs": []}
     reference = InProcess(args.model, args.scale, pool) if args.concurrency == 1 else None
+    last = 0.0  # the latest in-process p50: the one after a run is the one before the next
     if reference is not None:
-        results["in_process_p50_ms"] = reference.p50()
+        results["in_process_p50_ms"] = last = reference.p50()
         print(f"in process (the worker's model, one thread): p50 {results['in_process_p50_ms']:.3f} ms "
               "(measured again around each run)")
     rates = [float(r) for r in args.rates.split(",")] if not args.concurrency else [0.0]
@@ -203,13 +204,13 @@ def main() -> int:
         for proto in [p.strip() for p in args.protocols.split(",") if p.strip()]:
             port = server.ports.http if proto == "http" else server.ports.grpc
             for rate in rates:
-                ahead = reference.p50() if reference is not None else 0.0
                 before = server_cpu(server, args.model)
                 row = run_one(exe, args.model, port, proto, rate, data, args.interval_ms, work, args.stability,
                               args.concurrency)
                 row.update(server_cpu_per_query(before, server_cpu(server, args.model)))
                 if reference is not None:
-                    bracketed(ahead, reference.p50(), row)
+                    ahead, last = last, reference.p50()
+                    bracketed(ahead, last, row)
                 results["runs"].append(row)
                 if "error" in row:
                     print(f"{proto:12s} rate {rate:g}: perf_analyzer rc {row['rc']}: {row['error']}")

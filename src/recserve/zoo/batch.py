@@ -192,9 +192,9 @@ def _check_small(values: np.ndarray, lengths: np.ndarray, rows: tuple[int, ...],
         return
     counts = lengths.reshape(-1) if lengths.shape[1] == 1 else lengths.sum(axis=1)
     ids = values.view(np.uint64)  # as unsigned, a negative id is above every row count
-    bounds = _row_bounds(rows).repeat(counts)
-    if np.count_nonzero(ids >= bounds):  # count_nonzero: ~2 µs less than ``.any()``'s Python wrapper
-        first = int(np.flatnonzero(ids >= bounds)[0])
+    over = ids >= _row_bounds(rows).repeat(counts)
+    if np.count_nonzero(over):  # count_nonzero: ~2 µs less than ``.any()``'s Python wrapper
+        first = int(np.flatnonzero(over)[0])
         t = int(np.searchsorted(np.cumsum(counts), first, side="right"))
         raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
 
