@@ -30,6 +30,7 @@ from recserve.serving.control_client import ControlClient, ControlError, LlcUnsu
 from recserve.serving.llc import LlcAllocator
 from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
+from recserve.zoo.base import MLP
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -476,6 +477,7 @@ def test_tables_are_shared_only_when_asked(node):
     storages = {t.untyped_storage().data_ptr() for t in [*built.parameters(), *built.buffers()]}
     tables = {t.weight.untyped_storage().data_ptr() for t in built.tables}
     assert len(tables) == 1 and len(storages) < len(built.tables) + len(list(built.parameters()))
+    assert all(m._steps for m in built.modules() if isinstance(m, MLP) and len(m))  # MLPs run direct in workers
     common = set.intersection(*shared)
     assert len(common) >= len(storages), shared  # every weight (all tables: one), the same segments in every worker
     cfg = server.config.model("rmc1")

@@ -9,6 +9,7 @@ from torch import nn
 from recserve.errors import SpecError
 from recserve.specs import ModelSpec, catalogue_models, model_from_dict
 from recserve.zoo import FAMILY_CLASSES, build, sample_batch
+from recserve.zoo.base import MLP
 from recserve.zoo.flops import count_dense_flops, count_spec_flops, dense_flops_per_item
 from recserve.zoo.layers import AUGRU, ActivationUnit, ScoreHead, candidate_tables
 
@@ -82,6 +83,30 @@ def test_family_scores_and_exact_split(family, batch_size):
     assert scores.dtype == torch.float32
     assert bool(torch.isfinite(scores).all()) and bool(((scores > 0) & (scores < 1)).all())
     assert torch.equal(scores, split)
+
+
+@pytest.mark.parametrize("family", sorted(SPECS))
+def test_direct_mlp_passes_score_exactly_as_module_calls(family):
+    """``direct_layers`` (what workers run) changes how the MLPs are called, never a score: bit-identical at
+    batch 1 and 64; a hook on a layer (``zoo.flops``) makes that MLP run as modules again, and a dtype conversion
+    is followed."""
+    model = build(SPECS[family], scale=0.1).eval()
+    batches = [sample_batch(model, n, rng=n) for n in (1, 64)]
+    with torch.inference_mode():
+        before = [model(b) for b in batches]
+        model.direct_layers()
+        mlps = [m for m in model.modules() if isinstance(m, MLP)]
+        mlps = [m for m in mlps if len(m)]  # an empty stack (no bottom MLP) is the identity either way
+        assert mlps and all(m._steps for m in mlps)
+        assert all(torch.equal(model(b), want) for b, want in zip(batches, before, strict=True))
+    seen = []
+    handle = next(layer for layer in mlps[0] if isinstance(layer, nn.Linear)).register_forward_hook(
+        lambda *args: seen.append(1))
+    with torch.inference_mode():
+        assert torch.equal(model(batches[0]), before[0]) and seen
+    handle.remove()
+    model.double()
+    assert mlps[0]._steps[0][0].dtype == torch.float64
 
 
 @pytest.mark.parametrize("family", sorted(SPECS))

@@ -101,6 +101,8 @@ def build_worker_model(model_config: Any) -> RecModel:
 
         if fusable(model):  # every table in DRAM: one lookup per width (artifacts stay memory-mapped, unfused)
             model.fuse_tables()
+    if isinstance(model, RecModel):  # zoo families and safetensors artifacts; exported programs run as they are
+        model.direct_layers()
     return model
 
 

@@ -15,13 +15,13 @@ from torch import nn
 
 from recserve.errors import SpecError
 from recserve.specs import ModelSpec, TableSpec
-from recserve.zoo.base import mlp
+from recserve.zoo.base import MLP, mlp
 
 # DIN's activation unit (Zhou et al., KDD'18, Fig. 2) when a spec names no attention_mlp.
 DEFAULT_ATTENTION_MLP = (80, 40)
 
 
-class ScoreHead(nn.Sequential):
+class ScoreHead(MLP):
     """An MLP ending in ``out`` logits, however the paper wrote its last layer.
 
     - widths end in ``out`` (e.g. ``256-64-1``): used as written, no activation on the last layer;
@@ -29,7 +29,7 @@ class ScoreHead(nn.Sequential):
       ``z1 - z0``, so ``sigmoid(logit)`` equals the paper's ``softmax(z)[1]`` exactly;
     - otherwise (``1024-512-256``): every listed layer gets a ReLU and a ``Linear(last, out)`` follows.
 
-    Being an ``nn.Sequential`` keeps parameter names (``0.weight`` …) identical to a plain MLP.
+    Being an ``MLP`` (an ``nn.Sequential``) keeps parameter names (``0.weight`` …) identical to a plain MLP.
     """
 
     def __init__(self, widths: tuple[int, ...], in_features: int, out: int) -> None:
