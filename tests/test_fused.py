@@ -65,6 +65,8 @@ def test_a_model_fused_in_place_scores_exactly_as_before_on_both_paths(name):
     plain = build(catalogue_models()[name], scale=1e-4)
     model = build(catalogue_models()[name], scale=1e-4)
     model.fuse_tables()
+    # rmc1 and mtwnd take the one-width, all-pooled lookup (``_one_group_lookup``); din (sequences), sdm-m1 do not
+    assert model.fused._one_pooled_group == (name in ("hercules-rmc1", "hercules-mtwnd"))
     for size in (1, 37):
         batch = sample_batch(plain, size, rng=size)
         with torch.inference_mode():

@@ -239,6 +239,14 @@ def test_ncf_gmf_is_the_product_of_the_user_and_item_embeddings():
         assert torch.allclose(model(batch), expected, atol=1e-6)
 
 
+def test_dot_interaction_is_every_pair_dot_product_once_in_row_major_order():
+    from recserve.zoo.dlrm import DotInteraction
+
+    feats = torch.randn(3, 4, 5)
+    want = torch.stack([(feats[:, i] * feats[:, j]).sum(-1) for i in range(4) for j in range(i + 1, 4)], dim=1)
+    torch.testing.assert_close(DotInteraction(4)(feats), want)
+
+
 def test_activation_unit_factored_form_equals_the_paper_form():
     torch.manual_seed(0)
     unit = ActivationUnit(8, (16, 4))

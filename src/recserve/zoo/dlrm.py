@@ -17,12 +17,14 @@ class DotInteraction(nn.Module):
     def __init__(self, n: int) -> None:
         super().__init__()
         tri = torch.triu_indices(n, n, offset=1, device="cpu")  # CPU even when built on meta (flops)
-        self.register_buffer("tri_i", tri[0], persistent=False)
-        self.register_buffer("tri_j", tri[1], persistent=False)
+        # each pair (i, j) as one index into the flattened [n, n] products: one index_select instead of indexing
+        # two dims (rmc1: 26 -> 7 us at batch 1, 206 -> 34 us at 512 on the 2-core Zen 1 VM; the same values)
+        self.register_buffer("pairs", tri[0] * n + tri[1], persistent=False)
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         """``feats`` [B, n, d] → [B, n(n-1)/2]."""
-        return torch.bmm(feats, feats.transpose(1, 2))[:, self.tri_i, self.tri_j]
+        products = torch.bmm(feats, feats.transpose(1, 2))
+        return torch.index_select(products.reshape(products.shape[0], -1), 1, self.pairs)
 
     def dense_flops(self, inputs: tuple[torch.Tensor, ...], _output: object) -> int:
         b, n, d = inputs[0].shape
