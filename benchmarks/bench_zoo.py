@@ -5,9 +5,10 @@ time (median over runs), which stays meaningful on a machine shared with other j
 medians are in the JSON too.
 
 ``--fused`` adds the sparse part with the tables fused in place (``RecModel.fuse_tables``: one lookup per embedding
-width, what a node's CPU workers run) beside the per-table one, timed in alternation.
+width, what a node's CPU workers run) beside the per-table one, timed in alternation.  ``--direct`` likewise adds
+the dense part with its MLPs run direct (``RecModel.direct_layers``, what the workers run too).
 
-Run: ``.venv/bin/python benchmarks/bench_zoo.py [--batch 1,256] [--models a,b] [--scale 1e-3] [--fused]``
+Run: ``.venv/bin/python benchmarks/bench_zoo.py [--batch 1,256] [--models a,b] [--scale 1e-3] [--fused] [--direct]``
 Prints a table and writes ``results/zoo_forward.json``.
 """
 
@@ -18,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,17 +43,17 @@ def cpu_times(fn, min_time: float, min_runs: int = 3) -> tuple[float, float]:  #
     return statistics.median(cpu), statistics.median(wall)
 
 
-def sparse_times(model, fused, batch, min_time: float, rounds: int = 3):  # noqa: ANN001, ANN201
-    """The per-table sparse part's (CPU, wall) medians, and the fused one's CPU median (None without ``fused``),
-    timed in alternating rounds so a drifting host moves both alike."""
-    if fused is None:
-        return cpu_times(lambda: model.sparse(batch), min_time), None
-    per_table, fused_cpu = [], []
+def alternating(plain, other, min_time: float, rounds: int = 3):  # noqa: ANN001, ANN201
+    """``plain``'s (CPU, wall) medians, and ``other``'s CPU median (None without ``other``), timed in alternating
+    rounds so a drifting host moves both alike."""
+    if other is None:
+        return cpu_times(plain, min_time), None
+    first, second = [], []
     for _ in range(rounds):
-        per_table.append(cpu_times(lambda: model.sparse(batch), min_time / rounds))
-        fused_cpu.append(cpu_times(lambda: fused.sparse(batch), min_time / rounds)[0])
-    return (statistics.median(c for c, _ in per_table), statistics.median(w for _, w in per_table)), \
-        statistics.median(fused_cpu)
+        first.append(cpu_times(plain, min_time / rounds))
+        second.append(cpu_times(other, min_time / rounds)[0])
+    return (statistics.median(c for c, _ in first), statistics.median(w for _, w in first)), \
+        statistics.median(second)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-time", type=float, default=0.5)
     p.add_argument("--out", default="results/zoo_forward.json")
     p.add_argument("--fused", action="store_true", help="also time the sparse part with the tables fused in place")
+    p.add_argument("--direct", action="store_true", help="also time the dense part with its MLPs run direct")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     batches = [int(b) for b in args.batch.split(",")]
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'model':16s} {'family':6s} {'MFLOP/item':>10s} " + " ".join(
         f"{'B=' + str(b) + ' sparse ms':>15s}" + (f" {'fused':>7s}" if args.fused else "") + f" {'dense ms':>9s}"
-        for b in batches))
+        + (f" {'direct':>7s}" if args.direct else "") for b in batches))
     for name in names:
         spec = catalogue_models()[name]
         flops = dense_flops_per_item(spec)
@@ -81,22 +84,32 @@ def main(argv: list[str] | None = None) -> int:
         if args.fused:
             fused = build(spec, scale=args.scale)
             fused.fuse_tables()
+        direct = None
+        if args.direct:
+            direct = build(spec, scale=args.scale)
+            direct.direct_layers()
         cells = []
         for b in batches:
             batch = sample_batch(model, b, rng=b)
             with torch.no_grad():
                 pooled = model.sparse(batch)
-                sparse, fused_ms = sparse_times(model, fused, batch, args.min_time)
-                dense = cpu_times(lambda m=model, q=batch, e=pooled: m.dense(q.dense, e), args.min_time)
+                sparse, fused_ms = alternating(partial(model.sparse, batch),
+                                               partial(fused.sparse, batch) if fused is not None else None,
+                                               args.min_time)
+                dense, direct_ms = alternating(partial(model.dense, batch.dense, pooled),
+                                               partial(direct.dense, batch.dense, pooled) if direct is not None
+                                               else None, args.min_time)
             row = {"model": name, "family": spec.family, "batch": b, "scale": args.scale,
                    "mflop_per_item": flops / 1e6, "sparse_cpu_ms": sparse[0] * 1e3,
                    "dense_cpu_ms": dense[0] * 1e3, "sparse_wall_ms": sparse[1] * 1e3,
                    "dense_wall_ms": dense[1] * 1e3}
             if fused_ms is not None:
                 row["fused_sparse_cpu_ms"] = fused_ms * 1e3
+            if direct_ms is not None:
+                row["direct_dense_cpu_ms"] = direct_ms * 1e3
             rows.append(row)
             cells.append(f"{sparse[0] * 1e3:15.2f}" + (f" {fused_ms * 1e3:7.2f}" if fused_ms is not None else "")
-                         + f" {dense[0] * 1e3:9.2f}")
+                         + f" {dense[0] * 1e3:9.2f}" + (f" {direct_ms * 1e3:7.2f}" if direct_ms is not None else ""))
         print(f"{name:16s} {spec.family:6s} {flops / 1e6:10.2f} " + " ".join(cells), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
