@@ -68,8 +68,8 @@ class MLP(nn.Sequential):
 
     Direct (``RecModel.direct_layers``, what workers run): an inference pass calls ``F.linear`` and ``torch.relu``
     itself instead of one ``nn.Module`` call per layer, the very ops ``Linear`` and ``ReLU`` run, so scores are
-    bit-identical.  Why: a module call costs ~10 us of Python on the 2-core Zen 1 VM; hercules-rmc1's MLPs at
-    batch 1 took 178 us as modules and 148 direct (issue #14).  Layers anything hooks (``zoo.flops`` counts through
+    bit-identical.  Why: a module call costs ~10 us of Python on the 2-core Zen 1 VM; hercules-rmc1's two MLPs at
+    batch 1 took ~180 us as modules and ~123 direct (issue #14).  Layers anything hooks (``zoo.flops`` counts through
     hooks) run as modules."""
 
     _steps: tuple[tuple[torch.Tensor, torch.Tensor | None] | None, ...] = ()
@@ -158,7 +158,7 @@ class RecModel(nn.Module):
         self.fused = FusedTables(self, in_place=True)
 
     def direct_layers(self) -> None:
-        """Run every MLP's inference pass without per-layer module calls (``MLP.direct``; scores unchanged)."""
+        """Run every MLP's inference pass without per-layer module calls (``MLP.run_direct``; scores unchanged)."""
         for module in self.modules():
             if isinstance(module, MLP):
                 module.run_direct()

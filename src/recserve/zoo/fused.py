@@ -83,6 +83,11 @@ class FusedTables(nn.Module):
         self.register_buffer("first_row", torch.tensor(first_row, dtype=torch.int64), persistent=False)
         for g in range(len(self.widths)):  # ids of other widths' tables become row 0, their bags discarded
             self.register_buffer(f"member{g}", torch.tensor([x == g for x in group_of]), persistent=False)
+        # per width group, its pooled tables and its sequence tables (``_host_lookup``)
+        self._pooled_in = [[t for t, x in enumerate(group_of) if x == g and t not in self.sequence_lengths]
+                           for g in range(len(self.widths))]
+        self._sequences_in = [[t for t, x in enumerate(group_of) if x == g and t in self.sequence_lengths]
+                              for g in range(len(self.widths))]
         self._one_pooled_group = len(self.widths) == 1 and not self.sequence_lengths
         self._bag_first_rows: dict[int, np.ndarray] = {}  # batch size -> each bag's first row (``_one_group_lookup``)
 
@@ -118,22 +123,18 @@ class FusedTables(nn.Module):
         out: list[torch.Tensor | None] = [None] * tables
         for g, width in enumerate(self.widths):
             weight = self.weight(g)
-            pooled = [t for t in range(tables) if self.group_of[t] == g and t not in self.sequence_lengths]
-            if pooled:
-                if len(pooled) == tables:  # every table is pooled in this group: all ids, shifted
-                    ids = shifted(values, counts, first)
-                else:
-                    ids = shifted(np.concatenate([values[starts[t]:ends[t]] for t in pooled]), counts[pooled],
-                                  first[pooled])
+            pooled, sequences = self._pooled_in[g], self._sequences_in[g]
+            if pooled:  # a subset of the ids (the tables of every width pooled at once take ``_one_group_lookup``)
+                ids = shifted(np.concatenate([values[starts[t]:ends[t]] for t in pooled]), counts[pooled],
+                              first[pooled])
                 flat = lengths[pooled].reshape(-1).astype(np.int64)
                 offsets = np.cumsum(flat) - flat
                 bags = F.embedding_bag(torch.from_numpy(ids), weight, torch.from_numpy(offsets), mode="sum")
-                for i, t in enumerate(pooled):
-                    out[t] = bags[i * size:(i + 1) * size]
-            for t in range(tables):
-                if self.group_of[t] == g and t in self.sequence_lengths:
-                    ids = torch.from_numpy(values[starts[t]:ends[t]].astype(np.int64) + first[t])
-                    out[t] = F.embedding(ids, weight).view(size, self.sequence_lengths[t], width)
+                for t, bag in zip(pooled, bags.view(len(pooled), size, width).unbind(0), strict=True):
+                    out[t] = bag
+            for t in sequences:
+                ids = torch.from_numpy(values[starts[t]:ends[t]].astype(np.int64) + first[t])
+                out[t] = F.embedding(ids, weight).view(size, self.sequence_lengths[t], width)
         return out  # type: ignore[return-value]
 
     def _one_group_lookup(self, values: np.ndarray, lengths: np.ndarray) -> list[torch.Tensor]:
@@ -144,9 +145,9 @@ class FusedTables(nn.Module):
         flat = lengths.reshape(-1).astype(np.int64)
         shifts = self._bag_first_rows.get(size)
         if shifts is None:
-            shifts = self._bag_first_rows.setdefault(size, np.repeat(self.first_row.numpy(), size))
-            if len(self._bag_first_rows) > 64:  # batch sizes come and go: keep the cache small
+            if len(self._bag_first_rows) >= 64:  # batch sizes come and go: keep the cache small
                 self._bag_first_rows.clear()
+            shifts = self._bag_first_rows[size] = np.repeat(self.first_row.numpy(), size)
         ids = values.astype(np.int64, copy=False) + np.repeat(shifts, flat)
         offsets = np.cumsum(flat)
         offsets -= flat
