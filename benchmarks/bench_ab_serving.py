@@ -8,8 +8,8 @@ server's CPU is read over its own turns only, and so is the time its model's pas
 recserve, e.g. ``git worktree add /tmp/base HEAD~1``.
 
 Prints both rows and their difference and writes results/ab_serving.json.  Usage:
-    .venv/bin/python benchmarks/bench_ab_serving.py --base-src /tmp/base/src [--protocol http|grpc] [--batch 1]
-        [--seconds 16] [--rounds 4]
+    .venv/bin/python benchmarks/bench_ab_serving.py --base-src /tmp/base/src
+        [--protocol http|grpc|grpc_stream|grpc_h2] [--batch 1] [--seconds 16] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -25,10 +25,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving_overhead import MinimalGrpc, MinimalHttp, ServerProcess, cpu_s, stats_reader  # noqa: E402
+from bench_serving_overhead import (  # noqa: E402
+    GrpcStream,
+    MinimalGrpc,
+    MinimalH2Grpc,
+    MinimalHttp,
+    ServerProcess,
+    cpu_s,
+    stats_reader,
+)
 
 from recserve.serving import build_worker_model, quick_config  # noqa: E402
 from recserve.zoo import sample_batch  # noqa: E402
+
+CLIENTS = {"http": MinimalHttp, "grpc": MinimalGrpc, "grpc_stream": GrpcStream, "grpc_h2": MinimalH2Grpc}
 
 
 def started(model: str, scale: float, core: int, src: str | None) -> ServerProcess:
@@ -42,7 +52,7 @@ def run(args: argparse.Namespace) -> dict:
     servers = {"base": started(args.model, args.scale, args.server_core, args.base_src),
                "this": started(args.model, args.scale, args.server_core, None)}
     os.sched_setaffinity(0, [args.client_core])
-    client_of = MinimalHttp if args.protocol == "http" else MinimalGrpc
+    client_of = CLIENTS[args.protocol]
     try:
         clients = {k: client_of(s.http if args.protocol == "http" else s.grpc, args.model, batch)
                    for k, s in servers.items()}
@@ -83,7 +93,8 @@ def main() -> int:
     parser.add_argument("--base-src", required=True, help="the other tree's src/ directory")
     parser.add_argument("--model", default="hercules-rmc1")
     parser.add_argument("--scale", type=float, default=1e-3)
-    parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--protocol", choices=tuple(CLIENTS), default="http",
+                        help="the client: bare HTTP, grpcio unary, tritonclient stream_infer, or a bare HTTP/2 one")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=16.0, help="client time over both servers")
     parser.add_argument("--rounds", type=int, default=4)

@@ -213,3 +213,66 @@ def test_the_largest_raw_content_is_found_from_a_requests_first_bytes():
         assert found == (start if cut >= start else dense_start)
     assert codec.largest_raw_content(memoryview(message)[:dense_start - 3]) == 0  # no content has begun
     assert codec.largest_raw_content(memoryview(b"\xff\xff")) == 0  # garbage: nothing to align on
+
+
+class FakeCall:
+    """What ``InOrder`` asks of a streaming call: the messages it sends and how it ended."""
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+        self.finished = self.done = False
+
+    def send(self, message: bytes) -> None:
+        assert not self.finished
+        if not self.done:
+            self.sent.append(message)
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def time_remaining(self) -> None:
+        return None
+
+
+def test_a_stream_sends_its_answers_in_request_order_and_ends_after_the_last():
+    """Answers known out of order (a forwarded one later, one at once) leave in request order; the half-close ends
+    the call only when every answer is out; a request whose answering raises gets its own error message."""
+    import asyncio
+
+    from recserve.serving.grpc_worker import InOrder
+
+    call, later = FakeCall(), {}
+
+    def answer(message, call_, answered):
+        if message == b"boom":
+            raise RuntimeError("a bug")
+        if message.startswith(b"later"):
+            later[bytes(message)] = answered
+            return None
+        answered(b"=" + bytes(message))
+        return None
+
+    sink = InOrder(call, answer)
+    for message in (b"later1", b"a", b"boom", b"later2", b"b"):
+        sink.put_nowait(message)
+    assert call.sent == []  # the first is not answered yet
+    later[b"later2"](b"=later2")
+    assert call.sent == []
+    sink.put_nowait(None)  # half-closed with answers pending: not finished yet
+    assert not call.finished
+    later[b"later1"](b"=later1")
+    errors = service_pb2.ModelStreamInferResponse.FromString(call.sent[2]).error_message
+    assert call.sent[:2] + call.sent[3:] == [b"=later1", b"=a", b"=later2", b"=b"] and errors == "internal error"
+    assert call.finished
+
+    async def cancelled_forward() -> bool:
+        fetching = asyncio.get_running_loop().create_future()
+        cancelled_call = FakeCall()
+        sink = InOrder(cancelled_call, lambda message, call_, answered: fetching)
+        sink.put_nowait(b"x")
+        cancelled_call.done = True  # what GrpcCall.cancel sets before it closes the sink
+        sink.put_nowait(None)
+        await asyncio.sleep(0)
+        return fetching.cancelled() and cancelled_call.sent == []
+
+    assert asyncio.run(cancelled_forward())

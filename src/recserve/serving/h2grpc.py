@@ -38,7 +38,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError
@@ -152,7 +152,7 @@ class GrpcCall:
         self.metadata = metadata  # the client's own metadata (``authorization``, ...), as grpc.aio takes it
         self.deadline = deadline  # time.monotonic() by which the client stops waiting; None = no deadline
         self.done = False  # trailers sent, or the client cancelled: nothing more is written
-        self.requests: asyncio.Queue[bytes | None] | None = None  # a streaming call's messages; None = half-closed
+        self.requests: MessageSink | None = None  # a streaming call's messages; None = half-closed
         self.on_cancel: Callable[[], None] | None = None
         self._task: asyncio.Task | None = None
 
@@ -196,13 +196,22 @@ class GrpcCall:
             self.on_cancel()
 
 
+class MessageSink(Protocol):
+    """Where a streaming call's messages go as they arrive: each message, then None once the client half-closes
+    (or the call is cancelled).  An ``asyncio.Queue`` is one; a handler may take them without a task instead."""
+
+    def put_nowait(self, message: Any) -> None: ...
+
+
 @dataclass(frozen=True)
 class Method:
     """How a method is served: ``unary(call, request)`` once the request is complete, or ``stream(call)`` at once
-    with the messages arriving on ``call.requests``."""
+    with the messages arriving on ``call.requests`` (a queue), or ``sink(call)`` at once, returning what takes the
+    messages as they are read (no task: the handler answers from its callbacks)."""
 
     unary: Callable[[GrpcCall, memoryview], None] | None = None
     stream: Callable[[GrpcCall], None] | None = None
+    sink: Callable[[GrpcCall], MessageSink] | None = None
     # a buffer of ``size`` bytes for a large unary request, given its first bytes (as many as have arrived); None:
     # joined from its pieces at its end
     land: Callable[[memoryview, int], memoryview] | None = None
@@ -593,6 +602,8 @@ class GrpcConnection(asyncio.Protocol):
         stream.method = served
         if served is None:
             call.finish(UNIMPLEMENTED, f"method {call.method} is not implemented")
+        elif served.sink is not None:
+            call.requests = served.sink(call)
         elif served.stream is not None:
             call.requests = asyncio.Queue()
             served.stream(call)
@@ -641,7 +652,7 @@ class GrpcConnection(asyncio.Protocol):
         """Complete messages of a streaming call go to its queue as they arrive; a unary call's size is checked
         as soon as its prefix is in, so an oversized request is refused without being held."""
         call = stream.call
-        if stream.method is None or stream.method.stream is None:
+        if stream.method is None or call.requests is None:
             if stream.landing is None and (prefix := self._prefix(stream)) is not None:
                 self._start_landing(stream, *prefix)
             return
