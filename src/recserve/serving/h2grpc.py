@@ -111,6 +111,7 @@ TRAILERS_OK = _literal(b"grpc-status", b"0")
 # message's 5-byte prefix (packed in one call), the message, then the trailers' HEADERS frame
 _REPLY_HEAD = struct.Struct(f">IBI{len(RESPONSE_HEADERS)}sIBIBI")
 _REPLY_TAIL = struct.Struct(f">IBI{len(TRAILERS_OK)}s")
+_MESSAGE_HEAD = struct.Struct(">IBIBI")  # a DATA frame's header and its message's prefix
 _HEADERS_WORD, _TRAILERS_WORD = len(RESPONSE_HEADERS) << 8 | HEADERS, len(TRAILERS_OK) << 8 | HEADERS
 
 
@@ -776,7 +777,18 @@ class GrpcConnection(asyncio.Protocol):
         self._end(stream)
 
     def send_message(self, stream: _Stream, message: bytes) -> None:
-        self._send(stream, self._message(message), None)
+        size = len(message) + 5
+        if (not stream.headers_sent or stream.pending or size > self._max_frame or size > self._send_window
+                or size > stream.send_window or self.transport is None or self._streams.get(stream.id) is not stream):
+            self._send(stream, self._message(message), None)
+            return
+        # a streamed answer after the first, which the windows admit whole: its DATA frame written now, as
+        # ``send_reply`` writes a unary answer (a worker's stream answers from the read that brought the request)
+        self._send_window -= size
+        stream.send_window -= size
+        self._out += (_MESSAGE_HEAD.pack(size << 8 | DATA, 0, stream.id, 0, size - 5), message)
+        out, self._out = self._out, []
+        self.transport.write(b"".join(out))
 
     def send_trailers(self, stream: _Stream, code: int, message: str) -> None:
         self._send(stream, b"", _trailers(code, message))
