@@ -22,6 +22,7 @@ from recserve.serving.h2grpc import (
     GOAWAY_PING_AGAIN,
     INVALID_ARGUMENT,
     PREFACE,
+    RESPONSE_HEADERS,
     GrpcCall,
     GrpcConnection,
     GrpcServer,
@@ -527,3 +528,45 @@ def test_large_messages_assembled_at_once_on_a_connection_are_bounded():
             piece = rest[k:k + (1 << 20)]
             conn.data_received(_frame(0, 1 if k + len(piece) == len(rest) else 0, stream, piece))
     assert sorted(m for m, _ in seen) == sorted(messages.values())
+
+
+def test_a_sink_streams_answers_keep_their_order_when_a_window_holds_one_back():
+    """A streaming method served by a sink (no task) answers from the read; an answer after the first that the
+    windows admit is written at once, but never ahead of an earlier answer still waiting for the client's window."""
+    from hpack import Encoder
+
+    class Echo:
+        def __init__(self, call) -> None:
+            self.call = call
+
+        def put_nowait(self, message) -> None:
+            if message is None:
+                self.call.finish()
+            else:
+                self.call.send(bytes(message))
+
+    chat = Method(sink=Echo)
+    conn, transport = GrpcConnection(lambda path: chat, MAX_MESSAGE), _Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + _frame(4, 0, 0, (4).to_bytes(2, "big") + (14).to_bytes(4, "big")))  # 14-byte window
+    transport.frames()
+    block = Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Chat"), (":authority", "x"),
+                              ("content-type", "application/grpc"), ("te", "trailers")])
+
+    def message(body: bytes) -> bytes:
+        return b"\x00" + len(body).to_bytes(4, "big") + body
+
+    conn.data_received(_frame(1, 4, 1, block) + _frame(0, 0, 1, message(b"ab")))
+    assert [(kind, payload) for kind, _, _, payload in transport.frames()] == [(1, RESPONSE_HEADERS),
+                                                                             (0, message(b"ab"))]
+    conn.data_received(_frame(0, 0, 1, message(b"c")))  # 7 bytes of window left, 6 asked: one write, at once
+    assert transport.writes == [_frame(0, 0, 1, message(b"c"))]
+    transport.frames()
+    conn.data_received(_frame(0, 0, 1, message(b"0123456789")))  # 1 byte of window left: held back
+    conn.data_received(_frame(0, 1, 1, message(b"z")))  # small, but behind the held one; then the half-close
+    assert [(kind, payload) for kind, _, _, payload in transport.frames()] == [(0, b"\x00")]
+    conn.data_received(_frame(8, 0, 1, (100).to_bytes(4, "big")))
+    frames = transport.frames()
+    sent = b"".join(payload for kind, _, _, payload in frames if kind == 0)
+    assert sent == message(b"0123456789")[1:] + message(b"z")
+    assert frames[-1][:2] == (1, 5) and not conn._streams  # then the trailers
