@@ -5,8 +5,8 @@
 #
 #     run(command="bash benchmarks/device/round.sh env scaling", carry=[".whl"], timeout_s=600)
 #
-# Phases (minutes, roughly, on the H100 host; a task now has 15 device-minutes, start-up included, so two or three
-# phases a session; #14 asks scaling first, #16 gpu, mixed and route):
+# Phases (minutes, roughly, on the H100 host; a task now has 15 device-minutes, start-up included: one long phase
+# (scaling, mixed or route) or two or three short ones a session; #14 asks scaling first, #16 gpu, mixed, route):
 #   env      (0.5) versions, GPU, cores, and an import of everything the phases need
 #   scaling  (9)   #14: max load at p95 <= 100 ms, recserve vs FastAPI + uvicorn, 1 / 8 / 16 workers, one run
 #   overhead (4)   #14: per-query overhead and server CPU at batch 1 and 256 (HTTP, gRPC, bare clients)
