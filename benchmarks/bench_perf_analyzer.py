@@ -156,6 +156,22 @@ def bracketed(before_ms: float, after_ms: float, row: dict[str, Any]) -> None:
         row["pass_slowdown_ms"] = row["model_ms_per_query"] - reference
 
 
+def summary(row: dict[str, Any], proto: str, rate: float, concurrency: int) -> str:
+    """One run's line: its latencies, and the overhead and CPU split where they were measured."""
+    if "error" in row:
+        return f"{proto:12s} rate {rate:g}: perf_analyzer rc {row['rc']}: {row['error']}"
+    load = f"concurrency {concurrency}" if concurrency else f"rate {rate:7g}/s"
+    extra = ""
+    if "overhead_p50_ms" in row:
+        extra = (f"  overhead p50 {row['overhead_p50_ms']:.3f} ms (in process {row['in_process_p50_ms']:.3f}, the "
+                 f"worker's pass {row.get('model_ms_per_query', float('nan')):.3f})")
+    if "non_model_cpu_ms_per_query" in row:
+        extra += (f"  workers' CPU/query {row['worker_cpu_ms_per_query']:.3f} ms, not the model "
+                  f"{row['non_model_cpu_ms_per_query']:.3f}")
+    return (f"{proto:12s} {load}  throughput {row['throughput']:8.1f}/s  p50 {row['p50_ms']:7.3f} ms  p90 "
+            f"{row['p90_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms{extra}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hera-dlrm-a")
@@ -195,36 +211,26 @@ def main() -> int:
         print(f"in process (the worker's model, one thread): p50 {results['in_process_p50_ms']:.3f} ms "
               "(measured again around each run)")
     rates = [float(r) for r in args.rates.split(",")] if not args.concurrency else [0.0]
-    with tempfile.TemporaryDirectory() as tmp, NodeServer(quick_config(
-            args.model, scale=args.scale, workers=args.workers, deadline_ms=spec.sla.target_ms,
-            forward_to_idle=not args.no_forward)) as server:
+    with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = work / "input.json"
+        # written before the node starts: encoding a production mix's queries holds the GIL for ~1.5 s, which would
+        # starve the node's supervisor (a thread of this process) of its workers' heartbeats
         data.write_text(json.dumps(input_data(pool)))
-        for proto in [p.strip() for p in args.protocols.split(",") if p.strip()]:
-            port = server.ports.http if proto == "http" else server.ports.grpc
-            for rate in rates:
-                before = server_cpu(server, args.model)
-                row = run_one(exe, args.model, port, proto, rate, data, args.interval_ms, work, args.stability,
-                              args.concurrency)
-                row.update(server_cpu_per_query(before, server_cpu(server, args.model)))
-                if reference is not None:
-                    ahead, last = last, reference.p50()
-                    bracketed(ahead, last, row)
-                results["runs"].append(row)
-                if "error" in row:
-                    print(f"{proto:12s} rate {rate:g}: perf_analyzer rc {row['rc']}: {row['error']}")
-                else:
-                    load = f"concurrency {args.concurrency}" if args.concurrency else f"rate {rate:7g}/s"
-                    extra = (f"  overhead p50 {row['overhead_p50_ms']:.3f} ms (in process "
-                             f"{row['in_process_p50_ms']:.3f}, the worker's pass "
-                             f"{row.get('model_ms_per_query', float('nan')):.3f})" if "overhead_p50_ms" in row else "")
-                    if "non_model_cpu_ms_per_query" in row:
-                        extra += (f"  workers' CPU/query {row['worker_cpu_ms_per_query']:.3f} ms, not the model "
-                                  f"{row['non_model_cpu_ms_per_query']:.3f}")
-                    print(f"{proto:12s} {load}  throughput {row['throughput']:8.1f}/s  p50 "
-                          f"{row['p50_ms']:7.3f} ms  p90 {row['p90_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms{extra}",
-                          flush=True)
+        with NodeServer(quick_config(args.model, scale=args.scale, workers=args.workers,
+                                     deadline_ms=spec.sla.target_ms, forward_to_idle=not args.no_forward)) as server:
+            for proto in [p.strip() for p in args.protocols.split(",") if p.strip()]:
+                port = server.ports.http if proto == "http" else server.ports.grpc
+                for rate in rates:
+                    before = server_cpu(server, args.model)
+                    row = run_one(exe, args.model, port, proto, rate, data, args.interval_ms, work, args.stability,
+                                  args.concurrency)
+                    row.update(server_cpu_per_query(before, server_cpu(server, args.model)))
+                    if reference is not None:
+                        ahead, last = last, reference.p50()
+                        bracketed(ahead, last, row)
+                    results["runs"].append(row)
+                    print(summary(row, proto, rate, args.concurrency), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
