@@ -1060,3 +1060,29 @@ def test_the_node_listening_socket_gives_asyncio_transports_without_nagle():
             server.close()
 
     assert asyncio.run(accept_one()) == 1
+
+
+def test_a_stalled_server_process_does_not_take_its_workers_for_silent(node, caplog):
+    """A thread of the program embedding the node that holds the GIL (here a busy loop under a long switch interval;
+    in a benchmark, ``json.dumps`` of a 38 MB input) stalls the node's supervisor while its workers go on beating.
+    The watchdog's first tick after the stall must not judge heartbeats still unread in the pipes: no worker is
+    taken for hung or silent, and the server process does not start covering the accept socket."""
+    import logging
+    import sys
+
+    server, port = node
+    before = sys.getswitchinterval()
+    with caplog.at_level(logging.WARNING, logger="recserve"):
+        for _ in range(3):
+            sys.setswitchinterval(5.0)
+            try:
+                end = time.monotonic() + 1.5  # past RESPONSIVE_S (1 s): every beat would look stale
+                while time.monotonic() < end:
+                    pass
+            finally:
+                sys.setswitchinterval(before)
+            time.sleep(0.5)
+    assert "no worker is accepting" not in caplog.text and "hung" not in caplog.text
+    assert server.core._fallback is None
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as answer:
+        assert answer.status == 200

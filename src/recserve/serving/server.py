@@ -40,6 +40,7 @@ from recserve.serving.shm import Registry
 log = logging.getLogger("recserve.serving")
 
 WATCHDOG_S = 0.2  # how often hung workers are looked for
+STALE_TICK_S = 0.5  # a watchdog tick this late skips its judgement (this process was stalled: heartbeats unread)
 SHUTDOWN_GRACE_S = 5.0  # HTTP handlers still running after the drain (and its 503s) get this long, not aiohttp's 60 s
 
 
@@ -105,6 +106,7 @@ class NodeCore:
         self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
         self._tasks: set[asyncio.Task] = set()
         self._watchdog: asyncio.TimerHandle | None = None
+        self._next_tick: float | None = None  # when the watchdog's next tick is due (time.monotonic())
         self.listen_sock: socket.socket | None = None
         self._fallback: Any = None  # the server process's own accept loop while no worker accepts
         self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
@@ -113,16 +115,25 @@ class NodeCore:
 
     def start_watchdog(self) -> None:
         """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/watchdog.py``),
-        and this process accepts on the node's socket itself while no worker does."""
-        for rt in self.all_runtimes():
-            rt.watch()
-        self._cover_accepts()
+        and this process accepts on the node's socket itself while no worker does.
+
+        A tick that runs ``STALE_TICK_S`` late judges nothing: this process was not running (a host stall, or a
+        thread of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and
+        every worker would look silent (measured: a benchmark's 1.5 s ``json.dumps`` beside an in-process node made
+        it cover the accept socket for no reason).  The next tick reads them first."""
+        now = time.monotonic()
+        if self._next_tick is None or now - self._next_tick < STALE_TICK_S:
+            for rt in self.all_runtimes():
+                rt.watch()
+            self._cover_accepts()
+        self._next_tick = now + WATCHDOG_S
         self._watchdog = asyncio.get_running_loop().call_later(WATCHDOG_S, self.start_watchdog)
 
     def stop_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        self._next_tick = None
         self._stop_fallback()
 
     def _stop_fallback(self) -> None:
