@@ -107,6 +107,7 @@ class NodeCore:
         self._tasks: set[asyncio.Task] = set()
         self._watchdog: asyncio.TimerHandle | None = None
         self._next_tick: float | None = None  # when the watchdog's next tick is due (time.monotonic())
+        self._skipped = False  # the last tick was late and judged nothing
         self.listen_sock: socket.socket | None = None
         self._fallback: Any = None  # the server process's own accept loop while no worker accepts
         self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
@@ -120,12 +121,14 @@ class NodeCore:
         A tick that runs ``STALE_TICK_S`` late judges nothing: this process was not running (a host stall, or a
         thread of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and
         every worker would look silent (measured: a benchmark's 1.5 s ``json.dumps`` beside an in-process node made
-        it cover the accept socket for no reason).  The next tick reads them first."""
+        it cover the accept socket for no reason).  The loop reads them before the next tick, which judges."""
         now = time.monotonic()
-        if self._next_tick is None or now - self._next_tick < STALE_TICK_S:
+        stale = self._next_tick is not None and now - self._next_tick >= STALE_TICK_S and not self._skipped
+        if not stale:  # never two skipped in a row: a loop late on every tick still has its workers watched
             for rt in self.all_runtimes():
                 rt.watch()
             self._cover_accepts()
+        self._skipped = stale
         self._next_tick = now + WATCHDOG_S
         self._watchdog = asyncio.get_running_loop().call_later(WATCHDOG_S, self.start_watchdog)
 
@@ -133,7 +136,7 @@ class NodeCore:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        self._next_tick = None
+        self._next_tick, self._skipped = None, False
         self._stop_fallback()
 
     def _stop_fallback(self) -> None:
