@@ -1086,3 +1086,44 @@ def test_a_stalled_server_process_does_not_take_its_workers_for_silent(node, cap
     assert server.core._fallback is None
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as answer:
         assert answer.status == 200
+
+
+def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
+    """Past ``WRITE_HIGH`` of unsent answers (the transport calls ``pause_writing``) a worker reads no more of that
+    client's requests; it reads again once they drain, unless the connection is being handed off meanwhile."""
+    from recserve.serving.dataplane import WRITE_HIGH, Connection
+
+    class Plane:
+        connections: set = set()
+        states = bytearray(0)
+
+        def opened(self, conn) -> None:
+            pass
+
+    class Transport:
+        def __init__(self) -> None:
+            self.reading, self.limits = True, None
+
+        def set_write_buffer_limits(self, high=None, low=None) -> None:
+            self.limits = high
+
+        def pause_reading(self) -> None:
+            self.reading = False
+
+        def resume_reading(self) -> None:
+            self.reading = True
+
+    for leaving in (False, True):
+        a, b = socket.socketpair()
+        try:
+            conn, transport = Connection(Plane(), a), Transport()
+            conn.connection_made(transport)
+            assert transport.limits == WRITE_HIGH
+            conn.pause_writing()
+            assert not transport.reading
+            conn.leaving = leaving
+            conn.resume_writing()
+            assert transport.reading is not leaving
+        finally:
+            a.close()
+            b.close()

@@ -311,6 +311,9 @@ class _Transport:
     def write(self, data: bytes) -> None:
         self.writes.append(bytes(data))
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
     def get_extra_info(self, name: str) -> None:
         return None
 
@@ -570,3 +573,39 @@ def test_a_sink_streams_answers_keep_their_order_when_a_window_holds_one_back():
     sent = b"".join(payload for kind, _, _, payload in frames if kind == 0)
     assert sent == message(b"0123456789")[1:] + message(b"z")
     assert frames[-1][:2] == (1, 5) and not conn._streams  # then the trailers
+
+
+def test_a_client_that_does_not_read_its_answers_stops_being_read(served):
+    """Answers a client leaves unread (its windows wide open, its socket not read) fill the connection's write
+    buffer; past ``WRITE_HIGH`` the server reads no more of its requests, so TCP holds the client back instead of
+    the worker holding its answers without bound."""
+    from hpack import Encoder
+
+    from recserve.serving.h2grpc import WRITE_HIGH
+
+    _, server, loop, _, address = served
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)  # before connecting: a small window of ours
+    sock.connect((host, int(port)))
+    wide = (2**31 - 1).to_bytes(4, "big")
+    sock.sendall(PREFACE + _frame(4, 0, 0, (4).to_bytes(2, "big") + wide)
+                 + _frame(8, 0, 0, (2**31 - 1 - 65_535).to_bytes(4, "big")))
+    sock.settimeout(2.0)
+    encoder, payload, sent = Encoder(), os.urandom(64 << 10), 0
+    try:
+        for k in range(4096):  # 256 MiB of requests, and as much of answers, if nothing held the client back
+            sock.sendall(_call(1 + 2 * k, payload, encoder))
+            sent += len(payload)
+    except TimeoutError:
+        pass
+
+    async def held() -> list[int]:
+        return [conn.transport.get_write_buffer_size() for conn in server.connections if conn.transport]
+
+    try:
+        assert sent < 128 << 20, f"the client sent {sent >> 20} MiB without reading an answer"
+        buffered = asyncio.run_coroutine_threadsafe(held(), loop).result(5)
+        assert buffered and max(buffered) <= WRITE_HIGH + 4 * len(payload)
+    finally:
+        sock.close()

@@ -65,6 +65,7 @@ log = logging.getLogger("recserve.serving")
 
 MAX_HEAD_BYTES = 64 * 1024
 STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush wakes it: 5 ms cost ~4% of a worker)
+WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
@@ -221,12 +222,24 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
         self.plane.connections.add(self)
         self.plane.opened(self)
         if self.buf:
             self.arrived = time.perf_counter()
             self.mark(True)
             self.plane.loop.call_soon(self._advance)
+
+    def pause_writing(self) -> None:
+        """Answers wait unsent past ``WRITE_HIGH``: the client pipelines requests but does not read the answers.
+        Read no more until it does (TCP then holds it back), so that it cannot make the worker hold answers and
+        requests without bound."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not (self.closed or self.leaving):  # a hand-off keeps reading paused
+            self.transport.resume_reading()
 
     def mark(self, in_request: bool) -> None:
         """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the

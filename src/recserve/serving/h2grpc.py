@@ -57,6 +57,7 @@ DEFAULT_WINDOW = 65_535
 DEFAULT_FRAME = 16_384
 RECEIVE_FRAME = 1 << 20  # the largest frame we accept (advertised): fewer frames for a large query
 BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio would set 100)
+WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 REPLENISH = 1 << 30  # give a window back once this much of it has been read
@@ -279,6 +280,7 @@ class GrpcConnection(asyncio.Protocol):
     # ---- connection ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # asyncio sets TCP_NODELAY only when the socket's protocol field says TCP; a PING or SETTINGS
@@ -290,6 +292,17 @@ class GrpcConnection(asyncio.Protocol):
                     + SETTINGS_MAX_FRAME_SIZE.to_bytes(2, "big") + RECEIVE_FRAME.to_bytes(4, "big"))
         self.transport.write(_frame(SETTINGS, 0, 0, settings)
                              + _frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
+
+    def pause_writing(self) -> None:
+        """Answers wait in our write buffer past ``WRITE_HIGH``: the client is not reading them.  Read none of its
+        requests until it does (TCP then stops its sending), so that a client cannot make a worker hold answers
+        without bound (the flow-control windows are opened wide and bound nothing)."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool:
         return False  # the client is done: close
