@@ -609,3 +609,49 @@ def test_a_client_that_does_not_read_its_answers_stops_being_read(served):
         assert buffered and max(buffered) <= WRITE_HIGH + 4 * len(payload)
     finally:
         sock.close()
+
+
+def test_answers_held_for_a_client_that_never_opens_its_windows_are_bounded(monkeypatch):
+    """A stream whose client keeps asking while its flow-control windows stay closed would make the worker hold
+    its answers without bound: past the hold limit the stream is reset (ENHANCE_YOUR_CALM), its call cancelled,
+    and the connection serves on."""
+    from hpack import Encoder
+
+    import recserve.serving.h2grpc as h2grpc
+
+    monkeypatch.setattr(h2grpc, "HOLD_BYTES", 1000)
+    cancelled = []
+
+    class Echo:
+        def __init__(self, call) -> None:
+            self.call = call
+            call.on_cancel = lambda: cancelled.append(call.method)
+
+        def put_nowait(self, message) -> None:
+            if message is not None:
+                self.call.send(bytes(message))
+
+    methods = {"/t.S/Chat": Method(sink=Echo), "/t.S/Echo": Method(unary=lambda call, raw: call.reply(bytes(raw)))}
+    conn, transport = GrpcConnection(methods.get, max_message=100), _Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + _frame(4, 0, 0, (4).to_bytes(2, "big") + (4).to_bytes(4, "big")))  # 4-byte windows
+    transport.frames()
+    encoder = Encoder()
+
+    def head(stream: int, path: str) -> bytes:
+        return _frame(1, 4, stream, encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path),
+                                                    (":authority", "x"), ("content-type", "application/grpc"),
+                                                    ("te", "trailers")]))
+
+    message = b"\x00" + (95).to_bytes(4, "big") + b"m" * 95
+    conn.data_received(head(1, "/t.S/Chat"))
+    for _ in range(20):  # 100 bytes of answer each, 4 of them ever admitted: reset past 1,000 held
+        conn.data_received(_frame(0, 0, 1, message))
+        if cancelled:
+            break
+    frames = transport.frames()
+    assert (3, 0, 1, (11).to_bytes(4, "big")) in frames and cancelled == ["/t.S/Chat"]  # RST_STREAM 11
+    assert 1 not in conn._streams and conn._held() == 0
+    conn.data_received(_frame(0, 0, 1, message))  # more of the reset stream: dropped
+    conn.data_received(head(3, "/t.S/Echo") + _frame(0, 1, 3, b"\x00\x00\x00\x00\x02hi"))
+    assert [(kind, sid) for kind, _, sid, _ in transport.frames()][:2] == [(1, 3), (0, 3)]  # served on

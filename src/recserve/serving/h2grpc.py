@@ -57,6 +57,7 @@ DEFAULT_WINDOW = 65_535
 DEFAULT_FRAME = 16_384
 RECEIVE_FRAME = 1 << 20  # the largest frame we accept (advertised): fewer frames for a large query
 BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio would set 100)
+HOLD_BYTES = 16 << 20  # answers held for closed client windows (at least two largest messages): then a reset
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
@@ -256,6 +257,8 @@ class GrpcConnection(asyncio.Protocol):
                  on_close: Callable[[GrpcConnection], None] | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
+        # answers held for a client whose windows stay closed, past which the stream adding to them is reset
+        self._hold_limit = max(HOLD_BYTES, 2 * max_message)
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()  # the start of a frame (or of the preface) that the next read completes
@@ -844,10 +847,33 @@ class GrpcConnection(asyncio.Protocol):
             stream.pending_end = None
         elif pending:
             self._blocked = True
+            if len(pending) > self._hold_limit or self._held() > self._hold_limit:
+                self._out.extend(frames)
+                self._drop_unread(stream)
+                return
         self._out.extend(frames)
         if finished:
             self._end(stream)
         elif not self._reading:
+            self._flush()
+
+    def _held(self) -> int:
+        """Answer bytes waiting for the client's windows, over every stream (counted only when some wait)."""
+        return sum(len(s.pending) for s in self._streams.values())
+
+    def _drop_unread(self, stream: _Stream) -> None:
+        """The client asks faster than its windows let it take the answers (a stream that keeps sending while its
+        reader is stuck): rather than hold answers without bound, reset the stream that added the last of them
+        (ENHANCE_YOUR_CALM; its call is cancelled, the client sees the reset) and keep the connection."""
+        log.warning("gRPC stream %d reset: %d bytes of answers held for the client's closed flow-control windows",
+                    stream.id, self._held())
+        stream.pending.clear()
+        stream.pending_end = None
+        self._streams.pop(stream.id, None)
+        self._out.append(_frame(RST_STREAM, 0, stream.id, ENHANCE_YOUR_CALM.to_bytes(4, "big")))
+        if stream.call is not None and not stream.call.done:
+            stream.call.cancel()
+        if not self._reading:
             self._flush()
 
     def _flush_pending(self) -> None:
