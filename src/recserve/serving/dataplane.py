@@ -59,13 +59,13 @@ import numpy as np
 from recserve.serving import codec
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
+from recserve.serving.h2grpc import WRITE_HIGH
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
 log = logging.getLogger("recserve.serving")
 
 MAX_HEAD_BYTES = 64 * 1024
 STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush wakes it: 5 ms cost ~4% of a worker)
-WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place

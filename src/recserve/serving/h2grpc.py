@@ -772,8 +772,7 @@ class GrpcConnection(asyncio.Protocol):
     # ---- writing -------------------------------------------------------------------------------
     def send_reply(self, stream: _Stream, message: bytes) -> None:
         size = len(message) + 5
-        if (stream.headers_sent or size > self._max_frame or size > self._send_window or size > stream.send_window
-                or self.transport is None or self._streams.get(stream.id) is not stream):
+        if stream.headers_sent or not self._admits_whole(stream, size):
             self._send(stream, self._message(message), TRAILERS_OK)
             return
         # the usual unary answer, which the windows admit whole: its three frames built at once (``_send`` and
@@ -792,10 +791,15 @@ class GrpcConnection(asyncio.Protocol):
         self.transport.write(b"".join(out))
         self._end(stream)
 
+    def _admits_whole(self, stream: _Stream, size: int) -> bool:
+        """A frame of ``size`` bytes for ``stream`` can be written now: one frame, within both windows, on a live
+        stream of a live connection (what ``send_reply`` and ``send_message`` write at once)."""
+        return (size <= self._max_frame and size <= self._send_window and size <= stream.send_window
+                and self.transport is not None and self._streams.get(stream.id) is stream)
+
     def send_message(self, stream: _Stream, message: bytes) -> None:
         size = len(message) + 5
-        if (not stream.headers_sent or stream.pending or size > self._max_frame or size > self._send_window
-                or size > stream.send_window or self.transport is None or self._streams.get(stream.id) is not stream):
+        if not stream.headers_sent or stream.pending or not self._admits_whole(stream, size):
             self._send(stream, self._message(message), None)
             return
         # a streamed answer after the first, which the windows admit whole: its DATA frame written now, as
@@ -847,9 +851,9 @@ class GrpcConnection(asyncio.Protocol):
             stream.pending_end = None
         elif pending:
             self._blocked = True
-            if len(pending) > self._hold_limit or self._held() > self._hold_limit:
+            if (held := self._held()) > self._hold_limit:
                 self._out.extend(frames)
-                self._drop_unread(stream)
+                self._drop_unread(stream, held)
                 return
         self._out.extend(frames)
         if finished:
@@ -861,12 +865,12 @@ class GrpcConnection(asyncio.Protocol):
         """Answer bytes waiting for the client's windows, over every stream (counted only when some wait)."""
         return sum(len(s.pending) for s in self._streams.values())
 
-    def _drop_unread(self, stream: _Stream) -> None:
+    def _drop_unread(self, stream: _Stream, held: int) -> None:
         """The client asks faster than its windows let it take the answers (a stream that keeps sending while its
         reader is stuck): rather than hold answers without bound, reset the stream that added the last of them
         (ENHANCE_YOUR_CALM; its call is cancelled, the client sees the reset) and keep the connection."""
         log.warning("gRPC stream %d reset: %d bytes of answers held for the client's closed flow-control windows",
-                    stream.id, self._held())
+                    stream.id, held)
         stream.pending.clear()
         stream.pending_end = None
         self._streams.pop(stream.id, None)

@@ -106,7 +106,6 @@ class NodeCore:
         self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
         self._tasks: set[asyncio.Task] = set()
         self._watchdog: asyncio.TimerHandle | None = None
-        self._next_tick: float | None = None  # when the watchdog's next tick is due (time.monotonic())
         self._skipped = False  # the last tick was late and judged nothing
         self.listen_sock: socket.socket | None = None
         self._fallback: Any = None  # the server process's own accept loop while no worker accepts
@@ -122,21 +121,21 @@ class NodeCore:
         thread of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and
         every worker would look silent (measured: a benchmark's 1.5 s ``json.dumps`` beside an in-process node made
         it cover the accept socket for no reason).  The loop reads them before the next tick, which judges."""
-        now = time.monotonic()
-        stale = self._next_tick is not None and now - self._next_tick >= STALE_TICK_S and not self._skipped
+        loop = asyncio.get_running_loop()
+        late = loop.time() - self._watchdog.when() if self._watchdog is not None else 0.0  # this tick's timer
+        stale = late >= STALE_TICK_S and not self._skipped
         if not stale:  # never two skipped in a row: a loop late on every tick still has its workers watched
             for rt in self.all_runtimes():
                 rt.watch()
             self._cover_accepts()
         self._skipped = stale
-        self._next_tick = now + WATCHDOG_S
-        self._watchdog = asyncio.get_running_loop().call_later(WATCHDOG_S, self.start_watchdog)
+        self._watchdog = loop.call_later(WATCHDOG_S, self.start_watchdog)
 
     def stop_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
-        self._next_tick, self._skipped = None, False
+        self._skipped = False
         self._stop_fallback()
 
     def _stop_fallback(self) -> None:
