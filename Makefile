@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,9 +15,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/recserve demo
 
-test: $(STAMP)
+# both tiers: the unit tier first (fails fast), then the integration tier (tests that start nodes, processes or
+# servers, or measure for seconds)
+test: test-fast
+	$(BIN)/python -m pytest -q tests -m 'integration and not slow'
+
+# the unit tier alone (under a minute on a 2-core host)
+test-fast: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests -m 'not slow and not integration'
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,ray,bench]'

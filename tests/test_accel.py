@@ -22,6 +22,7 @@ import pytest
 import torch
 import tritonclient.http as thttp
 
+from nodes import generous
 from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
@@ -43,10 +44,11 @@ from recserve.serving.accel import (
 from recserve.serving.errors import InferError
 from recserve.zoo import sample_batch
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 MIN_ITEMS = 16
 FUSE_DELAY_US = 50_000
-MODEL = {"name": "ncf", "model": "hera-ncf", "scale": 1e-4, "workers": 1, "max_batch_size": 256,
-         "deadline_ms": 30_000}
+MODEL = generous({"name": "ncf", "model": "hera-ncf", "scale": 1e-4, "workers": 1, "max_batch_size": 256})
 ACCEL_CORE = max(os.sched_getaffinity(0))
 ACCEL = {"device": "cpu", "workers": 1, "threads": 1, "min_items": MIN_ITEMS, "fuse_items": 1024,
          "fuse_delay_us": FUSE_DELAY_US, "cores": [ACCEL_CORE]}

@@ -22,6 +22,7 @@ def test_device_server_names_follow_the_device():
                                                                       "this-host-cpu"]
 
 
+@pytest.mark.integration  # seconds of work
 def test_device_tables_are_the_kinds_the_planners_read():
     spec = get_model("hera-ncf")
     tables = device_tables(spec, 1e-4, Budget.of(True), [1, 64], "cpu", workers=(1, 2), sla=SLA(2000, 95))

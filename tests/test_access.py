@@ -12,10 +12,12 @@ import pytest
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
+from nodes import node_config
 from recserve.serving import NodeServer, control_api
-from recserve.serving.config import quick_config
 from recserve.serving.errors import InferError
 from recserve.specs import catalogue_models
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -24,7 +26,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(scope="module")
 def node():
     model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
-    config = quick_config(model, scale=1e-4, workers=1)
+    config = node_config(model, scale=1e-4, workers=1)
     config.control_token = TOKEN
     server = NodeServer(config)
     ports = server.start()

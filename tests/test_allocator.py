@@ -10,6 +10,8 @@ import pytest
 
 from recserve.zoo.allocator import WORKER_TUNABLES, worker_tunables
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 CHILD = """
 import resource, threading, torch
 from recserve.specs import catalogue_models

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 CHILD = r"""
 import asyncio, threading, time
 import torch

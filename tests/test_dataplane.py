@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from nodes import generous
 from oip_inputs import DTYPE_NAMES, grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
@@ -25,6 +26,8 @@ from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.dataplane import HEADS, ParseError, _heads, parse_head
 from recserve.serving.server import _infer_target
 from recserve.zoo import sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 MODELS = {"a": "hera-dlrm-a", "b": "hera-ncf"}
 
@@ -249,8 +252,8 @@ def test_parse_head_and_routing_helpers():
 def test_front_end_is_validated_and_the_v1_layout_still_serves(cases):
     with pytest.raises(SpecError, match="front_end"):
         config_from_dict({"front_end": "nginx", "models": [{"model": MODELS["b"], "scale": 1e-4}]})
-    config = config_from_dict({"front_end": "server", "models": [{"name": "b", "model": MODELS["b"],
-                                                                   "scale": 1e-4, "max_batch_size": 128}]})
+    config = config_from_dict({"front_end": "server", "models": [generous({"name": "b", "model": MODELS["b"],
+                                                                   "scale": 1e-4, "max_batch_size": 128})]})
     batch, expected = cases["b"][0]
     body, headers = body_of(batch)
     with NodeServer(config) as server:
@@ -574,7 +577,7 @@ def test_huge_json_is_refused_and_health_answers_during_a_long_decode():
     extension); below it, while the only worker decodes for a long time, health is still answered (the server
     accepts while no worker does)."""
     config = config_from_dict({"max_json_bytes": 24 * 1024 * 1024, "models": [
-        {"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128}]})
+        generous({"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128})]})
     with NodeServer(config) as server:
         check_huge_json(server.ports.http)
 

@@ -22,6 +22,8 @@ from recserve.zoo import build, device_cache, sample_batch
 from recserve.zoo.device_cache import CachedModel, DeviceTableCache
 from recserve.zoo.fused import FusedModel
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 # every fusable family: DLRM, NCF, DIN and DIEN (sequence tables), WnD, MT-WnD, 100 tables, two widths (sdm-m1)
 MODELS = ["hera-dlrm-a", "hera-ncf", "hera-din", "hera-dien", "hera-wnd", "hercules-mtwnd", "hercules-rmc2",
           "sdm-m1"]

@@ -91,6 +91,7 @@ def test_bucketize_subtracts_the_shard_base():
     assert parts[1].indices.tolist() == [1, 3] and parts[1].offsets.tolist() == [0, 1]
 
 
+@pytest.mark.integration  # seconds of work
 def test_plan_shard_cli_writes_plan_and_figure(tmp_path):
     import json
 
@@ -113,6 +114,7 @@ def test_plan_shard_cli_rejects_bad_input(capsys):
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # seconds of work
 def test_plan_shard_cli_packs_nodes_of_several_sockets(capsys):
     """``--node-sockets 2`` packs replicas onto ElasticRec's two-socket nodes: never more servers than per socket."""
     from recserve.cli import main

@@ -7,11 +7,14 @@ import numpy as np
 import pytest
 import tritonclient.http as thttp
 
+from nodes import node_config
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, eventloop, quick_config
 from recserve.serving.config import config_from_dict
 from recserve.serving.control_client import ControlClient
 from recserve.zoo import sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 NAME, SCALE = "hercules-rmc1", 1e-3
 
@@ -37,7 +40,7 @@ def serve_and_check(setting: str) -> dict:
     model = build_worker_model(quick_config(NAME, scale=SCALE).models[0])
     batch = sample_batch(model, 4, rng=5)
     expected = model(batch).detach().numpy()
-    config = quick_config(NAME, scale=SCALE, workers=1)
+    config = node_config(NAME, scale=SCALE, workers=1)
     config.event_loop = setting
     with NodeServer(config) as server:
         client = thttp.InferenceServerClient(f"127.0.0.1:{server.ports.http}")

@@ -5,6 +5,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_and_serve" / "train_and_serve.py"
 
 

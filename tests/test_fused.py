@@ -9,6 +9,8 @@ from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.fused import FusedModel, FusedTables, fusable
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 # one of each family, a 100-table model, and widths that differ between tables (sdm-m1: 51 and 69)
 MODELS = ["hera-dlrm-a", "hera-ncf", "hera-din", "hera-dien", "hera-wnd", "hercules-mtwnd", "hercules-rmc2",
           "sdm-m1"]

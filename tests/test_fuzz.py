@@ -29,9 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from nodes import node_config
 from recserve.serving import NodeServer, build_worker_model, codec
-from recserve.serving.config import quick_config
 from recserve.zoo import sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 TOKEN = "fuzz-token"
 CLIENT_TIMEOUT_S = 30.0
@@ -64,7 +66,7 @@ def report_counts(request):
 
 @pytest.fixture(scope="module")
 def node():
-    config = quick_config("hercules-rmc1", scale=1e-4, workers=1)
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.max_body_bytes = 1 << 20
     config.control_token = TOKEN
     server = NodeServer(config)

@@ -107,6 +107,7 @@ def test_large_messages_cross_both_ways_within_the_peers_windows_and_frame_sizes
     assert channel.unary_unary("/t.S/Big")(str(6 << 20).encode(), timeout=30) == b"z" * (6 << 20)
 
 
+@pytest.mark.integration  # seconds of work
 def test_concurrent_calls_from_many_threads_all_get_their_own_answers(served):
     channel = served[0]
     echo, slow = channel.unary_unary("/t.S/Echo"), channel.unary_unary("/t.S/Slow")
@@ -575,6 +576,7 @@ def test_a_sink_streams_answers_keep_their_order_when_a_window_holds_one_back():
     assert frames[-1][:2] == (1, 5) and not conn._streams  # then the trailers
 
 
+@pytest.mark.integration  # seconds of work
 def test_a_client_that_does_not_read_its_answers_stops_being_read(served):
     """Answers a client leaves unread (its windows wide open, its socket not read) fill the connection's write
     buffer; past ``WRITE_HIGH`` the server reads no more of its requests, so TCP holds the client back instead of

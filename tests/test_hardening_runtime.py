@@ -22,6 +22,8 @@ from recserve.serving import runtime as runtime_module
 from recserve.serving.control_client import ControlClient
 from recserve.zoo import sample_batch
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 MODEL = "rmc1-pipeline"
 
 
@@ -86,7 +88,7 @@ class Client:
 
 
 def test_queued_query_is_shed_at_its_deadline_and_a_stuck_worker_is_replaced():
-    with running(hang_timeout_s=2.0) as (server, ports):
+    with running(hang_timeout_s=4.0) as (server, ports):
         check_deadline_and_hang(server, ports)
 
 
@@ -100,10 +102,10 @@ def check_deadline_and_hang(server: NodeServer, ports) -> None:
         queued = client.send(timeout=300_000)  # 0.3 s (Triton's microseconds), behind it
         kind, message, took = queued.result(30)
         assert kind == "error" and "deadline exceeded" in message and "still queued" in message, message
-        assert took < 2.0, took  # at its deadline, not when the worker comes back
-        kind, message, took = held.result(30)  # the watchdog: 2 s on one part is a hang
+        assert took < 3.5, took  # at its deadline (0.3 s), not when the watchdog frees the worker (4 s)
+        kind, message, took = held.result(30)  # the watchdog: 4 s on one part is a hang
         assert kind == "error" and "stopped responding" in message, message
-        assert took < 10.0, took
+        assert took < 20.0, took
     def replaced(state: dict) -> bool:
         detail = state["stages"]["sparse"]["worker_detail"]
         return state["worker_restarts"] >= 1 and [w["pid"] != pid and w["ready"] for w in detail] == [True]

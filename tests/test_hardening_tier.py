@@ -11,11 +11,14 @@ import pytest
 import torch
 import yaml
 
+from nodes import generous
 from recserve.cli import main
 from recserve.embedding.tablefile import TableFileError, read_header, write_table
 from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, tier_model
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 
 def corrupt(path: str, offset: int, data: bytes = b"\xff\xff\xff\xff") -> None:
@@ -142,9 +145,9 @@ def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_d
     from recserve.serving import NodeServer, config_from_dict
     from recserve.specs import get_model
 
-    config = config_from_dict({"models": [{"model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
-                                           "options": {"tier": {"dir": disk_dir, "tables": [0, 1], "cache_mb": 0,
-                                                                "engine": "threads"}}}]})
+    model = generous({"model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
+                      "options": {"tier": {"dir": disk_dir, "tables": [0, 1], "cache_mb": 0, "engine": "threads"}}})
+    config = config_from_dict({"models": [model]})
     reference = build(get_model("sdm-m1"), scale=2e-5)
     server = NodeServer(config)
     ports = server.start()

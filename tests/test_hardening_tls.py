@@ -13,11 +13,13 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from nodes import node_config
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
 from recserve.serving.config import quick_config
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def certificate(tmp_path_factory):
 
 def test_http_and_grpc_speak_tls(certificate):
     cert, key = certificate
-    config = quick_config("hercules-rmc1", scale=1e-4, workers=1)
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.tls_cert, config.tls_key = cert, key  # set after construction: the server still uses one front end
     server = NodeServer(config)
     ports = server.start()

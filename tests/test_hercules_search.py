@@ -49,6 +49,7 @@ def models() -> list[ModelSpec]:
 
 
 @pytest.mark.parametrize("server", SERVERS, ids=lambda s: s.name)
+@pytest.mark.integration  # seconds of work
 def test_search_finds_exhaustive_optimum_with_a_quarter_of_the_evaluations(server):
     rows = []
     for spec in models():
@@ -64,6 +65,7 @@ def test_search_finds_exhaustive_optimum_with_a_quarter_of_the_evaluations(serve
     assert any(q > 0 for _, q, _ in rows)
 
 
+@pytest.mark.integration  # seconds of work
 def test_search_on_an_accelerator_server():
     """Model-based on the device (co-location x query size) and SparseNet-on-host / DenseNet-on-device."""
     for spec in models()[:: max(1, len(models()) // 4)]:

@@ -10,6 +10,8 @@ import pytest
 from recserve.perfmodel.interference import Interference, fit_interference, hera_ways_tables
 from recserve.profiles import ProfileSet, ProfileTable
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 
 def _synthetic(s: float = 0.6, ways: int = 16, llc_mb: float = 32.0) -> Interference:
     """Slowdowns generated with the simulator's own curve 1 + s((W-k)/(W-1))^2."""

@@ -42,6 +42,7 @@ def test_validation_catches_a_broken_object(layout):
     assert validate(objects[:1])
 
 
+@pytest.mark.integration  # seconds of work
 def test_deploy_k8s_cli_writes_valid_manifests(tmp_path):
     from recserve.cli import main
 

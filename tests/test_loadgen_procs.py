@@ -15,6 +15,8 @@ from recserve.measure.sink import SinkServer, fixed_response, free_port
 from recserve.measure.targets import HttpTarget, InProcessTarget
 from recserve.specs import SLA, ModelSpec, TableSpec
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 pytest.importorskip("aiohttp")
 
 

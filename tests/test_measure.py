@@ -215,6 +215,7 @@ def test_max_load_search_stops_at_the_cap_and_reads_load_results():
     assert capped.max_qps == 100 and capped.reason == "reached max_qps"
 
 
+@pytest.mark.integration  # seconds of work
 def test_max_load_search_over_a_real_open_loop_run():
     # a 10 ms single-server fake: max load under a 60 ms p95 SLA is between M/D/1 and M/M/1 bounds
     target = SerialTarget(0.01)

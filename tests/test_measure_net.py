@@ -19,6 +19,8 @@ from recserve.measure.requests import RequestPool
 from recserve.measure.targets import GrpcTarget, HttpTarget, make_target
 from recserve.specs import SLA, ModelSpec, TableSpec
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 grpc = pytest.importorskip("grpc")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")

@@ -15,6 +15,7 @@ from recserve.specs import SLA, catalogue_models
 MODEL = "hera-ncf" if "hera-ncf" in catalogue_models() else next(iter(catalogue_models()))
 
 
+@pytest.mark.integration  # seconds of work
 def test_profile_host_quick_writes_a_profile_set_that_round_trips(tmp_path, capsys):
     out = tmp_path / "this-host.json"
     rc = main(["profile", "host", "--models", MODEL, "--scale", "1e-4", "--quick", "--batches", "1,256",
@@ -83,6 +84,7 @@ def test_pss_of_this_process_is_plausible():
     assert 0.01 < pss_gb(os.getpid()) < 64
 
 
+@pytest.mark.integration  # seconds of work
 def test_bench_cli_in_process_run_writes_json_and_png(tmp_path, capsys):
     js, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = main(["bench", "--model", MODEL, "--scale", "1e-4", "--target", "inprocess:thread", "--rate", "50",
@@ -95,6 +97,7 @@ def test_bench_cli_in_process_run_writes_json_and_png(tmp_path, capsys):
     assert "achieved" in capsys.readouterr().out
 
 
+@pytest.mark.integration  # seconds of work
 def test_bench_cli_max_load_search(tmp_path, capsys):
     js = tmp_path / "m.json"
     rc = main(["bench", "--model", MODEL, "--scale", "1e-4", "--target", "inprocess:thread", "--rate", "20",
@@ -107,6 +110,7 @@ def test_bench_cli_max_load_search(tmp_path, capsys):
     assert "max load 80.00 qps" in capsys.readouterr().out
 
 
+@pytest.mark.integration  # seconds of work
 def test_bench_cli_sweep_writes_one_probe_per_rate(tmp_path, capsys):
     js, png = tmp_path / "s.json", tmp_path / "s.png"
     rc = main(["bench", "--model", MODEL, "--scale", "1e-4", "--target", "inprocess:thread", "--sweep", "10,30",

@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.profiler import Budget, maxload_tables
 from recserve.measure.requests import RequestPool
 from recserve.specs import SLA, catalogue_models, get_model
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 served = pytest.importorskip("recserve.measure.served")
 pytest.importorskip("recserve.serving")
@@ -17,11 +20,13 @@ pytest.importorskip("tritonclient.grpc.service_pb2")
 
 MODEL = "hera-ncf" if "hera-ncf" in catalogue_models() else next(iter(catalogue_models()))
 SCALE = 1e-4
+DEADLINE_MS = 60_000.0  # not the catalogue's (10 ms for hera-ncf): these tests are not about shedding
 
 
 @pytest.fixture(scope="module")
 def server():
-    with served.LocalServer(MODEL, SCALE, workers=2, in_process=True) as s:  # in a thread: quick to start
+    with served.LocalServer(MODEL, SCALE, workers=2, in_process=True,  # in a thread: quick to start
+                            deadline_ms=DEADLINE_MS) as s:
         yield s
 
 
@@ -69,6 +74,14 @@ def test_maxload_and_footprint_through_the_server(server):
     impossible = maxload_tables(spec, SCALE, budget, [1], mix="fixed:8", sla=SLA(1e-3), start_qps=20.0,
                                 via="server", server=server)[0]
     assert impossible.rows[0][1] == 0 and impossible.rows[0][2] == 0 and impossible.rows[0][3] == 1
+
+
+def test_maxload_refuses_a_node_whose_deadline_is_tighter_than_the_sla(server):
+    """The node would shed what the SLA allows, so the search would measure its deadline: refused up front."""
+    budget = Budget(True, 16, 0.05, 2, 1 << 10, 0.01, 0.3, 8, 3, 0.5)
+    with pytest.raises(RecserveError, match=r"node's deadline \(60000 ms\) is tighter than the SLA .*p95 <= 120000"):
+        maxload_tables(get_model(MODEL), SCALE, budget, [1], mix="fixed:8", sla=SLA(2 * DEADLINE_MS),
+                       start_qps=20.0, via="server", server=server)
 
 
 def test_wait_idle_outlasts_work_left_by_timed_out_queries(server, pool):

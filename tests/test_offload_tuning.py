@@ -12,6 +12,8 @@ from recserve.measure.offload import ThresholdResult, best_threshold, tune_offlo
 from recserve.serving import NodeServer, config_from_dict
 from recserve.serving.control_client import ControlClient
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 
 def _found(max_qps: float, tail_ms: float) -> MaxLoadResult:
     return MaxLoadResult(max_qps, 100.0, 95.0, [Probe(max_qps, tail_ms, True), Probe(2 * max_qps, 500.0, False)],

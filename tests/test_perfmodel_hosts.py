@@ -34,6 +34,7 @@ def test_a_machine_is_its_hostname_and_its_hardware(recorded):
     assert not dev.same_as(Machine.of(recorded["h100-host"]))
 
 
+@pytest.mark.integration  # seconds of work
 def test_a_recorded_machine_is_never_calibrated_from_its_own_timings(carried):
     moved = carried["h100-host"]
     assert moved is not None
@@ -69,6 +70,7 @@ def test_a_recording_without_the_in_model_microbenchmark_gets_it_from_its_own_ti
     assert "model_module_us" in source_micro(recorded["dev-host"])  # recorded before it existed
 
 
+@pytest.mark.integration  # seconds of work
 def test_calibrate_micro_carries_the_recorded_hosts_and_micro_only_does_not(recorded, tmp_path, monkeypatch, capsys):
     """The CLI on a machine none of the recordings comes from (its microbenchmarks stubbed with a recorded host's,
     so the test neither waits for them nor depends on this machine's speed)."""

@@ -6,18 +6,20 @@ import time
 
 import pytest
 
+from nodes import node_config
 from recserve.policies.node_control import ControlLoop, ServerNodeControl
 from recserve.policies.rmu import CapacityProfile, HeraRMU, PartiesController
 from recserve.serving import NodeServer
-from recserve.serving.config import quick_config
 from recserve.serving.control_client import ControlClient
 from recserve.specs import catalogue_models
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 
 @pytest.fixture(scope="module")
 def server():
     model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
-    srv = NodeServer(quick_config(model, scale=1e-4, workers=2))
+    srv = NodeServer(node_config(model, scale=1e-4, workers=2))
     ports = srv.start()
     try:
         yield srv, ports, srv.config.models[0].name

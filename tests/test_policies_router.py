@@ -10,19 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from nodes import node_config
 from recserve.errors import SpecError
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import decode_http_response, encode_http_request
 from recserve.policies.router import Router, RouterThread, load_pool
 from recserve.serving import NodeServer
-from recserve.serving.config import quick_config
 from recserve.specs import catalogue_models, get_model
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 
 @pytest.fixture(scope="module")
 def backend():
     model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
-    srv = NodeServer(quick_config(model, scale=1e-4, workers=2))
+    srv = NodeServer(node_config(model, scale=1e-4, workers=2))
     ports = srv.start()
     try:
         yield f"http://127.0.0.1:{ports.http}", model

@@ -13,6 +13,8 @@ from recserve.deploy.ray_plans import KairosRouter, node_start_flags, query_size
 from recserve.planners.plan import PoolChoice
 from recserve.wire import BATCH_SIZE_HEADER
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 
 class ProxyRequest:  # stands in for Ray's StreamingHTTPRequest, which the proxy sends pickled
     def __init__(self, scope: dict) -> None:

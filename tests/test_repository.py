@@ -20,6 +20,7 @@ import tritonclient.http as thttp
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
+from nodes import generous, generous_yaml
 from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
@@ -35,6 +36,8 @@ from recserve.zoo.artifacts import (
     load_artifact,
     write_version,
 )
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 SPEC = dict(family="dlrm", dense_in=8, bottom_mlp=[16, 8], top_mlp=[16, 1], interaction="dot",
             tables=[dict(name="t", rows=500, dim=8, pooling=2, repeat=3)], sla=dict(target_ms=50))
@@ -93,15 +96,17 @@ def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     for name, kind in KINDS.items():
         (root / name).mkdir()
-        (root / name / "config.yaml").write_text("workers: 1\nqueue_limit: 32\nsla: {target_ms: 20}\n")
+        (root / name / "config.yaml").write_text(
+            "workers: 1\nqueue_limit: 32\nsla: {target_ms: 20}\n" + generous_yaml())
         write_version(trained(0, name), root / name, 1, kind)
     (root / "swap").mkdir()
-    (root / "swap" / "config.yaml").write_text("workers: 1\nqueue_limit: 256\n"
+    (root / "swap" / "config.yaml").write_text(generous_yaml() + "workers: 1\nqueue_limit: 256\n"
                                                "version_policy: {latest: {num_versions: 1}}\n")
     write_version(trained(1, "swap"), root / "swap", 1, "safetensors")
     export_own(root / "own" / "1" / "model.pt2")
     shutil.copytree(root / "ctr_ts", root / "ctr_ts_pipeline")  # TorchScript exposes sparse() and dense()
-    (root / "ctr_ts_pipeline" / "config.yaml").write_text("mode: pipeline\nsparse_workers: 1\nworkers: 1\n")
+    (root / "ctr_ts_pipeline" / "config.yaml").write_text(
+        "mode: pipeline\nsparse_workers: 1\nworkers: 1\n" + generous_yaml())
     return root
 
 
@@ -531,8 +536,8 @@ def test_node_config_serves_a_repository_beside_catalogue_models_and_tiers_a_saf
     root = Path(disk_dir) / "repo"
     shutil.copytree(repo / "ctr", root / "tiered")
     (root / "tiered" / "config.yaml").write_text(
-        f"workers: 1\ntiering: {{dir: {disk_dir}, tables: all, cache_mb: 1, engine: threads}}\n")
-    config = config_from_dict({"models": [{"model": "hera-ncf", "name": "ncf", "scale": 1e-4}],
+        f"workers: 1\ntiering: {{dir: {disk_dir}, tables: all, cache_mb: 1, engine: threads}}\n" + generous_yaml())
+    config = config_from_dict({"models": [generous({"model": "hera-ncf", "name": "ncf", "scale": 1e-4})],
                                "repository": str(root)})
     server = NodeServer(config)
     ports = server.start()

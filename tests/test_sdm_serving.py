@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from nodes import generous
 from recserve.embedding import uring
 from recserve.serving import NodeServer, config_from_dict
 from recserve.specs import get_model
 from recserve.zoo import build, sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 
 @pytest.fixture(params=["auto", "threads", "probe-crashed"])
@@ -31,10 +34,10 @@ def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path, engine):
     import tritonclient.http as httpclient
 
     scale = 2e-5
-    config = config_from_dict({"models": [{
+    config = config_from_dict({"models": [generous({
         "model": "sdm-m1", "scale": scale, "workers": 1, "max_batch_size": 64,
         "options": {"tier": {"dir": str(tmp_path), "tables": "user", "cache_mb": 1,
-                             "engine": "threads" if engine == "threads" else "auto"}}}]})
+                             "engine": "threads" if engine == "threads" else "auto"}}})]})
     reference = build(get_model("sdm-m1"), scale=scale)
     batch = sample_batch(reference, 8, rng=3)
     with torch.no_grad():

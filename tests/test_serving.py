@@ -23,6 +23,7 @@ import tritonclient.http as thttp
 import yaml
 from tritonclient.utils import InferenceServerException
 
+from nodes import generous
 from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
@@ -32,6 +33,8 @@ from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.base import MLP
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
@@ -40,12 +43,13 @@ def dlrm_names() -> list[str]:
 
 
 def example_config(path: Path, **node_overrides):
-    """An example node config on free ports, with catalogue names that exist today."""
+    """An example node config on free ports, with catalogue names that exist today and deadlines for tests."""
     data = yaml.safe_load(path.read_text())
     known, dlrm = catalogue_models(), dlrm_names()
     for i, m in enumerate(data["models"]):
         if m["model"] not in known:
             m["model"] = dlrm[i % len(dlrm)]
+    data["models"] = [generous(m) for m in data["models"]]
     data.update(http_port=0, grpc_port=0, **node_overrides)
     return config_from_dict(data)
 

@@ -24,6 +24,8 @@ from recserve.serving import build_worker_model, config_from_dict
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 READY_LINE = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
 

@@ -20,12 +20,14 @@ import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import recserve
+from nodes import node_config
 from oip_inputs import DTYPE_NAMES, grpc_inputs
 from recserve.serving import NodeServer, build_worker_model, codec
-from recserve.serving.config import quick_config
 from recserve.serving.errors import STATUS, InferError
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 MAX_BODY = 1024 * 1024
 
@@ -33,7 +35,7 @@ MAX_BODY = 1024 * 1024
 @pytest.fixture(scope="module")
 def node():
     model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
-    config = quick_config(model, scale=1e-4, workers=1)
+    config = node_config(model, scale=1e-4, workers=1)
     config.max_body_bytes = MAX_BODY
     server = NodeServer(config)
     ports = server.start()

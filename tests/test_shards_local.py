@@ -6,15 +6,18 @@ import numpy as np
 import pytest
 import torch
 
+from nodes import DEADLINE_MS, node_config
 from recserve.deploy.local_shards import make_layout, process_memory_mb, start_sharded
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import GrpcTarget, HttpTarget
-from recserve.serving import NodeServer, quick_config
+from recserve.serving import NodeServer
 from recserve.serving.shard_service import OUTPUT_POOLED, lookup
 from recserve.serving.shards import ShardClient
 from recserve.specs import get_model
 from recserve.zoo import build
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 MODEL = "elasticrec-rm1@tables=2"
 SCALE = 5e-4  # 10k rows per table
@@ -38,7 +41,8 @@ def pool(spec):
 @pytest.fixture(scope="module")
 def sharded(spec, model):
     layout = make_layout(spec, SCALE, seed=0, shards_per_table=3, replicas=[2, 1, 1], model=model)
-    deployment = start_sharded(layout, model=model, dense_replicas=1, timeout_s=5.0, progress=False)
+    deployment = start_sharded(layout, model=model, dense_replicas=1, timeout_s=30.0, progress=False,
+                                 deadline_ms=DEADLINE_MS)
     try:
         yield deployment
     finally:
@@ -71,7 +75,7 @@ def test_sharded_scores_equal_monolithic(sharded, model, pool, spec):
     expected = [model(pool.batch(i)).detach().numpy() for i in range(len(pool))]
     sharded_grpc = _outputs(GrpcTarget(f"127.0.0.1:{sharded.ports.grpc}", sharded.model_name), pool)
     sharded_http = _outputs(HttpTarget(f"http://127.0.0.1:{sharded.ports.http}", sharded.model_name), pool)
-    with NodeServer(quick_config(MODEL, scale=SCALE, workers=1, share_tables=False)) as mono:
+    with NodeServer(node_config(MODEL, scale=SCALE, workers=1, share_tables=False)) as mono:
         mono_grpc = _outputs(GrpcTarget(f"127.0.0.1:{mono.ports.grpc}", MODEL), pool)
     for i in range(len(pool)):
         assert sharded_grpc[i].shape == (pool.sizes[i], 1)
@@ -106,7 +110,7 @@ def test_shard_service_serves_its_slice(sharded, model):
     lo, hi = table.boundaries[1], table.boundaries[2]  # first cold shard
     sorted_weight = torch.empty_like(model.tables[0].weight)
     sorted_weight[torch.from_numpy(table.remap)] = model.tables[0].weight.detach()
-    client = ShardClient(sharded.endpoints, timeout_s=5.0)
+    client = ShardClient(sharded.endpoints, timeout_s=30.0)
     try:
         ids = np.array([0, hi - lo - 1, 5], dtype=np.int64)
         pooled = client.start(f"{table.name}-s1", ids, np.array([0, 1], dtype=np.int64)).result()
@@ -179,7 +183,8 @@ def test_sequence_tables_use_the_gather_variant():
     din_model = build(din, scale=scale, seed=1)
     layout = make_layout(din, scale, seed=1, shards_per_table=2, warmup_queries=10, batch=8, model=din_model)
     din_pool = RequestPool(din, scale, sizes=(1, 9), seed=5, index="locality:p=0.9")
-    deployment = start_sharded(layout, model=din_model, timeout_s=5.0, progress=False)
+    deployment = start_sharded(layout, model=din_model, timeout_s=30.0, progress=False,
+                                 deadline_ms=DEADLINE_MS)
     try:
         got = _outputs(GrpcTarget(f"127.0.0.1:{deployment.ports.grpc}", deployment.model_name), din_pool)
     finally:

@@ -21,6 +21,7 @@ import tritonclient.utils.shared_memory as tshm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from nodes import node_config
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget, make_target
 from recserve.serving import NodeServer, build_worker_model, codec
@@ -30,6 +31,8 @@ from recserve.serving.shm import Regions, Registry, register_request, tensor_par
 from recserve.specs import catalogue_models, get_model
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 from recserve.zoo import sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 
@@ -294,7 +297,7 @@ def test_http_response_writes_scores_to_the_output_region(registry, segment):
 @pytest.fixture(scope="module")
 def node(small_model):
     cfg, _ = small_model
-    config = quick_config(cfg.model, scale=cfg.scale, workers=2)
+    config = node_config(cfg.model, scale=cfg.scale, workers=2)
     server = NodeServer(config)
     ports = server.start()
     try:
@@ -360,7 +363,7 @@ def test_http_inputs_and_output_through_shared_memory_equal_inline(node, small_m
                                                                                    _arrays(model, 2, 0))))
         client.unregister_system_shared_memory()
         assert client.get_system_shared_memory_status() == []
-        deadline = time.monotonic() + 5  # each worker lets its mappings go at its next heartbeat (0.25 s)
+        deadline = time.monotonic() + 60  # each worker lets its mappings go at its next heartbeat (0.25 s)
         while any(k in m for m in _worker_maps(server) for k in keys) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = [line for m in _worker_maps(server) for line in m.splitlines() if any(k in line for k in keys)]
@@ -459,7 +462,7 @@ def test_server_front_end_with_a_token(small_model):
     """``front_end: server``: the supervisor decodes every query (it maps the regions itself) and, on a node with a
     control token, registration needs it (HTTP header, gRPC metadata)."""
     cfg, model = small_model
-    config = quick_config(cfg.model, scale=cfg.scale, workers=1)
+    config = node_config(cfg.model, scale=cfg.scale, workers=1)
     config.front_end, config.control_token = "server", "s3cret"
     server = NodeServer(config)
     ports = server.start()

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 
+from nodes import node_config
 from oip_inputs import grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.serving import NodeServer, build_worker_model, quick_config
@@ -29,6 +30,8 @@ from recserve.serving.dataplane import PlaneLimits, WorkerPlane
 from recserve.serving.errors import InferError
 from recserve.serving.siblings import SiblingClient, SiblingServer, socket_path
 from recserve.zoo import sample_batch
+
+pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 QUERY = (np.zeros((4, 3), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
 
@@ -157,7 +160,7 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
     model = build_worker_model(quick_config(name, scale=scale).models[0])
     batch = sample_batch(model, size, rng=3)
     expected = model(batch).detach().numpy()
-    config = quick_config(name, scale=scale, workers=2, forward_to_idle=forward, deadline_ms=5000)
+    config = node_config(name, scale=scale, workers=2, forward_to_idle=forward)
     with NodeServer(config) as server:
         directory = server.core.models[name].sibling_dir
         assert bool(directory) == forward and (not forward or os.path.isdir(directory))
@@ -200,7 +203,7 @@ def test_a_sibling_killed_with_forwarded_queries_loses_none_of_them():
     name, scale, size, calls = "hercules-rmc1", 1e-3, 512, 120
     model = build_worker_model(quick_config(name, scale=scale).models[0])
     batch = sample_batch(model, size, rng=5)
-    config = quick_config(name, scale=scale, workers=2, deadline_ms=20_000, fuse_items=0)
+    config = node_config(name, scale=scale, workers=2, fuse_items=0)
     with NodeServer(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
         pids = [w["pid"] for w in control.get_model(name)["stages"]["model"]["worker_detail"]]
@@ -236,7 +239,7 @@ def test_resizing_under_one_grpc_channel_fails_no_query():
     model = build_worker_model(quick_config(name, scale=scale).models[0])
     batch = sample_batch(model, size, rng=7)
     expected = model(batch).detach().numpy()
-    config = quick_config(name, scale=scale, workers=2, deadline_ms=20_000)
+    config = node_config(name, scale=scale, workers=2)
     with NodeServer(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")

@@ -165,6 +165,7 @@ def cli_results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", SUBPROCESS_CASES)
+@pytest.mark.integration  # seconds of work
 def test_bad_input_is_one_line_exit_2_subprocess(case, cli_results):
     returncode, stderr = cli_results(case)
     assert returncode == 2

@@ -220,8 +220,11 @@ def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir
 def start_sharded(layout: ShardLayout, *, model_name: str | None = None, dense_replicas: int | None = None,
                   host: str = "127.0.0.1", http_port: int = 0, grpc_port: int = 0, threads: int = 1,
                   timeout_s: float = DEFAULT_TIMEOUT_S, queue_limit: int = 256, max_batch_size: int = 1024,
-                  progress: bool = True, model: RecModel | None = None) -> ShardedDeployment:
+                  progress: bool = True, model: RecModel | None = None,
+                  deadline_ms: float | None = None) -> ShardedDeployment:
     """Start every embedding-shard replica and the dense-shard node server on loopback.
+
+    ``deadline_ms``: the dense node's deadline for queries that set none (None: twice the model's SLA).
 
     ``model`` (the full scaled model built from ``layout.spec``/``scale``/``seed``) is only read to
     cut the shards; it is built here if not given.  ``layout.spec.name`` must resolve with
@@ -250,7 +253,7 @@ def start_sharded(layout: ShardLayout, *, model_name: str | None = None, dense_r
         cfg = ModelConfig(model=spec.name, name=deployment.model_name, scale=layout.scale,
                           workers=int(dense_replicas or layout.dense_replicas), threads=threads, share_tables=False,
                           seed=layout.seed, table_backend=BACKEND, queue_limit=queue_limit,
-                          max_batch_size=max_batch_size,
+                          max_batch_size=max_batch_size, deadline_ms=deadline_ms,
                           options=dense_options(layout, rows, deployment.endpoints, timeout_s))
         deployment.server = NodeServer(NodeConfig(models=[cfg], host=host, http_port=http_port,
                                                   grpc_port=grpc_port, drain_timeout_s=5.0))

@@ -297,6 +297,18 @@ def _search(session: LoadSession, budget: Budget, sla: SLA, start: float, seed: 
                          min_qps=max(0.05, start / 32)), floor
 
 
+def check_node_deadline(deadline_ms: float, sla: SLA) -> None:
+    """Refuse a max-load search whose node sheds queries the SLA would still count as met: it would measure the
+    node's deadline, not the SLA asked about."""
+    if deadline_ms < sla.target_ms:
+        from recserve.serving.config import default_deadline_ms
+
+        raise RecserveError(
+            f"the node's deadline ({deadline_ms:g} ms) is tighter than the SLA asked for (p{sla.percentile:g} <= "
+            f"{sla.target_ms:g} ms): it would shed queries the SLA allows; start the node with deadline_ms >= "
+            f"{default_deadline_ms(sla.target_ms):g} or search at an SLA within its deadline")
+
+
 @contextlib.contextmanager
 def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: int, via: str, server: Any = None,
                  sla: SLA | None = None):
@@ -314,6 +326,8 @@ def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: 
             if server is None:
                 deadline = {"deadline_ms": default_deadline_ms(sla.target_ms)} if sla is not None else {}
                 server = stack.enter_context(LocalServer(spec.name, scale, workers=max_workers, **deadline))
+            elif sla is not None:
+                check_node_deadline(server.config.models[0].deadline_ms, sla)
             with LoadSession(server.target("http"), pool, warm=True, before_run=server.wait_idle) as session:
                 yield session, server.set_workers, lambda w: server.worker_pss_gb()
         return
