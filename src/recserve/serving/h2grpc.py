@@ -43,6 +43,8 @@ from typing import Any, Protocol
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
+from recserve.serving.h2limits import FloodGuard, FloodLimits
+
 log = logging.getLogger(__name__)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -254,9 +256,12 @@ class GrpcConnection(asyncio.Protocol):
     """One client connection.  ``methods`` maps ``/package.Service/Method`` to how it is served."""
 
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
-                 on_close: Callable[[GrpcConnection], None] | None = None) -> None:
+                 on_close: Callable[[GrpcConnection], None] | None = None, limits: FloodLimits | None = None,
+                 on_abuse: Callable[[str], None] | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
+        self._guard = FloodGuard(limits or FloodLimits())  # frames that carry no request, budgeted
+        self.on_abuse = on_abuse  # told the reason when a budget is spent (counted in /metrics)
         # answers held for a client whose windows stay closed, past which the stream adding to them is reset
         self._hold_limit = max(HOLD_BYTES, 2 * max_message)
         self.on_close = on_close
@@ -458,12 +463,14 @@ class GrpcConnection(asyncio.Protocol):
             if len(payload) != 8 or stream:
                 raise ConnectionError_(FRAME_SIZE_ERROR if len(payload) != 8 else PROTOCOL_ERROR, "bad PING")
             if not flags & ACK:
+                self._calm(self._guard.ping())
                 self._out.append(_frame(PING, ACK, 0, payload))
             elif payload == GOAWAY_PING and not self._closing:  # the client has seen the first GOAWAY
                 self._out.append(_frame(PING, 0, 0, GOAWAY_PING_AGAIN))  # after the streams it had numbered
             elif payload == GOAWAY_PING_AGAIN:  # every stream it opened has arrived
                 self._final_goaway()
         elif kind == RST_STREAM:
+            self._calm(self._guard.reset())
             self._reset(stream)
         elif kind == GOAWAY:
             self._closing = True  # the client makes no new streams; ours finish, then we close
@@ -471,11 +478,19 @@ class GrpcConnection(asyncio.Protocol):
             raise ConnectionError_(PROTOCOL_ERROR, "a client may not push")
         # PRIORITY and unknown frame types are ignored (RFC 9113 5.5)
 
+    def _calm(self, reason: str | None) -> None:
+        """A frame past its budget (``h2limits``): GOAWAY ENHANCE_YOUR_CALM with the reason, then close."""
+        if reason is not None:
+            if self.on_abuse is not None:
+                self.on_abuse(reason)
+            raise ConnectionError_(ENHANCE_YOUR_CALM, reason)
+
     def _settings(self, flags: int, stream: int, payload: bytes) -> None:
         if stream or len(payload) % 6 or (flags & ACK and payload):
             raise ConnectionError_(PROTOCOL_ERROR if stream or flags & ACK else FRAME_SIZE_ERROR, "bad SETTINGS")
         if flags & ACK:
             return
+        self._calm(self._guard.settings())
         for at in range(0, len(payload), 6):
             key, value = int.from_bytes(payload[at:at + 2], "big"), int.from_bytes(payload[at + 2:at + 6], "big")
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
@@ -543,11 +558,13 @@ class GrpcConnection(asyncio.Protocol):
         else:
             self._add_to_block(stream, block)
             self._continuing = stream
+            self._guard.continuations = 0
 
     def _continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         stream = self._continuing
         if stream is None or stream.id != stream_id:
             raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without a header block")
+        self._calm(self._guard.continuation())
         self._add_to_block(stream, payload)
         if flags & END_HEADERS:
             self._continuing = None
@@ -636,6 +653,10 @@ class GrpcConnection(asyncio.Protocol):
 
     def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
         size = len(payload)
+        if size:
+            self._guard.empty_in_a_row = 0
+        elif not flags & END_STREAM:
+            self._calm(self._guard.empty_data())
         self._unacked += size
         if self._unacked >= REPLENISH:
             self._out.append(_frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
@@ -906,16 +927,19 @@ class GrpcConnection(asyncio.Protocol):
 class GrpcServer:
     """Connections accepted on one listening socket, and their graceful stop."""
 
-    def __init__(self, methods: Callable[[str], Method | None], max_message: int) -> None:
+    def __init__(self, methods: Callable[[str], Method | None], max_message: int,
+                 limits: FloodLimits | None = None, on_abuse: Callable[[str], None] | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
+        self.limits, self.on_abuse = limits, on_abuse
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
 
     connection_type = GrpcConnection  # what each accepted connection is served by
 
     def _connection(self) -> GrpcConnection:
-        conn = self.connection_type(self.methods, self.max_message, self.connections.discard)
+        conn = self.connection_type(self.methods, self.max_message, self.connections.discard, self.limits,
+                                    self.on_abuse)
         self.connections.add(conn)
         return conn
 

@@ -1,0 +1,79 @@
+"""Per-connection budgets for HTTP/2 frames that cost a server work but carry no request.
+
+The public HTTP/2 floods (CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty frames, Rapid Reset CVE-2023-44487,
+the 2024 CONTINUATION flood) keep a server's loop busy with frames a well-behaved client sends a few of.  Each
+budget here is what nghttp2 or Envoy allow; past one the connection gets GOAWAY ENHANCE_YOUR_CALM, as nghttp2
+and grpc-core answer.  Sans-IO: the caller passes frames' facts in and a clock, and gets a reason back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A token bucket: ``burst`` frames at once, refilled at ``per_s`` a second."""
+
+    burst: float
+    per_s: float
+
+
+@dataclass(frozen=True)
+class FloodLimits:
+    pings: Rate = Rate(100, 10)  # PINGs needing an answer; grpc-core calls more "too_many_pings"
+    settings: Rate = Rate(100, 10)  # SETTINGS needing an acknowledgement
+    resets: Rate = Rate(1000, 33)  # RST_STREAM from the client: nghttp2's stream-reset rate limit
+    empty_data: int = 16  # DATA frames in a row with no payload and no END_STREAM (Envoy allows 1)
+    continuations: int = 8  # CONTINUATION frames in one header block: nghttp2's default
+
+
+class _Bucket:
+    __slots__ = ("burst", "per_s", "tokens", "at")
+
+    def __init__(self, rate: Rate, now: float) -> None:
+        self.burst, self.per_s, self.tokens, self.at = rate.burst, rate.per_s, rate.burst, now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
+class FloodGuard:
+    """One connection's budgets.  Each method returns None while the frame is within its budget, else the
+    reason to send with GOAWAY ENHANCE_YOUR_CALM (also the name it is counted under)."""
+
+    __slots__ = ("limits", "clock", "_pings", "_settings", "_resets", "empty_in_a_row", "continuations")
+
+    def __init__(self, limits: FloodLimits = FloodLimits(), clock: Callable[[], float] = time.monotonic) -> None:
+        now = clock()
+        self.limits, self.clock = limits, clock
+        self._pings, self._settings = _Bucket(limits.pings, now), _Bucket(limits.settings, now)
+        self._resets = _Bucket(limits.resets, now)
+        self.empty_in_a_row = 0
+        self.continuations = 0
+
+    def ping(self) -> str | None:
+        return None if self._pings.take(self.clock()) else "too_many_pings"
+
+    def settings(self) -> str | None:
+        return None if self._settings.take(self.clock()) else "too_many_settings"
+
+    def reset(self) -> str | None:
+        return None if self._resets.take(self.clock()) else "too_many_resets"
+
+    def empty_data(self) -> str | None:
+        """A DATA frame with no payload and no END_STREAM; a frame with payload sets ``empty_in_a_row`` to 0."""
+        self.empty_in_a_row += 1
+        return "too_many_empty_frames" if self.empty_in_a_row > self.limits.empty_data else None
+
+    def continuation(self) -> str | None:
+        """A CONTINUATION frame; a HEADERS frame sets ``continuations`` to 0."""
+        self.continuations += 1
+        return "too_many_continuations" if self.continuations > self.limits.continuations else None

@@ -1,0 +1,160 @@
+"""Budgets for HTTP/2 frames that carry no request (serving/h2limits.py), in the connection and in a node."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+import pytest
+
+from oip_inputs import grpc_inputs
+from recserve.serving.h2grpc import ENHANCE_YOUR_CALM, PREFACE, GrpcConnection, Method, _frame
+from recserve.serving.h2limits import FloodGuard, FloodLimits, Rate
+
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
+END_STREAM, END_HEADERS = 0x1, 0x4
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_rate_budget_allows_its_burst_then_refills_at_its_rate():
+    clock = Clock()
+    guard = FloodGuard(FloodLimits(pings=Rate(3, 2)), clock)
+    assert [guard.ping() for _ in range(4)] == [None, None, None, "too_many_pings"]
+    clock.now += 0.5  # one token back at 2 a second
+    assert [guard.ping() for _ in range(2)] == [None, "too_many_pings"]
+    clock.now += 60  # refilled to the burst, never past it
+    assert [guard.ping() for _ in range(4)] == [None, None, None, "too_many_pings"]
+
+
+def test_counted_budgets_count_in_a_row_and_start_again_when_told():
+    guard = FloodGuard(FloodLimits(empty_data=2, continuations=1))
+    assert [guard.empty_data() for _ in range(3)] == [None, None, "too_many_empty_frames"]
+    guard.empty_in_a_row = 0
+    assert guard.empty_data() is None
+    assert [guard.continuation() for _ in range(2)] == [None, "too_many_continuations"]
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.data, self.closed = b"", False
+
+    def write(self, data: bytes) -> None:
+        self.data += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def goaway_codes(self) -> list[tuple[int, bytes]]:
+        out, data = [], self.data
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            if data[3] == GOAWAY:
+                out.append((int.from_bytes(data[13:17], "big"), data[17:9 + length]))
+            data = data[9 + length:]
+        return out
+
+
+def _open(limits: FloodLimits | None = None) -> tuple[GrpcConnection, _Transport, list[str]]:
+    echo = Method(unary=lambda call, raw: call.reply(bytes(raw)))
+    abused: list[str] = []
+    conn = GrpcConnection(lambda path: echo, 1 << 20, limits=limits, on_abuse=abused.append)
+    transport = _Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
+    transport.data = b""
+    return conn, transport, abused
+
+
+def _headers(stream: int, flags: int) -> bytes:
+    from hpack import Encoder
+
+    block = Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"),
+                              (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+    return _frame(HEADERS, flags, stream, block)
+
+
+FLOODS = {  # name: (a frame a flood repeats, frames sent before it, the reason)
+    "ping": (_frame(PING, 0, 0, b"12345678"), b"", "too_many_pings"),
+    "settings": (_frame(SETTINGS, 0, 0), b"", "too_many_settings"),
+    "rapid reset": (None, b"", "too_many_resets"),
+    "empty data": (_frame(DATA, 0, 1), _headers(1, END_HEADERS), "too_many_empty_frames"),
+    "continuation": (_frame(CONTINUATION, 0, 1), _headers(1, 0), "too_many_continuations"),
+}
+
+
+def _flood(name: str, count: int) -> bytes:
+    frame, before, _ = FLOODS[name]
+    if frame is None:  # a new stream, reset at once: CVE-2023-44487
+        return b"".join(_headers(2 * i + 1, END_HEADERS) + _frame(RST_STREAM, 0, 2 * i + 1, b"\x00\x00\x00\x08")
+                        for i in range(count))
+    return before + frame * count
+
+
+@pytest.mark.parametrize("name", sorted(FLOODS))
+def test_a_flood_past_its_budget_gets_goaway_enhance_your_calm_and_is_counted(name):
+    conn, transport, abused = _open()
+    conn.data_received(_flood(name, 2000))
+    assert transport.goaway_codes() == [(ENHANCE_YOUR_CALM, FLOODS[name][2].encode())]
+    assert transport.closed and abused == [FLOODS[name][2]]
+
+
+@pytest.mark.parametrize("name", sorted(FLOODS))
+def test_what_a_well_behaved_client_sends_stays_within_every_budget(name):
+    conn, transport, abused = _open()
+    count = {"continuation": 8, "empty data": 16, "settings": 99}.get(name, 100)  # SETTINGS: the first was sent
+    conn.data_received(_flood(name, count))
+    assert transport.goaway_codes() == [] and not transport.closed and abused == []
+
+
+def test_the_budgets_are_the_connections_own_setting():
+    conn, transport, _ = _open(FloodLimits(pings=Rate(2, 1)))
+    conn.data_received(_flood("ping", 3))
+    assert transport.goaway_codes() == [(ENHANCE_YOUR_CALM, b"too_many_pings")]
+
+
+@pytest.mark.integration
+def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_the_node_serves_on():
+    import tritonclient.grpc as tgrpc
+
+    from nodes import node_config
+    from recserve.serving import NodeServer, build_worker_model
+    from recserve.zoo import sample_batch
+
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    with NodeServer(config) as server:
+        ports = server.ports
+        with socket.create_connection(("127.0.0.1", ports.grpc), timeout=30) as sock:
+            sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678") * 5000)
+            received = b""
+            try:
+                while chunk := sock.recv(1 << 16):
+                    received += chunk
+            except (ConnectionResetError, TimeoutError):
+                pass
+        assert ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_pings" in received
+        line = f'recserve_requests_refused_total{{model="{config.models[0].name}",reason="h2_too_many_pings"}} 1'
+        deadline = time.monotonic() + 30
+        while True:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30) as r:
+                if line in r.read().decode() or time.monotonic() > deadline:
+                    break
+            time.sleep(0.1)
+        assert line in urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30).read().decode()
+        model = build_worker_model(server.config.models[0])
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        inputs = grpc_inputs(sample_batch(model, 4, rng=1))
+        assert client.infer(config.models[0].name, inputs).as_numpy("scores").shape == (4, 1)
