@@ -349,19 +349,36 @@ def _call(stream: int, message: bytes, encoder) -> bytes:
             + _frame(0, 1, stream, b"\x00" + len(message).to_bytes(4, "big") + message))
 
 
-def test_a_unary_answer_leaves_at_once_in_one_write_and_later_frames_in_another():
+def test_a_unary_call_starts_at_the_end_of_its_read_and_its_answer_leaves_in_one_write():
+    """Calls start once the read's frames are handled (so a reset in the same read cancels its call first); an
+    answer made at once goes out with what that read queued, in one write (one syscall)."""
     from hpack import Encoder
 
     conn, transport = _connection()
     encoder = Encoder()
     for stream in (1, 3, 5):  # the first block is literal, then the same fields indexed (decoded once)
         conn.data_received(_call(stream, b"hi", encoder) + _frame(6, 0, 0, b"12345678"))
-        assert len(transport.writes) == 2  # the answer as soon as it was made, then the PING acknowledgement
+        assert len(transport.writes) == 1
         frames = transport.frames()
-        assert [(kind, flags, sid) for kind, flags, sid, _ in frames] == [(1, 4, stream), (0, 0, stream),
-                                                                         (1, 5, stream), (6, 1, 0)]
-        assert frames[1][3] == b"\x00\x00\x00\x00\x02hi" and b"grpc-status" in frames[2][3]
+        assert [(kind, flags, sid) for kind, flags, sid, _ in frames] == [(6, 1, 0), (1, 4, stream),
+                                                                         (0, 0, stream), (1, 5, stream)]
+        assert frames[2][3] == b"\x00\x00\x00\x00\x02hi" and b"grpc-status" in frames[3][3]
     assert len(conn._indexed) == 1
+
+
+def test_a_call_reset_in_the_read_that_completed_it_is_never_started():
+    """Rapid Reset (CVE-2023-44487): HEADERS, the message and RST_STREAM back to back; the handler never sees
+    the reset calls, and sees the one that was not reset."""
+    from hpack import Encoder
+
+    started: list[bytes] = []
+    method = Method(unary=lambda call, raw: (started.append(bytes(raw)), call.reply(b"ok")))
+    conn, transport = GrpcConnection(lambda path: method, MAX_MESSAGE), _Transport()
+    conn.connection_made(transport)
+    encoder = Encoder()
+    reset = b"".join(_call(s, b"reset", encoder) + _frame(3, 0, s, b"\x00\x00\x00\x08") for s in (1, 3, 5))
+    conn.data_received(PREFACE + _frame(4, 0, 0) + reset + _call(7, b"kept", encoder))
+    assert started == [b"kept"]
 
 
 def _goaway_last_ids(frames: list[tuple[int, int, int, bytes]]) -> list[int]:

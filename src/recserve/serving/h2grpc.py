@@ -284,6 +284,7 @@ class GrpcConnection(asyncio.Protocol):
         self._eof_sent = False
         self._goaway_ping = False  # the first of a graceful close's two GOAWAYs is out
         self._reading = False
+        self._ready: list[tuple[_Stream, Any]] = []  # unary calls completed in this read, started at its end
 
     # ---- connection ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -394,13 +395,24 @@ class GrpcConnection(asyncio.Protocol):
                 self._buf.clear()
             pos = self._frames(view, pos)
         except ConnectionError_ as error:
+            self._ready.clear()
             self._fail(error)
             return
         finally:
             self._reading = False
         if pos < len(view):
             self._buf += view[pos:]
+        if self._ready:
+            self._start_ready()
         self._flush()
+
+    def _start_ready(self) -> None:
+        """Start the unary calls this read completed, but those it also reset: a client that resets each call
+        it sends (Rapid Reset) has them cancelled before they are admitted."""
+        ready, self._ready = self._ready, []
+        for stream, message in ready:
+            if not stream.call.done:
+                stream.method.unary(stream.call, message)
 
     def _after_preface(self, data: bytes) -> bytes:
         """The bytes after the client's connection preface (b"" while it is incomplete or wrong)."""
@@ -788,7 +800,10 @@ class GrpcConnection(asyncio.Protocol):
         if message is None or stream.size:
             call.finish(INTERNAL, "a unary call takes exactly one request message")
             return
-        stream.method.unary(call, message)  # type: ignore[union-attr]
+        if self._reading:
+            self._ready.append((stream, message))
+        else:
+            stream.method.unary(call, message)  # type: ignore[union-attr]
 
     # ---- writing -------------------------------------------------------------------------------
     def send_reply(self, stream: _Stream, message: bytes) -> None:
