@@ -158,3 +158,50 @@ def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_th
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
         inputs = grpc_inputs(sample_batch(model, 4, rng=1))
         assert client.infer(config.models[0].name, inputs).as_numpy("scores").shape == (4, 1)
+
+
+def _partial_request(stream: int, declared: int, sent: int) -> bytes:
+    """A unary request whose message declares ``declared`` bytes, of which ``sent`` arrive, never ended."""
+    body = b"\x00" + declared.to_bytes(4, "big") + b"x" * (sent - 5)
+    return _headers(stream, END_HEADERS) + _frame(DATA, 0, stream, body)
+
+
+def _trailer_statuses(data: bytes) -> list[bytes]:
+    out = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        if data[3] == HEADERS and b"grpc-status" in data[9:9 + length]:
+            out.append(data[9:9 + length])
+        data = data[9 + length:]
+    return out
+
+
+def test_incomplete_requests_are_bounded_per_connection_and_per_server_and_let_go_on_close():
+    from recserve.serving.h2limits import ByteBudget
+
+    echo = Method(unary=lambda call, raw: call.reply(b"ok"))
+    shared = ByteBudget(24 << 20)
+    conns = []
+    for _ in range(2):
+        conn, transport = GrpcConnection(lambda path: echo, 8 << 20, held=shared), _Transport()
+        conn.connection_made(transport)
+        conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
+        transport.data = b""
+        conns.append((conn, transport))
+    first, second = conns
+    # 40 streams x 1 MiB of an 8 MiB message on one connection: its own 16 MiB budget refuses the 17th on
+    first[0].data_received(b"".join(_partial_request(2 * i + 1, 8 << 20, 1 << 20) for i in range(40)))
+    assert len(_trailer_statuses(first[1].data)) == 40 - 16 and not first[1].closed
+    assert first[0]._request_bytes.used == 16 << 20 and shared.used == 16 << 20
+    # the second connection fills the server's 24 MiB
+    second[0].data_received(b"".join(_partial_request(2 * i + 1, 8 << 20, 1 << 20) for i in range(12)))
+    assert len(_trailer_statuses(second[1].data)) == 12 - 8 and shared.used == 24 << 20
+    # a complete request still goes through on either
+    message = b"\x00\x00\x00\x00\x02hi"
+    first[1].data = b""
+    first[0].data_received(_headers(101, END_HEADERS) + _frame(DATA, END_STREAM, 101, message))
+    assert b"grpc-status\x010" in first[1].data or b"\x00\x00\x00\x00\x02ok" in first[1].data
+    first[0].connection_lost(None)
+    assert shared.used == 8 << 20
+    second[0].connection_lost(None)
+    assert shared.used == 0

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from recserve.serving.h2limits import FloodGuard, FloodLimits
+from recserve.serving.h2limits import ByteBudget, FloodGuard, FloodLimits
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ DEFAULT_FRAME = 16_384
 RECEIVE_FRAME = 1 << 20  # the largest frame we accept (advertised): fewer frames for a large query
 BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio would set 100)
 HOLD_BYTES = 16 << 20  # answers held for closed client windows (at least two largest messages): then a reset
+HELD_CONNECTION = 16 << 20  # request bytes of incomplete messages a connection holds (at least two largest ones)
+HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four largest messages)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
@@ -224,7 +226,7 @@ class Method:
 
 class _Stream:
     __slots__ = ("id", "call", "block", "ended", "chunks", "size", "unacked", "send_window", "pending", "pending_end",
-                 "headers_sent", "encoding", "method", "landing", "landed")
+                 "headers_sent", "encoding", "method", "landing", "landed", "held")
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
@@ -242,6 +244,7 @@ class _Stream:
         self.method: Method | None = None
         self.landing: memoryview | None = None  # a large unary message's buffer, filled as DATA arrives
         self.landed = 0  # its bytes filled so far
+        self.held = 0  # request bytes counted against the budgets (``GrpcConnection._count_held``)
 
 
 class ConnectionError_(Exception):
@@ -257,10 +260,13 @@ class GrpcConnection(asyncio.Protocol):
 
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
                  on_close: Callable[[GrpcConnection], None] | None = None, limits: FloodLimits | None = None,
-                 on_abuse: Callable[[str], None] | None = None) -> None:
+                 on_abuse: Callable[[str], None] | None = None, held: ByteBudget | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
         self._guard = FloodGuard(limits or FloodLimits())  # frames that carry no request, budgeted
+        # request bytes of incomplete messages: on this connection, and on every connection of the server
+        self._request_bytes = ByteBudget(max(HELD_CONNECTION, 2 * max_message))
+        self._request_bytes_shared = held
         self.on_abuse = on_abuse  # told the reason when a budget is spent (counted in /metrics)
         # answers held for a client whose windows stay closed, past which the stream adding to them is reset
         self._hold_limit = max(HOLD_BYTES, 2 * max_message)
@@ -319,6 +325,7 @@ class GrpcConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
+            self._count_held(stream, 0)
             if stream.call is not None and not stream.call.done:
                 stream.call.cancel()
         self.transport = None
@@ -531,7 +538,7 @@ class GrpcConnection(asyncio.Protocol):
         self._flush_pending()
 
     def _reset(self, stream_id: int) -> None:
-        stream = self._streams.pop(stream_id, None)
+        stream = self._forget(stream_id)
         if stream is not None and stream.call is not None:
             stream.call.cancel()
 
@@ -635,7 +642,7 @@ class GrpcConnection(asyncio.Protocol):
             self._request_ended(stream)
             return
         if self._closing or len(self._streams) > MAX_STREAMS:  # retried by gRPC clients on another connection
-            self._streams.pop(stream.id, None)
+            self._forget(stream.id)
             self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
             return
         call = GrpcCall(self, stream, path, None if seconds is None else time.monotonic() + seconds, metadata)
@@ -697,6 +704,43 @@ class GrpcConnection(asyncio.Protocol):
         if flags & END_STREAM:
             stream.ended = True
             self._request_ended(stream)
+        self._check_held(stream)
+
+    def _check_held(self, stream: _Stream) -> None:
+        """Count what the stream holds of incomplete messages (a message handed to its call is not held); the
+        stream that takes a budget past its limit is refused."""
+        live = self._streams.get(stream.id) is stream and not stream.call.done  # type: ignore[union-attr]
+        self._count_held(stream, stream.size + (stream.landed if stream.landing is not None else 0) if live else 0)
+        shared = self._request_bytes_shared
+        if stream.held and (self._request_bytes.over() or (shared is not None and shared.over())):
+            self._refuse_held(stream)
+
+    def _forget(self, stream_id: int) -> _Stream | None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._count_held(stream, 0)
+        return stream
+
+    def _count_held(self, stream: _Stream, held: int) -> None:
+        """``stream`` now holds ``held`` request bytes: the budgets follow."""
+        delta, stream.held = held - stream.held, held
+        if delta:
+            self._request_bytes.used += delta
+            if self._request_bytes_shared is not None:
+                self._request_bytes_shared.used += delta
+
+    def _refuse_held(self, stream: _Stream) -> None:
+        """The stream whose DATA took a budget past its limit is answered RESOURCE_EXHAUSTED and its bytes let go;
+        the connection serves on."""
+        budget = self._request_bytes if self._request_bytes.over() else self._request_bytes_shared
+        log.warning("gRPC stream %d refused: incomplete requests hold %d bytes, over %d", stream.id,
+                    budget.used, budget.limit)  # type: ignore[union-attr]
+        if self.on_abuse is not None:
+            self.on_abuse("too_many_request_bytes")
+        stream.chunks, stream.size, stream.landing, stream.landed = [], 0, None, 0
+        self._count_held(stream, 0)
+        stream.call.finish(RESOURCE_EXHAUSTED, "incomplete requests on this server hold too many bytes: "  # type: ignore[union-attr]
+                           "send each message whole before starting many more")
 
     def _messages(self, stream: _Stream) -> None:
         """Complete messages of a streaming call go to its queue as they arrive; a unary call's size is checked
@@ -909,7 +953,7 @@ class GrpcConnection(asyncio.Protocol):
                     stream.id, held)
         stream.pending.clear()
         stream.pending_end = None
-        self._streams.pop(stream.id, None)
+        self._forget(stream.id)
         self._out.append(_frame(RST_STREAM, 0, stream.id, ENHANCE_YOUR_CALM.to_bytes(4, "big")))
         if stream.call is not None and not stream.call.done:
             stream.call.cancel()
@@ -932,7 +976,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _end(self, stream: _Stream) -> None:
         """Our side of the stream is closed: forget it (a client still sending data gets it dropped)."""
-        self._streams.pop(stream.id, None)
+        self._forget(stream.id)
         if not stream.ended:
             self._out.append(_frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
         if not self._reading:
@@ -947,6 +991,7 @@ class GrpcServer:
         self.methods = methods
         self.max_message = max_message
         self.limits, self.on_abuse = limits, on_abuse
+        self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
 
@@ -954,7 +999,7 @@ class GrpcServer:
 
     def _connection(self) -> GrpcConnection:
         conn = self.connection_type(self.methods, self.max_message, self.connections.discard, self.limits,
-                                    self.on_abuse)
+                                    self.on_abuse, self.held)
         self.connections.add(conn)
         return conn
 

@@ -77,3 +77,16 @@ class FloodGuard:
         """A CONTINUATION frame; a HEADERS frame sets ``continuations`` to 0."""
         self.continuations += 1
         return "too_many_continuations" if self.continuations > self.limits.continuations else None
+
+
+class ByteBudget:
+    """Request bytes held in incomplete messages, against a limit: one per connection, one per worker shared by
+    its connections (a client that opens many streams and never completes them is refused, not buffered)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+
+    def over(self) -> bool:
+        return self.used > self.limit
