@@ -60,3 +60,48 @@ def test_tls_config_needs_both_files_and_uses_one_front_end(certificate):
     with pytest.raises(SpecError, match="tls_cert and tls_key go together"):
         type(config)(models=config.models, tls_cert=cert)
     assert type(config)(models=config.models, tls_cert=cert, tls_key=key).front_end == "server"
+
+
+def _bad_path_headers() -> bytes:
+    """A HEADERS frame whose ``:path`` holds a byte that is not UTF-8 (a literal, never indexed)."""
+    from recserve.serving.h2grpc import PREFACE, _frame
+
+    def literal(name: bytes, value: bytes) -> bytes:
+        return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    block = (b"\x83\x86" + literal(b":path", b"/inference.GRPCInferenceService/Server\xffLive")
+             + literal(b":authority", b"x") + literal(b"content-type", b"application/grpc")
+             + literal(b"te", b"trailers"))
+    return PREFACE + _frame(4, 0, 0) + _frame(1, 5, 1, block)
+
+
+@pytest.mark.parametrize("mode", ["workers", "server", "tls"])
+def test_a_non_utf8_path_leaves_every_mode_serving_grpc(certificate, mode):
+    """grpc.aio (grpcio 1.85) stopped listening on such a frame; every mode now meets clients with h2grpc."""
+    import socket
+
+    cert, key = certificate
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    if mode == "server":
+        config.front_end = "server"
+    if mode == "tls":
+        config.tls_cert, config.tls_key = cert, key
+    context = ssl.create_default_context(cafile=cert)
+    context.set_alpn_protocols(["h2"])
+    with NodeServer(config) as server:
+        port = server.ports.grpc
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+                sock = context.wrap_socket(raw, server_hostname="localhost") if mode == "tls" else raw
+                sock.sendall(_bad_path_headers())
+                received = b""
+                while b"grpc-status" not in received and (chunk := sock.recv(1 << 16)):
+                    received += chunk  # the call's status, or the end of the connection
+        if mode == "tls":
+            credentials = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read())
+            channel = grpc.secure_channel(f"127.0.0.1:{port}", credentials)
+        else:
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        with channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live

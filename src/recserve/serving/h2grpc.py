@@ -1003,9 +1003,11 @@ class GrpcServer:
         self.connections.add(conn)
         return conn
 
-    async def start(self, sock: Any) -> None:
-        """Accept on ``sock`` (asyncio calls ``listen`` on it again: the backlog is kept at the node's)."""
-        self._server = await asyncio.get_running_loop().create_server(self._connection, sock=sock, backlog=BACKLOG)
+    async def start(self, sock: Any, ssl: Any = None) -> None:
+        """Accept on ``sock`` (asyncio calls ``listen`` on it again: the backlog is kept at the node's); ``ssl``:
+        a server context offering ALPN ``h2`` (gRPC clients insist on it), or None for h2c."""
+        self._server = await asyncio.get_running_loop().create_server(self._connection, sock=sock, backlog=BACKLOG,
+                                                                      ssl=ssl)
 
     async def stop(self, grace: float) -> None:
         """Stop listening, send every connection GOAWAY, wait up to ``grace`` s for their calls, then close."""

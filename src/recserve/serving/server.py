@@ -399,6 +399,7 @@ class NodeServer:
         self._grpc_listen: socket.socket | None = None  # the public gRPC socket, while the workers accept on it
         self._grpc_dir = ""
         self._grpc_fallback: GrpcServer | None = None  # this process's accept loop on it while no worker accepts
+        self._grpc_front: GrpcServer | None = None  # the public gRPC port when this process serves it (TLS, v1)
         self._grpc_cover_methods: Forwarder | None = None
 
     # ------------------------------------------------------------------ async core
@@ -443,27 +444,38 @@ class NodeServer:
         on (as HTTP's), and a private Unix socket for this process's gRPC service, where the workers forward every
         call they do not answer."""
         sock = self._grpc_listen = listening_socket(host, self.config.grpc_port)
-        self._grpc_dir = tempfile.mkdtemp(prefix="recserve-grpc-")
-        upstream = f"unix:{self._grpc_dir}/server.sock"
+        upstream = self._private_grpc_address()
         self.core.grpc_listen, self.core.grpc_upstream = sock, upstream
         for rt in self.core.models.values():
             if rt.accepts_in_workers:
                 rt.grpc_listen, rt.grpc_upstream = sock, upstream
         self.core.cover_grpc = self._cover_grpc
 
+    def _private_grpc_address(self) -> str:
+        self._grpc_dir = tempfile.mkdtemp(prefix="recserve-grpc-")
+        return f"unix:{self._grpc_dir}/server.sock"
+
     async def _start_grpc(self) -> int:
-        """This process's gRPC server: the private address the workers forward to, or the public port."""
+        """This process's gRPC service, on a private socket; the public port is the workers' (data plane v2) or,
+        when this process serves it (TLS, ``front_end: server``), the workers' HTTP/2 stack in this process
+        forwarding to it: every mode meets clients with the same hardened stack, never grpc.aio's own parser."""
         self._grpc = self._grpc_server()
-        if self._grpc_listen is not None:
-            if not self._grpc.add_insecure_port(self.core.grpc_upstream):
-                raise InferError("internal", f"cannot bind the server's gRPC socket in {self._grpc_dir}")
-            await self._grpc.start()
-            return self._grpc_listen.getsockname()[1]
-        port = tls.bind_grpc(self._grpc, f"{self.config.host}:{self.config.grpc_port}", self.config)
-        if port == 0:
-            raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}")
+        upstream = self.core.grpc_upstream if self._grpc_listen is not None else self._private_grpc_address()
+        if not self._grpc.add_insecure_port(upstream):
+            raise InferError("internal", f"cannot bind the server's gRPC socket in {self._grpc_dir}")
         await self._grpc.start()
-        return port
+        if self._grpc_listen is not None:
+            return self._grpc_listen.getsockname()[1]
+        try:
+            public = listening_socket(self.config.host, self.config.grpc_port)
+        except OSError as exc:
+            raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}: "
+                                         f"{exc.strerror}") from exc
+        limit = self.config.max_body_bytes
+        self._grpc_cover_methods = Forwarder(channel_to(upstream, limit))
+        self._grpc_front = GrpcServer(self._grpc_cover_methods, limit)
+        await self._grpc_front.start(public, ssl=tls.grpc_context(self.config))
+        return public.getsockname()[1]
 
     async def _cover_grpc(self, cover: bool) -> None:
         """While no worker accepts, this process accepts on the public gRPC socket too and forwards every call to
@@ -490,17 +502,19 @@ class NodeServer:
                                                                                        *core.retiring])
             if abandoned:
                 log.warning("shutting down: %d queries still held were answered with 503", abandoned)
-        for server in (self._grpc, self._grpc_fallback):
+        for server in (self._grpc_front, self._grpc, self._grpc_fallback):
             if server is not None:
                 await server.stop(grace=1.0)
-        self._grpc = self._grpc_fallback = None
+        self._grpc = self._grpc_fallback = self._grpc_front = None
         if self._grpc_cover_methods is not None:
             await self._grpc_cover_methods.channel.close()
             self._grpc_cover_methods = None
         if self._grpc_listen is not None:
             self._grpc_listen.close()
             self._grpc_listen = None
+        if self._grpc_dir:
             shutil.rmtree(self._grpc_dir, ignore_errors=True)
+            self._grpc_dir = ""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -2,7 +2,8 @@
 
 With TLS the node runs the single front-end layout (``front_end: server``): in data plane v2 a worker hands a
 connection it cannot answer to another process by file descriptor, and a TLS session's state cannot follow
-the descriptor.  Without TLS both ports stay plaintext (meant for loopback or a trusted network).
+the descriptor; gRPC clients then meet the workers' HTTP/2 stack (``h2grpc``) in the server process, over
+asyncio's TLS with ALPN ``h2``.  Without TLS both ports stay plaintext (meant for loopback or a trusted network).
 """
 
 from __future__ import annotations
@@ -36,11 +37,9 @@ def http_context(config: Any) -> ssl.SSLContext | None:
     return context
 
 
-def bind_grpc(server: Any, address: str, config: Any) -> int:
-    """Bind the gRPC server to ``address`` with TLS credentials when configured; returns the port (0 = failed)."""
-    import grpc
-
-    if not config.tls_cert:
-        return server.add_insecure_port(address)
-    credentials = grpc.ssl_server_credentials([(_pem(config.tls_key, "tls_key"), _pem(config.tls_cert, "tls_cert"))])
-    return server.add_secure_port(address, credentials)
+def grpc_context(config: Any) -> ssl.SSLContext | None:
+    """The gRPC port's server context (the HTTP one, offering ALPN ``h2``), or None for plaintext (h2c)."""
+    context = http_context(config)
+    if context is not None:
+        context.set_alpn_protocols(["h2"])
+    return context
