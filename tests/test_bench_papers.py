@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks.bench_papers import Row, counts, judge, worst
 
 
@@ -32,3 +34,27 @@ def test_the_tally_leaves_out_rows_that_are_not_claims() -> None:
             Row("sensitivity", "", "", "n/a", counted=False), Row("target", "", "", "yes", counted=False)]
     assert counts(rows) == {"yes": 1, "direction": 0, "no": 1, "n/a": 1}
     assert math.isclose(sum(counts(rows).values()), 3)
+
+
+def test_hera_paper_inputs_pass_through_the_printed_points() -> None:
+    """The "paper's inputs" column of the Hera rows: LLC curves through Fig. 7's printed points, DLRM(D) +4% from 12
+    to 16 workers at Table II's 128 GB/s (§V-B), which makes it low-scalability as in the paper."""
+    from dataclasses import replace
+
+    from benchmarks.bench_papers import HERA_PAPER_LLC, _paper_input_hera_profiles
+    from planner_fixtures import hera_like_profiles
+    from recserve.planners.hera import all_curves
+    from recserve.profiles import ProfileSet
+    from recserve.specs import get_server
+
+    server = get_server("hera-xeon")
+    base, _ = hera_like_profiles(replace(server, mem_gb=192.0))
+    profiles = ProfileSet([replace(t, model="hera-" + t.model, server=server.name) for t in base])
+    models = sorted({t.model for t in profiles})
+    curves = {c.name: c for c in all_curves(_paper_input_hera_profiles(profiles, server), models, server)}
+    for model, (ways, kept) in HERA_PAPER_LLC.items():
+        assert curves[model].ways_ratio[ways] == pytest.approx(kept)
+        assert curves[model].ways_ratio[server.llc_ways] == pytest.approx(1.0)
+    d = curves["hera-dlrm-d"]
+    assert d.qps[16] == pytest.approx(1.04 * d.qps[12]) and not d.high
+    assert d.membw[12] == pytest.approx(server.mem_bw_gbs)
