@@ -364,22 +364,23 @@ def row_hercules_search() -> list[Row]:
                "paper's comes mostly from query fusion on the device (§III-B: co-location plus fusion 2.95/7.87/6.0x "
                "over Baymax on RMC3/MT-WnD/DIN), which the perfmodel does not model (`_accel_times`: a fused batch "
                "costs what its queries cost apart)")
-    setup = ("perfmodel evaluator, the search (Alg. 1) vs DeepRecSys' batch hill-climb (CPU) / a Baymax-style "
-             "baseline (model-based threads co-located on the device, thread count and batch hill-climbed) under the "
-             "same device-thread cap")
+    setup = "perfmodel evaluator (bundled calibration), Hercules' gradient-guided search (Alg. 1) vs "
+    cpu_setup = setup + "DeepRecSys (one single-core thread per core, batch hill-climbed) on hercules-t1"
+    gpu_setup = setup + ("a Baymax-style baseline (model-based threads co-located on the device, thread count and "
+                         "batch hill-climbed) under the same device-thread cap, on hercules-t7 (V100)")
     none = "not recomputed: the paper prints no per-operator or per-thread input (figures only)"
     return [Row("Hercules search vs DeepRecSys (CPU-only server T1)", "1.82 / 2.39 / 2.64x (RMC1/2/3)",
                 txt("cpu", HERCULES_CPU_PAPER), verdicts("cpu", HERCULES_CPU_PAPER),
                 cpu_why + "; chosen (search vs baseline): " + "; ".join(
                     f"{m.removeprefix('hercules-')}: {v}" for m, v in best["cpu"].items()),
                 {"gain": gains["cpu"], "chosen": best["cpu"]}, cite="§VI-A, Fig. 14",
-                setup=setup + " on hercules-t1", paper_inputs=none),
+                setup=cpu_setup, paper_inputs=none),
             Row("Hercules search vs Baymax (CPU+GPU server T7)", "6.71 / 9.0 / 6.95 / 6.0x (RMC3/MT-WnD/DIN/DIEN)",
                 txt("gpu", HERCULES_GPU_PAPER), verdicts("gpu", HERCULES_GPU_PAPER),
                 gpu_why + "; chosen (search vs baseline): " + "; ".join(
                     f"{m.removeprefix('hercules-')}: {v}" for m, v in best["gpu"].items()),
                 {"gain": gains["gpu"], "chosen": best["gpu"]}, cite="§VI-A, Fig. 14; §III-B, Fig. 6",
-                setup=setup + " on hercules-t7 (V100)", paper_inputs=none)]
+                setup=gpu_setup, paper_inputs=none)]
 
 
 # ----------------------------------------------------------------------------------- ElasticRec
@@ -488,8 +489,8 @@ def row_elasticrec() -> list[Row]:
             paper_inputs=no_input),
         Row("ElasticRec: mean latency the sharded path adds over model-wise (RM1/2/3, 100 QPS), share of the SLA",
             "+31 ms (8% of the 400 ms SLA)",
-            " / ".join(f"+{v['added_mean_ms']:.1f} ms" for v in at100.values()) + " ("
-            + " / ".join(f"{100 * f:.1f}%" for f in added.values()) + ")",
+            " / ".join(f"{v['added_mean_ms']:+.1f} ms" for v in at100.values()) + " ("
+            + " / ".join(f"{100 * f:+.1f}%" for f in added.values()) + ")",
             worst(*(judge(f, 31.0 / 400.0) for f in added.values())),
             f"simulated fork-join over every shard replica, a {OWN_RPC_MS:g} ms hop (recserve's; the paper's stack "
             "adds Kubernetes and Linkerd), the dense replica, vs the model-wise replica, a minute of Poisson load; "
@@ -502,7 +503,7 @@ def row_elasticrec() -> list[Row]:
             cite=f"{cite}, Fig. 15 text", setup=setup.replace(f"{PAPER_RPC_MS:g} ms RPC (§VI-B)",
                                                               f"{OWN_RPC_MS:g} ms RPC (recserve)"),
             paper_inputs="with the paper's 31 ms hop as an input: "
-            + " / ".join(f"+{v['added_mean_ms_paper_rpc']:.1f} ms" for v in at100.values())
+            + " / ".join(f"{v['added_mean_ms_paper_rpc']:+.1f} ms" for v in at100.values())
             + " (the hop itself is the paper's measurement, so this is by construction)"),
     ]
 
