@@ -692,17 +692,47 @@ def row_kairos_predictor() -> list[Row]:
         tail = f"t3 at batch 200: mean {s.mean[t3][b]:.1f} ms, p99 {s.p99[t3][b]:.1f} ms vs QoS {qos:g} ms; "
     loss = 1 - out["online"]["max_qps"] / out["seeded"]["max_qps"]
     v_on, v_se = out["online"]["violations_at_750_qps"], out["seeded"]["violations_at_750_qps"]
-    return [Row("Kairos on mtwnd's pool: online latency learning vs tables-seeded predictor",
+    # every other model's pool, and each type's tail spread: the paper's premise is a latency variance under 0.5%
+    # of the mean (§5.1 "Remarks"), i.e. p99 / mean near 1
+    others: dict[str, dict] = {}
+    for name, p in scenario_kairos(ref).items():
+        if name == model:
+            continue
+        q, pl = profiles.meta["qos_p99_ms"][name], config_to_pool(p["config"])
+        got = {}
+        for mode, seeded in (("online", False), ("seeded", True)):
+            e = DispatchEvaluation(profiles, name, q, queries=10000, seed_predictor=seeded, log=None)
+            got[mode] = e.max_load(pl, lambda e=e, pl=pl: e.policy("kairos", pl), 300.0)[0]
+        sv = e.service
+        got["p99_over_mean"] = {t: float(np.median(sv.p99[sv.type_index(t)] / sv.mean[sv.type_index(t)]))
+                                for t in dict.fromkeys(pl)}
+        others[name] = got
+    spread = {t: float(np.median(s.p99[s.type_index(t)] / s.mean[s.type_index(t)])) for t in dict.fromkeys(pool)}
+    out["other_pools"] = others
+    out["p99_over_mean"] = spread
+    others_txt = ", ".join(f"{n.removeprefix('kairos-')} {100 * (1 - g['online'] / g['seeded']):+.0f}%"
+                           for n, g in others.items())
+    widest = max(max(g["p99_over_mean"].values()) for g in others.values()) if others else float("nan")
+    worst_other = max((100 * abs(1 - g["online"] / g["seeded"]) for g in others.values()), default=float("nan"))
+    return [Row("Kairos: online latency learning vs a tables-seeded predictor (mtwnd's pool in detail)",
                 "online learning, no profiling (Sec. 5.1)",
                 f"{out['online']['max_qps']:.0f} vs {out['seeded']['max_qps']:.0f} QPS ({100 * loss:.0f}% lost); "
-                f"violations at 750 QPS online {v_on}, seeded {v_se}", "n/a",
-                tail + "Kairos compares *mean* predictions with 0.98 x QoS, so the single t3 (right-skewed burstable "
-                "tail) takes queries whose mean fits and whose tail does not, seeded or not; online, a t3 bucket "
-                "switches to the mean of its first 3 draws (~15% noise at this spread): the under-estimated buckets "
-                "near the limit admit queries that then violate, the over-estimated ones cost little, so the noise "
-                "is one-sided in effect; most violations are the t3's; the paper reports its results with online "
+                f"violations at 750 QPS online {v_on}, seeded {v_se}; lost on the other pools (no t3): {others_txt}",
+                "n/a",
+                tail + "p99 / mean (median over batches) on mtwnd's pool: "
+                + ", ".join(f"{t} {v:.2f}" for t, v in spread.items())
+                + f", at most {widest:.2f} on the other pools, where online learning costs at most {worst_other:.0f}% "
+                "(noise of the max-load search is a few %): the loss is the t3's tail, against the paper's premise "
+                "of a latency variance under 0.5% of the mean (§5.1 Remarks).  Kairos compares *mean* predictions "
+                "with 0.98 x QoS, so the single t3 (right-skewed burstable tail) takes queries whose mean fits and "
+                "whose tail does not, seeded or not; online, a t3 bucket switches to the mean of its first 3 draws "
+                "(~15% noise at this spread): the under-estimated buckets near the limit admit queries that then "
+                "violate, the over-estimated ones cost little, so the noise is one-sided in effect; most violations "
+                "are the t3's; the paper reports its results with online "
                 "learning and no separate cost, so there is no number to judge",
-                out, cite="§5.1", setup="mtwnd's planned pool, 10,000 production-mix queries, max load by bisection",
+                out, cite="§5.1 (Remarks)",
+                setup="each model's planned pool, 10,000 production-mix queries, max load by bisection; the predictor "
+                      "learned from zero (online, min 3 samples per bucket) vs seeded with the latency tables",
                 paper_inputs="n/a")]
 
 
