@@ -396,8 +396,9 @@ def row_hercules_search() -> list[Row]:
                "that removes the idle operator workers of op-parallelism (Fig. 5)")
     gpu_why = ("the search's gain here comes from moving the gathers to wide host threads (S-D pipeline); the "
                "paper's comes mostly from query fusion on the device (§III-B: co-location plus fusion 2.95/7.87/6.0x "
-               "over Baymax on RMC3/MT-WnD/DIN), which the perfmodel does not model (`_accel_times`: a fused batch "
-               "costs what its queries cost apart)")
+               "over Baymax on RMC3/MT-WnD/DIN), which the perfmodel does not model: `perfmodel.queueing` splits a "
+               "query into sub-batches but never merges queries, so each query pays its own launches and PCIe round "
+               "trip (`_accel_times`)")
     setup = "perfmodel evaluator (bundled calibration), Hercules' gradient-guided search (Alg. 1) vs "
     cpu_setup = setup + "DeepRecSys (one single-core thread per core, batch hill-climbed) on hercules-t1"
     gpu_setup = setup + ("a Baymax-style baseline (model-based threads co-located on the device, thread count and "
