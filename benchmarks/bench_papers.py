@@ -2,21 +2,24 @@
 
 Every run recomputes the ``recserve`` column from the code (the perfmodel profiles of Hera and Hercules
 are cached under ``results/`` because modelling them takes minutes: ``--fresh`` redoes them); the only
-numbers written here are the papers' own, as the reference column.  A row is *reproduced* when its
-direction matches the paper and, where the setup matches, it lies within 10 points (or 10 % of the
-ratio) of the paper; every other row says why not.
+numbers written here are the papers' own, as the reference column, and the inputs the papers print (the
+"with the paper's inputs" column, labelled as such).  Every row is judged by one rule (``RULE``, printed
+with the table) and the counts are printed at the end.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_papers.py [--only hera,elasticrec] [--out results/papers.json]
 
-Prints a markdown table (claim | paper | recserve | reproduced? | reason for any gap) and writes JSON.
+Prints a markdown table (claim | citation | setup | paper | recserve | verdict | with the paper's inputs | reason),
+the rule, the counts, and writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,24 +32,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULTS = Path("results")
 
+RULE = ("direction = the same sign as the paper's effect and at least a third of it; yes = direction and within 10 "
+        "points of the paper (percentages: percentage points; a ratio r is read as the effect r - 1, so 10 points = "
+        "0.1x); no = otherwise; a level with no baseline (a hit rate, an EMU range) has no "
+        "direction: yes within 10 points, else no; n/a = the paper's quantity is not measurable here.  A row over "
+        "several models takes its worst model's verdict.  Rows marked 'not counted' are sensitivities or project "
+        "targets, not paper claims.")
+VERDICTS = ("yes", "direction", "no", "n/a")
+
 
 @dataclass
 class Row:
     claim: str
     paper: str
     recserve: str
-    reproduced: str          # "yes" | "direction" | "no" | "n/a"
+    reproduced: str          # the verdict: "yes" | "direction" | "no" | "n/a" (RULE); kept under its old key
     reason: str = ""
     numbers: dict = field(default_factory=dict)
+    cite: str = ""           # section / figure / table of the paper
+    setup: str = ""
+    paper_inputs: str = ""   # the claim recomputed with the inputs the paper prints, or why there is none
+    counted: bool = True     # False: a sensitivity or a project target, not one of the papers' claims
 
 
-def within(value: float, paper: float, points: float = 0.10) -> bool:
-    """Same sign and within ``points`` (absolute, for fractions) of the paper."""
-    return np.sign(value) == np.sign(paper) and abs(value - paper) <= points
+def judge(value: float | None, paper: float, level: bool = False) -> str:
+    """RULE for one number.  ``value`` and ``paper`` are effects (a saving 0.26, a gain ratio - 1) or, with
+    ``level``, levels (a hit rate 0.96)."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if level:
+        return "yes" if abs(value - paper) <= 0.10 + 1e-12 else "no"
+    if not (value != 0 and np.sign(value) == np.sign(paper) and abs(value) >= abs(paper) / 3):
+        return "no"
+    return "yes" if abs(value - paper) <= 0.10 + 1e-12 else "direction"
 
 
-def verdict(direction: bool, close: bool) -> str:
-    return "yes" if direction and close else ("direction" if direction else "no")
+def worst(*verdicts: str) -> str:
+    """The worst of several verdicts (n/a only when every one is n/a)."""
+    judged = [v for v in verdicts if v != "n/a"]
+    return min(judged, key=("no", "direction", "yes").index) if judged else "n/a"
+
+
+def counts(rows: list[Row]) -> dict[str, int]:
+    c = Counter(r.reproduced for r in rows if r.counted)
+    return {v: c.get(v, 0) for v in VERDICTS}
 
 
 # ----------------------------------------------------------------------------------------- Hera
@@ -57,21 +86,98 @@ MEASURED_INTERFERENCE = "interference_dev_host.json"  # bundled: `recserve profi
 MEASURED_LLC = {"measured LLC": MEASURED_INTERFERENCE, "measured LLC, Zen 1 VM (8 MB)": "interference_zen1_vm.json"}
 
 
+HERA_LEVELS = (1, 2, 4, 8)
+
+
 def _hera_outcome(profiles, server, models) -> dict:
-    from recserve.planners.hera import affinity_matrix, all_curves, plan_colocation, targets_at_load
+    """Hera §VII-C (Fig. 15): every model gets the *same* target QPS (``identical_targets``: level x the median
+    isolated max load), servers vs DeepRecSys averaged over the levels; Fig. 11: the EMU of the pairs Hera
+    co-locates (DeepRecSys: 100%), averaged over the distinct pairs its plans choose."""
+    from recserve.planners.hera import (
+        affinity_matrix,
+        all_curves,
+        identical_targets,
+        pair_allocation,
+        plan_colocation,
+    )
 
     curves = all_curves(profiles, models, server)
     aff = affinity_matrix(curves, server)["affinity"]
     pairs = aff[np.triu_indices(len(models), 1)]
-    savings, emu_gain = {}, {}
-    for level in (1, 2, 4, 8):
-        plan = plan_colocation(profiles, server, targets_at_load(curves, level), seeds=5)
-        drs = plan.baselines["deeprecsys"]
-        savings[level] = 1 - plan.summary["servers"] / drs["servers"]
-        emu_gain[level] = plan.summary["mean_emu"] / drs["mean_emu"] - 1
+    savings, vs_random, chosen, all_pair_emu = {}, {}, {}, (None, None)
+    for level in HERA_LEVELS:
+        plan = plan_colocation(profiles, server, identical_targets(curves, level), seeds=5)
+        savings[level] = 1 - plan.summary["servers"] / plan.baselines["deeprecsys"]["servers"]
+        vs_random[level] = 1 - plan.summary["servers"] / plan.baselines["random"]["servers"]
+        chosen.update({"+".join(m.removeprefix("hera-") for m in sp.models): sp.emu for sp in plan.servers
+                       if len(sp.placements) > 1})
+        all_pair_emu = (plan.summary["random_pair_emu_min"], plan.summary["random_pair_emu_max"])
     keep_1way = {c.name: float(c.ways_ratio[1]) for c in curves}
-    return {"pairs": pairs, "matrix": aff, "savings": savings, "emu_gain": emu_gain, "keep_at_1_way": keep_1way,
-            "low": sorted(c.name for c in curves if not c.high)}
+    # Fig. 11's other two distributions: Random = every pair of the eight models; Hera(Random) = every pair but the
+    # (high, high) ones (the low model first, as Alg. 2 places it); each pair under Hera's node allocation
+    every = {}
+    for i, a in enumerate(curves):
+        for b in curves[i + 1:]:
+            lo_first = (b, a) if b.high is False and a.high else (a, b)
+            every[(a.name, b.name)] = (pair_allocation(*lo_first, server).emu, a.high and b.high)
+    random_emu = float(np.mean([e for e, _ in every.values()]))
+    hera_random_emu = float(np.mean([e for e, both_high in every.values() if not both_high]))
+    return {"pairs": pairs, "matrix": aff, "savings": savings, "vs_random": vs_random, "chosen_pair_emu": chosen,
+            "all_pair_emu": all_pair_emu, "keep_at_1_way": keep_1way, "random_mean_emu": random_emu,
+            "hera_random_mean_emu": hera_random_emu,
+            "low": sorted(c.name for c in curves if not c.high),
+            "target_qps": identical_targets(curves, 1)[models[0]]}
+
+
+# Inputs the Hera paper prints (read off its text; nothing here is fitted to a result):
+# Fig. 7 text: "DLRM(D) is able to achieve 90% of maximum QPS despite having only a single LLC way allocated";
+# "DIEN ... more than 80% of maximum QPS while only being allocated with 2 out of the 11 LLC ways (and similarly 2
+# ways and 5 ways for WnD and DIN)".  §V-B: DLRM(D)'s "aggregated bandwidth usage saturates beyond 12 workers ...
+# only achieving a further 4% throughput enhancements going from 12 to 16 workers"; Table II: 128 GB/s.
+HERA_PAPER_LLC = {"hera-dlrm-d": (1, 0.90), "hera-dien": (2, 0.80), "hera-wnd": (2, 0.80), "hera-din": (5, 0.80)}
+HERA_PAPER_DLRM_D = {"model": "hera-dlrm-d", "knee_workers": 12, "gain_past_knee": 0.04}
+HERA_PAPER_INPUTS = ("the paper's printed inputs replace recserve's: LLC curves of DLRM(D), DIEN, WnD, DIN straight "
+                     "through Fig. 7's points (90% at 1 way; 80% at 2, 2, 5 ways) and 100% at 11 ways, extended "
+                     "linearly below the point (an assumption: the text gives one point each); DLRM(D)'s QPS +4% "
+                     "from 12 to 16 workers and its bandwidth rising to Table II's 128 GB/s at 12 workers (§V-B: "
+                     "saturates beyond 12); the other models' curves and every isolated max load stay recserve's")
+
+
+def _paper_input_hera_profiles(profiles, server):
+    """``profiles`` with the Hera inputs the paper prints (``HERA_PAPER_*``) in place of the modelled ones."""
+    from recserve.profiles import ProfileTable
+
+    out = ProfileSet(list(profiles), meta={**profiles.meta, "inputs": "Hera paper, Fig. 7 and §V-B text"})
+    K = server.llc_ways
+    for model, (k0, r0) in HERA_PAPER_LLC.items():
+        old = next(t for t in profiles.find(model, server.name, "maxload_vs_ways") if not t.conditions)
+        full = old.interp(float(K), "max_qps")
+        slope = (1.0 - r0) / (K - k0)
+        rows = [[float(k), full * max(0.05, r0 + slope * (k - k0)), 16.0] for k in range(1, K + 1)]
+        out.add(ProfileTable(model, server.name, "maxload_vs_ways", ("ways", "max_qps", "workers"), rows,
+                             source="reference"))
+    d = HERA_PAPER_DLRM_D
+    knee, gain = d["knee_workers"], d["gain_past_knee"]
+    mw = next(t for t in profiles.find(d["model"], server.name, "maxload_vs_workers") if not t.conditions)
+    at_knee = mw.interp(float(knee), "max_qps")
+    qps = [[float(w), mw.interp(float(w), "max_qps") if w <= knee else at_knee * (1 + gain * (w - knee) /
+                                                                                   (server.cores - knee))]
+           for w in range(1, server.cores + 1)]
+    out.add(ProfileTable(d["model"], server.name, "maxload_vs_workers", ("workers", "max_qps"), qps,
+                         source="reference"))
+    out.add(ProfileTable(d["model"], server.name, "membw_vs_workers", ("workers", "gbs"),
+                         [[float(w), server.mem_bw_gbs * min(w, knee) / knee] for w in range(1, server.cores + 1)],
+                         source="reference"))
+    return out
+
+
+def _emu_vs_others(o: dict) -> tuple[str, str]:
+    """Hera's mean chosen-pair EMU over Random's and Hera(Random)'s mean pair EMU (Fig. 11): text and verdict."""
+    hera = float(np.mean(list(o["chosen_pair_emu"].values()))) if o["chosen_pair_emu"] else math.nan
+    vs_r, vs_hr = hera / o["random_mean_emu"] - 1, hera / o["hera_random_mean_emu"] - 1
+    text = (f"{100 * vs_r:+.1f}% / {100 * vs_hr:+.1f}% (Hera {100 * hera:.0f}%, Random "
+            f"{100 * o['random_mean_emu']:.0f}%, Hera(Random) {100 * o['hera_random_mean_emu']:.0f}%)")
+    return text, worst(judge(vs_r, 0.347), judge(vs_hr, 0.054))
 
 
 def _measured_hera_profiles(profiles, server, models, name: str = MEASURED_INTERFERENCE):
@@ -103,9 +209,11 @@ def row_hera_measured_pairs() -> list[Row]:
     txt = ", ".join(f"{short[a]}+{short[b]} {v:.2f}" for (a, b), v in sorted(kept.items()))
     return [Row(f"Hera: measured QPS kept when co-located, {len(kept)} pairs (dev host, 1 worker each)",
                 "Fig. 10b: pairs differ", txt, "n/a",
-                "two single-worker models on two cores of a shared host; no LLC partitioning; "
-                "noise of a few % (see the load average in the data file)", {"kept": {f"{a}+{b}": v for (a, b), v
-                                                                                       in kept.items()}})]
+                "the paper prints no per-pair number to compare; two single-worker models on two cores of a shared "
+                "host; no LLC partitioning; noise of a few % (see the load average in the data file)",
+                {"kept": {f"{a}+{b}": v for (a, b), v in kept.items()}}, cite="§VI-B, Fig. 10b",
+                setup="measured on the dev host (`recserve profile interference`), one worker per model",
+                paper_inputs="n/a: a measurement, no input to substitute")]
 
 
 def row_hera(fresh: bool) -> list[Row]:
@@ -123,6 +231,21 @@ def row_hera(fresh: bool) -> list[Row]:
         measured = _measured_hera_profiles(profiles, server, HERA_MODELS, name)
         if measured is not None:
             variants[label] = _hera_outcome(measured, server, HERA_MODELS)
+    paper_o = _hera_outcome(_paper_input_hera_profiles(profiles, server), server, HERA_MODELS)
+    p_saving = float(np.mean(list(paper_o["savings"].values())))
+    p_random = float(np.mean(list(paper_o["vs_random"].values())))
+    p_emu = float(np.mean(list(paper_o["chosen_pair_emu"].values()))) - 1 if paper_o["chosen_pair_emu"] else math.nan
+    p_lo, p_hi = paper_o["all_pair_emu"]
+    p_low = ", ".join(m.removeprefix("hera-") for m in paper_o["low"])
+    paper_cols = {
+        "drs": f"{-100 * p_saving:+.1f}% ({judge(p_saving, 0.26)}; low-scalability: {p_low})",
+        "random": f"{-100 * p_random:+.1f}% ({judge(p_random, 0.11)})",
+        "emu": f"{100 * p_emu:+.1f}% over {len(paper_o['chosen_pair_emu'])} pairs ({judge(p_emu, 0.373)}: "
+               + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(paper_o["chosen_pair_emu"].items())) + ")",
+        "emu_others": _emu_vs_others(paper_o)[0] + f" ({_emu_vs_others(paper_o)[1]})",
+        "range": f"{100 * p_lo:.0f}% to {100 * p_hi:.0f}% "
+                 f"({worst(judge(p_lo, 0.82, level=True), judge(p_hi, 1.47, level=True))})",
+    }
     rows = row_hera_measured_pairs()
     if rows:  # does Alg. 1's estimate rank the measured pairs right?
         from scipy.stats import spearmanr
@@ -135,32 +258,62 @@ def row_hera(fresh: bool) -> list[Row]:
             rows[0].numbers[f"spearman_vs_alg1_{label}"] = float(rho)
             rows[0].reason += f"; Spearman vs Alg. 1's estimate ({label}): {rho:+.2f}"
     for label, o in variants.items():
-        pairs, savings, emu_gain = o["pairs"], o["savings"], o["emu_gain"]
-        best = max(savings.values())
-        mean_gain = float(np.mean(list(emu_gain.values())))
+        pairs, savings, chosen = o["pairs"], o["savings"], o["chosen_pair_emu"]
+        mean_saving = float(np.mean(list(savings.values())))
+        emu_gain = float(np.mean(list(chosen.values()))) - 1 if chosen else float("nan")
+        lo, hi = o["all_pair_emu"]
         servers_txt = " / ".join(f"{-100 * v:+.1f}%" for v in savings.values())
         keep = ", ".join(f"{m.removeprefix('hera-')} {v:.2f}" for m, v in o["keep_at_1_way"].items())
-        reason = (f"{label}: QPS kept at 1 of 11 ways: {keep}; low-scalability {o['low']} (paper: DLRM(B) and "
-                  "DLRM(D); DLRM(D) stays high here because the per-core DRAM rate, fitted on the dev host, keeps 16 "
-                  "workers under hera-xeon's bandwidth, so every pair's CoAff_DRAM is 1); "
-                  + ("flat LLC curves leave Alg. 1 nothing to rank" if label == "perfmodel LLC" else
-                     f"slowdowns measured ({MEASURED_LLC[label]}) on a shared 2-core host with scaled tables "
-                     "(<= 128 MB), mapped to hera-xeon by share of the LLC per worker: 16 copied workers already "
-                     "hold under 1.4 MB each with all 11 ways, past where the measured curve flattens, so fewer "
-                     "ways cost little"))
+        why = (f"{label}: QPS kept at 1 of 11 ways: {keep}; low-scalability {o['low']} (paper: DLRM(B) and "
+               "DLRM(D); DLRM(D) stays high here because the per-core DRAM rate, fitted on the dev host, keeps 16 "
+               "workers under hera-xeon's bandwidth, so every pair's CoAff_DRAM is 1); "
+               + ("flat LLC curves leave Alg. 1 little to rank" if label == "perfmodel LLC" else
+                  f"slowdowns measured ({MEASURED_LLC[label]}) on a shared 2-core host with scaled tables "
+                  "(<= 128 MB), mapped to hera-xeon by share of the LLC per worker: 16 copied workers already "
+                  "hold under 1.4 MB each with all 11 ways, past where the measured curve flattens, so fewer "
+                  "ways cost little"))
+        setup = (f"hera-xeon (16 cores, 11 ways), the eight Table I models, perfmodel profiles ({label}); every model "
+                 f"the same target QPS = level x the median isolated max load ({o['target_qps']:.0f} QPS at level "
+                 f"1), levels {'/'.join(map(str, HERA_LEVELS))}; random baselines: mean of 5 seeds")
+
+        def inputs(key: str, label: str = label) -> str:
+            if label != "perfmodel LLC":
+                return "as the perfmodel LLC row: the paper's inputs replace the same curves"
+            return f"{paper_cols[key]}; {HERA_PAPER_INPUTS}"
+
         rows += [
-            Row(f"Hera ({label}): servers vs DeepRecSys (levels 1/2/4/8)", "-26%", servers_txt,
-                verdict(best > 0, within(-best, -0.26)), reason,
-                {"server_saving": savings, "emu_gain": emu_gain, "low_scalability": o["low"],
-                 "keep_at_1_way": o["keep_at_1_way"]}),
-            Row(f"Hera ({label}): EMU vs DeepRecSys", "+37.3%", f"{100 * mean_gain:+.1f}% (mean of levels)",
-                verdict(mean_gain > 0, within(mean_gain, 0.373)), reason, {"emu_gain": emu_gain}),
-            Row(f"Hera ({label}): spread of co-location affinity (28 pairs)",
-                "pairs differ (Fig. 10a; EMU of random pairs < 100%)",
-                f"min {pairs.min():.4f}, p25 {np.percentile(pairs, 25):.4f}, median {np.median(pairs):.4f}, "
-                f"max {pairs.max():.4f}", "yes" if pairs.max() - pairs.min() > 0.3 else "no",
-                "spread under 0.3" if pairs.max() - pairs.min() <= 0.3 else "",
-                {"affinity_pairs": pairs.tolist()}),
+            Row(f"Hera ({label}): servers vs DeepRecSys, identical target QPS per model", "-26% (average)",
+                f"{-100 * mean_saving:+.1f}% (mean; levels: {servers_txt})", judge(mean_saving, 0.26),
+                why + "; DeepRecSys gives each model whole servers, so DLRM(B) (the low-scalability model, "
+                "isolated max load far under the common target) takes most of them and Hera pairs it",
+                {"server_saving": savings, "low_scalability": o["low"], "keep_at_1_way": o["keep_at_1_way"]},
+                cite="§VII-C, Fig. 15", setup=setup, paper_inputs=inputs("drs")),
+            Row(f"Hera ({label}): servers vs Random, identical target QPS per model", "-11% (average)",
+                f"{-100 * float(np.mean(list(o['vs_random'].values()))):+.1f}% (mean; levels: "
+                + " / ".join(f"{-100 * v:+.1f}%" for v in o["vs_random"].values()) + ")",
+                judge(float(np.mean(list(o["vs_random"].values()))), 0.11), why, {"vs_random": o["vs_random"]},
+                cite="§VII-C, Fig. 15", setup=setup, paper_inputs=inputs("random")),
+            Row(f"Hera ({label}): EMU of the co-located pairs vs DeepRecSys (100%)", "+37.3% (average)",
+                f"{100 * emu_gain:+.1f}% (mean of {len(chosen)} chosen pairs: "
+                + ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(chosen.items())) + ")",
+                judge(emu_gain, 0.373), why, {"chosen_pair_emu": chosen},
+                cite="§VII-A, Fig. 11", setup=setup + "; the pairs Hera's plans co-locate, each counted once",
+                paper_inputs=inputs("emu")),
+            Row(f"Hera ({label}): EMU of Hera's pairs vs Random / Hera(Random) (mean over their pairs)",
+                "+34.7% / +5.4% (average)", _emu_vs_others(o)[0], _emu_vs_others(o)[1],
+                why + "; Random's pairs: all 28; Hera(Random)'s: every pair but (high, high); each pair's EMU under "
+                "Hera's node allocation, as the paper runs all four selection policies with its resource manager"
+                + ("; with one low-scalability model Hera(Random)'s pairs are that model's, the set Hera chooses "
+                   "from, so Hera can gain little over it" if len(o["low"]) == 1 else ""),
+                {"random_mean_emu": o["random_mean_emu"], "hera_random_mean_emu": o["hera_random_mean_emu"]},
+                cite="§VII-A, Fig. 11", setup=setup, paper_inputs=inputs("emu_others")),
+            Row(f"Hera ({label}): EMU range over all 28 pairs (Random's pairs)", "82% to 147%",
+                f"{100 * lo:.0f}% to {100 * hi:.0f}% (Alg. 1 affinity: min {pairs.min():.3f}, median "
+                f"{np.median(pairs):.3f}, max {pairs.max():.3f})",
+                worst(judge(lo, 0.82, level=True), judge(hi, 1.47, level=True)),
+                why + "; the EMU of a pair under Hera's node allocation, every pair of the eight models",
+                {"all_pair_emu": [lo, hi], "affinity_pairs": pairs.tolist()},
+                cite="§VII-A, Fig. 11", setup=setup, paper_inputs=inputs("range")),
         ]
     return rows
 
@@ -196,11 +349,19 @@ def row_hercules_provision(fresh: bool) -> list[Row]:
               if contended else "no two workloads prefer the same type")
     return [Row("Hercules: capacity / peak power vs greedy", "-47.7% / -23.7%",
                 f"{-100 * cap:+.1f}% / {-100 * power:+.1f}% (alpha {alpha:.3f} from the load history)",
-                verdict(cap > 0 and power > 0, within(cap, 0.477) and within(power, 0.237)),
+                worst(judge(cap, 0.477), judge(power, 0.237)),
                 f"perfmodel efficiency matrix, best QPS/W type per workload {best} ({shared}); greedy's turn order "
                 "costs little when few workloads contend for a type; the ILP minimises provisioned power, not "
                 "servers (the Day-X mix and the paper's measured matrix are not available)",
-                {"greedy": greedy, "hercules": plan.summary, "best_type": best})]
+                {"greedy": greedy, "hercules": plan.summary, "best_type": best}, cite="§VI-C, Fig. 17",
+                setup="the six Table I workloads on the ten Table II server types (perfmodel efficiency tuples), a "
+                      "24-step diurnal day with assumed peaks, ILP vs greedy (best QPS/W type first)",
+                paper_inputs="not recomputed: the paper prints no efficiency matrix or Day-X load (figures only)")]
+
+
+HERCULES_CPU_PAPER = {"hercules-rmc1": 1.82, "hercules-rmc2": 2.39, "hercules-rmc3": 2.64}  # §VI-A, Fig. 14 (T1)
+HERCULES_GPU_PAPER = {"hercules-rmc3": 6.71, "hercules-mtwnd": 9.0, "hercules-din": 6.95,    # §VI-A, Fig. 14
+                      "hercules-dien": 6.0}                                                  # (CPU+GPU server)
 
 
 def row_hercules_search() -> list[Row]:
@@ -211,27 +372,57 @@ def row_hercules_search() -> list[Row]:
 
     pm, mix = PerfModel(), SizeMix.of(None)
     gains: dict[str, dict[str, float]] = {"cpu": {}, "gpu": {}}
-    for kind, sname in (("cpu", "hercules-t1"), ("gpu", "hercules-t7")):
+    best: dict[str, dict[str, str]] = {"cpu": {}, "gpu": {}}
+    for kind, sname, paper in (("cpu", "hercules-t1", HERCULES_CPU_PAPER), ("gpu", "hercules-t7", HERCULES_GPU_PAPER)):
         server = get_server(sname)
-        for m in ("hercules-rmc1", "hercules-rmc2", "hercules-rmc3"):
+        for m in paper:
             ev = perfmodel_evaluator(get_model(m), server, pm, mix)
             hs, dr = search(server, ev), (deeprecsys(server, ev) if kind == "cpu" else baymax(server, ev))
-            gains[kind][m] = hs.best_qps / dr.best_qps if dr.best_qps > 0 else float("inf")
-    cpu, gpu = list(gains["cpu"].values()), list(gains["gpu"].values())
-    ok_cpu = min(cpu) >= 1.8 * 0.9
-    finite = [g for g in gpu if np.isfinite(g)]
-    gpu_txt = (f"{min(finite):.1f}-{max(finite):.1f}x" if finite else "-") + (
-        f" ({len(gpu) - len(finite)} with a baseline meeting no SLA)" if len(finite) < len(gpu) else "")
-    return [Row("Hercules search vs DeepRecSys (CPU, RMC1-3) / vs Baymax (GPU)", "1.8-2.6x / up to 9x",
-                f"{min(cpu):.2f}-{max(cpu):.2f}x / {gpu_txt}",
-                verdict(min(cpu) > 1.0 and min(gpu) > 1.0, ok_cpu and max(gpu) <= 9 * 1.1),
-                "CPU: the perfmodel has no operator idling or co-runner interference for the search to exploit; "
-                "GPU: Baymax-style baseline (model-based threads co-located on the device, thread count and batch "
-                "hill-climbed) under the same device-thread cap as the search",
-                {"gain": gains})]
+            gains[kind][m] = hs.best_qps / dr.best_qps if dr.best_qps > 0 else float("nan")
+            best[kind][m] = f"{hs.best.label() if hs.best else '-'} vs {dr.best.label() if dr.best else '-'}"
+
+    def txt(kind: str, paper: dict[str, float]) -> str:
+        return " / ".join(f"{m.removeprefix('hercules-')} {gains[kind][m]:.2f}x" for m in paper)
+
+    def verdicts(kind: str, paper: dict[str, float]) -> str:
+        return worst(*(judge(gains[kind][m] - 1, p - 1) for m, p in paper.items()))
+
+    cpu_why = ("in the perfmodel a thread's time does not grow with the threads co-located beside it: with shared "
+               "tables each thread sees the whole allocated LLC, and DRAM contention depends on the bytes/s offered, "
+               "not on how the load is split into threads; op-parallelism only costs (c cores run c / (1 + op_serial "
+               "(c - 1)) times faster, `model.py`); so one single-core thread per core at the best batch - "
+               "DeepRecSys' own point - is also the search's optimum.  The paper's gains come from fewer, wider "
+               "threads that 'reduce interference' (§III-A: 10x2 beats 20x1 by up to 35%) and from the S-D pipeline "
+               "that removes the idle operator workers of op-parallelism (Fig. 5)")
+    gpu_why = ("the search's gain here comes from moving the gathers to wide host threads (S-D pipeline); the "
+               "paper's comes mostly from query fusion on the device (§III-B: co-location plus fusion 2.95/7.87/6.0x "
+               "over Baymax on RMC3/MT-WnD/DIN), which the perfmodel does not model: `perfmodel.queueing` splits a "
+               "query into sub-batches but never merges queries, so each query pays its own launches and PCIe round "
+               "trip (`_accel_times`)")
+    setup = "perfmodel evaluator (bundled calibration), Hercules' gradient-guided search (Alg. 1) vs "
+    cpu_setup = setup + "DeepRecSys (one single-core thread per core, batch hill-climbed) on hercules-t1"
+    gpu_setup = setup + ("a Baymax-style baseline (model-based threads co-located on the device, thread count and "
+                         "batch hill-climbed) under the same device-thread cap, on hercules-t7 (V100)")
+    none = "not recomputed: the paper prints no per-operator or per-thread input (figures only)"
+    return [Row("Hercules search vs DeepRecSys (CPU-only server T1)", "1.82 / 2.39 / 2.64x (RMC1/2/3)",
+                txt("cpu", HERCULES_CPU_PAPER), verdicts("cpu", HERCULES_CPU_PAPER),
+                cpu_why + "; chosen (search vs baseline): " + "; ".join(
+                    f"{m.removeprefix('hercules-')}: {v}" for m, v in best["cpu"].items()),
+                {"gain": gains["cpu"], "chosen": best["cpu"]}, cite="§VI-A, Fig. 14",
+                setup=cpu_setup, paper_inputs=none),
+            Row("Hercules search vs Baymax (CPU+GPU server T7)", "6.71 / 9.0 / 6.95 / 6.0x (RMC3/MT-WnD/DIN/DIEN)",
+                txt("gpu", HERCULES_GPU_PAPER), verdicts("gpu", HERCULES_GPU_PAPER),
+                gpu_why + "; chosen (search vs baseline): " + "; ".join(
+                    f"{m.removeprefix('hercules-')}: {v}" for m, v in best["gpu"].items()),
+                {"gain": gains["gpu"], "chosen": best["gpu"]}, cite="§VI-A, Fig. 14; §III-B, Fig. 6",
+                setup=gpu_setup, paper_inputs=none)]
 
 
 # ----------------------------------------------------------------------------------- ElasticRec
+
+
+OWN_RPC_MS = 2.0  # recserve's hop: plan_shards' default (docs/elasticrec.md: ~1.5 ms per gRPC round trip measured on
+#                   the dev host); the paper's 31 ms (PAPER_RPC_MS) is its stack's (Kubernetes, Linkerd, C++ gRPC)
 
 
 def row_elasticrec() -> list[Row]:
@@ -263,6 +454,7 @@ def row_elasticrec() -> list[Row]:
             ev = evaluate_plan(plan, spec, cost, server, locality=0.9, locality_model="zipf", rpc_ms=PAPER_RPC_MS,
                                sockets=PAPER_NODE_SOCKETS)
             sim = simulate_plan_latency(plan, spec, cost, rpc_ms=PAPER_RPC_MS)  # a minute of load
+            own = simulate_plan_latency(plan, spec, cost, rpc_ms=OWN_RPC_MS)
             model_qps = cost.model_qps(sum(32 * t.pooling for t in spec.tables))
             out[qps][name] = {"saving": plan.saving, "modelwise_replicas": plan.modelwise_replicas,
                               "modelwise_replicas_paper_at_least": modelwise_replicas_implied(paper[name], spec, cost),
@@ -271,7 +463,9 @@ def row_elasticrec() -> list[Row]:
                               "shards_first_table": plan.tables[0].num_shards,
                               "replicas_first_table": plan.tables[0].replicas, **ev.to_dict(),
                               "p95_ms_simulated": sim.sharded_ms, "p95_ms_modelwise_simulated": sim.modelwise_ms,
-                              "sla_ok_simulated": sim.within(spec.sla.target_ms)}
+                              "sla_ok_simulated": sim.within(spec.sla.target_ms),
+                              "added_mean_ms": own.added_mean_ms, "added_mean_ms_paper_rpc": sim.added_mean_ms,
+                              "sla_ms": spec.sla.target_ms}
     at100, at10k = out[100.0], out[10_000.0]
 
     def fmt(d: dict, key: str) -> str:
@@ -294,43 +488,58 @@ def row_elasticrec() -> list[Row]:
            f"{joined(at100, 'modelwise_replicas')} replica(s) serve 100 QPS and there is nothing to save.  Model, "
            "query size, SLA and CPU are the paper's; its text states no per-replica QPS or container CPU (Fig. 5/9 "
            "only), so the gap is its measured per-query cost, which recserve does not scale to")
-    close = all(abs(at100[m]["saving"] - p) <= 0.1 * p for m, p in paper.items())
     sla = all(v["sla_ok"] and v["sla_ok_simulated"] for d in out.values() for v in d.values())
-
-    def sla_text(runs: dict) -> str:
-        worst = max((v for d in runs.values() for v in d.values()), key=lambda v: v["p95_ms_simulated"])
-        mw = max(v["p95_ms_modelwise_simulated"] for d in runs.values() for v in d.values())
-        est = max(v["p95_ms"] for d in runs.values() for v in d.values())
-        return (f"{'yes' if sla else 'no'}: worst simulated p95 {worst['p95_ms_simulated']:.0f} ms (M/M/1 estimate "
-                f"{est:.0f} ms), model-wise {mw:.0f} ms")
+    worst_p95 = max((v for d in out.values() for v in d.values()), key=lambda v: v["p95_ms_simulated"])
+    servers_paper = {"elasticrec-rm1": 1.67, "elasticrec-rm2": 1.67, "elasticrec-rm3": 2.0}
+    utility = float(np.mean([v["utility_gain"] for v in at100.values()]))
+    added = {m: v["added_mean_ms"] / v["sla_ms"] for m, v in at100.items()}
+    added_paper_rpc = {m: v["added_mean_ms_paper_rpc"] / v["sla_ms"] for m, v in at100.items()}
+    no_input = ("not recomputed: the paper prints no per-replica QPS or container CPU (Fig. 5/9 only), the inputs "
+                "that set the model-wise replica count")
+    cite = "§VI-B"
     return [
         Row("ElasticRec: memory vs model-wise (RM1/2/3, 100 QPS)", "2.2x / 2.6x / 8.1x", fmt(at100, "saving"),
-            verdict(min(v["saving"] for v in at100.values()) > 1.0, close),
-            f"{setup}: {gap}", {"at_100_qps": at100}),
-        Row("ElasticRec: memory vs model-wise at 10k QPS (sensitivity: model-wise needs "
+            worst(*(judge(at100[m]["saving"] - 1, p - 1) for m, p in paper.items())),
+            gap, {"at_100_qps": at100}, cite=f"{cite}, Fig. 13", setup=setup, paper_inputs=no_input),
+        Row("ElasticRec: memory vs model-wise at 10k QPS (sensitivity, not counted: model-wise needs "
             f"{'/'.join(map(str, mw10k))} replicas)", "grows with model-wise replicas (Fig. 12-13)",
-            fmt(at10k, "saving"), "direction" if min(v["saving"] for v in at10k.values()) > 1 else "no",
-            "not the paper's load: shows the saving once model-wise must replicate", {"at_10k_qps": at10k}),
-        Row("ElasticRec: memory utility (mean over shards of table 1 vs model-wise, 100 QPS / 10k QPS)", "8.1x",
-            f"{fmt(at100, 'utility_gain')}; {fmt(at10k, 'utility_gain')}",
-            verdict(min(v["utility_gain"] for d in out.values() for v in d.values()) > 1.0, False),
+            fmt(at10k, "saving"), "n/a",
+            "not a claim of the paper (its load is 100 QPS): shows the saving once model-wise must replicate",
+            {"at_10k_qps": at10k}, cite=f"{cite}, Fig. 13 (trend)", setup=setup.replace("100 QPS", "10k QPS"),
+            paper_inputs="-", counted=False),
+        Row("ElasticRec: memory utility (mean over shards of table 1 vs model-wise, mean of RM1/2/3, 100 QPS)",
+            "8.1x (average)", f"{utility:.2f}x (RM1/2/3 {fmt(at100, 'utility_gain')}; at 10k QPS "
+            f"{fmt(at10k, 'utility_gain')})", judge(utility - 1, 8.1 - 1),
             f"the DP splits table 1 into {'/'.join(str(v['shards_first_table']) for v in at100.values())} shards "
             "(paper: 4/3/3); a table left whole keeps model-wise utility (RM3: 32 gathers per item, so a shard's "
-            "time is mostly its fixed per-call cost and splitting buys no rate)", {}),
-        Row("ElasticRec: servers (deployment cost) vs model-wise (100 QPS / 10k QPS)", "1.67/1.67/2.0x (cost 1.6x)",
-            f"{fmt(at100, 'server_saving')}; {fmt(at10k, 'server_saving')}",
-            verdict(min(v["server_saving"] for v in at10k.values()) > 1.0, False),
+            "time is mostly its fixed per-call cost and splitting buys no rate)", {}, cite=f"{cite}, Fig. 14",
+            setup=setup, paper_inputs=no_input),
+        Row("ElasticRec: servers (deployment cost) vs model-wise (RM1/2/3, 100 QPS)", "1.67 / 1.67 / 2.0x",
+            f"{fmt(at100, 'server_saving')} (at 10k QPS {fmt(at10k, 'server_saving')})",
+            worst(*(judge(at100[m]["server_saving"] - 1, p - 1) for m, p in servers_paper.items())),
             f"first-fit packing by cores (one-core rates, 0.1-core steps) and memory on the paper's nodes, "
             f"{PAPER_NODE_SOCKETS} x hera-xeon = {PAPER_NODE_SOCKETS * server.cores} cores / "
             f"{PAPER_NODE_SOCKETS * server.mem_gb:g} GB (§V-A); one node holds every replica at 100 QPS (the paper's "
-            "1.67x-2.0x needs model-wise on >= 2 nodes)", {}),
-        Row("ElasticRec: p95 within SLA (400 ms) for every plan above, model-wise baseline too",
-            "yes (+31 ms RPC, 8% of SLA)", sla_text(out), "yes" if sla else "no",
-            "replicas sized to QPSmax in the SLA budget (dense shard 65% of the SLA, as the paper's HPA target; "
-            f"gathers and the paper's {PAPER_RPC_MS:g} ms RPC the rest; model-wise the whole SLA); checked by "
-            "replaying a minute of Poisson "
-            "queries through every replica queue (fork to all shards, join, dense), not by the sizing formula",
-            {}),
+            "1.67x-2.0x needs model-wise on >= 2 nodes)", {}, cite=f"{cite}, Fig. 15", setup=setup,
+            paper_inputs=no_input),
+        Row("ElasticRec: mean latency the sharded path adds over model-wise (RM1/2/3, 100 QPS), share of the SLA",
+            "+31 ms (8% of the 400 ms SLA)",
+            " / ".join(f"{v['added_mean_ms']:+.1f} ms" for v in at100.values()) + " ("
+            + " / ".join(f"{100 * f:+.1f}%" for f in added.values()) + ")",
+            worst(*(judge(f, 31.0 / 400.0) for f in added.values())),
+            f"simulated fork-join over every shard replica, a {OWN_RPC_MS:g} ms hop (recserve's; the paper's stack "
+            "adds Kubernetes and Linkerd), the dense replica, vs the model-wise replica, a minute of Poisson load; "
+            "the gap is the hop: recserve's sharded path adds little beyond it (a plan whose model-wise replica is "
+            "busier than its shards can even be faster on average; the live sharded path is measured by "
+            "bench_elasticrec_live.py); every plan "
+            f"meets the SLA ({'yes' if sla else 'no'}: worst simulated p95 {worst_p95['p95_ms_simulated']:.0f} ms, "
+            "with the paper's 31 ms)",
+            {"added_share_of_sla": added, "added_share_of_sla_paper_rpc": added_paper_rpc, "sla_ok": sla},
+            cite=f"{cite}, Fig. 15 text", setup=setup.replace(f"{PAPER_RPC_MS:g} ms RPC (§VI-B)",
+                                                              f"{OWN_RPC_MS:g} ms RPC (recserve)"),
+            paper_inputs="with the paper's 31 ms hop as an input: "
+            + " / ".join(f"{v['added_mean_ms_paper_rpc']:+.1f} ms" for v in at100.values())
+            + " (the hop itself is the paper's measurement, so this is by construction)"),
     ]
 
 
@@ -359,41 +568,88 @@ def row_sdm() -> list[Row]:
         out[label] = {"saving": 1 - opt.power_w / base.power_w, "qps_per_host": q, "limit": why,
                       "hosts": opt.hosts}
     sim_saving, paper_saving = out["simulated"]["saving"], out["paper_hit"]["saving"]
-    return [Row("SDM: row-cache hit rate (M1 user tables on HW-SS, 48 GB for embeddings)", ">96%",
-                f"ideal fill {100 * ideal.summary['hit_rate']:.1f}%; simulated trace {100 * hit:.1f}% "
-                f"(pooled cache {100 * sim.pooled_hit_rate:.1f}%)",
-                verdict(hit > 0.5, hit >= 0.96 - 0.10),
-                f"Zipf traces with P=0.9 (clock cache of {ideal.summary['cache_gb']:.1f} GB = "
-                f"{sim.slots / sim.scale / 1e6:.0f}M slots, 121 B overhead per 51 B row); the paper's host sees "
-                "production traces with user-sticky routing (Fig. 4c: higher locality); random bags never repeat, "
-                "so the pooled cache (paper: ~5%) stays near 0", {"ideal": ideal.summary["hit_rate"],
-                                                                  "simulated": hit, "pooled": sim.pooled_hit_rate}),
-            Row("SDM Eq. 5-7: fleet power, M1 on HW-SS+SDM vs HW-L", "20% saved (M1); 5-29% overall",
-                f"{100 * sim_saving:+.0f}% saved at the simulated hit rate ({out['simulated']['limit']}); "
-                f"{100 * paper_saving:+.0f}% at the paper's observed 96%",
-                verdict(sim_saving > 0, within(sim_saving, 0.20)),
-                f"HW-L {q_l:,.0f} QPS/host and HW-SS {out['paper_hit']['qps_per_host']:,.0f} (perfmodel, "
-                "compute-bound, half the cores); at the simulated hit rate the SSD's IOPS cap the host; M2/M3 "
-                "(accelerator hosts) not modelled", {"fleet": out, "hw_l_qps": q_l})]
+    q_ss = out["paper_hit"]["qps_per_host"]
+    setup = ("M1 (Table 6) on HW-SS (Table 7), 48 of 64 GB for embeddings, user tables on the SSD behind the row "
+             "cache, 50 items per query, 120 QPS; index traces Zipf with locality P = 0.9 (ElasticRec's definition: "
+             "the hottest 10% of rows take 90%), recserve's RowCache (CLOCK, 121 B per slot beside a 51 B row)")
+    return [Row("SDM: row-cache hit rate in steady state (M1 user tables on HW-SS)", "> 96%",
+                f"simulated trace {100 * hit:.1f}% (ideal fill {100 * ideal.summary['hit_rate']:.1f}%; pooled cache "
+                f"{100 * sim.pooled_hit_rate:.1f}%)", judge(hit, 0.96, level=True),
+                f"a level (no direction): {100 * hit:.1f}% is {100 * (0.96 - hit):.0f} points under the paper; the "
+                "locality is an input the paper does not print (Fig. 4: CDFs of production user/item features, "
+                "power-law, higher seen from one host with user-sticky routing, Fig. 4c), so P = 0.9 is borrowed "
+                f"from ElasticRec; clock cache of {ideal.summary['cache_gb']:.1f} GB = "
+                f"{sim.slots / sim.scale / 1e6:.0f}M slots; random bags never repeat, so the pooled cache (paper: "
+                "~5%) stays near 0", {"ideal": ideal.summary["hit_rate"], "simulated": hit,
+                                      "pooled": sim.pooled_hit_rate},
+                cite="§5.1 (text beside Table 8); §4.2, Fig. 4", setup=setup,
+                paper_inputs="n/a: the paper prints no locality figure (Fig. 4's CDFs have no values in the text) "
+                             "and no cache overhead per row"),
+            Row("SDM Eq. 5-7: fleet power, M1 on HW-SS+SDM vs HW-L", "20% saved",
+                f"{100 * sim_saving:+.0f}% saved at the simulated hit rate ({out['simulated']['limit']}, "
+                f"{out['simulated']['qps_per_host']:,.0f} QPS/host)", judge(sim_saving, 0.20),
+                f"at the simulated hit rate the SSD's IOPS cap HW-SS; HW-L {q_l:,.0f} QPS/host and HW-SS "
+                f"{q_ss:,.0f} at 96% (perfmodel, compute-bound, half the cores: the QPS ratio "
+                f"{q_ss / q_l:.3f} is modelled, the paper's is 120/240 = 0.5)",
+                {"fleet": out, "hw_l_qps": q_l}, cite="§5.1, Table 8",
+                setup=setup + f"; fleet at Table 8's load ({total:,.0f} QPS), hosts x host power (catalogue: HW-L "
+                f"{hw_l.power_w:g} W, HW-SS {hw_ss.power_w:g} W)",
+                paper_inputs=f"{100 * paper_saving:+.1f}% saved at the paper's observed 96% hit rate: this follows "
+                "from Table 8's inputs - the host power ratio 0.4 is the catalogue's input (HW-SS 200 W = 0.4 x "
+                "HW-L's assumed 500 W), not modelled, and wherever the SSD is not the limit the saving is "
+                f"1 - 0.4 / {q_ss / q_l:.3f} = {100 * (1 - 0.4 / (q_ss / q_l)):.1f}% before hosts are rounded up; "
+                f"verdict {judge(paper_saving, 0.20)} by construction, not an independent check")]
 
 
 # --------------------------------------------------------------------------------------- Kairos
 
 
 def row_kairos() -> list[Row]:
+    """Kairos §8.1 / Fig. 7: *allowable throughput* (the max Poisson load at which the p99 meets QoS, simulated)
+    of Kairos on its chosen pool vs the best homogeneous pool (the base type, as many as the budget buys, QPS
+    scaled up to the whole budget; Kairos' own slack wasted), as ``recserve simulate dispatch`` does."""
     from bench_planners import scenario_kairos
 
+    from recserve.planners.kairos import load_kairos_reference
     from recserve.reference import reference_path
+    from recserve.sim.dispatch_eval import DispatchEvaluation, config_to_pool, homogeneous_pool
 
     ref = reference_path("kairos_aws_latency.json")
     if not ref.exists():
-        return [Row("Kairos: pool vs homogeneous", "~2x", "reference data missing", "n/a", str(ref))]
+        return [Row("Kairos: pool vs homogeneous", "~2x", "reference data missing", "n/a", str(ref),
+                    cite="§8.1, Fig. 7")]
+    profiles = load_kairos_reference(ref)
+    meta = profiles.meta
     pools = scenario_kairos(ref)
-    gains = {m: p["gain"] for m, p in pools.items()}
-    txt = ", ".join(f"{m.removeprefix('kairos-')} {g:.2f}x" for m, g in gains.items())
-    return [Row("Kairos: upper-bound QPS of the chosen pool vs homogeneous (same budget)", "~2x (1.3-2.6x)", txt,
-                verdict(min(gains.values()) >= 1.0, float(np.median(list(gains.values()))) >= 1.3),
-                "mtwnd's best pool is all-t3 (homogeneous) under the reference latencies", {"gain": gains})]
+    gains, detail = {}, {}
+    for model, p in pools.items():
+        qos = meta["qos_p99_ms"][model]
+        ev = DispatchEvaluation(profiles, model, qos, queries=10000, log=None)
+        pool = config_to_pool(p["config"])
+        homo, scale = homogeneous_pool(ev.service, meta["prices_usd_per_hr"], meta["budget_usd_per_hr"], qos,
+                                       meta["max_instances"])
+        k = ev.evaluate(pool, ["kairos"])["kairos"].max_qps
+        h = ev.evaluate(homo, ["kairos"])["kairos"].max_qps * scale
+        gains[model] = k / h if h > 0 else float("nan")
+        detail[model] = {"pool": p["config"], "kairos_qps": k, "homogeneous_qps_scaled": h,
+                         "homogeneous_pool": f"{homo[0]} x {len(homo)}", "upper_bound_gain": p["gain"]}
+    short = {m: m.removeprefix("kairos-") for m in gains}
+    txt = ", ".join(f"{short[m]} {g:.2f}x" for m, g in gains.items())
+    lo, hi = min(gains, key=gains.get), max(gains, key=gains.get)
+    below = [short[m] for m, g in gains.items() if g <= 1.25]
+    pool_txt = "; ".join(f"{short[m]}: " + "+".join(f"{t.split('.')[0]}x{n}" for t, n in d["pool"].items() if n)
+                         + f" {d['kairos_qps']:.0f} vs {d['homogeneous_pool']} {d['homogeneous_qps_scaled']:.0f} QPS"
+                         for m, d in detail.items())
+    return [Row("Kairos: allowable QPS of the chosen pool vs the best homogeneous pool (same budget, same QoS)",
+                "more than 1.25x in all cases, up to 2x (RM2)", txt,
+                worst(judge(gains[lo] - 1, 0.25), judge(gains[hi] - 1, 1.0)),
+                (f"{', '.join(below)} at or under the paper's 1.25x floor; " if below else "")
+                + f"simulated Kairos dispatch (online predictor) on each pool: {pool_txt}; the planner's Eq. 9-15 "
+                "upper bounds gave " + ", ".join(f"{short[m]} {d['upper_bound_gain']:.2f}x" for m, d in detail.items()),
+                {"gain": gains, "detail": detail}, cite="§8.1, Fig. 7",
+                setup="the bundled EC2 latency tables (kairos_aws_latency.json), $2.5/hr, each model's QoS p99, "
+                      "10,000 production-mix queries, Poisson arrivals, max load by bisection (p99 <= QoS)",
+                paper_inputs="the EC2 latencies are the authors' own artifact data: this column is the recserve one")]
 
 
 def row_kairos_predictor() -> list[Row]:
@@ -437,16 +693,48 @@ def row_kairos_predictor() -> list[Row]:
         tail = f"t3 at batch 200: mean {s.mean[t3][b]:.1f} ms, p99 {s.p99[t3][b]:.1f} ms vs QoS {qos:g} ms; "
     loss = 1 - out["online"]["max_qps"] / out["seeded"]["max_qps"]
     v_on, v_se = out["online"]["violations_at_750_qps"], out["seeded"]["violations_at_750_qps"]
-    return [Row("Kairos on mtwnd's pool: online latency learning vs tables-seeded predictor",
+    # every other model's pool, and each type's tail spread: the paper's premise is a latency variance under 0.5%
+    # of the mean (§5.1 "Remarks"), i.e. p99 / mean near 1
+    others: dict[str, dict] = {}
+    for name, p in scenario_kairos(ref).items():
+        if name == model:
+            continue
+        q, pl = profiles.meta["qos_p99_ms"][name], config_to_pool(p["config"])
+        got = {}
+        for mode, seeded in (("online", False), ("seeded", True)):
+            e = DispatchEvaluation(profiles, name, q, queries=10000, seed_predictor=seeded, log=None)
+            got[mode] = e.max_load(pl, lambda e=e, pl=pl: e.policy("kairos", pl), 300.0)[0]
+        sv = e.service
+        got["p99_over_mean"] = {t: float(np.median(sv.p99[sv.type_index(t)] / sv.mean[sv.type_index(t)]))
+                                for t in dict.fromkeys(pl)}
+        others[name] = got
+    spread = {t: float(np.median(s.p99[s.type_index(t)] / s.mean[s.type_index(t)])) for t in dict.fromkeys(pool)}
+    out["other_pools"] = others
+    out["p99_over_mean"] = spread
+    others_txt = ", ".join(f"{n.removeprefix('kairos-')} {100 * (1 - g['online'] / g['seeded']):+.0f}%"
+                           for n, g in others.items())
+    widest = max(max(g["p99_over_mean"].values()) for g in others.values()) if others else float("nan")
+    worst_other = max((100 * abs(1 - g["online"] / g["seeded"]) for g in others.values()), default=float("nan"))
+    return [Row("Kairos: online latency learning vs a tables-seeded predictor (mtwnd's pool in detail)",
                 "online learning, no profiling (Sec. 5.1)",
                 f"{out['online']['max_qps']:.0f} vs {out['seeded']['max_qps']:.0f} QPS ({100 * loss:.0f}% lost); "
-                f"violations at 750 QPS online {v_on}, seeded {v_se}", "n/a",
-                tail + "Kairos compares *mean* predictions with 0.98 x QoS, so the single t3 (right-skewed burstable "
-                "tail) takes queries whose mean fits and whose tail does not, seeded or not; online, a t3 bucket "
-                "switches to the mean of its first 3 draws (~15% noise at this spread): the under-estimated buckets "
-                "near the limit admit queries that then violate, the over-estimated ones cost little, so the noise "
-                "is one-sided in effect; most violations are the t3's",
-                out)]
+                f"violations at 750 QPS online {v_on}, seeded {v_se}; lost on the other pools (no t3): {others_txt}",
+                "n/a",
+                tail + "p99 / mean (median over batches) on mtwnd's pool: "
+                + ", ".join(f"{t} {v:.2f}" for t, v in spread.items())
+                + f", at most {widest:.2f} on the other pools, where online learning costs at most {worst_other:.0f}% "
+                "(noise of the max-load search is a few %): the loss is the t3's tail, against the paper's premise "
+                "of a latency variance under 0.5% of the mean (§5.1 Remarks).  Kairos compares *mean* predictions "
+                "with 0.98 x QoS, so the single t3 (right-skewed burstable tail) takes queries whose mean fits and "
+                "whose tail does not, seeded or not; online, a t3 bucket switches to the mean of its first 3 draws "
+                "(~15% noise at this spread): the under-estimated buckets near the limit admit queries that then "
+                "violate, the over-estimated ones cost little, so the noise is one-sided in effect; most violations "
+                "are the t3's; the paper reports its results with online "
+                "learning and no separate cost, so there is no number to judge",
+                out, cite="§5.1 (Remarks)",
+                setup="each model's planned pool, 10,000 production-mix queries, max load by bisection; the predictor "
+                      "learned from zero (online, min 3 samples per bucket) vs seeded with the latency tables",
+                paper_inputs="n/a")]
 
 
 # ------------------------------------------------------------------------------------ perfmodel
@@ -464,7 +752,8 @@ def row_perfmodel() -> list[Row]:
                 "left: the dev-VM compute constants over-predict large GEMMs (WnD, MT-WnD ~1.6x, also on the dev VM "
                 "itself) and t3 throttles less than its 0.4 baseline in the data (bench_perfmodel.py --kairos-only)",
                 {"kairos": {m: {"spearman": v["spearman_rank_of_instances"], "median_ape": v["median_ape"]}
-                            for m, v in k["models"].items()}}),
+                            for m, v in k["models"].items()}}, cite="project target (issue #18), Kairos' EC2 data",
+                setup="bundled calibration, every Kairos model and instance type", paper_inputs="-", counted=False),
             row_perfmodel_unseen_host()]
 
 
@@ -494,7 +783,9 @@ def row_perfmodel_unseen_host() -> Row:
                "yes" if worst <= 20 else "no",
                "microbenchmark-only constants: " + " / ".join(f"{n} {v:.1f}%" for n, v in own.items())
                + "; left: dense-heavy models over-predicted on the Zen 1 VM (its GEMM plateau), DRAM-bound gathers "
-               "under-predicted there (gather rates are not carried)", {"carried": carried, "micro_only": own})
+               "under-predicted there (gather rates are not carried)", {"carried": carried, "micro_only": own},
+               cite="project target (issue #18)", setup="leave-one-host-out over data/hosts/", paper_inputs="-",
+               counted=False)
 
 
 SECTIONS: dict[str, Callable[..., list[Row]]] = {
@@ -510,11 +801,27 @@ SECTIONS: dict[str, Callable[..., list[Row]]] = {
 NEEDS_FRESH = {"hera", "hercules_provision"}
 
 
+def _cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
 def markdown(rows: list[Row]) -> str:
-    lines = ["| claim | paper | recserve | reproduced? | reason for any gap |", "|---|---|---|---|---|"]
-    lines += [f"| {r.claim} | {r.paper} | {r.recserve} | {r.reproduced} | {r.reason if r.reproduced != 'yes' else ''} |"
-              for r in rows]
+    lines = ["| claim | citation | setup | paper | recserve | verdict | with the paper's inputs | reason |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {_cell(r.claim)} | {_cell(r.cite)} | {_cell(r.setup)} | {_cell(r.paper)} | {_cell(r.recserve)} | "
+              f"{r.reproduced if r.counted else r.reproduced + ' (not counted)'} | {_cell(r.paper_inputs)} | "
+              f"{_cell(r.reason)} |" for r in rows]
     return "\n".join(lines)
+
+
+def summary_lines(rows: list[Row]) -> list[str]:
+    c = counts(rows)
+    targets = [r for r in rows if not r.counted and r.cite.startswith("project target")]
+    met = sum(r.reproduced == "yes" for r in targets)
+    return [f"Rule: {RULE}",
+            f"Papers' claims ({sum(c.values())} rows): {c['yes']} yes / {c['direction']} direction / {c['no']} no / "
+            f"{c['n/a']} n/a",
+            f"Not counted: {sum(not r.counted for r in rows)} rows (project targets met: {met} of {len(targets)})"]
 
 
 def main() -> int:
@@ -538,9 +845,12 @@ def main() -> int:
         timings[name] = time.perf_counter() - start
         print(f"[{name}] {timings[name]:.1f} s", file=sys.stderr, flush=True)
     print(markdown(rows))
+    print()
+    print("\n".join(summary_lines(rows)))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": [asdict(r) for r in rows], "seconds": timings}, indent=1, default=float))
+    out.write_text(json.dumps({"rows": [asdict(r) for r in rows], "rule": RULE, "counts": counts(rows),
+                               "seconds": timings}, indent=1, default=float))
     print(f"wrote {out}")
     return 0
 

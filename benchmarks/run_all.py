@@ -196,9 +196,10 @@ def perfmodel_rows(d: dict) -> list[Row]:
 
 def papers_rows(d: dict) -> list[Row]:
     rows = d.get("rows") or []
-    verdicts = [r.get("reproduced") for r in rows]
-    out = [row("papers' claims reproduced (yes / direction only / no)",
-               f"{verdicts.count('yes')} / {verdicts.count('direction')} / {verdicts.count('no')}")]
+    verdicts = [r.get("reproduced") for r in rows if r.get("counted", True)]  # sensitivities/targets not counted
+    out = [row("papers' claims reproduced (yes / direction only / no / n/a)",
+               f"{verdicts.count('yes')} / {verdicts.count('direction')} / {verdicts.count('no')} / "
+               f"{verdicts.count('n/a')}")]
     return out + [row(f"{r.get('claim')} (paper {r.get('paper')})", r.get("recserve")) for r in rows]
 
 

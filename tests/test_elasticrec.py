@@ -326,6 +326,21 @@ def test_sla_sizing_keeps_the_simulated_tail_in_the_sla_where_saturation_sizing_
     assert run_new.within(spec.sla.target_ms)
 
 
+def test_simulated_added_mean_latency_grows_with_the_rpc_hop():
+    """ElasticRec §VI-B reports the mean latency the sharded path adds over model-wise: the simulator's
+    ``added_mean_ms`` moves one for one with the RPC hop (the same arrivals and services otherwise)."""
+    from recserve.sim.shards import simulate_plan_latency
+
+    spec = _tight_spec()
+    cost = ShardCostModel(0.05, 0.0001, dense_qps=100.0, min_mem_bytes=4000.0)
+    plan = plan_shards(spec, 50.0, cost)
+    near = simulate_plan_latency(plan, spec, cost, rpc_ms=2.0, queries=20_000)
+    far = simulate_plan_latency(plan, spec, cost, rpc_ms=31.0, queries=20_000)
+    assert far.added_mean_ms - near.added_mean_ms == pytest.approx(29.0, abs=3.0)
+    assert near.sharded_mean_ms <= near.sharded_ms  # a mean under its p95
+    assert far.modelwise_mean_ms == pytest.approx(near.modelwise_mean_ms)
+
+
 def test_sla_sizing_refuses_a_dense_shard_whose_idle_tail_misses_its_budget():
     from recserve.errors import InfeasibleError
 

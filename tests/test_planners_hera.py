@@ -12,6 +12,7 @@ from recserve.errors import InfeasibleError, ProfileError
 from recserve.planners.hera import (
     affinity_matrix,
     all_curves,
+    identical_targets,
     pair_allocation,
     plan_colocation,
     targets_at_load,
@@ -121,3 +122,24 @@ def test_whole_server_table_wins_over_per_condition_tables(hera):
     again = {c.name: c for c in all_curves(extra, list(classes), NODE)}
     before = {c.name: c for c in curves}
     assert np.allclose(again["ncf"].ways_ratio, before["ncf"].ways_ratio)
+
+
+def test_identical_targets_make_deeprecsys_spend_servers_on_the_low_scalability_model(hera):
+    """Hera §VII-C: one target QPS for every model.  DeepRecSys then needs many whole servers for a model with a
+    small isolated max load (the capacity-bound dlrm-b) and few for one with a large one (ncf); Hera pairs the
+    low model and saves servers, and its co-located pairs' EMU (Fig. 11) is above DeepRecSys' 100%."""
+    profiles, _, curves = hera
+    targets = identical_targets(curves, 2.0)
+    assert len(set(targets.values())) == 1
+    iso = {c.name: c.isolated_qps for c in curves}
+    drs = {m: math.ceil(t / iso[m] - 1e-9) for m, t in targets.items()}
+    assert drs["dlrm-b"] > drs["ncf"]
+    plan = plan_colocation(profiles, NODE, targets, seeds=2)
+    assert plan.baselines["deeprecsys"]["servers"] == sum(drs.values())
+    assert plan.summary["servers"] < plan.baselines["deeprecsys"]["servers"]
+    assert plan.summary["mean_pair_emu"] > 1.0
+    pairs = [s.emu for s in plan.servers if len(s.placements) > 1]
+    assert plan.summary["mean_pair_emu"] == pytest.approx(np.mean(pairs))
+    # per-model "servers' worth" targets do not show it: DeepRecSys then needs the same servers for each model
+    even = targets_at_load(curves, 2.0)
+    assert len({math.ceil(t / iso[m] - 1e-9) for m, t in even.items()}) == 1

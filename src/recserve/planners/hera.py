@@ -315,9 +315,19 @@ def _summary(servers: list[ServerPlan]) -> dict[str, float | None]:
         "servers": len(servers),
         "colocated_servers": len(pairs),
         "mean_emu": float(np.mean(emus)) if emus else 0.0,
+        # Fig. 11's measure: the EMU of the co-located pairs only (an isolated server is 100% by definition)
+        "mean_pair_emu": float(np.mean(pairs)) if pairs else None,
         "min_pair_emu": float(min(pairs)) if pairs else None,  # no co-located pair: nothing to report
         "max_pair_emu": float(max(pairs)) if pairs else None,
     }
+
+
+def identical_targets(curves: Sequence[ModelCurves], level: float) -> dict[str, float]:
+    """Hera §VII-C / Fig. 15: every model gets the *same* target QPS, ``level`` x the median isolated max load of
+    the models.  A low-scalability model (small isolated max load) then needs many servers under DeepRecSys,
+    which is where co-location saves; :func:`targets_at_load` instead gives each model ``level`` servers' worth."""
+    qps = sorted(c.isolated_qps for c in curves)
+    return dict.fromkeys((c.name for c in curves), level * float(np.median(qps)))
 
 
 def targets_at_load(curves: Sequence[ModelCurves], level: float, low_share: float | None = None) -> dict[str, float]:
