@@ -205,3 +205,80 @@ def test_incomplete_requests_are_bounded_per_connection_and_per_server_and_let_g
     assert shared.used == 8 << 20
     second[0].connection_lost(None)
     assert shared.used == 0
+
+
+@pytest.fixture()
+def grpc_server():
+    """A GrpcServer on its own loop thread; ``start(**options)`` returns its port."""
+    import asyncio
+    import threading
+
+    from recserve.serving.h2grpc import GrpcServer
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    servers = []
+
+    def start(**options) -> int:
+        server = GrpcServer(lambda path: Method(unary=lambda call, raw: call.reply(b"ok")), 1 << 20, **options)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        sock.setblocking(False)
+        asyncio.run_coroutine_threadsafe(server.start(sock), loop).result(30)
+        servers.append((server, sock))
+        return sock.getsockname()[1]
+
+    yield start
+    for server, sock in servers:
+        asyncio.run_coroutine_threadsafe(server.stop(grace=0.5), loop).result(30)
+        sock.close()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received
+
+
+def test_connections_past_the_cap_get_goaway_and_the_others_serve_on(grpc_server):
+    port = grpc_server(max_connections=2)
+    kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+    for sock in kept:
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0))
+        sock.recv(1 << 16)  # our SETTINGS: the connection is served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
+        assert ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_connections" in _read_until_closed(third)
+    kept.pop().close()
+    deadline = time.monotonic() + 30
+    while True:  # the server sees the close, then takes a new connection again
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as again:
+            again.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678"))
+            data = again.recv(1 << 16)
+            while len(data) < 9 + 18 + 9 + 8 and b"too_many_connections" not in data and (more := again.recv(1 << 16)):
+                data += more
+        if b"too_many_connections" not in data or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert b"too_many_connections" not in data and b"12345678" in data
+    kept[0].close()
+
+
+def test_a_connection_silent_before_its_preface_is_closed_and_an_idle_one_gets_goaway(grpc_server):
+    port = grpc_server(preface_timeout_s=0.3, idle_timeout_s=0.5)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
+        started = time.monotonic()
+        _read_until_closed(silent)  # closed by the server (a socket timeout here would fail the test)
+        assert time.monotonic() - started < 25
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
+        idle.sendall(PREFACE + _frame(SETTINGS, 0, 0))
+        received = b""
+        while b"\x07\x00\x00\x00\x00\x00" not in received:  # a GOAWAY frame header (type 7, flags 0, stream 0)
+            received += idle.recv(1 << 16)

@@ -62,6 +62,9 @@ BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio wou
 HOLD_BYTES = 16 << 20  # answers held for closed client windows (at least two largest messages): then a reset
 HELD_CONNECTION = 16 << 20  # request bytes of incomplete messages a connection holds (at least two largest ones)
 HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four largest messages)
+MAX_CONNECTIONS = 1024  # per server (a worker): past it a new connection gets GOAWAY and is closed
+PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by then is closed
+IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
@@ -291,6 +294,7 @@ class GrpcConnection(asyncio.Protocol):
         self._goaway_ping = False  # the first of a graceful close's two GOAWAYs is out
         self._reading = False
         self._ready: list[tuple[_Stream, Any]] = []  # unary calls completed in this read, started at its end
+        self.last_read = time.monotonic()  # when the connection last read anything (``GrpcServer``'s timeouts)
 
     # ---- connection ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -387,6 +391,7 @@ class GrpcConnection(asyncio.Protocol):
 
     # ---- reading -------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        self.last_read = time.monotonic()
         if type(data) is not bytes:
             data = bytes(data)
         if not self._preface and not (data := self._after_preface(data)):
@@ -983,34 +988,69 @@ class GrpcConnection(asyncio.Protocol):
             self._flush()
 
 
+class _Refused(asyncio.Protocol):
+    """A connection past the server's cap: our SETTINGS and GOAWAY ENHANCE_YOUR_CALM, then close."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        goaway = (0).to_bytes(4, "big") + ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_connections"
+        transport.write(_frame(SETTINGS, 0, 0) + _frame(GOAWAY, 0, 0, goaway))  # type: ignore[attr-defined]
+        transport.close()
+
+
 class GrpcServer:
-    """Connections accepted on one listening socket, and their graceful stop."""
+    """Connections accepted on one listening socket: at most ``max_connections``, timed out when silent before
+    their preface or idle, and stopped gracefully."""
 
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
-                 limits: FloodLimits | None = None, on_abuse: Callable[[str], None] | None = None) -> None:
+                 limits: FloodLimits | None = None, on_abuse: Callable[[str], None] | None = None,
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 preface_timeout_s: float = PREFACE_TIMEOUT_S) -> None:
         self.methods = methods
         self.max_message = max_message
         self.limits, self.on_abuse = limits, on_abuse
+        self.max_connections, self.idle_timeout_s, self.preface_timeout_s = \
+            max_connections, idle_timeout_s, preface_timeout_s
         self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
+        self._sweep: asyncio.TimerHandle | None = None
 
     connection_type = GrpcConnection  # what each accepted connection is served by
 
-    def _connection(self) -> GrpcConnection:
+    def _connection(self) -> asyncio.Protocol:
+        if len(self.connections) >= self.max_connections:
+            if self.on_abuse is not None:
+                self.on_abuse("too_many_connections")
+            return _Refused()
         conn = self.connection_type(self.methods, self.max_message, self.connections.discard, self.limits,
                                     self.on_abuse, self.held)
         self.connections.add(conn)
         return conn
+
+    def _sweep_silent(self) -> None:
+        """Close connections that sent no preface in time; send GOAWAY to those idle with no call open."""
+        now = time.monotonic()
+        for conn in list(self.connections):
+            if conn.transport is None:
+                continue
+            if not conn._preface and now - conn.last_read > self.preface_timeout_s:
+                conn.transport.close()
+            elif conn._preface and not conn._streams and now - conn.last_read > self.idle_timeout_s:
+                conn.close_gracefully()
+        self._sweep = asyncio.get_running_loop().call_later(min(1.0, self.preface_timeout_s / 2), self._sweep_silent)
 
     async def start(self, sock: Any, ssl: Any = None) -> None:
         """Accept on ``sock`` (asyncio calls ``listen`` on it again: the backlog is kept at the node's); ``ssl``:
         a server context offering ALPN ``h2`` (gRPC clients insist on it), or None for h2c."""
         self._server = await asyncio.get_running_loop().create_server(self._connection, sock=sock, backlog=BACKLOG,
                                                                       ssl=ssl)
+        self._sweep_silent()
 
     async def stop(self, grace: float) -> None:
         """Stop listening, send every connection GOAWAY, wait up to ``grace`` s for their calls, then close."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         if self._server is not None:
             self._server.close()
             self._server = None

@@ -63,6 +63,23 @@ def _infer_target(prefix: bytes) -> str | None:
     return route[0] if route else None
 
 
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (workers inherit it): each client connection
+    costs descriptors, and the usual soft limit (1024, systemd's default) let 1,500 idle clients starve a node.
+    Returns the soft limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
+    return soft
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """A node's listening socket (HTTP, and gRPC with data plane v2), created once here and inherited by every
     accepting worker.  Made with protocol ``IPPROTO_TCP``: a socket accepted from it carries that protocol, and
@@ -405,6 +422,7 @@ class NodeServer:
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
         self._stopped = asyncio.Event()
+        raise_open_file_limit()
         self.core = NodeCore(self.config, self._llc)
         try:
             host = self.config.host
