@@ -208,10 +208,12 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.resume_reading()  # a hand-off keeps reading paused
 
     def _bound_pipeline(self) -> None:
-        """A client that pipelines requests is read only while little is buffered behind the one in flight
-        (uvicorn's flow control): TCP holds the rest back, not this process's memory."""
-        if self.busy and len(self.buf) > PIPELINE_BYTES:
+        """A client that pipelines requests is read only while at most ``PIPELINE_BYTES`` wait behind the request
+        being read or answered (uvicorn's flow control): TCP holds the rest back, not this process's memory."""
+        if len(self.buf) > PIPELINE_BYTES + self._needed:
             self._pause(PAUSED_PIPELINE)
+        elif self._paused & PAUSED_PIPELINE:
+            self._resume(PAUSED_PIPELINE)
 
     def mark(self, in_request: bool) -> None:
         """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the
@@ -254,7 +256,6 @@ class Connection(asyncio.BufferedProtocol):
             data = data[take:]
             if data:
                 self.buf += data
-                self._bound_pipeline()
             if self._filled == len(self._body) and not self.busy:
                 self._advance()
             return
@@ -276,7 +277,12 @@ class Connection(asyncio.BufferedProtocol):
         self.plane.maybe_exit()
 
     def _advance(self) -> None:
-        """Parse the next complete request, if any, and route it."""
+        """Parse the next complete request, if any, and route it; then read on only if little more is buffered."""
+        self._next_request()
+        if not self.closed:
+            self._bound_pipeline()
+
+    def _next_request(self) -> None:
         if self.closed or self.busy or self.leaving or self._skip or self.transport is None:
             return
         if self._head is None and not self._read_head():
@@ -300,7 +306,6 @@ class Connection(asyncio.BufferedProtocol):
         self._head, self._needed = None, 0
         self.busy = True
         self.plane.admit(self, Request(head.method, head.path, head.version, headers, body, self.arrived))
-        self._bound_pipeline()
 
     def _shed_early(self, head_end: int, headers: dict[str, str], version: str) -> bool:
         """Under overload, refuse a large query from its JSON header alone and drop its body as it arrives.
@@ -375,6 +380,9 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is None or self.closed:
             return
         self.transport.write(error_response(exc, close=True))
+        if self._paused:  # read again, only to drop what follows
+            self._paused = 0
+            self.transport.resume_reading()
         self.closed = self.discarding = True
         self.buf.clear()
         if self.transport.can_write_eof():
@@ -400,8 +408,6 @@ class Connection(asyncio.BufferedProtocol):
         if not keep_alive:
             self.write(b"", close=True)
             return
-        if self._paused & PAUSED_PIPELINE:
-            self._resume(PAUSED_PIPELINE)
         if self.buf:
             self.arrived = time.perf_counter()
         else:
