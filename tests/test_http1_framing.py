@@ -7,6 +7,7 @@ import asyncio
 import socket
 import threading
 import time
+import urllib.request
 
 import h11
 import numpy as np
@@ -251,6 +252,18 @@ def test_a_worker_answers_pipelined_queries_in_order_while_it_bounds_their_readi
             answers += s.recv(1 << 20)
         sender.join(30)
     assert answers.count(b"HTTP/1.1 200 OK") == n
+    line = next(line for line in metrics(port).splitlines() if line.startswith("recserve_http_read_pauses_total"))
+    assert int(line.rsplit(" ", 1)[1]) > 0  # the worker held the client back (reported within ~25 ms)
+
+
+def metrics(port: int) -> str:
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        if 'recserve_http_read_pauses_total{model="b"} 0' not in text or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
 
 
 def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():

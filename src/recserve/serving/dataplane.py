@@ -199,7 +199,7 @@ class Connection(asyncio.BufferedProtocol):
         if not self._paused and self.transport is not None:
             self.transport.pause_reading()
             if why == PAUSED_PIPELINE:
-                self.plane.read_pauses += 1
+                self.plane.paused_reading()
         self._paused |= why
 
     def _resume(self, why: int) -> None:
@@ -892,6 +892,11 @@ class WorkerPlane:
     def refused(self, code: str) -> None:
         """A request answered with an error before it was a query (unreadable, too large, too slow)."""
         self._record(("refused", code))
+
+    def paused_reading(self) -> None:
+        """A connection stopped reading: a client pipelines more than ``PIPELINE_BYTES`` behind a request."""
+        self.read_pauses += 1
+        self._record(("read_paused",))
 
     # ---- computing ---------------------------------------------------------------------------------
     def _next_group(self) -> list[Query]:
