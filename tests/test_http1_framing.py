@@ -248,8 +248,8 @@ def test_a_worker_answers_pipelined_queries_in_order_while_it_bounds_their_readi
         sender = threading.Thread(target=s.sendall, args=(request * n,), daemon=True)
         sender.start()
         deadline = time.monotonic() + 60
-        while answers.count(b"HTTP/1.1 ") < n and time.monotonic() < deadline:
-            answers += s.recv(1 << 20)
+        while answers.count(b"HTTP/1.1 ") < n and time.monotonic() < deadline and (data := s.recv(1 << 20)):
+            answers += data
         sender.join(30)
     assert answers.count(b"HTTP/1.1 200 OK") == n
     line = next(line for line in metrics(port).splitlines() if line.startswith("recserve_http_read_pauses_total"))
