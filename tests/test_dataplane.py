@@ -23,7 +23,7 @@ from oip_inputs import DTYPE_NAMES, grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.dataplane import HEADS, ParseError, _heads, parse_head
+from recserve.serving.http1 import HEADS, HeadError, _heads, read_head
 from recserve.serving.server import _infer_target
 from recserve.zoo import sample_batch
 
@@ -222,26 +222,26 @@ def test_http_edge_cases_on_the_worker_reader(node, cases):
     # garbage and oversized bodies: JSON errors, connection closed
     bad = raw_exchange(port, b"NOT HTTP AT ALL\r\n\r\n")
     assert bad.startswith(b"HTTP/1.1 400") and b'"error"' in bad
-    big = raw_exchange(port, b"POST /v2/models/b/infer HTTP/1.1\r\nContent-Length: 999999999999\r\n\r\n")
+    big = raw_exchange(port, b"POST /v2/models/b/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n")
     assert big.startswith(b"HTTP/1.1 413") and b"exceed" in big
 
 
 def test_parse_head_and_routing_helpers():
-    buf = bytearray(b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nContent-Length: 3\r\nX-A:  b \r\n\r\nabc")
-    end, method, path, version, headers = parse_head(buf)
-    assert (buf[end:], method, path, version) == (b"abc", "POST", "/v2/models/m/infer?x=1", "HTTP/1.1")
-    assert headers == {"content-length": "3", "x-a": "b"}
-    assert parse_head(bytearray(b"POST / HTTP/1.1\r\nHost")) is None
-    with pytest.raises(ParseError):
-        parse_head(bytearray(b"POST /\r\n\r\n"))
-    with pytest.raises(ParseError):  # a refused head is never remembered as parsed
-        parse_head(bytearray(b"POST /\r\n\r\n"))
-    again = parse_head(bytearray(bytes(buf[:end]) + b"xyz12"))  # a head seen before: the same answer
-    assert again == (end, method, path, version, headers)
-    other = parse_head(bytearray(bytes(buf[:end]).replace(b"Content-Length: 3", b"Content-Length: 4")))
-    assert other[4] == {"content-length": "4", "x-a": "b"}  # another head: parsed, not confused with the first
+    buf = bytearray(b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nX-A:  b \r\n\r\nabc")
+    end, head = read_head(buf)
+    assert (buf[end:], head.method, head.path, head.version) == (b"abc", "POST", "/v2/models/m/infer?x=1", "HTTP/1.1")
+    assert head.headers == {"host": "h", "content-length": "3", "x-a": "b"} and head.length == 3
+    assert read_head(bytearray(b"POST / HTTP/1.1\r\nHost")) is None
+    with pytest.raises(HeadError):
+        read_head(bytearray(b"POST /\r\n\r\n"))
+    with pytest.raises(HeadError):  # a refused head is never remembered as parsed
+        read_head(bytearray(b"POST /\r\n\r\n"))
+    again = read_head(bytearray(bytes(buf[:end]) + b"xyz12"))  # a head seen before: the same answer
+    assert again == (end, head)
+    other = read_head(bytearray(bytes(buf[:end]).replace(b"Content-Length: 3", b"Content-Length: 4")))
+    assert other[1].headers == {"host": "h", "content-length": "4", "x-a": "b"}  # parsed, not confused with the first
     for n in range(HEADS + 3):  # many distinct heads: the store stays bounded and every answer right
-        assert parse_head(bytearray(f"GET /{n} HTTP/1.1\r\n\r\n".encode()))[2] == f"/{n}"
+        assert read_head(bytearray(f"GET /{n} HTTP/1.1\r\nHost: h\r\n\r\n".encode()))[1].path == f"/{n}"
     assert len(_heads) <= HEADS
     assert _infer_target(b"POST /v2/models/m/infer HTTP/1.1\r\n") == "m"
     assert _infer_target(b"POST /v2/models/m/versions/1/infer?q HTTP/1.1\r\n") == "m"
@@ -531,7 +531,7 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
     socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(20)]
     try:
         for s in socks:  # a body promised and never sent
-            s.sendall(b"POST /v2/models/h/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
+            s.sendall(b"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
         assert get(port, "/v2/health/live") == {"live": True}
         replies = [s.recv(65536) for s in socks]  # within read_timeout_s plus one sweep
     finally:

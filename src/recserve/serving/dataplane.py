@@ -7,9 +7,10 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 
 - The node's HTTP listening socket is created once by the supervisor and inherited by every such worker; they
   all ``accept`` from its one queue (no SO_REUSEPORT: a worker that retires or dies drops no backlog).
-- A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` is parsed with a minimal HTTP/1.1
-  reader, decoded and validated with the shared protocol codec, computed in this process and answered: no other
-  process touches it.  The unversioned path is answered only by the model's default (newest loaded) version.
+- A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` has its head parsed by llhttp
+  (``serving/http1.py``), is decoded and validated with the shared protocol codec, computed in this process and
+  answered: no other process touches it.  The unversioned path is answered only by the model's default (newest
+  loaded) version.
 - Anything else (control, metrics, health, another model, chunked bodies, a model that sub-batches) is *handed
   off*: the connection's descriptor and the bytes already read go to the supervisor over the worker's socket
   pair (SCM_RIGHTS), which passes it to a worker of the right model or serves it in its own aiohttp app.  A
@@ -60,16 +61,19 @@ from recserve.serving import codec
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
 from recserve.serving.h2grpc import WRITE_HIGH
+from recserve.serving.http1 import Head, HeadError, HeadReader
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
 log = logging.getLogger("recserve.serving")
 
-MAX_HEAD_BYTES = 64 * 1024
 STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush wakes it: 5 ms cost ~4% of a worker)
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
+PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
+PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
+HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
 MOVE_GAP_S = 0.005  # at most one such move per worker this often
@@ -80,8 +84,8 @@ ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, a
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
-           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
-           504: "Gateway Timeout"}
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
 @dataclass
@@ -102,56 +106,6 @@ def keep_alive(version: str, headers: dict[str, str]) -> bool:
     """Whether the connection stays open after this request (HTTP/1.1 by default, 1.0 only if asked)."""
     conn = headers.get("connection", "").lower()
     return conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-
-
-class ParseError(Exception):
-    """The bytes on a connection are not an HTTP/1.x request we can read; answered with 400 and closed."""
-
-
-Head = tuple[int, str, str, str, dict[str, str]]
-
-
-HEADS = 64  # request heads a worker remembers parsed; more distinct ones start it over
-HEAD_KEY_BYTES = 2048  # a longer head is parsed every time
-
-
-def parse_head(buf: bytearray) -> Head | None:
-    """``(head_end, method, path, version, headers)`` once the head is complete, else None.
-
-    A head whose bytes were parsed before is not parsed again (its headers dict is shared: read it, never change
-    it): a client sends the same head call after call, and parsing one cost ~7 µs of a batch-1 query (issue #14)."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > MAX_HEAD_BYTES:
-            raise ParseError(f"request head longer than {MAX_HEAD_BYTES} bytes")
-        return None
-    raw = bytes(buf[:end])
-    known = _heads.get(raw)
-    if known is not None:
-        return (end + 4, *known)
-    head = _parse_head_lines(raw)
-    if end <= HEAD_KEY_BYTES:
-        if len(_heads) >= HEADS:
-            _heads.clear()
-        _heads[raw] = head
-    return (end + 4, *head)
-
-
-_heads: dict[bytes, tuple[str, str, str, dict[str, str]]] = {}
-
-
-def _parse_head_lines(raw: bytes) -> tuple[str, str, str, dict[str, str]]:
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise ParseError(f"not an HTTP/1.x request line: {lines[0][:80]!r}")
-    headers = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ParseError(f"malformed header line {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    return parts[0], parts[1], parts[2], headers
 
 
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
@@ -208,7 +162,9 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = False
         self.discarding = False  # refused: reading only to drop what the client still sends
         self.arrived = 0.0
-        self._head: Head | None = None
+        self._reader = HeadReader()
+        self._head: tuple[int, Head] | None = None  # the pending request's (head_end, head)
+        self._paused = 0  # why reading is paused: PAUSED_PIPELINE | PAUSED_WRITING
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
         self._body: memoryview | None = None  # a large body being received in place (``_start_body``)
         self._filled = 0
@@ -234,12 +190,30 @@ class Connection(asyncio.BufferedProtocol):
         """Answers wait unsent past ``WRITE_HIGH``: the client pipelines requests but does not read the answers.
         Read no more until it does (TCP then holds it back), so that it cannot make the worker hold answers and
         requests without bound."""
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._pause(PAUSED_WRITING)
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not (self.closed or self.leaving):  # a hand-off keeps reading paused
-            self.transport.resume_reading()
+        self._resume(PAUSED_WRITING)
+
+    def _pause(self, why: int) -> None:
+        if not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+            if why == PAUSED_PIPELINE:
+                self.plane.paused_reading()
+        self._paused |= why
+
+    def _resume(self, why: int) -> None:
+        self._paused &= ~why
+        if not self._paused and self.transport is not None and not (self.closed or self.leaving):
+            self.transport.resume_reading()  # a hand-off keeps reading paused
+
+    def _bound_pipeline(self) -> None:
+        """A client that pipelines requests is read only while at most ``PIPELINE_BYTES`` wait behind the request
+        being read or answered (uvicorn's flow control): TCP holds the rest back, not this process's memory."""
+        if len(self.buf) > PIPELINE_BYTES + self._needed:
+            self._pause(PAUSED_PIPELINE)
+        elif self._paused & PAUSED_PIPELINE:
+            self._resume(PAUSED_PIPELINE)
 
     def mark(self, in_request: bool) -> None:
         """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the
@@ -289,7 +263,9 @@ class Connection(asyncio.BufferedProtocol):
             self.arrived = time.perf_counter()
             self.mark(True)
         self.buf += data
-        if not self.busy and len(self.buf) >= self._needed:
+        if self.busy:
+            self._bound_pipeline()
+        elif len(self.buf) >= self._needed:
             self._advance()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -301,12 +277,18 @@ class Connection(asyncio.BufferedProtocol):
         self.plane.maybe_exit()
 
     def _advance(self) -> None:
-        """Parse the next complete request, if any, and route it."""
+        """Parse the next complete request, if any, and route it; then read on only if little more is buffered."""
+        self._next_request()
+        if not self.closed:
+            self._bound_pipeline()
+
+    def _next_request(self) -> None:
         if self.closed or self.busy or self.leaving or self._skip or self.transport is None:
             return
         if self._head is None and not self._read_head():
             return
-        head_end, method, path, version, headers = self._head  # type: ignore[misc]
+        head_end, head = self._head  # type: ignore[misc]
+        headers = head.headers
         if self._body is not None:
             if self._filled < len(self._body):
                 return
@@ -314,7 +296,8 @@ class Connection(asyncio.BufferedProtocol):
         elif len(self.buf) < self._needed:
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
                 self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers, version):
+            if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers,
+                                                                                     head.version):
                 self._start_body(head_end, headers.get("inference-header-content-length", ""))
             return
         else:
@@ -322,7 +305,7 @@ class Connection(asyncio.BufferedProtocol):
             del self.buf[: self._needed]
         self._head, self._needed = None, 0
         self.busy = True
-        self.plane.admit(self, Request(method, path, version, headers, body, self.arrived))
+        self.plane.admit(self, Request(head.method, head.path, head.version, headers, body, self.arrived))
 
     def _shed_early(self, head_end: int, headers: dict[str, str], version: str) -> bool:
         """Under overload, refuse a large query from its JSON header alone and drop its body as it arrives.
@@ -364,28 +347,27 @@ class Connection(asyncio.BufferedProtocol):
         return self._head_bytes + bytes(self._body[: self._filled]) + bytes(self.buf)
 
     def _read_head(self) -> bool:
-        """Parse the head; True if the request is ours to read on, False if answered, handed off or incomplete."""
+        """Parse the head; True if the request is ours to read on, False if answered, handed off or incomplete.
+
+        A head llhttp refuses is answered 400 (431 past 64 KiB, 501 for a transfer coding other than chunked) and
+        the connection closed.  A chunked body goes to the supervisor's aiohttp app, whose llhttp reads it: this
+        reader frames bodies by their length only (its in-place receive needs the size up front)."""
         try:
-            head = parse_head(self.buf)
-        except ParseError as exc:
-            self.refuse(InferError("invalid", f"request: {exc}"))
+            got = self._reader.read(self.buf)
+        except HeadError as exc:
+            self.refuse(InferError(HEAD_ERRORS.get(exc.status, "invalid"), f"request: {exc}"))
             return False
-        if head is None:
+        if got is None:
             return False
-        head_end, method, path, _version, headers = head
-        if "chunked" in headers.get("transfer-encoding", "").lower() or not self.plane.serves(method, path):
+        head_end, head = got
+        if head.chunked or not self.plane.serves(head.method, head.path):
             self.plane.hand_off(self)  # the supervisor's aiohttp app reads chunked bodies and every other route
             return False
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError:
-            self.refuse(InferError("invalid", "Content-Length: not an integer", "Content-Length"))
-            return False
         limit = self.plane.limits.max_body
-        if length < 0 or length > limit:
-            self.refuse(InferError("too_large", f"body: {length} bytes exceed the limit of {limit}", "body"))
+        if head.length > limit:
+            self.refuse(InferError("too_large", f"body: {head.length} bytes exceed the limit of {limit}", "body"))
             return False
-        self._head, self._needed = head, head_end + length
+        self._head, self._needed = got, head_end + head.length
         return True
 
     def refuse(self, exc: InferError) -> None:
@@ -398,6 +380,9 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is None or self.closed:
             return
         self.transport.write(error_response(exc, close=True))
+        if self._paused:  # read again, only to drop what follows
+            self._paused = 0
+            self.transport.resume_reading()
         self.closed = self.discarding = True
         self.buf.clear()
         if self.transport.can_write_eof():
@@ -603,6 +588,7 @@ class WorkerPlane:
         self.service = ServiceTime()
         self.lateness = Lateness()
         self.scratch = memoryview(bytearray(RECV_BYTES))  # every connection's small reads (one loop: one at a time)
+        self.read_pauses = 0  # connections paused for pipelining more than PIPELINE_BYTES behind a request
         self.connections: set[Connection] = set()
         self.queue: collections.deque[Query] = collections.deque()
         self.queued_items = 0
@@ -906,6 +892,11 @@ class WorkerPlane:
     def refused(self, code: str) -> None:
         """A request answered with an error before it was a query (unreadable, too large, too slow)."""
         self._record(("refused", code))
+
+    def paused_reading(self) -> None:
+        """A connection stopped reading: a client pipelines more than ``PIPELINE_BYTES`` behind a request."""
+        self.read_pauses += 1
+        self._record(("read_paused",))
 
     # ---- computing ---------------------------------------------------------------------------------
     def _next_group(self) -> list[Query]:

@@ -28,6 +28,7 @@ STATUS: dict[str, Status] = {
     "internal": Status(500, "INTERNAL"),
     "data_loss": Status(500, "DATA_LOSS"),  # a corrupt SSD table block: the server's data, not the request
     "unsupported": Status(501, "UNIMPLEMENTED"),
+    "head_too_large": Status(431, "RESOURCE_EXHAUSTED"),  # an HTTP/1.1 request head past 64 KiB
 }
 """Error code -> (HTTP status, gRPC status code name); an unknown code is answered as ``internal``."""
 

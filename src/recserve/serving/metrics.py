@@ -128,6 +128,7 @@ class ModelMetrics:
     accel_pass_s: float = 0.0  # time in passes (host->device copy, model, scores back), the accelerator's busy time
     cache_lookups: int = 0  # rows looked up through accelerator workers' device row caches (device_table_mb)
     cache_hits: int = 0  # of those, rows found on the device
+    read_pauses: int = 0  # HTTP/1.1 connections whose reading paused: a client pipelined too far ahead
 
     def routed(self, kind: str, items: int) -> None:
         self.routed_queries[kind] = self.routed_queries.get(kind, 0) + 1
@@ -280,6 +281,11 @@ def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]
     for name, (m, _, _) in models.items():
         if m.cache_lookups:
             lines.append(f'recserve_device_cache_hits_total{{model="{name}"}} {m.cache_hits}')
+    family("recserve_http_read_pauses_total", "counter",
+           "HTTP/1.1 connections that stopped being read while over 64 KiB waited behind the request in flight "
+           "(a pipelining client held back by TCP).")
+    for name, (m, _, _) in models.items():
+        lines.append(f'recserve_http_read_pauses_total{{model="{name}"}} {m.read_pauses}')
     family("recserve_worker_restarts_total", "counter", "Workers that died and were replaced.")
     for name, (m, _, _) in models.items():
         lines.append(f'recserve_worker_restarts_total{{model="{name}"}} {m.worker_restarts}')

@@ -544,6 +544,9 @@ class ModelRuntime:
             if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request
                 self.metrics.refused(rec[1])
                 continue
+            if rec[0] == "read_paused":  # an HTTP/1.1 connection held back for pipelining too far ahead
+                self.metrics.read_pauses += 1
+                continue
             self.metrics.arrived()
             if rec[0] == "done":
                 _, items, e2e_s, queue_s, compute_s, executions = rec

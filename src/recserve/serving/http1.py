@@ -1,0 +1,156 @@
+"""HTTP/1.1 request heads read by llhttp (httptools, the parser inside uvicorn and aiohttp), plus the checks it
+leaves to the server: Host, the HTTP version, transfer codings and a head size limit.
+
+Why: a hand-written reader accepted framing that RFC 9112 says to reject (duplicate Content-Length, obs-fold,
+whitespace before the colon, ``+N`` lengths...), shapes a proxy parsing differently turns into request smuggling.
+
+Only heads go through the parser: bodies are framed by the caller from ``Head.length`` (so it can receive them in
+place).  A head whose exact bytes were accepted before is not parsed again (a client repeats its head call after
+call; parsing it cost several µs of a batch-1 query).  Knows nothing of what is served.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import httptools
+
+MAX_HEAD_BYTES = 64 * 1024  # the request line and headers together, whether they arrive in pieces or at once
+HEADS = 64  # heads remembered parsed; more distinct ones start the store over
+HEAD_KEY_BYTES = 2048  # a longer head is parsed every time
+TERMINATOR = b"\r\n\r\n"
+
+
+class HeadError(Exception):
+    """A head the server must refuse and then close the connection: ``status`` is 400, 431 or 501."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Head(NamedTuple):
+    """A parsed request head.  ``headers``: lowercased names, values stripped, repeated fields joined with ", "
+    (shared between requests with the same head: read it, never change it).  ``length``: the body's bytes, or -1
+    for a chunked body."""
+
+    method: str
+    path: str
+    version: str  # "HTTP/1.0" or "HTTP/1.1"
+    headers: dict[str, str]
+    length: int
+
+    @property
+    def chunked(self) -> bool:
+        return self.length < 0
+
+
+_heads: dict[bytes, Head] = {}
+
+
+class HeadReader:
+    """Reads one request head at a time from a connection's buffer, feeding llhttp each byte once as it arrives
+    (a broken head is refused before its end arrives).  Ready for the next head once one is returned."""
+
+    __slots__ = ("_parser", "_fed", "_url", "_fields", "_done", "_error")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._parser: httptools.HttpRequestParser | None = None
+        self._fed = 0  # bytes of the buffer the parser has seen
+        self._url = b""
+        self._fields: list[tuple[bytes, bytes]] = []
+        self._done: Head | None = None
+        self._error: HeadError | None = None
+
+    def read(self, buf: bytes | bytearray) -> tuple[int, Head] | None:
+        """``(head_end, head)`` once ``buf`` (the bytes of the connection from this request's first byte on)
+        holds a whole head; None while it does not.  Raises ``HeadError``."""
+        end = buf.find(TERMINATOR, max(0, self._fed - 3), MAX_HEAD_BYTES + 4)
+        if end < 0:
+            if len(buf) >= MAX_HEAD_BYTES + 4:
+                raise HeadError(431, f"request head longer than {MAX_HEAD_BYTES} bytes")
+            self._feed(buf, len(buf))
+            if self._done is not None:  # llhttp saw a whole head where there is no blank line yet
+                raise HeadError(400, "malformed request head")
+            return None
+        end += 4
+        if end > MAX_HEAD_BYTES:
+            raise HeadError(431, f"request head longer than {MAX_HEAD_BYTES} bytes")
+        raw = bytes(buf[:end])
+        head = _heads.get(raw)
+        if head is None:
+            self._feed(buf, end)
+            head = self._done
+            if head is None:
+                raise HeadError(400, "malformed request head")
+            if end <= HEAD_KEY_BYTES:
+                if len(_heads) >= HEADS:
+                    _heads.clear()
+                _heads[raw] = head
+        if self._parser is not None:
+            self.reset()
+        return end, head
+
+    def _feed(self, buf: bytes | bytearray, upto: int) -> None:
+        if upto <= self._fed:
+            return
+        if self._parser is None:
+            self._parser = httptools.HttpRequestParser(self)
+        data = bytes(buf[self._fed : upto])
+        self._fed = upto
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # Upgrade or CONNECT: the head is whole; nothing is upgraded here
+            pass
+        except httptools.HttpParserError as exc:
+            if self._error is not None:
+                raise self._error from None
+            raise HeadError(400, f"malformed request head: {exc}") from None
+
+    # ---- llhttp's callbacks ----------------------------------------------------------------------------
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        try:
+            self._done = self._checked()
+        except HeadError as exc:
+            self._error = exc
+            raise
+
+    def _checked(self) -> Head:
+        """The head from what llhttp read, with the checks llhttp does not make."""
+        parser = self._parser
+        version = "HTTP/" + parser.get_http_version()  # type: ignore[union-attr]
+        if version not in ("HTTP/1.1", "HTTP/1.0"):
+            raise HeadError(400, f"unsupported HTTP version {version!r}")
+        headers: dict[str, str] = {}
+        hosts = 0
+        for raw_name, raw_value in self._fields:
+            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1").strip(" \t")
+            hosts += name == "host"
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if hosts > 1 or (hosts == 0 and version == "HTTP/1.1"):
+            raise HeadError(400, "an HTTP/1.1 request needs exactly one Host header" if hosts == 0
+                            else "more than one Host header")
+        length = int(headers.get("content-length", "0"))  # llhttp let through digits only, and one such header
+        coding = headers.get("transfer-encoding")
+        if coding is not None:
+            if version == "HTTP/1.0":
+                raise HeadError(400, "Transfer-Encoding in an HTTP/1.0 request")
+            if coding.lower() != "chunked":
+                raise HeadError(501, f"Transfer-Encoding {coding[:40]!r} is not implemented (only chunked)")
+            length = -1
+        method = parser.get_method().decode("ascii")  # type: ignore[union-attr]
+        return Head(method, self._url.decode("latin-1"), version, headers, length)
+
+
+def read_head(buf: bytes | bytearray) -> tuple[int, Head] | None:
+    """``HeadReader().read(buf)``: a head read from bytes at once (tests, and callers without a connection)."""
+    return HeadReader().read(buf)
