@@ -204,7 +204,7 @@ def port():
     from recserve.serving import NodeServer, config_from_dict
 
     config = config_from_dict({"models": [{"name": "b", "model": "hera-ncf", "scale": 1e-4, "workers": 1,
-                                           "max_batch_size": 128, "deadline_ms": 30_000}]})
+                                           "max_batch_size": 128, "deadline_ms": 60_000, "hang_timeout_s": 120}]})
     with NodeServer(config) as server:
         yield server.ports.http
 
@@ -230,6 +230,7 @@ def infer_request(port: int) -> bytes:
     return encode_post("x", "/v2/models/b/infer", body, {"Inference-Header-Content-Length": str(header_length)})
 
 
+@pytest.mark.integration  # starts a node or a worker plane
 @pytest.mark.parametrize("name", sorted(FRAMING))
 def test_a_worker_answers_each_framing_case_once_and_closes(port, name):
     message, status = FRAMING[name]
@@ -240,6 +241,7 @@ def test_a_worker_answers_each_framing_case_once_and_closes(port, name):
     assert b"Connection: close" in head and len(reply) == len(head) + 4 + length  # nothing smuggled was answered
 
 
+@pytest.mark.integration  # starts a node or a worker plane
 def test_a_worker_answers_pipelined_queries_in_order_while_it_bounds_their_reading(port):
     request = infer_request(port)
     n = max(64, (2 << 20) // len(request))  # ~2 MB of queries in one go: reading pauses and resumes many times
@@ -266,6 +268,7 @@ def metrics(port: int) -> str:
         time.sleep(0.05)
 
 
+@pytest.mark.integration  # starts a node or a worker plane
 def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
     """A client pipelines 8 MB of queries to a worker plane: what the connection buffers stays within
     PIPELINE_BYTES past the request in flight plus one read, and every query is answered."""
