@@ -15,8 +15,13 @@ PACKAGES=(hpack httptools orjson tritonclient python-rapidjson geventhttpclient 
           brotli certifi grpcio protobuf fastapi starlette pydantic pydantic-core annotated-types typing-inspection
           annotated-doc uvicorn h11 perf-analyzer)
 
-version_here() {  # this venv's version of $1, or nothing
-  { "$PY" -m pip show "$1" 2>/dev/null || true; } | sed -n 's/^Version: //p'
+# versions taken where this venv has none: FastAPI from 0.12x imports opentelemetry, which the device lacks
+declare -A FALLBACK=([fastapi]=0.115.12 [starlette]=0.46.2)
+
+version_here() {  # this venv's version of $1, else its fallback, or nothing
+  local v
+  v=$({ "$PY" -m pip show "$1" 2>/dev/null || true; } | sed -n 's/^Version: //p')
+  echo "${v:-${FALLBACK[$1]:-}}"
 }
 
 # pip matches a manylinux tag's glibc version exactly: name every one up to the device's glibc 2.39
