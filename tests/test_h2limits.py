@@ -58,6 +58,15 @@ class _Transport:
     def get_extra_info(self, name: str) -> None:
         return None
 
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closed
+
     def goaway_codes(self) -> list[tuple[int, bytes]]:
         out, data = [], self.data
         while len(data) >= 9:
@@ -77,6 +86,18 @@ def _open(limits: FloodLimits | None = None) -> tuple[GrpcConnection, _Transport
     conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
     transport.data = b""
     return conn, transport, abused
+
+
+def _feed(conn: GrpcConnection, data: bytes) -> None:
+    """``data`` as one read, on a loop run until the frames it leaves for later turns are handled too."""
+    import asyncio
+
+    async def read() -> None:
+        conn.data_received(data)
+        for _ in range(200):
+            await asyncio.sleep(0)
+
+    asyncio.run(read())
 
 
 def _headers(stream: int, flags: int) -> bytes:
@@ -107,7 +128,7 @@ def _flood(name: str, count: int) -> bytes:
 @pytest.mark.parametrize("name", sorted(FLOODS))
 def test_a_flood_past_its_budget_gets_goaway_enhance_your_calm_and_is_counted(name):
     conn, transport, abused = _open()
-    conn.data_received(_flood(name, 2000))
+    _feed(conn, _flood(name, 2000))
     assert transport.goaway_codes() == [(ENHANCE_YOUR_CALM, FLOODS[name][2].encode())]
     assert transport.closed and abused == [FLOODS[name][2]]
 
@@ -116,7 +137,7 @@ def test_a_flood_past_its_budget_gets_goaway_enhance_your_calm_and_is_counted(na
 def test_what_a_well_behaved_client_sends_stays_within_every_budget(name):
     conn, transport, abused = _open()
     count = {"continuation": 8, "empty data": 16, "settings": 99}.get(name, 100)  # SETTINGS: the first was sent
-    conn.data_received(_flood(name, count))
+    _feed(conn, _flood(name, count))
     assert transport.goaway_codes() == [] and not transport.closed and abused == []
 
 
@@ -282,3 +303,42 @@ def test_a_connection_silent_before_its_preface_is_closed_and_an_idle_one_gets_g
         received = b""
         while b"\x07\x00\x00\x00\x00\x00" not in received:  # a GOAWAY frame header (type 7, flags 0, stream 0)
             received += idle.recv(1 << 16)
+
+
+def test_a_read_of_many_frames_is_handled_a_slice_per_turn_of_the_loop_with_reading_paused():
+    """Frames past ``FRAMES_PER_TURN`` in one read wait for the next turn (other connections run between), with
+    the connection's reading paused meanwhile; none is lost and order is kept."""
+    import asyncio
+
+    from recserve.serving.h2grpc import FRAMES_PER_TURN
+
+    class Transport(_Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.paused, self.pauses = False, 0
+
+        def pause_reading(self) -> None:
+            self.paused, self.pauses = True, self.pauses + 1
+
+        def resume_reading(self) -> None:
+            self.paused = False
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+    async def run() -> tuple[Transport, list[bool]]:
+        echo = Method(unary=lambda call, raw: call.reply(b"ok"))
+        conn, transport = GrpcConnection(lambda path: echo, 1 << 20), Transport()
+        conn.connection_made(transport)
+        updates = _frame(8, 0, 0, (1).to_bytes(4, "big")) * (3 * FRAMES_PER_TURN)  # WINDOW_UPDATE: no budget
+        call = _headers(1, END_HEADERS) + _frame(DATA, END_STREAM, 1, b"\x00\x00\x00\x00\x02hi")
+        transport.data = b""
+        conn.data_received(PREFACE + _frame(SETTINGS, 0, 0) + updates + call)
+        seen = [transport.paused and b"ok" not in transport.data]
+        for _ in range(10):
+            await asyncio.sleep(0)
+        seen.append(not transport.paused and b"\x00\x00\x00\x00\x02ok" in transport.data)
+        return transport, seen
+
+    transport, seen = asyncio.run(run())
+    assert seen == [True, True] and transport.pauses == 1

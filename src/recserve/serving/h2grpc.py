@@ -64,6 +64,7 @@ HELD_CONNECTION = 16 << 20  # request bytes of incomplete messages a connection 
 HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four largest messages)
 MAX_CONNECTIONS = 1024  # per server (a worker): past it a new connection gets GOAWAY and is closed
 PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by then is closed
+FRAMES_PER_TURN = 256  # frames handled per read before the loop runs other work: the rest waits, reading paused
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
@@ -74,6 +75,7 @@ LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most 
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
 Metadata = tuple[tuple[str, "str | bytes"], ...]
+PAUSED_WRITES, PAUSED_BACKLOG = 1, 2
 # the PINGs of a graceful close: the first goes with the first GOAWAY; its acknowledgement sends the second, and
 # the second's allows the final GOAWAY (``close_gracefully`` says why two)
 GOAWAY_PING, GOAWAY_PING_AGAIN = b"goaway\x00\x01", b"goaway\x00\x02"
@@ -295,6 +297,8 @@ class GrpcConnection(asyncio.Protocol):
         self._reading = False
         self._ready: list[tuple[_Stream, Any]] = []  # unary calls completed in this read, started at its end
         self.last_read = time.monotonic()  # when the connection last read anything (``GrpcServer``'s timeouts)
+        self._paused = 0  # why reading is paused: PAUSED_WRITES (answers not taken), PAUSED_BACKLOG (frames left)
+        self._backlog = False  # this read left complete frames for the next turn of the loop
 
     # ---- connection ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -316,11 +320,19 @@ class GrpcConnection(asyncio.Protocol):
         """Answers wait in our write buffer past ``WRITE_HIGH``: the client is not reading them.  Read none of its
         requests until it does (TCP then stops its sending), so that a client cannot make a worker hold answers
         without bound (the flow-control windows are opened wide and bound nothing)."""
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._pause(PAUSED_WRITES)
 
     def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        self._resume(PAUSED_WRITES)
+
+    def _pause(self, reason: int) -> None:
+        if self.transport is not None and not self._paused:
+            self.transport.pause_reading()
+        self._paused |= reason
+
+    def _resume(self, reason: int) -> None:
+        was, self._paused = self._paused, self._paused & ~reason
+        if was and not self._paused and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
     def eof_received(self) -> bool:
@@ -417,6 +429,20 @@ class GrpcConnection(asyncio.Protocol):
         if self._ready:
             self._start_ready()
         self._flush()
+        if self._backlog and self.transport is not None:
+            self._pause(PAUSED_BACKLOG)
+            asyncio.get_running_loop().call_soon(self._read_backlog)
+
+    def _read_backlog(self) -> None:
+        """The frames a read left (``FRAMES_PER_TURN``), handled on a later turn of the loop, then reading again."""
+        self._backlog = False
+        if self.transport is None:
+            return
+        data = bytes(self._buf)
+        self._buf.clear()
+        self.data_received(data)
+        if not self._backlog:
+            self._resume(PAUSED_BACKLOG)
 
     def _start_ready(self) -> None:
         """Start the unary calls this read completed, but those it also reset: a client that resets each call
@@ -444,7 +470,12 @@ class GrpcConnection(asyncio.Protocol):
         than this read is handed on in parts as it arrives (``_partial``) instead of being buffered."""
         size = len(view)
         unpack = _HEAD.unpack_from
+        handled = 0
         while size - pos >= 9:
+            if handled == FRAMES_PER_TURN:
+                self._backlog = True
+                break
+            handled += 1
             word, flags, stream = unpack(view, pos)
             length, kind, stream = word >> 8, word & 0xFF, stream & 0x7FFFFFFF
             if length > RECEIVE_FRAME:
