@@ -342,3 +342,14 @@ def test_a_read_of_many_frames_is_handled_a_slice_per_turn_of_the_loop_with_read
 
     transport, seen = asyncio.run(run())
     assert seen == [True, True] and transport.pauses == 1
+
+
+def test_a_server_wide_reset_budget_is_not_renewed_by_reconnecting():
+    from recserve.serving.h2limits import Bucket
+
+    clock = Clock()
+    shared = Bucket(Rate(5, 1), clock())
+    limits = FloodLimits(resets=Rate(3, 1))
+    first, second = FloodGuard(limits, clock, shared), FloodGuard(limits, clock, shared)
+    assert [first.reset() for _ in range(4)] == [None, None, None, "too_many_resets"]  # its own budget
+    assert [second.reset() for _ in range(3)] == [None, None, "too_many_resets"]  # the server's: 5 in all

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from recserve.serving.h2limits import ByteBudget, FloodGuard, FloodLimits
+from recserve.serving.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits
 
 log = logging.getLogger(__name__)
 
@@ -265,10 +265,11 @@ class GrpcConnection(asyncio.Protocol):
 
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
                  on_close: Callable[[GrpcConnection], None] | None = None, limits: FloodLimits | None = None,
-                 on_abuse: Callable[[str], None] | None = None, held: ByteBudget | None = None) -> None:
+                 on_abuse: Callable[[str], None] | None = None, held: ByteBudget | None = None,
+                 server_resets: Bucket | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
-        self._guard = FloodGuard(limits or FloodLimits())  # frames that carry no request, budgeted
+        self._guard = FloodGuard(limits or FloodLimits(), server_resets=server_resets)  # frames with no request
         # request bytes of incomplete messages: on this connection, and on every connection of the server
         self._request_bytes = ByteBudget(max(HELD_CONNECTION, 2 * max_message))
         self._request_bytes_shared = held
@@ -1042,6 +1043,7 @@ class GrpcServer:
         self.max_connections, self.idle_timeout_s, self.preface_timeout_s = \
             max_connections, idle_timeout_s, preface_timeout_s
         self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
+        self.resets = Bucket((limits or FloodLimits()).server_resets, time.monotonic())  # RST_STREAM, all of them
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
         self._sweep: asyncio.TimerHandle | None = None
@@ -1054,7 +1056,7 @@ class GrpcServer:
                 self.on_abuse("too_many_connections")
             return _Refused()
         conn = self.connection_type(self.methods, self.max_message, self.connections.discard, self.limits,
-                                    self.on_abuse, self.held)
+                                    self.on_abuse, self.held, self.resets)
         self.connections.add(conn)
         return conn
 

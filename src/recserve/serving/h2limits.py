@@ -26,11 +26,13 @@ class FloodLimits:
     pings: Rate = Rate(100, 10)  # PINGs needing an answer; grpc-core calls more "too_many_pings"
     settings: Rate = Rate(100, 10)  # SETTINGS needing an acknowledgement
     resets: Rate = Rate(1000, 33)  # RST_STREAM from the client: nghttp2's stream-reset rate limit
+    server_resets: Rate = Rate(2000, 200)  # the same over a server's (a worker's) connections: reconnecting
+    # after each GOAWAY does not buy a Rapid Reset client a fresh budget
     empty_data: int = 16  # DATA frames in a row with no payload and no END_STREAM (Envoy allows 1)
     continuations: int = 8  # CONTINUATION frames in one header block: nghttp2's default
 
 
-class _Bucket:
+class Bucket:
     __slots__ = ("burst", "per_s", "tokens", "at")
 
     def __init__(self, rate: Rate, now: float) -> None:
@@ -49,13 +51,16 @@ class FloodGuard:
     """One connection's budgets.  Each method returns None while the frame is within its budget, else the
     reason to send with GOAWAY ENHANCE_YOUR_CALM (also the name it is counted under)."""
 
-    __slots__ = ("limits", "clock", "_pings", "_settings", "_resets", "empty_in_a_row", "continuations")
+    __slots__ = ("limits", "clock", "_pings", "_settings", "_resets", "_server_resets", "empty_in_a_row",
+                 "continuations")
 
-    def __init__(self, limits: FloodLimits = FloodLimits(), clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limits: FloodLimits = FloodLimits(), clock: Callable[[], float] = time.monotonic,
+                 server_resets: Bucket | None = None) -> None:
         now = clock()
         self.limits, self.clock = limits, clock
-        self._pings, self._settings = _Bucket(limits.pings, now), _Bucket(limits.settings, now)
-        self._resets = _Bucket(limits.resets, now)
+        self._pings, self._settings = Bucket(limits.pings, now), Bucket(limits.settings, now)
+        self._resets = Bucket(limits.resets, now)
+        self._server_resets = server_resets  # shared by the server's connections (``GrpcServer``)
         self.empty_in_a_row = 0
         self.continuations = 0
 
@@ -66,7 +71,10 @@ class FloodGuard:
         return None if self._settings.take(self.clock()) else "too_many_settings"
 
     def reset(self) -> str | None:
-        return None if self._resets.take(self.clock()) else "too_many_resets"
+        now = self.clock()
+        if not self._resets.take(now) or (self._server_resets is not None and not self._server_resets.take(now)):
+            return "too_many_resets"
+        return None
 
     def empty_data(self) -> str | None:
         """A DATA frame with no payload and no END_STREAM; a frame with payload sets ``empty_in_a_row`` to 0."""
