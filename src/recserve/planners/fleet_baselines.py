@@ -239,7 +239,8 @@ def sequential(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
         if len(load) < 2 or server.accelerator or server.llc_ways < 2:
             continue
         peaks = {m.name: m.peak_qps for m in fleet.models}
-        targets = {mname: min(q, peaks[mname]) for mname, q in load.items()}
+        total = {mname: sum(c.qps.get(mname, 0.0) * n for c, n in zip(cols, x, strict=True)) for mname in load}
+        targets = {mname: peaks[mname] * q / total[mname] for mname, q in load.items()}  # h's share of the peak
         try:
             plan = plan_colocation(hera_profiles([m.spec for m in fleet.models if m.name in load], server, pm),
                                    server, targets, baselines=())
