@@ -23,10 +23,10 @@ import numpy as np
 
 from recserve.errors import RecserveError
 from recserve.perfmodel import PerfModel
-from recserve.planners.fleet import plan_fleet
+from recserve.planners.fleet import plan_fleet, solve
 from recserve.planners.fleet_baselines import BASELINES
-from recserve.planners.fleet_candidates import hercules_capacity, sdm_capacity
-from recserve.planners.fleet_spec import parse_fleet
+from recserve.planners.fleet_candidates import columns, hercules_capacity, sdm_capacity
+from recserve.planners.fleet_spec import FleetSpec, parse_fleet
 from recserve.specs import get_model, get_server
 
 MODELS = ("hercules-rmc1", "hercules-rmc2", "hercules-rmc3", "hercules-mtwnd", "kairos-rm2", "kairos-wnd",
@@ -68,6 +68,19 @@ def scenario(seed: int, pm: PerfModel) -> dict:
             "constraints": {"ssd": bool(rng.random() < 0.8)}}
 
 
+def shortfall_on(fleet: FleetSpec, counts: dict[str, int], pm: PerfModel) -> dict[str, float]:
+    """One yardstick for every plan: the share of each model's peak that the baseline's servers cannot carry at the
+    SLA under the fleet planner's capacity model (its columns, with exactly those servers owned and nothing to
+    rent).  Empty when every peak is carried: the baseline's servers hold the SLA under the same model."""
+    used = {h: n for h, n in counts.items() if n}
+    if not used:
+        return {m.name: 1.0 for m in fleet.models}
+    same = FleetSpec(fleet.models, used, {}, None, fleet.ssd, {h: fleet.servers[h] for h in used}, "yardstick")
+    cols, _ = columns(same, pm)
+    short = solve(same, cols)[2]
+    return {m.name: round(float(s), 4) for m, s in zip(fleet.models, short, strict=True) if s > 1e-6}
+
+
 def money(cost: float | None) -> str:
     return "-" if cost is None else f"{cost:.2f}"
 
@@ -101,9 +114,14 @@ def main() -> int:
             continue
         plan_s = time.perf_counter() - start
         base = {name: BASELINES[name](fleet, pm) for name in BASELINES}
+        for b in base.values():
+            if b["feasible"]:
+                b["short_under_common_model"] = shortfall_on(fleet, b["counts"], pm)
         singles = {n: base[n]["cost_per_hr"] for n in SINGLE if base[n]["feasible"]}
         best_name = min(singles, key=singles.get) if singles else None
         best = singles[best_name] if best_name else None
+        held = {n: c for n, c in singles.items() if not base[n]["short_under_common_model"]}
+        held_best = min(held.values()) if held else None
         fleet_cost = plan.cost_per_hr if plan.feasible else None
         row = {"seed": seed, "spec": data, "fleet_cost": fleet_cost, "fleet_feasible": plan.feasible,
                "fleet_within_budget": plan.within_budget, "plan_s": plan_s,
@@ -111,6 +129,8 @@ def main() -> int:
                                 f"{' (ssd)' if 'ssd' in g.tier.values() else ''}" for g in plan.groups],
                "baselines": base, "best_single": best_name, "best_single_cost": best,
                "saving_vs_best_single": saving(fleet_cost, best) if fleet_cost is not None else None,
+               "best_single_at_sla_cost": held_best,
+               "saving_vs_best_single_at_sla": saving(fleet_cost, held_best) if fleet_cost is not None else None,
                "saving_vs_sequential": saving(fleet_cost, base["sequential"]["cost_per_hr"])
                if fleet_cost is not None else None}
         rows.append(row)
@@ -122,13 +142,16 @@ def main() -> int:
     done = [r for r in rows if "error" not in r and r["fleet_feasible"]]
     comparable = [r for r in done if r["saving_vs_best_single"] is not None]
     savings = [r["saving_vs_best_single"] for r in comparable]
+    at_sla = [r["saving_vs_best_single_at_sla"] for r in done if r["saving_vs_best_single_at_sla"] is not None]
     seq = [r["saving_vs_sequential"] for r in done if r["saving_vs_sequential"] is not None]
     not_cheaper = []
     for r in done:
         for n, b in r["baselines"].items():
             if b["feasible"] and b["cost_per_hr"] <= r["fleet_cost"] + 1e-9:
+                short = b.get("short_under_common_model") or {}
                 not_cheaper.append({"seed": r["seed"], "baseline": n, "baseline_cost": b["cost_per_hr"],
-                                    "fleet_cost": r["fleet_cost"], "why": b["note"]})
+                                    "fleet_cost": r["fleet_cost"], "why": b["note"],
+                                    "short_under_common_model": short})
     summary = {
         "scenarios": len(rows), "seeds": [args.seed0, args.seed0 + args.scenarios - 1],
         "fleet_feasible": len(done), "with_a_feasible_single_planner": len(comparable),
@@ -138,6 +161,11 @@ def main() -> int:
         "strictly_cheaper_than_best_single": sum(1 for s in savings if s > 1e-9),
         "tied_with_best_single": sum(1 for s in savings if abs(s) <= 1e-9),
         "costlier_than_best_single": sum(1 for s in savings if s < -1e-9),
+        "median_saving_vs_best_single_at_sla": float(np.median(at_sla)) if at_sla else None,
+        "costlier_than_best_single_at_sla": sum(1 for s in at_sla if s < -1e-9),
+        "baselines_short_under_common_model": {n: sum(1 for r in done if r["baselines"][n]["feasible"]
+                                                      and r["baselines"][n]["short_under_common_model"])
+                                               for n in BASELINES},
         "median_saving_vs_sequential": float(np.median(seq)) if seq else None,
         "cheaper_than_sequential": sum(1 for s in seq if s > 1e-9),
         "tied_with_sequential": sum(1 for s in seq if abs(s) <= 1e-9),
@@ -152,8 +180,9 @@ def main() -> int:
         print("\nwhere a baseline costs no more than the fleet plan:")
         for x in not_cheaper:
             print(f"  seed {x['seed']}: {x['baseline']} ${x['baseline_cost']:.3f}/hr vs fleet "
-                  f"${x['fleet_cost']:.3f}/hr "
-                  f"({x['why']})")
+                  f"${x['fleet_cost']:.3f}/hr ({x['why']})"
+                  + (f"; its servers fall short under the fleet's capacity model: {x['short_under_common_model']}"
+                     if x["short_under_common_model"] else ""))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"summary": summary, "not_cheaper": not_cheaper, "scenarios": rows}, indent=1,
