@@ -47,6 +47,7 @@ class FleetGroup:
     tier: dict[str, str]
     config: str
     why: str
+    alloc: dict[str, dict[str, Any]] = field(default_factory=dict)   # model -> node-config fields per unit
 
 
 @register_plan
@@ -156,7 +157,8 @@ def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str]
 def _assemble(fleet: FleetSpec, cols: list[Column], x: np.ndarray, rented: np.ndarray, short: np.ndarray,
               info: dict, rejected: list[str]) -> FleetPlan:
     types = list(fleet.servers)
-    groups = [FleetGroup(c.kind, c.server, int(n), int(n * c.servers), dict(c.qps), dict(c.tier), c.config, c.why)
+    groups = [FleetGroup(c.kind, c.server, int(n), int(n * c.servers), dict(c.qps), dict(c.tier), c.config, c.why,
+                         dict(c.alloc))
               for c, n in zip(cols, x, strict=True) if n > 0]
     groups.sort(key=lambda g: (g.server, g.kind, list(g.qps)))
     used = {t: sum(g.servers for g in groups if g.server == t) for t in types}

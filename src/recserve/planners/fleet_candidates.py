@@ -47,7 +47,7 @@ class Column:
     config: str = ""
     why: str = ""
     block: bool = False          # at most one (the shard block serves the whole peak)
-    details: dict[str, Any] = field(default_factory=dict)
+    alloc: dict[str, dict[str, Any]] = field(default_factory=dict)  # model -> workers, threads, batch, mode
 
     @property
     def label(self) -> str:
@@ -71,6 +71,11 @@ def query_batch(perfmodel: Any = None) -> int:
 
 def hercules_capacity(spec: ModelSpec, server: ServerType, perfmodel: Any) -> tuple[float, str, str]:
     """(max QPS at the SLA, configuration label, reason when 0) of Hercules' search on the perfmodel."""
+    return hercules_search(spec, server, perfmodel)[:3]
+
+
+def hercules_search(spec: ModelSpec, server: ServerType, perfmodel: Any) -> tuple[float, str, str, dict[str, Any]]:
+    """:func:`hercules_capacity` and the configuration as node-config fields (workers, threads, batch, mode)."""
     key = _key("hercules", spec, server)
     if key not in _CACHE:
         from recserve.perfmodel import SizeMix
@@ -81,9 +86,12 @@ def hercules_capacity(spec: ModelSpec, server: ServerType, perfmodel: Any) -> tu
         res = search(server, evaluate, spec=spec)
         if res.best is None:
             reason = evaluate.detail(SchedConfig("model", 1, 1, 32)).reason or "SLA missed at every configuration"
-            _CACHE[key] = (0.0, "", reason)
+            _CACHE[key] = (0.0, "", reason, {})
         else:
-            _CACHE[key] = (res.best_qps, res.best.label(), "")
+            b = res.best
+            alloc = {"workers": b.threads, "threads": b.cores_per_thread, "batch": b.batch, "mode": b.mode,
+                     "sparse_workers": b.sparse_threads}
+            _CACHE[key] = (res.best_qps, b.label(), "", alloc)
     return _CACHE[key]
 
 
@@ -138,9 +146,10 @@ def hera_profiles(specs: list[ModelSpec], server: ServerType, perfmodel: Any) ->
 def single_columns(fm: FleetModel, server: ServerType, fleet: FleetSpec, perfmodel: Any,
                    rejected: list[str]) -> list[Column]:
     out = []
-    qps, label, reason = hercules_capacity(fm.spec, server, perfmodel)
+    qps, label, reason, alloc = hercules_search(fm.spec, server, perfmodel)
     if qps > 0:
         out.append(Column("single", server.name, {fm.name: qps}, tier={fm.name: "dram"}, config=label,
+                          alloc={fm.name: alloc},
                           why=f"Hercules search: {label} -> {qps:,.1f} QPS within {fm.sla.target_ms:g} ms "
                               f"p{fm.sla.percentile:g}"))
     else:
@@ -150,6 +159,8 @@ def single_columns(fm: FleetModel, server: ServerType, fleet: FleetSpec, perfmod
         if sq > max(qps, 0) * 1.0001:
             out.append(Column("single", server.name, {fm.name: sq}, tier={fm.name: "ssd"},
                               config=f"SDM: user tables on SSD, {server.cores} workers",
+                              alloc={fm.name: {"workers": server.cores, "threads": 1, "batch": None,
+                                               "mode": "model"}},
                               why=f"SDM tiering: {sq:,.1f} QPS ({why}) vs {qps:,.1f} all in DRAM"
                                   + (f" ({reason})" if reason else "")))
         elif sq <= 0:
@@ -184,6 +195,8 @@ def pair_columns(models: list[FleetModel], server: ServerType, perfmodel: Any, r
             out.append(Column("pair", server.name, {a: pa.qps, b: pb.qps}, tier={a: "dram", b: "dram"},
                               config=f"{a}: {pa.workers} workers, {pa.ways} ways; {b}: {pb.workers} workers, "
                                      f"{pb.ways} ways",
+                              alloc={a: {"workers": pa.workers, "threads": 1, "ways": pa.ways, "mode": "model"},
+                                     b: {"workers": pb.workers, "threads": 1, "ways": pb.ways, "mode": "model"}},
                               why=f"Hera pair (EMU {100 * plan.emu:.0f}%): {pa.qps:,.1f} + {pb.qps:,.1f} QPS on one "
                                   "server"))
     return out
