@@ -3,9 +3,9 @@ single-paper planner that owns that decision (none of their rules is copied here
 
 - ``single``: one model alone on a server, in the node configuration Hercules' search finds
   (:func:`recserve.planners.hercules.search.search` over the perfmodel's ``config -> max load``).
-- ``single`` with ``tier: ssd``: the model's SM tables on the server's SSD behind the row cache, at the
-  rate SDM's host model gives (:func:`recserve.planners.sdm.sdm_host_qps`): a model too large for the
-  type's DRAM becomes placeable, or a smaller-memory type becomes usable.
+- ``single`` with ``tier: ssd`` (where the whole model has no DRAM column on the type): the model's SM tables on
+  the server's SSD behind the row cache, at the rate SDM's host model gives
+  (:func:`recserve.planners.sdm.sdm_host_qps`): a model too large for the type's DRAM becomes placeable there.
 - ``pair``: two models sharing a CPU server, the cores and LLC ways split by Hera's node allocation
   (:func:`recserve.planners.hera.pair_allocation` on the models' Profile tables for that type).
 - ``shards`` (where the whole model has no DRAM column on the type: it does not fit, or misses the SLA whole, so
@@ -154,9 +154,11 @@ def single_columns(fm: FleetModel, server: ServerType, fleet: FleetSpec, perfmod
                               f"p{fm.sla.percentile:g}"))
     else:
         rejected.append(f"{fm.name} on {server.name} in DRAM: {reason}")
-    if fleet.ssd and server.ssd is not None:
+    if fleet.ssd and server.ssd is not None and qps <= 0:
+        # only where the whole model has no DRAM column: SDM's host rate is for queries of one size (the mix's
+        # mean), Hercules' for the size mix; where both exist the SDM rate is the higher only for that reason
         sq, why = sdm_capacity(fm.spec, server, perfmodel)
-        if sq > max(qps, 0) * 1.0001:
+        if sq > 0:
             out.append(Column("single", server.name, {fm.name: sq}, tier={fm.name: "ssd"},
                               config=f"SDM: user tables on SSD, {server.cores} workers",
                               alloc={fm.name: {"workers": server.cores, "threads": 1, "batch": None,
