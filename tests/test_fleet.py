@@ -138,3 +138,16 @@ def test_cli_spec_error_is_one_line_exit_2(tmp_path, capsys):
     assert main(["plan", "fleet", "--spec", str(spec)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"recserve: error: {spec}: models.hercules-rmc1.peak_qps: must be a number > 0, got 0"]
+
+
+def test_a_trace_is_planned_at_its_peak_and_provisioned_per_step():
+    trace = [600.0, 2500.0, 1500.0, 300.0]
+    plan = plan_fleet(parse_fleet(_spec(models={"hercules-rmc1": {"trace": trace}})), pairs=False)
+    assert plan.feasible and plan.models["hercules-rmc1"]["capacity_qps"] >= max(trace)
+    assert [s["step"] for s in plan.steps] == [0, 1, 2, 3]
+    assert all(not s["short"] for s in plan.steps)
+    assert max(s["cost_per_hr"] for s in plan.steps) <= plan.cost_per_hr + 1e-9
+    assert plan.steps[3]["servers"] <= plan.steps[1]["servers"]
+    assert plan.summary["avg_cost_per_hr_over_trace"] <= plan.cost_per_hr + 1e-9
+    again = Plan.from_dict(plan.to_dict())
+    assert again.steps == plan.steps

@@ -60,11 +60,13 @@ class FleetPlan(Plan):
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
     feasible: bool = True
     within_budget: bool = True
+    steps: list[dict[str, Any]] = field(default_factory=list)   # per trace step: servers kept, rented, $/hr
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any]) -> Plan:
         groups = [FleetGroup(**g) for g in fields.pop("groups", [])]
-        own = {"planner", "inputs", "summary", "baselines", "notes", "types", "models", "feasible", "within_budget"}
+        own = {"planner", "inputs", "summary", "baselines", "notes", "types", "models", "feasible", "within_budget",
+               "steps"}
         return cls(groups=groups, **{k: v for k, v in fields.items() if k in own})
 
     @property
@@ -87,6 +89,11 @@ class FleetPlan(Plan):
         out.append(f"cost ${s['cost_per_hr']:.3f}/hr" + (f" of a ${budget:g}/hr budget" if budget is not None else "")
                    + f"; {s['servers']} servers ({s['owned_used']} owned, {s['rented']} rented), "
                    f"{s['power_w']:,.0f} W provisioned")
+        if self.steps:
+            out.append(f"over the traces ({len(self.steps)} steps), keeping only the servers each step needs: "
+                       f"{s['avg_servers_over_trace']:.1f} servers and ${s['avg_cost_per_hr_over_trace']:.3f}/hr on "
+                       f"average (min {min(x['servers'] for x in self.steps)}, max "
+                       f"{max(x['servers'] for x in self.steps)} servers)")
         if not self.feasible:
             out.append("CANNOT serve every peak with these servers: see the attainment column")
         elif not self.within_budget:
@@ -96,14 +103,17 @@ class FleetPlan(Plan):
         return "\n\n".join(out) + ("\n\n" + extra if extra else "")
 
 
-def solve(fleet: FleetSpec, cols: list[Column], time_limit_s: float = TIME_LIMIT_S) -> tuple[np.ndarray, np.ndarray,
-                                                                                            np.ndarray, dict]:
-    """(units per column, rented per type, shortfall per model, solver info) of the min-cost cover."""
+def solve(fleet: FleetSpec, cols: list[Column], time_limit_s: float = TIME_LIMIT_S,
+          demand: np.ndarray | None = None, most: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray,
+                                                                                 np.ndarray, dict]:
+    """(units per column, rented per type, shortfall per model, solver info) of the min-cost cover of ``demand``
+    (default: every model's peak), with at most ``most[k]`` units of column k if given."""
     models = [m.name for m in fleet.models]
     types = list(fleet.servers)
     K, M, H = len(cols), len(models), len(types)
     n = K + H + M
-    peak = np.array([m.peak_qps for m in fleet.models])
+    peak = np.array([m.peak_qps for m in fleet.models]) if demand is None else np.asarray(demand, dtype=float)
+    peak = np.maximum(peak, 1e-9)
     power = np.array([fleet.servers[c.server].power_w or 0.0 for c in cols]) * np.array([c.servers for c in cols])
     price = np.array([fleet.price(t) for t in types])
     big = 1e3 * (1.0 + float((price * np.array([fleet.available(t) for t in types])).sum()))
@@ -119,8 +129,10 @@ def solve(fleet: FleetSpec, cols: list[Column], time_limit_s: float = TIME_LIMIT
     use[:, K:K + H] = -np.eye(H)
     owned = np.array([fleet.owned.get(t, 0) for t in types], dtype=float)
     rent_max = np.array([fleet.rentable[t].max if t in fleet.rentable else 0 for t in types], dtype=float)
-    upper = np.concatenate([[1.0 if col.block else fleet.available(col.server) // col.servers for col in cols],
-                            rent_max, np.ones(M)])
+    upper = np.array([1.0 if col.block else fleet.available(col.server) // col.servers for col in cols], dtype=float)
+    if most is not None:
+        upper = np.minimum(upper, most)
+    upper = np.concatenate([upper, rent_max, np.ones(M)])
     integrality = np.concatenate([np.ones(K + H), np.zeros(M)])
     res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(n), upper),
                constraints=[LinearConstraint(cover, np.ones(M), np.inf), LinearConstraint(use, -np.inf, owned)],
@@ -144,6 +156,10 @@ def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str]
         progress(f"solving the fleet ILP over {len(cols)} candidate columns (HiGHS)")
     x, rented, short, info = solve(fleet, cols)
     plan = _assemble(fleet, cols, x, rented, short, info, rejected)
+    if any(m.trace for m in fleet.models) and plan.feasible:
+        plan.steps = hourly_steps(fleet, cols, x)
+        plan.summary["avg_cost_per_hr_over_trace"] = float(np.mean([s["cost_per_hr"] for s in plan.steps]))
+        plan.summary["avg_servers_over_trace"] = float(np.mean([s["servers"] for s in plan.steps]))
     if baselines:
         from recserve.planners.fleet_baselines import run_baselines
 
@@ -152,6 +168,23 @@ def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str]
         if best is not None and plan.feasible:
             plan.summary["saving_vs_best_single"] = 1 - plan.cost_per_hr / best if best > 0 else 0.0
     return plan
+
+
+def hourly_steps(fleet: FleetSpec, cols: list[Column], peak_units: np.ndarray) -> list[dict[str, Any]]:
+    """Hercules' provisioning over the traces: at each step, the cheapest subset of the peak plan's servers that
+    carries that step's load (a model without a trace stays at its peak); renting by the step costs the mean."""
+    steps = max(len(m.trace) for m in fleet.models)
+    out = []
+    for t in range(steps):
+        demand = np.array([m.trace[t % len(m.trace)] if m.trace else m.peak_qps for m in fleet.models])
+        x, rented, short, _ = solve(fleet, cols, demand=demand, most=peak_units.astype(float))
+        types = list(fleet.servers)
+        out.append({"step": t, "load": {m.name: float(d) for m, d in zip(fleet.models, demand, strict=True)},
+                    "servers": int(sum(c.servers * n for c, n in zip(cols, x, strict=True))),
+                    "rented": {h: int(r) for h, r in zip(types, rented, strict=True) if r},
+                    "cost_per_hr": float(sum(fleet.price(h) * r for h, r in zip(types, rented, strict=True))),
+                    "short": {m.name: float(v) for m, v in zip(fleet.models, short, strict=True) if v > 1e-6}})
+    return out
 
 
 def _assemble(fleet: FleetSpec, cols: list[Column], x: np.ndarray, rented: np.ndarray, short: np.ndarray,
