@@ -5,9 +5,9 @@ plan needing more servers of a type than owned + rentable, or leaving a model's 
 
 - ``hercules``: node search per (model, type), then Hercules' cluster provisioning ILP (min provisioned power,
   Eq. 1-3) over every available server, all tables in DRAM.
-- ``kairos``: per model, the smallest budget whose Kairos pool (Eq. 9-15 upper bound, its one-shot pick) carries
-  the peak; instances serve one query at a time (the paper's latency-table instance); owned servers priced ~0 and
-  handed out model by model.
+- ``kairos``: per model, the smallest budget (bisection, 14 steps) whose Kairos pool (``plan_pool``: Eq. 9-15 upper
+  bound, its one-shot pick) carries the peak; instances serve one query at a time (the paper's latency-table
+  instance); owned servers priced ~0 and handed out model by model.
 - ``hera``: Hera's cluster schedule (Alg. 2) on one CPU server type, the best type.
 - ``elasticrec``: every model sharded and its replicas packed (first fit) on one server type, the best type.
 - ``sdm``: one server type, each model on SDM's DRAM host or SSD-tiered host (whichever serves more), the best type.
@@ -89,7 +89,7 @@ def hercules_alone(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
 
 
 def kairos_alone(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
-    from recserve.planners.kairos import _plan_one, production_size_mix, type_stats
+    from recserve.planners.kairos import plan_pool, production_size_mix, type_stats
     from recserve.profiles import ProfileSet
 
     types = _types(fleet)
@@ -106,15 +106,16 @@ def kairos_alone(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
         prices = {h: OWNED_PRICE if owned_left[h] else fleet.price(h) for h in types}
         caps = {h: owned_left[h] or rent_left[h] for h in types}
         usable = [h for h in types if caps[h] > 0]
-        try:
-            inputs = type_stats(profiles, m.name, m.sla.target_ms, prices, caps, sizes, pmf, "mean", usable)
+        try:  # the base type (meets QoS for every query size) exists, or Kairos has no pool for this model
+            type_stats(profiles, m.name, m.sla.target_ms, prices, caps, sizes, pmf, "mean", usable)
         except RecserveError as exc:
             return _fail(f"{m.name}: {str(exc).splitlines()[0]}")
         top = sum(prices[h] * caps[h] for h in usable)
 
-        def pick(budget: float, inputs=inputs):  # noqa: ANN202 - local helper
+        def pick(budget: float, m=m, prices=prices, caps=caps, usable=usable):  # noqa: ANN202 - local helper
             try:
-                return _plan_one(inputs, budget, None)
+                return plan_pool(profiles, [m.name], budget, prices, {m.name: m.sla.target_ms}, caps,
+                                 size_mix=(sizes, pmf), types=usable).pools[0]
             except RecserveError:
                 return None
 
