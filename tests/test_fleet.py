@@ -151,3 +151,14 @@ def test_a_trace_is_planned_at_its_peak_and_provisioned_per_step():
     assert plan.summary["avg_cost_per_hr_over_trace"] <= plan.cost_per_hr + 1e-9
     again = Plan.from_dict(plan.to_dict())
     assert again.steps == plan.steps
+
+
+def test_fleet_costs_no_more_than_hercules_alone_or_the_chain():
+    """Its columns include every Hercules-searched server and the chain's, so the min-cost cover is never dearer."""
+    plan = plan_fleet(parse_fleet(SMALL), baselines=True)
+    assert set(plan.baselines) == {"hercules", "kairos", "hera", "elasticrec", "sdm", "sequential"}
+    for name in ("hercules", "sequential"):
+        b = plan.baselines[name]
+        assert b["feasible"], b
+        assert plan.cost_per_hr <= b["cost_per_hr"] + 1e-9
+    assert "saving_vs_best_single" in plan.summary
