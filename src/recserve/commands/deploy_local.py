@@ -1,0 +1,74 @@
+"""``recserve deploy local``: a fleet plan's servers as node servers on this host's cores (issue #49).
+
+Example::
+
+    recserve plan fleet --spec examples/fleet.yaml --out fleet.json
+    recserve deploy local --plan fleet.json --seconds 60            # up for a minute, then stopped
+    recserve deploy local --plan fleet.json --dry-run --dir out/fl  # only write the node configs
+
+One node server per planned server group (a Hercules-configured model, a Hera pair, an SDM-tiered model), its
+workers scaled to this host's cores and pinned round robin, tables scaled by ``--scale``; the endpoints of every
+model are printed and written to ``DIR/endpoints.json``.  Runs until Ctrl-C (or ``--seconds``), then stops the
+node servers it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from recserve.commands._plan_common import core_list, non_negative, number, progress
+
+
+def run(args: argparse.Namespace) -> int:
+    from recserve.deploy.local_fleet import fleet_node_configs, load_fleet_plan, start_nodes, stop_nodes
+
+    plan = load_fleet_plan(args.plan)
+    workdir = Path(args.dir)
+    configs, notes = fleet_node_configs(plan, scale=args.scale, cores=args.cores, tier_dir=workdir / "tiers")
+    for n in notes:
+        progress(f"note: {n}")
+    if args.dry_run:
+        workdir.mkdir(parents=True, exist_ok=True)
+        for i, cfg in enumerate(configs):
+            path = workdir / f"node{i}.yaml"
+            path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
+            print(f"{path}: {cfg['_group']}: " + ", ".join(f"{m['name']} x{m['workers']}" for m in cfg["models"]))
+        return 0
+    nodes = start_nodes(configs, workdir, progress=progress)
+    try:
+        endpoints = {}
+        for node in nodes:
+            for m in node.models:
+                endpoints.setdefault(m, []).append(node.url)
+        (workdir / "endpoints.json").write_text(json.dumps(endpoints, indent=1))
+        for m, urls in endpoints.items():
+            print(f"{m}: {' '.join(f'{u}/v2/models/{m}/infer' for u in urls)}")
+        progress(f"wrote {workdir / 'endpoints.json'}; " + (f"stopping in {args.seconds:g} s" if args.seconds
+                                                             else "Ctrl-C stops every node"))
+        if args.seconds:
+            time.sleep(args.seconds)
+        else:
+            while all(n.process.poll() is None for n in nodes):
+                time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_nodes(nodes)
+    return 0
+
+
+def register(actions: argparse._SubParsersAction) -> None:
+    p = actions.add_parser("local", help="a fleet plan's server groups as node servers on this host",
+                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--plan", required=True, metavar="JSON", help="`recserve plan fleet --out` file")
+    p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale (default 1e-3)")
+    p.add_argument("--cores", type=core_list, help="cores to share out (default: every core this process may use)")
+    p.add_argument("--dir", default="out/fleet-local", help="node configs, logs, tier files, endpoints.json")
+    p.add_argument("--seconds", type=non_negative, default=0, help="stop after this long (0 = until Ctrl-C)")
+    p.add_argument("--dry-run", action="store_true", help="write the node configs and exit")
+    p.set_defaults(func=run)

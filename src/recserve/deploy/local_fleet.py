@@ -1,0 +1,143 @@
+"""A FleetPlan on this host: one node server per planned server group, on partitioned cores (issue #49).
+
+Each group of identical servers (a Hercules-configured single model, a Hera pair, an SDM-tiered model) becomes one
+node config with the plan's models, its worker counts scaled to this host's cores (every model keeps at least one
+worker) and each worker pinned to a core, round robin; an SSD-tiered model gets a ``tier`` section (its user-side
+tables in files under the deployment's directory, behind the row cache).  ElasticRec shard blocks are left out
+here (``recserve shards serve`` runs them).  The node server executes the configs; it never reads the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recserve.errors import RecserveError
+from recserve.planners.fleet import FleetPlan
+from recserve.planners.plan import Plan
+
+TIER_CACHE_MB = 64
+
+
+def load_fleet_plan(path: str | Path) -> FleetPlan:
+    plan = Plan.load(path)
+    if not isinstance(plan, FleetPlan):
+        raise RecserveError(f"{path}: not a `recserve plan fleet` plan (a {plan.kind!r} plan)")
+    return plan
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | None = None,
+                       tier_dir: str | Path = "tiers") -> tuple[list[dict[str, Any]], list[str]]:
+    """(node configs, notes): one per server group of the plan, scaled onto ``cores`` (default: this process's)."""
+    host = sorted(cores or os.sched_getaffinity(0))
+    groups = [g for g in plan.groups if g.kind in ("single", "pair")]
+    notes = [f"{g.count} x shards on {g.server} ({', '.join(g.qps)}): not deployed locally, run `recserve shards "
+             "serve`" for g in plan.groups if g.kind == "shards"]
+    if not groups:
+        raise RecserveError("the plan has no single-model or co-located server to deploy locally")
+    planned = sum(a.get("workers", 1) * a.get("threads", 1) for g in groups for a in g.alloc.values()) or 1
+    next_core = 0
+    configs = []
+    for i, g in enumerate(groups):
+        models = []
+        for m in g.qps:
+            a = g.alloc.get(m, {})
+            want = a.get("workers", 1) * a.get("threads", 1)
+            workers = max(1, min(len(host), round(want * len(host) / planned)))
+            pinned = [[host[(next_core + k) % len(host)]] for k in range(workers)]
+            next_core += workers
+            entry: dict[str, Any] = {"model": m, "name": m, "scale": scale, "workers": workers, "threads": 1,
+                                     "cores": pinned}
+            if g.tier.get(m) == "ssd":
+                entry["options"] = {"tier": {"dir": str(Path(tier_dir) / f"group{i}-{m}"), "tables": "user",
+                                             "cache_mb": TIER_CACHE_MB}}
+            models.append(entry)
+        configs.append({"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "models": models,
+                        "_group": f"{g.count} x {g.kind} on {g.server}"})
+    if plan.notes:
+        notes += [n for n in plan.notes if n.startswith("short of peak")]
+    return configs, notes
+
+
+@dataclass
+class LocalNode:
+    config_path: Path
+    http_port: int
+    models: list[str]
+    group: str
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+
+def _ready(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def start_nodes(configs: list[dict[str, Any]], workdir: str | Path, ready_timeout_s: float = 300.0,
+                progress: Any = None) -> list[LocalNode]:
+    """Write each config and start ``recserve serve --config`` for it; wait until every node says ready."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    nodes: list[LocalNode] = []
+    try:
+        for i, cfg in enumerate(configs):
+            body = {k: v for k, v in cfg.items() if not k.startswith("_")}
+            body["http_port"], body["grpc_port"] = _free_port(), _free_port()
+            path = workdir / f"node{i}.yaml"
+            path.write_text(yaml.safe_dump(body, sort_keys=False))
+            log = open(workdir / f"node{i}.log", "wb")  # noqa: SIM115 - the child keeps it
+            proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(path)],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            nodes.append(LocalNode(path, body["http_port"], [m["name"] for m in body["models"]],
+                                   cfg.get("_group", ""), proc))
+            if progress:
+                progress(f"node {i}: {', '.join(nodes[-1].models)} ({nodes[-1].group}) on {nodes[-1].url}")
+        deadline = time.monotonic() + ready_timeout_s
+        for i, node in enumerate(nodes):
+            while not _ready(node.url):
+                if node.process.poll() is not None:
+                    raise RecserveError(f"node {i} exited with {node.process.returncode}; see "
+                                        f"{workdir / f'node{i}.log'}")
+                if time.monotonic() > deadline:
+                    raise RecserveError(f"node {i} not ready after {ready_timeout_s:g} s; see "
+                                        f"{workdir / f'node{i}.log'}")
+                time.sleep(0.5)
+    except BaseException:
+        stop_nodes(nodes)
+        raise
+    return nodes
+
+
+def stop_nodes(nodes: list[LocalNode], timeout_s: float = 20.0) -> None:
+    """Terminate the node servers this deployment started (each by its own pid), then wait."""
+    for node in nodes:
+        if node.process.poll() is None:
+            node.process.terminate()
+    for node in nodes:
+        try:
+            node.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            node.process.kill()
+            node.process.wait()

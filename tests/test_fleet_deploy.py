@@ -1,0 +1,82 @@
+"""`recserve deploy local --plan fleet.json`: a FleetPlan's server groups as node servers on this host (issue #49)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as thttp
+
+from oip_inputs import http_inputs
+from recserve.cli import main
+from recserve.deploy.local_fleet import fleet_node_configs, start_nodes, stop_nodes
+from recserve.planners.fleet import FleetGroup, FleetPlan
+from recserve.serving import build_worker_model, config_from_dict
+from recserve.zoo import sample_batch
+
+
+def _plan() -> FleetPlan:
+    return FleetPlan(groups=[
+        FleetGroup("pair", "hercules-t2", 2, 2, {"hercules-rmc1": 1200.0, "kairos-rm2": 140.0},
+                   {"hercules-rmc1": "dram", "kairos-rm2": "dram"}, "", "Hera pair",
+                   {"hercules-rmc1": {"workers": 10, "threads": 1}, "kairos-rm2": {"workers": 10, "threads": 1}}),
+        FleetGroup("single", "sdm-hw-ss", 1, 1, {"sdm-m1": 400.0}, {"sdm-m1": "ssd"}, "", "SDM tiering",
+                   {"sdm-m1": {"workers": 20, "threads": 1}}),
+        FleetGroup("shards", "hercules-t2", 1, 3, {"elasticrec-rm1": 900.0}, {"elasticrec-rm1": "dram"}, "", "shards",
+                   {}),
+    ])
+
+
+def test_node_configs_one_per_group_scaled_onto_this_hosts_cores(tmp_path):
+    host = sorted(os.sched_getaffinity(0))
+    configs, notes = fleet_node_configs(_plan(), scale=1e-4, tier_dir=tmp_path)
+    assert len(configs) == 2  # the shard block is left to `recserve shards serve`
+    assert any("shards" in n for n in notes)
+    pair, tiered = configs
+    assert [m["model"] for m in pair["models"]] == ["hercules-rmc1", "kairos-rm2"]
+    for cfg in configs:
+        for m in cfg["models"]:
+            assert 1 <= m["workers"] <= len(host) and m["scale"] == 1e-4
+            assert all(c[0] in host for c in m["cores"]) and len(m["cores"]) == m["workers"]
+    assert tiered["models"][0]["options"]["tier"]["tables"] == "user"
+    assert "options" not in pair["models"][0]
+    for cfg in configs:  # the node server accepts every config as written
+        config_from_dict({k: v for k, v in cfg.items() if not k.startswith("_")}, "test")
+
+
+def test_dry_run_writes_node_configs(tmp_path, capsys):
+    path = _plan().save(tmp_path / "fleet.json")
+    assert main(["deploy", "local", "--plan", str(path), "--dry-run", "--dir", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "node0.yaml").exists() and (tmp_path / "out" / "node1.yaml").exists()
+    assert "pair on hercules-t2" in capsys.readouterr().out
+
+
+def test_a_non_fleet_plan_is_refused(tmp_path, capsys):
+    from recserve.planners.plan import PoolPlan
+
+    path = PoolPlan("kairos").save(tmp_path / "pool.json")
+    assert main(["deploy", "local", "--plan", str(path), "--dry-run"]) == 2
+    assert "not a `recserve plan fleet` plan" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_deployed_node_answers_its_models(tmp_path):
+    plan = FleetPlan(groups=[FleetGroup("single", "hercules-t1", 1, 1, {"hercules-rmc1": 1500.0},
+                                        {"hercules-rmc1": "dram"}, "", "Hercules search",
+                                        {"hercules-rmc1": {"workers": 1, "threads": 1}})])
+    configs, _ = fleet_node_configs(plan, scale=1e-4)
+    nodes = start_nodes(configs, tmp_path)
+    try:
+        cfg = config_from_dict({k: v for k, v in configs[0].items() if not k.startswith("_")}, "test").models[0]
+        model = build_worker_model(cfg)
+        batch = sample_batch(model, 8, rng=3)
+        client = thttp.InferenceServerClient(nodes[0].url.removeprefix("http://"), network_timeout=60)
+        scores = client.infer("hercules-rmc1", http_inputs(batch)).as_numpy("scores")
+        with torch.no_grad():
+            expected = model(batch).numpy()
+        np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
+    finally:
+        stop_nodes(nodes)
+    assert all(n.process.poll() is not None for n in nodes)
