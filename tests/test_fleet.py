@@ -104,6 +104,7 @@ def test_too_few_servers_is_said_with_the_shortfall():
     assert any(n.startswith("short of peak") for n in plan.notes)
 
 
+@pytest.mark.integration  # seconds of work
 def test_a_model_too_large_for_dram_goes_to_ssd_or_shards():
     plan = plan_fleet(parse_fleet({"models": {"sdm-m1": {"peak_qps": 300}},
                                    "rentable": {"sdm-hw-ss": {"price": 1.0, "max": 4},

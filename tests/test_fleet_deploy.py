@@ -61,6 +61,7 @@ def test_a_non_fleet_plan_is_refused(tmp_path, capsys):
     assert "not a `recserve plan fleet` plan" in capsys.readouterr().err
 
 
+@pytest.mark.integration  # starts a node process
 @pytest.mark.timeout(300)
 def test_deployed_node_answers_its_models(tmp_path):
     plan = FleetPlan(groups=[FleetGroup("single", "hercules-t1", 1, 1, {"hercules-rmc1": 1500.0},
