@@ -100,10 +100,10 @@ def _feed(conn: GrpcConnection, data: bytes) -> None:
     asyncio.run(read())
 
 
-def _headers(stream: int, flags: int) -> bytes:
+def _headers(stream: int, flags: int, path: str = "/t.S/Echo") -> bytes:
     from hpack import Encoder
 
-    block = Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"),
+    block = Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", path),
                               (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
     return _frame(HEADERS, flags, stream, block)
 
@@ -181,10 +181,10 @@ def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_th
         assert client.infer(config.models[0].name, inputs).as_numpy("scores").shape == (4, 1)
 
 
-def _partial_request(stream: int, declared: int, sent: int) -> bytes:
+def _partial_request(stream: int, declared: int, sent: int, path: str = "/t.S/Echo") -> bytes:
     """A unary request whose message declares ``declared`` bytes, of which ``sent`` arrive, never ended."""
     body = b"\x00" + declared.to_bytes(4, "big") + b"x" * (sent - 5)
-    return _headers(stream, END_HEADERS) + _frame(DATA, 0, stream, body)
+    return _headers(stream, END_HEADERS, path) + _frame(DATA, 0, stream, body)
 
 
 def _trailer_statuses(data: bytes) -> list[bytes]:
@@ -353,3 +353,64 @@ def test_a_server_wide_reset_budget_is_not_renewed_by_reconnecting():
     first, second = FloodGuard(limits, clock, shared), FloodGuard(limits, clock, shared)
     assert [first.reset() for _ in range(4)] == [None, None, None, "too_many_resets"]  # its own budget
     assert [second.reset() for _ in range(3)] == [None, None, "too_many_resets"]  # the server's: 5 in all
+
+
+def test_a_connection_that_held_a_large_incomplete_request_asks_for_free_memory_back_when_it_closes(grpc_server):
+    import threading
+
+    released = threading.Event()
+    port = grpc_server(on_release=released.set)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # small requests: no release
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _partial_request(1, 1 << 20, 1 << 16))
+        sock.recv(1 << 16)
+    time.sleep(0.5)
+    assert not released.is_set()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0)
+                     + b"".join(_partial_request(2 * i + 1, 1 << 20, (1 << 20) - 16) for i in range(17)))
+        sock.recv(1 << 16)
+    assert released.wait(30)
+
+
+def test_free_memory_goes_back_to_the_system_on_glibc():
+    import platform
+
+    from recserve.zoo.allocator import release_free_memory
+
+    assert release_free_memory() in (True, False)  # never raises, whatever the C library
+    if platform.libc_ver()[0] == "glibc":
+        import ctypes
+
+        assert ctypes.CDLL(None).malloc_trim  # the call it makes exists here
+
+
+@pytest.mark.integration
+def test_a_worker_returns_what_a_clients_incomplete_requests_took_once_the_client_leaves():
+    import json
+
+    from nodes import node_config
+    from recserve.serving import NodeServer
+
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    with NodeServer(config) as server:
+        def worker_rss_mb() -> float:
+            url = f"http://127.0.0.1:{server.ports.http}/control/models/{config.models[0].name}"
+            with urllib.request.urlopen(url, timeout=30) as r:
+                state = json.load(r)
+            return sum(w["rss_mb"] for stage in state["stages"].values() for w in stage["worker_detail"])
+
+        before = worker_rss_mb()
+        with socket.create_connection(("127.0.0.1", server.ports.grpc), timeout=30) as sock:
+            sock.sendall(PREFACE + _frame(SETTINGS, 0, 0))
+            for i in range(100):  # 100 MiB of requests never completed, within the connection's budget
+                sock.sendall(_partial_request(2 * i + 1, 32 << 20, 1 << 20,
+                                              "/inference.GRPCInferenceService/ModelInfer"))
+            deadline = time.monotonic() + 60
+            while worker_rss_mb() < before + 64 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            held = worker_rss_mb()
+        assert held >= before + 64  # the worker did hold them
+        deadline = time.monotonic() + 60
+        while worker_rss_mb() > before + 32 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert worker_rss_mb() <= before + 32, (before, held, worker_rss_mb())

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import gc
 import json
 import logging
 import os
@@ -69,6 +70,7 @@ log = logging.getLogger("recserve.serving")
 STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush wakes it: 5 ms cost ~4% of a worker)
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
+TRIM_EVERY_S = 5.0  # free memory returned at most this often, when a client's large input was let go
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
@@ -622,6 +624,8 @@ class WorkerPlane:
         self._thread: ComputeThread | None = None
         self._pass_started = 0.0  # a pass on the compute thread: when it started (0: none in flight)
         self._pass_end = 0.0  # and when the fit predicts it ends
+        self.trim_wanted = False  # a client's large input was let go: return free memory when idle (``_beat``)
+        self._trimmed_at = 0.0
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -1005,7 +1009,19 @@ class WorkerPlane:
         self.send(("beat", self.busy_s()))
         if self.regions is not None:  # unregistered regions' mappings are let go without waiting for a query
             self.regions.refresh()
+        if self.trim_wanted and not self._busy() and time.monotonic() - self._trimmed_at > TRIM_EVERY_S:
+            self._trim()
         self.loop.call_later(BEAT_S, self._beat)
+
+    def _trim(self) -> None:
+        """Return the heap's free memory: what a client's large input took is not kept until the worker restarts
+        (the next pass may fault its activations in once more, and a collection takes milliseconds; hence idle only,
+        and at most every TRIM_EVERY_S)."""
+        from recserve.zoo.allocator import release_free_memory
+
+        self.trim_wanted, self._trimmed_at = False, time.monotonic()
+        gc.collect()  # a closed connection's streams and calls refer to each other: only the collector frees them
+        release_free_memory()
 
     def _sweep(self) -> None:
         """Close connections whose request has been arriving for too long (slow or stalled clients)."""

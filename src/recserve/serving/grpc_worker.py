@@ -318,6 +318,7 @@ async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max
     """Accept gRPC connections on the node's listening socket ``sock`` (inherited, shared with the node's other
     workers and the supervisor's cover), forwarding what this worker does not answer to ``upstream``."""
     server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message,
-                        on_abuse=lambda reason: plane.refused(f"h2_{reason}"))
+                        on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
+                        on_release=lambda: setattr(plane, "trim_wanted", True))
     await server.start(sock)
     return server

@@ -65,6 +65,7 @@ HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four l
 MAX_CONNECTIONS = 1024  # per server (a worker): past it a new connection gets GOAWAY and is closed
 PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by then is closed
 FRAMES_PER_TURN = 256  # frames handled per read before the loop runs other work: the rest waits, reading paused
+RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held this much: free memory returned after
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
@@ -762,9 +763,9 @@ class GrpcConnection(asyncio.Protocol):
         """``stream`` now holds ``held`` request bytes: the budgets follow."""
         delta, stream.held = held - stream.held, held
         if delta:
-            self._request_bytes.used += delta
+            self._request_bytes.add(delta)
             if self._request_bytes_shared is not None:
-                self._request_bytes_shared.used += delta
+                self._request_bytes_shared.add(delta)
 
     def _refuse_held(self, stream: _Stream) -> None:
         """The stream whose DATA took a budget past its limit is answered RESOURCE_EXHAUSTED and its bytes let go;
@@ -1036,10 +1037,11 @@ class GrpcServer:
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
                  limits: FloodLimits | None = None, on_abuse: Callable[[str], None] | None = None,
                  max_connections: int = MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 preface_timeout_s: float = PREFACE_TIMEOUT_S) -> None:
+                 preface_timeout_s: float = PREFACE_TIMEOUT_S, on_release: Callable[[], None] | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
         self.limits, self.on_abuse = limits, on_abuse
+        self.on_release = on_release  # a connection that held large incomplete requests is gone (return memory)
         self.max_connections, self.idle_timeout_s, self.preface_timeout_s = \
             max_connections, idle_timeout_s, preface_timeout_s
         self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
@@ -1055,10 +1057,15 @@ class GrpcServer:
             if self.on_abuse is not None:
                 self.on_abuse("too_many_connections")
             return _Refused()
-        conn = self.connection_type(self.methods, self.max_message, self.connections.discard, self.limits,
+        conn = self.connection_type(self.methods, self.max_message, self._closed, self.limits,
                                     self.on_abuse, self.held, self.resets)
         self.connections.add(conn)
         return conn
+
+    def _closed(self, conn: GrpcConnection) -> None:
+        self.connections.discard(conn)
+        if self.on_release is not None and conn._request_bytes.peak >= RELEASE_BYTES:
+            self.on_release()
 
     def _sweep_silent(self) -> None:
         """Close connections that sent no preface in time; send GOAWAY to those idle with no call open."""

@@ -91,10 +91,14 @@ class ByteBudget:
     """Request bytes held in incomplete messages, against a limit: one per connection, one per worker shared by
     its connections (a client that opens many streams and never completes them is refused, not buffered)."""
 
-    __slots__ = ("limit", "used")
+    __slots__ = ("limit", "used", "peak")
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.used = limit, 0
+        self.limit, self.used, self.peak = limit, 0, 0
+
+    def add(self, delta: int) -> None:
+        self.used += delta
+        self.peak = max(self.peak, self.used)
 
     def over(self) -> bool:
         return self.used > self.limit

@@ -25,3 +25,15 @@ def worker_tunables(existing: str = "") -> str:
     given = {item.split("=", 1)[0] for item in existing.split(":") if "=" in item}
     ours = [f"{key}={value}" for key, value in WORKER_TUNABLES.items() if key not in given]
     return ":".join([part for part in existing.split(":") if part] + ours)
+
+
+def release_free_memory() -> bool:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``): with the settings above nothing is
+    ever returned on its own, so a worker calls this, rarely, once a client's large input has been let go.
+    False where the C library has no such call (it is glibc's)."""
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
