@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import gc
 import json
 import logging
 import os
@@ -1015,12 +1014,10 @@ class WorkerPlane:
 
     def _trim(self) -> None:
         """Return the heap's free memory: what a client's large input took is not kept until the worker restarts
-        (the next pass may fault its activations in once more, and a collection takes milliseconds; hence idle only,
-        and at most every TRIM_EVERY_S)."""
+        (the next pass may fault its activations in once more; hence idle only, and at most every TRIM_EVERY_S)."""
         from recserve.zoo.allocator import release_free_memory
 
         self.trim_wanted, self._trimmed_at = False, time.monotonic()
-        gc.collect()  # a closed connection's streams and calls refer to each other: only the collector frees them
         release_free_memory()
 
     def _sweep(self) -> None:

@@ -344,6 +344,7 @@ class GrpcConnection(asyncio.Protocol):
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             self._count_held(stream, 0)
+            stream.chunks, stream.landing = [], None  # let go now: streams and calls refer to each other
             if stream.call is not None and not stream.call.done:
                 stream.call.cancel()
         self.transport = None
