@@ -75,6 +75,10 @@ LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled 
 LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most this many max messages
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
+CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                 b"upgrade"})  # HTTP/1.1 fields a request over HTTP/2 must not carry (RFC 9113 8.2.2)
+REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+RESETS_REMEMBERED = 1024  # streams we reset whose late frames are ignored (RFC 9113 5.1), the most recent ones
 Metadata = tuple[tuple[str, "str | bytes"], ...]
 PAUSED_WRITES, PAUSED_BACKLOG = 1, 2
 # the PINGs of a graceful close: the first goes with the first GOAWAY; its acknowledgement sends the second, and
@@ -144,6 +148,28 @@ def _metadatum(name: bytes, value: bytes) -> tuple[str, str | bytes]:
         except (binascii.Error, ValueError):
             return key, value
     return key, value.decode("latin-1")
+
+
+def _malformed(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a request's header fields are malformed (RFC 9113 8.1.1, 8.2, 8.3.1), or None."""
+    seen: set[bytes] = set()
+    regular = False
+    for name, value in headers:
+        if name.startswith(b":"):
+            if regular:
+                return "a pseudo-header after a regular field"
+            if name not in REQUEST_PSEUDO or name in seen:
+                return f"pseudo-header {name.decode('latin-1')!r} unknown or repeated"
+            seen.add(name)
+        else:
+            regular = True
+            if name != name.lower():
+                return "an uppercase field name"
+            if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+                return f"connection-specific field {name.decode('latin-1')!r}"
+    if not {b":method", b":scheme", b":path"} <= seen:
+        return "a missing :method, :scheme or :path"
+    return None
 
 
 def _timeout_s(value: bytes) -> float | None:
@@ -301,6 +327,7 @@ class GrpcConnection(asyncio.Protocol):
         self.last_read = time.monotonic()  # when the connection last read anything (``GrpcServer``'s timeouts)
         self._paused = 0  # why reading is paused: PAUSED_WRITES (answers not taken), PAUSED_BACKLOG (frames left)
         self._backlog = False  # this read left complete frames for the next turn of the loop
+        self._reset_ids: dict[int, None] = {}  # streams we reset, oldest first (``RESETS_REMEMBERED``)
 
     # ---- connection ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -569,11 +596,17 @@ class GrpcConnection(asyncio.Protocol):
             raise ConnectionError_(FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if stream == 0:
+            if increment == 0:
+                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self._send_window += increment
             if self._send_window > MAX_WINDOW:
                 raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window overflow")
         elif stream in self._streams:
-            self._streams[stream].send_window += increment
+            target = self._streams[stream]
+            target.send_window += increment
+            if increment == 0 or target.send_window > MAX_WINDOW:  # RFC 9113 6.9, 6.9.1: a stream error
+                self._reset_stream(target, PROTOCOL_ERROR if increment == 0 else FLOW_CONTROL_ERROR)
+                return
         self._flush_pending()
 
     def _reset(self, stream_id: int) -> None:
@@ -601,6 +634,9 @@ class GrpcConnection(asyncio.Protocol):
         if stream is not None:  # trailers from the client: they end the request
             if not flags & END_STREAM:
                 raise ConnectionError_(PROTOCOL_ERROR, "a second header block that does not end the stream")
+            stream.ended = True
+        elif stream_id in self._reset_ids:  # sent before our reset reached the client: read (HPACK) and ignored
+            stream = _Stream(stream_id, 0)
             stream.ended = True
         else:
             if stream_id % 2 == 0 or stream_id <= self._last_id:
@@ -635,7 +671,18 @@ class GrpcConnection(asyncio.Protocol):
         if len(stream.block) > MAX_HEADER_BLOCK:
             raise ConnectionError_(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")
 
-    def _request_head(self, block: bytes) -> tuple[str, float | None, bytes | None, bytes, Metadata]:
+    def _reset_stream(self, stream: _Stream, code: int) -> None:
+        """RST_STREAM with ``code``; the stream is forgotten, and frames the client sent before it saw the reset
+        are ignored (RFC 9113 5.1), not taken for a protocol error."""
+        self._forget(stream.id)
+        self._out.append(_frame(RST_STREAM, 0, stream.id, code.to_bytes(4, "big")))
+        self._reset_ids[stream.id] = None
+        if len(self._reset_ids) > RESETS_REMEMBERED:
+            del self._reset_ids[next(iter(self._reset_ids))]
+        if stream.call is not None and not stream.call.done:
+            stream.call.cancel()
+
+    def _request_head(self, block: bytes) -> tuple[str, float | None, bytes | None, bytes, Metadata, str | None]:
         """What a call needs of its header block: the method's path, ``grpc-timeout`` in seconds (None if absent),
         the HTTP status refusing a request that is not gRPC (None if it is), ``grpc-encoding`` and the client's own
         metadata (a forwarded call carries it on: the control token's ``authorization``).  A block made
@@ -666,7 +713,8 @@ class GrpcConnection(asyncio.Protocol):
                 metadata.append(_metadatum(name, value))
         refusal = (None if method == b"POST" and content_type.startswith(b"application/grpc")
                    else b"415" if method == b"POST" else b"405")
-        head = (path.decode("latin-1"), _timeout_s(timeout) if timeout else None, refusal, encoding, tuple(metadata))
+        head = (path.decode("latin-1"), _timeout_s(timeout) if timeout else None, refusal, encoding, tuple(metadata),
+                _malformed(headers))
         if all(byte >= 0x80 for byte in block):
             if len(self._indexed) >= MAX_INDEXED_BLOCKS:  # a client sending ever new combinations: bounded
                 self._indexed.clear()
@@ -676,13 +724,18 @@ class GrpcConnection(asyncio.Protocol):
         return head
 
     def _header_block(self, stream: _Stream, block: bytes) -> None:
-        path, seconds, refusal, encoding, metadata = self._request_head(block)
+        path, seconds, refusal, encoding, metadata, malformed = self._request_head(block)
+        if self._streams.get(stream.id) is not stream:  # a stream we reset: its block kept HPACK in step, no more
+            return
         if stream.call is not None:  # request trailers: ignored, the stream has ended
             self._request_ended(stream)
             return
+        if malformed is not None:  # RFC 9113 8.1.1: a stream error, the connection serves on
+            log.debug("gRPC stream %d reset: malformed request (%s)", stream.id, malformed)
+            self._reset_stream(stream, PROTOCOL_ERROR)
+            return
         if self._closing or len(self._streams) > MAX_STREAMS:  # retried by gRPC clients on another connection
-            self._forget(stream.id)
-            self._out.append(_frame(RST_STREAM, 0, stream.id, REFUSED_STREAM.to_bytes(4, "big")))
+            self._reset_stream(stream, REFUSED_STREAM)
             return
         call = GrpcCall(self, stream, path, None if seconds is None else time.monotonic() + seconds, metadata)
         stream.call = call
@@ -992,10 +1045,7 @@ class GrpcConnection(asyncio.Protocol):
                     stream.id, held)
         stream.pending.clear()
         stream.pending_end = None
-        self._forget(stream.id)
-        self._out.append(_frame(RST_STREAM, 0, stream.id, ENHANCE_YOUR_CALM.to_bytes(4, "big")))
-        if stream.call is not None and not stream.call.done:
-            stream.call.cancel()
+        self._reset_stream(stream, ENHANCE_YOUR_CALM)
         if not self._reading:
             self._flush()
 
@@ -1015,9 +1065,10 @@ class GrpcConnection(asyncio.Protocol):
 
     def _end(self, stream: _Stream) -> None:
         """Our side of the stream is closed: forget it (a client still sending data gets it dropped)."""
-        self._forget(stream.id)
-        if not stream.ended:
-            self._out.append(_frame(RST_STREAM, 0, stream.id, NO_ERROR.to_bytes(4, "big")))
+        if stream.ended:
+            self._forget(stream.id)
+        else:
+            self._reset_stream(stream, NO_ERROR)
         if not self._reading:
             self._flush()
 

@@ -1,0 +1,113 @@
+"""RFC 9113 MUSTs of the workers' HTTP/2 server (serving/h2grpc.py), sans-IO: window updates of 0 and window
+overflow, malformed requests as stream errors, and frames for a stream the server reset ignored."""
+
+from __future__ import annotations
+
+import pytest
+from hpack import Encoder
+
+from recserve.serving.h2grpc import PREFACE, GrpcConnection, Method, _frame
+
+DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
+END_STREAM, END_HEADERS = 0x1, 0x4
+PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0x1, 0x3
+GOOD = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"), (":authority", "x"),
+        ("content-type", "application/grpc"), ("te", "trailers")]
+MESSAGE = b"\x00\x00\x00\x00\x02hi"
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.data, self.closed = b"", False
+
+    def write(self, data: bytes) -> None:
+        self.data += bytes(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def frames(self) -> list[tuple[int, int, bytes]]:
+        """(type, stream, payload) written since the last call."""
+        out, data, self.data = [], self.data, b""
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            out.append((data[3], int.from_bytes(data[5:9], "big"), data[9:9 + length]))
+            data = data[9 + length:]
+        return out
+
+
+def _open() -> tuple[GrpcConnection, Transport, list[bytes], Encoder]:
+    started: list[bytes] = []
+    method = Method(unary=lambda call, raw: (started.append(bytes(raw)), call.reply(b"ok")))
+    conn, transport = GrpcConnection(lambda path: method, 1 << 20), Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
+    transport.frames()
+    return conn, transport, started, Encoder()
+
+
+def _call(encoder: Encoder, stream: int, headers: list[tuple[str, str]] = GOOD) -> bytes:
+    return _frame(HEADERS, END_HEADERS, stream, encoder.encode(headers)) + _frame(DATA, END_STREAM, stream, MESSAGE)
+
+
+def _code(payload: bytes, at: int = 0) -> int:
+    return int.from_bytes(payload[at:at + 4], "big")
+
+
+def test_a_connection_window_update_of_zero_is_a_connection_error():
+    conn, transport, _, _ = _open()
+    conn.data_received(_frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x00"))
+    goaways = [p for kind, _, p in transport.frames() if kind == GOAWAY]
+    assert goaways and _code(goaways[0], 4) == PROTOCOL_ERROR and transport.closed
+
+
+@pytest.mark.parametrize("increment, code", [(0, PROTOCOL_ERROR), (2**31 - 1, FLOW_CONTROL_ERROR)])
+def test_a_stream_window_update_of_zero_or_past_the_maximum_resets_only_that_stream(increment, code):
+    conn, transport, started, encoder = _open()
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(GOOD))
+                       + _frame(WINDOW_UPDATE, 0, 1, increment.to_bytes(4, "big")))
+    frames = transport.frames()
+    assert [(kind, stream, _code(p)) for kind, stream, p in frames if kind == RST_STREAM] == [(RST_STREAM, 1, code)]
+    assert not transport.closed
+    conn.data_received(_frame(DATA, END_STREAM, 1, MESSAGE) + _call(encoder, 3))  # late data ignored; serves on
+    assert started == [MESSAGE[5:]] and not any(kind == GOAWAY for kind, _, _ in transport.frames())
+
+
+MALFORMED = {
+    "uppercase name": [*GOOD, ("X-Upper", "1")],
+    "connection-specific": [*GOOD, ("connection", "keep-alive")],
+    "transfer-encoding": [*GOOD, ("transfer-encoding", "chunked")],
+    "te not trailers": [*GOOD[:5], ("te", "gzip")],
+    "missing :path": [h for h in GOOD if h[0] != ":path"],
+    "missing :method": [h for h in GOOD if h[0] != ":method"],
+    "pseudo after regular": [*GOOD[:2], ("content-type", "application/grpc"), *GOOD[2:4], ("te", "trailers")],
+    "unknown pseudo": [*GOOD[:4], (":protocol", "x"), *GOOD[4:]],
+    "repeated pseudo": [*GOOD[:4], (":path", "/t.S/Other"), *GOOD[4:]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_malformed_request_is_a_stream_error_and_its_late_frames_are_ignored(name):
+    conn, transport, started, encoder = _open()
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(MALFORMED[name])))
+    frames = transport.frames()
+    assert [(kind, stream, _code(p)) for kind, stream, p in frames if kind == RST_STREAM] == \
+        [(RST_STREAM, 1, PROTOCOL_ERROR)]
+    # what the client sent before it saw the reset: its message and trailers, then a good call
+    conn.data_received(_frame(DATA, 0, 1, MESSAGE)
+                       + _frame(HEADERS, END_HEADERS | END_STREAM, 1, encoder.encode([("x-trailer", "1")]))
+                       + _call(encoder, 3))
+    assert started == [MESSAGE[5:]] and not transport.closed
+    assert not any(kind == GOAWAY for kind, _, _ in transport.frames())
+
+
+def test_a_well_formed_request_with_metadata_is_not_malformed():
+    conn, transport, started, encoder = _open()
+    conn.data_received(_call(encoder, 1, [*GOOD, ("authorization", "Bearer x"), ("grpc-timeout", "5S")]))
+    assert started == [MESSAGE[5:]] and not any(kind == RST_STREAM for kind, _, _ in transport.frames())
