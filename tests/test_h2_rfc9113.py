@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hpack import Encoder
 
+from h2_transport import Transport
 from recserve.serving.h2grpc import PREFACE, GrpcConnection, Method, _frame
 
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
@@ -14,32 +15,6 @@ PROTOCOL_ERROR, FLOW_CONTROL_ERROR = 0x1, 0x3
 GOOD = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"), (":authority", "x"),
         ("content-type", "application/grpc"), ("te", "trailers")]
 MESSAGE = b"\x00\x00\x00\x00\x02hi"
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.data, self.closed = b"", False
-
-    def write(self, data: bytes) -> None:
-        self.data += bytes(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def frames(self) -> list[tuple[int, int, bytes]]:
-        """(type, stream, payload) written since the last call."""
-        out, data, self.data = [], self.data, b""
-        while len(data) >= 9:
-            length = int.from_bytes(data[:3], "big")
-            out.append((data[3], int.from_bytes(data[5:9], "big"), data[9:9 + length]))
-            data = data[9 + length:]
-        return out
 
 
 def _open() -> tuple[GrpcConnection, Transport, list[bytes], Encoder]:

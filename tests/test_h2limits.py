@@ -8,6 +8,7 @@ import urllib.request
 
 import pytest
 
+from h2_transport import Transport
 from oip_inputs import grpc_inputs
 from recserve.serving.h2grpc import ENHANCE_YOUR_CALM, PREFACE, GrpcConnection, Method, _frame
 from recserve.serving.h2limits import FloodGuard, FloodLimits, Rate
@@ -42,39 +43,10 @@ def test_counted_budgets_count_in_a_row_and_start_again_when_told():
     assert [guard.continuation() for _ in range(2)] == [None, "too_many_continuations"]
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.data, self.closed = b"", False
-
-    def write(self, data: bytes) -> None:
-        self.data += bytes(data)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_extra_info(self, name: str) -> None:
-        return None
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return self.closed
-
+class _Transport(Transport):
     def goaway_codes(self) -> list[tuple[int, bytes]]:
-        out, data = [], self.data
-        while len(data) >= 9:
-            length = int.from_bytes(data[:3], "big")
-            if data[3] == GOAWAY:
-                out.append((int.from_bytes(data[13:17], "big"), data[17:9 + length]))
-            data = data[9 + length:]
-        return out
+        """(error code, debug data) of each GOAWAY written."""
+        return [(int.from_bytes(p[4:8], "big"), p[8:]) for kind, _, p in self.frames(keep=True) if kind == GOAWAY]
 
 
 def _open(limits: FloodLimits | None = None) -> tuple[GrpcConnection, _Transport, list[str]]:
