@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.integration  # a fresh interpreter
 def test_the_soft_open_file_limit_is_raised_to_the_hard_limit_at_start():
     code = """
 import resource
@@ -18,3 +21,47 @@ print(now, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     now, soft, hard = (int(x) for x in out.stdout.split())
     assert now == soft and (soft == hard or (hard == -1 and soft > 256))
+
+
+def test_connection_limits_are_validated_naming_the_field():
+
+    from recserve.errors import SpecError
+    from recserve.serving import config_from_dict
+
+    model = {"model": "hercules-rmc1", "scale": 1e-4}
+    for key, bad in (("keep_alive_timeout_s", 0), ("keep_alive_timeout_s", "5"), ("max_connections", 0),
+                     ("max_connections", 1.5)):
+        with pytest.raises(SpecError, match=key):
+            config_from_dict({key: bad, "models": [model]})
+    config = config_from_dict({"keep_alive_timeout_s": 5, "max_connections": 8, "models": [model]})
+    assert (config.keep_alive_timeout_s, config.max_connections) == (5, 8)
+
+
+@pytest.mark.integration  # starts a node
+def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
+    import socket
+    import time
+
+    from nodes import node_config
+    from recserve.serving import NodeServer
+
+    pytest.importorskip("httptools")
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.keep_alive_timeout_s, config.max_connections = 1.0, 2
+    with NodeServer(config) as server:
+        port = server.ports.http
+        kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+        time.sleep(0.3)  # both accepted by the worker
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
+            answer = b""
+            while chunk := third.recv(1 << 16):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503") and b"connections" in answer
+        started = time.monotonic()
+        for sock in kept:  # idle past keep_alive_timeout_s: closed by the worker (recv sees the end)
+            assert sock.recv(1 << 16) == b""
+            sock.close()
+        assert time.monotonic() - started < 25
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as again:  # room again
+            again.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert again.recv(1 << 16).startswith(b"HTTP/1.1 200")

@@ -317,6 +317,8 @@ class NodeConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     max_json_bytes: int = MAX_JSON_BYTES  # the JSON part of an infer request; tensors beyond go binary
     read_timeout_s: float = 30.0  # a request must arrive whole within this, else 408 and close (slow clients)
+    keep_alive_timeout_s: float = 300.0  # a connection with no request in progress this long is closed
+    max_connections: int = 4096  # per worker and protocol; past it HTTP answers 503, gRPC GOAWAY, and close
     drain_timeout_s: float = 30.0
     server_name: str = "recserve"
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
@@ -336,13 +338,14 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not self.models and not self.repository:
             raise SpecError("node config: needs at least one model or a repository")
-        for key in ("max_body_bytes", "max_json_bytes"):
+        for key in ("max_body_bytes", "max_json_bytes", "max_connections"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SpecError(f"node config: {key} must be an integer number of bytes >= 1, got {value!r}")
-        if isinstance(self.read_timeout_s, bool) or not isinstance(self.read_timeout_s, int | float) \
-                or not 0 < self.read_timeout_s < 1e6:
-            raise SpecError(f"node config: read_timeout_s must be a number of seconds > 0, got {self.read_timeout_s!r}")
+        for key in ("read_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
+                raise SpecError(f"node config: {key} must be a number of seconds > 0, got {value!r}")
         if self.front_end not in FRONT_ENDS:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
         if self.event_loop not in EVENT_LOOPS:

@@ -182,8 +182,8 @@ class Connection(asyncio.BufferedProtocol):
         transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
         self.plane.connections.add(self)
         self.plane.opened(self)
+        self.arrived = time.perf_counter()  # of its first request, or since when it is idle
         if self.buf:
-            self.arrived = time.perf_counter()
             self.mark(True)
             self.plane.loop.call_soon(self._advance)
 
@@ -390,10 +390,17 @@ class Connection(asyncio.BufferedProtocol):
             self.transport.write_eof()
         self.plane.loop.call_later(LINGER_S, self.transport.close)
 
+    def _receiving(self) -> bool:
+        return bool(self.buf) or self._body is not None or self._skip > 0
+
     def too_slow(self, now: float, limit_s: float) -> bool:
         """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
-        receiving = bool(self.buf) or self._body is not None or self._skip > 0
-        return not self.busy and not self.closed and receiving and now - self.arrived > limit_s
+        return not self.busy and not self.closed and self._receiving() and now - self.arrived > limit_s
+
+    def idle_for(self, now: float) -> float:
+        """How long the connection has had no request in progress (0 while one is; ``arrived`` marks when the
+        last one was answered)."""
+        return 0.0 if self.busy or self.closed or self._receiving() else now - self.arrived
 
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
@@ -409,9 +416,8 @@ class Connection(asyncio.BufferedProtocol):
         if not keep_alive:
             self.write(b"", close=True)
             return
-        if self.buf:
-            self.arrived = time.perf_counter()
-        else:
+        self.arrived = time.perf_counter()  # of the next request if it is here, else since when it is idle
+        if not self.buf:
             self.mark(False)
             if self.plane.maybe_move(self):
                 return
@@ -518,6 +524,8 @@ class PlaneLimits:
     deadline_s: float = 1.0  # per-query deadline when the client sets no ``timeout``
     fuse_items: int = 256  # largest fused forward pass in samples; 0 = one query per pass
     read_timeout_s: float = 30.0  # a request must arrive whole within this
+    keep_alive_s: float = 300.0  # a connection with no request in progress this long is closed
+    max_connections: int = 4096  # past it a new connection is answered 503 and closed (HTTP), GOAWAY (gRPC)
     compute_thread_ms: float = 2.0  # passes predicted at least this long run off the loop; < 0: never
 
 
@@ -654,6 +662,9 @@ class WorkerPlane:
                 self.loop.remove_reader(listener.fileno())
                 self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
                 return
+            if len(self.connections) + self._connecting >= self.limits.max_connections:
+                self._refuse_connection(sock)
+                continue
             sock.setblocking(False)
             early = self._holds(sock.fileno())
             if early:
@@ -661,6 +672,17 @@ class WorkerPlane:
                 self._share(sock.fileno())  # type: ignore[misc]
             self._connecting += 1
             self.loop.create_task(self._connect(sock, early))
+
+    def _refuse_connection(self, sock: socket.socket) -> None:
+        """Past ``max_connections``: 503 and close, before the connection costs more than its descriptor."""
+        self.refused("too_many_connections")
+        error = InferError("unavailable", f"this worker holds {self.limits.max_connections} connections; retry")
+        try:
+            sock.setblocking(False)
+            sock.send(error_response(error, close=True))
+        except OSError:
+            pass
+        sock.close()
 
     def _resume_accepting(self) -> None:
         if self._listener is not None:
@@ -1027,6 +1049,8 @@ class WorkerPlane:
         now = time.perf_counter()
         for conn in [c for c in self.connections if c.too_slow(now, self.limits.read_timeout_s)]:
             conn.refuse(InferError("slow_client", f"request not received within {self.limits.read_timeout_s:g} s"))
+        for conn in [c for c in self.connections if c.idle_for(now) > self.limits.keep_alive_s]:
+            conn.write(b"", close=True)  # an idle keep-alive connection: the client opens another when it needs
         self.loop.call_later(SWEEP_S, self._sweep)
 
     # ---- connections the supervisor holds too ----------------------------------------------------------

@@ -319,6 +319,7 @@ async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max
     workers and the supervisor's cover), forwarding what this worker does not answer to ``upstream``."""
     server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message,
                         on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
+                        max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
                         on_release=lambda: setattr(plane, "trim_wanted", True))
     await server.start(sock)
     return server
