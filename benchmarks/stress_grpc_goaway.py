@@ -1,7 +1,7 @@
 """The gRPC graceful close under fire: grpcio clients call while every connection is closed again and again.
 
 A worker that retires and the node's cover that stops both close their gRPC connections with GOAWAY
-(``serving/h2grpc.py``, ``GrpcConnection.close_gracefully``).  A call whose HEADERS cross the final GOAWAY is
+(``serving/transport/h2grpc.py``, ``GrpcConnection.close_gracefully``).  A call whose HEADERS cross the final GOAWAY is
 refused and grpc-core retries it once, transparently; a call crossing twice fails ("Stream removed (GOAWAY
 received)"), as ``test_changing_workers_under_load_loses_no_query[grpc]`` once did in CI.  This script counts,
 for ``--closes`` rounds ``--gap-ms`` apart, the calls answered, the streams refused after a final GOAWAY

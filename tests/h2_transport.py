@@ -1,4 +1,4 @@
-"""A stand-in for an asyncio transport under an HTTP/2 connection, for sans-IO tests of serving/h2grpc.py."""
+"""A stand-in for an asyncio transport under an HTTP/2 connection, for sans-IO tests of serving/transport/h2grpc.py."""
 
 from __future__ import annotations
 

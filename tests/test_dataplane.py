@@ -23,8 +23,8 @@ from oip_inputs import DTYPE_NAMES, grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.http1 import HEADS, HeadError, _heads, read_head
 from recserve.serving.server import _infer_target
+from recserve.serving.transport.http1 import HEADS, HeadError, _heads, read_head
 from recserve.zoo import sample_batch
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers

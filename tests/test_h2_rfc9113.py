@@ -1,4 +1,4 @@
-"""RFC 9113 MUSTs of the workers' HTTP/2 server (serving/h2grpc.py), sans-IO: window updates of 0 and window
+"""RFC 9113 MUSTs of the workers' HTTP/2 server (serving/transport/h2grpc.py), sans-IO: window updates of 0 and window
 overflow, malformed requests as stream errors, and frames for a stream the server reset ignored."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hpack import Encoder
 
 from h2_transport import Transport
-from recserve.serving.h2grpc import PREFACE, GrpcConnection, Method, _frame
+from recserve.serving.transport.h2grpc import PREFACE, GrpcConnection, Method, _frame
 
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS = 0x1, 0x4

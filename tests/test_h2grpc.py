@@ -1,4 +1,4 @@
-"""The workers' HTTP/2 gRPC server (serving/h2grpc.py) against grpcio's own client: framing, flow control both
+"""The workers' HTTP/2 gRPC server (serving/transport/h2grpc.py) against grpcio's own client: framing, flow control both
 ways, streaming, status and messages, deadlines and cancellation, compression, limits and the graceful stop."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from recserve.serving.codec import aligned_buffer
-from recserve.serving.h2grpc import (
+from recserve.serving.transport.h2grpc import (
     ENHANCE_YOUR_CALM,
     GOAWAY_PING,
     GOAWAY_PING_AGAIN,
@@ -410,7 +410,7 @@ def test_a_stream_the_client_sends_after_its_first_ping_acknowledgement_is_still
 
 
 def test_a_client_that_never_acknowledges_gets_the_final_goaway_after_a_while(monkeypatch):
-    import recserve.serving.h2grpc as h2grpc
+    import recserve.serving.transport.h2grpc as h2grpc
 
     monkeypatch.setattr(h2grpc, "GOAWAY_ACK_S", 0.01)
 
@@ -600,7 +600,7 @@ def test_a_client_that_does_not_read_its_answers_stops_being_read(served):
     the worker holding its answers without bound."""
     from hpack import Encoder
 
-    from recserve.serving.h2grpc import WRITE_HIGH
+    from recserve.serving.transport.h2grpc import WRITE_HIGH
 
     _, server, loop, _, address = served
     host, port = address.rsplit(":", 1)
@@ -636,7 +636,7 @@ def test_answers_held_for_a_client_that_never_opens_its_windows_are_bounded(monk
     and the connection serves on."""
     from hpack import Encoder
 
-    import recserve.serving.h2grpc as h2grpc
+    import recserve.serving.transport.h2grpc as h2grpc
 
     monkeypatch.setattr(h2grpc, "HOLD_BYTES", 1000)
     cancelled = []

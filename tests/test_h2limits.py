@@ -1,4 +1,4 @@
-"""Budgets for HTTP/2 frames that carry no request (serving/h2limits.py), in the connection and in a node."""
+"""Budgets for HTTP/2 frames that carry no request (serving/transport/h2limits.py), in the connection and in a node."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from h2_transport import Transport
 from oip_inputs import grpc_inputs
-from recserve.serving.h2grpc import ENHANCE_YOUR_CALM, PREFACE, GrpcConnection, Method, _frame
-from recserve.serving.h2limits import FloodGuard, FloodLimits, Rate
+from recserve.serving.transport.h2grpc import ENHANCE_YOUR_CALM, PREFACE, GrpcConnection, Method, _frame
+from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, Rate
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -170,7 +170,7 @@ def _trailer_statuses(data: bytes) -> list[bytes]:
 
 
 def test_incomplete_requests_are_bounded_per_connection_and_per_server_and_let_go_on_close():
-    from recserve.serving.h2limits import ByteBudget
+    from recserve.serving.transport.h2limits import ByteBudget
 
     echo = Method(unary=lambda call, raw: call.reply(b"ok"))
     shared = ByteBudget(24 << 20)
@@ -206,7 +206,7 @@ def grpc_server():
     import asyncio
     import threading
 
-    from recserve.serving.h2grpc import GrpcServer
+    from recserve.serving.transport.h2grpc import GrpcServer
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -282,7 +282,7 @@ def test_a_read_of_many_frames_is_handled_a_slice_per_turn_of_the_loop_with_read
     the connection's reading paused meanwhile; none is lost and order is kept."""
     import asyncio
 
-    from recserve.serving.h2grpc import FRAMES_PER_TURN
+    from recserve.serving.transport.h2grpc import FRAMES_PER_TURN
 
     class Transport(_Transport):
         def __init__(self) -> None:
@@ -317,7 +317,7 @@ def test_a_read_of_many_frames_is_handled_a_slice_per_turn_of_the_loop_with_read
 
 
 def test_a_server_wide_reset_budget_is_not_renewed_by_reconnecting():
-    from recserve.serving.h2limits import Bucket
+    from recserve.serving.transport.h2limits import Bucket
 
     clock = Clock()
     shared = Bucket(Rate(5, 1), clock())

@@ -74,3 +74,22 @@ def test_the_check_sees_imports_inside_functions():
     assert recserve_imports(tree) == [(2, "planners"), (3, "specs")]
     assert upward_imports("perfmodel", tree, "x.py") == ["x.py:2: perfmodel (layer 5) imports planners (layer 6)"]
     assert upward_imports("deploy", tree, "x.py") == []
+
+
+def transport_violations(root: Path = SRC / "serving" / "transport") -> list[str]:
+    """``serving/transport`` knows nothing of recserve: it imports only from itself."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                     else [])
+            found += [f"{path.relative_to(root)}:{node.lineno}: imports {n}" for n in names
+                      if n.startswith("recserve") and not n.startswith("recserve.serving.transport")]
+    return found
+
+
+def test_the_transport_layer_imports_nothing_else_of_recserve(tmp_path):
+    assert transport_violations() == []
+    (tmp_path / "planted.py").write_text("from recserve.serving.codec import json_loads\n")
+    assert transport_violations(tmp_path) == ["planted.py:1: imports recserve.serving.codec"]

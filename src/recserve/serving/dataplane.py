@@ -8,9 +8,9 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 - The node's HTTP listening socket is created once by the supervisor and inherited by every such worker; they
   all ``accept`` from its one queue (no SO_REUSEPORT: a worker that retires or dies drops no backlog).
 - A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` has its head parsed by llhttp
-  (``serving/http1.py``), is decoded and validated with the shared protocol codec, computed in this process and
-  answered: no other process touches it.  The unversioned path is answered only by the model's default (newest
-  loaded) version.
+  (``serving/transport/http1.py``), is decoded and validated with the shared protocol codec, computed in this
+  process and answered: no other process touches it.  The unversioned path is answered only by the model's
+  default (newest loaded) version.
 - Anything else (control, metrics, health, another model, chunked bodies, a model that sub-batches) is *handed
   off*: the connection's descriptor and the bytes already read go to the supervisor over the worker's socket
   pair (SCM_RIGHTS), which passes it to a worker of the right model or serves it in its own aiohttp app.  A
@@ -60,8 +60,8 @@ import numpy as np
 from recserve.serving import codec
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
-from recserve.serving.h2grpc import WRITE_HIGH
-from recserve.serving.http1 import Head, HeadError, HeadReader
+from recserve.serving.transport.h2grpc import WRITE_HIGH
+from recserve.serving.transport.http1 import Head, HeadError, HeadReader
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
 log = logging.getLogger("recserve.serving")

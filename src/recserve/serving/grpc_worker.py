@@ -1,13 +1,13 @@
 """gRPC in the worker (data plane v2): a model worker answers its own model's ``ModelInfer`` itself.
 
 Every whole-query worker accepts on the node's one gRPC listening socket (inherited, like HTTP's: a retiring or
-dying worker leaves no connection in a backlog of its own) with the lean HTTP/2 server of ``serving/h2grpc.py``
-(grpc.aio's server cost ~5x its CPU per call; see that module).  ``ModelInfer`` for this worker's model is
-decoded with the shared codec, queued in the worker's one queue (the same admission, deadlines and fused passes
-as HTTP; the deadline is the call's ``grpc-timeout``) and answered from the reply callback, with no task per
-call; ``ModelStreamInfer`` is answered here too, request by request.  Every other call (metadata, health,
-statistics, other models, the repository API) and a streamed request for another model is forwarded
-byte for byte to the supervisor's gRPC server on a private Unix socket through a grpc.aio channel
+dying worker leaves no connection in a backlog of its own) with the lean HTTP/2 server of
+``serving/transport/h2grpc.py`` (grpc.aio's server cost ~5x its CPU per call; see that module). ``ModelInfer`` for
+this worker's model is decoded with the shared codec, queued in the worker's one queue (the same admission,
+deadlines and fused passes as HTTP; the deadline is the call's ``grpc-timeout``) and answered from the reply
+callback, with no task per call; ``ModelStreamInfer`` is answered here too, request by request. Every other call
+(metadata, health, statistics, other models, the repository API) and a streamed request for another model is
+forwarded byte for byte to the supervisor's gRPC server on a private Unix socket through a grpc.aio channel
 (``Forwarder``), so the worker needs to know no other part of the service and a client sees one server.
 """
 
@@ -29,7 +29,7 @@ from recserve.serving import codec
 from recserve.serving.dataplane import WorkerPlane, as_infer_error
 from recserve.serving.errors import InferError, grpc_code
 from recserve.serving.grpc_service import Undecodable, infer_response, tolerant
-from recserve.serving.h2grpc import GrpcCall, GrpcServer, Method
+from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ from recserve.errors import RecserveError
 from recserve.serving import grpc_service, protocol, tls
 from recserve.serving.config import NodeConfig, available_cores
 from recserve.serving.grpc_worker import Forwarder, channel_to
-from recserve.serving.h2grpc import GrpcServer
 from recserve.serving.http import build_app, prometheus_text
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.repository import Repository
 from recserve.serving.runtime import InferError, ModelRuntime, mp_context
 from recserve.serving.shm import Registry
+from recserve.serving.transport.h2grpc import GrpcServer
 
 log = logging.getLogger("recserve.serving")
 

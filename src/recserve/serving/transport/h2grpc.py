@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from recserve.serving.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits
+from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits
 
 log = logging.getLogger(__name__)
 
