@@ -78,6 +78,8 @@ def test_the_fast_reader_reads_the_arrays_of_the_whole_decode(fast, lengths_dtyp
     expected = whole(body)
     assert expected[0] != "refused"
     assert read_fast(body) == expected
+    for buffer in (bytearray(body), memoryview(bytearray(body))):  # as a worker receives it
+        assert verdict(lambda b=buffer: codec.parse_http_infer(b, None)) == expected
     request = codec.json_request(body)
     assert request is not None
     ids = next(t["data"] for t in request["inputs"] if t["name"] == "sparse_values")

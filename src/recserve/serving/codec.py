@@ -393,7 +393,7 @@ _INT_DATA = frozenset(b"0123456789-,[] ")
 _STRUCTURE = b"0123456789-"  # what a nested integer array's brackets and commas are left of when deleted
 
 
-def json_request(head: bytes) -> dict[str, Any] | None:
+def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     """An infer request's JSON part as :func:`json_loads` reads it, but with each input's ``data`` read straight into
     numpy where it is an array of JSON integers (``np.fromstring``'s C parser, after a vectorised check of JSON's
     number grammar); other arrays (floats, booleans, strings) are read by orjson alone, as lists.  None where this
@@ -404,6 +404,8 @@ def json_request(head: bytes) -> dict[str, Any] | None:
 
     Why: orjson makes a Python int per number and numpy reads them back one by one, ~37 ns a number; a batch-256
     query of hercules-rmc1 (2.9 MB of JSON, 205k ids) spent ~10 ms so on the worker's loop (issue #51)."""
+    if not isinstance(head, bytes):  # a worker's receive buffer (bytearray, memoryview): json_loads copies it too
+        head = bytes(head)
     if orjson is None or b"\\" in head:
         return None
     spans, pos = [], 0
