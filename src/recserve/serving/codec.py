@@ -390,7 +390,7 @@ JSON_FAST_BYTES = 32 * 1024
 and reading the rest twice cost more than the lists save (a batch-1 hercules-rmc1 query, 11 KB: 53 vs 45 us CPU)."""
 INT_DATA_BYTES = 8 * 1024  # an integer array shorter than this is read by orjson (numpy's dozen calls cost ~10 us)
 _INT_DATA = frozenset(b"0123456789-,[] ")
-_STRUCTURE = b"0123456789-"  # what a nested integer array's brackets and commas are left of when deleted
+_STRUCTURE = b"0123456789- "  # what a nested integer array's brackets and commas are left of when deleted
 
 
 def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
@@ -459,15 +459,10 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
 
 
 def _int_data(span: bytes) -> np.ndarray | None:
-    """A JSON array of integers (flat, or nested regularly; no whitespace but a space after a comma) as the flat
-    int64 array ``np.asarray`` makes of its list; None where it is anything else or cannot be told cheaply."""
-    if span.translate(None, b"0123456789-,[] "):
-        return None
-    if b" " in span:
-        spaces = np.frombuffer(span, np.uint8) == 32
-        if spaces[0] or (spaces[1:] & (np.frombuffer(span, np.uint8)[:-1] != 44)).any():
-            return None
-        span = span.translate(None, b" ")
+    """A JSON array of integers (flat, or nested regularly; no whitespace but one space after a comma, as
+    ``json.dumps`` writes) as the flat int64 array ``np.asarray`` makes of its list; None where it is anything else or
+    cannot be told cheaply.  Each check is a numpy pass over the bytes (~30 us a MB): together ~1 ms for a batch-256
+    query's 1.6 MB of ids, beside numpy's parse of them (~2.7 ms)."""
     if span.find(b"[", 1) >= 0 or span.find(b"]", 0, len(span) - 1) >= 0:
         if not _regular(span.translate(None, _STRUCTURE)) or (span.find(b"-") >= 0 and b"-[" in span):
             return None  # ragged, or a sign before a list ("-[1]"), which deleting the brackets would hide
@@ -477,14 +472,27 @@ def _int_data(span: bytes) -> np.ndarray | None:
     if not text:
         return None
     b = np.frombuffer(text, np.uint8)
-    digit = b >= 48  # only digits, '-' (45) and ',' (44) are left
+    digit = b >= 48
+    if (b > 57).any():  # a letter, a bracket left, a quote...
+        return None
     other = ~digit
-    if other[0] and b[0] != 45 or other[-1]:
+    if other[0] and b[0] != 45 or other[-1]:  # a number first (or its '-'), a digit last
         return None
-    pair = other[:-1] & other[1:]  # two non-digits in a row: only ",-" (a negative number after a comma)
-    if pair.any() and (pair & ((b[:-1] != 44) | (b[1:] != 45))).any():
+    comma, space, minus = b == 44, text.find(b" ") >= 0, text.find(b"-") >= 0
+    if space or minus:  # only digits, ',' (44), '-' (45) and ' ' (32) may be left; which, where
+        if (other & ~comma & (b != 45) & (b != 32)).any():
+            return None
+        if space and ((b[1:] == 32) & ~comma[:-1]).any():  # a space, but after a comma
+            return None
+        if minus and ((b[1:] == 45) & digit[:-1]).any():  # a '-' inside a number
+            return None
+        if minus and ((b[:-1] == 45) & ~digit[1:]).any():  # a '-' with no digit after it
+            return None
+        if space and ((b[:-1] == 32) & ~digit[1:] & (b[1:] != 45)).any():  # a space before no number
+            return None
+    elif (other & ~comma).any():
         return None
-    if text.find(b"-", 1) > 0 and ((b[1:] == 45) & digit[:-1]).any():  # a '-' inside a number
+    if (comma[:-1] & other[1:] & (b[1:] != 32) & (b[1:] != 45)).any():  # ",," or ",]"-like: an empty number
         return None
     zero = b == 48  # a leading zero: '0' after a number's start (or its '-'), followed by a digit
     if len(b) > 1 and (zero[0] and digit[1] or (zero[1:-1] & digit[2:] & other[:-2]).any()):
@@ -493,7 +501,7 @@ def _int_data(span: bytes) -> np.ndarray | None:
         values = np.fromstring(text, dtype=np.int64, sep=",")
     except (ValueError, DeprecationWarning):
         return None
-    if values.size != np.count_nonzero(b == 44) + 1:
+    if values.size != np.count_nonzero(comma) + 1:
         return None
     # np.fromstring saturates past int64; the list would hold Python ints numpy reads as uint64 or objects
     if values.max() >= 10**18 or values.min() <= -(10**18):
