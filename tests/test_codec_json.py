@@ -222,6 +222,20 @@ def test_every_small_corruption_of_a_request_gets_the_whole_decodes_verdict(fast
     assert accepted  # some corruptions are still a valid request (a digit changed)
 
 
+def test_json_tensors_beside_binary_ones_read_alike(fast):
+    """A binary-extension request whose ids travel as JSON ``data`` (tritonclient allows it per input)."""
+    arrays = query(batch=6)
+    inputs = entries(arrays)
+    inputs[0].pop("data")
+    inputs[0]["parameters"] = {"binary_data_size": arrays["dense"].nbytes}
+    head = body_of(inputs)
+    body = head + arrays["dense"].tobytes()
+    expected = verdict(lambda: codec._parse_request(codec._header(head), memoryview(body)[len(head):], None))
+    assert expected[0] != "refused"
+    assert verdict(lambda: codec.parse_http_infer(body, str(len(head)))) == expected
+    assert isinstance(codec.json_request(head)["inputs"][1]["data"], np.ndarray)
+
+
 @pytest.mark.parametrize("case", ["escape in a key", "data in parameters", "data given twice", "data a number",
                                   "binary and data", "a string named data"])
 def test_what_the_fast_reader_cannot_be_sure_of_it_leaves_to_the_whole_decode(fast, case):

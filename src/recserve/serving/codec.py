@@ -442,11 +442,14 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     inputs = request.get("inputs") if isinstance(request, dict) else None
-    # every "data" array found is one input's: none elsewhere, none given twice (the last would count)
-    if not isinstance(inputs, list) or len(inputs) != len(spans) or \
-            not all(isinstance(t, dict) and t.get("data") == [] for t in inputs):
+    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
         return None
-    for t, (start, end) in zip(inputs, spans, strict=True):
+    # every "data" array found is one input's: none elsewhere, none given twice (the last would count); inputs
+    # without "data" (binary, shared memory) are read as always
+    holders = [t for t in inputs if "data" in t]
+    if len(holders) != len(spans) or not all(type(t["data"]) is list and not t["data"] for t in holders):
+        return None
+    for t, (start, end) in zip(holders, spans, strict=True):
         span = head[start:end]
         data = _int_data(span) if len(span) >= INT_DATA_BYTES and _INT_DATA.issuperset(span[:64]) else None
         if data is None:
