@@ -389,6 +389,7 @@ JSON_FAST_BYTES = 32 * 1024
 """A request's JSON part at least this long is read by :func:`json_request` first: below it, finding the tensors
 and reading the rest twice cost more than the lists save (a batch-1 hercules-rmc1 query, 11 KB: 53 vs 45 us CPU)."""
 INT_DATA_BYTES = 8 * 1024  # an integer array shorter than this is read by orjson (numpy's dozen calls cost ~10 us)
+MAX_DATA_DEPTH = 32  # deeper nesting is left to the lists (numpy refuses arrays of more than 64 dimensions)
 _INT_DATA = frozenset(b"0123456789-,[] ")
 _STRUCTURE = b"0123456789- "  # what a nested integer array's brackets and commas are left of when deleted
 
@@ -516,6 +517,8 @@ def _regular(structure: bytes) -> bool:
     """Whether ``structure`` (a nested array's brackets and commas) is that of a regular array with no empty
     list: what ``np.asarray`` reads into one shape (a ragged one is refused by the whole decode, in its words)."""
     depth = len(structure) - len(structure.lstrip(b"["))
+    if depth > MAX_DATA_DEPTH:
+        return False
     group, inner = b"", 0
     for level in range(depth, 0, -1):  # the first list at each level, innermost first: its length gives its size
         close = structure.find(b"]" * (depth - level + 1))
