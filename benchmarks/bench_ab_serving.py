@@ -9,7 +9,10 @@ recserve, e.g. ``git worktree add /tmp/base HEAD~1``.
 
 Prints both rows and their difference and writes results/ab_serving.json.  Usage:
     .venv/bin/python benchmarks/bench_ab_serving.py --base-src /tmp/base/src
-        [--protocol http|grpc|grpc_stream|grpc_h2] [--batch 1] [--seconds 16] [--rounds 4]
+        [--protocol http|http_json|grpc|grpc_stream|grpc_h2] [--batch 1] [--seconds 16] [--rounds 4]
+
+``http_json`` sends the tensors as plain JSON ``data`` lists and takes JSON scores back (what curl, and tritonclient
+with ``binary_data=False``, send: ``json.dumps``' default spelling), on the bare HTTP client.
 """
 
 from __future__ import annotations
@@ -38,7 +41,26 @@ from bench_serving_overhead import (  # noqa: E402
 from recserve.serving import build_worker_model, quick_config  # noqa: E402
 from recserve.zoo import sample_batch  # noqa: E402
 
-CLIENTS = {"http": MinimalHttp, "grpc": MinimalGrpc, "grpc_stream": GrpcStream, "grpc_h2": MinimalH2Grpc}
+
+class MinimalHttpJson(MinimalHttp):
+    """:class:`MinimalHttp` with a plain-JSON request (no binary extension) and a JSON answer."""
+
+    def __init__(self, port: int, model: str, batch) -> None:
+        import socket
+
+        from recserve.measure.http_client import encode_post
+        from recserve.serving.codec import DATATYPES
+
+        inputs = [{"name": name, "shape": list(a.shape), "datatype": DATATYPES[a.dtype], "data": a.reshape(-1).tolist()}
+                  for name, a in batch.as_arrays().items()]
+        body = json.dumps({"inputs": inputs}).encode()
+        self.request = encode_post("127.0.0.1", f"/v2/models/{model}/infer", body, {"Content-Type": "application/json"})
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+CLIENTS = {"http": MinimalHttp, "http_json": MinimalHttpJson, "grpc": MinimalGrpc, "grpc_stream": GrpcStream,
+           "grpc_h2": MinimalH2Grpc}
 
 
 def started(model: str, scale: float, core: int, src: str | None) -> ServerProcess:
@@ -54,7 +76,7 @@ def run(args: argparse.Namespace) -> dict:
     os.sched_setaffinity(0, [args.client_core])
     client_of = CLIENTS[args.protocol]
     try:
-        clients = {k: client_of(s.http if args.protocol == "http" else s.grpc, args.model, batch)
+        clients = {k: client_of(s.http if args.protocol.startswith("http") else s.grpc, args.model, batch)
                    for k, s in servers.items()}
         for c in clients.values():
             for _ in range(args.warmup):
@@ -94,7 +116,8 @@ def main() -> int:
     parser.add_argument("--model", default="hercules-rmc1")
     parser.add_argument("--scale", type=float, default=1e-3)
     parser.add_argument("--protocol", choices=tuple(CLIENTS), default="http",
-                        help="the client: bare HTTP, grpcio unary, tritonclient stream_infer, or a bare HTTP/2 one")
+                        help="the client: bare HTTP (binary tensors or plain JSON), grpcio unary, tritonclient "
+                             "stream_infer, or a bare HTTP/2 one")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=16.0, help="client time over both servers")
     parser.add_argument("--rounds", type=int, default=4)

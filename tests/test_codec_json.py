@@ -1,0 +1,334 @@
+"""Plain-JSON infer requests read without a Python list per number (``codec.json_request``, issue #51): every
+request must get exactly the verdict of the whole decode (``json_loads`` then lists): the same arrays (dtype,
+shape, bits) or the same refusal, word for word; and what the fast reader cannot be sure of it leaves to the
+whole decode."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from recserve.serving import codec
+from recserve.serving.errors import InferError
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Every request and every integer array read the fast way, whatever its size."""
+    monkeypatch.setattr(codec, "JSON_FAST_BYTES", 0)
+    monkeypatch.setattr(codec, "INT_DATA_BYTES", 0)
+
+
+def query(batch: int = 3, lengths_dtype=np.int32, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 4, (2, batch)).astype(lengths_dtype)
+    ids = rng.integers(-5, 3_000_000, int(lengths.sum()))
+    return {"dense": rng.standard_normal((batch, 4)).astype(np.float32), "sparse_values": ids,
+            "sparse_lengths": lengths}
+
+
+def entries(arrays: dict[str, np.ndarray], nested: bool = False, dense_as=None) -> list[dict]:
+    out = []
+    for name, a in arrays.items():
+        data = a.tolist() if nested else a.reshape(-1).tolist()
+        if name == "dense" and dense_as is not None:
+            data = dense_as(a)
+        out.append({"name": name, "shape": list(a.shape), "datatype": codec.DATATYPES[a.dtype], "data": data})
+    return out
+
+
+def body_of(inputs: list[dict], **dumps) -> bytes:
+    return json.dumps({"inputs": inputs}, **dumps).encode()
+
+
+def whole(body: bytes):
+    """Today's decode: the request's JSON read whole, its tensors as lists."""
+    return verdict(lambda: codec._parse_request(codec._header(body), memoryview(b""), None))
+
+
+def verdict(parse):
+    try:
+        request, arrays = parse()
+    except InferError as exc:
+        return ("refused", exc.code, exc.field, str(exc))
+    inputs = [{k: v for k, v in t.items() if k != "data"} for t in request["inputs"]]
+    return ({**request, "inputs": inputs},
+            {n: (a.dtype.str, a.shape, a.tobytes()) for n, a in arrays.items()})  # bits: -0.0 is not 0.0
+
+
+def read_fast(body: bytes):
+    return verdict(lambda: codec.parse_http_infer(body, None))
+
+
+SPELLINGS = {
+    "compact": {"separators": (",", ":")},
+    "spaced": {},  # json.dumps' default ", " and ": ", as tritonclient sends
+    "indented": {"indent": 2},
+    "tabs": {"indent": "\t"},
+}
+
+
+@pytest.mark.parametrize("lengths_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_the_fast_reader_reads_the_arrays_of_the_whole_decode(fast, lengths_dtype, nested, spelling):
+    body = body_of(entries(query(lengths_dtype=lengths_dtype), nested), **SPELLINGS[spelling])
+    expected = whole(body)
+    assert expected[0] != "refused"
+    assert read_fast(body) == expected
+    for buffer in (bytearray(body), memoryview(bytearray(body))):  # as a worker receives it
+        assert verdict(lambda b=buffer: codec.parse_http_infer(b, None)) == expected
+    request = codec.json_request(body)
+    assert request is not None
+    ids = next(t["data"] for t in request["inputs"] if t["name"] == "sparse_values")
+    # integers with no whitespace but ", " are read by numpy; other spellings (newlines) by orjson alone
+    assert isinstance(ids, np.ndarray) == (spelling in ("compact", "spaced"))
+
+
+DENSE_SPELLINGS = {
+    "ints as floats": lambda a: [float(round(v)) for v in a.reshape(-1).tolist()],
+    "ints": lambda a: [round(v) for v in a.reshape(-1).tolist()],
+    "negative zero ints": lambda a: [0] * a.size,
+    "exponents": lambda a: [v * 1e-7 for v in a.reshape(-1).tolist()],
+    "large exponents": lambda a: [v * 1e30 for v in a.reshape(-1).tolist()],
+    "float32 shortest": lambda a: [float(str(v)) for v in a.reshape(-1)],
+    "mixed ints and floats": lambda a: [round(v) if k % 2 else v for k, v in enumerate(a.reshape(-1).tolist())],
+}
+
+
+@pytest.mark.parametrize("case", sorted(DENSE_SPELLINGS))
+def test_dense_features_in_every_spelling_read_alike(fast, case):
+    body = body_of(entries(query(batch=5), dense_as=DENSE_SPELLINGS[case]))
+    expected = whole(body)
+    assert expected[0] != "refused"
+    assert read_fast(body) == expected
+
+
+def texts() -> dict[str, bytes]:
+    """Request bodies written by hand, as curl users do: spellings JSON allows that json.dumps never writes."""
+    good = ('{"inputs":[{"name":"dense","shape":[1,2],"datatype":"FP32","data":%s},'
+            '{"name":"sparse_values","shape":[3],"datatype":"INT64","data":%s},'
+            '{"name":"sparse_lengths","shape":[2,1],"datatype":"INT32","data":%s}]}')
+    cases = {
+        "plain": ("[0.5,-1.5]", "[1,2,3]", "[1,2]"),
+        "exponent forms": ("[1E2,-2.5e-3]", "[0,-0,7]", "[[1],[2]]"),
+        "plus exponent": ("[1e+2,2.0E+0]", "[1,2,3]", "[[1],[2]]"),
+        "space inside brackets": ("[0.5,-1.5]", "[ 1,2,3 ]", "[1,2]"),
+        "space before a comma": ("[0.5,-1.5]", "[1 ,2,3]", "[1,2]"),
+        "spaces after commas": ("[0.5, -1.5]", "[1, 2, 3]", "[1, 2]"),
+        "newlines": ("[0.5,\n-1.5]", "[1,\n2,\n3]", "[\n1,2\n]"),
+        "whitespace around data": ("  [0.5,-1.5]  ", "\t[1,2,3]\n", " [1,2] "),
+        "nested one deep": ("[[0.5,-1.5]]", "[[1,2,3]]", "[[[1]],[[2]]]"),
+        # what is refused, and must be refused alike
+        "leading zero": ("[0.5,-1.5]", "[01,2,3]", "[1,2]"),
+        "negative leading zero": ("[0.5,-1.5]", "[1,-02,3]", "[1,2]"),
+        "plus sign": ("[0.5,-1.5]", "[+1,2,3]", "[1,2]"),
+        "two commas": ("[0.5,-1.5]", "[1,,2,3]", "[1,2]"),
+        "trailing comma": ("[0.5,-1.5]", "[1,2,3,]", "[1,2]"),
+        "leading comma": ("[0.5,-1.5]", "[,1,2,3]", "[1,2]"),
+        "minus inside": ("[0.5,-1.5]", "[1,2-3]", "[1,2]"),
+        "double minus": ("[0.5,-1.5]", "[1,--2,3]", "[1,2]"),
+        "lone minus": ("[0.5,-1.5]", "[1,-,3]", "[1,2]"),
+        "space inside a number": ("[0.5,-1.5]", "[1,2 3]", "[1,2]"),
+        "ragged": ("[0.5,-1.5]", "[[1,2],[3]]", "[1,2]"),
+        "empty list inside": ("[0.5,-1.5]", "[[1,2,3],[]]", "[1,2]"),
+        "mixed depth": ("[0.5,-1.5]", "[1,[2,3]]", "[1,2]"),
+        "sign before a list": ("[0.5,-1.5]", "[[1],-[2],[3]]", "[1,2]"),
+        "nested 32 deep": ("[0.5,-1.5]", "[" * 32 + "1,2,3" + "]" * 32, "[1,2]"),
+        "nested 70 deep": ("[0.5,-1.5]", "[" * 70 + "1,2,3" + "]" * 70, "[1,2]"),  # numpy: 64 dimensions at most
+        "sign before the lists": ("[0.5,-1.5]", "[-[1,2,3]]", "[1,2]"),
+        "unbalanced": ("[0.5,-1.5]", "[[1,2,3]", "[1,2]"),
+        "two arrays": ("[0.5,-1.5]", "[1,2],[3]", "[1,2]"),
+        "wrong count": ("[0.5,-1.5]", "[1,2,3,4]", "[1,2]"),
+        "float id": ("[0.5,-1.5]", "[1,2.0,3]", "[1,2]"),
+        "exponent id": ("[0.5,-1.5]", "[1,2e0,3]", "[1,2]"),
+        "int64 overflow": ("[0.5,-1.5]", "[1,9223372036854775808,3]", "[1,2]"),
+        "uint64 overflow": ("[0.5,-1.5]", "[1,18446744073709551616,3]", "[1,2]"),
+        "int64 min": ("[0.5,-1.5]", "[1,-9223372036854775808,3]", "[1,2]"),
+        "huge negative": ("[0.5,-1.5]", "[1,-99999999999999999999,3]", "[1,2]"),
+        "big but fine": ("[0.5,-1.5]", "[1,999999999999999999,3]", "[1,2]"),
+        "int32 overflow": ("[0.5,-1.5]", "[1,2,3]", "[2147483648,2]"),
+        "lengths past the ids": ("[0.5,-1.5]", "[1,2,3]", "[2,2]"),
+        "negative length": ("[0.5,-1.5]", "[1,2,3]", "[-1,4]"),
+        "nan": ("[NaN,-1.5]", "[1,2,3]", "[1,2]"),
+        "infinity": ("[Infinity,-1.5]", "[1,2,3]", "[1,2]"),
+        "overflowing float": ("[1e39,-1.5]", "[1,2,3]", "[1,2]"),
+        "null": ("[0.5,-1.5]", "[1,null,3]", "[1,2]"),
+        "booleans": ("[0.5,-1.5]", "[1,true,3]", "[1,2]"),
+        "strings": ("[0.5,-1.5]", '["1","2","3"]', "[1,2]"),
+        "dot ending": ("[0.5,1.]", "[1,2,3]", "[1,2]"),
+        "dot starting": ("[0.5,.5]", "[1,2,3]", "[1,2]"),
+        "hex": ("[0.5,-1.5]", "[1,0x2,3]", "[1,2]"),
+        "not an array": ("[0.5,-1.5]", "3", "[1,2]"),
+        "an object": ("[0.5,-1.5]", '{"a":1}', "[1,2]"),
+    }
+    return {name: (good % values).encode() for name, values in cases.items()}
+
+
+@pytest.mark.parametrize("case", sorted(texts()))
+def test_hand_written_requests_get_the_whole_decodes_verdict(fast, case):
+    body = texts()[case]
+    assert read_fast(body) == whole(body)
+
+
+@pytest.mark.parametrize("datatype", ["FP64", "INT32", "BYTES", "UINT64", None])
+@pytest.mark.parametrize("name", ["dense", "sparse_values"])
+def test_a_wrong_datatype_is_refused_in_the_same_words(fast, name, datatype):
+    inputs = entries(query())
+    for t in inputs:
+        if t["name"] == name:
+            t["datatype"] = datatype
+    body = body_of(inputs)
+    expected = whole(body)
+    assert expected[0] == "refused" and read_fast(body) == expected
+
+
+@pytest.mark.parametrize("shape", [[7], [2, 2, 2], [-1], [1, "a"], None, [10**13, 10**13]])
+def test_a_wrong_shape_is_refused_in_the_same_words(fast, shape):
+    inputs = entries(query())
+    inputs[1]["shape"] = shape
+    body = body_of(inputs)
+    expected = whole(body)
+    assert expected[0] == "refused" and read_fast(body) == expected
+
+
+def mutations(text: bytes, rng: np.random.Generator, n: int) -> list[bytes]:
+    """``text`` with one byte inserted, replaced or deleted at a random place, ``n`` times."""
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(1, len(text) - 1))
+        byte = bytes([rng.choice(list(b"0123456789-+,.eE []\n\t"))])
+        how = rng.integers(3)
+        out.append(text[:k] + byte + text[k:] if how == 0 else text[:k] + byte + text[k + 1:] if how == 1
+                   else text[:k] + text[k + 1:])
+    return out
+
+
+def test_every_small_corruption_of_a_request_gets_the_whole_decodes_verdict(fast):
+    """The fast reader's grammar against orjson's, where the two could part: one byte off, anywhere in the ids."""
+    rng = np.random.default_rng(7)
+    arrays = query(batch=4)
+    arrays["sparse_values"] = rng.integers(-1000, 1000, int(arrays["sparse_lengths"].sum()))
+    body = body_of(entries(arrays), separators=(",", ":"))
+    start = body.index(b'"sparse_values"')
+    start = body.index(b'"data":[', start) + 7
+    end = body.index(b"]", start) + 1
+    accepted = 0
+    for ids in mutations(body[start:end], rng, 400):
+        mutated = body[:start] + ids + body[end:]
+        expected = whole(mutated)
+        accepted += expected[0] != "refused"
+        assert read_fast(mutated) == expected, ids
+    assert accepted  # some corruptions are still a valid request (a digit changed)
+
+
+def test_json_tensors_beside_binary_ones_read_alike(fast):
+    """A binary-extension request whose ids travel as JSON ``data`` (tritonclient allows it per input)."""
+    arrays = query(batch=6)
+    inputs = entries(arrays)
+    inputs[0].pop("data")
+    inputs[0]["parameters"] = {"binary_data_size": arrays["dense"].nbytes}
+    head = body_of(inputs)
+    body = head + arrays["dense"].tobytes()
+    expected = verdict(lambda: codec._parse_request(codec._header(head), memoryview(body)[len(head):], None))
+    assert expected[0] != "refused"
+    assert verdict(lambda: codec.parse_http_infer(body, str(len(head)))) == expected
+    assert isinstance(codec.json_request(head)["inputs"][1]["data"], np.ndarray)
+
+
+@pytest.mark.parametrize("case", ["escape in a key", "data in parameters", "data given twice", "data a number",
+                                  "binary and data", "a string named data"])
+def test_what_the_fast_reader_cannot_be_sure_of_it_leaves_to_the_whole_decode(fast, case):
+    inputs = entries(query())
+    text = body_of(inputs).decode()
+    if case == "escape in a key":
+        text = text.replace('"data"', '"d\\u0061ta"', 1)
+    elif case == "data in parameters":
+        text = text.replace('{"inputs"', '{"parameters": {"data": [1, 2]}, "inputs"', 1)
+    elif case == "data given twice":
+        text = text.replace('"data": [', '"data": [5], "data": [', 1)
+    elif case == "data a number":
+        text = text.replace('"data": [', '"data": 5, "x": [', 1)
+    elif case == "binary and data":
+        text = text.replace('"data": [', '"parameters": {"binary_data_size": 0}, "data": [', 1)
+    elif case == "a string named data":
+        text = text.replace('"name": "dense"', '"name": "data"', 1)
+    body = text.encode()
+    if case not in ("a string named data", "binary and data"):  # those two are read fast, and refused alike
+        assert codec.json_request(body) is None
+    assert read_fast(body) == whole(body)
+
+
+@pytest.mark.parametrize("structure, regular", [
+    (b"[,,]", True), (b"[[,],[,]]", True), (b"[[[,]],[[,]]]", True), (b"[[,],[,,]]", False), (b"[[,],[]]", False),
+    (b"[[,],,]", False), (b"[[,]", False), (b"[[,]]]", False), (b"[]", True), (b"[[],[]]", True)])
+def test_a_nested_arrays_structure_is_regular_or_not(structure, regular):
+    # "[]" reads as regular here; the empty numbers it leaves are refused by the grammar check after it
+    assert codec._regular(structure) is regular
+
+
+def test_a_large_query_is_read_fast_by_default():
+    arrays = query(batch=256)
+    arrays["sparse_values"] = np.random.default_rng(3).integers(0, 3_000_000, 20_000)
+    arrays["sparse_lengths"][:] = 0
+    arrays["sparse_lengths"][0, :] = 20_000 // 256
+    arrays["sparse_lengths"][1, :16] = 1
+    body = body_of(entries(arrays))
+    assert len(body) >= codec.JSON_FAST_BYTES
+    request = codec.json_request(body)
+    assert isinstance(request["inputs"][1]["data"], np.ndarray)
+    assert read_fast(body) == whole(body)
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+@pytest.mark.integration
+def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worker_lives_on():
+    """A 2.4 MB plain-JSON query (read the fast way) gets the binary query's scores to the bit; several at once,
+    back to back, are all answered by the same worker (the supervisor never took it for gone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nodes import node_config
+    from recserve.serving import NodeServer, build_worker_model
+    from recserve.serving.control_client import ControlClient
+    from recserve.zoo import sample_batch
+
+    config = node_config("elasticrec-rm1", scale=1e-4, workers=1)
+    config.max_body_bytes = 16 * 1024 * 1024
+    server = NodeServer(config)
+    ports = server.start()
+    try:
+        cfg = server.config.models[0]
+        arrays = sample_batch(build_worker_model(cfg), 200, rng=3).as_arrays()
+        body = body_of(entries(arrays))
+        assert len(body) > 2_000_000 and codec.json_request(body) is not None
+        url = f"http://127.0.0.1:{ports.http}/v2/models/{cfg.name}/infer"
+        status, _, answer = post(url, body, {"Content-Type": "application/json"})
+        assert status == 200, answer[:300]
+        scores = codec.decode_http_response(answer, None)["scores"]
+        binary, length = codec.encode_http_request(arrays)
+        status, headers, answer = post(url, binary, {codec.HEADER_LENGTH: str(length)})
+        assert status == 200, answer[:300]
+        twin = codec.decode_http_response(answer, int(headers[codec.HEADER_LENGTH]))["scores"]
+        assert scores.dtype == twin.dtype and scores.tobytes() == twin.tobytes()
+
+        control = ControlClient("127.0.0.1", ports.http)
+        pids = [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]]
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: post(url, body, {"Content-Type": "application/json"}), range(12)))
+        assert [a[0] for a in answers] == [200] * 12, [a[2][:200] for a in answers if a[0] != 200]
+        assert [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]] == pids
+    finally:
+        server.stop()
