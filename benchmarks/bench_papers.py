@@ -394,11 +394,12 @@ def row_hercules_search() -> list[Row]:
                "DeepRecSys' own point - is also the search's optimum.  The paper's gains come from fewer, wider "
                "threads that 'reduce interference' (§III-A: 10x2 beats 20x1 by up to 35%) and from the S-D pipeline "
                "that removes the idle operator workers of op-parallelism (Fig. 5)")
-    gpu_why = ("the search's gain here comes from moving the gathers to wide host threads (S-D pipeline); the "
-               "paper's comes mostly from query fusion on the device (§III-B: co-location plus fusion 2.95/7.87/6.0x "
-               "over Baymax on RMC3/MT-WnD/DIN), which the perfmodel does not model: `perfmodel.queueing` splits a "
-               "query into sub-batches but never merges queries, so each query pays its own launches and PCIe round "
-               "trip (`_accel_times`)")
+    gpu_why = ("the search fuses queries on the device (§III-B: a free device thread launches every job that arrived "
+               "during its last launch, up to the batch size, as one call: `perfmodel.model._RateModel._fusion`, "
+               "the fused count the fixed point of arrivals over the model's own launch time) and co-locates threads "
+               "or moves gathers to host threads (S-D pipeline); Baymax co-locates without fusion.  Fusion amortises "
+               "only per-launch costs (kernel launches, PCIe latency, framework time per call): where host gathers of "
+               "tables that do not fit the 16 GB device, or device compute, dominate a launch, fusing gains little")
     setup = "perfmodel evaluator (bundled calibration), Hercules' gradient-guided search (Alg. 1) vs "
     cpu_setup = setup + "DeepRecSys (one single-core thread per core, batch hill-climbed) on hercules-t1"
     gpu_setup = setup + ("a Baymax-style baseline (model-based threads co-located on the device, thread count and "

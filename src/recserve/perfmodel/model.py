@@ -60,6 +60,9 @@ class Allocation:
     DenseNet threads (one core each, or co-located on the accelerator) run the MLPs.
     ``tables="copied"`` gives every worker its own copy of the tables (separate processes).
     ``feed="pylist"`` adds the per-call conversion of ids handed over as Python lists (see ``FEED_MODES``).
+    ``fuse=True`` (accelerator threads only; Hercules §III-B "query fusion"): a device thread that becomes free
+    launches every job waiting for it, up to ``batch`` items, as one call; without it each query (or sub-batch)
+    is its own launch (DeepRecSys, Baymax).
     """
 
     workers: int = 1
@@ -72,6 +75,7 @@ class Allocation:
     sparse_workers: int = 0
     zipf_s: float | None = None
     feed: str = "tensor"
+    fuse: bool = False
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.cores_per_worker < 1 or self.sparse_workers < 0:
@@ -526,6 +530,8 @@ class _RateModel:
         self.full = np.floor(n / b)
         self.rem = n - self.full * b
         self.k = self.full + (self.rem > 0)
+        self.b = b
+        self.fuse = bool(alloc.fuse and st.on_accel)
         sub = np.concatenate([[b], np.where(self.rem > 0, self.rem, b)])
         self.linear = not st.on_accel
         self.sub = sub
@@ -573,12 +579,68 @@ class _RateModel:
             span = np.where(k <= c, first, np.ceil(k / c) * t_full)
             out.append(Station.from_jobs(c, self.probs, k, full * t_full + t_rem,
                                          full * t_full * t_full + t_rem * t_rem, span))
+        if self.fuse and self.b > self.mix.mean / float(self.probs @ self.k):  # room for two jobs in a launch
+            out[-1] = self._fused_station(qps, slow, self.pools[-1])
         return out
+
+    def _launch_ms(self, items: float, slow: float) -> float:
+        """Service time (ms) of one device launch of ``items`` items (the device stage's call time)."""
+        times = self.pm._call_times(self.spec, self.server, self.alloc, self.st, np.array([items]), slow)
+        return float(times[-1][0])
+
+    def _fusion(self, qps: float, slow: float, c: int) -> tuple[float, float, float]:
+        """(jobs per fused launch ``f``, its largest value, launch ms) at ``qps`` (Hercules §III-B query fusion).
+
+        A free device thread launches every job (query or sub-batch, ``mean_job`` items on average) that arrived
+        while it was busy, up to ``batch`` items: with jobs arriving at ``lam`` per ms over ``c`` threads, a launch
+        that takes ``T(f)`` ms finds ``f = lam·T(f)/c`` jobs waiting: the smallest fixed point of that map, by
+        iteration from 1 (no fusion) and capped at ``batch / mean_job``.  Nothing is fitted: ``T`` is the model's
+        own call time at ``f·mean_job`` items (launches, PCIe, device compute: its per-launch costs are amortised
+        over ``f`` jobs)."""
+        ek = float(self.probs @ self.k)
+        mean_job = self.mix.mean / ek
+        cap = max(self.b / mean_job, 1.0)
+        lam = qps / 1000.0 * ek
+        f = 1.0
+        t = self._launch_ms(mean_job, slow)
+        for _ in range(100):
+            nxt = min(max(lam * t / c, 1.0), cap)
+            if abs(nxt - f) <= 1e-6 * f:
+                break
+            f = nxt
+            t = self._launch_ms(min(f * mean_job, self.b), slow)
+        return f, cap, t
+
+    def _fused_station(self, qps: float, slow: float, c: int) -> Station:
+        """The device station with query fusion at ``qps``.  A job that arrives while its thread is busy waits for
+        the launch in progress (busy with probability ``rho``; at most one launch) and rides the next one with every
+        job that arrived meanwhile, so no queue forms beyond one launch until launches of the full ``batch`` cannot
+        keep up (then the station is overloaded).  Its span: that wait plus its own launch (``L`` = the fused launch
+        size, or its own size if larger; a query split into full sub-batches takes its rounds of full launches)."""
+        f, cap, t = self._fusion(qps, slow, c)
+        ek = float(self.probs @ self.k)
+        per_job = t / f
+        rho = qps / 1000.0 * ek * per_job / c
+        if f >= cap * (1 - 1e-9) and rho >= 1.0:
+            return Station(c, ek, float(self.probs @ (self.k * self.k)), ek * per_job, ek * per_job * per_job,
+                           np.full(len(self.k), np.inf))
+        launch = min(f * self.mix.mean / ek, self.b)
+        n = self.mix.sizes.astype(float)
+        own = self.pm._call_times(self.spec, self.server, self.alloc, self.st, np.maximum(n, launch), slow)[-1]
+        own = np.where(self.k <= 1, own, np.ceil(self.k / c) * self._launch_ms(self.b, slow))
+        return Station(c, ek, float(self.probs @ (self.k * self.k)), ek * per_job, ek * per_job * per_job,
+                       min(rho, 1.0) * t + own, batched=True)
 
     def upper_qps(self) -> float:
         """An arrival rate no allocation can sustain (every pool saturated at the fastest service)."""
         stations = self.stations(0.0)
         caps = [s.c / max(s.ework, 1e-9) * 1000.0 for s in stations]
+        if self.fuse:  # full fused launches: ``batch / mean job`` jobs per launch of ``batch`` items
+            ek = float(self.probs @ self.k)
+            mean_job = self.mix.mean / ek
+            per_job = self._launch_ms(self.b, self.pm._slowdown(self.alloc, self.server, 0.0)) / max(
+                self.b / mean_job, 1.0)
+            caps[-1] = max(caps[-1], stations[-1].c / max(ek * per_job, 1e-9) * 1000.0)
         cap = min(caps)
         if self.gb_per_query > 0:
             cap = min(cap, max(self.bw - self.alloc.corunner_gbs, 0.0) / self.gb_per_query)

@@ -78,6 +78,7 @@ class Station:
     ework: float
     ework2: float
     span: np.ndarray
+    batched: bool = False  # fused launches: a query waits for at most the launch in progress, counted in ``span``
 
     @classmethod
     def from_jobs(cls, c: int, probs: np.ndarray, k: np.ndarray, work: np.ndarray, work2: np.ndarray,
@@ -85,7 +86,10 @@ class Station:
         return cls(c, float(probs @ k), float(probs @ (k * k)), float(probs @ work), float(probs @ work2), span)
 
     def wait_tail(self, qps: float) -> tuple[float, float]:
-        """(P(wait > 0), decay rate per ms) of the Allen–Cunneen exponential wait tail; (1, 0) if overloaded."""
+        """(P(wait > 0), decay rate per ms) of the Allen–Cunneen exponential wait tail; (1, 0) if overloaded;
+        (0, inf) for a station of fused launches below saturation (its wait, one launch at most, is in ``span``)."""
+        if self.batched:
+            return 0.0, math.inf
         es = self.ework / self.ek
         es2 = self.ework2 / self.ek
         a = qps / 1000.0 * self.ework
@@ -126,7 +130,7 @@ def sojourn_percentile(stations: list[Station], probs: np.ndarray, qps: float, p
         if th <= 0:
             return math.inf
         p_none *= 1.0 - pw
-        theta = min(theta, th)
+        theta = min(theta, th, 1e300)  # fused stations wait nothing beyond their span (inf)
     p_wait = 1.0 - p_none
     target = 1.0 - pct / 100.0
 
@@ -161,7 +165,7 @@ def violation(stations: list[Station], probs: np.ndarray, qps: float, pct: float
         if th <= 0:
             return pct / 100.0
         p_none *= 1.0 - pw
-        theta = min(theta, th)
+        theta = min(theta, th, 1e300)  # fused stations wait nothing beyond their span (inf)
     y = target_ms - span
     if qps <= 0:
         exceed = float(probs[y < 0].sum())

@@ -19,7 +19,8 @@ Every search counts the distinct configurations it evaluated.
 - :func:`deeprecsys` — DeepRecSys' hill-climbing over the batch size only (one core per thread,
   one thread per core).
 - :func:`baymax` — the GPU baseline: model-based threads co-located on the device (Baymax-style), thread
-  count and batch hill-climbed; every mode obeys one device-thread cap (``MAX_DEVICE_THREADS``).
+  count and batch hill-climbed, no query fusion (each query or sub-batch its own launch); every mode obeys one
+  device-thread cap (``MAX_DEVICE_THREADS``).  Hercules' search fuses queries on the device (§III-B).
 - :func:`exhaustive` — every configuration: ground truth on small spaces.
 """
 
@@ -47,18 +48,21 @@ class SchedConfig:
     cores_per_thread: int  # op-parallelism (of the SparseNet threads in the pipeline)
     batch: int  # sub-batch size
     sparse_threads: int = 0
+    fuse: bool = False  # accelerator: fuse waiting queries into one launch of up to ``batch`` items (§III-B)
 
     def allocation(self, base: Allocation | None = None) -> Allocation:
         from dataclasses import replace
 
         return replace(base or Allocation(), workers=self.threads, cores_per_worker=self.cores_per_thread,
-                       batch=self.batch, sparse_workers=self.sparse_threads if self.mode == "pipeline" else 0)
+                       batch=self.batch, sparse_workers=self.sparse_threads if self.mode == "pipeline" else 0,
+                       fuse=self.fuse)
 
     def label(self) -> str:
+        batch = f"fused batch {self.batch}" if self.fuse else f"batch {self.batch}"
         if self.mode == "pipeline":
             return (f"pipeline: {self.sparse_threads} sparse x {self.cores_per_thread} cores + "
-                    f"{self.threads} dense, batch {self.batch}")
-        return f"model-based: {self.threads} threads x {self.cores_per_thread} cores, batch {self.batch}"
+                    f"{self.threads} dense, {batch}")
+        return f"model-based: {self.threads} threads x {self.cores_per_thread} cores, {batch}"
 
 
 Evaluator = Callable[[SchedConfig], "float | None"]
@@ -124,9 +128,16 @@ def _fits(server: ServerType, cfg: SchedConfig) -> bool:
     return cfg.threads * cfg.cores_per_thread <= server.cores and device_threads_ok(server, cfg.threads)
 
 
+def _fusing(server: ServerType, fuse: bool | None) -> bool:
+    """Query fusion is Hercules' data-parallelism on accelerators (§III-B): on by default where there is one."""
+    return bool(server.accelerator) if fuse is None else bool(fuse and server.accelerator)
+
+
 def space(server: ServerType, batches: Iterable[int] = DEFAULT_BATCHES,
-          modes: Iterable[str] = MODES) -> list[SchedConfig]:
-    """Every configuration of the parallelism space (what :func:`exhaustive` evaluates)."""
+          modes: Iterable[str] = MODES, fuse: bool | None = None) -> list[SchedConfig]:
+    """Every configuration of the parallelism space (what :func:`exhaustive` evaluates); on an accelerator server
+    ``batch`` is the largest fused launch (``fuse``, default on there)."""
+    fz = _fusing(server, fuse)
     out = []
     n = server.cores
     dense_max = MAX_DEVICE_THREADS if server.accelerator else n
@@ -134,10 +145,10 @@ def space(server: ServerType, batches: Iterable[int] = DEFAULT_BATCHES,
         for c in range(1, n + 1):
             for b in batches:
                 if mode == "model":
-                    out += [SchedConfig("model", t, c, b) for t in range(1, min(n // c, dense_max) + 1)]
+                    out += [SchedConfig("model", t, c, b, fuse=fz) for t in range(1, min(n // c, dense_max) + 1)]
                 else:
                     for s, d in itertools.product(range(1, n // c + 1), range(1, dense_max + 1)):
-                        cfg = SchedConfig("pipeline", d, c, b, s)
+                        cfg = SchedConfig("pipeline", d, c, b, s, fuse=fz)
                         if _fits(server, cfg):
                             out.append(cfg)
     return out
@@ -147,9 +158,9 @@ def space(server: ServerType, batches: Iterable[int] = DEFAULT_BATCHES,
 
 
 def exhaustive(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEFAULT_BATCHES,
-               modes: Iterable[str] = MODES) -> SearchResult:
+               modes: Iterable[str] = MODES, fuse: bool | None = None) -> SearchResult:
     counted = _Counted(evaluate)
-    configs = space(server, batches, modes)
+    configs = space(server, batches, modes, fuse)
     prefetch = getattr(evaluate, "prefetch", None)
     if prefetch is not None:  # evaluators that can score many configurations at once
         prefetch(configs)
@@ -242,8 +253,8 @@ def _climb(start: tuple[int, ...], make: Callable[[tuple[int, ...]], SchedConfig
         best_cfg, best_q = c, cq
 
 
-def _maker(mode: str, c: int, server: ServerType, batches: tuple[int, ...]) -> Callable[[tuple[int, ...]],
-                                                                                  SchedConfig | None]:
+def _maker(mode: str, c: int, server: ServerType, batches: tuple[int, ...],
+           fuse: bool = False) -> Callable[[tuple[int, ...]], SchedConfig | None]:
     """Lattice point -> configuration at op-parallelism ``c``: (threads, batch index) for model-based,
     (sparse threads, dense threads, batch index) for the pipeline; None outside the space."""
     n = server.cores
@@ -254,11 +265,11 @@ def _maker(mode: str, c: int, server: ServerType, batches: tuple[int, ...]) -> C
             return None
         if mode == "model":
             t, bi = p
-            return SchedConfig("model", t, c, batches[bi]) if 1 <= t <= min(n // c, dense_max) else None
+            return SchedConfig("model", t, c, batches[bi], fuse=fuse) if 1 <= t <= min(n // c, dense_max) else None
         s, d, bi = p
         if s < 1 or d < 1 or d > dense_max:
             return None
-        cfg = SchedConfig("pipeline", d, c, batches[bi], s)
+        cfg = SchedConfig("pipeline", d, c, batches[bi], s, fuse=fuse)
         return cfg if _fits(server, cfg) else None
 
     return make
@@ -283,7 +294,7 @@ def _polish(best: SchedConfig, best_q: float, server: ServerType, batches: tuple
         neighbours += [(best.cores_per_thread + dc, point) for dc in (-1, 1)]
         improved = False
         for c, p in neighbours:
-            cfg = _maker(best.mode, c, server, batches)(p)
+            cfg = _maker(best.mode, c, server, batches, best.fuse)(p)
             if cfg is None:
                 continue
             q = counted(cfg)
@@ -294,9 +305,13 @@ def _polish(best: SchedConfig, best_q: float, server: ServerType, batches: tuple
 
 
 def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEFAULT_BATCHES,
-           modes: Iterable[str] = MODES, spec: ModelSpec | None = None, polish: bool = True) -> SearchResult:
-    """Hercules' gradient-guided search over op-, model- and data-parallelism for each scheduling mode."""
+           modes: Iterable[str] = MODES, spec: ModelSpec | None = None, polish: bool = True,
+           fuse: bool | None = None) -> SearchResult:
+    """Hercules' gradient-guided search over op-, model- and data-parallelism for each scheduling mode; on an
+    accelerator server data-parallelism is query fusion (``fuse``, default on there: ``batch`` is the largest
+    fused launch)."""
     batches = tuple(sorted(batches))
+    fz = _fusing(server, fuse)
     counted = _Counted(evaluate)
     n = server.cores
     for mode in modes:
@@ -307,7 +322,7 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
             if mode == "pipeline" and c >= n and not server.accelerator:
                 break
             start = (1, 0) if mode == "model" else (1, 1, 0)
-            cfg, peak = _climb(start, _maker(mode, c, server, batches), counted)
+            cfg, peak = _climb(start, _maker(mode, c, server, batches, fz), counted)
             if cfg is not None and peak > mode_best[1]:
                 mode_best = (cfg, peak)
             infeasible_run = infeasible_run + 1 if peak <= 0 else 0
@@ -317,7 +332,7 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
         if polish and mode_best[0] is not None:
             _polish(mode_best[0], mode_best[1], server, batches, counted)
     best, q = counted.best()
-    return SearchResult("hercules", best, q, len(counted.seen), len(space(server, batches, modes)), counted.path)
+    return SearchResult("hercules", best, q, len(counted.seen), len(space(server, batches, modes, fz)), counted.path)
 
 
 def efficiency_tables(pm: PerfModel, spec: ModelSpec, server: ServerType, mix: SizeMix) -> list[ProfileTable]:
