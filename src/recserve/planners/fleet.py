@@ -169,6 +169,7 @@ def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str]
         progress(f"solving the fleet ILP over {len(cols)} candidate columns (HiGHS)")
     x, rented, short, info = solve(fleet, cols)
     plan = _assemble(fleet, cols, x, rented, short, info, rejected)
+    plan.summary["options"] = {"pairs": pairs, "shards": shards}
     if corrections:
         plan.summary["capacity_corrections"] = dict(corrections)
         plan.notes.insert(1, "capacities corrected by measurement (measured / predicted max load, `recserve "
@@ -280,8 +281,11 @@ def refit_corrections(plan: FleetPlan, measured: dict[str, float], predicted: di
 
 def replan(plan: FleetPlan, corrections: dict[str, float], progress: Callable[[str], None] | None = None,
            perfmodel: Any = None) -> FleetPlan:
-    """The plan again from its own inputs, every option's capacity for a corrected model scaled by its factor."""
-    return plan_fleet(spec_of(plan), perfmodel=perfmodel, progress=progress, corrections=corrections)
+    """The plan again from its own inputs and options (``--no-pairs``/``--no-shards``), every option's capacity for a
+    corrected model scaled by its factor."""
+    options = plan.summary.get("options") or {}
+    return plan_fleet(spec_of(plan), perfmodel=perfmodel, progress=progress, corrections=corrections,
+                      pairs=options.get("pairs", True), shards=options.get("shards", True))
 
 
 def plan_changes(old: FleetPlan, new: FleetPlan) -> list[str]:
