@@ -98,3 +98,14 @@ def test_verify_a_tiny_deployed_plan(tmp_path, capsys):
     assert result["max_load_qps"] > 0 and result["max_load_error"] is not None
     assert rc == (0 if result["sla_held"] else 1)
     assert "measured max load" in out and MODEL in out
+
+
+def test_a_repository_model_is_served_under_its_directory_name():
+    from recserve.deploy.local_fleet import fleet_node_configs, served_name
+
+    assert served_name("out/repo/ctr") == "ctr" and served_name("out/repo/ctr/2") == "ctr-v2"
+    assert served_name(MODEL) == MODEL
+    plan = FleetPlan(groups=[FleetGroup("pair", "this-host", 1, 1, {"out/repo/ctr": 5.0, MODEL: 5.0}, {}, "", "",
+                                        {})])
+    configs, _ = fleet_node_configs(plan, cores=[0])
+    assert [(m["model"], m["name"]) for m in configs[0]["models"]] == [("out/repo/ctr", "ctr"), (MODEL, MODEL)]

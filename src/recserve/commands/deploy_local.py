@@ -41,13 +41,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     nodes = start_nodes(configs, workdir, progress=progress)
     try:
-        endpoints = {}
+        endpoints: dict[str, list[str]] = {}
+        served: dict[str, str] = {}
         for node in nodes:
             for m in node.models:
                 endpoints.setdefault(m, []).append(node.url)
+                served[m] = node.served.get(m, m)
         (workdir / "endpoints.json").write_text(json.dumps(endpoints, indent=1))
         for m, urls in endpoints.items():
-            print(f"{m}: {' '.join(f'{u}/v2/models/{m}/infer' for u in urls)}")
+            print(f"{m}: {' '.join(f'{u}/v2/models/{served[m]}/infer' for u in urls)}")
         progress(f"wrote {workdir / 'endpoints.json'}; " + (f"stopping in {args.seconds:g} s" if args.seconds
                                                              else "Ctrl-C stops every node"))
         if args.seconds:

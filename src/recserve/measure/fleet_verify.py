@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from recserve.deploy.local_fleet import served_name
 from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetPlan
 from recserve.specs import SLA, get_model
@@ -41,6 +42,8 @@ class Deployed:
     scale: float
     fraction: float         # deployed / planned worker cores (1.0 when unknown)
     basis: str              # how the fraction was found
+    served: str = ""        # the name the node serves it under (a repository path is served as its directory's name)
+    workers: int = 1
 
 
 def _planned_worker_cores(plan: FleetPlan, model: str) -> float:
@@ -58,7 +61,7 @@ def load_targets(plan: FleetPlan, target: str, scale: float | None = None) -> di
     models = list(plan.models)
     if target.startswith(("http://", "https://")):
         return {m: Deployed(m, [target.rstrip("/")], scale if scale is not None else 1e-3, 1.0,
-                            "a URL: compared with the plan's capacity as planned") for m in models}
+                            "a URL: compared with the plan's capacity as planned", served_name(m)) for m in models}
     path = Path(target)
     if not path.is_file():
         raise RecserveError(f"--target: {target!r} is neither an http:// URL nor an endpoints.json file")
@@ -74,11 +77,14 @@ def load_targets(plan: FleetPlan, target: str, scale: float | None = None) -> di
                             f"{', '.join(endpoints) or 'none'})")
     workers: dict[str, int] = {}
     scales: dict[str, float] = {}
+    served: dict[str, str] = {}
     for node in sorted(path.parent.glob("node*.yaml")):
         cfg = yaml.safe_load(node.read_text()) or {}
         for m in cfg.get("models", []):
-            workers[m["name"]] = workers.get(m["name"], 0) + int(m.get("workers", 1))
-            scales[m["name"]] = float(m.get("scale", 1e-3))
+            key = m.get("model", m["name"])
+            workers[key] = workers.get(key, 0) + int(m.get("workers", 1))
+            scales[key] = float(m.get("scale", 1e-3))
+            served[key] = m["name"]
     out = {}
     for m in models:
         planned = _planned_worker_cores(plan, m)
@@ -88,7 +94,8 @@ def load_targets(plan: FleetPlan, target: str, scale: float | None = None) -> di
         else:
             fraction, basis = 1.0, "no node config beside the endpoints: compared with the plan as planned"
         out[m] = Deployed(m, [str(u).rstrip("/") for u in endpoints[m]],
-                          scale if scale is not None else scales.get(m, 1e-3), fraction, basis)
+                          scale if scale is not None else scales.get(m, 1e-3), fraction, basis,
+                          served.get(m, served_name(m)), workers.get(m, 1))
     return out
 
 
@@ -141,7 +148,8 @@ def _session(model: str, dep: Deployed, pool_size: int, seed: int, timeout_s: fl
 
     spec = get_model(model)
     pool = RequestPool.from_mix(spec, dep.scale, pool=pool_size, seed=seed)
-    return LoadSession(make_target(dep.urls[url_index % len(dep.urls)], model, timeout_s=timeout_s), pool, warm=True)
+    return LoadSession(make_target(dep.urls[url_index % len(dep.urls)], dep.served or model, timeout_s=timeout_s), pool,
+                       warm=True)
 
 
 def replay_mix(plan: FleetPlan, deployed: dict[str, Deployed], load: float = 1.0, seconds: float = 10.0,
@@ -185,6 +193,8 @@ def measure_max_loads(checks: dict[str, ModelCheck], deployed: dict[str, Deploye
                       max_probes: int = 10, rtol: float = 0.1, seed: int = 100, pool_size: int = 32,
                       log: Callable[[str], None] | None = None) -> None:
     """Each model's max load at its SLA, one model at a time (the others idle), into ``checks``."""
+    import numpy as np
+
     from recserve.measure.maxload import confirm_max_load
     from recserve.measure.profiler import Budget, _probe_fn, _search
 
@@ -194,7 +204,12 @@ def measure_max_loads(checks: dict[str, ModelCheck], deployed: dict[str, Deploye
             log(f"max load of {m} (SLA {c.sla.target_ms:g} ms p{c.sla.percentile:g}; predicted {c.predicted_qps:.1f}"
                 " qps)")
         with _session(m, deployed[m], pool_size, seed, max(2.0, 10 * c.sla.target_ms / 1000.0)) as session:
-            start = max(0.5, 0.5 * c.predicted_qps) if c.predicted_qps > 0 else 1.0
+            # the first probe at half the lower of the prediction and what the deployed workers serve one query at
+            # a time: a prediction far too high would otherwise flood the node and leave a backlog to later probes
+            unloaded = session.unloaded_latency_ms()
+            ms = float(np.median(unloaded[np.isfinite(unloaded)])) if np.isfinite(unloaded).any() else 1000.0
+            serial = deployed[m].workers * 1000.0 / max(ms, 1e-3)
+            start = max(0.5, 0.5 * min(c.predicted_qps, serial) if c.predicted_qps > 0 else 0.5 * serial)
             result, _ = _search(session, budget, c.sla, start, seed)
             result = confirm_max_load(_probe_fn(session, budget, c.sla.target_ms, seed + 5000), result)
         c.max_load_qps, c.max_load_reason = float(result.max_qps), result.reason
