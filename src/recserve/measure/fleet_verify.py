@@ -115,6 +115,7 @@ class ModelCheck:
     errors: dict[str, int] = field(default_factory=dict)
     max_load_qps: float | None = None
     max_load_reason: str = ""
+    max_load_probes: list[dict[str, Any]] = field(default_factory=list)   # rate, latency at pct, ok
     basis: str = ""
 
     @property
@@ -138,18 +139,41 @@ class ModelCheck:
                 "achieved_qps": self.achieved_qps, "latency_ms": fin(self.latency_ms), "p50_ms": fin(self.p50_ms),
                 "within_sla": self.within_sla, "sla_held": self.sla_held, "ok": self.ok, "errors": self.errors,
                 "max_load_qps": self.max_load_qps, "max_load_reason": self.max_load_reason,
-                "max_load_error": self.max_load_error, "basis": self.basis}
+                "max_load_error": self.max_load_error, "max_load_probes": self.max_load_probes, "basis": self.basis}
 
 
-def _session(model: str, dep: Deployed, pool_size: int, seed: int, timeout_s: float, url_index: int = 0) -> Any:
+class RoundRobin:
+    """One model's endpoints on several node servers as one load-generator target: query k goes to endpoint k mod n
+    (what a router in front of them would do, by count)."""
+
+    def __init__(self, targets: list[Any]) -> None:
+        self.targets = targets
+        self.name = " | ".join(t.name for t in targets)
+        self._next = 0
+
+    async def prepare(self, pool: Any) -> None:
+        for t in self.targets:
+            await t.prepare(pool)
+
+    async def infer(self, i: int) -> None:
+        target = self.targets[self._next % len(self.targets)]
+        self._next += 1
+        await target.infer(i)
+
+    async def close(self) -> None:
+        for t in self.targets:
+            await t.close()
+
+
+def _session(model: str, dep: Deployed, pool_size: int, seed: int, timeout_s: float) -> Any:
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import make_target
 
     spec = get_model(model)
     pool = RequestPool.from_mix(spec, dep.scale, pool=pool_size, seed=seed)
-    return LoadSession(make_target(dep.urls[url_index % len(dep.urls)], dep.served or model, timeout_s=timeout_s), pool,
-                       warm=True)
+    targets = [make_target(u, dep.served or model, timeout_s=timeout_s) for u in dep.urls]
+    return LoadSession(targets[0] if len(targets) == 1 else RoundRobin(targets), pool, warm=True)
 
 
 def replay_mix(plan: FleetPlan, deployed: dict[str, Deployed], load: float = 1.0, seconds: float = 10.0,
@@ -213,8 +237,11 @@ def measure_max_loads(checks: dict[str, ModelCheck], deployed: dict[str, Deploye
             result, _ = _search(session, budget, c.sla, start, seed)
             result = confirm_max_load(_probe_fn(session, budget, c.sla.target_ms, seed + 5000), result)
         c.max_load_qps, c.max_load_reason = float(result.max_qps), result.reason
+        c.max_load_probes = [{"rate": p.rate, "latency_ms": p.latency_ms if math.isfinite(p.latency_ms) else None,
+                              "ok": p.ok} for p in result.probes]
         if log:
-            log(f"  {m}: {result.max_qps:.1f} qps ({result.reason})")
+            log(f"  {m}: {result.max_qps:.1f} qps ({result.reason}; probes "
+                + ", ".join(f"{p.rate:.1f}{'' if p.ok else '!'}" for p in result.probes) + ", ! = SLA missed)")
 
 
 def verify_table(checks: dict[str, ModelCheck], load: float) -> str:
