@@ -109,3 +109,22 @@ def test_a_repository_model_is_served_under_its_directory_name():
                                         {})])
     configs, _ = fleet_node_configs(plan, cores=[0])
     assert [(m["model"], m["name"]) for m in configs[0]["models"]] == [("out/repo/ctr", "ctr"), (MODEL, MODEL)]
+
+
+def test_targets_take_the_deployed_share_and_served_name_from_the_node_configs(tmp_path):
+    import yaml
+
+    from recserve.measure.fleet_verify import load_targets
+
+    plan = FleetPlan(groups=[FleetGroup("single", "this-host", 2, 2, {"out/repo/ctr": 50.0}, {}, "", "",
+                                        {"out/repo/ctr": {"workers": 2, "threads": 2}})],
+                     models={"out/repo/ctr": {"peak_qps": 60.0, "capacity_qps": 100.0, "sla_ms": 20.0,
+                                              "percentile": 95.0}})
+    (tmp_path / "endpoints.json").write_text(json.dumps({"out/repo/ctr": ["http://127.0.0.1:1/"]}))
+    (tmp_path / "node0.yaml").write_text(yaml.safe_dump({"models": [{"model": "out/repo/ctr", "name": "ctr",
+                                                                     "workers": 2, "scale": 1e-4}]}))
+    dep = load_targets(plan, str(tmp_path / "endpoints.json"))["out/repo/ctr"]
+    assert dep.fraction == pytest.approx(2 / 8) and dep.served == "ctr" and dep.scale == 1e-4
+    assert dep.urls == ["http://127.0.0.1:1"] and dep.workers == 2
+    plain = load_targets(plan, "http://127.0.0.1:1")["out/repo/ctr"]
+    assert plain.fraction == 1.0 and plain.served == "ctr"
