@@ -215,8 +215,9 @@ def replay_mix(plan: FleetPlan, deployed: dict[str, Deployed], load: float = 1.0
 
 def measure_max_loads(checks: dict[str, ModelCheck], deployed: dict[str, Deployed], probe_s: float = 3.0,
                       max_probes: int = 10, rtol: float = 0.1, seed: int = 100, pool_size: int = 32,
-                      log: Callable[[str], None] | None = None) -> None:
-    """Each model's max load at its SLA, one model at a time (the others idle), into ``checks``."""
+                      repeats: int = 1, log: Callable[[str], None] | None = None) -> None:
+    """Each model's max load at its SLA, one model at a time (the others idle), into ``checks``: the median of
+    ``repeats`` searches (each with its own arrivals), so one unlucky search on a busy host does not set it."""
     import numpy as np
 
     from recserve.measure.maxload import confirm_max_load
@@ -227,21 +228,31 @@ def measure_max_loads(checks: dict[str, ModelCheck], deployed: dict[str, Deploye
         if log:
             log(f"max load of {m} (SLA {c.sla.target_ms:g} ms p{c.sla.percentile:g}; predicted {c.predicted_qps:.1f}"
                 " qps)")
+        found = []
         with _session(m, deployed[m], pool_size, seed, max(2.0, 10 * c.sla.target_ms / 1000.0)) as session:
-            # the first probe at half the lower of the prediction and what the deployed workers serve one query at
-            # a time: a prediction far too high would otherwise flood the node and leave a backlog to later probes
-            unloaded = session.unloaded_latency_ms()
-            ms = float(np.median(unloaded[np.isfinite(unloaded)])) if np.isfinite(unloaded).any() else 1000.0
-            serial = deployed[m].workers * 1000.0 / max(ms, 1e-3)
-            start = max(0.5, 0.5 * min(c.predicted_qps, serial) if c.predicted_qps > 0 else 0.5 * serial)
-            result, _ = _search(session, budget, c.sla, start, seed)
-            result = confirm_max_load(_probe_fn(session, budget, c.sla.target_ms, seed + 5000), result)
-        c.max_load_qps, c.max_load_reason = float(result.max_qps), result.reason
-        c.max_load_probes = [{"rate": p.rate, "latency_ms": p.latency_ms if math.isfinite(p.latency_ms) else None,
-                              "ok": p.ok} for p in result.probes]
-        if log:
-            log(f"  {m}: {result.max_qps:.1f} qps ({result.reason}; probes "
-                + ", ".join(f"{p.rate:.1f}{'' if p.ok else '!'}" for p in result.probes) + ", ! = SLA missed)")
+            for r in range(repeats):
+                # the first probe at half the lower of the prediction and what the deployed workers serve one query
+                # at a time: a prediction far too high would otherwise flood the node and leave a backlog behind
+                unloaded = session.unloaded_latency_ms()
+                ms = float(np.median(unloaded[np.isfinite(unloaded)])) if np.isfinite(unloaded).any() else 1000.0
+                serial = deployed[m].workers * 1000.0 / max(ms, 1e-3)
+                start = max(0.5, 0.5 * min(c.predicted_qps, serial) if c.predicted_qps > 0 else 0.5 * serial)
+                s0 = seed + 1000 * r
+                result, _ = _search(session, budget, c.sla, start, s0)
+                result = confirm_max_load(_probe_fn(session, budget, c.sla.target_ms, s0 + 500), result)
+                found.append(result)
+                c.max_load_probes += [{"search": r, "rate": p.rate, "ok": p.ok,
+                                       "latency_ms": p.latency_ms if math.isfinite(p.latency_ms) else None}
+                                      for p in result.probes]
+                if log:
+                    log(f"  {m}: {result.max_qps:.1f} qps ({result.reason}; probes "
+                        + ", ".join(f"{p.rate:.1f}{'' if p.ok else '!'}" for p in result.probes)
+                        + ", ! = SLA missed)")
+        rates = sorted(f.max_qps for f in found)
+        c.max_load_qps = float(np.median(rates))
+        c.max_load_reason = "; ".join(f.reason for f in found) + (f" (median of {repeats}: "
+                                                                  + ", ".join(f"{x:.1f}" for x in rates) + ")"
+                                                                  if repeats > 1 else "")
 
 
 def verify_table(checks: dict[str, ModelCheck], load: float) -> str:
