@@ -9,13 +9,14 @@ Example::
 One node server per planned server group (a Hercules-configured model, a Hera pair, an SDM-tiered model), its
 workers scaled to this host's cores and pinned round robin, tables scaled by ``--scale``; the endpoints of every
 model are printed and written to ``DIR/endpoints.json``.  Runs until Ctrl-C (or ``--seconds``), then stops the
-node servers it started.
+node servers it started; SIGTERM (`kill PID`) stops them as Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -39,15 +40,21 @@ def run(args: argparse.Namespace) -> int:
             path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
             print(f"{path}: {cfg['_group']}: " + ", ".join(f"{m['name']} x{m['workers']}" for m in cfg["models"]))
         return 0
+    def stop(signum: int, frame: object) -> None:  # `kill PID` stops the nodes too, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     nodes = start_nodes(configs, workdir, progress=progress)
     try:
-        endpoints = {}
+        endpoints: dict[str, list[str]] = {}
+        served: dict[str, str] = {}
         for node in nodes:
             for m in node.models:
                 endpoints.setdefault(m, []).append(node.url)
+                served[m] = node.served.get(m, m)
         (workdir / "endpoints.json").write_text(json.dumps(endpoints, indent=1))
         for m, urls in endpoints.items():
-            print(f"{m}: {' '.join(f'{u}/v2/models/{m}/infer' for u in urls)}")
+            print(f"{m}: {' '.join(f'{u}/v2/models/{served[m]}/infer' for u in urls)}")
         progress(f"wrote {workdir / 'endpoints.json'}; " + (f"stopping in {args.seconds:g} s" if args.seconds
                                                              else "Ctrl-C stops every node"))
         if args.seconds:

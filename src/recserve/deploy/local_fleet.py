@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def served_name(model: str) -> str:
+    """The name a node serves ``model`` under: a repository model's path (``REPO/ctr``, ``REPO/ctr/2``) is not one
+    URL segment (``/v2/models/<name>/infer``), so it is served as its model directory's name (``ctr``, ``ctr-v2``)."""
+    if "/" not in model:
+        return model
+    parts = [p for p in model.rstrip("/").split("/") if p]
+    if parts[-1].isdigit() and len(parts) > 1:
+        return f"{parts[-2]}-v{parts[-1]}"
+    return parts[-1]
+
+
 def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | None = None,
                        tier_dir: str | Path = "tiers") -> tuple[list[dict[str, Any]], list[str]]:
     """(node configs, notes): one per server group of the plan, scaled onto ``cores`` (default: this process's)."""
@@ -61,8 +72,8 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
             workers = max(1, min(len(host), round(want * len(host) / planned)))
             pinned = [[host[(next_core + k) % len(host)]] for k in range(workers)]
             next_core += workers
-            entry: dict[str, Any] = {"model": m, "name": m, "scale": scale, "workers": workers, "threads": 1,
-                                     "cores": pinned}
+            entry: dict[str, Any] = {"model": m, "name": served_name(m), "scale": scale, "workers": workers,
+                                     "threads": 1, "cores": pinned}
             if g.tier.get(m) == "ssd":
                 entry["options"] = {"tier": {"dir": str(Path(tier_dir) / f"group{i}-{m}"), "tables": "user",
                                              "cache_mb": TIER_CACHE_MB}}
@@ -78,9 +89,11 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
 class LocalNode:
     config_path: Path
     http_port: int
-    models: list[str]
+    models: list[str]               # the plan's model names
     group: str
     process: subprocess.Popen
+
+    served: dict[str, str] = field(default_factory=dict)  # plan's model name -> the name it is served under
 
     @property
     def url(self) -> str:
@@ -110,8 +123,8 @@ def start_nodes(configs: list[dict[str, Any]], workdir: str | Path, ready_timeou
             log = open(workdir / f"node{i}.log", "wb")  # noqa: SIM115 - the child keeps it
             proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(path)],
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            nodes.append(LocalNode(path, body["http_port"], [m["name"] for m in body["models"]],
-                                   cfg.get("_group", ""), proc))
+            nodes.append(LocalNode(path, body["http_port"], [m["model"] for m in body["models"]],
+                                   cfg.get("_group", ""), proc, {m["model"]: m["name"] for m in body["models"]}))
             if progress:
                 progress(f"node {i}: {', '.join(nodes[-1].models)} ({nodes[-1].group}) on {nodes[-1].url}")
         deadline = time.monotonic() + ready_timeout_s

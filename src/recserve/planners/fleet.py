@@ -19,7 +19,7 @@ non-zero only when the servers cannot carry a model's peak; a plan costing more 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -145,17 +145,35 @@ def solve(fleet: FleetSpec, cols: list[Column], time_limit_s: float = TIME_LIMIT
     return np.rint(x[:K]).astype(int), np.rint(x[K:K + H]).astype(int), np.maximum(x[K + H:], 0.0), info
 
 
+def corrected(cols: list[Column], corrections: dict[str, float]) -> list[Column]:
+    """``cols`` with each model's QPS per unit multiplied by its measured correction (measured / predicted max
+    load); a pair's models are corrected each by its own factor."""
+    if not corrections:
+        return cols
+    return [replace(c, qps={m: q * corrections.get(m, 1.0) for m, q in c.qps.items()}) for c in cols]
+
+
 def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str], None] | None = None,
-               pairs: bool = True, shards: bool = True, baselines: bool = False) -> FleetPlan:
-    """The joint plan of ``fleet``; ``baselines`` also runs each single planner alone and the sequential chain."""
+               pairs: bool = True, shards: bool = True, baselines: bool = False,
+               corrections: dict[str, float] | None = None) -> FleetPlan:
+    """The joint plan of ``fleet``; ``baselines`` also runs each single planner alone and the sequential chain.
+
+    ``corrections`` (model -> measured / predicted max load, from ``recserve verify``) scale every option's
+    capacity for that model before the ILP: the measured Profile correction of the perfmodel's capacities."""
     from recserve.perfmodel import PerfModel
 
     pm = perfmodel or PerfModel()
     cols, rejected = columns(fleet, pm, progress, pairs=pairs, shards=shards)
+    cols = corrected(cols, corrections or {})
     if progress:
         progress(f"solving the fleet ILP over {len(cols)} candidate columns (HiGHS)")
     x, rented, short, info = solve(fleet, cols)
     plan = _assemble(fleet, cols, x, rented, short, info, rejected)
+    plan.summary["options"] = {"pairs": pairs, "shards": shards}
+    if corrections:
+        plan.summary["capacity_corrections"] = dict(corrections)
+        plan.notes.insert(1, "capacities corrected by measurement (measured / predicted max load, `recserve "
+                             "verify --replan`): " + ", ".join(f"{m} x{f:.3f}" for m, f in corrections.items()))
     if any(m.trace for m in fleet.models) and plan.feasible:
         plan.steps = hourly_steps(fleet, cols, x)
         plan.summary["avg_cost_per_hr_over_trace"] = float(np.mean([s["cost_per_hr"] for s in plan.steps]))
@@ -228,3 +246,57 @@ def _assemble(fleet: FleetSpec, cols: list[Column], x: np.ndarray, rented: np.nd
                                                                                             strict=True) if s > 1e-6))
     return FleetPlan(inputs=fleet.to_dict(), summary=summary, groups=groups, types=type_rows, models=models,
                      feasible=feasible, within_budget=within, notes=notes)
+
+
+def spec_of(plan: FleetPlan) -> FleetSpec:
+    """The fleet spec a plan was made from (its ``inputs``), validated again."""
+    from recserve.planners.fleet_spec import parse_fleet
+
+    data = {k: v for k, v in plan.inputs.items() if k != "source"}
+    models = {}
+    for name, raw in (data.get("models") or {}).items():
+        models[name] = {k: v for k, v in raw.items() if not (k == "peak_qps" and "trace" in raw)}
+    data["models"] = models
+    return parse_fleet(data, str(plan.inputs.get("source") or "the plan's inputs"))
+
+
+def refit_corrections(plan: FleetPlan, measured: dict[str, float], predicted: dict[str, float],
+                      threshold: float = 0.2) -> tuple[dict[str, float], dict[str, float]]:
+    """(corrections for the next plan, the models that disagree and by what ratio): a model whose measured max load
+    differs from the plan's prediction by more than ``threshold`` (relative) gets its correction multiplied by
+    measured / predicted; the others keep the plan's own (1 if none).  Nothing disagreeing: no replan needed."""
+    before = dict(plan.summary.get("capacity_corrections") or {})
+    after = dict(before)
+    off: dict[str, float] = {}
+    for m, q in measured.items():
+        p = predicted.get(m, 0.0)
+        if p <= 0:
+            continue
+        ratio = q / p
+        if abs(ratio - 1.0) > threshold:
+            off[m] = ratio
+            after[m] = before.get(m, 1.0) * max(ratio, 1e-3)
+    return after, off
+
+
+def replan(plan: FleetPlan, corrections: dict[str, float], progress: Callable[[str], None] | None = None,
+           perfmodel: Any = None) -> FleetPlan:
+    """The plan again from its own inputs and options (``--no-pairs``/``--no-shards``), every option's capacity for a
+    corrected model scaled by its factor."""
+    options = plan.summary.get("options") or {}
+    return plan_fleet(spec_of(plan), perfmodel=perfmodel, progress=progress, corrections=corrections,
+                      pairs=options.get("pairs", True), shards=options.get("shards", True))
+
+
+def plan_changes(old: FleetPlan, new: FleetPlan) -> list[str]:
+    """What a replan changed: each model's capacity and servers, the groups, the cost."""
+    out = []
+    for m, v in new.models.items():
+        o = old.models.get(m, {})
+        was, now = o.get("served_by", []), v["served_by"]
+        out.append(f"{m}: capacity {o.get('capacity_qps', 0.0):,.1f} -> {v['capacity_qps']:,.1f} QPS (peak "
+                   f"{v['peak_qps']:,.1f}); " + ("servers unchanged: " + ", ".join(now) if was == now else
+                                                 f"servers {', '.join(was) or 'none'} -> {', '.join(now) or 'none'}"))
+    out.append(f"cost ${old.cost_per_hr:.3f}/hr -> ${new.cost_per_hr:.3f}/hr; servers {old.summary.get('servers')} -> "
+               f"{new.summary.get('servers')}; feasible {old.feasible} -> {new.feasible}")
+    return out

@@ -1,0 +1,100 @@
+"""``recserve verify``: a deployed fleet plan measured against its own prediction (issue #49).
+
+Example::
+
+    recserve plan fleet --spec fleet.yaml --out fleet.json
+    recserve deploy local --plan fleet.json --dir out/fleet-local &          # writes out/fleet-local/endpoints.json
+    recserve verify --plan fleet.json --target out/fleet-local/endpoints.json --max-load --out verify.json
+    recserve verify --plan fleet.json --target out/fleet-local/endpoints.json --max-load --replan --new-plan fleet2.json
+
+Replays the planned traffic mix (each model's peak QPS times the share of its planned servers that is deployed,
+times ``--load``) against the endpoints, every model at once, open loop, for ``--seconds``; prints each model's
+latency at its SLA percentile (failures count as infinitely slow), share of queries within the SLA, errors and
+throughput.  ``--max-load`` also searches each model's max load at its SLA (one model at a time) and prints it
+beside the plan's capacity for what is deployed, with the relative error.  ``--replan`` (implies ``--max-load``)
+plans again from the plan's own inputs when a model's measured max load differs from the prediction by more than
+``--threshold``: every capacity option of that model is scaled by measured / predicted (a measured correction,
+kept in the new plan's summary), and what changed is printed.
+
+Exit status 1 when a model misses its SLA under the planned mix, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from recserve.commands._plan_common import number, progress
+
+
+def run(args: argparse.Namespace) -> int:
+    from recserve.deploy.local_fleet import load_fleet_plan
+    from recserve.measure.fleet_verify import load_targets, measure_max_loads, replay_mix, verify_table
+
+    plan = load_fleet_plan(args.plan)
+    deployed = load_targets(plan, args.target, args.scale)
+    for m, d in deployed.items():
+        progress(f"{m}: {' '.join(d.urls)}; {d.basis} (x{d.fraction:.3g} of the plan's capacity)")
+    checks = replay_mix(plan, deployed, load=args.load, seconds=args.seconds, seed=args.seed, log=progress)
+    if args.max_load or args.replan:
+        measure_max_loads(checks, deployed, probe_s=args.probe_seconds, seed=args.seed + 100, repeats=args.repeats,
+                          log=progress)
+    print(verify_table(checks, args.load))
+    held = all(c.sla_held for c in checks.values())
+    print(f"SLA held under the planned mix: {sum(c.sla_held for c in checks.values())}/{len(checks)} models")
+    out: dict = {"plan": str(args.plan), "target": args.target, "load": args.load, "seconds": args.seconds,
+                 "models": {m: c.to_dict() for m, c in checks.items()}, "sla_held": held}
+    if args.replan:
+        from recserve.planners.fleet import plan_changes, refit_corrections, replan
+
+        measured = {m: c.max_load_qps for m, c in checks.items() if c.max_load_qps is not None}
+        predicted = {m: c.predicted_qps for m, c in checks.items()}
+        corrections, off = refit_corrections(plan, measured, predicted, args.threshold)
+        out["disagree"] = off
+        if not off:
+            print(f"replan: every model's measured max load is within {100 * args.threshold:g}% of the plan's; "
+                  "plan kept")
+        else:
+            print("replan: " + ", ".join(f"{m} measured/predicted {r:.3f}" for m, r in off.items())
+                  + f" (beyond {100 * args.threshold:g}%); planning again with capacities corrected")
+            new = replan(plan, corrections, progress=progress)
+            path = Path(args.new_plan or Path(args.plan).with_name(Path(args.plan).stem + "-replanned.json"))
+            new.save(path)
+            changes = plan_changes(plan, new)
+            print("what changed:\n" + "\n".join(f"  {c}" for c in changes))
+            print(f"wrote {path}")
+            out.update(corrections=corrections, new_plan=str(path), changes=changes)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        progress(f"wrote {args.out}")
+    return 0 if held else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="replay a fleet plan's traffic mix against its deployment and compare with "
+                                      "the plan", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--plan", required=True, metavar="JSON", help="`recserve plan fleet --out` file")
+    p.add_argument("--target", required=True, metavar="URL|JSON",
+                   help="http://HOST:PORT serving every model, or the endpoints.json `recserve deploy local` writes")
+    p.add_argument("--load", type=number(0, 100, low_open=True), default=1.0,
+                   help="multiple of each model's planned peak share to offer (default 1.0)")
+    p.add_argument("--seconds", type=number(0, 3600, low_open=True), default=10.0,
+                   help="how long to replay the mix (default 10)")
+    p.add_argument("--max-load", action="store_true", help="also search each model's max load at its SLA")
+    p.add_argument("--probe-seconds", type=number(0, 600, low_open=True), default=3.0,
+                   help="each max-load probe's duration (default 3)")
+    p.add_argument("--repeats", type=number(1, 20, integer=True), default=1,
+                   help="max-load searches per model; the median is kept (default 1)")
+    p.add_argument("--replan", action="store_true",
+                   help="plan again with measured capacities where they disagree by more than --threshold")
+    p.add_argument("--threshold", type=number(0, 10), default=0.2,
+                   help="relative max-load disagreement that triggers a replan (default 0.2)")
+    p.add_argument("--new-plan", metavar="JSON", help="where --replan writes (default PLAN-replanned.json)")
+    p.add_argument("--scale", type=number(0, 1, low_open=True),
+                   help="table-row scale of the deployed models (default: from the node configs, else 1e-3)")
+    p.add_argument("--seed", type=int, default=0, help="arrival and query seed")
+    p.add_argument("--out", metavar="JSON", help="write the measurements (and any replan) as JSON")
+    p.set_defaults(func=run)
