@@ -114,7 +114,7 @@ def test_a_repository_model_is_served_under_its_directory_name():
 def test_targets_take_the_deployed_share_and_served_name_from_the_node_configs(tmp_path):
     import yaml
 
-    from recserve.measure.fleet_verify import load_targets
+    from recserve.deploy.fleet_verify import load_targets
 
     plan = FleetPlan(groups=[FleetGroup("single", "this-host", 2, 2, {"out/repo/ctr": 50.0}, {}, "", "",
                                         {"out/repo/ctr": {"workers": 2, "threads": 2}})],

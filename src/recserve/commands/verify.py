@@ -29,8 +29,8 @@ from recserve.commands._plan_common import number, progress
 
 
 def run(args: argparse.Namespace) -> int:
+    from recserve.deploy.fleet_verify import load_targets, measure_max_loads, replay_mix, verify_table
     from recserve.deploy.local_fleet import load_fleet_plan
-    from recserve.measure.fleet_verify import load_targets, measure_max_loads, replay_mix, verify_table
 
     plan = load_fleet_plan(args.plan)
     deployed = load_targets(plan, args.target, args.scale)
