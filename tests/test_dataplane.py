@@ -134,7 +134,7 @@ def test_colocated_models_on_one_connection_are_answered_by_their_own_workers(no
         np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6, err_msg=name)
     assert pipe_items(port, "a") == 0 and pipe_items(port, "b") == 0
     for m in MODELS:  # one stats view per node: the workers' reports reach it within milliseconds
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while successes(port, m) - before[m] < 9 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert successes(port, m) - before[m] == 9
@@ -318,7 +318,7 @@ def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
             assert "deadline exceeded" in json.loads(raw)["error"]
         if status == 503:
             assert "after its deadline" in json.loads(raw)["error"] and int(hdrs["Retry-After"]) >= 1
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     codes = {503: "unavailable", 504: "deadline"}
     for status in set(statuses) - {200}:
         while f'recserve_request_errors_total{{model="b",code="{codes[status]}"}}' not in metrics_text(port):
@@ -539,7 +539,7 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
             s.close()
     assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies[:2]
     line = 'recserve_requests_refused_total{model="h",reason="slow_client"} 20'
-    deadline = time.monotonic() + 5  # the worker reports within milliseconds
+    deadline = time.monotonic() + 60  # within milliseconds, unless the host is busy
     while line not in metrics_text(port) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert line in metrics_text(port)
