@@ -65,3 +65,38 @@ def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
         with socket.create_connection(("127.0.0.1", port), timeout=30) as again:  # room again
             again.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
             assert again.recv(1 << 16).startswith(b"HTTP/1.1 200")
+
+
+def test_grpc_limits_are_validated_naming_the_field():
+    from recserve.errors import SpecError
+    from recserve.serving import config_from_dict
+    from recserve.serving.transport.h2limits import FloodLimits, Rate
+
+    model = {"model": "hercules-rmc1", "scale": 1e-4}
+    for bad, field in (({"pingz": [1, 1]}, "pingz"), ({"pings": 5}, "pings"), ({"pings": [0, 1]}, "pings"),
+                       ({"continuations": -1}, "continuations"), ([1], "grpc_limits")):
+        with pytest.raises(SpecError, match=field):
+            config_from_dict({"grpc_limits": bad, "models": [model]})
+    limits = config_from_dict({"grpc_limits": {"pings": [5, 2], "continuations": 4}, "models": [model]}).grpc_limits
+    assert limits == FloodLimits(pings=Rate(5.0, 2.0), continuations=4)
+    assert config_from_dict({"models": [model]}).grpc_limits == FloodLimits()
+
+
+@pytest.mark.integration  # starts a node
+def test_a_nodes_grpc_limits_reach_its_workers():
+    import socket
+
+    from nodes import node_config
+    from recserve.serving import NodeServer
+    from recserve.serving.config import flood_limits
+    from recserve.serving.transport.h2grpc import PREFACE, _frame
+
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.grpc_limits = flood_limits({"pings": [3, 0.1]})
+    with NodeServer(config) as server:
+        with socket.create_connection(("127.0.0.1", server.ports.grpc), timeout=30) as sock:
+            sock.sendall(PREFACE + _frame(4, 0, 0) + _frame(6, 0, 0, b"12345678") * 10)  # default burst: 100
+            received = b""
+            while b"too_many_pings" not in received and (chunk := sock.recv(1 << 16)):
+                received += chunk
+    assert b"too_many_pings" in received

@@ -58,6 +58,7 @@ from typing import Any
 from recserve.errors import SpecError
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.eventloop import EVENT_LOOPS
+from recserve.serving.transport.h2limits import FloodLimits, Rate
 from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
@@ -319,6 +320,9 @@ class NodeConfig:
     read_timeout_s: float = 30.0  # a request must arrive whole within this, else 408 and close (slow clients)
     keep_alive_timeout_s: float = 300.0  # a connection with no request in progress this long is closed
     max_connections: int = 4096  # per worker and protocol; past it HTTP answers 503, gRPC GOAWAY, and close
+    # HTTP/2 frames that carry no request, per connection (serving/transport/h2limits.py): None = its defaults;
+    # {pings: [burst, per_s], settings: [...], resets: [...], server_resets: [...], empty_data: N, continuations: N}
+    grpc_limits: Any = None
     drain_timeout_s: float = 30.0
     server_name: str = "recserve"
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
@@ -350,6 +354,7 @@ class NodeConfig:
             raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
         if self.event_loop not in EVENT_LOOPS:
             raise SpecError(f"node config: event_loop must be one of {EVENT_LOOPS}, got {self.event_loop!r}")
+        self.grpc_limits = flood_limits(self.grpc_limits)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
         if self.tls_cert:
@@ -381,6 +386,30 @@ def _build(cls: type, data: Any, where: str) -> Any:
         return cls(**data)
     except TypeError as exc:
         raise SpecError(f"{where}: {exc}") from exc
+
+
+def flood_limits(given: Any) -> FloodLimits:
+    """The node config's ``grpc_limits`` as ``FloodLimits``: rates as ``[burst, per_s]``, counts as integers."""
+    if given is None or isinstance(given, FloodLimits):
+        return given or FloodLimits()
+    where = "node config: grpc_limits"
+    if not isinstance(given, dict):
+        raise SpecError(f"{where} must be a mapping, got {given!r}")
+    fields = {f.name: f for f in dataclasses.fields(FloodLimits)}
+    values: dict[str, Any] = {}
+    for key, value in given.items():
+        if key not in fields:
+            raise SpecError(f"{where}.{key}: unknown; expected one of {sorted(fields)}")
+        if isinstance(getattr(FloodLimits(), key), Rate):
+            if not (isinstance(value, list | tuple) and len(value) == 2
+                    and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value)):
+                raise SpecError(f"{where}.{key}: must be [burst, per_s], two numbers > 0, got {value!r}")
+            values[key] = Rate(float(value[0]), float(value[1]))
+        else:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SpecError(f"{where}.{key}: must be an integer >= 0, got {value!r}")
+            values[key] = value
+    return FloodLimits(**values)
 
 
 def config_from_dict(data: Any, where: str = "node config") -> NodeConfig:

@@ -61,6 +61,7 @@ from recserve.serving import codec
 from recserve.serving.codec import MAX_JSON_BYTES
 from recserve.serving.errors import STATUS, InferError
 from recserve.serving.transport.h2grpc import WRITE_HIGH
+from recserve.serving.transport.h2limits import FloodLimits
 from recserve.serving.transport.http1 import Head, HeadError, HeadReader
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
@@ -526,6 +527,7 @@ class PlaneLimits:
     read_timeout_s: float = 30.0  # a request must arrive whole within this
     keep_alive_s: float = 300.0  # a connection with no request in progress this long is closed
     max_connections: int = 4096  # past it a new connection is answered 503 and closed (HTTP), GOAWAY (gRPC)
+    flood: FloodLimits = FloodLimits()  # HTTP/2 frames that carry no request, per connection
     compute_thread_ms: float = 2.0  # passes predicted at least this long run off the loop; < 0: never
 
 

@@ -317,7 +317,7 @@ def channel_to(upstream: str, max_message: int) -> grpc.aio.Channel:
 async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max_message: int) -> GrpcServer:
     """Accept gRPC connections on the node's listening socket ``sock`` (inherited, shared with the node's other
     workers and the supervisor's cover), forwarding what this worker does not answer to ``upstream``."""
-    server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message,
+    server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message, plane.limits.flood,
                         on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
                         max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
                         on_release=lambda: setattr(plane, "trim_wanted", True))

@@ -563,7 +563,7 @@ class ModelRuntime:
         return PlaneLimits(max_body=self.node.max_body_bytes, max_json=self.node.max_json_bytes, queue_limit=share,
                            deadline_s=self.cfg.deadline_ms / 1e3, fuse_items=self.cfg.fuse_items,
                            read_timeout_s=self.node.read_timeout_s, keep_alive_s=self.node.keep_alive_timeout_s,
-                           max_connections=self.node.max_connections)
+                           max_connections=self.node.max_connections, flood=self.node.grpc_limits)
 
     def accepting_now(self) -> bool:
         """A worker of this model is taking new connections on the node's socket (beat within ``RESPONSIVE_S``)."""

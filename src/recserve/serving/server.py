@@ -491,7 +491,9 @@ class NodeServer:
                                          f"{exc.strerror}") from exc
         limit = self.config.max_body_bytes
         self._grpc_cover_methods = Forwarder(channel_to(upstream, limit))
-        self._grpc_front = GrpcServer(self._grpc_cover_methods, limit)
+        self._grpc_front = GrpcServer(self._grpc_cover_methods, limit, self.config.grpc_limits,
+                                      max_connections=self.config.max_connections,
+                                      idle_timeout_s=self.config.keep_alive_timeout_s)
         await self._grpc_front.start(public, ssl=tls.grpc_context(self.config))
         return public.getsockname()[1]
 
@@ -503,7 +505,7 @@ class NodeServer:
             limit = self.config.max_body_bytes
             if self._grpc_cover_methods is None:  # one channel to this process's service, for every cover
                 self._grpc_cover_methods = Forwarder(channel_to(self.core.grpc_upstream, limit))
-            self._grpc_fallback = GrpcServer(self._grpc_cover_methods, limit)
+            self._grpc_fallback = GrpcServer(self._grpc_cover_methods, limit, self.config.grpc_limits)
             await self._grpc_fallback.start(self._grpc_listen.dup())
         elif not cover and self._grpc_fallback is not None:
             fallback, self._grpc_fallback = self._grpc_fallback, None
