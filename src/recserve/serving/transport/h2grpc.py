@@ -98,6 +98,10 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return _HEAD.pack(len(payload) << 8 | kind, flags, stream) + payload
 
 
+def _goaway_frame(last_id: int, code: int = NO_ERROR, reason: bytes = b"") -> bytes:
+    return _frame(GOAWAY, 0, 0, last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + reason)
+
+
 def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
     """An HPACK integer (RFC 7541 5.1) whose first byte carries ``first`` in the bits above the prefix."""
     limit = (1 << prefix_bits) - 1
@@ -394,7 +398,7 @@ class GrpcConnection(asyncio.Protocol):
         if self._closing or self._goaway_ping or self.transport is None:
             return
         self._goaway_ping = True
-        self._write([self._goaway(MAX_WINDOW), _frame(PING, 0, 0, GOAWAY_PING)])
+        self._write([_goaway_frame(MAX_WINDOW), _frame(PING, 0, 0, GOAWAY_PING)])
         asyncio.get_running_loop().call_later(GOAWAY_ACK_S, self._final_goaway)
 
     def _final_goaway(self) -> None:
@@ -402,10 +406,8 @@ class GrpcConnection(asyncio.Protocol):
         if self._closing or self.transport is None:
             return
         self._closing = True
-        self._write([self._goaway(self._last_id)])
+        self._write([_goaway_frame(self._last_id)])
 
-    def _goaway(self, last_id: int, code: int = NO_ERROR, reason: bytes = b"") -> bytes:
-        return _frame(GOAWAY, 0, 0, last_id.to_bytes(4, "big") + code.to_bytes(4, "big") + reason)
 
     def _flush(self) -> None:
         """Write the frames queued (one write: one syscall), and after GOAWAY and the last call end our side and
@@ -427,7 +429,7 @@ class GrpcConnection(asyncio.Protocol):
     def _fail(self, error: ConnectionError_) -> None:
         if self.transport is not None and not self._eof_sent:
             log.debug("gRPC connection error: %s", error)
-            self.transport.write(b"".join(self._out) + self._goaway(self._last_id, error.code, str(error).encode()))
+            self.transport.write(b"".join(self._out) + _goaway_frame(self._last_id, error.code, str(error).encode()))
             self._out = []
             self.transport.close()
 
@@ -1077,8 +1079,8 @@ class _Refused(asyncio.Protocol):
     """A connection past the server's cap: our SETTINGS and GOAWAY ENHANCE_YOUR_CALM, then close."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        goaway = (0).to_bytes(4, "big") + ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_connections"
-        transport.write(_frame(SETTINGS, 0, 0) + _frame(GOAWAY, 0, 0, goaway))  # type: ignore[attr-defined]
+        goaway = _goaway_frame(0, ENHANCE_YOUR_CALM, b"too_many_connections")
+        transport.write(_frame(SETTINGS, 0, 0) + goaway)  # type: ignore[attr-defined]
         transport.close()
 
 
