@@ -31,6 +31,7 @@ from recserve.serving.transport.h2grpc import (
     _percent_encoded,
     _timeout_s,
 )
+from recserve.serving.transport.h2limits import FloodLimits
 
 MAX_MESSAGE = 8 << 20
 
@@ -483,7 +484,9 @@ def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tup
         call.reply(b"ok")
 
     method = Method(unary=echo, land=lambda head, size: aligned_buffer(size, lead))
-    conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE), _Transport()
+    wide = FloodLimits(stream_window=2**31 - 1, connection_window=2**31 - 1)  # these tests send past 1 MiB windows
+    conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE,
+                                     limits=wide), _Transport()
     conn.connection_made(transport)
     conn.data_received(PREFACE + _frame(4, 0, 0, b""))
     transport.frames()

@@ -74,11 +74,15 @@ def test_grpc_limits_are_validated_naming_the_field():
 
     model = {"model": "hercules-rmc1", "scale": 1e-4}
     for bad, field in (({"pingz": [1, 1]}, "pingz"), ({"pings": 5}, "pings"), ({"pings": [0, 1]}, "pings"),
-                       ({"continuations": -1}, "continuations"), ([1], "grpc_limits")):
+                       ({"continuations": -1}, "continuations"), ([1], "grpc_limits"),
+                       ({"stream_window": 1000}, "stream_window"), ({"connection_window": 2**31}, "connection_window")):
         with pytest.raises(SpecError, match=field):
             config_from_dict({"grpc_limits": bad, "models": [model]})
     limits = config_from_dict({"grpc_limits": {"pings": [5, 2], "continuations": 4}, "models": [model]}).grpc_limits
     assert limits == FloodLimits(pings=Rate(5.0, 2.0), continuations=4)
+    windows = config_from_dict({"grpc_limits": {"stream_window": 65_535, "connection_window": 1 << 24},
+                                "models": [model]}).grpc_limits
+    assert (windows.stream_window, windows.connection_window) == (65_535, 1 << 24)
     assert config_from_dict({"models": [model]}).grpc_limits == FloodLimits()
 
 

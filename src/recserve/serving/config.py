@@ -405,6 +405,10 @@ def flood_limits(given: Any) -> FloodLimits:
                     and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value)):
                 raise SpecError(f"{where}.{key}: must be [burst, per_s], two numbers > 0, got {value!r}")
             values[key] = Rate(float(value[0]), float(value[1]))
+        elif key.endswith("_window"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 65_535 <= value <= 2**31 - 1:
+                raise SpecError(f"{where}.{key}: must be an integer of bytes in [65535, 2^31-1], got {value!r}")
+            values[key] = value
         else:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise SpecError(f"{where}.{key}: must be an integer >= 0, got {value!r}")

@@ -8,8 +8,9 @@ What it implements (RFC 9113 and the gRPC-over-HTTP2 protocol, server side, clea
 which is what gRPC clients speak without TLS):
 - frames: SETTINGS, PING, WINDOW_UPDATE, HEADERS + CONTINUATION (padding and priority fields skipped), DATA,
   RST_STREAM, GOAWAY; PRIORITY ignored; anything a client may not send is a connection error (GOAWAY, close);
-- flow control both ways: the receive windows are opened wide and replenished as data is read; replies wait for
-  the client's windows (``_Stream.pending``) and its ``SETTINGS_MAX_FRAME_SIZE``;
+- flow control both ways: receive windows per stream and per connection (``FloodLimits``), replenished as a call
+  takes its request, DATA past them a FLOW_CONTROL_ERROR; replies wait for the client's windows
+  (``_Stream.pending``) and its ``SETTINGS_MAX_FRAME_SIZE``;
 - HPACK through ``hpack`` (pure Python): request header blocks made only of indexed fields (what a client sends
   once its dynamic table holds its headers) are decoded once and remembered until the table can change; replies
   use constant blocks that never touch the dynamic table;
@@ -70,7 +71,6 @@ IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this 
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
-REPLENISH = 1 << 30  # give a window back once this much of it has been read
 LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled in place (``_land``)
 LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most this many max messages
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)
@@ -261,17 +261,18 @@ class Method:
 
 
 class _Stream:
-    __slots__ = ("id", "call", "block", "ended", "chunks", "size", "unacked", "send_window", "pending", "pending_end",
-                 "headers_sent", "encoding", "method", "landing", "landed", "held")
+    __slots__ = ("id", "call", "block", "ended", "chunks", "size", "unacked", "recv_window", "send_window", "pending",
+                 "pending_end", "headers_sent", "encoding", "method", "landing", "landed", "held")
 
-    def __init__(self, stream_id: int, send_window: int) -> None:
+    def __init__(self, stream_id: int, send_window: int, recv_window: int = 0) -> None:
         self.id = stream_id
         self.call: GrpcCall | None = None
         self.block = bytearray()  # a header block still waiting for its CONTINUATION frames
         self.ended = False  # the client half-closed
         self.chunks: list[Any] = []  # DATA not yet split into messages: views of the received bytes, not copies
         self.size = 0  # their total length
-        self.unacked = 0
+        self.unacked = 0  # DATA read since its receive window was last replenished
+        self.recv_window = recv_window  # what the client may still send on it
         self.send_window = send_window
         self.pending = bytearray()  # reply DATA the client's windows do not admit yet
         self.pending_end: bytes | None = None  # trailers to send once ``pending`` is out
@@ -300,7 +301,10 @@ class GrpcConnection(asyncio.Protocol):
                  server_resets: Bucket | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
-        self._guard = FloodGuard(limits or FloodLimits(), server_resets=server_resets)  # frames with no request
+        limits = limits or FloodLimits()
+        self._guard = FloodGuard(limits, server_resets=server_resets)  # frames with no request
+        self._stream_window, self._connection_window = limits.stream_window, limits.connection_window
+        self._recv_window = limits.connection_window  # what the client may still send on the connection
         # request bytes of incomplete messages: on this connection, and on every connection of the server
         self._request_bytes = ByteBudget(max(HELD_CONNECTION, 2 * max_message))
         self._request_bytes_shared = held
@@ -344,15 +348,16 @@ class GrpcConnection(asyncio.Protocol):
             # algorithm until the client's delayed ACK (~40 ms)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         settings = (SETTINGS_MAX_CONCURRENT_STREAMS.to_bytes(2, "big") + MAX_STREAMS.to_bytes(4, "big")
-                    + SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big") + MAX_WINDOW.to_bytes(4, "big")
+                    + SETTINGS_INITIAL_WINDOW_SIZE.to_bytes(2, "big") + self._stream_window.to_bytes(4, "big")
                     + SETTINGS_MAX_FRAME_SIZE.to_bytes(2, "big") + RECEIVE_FRAME.to_bytes(4, "big"))
+        opening = self._connection_window - DEFAULT_WINDOW  # the connection's window starts at 65,535
         self.transport.write(_frame(SETTINGS, 0, 0, settings)
-                             + _frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big")))
+                             + (_frame(WINDOW_UPDATE, 0, 0, opening.to_bytes(4, "big")) if opening > 0 else b""))
 
     def pause_writing(self) -> None:
         """Answers wait in our write buffer past ``WRITE_HIGH``: the client is not reading them.  Read none of its
         requests until it does (TCP then stops its sending), so that a client cannot make a worker hold answers
-        without bound (the flow-control windows are opened wide and bound nothing)."""
+        without bound (our receive windows are replenished as requests are read, so they would not stop it)."""
         self._pause(PAUSED_WRITES)
 
     def resume_writing(self) -> None:
@@ -644,7 +649,7 @@ class GrpcConnection(asyncio.Protocol):
             if stream_id % 2 == 0 or stream_id <= self._last_id:
                 raise ConnectionError_(PROTOCOL_ERROR, f"stream {stream_id} is not a new client stream")
             self._last_id = stream_id
-            stream = _Stream(stream_id, self._initial_send_window)
+            stream = _Stream(stream_id, self._initial_send_window, self._stream_window)
             stream.ended = bool(flags & END_STREAM)
             self._streams[stream_id] = stream
         if flags & END_HEADERS:  # the whole block in this frame (the usual case): no copy into ``stream.block``
@@ -770,10 +775,7 @@ class GrpcConnection(asyncio.Protocol):
             self._guard.empty_in_a_row = 0
         elif not flags & END_STREAM:
             self._calm(self._guard.empty_data())
-        self._unacked += size
-        if self._unacked >= REPLENISH:
-            self._out.append(_frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
-            self._unacked = 0
+        self._take_connection_window(size)
         stream = self._streams.get(stream_id)
         if stream_id == 0:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
@@ -781,11 +783,12 @@ class GrpcConnection(asyncio.Protocol):
             if stream_id > self._last_id:
                 raise ConnectionError_(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             return  # a stream already answered or reset: its data is dropped (the window was counted above)
-        stream.unacked += size
-        if stream.unacked >= REPLENISH and not flags & END_STREAM:
-            self._out.append(_frame(WINDOW_UPDATE, 0, stream_id, stream.unacked.to_bytes(4, "big")))
-            stream.unacked = 0
+        stream.recv_window -= size
+        if stream.recv_window < 0:  # RFC 9113 6.9.1: a stream error
+            self._reset_stream(stream, FLOW_CONTROL_ERROR)
+            return
         if not stream.call.done:
+            self._replenish_stream(stream, size, flags)
             if flags & PADDED:
                 payload = self._unpad(flags, payload, priority=False)
             if payload and stream.landing is not None:
@@ -799,6 +802,27 @@ class GrpcConnection(asyncio.Protocol):
             stream.ended = True
             self._request_ended(stream)
         self._check_held(stream)
+
+    def _take_connection_window(self, size: int) -> None:
+        """DATA of ``size`` bytes against the connection's receive window, replenished once half of it is read (a
+        stream's own window and the byte budgets bound what is kept of it)."""
+        self._recv_window -= size
+        if self._recv_window < 0:
+            raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA past the connection's receive window")
+        self._unacked += size
+        if self._unacked >= self._connection_window >> 1:
+            self._out.append(_frame(WINDOW_UPDATE, 0, 0, self._unacked.to_bytes(4, "big")))
+            self._recv_window += self._unacked
+            self._unacked = 0
+
+    def _replenish_stream(self, stream: _Stream, size: int, flags: int) -> None:
+        """A call still taking its request gets its stream window back once half of it is read; one answered,
+        refused or reset gets none, so its client can send at most one more window of it."""
+        stream.unacked += size
+        if stream.unacked >= self._stream_window >> 1 and not flags & END_STREAM:
+            self._out.append(_frame(WINDOW_UPDATE, 0, stream.id, stream.unacked.to_bytes(4, "big")))
+            stream.recv_window += stream.unacked
+            stream.unacked = 0
 
     def _check_held(self, stream: _Stream) -> None:
         """Count what the stream holds of incomplete messages (a message handed to its call is not held); the
