@@ -631,6 +631,7 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
         # the 1st found the worker idle and was computed at once; the rest arrived while its next turn was pending.
         # Shed at once: the 3rd (it would finish after its 1 ms deadline behind the 2nd), the 6th and 7th (3 queued)
         assert answers[0] == "ok" and len(answers) == 4 and "after its deadline" in answers[1]
+        assert "deadline_ms in the node config (10000 ms here)" in answers[1]  # says how to move it
         assert all("queued at this worker (limit 3)" in a for a in answers[2:])
         loop.run_until_complete(asyncio.sleep(0.3))
         assert answers.count("ok") == 4

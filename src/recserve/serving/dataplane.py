@@ -850,8 +850,13 @@ class WorkerPlane:
             raise InferError("unavailable", f"model {self.model_name!r} is overloaded: this query would finish "
                                             f"{(finish + headroom - deadline) * 1e3:.1f} ms after its deadline "
                                             f"behind {len(self.queue)} queued (with {headroom * 1e3:.1f} ms of "
-                                            "headroom for recent lateness); retry later")
+                                            f"headroom for recent lateness); retry later. {self._deadline_hint()}")
         return finish
+
+    def _deadline_hint(self) -> str:
+        """How a client or operator moves the deadline a refusal was judged against (said in every 503/504)."""
+        return (f"A query's deadline is the client's timeout (HTTP parameters.timeout in us, gRPC deadline), else "
+                f"the model's deadline_ms in the node config ({self.limits.deadline_s * 1e3:.0f} ms here)")
 
     def _deadline(self, timeout_s: float | None, arrived: float | None = None) -> float:
         """When a query must be answered: the transport's ``timeout_s``, else the model's default, counted from
@@ -942,7 +947,7 @@ class WorkerPlane:
                 waited = (now - q.arrived) * 1e3
                 self._fail(q.reply, q.arrived, InferError(
                     "deadline", f"model {self.model_name!r}: deadline exceeded: {waited:.1f} ms after the request "
-                                "arrived it was still queued"))
+                                f"arrived it was still queued. {self._deadline_hint()}"))
                 continue
             if group and (self.limits.fuse_items <= 0 or total + q.items > self.limits.fuse_items):
                 break
