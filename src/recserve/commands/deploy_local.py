@@ -9,8 +9,8 @@ Example::
 One node server per planned server group (a Hercules-configured model, a Hera pair, an SDM-tiered model), its
 workers scaled to this host's cores and pinned round robin, tables scaled by ``--scale``; the endpoints of every
 model are printed and written to ``DIR/endpoints.json``.  A fleet router in front of them (``--router-port``)
-takes every model's queries on one URL and dispatches each to a node serving it (Kairos' policy, one slot per
-worker); ``DIR/router-endpoints.json`` names it for ``recserve verify --target``.  Runs until Ctrl-C (or
+takes every model's queries on one URL and dispatches each to a node serving it (Kairos' policy, a few slots
+per worker); ``DIR/router-endpoints.json`` names it for ``recserve verify --target``.  Runs until Ctrl-C (or
 ``--seconds``), then stops the router and the node servers it started; SIGTERM (`kill PID`) stops them as Ctrl-C
 does.
 """

@@ -4,9 +4,9 @@ that serve it.
 A fleet deployment (``recserve deploy local --plan``) runs several node servers, each serving some of the plan's
 models.  Clients, ``recserve verify`` and tritonclient point at one URL; ``POST /v2/models/{model}/infer`` goes
 to that model's :class:`~recserve.policies.router.Router`, whose dispatch policy (Kairos by default) picks a slot
-among the nodes serving it, one slot per worker.  A model no node serves is answered 404 in the protocol's error
-format.  Everything else (the queue, the policy, the learning of each backend's latency) is the single-model
-router's, run once per model.
+among the nodes serving it, a few slots per worker (``SLOTS_PER_WORKER``).  A model no node serves is answered
+404 in the protocol's error format.  Everything else (the queue, the policy, the learning of each backend's
+latency) is the single-model router's, run once per model.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from recserve.serving.errors import InferError
 from recserve.serving.http import error_response
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
+# queries in flight per worker: a node worker fuses what queues behind its pass, so a few per worker keep it busy
+# across the router's round trip (one per worker, Kairos' instance model, left workers idle while answers travelled
+# and the router's queue grew without bound at the plan's load)
+SLOTS_PER_WORKER = 4
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class FleetRouter:
             raise ValueError("a fleet router needs at least one model")
         self.routers: dict[str, Router] = {}
         for route in routes:
-            backends = [Backend(url, kind, max(1, workers), base=(i == 0))
+            backends = [Backend(url, kind, SLOTS_PER_WORKER * max(1, workers), base=(i == 0))
                         for i, (url, kind, workers) in enumerate(route.backends)]
             pool = PoolConfig(backends, route.qos_ms, policy)
             self.routers[route.served] = Router(pool, pool.make_policy(), timeout_s=timeout_s)
