@@ -12,7 +12,7 @@ servers, one pod per planned server:
   anti-affinity on the hostname): a plan's unit is one whole server;
 - an SSD-tiered model's table files on an ``emptyDir`` (on the node's disk, O_DIRECT works; it survives container
   restarts, and a new pod rewrites the files as a fresh node does), sized for its user tables;
-- replicas = the plan's units at peak; a group serving a model with a trace gets an HPA between the trace's
+- replicas = the plan's units at peak; a group whose models' traces let it shrink gets an HPA between the traces'
   lowest share and the peak (why not a CronJob: docs/fleet.md).
 
 One Service per model selects every pod that serves it.  ElasticRec shard blocks are left out (``deploy k8s
