@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,ray,bench]'
 	$(BIN)/python benchmarks/run_all.py
+
+# the Open Inference Protocol stubs in src/recserve/serving/proto from the .proto files there (pinned grpcio-tools)
+proto:
+	scripts/gen_proto.sh
 
 clean:
 	rm -rf $(VENV) out results
