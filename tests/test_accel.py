@@ -43,6 +43,7 @@ from recserve.serving.accel import (
 )
 from recserve.serving.errors import InferError
 from recserve.zoo import sample_batch
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -657,10 +658,10 @@ def test_the_threshold_moves_queries_at_run_time_and_is_validated(node, model):
     finally:
         post_json(ports.http, path, {"min_items": MIN_ITEMS})
     time.sleep(0.2)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30).read().decode()
-    assert 'recserve_routed_queries_total{model="ncf",kind="accelerator"}' in text
-    assert 'recserve_accelerator_passes_total{model="ncf"}' in text
-    assert 'recserve_workers{model="ncf",stage="accel"} 1' in text
+    samples = scrape(ports.http)
+    assert metric_value(samples, "recserve_routed_queries_total", model="ncf", kind="accelerator") is not None
+    assert metric_value(samples, "recserve_accelerator_passes_total", model="ncf") is not None
+    assert metric_value(samples, "recserve_workers", model="ncf", stage="accel") == 1
 
 
 def test_accelerator_workers_are_resized_through_the_control_api(node, model):

@@ -26,6 +26,7 @@ from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.server import _infer_target
 from recserve.serving.transport.http1 import HEADS, HeadError, _heads, read_head
 from recserve.zoo import sample_batch
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -321,7 +322,7 @@ def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
     deadline = time.monotonic() + 60
     codes = {503: "unavailable", 504: "deadline"}
     for status in set(statuses) - {200}:
-        while f'recserve_request_errors_total{{model="b",code="{codes[status]}"}}' not in metrics_text(port):
+        while metric_value(scrape(port), "recserve_request_errors_total", model="b", code=codes[status]) is None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
 
@@ -538,15 +539,11 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
         for s in socks:
             s.close()
     assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies[:2]
-    line = 'recserve_requests_refused_total{model="h",reason="slow_client"} 20'
+    labels = {"model": "h", "reason": "slow_client"}
     deadline = time.monotonic() + 60  # within milliseconds, unless the host is busy
-    while line not in metrics_text(port) and time.monotonic() < deadline:
+    while metric_value(scrape(port), "recserve_requests_refused_total", **labels) != 20 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert line in metrics_text(port)
-
-
-def metrics_text(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    assert metric_value(scrape(port), "recserve_requests_refused_total", **labels) == 20
 
 
 def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(grpc_node, cases):

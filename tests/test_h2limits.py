@@ -12,6 +12,7 @@ from h2_transport import Transport
 from oip_inputs import grpc_inputs
 from recserve.serving.transport.h2grpc import ENHANCE_YOUR_CALM, PREFACE, GrpcConnection, Method, _frame
 from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, Rate
+from scrape import metric_value, scrape
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -139,14 +140,14 @@ def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_th
             except (ConnectionResetError, TimeoutError):
                 pass
         assert ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_pings" in received
-        line = f'recserve_requests_refused_total{{model="{config.models[0].name}",reason="h2_too_many_pings"}} 1'
+        labels = {"model": config.models[0].name, "reason": "h2_too_many_pings"}
         deadline = time.monotonic() + 30
         while True:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30) as r:
-                if line in r.read().decode() or time.monotonic() > deadline:
-                    break
+            refused = metric_value(scrape(ports.http), "recserve_requests_refused_total", **labels)
+            if refused or time.monotonic() > deadline:
+                break
             time.sleep(0.1)
-        assert line in urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30).read().decode()
+        assert refused == 1
         model = build_worker_model(server.config.models[0])
         client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
         inputs = grpc_inputs(sample_batch(model, 4, rng=1))

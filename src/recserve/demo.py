@@ -30,6 +30,7 @@ import numpy as np
 from recserve import report
 from recserve.cli import main as cli
 from recserve.errors import RecserveError
+from recserve.measure.plot import pyplot
 
 if TYPE_CHECKING:
     from recserve.measure.loadgen import LoadSession
@@ -538,10 +539,7 @@ def _finite(x: float) -> float:
 
 
 def plot_live(data: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from recserve.commands._plan_common import count, open_fraction, positive, seed
 from recserve.errors import RecserveError
+from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
 from recserve.sim.cluster import parse_pool, pool_text
@@ -132,10 +133,7 @@ def _print_table(results: list[dict[str, Any]]) -> None:
 
 
 def _plot(results: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(dict.fromkeys(p for r in results for p in r["policies"])) + ["homogeneous"]
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.2), squeeze=False)

@@ -209,11 +209,9 @@ class SharedMemoryHttpTarget(HttpTarget):
 
 
 def grpc_messages():
-    """The OIP/Triton protobuf module (``service_pb2``) from tritonclient, or a clear error."""
-    try:
-        from tritonclient.grpc import service_pb2
-    except ImportError as exc:
-        raise RecserveError("gRPC load needs the Triton protobuf stubs: pip install 'tritonclient[grpc]'") from exc
+    """The OIP/Triton protobuf messages (``service_pb2``), imported only by gRPC load."""
+    from recserve.serving.proto import service_pb2
+
     return service_pb2
 
 

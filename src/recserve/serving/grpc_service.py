@@ -1,7 +1,7 @@
 """gRPC front end: the standard ``inference.GRPCInferenceService`` (KServe v2 / Triton) on grpc.aio.
 
-The message classes are the generated stubs shipped in ``tritonclient.grpc`` (a runtime
-dependency), so the wire format is exactly Triton's.  Tensor contents are read and written by
+The message classes are generated from Triton's ``.proto`` files (:mod:`recserve.serving.proto`), so the
+wire format is exactly Triton's.  Tensor contents are read and written by
 :mod:`recserve.serving.codec`; error codes map to gRPC status through :mod:`recserve.serving.errors`.
 
 ``ModelReady`` answers ``ready: false`` for an unknown model or version (HTTP answers 404 there;
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from recserve.serving import codec, control_api, protocol
 from recserve.serving.errors import InferError, grpc_code
 from recserve.serving.llc import LlcUnsupported
+from recserve.serving.proto import model_config_pb2, service_pb2, service_pb2_grpc
 from recserve.serving.shm import CUDA_UNSUPPORTED
 
 if TYPE_CHECKING:

@@ -23,12 +23,12 @@ from typing import Any
 
 import grpc
 import numpy as np
-from tritonclient.grpc import service_pb2
 
 from recserve.serving import codec
 from recserve.serving.dataplane import WorkerPlane, as_infer_error
 from recserve.serving.errors import InferError, grpc_code
 from recserve.serving.grpc_service import Undecodable, infer_response, tolerant
+from recserve.serving.proto import service_pb2
 from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from aiohttp import web
 from recserve.serving import codec, control_api, protocol
 from recserve.serving.errors import STATUS, InferError
 from recserve.serving.llc import LlcUnsupported
-from recserve.serving.metrics import render_prometheus
+from recserve.serving.metrics import NodeSnapshot, PrometheusExporter
 from recserve.serving.shm import CUDA_UNSUPPORTED, register_request
 
 if TYPE_CHECKING:
@@ -180,10 +180,11 @@ def build_app(core: NodeCore) -> web.Application:
     async def cuda_shm(_: web.Request) -> web.Response:
         raise InferError("unsupported", CUDA_UNSUPPORTED)
 
+    exporter = PrometheusExporter(lambda: metric_snapshot(core))
+
     @routes.get("/metrics")
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=core.prometheus(), content_type="text/plain", charset="utf-8",
-                            headers={"X-Prometheus-Format": "0.0.4"})
+        return web.Response(body=exporter.render(), headers={"Content-Type": exporter.content_type})
 
     # ---- control ----
     @routes.get("/control/models")
@@ -280,8 +281,10 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(InferError("internal", f"{type(exc).__name__}: {exc}"))
 
 
-def prometheus_text(models: dict[str, ModelRuntime], node_refusals: dict[str, int] | None = None) -> str:
-    return render_prometheus({
+def metric_snapshot(core: NodeCore) -> NodeSnapshot:
+    """What ``/metrics`` exports: each served model's counters, queries in flight and ready workers per stage,
+    and the node's refusals before a model was known."""
+    return {
         name: (rt.metrics, rt.in_flight, {s: p.ready_count() for s, p in rt.pools.items()})
-        for name, rt in models.items()
-    }, node_refusals)
+        for name, rt in core.models.items()
+    }, core.refusals

@@ -1,17 +1,22 @@
-"""Per-model counters and latency histograms, rendered as Prometheus text and as Triton statistics.
+"""Per-model counters and latency histograms, exported as Prometheus text (prometheus_client) and as Triton
+statistics.
 
-Written by hand (no prometheus_client dependency): everything is updated on the server's event-loop
-thread, so no locking is needed.
+Everything is updated on the supervisor's event-loop thread from the workers' reports, so no locking is needed;
+a scrape reads the same counters through :class:`NodeCollector`.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 RATE_WINDOW_S = 10.0
@@ -73,15 +78,11 @@ class Histogram:
                 self.counts[i] += 1
                 break
 
-    def lines(self, metric: str, labels: str) -> list[str]:
-        out, cumulative = [], 0
-        for edge, count in zip(BUCKETS_S, self.counts, strict=True):
-            cumulative += count
-            out.append(f'{metric}_bucket{{{labels},le="{edge:g}"}} {cumulative}')
-        out.append(f'{metric}_bucket{{{labels},le="+Inf"}} {self.total}')
-        out.append(f"{metric}_sum{{{labels}}} {self.sum_s:.9f}")
-        out.append(f"{metric}_count{{{labels}}} {self.total}")
-        return out
+    def buckets(self) -> list[tuple[str, int]]:
+        """Cumulative counts by upper bound (``le``), ending with ``+Inf``: the total."""
+        cumulative = list(itertools.accumulate(self.counts))
+        bounded = [(f"{edge:g}", count) for edge, count in zip(BUCKETS_S, cumulative, strict=True)]
+        return [*bounded, ("+Inf", self.total)]
 
 
 @dataclass
@@ -218,83 +219,117 @@ class ModelMetrics:
         }
 
 
-def render_prometheus(models: dict[str, tuple[ModelMetrics, int, dict[str, int]]],
-                      node_refusals: dict[str, int] | None = None) -> str:
-    """``models``: served name -> (metrics, queue depth, workers per stage); ``node_refusals``: inference
-    requests refused before a model was known (unknown model, unreadable request), by reason."""
-    lines: list[str] = []
+ModelGauges = tuple[ModelMetrics, int, dict[str, int]]  # metrics, queries in flight, ready workers per stage
+NodeSnapshot = tuple[dict[str, ModelGauges], dict[str, int]]  # served name -> gauges; node-wide refusals by reason
 
-    def family(metric: str, kind: str, help_text: str) -> None:
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} {kind}")
 
-    family("recserve_requests_total", "counter", "Inference requests received (admitted or not).")
-    for name, (m, _, _) in models.items():
-        lines.append(f'recserve_requests_total{{model="{name}"}} {m.requests}')
-    family("recserve_request_success_total", "counter", "Inference requests answered with scores.")
-    for name, (m, _, _) in models.items():
-        lines.append(f'recserve_request_success_total{{model="{name}"}} {m.successes}')
-    family("recserve_request_errors_total", "counter", "Failed requests by reason.")
-    for name, (m, _, _) in models.items():
-        for code, count in sorted(m.errors.items()):
-            lines.append(f'recserve_request_errors_total{{model="{name}",code="{code}"}} {count}')
-    family("recserve_requests_refused_total", "counter",
-           "Inference requests refused before admission (unreadable, invalid, too large, too slow), by reason; "
-           'model="" when no served model was named.')
-    for name, (m, _, _) in models.items():
-        for code, count in sorted(m.refusals.items()):
-            lines.append(f'recserve_requests_refused_total{{model="{name}",reason="{code}"}} {count}')
-    for code, count in sorted((node_refusals or {}).items()):
-        lines.append(f'recserve_requests_refused_total{{model="",reason="{code}"}} {count}')
-    family("recserve_items_total", "counter", "Candidate items scored.")
-    for name, (m, _, _) in models.items():
-        lines.append(f'recserve_items_total{{model="{name}"}} {m.items}')
-    family("recserve_items_per_second", "gauge", f"Items scored per second over the last {RATE_WINDOW_S:g} s.")
-    for name, (m, _, _) in models.items():
-        lines.append(f'recserve_items_per_second{{model="{name}"}} {m.items_per_s():.3f}')
-    family("recserve_queue_depth", "gauge", "Queries admitted and not yet answered.")
-    for name, (_, depth, _) in models.items():
-        lines.append(f'recserve_queue_depth{{model="{name}"}} {depth}')
-    family("recserve_workers", "gauge", "Ready worker processes per stage.")
-    for name, (_, _, workers) in models.items():
-        for stage, count in workers.items():
-            lines.append(f'recserve_workers{{model="{name}",stage="{stage}"}} {count}')
-    family("recserve_routed_queries_total", "counter",
-           "Queries of models with accelerator workers, by the kind of worker that computed them.")
-    for name, (m, _, _) in models.items():
-        for kind, count in sorted(m.routed_queries.items()):
-            lines.append(f'recserve_routed_queries_total{{model="{name}",kind="{kind}"}} {count}')
-    family("recserve_routed_items_total", "counter", "Items of those queries, by kind of worker.")
-    for name, (m, _, _) in models.items():
-        for kind, count in sorted(m.routed_items.items()):
-            lines.append(f'recserve_routed_items_total{{model="{name}",kind="{kind}"}} {count}')
-    family("recserve_accelerator_passes_total", "counter", "Fused passes (launches) of accelerator workers.")
-    for name, (m, _, _) in models.items():
-        if m.routed_queries:
-            lines.append(f'recserve_accelerator_passes_total{{model="{name}"}} {m.accel_passes}')
-    family("recserve_device_cache_lookups_total", "counter",
-           "Embedding rows looked up through accelerator workers' device row caches (accelerator.device_table_mb).")
-    for name, (m, _, _) in models.items():
-        if m.cache_lookups:
-            lines.append(f'recserve_device_cache_lookups_total{{model="{name}"}} {m.cache_lookups}')
-    family("recserve_device_cache_hits_total", "counter", "Of those, rows found in device memory.")
-    for name, (m, _, _) in models.items():
-        if m.cache_lookups:
-            lines.append(f'recserve_device_cache_hits_total{{model="{name}"}} {m.cache_hits}')
-    family("recserve_http_read_pauses_total", "counter",
-           "HTTP/1.1 connections that stopped being read while over 64 KiB waited behind the request in flight "
-           "(a pipelining client held back by TCP).")
-    for name, (m, _, _) in models.items():
-        lines.append(f'recserve_http_read_pauses_total{{model="{name}"}} {m.read_pauses}')
-    family("recserve_worker_restarts_total", "counter", "Workers that died and were replaced.")
-    for name, (m, _, _) in models.items():
-        lines.append(f'recserve_worker_restarts_total{{model="{name}"}} {m.worker_restarts}')
+class NodeCollector(Collector):
+    """The node's ``/metrics`` families, built at scrape time from the supervisor's aggregated counters (the
+    workers keep counting as they do; nothing here runs per query). ``source`` returns the models' gauges and the
+    inference requests refused before a model was known (unknown model, unreadable request), by reason."""
+
+    def __init__(self, source: Callable[[], NodeSnapshot]) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        models, node_refusals = self.source()
+        yield from _request_families(models, node_refusals)
+        yield from _load_families(models)
+        yield from _accelerator_families(models)
+        yield from _health_families(models)
+        yield from _latency_families(models)
+
+
+class PrometheusExporter:
+    """Prometheus text exposition of one node: a private registry holding one :class:`NodeCollector`."""
+
+    content_type = "text/plain; version=0.0.4; charset=utf-8"  # the text format generate_latest writes
+
+    def __init__(self, source: Callable[[], NodeSnapshot]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NodeCollector(source))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _counter(name: str, help_text: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
+    family = CounterMetricFamily(name, help_text, labels=labels)  # the sample keeps ``name``'s ``_total``
+    for values, count in rows:
+        family.add_metric(values, count)
+    return family
+
+
+def _gauge(name: str, help_text: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
+
+
+def _request_families(models: dict[str, ModelGauges], node_refusals: dict[str, int]) -> Iterator[Metric]:
+    yield _counter("recserve_requests_total", "Inference requests received (admitted or not).", ["model"],
+                   (([name], m.requests) for name, (m, _, _) in models.items()))
+    yield _counter("recserve_request_success_total", "Inference requests answered with scores.", ["model"],
+                   (([name], m.successes) for name, (m, _, _) in models.items()))
+    yield _counter("recserve_request_errors_total", "Failed requests by reason.", ["model", "code"],
+                   (([name, code], count) for name, (m, _, _) in models.items()
+                    for code, count in sorted(m.errors.items())))
+    refused = [([name, code], count) for name, (m, _, _) in models.items()
+               for code, count in sorted(m.refusals.items())]
+    refused += [(["", code], count) for code, count in sorted(node_refusals.items())]
+    yield _counter("recserve_requests_refused_total",
+                   "Inference requests refused before admission (unreadable, invalid, too large, too slow), by "
+                   'reason; model="" when no served model was named.', ["model", "reason"], refused)
+    yield _counter("recserve_items_total", "Candidate items scored.", ["model"],
+                   (([name], m.items) for name, (m, _, _) in models.items()))
+
+
+def _load_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+    yield _gauge("recserve_items_per_second", f"Items scored per second over the last {RATE_WINDOW_S:g} s.",
+                 ["model"], (([name], m.items_per_s()) for name, (m, _, _) in models.items()))
+    yield _gauge("recserve_queue_depth", "Queries admitted and not yet answered.", ["model"],
+                 (([name], depth) for name, (_, depth, _) in models.items()))
+    yield _gauge("recserve_workers", "Ready worker processes per stage.", ["model", "stage"],
+                 (([name, stage], count) for name, (_, _, workers) in models.items()
+                  for stage, count in workers.items()))
+
+
+def _accelerator_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+    yield _counter("recserve_routed_queries_total",
+                   "Queries of models with accelerator workers, by the kind of worker that computed them.",
+                   ["model", "kind"], (([name, kind], count) for name, (m, _, _) in models.items()
+                                       for kind, count in sorted(m.routed_queries.items())))
+    yield _counter("recserve_routed_items_total", "Items of those queries, by kind of worker.", ["model", "kind"],
+                   (([name, kind], count) for name, (m, _, _) in models.items()
+                    for kind, count in sorted(m.routed_items.items())))
+    yield _counter("recserve_accelerator_passes_total", "Fused passes (launches) of accelerator workers.", ["model"],
+                   (([name], m.accel_passes) for name, (m, _, _) in models.items() if m.routed_queries))
+    yield _counter("recserve_device_cache_lookups_total",
+                   "Embedding rows looked up through accelerator workers' device row caches "
+                   "(accelerator.device_table_mb).", ["model"],
+                   (([name], m.cache_lookups) for name, (m, _, _) in models.items() if m.cache_lookups))
+    yield _counter("recserve_device_cache_hits_total", "Of those, rows found in device memory.", ["model"],
+                   (([name], m.cache_hits) for name, (m, _, _) in models.items() if m.cache_lookups))
+
+
+def _health_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+    yield _counter("recserve_http_read_pauses_total",
+                   "HTTP/1.1 connections that stopped being read while over 64 KiB waited behind the request in "
+                   "flight (a pipelining client held back by TCP).", ["model"],
+                   (([name], m.read_pauses) for name, (m, _, _) in models.items()))
+    yield _counter("recserve_worker_restarts_total", "Workers that died and were replaced.", ["model"],
+                   (([name], m.worker_restarts) for name, (m, _, _) in models.items()))
+
+
+def _latency_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
     for metric, attr, help_text in (
         ("recserve_request_latency_seconds", "e2e", "End-to-end latency of successful queries."),
         ("recserve_queue_latency_seconds", "queue", "Time queries waited for a worker (summed over stages)."),
         ("recserve_compute_latency_seconds", "compute", "Worker compute time per query (longest part per stage)."),
     ):
-        family(metric, "histogram", help_text)
+        family = HistogramMetricFamily(metric, help_text, labels=["model"])
         for name, (m, _, _) in models.items():
-            lines.extend(getattr(m, attr).lines(metric, f'model="{name}"'))
-    return "\n".join(lines) + "\n"
+            histogram: Histogram = getattr(m, attr)
+            family.add_metric([name], histogram.buckets(), histogram.sum_s)
+        yield family

@@ -30,7 +30,7 @@ from recserve.errors import RecserveError
 from recserve.serving import grpc_service, protocol, tls
 from recserve.serving.config import NodeConfig, available_cores
 from recserve.serving.grpc_worker import Forwarder, channel_to
-from recserve.serving.http import build_app, prometheus_text
+from recserve.serving.http import build_app
 from recserve.serving.llc import LlcAllocator
 from recserve.serving.repository import Repository
 from recserve.serving.runtime import InferError, ModelRuntime, mp_context
@@ -253,9 +253,6 @@ class NodeCore:
     def model_config(self, rt: ModelRuntime) -> dict[str, Any]:
         workers = sum(len(p.active()) for p in rt.pools.values())
         return protocol.model_config(rt.name, rt.info, rt.cfg.max_batch_size, workers)
-
-    def prometheus(self) -> str:
-        return prometheus_text(self.models, self.refusals)
 
     def node_state(self) -> dict[str, Any]:
         supported = self.llc.supported

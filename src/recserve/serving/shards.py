@@ -35,6 +35,7 @@ from torch import nn
 
 from recserve.embedding.sharded import PendingLookup, ShardedLookup
 from recserve.errors import SpecError
+from recserve.serving.proto import service_pb2
 from recserve.serving.shard_service import (
     GRPC_OPTIONS,
     INFER_METHOD,
@@ -75,8 +76,6 @@ class ShardClient:
         self._lock = threading.Lock()
 
     def _connect(self, r: _Replica) -> None:
-        from tritonclient.grpc import service_pb2
-
         r.channel = grpc.insecure_channel(r.address, options=GRPC_OPTIONS[:2])
         r.call = r.channel.unary_unary(INFER_METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
                                        response_deserializer=service_pb2.ModelInferResponse.FromString)
