@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,ray,bench,report]'
 	$(BIN)/python benchmarks/run_all.py
 
-# the Open Inference Protocol stubs in src/recserve/serving/proto from the .proto files there (pinned grpcio-tools)
+# the Open Inference Protocol stubs in src/recserve/serving/wire/proto from the .proto files there (pinned grpcio-tools)
 proto:
 	scripts/gen_proto.sh
 

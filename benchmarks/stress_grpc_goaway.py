@@ -25,8 +25,9 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from recserve.serving import eventloop, h2grpc  # noqa: E402
-from recserve.serving.server import listening_socket  # noqa: E402
+from recserve.serving.node.server import listening_socket  # noqa: E402
+from recserve.serving.transport import h2grpc  # noqa: E402
+from recserve.serving.worker import eventloop  # noqa: E402
 
 Counts = collections.Counter
 

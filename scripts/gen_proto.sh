@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the Open Inference Protocol (KServe v2 / Triton) gRPC stubs in src/recserve/serving/proto/ from the
+# Regenerates the Open Inference Protocol (KServe v2 / Triton) gRPC stubs in src/recserve/serving/wire/proto/ from the
 # .proto files beside them (copied unchanged from github.com/triton-inference-server/common, protobuf/, commit
 # b0b538731dfbd910af5b90027f811677526072d8).
 #
@@ -15,7 +15,7 @@ set -euo pipefail
 
 TOOLS="grpcio-tools==1.76.0"
 cd "$(dirname "$0")/.."
-OUT=src/recserve/serving/proto
+OUT=src/recserve/serving/wire/proto
 PY="${1:-}"
 if [[ -z "$PY" ]]; then
   venv="$(mktemp -d)"
@@ -31,8 +31,8 @@ fi
 rm -f "$OUT/model_config_pb2_grpc.py"  # model_config.proto declares no service
 mv "$OUT/grpc_service_pb2.py" "$OUT/service_pb2.py"
 mv "$OUT/grpc_service_pb2_grpc.py" "$OUT/service_pb2_grpc.py"
-sed -i 's/^import model_config_pb2 as /from recserve.serving.proto import model_config_pb2 as /' "$OUT/service_pb2.py"
-sed -i 's/^import grpc_service_pb2 as /from recserve.serving.proto import service_pb2 as /' "$OUT/service_pb2_grpc.py"
-grep -q "^from recserve.serving.proto import model_config_pb2" "$OUT/service_pb2.py"
-grep -q "^from recserve.serving.proto import service_pb2" "$OUT/service_pb2_grpc.py"
+sed -i 's/^import model_config_pb2 as /from recserve.serving.wire.proto import model_config_pb2 as /' "$OUT/service_pb2.py"
+sed -i 's/^import grpc_service_pb2 as /from recserve.serving.wire.proto import service_pb2 as /' "$OUT/service_pb2_grpc.py"
+grep -q "^from recserve.serving.wire.proto import model_config_pb2" "$OUT/service_pb2.py"
+grep -q "^from recserve.serving.wire.proto import service_pb2" "$OUT/service_pb2_grpc.py"
 echo "generated: $(ls "$OUT"/*_pb2*.py | tr '\n' ' ')"

@@ -26,7 +26,8 @@ from nodes import generous
 from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.accel import (
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.accel import (
     ACK,
     ERROR_CODES,
     HELLO,
@@ -41,7 +42,6 @@ from recserve.serving.accel import (
     reply_frame,
     request_frame,
 )
-from recserve.serving.errors import InferError
 from recserve.zoo import sample_batch
 from scrape import metric_value, scrape
 
@@ -149,7 +149,7 @@ def test_accelerator_config_is_validated_naming_the_field():
 
 
 def test_a_repository_model_takes_the_same_accelerator_section(tmp_path):
-    from recserve.serving.repository import Repository
+    from recserve.serving.node.repository import Repository
 
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "config.yaml").write_text("workers: 1\naccelerator: {device: cpu, min_items: 64}\n")

@@ -12,7 +12,7 @@ import torch
 
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.accel import device_runner
+from recserve.serving.worker.accel import device_runner
 from recserve.specs import catalogue_models
 from recserve.workload.indices import ZipfSampler
 from recserve.zoo import build, device_cache, sample_batch

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from recserve.serving.codec import aligned_buffer
 from recserve.serving.transport.h2grpc import (
     ENHANCE_YOUR_CALM,
     GOAWAY_PING,
@@ -32,6 +31,7 @@ from recserve.serving.transport.h2grpc import (
     _timeout_s,
 )
 from recserve.serving.transport.h2limits import FloodLimits
+from recserve.serving.wire.codec import aligned_buffer
 
 MAX_MESSAGE = 8 << 20
 

@@ -270,7 +270,7 @@ def read_pauses(port: int) -> float:
 def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
     """A client pipelines 8 MB of queries to a worker plane: what the connection buffers stays within
     PIPELINE_BYTES past the request in flight plus one read, and every query is answered."""
-    from recserve.serving.dataplane import PIPELINE_BYTES, PREALLOCATE_BYTES, RECV_BYTES, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import PIPELINE_BYTES, PREALLOCATE_BYTES, RECV_BYTES, PlaneLimits, WorkerPlane
 
     class Path:
         def decode(self, body, header_length):

@@ -1,10 +1,10 @@
-"""``/metrics`` (serving/metrics.py): every family, label and value the node exports, as Prometheus parses them."""
+"""``/metrics`` (serving/node/metrics.py): every family, label and value the node exports, as Prometheus parses them."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from recserve.serving.metrics import BUCKETS_S, ModelMetrics, NodeSnapshot, PrometheusExporter
+from recserve.serving.node.metrics import BUCKETS_S, ModelMetrics, NodeSnapshot, PrometheusExporter
 from scrape import metric_value, parse
 
 # family -> (type, label names of its samples besides a histogram's ``le``): the exported contract

@@ -12,7 +12,7 @@ import pytest
 def test_the_soft_open_file_limit_is_raised_to_the_hard_limit_at_start():
     code = """
 import resource
-from recserve.serving.server import raise_open_file_limit
+from recserve.serving.node.server import raise_open_file_limit
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 now = raise_open_file_limit()
@@ -92,7 +92,7 @@ def test_a_nodes_grpc_limits_reach_its_workers():
 
     from nodes import node_config
     from recserve.serving import NodeServer
-    from recserve.serving.config import flood_limits
+    from recserve.serving.node.config import flood_limits
     from recserve.serving.transport.h2grpc import PREFACE, _frame
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)

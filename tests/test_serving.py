@@ -27,8 +27,8 @@ from nodes import generous
 from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
-from recserve.serving.control_client import ControlClient, ControlError, LlcUnsupportedError
-from recserve.serving.llc import LlcAllocator
+from recserve.serving.node.control_client import ControlClient, ControlError, LlcUnsupportedError
+from recserve.serving.node.llc import LlcAllocator
 from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.base import MLP

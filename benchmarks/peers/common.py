@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from recserve.serving.protocol import http_infer_response, parse_http_infer
+from recserve.serving.wire.protocol import http_infer_response, parse_http_infer
 from recserve.specs import get_model
 from recserve.zoo import QueryBatch, RecModel, build
 

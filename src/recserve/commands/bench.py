@@ -112,7 +112,7 @@ def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float
                   run_kwargs: dict) -> dict:
     """The max load with each ``--tune-offload`` threshold set through the node's control API; the best stays set."""
     from recserve.measure.offload import tune_offload
-    from recserve.serving.control_client import ControlClient, ControlError
+    from recserve.serving.node.control_client import ControlClient, ControlError
 
     if not args.target.startswith("http"):
         raise RecserveError("--tune-offload needs --target http://HOST:PORT of a node whose model has accelerator "

@@ -9,7 +9,7 @@ HTTP uses the Open Inference Protocol (KServe v2) with Triton's binary tensor ex
 header followed by raw little-endian tensor bytes, the header length in
 ``Inference-Header-Content-Length``.  gRPC uses ``inference.GRPCInferenceService/ModelInfer`` with
 ``raw_input_contents``; requests are serialised once, up front, and sent as bytes.  Both encode and
-decode tensors with the node server's own codec (:mod:`recserve.serving.codec`).
+decode tensors with the node server's own codec (:mod:`recserve.serving.wire.codec`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 from recserve.errors import RecserveError
 from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
 from recserve.measure.requests import RequestPool
-from recserve.serving import codec
-from recserve.serving.codec import HEADER_LENGTH
+from recserve.serving.wire import codec
+from recserve.serving.wire.codec import HEADER_LENGTH
 from recserve.wire import BATCH_SIZE_HEADER
 from recserve.zoo.batch import OUTPUT_SCORES, QueryBatch
 from recserve.zoo.threads import inherit_torch_threads
@@ -130,7 +130,7 @@ class HttpTarget:
 
 class SharedMemoryHttpTarget(HttpTarget):
     """:class:`HttpTarget` whose pooled queries live in shared memory (Triton's system shared-memory extension,
-    ``serving/shm.py``): ``prepare`` writes every query once into one POSIX shared-memory object on this host and
+    ``serving/wire/shm.py``): ``prepare`` writes every query once into one POSIX shared-memory object on this host and
     registers it as one region per query; a request then carries only its JSON header naming the regions (the
     scores come back in the body).  How a client on the node's host offers queries too large for the wire (a
     hercules-rmc2 production-mix query is ~19 MB).  ``close`` unregisters the regions and removes the object;
@@ -141,7 +141,7 @@ class SharedMemoryHttpTarget(HttpTarget):
 
     def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
                  check_outputs: bool = True, reuse: str = "oldest", token: str | None = None) -> None:
-        from recserve.serving.control_client import ControlClient
+        from recserve.serving.node.control_client import ControlClient
 
         super().__init__(url, model, timeout_s, connections, check_outputs, reuse=reuse)
         self.name = f"http+shm {self.base} {model}"
@@ -210,7 +210,7 @@ class SharedMemoryHttpTarget(HttpTarget):
 
 def grpc_messages():
     """The OIP/Triton protobuf messages (``service_pb2``), imported only by gRPC load."""
-    from recserve.serving.proto import service_pb2
+    from recserve.serving.wire.proto import service_pb2
 
     return service_pb2
 

@@ -17,10 +17,10 @@ from typing import Any
 from aiohttp import web
 
 from recserve.policies.router import Backend, PoolConfig, Router
-from recserve.serving import protocol
-from recserve.serving.codec import HEADER_LENGTH, batch_size_of
-from recserve.serving.errors import InferError
-from recserve.serving.http import error_response
+from recserve.serving.node.http import error_response
+from recserve.serving.wire import protocol
+from recserve.serving.wire.codec import HEADER_LENGTH, batch_size_of
+from recserve.serving.wire.errors import InferError
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
 # queries in flight per worker: a node worker fuses what queues behind its pass, so a few per worker keep it busy

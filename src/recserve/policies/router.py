@@ -40,10 +40,10 @@ from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, en
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
-from recserve.serving import protocol
-from recserve.serving.codec import HEADER_LENGTH, batch_size_of
-from recserve.serving.errors import InferError
-from recserve.serving.http import error_response
+from recserve.serving.node.http import error_response
+from recserve.serving.wire import protocol
+from recserve.serving.wire.codec import HEADER_LENGTH, batch_size_of
+from recserve.serving.wire.errors import InferError
 from recserve.specs import read_yaml
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from recserve.serving.config import ModelConfig, expand_cores
-from recserve.serving.errors import InferError
-from recserve.serving.llc import LlcAllocator
-from recserve.serving.metrics import ModelMetrics
-from recserve.serving.watchdog import CONN_SLOTS, answer_held, release
-from recserve.serving.worker import (
+from recserve.serving.node.config import ModelConfig, expand_cores
+from recserve.serving.node.llc import LlcAllocator
+from recserve.serving.node.metrics import ModelMetrics
+from recserve.serving.node.watchdog import CONN_SLOTS, answer_held, release
+from recserve.serving.wire.errors import InferError
+from recserve.serving.wire.model_info import ModelInfo
+from recserve.serving.worker.main import (
     WorkerArgs,
     build_worker_model,
     flatten,
@@ -101,7 +102,7 @@ class WorkerContext:
         # read by glibc when the forkserver starts (the first worker's start): the workers reuse freed activations
         os.environ["GLIBC_TUNABLES"] = worker_tunables(os.environ.get("GLIBC_TUNABLES", ""))
         self.ctx = multiprocessing.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["recserve.serving.worker"])
+        self.ctx.set_forkserver_preload(["recserve.serving.worker.main"])
         self.Process = WorkerProcess
 
     def Pipe(self, duplex: bool = True) -> tuple[Any, Any]:  # noqa: N802
@@ -110,18 +111,6 @@ class WorkerContext:
 
 def mp_context() -> WorkerContext:
     return WorkerContext()
-
-
-@dataclass
-class ModelInfo:
-    """What the front end needs to validate a query without touching a worker."""
-
-    dense_in: int
-    rows: tuple[int, ...]
-    seq_lens: dict[int, int]
-    towers: int
-    io_in_bytes: int = 0
-    io_out_bytes: int = 0
 
 
 IO_BUFFER_CAP = 256 * 1024 * 1024
@@ -251,7 +240,7 @@ class WorkerHandle:
     outbox: Outbox | None = None
     states: np.ndarray | None = None  # v2: shared, one byte per worker descriptor: a request is unanswered
     hung: bool = False
-    accel_socket: str = ""  # an accelerator worker's Unix socket (serving/accel.py)
+    accel_socket: str = ""  # an accelerator worker's Unix socket (serving/worker/accel.py)
 
     @property
     def working(self) -> bool:
@@ -335,7 +324,7 @@ class ModelRuntime:
             self.pools[stage] = StagePool(stage, cfg.threads, _flat_cores(cores))
         if cfg.mode == "pipeline":
             self.pools["sparse"].next_stage = self.pools["dense"]
-        # Accelerator workers (serving/accel.py): their sockets live in a directory removed at stop.
+        # Accelerator workers (serving/worker/accel.py): their sockets live in a directory removed at stop.
         self.accel = cfg.accelerator
         self.accel_dir = tempfile.mkdtemp(prefix="recserve-accel-") if self.accel is not None else ""
         self._accel_taken: set[str] = set()
@@ -351,13 +340,13 @@ class ModelRuntime:
         self.node: Any = None  # the NodeConfig whose body, JSON and read-time bounds the workers apply
         self.grpc_listen: Any = None  # set with grpc_upstream when the workers answer gRPC too (grpc_worker.py)
         self.grpc_upstream = ""
-        self.shm_dir = ""  # the node's shared-memory registry (serving/shm.py) the workers follow
+        self.shm_dir = ""  # the node's shared-memory registry (serving/wire/shm.py) the workers follow
         self.on_handoff: Callable[[int, bytes, str], None] | None = None
         self._next_adopter = 0
         # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
         # connections from a worker with a backlog (``WorkerPlane.maybe_move``)
         self.loads = torch.full((LOAD_SLOTS,), -1, dtype=torch.int32).share_memory_()
-        # and each serves a socket there for the queries busy siblings forward (``serving/siblings.py``)
+        # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.siblings = {"forwarded": 0, "returned": 0}  # queries busy workers sent to idle ones; given back
@@ -410,10 +399,10 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ workers
     async def _event_loop(self) -> str:
-        """The loop this model's v2 workers run (``serving/eventloop.py``), chosen once: the probe runs a child
+        """The loop this model's v2 workers run (``serving/worker/eventloop.py``), chosen once: the probe runs a child
         process, off this loop."""
         if self.event_loop is None:
-            from recserve.serving import eventloop
+            from recserve.serving.worker import eventloop
 
             setting = getattr(self.node, "event_loop", "auto")
             chosen, why = await asyncio.get_running_loop().run_in_executor(None, eventloop.choose, setting)
@@ -557,7 +546,7 @@ class ModelRuntime:
 
     def _limits(self) -> Any:
         """One worker's share of this model's admission limits (data plane v2)."""
-        from recserve.serving.dataplane import PlaneLimits
+        from recserve.serving.worker.plane import PlaneLimits
 
         share = max(1, -(-self.cfg.queue_limit // self.cfg.workers))
         return PlaneLimits(max_body=self.node.max_body_bytes, max_json=self.node.max_json_bytes, queue_limit=share,
@@ -622,7 +611,7 @@ class ModelRuntime:
 
     def _answer_held(self, handle: WorkerHandle, exc: InferError, waited_s: float, unread_too: bool) -> int:
         """Answer ``exc`` on the connections of a dead or hung worker that hold a query (see ``watchdog.py``)."""
-        from recserve.serving.dataplane import error_response
+        from recserve.serving.worker.plane import error_response
 
         if not handle.conns or handle.states is None:
             return 0

@@ -11,7 +11,7 @@ So every worker of a whole-query model also serves a Unix socket named by its sl
 array (``socket_path``), and a worker that receives a query while it is busy (queries queued, or a long pass on
 its compute thread) sends the query, already decoded and validated, to a sibling whose published load is 0 and
 that has nothing outstanding from it.  The frames, the staging arena and the deadline handling are the
-accelerator link's (``serving/accel.py``): one implementation of "send a decoded query to another worker".  The
+accelerator link's (``serving/worker/accel.py``): one implementation of "send a decoded query to another worker".  The
 sibling queues it through its own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it
 records the query in the node's statistics, the forwarding worker does not.  A sibling that refuses the query
 (it became busy meanwhile), retires or dies gives the query back: it is then queued where it arrived, as if it
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from recserve.serving.accel import AcceleratorClient, Link, reply_frame, serve_links
-from recserve.serving.errors import InferError
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.accel import AcceleratorClient, Link, reply_frame, serve_links
 
 STAGING_BYTES = 4 * 1024 * 1024  # each link's arena: a batch-256 query of the catalogue's models fits; larger go inline
 

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from recserve.serving.dataplane import ServiceTime
-from recserve.serving.errors import InferError
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.plane import ServiceTime
 
 log = logging.getLogger("recserve.serving")
 
@@ -379,7 +379,7 @@ class AcceleratorServer:
         if not self.pass_thread:
             return self.compute(arrays)
         if self._thread is None:
-            from recserve.serving.dataplane import ComputeThread
+            from recserve.serving.worker.plane import ComputeThread
 
             self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock(), nice=0)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -730,7 +730,7 @@ def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[
 
 async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     """Entry of an accelerator worker (``worker_main`` with stage ``accel``): serve its socket until told to stop."""
-    from recserve.serving.dataplane import BEAT_S, make_model_path
+    from recserve.serving.worker.plane import BEAT_S, make_model_path
 
     loop = asyncio.get_running_loop()
     accel = args.model_config.accelerator

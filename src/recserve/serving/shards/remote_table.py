@@ -3,7 +3,7 @@
 The local deployment (``recserve.deploy.local_shards.start_sharded``) starts, on loopback,
 
 - per embedding shard (a contiguous range of a hotness-sorted table) its planned number of replica
-  processes (:mod:`recserve.serving.shard_service`), each a gRPC server with a private copy of its rows;
+  processes (:mod:`recserve.serving.shards.service`), each a gRPC server with a private copy of its rows;
 - a :class:`~recserve.serving.NodeServer` whose model is the *dense shard*: ``table_backend:
   elasticrec``, so each worker builds the dense layers and :class:`RemoteShardedTable` tables that
   bucketize every query and call the shard services concurrently (one gRPC future per shard with
@@ -35,13 +35,13 @@ from torch import nn
 
 from recserve.embedding.sharded import PendingLookup, ShardedLookup
 from recserve.errors import SpecError
-from recserve.serving.proto import service_pb2
-from recserve.serving.shard_service import (
+from recserve.serving.shards.service import (
     GRPC_OPTIONS,
     INFER_METHOD,
     decode_response,
     encode_request,
 )
+from recserve.serving.wire.proto import service_pb2
 from recserve.specs import get_model
 from recserve.zoo import QueryBatch, RecModel, build
 

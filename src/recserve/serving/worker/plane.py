@@ -27,7 +27,7 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
   connection says whether a request of it is read and unanswered.  A worker that dies costs only its own
   queries: those connections are answered 500 naming the worker, its idle ones move to another worker.  A
   worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
-- A model with accelerator workers (``serving/accel.py``) sets ``WorkerPlane.offload``: a decoded query of at
+- A model with accelerator workers (``serving/worker/accel.py``) sets ``WorkerPlane.offload``: a decoded query of at
   least its ``min_items`` items skips this queue and goes to an accelerator worker; this loop serves on.
 - A pass predicted to take ``compute_thread_ms`` or more runs on the worker's compute thread (torch releases
   the GIL in its kernels), so this loop keeps reading, admitting and shedding while it runs: a synchronous pass
@@ -57,12 +57,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from recserve.serving import codec
-from recserve.serving.codec import MAX_JSON_BYTES
-from recserve.serving.errors import STATUS, InferError
 from recserve.serving.transport.h2grpc import WRITE_HIGH
 from recserve.serving.transport.h2limits import FloodLimits
 from recserve.serving.transport.http1 import Head, HeadError, HeadReader
+from recserve.serving.wire import codec
+from recserve.serving.wire.codec import MAX_JSON_BYTES
+from recserve.serving.wire.errors import STATUS, InferError
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
 log = logging.getLogger("recserve.serving")
@@ -128,7 +128,7 @@ def _response_head(status: int, content_type: str, length: int, extra: tuple[tup
 
 
 def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None) -> bytes:
-    """The one JSON error answer (status from ``serving/errors.py``'s table)."""
+    """The one JSON error answer (status from ``serving/wire/errors.py``'s table)."""
     return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close)
 
 
@@ -574,7 +574,7 @@ class ComputeThread:
             except RuntimeError:  # the loop is closed: the worker is exiting
                 return
             # not held while waiting for the next pass: the inputs may view a shared-memory region that is being
-            # unregistered (serving/shm.py), or a large request body
+            # unregistered (serving/wire/shm.py), or a large request body
             del arrays, done, result, error
 
 
@@ -628,7 +628,7 @@ class WorkerPlane:
         self.offload: Any = None  # an accel.AcceleratorClient when the model has accelerator workers
         self._forwarded_at = 0.0  # when a query last went to a sibling (``maybe_move``)
         self.siblings: Any = None  # a siblings.SiblingClient: idle workers of the model that take a busy one's queries
-        self.regions: Any = None  # the node's shared-memory regions as this worker follows them (serving/shm.py)
+        self.regions: Any = None  # the node's shared-memory regions as this worker follows them (serving/wire/shm.py)
         self.model_lock = threading.Lock()  # one forward pass at a time (the loop's pipe items take it too)
         self._thread: ComputeThread | None = None
         self._pass_started = 0.0  # a pass on the compute thread: when it started (0: none in flight)
@@ -764,7 +764,7 @@ class WorkerPlane:
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
         ``reply`` is called once, with scores or the error.  While this worker is busy, an idle sibling worker
-        of the model may compute it instead (``serving/siblings.py``)."""
+        of the model may compute it instead (``serving/worker/siblings.py``)."""
         deadline = self._deadline(timeout_s, arrived)
         if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
             if self.offload.takes(items):
@@ -817,7 +817,7 @@ class WorkerPlane:
             self._run_next()
 
     def _offload(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> None:
-        """A large query goes to an accelerator worker (``serving/accel.py``); this loop serves on meanwhile."""
+        """A large query goes to an accelerator worker (``serving/worker/accel.py``); this loop serves on meanwhile."""
         self._record(("kind", "accelerator", items))
         sent = time.perf_counter()
 
@@ -1193,7 +1193,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
                     regions: Any = None) -> ModelPath:
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
     (``regions``: the node's shared-memory regions, for tensors that name one)."""
-    from recserve.serving import protocol
+    from recserve.serving.wire import protocol
     from recserve.zoo.batch import BatchError, check_query, check_values, concat_arrays
 
     def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:

@@ -25,9 +25,9 @@ A node config is YAML::
                              # SLA target); queries that cannot finish by it are shed (503), late ones get 504
         fuse_items: 256      # fuse queued queries into one forward pass of at most this many items (0 = off)
         hang_timeout_s: 10.0 # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
-        forward_to_idle: true  # a busy worker sends a query to an idle worker of the model (serving/siblings.py):
+        forward_to_idle: true  # a busy worker sends a query to an idle worker of the model (worker/siblings.py):
                              # one gRPC channel's calls use every worker, not only the one that accepted it
-        accelerator:         # optional: accelerator workers beside the CPU workers (serving/accel.py)
+        accelerator:         # optional: accelerator workers beside the CPU workers (serving/worker/accel.py)
           device: cuda       # cpu | cuda | cuda:N (cpu: DeepRecSys' offload of large queries to a many-threaded worker)
           workers: 1         # accelerator worker processes (they accept no client connections)
           threads: 4         # CPU threads of each accelerator worker
@@ -41,7 +41,7 @@ A node config is YAML::
                              # memory and their most looked-up rows are cached on the device (zoo/device_cache.py);
                              # null = whole tables on the device.  Any device, cpu included; DRAM tables only
           pass_thread: false # true: passes on a thread, queries read and answered during one (no faster measured)
-    repository: /srv/models  # optional: a model repository (serving/repository.py) loaded beside `models`
+    repository: /srv/models  # optional: a model repository (serving/node/repository.py) loaded beside `models`
 
 Everything is validated here so that a typo fails at load time with one clear message.
 """
@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import SpecError
-from recserve.serving.codec import MAX_JSON_BYTES
-from recserve.serving.eventloop import EVENT_LOOPS
 from recserve.serving.transport.h2limits import FloodLimits, Rate
+from recserve.serving.wire.codec import MAX_JSON_BYTES
+from recserve.serving.worker.eventloop import EVENT_LOOPS
 from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
@@ -101,7 +101,7 @@ def expand_cores(cores: Any, workers: int, threads: int, where: str) -> list[lis
 
 @dataclass
 class AcceleratorConfig:
-    """A model's accelerator workers (``serving/accel.py``): where they compute and which queries they take."""
+    """A model's accelerator workers (``serving/worker/accel.py``): where they compute and which queries they take."""
 
     device: str = "cuda"
     workers: int = 1
@@ -188,7 +188,7 @@ class ModelConfig:
     fuse_items: int = 256
     hang_timeout_s: float = 10.0
     forward_to_idle: bool = True  # a busy worker sends a query to an idle sibling (one gRPC channel uses them all)
-    # Repository models (serving/repository.py): the artifact file of one version and the spec describing it.
+    # Repository models (serving/node/repository.py): the artifact file of one version and the spec describing it.
     # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
     artifact: str = ""
     version: int = 1
@@ -255,7 +255,7 @@ class ModelConfig:
 
     def _from_repository_path(self) -> None:
         """``model: REPO/<model>[/<version>]`` serves that artifact (profiling serves repository models so)."""
-        from recserve.serving.repository import reference_spec
+        from recserve.serving.node.repository import reference_spec
         from recserve.zoo.artifacts import reference_artifact
 
         self.spec = reference_spec(self.model)
@@ -329,14 +329,14 @@ class NodeConfig:
     # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
     front_end: str = "workers"
     # the workers' event loop: "auto" (uvloop where its probe passes, else asyncio), "uvloop", "asyncio"
-    # (serving/eventloop.py); a worker asked for uvloop where it cannot run uses asyncio and the node says why
+    # (serving/worker/eventloop.py); a worker asked for uvloop where it cannot run uses asyncio and the node says why
     event_loop: str = "auto"
-    # bearer token the control API requires; needed when host is not loopback (see serving/control_api.py)
+    # bearer token the control API requires; needed when host is not loopback (see serving/node/control_api.py)
     control_token: str | None = None
-    # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/tls.py)
+    # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/node/tls.py)
     tls_cert: str | None = None
     tls_key: str | None = None
-    # A model repository (serving/repository.py) whose models are loaded at start, beside ``models``.
+    # A model repository (serving/node/repository.py) whose models are loaded at start, beside ``models``.
     repository: str | None = None
 
     def __post_init__(self) -> None:
@@ -358,7 +358,7 @@ class NodeConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
         if self.tls_cert:
-            self.front_end = "server"  # a TLS session cannot be handed between processes (serving/tls.py)
+            self.front_end = "server"  # a TLS session cannot be handed between processes (serving/node/tls.py)
         offloading = [m.name for m in self.models if m.accelerator is not None]
         if offloading and self.front_end != "workers":
             raise SpecError(f"node config: models {offloading} have an accelerator, which needs front_end: workers "

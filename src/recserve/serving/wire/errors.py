@@ -1,6 +1,6 @@
 """The one error type of the data plane and the one table that maps its codes onto HTTP and gRPC.
 
-HTTP (``serving/http.py``), gRPC (``serving/grpc_service.py``), the codec and the router all raise
+HTTP (``serving/node/http.py``), gRPC (``serving/node/grpc_service.py``), the codec and the router all raise
 or translate :class:`InferError`; keeping the status table here means an error code answers with
 the same meaning over both protocols.  gRPC codes are stored by name so that importing this module
 (and the numpy-only codec that raises it) does not import grpc.

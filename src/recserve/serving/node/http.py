@@ -13,7 +13,7 @@ Control API (JSON, same port, meant for loopback use by the node resource manage
     POST /control/models/{m}/accelerator      {"min_items": k}  (queries of >= k items go to accelerator workers)
     POST /control/models/{m}/llc              {"ways": w}   -> 501 where resctrl is missing
 
-Control requests are validated field by field (:mod:`recserve.serving.control_api`) and, when the node has a
+Control requests are validated field by field (:mod:`recserve.serving.node.control_api`) and, when the node has a
 ``control_token``, need ``Authorization: Bearer <token>`` (401 otherwise).  Responses name the server
 ``recserve`` only (aiohttp's default ``Server`` header names Python's and aiohttp's versions).
 
@@ -23,7 +23,7 @@ Model repository (Triton's extension; 501 on a node without ``repository``)::
     POST /v2/repository/models/{m}/load       -> {} once the versions its policy selects serve; 400 naming the file
     POST /v2/repository/models/{m}/unload     -> {}
 
-System shared memory (Triton's extension, ``serving/shm.py``; the control API's access rule)::
+System shared memory (Triton's extension, ``serving/wire/shm.py``; the control API's access rule)::
 
     POST /v2/systemsharedmemory/region/{r}/register {"key", "offset", "byte_size"} -> {}
     POST /v2/systemsharedmemory[/region/{r}]/unregister -> {}
@@ -32,7 +32,7 @@ System shared memory (Triton's extension, ``serving/shm.py``; the control API's 
 
 Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
 ``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
-``Content-Type: application/json``, with the status from :data:`recserve.serving.errors.STATUS`.
+``Content-Type: application/json``, with the status from :data:`recserve.serving.wire.errors.STATUS`.
 """
 
 from __future__ import annotations
@@ -43,15 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from recserve.serving import codec, control_api, protocol
-from recserve.serving.errors import STATUS, InferError
-from recserve.serving.llc import LlcUnsupported
-from recserve.serving.metrics import NodeSnapshot, PrometheusExporter
-from recserve.serving.shm import CUDA_UNSUPPORTED, register_request
+from recserve.serving.node import control_api
+from recserve.serving.node.llc import LlcUnsupported
+from recserve.serving.node.metrics import NodeSnapshot, PrometheusExporter
+from recserve.serving.wire import codec, protocol
+from recserve.serving.wire.errors import STATUS, InferError
+from recserve.serving.wire.shm import CUDA_UNSUPPORTED, register_request
 
 if TYPE_CHECKING:
-    from recserve.serving.runtime import ModelRuntime
-    from recserve.serving.server import NodeCore
+    from recserve.serving.node.core import NodeCore
+    from recserve.serving.node.runtime import ModelRuntime
 
 log = logging.getLogger("recserve.serving")
 
@@ -159,7 +160,7 @@ def build_app(core: NodeCore) -> web.Application:
         await core.unload_model(request.match_info["model"])
         return _json({})
 
-    # ---- system shared memory (Triton's extension; serving/shm.py) ----
+    # ---- system shared memory (Triton's extension; serving/wire/shm.py) ----
     @routes.get("/v2/systemsharedmemory/status")
     @routes.get("/v2/systemsharedmemory/region/{region}/status")
     async def shm_status(request: web.Request) -> web.Response:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from recserve.serving.proto import service_pb2, service_pb2_grpc
+from recserve.serving.wire.proto import service_pb2, service_pb2_grpc
 from recserve.zoo.threads import inherit_torch_threads
 
 INPUT_INDICES, INPUT_OFFSETS = "indices", "offsets"

@@ -17,7 +17,7 @@ a catalogue name: ``--model REPO/<model>`` (newest version) or ``REPO/<model>/<v
 reached through ``specs.get_model``).
 
 This module only reads the repository and turns a (model, version) into a validated
-:class:`~recserve.serving.config.ModelConfig`; loading, swapping and unloading live in the node (server.py).
+:class:`~recserve.serving.node.config.ModelConfig`; loading, swapping and unloading live in the node (server.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import SpecError
-from recserve.serving.config import ModelConfig
+from recserve.serving.node.config import ModelConfig
 from recserve.specs import SLA, ModelSpec, _build, add_model_source, read_yaml
 
 CONFIG_FILE = "config.yaml"

@@ -17,7 +17,7 @@ Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never to
 - worker -> server: ``("ready", pid, tier_io)`` once the model is built.
 - server -> worker: ``(item_id, arrays_or_None, descriptors_or_None)``; ``None`` = finish and exit.
 
-Data plane v2 (``serving/dataplane.py``): a ``model``-stage worker given the node's listening socket also
+Data plane v2 (``serving/worker/plane.py``): a ``model``-stage worker given the node's listening socket also
 accepts and answers its own model's HTTP queries itself.  Then, in addition:
 
 - worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat", busy_s)``
@@ -33,7 +33,7 @@ accepts and answers its own model's HTTP queries itself.  Then, in addition:
 - worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
   ``result`` is an array, a list of arrays, or ``("shm", descriptors)``.
 
-Accelerator workers (stage ``accel``, ``serving/accel.py``) serve framed queries on a Unix socket, send
+Accelerator workers (stage ``accel``, ``serving/worker/accel.py``) serve framed queries on a Unix socket, send
 ``("ready", pid, [])`` and ``("stats", [("pass", items, queries, seconds)])`` per fused pass, and exit on ``None``.
 
 Stages: ``model`` payload ``(dense, values, lengths)`` -> scores; ``sparse`` same payload -> list
@@ -64,7 +64,7 @@ SWITCH_INTERVAL_S = 0.001  # GIL hand-over bound in a v2 worker: its loop answer
 
 
 # table_backend -> "module:function(model_config) -> model", imported in the worker process itself
-TABLE_BACKENDS: dict[str, str] = {"elasticrec": "recserve.serving.shards:build_dense_shard_model"}
+TABLE_BACKENDS: dict[str, str] = {"elasticrec": "recserve.serving.shards.remote_table:build_dense_shard_model"}
 
 
 def build_worker_model(model_config: Any) -> RecModel:
@@ -137,7 +137,7 @@ class WorkerArgs:
     accel_socket: str = ""  # an accelerator worker (stage ``accel``): the Unix socket it serves
     accel_sockets: tuple[str, ...] = ()  # a CPU worker of a model with accelerator workers: where to send large queries
     accel_min_items: int = 0  # ... the queries with at least this many items
-    shm_dir: str = ""  # data plane v2: the node's shared-memory registry (serving/shm.py), followed by this worker
+    shm_dir: str = ""  # data plane v2: the node's shared-memory registry (serving/wire/shm.py), followed by this worker
     sibling_dir: str = ""  # data plane v2: where the model's workers serve queries forwarded by busy siblings
 
 
@@ -225,13 +225,13 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     ready = ("ready", os.getpid(), _io_report(model))
     with torch.inference_mode():
         if args.stage == "accel":
-            from recserve.serving.accel import serve_accelerator
+            from recserve.serving.worker.accel import serve_accelerator
 
             sys.setswitchinterval(SWITCH_INTERVAL_S)  # its loop reads and answers while the pass thread runs
             asyncio.run(serve_accelerator(conn, args, model))
             return
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
-            from recserve.serving import eventloop
+            from recserve.serving.worker import eventloop
 
             eventloop.run(_serve(conn, args, model, in_buf, out_buf, ready,
                                  states.numpy() if states is not None else None,
@@ -271,8 +271,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
     from multiprocessing.reduction import recv_handle, send_handle
 
-    from recserve.serving.dataplane import WorkerPlane, make_model_path
-    from recserve.serving.shm import Regions
+    from recserve.serving.wire.shm import Regions
+    from recserve.serving.worker.plane import WorkerPlane, make_model_path
 
     loop = asyncio.get_running_loop()
     server_pid = os.getppid()
@@ -311,13 +311,13 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
                         loads, args.slot)
     plane.regions = regions
     if siblings is not None:
-        from recserve.serving.siblings import SiblingClient
+        from recserve.serving.worker.siblings import SiblingClient
 
         siblings.plane = plane
         plane.siblings = SiblingClient(args.model_config.name, args.sibling_dir, args.slot, loads,
                                        args.limits.queue_limit)
     if args.model_config.accelerator is not None:
-        from recserve.serving.accel import AcceleratorClient
+        from recserve.serving.worker.accel import AcceleratorClient
 
         plane.offload = AcceleratorClient(args.model_config.name, list(args.accel_sockets), args.accel_min_items,
                                           args.limits.queue_limit, args.model_config.accelerator.staging_mb << 20)
@@ -354,10 +354,10 @@ GRPC_GRACE_S = 5.0
 
 
 async def _serve_siblings(args: WorkerArgs) -> Any:
-    """Serve the queries busy sibling workers forward (``serving/siblings.py``), before this worker publishes its
+    """Serve the queries busy sibling workers forward (``serving/worker/siblings.py``), before this worker publishes its
     load (siblings send only to a worker whose slot shows 0).  None if the socket cannot be made: the worker then
     serves its own queries only."""
-    from recserve.serving.siblings import SiblingServer, socket_path
+    from recserve.serving.worker.siblings import SiblingServer, socket_path
 
     server = SiblingServer()
     try:
@@ -370,9 +370,9 @@ async def _serve_siblings(args: WorkerArgs) -> Any:
 
 
 async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[None]]:
-    """Start this worker's gRPC server (``serving/grpc_worker.py``); it stops taking calls when the worker retires
+    """Start this worker's gRPC server (``worker/grpc_methods.py``); it stops taking calls when the worker retires
     or drains.  Returns what to await before exiting: that stop, which waits for the calls in flight."""
-    from recserve.serving.grpc_worker import serve_grpc
+    from recserve.serving.worker.grpc_methods import serve_grpc
 
     server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body)
     stopping: list[asyncio.Future] = []

@@ -24,12 +24,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from recserve.serving import codec
-from recserve.serving.dataplane import WorkerPlane, as_infer_error
-from recserve.serving.errors import InferError, grpc_code
-from recserve.serving.grpc_service import Undecodable, infer_response, tolerant
-from recserve.serving.proto import service_pb2
 from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import InferError, grpc_code
+from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
+from recserve.serving.wire.proto import service_pb2
+from recserve.serving.worker.plane import WorkerPlane, as_infer_error
 
 log = logging.getLogger(__name__)
 

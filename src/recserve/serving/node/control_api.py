@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from recserve.errors import SpecError
-from recserve.serving.config import available_cores
-from recserve.serving.errors import InferError
-from recserve.serving.metrics import HISTORY_S
+from recserve.serving.node.config import available_cores
+from recserve.serving.node.metrics import HISTORY_S
+from recserve.serving.wire.errors import InferError
 
 MAX_WORKERS_PER_CORE = 4
 """Workers beyond this many per usable core only add processes that wait for a core (and their memory)."""

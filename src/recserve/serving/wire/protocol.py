@@ -9,16 +9,16 @@ the first dimension) with full-rank dims and -1 for the variable sizes; perf_ana
 tritonclient then check request shapes against exactly those dims.  The largest query the server
 admits is ``parameters.max_query_size`` (a string, as Triton's model parameters are).
 
-Encoding and decoding of requests and responses live in :mod:`recserve.serving.codec` (numpy only);
-the names re-exported below keep ``from recserve.serving.protocol import parse_http_infer`` working.
-Errors and their HTTP/gRPC status are :mod:`recserve.serving.errors`.
+Encoding and decoding of requests and responses live in :mod:`recserve.serving.wire.codec` (numpy only);
+the names re-exported below keep ``from recserve.serving.wire.protocol import parse_http_infer`` working.
+Errors and their HTTP/gRPC status are :mod:`recserve.serving.wire.errors`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from recserve.serving.codec import (
+from recserve.serving.wire.codec import (
     DTYPES,
     EXPECTED,
     check_outputs,
@@ -33,7 +33,7 @@ from recserve.serving.codec import (
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 
 if TYPE_CHECKING:
-    from recserve.serving.runtime import ModelInfo
+    from recserve.serving.wire.model_info import ModelInfo
 
 __all__ = ["DTYPES", "EXPECTED", "check_outputs", "from_list", "from_raw", "http_infer_response", "invalid",
            "io_shapes", "model_config", "model_metadata", "parse_grpc_infer", "parse_http_infer",

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from recserve.serving.proto import service_pb2 as grpc__service__pb2
+from recserve.serving.wire.proto import service_pb2 as grpc__service__pb2
 
 GRPC_GENERATED_VERSION = '1.76.0'
 GRPC_VERSION = grpc.__version__

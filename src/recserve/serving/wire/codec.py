@@ -8,7 +8,7 @@ Server side, :func:`parse_http_infer` and :func:`parse_grpc_infer` validate the 
 (inputs, request and output ``parameters``, ``outputs``, ``id``) before anything runs: every
 malformed field is ``InferError("invalid", "<field>: …", field)`` (HTTP 400 / gRPC INVALID_ARGUMENT),
 never an exception after the model has run.  Given the process's ``regions``
-(:class:`recserve.serving.shm.Regions`), an input or output whose parameters name a ``shared_memory_region`` is
+(:class:`recserve.serving.wire.shm.Regions`), an input or output whose parameters name a ``shared_memory_region`` is
 read from or written to that region (Triton's system shared-memory extension) on every transport alike.
 
 Client side, the ``encode_*``/``decode_*`` functions raise ``ValueError`` on a malformed response.
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from recserve.serving.errors import InferError
-from recserve.serving.shm import grpc_params, tensor_params
+from recserve.serving.wire.errors import InferError
+from recserve.serving.wire.shm import grpc_params, tensor_params
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES, SMALL_QUERY_LENGTHS
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from recserve.serving.errors import InferError
+from recserve.serving.wire.errors import InferError
 
 SHM_ROOT = "/dev/shm"
 TABLE = "regions.json"

@@ -1,16 +1,16 @@
 """gRPC front end: the standard ``inference.GRPCInferenceService`` (KServe v2 / Triton) on grpc.aio.
 
-The message classes are generated from Triton's ``.proto`` files (:mod:`recserve.serving.proto`), so the
+The message classes are generated from Triton's ``.proto`` files (:mod:`recserve.serving.wire.proto`), so the
 wire format is exactly Triton's.  Tensor contents are read and written by
-:mod:`recserve.serving.codec`; error codes map to gRPC status through :mod:`recserve.serving.errors`.
+:mod:`recserve.serving.wire.codec`; error codes map to gRPC status through :mod:`recserve.serving.wire.errors`.
 
 ``ModelReady`` answers ``ready: false`` for an unknown model or version (HTTP answers 404 there;
 tritonclient's ``is_model_ready`` reports both as not ready).  ``ModelStreamInfer`` answers every
 request of the stream, in order, with its ``infer_response`` or an ``error_message``; requests of
 one stream run concurrently and an error does not end the stream.
 
-System shared memory (``serving/shm.py``): ``SystemSharedMemoryRegister``/``Unregister``/``Status`` act on the node's
-one registry here (workers forward these calls); ``ModelInfer`` reads inputs from and writes scores to registered
+System shared memory (``serving/wire/shm.py``): ``SystemSharedMemoryRegister``/``Unregister``/``Status`` act on the
+node's one registry here (workers forward these calls); ``ModelInfer`` reads inputs from and writes scores to registered
 regions.  The ``CudaSharedMemory*`` calls answer ``UNIMPLEMENTED`` with a message saying so.
 """
 
@@ -23,32 +23,17 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import json_format
 
-from recserve.serving import codec, control_api, protocol
-from recserve.serving.errors import InferError, grpc_code
-from recserve.serving.llc import LlcUnsupported
-from recserve.serving.proto import model_config_pb2, service_pb2, service_pb2_grpc
-from recserve.serving.shm import CUDA_UNSUPPORTED
+from recserve.serving.node import control_api
+from recserve.serving.node.llc import LlcUnsupported
+from recserve.serving.wire import codec, protocol
+from recserve.serving.wire.errors import InferError, grpc_code
+from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
+from recserve.serving.wire.proto import model_config_pb2, service_pb2, service_pb2_grpc
+from recserve.serving.wire.shm import CUDA_UNSUPPORTED
 
 if TYPE_CHECKING:
-    from recserve.serving.runtime import ModelRuntime
-    from recserve.serving.server import NodeCore
-
-
-class Undecodable:
-    """A request whose bytes are not the method's protobuf message (grpc would answer UNKNOWN)."""
-
-    def __init__(self, reason: str) -> None:
-        self.error = InferError("invalid", f"request: not a valid protobuf message ({reason})", "request")
-
-
-def tolerant(deserialize: Any) -> Any:
-    """``deserialize`` returning :class:`Undecodable` instead of raising (also used by the workers' gRPC)."""
-    def run(data: bytes) -> Any:
-        try:
-            return deserialize(data)
-        except Exception as exc:  # DecodeError and friends: the client's bytes, never our bug
-            return Undecodable(type(exc).__name__)
-    return run
+    from recserve.serving.node.core import NodeCore
+    from recserve.serving.node.runtime import ModelRuntime
 
 
 def _refusing(behaviour: Any) -> Any:
@@ -178,7 +163,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return service_pb2.RepositoryModelUnloadResponse()
         return await self._guard(context, run, "RepositoryModelUnload")
 
-    # ---- system shared memory (serving/shm.py); CUDA shared memory is not supported ----
+    # ---- system shared memory (serving/wire/shm.py); CUDA shared memory is not supported ----
     async def SystemSharedMemoryStatus(self, request, context):  # noqa: N802
         async def run():
             regions = {r["name"]: r for r in self.core.shm.status(request.name)}
@@ -248,18 +233,6 @@ async def answered_in_order(requests: AsyncIterator[Any], answer: Callable[[Any]
             pending = answers.get_nowait()
             if pending is not None:
                 pending.cancel()
-
-
-def infer_response(name: str, request_id: str, scores: Any, version: str = "1", target: Any = None,
-                   regions: Any = None) -> Any:
-    """A ``ModelInferResponse`` carrying ``scores`` as raw FP32 contents (what tritonclient reads), or without
-    contents when the request asked them into a shared-memory region (``target``, written there)."""
-    entry, raw = codec.grpc_output_entry(scores, target, regions)
-    response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
-    response.outputs.add(**entry)
-    if raw is not None:
-        response.raw_output_contents.append(raw)
-    return response
 
 
 def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:
