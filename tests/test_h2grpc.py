@@ -406,6 +406,7 @@ def test_a_stream_the_client_sends_after_its_first_ping_acknowledgement_is_still
         frames = transport.frames()
         assert _goaway_last_ids(frames) == [1]  # stream 3 came after it: refused, the client retries it
         assert (3, 0, 3, (7).to_bytes(4, "big")) in frames and transport.eof
+        assert conn.h2.refused_streams == 1
 
     asyncio.run(run())
 
