@@ -163,7 +163,8 @@ class CallOpener:
             self.streams.reset(stream, PROTOCOL_ERROR)
             return
         if self.replies.closing or len(self.open) > MAX_STREAMS:  # retried by gRPC clients on another connection
-            self.refused += self.replies.closing
+            if self.replies.closing:
+                self.refused += 1
             self.streams.reset(stream, REFUSED_STREAM)
             return
         call = self.new_call(self.replies, stream, path, None if seconds is None else self.clock() + seconds,
