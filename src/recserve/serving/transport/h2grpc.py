@@ -1,7 +1,7 @@
 """A lean gRPC server over HTTP/2 on an asyncio ``Protocol``: what the workers answer gRPC with (data plane v2).
 
 Why not grpc.aio: its server cost ~0.5 ms of CPU per unary call (its completion-queue callbacks and loop wake-ups),
-this one ~0.1 ms, and a batch-1 query's model ~0.5 ms (the decision and its measurements: docs/ARCHITECTURE.md).
+this one ~0.1 ms, and a batch-1 query's model ~0.5 ms (docs/decisions/2026-11-28-h2grpc-not-grpc-aio.md).
 
 What it implements (RFC 9113 and the gRPC-over-HTTP2 protocol, server side, cleartext "h2c" with prior knowledge,
 which is what gRPC clients speak without TLS, or TLS with ALPN h2):
