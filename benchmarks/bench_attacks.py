@@ -30,7 +30,8 @@ from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.served import LocalServer
 from recserve.measure.targets import encode_grpc_request, encode_http_request
-from recserve.serving.transport.h2grpc import PREFACE, _frame
+from recserve.serving.transport.h2frames import PREFACE
+from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.wire.codec import DATATYPES
 from recserve.specs import get_model
 

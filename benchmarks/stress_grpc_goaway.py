@@ -40,10 +40,9 @@ class CountingConnection(h2grpc.GrpcConnection):
 
     refused = 0  # on the server's loop only
 
-    def _header_block(self, stream, block):  # type: ignore[no-untyped-def]
-        if self._closing and stream.call is None:
-            CountingConnection.refused += 1
-        super()._header_block(stream, block)
+    def connection_lost(self, exc: Exception | None) -> None:
+        CountingConnection.refused += self.h2.refused_streams
+        super().connection_lost(exc)
 
 
 class CountingServer(h2grpc.GrpcServer):

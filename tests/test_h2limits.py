@@ -10,7 +10,9 @@ import pytest
 
 from h2_transport import Transport
 from oip_inputs import grpc_inputs
-from recserve.serving.transport.h2grpc import ENHANCE_YOUR_CALM, PREFACE, GrpcConnection, Method, _frame
+from recserve.serving.transport.h2frames import ENHANCE_YOUR_CALM, PREFACE
+from recserve.serving.transport.h2frames import frame as _frame
+from recserve.serving.transport.h2grpc import GrpcConnection, Method
 from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, Rate
 from scrape import metric_value, scrape
 
@@ -186,7 +188,7 @@ def test_incomplete_requests_are_bounded_per_connection_and_per_server_and_let_g
     # 40 streams x 1 MiB of an 8 MiB message on one connection: its own 16 MiB budget refuses the 17th on
     first[0].data_received(b"".join(_partial_request(2 * i + 1, 8 << 20, 1 << 20) for i in range(40)))
     assert len(_trailer_statuses(first[1].data)) == 40 - 16 and not first[1].closed
-    assert first[0]._request_bytes.used == 16 << 20 and shared.used == 16 << 20
+    assert first[0].h2.streams.held.used == 16 << 20 and shared.used == 16 << 20
     # the second connection fills the server's 24 MiB
     second[0].data_received(b"".join(_partial_request(2 * i + 1, 8 << 20, 1 << 20) for i in range(12)))
     assert len(_trailer_statuses(second[1].data)) == 12 - 8 and shared.used == 24 << 20

@@ -95,6 +95,30 @@ def test_the_transport_layer_imports_nothing_else_of_recserve(tmp_path):
     assert transport_violations(tmp_path) == ["planted.py:1: imports recserve.serving.wire.codec"]
 
 
+SANS_IO = ("h2frames", "h2streams", "h2limits", "h2heads", "h2requests", "h2replies", "h2connection")
+
+
+def io_imports(root: Path = SRC / "serving" / "transport", modules: tuple[str, ...] = SANS_IO) -> list[str]:
+    """The HTTP/2 protocol machine is sans-IO: no event loop, sockets, threads or selectors (``h2grpc`` adapts it)."""
+    found = []
+    for name in modules:
+        path = root / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            found += [f"{name}.py:{node.lineno}: imports {n}" for n in names
+                      if n.split(".")[0] in {"asyncio", "socket", "selectors", "threading", "ssl", "uvloop"}
+                      or n.endswith(".h2grpc")]
+    return found
+
+
+def test_the_http2_protocol_machine_does_no_io(tmp_path):
+    assert io_imports() == []
+    (tmp_path / "h2planted.py").write_text("import time\nfrom asyncio import get_running_loop\n")
+    assert io_imports(tmp_path, ("h2planted",)) == ["h2planted.py:2: imports asyncio"]
+
+
+
 # ---- inside serving: transport -> wire -> worker -> node, shards apart --------------------------------------------
 SERVING = SRC / "serving"
 SERVING_LAYERS = {"transport": 0, "wire": 1, "worker": 2, "node": 3}

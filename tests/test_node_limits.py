@@ -93,7 +93,8 @@ def test_a_nodes_grpc_limits_reach_its_workers():
     from nodes import node_config
     from recserve.serving import NodeServer
     from recserve.serving.node.config import flood_limits
-    from recserve.serving.transport.h2grpc import PREFACE, _frame
+    from recserve.serving.transport.h2frames import PREFACE
+    from recserve.serving.transport.h2frames import frame as _frame
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.grpc_limits = flood_limits({"pings": [3, 0.1]})
