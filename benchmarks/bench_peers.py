@@ -1,12 +1,18 @@
 """Serving benchmark: max load at the SLA for the same model, the same cores and the same query
-mix, served by recserve, by a plain FastAPI + uvicorn + PyTorch server and (optionally) by Ray Serve.
+mix, served by recserve, by a plain FastAPI + uvicorn + PyTorch server, by Ray Serve, by KServe's
+ModelServer (REST and gRPC) and by Seldon MLServer (REST and gRPC).
 
-For each worker count in ``--workers`` every server gets that many single-threaded model workers,
-each runs as its own process(es) and is driven by recserve's open-loop Poisson load generator
-(``--procs`` generator processes) over HTTP with the v2 binary protocol; latency counts from the
-scheduled send time.  Ratios are taken within one run (the machine is shared and noisy).  At each
-max-load point the generator's own send lag p99 and CPU are reported: if the lag is large there,
-the generator, not the server, may have set the limit.
+For each worker count in ``--workers`` every server gets that many single-threaded model workers where
+it can (``NOTES`` says where not), each runs as its own process(es) and is driven by recserve's open-loop
+Poisson load generator (``--procs`` generator processes) in the server's protocol: v2 HTTP with the binary
+tensor extension (recserve, FastAPI, Ray), v2 REST in plain JSON (KServe, MLServer: ``-rest``) or v2 gRPC
+with raw tensor contents (``-grpc``); latency counts from the scheduled send time.  KServe and MLServer
+run in virtual environments of their own (``peers/venvs.py``), made on first use.  Before any load, every
+server scores one fixed query, whose scores must equal bit for bit those of the model built in process (what
+every server builds, recserve included: ``score_check`` in the JSON; a mismatch is flagged, not fatal).
+Ratios are taken within one run (the machine is shared and noisy).  At each max-load point the
+generator's own send lag p99 and CPU are reported: if the lag is large there, the generator, not the
+server, may have set the limit.
 
 For each worker count the servers are all started, then their max-load searches take turns probe by
 probe (only one server is loaded at a time; the others idle): a shared VM's speed moved up to 2x
@@ -16,17 +22,23 @@ Each search's best rate is then probed again (``--confirm``, stepping down 8 % a
 keeps the luckiest probe near the knee, and one 6 s probe there passes or fails by chance.
 
     .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
+    .venv/bin/python benchmarks/bench_peers.py --peers recserve,kserve-grpc,mlserver-rest --workers 1
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import importlib.util
 import json
 import multiprocessing as mp
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -39,11 +51,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
+from benchmarks.peers.venvs import PeerVenv, peer_env  # noqa: E402
 from recserve.measure.loadgen import LoadSession  # noqa: E402
 from recserve.measure.maxload import confirm_max_load, find_max_load  # noqa: E402
 from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import HttpTarget  # noqa: E402
+from recserve.measure.targets import make_target  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
+from recserve.wire import OUTPUT_SCORES  # noqa: E402
 
 
 def free_port() -> int:
@@ -52,9 +68,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, timeout_s: float = 180.0) -> None:
+def wait_ready(url: str, timeout_s: float = 180.0, proc: subprocess.Popen | None = None) -> None:
+    """Until ``url`` answers 200; a server process that exits first is reported at once."""
     end = time.time() + timeout_s
     while time.time() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before {url} was ready")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -62,6 +81,43 @@ def wait_ready(url: str, timeout_s: float = 180.0) -> None:
         except OSError:
             time.sleep(0.5)
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
+
+
+@contextmanager
+def server_process(cmd: list[str], env: dict[str, str], ready_url: str, name: str) -> Iterator[None]:
+    """A peer server started as its own process group (its workers included), ready when ``ready_url`` answers 200;
+    always stopped: SIGTERM to the group, SIGKILL after 30 s.  Its output goes to a log file, whose tail is shown
+    if it does not start."""
+    log = tempfile.NamedTemporaryFile(prefix=f"bench-peers-{name}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            wait_ready(ready_url, proc=proc)
+        except RuntimeError as exc:
+            tail = Path(log.name).read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{name}: {exc}; its log {log.name} ends:\n{tail}") from exc
+        yield
+    finally:
+        stop_group(proc)
+        log.close()
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM to the process group ``proc`` leads, SIGKILL to it if ``proc`` is still up after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the leader is gone; workers it left behind go too
+        except ProcessLookupError:
+            pass
+        return
 
 
 def recserve_node(model: str, scale: float, workers: int, sla_ms: float, **options: Any):
@@ -117,15 +173,68 @@ def _peer_env(model: str, scale: float) -> dict[str, str]:
 @contextmanager
 def fastapi_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.peers.fastapi_app:app", "--host",
-                             "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning"],
-                            cwd=ROOT, env=_peer_env(model, scale))
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/v2/health/ready")
+    cmd = [sys.executable, "-m", "uvicorn", "benchmarks.peers.fastapi_app:app", "--host", "127.0.0.1", "--port",
+           str(port), "--workers", str(workers), "--log-level", "warning"]
+    with server_process(cmd, _peer_env(model, scale), f"http://127.0.0.1:{port}/v2/health/ready", "fastapi"):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+
+
+def kserve_command(python: Path, http_port: int, grpc_port: int, workers: int) -> list[str]:
+    """KServe's ModelServer with the benchmark model: ``workers`` uvicorn processes for REST, gRPC in the main one."""
+    return [str(python), "-m", "benchmarks.peers.kserve_app", "--http_port", str(http_port),
+            "--grpc_port", str(grpc_port), "--workers", str(workers)]
+
+
+def mlserver_command(python: Path, repository: Path) -> list[str]:
+    return [str(python.parent / "mlserver"), "start", str(repository)]
+
+
+def mlserver_settings(http_port: int, grpc_port: int, metrics_port: int, workers: int) -> dict[str, str]:
+    """MLServer's server settings as its ``MLSERVER_*`` variables: loopback, the ports, ``workers`` inference
+    processes (``parallel_workers``)."""
+    return {"MLSERVER_HOST": "127.0.0.1", "MLSERVER_HTTP_PORT": str(http_port), "MLSERVER_GRPC_PORT": str(grpc_port),
+            "MLSERVER_METRICS_PORT": str(metrics_port), "MLSERVER_PARALLEL_WORKERS": str(workers)}
+
+
+def mlserver_repository(folder: Path, model: str) -> Path:
+    """A model repository holding ``model``: ``<folder>/<model>/model-settings.json`` (MLServer names a model after
+    its folder), copied from ``peers/mlserver-model-settings.json``."""
+    (folder / model).mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "benchmarks" / "peers" / "mlserver-model-settings.json", folder / model / "model-settings.json")
+    return folder
+
+
+def protocol_url(protocol: str, http_port: int, grpc_port: int) -> str:
+    """The load generator's target for a v2 peer: ``rest`` is plain JSON, ``grpc`` raw tensor contents."""
+    if protocol == "rest":
+        return f"http+json://127.0.0.1:{http_port}"
+    if protocol == "grpc":
+        return f"grpc://127.0.0.1:{grpc_port}"
+    raise ValueError(f"protocol must be rest or grpc, got {protocol!r}")
+
+
+@contextmanager
+def kserve_server(protocol: str, model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
+    python = PeerVenv.of("kserve").ensure(log=_say)
+    http_port, grpc_port = free_port(), free_port()
+    with server_process(kserve_command(python, http_port, grpc_port, workers), peer_env(python, model, scale),
+                        f"http://127.0.0.1:{http_port}/v2/models/{model}/ready", f"kserve-{protocol}"):
+        yield protocol_url(protocol, http_port, grpc_port)
+
+
+@contextmanager
+def mlserver_server(protocol: str, model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
+    python = PeerVenv.of("mlserver").ensure(log=_say)
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-peers-mlserver-") as folder:
+        env = {**peer_env(python, model, scale), **mlserver_settings(http_port, grpc_port, metrics_port, workers)}
+        with server_process(mlserver_command(python, mlserver_repository(Path(folder), model)), env,
+                            f"http://127.0.0.1:{http_port}/v2/models/{model}/ready", f"mlserver-{protocol}"):
+            yield protocol_url(protocol, http_port, grpc_port)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 @contextmanager
@@ -159,7 +268,45 @@ PEERS: dict[str, Callable] = {
     "recserve-noforward": partial(recserve_server, forward_to_idle=False),
     "ray-serve": ray_server,
     "fastapi": fastapi_server,
+    "kserve-rest": partial(kserve_server, "rest"),
+    "kserve-grpc": partial(kserve_server, "grpc"),
+    "mlserver-rest": partial(mlserver_server, "rest"),
+    "mlserver-grpc": partial(mlserver_server, "grpc"),
 }
+# where a server does not give each of --workers its own model worker
+NOTES = {
+    "kserve-grpc": "KServe serves gRPC from its main process alone: one model copy at any worker count",
+    "mlserver-rest": "one front-end process; the model runs in `workers` inference processes (parallel_workers)",
+    "mlserver-grpc": "one front-end process; the model runs in `workers` inference processes (parallel_workers)",
+}
+# what --peers all means: the servers compared, not recserve's ablations
+ALL_PEERS = ("recserve", "fastapi", "ray-serve", "kserve-rest", "kserve-grpc", "mlserver-rest", "mlserver-grpc")
+VENV_OF = {"kserve-rest": "kserve", "kserve-grpc": "kserve", "mlserver-rest": "mlserver", "mlserver-grpc": "mlserver"}
+IMPORTS_OF = {"fastapi": ("fastapi", "uvicorn"), "ray-serve": ("ray",)}
+
+
+def choose_peers(text: str) -> list[str]:
+    """``--peers``: names, or ``all`` (every server of ``ALL_PEERS``; which of them can run is :func:`runnable`'s
+    call)."""
+    names = list(ALL_PEERS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from all or {sorted(PEERS)}")
+    return names
+
+
+def runnable(name: str) -> str | None:
+    """Why peer ``name`` cannot run here (a module this interpreter lacks, a venv that cannot be made), or None;
+    makes a missing venv."""
+    missing = [m for m in IMPORTS_OF.get(name, ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"not installed here: {', '.join(missing)}"
+    if name in VENV_OF:
+        try:
+            PeerVenv.of(VENV_OF[name]).ensure(log=_say)
+        except RuntimeError as exc:
+            return str(exc)
+    return None
 
 
 class Turns:
@@ -196,7 +343,7 @@ def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, 
              turn: Callable[[], Any] = nullcontext, label: str = "") -> dict:
     """The max-load search against one server, with the generator's lag and CPU at the max-load point; each probe
     runs inside ``turn()`` (the interleaving of several searches)."""
-    target = HttpTarget(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
+    target = make_target(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
     with LoadSession(target, pool, warm=True, procs=args.procs) as session:
         def run_at(rate: float):
             with turn():
@@ -215,6 +362,53 @@ def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, 
     return result
 
 
+def scores_of(url: str, model: str, pool: RequestPool, query: int = 0) -> np.ndarray:
+    """A server's scores for pooled query ``query``, asked in the protocol the load test speaks to it."""
+
+    async def ask() -> np.ndarray:
+        target = make_target(url, model, timeout_s=60.0)
+        try:
+            await target.prepare(pool)
+            return (await target.infer_outputs(query))[OUTPUT_SCORES]
+        finally:
+            await target.close()
+
+    return asyncio.run(ask())
+
+
+def reference_scores(model: str, scale: float, pool: RequestPool, query: int = 0) -> np.ndarray:
+    """Query ``query``'s scores from the model every server builds (``zoo.build``, seed 0), on one torch thread."""
+    import torch
+
+    from recserve.zoo import build
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return build(get_model(model), scale=scale)(pool.batch(query)).numpy()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def compare_scores(got: np.ndarray, want: np.ndarray) -> dict:
+    """Bit-for-bit equality of two score arrays, and their largest difference where shapes agree."""
+    same_shape = got.shape == want.shape
+    diff = float(np.max(np.abs(got.astype(np.float64) - want))) if same_shape and got.size else None
+    return {"identical": bool(same_shape and np.array_equal(got, want)), "shape": list(got.shape),
+            "max_abs_diff": diff}
+
+
+def score_check(name: str, url: str, args: argparse.Namespace, pool: RequestPool, want: np.ndarray) -> dict:
+    """One server's answer to the fixed query against the reference; a mismatch is printed and recorded, the
+    server still measured."""
+    result = compare_scores(scores_of(url, args.model, pool), want)
+    if not result["identical"]:
+        _say(f"!! {name}: scores differ from the reference (shape {result['shape']}, "
+             f"max |diff| {result['max_abs_diff']})")
+    return result
+
+
 def worker_counts(text: str) -> list[int]:
     """``1,2,all``: ``all`` is the cores this process may use."""
     usable = len(os.sched_getaffinity(0))
@@ -224,7 +418,8 @@ def worker_counts(text: str) -> list[int]:
 def print_table(results: dict) -> None:
     print(f"max load at p{results['percentile']:g} <= {results['sla_ms']:g} ms, {results['model']} scale "
           f"{results['scale']}, {results['mix']} mix, {results['procs']} generator process(es)")
-    print(f"{'workers':>7} {'server':10s} {'max QPS':>9} {'recserve/it':>11} {'gen lag p99':>11} {'gen CPU':>8}")
+    print(f"{'workers':>7} {'server':18s} {'max QPS':>9} {'recserve/it':>11} {'gen lag p99':>11} {'gen CPU':>8} "
+          f"{'scores':>8}")
     for workers, by_peer in results["by_workers"].items():
         base = by_peer.get("recserve", {}).get("max_qps")
         for name, r in by_peer.items():
@@ -232,8 +427,15 @@ def print_table(results: dict) -> None:
             gen = r["generator_at_max"]
             lag = f"{gen['send_lag_ms_p99']:.2f} ms" if gen.get("send_lag_ms_p99") is not None else "n/a"
             cpu = f"{gen['cpu_per_s']:.2f}" if gen.get("cpu_per_s") is not None else "n/a"
-            print(f"{workers:>7} {name:10s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8}")
-    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second)")
+            check = r.get("score_check") or {}
+            scores = "same" if check.get("identical") else ("DIFFER" if check else "n/a")
+            print(f"{workers:>7} {name:18s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8} {scores:>8}")
+    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second; scores: the fixed "
+          "query's scores against the model built in process)")
+    for name, note in results.get("notes", {}).items():
+        print(f"note: {name}: {note}")
+    for name, why in results.get("skipped", {}).items():
+        print(f"skipped: {name}: {why}")
 
 
 def main() -> int:
@@ -248,8 +450,10 @@ def main() -> int:
     parser.add_argument("--start-qps", type=float, default=5.0)
     parser.add_argument("--max-probes", type=int, default=14)
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
-    parser.add_argument("--peers", default="recserve,fastapi",
-                        help="of recserve,recserve-nofuse,recserve-per-table,recserve-noforward,fastapi,ray-serve")
+    parser.add_argument("--peers", type=choose_peers, default="all",
+                        help=f"comma-separated, of {','.join(PEERS)}; all (default): {','.join(ALL_PEERS)}, those "
+                             "that can run here (FastAPI and Ray if installed; KServe's and MLServer's venvs are made "
+                             "on first use)")
     parser.add_argument("--confirm", type=int, default=3,
                         help="probes re-checking each max load, 8%% lower after each miss (0: the search's best probe)")
     parser.add_argument("--sequential", action="store_true",
@@ -263,20 +467,24 @@ def main() -> int:
                "order": "sequential" if args.sequential else "interleaved", "confirm_probes": args.confirm,
                "percentile": args.percentile, "mix": args.mix, "procs": args.procs, "probe_s": args.probe_s,
                "load_avg_before": os.getloadavg()[0], "by_workers": {}}
-    peers = [name.strip() for name in args.peers.split(",") if name.strip()]
-    unknown = [name for name in peers if name not in PEERS]
-    if unknown:
-        parser.error(f"--peers: unknown {unknown}; choose from {sorted(PEERS)}")
+    asked_all = args.peers == list(ALL_PEERS)
+    results["skipped"] = {name: why for name in args.peers if (why := runnable(name))}
+    if results["skipped"] and not asked_all:
+        parser.error(f"--peers: cannot run {results['skipped']}")
+    peers = [name for name in args.peers if name not in results["skipped"]]
+    results["peers"], results["notes"] = peers, {name: NOTES[name] for name in peers if name in NOTES}
+    want = reference_scores(args.model, args.scale, pool)
     for workers in args.workers:
         by_peer = results["by_workers"].setdefault(str(workers), {})
         if args.sequential:
             for name in peers:
                 print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
                 with PEERS[name](args.model, args.scale, workers, sla) as url:
-                    by_peer[name] = max_load(url, args.model, pool, args, sla)
+                    check = score_check(name, url, args, pool, want)
+                    by_peer[name] = {**max_load(url, args.model, pool, args, sla), "score_check": check}
                 save(results, args.out)  # after every search: a run cut short (a time limit) keeps what it measured
         else:
-            by_peer.update(interleaved(peers, workers, pool, args, sla))
+            by_peer.update(interleaved(peers, workers, pool, args, sla, want))
             save(results, args.out)
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)
@@ -285,14 +493,15 @@ def main() -> int:
 
 
 def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argparse.Namespace,
-                sla_ms: float) -> dict[str, dict]:
+                sla_ms: float, want: np.ndarray) -> dict[str, dict]:
     """Every peer's server up at once; their searches probe in turn, so a drift of the host's speed falls on all."""
     turns, found, failed = Turns(len(peers)), {}, []
     with ExitStack() as stack:
-        urls = {}
+        urls, checks = {}, {}
         for name in peers:
             print(f"== {name}, {workers} workers: starting", file=sys.stderr)
             urls[name] = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms))
+            checks[name] = score_check(name, urls[name], args, pool, want)
         print(f"== {workers} workers, searches in turn (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
 
         def search(i: int, name: str) -> None:
@@ -311,7 +520,7 @@ def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argpars
             t.join()
     if failed:
         raise failed[0]
-    return {name: found[name] for name in peers}
+    return {name: {**found[name], "score_check": checks[name]} for name in peers}
 
 
 def save(results: dict, out: str) -> None:
