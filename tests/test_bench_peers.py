@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks import bench_peers
 from benchmarks.bench_peers import Turns
-from benchmarks.peers import venvs
+from benchmarks.peers import servers, venvs
 from benchmarks.peers.venvs import PeerVenv, peer_env
 
 
@@ -105,21 +105,21 @@ def test_peer_environment_puts_recserve_sources_and_the_benchmarks_first() -> No
 
 
 def test_server_commands_and_settings() -> None:
-    cmd = bench_peers.kserve_command(Path("/v/bin/python"), 8100, 8101, 2)
+    cmd = servers.kserve_command(Path("/v/bin/python"), 8100, 8101, 2)
     assert cmd[:3] == ["/v/bin/python", "-m", "benchmarks.peers.kserve_app"]
     assert cmd[3:] == ["--http_port", "8100", "--grpc_port", "8101", "--workers", "2"]
-    assert bench_peers.mlserver_command(Path("/v/bin/python"), Path("/r")) == ["/v/bin/mlserver", "start", "/r"]
-    settings = bench_peers.mlserver_settings(8200, 8201, 8202, 3)
+    assert servers.mlserver_command(Path("/v/bin/python"), Path("/r")) == ["/v/bin/mlserver", "start", "/r"]
+    settings = servers.mlserver_settings(8200, 8201, 8202, 3)
     assert settings["MLSERVER_HOST"] == "127.0.0.1" and settings["MLSERVER_PARALLEL_WORKERS"] == "3"
     assert [settings[f"MLSERVER_{k}_PORT"] for k in ("HTTP", "GRPC", "METRICS")] == ["8200", "8201", "8202"]
-    assert bench_peers.protocol_url("rest", 1, 2) == "http+json://127.0.0.1:1"
-    assert bench_peers.protocol_url("grpc", 1, 2) == "grpc://127.0.0.1:2"
+    assert servers.protocol_url("rest", 1, 2) == "http+json://127.0.0.1:1"
+    assert servers.protocol_url("grpc", 1, 2) == "grpc://127.0.0.1:2"
     with pytest.raises(ValueError):
-        bench_peers.protocol_url("binary", 1, 2)
+        servers.protocol_url("binary", 1, 2)
 
 
 def test_mlserver_repository_names_the_model_by_its_folder_and_points_at_the_runtime(tmp_path) -> None:
-    folder = bench_peers.mlserver_repository(tmp_path, "hercules-rmc1")
+    folder = servers.mlserver_repository(tmp_path, "hercules-rmc1")
     settings = json.loads((folder / "hercules-rmc1" / "model-settings.json").read_text())
     module, _, cls = settings["implementation"].rpartition(".")
     source = venvs.ROOT / (module.replace(".", "/") + ".py")
@@ -127,18 +127,18 @@ def test_mlserver_repository_names_the_model_by_its_folder_and_points_at_the_run
 
 
 def test_peers_all_and_by_name() -> None:
-    assert bench_peers.choose_peers("all") == list(bench_peers.ALL_PEERS)
-    assert bench_peers.choose_peers("recserve, kserve-grpc") == ["recserve", "kserve-grpc"]
+    assert servers.choose_peers("all") == list(servers.ALL_PEERS)
+    assert servers.choose_peers("recserve, kserve-grpc") == ["recserve", "kserve-grpc"]
     with pytest.raises(argparse.ArgumentTypeError, match="nope"):
-        bench_peers.choose_peers("recserve,nope")
-    assert set(bench_peers.ALL_PEERS) <= set(bench_peers.PEERS)
-    assert set(bench_peers.NOTES) <= set(bench_peers.PEERS)
+        servers.choose_peers("recserve,nope")
+    assert set(servers.ALL_PEERS) <= set(servers.PEERS)
+    assert set(servers.NOTES) <= set(servers.PEERS)
 
 
 def test_a_peer_whose_modules_are_missing_is_not_runnable(monkeypatch) -> None:
-    monkeypatch.setitem(bench_peers.IMPORTS_OF, "fastapi", ("no_such_module_here",))
-    assert "no_such_module_here" in bench_peers.runnable("fastapi")
-    assert bench_peers.runnable("recserve") is None
+    monkeypatch.setitem(servers.IMPORTS_OF, "fastapi", ("no_such_module_here",))
+    assert "no_such_module_here" in servers.runnable("fastapi")
+    assert servers.runnable("recserve") is None
 
 
 def test_score_comparison_is_bit_for_bit() -> None:
@@ -156,14 +156,14 @@ def test_score_comparison_is_bit_for_bit() -> None:
 @pytest.mark.parametrize("peer", ["kserve-rest", "kserve-grpc", "mlserver-rest", "mlserver-grpc"])
 def test_a_peer_answers_the_models_scores_bit_for_bit_and_is_stopped(peer: str) -> None:
     """Needs the peer's venv (made by a first bench_peers run, minutes and ~1.3 GB): skipped where it is not made."""
-    if not PeerVenv.of(bench_peers.VENV_OF[peer]).ready():
-        pytest.skip(f"no {bench_peers.VENV_OF[peer]} venv: run benchmarks/bench_peers.py --peers {peer} once")
+    if not PeerVenv.of(servers.VENV_OF[peer]).ready():
+        pytest.skip(f"no {servers.VENV_OF[peer]} venv: run benchmarks/bench_peers.py --peers {peer} once")
     from recserve.measure.requests import RequestPool
     from recserve.specs import get_model
 
     pool = RequestPool.from_mix(get_model("hercules-rmc1"), 1e-3, "production", pool=2)
     want = bench_peers.reference_scores("hercules-rmc1", 1e-3, pool, query=1)
-    with bench_peers.PEERS[peer]("hercules-rmc1", 1e-3, 1, 100.0) as url:
+    with servers.PEERS[peer]("hercules-rmc1", 1e-3, 1, 100.0) as url:
         assert url.startswith("grpc://" if peer.endswith("grpc") else "http+json://127.0.0.1:")
         got = bench_peers.scores_of(url, "hercules-rmc1", pool, query=1)
     assert bench_peers.compare_scores(got, want)["identical"]
