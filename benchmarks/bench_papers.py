@@ -836,7 +836,8 @@ def row_kairos_ribbon() -> list[Row]:
                 {"ratio": ratios, "detail": detail}, cite="§8.2, Fig. 8 (Ribbon as described in §7)",
                 setup="the bundled EC2 latency tables, $2.5/hr, each model's QoS p99, 10,000 production-mix queries, "
                       "Poisson, max load by bisection; Ribbon = FCFS dispatch + GP/EI (Matern 5/2, xi 0.1, 2 random "
-                      "starts, at most 200 steps) over every pool under the budget",
+                      "starts, at most 200 steps, no convergence stop before 5% of the space) over every pool "
+                      "under the budget",
                 paper_inputs="the EC2 latencies are the authors' own artifact data: this column is the recserve one")]
 
 

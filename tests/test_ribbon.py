@@ -62,3 +62,11 @@ def test_ribbon_runs_fcfs_on_its_own_pool_where_a_cpu_heavy_pool_collapses():
     assert sum(prices[t] for t in pool) <= 3.0 and pool.count("gpu") >= 2
     assert search["evaluations"] <= 40 and search["candidates"] > search["evaluations"]
     assert max(v for _, v in search["trace"]) == pytest.approx(qps)
+
+
+def test_bayes_opt_does_not_declare_convergence_before_its_minimum_share_of_the_space():
+    grid = np.arange(100)[:, None]
+    flat = bayes_opt(grid, lambda x: 1.0, min_share=0.2, seed=0)  # nothing to improve: stops as soon as allowed
+    assert flat.evaluations == 20
+    early = bayes_opt(grid, lambda x: 1.0, min_share=0.0, seed=0)
+    assert early.evaluations < 20

@@ -7,12 +7,14 @@ code).  Ribbon's own objective is the cheapest pool that meets QoS at a given lo
 problem instead (highest allowable throughput under a $/hr budget, every pool under the budget is a
 candidate) and reports Ribbon on the best pool that search finds, ignoring the exploration cost (Sec. 8.2).
 The objective here is whatever ``evaluate`` returns for a configuration (the caller simulates Ribbon's FCFS
-dispatch on it); the search stops early once no candidate's expected improvement over the best (without the
-exploration margin) reaches ``tol`` of it.
+dispatch on it); past 5% of the space (Kairos §8.3 reports Ribbon reaching its best pool after 5-30% of it) the
+search stops once no candidate's expected improvement over the best (without the exploration margin) reaches
+``tol`` of it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +29,7 @@ INIT_POINTS = 2        # ... after two random configurations
 XI = 0.1               # ... with expected improvement's exploration margin 0.1 (objective scaled to [0, 1])
 LENGTH_SCALES = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0)  # fitted by marginal likelihood each step
 NOISE = 1e-6
+MIN_SHARE = 0.05       # Kairos §8.3: Ribbon needed 5-30% of the space to reach its best pool; never stop before 5%
 
 
 @dataclass
@@ -81,11 +84,13 @@ def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float, xi: flo
 
 
 def bayes_opt(candidates: np.ndarray, evaluate: Callable[[np.ndarray], float], max_evals: int = MAX_EVALS,
-              init_points: int = INIT_POINTS, xi: float = XI, tol: float = 1e-3, seed: int = 0) -> SearchResult:
+              init_points: int = INIT_POINTS, xi: float = XI, tol: float = 1e-3, min_share: float = MIN_SHARE,
+              seed: int = 0) -> SearchResult:
     """Maximise ``evaluate`` over the rows of ``candidates`` (a finite set of integer vectors) by GP/EI.
 
     Coordinates are scaled to [0, 1] by each column's largest value; the objective is scaled by the largest
-    value seen so far, so ``xi`` and ``tol`` are fractions of the best."""
+    value seen so far, so ``xi`` and ``tol`` are fractions of the best.  The convergence stop applies only after
+    ``min_share`` of the candidates have been evaluated."""
     cands = np.asarray(candidates)
     if len(cands) == 0:
         raise RecserveError("Bayesian optimisation over an empty candidate set")
@@ -103,6 +108,7 @@ def bayes_opt(candidates: np.ndarray, evaluate: Callable[[np.ndarray], float], m
 
     for i in rng.choice(len(cands), size=min(init_points, len(cands)), replace=False).tolist():
         run(int(i))
+    min_evals = math.ceil(min_share * len(cands))
     while len(seen) < min(max_evals, len(cands)):
         y = np.array(values)
         top = y.max()
@@ -112,7 +118,7 @@ def bayes_opt(candidates: np.ndarray, evaluate: Callable[[np.ndarray], float], m
         gp = GaussianProcess(xs[seen], y / top)
         idx = np.flatnonzero(remaining)
         mean, std = gp.predict(xs[idx])
-        if expected_improvement(mean, std, 1.0, 0.0).max() < tol:
+        if len(seen) >= min_evals and expected_improvement(mean, std, 1.0, 0.0).max() < tol:
             break  # converged: no candidate is expected to beat the best by ``tol`` of it
         run(int(idx[int(np.argmax(expected_improvement(mean, std, 1.0, xi)))]))
     best = int(np.argmax(values))
