@@ -94,14 +94,18 @@ class HttpTarget:
     async def prepare(self, pool: RequestPool) -> None:
         self._requests = []
         for batch in pool.batches():
-            body, head = encode_http_request(batch)
-            headers = {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
+            body, headers = self._encode(batch)
             if self.size_header:
                 headers[BATCH_SIZE_HEADER] = str(batch.size)
             host = f"{self._endpoint.host}:{self._endpoint.port}"
             self._requests.append((encode_post(host, self._path, body, headers), batch.size))
         if self._pool is None:
             self._pool = self._endpoint.pool(self.connections, self._reuse)
+
+    def _encode(self, batch: QueryBatch) -> tuple[bytes, dict[str, str]]:
+        """One query's body and headers: the binary tensor extension."""
+        body, head = encode_http_request(batch)
+        return body, {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
 
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)
@@ -126,6 +130,28 @@ class HttpTarget:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+def encode_json_request(batch: QueryBatch) -> bytes:
+    """A plain-JSON infer request (tensors as flat ``data`` lists, JSON scores back): what curl, tritonclient with
+    ``binary_data=False`` and servers without the binary extension (MLServer) speak."""
+    import json
+
+    inputs = [{"name": name, "shape": list(arr.shape), "datatype": codec.DATATYPES[arr.dtype.newbyteorder("=")],
+               "data": arr.reshape(-1).tolist()} for name, arr in batch.as_arrays().items()]
+    return json.dumps({"inputs": inputs, "outputs": [{"name": OUTPUT_SCORES}]}, separators=(",", ":")).encode()
+
+
+class JsonHttpTarget(HttpTarget):
+    """:class:`HttpTarget` speaking plain JSON (the v2 REST protocol without the binary extension)."""
+
+    def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
+                 check_outputs: bool = True, size_header: bool = False, reuse: str = "oldest") -> None:
+        super().__init__(url, model, timeout_s, connections, check_outputs, size_header, reuse)
+        self.name = f"http+json {self.base} {model}"
+
+    def _encode(self, batch: QueryBatch) -> tuple[bytes, dict[str, str]]:
+        return encode_json_request(batch), {"Content-Type": "application/json"}
 
 
 class SharedMemoryHttpTarget(HttpTarget):
@@ -226,10 +252,21 @@ def encode_grpc_request(batch: QueryBatch, model: str, version: str = "") -> Any
     return req
 
 
+# a typed ``InferTensorContents`` field per datatype (servers that answer without raw_output_contents: MLServer)
+CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+                   "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                   "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+                   "FP64": "fp64_contents"}
+
+
 def decode_grpc_response(resp: Any) -> dict[str, np.ndarray]:
+    """Output tensors of a ``ModelInferResponse``: raw contents, or typed contents where a server sends those."""
     try:
-        return codec.decode_raw_outputs(resp.outputs, resp.raw_output_contents)
-    except ValueError as exc:
+        if resp.raw_output_contents or not resp.outputs:
+            return codec.decode_raw_outputs(resp.outputs, resp.raw_output_contents)
+        return {o.name: np.asarray(getattr(o.contents, CONTENTS_FIELDS[o.datatype]),
+                                   dtype=codec.DTYPES[o.datatype]).reshape(tuple(o.shape)) for o in resp.outputs}
+    except (ValueError, KeyError) as exc:
         raise RequestFailed("bad_response", str(exc)) from exc
 
 
@@ -412,10 +449,13 @@ class InProcessTarget:
 
 
 def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0) -> Target:
-    """``http://host:port``, ``http+shm://host:port`` (queries in shared memory, a node on this host),
+    """``http://host:port``, ``http+json://host:port`` (plain JSON), ``http+shm://host:port`` (queries in shared
+    memory, a node on this host),
     ``grpc://host:port`` or ``inprocess[:thread|:process]`` → a Target."""
     if spec.startswith("http+shm://"):
         return SharedMemoryHttpTarget("http://" + spec.removeprefix("http+shm://"), model, timeout_s=timeout_s)
+    if spec.startswith("http+json://"):
+        return JsonHttpTarget("http://" + spec.removeprefix("http+json://"), model, timeout_s=timeout_s)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, model, timeout_s=timeout_s)
     if spec.startswith("grpc://"):
@@ -426,5 +466,5 @@ def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0
     if spec.split(":")[0] == "inprocess":
         mode = spec.partition(":")[2] or "process"
         return InProcessTarget(workers=workers, mode=mode)
-    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, http+shm://HOST:PORT, grpc://HOST:PORT or "
-                        "inprocess[:thread]")
+    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, http+json://HOST:PORT, http+shm://HOST:PORT, "
+                        "grpc://HOST:PORT or inprocess[:thread]")
