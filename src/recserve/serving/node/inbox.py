@@ -1,7 +1,7 @@
 """What a model's workers send the supervisor over their pipes, routed to the part of the runtime it concerns.
 
-The messages are tagged tuples (``serving/worker/main.py`` lists them): ready, heartbeats, batched query records,
-connection descriptors (SCM_RIGHTS), hand-offs, and the replies to the items the dispatcher sent."""
+The messages (``serving/wire/pipe.py``): ready, heartbeats, batched query records, connection descriptors
+(SCM_RIGHTS), hand-offs, and the replies to the items the dispatcher sent."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from recserve.serving.node.handle import WorkerHandle
 from recserve.serving.node.watchdog import release
+from recserve.serving.wire import pipe
 
 if TYPE_CHECKING:
     from recserve.serving.node.dispatch import QueryDispatcher
@@ -41,48 +42,49 @@ class PipeInbox:
         except (EOFError, OSError):
             pool.on_exit(handle)
 
-    def on_message(self, pool: WorkerPool, handle: WorkerHandle, msg: Any) -> None:
-        kind = msg[0]
-        if kind == "stats":
-            self._worker_stats(msg[1])
-        elif kind == "beat":  # ("beat", seconds its pass in flight has run): a pass that never ends is a hang
-            handle.last_beat = time.monotonic() - (float(msg[1]) if len(msg) > 1 else 0.0)
-        elif kind == "conn":
+    def on_message(self, pool: WorkerPool, handle: WorkerHandle, raw: Any) -> None:
+        if not pipe.tagged(raw):  # the reply to an item the dispatcher sent (per query part: kept untyped)
+            self.dispatch.on_reply(pool, handle, raw)
+            return
+        msg = pipe.decode(raw)
+        if isinstance(msg, pipe.Stats):
+            self._worker_stats(msg.records)
+        elif isinstance(msg, pipe.Beat):  # dated back by its pass in flight: a pass that never ends is a hang
+            handle.last_beat = time.monotonic() - float(msg.busy_s)
+        elif isinstance(msg, pipe.Conn):
             from multiprocessing.reduction import recv_handle
 
-            release(handle.conns, msg[1])
-            handle.conns[msg[1]] = recv_handle(handle.conn)
-        elif kind == "gone":
-            release(handle.conns, msg[1])
-        elif kind == "handoff":
+            release(handle.conns, msg.fd)
+            handle.conns[msg.fd] = recv_handle(handle.conn)
+        elif isinstance(msg, pipe.Gone):
+            release(handle.conns, msg.fd)
+        elif isinstance(msg, pipe.Handoff):
             self._handoff(handle, msg)
-        elif kind == "ready":
+        elif isinstance(msg, pipe.Ready):
             self._ready(pool, handle, msg)
-        else:
-            self.dispatch.on_reply(pool, handle, msg)
 
-    def _handoff(self, handle: WorkerHandle, msg: tuple) -> None:
-        """``("handoff", prefix, model[, to_slot])`` and a descriptor: a connection its worker does not serve."""
+    def _handoff(self, handle: WorkerHandle, msg: pipe.Handoff) -> None:
+        """A connection its worker does not serve (the descriptor follows on the pipe)."""
         from multiprocessing.reduction import recv_handle
 
         fd = recv_handle(handle.conn)
         # moved to the idle sibling it named, with whatever was read of it (none today: only idle connections
         # move; a future move of a partly read request must not lose its bytes)
-        if len(msg) > 3 and msg[3] is not None and self.adopt(fd, msg[1], msg[3]):
+        if msg.to_slot is not None and self.adopt(fd, msg.prefix, msg.to_slot):
             os.close(fd)
         elif self.front.on_handoff is None:
             os.close(fd)
         else:
-            self.front.on_handoff(fd, msg[1], msg[2])
+            self.front.on_handoff(fd, msg.prefix, msg.model)
 
-    def _ready(self, pool: WorkerPool, handle: WorkerHandle, msg: tuple) -> None:
-        """``("ready", pid, tier_io)``: the worker built its model (and listens, a v2 worker)."""
-        if msg[2] and not self.tier_io:
-            self.tier_io = msg[2]
+    def _ready(self, pool: WorkerPool, handle: WorkerHandle, msg: pipe.Ready) -> None:
+        """The worker built its model (and listens, a v2 worker)."""
+        if msg.tier_io and not self.tier_io:
+            self.tier_io = msg.tier_io
             for t in self.tier_io:
                 log.info("model %s: tiered table %s (%s) reads %s with %s: %s", self.name, t["table"],
                          t["file"], t["mode"], t["engine"], t["why"])
-        pool.on_ready(handle, int(msg[1]))
+        pool.on_ready(handle, int(msg.pid))
 
     def _worker_stats(self, records: list[tuple]) -> None:
         """Queries a v2 worker answered itself, into the node's one metrics view."""

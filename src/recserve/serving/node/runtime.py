@@ -25,6 +25,7 @@ from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.pool import WorkerPool
 from recserve.serving.node.worker_watch import WorkerWatch
+from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.model_info import ModelInfo
 from recserve.zoo.batch import QueryBatch
@@ -118,7 +119,7 @@ class ModelRuntime:
     async def drain(self, timeout_s: float) -> None:
         """Refuse new queries and wait for admitted ones to finish."""
         self.accepting = False
-        self._broadcast(("drain",))
+        self._broadcast(pipe.encode(pipe.Drain()))
         deadline = time.monotonic() + timeout_s
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -185,7 +186,7 @@ class ModelRuntime:
             return False
         self._next_adopter = (self._next_adopter + 1) % len(workers)
         worker = workers[self._next_adopter]
-        worker.outbox.post(("adopt", prefix), fd)  # type: ignore[union-attr]
+        worker.outbox.post(pipe.encode(pipe.Adopt(prefix)), fd)  # type: ignore[union-attr]
         return True
 
     def _broadcast(self, msg: Any) -> None:
@@ -212,7 +213,7 @@ class ModelRuntime:
 
         def retired() -> None:  # before they exit: the CPU workers stop sending to retiring accelerator workers
             if pool.stage == "accel":
-                self._broadcast(("config", {"accel_sockets": self.accel_sockets()}))
+                self._broadcast(pipe.encode(pipe.Config({"accel_sockets": self.accel_sockets()})))
 
         await pool.resize(n, cores, threads, retired)
         return self.state()
@@ -226,18 +227,18 @@ class ModelRuntime:
         if self.accel is None:
             raise InferError("invalid", f"model {self.name!r} has no accelerator workers", "min_items")
         self.accel.set_min_items(k)
-        self._broadcast(("config", {"min_items": k}))
+        self._broadcast(pipe.encode(pipe.Config({"min_items": k})))
         return self.state()
 
     def set_default(self, default: bool) -> None:
         self.is_default = default
-        self._broadcast(("config", {"default": default}))
+        self._broadcast(pipe.encode(pipe.Config({"default": default})))
 
     def set_sub_batch(self, k: int) -> dict[str, Any]:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
         self.settings.sub_batch = k
-        self._broadcast(("config", {"sub_batch": k}))
+        self._broadcast(pipe.encode(pipe.Config({"sub_batch": k})))
         return self.state()
 
     # ------------------------------------------------------------------ state
