@@ -45,7 +45,7 @@ import tritonclient.http as thttp
 
 from recserve.serving import NodeServer, build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
-from recserve.serving.node.runtime import memory_of
+from recserve.serving.node.handle import memory_of
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
@@ -153,7 +153,8 @@ def ipc_only(config, batches: dict[int, object], counts: dict[int, int]) -> dict
     """The worker hand-off alone: ModelRuntime.infer on a private event loop, no network protocol."""
     import asyncio
 
-    from recserve.serving.node.runtime import ModelRuntime, mp_context
+    from recserve.serving.node.forkserver import mp_context
+    from recserve.serving.node.runtime import ModelRuntime
 
     async def run() -> dict[int, dict[str, float]]:
         rt = ModelRuntime(config.models[0], mp_context())

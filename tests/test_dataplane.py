@@ -869,13 +869,13 @@ def test_a_beat_during_a_pass_on_the_compute_thread_ages_the_worker_by_that_pass
     run; the supervisor dates the beat back by it, and a pass that never ends looks like a silent (hung) worker."""
     from types import SimpleNamespace
 
-    from recserve.serving.node.runtime import ModelRuntime
+    from recserve.serving.node.inbox import PipeInbox
 
     handle = SimpleNamespace(last_beat=0.0)
     before = time.monotonic()
-    ModelRuntime._on_message(None, None, handle, ("beat", 12.0))  # type: ignore[arg-type]
+    PipeInbox.on_message(None, None, handle, ("beat", 12.0))  # type: ignore[arg-type]
     assert before - 12.0 - 0.5 < handle.last_beat < before - 11.5
-    ModelRuntime._on_message(None, None, handle, ("beat",))  # type: ignore[arg-type]  # an accelerator worker's
+    PipeInbox.on_message(None, None, handle, ("beat",))  # type: ignore[arg-type]  # an accelerator worker's
     assert handle.last_beat >= before
 
 

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from oip_inputs import http_inputs
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.node import runtime as runtime_module
+from recserve.serving.node import pool as pool_module
 from recserve.serving.node.control_client import ControlClient
 from recserve.zoo import sample_batch
 
@@ -120,8 +120,8 @@ def check_deadline_and_hang(server: NodeServer, ports) -> None:
 def test_a_restart_that_raises_oserror_still_answers_the_queue(node, monkeypatch):
     server, ports = node
     client = Client(server, ports.http)
-    runtime = server.core.models[MODEL]
-    monkeypatch.setattr(runtime_module, "MAX_RESTARTS_IN_A_ROW", 2)
+    sparse = server.core.models[MODEL].pools["sparse"]
+    monkeypatch.setattr(pool_module, "MAX_RESTARTS_IN_A_ROW", 2)
 
     async def no_fork(*_args, **_kwargs):
         raise OSError(12, "Cannot allocate memory")
@@ -132,7 +132,7 @@ def test_a_restart_that_raises_oserror_still_answers_the_queue(node, monkeypatch
         time.sleep(0.3)
         queued = client.send()
         time.sleep(0.3)
-        monkeypatch.setattr(runtime, "_start_worker", no_fork)
+        monkeypatch.setattr(sparse, "start_worker", no_fork)
         os.kill(pid, signal.SIGKILL)
         kind, message, _ = held.result(30)
         assert kind == "error" and "died" in message, message

@@ -185,7 +185,7 @@ def _stop_replicas(replicas: list[ReplicaProcess]) -> None:
 
 def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir: Path, threads: int,
                     progress: bool) -> list[ReplicaProcess]:
-    from recserve.serving.node.runtime import mp_context
+    from recserve.serving.node.forkserver import mp_context
 
     ctx = mp_context()
     replicas: list[ReplicaProcess] = []
@@ -269,7 +269,7 @@ def start_sharded(layout: ShardLayout, *, model_name: str | None = None, dense_r
 
 def process_memory_mb(pids: list[int]) -> dict[str, float]:
     """Summed RSS and PSS (MB) of ``pids`` from /proc (PSS splits shared pages among their users)."""
-    from recserve.serving.node.runtime import memory_of
+    from recserve.serving.node.handle import memory_of
 
     total = {"rss_mb": 0.0, "pss_mb": 0.0, "processes": 0}
     for pid in pids:

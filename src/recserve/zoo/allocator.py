@@ -7,7 +7,7 @@ that size faults every page of them in again on every call.  hera-din at batch 5
 arena (a second thread otherwise gets its own arena, whose 64 MiB heaps cannot hold such blocks and fall back to
 ``mmap``), 75 ms and 1,300 faults, for ~30 MB more peak RSS.  PyTorch servers usually get this by preloading
 jemalloc or tcmalloc; glibc's tunables give it with no native dependency.  They are read when a process starts, so
-they go in the environment the workers' forkserver starts with (``serving.runtime.WorkerContext``); a C library
+they go in the environment the workers' forkserver starts with (``serving.node.forkserver.WorkerContext``); a C library
 other than glibc ignores them.
 """
 

@@ -16,10 +16,12 @@ from typing import Any
 
 from recserve.errors import RecserveError
 from recserve.serving.node.config import NodeConfig, available_cores
+from recserve.serving.node.forkserver import mp_context
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.repository import Repository
-from recserve.serving.node.runtime import InferError, ModelRuntime, mp_context
+from recserve.serving.node.runtime import ModelRuntime
 from recserve.serving.wire import protocol
+from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.shm import Registry
 
 log = logging.getLogger("recserve.serving")
@@ -140,10 +142,11 @@ class NodeCore:
     def _attach(self, rt: ModelRuntime) -> None:
         """A whole-query runtime's workers accept HTTP (and gRPC) queries themselves."""
         if self.listen_sock is not None and rt.cfg.mode == "model":
-            rt.listen_sock, rt.node = self.listen_sock, self.config
-            rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
-            rt.grpc_listen, rt.grpc_upstream = self.grpc_listen, self.grpc_upstream
-            rt.shm_dir = self.shm.directory
+            front = rt.front
+            front.listen_sock, front.node = self.listen_sock, self.config
+            front.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
+            front.grpc_listen, front.grpc_upstream = self.grpc_listen, self.grpc_upstream
+            front.shm_dir = self.shm.directory
 
     def find(self, name: str, version: str = "") -> ModelRuntime | None:
         """The runtime serving ``name`` at ``version`` ("" = the default version), or None."""

@@ -27,8 +27,8 @@ from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
 from recserve.serving.node.http import build_app
 from recserve.serving.node.llc import LlcAllocator
-from recserve.serving.node.runtime import InferError
 from recserve.serving.transport.h2grpc import GrpcServer
+from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.grpc_methods import Forwarder, channel_to
 
 log = logging.getLogger("recserve.serving")
@@ -139,7 +139,7 @@ class NodeServer:
         self.core.grpc_listen, self.core.grpc_upstream = sock, upstream
         for rt in self.core.models.values():
             if rt.accepts_in_workers:
-                rt.grpc_listen, rt.grpc_upstream = sock, upstream
+                rt.front.grpc_listen, rt.front.grpc_upstream = sock, upstream
         self.core.cover_grpc = self._cover_grpc
 
     def _private_grpc_address(self) -> str:

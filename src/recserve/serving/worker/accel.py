@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.plane import ServiceTime
 
@@ -758,7 +759,7 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
         if cache is not None:  # the device row cache's lookups and hits since the last pass
             stats.append(("cache", cache.lookups - counted[0], cache.hits - counted[1]))
             counted[:] = cache.lookups, cache.hits
-        send(("stats", stats))
+        send(pipe.encode(pipe.Stats(stats)))
 
     path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
     server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
@@ -775,11 +776,11 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
 
     def beat() -> None:  # the supervisor's watchdog replaces a worker whose loop stays silent (a stuck pass)
         if not stop.is_set():
-            send(("beat", server.pass_age()))
+            send(pipe.encode(pipe.Beat(server.pass_age())))
             loop.call_later(BEAT_S, beat)
 
     loop.add_reader(conn.fileno(), on_pipe)
-    send(("ready", os.getpid(), []))
+    send(pipe.encode(pipe.Ready(os.getpid(), [])))
     beat()
     await stop.wait()
     listening.close()

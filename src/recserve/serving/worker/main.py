@@ -12,29 +12,13 @@ buffer (~16 ms for 1.9 MB on a busy 2-core host, vs ~1 ms of memcpy).  The serve
 region only while the worker is idle and copies the output region out before the next item, so one
 buffer per worker is enough.
 
-Wire protocol on the worker's pipe (numpy arrays or buffer descriptors, never torch tensors):
-
-- worker -> server: ``("ready", pid, tier_io)`` once the model is built.
-- server -> worker: ``(item_id, arrays_or_None, descriptors_or_None)``; ``None`` = finish and exit.
-
-Data plane v2 (``serving/worker/plane.py``): a ``model``-stage worker given the node's listening socket also
-accepts and answers its own model's HTTP queries itself.  Then, in addition:
-
-- worker -> server: ``("stats", records)`` (completed/failed/refused queries, batched); ``("beat", busy_s)``
-  every 0.25 s (the watchdog's evidence that the worker's loop runs, less how long a pass on its compute thread has
-  run: a pass that never ends is a hang too); ``("handoff", prefix, model)`` followed by a
-  descriptor (SCM_RIGHTS) = a connection the worker does not serve; ``("conn", fd)`` followed by a descriptor =
-  a connection the worker serves (the server holds it too, with a shared byte per descriptor saying whether a
-  request of it is unanswered, for when the worker dies or hangs); ``("gone", fd)`` = no longer served here.
-  A ``handoff`` may name a sibling's load slot: the connection moves to that (idle) worker.
-- server -> worker: ``("adopt", prefix)`` followed by a descriptor = a connection to serve;
-  ``("config", {"sub_batch": k})`` (also ``default``, and ``min_items`` / ``accel_sockets`` for a model with
-  accelerator workers); ``("drain",)`` = stop accepting, refuse new queries with 503.
-- worker -> server: ``(item_id, True, result, compute_s)`` or ``(item_id, False, message, compute_s)``;
-  ``result`` is an array, a list of arrays, or ``("shm", descriptors)``.
-
-Accelerator workers (stage ``accel``, ``serving/worker/accel.py``) serve framed queries on a Unix socket, send
-``("ready", pid, [])`` and ``("stats", [("pass", items, queries, seconds)])`` per fused pass, and exit on ``None``.
+The worker's pipe to the supervisor carries the messages of ``serving/wire/pipe.py`` (ready, heartbeats, batched
+query records, connection descriptors, hand-offs, adopt / config / drain) and, for a stage worker, the items the
+supervisor sends ``(item_id, arrays_or_None, descriptors_or_None)`` (``None`` = finish and exit) with their replies
+``(item_id, ok, result_or_message, compute_s)``, ``result`` an array, a list of arrays, or ``("shm", descriptors)``.
+A ``model``-stage worker given the node's listening socket accepts and answers its own model's queries itself
+(data plane v2, ``serving/worker/plane.py``); an accelerator worker (stage ``accel``, ``serving/worker/accel.py``)
+serves framed queries on a Unix socket.
 
 Stages: ``model`` payload ``(dense, values, lengths)`` -> scores; ``sparse`` same payload -> list
 of per-table embeddings; ``dense`` payload ``(dense, [embeddings])`` -> scores.
@@ -55,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recserve.serving.wire import pipe
 from recserve.specs import get_model
 from recserve.zoo import RecModel, build
 from recserve.zoo.batch import QueryBatch
@@ -222,7 +207,7 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     model.eval()
     buf = io.numpy() if io is not None else np.zeros(0, np.uint8)
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
-    ready = ("ready", os.getpid(), _io_report(model))
+    ready = pipe.encode(pipe.Ready(os.getpid(), _io_report(model)))
     with torch.inference_mode():
         if args.stage == "accel":
             from recserve.serving.worker.accel import serve_accelerator
@@ -284,11 +269,11 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
             plane.exit_event.set()
 
     def hand_off(fd: int, prefix: bytes, to_slot: int | None = None) -> None:
-        send(("handoff", prefix, args.model_config.name, to_slot))
+        send(pipe.encode(pipe.Handoff(prefix, args.model_config.name, to_slot)))
         send_handle(conn, fd, server_pid)
 
     def share(fd: int) -> None:
-        send(("conn", fd))
+        send(pipe.encode(pipe.Conn(fd)))
         try:
             send_handle(conn, fd, server_pid)
         except OSError:
@@ -328,8 +313,9 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
                 msg = conn.recv()
                 if msg is None:
                     plane.retire()
-                elif isinstance(msg[0], str):
-                    _control(plane, msg, recv_handle(conn) if msg[0] == "adopt" else None)
+                elif pipe.tagged(msg):
+                    control = pipe.decode(msg)
+                    _control(plane, control, recv_handle(conn) if isinstance(control, pipe.Adopt) else None)
                 else:
                     with plane.model_lock:  # a pass may be computing on the plane's compute thread
                         reply = _item(args, model, msg, in_buf, out_buf)
@@ -384,19 +370,19 @@ async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[No
     return stopped
 
 
-def _control(plane: Any, msg: tuple, fd: int | None) -> None:
-    kind = msg[0]
-    if kind == "adopt" and fd is not None:
-        task = asyncio.ensure_future(plane.adopt(fd, msg[1]))
+def _control(plane: Any, msg: pipe.Adopt | pipe.Config | pipe.Drain, fd: int | None) -> None:
+    if isinstance(msg, pipe.Adopt) and fd is not None:
+        task = asyncio.ensure_future(plane.adopt(fd, msg.prefix))
         task.add_done_callback(lambda t: t.exception())
-    elif kind == "config":
-        plane.sub_batch = int(msg[1].get("sub_batch", plane.sub_batch))
-        if "default" in msg[1]:
-            plane.set_default(bool(msg[1]["default"]))
-        if plane.offload is not None and "min_items" in msg[1]:
-            plane.offload.min_items = int(msg[1]["min_items"])
-        if plane.offload is not None and "accel_sockets" in msg[1]:
-            plane.offload.set_sockets(list(msg[1]["accel_sockets"]))
-    elif kind == "drain":
+    elif isinstance(msg, pipe.Config):
+        changes = msg.changes
+        plane.sub_batch = int(changes.get("sub_batch", plane.sub_batch))
+        if "default" in changes:
+            plane.set_default(bool(changes["default"]))
+        if plane.offload is not None and "min_items" in changes:
+            plane.offload.min_items = int(changes["min_items"])
+        if plane.offload is not None and "accel_sockets" in changes:
+            plane.offload.set_sockets(list(changes["accel_sockets"]))
+    elif isinstance(msg, pipe.Drain):
         plane.drain()
 

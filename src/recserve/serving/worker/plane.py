@@ -60,7 +60,7 @@ import numpy as np
 from recserve.serving.transport.h2grpc import WRITE_HIGH
 from recserve.serving.transport.h2limits import FloodLimits
 from recserve.serving.transport.http1 import Head, HeadError, HeadReader
-from recserve.serving.wire import codec
+from recserve.serving.wire import codec, pipe
 from recserve.serving.wire.codec import MAX_JSON_BYTES
 from recserve.serving.wire.errors import STATUS, InferError
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
@@ -705,7 +705,7 @@ class WorkerPlane:
             await self.loop.connect_accepted_socket(lambda: Connection(self, sock, prefix, shared), copy)
         except OSError:  # the client went away before its transport was made
             if shared:
-                self.send(("gone", sock.fileno()))
+                self.send(pipe.encode(pipe.Gone(sock.fileno())))
             sock.close()
             copy.close()
 
@@ -1028,13 +1028,13 @@ class WorkerPlane:
         self._flush_at = None
         if self._records:
             records, self._records = self._records, []
-            self.send(("stats", records))
+            self.send(pipe.encode(pipe.Stats(records)))
 
     def _beat(self) -> None:
         """Tell the supervisor this loop is alive (its watchdog's evidence)."""
         if self.exit_event.is_set():
             return
-        self.send(("beat", self.busy_s()))
+        self.send(pipe.encode(pipe.Beat(self.busy_s())))
         if self.regions is not None:  # unregistered regions' mappings are let go without waiting for a query
             self.regions.refresh()
         if self.trim_wanted and not self._busy() and time.monotonic() - self._trimmed_at > TRIM_EVERY_S:
@@ -1083,7 +1083,7 @@ class WorkerPlane:
                 conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            self.send(("gone", conn.slot))
+            self.send(pipe.encode(pipe.Gone(conn.slot)))
         conn.sock.close()  # only now may the number name another descriptor
 
     # ---- balancing connections over the model's workers -------------------------------------------------
@@ -1132,7 +1132,7 @@ class WorkerPlane:
         self.connections.discard(conn)
         conn.mark(False)
         if self._shared(conn):
-            self.send(("gone", conn.slot))  # before the hand-off: the supervisor drops the descriptor it held
+            self.send(pipe.encode(pipe.Gone(conn.slot)))  # before the hand-off: the supervisor drops its descriptor
         try:
             self._hand_off(conn.sock.fileno(), prefix, to_slot)
         finally:

@@ -1,0 +1,203 @@
+"""One stage's worker processes: start, watch the pipe, restart after a death, resize, retire.
+
+Runs on the supervisor's event loop.  What the workers compute is not this module's business: the pool tells its
+model (``PoolEvents``) when a worker may take work (``feed``), when one is lost (``lost``) and when none is left to
+serve what is queued (``unserved``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from recserve.serving.node.config import expand_cores
+from recserve.serving.node.handle import WorkerHandle
+from recserve.serving.wire.errors import InferError
+
+if TYPE_CHECKING:
+    from recserve.serving.node.launch import WorkerLauncher
+    from recserve.serving.node.llc import LlcAllocator
+    from recserve.serving.node.metrics import ModelMetrics
+
+log = logging.getLogger("recserve.serving")
+
+WORKER_START_TIMEOUT_S = 120.0
+WORKER_STOP_TIMEOUT_S = 10.0
+MAX_RESTARTS_IN_A_ROW = 5
+
+
+class PoolEvents(Protocol):
+    def feed(self, pool: WorkerPool) -> None: ...  # give idle workers queued work
+
+    def lost(self, pool: WorkerPool, handle: WorkerHandle, code: int | None) -> None: ...  # what it held
+
+    def unserved(self, pool: WorkerPool, message: str) -> None: ...  # no worker left: answer the queue
+
+
+def flat_cores(cores: Any) -> Any:
+    if cores and all(isinstance(c, list | tuple) for c in cores):
+        return list(dict.fromkeys(int(x) for c in cores for x in c))
+    return cores
+
+
+class WorkerPool:
+    """The workers of one stage (``model``, ``sparse``, ``dense`` or ``accel``) of one model."""
+
+    def __init__(self, name: str, stage: str, threads: int, cores_spec: Any, launcher: WorkerLauncher,
+                 events: PoolEvents, reader: Callable[[WorkerPool, WorkerHandle], None],
+                 metrics: ModelMetrics, llc: LlcAllocator | None = None) -> None:
+        self.name = name  # the model's
+        self.stage = stage
+        self.threads = threads
+        self.cores_spec = flat_cores(cores_spec)
+        self.workers: list[WorkerHandle] = []
+        self.restarting = 0
+        self.stopping = False
+        self._launcher = launcher
+        self._events = events
+        self._reader = reader  # called when a worker's pipe is readable (``inbox.PipeInbox.on_readable``)
+        self._metrics = metrics
+        self._llc = llc
+        self._control = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+
+    def active(self) -> list[WorkerHandle]:
+        """Workers not being retired, in start order."""
+        return sorted((w for w in self.workers if not w.retiring), key=lambda w: w.worker_id)
+
+    def ready_count(self) -> int:
+        return sum(1 for w in self.active() if w.working)
+
+    # ------------------------------------------------------------------ start and stop
+    async def start_worker(self, cores: list[int], threads: int) -> WorkerHandle:
+        """Start one worker and wait until it is ready."""
+        loop = asyncio.get_running_loop()
+        handle = await self._launcher.launch(self.stage, cores, threads)
+        self.workers.append(handle)
+        loop.add_reader(handle.conn.fileno(), self._reader, self, handle)
+        try:
+            await asyncio.wait_for(asyncio.shield(handle.ready), WORKER_START_TIMEOUT_S)
+        except TimeoutError as exc:
+            handle.process.kill()
+            raise InferError("internal", f"model {self.name!r}: worker did not start in time") from exc
+        return handle
+
+    def pump(self) -> None:
+        """Idle workers take queued work; idle retirees are told to exit."""
+        self._events.feed(self)
+        for w in self.workers:
+            if w.retiring and w.current is None and not w.stop_sent:
+                w.stop_sent = True
+                w.outbox.post(None)  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        """Retire every worker and wait for them, and for the restarts in flight (each stops what it started)."""
+        self.stopping = True
+        workers = list(self.workers)
+        for w in workers:
+            w.retiring = True
+        self.pump()
+        await await_exit(workers, WORKER_STOP_TIMEOUT_S)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=WORKER_START_TIMEOUT_S + WORKER_STOP_TIMEOUT_S)
+
+    async def resize(self, n: int, cores: Any, threads: int | None, retired: Callable[[], None]) -> None:
+        """``n`` workers of ``threads`` threads; new workers are ready before old ones retire, retirees finish their
+        part.  ``retired`` runs once the retirees are marked, before they exit."""
+        async with self._control:
+            threads = threads or self.threads
+            current = self.active()
+            try:
+                if cores is not None or threads != self.threads:
+                    spec = cores if cores is not None else self.cores_spec
+                    sets = expand_cores(spec, n, threads, f"model {self.name!r} cores")
+                    keep, start_sets = [], sets
+                else:
+                    sets = expand_cores(self.cores_spec, n, threads, f"model {self.name!r} cores")
+                    keep, start_sets = current[:n], sets[len(current):n]
+            except Exception as exc:
+                raise InferError("invalid", str(exc), "cores") from exc
+            retire = [w for w in current if w not in keep]
+            await asyncio.gather(*(self.start_worker(s, threads) for s in start_sets))
+            self.threads = threads
+            if cores is not None:
+                self.cores_spec = flat_cores(cores)
+            for w in retire:
+                w.retiring = True
+            retired()
+            self.pump()
+            await await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
+
+    # ------------------------------------------------------------------ worker events (from its pipe)
+    def on_ready(self, handle: WorkerHandle, pid: int) -> None:
+        handle.pid = pid
+        if self._llc is not None:
+            self._llc.add_pid(self.name, pid)
+        if not handle.ready.done():
+            handle.ready.set_result(pid)
+        handle.last_beat = time.monotonic()
+        self.pump()
+
+    def on_exit(self, handle: WorkerHandle) -> None:
+        """Its pipe closed: take back what it held, answer what it computed, and restart it unless it was retired."""
+        loop = asyncio.get_running_loop()
+        if handle.outbox is not None:
+            handle.outbox.close()
+        self._launcher.release(handle)
+        loop.remove_reader(handle.conn.fileno())
+        handle.conn.close()
+        if handle in self.workers:
+            self.workers.remove(handle)
+        handle.process.join(timeout=0.5)
+        code = handle.process.exitcode
+        self._events.lost(self, handle, code)
+        if not handle.ready.done():
+            handle.ready.set_exception(InferError(
+                "internal", f"model {self.name!r}: worker exited with code {code} before it was ready"))
+            handle.ready.exception()  # mark retrieved
+        if not handle.exited.done():
+            handle.exited.set_result(code)
+        if self._llc is not None and handle.pid:
+            self._llc.forget_pid(self.name, handle.pid)
+        if handle.retiring or self.stopping or not handle.pid:
+            return  # retired, shutting down, or never started (the starter sees the error)
+        log.warning("model %s: %s worker pid %s died (exit %s); restarting", self.name, self.stage, handle.pid, code)
+        self._metrics.worker_restarts += 1
+        task = loop.create_task(self._restart(handle))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _restart(self, dead: WorkerHandle) -> None:
+        self.restarting += 1
+        try:
+            for attempt in range(MAX_RESTARTS_IN_A_ROW):
+                if self.stopping:
+                    return
+                try:
+                    handle = await self.start_worker(dead.cores, dead.threads)
+                    if self.stopping:  # the model stopped while this worker started
+                        handle.retiring = True
+                        self.pump()
+                        await await_exit([handle], WORKER_STOP_TIMEOUT_S)
+                    return
+                except Exception as exc:  # noqa: BLE001 - an OSError (fork, pipe, memory) is a failed attempt too
+                    log.error("model %s: %s (restart attempt %d)", self.name, exc, attempt + 1)
+                    await asyncio.sleep(0.5 * (attempt + 1))
+        finally:
+            self.restarting -= 1
+        if not self.workers and not self.restarting:  # nobody will take the queued parts: answer, never hang
+            self._events.unserved(self, f"model {self.name!r}: no {self.stage} worker could be restarted")
+
+
+async def await_exit(workers: list[WorkerHandle], timeout_s: float) -> None:
+    """Wait for ``workers`` to exit; kill those still running after ``timeout_s``."""
+    if not workers:
+        return
+    done, pending = await asyncio.wait([w.exited for w in workers], timeout=timeout_s)
+    for w in workers:
+        if not w.exited.done():
+            w.process.kill()
+    if pending:
+        await asyncio.wait(pending, timeout=5.0)
