@@ -123,3 +123,40 @@ def test_dry_run_prints_the_ray_start_flags(tmp_path, capsys):
     assert """this-host: ray start --resources '{"recserve_type_this_host": 2}'""" in out
     assert """sdm-hw-ss: ray start --resources '{"recserve_type_sdm_hw_ss": 1}'""" in out
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["node0.yaml", "node1.yaml", "node2.yaml"]
+
+
+@pytest.mark.integration
+def test_a_two_model_node_under_uvloops_policy_answers_handed_off_connections():
+    """Ray Serve replicas run on uvloop; the replica starts its node server on asyncio's own loop, where a connection
+    one model's worker accepts for the other model is answered (on uvloop: 400 or reset)."""
+    import asyncio
+
+    import numpy as np
+
+    from nodes import generous
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.requests import RequestPool
+    from recserve.measure.targets import HttpTarget
+    from recserve.serving.server import NodeServer
+    from recserve.specs import get_model
+
+    uvloop = pytest.importorskip("uvloop")
+    models = ("hercules-rmc1", "kairos-rm2")
+    config = config_from_dict({"host": "127.0.0.1", "http_port": 0, "grpc_port": 0,
+                               "models": [generous({"model": m, "scale": 1e-4, "workers": 1}) for m in models]})
+    before = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    node = NodeServer(config)
+    try:
+        with ray_fleet.standard_asyncio():
+            ports = node.start()
+    finally:
+        asyncio.set_event_loop_policy(before)
+    try:
+        for round_ in range(3):  # fresh connections, alternating models: some land on the other model's worker
+            for m in models:
+                pool = RequestPool(get_model(m), 1e-4, (16,), seed=round_)
+                with LoadSession(HttpTarget(f"http://127.0.0.1:{ports.http}", m, connections=1), pool) as session:
+                    assert np.isfinite(session.outputs(0)["scores"]).all()
+    finally:
+        node.stop()

@@ -11,13 +11,17 @@ where N is how many of the plan's servers of that type the node hosts (:func:`no
 **Replica.**  :class:`FleetNode` starts the node server (``serving.server.NodeServer``, the code ``recserve serve``
 runs: its workers, batching, tiers, repository models) with that config on its Ray node, and relays the requests
 Ray's HTTP proxy hands it to the node's own HTTP port unchanged.  So every model answers under Ray's proxy at
-``http://HEAD:PORT/<application>/v2/models/<model>/infer`` and, directly, at the node server's own URL.
+``http://HEAD:PORT/<application>/v2/models/<model>/infer`` and, directly, at the node server's own URL (bound to
+loopback on its Ray node's host: the relay is local, and the node's control API stays unexposed).
 Ray is imported lazily (and this module's Ray parts only run on Ray hosts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +158,19 @@ def write_deployment(deployments: list[FleetDeployment], workdir: str | Path, pr
 # ---------------------------------------------------------------- the replica and the applications
 
 
+@contextmanager
+def standard_asyncio() -> Iterator[None]:
+    """New event loops made meanwhile are asyncio's own: Ray Serve installs uvloop's policy in a replica, and on a
+    uvloop loop a node serving two models answers a connection one model's worker hands to the other's with 400
+    ("Invalid method encountered") or a reset (Ray 2.60, uvloop 0.23); on asyncio's loop it does not."""
+    policy = asyncio.get_event_loop_policy()
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop_policy(policy)
+
+
 class FleetNode:
     """A Ray Serve replica that is one planned server: the node server with the group's config on this Ray node,
     behind Ray's HTTP proxy (requests relayed to its port as they came)."""
@@ -164,20 +181,21 @@ class FleetNode:
         from recserve.serving.config import config_from_dict
         from recserve.serving.server import NodeServer
 
-        self.ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.node = NodeServer(config_from_dict({**config, "host": self.ip, "http_port": 0, "grpc_port": 0},
+        # on loopback: the relay is on the same host, and the control API stays unexposed (no token to hand out)
+        self.node = NodeServer(config_from_dict({**config, "host": "127.0.0.1", "http_port": 0, "grpc_port": 0},
                                                 "fleet node config"))
-        ports = self.node.start()
-        self.url = f"http://{self.ip}:{ports.http}"
+        with standard_asyncio():
+            ports = self.node.start()
+        self.url = f"http://127.0.0.1:{ports.http}"
         self.session: Any = None
 
     def where(self) -> dict[str, str]:
-        """The Ray node this replica runs on and its node server's URL."""
-        return {"node_id": self.node_id, "ip": self.ip, "url": self.url}
+        """The Ray node this replica runs on and its node server's URL (loopback: reachable on that node's host)."""
+        return {"node_id": self.node_id, "url": self.url}
 
     def check_health(self) -> None:
-        if self.node.core is None or not self.node.core.ready():
+        if self.node.core is None or not self.node.core.ready:
             raise RuntimeError(f"node server at {self.url} is not ready")
 
     async def __call__(self, request: Any) -> Any:
