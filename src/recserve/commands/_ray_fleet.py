@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     def stop(signum: int, frame: object) -> None:  # `kill PID` stops the deployment too, as Ctrl-C does
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
     ray_serve.start_ray(args.address, resources=None if args.address else local)
+    signal.signal(signal.SIGTERM, stop)  # after ray.init, which installs its own SIGTERM handler
     report: dict[str, Any] = {"plan": args.plan, "kind": "fleet", "scale": args.scale, "address": args.address}
     try:
         nodes = ray.nodes()
