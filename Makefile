@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+REPORT := $(VENV)/.installed-report
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,7 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# the demo's report draws figures: matplotlib comes with the report extra
+$(REPORT): $(STAMP)
+	$(BIN)/pip install -q -e '.[report]'
+	touch $(REPORT)
+
+demo: $(REPORT)
 	$(BIN)/recserve demo
 
 # both tiers: the unit tier first (fails fast), then the integration tier (tests that start nodes, processes or
@@ -26,8 +32,12 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m 'not slow and not integration'
 
 bench: $(STAMP)
-	$(BIN)/pip install -q -e '.[dev,ray,bench]'
+	$(BIN)/pip install -q -e '.[dev,ray,bench,report]'
 	$(BIN)/python benchmarks/run_all.py
+
+# the Open Inference Protocol stubs in src/recserve/serving/wire/proto from the .proto files there (pinned grpcio-tools)
+proto:
+	scripts/gen_proto.sh
 
 clean:
 	rm -rf $(VENV) out results

@@ -49,7 +49,7 @@ class MinimalHttpJson(MinimalHttp):
         import socket
 
         from recserve.measure.http_client import encode_post
-        from recserve.serving.codec import DATATYPES
+        from recserve.serving.wire.codec import DATATYPES
 
         inputs = [{"name": name, "shape": list(a.shape), "datatype": DATATYPES[a.dtype], "data": a.reshape(-1).tolist()}
                   for name, a in batch.as_arrays().items()]

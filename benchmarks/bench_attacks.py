@@ -30,7 +30,9 @@ from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.served import LocalServer
 from recserve.measure.targets import encode_grpc_request, encode_http_request
-from recserve.serving.transport.h2grpc import PREFACE, _frame
+from recserve.serving.transport.h2frames import PREFACE
+from recserve.serving.transport.h2frames import frame as _frame
+from recserve.serving.wire.codec import DATATYPES
 from recserve.specs import get_model
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, CONTINUATION = 0, 1, 3, 4, 6, 9
@@ -150,6 +152,52 @@ def _http_pipeline(port: int, seconds: float, request: bytes) -> dict[str, int]:
     return {"bytes_sent": sent, "bytes_answered": answered}
 
 
+def _json_burst(port: int, seconds: float, request: bytes, connections: int = 8) -> dict[str, int]:
+    """Large, well-formed plain-JSON infers (batch 256, ~2 MB) on ``connections`` keep-alive connections, each
+    sending its next as soon as its answer is read: what wrk did to a worker in issue #51."""
+    end, counts = time.monotonic() + seconds, {"answered": 0, "failed": 0}
+
+    def one() -> None:
+        while time.monotonic() < end:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                    while time.monotonic() < end:
+                        sock.sendall(request)
+                        if not _read_http_answer(sock):
+                            counts["failed"] += 1
+                            break
+                        counts["answered"] += 1
+            except OSError:
+                counts["failed"] += 1
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(seconds + 60)
+    return counts
+
+
+def _read_http_answer(sock: socket.socket) -> bool:
+    """Read one HTTP/1.1 answer with a Content-Length; False if the connection closed first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return False
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return False
+        body += chunk
+    return True
+
+
 def _idle(ports: tuple[int, int], seconds: float, count: int) -> dict[str, int]:
     held = []
     for i in range(count):
@@ -164,9 +212,11 @@ def _idle(ports: tuple[int, int], seconds: float, count: int) -> dict[str, int]:
 
 
 def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: bytes, http_request: bytes,
-             results: Any) -> None:
+             json_request: bytes, results: Any) -> None:
     if kind == "http_pipeline":
         results.put(_http_pipeline(http_port, seconds, http_request))
+    elif kind == "json_burst":
+        results.put(_json_burst(http_port, seconds, json_request))
     elif kind == "idle_connections":
         results.put(_idle((http_port, grpc_port), seconds, 1500))
     else:
@@ -174,7 +224,14 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
 
 
 ATTACKS = ("ping", "settings", "empty_data", "continuation", "rapid_reset_infer", "rapid_reset_forwarded",
-           "incomplete_messages", "http_pipeline", "idle_connections")
+           "incomplete_messages", "http_pipeline", "idle_connections", "json_burst")
+
+
+def _json_body(batch: Any) -> bytes:
+    """A plain-JSON infer body (every tensor as a ``data`` list), as curl or tritonclient without binary send."""
+    inputs = [{"name": name, "shape": list(a.shape), "datatype": DATATYPES[a.dtype], "data": a.reshape(-1).tolist()}
+              for name, a in batch.as_arrays().items()]
+    return json.dumps({"inputs": inputs}, separators=(",", ":")).encode()
 
 
 # ---- the observers ------------------------------------------------------------------------------------------
@@ -212,7 +269,7 @@ def _workers_rss_mb(server: LocalServer) -> float:
 
 
 def phase(server: LocalServer, session: LoadSession, qps: float, seconds: float, attack: str | None,
-          raw: bytes, http_request: bytes) -> dict[str, Any]:
+          raw: bytes, http_request: bytes, json_request: bytes) -> dict[str, Any]:
     prober = Prober(server.ports.http)
     prober.start()
     rss: list[float] = []
@@ -232,7 +289,7 @@ def phase(server: LocalServer, session: LoadSession, qps: float, seconds: float,
         ctx = multiprocessing.get_context("spawn")
         results = ctx.Queue()
         process = ctx.Process(target=attacker, args=(attack, server.ports.http, server.ports.grpc, seconds, raw,
-                                                     http_request, results), daemon=True)
+                                                     http_request, json_request, results), daemon=True)
         process.start()
         time.sleep(0.5)  # the attack under way before the measured load starts
     result = session.run(qps, seconds, seed=7, timeout_s=10.0)
@@ -275,12 +332,14 @@ def main(argv: list[str] | None = None) -> int:
         body, header_length = encode_http_request(pool.batch(0))
         http_request = encode_post("127.0.0.1", f"/v2/models/{server.served}/infer", body,
                                    {"Inference-Header-Content-Length": str(header_length)})
+        json_request = encode_post("127.0.0.1", f"/v2/models/{server.served}/infer",
+                                   _json_body(RequestPool.from_mix(spec, args.scale, "fixed:256", pool=1).batch(0)), {})
         with LoadSession(server.target("grpc"), pool, warm=True) as session:
             for attack in attacks:
                 restarts = _metric(server.ports.http, "recserve_worker_restarts_total")
                 rss_before = _workers_rss_mb(server)
-                base = phase(server, session, args.qps, args.seconds, None, raw, http_request)
-                hit = phase(server, session, args.qps, args.seconds, attack, raw, http_request)
+                base = phase(server, session, args.qps, args.seconds, None, raw, http_request, json_request)
+                hit = phase(server, session, args.qps, args.seconds, attack, raw, http_request, json_request)
                 time.sleep(2.0)
                 row = {"attack": attack, "baseline": base, "attacked": hit, "rss_before_mb": rss_before,
                        "rss_after_mb": _workers_rss_mb(server),

@@ -165,7 +165,7 @@ def device_pass(model: Any, args: argparse.Namespace, sampler: Any) -> list[dict
     """The whole accelerator pass on ``--device`` (``serving.accel.device_runner``: host prepare, copies, device
     pass, scores back) with whole tables on the device vs each budget, and the max abs difference of its scores
     from the in-process CPU model: what the cache costs where it runs, not only its host side."""
-    from recserve.serving.accel import device_runner
+    from recserve.serving.worker.accel import device_runner
     from recserve.zoo.batch import QueryBatch
 
     rows, total = [], table_bytes(model)

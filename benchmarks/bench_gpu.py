@@ -36,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from recserve.serving.accel import device_runner  # noqa: E402
+from recserve.serving.worker.accel import device_runner  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
 from recserve.zoo import build, sample_batch  # noqa: E402
 
@@ -119,8 +119,8 @@ def served(args: argparse.Namespace, name: str, gpu_ms: dict[int, float]) -> dic
     import tritonclient.http as thttp
 
     from recserve.serving import NodeServer, quick_config
-    from recserve.serving.codec import triton_inputs
-    from recserve.serving.worker import build_worker_model
+    from recserve.serving.wire.codec import triton_inputs
+    from recserve.serving.worker.main import build_worker_model
 
     accel = {"device": args.device, "workers": 1, "min_items": 1, "fuse_items": max(args.served_batches),
              "staging_mb": args.staging_mb}

@@ -10,7 +10,7 @@ operator, inputs copied host -> device, scores back); ``gpu_ms`` is what recserv
 Then leave-one-model-out: each measured model held out in turn, the GPU constants fitted on the other five; the
 median over all held-out rows.
 
-The host half of a GPU call (Python, the dispatcher: per module and per operator, ``PerfModel._launch_ms``) is the
+The host half of a GPU call (Python, the dispatcher: per module and per operator, ``ServiceTimes.launch_ms``) is the
 host CPU's framework time, so it takes the CPU constants fitted on that machine's own CPU timings
 (``src/recserve/data/hosts/h100-host.json``, the 16-core host of the same H100 machine), with every model held out
 of the GPU fit also left out of that CPU fit (``--host-cpu none``: the bundled constants).

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.serving import codec
+from recserve.serving.wire import codec
 from recserve.specs import catalogue_models
 
 

@@ -32,7 +32,7 @@ import tritonclient.grpc as tgrpc  # noqa: E402
 from bench_serving_overhead import cpu_s, inputs  # noqa: E402
 
 from recserve.serving import NodeServer, build_worker_model, quick_config  # noqa: E402
-from recserve.serving.control_client import ControlClient  # noqa: E402
+from recserve.serving.node.control_client import ControlClient  # noqa: E402
 from recserve.zoo import sample_batch  # noqa: E402
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_peers import recserve_server  # noqa: E402
+from benchmarks.peers.servers import recserve_server  # noqa: E402
 from recserve.commands._plan_common import core_list  # noqa: E402
 from recserve.measure.loadgen import LoadSession  # noqa: E402
 from recserve.measure.maxload import find_max_load  # noqa: E402

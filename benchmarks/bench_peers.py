@@ -1,12 +1,18 @@
 """Serving benchmark: max load at the SLA for the same model, the same cores and the same query
-mix, served by recserve, by a plain FastAPI + uvicorn + PyTorch server and (optionally) by Ray Serve.
+mix, served by recserve, by a plain FastAPI + uvicorn + PyTorch server, by Ray Serve, by KServe's
+ModelServer (REST and gRPC) and by Seldon MLServer (REST and gRPC).
 
-For each worker count in ``--workers`` every server gets that many single-threaded model workers,
-each runs as its own process(es) and is driven by recserve's open-loop Poisson load generator
-(``--procs`` generator processes) over HTTP with the v2 binary protocol; latency counts from the
-scheduled send time.  Ratios are taken within one run (the machine is shared and noisy).  At each
-max-load point the generator's own send lag p99 and CPU are reported: if the lag is large there,
-the generator, not the server, may have set the limit.
+For each worker count in ``--workers`` every server gets that many single-threaded model workers where
+it can (``NOTES`` in ``peers/servers.py`` says where not), each runs as its own process(es) and is driven
+by recserve's open-loop Poisson load generator (``--procs`` generator processes) in the server's
+protocol: v2 HTTP with the binary tensor extension (recserve, FastAPI, Ray), v2 REST in plain JSON
+(KServe, MLServer: ``-rest``) or v2 gRPC with raw tensor contents (``-grpc``); latency counts from the
+scheduled send time.  KServe and MLServer run in virtual environments of their own (``peers/venvs.py``),
+made on first use.  Before any load, every server scores one fixed query, whose scores must equal bit
+for bit those of the model built in process (what every server builds, recserve included:
+``score_check`` in the JSON; a mismatch is flagged, not fatal).  Ratios are taken within one run (the
+machine is shared and noisy).  At each max-load point the generator's own send lag p99 and CPU are
+reported: if the lag is large there, the generator, not the server, may have set the limit.
 
 For each worker count the servers are all started, then their max-load searches take turns probe by
 probe (only one server is loaded at a time; the others idle): a shared VM's speed moved up to 2x
@@ -16,150 +22,34 @@ Each search's best rate is then probed again (``--confirm``, stepping down 8 % a
 keeps the luckiest probe near the knee, and one 6 s probe there passes or fails by chance.
 
     .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
+    .venv/bin/python benchmarks/bench_peers.py --peers recserve,kserve-grpc,mlserver-rest --workers 1
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import multiprocessing as mp
 import os
-import socket
-import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
+from benchmarks.peers.servers import ALL_PEERS, NOTES, PEERS, choose_peers, runnable, say  # noqa: E402
 from recserve.measure.loadgen import LoadSession  # noqa: E402
 from recserve.measure.maxload import confirm_max_load, find_max_load  # noqa: E402
 from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import HttpTarget  # noqa: E402
+from recserve.measure.targets import make_target  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout_s: float = 180.0) -> None:
-    end = time.time() + timeout_s
-    while time.time() < end:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after {timeout_s} s")
-
-
-def recserve_node(model: str, scale: float, workers: int, sla_ms: float, **options: Any):
-    """The one place the recserve node is built (switch its data-plane options here).  Its queries' deadline is
-    the benchmark's SLA: what would miss it is shed at once (and counted as a failure, as a late answer is)."""
-    from recserve.serving import NodeServer, quick_config
-
-    return NodeServer(quick_config(model, scale=scale, workers=workers, **{"deadline_ms": sla_ms, **options}))
-
-
-def _recserve_main(conn, model: str, scale: float, workers: int, sla_ms: float, options: dict) -> None:
-    """Serve from a process of its own (like the peers), so it shares no GIL with the load generator."""
-    try:
-        server = recserve_node(model, scale, workers, sla_ms, **options)
-        conn.send(server.start().http)
-    except Exception as exc:  # the parent reports why instead of waiting for a port
-        conn.send(f"{type(exc).__name__}: {exc}")
-        raise
-    try:
-        conn.recv()  # any message, or the parent gone, means stop
-    except EOFError:
-        pass
-    finally:
-        server.stop()
-
-
-@contextmanager
-def recserve_server(model: str, scale: float, workers: int, sla_ms: float, **options: Any) -> Iterator[str]:
-    mine, theirs = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=_recserve_main,
-                                           args=(theirs, model, scale, workers, sla_ms, options))
-    proc.start()  # not a daemon: the node starts worker processes of its own
-    try:
-        if not mine.poll(600):
-            raise RuntimeError("recserve node did not start within 600 s")
-        port = mine.recv()
-        if not isinstance(port, int):
-            raise RuntimeError(f"recserve node did not start: {port}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        mine.send("stop")
-        proc.join(timeout=60)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=10)
-
-
-def _peer_env(model: str, scale: float) -> dict[str, str]:
-    return {**os.environ, "RECSERVE_PEER_MODEL": model, "RECSERVE_PEER_SCALE": str(scale),
-            "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
-
-
-@contextmanager
-def fastapi_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.peers.fastapi_app:app", "--host",
-                             "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning"],
-                            cwd=ROOT, env=_peer_env(model, scale))
-    try:
-        wait_ready(f"http://127.0.0.1:{port}/v2/health/ready")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-@contextmanager
-def ray_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterator[str]:
-    os.environ.update(_peer_env(model, scale))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    import ray
-    from ray import serve
-
-    from benchmarks.peers.ray_app import RecModelDeployment
-
-    port = free_port()
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=workers)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = RecModelDeployment.options(num_replicas=workers, ray_actor_options={"num_cpus": 1}).bind()
-        serve.run(app, name="peer", route_prefix=f"/v2/models/{model}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-
-
-PEERS: dict[str, Callable] = {
-    "recserve": recserve_server,
-    # recserve computing one query per forward pass (fusion off): what fusing queued queries buys
-    "recserve-nofuse": partial(recserve_server, fuse_items=0),
-    # recserve pooling each embedding table with its own lookup: what table fusion buys
-    "recserve-per-table": partial(recserve_server, fuse_tables=False),
-    # recserve whose busy workers keep their queries (no idle sibling computes them): what forwarding buys
-    "recserve-noforward": partial(recserve_server, forward_to_idle=False),
-    "ray-serve": ray_server,
-    "fastapi": fastapi_server,
-}
+from recserve.wire import OUTPUT_SCORES  # noqa: E402
 
 
 class Turns:
@@ -196,7 +86,7 @@ def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, 
              turn: Callable[[], Any] = nullcontext, label: str = "") -> dict:
     """The max-load search against one server, with the generator's lag and CPU at the max-load point; each probe
     runs inside ``turn()`` (the interleaving of several searches)."""
-    target = HttpTarget(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
+    target = make_target(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
     with LoadSession(target, pool, warm=True, procs=args.procs) as session:
         def run_at(rate: float):
             with turn():
@@ -215,6 +105,53 @@ def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, 
     return result
 
 
+def scores_of(url: str, model: str, pool: RequestPool, query: int = 0) -> np.ndarray:
+    """A server's scores for pooled query ``query``, asked in the protocol the load test speaks to it."""
+
+    async def ask() -> np.ndarray:
+        target = make_target(url, model, timeout_s=60.0)
+        try:
+            await target.prepare(pool)
+            return (await target.infer_outputs(query))[OUTPUT_SCORES]
+        finally:
+            await target.close()
+
+    return asyncio.run(ask())
+
+
+def reference_scores(model: str, scale: float, pool: RequestPool, query: int = 0) -> np.ndarray:
+    """Query ``query``'s scores from the model every server builds (``zoo.build``, seed 0), on one torch thread."""
+    import torch
+
+    from recserve.zoo import build
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return build(get_model(model), scale=scale)(pool.batch(query)).numpy()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def compare_scores(got: np.ndarray, want: np.ndarray) -> dict:
+    """Bit-for-bit equality of two score arrays, and their largest difference where shapes agree."""
+    same_shape = got.shape == want.shape
+    diff = float(np.max(np.abs(got.astype(np.float64) - want))) if same_shape and got.size else None
+    return {"identical": bool(same_shape and np.array_equal(got, want)), "shape": list(got.shape),
+            "max_abs_diff": diff}
+
+
+def score_check(name: str, url: str, args: argparse.Namespace, pool: RequestPool, want: np.ndarray) -> dict:
+    """One server's answer to the fixed query against the reference; a mismatch is printed and recorded, the
+    server still measured."""
+    result = compare_scores(scores_of(url, args.model, pool), want)
+    if not result["identical"]:
+        say(f"!! {name}: scores differ from the reference (shape {result['shape']}, "
+             f"max |diff| {result['max_abs_diff']})")
+    return result
+
+
 def worker_counts(text: str) -> list[int]:
     """``1,2,all``: ``all`` is the cores this process may use."""
     usable = len(os.sched_getaffinity(0))
@@ -224,7 +161,8 @@ def worker_counts(text: str) -> list[int]:
 def print_table(results: dict) -> None:
     print(f"max load at p{results['percentile']:g} <= {results['sla_ms']:g} ms, {results['model']} scale "
           f"{results['scale']}, {results['mix']} mix, {results['procs']} generator process(es)")
-    print(f"{'workers':>7} {'server':10s} {'max QPS':>9} {'recserve/it':>11} {'gen lag p99':>11} {'gen CPU':>8}")
+    print(f"{'workers':>7} {'server':18s} {'max QPS':>9} {'recserve/it':>11} {'gen lag p99':>11} {'gen CPU':>8} "
+          f"{'scores':>8}")
     for workers, by_peer in results["by_workers"].items():
         base = by_peer.get("recserve", {}).get("max_qps")
         for name, r in by_peer.items():
@@ -232,8 +170,15 @@ def print_table(results: dict) -> None:
             gen = r["generator_at_max"]
             lag = f"{gen['send_lag_ms_p99']:.2f} ms" if gen.get("send_lag_ms_p99") is not None else "n/a"
             cpu = f"{gen['cpu_per_s']:.2f}" if gen.get("cpu_per_s") is not None else "n/a"
-            print(f"{workers:>7} {name:10s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8}")
-    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second)")
+            check = r.get("score_check") or {}
+            scores = "same" if check.get("identical") else ("DIFFER" if check else "n/a")
+            print(f"{workers:>7} {name:18s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8} {scores:>8}")
+    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second; scores: the fixed "
+          "query's scores against the model built in process)")
+    for name, note in results.get("notes", {}).items():
+        print(f"note: {name}: {note}")
+    for name, why in results.get("skipped", {}).items():
+        print(f"skipped: {name}: {why}")
 
 
 def main() -> int:
@@ -248,8 +193,10 @@ def main() -> int:
     parser.add_argument("--start-qps", type=float, default=5.0)
     parser.add_argument("--max-probes", type=int, default=14)
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes")
-    parser.add_argument("--peers", default="recserve,fastapi",
-                        help="of recserve,recserve-nofuse,recserve-per-table,recserve-noforward,fastapi,ray-serve")
+    parser.add_argument("--peers", type=choose_peers, default="all",
+                        help=f"comma-separated, of {','.join(PEERS)}; all (default): {','.join(ALL_PEERS)}, those "
+                             "that can run here (FastAPI and Ray if installed; KServe's and MLServer's venvs are made "
+                             "on first use)")
     parser.add_argument("--confirm", type=int, default=3,
                         help="probes re-checking each max load, 8%% lower after each miss (0: the search's best probe)")
     parser.add_argument("--sequential", action="store_true",
@@ -263,20 +210,24 @@ def main() -> int:
                "order": "sequential" if args.sequential else "interleaved", "confirm_probes": args.confirm,
                "percentile": args.percentile, "mix": args.mix, "procs": args.procs, "probe_s": args.probe_s,
                "load_avg_before": os.getloadavg()[0], "by_workers": {}}
-    peers = [name.strip() for name in args.peers.split(",") if name.strip()]
-    unknown = [name for name in peers if name not in PEERS]
-    if unknown:
-        parser.error(f"--peers: unknown {unknown}; choose from {sorted(PEERS)}")
+    asked_all = args.peers == list(ALL_PEERS)
+    results["skipped"] = {name: why for name in args.peers if (why := runnable(name))}
+    if results["skipped"] and not asked_all:
+        parser.error(f"--peers: cannot run {results['skipped']}")
+    peers = [name for name in args.peers if name not in results["skipped"]]
+    results["peers"], results["notes"] = peers, {name: NOTES[name] for name in peers if name in NOTES}
+    want = reference_scores(args.model, args.scale, pool)
     for workers in args.workers:
         by_peer = results["by_workers"].setdefault(str(workers), {})
         if args.sequential:
             for name in peers:
                 print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
                 with PEERS[name](args.model, args.scale, workers, sla) as url:
-                    by_peer[name] = max_load(url, args.model, pool, args, sla)
+                    check = score_check(name, url, args, pool, want)
+                    by_peer[name] = {**max_load(url, args.model, pool, args, sla), "score_check": check}
                 save(results, args.out)  # after every search: a run cut short (a time limit) keeps what it measured
         else:
-            by_peer.update(interleaved(peers, workers, pool, args, sla))
+            by_peer.update(interleaved(peers, workers, pool, args, sla, want))
             save(results, args.out)
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)
@@ -285,14 +236,15 @@ def main() -> int:
 
 
 def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argparse.Namespace,
-                sla_ms: float) -> dict[str, dict]:
+                sla_ms: float, want: np.ndarray) -> dict[str, dict]:
     """Every peer's server up at once; their searches probe in turn, so a drift of the host's speed falls on all."""
     turns, found, failed = Turns(len(peers)), {}, []
     with ExitStack() as stack:
-        urls = {}
+        urls, checks = {}, {}
         for name in peers:
             print(f"== {name}, {workers} workers: starting", file=sys.stderr)
             urls[name] = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms))
+            checks[name] = score_check(name, urls[name], args, pool, want)
         print(f"== {workers} workers, searches in turn (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
 
         def search(i: int, name: str) -> None:
@@ -311,7 +263,7 @@ def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argpars
             t.join()
     if failed:
         raise failed[0]
-    return {name: found[name] for name in peers}
+    return {name: {**found[name], "score_check": checks[name]} for name in peers}
 
 
 def save(results: dict, out: str) -> None:

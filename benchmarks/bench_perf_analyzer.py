@@ -92,7 +92,7 @@ def server_cpu(server: Any, model: str) -> tuple[float, int, int]:
     """The node's workers' CPU seconds, and its ``/stats`` count and ns of ``compute_infer`` for ``model``."""
     from bench_serving_overhead import cpu_s, stats_reader
 
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
 
     state = ControlClient("127.0.0.1", server.ports.http).get_model(model)
     pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]

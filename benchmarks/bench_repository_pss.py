@@ -23,8 +23,8 @@ import torch
 import tritonclient.http as thttp
 
 from recserve.serving import NodeServer
-from recserve.serving.config import NodeConfig
-from recserve.serving.control_client import ControlClient
+from recserve.serving.node.config import NodeConfig
+from recserve.serving.node.control_client import ControlClient
 from recserve.specs import model_from_dict
 from recserve.zoo import FAMILY_CLASSES
 from recserve.zoo.artifacts import write_version

@@ -54,7 +54,7 @@ from recserve.policies.predictor import prior_from_profiles
 from recserve.policies.router import Backend, PoolConfig, Router, RouterThread
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.serving import NodeServer
-from recserve.serving.config import quick_config
+from recserve.serving.node.config import quick_config
 from recserve.sim.dispatch_eval import DispatchEvaluation
 from recserve.specs import get_model
 

@@ -44,8 +44,8 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
 from recserve.serving import NodeServer, build_worker_model, quick_config
-from recserve.serving.control_client import ControlClient
-from recserve.serving.runtime import memory_of
+from recserve.serving.node.control_client import ControlClient
+from recserve.serving.node.runtime import memory_of
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
@@ -153,7 +153,7 @@ def ipc_only(config, batches: dict[int, object], counts: dict[int, int]) -> dict
     """The worker hand-off alone: ModelRuntime.infer on a private event loop, no network protocol."""
     import asyncio
 
-    from recserve.serving.runtime import ModelRuntime, mp_context
+    from recserve.serving.node.runtime import ModelRuntime, mp_context
 
     async def run() -> dict[int, dict[str, float]]:
         rt = ModelRuntime(config.models[0], mp_context())
@@ -419,7 +419,7 @@ def overhead(model_name: str, scale: float, requests: int, server_cores: list[in
              batch_sizes: tuple[int, ...] = (1, 256), queries_of: str | None = None) -> dict:
     """Every path's latency and CPU at each batch size (``queries_of``: the model whose queries are sent, when
     ``model_name`` is the null model that reads them)."""
-    import recserve.serving.repository  # noqa: F401 - a repository path is a model name
+    import recserve.serving.node.repository  # noqa: F401 - a repository path is a model name
 
     config = quick_config(model_name, scale=scale, workers=1, threads=1)
     served = config.models[0].name

@@ -1,4 +1,4 @@
-"""Triton's system shared memory (serving/shm.py) for a hercules-rmc2 production-mix query (issue #16).
+"""Triton's system shared memory (serving/wire/shm.py) for a hercules-rmc2 production-mix query (issue #16).
 
 Part 1 (no server): what decoding a ~19 MB query costs the server, inline vs from a registered region --
 ``codec.parse_http_infer`` of a binary-extension body already received, of a header naming a region already mapped,
@@ -28,8 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from recserve.serving import codec  # noqa: E402
-from recserve.serving.shm import Regions, Registry  # noqa: E402
+from recserve.serving.wire import codec  # noqa: E402
+from recserve.serving.wire.shm import Regions, Registry  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
 from recserve.wire import OUTPUT_SCORES  # noqa: E402
 
@@ -108,7 +108,7 @@ def e2e(arrays: dict[str, np.ndarray], model: str, scale: float, requests: int) 
     import tritonclient.utils.shared_memory as tshm
 
     from recserve.serving import NodeServer
-    from recserve.serving.config import quick_config
+    from recserve.serving.node.config import quick_config
 
     config = quick_config(model, scale=scale, workers=1)
     server = NodeServer(config)

@@ -28,7 +28,7 @@ def _summary(latencies: list[float]) -> str:
 
 
 def proxy_vs_direct(workdir: Path, model: str, queries: int, scale: float) -> dict[str, str]:
-    import recserve.serving.repository  # noqa: F401 - repository paths become model names
+    import recserve.cli  # noqa: F401 - repository paths become model names (as for every command)
     from recserve.deploy.local_fleet import served_name
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool

@@ -344,7 +344,7 @@ def suite() -> list[Bench]:
         Bench("search_live", "bench_search_live.py", [], [("search_live.json", search_live_rows)], 1800),
         Bench("rmu_live", "bench_rmu_live.py", [], [("rmu_live.json", rmu_live_rows)], 1800),
         Bench("peers", "bench_peers.py", ["--model", "hercules-rmc1", "--scale", "1e-3", "--sla-ms", "100",
-                                          "--probe-s", "3", "--workers", "1,2"],
+                                          "--probe-s", "3", "--workers", "1,2", "--peers", "recserve,fastapi"],
               [("bench_peers.json", peers_rows)], 1500),
     ]
 

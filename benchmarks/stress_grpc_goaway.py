@@ -25,8 +25,9 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from recserve.serving import eventloop, h2grpc  # noqa: E402
-from recserve.serving.server import listening_socket  # noqa: E402
+from recserve.serving.node.server import listening_socket  # noqa: E402
+from recserve.serving.transport import h2grpc  # noqa: E402
+from recserve.serving.worker import eventloop  # noqa: E402
 
 Counts = collections.Counter
 
@@ -39,10 +40,9 @@ class CountingConnection(h2grpc.GrpcConnection):
 
     refused = 0  # on the server's loop only
 
-    def _header_block(self, stream, block):  # type: ignore[no-untyped-def]
-        if self._closing and stream.call is None:
-            CountingConnection.refused += 1
-        super()._header_block(stream, block)
+    def connection_lost(self, exc: Exception | None) -> None:
+        CountingConnection.refused += self.h2.refused_streams
+        super().connection_lost(exc)
 
 
 class CountingServer(h2grpc.GrpcServer):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from recserve.serving.config import NodeConfig, quick_config
+from recserve.serving.node.config import NodeConfig, quick_config
 
 DEADLINE_MS = 60_000.0
 HANG_TIMEOUT_S = 120.0

@@ -6,7 +6,7 @@ import numpy as np
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 
-from recserve.serving.codec import triton_inputs
+from recserve.serving.wire.codec import triton_inputs
 
 DTYPE_NAMES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 

@@ -26,7 +26,8 @@ from nodes import generous
 from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.accel import (
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.accel import (
     ACK,
     ERROR_CODES,
     HELLO,
@@ -41,8 +42,8 @@ from recserve.serving.accel import (
     reply_frame,
     request_frame,
 )
-from recserve.serving.errors import InferError
 from recserve.zoo import sample_batch
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -148,7 +149,7 @@ def test_accelerator_config_is_validated_naming_the_field():
 
 
 def test_a_repository_model_takes_the_same_accelerator_section(tmp_path):
-    from recserve.serving.repository import Repository
+    from recserve.serving.node.repository import Repository
 
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "config.yaml").write_text("workers: 1\naccelerator: {device: cpu, min_items: 64}\n")
@@ -657,10 +658,10 @@ def test_the_threshold_moves_queries_at_run_time_and_is_validated(node, model):
     finally:
         post_json(ports.http, path, {"min_items": MIN_ITEMS})
     time.sleep(0.2)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30).read().decode()
-    assert 'recserve_routed_queries_total{model="ncf",kind="accelerator"}' in text
-    assert 'recserve_accelerator_passes_total{model="ncf"}' in text
-    assert 'recserve_workers{model="ncf",stage="accel"} 1' in text
+    samples = scrape(ports.http)
+    assert metric_value(samples, "recserve_routed_queries_total", model="ncf", kind="accelerator") is not None
+    assert metric_value(samples, "recserve_accelerator_passes_total", model="ncf") is not None
+    assert metric_value(samples, "recserve_workers", model="ncf", stage="accel") == 1
 
 
 def test_accelerator_workers_are_resized_through_the_control_api(node, model):

@@ -13,8 +13,9 @@ import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
 from nodes import node_config
-from recserve.serving import NodeServer, control_api
-from recserve.serving.errors import InferError
+from recserve.serving import NodeServer
+from recserve.serving.node import control_api
+from recserve.serving.wire.errors import InferError
 from recserve.specs import catalogue_models
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers

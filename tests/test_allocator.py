@@ -70,7 +70,7 @@ def test_a_large_activation_is_not_faulted_in_again_on_every_pass():
 
 
 def test_the_workers_forkserver_starts_with_them(monkeypatch):
-    from recserve.serving.runtime import WorkerContext
+    from recserve.serving.node.runtime import WorkerContext
 
     monkeypatch.setenv("GLIBC_TUNABLES", "")
     WorkerContext()

@@ -44,8 +44,8 @@ def test_validation_names_the_bad_field(mutate, field):
 
 def test_check_query_skips_only_the_length_checks_the_codec_made():
     """``lengths_checked`` (the serving codec's ``check_inputs`` ran) skips the lengths' sign and sum, nothing else."""
-    from recserve.serving.codec import check_inputs
-    from recserve.serving.errors import InferError
+    from recserve.serving.wire.codec import check_inputs
+    from recserve.serving.wire.errors import InferError
     from recserve.zoo.batch import check_query
 
     model = build(get_model("hercules-rmc1"), scale=1e-4)
@@ -74,8 +74,8 @@ def test_small_queries_get_the_same_verdict_as_large_ones(monkeypatch, lengths_c
     verdict, and the field and message of every refusal, must equal the numpy path's."""
     import numpy as np
 
-    from recserve.serving.codec import check_inputs
-    from recserve.serving.errors import InferError
+    from recserve.serving.wire.codec import check_inputs
+    from recserve.serving.wire.errors import InferError
     from recserve.wire import SMALL_QUERY_LENGTHS
     from recserve.zoo import batch as batch_mod
 
@@ -98,7 +98,7 @@ def test_small_queries_get_the_same_verdict_as_large_ones(monkeypatch, lengths_c
             dense[0, 0] = rng.choice([np.nan, np.inf])
         verdicts = []
         for small in (True, False):
-            for module in ("recserve.zoo.batch", "recserve.serving.codec"):
+            for module in ("recserve.zoo.batch", "recserve.serving.wire.codec"):
                 monkeypatch.setattr(f"{module}.SMALL_QUERY_LENGTHS", SMALL_QUERY_LENGTHS if small else 0)
             try:
                 if lengths_checked:

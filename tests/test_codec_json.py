@@ -10,8 +10,8 @@ import json
 import numpy as np
 import pytest
 
-from recserve.serving import codec
-from recserve.serving.errors import InferError
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import InferError
 
 
 @pytest.fixture
@@ -302,7 +302,7 @@ def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worke
 
     from nodes import node_config
     from recserve.serving import NodeServer, build_worker_model
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
     from recserve.zoo import sample_batch
 
     config = node_config("elasticrec-rm1", scale=1e-4, workers=1)

@@ -23,9 +23,10 @@ from oip_inputs import DTYPE_NAMES, grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.server import _infer_target
+from recserve.serving.node.core import _infer_target
 from recserve.serving.transport.http1 import HEADS, HeadError, _heads, read_head
 from recserve.zoo import sample_batch
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -321,7 +322,7 @@ def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
     deadline = time.monotonic() + 60
     codes = {503: "unavailable", 504: "deadline"}
     for status in set(statuses) - {200}:
-        while f'recserve_request_errors_total{{model="b",code="{codes[status]}"}}' not in metrics_text(port):
+        while metric_value(scrape(port), "recserve_request_errors_total", model="b", code=codes[status]) is None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
 
@@ -369,7 +370,7 @@ def test_concat_arrays_is_the_batch_of_the_concatenated_samples(cases):
 
 
 def test_service_time_fit_predicts_fixed_and_per_item_cost():
-    from recserve.serving.dataplane import ServiceTime
+    from recserve.serving.worker.plane import ServiceTime
 
     fit = ServiceTime()
     assert fit.predict(100) == 0.0  # nothing learned: admit
@@ -538,15 +539,11 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
         for s in socks:
             s.close()
     assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies[:2]
-    line = 'recserve_requests_refused_total{model="h",reason="slow_client"} 20'
+    labels = {"model": "h", "reason": "slow_client"}
     deadline = time.monotonic() + 60  # within milliseconds, unless the host is busy
-    while line not in metrics_text(port) and time.monotonic() < deadline:
+    while metric_value(scrape(port), "recserve_requests_refused_total", **labels) != 20 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert line in metrics_text(port)
-
-
-def metrics_text(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    assert metric_value(scrape(port), "recserve_requests_refused_total", **labels) == 20
 
 
 def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(grpc_node, cases):
@@ -606,7 +603,7 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
     """The worker's admission rule, with a model whose pass takes a known time: alone a query is always tried;
     behind others it is shed (503 naming its deadline) when the fitted pass time says it would be late, and the
     queue length bounds admission whatever the deadline."""
-    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 
     class SlowPath:
         def compute(self, queries):
@@ -631,6 +628,7 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
         # the 1st found the worker idle and was computed at once; the rest arrived while its next turn was pending.
         # Shed at once: the 3rd (it would finish after its 1 ms deadline behind the 2nd), the 6th and 7th (3 queued)
         assert answers[0] == "ok" and len(answers) == 4 and "after its deadline" in answers[1]
+        assert "deadline_ms in the node config (10000 ms here)" in answers[1]  # says how to move it
         assert all("queued at this worker (limit 3)" in a for a in answers[2:])
         loop.run_until_complete(asyncio.sleep(0.3))
         assert answers.count("ok") == 4
@@ -642,7 +640,7 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
     """A pass the fit predicts at ``compute_thread_ms`` or more runs on the compute thread: a query arriving
     meanwhile is admitted or shed at once (not after the pass), admission counts what is left of the pass in
     flight although the queue is empty, and the queries admitted behind it are computed in the next pass."""
-    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 
     computing = threading.Event()
 
@@ -680,7 +678,7 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
 def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
     """Under overload a large query is refused (503 + Retry-After) as soon as its JSON header is in, before its
     body: the body is then dropped as it arrives and the connection serves its next request normally."""
-    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 
     class FakePath:
         def decode(self, body, header_length):
@@ -734,7 +732,7 @@ def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
     """A body of 64 KiB or more is received in place into an uninitialised buffer: every byte must be the client's,
     and the binary part after the JSON header must start 64-byte aligned (numpy reads unaligned ids at half
     speed), whatever the header's length and however the body is split into reads."""
-    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 
     seen = []
 
@@ -781,8 +779,8 @@ def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
 def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
     """A query the accelerator workers take is not this worker's queue to refuse from its header: it is refused
     only when the accelerator is behind (``AcceleratorClient.behind``), even with this worker's queue empty."""
-    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
-    from recserve.serving.errors import InferError
+    from recserve.serving.wire.errors import InferError
+    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 
     class Offload:
         lagging = False
@@ -816,7 +814,7 @@ def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
 def test_admission_keeps_headroom_for_the_lateness_it_has_seen():
     """``Lateness`` is the p99 of how late recent queries were against their predicted answer time; admission
     refuses a query whose predicted finish plus that headroom passes its deadline, and says so."""
-    from recserve.serving.dataplane import Lateness, PlaneLimits, Query, WorkerPlane
+    from recserve.serving.worker.plane import Lateness, PlaneLimits, Query, WorkerPlane
 
     late = Lateness(keep=100, quantile=99.0, every=10)
     for i in range(100):
@@ -845,7 +843,7 @@ def test_admission_keeps_headroom_for_the_lateness_it_has_seen():
 def test_backlog_counts_the_passes_the_queue_will_really_take():
     """Queued queries are grouped greedily up to ``fuse_items``, as ``_next_group`` takes them: four queries of
     130 items make four passes under a 256-item limit (ceil(520 / 256) = 3 counted one fixed cost too few)."""
-    from recserve.serving.dataplane import PlaneLimits, Query, WorkerPlane
+    from recserve.serving.worker.plane import PlaneLimits, Query, WorkerPlane
 
     plane = WorkerPlane(asyncio.new_event_loop(), "m", object(), lambda msg: None, lambda *handoff: None,
                         PlaneLimits(fuse_items=256), sub_batch=0)
@@ -871,7 +869,7 @@ def test_a_beat_during_a_pass_on_the_compute_thread_ages_the_worker_by_that_pass
     run; the supervisor dates the beat back by it, and a pass that never ends looks like a silent (hung) worker."""
     from types import SimpleNamespace
 
-    from recserve.serving.runtime import ModelRuntime
+    from recserve.serving.node.runtime import ModelRuntime
 
     handle = SimpleNamespace(last_beat=0.0)
     before = time.monotonic()
@@ -885,7 +883,7 @@ def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_i
     """A connection the loop accepted just before the listener closed becomes a ``Connection`` a loop turn or two
     later; a retiring worker with nothing left looks again after ``EXIT_SETTLE_S`` instead of exiting at once (which
     reset such a connection under its client: a "lost" query in the resize test), and hands it on."""
-    from recserve.serving.dataplane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
 
     handed: list[int] = []
     loop = asyncio.new_event_loop()
@@ -912,7 +910,7 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     client may already have sent a request (a reset, a "lost" query).  Now the descriptor is shared in the accept
     callback itself, the state byte reads idle, it is shared once, and a retiring worker waits for accepted
     connections whose transport is not made yet."""
-    from recserve.serving.dataplane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
 
     events: list[tuple] = []
     loop = asyncio.new_event_loop()
@@ -943,7 +941,7 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
 
 
 def test_the_planes_percentile_equals_numpys():
-    from recserve.serving.dataplane import percentile
+    from recserve.serving.worker.plane import percentile
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 7, 256):
@@ -957,8 +955,8 @@ def test_a_worker_out_of_descriptors_pauses_accepting_and_resumes(monkeypatch):
     ``ACCEPT_PAUSE_S`` (as asyncio's server does) instead of spinning on it, then accepts again."""
     import errno
 
-    from recserve.serving import dataplane
-    from recserve.serving.dataplane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker import plane as dataplane
+    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 
     monkeypatch.setattr(dataplane, "ACCEPT_PAUSE_S", 0.05)
     loop = asyncio.new_event_loop()
@@ -995,7 +993,7 @@ def test_a_large_grpc_query_is_decoded_from_the_received_bytes_and_scores_like_t
     """From ``SPLIT_BYTES`` on, a worker splits the tensors off before protobuf parses the request."""
     import tritonclient.grpc as tgrpc
 
-    from recserve.serving.grpc_worker import SPLIT_BYTES
+    from recserve.serving.worker.grpc_methods import SPLIT_BYTES
 
     server, _ = node
     model = build_worker_model(server.config.models[0]).eval()  # "a", the same model as grpc_node's
@@ -1042,7 +1040,7 @@ def test_a_stream_mixing_models_is_answered_in_request_order_by_the_worker_that_
 
 def test_the_node_listening_socket_gives_asyncio_transports_without_nagle():
     """A node's listening socket is made with IPPROTO_TCP so that asyncio sets TCP_NODELAY on what it accepts."""
-    from recserve.serving.server import listening_socket
+    from recserve.serving.node.server import listening_socket
 
     async def accept_one() -> int:
         sock = listening_socket("127.0.0.1", 0)
@@ -1094,7 +1092,7 @@ def test_a_stalled_server_process_does_not_take_its_workers_for_silent(node, cap
 def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
     """Past ``WRITE_HIGH`` of unsent answers (the transport calls ``pause_writing``) a worker reads no more of that
     client's requests; it reads again once they drain, unless the connection is being handed off meanwhile."""
-    from recserve.serving.dataplane import WRITE_HIGH, Connection
+    from recserve.serving.worker.plane import WRITE_HIGH, Connection
 
     class Plane:
         connections: set = set()

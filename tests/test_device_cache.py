@@ -6,21 +6,19 @@ path (remap, gather into the spare region, refresh, the fused lookup) is the one
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
 import numpy as np
 import pytest
 import torch
 
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving.accel import device_runner
+from recserve.serving.worker.accel import device_runner
 from recserve.specs import catalogue_models
 from recserve.workload.indices import ZipfSampler
 from recserve.zoo import build, device_cache, sample_batch
 from recserve.zoo.device_cache import CachedModel, DeviceTableCache
 from recserve.zoo.fused import FusedModel
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -198,7 +196,5 @@ def test_an_accelerator_worker_with_a_table_budget_serves_a_node_end_to_end():
         assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 3
         cache = after["device_cache"]  # the cache's counters reach /control and /metrics
         assert cache["budget_mb"] == 0.004 and 0 <= cache["hits"] <= cache["lookups"] and cache["lookups"] > 0
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-        counted = re.search(r'^recserve_device_cache_lookups_total\{model="ncf"\} (\d+)$', metrics, re.M)
-        assert counted and int(counted.group(1)) >= cache["lookups"]  # later passes may have reported meanwhile
+        counted = metric_value(scrape(port), "recserve_device_cache_lookups_total", model="ncf")
+        assert counted is not None and counted >= cache["lookups"]  # later passes may have reported meanwhile

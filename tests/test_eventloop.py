@@ -1,4 +1,4 @@
-"""The serving workers' event loop (issue #14, ``serving/eventloop.py``): uvloop where a probe in a child process
+"""The serving workers' event loop (issue #14, ``serving/worker/eventloop.py``): uvloop where a probe in a child process
 passes, asyncio's own otherwise, chosen by the node config's ``event_loop``; the node serves the same either way."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import tritonclient.http as thttp
 
 from nodes import node_config
 from recserve.errors import SpecError
-from recserve.serving import NodeServer, build_worker_model, eventloop, quick_config
-from recserve.serving.config import config_from_dict
-from recserve.serving.control_client import ControlClient
+from recserve.serving import NodeServer, build_worker_model, quick_config
+from recserve.serving.node.config import config_from_dict
+from recserve.serving.node.control_client import ControlClient
+from recserve.serving.worker import eventloop
 from recserve.zoo import sample_batch
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from nodes import node_config
-from recserve.serving import NodeServer, build_worker_model, codec
+from recserve.serving import NodeServer, build_worker_model
+from recserve.serving.wire import codec
 from recserve.zoo import sample_batch
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers

@@ -9,11 +9,11 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from oip_inputs import small_query as query
-from recserve.serving import codec
-from recserve.serving.codec import PLAN_KEY_BYTES, PLANS, protobuf_field
-from recserve.serving.errors import InferError
-from recserve.serving.grpc_service import infer_response
-from recserve.serving.grpc_worker import STREAM_INFER_KEY, Plan, WorkerMethods
+from recserve.serving.wire import codec
+from recserve.serving.wire.codec import PLAN_KEY_BYTES, PLANS, protobuf_field
+from recserve.serving.wire.errors import InferError
+from recserve.serving.wire.grpc_messages import infer_response
+from recserve.serving.worker.grpc_methods import STREAM_INFER_KEY, Plan, WorkerMethods
 
 
 def request_of(arrays: dict[str, np.ndarray], request_id: str = "", model: str = "m", version: str = "",
@@ -239,7 +239,7 @@ def test_a_stream_sends_its_answers_in_request_order_and_ends_after_the_last():
     the call only when every answer is out; a request whose answering raises gets its own error message."""
     import asyncio
 
-    from recserve.serving.grpc_worker import InOrder
+    from recserve.serving.worker.grpc_methods import InOrder
 
     call, later = FakeCall(), {}
 

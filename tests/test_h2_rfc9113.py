@@ -7,7 +7,9 @@ import pytest
 from hpack import Encoder
 
 from h2_transport import Transport
-from recserve.serving.transport.h2grpc import PREFACE, GrpcConnection, Method, _frame
+from recserve.serving.transport.h2frames import PREFACE
+from recserve.serving.transport.h2frames import frame as _frame
+from recserve.serving.transport.h2grpc import GrpcConnection, Method
 
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -86,3 +88,70 @@ def test_a_well_formed_request_with_metadata_is_not_malformed():
     conn, transport, started, encoder = _open()
     conn.data_received(_call(encoder, 1, [*GOOD, ("authorization", "Bearer x"), ("grpc-timeout", "5S")]))
     assert started == [MESSAGE[5:]] and not any(kind == RST_STREAM for kind, _, _ in transport.frames())
+
+
+# ---- receive windows (RFC 9113 5.2, 6.9) ----------------------------------------------------------------------
+def _windowed(stream_window: int = 1 << 16, connection_window: int = 1 << 18):
+    from recserve.serving.transport.h2limits import FloodLimits
+
+    started: list[bytes] = []
+    method = Method(unary=lambda call, raw: (started.append(bytes(raw)), call.reply(b"ok")))
+    limits = FloodLimits(stream_window=stream_window, connection_window=connection_window)
+    conn, transport = GrpcConnection(lambda path: method, 1 << 22, limits=limits), Transport()
+    conn.connection_made(transport)
+    opening = transport.frames()
+    conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
+    transport.frames()
+    return conn, transport, started, Encoder(), opening
+
+
+def _message_frames(stream: int, size: int, frame: int = 1 << 14, end: bool = True) -> bytes:
+    body = b"\x00" + size.to_bytes(4, "big") + b"m" * size
+    pieces = [body[at:at + frame] for at in range(0, len(body), frame)]
+    return b"".join(_frame(DATA, END_STREAM if end and k == len(pieces) - 1 else 0, stream, piece)
+                    for k, piece in enumerate(pieces))
+
+
+def test_the_receive_windows_are_advertised_as_configured():
+    _, _, _, _, opening = _windowed(stream_window=100_000, connection_window=1 << 20)
+    settings = next(p for kind, _, p in opening if kind == SETTINGS)
+    advertised = {int.from_bytes(settings[at:at + 2], "big"): _code(settings, at + 2)
+                  for at in range(0, len(settings), 6)}
+    assert advertised[0x4] == 100_000  # SETTINGS_INITIAL_WINDOW_SIZE
+    assert [(stream, _code(p)) for kind, stream, p in opening if kind == WINDOW_UPDATE] == [(0, (1 << 20) - 65_535)]
+
+
+def test_a_call_taking_its_request_gets_its_windows_back_as_it_reads_and_a_large_message_arrives():
+    conn, transport, started, encoder, _ = _windowed()
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(GOOD)) + _message_frames(1, 50_000, end=False))
+    updates = [(stream, _code(p)) for kind, stream, p in transport.frames() if kind == WINDOW_UPDATE]
+    assert updates and all(stream == 1 for stream, _ in updates)  # half the stream's window read: replenished
+    assert sum(n for _, n in updates) <= 50_005
+    conn.data_received(_frame(DATA, END_STREAM, 1, b""))
+    assert len(started) == 1  # 50 kB in a 64 KiB stream window
+
+
+def test_data_past_a_streams_window_is_a_stream_error_and_the_connection_serves_on():
+    conn, transport, started, encoder, _ = _windowed(stream_window=1 << 16)
+    # one frame larger than the stream's whole window: a client that ignores flow control
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(GOOD)) + _frame(DATA, 0, 1, b"\x00" * 70_000))
+    assert [(kind, stream, _code(p)) for kind, stream, p in transport.frames() if kind == RST_STREAM] == \
+        [(RST_STREAM, 1, FLOW_CONTROL_ERROR)]
+    conn.data_received(_frame(DATA, 0, 1, b"\x00" * 100) + _call(encoder, 3))  # late data ignored; serves on
+    assert started == [MESSAGE[5:]] and not transport.closed
+
+
+def test_data_past_the_connections_window_is_a_connection_error():
+    conn, transport, _, encoder, _ = _windowed(stream_window=1 << 20, connection_window=1 << 17)
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(GOOD)) + _frame(DATA, 0, 1, b"\x00" * 140_000))
+    goaways = [p for kind, _, p in transport.frames() if kind == GOAWAY]
+    assert goaways and _code(goaways[0], 4) == FLOW_CONTROL_ERROR and transport.closed
+
+
+def test_a_call_already_answered_gets_no_more_stream_window():
+    conn, transport, started, encoder, _ = _windowed()
+    # an unknown content type is answered at once (415); the client keeps sending the stream's data
+    bad = [h if h[0] != "content-type" else ("content-type", "text/plain") for h in GOOD]
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(bad)) + _message_frames(1, 60_000, end=False))
+    updates = [(stream, _code(p)) for kind, stream, p in transport.frames() if kind == WINDOW_UPDATE]
+    assert all(stream == 0 for stream, _ in updates)  # only the connection's window comes back

@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from recserve.serving.codec import aligned_buffer
+from recserve.serving.transport.h2frames import frame as _frame
+from recserve.serving.transport.h2frames import percent_encoded as _percent_encoded
+from recserve.serving.transport.h2frames import timeout_s as _timeout_s
 from recserve.serving.transport.h2grpc import (
     ENHANCE_YOUR_CALM,
     GOAWAY_PING,
@@ -27,10 +29,9 @@ from recserve.serving.transport.h2grpc import (
     GrpcConnection,
     GrpcServer,
     Method,
-    _frame,
-    _percent_encoded,
-    _timeout_s,
 )
+from recserve.serving.transport.h2limits import FloodLimits
+from recserve.serving.wire.codec import aligned_buffer
 
 MAX_MESSAGE = 8 << 20
 
@@ -363,7 +364,7 @@ def test_a_unary_call_starts_at_the_end_of_its_read_and_its_answer_leaves_in_one
         assert [(kind, flags, sid) for kind, flags, sid, _ in frames] == [(6, 1, 0), (1, 4, stream),
                                                                          (0, 0, stream), (1, 5, stream)]
         assert frames[2][3] == b"\x00\x00\x00\x00\x02hi" and b"grpc-status" in frames[3][3]
-    assert len(conn._indexed) == 1
+    assert len(conn.h2.opener.heads.indexed) == 1
 
 
 def test_a_call_reset_in_the_read_that_completed_it_is_never_started():
@@ -405,14 +406,15 @@ def test_a_stream_the_client_sends_after_its_first_ping_acknowledgement_is_still
         frames = transport.frames()
         assert _goaway_last_ids(frames) == [1]  # stream 3 came after it: refused, the client retries it
         assert (3, 0, 3, (7).to_bytes(4, "big")) in frames and transport.eof
+        assert conn.h2.refused_streams == 1
 
     asyncio.run(run())
 
 
 def test_a_client_that_never_acknowledges_gets_the_final_goaway_after_a_while(monkeypatch):
-    import recserve.serving.transport.h2grpc as h2grpc
+    import recserve.serving.transport.h2connection as h2connection
 
-    monkeypatch.setattr(h2grpc, "GOAWAY_ACK_S", 0.01)
+    monkeypatch.setattr(h2connection, "GOAWAY_ACK_S", 0.01)
 
     from hpack import Encoder
 
@@ -442,7 +444,7 @@ def test_an_answer_the_client_window_does_not_admit_waits_for_its_window_update(
     conn.data_received(_frame(8, 0, 1, (100).to_bytes(4, "big")))
     assert [(kind, flags, payload[:5]) for kind, flags, _, payload in transport.frames()] == [
         (0, 0, b"56789"), (1, 5, b"\x00\x0bgrp")]  # the rest, then the trailers
-    assert not conn._streams and not conn._blocked
+    assert not conn.h2.streams.open and not conn.h2.replies.blocked
 
 
 def test_remembered_header_blocks_are_bounded():
@@ -451,7 +453,7 @@ def test_remembered_header_blocks_are_bounded():
     blocks = [b"".join(p) for p in itertools.permutations(fields)]
     for k, block in enumerate(blocks):
         conn.data_received(_frame(1, 5, 1 + 2 * k, block))
-    assert 0 < len(conn._indexed) <= 64
+    assert 0 < len(conn.h2.opener.heads.indexed) <= 64
     assert all(kind in (1, 3) for kind, *_ in transport.frames())  # answered (405 or UNIMPLEMENTED), never closed
 
 
@@ -465,10 +467,10 @@ def test_request_head_keeps_the_clients_metadata_for_forwarded_calls():
     headers = [(":method", "POST"), (":path", "/inference.GRPCInferenceService/RepositoryModelLoad"),
                ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "5S"),
                ("authorization", "Bearer s3cret"), ("trace-bin", "AAEC")]
-    first = conn._request_head(encoder.encode(headers))
+    first = conn.h2.opener.heads.decode(encoder.encode(headers))
     assert first[4] == (("authorization", "Bearer s3cret"), ("trace-bin", b"\x00\x01\x02"))
     again = encoder.encode(headers)  # now every field is indexed in the dynamic table
-    assert conn._request_head(again)[4] == first[4] and conn._request_head(again)[4] == first[4]
+    assert conn.h2.opener.heads.decode(again)[4] == first[4] and conn.h2.opener.heads.decode(again)[4] == first[4]
 
 
 def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tuple[bytes, int]]]:
@@ -483,7 +485,9 @@ def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tup
         call.reply(b"ok")
 
     method = Method(unary=echo, land=lambda head, size: aligned_buffer(size, lead))
-    conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE), _Transport()
+    wide = FloodLimits(stream_window=2**31 - 1, connection_window=2**31 - 1)  # these tests send past 1 MiB windows
+    conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE,
+                                     limits=wide), _Transport()
     conn.connection_made(transport)
     conn.data_received(PREFACE + _frame(4, 0, 0, b""))
     transport.frames()
@@ -543,7 +547,7 @@ def test_large_messages_assembled_at_once_on_a_connection_are_bounded():
         data = wire[head_end + 9:]
         conn.data_received(wire[:head_end] + _frame(0, 0, stream, data[:100_000]))
         rests[stream] = data[100_000:]
-    assert [conn._streams[s].landing is not None for s in (1, 3, 5)] == [True, True, False]
+    assert [conn.h2.streams.open[s].landing is not None for s in (1, 3, 5)] == [True, True, False]
     for stream, rest in rests.items():
         for k in range(0, len(rest), 1 << 20):
             piece = rest[k:k + (1 << 20)]
@@ -590,7 +594,7 @@ def test_a_sink_streams_answers_keep_their_order_when_a_window_holds_one_back():
     frames = transport.frames()
     sent = b"".join(payload for kind, _, _, payload in frames if kind == 0)
     assert sent == message(b"0123456789")[1:] + message(b"z")
-    assert frames[-1][:2] == (1, 5) and not conn._streams  # then the trailers
+    assert frames[-1][:2] == (1, 5) and not conn.h2.streams.open  # then the trailers
 
 
 @pytest.mark.integration  # seconds of work
@@ -636,9 +640,9 @@ def test_answers_held_for_a_client_that_never_opens_its_windows_are_bounded(monk
     and the connection serves on."""
     from hpack import Encoder
 
-    import recserve.serving.transport.h2grpc as h2grpc
+    import recserve.serving.transport.h2replies as h2replies
 
-    monkeypatch.setattr(h2grpc, "HOLD_BYTES", 1000)
+    monkeypatch.setattr(h2replies, "HOLD_BYTES", 1000)
     cancelled = []
 
     class Echo:
@@ -670,7 +674,7 @@ def test_answers_held_for_a_client_that_never_opens_its_windows_are_bounded(monk
             break
     frames = transport.frames()
     assert (3, 0, 1, (11).to_bytes(4, "big")) in frames and cancelled == ["/t.S/Chat"]  # RST_STREAM 11
-    assert 1 not in conn._streams and conn._held() == 0
+    assert 1 not in conn.h2.streams.open and conn.h2.replies.held() == 0
     conn.data_received(_frame(0, 0, 1, message))  # more of the reset stream: dropped
     conn.data_received(head(3, "/t.S/Echo") + _frame(0, 1, 3, b"\x00\x00\x00\x00\x02hi"))
     assert [(kind, sid) for kind, _, sid, _ in transport.frames()][:2] == [(1, 3), (0, 3)]  # served on

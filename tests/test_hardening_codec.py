@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from recserve.serving import codec
-from recserve.serving.errors import InferError
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import InferError
 
 
 def valid_request(batch: int = 2) -> dict:

@@ -1,4 +1,4 @@
-"""The control API's schema and access rule (serving/control_api.py) and error-body redaction, without a server
+"""The control API's schema and access rule (serving/node/control_api.py) and error-body redaction, without a server
 (the fuzz suite drives the same code through HTTP)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from recserve.errors import SpecError
-from recserve.serving import control_api
-from recserve.serving.errors import InferError, redact_paths
+from recserve.serving.node import control_api
+from recserve.serving.wire.errors import InferError, redact_paths
 
 
 def field_of(fn, *args) -> str:

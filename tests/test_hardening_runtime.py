@@ -18,8 +18,8 @@ from tritonclient.utils import InferenceServerException
 
 from oip_inputs import http_inputs
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
-from recserve.serving import runtime as runtime_module
-from recserve.serving.control_client import ControlClient
+from recserve.serving.node import runtime as runtime_module
+from recserve.serving.node.control_client import ControlClient
 from recserve.zoo import sample_batch
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers

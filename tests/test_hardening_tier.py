@@ -17,6 +17,7 @@ from recserve.embedding.tablefile import TableFileError, read_header, write_tabl
 from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, tier_model
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -159,14 +160,14 @@ def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_d
         corrupt(path, header.data_offset, b"\x00\x00\xc0\x7f" * (header.data_bytes // 4))
         status, body = _infer(ports.http, sample_batch(reference, 8, rng=2), 60)
         assert status == 500 and b"table user0: checksum mismatch in row" in body and b"block" in body, body
-        counted = ""
+        counted = None
         for _ in range(50):  # workers report their failures in short batches
-            with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics") as r:
-                counted = r.read().decode()
-            if 'code="data_loss"} 1' in counted:
+            counted = metric_value(scrape(ports.http), "recserve_request_errors_total",
+                                   model="sdm-m1", code="data_loss")
+            if counted:
                 break
             time.sleep(0.1)
-        assert 'recserve_request_errors_total{model="sdm-m1",code="data_loss"} 1' in counted
+        assert counted == 1
         # swap the file under the same name, then kill the worker: the restarted worker must refuse it
         write_table(path, np.random.default_rng(0).standard_normal((header.rows, header.dim)).astype(np.float32))
         with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/sdm-m1") as r:

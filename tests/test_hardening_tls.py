@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from nodes import node_config
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
-from recserve.serving.config import quick_config
+from recserve.serving.node.config import quick_config
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
@@ -64,7 +64,8 @@ def test_tls_config_needs_both_files_and_uses_one_front_end(certificate):
 
 def _bad_path_headers() -> bytes:
     """A HEADERS frame whose ``:path`` holds a byte that is not UTF-8 (a literal, never indexed)."""
-    from recserve.serving.transport.h2grpc import PREFACE, _frame
+    from recserve.serving.transport.h2frames import PREFACE
+    from recserve.serving.transport.h2frames import frame as _frame
 
     def literal(name: bytes, value: bytes) -> bytes:
         return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value

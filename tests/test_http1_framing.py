@@ -7,13 +7,13 @@ import asyncio
 import socket
 import threading
 import time
-import urllib.request
 
 import h11
 import numpy as np
 import pytest
 
 from recserve.serving.transport.http1 import MAX_HEAD_BYTES, HeadError, HeadReader, read_head
+from scrape import metric_value, scrape
 
 OK = None  # accepted
 S = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"  # a request hidden where a parser may take it for a body
@@ -254,17 +254,15 @@ def test_a_worker_answers_pipelined_queries_in_order_while_it_bounds_their_readi
             answers += data
         sender.join(30)
     assert answers.count(b"HTTP/1.1 200 OK") == n
-    line = next(line for line in metrics(port).splitlines() if line.startswith("recserve_http_read_pauses_total"))
-    assert int(line.rsplit(" ", 1)[1]) > 0  # the worker held the client back (reported within ~25 ms)
+    assert read_pauses(port) > 0  # the worker held the client back (reported within ~25 ms)
 
 
-def metrics(port: int) -> str:
+def read_pauses(port: int) -> float:
     deadline = time.monotonic() + 30
     while True:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
-            text = r.read().decode()
-        if 'recserve_http_read_pauses_total{model="b"} 0' not in text or time.monotonic() > deadline:
-            return text
+        pauses = metric_value(scrape(port), "recserve_http_read_pauses_total", model="b")
+        if pauses or time.monotonic() > deadline:
+            return pauses or 0.0
         time.sleep(0.05)
 
 
@@ -272,7 +270,7 @@ def metrics(port: int) -> str:
 def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
     """A client pipelines 8 MB of queries to a worker plane: what the connection buffers stays within
     PIPELINE_BYTES past the request in flight plus one read, and every query is answered."""
-    from recserve.serving.dataplane import PIPELINE_BYTES, PREALLOCATE_BYTES, RECV_BYTES, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.plane import PIPELINE_BYTES, PREALLOCATE_BYTES, RECV_BYTES, PlaneLimits, WorkerPlane
 
     class Path:
         def decode(self, body, header_length):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from oip_inputs import small_query as query
-from recserve.serving import codec
-from recserve.serving.codec import PLAN_KEY_BYTES, PLANS, HttpPlans
-from recserve.serving.errors import InferError
+from recserve.serving.wire import codec
+from recserve.serving.wire.codec import PLAN_KEY_BYTES, PLANS, HttpPlans
+from recserve.serving.wire.errors import InferError
 
 
 def body_of(arrays: dict[str, np.ndarray], request_id: str | None = None, outputs: list | None = None,
@@ -129,8 +129,8 @@ def test_the_plans_stay_bounded():
 
 def model_path(rows: tuple[int, ...] = (10, 10), seq_lens: dict[int, int] | None = None, dense_in: int = 4):
     """The worker's decode → validate path for a two-table model of ``small_query``'s layout."""
-    from recserve.serving.dataplane import make_model_path
-    from recserve.serving.runtime import ModelInfo
+    from recserve.serving.wire.model_info import ModelInfo
+    from recserve.serving.worker.plane import make_model_path
 
     info = ModelInfo(dense_in=dense_in, rows=rows, seq_lens=seq_lens or {}, towers=1)
     return make_model_path(None, "m", info, 64, lambda query: None, codec.MAX_JSON_BYTES)

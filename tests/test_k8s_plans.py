@@ -156,7 +156,7 @@ def test_a_node_configs_tier_plan_becomes_a_placement_before_storage(tmp_path):
     from recserve.deploy.nodeconfig import resolve_tier_plans
     from recserve.embedding.tiered import tier_from_config
     from recserve.planners.sdm import TablePlacement, TierPlan
-    from recserve.serving.config import config_from_dict
+    from recserve.serving.node.config import config_from_dict
 
     plan = TierPlan(planner="sdm", tables=[TablePlacement("user0", "user", "SM", 1, 0.1, False, 0.0, 1.0)])
     path = plan.save(tmp_path / "tier.json")

@@ -91,5 +91,155 @@ def transport_violations(root: Path = SRC / "serving" / "transport") -> list[str
 
 def test_the_transport_layer_imports_nothing_else_of_recserve(tmp_path):
     assert transport_violations() == []
-    (tmp_path / "planted.py").write_text("from recserve.serving.codec import json_loads\n")
-    assert transport_violations(tmp_path) == ["planted.py:1: imports recserve.serving.codec"]
+    (tmp_path / "planted.py").write_text("from recserve.serving.wire.codec import json_loads\n")
+    assert transport_violations(tmp_path) == ["planted.py:1: imports recserve.serving.wire.codec"]
+
+
+SANS_IO = ("h2frames", "h2streams", "h2limits", "h2heads", "h2requests", "h2replies", "h2connection")
+
+
+def io_imports(root: Path = SRC / "serving" / "transport", modules: tuple[str, ...] = SANS_IO) -> list[str]:
+    """The HTTP/2 protocol machine is sans-IO: no event loop, sockets, threads or selectors (``h2grpc`` adapts it)."""
+    found = []
+    for name in modules:
+        path = root / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            found += [f"{name}.py:{node.lineno}: imports {n}" for n in names
+                      if n.split(".")[0] in {"asyncio", "socket", "selectors", "threading", "ssl", "uvloop"}
+                      or n.endswith(".h2grpc")]
+    return found
+
+
+def test_the_http2_protocol_machine_does_no_io(tmp_path):
+    assert io_imports() == []
+    (tmp_path / "h2planted.py").write_text("import time\nfrom asyncio import get_running_loop\n")
+    assert io_imports(tmp_path, ("h2planted",)) == ["h2planted.py:2: imports asyncio"]
+
+
+
+# ---- inside serving: transport -> wire -> worker -> node, shards apart --------------------------------------------
+SERVING = SRC / "serving"
+SERVING_LAYERS = {"transport": 0, "wire": 1, "worker": 2, "node": 3}
+SERVING_OK = {"shards": {"transport", "wire", "shards"}}  # ElasticRec's shard services and remote tables
+
+
+def serving_part(module: str) -> str | None:
+    """The sub-package of ``recserve.serving.<part>...`` ("" for the package itself), or None outside serving."""
+    parts = module.split(".")
+    if parts[:2] != ["recserve", "serving"]:
+        return None
+    return parts[2] if len(parts) > 2 else ""
+
+
+def serving_violations(root: Path = SERVING) -> list[str]:
+    """Imports from a higher serving sub-package (every import, TYPE_CHECKING and function-level ones included)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        here = rel.parts[0] if len(rel.parts) > 1 else ""
+        if here in ("", "proto") or "proto" in rel.parts:
+            continue  # the package's lazy __init__; generated stubs
+        for line, module in _imports(path):
+            there = serving_part(module)
+            if there is None or there == here:
+                continue
+            allowed = (SERVING_OK[here] if here in SERVING_OK
+                       else {p for p, level in SERVING_LAYERS.items() if level <= SERVING_LAYERS[here]})
+            if there not in allowed:
+                found.append(f"serving/{rel}:{line}: {here} imports serving.{there or '(package)'}")
+    return found
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [(node.lineno, f"{node.module}.{a.name}") if node.module in ("recserve.serving",)
+                    or node.module.count(".") == 2 and node.module.startswith("recserve.serving.")
+                    else (node.lineno, node.module) for a in node.names]
+    return out
+
+
+def test_serving_sub_packages_import_only_downward(tmp_path):
+    assert serving_violations() == []
+    planted = tmp_path / "wire"
+    planted.mkdir()
+    (planted / "x.py").write_text("if True:\n    from recserve.serving.node.config import NodeConfig\n")
+    assert serving_violations(tmp_path) == ["serving/wire/x.py:2: wire imports serving.node"]
+
+
+def module_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """recserve module -> the recserve modules it imports at module level (TYPE_CHECKING blocks included; imports
+    inside functions are deferred on purpose and do not make a circle at import time)."""
+    graph: dict[str, set[str]] = {}
+    modules = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in root.rglob("*.py")}
+    for path in root.rglob("*.py"):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        edges: set[str] = set()
+        tree = ast.parse(path.read_text(), str(path))
+        for node in _module_level(tree.body):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                       else [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+                       if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+    return graph
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """Import statements run at import time: top level, and inside top-level ``if``/``try`` blocks."""
+    out: list[ast.stmt] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out.append(node)
+        elif isinstance(node, ast.If):
+            out += _module_level(node.body) + _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            out += _module_level(node.body) + _module_level(node.orelse) + _module_level(node.finalbody)
+    return out
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle_in_serving():
+    serving = {k: v for k, v in module_graph().items() if k.startswith("recserve.serving")}
+    assert import_circles(serving) == []
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -217,12 +217,17 @@ def test_max_load_search_stops_at_the_cap_and_reads_load_results():
 
 @pytest.mark.integration  # seconds of work
 def test_max_load_search_over_a_real_open_loop_run():
-    # a 10 ms single-server fake: max load under a 60 ms p95 SLA is between M/D/1 and M/M/1 bounds
+    # a 10 ms single-server fake: over 1 s probes a 60 ms p95 holds up to ~106 QPS at most (the backlog past 100 QPS
+    # grows by (rate - 100) / 100 s a second); a quiet host finds 30-100, a busy one less (its wake-ups are late),
+    # so what is asserted is the search's own consistency and that upper bound, not this host's speed
     target = SerialTarget(0.01)
     with LoadSession(target, tiny_pool()) as session:
         res = find_max_load(lambda r: session.run(r, 1.0, seed=int(r), timeout_s=0.3), 60.0, 95, start_qps=20,
                             rtol=0.1)
-    assert 30 <= res.max_qps <= 100, res.to_dict()
+    assert res.max_qps <= 110, res.to_dict()
+    passed = [p for p in res.probes if p.ok]
+    assert all(p.latency_ms <= 60.0 for p in passed) and all(p.latency_ms > 60.0 for p in res.probes if not p.ok)
+    assert res.max_qps == 0.0 or res.max_qps in {p.rate for p in passed}, res.to_dict()
 
 
 def test_package_exports_are_lazy_and_complete():

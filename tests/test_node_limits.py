@@ -12,7 +12,7 @@ import pytest
 def test_the_soft_open_file_limit_is_raised_to_the_hard_limit_at_start():
     code = """
 import resource
-from recserve.serving.server import raise_open_file_limit
+from recserve.serving.node.server import raise_open_file_limit
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
 now = raise_open_file_limit()
@@ -74,11 +74,15 @@ def test_grpc_limits_are_validated_naming_the_field():
 
     model = {"model": "hercules-rmc1", "scale": 1e-4}
     for bad, field in (({"pingz": [1, 1]}, "pingz"), ({"pings": 5}, "pings"), ({"pings": [0, 1]}, "pings"),
-                       ({"continuations": -1}, "continuations"), ([1], "grpc_limits")):
+                       ({"continuations": -1}, "continuations"), ([1], "grpc_limits"),
+                       ({"stream_window": 1000}, "stream_window"), ({"connection_window": 2**31}, "connection_window")):
         with pytest.raises(SpecError, match=field):
             config_from_dict({"grpc_limits": bad, "models": [model]})
     limits = config_from_dict({"grpc_limits": {"pings": [5, 2], "continuations": 4}, "models": [model]}).grpc_limits
     assert limits == FloodLimits(pings=Rate(5.0, 2.0), continuations=4)
+    windows = config_from_dict({"grpc_limits": {"stream_window": 65_535, "connection_window": 1 << 24},
+                                "models": [model]}).grpc_limits
+    assert (windows.stream_window, windows.connection_window) == (65_535, 1 << 24)
     assert config_from_dict({"models": [model]}).grpc_limits == FloodLimits()
 
 
@@ -88,8 +92,9 @@ def test_a_nodes_grpc_limits_reach_its_workers():
 
     from nodes import node_config
     from recserve.serving import NodeServer
-    from recserve.serving.config import flood_limits
-    from recserve.serving.transport.h2grpc import PREFACE, _frame
+    from recserve.serving.node.config import flood_limits
+    from recserve.serving.transport.h2frames import PREFACE
+    from recserve.serving.transport.h2frames import frame as _frame
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.grpc_limits = flood_limits({"pings": [3, 0.1]})

@@ -10,7 +10,7 @@ from recserve.cli import main
 from recserve.measure.maxload import MaxLoadResult, Probe
 from recserve.measure.offload import ThresholdResult, best_threshold, tune_offload
 from recserve.serving import NodeServer, config_from_dict
-from recserve.serving.control_client import ControlClient
+from recserve.serving.node.control_client import ControlClient
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

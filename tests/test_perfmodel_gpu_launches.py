@@ -115,7 +115,7 @@ def test_accelerator_host_time_is_framework_plus_kernels() -> None:
 def test_pipeline_leaves_sparse_kernels_on_the_host() -> None:
     spec, pm = get_model("hera-dlrm-a"), PerfModel()
     cost = model_cost(spec)
-    assert pm._launch_ms(cost, with_sparse=False) < pm._launch_ms(cost)
+    assert pm.times.launch_ms(cost, with_sparse=False) < pm.times.launch_ms(cost)
     no_sparse = (pm.cal.per_op_us * cost.device_dense_ops + pm.cal.per_module_us * cost.dense_modules
                  + pm.cal.gpu_launch_us * cost.device_dense_launches) * 1e-3
-    assert pm._launch_ms(cost, with_sparse=False) == pytest.approx(no_sparse)
+    assert pm.times.launch_ms(cost, with_sparse=False) == pytest.approx(no_sparse)

@@ -10,7 +10,7 @@ from nodes import node_config
 from recserve.policies.node_control import ControlLoop, ServerNodeControl
 from recserve.policies.rmu import CapacityProfile, HeraRMU, PartiesController
 from recserve.serving import NodeServer
-from recserve.serving.control_client import ControlClient
+from recserve.serving.node.control_client import ControlClient
 from recserve.specs import catalogue_models
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
@@ -89,7 +89,7 @@ def test_failed_queries_count_as_over_the_sla(failed, overloaded):
 
 
 def test_the_window_counts_failed_queries_apart_from_the_tail():
-    from recserve.serving.metrics import ModelMetrics
+    from recserve.serving.node.metrics import ModelMetrics
 
     m = ModelMetrics()
     for _ in range(3):

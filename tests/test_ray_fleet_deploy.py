@@ -43,8 +43,7 @@ def test_fleet_plan_on_a_two_node_ray_cluster_answers_as_local_nodes(tmp_path):
 
     from benchmarks.bench_ray_fleet import LocalRayCluster
     from recserve.deploy import ray_fleet, ray_serve
-    from recserve.serving import config_from_dict
-    from recserve.serving.server import NodeServer
+    from recserve.serving import NodeServer, config_from_dict
 
     plan = _plan()
     deployments, _ = ray_fleet.fleet_deployments(plan, cpus=2, scale=SCALE)

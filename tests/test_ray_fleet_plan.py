@@ -137,7 +137,7 @@ def test_a_two_model_node_under_uvloops_policy_answers_handed_off_connections():
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
-    from recserve.serving.server import NodeServer
+    from recserve.serving import NodeServer
     from recserve.specs import get_model
 
     uvloop = pytest.importorskip("uvloop")

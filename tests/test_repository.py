@@ -24,8 +24,8 @@ from nodes import generous, generous_yaml
 from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
-from recserve.serving.config import NodeConfig
-from recserve.serving.repository import Repository, VersionPolicy, parse_policy
+from recserve.serving.node.config import NodeConfig
+from recserve.serving.node.repository import Repository, VersionPolicy, parse_policy
 from recserve.specs import model_from_dict, to_dict
 from recserve.zoo import FAMILY_CLASSES, random_batch, sample_batch
 from recserve.zoo.artifacts import (
@@ -480,7 +480,7 @@ def test_models_cli_lists_loads_and_unloads_on_a_server(node, capsys):
 
 
 def test_a_repository_model_path_resolves_as_a_model_name(repo):
-    from recserve.serving.config import served_name
+    from recserve.serving.node.config import served_name
     from recserve.specs import get_model
 
     for name in KINDS:
@@ -495,7 +495,7 @@ def test_a_repository_model_path_resolves_as_a_model_name(repo):
 
 def test_a_repository_path_builds_and_serves_its_own_artifact(repo):
     """What profiling measures for a repository model: the artifact itself, not a random zoo model at a scale."""
-    from recserve.serving.config import ModelConfig
+    from recserve.serving.node.config import ModelConfig
     from recserve.specs import get_model
     from recserve.zoo import build_or_load
 

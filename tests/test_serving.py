@@ -27,11 +27,12 @@ from nodes import generous
 from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
-from recserve.serving.control_client import ControlClient, ControlError, LlcUnsupportedError
-from recserve.serving.llc import LlcAllocator
+from recserve.serving.node.control_client import ControlClient, ControlError, LlcUnsupportedError
+from recserve.serving.node.llc import LlcAllocator
 from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.base import MLP
+from scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -214,15 +215,15 @@ def test_prometheus_metrics(node, references):
     _, ports = node
     client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
     client.infer("rmc1", http_inputs(sample_batch(references["rmc1"], 2)))
-    with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/metrics", timeout=30) as r:
-        text = r.read().decode()
-    for line in ('recserve_workers{model="rmc1",stage="model"} 2', 'recserve_queue_depth{model="dlrm-a"}',
-                 'recserve_request_latency_seconds_bucket{model="rmc1",le="+Inf"}',
-                 'recserve_queue_latency_seconds_count{model="rmc1"}', 'recserve_compute_latency_seconds_sum',
-                 'recserve_items_per_second{model="rmc1"}'):
-        assert line in text, line
-    requests = [ln for ln in text.splitlines() if ln.startswith('recserve_requests_total{model="rmc1"}')]
-    assert int(requests[0].split()[-1]) >= 1
+    samples = scrape(ports.http)
+    assert metric_value(samples, "recserve_workers", model="rmc1", stage="model") == 2
+    for name, labels in (("recserve_queue_depth", {"model": "dlrm-a"}),
+                         ("recserve_request_latency_seconds_bucket", {"model": "rmc1", "le": "+Inf"}),
+                         ("recserve_queue_latency_seconds_count", {"model": "rmc1"}),
+                         ("recserve_compute_latency_seconds_sum", {"model": "rmc1"}),
+                         ("recserve_items_per_second", {"model": "rmc1"})):
+        assert metric_value(samples, name, **labels) is not None, (name, labels)
+    assert metric_value(samples, "recserve_requests_total", model="rmc1") >= 1
 
 
 # ---------------------------------------------------------------- bad requests and overload

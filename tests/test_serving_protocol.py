@@ -22,8 +22,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 import recserve
 from nodes import node_config
 from oip_inputs import DTYPE_NAMES, grpc_inputs
-from recserve.serving import NodeServer, build_worker_model, codec
-from recserve.serving.errors import STATUS, InferError
+from recserve.serving import NodeServer, build_worker_model
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import STATUS, InferError
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
 
@@ -303,6 +304,6 @@ def _loaded_after(imports: str, modules: tuple[str, ...]) -> list[str]:
 
 
 def test_codec_and_router_import_without_torch():
-    heavy = ("torch", "recserve.zoo", "recserve.serving.worker", "recserve.serving.runtime")
+    heavy = ("torch", "recserve.zoo", "recserve.serving.worker.main", "recserve.serving.node.runtime")
     assert _loaded_after("recserve.policies.router", heavy) == []
-    assert _loaded_after("recserve.serving.codec", heavy + ("aiohttp", "grpc")) == []
+    assert _loaded_after("recserve.serving.wire.codec", heavy + ("aiohttp", "grpc")) == []

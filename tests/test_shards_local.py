@@ -12,8 +12,8 @@ from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import GrpcTarget, HttpTarget
 from recserve.serving import NodeServer
-from recserve.serving.shard_service import OUTPUT_POOLED, lookup
-from recserve.serving.shards import ShardClient
+from recserve.serving.shards.remote_table import ShardClient
+from recserve.serving.shards.service import OUTPUT_POOLED, lookup
 from recserve.specs import get_model
 from recserve.zoo import build
 

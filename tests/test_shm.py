@@ -1,4 +1,4 @@
-"""Triton's system shared-memory extension (serving/shm.py): the registry and its errors, the workers' view of it,
+"""Triton's system shared-memory extension (serving/wire/shm.py): the registry and its errors, the workers' view of it,
 zero-copy inputs that outlive an unregister, the codec on every transport, and a 2-worker node driven by
 tritonclient.http and tritonclient.grpc with ``tritonclient.utils.shared_memory`` regions."""
 
@@ -24,10 +24,11 @@ from tritonclient.utils import InferenceServerException
 from nodes import node_config
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget, make_target
-from recserve.serving import NodeServer, build_worker_model, codec
-from recserve.serving.config import quick_config
-from recserve.serving.errors import InferError
-from recserve.serving.shm import Regions, Registry, register_request, tensor_params
+from recserve.serving import NodeServer, build_worker_model
+from recserve.serving.node.config import quick_config
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import InferError
+from recserve.serving.wire.shm import Regions, Registry, register_request, tensor_params
 from recserve.specs import catalogue_models, get_model
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 from recserve.zoo import sample_batch

@@ -1,4 +1,4 @@
-"""Idle siblings (serving/siblings.py): a busy worker's query computed by an idle worker of the same model.
+"""Idle siblings (serving/worker/siblings.py): a busy worker's query computed by an idle worker of the same model.
 
 The plane-level tests run two planes in one event loop (each with its own model path, so the scores say which one
 computed a query); the node test sends one gRPC channel's calls to a two-worker node.
@@ -25,10 +25,10 @@ from nodes import node_config
 from oip_inputs import grpc_inputs
 from proc_net import holder, tcp_inodes
 from recserve.serving import NodeServer, build_worker_model, quick_config
-from recserve.serving.control_client import ControlClient
-from recserve.serving.dataplane import PlaneLimits, WorkerPlane
-from recserve.serving.errors import InferError
-from recserve.serving.siblings import SiblingClient, SiblingServer, socket_path
+from recserve.serving.node.control_client import ControlClient
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+from recserve.serving.worker.siblings import SiblingClient, SiblingServer, socket_path
 from recserve.zoo import sample_batch
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers

@@ -47,7 +47,8 @@ print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), nump
         command -v perf_analyzer || echo 'no perf_analyzer on PATH'" ;;
     scaling)
       phase scaling 560 $PY benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
-        --workers "1,8,$CORES" --procs 4 --probe-s 2.5 --max-probes 7 --confirm 1 --out "$OUT/peers.json" ;;
+        --workers "1,8,$CORES" --procs 4 --probe-s 2.5 --max-probes 7 --confirm 1 --peers recserve,fastapi \
+        --out "$OUT/peers.json" ;;
     overhead)
       phase overhead 300 $PY benchmarks/bench_serving_overhead.py --requests 400 --seconds 2 --split-cores \
         --out "$OUT/serving_overhead.json" ;;

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from scipy.stats import rankdata
 
-from recserve.serving.codec import triton_inputs
+from recserve.serving.wire.codec import triton_inputs
 from recserve.specs import ModelSpec, model_from_dict
 from recserve.zoo import FAMILY_CLASSES, RecModel
 from recserve.zoo.artifacts import write_version
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     export(model, repo)
 
     from recserve.serving import NodeServer
-    from recserve.serving.config import NodeConfig
+    from recserve.serving.node.config import NodeConfig
 
     server = NodeServer(NodeConfig(models=[], repository=str(repo)))
     ports = server.start()

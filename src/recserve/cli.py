@@ -17,7 +17,7 @@ import pkgutil
 import sys
 from typing import NoReturn
 
-import recserve.serving.repository  # noqa: F401 - repository paths become model names (specs.add_model_source)
+import recserve.serving.node.repository  # noqa: F401 - repository paths become model names (specs.add_model_source)
 from recserve import commands
 from recserve.errors import RecserveError
 

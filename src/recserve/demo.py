@@ -30,6 +30,7 @@ import numpy as np
 from recserve import report
 from recserve.cli import main as cli
 from recserve.errors import RecserveError
+from recserve.measure.plot import pyplot
 
 if TYPE_CHECKING:
     from recserve.measure.loadgen import LoadSession
@@ -382,7 +383,7 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
     profile taken in-process, or an hour earlier, was up to 2x off live (hera-dlrm-b: profiled 56 qps on one
     worker, violated at 27), which made a load meant to be within reach impossible for every controller."""
     from recserve.measure.profiler import node_max_loads
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
     from recserve.specs import get_model
 
     node = _node_a(models, scale)
@@ -462,7 +463,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     which is also the RMU's curve."""
     from recserve.policies.node_control import ControlLoop, ServerNodeControl
     from recserve.policies.rmu import make_controller
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
     from recserve.specs import get_model
 
     lo, hi = models
@@ -538,10 +539,7 @@ def _finite(x: float) -> float:
 
 
 def plot_live(data: dict[str, Any], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)

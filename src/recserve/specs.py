@@ -341,7 +341,7 @@ def first_tables(spec: ModelSpec, k: int) -> ModelSpec:
 
 
 MODEL_SOURCES: list[Callable[[str], ModelSpec | None]] = []
-"""Where else a model name may point, added by the layers that can read it (``serving/repository.py`` adds
+"""Where else a model name may point, added by the layers that can read it (``serving/node/repository.py`` adds
 repository paths): specs sits below every artifact reader, so it asks them instead of importing them."""
 
 

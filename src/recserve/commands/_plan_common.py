@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import RecserveError, SpecError
+from recserve.measure.plot import pyplot
 from recserve.planners.plan import Plan
 from recserve.profiles import ProfileSet
 from recserve.specs import ModelSpec, ServerType, get_model, get_server, read_yaml
@@ -230,11 +231,7 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
 
 
 def figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (8, 4)):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     return plt, *plt.subplots(nrows, ncols, figsize=size)
 
 

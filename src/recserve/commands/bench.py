@@ -112,7 +112,7 @@ def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float
                   run_kwargs: dict) -> dict:
     """The max load with each ``--tune-offload`` threshold set through the node's control API; the best stays set."""
     from recserve.measure.offload import tune_offload
-    from recserve.serving.control_client import ControlClient, ControlError
+    from recserve.serving.node.control_client import ControlClient, ControlError
 
     if not args.target.startswith("http"):
         raise RecserveError("--tune-offload needs --target http://HOST:PORT of a node whose model has accelerator "
@@ -194,8 +194,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="catalogue model (queries are built to fit it)")
     p.add_argument("--target", default="inprocess",
-                   help="http://HOST:PORT, http+shm://HOST:PORT (queries in shared memory, a node on this host), "
-                        "grpc://HOST:PORT, inprocess (process pool), inprocess:thread, or "
+                   help="http://HOST:PORT, http+json://HOST:PORT (plain JSON), http+shm://HOST:PORT (queries in "
+                        "shared memory, a node on this host), grpc://HOST:PORT, inprocess (process pool), "
+                        "inprocess:thread, or "
                         "serve-http / serve-grpc (start a local node server with --workers workers)")
     p.add_argument("--served-name", default="", help="model name on the server (default: --model)")
     p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale the server/model was built with")

@@ -8,8 +8,11 @@ Example::
 
 One node server per planned server group (a Hercules-configured model, a Hera pair, an SDM-tiered model), its
 workers scaled to this host's cores and pinned round robin, tables scaled by ``--scale``; the endpoints of every
-model are printed and written to ``DIR/endpoints.json``.  Runs until Ctrl-C (or ``--seconds``), then stops the
-node servers it started; SIGTERM (`kill PID`) stops them as Ctrl-C does.
+model are printed and written to ``DIR/endpoints.json``.  A fleet router in front of them (``--router-port``)
+takes every model's queries on one URL and dispatches each to a node serving it (Kairos' policy, a few slots
+per worker); ``DIR/router-endpoints.json`` names it for ``recserve verify --target``.  Runs until Ctrl-C (or
+``--seconds``), then stops the router and the node servers it started; SIGTERM (`kill PID`) stops them as Ctrl-C
+does.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import json
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from recserve.commands._plan_common import core_list, non_negative, number, progress
+from recserve.commands._plan_common import core_list, non_negative, number, port, progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     nodes = start_nodes(configs, workdir, progress=progress)
+    router = None
     try:
         endpoints: dict[str, list[str]] = {}
         served: dict[str, str] = {}
@@ -55,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         (workdir / "endpoints.json").write_text(json.dumps(endpoints, indent=1))
         for m, urls in endpoints.items():
             print(f"{m}: {' '.join(f'{u}/v2/models/{served[m]}/infer' for u in urls)}")
+        if not args.no_router:
+            router = _start_router(plan, nodes, configs, args.router_port)
+            (workdir / "router-endpoints.json").write_text(json.dumps({m: [router.url] for m in endpoints}, indent=1))
+            print(f"router: {router.url}/v2/models/<model>/infer for every model ({workdir / 'router-endpoints.json'})")
         progress(f"wrote {workdir / 'endpoints.json'}; " + (f"stopping in {args.seconds:g} s" if args.seconds
                                                              else "Ctrl-C stops every node"))
         if args.seconds:
@@ -65,8 +74,20 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if router is not None:
+            router.stop()
         stop_nodes(nodes)
     return 0
+
+
+def _start_router(plan: Any, nodes: list[Any], configs: list[dict[str, Any]], port: int) -> Any:
+    """A fleet router on ``port`` (0: a free one) over the started nodes, each model's SLA its policy's target."""
+    from recserve.policies.fleet_router import FleetRouter, fleet_routes
+    from recserve.policies.router import RouterThread
+
+    thread = RouterThread(FleetRouter(fleet_routes(plan, nodes, configs)), port=port)
+    thread.start()
+    return thread
 
 
 def register(actions: argparse._SubParsersAction) -> None:
@@ -78,4 +99,6 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default="out/fleet-local", help="node configs, logs, tier files, endpoints.json")
     p.add_argument("--seconds", type=non_negative, default=0, help="stop after this long (0 = until Ctrl-C)")
     p.add_argument("--dry-run", action="store_true", help="write the node configs and exit")
+    p.add_argument("--router-port", type=port, default=0, help="the fleet router's port (default: a free one)")
+    p.add_argument("--no-router", action="store_true", help="start the node servers only")
     p.set_defaults(func=run)

@@ -155,7 +155,7 @@ def cmd_servers(args: argparse.Namespace) -> int:
 
 
 def _server_index(url: str) -> int:
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
 
     rows = [[e.get("name", ""), e.get("version", ""), e.get("state", ""), e.get("reason", "")]
             for e in ControlClient.from_url(url).repository_index()]
@@ -164,7 +164,7 @@ def _server_index(url: str) -> int:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
 
     client = ControlClient.from_url(args.server)
     client.load_model(args.name)
@@ -174,7 +174,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 
 def cmd_unload(args: argparse.Namespace) -> int:
-    from recserve.serving.control_client import ControlClient
+    from recserve.serving.node.control_client import ControlClient
 
     ControlClient.from_url(args.server).unload_model(args.name)
     print(f"unloaded {args.name}")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from recserve.commands._plan_common import count, fraction, non_negative, number, qps
 from recserve.errors import ProfileError
+from recserve.measure.plot import pyplot
 from recserve.planners.elasticrec import (
     LOCALITY_MODELS,
     MEASURED_REPLICA_BYTES,
@@ -27,10 +28,7 @@ from recserve.specs import get_model, get_server
 
 
 def plot_plan(plan: ShardPlan, path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     first = plan.tables[0]

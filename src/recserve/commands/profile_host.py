@@ -50,7 +50,7 @@ def _measure(args: argparse.Namespace, specs: list[ModelSpec], batches: list[int
     if args.device_only and not args.device:
         raise RecserveError("--device-only needs --device (e.g. --device cuda)")
     if args.device:
-        from recserve.serving.config import check_device
+        from recserve.serving.node.config import check_device
 
         check_device(args.device, "--device")
     if args.device_only:

@@ -15,8 +15,8 @@ PORT = number(0, 65535, integer=True)
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from recserve.serving import NodeServer, load_config, quick_config
-    from recserve.serving.config import NodeConfig
-    from recserve.serving.control_api import TOKEN_ENV, check_exposure
+    from recserve.serving.node.config import NodeConfig
+    from recserve.serving.node.control_api import TOKEN_ENV, check_exposure
 
     if sum(map(bool, (args.config, args.model, args.repository))) != 1 and not (args.config and args.repository):
         raise RecserveError("serve: give --config NODE.yaml, --model NAME or --repository REPO")

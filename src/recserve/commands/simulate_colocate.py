@@ -23,6 +23,7 @@ from typing import Any
 
 from recserve.commands._plan_common import count, percentile, positive, seed
 from recserve.errors import RecserveError
+from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
 from recserve.sim.colocate import SCENARIOS, hera_fig14, run_scenario
@@ -98,10 +99,7 @@ def node_profiles(args: argparse.Namespace, models: list[ColocModel]) -> Profile
 
 
 def _plot(res: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ctls = list(res["controllers"])
     fig, axes = plt.subplots(3, len(ctls), figsize=(4.2 * len(ctls), 7.5), squeeze=False, sharex=True)

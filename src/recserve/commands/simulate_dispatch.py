@@ -19,6 +19,7 @@ from typing import Any
 
 from recserve.commands._plan_common import count, open_fraction, positive, seed
 from recserve.errors import RecserveError
+from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
 from recserve.sim.cluster import parse_pool, pool_text
@@ -27,8 +28,8 @@ from recserve.sim.dispatch_eval import (
     config_to_pool,
     homogeneous_pool,
     oracle_best_pool,
-    policy_best_pool,
     resolve_model,
+    ribbon_best_pool,
 )
 from recserve.sim.latency import load_reference
 
@@ -93,8 +94,10 @@ def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict
         out["homogeneous"] = {"pool": pool_text(homo), "max_qps": homo_res.max_qps,
                               "budget_scale": scale, "max_qps_scaled_to_budget": homo_res.max_qps * scale}
     if args.ribbon_own_pool and prices:
-        rpool, rqps, tried = policy_best_pool(ev, "ribbon", prices, caps, budget)
-        out["ribbon_own_pool"] = {"pool": pool_text(rpool), "max_qps": rqps, "pools_evaluated": tried}
+        rpool, rqps, search = ribbon_best_pool(ev, prices, caps, budget, seed=args.seed)
+        tried = search["evaluations"]
+        out["ribbon_own_pool"] = {"pool": pool_text(rpool), "max_qps": rqps, "pools_evaluated": tried,
+                                  "search_space": search["candidates"]}
         print(f"  {model} ribbon on its own best pool [{pool_text(rpool)}]: {rqps:.2f} qps ({tried} pools)",
               file=sys.stderr)
     return out
@@ -132,10 +135,7 @@ def _print_table(results: list[dict[str, Any]]) -> None:
 
 
 def _plot(results: list[dict[str, Any]], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(dict.fromkeys(p for r in results for p in r["policies"])) + ["homogeneous"]
     fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 3.2), squeeze=False)
@@ -190,7 +190,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--rtol", type=open_fraction, default=0.02, help="max-load bisection tolerance")
     p.add_argument("--no-homogeneous", action="store_true", help="skip the homogeneous baseline")
     p.add_argument("--ribbon-own-pool", action="store_true",
-                   help="also search Ribbon's (FCFS) own best pool near the homogeneous one (slow)")
+                   help="also run Ribbon as Kairos compares it: FCFS on the pool its Bayesian search finds (slow)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--json-out", help="write the results JSON here")
     p.add_argument("--plot", help="write a PNG bar chart here")

@@ -19,7 +19,7 @@ from recserve.errors import RecserveError
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from recserve.embedding.tiered import TieredTable, tier_from_config
-    from recserve.serving.config import load_config
+    from recserve.serving.node.config import load_config
     from recserve.specs import get_model
     from recserve.zoo import build
 

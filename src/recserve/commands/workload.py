@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from recserve.commands._plan_common import hour, number, positive, qps, seed
+from recserve.measure.plot import pyplot
 from recserve.workload import (
     DiurnalTrace,
     WorkloadError,
@@ -44,15 +45,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _stats_line(stats: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:g}" for k, v in stats.items())
 
@@ -69,7 +61,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {save_sizes(args.out, sizes)}")
     if args.plot:
-        plt = _figure()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.hist(sizes, bins=np.arange(0, sizes.max() + 11, 10), color="tab:blue")
         for key, style in (("mean", "-"), ("median", "--"), ("p90", ":"), ("p99", "-.")):
@@ -118,7 +110,7 @@ def _print_trace(trace: DiurnalTrace) -> None:
 
 
 def _plot_trace(trace: DiurnalTrace, path: str) -> None:
-    plt = _figure()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     hours = trace.times_s / 3600.0
     for model, series in trace.qps.items():

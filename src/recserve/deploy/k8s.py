@@ -114,6 +114,28 @@ def write_manifests(objects: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
+def write_manifest_dir(objects: list[dict[str, Any]], directory: str | Path) -> list[tuple[Path, list[str]]]:
+    """One multi-document YAML per kind (``deployment.yaml``, ``service.yaml``, ...) in ``directory``, for
+    ``kubectl apply -f DIR``; a per-kind file left from an earlier run whose kind is not written now is removed, so
+    the directory holds exactly these objects.  Returns (file, object names) per file written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for obj in objects:
+        by_kind.setdefault(obj["kind"], []).append(obj)
+    written = []
+    for kind, objs in by_kind.items():
+        path = write_manifests(objs, directory / f"{kind.lower()}.yaml")
+        written.append((path, [o["metadata"]["name"] for o in objs]))
+    for stale in set(KIND_FILES) - {k.lower() for k in by_kind}:
+        (directory / f"{stale}.yaml").unlink(missing_ok=True)
+    return written
+
+
+KIND_FILES = ("configmap", "cronjob", "deployment", "horizontalpodautoscaler", "role", "rolebinding", "service",
+              "serviceaccount", "statefulset")
+
+
 def validate(objects: list[dict[str, Any]], version: str = "1.30.0") -> list[str]:
     """Validate each object against the Kubernetes API schema (kubernetes-validate, strict);
     returns the errors, empty when all objects are valid."""

@@ -14,6 +14,8 @@
   floor (and scales a pair to zero when the plan switches it off).
 - **shard** (ElasticRec): the shard Deployments/Services/HPAs of :mod:`recserve.deploy.k8s`.
 - **tier** (SDM): a node server whose node config places the plan's SM tables on a persistent volume.
+- **fleet** (issue #49): per planned server group a Deployment with ``deploy local``'s node config, a Service per
+  model (:mod:`recserve.deploy.k8s_fleet`).
 
 Pods run the image's ``recserve`` entry point (``serve --config``, ``route --pool``).
 """
@@ -30,6 +32,7 @@ from recserve.deploy.k8s import GRPC_PORT, HTTP_PORT, hpa, manifests
 from recserve.deploy.nodeconfig import node_config, planned_cpus, server_groups, tier_section
 from recserve.deploy.sharding import layout_for_export
 from recserve.errors import RecserveError
+from recserve.planners.fleet import FleetPlan  # noqa: F401 - registers the kind, so Plan.load rebuilds fleet plans
 from recserve.planners.plan import ColocationPlan, Plan, PoolPlan, ProvisionPlan, ShardPlan
 from recserve.specs import ServerType, get_model, get_server
 
@@ -299,8 +302,15 @@ def tier_manifests(plan: Plan, image: str, scale: float, name: str, workers: int
     return [config_map(app, labels, "node.yaml", config), service(app, labels, headless=True), sts]
 
 
+def fleet_manifests(plan: Plan, image: str, scale: float, name: str) -> list[dict[str, Any]]:
+    from recserve.deploy.k8s_fleet import fleet_manifests as build  # it builds on this module's pieces
+
+    return build(plan, image, scale, name)
+
+
 BUILDERS: dict[str, Callable[..., list[dict[str, Any]]]] = {
     "colocate": colocation_manifests,
+    "fleet": fleet_manifests,
     "pool": pool_manifests,
     "provision": provision_manifests,
     "shard": shard_manifests,

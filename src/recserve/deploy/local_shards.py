@@ -1,10 +1,11 @@
 """ElasticRec sharded serving on this host: embedding-shard replica processes + a dense-shard node server.
 
 ``start_sharded(layout)`` starts, on loopback, per embedding shard its planned number of replica processes
-(:mod:`recserve.serving.shard_service`, each a gRPC server with a private copy of its rows) and a
+(:mod:`recserve.serving.shards.service`, each a gRPC server with a private copy of its rows) and a
 :class:`~recserve.serving.NodeServer` whose model is the dense shard (``table_backend: elasticrec``, built by
-:func:`recserve.serving.shards.build_dense_shard_model`).  This module is the *deployment* (layouts, plans,
-replica counts, processes); the query path lives in ``serving/shards.py``, so the node server never reads plans.
+:func:`recserve.serving.shards.remote_table.build_dense_shard_model`).  This module is the *deployment* (layouts, plans,
+replica counts, processes); the query path lives in ``serving/shards/remote_table.py``, so the node server never
+reads plans.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from recserve.deploy.sharding import ShardLayout, access_counts, even_layout, la
 from recserve.errors import RecserveError, SpecError
 from recserve.planners.plan import Plan, ShardPlan
 from recserve.planners.replicas import replicas_for
-from recserve.serving.shard_service import (
+from recserve.serving.shards.remote_table import BACKEND, DEFAULT_TIMEOUT_S
+from recserve.serving.shards.service import (
     ReplicaArgs,
     replica_main,
 )
-from recserve.serving.shards import BACKEND, DEFAULT_TIMEOUT_S
 from recserve.specs import ModelSpec, get_model
 from recserve.zoo import RecModel, build, sample_batch
 
@@ -184,7 +185,7 @@ def _stop_replicas(replicas: list[ReplicaProcess]) -> None:
 
 def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir: Path, threads: int,
                     progress: bool) -> list[ReplicaProcess]:
-    from recserve.serving.runtime import mp_context
+    from recserve.serving.node.runtime import mp_context
 
     ctx = mp_context()
     replicas: list[ReplicaProcess] = []
@@ -268,7 +269,7 @@ def start_sharded(layout: ShardLayout, *, model_name: str | None = None, dense_r
 
 def process_memory_mb(pids: list[int]) -> dict[str, float]:
     """Summed RSS and PSS (MB) of ``pids`` from /proc (PSS splits shared pages among their users)."""
-    from recserve.serving.runtime import memory_of
+    from recserve.serving.node.runtime import memory_of
 
     total = {"rss_mb": 0.0, "pss_mb": 0.0, "processes": 0}
     for pid in pids:

@@ -8,7 +8,7 @@ unit of its server type's custom resource (``ray_plans.type_resource``, ``recser
 servers land on the nodes that say they are that type: ``ray start --resources '{"recserve_type_<type>": N}'``
 where N is how many of the plan's servers of that type the node hosts (:func:`node_resources`).
 
-**Replica.**  :class:`FleetNode` starts the node server (``serving.server.NodeServer``, the code ``recserve serve``
+**Replica.**  :class:`FleetNode` starts the node server (``serving.node.server.NodeServer``, the code ``recserve serve``
 runs: its workers, batching, tiers, repository models) with that config on its Ray node, and relays the requests
 Ray's HTTP proxy hands it to the node's own HTTP port unchanged.  So every model answers under Ray's proxy at
 ``http://HEAD:PORT/<application>/v2/models/<model>/infer`` and, directly, at the node server's own URL (bound to
@@ -178,8 +178,7 @@ class FleetNode:
     def __init__(self, config: dict[str, Any]) -> None:
         import ray
 
-        from recserve.serving.config import config_from_dict
-        from recserve.serving.server import NodeServer
+        from recserve.serving import NodeServer, config_from_dict
 
         self.node_id = ray.get_runtime_context().get_node_id()
         # on loopback: the relay is on the same host, and the control API stays unexposed (no token to hand out)

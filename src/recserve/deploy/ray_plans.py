@@ -44,7 +44,7 @@ from recserve.policies.dispatch import make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor
 from recserve.policies.provision_autoscaler import hour_of_day, scheduled_replicas
-from recserve.serving.metrics import SlidingWindow
+from recserve.serving.node.metrics import SlidingWindow
 from recserve.wire import BATCH_SIZE_HEADER
 
 SLOT_RESOURCE = "recserve_slot"
@@ -254,8 +254,8 @@ class ModelServer:
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import Response
 
-        from recserve.serving import codec
-        from recserve.serving.errors import InferError
+        from recserve.serving.wire import codec
+        from recserve.serving.wire.errors import InferError
 
         match = re.search(r"/v2/models/([^/]+)(?:/versions/[^/]+)?/infer$", request.url.path)
         if request.method != "POST" or match is None or match.group(1) not in self.models:

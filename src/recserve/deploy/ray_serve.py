@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from recserve.deploy.sharding import ShardLayout, shard_weights
 from recserve.embedding.sharded import ShardedLookup
 from recserve.errors import RecserveError
-from recserve.serving.metrics import SlidingWindow
+from recserve.serving.node.metrics import SlidingWindow
 from recserve.zoo import QueryBatch, build
 
 APP_NAME = "recserve-elasticrec"

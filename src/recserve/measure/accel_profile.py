@@ -42,7 +42,7 @@ def _weight_bytes(model: torch.nn.Module) -> int:
 def device_latency(spec: ModelSpec, scale: float, budget: Budget, batches: Sequence[int], device: str,
                    seed: int = 0) -> tuple[ProfileTable, float]:
     """``latency_vs_batch`` of one accelerator worker's pass on ``device`` and its device memory in GB."""
-    from recserve.serving.accel import device_runner
+    from recserve.serving.worker.accel import device_runner
     from recserve.zoo import build_or_load
 
     model = build_or_load(spec, scale, seed=seed).eval()
@@ -80,7 +80,7 @@ def _accelerator_node(spec: ModelSpec, scale: float, device: str, workers: int, 
     """A node whose ``front`` CPU workers forward every query to ``workers`` accelerator workers on ``device``;
     its queries' deadline follows the SLA searched against (the node's default follows the catalogue's)."""
     from recserve.measure.served import LocalServer
-    from recserve.serving.config import default_deadline_ms
+    from recserve.serving.node.config import default_deadline_ms
 
     accel = {"device": device, "workers": workers, "threads": 1, "min_items": 1, "fuse_items": 4096}
     with LocalServer(spec.name, scale, workers=front, queue_limit=64 * front, in_process=True, accelerator=accel,

@@ -1,18 +1,28 @@
-"""PNG figures of load runs (matplotlib, Agg backend: no display needed)."""
+"""PNG figures of load runs (matplotlib, Agg backend: no display needed), and :func:`pyplot`, the one way every
+figure in recserve gets matplotlib: an optional dependency (the ``report`` extra)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from recserve.measure.loadgen import LoadResult
-from recserve.measure.maxload import MaxLoadResult
+from recserve.errors import RecserveError
+
+if TYPE_CHECKING:
+    from recserve.measure.loadgen import LoadResult
+    from recserve.measure.maxload import MaxLoadResult
+
+MISSING = "figures need matplotlib: pip install 'recserve[report]'"
 
 
-def _pyplot():
-    import matplotlib
-
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or a one-line error naming the extra that brings it."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RecserveError(MISSING) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -21,7 +31,7 @@ def _pyplot():
 
 def plot_latency_vs_load(result: MaxLoadResult, path: str | Path, title: str = "") -> Path:
     """p50/p95/p99 latency of every probe against offered load, with the SLA and the max load."""
-    plt = _pyplot()
+    plt = pyplot()
     probes = sorted(result.probes, key=lambda p: p.rate)
     rates = np.array([p.rate for p in probes])
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -45,7 +55,7 @@ def plot_latency_vs_load(result: MaxLoadResult, path: str | Path, title: str = "
 
 def plot_run(result: LoadResult, path: str | Path, title: str = "") -> Path:
     """Latency CDF of one run (the tail is where SLAs live)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lat = np.sort(result.latencies_ms)
     if lat.size:
@@ -67,7 +77,7 @@ def plot_policies_vs_load(rates: list[float], tails_ms: dict[str, list[float]], 
                           title: str = "", simulated_qps: dict[str, float] | None = None) -> Path:
     """Each dispatch policy's p99 at each offered rate of one ladder, the QoS line, and where the simulator put
     each policy's allowable throughput (a live/simulated comparison at a glance)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for k, (policy, tails) in enumerate(tails_ms.items()):
         ys = [t if t is not None and np.isfinite(t) else np.nan for t in tails]
@@ -90,5 +100,5 @@ def _save(fig, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path

@@ -301,7 +301,7 @@ def check_node_deadline(deadline_ms: float, sla: SLA) -> None:
     """Refuse a max-load search whose node sheds queries the SLA would still count as met: it would measure the
     node's deadline, not the SLA asked about."""
     if deadline_ms < sla.target_ms:
-        from recserve.serving.config import default_deadline_ms
+        from recserve.serving.node.config import default_deadline_ms
 
         raise RecserveError(
             f"the node's deadline ({deadline_ms:g} ms) is tighter than the SLA asked for (p{sla.percentile:g} <= "
@@ -320,7 +320,7 @@ def _worker_pool(spec: ModelSpec, scale: float, pool: RequestPool, max_workers: 
     ``via="inprocess"``: a process pool where only ``w`` workers may run at once."""
     if via == "server":
         from recserve.measure.served import LocalServer
-        from recserve.serving.config import default_deadline_ms
+        from recserve.serving.node.config import default_deadline_ms
 
         with contextlib.ExitStack() as stack:
             if server is None:

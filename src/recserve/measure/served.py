@@ -57,8 +57,8 @@ class LocalServer:
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> LocalServer:
         from recserve.serving import NodeServer
-        from recserve.serving.control_client import ControlClient
-        from recserve.serving.server import Ports
+        from recserve.serving.node.control_client import ControlClient
+        from recserve.serving.node.server import Ports
 
         where = "in this process" if self.in_process else "as its own process"
         _log(f"starting a node server for {self.model} ({self.config.models[0].workers} workers) {where} ...")

@@ -9,7 +9,7 @@ HTTP uses the Open Inference Protocol (KServe v2) with Triton's binary tensor ex
 header followed by raw little-endian tensor bytes, the header length in
 ``Inference-Header-Content-Length``.  gRPC uses ``inference.GRPCInferenceService/ModelInfer`` with
 ``raw_input_contents``; requests are serialised once, up front, and sent as bytes.  Both encode and
-decode tensors with the node server's own codec (:mod:`recserve.serving.codec`).
+decode tensors with the node server's own codec (:mod:`recserve.serving.wire.codec`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 from recserve.errors import RecserveError
 from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
 from recserve.measure.requests import RequestPool
-from recserve.serving import codec
-from recserve.serving.codec import HEADER_LENGTH
+from recserve.serving.wire import codec
+from recserve.serving.wire.codec import HEADER_LENGTH
 from recserve.wire import BATCH_SIZE_HEADER
 from recserve.zoo.batch import OUTPUT_SCORES, QueryBatch
 from recserve.zoo.threads import inherit_torch_threads
@@ -94,14 +94,18 @@ class HttpTarget:
     async def prepare(self, pool: RequestPool) -> None:
         self._requests = []
         for batch in pool.batches():
-            body, head = encode_http_request(batch)
-            headers = {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
+            body, headers = self._encode(batch)
             if self.size_header:
                 headers[BATCH_SIZE_HEADER] = str(batch.size)
             host = f"{self._endpoint.host}:{self._endpoint.port}"
             self._requests.append((encode_post(host, self._path, body, headers), batch.size))
         if self._pool is None:
             self._pool = self._endpoint.pool(self.connections, self._reuse)
+
+    def _encode(self, batch: QueryBatch) -> tuple[bytes, dict[str, str]]:
+        """One query's body and headers: the binary tensor extension."""
+        body, head = encode_http_request(batch)
+        return body, {HEADER_LENGTH: str(head), "Content-Type": "application/octet-stream"}
 
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)
@@ -128,9 +132,31 @@ class HttpTarget:
             self._pool = None
 
 
+def encode_json_request(batch: QueryBatch) -> bytes:
+    """A plain-JSON infer request (tensors as flat ``data`` lists, JSON scores back): what curl, tritonclient with
+    ``binary_data=False`` and servers without the binary extension (MLServer) speak."""
+    import json
+
+    inputs = [{"name": name, "shape": list(arr.shape), "datatype": codec.DATATYPES[arr.dtype.newbyteorder("=")],
+               "data": arr.reshape(-1).tolist()} for name, arr in batch.as_arrays().items()]
+    return json.dumps({"inputs": inputs, "outputs": [{"name": OUTPUT_SCORES}]}, separators=(",", ":")).encode()
+
+
+class JsonHttpTarget(HttpTarget):
+    """:class:`HttpTarget` speaking plain JSON (the v2 REST protocol without the binary extension)."""
+
+    def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
+                 check_outputs: bool = True, size_header: bool = False, reuse: str = "oldest") -> None:
+        super().__init__(url, model, timeout_s, connections, check_outputs, size_header, reuse)
+        self.name = f"http+json {self.base} {model}"
+
+    def _encode(self, batch: QueryBatch) -> tuple[bytes, dict[str, str]]:
+        return encode_json_request(batch), {"Content-Type": "application/json"}
+
+
 class SharedMemoryHttpTarget(HttpTarget):
     """:class:`HttpTarget` whose pooled queries live in shared memory (Triton's system shared-memory extension,
-    ``serving/shm.py``): ``prepare`` writes every query once into one POSIX shared-memory object on this host and
+    ``serving/wire/shm.py``): ``prepare`` writes every query once into one POSIX shared-memory object on this host and
     registers it as one region per query; a request then carries only its JSON header naming the regions (the
     scores come back in the body).  How a client on the node's host offers queries too large for the wire (a
     hercules-rmc2 production-mix query is ~19 MB).  ``close`` unregisters the regions and removes the object;
@@ -141,7 +167,7 @@ class SharedMemoryHttpTarget(HttpTarget):
 
     def __init__(self, url: str, model: str, timeout_s: float = 10.0, connections: int = 256,
                  check_outputs: bool = True, reuse: str = "oldest", token: str | None = None) -> None:
-        from recserve.serving.control_client import ControlClient
+        from recserve.serving.node.control_client import ControlClient
 
         super().__init__(url, model, timeout_s, connections, check_outputs, reuse=reuse)
         self.name = f"http+shm {self.base} {model}"
@@ -209,11 +235,9 @@ class SharedMemoryHttpTarget(HttpTarget):
 
 
 def grpc_messages():
-    """The OIP/Triton protobuf module (``service_pb2``) from tritonclient, or a clear error."""
-    try:
-        from tritonclient.grpc import service_pb2
-    except ImportError as exc:
-        raise RecserveError("gRPC load needs the Triton protobuf stubs: pip install 'tritonclient[grpc]'") from exc
+    """The OIP/Triton protobuf messages (``service_pb2``), imported only by gRPC load."""
+    from recserve.serving.wire.proto import service_pb2
+
     return service_pb2
 
 
@@ -228,10 +252,21 @@ def encode_grpc_request(batch: QueryBatch, model: str, version: str = "") -> Any
     return req
 
 
+# a typed ``InferTensorContents`` field per datatype (servers that answer without raw_output_contents: MLServer)
+CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+                   "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+                   "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+                   "FP64": "fp64_contents"}
+
+
 def decode_grpc_response(resp: Any) -> dict[str, np.ndarray]:
+    """Output tensors of a ``ModelInferResponse``: raw contents, or typed contents where a server sends those."""
     try:
-        return codec.decode_raw_outputs(resp.outputs, resp.raw_output_contents)
-    except ValueError as exc:
+        if resp.raw_output_contents or not resp.outputs:
+            return codec.decode_raw_outputs(resp.outputs, resp.raw_output_contents)
+        return {o.name: np.asarray(getattr(o.contents, CONTENTS_FIELDS[o.datatype]),
+                                   dtype=codec.DTYPES[o.datatype]).reshape(tuple(o.shape)) for o in resp.outputs}
+    except (ValueError, KeyError) as exc:
         raise RequestFailed("bad_response", str(exc)) from exc
 
 
@@ -414,10 +449,13 @@ class InProcessTarget:
 
 
 def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0) -> Target:
-    """``http://host:port``, ``http+shm://host:port`` (queries in shared memory, a node on this host),
+    """``http://host:port``, ``http+json://host:port`` (plain JSON), ``http+shm://host:port`` (queries in shared
+    memory, a node on this host),
     ``grpc://host:port`` or ``inprocess[:thread|:process]`` → a Target."""
     if spec.startswith("http+shm://"):
         return SharedMemoryHttpTarget("http://" + spec.removeprefix("http+shm://"), model, timeout_s=timeout_s)
+    if spec.startswith("http+json://"):
+        return JsonHttpTarget("http://" + spec.removeprefix("http+json://"), model, timeout_s=timeout_s)
     if spec.startswith(("http://", "https://")):
         return HttpTarget(spec, model, timeout_s=timeout_s)
     if spec.startswith("grpc://"):
@@ -428,5 +466,5 @@ def make_target(spec: str, model: str, workers: int = 1, timeout_s: float = 10.0
     if spec.split(":")[0] == "inprocess":
         mode = spec.partition(":")[2] or "process"
         return InProcessTarget(workers=workers, mode=mode)
-    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, http+shm://HOST:PORT, grpc://HOST:PORT or "
-                        "inprocess[:thread]")
+    raise RecserveError(f"unknown target {spec!r}; use http://HOST:PORT, http+json://HOST:PORT, http+shm://HOST:PORT, "
+                        "grpc://HOST:PORT or inprocess[:thread]")

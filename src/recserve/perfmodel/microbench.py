@@ -2,7 +2,7 @@
 (``recserve profile calibrate --micro``).
 
 Each host-measurable constant of :class:`Calibration` has a microbenchmark that exercises exactly the term it
-stands for in ``PerfModel._call_times`` (one thread, like the model's per-core rates):
+stands for in ``ServiceTimes.call_times`` (one thread, like the model's per-core rates):
 
 | constant | microbenchmark |
 |---|---|

@@ -92,7 +92,7 @@ def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, p
     alloc = Allocation(workers=1, sparse_workers=1)
     st = pm._static(spec, server, alloc)
     m = np.array([float(batch)])
-    dense_ms = float(pm._call_times(spec, server, alloc, st, m, 1.0)[1][0])
+    dense_ms = float(pm.call_times(spec, server, alloc, st, m, 1.0)[1][0])
     table = spec.tables[0]
     total = batch * spec.lookups_per_item
     xs, ys = [], []
@@ -101,7 +101,7 @@ def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, p
         variant = replace(spec, tables=(replace(table, pooling=pooling, kind="pooled"),), interaction="concat")
         vst = pm._static(variant, server, alloc)
         xs.append(pooling * batch)
-        ys.append(float(pm._call_times(variant, server, alloc, vst, m, 1.0)[0][0]))
+        ys.append(float(pm.call_times(variant, server, alloc, vst, m, 1.0)[0][0]))
     slope, intercept = np.polyfit(xs, ys, 1)
     dense_bytes = float(st.cost.weight_bytes) if hasattr(st.cost, "weight_bytes") else 0.0
     return ShardCostModel(max(float(intercept), 1e-6), max(float(slope), 1e-9), 1000.0 / dense_ms, min_mem_bytes,

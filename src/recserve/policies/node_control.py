@@ -1,7 +1,7 @@
 """``NodeControl`` over a live node server's control API, and the monitor-and-adjust loop.
 
 The resource managers in :mod:`recserve.policies.rmu` only talk to a ``NodeControl``; this class maps
-it onto :class:`recserve.serving.control_client.ControlClient` (``/control/...`` endpoints), so the
+it onto :class:`recserve.serving.node.control_client.ControlClient` (``/control/...`` endpoints), so the
 same Hera RMU / PARTIES / static controllers that run in the simulator resize a real server's workers
 and LLC ways.  Where the host cannot partition its LLC (no resctrl: HTTP 501) the way counts are
 kept locally and reported as ``llc_applied = False``; workers are always real.
@@ -22,7 +22,7 @@ class ServerNodeControl:
 
     def __init__(self, client: Any, window_s: float = 2.0, models: list[str] | None = None,
                  total_cores: int | None = None) -> None:
-        from recserve.serving.control_client import LlcUnsupportedError
+        from recserve.serving.node.control_client import LlcUnsupportedError
 
         self._unsupported = LlcUnsupportedError
         self.client = client

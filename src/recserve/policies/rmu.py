@@ -3,7 +3,7 @@
 Every ``T_monitor`` the controller reads each model's window statistics (tail latency, QPS served,
 arrival rate) through a :class:`NodeControl` and adjusts workers (cores) and LLC ways.  The same
 controllers drive the simulated node (``recserve.sim.node.SimNodeControl``) and a live node server
-through its control API (a ``NodeControl`` over ``recserve.serving.control_client``).
+through its control API (a ``NodeControl`` over ``recserve.serving.node.control_client``).
 
 - :class:`HeraRMU` (Alg. 3): if slack = tail/SLA is > 1.0 or < 0.8, pick the fewest workers whose
   profiled max load covers ``urgency × arrival rate`` (urgency = max(1, tail/SLA)); when any worker

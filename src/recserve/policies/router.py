@@ -40,10 +40,10 @@ from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, en
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
-from recserve.serving import protocol
-from recserve.serving.codec import HEADER_LENGTH, batch_size_of
-from recserve.serving.errors import InferError
-from recserve.serving.http import error_response
+from recserve.serving.node.http import error_response
+from recserve.serving.wire import protocol
+from recserve.serving.wire.codec import HEADER_LENGTH, batch_size_of
+from recserve.serving.wire.errors import InferError
 from recserve.specs import read_yaml
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
@@ -204,6 +204,17 @@ class Router:
         }
 
     # ------------------------------------------------------------------ HTTP
+    async def open(self) -> None:
+        """The client session the few proxied GETs use (on the serving loop)."""
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                             connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        for _, pool in self._pools.values():
+            pool.close()
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
 
@@ -236,14 +247,10 @@ class Router:
             return web.json_response(self.stats())
 
         async def on_startup(_: web.Application) -> None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                                 connector=aiohttp.TCPConnector(limit=0))
+            await self.open()
 
         async def on_cleanup(_: web.Application) -> None:
-            if self.session is not None:
-                await self.session.close()
-            for _, pool in self._pools.values():
-                pool.close()
+            await self.close()
 
         app.router.add_post("/v2/models/{model}/infer", infer)
         app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
@@ -260,9 +267,10 @@ class Router:
 
 
 class RouterThread:
-    """Run a router on 127.0.0.1 in a background thread (tests, benchmarks); ``port`` after ``start``."""
+    """Run a router (a :class:`Router` or a ``FleetRouter``: anything with ``app()``) on 127.0.0.1 in a background
+    thread; ``port`` and ``url`` after ``start``."""
 
-    def __init__(self, router: Router, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(self, router: Any, port: int = 0, host: str = "127.0.0.1") -> None:
         self.router, self.host, self.port = router, host, port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -292,6 +300,10 @@ class RouterThread:
         if failure:
             raise RecserveError(f"router failed to start: {failure[0]}")
         return self.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     async def _serve(self) -> None:
         self._runner = web.AppRunner(self.router.app())

@@ -3,8 +3,12 @@
 ``NodeServer(config).start()`` returns the bound ports; ``load_config(path)`` reads a node YAML.
 See ``docs/serving.md``.
 
-The names below are imported on first use (PEP 562), so that ``recserve.serving.codec`` and
-``recserve.serving.errors`` can be imported (by the router, the load generator) without torch and
+Sub-packages, lowest first (``tests/test_layers.py`` enforces it): ``transport`` (HTTP/1.1 and HTTP/2, knowing
+nothing of recserve) -> ``wire`` (codec, errors, metadata, shared memory, gRPC messages) -> ``worker`` (a worker
+process) -> ``node`` (the supervisor); ``shards`` apart.
+
+The names below are imported on first use (PEP 562), so that ``recserve.serving.wire.codec`` and
+``recserve.serving.wire.errors`` can be imported (by the router, the load generator) without torch and
 the worker machinery.
 """
 
@@ -14,13 +18,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from recserve.serving.config import ModelConfig, NodeConfig, config_from_dict, load_config, quick_config
-    from recserve.serving.server import NodeServer, Ports
-    from recserve.serving.worker import build_worker_model
+    from recserve.serving.node.config import ModelConfig, NodeConfig, config_from_dict, load_config, quick_config
+    from recserve.serving.node.server import NodeServer, Ports
+    from recserve.serving.worker.main import build_worker_model
 
 _HOME = {
-    "ModelConfig": "config", "NodeConfig": "config", "config_from_dict": "config", "load_config": "config",
-    "quick_config": "config", "NodeServer": "server", "Ports": "server", "build_worker_model": "worker",
+    "ModelConfig": "node.config", "NodeConfig": "node.config", "config_from_dict": "node.config",
+    "load_config": "node.config", "quick_config": "node.config", "NodeServer": "node.server", "Ports": "node.server",
+    "build_worker_model": "worker.main",
 }
 
 __all__ = ["ModelConfig", "NodeConfig", "NodeServer", "Ports", "build_worker_model", "config_from_dict",

@@ -181,23 +181,22 @@ def oracle_best_pool(ev: DispatchEvaluation, prices: dict[str, float], caps: dic
     return best_pool, best
 
 
-def policy_best_pool(ev: DispatchEvaluation, policy: str, prices: dict[str, float], caps: dict[str, int],
-                     budget: float, slack: int = 1) -> tuple[list[str], float, int]:
-    """Best pool for one policy by exhaustive max-load search over the pools under the budget that keep at
-    least (most affordable base count - ``slack``) base instances - a stand-in for Ribbon's Bayesian search,
-    which for FCFS ends near the homogeneous pool.  Returns (pool, its allowable QPS, pools evaluated)."""
-    from recserve.planners.kairos import enumerate_configs
+def ribbon_best_pool(ev: DispatchEvaluation, prices: dict[str, float], caps: dict[str, int], budget: float,
+                     max_evals: int | None = None, seed: int = 0) -> tuple[list[str], float, dict[str, Any]]:
+    """Ribbon as the Kairos paper runs it (Sec. 7, 8.2): FCFS dispatch on the pool its Bayesian optimisation
+    finds among every pool under the budget, each candidate evaluated by its simulated allowable QPS.
+    Returns (pool, its allowable QPS, search details)."""
+    from recserve.planners.ribbon import MAX_EVALS, ribbon_search
 
     types = [t for t in ev.service.types if t in prices]
-    homo, _ = homogeneous_pool(ev.service, prices, budget, ev.qos_ms, caps)
-    base = homo[0]
-    configs = enumerate_configs([prices[t] for t in types], [int(caps.get(t, 10**6)) for t in types], budget)
-    keep = configs[:, types.index(base)] >= max(1, len(homo) - slack)
-    best, best_pool = -1.0, homo
-    for row in configs[keep]:
-        pool = [t for t, n in zip(types, row.tolist(), strict=True) for _ in range(n)]
+
+    def evaluate(config: dict[str, int]) -> float:
+        pool = config_to_pool(config)
         start = max(ev.oracle(pool) / 2.0, 0.5)
-        qps, _ = ev.max_load(pool, lambda p=pool: ev.policy(policy, p), start)
-        if qps > best:
-            best, best_pool = qps, pool
-    return best_pool, best, int(keep.sum())
+        return ev.max_load(pool, lambda: ev.policy("ribbon", pool), start)[0]
+
+    res = ribbon_search(types, prices, caps, budget, evaluate, max_evals=max_evals or MAX_EVALS, seed=seed)
+    pool = config_to_pool(dict(zip(types, res.config.tolist(), strict=True)))
+    return pool, res.value, {"evaluations": res.evaluations, "candidates": res.candidates,
+                             "trace": [[pool_text(config_to_pool(dict(zip(types, c, strict=True)))), v]
+                                       for c, v in res.trace]}

@@ -30,6 +30,11 @@ class FloodLimits:
     # after each GOAWAY does not buy a Rapid Reset client a fresh budget
     empty_data: int = 16  # DATA frames in a row with no payload and no END_STREAM (Envoy allows 1)
     continuations: int = 8  # CONTINUATION frames in one header block: nghttp2's default
+    # receive windows (RFC 9113 6.9): what a client may send before we replenish; replenished as DATA is taken
+    # into a message we will serve, so a stream answered or refused gets no more, and DATA past a window is a
+    # FLOW_CONTROL_ERROR.  grpc-core starts at 64 KiB and grows to a few MiB; Envoy and nghttp2 set similar caps.
+    stream_window: int = 1 << 20
+    connection_window: int = 16 << 20
 
 
 class Bucket:

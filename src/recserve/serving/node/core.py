@@ -1,0 +1,346 @@
+"""The node's shared state: its model runtimes by name and version, the repository's load and unload, the
+watchdog over workers, and where each handed-over HTTP connection goes.  Both front ends (the HTTP app and the gRPC
+service) and the workers' hand-overs act on one ``NodeCore``; ``NodeServer`` (``node/server.py``) owns its sockets
+and lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import RecserveError
+from recserve.serving.node.config import NodeConfig, available_cores
+from recserve.serving.node.llc import LlcAllocator
+from recserve.serving.node.repository import Repository
+from recserve.serving.node.runtime import InferError, ModelRuntime, mp_context
+from recserve.serving.wire import protocol
+from recserve.serving.wire.shm import Registry
+
+log = logging.getLogger("recserve.serving")
+
+WATCHDOG_S = 0.2  # how often hung workers are looked for
+STALE_TICK_S = 0.5  # a watchdog tick this late skips its judgement (this process was stalled: heartbeats unread)
+
+
+def _infer_route(prefix: bytes) -> tuple[str, str] | None:
+    """(model, version or "") an HTTP request's line names (``POST /v2/models/<m>[/versions/<v>]/infer``)."""
+    line = prefix.split(b"\r\n", 1)[0].decode("latin-1", "replace").split(" ")
+    if len(line) < 2 or line[0] != "POST":
+        return None
+    parts = line[1].partition("?")[0].split("/")
+    if len(parts) == 5 and parts[:3] == ["", "v2", "models"] and parts[-1] == "infer":
+        return parts[3], ""
+    if len(parts) == 7 and parts[:3] == ["", "v2", "models"] and parts[4] == "versions" and parts[-1] == "infer":
+        return parts[3], parts[5]
+    return None
+
+
+def _infer_target(prefix: bytes) -> str | None:
+    """The model an HTTP request's line names for inference."""
+    route = _infer_route(prefix)
+    return route[0] if route else None
+
+
+class NodeCore:
+    """State shared by both front ends: the model runtimes and node-wide settings."""
+
+    def __init__(self, config: NodeConfig, llc: LlcAllocator | None = None) -> None:
+        self.config = config
+        self.llc = llc or LlcAllocator()
+        self.ctx = mp_context()
+        # served name -> the runtime answering unversioned requests (the newest loaded version)
+        self.models: dict[str, ModelRuntime] = {m.name: ModelRuntime(m, self.ctx, self.llc) for m in config.models}
+        # served name -> version -> runtime (catalogue models have version "1" only)
+        self.versions: dict[str, dict[str, ModelRuntime]] = {n: {rt.version: rt} for n, rt in self.models.items()}
+        self.repository = Repository(config.repository) if config.repository else None
+        self.repo_state: dict[tuple[str, str], tuple[str, str]] = {}  # (model, version) -> (state, reason)
+        self._model_locks: dict[str, asyncio.Lock] = {}
+        self.retiring: set[ModelRuntime] = set()  # versions unloaded or replaced, finishing their queries
+        self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
+        self.grpc_upstream = ""
+        self.accepting = False
+        self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
+        self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
+        self._tasks: set[asyncio.Task] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._skipped = False  # the last tick was late and judged nothing
+        self.listen_sock: socket.socket | None = None
+        self._fallback: Any = None  # the server process's own accept loop while no worker accepts
+        self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
+        # Triton's system shared memory: the node's one table of regions, which the workers follow (serving/wire/shm.py)
+        self.shm = Registry()
+
+    def start_watchdog(self) -> None:
+        """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/node/watchdog.py``),
+        and this process accepts on the node's socket itself while no worker does.
+
+        A tick that runs ``STALE_TICK_S`` late judges nothing: this process was not running (a host stall, or a
+        thread of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and
+        every worker would look silent (measured: a benchmark's 1.5 s ``json.dumps`` beside an in-process node made
+        it cover the accept socket for no reason).  The loop reads them before the next tick, which judges."""
+        loop = asyncio.get_running_loop()
+        late = loop.time() - self._watchdog.when() if self._watchdog is not None else 0.0  # this tick's timer
+        stale = late >= STALE_TICK_S and not self._skipped
+        if not stale:  # never two skipped in a row: a loop late on every tick still has its workers watched
+            for rt in self.all_runtimes():
+                rt.watch()
+            self._cover_accepts()
+        self._skipped = stale
+        self._watchdog = loop.call_later(WATCHDOG_S, self.start_watchdog)
+
+    def stop_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self._skipped = False
+        self._stop_fallback()
+
+    def _stop_fallback(self) -> None:
+        if self._fallback is not None:
+            fallback, self._fallback = self._fallback, None
+            fallback.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+
+    def _cover_accepts(self) -> None:
+        """With every accepting worker down, hung or restarting, nothing would take new connections: health,
+        readiness and metrics would hang with them.  Accept here meanwhile (queries then wait for the restarted
+        workers in this process's queue) and stop as soon as a worker is back."""
+        if self.listen_sock is None or self.http_server is None:
+            return
+        covered = any(rt.accepting_now() for rt in self.models.values())
+        loop = asyncio.get_running_loop()
+        if not covered and self._fallback is None:
+            log.warning("no worker is accepting connections: the server process accepts them until one is back")
+            self._fallback = loop.create_task(loop.create_server(self.http_server, sock=self.listen_sock.dup()))
+            self._cover_grpc(True)
+        elif covered and self._fallback is not None:
+            self._stop_fallback()
+            self._cover_grpc(False)
+
+    def _cover_grpc(self, cover: bool) -> None:
+        if self.cover_grpc is not None:
+            task = asyncio.get_running_loop().create_task(self.cover_grpc(cover))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def use_worker_front_end(self, sock: socket.socket) -> bool:
+        """Data plane v2: whole-query models' workers accept on ``sock``; False if no model can (a repository
+        node counts on the models it will load: until one accepts, this process covers, see ``_cover_accepts``)."""
+        takers = [rt for rt in self.models.values() if rt.cfg.mode == "model"]
+        self.listen_sock = sock if takers or self.repository is not None else None
+        for rt in takers:
+            self._attach(rt)
+        return self.listen_sock is not None
+
+    def _attach(self, rt: ModelRuntime) -> None:
+        """A whole-query runtime's workers accept HTTP (and gRPC) queries themselves."""
+        if self.listen_sock is not None and rt.cfg.mode == "model":
+            rt.listen_sock, rt.node = self.listen_sock, self.config
+            rt.on_handoff = lambda fd, prefix, _hint, source=rt: self.route(fd, prefix, source)
+            rt.grpc_listen, rt.grpc_upstream = self.grpc_listen, self.grpc_upstream
+            rt.shm_dir = self.shm.directory
+
+    def find(self, name: str, version: str = "") -> ModelRuntime | None:
+        """The runtime serving ``name`` at ``version`` ("" = the default version), or None."""
+        return self.models.get(name) if not version else self.versions.get(name, {}).get(version)
+
+    def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
+        """Like :meth:`find`, raising the protocol's not-found error."""
+        if name not in self.models:
+            raise InferError("not_found", f"unknown model {name!r}; served: {sorted(self.models)}", "model_name")
+        rt = self.find(name, version or "")
+        if rt is None:
+            raise InferError("not_found", f"model {name!r} has no version {version!r} loaded; loaded: "
+                                          f"{sorted(self.versions.get(name, {}), key=int)}", "model_version")
+        return rt
+
+    def route(self, fd: int, prefix: bytes, source: ModelRuntime | None = None) -> None:
+        """A connection a worker handed over: to a worker of the model (and version) its request names, else to
+        aiohttp here.  An idle connection (no bytes read) goes to its model's default version now.
+
+        A worker that declines a request for its own runtime (chunked body, sub-batching, retiring with a partial
+        request) means "serve it in the server": passing it back to that runtime's workers would loop."""
+        if prefix:
+            target = _infer_route(prefix)
+            rt = self.find(*target) if target else None
+            rt = None if rt is source else rt
+        else:
+            rt = self.models.get(source.name) if source is not None else None
+        if rt is not None and rt.adopt(fd, prefix):
+            os.close(fd)
+            return
+        task = asyncio.get_running_loop().create_task(self._serve_here(fd, prefix))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve_here(self, fd: int, prefix: bytes) -> None:
+        sock = socket.socket(fileno=fd)
+        if self.http_server is None:
+            sock.close()
+            return
+        sock.setblocking(False)
+        _, protocol = await asyncio.get_running_loop().connect_accepted_socket(self.http_server, sock)
+        if prefix:
+            protocol.data_received(prefix)
+
+    @property
+    def ready(self) -> bool:
+        return self.accepting and all(rt.ready for rt in self.models.values())
+
+    def all_runtimes(self) -> list[ModelRuntime]:
+        """Every loaded version of every model."""
+        return [rt for versions in self.versions.values() for rt in versions.values()]
+
+    def model_config(self, rt: ModelRuntime) -> dict[str, Any]:
+        workers = sum(len(p.active()) for p in rt.pools.values())
+        return protocol.model_config(rt.name, rt.info, rt.cfg.max_batch_size, workers)
+
+    def node_state(self) -> dict[str, Any]:
+        supported = self.llc.supported
+        return {"cores": available_cores(), "models": list(self.models),
+                "llc": {"supported": supported, "total_ways": self.llc.total_ways() if supported else 0,
+                        "message": "" if supported else self.llc.why_unsupported()}}
+
+    def set_llc_ways(self, rt: ModelRuntime, ways: Any) -> dict[str, Any]:
+        pids = [w.pid for p in rt.pools.values() for w in p.active()]
+        try:
+            return self.llc.set_ways(rt.name, ways, pids)
+        except ValueError as exc:
+            raise InferError("invalid", f"ways: {exc}", "ways") from exc
+
+    # ------------------------------------------------------------------ model repository
+    def _repo(self) -> Repository:
+        if self.repository is None:
+            raise InferError("unsupported", "this node has no model repository (serve --repository REPO)")
+        return self.repository
+
+    async def load_repository(self) -> None:
+        """Start: load every repository model (Triton's default); a model that fails is logged and left out."""
+        for name in self._repo().names():
+            try:
+                await self.load_model(name)
+            except InferError as exc:
+                log.error("repository model %s not loaded: %s", name, exc)
+
+    async def load_model(self, name: str) -> list[str]:
+        """Load (or reload) repository model ``name``: the versions its policy selects.
+
+        New versions are checked (one batch) and their workers started before anything changes; then the newest
+        becomes the default and versions the policy no longer selects are retired after the answer (admitted
+        queries finish, idle connections move to the new default).  If any new version fails, the ones started here
+        are stopped, the versions already serving keep serving, and the error names the file and the reason."""
+        repo = self._repo()
+        async with self._model_locks.setdefault(name, asyncio.Lock()):
+            current = self.models.get(name)
+            if current is not None and not current.cfg.artifact:
+                raise InferError("invalid", f"model {name!r} is a catalogue model of the node config, not a "
+                                            "repository model", "model_name")
+            try:
+                wanted = [str(v) for v in repo.selected_versions(name)]
+            except RecserveError as exc:
+                self.repo_state[(name, "")] = ("UNAVAILABLE", str(exc))
+                raise InferError("invalid", str(exc), "model_name") from exc
+            loaded = self.versions.setdefault(name, {})
+            newest = max(wanted, key=int)
+            started: list[ModelRuntime] = []
+            for version in (v for v in wanted if v not in loaded):
+                try:
+                    started.append(await self._start_version(name, int(version), version == newest))
+                except (RecserveError, InferError) as exc:
+                    reason = self.repository.relative(str(exc)) if self.repository is not None else str(exc)
+                    self.repo_state[(name, version)] = ("UNAVAILABLE", reason)
+                    await asyncio.gather(*(rt.stop() for rt in started))
+                    if not loaded:
+                        self.versions.pop(name, None)
+                    raise InferError("invalid", f"model {name!r} version {version} not loaded: {reason}",
+                                     "model_name") from exc
+            for rt in started:
+                loaded[rt.version] = rt
+            for version, rt in loaded.items():
+                self.repo_state[(name, version)] = ("READY", "")
+                if version != newest and rt.is_default:
+                    rt.set_default(False)
+            loaded[newest].set_default(True)
+            self.models[name] = loaded[newest]
+            retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
+            for rt in retire:
+                self.repo_state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")
+            self._models_changed()
+            self._retire_in_background(retire)
+            return wanted
+
+    async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
+        from recserve.zoo.artifacts import check_artifact
+
+        cfg = self._repo().model_config(name, version)
+        self.repo_state[(name, str(version))] = ("LOADING", "")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, check_artifact, Path(cfg.artifact), cfg.spec)
+        rt = ModelRuntime(cfg, self.ctx, self.llc)
+        rt.is_default = default
+        self._attach(rt)
+        try:
+            await rt.start()
+        except BaseException:
+            await rt.stop()
+            raise
+        log.info("model %s version %s loaded from %s", name, version, cfg.artifact)
+        return rt
+
+    async def unload_model(self, name: str) -> None:
+        """Unload every version of ``name``; admitted queries finish, later ones get 404."""
+        async with self._model_locks.setdefault(name, asyncio.Lock()):
+            if name not in self.models:
+                raise InferError("not_found", f"model {name!r} is not loaded; loaded: {sorted(self.models)}",
+                                 "model_name")
+            del self.models[name]
+            versions = self.versions.pop(name, {})
+            for version in versions:
+                self.repo_state[(name, version)] = ("UNAVAILABLE", "unloaded")
+            self._models_changed()
+            self._retire_in_background(list(versions.values()))
+
+    def _retire_in_background(self, runtimes: list[ModelRuntime]) -> None:
+        """Retire versions after answering: the load/unload call itself may have come through one of their workers
+        (gRPC calls are forwarded by the worker that took them), which waits for its calls before it exits."""
+        for rt in runtimes:
+            self.retiring.add(rt)
+            task = asyncio.get_running_loop().create_task(self._retire(rt))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _, rt=rt: self.retiring.discard(rt))
+
+    async def _retire(self, rt: ModelRuntime) -> None:
+        """Let queries admitted through the server finish, then stop the workers (they finish their own)."""
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while rt.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await rt.stop()
+
+    def _models_changed(self) -> None:
+        """Keep the node's socket covered: this process accepts while no worker does (all models unloaded)."""
+        self._cover_accepts()
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: every repository model, with each version's state and reason."""
+        names = set(self.repository.names()) if self.repository is not None else set()
+        names |= set(self.versions) | {n for n, _ in self.repo_state}
+        entries = []
+        for name in sorted(names):
+            seen = {v for n, v in self.repo_state if n == name and v} | set(self.versions.get(name, {}))
+            if not seen:
+                state, reason = self.repo_state.get((name, ""), ("", ""))
+                entries.append({"name": name, "version": "", "state": state, "reason": reason})
+            for version in sorted(seen, key=int):
+                rt = self.versions.get(name, {}).get(version)
+                state, reason = ("READY" if rt.ready else "LOADING", "") if rt is not None else \
+                    self.repo_state.get((name, version), ("UNAVAILABLE", ""))
+                entries.append({"name": name, "version": version, "state": state, "reason": reason})
+        return [e for e in entries if e["state"] == "READY"] if ready_only else entries
+
+

@@ -1,0 +1,291 @@
+"""HTTP front end (aiohttp): the v2 REST protocol, Triton config/statistics, ``/metrics`` and ``/control``.
+
+Control API (JSON, same port, meant for loopback use by the node resource manager)::
+
+    GET  /control/models                      -> {"models": [state, ...]}
+    GET  /control/node                        -> {"cores": [...], "llc": {"supported": bool, "total_ways": w}}
+    GET  /control/models/{m}/window?seconds=10&percentile=95
+                                              -> {"tail_ms", "qps", "arrival_qps", "completed", "failed", "errors"}
+    GET  /control/models/{m}                  -> state (workers per stage with pids, cores, RSS/PSS, llc_ways)
+    POST /control/models/{m}/workers          {"workers": n, "cores": [[0],[1]] | [0,1] | null,
+                                               "threads": t | null, "stage": "model"|"sparse"|"dense" | null}
+    POST /control/models/{m}/sub_batch        {"sub_batch": k}
+    POST /control/models/{m}/accelerator      {"min_items": k}  (queries of >= k items go to accelerator workers)
+    POST /control/models/{m}/llc              {"ways": w}   -> 501 where resctrl is missing
+
+Control requests are validated field by field (:mod:`recserve.serving.node.control_api`) and, when the node has a
+``control_token``, need ``Authorization: Bearer <token>`` (401 otherwise).  Responses name the server
+``recserve`` only (aiohttp's default ``Server`` header names Python's and aiohttp's versions).
+
+Model repository (Triton's extension; 501 on a node without ``repository``)::
+
+    POST /v2/repository/index                 {"ready": bool}? -> [{"name", "version", "state", "reason"}, ...]
+    POST /v2/repository/models/{m}/load       -> {} once the versions its policy selects serve; 400 naming the file
+    POST /v2/repository/models/{m}/unload     -> {}
+
+System shared memory (Triton's extension, ``serving/wire/shm.py``; the control API's access rule)::
+
+    POST /v2/systemsharedmemory/region/{r}/register {"key", "offset", "byte_size"} -> {}
+    POST /v2/systemsharedmemory[/region/{r}]/unregister -> {}
+    GET  /v2/systemsharedmemory[/region/{r}]/status -> [{"name", "key", "offset", "byte_size"}, ...]
+    *    /v2/cudasharedmemory/...             -> 501 (not supported)
+
+Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
+``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
+``Content-Type: application/json``, with the status from :data:`recserve.serving.wire.errors.STATUS`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from recserve.serving.node import control_api
+from recserve.serving.node.llc import LlcUnsupported
+from recserve.serving.node.metrics import NodeSnapshot, PrometheusExporter
+from recserve.serving.wire import codec, protocol
+from recserve.serving.wire.errors import STATUS, InferError
+from recserve.serving.wire.shm import CUDA_UNSUPPORTED, register_request
+
+if TYPE_CHECKING:
+    from recserve.serving.node.core import NodeCore
+    from recserve.serving.node.runtime import ModelRuntime
+
+log = logging.getLogger("recserve.serving")
+
+
+def error_response(exc: InferError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status.http)
+
+
+def _ready(data: dict[str, Any], ready: bool) -> web.Response:
+    """A readiness answer: the Open Inference Protocol body, 200 when ready and 503 otherwise."""
+    return web.json_response({**data, "ready": ready}, status=200 if ready else 503)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def build_app(core: NodeCore) -> web.Application:
+    @web.middleware
+    async def count_refusals(request: web.Request, handler: Any) -> web.StreamResponse:
+        """Inference requests refused before any model counted them (unknown model, bad route), by status."""
+        try:
+            return await handler(request)
+        except Exception as exc:
+            if request.path.endswith("/infer") and not getattr(exc, "counted", False):
+                code = exc.code if isinstance(exc, InferError) else str(getattr(exc, "status", "internal"))
+                core.refusals[code] = core.refusals.get(code, 0) + 1
+            raise
+
+    control_api.check_exposure(core.config.host, core.config.control_token)
+    app = web.Application(client_max_size=core.config.max_body_bytes,
+                          middlewares=[_errors, _control_access(core.config.control_token), count_refusals])
+    app.on_response_prepare.append(_plain_server_header)
+    routes = web.RouteTableDef()
+
+    def runtime(request: web.Request) -> ModelRuntime:
+        return core.runtime(request.match_info["model"], request.match_info.get("version"))
+
+    @routes.get("/v2")
+    async def server_metadata(_: web.Request) -> web.Response:
+        return _json(protocol.server_metadata(core.config.server_name))
+
+    @routes.get("/v2/health/live")
+    async def live(_: web.Request) -> web.Response:
+        return _json({"live": True})
+
+    @routes.get("/v2/health/ready")
+    async def ready(_: web.Request) -> web.Response:
+        return _ready({}, core.ready)
+
+    @routes.get("/v2/models/stats")
+    async def all_stats(_: web.Request) -> web.Response:
+        return _json({"model_stats": [rt.metrics.triton_stats(rt.name) for rt in core.models.values()]})
+
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        @routes.get(prefix)
+        async def metadata(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _json(protocol.model_metadata(rt.name, rt.info, sorted(core.versions.get(rt.name, {}), key=int)))
+
+        @routes.get(prefix + "/ready")
+        async def model_ready(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _ready({"name": rt.name}, rt.ready)
+
+        @routes.get(prefix + "/config")
+        async def config(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _json(core.model_config(rt))
+
+        @routes.get(prefix + "/stats")
+        async def stats(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            return _json({"model_stats": [rt.metrics.triton_stats(rt.name)]})
+
+        @routes.post(prefix + "/infer")
+        async def infer(request: web.Request) -> web.Response:
+            rt = runtime(request)
+            try:
+                body = await request.read()
+                req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH),
+                                                     core.config.max_json_bytes, core.shm)
+            except (InferError, web.HTTPRequestEntityTooLarge) as exc:
+                rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
+                exc.counted = True  # type: ignore[union-attr]
+                raise
+            scores = await rt.infer(arrays, codec.timeout_s(req.get("parameters") or {}))
+            payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
+            content_type = headers.pop("Content-Type")
+            return web.Response(body=payload, headers=headers, content_type=content_type)
+
+    # ---- model repository (Triton's model-repository extension) ----
+    @routes.post("/v2/repository/index")
+    async def repository_index(request: web.Request) -> web.Response:
+        body = await _body(request) if request.can_read_body else {}
+        return _json(core.repository_index(bool(body.get("ready", False))))
+
+    @routes.post("/v2/repository/models/{model}/load")
+    async def repository_load(request: web.Request) -> web.Response:
+        await core.load_model(request.match_info["model"])
+        return _json({})
+
+    @routes.post("/v2/repository/models/{model}/unload")
+    async def repository_unload(request: web.Request) -> web.Response:
+        await core.unload_model(request.match_info["model"])
+        return _json({})
+
+    # ---- system shared memory (Triton's extension; serving/wire/shm.py) ----
+    @routes.get("/v2/systemsharedmemory/status")
+    @routes.get("/v2/systemsharedmemory/region/{region}/status")
+    async def shm_status(request: web.Request) -> web.Response:
+        return _json(core.shm.status(request.match_info.get("region", "")))
+
+    @routes.post("/v2/systemsharedmemory/region/{region}/register")
+    async def shm_register(request: web.Request) -> web.Response:
+        core.shm.register(request.match_info["region"], *register_request(await _body(request)))
+        return _json({})
+
+    @routes.post("/v2/systemsharedmemory/unregister")
+    @routes.post("/v2/systemsharedmemory/region/{region}/unregister")
+    async def shm_unregister(request: web.Request) -> web.Response:
+        core.shm.unregister(request.match_info.get("region", ""))
+        return _json({})
+
+    @routes.route("*", "/v2/cudasharedmemory{tail:(/.*)?}")
+    async def cuda_shm(_: web.Request) -> web.Response:
+        raise InferError("unsupported", CUDA_UNSUPPORTED)
+
+    exporter = PrometheusExporter(lambda: metric_snapshot(core))
+
+    @routes.get("/metrics")
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=exporter.render(), headers={"Content-Type": exporter.content_type})
+
+    # ---- control ----
+    @routes.get("/control/models")
+    async def control_models(_: web.Request) -> web.Response:
+        return _json({"models": [rt.state() for rt in core.models.values()]})
+
+    @routes.get("/control/node")
+    async def control_node(_: web.Request) -> web.Response:
+        return _json(core.node_state())
+
+    @routes.get("/control/models/{model}/window")
+    async def control_window(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        seconds, percentile = control_api.window_query(request.query, rt.sla_percentile)
+        return _json(rt.metrics.window(seconds, percentile))
+
+    @routes.get("/control/models/{model}")
+    async def control_model(request: web.Request) -> web.Response:
+        return _json(runtime(request).state())
+
+    @routes.post("/control/models/{model}/workers")
+    async def control_workers(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        ask = control_api.workers_request(await _body(request), sorted(rt.pools))
+        return _json(await rt.set_workers(ask.workers, ask.cores, ask.threads, ask.stage))
+
+    @routes.post("/control/models/{model}/sub_batch")
+    async def control_sub_batch(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        return _json(rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
+
+    @routes.post("/control/models/{model}/accelerator")
+    async def control_accelerator(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        return _json(rt.set_min_items(control_api.accelerator_request(await _body(request), rt.cfg.max_batch_size)))
+
+    @routes.post("/control/models/{model}/llc")
+    async def control_llc(request: web.Request) -> web.Response:
+        rt = runtime(request)
+        return _json(core.set_llc_ways(rt, control_api.llc_request(await _body(request))))
+
+    app.add_routes(routes)
+    return app
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InferError("invalid", f"body: not valid JSON: {exc}", "body") from exc
+    if not isinstance(body, dict):
+        raise InferError("invalid", "body: expected a JSON object", "body")
+    return body
+
+
+def _control_access(token: str | None) -> Any:
+    """Middleware: the paths of ``control_api.GUARDED_HTTP`` need the node's bearer token when it has one."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        what = control_api.guarded_http(request.path) if token else None
+        if what is not None:
+            control_api.require_token(what, request.headers.get("Authorization"), token)
+        return await handler(request)
+
+    return check
+
+
+async def _plain_server_header(_: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = "recserve"
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure as a JSON error body (clients such as KServe's parse it)."""
+    try:
+        return await handler(request)
+    except InferError as exc:
+        return error_response(exc)
+    except LlcUnsupported as exc:
+        return web.json_response({"error": str(exc), "supported": False}, status=STATUS["unsupported"].http)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(InferError("too_large", f"body: {exc.text}", "body"))
+    except json.JSONDecodeError as exc:
+        return error_response(InferError("invalid", f"body: {exc}", "body"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"},
+                                 status=exc.status, headers=allow)
+    except Exception as exc:  # a bug: still a JSON answer, and the traceback in the log
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        return error_response(InferError("internal", f"{type(exc).__name__}: {exc}"))
+
+
+def metric_snapshot(core: NodeCore) -> NodeSnapshot:
+    """What ``/metrics`` exports: each served model's counters, queries in flight and ready workers per stage,
+    and the node's refusals before a model was known."""
+    return {
+        name: (rt.metrics, rt.in_flight, {s: p.ready_count() for s, p in rt.pools.items()})
+        for name, rt in core.models.items()
+    }, core.refusals

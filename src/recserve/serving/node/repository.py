@@ -1,0 +1,213 @@
+"""A model repository in Triton's layout, so users' habits carry over::
+
+    REPO/<model>/config.yaml            how to serve it (below) and which versions
+    REPO/<model>/spec.yaml              optional: the architecture (for model.safetensors), shared by versions
+    REPO/<model>/<version>/model.safetensors | model.pt2 | model.pt   (+ optional spec.yaml)
+
+``config.yaml`` holds what a node config holds per model, plus the version policy (Triton's syntax)::
+
+    workers: 2            cores: [0, 1]        threads: 1       sub_batch: 0      mode: model
+    queue_limit: 64       max_query_size: 1024 sla: {target_ms: 20, percentile: 95}
+    deadline_ms: 40       fuse_items: 256      hang_timeout_s: 5    forward_to_idle: true
+    tiering: {dir: /ssd/tables, tables: user, cache_mb: 64}     # SDM (safetensors artifacts only)
+    version_policy: {latest: {num_versions: 1}}   # or {all: {}} or {specific: {versions: [1, 3]}}
+
+``recserve profile host``, ``plan search|shard|tier`` and the perfmodel take a repository model wherever they take
+a catalogue name: ``--model REPO/<model>`` (newest version) or ``REPO/<model>/<version>`` (:func:`reference_spec`,
+reached through ``specs.get_model``).
+
+This module only reads the repository and turns a (model, version) into a validated
+:class:`~recserve.serving.node.config.ModelConfig`; loading, swapping and unloading live in the node (server.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recserve.errors import SpecError
+from recserve.serving.node.config import ModelConfig
+from recserve.specs import SLA, ModelSpec, _build, add_model_source, read_yaml
+
+CONFIG_FILE = "config.yaml"
+# config.yaml key -> ModelConfig field (the node config's names, plus Triton's max_query_size spelling)
+SERVING_KEYS = {"workers": "workers", "cores": "cores", "threads": "threads", "sub_batch": "sub_batch",
+                "mode": "mode", "sparse_workers": "sparse_workers", "sparse_cores": "sparse_cores",
+                "queue_limit": "queue_limit", "max_query_size": "max_batch_size",
+                "max_batch_size": "max_batch_size", "llc_ways": "llc_ways", "share_tables": "share_tables",
+                "fuse_tables": "fuse_tables", "forward_to_idle": "forward_to_idle",
+                "deadline_ms": "deadline_ms", "fuse_items": "fuse_items", "hang_timeout_s": "hang_timeout_s",
+                "accelerator": "accelerator"}
+DEFAULT_SLA = {"target_ms": 100.0}  # when neither config.yaml nor the spec gives one
+OTHER_KEYS = {"sla", "tiering", "version_policy", "name"}
+
+
+@dataclass(frozen=True)
+class VersionPolicy:
+    """Triton's version policy: the newest ``latest`` versions, ``specific`` ones, or ``all``."""
+
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        available = sorted(available)
+        if self.kind == "all":
+            return available
+        if self.kind == "specific":
+            return [v for v in available if v in self.versions]
+        return available[-self.num_versions:]
+
+
+def parse_policy(data: Any, where: str) -> VersionPolicy:
+    if data is None:
+        return VersionPolicy()
+    if not isinstance(data, dict) or len(data) != 1:
+        raise SpecError(f"{where}: version_policy must be one of {{latest: {{num_versions: N}}}}, {{all: {{}}}}, "
+                        f"{{specific: {{versions: [..]}}}}, got {data!r}")
+    kind, body = next(iter(data.items()))
+    body = body or {}
+    if kind == "all":
+        return VersionPolicy("all")
+    if kind == "latest":
+        n = body.get("num_versions", 1)
+        if not isinstance(n, int) or n < 1:
+            raise SpecError(f"{where}: version_policy.latest.num_versions must be an integer >= 1, got {n!r}")
+        return VersionPolicy("latest", n)
+    if kind == "specific":
+        versions = body.get("versions")
+        if not isinstance(versions, list) or not versions or not all(isinstance(v, int) for v in versions):
+            raise SpecError(f"{where}: version_policy.specific.versions must be a list of integers")
+        return VersionPolicy("specific", versions=tuple(versions))
+    raise SpecError(f"{where}: version_policy kind must be latest, all or specific, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """One repository model's config.yaml, parsed."""
+
+    name: str
+    serving: dict[str, Any]
+    sla: dict[str, Any] | None  # config.yaml's SLA wins over the spec's
+    tiering: dict[str, Any] | None
+    policy: VersionPolicy
+
+
+class Repository:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise SpecError(f"model repository {self.root}: no such directory")
+
+    def relative(self, message: str) -> str:
+        """``message`` with this repository's paths written from its root (``ctr/2/model.pt``): they name the file
+        exactly and do not expose the host's directories (absolute paths are redacted from error bodies)."""
+        root = str(self.root.resolve())
+        return message.replace(root + "/", "").replace(str(self.root) + "/", "")
+
+    def names(self) -> list[str]:
+        """Models in the repository: every directory holding a config.yaml or a numeric version directory."""
+        return sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")
+                      and ((d / CONFIG_FILE).exists() or self._version_dirs(d)))
+
+    def model_dir(self, name: str) -> Path:
+        path = self.root / name
+        if "/" in name or name.startswith(".") or not path.is_dir():
+            raise SpecError(f"model repository {self.root}: no model {name!r}; found: {self.names()}")
+        return path
+
+    @staticmethod
+    def _version_dirs(model_dir: Path) -> list[int]:
+        return sorted(int(d.name) for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit())
+
+    def versions(self, name: str) -> list[int]:
+        """Version directories on disk, oldest first."""
+        return self._version_dirs(self.model_dir(name))
+
+    def settings(self, name: str) -> ModelSettings:
+        model_dir = self.model_dir(name)
+        path = model_dir / CONFIG_FILE
+        data = read_yaml(path) if path.exists() else {}
+        data = data or {}
+        where = str(path)
+        if not isinstance(data, dict):
+            raise SpecError(f"{where}: expected a mapping")
+        unknown = sorted(set(data) - set(SERVING_KEYS) - OTHER_KEYS)
+        if unknown:
+            raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(set(SERVING_KEYS) | OTHER_KEYS)}")
+        if data.get("name", name) != name:
+            raise SpecError(f"{where}: name {data['name']!r} differs from the directory name {name!r}")
+        serving = {SERVING_KEYS[k]: v for k, v in data.items() if k in SERVING_KEYS}
+        sla = data.get("sla")
+        if sla is not None and not isinstance(sla, dict):
+            raise SpecError(f"{where}: sla must be a mapping like {{target_ms: 20, percentile: 95}}")
+        tiering = data.get("tiering")
+        if tiering is not None and not isinstance(tiering, dict):
+            raise SpecError(f"{where}: tiering must be a mapping (the node config's tier: section)")
+        return ModelSettings(name, serving, sla, tiering, parse_policy(data.get("version_policy"), where))
+
+    def selected_versions(self, name: str) -> list[int]:
+        available = self.versions(name)
+        if not available:
+            raise SpecError(f"model repository {self.root}: model {name!r} has no version directory (e.g. {name}/1/)")
+        chosen = self.settings(name).policy.select(available)
+        if not chosen:
+            raise SpecError(f"model {name!r}: version_policy selects none of the versions on disk {available}")
+        return chosen
+
+    def spec(self, name: str, version: int | None = None) -> tuple[ModelSpec, Path]:
+        """(spec, artifact) of a version (default: the newest on disk), with config.yaml's SLA."""
+        from recserve.zoo.artifacts import artifact_spec, find_artifact
+
+        settings = self.settings(name)
+        on_disk = self.versions(name)
+        version = version if version is not None else (on_disk[-1] if on_disk else 1)
+        version_dir = self.model_dir(name) / str(version)
+        if not version_dir.is_dir():
+            raise SpecError(f"model {name!r}: no version {version} in {self.model_dir(name)} "
+                            f"(versions on disk: {on_disk})")
+        artifact = find_artifact(version_dir)
+        spec = artifact_spec(artifact, name, {"sla": DEFAULT_SLA})
+        if settings.sla is not None:
+            spec = dataclasses.replace(spec, sla=_build(SLA, settings.sla, f"{self.model_dir(name) / CONFIG_FILE} sla"))
+        return spec, artifact
+
+    def model_config(self, name: str, version: int) -> ModelConfig:
+        """The served-model config of one version: the artifact, its spec and the model's serving settings.
+
+        Reads the spec (cheap); :func:`recserve.zoo.artifacts.check_artifact` runs the artifact (the node does
+        that off its event loop before starting workers)."""
+        settings = self.settings(name)
+        spec, artifact = self.spec(name, version)
+        options = {"tier": settings.tiering} if settings.tiering else {}
+        fields = {f.name for f in dataclasses.fields(ModelConfig)}
+        extra = {k: v for k, v in settings.serving.items() if k in fields}
+        try:
+            return ModelConfig(model=name, name=name, scale=1.0, artifact=str(artifact), version=version, spec=spec,
+                               options=options, **extra)
+        except TypeError as exc:
+            raise SpecError(f"{self.model_dir(name) / CONFIG_FILE}: {exc}") from exc
+
+
+def is_reference(name: str) -> bool:
+    """Whether a model name is a path to a repository model (``REPO/<model>[/<version>]``)."""
+    return "/" in name and Path(name).is_dir()
+
+
+def repository_model(name: str) -> ModelSpec | None:
+    """``specs.get_model``'s source for repository paths (REPO/<model>[/<version>]); None for anything else."""
+    return reference_spec(name) if "/" in name and Path(name).is_dir() else None
+
+
+add_model_source(repository_model)
+
+
+def reference_spec(reference: str) -> ModelSpec:
+    """The spec of a repository model named by path; its ``name`` is the path, so any process resolves it again."""
+    path = Path(reference.rstrip("/"))
+    version = int(path.name) if path.name.isdigit() else None
+    model_dir = path.parent if version is not None else path
+    spec, _ = Repository(model_dir.parent).spec(model_dir.name, version)
+    return dataclasses.replace(spec, name=reference)

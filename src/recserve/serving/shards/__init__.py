@@ -1,0 +1,1 @@
+"""ElasticRec sharded serving: embedding-shard services and the remote tables a dense shard calls."""

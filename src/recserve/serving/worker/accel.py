@@ -1,0 +1,788 @@
+"""Accelerator workers: large queries of a model computed on a GPU (or a many-threaded CPU worker), fused.
+
+Why (issue #16, DeepRecSys' accelerator offload, Hercules' and Triton's query fusion): a batch-1 query costs
+less on a CPU core than a kernel launch plus two copies, while a batch-4096 query runs 2-100x faster on a GPU.
+So a model may have, beside its CPU workers, *accelerator workers* that accept no client connections.  A CPU
+worker decodes and validates every query as before; one with at least ``min_items`` items is sent to an
+accelerator worker over that worker's Unix socket (the one with the fewest outstanding queries) and answered
+from its reply, while the CPU worker's loop keeps serving small queries.  The accelerator worker fuses the
+queries waiting on all its connections into one pass of at most ``fuse_items`` items, waiting at most
+``fuse_delay_us`` for more (Triton's ``max_queue_delay``), copies inputs to the device once per pass and the
+scores back, and splits them per query.
+
+Frames on the socket (little endian; raw array bytes, never pickled tensors):
+
+- hello, once per connection from the CPU worker: ``HELLO`` (its pid, the fd of its staging arena, the arena's
+  bytes; 0 bytes: no arena), answered with one ``ACK`` byte (1: the accelerator worker mapped the arena).
+- request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, the query's deadline in nanoseconds
+  of ``CLOCK_MONOTONIC``, the arrays' offset in the arena or ``INLINE``) then, when inline, dense f32 ``[B, D]``,
+  values i64 ``[N]``, lengths i32 ``[T, B]``.
+- reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
+  ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
+
+The deadline travels with the query because the accelerator worker's queue is where a burst waits.  It is an
+absolute time on the host's monotonic clock (both workers' ``perf_counter``), not the time left: under overload
+a frame can wait in the socket before the accelerator worker reads it, and a budget counted from the read gave
+that wait back, so the worker computed queries its CPU worker had already answered 504 (goodput fell from 291 to
+127 QPS at 2x overload on the 2-core host).  A query whose deadline passed is answered 504 without computing
+it, and one that cannot finish in time by the worker's online fit of its pass time (``dataplane.ServiceTime``) is
+shed at once with 503, so an overload never leaves a backlog of abandoned work in front of new queries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import warnings
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.plane import ServiceTime
+
+log = logging.getLogger("recserve.serving")
+
+HELLO = struct.Struct("<QQQ")
+ACK = struct.Struct("<B")
+REQUEST = struct.Struct("<QIIIQQQ")
+REPLY = struct.Struct("<QBxxxII")
+INLINE = 2**64 - 1  # a request whose arrays follow its header on the socket
+OK = 0
+# reply status i + 1; append only (a code's index is its status on the wire)
+ERROR_CODES = ("internal", "unavailable", "deadline", "data_loss", "invalid")
+# A large query is megabytes (hera-dlrm-a: 1.4 MB at 256 items): with asyncio's 64 KiB stream limit and the
+# default socket buffers it crossed the socket in dozens of wake-ups (+2 ms); these let it cross in a few.
+STREAM_LIMIT = 16 * 1024 * 1024
+SOCKET_BUFFER = 4 * 1024 * 1024
+
+
+def _widen(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            except OSError:
+                pass  # the kernel's cap applies
+STOP_GRACE_S = 10.0
+SEND_BACKLOG = 32 * 1024 * 1024  # inline query bytes a CPU worker lets wait in an accelerator socket; more -> 503
+
+Done = Callable[[np.ndarray | None, InferError | None], None]
+
+
+def array_bytes(items: int, width: int, tables: int, ids: int) -> tuple[int, int, int]:
+    """Bytes of a query's dense, values and lengths arrays (how a frame or an arena slot is laid out)."""
+    return items * width * 4, ids * 8, tables * items * 4
+
+
+def request_header(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, offset: int = INLINE) -> bytes:
+    """``deadline``: ``time.perf_counter()`` seconds (``CLOCK_MONOTONIC``, the same clock in every process)."""
+    dense, values, lengths = arrays
+    return REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0],
+                        max(0, int(deadline * 1e9)), offset)
+
+
+def wire_arrays(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    """The arrays in the frame's dtypes (lengths as i32: sums fit, bounded by the body), contiguous."""
+    dense, values, lengths = arrays
+    lengths = lengths if lengths.dtype == np.int32 else lengths.astype(np.int32)
+    return tuple(np.ascontiguousarray(a) for a in (dense, values, lengths))
+
+
+def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, offset: int = INLINE
+                  ) -> list[bytes | memoryview]:
+    """A query as frame pieces: the header, then (inline) each array's bytes without a copy where it is
+    contiguous; a query staged at ``offset`` in the arena is its header alone."""
+    arrays = wire_arrays(arrays)
+    header = request_header(request_id, arrays, deadline, offset)
+    return [header, *(memoryview(a).cast("B") for a in arrays)] if offset == INLINE else [header]
+
+
+def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: int) -> tuple[np.ndarray, ...]:
+    """dense, values, lengths as views of ``buffer`` (uint8, laid out as ``array_bytes`` says)."""
+    sizes = array_bytes(items, width, tables, ids)
+    a, b = sizes[0], sizes[0] + sizes[1]
+    return (buffer[:a].view(np.float32).reshape(items, width), buffer[a:b].view(np.int64),
+            buffer[b : b + sizes[2]].view(np.int32).reshape(tables, items))
+
+
+async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = None
+                       ) -> tuple[int, tuple[np.ndarray, ...], float]:
+    """(id, arrays, deadline on this process's ``perf_counter``); arrays in ``arena`` are views of it."""
+    request_id, items, width, tables, ids, deadline_ns, offset = REQUEST.unpack(await reader.readexactly(REQUEST.size))
+    deadline = deadline_ns / 1e9
+    total = sum(array_bytes(items, width, tables, ids))
+    if offset == INLINE:
+        buffer = np.frombuffer(await reader.readexactly(total), np.uint8)
+    elif arena is not None and offset + total <= arena.shape[0]:
+        buffer = arena[offset : offset + total]
+    else:
+        raise ConnectionError(f"request {request_id} names arena bytes [{offset}, {offset + total}) this worker "
+                              "has not mapped")
+    return request_id, split_arrays(buffer, items, width, tables, ids), deadline
+
+
+# ---------------------------------------------------------------------------------------- staging arena
+
+
+class Arena:
+    """Shared staging memory of one CPU worker -> accelerator worker link (a memfd both map).
+
+    Why (issue #16): a 23 MB query (hera-dlrm-a, batch 4096) crossed the socket in ~25 ms of the two workers'
+    CPU (asyncio joins and buffers the frame, the reader re-assembles it), more than the GPU pass itself.  With
+    the arena the CPU worker copies the arrays once and sends only their offset; the accelerator worker reads
+    them in place, and on a GPU the arena is registered as pinned memory, so the host-to-device copy is DMA
+    straight from it.  A slot stays taken until its reply arrives (the accelerator may still be reading it
+    after the CPU worker gave up on the query); a query that does not fit crosses the socket as before.
+    """
+
+    ALIGN = 64
+
+    def __init__(self, size: int) -> None:
+        import mmap
+
+        self.size = size
+        self.fd = os.memfd_create("recserve-accel-staging")
+        self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when a dropped link is collected
+        os.ftruncate(self.fd, size)
+        self.map = mmap.mmap(self.fd, size)
+        self.view = np.frombuffer(self.map, np.uint8)
+        self.taken: dict[int, int] = {}  # offset -> bytes, of queries sent and not yet answered
+
+    def put(self, arrays: tuple[np.ndarray, ...]) -> int | None:
+        """Copy ``arrays`` (wire dtypes) into a free slot; its offset, or None when none is large enough."""
+        total = sum(a.nbytes for a in arrays)
+        offset = self._fit(total)
+        if offset is None:
+            return None
+        self.taken[offset] = total
+        at = offset
+        for a in arrays:
+            self.view[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
+            at += a.nbytes
+        return offset
+
+    def _fit(self, total: int) -> int | None:
+        start = 0
+        for offset in sorted(self.taken):
+            if offset - start >= total:
+                return start
+            start = -(-(offset + self.taken[offset]) // self.ALIGN) * self.ALIGN
+        return start if self.size - start >= total else None
+
+    def release(self, offset: int | None) -> None:
+        if offset is not None:
+            self.taken.pop(offset, None)
+
+    def close(self) -> None:
+        self.taken.clear()
+        self.view = np.zeros(0, np.uint8)
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a view is still alive: the mapping goes with it
+        self._close_fd()
+
+
+def map_arena(pid: int, fd: int, size: int) -> np.ndarray:
+    """The accelerator worker's view of a CPU worker's arena (read through /proc: no fd passing needed)."""
+    import mmap
+
+    with open(f"/proc/{pid}/fd/{fd}", "r+b") as f:
+        return np.frombuffer(mmap.mmap(f.fileno(), size), np.uint8)
+
+
+def reply_frame(request_id: int, scores: np.ndarray | None, error: InferError | None = None) -> bytes:
+    if scores is None:
+        error = error or InferError("internal", "no scores")
+        code = error.code if error.code in ERROR_CODES else "internal"
+        message = str(error).encode()
+        return REPLY.pack(request_id, ERROR_CODES.index(code) + 1, 0, len(message)) + message
+    scores = np.ascontiguousarray(scores, dtype=np.float32)
+    return REPLY.pack(request_id, OK, scores.shape[0], scores.shape[1]) + scores.tobytes()
+
+
+async def read_reply(reader: asyncio.StreamReader) -> tuple[int, np.ndarray | None, InferError | None]:
+    request_id, status, rows, columns = REPLY.unpack(await reader.readexactly(REPLY.size))
+    if status != OK:
+        message = (await reader.readexactly(columns)).decode(errors="replace")
+        code = ERROR_CODES[status - 1] if status <= len(ERROR_CODES) else "internal"
+        return request_id, None, InferError(code, message)
+    scores = np.frombuffer(await reader.readexactly(rows * columns * 4), np.float32).reshape(rows, columns)
+    return request_id, scores, None
+
+
+# ---------------------------------------------------------------------------------------- a link's receiving end
+
+OnRequest = Callable[[asyncio.StreamWriter, int, tuple[np.ndarray, ...], float], None]
+
+
+async def serve_links(path: str, on_request: OnRequest, adopt: Callable[[np.ndarray], None] = lambda arena: None,
+                      forget: Callable[[np.ndarray], None] = lambda arena: None) -> asyncio.AbstractServer:
+    """The receiving end of every ``Link`` to ``path`` (an accelerator worker, or a sibling CPU worker): per
+    connection the hello (the sender's staging arena mapped and ``adopt``-ed), then each request frame handed to
+    ``on_request(writer, id, arrays, deadline)`` until the connection closes (the arena then ``forget``-ed)."""
+    if os.path.exists(path):
+        os.unlink(path)  # a dead predecessor's socket file
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _widen(writer)
+        arena = None
+        try:
+            hello = HELLO.unpack(await reader.readexactly(HELLO.size))
+            # on a thread: pinning a 128 MiB arena (cudaHostRegister faults in and locks every page) took the loop
+            # away from the other links' queries for tens of ms per CPU worker as links opened under load
+            arena = await asyncio.get_running_loop().run_in_executor(None, _open_arena, *hello, adopt)
+            writer.write(ACK.pack(arena is not None))
+            while True:
+                on_request(writer, *await read_request(reader, arena))
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
+            writer.close()
+        finally:
+            if arena is not None:
+                forget(arena)
+
+    return await asyncio.start_unix_server(connection, path=path, limit=STREAM_LIMIT)
+
+
+def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None]) -> np.ndarray | None:
+    if not size:
+        return None
+    try:
+        arena = map_arena(pid, fd, size)
+        adopt(arena)
+    except (OSError, ValueError, RuntimeError) as exc:  # the link works without it, through the socket
+        log.warning("cannot map the staging arena of pid %d (%s); its queries will cross the socket", pid, exc)
+        return None
+    return arena
+
+
+# ---------------------------------------------------------------------------------------- accelerator worker
+
+
+@dataclass
+class Waiting:
+    writer: asyncio.StreamWriter
+    request_id: int
+    arrays: tuple[np.ndarray, ...]
+    items: int
+    arrived: float
+    deadline: float
+
+
+class AcceleratorServer:
+    """The accelerator worker's loop: read framed queries from every CPU worker, fuse, compute, reply.
+
+    ``compute`` is the model path's fused pass (``ModelPath.compute``: ``concat_arrays``, one forward pass on the
+    device, scores split per query), so fusion has one implementation for both kinds of worker.
+    """
+
+    def __init__(self, compute: Callable[[list[tuple]], list[np.ndarray]], fuse_items: int, fuse_delay_us: int,
+                 report: Callable[[int, int, float], None],
+                 adopt: Callable[[np.ndarray], None] = lambda arena: None,
+                 forget: Callable[[np.ndarray], None] = lambda arena: None, pass_thread: bool = False) -> None:
+        self.compute = compute
+        self.pass_thread = pass_thread  # passes off the loop (``ComputeThread``), so it reads and answers meanwhile
+        self._thread: Any = None
+        self.pass_started = 0.0  # perf_counter of the pass in flight, 0 when none (the heartbeat reports its age)
+        self.adopt = adopt  # called with each mapped arena (a GPU worker registers it as pinned memory) ...
+        self.forget = forget  # ... and this when its connection ends (queued views of it stay valid: mapped)
+        self.fuse_items = fuse_items
+        self.fuse_delay_s = fuse_delay_us / 1e6
+        self.report = report  # (items, queries, seconds) of each pass, for the node's metrics
+        self.service = ServiceTime()
+        self.queue: deque[Waiting] = deque()
+        self.queued_items = 0
+        self.arrival = asyncio.Event()
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")  # torch only reads
+
+    async def serve(self, path: str) -> asyncio.AbstractServer:
+        server = await serve_links(path, self._request, lambda arena: self.adopt(arena),
+                                   lambda arena: self.forget(arena))
+        asyncio.get_running_loop().create_task(self._run())
+        return server
+
+    def _request(self, writer: asyncio.StreamWriter, request_id: int, arrays: tuple[np.ndarray, ...],
+                 deadline: float) -> None:
+        self._admit(Waiting(writer, request_id, arrays, arrays[0].shape[0], time.perf_counter(), deadline))
+
+    def _admit(self, w: Waiting) -> None:
+        """Queue a query if the work ahead of it, by this worker's fit, leaves it time to finish; else 503 now."""
+        if self.queue:
+            total = self.queued_items + w.items
+            finish = w.arrived + self.service.predict(total, -(-total // self.fuse_items))
+            if finish > w.deadline:
+                self._write(w, reply_frame(w.request_id, None, InferError(
+                    "unavailable", f"accelerator worker overloaded: the query would finish "
+                                   f"{(finish - w.deadline) * 1e3:.1f} ms after its deadline; retry later")))
+                return
+        self.queue.append(w)
+        self.queued_items += w.items
+        self.arrival.set()
+
+    async def _run(self) -> None:
+        while True:
+            if not self.queue:
+                self.arrival.clear()
+                await self.arrival.wait()
+            await self._gather()
+            await self._pass(self._take())
+            await asyncio.sleep(0)  # read what arrived during the pass before the next one
+
+    async def _gather(self) -> None:
+        """Wait for more queries until the pass is full or the oldest has waited ``fuse_delay_us``."""
+        while self.queued_items < self.fuse_items:
+            left = self.queue[0].arrived + self.fuse_delay_s - time.perf_counter()
+            if left <= 0:
+                return
+            self.arrival.clear()
+            try:
+                await asyncio.wait_for(self.arrival.wait(), left)
+            except TimeoutError:
+                return
+
+    def _take(self) -> list[Waiting]:
+        """The next pass: queued queries up to ``fuse_items``; those past their deadline are answered 504 here."""
+        group, total, now = [], 0, time.perf_counter()
+        while self.queue and (not group or total + self.queue[0].items <= self.fuse_items):
+            w = self.queue.popleft()
+            self.queued_items -= w.items
+            if w.deadline < now:
+                self._write(w, reply_frame(w.request_id, None, InferError(
+                    "deadline", f"deadline exceeded: {(now - w.arrived) * 1e3:.1f} ms queued at the accelerator")))
+                continue
+            group.append(w)
+            total += w.items
+        return group
+
+    def pass_age(self) -> float:
+        """Seconds the pass in flight has run (0: none), for the heartbeat: a pass that never ends is a hang."""
+        return time.perf_counter() - self.pass_started if self.pass_started else 0.0
+
+    async def _compute(self, arrays: list[tuple]) -> list[np.ndarray]:
+        """One pass, inline or (``pass_thread``) on a compute thread at the loop's priority: torch releases the
+        GIL while the device works, so the loop reads and answers meanwhile.  Off by default: on the H100 host
+        (hera-dlrm-a, one pinned core per accelerator worker, bench_accel.py --pass-thread, 2026-11-23) neither
+        setting was better beyond the run-to-run spread: 938-3,250 QPS on a thread, 938-2,500 inline, both
+        dominated by the links' opening under load that was fixed after those runs."""
+        if not self.pass_thread:
+            return self.compute(arrays)
+        if self._thread is None:
+            from recserve.serving.worker.plane import ComputeThread
+
+            self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock(), nice=0)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def done(scores: list[np.ndarray] | None, error: Exception | None, _seconds: float) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(scores)
+
+        self._thread.submit(arrays, done)
+        return await future
+
+    async def _pass(self, group: list[Waiting]) -> None:
+        if not group:
+            return
+        start = self.pass_started = time.perf_counter()
+        try:
+            answers = await self._compute([w.arrays for w in group])
+        except Exception as exc:  # noqa: BLE001 - every query is answered; the worker lives on
+            error = InferError("internal", f"accelerator pass failed: {type(exc).__name__}: {exc}")
+            for w in group:
+                self._write(w, reply_frame(w.request_id, None, error))
+            return
+        finally:
+            self.pass_started = 0.0
+        items, seconds = sum(w.items for w in group), time.perf_counter() - start
+        self.service.observe(items, seconds)
+        self.report(items, len(group), seconds)
+        for w, scores in zip(group, answers, strict=True):
+            self._write(w, reply_frame(w.request_id, scores))
+
+    @staticmethod
+    def _write(w: Waiting, frame: bytes) -> None:
+        if not w.writer.is_closing():
+            w.writer.write(frame)
+
+
+# ---------------------------------------------------------------------------------------- CPU worker side
+
+
+class Link:
+    """One CPU worker's connection to one accelerator worker; queries outstanding on it by request id."""
+
+    def __init__(self, path: str, staging_bytes: int = 0) -> None:
+        self.path = path
+        self.staging_bytes = staging_bytes
+        self.arena: Arena | None = None  # mapped by the accelerator worker of the current connection
+        self.writer: asyncio.StreamWriter | None = None
+        self.connecting: asyncio.Future | None = None
+        self.outstanding: dict[int, Done] = {}
+        self.sent_at: dict[int, float] = {}  # request id -> when submitted, oldest first (pruned lazily)
+        self.slots: dict[int, int] = {}  # request id -> its arena offset, until the reply arrives
+
+    async def connect(self) -> asyncio.StreamWriter:
+        if self.writer is not None and not self.writer.is_closing():
+            return self.writer
+        if self.connecting is None:
+            self.connecting = asyncio.ensure_future(self._open())
+        try:
+            reader, writer, arena = await asyncio.shield(self.connecting)
+        finally:
+            self.connecting = None
+        if self.writer is None or self.writer.is_closing():
+            _widen(writer)
+            self.writer, self.arena = writer, arena
+            asyncio.get_running_loop().create_task(self._read(reader, writer))
+        return self.writer
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Arena | None]:
+        """Connect and offer the staging arena (made once per link; kept across reconnections)."""
+        reader, writer = await asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT)
+        if self.staging_bytes and self.arena is None:
+            try:
+                self.arena = Arena(self.staging_bytes)
+            except (OSError, AttributeError) as exc:  # AttributeError: no memfd_create on this platform
+                log.warning("accelerator link %s: no staging arena (%s); queries cross the socket", self.path, exc)
+                self.staging_bytes = 0
+        arena = self.arena
+        writer.write(HELLO.pack(os.getpid(), arena.fd if arena else 0, arena.size if arena else 0))
+        (mapped,) = ACK.unpack(await reader.readexactly(ACK.size))
+        return reader, writer, arena if mapped else None
+
+    def stage(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> int | None:
+        """The arena offset the query's arrays were copied to; ``INLINE`` when there is no arena or the query is
+        larger than all of it; None when it would fit but the slots are taken (the accelerator is that far behind)."""
+        if self.arena is None or sum(a.nbytes for a in arrays) > self.arena.size:
+            return INLINE
+        offset = self.arena.put(arrays)
+        if offset is not None:
+            self.slots[request_id] = offset
+        return offset
+
+    def oldest_wait(self, now: float) -> float:
+        """Seconds the oldest query still outstanding on this link has waited for its reply (0 if none)."""
+        while self.sent_at:
+            oldest = next(iter(self.sent_at))
+            if oldest in self.outstanding:
+                return now - self.sent_at[oldest]
+            del self.sent_at[oldest]
+        return 0.0
+
+    def backlogged(self) -> bool:
+        """Bytes written to the socket and not yet taken by the accelerator worker are over ``SEND_BACKLOG``."""
+        transport = self.writer.transport if self.writer is not None else None
+        return transport is not None and transport.get_write_buffer_size() > SEND_BACKLOG
+
+    def settled(self, request_id: int) -> None:
+        """The accelerator worker answered (or will never read): the query's slot is free again."""
+        offset = self.slots.pop(request_id, None)
+        if self.arena is not None:
+            self.arena.release(offset)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request_id, scores, error = await read_reply(reader)
+                self.settled(request_id)
+                done = self.outstanding.pop(request_id, None)
+                if done is not None:
+                    done(scores, error)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        if self.writer is writer:
+            self.writer = None
+        writer.close()
+        self.fail_all(f"accelerator worker at {self.path} closed the connection")
+
+    def fail_all(self, why: str) -> None:
+        for request_id in list(self.slots):  # the connection is gone: nothing reads the arena any more
+            self.settled(request_id)
+        waiting, self.outstanding = self.outstanding, {}
+        for done in waiting.values():
+            done(None, InferError("unavailable", f"{why}; the query was not answered, retry"))
+
+
+class AcceleratorClient:
+    """Sends a CPU worker's large queries to the accelerator workers and calls back with their scores.
+
+    Never a hang: a dead or unreachable accelerator worker is 503 at once, a silent one 504 at the deadline.
+    """
+
+    peer = "accelerator worker"  # what the errors call the other side
+
+    def __init__(self, model_name: str, sockets: list[str], min_items: int, limit: int,
+                 staging_bytes: int = 0) -> None:
+        self.model_name = model_name
+        self.min_items = min_items
+        self.staging_bytes = staging_bytes  # each link's shared arena (``Arena``); 0: every query on the socket
+        self.limit = limit  # queries outstanding per accelerator worker from this CPU worker; more -> 503
+        self.links: list[Link] = []
+        self._ids = itertools.count(1)
+        self.set_sockets(sockets)
+
+    def set_sockets(self, sockets: list[str]) -> None:
+        """The accelerator workers now running (the supervisor broadcasts them when their pool changes); new links
+        are opened at once, so their arenas are mapped and pinned before queries need them, not under load."""
+        keep = {link.path: link for link in self.links}
+        self.links = [keep.get(path) or Link(path, self.staging_bytes) for path in sockets]
+        self._turn = 0
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: each link opens at its first query
+        for link in self.links:
+            if link.writer is None and link.connecting is None:
+                task = loop.create_task(link.connect())
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retried at the first query
+
+    def takes(self, items: int) -> bool:
+        return items >= self.min_items
+
+    def _least_loaded(self) -> Link:
+        """The link with the fewest queries outstanding, ties taken in turn (``submit`` moves the turn on, so the
+        ``behind`` check before it looks at the link the query will take): with ``min`` alone an idle node sent
+        every query to the first accelerator worker, and the others' links first opened under load."""
+        turn = self._turn % len(self.links)
+        return min(self.links[turn:] + self.links[:turn], key=lambda k: len(k.outstanding))
+
+    def behind(self, deadline: float, link: Link | None = None) -> InferError | None:
+        """503 when even the least-loaded accelerator worker is behind for a query due by ``deadline``: the oldest
+        query this worker has outstanding there has already waited over half of the new query's time left.
+
+        Why: the sojourn time of the head of the queue is the congestion signal (CoDel's), and it is known here
+        before the query is decoded (``WorkerPlane.early_refusal``).  Count and byte bounds alone let 256 queries
+        wait (~0.6 s at hera-dlrm-a's rate on the 2-core host against a 100 ms deadline): the CPU worker then spent
+        its core decoding queries it later answered 504 while replies waited unread (goodput 123 of ~450 QPS at
+        2x overload)."""
+        if not self.links:
+            return None
+        now = time.perf_counter()
+        link = link or self._least_loaded()
+        waited, left = link.oldest_wait(now), deadline - now
+        if waited > left / 2:
+            return InferError("unavailable", f"model {self.model_name!r}: the accelerator worker is behind (its "
+                                             f"oldest query has waited {waited * 1e3:.0f} ms, this one has "
+                                             f"{left * 1e3:.0f} ms left); retry later")
+        return None
+
+    def submit(self, arrays: tuple[np.ndarray, ...], deadline: float, done: Done, link: Link | None = None) -> None:
+        """Send one validated query (on ``link``, else the least-loaded one); ``done`` is called exactly once
+        (scores, or the error)."""
+        if link is None:
+            if not self.links:
+                done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
+                return
+            link = self._least_loaded()
+            self._turn += 1
+        refusal = self.behind(deadline, link)
+        if refusal is not None:
+            done(None, refusal)
+            return
+        if len(link.outstanding) >= self.limit:
+            done(None, InferError("unavailable", f"model {self.model_name!r}: accelerator workers are overloaded "
+                                                 f"({self.limit} queries outstanding each); retry later"))
+            return
+        request_id = next(self._ids)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(max(0.0, deadline - time.perf_counter()), self._expire, link, request_id)
+
+        def finish(scores: np.ndarray | None, error: InferError | None) -> None:
+            timer.cancel()
+            done(scores, error)
+
+        link.outstanding[request_id] = finish
+        link.sent_at[request_id] = time.perf_counter()
+        task = loop.create_task(self._send(link, request_id, arrays, deadline))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _send(self, link: Link, request_id: int, arrays: tuple[np.ndarray, ...], deadline: float) -> None:
+        try:
+            writer = await link.connect()
+            if request_id not in link.outstanding:
+                return  # expired while connecting
+            arrays = wire_arrays(arrays)
+            offset = link.stage(request_id, arrays)
+            if offset is None or (offset == INLINE and link.backlogged()):
+                self._refuse(link, request_id, "its staging arena is full" if offset is None else
+                             f"over {SEND_BACKLOG >> 20} MiB of queries wait in its socket")
+                return
+            writer.writelines(request_frame(request_id, arrays, deadline, offset))
+        except (OSError, ConnectionError) as exc:
+            self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: accelerator "
+                                                                     f"worker at {link.path} is unreachable ({exc}); "
+                                                                     "retry"))
+
+    def _refuse(self, link: Link, request_id: int, why: str) -> None:
+        """503 at once: the accelerator worker is behind by a full arena or socket, so this query would wait
+        behind at least that much work (before this, the CPU worker queued frames in memory without bound and
+        spent its core copying them while its own clients waited)."""
+        self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: the accelerator "
+                                                                 f"worker is overloaded ({why}); retry later"))
+
+    def _expire(self, link: Link, request_id: int) -> None:
+        self._answer(link, request_id, InferError("deadline", f"model {self.model_name!r}: deadline exceeded "
+                                                              f"waiting for the {self.peer}"))
+
+    @staticmethod
+    def _answer(link: Link, request_id: int, error: InferError) -> None:
+        """Answer a query sent on ``link`` with ``error``, unless it was answered already (reply or deadline)."""
+        done = link.outstanding.pop(request_id, None)
+        if done is not None:
+            done(None, error)
+
+
+# ---------------------------------------------------------------------------------------- device pass
+
+
+@dataclass(frozen=True)
+class DeviceRunner:
+    """A forward pass on a device, called with a query's arrays; ``cache`` is the device row cache whose counters
+    the worker reports (None where the tables are whole on the device)."""
+
+    run: Callable[[tuple], np.ndarray]
+    cache: Any = None
+
+    def __call__(self, arrays: tuple) -> np.ndarray:
+        return self.run(arrays)
+
+
+def device_runner(model: Any, device: str, pinned: bool = True, table_mb: float | None = None) -> DeviceRunner:
+    """One forward pass of a query on ``device``: inputs copied host -> device, scores back (numpy).
+
+    On a GPU a zoo model runs with its tables fused (``zoo.fused``: one lookup kernel for all tables instead of
+    one per table) and its inputs go through pinned host memory, so the copies are real DMA rather than a staged
+    pageable copy.  The weights move to the device once, here; on ``cpu`` nothing moves and the model runs as the
+    node built it (its tables fused unless the model's ``fuse_tables`` is false).
+
+    ``table_mb`` (``accelerator.device_table_mb``): the tables stay on the host and at most this many MiB of
+    their hottest rows are cached on the device (``zoo.device_cache``), on any device, ``cpu`` included.
+    """
+    import torch
+
+    from recserve.zoo.batch import QueryBatch
+    from recserve.zoo.fused import FusedModel, fusable
+
+    target = torch.device(device)
+
+    def host(a: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(a)
+        if target.type == "cpu" or not pinned or tensor.is_pinned():  # arena views are pinned
+            return tensor
+        return tensor.pin_memory()
+
+    if table_mb is not None:
+        from recserve.zoo.device_cache import CachedModel
+
+        if not fusable(model):
+            raise ValueError("accelerator device_table_mb needs a zoo model whose tables are all in memory "
+                             f"(DramTable); {type(model).__name__} is not one")
+        cached = CachedModel(model, target, table_mb * 2**20, pinned=pinned and target.type == "cuda")
+        return DeviceRunner(lambda arrays: cached.run(arrays, host), cached.cache)
+    if target.type == "cpu":
+        return DeviceRunner(lambda arrays: model(QueryBatch(*(torch.from_numpy(a) for a in arrays))).numpy())
+    if fusable(model):
+        model = FusedModel(model).to_device(target)
+    else:
+        model.to(target)
+
+    def run(arrays: tuple) -> np.ndarray:
+        dense, values, lengths = (host(a).to(target, non_blocking=True) for a in arrays)
+        return model(QueryBatch(dense, values, lengths)).cpu().numpy()
+
+    return DeviceRunner(run)
+
+
+def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[np.ndarray], None]]:
+    """(adopt, forget) for ``AcceleratorServer``: on a GPU, register each staging arena as pinned host memory
+    (``cudaHostRegister``), so a query's host-to-device copy is DMA from where the CPU worker wrote it."""
+    if not device.startswith("cuda"):
+        return (lambda arena: None), (lambda arena: None)
+    import torch
+
+    cudart = torch.cuda.cudart()
+
+    def adopt(arena: np.ndarray) -> None:
+        error = cudart.cudaHostRegister(arena.ctypes.data, arena.nbytes, 0)
+        if int(error) != 0:
+            raise RuntimeError(f"cudaHostRegister failed: {error}")
+
+    def forget(arena: np.ndarray) -> None:
+        cudart.cudaHostUnregister(arena.ctypes.data)
+
+    return adopt, forget
+
+
+async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
+    """Entry of an accelerator worker (``worker_main`` with stage ``accel``): serve its socket until told to stop."""
+    from recserve.serving.worker.plane import BEAT_S, make_model_path
+
+    loop = asyncio.get_running_loop()
+    accel = args.model_config.accelerator
+    stop = asyncio.Event()
+
+    def send(msg: Any) -> None:
+        try:
+            conn.send(msg)
+        except (BrokenPipeError, OSError):
+            stop.set()
+
+    device_run = device_runner(model, accel.device, table_mb=accel.device_table_mb)
+    cache = device_run.cache
+
+    def run(arrays: tuple) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():  # thread-local, and passes run on the pass thread
+            return device_run(arrays)
+
+    counted = [0, 0]  # the cache's lookups and hits already reported
+
+    def report(items: int, queries: int, seconds: float) -> None:
+        stats: list[tuple] = [("pass", items, queries, seconds)]
+        if cache is not None:  # the device row cache's lookups and hits since the last pass
+            stats.append(("cache", cache.lookups - counted[0], cache.hits - counted[1]))
+            counted[:] = cache.lookups, cache.hits
+        send(("stats", stats))
+
+    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
+    server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
+                               *arena_pinning(accel.device), pass_thread=accel.pass_thread)
+    listening = await server.serve(args.accel_socket)
+
+    def on_pipe() -> None:
+        try:
+            while conn.poll():
+                if conn.recv() is None:
+                    stop.set()
+        except (EOFError, OSError):
+            stop.set()
+
+    def beat() -> None:  # the supervisor's watchdog replaces a worker whose loop stays silent (a stuck pass)
+        if not stop.is_set():
+            send(("beat", server.pass_age()))
+            loop.call_later(BEAT_S, beat)
+
+    loop.add_reader(conn.fileno(), on_pipe)
+    send(("ready", os.getpid(), []))
+    beat()
+    await stop.wait()
+    listening.close()
+    end = time.monotonic() + STOP_GRACE_S
+    while (server.queue or server.pass_started) and time.monotonic() < end:  # answer what was sent, then exit
+        await asyncio.sleep(0.005)

@@ -1,0 +1,325 @@
+"""gRPC in the worker (data plane v2): a model worker answers its own model's ``ModelInfer`` itself.
+
+Every whole-query worker accepts on the node's one gRPC listening socket (inherited, like HTTP's: a retiring or
+dying worker leaves no connection in a backlog of its own) with the lean HTTP/2 server of
+``serving/transport/h2grpc.py`` (grpc.aio's server cost ~5x its CPU per call; see that module). ``ModelInfer`` for
+this worker's model is decoded with the shared codec, queued in the worker's one queue (the same admission,
+deadlines and fused passes as HTTP; the deadline is the call's ``grpc-timeout``) and answered from the reply
+callback, with no task per call; ``ModelStreamInfer`` is answered here too, request by request. Every other call
+(metadata, health, statistics, other models, the repository API) and a streamed request for another model is
+forwarded byte for byte to the supervisor's gRPC server on a private Unix socket through a grpc.aio channel
+(``Forwarder``), so the worker needs to know no other part of the service and a client sees one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+
+from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import InferError, grpc_code
+from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
+from recserve.serving.wire.proto import service_pb2
+from recserve.serving.worker.plane import WorkerPlane, as_infer_error
+
+log = logging.getLogger(__name__)
+
+SERVICE = "/inference.GRPCInferenceService/"
+decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
+# every request's tensors are split off before protobuf parses the rest (the rest is also the plan's key); from
+# this size on that is what keeps a large query from being copied twice (codec.split_raw_input_contents)
+SPLIT_BYTES = 64 << 10
+RAW_OUTPUT_KEY = 6 << 3 | 2  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
+RESPONSE_ID_KEY = 3 << 3 | 2  # ModelInferResponse.id (field 3, a string)
+STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
+
+
+def _aligned_request(head: memoryview, size: int) -> memoryview:
+    """The buffer a large ``ModelInferRequest`` is received in: its largest raw content (the ids) aligned."""
+    return codec.aligned_buffer(size, codec.largest_raw_content(head))
+
+
+def _fail(call: GrpcCall, error: InferError) -> None:
+    call.finish(grpc_code(error).value[0], error.public_message())
+
+
+class Plan:
+    """A request this worker has decoded, validated and answered, but for its tensors: what a request of the same
+    bytes (the raw input contents aside) needs, so that protobuf is not asked again (issue #14: tritonclient and
+    grpcio clients send the same names, datatypes and shapes on every call)."""
+
+    __slots__ = ("version", "inputs", "heads")
+
+    def __init__(self, request: Any, inputs: codec.RawPlan) -> None:
+        self.version: str = request.model_version
+        self.inputs = inputs
+        # per answering version and scores shape: the response's fields before its id, and after it but for its
+        # raw contents (a plan serves requests of any id: the id is not part of its key)
+        self.heads: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes]] = {}
+
+    def response(self, name: str, version: str, scores: np.ndarray, request_id: str) -> bytes:
+        """The serialized ``ModelInferResponse`` for ``scores``, byte for byte as ``infer_response`` makes it: the
+        fields before the id and after it made once per answering version and scores shape, the id and the raw
+        contents (the last field) put between and after them."""
+        scores = codec.finite_scores(scores)
+        head = self.heads.get((version, scores.shape))
+        if head is None:
+            entry, _ = codec.raw_tensor(codec.OUTPUT_SCORES, scores)
+            outputs = service_pb2.ModelInferResponse()
+            outputs.outputs.add(**entry)
+            if len(self.heads) >= 16:
+                self.heads.clear()
+            head = self.heads[(version, scores.shape)] = (
+                service_pb2.ModelInferResponse(model_name=name, model_version=version).SerializeToString(),
+                outputs.SerializeToString())
+        ident = codec.protobuf_field(RESPONSE_ID_KEY, request_id.encode()) if request_id else b""
+        return head[0] + ident + head[1] + codec.protobuf_field(RAW_OUTPUT_KEY,
+                                                                  scores.astype("<f4", copy=False).tobytes())
+
+
+async def _requests(call: GrpcCall) -> AsyncIterator[memoryview]:
+    """A streaming call's request messages as they arrive, until the client half-closes."""
+    while (message := await call.requests.get()) is not None:  # type: ignore[union-attr]
+        yield message
+
+
+class InOrder:
+    """A streaming call's answers, sent in request order as they become known, without a task: each message
+    arriving from the read is handed to ``answer`` with a callback that fills its slot, and the answered slots at
+    the head of the line are sent at once (a task, two queues and async generators per call cost a streamed query
+    ~0.05 ms of a worker's CPU more than a unary one).  After the half-close the call ends once every slot is
+    sent; a cancelled call cancels the answers still being fetched elsewhere (``answer``'s futures)."""
+
+    __slots__ = ("call", "answer", "slots", "closed", "fetching")
+
+    def __init__(self, call: GrpcCall, answer: Callable[[memoryview, GrpcCall, Callable[[bytes], None]],
+                                                        asyncio.Future | None]) -> None:
+        self.call, self.answer = call, answer
+        self.slots: deque[list[bytes | None]] = deque()  # one [answer or None] per request not yet sent
+        self.closed = False
+        self.fetching: set[asyncio.Future] = set()
+
+    def put_nowait(self, message: memoryview | None) -> None:
+        if message is None:
+            self.closed = True
+            if self.call.done:  # cancelled
+                for future in self.fetching:
+                    future.cancel()
+            self._send_ready()
+            return
+        slot: list[bytes | None] = [None]
+        self.slots.append(slot)
+
+        def answered(response: bytes) -> None:
+            slot[0] = response
+            self._send_ready()
+
+        try:
+            future = self.answer(message, self.call, answered)
+        except Exception:  # noqa: BLE001 - a bug answers this request, it must not end the connection's read
+            log.exception("streamed request failed")
+            answered(service_pb2.ModelStreamInferResponse(error_message="internal error").SerializeToString())
+            return
+        if future is not None and not future.done():
+            self.fetching.add(future)
+            future.add_done_callback(self.fetching.discard)
+
+    def _send_ready(self) -> None:
+        slots, call = self.slots, self.call
+        while slots and slots[0][0] is not None:
+            call.send(slots.popleft()[0])  # type: ignore[arg-type]
+        if self.closed and not slots:
+            call.finish()
+
+
+class Forwarder:
+    """Calls of the inference service passed on byte for byte through a grpc.aio channel: what a worker does
+    not answer itself goes to the supervisor, and the supervisor's cover (no worker accepting) forwards every
+    call to its own gRPC service the same way."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self._methods: dict[str, Method] = {}  # asked on every call: built once per method
+
+    def __call__(self, path: str) -> Method | None:
+        if not path.startswith(SERVICE):
+            return None
+        if path not in self._methods:
+            self._methods[path] = self.method(path)
+        return self._methods[path]
+
+    def method(self, path: str) -> Method:
+        return self._stream(path) if path == SERVICE + "ModelStreamInfer" else self._unary(path)
+
+    def _unary(self, path: str) -> Method:
+        send = self.channel.unary_unary(path)
+
+        async def relay(call: GrpcCall, raw: memoryview) -> None:
+            try:
+                call.reply(await send(bytes(raw), timeout=call.time_remaining(), metadata=call.metadata or None))
+            except grpc.aio.AioRpcError as exc:
+                call.finish(exc.code().value[0], exc.details() or "")
+
+        return Method(unary=lambda call, raw: call.run(relay(call, raw)))
+
+    def _stream(self, path: str) -> Method:
+        open_stream = self.channel.stream_stream(path)
+
+        async def relay(call: GrpcCall) -> None:
+            try:
+                requests = (bytes(message) async for message in _requests(call))
+                async for response in open_stream(requests, timeout=call.time_remaining(),
+                                                  metadata=call.metadata or None):
+                    call.send(response)
+                call.finish()
+            except grpc.aio.AioRpcError as exc:
+                call.finish(exc.code().value[0], exc.details() or "")
+
+        return Method(stream=lambda call: call.run(relay(call)))
+
+
+class WorkerMethods(Forwarder):
+    """Routes each call: this model's ``ModelInfer`` to the worker's queue, anything else to the supervisor."""
+
+    def __init__(self, plane: WorkerPlane, upstream: grpc.aio.Channel) -> None:
+        super().__init__(upstream)
+        self.plane = plane
+        self._forward_infer = super().method(SERVICE + "ModelInfer").unary  # another model's or version's queries
+        self._send_infer = upstream.unary_unary(SERVICE + "ModelInfer")  # the same, for a streamed request
+        self._plans = codec.PlanStore()  # by the request's bytes without its raw contents
+
+    def method(self, path: str) -> Method:
+        if path == SERVICE + "ModelInfer":
+            return Method(unary=self._infer, land=_aligned_request)
+        if path == SERVICE + "ModelStreamInfer":
+            return Method(sink=self._stream)
+        return super().method(path)
+
+    def _infer(self, call: GrpcCall, raw: memoryview) -> None:
+        def answer(response: bytes | None, error: InferError | None) -> None:
+            if error is not None:
+                _fail(call, error)
+            elif not call.done:
+                call.reply(response)  # type: ignore[arg-type]
+
+        if not self._query(raw, call.time_remaining(), answer):
+            self._forward_infer(call, raw)  # type: ignore[misc]
+
+    def _query(self, raw: memoryview, timeout_s: float | None, answer: Callable[[bytes | None, InferError | None],
+                                                                                None]) -> bool:
+        """Decode, validate and queue a ``ModelInferRequest`` for this worker's model; ``answer`` gets the
+        serialized ``ModelInferResponse`` or the error.  False (nothing done) when the query is not this worker's.
+
+        A request whose bytes but for its raw contents were seen before (``Plan``) is read without protobuf: its
+        tensors viewed where they arrived, only their sizes and values checked; any other is decoded whole and,
+        once accepted, remembered."""
+        arrived = time.perf_counter()
+        split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
+        plan = self._plans.get(split[0]) if split is not None else None
+        request = None
+        request_id = split[2] if split is not None else ""
+        if plan is None:
+            request = decode_infer(raw if split is None else split[0])
+            if isinstance(request, Undecodable):
+                answer(None, request.error)
+                return True
+            if split is not None:
+                request.id = request_id
+            name, version = request.model_name, request.model_version
+        else:
+            name, version = self.plane.model_name, plan.version  # only this model's requests have plans
+        if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
+            return False
+        regions = self.plane.regions
+        target = None
+        try:
+            arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1])  # type: ignore[index]
+            if arrays is None:  # not planned, or its tensors do not fit the plan: decoded whole, the error named
+                plan = None
+                if request is None:
+                    request = decode_infer(split[0])  # type: ignore[index]
+                    request.id = request_id
+                arrays = codec.parse_grpc_infer(request, split and split[1], regions)
+                target = codec.grpc_output_target(request.outputs)
+                if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
+                    plan = Plan(request, inputs)
+                    self._plans.remember(split[0], plan)
+            arrays, items = self.plane.model.validate(arrays, plan and plan.inputs)
+        except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
+            error = as_infer_error(exc)
+            self.plane.refused(error.code)
+            answer(None, error)
+            return True
+
+        def reply(scores: np.ndarray | None, error: InferError | None) -> None:
+            response = None
+            if error is None:
+                try:  # scores into a shared-memory region may fail (too small): answered, never raised to the pass
+                    response = (plan.response(name, self.plane.version, scores, request_id) if plan is not None else
+                                infer_response(name, request.id, scores, self.plane.version, target,
+                                               regions).SerializeToString())
+                except Exception as exc:  # noqa: BLE001
+                    error = as_infer_error(exc)
+            answer(response, error)
+
+        self.plane.enqueue(arrays, items, arrived, timeout_s, reply)
+        return True
+
+    def _stream(self, call: GrpcCall) -> InOrder:
+        """``ModelStreamInfer`` (tritonclient's ``start_stream``, perf_analyzer ``--streaming``) answered here as
+        the server process answers it: each request starts as it arrives, answers leave in request order, an
+        error is that request's ``error_message`` and does not end the stream.  Requests for this worker's model
+        are queued like unary calls, straight from the read (no task per request or per call); any other is sent
+        to the server process as a unary ``ModelInfer``."""
+        return InOrder(call, self._stream_answer)
+
+    def _stream_answer(self, raw: memoryview, call: GrpcCall, answered: Callable[[bytes], None]
+                       ) -> asyncio.Future | None:
+        """One streamed request's serialized ``ModelStreamInferResponse``, given to ``answered`` once known; the
+        future of a request answered by the server process."""
+
+        def answer(response: bytes | None, error: InferError | None) -> None:
+            answered(service_pb2.ModelStreamInferResponse(error_message=error.public_message()).SerializeToString()
+                     if error else codec.protobuf_field(STREAM_INFER_KEY, response))  # type: ignore[arg-type]
+
+        timeout_s = call.time_remaining()
+        if self._query(raw, timeout_s, answer):
+            return None
+        forwarded = asyncio.ensure_future(self._forwarded_answer(bytes(raw), timeout_s))
+        forwarded.add_done_callback(lambda done: None if done.cancelled() else answered(done.result()))
+        return forwarded
+
+    async def _forwarded_answer(self, raw: bytes, timeout_s: float | None) -> bytes:
+        try:
+            response = service_pb2.ModelInferResponse.FromString(await self._send_infer(raw, timeout=timeout_s))
+            return service_pb2.ModelStreamInferResponse(infer_response=response).SerializeToString()
+        except grpc.aio.AioRpcError as exc:
+            return service_pb2.ModelStreamInferResponse(error_message=exc.details() or "").SerializeToString()
+        except Exception:  # noqa: BLE001 - this request's answer; the stream goes on
+            log.exception("forwarding a streamed request failed")
+            return service_pb2.ModelStreamInferResponse(error_message="internal error").SerializeToString()
+
+
+def channel_to(upstream: str, max_message: int) -> grpc.aio.Channel:
+    options = [("grpc.max_receive_message_length", max_message), ("grpc.max_send_message_length", max_message)]
+    return grpc.aio.insecure_channel(upstream, options=options)
+
+
+async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max_message: int) -> GrpcServer:
+    """Accept gRPC connections on the node's listening socket ``sock`` (inherited, shared with the node's other
+    workers and the supervisor's cover), forwarding what this worker does not answer to ``upstream``."""
+    server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message, plane.limits.flood,
+                        on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
+                        max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
+                        on_release=lambda: setattr(plane, "trim_wanted", True))
+    await server.start(sock)
+    return server

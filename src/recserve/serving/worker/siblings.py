@@ -1,0 +1,102 @@
+"""Idle siblings: a busy worker hands a decoded query to an idle worker of the same model, and answers it.
+
+Why (issue #14): a client connection belongs to the worker that accepted it.  An HTTP/1.1 connection carries one
+query at a time and idle ones move between workers (``WorkerPlane.maybe_move``), but one HTTP/2 connection carries
+every call of a gRPC client: tritonclient's ``InferenceServerClient`` opens one channel, perf_analyzer
+``--streaming`` one stream.  All of such a client's queries landed on one worker while its siblings idled
+(measured on the 2-core host, hercules-rmc1, batch 64, one channel with 8 calls in flight: 478 QPS with two
+workers, 479 with one; the second worker's CPU 0.01 s of 6 s).
+
+So every worker of a whole-query model also serves a Unix socket named by its slot in the model's shared load
+array (``socket_path``), and a worker that receives a query while it is busy (queries queued, or a long pass on
+its compute thread) sends the query, already decoded and validated, to a sibling whose published load is 0 and
+that has nothing outstanding from it.  The frames, the staging arena and the deadline handling are the
+accelerator link's (``serving/worker/accel.py``): one implementation of "send a decoded query to another worker".  The
+sibling queues it through its own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it
+records the query in the node's statistics, the forwarding worker does not.  A sibling that refuses the query
+(it became busy meanwhile), retires or dies gives the query back: it is then queued where it arrived, as if it
+had never left, so resizing and a dying sibling cost no forwarded query.  A sibling never forwards a forwarded
+query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.accel import AcceleratorClient, Link, reply_frame, serve_links
+
+STAGING_BYTES = 4 * 1024 * 1024  # each link's arena: a batch-256 query of the catalogue's models fits; larger go inline
+
+
+def socket_path(directory: str, slot: int) -> str:
+    """The socket of the worker in load slot ``slot`` (a replacement in that slot binds the same path)."""
+    return os.path.join(directory, f"slot-{slot}.sock")
+
+
+class SiblingServer:
+    """The receiving side: queries forwarded by the model's other workers, queued in this worker's plane."""
+
+    def __init__(self) -> None:
+        self.plane: Any = None  # the WorkerPlane, set once it exists (no sibling forwards before it publishes)
+        self.server: asyncio.AbstractServer | None = None
+
+    async def serve(self, path: str) -> None:
+        self.server = await serve_links(path, self._queue)
+
+    def _queue(self, writer: asyncio.StreamWriter, request_id: int, arrays: tuple[np.ndarray, ...],
+               deadline: float) -> None:
+        def reply(scores: np.ndarray | None, error: InferError | None) -> None:
+            if not writer.is_closing():
+                writer.write(reply_frame(request_id, scores, error))
+
+        plane = self.plane
+        if plane is None or plane.retiring:
+            reply(None, InferError("unavailable", "sibling is retiring"))  # the sender queues it itself
+            return
+        plane.enqueue_at(arrays, arrays[0].shape[0], time.perf_counter(), deadline, reply, forwarded=True)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+class SiblingClient(AcceleratorClient):
+    """The sending side: one link per sibling slot, opened at the first query sent there."""
+
+    peer = "sibling worker"
+
+    def __init__(self, model_name: str, directory: str, slot: int, loads: np.ndarray, limit: int) -> None:
+        super().__init__(model_name, [], 0, limit, STAGING_BYTES)
+        self.directory, self.slot, self.loads = directory, slot, loads
+        self.by_slot: dict[int, Link] = {}
+        self._next = 0
+
+    def idle(self) -> Link | None:
+        """The link to a sibling with no query (its published load is 0) and none outstanding from this worker,
+        taken in turn so a burst spreads over the idle siblings; None when there is none."""
+        idle = np.flatnonzero(self.loads == 0)
+        if not idle.size:
+            return None
+        self._next += 1
+        for k in np.roll(idle, -(self._next % idle.size)):
+            slot = int(k)
+            if slot == self.slot:
+                continue
+            link = self.by_slot.get(slot)
+            if link is None:
+                link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes)
+            if not link.outstanding:
+                return link
+        return None
+
+    def close(self) -> None:
+        """Close every link (a worker's links otherwise end with its process)."""
+        for link in self.by_slot.values():
+            if link.writer is not None:
+                link.writer.close()

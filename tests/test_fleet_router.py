@@ -1,0 +1,86 @@
+"""The fleet router: one URL for every model of a fleet deployment, each model's queries sent only to the nodes
+that serve it (policies/fleet_router.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from recserve.policies.fleet_router import FleetRouter, ModelRoute, fleet_routes
+from recserve.policies.router import RouterThread
+
+BODY = json.dumps({"inputs": [{"name": "dense", "shape": [3, 2], "datatype": "FP32",
+                               "data": [0.0] * 6}]}).encode()
+
+
+def _backend(name: str) -> tuple[ThreadingHTTPServer, str]:
+    """A stand-in node server: answers every infer with which backend and model it was."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"backend": name, "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _post(url: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=BODY, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_routes_come_from_the_started_nodes_and_the_plans_slas():
+    plan = SimpleNamespace(models={"hercules-rmc1": {"sla_ms": 25.0}})
+    nodes = [SimpleNamespace(url="http://a"), SimpleNamespace(url="http://b")]
+    configs = [{"_group": "1 x pair on hercules-t2", "models": [{"model": "hercules-rmc1", "name": "hercules-rmc1",
+                                                                   "workers": 3}, {"model": "kairos-rm2",
+                                                                                   "name": "kairos-rm2"}]},
+               {"_group": "2 x single on hercules-t1", "models": [{"model": "hercules-rmc1",
+                                                                     "name": "hercules-rmc1", "workers": 2}]}]
+    routes = {r.served: r for r in fleet_routes(plan, nodes, configs)}
+    assert routes["hercules-rmc1"] == ModelRoute("hercules-rmc1", 25.0, (("http://a", "hercules-t2", 3),
+                                                                          ("http://b", "hercules-t1", 2)))
+    assert routes["kairos-rm2"].backends == (("http://a", "hercules-t2", 1),)
+    assert routes["kairos-rm2"].qos_ms > 0  # not in the plan's models: the catalogue's SLA
+
+
+@pytest.mark.integration  # starts HTTP servers
+def test_each_models_queries_reach_only_its_nodes_and_an_unknown_model_is_404():
+    (one, url_one), (two, url_two) = _backend("one"), _backend("two")
+    router = RouterThread(FleetRouter([ModelRoute("a", 100.0, ((url_one, "t", 2),)),
+                                       ModelRoute("b", 100.0, ((url_one, "t", 1), (url_two, "u", 1)))]))
+    router.start()
+    try:
+        answers = [_post(f"{router.url}/v2/models/a/infer") for _ in range(6)]
+        assert {(status, a["backend"], a["path"]) for status, a in answers} == {(200, "one", "/v2/models/a/infer")}
+        answers = [_post(f"{router.url}/v2/models/b/infer") for _ in range(6)]
+        assert {status for status, _ in answers} == {200} and {a["path"] for _, a in answers} == {"/v2/models/b/infer"}
+        status, error = _post(f"{router.url}/v2/models/c/infer")
+        assert status == 404 and "'c' is not served here" in error["error"] and "a, b" in error["error"]
+        with urllib.request.urlopen(f"{router.url}/router/stats", timeout=30) as resp:
+            stats = json.loads(resp.read())
+        assert stats["a"]["completed"] == 6 and stats["b"]["completed"] == 6
+    finally:
+        router.stop()
+        one.shutdown()
+        two.shutdown()

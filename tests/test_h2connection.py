@@ -1,0 +1,153 @@
+"""The HTTP/2 protocol machine (serving/transport/h2connection.py) driven with bytes alone: no event loop, no socket,
+no transport; a recording wire, a recording host and a fake clock."""
+
+from __future__ import annotations
+
+from queue import SimpleQueue
+
+from hpack import Encoder
+
+from recserve.serving.transport.h2connection import GOAWAY_ACK_S, H2Connection
+from recserve.serving.transport.h2frames import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAMES_PER_TURN,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+)
+from recserve.serving.transport.h2grpc import GrpcCall
+from recserve.serving.transport.h2limits import FloodLimits, Rate
+from recserve.serving.transport.h2streams import Method
+
+REQUEST = [(":method", "POST"), (":scheme", "http"), (":path", "/t.S/Echo"), (":authority", "x"),
+           ("content-type", "application/grpc"), ("te", "trailers")]
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.eof = self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def frames(self) -> list[tuple[int, int, int, bytes]]:
+        """(type, flags, stream, payload) of everything written since the last call."""
+        data, self.writes, out = b"".join(self.writes), [], []
+        while data:
+            length = int.from_bytes(data[:3], "big")
+            out.append((data[3], data[4], int.from_bytes(data[5:9], "big"), data[9:9 + length]))
+            data = data[9 + length:]
+        return out
+
+
+class Host:
+    def __init__(self) -> None:
+        self.timers: list[tuple[float, object]] = []
+        self.later = 0
+
+    def call_later(self, delay: float, callback) -> None:  # type: ignore[no-untyped-def]
+        self.timers.append((delay, callback))
+
+    def read_later(self) -> None:
+        self.later += 1
+
+
+def _open(limits: FloodLimits | None = None, now: list[float] | None = None):  # type: ignore[no-untyped-def]
+    now = now if now is not None else [100.0]
+    seen: list[bytes] = []
+    abused: list[str] = []
+    echo = Method(unary=lambda call, raw: (seen.append(bytes(raw)), call.reply(bytes(raw))))
+    host, wire = Host(), Wire()
+    conn = H2Connection(lambda path: echo if path == "/t.S/Echo" else None, 1 << 20, host, GrpcCall, SimpleQueue,
+                        limits=limits, on_abuse=abused.append, clock=lambda: now[0])
+    conn.connection_made(wire)
+    conn.receive(PREFACE + frame(SETTINGS, 0, 0))
+    wire.frames()
+    return conn, wire, host, seen, abused
+
+
+def _call(encoder: Encoder, stream: int, message: bytes) -> bytes:
+    return (frame(HEADERS, END_HEADERS, stream, encoder.encode(REQUEST))
+            + frame(DATA, END_STREAM, stream, b"\x00" + len(message).to_bytes(4, "big") + message))
+
+
+def test_a_unary_call_is_answered_with_exactly_these_bytes_in_one_write():
+    conn, wire, _, seen, _ = _open()
+    conn.receive(_call(Encoder(), 1, b"hi"))
+    assert seen == [b"hi"] and len(wire.writes) == 1
+    headers = b"\x88\x00\x0ccontent-type\x10application/grpc"  # :status 200 (static 8), content-type literal
+    trailers = b"\x00\x0bgrpc-status\x010"
+    assert wire.writes[0] == (len(headers).to_bytes(3, "big") + b"\x01\x04\x00\x00\x00\x01" + headers
+                              + b"\x00\x00\x07\x00\x00\x00\x00\x00\x01" + b"\x00\x00\x00\x00\x02hi"
+                              + len(trailers).to_bytes(3, "big") + b"\x01\x05\x00\x00\x00\x01" + trailers)
+    assert conn.open_streams == 0
+
+
+def test_a_ping_flood_is_answered_goaway_enhance_your_calm():
+    conn, wire, _, _, abused = _open(FloodLimits(pings=Rate(3, 0)))
+    conn.receive(frame(PING, 0, 0, b"12345678") * 5)
+    frames = wire.frames()
+    assert [kind for kind, *_ in frames] == [PING, PING, PING, GOAWAY]  # three acknowledged, then the GOAWAY
+    goaway = frames[-1][3]
+    assert int.from_bytes(goaway[4:8], "big") == ENHANCE_YOUR_CALM and goaway[8:] == b"too_many_pings"
+    assert wire.closed and abused == ["too_many_pings"]
+
+
+def test_the_ping_budget_refills_with_the_injected_clock():
+    now = [100.0]
+    conn, wire, _, _, abused = _open(FloodLimits(pings=Rate(1, 1)), now)
+    conn.receive(frame(PING, 0, 0, b"12345678"))
+    now[0] += 1.0
+    conn.receive(frame(PING, 0, 0, b"12345678"))
+    assert [kind for kind, *_ in wire.frames()] == [PING, PING] and not abused and conn.last_read == 101.0
+
+
+def test_data_past_a_streams_window_resets_it_and_past_the_connections_closes_it():
+    conn, wire, _, seen, _ = _open(FloodLimits(stream_window=1000, connection_window=3000))
+    encoder = Encoder()
+    conn.receive(frame(HEADERS, END_HEADERS, 1, encoder.encode(REQUEST)) + frame(DATA, 0, 1, b"\x00" * 1001))
+    assert (RST_STREAM, 0, 1, FLOW_CONTROL_ERROR.to_bytes(4, "big")) in wire.frames() and conn.open_streams == 0
+    conn.receive(_call(encoder, 3, b"ok"))  # the connection serves on
+    assert seen == [b"ok"]
+    wire.frames()
+    conn.receive(frame(HEADERS, END_HEADERS, 5, encoder.encode(REQUEST)) + frame(DATA, 0, 5, b"\x00" * 2000))
+    goaway = [payload for kind, _, _, payload in wire.frames() if kind == GOAWAY]
+    assert [int.from_bytes(p[4:8], "big") for p in goaway] == [FLOW_CONTROL_ERROR] and wire.closed
+
+
+def test_frames_past_a_turns_budget_are_left_for_the_host_to_hand_back():
+    conn, wire, host, seen, _ = _open()
+    updates = frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")) * FRAMES_PER_TURN
+    conn.receive(updates + _call(Encoder(), 1, b"late"))
+    assert host.later == 1 and conn.backlog and not seen
+    conn.receive_backlog()
+    assert seen == [b"late"] and not conn.backlog and host.later == 1
+
+
+def test_a_graceful_close_asks_the_host_for_its_timer_and_ends_our_side_when_it_fires():
+    conn, wire, host, _, _ = _open()
+    conn.receive(_call(Encoder(), 1, b"hi"))
+    wire.frames()
+    conn.close_gracefully()
+    assert [kind for kind, *_ in wire.frames()] == [GOAWAY, PING] and not wire.eof
+    [(delay, fire)] = host.timers
+    assert delay == GOAWAY_ACK_S
+    fire()  # type: ignore[operator]
+    [(kind, _, _, payload)] = wire.frames()
+    assert kind == GOAWAY and int.from_bytes(payload[:4], "big") == 1 and wire.eof

@@ -1,0 +1,196 @@
+"""`recserve deploy k8s --plan fleet.json` (issue #49): manifests that validate strictly and carry the fleet plan's
+counts, node pools and resources, with the node config `deploy local` gives the same server."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from recserve.cli import main
+from recserve.deploy.k8s import validate
+from recserve.deploy.k8s_fleet import HPA_TARGET_FRACTION, TIERS_DIR, FleetManifests, planned_cores
+from recserve.deploy.k8s_plans import INSTANCE_TYPE_LABEL, plan_manifests
+from recserve.deploy.local_fleet import fleet_node_configs
+from recserve.planners.fleet import FleetGroup, FleetPlan, plan_fleet
+from recserve.planners.fleet_spec import parse_fleet
+from recserve.planners.plan import Plan
+from recserve.serving import config_from_dict
+from recserve.specs import get_model, get_server
+
+pytest.importorskip("kubernetes_validate")
+
+SPEC = {"models": {"hercules-rmc1": {"trace": [1500, 6000, 4000, 900]}, "kairos-rm2": {"peak_qps": 150}},
+        "owned": {"hercules-t2": 1}, "rentable": {"c5n.2xlarge": {"max": 20}, "hercules-t1": {"price": 0.6, "max": 6}},
+        "budget": 10}
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> FleetPlan:
+    """A fleet plan from a small spec, read back from its JSON as the command reads it."""
+    plan = plan_fleet(parse_fleet(SPEC))
+    return Plan.load(plan.save(tmp_path_factory.mktemp("fleet") / "fleet.json"))
+
+
+def tiered_plan() -> FleetPlan:
+    """An SSD-tiered model on a trace, a Hera pair, and an ElasticRec shard block (as `plan fleet` writes them)."""
+    return FleetPlan(inputs={"models": {"sdm-m1": {"peak_qps": 420.0, "trace": [90.0, 420.0, 300.0]},
+                                        "hercules-rmc1": {"peak_qps": 3000.0}, "kairos-rm2": {"peak_qps": 400.0}}},
+                     groups=[
+        FleetGroup("pair", "hercules-t2", 2, 2, {"hercules-rmc1": 1264.8, "kairos-rm2": 147.5},
+                   {"hercules-rmc1": "dram", "kairos-rm2": "dram"}, "", "Hera pair",
+                   {"hercules-rmc1": {"workers": 10, "threads": 1, "ways": 4},
+                    "kairos-rm2": {"workers": 10, "threads": 1, "ways": 7}}),
+        FleetGroup("single", "sdm-hw-ss", 3, 3, {"sdm-m1": 150.0}, {"sdm-m1": "ssd"}, "", "SDM tiering",
+                   {"sdm-m1": {"workers": 20, "threads": 1}}),
+        FleetGroup("shards", "hercules-t2", 1, 3, {"elasticrec-rm1": 900.0}, {"elasticrec-rm1": "dram"}, "", "shards",
+                   {}),
+    ])
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def node_config_of(objects: list[dict], deployment: dict) -> dict:
+    """The node config the pod's container reads: its ``--config`` path in the mounted ConfigMap."""
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    path = container["args"][container["args"].index("--config") + 1]
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    (cm,) = [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"] == volume["configMap"]["name"]]
+    return yaml.safe_load(cm["data"][path.removeprefix(mount["mountPath"] + "/")])
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_manifests_carry_the_plans_counts_pools_and_guaranteed_cores(planned):
+    objects = plan_manifests(planned, name="fl")
+    assert validate(objects) == []
+    groups = [g for g in planned.groups if g.kind in ("single", "pair")]
+    deployments = by_kind(objects, "Deployment")
+    assert len(deployments) == len(groups) >= 2
+    for g, d in zip(groups, deployments, strict=True):
+        assert d["spec"]["replicas"] == g.count  # the plan's units at peak
+        pod = d["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {INSTANCE_TYPE_LABEL: g.server}
+        anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert anti["topologyKey"] == "kubernetes.io/hostname"  # one planned server per node
+        res = pod["containers"][0]["resources"]
+        assert res["requests"] == res["limits"]  # Guaranteed QoS
+        cpus = int(res["requests"]["cpu"])
+        config = node_config_of(objects, d)
+        assert cpus == sum(m["workers"] for m in config["models"])  # one exclusive core per worker
+        assert cpus <= min(planned_cores(g), get_server(g.server).cores - 1)  # the kubelet keeps a core
+        assert [m["model"] for m in config["models"]] == list(g.qps)
+    services = by_kind(objects, "Service")
+    assert sorted(s["metadata"]["name"] for s in services) == ["fl-hercules-rmc1", "fl-kairos-rm2"]
+    for s in services:  # a model's Service reaches every group that serves it, and only those
+        model = s["metadata"]["name"].removeprefix("fl-")
+        pods = [d["spec"]["template"]["metadata"]["labels"] for d in deployments]
+        assert [selects(s["spec"]["selector"], p) for p in pods] == [model in g.qps for g in groups]
+    # an HPA where the trace lets a group shrink: hercules-rmc1's lowest step is 900 of its 6000 QPS peak
+    floors = {d["metadata"]["name"]: math.ceil(g.count * 900 / 6000) for g, d in zip(groups, deployments, strict=True)
+              if list(g.qps) == ["hercules-rmc1"]}
+    hpas = {h["spec"]["scaleTargetRef"]["name"]: h["spec"] for h in by_kind(objects, "HorizontalPodAutoscaler")}
+    counts = {d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments}
+    assert {n: (h["minReplicas"], h["maxReplicas"]) for n, h in hpas.items()} == \
+        {n: (f, counts[n]) for n, f in floors.items() if f < counts[n]}
+    assert hpas  # the spec's trace makes at least one
+
+
+def test_the_node_config_is_the_one_deploy_local_gives_that_server(planned):
+    """With no core kept for the kubelet each pod's config is deploy local's on a host of the plan's cores, less
+    what the container decides (core ids, address, ports); the node server accepts it as written."""
+    objects = FleetManifests(planned, scale=1e-3, name="fl", reserved_cpus=0).build()
+    total = sum(planned_cores(g) for g in planned.groups if g.kind in ("single", "pair"))
+    local, _ = fleet_node_configs(planned, scale=1e-3, cores=list(range(total)))
+    deployments = by_kind(objects, "Deployment")
+    assert len(local) == len(deployments)
+    for cfg, d in zip(local, deployments, strict=True):
+        config = node_config_of(objects, d)
+        assert config["models"] == [{k: v for k, v in m.items() if k != "cores"} for m in cfg["models"]]
+        assert (config["host"], config["http_port"], config["grpc_port"]) == ("0.0.0.0", 8000, 8001)
+        assert int(d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]) == \
+            sum(m["workers"] for m in cfg["models"])
+        config_from_dict(config, "k8s")
+
+
+def test_probes_tolerate_a_loaded_node_and_a_slow_start(planned):
+    container = by_kind(plan_manifests(planned), "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["livenessProbe"]["timeoutSeconds"] >= 5 and container["livenessProbe"]["failureThreshold"] >= 3
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ten minutes to build tables
+
+
+def test_an_ssd_tiered_model_on_a_trace_gets_its_volume_and_an_hpa():
+    fleet = FleetManifests(tiered_plan(), scale=0.01, name="fl")
+    objects = fleet.build()
+    assert validate(objects) == []
+    pair, tiered = by_kind(objects, "Deployment")
+    assert pair["spec"]["template"]["metadata"]["annotations"]["recserve/llc-ways"] == "hercules-rmc1=4,kairos-rm2=7"
+    config = node_config_of(objects, tiered)
+    tier = config["models"][0]["options"]["tier"]
+    pod = tiered["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "tiers"]
+    assert tier["dir"].startswith(mount["mountPath"] + "/") and mount["mountPath"] == TIERS_DIR
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tiers"]
+    spec = get_model("sdm-m1")
+    user = sum(r * t.row_bytes(spec.bytes_per_elem) for r, t in zip(spec.scaled_rows(0.01), spec.tables, strict=True)
+               if t.side == "user")
+    assert int(volume["emptyDir"]["sizeLimit"].removesuffix("Gi")) * 2**30 >= user
+    assert pod["containers"][0]["resources"]["limits"]["ephemeral-storage"] == \
+        pod["containers"][0]["resources"]["requests"]["ephemeral-storage"]
+    (hpa,) = by_kind(objects, "HorizontalPodAutoscaler")  # the pair serves a model without a trace: no HPA
+    assert hpa["spec"]["scaleTargetRef"]["name"] == tiered["metadata"]["name"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (math.ceil(3 * 90 / 420), 3)
+    workers = config["models"][0]["workers"]
+    target = hpa["spec"]["metrics"][0]["pods"]["target"]["averageValue"]
+    assert target == f"{round(HPA_TARGET_FRACTION * 150.0 * workers / 20 * 1000)}m"
+    assert any("shards on hercules-t2 (elasticrec-rm1): not in these manifests" in n for n in fleet.notes)
+    assert any("19 of the plan's 20 cores" in n for n in fleet.notes)
+    # 3 pods for sdm-m1's 420 QPS peak, each carrying 150 x 19/20: an even spread holds it, no warning
+    assert not any(n.startswith("sdm-m1:") for n in fleet.notes)
+
+
+def test_a_service_over_pods_of_unequal_capacity_says_it_spreads_evenly():
+    plan = FleetPlan(inputs={"models": {"kairos-rm2": {"peak_qps": 400.0}}}, groups=[
+        FleetGroup("single", "c5n.2xlarge", 1, 1, {"kairos-rm2": 65.0}, {"kairos-rm2": "dram"}, "", "",
+                   {"kairos-rm2": {"workers": 7, "threads": 1}}),
+        FleetGroup("single", "hercules-t2", 2, 2, {"kairos-rm2": 170.0}, {"kairos-rm2": "dram"}, "", "",
+                   {"kairos-rm2": {"workers": 19, "threads": 1}})])
+    fleet = FleetManifests(plan)
+    fleet.build()
+    (note,) = [n for n in fleet.notes if n.startswith("kairos-rm2:")]
+    assert "evenly over 3 pods, 133.3 QPS each" in note and "65.0 QPS a c5n.2xlarge pod" in note
+
+
+def test_cli_writes_one_file_per_kind_and_says_what(tmp_path, capsys):
+    path = tiered_plan().save(tmp_path / "fleet.json")
+    out = tmp_path / "k8s"
+    out.mkdir()
+    (out / "statefulset.yaml").write_text("left from an earlier plan")
+    assert main(["deploy", "k8s", "--plan", str(path), "--out", str(out), "--scale", "0.01"]) == 0
+    printed = capsys.readouterr()
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["configmap.yaml", "deployment.yaml", "horizontalpodautoscaler.yaml", "service.yaml"]
+    assert all(str(out / f) in printed.out for f in files)
+    objects = [o for f in files for o in yaml.safe_load_all((out / f).read_text())]
+    assert validate(objects) == [] and "note: 1 x shards" in printed.err
+
+
+@pytest.mark.parametrize("plan, message", [
+    (Plan(planner="hercules"), "no Kubernetes deployment for 'plan' plans"),
+    (FleetPlan(groups=[tiered_plan().groups[2]]), "no single-model or co-located server group"),
+])
+def test_a_plan_it_cannot_deploy_is_one_line(plan, message, tmp_path, capsys):
+    path = plan.save(tmp_path / "p.json")
+    assert main(["deploy", "k8s", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
