@@ -88,13 +88,21 @@ def cmd_ray(args: argparse.Namespace) -> int:
     if bool(args.plan) == bool(args.model):
         raise RecserveError("deploy ray: give either --plan PLAN.json (pool, colocate) or --model NAME (shards)")
     if args.plan:
+        import recserve.planners.fleet  # noqa: F401 - registers the fleet plan kind
         from recserve.planners.plan import Plan
 
         plan = Plan.load(args.plan)
+        if plan.kind == "fleet":  # each planned server group a node server on the Ray nodes of its type
+            from recserve.commands import _ray_fleet
+
+            return _ray_fleet.run(args)
+        args.seconds = 20.0 if args.seconds is None else args.seconds
+        args.cpus = 1.0 if args.cpus is None else args.cpus
         if plan.kind == "shard":  # ElasticRec: the shards as planned, on the existing shard path
             args.model, args.shard_plan = plan.model, plan
             return cmd_ray_shards(args)
         return cmd_ray_plan(args)
+    args.seconds = 20.0 if args.seconds is None else args.seconds
     return cmd_ray_shards(args)
 
 
@@ -427,15 +435,25 @@ def _shard_scores_diff(handle: Any, model: Any, batch: int, sampler: Any, querie
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("ray", help="run a plan on Ray Serve (Kairos pool with the Kairos request router, "
                                        "Hera co-location) or a model as autoscaled ElasticRec shards")
-    p.add_argument("--plan", help="a pool, colocate, provision or shard plan JSON")
+    p.add_argument("--plan", help="a pool, colocate, provision, shard or fleet plan JSON")
+    p.add_argument("--dir", default="out/fleet-ray",
+                   help="with a fleet plan: where endpoints.json, endpoints-direct.json and node*.yaml go")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with a fleet plan: print each server type's `ray start --resources`, write the node configs "
+                        "and exit (no Ray)")
+    p.add_argument("--cluster-cpus", type=count, default=None,
+                   help="with a fleet plan and --dry-run: the CPUs to scale the servers onto (default: this host's)")
     p.add_argument("--models", help="with --plan: only these models of the plan (comma-separated)")
     p.add_argument("--policy", default="kairos", help="with a pool plan: the request router's dispatch policy")
-    p.add_argument("--cpus", type=positive, default=1.0,
-                   help="with --plan: Ray CPUs per pool instance / per planned Hera worker (below 1 on small hosts)")
+    p.add_argument("--cpus", type=positive, default=None,
+                   help="with --plan: Ray CPUs per pool instance / per planned Hera worker (below 1 on small hosts; "
+                        "default 1); with a fleet plan, per deployed worker (default: what the nodes hold)")
     p.add_argument("--rate", type=non_negative, default=0.0,
                    help="with a pool plan: Poisson queries/s through the proxy; with a provision plan and --json: per "
                         "deployment (default 4)")
-    p.add_argument("--seconds", type=positive, default=20.0, help="with --rate: length of the run")
+    p.add_argument("--seconds", type=positive, default=None,
+                   help="with --rate: length of the run (default 20); with a fleet plan: stop after this long "
+                        "(default: until Ctrl-C)")
     p.add_argument("--mix", default="production", help="with --rate: query-size mix")
     p.add_argument("--http-port", type=port, default=8000, help="with --plan: port of Ray Serve's HTTP proxy")
     p.add_argument("--prior", action="store_true",

@@ -79,7 +79,7 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
                                              "cache_mb": TIER_CACHE_MB}}
             models.append(entry)
         configs.append({"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "models": models,
-                        "_group": f"{g.count} x {g.kind} on {g.server}"})
+                        "_group": f"{g.count} x {g.kind} on {g.server}", "_server": g.server})
     if plan.notes:
         notes += [n for n in plan.notes if n.startswith("short of peak")]
     return configs, notes

@@ -110,16 +110,21 @@ def _require_ray() -> Any:
     return ray, serve
 
 
-def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start a local Ray instance or join a cluster at ``address`` (no dashboard, no auth token)."""
+def start_ray(address: str | None = None, num_cpus: int | None = None,
+              resources: dict[str, float] | None = None) -> None:
+    """Start a local Ray instance (with ``resources``, custom ones) or join a cluster at ``address`` (no dashboard,
+    no auth token)."""
     ray, _ = _require_ray()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
         if address:
             kwargs["address"] = address
-        elif num_cpus:
-            kwargs["num_cpus"] = num_cpus
+        else:
+            if num_cpus:
+                kwargs["num_cpus"] = num_cpus
+            if resources:
+                kwargs["resources"] = resources
         ray.init(**kwargs)
 
 
