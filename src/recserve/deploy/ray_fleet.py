@@ -18,10 +18,7 @@ Ray is imported lazily (and this module's Ray parts only run on Ray hosts).
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,19 +155,6 @@ def write_deployment(deployments: list[FleetDeployment], workdir: str | Path, pr
 # ---------------------------------------------------------------- the replica and the applications
 
 
-@contextmanager
-def standard_asyncio() -> Iterator[None]:
-    """New event loops made meanwhile are asyncio's own: Ray Serve installs uvloop's policy in a replica, and on a
-    uvloop loop a node serving two models answers a connection one model's worker hands to the other's with 400
-    ("Invalid method encountered") or a reset (Ray 2.60, uvloop 0.23); on asyncio's loop it does not."""
-    policy = asyncio.get_event_loop_policy()
-    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
-    try:
-        yield
-    finally:
-        asyncio.set_event_loop_policy(policy)
-
-
 class FleetNode:
     """A Ray Serve replica that is one planned server: the node server with the group's config on this Ray node,
     behind Ray's HTTP proxy (requests relayed to its port as they came)."""
@@ -184,8 +168,7 @@ class FleetNode:
         # on loopback: the relay is on the same host, and the control API stays unexposed (no token to hand out)
         self.node = NodeServer(config_from_dict({**config, "host": "127.0.0.1", "http_port": 0, "grpc_port": 0},
                                                 "fleet node config"))
-        with standard_asyncio():
-            ports = self.node.start()
+        ports = self.node.start()  # on asyncio's own loop, whatever Ray's replica installed (supervisor_loop)
         self.url = f"http://127.0.0.1:{ports.http}"
         self.session: Any = None
 

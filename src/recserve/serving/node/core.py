@@ -49,6 +49,38 @@ def _infer_target(prefix: bytes) -> str | None:
     return route[0] if route else None
 
 
+class _Prefixed(asyncio.Protocol):
+    """A handed-over connection's protocol, given the bytes a worker already read (``prefix``) as its first data in
+    ``connection_made``: feeding them after ``connect_accepted_socket`` returns let uvloop (which starts reading at
+    once) deliver the body first, and aiohttp answered 400 "Invalid method"."""
+
+    __slots__ = ("inner", "prefix")
+
+    def __init__(self, inner: asyncio.Protocol, prefix: bytes) -> None:
+        self.inner, self.prefix = inner, prefix
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+        if self.prefix:
+            prefix, self.prefix = self.prefix, b""
+            self.inner.data_received(prefix)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
 class NodeCore:
     """State shared by both front ends: the model runtimes and node-wide settings."""
 
@@ -187,9 +219,8 @@ class NodeCore:
             sock.close()
             return
         sock.setblocking(False)
-        _, protocol = await asyncio.get_running_loop().connect_accepted_socket(self.http_server, sock)
-        if prefix:
-            protocol.data_received(prefix)
+        factory = self.http_server
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: _Prefixed(factory(), prefix), sock)
 
     @property
     def ready(self) -> bool:

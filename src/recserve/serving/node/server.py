@@ -68,6 +68,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def supervisor_loop() -> asyncio.AbstractEventLoop:
+    """The supervisor's loop: asyncio's own, whatever loop policy the embedding process set.  Under uvloop's policy
+    (Ray Serve replicas, uvicorn apps) a two-model node reset some connections one model's worker handed to the
+    other's and its workers exited; the workers pick their own loop (``event_loop`` in the node config)."""
+    return asyncio.SelectorEventLoop()
+
+
 @dataclass(frozen=True)
 class Ports:
     http: int
@@ -229,7 +236,7 @@ class NodeServer:
         ready = threading.Event()
 
         def main() -> None:
-            loop = asyncio.new_event_loop()
+            loop = supervisor_loop()
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
@@ -276,7 +283,8 @@ class NodeServer:
 
     # ------------------------------------------------------------------ foreground (CLI)
     def run_forever(self) -> None:
-        asyncio.run(self._run_until_signal())
+        with asyncio.Runner(loop_factory=supervisor_loop) as runner:
+            runner.run(self._run_until_signal())
 
     async def _run_until_signal(self) -> None:
         ports = await self._astart()
