@@ -87,7 +87,8 @@ class Observed:
         info = self.control.get_model(self.model)
         workers = info["stages"]["model"]["worker_detail"]
         return {"cpu": [cpu_s(w["pid"]) for w in workers], "served": [w.get("queries_done") for w in workers],
-                "forwarded": info.get("siblings", {}).get("forwarded", 0)}
+                "forwarded": info.get("siblings", {}).get("forwarded", 0),
+                "returned": info.get("siblings", {}).get("returned", 0)}
 
     @staticmethod
     def delta(before: dict, after: dict) -> dict[str, Any]:
@@ -97,7 +98,8 @@ class Observed:
         else:
             served = None
         return {"worker_cpu_s": [round(a - b, 3) for a, b in zip(after["cpu"], before["cpu"], strict=False)],
-                "worker_served": served, "forwarded": after["forwarded"] - before["forwarded"]}
+                "worker_served": served, "forwarded": after["forwarded"] - before["forwarded"],
+                "returned": after["returned"] - before["returned"]}
 
 
 def probe(session: LoadSession, observed: Observed, rate: float, seconds: float) -> Any:
@@ -112,7 +114,8 @@ def describe(result: Any) -> dict[str, Any]:
     d = result.to_dict()
     return {"rate": result.offered_qps, "achieved_qps": result.achieved_qps, "p95_ms": result.p95,
             "queries": round(result.achieved_qps * result.run_s),
-            "errors": d.get("errors"), "generator_cpu_s": result.cpu_s, **result.node}
+            "errors": d.get("errors"), "generator_cpu_s": result.cpu_s, "send_lag_ms_p99": result.send_lag(99),
+            **result.node}
 
 
 def main() -> int:
@@ -128,7 +131,11 @@ def main() -> int:
     parser.add_argument("--start-qps", type=float, default=40.0)
     parser.add_argument("--max-probes", type=int, default=9)
     parser.add_argument("--out", default="results/grpc_scale.json")
+    parser.add_argument("--summarize", default="", help="print the summary of an earlier run's JSON and exit")
     args = parser.parse_args()
+    if args.summarize:
+        summary(json.loads(Path(args.summarize).read_text()))
+        return 0
     variants = dict(v.split("=", 1) for v in args.variants.split(","))
     counts = [int(w) for w in args.workers.split(",")]
     protocols = args.protocols.split(",")
@@ -205,24 +212,28 @@ def log(key: tuple, row: dict) -> None:
     served = row["worker_served"]
     print(f"  {key[0]:>5} {key[1]:>4} {row['rate']:7.1f} qps: p95 {row['p95_ms']:8.1f} ms, achieved "
           f"{row['achieved_qps']:6.1f}, worker CPU {row['worker_cpu_s']}, served {served}, forwarded "
-          f"{row['forwarded']}, generator CPU {row['generator_cpu_s']:.2f} s, errors {row['errors']}, "
+          f"{row['forwarded']} (returned {row.get('returned')}), generator CPU {row['generator_cpu_s']:.2f} s "
+          f"(lag p99 {row.get('send_lag_ms_p99', float('nan')):.1f} ms), errors {row['errors']}, "
           f"load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
 
 
 def summary(out: dict) -> None:
+    """Per run: its max load, the workers' CPU per answered query and each worker's share of the CPU and of the
+    queries served (over every probe of the run)."""
     print(f"max load at p95 <= {out['sla_ms']:g} ms, {out['model']} @{out['scale']:g}; load average "
           f"{out['load_avg_before'][0]:.2f} before, {out['load_avg_after'][0]:.2f} after")
     for key, run in out["runs"].items():
         probes = run["probes"]
-        served = [p for p in probes if p["worker_served"]]
-        cpu = sum(sum(p["worker_cpu_s"]) for p in probes)
-        queries = sum(p["queries"] for p in probes)
+        per_worker = [sum(col) for col in zip(*(p["worker_cpu_s"] for p in probes), strict=True)]
+        cpu, queries = sum(per_worker), sum(p["queries"] for p in probes)
+        served = [p["worker_served"] for p in probes if p["worker_served"]]
         share = None
         if served:
-            totals = [sum(col) for col in zip(*(p["worker_served"] for p in served), strict=True)]
+            totals = [sum(col) for col in zip(*served, strict=True)]
             share = [round(t / max(1, sum(totals)), 2) for t in totals]
         print(f"  {key:>16}: max {run.get('max_qps', float('nan')):7.1f} qps, worker CPU per query "
-              f"{cpu / max(queries, 1) * 1e3:.2f} ms, served share {share}")
+              f"{cpu / max(queries, 1) * 1e3:.2f} ms, CPU share {[round(c / max(cpu, 1e-9), 2) for c in per_worker]}, "
+              f"served share {share}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ import numpy as np
 from recserve.serving.accel import AcceleratorClient, Link, reply_frame, serve_links
 from recserve.serving.errors import InferError
 
-STAGING_BYTES = 4 * 1024 * 1024  # each link's arena: a batch-256 query of the catalogue's models fits; larger go inline
+# each link's arena: several production-mix queries of the catalogue's whole-query models at once (the shorter-queue
+# rule keeps a few outstanding per sibling; one that finds the arena full comes back unforwarded); its pages are
+# touched only as far as the queries outstanding at once reach, larger queries cross the socket
+STAGING_BYTES = 32 * 1024 * 1024
 
 
 def socket_path(directory: str, slot: int) -> str:
