@@ -1,4 +1,5 @@
-"""Which sibling a busy worker forwards a query to (``SiblingClient.less_loaded``): the policy alone, no sockets.
+"""Which sibling a busy worker forwards a query to (``SiblingClient.less_loaded``): the policy alone, no sockets;
+and what a worker does with a query a sibling gave back (its own admission, on one plane).
 
 A link is made (not connected) the first time its sibling is chosen; queries outstanding on it are entries in its
 ``outstanding`` map, so each case sets the loads the siblings publish and what this worker has sent them.
@@ -6,9 +7,12 @@ A link is made (not connected) the first time its sibling is chosen; queries out
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 
-from recserve.serving.dataplane import RETIRING_LOAD
+from recserve.serving.dataplane import RETIRING_LOAD, PlaneLimits, WorkerPlane
 from recserve.serving.siblings import SiblingClient, socket_path
 
 
@@ -68,3 +72,42 @@ def test_this_worker_free_slots_and_retiring_siblings_are_never_chosen():
     assert chosen(siblings, 1 << 20) is None
     assert set(siblings.by_slot) <= {0}  # no link made to a free slot or to itself
     assert siblings.by_slot[0].path == socket_path("/nonexistent", 0)
+
+
+class SlowPath:
+    """A pass of 20 ms a query (the plane's fit is taught so before any query)."""
+
+    def compute(self, queries):
+        time.sleep(0.02 * len(queries))
+        return [np.zeros((q[0].shape[0], 1), np.float32) for q in queries]
+
+
+def test_a_query_a_sibling_gave_back_meets_this_workers_admission_but_not_its_drain():
+    """A sibling refuses a query it cannot answer in time; back here, behind this worker's own queue, it is shed at
+    once (503) when it would be late, not queued to wait for its deadline (a client's seconds-long grpc-timeout).
+    A drain begun since it arrived does not refuse it: it was taken before."""
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=8, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                            sub_batch=0)
+        for _ in range(20):
+            plane.service.observe(4, 0.02)
+        answers: list[str] = []
+
+        def reply(scores, error):
+            answers.append(str(error) if error is not None else "ok")
+
+        query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
+        now = time.perf_counter()
+        plane.enqueue(query, 4, now, 10.0, reply)  # computed at once
+        plane.enqueue(query, 4, now, 10.0, reply)  # queued: the worker is busy from now on
+        plane.enqueue_at(query, 4, now, time.perf_counter() + 0.005, reply, returned=True)
+        assert len(answers) == 2 and "after its deadline" in answers[1]
+        plane.draining = True
+        plane.enqueue_at(query, 4, now, time.perf_counter() + 10.0, reply, returned=True)
+        assert len(answers) == 2 and len(plane.queue) == 2  # queued behind the 2nd, drain or not
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert answers.count("ok") == 3
+    finally:
+        loop.close()

@@ -801,7 +801,8 @@ class WorkerPlane:
                    forwarded: bool = False, returned: bool = False) -> None:
         """Queue a validated query due by ``deadline`` if admission lets it in (``forwarded``: a sibling sent it,
         and takes it back if it is refused here, so the refusal is not this node's answer to count; ``returned``:
-        this worker admitted it before a sibling gave it back, so a drain begun since does not refuse it)."""
+        this worker took it before a sibling gave it back, so a drain begun since does not refuse it; the work ahead
+        still may)."""
         try:
             predicted = self._check_admission(items, deadline, admitted=returned)
         except InferError as exc:
@@ -835,10 +836,10 @@ class WorkerPlane:
     def _check_admission(self, items: int, deadline: float, admitted: bool = False) -> float:
         """Raise 503 unless a query of ``items`` can be answered by ``deadline``; return when it is predicted to be
         (the fit of the work ahead, plus ``Lateness`` headroom for the decision only).  ``admitted``: a query this
-        worker took before and a sibling gave back: only its deadline can refuse it now."""
-        if admitted:
-            return time.perf_counter() + self.backlog_s(items)
-        if self.draining:
+        worker took before and a sibling gave back: a drain begun since does not refuse it, the work ahead does (a
+        sibling refuses a query it cannot answer in time, and this worker held more than it when it sent it;
+        queued past admission, it waited for its deadline, the client's ``grpc-timeout`` of seconds)."""
+        if self.draining and not admitted:
             raise InferError("unavailable", f"model {self.model_name!r} is not accepting queries (shutting down)")
         if len(self.queue) >= self.limits.queue_limit:
             raise InferError("unavailable", f"model {self.model_name!r} is overloaded: {len(self.queue)} queries "
