@@ -123,7 +123,7 @@ class FakePlane:
     def refused(self, code: str) -> None:
         self.refusals.append(code)
 
-    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply, front=False) -> None:
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply) -> None:
         reply(arrays[0].sum(axis=1, keepdims=True), None)
 
 

@@ -111,15 +111,3 @@ def test_a_query_a_sibling_gave_back_meets_this_workers_admission_but_not_its_dr
         assert answers.count("ok") == 3
     finally:
         loop.close()
-
-
-def test_the_front_end_of_a_channel_gives_the_sibling_equal_queues_and_an_idle_start():
-    """``ties``: the worker fronting a gRPC channel hands a query to a sibling holding as many as it does, also
-    when both hold none; a sibling holding more still gets nothing."""
-    siblings = client([0, 0])
-    assert chosen(siblings, 0) is None
-    assert siblings.less_loaded(0, ties=True) is siblings.by_slot[1]
-    siblings.loads[1] = 2
-    assert siblings.less_loaded(1, ties=True) is None
-    assert siblings.less_loaded(2, ties=True) is siblings.by_slot[1]
-    assert chosen(siblings, 2) is None  # without ties: equal queues keep the query here

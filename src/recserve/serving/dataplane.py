@@ -761,31 +761,27 @@ class WorkerPlane:
 
         self.enqueue(arrays, items, req.arrived, timeout, reply)
 
-    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply,
-                front: bool = False) -> None:
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
         ``reply`` is called once, with scores or the error.  While this worker is busy, a sibling worker of the
-        model holding fewer queries may compute it instead (``serving/siblings.py``).  ``front``: the query came on
-        a connection this worker fronts for all its calls (a gRPC channel, which never moves to another worker):
-        a sibling holding as many queries, or none while this worker holds none, computes it instead."""
+        model holding fewer queries may compute it instead (``serving/siblings.py``)."""
         deadline = self._deadline(timeout_s, arrived)
         if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
             if self.offload.takes(items):
                 self._offload(arrays, items, arrived, deadline, reply)
                 return
             self._record(("kind", "cpu", items))
-        if self.siblings is not None and (front or self._busy()) and not self.draining and \
-                self._forward(arrays, items, arrived, deadline, reply, front):
+        if self.siblings is not None and self._busy() and not self.draining and \
+                self._forward(arrays, items, arrived, deadline, reply):
             return
         self.enqueue_at(arrays, items, arrived, deadline, reply)
 
-    def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply,
-                 ties: bool = False) -> bool:
+    def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> bool:
         """Send the query to a sibling holding fewer queries than this worker, if there is one; it comes back here if
         the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left).
         Any other answer, scores or an error of the pass, is the client's.  The sibling records it in the node's
         statistics."""
-        link = self.siblings.less_loaded(len(self.queue) + self._computing, ties)  # type: ignore[union-attr]
+        link = self.siblings.less_loaded(len(self.queue) + self._computing)  # type: ignore[union-attr]
         if link is None:
             return False
         self._record(("sibling", "forwarded"))

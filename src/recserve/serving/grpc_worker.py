@@ -271,7 +271,7 @@ class WorkerMethods(Forwarder):
                     error = as_infer_error(exc)
             answer(response, error)
 
-        self.plane.enqueue(arrays, items, arrived, timeout_s, reply, front=True)
+        self.plane.enqueue(arrays, items, arrived, timeout_s, reply)
         return True
 
     def _stream(self, call: GrpcCall) -> InOrder:

@@ -82,21 +82,19 @@ class SiblingClient(AcceleratorClient):
         self.by_slot: dict[int, Link] = {}
         self._next = 0
 
-    def less_loaded(self, own: int, ties: bool = False) -> Link | None:
+    def less_loaded(self, own: int) -> Link | None:
         """The link to the sibling holding the fewest queries, if that is fewer than ``own`` (the queries this worker
-        holds; as many with ``ties``), else None: a query joins the shorter queue (so ``own`` 1 sends it only to an
-        idle sibling).  ``ties``: this worker is the front end of the query's connection (a gRPC channel): it reads,
-        decodes and answers every call of it, so at equal queues the sibling computes.
+        holds), else None: a query joins the shorter queue (so ``own`` 1 sends it only to an idle sibling).
 
         A sibling's load is the larger of what it publishes and what this worker has outstanding there (queries on
         their way are not published yet).  Siblings of equal load are taken in turn, so a burst spreads over them;
         a retiring one publishes a huge load and is never chosen."""
         loads = self.loads
-        fewer = np.flatnonzero((loads >= 0) & (loads < own + ties))
+        fewer = np.flatnonzero((loads >= 0) & (loads < own))
         if not fewer.size:
             return None
         self._next += 1
-        best, best_load = None, own + ties
+        best, best_load = None, own
         for k in np.roll(fewer, -(self._next % fewer.size)):
             slot = int(k)
             if slot == self.slot:
