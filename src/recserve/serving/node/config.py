@@ -25,7 +25,7 @@ A node config is YAML::
                              # SLA target); queries that cannot finish by it are shed (503), late ones get 504
         fuse_items: 256      # fuse queued queries into one forward pass of at most this many items (0 = off)
         hang_timeout_s: 10.0 # a worker whose loop is silent this long is hung: its queries get 504, it is replaced
-        forward_to_idle: true  # a busy worker sends a query to an idle worker of the model (worker/siblings.py):
+        forward_to_idle: true  # a busy worker sends a query to a less loaded worker (serving/worker/siblings.py):
                              # one gRPC channel's calls use every worker, not only the one that accepted it
         accelerator:         # optional: accelerator workers beside the CPU workers (serving/worker/accel.py)
           device: cuda       # cpu | cuda | cuda:N (cpu: DeepRecSys' offload of large queries to a many-threaded worker)
@@ -187,7 +187,7 @@ class ModelConfig:
     deadline_ms: float | None = None
     fuse_items: int = 256
     hang_timeout_s: float = 10.0
-    forward_to_idle: bool = True  # a busy worker sends a query to an idle sibling (one gRPC channel uses them all)
+    forward_to_idle: bool = True  # a busy worker sends a query to a less loaded sibling (one gRPC channel uses all)
     # Repository models (serving/node/repository.py): the artifact file of one version and the spec describing it.
     # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
     artifact: str = ""

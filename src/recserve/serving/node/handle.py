@@ -71,6 +71,7 @@ class WorkerHandle:
     stop_sent: bool = False
     current: Any = None  # the part of a query it computes (dispatch.Part)
     items_done: int = 0
+    queries_done: int = 0  # v2: queries this worker computed and answered (forwarded ones included: it computed them)
     last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
     conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
     slot: int = -1  # v2: its index in the model's shared load array
@@ -86,7 +87,8 @@ class WorkerHandle:
     def describe(self) -> dict[str, Any]:
         return {"id": self.worker_id, "pid": self.pid, "cores": self.cores, "threads": self.threads,
                 "ready": self.ready.done() and not self.ready.exception(), "retiring": self.retiring,
-                "busy": self.current is not None, "items_done": self.items_done, **memory_of(self.pid)}
+                "busy": self.current is not None, "items_done": self.items_done,
+                "queries_done": self.queries_done, **memory_of(self.pid)}
 
 
 def memory_of(pid: int) -> dict[str, float]:

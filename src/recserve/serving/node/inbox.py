@@ -48,6 +48,7 @@ class PipeInbox:
             return
         msg = pipe.decode(raw)
         if isinstance(msg, pipe.Stats):
+            handle.queries_done += sum(rec[0] == "done" for rec in msg.records)
             self._worker_stats(msg.records)
         elif isinstance(msg, pipe.Beat):  # dated back by its pass in flight: a pass that never ends is a hang
             handle.last_beat = time.monotonic() - float(msg.busy_s)

@@ -763,8 +763,8 @@ class WorkerPlane:
 
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
-        ``reply`` is called once, with scores or the error.  While this worker is busy, an idle sibling worker
-        of the model may compute it instead (``serving/worker/siblings.py``)."""
+        ``reply`` is called once, with scores or the error.  While this worker is busy, a sibling worker of the
+        model holding fewer queries may compute it instead (``serving/worker/siblings.py``)."""
         deadline = self._deadline(timeout_s, arrived)
         if self.offload is not None and not self.draining:  # a model with accelerator workers: route by size
             if self.offload.takes(items):
@@ -777,10 +777,11 @@ class WorkerPlane:
         self.enqueue_at(arrays, items, arrived, deadline, reply)
 
     def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> bool:
-        """Send the query to an idle sibling, if there is one; it comes back here if the sibling refuses it, retires
-        or dies (503 ``unavailable``; it is then queued as if it had never left).  Any other answer, scores or an
-        error of the pass, is the client's.  The sibling records it in the node's statistics."""
-        link = self.siblings.idle()  # type: ignore[union-attr]
+        """Send the query to a sibling holding fewer queries than this worker, if there is one; it comes back here if
+        the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left).
+        Any other answer, scores or an error of the pass, is the client's.  The sibling records it in the node's
+        statistics."""
+        link = self.siblings.less_loaded(len(self.queue) + self._computing)  # type: ignore[union-attr]
         if link is None:
             return False
         self._record(("sibling", "forwarded"))
@@ -800,7 +801,8 @@ class WorkerPlane:
                    forwarded: bool = False, returned: bool = False) -> None:
         """Queue a validated query due by ``deadline`` if admission lets it in (``forwarded``: a sibling sent it,
         and takes it back if it is refused here, so the refusal is not this node's answer to count; ``returned``:
-        this worker admitted it before a sibling gave it back, so a drain begun since does not refuse it)."""
+        this worker took it before a sibling gave it back, so a drain begun since does not refuse it; the work ahead
+        still may)."""
         try:
             predicted = self._check_admission(items, deadline, admitted=returned)
         except InferError as exc:
@@ -834,10 +836,10 @@ class WorkerPlane:
     def _check_admission(self, items: int, deadline: float, admitted: bool = False) -> float:
         """Raise 503 unless a query of ``items`` can be answered by ``deadline``; return when it is predicted to be
         (the fit of the work ahead, plus ``Lateness`` headroom for the decision only).  ``admitted``: a query this
-        worker took before and a sibling gave back: only its deadline can refuse it now."""
-        if admitted:
-            return time.perf_counter() + self.backlog_s(items)
-        if self.draining:
+        worker took before and a sibling gave back: a drain begun since does not refuse it, the work ahead does (a
+        sibling refuses a query it cannot answer in time, and this worker held more than it when it sent it;
+        queued past admission, it waited for its deadline, the client's ``grpc-timeout`` of seconds)."""
+        if self.draining and not admitted:
             raise InferError("unavailable", f"model {self.model_name!r} is not accepting queries (shutting down)")
         if len(self.queue) >= self.limits.queue_limit:
             raise InferError("unavailable", f"model {self.model_name!r} is overloaded: {len(self.queue)} queries "

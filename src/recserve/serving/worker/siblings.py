@@ -1,4 +1,4 @@
-"""Idle siblings: a busy worker hands a decoded query to an idle worker of the same model, and answers it.
+"""Siblings: a busy worker hands a decoded query to a less loaded worker of the same model, and answers it.
 
 Why (issue #14): a client connection belongs to the worker that accepted it.  An HTTP/1.1 connection carries one
 query at a time and idle ones move between workers (``WorkerPlane.maybe_move``), but one HTTP/2 connection carries
@@ -9,8 +9,10 @@ workers, 479 with one; the second worker's CPU 0.01 s of 6 s).
 
 So every worker of a whole-query model also serves a Unix socket named by its slot in the model's shared load
 array (``socket_path``), and a worker that receives a query while it is busy (queries queued, or a long pass on
-its compute thread) sends the query, already decoded and validated, to a sibling whose published load is 0 and
-that has nothing outstanding from it.  The frames, the staging arena and the deadline handling are the
+its compute thread) sends the query, already decoded and validated, to the sibling holding the fewest queries if
+that is fewer than it holds itself (``SiblingClient.less_loaded``: the shorter queue, so one channel's queries
+spread over every worker, not only over the idle ones; see docs/decisions/2026-11-28-grpc-one-channel-scaling.md).
+The frames, the staging arena and the deadline handling are the
 accelerator link's (``serving/worker/accel.py``): one implementation of "send a decoded query to another worker".  The
 sibling queues it through its own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it
 records the query in the node's statistics, the forwarding worker does not.  A sibling that refuses the query
@@ -31,7 +33,10 @@ import numpy as np
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.accel import AcceleratorClient, Link, reply_frame, serve_links
 
-STAGING_BYTES = 4 * 1024 * 1024  # each link's arena: a batch-256 query of the catalogue's models fits; larger go inline
+# each link's arena: several production-mix queries of the catalogue's whole-query models at once (the shorter-queue
+# rule keeps a few outstanding per sibling; one that finds the arena full comes back unforwarded); its pages are
+# touched only as far as the queries outstanding at once reach, larger queries cross the socket
+STAGING_BYTES = 32 * 1024 * 1024
 
 
 def socket_path(directory: str, slot: int) -> str:
@@ -77,23 +82,30 @@ class SiblingClient(AcceleratorClient):
         self.by_slot: dict[int, Link] = {}
         self._next = 0
 
-    def idle(self) -> Link | None:
-        """The link to a sibling with no query (its published load is 0) and none outstanding from this worker,
-        taken in turn so a burst spreads over the idle siblings; None when there is none."""
-        idle = np.flatnonzero(self.loads == 0)
-        if not idle.size:
+    def less_loaded(self, own: int) -> Link | None:
+        """The link to the sibling holding the fewest queries, if that is fewer than ``own`` (the queries this worker
+        holds), else None: a query joins the shorter queue (so ``own`` 1 sends it only to an idle sibling).
+
+        A sibling's load is the larger of what it publishes and what this worker has outstanding there (queries on
+        their way are not published yet).  Siblings of equal load are taken in turn, so a burst spreads over them;
+        a retiring one publishes a huge load and is never chosen."""
+        loads = self.loads
+        fewer = np.flatnonzero((loads >= 0) & (loads < own))
+        if not fewer.size:
             return None
         self._next += 1
-        for k in np.roll(idle, -(self._next % idle.size)):
+        best, best_load = None, own
+        for k in np.roll(fewer, -(self._next % fewer.size)):
             slot = int(k)
             if slot == self.slot:
                 continue
             link = self.by_slot.get(slot)
             if link is None:
                 link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes)
-            if not link.outstanding:
-                return link
-        return None
+            load = max(int(loads[slot]), len(link.outstanding))
+            if load < best_load:
+                best, best_load = link, load
+        return best
 
     def close(self) -> None:
         """Close every link (a worker's links otherwise end with its process)."""
