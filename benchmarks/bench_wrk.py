@@ -195,6 +195,16 @@ def check_row(name: str, url: str, args: argparse.Namespace, pool: RequestPool, 
     return check, answer_bytes
 
 
+def plan_rows(asked: list[str], can_run=runnable) -> tuple[list[str], dict[str, str]]:
+    """The rows that can run here, and why each other one cannot: its server (``can_run``, bench_peers'
+    check) or its protocol's tool missing."""
+    skipped = {}
+    for name in asked:
+        if why := can_run(name) or loadtools.missing("grpc" if name.endswith("grpc") else "http"):
+            skipped[name] = why
+    return [name for name in asked if name not in skipped], skipped
+
+
 def one_worker_count(rows: list[str], workers: int, pool: RequestPool, args: argparse.Namespace, sla_ms: float,
                      want: list[np.ndarray]) -> dict[str, dict]:
     """Every row's server up; for each batch, the rows take turns under the tool."""
@@ -274,12 +284,7 @@ def main() -> int:
     spec = get_model(args.model)
     sla = args.sla_ms or spec.sla.target_ms
     pool = RequestPool(spec, args.scale, tuple(int(b) for b in args.batches.split(",")))
-    asked = [r.strip() for r in args.rows.split(",") if r.strip()]
-    skipped = {name: why for name in asked if (why := runnable(name))}
-    for name in asked:
-        if name not in skipped and (why := loadtools.missing("grpc" if name.endswith("grpc") else "http")):
-            skipped[name] = why
-    rows = [name for name in asked if name not in skipped]
+    rows, skipped = plan_rows([r.strip() for r in args.rows.split(",") if r.strip()])
     results = {"model": args.model, "scale": args.scale, "batches": list(pool.sizes), "sla_ms": sla,
                "duration_s": args.duration, "connections": args.connections, "tools": {"http": "wrk -t1",
                                                                                        "grpc": "h2load -t1 -m1"},

@@ -85,9 +85,10 @@ def grpc_frame(message: bytes) -> bytes:
 def h2load_command(url: str, data: Path, log: Path, duration_s: float, connections: int = 4, threads: int = 1,
                    warmup_s: float = 1.0, h2load: str = "h2load") -> list[str]:
     """h2load posting ``data`` as a gRPC call to ``url`` (``http://host:port``, HTTP/2 with prior knowledge),
-    one stream per connection at a time, a per-request log in ``log``."""
-    return [h2load, f"-D{duration_s:g}", f"--warm-up-time={warmup_s:g}", f"-c{connections}", "-m1",
-            f"-t{threads}", f"--data={data}", "-H", "content-type: application/grpc", "-H", "te: trailers",
+    one stream per connection at a time, a per-request log in ``log`` (h2load takes whole seconds or ``ms``)."""
+    return [h2load, f"-D{round(duration_s * 1000)}ms", f"--warm-up-time={round(warmup_s * 1000)}ms",
+            f"-c{connections}", "-m1", f"-t{threads}", f"--data={data}", "-H", "content-type: application/grpc",
+            "-H", "te: trailers",
             f"--log-file={log}", url.rstrip("/") + GRPC_INFER_PATH]
 
 
@@ -107,6 +108,8 @@ def parse_h2load(stdout: str, log_text: str, answer_bytes: int | None = None) ->
         raise ValueError(f"h2load output lacks its 'finished in' line:\n{stdout[-1000:]}")
     seconds = float(match.group(1)) / (1000 if match.group(2) == "ms" else 1)
     total = _count(r"requests: (\d+) total", stdout)
+    if total == 0:  # h2load exits 0 when it cannot connect
+        raise ValueError(f"h2load sent no request:\n{stdout[-1000:]}")
     succeeded = _count(r"(\d+) succeeded", stdout)
     ok_status = _count(r"status codes: (\d+) 2xx", stdout)
     data = _count(r"headers \(space savings -?[\d.]+%\), [\d.]+\w*B \((\d+)\) data", stdout)
