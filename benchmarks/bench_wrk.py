@@ -126,7 +126,8 @@ def recserve_state(url: str, model: str) -> tuple[list[dict], dict]:
 
 
 def connections_held(pid: int, port: int) -> int:
-    """Established TCP connections to local ``port`` among process ``pid``'s descriptors (IPv4 loopback)."""
+    """Established TCP connections to local ``port`` that process ``pid`` holds (IPv4 loopback; a connection
+    held by two of its descriptors counts once)."""
     inodes = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
@@ -136,7 +137,7 @@ def connections_held(pid: int, port: int) -> int:
         links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
     except OSError:
         return 0
-    return sum(1 for link in links if link.startswith("socket:[") and link[8:-1] in inodes)
+    return len({link[8:-1] for link in links if link.startswith("socket:[")} & inodes)
 
 
 def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: argparse.Namespace,
