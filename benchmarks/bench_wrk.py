@@ -263,6 +263,8 @@ def print_table(results: dict) -> None:
                 print(f"{workers:>7} {size:>5} {name:15s} {r['rps']:>8.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
                       f"{r['non_2xx']:>7} {r['errors']:>6} {ratio:>11} {r['tool_cpu_per_s']:>8.2f} "
                       f"{r['host_busy_cores']:>9.2f} {scores:>6}  {spread}")
+    print("(req/s: successful answers; non-2xx: for gRPC rows also the HTTP 200s that carried a gRPC error instead "
+          "of an answer; tool CPU: cores; host busy: the host's busy cores, all processes)")
     for name, note in results["notes"].items():
         print(f"note: {name}: {note}")
     for name, why in results["skipped"].items():

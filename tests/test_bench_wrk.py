@@ -93,13 +93,15 @@ def test_parse_wrk_without_the_done_line_says_so() -> None:
 def test_parse_h2load_reads_counts_and_takes_percentiles_from_the_log() -> None:
     log = "".join(f"1764360000{i:06d}\t200\t{1000 * (i + 1)}\n" for i in range(100)) + "1764360000999999\t-1\t5\n"
     r = loadtools.parse_h2load(H2LOAD_SAMPLE, log, answer_bytes=155)
-    assert (r["requests"], r["ok"], r["non_2xx"], r["errors"]) == (589, 587, 1, 1)
+    assert (r["requests"], r["ok"], r["non_2xx"], r["errors"]) == (589, 587, 1, 1)  # 91035 B: 587 answers of 155
     assert r["rps"] == pytest.approx(587 / 3.0)
-    assert r["data_bytes"] == 91035
-    assert r["answered"] == 587  # 91035 bytes hold 587 answers of 155 bytes
+    assert r["data_bytes"] == 91035 and r["grpc_errors"] == 0
     assert r["p50_ms"] == pytest.approx(50.5) and r["p99_ms"] == pytest.approx(99.01)
     assert r["max_ms"] == 100.0  # the failed stream (-1) is not a latency
-    assert loadtools.parse_h2load(H2LOAD_SAMPLE, log, answer_bytes=1000)["answered"] == 91  # errors carry no body
+    # a gRPC error is an HTTP 200 without a message: with answers of 1000 bytes, 91 of the 587 2xx were answers
+    errors = loadtools.parse_h2load(H2LOAD_SAMPLE, log, answer_bytes=1000)
+    assert (errors["ok"], errors["grpc_errors"], errors["non_2xx"]) == (91, 496, 497)
+    assert errors["rps"] == pytest.approx(91 / 3.0)
 
 
 def test_parse_h2load_rejects_an_output_it_does_not_know() -> None:
@@ -204,5 +206,5 @@ def test_h2load_sends_a_grpc_call_the_server_answers(tmp_path: Path) -> None:
     finally:
         server.stop(None)
     r = loadtools.parse_h2load(done.stdout, (tmp_path / "log").read_text(), answer_bytes=5 + len(b"answer!"))
-    assert r["ok"] > 0 and r["errors"] == 0 and r["answered"] == r["ok"]
+    assert r["ok"] > 0 and r["errors"] == 0 and r["grpc_errors"] == 0
     assert set(got) == {b"question"}

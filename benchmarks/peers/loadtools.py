@@ -102,7 +102,9 @@ def _count(pattern: str, text: str) -> int:
 def parse_h2load(stdout: str, log_text: str, answer_bytes: int | None = None) -> dict:
     """The result of one h2load run: counts from its summary, latency percentiles from its per-request log
     (status, microseconds in columns 2 and 3).  A gRPC error still comes as HTTP 200, without a message; so with
-    ``answer_bytes`` (one framed answer's size) the DATA bytes received say how many 2xx carried an answer."""
+    ``answer_bytes`` (one framed answer's size) the DATA bytes received say how many 2xx carried an answer: only
+    those count as ``ok``; the rest are ``grpc_errors``, counted in ``non_2xx`` (not a success) with the non-2xx
+    statuses.  The latency percentiles take every 2xx (the log does not tell an error trailer from an answer)."""
     match = re.search(r"finished in ([\d.]+)(ms|s)", stdout)
     if match is None:
         raise ValueError(f"h2load output lacks its 'finished in' line:\n{stdout[-1000:]}")
@@ -116,10 +118,8 @@ def parse_h2load(stdout: str, log_text: str, answer_bytes: int | None = None) ->
     rows = [ln.split("\t") for ln in log_text.splitlines() if ln.strip()]
     micros = np.array([float(r[2]) for r in rows if r[1].startswith("2")])
     pct = np.percentile(micros, [50, 90, 99]) / 1e3 if micros.size else [float("nan")] * 3
-    result = {"requests": total, "seconds": seconds, "rps": ok_status / seconds if seconds else 0.0,
-              "ok": ok_status, "non_2xx": succeeded - ok_status, "errors": total - succeeded,
-              "p50_ms": float(pct[0]), "p90_ms": float(pct[1]), "p99_ms": float(pct[2]),
-              "max_ms": float(micros.max() / 1e3) if micros.size else float("nan"), "data_bytes": data}
-    if answer_bytes:
-        result["answered"] = min(ok_status, data // answer_bytes)
-    return result
+    answered = min(ok_status, data // answer_bytes) if answer_bytes else ok_status
+    return {"requests": total, "seconds": seconds, "rps": answered / seconds if seconds else 0.0,
+            "ok": answered, "non_2xx": succeeded - answered, "grpc_errors": ok_status - answered,
+            "errors": total - succeeded, "p50_ms": float(pct[0]), "p90_ms": float(pct[1]), "p99_ms": float(pct[2]),
+            "max_ms": float(micros.max() / 1e3) if micros.size else float("nan"), "data_bytes": data}
