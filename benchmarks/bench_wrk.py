@@ -6,8 +6,9 @@ and each fixed request (``--batches``: queries of that many items of the benchma
 builds its pool) is first sent once with a Python client: the answer must be a success whose scores equal bit for
 bit those of the model built in process (a mismatch is flagged, not fatal).  Then the servers take turns under
 the tool: a 1 s warm-up, then ``--duration`` seconds measured.  The request is what the row's protocol carries:
-v2 HTTP with the binary extension (recserve's binary row), plain JSON (every other HTTP row, FastAPI's and Ray's
-too, which bench_peers drives in binary), or a gRPC ``ModelInferRequest`` with raw tensor contents (``-grpc``).
+v2 HTTP with the binary extension (``recserve`` and its ablations), plain JSON (``recserve-json`` and the peers'
+HTTP rows, FastAPI's and Ray's too, which bench_peers drives in binary), or a gRPC ``ModelInferRequest`` with
+raw tensor contents (``-grpc``).
 
 Reported per row: successful requests/s, p50/p99 latency, non-2xx answers and socket errors, the ratio
 recserve (binary) / it, the tool's own CPU and the host's busy cores during the run (on a small host the tool
@@ -59,8 +60,10 @@ BASE = "recserve"  # the row every ratio is taken against
 
 
 def as_json(name: str, url: str) -> str:
-    """The row's URL, plain JSON for every HTTP row but recserve's binary one (what curl and most clients send)."""
-    return url.replace("http://", "http+json://", 1) if name != BASE and url.startswith("http://") else url
+    """The row's URL: plain JSON for the peers' HTTP rows (what curl and most clients send); recserve's rows as
+    bench_peers names them (``recserve`` and its ablations binary, ``recserve-json`` JSON)."""
+    return url.replace("http://", "http+json://", 1) if not name.startswith(BASE) and url.startswith("http://") \
+        else url
 
 
 def protocol_of(url: str) -> str:

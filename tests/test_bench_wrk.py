@@ -130,8 +130,10 @@ def test_a_missing_tool_skips_its_rows_with_how_to_install_it(monkeypatch: pytes
     assert skipped["fastapi"] == "not installed here: fastapi"
 
 
-def test_every_http_row_but_recserve_binary_speaks_plain_json() -> None:
+def test_the_peers_http_rows_speak_plain_json_and_recserve_binary() -> None:
     assert bench_wrk.as_json("recserve", "http://h:1") == "http://h:1"
+    assert bench_wrk.as_json("recserve-nofuse", "http://h:1") == "http://h:1"
+    assert bench_wrk.as_json("recserve-json", "http+json://h:1") == "http+json://h:1"
     assert bench_wrk.as_json("fastapi", "http://h:1") == "http+json://h:1"
     assert bench_wrk.as_json("kserve-grpc", "grpc://h:2") == "grpc://h:2"
 
@@ -208,3 +210,23 @@ def test_h2load_sends_a_grpc_call_the_server_answers(tmp_path: Path) -> None:
     r = loadtools.parse_h2load(done.stdout, (tmp_path / "log").read_text(), answer_bytes=5 + len(b"answer!"))
     assert r["ok"] > 0 and r["errors"] == 0 and r["grpc_errors"] == 0
     assert set(got) == {b"question"}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", ["recserve-json", "recserve-grpc"])
+def test_recserve_answers_the_fixed_request_in_each_protocol_with_the_models_scores(row: str) -> None:
+    """The bytes the tool would send (plain JSON; one framed ModelInferRequest), sent once, score bit for bit."""
+    import argparse
+
+    from benchmarks import bench_peers
+    from benchmarks.peers import servers
+    from recserve.measure.requests import RequestPool
+    from recserve.specs import get_model
+
+    pool = RequestPool(get_model("hercules-rmc1"), 1e-3, (3,))
+    want = [bench_peers.reference_scores("hercules-rmc1", 1e-3, pool, 0)]
+    with servers.PEERS[row]("hercules-rmc1", 1e-3, 1, 1000.0) as url:
+        assert url.startswith("grpc://" if row.endswith("grpc") else "http+json://")
+        check, answer_bytes = bench_wrk.check_row(row, url, argparse.Namespace(model="hercules-rmc1"), pool, want, 0)
+    assert check["identical"] and check["shape"] == [3, 1]
+    assert answer_bytes > 3 * 4  # at least the three scores
