@@ -346,6 +346,8 @@ def suite() -> list[Bench]:
         Bench("peers", "bench_peers.py", ["--model", "hercules-rmc1", "--scale", "1e-3", "--sla-ms", "100",
                                           "--probe-s", "3", "--workers", "1,2", "--peers", "recserve,fastapi"],
               [("bench_peers.json", peers_rows)], 1500),
+        Bench("wrk", "bench_wrk.py", ["--workers", "1,2", "--duration", "3", "--rows",
+                                      "recserve,recserve-json,recserve-grpc,fastapi"], [], 900),
     ]
 
 

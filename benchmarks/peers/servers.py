@@ -95,7 +95,8 @@ def _recserve_main(conn, model: str, scale: float, workers: int, sla_ms: float, 
     """Serve from a process of its own (like the peers), so it shares no GIL with the load generator."""
     try:
         server = recserve_node(model, scale, workers, sla_ms, **options)
-        conn.send(server.start().http)
+        ports = server.start()
+        conn.send((ports.http, ports.grpc))
     except Exception as exc:  # the parent reports why instead of waiting for a port
         conn.send(f"{type(exc).__name__}: {exc}")
         raise
@@ -108,7 +109,10 @@ def _recserve_main(conn, model: str, scale: float, workers: int, sla_ms: float, 
 
 
 @contextmanager
-def recserve_server(model: str, scale: float, workers: int, sla_ms: float, **options: Any) -> Iterator[str]:
+def recserve_server(model: str, scale: float, workers: int, sla_ms: float, protocol: str = "binary",
+                    **options: Any) -> Iterator[str]:
+    """A recserve node spoken to in ``protocol``: ``binary`` (v2 HTTP with the binary extension), ``rest`` (plain
+    JSON) or ``grpc`` (raw tensor contents)."""
     mine, theirs = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_recserve_main,
                                            args=(theirs, model, scale, workers, sla_ms, options))
@@ -116,10 +120,10 @@ def recserve_server(model: str, scale: float, workers: int, sla_ms: float, **opt
     try:
         if not mine.poll(600):
             raise RuntimeError("recserve node did not start within 600 s")
-        port = mine.recv()
-        if not isinstance(port, int):
-            raise RuntimeError(f"recserve node did not start: {port}")
-        yield f"http://127.0.0.1:{port}"
+        ports = mine.recv()
+        if not isinstance(ports, tuple):
+            raise RuntimeError(f"recserve node did not start: {ports}")
+        yield f"http://127.0.0.1:{ports[0]}" if protocol == "binary" else protocol_url(protocol, *ports)
     finally:
         mine.send("stop")
         proc.join(timeout=60)
@@ -223,6 +227,8 @@ def ray_server(model: str, scale: float, workers: int, _sla_ms: float) -> Iterat
 
 PEERS: dict[str, Callable] = {
     "recserve": recserve_server,
+    "recserve-json": partial(recserve_server, protocol="rest"),
+    "recserve-grpc": partial(recserve_server, protocol="grpc"),
     # recserve computing one query per forward pass (fusion off): what fusing queued queries buys
     "recserve-nofuse": partial(recserve_server, fuse_items=0),
     # recserve pooling each embedding table with its own lookup: what table fusion buys
