@@ -50,7 +50,7 @@ from recserve.measure.targets import (  # noqa: E402
     encode_json_request,
     grpc_messages,
 )
-from recserve.serving.codec import HEADER_LENGTH  # noqa: E402
+from recserve.serving.wire.codec import HEADER_LENGTH  # noqa: E402
 from recserve.specs import get_model  # noqa: E402
 from recserve.wire import OUTPUT_SCORES  # noqa: E402
 
