@@ -1128,3 +1128,25 @@ def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
         finally:
             a.close()
             b.close()
+
+
+def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch):
+    """Large request bodies past TRIM_AFTER_BYTES mark the worker to return its heap's free memory; the next idle
+    heartbeat does (a JSON burst had left a worker 170 MB larger until it restarted)."""
+    from recserve.serving.worker import plane as plane_module
+    from recserve.serving.worker.plane import TRIM_AFTER_BYTES, PlaneLimits, WorkerPlane
+
+    trimmed = []
+    monkeypatch.setattr("recserve.zoo.allocator.release_free_memory", lambda: trimmed.append(1))
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", None, lambda msg: None, lambda *handoff: None, PlaneLimits(), sub_batch=0)
+        plane.took_large_input(TRIM_AFTER_BYTES // 2)
+        assert not plane.trim_wanted
+        plane.took_large_input(TRIM_AFTER_BYTES // 2)
+        assert plane.trim_wanted
+        plane._trimmed_at = -plane_module.TRIM_EVERY_S  # long ago
+        plane._beat()
+        assert trimmed == [1] and not plane.trim_wanted
+    finally:
+        loop.close()

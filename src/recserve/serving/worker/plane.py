@@ -70,6 +70,7 @@ log = logging.getLogger("recserve.serving")
 STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush wakes it: 5 ms cost ~4% of a worker)
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
+TRIM_AFTER_BYTES = 64 << 20  # large request bodies received, past which free memory is returned when idle
 TRIM_EVERY_S = 5.0  # free memory returned at most this often, when a client's large input was let go
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
@@ -336,6 +337,7 @@ class Connection(asyncio.BufferedProtocol):
         size = self._needed - head_end
         lead = int(json_length) if json_length.isdigit() and int(json_length) < size else 0
         self._body = codec.aligned_buffer(size, lead)
+        self.plane.took_large_input(size)
         got = self.buf[head_end:]
         self._body[: len(got)] = got
         self._filled = len(got)
@@ -634,6 +636,7 @@ class WorkerPlane:
         self._pass_started = 0.0  # a pass on the compute thread: when it started (0: none in flight)
         self._pass_end = 0.0  # and when the fit predicts it ends
         self.trim_wanted = False  # a client's large input was let go: return free memory when idle (``_beat``)
+        self._large_input_bytes = 0  # large request bodies received since free memory was last asked back
         self._trimmed_at = 0.0
 
     # ---- set-up ------------------------------------------------------------------------------------
@@ -1042,6 +1045,14 @@ class WorkerPlane:
         if self.trim_wanted and not self._busy() and time.monotonic() - self._trimmed_at > TRIM_EVERY_S:
             self._trim()
         self.loop.call_later(BEAT_S, self._beat)
+
+    def took_large_input(self, size: int) -> None:
+        """A large request body was received: after ``TRIM_AFTER_BYTES`` of them, return free memory when idle (a
+        burst of 2.8 MB JSON queries left a worker 170 MB larger, kept by the heap tunables that keep activations)."""
+        self._large_input_bytes += size
+        if self._large_input_bytes >= TRIM_AFTER_BYTES:
+            self._large_input_bytes = 0
+            self.trim_wanted = True
 
     def _trim(self) -> None:
         """Return the heap's free memory: what a client's large input took is not kept until the worker restarts
