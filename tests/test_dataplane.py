@@ -1131,8 +1131,8 @@ def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
 
 
 def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch):
-    """Large request bodies past TRIM_AFTER_BYTES mark the worker to return its heap's free memory; the next idle
-    heartbeat does (a JSON burst had left a worker 170 MB larger until it restarted)."""
+    """Large request bodies past TRIM_AFTER_BYTES mark the worker to return its heap's free memory; a heartbeat
+    does once none has come for TRIM_QUIET_S (a JSON burst had left a worker 170 MB larger until it restarted)."""
     from recserve.serving.worker import plane as plane_module
     from recserve.serving.worker.plane import TRIM_AFTER_BYTES, PlaneLimits, WorkerPlane
 
@@ -1146,6 +1146,9 @@ def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch
         plane.took_large_input(TRIM_AFTER_BYTES // 2)
         assert plane.trim_wanted
         plane._trimmed_at = -plane_module.TRIM_EVERY_S  # long ago
+        plane._beat()
+        assert trimmed == [] and plane.trim_wanted  # large bodies are still coming: not now
+        plane._last_large_input -= plane_module.TRIM_QUIET_S + 0.1  # the burst is over
         plane._beat()
         assert trimmed == [1] and not plane.trim_wanted
     finally:

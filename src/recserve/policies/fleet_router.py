@@ -16,13 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from recserve.policies.router import Backend, PoolConfig, Router
-from recserve.serving.node.http import error_response
-from recserve.serving.wire import protocol
-from recserve.serving.wire.codec import HEADER_LENGTH, batch_size_of
-from recserve.serving.wire.errors import InferError
+from recserve.policies.router import Backend, PoolConfig, Router, router_app
 
-FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
 # queries in flight per worker: a node worker fuses what queues behind its pass, so a few per worker keep it busy
 # across the router's round trip (one per worker, Kairos' instance model, left workers idle while answers travelled
 # and the router's queue grew without bound at the plan's load)
@@ -55,61 +50,8 @@ class FleetRouter:
         return {model: router.stats() for model, router in self.routers.items()}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-
-        def unknown(model: str) -> web.Response:
-            return error_response(InferError("not_found", f"model {model!r} is not served here; served: "
-                                                          f"{', '.join(sorted(self.routers))}"))
-
-        async def infer(request: web.Request) -> web.Response:
-            model = request.match_info["model"]
-            router = self.routers.get(model)
-            if router is None:
-                return unknown(model)
-            body = await request.read()
-            try:
-                size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
-            except InferError as exc:
-                return error_response(exc)
-            headers = {k: request.headers[k] for k in FORWARD_HEADERS if k in request.headers}
-            status, payload, out = await router.submit(model, body, headers, size)
-            return web.Response(status=status, body=payload, headers=out)
-
-        async def model_get(request: web.Request) -> web.Response:
-            router = self.routers.get(request.match_info["model"])
-            if router is None:
-                return unknown(request.match_info["model"])
-            async with router.session.get(router.instances[0].endpoint + request.path) as resp:
-                return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
-
-        async def health(_: web.Request) -> web.Response:
-            return web.json_response({"live": True})
-
-        async def server_metadata(_: web.Request) -> web.Response:
-            return web.json_response(protocol.server_metadata("recserve-fleet-router"))
-
-        async def stats(_: web.Request) -> web.Response:
-            return web.json_response(self.stats())
-
-        async def on_startup(_: web.Application) -> None:
-            for router in self.routers.values():
-                await router.open()
-
-        async def on_cleanup(_: web.Application) -> None:
-            for router in self.routers.values():
-                await router.close()
-
-        app.router.add_post("/v2/models/{model}/infer", infer)
-        app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
-        app.router.add_get("/v2", server_metadata)
-        app.router.add_get("/v2/health/live", health)
-        app.router.add_get("/v2/health/ready", health)
-        for path in ("/v2/models/{model}", "/v2/models/{model}/ready", "/v2/models/{model}/config"):
-            app.router.add_get(path, model_get)
-        app.router.add_get("/router/stats", stats)
-        app.on_startup.append(on_startup)
-        app.on_cleanup.append(on_cleanup)
-        return app
+        return router_app(self.routers.get, list(self.routers.values()), self.stats, "recserve-fleet-router",
+                          served=sorted(self.routers))
 
 
 def fleet_routes(plan: Any, nodes: list[Any], configs: list[dict[str, Any]]) -> list[ModelRoute]:

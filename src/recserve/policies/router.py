@@ -216,54 +216,71 @@ class Router:
             pool.close()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        return router_app(lambda model: self, [self], self.stats, "recserve-router")
 
-        async def infer(request: web.Request) -> web.Response:
-            body = await request.read()
-            try:
-                size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
-            except InferError as exc:
-                return error_response(exc)
-            headers = {k: request.headers[k] for k in FORWARD_HEADERS if k in request.headers}
-            status, payload, out = await self.submit(request.match_info["model"], body, headers, size)
-            return web.Response(status=status, body=payload, headers=out)
 
-        async def proxy_get(request: web.Request) -> web.Response:
-            url = self.instances[0].endpoint + request.path
-            async with self.session.get(url) as resp:
-                return web.Response(status=resp.status, body=await resp.read(),
-                                    content_type=resp.content_type)
+def router_app(pick: Callable[[str], Router | None], routers: list[Router], stats: Callable[[], Any],
+               name: str, served: list[str] | None = None) -> web.Application:
+    """The Open Inference Protocol over HTTP in front of routers: ``pick(model)`` is the router a model's queries
+    and metadata requests go to (None: 404 naming the served models); health is the app's own."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
 
-        async def live(_: web.Request) -> web.Response:
-            return web.json_response({"live": True})
+    def unknown(model: str) -> web.Response:
+        names = f"; served: {', '.join(served)}" if served else ""
+        return error_response(InferError("not_found", f"model {model!r} is not served here{names}"))
 
-        async def ready(_: web.Request) -> web.Response:
-            return web.json_response({"ready": True})
+    async def infer(request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        router = pick(model)
+        if router is None:
+            return unknown(model)
+        body = await request.read()
+        try:
+            size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
+        except InferError as exc:
+            return error_response(exc)
+        headers = {k: request.headers[k] for k in FORWARD_HEADERS if k in request.headers}
+        status, payload, out = await router.submit(model, body, headers, size)
+        return web.Response(status=status, body=payload, headers=out)
 
-        async def server_metadata(_: web.Request) -> web.Response:
-            return web.json_response(protocol.server_metadata("recserve-router"))
+    async def proxy_get(request: web.Request) -> web.Response:
+        router = pick(request.match_info["model"])
+        if router is None:
+            return unknown(request.match_info["model"])
+        async with router.session.get(router.instances[0].endpoint + request.path) as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
 
-        async def stats(_: web.Request) -> web.Response:
-            return web.json_response(self.stats())
+    async def live(_: web.Request) -> web.Response:
+        return web.json_response({"live": True})
 
-        async def on_startup(_: web.Application) -> None:
-            await self.open()
+    async def ready(_: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
 
-        async def on_cleanup(_: web.Application) -> None:
-            await self.close()
+    async def server_metadata(_: web.Request) -> web.Response:
+        return web.json_response(protocol.server_metadata(name))
 
-        app.router.add_post("/v2/models/{model}/infer", infer)
-        app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
-        app.router.add_get("/v2", server_metadata)
-        app.router.add_get("/v2/health/live", live)
-        app.router.add_get("/v2/health/ready", ready)
-        app.router.add_get("/v2/models/{model}", proxy_get)
-        app.router.add_get("/v2/models/{model}/ready", proxy_get)
-        app.router.add_get("/v2/models/{model}/config", proxy_get)
-        app.router.add_get("/router/stats", stats)
-        app.on_startup.append(on_startup)
-        app.on_cleanup.append(on_cleanup)
-        return app
+    async def router_stats(_: web.Request) -> web.Response:
+        return web.json_response(stats())
+
+    async def on_startup(_: web.Application) -> None:
+        for router in routers:
+            await router.open()
+
+    async def on_cleanup(_: web.Application) -> None:
+        for router in routers:
+            await router.close()
+
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
+    app.router.add_get("/v2", server_metadata)
+    app.router.add_get("/v2/health/live", live)
+    app.router.add_get("/v2/health/ready", ready)
+    for path in ("/v2/models/{model}", "/v2/models/{model}/ready", "/v2/models/{model}/config"):
+        app.router.add_get(path, proxy_get)
+    app.router.add_get("/router/stats", router_stats)
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
 
 
 class RouterThread:

@@ -71,6 +71,7 @@ STATS_FLUSH_S = 0.025  # records reach the supervisor within this delay (a flush
 BEAT_S = 0.25  # heartbeat period: the watchdog's evidence that this worker's loop is alive
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 TRIM_AFTER_BYTES = 64 << 20  # large request bodies received, past which free memory is returned when idle
+TRIM_QUIET_S = 2.0  # ... and once no large body has come for this long (the burst is over)
 TRIM_EVERY_S = 5.0  # free memory returned at most this often, when a client's large input was let go
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
@@ -637,6 +638,7 @@ class WorkerPlane:
         self._pass_end = 0.0  # and when the fit predicts it ends
         self.trim_wanted = False  # a client's large input was let go: return free memory when idle (``_beat``)
         self._large_input_bytes = 0  # large request bodies received since free memory was last asked back
+        self._last_large_input = 0.0  # when the last one came (monotonic)
         self._trimmed_at = 0.0
 
     # ---- set-up ------------------------------------------------------------------------------------
@@ -1042,14 +1044,18 @@ class WorkerPlane:
         self.send(pipe.encode(pipe.Beat(self.busy_s())))
         if self.regions is not None:  # unregistered regions' mappings are let go without waiting for a query
             self.regions.refresh()
-        if self.trim_wanted and not self._busy() and time.monotonic() - self._trimmed_at > TRIM_EVERY_S:
+        now = time.monotonic()
+        if (self.trim_wanted and not self._busy() and now - self._trimmed_at > TRIM_EVERY_S
+                and now - self._last_large_input > TRIM_QUIET_S):
             self._trim()
         self.loop.call_later(BEAT_S, self._beat)
 
     def took_large_input(self, size: int) -> None:
-        """A large request body was received: after ``TRIM_AFTER_BYTES`` of them, return free memory when idle (a
-        burst of 2.8 MB JSON queries left a worker 170 MB larger, kept by the heap tunables that keep activations)."""
+        """A large request body was received: after ``TRIM_AFTER_BYTES`` of them, return free memory once none has
+        come for ``TRIM_QUIET_S`` (a burst of 2.8 MB JSON queries left a worker 170 MB larger, kept by the heap
+        tunables that keep activations; trimming while large queries keep coming would fault those in again)."""
         self._large_input_bytes += size
+        self._last_large_input = time.monotonic()
         if self._large_input_bytes >= TRIM_AFTER_BYTES:
             self._large_input_bytes = 0
             self.trim_wanted = True
