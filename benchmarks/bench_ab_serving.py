@@ -83,17 +83,20 @@ def run(args: argparse.Namespace) -> dict:
                 c.infer()
         latency: dict[str, list[float]] = {k: [] for k in servers}
         cpu = dict.fromkeys(servers, 0.0)
+        supervisor_cpu = dict.fromkeys(servers, 0.0)  # the node's server process (stats, watchdog): also on a core
         passes = {k: [0, 0] for k in servers}  # the model's passes: count, ns (the node's compute_infer)
         readers = {k: stats_reader(s.http, args.model) for k, s in servers.items()}
         for r in range(args.rounds):
             for k in (("base", "this") if r % 2 == 0 else ("this", "base")):
                 pid, client = servers[k].worker_pids[0], clients[k]
                 before, model_before, start = cpu_s(pid), readers[k](), time.perf_counter()
+                supervisor_before = cpu_s(servers[k].proc.pid)
                 while time.perf_counter() - start < args.seconds / args.rounds / 2:
                     t = time.perf_counter()
                     client.infer()
                     latency[k].append(time.perf_counter() - t)
                 cpu[k] += cpu_s(pid) - before
+                supervisor_cpu[k] += cpu_s(servers[k].proc.pid) - supervisor_before
                 time.sleep(0.1)  # the worker reports its passes every 25 ms
                 passes[k] = [a + now - was for a, now, was in zip(passes[k], readers[k](), model_before, strict=True)]
         for c in clients.values():
@@ -103,6 +106,7 @@ def run(args: argparse.Namespace) -> dict:
             s.stop()
     rows = {k: {"queries": len(latency[k]), "p50_ms": float(np.median(latency[k]) * 1e3),
                 "worker_cpu_ms_per_query": cpu[k] / len(latency[k]) * 1e3,
+                "supervisor_cpu_ms_per_query": supervisor_cpu[k] / len(latency[k]) * 1e3,
                 "model_ms_per_query": passes[k][1] / max(1, passes[k][0]) / 1e6} for k in servers}
     return {"model": args.model, "scale": args.scale, "protocol": args.protocol, "batch": args.batch,
             "base_src": args.base_src, "rows": rows,
@@ -131,7 +135,8 @@ def main() -> int:
     result = run(args)
     for k, row in result["rows"].items():
         print(f"{k:5s} p50 {row['p50_ms']:.3f} ms, worker CPU {row['worker_cpu_ms_per_query']:.3f} ms per query, "
-              f"of which its model's passes {row['model_ms_per_query']:.3f} ms ({row['queries']} queries)")
+              f"of which its model's passes {row['model_ms_per_query']:.3f} ms; supervisor CPU "
+              f"{row['supervisor_cpu_ms_per_query']:.3f} ms per query ({row['queries']} queries)")
     print(f"this - base: worker CPU {result['delta_worker_cpu_ms'] * 1e3:+.0f} us, p50 "
           f"{result['delta_p50_ms'] * 1e3:+.0f} us per query")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
