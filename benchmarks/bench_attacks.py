@@ -13,6 +13,7 @@ bounded in time.  Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing
 import socket
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from recserve.measure.http_client import encode_post
+from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.served import LocalServer
@@ -157,45 +158,25 @@ def _json_burst(port: int, seconds: float, request: bytes, connections: int = 8)
     sending its next as soon as its answer is read: what wrk did to a worker in issue #51."""
     end, counts = time.monotonic() + seconds, {"answered": 0, "failed": 0}
 
-    def one() -> None:
-        while time.monotonic() < end:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-                    while time.monotonic() < end:
-                        sock.sendall(request)
-                        if not _read_http_answer(sock):
-                            counts["failed"] += 1
-                            break
-                        counts["answered"] += 1
-            except OSError:
-                counts["failed"] += 1
-                time.sleep(0.05)
+    async def burst() -> None:
+        pool = HttpPool("127.0.0.1", port, limit=connections)
 
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(seconds + 60)
+        async def one() -> None:
+            while time.monotonic() < end:
+                try:
+                    await pool.send(request, 30.0)
+                    counts["answered"] += 1
+                except (HttpClientError, TimeoutError):
+                    counts["failed"] += 1
+                    await asyncio.sleep(0.05)
+
+        try:
+            await asyncio.gather(*(one() for _ in range(connections)))
+        finally:
+            pool.close()
+
+    asyncio.run(burst())
     return counts
-
-
-def _read_http_answer(sock: socket.socket) -> bool:
-    """Read one HTTP/1.1 answer with a Content-Length; False if the connection closed first."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            return False
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")), 0)
-    while len(body) < length:
-        chunk = sock.recv(1 << 16)
-        if not chunk:
-            return False
-        body += chunk
-    return True
 
 
 def _idle(ports: tuple[int, int], seconds: float, count: int) -> dict[str, int]:
