@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     plan = load_fleet_plan(args.plan)
     if args.dry_run:
         return dry_run(args, plan)
+    from recserve.commands.deploy_ray import wait_forever, write_report_and_shut_down
     from recserve.deploy import ray_fleet, ray_serve
 
     ray, _ = ray_serve._require_ray()  # Ray Serve installed, or the one-line error
@@ -98,17 +99,9 @@ def run(args: argparse.Namespace) -> int:
              + ("stopping now (--json)" if args.json else f"stopping in {args.seconds:g} s" if args.seconds
                 else "Ctrl-C stops it"))
         if not args.json:
-            time.sleep(args.seconds) if args.seconds else _wait_forever()
+            time.sleep(args.seconds) if args.seconds else wait_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(report, indent=1, default=str))
-        ray_serve.shutdown()
+        write_report_and_shut_down(args.json, report)
     return 0
-
-
-def _wait_forever() -> None:
-    while True:
-        time.sleep(5)

@@ -151,14 +151,26 @@ def cmd_ray_plan(args: argparse.Namespace) -> int:
             report["provision"] = _check_provision(args, plan, routes)
         if not args.json and not drive:
             print("serving; Ctrl-C to stop", file=sys.stderr)
-            while True:
-                time.sleep(5)
+            wait_forever()
     finally:
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(report, indent=1, default=str))
-        ray_serve.shutdown()
+        write_report_and_shut_down(args.json, report)
     return 0
+
+
+def wait_forever() -> None:
+    """Serve until Ctrl-C (or SIGTERM where the command turns it into one)."""
+    while True:
+        time.sleep(5)
+
+
+def write_report_and_shut_down(path: str | None, report: dict[str, Any]) -> None:
+    """``--json``: the run's report to ``path``; then Ray Serve is shut down, whatever happened."""
+    from recserve.deploy import ray_serve
+
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=1, default=str))
+    ray_serve.shutdown()
 
 
 def _scores_diff(url: str, model: str, scale: float, seed: int, queries: int = 2) -> float:
