@@ -76,15 +76,21 @@ def test_the_check_sees_imports_inside_functions():
     assert upward_imports("deploy", tree, "x.py") == []
 
 
+def import_modules(node: ast.AST, relative: bool = False) -> list[str]:
+    """The modules an import statement names (``from m import x``: ``m``); relative ones only if ``relative``."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and (relative or node.level == 0):
+        return [node.module]
+    return []
+
+
 def transport_violations(root: Path = SRC / "serving" / "transport") -> list[str]:
     """``serving/transport`` knows nothing of recserve: it imports only from itself."""
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
-                     else [])
-            found += [f"{path.relative_to(root)}:{node.lineno}: imports {n}" for n in names
+            found += [f"{path.relative_to(root)}:{node.lineno}: imports {n}" for n in import_modules(node)
                       if n.startswith("recserve") and not n.startswith("recserve.serving.transport")]
     return found
 
@@ -104,9 +110,7 @@ def io_imports(root: Path = SRC / "serving" / "transport", modules: tuple[str, .
     for name in modules:
         path = root / f"{name}.py"
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-            found += [f"{name}.py:{node.lineno}: imports {n}" for n in names
+            found += [f"{name}.py:{node.lineno}: imports {n}" for n in import_modules(node, relative=True)
                       if n.split(".")[0] in {"asyncio", "socket", "selectors", "threading", "ssl", "uvloop"}
                       or n.endswith(".h2grpc")]
     return found
@@ -153,14 +157,14 @@ def serving_violations(root: Path = SERVING) -> list[str]:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import; ``from recserve.serving import x`` counts as ``recserve.serving.x`` (the
+    sub-package it reaches, not the package's lazy ``__init__``)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out += [(node.lineno, f"{node.module}.{a.name}") if node.module in ("recserve.serving",)
-                    or node.module.count(".") == 2 and node.module.startswith("recserve.serving.")
-                    else (node.lineno, node.module) for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.module == "recserve.serving" and node.level == 0:
+            out += [(node.lineno, f"recserve.serving.{a.name}") for a in node.names]
+        else:
+            out += [(node.lineno, module) for module in import_modules(node)]
     return out
 
 
@@ -183,9 +187,8 @@ def module_graph(root: Path = SRC) -> dict[str, set[str]]:
         edges: set[str] = set()
         tree = ast.parse(path.read_text(), str(path))
         for node in _module_level(tree.body):
-            targets = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                       else [f"{node.module}.{a.name}" for a in node.names] + [node.module]
-                       if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            targets = import_modules(node) + ([f"{node.module}.{a.name}" for a in node.names]
+                                              if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             edges |= {t for t in targets if t in modules and t != name}
         graph[name] = edges
     return graph
