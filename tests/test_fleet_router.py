@@ -52,11 +52,11 @@ def _post(url: str) -> tuple[int, dict]:
 def test_routes_come_from_the_started_nodes_and_the_plans_slas():
     plan = SimpleNamespace(models={"hercules-rmc1": {"sla_ms": 25.0}})
     nodes = [SimpleNamespace(url="http://a"), SimpleNamespace(url="http://b")]
-    configs = [{"_group": "1 x pair on hercules-t2", "models": [{"model": "hercules-rmc1", "name": "hercules-rmc1",
-                                                                   "workers": 3}, {"model": "kairos-rm2",
-                                                                                   "name": "kairos-rm2"}]},
-               {"_group": "2 x single on hercules-t1", "models": [{"model": "hercules-rmc1",
-                                                                     "name": "hercules-rmc1", "workers": 2}]}]
+    pair = [{"model": "hercules-rmc1", "name": "hercules-rmc1", "workers": 3},
+            {"model": "kairos-rm2", "name": "kairos-rm2"}]
+    single = [{"model": "hercules-rmc1", "name": "hercules-rmc1", "workers": 2}]
+    configs = [{"_group": "1 x pair on hercules-t2", "_server": "hercules-t2", "models": pair},
+               {"_group": "2 x single on hercules-t1", "_server": "hercules-t1", "models": single}]
     routes = {r.served: r for r in fleet_routes(plan, nodes, configs)}
     assert routes["hercules-rmc1"] == ModelRoute("hercules-rmc1", 25.0, (("http://a", "hercules-t2", 3),
                                                                           ("http://b", "hercules-t1", 2)))

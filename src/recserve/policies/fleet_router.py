@@ -60,7 +60,7 @@ def fleet_routes(plan: Any, nodes: list[Any], configs: list[dict[str, Any]]) -> 
     routes: dict[str, list[tuple[str, str, int]]] = {}
     served: dict[str, str] = {}
     for node, config in zip(nodes, configs, strict=True):
-        kind = config.get("_group", "").rsplit(" on ", 1)[-1] or "node"
+        kind = config.get("_server") or "node"  # the planned server type
         for entry in config["models"]:
             routes.setdefault(entry["model"], []).append((node.url, kind, int(entry.get("workers", 1))))
             served[entry["model"]] = entry["name"]
