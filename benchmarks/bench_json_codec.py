@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recserve.serving.wire import codec
+from recserve.serving.wire import codec, json_numbers
 from recserve.specs import catalogue_models
 
 
@@ -84,20 +85,93 @@ def run(args: argparse.Namespace) -> dict:
             "numpy": np.__version__, "rows": rows}
 
 
+def served(args: argparse.Namespace) -> list[dict]:
+    """The same queries answered by a node (one worker, unloaded, one keep-alive connection): the client's wall time
+    and the worker's CPU per query, binary against plain JSON, alternating."""
+    import http.client
+
+    from recserve.serving import NodeServer
+    from recserve.serving.node.config import quick_config
+    from recserve.serving.node.control_client import ControlClient
+
+    config = quick_config(args.model, scale=args.scale, workers=1, deadline_ms=60_000.0)
+    config.max_body_bytes = 64 * 1024 * 1024
+    server = NodeServer(config)
+    ports = server.start()
+    rows = []
+    try:
+        control = ControlClient("127.0.0.1", ports.http)
+        detail = control.get_model(config.models[0].name)
+        pid = detail["stages"]["model"]["worker_detail"][0]["pid"]
+        conn = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=120)
+        path = f"/v2/models/{config.models[0].name}/infer"
+        rows_held = min(catalogue_models()[args.model].scaled_rows(args.scale))
+        for batch in args.batches:
+            arrays = query(args.model, batch)
+            arrays["sparse_values"] %= rows_held  # ids within the served (scaled) tables
+            binary, head_length = codec.encode_http_request(arrays)
+            bodies = {"binary": (binary, {codec.HEADER_LENGTH: str(head_length)}),
+                      "json_compact": (json_body(arrays, False), {"Content-Type": "application/json"})}
+            walls: dict[str, list[float]] = {k: [] for k in bodies}
+            cpus = dict.fromkeys(bodies, 0.0)
+            for i in range(args.served_repeat + 2):
+                for kind, (body, headers) in bodies.items():
+                    cpu = _cpu_s(pid)
+                    start = time.perf_counter()
+                    conn.request("POST", path, body=body, headers=headers)
+                    answer = conn.getresponse()
+                    text = answer.read()
+                    if answer.status != 200:
+                        raise SystemExit(f"{kind} batch {batch}: HTTP {answer.status}: {text[:300]!r}")
+                    if i >= 2:  # the first two warm both paths
+                        walls[kind].append(time.perf_counter() - start)
+                        cpus[kind] += _cpu_s(pid) - cpu  # clock ticks: summed over the queries, then divided
+            for kind in bodies:
+                count = len(walls[kind]) * batch
+                rows.append({"batch": batch, "kind": kind,
+                             "wall_us_per_item": statistics.median(walls[kind]) * 1e6 / batch,
+                             "worker_cpu_us_per_item": cpus[kind] * 1e6 / count})
+        conn.close()
+        rows.append({"json_reader": control.get_model(config.models[0].name).get("json_reader")})
+    finally:
+        server.stop()
+    return rows
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 256])
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--served", action="store_true", help="also time the queries answered by a node")
+    parser.add_argument("--served-repeat", type=int, default=20)
+    parser.add_argument("--scale", type=float, default=1e-3, help="the served model's scale")
     parser.add_argument("--out", default="results/json_codec.json")
     args = parser.parse_args()
+    json_numbers.enable(json_numbers.probe()[0])  # as a node does (the codec pass; a node probes for itself)
     result = run(args)
+    result["json_reader"] = "simdjson" if json_numbers.enabled() else "lists"
     print(f"codec: {result['codec']}")
     print(f"{'batch':>5} {'kind':<13} {'bytes':>9} {'decode us':>10} {'encode us':>10} {'us/item':>8} {'x binary':>8}")
     base = {r["batch"]: r["total_us_per_item"] for r in result["rows"] if r["kind"] == "binary"}
     for r in result["rows"]:
         print(f"{r['batch']:>5} {r['kind']:<13} {r['bytes']:>9} {r['decode_us']:>10.1f} {r['encode_us']:>10.1f} "
               f"{r['total_us_per_item']:>8.2f} {r['total_us_per_item'] / base[r['batch']]:>8.1f}")
+    if args.served:
+        result["served"] = served(args)
+        print("served (one worker, unloaded): us per item, median")
+        print(f"{'batch':>5} {'kind':<13} {'wall':>8} {'worker CPU':>10} {'x binary':>8}")
+        base = {r["batch"]: r for r in result["served"] if r.get("kind") == "binary"}
+        for r in result["served"]:
+            if "kind" in r:
+                b = base[r["batch"]]
+                print(f"{r['batch']:>5} {r['kind']:<13} {r['wall_us_per_item']:>8.1f} "
+                      f"{r['worker_cpu_us_per_item']:>10.1f} {r['wall_us_per_item'] / b['wall_us_per_item']:>8.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

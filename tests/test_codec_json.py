@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from recserve.serving.wire import codec
+from recserve.serving.wire import codec, json_numbers
 from recserve.serving.wire.errors import InferError
 
 
@@ -18,7 +18,8 @@ from recserve.serving.wire.errors import InferError
 def fast(monkeypatch):
     """Every request and every integer array read the fast way, whatever its size."""
     monkeypatch.setattr(codec, "JSON_FAST_BYTES", 0)
-    monkeypatch.setattr(codec, "INT_DATA_BYTES", 0)
+    monkeypatch.setattr(codec, "DATA_BYTES", 0)
+    monkeypatch.setattr(json_numbers, "_enabled", True)
 
 
 def query(batch: int = 3, lengths_dtype=np.int32, seed: int = 0) -> dict[str, np.ndarray]:
@@ -82,9 +83,8 @@ def test_the_fast_reader_reads_the_arrays_of_the_whole_decode(fast, lengths_dtyp
         assert verdict(lambda b=buffer: codec.parse_http_infer(b, None)) == expected
     request = codec.json_request(body)
     assert request is not None
-    ids = next(t["data"] for t in request["inputs"] if t["name"] == "sparse_values")
-    # integers with no whitespace but ", " are read by numpy; other spellings (newlines) by orjson alone
-    assert isinstance(ids, np.ndarray) == (spelling in ("compact", "spaced"))
+    # every array was read by simdjson (no Python list), in every spelling
+    assert all(isinstance(t["data"], np.ndarray) for t in request["inputs"])
 
 
 DENSE_SPELLINGS = {
@@ -266,10 +266,11 @@ def test_what_the_fast_reader_cannot_be_sure_of_it_leaves_to_the_whole_decode(fa
     (b"[[,],,]", False), (b"[[,]", False), (b"[[,]]]", False), (b"[]", True), (b"[[],[]]", True)])
 def test_a_nested_arrays_structure_is_regular_or_not(structure, regular):
     # "[]" reads as regular here; the empty numbers it leaves are refused by the grammar check after it
-    assert codec._regular(structure) is regular
+    assert json_numbers.regular(structure) is regular
 
 
-def test_a_large_query_is_read_fast_by_default():
+def test_a_large_query_is_read_fast_once_simdjson_is_enabled(monkeypatch):
+    monkeypatch.setattr(json_numbers, "_enabled", True)
     arrays = query(batch=256)
     arrays["sparse_values"] = np.random.default_rng(3).integers(0, 3_000_000, 20_000)
     arrays["sparse_lengths"][:] = 0
@@ -325,6 +326,7 @@ def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worke
         assert scores.dtype == twin.dtype and scores.tobytes() == twin.tobytes()
 
         control = ControlClient("127.0.0.1", ports.http)
+        assert control.get_model(cfg.name)["json_reader"] == "simdjson"  # its probe passed on this host
         pids = [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]]
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda _: post(url, body, {"Content-Type": "application/json"}), range(12)))

@@ -140,6 +140,7 @@ class WorkerLauncher:
         if self.accel is not None:
             args.accel_sockets, args.accel_min_items = tuple(self.accel.sockets()), self.accel.min_items
         args.event_loop = await self._event_loop()
+        args.json_numbers = await self._json_numbers()
 
     def release(self, handle: WorkerHandle) -> None:
         """An exited worker's load slot and accelerator socket are free for its replacement."""
@@ -165,6 +166,17 @@ class WorkerLauncher:
                 log.warning("model %s: event_loop uvloop asked, workers run asyncio: %s", self.cfg.name, why)
             self.event_loop = {"loop": chosen, "asked": setting, "why": why}
         return self.event_loop["loop"]
+
+    async def _json_numbers(self) -> bool:
+        """Whether JSON tensors are read by simdjson (``serving/wire/json_numbers.py``): its probe runs a child
+        process once per node, off this loop; the supervisor's own decode (handed-off requests) follows it too."""
+        from recserve.serving.wire import json_numbers
+
+        ok, why = await asyncio.get_running_loop().run_in_executor(None, json_numbers.probe)
+        if not ok and not json_numbers.enabled():
+            log.warning("model %s: plain-JSON tensors read as lists (slower): %s", self.cfg.name, why)
+        json_numbers.enable(ok)
+        return ok
 
     def _limits(self) -> Any:
         """One worker's share of this model's admission limits (data plane v2)."""

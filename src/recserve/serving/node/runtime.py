@@ -25,7 +25,7 @@ from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.pool import WorkerPool
 from recserve.serving.node.worker_watch import WorkerWatch
-from recserve.serving.wire import pipe
+from recserve.serving.wire import json_numbers, pipe
 from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.model_info import ModelInfo
 from recserve.zoo.batch import QueryBatch
@@ -307,5 +307,6 @@ class ModelRuntime:
             "accelerator": self.accel_state(),
             "siblings": dict(self.siblings),
             "event_loop": self.event_loop,
+            "json_reader": "simdjson" if json_numbers.enabled() else "lists",
             "server_pid": os.getpid(),
         }

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.wire import json_numbers
 from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.shm import grpc_params, tensor_params
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES, SMALL_QUERY_LENGTHS
@@ -388,49 +389,21 @@ def _parse_request(request: dict[str, Any], binary: memoryview, regions: Any) ->
 JSON_FAST_BYTES = 32 * 1024
 """A request's JSON part at least this long is read by :func:`json_request` first: below it, finding the tensors
 and reading the rest twice cost more than the lists save (a batch-1 hercules-rmc1 query, 11 KB: 53 vs 45 us CPU)."""
-INT_DATA_BYTES = 8 * 1024  # an integer array shorter than this is read by orjson (numpy's dozen calls cost ~10 us)
-MAX_DATA_DEPTH = 32  # deeper nesting is left to the lists (numpy refuses arrays of more than 64 dimensions)
-_INT_DATA = frozenset(b"0123456789-,[] ")
-_STRUCTURE = b"0123456789- "  # what a nested integer array's brackets and commas are left of when deleted
+DATA_BYTES = 8 * 1024  # a shorter ``data`` array is read by orjson (simdjson's setup is not worth it)
 
 
 def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
-    """An infer request's JSON part as :func:`json_loads` reads it, but with each input's ``data`` read straight into
-    numpy where it is an array of JSON integers (``np.fromstring``'s C parser, after a vectorised check of JSON's
-    number grammar); other arrays (floats, booleans, strings) are read by orjson alone, as lists.  None where this
-    cannot be sure to read what :func:`json_loads` would: escapes anywhere (a key spelled ``"d\\u0061ta"``), a
-    ``"data"`` array anywhere but once in each input, JSON that orjson refuses (``NaN``), and so on; the caller then
-    reads the request the whole way.  An array read here is the flat int64 array ``np.asarray`` makes of the list (a
-    nested array must be regular, as ``np.asarray`` needs), so :func:`from_list` checks it alike.
-
-    Why: orjson makes a Python int per number and numpy reads them back one by one, ~37 ns a number; a batch-256
-    query of hercules-rmc1 (2.9 MB of JSON, 205k ids) spent ~10 ms so on the worker's loop (issue #51)."""
+    """An infer request's JSON part as :func:`json_loads` reads it, but with each input's ``data`` array of numbers
+    read straight into numpy by simdjson (``json_numbers.read``: the flat array ``np.asarray`` makes of the list, so
+    :func:`from_list` checks it alike).  None where this cannot be sure to read what :func:`json_loads` would:
+    simdjson not enabled in this process, escapes anywhere (a key spelled ``"d\\u0061ta"``), a ``"data"`` array
+    anywhere but once in each input, JSON that orjson refuses (``NaN``), and so on; the caller then reads the request
+    the whole way."""
     if not isinstance(head, bytes):  # a worker's receive buffer (bytearray, memoryview): json_loads copies it too
         head = bytes(head)
-    if orjson is None or b"\\" in head:
+    if orjson is None or not json_numbers.enabled() or b"\\" in head:
         return None
-    spans, pos = [], 0
-    while True:
-        k = head.find(b'"data"', pos)
-        if k < 0:
-            break
-        j = k + 6
-        while j < len(head) and head[j] in b" \t\n\r":
-            j += 1
-        if j >= len(head) or head[j] != 58:  # ':': a string "data" that is no key
-            pos = j
-            continue
-        j += 1
-        while j < len(head) and head[j] in b" \t\n\r":
-            j += 1
-        if j >= len(head) or head[j] != 91:  # '[': data that is not an array; the whole decode reads it
-            return None
-        stop = min(x for x in (head.find(b'"', j), head.find(b"}", j), len(head)) if x >= 0)
-        end = head.rfind(b"]", j, stop) + 1
-        if end <= j:
-            return None
-        spans.append((j, end))
-        pos = end
+    spans = _data_spans(head)
     if not spans:
         return None
     pieces, last = [], 0
@@ -452,7 +425,7 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
         return None
     for t, (start, end) in zip(holders, spans, strict=True):
         span = head[start:end]
-        data = _int_data(span) if len(span) >= INT_DATA_BYTES and _INT_DATA.issuperset(span[:64]) else None
+        data = json_numbers.read(span) if len(span) >= DATA_BYTES else None
         if data is None:
             try:
                 data = orjson.loads(span)
@@ -462,75 +435,30 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     return request
 
 
-def _int_data(span: bytes) -> np.ndarray | None:
-    """A JSON array of integers (flat, or nested regularly; no whitespace but one space after a comma, as
-    ``json.dumps`` writes) as the flat int64 array ``np.asarray`` makes of its list; None where it is anything else or
-    cannot be told cheaply.  Each check is a numpy pass over the bytes (~30 us a MB): together ~1 ms for a batch-256
-    query's 1.6 MB of ids, beside numpy's parse of them (~2.7 ms)."""
-    if span.find(b"[", 1) >= 0 or span.find(b"]", 0, len(span) - 1) >= 0:
-        if not _regular(span.translate(None, _STRUCTURE)) or (span.find(b"-") >= 0 and b"-[" in span):
-            return None  # ragged, or a sign before a list ("-[1]"), which deleting the brackets would hide
-        text = span.translate(None, b"[]")
-    else:
-        text = span[1:-1]
-    if not text:
-        return None
-    b = np.frombuffer(text, np.uint8)
-    digit = b >= 48
-    if (b > 57).any():  # a letter, a bracket left, a quote...
-        return None
-    other = ~digit
-    if other[0] and b[0] != 45 or other[-1]:  # a number first (or its '-'), a digit last
-        return None
-    comma, space, minus = b == 44, text.find(b" ") >= 0, text.find(b"-") >= 0
-    if space or minus:  # only digits, ',' (44), '-' (45) and ' ' (32) may be left; which, where
-        if (other & ~comma & (b != 45) & (b != 32)).any():
+def _data_spans(head: bytes) -> list[tuple[int, int]] | None:
+    """Where each ``"data": [...]`` array of ``head`` starts and ends; None where a ``"data"`` key holds no array."""
+    spans, pos = [], 0
+    while True:
+        k = head.find(b'"data"', pos)
+        if k < 0:
+            return spans
+        j = k + 6
+        while j < len(head) and head[j] in b" \t\n\r":
+            j += 1
+        if j >= len(head) or head[j] != 58:  # ':': a string "data" that is no key
+            pos = j
+            continue
+        j += 1
+        while j < len(head) and head[j] in b" \t\n\r":
+            j += 1
+        if j >= len(head) or head[j] != 91:  # '[': data that is not an array; the whole decode reads it
             return None
-        if space and ((b[1:] == 32) & ~comma[:-1]).any():  # a space, but after a comma
+        stop = min(x for x in (head.find(b'"', j), head.find(b"}", j), len(head)) if x >= 0)
+        end = head.rfind(b"]", j, stop) + 1
+        if end <= j:
             return None
-        if minus and ((b[1:] == 45) & digit[:-1]).any():  # a '-' inside a number
-            return None
-        if minus and ((b[:-1] == 45) & ~digit[1:]).any():  # a '-' with no digit after it
-            return None
-        if space and ((b[:-1] == 32) & ~digit[1:] & (b[1:] != 45)).any():  # a space before no number
-            return None
-    elif (other & ~comma).any():
-        return None
-    if (comma[:-1] & other[1:] & (b[1:] != 32) & (b[1:] != 45)).any():  # ",," or ",]"-like: an empty number
-        return None
-    zero = b == 48  # a leading zero: '0' after a number's start (or its '-'), followed by a digit
-    if len(b) > 1 and (zero[0] and digit[1] or (zero[1:-1] & digit[2:] & other[:-2]).any()):
-        return None
-    try:
-        values = np.fromstring(text, dtype=np.int64, sep=",")
-    except (ValueError, DeprecationWarning):
-        return None
-    if values.size != np.count_nonzero(comma) + 1:
-        return None
-    # np.fromstring saturates past int64; the list would hold Python ints numpy reads as uint64 or objects
-    if values.max() >= 10**18 or values.min() <= -(10**18):
-        return None
-    return values
-
-
-def _regular(structure: bytes) -> bool:
-    """Whether ``structure`` (a nested array's brackets and commas) is that of a regular array with no empty
-    list: what ``np.asarray`` reads into one shape (a ragged one is refused by the whole decode, in its words)."""
-    depth = len(structure) - len(structure.lstrip(b"["))
-    if depth > MAX_DATA_DEPTH:
-        return False
-    group, inner = b"", 0
-    for level in range(depth, 0, -1):  # the first list at each level, innermost first: its length gives its size
-        close = structure.find(b"]" * (depth - level + 1))
-        if close < 0:
-            return False
-        length = close + depth - level + 1 - (level - 1)
-        size, rest = divmod(length - 1, inner + 1)
-        if rest or size < 1:
-            return False
-        group = b"[" + b",".join([group] * size) + b"]"
-        inner = length
-    return group == structure
+        spans.append((j, end))
+        pos = end
 
 
 def http_raw_plan(request: dict[str, Any]) -> RawPlan | None:

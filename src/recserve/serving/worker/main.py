@@ -115,6 +115,7 @@ class WorkerArgs:
     sub_batch: int = 0
     grpc_listen: Any = None  # data plane v2: the node's gRPC listening socket; None = gRPC in the server
     event_loop: str = "asyncio"  # data plane v2: the loop this worker runs ("uvloop" once the node's probe passed)
+    json_numbers: bool = False  # data plane v2: JSON tensors read by simdjson (once the node's probe passed)
     grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)
@@ -216,7 +217,10 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
             asyncio.run(serve_accelerator(conn, args, model))
             return
         if args.listen is not None:  # ready once it listens: the node answers as soon as every worker is ready
+            from recserve.serving.wire import json_numbers
             from recserve.serving.worker import eventloop
+
+            json_numbers.enable(args.json_numbers)
 
             eventloop.run(_serve(conn, args, model, in_buf, out_buf, ready,
                                  states.numpy() if states is not None else None,
