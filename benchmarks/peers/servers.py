@@ -132,6 +132,43 @@ def recserve_server(model: str, scale: float, workers: int, sla_ms: float, proto
             proc.join(timeout=10)
 
 
+BASE_SRC_ENV = "RECSERVE_BASE_SRC"
+_BASE_NODE = """
+import sys
+from recserve.serving import NodeServer, quick_config
+model, scale, workers, sla_ms = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+server = NodeServer(quick_config(model, scale=scale, workers=workers, deadline_ms=sla_ms))
+ports = server.start()
+print(ports.http, ports.grpc, flush=True)
+sys.stdin.read()  # closed: stop
+server.stop()
+"""
+
+
+@contextmanager
+def recserve_base_server(model: str, scale: float, workers: int, sla_ms: float) -> Iterator[str]:
+    """recserve built from another tree's ``src/`` (``$RECSERVE_BASE_SRC``), for a before/after in one run: its
+    probes alternate with this tree's like any peer's."""
+    src = os.environ.get(BASE_SRC_ENV)
+    if not src or not Path(src, "recserve").is_dir():
+        raise RuntimeError(f"recserve-base needs {BASE_SRC_ENV}=<another tree>/src")
+    env = {**os.environ, "PYTHONPATH": src}
+    proc = subprocess.Popen([sys.executable, "-c", _BASE_NODE, model, str(scale), str(workers), str(sla_ms)],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline().split()
+        if len(line) != 2:
+            raise RuntimeError(f"recserve-base did not start (exit {proc.poll()})")
+        yield f"http://127.0.0.1:{line[0]}"
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop_group(proc)
+
+
 def _peer_env(model: str, scale: float) -> dict[str, str]:
     return {**os.environ, "RECSERVE_PEER_MODEL": model, "RECSERVE_PEER_SCALE": str(scale),
             "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
@@ -235,6 +272,8 @@ PEERS: dict[str, Callable] = {
     "recserve-per-table": partial(recserve_server, fuse_tables=False),
     # recserve whose busy workers keep their queries (no idle sibling computes them): what forwarding buys
     "recserve-noforward": partial(recserve_server, forward_to_idle=False),
+    # recserve from another tree (RECSERVE_BASE_SRC=<tree>/src): a before/after in one run
+    "recserve-base": recserve_base_server,
     "ray-serve": ray_server,
     "fastapi": fastapi_server,
     "kserve-rest": partial(kserve_server, "rest"),
