@@ -23,6 +23,7 @@ keeps the luckiest probe near the knee, and one 6 s probe there passes or fails 
 
     .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
     .venv/bin/python benchmarks/bench_peers.py --peers recserve,kserve-grpc,mlserver-rest --workers 1
+    RECSERVE_BASE_SRC=/other/tree/src .venv/bin/python benchmarks/bench_peers.py --peers recserve,recserve-base,fastapi
 """
 
 from __future__ import annotations
