@@ -228,8 +228,9 @@ def diurnal_rates(peak: float, windows: int, ratio: float = 3.0) -> np.ndarray:
 
 def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Callable[[Step], None]:
     """Measure node A's capacity now, then one run per controller in ``LIVE_CONTROLLERS`` under the same load, sent
-    to node A directly: through the Kairos router (node A + a replica on node B, one slot each) hera-dlrm-b's p95
-    reached 0.5-1 s at 4-20 qps on this host, so the comparison would have measured the router, not the RMU."""
+    to node A directly: through the Kairos router (node A + a replica on node B, one slot each) the router's own
+    queueing dominated the p95, so the comparison would have measured the router, not the RMU
+    (docs/decisions/2026-11-28-demo-live-load-sized-live.md)."""
     def go(step: Step) -> None:
         measured = measured_capacity(run, scale, LIVE_MODELS, "fig14", LIVE_PEAKS)
         runs = {name: run_live(run, scale, seconds, window_s, name, use_router=False, shape="fig14",
@@ -347,9 +348,9 @@ def measured_capacity(run: DemoRun, scale: float, models: tuple[str, str] = LIVE
     """:func:`live_capacity` twice: alone (searches seeded at half the run's profiled one-worker max load, when the
     run has a profile), then beside the neighbour at its load during this model's peak in ``shape``.
 
-    Why twice: sized from a capacity measured with the neighbour idle, the demo's spike (rm3 at 80% of 73.5 qps)
-    was past what two workers held once the neighbour and its load generator were running too (~55 qps achieved),
-    so the live bar was missed by every controller."""
+    Why twice: sized from a capacity measured with the neighbour idle, the demo's spike was past what two workers
+    held once the neighbour and its load generator were running too, so every controller missed the live bar
+    (docs/decisions/2026-11-28-demo-live-load-sized-live.md)."""
     from recserve.policies.rmu import CapacityProfile
 
     profiled = profiled_capacity(run, models) if run.path("profiles/this-host.json").exists() else {}
@@ -379,9 +380,9 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
     ``neighbour_qps[model]`` (default idle) from the same process, as in the live runs; ``confirm`` > 0 probes
     each result again before it counts (:func:`~recserve.measure.maxload.confirm_max_load`).
 
-    Why: the live runs' load and the RMU's curve must describe this node at this hour.  On the shared 2-core host a
-    profile taken in-process, or an hour earlier, was up to 2x off live (hera-dlrm-b: profiled 56 qps on one
-    worker, violated at 27), which made a load meant to be within reach impossible for every controller."""
+    Why: the live runs' load and the RMU's curve must describe this node at this hour.  On a shared host a profile
+    taken in-process, or an hour earlier, was up to 2x off live, which made a load meant to be within reach
+    impossible for every controller (docs/decisions/2026-11-28-demo-live-load-sized-live.md)."""
     from recserve.measure.profiler import node_max_loads
     from recserve.serving.node.control_client import ControlClient
     from recserve.specs import get_model

@@ -296,9 +296,8 @@ def open_table_header(path: str | Path, verify: bool = True) -> TableHeader:
 
 class RowChecksums:
     """The row CRCs of one table file, read from its footer into DRAM at open: 4 bytes per row (1.6% of a 256-byte
-    fp32 row, 5.6% of a 72-byte int8 one) so that checking a read costs an index, not another I/O.  Measured
-    alternative: reading the CRC pages on demand with ``pread`` cost 20-30 us per lookup here, a second I/O in
-    all but name (``benchmarks/bench_row_checksum.py``)."""
+    fp32 row, 5.6% of a 72-byte int8 one) so that checking a read costs an index, not another I/O (CRC pages
+    read on demand are a second I/O in all but name; docs/decisions/2026-11-28-hardening-off-the-query-path.md)."""
 
     def __init__(self, path: str | Path, header: TableHeader) -> None:
         fd = _open_readable(Path(path))

@@ -1,4 +1,4 @@
-"""Profile tables of this host's accelerator (issue #16), under server ``this-host-cuda`` (``cuda:1`` ->
+"""Profile tables of this host's accelerator, under server ``this-host-cuda`` (``cuda:1`` ->
 ``this-host-cuda1``), so that the Kairos pool planner, Hercules' search and provisioning read measured GPU rows
 beside the CPU's ``this-host`` rows instead of the perfmodel's GPU terms.
 
@@ -101,9 +101,8 @@ def device_maxload(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
         for w in workers:
             server.set_workers(w, stage="accel")
             start = _start_rate(lat, pool.mean_size, w)
-            # unmeasured: a new accelerator worker's first passes map and pin its arenas and meet new shapes (on
-            # the H100, hera-din's 1-worker search, the first on a fresh node, failed at 182 QPS where 2 workers
-            # then passed 2,900; a cold start is the likely cause, not a verified one)
+            # unmeasured: a new accelerator worker's first passes map and pin its arenas and meet new shapes (a
+            # cold first search on a fresh node failed far below the next; docs/measured/gpu-sessions.md)
             session.run(start, budget.probe_s, seed=seed + 7919 * w)
             res, unloaded = _search(session, budget, sla, start, seed)
             hi = res.bracket[1] if np.isfinite(res.bracket[1]) else -1.0

@@ -139,8 +139,7 @@ def confirm_max_load(run_at: Callable[[float], Any], result: MaxLoadResult, step
     unconverged.
 
     Why: the search keeps the highest rate that passed once, so on a noisy host it picks the luckiest probe near the
-    knee.  The demo's live capacity on the shared 2-core VM read 73.5 qps for two workers, where the live run then
-    held ~55."""
+    knee (docs/decisions/2026-11-28-demo-live-load-sized-live.md)."""
     if result.max_qps <= 0 or tries < 1:
         return result
     probes = list(result.probes)

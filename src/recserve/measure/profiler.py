@@ -382,9 +382,10 @@ def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla
     """Max load of one model of a running node at each worker count, resized through ``set_workers``; ``confirm``
     > 0 probes each result again (stepping down on a violation, see :func:`confirm_max_load`).
 
-    Why beside the profile: a controller acting on a live node needs what that node sustains now, with its
-    neighbours, router and load generator on the same cores; a profile taken alone, or at another hour on a shared
-    host, was 2x off live on the 2-core host.  Each count's search starts near the previous count's result."""
+    Why beside the profile: a controller acting on a live node needs what that node sustains now, with its neighbours,
+    router and load generator on the same cores; a profile taken alone, or at another hour on a shared host, was up to
+    2x off live (docs/decisions/2026-11-28-demo-live-load-sized-live.md).  Each count's search starts near the previous
+    count's result."""
     budget = budget or dataclasses.replace(Budget.of(False), probe_s=2.5, probe_min_requests=20, max_probes=7,
                                            rtol=0.1)
     out: dict[int, float] = {}

@@ -78,8 +78,8 @@ class ServerNodeControl:
 
     def window_stats(self, model: str) -> WindowStats:
         """The node's window, with its failed queries counted as over the SLA: the tail of completed queries alone
-        hid the overload a node sheds (live, a model answering 503 to 15-30% of its queries showed a p95 of 230 ms
-        against 400, so the RMU saw slack and shrank it)."""
+        hid the overload a node sheds, so the RMU saw slack and shrank a model that was refusing queries
+        (docs/decisions/2026-11-28-rmu-sees-client-failures.md)."""
         w = self.client.window_stats(model, seconds=self.window_s)
         done, arrived = int(w.get("completed") or 0), float(w.get("arrival_qps") or 0.0)
         failed = int(w.get("failed") or 0)

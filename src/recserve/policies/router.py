@@ -160,9 +160,8 @@ class Router:
 
     async def _http(self, inst: Instance, model: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict]:
         """POST the query to the instance's node server on a keep-alive connection of the load generator's lean
-        client (``measure/http_client.py``).  Measured on the 2-core host, router thread CPU per hera-din query
-        (scale 0.01, production mix, 300 QPS against a sink, three interleaved rounds): 0.90-1.33 ms with it,
-        1.41-1.58 ms with aiohttp's client; for hercules-rmc1 the difference was inside the noise."""
+        client (``measure/http_client.py``): it costs the router's thread less CPU per query than aiohttp's client
+        (docs/decisions/2026-11-28-one-dispatcher.md)."""
         try:
             endpoint, pool = self._backend(inst.endpoint)
             request = encode_post(f"{endpoint.host}:{endpoint.port}", f"{endpoint.prefix}/v2/models/{model}/infer",

@@ -1,11 +1,10 @@
 """glibc's allocator set to keep freed memory for the next forward pass: the environment of the serving workers.
 
-Why (found by the perfmodel's transfer work, issue #18, measured here): glibc serves every allocation above its
-mmap threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, so a model whose activations pass
-that size faults every page of them in again on every call.  hera-din at batch 512 (three 41 MB activations) took
-182 ms per call on a worker-like thread with 46,700 minor faults; with the threshold raised, trimming off and one
-arena (a second thread otherwise gets its own arena, whose 64 MiB heaps cannot hold such blocks and fall back to
-``mmap``), 75 ms and 1,300 faults, for ~30 MB more peak RSS.  PyTorch servers usually get this by preloading
+Why (docs/decisions/2026-11-28-glibc-heap-tunables.md): glibc serves every allocation above its mmap threshold
+(at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, so a model whose activations pass that size
+faults every page of them in again on every call.  Hence the threshold raised, trimming off and one arena (a second
+thread otherwise gets its own arena, whose 64 MiB heaps cannot hold such blocks and fall back to ``mmap``), for a
+little more peak RSS.  PyTorch servers usually get this by preloading
 jemalloc or tcmalloc; glibc's tunables give it with no native dependency.  They are read when a process starts, so
 they go in the environment the workers' forkserver starts with (``serving.node.forkserver.WorkerContext``); a C library
 other than glibc ignores them.

@@ -68,8 +68,8 @@ class MLP(nn.Sequential):
 
     Direct (``RecModel.direct_layers``, what workers run): an inference pass calls ``F.linear`` and ``torch.relu``
     itself instead of one ``nn.Module`` call per layer, the very ops ``Linear`` and ``ReLU`` run, so scores are
-    bit-identical.  Why: a module call costs ~10 us of Python on the 2-core Zen 1 VM; hercules-rmc1's two MLPs at
-    batch 1 took ~180 us as modules and ~123 direct (issue #14).  Layers anything hooks (``zoo.flops`` counts through
+    bit-identical.  Why: each module call costs Python dispatch, a third of a small MLP's time at batch 1
+    (docs/decisions/2026-11-24-worker-per-query-costs.md).  Layers anything hooks (``zoo.flops`` counts through
     hooks) run as modules."""
 
     _steps: tuple[tuple[torch.Tensor, torch.Tensor | None] | None, ...] = ()
@@ -152,7 +152,8 @@ class RecModel(nn.Module):
     def fuse_tables(self) -> None:
         """Pool every table in one lookup per embedding width (``zoo.fused``): the rows move into one weight per
         width and each table keeps a view of it, so memory is not doubled and the per-table path reads the same
-        rows.  What a CPU worker runs (issue #14: rmc1 at batch 1 0.99 -> 0.54 ms); needs every table in DRAM."""
+        rows.  What a CPU worker runs (docs/decisions/2026-11-24-fuse-tables-in-node.md); needs every table in
+        DRAM."""
         from recserve.zoo.fused import FusedTables
 
         self.fused = FusedTables(self, in_place=True)

@@ -1,10 +1,10 @@
-"""Hot rows of a model's fused tables on the device, the rest on the host (issue #16).
+"""Hot rows of a model's fused tables on the device, the rest on the host.
 
-Why: ``FusedModel.to_device`` moves every fused weight whole, so a model whose tables exceed device memory cannot
-be served on a GPU.  FBGEMM's UVM caching keeps such tables in host memory with a device cache of hot rows,
-resolved by kernels on the device; this is the same idea in plain PyTorch + numpy (no extra wheel), resolved on
-the *host*, because that is where a query's ids already are (the CPU worker decoded them; the accelerator worker
-reads them from its staging arena):
+Why (docs/decisions/2026-11-28-device-row-cache-on-host.md): ``FusedModel.to_device`` moves every fused weight whole, so
+a model whose tables exceed device memory cannot be served on a GPU.  FBGEMM's UVM caching keeps such tables in host
+memory with a device cache of hot rows, resolved by kernels on the device; this is the same idea in plain PyTorch +
+numpy (no extra wheel), resolved on the *host*, because that is where a query's ids already are (the CPU worker decoded
+them; the accelerator worker reads them from its staging arena):
 
 - per width group ``g`` of :class:`~recserve.zoo.fused.FusedTables` a device weight of ``capacity[g]`` cached rows
   followed by a *spare* region, and one host int32 ``remap`` over every row of every group (global row -> slot in
@@ -16,8 +16,8 @@ reads them from its staging arena):
   width groups are split on the device): the same rows in the same order, so scores equal the uncached fused
   path's exactly.  Nothing waits for the device but the scores;
 - the hot set is the most looked-up rows: every ``count_stride``-th id of a pass adds one to its row's count, once
-  per pass however often it occurs among them (a fancy-index add; ``np.add.at``, which counts repeats, cost 10x
-  as much: 270 vs 14 us for 4,096 ids).  A row's chance to be in a pass's sample grows with its lookup rate, so the
+  per pass however often it occurs among them (a fancy-index add; ``np.add.at``, which counts repeats, costs ~10x
+  as much).  A row's chance to be in a pass's sample grows with its lookup rate, so the
   counts rank rows as their rates do.  Once ``refresh_ids`` ids were counted (default: the tables' rows, at least
   2^18, so a refresh's O(rows) scan is spread over at least as many counted ids) the cache is refilled between
   passes with each group's top rows (rows staying keep their slot; only entering rows are copied), counts then
@@ -27,7 +27,7 @@ reads them from its staging arena):
 The device budget (``budget_bytes``) is shared out so every group caches the same fraction of its rows.  A pass also
 needs its missed rows on the device: the spare region grows to 1.25x the largest pass's distinct misses, at most
 the group's uncached rows (reported in :meth:`DeviceTableCache.stats`); at large batches that is most of the
-table (hera-dlrm-a at 10 %, batch 4,096: 71 k distinct misses of 72 k uncached rows a pass).  A budget of at
+table.  A budget of at
 least the tables' bytes caches everything: the remap is the identity, nothing is counted, no row is ever
 gathered, and a pass skips the host remap: the ids are resolved on the device as ``FusedModel`` does (today's
 whole-table path).
@@ -178,10 +178,10 @@ class DeviceTableCache:
 
     def _count(self, sample: np.ndarray) -> None:
         """Count the rows of a pass's sample (every ``count_stride``-th id, contiguous: a fancy index with a strided
-        view cost 4x the copy, measured)."""
+        view costs several times the copy)."""
         if self.whole or not len(sample):
             return
-        self.counts[sample] += 1  # one per sample a row is in (not np.add.at: 10x slower, measured)
+        self.counts[sample] += 1  # one per sample a row is in (not np.add.at: ~10x slower)
         self.counted += len(sample)
 
     def _buffer(self, buffers: list[torch.Tensor], g: int, rows: int, like: torch.Tensor) -> torch.Tensor:
@@ -193,8 +193,8 @@ class DeviceTableCache:
 
     def _reserve(self, g: int, rows: int) -> torch.Tensor:
         """The spare region of group ``g`` with room for ``rows`` rows, cached rows kept.  Grown to 1.25x the need,
-        at most the group's uncached rows (a pass's distinct misses, never more): doubling had made it 2x the
-        largest pass's misses, 1.8x the table itself at batch 4,096 of hera-dlrm-a."""
+        at most the group's uncached rows (a pass's distinct misses, never more): doubling overshot, up to more
+        than the table itself at large batches."""
         cap = self.capacity[g]
         weight = self.weights[g]
         if weight.shape[0] - cap < rows:
@@ -216,7 +216,7 @@ class DeviceTableCache:
         slots = buffer.numpy()
         if len(values) < PER_TABLE_IDS * len(counts):
             ids = self._global_ids(values, lengths, counts)
-            np.take(self.remap, ids, out=slots, mode="clip")  # clip: with out, "raise" buffers (2x, measured)
+            np.take(self.remap, ids, out=slots, mode="clip")  # clip: with out, "raise" buffers a copy
             self._count(np.ascontiguousarray(ids[::self.count_stride]))
         else:
             self._count(self._remap_tables(values, counts, slots))
@@ -261,15 +261,15 @@ class DeviceTableCache:
     def _distinct(self, rows: np.ndarray) -> np.ndarray:
         """``rows`` (uncached) without repeats, in O(len) with no sort; their remap entries are left for the caller
         to overwrite.  With few rows per missed id (large passes), each row's entry is marked and the remap scanned
-        for marks: one scatter, and the rows come out sorted (a gather in row order, 1.3x faster at 70 k rows,
-        measured).  Otherwise each row's entry is set to one of its positions (whichever write lands), and the
+        for marks: one scatter, and the rows come out sorted (so the gather runs in row order, which is faster).
+        Otherwise each row's entry is set to one of its positions (whichever write lands), and the
         positions that find their own number there are one per distinct row."""
         if len(self.remap) <= MARK_SCAN * len(rows):
             self.remap[rows] = MARK
             return np.flatnonzero(self.remap == MARK)
         position = np.arange(len(rows), dtype=np.int32)
         self.remap[rows] = position
-        return rows[np.flatnonzero(self.remap[rows] == position)]  # not a boolean index: 3x slower, measured
+        return rows[np.flatnonzero(self.remap[rows] == position)]  # not a boolean index: slower
 
     def _by_group(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """``rows`` (global) split by width group, groups without any left out."""

@@ -1,22 +1,20 @@
 """Table-batched embeddings: every table of a zoo model in one weight per embedding width.
 
-Why (issue #16): a zoo model pools each table with its own ``EmbeddingBag`` call.  On a CPU core that costs
-~10 us a table; on a GPU each call is several kernel launches plus, in ``QueryBatch.tables``, a device-to-host
-sync, so hercules-rmc2's 100 tables spent most of a GPU pass launching kernels (issue #16's table: 67 ms at
-batch 4096 on an H100, against 2.4 ms for hera-wnd's 27 tables).  FBGEMM's table-batched embedding fixes this
+Why (docs/decisions/2026-11-24-fuse-tables-in-node.md): a zoo model pools each table with its own
+``EmbeddingBag`` call.  On a CPU core each call costs its dispatch; on a GPU it is several kernel launches plus, in
+``QueryBatch.tables``, a device-to-host sync, so a model of 100 tables spends most of a GPU pass launching
+kernels.  FBGEMM's table-batched embedding fixes this
 with one kernel over all tables; this is the same idea in plain PyTorch, so it needs no extra wheel and runs
 wherever PyTorch does: the tables of one width are concatenated into one weight, each table's ids are shifted
 by its first row, and a single ``embedding_bag`` over all ``T * B`` bags pools every table at once.  Sequence
 tables (DIN/DIEN behaviour histories) are gathered from the same weight with one index computed on the
 device.  Nothing in a pass waits for the device, so a pass is a short run of kernel launches.
 
-On CPU workers too (issue #14), through :meth:`RecModel.fuse_tables`: the tables' rows move into the fused
-weights and each table's weight becomes a view of them, so the node still holds one copy (shared by every
-worker).  There the ids are shifted with numpy (one ``repeat`` and one add; torch's ``repeat_interleave``
-and gather cost 2 ms of a 4 ms batch-256 pass), and a CPU pass costs one lookup call instead of one per
-table: hercules-rmc1 @1e-3's whole pass at batch 1 0.99 -> 0.54 ms, its sparse part at batch 256 2.00 -> 1.74 ms
-(``bench_zoo.py --fused``, docs/zoo.md).  A query of over ``HOST_FUSED_IDS_PER_TABLE`` ids a table takes the
-per-table path (the ids' copy would cost more than the calls it saves).
+On CPU workers too, through :meth:`RecModel.fuse_tables`: the tables' rows move into the fused weights and each table's
+weight becomes a view of them, so the node still holds one copy (shared by every worker).  There the ids are shifted
+with numpy (one ``repeat`` and one add; torch's ``repeat_interleave`` and gather cost half a large pass), and a CPU
+pass costs one lookup call instead of one per table.  A query of over ``HOST_FUSED_IDS_PER_TABLE`` ids a table takes
+the per-table path (the ids' copy would cost more than the calls it saves).
 """
 
 from __future__ import annotations
@@ -36,10 +34,9 @@ def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
                                    output_size=count)
 
 
-# On the host a fused pass trades each table's lookup call (~45 us of dispatch on the 2-core Zen 1 VM) for a shifted
-# copy of the query's ids (~1.5 ns an id): past ~30 k ids a table the copy costs more than the calls it saves
-# (hercules-rmc1 at batch 512, 41 k ids a table: sparse 3.04 ms fused vs 2.86 per table; rmc2, 100 tables, crosses
-# at batch ~256, 31 k), so larger queries take the per-table path over the same rows (``RecModel.sparse``).
+# On the host a fused pass trades each table's lookup call for a shifted copy of the query's ids: past ~30 k ids a
+# table the copy costs more than the calls it saves, so larger queries take the per-table path over the same rows
+# (``RecModel.sparse``; docs/decisions/2026-11-24-fuse-tables-in-node.md).
 HOST_FUSED_IDS_PER_TABLE = 30_000
 
 
@@ -139,7 +136,7 @@ class FusedTables(nn.Module):
 
     def _one_group_lookup(self, values: np.ndarray, lengths: np.ndarray) -> list[torch.Tensor]:
         """``_host_lookup`` when every table is pooled and of one width (DLRM's usual case) in fewer numpy and torch
-        calls (~2-5 us each on the 2-core Zen 1 VM): each value shifted by its bag's first row, one bag per
+        calls: each value shifted by its bag's first row, one bag per
         ``(table, sample)``, the tables' ``[B, dim]`` results as views of one ``unbind``."""
         tables, size = lengths.shape
         flat = lengths.reshape(-1).astype(np.int64)

@@ -114,10 +114,10 @@ class NodeCore:
         """Every ``WATCHDOG_S``: each model replaces workers that stopped beating (see ``serving/node/watchdog.py``),
         and this process accepts on the node's socket itself while no worker does.
 
-        A tick that runs ``STALE_TICK_S`` late judges nothing: this process was not running (a host stall, or a
-        thread of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and
-        every worker would look silent (measured: a benchmark's 1.5 s ``json.dumps`` beside an in-process node made
-        it cover the accept socket for no reason).  The loop reads them before the next tick, which judges."""
+        A tick that runs ``STALE_TICK_S`` late judges nothing: this process was not running (a host stall, or a thread
+        of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and every worker
+        would look silent (docs/decisions/2026-11-28-dead-and-hung-workers.md).  The loop reads them before the next
+        tick, which judges."""
         loop = asyncio.get_running_loop()
         late = loop.time() - self._watchdog.when() if self._watchdog is not None else 0.0  # this tick's timer
         stale = late >= STALE_TICK_S and not self._skipped

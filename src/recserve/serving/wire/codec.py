@@ -58,8 +58,8 @@ except ImportError:  # pragma: no cover - orjson is a dependency; this is the fa
 
 
 def json_loads(text: bytes | bytearray | memoryview | str) -> Any:
-    """JSON from a request, with orjson where it is installed: 3.6x faster on a request's JSON header (3.3 vs
-    11.9 us), 4.2x on tensors sent as JSON ``data`` (14 vs 61 ms for a batch-256 DLRM query).  What orjson refuses
+    """JSON from a request, with orjson where it is installed (several times faster than ``json`` on headers and on
+    ``data`` tensors; docs/decisions/2026-11-24-worker-per-query-costs.md).  What orjson refuses
     is read again by ``json`` (``NaN`` literals, which ``check_inputs`` then refuses naming the tensor), so errors
     read as before; integers beyond 64 bits become floats, refused wherever an integer is required."""
     if isinstance(text, memoryview):  # a body received in place (``dataplane.Connection``); neither reads views
@@ -77,8 +77,9 @@ TENSOR_ALIGN = 64  # where a received request's largest tensor starts (a cache l
 
 def aligned_buffer(size: int, lead: int = 0) -> memoryview:
     """An uninitialised buffer of ``size`` bytes for a request being received, placed so that its byte ``lead`` (where
-    its tensors, or its largest one, begin) is ``TENSOR_ALIGN``-aligned: numpy reads misaligned ids at half speed
-    (a bounds check of 200k ids took 136 vs 72 us), and zeroing a 1.9 MB buffer cost the receiving loop ~0.2 ms."""
+    its tensors, or its largest one, begin) is ``TENSOR_ALIGN``-aligned: numpy reads misaligned ids at about half
+    speed, and zeroing a large buffer would cost the receiving loop for nothing
+    (docs/decisions/2026-11-24-worker-per-query-costs.md)."""
     store = np.empty(size + TENSOR_ALIGN, np.uint8)
     pad = -(store.ctypes.data + lead) % TENSOR_ALIGN
     return memoryview(store)[pad : pad + size]
@@ -105,7 +106,7 @@ def _shape(field: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, list | tuple):
         raise invalid(field, f"shape must be a list of non-negative integers, got {shape!r}")
     total, huge = 1, False
-    for d in shape:  # a plain loop: generator checks cost ~1 µs each, several per tensor of every query
+    for d in shape:  # a plain loop: cheaper than a generator check, and this runs per tensor of every query
         if type(d) is not int or d < 0:
             raise invalid(field, f"shape must be a list of non-negative integers, got {shape!r}")
         huge = huge or d > MAX_ELEMENTS
@@ -183,7 +184,7 @@ def _check_names(names: Sequence[Any]) -> None:
 def check_inputs(arrays: dict[str, np.ndarray]) -> None:
     """What no single tensor shows: non-finite features, bag lengths that overrun (or wrap past) the ids."""
     dense = arrays[INPUT_DENSE]
-    if np.count_nonzero(np.isfinite(dense)) != dense.size:  # ~2 µs less than ``.all()`` at batch 1
+    if np.count_nonzero(np.isfinite(dense)) != dense.size:  # not ``.all()``: its Python wrapper costs more
         raise invalid(INPUT_DENSE, "holds NaN or infinite values; every feature must be a finite number")
     lengths, ids = arrays[INPUT_LENGTHS], arrays[INPUT_VALUES].size
     total = 0
@@ -354,8 +355,8 @@ def parse_http_infer(body: bytes, header_length: str | None, max_json: int = MAX
     """The validated JSON part of a v2 infer request and its input arrays (JSON ``data``, binary extension, or
     shared-memory regions of ``regions``).
 
-    The JSON part is bounded (``max_json`` bytes): an audit's 60 MB JSON request took 5.9 s and 0.7 GB to
-    decode, so large tensors must travel in the binary extension (or shared memory)."""
+    The JSON part is bounded (``max_json`` bytes): tens of MB of JSON take seconds and most of a GB to decode, so
+    large tensors must travel in the binary extension (or shared memory)."""
     head, binary = _split(body, header_length)
     if len(head) > max_json:
         raise InferError("too_large", f"body: the JSON part is {len(head)} bytes, over the limit of {max_json}; "
@@ -388,7 +389,7 @@ def _parse_request(request: dict[str, Any], binary: memoryview, regions: Any) ->
 
 JSON_FAST_BYTES = 32 * 1024
 """A request's JSON part at least this long is read by :func:`json_request` first: below it, finding the tensors
-and reading the rest twice cost more than the lists save (a batch-1 hercules-rmc1 query, 11 KB: 53 vs 45 us CPU)."""
+and reading the rest twice cost more than the lists save (docs/decisions/2026-11-28-json-tensors-simdjson.md)."""
 DATA_BYTES = 8 * 1024  # a shorter ``data`` array is read by orjson (simdjson's setup is not worth it)
 
 
@@ -483,8 +484,8 @@ class HttpPlans:
     A request whose header bytes were seen before is read without JSON: its tensors are viewed where they arrived
     and only their sizes and values are checked, as a gRPC request is read by its bytes but for the raw contents
     (``grpc_worker.Plan``).  Why: tritonclient and perf_analyzer send the same header on every call, and reading
-    it again (JSON, names, datatypes, shapes, parameters) was ~30 us of the ~0.3 ms a batch-1 query costs a worker
-    besides its model (issue #14)."""
+    it again (JSON, names, datatypes, shapes, parameters) was a tenth of a batch-1 query's cost besides its model
+    (docs/decisions/2026-11-24-worker-per-query-costs.md)."""
 
     def __init__(self) -> None:
         self._plans = PlanStore()
@@ -604,8 +605,8 @@ def http_infer_response(name: str, request: dict, scores: np.ndarray, version: s
 
 
 def _binary_head(name: str, version: str, shape: tuple[int, ...], size: int, request_id: Any) -> str:
-    """The JSON header of a binary-output response, from a template: ``json.dumps`` of the same dict cost ~8 µs
-    of the ~0.3 ms a batch-1 query costs the server besides its model (issue #14)."""
+    """The JSON header of a binary-output response, from a template: ``json.dumps`` of the same dict on every
+    answer was a visible part of a batch-1 query's cost besides its model."""
     ident = "" if request_id is None else f',"id":{json.dumps(request_id)}'
     return (f'{{"model_name":{_json_str(name)},"model_version":{_json_str(version)},"outputs":[{{"name":'
             f'"{OUTPUT_SCORES}","datatype":"FP32","shape":[{",".join(map(str, shape))}],'
@@ -615,7 +616,7 @@ def _binary_head(name: str, version: str, shape: tuple[int, ...], size: int, req
 def _binary_head_bytes(name: str, version: str, shape: tuple[int, ...], size: int,
                        request_id: str | None) -> tuple[bytes, str]:
     """``_binary_head`` encoded, and its length as the header's value: remembered per (model, version, shape) for
-    requests without an ``id`` (answers of one shape repeat it: ~4 µs of a batch-1 query's encoding); an id,
+    requests without an ``id`` (answers of one shape repeat it); an id,
     often unique per request, is written every time."""
     if request_id is None:
         return _cached_binary_head(name, version, shape, size)
@@ -726,11 +727,11 @@ def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple
     of ``message``); None if its top level is not well-formed (protobuf then parses it whole and says why).
     ``cut_id``: the ``id`` field is cut out too and its value (the last one, as protobuf reads it; "" if none)
     comes third, so requests that differ only in their id share a plan (perf_analyzer ``--streaming`` numbers
-    every request: each one missed its plan and cost the worker ~0.15 ms more).
+    every request; docs/decisions/2026-11-28-grpc-plan-key-and-streams.md).
 
     Why: protobuf copies a message's bytes fields into fresh allocations, twice (its arena, then one bytes object
     per ``raw_input_contents`` read); for a large query those copies and their page faults cost more than the
-    model (a 5.8 MB query: ~5 ms of a worker's CPU).  Scanning the top level keeps the tensors where they arrived
+    model.  Scanning the top level keeps the tensors where they arrived
     and leaves protobuf the few hundred bytes of names, shapes and parameters."""
     rest: list[memoryview] = []  # runs of fields between the raw contents (one run, before them, as clients send)
     raw: list[memoryview] = []
@@ -738,7 +739,7 @@ def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple
     cut = _RAW_KEY, (_ID_KEY if cut_id else _RAW_KEY)
     pos, size, kept = 0, len(message), 0
     try:
-        while pos < size:  # single-byte keys and lengths read inline: ~3 us for a batch-1 query, not 7
+        while pos < size:  # single-byte keys and lengths (the usual case) read inline, not through _varint
             key, body = message[pos], pos + 1
             if key >= 0x80:
                 key, body = _varint(message, pos)
@@ -875,8 +876,8 @@ def grpc_raw_plan(request: Any, raw_count: int) -> RawPlan | None:
     same other fields (every input sent as raw contents, no shared-memory region named); None otherwise.
 
     Why: a client sends the same names, datatypes and shapes call after call, and reading them back out of
-    protobuf objects (names, datatypes, shapes as lists, parameters, typed contents, outputs) cost ~40 us of the
-    ~0.3 ms a batch-1 query costs the worker besides its model (issue #14)."""
+    protobuf objects (names, datatypes, shapes as lists, parameters, typed contents, outputs) was a tenth of a
+    batch-1 query's cost besides its model (docs/decisions/2026-11-24-worker-per-query-costs.md)."""
     if not raw_count or any(t.parameters for t in request.inputs) or any(o.parameters for o in request.outputs):
         return None
     plan = []
@@ -897,7 +898,7 @@ def parse_raw(plan: RawPlan, raw: Sequence[Any]) -> dict[str, np.ndarray] | None
     for (name, dtype, dims, size), contents in zip(plan, raw, strict=True):
         if len(contents) != size:
             return None
-        arrays[name] = np.ndarray(dims, dtype, contents)  # one call, not frombuffer + reshape (~0.7 µs each)
+        arrays[name] = np.ndarray(dims, dtype, contents)  # one call, cheaper than frombuffer + reshape
     check_inputs(arrays)
     return arrays
 

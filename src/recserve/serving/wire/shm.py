@@ -1,4 +1,4 @@
-"""Triton's system shared-memory extension (issue #16): query tensors read from, and scores written to, regions of
+"""Triton's system shared-memory extension: query tensors read from, and scores written to, regions of
 POSIX shared-memory objects (``/dev/shm/<key>``) that a client on this host registered, so a large query (a
 hercules-rmc2 production-mix query is ~19 MB of int64 ids) never crosses HTTP or gRPC.
 
@@ -33,14 +33,12 @@ not enough: those are not acknowledged (an infer sent right after the answer cou
 worker started later would need a snapshot; the counter needs neither, and a new worker needs only the directory.
 
 Lifetime.  Inputs are numpy views of the mapping (no copy); a view holds a reference to its ``mmap`` object, which is
-unmapped only when the last view is gone (Python's ``mmap`` refuses ``close()`` while views exist, and this module
-never calls it).  Unregister drops the mapping from the table; a query already decoded keeps its memory until it is
-answered, so no view ever reads unmapped memory.  Measured (``benchmarks/bench_shm.py``, 2-core dev host, load
-~0.7) for a hercules-rmc2 query of 200 items (19.5 MB): decoding it from an already-mapped region 0.07-0.12 ms
-(an inline binary body, once received, 0.09-0.14 ms); reading its ids through a kept mapping 0.7-0.9 ms, through a
-fresh one 2.7-3.1 ms (page-table faults, paid once per worker and region); copying the ids out of the region
-1.5-1.8 ms per query.  Keeping mappings alive under the views costs nothing per query, so inputs are views
-(``tests/test_shm.py::test_zero_copy_view_outlives_unregister`` checks the lifetime).
+unmapped only when the last view is gone (Python's ``mmap`` refuses ``close()`` while views exist, and this module never
+calls it).  Unregister drops the mapping from the table; a query already decoded keeps its memory until it is answered,
+so no view ever reads unmapped memory.  Keeping mappings alive under the views costs nothing per query, where copying a
+large query's ids out of the region would cost more than reading them, so inputs are views
+(docs/decisions/2026-11-28-shared-memory-regions.md; ``tests/test_shm.py::test_zero_copy_view_outlives_unregister``
+checks the lifetime).
 
 Access: registering makes the server open an object under ``/dev/shm`` for a client, so it follows the control
 API's rule (``control_api``): open on a node without a control token (which must then be bound to loopback), else

@@ -1,14 +1,14 @@
 """Accelerator workers: large queries of a model computed on a GPU (or a many-threaded CPU worker), fused.
 
-Why (issue #16, DeepRecSys' accelerator offload, Hercules' and Triton's query fusion): a batch-1 query costs
-less on a CPU core than a kernel launch plus two copies, while a batch-4096 query runs 2-100x faster on a GPU.
-So a model may have, beside its CPU workers, *accelerator workers* that accept no client connections.  A CPU
-worker decodes and validates every query as before; one with at least ``min_items`` items is sent to an
-accelerator worker over that worker's Unix socket (the one with the fewest outstanding queries) and answered
-from its reply, while the CPU worker's loop keeps serving small queries.  The accelerator worker fuses the
-queries waiting on all its connections into one pass of at most ``fuse_items`` items, waiting at most
-``fuse_delay_us`` for more (Triton's ``max_queue_delay``), copies inputs to the device once per pass and the
-scores back, and splits them per query.
+Why (DeepRecSys' accelerator offload, Hercules' and Triton's query fusion;
+docs/decisions/2026-11-22-accelerator-workers-over-unix-sockets.md): a batch-1 query costs less on a CPU core than a
+kernel launch plus two copies, while a batch-4096 query runs 2-100x faster on a GPU.  So a model may have, beside its
+CPU workers, *accelerator workers* that accept no client connections.  A CPU worker decodes and validates every query
+as before; one with at least ``min_items`` items is sent to an accelerator worker over that worker's Unix socket (the
+one with the fewest outstanding queries) and answered from its reply, while the CPU worker's loop keeps serving small
+queries.  The accelerator worker fuses the queries waiting on all its connections into one pass of at most
+``fuse_items`` items, waiting at most ``fuse_delay_us`` for more (Triton's ``max_queue_delay``), copies inputs to the
+device once per pass and the scores back, and splits them per query.
 
 Frames on the socket (little endian; raw array bytes, never pickled tensors):
 
@@ -20,13 +20,13 @@ Frames on the socket (little endian; raw array bytes, never pickled tensors):
 - reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
   ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
 
-The deadline travels with the query because the accelerator worker's queue is where a burst waits.  It is an
-absolute time on the host's monotonic clock (both workers' ``perf_counter``), not the time left: under overload
-a frame can wait in the socket before the accelerator worker reads it, and a budget counted from the read gave
-that wait back, so the worker computed queries its CPU worker had already answered 504 (goodput fell from 291 to
-127 QPS at 2x overload on the 2-core host).  A query whose deadline passed is answered 504 without computing
-it, and one that cannot finish in time by the worker's online fit of its pass time (``dataplane.ServiceTime``) is
-shed at once with 503, so an overload never leaves a backlog of abandoned work in front of new queries.
+The deadline travels with the query because the accelerator worker's queue is where a burst waits.  It is an absolute
+time on the host's monotonic clock (both workers' ``perf_counter``), not the time left: under overload a frame can wait
+in the socket before the accelerator worker reads it, and a budget counted from the read would give that wait back, so
+the worker would compute queries its CPU worker had already answered 504.  A query whose deadline passed is answered 504
+without computing it, and one that cannot finish in time by the worker's online fit of its pass time
+(``dataplane.ServiceTime``) is shed at once with 503, so an overload never leaves a backlog of abandoned work in front
+of new queries.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ INLINE = 2**64 - 1  # a request whose arrays follow its header on the socket
 OK = 0
 # reply status i + 1; append only (a code's index is its status on the wire)
 ERROR_CODES = ("internal", "unavailable", "deadline", "data_loss", "invalid")
-# A large query is megabytes (hera-dlrm-a: 1.4 MB at 256 items): with asyncio's 64 KiB stream limit and the
-# default socket buffers it crossed the socket in dozens of wake-ups (+2 ms); these let it cross in a few.
+# A large query is megabytes: with asyncio's 64 KiB stream limit and the default socket buffers it crosses the
+# socket in dozens of wake-ups; these let it cross in a few.
 STREAM_LIMIT = 16 * 1024 * 1024
 SOCKET_BUFFER = 4 * 1024 * 1024
 
@@ -140,8 +140,8 @@ async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = 
 class Arena:
     """Shared staging memory of one CPU worker -> accelerator worker link (a memfd both map).
 
-    Why (issue #16): a 23 MB query (hera-dlrm-a, batch 4096) crossed the socket in ~25 ms of the two workers'
-    CPU (asyncio joins and buffers the frame, the reader re-assembles it), more than the GPU pass itself.  With
+    Why: a large query crossing the socket costs the two workers more CPU than the GPU pass itself (asyncio joins
+    and buffers the frame, the reader re-assembles it).  With
     the arena the CPU worker copies the arrays once and sends only their offset; the accelerator worker reads
     them in place, and on a GPU the arena is registered as pinned memory, so the host-to-device copy is DMA
     straight from it.  A slot stays taken until its reply arrives (the accelerator may still be reading it
@@ -372,11 +372,9 @@ class AcceleratorServer:
         return time.perf_counter() - self.pass_started if self.pass_started else 0.0
 
     async def _compute(self, arrays: list[tuple]) -> list[np.ndarray]:
-        """One pass, inline or (``pass_thread``) on a compute thread at the loop's priority: torch releases the
-        GIL while the device works, so the loop reads and answers meanwhile.  Off by default: on the H100 host
-        (hera-dlrm-a, one pinned core per accelerator worker, bench_accel.py --pass-thread, 2026-11-23) neither
-        setting was better beyond the run-to-run spread: 938-3,250 QPS on a thread, 938-2,500 inline, both
-        dominated by the links' opening under load that was fixed after those runs."""
+        """One pass, inline or (``pass_thread``) on a compute thread at the loop's priority: torch releases the GIL
+        while the device works, so the loop reads and answers meanwhile.  Off by default: on a GPU host neither setting
+        was better beyond the run-to-run spread (docs/decisions/2026-11-22-accelerator-workers-over-unix-sockets.md)."""
         if not self.pass_thread:
             return self.compute(arrays)
         if self._thread is None:
@@ -567,10 +565,9 @@ class AcceleratorClient:
         query this worker has outstanding there has already waited over half of the new query's time left.
 
         Why: the sojourn time of the head of the queue is the congestion signal (CoDel's), and it is known here
-        before the query is decoded (``WorkerPlane.early_refusal``).  Count and byte bounds alone let 256 queries
-        wait (~0.6 s at hera-dlrm-a's rate on the 2-core host against a 100 ms deadline): the CPU worker then spent
-        its core decoding queries it later answered 504 while replies waited unread (goodput 123 of ~450 QPS at
-        2x overload)."""
+        before the query is decoded (``WorkerPlane.early_refusal``).  Count and byte bounds alone let many times a
+        deadline's worth of work wait: the CPU worker then spent its core decoding queries it later answered 504
+        while replies waited unread."""
         if not self.links:
             return None
         now = time.perf_counter()

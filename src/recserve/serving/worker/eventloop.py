@@ -1,12 +1,10 @@
 """The event loop a serving worker runs: uvloop where it works on this host, asyncio's own otherwise.
 
-Why (issue #14): at batch 1 a worker spends about as much CPU around the model as in it, and asyncio's selector
-loop is a fixed share of that.  Measured on the 2-core host, a bare asyncio echo server over loopback TCP cost
-57-67 µs of CPU per request and a uvloop one 17 µs; a served null model (``bench_serving_overhead.py``) cost the
-worker ~20 µs less per query on uvloop.  uvloop is native code, so it is probed once per node in a child process
-(as io_uring is, ``embedding/uring.py``): a wheel that fails to import, or kills its process on this CPU, only means
-asyncio.  The node config's ``event_loop`` (``auto``, ``uvloop``, ``asyncio``) chooses; ``auto`` is uvloop when the
-probe passes.
+Why (docs/decisions/2026-11-28-uvloop.md): at batch 1 a worker spends about as much CPU around the model as in it, and
+asyncio's selector loop is a fixed share of that, several times uvloop's per request.  uvloop is native code, so it is
+probed once per node in a child process (as io_uring is, ``embedding/uring.py``): a wheel that fails to import, or kills
+its process on this CPU, only means asyncio.  The node config's ``event_loop`` (``auto``, ``uvloop``, ``asyncio``)
+chooses; ``auto`` is uvloop when the probe passes.
 
 The workers can run on either loop because a connection's descriptor is the worker's own and its transport holds
 a duplicate (``dataplane.Connection.sock``): uvloop closes a transport's descriptor before ``connection_lost``,

@@ -54,8 +54,8 @@ def _fail(call: GrpcCall, error: InferError) -> None:
 
 class Plan:
     """A request this worker has decoded, validated and answered, but for its tensors: what a request of the same
-    bytes (the raw input contents aside) needs, so that protobuf is not asked again (issue #14: tritonclient and
-    grpcio clients send the same names, datatypes and shapes on every call)."""
+    bytes (the raw input contents aside) needs, so that protobuf is not asked again (tritonclient and grpcio
+    clients send the same names, datatypes and shapes on every call)."""
 
     __slots__ = ("version", "inputs", "heads")
 
@@ -93,11 +93,11 @@ async def _requests(call: GrpcCall) -> AsyncIterator[memoryview]:
 
 
 class InOrder:
-    """A streaming call's answers, sent in request order as they become known, without a task: each message
-    arriving from the read is handed to ``answer`` with a callback that fills its slot, and the answered slots at
-    the head of the line are sent at once (a task, two queues and async generators per call cost a streamed query
-    ~0.05 ms of a worker's CPU more than a unary one).  After the half-close the call ends once every slot is
-    sent; a cancelled call cancels the answers still being fetched elsewhere (``answer``'s futures)."""
+    """A streaming call's answers, sent in request order as they become known, without a task: each message arriving
+    from the read is handed to ``answer`` with a callback that fills its slot, and the answered slots at the head of the
+    line are sent at once (a task, two queues and async generators per call cost a streamed query more of a worker's CPU
+    than a unary one; docs/decisions/2026-11-28-grpc-plan-key-and-streams.md).  After the half-close the call ends once
+    every slot is sent; a cancelled call cancels the answers still being fetched elsewhere (``answer``'s futures)."""
 
     __slots__ = ("call", "answer", "slots", "closed", "fetching")
 

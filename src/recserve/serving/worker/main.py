@@ -8,7 +8,7 @@ same physical copy of the embedding tables.
 Each worker also gets its own shared-memory I/O buffer (a shared uint8 tensor, passed once at
 start): large inputs and outputs are copied into it and only their (offset, dtype, shape) travel
 on the pipe, because pushing megabytes through a socketpair costs one context switch per socket
-buffer (~16 ms for 1.9 MB on a busy 2-core host, vs ~1 ms of memcpy).  The server writes the input
+buffer (an order of magnitude more than the memcpy on a busy host).  The server writes the input
 region only while the worker is idle and copies the output region out before the next item, so one
 buffer per worker is enough.
 
@@ -284,7 +284,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
             plane.exit_event.set()
 
     def run(payload: tuple) -> np.ndarray:
-        if torch.is_inference_mode_enabled():  # on the loop's thread (worker_main entered it): ~4 us a query saved
+        if torch.is_inference_mode_enabled():  # on the loop's thread (worker_main entered it): no mode switch per query
             return run_stage(model, "model", payload)
         with torch.inference_mode():  # thread-local: long passes run on the plane's compute thread
             return run_stage(model, "model", payload)
