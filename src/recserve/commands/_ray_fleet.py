@@ -1,4 +1,4 @@
-"""``recserve deploy ray --plan fleet.json``: a fleet plan's server groups on a Ray cluster (issue #49).
+"""``recserve deploy ray --plan fleet.json``: a fleet plan's server groups on a Ray cluster.
 
 Example (a two-node cluster on one host, the plan's server types this-host and sdm-hw-ss)::
 

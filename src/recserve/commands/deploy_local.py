@@ -1,4 +1,4 @@
-"""``recserve deploy local``: a fleet plan's servers as node servers on this host's cores (issue #49).
+"""``recserve deploy local``: a fleet plan's servers as node servers on this host's cores.
 
 Example::
 

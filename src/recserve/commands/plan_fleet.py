@@ -1,4 +1,4 @@
-"""``recserve plan fleet``: one plan for every model on the servers owned plus those rentable (issue #49).
+"""``recserve plan fleet``: one plan for every model on the servers owned plus those rentable.
 
 Example::
 

@@ -1,4 +1,4 @@
-"""``recserve verify``: a deployed fleet plan measured against its own prediction (issue #49).
+"""``recserve verify``: a deployed fleet plan measured against its own prediction.
 
 Example::
 

@@ -1,4 +1,4 @@
-"""Verify a deployed FleetPlan (issue #49): replay its traffic mix against the endpoints, measure each model's SLA
+"""Verify a deployed FleetPlan: replay its traffic mix against the endpoints, measure each model's SLA
 attainment, throughput and (optionally) max load, and set them beside what the plan predicted.
 
 What the plan predicts for a deployment: a model's capacity is the QPS its planned servers carry at its SLA.

@@ -1,4 +1,4 @@
-"""Kubernetes manifests for a FleetPlan (issue #49): ``recserve deploy k8s --plan fleet.json``.
+"""Kubernetes manifests for a FleetPlan: ``recserve deploy k8s --plan fleet.json``.
 
 Per planned server group (a Hercules-configured model, a Hera pair, an SDM-tiered model) one Deployment of node
 servers, one pod per planned server:

@@ -14,7 +14,7 @@
   floor (and scales a pair to zero when the plan switches it off).
 - **shard** (ElasticRec): the shard Deployments/Services/HPAs of :mod:`recserve.deploy.k8s`.
 - **tier** (SDM): a node server whose node config places the plan's SM tables on a persistent volume.
-- **fleet** (issue #49): per planned server group a Deployment with ``deploy local``'s node config, a Service per
+- **fleet**: per planned server group a Deployment with ``deploy local``'s node config, a Service per
   model (:mod:`recserve.deploy.k8s_fleet`).
 
 Pods run the image's ``recserve`` entry point (``serve --config``, ``route --pool``).

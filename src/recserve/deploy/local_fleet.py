@@ -1,4 +1,4 @@
-"""A FleetPlan on this host: one node server per planned server group, on partitioned cores (issue #49).
+"""A FleetPlan on this host: one node server per planned server group, on partitioned cores.
 
 Each group of identical servers (a Hercules-configured single model, a Hera pair, an SDM-tiered model) becomes one
 node config with the plan's models, its worker counts scaled to this host's cores (every model keeps at least one

@@ -1,5 +1,5 @@
 """A FleetPlan on Ray Serve: each planned server group a Ray Serve application on the Ray node(s) of its server
-type, each replica running the node server itself (issue #49).
+type, each replica running the node server itself.
 
 **Mapping.**  The groups become exactly the node configs ``recserve deploy local`` writes
 (:func:`~recserve.deploy.local_fleet.fleet_node_configs`: workers scaled to the cluster's CPUs, each model at least

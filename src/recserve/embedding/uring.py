@@ -2,11 +2,12 @@
 views of the mmapped submission and completion rings.
 
 Why our own and not a binding: the PyPI ``liburing`` wheel (2026.3.30) is compiled for an AVX-512 target, so
-``liburing.Ring()`` dies with SIGILL on x86-64 hosts without AVX-512 (issue #13) and takes the interpreter with
-it.  This module compiles nothing: there is no instruction set to assume, and a kernel that refuses io_uring
-(old kernel, seccomp, ``kernel.io_uring_disabled``) answers with an errno that we turn into "unavailable".  The
-submission queue is filled in one vectorised numpy assignment per batch, so a batch of N reads costs one
-``io_uring_enter`` plus O(1) Python, not N binding calls.
+``liburing.Ring()`` dies with SIGILL on x86-64 hosts without AVX-512
+(docs/decisions/2026-11-28-io-uring-without-a-binding.md) and takes the interpreter with it.  This module compiles
+nothing: there is no instruction set to assume, and a kernel that refuses io_uring (old kernel, seccomp,
+``kernel.io_uring_disabled``) answers with an errno that we turn into "unavailable".  The submission queue is filled in
+one vectorised numpy assignment per batch, so a batch of N reads costs one ``io_uring_enter`` plus O(1) Python, not N
+binding calls.
 
 Detection never runs io_uring in the calling process first: :func:`probe` sets up a ring and reads a file in a
 child process, once per process tree (the verdict travels to worker processes in an environment variable), so

@@ -1,4 +1,4 @@
-"""DeepRecSys' offload threshold, found by measurement on a live node (issue #16).
+"""DeepRecSys' offload threshold, found by measurement on a live node.
 
 A node whose model has accelerator workers sends queries of at least ``min_items`` items to them.  The best
 threshold depends on the model, the host and the query mix (on an H100 host hera-dlrm-a's best was 1, everything to

@@ -1,4 +1,4 @@
-"""One plan for the whole fleet (issue #49): the cheapest deployment of every model at its SLA on the servers
+"""One plan for the whole fleet: the cheapest deployment of every model at its SLA on the servers
 owned plus those rentable, decided jointly.
 
 The single planners each make one decision (``fleet_candidates``: Hercules' node configuration, SDM's tiering,

@@ -1,4 +1,4 @@
-"""The fleet spec: one file that states the user's whole question (issue #49).
+"""The fleet spec: one file that states the user's whole question.
 
     models:                                   # catalogue names or repository paths
       hercules-rmc1: {peak_qps: 4000}         # SLA defaults to the catalogue's

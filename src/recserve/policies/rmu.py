@@ -187,20 +187,18 @@ class HeraRMU(Controller):
     """Hera Alg. 3 with the profiled worker-scalability curve and (workers, ways) QPS lookup.
 
     One addition to the paper's algorithm: what a worker count was just seen to fail at corrects the profile.  A count
-    observed to violate the SLA at some arrival rate (and any smaller count) is not chosen again for that rate (or
-    more) during the next ``memory_windows`` decisions, and while that failure is remembered the whole curve is
-    scaled by (failed rate / profiled max load of that count), so no count is trusted with more than the observed
-    ratio lets it carry.  Why: the curve is profiled with the model alone, and a co-located node sustains less; live
-    on the 2-core host the RMU shrank hera-dlrm-b to the one worker its profile said covered 90% of its max load,
-    violated, grew to three, met the SLA with slack, shrank again, so it missed the SLA in 30% of windows where a
-    static split missed 25%; with the exclusion alone it still went back to one worker at 26 qps after three had
-    failed at 27.  A window in which the count grew (the decision before it) is not counted as that count failing:
-    the new workers were starting and the old backlog draining; a count shrunk to is judged on its first window
-    (nothing starts, and a failure there is what keeps the RMU from shrinking to it again at once: live on a slow
-    host, dlrm-b went 2 -> 1 -> 2 -> 1 -> 2 workers, one worker failing each time in the unjudged window).  A model
-    with slack is never given more workers, and one over its SLA fewer only to stop at the curve's knee.  Only a
-    model's own load teaches the memory: one missing its SLA well under its workers' profiled load, beside a
-    neighbour nearer its own that misses too, is left as it is (:meth:`_victims`)."""
+    observed to violate the SLA at some arrival rate (and any smaller count) is not chosen again for that rate (or more)
+    during the next ``memory_windows`` decisions, and while that failure is remembered the whole curve is scaled by
+    (failed rate / profiled max load of that count), so no count is trusted with more than the observed ratio lets it
+    carry.  Why: the curve is profiled with the model alone, and a co-located node sustains less; without the memory the
+    RMU oscillated between a count that failed and one with slack, and with the exclusion alone it went back to a count
+    just under the rate it had failed at (docs/decisions/2026-11-28-rmu-sees-client-failures.md).  A window in which the
+    count grew (the decision before it) is not counted as that count failing: the new workers were starting and the old
+    backlog draining; a count shrunk to is judged on its first window (nothing starts, and a failure there is what keeps
+    the RMU from shrinking to it again at once).  A model with slack is never given more workers, and one over its SLA
+    fewer only to stop at the curve's knee.  Only a model's own load teaches the memory: one missing its SLA well under
+    its workers' profiled load, beside a neighbour nearer its own that misses too, is left as it is
+    (:meth:`_victims`)."""
 
     name = "hera"
 
