@@ -219,10 +219,10 @@ class HeraRMU(Controller):
         """The fewest workers whose profiled max load (scaled by :meth:`derating`) covers ``traffic_qps``, among the
         counts not just seen to fail at this rate.  If none covers it, the fewest of those that reach all but
         ``MARGINAL`` of their best profiled max load (not simply ``limit``: a worker past the curve's knee adds no
-        capacity and takes a core — live on 2 cores, elasticrec-rm3, profiled 133 / 137 qps with 2 / 3 workers, held
-        107 qps with 2 and shed 30% of it with 3).  ``current`` is one of those even if it just failed: no count is
-        moved to unless its profile promises more (live, two rm3 workers failed at 111 qps, the flat curve past two
-        sent it to three, which shed 40%); if every count has just failed, ``current`` stays."""
+        capacity and takes a core).  ``current`` is one of those even if it just failed: no count is moved to unless its
+        profile promises more (a flat curve past the knee would otherwise send a failing model to a count that sheds
+        more); if every count has just failed, ``current`` stays
+        (docs/decisions/2026-11-28-rmu-sees-client-failures.md)."""
         covering = self._covering(model, traffic_qps, limit)
         return covering if covering is not None else self._knee(model, traffic_qps, limit, current)
 
@@ -252,8 +252,8 @@ class HeraRMU(Controller):
     def _failed_at(self, model: str, workers: int, traffic_qps: float) -> bool:
         """This many workers, or more, violated the SLA within the last ``memory_windows`` steps at a rate this one
         is not clearly below (fewer workers than a count that failed would fail too).  "Clearly" is the slack band's
-        ``low``: a rate read from one window is noisy, and live on a slow host dlrm-b went back to the one worker
-        that had failed at 11.3 qps as soon as a window read 10.3, and failed again."""
+        ``low``: a rate read from one window is noisy, and a count that failed would be chosen again as soon as one
+        window read a little less."""
         return any(n >= workers and traffic_qps >= self.low * rate for n, rate in self._recent_failures(model))
 
     def _recent_failures(self, model: str) -> list[tuple[int, float]]:
@@ -280,10 +280,9 @@ class HeraRMU(Controller):
         neighbour that runs nearer its own profile is over its SLA too: when co-located models miss together, the
         one further under its profile is starved by the other (cores, cache, memory bandwidth, the host's front
         end) and waits.  A victim keeps its workers and its miss is not remembered against its count; more workers
-        of its own would only take more of the node from the model that needs it (live on 2 cores: dlrm-b missing
-        its SLA at 5 qps, one worker profiled at 28, beside rm3's spike, was given a second worker on rm3's core
-        and both lost windows).  Plain rates, not urgency x rate: a window with a failed query reads as infinite
-        slack (urgency 4), which made a starved dlrm-b at 6 qps look loaded past its one worker's 22.9."""
+        of its own would only take more of the node from the model that needs it.  Plain rates, not urgency x rate:
+        a window with a failed query reads as infinite slack (urgency 4), which would make a starved model look
+        loaded past its workers' profile (docs/decisions/2026-11-28-rmu-sees-client-failures.md)."""
         use = {m: s.arrival_qps / max(self.capacity[m].max_qps(control.get_workers(m)), 1e-9)
                for m, s in stats.items()}
         over = {m for m in stats if slack[m] > self.high}
@@ -313,10 +312,10 @@ class HeraRMU(Controller):
             limit = max(1, control.total_cores() - (len(models) - 1)) if others else control.total_cores()
             covering = self._covering(m, traffic, limit)
             want = covering if covering is not None else self._knee(m, traffic, limit, current)
-            if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it; live,
-                want = min(want, current)  # dlrm-b at 4 qps went 1 -> 2 -> 1 -> 2 beside a spike)
-            elif covering is not None:  # over the SLA: fewer only as the curve's knee (live, dlrm-b violating with
-                want = max(want, current)  # two workers went back to one: its rate fell just under one's failure)
+            if slack < self.low:  # slack left: only ever fewer workers (a remembered failure must not grow it)
+                want = min(want, current)
+            elif covering is not None:  # over the SLA: fewer only as the curve's knee (a rate just under a smaller
+                want = max(want, current)  # count's failure must not send the model back to it)
             free = control.total_cores() - others
             if want > free:  # take cores back from over-provisioned neighbours (their slack is large)
                 self._reclaim(control, m, want - free, window, slacks)

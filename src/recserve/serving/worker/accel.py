@@ -628,8 +628,8 @@ class AcceleratorClient:
 
     def _refuse(self, link: Link, request_id: int, why: str) -> None:
         """503 at once: the accelerator worker is behind by a full arena or socket, so this query would wait
-        behind at least that much work (before this, the CPU worker queued frames in memory without bound and
-        spent its core copying them while its own clients waited)."""
+        behind at least that much work; queueing frames in memory without bound would spend the CPU worker's core
+        copying them while its own clients wait."""
         self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: the accelerator "
                                                                  f"worker is overloaded ({why}); retry later"))
 
