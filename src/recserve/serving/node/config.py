@@ -54,7 +54,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, InstanceOf, StrictBool, field_validator, model_validator
+from pydantic import Field, InstanceOf, StrictBool, field_validator, model_validator
 
 from recserve.errors import SpecError
 from recserve.schema import Schema, integer, number

@@ -3,7 +3,8 @@
 Every field of every control request is checked here (pydantic models, ``recserve/schema.py``) before anything
 changes on the node: an unknown key, a value the runtime would store and then fail on (``{"threads": true}``), a
 size beyond what this host can run, or a query parameter that would reach numpy as NaN is
-``InferError("invalid", "<field>: ...", field)``, an HTTP 400 naming the field.  The runtime keeps its own checks; these add the bounds it cannot know about.
+``InferError("invalid", "<field>: ...", field)``, an HTTP 400 naming the field.  The runtime keeps its own
+checks; these add the bounds it cannot know about.
 
 Access: the control API resizes workers and reassigns cores, so on anything but a loopback address it
 requires a bearer token (``Authorization: Bearer <token>``); a server bound elsewhere without one refuses
