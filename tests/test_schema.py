@@ -47,7 +47,7 @@ def test_an_unknown_key_anywhere_in_a_node_config_is_named(config, pattern):
      r"node\.yaml: models\[0\]\.accelerator\.device: must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"),
     ({"grpc_limits": {"pings": [5, "2"]}, "models": [MODEL]},
      r"node\.yaml: grpc_limits\.pings\[1\]: must be a number, got '2'"),
-    ({"read_timeout_s": float("nan"), "models": [MODEL]}, r"node\.yaml: read_timeout_s: must be > 0, got nan"),
+    ({"read_timeout_s": float("nan"), "models": [MODEL]}, r"node\.yaml: read_timeout_s: must be a finite number, got nan"),
     ({"models": {"hercules-rmc1": {"scale": 1e-4, "mode": "split"}}},
      r"node\.yaml: models\[0\]\.mode: must be 'model' or 'pipeline', got 'split'"),
     (["models"], r"node\.yaml: must be a mapping, got \['models'\]"),
@@ -83,7 +83,7 @@ def test_repository_settings_refuse_unknown_keys_and_name_wrong_types(tmp_path):
             ("workers: 1\nversion_policy: {latest: {num: 2}}\n",
              r".*/m/config\.yaml: version_policy\.latest\.num: unknown field \(did you mean 'num_versions'\?\).*"),
             ("accelerator: {device: cpu, staging: 1}\n", r".*config\.yaml: accelerator\.staging: unknown field .*"),
-            ("max_query_size: big\n", r".*config\.yaml: max_batch_size: must be an integer, got 'big'"),
+            ("max_query_size: big\n", r".*config\.yaml: max_query_size: must be an integer, got 'big'"),
             ("version_policy: {specific: {versions: [1, x]}}\n",
              r".*config\.yaml: version_policy\.specific\.versions\[1\]: must be an integer, got 'x'"),
             ("version_policy: {}\n", r".*config\.yaml: version_policy: must be one of \{latest: .*")):

@@ -21,7 +21,7 @@ from recserve.errors import SpecError
 BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 KINDS = {"int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
          "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
-         "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
+         "bool_parsing": "true or false", "finite_number": "a finite number", "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
          "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
          "dataclass_type": "a mapping", "none_required": "null"}
 
@@ -32,8 +32,8 @@ def integer(ge: int | None = None, le: int | None = None) -> Any:
 
 
 def number(gt: float | None = None, ge: float | None = None, lt: float | None = None, le: float | None = None) -> Any:
-    """A strict number (an integer counts, ``true`` and ``"5"`` do not) within the bounds (NaN is outside any)."""
-    return Annotated[StrictFloat, Field(gt=gt, ge=ge, lt=lt, le=le)]
+    """A strict finite number (an integer counts; ``true``, ``"5"``, NaN and infinities do not) within the bounds."""
+    return Annotated[StrictFloat, Field(gt=gt, ge=ge, lt=lt, le=le, allow_inf_nan=False)]
 
 
 def field_path(loc: tuple[Any, ...]) -> str:
@@ -91,18 +91,18 @@ def allowed_keys(schema: Any) -> list[str]:
 def describe(error: dict[str, Any], schema: Any = None) -> str:
     """One pydantic error as the message part of the line: ``must be >= 1, got 0``, ``unknown field; ...``."""
     kind, ctx = error["type"], error.get("ctx") or {}
-    if kind == "extra_forbidden":
-        allowed = allowed_keys(_schema_at(schema, error["loc"][:-1]))
-        close = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):  # the latter: a dataclass's
+        allowed, key = allowed_keys(_schema_at(schema, error["loc"][:-1])), str(error["loc"][-1])
+        close = difflib.get_close_matches(key, allowed, n=1) or [a for a in allowed if a.startswith(key)][:1]
         return "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "") + (
             f"; allowed: {allowed}" if allowed else "")
-    if kind == "missing":
+    if kind in ("missing", "missing_argument"):
         return "required"
     if kind in ("value_error", "assertion_error"):
         return str(ctx.get("error", error["msg"]))
     if kind in BOUNDS:
         bound = next(iter(ctx.values()))
-        wanted = f"{BOUNDS[kind]} {bound:g}" if isinstance(bound, float) else f"{BOUNDS[kind]} {bound}"
+        wanted = f"{BOUNDS[kind]} {int(bound) if float(bound).is_integer() else bound}"
     elif kind in KINDS:
         wanted = KINDS[kind]
     elif kind == "too_short":

@@ -70,6 +70,7 @@ def _jsonable(value: Any) -> Any:
 class Plan:
     """Base of every plan.  Subclasses add their decision fields and override ``table``."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")  # plan files: unknown keys refused (nested dataclasses too)
     kind: ClassVar[str] = "plan"
     planner: str
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -140,7 +141,7 @@ def plan_kind(kind: Any, where: str) -> type[Plan]:
 @functools.cache
 def _reader(cls: type[Plan]) -> TypeAdapter:
     """Validates a plan file's fields into ``cls``, nested dataclasses included; unknown keys refused."""
-    return TypeAdapter(cls, config=ConfigDict(extra="forbid"))
+    return TypeAdapter(cls)
 
 
 # ----------------------------------------------------------------- co-location (Hera)
