@@ -96,7 +96,9 @@ class PolicyFile(Schema):
 
 
 def parse_policy(data: Any, where: str) -> VersionPolicy:
-    return VersionPolicy() if data is None else PolicyFile.parse(data, f"{where}: version_policy").policy()
+    """A config.yaml's ``version_policy`` (None: the newest version)."""
+    found = ModelFile.parse({"version_policy": data}, where).version_policy
+    return found.policy() if found is not None else VersionPolicy()
 
 
 class ModelFile(ServingSettings):
