@@ -20,10 +20,10 @@ from recserve.errors import SpecError
 
 BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 KINDS = {"int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
-         "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
-         "bool_parsing": "true or false", "finite_number": "a finite number", "string_type": "a string", "list_type": "a list", "tuple_type": "a list",
-         "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
-         "dataclass_type": "a mapping", "none_required": "null"}
+         "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+         "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
+         "list_type": "a list", "tuple_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+         "model_attributes_type": "a mapping", "dataclass_type": "a mapping", "none_required": "null"}
 
 
 def integer(ge: int | None = None, le: int | None = None) -> Any:
@@ -129,7 +129,7 @@ class Schema(BaseModel):
     """Base of the config models: unknown keys refused; a bad value raises ``error`` (SpecError) as one line
     whether the model is built from a file (:meth:`parse`) or in code (``NodeConfig(models=...)``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: the CLI starts faster
     error: ClassVar[type[Exception]] = SpecError
 
     def __init__(self, /, **data: Any) -> None:

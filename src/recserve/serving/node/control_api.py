@@ -46,7 +46,7 @@ class Body(BaseModel):
     """A control request's JSON body: unknown keys refused (a typo such as ``worker`` would otherwise be a silent
     no-op); the bounds this node knows (its cores, the model's max_batch_size) come in the validation context."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     @classmethod
     def read(cls, body: Any, **bounds: Any) -> Any:
