@@ -153,7 +153,8 @@ def test_a_repository_model_takes_the_same_accelerator_section(tmp_path):
 
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "config.yaml").write_text("workers: 1\naccelerator: {device: cpu, min_items: 64}\n")
-    assert Repository(tmp_path).settings("m").serving["accelerator"] == {"device": "cpu", "min_items": 64}
+    accelerator = Repository(tmp_path).settings("m").serving["accelerator"]
+    assert (accelerator.device, accelerator.min_items, accelerator.workers) == ("cpu", 64, 1)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA")

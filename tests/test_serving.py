@@ -547,5 +547,5 @@ def test_example_configs_load_and_reject_typos(tmp_path):
     with pytest.raises(SpecError, match="mode"):
         load_config(bad)
     bad.write_text(yaml.safe_dump({"models": [{"model": dlrm_names()[0], "fuse_tables": "yes"}]}))
-    with pytest.raises(SpecError, match="fuse_tables must be true or false"):
+    with pytest.raises(SpecError, match=r"bad.yaml: models\[0\].fuse_tables: must be true or false, got 'yes'"):
         load_config(bad)

@@ -10,17 +10,20 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, StrictFloat, StrictInt
 
 from recserve.errors import RecserveError, SpecError
 from recserve.measure.plot import pyplot
 from recserve.planners.plan import Plan
 from recserve.profiles import ProfileSet
+from recserve.schema import Schema
 from recserve.specs import ModelSpec, ServerType, get_model, get_server, read_yaml
 
 # ---------------------------------------------------------------- argument and file-value validators
 # One set of bounds checks for every command's numbers: argparse types (``type=number(...)``) turn a bad
-# value into exit 2 with "argument --x: must be ..."; ``checked`` does the same for values read from files.
+# value into exit 2 with "argument --x: must be ..."; files are read by schemas (``TrafficFile`` below).
 
 
 def _bounds_text(low: float | None, high: float | None, low_open: bool, high_open: bool, integer: bool) -> str:
@@ -82,19 +85,6 @@ open_fraction = number(0, 1, low_open=True, high_open=True)
 growth = number(1, 1e6, low_open=True)
 hour = number(0, 24, high_open=True)
 """Seeds (numpy's range), TCP ports (0 = any free one), tail percentiles, tolerances, multipliers, hours of a day."""
-
-
-def checked(value: Any, where: str, low: float | None = None, high: float | None = None, *,
-            low_open: bool = False, high_open: bool = False, integer: bool = False) -> Any:
-    """``value`` from a file, or SpecError naming where it came from (the file-side twin of :func:`number`).
-    Numeric strings count as numbers: YAML 1.1 reads ``1e5`` (no dot) as a string."""
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            value = int(value) if integer else float(value)
-    problem = _complaint(value, low, high, low_open, high_open, integer)
-    if problem:
-        raise SpecError(f"{where}: must be {problem}, got {value!r}")
-    return value
 
 
 def int_list(text: str) -> list[int]:
@@ -166,26 +156,65 @@ def prices(text: str | None, what: str = "price") -> dict[str, float]:
     return out
 
 
-def read_traffic(path: str | Path) -> dict[str, Any]:
-    """A YAML or JSON traffic file (both parse as YAML)."""
+def _yaml_number(value: Any) -> Any:
+    """A numeric string as its number: YAML 1.1 reads ``1e5`` (no dot) as a string."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    return value
+
+
+def _yaml_integer(value: Any) -> Any:
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    return value
+
+
+def file_number(**bounds: float) -> Any:
+    """A finite number from a file within ``bounds`` (``ge``, ``le``...); numeric strings count."""
+    return Annotated[StrictFloat, BeforeValidator(_yaml_number), Field(allow_inf_nan=False, **bounds)]
+
+
+def file_integer(**bounds: int) -> Any:
+    return Annotated[StrictInt, BeforeValidator(_yaml_integer), Field(**bounds)]
+
+
+class Trace(Schema):
+    """``trace:``: each model's QPS per step, and optionally the hour of each step (default: spread over 24 h)."""
+
+    hours: list[file_number()] | None = None
+    loads: dict[str, list[file_number(ge=0)]] = Field(min_length=1)
+
+
+class TrafficFile(Schema):
+    """A traffic file (YAML or JSON): ``plan colocate``'s targets ``models: {model: qps}`` (a file of only
+    ``model: qps`` lines is read as ``models``), ``plan provision``'s day: ``available: {type: count}`` and
+    ``peak_qps: {model: qps}`` (a diurnal trace of ``steps`` steps, valleys at ``trough_ratio``) or ``trace``."""
+
+    models: dict[str, file_number(ge=0)] | None = None
+    available: dict[str, file_integer(ge=0)] | None = None
+    peak_qps: dict[str, file_number(ge=0)] | None = None
+    trace: Trace | None = None
+    steps: file_integer(ge=1) = 48
+    trough_ratio: file_number(ge=0, le=1) = 0.5
+
+
+def read_traffic(path: str | Path) -> TrafficFile:
+    """A YAML or JSON traffic file (both parse as YAML), checked."""
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a traffic file is a mapping (model: qps, or models/peak_qps/trace/available)")
-    return data
+    if not set(data) & set(TrafficFile.model_fields):
+        data = {"models": data}
+    return TrafficFile.parse(data, str(path))
 
 
-def static_targets(data: dict[str, Any], where: str) -> dict[str, float]:
-    """``{model: qps}`` or ``{models: {model: qps}}``."""
-    raw = data.get("models", data)
-    if not isinstance(raw, dict):
-        raise SpecError(f"{where}: 'models' must map model name to target QPS")
-    try:
-        targets = {str(m): float(q) for m, q in raw.items()}
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{where}: every target QPS must be a number ({exc})") from exc
-    for m, q in targets.items():
-        checked(q, f"{where}: target QPS of {m}", 0)
-    return targets
+def static_targets(traffic: TrafficFile, where: str) -> dict[str, float]:
+    """``{model: qps}`` of a traffic file's ``models``."""
+    if traffic.models is None:
+        raise SpecError(f"{where}: give the targets as 'models: {{model: qps}}' (or only 'model: qps' lines)")
+    return dict(traffic.models)
 
 
 def resolve_specs(models: list[str], servers: list[str]) -> tuple[list[ModelSpec], list[ServerType]]:

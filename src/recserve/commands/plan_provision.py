@@ -23,8 +23,8 @@ import argparse
 import numpy as np
 
 from recserve.commands._plan_common import (
+    TrafficFile,
     add_output_args,
-    checked,
     count,
     counts,
     emit,
@@ -43,41 +43,27 @@ from recserve.planners.hercules.provision import STEP_TIME_LIMIT_S, diurnal_trac
 from recserve.planners.plan import ProvisionPlan
 
 
-def day_loads(data: dict, where: str, steps: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Hours and per-workload loads from a traffic mapping (peak_qps for a diurnal trace, or trace)."""
-    if "trace" in data:
-        trace = data["trace"]
-        if not isinstance(trace, dict) or "loads" not in trace:
-            raise SpecError(f"{where}: 'trace' needs 'loads: {{model: [qps per step]}}' (and optional 'hours')")
-        if not isinstance(trace["loads"], dict) or not trace["loads"]:
-            raise SpecError(f"{where}: trace.loads must map each model to its QPS per step")
-        loads = {str(m): np.asarray([checked(q, f"{where}: trace.loads.{m}", 0) for q in _series(v, where, m)],
-                                    dtype=float) for m, v in trace["loads"].items()}
+def day_loads(traffic: TrafficFile, where: str, steps: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Hours and per-workload loads from a traffic file (peak_qps for a diurnal trace, or trace)."""
+    if traffic.trace is not None:
+        loads = {m: np.asarray(v, dtype=float) for m, v in traffic.trace.loads.items()}
         lengths = {len(v) for v in loads.values()}
         if len(lengths) != 1:
             raise SpecError(f"{where}: every trace series needs the same number of steps")
         n = lengths.pop()
         if n == 0 or not any(v.any() for v in loads.values()):
             raise SpecError(f"{where}: trace.loads holds no load above 0: nothing to provision")
-        hours = np.asarray(trace.get("hours", np.arange(n) * 24.0 / n), dtype=float)
-        if hours.shape != (n,) or not np.isfinite(hours).all():
+        hours = np.asarray(traffic.trace.hours if traffic.trace.hours is not None else np.arange(n) * 24.0 / n,
+                           dtype=float)
+        if hours.shape != (n,):
             raise SpecError(f"{where}: trace.hours must be {n} finite numbers, one per step")
         return hours, loads
-    peaks = data.get("peak_qps")
-    if not isinstance(peaks, dict) or not peaks:
+    if not traffic.peak_qps:
         raise SpecError(f"{where}: give 'peak_qps: {{model: qps}}' or 'trace: {{loads: ...}}'")
-    n = steps if steps is not None else checked(data.get("steps", 48), f"{where}: steps", 1, integer=True)
-    peak_qps = {str(m): checked(q, f"{where}: peak_qps.{m}", 0) for m, q in peaks.items()}
-    if not any(peak_qps.values()):
+    if not any(traffic.peak_qps.values()):
         raise SpecError(f"{where}: every peak_qps is 0: nothing to provision")
-    trough = checked(data.get("trough_ratio", 0.5), f"{where}: trough_ratio", 0, 1)
-    return diurnal_trace({m: float(q) for m, q in peak_qps.items()}, steps=n, trough_ratio=float(trough))
-
-
-def _series(values: object, where: str, model: object) -> list:
-    if not isinstance(values, list):
-        raise SpecError(f"{where}: trace.loads.{model} must be a list of QPS, one per step")
-    return values
+    return diurnal_trace(dict(traffic.peak_qps), steps=steps if steps is not None else traffic.steps,
+                         trough_ratio=traffic.trough_ratio)
 
 
 def alpha_arg(text: str) -> float | str:
@@ -101,15 +87,11 @@ def over_provision_rate(arg: str | float, loads: dict) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    data = read_traffic(args.traffic)
-    from_file = data.get("available") or {}
-    if not isinstance(from_file, dict):
-        raise SpecError(f"{args.traffic}: available must map server type to a count")
-    available = counts(args.available, "available") or {
-        str(k): checked(v, f"{args.traffic}: available.{k}", 0, integer=True) for k, v in from_file.items()}
+    traffic = read_traffic(args.traffic)
+    available = counts(args.available, "available") or dict(traffic.available or {})
     if not available:
         raise SpecError("give the cluster: --available NAME=COUNT,... or 'available:' in the traffic file")
-    hours, loads = day_loads(data, args.traffic, args.steps)
+    hours, loads = day_loads(traffic, args.traffic, args.steps)
     profiles = profiles_for(args, list(loads), list(available))
     alpha = over_provision_rate(args.alpha, loads)
     plan = plan_provision(profiles, available, loads, hours, alpha=alpha, seed=args.seed, progress=progress,

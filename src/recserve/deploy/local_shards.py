@@ -49,7 +49,7 @@ def plan_from_json(path: str | Path) -> ShardPlan:
     try:
         plan = Plan.load(path)
     except RecserveError as exc:
-        raise RecserveError(f"{path}: not a `recserve plan shard --json` file: {exc}") from exc
+        raise RecserveError(f"not a `recserve plan shard --json` file: {exc}") from exc
     if not isinstance(plan, ShardPlan):
         raise RecserveError(f"{path}: not a `recserve plan shard --json` file (a {plan.kind!r} plan)")
     return plan

@@ -62,13 +62,6 @@ class FleetPlan(Plan):
     within_budget: bool = True
     steps: list[dict[str, Any]] = field(default_factory=list)   # per trace step: servers kept, rented, $/hr
 
-    @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        groups = [FleetGroup(**g) for g in fields.pop("groups", [])]
-        own = {"planner", "inputs", "summary", "baselines", "notes", "types", "models", "feasible", "within_budget",
-               "steps"}
-        return cls(groups=groups, **{k: v for k, v in fields.items() if k in own})
-
     @property
     def cost_per_hr(self) -> float:
         return float(self.summary.get("cost_per_hr", 0.0))

@@ -3,23 +3,31 @@
 Every planner returns a :class:`Plan` subclass.  A plan records its inputs (targets, budget, where
 the profiles came from), its decision, and the same decision made by the baselines it is compared
 with, so one JSON file is enough to reproduce a comparison.  ``Plan.load`` rebuilds the right
-subclass from the ``kind`` field; other planners register their own subclasses with
+subclass from the ``kind`` field (pydantic validates the file against the dataclasses: unknown keys and wrong
+types are one-line errors naming the field); other planners register their own subclasses with
 :func:`register_plan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
 from recserve.errors import RecserveError
 from recserve.jsonio import read_json
+from recserve.schema import error_line
 
 PLAN_VERSION = 1
 _PLAN_KINDS: dict[str, type[Plan]] = {}
+PLAN_MODULES = ("recserve.planners.sdm", "recserve.planners.fleet")
+"""Where the plan kinds outside this module are registered (imported when a file names a kind not yet known)."""
 
 
 def register_plan(cls: type[Plan]) -> type[Plan]:
@@ -62,6 +70,7 @@ def _jsonable(value: Any) -> Any:
 class Plan:
     """Base of every plan.  Subclasses add their decision fields and override ``table``."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")  # plan files: unknown keys refused (nested dataclasses too)
     kind: ClassVar[str] = "plan"
     planner: str
     inputs: dict[str, Any] = field(default_factory=dict)
@@ -96,20 +105,43 @@ class Plan:
         return format_table(["policy", *keys], rows)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
+    def from_dict(cls, data: dict[str, Any], where: str = "plan") -> Plan:
         if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
-            raise RecserveError(f"not a recserve plan of version {PLAN_VERSION}")
-        target = _PLAN_KINDS.get(data.get("kind", ""), cls)
-        return target._from_fields({k: v for k, v in data.items() if k not in ("version", "kind")})
+            raise RecserveError(f"{where}: not a recserve plan of version {PLAN_VERSION}")
+        target = plan_kind(data.get("kind"), where) if "kind" in data else cls
+        fields = target._without_derived({k: v for k, v in data.items() if k not in ("version", "kind")})
+        try:
+            return _reader(target).validate_python(fields)
+        except ValidationError as exc:
+            raise RecserveError(error_line(exc, where, target)) from None
 
     @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in fields.items() if k in names})
+    def _without_derived(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        """The file's fields less those ``to_dict`` derives from the others (written for readers, not read back)."""
+        return fields
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        return cls.from_dict(read_json(path, RecserveError, "plan file"))
+        return cls.from_dict(read_json(path, RecserveError, "plan file"), str(path))
+
+
+register_plan(Plan)
+
+
+def plan_kind(kind: Any, where: str) -> type[Plan]:
+    """The Plan subclass of a file's ``kind``."""
+    if kind not in _PLAN_KINDS:
+        for module in PLAN_MODULES:
+            importlib.import_module(module)
+    if kind not in _PLAN_KINDS:
+        raise RecserveError(f"{where}: kind: unknown plan kind {kind!r}; known: {sorted(_PLAN_KINDS)}")
+    return _PLAN_KINDS[kind]
+
+
+@functools.cache
+def _reader(cls: type[Plan]) -> TypeAdapter:
+    """Validates a plan file's fields into ``cls``, nested dataclasses included; unknown keys refused."""
+    return TypeAdapter(cls)
 
 
 # ----------------------------------------------------------------- co-location (Hera)
@@ -154,10 +186,11 @@ class ColocationPlan(Plan):
     servers: list[ServerPlan] = field(default_factory=list)
 
     @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        servers = [ServerPlan(s["server"], [Placement(**p) for p in s["placements"]])
-                   for s in fields.pop("servers", [])]
-        return cls(servers=servers, **{k: v for k, v in fields.items() if k in _BASE_FIELDS})
+    def _without_derived(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        servers = fields.get("servers")
+        if isinstance(servers, list):
+            servers = [{k: v for k, v in s.items() if k != "emu"} if isinstance(s, dict) else s for s in servers]
+        return {**fields, "servers": servers} if servers is not None else fields
 
     def to_dict(self) -> dict[str, Any]:
         data = super().to_dict()
@@ -209,12 +242,6 @@ class ProvisionPlan(Plan):
     steps: list[ProvisionStep] = field(default_factory=list)
     baseline_steps: dict[str, list[ProvisionStep]] = field(default_factory=dict)
 
-    @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        steps = [ProvisionStep(**s) for s in fields.pop("steps", [])]
-        base = {k: [ProvisionStep(**s) for s in v] for k, v in fields.pop("baseline_steps", {}).items()}
-        return cls(steps=steps, baseline_steps=base, **{k: v for k, v in fields.items() if k in _BASE_FIELDS})
-
     def table(self) -> str:
         names = [self.planner, *self.baseline_steps]
         series = [self.steps, *self.baseline_steps.values()]
@@ -258,11 +285,6 @@ class PoolChoice:
 class PoolPlan(Plan):
     kind: ClassVar[str] = "pool"
     pools: list[PoolChoice] = field(default_factory=list)
-
-    @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        pools = [PoolChoice(**p) for p in fields.pop("pools", [])]
-        return cls(pools=pools, **{k: v for k, v in fields.items() if k in _BASE_FIELDS})
 
     def table(self) -> str:
         rows = []
@@ -329,11 +351,8 @@ class ShardPlan(Plan):
         return {**super().to_dict(), "memory_bytes": self.memory_bytes, "saving_vs_modelwise": self.saving}
 
     @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        names = {f.name for f in dataclasses.fields(TableShards)}
-        tables = [TableShards(**{k: v for k, v in t.items() if k in names}) for t in fields.pop("tables", [])]
-        own = {f.name for f in dataclasses.fields(cls)}
-        return cls(tables=tables, **{k: v for k, v in fields.items() if k in own})
+    def _without_derived(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in fields.items() if k not in ("memory_bytes", "saving_vs_modelwise")}
 
     def table(self) -> str:
         return self.table_text()
@@ -350,5 +369,3 @@ class ShardPlan(Plan):
                      f"{self.saving:.2f}x less memory")
         return "\n".join(lines)
 
-
-_BASE_FIELDS = {"planner", "inputs", "summary", "baselines", "notes"}

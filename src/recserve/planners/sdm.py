@@ -61,12 +61,6 @@ class TierPlan(Plan):
     kind: ClassVar[str] = "tier"
     tables: list[TablePlacement] = field(default_factory=list)
 
-    @classmethod
-    def _from_fields(cls, fields: dict[str, Any]) -> Plan:
-        tables = [TablePlacement(**t) for t in fields.pop("tables", [])]
-        base = {k: v for k, v in fields.items() if k in ("planner", "inputs", "summary", "baselines", "notes")}
-        return cls(tables=tables, **base)
-
     def table(self) -> str:
         groups: dict[tuple, list[TablePlacement]] = {}
         for t in self.tables:

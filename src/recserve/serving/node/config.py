@@ -43,26 +43,30 @@ A node config is YAML::
           pass_thread: false # true: passes on a thread, queries read and answered during one (no faster measured)
     repository: /srv/models  # optional: a model repository (serving/node/repository.py) loaded beside `models`
 
-Everything is validated here so that a typo fails at load time with one clear message.
+Everything is validated here (pydantic models, ``recserve/schema.py``: unknown keys and wrong types refused) so
+that a typo fails at load time with one line ``where: field: message``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, InstanceOf, StrictBool, field_validator, model_validator
 
 from recserve.errors import SpecError
+from recserve.schema import Schema, integer, number
 from recserve.serving.transport.h2limits import FloodLimits, Rate
 from recserve.serving.wire.codec import MAX_JSON_BYTES
 from recserve.serving.worker.eventloop import EVENT_LOOPS
 from recserve.specs import ModelSpec, get_model, read_yaml
 
 MODES = ("model", "pipeline")
+FRONT_ENDS = ("workers", "server")
 DEADLINE_SLA_FACTOR = 2.0
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 def default_deadline_ms(sla_target_ms: float) -> float:
@@ -99,47 +103,10 @@ def expand_cores(cores: Any, workers: int, threads: int, where: str) -> list[lis
     return sets
 
 
-@dataclass
-class AcceleratorConfig:
-    """A model's accelerator workers (``serving/worker/accel.py``): where they compute and which queries they take."""
-
-    device: str = "cuda"
-    workers: int = 1
-    threads: int = 1
-    min_items: int = 256
-    fuse_items: int = 4096
-    fuse_delay_us: int = 0
-    staging_mb: int = 128  # shared memory per CPU worker -> accelerator worker link (0: queries cross the socket)
-    cores: Any = None  # pinned like a model's workers (``expand_cores``); None = the server's affinity
-    device_table_mb: float | None = None  # device memory for cached embedding rows (None: whole tables there)
-    pass_thread: bool = False  # passes on a thread: the worker reads and answers during one (see accel._compute)
-
-    def check(self, where: str) -> None:
-        where = f"{where} accelerator"
-        for key, low in (("workers", 1), ("threads", 1), ("min_items", 1), ("fuse_items", 1), ("fuse_delay_us", 0),
-                         ("staging_mb", 0)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 10**9:
-                raise SpecError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
-        check_device(self.device, f"{where}: device")
-        if not isinstance(self.pass_thread, bool):
-            raise SpecError(f"{where}: pass_thread must be true or false, got {self.pass_thread!r}")
-        budget = self.device_table_mb
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int | float)
-                                   or not 0 <= budget <= 2**40):
-            raise SpecError(f"{where}: device_table_mb must be a number of MiB >= 0 (or null: whole tables on the "
-                            f"device), got {budget!r}")
-        self.core_sets(where)  # validate early
-
-    def core_sets(self, where: str = "accelerator") -> list[list[int]]:
-        """One core set per accelerator worker (empty: inherit the server's affinity)."""
-        return expand_cores(self.cores, self.workers, self.threads, f"{where} cores")
-
-
 def check_device(device: Any, where: str) -> None:
     """``cpu``, ``cuda`` or ``cuda:N`` that this host can use; a CUDA device on a host without one is refused here,
     not in a worker that would die at start."""
-    if not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+    if not isinstance(device, str) or not DEVICE.fullmatch(device):
         raise SpecError(f"{where} must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if device == "cpu":
         return
@@ -162,40 +129,83 @@ def served_name(model: str) -> str:
     return parts[-2] if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
 
 
-@dataclass
-class ModelConfig:
+class AcceleratorConfig(Schema):
+    """A model's accelerator workers (``serving/worker/accel.py``): where they compute and which queries they take."""
+
+    device: str = "cuda"
+    workers: integer(1, 10**9) = 1
+    threads: integer(1, 10**9) = 1
+    min_items: integer(1, 10**9) = 256
+    fuse_items: integer(1, 10**9) = 4096
+    fuse_delay_us: integer(0, 10**9) = 0
+    staging_mb: integer(0, 10**9) = 128  # shared memory per CPU worker -> accelerator worker link (0: the socket)
+    cores: Any = None  # pinned like a model's workers (``expand_cores``); None = the server's affinity
+    device_table_mb: number(ge=0, le=2**40) | None = None  # device memory for cached rows (None: whole tables)
+    pass_thread: StrictBool = False  # passes on a thread: the worker reads and answers during one (accel._compute)
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, device: str) -> str:
+        if not DEVICE.fullmatch(device):
+            raise ValueError(f"must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        return device
+
+    def check(self, where: str) -> None:
+        """What needs this host: the device and the cores (after the model's own rules, which say more)."""
+        where = f"{where} accelerator"
+        check_device(self.device, f"{where}: device")
+        self.core_sets(where)
+
+    def core_sets(self, where: str = "accelerator") -> list[list[int]]:
+        """One core set per accelerator worker (empty: inherit the server's affinity)."""
+        return expand_cores(self.cores, self.workers, self.threads, f"{where} cores")
+
+
+class ServingSettings(Schema):
+    """How a model is executed: the fields a node config's model entry and a repository's config.yaml share."""
+
+    workers: integer(1) = 1  # model mode: whole-model workers; pipeline mode: dense workers
+    cores: Any = None  # checked by expand_cores, which knows the worker count and this host's cores
+    threads: integer(1) = 1
+    sub_batch: integer(0) = 0
+    mode: Literal[MODES] = "model"
+    sparse_workers: integer(1) = 1
+    sparse_cores: Any = None
+    share_tables: StrictBool = True
+    fuse_tables: StrictBool = True
+    max_batch_size: integer(1) = 1024
+    queue_limit: integer(1) = 64
+    llc_ways: integer(1) | None = None
+    deadline_ms: number(gt=0, lt=1e7) | None = None  # None: default_deadline_ms of the model's SLA
+    fuse_items: integer(0) = 256
+    hang_timeout_s: number(gt=0, lt=1e7) = 10.0
+    forward_to_idle: StrictBool = True  # a busy worker sends a query to a less loaded sibling (one channel uses all)
+    accelerator: AcceleratorConfig | None = None  # None = CPU workers only
+
+
+class ModelConfig(ServingSettings):
     """How one model is served on this node."""
 
     model: str
     name: str = ""
-    scale: float = 1e-3
-    workers: int = 1
-    cores: Any = None
-    threads: int = 1
-    sub_batch: int = 0
-    mode: str = "model"
-    sparse_workers: int = 1
-    sparse_cores: Any = None
-    share_tables: bool = True
-    fuse_tables: bool = True
-    max_batch_size: int = 1024
-    queue_limit: int = 64
-    seed: int = 0
-    llc_ways: int | None = None
+    scale: float = Field(1e-3, gt=0, le=1)  # lax: YAML 1.1 reads 1e-3 (no dot) as a string
+    seed: integer() = 0
     table_backend: str = "dram"
-    options: dict[str, Any] = field(default_factory=dict)
-    deadline_ms: float | None = None
-    fuse_items: int = 256
-    hang_timeout_s: float = 10.0
-    forward_to_idle: bool = True  # a busy worker sends a query to a less loaded sibling (one gRPC channel uses all)
+    options: dict[str, Any] | None = Field(default_factory=dict)
     # Repository models (serving/node/repository.py): the artifact file of one version and the spec describing it.
     # A catalogue model has neither and is served as version 1 with random weights at ``scale``.
     artifact: str = ""
-    version: int = 1
-    spec: ModelSpec | None = None
-    accelerator: Any = None  # an AcceleratorConfig (or its mapping, from YAML); None = CPU workers only
+    version: integer() = 1
+    spec: InstanceOf[ModelSpec] | None = None
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def where_of(cls, data: dict[str, Any]) -> str:
+        return f"model {data.get('name') or served_name(str(data.get('model', '')))!r}"
+
+    @model_validator(mode="after")
+    def _resolve(self) -> ModelConfig:
+        """The rules across fields: the served name, a repository path's artifact, the spec (naming the known
+        models if unknown), the deadline's default, the accelerator's needs, and the cores on this host."""
         self.name = self.name or served_name(self.model)
         where = f"model {self.name!r}"
         if self.spec is None and not self.artifact and "/" in self.model and Path(self.model).is_dir():
@@ -205,43 +215,20 @@ class ModelConfig:
             self._check_split(where)
         if self.deadline_ms is None:
             self.deadline_ms = default_deadline_ms(spec.sla.target_ms)
-        for key, low in (("deadline_ms", 0.0), ("hang_timeout_s", 0.0)):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not low < value < 1e7:
-                raise SpecError(f"{where}: {key} must be a number > {low:g}, got {value!r}")
-        for key in ("share_tables", "fuse_tables", "forward_to_idle"):
-            if not isinstance(getattr(self, key), bool):
-                raise SpecError(f"{where}: {key} must be true or false, got {getattr(self, key)!r}")
-        if isinstance(self.fuse_items, bool) or not isinstance(self.fuse_items, int) or self.fuse_items < 0:
-            raise SpecError(f"{where}: fuse_items must be an integer >= 0, got {self.fuse_items!r}")
-        if self.mode not in MODES:
-            raise SpecError(f"{where}: mode must be one of {MODES}, got {self.mode!r}")
-        for key in ("workers", "threads", "max_batch_size", "queue_limit", "sparse_workers"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpecError(f"{where}: {key} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.sub_batch, int) or self.sub_batch < 0:
-            raise SpecError(f"{where}: sub_batch must be an integer >= 0, got {self.sub_batch!r}")
-        if not 0 < float(self.scale) <= 1:
-            raise SpecError(f"{where}: scale must be in (0, 1], got {self.scale}")
-        self.scale = float(self.scale)
         self._check_accelerator(where)
         self.worker_cores()  # validate early
         if self.mode == "pipeline":
             self.sparse_worker_cores()
+        return self
 
     def _check_accelerator(self, where: str) -> None:
         if self.accelerator is None:
             return
-        if isinstance(self.accelerator, dict):
-            self.accelerator = _build(AcceleratorConfig, self.accelerator, f"{where} accelerator")
-        if not isinstance(self.accelerator, AcceleratorConfig):
-            raise SpecError(f"{where}: accelerator must be a mapping, got {type(self.accelerator).__name__}")
         if self.mode != "model":
             raise SpecError(f"{where}: accelerator needs mode: model (whole queries), got mode: {self.mode}")
         host_tables = self._host_tables()
         device = self.accelerator.device
-        if host_tables and isinstance(device, str) and device.startswith("cuda"):
+        if host_tables and device.startswith("cuda"):
             raise SpecError(f"{where}: accelerator device {device!r} cannot serve {host_tables} (its tables are "
                             "read on the host); use device: cpu or DRAM tables")
         self.accelerator.check(where)
@@ -306,31 +293,48 @@ class ModelConfig:
                 "dense": (self.workers, self.worker_cores())}
 
 
-FRONT_ENDS = ("workers", "server")
+Burst = tuple[number(gt=0), number(gt=0)]
+Window = integer(65_535, 2**31 - 1)
 
 
-@dataclass
-class NodeConfig:
-    models: list[ModelConfig]
+class GrpcLimits(Schema):
+    """The node config's ``grpc_limits``: HTTP/2 frames that carry no request, per connection
+    (serving/transport/h2limits.py); rates as ``[burst, per_s]``, an absent key keeps FloodLimits' default."""
+
+    pings: Burst | None = None
+    settings: Burst | None = None
+    resets: Burst | None = None
+    server_resets: Burst | None = None
+    empty_data: integer(0) | None = None
+    continuations: integer(0) | None = None
+    stream_window: Window | None = None
+    connection_window: Window | None = None
+
+    def flood_limits(self) -> FloodLimits:
+        given = {k: getattr(self, k) for k in self.model_fields_set if getattr(self, k) is not None}
+        return FloodLimits(**{k: Rate(*v) if isinstance(v, tuple) else v for k, v in given.items()})
+
+
+class NodeConfig(Schema):
+    models: list[ModelConfig] = Field(default_factory=list)
     host: str = "127.0.0.1"
-    http_port: int = 0
-    grpc_port: int = 0
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_json_bytes: int = MAX_JSON_BYTES  # the JSON part of an infer request; tensors beyond go binary
-    read_timeout_s: float = 30.0  # a request must arrive whole within this, else 408 and close (slow clients)
-    keep_alive_timeout_s: float = 300.0  # a connection with no request in progress this long is closed
-    max_connections: int = 4096  # per worker and protocol; past it HTTP answers 503, gRPC GOAWAY, and close
-    # HTTP/2 frames that carry no request, per connection (serving/transport/h2limits.py): None = its defaults;
-    # {pings: [burst, per_s], settings: [...], resets: [...], server_resets: [...], empty_data: N, continuations: N}
-    grpc_limits: Any = None
-    drain_timeout_s: float = 30.0
+    http_port: integer(0, 65535) = 0
+    grpc_port: integer(0, 65535) = 0
+    max_body_bytes: integer(1) = 64 * 1024 * 1024
+    max_json_bytes: integer(1) = MAX_JSON_BYTES  # the JSON part of an infer request; tensors beyond go binary
+    read_timeout_s: number(gt=0, lt=1e6) = 30.0  # a request must arrive whole within this, else 408 and close
+    keep_alive_timeout_s: number(gt=0, lt=1e6) = 300.0  # a connection with no request in progress this long closes
+    max_connections: integer(1) = 4096  # per worker and protocol; past it HTTP answers 503, gRPC GOAWAY, and close
+    # HTTP/2 frames that carry no request, per connection: given as GrpcLimits, held as FloodLimits
+    grpc_limits: GrpcLimits | None = None
+    drain_timeout_s: number(ge=0) = 30.0
     server_name: str = "recserve"
     # "workers": whole-query models' workers accept and answer HTTP queries themselves (data plane v2);
     # "server": one front-end process decodes every query and ships it to the workers (the v1 layout).
-    front_end: str = "workers"
+    front_end: Literal[FRONT_ENDS] = "workers"
     # the workers' event loop: "auto" (uvloop where its probe passes, else asyncio), "uvloop", "asyncio"
     # (serving/worker/eventloop.py); a worker asked for uvloop where it cannot run uses asyncio and the node says why
-    event_loop: str = "auto"
+    event_loop: Literal[EVENT_LOOPS] = "auto"
     # bearer token the control API requires; needed when host is not loopback (see serving/node/control_api.py)
     control_token: str | None = None
     # PEM files; with them HTTP and gRPC speak TLS and the node uses front_end: server (see serving/node/tls.py)
@@ -339,22 +343,33 @@ class NodeConfig:
     # A model repository (serving/node/repository.py) whose models are loaded at start, beside ``models``.
     repository: str | None = None
 
-    def __post_init__(self) -> None:
+    @classmethod
+    def where_of(cls, data: dict[str, Any]) -> str:
+        return "node config"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _models_by_name(cls, data: Any) -> Any:
+        """``models`` may also map served names to entries: ``{rmc1: {scale: 1e-3}}``."""
+        if isinstance(data, dict) and isinstance(data.get("models"), dict):
+            data = {**data, "models": [{"name": k, "model": k, **(v or {})} if isinstance(v, dict | None) else v
+                                       for k, v in data["models"].items()]}
+        return data
+
+    @field_validator("grpc_limits", mode="before")
+    @classmethod
+    def _limits_given(cls, value: Any) -> Any:
+        """FloodLimits (set in code) as the mapping a config file gives."""
+        if isinstance(value, FloodLimits):
+            return {k: [v.burst, v.per_s] if isinstance(v, Rate) else v for k, v in vars(value).items()}
+        return value
+
+    @model_validator(mode="after")
+    def _across_fields(self) -> NodeConfig:
         if not self.models and not self.repository:
             raise SpecError("node config: needs at least one model or a repository")
-        for key in ("max_body_bytes", "max_json_bytes", "max_connections"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SpecError(f"node config: {key} must be an integer number of bytes >= 1, got {value!r}")
-        for key in ("read_timeout_s", "keep_alive_timeout_s"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e6:
-                raise SpecError(f"node config: {key} must be a number of seconds > 0, got {value!r}")
-        if self.front_end not in FRONT_ENDS:
-            raise SpecError(f"node config: front_end must be one of {FRONT_ENDS}, got {self.front_end!r}")
-        if self.event_loop not in EVENT_LOOPS:
-            raise SpecError(f"node config: event_loop must be one of {EVENT_LOOPS}, got {self.event_loop!r}")
-        self.grpc_limits = flood_limits(self.grpc_limits)
+        if not isinstance(self.grpc_limits, FloodLimits):
+            self.grpc_limits = (self.grpc_limits or GrpcLimits()).flood_limits()
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SpecError("node config: tls_cert and tls_key go together (PEM certificate chain and its key)")
         if self.tls_cert:
@@ -367,6 +382,7 @@ class NodeConfig:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise SpecError(f"node config: served model names must be unique, repeated: {dupes}")
+        return self
 
     def model(self, name: str) -> ModelConfig:
         for m in self.models:
@@ -375,60 +391,15 @@ class NodeConfig:
         raise KeyError(name)
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise SpecError(f"{where}: expected a mapping, got {type(data).__name__}")
-    allowed = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise SpecError(f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
-    try:
-        return cls(**data)
-    except TypeError as exc:
-        raise SpecError(f"{where}: {exc}") from exc
-
-
 def flood_limits(given: Any) -> FloodLimits:
     """The node config's ``grpc_limits`` as ``FloodLimits``: rates as ``[burst, per_s]``, counts as integers."""
     if given is None or isinstance(given, FloodLimits):
         return given or FloodLimits()
-    where = "node config: grpc_limits"
-    if not isinstance(given, dict):
-        raise SpecError(f"{where} must be a mapping, got {given!r}")
-    fields = {f.name: f for f in dataclasses.fields(FloodLimits)}
-    values: dict[str, Any] = {}
-    for key, value in given.items():
-        if key not in fields:
-            raise SpecError(f"{where}.{key}: unknown; expected one of {sorted(fields)}")
-        if isinstance(getattr(FloodLimits(), key), Rate):
-            if not (isinstance(value, list | tuple) and len(value) == 2
-                    and all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in value)):
-                raise SpecError(f"{where}.{key}: must be [burst, per_s], two numbers > 0, got {value!r}")
-            values[key] = Rate(float(value[0]), float(value[1]))
-        elif key.endswith("_window"):
-            if isinstance(value, bool) or not isinstance(value, int) or not 65_535 <= value <= 2**31 - 1:
-                raise SpecError(f"{where}.{key}: must be an integer of bytes in [65535, 2^31-1], got {value!r}")
-            values[key] = value
-        else:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SpecError(f"{where}.{key}: must be an integer >= 0, got {value!r}")
-            values[key] = value
-    return FloodLimits(**values)
+    return GrpcLimits.parse(given, "node config: grpc_limits").flood_limits()
 
 
 def config_from_dict(data: Any, where: str = "node config") -> NodeConfig:
-    if not isinstance(data, dict):
-        raise SpecError(f"{where}: expected a mapping")
-    data = dict(data)
-    raw_models = data.pop("models", None)
-    if raw_models is None and data.get("repository"):
-        raw_models = []
-    elif isinstance(raw_models, dict):  # allow {served_name: {...}}
-        raw_models = [{"name": k, **({"model": k} | (v or {}))} for k, v in raw_models.items()]
-    if not isinstance(raw_models, list) or (not raw_models and not data.get("repository")):
-        raise SpecError(f"{where}: 'models' must be a non-empty list")
-    models = [_build(ModelConfig, m, f"{where} models[{i}]") for i, m in enumerate(raw_models)]
-    return _build(NodeConfig, {**data, "models": models}, where)
+    return NodeConfig.parse(data, where)
 
 
 def load_config(path: str | Path) -> NodeConfig:

@@ -1,9 +1,10 @@
 """The control API's request schema and access rule, kept apart from the HTTP routing that calls them.
 
-Every field of every control request is checked here before anything changes on the node: a value the
-runtime would store and then fail on (``{"threads": true}``), a size beyond what this host can run, or a
-query parameter that would reach numpy as NaN is ``InferError("invalid", "<field>: ...", field)``, an
-HTTP 400 naming the field.  The runtime keeps its own checks; these add the bounds it cannot know about.
+Every field of every control request is checked here (pydantic models, ``recserve/schema.py``) before anything
+changes on the node: an unknown key, a value the runtime would store and then fail on (``{"threads": true}``), a
+size beyond what this host can run, or a query parameter that would reach numpy as NaN is
+``InferError("invalid", "<field>: ...", field)``, an HTTP 400 naming the field.  The runtime keeps its own
+checks; these add the bounds it cannot know about.
 
 Access: the control API resizes workers and reassigns cores, so on anything but a loopback address it
 requires a bearer token (``Authorization: Bearer <token>``); a server bound elsewhere without one refuses
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator
 
 from recserve.errors import SpecError
+from recserve.schema import describe, field_path
 from recserve.serving.node.config import available_cores
 from recserve.serving.node.metrics import HISTORY_S
 from recserve.serving.wire.errors import InferError
@@ -34,36 +36,58 @@ def invalid(field: str, message: str) -> InferError:
     return InferError("invalid", f"{field}: {message}", field)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _bounded_int(body: dict[str, Any], field: str, low: int, high: int) -> int:
-    value = body[field]
-    if not _is_int(value) or not low <= value <= high:
-        raise invalid(field, f"must be an integer in [{low}, {high}], got {value!r}")
+def _within(value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise ValueError(f"must be an integer in [{low}, {high}], got {value!r}")
     return value
 
 
-def _only(body: dict[str, Any], allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
-    """Unknown keys are refused (a typo such as ``worker`` would otherwise be a silent no-op)."""
-    for key in body:
-        if key not in allowed:
-            raise invalid(str(key), f"unknown field; this request takes {list(allowed)}")
-    for key in required:
-        if body.get(key) is None:
-            raise invalid(key, "required")
+class Body(BaseModel):
+    """A control request's JSON body: unknown keys refused (a typo such as ``worker`` would otherwise be a silent
+    no-op); the bounds this node knows (its cores, the model's max_batch_size) come in the validation context."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
+
+    @classmethod
+    def read(cls, body: Any, **bounds: Any) -> Any:
+        try:
+            return cls.model_validate(body, context=bounds)
+        except ValidationError as exc:
+            error = exc.errors(include_url=False)[0]
+            field = field_path(error["loc"][:1]) or "body"
+            raise invalid(field, describe(error, cls)) from None
 
 
-# ---------------------------------------------------------------- request bodies
+CoreIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
+CoreSets = CoreIds | Annotated[list[CoreIds], Field(min_length=1)]
+"""A flat list of core ids or a list of non-empty core-id lists (whether this host has them: the runtime's check)."""
 
 
-@dataclass(frozen=True)
-class WorkersRequest:
-    workers: int
-    cores: Any
-    threads: int | None
-    stage: str | None
+class WorkersRequest(Body):
+    """``POST /control/models/{m}/workers``: ``{"workers": n, "cores"?, "threads"?, "stage"?}``."""
+
+    workers: StrictInt
+    cores: CoreSets | None = None
+    threads: StrictInt | None = None
+    stage: str | None = None
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, value: int, info: ValidationInfo) -> int:
+        return _within(value, 1, info.context["max_workers"])
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: int | None, info: ValidationInfo) -> int | None:
+        return None if value is None else _within(value, 1, info.context["max_threads"])
+
+    @field_validator("stage")
+    @classmethod
+    def _stage(cls, value: str | None, info: ValidationInfo) -> str | None:
+        stages = info.context["stages"]
+        if value is not None and value not in stages:
+            raise ValueError(f"must be one of {stages} or null, got {value!r}")
+        return value
 
 
 def worker_limits() -> tuple[int, int]:
@@ -72,69 +96,69 @@ def worker_limits() -> tuple[int, int]:
     return min(MAX_WORKERS, MAX_WORKERS_PER_CORE * cores), cores
 
 
-def _cores(value: Any) -> Any:
-    """``null``, a flat list of core ids, or a list of non-empty core-id lists (ids checked by the runtime)."""
-    if value is None:
-        return None
-    if isinstance(value, list) and value:
-        if all(_is_int(c) and c >= 0 for c in value):
-            return value
-        if all(isinstance(s, list) and s and all(_is_int(c) and c >= 0 for c in s) for s in value):
-            return value
-    raise invalid("cores", f"must be null, a list of core ids or a list of core-id lists, got {value!r}")
-
-
-def workers_request(body: dict[str, Any], stages: list[str]) -> WorkersRequest:
-    """``POST /control/models/{m}/workers``: ``{"workers": n, "cores"?, "threads"?, "stage"?}``."""
-    _only(body, ("workers", "cores", "threads", "stage"), required=("workers",))
+def workers_request(body: Any, stages: list[str]) -> WorkersRequest:
+    """The workers body checked against this host's limits and the model's stages (core ids: by the runtime)."""
     max_workers, max_threads = worker_limits()
-    workers = _bounded_int(body, "workers", 1, max_workers)
-    threads = None if body.get("threads") is None else _bounded_int(body, "threads", 1, max_threads)
-    stage = body.get("stage")
-    if stage is not None and stage not in stages:
-        raise invalid("stage", f"must be one of {stages} or null, got {stage!r}")
-    return WorkersRequest(workers, _cores(body.get("cores")), threads, stage)
+    return WorkersRequest.read(body, max_workers=max_workers, max_threads=max_threads, stages=stages)
 
 
-def sub_batch_request(body: dict[str, Any], max_batch_size: int) -> int:
+class SubBatchRequest(Body):
     """``POST /control/models/{m}/sub_batch``: ``{"sub_batch": k}``, 0 (never split) to max_batch_size."""
-    _only(body, ("sub_batch",), required=("sub_batch",))
-    return _bounded_int(body, "sub_batch", 0, max_batch_size)
+
+    sub_batch: StrictInt
+
+    @field_validator("sub_batch")
+    @classmethod
+    def _bounded(cls, value: int, info: ValidationInfo) -> int:
+        return _within(value, 0, info.context["max_batch_size"])
 
 
-def accelerator_request(body: dict[str, Any], max_batch_size: int) -> int:
+class AcceleratorRequest(Body):
     """``POST /control/models/{m}/accelerator``: ``{"min_items": k}``, 1 to max_batch_size + 1 (= none offloaded)."""
-    _only(body, ("min_items",), required=("min_items",))
-    return _bounded_int(body, "min_items", 1, max_batch_size + 1)
+
+    min_items: StrictInt
+
+    @field_validator("min_items")
+    @classmethod
+    def _bounded(cls, value: int, info: ValidationInfo) -> int:
+        return _within(value, 1, info.context["max_batch_size"] + 1)
 
 
-def llc_request(body: dict[str, Any]) -> int:
+class LlcRequest(Body):
     """``POST /control/models/{m}/llc``: ``{"ways": w}`` (the allocator checks w against the cache)."""
-    _only(body, ("ways",), required=("ways",))
-    return _bounded_int(body, "ways", 1, 64)
+
+    ways: StrictInt
+
+    @field_validator("ways")
+    @classmethod
+    def _bounded(cls, value: int) -> int:
+        return _within(value, 1, 64)
 
 
-def _query_number(query: Any, field: str, default: float, low: float, high: float, low_open: bool) -> float:
-    text = query.get(field)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
-        raise invalid(field, f"must be a number in {'(' if low_open else '['}{low:g}, {high:g}], got {text!r}")
-    return value
+def sub_batch_request(body: Any, max_batch_size: int) -> int:
+    return SubBatchRequest.read(body, max_batch_size=max_batch_size).sub_batch
+
+
+def accelerator_request(body: Any, max_batch_size: int) -> int:
+    return AcceleratorRequest.read(body, max_batch_size=max_batch_size).min_items
+
+
+def llc_request(body: Any) -> int:
+    return LlcRequest.read(body).ways
+
+
+class WindowQuery(Body):
+    """``GET /control/models/{m}/window?seconds=&percentile=``: seconds in (0, HISTORY_S], percentile in (0, 100]
+    (query strings, read as finite numbers)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    seconds: float = Field(10.0, gt=0, le=HISTORY_S)
+    percentile: float | None = Field(None, gt=0, le=100)
 
 
 def window_query(query: Any, default_percentile: float) -> tuple[float, float]:
-    """``GET /control/models/{m}/window?seconds=&percentile=``: seconds in (0, HISTORY_S], percentile in (0, 100]."""
-    for key in query:
-        if key not in ("seconds", "percentile"):
-            raise invalid(str(key), "unknown query parameter; this request takes ['seconds', 'percentile']")
-    seconds = _query_number(query, "seconds", 10.0, 0.0, HISTORY_S, low_open=True)
-    percentile = _query_number(query, "percentile", default_percentile, 0.0, 100.0, low_open=True)
-    return seconds, percentile
+    window = WindowQuery.read(dict(query))
+    return window.seconds, default_percentile if window.percentile is None else window.percentile
 
 
 # ---------------------------------------------------------------- access

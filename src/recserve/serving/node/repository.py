@@ -27,21 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import AliasChoices, Field, model_validator
+
 from recserve.errors import SpecError
-from recserve.serving.node.config import ModelConfig
+from recserve.schema import Schema, integer
+from recserve.serving.node.config import ModelConfig, ServingSettings
 from recserve.specs import SLA, ModelSpec, _build, add_model_source, read_yaml
 
 CONFIG_FILE = "config.yaml"
-# config.yaml key -> ModelConfig field (the node config's names, plus Triton's max_query_size spelling)
-SERVING_KEYS = {"workers": "workers", "cores": "cores", "threads": "threads", "sub_batch": "sub_batch",
-                "mode": "mode", "sparse_workers": "sparse_workers", "sparse_cores": "sparse_cores",
-                "queue_limit": "queue_limit", "max_query_size": "max_batch_size",
-                "max_batch_size": "max_batch_size", "llc_ways": "llc_ways", "share_tables": "share_tables",
-                "fuse_tables": "fuse_tables", "forward_to_idle": "forward_to_idle",
-                "deadline_ms": "deadline_ms", "fuse_items": "fuse_items", "hang_timeout_s": "hang_timeout_s",
-                "accelerator": "accelerator"}
 DEFAULT_SLA = {"target_ms": 100.0}  # when neither config.yaml nor the spec gives one
-OTHER_KEYS = {"sla", "tiering", "version_policy", "name"}
+SERVING_FIELDS = frozenset(ServingSettings.model_fields)
 
 
 @dataclass(frozen=True)
@@ -61,27 +56,60 @@ class VersionPolicy:
         return available[-self.num_versions:]
 
 
-def parse_policy(data: Any, where: str) -> VersionPolicy:
-    if data is None:
-        return VersionPolicy()
-    if not isinstance(data, dict) or len(data) != 1:
-        raise SpecError(f"{where}: version_policy must be one of {{latest: {{num_versions: N}}}}, {{all: {{}}}}, "
-                        f"{{specific: {{versions: [..]}}}}, got {data!r}")
-    kind, body = next(iter(data.items()))
-    body = body or {}
-    if kind == "all":
+class LatestVersions(Schema):
+    num_versions: integer(1) = 1
+
+
+class AllVersions(Schema):
+    pass
+
+
+class SpecificVersions(Schema):
+    versions: list[integer()] = Field(min_length=1)
+
+
+class PolicyFile(Schema):
+    """``version_policy``: exactly one of ``{latest: {num_versions: N}}``, ``{all: {}}``, ``{specific: {versions:
+    [..]}}`` (an empty body may be null)."""
+
+    latest: LatestVersions | None = None
+    all: AllVersions | None = None
+    specific: SpecificVersions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_empty(cls, data: Any) -> Any:
+        return {k: {} if v is None else v for k, v in data.items()} if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PolicyFile:
+        if len(self.model_fields_set) != 1:
+            raise ValueError("must be one of {latest: {num_versions: N}}, {all: {}}, {specific: {versions: [..]}}")
+        return self
+
+    def policy(self) -> VersionPolicy:
+        if self.specific is not None:
+            return VersionPolicy("specific", versions=tuple(self.specific.versions))
+        if self.latest is not None:
+            return VersionPolicy("latest", self.latest.num_versions)
         return VersionPolicy("all")
-    if kind == "latest":
-        n = body.get("num_versions", 1)
-        if not isinstance(n, int) or n < 1:
-            raise SpecError(f"{where}: version_policy.latest.num_versions must be an integer >= 1, got {n!r}")
-        return VersionPolicy("latest", n)
-    if kind == "specific":
-        versions = body.get("versions")
-        if not isinstance(versions, list) or not versions or not all(isinstance(v, int) for v in versions):
-            raise SpecError(f"{where}: version_policy.specific.versions must be a list of integers")
-        return VersionPolicy("specific", versions=tuple(versions))
-    raise SpecError(f"{where}: version_policy kind must be latest, all or specific, got {kind!r}")
+
+
+def parse_policy(data: Any, where: str) -> VersionPolicy:
+    """A config.yaml's ``version_policy`` (None: the newest version)."""
+    found = ModelFile.parse({"version_policy": data}, where).version_policy
+    return found.policy() if found is not None else VersionPolicy()
+
+
+class ModelFile(ServingSettings):
+    """A repository model's config.yaml: a node config's serving fields (Triton's ``max_query_size`` spelling too),
+    its SLA, SDM tiering and version policy."""
+
+    max_batch_size: integer(1) = Field(1024, validation_alias=AliasChoices("max_batch_size", "max_query_size"))
+    name: str | None = None
+    sla: dict[str, Any] | None = None  # config.yaml's SLA wins over the spec's
+    tiering: dict[str, Any] | None = None  # the node config's tier: section (safetensors artifacts only)
+    version_policy: PolicyFile | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +117,8 @@ class ModelSettings:
     """One repository model's config.yaml, parsed."""
 
     name: str
-    serving: dict[str, Any]
-    sla: dict[str, Any] | None  # config.yaml's SLA wins over the spec's
+    serving: dict[str, Any]  # the ModelConfig fields config.yaml sets
+    sla: dict[str, Any] | None
     tiering: dict[str, Any] | None
     policy: VersionPolicy
 
@@ -127,26 +155,14 @@ class Repository:
         return self._version_dirs(self.model_dir(name))
 
     def settings(self, name: str) -> ModelSettings:
-        model_dir = self.model_dir(name)
-        path = model_dir / CONFIG_FILE
-        data = read_yaml(path) if path.exists() else {}
-        data = data or {}
-        where = str(path)
-        if not isinstance(data, dict):
-            raise SpecError(f"{where}: expected a mapping")
-        unknown = sorted(set(data) - set(SERVING_KEYS) - OTHER_KEYS)
-        if unknown:
-            raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(set(SERVING_KEYS) | OTHER_KEYS)}")
-        if data.get("name", name) != name:
-            raise SpecError(f"{where}: name {data['name']!r} differs from the directory name {name!r}")
-        serving = {SERVING_KEYS[k]: v for k, v in data.items() if k in SERVING_KEYS}
-        sla = data.get("sla")
-        if sla is not None and not isinstance(sla, dict):
-            raise SpecError(f"{where}: sla must be a mapping like {{target_ms: 20, percentile: 95}}")
-        tiering = data.get("tiering")
-        if tiering is not None and not isinstance(tiering, dict):
-            raise SpecError(f"{where}: tiering must be a mapping (the node config's tier: section)")
-        return ModelSettings(name, serving, sla, tiering, parse_policy(data.get("version_policy"), where))
+        path = self.model_dir(name) / CONFIG_FILE
+        data = (read_yaml(path) if path.exists() else None) or {}
+        found = ModelFile.parse(data, str(path))
+        if found.name not in (None, name):
+            raise SpecError(f"{path}: name {found.name!r} differs from the directory name {name!r}")
+        serving = {k: getattr(found, k) for k in found.model_fields_set & SERVING_FIELDS}
+        policy = found.version_policy.policy() if found.version_policy is not None else VersionPolicy()
+        return ModelSettings(name, serving, found.sla, found.tiering, policy)
 
     def selected_versions(self, name: str) -> list[int]:
         available = self.versions(name)
@@ -182,13 +198,8 @@ class Repository:
         settings = self.settings(name)
         spec, artifact = self.spec(name, version)
         options = {"tier": settings.tiering} if settings.tiering else {}
-        fields = {f.name for f in dataclasses.fields(ModelConfig)}
-        extra = {k: v for k, v in settings.serving.items() if k in fields}
-        try:
-            return ModelConfig(model=name, name=name, scale=1.0, artifact=str(artifact), version=version, spec=spec,
-                               options=options, **extra)
-        except TypeError as exc:
-            raise SpecError(f"{self.model_dir(name) / CONFIG_FILE}: {exc}") from exc
+        return ModelConfig(model=name, name=name, scale=1.0, artifact=str(artifact), version=version, spec=spec,
+                           options=options, **settings.serving)
 
 
 def is_reference(name: str) -> bool:
