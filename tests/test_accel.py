@@ -22,8 +22,6 @@ import pytest
 import torch
 import tritonclient.http as thttp
 
-from nodes import generous
-from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.wire.errors import InferError
@@ -43,7 +41,9 @@ from recserve.serving.worker.accel import (
     request_frame,
 )
 from recserve.zoo import sample_batch
-from scrape import metric_value, scrape
+from tests.support.nodes import generous
+from tests.support.oip_inputs import grpc_inputs, http_inputs
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

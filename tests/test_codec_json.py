@@ -300,10 +300,10 @@ def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worke
     back to back, are all answered by the same worker (the supervisor never took it for gone)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from nodes import node_config
     from recserve.serving import NodeServer, build_worker_model
     from recserve.serving.node.control_client import ControlClient
     from recserve.zoo import sample_batch
+    from tests.support.nodes import node_config
 
     config = node_config("elasticrec-rm1", scale=1e-4, workers=1)
     config.max_body_bytes = 16 * 1024 * 1024

@@ -18,7 +18,7 @@ from recserve.workload.indices import ZipfSampler
 from recserve.zoo import build, device_cache, sample_batch
 from recserve.zoo.device_cache import CachedModel, DeviceTableCache
 from recserve.zoo.fused import FusedModel
-from scrape import metric_value, scrape
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -179,7 +179,7 @@ def test_device_table_mb_is_validated_naming_the_field():
 
 
 def test_an_accelerator_worker_with_a_table_budget_serves_a_node_end_to_end():
-    from test_accel import ACCEL, MODEL, accel_state, accel_state_after, expected, infer_many
+    from tests.test_accel import ACCEL, MODEL, accel_state, accel_state_after, expected, infer_many
 
     config = config_from_dict({"models": [{**MODEL, "accelerator": {**ACCEL, "device_table_mb": 0.004,
                                                                      "fuse_delay_us": 0}}]})

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import tritonclient.http as thttp
 
-from nodes import node_config
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, quick_config
 from recserve.serving.node.config import config_from_dict
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.worker import eventloop
 from recserve.zoo import sample_batch
+from tests.support.nodes import node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

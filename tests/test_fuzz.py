@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from nodes import node_config
 from recserve.serving import NodeServer, build_worker_model
 from recserve.serving.wire import codec
 from recserve.zoo import sample_batch
+from tests.support.nodes import node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

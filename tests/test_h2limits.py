@@ -8,13 +8,13 @@ import urllib.request
 
 import pytest
 
-from h2_transport import Transport
-from oip_inputs import grpc_inputs
 from recserve.serving.transport.h2frames import ENHANCE_YOUR_CALM, PREFACE
 from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.transport.h2grpc import GrpcConnection, Method
 from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, Rate
-from scrape import metric_value, scrape
+from tests.support.h2_transport import Transport
+from tests.support.oip_inputs import grpc_inputs
+from tests.support.scrape import metric_value, scrape
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -126,9 +126,9 @@ def test_the_budgets_are_the_connections_own_setting():
 def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_the_node_serves_on():
     import tritonclient.grpc as tgrpc
 
-    from nodes import node_config
     from recserve.serving import NodeServer, build_worker_model
     from recserve.zoo import sample_batch
+    from tests.support.nodes import node_config
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     with NodeServer(config) as server:
@@ -366,8 +366,8 @@ def test_free_memory_goes_back_to_the_system_on_glibc():
 def test_a_worker_returns_what_a_clients_incomplete_requests_took_once_the_client_leaves():
     import json
 
-    from nodes import node_config
     from recserve.serving import NodeServer
+    from tests.support.nodes import node_config
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     with NodeServer(config) as server:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from recserve.serving.transport.http1 import MAX_HEAD_BYTES, HeadError, HeadReader, read_head
-from scrape import metric_value, scrape
+from tests.support.scrape import metric_value, scrape
 
 OK = None  # accepted
 S = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"  # a request hidden where a parser may take it for a body

@@ -42,8 +42,8 @@ def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
     import socket
     import time
 
-    from nodes import node_config
     from recserve.serving import NodeServer
+    from tests.support.nodes import node_config
 
     pytest.importorskip("httptools")
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
@@ -90,11 +90,11 @@ def test_grpc_limits_are_validated_naming_the_field():
 def test_a_nodes_grpc_limits_reach_its_workers():
     import socket
 
-    from nodes import node_config
     from recserve.serving import NodeServer
     from recserve.serving.node.config import flood_limits
     from recserve.serving.transport.h2frames import PREFACE
     from recserve.serving.transport.h2frames import frame as _frame
+    from tests.support.nodes import node_config
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.grpc_limits = flood_limits({"pings": [3, 0.1]})

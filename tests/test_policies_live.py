@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from nodes import node_config
 from recserve.policies.node_control import ControlLoop, ServerNodeControl
 from recserve.policies.rmu import CapacityProfile, HeraRMU, PartiesController
 from recserve.serving import NodeServer
 from recserve.serving.node.control_client import ControlClient
 from recserve.specs import catalogue_models
+from tests.support.nodes import node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -144,9 +144,9 @@ def test_background_load_offers_its_rate_until_the_block_ends(server):
 
 
 def test_background_load_raises_what_failed_in_its_thread():
-    from conftest import free_port
     from recserve.demo import background_load
     from recserve.errors import RecserveError
+    from tests.conftest import free_port
 
     with pytest.raises(RecserveError, match="background load failed"):
         with background_load(f"http://127.0.0.1:{free_port()}", "hera-dlrm-b", 1e-4, qps=10.0):

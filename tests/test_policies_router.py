@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from nodes import node_config
 from recserve.errors import SpecError
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import decode_http_response, encode_http_request
 from recserve.policies.router import Router, RouterThread, load_pool
 from recserve.serving import NodeServer
 from recserve.specs import catalogue_models, get_model
+from tests.support.nodes import node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nodes import generous
 from recserve.planners.fleet import FleetGroup, FleetPlan
+from tests.support.nodes import generous
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow

@@ -20,8 +20,6 @@ import tritonclient.http as thttp
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from nodes import generous, generous_yaml
-from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
 from recserve.serving.node.config import NodeConfig
@@ -36,6 +34,8 @@ from recserve.zoo.artifacts import (
     load_artifact,
     write_version,
 )
+from tests.support.nodes import generous, generous_yaml
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

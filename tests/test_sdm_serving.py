@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from nodes import generous
 from recserve.embedding import uring
 from recserve.serving import NodeServer, config_from_dict
 from recserve.specs import get_model
 from recserve.zoo import build, sample_batch
+from tests.support.nodes import generous
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -23,8 +23,6 @@ import tritonclient.http as thttp
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from nodes import generous
-from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
 from recserve.serving.node.control_client import ControlClient, ControlError, LlcUnsupportedError
@@ -32,7 +30,9 @@ from recserve.serving.node.llc import LlcAllocator
 from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.base import MLP
-from scrape import metric_value, scrape
+from tests.support.nodes import generous
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -339,7 +339,7 @@ def test_overload_gives_503_not_unbounded_latency(node, references):
         results = asyncio.run(burst())
     statuses = [s for s, _, _ in results]
     # how many land in one queue depends on how the burst reaches the worker (directly or handed over);
-    # the admission rule itself is checked deterministically in test_dataplane.py
+    # the admission rule itself is checked deterministically in test_worker_plane.py
     assert set(statuses) <= {200, 503} and statuses.count(200) >= 2, statuses
     for status, body, retry in results:
         if status == 503:

@@ -18,11 +18,11 @@ import torch
 import tritonclient.http as thttp
 import yaml
 
-from oip_inputs import http_inputs
 from recserve.cli import main
 from recserve.serving import build_worker_model, config_from_dict
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
+from tests.support.oip_inputs import http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -20,13 +20,13 @@ import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 import recserve
-from nodes import node_config
-from oip_inputs import DTYPE_NAMES, grpc_inputs
 from recserve.serving import NodeServer, build_worker_model
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import STATUS, InferError
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
+from tests.support.nodes import node_config
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from nodes import DEADLINE_MS, node_config
 from recserve.deploy.local_shards import make_layout, process_memory_mb, start_sharded
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
@@ -16,6 +15,7 @@ from recserve.serving.shards.remote_table import ShardClient
 from recserve.serving.shards.service import OUTPUT_POOLED, lookup
 from recserve.specs import get_model
 from recserve.zoo import build
+from tests.support.nodes import DEADLINE_MS, node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

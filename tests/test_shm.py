@@ -21,7 +21,6 @@ import tritonclient.utils.shared_memory as tshm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from nodes import node_config
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget, make_target
 from recserve.serving import NodeServer, build_worker_model
@@ -32,6 +31,7 @@ from recserve.serving.wire.shm import Regions, Registry, register_request, tenso
 from recserve.specs import catalogue_models, get_model
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 from recserve.zoo import sample_batch
+from tests.support.nodes import node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

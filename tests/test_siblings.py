@@ -21,15 +21,15 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 
-from nodes import node_config
-from oip_inputs import grpc_inputs
-from proc_net import holder, tcp_inodes
 from recserve.serving import NodeServer, build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 from recserve.serving.worker.siblings import SiblingClient, SiblingServer, socket_path
 from recserve.zoo import sample_batch
+from tests.support.nodes import node_config
+from tests.support.oip_inputs import grpc_inputs
+from tests.support.proc_net import holder, tcp_inodes
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -12,11 +12,11 @@ import pytest
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
-from nodes import node_config
 from recserve.serving import NodeServer
 from recserve.serving.node import control_api
 from recserve.serving.wire.errors import InferError
 from recserve.specs import catalogue_models
+from tests.support.nodes import node_config
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 import yaml
 
-from nodes import generous
 from recserve.cli import main
 from recserve.embedding.tablefile import TableFileError, read_header, write_table
 from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, tier_model
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
-from scrape import metric_value, scrape
+from tests.support.nodes import generous
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

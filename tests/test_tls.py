@@ -13,10 +13,10 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from nodes import node_config
 from recserve.errors import SpecError
 from recserve.serving import NodeServer
 from recserve.serving.node.config import quick_config
+from tests.support.nodes import node_config
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]

@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-from nodes import generous
-from oip_inputs import DTYPE_NAMES, grpc_inputs
-from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.node.core import _infer_target
 from recserve.serving.transport.http1 import HEADS, HeadError, _heads, read_head
 from recserve.zoo import sample_batch
-from scrape import metric_value, scrape
+from tests.support.nodes import generous
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs
+from tests.support.proc_net import holder, tcp_inodes
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

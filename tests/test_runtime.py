@@ -16,11 +16,11 @@ import pytest
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from oip_inputs import http_inputs
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.node import pool as pool_module
 from recserve.serving.node.control_client import ControlClient
 from recserve.zoo import sample_batch
+from tests.support.oip_inputs import http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 

@@ -1,0 +1,1 @@
+"""Shared helpers of the tests: node configs, HTTP and gRPC clients, inputs, scrapes (not collected as tests)."""
