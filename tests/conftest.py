@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
 
+from tests.support.ports import free_port
+
 torch.set_num_threads(1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -30,3 +26,13 @@ def disk_dir():
     os.makedirs(base, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=base) as d:
         yield d
+
+
+@pytest.fixture
+def start_node():
+    """Starts a node from a config inside a test: ``server = start_node(config)``, ports in ``server.ports``; each
+    node it started is stopped when the test ends, passed or failed (``drain=False``: without waiting)."""
+    from tests.support.nodes import started
+
+    with contextlib.ExitStack() as stack:
+        yield lambda config, drain=True: stack.enter_context(started(config, drain))

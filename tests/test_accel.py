@@ -7,25 +7,18 @@ worker), which runs every path but the device copies; CUDA tests skip without a 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 
-import aiohttp
 import numpy as np
 import pytest
 import torch
-import tritonclient.http as thttp
 
-from nodes import generous
-from oip_inputs import grpc_inputs, http_inputs
 from recserve.errors import SpecError
-from recserve.serving import NodeServer, build_worker_model, config_from_dict
+from recserve.serving import config_from_dict
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.accel import (
     ACK,
@@ -43,86 +36,35 @@ from recserve.serving.worker.accel import (
     request_frame,
 )
 from recserve.zoo import sample_batch
-from scrape import metric_value, scrape
+from tests.support import grpc_client, http, models
+from tests.support.accel import (
+    ACCEL,
+    ACCEL_CORE,
+    MIN_ITEMS,
+    MODEL,
+    accel_state,
+    accel_state_after,
+    infer_many,
+)
+from tests.support.nodes import started
+from tests.support.oip_inputs import grpc_inputs
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
-MIN_ITEMS = 16
-FUSE_DELAY_US = 50_000
-MODEL = generous({"name": "ncf", "model": "hera-ncf", "scale": 1e-4, "workers": 1, "max_batch_size": 256})
-ACCEL_CORE = max(os.sched_getaffinity(0))
-ACCEL = {"device": "cpu", "workers": 1, "threads": 1, "min_items": MIN_ITEMS, "fuse_items": 1024,
-         "fuse_delay_us": FUSE_DELAY_US, "cores": [ACCEL_CORE]}
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 @pytest.fixture(scope="module")
 def node():
-    with NodeServer(config_from_dict({"models": [{**MODEL, "accelerator": ACCEL}]})) as server:
+    with started(config_from_dict({"models": [{**MODEL, "accelerator": ACCEL}]})) as server:
         yield server, server.ports
 
 
 @pytest.fixture(scope="module")
 def model(node):
     server, _ = node
-    return build_worker_model(server.config.models[0]).eval()
-
-
-def expected(model, batch) -> np.ndarray:
-    with torch.no_grad():
-        return model(batch).numpy()
-
-
-def get(port: int, path: str) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
-        return json.loads(r.read())
-
-
-def post_json(port: int, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def accel_state(port: int) -> dict:
-    return get(port, "/control/models/ncf")["accelerator"]
-
-
-def accel_state_after(port: int, before: dict, queries: int) -> dict:
-    """The state once ``queries`` more queries are counted (workers report in batches, a few ms after answering)
-    and, if any went to the accelerator, its passes too; generous: a busy host delays the workers' reports."""
-    end = time.monotonic() + 60
-    while True:
-        state = accel_state(port)
-        routed = sum(state["queries"].values()) - sum(before["queries"].values())
-        offloaded = state["queries"]["accelerator"] > before["queries"]["accelerator"]
-        if (routed >= queries and (not offloaded or state["passes"] > before["passes"])) or time.monotonic() > end:
-            return state
-        time.sleep(0.02)
-
-
-async def infer(session: aiohttp.ClientSession, port: int, batch) -> tuple[int, np.ndarray | None]:
-    body, header_length = thttp.InferenceServerClient.generate_request_body(http_inputs(batch))
-    async with session.post(f"http://127.0.0.1:{port}/v2/models/ncf/infer", data=body,
-                            headers={"Inference-Header-Content-Length": str(header_length)}) as r:
-        raw = await r.read()
-        if r.status != 200:
-            return r.status, None
-        n = int(r.headers["Inference-Header-Content-Length"])
-        shape = json.loads(raw[:n])["outputs"][0]["shape"]
-        return 200, np.frombuffer(raw[n:], np.float32).reshape(shape)
-
-
-def infer_many(port: int, batches: list) -> list[tuple[int, np.ndarray | None]]:
-    async def run() -> list:
-        async with aiohttp.ClientSession() as s:
-            return await asyncio.gather(*(infer(s, port, b) for b in batches))
-
-    return asyncio.run(run())
+    return models.reference(server.config.models[0])
 
 
 # ---------------------------------------------------------------------------------------- config
@@ -562,8 +504,8 @@ def test_queries_are_routed_by_size_and_scored_like_the_in_process_model(node, m
     small, large = sample_batch(model, 4, rng=1), sample_batch(model, 64, rng=2)
     (s1, small_scores), (s2, large_scores) = infer_many(ports.http, [small, large])
     assert s1 == s2 == 200
-    np.testing.assert_allclose(small_scores, expected(model, small), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(large_scores, expected(model, large), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(small_scores, models.scores(model, small), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(large_scores, models.scores(model, large), rtol=1e-5, atol=1e-6)
     after = accel_state_after(ports.http, before, 2)
     assert after["queries"]["cpu"] - before["queries"]["cpu"] == 1
     assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 1
@@ -573,16 +515,15 @@ def test_queries_are_routed_by_size_and_scored_like_the_in_process_model(node, m
 
 
 def test_grpc_queries_take_the_same_routes(node, model):
-    import tritonclient.grpc as tgrpc
 
     _, ports = node
     before = accel_state(ports.http)
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     try:
         for size in (2, 32):
             batch = sample_batch(model, size, rng=size)
             scores = client.infer("ncf", grpc_inputs(batch), client_timeout=30).as_numpy("scores")
-            np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
     finally:
         client.close()
     after = accel_state_after(ports.http, before, 2)
@@ -629,7 +570,7 @@ def test_concurrent_large_queries_are_fused_into_fewer_passes(node, model):
     answers = infer_many(ports.http, batches)
     for (status, scores), batch in zip(answers, batches, strict=True):
         assert status == 200
-        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
     after = accel_state_after(ports.http, before, len(batches))
     queries = after["queries"]["accelerator"] - before["queries"]["accelerator"]
     passes = after["passes"] - before["passes"]
@@ -640,24 +581,25 @@ def test_concurrent_large_queries_are_fused_into_fewer_passes(node, model):
 def test_the_threshold_moves_queries_at_run_time_and_is_validated(node, model):
     _, ports = node
     path = "/control/models/ncf/accelerator"
-    status, body = post_json(ports.http, path, {"min_items": 0})
+    status, body = http.post_json(ports.http, path, {"min_items": 0}).status_and_json()
     assert status == 400 and "min_items" in body["error"]
-    status, body = post_json(ports.http, path, {"min_items": 257, "x": 1})
+    status, body = http.post_json(ports.http, path, {"min_items": 257, "x": 1}).status_and_json()
     assert status == 400 and "x" in body["error"]
     batch = sample_batch(model, 32, rng=5)
     try:
-        status, state = post_json(ports.http, path, {"min_items": 257})  # max_batch_size + 1: none offloaded
+        # max_batch_size + 1: none offloaded
+        status, state = http.post_json(ports.http, path, {"min_items": 257}).status_and_json()
         assert status == 200 and state["accelerator"]["min_items"] == 257
         time.sleep(0.2)  # the broadcast reaches the worker's loop
         before = accel_state(ports.http)
         [(code, scores)] = infer_many(ports.http, [batch])
         assert code == 200
-        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
         after = accel_state_after(ports.http, before, 1)
         assert after["queries"]["cpu"] - before["queries"]["cpu"] == 1
         assert after["queries"]["accelerator"] == before["queries"]["accelerator"]
     finally:
-        post_json(ports.http, path, {"min_items": MIN_ITEMS})
+        http.post_json(ports.http, path, {"min_items": MIN_ITEMS})
     time.sleep(0.2)
     samples = scrape(ports.http)
     assert metric_value(samples, "recserve_routed_queries_total", model="ncf", kind="accelerator") is not None
@@ -669,7 +611,8 @@ def test_accelerator_workers_are_resized_through_the_control_api(node, model):
     """The accelerator pool grows and shrinks at run time; the CPU workers get the new socket list and every
     large query is answered with its scores throughout."""
     _, ports = node
-    status, state = post_json(ports.http, "/control/models/ncf/workers", {"workers": 2, "stage": "accel"})
+    status, state = http.post_json(ports.http, "/control/models/ncf/workers",
+                                    {"workers": 2, "stage": "accel"}).status_and_json()
     try:
         assert status == 200 and state["accelerator"]["workers"] == 2, state
         assert len({w["pid"] for w in state["stages"]["accel"]["worker_detail"]}) == 2
@@ -678,9 +621,10 @@ def test_accelerator_workers_are_resized_through_the_control_api(node, model):
         answers = infer_many(ports.http, batches)
         assert [status for status, _ in answers] == [200] * len(batches)
         for (_, scores), batch in zip(answers, batches, strict=True):
-            np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
     finally:
-        status, state = post_json(ports.http, "/control/models/ncf/workers", {"workers": 1, "stage": "accel"})
+        status, state = http.post_json(ports.http, "/control/models/ncf/workers",
+                                       {"workers": 1, "stage": "accel"}).status_and_json()
     assert status == 200 and state["accelerator"]["workers"] == 1
     [(status, scores)] = infer_many(ports.http, [sample_batch(model, 40, rng=8)])
     assert status == 200
@@ -689,13 +633,13 @@ def test_accelerator_workers_are_resized_through_the_control_api(node, model):
 def test_accelerator_workers_run_on_their_own_cores(node):
     """``accelerator.cores`` pins them (a GPU node and a CPU node on one host split its cores)."""
     _, ports = node
-    [detail] = get(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
+    [detail] = http.get_json(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
     assert os.sched_getaffinity(detail["pid"]) == {ACCEL_CORE}
 
 
 def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, model):
     _, ports = node
-    pid = get(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"][0]["pid"]
+    pid = http.get_json(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"][0]["pid"]
     batch = sample_batch(model, 40, rng=7)
     os.kill(pid, signal.SIGSTOP)  # the query waits at the stopped worker, then the worker dies holding it
     killer = threading.Timer(0.5, lambda: os.kill(pid, signal.SIGKILL))
@@ -707,23 +651,23 @@ def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, mode
     assert status == 503
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        detail = get(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
+        detail = http.get_json(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
         if detail and detail[0]["ready"] and detail[0]["pid"] != pid:
             break
         time.sleep(0.1)
     [(status, scores)] = infer_many(ports.http, [batch])  # the replacement serves the same socket
     assert status == 200
-    np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
 
 
 def test_a_hung_accelerator_worker_is_replaced_and_its_queries_get_503_before_their_deadline():
     """A stopped accelerator worker sends no heartbeat: after ``hang_timeout_s`` the watchdog kills it, the CPU
     worker's link closes and the query it held is 503 at once (not 504 at its 30 s deadline); a new one serves."""
     config = config_from_dict({"models": [{**MODEL, "hang_timeout_s": 1.0, "accelerator": ACCEL}]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.http
-        model = build_worker_model(server.config.models[0]).eval()
-        pid = get(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"][0]["pid"]
+        model = models.reference(server.config.models[0])
+        pid = http.get_json(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"][0]["pid"]
         batch = sample_batch(model, 40, rng=9)
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -738,21 +682,21 @@ def test_a_hung_accelerator_worker_is_replaced_and_its_queries_get_503_before_th
         assert status == 503 and waited < 10.0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            detail = get(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
+            detail = http.get_json(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
             if detail and detail[0]["ready"] and detail[0]["pid"] != pid:
                 break
             time.sleep(0.1)
         [(status, scores)] = infer_many(port, [batch])
         assert status == 200
-        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
 
 
 @CUDA
 def test_cuda_accelerator_scores_equal_cpu_scores():
     config = config_from_dict({"models": [{**MODEL, "accelerator": {**ACCEL, "device": "cuda"}}]})
-    with NodeServer(config) as server:
-        model = build_worker_model(server.config.models[0]).eval()
+    with started(config) as server:
+        model = models.reference(server.config.models[0])
         batch = sample_batch(model, 128, rng=3)
         [(status, scores)] = infer_many(server.ports.http, [batch])
         assert status == 200
-        np.testing.assert_allclose(scores, expected(model, batch), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-4, atol=1e-5)

@@ -42,10 +42,10 @@ def test_hera_paper_inputs_pass_through_the_printed_points() -> None:
     from dataclasses import replace
 
     from benchmarks.bench_papers import HERA_PAPER_LLC, _paper_input_hera_profiles
-    from planner_fixtures import hera_like_profiles
     from recserve.planners.hera import all_curves
     from recserve.profiles import ProfileSet
     from recserve.specs import get_server
+    from tests.support.planner_fixtures import hera_like_profiles
 
     server = get_server("hera-xeon")
     base, _ = hera_like_profiles(replace(server, mem_gb=192.0))

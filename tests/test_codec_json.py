@@ -283,54 +283,42 @@ def test_a_large_query_is_read_fast_once_simdjson_is_enabled(monkeypatch):
     assert read_fast(body) == whole(body)
 
 
-def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
-
-
 @pytest.mark.integration
-def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worker_lives_on():
+def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worker_lives_on(start_node):
     """A 2.4 MB plain-JSON query (read the fast way) gets the binary query's scores to the bit; several at once,
     back to back, are all answered by the same worker (the supervisor never took it for gone)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from nodes import node_config
-    from recserve.serving import NodeServer, build_worker_model
+    from recserve.serving import build_worker_model
     from recserve.serving.node.control_client import ControlClient
     from recserve.zoo import sample_batch
+    from tests.support import http
+    from tests.support.nodes import node_config
 
     config = node_config("elasticrec-rm1", scale=1e-4, workers=1)
     config.max_body_bytes = 16 * 1024 * 1024
-    server = NodeServer(config)
-    ports = server.start()
-    try:
-        cfg = server.config.models[0]
-        arrays = sample_batch(build_worker_model(cfg), 200, rng=3).as_arrays()
-        body = body_of(entries(arrays))
-        assert len(body) > 2_000_000 and codec.json_request(body) is not None
-        url = f"http://127.0.0.1:{ports.http}/v2/models/{cfg.name}/infer"
-        status, _, answer = post(url, body, {"Content-Type": "application/json"})
-        assert status == 200, answer[:300]
-        scores = codec.decode_http_response(answer, None)["scores"]
-        binary, length = codec.encode_http_request(arrays)
-        status, headers, answer = post(url, binary, {codec.HEADER_LENGTH: str(length)})
-        assert status == 200, answer[:300]
-        twin = codec.decode_http_response(answer, int(headers[codec.HEADER_LENGTH]))["scores"]
-        assert scores.dtype == twin.dtype and scores.tobytes() == twin.tobytes()
+    server = start_node(config)
+    cfg = server.config.models[0]
+    arrays = sample_batch(build_worker_model(cfg), 200, rng=3).as_arrays()
+    body = body_of(entries(arrays))
+    assert len(body) > 2_000_000 and codec.json_request(body) is not None
+    path = f"/v2/models/{cfg.name}/infer"
 
-        control = ControlClient("127.0.0.1", ports.http)
-        assert control.get_model(cfg.name)["json_reader"] == "simdjson"  # its probe passed on this host
-        pids = [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]]
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda _: post(url, body, {"Content-Type": "application/json"}), range(12)))
-        assert [a[0] for a in answers] == [200] * 12, [a[2][:200] for a in answers if a[0] != 200]
-        assert [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]] == pids
-    finally:
-        server.stop()
+    def post_plain():
+        return http.post(server.ports.http, path, body, headers={"Content-Type": "application/json"}, timeout_s=120)
+
+    reply = post_plain()
+    assert reply.status == 200, reply.body[:300]
+    scores = reply.scores()
+    reply = http.infer(server.ports.http, cfg.name, arrays, timeout_s=120)
+    assert reply.status == 200, reply.body[:300]
+    twin = reply.scores()
+    assert scores.dtype == twin.dtype and scores.tobytes() == twin.tobytes()
+
+    control = ControlClient("127.0.0.1", server.ports.http)
+    assert control.get_model(cfg.name)["json_reader"] == "simdjson"  # its probe passed on this host
+    pids = [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]]
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: post_plain(), range(12)))
+    assert [r.status for r in replies] == [200] * 12, [r.body[:200] for r in replies if r.status != 200]
+    assert [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]] == pids

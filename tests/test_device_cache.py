@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from recserve.errors import SpecError
-from recserve.serving import NodeServer, build_worker_model, config_from_dict
+from recserve.serving import build_worker_model, config_from_dict
 from recserve.serving.worker.accel import device_runner
 from recserve.specs import catalogue_models
 from recserve.workload.indices import ZipfSampler
 from recserve.zoo import build, device_cache, sample_batch
 from recserve.zoo.device_cache import CachedModel, DeviceTableCache
 from recserve.zoo.fused import FusedModel
-from scrape import metric_value, scrape
+from tests.support.nodes import started
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -179,11 +180,12 @@ def test_device_table_mb_is_validated_naming_the_field():
 
 
 def test_an_accelerator_worker_with_a_table_budget_serves_a_node_end_to_end():
-    from test_accel import ACCEL, MODEL, accel_state, accel_state_after, expected, infer_many
+    from tests.support.accel import ACCEL, MODEL, accel_state, accel_state_after, infer_many
+    from tests.support.models import scores
 
     config = config_from_dict({"models": [{**MODEL, "accelerator": {**ACCEL, "device_table_mb": 0.004,
                                                                      "fuse_delay_us": 0}}]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.http
         model = build_worker_model(server.config.models[0]).eval()
         before = accel_state(port)
@@ -191,7 +193,7 @@ def test_an_accelerator_worker_with_a_table_budget_serves_a_node_end_to_end():
         answers = infer_many(port, batches)
         for batch, (status, got) in zip(batches, answers, strict=True):
             assert status == 200
-            np.testing.assert_allclose(got, expected(model, batch), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got, scores(model, batch), rtol=1e-5, atol=1e-6)
         after = accel_state_after(port, before, len(batches))
         assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 3
         cache = after["device_cache"]  # the cache's counters reach /control and /metrics

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import tritonclient.http as thttp
 
-from nodes import node_config
 from recserve.errors import SpecError
-from recserve.serving import NodeServer, build_worker_model, quick_config
+from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.config import config_from_dict
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.worker import eventloop
 from recserve.zoo import sample_batch
+from tests.support import http
+from tests.support.nodes import node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -43,8 +44,8 @@ def serve_and_check(setting: str) -> dict:
     expected = model(batch).detach().numpy()
     config = node_config(NAME, scale=SCALE, workers=1)
     config.event_loop = setting
-    with NodeServer(config) as server:
-        client = thttp.InferenceServerClient(f"127.0.0.1:{server.ports.http}")
+    with started(config) as server:
+        client = http.triton(server.ports.http)
         for _ in range(20):  # keep-alive: the same connection, answered by the worker
             got = client.infer(NAME, http_inputs(batch)).as_numpy("scores")
             assert np.allclose(got, expected, atol=1e-5)

@@ -9,12 +9,12 @@ import pytest
 import torch
 import tritonclient.http as thttp
 
-from oip_inputs import http_inputs
 from recserve.cli import main
 from recserve.deploy.local_fleet import fleet_node_configs, start_nodes, stop_nodes
 from recserve.planners.fleet import FleetGroup, FleetPlan
 from recserve.serving import build_worker_model, config_from_dict
 from recserve.zoo import sample_batch
+from tests.support.oip_inputs import http_inputs
 
 
 def _plan() -> FleetPlan:

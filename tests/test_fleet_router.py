@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
@@ -14,9 +12,9 @@ import pytest
 
 from recserve.policies.fleet_router import FleetRouter, ModelRoute, fleet_routes
 from recserve.policies.router import RouterThread
+from tests.support import http
 
-BODY = json.dumps({"inputs": [{"name": "dense", "shape": [3, 2], "datatype": "FP32",
-                               "data": [0.0] * 6}]}).encode()
+BODY = {"inputs": [{"name": "dense", "shape": [3, 2], "datatype": "FP32", "data": [0.0] * 6}]}
 
 
 def _backend(name: str) -> tuple[ThreadingHTTPServer, str]:
@@ -40,13 +38,9 @@ def _backend(name: str) -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def _post(url: str) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=BODY, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+def _infer(router_url: str, model: str) -> tuple[int, dict]:
+    """The test's one query, to ``model`` through the router: (status, JSON answer)."""
+    return http.post_json(router_url, f"/v2/models/{model}/infer", BODY, timeout_s=60).status_and_json()
 
 
 def test_routes_come_from_the_started_nodes_and_the_plans_slas():
@@ -71,14 +65,13 @@ def test_each_models_queries_reach_only_its_nodes_and_an_unknown_model_is_404():
                                        ModelRoute("b", 100.0, ((url_one, "t", 1), (url_two, "u", 1)))]))
     router.start()
     try:
-        answers = [_post(f"{router.url}/v2/models/a/infer") for _ in range(6)]
+        answers = [_infer(router.url, "a") for _ in range(6)]
         assert {(status, a["backend"], a["path"]) for status, a in answers} == {(200, "one", "/v2/models/a/infer")}
-        answers = [_post(f"{router.url}/v2/models/b/infer") for _ in range(6)]
+        answers = [_infer(router.url, "b") for _ in range(6)]
         assert {status for status, _ in answers} == {200} and {a["path"] for _, a in answers} == {"/v2/models/b/infer"}
-        status, error = _post(f"{router.url}/v2/models/c/infer")
+        status, error = _infer(router.url, "c")
         assert status == 404 and "'c' is not served here" in error["error"] and "a, b" in error["error"]
-        with urllib.request.urlopen(f"{router.url}/router/stats", timeout=30) as resp:
-            stats = json.loads(resp.read())
+        stats = http.get_json(router.url, "/router/stats")
         assert stats["a"]["completed"] == 6 and stats["b"]["completed"] == 6
     finally:
         router.stop()

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from nodes import generous
 from recserve.cli import main
 from recserve.planners import fleet as fleet_mod
 from recserve.planners.fleet import FleetGroup, FleetPlan, plan_changes, plan_fleet, refit_corrections, replan
 from recserve.planners.fleet_candidates import Column
 from recserve.planners.fleet_spec import parse_fleet
+from tests.support.nodes import generous
 
 MODEL = "hercules-rmc1"
 

@@ -27,12 +27,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
-from nodes import node_config
-from recserve.serving import NodeServer, build_worker_model
+from recserve.serving import build_worker_model
 from recserve.serving.wire import codec
 from recserve.zoo import sample_batch
+from tests.support import grpc_client
+from tests.support.nodes import node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -70,12 +71,9 @@ def node():
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.max_body_bytes = 1 << 20
     config.control_token = TOKEN
-    server = NodeServer(config)
-    ports = server.start()
-    try:
+    with started(config, drain=False) as server:
+        ports = server.ports
         yield config.models[0], ports
-    finally:
-        server.stop(drain=False)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +249,7 @@ def test_grpc_infer_mutations(node, model, data):
         request.model_version = data.draw(st.sampled_from(["", "1", "2", "-1", "latest"]))
     elif kind == "model":
         request.model_name = data.draw(st.sampled_from(["", "nope", cfg.name.upper()]))
-    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    with grpc_client.stub(ports.grpc) as stub:
         try:
             response = stub.ModelInfer(request, timeout=CLIENT_TIMEOUT_S)
         except grpc.RpcError as exc:
@@ -268,7 +265,7 @@ def test_grpc_infer_mutations(node, model, data):
 @given(payload=st.binary(max_size=64))
 def test_grpc_undecodable_messages_are_invalid_argument(node, payload):
     _, ports = node
-    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
+    with grpc_client.channel(ports.grpc) as channel:
         call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         try:
             call(b"\xff\xff\xff" + payload, timeout=CLIENT_TIMEOUT_S)  # 0xff... is never a valid field tag

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from hpack import Encoder
 
-from h2_transport import Transport
 from recserve.serving.transport.h2frames import PREFACE
 from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.transport.h2grpc import GrpcConnection, Method
+from tests.support.h2_transport import Transport
 
 DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
 END_STREAM, END_HEADERS = 0x1, 0x4

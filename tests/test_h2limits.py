@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import socket
 import time
-import urllib.request
 
 import pytest
 
-from h2_transport import Transport
-from oip_inputs import grpc_inputs
 from recserve.serving.transport.h2frames import ENHANCE_YOUR_CALM, PREFACE
 from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.transport.h2grpc import GrpcConnection, Method
 from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, Rate
-from scrape import metric_value, scrape
+from tests.support import grpc_client, http
+from tests.support.h2_transport import Transport
+from tests.support.nodes import started
+from tests.support.oip_inputs import grpc_inputs
+from tests.support.scrape import metric_value, scrape
 
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
@@ -124,14 +125,13 @@ def test_the_budgets_are_the_connections_own_setting():
 
 @pytest.mark.integration
 def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_the_node_serves_on():
-    import tritonclient.grpc as tgrpc
 
-    from nodes import node_config
-    from recserve.serving import NodeServer, build_worker_model
+    from recserve.serving import build_worker_model
     from recserve.zoo import sample_batch
+    from tests.support.nodes import node_config
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
-    with NodeServer(config) as server:
+    with started(config) as server:
         ports = server.ports
         with socket.create_connection(("127.0.0.1", ports.grpc), timeout=30) as sock:
             sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678") * 5000)
@@ -151,7 +151,7 @@ def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_th
             time.sleep(0.1)
         assert refused == 1
         model = build_worker_model(server.config.models[0])
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        client = grpc_client.triton(ports.grpc)
         inputs = grpc_inputs(sample_batch(model, 4, rng=1))
         assert client.infer(config.models[0].name, inputs).as_numpy("scores").shape == (4, 1)
 
@@ -270,9 +270,9 @@ def test_connections_past_the_cap_get_goaway_and_the_others_serve_on(grpc_server
 def test_a_connection_silent_before_its_preface_is_closed_and_an_idle_one_gets_goaway(grpc_server):
     port = grpc_server(preface_timeout_s=0.3, idle_timeout_s=0.5)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:
-        started = time.monotonic()
+        began = time.monotonic()
         _read_until_closed(silent)  # closed by the server (a socket timeout here would fail the test)
-        assert time.monotonic() - started < 25
+        assert time.monotonic() - began < 25
     with socket.create_connection(("127.0.0.1", port), timeout=30) as idle:
         idle.sendall(PREFACE + _frame(SETTINGS, 0, 0))
         received = b""
@@ -364,17 +364,12 @@ def test_free_memory_goes_back_to_the_system_on_glibc():
 
 @pytest.mark.integration
 def test_a_worker_returns_what_a_clients_incomplete_requests_took_once_the_client_leaves():
-    import json
-
-    from nodes import node_config
-    from recserve.serving import NodeServer
+    from tests.support.nodes import node_config
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
-    with NodeServer(config) as server:
+    with started(config) as server:
         def worker_rss_mb() -> float:
-            url = f"http://127.0.0.1:{server.ports.http}/control/models/{config.models[0].name}"
-            with urllib.request.urlopen(url, timeout=30) as r:
-                state = json.load(r)
+            state = http.get_json(server.ports.http, f"/control/models/{config.models[0].name}")
             return sum(w["rss_mb"] for stage in state["stages"].values() for w in stage["worker_detail"])
 
         before = worker_rss_mb()

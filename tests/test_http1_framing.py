@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from recserve.serving.transport.http1 import MAX_HEAD_BYTES, HeadError, HeadReader, read_head
-from scrape import metric_value, scrape
+from tests.support.nodes import started
+from tests.support.scrape import metric_value, scrape
 
 OK = None  # accepted
 S = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"  # a request hidden where a parser may take it for a body
@@ -201,11 +202,11 @@ def test_the_reader_agrees_with_h11(name):
 # ---- (c) against a real worker ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def port():
-    from recserve.serving import NodeServer, config_from_dict
+    from recserve.serving import config_from_dict
 
     config = config_from_dict({"models": [{"name": "b", "model": "hera-ncf", "scale": 1e-4, "workers": 1,
                                            "max_batch_size": 128, "deadline_ms": 60_000, "hang_timeout_s": 120}]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         yield server.ports.http
 
 

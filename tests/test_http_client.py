@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 async def serve(port: int, answers: list[bytes], accepted: list[int]) -> asyncio.AbstractServer:

@@ -14,15 +14,7 @@ from recserve.measure.loadgen import LoadSession, run_load
 from recserve.measure.maxload import confirm_max_load, find_max_load, mm1_max_load, mm1_percentile_ms
 from recserve.measure.requests import RequestPool, arrival_times, poisson_gaps, pool_sizes, sample_sizes
 from recserve.measure.targets import InProcessTarget, RequestFailed
-from recserve.specs import SLA, ModelSpec, TableSpec
-
-
-def tiny_spec() -> ModelSpec:
-    return ModelSpec(
-        name="tiny", family="dlrm", dense_in=4, interaction="dot", sla=SLA(50.0),
-        tables=(TableSpec("a", 1000, 8, pooling=4), TableSpec("b", 500, 8, pooling=2)),
-        bottom_mlp=(16, 8), top_mlp=(16, 1),
-    )
+from tests.support.models import tiny_spec
 
 
 def tiny_pool(mix: str = "normal:mean=8,sd=4", n: int = 8) -> RequestPool:

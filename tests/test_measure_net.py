@@ -124,7 +124,7 @@ class FakeOIP:
 
 @pytest.fixture
 def ports():
-    from conftest import free_port
+    from tests.support.ports import free_port
 
     return free_port(), free_port()
 

@@ -49,7 +49,7 @@ def test_profile_host_quick_writes_a_profile_set_that_round_trips(tmp_path, caps
 
 @pytest.mark.slow  # starts a process pool (~10 s on a busy 2-core host); the server path is in test_measure_server
 def test_maxload_footprint_and_membw_tables_from_a_worker_pool():
-    from test_measure import tiny_spec
+    from tests.support.models import tiny_spec
 
     spec = tiny_spec()
     budget = Budget(True, 16, 0.05, 2, 1 << 10, 0.01, 0.3, 8, 3, 0.5)

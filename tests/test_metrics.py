@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from recserve.serving.node.metrics import BUCKETS_S, ModelMetrics, NodeSnapshot, PrometheusExporter
-from scrape import metric_value, parse
+from tests.support.scrape import metric_value, parse
 
 # family -> (type, label names of its samples besides a histogram's ``le``): the exported contract
 FAMILIES = {

@@ -42,13 +42,12 @@ def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
     import socket
     import time
 
-    from nodes import node_config
-    from recserve.serving import NodeServer
+    from tests.support.nodes import node_config, started
 
     pytest.importorskip("httptools")
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.keep_alive_timeout_s, config.max_connections = 1.0, 2
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.http
         kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
         time.sleep(0.3)  # both accepted by the worker
@@ -57,11 +56,11 @@ def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
             while chunk := third.recv(1 << 16):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 503") and b"connections" in answer
-        started = time.monotonic()
+        began = time.monotonic()
         for sock in kept:  # idle past keep_alive_timeout_s: closed by the worker (recv sees the end)
             assert sock.recv(1 << 16) == b""
             sock.close()
-        assert time.monotonic() - started < 25
+        assert time.monotonic() - began < 25
         with socket.create_connection(("127.0.0.1", port), timeout=30) as again:  # room again
             again.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
             assert again.recv(1 << 16).startswith(b"HTTP/1.1 200")
@@ -90,15 +89,14 @@ def test_grpc_limits_are_validated_naming_the_field():
 def test_a_nodes_grpc_limits_reach_its_workers():
     import socket
 
-    from nodes import node_config
-    from recserve.serving import NodeServer
     from recserve.serving.node.config import flood_limits
     from recserve.serving.transport.h2frames import PREFACE
     from recserve.serving.transport.h2frames import frame as _frame
+    from tests.support.nodes import node_config, started
 
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.grpc_limits = flood_limits({"pings": [3, 0.1]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         with socket.create_connection(("127.0.0.1", server.ports.grpc), timeout=30) as sock:
             sock.sendall(PREFACE + _frame(4, 0, 0) + _frame(6, 0, 0, b"12345678") * 10)  # default burst: 100
             received = b""

@@ -9,8 +9,9 @@ import pytest
 from recserve.cli import main
 from recserve.measure.maxload import MaxLoadResult, Probe
 from recserve.measure.offload import ThresholdResult, best_threshold, tune_offload
-from recserve.serving import NodeServer, config_from_dict
+from recserve.serving import config_from_dict
 from recserve.serving.node.control_client import ControlClient
+from tests.support.nodes import started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -48,7 +49,7 @@ def test_tuning_sets_each_threshold_before_its_search_and_leaves_the_best_set():
 def test_bench_tune_offload_against_a_live_node(tmp_path, capsys):
     model = {"name": "ncf", "model": "hera-ncf", "scale": 1e-4, "workers": 1, "max_batch_size": 1024,
              "deadline_ms": 30_000, "accelerator": {"device": "cpu", "min_items": 256}}
-    with NodeServer(config_from_dict({"models": [model]})) as server:
+    with started(config_from_dict({"models": [model]})) as server:
         url = f"http://127.0.0.1:{server.ports.http}"
         out = tmp_path / "tune.json"
         rc = main(["bench", "--model", "hera-ncf", "--scale", "1e-4", "--target", url, "--served-name", "ncf",

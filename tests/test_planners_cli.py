@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from planner_fixtures import NODE, efficiency_profiles, hera_like_profiles
 from recserve.cli import main
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.reference import reference_path
+from tests.support.planner_fixtures import NODE, efficiency_profiles, hera_like_profiles
 
 REF = reference_path("kairos_aws_latency.json")
 

@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pytest
 
-from planner_fixtures import NODE, hera_like_profiles
 from recserve.errors import InfeasibleError, ProfileError
 from recserve.planners.hera import (
     affinity_matrix,
@@ -19,6 +18,7 @@ from recserve.planners.hera import (
 )
 from recserve.planners.plan import Plan
 from recserve.profiles import ProfileSet, ProfileTable
+from tests.support.planner_fixtures import NODE, hera_like_profiles
 
 
 @pytest.fixture(scope="module")

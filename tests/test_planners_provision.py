@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 import pytest
 
-from planner_fixtures import efficiency_profiles
 from recserve.errors import InfeasibleError
 from recserve.planners.hercules.provision import (
     Efficiency,
@@ -18,6 +17,7 @@ from recserve.planners.hercules.provision import (
     solve_ilp,
     solve_oblivious,
 )
+from tests.support.planner_fixtures import efficiency_profiles
 
 
 def _brute_force(eff: Efficiency, need: np.ndarray, avail: np.ndarray) -> float:

@@ -6,25 +6,21 @@ import time
 
 import pytest
 
-from nodes import node_config
 from recserve.policies.node_control import ControlLoop, ServerNodeControl
 from recserve.policies.rmu import CapacityProfile, HeraRMU, PartiesController
-from recserve.serving import NodeServer
 from recserve.serving.node.control_client import ControlClient
-from recserve.specs import catalogue_models
+from tests.support import models
+from tests.support.nodes import node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 
 @pytest.fixture(scope="module")
 def server():
-    model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
-    srv = NodeServer(node_config(model, scale=1e-4, workers=2))
-    ports = srv.start()
-    try:
+    model = models.first_dlrm()
+    with started(node_config(model, scale=1e-4, workers=2)) as srv:
+        ports = srv.ports
         yield srv, ports, srv.config.models[0].name
-    finally:
-        srv.stop()
 
 
 def test_server_node_control_reads_and_resizes(server):
@@ -144,9 +140,9 @@ def test_background_load_offers_its_rate_until_the_block_ends(server):
 
 
 def test_background_load_raises_what_failed_in_its_thread():
-    from conftest import free_port
     from recserve.demo import background_load
     from recserve.errors import RecserveError
+    from tests.support.ports import free_port
 
     with pytest.raises(RecserveError, match="background load failed"):
         with background_load(f"http://127.0.0.1:{free_port()}", "hera-dlrm-b", 1e-4, qps=10.0):

@@ -2,34 +2,27 @@
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from nodes import node_config
 from recserve.errors import SpecError
 from recserve.measure.requests import RequestPool
-from recserve.measure.targets import decode_http_response, encode_http_request
+from recserve.measure.targets import encode_http_request
 from recserve.policies.router import Router, RouterThread, load_pool
-from recserve.serving import NodeServer
-from recserve.specs import catalogue_models, get_model
+from recserve.specs import get_model
+from tests.support import http, models
+from tests.support.nodes import node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 
 @pytest.fixture(scope="module")
 def backend():
-    model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
-    srv = NodeServer(node_config(model, scale=1e-4, workers=2))
-    ports = srv.start()
-    try:
-        yield f"http://127.0.0.1:{ports.http}", model
-    finally:
-        srv.stop()
+    model = models.first_dlrm()
+    with started(node_config(model, scale=1e-4, workers=2)) as server:
+        yield http.url(server.ports.http), model
 
 
 def write_pool(tmp_path, url: str, policy: str) -> str:
@@ -40,16 +33,16 @@ def write_pool(tmp_path, url: str, policy: str) -> str:
     return str(path)
 
 
-def post(url: str, body: bytes, header_len: int | None) -> tuple[int, bytes, dict]:
-    headers = {"Content-Type": "application/octet-stream"}
+def post(port: int, model: str, body: bytes, header_len: int | None) -> http.Reply:
+    """An infer request to the router on ``port``: binary when ``header_len`` says where its JSON ends."""
+    return http.post(port, f"/v2/models/{model}/infer", body, headers(header_len), timeout_s=60)
+
+
+def headers(header_len: int | None) -> dict[str, str]:
+    found = {"Content-Type": "application/octet-stream"}
     if header_len is not None:
-        headers["Inference-Header-Content-Length"] = str(header_len)
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, resp.read(), dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), dict(exc.headers)
+        found["Inference-Header-Content-Length"] = str(header_len)
+    return found
 
 
 @pytest.mark.parametrize("policy", ["kairos", "ribbon"])
@@ -63,23 +56,21 @@ def test_router_answers_like_the_node_server(tmp_path, backend, policy):
 
         def one(i: int) -> tuple[np.ndarray, np.ndarray]:
             body, hl = encode_http_request(pool.batch(i))
-            s1, via_router, h1 = post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, hl)
-            s2, direct, h2 = post(f"{url}/v2/models/{model}/infer", body, hl)
-            assert s1 == 200 and s2 == 200
-            a = decode_http_response(via_router, int(h1["Inference-Header-Content-Length"]))["scores"]
-            b = decode_http_response(direct, int(h2["Inference-Header-Content-Length"]))["scores"]
-            return a, b
+            via_router = post(port, model, body, hl)
+            direct = http.post(url, f"/v2/models/{model}/infer", body, headers(hl), timeout_s=60)
+            assert via_router.status == 200 and direct.status == 200
+            return via_router.scores(), direct.scores()
 
         with ThreadPoolExecutor(4) as ex:
             results = list(ex.map(one, [i % len(pool) for i in range(24)]))
         for a, b in results:
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/router/stats").read())
+        stats = http.get_json(port, "/router/stats")
         assert stats["completed"] == 24 and stats["errors"] == 0 and stats["queued"] == 0
         assert sum(stats["served"].values()) == 24
         assert stats["policy"]["name"] == ("kairos" if policy == "kairos" else "ribbon")
-        status, body, _ = post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", b"{not json", None)
-        assert status == 400 and b"body" in body
+        reply = post(port, model, b"{not json", None)
+        assert reply.status == 400 and b"body" in reply.body
     finally:
         thread.stop()
 
@@ -107,16 +98,16 @@ def test_a_backend_that_is_down_is_a_502_naming_it_and_errors_pass_through(tmp_p
         port = thread.start()
         try:
             body, hl = encode_http_request(RequestPool(get_model(model), 1e-4, (4,)).batch(0))
-            status, answer, _ = post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, hl)
-            assert status == 502 and dead.encode() in answer
+            reply = post(port, model, body, hl)
+            assert reply.status == 502 and dead.encode() in reply.body
         finally:
             thread.stop()
     thread = RouterThread(Router(load_pool(write_pool(tmp_path, url, "ribbon"))))
     port = thread.start()
     try:
-        status, answer, headers = post(f"http://127.0.0.1:{port}/v2/models/no-such-model/infer", body, hl)
-        assert status == 404 and "no-such-model" in json.loads(answer)["error"]
-        assert headers["Content-Type"].startswith("application/json")
+        reply = post(port, "no-such-model", body, hl)
+        assert reply.status == 404 and "no-such-model" in reply.json()["error"]
+        assert reply.headers["Content-Type"].startswith("application/json")
     finally:
         thread.stop()
 
@@ -129,8 +120,7 @@ def test_a_backend_url_with_a_route_prefix_is_posted_under_it(tmp_path, backend)
     port = thread.start()
     try:
         body, hl = encode_http_request(RequestPool(get_model(model), 1e-4, (4,)).batch(0))
-        status, _, _ = post(f"http://127.0.0.1:{port}/v2/models/{model}/infer", body, hl)
-        assert status == 404
-        assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/router/stats").read())["errors"] == 1
+        assert post(port, model, body, hl).status == 404
+        assert http.get_json(port, "/router/stats")["errors"] == 1
     finally:
         thread.stop()

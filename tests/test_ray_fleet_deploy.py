@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nodes import generous
 from recserve.planners.fleet import FleetGroup, FleetPlan
+from tests.support.nodes import generous
+from tests.support.ports import free_port
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -57,7 +58,7 @@ def test_fleet_plan_on_a_two_node_ray_cluster_answers_as_local_nodes(tmp_path):
             ray_fleet.check_cluster(deployments, nodes)
             share = ray_fleet.cpus_per_worker(deployments, nodes)
             assert share == pytest.approx(0.5)  # type-a's node: two workers on its one CPU
-            proxy, where = ray_fleet.serve_fleet(deployments, share, http_port=_free_port())
+            proxy, where = ray_fleet.serve_fleet(deployments, share, http_port=free_port())
             placed = ray_fleet.placement(deployments, where, ray.nodes())
             assert all(p["as_planned"] for p in placed.values())  # each server on its type's node ...
             assert placed["fleet-0"]["node_id"] != placed["fleet-1"]["node_id"]  # ... so one per node
@@ -75,11 +76,3 @@ def test_fleet_plan_on_a_two_node_ray_cluster_answers_as_local_nodes(tmp_path):
                     local.stop()
         finally:
             ray_serve.shutdown()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -7,23 +7,16 @@ import json
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
 import torch
-import tritonclient.grpc as tgrpc
-import tritonclient.http as thttp
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from nodes import generous, generous_yaml
-from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
-from recserve.serving import NodeServer
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.repository import Repository, VersionPolicy, parse_policy
 from recserve.specs import model_from_dict, to_dict
@@ -36,6 +29,10 @@ from recserve.zoo.artifacts import (
     load_artifact,
     write_version,
 )
+from tests.support import grpc_client, http
+from tests.support.models import scores
+from tests.support.nodes import generous, generous_yaml, started
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -49,11 +46,6 @@ def trained(seed: int, name: str = "ctr"):
     spec = model_from_dict(name, SPEC)
     torch.manual_seed(seed)
     return FAMILY_CLASSES["dlrm"](spec, tuple(t.rows for t in spec.tables)).eval()
-
-
-def scores(model, batch) -> np.ndarray:
-    with torch.inference_mode():
-        return model(batch).numpy()
 
 
 class OwnArchitecture(nn.Module):
@@ -247,24 +239,19 @@ def test_program_spec_comes_from_inside_the_program(repo):
 
 @pytest.fixture(scope="module")
 def node(repo):
-    server = NodeServer(NodeConfig(models=[], repository=str(repo)))
-    ports = server.start()
-    try:
-        yield server, ports
-    finally:
-        server.stop()
+    with started(NodeConfig(models=[], repository=str(repo))) as server:
+        yield server, server.ports
 
 
 def test_served_scores_equal_the_trained_model_over_http_and_grpc(node):
     _, ports = node
-    http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
-    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    over_http, over_grpc = http.triton(ports.http), grpc_client.triton(ports.grpc)
     for name, kind in KINDS.items():
         reference = trained(0, name)
         batch = sample_batch(reference, 17, rng=3)
         want = scores(reference, batch)
-        via_http = http.infer(name, http_inputs(batch)).as_numpy("scores")
-        via_grpc = grpc.infer(name, grpc_inputs(batch), model_version="1").as_numpy("scores")
+        via_http = over_http.infer(name, http_inputs(batch)).as_numpy("scores")
+        via_grpc = over_grpc.infer(name, grpc_inputs(batch), model_version="1").as_numpy("scores")
         diffs = np.abs(via_http - want).max(), np.abs(via_grpc - want).max()
         print(f"{name} ({kind}): max abs diff HTTP {diffs[0]:.3g}, gRPC {diffs[1]:.3g}")
         assert max(diffs) <= 1e-6
@@ -275,7 +262,7 @@ def test_a_bare_program_of_its_own_architecture_is_served(node):
     batch = random_batch(6, (300, 200), (1, 1), 7, 2)
     with torch.inference_mode():
         want = OwnArchitecture()(batch.dense, batch.values, batch.lengths).numpy()
-    served = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("own", grpc_inputs(batch))
+    served = grpc_client.triton(ports.grpc).infer("own", grpc_inputs(batch))
     assert np.abs(served.as_numpy("scores") - want).max() <= 1e-6
 
 
@@ -285,7 +272,7 @@ def test_a_torchscript_module_with_sparse_and_dense_methods_serves_as_a_pipeline
     assert state["mode"] == "pipeline" and set(state["stages"]) == {"sparse", "dense"}
     reference = trained(0, "ctr_ts_pipeline")
     batch = sample_batch(reference, 12, rng=8)
-    served = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts_pipeline", http_inputs(batch))
+    served = http.triton(ports.http).infer("ctr_ts_pipeline", http_inputs(batch))
     assert np.abs(served.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
 
 
@@ -293,36 +280,27 @@ async def _state(server, name: str) -> dict:
     return server.core.runtime(name).state()
 
 
-def _post(port: int, path: str, body: dict | None = None) -> tuple[int, object]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body or {}).encode(),
-                                     method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_repository_index_versioned_paths_and_unload_load(node):
     _, ports = node
-    status, index = _post(ports.http, "/v2/repository/index")
+    status, index = http.post_json(ports.http, "/v2/repository/index", timeout_s=120).status_and_json()
     assert status == 200
     assert {(e["name"], e["version"], e["state"]) for e in index} >= {(n, "1", "READY") for n in KINDS}
     reference = trained(0, "ctr_ts")
     batch = sample_batch(reference, 4, rng=1)
-    http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
-    result = http.infer("ctr_ts", http_inputs(batch), model_version="1")
+    over_http = http.triton(ports.http)
+    result = over_http.infer("ctr_ts", http_inputs(batch), model_version="1")
     assert result.get_response()["model_version"] == "1"
     with pytest.raises(Exception, match="no version '9' loaded"):
-        http.infer("ctr_ts", http_inputs(batch), model_version="9")
-    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
-    grpc.unload_model("ctr_ts")
-    assert not http.is_model_ready("ctr_ts")
-    index = grpc.get_model_repository_index(as_json=True)["models"]  # proto JSON leaves out empty fields
+        over_http.infer("ctr_ts", http_inputs(batch), model_version="9")
+    over_grpc = grpc_client.triton(ports.grpc)
+    over_grpc.unload_model("ctr_ts")
+    assert not over_http.is_model_ready("ctr_ts")
+    index = over_grpc.get_model_repository_index(as_json=True)["models"]  # proto JSON leaves out empty fields
     states = {e["name"]: (e.get("state", ""), e.get("reason", "")) for e in index}
     assert states["ctr_ts"] == ("UNAVAILABLE", "unloaded")
-    http.load_model("ctr_ts")
-    assert np.abs(http.infer("ctr_ts", http_inputs(batch)).as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
+    over_http.load_model("ctr_ts")
+    served = over_http.infer("ctr_ts", http_inputs(batch)).as_numpy("scores")
+    assert np.abs(served - scores(reference, batch)).max() <= 1e-6
 
 
 def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
@@ -331,16 +309,16 @@ def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
     target.mkdir()
     try:
         (target / "model.pt").write_bytes(b"not a torchscript archive")
-        status, body = _post(ports.http, "/v2/repository/models/ctr_ts/load")
+        status, body = http.post_json(ports.http, "/v2/repository/models/ctr_ts/load", timeout_s=120).status_and_json()
         print(body)
         assert status == 400 and "ctr_ts/2/model.pt" in body["error"] and str(repo) not in body["error"]
         assert "cannot read the program" in body["error"]
-        _, index = _post(ports.http, "/v2/repository/index")
+        _, index = http.post_json(ports.http, "/v2/repository/index", timeout_s=120).status_and_json()
         entry = next(e for e in index if e["name"] == "ctr_ts" and e["version"] == "2")
         assert entry["state"] == "UNAVAILABLE" and "cannot read the program" in entry["reason"]
         reference = trained(0, "ctr_ts")
         batch = sample_batch(reference, 3, rng=2)
-        answer = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}").infer("ctr_ts", http_inputs(batch))
+        answer = http.triton(ports.http).infer("ctr_ts", http_inputs(batch))
         assert answer.get_response()["model_version"] == "1"
         assert np.abs(answer.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
     finally:
@@ -403,7 +381,7 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
 
     def swap() -> None:
         swap_times["start"] = time.perf_counter()
-        status, body = _post(ports.http, "/v2/repository/models/swap/load")
+        status, body = http.post_json(ports.http, "/v2/repository/models/swap/load", timeout_s=120).status_and_json()
         assert status == 200, body
         swap_times["end"] = time.perf_counter()
 
@@ -411,7 +389,7 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
     stop = threading.Event()
 
     def grpc_queries() -> None:  # a gRPC client querying throughout, on its own connection
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        client = grpc_client.triton(ports.grpc)
         while not stop.is_set():
             try:
                 answer = client.infer("swap", grpc_inputs(batches[0]), client_timeout=30)
@@ -442,18 +420,17 @@ def test_new_version_swaps_in_under_poisson_load_with_no_failed_query(node, repo
     for r in records:  # every answer is its version's trained model's
         reference = old if r["version"] == "1" else new
         assert np.abs(r["scores"] - scores(reference, batches[r["i"] % len(batches)])).max() <= 1e-6
-    _, index = _post(ports.http, "/v2/repository/index")
+    _, index = http.post_json(ports.http, "/v2/repository/index", timeout_s=120).status_and_json()
     states = {(e["name"], e["version"]): e["state"] for e in index}
     assert states[("swap", "2")] == "READY" and states[("swap", "1")] == "UNAVAILABLE"
-    answer = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").infer("swap", grpc_inputs(batches[1]))
+    answer = grpc_client.triton(ports.grpc).infer("swap", grpc_inputs(batches[1]))
     assert answer.get_response().model_version == "2"
     assert np.abs(answer.as_numpy("scores") - scores(new, batches[1])).max() <= 1e-6
 
 
 def test_control_state_names_version_and_artifact(node):
     _, ports = node
-    with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/ctr", timeout=30) as r:
-        state = json.loads(r.read())
+    state = http.get_json(ports.http, "/control/models/ctr")
     assert state["artifact"].endswith("model.safetensors") and state["version"] == "1"
     assert state["stages"]["model"]["worker_detail"][0]["pss_mb"] > 0
 
@@ -539,18 +516,14 @@ def test_node_config_serves_a_repository_beside_catalogue_models_and_tiers_a_saf
         f"workers: 1\ntiering: {{dir: {disk_dir}, tables: all, cache_mb: 1, engine: threads}}\n" + generous_yaml())
     config = config_from_dict({"models": [generous({"model": "hera-ncf", "name": "ncf", "scale": 1e-4})],
                                "repository": str(root)})
-    server = NodeServer(config)
-    ports = server.start()
-    try:
-        client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    with started(config) as server:
+        ports = server.ports
+        client = http.triton(ports.http)
         reference = trained(0, "ctr")
         batch = sample_batch(reference, 9, rng=4)
         served = client.infer("tiered", http_inputs(batch)).as_numpy("scores")
         assert client.is_model_ready("ncf")
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/tiered", timeout=30) as r:
-            tier_io = json.loads(r.read())["tier_io"]
-    finally:
-        server.stop()
+        tier_io = http.get_json(ports.http, "/control/models/tiered")["tier_io"]
     assert np.abs(served - scores(reference, batch)).max() <= 1e-6
     assert len(tier_io) == 3 and {t["engine"] for t in tier_io} == {"threads"}
 
@@ -559,10 +532,9 @@ def test_a_node_with_no_model_loaded_answers_grpc_itself_on_the_public_port(tmp_
     """No worker accepts yet (an empty repository): the server covers the shared gRPC socket with its own HTTP/2
     server and forwards every call to its gRPC service, so health and errors still answer."""
     (tmp_path / "repo").mkdir()
-    server = NodeServer(NodeConfig(models=[], repository=str(tmp_path / "repo")))
-    ports = server.start()
-    try:
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    with started(NodeConfig(models=[], repository=str(tmp_path / "repo"))) as server:
+        ports = server.ports
+        client = grpc_client.triton(ports.grpc)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -575,5 +547,3 @@ def test_a_node_with_no_model_loaded_answers_grpc_itself_on_the_public_port(tmp_
         with pytest.raises(InferenceServerException, match="absent"):
             client.infer("absent", grpc_inputs(sample_batch(trained(0, "ctr"), 2, rng=0)))
         client.close()
-    finally:
-        server.stop()

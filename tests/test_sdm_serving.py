@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import numpy as np
 import pytest
 import torch
 
-from nodes import generous
 from recserve.embedding import uring
-from recserve.serving import NodeServer, config_from_dict
+from recserve.serving import config_from_dict
 from recserve.specs import get_model
 from recserve.zoo import build, sample_batch
+from tests.support import http
+from tests.support.nodes import generous, started
+from tests.support.oip_inputs import http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -31,8 +30,6 @@ def engine(request, monkeypatch):
 
 
 def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path, engine):
-    import tritonclient.http as httpclient
-
     scale = 2e-5
     config = config_from_dict({"models": [generous({
         "model": "sdm-m1", "scale": scale, "workers": 1, "max_batch_size": 64,
@@ -42,21 +39,10 @@ def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path, engine):
     batch = sample_batch(reference, 8, rng=3)
     with torch.no_grad():
         expected = reference(batch).numpy()
-    server = NodeServer(config)
-    ports = server.start()
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports.http}")
-        inputs = []
-        for name, array in batch.as_arrays().items():
-            dtype = {np.float32: "FP32", np.int64: "INT64", np.int32: "INT32"}[array.dtype.type]
-            tensor = httpclient.InferInput(name, list(array.shape), dtype)
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        scores = client.infer("sdm-m1", inputs).as_numpy("scores")
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/sdm-m1") as r:
-            tier_io = json.load(r)["tier_io"]
-    finally:
-        server.stop()
+    with started(config) as server:
+        ports = server.ports
+        scores = http.triton(ports.http).infer("sdm-m1", http_inputs(batch)).as_numpy("scores")
+        tier_io = http.get_json(ports.http, "/control/models/sdm-m1")["tier_io"]
     np.testing.assert_array_equal(scores, expected)
     assert any(tmp_path.iterdir()), "the tier wrote its table files"
     assert tier_io and all(t["why"] for t in tier_io), "the node says which I/O engine each tiered table uses"

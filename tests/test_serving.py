@@ -9,30 +9,28 @@ import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 import pytest
-import torch
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from nodes import generous
-from oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from recserve.errors import SpecError
-from recserve.serving import NodeServer, build_worker_model, config_from_dict, load_config
+from recserve.serving import build_worker_model, config_from_dict, load_config
 from recserve.serving.node.control_client import ControlClient, ControlError, LlcUnsupportedError
 from recserve.serving.node.llc import LlcAllocator
 from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.base import MLP
-from scrape import metric_value, scrape
+from tests.support import grpc_client, http, models
+from tests.support.nodes import generous, started
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -59,38 +57,15 @@ def example_config(path: Path, **node_overrides):
 def node():
     config = example_config(EXAMPLES / "node-colocated.yaml", max_body_bytes=12 * 1024 * 1024)
     config.model("dlrm-a").queue_limit = 2  # small, so overload is easy to provoke
-    server = NodeServer(config)
-    ports = server.start()
-    try:
+    with started(config) as server:
+        ports = server.ports
         yield server, ports
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def references(node):
     server, _ = node
     return {m.name: build_worker_model(m) for m in server.config.models}
-
-
-def reference_scores(model, batch) -> np.ndarray:
-    with torch.no_grad():
-        return model(batch).numpy()
-
-
-def get_json(port, path):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
-        return r.status, json.loads(r.read() or b"null")
-
-
-def post(port, path, body: bytes, headers=None):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 def json_request(batch, binary_output=False):
@@ -109,25 +84,25 @@ def test_tritonclient_http_binary_matches_in_process(node, references):
     server, ports = node
     model = references["rmc1"]
     batch = sample_batch(model, 150, rng=7)  # sub_batch 64: three parts on two workers, concatenated in order
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client = http.triton(ports.http)
     result = client.infer("rmc1", http_inputs(batch), outputs=[thttp.InferRequestedOutput("scores")])
     assert result.get_response()["outputs"][0]["parameters"]["binary_data_size"] == 150 * 4
-    np.testing.assert_allclose(result.as_numpy("scores"), reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("scores"), models.scores(model, batch), rtol=1e-5, atol=1e-6)
     # the co-located model with per-worker table copies answers too
     other = references["dlrm-a"]
     b2 = sample_batch(other, 5, rng=2)
     r2 = client.infer("dlrm-a", http_inputs(b2))
-    np.testing.assert_allclose(r2.as_numpy("scores"), reference_scores(other, b2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r2.as_numpy("scores"), models.scores(other, b2), rtol=1e-5, atol=1e-6)
 
 
 def test_tritonclient_grpc_matches_in_process(node, references):
     _, ports = node
     model = references["rmc1"]
     batch = sample_batch(model, 33, rng=11)
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("rmc1")
     result = client.infer("rmc1", grpc_inputs(batch))
-    np.testing.assert_allclose(result.as_numpy("scores"), reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(result.as_numpy("scores"), models.scores(model, batch), rtol=1e-5, atol=1e-6)
     meta = client.get_model_metadata("rmc1", as_json=True)
     assert [i["name"] for i in meta["inputs"]] == ["dense", "sparse_values", "sparse_lengths"]
     config = client.get_model_config("rmc1", as_json=True)["config"]
@@ -139,8 +114,7 @@ def test_tritonclient_grpc_matches_in_process(node, references):
 
 def test_grpc_typed_contents_request(node, references):
     """A request with typed ``contents`` instead of raw_input_contents (what non-Triton clients send)."""
-    import grpc
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2
 
     _, ports = node
     model = references["rmc1"]
@@ -150,10 +124,10 @@ def test_grpc_typed_contents_request(node, references):
         t = request.inputs.add(name=name, datatype=DTYPE_NAMES[arr.dtype], shape=list(arr.shape))
         field = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}[t.datatype]
         getattr(t.contents, field).extend(arr.reshape(-1).tolist())
-    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
-        response = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    with grpc_client.stub(ports.grpc) as stub:
+        response = stub.ModelInfer(request, timeout=30)
     scores = np.frombuffer(response.raw_output_contents[0], dtype=np.float32).reshape(list(response.outputs[0].shape))
-    np.testing.assert_allclose(scores, reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
 
 
 def test_plain_json_request_with_aiohttp(node, references):
@@ -171,7 +145,7 @@ def test_plain_json_request_with_aiohttp(node, references):
     response = json.loads(body)
     assert response["id"] == "q1" and response["outputs"][0]["shape"] == [4, 1]
     scores = np.array(response["outputs"][0]["data"], dtype=np.float32).reshape(4, 1)
-    np.testing.assert_allclose(scores, reference_scores(model, batch), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
     # JSON inputs, binary output requested per output
     status, headers, body = asyncio.run(send(json_request(batch, binary_output=True)))
     n = int(headers["Inference-Header-Content-Length"])
@@ -185,35 +159,35 @@ def test_plain_json_request_with_aiohttp(node, references):
 
 def test_triton_endpoints(node):
     _, ports = node
-    status, meta = get_json(ports.http, "/v2")
+    status, meta = http.get(ports.http, "/v2").status_and_json()
     assert status == 200 and {"binary_tensor_data", "statistics", "model_configuration"} <= set(meta["extensions"])
-    assert get_json(ports.http, "/v2/health/live")[0] == 200
-    assert get_json(ports.http, "/v2/health/ready")[0] == 200
-    assert get_json(ports.http, "/v2/models/rmc1/ready")[0] == 200
-    _, m = get_json(ports.http, "/v2/models/rmc1")
+    assert http.get(ports.http, "/v2/health/live").status == 200
+    assert http.get(ports.http, "/v2/health/ready").status == 200
+    assert http.get(ports.http, "/v2/models/rmc1/ready").status == 200
+    m = http.get_json(ports.http, "/v2/models/rmc1")
     spec = catalogue_models()[node[0].config.model("rmc1").model]
     shapes = {i["name"]: (i["datatype"], i["shape"]) for i in m["inputs"]}
     assert shapes == {"dense": ("FP32", [-1, spec.dense_in]), "sparse_values": ("INT64", [-1]),
                       "sparse_lengths": ("INT32", [len(spec.tables), -1])}
     assert m["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, spec.towers]}]
-    _, cfg = get_json(ports.http, "/v2/models/rmc1/config")
+    cfg = http.get_json(ports.http, "/v2/models/rmc1/config")
     assert cfg["max_batch_size"] == 0 and cfg["platform"] == "pytorch_libtorch"
     assert cfg["parameters"]["max_query_size"] == {"string_value": "1024"}
     assert [i["data_type"] for i in cfg["input"]] == ["TYPE_FP32", "TYPE_INT64", "TYPE_INT32"]
     assert cfg["output"][0]["dims"] == [-1, spec.towers]
-    _, cfg_v = get_json(ports.http, "/v2/models/rmc1/versions/1/config")
+    cfg_v = http.get_json(ports.http, "/v2/models/rmc1/versions/1/config")
     assert cfg_v == cfg
-    _, stats = get_json(ports.http, "/v2/models/rmc1/stats")
+    stats = http.get_json(ports.http, "/v2/models/rmc1/stats")
     entry = stats["model_stats"][0]
     assert entry["name"] == "rmc1" and set(entry["inference_stats"]) >= {"success", "fail", "queue", "compute_infer"}
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client = http.triton(ports.http)
     assert client.get_model_config("rmc1")["parameters"]["max_query_size"]["string_value"] == "1024"
     assert client.get_inference_statistics("rmc1")["model_stats"][0]["name"] == "rmc1"
 
 
 def test_prometheus_metrics(node, references):
     _, ports = node
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client = http.triton(ports.http)
     client.infer("rmc1", http_inputs(sample_batch(references["rmc1"], 2)))
     samples = scrape(ports.http)
     assert metric_value(samples, "recserve_workers", model="rmc1", stage="model") == 2
@@ -252,28 +226,30 @@ def test_bad_request_is_400_naming_the_field(node, references, what, field):
     arrays = _mutated(sample_batch(references["rmc1"], 4, rng=1), what)
     body = {"inputs": [{"name": n, "datatype": {"float64": "FP64"}.get(str(a.dtype), DTYPE_NAMES.get(a.dtype)),
                         "shape": list(a.shape), "data": a.reshape(-1).tolist()} for n, a in arrays.items()]}
-    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", json.dumps(body).encode())
-    error = json.loads(raw)
-    assert status == 400 and error["field"] == field and error["error"].startswith(field), error
+    reply = http.post_json(ports.http, "/v2/models/rmc1/infer", body, timeout_s=60)
+    error = reply.json()
+    assert reply.status == 400 and error["field"] == field and error["error"].startswith(field), error
 
 
 def test_other_bad_requests(node, references):
     _, ports = node
     batch = sample_batch(references["rmc1"], 2)
     body = json.dumps(json_request(batch)).encode()
-    status, _, raw = post(ports.http, "/v2/models/nope/infer", body)
-    assert status == 404 and "nope" in json.loads(raw)["error"]
-    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", b"{not json")
-    assert status == 400 and json.loads(raw)["field"] == "body"
-    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", body, {"Inference-Header-Content-Length": "999999"})
-    assert status == 400 and json.loads(raw)["field"] == "Inference-Header-Content-Length"
+    infer = "/v2/models/rmc1/infer"
+    status, error = http.post(ports.http, "/v2/models/nope/infer", body, http.JSON, timeout_s=60).status_and_json()
+    assert status == 404 and "nope" in error["error"]
+    status, error = http.post(ports.http, infer, b"{not json", http.JSON, timeout_s=60).status_and_json()
+    assert status == 400 and error["field"] == "body"
+    status, error = http.post(ports.http, infer, body, {**http.JSON, "Inference-Header-Content-Length": "999999"},
+                              timeout_s=60).status_and_json()
+    assert status == 400 and error["field"] == "Inference-Header-Content-Length"
     big = sample_batch(references["rmc1"], 1025)  # over max_batch_size 1024
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client = http.triton(ports.http)
     with pytest.raises(InferenceServerException, match="dense: batch 1025 exceeds max_batch_size"):
         client.infer("rmc1", http_inputs(big))
     huge = json.dumps({"inputs": [], "pad": "x" * (13 * 1024 * 1024)}).encode()  # over max_body_bytes (12 MiB)
-    status, _, raw = post(ports.http, "/v2/models/rmc1/infer", huge)
-    assert status == 413 and json.loads(raw)["field"] == "body"
+    status, error = http.post(ports.http, infer, huge, http.JSON, timeout_s=60).status_and_json()
+    assert status == 413 and error["field"] == "body"
     wrong = [thttp.InferRequestedOutput("logits")]
     with pytest.raises(InferenceServerException, match="logits: unknown output"):
         client.infer("rmc1", http_inputs(batch), outputs=wrong)
@@ -281,7 +257,7 @@ def test_other_bad_requests(node, references):
 
 def test_grpc_bad_request_is_invalid_argument(node, references):
     _, ports = node
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     batch = sample_batch(references["rmc1"], 3)
     batch.values[0] = 10**9
     with pytest.raises(InferenceServerException) as err:
@@ -298,7 +274,7 @@ def paused_workers(port: int, model: str, seconds: float):
 
     Requests sent meanwhile wait in the kernel, so the worker reads them all at once: admission is then
     decided on a known queue, whatever the speed of the client or of the machine."""
-    state = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/control/models/{model}", timeout=30).read())
+    state = http.get_json(port, f"/control/models/{model}")
     pids = [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -339,14 +315,14 @@ def test_overload_gives_503_not_unbounded_latency(node, references):
         results = asyncio.run(burst())
     statuses = [s for s, _, _ in results]
     # how many land in one queue depends on how the burst reaches the worker (directly or handed over);
-    # the admission rule itself is checked deterministically in test_dataplane.py
+    # the admission rule itself is checked deterministically in test_worker_plane.py
     assert set(statuses) <= {200, 503} and statuses.count(200) >= 2, statuses
     for status, body, retry in results:
         if status == 503:
             assert "overloaded" in json.loads(body)["error"] and int(retry) >= 1
-    grpc_client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
-    assert grpc_client.is_model_ready("dlrm-a")  # and it keeps serving afterwards
-    assert grpc_client.infer("dlrm-a", grpc_inputs(sample_batch(model, 2))).as_numpy("scores").shape == (2, 1)
+    client = grpc_client.triton(ports.grpc)
+    assert client.is_model_ready("dlrm-a")  # and it keeps serving afterwards
+    assert client.infer("dlrm-a", grpc_inputs(sample_batch(model, 2))).as_numpy("scores").shape == (2, 1)
 
 
 # ---------------------------------------------------------------- robustness and control under load
@@ -360,7 +336,7 @@ class Load:
         self.grpc_url = f"127.0.0.1:{grpc_port}" if grpc_port else None
         self.name = model_name
         self.batches = [sample_batch(model, batch, rng=i) for i in range(4)]
-        self.expected = [reference_scores(model, b) for b in self.batches]
+        self.expected = [models.scores(model, b) for b in self.batches]
         self.results: list[tuple[str, str]] = []
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(threads)
@@ -488,9 +464,9 @@ def test_tables_are_shared_only_when_asked(node):
     cfg = server.config.model("rmc1")
     plain = build(catalogue_models()[cfg.model], scale=cfg.scale, seed=cfg.seed)
     batch = sample_batch(plain, 40, rng=4)
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client = http.triton(ports.http)
     served = client.infer("rmc1", http_inputs(batch)).as_numpy("scores")
-    np.testing.assert_allclose(served, reference_scores(plain, batch), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(served, models.scores(plain, batch), rtol=1e-6, atol=1e-7)
     # no weights: its own I/O buffer and connection-state bytes, and its model's shared load slots
     assert all(len(segments) == 3 for segments in copied), copied
 

@@ -2,27 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import tritonclient.http as thttp
 import yaml
 
-from oip_inputs import http_inputs
 from recserve.cli import main
 from recserve.serving import build_worker_model, config_from_dict
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
+from tests.support import http
+from tests.support.oip_inputs import http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -70,13 +68,12 @@ def test_pipeline_mode_matches_in_process(pipeline_server):
     cfg = config.models[0]
     model = build_worker_model(cfg)
     batch = sample_batch(model, 300, rng=9)  # sub_batch 128: three parts, each sparse stage then dense stage
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports['http']}")
+    client = http.triton(ports["http"])
     scores = client.infer(cfg.name, http_inputs(batch)).as_numpy("scores")
     with torch.no_grad():
         expected = model(batch).numpy()
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
-    with urllib.request.urlopen(f"http://127.0.0.1:{ports['http']}/control/models/{cfg.name}", timeout=30) as r:
-        state = json.loads(r.read())
+    state = http.get_json(ports["http"], f"/control/models/{cfg.name}")
     assert state["mode"] == "pipeline"
     assert state["stages"]["sparse"]["workers"] == 1 and state["stages"]["dense"]["workers"] == 1
 
@@ -89,7 +86,7 @@ def test_sigterm_drains_in_flight_queries(pipeline_server):
     results: list[str] = []
 
     def send() -> None:
-        client = thttp.InferenceServerClient(f"127.0.0.1:{ports['http']}", network_timeout=120)
+        client = http.triton(ports["http"], network_timeout=120)
         try:
             # a client deadline of 60 s: behind each other these 1024-item queries wait longer than the model's
             # default deadline (2 x its 20 ms SLA), past which a query still queued is answered 504
@@ -101,14 +98,12 @@ def test_sigterm_drains_in_flight_queries(pipeline_server):
     threads = [threading.Thread(target=send) for _ in range(4)]
     for t in threads:
         t.start()
-    url = f"http://127.0.0.1:{ports['http']}/control/models/{cfg.name}"
     deadline = time.monotonic() + 60
     in_flight = 0
     # SIGTERM only once all four queries were accepted (in flight or already answered): a query that
     # reaches the server after SIGTERM is refused, which is right but not what this test checks
     while time.monotonic() < deadline and in_flight + len(results) < 4:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            in_flight = json.loads(r.read())["in_flight"]
+        in_flight = http.get_json(ports["http"], f"/control/models/{cfg.name}")["in_flight"]
     assert in_flight >= 1, "queries never became in flight"
     proc.send_signal(signal.SIGTERM)
     for t in threads:

@@ -9,24 +9,22 @@ import os
 import queue
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as tgrpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 import recserve
-from nodes import node_config
-from oip_inputs import DTYPE_NAMES, grpc_inputs
-from recserve.serving import NodeServer, build_worker_model
+from recserve.serving import build_worker_model
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import STATUS, InferError
 from recserve.specs import catalogue_models
 from recserve.zoo import sample_batch
+from tests.support import grpc_client, http, models
+from tests.support.nodes import node_config, started
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -35,15 +33,12 @@ MAX_BODY = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def node():
-    model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
+    model = models.first_dlrm()
     config = node_config(model, scale=1e-4, workers=1)
     config.max_body_bytes = MAX_BODY
-    server = NodeServer(config)
-    ports = server.start()
-    try:
+    with started(config) as server:
+        ports = server.ports
         yield server.config.models[0], ports
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +46,12 @@ def model(node):
     return build_worker_model(node[0])
 
 
-def call(port: int, path: str, body: bytes | None = None, method: str | None = None, headers=None):
-    """(status, headers, parsed JSON body) of one HTTP request; errors are answers too."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method,
-                                 headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, dict(r.headers), json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), json.loads(e.read())
-
-
 def json_request(batch) -> dict:
-    return {"inputs": [{"name": n, "datatype": DTYPE_NAMES[a.dtype], "shape": list(a.shape),
-                        "data": a.reshape(-1).tolist()} for n, a in batch.as_arrays().items()]}
+    return http.json_infer_body(batch.as_arrays())
+
+
+def post(port: int, path: str, body: bytes) -> http.Reply:
+    return http.post(port, path, body, http.JSON, timeout_s=60)
 
 
 # ---------------------------------------------------------------- HTTP health and errors
@@ -72,13 +59,13 @@ def json_request(batch) -> dict:
 
 def test_health_endpoints_answer_with_oip_bodies(node):
     cfg, ports = node
-    assert call(ports.http, "/v2/health/live")[::2] == (200, {"live": True})
-    assert call(ports.http, "/v2/health/ready")[::2] == (200, {"ready": True})
+    assert http.get(ports.http, "/v2/health/live").status_and_json() == (200, {"live": True})
+    assert http.get(ports.http, "/v2/health/ready").status_and_json() == (200, {"ready": True})
     for path in (f"/v2/models/{cfg.name}/ready", f"/v2/models/{cfg.name}/versions/1/ready"):
-        status, headers, body = call(ports.http, path)
-        assert (status, body) == (200, {"name": cfg.name, "ready": True})
-        assert headers["Content-Type"].startswith("application/json")
-    status, _, body = call(ports.http, f"/v2/models/{cfg.name}/versions/2/ready")
+        reply = http.get(ports.http, path)
+        assert reply.status_and_json() == (200, {"name": cfg.name, "ready": True})
+        assert reply.headers["Content-Type"].startswith("application/json")
+    status, body = http.get(ports.http, f"/v2/models/{cfg.name}/versions/2/ready").status_and_json()
     assert status == 404 and body["field"] == "model_version"
 
 
@@ -89,23 +76,25 @@ def test_health_endpoints_answer_with_oip_bodies(node):
 ])
 def test_aiohttp_errors_are_json(node, method, path, status):
     cfg, ports = node
-    got, headers, body = call(ports.http, path.format(m=cfg.name), b"{}" if method == "POST" else None, method)
-    assert got == status and headers["Content-Type"].startswith("application/json")
-    assert isinstance(body["error"], str) and body["error"]
+    reply = http.request(ports.http, path.format(m=cfg.name), method=method, body=b"{}" if method == "POST" else None,
+                         headers=http.JSON)
+    assert reply.status == status and reply.headers["Content-Type"].startswith("application/json")
+    assert isinstance(reply.json()["error"], str) and reply.json()["error"]
     if status == 405:
-        assert "Allow" in headers
+        assert "Allow" in reply.headers
 
 
 def test_malformed_json_and_too_large_body_are_json_errors(node):
     cfg, ports = node
-    status, headers, body = call(ports.http, f"/v2/models/{cfg.name}/infer", b"{not json")
-    assert status == 400 and body["field"] == "body" and headers["Content-Type"].startswith("application/json")
-    status, headers, body = call(ports.http, f"/v2/models/{cfg.name}/infer", b" " * (MAX_BODY + 1))
+    reply = post(ports.http, f"/v2/models/{cfg.name}/infer", b"{not json")
+    assert reply.status == 400 and reply.json()["field"] == "body"
+    assert reply.headers["Content-Type"].startswith("application/json")
+    status, body = post(ports.http, f"/v2/models/{cfg.name}/infer", b" " * (MAX_BODY + 1)).status_and_json()
     assert status == STATUS["too_large"].http == 413 and body["field"] == "body"
 
 
 def _stats(port: int, name: str) -> tuple[int, int]:
-    entry = call(port, f"/v2/models/{name}/stats")[2]["model_stats"][0]
+    entry = http.get_json(port, f"/v2/models/{name}/stats")["model_stats"][0]
     return int(entry["inference_stats"]["success"]["count"]), int(entry["inference_count"])
 
 
@@ -146,8 +135,9 @@ def test_malformed_request_is_400_before_the_model_runs(node, model, case):
     req = json_request(sample_batch(model, 3, rng=1))
     mutate(req)
     before = _stats(ports.http, cfg.name)
-    status, headers, body = call(ports.http, f"/v2/models/{cfg.name}/infer", json.dumps(req).encode())
-    assert status == 400 and headers["Content-Type"].startswith("application/json"), body
+    reply = post(ports.http, f"/v2/models/{cfg.name}/infer", json.dumps(req).encode())
+    body = reply.json()
+    assert reply.status == 400 and reply.headers["Content-Type"].startswith("application/json"), body
     assert body["field"] == field and body["error"].startswith(field), body
     assert _stats(ports.http, cfg.name) == before  # not run, not counted as a success
 
@@ -156,7 +146,7 @@ def test_valid_json_request_still_answers(node, model):
     cfg, ports = node
     req = json_request(sample_batch(model, 3, rng=1))
     req.update(id="q", parameters={"binary_data_output": False}, outputs=[{"name": "scores", "parameters": {}}])
-    status, _, body = call(ports.http, f"/v2/models/{cfg.name}/infer", json.dumps(req).encode())
+    status, body = post(ports.http, f"/v2/models/{cfg.name}/infer", json.dumps(req).encode()).status_and_json()
     assert status == 200 and body["id"] == "q" and body["outputs"][0]["shape"][0] == 3
 
 
@@ -165,11 +155,11 @@ def test_valid_json_request_still_answers(node, model):
 
 def test_grpc_model_ready_honours_the_version(node):
     cfg, ports = node
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     assert client.is_model_ready(cfg.name) and client.is_model_ready(cfg.name, "1")
     assert not client.is_model_ready(cfg.name, "2") and not client.is_model_ready("nope")
     # HTTP answers 404 there; tritonclient reads both as "not ready"
-    assert call(ports.http, f"/v2/models/{cfg.name}/versions/2/ready")[0] == 404
+    assert http.get(ports.http, f"/v2/models/{cfg.name}/versions/2/ready").status == 404
 
 
 def test_grpc_raw_and_typed_contents_together_is_invalid(node, model):
@@ -180,15 +170,14 @@ def test_grpc_raw_and_typed_contents_together_is_invalid(node, model):
         request.raw_input_contents.append(arr.tobytes())
         if name == "dense":
             t.contents.fp32_contents.extend(arr.reshape(-1).tolist())
-    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
-        with pytest.raises(grpc.RpcError) as err:
-            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    with grpc_client.stub(ports.grpc) as stub, pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(request, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "dense" in err.value.details()
 
 
 def test_grpc_stream_infer_answers_each_request(node, model):
     cfg, ports = node
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     batches = [sample_batch(model, n, rng=n) for n in (4, 9)]
     expected = [client.infer(cfg.name, grpc_inputs(b)).as_numpy("scores") for b in batches]
     answers: queue.Queue = queue.Queue()
@@ -253,10 +242,10 @@ def shape_fits(config_shape: list[int], shape: list[int]) -> bool:
 def test_served_config_follows_triton_rules(node):
     cfg, ports = node
     spec = catalogue_models()[cfg.model]
-    _, _, http_cfg = call(ports.http, f"/v2/models/{cfg.name}/config")
-    grpc_cfg = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}").get_model_config(cfg.name, as_json=True)
+    http_cfg = http.get_json(ports.http, f"/v2/models/{cfg.name}/config")
+    grpc_cfg = grpc_client.triton(ports.grpc).get_model_config(cfg.name, as_json=True)
     grpc_cfg = grpc_cfg["config"]
-    _, _, meta = call(ports.http, f"/v2/models/{cfg.name}")
+    meta = http.get_json(ports.http, f"/v2/models/{cfg.name}")
     for config in (http_cfg, grpc_cfg):
         assert triton_config_problems(config, cfg.name) == []
         assert int(config.get("max_batch_size", 0)) == 0

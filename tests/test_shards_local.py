@@ -6,16 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from nodes import DEADLINE_MS, node_config
 from recserve.deploy.local_shards import make_layout, process_memory_mb, start_sharded
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import GrpcTarget, HttpTarget
-from recserve.serving import NodeServer
 from recserve.serving.shards.remote_table import ShardClient
 from recserve.serving.shards.service import OUTPUT_POOLED, lookup
 from recserve.specs import get_model
 from recserve.zoo import build
+from tests.support.nodes import DEADLINE_MS, node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -75,7 +74,7 @@ def test_sharded_scores_equal_monolithic(sharded, model, pool, spec):
     expected = [model(pool.batch(i)).detach().numpy() for i in range(len(pool))]
     sharded_grpc = _outputs(GrpcTarget(f"127.0.0.1:{sharded.ports.grpc}", sharded.model_name), pool)
     sharded_http = _outputs(HttpTarget(f"http://127.0.0.1:{sharded.ports.http}", sharded.model_name), pool)
-    with NodeServer(node_config(MODEL, scale=SCALE, workers=1, share_tables=False)) as mono:
+    with started(node_config(MODEL, scale=SCALE, workers=1, share_tables=False)) as mono:
         mono_grpc = _outputs(GrpcTarget(f"127.0.0.1:{mono.ports.grpc}", MODEL), pool)
     for i in range(len(pool)):
         assert sharded_grpc[i].shape == (pool.sizes[i], 1)

@@ -8,8 +8,6 @@ import asyncio
 import json
 import os
 import time
-import urllib.error
-import urllib.request
 import uuid
 from multiprocessing import shared_memory as mpshm
 
@@ -21,17 +19,18 @@ import tritonclient.utils.shared_memory as tshm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from nodes import node_config
 from recserve.measure.requests import RequestPool
 from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget, make_target
-from recserve.serving import NodeServer, build_worker_model
+from recserve.serving import build_worker_model
 from recserve.serving.node.config import quick_config
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.shm import Regions, Registry, register_request, tensor_params
-from recserve.specs import catalogue_models, get_model
+from recserve.specs import get_model
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 from recserve.zoo import sample_batch
+from tests.support import grpc_client, http, models
+from tests.support.nodes import node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -227,7 +226,7 @@ def _place(seg, arrays: dict[str, np.ndarray], start: int = 0) -> dict[str, tupl
 
 @pytest.fixture(scope="module")
 def small_model():
-    model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
+    model = models.first_dlrm()
     cfg = quick_config(model, scale=1e-4, workers=2).models[0]
     return cfg, build_worker_model(cfg)
 
@@ -299,12 +298,9 @@ def test_http_response_writes_scores_to_the_output_region(registry, segment):
 def node(small_model):
     cfg, _ = small_model
     config = node_config(cfg.model, scale=cfg.scale, workers=2)
-    server = NodeServer(config)
-    ports = server.start()
-    try:
+    with started(config) as server:
+        ports = server.ports
         yield server, ports
-    finally:
-        server.stop()
 
 
 def _region(name: str, size: int):
@@ -325,7 +321,7 @@ def test_http_inputs_and_output_through_shared_memory_equal_inline(node, small_m
     fresh connections (either worker may answer, right after the register call); status; unregister."""
     server, ports = node
     model = small_model[1]
-    client = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+    client = http.triton(ports.http)
     name = server.config.models[0].name
     assert "system_shared_memory" in client.get_server_metadata()["extensions"]
     handles = []
@@ -341,7 +337,7 @@ def test_http_inputs_and_output_through_shared_memory_equal_inline(node, small_m
             where = _place(seg, arrays)
             client.register_system_shared_memory(f"in{i}", handle._shm_key, size)
             client.register_system_shared_memory(f"out{i}", out._shm_key, 4096)
-            fresh = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
+            fresh = http.triton(ports.http)
             requested = thttp.InferRequestedOutput(OUTPUT_SCORES)
             requested.set_shared_memory(f"out{i}", 4096)
             result = fresh.infer(name, _http_shm_inputs(arrays, f"in{i}", where), outputs=[requested])
@@ -390,7 +386,7 @@ def _worker_maps(server) -> list[str]:
 def test_grpc_inputs_and_output_through_shared_memory_equal_inline(node, small_model):
     server, ports = node
     model = small_model[1]
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     name = server.config.models[0].name
     arrays = _arrays(model, batch=4, rng=5)
     inline = client.infer(name, codec.triton_inputs(tgrpc, arrays)).as_numpy(OUTPUT_SCORES)
@@ -439,63 +435,52 @@ def test_bad_region_answers_400_and_cuda_501(node):
                         "parameters": {"shared_memory_region": "missing", "shared_memory_byte_size": b}}
                        for n, d, s, b in ((INPUT_DENSE, "FP32", [1, 1], 4), (INPUT_VALUES, "INT64", [0], 0),
                                           (INPUT_LENGTHS, "INT32", [1, 1], 4))]}
-    status, answer = _post(ports.http, f"/v2/models/{name}/infer", body)
+    status, answer = http.post_json(ports.http, f"/v2/models/{name}/infer", body, timeout_s=60).status_and_json()
     assert status == 400 and "'missing' is not a registered" in answer["error"], answer
-    status, answer = _post(ports.http, "/v2/systemsharedmemory/region/x/register", {"key": "/" + _key(),
-                                                                                    "byte_size": 8})
+    region = {"key": "/" + _key(), "byte_size": 8}
+    status, answer = http.post_json(ports.http, "/v2/systemsharedmemory/region/x/register", region,
+                                    timeout_s=60).status_and_json()
     assert status == 400 and "unable to open" in answer["error"]
-    status, answer = _post(ports.http, "/v2/cudasharedmemory/region/x/register", {})
+    status, answer = http.post_json(ports.http, "/v2/cudasharedmemory/region/x/register", {},
+                                    timeout_s=60).status_and_json()
     assert status == 501 and "not supported" in answer["error"]
 
 
-def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-
-def test_server_front_end_with_a_token(small_model):
+def test_server_front_end_with_a_token(small_model, start_node):
     """``front_end: server``: the supervisor decodes every query (it maps the regions itself) and, on a node with a
     control token, registration needs it (HTTP header, gRPC metadata)."""
     cfg, model = small_model
     config = node_config(cfg.model, scale=cfg.scale, workers=1)
     config.front_end, config.control_token = "server", "s3cret"
-    server = NodeServer(config)
-    ports = server.start()
+    server = start_node(config)
+    ports = server.ports
     arrays = _arrays(model, batch=3, rng=2)
     size = sum(a.nbytes + 64 for a in arrays.values())
     handle = _region("t", size)
-    http = thttp.InferenceServerClient(f"127.0.0.1:{ports.http}")
-    grpc = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    over_http, over_grpc = http.triton(ports.http), grpc_client.triton(ports.grpc)
     auth = {"authorization": "Bearer s3cret"}
     try:
         where = _place(handle._mpsm_handle, arrays)
         with pytest.raises(InferenceServerException, match="needs 'Bearer <token>'"):
-            http.register_system_shared_memory("t", handle._shm_key, size)
+            over_http.register_system_shared_memory("t", handle._shm_key, size)
         with pytest.raises(InferenceServerException) as info:
-            grpc.register_system_shared_memory("t", handle._shm_key, size)
+            over_grpc.register_system_shared_memory("t", handle._shm_key, size)
         assert info.value.status() == "StatusCode.UNAUTHENTICATED"
-        grpc.register_system_shared_memory("t", handle._shm_key, size, headers=auth)
-        assert http.get_system_shared_memory_status(headers=auth)[0]["name"] == "t"
-        inline = http.infer(cfg.name, codec.triton_inputs(thttp, arrays)).as_numpy(OUTPUT_SCORES)
-        got = http.infer(cfg.name, _http_shm_inputs(arrays, "t", where)).as_numpy(OUTPUT_SCORES)
+        over_grpc.register_system_shared_memory("t", handle._shm_key, size, headers=auth)
+        assert over_http.get_system_shared_memory_status(headers=auth)[0]["name"] == "t"
+        inline = over_http.infer(cfg.name, codec.triton_inputs(thttp, arrays)).as_numpy(OUTPUT_SCORES)
+        got = over_http.infer(cfg.name, _http_shm_inputs(arrays, "t", where)).as_numpy(OUTPUT_SCORES)
         same_scores(got, inline)
         inputs = [tgrpc.InferInput(n, list(a.shape), DATATYPES[a.dtype]).set_shared_memory("t", where[n][1],
                                                                                          offset=where[n][0])
                   for n, a in arrays.items()]
-        same_scores(grpc.infer(cfg.name, inputs).as_numpy(OUTPUT_SCORES), inline)
+        same_scores(over_grpc.infer(cfg.name, inputs).as_numpy(OUTPUT_SCORES), inline)
         assert list(server.core.shm._maps)  # mapped here: this process decoded the queries
-        http.unregister_system_shared_memory(headers=auth)
+        over_http.unregister_system_shared_memory(headers=auth)
     finally:
-        http.close()
-        grpc.close()
+        over_http.close()
+        over_grpc.close()
         tshm.destroy_shared_memory_region(handle)
-        server.stop()
 
 
 def test_load_generator_sends_pooled_queries_through_regions(node, small_model):

@@ -8,28 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import queue
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-import tritonclient.grpc as tgrpc
 
-from nodes import node_config
-from oip_inputs import grpc_inputs
-from proc_net import holder, tcp_inodes
-from recserve.serving import NodeServer, build_worker_model, quick_config
+from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
 from recserve.serving.worker.siblings import SiblingClient, SiblingServer, socket_path
 from recserve.zoo import sample_batch
+from tests.support import grpc_client, http
+from tests.support.nodes import node_config, started
+from tests.support.oip_inputs import grpc_inputs
+from tests.support.proc_net import holder, tcp_inodes
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -161,10 +159,10 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
     batch = sample_batch(model, size, rng=3)
     expected = model(batch).detach().numpy()
     config = node_config(name, scale=scale, workers=2, forward_to_idle=forward)
-    with NodeServer(config) as server:
+    with started(config) as server:
         directory = server.core.models[name].sibling_dir
         assert bool(directory) == forward and (not forward or os.path.isdir(directory))
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        client = grpc_client.triton(server.ports.grpc)
         answers: queue.Queue = queue.Queue()
         window = threading.Semaphore(6)
 
@@ -180,8 +178,7 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
         assert all(isinstance(g, np.ndarray) and np.allclose(g, expected, atol=1e-5) for g in got), got[:3]
         time.sleep(0.2)  # workers report every 25 ms
         state = ControlClient("127.0.0.1", server.ports.http).get_model(name)
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.ports.http}/v2/models/{name}/stats") as r:
-            stats = json.load(r)["model_stats"][0]["inference_stats"]
+        stats = http.get_json(server.ports.http, f"/v2/models/{name}/stats")["model_stats"][0]["inference_stats"]
     assert stats["success"]["count"] == calls  # a forwarded query is counted once, by the worker computing it
     if forward:
         assert state["siblings"]["forwarded"] > 0
@@ -202,9 +199,9 @@ def test_one_grpc_channel_kept_busy_is_served_by_both_workers_alike():
     cores = sorted(os.sched_getaffinity(0))
     # both workers on every core: the share measures the policy, not which pinned core a busy host's others load
     config = node_config(name, scale=scale, workers=2, cores=[cores, cores])
-    with NodeServer(config) as server:
+    with started(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        client = grpc_client.triton(server.ports.grpc)
         client.infer(name, grpc_inputs(batch))
         time.sleep(0.2)
         before = [w["queries_done"] for w in control.get_model(name)["stages"]["model"]["worker_detail"]]
@@ -242,10 +239,10 @@ def test_a_sibling_killed_with_forwarded_queries_loses_none_of_them():
     model = build_worker_model(quick_config(name, scale=scale).models[0])
     batch = sample_batch(model, size, rng=5)
     config = node_config(name, scale=scale, workers=2, fuse_items=0)
-    with NodeServer(config) as server:
+    with started(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
         pids = [w["pid"] for w in control.get_model(name)["stages"]["model"]["worker_detail"]]
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        client = grpc_client.triton(server.ports.grpc)
         client.infer(name, grpc_inputs(batch))
         origin = grpc_connection_owner(server.ports.grpc, pids)
         assert origin in pids
@@ -278,9 +275,9 @@ def test_resizing_under_one_grpc_channel_fails_no_query():
     batch = sample_batch(model, size, rng=7)
     expected = model(batch).detach().numpy()
     config = node_config(name, scale=scale, workers=2)
-    with NodeServer(config) as server:
+    with started(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{server.ports.grpc}")
+        client = grpc_client.triton(server.ports.grpc)
         answers: queue.Queue = queue.Queue()
         window = threading.Semaphore(4)
         stop = threading.Event()

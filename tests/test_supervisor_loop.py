@@ -16,13 +16,13 @@ def test_a_two_model_node_under_uvloops_policy_answers_handed_off_connections():
 
     import numpy as np
 
-    from nodes import generous
     from recserve.measure.loadgen import LoadSession
     from recserve.measure.requests import RequestPool
     from recserve.measure.targets import HttpTarget
     from recserve.serving import NodeServer
     from recserve.specs import get_model
-    from scrape import metric_value, scrape
+    from tests.support.nodes import generous
+    from tests.support.scrape import metric_value, scrape
 
     uvloop = pytest.importorskip("uvloop")
     models = ("hercules-rmc1", "kairos-rm2")

@@ -3,9 +3,9 @@ order and number formatting are the exposition library's business."""
 
 from __future__ import annotations
 
-import urllib.request
-
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import http
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -17,8 +17,9 @@ def parse(text: str) -> Samples:
 
 
 def scrape(port: int, timeout_s: float = 30) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as r:
-        return parse(r.read().decode())
+    reply = http.get(port, "/metrics", timeout_s=timeout_s)
+    assert reply.status == 200, (reply.status, reply.body[:300])
+    return parse(reply.body.decode())
 
 
 def metric_value(samples: Samples, name: str, **labels: str) -> float | None:

@@ -4,19 +4,13 @@ metadata stay open."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
-import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
-from nodes import node_config
-from recserve.serving import NodeServer
 from recserve.serving.node import control_api
 from recserve.serving.wire.errors import InferError
-from recserve.specs import catalogue_models
+from tests.support import grpc_client, http, models
+from tests.support.nodes import node_config, started
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -26,25 +20,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture(scope="module")
 def node():
-    model = sorted(n for n, s in catalogue_models().items() if s.family == "dlrm")[0]
+    model = models.first_dlrm()
     config = node_config(model, scale=1e-4, workers=1)
     config.control_token = TOKEN
-    server = NodeServer(config)
-    ports = server.start()
-    try:
-        yield model, ports
-    finally:
-        server.stop()
-
-
-def _http(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict]:
-    data = b"{}" if method == "POST" else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+    with started(config) as server:
+        yield model, server.ports
 
 
 def test_guarded_paths_and_methods_are_one_list():
@@ -66,22 +46,23 @@ def test_guarded_paths_and_methods_are_one_list():
                                           ("POST", "/v2/repository/models/anything/unload")])
 def test_http_guarded_operations_need_the_token(node, method, path):
     _, ports = node
-    status, body = _http(ports.http, method, path)
+    send = http.get if method == "GET" else http.post_json
+    status, body = send(ports.http, path).status_and_json()
     assert status == 401 and body["field"] == "Authorization" and "Bearer <token>" in body["error"]
-    status, body = _http(ports.http, method, path, AUTH)
+    status, body = send(ports.http, path, headers=AUTH).status_and_json()
     assert status != 401, body  # past the rule: answered (200) or refused for its own reason (no repository: 501)
 
 
 def test_http_inference_side_stays_open(node):
     model, ports = node
-    assert _http(ports.http, "GET", "/v2/health/ready")[0] == 200
-    assert _http(ports.http, "GET", f"/v2/models/{model}")[0] == 200
-    assert _http(ports.http, "POST", "/v2/repository/index")[0] in (200, 501)
+    assert http.get(ports.http, "/v2/health/ready").status == 200
+    assert http.get(ports.http, f"/v2/models/{model}").status == 200
+    assert http.post_json(ports.http, "/v2/repository/index").status in (200, 501)
 
 
 def test_grpc_guarded_operations_need_the_token(node):
     model, ports = node
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     auth = {"authorization": f"Bearer {TOKEN}"}
     calls = [lambda h: client.get_system_shared_memory_status(headers=h),
              lambda h: client.unregister_system_shared_memory(headers=h),

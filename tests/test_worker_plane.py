@@ -9,8 +9,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
@@ -18,15 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from nodes import generous
-from oip_inputs import DTYPE_NAMES, grpc_inputs
-from proc_net import holder, tcp_inodes
 from recserve.errors import SpecError
-from recserve.serving import NodeServer, build_worker_model, config_from_dict
+from recserve.serving import build_worker_model, config_from_dict
 from recserve.serving.node.core import _infer_target
 from recserve.serving.transport.http1 import HEADS, HeadError, _heads, read_head
 from recserve.zoo import sample_batch
-from scrape import metric_value, scrape
+from tests.support import grpc_client, http
+from tests.support.nodes import generous, started
+from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs
+from tests.support.proc_net import holder, tcp_inodes
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -40,12 +39,9 @@ def node():
         {"name": "b", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
          "deadline_ms": 30_000},  # tests of deadlines set their own; the others must not depend on the host's speed
     ]})
-    server = NodeServer(config)
-    ports = server.start()
-    try:
+    with started(config) as server:
+        ports = server.ports
         yield server, ports.http
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +50,7 @@ def grpc_node():
         {"name": "a", "model": MODELS["a"], "scale": 1e-4, "workers": 2, "max_batch_size": 128},
         {"name": "b", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
          "deadline_ms": 30_000}]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         yield server.ports
 
 
@@ -90,17 +86,13 @@ def scores_of(raw: bytes, header_length: str) -> np.ndarray:
     return np.frombuffer(raw[n:], dtype=np.float32).reshape(out["shape"])
 
 
-def get(port: int, path: str) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
-        return json.loads(r.read())
-
-
 def pipe_items(port: int, model: str) -> int:
-    return sum(w["items_done"] for w in get(port, f"/control/models/{model}")["stages"]["model"]["worker_detail"])
+    detail = http.get_json(port, f"/control/models/{model}")["stages"]["model"]["worker_detail"]
+    return sum(w["items_done"] for w in detail)
 
 
 def successes(port: int, model: str) -> int:
-    return get(port, f"/v2/models/{model}/stats")["model_stats"][0]["inference_stats"]["success"]["count"]
+    return http.get_json(port, f"/v2/models/{model}/stats")["model_stats"][0]["inference_stats"]["success"]["count"]
 
 
 async def post_scores(session: aiohttp.ClientSession, name: str, batch) -> np.ndarray:
@@ -166,14 +158,13 @@ def test_sub_batching_hands_queries_to_the_server_and_back(node, cases):
     body, headers = body_of(batch)
 
     def post_a() -> np.ndarray:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/a/infer", data=body, headers=headers)
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return scores_of(r.read(), r.headers["Inference-Header-Content-Length"])
+        reply = http.post(port, "/v2/models/a/infer", body, headers)
+        assert reply.status == 200, reply.body[:300]
+        return reply.scores()
 
     def set_sub_batch(k: int) -> None:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/control/models/a/sub_batch",
-                                     data=json.dumps({"sub_batch": k}).encode(), method="POST")
-        urllib.request.urlopen(req, timeout=30).read()
+        reply = http.post_json(port, "/control/models/a/sub_batch", {"sub_batch": k})
+        assert reply.status == 200, reply.body[:300]
 
     items = pipe_items(port, "a")
     set_sub_batch(4)
@@ -257,25 +248,16 @@ def test_front_end_is_validated_and_the_v1_layout_still_serves(cases):
                                                                    "scale": 1e-4, "max_batch_size": 128})]})
     batch, expected = cases["b"][0]
     body, headers = body_of(batch)
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.http
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/b/infer", data=body, headers=headers)
-        with urllib.request.urlopen(req, timeout=30) as r:
-            scores = scores_of(r.read(), r.headers["Inference-Header-Content-Length"])
+        reply = http.post(port, "/v2/models/b/infer", body, headers)
+        assert reply.status == 200, reply.body[:300]
+        scores = reply.scores()
         assert pipe_items(port, "b") == 1  # v1: the server process decoded it and shipped it over the pipe
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- admission, deadlines, fusion, faults
-
-
-def post(port: int, model: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{model}/infer", data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read(), dict(r.headers)
-    except urllib.error.HTTPError as err:
-        return err.code, err.read(), dict(err.headers)
 
 
 def with_parameters(batch, **parameters) -> tuple[bytes, dict[str, str]]:
@@ -288,7 +270,7 @@ def with_parameters(batch, **parameters) -> tuple[bytes, dict[str, str]]:
 
 
 def worker_pids(port: int, model: str) -> list[int]:
-    return [w["pid"] for w in get(port, f"/control/models/{model}")["stages"]["model"]["worker_detail"]]
+    return [w["pid"] for w in http.get_json(port, f"/control/models/{model}")["stages"]["model"]["worker_detail"]]
 
 
 def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
@@ -298,27 +280,27 @@ def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
     _, port = node
     batch, expected = cases["b"][0]
     for bad in (0, -5, 1.5, "10", True):
-        status, raw, _ = post(port, "b", *with_parameters(batch, timeout=bad))
-        assert status == 400 and json.loads(raw)["field"] == "parameters.timeout", (bad, raw)
-    status, raw, headers = post(port, "b", *with_parameters(batch, timeout=10_000_000))
-    assert status == 200
-    np.testing.assert_allclose(scores_of(raw, headers["Inference-Header-Content-Length"]), expected, rtol=1e-5,
-                               atol=1e-6)
+        reply = http.post(port, "/v2/models/b/infer", *with_parameters(batch, timeout=bad))
+        assert reply.status == 400 and reply.json()["field"] == "parameters.timeout", (bad, reply.body)
+    reply = http.post(port, "/v2/models/b/infer", *with_parameters(batch, timeout=10_000_000))
+    assert reply.status == 200
+    np.testing.assert_allclose(reply.scores(), expected, rtol=1e-5, atol=1e-6)
     pids = worker_pids(port, "b")
     with ThreadPoolExecutor(8) as pool:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         timer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGCONT) for pid in pids])
         timer.start()
-        answers = list(pool.map(lambda _: post(port, "b", *with_parameters(batch, timeout=1)), range(8)))
+        answers = list(pool.map(lambda _: http.post(port, "/v2/models/b/infer", *with_parameters(batch, timeout=1)),
+                                range(8)))
         timer.join()
-    statuses = sorted(status for status, _, _ in answers)
+    statuses = sorted(answer.status for answer in answers)
     assert statuses.count(200) >= 1 and set(statuses) <= {200, 503, 504} and len(set(statuses)) > 1, statuses
-    for status, raw, hdrs in answers:
-        if status == 504:
-            assert "deadline exceeded" in json.loads(raw)["error"]
-        if status == 503:
-            assert "after its deadline" in json.loads(raw)["error"] and int(hdrs["Retry-After"]) >= 1
+    for answer in answers:
+        if answer.status == 504:
+            assert "deadline exceeded" in answer.json()["error"]
+        if answer.status == 503:
+            assert "after its deadline" in answer.json()["error"] and int(answer.headers["Retry-After"]) >= 1
     deadline = time.monotonic() + 60
     codes = {503: "unavailable", 504: "deadline"}
     for status in set(statuses) - {200}:
@@ -331,7 +313,7 @@ def test_queued_queries_are_fused_into_one_pass_with_the_same_scores(node, cases
     """Queries that are queued together run as one forward pass (Triton-style dynamic batching) and each gets
     exactly its own scores."""
     _, port = node
-    stats = get(port, "/v2/models/b/stats")["model_stats"][0]
+    stats = http.get_json(port, "/v2/models/b/stats")["model_stats"][0]
     pids = worker_pids(port, "b")
     pairs = cases["b"] * 3
 
@@ -349,7 +331,7 @@ def test_queued_queries_are_fused_into_one_pass_with_the_same_scores(node, cases
     for scores, (_, expected) in zip(got, pairs, strict=True):
         np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
     time.sleep(0.1)
-    after = get(port, "/v2/models/b/stats")["model_stats"][0]
+    after = http.get_json(port, "/v2/models/b/stats")["model_stats"][0]
     queries = after["inference_stats"]["success"]["count"] - stats["inference_stats"]["success"]["count"]
     passes = after["execution_count"] - stats["execution_count"]
     assert queries == len(pairs) and passes < queries, (queries, passes)
@@ -386,7 +368,7 @@ def fragile_node():
     config = config_from_dict({"read_timeout_s": 1.0, "models": [
         {"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128,
          "hang_timeout_s": 1.0, "deadline_ms": 2000}]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         yield server.ports.http
 
 
@@ -414,21 +396,20 @@ def test_a_hung_worker_answers_504_turns_unready_and_is_replaced(fragile_node, c
     seen_unready = False
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/h/ready", timeout=30)
+        status = http.get(port, "/v2/models/h/ready").status
+        if status == 200:
             if seen_unready:
                 break
-        except urllib.error.HTTPError as err:
-            assert err.code == 503
+        else:
+            assert status == 503
             seen_unready = True
         time.sleep(0.02)
     assert seen_unready
-    state = get(port, "/control/models/h")
+    state = http.get_json(port, "/control/models/h")
     assert state["worker_restarts"] == 1 and worker_pids(port, "h") != [pid]
-    status, raw, hdrs = post(port, "h", body, headers)
-    assert status == 200
-    np.testing.assert_allclose(scores_of(raw, hdrs["Inference-Header-Content-Length"]), expected, rtol=1e-5,
-                               atol=1e-6)
+    reply = http.post(port, "/v2/models/h/infer", body, headers)
+    assert reply.status == 200
+    np.testing.assert_allclose(reply.scores(), expected, rtol=1e-5, atol=1e-6)
 
 
 def _read_reply(s: socket.socket) -> bytes:
@@ -451,7 +432,7 @@ def test_a_dying_worker_costs_only_its_own_queries(cases):
     batch, expected = cases["b"][1]
     body, headers = body_of(batch)
     head = infer_head("h", body, headers)
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.http
         (pid,) = worker_pids(port, "h")
         idle, unread, held = (socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(3))
@@ -476,7 +457,7 @@ def test_a_dying_worker_costs_only_its_own_queries(cases):
         finally:
             for s in (idle, unread, held):
                 s.close()
-        stats = get(port, "/v2/models/h/stats")["model_stats"][0]["inference_stats"]
+        stats = http.get_json(port, "/v2/models/h/stats")["model_stats"][0]["inference_stats"]
         assert stats["fail"]["count"] >= 1
 
 
@@ -494,7 +475,7 @@ def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):
     batch, _ = cases["a"][2]
     body, headers = body_of(batch)
     head = infer_head("h", body, headers)
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.http
         busy, idle = worker_pids(port, "h")
         os.kill(idle, signal.SIGSTOP)
@@ -533,7 +514,7 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
     try:
         for s in socks:  # a body promised and never sent
             s.sendall(b"POST /v2/models/h/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"inputs\"")
-        assert get(port, "/v2/health/live") == {"live": True}
+        assert http.get_json(port, "/v2/health/live") == {"live": True}
         replies = [s.recv(65536) for s in socks]  # within read_timeout_s plus one sweep
     finally:
         for s in socks:
@@ -549,14 +530,13 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
 def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(grpc_node, cases):
     """Workers listen on the public gRPC port too: their model's ModelInfer never crosses a pipe; metadata,
     readiness, statistics, other models and streams are forwarded to the server process."""
-    import tritonclient.grpc as tgrpc
 
     ports = grpc_node
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+    client = grpc_client.triton(ports.grpc)
     assert client.is_server_ready() and client.is_model_ready("a") and not client.is_model_ready("nope")
     assert client.get_model_metadata("b").name == "b"
     for _ in range(3):  # new connections land on any worker: each forwards what is not its own
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        client = grpc_client.triton(ports.grpc)
         for name, pairs in cases.items():
             for batch, expected in pairs:
                 scores = client.infer(name, grpc_inputs(batch), client_timeout=30).as_numpy("scores")
@@ -575,7 +555,7 @@ def test_huge_json_is_refused_and_health_answers_during_a_long_decode():
     accepts while no worker does)."""
     config = config_from_dict({"max_json_bytes": 24 * 1024 * 1024, "models": [
         generous({"name": "h", "model": MODELS["b"], "scale": 1e-4, "workers": 1, "max_batch_size": 128})]})
-    with NodeServer(config) as server:
+    with started(config) as server:
         check_huge_json(server.ports.http)
 
 
@@ -583,19 +563,19 @@ def check_huge_json(port: int) -> None:
     floats = 3_000_000  # ~15 MB of JSON: seconds of decoding on a small host
     big = b'{"inputs": [{"name": "dense", "datatype": "FP32", "shape": [1, %d], "data": [' % floats
     big += b"0.5, " * (floats - 1) + b"0.5]}]}"
-    status, raw, _ = post(port, "h", big + b" " * (25 * 1024 * 1024 - len(big)), {})
-    assert status == 413 and "binary" in json.loads(raw)["error"]
+    reply = http.post(port, "/v2/models/h/infer", big + b" " * (25 * 1024 * 1024 - len(big)))
+    assert reply.status == 413 and "binary" in reply.json()["error"]
     answer: dict = {}
-    sender = threading.Thread(target=lambda: answer.update(result=post(port, "h", big, {})))
+    sender = threading.Thread(target=lambda: answer.update(result=http.post(port, "/v2/models/h/infer", big)))
     sender.start()
     slowest = 0.0
     while sender.is_alive():
         start = time.monotonic()
-        assert get(port, "/v2/health/live") == {"live": True}
+        assert http.get_json(port, "/v2/health/live") == {"live": True}
         slowest = max(slowest, time.monotonic() - start)
         time.sleep(0.05)
     sender.join()
-    assert answer["result"][0] == 400  # decoded, then refused: the shape does not fit the model
+    assert answer["result"].status == 400  # decoded, then refused: the shape does not fit the model
     assert slowest < 5.0, slowest  # bounded by the watchdog's tick and RESPONSIVE_S, not by the decode
 
 
@@ -991,7 +971,6 @@ def test_a_worker_out_of_descriptors_pauses_accepting_and_resumes(monkeypatch):
 
 def test_a_large_grpc_query_is_decoded_from_the_received_bytes_and_scores_like_the_model(grpc_node, node):
     """From ``SPLIT_BYTES`` on, a worker splits the tensors off before protobuf parses the request."""
-    import tritonclient.grpc as tgrpc
 
     from recserve.serving.worker.grpc_methods import SPLIT_BYTES
 
@@ -1001,7 +980,7 @@ def test_a_large_grpc_query_is_decoded_from_the_received_bytes_and_scores_like_t
     assert sum(a.nbytes for a in batch.as_arrays().values()) > SPLIT_BYTES
     with torch.no_grad():
         expected = model(batch).numpy()
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{grpc_node.grpc}")
+    client = grpc_client.triton(grpc_node.grpc)
     scores = client.infer("a", grpc_inputs(batch), client_timeout=60).as_numpy("scores")
     np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
 
@@ -1011,13 +990,12 @@ def test_a_stream_mixing_models_is_answered_in_request_order_by_the_worker_that_
     unary calls; answers leave in request order and an error is that request's alone."""
     import queue
 
-    import tritonclient.grpc as tgrpc
 
     ports = grpc_node
     sent = [("a", 0, "1"), ("b", 1, "1"), ("a", 2, "9"), ("b", 0, "1"), ("a", 1, "1")]  # (model, case, version)
     for _ in range(3):  # a new connection each time: it lands on a worker of either model
         before = pipe_items(ports.http, "a") + pipe_items(ports.http, "b")
-        client = tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        client = grpc_client.triton(ports.grpc)
         answers: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error, q=answers: q.put((result, error)))
         try:
@@ -1085,8 +1063,7 @@ def test_a_stalled_server_process_does_not_take_its_workers_for_silent(node, cap
             time.sleep(0.5)
     assert "no worker is accepting" not in caplog.text and "hung" not in caplog.text
     assert server.core._fallback is None
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as answer:
-        assert answer.status == 200
+    assert http.get(port, "/v2/health/ready", timeout_s=10).status == 200
 
 
 def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():

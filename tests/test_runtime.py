@@ -16,34 +16,31 @@ import pytest
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from oip_inputs import http_inputs
 from recserve.serving import NodeServer, build_worker_model, config_from_dict
 from recserve.serving.node import pool as pool_module
+from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.control_client import ControlClient
 from recserve.zoo import sample_batch
+from tests.support.nodes import started
+from tests.support.oip_inputs import http_inputs
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 MODEL = "rmc1-pipeline"
 
 
-def pipeline_node(**model_overrides) -> NodeServer:
+def pipeline_config(**model_overrides) -> NodeConfig:
     """One pipeline-mode model (every query passes through the server's dispatcher), one worker per stage."""
     model = dict(model="hercules-rmc1", name=MODEL, scale=1e-4, mode="pipeline", sparse_workers=1, workers=1,
                  threads=1, sub_batch=0, deadline_ms=60_000, hang_timeout_s=30.0, queue_limit=16)
     model.update(model_overrides)
-    config = config_from_dict(dict(host="127.0.0.1", http_port=0, grpc_port=0, drain_timeout_s=1.0, models=[model]))
-    return NodeServer(config)
+    return config_from_dict(dict(host="127.0.0.1", http_port=0, grpc_port=0, drain_timeout_s=1.0, models=[model]))
 
 
 @contextlib.contextmanager
 def running(**model_overrides):
-    server = pipeline_node(**model_overrides)
-    ports = server.start()
-    try:
-        yield server, ports
-    finally:
-        server.stop()
+    with started(pipeline_config(**model_overrides)) as server:
+        yield server, server.ports
 
 
 @pytest.fixture
@@ -143,7 +140,7 @@ def test_a_restart_that_raises_oserror_still_answers_the_queue(node, monkeypatch
 
 
 def test_stopping_node_answers_held_queries_at_once():
-    server = pipeline_node()
+    server = NodeServer(pipeline_config())  # stopped by the test itself, from a thread
     ports = server.start()
     stopper = None
     try:
@@ -170,12 +167,8 @@ def test_stopping_node_answers_held_queries_at_once():
 
 
 def test_stopping_during_a_restart_leaves_no_worker_behind():
-    server = pipeline_node()
-    ports = server.start()
-    try:
-        os.kill(sparse_pid(ports.http), signal.SIGKILL)
+    with started(pipeline_config()) as server:
+        os.kill(sparse_pid(server.ports.http), signal.SIGKILL)
         time.sleep(0.2)  # the server sees the exit and starts a replacement
-    finally:
-        server.stop()
     left = [p.name for p in multiprocessing.active_children() if MODEL in p.name]
     assert not left, left  # (before: the replacement outlived the node and held the interpreter's exit)

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from oip_inputs import small_query as query
 from recserve.serving.wire import codec
 from recserve.serving.wire.codec import PLAN_KEY_BYTES, PLANS, HttpPlans
 from recserve.serving.wire.errors import InferError
+from tests.support.oip_inputs import small_query as query
 
 
 def body_of(arrays: dict[str, np.ndarray], request_id: str | None = None, outputs: list | None = None,

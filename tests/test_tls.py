@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import ssl
 import subprocess
@@ -11,12 +10,12 @@ import urllib.request
 
 import grpc
 import pytest
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
-from nodes import node_config
 from recserve.errors import SpecError
-from recserve.serving import NodeServer
 from recserve.serving.node.config import quick_config
+from tests.support import grpc_client, http
+from tests.support.nodes import node_config, started
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
@@ -36,22 +35,16 @@ def test_http_and_grpc_speak_tls(certificate):
     cert, key = certificate
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.tls_cert, config.tls_key = cert, key  # set after construction: the server still uses one front end
-    server = NodeServer(config)
-    ports = server.start()
-    try:
+    with started(config, drain=False) as server:
+        ports = server.ports
         context = ssl.create_default_context(cafile=cert)
-        with urllib.request.urlopen(f"https://127.0.0.1:{ports.http}/v2/health/live", context=context,
-                                    timeout=30) as r:
-            assert r.status == 200 and json.load(r) == {"live": True}
+        reply = http.get(http.url(ports.http, "/v2/health/live", "https"), context=context)
+        assert reply.status_and_json() == (200, {"live": True})
         with pytest.raises((urllib.error.URLError, ConnectionError)):
-            urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/v2/health/live", timeout=10).read()
+            http.get(ports.http, "/v2/health/live", timeout_s=10)
         credentials = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read())
-        with grpc.secure_channel(f"127.0.0.1:{ports.grpc}", credentials) as channel:
-            answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(service_pb2.ServerLiveRequest(),
-                                                                                   timeout=30)
-            assert answer.live
-    finally:
-        server.stop(drain=False)
+        with grpc_client.stub(ports.grpc, credentials) as stub:
+            assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live
 
 
 def test_tls_config_needs_both_files_and_uses_one_front_end(certificate):
@@ -89,7 +82,7 @@ def test_a_non_utf8_path_leaves_every_mode_serving_grpc(certificate, mode):
         config.tls_cert, config.tls_key = cert, key
     context = ssl.create_default_context(cafile=cert)
     context.set_alpn_protocols(["h2"])
-    with NodeServer(config) as server:
+    with started(config) as server:
         port = server.ports.grpc
         for _ in range(3):
             with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
@@ -98,11 +91,6 @@ def test_a_non_utf8_path_leaves_every_mode_serving_grpc(certificate, mode):
                 received = b""
                 while b"grpc-status" not in received and (chunk := sock.recv(1 << 16)):
                     received += chunk  # the call's status, or the end of the connection
-        if mode == "tls":
-            credentials = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read())
-            channel = grpc.secure_channel(f"127.0.0.1:{port}", credentials)
-        else:
-            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        with channel:
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        credentials = grpc.ssl_channel_credentials(root_certificates=open(cert, "rb").read()) if mode == "tls" else None
+        with grpc_client.stub(port, credentials) as stub:
             assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live

@@ -7,9 +7,12 @@ not about deadlines or hangs start nodes with these generous values; a test abou
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from recserve.serving.node.config import NodeConfig, quick_config
+from recserve.serving.node.server import NodeServer
 
 DEADLINE_MS = 60_000.0
 HANG_TIMEOUT_S = 120.0
@@ -29,3 +32,15 @@ def node_config(model: str, scale: float = 1e-4, workers: int = 1, **options: An
 def generous_yaml() -> str:
     """The same for a repository model's config.yaml."""
     return "".join(f"{key}: {value:g}\n" for key, value in GENEROUS.items())
+
+
+@contextlib.contextmanager
+def started(config: NodeConfig, drain: bool = True) -> Iterator[NodeServer]:
+    """A node started from ``config`` (its ports in ``.ports``), stopped on leaving however the test ends;
+    ``drain=False`` stops it without waiting for queries in flight."""
+    server = NodeServer(config)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(drain=drain)

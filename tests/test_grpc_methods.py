@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from oip_inputs import small_query as query
 from recserve.serving.wire import codec
 from recserve.serving.wire.codec import PLAN_KEY_BYTES, PLANS, protobuf_field
 from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.grpc_messages import infer_response
 from recserve.serving.worker.grpc_methods import STREAM_INFER_KEY, Plan, WorkerMethods
+from tests.support.oip_inputs import small_query as query
 
 
 def request_of(arrays: dict[str, np.ndarray], request_id: str = "", model: str = "m", version: str = "",

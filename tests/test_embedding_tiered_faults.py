@@ -11,13 +11,14 @@ import pytest
 import torch
 import yaml
 
-from nodes import generous
 from recserve.cli import main
 from recserve.embedding.tablefile import TableFileError, read_header, write_table
 from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, tier_model
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
-from scrape import metric_value, scrape
+from tests.support import http
+from tests.support.nodes import generous
+from tests.support.scrape import metric_value, scrape
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -120,63 +121,48 @@ def test_bad_file_at_start_is_one_line_exit_2_and_rebuild_fixes_it(tmp_path, dis
 
 
 def _infer(port: int, batch, timeout_s: float) -> tuple[object, bytes]:
-    import json
-    import urllib.error
-    import urllib.request
-
-    body = {"inputs": [{"name": n, "datatype": {np.float32: "FP32", np.int64: "INT64", np.int32: "INT32"}[a.dtype.type],
-                        "shape": list(a.shape), "data": a.reshape(-1).tolist()} for n, a in batch.as_arrays().items()]}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/sdm-m1/infer", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    """(status, body) of a plain-JSON query; a timeout or a reset is "no answer", which is not scores either."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except OSError as e:  # timed out or reset: no answer is not an answer with scores
+        reply = http.post_json(port, "/v2/models/sdm-m1/infer", http.json_infer_body(batch.as_arrays()),
+                               timeout_s=timeout_s)
+    except OSError as e:
         return "no answer", repr(e).encode()
+    return reply.status, reply.body
 
 
-def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_dir):
-    import json
+def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_dir, start_node):
     import signal
     import time
-    import urllib.request
 
-    from recserve.serving import NodeServer, config_from_dict
+    from recserve.serving import config_from_dict
     from recserve.specs import get_model
 
     model = generous({"model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
                       "options": {"tier": {"dir": disk_dir, "tables": [0, 1], "cache_mb": 0, "engine": "threads"}}})
     config = config_from_dict({"models": [model]})
     reference = build(get_model("sdm-m1"), scale=2e-5)
-    server = NodeServer(config)
-    ports = server.start()
-    try:
-        status, _ = _infer(ports.http, sample_batch(reference, 8, rng=1), 60)
-        assert status == 200
-        path = sorted(p for p in (os.path.join(disk_dir, f) for f in os.listdir(disk_dir)) if p.endswith(".tbl"))[0]
-        header = read_header(path)
-        corrupt(path, header.data_offset, b"\x00\x00\xc0\x7f" * (header.data_bytes // 4))
-        status, body = _infer(ports.http, sample_batch(reference, 8, rng=2), 60)
-        assert status == 500 and b"table user0: checksum mismatch in row" in body and b"block" in body, body
-        counted = None
-        for _ in range(50):  # workers report their failures in short batches
-            counted = metric_value(scrape(ports.http), "recserve_request_errors_total",
-                                   model="sdm-m1", code="data_loss")
-            if counted:
-                break
-            time.sleep(0.1)
-        assert counted == 1
-        # swap the file under the same name, then kill the worker: the restarted worker must refuse it
-        write_table(path, np.random.default_rng(0).standard_normal((header.rows, header.dim)).astype(np.float32))
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/control/models/sdm-m1") as r:
-            pid = json.load(r)["stages"]["model"]["worker_detail"][0]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        time.sleep(1.0)
-        # wait for the answer (503 once the restarts give up, ~10 s): a query left queued would hold the
-        # server's shutdown for its 60 s grace period; every restart attempt in between is watched
-        status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 60)
-        assert status != 200, "a worker served the swapped file"
-    finally:
-        server.stop(drain=False)
+    ports = start_node(config, drain=False).ports
+    status, _ = _infer(ports.http, sample_batch(reference, 8, rng=1), 60)
+    assert status == 200
+    path = sorted(p for p in (os.path.join(disk_dir, f) for f in os.listdir(disk_dir)) if p.endswith(".tbl"))[0]
+    header = read_header(path)
+    corrupt(path, header.data_offset, b"\x00\x00\xc0\x7f" * (header.data_bytes // 4))
+    status, body = _infer(ports.http, sample_batch(reference, 8, rng=2), 60)
+    assert status == 500 and b"table user0: checksum mismatch in row" in body and b"block" in body, body
+    counted = None
+    for _ in range(50):  # workers report their failures in short batches
+        counted = metric_value(scrape(ports.http), "recserve_request_errors_total",
+                               model="sdm-m1", code="data_loss")
+        if counted:
+            break
+        time.sleep(0.1)
+    assert counted == 1
+    # swap the file under the same name, then kill the worker: the restarted worker must refuse it
+    write_table(path, np.random.default_rng(0).standard_normal((header.rows, header.dim)).astype(np.float32))
+    pid = http.get_json(ports.http, "/control/models/sdm-m1")["stages"]["model"]["worker_detail"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(1.0)
+    # wait for the answer (503 once the restarts give up, ~10 s): a query left queued would hold the
+    # server's shutdown for its 60 s grace period; every restart attempt in between is watched
+    status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 60)
+    assert status != 200, "a worker served the swapped file"
