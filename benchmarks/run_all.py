@@ -247,7 +247,13 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def interrupted(signum: int, frame: object) -> None:
+    """SIGTERM (a ``timeout`` around run_all) as Ctrl-C: the running benchmark's process group is stopped too."""
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, interrupted)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated benchmark names to run (see --list)")
     p.add_argument("--skip", default="", help="comma-separated benchmark names not to run")
