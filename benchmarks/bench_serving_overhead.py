@@ -111,12 +111,12 @@ def headline(result: dict) -> list[dict]:
         local = harness.dig(result, "overhead", b, "in_process", "p50_ms")
         for proto in ("http", "grpc"):
             out.append(harness.row(f"{proto} p50 at batch {b} (target: in-process p50)",
-                           harness.dig(result, "overhead", b, proto, "p50_ms"), "ms", local))
+                                   harness.dig(result, "overhead", b, proto, "p50_ms"), "ms", local))
     tables = result.get("tables") or []
     shared = next((t for t in tables if t.get("share_tables")), {})
     copied = next((t for t in tables if t.get("share_tables") is False), {})
     out.append(harness.row("worker PSS, tables shared (target: copied)", shared.get("worker_pss_mb_sum"), "MB",
-                   copied.get("worker_pss_mb_sum")))
+                           copied.get("worker_pss_mb_sum")))
     return out
 
 
