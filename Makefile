@@ -33,7 +33,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,ray,bench,report]'
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python -m benchmarks.run_all
 
 # the Open Inference Protocol stubs in src/recserve/serving/wire/proto from the .proto files there (pinned grpcio-tools)
 proto:

@@ -8,7 +8,7 @@ server's CPU is read over its own turns only, and so is the time its model's pas
 recserve, e.g. ``git worktree add /tmp/base HEAD~1``.
 
 Prints both rows and their difference and writes results/ab_serving.json.  Usage:
-    .venv/bin/python benchmarks/bench_ab_serving.py --base-src /tmp/base/src
+    .venv/bin/python -m benchmarks.bench_ab_serving --base-src /tmp/base/src
         [--protocol http|http_json|grpc|grpc_stream|grpc_h2] [--batch 1] [--seconds 16] [--rounds 4]
 
 ``http_json`` sends the tensors as plain JSON ``data`` lists and takes JSON scores back (what curl, and tritonclient
@@ -20,26 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_serving_overhead import (  # noqa: E402
-    GrpcStream,
-    MinimalGrpc,
-    MinimalH2Grpc,
-    MinimalHttp,
-    ServerProcess,
-    cpu_s,
-    stats_reader,
-)
-
-from recserve.serving import build_worker_model, quick_config  # noqa: E402
-from recserve.zoo import sample_batch  # noqa: E402
+from benchmarks import harness
+from benchmarks.common.clients import GrpcStream, MinimalGrpc, MinimalH2Grpc, MinimalHttp
+from benchmarks.common.timing import cpu_s, stats_reader
+from benchmarks.harness import ServerProcess
+from recserve.serving import build_worker_model, quick_config
+from recserve.zoo import sample_batch
 
 
 class MinimalHttpJson(MinimalHttp):
@@ -114,6 +105,15 @@ def run(args: argparse.Namespace) -> dict:
             "delta_p50_ms": rows["this"]["p50_ms"] - rows["base"]["p50_ms"]}
 
 
+def headline(result: dict) -> list[dict]:
+    """This tree's worker CPU and p50 per query against the base tree's, from the same alternating run."""
+    this, base = result["rows"]["this"], result["rows"]["base"]
+    return [harness.row(f"worker CPU per query, {result['protocol']}, batch {result['batch']} (target: base tree)",
+                        this["worker_cpu_ms_per_query"], "ms", base["worker_cpu_ms_per_query"]),
+            harness.row(f"p50, {result['protocol']}, batch {result['batch']} (target: base tree)", this["p50_ms"], "ms",
+                        base["p50_ms"])]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--base-src", required=True, help="the other tree's src/ directory")
@@ -140,7 +140,7 @@ def main() -> int:
     print(f"this - base: worker CPU {result['delta_worker_cpu_ms'] * 1e3:+.0f} us, p50 "
           f"{result['delta_p50_ms'] * 1e3:+.0f} us per query")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    harness.write_result(args.out, args, headline(result), result)
     print(f"wrote {args.out}")
     return 0
 

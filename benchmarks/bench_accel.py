@@ -14,7 +14,7 @@ process; three node layouts, one after another in one run:
 Prints each node's max load (p95 <= SLA) and where its queries went; writes JSON.  On a CPU-only host the
 accelerator is ``--device cpu`` (a many-threaded worker); on a GPU host pass ``--device cuda``.
 
-    .venv/bin/python benchmarks/bench_accel.py --model hera-dlrm-a --scale 1e-3 --device cpu
+    .venv/bin/python -m benchmarks.bench_accel --model hera-dlrm-a --scale 1e-3 --device cpu
 """
 
 from __future__ import annotations
@@ -24,19 +24,16 @@ import json
 import os
 import sys
 import urllib.request
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.peers.servers import recserve_server  # noqa: E402
-from recserve.commands._plan_common import int_list  # noqa: E402
-from recserve.measure.loadgen import LoadSession  # noqa: E402
-from recserve.measure.maxload import find_max_load  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
+from benchmarks import harness
+from benchmarks.peers.servers import recserve_server
+from recserve.commands._plan_common import int_list
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.maxload import find_max_load
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import HttpTarget, SharedMemoryHttpTarget
+from recserve.specs import get_model
 
 
 def split_cores(args: argparse.Namespace) -> tuple[list[int], list[int]]:
@@ -103,6 +100,12 @@ def measure(args: argparse.Namespace, pool: RequestPool, sla_ms: float, options:
             "queries": accel.get("queries", {"cpu": None}), "items": accel.get("items", {}),
             "accel_passes": accel.get("passes", 0), "accel_pass_s": accel.get("pass_seconds", 0.0),
             "accel_pass_items": accel.get("pass_items")}
+
+
+def headline(results: dict) -> list[dict]:
+    """Each node's max load at the SLA."""
+    return [harness.row(f"{name} node max load at the SLA", r.get("max_qps"), "QPS")
+            for name, r in (results.get("nodes") or {}).items()]
 
 
 def main() -> int:
@@ -181,8 +184,7 @@ def main() -> int:
         results["best_mixed_over"] = ratios
         print(f"best mixed node {best} ({mixed[best]:.1f} qps): " + (", ".join(
             f"{r:.2f}x the {other}-only node" for other, r in ratios.items()) or "no other node served at the SLA"))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    harness.write_result(args.out, args, headline(results), results)
     print(f"wrote {args.out}")
     return 0
 

@@ -6,7 +6,7 @@ and one with it: a well-behaved gRPC client sends an open-loop load at a fixed r
 RSS again and the worker restarts the node counted.  The attacker is another process on loopback; each attack is
 bounded in time.  Prints a table and writes JSON.
 
-    python benchmarks/bench_attacks.py [--model hercules-rmc1] [--scale 1e-3] [--workers 2] [--seconds 5]
+    python -m benchmarks.bench_attacks [--model hercules-rmc1] [--scale 1e-3] [--workers 2] [--seconds 5]
         [--qps 50] [--attacks ping,settings,...] [--out results/attacks.json]
 """
 
@@ -21,11 +21,11 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks import harness
 from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
@@ -291,6 +291,16 @@ def phase(server: LocalServer, session: LoadSession, qps: float, seconds: float,
             "rss_peak_mb": max(rss, default=float("nan")), "attacker": attack_stats}
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Per attack: legitimate clients' p99 under it against without it, and worker restarts."""
+    out = []
+    for r in rows:
+        out.append(harness.row(f"client p99 under {r['attack']} (target: no attack)", r["attacked"]["client_p99_ms"],
+                               "ms", r["baseline"]["client_p99_ms"]))
+        out.append(harness.row(f"worker restarts under {r['attack']}", r["worker_restarts"], "restarts"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="hercules-rmc1")
@@ -337,9 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['attack']:24} {r['baseline']['client_p99_ms']:9.1f} {r['attacked']['client_p99_ms']:9.1f} "
               f"{r['p99_ratio']:6.2f} {r['attacked']['health_max_s']:10.2f} {r['rss_before_mb']:10.0f} "
               f"{r['attacked']['rss_peak_mb']:7.0f} {r['rss_after_mb']:7.0f} {r['worker_restarts']:8g}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1, default=float))
+    out = harness.write_result(args.out, args, headline(rows), {"args": vars(args), "rows": rows})
     log(f"wrote {out}")
     return 0
 

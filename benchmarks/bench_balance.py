@@ -7,7 +7,7 @@ node (``--workers`` workers) at a fixed Poisson rate with the production mix and
 and the latency tail: with the node moving idle connections from a worker with queries waiting to an idle sibling,
 "newest" should stay close to "oldest".
 
-    .venv/bin/python benchmarks/bench_balance.py --model hercules-rmc1 --rate 150 --seconds 6
+    .venv/bin/python -m benchmarks.bench_balance --model hercules-rmc1 --rate 150 --seconds 6
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ import json
 import os
 import sys
 import urllib.request
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.peers.servers import recserve_server  # noqa: E402
-from recserve.measure.loadgen import LoadSession  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import HttpTarget  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
+from benchmarks import harness
+from benchmarks.peers.servers import recserve_server
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import HttpTarget
+from recserve.specs import get_model
 
 
 def cpu_s(pid: int) -> float:
@@ -49,6 +46,15 @@ def run(args: argparse.Namespace, pool: RequestPool, reuse: str) -> dict:
             "latency_ms": d["latency_ms"], "ok": result.ok, "measured": result.measured, "errors": result.errors}
 
 
+def headline(results: dict) -> list[dict]:
+    """Per connection reuse order: the busiest worker's share of the workers' CPU, and p99."""
+    out = []
+    for reuse, r in results.items():
+        out.append(harness.row(f"busiest worker's share of worker CPU, reuse {reuse}", r["busiest_share"], "fraction"))
+        out.append(harness.row(f"p99, reuse {reuse}", harness.dig(r, "latency_ms", "p99"), "ms"))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
@@ -69,8 +75,7 @@ def main() -> int:
         cpus = " / ".join(f"{c:.2f}" for c in r["worker_cpu_s"])
         print(f"{reuse:>7} {cpus:>20} {r['busiest_share']:>8.0%} {lat['p50']:>8.1f} {lat['p95']:>8.1f} "
               f"{lat['p99']:>8.1f} {r['ok']:>6}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    harness.write_result(args.out, args, headline(results), {"args": vars(args), "results": results})
     print(f"wrote {args.out}")
     return 0
 

@@ -18,17 +18,15 @@ Two measurements on the host (they need no GPU and claim nothing about one), and
 - ``pass`` (with ``--device cuda``): the whole accelerator pass (``device_runner``: prepare, copies, device pass,
   scores back) per budget against whole tables on the device, and its max abs difference from the CPU model.
 
-    .venv/bin/python benchmarks/bench_device_cache.py                      # hera-dlrm-a @ 0.01, batches 1,256,4096
-    .venv/bin/python benchmarks/bench_device_cache.py --model hercules-rmc2 --batches 1,256
+    .venv/bin/python -m benchmarks.bench_device_cache                      # hera-dlrm-a @ 0.01, batches 1,256,4096
+    .venv/bin/python -m benchmarks.bench_device_cache --model hercules-rmc2 --batches 1,256
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,14 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.commands._plan_common import int_list  # noqa: E402
-from recserve.specs import catalogue_models  # noqa: E402
-from recserve.workload.indices import index_sampler  # noqa: E402
-from recserve.zoo import build, sample_batch  # noqa: E402
-from recserve.zoo.device_cache import DeviceTableCache  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import ROOT
+from recserve.commands._plan_common import int_list
+from recserve.specs import catalogue_models
+from recserve.workload.indices import index_sampler
+from recserve.zoo import build, sample_batch
+from recserve.zoo.device_cache import DeviceTableCache
 
 
 def table_bytes(model: Any) -> int:
@@ -195,6 +192,17 @@ def device_pass(model: Any, args: argparse.Namespace, sampler: Any) -> list[dict
     return rows
 
 
+def headline(result: dict) -> list[dict]:
+    """Host-side remap + gather us per query at each batch, at the largest budget measured."""
+    rows = harness.dig(result, "cost", "rows") or []
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        r = max((r for r in rows if r["batch"] == batch), key=lambda r: r["budget_share"])
+        out.append(harness.row(f"device cache host-side us per query, batch {batch}, budget {r['budget_share']:.0%}",
+                               r.get("prepare_us"), "us"))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hera-dlrm-a")
@@ -242,8 +250,7 @@ def main() -> int:
             result["pass"] = {"device": args.device, "sampler": args.sampler,
                               "rows": device_pass(model, args, index_sampler(args.sampler))}
     args.out = args.out or ROOT / "results" / f"device_cache_{args.model}.json"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    harness.write_result(args.out, args, headline(result), result)
     print(f"wrote {args.out}")
     return 0
 

@@ -15,21 +15,20 @@ memory utility (share of a shard's rows touched by the first 1000 queries, Elast
 
 Defaults keep the first 2 of the 10 RM1 tables (2 cores) and finish in < 3 minutes::
 
-    .venv/bin/python benchmarks/bench_elasticrec_live.py [--scale 0.05] [--tables 2] [--plan plan.json]
+    .venv/bin/python -m benchmarks.bench_elasticrec_live [--scale 0.05] [--tables 2] [--plan plan.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks import harness
 from recserve.deploy.local_shards import (
     ShardedDeployment,
     make_layout,
@@ -127,6 +126,17 @@ def run_sharded(layout, model, args, pool) -> dict:
             "memory_per_shard": per_shard, **lat}
 
 
+def headline(r: dict) -> list[dict]:
+    """Memory saved by sharding, sharded p95 at a fixed load against model-wise, latency added at low load."""
+    dig = harness.dig
+    return [harness.row(f"ElasticRec memory saving (PSS, model-wise / sharded), {r.get('model')}",
+                        r.get("memory_saving_pss"), "x"),
+            harness.row("ElasticRec sharded p95 at fixed load (target: model-wise)",
+                        dig(r, "sharded", "fixed_qps", "p95_ms"), "ms", dig(r, "modelwise", "fixed_qps", "p95_ms")),
+            harness.row("ElasticRec added latency p50 (sharded - model-wise, low load)", r.get("added_latency_p50_ms"),
+                        "ms")]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="elasticrec-rm1")
@@ -195,8 +205,7 @@ def main() -> int:
         "elapsed_s": time.time() - started,
     }
     print_summary(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, default=float))
+    harness.write_result(args.out, args, headline(result), result)
     log(f"wrote {args.out} ({result['elapsed_s']:.0f} s)")
     return 0
 

@@ -19,7 +19,7 @@ TorchRec is optional: without it only ``embeddingbag`` runs.  Install (pins that
         pyre-extensions typing_inspect mypy_extensions tqdm lightning-utilities cloudpickle orjson \\
         pyvers importlib_metadata==8.7.0 zipp
 
-Run: ``.venv/bin/python benchmarks/bench_embedding_kernels.py [--quick] [--threads 1,2]``
+Run: ``.venv/bin/python -m benchmarks.bench_embedding_kernels [--quick] [--threads 1,2]``
 Prints a table and writes ``results/embedding_kernels.json``.
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -36,11 +35,11 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from benchmarks import harness
 from recserve.zoo.batch import QueryBatch, random_batch
 
 Kernel = Callable[[QueryBatch], torch.Tensor]  # → pooled embeddings [B, T * dim]
@@ -250,6 +249,20 @@ def has_torchrec() -> bool:
         return False
 
 
+def headline(results: list[dict]) -> list[dict]:
+    """Per shape and batch, 1 thread: nn.EmbeddingBag's M lookups per CPU-s against the best other kernel's."""
+    res = [r for r in results if r.get("threads") == 1]
+    base = {(r.get("name"), r.get("batch")): r for r in res if r.get("kernel") == "embeddingbag"}
+    out = []
+    for (shape, batch), r in sorted(base.items(), key=lambda kv: str(kv[0])):
+        others = [o for o in res if (o.get("name"), o.get("batch")) == (shape, batch) and o is not r]
+        best = max(others, key=lambda o: o.get("mlookups_per_cpu_s") or 0, default={})
+        out.append(harness.row(f"nn.EmbeddingBag M lookups per CPU-s, {shape}, batch {batch}, 1 thread (target: best "
+                               f"other kernel, {best.get('kernel', 'none')})", r.get("mlookups_per_cpu_s"), "M/s",
+                               best.get("mlookups_per_cpu_s")))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=256)
@@ -274,9 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "torchrec": _version("torchrec") if with_torchrec else None, "fbgemm_gpu": _version("fbgemm_gpu"),
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "index_distribution": "uniform",
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    out = harness.write_result(args.out, args, headline(results), {"meta": meta, "results": results})
     log(f"wrote {out}")
     return 0
 

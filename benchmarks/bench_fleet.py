@@ -1,6 +1,6 @@
 """The fleet plan (issue #49) against the single-paper planners, over random fleet scenarios.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_fleet.py [--scenarios 24] [--seed0 4900] [--out results/fleet.json]
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_fleet [--scenarios 24] [--seed0 4900] [--out results/fleet.json]
 
 Each scenario (its seed printed) draws a model mix from the catalogue, each model's peak as a random number of
 "servers' worth" of its own capacity on a reference type, owned servers, rentable types with prices (the
@@ -14,13 +14,12 @@ the planners' own.  Prints a row per scenario and the summary; writes everything
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from recserve.errors import RecserveError
 from recserve.perfmodel import PerfModel
 from recserve.planners.fleet import plan_fleet, solve
@@ -91,6 +90,13 @@ def saving(fleet: float, other: float | None) -> float | None:
     if other == 0:
         return 0.0 if fleet == 0 else -1.0  # the baseline needs no rented server, the fleet plan does
     return 1 - fleet / other
+
+
+def headline(summary: dict) -> list[dict]:
+    """Scenarios where the fleet plan is cheaper than planning each model alone (target: all comparable ones)."""
+    return [harness.row("fleet plan cheaper than sequential planners", summary["cheaper_than_sequential"],
+                        "scenarios", summary["with_a_feasible_single_planner"]),
+            harness.row("fleet plan feasible", summary["fleet_feasible"], "scenarios", summary["scenarios"])]
 
 
 def main() -> int:
@@ -183,10 +189,8 @@ def main() -> int:
                   f"${x['fleet_cost']:.3f}/hr ({x['why']})"
                   + (f"; its servers fall short under the fleet's capacity model: {x['short_under_common_model']}"
                      if x["short_under_common_model"] else ""))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "not_cheaper": not_cheaper, "scenarios": rows}, indent=1,
-                              default=str))
+    out = harness.write_result(args.out, args, headline(summary),
+                               {"summary": summary, "not_cheaper": not_cheaper, "scenarios": rows})
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

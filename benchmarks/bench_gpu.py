@@ -14,7 +14,7 @@ in-process ``gpu`` p50 (issue #16's goal: <= 1.3 at batch >= 1024), the accelera
 (``pass_ms``: host-to-device copy from the staging arena, model, scores back; from the node's control API) and
 its ratio to the in-process time, and the max abs difference of the served scores from the CPU model's.
 
-    PYTHONPATH=src python3 benchmarks/bench_gpu.py --models hera-din,hera-wnd,hercules-rmc2 --scale 0.01
+    PYTHONPATH=src python3 -m benchmarks.bench_gpu --models hera-din,hera-wnd,hercules-rmc2 --scale 0.01
 """
 
 from __future__ import annotations
@@ -27,18 +27,15 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.serving.worker.accel import device_runner  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
-from recserve.zoo import build, sample_batch  # noqa: E402
+from benchmarks import harness
+from recserve.serving.worker.accel import device_runner
+from recserve.specs import get_model
+from recserve.zoo import build, sample_batch
 
 
 def timed(run, arrays: tuple, min_s: float, max_reps: int) -> tuple[float, np.ndarray]:
@@ -167,6 +164,18 @@ def served(args: argparse.Namespace, name: str, gpu_ms: dict[int, float]) -> dic
     return {"model": name, "rows": rows}
 
 
+def headline(results: dict) -> list[dict]:
+    """Per model, largest batch timed on both: the GPU pass (what accelerator workers run) against 1 CPU thread."""
+    out = []
+    for part in results["in_process"]:
+        both = [r for r in part["rows"] if "gpu_ms" in r and "cpu1_ms" in r]
+        if both:
+            r = max(both, key=lambda r: r["batch"])
+            out.append(harness.row(f"{part['model']} in-process ms, batch {r['batch']}, GPU (target: 1 CPU thread)",
+                                   r["gpu_ms"], "ms", r["cpu1_ms"]))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="hera-din,hera-wnd,hercules-rmc2,hera-dien,hera-dlrm-a,hera-ncf")
@@ -195,8 +204,7 @@ def main() -> int:
         if (has_gpu or args.device == "cpu") and not args.no_served:
             gpu_ms = {r["batch"]: r["gpu_ms"] for r in part["rows"] if "gpu_ms" in r}
             results["served"].append(served(args, name, gpu_ms))
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))  # what finished survives a later failure
+        harness.write_result(args.out, args, headline(results), results)  # what finished survives a later failure
     for part in results["served"]:
         for row in part["rows"]:
             print(f"served {part['model']:14s} " + " ".join(f"{k}={v}" for k, v in row.items()))

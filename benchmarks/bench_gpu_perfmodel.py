@@ -15,7 +15,7 @@ host CPU's framework time, so it takes the CPU constants fitted on that machine'
 (``src/recserve/data/hosts/h100-host.json``, the 16-core host of the same H100 machine), with every model held out
 of the GPU fit also left out of that CPU fit (``--host-cpu none``: the bundled constants).
 
-    .venv/bin/python benchmarks/bench_gpu_perfmodel.py [--batch1]
+    .venv/bin/python -m benchmarks.bench_gpu_perfmodel [--batch1]
 
 ``--batch1`` also fits the batch-1 rows alone to three host terms (operators; modules + kernels; the same host's
 measured CPU batch-1 time + kernels), each model held out in turn.
@@ -33,15 +33,14 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.perfmodel.calibration import Calibration, load_calibration  # noqa: E402
-from recserve.perfmodel.fit import fit as fit_cpu  # noqa: E402
-from recserve.perfmodel.fit import points_from_profiles  # noqa: E402
-from recserve.perfmodel.model import Allocation, PerfModel  # noqa: E402
-from recserve.profiles import ProfileSet  # noqa: E402
-from recserve.specs import ServerType, get_model, server_from_dict  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import ROOT
+from recserve.perfmodel.calibration import Calibration, load_calibration
+from recserve.perfmodel.fit import fit as fit_cpu
+from recserve.perfmodel.fit import points_from_profiles
+from recserve.perfmodel.model import Allocation, PerfModel
+from recserve.profiles import ProfileSet
+from recserve.specs import ServerType, get_model, server_from_dict
 
 MEASURED = ROOT / "docs" / "measured" / "h100-2026-11-22" / "bench_gpu_run1.json"
 # The lent machine: NVIDIA H100 80GB HBM3 (SXM5) and 16 host cores (NVIDIA's data sheet for the GPU; the host
@@ -148,6 +147,12 @@ def batch1_regression(path: Path) -> dict[str, Any]:
     return out
 
 
+def headline(result: dict) -> list[dict]:
+    """Median abs. error of the GPU latencies: fitted GPU constants against the bundled calibration's."""
+    return [harness.row(f"perfmodel GPU median abs. % error, {label}, fitted (target: default calibration)",
+                        e.get("fitted"), "%", e.get("default")) for label, e in result["errors_pct"].items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", type=Path, default=MEASURED)
@@ -206,8 +211,7 @@ def main() -> int:
               f"{lomo:.0f}%; per model " + ", ".join(f"{k} {v:.0f}%" for k, v in per_model.items()))
     if args.batch1:
         result["batch1_regression"] = batch1_regression(args.measured)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    harness.write_result(args.out, args, headline(result), result)
     print(f"wrote {args.out}")
     return 0
 

@@ -9,8 +9,8 @@ the host's drift falls on all.  For each probe: the p95, each worker's CPU secon
 (``worker_detail``'s ``queries_done`` where the node reports it, else from CPU), the queries busy workers
 forwarded to idle siblings, and the generator's CPU; the load average before and after.
 
-    .venv/bin/python benchmarks/bench_grpc_scale.py --workers 1,2 --variants base=/work/main/src,mine=src
-    .venv/bin/python benchmarks/bench_grpc_scale.py --rates 120,200,260 --probe-s 4   # fixed rates, no search
+    .venv/bin/python -m benchmarks.bench_grpc_scale --workers 1,2 --variants base=/work/main/src,mine=src
+    .venv/bin/python -m benchmarks.bench_grpc_scale --rates 120,200,260 --probe-s 4   # fixed rates, no search
 """
 
 from __future__ import annotations
@@ -26,15 +26,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.measure.loadgen import LoadSession  # noqa: E402
-from recserve.measure.maxload import find_max_load  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import GrpcTarget, HttpTarget  # noqa: E402
-from recserve.serving.node.control_client import ControlClient  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
+from benchmarks import harness
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.maxload import find_max_load
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import GrpcTarget, HttpTarget
+from recserve.serving.node.control_client import ControlClient
+from recserve.specs import get_model
 
 NODE = """
 import json, sys
@@ -118,6 +116,12 @@ def describe(result: Any) -> dict[str, Any]:
             **result.node}
 
 
+def headline(out: dict) -> list[dict]:
+    """Each variant, protocol and worker count's max load at the SLA (absent after fixed-rate runs)."""
+    return [harness.row(f"max load at p95 <= {out['sla_ms']:g} ms, {key}", run.get("max_qps"), "QPS")
+            for key, run in out["runs"].items() if "max_qps" in run]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
@@ -160,8 +164,7 @@ def main() -> int:
             for (name, proto), run in runs.items():
                 out["runs"][f"{name} {proto} {workers}w"] = run
     out["load_avg_after"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+    harness.write_result(args.out, args, headline(out), out)
     summary(out)
     return 0
 

@@ -9,7 +9,7 @@ as orjson and most non-Python clients write) and ``spaced`` (``json.dumps``' def
 sends).  Run it against another tree's codec for a before/after (``PYTHONPATH=/other/src``).
 
 Prints a table and writes results/json_codec.json.  Usage:
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_json_codec.py [--model hercules-rmc1] [--batches 1 16 256]
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_json_codec [--model hercules-rmc1] [--batches 1 16 256]
         [--repeat 30] [--out results/json_codec.json]
 """
 
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from recserve.serving.wire import codec, json_numbers
 from recserve.specs import catalogue_models
 
@@ -143,6 +144,18 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def headline(result: dict) -> list[dict]:
+    """Per batch: decode + encode us per item of compact JSON against the binary extension's."""
+    base = {r["batch"]: r["total_us_per_item"] for r in result["rows"] if r["kind"] == "binary"}
+    served_binary = {r["batch"]: r["wall_us_per_item"] for r in result.get("served", []) if r.get("kind") == "binary"}
+    return [harness.row(f"JSON codec us per item, compact JSON, batch {r['batch']} (target: binary)",
+                        r["total_us_per_item"], "us", base.get(r["batch"]))
+            for r in result["rows"] if r["kind"] == "json_compact"] + [
+        harness.row(f"served wall us per item, compact JSON, batch {r['batch']} (target: binary)",
+                    r["wall_us_per_item"], "us", served_binary.get(r["batch"]))
+        for r in result.get("served", []) if r.get("kind") == "json_compact"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
@@ -172,9 +185,7 @@ def main() -> None:
                 b = base[r["batch"]]
                 print(f"{r['batch']:>5} {r['kind']:<13} {r['wall_us_per_item']:>8.1f} "
                       f"{r['worker_cpu_us_per_item']:>10.1f} {r['wall_us_per_item'] / b['wall_us_per_item']:>8.2f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    harness.write_result(args.out, args, headline(result), result)
 
 
 if __name__ == "__main__":

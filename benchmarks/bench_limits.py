@@ -8,7 +8,7 @@
 2. Dense part: ``dense_flops_per_item`` x items / time vs the profiler's peak FP32 GEMM GFLOP/s
    (``gemm_gflops``), at batch 64 / 256 / 1024, one thread.
 3. Server overhead at batch 1: in-process p50 vs the node server over HTTP and gRPC, with CPU ms per
-   request (``bench_serving_overhead.overhead``, imported, not copied).
+   request (``benchmarks.common.overhead.overhead``, shared with bench_serving_overhead).
 
 Every rate is given per wall second and per thread-CPU second (``*_cpu``): on a shared host the
 wall rate includes time other tenants took the core; the CPU rate does not.  Ratios compare like
@@ -19,7 +19,7 @@ Caveat: the profiler's random-read microbenchmark copies 2^19 rows into an outpu
 pooled ``EmbeddingBag`` kernel only reads and sums.  A ratio above 1 therefore means "faster than
 that copy", not "faster than DRAM"; it is expected at scale 1e-3 where the tables sit in the LLC.
 
-    .venv/bin/python benchmarks/bench_limits.py [--models hera-dlrm-a,hercules-rmc1,elasticrec-rm3]
+    .venv/bin/python -m benchmarks.bench_limits [--models hera-dlrm-a,hercules-rmc1,elasticrec-rm3]
         [--scale 1e-3,0.02] [--batches 64,256,1024] [--seconds 1.0] [--array-mb 512] [--requests 200]
         [--overhead-model hercules-rmc1] [--no-overhead] [--quick]
 """
@@ -27,18 +27,17 @@ that copy", not "faster than DRAM"; it is expected at scale 1e-3 where the table
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from benchmarks import harness
 from recserve.measure.profiler import gemm_gflops, random_read_gbs
 from recserve.specs import catalogue_models, get_model
 from recserve.zoo import build, sample_batch
@@ -158,9 +157,8 @@ def measure_model(name: str, scale: float, batches: list[int], seconds: float, h
 
 
 def server_overhead(model: str, scale: float, requests: int) -> dict[str, Any]:
-    """Batch-1 rows of bench_serving_overhead.overhead (it also runs batch 256), plus CPU ms totals."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_serving_overhead import overhead
+    """Batch-1 rows of benchmarks.common.overhead.overhead (it also runs batch 256), plus CPU ms totals."""
+    from benchmarks.common.overhead import overhead
 
     rows = overhead(model, scale, requests)
     one = rows["1"]
@@ -205,6 +203,32 @@ def print_report(result: dict[str, Any]) -> None:
                   f"worker {r['cpu_ms_workers']:.3f})")
 
 
+def headline(d: dict) -> list[dict]:
+    """Per model: gather GB/s against the host's random read of the same row size and table size, dense GFLOP/s
+    against a 1-thread GEMM (once: it does not depend on the scale); the server's batch-1 overhead."""
+    dig, row, num = harness.dig, harness.row, harness.num
+    out = []
+    models = d.get("models") or {}
+    first_scale = min((num(m.get("scale")) or 0 for m in models.values()), default=0)
+    for key, m in models.items():
+        g = max(m.get("gather") or [{}], key=lambda r: r.get("batch", 0))
+        dn = max(m.get("dense") or [{}], key=lambda r: r.get("batch", 0))
+        out.append(row(f"{key} gather GB/s per CPU-s, batch {g.get('batch', '?')}, {num(m.get('table_mb')) or 0:.0f} "
+                       "MiB tables (target: profiler random read, same row size, table-sized array)",
+                       g.get("gbs_cpu"), "GB/s", m.get("host_same_set_gbs_cpu")))
+        if m.get("scale") == first_scale:
+            out.append(row(f"{key} dense GFLOP/s per CPU-s, batch {dn.get('batch', '?')} (target: 1-thread GEMM)",
+                           dn.get("gflops_cpu"), "GFLOP/s", dig(d, "host", "gemm_gflops_1t_cpu")))
+    o = d.get("overhead")
+    if isinstance(o, dict):
+        for proto in ("http", "grpc"):
+            out.append(row(f"server p50 at batch 1, {proto}, {o.get('model')} (target: in-process p50)",
+                           dig(o, proto, "p50_ms"), "ms", o.get("in_process_p50_ms")))
+            out.append(row(f"server CPU per request at batch 1, {proto} (client+front end+worker; target: "
+                           "in-process)", dig(o, proto, "cpu_ms_per_request"), "CPU ms", o.get("in_process_cpu_ms")))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated catalogue names")
@@ -244,9 +268,7 @@ def main() -> int:
     result["host"] = host.to_dict()
     result["load_average_at_end"] = os.getloadavg()
     print_report(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = harness.write_result(args.out, args, headline(result), result)
     print(f"wrote {out}")
     return 0
 

@@ -6,26 +6,22 @@ sink (``recserve.measure.sink``: raw asyncio, fixed response, SO_REUSEPORT) runs
 processes; its CPU is reported too, since on a small host the sink and the generator share cores.
 Target (issue #14): send-lag p99 under 1 ms at 5,000 batch-1 queries/s.
 
-    .venv/bin/python benchmarks/bench_loadgen.py --rates 1000,2000,5000 --procs 1,2 --seconds 3
+    .venv/bin/python -m benchmarks.bench_loadgen --rates 1000,2000,5000 --procs 1,2 --seconds 3
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.measure.loadgen import LoadResult, LoadSession  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.sink import SinkServer, process_cpu_s  # noqa: E402
-from recserve.measure.targets import HttpTarget  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
+from benchmarks import harness
+from recserve.measure.loadgen import LoadResult, LoadSession
+from recserve.measure.requests import RequestPool
+from recserve.measure.sink import SinkServer, process_cpu_s
+from recserve.measure.targets import HttpTarget
+from recserve.specs import get_model
 
 TARGET_RATE, TARGET_LAG_P99_MS = 5000.0, 1.0
 
@@ -80,6 +76,13 @@ def verdict(rows: list[dict]) -> str:
             f"{best['procs']} generator process(es))")
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Send-lag p99 at 5,000 batch-1 queries/s per generator process count (target: 1 ms, issue #14)."""
+    return [harness.row(f"load generator send-lag p99 at 5000 batch-1 qps, {r.get('procs')} process(es) "
+                        f"(achieved {r.get('achieved_qps')} qps)", harness.dig(r, "send_lag_ms", "p99"), "ms", 1.0)
+            for r in rows if r.get("offered_qps") == 5000]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", type=_ints, default=[1000, 2000, 5000], help="offered batch-1 queries/s")
@@ -103,8 +106,7 @@ def main() -> int:
            "spin_ms": args.spin_ms, "model": args.model, "cores": os.cpu_count(), "load_avg_before": load_before[0],
            "load_avg_after": os.getloadavg()[0], "time": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": rows,
            "verdict": verdict(rows)}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    harness.write_result(args.out, args, headline(rows), out)
     print(f"[loadgen] wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -1,7 +1,7 @@
 """Benchmarks of the measurement side: how fast the load generator itself can go, the host
 microbenchmarks, one model's latency vs batch, and (optionally) its max load through the server.
 
-    .venv/bin/python benchmarks/bench_measure.py [--model hercules-rmc1] [--scale 1e-3] [--sla-ms 200]
+    .venv/bin/python -m benchmarks.bench_measure [--model hercules-rmc1] [--scale 1e-3] [--sla-ms 200]
                                                  [--server] [--array-mb 512]
 
 Prints a table per part and writes results/bench_measure.json.
@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.profiler import Budget, latency_vs_batch, maxload_tables, measure_host
 from recserve.measure.requests import RequestPool
@@ -50,6 +49,19 @@ def generator_capacity(spec, rates=(500, 1000, 2000, 4000, 8000), seconds: float
             print(f"  null target {rate:6d} qps offered: achieved {r.achieved_qps:8.1f}, p50 {r.p50:7.3f} ms, "
                   f"p99 {r.p99:7.3f} ms, send lag p99 {rows[-1]['send_lag_p99_ms']:.3f} ms")
     return rows
+
+
+def headline(out: dict) -> list[dict]:
+    """The highest rate the load generator keeps up with (>= 95 % achieved), the host's random read and GEMM."""
+    num = harness.num
+    ok = [g for g in out.get("generator") or [] if num(g.get("achieved_qps")) and num(g.get("offered_qps"))
+          and g["achieved_qps"] >= 0.95 * g["offered_qps"]]
+    best = max(ok, key=lambda g: g["achieved_qps"], default={})
+    host = out.get("host") or {}
+    return [harness.row("load generator: highest rate it keeps up with (>= 95%; target: offered)",
+                        best.get("achieved_qps"), "QPS", best.get("offered_qps")),
+            harness.row("host random-read bandwidth (1 thread, 64 B rows)", host.get("random_read_gbs_1t"), "GB/s"),
+            harness.row("host FP32 GEMM (1 thread)", host.get("gemm_gflops_1t"), "GFLOP/s")]
 
 
 def main() -> int:
@@ -92,9 +104,7 @@ def main() -> int:
             print(f"  {int(row[0])} worker(s): max load {row[1]:.2f} qps "
                   f"at p{sla.percentile:g} <= {sla.target_ms:g} ms")
     out["load_avg_after"] = os.getloadavg()
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+    path = harness.write_result(args.out, args, headline(out), out)
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -7,33 +7,28 @@ count) serves the same closed loop for ``--seconds``; the script prints throughp
 seconds and how many queries went to a sibling, and writes JSON.  Configurations run in turn, twice by default
 (``--rounds``), so the host's drift falls on all of them.
 
-    .venv/bin/python benchmarks/bench_one_channel.py --workers 1,2 --batch 256 --in-flight 4
+    .venv/bin/python -m benchmarks.bench_one_channel --workers 1,2 --batch 256 --in-flight 4
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tritonclient.grpc as tgrpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import tritonclient.grpc as tgrpc  # noqa: E402
-from bench_serving_overhead import cpu_s, inputs  # noqa: E402
-
-from recserve.serving import NodeServer, build_worker_model, quick_config  # noqa: E402
-from recserve.serving.node.control_client import ControlClient  # noqa: E402
-from recserve.zoo import sample_batch  # noqa: E402
+from benchmarks import harness
+from benchmarks.common.clients import inputs
+from benchmarks.common.timing import cpu_s
+from recserve.serving import NodeServer, build_worker_model, quick_config
+from recserve.serving.node.control_client import ControlClient
+from recserve.zoo import sample_batch
 
 
 def closed_loop(client: Any, model: str, batch: Any, mode: str, in_flight: int, seconds: float) -> list[float]:
@@ -92,6 +87,16 @@ def run_one(model: str, scale: float, workers: int, forward: bool, batch: Any, m
             "worker_cpu_s": cpu, "seconds": elapsed, "siblings": siblings}
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Mean QPS over rounds per worker count, forward_to_idle on (target: off)."""
+    def mean_qps(workers: int, forward: bool) -> float | None:
+        qps = [r["qps"] for r in rows if r["workers"] == workers and r["forward_to_idle"] == forward]
+        return float(np.mean(qps)) if qps else None
+
+    return [harness.row(f"one channel QPS, {w} workers, forward_to_idle on (target: off)", mean_qps(w, True), "QPS",
+                        mean_qps(w, False)) for w in sorted({r["workers"] for r in rows})]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
@@ -129,10 +134,9 @@ def main() -> int:
         for forward in ((True, False) if workers > 1 else (True,)):
             qps = [row["qps"] for row in rows if row["workers"] == workers and row["forward_to_idle"] == forward]
             print(f"  {workers} workers, forward_to_idle {forward}: {np.mean(qps):.1f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"model": args.model, "scale": args.scale, "batch": args.batch,
-                                          "mode": args.mode, "in_flight": args.in_flight, "cores": cores,
-                                          "rows": rows}, indent=1))
+    harness.write_result(args.out, args, headline(rows), {"model": args.model, "scale": args.scale,
+                                                          "batch": args.batch, "mode": args.mode,
+                                                          "in_flight": args.in_flight, "cores": cores, "rows": rows})
     print(f"wrote {args.out}")
     return 0
 

@@ -9,7 +9,7 @@ first its max load at the SLA (p95), then ``--overload`` times that for ``--seco
 
 Prints admitted latency p50/p99, the share shed and how fast a shed query got its answer; writes JSON.
 
-    .venv/bin/python benchmarks/bench_overload.py --model hercules-rmc1 --scale 1e-3 --workers 2 --overload 5
+    .venv/bin/python -m benchmarks.bench_overload --model hercules-rmc1 --scale 1e-3 --workers 2 --overload 5
 
 On a small host the generator must not share cores with the workers (at 5x every worker core is busy, and a
 starved generator's lag shows up in every latency): ``--worker-cores 1 --generator-cores 0`` pins the node's
@@ -19,21 +19,17 @@ workers to core 1 and the generator to core 0 (the node's supervisor keeps both)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.peers.servers import recserve_server  # noqa: E402
-from recserve.commands._plan_common import core_list  # noqa: E402
-from recserve.measure.loadgen import LoadSession  # noqa: E402
-from recserve.measure.maxload import find_max_load  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import HttpTarget  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
+from benchmarks import harness
+from benchmarks.peers.servers import recserve_server
+from recserve.commands._plan_common import core_list
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.maxload import find_max_load
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import HttpTarget
+from recserve.specs import get_model
 
 COUNT_ONLY_DEADLINE_MS = 1e6
 PROBE_MAX_S = 20.0  # never binds: admission by queue length alone
@@ -94,6 +90,13 @@ def _pct(values, p: float) -> float:
     return float(np.percentile(values, p))
 
 
+def headline(results: dict) -> list[dict]:
+    """Per admission rule: queries answered within the SLA per second under overload, against the max load."""
+    return [harness.row(f"answered within SLA at {results['overload']:g}x max load, admission by {name} "
+                        "(target: max load at the SLA)", r["within_sla_qps"], "QPS", results["capacity_qps"])
+            for name, r in results["admission"].items()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
@@ -149,8 +152,7 @@ def main() -> int:
               f"{fmt(shed['p50']):>16} {fmt(shed['p99']):>16} {fmt(r['send_lag_ms']['p99']):>12}")
     print("(latencies from each query's scheduled send: a large generator lag means the host, not the node, "
           "set them)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    harness.write_result(args.out, args, headline(results), results)
     print(f"wrote {args.out}")
     return 0
 

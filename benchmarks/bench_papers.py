@@ -6,7 +6,7 @@ numbers written here are the papers' own, as the reference column, and the input
 "with the paper's inputs" column, labelled as such).  Every row is judged by one rule (``RULE``, printed
 with the table) and the counts are printed at the end.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_papers.py [--only hera,elasticrec] [--out results/papers.json]
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_papers [--only hera,elasticrec] [--out results/papers.json]
 
 Prints a markdown table (claim | citation | setup | paper | recserve | verdict | with the paper's inputs | reason),
 the rule, the counts, and writes JSON.
@@ -15,7 +15,6 @@ the rule, the counts, and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -26,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from recserve.profiles import ProfileSet
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RESULTS = Path("results")
 
@@ -217,8 +215,7 @@ def row_hera_measured_pairs() -> list[Row]:
 
 
 def row_hera(fresh: bool) -> list[Row]:
-    from bench_planners import HERA_MODELS, cached_profiles
-
+    from benchmarks.common.scenarios import HERA_MODELS, cached_profiles
     from recserve.specs import get_server
 
     server = get_server("hera-xeon")
@@ -322,8 +319,7 @@ def row_hera(fresh: bool) -> list[Row]:
 
 
 def row_hercules_provision(fresh: bool) -> list[Row]:
-    from bench_planners import HERCULES_AVAILABLE, HERCULES_MODELS, cached_profiles
-
+    from benchmarks.common.scenarios import HERCULES_AVAILABLE, HERCULES_MODELS, cached_profiles
     from recserve.planners.hercules.provision import diurnal_trace, plan_provision
 
     path = RESULTS / "profiles_hercules.json"
@@ -692,8 +688,7 @@ def row_kairos() -> list[Row]:
     """Kairos §8.1 / Fig. 7: *allowable throughput* (the max Poisson load at which the p99 meets QoS, simulated)
     of Kairos on its chosen pool vs the best homogeneous pool (the base type, as many as the budget buys, QPS
     scaled up to the whole budget; Kairos' own slack wasted), as ``recserve simulate dispatch`` does."""
-    from bench_planners import scenario_kairos
-
+    from benchmarks.common.scenarios import scenario_kairos
     from recserve.planners.kairos import load_kairos_reference
     from recserve.reference import reference_path
     from recserve.sim.dispatch_eval import DispatchEvaluation, config_to_pool, homogeneous_pool
@@ -800,8 +795,7 @@ def row_kairos_ribbon() -> list[Row]:
     """Kairos §8.2 / Fig. 8: Kairos on its one-shot pool vs Ribbon on the pool Ribbon's own Bayesian optimisation
     finds (every pool under the budget, each evaluated by FCFS's simulated allowable QPS; the search's cost
     ignored, as the paper does), both by simulated allowable QPS."""
-    from bench_planners import scenario_kairos
-
+    from benchmarks.common.scenarios import scenario_kairos
     from recserve.planners.kairos import load_kairos_reference
     from recserve.reference import reference_path
     from recserve.sim.cluster import pool_text
@@ -846,8 +840,7 @@ def row_kairos_predictor() -> list[Row]:
     from zero vs seeded with the latency tables, and where the QoS violations happen."""
     from collections import Counter
 
-    from bench_planners import scenario_kairos
-
+    from benchmarks.common.scenarios import scenario_kairos
     from recserve.planners.kairos import load_kairos_reference
     from recserve.reference import reference_path
     from recserve.sim.cluster import ClusterSim
@@ -930,7 +923,7 @@ def row_kairos_predictor() -> list[Row]:
 
 
 def row_perfmodel() -> list[Row]:
-    from bench_perfmodel import kairos_check
+    from benchmarks.common.perfmodel_checks import kairos_check
 
     k = kairos_check(Path("/nonexistent"))  # bundled constants: nothing fitted to the Kairos data
     med, rho = k["median_ape_all"], k["mean_spearman"]
@@ -949,8 +942,7 @@ def row_perfmodel() -> list[Row]:
 def row_perfmodel_unseen_host() -> Row:
     """Issue #18's transfer bar: each recorded host judged with what ``recserve profile calibrate --micro`` gives there
     (its microbenchmarks; constants fitted on the *other* recorded hosts' model timings)."""
-    from bench_transfer import judge
-
+    from benchmarks.common.perfmodel_checks import judge
     from recserve.perfmodel import load_calibration
     from recserve.perfmodel.hosts import Machine, calibration_for_host, recorded_hosts
     from recserve.perfmodel.microbench import calibration_from_micro
@@ -1014,6 +1006,14 @@ def summary_lines(rows: list[Row]) -> list[str]:
             f"Not counted: {sum(not r.counted for r in rows)} rows (project targets met: {met} of {len(targets)})"]
 
 
+def headline(rows: list[Row]) -> list[dict]:
+    """The papers' claims by verdict, and the project targets met."""
+    c = counts(rows)
+    targets = [r for r in rows if not r.counted and r.cite.startswith("project target")]
+    return [*(harness.row(f"papers' claims judged {v}", c[v], "claims") for v in VERDICTS),
+            harness.row("project targets met", sum(r.reproduced == "yes" for r in targets), "targets", len(targets))]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help=f"comma-separated sections of {','.join(SECTIONS)}")
@@ -1037,10 +1037,8 @@ def main() -> int:
     print(markdown(rows))
     print()
     print("\n".join(summary_lines(rows)))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": [asdict(r) for r in rows], "rule": RULE, "counts": counts(rows),
-                               "seconds": timings}, indent=1, default=float))
+    out = harness.write_result(args.out, args, headline(rows), {"rows": [asdict(r) for r in rows], "rule": RULE,
+                                                               "counts": counts(rows), "seconds": timings})
     print(f"wrote {out}")
     return 0
 

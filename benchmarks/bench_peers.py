@@ -21,36 +21,32 @@ ranged 1.06x-1.47x over five sequential runs).  ``--sequential`` runs one search
 Each search's best rate is then probed again (``--confirm``, stepping down 8 % after a miss): a search
 keeps the luckiest probe near the knee, and one 6 s probe there passes or fails by chance.
 
-    .venv/bin/python benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
-    .venv/bin/python benchmarks/bench_peers.py --peers recserve,kserve-grpc,mlserver-rest --workers 1
-    RECSERVE_BASE_SRC=/other/tree/src .venv/bin/python benchmarks/bench_peers.py --peers recserve,recserve-base,fastapi
+    .venv/bin/python -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
+    .venv/bin/python -m benchmarks.bench_peers --peers recserve,kserve-grpc,mlserver-rest --workers 1
+    RECSERVE_BASE_SRC=/other/tree/src .venv/bin/python -m benchmarks.bench_peers --peers recserve,recserve-base,fastapi
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks.peers.servers import ALL_PEERS, NOTES, PEERS, choose_peers, runnable, say  # noqa: E402
-from recserve.measure.loadgen import LoadSession  # noqa: E402
-from recserve.measure.maxload import confirm_max_load, find_max_load  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import make_target  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
-from recserve.wire import OUTPUT_SCORES  # noqa: E402
+from benchmarks import harness
+from benchmarks.peers.servers import ALL_PEERS, NOTES, PEERS, choose_peers, runnable, say
+from recserve.measure.loadgen import LoadSession
+from recserve.measure.maxload import confirm_max_load, find_max_load
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import make_target
+from recserve.specs import get_model
+from recserve.wire import OUTPUT_SCORES
 
 
 class Turns:
@@ -226,13 +222,13 @@ def main() -> int:
                 with PEERS[name](args.model, args.scale, workers, sla) as url:
                     check = score_check(name, url, args, pool, want)
                     by_peer[name] = {**max_load(url, args.model, pool, args, sla), "score_check": check}
-                save(results, args.out)  # after every search: a run cut short (a time limit) keeps what it measured
+                save(results, args)  # after every search: a run cut short (a time limit) keeps what it measured
         else:
             by_peer.update(interleaved(peers, workers, pool, args, sla, want))
-            save(results, args.out)
+            save(results, args)
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)
-    save(results, args.out)
+    save(results, args)
     return 0
 
 
@@ -267,11 +263,21 @@ def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argpars
     return {name: {**found[name], "score_check": checks[name]} for name in peers}
 
 
-def save(results: dict, out: str) -> None:
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(out).with_suffix(".partial")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(out)
+def headline(results: dict) -> list[dict]:
+    """Per worker count: recserve's max load at the SLA, and against each peer's."""
+    sla = f"p{results.get('percentile', 95):g} <= {results.get('sla_ms')} ms"
+    out = []
+    for workers, peers in (results.get("by_workers") or {}).items():
+        base = harness.dig(peers, "recserve", "max_qps")
+        out.append(harness.row(f"recserve max load at {sla}, {results.get('model')}, {workers} workers", base, "QPS"))
+        out += [harness.row(f"recserve max load, {workers} workers (target: {name})", base, "QPS",
+                            harness.dig(r, "max_qps")) for name, r in peers.items() if name != "recserve"]
+    return out
+
+
+def save(results: dict, args: argparse.Namespace) -> None:
+    """The result so far (written after every search: a run cut short keeps what it measured)."""
+    harness.write_result(args.out, args, headline(results), results)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ needs glibc >= 2.38 (the GPU machines have it; this project's 2-core VM, Debian 
 ``bash benchmarks/perf_analyzer_here.sh`` writes ``.pa/bin/perf_analyzer``, the wheel's binary run by a newer
 glibc's loader, which this script uses when it is there.
 
-    PYTHONPATH=src python3 benchmarks/bench_perf_analyzer.py --model hera-dlrm-a --workers 8 --rates 500,2000
+    PYTHONPATH=src python3 -m benchmarks.bench_perf_analyzer --model hera-dlrm-a --workers 8 --rates 500,2000
 
 With ``--concurrency 1`` it keeps one request in flight instead (perf_analyzer's default load mode) and also times
 the same queries in process: perf_analyzer's p50 minus that is the serving overhead measured by NVIDIA's C++ client
@@ -30,11 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import ROOT
+from recserve.measure.requests import RequestPool
+from recserve.specs import get_model
 
 PROTOCOLS = {"http": ["-i", "http"], "grpc": ["-i", "grpc"], "grpc_stream": ["-i", "grpc", "--streaming"]}
 
@@ -90,8 +89,7 @@ def run_one(exe: str, model: str, port: int, proto: str, rate: float, data: Path
 
 def server_cpu(server: Any, model: str) -> tuple[float, int, int]:
     """The node's workers' CPU seconds, and its ``/stats`` count and ns of ``compute_infer`` for ``model``."""
-    from bench_serving_overhead import cpu_s, stats_reader
-
+    from benchmarks.common.timing import cpu_s, stats_reader
     from recserve.serving.node.control_client import ControlClient
 
     state = ControlClient("127.0.0.1", server.ports.http).get_model(model)
@@ -113,7 +111,7 @@ def server_cpu_per_query(before: tuple[float, int, int], after: tuple[float, int
 
 class InProcess:
     """The pool's queries run in this process by the model as a worker builds it (tables fused), one torch thread:
-    the reference the serving overhead is measured against (``bench_serving_overhead.py``'s ``in_process``).
+    the reference the serving overhead is measured against (``bench_serving_overhead``'s ``in_process``).
     Measured again around every perf_analyzer run (``bracketed``): a shared host's speed drifts by 2x within
     minutes, and a reference taken once at the start bent every later run's overhead with it."""
 
@@ -170,6 +168,16 @@ def summary(row: dict[str, Any], proto: str, rate: float, concurrency: int) -> s
                   f"{row['non_model_cpu_ms_per_query']:.3f}")
     return (f"{proto:12s} {load}  throughput {row['throughput']:8.1f}/s  p50 {row['p50_ms']:7.3f} ms  p90 "
             f"{row['p90_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms{extra}")
+
+
+def headline(results: dict) -> list[dict]:
+    """Each perf_analyzer run's throughput and p99."""
+    out = []
+    for r in results["runs"]:
+        load = f"concurrency {r['concurrency']}" if r.get("concurrency") else f"{r['rate']:g} qps offered"
+        out.append(harness.row(f"perf_analyzer {r['protocol']}, {load}: inferences/s", r.get("throughput"), "inf/s"))
+        out.append(harness.row(f"perf_analyzer {r['protocol']}, {load}: p99", r.get("p99_ms"), "ms"))
+    return out
 
 
 def main() -> int:
@@ -231,8 +239,7 @@ def main() -> int:
                         bracketed(ahead, last, row)
                     results["runs"].append(row)
                     print(summary(row, proto, rate, args.concurrency), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    harness.write_result(args.out, args, headline(results), results)
     print(f"wrote {args.out}")
     return 0 if all("error" not in r for r in results["runs"]) else 1
 

@@ -10,7 +10,7 @@
 3. Runs Hercules' gradient search, DeepRecSys and exhaustive search on the perfmodel for every
    catalogue model on four server types and counts evaluations.
 
-    .venv/bin/python benchmarks/bench_perfmodel.py [--quick]
+    .venv/bin/python -m benchmarks.bench_perfmodel [--quick]
 
 Writes results/perfmodel.json, results/this-host-hostbench.json and results/calibration.json.
 """
@@ -18,64 +18,27 @@ Writes results/perfmodel.json, results/this-host-hostbench.json and results/cali
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 
+from benchmarks import harness
+from benchmarks.common.perfmodel_checks import buildable, kairos_check, log, measure_table_sizes
 from recserve.errors import SpecError
-from recserve.perfmodel import Allocation, PerfModel, SizeMix, load_calibration
+from recserve.perfmodel import PerfModel, SizeMix, load_calibration
 from recserve.perfmodel.evaluator import perfmodel_evaluator
 from recserve.perfmodel.fit import errors, fit, points_from_profiles
-from recserve.perfmodel.hostbench import calibration_host, measure_host, measure_stream_gbs, measured_constants
+from recserve.perfmodel.hostbench import calibration_host, measure_stream_gbs, measured_constants
 from recserve.planners.hercules.search import deeprecsys, exhaustive, search
 from recserve.profiles import ProfileSet
-from recserve.reference import reference_path
-from recserve.specs import catalogue_models, catalogue_servers, get_server
+from recserve.specs import catalogue_models, get_server
 
 RESULTS = Path("results")
-BATCHES = (1, 8, 32, 128, 512)
 FIT_BATCHES = (1, 32, 512)
-SMALL_BYTES, LARGE_BYTES = 8e6, 200e6
-KAIROS = {"ncf": "kairos-ncf", "rm2": "kairos-rm2", "wnd": "kairos-wnd", "mtwnd": "kairos-mtwnd",
-          "dien": "kairos-dien"}
 SEARCH_SERVERS = ("hera-xeon", "hercules-t1", "hercules-t7", "c5n.2xlarge")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def buildable(spec) -> bool:
-    """The zoo builds the family and its dense part is small enough to instantiate here."""
-    from recserve.perfmodel.cost import model_cost
-    from recserve.zoo import FAMILY_CLASSES
-
-    return spec.family in FAMILY_CLASSES and model_cost(spec).source == "zoo"
-
-
-def measure_table_sizes(models: list, budget_s: float) -> ProfileSet:
-    """latency_vs_batch of every model with small (in-cache) and large (DRAM) tables, tagged ``tables``."""
-    stream_gbs = measure_stream_gbs()  # once, not per measure_host call
-    measured: ProfileSet | None = None
-    for m in models:  # both table sizes of a model back to back: they share the host's mood
-        for tag, target in (("small", SMALL_BYTES), ("large", LARGE_BYTES)):
-            scale = float(min(1.0, max(1e-7, target / m.embedding_bytes)))
-            ps = measure_host([m], BATCHES, scale, threads=1, budget_s=budget_s, progress=log, stream_gbs=stream_gbs)
-            for t in ps:
-                t.conditions["tables"] = tag
-            if measured is None:
-                measured = ps
-            else:
-                specs = {**measured.meta["specs"], **ps.meta["specs"]}
-                measured = measured.merge(ps)
-                measured.meta["specs"] = specs
-    assert measured is not None
-    return measured
 
 
 def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
@@ -130,70 +93,6 @@ def host_accuracy(quick: bool, reuse: Path | None = None) -> dict:
     }
 
 
-# How the Kairos artifact ran each query (DeepRecSys' harness, github.com/harvard-acc/DeepRecSys, which Kairos'
-# latencies come from): one inference engine whose Caffe2 net runs with the harness defaults inter_op_workers=1,
-# fc_workers=1, sls_workers=1 and net type "simple" (utils/utils.py) -- one thread on one vCPU, not the whole
-# instance; and the measured latency is "execution plus loading time", where loading is ``FeedBlob(np.array(
-# S_indices[i]))`` per table in ``run()`` with the ids held as Python lists (data_generator/dlrm_data_caffe2.py
-# builds them with ``.tolist()``) -- the perfmodel's ``feed="pylist"``.
-KAIROS_ALLOC = Allocation(workers=1, cores_per_worker=1, feed="pylist")
-
-
-def _median_by(rows: list[tuple], key) -> dict:
-    groups: dict = {}
-    for r in rows:
-        groups.setdefault(key(r), []).append(r[-1])
-    return {k: float(np.median(v)) for k, v in sorted(groups.items())}
-
-
-def kairos_check(cal_path: Path, alloc: Allocation = KAIROS_ALLOC) -> dict:
-    ref = json.loads(reference_path("kairos_aws_latency.json").read_text())
-    pm = PerfModel(cal_path if cal_path.exists() else None)
-    servers = catalogue_servers()
-    out: dict = {"fitted_to_kairos": False, "allocation": str(alloc), "models": {}}
-    all_err = []
-    rows: list[tuple] = []  # (model, instance, batch, signed error %, abs error %)
-    for short, name in KAIROS.items():
-        try:
-            spec = catalogue_models()[name]
-        except KeyError:
-            continue
-        preds, meas, errs = {}, {}, []
-        for inst, data in ref["instances"].items():
-            if inst not in servers or short not in data:
-                continue
-            server = servers[inst]
-            pts = sorted((int(b), v["mean"]) for b, v in data[short].items())
-            pb = [pm.call_ms(spec, server, b, alloc) for b, _ in pts]
-            mb = [m for _, m in pts]
-            e = np.abs(np.array(pb) - mb) / np.array(mb) * 100
-            errs += list(e)
-            rows += [(short, inst, b, (p - m) / m * 100, float(a)) for (b, m), p, a in zip(pts, pb, e, strict=True)]
-            preds[inst], meas[inst] = float(np.mean(pb)), float(np.mean(mb))
-        insts = sorted(preds)
-        rho = spearmanr([preds[i] for i in insts], [meas[i] for i in insts]).statistic if len(insts) > 2 else None
-        all_err += errs
-        out["models"][short] = {
-            "spearman_rank_of_instances": None if rho is None else float(rho),
-            "median_ape": float(np.median(errs)) if errs else None,
-            "pred_mean_ms": preds,
-            "measured_mean_ms": meas,
-            "rank_pred": sorted(insts, key=preds.get),
-            "rank_measured": sorted(insts, key=meas.get),
-        }
-    rhos = [m["spearman_rank_of_instances"] for m in out["models"].values()
-            if m["spearman_rank_of_instances"] is not None]
-    out["mean_spearman"] = float(np.mean(rhos)) if rhos else None
-    out["median_ape_all"] = float(np.median(all_err)) if all_err else None
-    out["median_ape_by_instance"] = _median_by(rows, lambda r: r[1])
-    lo = lambda b: (b - 1) // 200 * 200  # noqa: E731  (batch buckets 1-200, 201-400, ...)
-    out["median_ape_by_batch"] = _median_by(rows, lambda r: f"{lo(r[2]) + 1}-{lo(r[2]) + 200}")
-    signed = [(r[0], r[1], r[2], r[3]) for r in rows]  # median signed error: + over-, - under-prediction
-    out["median_signed_error_by_instance"] = _median_by(signed, lambda r: r[1])
-    out["median_signed_error_by_model"] = _median_by(signed, lambda r: r[0])
-    return out
-
-
 def print_kairos(k: dict) -> None:
     for short, m in k["models"].items():
         print(f"kairos {short:6s}: spearman {m['spearman_rank_of_instances']:+.2f}  median APE {m['median_ape']:.0f}%  "
@@ -240,6 +139,20 @@ def search_cost(cal_path: Path, quick: bool) -> dict:
             "max_gain_over_deeprecsys": max(gain) if gain else None, "rows": rows}
 
 
+def headline(out: dict) -> list[dict]:
+    """Held-out error on this host, the Kairos check's ranking, the search's quality and cost."""
+    dig, row = harness.dig, harness.row
+    return [row("perfmodel median abs. % error, held-out models",
+                dig(out, "host_accuracy", "median_ape_heldout_models"), "%"),
+            row("perfmodel median abs. % error, held-out batches",
+                dig(out, "host_accuracy", "median_ape_heldout_batches"), "%"),
+            row("Kairos EC2 instance ranking, mean Spearman (not fitted)", dig(out, "kairos", "mean_spearman"), "",
+                1.0),
+            row("Hercules search / exhaustive best QPS, worst pair", dig(out, "search", "min_ratio_to_exhaustive"),
+                "", 1.0),
+            row("Hercules search evaluations / exhaustive, mean", dig(out, "search", "mean_eval_fraction"))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer models and servers")
@@ -268,9 +181,7 @@ def main() -> int:
           f"evaluations max {s['max_eval_fraction']:.2f} mean {s['mean_eval_fraction']:.2f} of exhaustive; "
           f"gain over DeepRecSys median {s['median_gain_over_deeprecsys']:.2f}x "
           f"max {s['max_gain_over_deeprecsys']:.2f}x")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "perfmodel.json").write_text(json.dumps(out, indent=1))
-    print(f"wrote {RESULTS / 'perfmodel.json'}")
+    print(f"wrote {harness.write_result(RESULTS / 'perfmodel.json', args, headline(out), out)}")
     return 0
 
 

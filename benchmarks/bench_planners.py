@@ -3,7 +3,7 @@
 also the papers' comparisons on catalogue models with perfmodel profiles (cached under results/):
 Hera vs DeepRecSys/Random/Hera(Random), Hercules vs greedy/oblivious over a day, Kairos vs homogeneous.
 
-    .venv/bin/python benchmarks/bench_planners.py [--scenarios] [--reference PATH] [--out results/planners.json]
+    .venv/bin/python -m benchmarks.bench_planners [--scenarios] [--reference PATH] [--out results/planners.json]
 
 Prints wall and CPU seconds (the CPU time is what one core spends; wall time suffers on a shared
 machine) and writes them as JSON.  Inputs are synthetic except the Kairos latencies (reference data).
@@ -19,6 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
+from benchmarks.common.scenarios import (
+    HERA_MODELS,
+    HERCULES_AVAILABLE,
+    HERCULES_MODELS,
+    cached_profiles,
+    scenario_kairos,
+)
 from recserve.planners.hera import affinity_matrix, all_curves
 from recserve.planners.hercules.provision import Efficiency, solve_greedy, solve_ilp
 from recserve.planners.kairos import (
@@ -122,26 +130,6 @@ def bench_kairos(reference: Path, budget: float = 10.0) -> dict:
 
 # ----------------------------------------------------------------- scenarios (perfmodel profiles)
 
-HERA_MODELS = ["hera-dlrm-a", "hera-dlrm-b", "hera-dlrm-c", "hera-dlrm-d", "hera-ncf", "hera-dien", "hera-din",
-               "hera-wnd"]
-HERCULES_MODELS = ["hercules-rmc1", "hercules-rmc2", "hercules-rmc3", "hercules-mtwnd", "hercules-din",
-                   "hercules-dien"]
-HERCULES_AVAILABLE = dict(zip([f"hercules-t{i}" for i in range(1, 11)], [100, 100, 15, 10, 5, 10, 5, 6, 4, 2],
-                              strict=True))
-
-
-def cached_profiles(path: Path, models: list[str], servers: list[str], **kw) -> ProfileSet:
-    if path.exists():
-        return ProfileSet.load(path)
-    from recserve.perfmodel import model_profiles
-    from recserve.planners.hercules.search import efficiency_tables
-    from recserve.specs import get_model, get_server
-
-    print(f"modelling {len(models)} models on {len(servers)} server types (cached in {path})", file=sys.stderr)
-    kw["extra"] = efficiency_tables if kw.pop("efficiency", True) else None
-    profiles = model_profiles([get_model(m) for m in models], [get_server(s) for s in servers], **kw)
-    return ProfileSet.load(profiles.save(path))
-
 
 def scenario_hera(results_dir: Path) -> dict:
     from recserve.planners.hera import plan_colocation, targets_at_load
@@ -179,16 +167,31 @@ def scenario_hercules(results_dir: Path, peaks: dict[str, float]) -> dict:
     return {"peaks": peaks, "hercules": plan.summary, **plan.baselines, "ilp_step_cpu_s": step_cpu}
 
 
-def scenario_kairos(reference: Path) -> dict:
-    from recserve.planners.kairos import plan_pool
+def headline(results: dict) -> list[dict]:
+    """Each planner's time against the seconds allowed."""
+    return [harness.row(f"{label} (target: seconds allowed)", harness.dig(results, key, value), "s",
+                        harness.dig(results, key, "target_s"))
+            for key, label, value in (("hera_affinity", "Hera affinity matrix, 200 models", "total_wall_s"),
+                                      ("hercules_provision_step", "Hercules provisioning step (ILP), median",
+                                       "ilp_wall_s_median"),
+                                      ("kairos_upper_bounds", "Kairos upper bounds, all configs <= budget", "wall_s"))]
 
-    profiles = load_kairos_reference(reference)
-    meta = profiles.meta
-    plan = plan_pool(profiles, sorted(meta["qos_p99_ms"]), meta["budget_usd_per_hr"], meta["prices_usd_per_hr"],
-                     meta["qos_p99_ms"], meta["max_instances"])
-    return {p.model: {"config": p.config, "cost": p.cost_per_hr, "upper_bound_qps": p.upper_bound_qps,
-                      "highest_bound_config": p.details["highest_bound_config"], "homogeneous": p.homogeneous,
-                      "gain": p.upper_bound_qps / p.homogeneous["qps"]} for p in plan.pools}
+
+def scenarios_headline(scen: dict) -> list[dict]:
+    """The papers' comparisons: Hercules' power saving, Kairos' pool against the best homogeneous one, Hera's
+    servers against DeepRecSys'."""
+    out = [harness.row(f"Hercules provisioning: avg power saving vs {base}",
+                       harness.dig(scen, "hercules", base, "hercules_power_saving_avg"), "fraction")
+           for base in ("greedy", "oblivious")]
+    for model, k in sorted((scen.get("kairos") or {}).items()):
+        out.append(harness.row(f"Kairos pool QPS, {model}, same budget (target: best homogeneous)",
+                               harness.dig(k, "upper_bound_qps"), "QPS", harness.dig(k, "homogeneous", "qps")))
+    runs = harness.dig(scen, "hera", "runs") or []
+    if runs:
+        last = runs[-1]
+        out.append(harness.row(f"Hera servers, level {last.get('level')} (target: DeepRecSys)", last.get("hera"),
+                               "servers", last.get("deeprecsys")))
+    return out
 
 
 def main() -> int:
@@ -205,7 +208,7 @@ def main() -> int:
         scen = {"hera": scenario_hera(out_dir), "hercules": scenario_hercules(out_dir, peaks)}
         if Path(args.reference).exists():
             scen["kairos"] = scenario_kairos(Path(args.reference))
-        (out_dir / "planners_scenarios.json").write_text(json.dumps(scen, indent=1))
+        harness.write_result(out_dir / "planners_scenarios.json", args, scenarios_headline(scen), scen)
         print(json.dumps(scen, indent=1))
         print(f"wrote {out_dir / 'planners_scenarios.json'}")
     results = {"hera_affinity": bench_hera(), "hercules_provision_step": bench_provision(),
@@ -218,9 +221,7 @@ def main() -> int:
         print(name)
         for k, v in r.items():
             print(f"  {k:34s} {v:.4g}" if isinstance(v, float) else f"  {k:34s} {v}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    out = harness.write_result(args.out, args, headline(results), results)
     print(f"wrote {out}")
     return 0
 

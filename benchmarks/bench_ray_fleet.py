@@ -25,7 +25,7 @@ and stops by terminating them):
 Both node "types" run on this host's cores: the types differ in name and placement, not in hardware, so the
 simulator is given this host's measured latency table for every type.
 
-    python benchmarks/bench_ray_fleet.py --rate 6 --seconds 30 --out results/ray_fleet.json
+    python -m benchmarks.bench_ray_fleet --rate 6 --seconds 30 --out results/ray_fleet.json
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from benchmarks import harness
 
 PY = sys.executable
 RAY = str(Path(PY).with_name("ray"))
@@ -152,7 +154,6 @@ def node_resources(pool_plan: Path, provision_plan: Path) -> tuple[dict[str, Any
 
 def run(out: Path, rate: float, seconds: float, scale: float = 1e-3) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     plans = make_plans(out)
     head, node, types = node_resources(plans["pool"], plans["provision"])
     port = free_port()
@@ -191,6 +192,15 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                                                   "scores_max_abs_diff")}}
 
 
+def headline(result: dict[str, Any]) -> list[dict]:
+    """The Kairos pool through Ray's proxy: measured p99 against the simulator's, and queries answered."""
+    dig = harness.dig
+    return [harness.row("Ray pool p99, measured (target: simulated)", dig(result, "pool", "measured", "p99_ms"), "ms",
+                        dig(result, "pool", "simulated", "p99_ms")),
+            harness.row("Ray pool queries answered (target: sent)", dig(result, "pool", "measured", "ok"), "queries",
+                        dig(result, "pool", "measured", "sent"))]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rate", type=float, default=6.0)
@@ -200,8 +210,7 @@ def main() -> int:
     p.add_argument("--out", default="results/ray_fleet.json")
     args = p.parse_args()
     result = run(Path(args.workdir), args.rate, args.seconds, args.scale)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    harness.write_result(args.out, args, headline(result), result)
     print(json.dumps(summarize(result), indent=1))
     return 0
 

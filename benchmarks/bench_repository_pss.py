@@ -6,13 +6,12 @@ N x the table size.  Every worker is made to touch every table row (queries whos
 each worker's RSS holds the tables), then RSS / PSS per worker are read from /proc/<pid>/smaps_rollup.
 
 Prints a table and writes results/repository_pss.json.  Usage:
-    .venv/bin/python benchmarks/bench_repository_pss.py [--rows 250000] [--dim 64] [--tables 4] [--workers 2]
+    .venv/bin/python -m benchmarks.bench_repository_pss [--rows 250000] [--dim 64] [--tables 4] [--workers 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 import tritonclient.http as thttp
 
-from recserve.serving import NodeServer
+from benchmarks import harness
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.control_client import ControlClient
 from recserve.specs import model_from_dict
@@ -62,9 +61,8 @@ def covering_inputs(rows: int, tables: int, bags: int = 1000) -> list[thttp.Infe
 
 def measure(root: Path, workers: int, rows: int, tables: int, table_mb: float) -> dict:
     (root / "big" / "config.yaml").write_text(f"workers: {workers}\nmax_query_size: 1000\nqueue_limit: 64\n")
-    server = NodeServer(NodeConfig(models=[], repository=str(root), max_body_bytes=256 * 2**20))
-    ports = server.start()
-    try:
+    with harness.node(NodeConfig(models=[], repository=str(root), max_body_bytes=256 * 2**20)) as server:
+        ports = server.ports
         control = ControlClient("127.0.0.1", ports.http)
         inputs = covering_inputs(rows, tables)
         deadline = time.monotonic() + 120
@@ -80,8 +78,13 @@ def measure(root: Path, workers: int, rows: int, tables: int, table_mb: float) -
                 "rss_mb": [round(w["rss_mb"], 1) for w in detail], "pss_mb": [round(w["pss_mb"], 1) for w in detail],
                 "total_pss_mb": round(sum(w["pss_mb"] for w in detail), 1),
                 "every_worker_touched_all_rows": all(w["rss_mb"] >= 0.95 * table_mb for w in detail)}
-    finally:
-        server.stop()
+
+
+def headline(result: dict) -> list[dict]:
+    """Total PSS growth from 1 to N workers, as a share of N-1 more copies of the tables (shared: near 0)."""
+    return [harness.row("repository model PSS growth / extra table copies", result["pss_growth_vs_copies"],
+                        "fraction"),
+            harness.row("repository model PSS growth, 1 -> N workers", result["pss_growth_mb"], "MB")]
 
 
 def main() -> int:
@@ -109,9 +112,7 @@ def main() -> int:
     print(f"total PSS grew {growth:.1f} MB from 1 to {args.workers} workers; "
           f"{args.workers - 1} more copies would be {(args.workers - 1) * table_mb:.1f} MB "
           f"(ratio {result['pss_growth_vs_copies']})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = harness.write_result(args.out, args, headline(result), result)
     log(f"wrote {out}")
     return 0
 

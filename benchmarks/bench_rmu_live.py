@@ -11,7 +11,7 @@ model at the load it carries during this one's peak; the second sizes the load; 
 the search), or read from a capacity profile (`--capacity profile`: --profiles, else `recserve profile
 host --via server` now).
 
-    .venv/bin/python benchmarks/bench_rmu_live.py [--seconds 90] [--shape fig14|diurnal] [--router] [--rounds 2]
+    .venv/bin/python -m benchmarks.bench_rmu_live [--seconds 90] [--shape fig14|diurnal] [--router] [--rounds 2]
 
 The controllers run one after another, so a host that drifts (this shared 2-core VM can change speed by 2x within an
 hour) favours whichever runs in its faster stretch.  ``--rounds N`` repeats the comparison with the order reversed
@@ -25,8 +25,15 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks import harness
 from recserve.cli import main as cli
 from recserve.demo import DemoRun, measured_capacity, run_live
+
+
+def headline(results: dict) -> list[dict]:
+    """Per policy: the share of live windows that violated the SLA, worst model."""
+    return [harness.row(f"live windows violating SLA, {name}", 100 * max(r["violation_fraction"].values()), "%")
+            for name, r in results.items() if isinstance(r, dict) and "violation_fraction" in r]
 
 
 def main() -> int:
@@ -113,8 +120,7 @@ def main() -> int:
         for name, v in mean.items():
             print(f"  {name:8s} " + ", ".join(f"{m} {100 * f:.0f}%" for m, f in v.items()))
     results = {**rounds[0], "rounds": rounds, "mean_violation_fraction": mean}
-    Path("results").mkdir(exist_ok=True)
-    Path("results/rmu_live.json").write_text(json.dumps(results, indent=1))
+    harness.write_result("results/rmu_live.json", args, headline(results), results)
     return 0
 
 

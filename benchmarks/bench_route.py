@@ -21,7 +21,7 @@ Steps, all in one run:
    search was tried first: at the low rates a failing policy is driven to, a probe holds a few dozen
    queries, its p99 is their maximum and the search ends wherever one slow query happens to fall.)
 
-    .venv/bin/python benchmarks/bench_route.py [--model kairos-wnd] [--duration-s 8] [--rounds 2]
+    .venv/bin/python -m benchmarks.bench_route [--model kairos-wnd] [--duration-s 8] [--rounds 2]
 
 ``--pool gpu`` (issue #16) routes over a GPU node and a CPU-only node on one host instead, the pair Kairos plans
 (g4dn + CPU instances): the host's cores are split, the GPU node's CPU workers (decode and forward every query,
@@ -29,7 +29,7 @@ Steps, all in one run:
 rest; QoS is the model's SLA target unless ``--qos-ms``.  On a host without CUDA, ``--device cpu`` runs the same
 layout with a many-threaded CPU worker in the GPU's place (a check of the harness, not a GPU number):
 
-    python benchmarks/bench_route.py --pool gpu --model hera-din --scale 0.01 --device cuda --gpu-cores 0-3
+    python -m benchmarks.bench_route --pool gpu --model hera-din --scale 0.01 --device cuda --gpu-cores 0-3
 
 Writes results/route_live.json.  Takes several minutes.
 """
@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import harness
 from recserve.commands._plan_common import core_list
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
@@ -168,6 +169,15 @@ def qos_target(args: argparse.Namespace, curves: dict[str, list[list[float]]]) -
     return args.qos_x * max(curves["dram"][-1][3], ssd_500)
 
 
+def headline(out: dict) -> list[dict]:
+    """Kairos' allowable QPS at the p99 QoS against FCFS (Ribbon)'s, live and simulated."""
+    dig = harness.dig
+    return [harness.row(f"live router: Kairos allowable QPS at p99 QoS, {out.get('model')} (target: FCFS / Ribbon)",
+                        dig(out, "live_allowable_qps", "kairos"), "QPS", dig(out, "live_allowable_qps", "ribbon")),
+            harness.row("same pool simulated: Kairos (target: FCFS)", dig(out, "simulated_qps", "kairos"), "QPS",
+                        dig(out, "simulated_qps", "ribbon"))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -229,8 +239,7 @@ def main() -> int:
            "live_allowable_qps": med, "live_allowable_qps_by_qos": sweep, "runs": runs,
            "simulated_kairos_over_ribbon": sim["kairos"] / max(sim["ribbon"], 1e-9),
            "live_kairos_over_ribbon": med["kairos"] / med["ribbon"] if med["ribbon"] > 0 else None}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    harness.write_result(args.out, args, headline(out), out)
     print(f"QoS p99 {qos:.1f} ms; simulated: kairos {sim['kairos']:.1f} ribbon {sim['ribbon']:.1f} "
           f"oracle {sim['oracle']:.1f} qps ({out['simulated_kairos_over_ribbon']:.2f}x)")
     for p in POLICIES:

@@ -6,14 +6,13 @@ the tier now runs on every read (``RowChecksums.mismatches``: the CRC of each ro
 for the zlib CRC32 the file format uses and, where the ``google-crc32c`` package happens to be installed,
 CRC32C for comparison.  Prints a table and writes ``results/row_checksum.json``.
 
-    .venv/bin/python benchmarks/bench_row_checksum.py            # ~20 s
-    .venv/bin/python benchmarks/bench_row_checksum.py --rows 200000 --dim 64 --dir /mnt/ssd/bench
+    .venv/bin/python -m benchmarks.bench_row_checksum            # ~20 s
+    .venv/bin/python -m benchmarks.bench_row_checksum --rows 200000 --dim 64 --dir /mnt/ssd/bench
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from recserve.embedding.blockio import BlockReader
 from recserve.embedding.tablefile import RowChecksums, read_header, row_crcs, write_table
 
@@ -41,6 +41,12 @@ def timed_over(fn, repeats: int) -> float:
     for k in range(repeats):
         fn(k)
     return (time.perf_counter() - start) / repeats * 1e6
+
+
+def headline(results: dict) -> list[dict]:
+    """Per rows-per-read: the CRC check's time as a share of the O_DIRECT read it verifies."""
+    return [harness.row(f"row CRC check / O_DIRECT read, {r['rows_per_read']} rows per read", r["verify_over_read"],
+                        "fraction") for r in results.get("batches") or []]
 
 
 def main() -> None:
@@ -91,9 +97,7 @@ def main() -> None:
         reader.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    out = harness.write_result(args.out, args, headline(results), results)
     print(f"wrote {out} (one zlib.crc32 of a row: {results['zlib_crc32_one_row_us']:.2f} us; pid {os.getpid()})")
 
 

@@ -11,8 +11,8 @@ Prints and writes ``results/sdm.json`` (and ``results/sdm.png``):
 Table files go under ``--dir`` (default ``./.sdm_bench`` on the repository's disk: /tmp may be tmpfs, where
 O_DIRECT is refused and the fallback would be measured instead).
 
-    .venv/bin/python benchmarks/bench_sdm.py            # ~25 min on the shared 2-core host
-    .venv/bin/python benchmarks/bench_sdm.py --quick    # ~5 min
+    .venv/bin/python -m benchmarks.bench_sdm            # ~25 min on the shared 2-core host
+    .venv/bin/python -m benchmarks.bench_sdm --quick    # ~5 min
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import harness
 from recserve.embedding.blockio import BlockReader, io_uring_available
 from recserve.embedding.rowcache import POLICIES, PooledCache, RowCache, bag_keys
 from recserve.embedding.tablefile import write_table
@@ -401,6 +402,18 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def headline(results: dict) -> list[dict]:
+    """The SSD's best raw 512 B IOPS; each tiered configuration's max QPS at the SLA against all-DRAM's."""
+    configs = harness.dig(results, "end_to_end", "configs") or []
+    dram = next((c for c in configs if c.get("name") == "all-DRAM"), {})
+    iops = [harness.num(x.get("iops")) or 0 for x in results.get("raw_io") or []]
+    out = [harness.row("SSD raw 512 B reads, best IOPS", max(iops, default=None), "IOPS")]
+    out += [harness.row(f"{c.get('name')}: max QPS at SLA, {harness.num(c.get('dram_saved_mb')) or 0:.0f} MB DRAM "
+                        "saved (target: all-DRAM)", c.get("max_qps"), "QPS", dram.get("max_qps"))
+            for c in configs if c is not dram]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=".sdm_bench", help="directory on a real disk for the table files")
@@ -420,7 +433,8 @@ def main() -> int:
     out = Path(args.out)
     sections = set(args.only.split(",")) if args.only else {"raw_io", "row_cache", "pooled_cache", "end_to_end"}
     if args.only and out.exists():  # refresh some sections of an earlier run
-        results = {**json.loads(out.read_text()), "host": results["host"]}
+        earlier = {k: v for k, v in json.loads(out.read_text()).items() if k != harness.HEADER}
+        results = {**earlier, "host": results["host"]}
     if "raw_io" in sections:
         log("1/4 raw reads")
         results["raw_io"] = bench_raw_io(directory, args.quick)
@@ -435,8 +449,7 @@ def main() -> int:
         results["end_to_end"] = bench_end_to_end(directory, args.quick, args.locality)
         shutil.rmtree(directory / "e2e", ignore_errors=True)
     results["host"]["loadavg_end"] = os.getloadavg()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    harness.write_result(out, args, headline(results), results)
     plot(results, out.with_suffix(".png"))
     print_summary(results)
     print(f"wrote {out} and {out.with_suffix('.png')}")

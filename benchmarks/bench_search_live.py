@@ -7,7 +7,7 @@ configuration and their evaluation counts are comparable.  Then the two chosen c
 re-measured back to back (A, B, A, B) and the ratio of their median max loads is reported: the
 "ratio in one run" the issue asks for, less exposed to the host's drift than the search-time numbers.
 
-    .venv/bin/python benchmarks/bench_search_live.py [--models a,b,c] [--duration 2]
+    .venv/bin/python -m benchmarks.bench_search_live [--models a,b,c] [--duration 2]
 
 Writes results/search_live.json.  Slow (about 4 minutes per model on 2 cores).
 """
@@ -15,14 +15,13 @@ Writes results/search_live.json.  Slow (about 4 minutes per model on 2 cores).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks import harness
 from recserve.measure.config_eval import LiveEvaluator
 from recserve.planners.hercules.search import (
     SchedConfig,
@@ -74,6 +73,12 @@ def run_model(name: str, duration_s: float) -> dict:
     return out
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Per model: Hercules' configuration over DeepRecSys', both re-measured at max load."""
+    return [harness.row(f"live Hercules / DeepRecSys re-measured max load, {m['model']}",
+                        harness.dig(m, "confirm", "ratio"), "x") for m in rows]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
@@ -92,8 +97,7 @@ def main() -> int:
               f"deeprecsys {d['best_label']} {d['best_qps']:.0f} qps ({d['evaluations']} evals) | "
               f"exhaustive {e['best_label']} {e['best_qps']:.0f} qps ({e['evaluations']} evals) | "
               f"re-measured hercules/deeprecsys {'n/a' if ratio is None else f'{ratio:.2f}x'}", flush=True)
-    Path("results").mkdir(exist_ok=True)
-    Path("results/search_live.json").write_text(json.dumps({"batches": LIVE_BATCHES, "models": rows}, indent=1))
+    harness.write_result("results/search_live.json", args, headline(rows), {"batches": LIVE_BATCHES, "models": rows})
     print("wrote results/search_live.json")
     return 0
 

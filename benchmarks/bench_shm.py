@@ -9,7 +9,7 @@ Part 2 (``--e2e``): a node serving hercules-rmc2 at ``--scale``; the same query 
 binary, tritonclient.grpc) and through a region registered once (the query written once, requests only reference
 it), latency p50 and p90 over ``--requests`` each, alternating.
 
-    .venv/bin/python benchmarks/bench_shm.py --batch 200 --e2e --requests 15     # writes results/shm.json
+    .venv/bin/python -m benchmarks.bench_shm --batch 200 --e2e --requests 15     # writes results/shm.json
 """
 
 from __future__ import annotations
@@ -17,21 +17,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 import uuid
 from multiprocessing import shared_memory as mpshm
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.serving.wire import codec  # noqa: E402
-from recserve.serving.wire.shm import Regions, Registry  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
-from recserve.wire import OUTPUT_SCORES  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import ROOT
+from recserve.serving.wire import codec
+from recserve.serving.wire.shm import Regions, Registry
+from recserve.specs import get_model
+from recserve.wire import OUTPUT_SCORES
 
 DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64", np.dtype(np.int32): "INT32"}
 
@@ -154,6 +151,15 @@ def e2e(arrays: dict[str, np.ndarray], model: str, scale: float, requests: int) 
         server.stop()
 
 
+def headline(result: dict) -> list[dict]:
+    """Decoding the query from a registered region against inline; with ``--e2e``, each path's p50 through a node."""
+    decode = result["decode"]
+    out = [harness.row(f"decode a {decode['query_mb']} MB query from a region (target: inline binary)",
+                       decode["region_decode_ms"], "ms", decode["inline_binary_decode_ms"])]
+    out += [harness.row(f"served p50, {path}", r["p50_ms"], "ms") for path, r in (result.get("e2e") or {}).items()]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="hercules-rmc2")
@@ -168,9 +174,8 @@ def main() -> None:
                          for k, v in decode_costs(arrays, args.repeat).items()}}
     if args.e2e:
         result["e2e"] = e2e(arrays, args.model, args.scale, args.requests)
-    out = ROOT / "results" / "shm.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "batch": args.batch, **result}, indent=2))
+    harness.write_result(ROOT / "results" / "shm.json", args, headline(result),
+                         {"model": args.model, "batch": args.batch, **result})
     print(json.dumps(result, indent=2))
 
 

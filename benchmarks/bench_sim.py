@@ -9,10 +9,9 @@ the core on a shared machine).  Writes results/sim.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
+from benchmarks import harness
 from recserve.policies.dispatch import make_policy
 from recserve.reference import reference_path
 from recserve.sim.cluster import ClusterSim, parse_pool
@@ -37,6 +36,13 @@ def rate(policy: str, n: int, qps: float, sim: ClusterSim, stream: QueryStream) 
     return out
 
 
+def headline(results: dict) -> list[dict]:
+    """Simulated queries per CPU-minute of each policy against the 1 M target."""
+    return [harness.row(f"simulated queries per CPU-minute, {policy}", results[key]["sim_queries_per_minute_cpu"],
+                        "q/min", results["target_queries_per_minute"])
+            for key, policy in (("fcfs", "FCFS (Ribbon)"), ("kairos", "Kairos"))]
+
+
 def main() -> dict:
     ps = load_reference(REFERENCE)
     svc = ServiceModel.from_profiles(ps, "kairos-rm2")
@@ -46,8 +52,7 @@ def main() -> dict:
                "fcfs": rate("ribbon", n, 15.0, sim, QueryStream(n, seed=0)),
                "kairos": rate("kairos", n // 5, 100.0, sim, QueryStream(n // 5, seed=0))}
     results["target_queries_per_minute"] = 1_000_000
-    Path("results").mkdir(exist_ok=True)
-    Path("results/sim.json").write_text(json.dumps(results, indent=1))
+    harness.write_result("results/sim.json", {}, headline(results), results)
     return results
 
 

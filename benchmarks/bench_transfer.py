@@ -10,7 +10,7 @@
    unscaled fit is printed too).
 3. The Kairos EC2 latencies (no microbenchmarks exist for those instances: spec-derived, bundled constants).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_transfer.py [--reuse results/hostbench.json] [--record NAME]
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_transfer [--reuse results/hostbench.json] [--record NAME]
 
 Prints median/p90 absolute percentage error per calibration and host and writes results/transfer.json.
 """
@@ -18,45 +18,35 @@ Prints median/p90 absolute percentage error per calibration and host and writes 
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import sys
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recserve.perfmodel import load_calibration  # noqa: E402
-from recserve.perfmodel.fit import errors, points_from_profiles  # noqa: E402
-from recserve.perfmodel.hostbench import calibration_host  # noqa: E402
-from recserve.perfmodel.hosts import HOSTS_DIR, Machine, calibration_for_host, recorded_hosts  # noqa: E402
-from recserve.perfmodel.microbench import calibration_from_micro, measure_micro  # noqa: E402
-from recserve.profiles import ProfileSet  # noqa: E402
-from recserve.specs import catalogue_models, server_from_dict, to_dict  # noqa: E402
+from benchmarks import harness
+from benchmarks.common.perfmodel_checks import buildable, judge, kairos_check, log, measure_table_sizes
+from recserve.perfmodel import load_calibration
+from recserve.perfmodel.hostbench import calibration_host
+from recserve.perfmodel.hosts import HOSTS_DIR, Machine, calibration_for_host, recorded_hosts
+from recserve.perfmodel.microbench import calibration_from_micro, measure_micro
+from recserve.profiles import ProfileSet
+from recserve.specs import catalogue_models, server_from_dict, to_dict
 
 RESULTS = Path("results")
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def record_timings(every: int) -> ProfileSet:
-    from bench_perfmodel import buildable, measure_table_sizes
-
     models = [m for m in catalogue_models().values() if buildable(m)][::every]
     return measure_table_sizes(models, budget_s=0.2)
 
 
-def judge(cal, timings: ProfileSet, host) -> dict:
-    pts = points_from_profiles(timings, host)
-    err = np.asarray(errors(cal, pts))
-    per_model: dict[str, list[float]] = {}
-    for p, e in zip(pts, err, strict=True):
-        per_model.setdefault(p.spec.name, []).append(float(e))
-    return {"points": len(pts), "median_ape": float(np.median(err)), "p90_ape": float(np.percentile(err, 90)),
-            "per_model_median_ape": {k: float(np.median(v)) for k, v in per_model.items()}}
+def headline(out: dict) -> list[dict]:
+    """Each calibration's median error on each host (target: 20 %), the Kairos check's (target: 35 %, Spearman 0.9)."""
+    rows = [harness.row(f"perfmodel median abs. % error on {host}, {how}", r.get("median_ape"), "%", 20.0)
+            for host, res in (out.get("hosts") or {}).items() for how, r in res.items()]
+    for how, k in (out.get("kairos") or {}).items():
+        rows.append(harness.row(f"Kairos EC2 median abs. % error ({how})", k.get("median_ape_all"), "%", 35.0))
+        rows.append(harness.row(f"Kairos EC2 mean Spearman ({how})", k.get("mean_spearman"), "", 0.9))
+    return rows
 
 
 def main() -> int:
@@ -97,8 +87,6 @@ def main() -> int:
                     moved.calibration, ps, h)
                 res["fitted on the other hosts, compute not rescaled"] = judge(moved.fitted, ps, h)
         out["hosts"][name] = res
-    from bench_perfmodel import kairos_check
-
     micro_cal = RESULTS / "calibration_micro.json"
     calibration_from_micro(micro, bundled).save(micro_cal)
     out["kairos"] = {"bundled": kairos_check(Path("/nonexistent")), "micro (this host)": kairos_check(micro_cal)}
@@ -108,7 +96,7 @@ def main() -> int:
                   f"({r['points']} calls)")
     for how, k in out["kairos"].items():
         print(f"Kairos EC2 ({how}): median {k['median_ape_all']:.0f}%, mean Spearman {k['mean_spearman']:.2f}")
-    Path(args.out).write_text(json.dumps(out, indent=1, default=float))
+    harness.write_result(args.out, args, headline(out), out)
     print(f"wrote {args.out}")
     return 0
 

@@ -16,7 +16,7 @@ competes with the server for cores), and for recserve's HTTP rows each worker's 
 held and the queries forwarded to an idle sibling (how the load spreads over the workers).
 A missing wrk or h2load skips its protocol's rows with a note; it never fails the benchmark.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_wrk.py --workers 1,2 --duration 5
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_wrk --workers 1,2 --duration 5
 """
 
 from __future__ import annotations
@@ -33,16 +33,14 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from benchmarks.bench_peers import compare_scores, reference_scores, save, worker_counts  # noqa: E402
-from benchmarks.peers import loadtools  # noqa: E402
-from benchmarks.peers.servers import NOTES, PEERS, runnable, say  # noqa: E402
-from recserve.measure.requests import RequestPool  # noqa: E402
-from recserve.measure.targets import (  # noqa: E402
+from benchmarks import harness
+from benchmarks.bench_peers import compare_scores, reference_scores, worker_counts
+from benchmarks.peers import loadtools
+from benchmarks.peers.servers import NOTES, PEERS, runnable, say
+from recserve.measure.requests import RequestPool
+from recserve.measure.targets import (
     decode_grpc_response,
     decode_http_response,
     encode_grpc_request,
@@ -50,9 +48,9 @@ from recserve.measure.targets import (  # noqa: E402
     encode_json_request,
     grpc_messages,
 )
-from recserve.serving.wire.codec import HEADER_LENGTH  # noqa: E402
-from recserve.specs import get_model  # noqa: E402
-from recserve.wire import OUTPUT_SCORES  # noqa: E402
+from recserve.serving.wire.codec import HEADER_LENGTH
+from recserve.specs import get_model
+from recserve.wire import OUTPUT_SCORES
 
 ROWS = ("recserve", "recserve-json", "recserve-grpc", "fastapi", "ray-serve", "kserve-rest", "kserve-grpc",
         "mlserver-rest", "mlserver-grpc")
@@ -274,6 +272,18 @@ def print_table(results: dict) -> None:
         print(f"skipped: {name}: {why}")
 
 
+def headline(results: dict) -> list[dict]:
+    """Per worker count and batch: recserve's req/s under the tool, against each other row's."""
+    out = []
+    for workers, by_batch in (results.get("by_workers") or {}).items():
+        for size, by_row in by_batch.items():
+            base = by_row.get(BASE, {}).get("rps")
+            out.append(harness.row(f"{BASE} req/s, {workers} workers, batch {size}", base, "req/s"))
+            out += [harness.row(f"{BASE} req/s, {workers} workers, batch {size} (target: {name})", base, "req/s",
+                                r.get("rps")) for name, r in by_row.items() if name != BASE]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="hercules-rmc1")
@@ -301,11 +311,11 @@ def main() -> int:
     want = [reference_scores(args.model, args.scale, pool, i) for i in range(len(pool))]
     for workers in args.workers:
         results["by_workers"][str(workers)] = one_worker_count(rows, workers, pool, args, sla, want)
-        save(results, args.out)
+        harness.write_result(args.out, args, headline(results), results)
     results["load_avg_after"] = os.getloadavg()[0]
     add_ratios(results)
     print_table(results)
-    save(results, args.out)
+    harness.write_result(args.out, args, headline(results), results)
     return 0
 
 

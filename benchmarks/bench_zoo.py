@@ -8,22 +8,21 @@ medians are in the JSON too.
 width, what a node's CPU workers run) beside the per-table one, timed in alternation.  ``--direct`` likewise adds
 the dense part with its MLPs run direct (``RecModel.direct_layers``, what the workers run too).
 
-Run: ``.venv/bin/python benchmarks/bench_zoo.py [--batch 1,256] [--models a,b] [--scale 1e-3] [--fused] [--direct]``
+Run: ``.venv/bin/python -m benchmarks.bench_zoo [--batch 1,256] [--models a,b] [--scale 1e-3] [--fused] [--direct]``
 Prints a table and writes ``results/zoo_forward.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 
+from benchmarks import harness
 from recserve.specs import catalogue_models
 from recserve.zoo import build, sample_batch
 from recserve.zoo.flops import dense_flops_per_item
@@ -54,6 +53,18 @@ def alternating(plain, other, min_time: float, rounds: int = 3):  # noqa: ANN001
         second.append(cpu_times(other, min_time / rounds)[0])
     return (statistics.median(c for c, _ in first), statistics.median(w for _, w in first)), \
         statistics.median(second)
+
+
+def headline(rows: list[dict]) -> list[dict]:
+    """Per batch size: the slowest model's forward CPU ms per query (sparse + dense)."""
+    out = []
+    for b in sorted({r.get("batch") for r in rows if isinstance(r.get("batch"), int)}):
+        at_b = [r for r in rows if r.get("batch") == b]
+        ms = [(harness.num(r.get("sparse_cpu_ms")) or 0.0) + (harness.num(r.get("dense_cpu_ms")) or 0.0) for r in at_b]
+        slowest_ms, slowest = max(zip(ms, at_b, strict=True), key=lambda x: x[0])
+        out.append(harness.row(f"forward CPU ms per query, batch {b}, slowest of {len(at_b)} models "
+                               f"({slowest.get('model')})", slowest_ms, "ms"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{sparse[0] * 1e3:15.2f}" + (f" {fused_ms * 1e3:7.2f}" if fused_ms is not None else "")
                          + f" {dense[0] * 1e3:9.2f}" + (f" {direct_ms * 1e3:7.2f}" if direct_ms is not None else ""))
         print(f"{name:16s} {spec.family:6s} {flops / 1e6:10.2f} " + " ".join(cells), flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"threads": 1, "results": rows}, indent=1))
+    out = harness.write_result(args.out, args, headline(rows), {"threads": 1, "results": rows})
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -3,7 +3,7 @@ a time (no queueing), alternating per query between a model's route through Ray'
 node server (``endpoints-direct.json``); with ``--address``, also an empty Ray Serve app on the same proxy (Ray's own
 proxy-to-replica path, no relay, no model).  Not part of ``run_all.py``: it needs a running deployment.
 
-    python benchmarks/ray_fleet_proxy.py --dir out/fleet-ray/dep --models hercules-rmc1,elasticrec-rm1 \
+    python -m benchmarks.ray_fleet_proxy --dir out/fleet-ray/dep --models hercules-rmc1,elasticrec-rm1 \
         --address 127.0.0.1:6379 --http-port 8000
 """
 

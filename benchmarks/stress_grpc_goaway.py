@@ -7,7 +7,7 @@ received)"), as ``test_changing_workers_under_load_loses_no_query[grpc]`` once d
 for ``--closes`` rounds ``--gap-ms`` apart, the calls answered, the streams refused after a final GOAWAY
 (crossings) and every failure by code and message, and writes JSON.  Every call should be answered.
 
-    .venv/bin/python benchmarks/stress_grpc_goaway.py --threads 8 --closes 500 --gap-ms 20
+    .venv/bin/python -m benchmarks.stress_grpc_goaway --threads 8 --closes 500 --gap-ms 20
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from pathlib import Path
 
 import grpc
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from recserve.serving.node.server import listening_socket  # noqa: E402
-from recserve.serving.transport import h2grpc  # noqa: E402
-from recserve.serving.worker import eventloop  # noqa: E402
+from benchmarks import harness
+from benchmarks.harness import ROOT
+from recserve.serving.node.server import listening_socket
+from recserve.serving.transport import h2grpc
+from recserve.serving.worker import eventloop
 
 Counts = collections.Counter
 
@@ -101,6 +100,12 @@ async def stress(args: argparse.Namespace) -> dict:
             "counts": dict(counts), "failed": failed}
 
 
+def headline(result: dict) -> list[dict]:
+    """Calls answered and calls failed (target: none) across every graceful close."""
+    return [harness.row("gRPC calls answered across graceful closes", result["counts"].get("answered", 0), "calls"),
+            harness.row(f"gRPC calls failed across {result['closes']} graceful closes", result["failed"], "calls", 0)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=8, help="client threads, each with its own channel")
@@ -112,8 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     result = eventloop.run(stress(args), args.loop)
     print(json.dumps(result, indent=1))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1))
+    harness.write_result(args.json, args, headline(result), result)
     sys.exit(1 if result["failed"] else 0)
 
 

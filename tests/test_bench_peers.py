@@ -157,7 +157,7 @@ def test_score_comparison_is_bit_for_bit() -> None:
 def test_a_peer_answers_the_models_scores_bit_for_bit_and_is_stopped(peer: str) -> None:
     """Needs the peer's venv (made by a first bench_peers run, minutes and ~1.3 GB): skipped where it is not made."""
     if not PeerVenv.of(servers.VENV_OF[peer]).ready():
-        pytest.skip(f"no {servers.VENV_OF[peer]} venv: run benchmarks/bench_peers.py --peers {peer} once")
+        pytest.skip(f"no {servers.VENV_OF[peer]} venv: run python -m benchmarks.bench_peers --peers {peer} once")
     from recserve.measure.requests import RequestPool
     from recserve.specs import get_model
 

@@ -46,25 +46,25 @@ for name in "$@"; do
 print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), numpy.__version__)'; \
         command -v perf_analyzer || echo 'no perf_analyzer on PATH'" ;;
     scaling)
-      phase scaling 560 $PY benchmarks/bench_peers.py --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+      phase scaling 560 $PY -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
         --workers "1,8,$CORES" --procs 4 --probe-s 2.5 --max-probes 7 --confirm 1 --peers recserve,fastapi \
         --out "$OUT/peers.json" ;;
     overhead)
-      phase overhead 300 $PY benchmarks/bench_serving_overhead.py --requests 400 --seconds 2 --split-cores \
+      phase overhead 300 $PY -m benchmarks.bench_serving_overhead --requests 400 --seconds 2 --split-cores \
         --out "$OUT/serving_overhead.json" ;;
     pa)
-      phase pa 240 $PY benchmarks/bench_perf_analyzer.py --model hera-dlrm-a --workers 8 --rates 500,2000 \
+      phase pa 240 $PY -m benchmarks.bench_perf_analyzer --model hera-dlrm-a --workers 8 --rates 500,2000 \
         --out "$OUT/perf_analyzer.json" ;;
     gpu)
-      phase gpu 480 $PY benchmarks/bench_gpu.py --models hera-din,hera-wnd,hercules-rmc2 --scale 0.01 \
+      phase gpu 480 $PY -m benchmarks.bench_gpu --models hera-din,hera-wnd,hercules-rmc2 --scale 0.01 \
         --out "$OUT/bench_gpu.json" ;;
     mixed)
-      phase mixed 560 $PY benchmarks/bench_accel.py --model hera-dlrm-a --scale 0.01 --device cuda \
+      phase mixed 560 $PY -m benchmarks.bench_accel --model hera-dlrm-a --scale 0.01 --device cuda \
         --cpu-workers 10 --front-workers 10 --accel-workers 2 --cpu-only-workers 12 --loadgen-cores 4 --procs 4 \
         --min-items 160 --layouts accel,mixed,cpu --warm-s 3 --start-qps 1000 --probe-s 2.5 --max-probes 6 \
         --out "$OUT/accel_mixed.json" ;;
     route)
-      phase route 560 $PY benchmarks/bench_route.py --pool gpu --device cuda --gpu-cores 0-3 \
+      phase route 560 $PY -m benchmarks.bench_route --pool gpu --device cuda --gpu-cores 0-3 \
         --out "$OUT/route_gpu.json" --plot "$OUT/route_gpu.png" ;;
     *)
       echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route)" >&2

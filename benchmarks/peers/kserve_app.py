@@ -1,6 +1,6 @@
 """The same model behind KServe's ModelServer (v2 / Open Inference Protocol, REST and gRPC).
 
-    python benchmarks/peers/kserve_app.py --http_port P --grpc_port Q --workers N   (in the kserve venv)
+    python -m benchmarks.peers.kserve_app --http_port P --grpc_port Q --workers N   (in the kserve venv)
 
 Run by ``bench_peers.py`` in a venv of its own (``peers/venvs.py``).  ``--workers N`` gives N uvicorn processes for
 REST; KServe serves gRPC from the main process alone (one model copy, whatever ``--workers`` says).  KServe binds

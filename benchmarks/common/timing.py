@@ -1,0 +1,95 @@
+"""Latency and CPU of a call taken many times: summaries, a process's CPU seconds, the node's own model time."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+
+import numpy as np
+
+
+def summary(samples_s: list[float]) -> dict[str, float]:
+    ms = np.array(samples_s) * 1e3
+    return {"mean_ms": float(ms.mean()), "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "n": len(ms)}
+
+
+def interleaved(calls: dict[str, Callable[[], object]], n: int) -> dict[str, dict[str, float]]:
+    """Latency of every path taken in turn, one call each per round: a host whose speed drifts over a run (a
+    shared VM's does, by 2x within minutes) moves every path alike, so their differences hold."""
+    samples: dict[str, list[float]] = {path: [] for path in calls}
+    for _ in range(n):
+        for path, call in calls.items():
+            t = time.perf_counter()
+            call()
+            samples[path].append(time.perf_counter() - t)
+    return {path: summary(s) for path, s in samples.items()}
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds of a process: its live threads' run time in ns (``/proc/PID/task/*/schedstat``), else user+system
+    clock ticks (``/proc/PID/stat``, 10 ms each: over 400 queries that is 0.025 ms a query, as large as the
+    differences issue #14 is about)."""
+    try:
+        total = 0
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except FileNotFoundError:  # the thread ended meanwhile
+                pass
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(fn, n: int, server_pids: list[int], worker_pids: list[int],
+              model_time: Callable[[], tuple[int, int]] | None = None) -> dict[str, float]:
+    """Latency summary plus CPU per request of the client (this process), the server front end and the workers.
+
+    CPU time does not include waiting for a core, so it shows the software overhead even on a
+    host whose run queue is long (wall-clock latency there is dominated by wake-up delays).  With
+    ``model_time`` (the server's own ``compute_infer`` count and ns), the server's CPU per request
+    that is not the model's forward pass is reported too: the client's CPU on a 2-core host slows
+    the worker's model beside it, which a comparison with the in-process model would count as overhead.
+    """
+    for _ in range(10):
+        fn()
+    groups = {"client": [os.getpid()], "server_front_end": server_pids, "workers": worker_pids}
+    before = {k: sum(cpu_s(p) for p in pids) for k, pids in groups.items()}
+    model_before = model_time() if model_time else (0, 0)
+    out = summary(timed(fn, n, warmup=0))
+    for k, pids in groups.items():
+        out[f"cpu_ms_per_request_{k}"] = (sum(cpu_s(p) for p in pids) - before[k]) / n * 1e3
+    if model_time is not None:
+        time.sleep(0.1)  # the workers report completed queries every 25 ms
+        count, ns = (a - b for a, b in zip(model_time(), model_before, strict=True))
+        out["model_ms_per_request"] = ns / max(1, count) / 1e6
+        out["server_non_model_cpu_ms_per_request"] = (out["cpu_ms_per_request_server_front_end"]
+                                                      + out["cpu_ms_per_request_workers"] - out["model_ms_per_request"])
+    return out
+
+
+def stats_reader(port: int, model: str) -> Callable[[], tuple[int, int]]:
+    """The node's ``compute_infer`` (count, ns) for ``model``, from ``/v2/models/{m}/stats``."""
+    def read() -> tuple[int, int]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as r:
+            stats = json.load(r)["model_stats"][0]["inference_stats"]["compute_infer"]
+        return stats["count"], stats["ns"]
+    return read
+
+
+def timed(fn, n: int, warmup: int = 10) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
