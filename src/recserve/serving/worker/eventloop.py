@@ -9,7 +9,7 @@ asyncio.  The node config's ``event_loop`` (``auto``, ``uvloop``, ``asyncio``) c
 probe passes.
 
 The workers can run on either loop because a connection's descriptor is the worker's own and its transport holds
-a duplicate (``dataplane.Connection.sock``): uvloop closes a transport's descriptor before ``connection_lost``,
+a duplicate (``http_connection.Connection.sock``): uvloop closes a transport's descriptor before ``connection_lost``,
 and the number must stay that connection's until the supervisor is told it is gone.
 """
 

@@ -29,7 +29,8 @@ from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError, grpc_code
 from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
 from recserve.serving.wire.proto import service_pb2
-from recserve.serving.worker.plane import WorkerPlane, as_infer_error
+from recserve.serving.worker.model_path import as_infer_error
+from recserve.serving.worker.plane import WorkerPlane
 
 log = logging.getLogger(__name__)
 
@@ -320,6 +321,6 @@ async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max
     server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message, plane.limits.flood,
                         on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
                         max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
-                        on_release=lambda: setattr(plane, "trim_wanted", True))
+                        on_release=lambda: setattr(plane.reporter, "trim_wanted", True))
     await server.start(sock)
     return server

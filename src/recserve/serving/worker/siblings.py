@@ -1,8 +1,8 @@
 """Siblings: a busy worker hands a decoded query to a less loaded worker of the same model, and answers it.
 
 Why (issue #14): a client connection belongs to the worker that accepted it.  An HTTP/1.1 connection carries one
-query at a time and idle ones move between workers (``WorkerPlane.maybe_move``), but one HTTP/2 connection carries
-every call of a gRPC client: tritonclient's ``InferenceServerClient`` opens one channel, perf_analyzer
+query at a time and idle ones move between workers (``ConnectionManager.maybe_move``), but one HTTP/2 connection
+carries every call of a gRPC client: tritonclient's ``InferenceServerClient`` opens one channel, perf_analyzer
 ``--streaming`` one stream.  All of such a client's queries landed on one worker while its siblings idled
 (measured on the 2-core host, hercules-rmc1, batch 64, one channel with 8 calls in flight: 478 QPS with two
 workers, 479 with one; the second worker's CPU 0.01 s of 6 s).
