@@ -323,7 +323,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    grpc_stopped = await _serve_grpc(plane, args) if args.grpc_listen is not None else None
+    grpc_stopped = await _serve_grpc(plane, args, regions) if args.grpc_listen is not None else None
     await plane.listen(args.listen)
     send(ready)
     loop.add_reader(conn.fileno(), on_pipe)
@@ -355,12 +355,12 @@ async def _serve_siblings(args: WorkerArgs) -> Any:
     return server
 
 
-async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[None]]:
+async def _serve_grpc(plane: Any, args: WorkerArgs, regions: Any) -> Callable[[], Awaitable[None]]:
     """Start this worker's gRPC server (``worker/grpc_methods.py``); it stops taking calls when the worker retires
     or drains.  Returns what to await before exiting: that stop, which waits for the calls in flight."""
     from recserve.serving.worker.grpc_methods import serve_grpc
 
-    server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body)
+    server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body, regions)
     stopping: list[asyncio.Future] = []
     plane.connections.on_stop_listening.append(
         lambda: stopping.append(asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S))))

@@ -64,7 +64,6 @@ class WorkerPlane:
         self.retiring = False  # hand every connection to the supervisor, then exit
         self.exit_event = asyncio.Event()
         self._empty_since = 0.0  # when a retiring worker first had nothing left (``maybe_exit`` waits a little more)
-        self.regions = regions  # the node's shared-memory regions as this worker follows them (serving/wire/shm.py)
         self.admission = AdmissionQueue(model_name, limits, self._fail)
         self.reporter = Reporter(loop, send, self.admission, self.exit_event, regions, loads, slot)
         self.connections = ConnectionManager(self, send, hand_off, share, states, loads, slot)
