@@ -20,7 +20,7 @@ CHILD = r"""
 import asyncio, threading, time
 import torch
 torch.set_num_threads(1)
-from recserve.serving.worker.plane import ComputeThread
+from recserve.serving.worker.compute_thread import ComputeThread
 
 a = torch.randn(1500, 1500)
 

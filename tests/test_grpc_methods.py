@@ -103,7 +103,7 @@ def test_a_planned_response_is_the_bytes_protobuf_makes(shape, request_id):
 class FakePlane:
     """What ``WorkerMethods._query`` asks of a worker's plane; a query is answered at once with one score per item."""
 
-    model_name, version, regions = "m", "1", None
+    model_name, version = "m", "1"
 
     def __init__(self) -> None:
         self.refusals: list[str] = []

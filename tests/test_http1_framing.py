@@ -271,7 +271,9 @@ def read_pauses(port: int) -> float:
 def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
     """A client pipelines 8 MB of queries to a worker plane: what the connection buffers stays within
     PIPELINE_BYTES past the request in flight plus one read, and every query is answered."""
-    from recserve.serving.worker.plane import PIPELINE_BYTES, PREALLOCATE_BYTES, RECV_BYTES, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.http_connection import PIPELINE_BYTES, PREALLOCATE_BYTES, RECV_BYTES
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     class Path:
         def decode(self, body, header_length):
@@ -300,8 +302,8 @@ def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
     try:
         plane = WorkerPlane(loop, "m", Path(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=1 << 20, deadline_s=30.0, compute_thread_ms=-1), sub_batch=0)
-        loop.run_until_complete(plane.adopt(ours.detach(), b""))
-        (conn,) = plane.connections
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        (conn,) = plane.connections.open
         peak = [0]
         received = conn.data_received
 
@@ -319,7 +321,7 @@ def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
             loop.run_until_complete(asyncio.sleep(0.01))
         assert answers.count(b"HTTP/1.1 200 OK") == n
         assert peak[0] <= PIPELINE_BYTES + PREALLOCATE_BYTES + RECV_BYTES, peak[0]
-        assert plane.read_pauses > 0
+        assert plane.reporter.read_pauses > 0
     finally:
         client.close()
         listener.close()

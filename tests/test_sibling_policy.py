@@ -12,7 +12,9 @@ import time
 
 import numpy as np
 
-from recserve.serving.worker.plane import RETIRING_LOAD, PlaneLimits, WorkerPlane
+from recserve.serving.worker.limits import PlaneLimits
+from recserve.serving.worker.plane import WorkerPlane
+from recserve.serving.worker.reporter import RETIRING_LOAD
 from recserve.serving.worker.siblings import SiblingClient, socket_path
 
 
@@ -92,7 +94,7 @@ def test_a_query_a_sibling_gave_back_meets_this_workers_admission_but_not_its_dr
                             PlaneLimits(queue_limit=8, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
                             sub_batch=0)
         for _ in range(20):
-            plane.service.observe(4, 0.02)
+            plane.admission.service.observe(4, 0.02)
         answers: list[str] = []
 
         def reply(scores, error):
@@ -104,9 +106,9 @@ def test_a_query_a_sibling_gave_back_meets_this_workers_admission_but_not_its_dr
         plane.enqueue(query, 4, now, 10.0, reply)  # queued: the worker is busy from now on
         plane.enqueue_at(query, 4, now, time.perf_counter() + 0.005, reply, returned=True)
         assert len(answers) == 2 and "after its deadline" in answers[1]
-        plane.draining = True
+        plane.admission.draining = True
         plane.enqueue_at(query, 4, now, time.perf_counter() + 10.0, reply, returned=True)
-        assert len(answers) == 2 and len(plane.queue) == 2  # queued behind the 2nd, drain or not
+        assert len(answers) == 2 and len(plane.admission.queue) == 2  # queued behind the 2nd, drain or not
         loop.run_until_complete(asyncio.sleep(0.3))
         assert answers.count("ok") == 3
     finally:

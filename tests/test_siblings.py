@@ -21,7 +21,8 @@ import pytest
 from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+from recserve.serving.worker.limits import PlaneLimits
+from recserve.serving.worker.plane import WorkerPlane
 from recserve.serving.worker.siblings import SiblingClient, SiblingServer, socket_path
 from recserve.zoo import sample_batch
 from tests.support import grpc_client, http
@@ -48,7 +49,7 @@ def plane_at(loop, value: float, slot: int, loads: np.ndarray, records: list) ->
     plane = WorkerPlane(loop, "m", ConstantPath(value), records.append, lambda *handoff: None,
                         PlaneLimits(queue_limit=8, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
                         sub_batch=0, loads=loads, slot=slot)
-    plane._record = lambda record: records.append(record)  # unbatched: the test reads them at once
+    plane.reporter.record = records.append  # unbatched: the test reads them at once
     return plane
 
 
@@ -111,7 +112,7 @@ def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_recor
         assert sorted(answers) == [0.0, 0.0, 1.0]  # two computed here, the third by the sibling
         assert p.a_records.count(("sibling", "forwarded")) == 1 and ("sibling", "returned") not in p.a_records
         assert sum(r[0] == "done" for r in p.a_records) == 2  # the forwarded one is the sibling's to record
-        assert sum(r[0] == "done" for r in p.b_records) == 1 and p.b.service.n == 1
+        assert sum(r[0] == "done" for r in p.b_records) == 1 and p.b.admission.service.n == 1
 
 
 def test_a_query_the_sibling_cannot_take_comes_back_and_is_answered_here():
@@ -127,7 +128,7 @@ def test_a_query_the_sibling_cannot_take_comes_back_and_is_answered_here():
         assert sum(r[0] == "done" for r in p.a_records) == 3
 
         p.loads[1:3] = [0, -1]
-        p.b.draining = True  # refuses every query at admission; still publishes load 0
+        p.b.admission.draining = True  # refuses every query at admission; still publishes load 0
         p.a_records.clear()
         answers.clear()
         enqueue_three(p.a, answers)
@@ -321,7 +322,7 @@ def test_a_query_given_back_during_a_drain_is_still_computed():
             for _ in range(3):
                 p.a.enqueue(QUERY, 4, time.perf_counter(), 10.0,
                             lambda s, e: answers.append(float(s[0, 0]) if e is None else str(e)))
-            p.a.draining = p.b.draining = True
+            p.a.admission.draining = p.b.admission.draining = True
             await asyncio.sleep(0.5)
 
         run(p.loop, send_then_drain())

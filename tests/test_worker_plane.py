@@ -352,7 +352,7 @@ def test_concat_arrays_is_the_batch_of_the_concatenated_samples(cases):
 
 
 def test_service_time_fit_predicts_fixed_and_per_item_cost():
-    from recserve.serving.worker.plane import ServiceTime
+    from recserve.serving.worker.admission import ServiceTime
 
     fit = ServiceTime()
     assert fit.predict(100) == 0.0  # nothing learned: admit
@@ -583,7 +583,8 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
     """The worker's admission rule, with a model whose pass takes a known time: alone a query is always tried;
     behind others it is shed (503 naming its deadline) when the fitted pass time says it would be late, and the
     queue length bounds admission whatever the deadline."""
-    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     class SlowPath:
         def compute(self, queries):
@@ -596,7 +597,7 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
                             PlaneLimits(queue_limit=3, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
                             sub_batch=0)
         for _ in range(20):
-            plane.service.observe(4, 0.02)  # learned: 20 ms a pass
+            plane.admission.service.observe(4, 0.02)  # learned: 20 ms a pass
         answers = []
 
         def reply(scores, error):
@@ -620,7 +621,8 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
     """A pass the fit predicts at ``compute_thread_ms`` or more runs on the compute thread: a query arriving
     meanwhile is admitted or shed at once (not after the pass), admission counts what is left of the pass in
     flight although the queue is empty, and the queries admitted behind it are computed in the next pass."""
-    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     computing = threading.Event()
 
@@ -635,7 +637,7 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
         plane = WorkerPlane(loop, "m", SlowPath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=8, deadline_s=10.0, compute_thread_ms=2.0), sub_batch=0)
         for _ in range(20):
-            plane.service.observe(4, 0.15)  # learned: 150 ms a pass, so passes go to the compute thread
+            plane.admission.service.observe(4, 0.15)  # learned: 150 ms a pass, so passes go to the compute thread
         answers: list[tuple[str, float]] = []
 
         def reply(scores, error):
@@ -644,13 +646,13 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
         query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
         started = time.perf_counter()
         plane.enqueue(query, 4, started, 10.0, reply)  # alone: computed, on the compute thread
-        assert computing.wait(5.0) and not answers and plane.busy_s() > 0
+        assert computing.wait(5.0) and not answers and plane.admission.busy_s() > 0
         plane.enqueue(query, 4, time.perf_counter(), 0.05, reply)  # 50 ms left < the ~150 ms pass ahead: shed now
         assert len(answers) == 1 and "after its deadline" in answers[0][0]
         assert answers[0][1] - started < 0.1  # answered while the first pass was still computing
         plane.enqueue(query, 4, time.perf_counter(), 10.0, reply)  # time enough: queued behind the pass
         loop.run_until_complete(asyncio.sleep(0.6))
-        assert [a for a, _ in answers] == [answers[0][0], "ok", "ok"] and plane.busy_s() == 0
+        assert [a for a, _ in answers] == [answers[0][0], "ok", "ok"] and plane.admission.busy_s() == 0
     finally:
         loop.close()
 
@@ -658,7 +660,8 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
 def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
     """Under overload a large query is refused (503 + Retry-After) as soon as its JSON header is in, before its
     body: the body is then dropped as it arrives and the connection serves its next request normally."""
-    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     class FakePath:
         def decode(self, body, header_length):
@@ -683,9 +686,9 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
         plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
                             sub_batch=0)  # inline passes: ``compute`` enqueues the next arrival on the loop's thread
-        loop.run_until_complete(plane.adopt(ours.detach(), b""))
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
         plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
-        assert len(plane.queue) == 1  # the queue (limit 1) is full
+        assert len(plane.admission.queue) == 1  # the queue (limit 1) is full
         header = json.dumps({"inputs": [{"name": "dense", "datatype": "FP32", "shape": [2048, 13],
                                          "parameters": {"binary_data_size": 2048 * 13 * 4}}]}).encode()
         body = header + bytes(2048 * 13 * 4)  # over 64 KiB: a body received in place
@@ -712,7 +715,8 @@ def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
     """A body of 64 KiB or more is received in place into an uninitialised buffer: every byte must be the client's,
     and the binary part after the JSON header must start 64-byte aligned (numpy reads unaligned ids at half
     speed), whatever the header's length and however the body is split into reads."""
-    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     seen = []
 
@@ -735,7 +739,7 @@ def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
     try:
         plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=4, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
-        loop.run_until_complete(plane.adopt(ours.detach(), b""))
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
         theirs.settimeout(5)
         for pad in (0, 1, 7, 37):
             header = json.dumps({"inputs": [], "pad": "x" * pad}).encode()
@@ -760,7 +764,8 @@ def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
     """A query the accelerator workers take is not this worker's queue to refuse from its header: it is refused
     only when the accelerator is behind (``AcceleratorClient.behind``), even with this worker's queue empty."""
     from recserve.serving.wire.errors import InferError
-    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     class Offload:
         lagging = False
@@ -780,7 +785,7 @@ def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
         plane.offload.lagging = True
         assert "behind" in str(plane.early_refusal(json.dumps(header).encode()))  # refused with an empty queue
         plane.offload = None
-        plane._running = True  # a pass in progress: what arrives now queues
+        plane.admission.running = True  # a pass in progress: what arrives now queues
         plane.enqueue((np.zeros((1, 1), np.float32),), 1, time.perf_counter(), None, lambda *answer: None)
         assert plane.early_refusal(json.dumps(header).encode()) is not None  # queue full: refused
         plane.offload = Offload()
@@ -794,7 +799,9 @@ def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
 def test_admission_keeps_headroom_for_the_lateness_it_has_seen():
     """``Lateness`` is the p99 of how late recent queries were against their predicted answer time; admission
     refuses a query whose predicted finish plus that headroom passes its deadline, and says so."""
-    from recserve.serving.worker.plane import Lateness, PlaneLimits, Query, WorkerPlane
+    from recserve.serving.worker.admission import Lateness, Query
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     late = Lateness(keep=100, quantile=99.0, every=10)
     for i in range(100):
@@ -807,39 +814,42 @@ def test_admission_keeps_headroom_for_the_lateness_it_has_seen():
     plane = WorkerPlane(asyncio.new_event_loop(), "m", object(), lambda msg: None, lambda *handoff: None,
                         PlaneLimits(queue_limit=8, fuse_items=0), sub_batch=0)
     for _ in range(20):
-        plane.service.observe(4, 0.002)  # 2 ms a pass
+        plane.admission.service.observe(4, 0.002)  # 2 ms a pass
     query = (np.zeros((4, 1), np.float32),)
-    plane.queue.append(Query(lambda *a: None, time.perf_counter(), time.perf_counter() + 10, query, 4, False))
-    plane.queued_items = 4
+    now = time.perf_counter()
+    plane.admission.queue.append(Query(lambda *a: None, now, now + 10, query, 4, False))
+    plane.admission.queued_items = 4
     deadline = time.perf_counter() + 0.010  # two passes (4 ms) fit in 10 ms...
-    assert plane._check_admission(4, deadline) > 0
+    assert plane.admission.check(4, deadline) > 0
     for _ in range(16):
-        plane.lateness.observe(0.008)  # ...but not with 8 ms of recent lateness on top
+        plane.admission.lateness.observe(0.008)  # ...but not with 8 ms of recent lateness on top
     with pytest.raises(Exception, match="headroom for recent lateness"):
-        plane._check_admission(4, deadline)
+        plane.admission.check(4, deadline)
     plane.loop.close()
 
 
 def test_backlog_counts_the_passes_the_queue_will_really_take():
-    """Queued queries are grouped greedily up to ``fuse_items``, as ``_next_group`` takes them: four queries of
+    """Queued queries are grouped greedily up to ``fuse_items``, as ``next_group`` takes them: four queries of
     130 items make four passes under a 256-item limit (ceil(520 / 256) = 3 counted one fixed cost too few)."""
-    from recserve.serving.worker.plane import PlaneLimits, Query, WorkerPlane
+    from recserve.serving.worker.admission import Query
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
     plane = WorkerPlane(asyncio.new_event_loop(), "m", object(), lambda msg: None, lambda *handoff: None,
                         PlaneLimits(fuse_items=256), sub_batch=0)
 
     def queue(*sizes):
-        plane.queue.clear()
+        plane.admission.queue.clear()
         for n in sizes:
-            plane.queue.append(Query(lambda *a: None, 0.0, 1e9, (), n, False))
+            plane.admission.queue.append(Query(lambda *a: None, 0.0, 1e9, (), n, False))
 
     queue(130, 130, 130)
-    assert plane._passes_with(130) == 4
+    assert plane.admission.passes_with(130) == 4
     queue(60, 60, 60)
-    assert plane._passes_with(60) == 1
+    assert plane.admission.passes_with(60) == 1
     groups = []
-    while plane.queue:
-        groups.append([q.items for q in plane._next_group()])
+    while plane.admission.queue:
+        groups.append([q.items for q in plane.admission.next_group()])
     assert groups == [[60, 60, 60]]
     plane.loop.close()
 
@@ -863,7 +873,8 @@ def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_i
     """A connection the loop accepted just before the listener closed becomes a ``Connection`` a loop turn or two
     later; a retiring worker with nothing left looks again after ``EXIT_SETTLE_S`` instead of exiting at once (which
     reset such a connection under its client: a "lost" query in the resize test), and hands it on."""
-    from recserve.serving.worker.plane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import EXIT_SETTLE_S, WorkerPlane
 
     handed: list[int] = []
     loop = asyncio.new_event_loop()
@@ -873,7 +884,7 @@ def test_a_retiring_worker_waits_a_moment_for_connections_accepted_just_before_i
                             PlaneLimits(), sub_batch=0)
         plane.retire()
         assert not plane.exit_event.is_set()  # nothing left, but it looks again first
-        loop.run_until_complete(plane.adopt(ours.detach(), b""))  # arrives late
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))  # arrives late
         loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 3))
         assert len(handed) == 1 and plane.exit_event.is_set()  # handed on, then exited
         fresh = WorkerPlane(loop, "m", object(), lambda msg: None, lambda *a: None, PlaneLimits(), sub_batch=0)
@@ -890,7 +901,8 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     client may already have sent a request (a reset, a "lost" query).  Now the descriptor is shared in the accept
     callback itself, the state byte reads idle, it is shared once, and a retiring worker waits for accepted
     connections whose transport is not made yet."""
-    from recserve.serving.worker.plane import EXIT_SETTLE_S, PlaneLimits, WorkerPlane
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import EXIT_SETTLE_S, WorkerPlane
 
     events: list[tuple] = []
     loop = asyncio.new_event_loop()
@@ -902,26 +914,26 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     try:
         plane = WorkerPlane(loop, "m", object(), lambda msg: events.append(msg),
                             lambda fd, prefix, to=None: events.append(("handoff", fd)), PlaneLimits(), sub_batch=0,
-                            share=lambda fd: events.append(("share", fd, len(plane.connections))), states=states)
+                            share=lambda fd: events.append(("share", fd, len(plane.connections.open))), states=states)
         loop.run_until_complete(plane.listen(listener))
-        plane._accept()  # what the loop runs when the listener is readable
+        plane.connections._accept()  # what the loop runs when the listener is readable
         shares = [e for e in events if e[0] == "share"]
         assert len(shares) == 1 and shares[0][2] == 0  # shared before any Connection existed
         fd = shares[0][1]
-        assert states[fd] == 0 and plane._connecting == 1
+        assert states[fd] == 0 and plane.connections.connecting == 1
         plane.retire()
         assert not plane.exit_event.is_set()
         loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 4))
         assert [e for e in events if e[0] == "share"] == shares  # connection_made did not share it again
         assert [e[0] for e in events if e[0] in ("handoff", "gone")] == ["gone", "handoff"]  # handed on, then exit
-        assert plane._connecting == 0 and plane.exit_event.is_set()
+        assert plane.connections.connecting == 0 and plane.exit_event.is_set()
     finally:
         client.close()
         loop.close()
 
 
 def test_the_planes_percentile_equals_numpys():
-    from recserve.serving.worker.plane import percentile
+    from recserve.serving.worker.admission import percentile
 
     rng = np.random.default_rng(3)
     for n in (1, 2, 7, 256):
@@ -935,10 +947,11 @@ def test_a_worker_out_of_descriptors_pauses_accepting_and_resumes(monkeypatch):
     ``ACCEPT_PAUSE_S`` (as asyncio's server does) instead of spinning on it, then accepts again."""
     import errno
 
-    from recserve.serving.worker import plane as dataplane
-    from recserve.serving.worker.plane import PlaneLimits, WorkerPlane
+    from recserve.serving.worker import connections
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
 
-    monkeypatch.setattr(dataplane, "ACCEPT_PAUSE_S", 0.05)
+    monkeypatch.setattr(connections, "ACCEPT_PAUSE_S", 0.05)
     loop = asyncio.new_event_loop()
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -958,12 +971,12 @@ def test_a_worker_out_of_descriptors_pauses_accepting_and_resumes(monkeypatch):
             def fileno(self) -> int:
                 return self.sock.fileno()
 
-        plane._listener = Exhausted(listener)
-        plane._accept()
+        plane.connections._listener = Exhausted(listener)
+        plane.connections._accept()
         assert not loop.remove_reader(listener.fileno())  # paused: the listener is not being read
-        plane._listener = listener
+        plane.connections._listener = listener
         loop.run_until_complete(asyncio.sleep(0.15))  # resumed: the queued client is accepted now
-        assert plane._connecting == 0 and len(plane.connections) == 1
+        assert plane.connections.connecting == 0 and len(plane.connections.open) == 1
     finally:
         client.close()
         loop.close()
@@ -1069,10 +1082,11 @@ def test_a_stalled_server_process_does_not_take_its_workers_for_silent(node, cap
 def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
     """Past ``WRITE_HIGH`` of unsent answers (the transport calls ``pause_writing``) a worker reads no more of that
     client's requests; it reads again once they drain, unless the connection is being handed off meanwhile."""
-    from recserve.serving.worker.plane import WRITE_HIGH, Connection
+    from recserve.serving.worker.http_connection import WRITE_HIGH, Connection
 
-    class Plane:
-        connections: set = set()
+    class Manager:
+        plane = None
+        open: set = set()
         states = bytearray(0)
 
         def opened(self, conn) -> None:
@@ -1094,7 +1108,7 @@ def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
     for leaving in (False, True):
         a, b = socket.socketpair()
         try:
-            conn, transport = Connection(Plane(), a), Transport()
+            conn, transport = Connection(Manager(), a), Transport()
             conn.connection_made(transport)
             assert transport.limits == WRITE_HIGH
             conn.pause_writing()
@@ -1110,23 +1124,25 @@ def test_a_connection_whose_answers_go_unread_stops_reading_until_they_drain():
 def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch):
     """Large request bodies past TRIM_AFTER_BYTES mark the worker to return its heap's free memory; a heartbeat
     does once none has come for TRIM_QUIET_S (a JSON burst had left a worker 170 MB larger until it restarted)."""
-    from recserve.serving.worker import plane as plane_module
-    from recserve.serving.worker.plane import TRIM_AFTER_BYTES, PlaneLimits, WorkerPlane
+    from recserve.serving.worker import reporter as reporter_module
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
+    from recserve.serving.worker.reporter import TRIM_AFTER_BYTES
 
     trimmed = []
     monkeypatch.setattr("recserve.zoo.allocator.release_free_memory", lambda: trimmed.append(1))
     loop = asyncio.new_event_loop()
     try:
         plane = WorkerPlane(loop, "m", None, lambda msg: None, lambda *handoff: None, PlaneLimits(), sub_batch=0)
-        plane.took_large_input(TRIM_AFTER_BYTES // 2)
-        assert not plane.trim_wanted
-        plane.took_large_input(TRIM_AFTER_BYTES // 2)
-        assert plane.trim_wanted
-        plane._trimmed_at = -plane_module.TRIM_EVERY_S  # long ago
-        plane._beat()
-        assert trimmed == [] and plane.trim_wanted  # large bodies are still coming: not now
-        plane._last_large_input -= plane_module.TRIM_QUIET_S + 0.1  # the burst is over
-        plane._beat()
-        assert trimmed == [1] and not plane.trim_wanted
+        plane.reporter.took_large_input(TRIM_AFTER_BYTES // 2)
+        assert not plane.reporter.trim_wanted
+        plane.reporter.took_large_input(TRIM_AFTER_BYTES // 2)
+        assert plane.reporter.trim_wanted
+        plane.reporter._trimmed_at = -reporter_module.TRIM_EVERY_S  # long ago
+        plane.reporter.beat()
+        assert trimmed == [] and plane.reporter.trim_wanted  # large bodies are still coming: not now
+        plane.reporter._last_large_input -= reporter_module.TRIM_QUIET_S + 0.1  # the burst is over
+        plane.reporter.beat()
+        assert trimmed == [1] and not plane.reporter.trim_wanted
     finally:
         loop.close()

@@ -90,7 +90,7 @@ class WorkerLauncher:
         share = cfg.share_tables and not cfg.artifact
         self.shared_model = share_model(build_worker_model(cfg)) if share else None
         # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
-        # connections from a worker with a backlog (``WorkerPlane.maybe_move``)
+        # connections from a worker with a backlog (``ConnectionManager.maybe_move``)
         self.loads = torch.full((LOAD_SLOTS,), -1, dtype=torch.int32).share_memory_()
         # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
@@ -180,7 +180,7 @@ class WorkerLauncher:
 
     def _limits(self) -> Any:
         """One worker's share of this model's admission limits (data plane v2)."""
-        from recserve.serving.worker.plane import PlaneLimits
+        from recserve.serving.worker.limits import PlaneLimits
 
         node, cfg = self.front.node, self.cfg
         share = max(1, -(-cfg.queue_limit // cfg.workers))

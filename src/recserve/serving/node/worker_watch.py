@@ -82,7 +82,7 @@ class WorkerWatch:
 
     def _answer_held(self, handle: WorkerHandle, exc: InferError, waited_s: float, unread_too: bool) -> int:
         """Answer ``exc`` on the connections of a dead or hung worker that hold a query (see ``watchdog.py``)."""
-        from recserve.serving.worker.plane import error_response
+        from recserve.serving.worker.http_connection import error_response
 
         if not handle.conns or handle.states is None:
             return 0

@@ -62,7 +62,7 @@ def json_loads(text: bytes | bytearray | memoryview | str) -> Any:
     ``data`` tensors; docs/decisions/2026-11-24-worker-per-query-costs.md).  What orjson refuses
     is read again by ``json`` (``NaN`` literals, which ``check_inputs`` then refuses naming the tensor), so errors
     read as before; integers beyond 64 bits become floats, refused wherever an integer is required."""
-    if isinstance(text, memoryview):  # a body received in place (``dataplane.Connection``); neither reads views
+    if isinstance(text, memoryview):  # a body received in place (``http_connection.Connection``): neither reads views
         text = text.tobytes()
     if orjson is not None:
         try:

@@ -25,7 +25,7 @@ time on the host's monotonic clock (both workers' ``perf_counter``), not the tim
 in the socket before the accelerator worker reads it, and a budget counted from the read would give that wait back, so
 the worker would compute queries its CPU worker had already answered 504.  A query whose deadline passed is answered 504
 without computing it, and one that cannot finish in time by the worker's online fit of its pass time
-(``dataplane.ServiceTime``) is shed at once with 503, so an overload never leaves a backlog of abandoned work in front
+(``admission.ServiceTime``) is shed at once with 503, so an overload never leaves a backlog of abandoned work in front
 of new queries.
 """
 
@@ -50,7 +50,7 @@ import numpy as np
 
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.plane import ServiceTime
+from recserve.serving.worker.admission import ServiceTime
 
 log = logging.getLogger("recserve.serving")
 
@@ -378,7 +378,7 @@ class AcceleratorServer:
         if not self.pass_thread:
             return self.compute(arrays)
         if self._thread is None:
-            from recserve.serving.worker.plane import ComputeThread
+            from recserve.serving.worker.compute_thread import ComputeThread
 
             self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock(), nice=0)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -728,7 +728,8 @@ def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[
 
 async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     """Entry of an accelerator worker (``worker_main`` with stage ``accel``): serve its socket until told to stop."""
-    from recserve.serving.worker.plane import BEAT_S, make_model_path
+    from recserve.serving.worker.model_path import make_model_path
+    from recserve.serving.worker.reporter import BEAT_S
 
     loop = asyncio.get_running_loop()
     accel = args.model_config.accelerator

@@ -7,7 +7,7 @@ its process on this CPU, only means asyncio.  The node config's ``event_loop`` (
 chooses; ``auto`` is uvloop when the probe passes.
 
 The workers can run on either loop because a connection's descriptor is the worker's own and its transport holds
-a duplicate (``dataplane.Connection.sock``): uvloop closes a transport's descriptor before ``connection_lost``,
+a duplicate (``http_connection.Connection.sock``): uvloop closes a transport's descriptor before ``connection_lost``,
 and the number must stay that connection's until the supervisor is told it is gone.
 """
 

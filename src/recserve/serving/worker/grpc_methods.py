@@ -29,7 +29,8 @@ from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError, grpc_code
 from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
 from recserve.serving.wire.proto import service_pb2
-from recserve.serving.worker.plane import WorkerPlane, as_infer_error
+from recserve.serving.worker.model_path import as_infer_error
+from recserve.serving.worker.plane import WorkerPlane
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +191,10 @@ class Forwarder:
 class WorkerMethods(Forwarder):
     """Routes each call: this model's ``ModelInfer`` to the worker's queue, anything else to the supervisor."""
 
-    def __init__(self, plane: WorkerPlane, upstream: grpc.aio.Channel) -> None:
+    def __init__(self, plane: WorkerPlane, upstream: grpc.aio.Channel, regions: Any = None) -> None:
         super().__init__(upstream)
         self.plane = plane
+        self.regions = regions  # the node's shared-memory regions, for tensors that name one (serving/wire/shm.py)
         self._forward_infer = super().method(SERVICE + "ModelInfer").unary  # another model's or version's queries
         self._send_infer = upstream.unary_unary(SERVICE + "ModelInfer")  # the same, for a streamed request
         self._plans = codec.PlanStore()  # by the request's bytes without its raw contents
@@ -239,7 +241,7 @@ class WorkerMethods(Forwarder):
             name, version = self.plane.model_name, plan.version  # only this model's requests have plans
         if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
             return False
-        regions = self.plane.regions
+        regions = self.regions
         target = None
         try:
             arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1])  # type: ignore[index]
@@ -314,12 +316,14 @@ def channel_to(upstream: str, max_message: int) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(upstream, options=options)
 
 
-async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max_message: int) -> GrpcServer:
+async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max_message: int,
+                     regions: Any = None) -> GrpcServer:
     """Accept gRPC connections on the node's listening socket ``sock`` (inherited, shared with the node's other
     workers and the supervisor's cover), forwarding what this worker does not answer to ``upstream``."""
-    server = GrpcServer(WorkerMethods(plane, channel_to(upstream, max_message)), max_message, plane.limits.flood,
+    methods = WorkerMethods(plane, channel_to(upstream, max_message), regions)
+    server = GrpcServer(methods, max_message, plane.limits.flood,
                         on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
                         max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
-                        on_release=lambda: setattr(plane, "trim_wanted", True))
+                        on_release=lambda: setattr(plane.reporter, "trim_wanted", True))
     await server.start(sock)
     return server

@@ -111,7 +111,7 @@ class WorkerArgs:
     io_uring_verdict: str = ""  # the server's io_uring probe result (embedding.uring.PROBE_ENV), "" = not probed
     listen: Any = None  # data plane v2: the node's HTTP listening socket (this worker accepts on it)
     info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
-    limits: Any = None  # dataplane.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
+    limits: Any = None  # worker.limits.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
     sub_batch: int = 0
     grpc_listen: Any = None  # data plane v2: the node's gRPC listening socket; None = gRPC in the server
     event_loop: str = "asyncio"  # data plane v2: the loop this worker runs ("uvloop" once the node's probe passed)
@@ -261,7 +261,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     from multiprocessing.reduction import recv_handle, send_handle
 
     from recserve.serving.wire.shm import Regions
-    from recserve.serving.worker.plane import WorkerPlane, make_model_path
+    from recserve.serving.worker.model_path import make_model_path
+    from recserve.serving.worker.plane import WorkerPlane
 
     loop = asyncio.get_running_loop()
     server_pid = os.getppid()
@@ -297,8 +298,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     siblings = await _serve_siblings(args) if args.sibling_dir and loads is not None and args.slot >= 0 else None
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,
-                        loads, args.slot)
-    plane.regions = regions
+                        loads, args.slot, regions)
     if siblings is not None:
         from recserve.serving.worker.siblings import SiblingClient
 
@@ -327,7 +327,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    grpc_stopped = await _serve_grpc(plane, args) if args.grpc_listen is not None else None
+    grpc_stopped = await _serve_grpc(plane, args, regions) if args.grpc_listen is not None else None
     await plane.listen(args.listen)
     send(ready)
     loop.add_reader(conn.fileno(), on_pipe)
@@ -337,7 +337,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     await plane.exit_event.wait()
     if grpc_stopped is not None:
         await grpc_stopped()  # its calls still in flight (forwarded ones too) are answered before the exit
-    plane.flush()
+    plane.reporter.flush()
 
 
 GRPC_GRACE_S = 5.0
@@ -359,14 +359,15 @@ async def _serve_siblings(args: WorkerArgs) -> Any:
     return server
 
 
-async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[None]]:
+async def _serve_grpc(plane: Any, args: WorkerArgs, regions: Any) -> Callable[[], Awaitable[None]]:
     """Start this worker's gRPC server (``worker/grpc_methods.py``); it stops taking calls when the worker retires
     or drains.  Returns what to await before exiting: that stop, which waits for the calls in flight."""
     from recserve.serving.worker.grpc_methods import serve_grpc
 
-    server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body)
+    server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body, regions)
     stopping: list[asyncio.Future] = []
-    plane.on_stop_listening.append(lambda: stopping.append(asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S))))
+    plane.connections.on_stop_listening.append(
+        lambda: stopping.append(asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S))))
 
     async def stopped() -> None:
         await (stopping[0] if stopping else server.stop(grace=GRPC_GRACE_S))
@@ -376,7 +377,7 @@ async def _serve_grpc(plane: Any, args: WorkerArgs) -> Callable[[], Awaitable[No
 
 def _control(plane: Any, msg: pipe.Adopt | pipe.Config | pipe.Drain, fd: int | None) -> None:
     if isinstance(msg, pipe.Adopt) and fd is not None:
-        task = asyncio.ensure_future(plane.adopt(fd, msg.prefix))
+        task = asyncio.ensure_future(plane.connections.adopt(fd, msg.prefix))
         task.add_done_callback(lambda t: t.exception())
     elif isinstance(msg, pipe.Config):
         changes = msg.changes

@@ -1,0 +1,361 @@
+"""One client's HTTP/1.1 connection on a whole-query worker, and the bytes of the answers it writes.
+
+A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` has its head parsed by llhttp
+(``serving/transport/http1.py``) and goes to the worker's plane (``WorkerPlane.admit``): decoded, validated, queued,
+computed and answered in this process.  The unversioned path is answered only by the model's default (newest
+loaded) version.  Anything else (control, metrics, health, another model, chunked bodies, a model that
+sub-batches) is *handed off* to the supervisor (``ConnectionManager.hand_off``, ``worker/connections.py``): only a
+connection's first request pays that hop, and the connection then stays where it belongs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from recserve.serving.transport.h2grpc import WRITE_HIGH
+from recserve.serving.transport.http1 import Head, HeadError, HeadReader
+from recserve.serving.wire import codec
+from recserve.serving.wire.errors import InferError
+
+PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
+RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
+PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
+PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
+HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
+LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str]
+    body: bytearray  # writable, so decoded inputs are viewed by torch without a copy
+    arrived: float
+
+    @property
+    def keep_alive(self) -> bool:
+        return keep_alive(self.version, self.headers)
+
+
+def keep_alive(version: str, headers: dict[str, str]) -> bool:
+    """Whether the connection stays open after this request (HTTP/1.1 by default, 1.0 only if asked)."""
+    conn = headers.get("connection", "").lower()
+    return conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
+
+
+def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
+                   close: bool = False) -> bytes:
+    return _response_head(status, content_type, len(body), tuple((extra or {}).items()), close) + body
+
+
+@functools.lru_cache(maxsize=1024)
+def _response_head(status: int, content_type: str, length: int, extra: tuple[tuple[str, str], ...],
+                   close: bool) -> bytes:
+    """A response's head, remembered: answers of one shape repeat it call after call (~3 µs of a batch-1 query)."""
+    head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"Content-Type: {content_type}",
+            f"Content-Length: {length}"]
+    head += [f"{k}: {v}" for k, v in extra]
+    if close:
+        head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+
+
+def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None) -> bytes:
+    """The one JSON error answer (status from ``serving/wire/errors.py``'s table)."""
+    return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close)
+
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One client connection on a worker: reads requests, hands them to the plane, writes answers in order.
+
+    The head of a request is parsed once.  A large body is received straight into a buffer of its size
+    (``recv_into``: the kernel copies each byte once, into its place, and the decoded tensors view it); smaller
+    reads land in the manager's one scratch buffer and are appended to the connection's buffer.
+    """
+
+    def __init__(self, manager: Any, sock: socket.socket, prefix: bytes = b"", shared: bool = False) -> None:
+        self.manager = manager  # the worker's ConnectionManager (``worker/connections.py``)
+        self.plane = manager.plane  # the WorkerPlane (``worker/plane.py``) its requests go to
+        # this process's own descriptor of the connection (its number is the slot the supervisor knows it by): the
+        # transport reads and writes a duplicate, so the number stays this connection's until ``gone`` or a hand-off
+        # closes it, whenever the event loop closes its copy (uvloop closes it before ``connection_lost``)
+        self.sock = sock
+        self.shared = shared  # the supervisor already holds this connection's descriptor (taken at accept)
+        self.buf = bytearray(prefix)
+        self.transport: asyncio.Transport | None = None
+        self.busy = False  # a request of this connection is queued or computing (no pipelining: one at a time)
+        self.closed = False
+        self.discarding = False  # refused: reading only to drop what the client still sends
+        self.arrived = 0.0
+        self._reader = HeadReader()
+        self._head: tuple[int, Head] | None = None  # the pending request's (head_end, head)
+        self._paused = 0  # why reading is paused: PAUSED_PIPELINE | PAUSED_WRITING
+        self._needed = 0  # bytes the buffer must hold before the pending request is complete
+        self._body: memoryview | None = None  # a large body being received in place (``_start_body``)
+        self._filled = 0
+        self._into_body = False  # the last ``get_buffer`` handed out the body's free part
+        self._head_bytes = b""
+        self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared state bytes
+        self.handed_off = False
+        self.leaving = False  # being handed off: no further request is read here
+        self._skip = 0  # body bytes still to drop: the request was refused from its JSON header (``_shed_early``)
+        self._skip_keep_alive = True
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
+        self.manager.open.add(self)
+        self.manager.opened(self)
+        self.arrived = time.perf_counter()  # of its first request, or since when it is idle
+        if self.buf:
+            self.mark(True)
+            self.manager.loop.call_soon(self._advance)
+
+    def pause_writing(self) -> None:
+        """Answers wait unsent past ``WRITE_HIGH``: the client pipelines requests but does not read the answers.
+        Read no more until it does (TCP then holds it back), so that it cannot make the worker hold answers and
+        requests without bound."""
+        self._pause(PAUSED_WRITING)
+
+    def resume_writing(self) -> None:
+        self._resume(PAUSED_WRITING)
+
+    def _pause(self, why: int) -> None:
+        if not self._paused and self.transport is not None:
+            self.transport.pause_reading()
+            if why == PAUSED_PIPELINE:
+                self.plane.reporter.paused_reading()
+        self._paused |= why
+
+    def _resume(self, why: int) -> None:
+        self._paused &= ~why
+        if not self._paused and self.transport is not None and not (self.closed or self.leaving):
+            self.transport.resume_reading()  # a hand-off keeps reading paused
+
+    def _bound_pipeline(self) -> None:
+        """A client that pipelines requests is read only while at most ``PIPELINE_BYTES`` wait behind the request
+        being read or answered (uvicorn's flow control): TCP holds the rest back, not this process's memory."""
+        if len(self.buf) > PIPELINE_BYTES + self._needed:
+            self._pause(PAUSED_PIPELINE)
+        elif self._paused & PAUSED_PIPELINE:
+            self._resume(PAUSED_PIPELINE)
+
+    def mark(self, in_request: bool) -> None:
+        """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the
+        supervisor reads if this process dies (answer it with an error, or pass the idle connection on)."""
+        states = self.manager.states
+        if 0 <= self.slot < len(states):
+            states[self.slot] = in_request
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        body = self._body
+        self._into_body = body is not None and self._filled < len(body) and not self.discarding
+        if self._into_body:
+            return body[self._filled :]  # type: ignore[index]
+        return self.manager.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._into_body:
+            self._filled += nbytes
+            if self._filled == len(self._body) and not self.busy:  # type: ignore[arg-type]
+                self._advance()
+            return
+        self.data_received(self.manager.scratch[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        """Bytes read outside a large body (request heads, small bodies, what follows a body)."""
+        if self.discarding:
+            return
+        if self._skip:
+            take = min(len(data), self._skip)
+            self._skip -= take
+            if self._skip:
+                return
+            self.buf += data[take:]  # what follows the refused body: the next request
+            self.answered(self._skip_keep_alive)
+            return
+        if self._body is not None:  # the rest of a body started from bytes already buffered
+            take = min(len(data), len(self._body) - self._filled)
+            self._body[self._filled : self._filled + take] = data[:take]
+            self._filled += take
+            data = data[take:]
+            if data:
+                self.buf += data
+            if self._filled == len(self._body) and not self.busy:
+                self._advance()
+            return
+        if not self.buf:
+            self.arrived = time.perf_counter()
+            self.mark(True)
+        self.buf += data
+        if self.busy:
+            self._bound_pipeline()
+        elif len(self.buf) >= self._needed:
+            self._advance()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.manager.open.discard(self)
+        self.mark(False)
+        if not self.handed_off:
+            self.manager.gone(self)
+        self.plane.maybe_exit()
+
+    def _advance(self) -> None:
+        """Parse the next complete request, if any, and route it; then read on only if little more is buffered."""
+        self._next_request()
+        if not self.closed:
+            self._bound_pipeline()
+
+    def _next_request(self) -> None:
+        if self.closed or self.busy or self.leaving or self._skip or self.transport is None:
+            return
+        if self._head is None and not self._read_head():
+            return
+        head_end, head = self._head  # type: ignore[misc]
+        headers = head.headers
+        if self._body is not None:
+            if self._filled < len(self._body):
+                return
+            body, self._body = self._body, None
+        elif len(self.buf) < self._needed:
+            if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers,
+                                                                                     head.version):
+                self._start_body(head_end, headers.get("inference-header-content-length", ""))
+            return
+        else:
+            body = self.buf[head_end : self._needed]
+            del self.buf[: self._needed]
+        self._head, self._needed = None, 0
+        self.busy = True
+        self.plane.admit(self, Request(head.method, head.path, head.version, headers, body, self.arrived))
+
+    def _shed_early(self, head_end: int, headers: dict[str, str], version: str) -> bool:
+        """Under overload, refuse a large query from its JSON header alone and drop its body as it arrives.
+
+        Why: at 5x overload with ~1.8 MB queries, receiving and decoding the bodies of queries that are then shed
+        took most of a worker's core, so the next requests waited in the socket before admission saw them."""
+        length = headers.get("inference-header-content-length", "")
+        if not length.isdigit() or len(self.buf) < head_end + int(length):
+            return False
+        error = self.plane.early_refusal(bytes(self.buf[head_end : head_end + int(length)]), self.arrived)
+        if error is None:
+            return False
+        self._skip_keep_alive = keep_alive(version, headers)
+        self.plane.shed(self, error, self._skip_keep_alive)
+        self._skip = self._needed - len(self.buf)
+        self.buf.clear()
+        self._head, self._needed = None, 0
+        return True
+
+    def _start_body(self, head_end: int, json_length: str) -> None:
+        """Receive the rest of a large body straight into a buffer of its size: appending megabytes to a growing
+        buffer re-copied it on every chunk (~60% of a worker's CPU at 1.9 MB requests).
+
+        The buffer is uninitialised and its binary tensors, after the JSON header (``json_length`` bytes), start
+        aligned (``codec.aligned_buffer``)."""
+        size = self._needed - head_end
+        lead = int(json_length) if json_length.isdigit() and int(json_length) < size else 0
+        self._body = codec.aligned_buffer(size, lead)
+        self.plane.reporter.took_large_input(size)
+        got = self.buf[head_end:]
+        self._body[: len(got)] = got
+        self._filled = len(got)
+        self._head_bytes = bytes(self.buf[:head_end])
+        self.buf.clear()
+
+    def pending(self) -> bytes:
+        """Everything read and not yet answered, as received (what a hand-off passes on)."""
+        if self._body is None:
+            return bytes(self.buf)
+        return self._head_bytes + bytes(self._body[: self._filled]) + bytes(self.buf)
+
+    def _read_head(self) -> bool:
+        """Parse the head; True if the request is ours to read on, False if answered, handed off or incomplete.
+
+        A head llhttp refuses is answered 400 (431 past 64 KiB, 501 for a transfer coding other than chunked) and
+        the connection closed.  A chunked body goes to the supervisor's aiohttp app, whose llhttp reads it: this
+        reader frames bodies by their length only (its in-place receive needs the size up front)."""
+        try:
+            got = self._reader.read(self.buf)
+        except HeadError as exc:
+            self.refuse(InferError(HEAD_ERRORS.get(exc.status, "invalid"), f"request: {exc}"))
+            return False
+        if got is None:
+            return False
+        head_end, head = got
+        if head.chunked or not self.plane.serves(head.method, head.path):
+            self.manager.hand_off(self)  # the supervisor's aiohttp app reads chunked bodies and every other route
+            return False
+        limit = self.plane.limits.max_body
+        if head.length > limit:
+            self.refuse(InferError("too_large", f"body: {head.length} bytes exceed the limit of {limit}", "body"))
+            return False
+        self._head, self._needed = got, head_end + head.length
+        return True
+
+    def refuse(self, exc: InferError) -> None:
+        """Answer an unreadable request and close: what follows it on the connection cannot be trusted.
+
+        A lingering close (RFC 9112 9.6): the write side is shut and what the client still sends is read and
+        dropped for ``LINGER_S``, so a client still uploading a refused body reads the answer instead of a reset.
+        """
+        self.plane.refused(exc.code)
+        if self.transport is None or self.closed:
+            return
+        self.transport.write(error_response(exc, close=True))
+        if self._paused:  # read again, only to drop what follows
+            self._paused = 0
+            self.transport.resume_reading()
+        self.closed = self.discarding = True
+        self.buf.clear()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.manager.loop.call_later(LINGER_S, self.transport.close)
+
+    def _receiving(self) -> bool:
+        return bool(self.buf) or self._body is not None or self._skip > 0
+
+    def too_slow(self, now: float, limit_s: float) -> bool:
+        """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
+        return not self.busy and not self.closed and self._receiving() and now - self.arrived > limit_s
+
+    def idle_for(self, now: float) -> float:
+        """How long the connection has had no request in progress (0 while one is; ``arrived`` marks when the
+        last one was answered)."""
+        return 0.0 if self.busy or self.closed or self._receiving() else now - self.arrived
+
+    def write(self, data: bytes, close: bool = False) -> None:
+        if self.transport is None or self.closed:
+            return
+        self.transport.write(data)
+        if close:
+            self.transport.close()
+            self.closed = True
+
+    def answered(self, keep_alive: bool) -> None:
+        """The current request is answered: read on, or close."""
+        self.busy = False
+        if not keep_alive:
+            self.write(b"", close=True)
+            return
+        self.arrived = time.perf_counter()  # of the next request if it is here, else since when it is idle
+        if not self.buf:
+            self.mark(False)
+            if self.manager.maybe_move(self):
+                return
+        self.manager.loop.call_soon(self._advance)
