@@ -3,8 +3,9 @@
 Why (docs/decisions/2026-11-28-forward-to-idle-siblings.md): a client connection belongs to the worker that accepted
 it.  An HTTP/1.1 connection carries one query at a time and idle ones move between workers
 (``ConnectionManager.maybe_move``), but one HTTP/2 connection carries every call of a gRPC client: tritonclient's
-``InferenceServerClient`` opens one channel, perf_analyzer ``--streaming`` one stream.  All of such a client's queries would land on one worker while its
-siblings idled: a second worker added nothing to one channel's throughput.
+``InferenceServerClient`` opens one channel, perf_analyzer ``--streaming`` one stream.  All of such a client's
+queries would land on one worker while its siblings idled: a second worker added nothing to one channel's
+throughput.
 
 So every worker of a whole-query model also serves a Unix socket named by its slot in the model's shared load
 array (``socket_path``), and a worker that receives a query while it is busy (queries queued, or a long pass on
