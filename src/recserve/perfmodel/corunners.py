@@ -14,7 +14,8 @@ allocation's other host threads, its co-runners; they slow its call through
   load's, so the LLC term above is what makes them grow with the threads: every co-runner's extra misses).
 
 At latency-bounded max load the CPU threads are busy most of the time (0.66-0.97 at DeepRecSys' points on
-Hercules' T1), so every co-runner is counted as running.  One thread has no co-runner: the model then is what it was without this term.
+Hercules' T1), so every co-runner is counted as running.  One thread has no co-runner: the model then is what it
+was without this term.
 """
 
 from __future__ import annotations
