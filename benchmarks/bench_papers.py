@@ -381,6 +381,19 @@ HERCULES_GPU_PAPER = {"hercules-rmc3": 6.71, "hercules-mtwnd": 9.0, "hercules-di
                       "hercules-dien": 6.0}                                                  # (CPU+GPU server)
 
 
+def _corunner_state(pm, spec, server, alloc, result, mix) -> str:
+    """What a CPU allocation's co-runners do at its max load: cores busy, DRAM bytes/s against the usable bandwidth,
+    the LLC their private data takes, and the share of gathered bytes missing the LLC."""
+    from recserve.perfmodel.corunners import displaced_llc_bytes, job_items
+    from recserve.perfmodel.cost import model_cost
+
+    taken = displaced_llc_bytes(model_cost(spec), alloc, job_items(alloc, mix)) / 1e6
+    usable = server.mem_bw_gbs * pm.cal.membw_eff
+    return (f"cores {result.details.get('busy', 0):.0%} busy, DRAM {result.membw_gbs:.1f} of {usable:.1f} GB/s, "
+            f"co-runners' data {min(taken, server.llc_mb):.3g} of {server.llc_mb:g} MB LLC, "
+            f"LLC miss {result.details.get('llc_miss', 0):.1%}")
+
+
 def row_hercules_search() -> list[Row]:
     from recserve.perfmodel import PerfModel, SizeMix
     from recserve.perfmodel.evaluator import perfmodel_evaluator
@@ -390,6 +403,7 @@ def row_hercules_search() -> list[Row]:
     pm, mix = PerfModel(), SizeMix.of(None)
     gains: dict[str, dict[str, float]] = {"cpu": {}, "gpu": {}}
     best: dict[str, dict[str, str]] = {"cpu": {}, "gpu": {}}
+    corunners: dict[str, str] = {}
     for kind, sname, paper in (("cpu", "hercules-t1", HERCULES_CPU_PAPER), ("gpu", "hercules-t7", HERCULES_GPU_PAPER)):
         server = get_server(sname)
         for m in paper:
@@ -397,6 +411,8 @@ def row_hercules_search() -> list[Row]:
             hs, dr = search(server, ev), (deeprecsys(server, ev) if kind == "cpu" else baymax(server, ev))
             gains[kind][m] = hs.best_qps / dr.best_qps if dr.best_qps > 0 else float("nan")
             best[kind][m] = f"{hs.best.label() if hs.best else '-'} vs {dr.best.label() if dr.best else '-'}"
+            if kind == "cpu" and dr.best is not None:
+                corunners[m] = _corunner_state(pm, get_model(m), server, dr.best.allocation(), ev.detail(dr.best), mix)
 
     def txt(kind: str, paper: dict[str, float]) -> str:
         return " / ".join(f"{m.removeprefix('hercules-')} {gains[kind][m]:.2f}x" for m in paper)
@@ -404,13 +420,18 @@ def row_hercules_search() -> list[Row]:
     def verdicts(kind: str, paper: dict[str, float]) -> str:
         return worst(*(judge(gains[kind][m] - 1, p - 1) for m, p in paper.items()))
 
-    cpu_why = ("in the perfmodel a thread's time does not grow with the threads co-located beside it: with shared "
-               "tables each thread sees the whole allocated LLC, and DRAM contention depends on the bytes/s offered, "
-               "not on how the load is split into threads; op-parallelism only costs (c cores run c / (1 + op_serial "
-               "(c - 1)) times faster, `model.py`); so one single-core thread per core at the best batch - "
-               "DeepRecSys' own point - is also the search's optimum.  The paper's gains come from fewer, wider "
-               "threads that 'reduce interference' (§III-A: 10x2 beats 20x1 by up to 35%) and from the S-D pipeline "
-               "that removes the idle operator workers of op-parallelism (Fig. 5)")
+    cpu_why = (
+        "the perfmodel charges a thread for its co-runners on the socket (`perfmodel/corunners.py`): their calls' "
+        "private data (ids, pooled vectors, dense inputs) takes LLC from the shared hot rows and weights, and every "
+        "thread's DRAM bytes/s slow every DRAM byte (checked on this host with 1 vs 2 threads sharing RMC1's tables: "
+        "docs/measured/thread-interference-2026-11-28.md).  With recserve's inputs (uniform ids: no hot rows for the "
+        "co-runners to evict) the term changes no choice: RMC1/2 gather at DRAM bytes/s that do not depend on how the "
+        "load is split into threads, RMC3 is compute-bound, and wider threads lose to op_serial (c cores run "
+        "c / (1 + op_serial (c - 1)) times faster); DeepRecSys' batch hill-climb also shrinks the co-runners' data.  "
+        "So one single-core thread per core - DeepRecSys' own point - stays the search's optimum.  The paper credits "
+        "fewer, wider threads that 'reduce interference' (§III-A: 10x2 beats 20x1 by up to 35%) and the S-D pipeline "
+        "(Fig. 5); it prints no locality or per-thread input to recompute them with.  DeepRecSys' point under the "
+        "model: " + "; ".join(f"{m.removeprefix('hercules-')}: {v}" for m, v in corunners.items()))
     gpu_why = ("the search fuses queries on the device (§III-B: a free device thread launches every job that arrived "
                "during its last launch, up to the batch size, as one call: `perfmodel.model._RateModel._fusion`, "
                "the fused count the fixed point of arrivals over the model's own launch time) and co-locates threads "
@@ -426,7 +447,7 @@ def row_hercules_search() -> list[Row]:
                 txt("cpu", HERCULES_CPU_PAPER), verdicts("cpu", HERCULES_CPU_PAPER),
                 cpu_why + "; chosen (search vs baseline): " + "; ".join(
                     f"{m.removeprefix('hercules-')}: {v}" for m, v in best["cpu"].items()),
-                {"gain": gains["cpu"], "chosen": best["cpu"]}, cite="§VI-A, Fig. 14",
+                {"gain": gains["cpu"], "chosen": best["cpu"], "corunners": corunners}, cite="§VI-A, Fig. 14",
                 setup=cpu_setup, paper_inputs=none),
             Row("Hercules search vs Baymax (CPU+GPU server T7)", "6.71 / 9.0 / 6.95 / 6.0x (RMC3/MT-WnD/DIN/DIEN)",
                 txt("gpu", HERCULES_GPU_PAPER), verdicts("gpu", HERCULES_GPU_PAPER),

@@ -36,6 +36,7 @@ import numpy as np
 
 from recserve.errors import SpecError
 from recserve.perfmodel.calibration import Calibration, load_calibration
+from recserve.perfmodel.corunners import default_mean_items, displaced_llc_bytes, job_items
 from recserve.perfmodel.cost import ModelCost, model_cost, zipf_hit
 from recserve.perfmodel.queueing import SizeMix, Station, jitter, sojourn_percentile, solve_max_load
 from recserve.perfmodel.service_time import ServiceTimes
@@ -145,15 +146,15 @@ class PerfModel:
                    qps: float = 0.0) -> float:
         """Mean latency of one query of ``batch`` items, with no queueing (``qps`` only sets bandwidth load)."""
         alloc = alloc or Allocation()
-        st = self._static(spec, server, alloc)
         mix = SizeMix(np.array([max(1, int(batch))]), np.array([1.0]))
+        st = self._static(spec, server, alloc, job_items(alloc, mix))
         stations = _RateModel(self, spec, server, alloc, st, mix).stations(qps)
         return float(sum(s.span[0] for s in stations))
 
     def call_ms(self, spec: ModelSpec, server: ServerType, batch: int, alloc: Allocation | None = None) -> float:
         """Service time of one inference call of ``batch`` items on one worker (no splitting)."""
         alloc = alloc or Allocation()
-        st = self._static(spec, server, alloc)
+        st = self._static(spec, server, alloc, float(batch))
         times = self.call_times(spec, server, alloc, st, np.array([float(batch)]), self._slowdown(alloc, server, 0.0))
         return float(sum(t[0] for t in times))
 
@@ -169,7 +170,7 @@ class PerfModel:
         alloc = alloc or Allocation()
         sla = sla or spec.sla
         mix = sizes if isinstance(sizes, SizeMix) else SizeMix.of(sizes)
-        st = self._static(spec, server, alloc)
+        st = self._static(spec, server, alloc, job_items(alloc, mix))
         if st.reason:
             return LoadResult(0.0, False, st.reason, mem_gb=st.mem_gb, cores_used=st.cores_used)
         span_scale = jitter(sla.percentile, self.cal.p99_over_mean)
@@ -209,7 +210,7 @@ class PerfModel:
         out: list[LoadResult | None] = [None] * len(allocs)
         batch: list[tuple[int, _RateModel]] = []
         for i, alloc in enumerate(allocs):
-            st = self._static(spec, server, alloc)
+            st = self._static(spec, server, alloc, job_items(alloc, mix))
             if st.reason:
                 out[i] = LoadResult(0.0, False, st.reason, mem_gb=st.mem_gb, cores_used=st.cores_used)
             elif st.on_accel:
@@ -259,7 +260,9 @@ class PerfModel:
         raise SpecError(f"server {server.name!r} has no power_w; add it to the server spec")
 
     # ------------------------------------------------------------------ internals
-    def _static(self, spec: ModelSpec, server: ServerType, alloc: Allocation) -> _Static:
+    def _static(self, spec: ModelSpec, server: ServerType, alloc: Allocation, items: float | None = None) -> _Static:
+        """``items``: the mean items of one call (a sub-batch), which sizes the co-runners' private LLC data;
+        default ``alloc.batch``, else the default query mix's mean."""
         cal = self.cal
         cost = model_cost(spec)
         on_accel = bool(server.accelerator) and alloc.accelerator is not False
@@ -291,6 +294,7 @@ class PerfModel:
         cache = server.llc_mb * 1e6
         if alloc.llc_ways is not None and server.llc_ways > 0:
             cache *= min(alloc.llc_ways, server.llc_ways) / server.llc_ways
+        cache = max(cache - displaced_llc_bytes(cost, alloc, items or alloc.batch or default_mean_items()), 0.0)
         per_copy_cache = cache / copies
         weights = 0.0 if on_accel and not alloc.pipeline else cost.weight_bytes
         miss_w = max(0.0, 1.0 - per_copy_cache / weights) if weights > 0 else 0.0

@@ -314,6 +314,7 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
     fz = _fusing(server, fuse)
     counted = _Counted(evaluate)
     n = server.cores
+    optima: list[tuple[SchedConfig | None, float]] = []
     for mode in modes:
         last_peak = -1.0
         infeasible_run = 0
@@ -329,8 +330,10 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
             if (last_peak > 0 and peak < last_peak) or infeasible_run >= INFEASIBLE_PATIENCE:
                 break  # peak throughput dropped, or op-parallelism stopped making the SLA reachable
             last_peak = peak if peak > 0 else (0.0 if last_peak <= 0 else last_peak)
-        if polish and mode_best[0] is not None:
-            _polish(mode_best[0], mode_best[1], server, batches, counted)
+        optima.append(mode_best)
+    top, top_q = max(optima, key=lambda x: x[1], default=(None, 0.0))
+    if polish and top is not None:  # only the better mode's optimum: the other mode's neighbourhood is below it
+        _polish(top, top_q, server, batches, counted)
     best, q = counted.best()
     return SearchResult("hercules", best, q, len(counted.seen), len(space(server, batches, modes, fz)), counted.path)
 
