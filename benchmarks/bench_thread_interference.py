@@ -12,24 +12,23 @@ for both, one that fits it once (24 MB of a 32 MB L3: a per-thread share would n
 the LLC (DRAM-bound gathers).  The model's number is the same two-thread ratio from ``corunners.back_to_back_ms`` on
 this host's catalogue entry (its ``mem_bw_gbs``, and the copy bandwidth measured here).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/bench_thread_interference.py [--seconds 1.5] [--repeats 3]
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_thread_interference [--seconds 1.5] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks import harness
 from recserve.measure.interference import CallTimer
 from recserve.perfmodel import PerfModel
 from recserve.perfmodel.corunners import back_to_back_ms
@@ -122,6 +121,13 @@ def stream_gbs(threads: int, mb: int = 512, seconds: float = 1.0) -> float:
     return sum(moved) / (time.perf_counter() - start) / 1e9
 
 
+def headline(rows: list[dict]) -> list[dict]:
+    """Per table size: the median measured 2-thread slowdown against the model's (catalogue bandwidth)."""
+    return [harness.row(f"2-thread slowdown, {r['table_mb']:g} MB tables (target: modelled)",
+                        float(np.median(r["measured"])), "x", r["modelled"]["catalogue"])
+            for r in rows if "table_mb" in r]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=1.5, help="timing per bracket leg")
@@ -158,11 +164,9 @@ def main() -> int:
               f"{' / '.join(f'{leg[3]:.0%}' for leg in legs)} | "
               f"{modelled['catalogue']:.2f}x | {modelled['measured bandwidth']:.2f}x |", flush=True)
         del timer
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": MODEL, "host": {"llc_mb": host.llc_mb, "mem_bw_gbs": host.mem_bw_gbs,
-                                                        "measured_copy_gbs": measured_bw},
-                               "load_average": load, "rows": rows}, indent=1))
+    body = {"model": MODEL, "host": {"llc_mb": host.llc_mb, "mem_bw_gbs": host.mem_bw_gbs,
+                                     "measured_copy_gbs": measured_bw}, "load_average": load, "rows": rows}
+    out = harness.write_result(args.out, args, headline(rows), body)
     print(f"wrote {out}")
     return 0
 
