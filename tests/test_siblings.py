@@ -21,6 +21,7 @@ import pytest
 from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.http_connection import Request
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.plane import WorkerPlane
 from recserve.serving.worker.siblings import SiblingClient, SiblingServer, socket_path
@@ -43,6 +44,25 @@ class ConstantPath:
 
     def compute(self, queries):
         return [np.full((q[0].shape[0], 1), self.value, np.float32) for q in queries]
+
+    def decode(self, body, header_length):
+        return {}, QUERY, 4
+
+    def encode(self, request, scores):
+        return scores.tobytes(), {"Content-Type": "application/octet-stream"}
+
+
+class AnswerSink:
+    """An HTTP connection as the plane sees it: what it writes is kept."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes, close: bool = False) -> None:
+        self.written.append(data)
+
+    def answered(self, keep_alive: bool) -> None:
+        pass
 
 
 def plane_at(loop, value: float, slot: int, loads: np.ndarray, records: list) -> WorkerPlane:
@@ -113,6 +133,23 @@ def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_recor
         assert p.a_records.count(("sibling", "forwarded")) == 1 and ("sibling", "returned") not in p.a_records
         assert sum(r[0] == "done" for r in p.a_records) == 2  # the forwarded one is the sibling's to record
         assert sum(r[0] == "done" for r in p.b_records) == 1 and p.b.admission.service.n == 1
+
+
+def test_http_queries_are_not_forwarded_their_connections_spread_instead():
+    """The same three queries as HTTP requests: the busy worker keeps the third (HTTP/1.1 connections spread over
+    the workers by themselves; forwarding their queries too shed some at high load)."""
+    with two_planes() as p:
+        sink = AnswerSink()
+
+        async def send() -> None:
+            for _ in range(3):
+                p.a.admit(sink, Request("POST", "/v2/models/m/infer", "HTTP/1.1", {}, bytearray(), time.perf_counter()))
+            await asyncio.sleep(0.5)
+
+        p.loop.run_until_complete(send())
+        scores = [np.frombuffer(w.split(b"\r\n\r\n", 1)[1], np.float32)[0] for w in sink.written]
+        assert scores == [0.0, 0.0, 0.0]  # all three computed here
+        assert ("sibling", "forwarded") not in p.a_records
 
 
 def test_a_query_the_sibling_cannot_take_comes_back_and_is_answered_here():

@@ -126,12 +126,16 @@ class WorkerPlane:
                 conn.write(error_response(error, close=not req.keep_alive, extra=extra))
             conn.answered(req.keep_alive)
 
-        self.enqueue(arrays, items, req.arrived, timeout, reply)
+        self.enqueue(arrays, items, req.arrived, timeout, reply, forward=False)
 
-    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply) -> None:
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply,
+                forward: bool = True) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
         ``reply`` is called once, with scores or the error.  While this worker is busy, a sibling worker of the
-        model holding fewer queries may compute it instead (``serving/worker/siblings.py``)."""
+        model holding fewer queries may compute it instead (``serving/worker/siblings.py``) if ``forward``: gRPC's
+        calls, which one connection brings to one worker.  HTTP/1.1 queries are not forwarded: their connections
+        already spread over the workers (one accept queue, idle connections moved), and forwarding them as well
+        shed queries at high load (docs/decisions/2026-11-28-grpc-one-channel-scaling.md)."""
         admission = self.admission
         deadline = admission.deadline(timeout_s, arrived)
         if self.offload is not None and not admission.draining:  # a model with accelerator workers: route by size
@@ -139,7 +143,7 @@ class WorkerPlane:
                 self._offload(arrays, items, arrived, deadline, reply)
                 return
             self.reporter.record(("kind", "cpu", items))
-        if self.siblings is not None and admission.busy() and not admission.draining and \
+        if forward and self.siblings is not None and admission.busy() and not admission.draining and \
                 self._forward(arrays, items, arrived, deadline, reply):
             return
         self.enqueue_at(arrays, items, arrived, deadline, reply)
