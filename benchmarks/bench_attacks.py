@@ -137,20 +137,31 @@ def _flood_grpc(kind: str, port: int, seconds: float, raw: bytes) -> dict[str, i
 
 def _http_pipeline(port: int, seconds: float, request: bytes) -> dict[str, int]:
     """Pipelined infers written as fast as the socket takes them; answers read only to drain them."""
-    end, sent, answered = time.monotonic() + seconds, 0, 0
-    batch = request * 64
+    end, sent, answered, last = time.monotonic() + seconds, 0, 0, b""
+    batch = memoryview(request * 64)
+    pending = batch  # what is left of the batch being written: a partial send resumes where it stopped
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.setblocking(False)
-        while time.monotonic() < end:
-            try:
-                sent += sock.send(batch)
-            except BlockingIOError:
-                time.sleep(0.001)
-            try:
-                answered += len(sock.recv(1 << 20))
-            except BlockingIOError:
-                pass
-    return {"bytes_sent": sent, "bytes_answered": answered}
+        try:
+            while time.monotonic() < end:
+                try:
+                    n = sock.send(pending)
+                    sent, pending = sent + n, pending[n:] or batch
+                except BlockingIOError:
+                    time.sleep(0.001)
+                try:
+                    data = sock.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    break
+                answered += len(data)
+                last = (last + data)[-4096:]
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server closed the connection: say after what
+    status = last.rsplit(b"HTTP/1.1 ", 1)[-1][:3].decode("latin-1") if b"HTTP/1.1 " in last else ""
+    return {"bytes_sent": sent, "bytes_answered": answered, "closed_early": time.monotonic() < end,
+            "last_status": status}
 
 
 def _json_burst(port: int, seconds: float, request: bytes, connections: int = 8) -> dict[str, int]:
