@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from benchmarks import harness
-from recserve.measure.interference import CallTimer
+from recserve.measure.interference import CallTimer, median_call_ms
 from recserve.perfmodel import PerfModel
 from recserve.perfmodel.corunners import back_to_back_ms
 from recserve.perfmodel.cost import scaled_spec
@@ -53,13 +53,7 @@ class GemmTimer:
             torch.mm(q[0], q[1])
 
     def median_ms(self, seconds: float) -> float:
-        times, start, i = [], time.perf_counter(), 0
-        while time.perf_counter() - start < seconds or len(times) < 5:
-            t0 = time.thread_time()
-            self.model(self.queries[i % len(self.queries)])
-            times.append((time.thread_time() - t0) * 1e3)
-            i += 1
-        return float(np.median(times))
+        return median_call_ms(self.model, self.queries, seconds)
 
 
 def _serve(timer: CallTimer | GemmTimer, stop, busy) -> None:

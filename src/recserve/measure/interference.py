@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,17 +166,20 @@ class CallTimer:
     def median_ms(self, seconds: float) -> float:
         import torch
 
-        times = []
         with torch.no_grad():
             self.model(self.queries[0])
-            start = time.perf_counter()
-            i = 0
-            while time.perf_counter() - start < seconds or len(times) < 5:
-                t0 = time.thread_time()
-                self.model(self.queries[i % len(self.queries)])
-                times.append((time.thread_time() - t0) * 1e3)
-                i += 1
-        return float(np.median(times))
+            return median_call_ms(self.model, self.queries, seconds)
+
+
+def median_call_ms(call: Callable[[Any], Any], queries: list, seconds: float) -> float:
+    """Median thread-CPU ms of ``call`` over ``queries`` in turn, for ``seconds`` and at least 5 calls."""
+    times, start, i = [], time.perf_counter(), 0
+    while time.perf_counter() - start < seconds or len(times) < 5:
+        t0 = time.thread_time()
+        call(queries[i % len(queries)])
+        times.append((time.thread_time() - t0) * 1e3)
+        i += 1
+    return float(np.median(times))
 
 
 def _pinned(core: int | None) -> Callable[[], None]:
