@@ -146,9 +146,10 @@ server.stop()
 
 
 @contextmanager
-def recserve_base_server(model: str, scale: float, workers: int, sla_ms: float) -> Iterator[str]:
+def recserve_base_server(model: str, scale: float, workers: int, sla_ms: float, protocol: str = "binary"
+                         ) -> Iterator[str]:
     """recserve built from another tree's ``src/`` (``$RECSERVE_BASE_SRC``), for a before/after in one run: its
-    probes alternate with this tree's like any peer's."""
+    probes alternate with this tree's like any peer's (``protocol`` as for ``recserve_server``)."""
     src = os.environ.get(BASE_SRC_ENV)
     if not src or not Path(src, "recserve").is_dir():
         raise RuntimeError(f"recserve-base needs {BASE_SRC_ENV}=<another tree>/src")
@@ -160,7 +161,8 @@ def recserve_base_server(model: str, scale: float, workers: int, sla_ms: float) 
         line = proc.stdout.readline().split()
         if len(line) != 2:
             raise RuntimeError(f"recserve-base did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{line[0]}"
+        ports = int(line[0]), int(line[1])
+        yield f"http://127.0.0.1:{ports[0]}" if protocol == "binary" else protocol_url(protocol, *ports)
     finally:
         proc.stdin.close()
         try:
@@ -274,6 +276,7 @@ PEERS: dict[str, Callable] = {
     "recserve-noforward": partial(recserve_server, forward_to_idle=False),
     # recserve from another tree (RECSERVE_BASE_SRC=<tree>/src): a before/after in one run
     "recserve-base": recserve_base_server,
+    "recserve-base-grpc": partial(recserve_base_server, protocol="grpc"),
     "ray-serve": ray_server,
     "fastapi": fastapi_server,
     "kserve-rest": partial(kserve_server, "rest"),
