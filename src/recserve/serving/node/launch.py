@@ -96,6 +96,7 @@ class WorkerLauncher:
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.event_loop: dict[str, str] | None = None  # the loop the v2 workers run, and why not the one asked
+        self.json_numbers: bool | None = None  # whether the v2 workers read JSON tensors with simdjson
         self._slots: set[int] = set()
 
     async def launch(self, stage: str, cores: list[int], threads: int) -> WorkerHandle:
@@ -168,15 +169,17 @@ class WorkerLauncher:
         return self.event_loop["loop"]
 
     async def _json_numbers(self) -> bool:
-        """Whether JSON tensors are read by simdjson (``serving/wire/json_numbers.py``): its probe runs a child
-        process once per node, off this loop; the supervisor's own decode (handed-off requests) follows it too."""
-        from recserve.serving.wire import json_numbers
+        """Whether JSON tensors are read by simdjson (``serving/wire/json_numbers.py``), chosen once: its probe runs
+        a child process once per node, off this loop; the supervisor's own decode (handed-off requests) follows it."""
+        if self.json_numbers is None:
+            from recserve.serving.wire import json_numbers
 
-        ok, why = await asyncio.get_running_loop().run_in_executor(None, json_numbers.probe)
-        if not ok and not json_numbers.enabled():
-            log.warning("model %s: plain-JSON tensors read as lists (slower): %s", self.cfg.name, why)
-        json_numbers.enable(ok)
-        return ok
+            ok, why = await asyncio.get_running_loop().run_in_executor(None, json_numbers.probe)
+            if not ok:
+                log.warning("model %s: plain-JSON tensors read as lists (slower): %s", self.cfg.name, why)
+            json_numbers.enable(ok)
+            self.json_numbers = ok
+        return self.json_numbers
 
     def _limits(self) -> Any:
         """One worker's share of this model's admission limits (data plane v2)."""

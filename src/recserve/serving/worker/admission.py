@@ -204,6 +204,10 @@ class AdmissionQueue:
         """Queries are queued here, or a pass is computing on the compute thread (a new query waits behind it)."""
         return bool(self.queue) or self.pass_started > 0.0
 
+    def held(self) -> int:
+        """Queries this worker holds: queued, plus those in the pass in flight (its published load)."""
+        return len(self.queue) + self.computing
+
     def busy_s(self) -> float:
         """How long the pass in flight on the compute thread has run (0 when none): a pass that never ends must
         look like a silent worker to the watchdog although the loop beats on."""

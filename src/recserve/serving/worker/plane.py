@@ -153,8 +153,7 @@ class WorkerPlane:
         the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left).
         Any other answer, scores or an error of the pass, is the client's.  The sibling records it in the node's
         statistics."""
-        admission = self.admission
-        link = self.siblings.less_loaded(len(admission.queue) + admission.computing)  # type: ignore[union-attr]
+        link = self.siblings.less_loaded(self.admission.held())  # type: ignore[union-attr]
         if link is None:
             return False
         self.reporter.record(("sibling", "forwarded"))

@@ -76,8 +76,7 @@ class Reporter:
         """Queries this worker holds, in its shared slot; a retiring worker shows itself full, so that no sibling
         moves a connection or forwards a query to it."""
         if self.loads is not None:
-            admission = self.admission
-            self.loads[self.slot] = RETIRING_LOAD if retiring else len(admission.queue) + admission.computing
+            self.loads[self.slot] = RETIRING_LOAD if retiring else self.admission.held()
 
     # ---- heartbeat and memory ----------------------------------------------------------------------------
     def beat(self) -> None:
