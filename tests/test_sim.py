@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from recserve.cli import main
-from recserve.errors import RecserveError
+from recserve.errors import ProfileError, RecserveError
 from recserve.policies.dispatch import make_policy
 from recserve.policies.rmu import CapacityProfile, HeraRMU, StaticController
 from recserve.profiles import ProfileSet, ProfileTable
 from recserve.reference import reference_path
 from recserve.sim.cluster import ClusterSim, parse_pool, pool_text
 from recserve.sim.colocate import LoadShape, run_scenario
-from recserve.sim.dispatch_eval import DispatchEvaluation, homogeneous_pool
+from recserve.sim.dispatch_eval import DispatchEvaluation, homogeneous_pool, oracle_best_pool
 from recserve.sim.latency import ServiceModel, load_reference
 from recserve.sim.node import ColocModel, ColocNode, SimNodeControl
 from recserve.sim.queries import QueryStream, piecewise_rate
@@ -118,6 +118,42 @@ def test_homogeneous_pool_fills_the_budget_with_the_base_type(reference):
     svc = ServiceModel.from_profiles(reference, "kairos-rm2")
     pool, scale = homogeneous_pool(svc, reference.meta["prices_usd_per_hr"], 2.5, 350.0)
     assert pool == ["g4dn.xlarge"] * 4 and scale == pytest.approx(2.5 / (4 * 0.526))
+
+
+def test_with_spread_keeps_the_means_and_draws_service_times_at_that_spread():
+    svc = ServiceModel.from_profiles(synthetic_profiles({"gpu": 0.01, "cpu": 0.05}, spread=1.6), "m")
+    tight = svc.with_spread(0.005)  # the Kairos paper's premise: SD 0.5% of the mean
+    assert np.array_equal(tight.mean, svc.mean)
+    assert np.allclose(tight.p99 / tight.mean, 1.0, atol=0.013) and (svc.p99 / svc.mean > 1.5).all()
+    noise = QueryStream(20000, seed=1).noise
+    draws = tight.sample(["cpu"], np.full(len(noise), 50), noise)[:, 0]
+    assert draws.std() / draws.mean() == pytest.approx(0.005, rel=0.05)
+    assert draws.mean() == pytest.approx(svc.mean[svc.type_index("cpu"), 50], rel=1e-3)
+    exact = svc.with_spread(0.0)
+    assert np.array_equal(exact.p50, svc.mean) and np.array_equal(exact.p99, svc.mean)
+    with pytest.raises(ProfileError):
+        svc.with_spread(-0.1)
+
+
+def test_dispatch_evaluation_runs_the_tables_at_the_spread_it_is_given(reference):
+    measured = DispatchEvaluation(reference, "kairos-mtwnd", 25.0, queries=500, log=None).service
+    premise = DispatchEvaluation(reference, "kairos-mtwnd", 25.0, queries=500, log=None, latency_cv=0.005).service
+    t3 = measured.type_index("t3.xlarge")
+    assert np.median(measured.p99[t3] / measured.mean[t3]) > 1.3  # the artifact's burstable tail
+    assert np.array_equal(premise.mean, measured.mean) and (premise.p99 / premise.mean < 1.02).all()
+
+
+def test_the_papers_oracle_takes_the_best_pool_under_the_budget_and_bounds_kairos(reference):
+    from recserve.planners.kairos import enumerate_configs
+
+    prices, caps = reference.meta["prices_usd_per_hr"], reference.meta["max_instances"]
+    ev = DispatchEvaluation(reference, "kairos-rm2", 350.0, queries=2000, seed=0, rtol=0.08, log=None)
+    pool, best = oracle_best_pool(ev, prices, caps, 1.2)
+    assert ev.oracle(pool) == best
+    types = [t for t in ev.service.types if t in prices]
+    for row in enumerate_configs([prices[t] for t in types], [caps[t] for t in types], 1.2):
+        assert ev.oracle([t for t, n in zip(types, row.tolist(), strict=True) for _ in range(n)]) <= best
+    assert ev.evaluate(pool, ["kairos"])["kairos"].max_qps < best  # Poisson queueing at the p99 costs
 
 
 # ------------------------------------------------------------------ co-located node

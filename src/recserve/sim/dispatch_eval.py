@@ -61,7 +61,8 @@ class DispatchEvaluation:
 
     def __init__(self, profiles: ProfileSet, model: str, qos_ms: float, queries: int = 10000, seed: int = 0,
                  mix: str = "production", percentile: float = 99.0, rtol: float = 0.02,
-                 log: Callable[[str], None] | None = _log, seed_predictor: bool = False) -> None:
+                 log: Callable[[str], None] | None = _log, seed_predictor: bool = False,
+                 latency_cv: float | None = None) -> None:
         self.profiles = profiles
         self.model = model
         self.qos_ms = float(qos_ms)
@@ -69,6 +70,8 @@ class DispatchEvaluation:
         self.rtol = rtol
         self.stream = QueryStream(queries, seed=seed, mix=mix)
         self.service = ServiceModel.from_profiles(profiles, model)
+        if latency_cv is not None:  # service times spread by ``latency_cv`` around the tables' means
+            self.service = self.service.with_spread(latency_cv)
         self.log = log or (lambda _m: None)
         self.seed_predictor = seed_predictor  # start each policy's predictor from the latency tables
 

@@ -70,6 +70,15 @@ class ServiceModel:
         return ServiceModel(self.model, self.types, self.batches, self.mean * factor, self.p50 * factor,
                             self.p99 * factor)
 
+    def with_spread(self, cv: float) -> ServiceModel:
+        """The same mean latencies with a lognormal spread of coefficient of variation ``cv`` instead of the
+        measured one: the Kairos paper's premise of near-deterministic inference (Sec. 5.1, "< 0.5% of mean")."""
+        if cv < 0:
+            raise ProfileError(f"coefficient of variation must be >= 0, got {cv}")
+        sigma = float(np.sqrt(np.log1p(cv * cv)))
+        p50 = self.mean / np.exp(sigma * sigma / 2.0)
+        return ServiceModel(self.model, self.types, self.batches, self.mean.copy(), p50, p50 * np.exp(Z99 * sigma))
+
     def as_dict(self, kind: str = "mean") -> dict[str, np.ndarray]:
         arr = {"mean": self.mean, "p50": self.p50, "p99": self.p99}[kind]
         return {t: arr[i] for i, t in enumerate(self.types)}
