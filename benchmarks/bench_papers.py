@@ -582,6 +582,11 @@ def row_elasticrec() -> list[Row]:
     ]
 
 
+def row_elasticrec_gpu() -> list[Row]:
+    from benchmarks.papers.elasticrec_gpu import rows
+    return rows()
+
+
 # ------------------------------------------------------------------------------------------ SDM
 
 
@@ -1079,6 +1084,7 @@ SECTIONS: dict[str, Callable[..., list[Row]]] = {
     "hercules_provision": row_hercules_provision,
     "hercules_search": row_hercules_search,
     "elasticrec": row_elasticrec,
+    "elasticrec_gpu": row_elasticrec_gpu,
     "sdm": row_sdm,
     "kairos": row_kairos,
     "kairos_ribbon": row_kairos_ribbon,

@@ -27,6 +27,8 @@ MEASURED_REPLICA_BYTES = 30 * MiB  # ≈30 MB PSS per shard replica process, mea
 PAPER_DP_TARGET_QPS = 1000.0       # §IV-B: the DP's constant QPS goal ("we utilized 1000")
 PAPER_RPC_MS = 31.0                # §VI-B: "the additional communication overheads of ElasticRec adds 31 ms of
                                    # average latency (8% of SLA)" on the paper's CPU-only cluster
+PAPER_GPU_RPC_MS = 60.0            # §VI-C: on the CPU-GPU (GKE) cluster the communication "adds 60 ms of average
+                                   # latency (15% of SLA)"
 PAPER_NODE_SOCKETS = 2             # §V-A: "each CPU node is equipped with a dual-socket Intel Xeon Gold 6242 ...
                                    # 32 logical cores and 192 GB of DRAM per socket"; Fig. 15 counts such nodes
 LOCALITY_MODELS = ("two-level", "zipf")
@@ -37,7 +39,8 @@ class ShardCostModel:
     """What a shard replica costs and sustains on one server type.
 
     Gather time per query is ``gather_ms0 + gather_ms_per_row × rows gathered`` (ElasticRec Fig. 9's
-    QPS(x) regression in time form); the dense shard sustains ``dense_qps`` per replica.
+    QPS(x) regression in time form); the dense shard sustains ``dense_qps`` per replica, on the accelerator
+    ``dense_device`` names ("" = on CPU cores; ElasticRec's CPU-GPU dense shards and model-wise replicas hold a GPU).
     """
 
     gather_ms0: float
@@ -46,6 +49,7 @@ class ShardCostModel:
     min_mem_bytes: float = MEASURED_REPLICA_BYTES
     dense_bytes: float = 0.0
     source: str = ""
+    dense_device: str = ""
 
     def gather_qps(self, rows_gathered: np.ndarray | float) -> np.ndarray | float:
         return 1000.0 / (self.gather_ms0 + self.gather_ms_per_row * np.asarray(rows_gathered, dtype=float))
@@ -85,7 +89,9 @@ def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, p
                               min_mem_bytes: float = MEASURED_REPLICA_BYTES) -> ShardCostModel:
     """The same cost model, from the calibrated perfmodel for server types we cannot run: the
     sparse and dense stage times of a one-core sparse-dense pipeline, with the gather regression
-    fitted over single-table variants of ``spec`` gathering 1/8 … all of its rows per query."""
+    fitted over single-table variants of ``spec`` gathering 1/8 … all of its rows per query.  On a server with an
+    accelerator the dense stage runs on it (the perfmodel's device path) and the gathers on the host, as ElasticRec's
+    CPU-GPU deployment places them (§IV-A)."""
     from recserve.perfmodel import Allocation, PerfModel
 
     pm = perfmodel or PerfModel()
@@ -105,7 +111,8 @@ def cost_model_from_perfmodel(spec: ModelSpec, server: ServerType, batch: int, p
     slope, intercept = np.polyfit(xs, ys, 1)
     dense_bytes = float(st.cost.weight_bytes) if hasattr(st.cost, "weight_bytes") else 0.0
     return ShardCostModel(max(float(intercept), 1e-6), max(float(slope), 1e-9), 1000.0 / dense_ms, min_mem_bytes,
-                          dense_bytes, source=f"modelled ({server.name})")
+                          dense_bytes, source=f"modelled ({server.name})",
+                          dense_device=(server.accelerator or "") if st.on_accel else "")
 
 
 # ------------------------------------------------------------------ access distribution
@@ -402,11 +409,13 @@ def shard_utility(cdf: np.ndarray, boundaries: list[int], lookups: float) -> lis
 
 @dataclass
 class Replica:
-    """One container: the cores its load needs on the cost model's one-core rates, and its memory."""
+    """One container: the cores its load needs on the cost model's one-core rates, its memory, and the whole
+    accelerators it holds (a Kubernetes GPU request is exclusive: one container per device)."""
 
     name: str
     cores: float
     memory_bytes: float
+    gpus: int = 0
 
 
 def _cores(load_qps: float, capacity_qps: float, granularity: float = 0.1) -> float:
@@ -416,8 +425,9 @@ def _cores(load_qps: float, capacity_qps: float, granularity: float = 0.1) -> fl
 def plan_replicas(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel) -> tuple[list[Replica], list[Replica]]:
     """(ElasticRec replicas, model-wise replicas), each sized to the load it serves."""
     q = plan.target_qps
-    sharded = [Replica("dense", _cores(q / plan.dense_replicas, cost.dense_qps), cost.dense_bytes + cost.min_mem_bytes)
-               for _ in range(plan.dense_replicas)]
+    gpus = 1 if cost.dense_device else 0
+    sharded = [Replica("dense", _cores(q / plan.dense_replicas, cost.dense_qps), cost.dense_bytes + cost.min_mem_bytes,
+                       gpus) for _ in range(plan.dense_replicas)]
     for t, tab in zip(plan.tables, spec.tables, strict=True):
         row_bytes = tab.row_bytes(spec.bytes_per_elem)
         for k, (r, ns) in enumerate(zip(t.replicas, t.rows_gathered, strict=True)):
@@ -426,30 +436,36 @@ def plan_replicas(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel) -> tup
                                 rows * row_bytes + cost.min_mem_bytes) for _ in range(r)]
     total_gathers = sum(plan.batch * tab.pooling for tab in spec.tables)
     per_model = plan.modelwise_memory_bytes / plan.modelwise_replicas
-    modelwise = [Replica("model", _cores(q / plan.modelwise_replicas, cost.model_qps(total_gathers)), per_model)
+    modelwise = [Replica("model", _cores(q / plan.modelwise_replicas, cost.model_qps(total_gathers)), per_model, gpus)
                  for _ in range(plan.modelwise_replicas)]
     return sharded, modelwise
 
 
-def pack_servers(replicas: list[Replica], server: ServerType, sockets: int = 1) -> int:
+def pack_servers(replicas: list[Replica], server: ServerType, sockets: int = 1, gpus_per_server: int | None = None
+                 ) -> int:
     """First-fit decreasing by memory onto servers of ``sockets`` × ``server``'s cores and memory (a Kubernetes
     scheduler placing pods by their requests on nodes of that many sockets of the type: ElasticRec's nodes are two
-    sockets, :data:`PAPER_NODE_SOCKETS`).  Raises SpecError for a replica no server can hold."""
+    sockets, :data:`PAPER_NODE_SOCKETS`).  ``gpus_per_server`` also caps the replicas' whole accelerators per server
+    (ElasticRec's GKE nodes: one T4 each); None ignores them.  Raises SpecError for a replica no server can hold."""
     if sockets < 1:
         raise SpecError(f"sockets per server must be >= 1, got {sockets}")
     cap_mem, cap_cores = sockets * server.mem_gb * 1e9, float(sockets * server.cores)
+    cap_gpus = math.inf if gpus_per_server is None else gpus_per_server
     bins: list[list[float]] = []
-    for rep in sorted(replicas, key=lambda r: -r.memory_bytes):
-        if rep.memory_bytes > cap_mem or rep.cores > cap_cores:
-            raise SpecError(f"replica {rep.name} ({rep.memory_bytes / 1e9:.1f} GB) fits no "
+    first = (lambda r: (-r.gpus, -r.memory_bytes)) if gpus_per_server is not None else (lambda r: -r.memory_bytes)
+    for rep in sorted(replicas, key=first):
+        if rep.memory_bytes > cap_mem or rep.cores > cap_cores or rep.gpus > cap_gpus:
+            raise SpecError(f"replica {rep.name} ({rep.memory_bytes / 1e9:.1f} GB, {rep.gpus} GPU) fits no "
                             f"{f'{sockets}-socket ' if sockets > 1 else ''}{server.name}")
         for b in bins:
-            if b[0] + rep.cores <= cap_cores + 1e-9 and b[1] + rep.memory_bytes <= cap_mem:
+            if (b[0] + rep.cores <= cap_cores + 1e-9 and b[1] + rep.memory_bytes <= cap_mem
+                    and b[2] + rep.gpus <= cap_gpus):
                 b[0] += rep.cores
                 b[1] += rep.memory_bytes
+                b[2] += rep.gpus
                 break
         else:
-            bins.append([rep.cores, rep.memory_bytes])
+            bins.append([rep.cores, rep.memory_bytes, rep.gpus])
     return len(bins)
 
 
@@ -494,18 +510,21 @@ class ShardEvaluation:
 
 def evaluate_plan(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel, server: ServerType, *,
                   locality: float = 0.9, locality_model: str = "two-level", cdf: np.ndarray | None = None,
-                  queries: int = 1000, rpc_ms: float = 2.0, sockets: int = 1) -> ShardEvaluation:
+                  queries: int = 1000, rpc_ms: float = 2.0, sockets: int = 1,
+                  gpus_per_server: int | None = None) -> ShardEvaluation:
     """Memory utility of the first table over ``queries`` queries, servers (nodes of ``sockets`` × ``server``) to
     host every replica, their $/hr (a node costs ``sockets`` × the type's price), and a p95 estimate per
     deployment against the SLA.  ElasticRec's p95 = the slowest shard call + ``rpc_ms`` per hop (2 ms assumed by
-    default; the paper measured +31 ms on its cluster, :data:`PAPER_RPC_MS`) + the dense shard."""
+    default; the paper measured +31 ms on its cluster, :data:`PAPER_RPC_MS`) + the dense shard.
+    ``gpus_per_server``: see :func:`pack_servers`."""
     first, tab = plan.tables[0], spec.tables[0]
     table_cdf = cdf if cdf is not None else modelled_cdf(tab.rows, locality, locality_model)
     lookups = queries * plan.batch * tab.pooling
     utility = shard_utility(table_cdf, first.boundaries, lookups)
     whole = shard_utility(table_cdf, [0, tab.rows], lookups)[0]
     sharded, modelwise = plan_replicas(plan, spec, cost)
-    n_er, n_mw = pack_servers(sharded, server, sockets), pack_servers(modelwise, server, sockets)
+    n_er = pack_servers(sharded, server, sockets, gpus_per_server)
+    n_mw = pack_servers(modelwise, server, sockets, gpus_per_server)
     q = plan.target_qps
     gather_p95 = max(p95_ms(1000.0 / float(cost.gather_qps(ns)), q / r, float(cost.gather_qps(ns)))
                      for t in plan.tables for r, ns in zip(t.replicas, t.rows_gathered, strict=True))
