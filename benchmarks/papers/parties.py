@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from recserve.profiles import ProfileSet
 from recserve.sim.colocate import LoadShape, hera_fig14, run_scenario
 from recserve.sim.latency import ServiceModel
 from recserve.sim.node import ColocModel, profile_node
+
+if TYPE_CHECKING:
+    from benchmarks.bench_papers import Row
 
 SERVER = "hera-xeon"
 NODE = "sim-hera-xeon"
@@ -264,7 +267,7 @@ def _fig14_text(res: dict[str, Any]) -> tuple[str, str]:
             f"static {100 * share['static']:.1f}% ({per})", fig14_verdict(share["hera"], share["parties"]))
 
 
-def rows() -> list:
+def rows() -> list[Row]:
     from benchmarks.bench_papers import RESULTS, Row, judge, worst
     from benchmarks.common.scenarios import HERA_MODELS, cached_profiles
     from recserve.specs import get_server
