@@ -1079,8 +1079,15 @@ def row_perfmodel_unseen_host() -> Row:
                counted=False)
 
 
+def row_hera_parties() -> list[Row]:
+    from benchmarks.papers.parties import rows
+
+    return rows()
+
+
 SECTIONS: dict[str, Callable[..., list[Row]]] = {
     "hera": row_hera,
+    "hera_parties": row_hera_parties,
     "hercules_provision": row_hercules_provision,
     "hercules_search": row_hercules_search,
     "elasticrec": row_elasticrec,

@@ -161,7 +161,8 @@ class ColocNode:
             sample = st.window_lat + late
             tail = float(np.percentile(sample, m.percentile)) if sample else 0.0
             st.stats = WindowStats(tail, st.window_done / secs, st.window_arrivals / secs, st.window_done)
-            record["models"][m.name] = {"tail_ms": tail, "tail_over_sla": tail / m.sla_ms,
+            record["models"][m.name] = {"tail_ms": tail, "tail_over_sla": tail / m.sla_ms, "samples": len(sample),
+                                        "over_sla": int(np.count_nonzero(np.asarray(sample) > m.sla_ms)),
                                         "qps": st.stats.qps, "arrival_qps": st.stats.arrival_qps,
                                         "workers": st.workers, "ways": st.ways}
             st.window_lat, st.window_arrivals, st.window_done = [], 0, 0
