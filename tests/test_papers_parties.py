@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.papers.parties import emu_gains, fig14_verdict, max_passing, steady_ok
+from benchmarks.papers.parties import emu_gains, fig12_verdict, fig14_verdict, max_passing, steady_ok
 
 
 def _window(over: int, samples: int = 100, other_over: int = 0) -> dict:
@@ -51,3 +51,9 @@ def test_fig14_verdict() -> None:
     assert fig14_verdict(0.02, 0.5) == "yes"
     assert fig14_verdict(0.3, 0.5) == "direction"
     assert fig14_verdict(0.5, 0.5) == "no" and fig14_verdict(0.0, 0.0) == "no"
+
+
+def test_fig12_is_judged_only_where_both_controllers_meet_the_sla_at_half_the_points() -> None:
+    assert fig12_verdict("direction", 28, {"hera": 9, "parties": 14}) == "direction"
+    assert fig12_verdict("yes", 28, {"hera": 0, "parties": 15}) == "no"  # PARTIES met it at 13 of 28
+    assert fig12_verdict("direction", 28, {"hera": 20, "parties": 28}) == "no"

@@ -40,6 +40,7 @@ WARMUP_WINDOWS = 10      # PARTIES moves one unit per window: from the even spli
 MEASURED_WINDOWS = 10
 MAX_SHARE_OVER = 0.05    # "without SLA violation": p95 within the SLA (at most 5% of a model's queries over it)
 BISECT_STEPS = 5         # y resolution 1/32 (~3 points)
+JUDGED_SHARE = 0.5       # Fig. 12 is judged only where each controller meets the SLA at this share of the points
 NEAR_ZERO = 0.05         # Fig. 14 "yes": Hera's share of violating windows at most this
 FIG14_SECONDS = 120.0
 FIG14_MEMORY_PEAK = 0.7  # §VII-B: DLRM(D) drops 70% -> 10% at T2
@@ -245,15 +246,25 @@ def _pair_text(res: dict[str, Any]) -> str:
                      + "/".join(f"{100 * grid['parties'][m][x]:.0f}" for x in X_LOADS) + ")" for m in per)
 
 
+def fig12_verdict(mean_verdict: str, points: int, failed: dict[str, int], judge_share: float = JUDGED_SHARE) -> str:
+    """Fig. 12's verdict: the gain's (``mean_verdict``) only where each controller met the SLA at ``judge_share`` of
+    the points or more; else "no", since a gain over a controller that rarely meets the SLA is not the paper's
+    like-for-like comparison of max loads (its Fig. 12 has PARTIES reach most points)."""
+    if min(points - n for n in failed.values()) < judge_share * points:
+        return "no"
+    return mean_verdict
+
+
 def _fig12_text(res: dict[str, Any], judge, worst) -> tuple[str, str]:
     g = res["gains"]
-    verdict = worst(judge(g["mean_rel"], 0.12), judge(g["max_rel"], 0.55))
     failed = {c: sum(y == 0.0 for by_x in res["fig12"][c].values() for y in by_x.values()) for c in res["fig12"]}
     points = len(g["per_model_rel"]) * len(X_LOADS)
+    verdict = fig12_verdict(worst(judge(g["mean_rel"], 0.12), judge(g["max_rel"], 0.55)), points, failed)
     return (f"{100 * g['mean_rel']:+.1f}% mean (max {100 * g['max_rel']:+.1f}%) over {len(g['per_model_rel'])} pairs x "
             f"{len(X_LOADS)} loads; in points: {100 * g['mean_points']:+.1f} mean, {100 * g['max_points']:+.1f} max; "
             f"no y met the SLA (EMU = x there) at {failed['hera']} of {points} points under Hera, "
-            f"{failed['parties']} under PARTIES", verdict)
+            f"{failed['parties']} under PARTIES (judged only where each controller meets it at "
+            f"{JUDGED_SHARE:.0%} of the points or more)", verdict)
 
 
 def _fig14_text(res: dict[str, Any]) -> tuple[str, str]:
