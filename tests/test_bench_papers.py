@@ -62,7 +62,7 @@ def test_hera_paper_inputs_pass_through_the_printed_points() -> None:
 
 def test_kairos_rows_name_the_models_that_miss_the_claim() -> None:
     """§8.1 (> 1.25x, up to 2x) and §8.4 (within 15% of the Oracle): each column says which model misses which end."""
-    from benchmarks.bench_papers import _gain_verdict, _gains_text, _gap_text
+    from benchmarks.papers.kairos import _gain_verdict, _gains_text, _gap_text
 
     gains = {"mtwnd": {"gain": 1.34}, "rm2": {"gain": 2.12}, "wnd": {"gain": 1.37}}
     assert _gains_text(gains).endswith("(off: rm2 2.12x vs 2x)") and _gain_verdict(gains) == "direction"
