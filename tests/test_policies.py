@@ -19,11 +19,11 @@ from recserve.policies.dispatch import (
     oracle_throughput,
     tune_threshold,
 )
+from recserve.policies.parties import PartiesController
 from recserve.policies.predictor import LatencyPredictor
 from recserve.policies.rmu import (
     CapacityProfile,
     HeraRMU,
-    PartiesController,
     StaticController,
     WindowStats,
     even_split,
@@ -335,16 +335,51 @@ def test_hera_leaves_models_inside_the_slack_band_alone():
     assert node.workers == {"a": 8, "b": 8} and rmu.log == []
 
 
-def test_parties_moves_one_unit_per_interval_and_switches_resource_when_stuck():
-    node = FakeNode({"a": WindowStats(150.0, 10, 10.0), "b": WindowStats(50.0, 10, 10.0)})
-    ctl = PartiesController()
+def _parties(stats: dict[str, WindowStats]) -> tuple[FakeNode, PartiesController]:
+    node = FakeNode(stats)
+    ctl = PartiesController(judge_s=1.0, rest_s=3.0)  # 1-s windows: each adjustment judged over one window
     ctl.start(node)
+    return node, ctl
+
+
+def test_parties_makes_one_adjustment_at_a_time_and_judges_it_before_the_next():
+    node, ctl = _parties({"a": WindowStats(150.0, 10, 10.0), "b": WindowStats(50.0, 10, 10.0)})
     ctl.step(1.0, node)
-    assert node.workers == {"a": 9, "b": 6}  # a took a core from the slack b, then b shed one more
-    node.stats["a"] = WindowStats(160.0, 10, 10.0)  # worse: switch to LLC ways
-    node.stats["b"] = WindowStats(90.0, 10, 10.0)
+    assert node.workers == {"a": 9, "b": 7}  # a took a core from b (the most slack), and b was not also shrunk
+    node.stats["a"] = WindowStats(120.0, 10, 10.0)  # better: the upsize helped, so a grows by cores again
     ctl.step(2.0, node)
-    assert node.ways["a"] == 7 and node.workers["a"] == 9
+    assert node.workers == {"a": 10, "b": 6} and node.ways == {"a": 6, "b": 5}
+
+
+def test_parties_tries_the_other_resource_when_an_upsize_did_not_help():
+    node, ctl = _parties({"a": WindowStats(150.0, 10, 10.0), "b": WindowStats(50.0, 10, 10.0)})
+    ctl.step(1.0, node)
+    node.stats["a"] = WindowStats(160.0, 10, 10.0)  # worse after the core
+    ctl.step(2.0, node)
+    assert node.workers["a"] == 9 and node.ways == {"a": 7, "b": 4}
+
+
+def test_parties_reverts_a_downsize_that_cost_qos_and_rests_the_model():
+    node, ctl = _parties({"a": WindowStats(50.0, 10, 10.0), "b": WindowStats(90.0, 10, 10.0)})
+    ctl.step(1.0, node)  # a has slack (b, at 0.9 of its SLA, too little to give)
+    assert node.workers == {"a": 7, "b": 8}
+    node.stats["b"] = WindowStats(97.0, 10, 10.0)  # b lost its slack while a's core was away
+    ctl.step(2.0, node)
+    assert node.workers == {"a": 8, "b": 8} and ctl.log[-1].action == "revert -1 cores"
+    node.stats["b"] = WindowStats(90.0, 10, 10.0)
+    ctl.step(3.0, node)
+    ctl.step(4.0, node)
+    assert node.workers == {"a": 8, "b": 8} and node.ways == {"a": 6, "b": 5}  # a rests (3 s) despite its slack
+    ctl.step(5.0, node)
+    assert node.workers == {"a": 8, "b": 8} and node.ways == {"a": 5, "b": 5}  # then gives back the other resource
+
+
+def test_parties_needs_two_windows_over_the_sla_to_act():
+    node, ctl = _parties({"a": WindowStats(80.0, 10, 10.0), "b": WindowStats(90.0, 10, 10.0)})
+    ctl.step(1.0, node)
+    node.stats["a"] = WindowStats(99.0, 10, 10.0)  # one noisy window over 0.95 of the SLA
+    ctl.step(2.0, node)
+    assert node.workers == {"a": 8, "b": 8} and node.ways == {"a": 6, "b": 5}
 
 
 def test_static_never_changes_and_violation_fraction_counts_windows():
@@ -376,7 +411,8 @@ def test_capacity_profile_reads_per_worker_ways_tables_as_a_3d_lookup():
 
 def test_parties_acts_without_start_on_an_existing_allocation():
     """The live control loop may attach to a running node without calling ``start``."""
-    from recserve.policies.rmu import PartiesController, WindowStats
+    from recserve.policies.parties import PartiesController
+    from recserve.policies.rmu import WindowStats
 
     class Node:
         def __init__(self):

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from recserve.policies.node_control import ControlLoop, ServerNodeControl
-from recserve.policies.rmu import CapacityProfile, HeraRMU, PartiesController
+from recserve.policies.parties import PartiesController
+from recserve.policies.rmu import CapacityProfile, HeraRMU
 from recserve.serving.node.control_client import ControlClient
 from tests.support import models
 from tests.support.nodes import node_config, started

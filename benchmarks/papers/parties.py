@@ -235,7 +235,8 @@ SETUP = ("simulated hera-xeon node (recserve.sim.node: 16 cores, 11 LLC ways, 12
          "from the perfmodel's hera-xeon tables, one simulated query = one sub-batch of the perfmodel's chosen size, "
          f"each model's times and SLA scaled so 16 workers serve ~{SIM_QPS:g}/s (load fractions unchanged); "
          f"Hera's lookup tables from profile_node on that node; T_monitor {T_MONITOR_S:g} s; controllers of "
-         "recserve.policies.rmu (HeraRMU, PartiesController: one unit of cores or ways up/down per window) from "
+         "recserve.policies (HeraRMU; PartiesController: PARTIES' loop, one unit of cores or ways at a time, judged "
+         "and reverted as its released controller does) from "
          "the even split, the same arrivals for both")
 
 

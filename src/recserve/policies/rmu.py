@@ -8,8 +8,8 @@ through its control API (a ``NodeControl`` over ``recserve.serving.node.control_
 - :class:`HeraRMU` (Alg. 3): if slack = tail/SLA is > 1.0 or < 0.8, pick the fewest workers whose
   profiled max load covers ``urgency × arrival rate`` (urgency = max(1, tail/SLA)); when any worker
   count changed, re-split the LLC ways to maximise the profiled aggregate QPS.
-- :class:`PartiesController`: PARTIES-style feedback, one resource unit up or down per interval,
-  switching between cores and LLC ways when the last move did not help.
+- ``parties.PartiesController``: PARTIES' feedback loop, one unit of cores or LLC ways at a time, each judged
+  before the next and reverted if it cost a model its QoS (its own module).
 - :class:`StaticController`: the initial even split, never changed.
 """
 
@@ -368,64 +368,6 @@ def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
     return out
 
 
-class PartiesController(Controller):
-    """PARTIES-style feedback (Chen et al., ASPLOS'19) restricted to cores and LLC ways: per interval, a
-    model violating its SLA gets one more unit of its current resource, a model with slack < ``low``
-    gives one unit back; a model switches resource (cores <-> ways) when its last upsize did not help."""
-
-    name = "parties"
-
-    def __init__(self, low: float = 0.8, high: float = 1.0) -> None:
-        super().__init__()
-        self.low, self.high = low, high
-        self.resource: dict[str, str] = {}
-        self.last_slack: dict[str, float] = {}
-
-    def start(self, control: NodeControl) -> None:
-        super().start(control)
-        self.resource = {m: "cores" for m in control.models()}
-
-    def step(self, now_s: float, control: NodeControl) -> None:
-        models = control.models()
-        slacks = {m: control.window_stats(m).tail_ms / control.sla(m)[0] for m in models}
-        for m in sorted(models, key=lambda x: -slacks[x]):  # most urgent first
-            slack = slacks[m]
-            prev = self.last_slack.get(m)
-            self.resource.setdefault(m, "cores")  # also when started on an existing allocation
-            if slack > self.high:
-                if prev is not None and prev > self.high and slack >= prev:
-                    self.resource[m] = "ways" if self.resource[m] == "cores" else "cores"
-                if self._upsize(control, m, self.resource[m], slacks):
-                    self.log.append(Decision(now_s, m, f"+1 {self.resource[m]}", {"slack": slack}))
-            elif slack < self.low:
-                if self._downsize(control, m, self.resource[m]):
-                    self.log.append(Decision(now_s, m, f"-1 {self.resource[m]}", {"slack": slack}))
-            self.last_slack[m] = slack
-
-    def _upsize(self, control: NodeControl, m: str, res: str, slacks: dict[str, float]) -> bool:
-        get, put, total = ((control.get_workers, control.set_workers, control.total_cores()) if res == "cores"
-                           else (control.get_ways, control.set_ways, control.total_ways()))
-        used = sum(get(o) for o in control.models())
-        if used < total:
-            put(m, get(m) + 1)
-            return True
-        donors = [o for o in control.models() if o != m and get(o) > 1 and slacks[o] < self.high]
-        if not donors:
-            return False
-        donor = min(donors, key=lambda o: slacks[o])
-        put(donor, get(donor) - 1)
-        put(m, get(m) + 1)
-        return True
-
-    def _downsize(self, control: NodeControl, m: str, res: str) -> bool:
-        get, put = (control.get_workers, control.set_workers) if res == "cores" else (control.get_ways,
-                                                                                        control.set_ways)
-        if get(m) <= 1:
-            return False
-        put(m, get(m) - 1)
-        return True
-
-
 CONTROLLERS = ("hera", "parties", "static")
 
 
@@ -435,6 +377,8 @@ def make_controller(name: str, capacity: dict[str, CapacityProfile] | None = Non
             raise RecserveError("the Hera RMU needs capacity profiles (maxload_vs_workers per model)")
         return HeraRMU(capacity)
     if name == "parties":
+        from recserve.policies.parties import PartiesController
+
         return PartiesController()
     if name == "static":
         return StaticController()
