@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -464,19 +465,33 @@ OWN_RPC_MS = 2.0  # recserve's hop: plan_shards' default (docs/elasticrec.md: ~1
 #                   the dev host); the paper's 31 ms (PAPER_RPC_MS) is its stack's (Kubernetes, Linkerd, C++ gRPC)
 
 
+ER_BATCH = 32       # ElasticRec §V-C: a query is a batch of 32 items
+ER_LOCALITY = 0.9   # Table II: locality P = 0.9 (the hottest 10% of rows take 90% of the gathers)
+
+
+def elasticrec_plan(server: Any, name: str, qps: float, rpc_ms: float) -> tuple[Any, Any, Any]:
+    """(spec, cost, plan) of a Table II model on ``server`` at ``qps``, as every ElasticRec row plans it: perfmodel
+    rates, the measured per-replica memory, Zipf locality, the paper's DP rule."""
+    from recserve.planners.elasticrec import MEASURED_REPLICA_BYTES, cost_model_from_perfmodel, plan_shards
+    from recserve.specs import get_model
+
+    spec = get_model(name)
+    cost = cost_model_from_perfmodel(spec, server, ER_BATCH, min_mem_bytes=MEASURED_REPLICA_BYTES)
+    plan = plan_shards(spec, qps, cost, batch=ER_BATCH, locality=ER_LOCALITY, locality_model="zipf",
+                       paper_dp_rule=True, rpc_ms=rpc_ms)
+    return spec, cost, plan
+
+
 def row_elasticrec() -> list[Row]:
     from recserve.planners.elasticrec import (
-        MEASURED_REPLICA_BYTES,
         PAPER_NODE_SOCKETS,
         PAPER_RPC_MS,
-        cost_model_from_perfmodel,
         evaluate_plan,
+        modelwise_qps_max,
         modelwise_replicas_implied,
-        plan_shards,
     )
-    from recserve.planners.replicas import sla_bounded_qps
     from recserve.sim.shards import simulate_plan_latency
-    from recserve.specs import get_model, get_server
+    from recserve.specs import get_server
 
     # ElasticRec §V-A: Xeon Gold 6242 nodes (= hera-xeon's socket), two sockets per node; §V-C: a query is a batch
     # of 32 items, SLA 400 ms p95 (the catalogue's); §VI-B: ElasticRec's communication adds 31 ms on average.
@@ -486,19 +501,14 @@ def row_elasticrec() -> list[Row]:
     for qps in (100.0, 10_000.0):
         out[qps] = {}
         for name in paper:
-            spec = get_model(name)
-            cost = cost_model_from_perfmodel(spec, server, 32, min_mem_bytes=MEASURED_REPLICA_BYTES)
-            plan = plan_shards(spec, qps, cost, batch=32, locality=0.9, locality_model="zipf", paper_dp_rule=True,
-                               rpc_ms=PAPER_RPC_MS)
-            ev = evaluate_plan(plan, spec, cost, server, locality=0.9, locality_model="zipf", rpc_ms=PAPER_RPC_MS,
-                               sockets=PAPER_NODE_SOCKETS)
+            spec, cost, plan = elasticrec_plan(server, name, qps, PAPER_RPC_MS)
+            ev = evaluate_plan(plan, spec, cost, server, locality=ER_LOCALITY, locality_model="zipf",
+                               rpc_ms=PAPER_RPC_MS, sockets=PAPER_NODE_SOCKETS)
             sim = simulate_plan_latency(plan, spec, cost, rpc_ms=PAPER_RPC_MS)  # a minute of load
             own = simulate_plan_latency(plan, spec, cost, rpc_ms=OWN_RPC_MS)
-            model_qps = cost.model_qps(sum(32 * t.pooling for t in spec.tables))
             out[qps][name] = {"saving": plan.saving, "modelwise_replicas": plan.modelwise_replicas,
                               "modelwise_replicas_paper_at_least": modelwise_replicas_implied(paper[name], spec, cost),
-                              "modelwise_replica_qps_max": float(sla_bounded_qps(model_qps, spec.sla.target_ms,
-                                                                                 spec.sla.percentile)),
+                              "modelwise_replica_qps_max": modelwise_qps_max(spec, cost, ER_BATCH),
                               "shards_first_table": plan.tables[0].num_shards,
                               "replicas_first_table": plan.tables[0].replicas, **ev.to_dict(),
                               "p95_ms_simulated": sim.sharded_ms, "p95_ms_modelwise_simulated": sim.modelwise_ms,

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
 GPU_NODE = "gke-n1-standard-32-t4"
 GPUS_PER_NODE = 1          # §V-A: each node is "connected to an NVIDIA Tesla T4"
 TARGET_QPS = 200.0         # Fig. 16 and 18
-BATCH = 32                 # §V-C
-LOCALITY = 0.9             # Table II
 PAPER_MEMORY = {"elasticrec-rm1": 2.7, "elasticrec-rm2": 3.6, "elasticrec-rm3": 2.6}   # Fig. 16
 PAPER_SERVERS = {"elasticrec-rm1": 1.4, "elasticrec-rm2": 1.6, "elasticrec-rm3": 1.2}  # Fig. 18
 PAPER_SHARDS_PER_TABLE = 3                                                            # §VI-C text
@@ -28,32 +26,20 @@ FIG19_PEAK_MEMORY = 3.1                                                         
 FIG19_STEPS = (1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 6, 6, 6, 6, 3, 3, 3, 3, 3, 3)
 
 
-def _plan_on(server: Any, name: str, qps: float, rpc_ms: float) -> tuple[Any, Any, Any]:
-    """(spec, cost, plan) for ``name`` on ``server`` at ``qps``, set up as the CPU-only rows are."""
-    from recserve.planners.elasticrec import MEASURED_REPLICA_BYTES, cost_model_from_perfmodel, plan_shards
-    from recserve.specs import get_model
-
-    spec = get_model(name)
-    cost = cost_model_from_perfmodel(spec, server, BATCH, min_mem_bytes=MEASURED_REPLICA_BYTES)
-    plan = plan_shards(spec, qps, cost, batch=BATCH, locality=LOCALITY, locality_model="zipf", paper_dp_rule=True,
-                       rpc_ms=rpc_ms)
-    return spec, cost, plan
-
-
 def gpu_outcome(name: str) -> dict[str, Any]:
     """Memory, nodes and added latency of ElasticRec vs model-wise for one model on the CPU-GPU node at 200 QPS."""
-    from benchmarks.bench_papers import OWN_RPC_MS
+    from benchmarks.bench_papers import ER_BATCH, ER_LOCALITY, OWN_RPC_MS, elasticrec_plan
     from recserve.planners.elasticrec import PAPER_GPU_RPC_MS, evaluate_plan, modelwise_replicas_implied
     from recserve.sim.shards import simulate_plan_latency
     from recserve.specs import get_server
 
     server = get_server(GPU_NODE)
-    spec, cost, plan = _plan_on(server, name, TARGET_QPS, PAPER_GPU_RPC_MS)
-    ev = evaluate_plan(plan, spec, cost, server, locality=LOCALITY, locality_model="zipf", rpc_ms=PAPER_GPU_RPC_MS,
-                       gpus_per_server=GPUS_PER_NODE)
+    spec, cost, plan = elasticrec_plan(server, name, TARGET_QPS, PAPER_GPU_RPC_MS)
+    ev = evaluate_plan(plan, spec, cost, server, locality=ER_LOCALITY, locality_model="zipf",
+                       rpc_ms=PAPER_GPU_RPC_MS, gpus_per_server=GPUS_PER_NODE)
     own = simulate_plan_latency(plan, spec, cost, rpc_ms=OWN_RPC_MS)
     paper_hop = simulate_plan_latency(plan, spec, cost, rpc_ms=PAPER_GPU_RPC_MS)
-    total_gathers = sum(BATCH * t.pooling for t in spec.tables)
+    total_gathers = sum(ER_BATCH * t.pooling for t in spec.tables)
     return {"saving": plan.saving, "server_saving": ev.server_saving, "servers": ev.servers,
             "servers_modelwise": ev.servers_modelwise, "modelwise_replicas": plan.modelwise_replicas,
             "dense_replicas": plan.dense_replicas, "dense_device": cost.dense_device,
@@ -69,22 +55,22 @@ def stepped_memory(plan: Any, spec: Any, cost: Any, loads: list[float]) -> list[
     """Per interval of ``loads``: the memory ElasticRec's replicas hold after the shard autoscaler's rules
     (``simulate_shard_scaling``) and the memory of the model-wise replicas the same replica rule gives (each sized to
     its QPSmax within the SLA).  Replicas are ready the interval they are asked for (no start-up time is modelled)."""
-    from recserve.planners.replicas import replicas_for, sla_bounded_qps
+    from recserve.planners.elasticrec import modelwise_qps_max
+    from recserve.planners.replicas import replicas_for
     from recserve.sim.shards import simulate_shard_scaling
 
     shard_bytes = {}
     for t, tab in zip(plan.tables, spec.tables, strict=True):
         for k in range(t.num_shards):
             rows = t.boundaries[k + 1] - t.boundaries[k]
-            shard_bytes[f"{t.table}-s{k}"] = rows * tab.row_bytes(spec.bytes_per_elem) + cost.min_mem_bytes
-    total_gathers = sum(plan.batch * t.pooling for t in spec.tables)
-    mw_rate = float(sla_bounded_qps(cost.model_qps(total_gathers), spec.sla.target_ms, spec.sla.percentile))
-    per_model = spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes
+            shard_bytes[f"{t.table}-s{k}"] = cost.shard_replica_bytes(rows, tab.row_bytes(spec.bytes_per_elem))
+    mw_rate = modelwise_qps_max(spec, cost, plan.batch)
+    per_model = cost.modelwise_replica_bytes(spec)
     out = []
     for load, r in zip(loads, simulate_shard_scaling(plan, loads, cost.dense_qps, spec.sla.target_ms,
                                                      spec.sla.percentile), strict=True):
         sharded = (sum(shard_bytes[n] * c for n, c in r["sparse"].items())
-                   + r["dense_replicas"] * (cost.dense_bytes + cost.min_mem_bytes))
+                   + r["dense_replicas"] * cost.dense_replica_bytes())
         mw_replicas = int(replicas_for(load, mw_rate))
         out.append({"load_qps": float(load), "elasticrec_bytes": float(sharded),
                     "modelwise_bytes": mw_replicas * per_model, "modelwise_replicas": mw_replicas,
@@ -99,11 +85,12 @@ def peak_ratio(steps: list[dict[str, float]]) -> float:
 
 def fig19(base_qps: float) -> dict[str, Any]:
     """RM1 on the CPU-only nodes (hera-xeon, as ``row_elasticrec``) through ``FIG19_STEPS`` x ``base_qps``."""
+    from benchmarks.bench_papers import elasticrec_plan
     from recserve.planners.elasticrec import PAPER_RPC_MS
     from recserve.specs import get_server
 
     loads = [k * base_qps for k in FIG19_STEPS]
-    spec, cost, plan = _plan_on(get_server("hera-xeon"), "elasticrec-rm1", loads[0], PAPER_RPC_MS)
+    spec, cost, plan = elasticrec_plan(get_server("hera-xeon"), "elasticrec-rm1", loads[0], PAPER_RPC_MS)
     steps = stepped_memory(plan, spec, cost, loads)
     return {"base_qps": base_qps, "peak_qps": max(loads), "peak_ratio": peak_ratio(steps),
             "modelwise_replicas_peak": max(s["modelwise_replicas"] for s in steps),

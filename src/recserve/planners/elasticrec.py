@@ -58,6 +58,17 @@ class ShardCostModel:
         """A monolithic replica runs the gathers and the dense part back to back."""
         return 1000.0 / (1000.0 / self.dense_qps + self.gather_ms0 + self.gather_ms_per_row * total_rows_gathered)
 
+    def shard_replica_bytes(self, rows: np.ndarray | float, row_bytes: float) -> np.ndarray | float:
+        """One replica of a shard of ``rows`` rows: its rows and the container's minimum allocation."""
+        return rows * float(row_bytes) + self.min_mem_bytes
+
+    def dense_replica_bytes(self) -> float:
+        return self.dense_bytes + self.min_mem_bytes
+
+    def modelwise_replica_bytes(self, spec: ModelSpec) -> float:
+        """One model-wise replica: every table whole, the dense part and the minimum allocation."""
+        return spec.embedding_bytes + self.dense_bytes + self.min_mem_bytes
+
 
 def fit_gather_regression(table: ProfileTable) -> tuple[float, float]:
     """Least-squares fit of per-query gather time (ms) against gathers per query."""
@@ -201,7 +212,7 @@ def shard_cost(cdf: np.ndarray, starts: np.ndarray, ends: np.ndarray, gathers_pe
     _, rate = shard_rates(cdf, starts, ends, gathers_per_query, cost, budget)
     with np.errstate(divide="ignore"):
         replicas = np.where(rate > 0, replicas_for(target_qps, np.maximum(rate, 1e-300)), np.inf)
-    memory = replicas * ((ends - starts) * float(row_bytes) + cost.min_mem_bytes)
+    memory = replicas * cost.shard_replica_bytes(ends - starts, row_bytes)
     return memory, replicas
 
 
@@ -338,9 +349,9 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
     _check_sla(spec, batch, cost, tables)
     dense_rate, model_rate = _whole_rates(spec, cost, total_gathers, budget)
     dense_replicas = int(replicas_for(target_qps, dense_rate))
-    dense_memory = dense_replicas * (cost.dense_bytes + cost.min_mem_bytes)
+    dense_memory = dense_replicas * cost.dense_replica_bytes()
     model_replicas = int(replicas_for(target_qps, model_rate))
-    model_memory = model_replicas * (spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes)
+    model_memory = model_replicas * cost.modelwise_replica_bytes(spec)
     return ShardPlan(model=spec.name, target_qps=target_qps, batch=batch, dense_replicas=dense_replicas,
                      dense_memory_bytes=dense_memory, tables=tables, modelwise_replicas=model_replicas,
                      modelwise_memory_bytes=model_memory,
@@ -376,6 +387,13 @@ def _whole_rates(spec: ModelSpec, cost: ShardCostModel, total_gathers: float,
         return dense, model
     return (_bounded(spec, "dense shard", dense, budget.dense_ms, budget.percentile),
             _bounded(spec, "model-wise replica", model, budget.sla_ms, budget.percentile))
+
+
+def modelwise_qps_max(spec: ModelSpec, cost: ShardCostModel, batch: int) -> float:
+    """One model-wise replica's QPSmax within the SLA (0 where even an idle one misses it): what ``plan_shards``
+    sizes the model-wise baseline by."""
+    total_gathers = sum(batch * t.pooling for t in spec.tables)
+    return float(sla_bounded_qps(cost.model_qps(total_gathers), spec.sla.target_ms, spec.sla.percentile))
 
 
 def _bounded(spec: ModelSpec, what: str, qps: float, budget_ms: float, percentile: float) -> float:
@@ -426,14 +444,14 @@ def plan_replicas(plan: ShardPlan, spec: ModelSpec, cost: ShardCostModel) -> tup
     """(ElasticRec replicas, model-wise replicas), each sized to the load it serves."""
     q = plan.target_qps
     gpus = 1 if cost.dense_device else 0
-    sharded = [Replica("dense", _cores(q / plan.dense_replicas, cost.dense_qps), cost.dense_bytes + cost.min_mem_bytes,
-                       gpus) for _ in range(plan.dense_replicas)]
+    sharded = [Replica("dense", _cores(q / plan.dense_replicas, cost.dense_qps), cost.dense_replica_bytes(), gpus)
+               for _ in range(plan.dense_replicas)]
     for t, tab in zip(plan.tables, spec.tables, strict=True):
         row_bytes = tab.row_bytes(spec.bytes_per_elem)
         for k, (r, ns) in enumerate(zip(t.replicas, t.rows_gathered, strict=True)):
             rows = t.boundaries[k + 1] - t.boundaries[k]
             sharded += [Replica(f"{t.table}-s{k}", _cores(q / r, float(cost.gather_qps(ns))),
-                                rows * row_bytes + cost.min_mem_bytes) for _ in range(r)]
+                                cost.shard_replica_bytes(rows, row_bytes)) for _ in range(r)]
     total_gathers = sum(plan.batch * tab.pooling for tab in spec.tables)
     per_model = plan.modelwise_memory_bytes / plan.modelwise_replicas
     modelwise = [Replica("model", _cores(q / plan.modelwise_replicas, cost.model_qps(total_gathers)), per_model, gpus)
@@ -544,5 +562,5 @@ def modelwise_replicas_implied(saving: float, spec: ModelSpec, cost: ShardCostMo
     ElasticRec holds every row of every table at least once, so its memory is at least the tables' bytes E, while
     N model-wise replicas hold N × (E + dense + min_mem_alloc); a saving s needs N ≥ s · E / (E + dense + min_mem).
     Read off the paper's Fig. 13 savings it bounds how many replicas its model-wise baseline ran."""
-    whole = spec.embedding_bytes + cost.dense_bytes + cost.min_mem_bytes
+    whole = cost.modelwise_replica_bytes(spec)
     return max(1, math.ceil(saving * spec.embedding_bytes / whole - 1e-9))

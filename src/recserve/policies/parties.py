@@ -97,8 +97,9 @@ class PartiesController(Controller):
     def _upsize(self, now_s: float, control: NodeControl, m: str, ratio: dict[str, float], period: float) -> None:
         first = self.grow.setdefault(m, RESOURCES[0])
         for res in (first, _other(first)):
-            donor = None if _free(control, res) > 0 else _donor(control, res, m, ratio)
-            if _free(control, res) > 0 or donor is not None:
+            free = _free(control, res) > 0
+            donor = None if free else _donor(control, res, m, ratio)
+            if free or donor is not None:
                 if donor is not None:
                     _move(control, res, donor, -1)
                 _move(control, res, m, +1)
