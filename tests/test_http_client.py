@@ -16,7 +16,10 @@ async def serve(port: int, answers: list[bytes], accepted: list[int]) -> asyncio
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         accepted.append(1)
         while answers:
-            head = await reader.readuntil(b"\r\n\r\n")
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:  # the client closed the connection
+                return
             length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length")))
             await reader.readexactly(length)
@@ -91,3 +94,50 @@ def test_an_endpoint_url_gives_host_port_tls_and_route_prefix():
     for bad in ("127.0.0.1:8000", "ftp://h:1", "http://:80"):
         with pytest.raises(ValueError, match="http"):
             Endpoint.parse(bad)
+
+
+def test_an_http_1_0_answer_closes_its_connection_and_a_stale_kept_alive_one_is_retried_when_asked():
+    async def run() -> None:
+        port = free_port()
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        # an HTTP/1.0 answer without keep-alive: the next request must not go down that connection
+        answers = [b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nv0", ok]
+        accepted: list[int] = []
+        server = await serve(port, answers, accepted)
+        pool = HttpPool("127.0.0.1", port)
+        request = encode_post("x", "/", b"q", {})
+        try:
+            assert (await pool.send(request, 5.0)).body == b"v0"
+            assert (await pool.send(request, 5.0)).body == b"ok"
+            assert len(accepted) == 2
+        finally:
+            pool.close()
+            server.close()
+
+        for retry, expected in ((True, b"ok"), (False, HttpClientError)):
+            port = free_port()
+            # the kept-alive connection closes as the second request arrives (an idle timeout's race)
+            answers, accepted = [ok, b"", ok], []
+            server = await serve(port, answers, accepted)
+            pool = HttpPool("127.0.0.1", port, retry_stale=retry)
+            try:
+                assert (await pool.send(request, 5.0)).body == b"ok"
+                if expected is HttpClientError:
+                    with pytest.raises(HttpClientError, match="closed"):
+                        await pool.send(request, 5.0)
+                else:
+                    assert (await pool.send(request, 5.0)).body == expected
+                    assert len(accepted) == 2
+            finally:
+                pool.close()
+                server.close()
+
+        port = free_port()
+        server = await serve(port, [b""], [])  # a new connection that closes: no retry, whatever retry_stale says
+        try:
+            with pytest.raises(HttpClientError, match="closed"):
+                await HttpPool("127.0.0.1", port, retry_stale=True).send(request, 5.0)
+        finally:
+            server.close()
+
+    asyncio.run(run())

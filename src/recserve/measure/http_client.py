@@ -46,8 +46,8 @@ class Endpoint:
         tls = parsed.scheme == "https"
         return cls(parsed.hostname, parsed.port or (443 if tls else 80), tls, parsed.path.rstrip("/"))
 
-    def pool(self, limit: int = 256, reuse: str = "oldest") -> HttpPool:
-        return HttpPool(self.host, self.port, limit, self.tls, reuse)
+    def pool(self, limit: int = 256, reuse: str = "oldest", retry_stale: bool = False) -> HttpPool:
+        return HttpPool(self.host, self.port, limit, self.tls, reuse, retry_stale)
 
 
 def encode_post(host: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -65,18 +65,22 @@ class _Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future[Response] | None = None
         self.closed = False
+        self.answered = False  # a byte of the current request's answer has arrived
         self._head: tuple[int, int, dict[str, str]] | None = None  # (body start, status, headers)
+        self._version = "HTTP/1.1"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def send(self, request: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future[Response]:
         self.waiter = loop.create_future()
+        self.answered = False
         self.transport.write(request)  # type: ignore[union-attr]
         return self.waiter
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        self.answered = True
         if self.waiter is not None and not self.waiter.done():
             try:
                 response = self._parse()
@@ -101,6 +105,7 @@ class _Connection(asyncio.Protocol):
                 name, _, value = line.partition(":")
                 headers[name.strip().lower()] = value.strip()
             self._head = (end + 4, int(parts[1]), headers)
+            self._version = parts[0]
         start, status, headers = self._head
         if "chunked" in headers.get("transfer-encoding", "").lower():
             body, used = _dechunk(self.buf, start)
@@ -113,7 +118,7 @@ class _Connection(asyncio.Protocol):
             body = bytes(self.buf[start:used])
         del self.buf[:used]
         self._head = None
-        if headers.get("connection", "").lower() == "close":
+        if _closes(self._version, headers.get("connection", "")):
             self.closed = True
         return Response(status, headers, body)
 
@@ -133,6 +138,12 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _closes(version: str, connection: str) -> bool:
+    """Whether the server closes after this answer (RFC 9112 9.3): HTTP/1.0 unless it says keep-alive."""
+    tokens = {t.strip().lower() for t in connection.split(",")}
+    return "close" in tokens or (version == "HTTP/1.0" and "keep-alive" not in tokens)
 
 
 def _dechunk(buf: bytearray, start: int) -> tuple[bytes | None, int]:
@@ -160,9 +171,13 @@ class HttpPool:
     ``limit``).  Oldest first spreads queries over every open connection, as many independent clients would: most
     recent first sent almost all of them down one connection, i.e. to one of a multi-process server's workers."""
 
-    def __init__(self, host: str, port: int, limit: int = 256, tls: bool = False, reuse: str = "oldest") -> None:
+    def __init__(self, host: str, port: int, limit: int = 256, tls: bool = False, reuse: str = "oldest",
+                 retry_stale: bool = False) -> None:
         """``reuse="newest"`` takes the most recently used idle connection instead (what aiohttp's pool does): a
-        benchmark of how a server copes with clients that keep most traffic on few connections."""
+        benchmark of how a server copes with clients that keep most traffic on few connections.
+        ``retry_stale``: a request whose kept-alive connection closes before any byte of the answer is sent once
+        more on a new connection (the server closed it idle as the request left, RFC 9112 9.3.1); only for
+        requests safe to repeat, such as scoring queries through a router."""
         if reuse not in ("oldest", "newest"):
             raise ValueError(f"reuse must be 'oldest' or 'newest', got {reuse!r}")
         self.host, self.port = host, port
@@ -170,33 +185,49 @@ class HttpPool:
         self._ssl = ssl.create_default_context() if tls else None
         self._idle: collections.deque[_Connection] = collections.deque()
         self._slots = asyncio.Semaphore(limit)
+        self._retry_stale = retry_stale
 
     async def send(self, request: bytes, timeout_s: float) -> Response:
         """Send a request built by ``encode_post``; TimeoutError past ``timeout_s``, HttpClientError if the
         connection fails (refused, reset, closed before the answer)."""
         loop = asyncio.get_running_loop()
         async with self._slots:
-            conn = await self._take(loop)
-            answer = conn.send(request, loop)
-            timer = loop.call_later(timeout_s, _expire, answer)
+            deadline = loop.time() + timeout_s
+            conn = self._take_idle() or await self._connect(loop)
+            reused = conn.answered  # it has answered an earlier request
             try:
-                response = await answer
-            except BaseException:
-                conn.close()  # a late answer would be read as the next query's
-                raise
-            finally:
-                timer.cancel()
-            if conn.closed:
-                conn.close()
-            else:
-                self._idle.append(conn)
-            return response
+                return await self._exchange(conn, request, timeout_s, loop)
+            except HttpClientError:
+                if not (self._retry_stale and reused and not conn.answered):
+                    raise
+            conn = await self._connect(loop)
+            return await self._exchange(conn, request, max(0.0, deadline - loop.time()), loop)
 
-    async def _take(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+    async def _exchange(self, conn: _Connection, request: bytes, timeout_s: float,
+                        loop: asyncio.AbstractEventLoop) -> Response:
+        answer = conn.send(request, loop)
+        timer = loop.call_later(timeout_s, _expire, answer)
+        try:
+            response = await answer
+        except BaseException:
+            conn.close()  # a late answer would be read as the next query's
+            raise
+        finally:
+            timer.cancel()
+        if conn.closed:
+            conn.close()
+        else:
+            self._idle.append(conn)
+        return response
+
+    def _take_idle(self) -> _Connection | None:
         while self._idle:
             conn = self._idle.pop() if self._newest else self._idle.popleft()
             if not conn.closed:
                 return conn
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Connection:
         try:
             _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self._ssl)
         except OSError as exc:

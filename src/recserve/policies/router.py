@@ -177,7 +177,7 @@ class Router:
     def _backend(self, url: str) -> tuple[Endpoint, HttpPool]:
         if url not in self._pools:
             endpoint = Endpoint.parse(url)
-            self._pools[url] = endpoint, endpoint.pool(limit=4096)
+            self._pools[url] = endpoint, endpoint.pool(limit=4096, retry_stale=True)
         return self._pools[url]
 
     async def _forward(self, q: Query, inst: Instance) -> None:
