@@ -83,6 +83,7 @@ def suite() -> list[Bench]:
         Bench("route", "bench_route", [], 1200),
         Bench("search_live", "bench_search_live", [], 1800),
         Bench("rmu_live", "bench_rmu_live", [], 1800),
+        Bench("rmu_steady", "bench_rmu_steady", ["--controllers", "hera,parties"], 600),
         Bench("peers", "bench_peers", ["--model", "hercules-rmc1", "--scale", "1e-3", "--sla-ms", "100",
                                        "--probe-s", "3", "--workers", "1,2", "--peers", "recserve,fastapi"], 1500),
         Bench("wrk", "bench_wrk", ["--workers", "1,2", "--duration", "3", "--rows",

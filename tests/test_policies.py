@@ -264,6 +264,30 @@ def test_hera_does_not_shrink_back_to_a_worker_count_just_seen_to_violate():
     assert node.workers["a"] == 1
 
 
+def test_hera_remembers_a_count_that_fails_again_at_the_same_rate_twice_as_long():
+    rmu = HeraRMU({"a": linear_capacity(60.0, False)}, memory_windows=3)
+    over, ok = WindowStats(250.0, 50, 53.0), WindowStats(40.0, 53, 53.0)
+
+    def remembered(steps: int) -> int:
+        """After one worker fails at 53 qps: for how many of the next ``steps`` decisions it is avoided."""
+        rmu._steps += 1
+        rmu._remember("a", 1, over, over.tail_ms / 100.0)
+        avoided = 0
+        for _ in range(steps):
+            rmu._steps += 1
+            avoided += rmu._failed_at("a", 1, ok.arrival_qps)
+        return avoided
+
+    assert remembered(3) == 2  # remembered for three decisions, the failure's own included
+    assert remembered(5) == 5  # tried again as soon as it lapsed and failed at the same rate: six decisions
+    assert remembered(12) == 11  # and again: twelve
+    rmu._steps += 100  # long after: a failure is new, remembered for three decisions again
+    assert remembered(3) == 2
+    rmu._steps += 2
+    rmu._remember("a", 1, WindowStats(250.0, 50, 30.0), 2.5)  # a failure at a clearly lower rate is new too
+    assert rmu._failed["a"][1][2] == 3
+
+
 def test_hera_may_return_to_a_failed_worker_count_at_a_lower_rate():
     node = FakeNode({"a": WindowStats(250.0, 50, 53.0), "b": WindowStats(85.0, 10, 10.0)})
     rmu = HeraRMU({"a": linear_capacity(60.0, False), "b": linear_capacity(60.0, False)})

@@ -180,6 +180,7 @@ class StaticController(Controller):
 
 
 MARGINAL = 0.05
+MAX_BACKOFF = 8  # a count that keeps failing at a steady load is avoided for at most 8 x memory_windows
 """Share of the best profiled max load a worker must add to be worth a core when no count covers the traffic."""
 
 
@@ -198,7 +199,9 @@ class HeraRMU(Controller):
     the RMU from shrinking to it again at once).  A model with slack is never given more workers, and one over its SLA
     fewer only to stop at the curve's knee.  Only a model's own load teaches the memory: one missing its SLA well under
     its workers' profiled load, beside a neighbour nearer its own that misses too, is left as it is
-    (:meth:`_victims`)."""
+    (:meth:`_victims`).  A count that fails again soon after its memory lapsed, at a rate not clearly below the one
+    remembered, is remembered twice as long (up to ``MAX_BACKOFF`` x): at a steady load the RMU would otherwise retry
+    the failing count every ``memory_windows`` windows and miss the SLA each time."""
 
     name = "hera"
 
@@ -209,7 +212,8 @@ class HeraRMU(Controller):
         self.low, self.high = low, high
         self.memory_windows = memory_windows
         self._steps = 0
-        self._failed: dict[str, dict[int, tuple[float, int]]] = {}  # model -> workers -> (arrival qps, step)
+        # model -> workers -> (arrival qps, step, windows remembered)
+        self._failed: dict[str, dict[int, tuple[float, int, int]]] = {}
         self._grown_at: dict[str, int] = {}  # model -> the step that last gave it more workers
         # windows in which a model over its SLA was held as a victim (``_victims``): kept apart from ``log``, which
         # counts changes made, so a user can see why a missing model was not given more workers
@@ -258,13 +262,26 @@ class HeraRMU(Controller):
 
     def _recent_failures(self, model: str) -> list[tuple[int, float]]:
         """(workers, arrival qps) of the failures within the last ``memory_windows`` steps."""
-        return [(n, rate) for n, (rate, step) in self._failed.get(model, {}).items()
-                if self._steps - step < self.memory_windows]
+        return [(n, rate) for n, (rate, step, span) in self._failed.get(model, {}).items()
+                if self._steps - step < span]
 
     def _remember(self, model: str, workers: int, stats: WindowStats, slack: float) -> None:
         settled = self._grown_at.get(model, -1) < self._steps - 1  # not grown at the decision before this window
         if slack > self.high and stats.arrival_qps > 0 and settled:
-            self._failed.setdefault(model, {})[workers] = (stats.arrival_qps, self._steps)
+            failed = self._failed.setdefault(model, {})
+            failed[workers] = (stats.arrival_qps, self._steps, self._span(failed.get(workers), stats.arrival_qps))
+
+    def _span(self, before: tuple[float, int, int] | None, rate: float) -> int:
+        """How many windows a failure at ``rate`` is remembered: ``memory_windows``, doubled (up to ``MAX_BACKOFF``
+        x) when the same count failed before at a rate not clearly above this one and its memory lapsed no longer
+        ago than it lasted (a retry of a count still too small), kept while that memory still holds."""
+        if before is None or rate < self.low * before[0]:
+            return self.memory_windows
+        _, step, span = before
+        age = self._steps - step
+        if age < span:
+            return span
+        return min(2 * span, MAX_BACKOFF * self.memory_windows) if age < 2 * span else self.memory_windows
 
     def _set_workers(self, control: NodeControl, model: str, workers: int) -> None:
         if workers > control.get_workers(model):
