@@ -4,7 +4,8 @@ fractions of their max loads, on the simulated hera-xeon node of the claims tabl
 
 A controller that keeps probing a smaller allocation misses the SLA each time it tries; over a long steady run those
 misses are what its p95 is made of.  Per (pair, loads) it prints the share of windows (after the warm-up) in which a
-model had more than 5% of its queries over the SLA, and the share of all queries over the SLA.  Run it against
+model had more than 5% of its queries over the SLA, and the share of all queries over the SLA (``--t-monitor``: the
+window, 1 s as in the claims table; PARTIES' released loop reads every 0.1 s).  Run it against
 another tree's policies for a before/after (``PYTHONPATH=/other/src:.``).
 
     PYTHONPATH=src:. .venv/bin/python -m benchmarks.bench_rmu_steady [--seconds 200] [--controllers hera,parties]
@@ -18,16 +19,20 @@ import json
 from pathlib import Path
 
 from benchmarks.papers import parties
-from recserve.sim.colocate import LoadShape
+from recserve.sim.colocate import LoadShape, run_scenario
 
 PAIRS = ("hera-ncf", "hera-dlrm-a", "hera-din", "hera-wnd")
 LOADS = ((0.4, 0.3), (0.6, 0.2), (0.6, 0.1))  # (DLRM(D)'s fraction x, the other model's fraction y)
 
 
-def steady(node: parties.Node, controller: str, other: str, x: float, y: float, seconds: float) -> dict:
+def steady(node: parties.Node, controller: str, other: str, x: float, y: float, seconds: float,
+           t_monitor_s: float) -> dict:
+    """One run: the windows after the warm-up (``WARMUP_WINDOWS`` of the claims table's 1-s windows, in seconds)."""
     shapes = [LoadShape([(0.0, x), (seconds, x)]), LoadShape([(0.0, y), (seconds, y)])]
-    windows = node.run([parties.MODEL_X, other], shapes, [controller], seconds)["controllers"][controller]["windows"]
-    measured = windows[parties.WARMUP_WINDOWS:]
+    res = run_scenario([node.models[parties.MODEL_X], node.models[other]], shapes, node.alone, node.profiles,
+                       parties.NODE, [controller], seconds, node.cores, node.ways, node.mem_bw, t_monitor_s)
+    windows = res["controllers"][controller]["windows"]
+    measured = windows[round(parties.WARMUP_WINDOWS * parties.T_MONITOR_S / t_monitor_s):]
     bad = sum(any(v["over_sla"] > parties.MAX_SHARE_OVER * max(1, v["samples"]) for v in w["models"].values())
               for w in measured)
     over = sum(v["over_sla"] for w in measured for v in w["models"].values())
@@ -40,6 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=200.0, help="simulated seconds per run (1-s windows)")
     parser.add_argument("--controllers", default="hera", help="comma-separated, of hera,parties,static")
+    parser.add_argument("--t-monitor", type=float, default=parties.T_MONITOR_S,
+                        help="seconds per monitoring window (PARTIES' own loop: 0.1)")
     parser.add_argument("--out", default="results/rmu_steady.json")
     args = parser.parse_args()
     from benchmarks.bench_papers import RESULTS
@@ -51,10 +58,12 @@ def main() -> None:
                                efficiency=False)
     node = parties.Node.profiled(parties.recserve_models(profiles, HERA_MODELS), server.cores, server.llc_ways,
                                  server.mem_bw_gbs)
-    out = {"seconds": args.seconds, "warmup_windows": parties.WARMUP_WINDOWS, "controllers": {}}
+    out = {"seconds": args.seconds, "t_monitor_s": args.t_monitor, "controllers": {},
+           "warmup_s": parties.WARMUP_WINDOWS * parties.T_MONITOR_S}
     print(f"{'controller':10} {'other model':12} {'x':>4} {'y':>4} {'violating windows':>18} {'queries over SLA':>17}")
     for controller in args.controllers.split(","):
-        runs = [steady(node, controller, other, x, y, args.seconds) for other in PAIRS for x, y in LOADS]
+        runs = [steady(node, controller, other, x, y, args.seconds, args.t_monitor) for other in PAIRS
+                for x, y in LOADS]
         for r in runs:
             print(f"{controller:10} {r['other']:12} {r['x']:4.1f} {r['y']:4.1f} "
                   f"{r['violating_windows']:>9} / {r['windows']:<6} {100 * r['share_over_sla']:16.1f}%")
