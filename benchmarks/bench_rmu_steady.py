@@ -15,9 +15,8 @@ another tree's policies for a before/after (``PYTHONPATH=/other/src:.``).
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
+from benchmarks import harness
 from benchmarks.papers import parties
 from recserve.sim.colocate import LoadShape, run_scenario
 
@@ -72,9 +71,9 @@ def main() -> None:
         print(f"{controller:10} all: {bad} of {total} windows violating ({100 * bad / total:.1f}%); p95 within the SLA "
               f"in {met} of {len(runs)} runs")
         out["controllers"][controller] = {"runs": runs, "violating_share": bad / total, "p95_met_runs": met}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"wrote {args.out}")
+    headline = [harness.row(f"{c}: windows violating an SLA at a steady load", 100 * v["violating_share"], "%")
+                for c, v in out["controllers"].items()]
+    print(f"wrote {harness.write_result(args.out, args, headline, out)}")
 
 
 if __name__ == "__main__":
