@@ -105,6 +105,25 @@ def test_search_on_a_convex_function_and_counts_evaluations():
     assert found.evaluations == len(set(calls)) < len(space(server)) / 10
 
 
+def test_search_is_not_stopped_by_a_cache_cliff_and_never_returns_less_than_deeprecsys():
+    """Threads that share hot rows: past 8 of them the rows leave the LLC (a dip at 9-10 threads, the SLA missed at
+    batch 1024), then the load grows with threads again; the best point is every core at a small batch."""
+    server = ServerType(name="fx", cores=16, mem_gb=64, mem_bw_gbs=50)
+
+    def cliff(cfg: SchedConfig) -> float | None:
+        if cfg.mode == "pipeline" or cfg.cores_per_thread > 1:
+            return None
+        t, b = cfg.threads, cfg.batch
+        if t in (9, 10) and b >= 512 or b == 1024 and t > 8:
+            return None
+        per_thread = 100.0 if t <= 8 else 60.0
+        return t * per_thread * (1.0 + 0.1 * (b >= 128)) * (0.5 if b >= 512 and t > 8 else 1.0)
+
+    found, base = search(server, cliff, batches=BATCHES), deeprecsys(server, cliff, batches=BATCHES)
+    assert found.best_qps >= base.best_qps
+    assert found.best == SchedConfig("model", 16, 1, 128) == exhaustive(server, cliff, batches=BATCHES).best
+
+
 def test_power_budget_is_respected():
     server, spec = SERVERS[0], models()[0]
     free = search(server, perfmodel_evaluator(spec, server, PM, MIX), BATCHES)

@@ -244,13 +244,30 @@ def _climb(start: tuple[int, ...], make: Callable[[tuple[int, ...]], SchedConfig
             if c is not None:
                 candidates.append((p, c, counted(c)))
         valid = [x for x in candidates if x[2] is not None]
-        if not valid:
+        best_step = max(valid, key=lambda x: x[2]) if valid else None
+        if best_step is None or best_step[2] <= q:
+            best_step = _beyond(point, q, walk[0], make, counted)
+        if best_step is None:
             return best_cfg, best_q
-        p, c, cq = max(valid, key=lambda x: x[2])
-        if cq <= q:
-            return best_cfg, best_q
-        point, q = p, cq
-        best_cfg, best_q = c, cq
+        point, best_cfg, q = best_step
+        best_q = q
+
+
+def _beyond(point: tuple[int, ...], q: float, move: tuple[int, ...],
+            make: Callable[[tuple[int, ...]], SchedConfig | None], counted: _Counted
+            ) -> tuple[tuple[int, ...], SchedConfig, float] | None:
+    """When no move from ``point`` improves on ``q``: the first point further along ``move`` (more threads) that
+    does, or None at the lattice's edge.  The space is not convex where co-running threads push shared hot rows out
+    of the LLC: one more thread can serve less, or miss the SLA, where a few more serve more again (each thread's
+    share of the cache falls past the hot set, then the added parallelism wins the load back)."""
+    while True:
+        point = tuple(a + b for a, b in zip(point, move, strict=True))
+        cfg = make(point)
+        if cfg is None:
+            return None
+        found = counted(cfg)
+        if found is not None and found > q:
+            return point, cfg, found
 
 
 def _maker(mode: str, c: int, server: ServerType, batches: tuple[int, ...],
@@ -309,7 +326,10 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
            fuse: bool | None = None) -> SearchResult:
     """Hercules' gradient-guided search over op-, model- and data-parallelism for each scheduling mode; on an
     accelerator server data-parallelism is query fusion (``fuse``, default on there: ``batch`` is the largest
-    fused launch)."""
+    fused launch).  Model-based threads are climbed from two starts at each op-parallelism: Alg. 1's origin (one
+    thread, the smallest batch) and the corner where the threads take every core; with locality in the ids the
+    space has a second ridge the origin's climb does not reach (small batches, many threads), and the corner's climb
+    is the DeepRecSys baseline's own, so the search never returns less than it."""
     batches = tuple(sorted(batches))
     fz = _fusing(server, fuse)
     counted = _Counted(evaluate)
@@ -322,8 +342,11 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
         for c in range(1, n + 1):
             if mode == "pipeline" and c >= n and not server.accelerator:
                 break
-            start = (1, 0) if mode == "model" else (1, 1, 0)
-            cfg, peak = _climb(start, _maker(mode, c, server, batches, fz), counted)
+            make = _maker(mode, c, server, batches, fz)
+            cfg, peak = _climb((1, 0) if mode == "model" else (1, 1, 0), make, counted)
+            if mode == "model":  # and from the corner where every core runs a thread (DeepRecSys' start at c = 1)
+                corner = _climb((min(n // c, MAX_DEVICE_THREADS) if server.accelerator else n // c, 0), make, counted)
+                cfg, peak = max((cfg, peak), corner, key=lambda x: x[1])
             if cfg is not None and peak > mode_best[1]:
                 mode_best = (cfg, peak)
             infeasible_run = infeasible_run + 1 if peak <= 0 else 0
