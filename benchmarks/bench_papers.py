@@ -1,7 +1,8 @@
 """The papers' headline results, regenerated from recserve's planners, perfmodel and simulator.
 
 Every run recomputes the ``recserve`` column from the code (the perfmodel profiles of Hera and Hercules
-are cached under ``results/`` because modelling them takes minutes: ``--fresh`` redoes them); the only
+are cached under ``results/`` because modelling them takes minutes, and remodelled when the perfmodel, zoo, catalogue
+or search sources change: ``common/scenarios.profiles_key``; ``--fresh`` redoes them anyway); the only
 numbers written here are the papers' own, as the reference column, and the inputs the papers print (the
 "with the paper's inputs" column, labelled as such).  Every row is judged by one rule (``RULE``, printed
 with the table) and the counts are printed at the end.

@@ -3,6 +3,8 @@ Hera's and Hercules' model lists, Hercules' server counts, profiles cached on di
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -17,9 +19,32 @@ HERCULES_AVAILABLE = dict(zip([f"hercules-t{i}" for i in range(1, 11)], [100, 10
                               strict=True))
 
 
+# what modelled profiles are computed from: a change to any of these makes a cached file stale
+PROFILE_SOURCES = ("perfmodel", "zoo", "catalogue", "planners/hercules", "specs.py", "profiles.py")
+
+
+def profiles_key(models: list[str], servers: list[str], kw: dict) -> str:
+    """A digest of the arguments and of every source file the profiles are computed from."""
+    import recserve
+
+    root = Path(recserve.__file__).parent
+    digest = hashlib.sha256(json.dumps([models, servers, sorted(kw.items())], default=str).encode())
+    for name in PROFILE_SOURCES:
+        top = root / name
+        for f in sorted(top.rglob("*") if top.is_dir() else [top]):
+            if f.is_file() and f.suffix in (".py", ".json", ".yaml", ".yml"):
+                digest.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_profiles(path: Path, models: list[str], servers: list[str], **kw) -> ProfileSet:
+    """The perfmodel's profiles of ``models`` on ``servers``, from ``path`` if it was written by the same arguments
+    and sources (``profiles_key``), else modelled afresh and written there."""
+    key = profiles_key(models, servers, kw)
     if path.exists():
-        return ProfileSet.load(path)
+        cached = ProfileSet.load(path)
+        if cached.meta.get("cache_key") == key:
+            return cached
     from recserve.perfmodel import model_profiles
     from recserve.planners.hercules.search import efficiency_tables
     from recserve.specs import get_model, get_server
@@ -27,6 +52,7 @@ def cached_profiles(path: Path, models: list[str], servers: list[str], **kw) -> 
     print(f"modelling {len(models)} models on {len(servers)} server types (cached in {path})", file=sys.stderr)
     kw["extra"] = efficiency_tables if kw.pop("efficiency", True) else None
     profiles = model_profiles([get_model(m) for m in models], [get_server(s) for s in servers], **kw)
+    profiles.meta["cache_key"] = key
     return ProfileSet.load(profiles.save(path))
 
 
