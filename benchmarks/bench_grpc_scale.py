@@ -30,7 +30,7 @@ from benchmarks import harness
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import find_max_load
 from recserve.measure.requests import RequestPool
-from recserve.measure.targets import GrpcTarget, HttpTarget
+from recserve.measure.targets import GrpcTarget, HttpTarget, JsonHttpTarget
 from recserve.serving.node.control_client import ControlClient
 from recserve.specs import get_model
 
@@ -128,7 +128,7 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1e-3)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--variants", default="mine=src", help="name=src_dir,...: each node runs that tree")
-    parser.add_argument("--protocols", default="grpc,http")
+    parser.add_argument("--protocols", default="grpc,http", help="of grpc, http (binary extension), json (plain JSON)")
     parser.add_argument("--sla-ms", type=float, default=100.0)
     parser.add_argument("--rates", default="", help="fixed rates to probe (no search), comma separated")
     parser.add_argument("--probe-s", type=float, default=5.0)
@@ -153,6 +153,7 @@ def main() -> int:
                 ports = stack.enter_context(node(src, args.model, args.scale, workers, args.sla_ms))
                 for proto in protocols:
                     target = (GrpcTarget(f"127.0.0.1:{ports['grpc']}", args.model) if proto == "grpc" else
+                              JsonHttpTarget(f"http://127.0.0.1:{ports['http']}", args.model) if proto == "json" else
                               HttpTarget(f"http://127.0.0.1:{ports['http']}", args.model))
                     session = stack.enter_context(LoadSession(target, pool, warm=True))
                     sessions[(name, proto)] = (session, Observed(ports["http"], args.model))
