@@ -164,8 +164,8 @@ def main() -> int:
                 runs = searches(sessions, args)
             for (name, proto), run in runs.items():
                 out["runs"][f"{name} {proto} {workers}w"] = run
-    out["load_avg_after"] = os.getloadavg()
-    harness.write_result(args.out, args, headline(out), out)
+        out["load_avg_after"] = os.getloadavg()
+        harness.write_result(args.out, args, headline(out), out)  # after each worker count: a run cut short keeps it
     summary(out)
     return 0
 

@@ -14,6 +14,7 @@
 #   gpu      (7)   #16: in-process CPU vs GPU, served GPU latency and scores' max abs difference over HTTP and gRPC
 #   mixed    (9)   #16: max load of a GPU-only, a mixed CPU+GPU and a CPU-only node on the production mix
 #   route    (8)   #16: the Kairos router over a GPU node and a CPU node against FCFS, with the simulator beside
+#   protocols (8)  #51: one gRPC channel, plain JSON and the binary extension, max load at 1 / 8 / 16 workers
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,8 +67,12 @@ print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), nump
     route)
       phase route 560 $PY -m benchmarks.bench_route --pool gpu --device cuda --gpu-cores 0-3 \
         --out "$OUT/route_gpu.json" --plot "$OUT/route_gpu.png" ;;
+    protocols)
+      phase protocols 560 $PY -m benchmarks.bench_grpc_scale --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+        --workers "1,8,$CORES" --variants mine=src --protocols grpc,json,http --probe-s 2.5 --max-probes 7 \
+        --out "$OUT/protocols.json" ;;
     *)
-      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route)" >&2
+      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route protocols)" >&2
       exit 2 ;;
   esac
 done
