@@ -180,8 +180,8 @@ class StaticController(Controller):
 
 
 MARGINAL = 0.05
-MAX_BACKOFF = 8  # a count that keeps failing at a steady load is avoided for at most 8 x memory_windows
 """Share of the best profiled max load a worker must add to be worth a core when no count covers the traffic."""
+MAX_BACKOFF = 8  # a count that keeps failing at a steady load is avoided for at most 8 x memory_windows
 
 
 class HeraRMU(Controller):
@@ -261,7 +261,7 @@ class HeraRMU(Controller):
         return any(n >= workers and traffic_qps >= self.low * rate for n, rate in self._recent_failures(model))
 
     def _recent_failures(self, model: str) -> list[tuple[int, float]]:
-        """(workers, arrival qps) of the failures within the last ``memory_windows`` steps."""
+        """(workers, arrival qps) of the failures still remembered (each for its span: ``_span``)."""
         return [(n, rate) for n, (rate, step, span) in self._failed.get(model, {}).items()
                 if self._steps - step < span]
 
