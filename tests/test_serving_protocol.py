@@ -9,6 +9,7 @@ import os
 import queue
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -94,8 +95,19 @@ def test_malformed_json_and_too_large_body_are_json_errors(node):
 
 
 def _stats(port: int, name: str) -> tuple[int, int]:
-    entry = http.get_json(port, f"/v2/models/{name}/stats")["model_stats"][0]
-    return int(entry["inference_stats"]["success"]["count"]), int(entry["inference_count"])
+    """(successes, inference count) once settled: workers report within milliseconds (``STATS_FLUSH_S``), so the
+    counts are read until two reads 0.1 s apart agree (an earlier test's queries may still be on their way)."""
+    def read() -> tuple[int, int]:
+        entry = http.get_json(port, f"/v2/models/{name}/stats")["model_stats"][0]
+        return int(entry["inference_stats"]["success"]["count"]), int(entry["inference_count"])
+
+    deadline, last = time.monotonic() + 30, read()
+    while True:
+        time.sleep(0.1)
+        now = read()
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
 
 
 def _set_input(field: str, value):
