@@ -143,3 +143,20 @@ def test_the_policy_comparison_figure_draws_every_policy_and_missing_tails(tmp_p
     png = plot_policies_vs_load([10.0, 20.0, 30.0], tails, 100.0, tmp_path / "route.png",
                                 simulated_qps={"Kairos": 25.0, "FCFS": 8.0})
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_node_max_loads_seeded_at_zero_starts_its_search_at_the_default(monkeypatch):
+    """A seed measured at 0 (every probe failed on a busy host) must not reach the search as start_qps 0, which it
+    refuses: the demo's live step crashed that way."""
+    from recserve.measure import profiler
+    from recserve.measure.maxload import MaxLoadResult
+
+    starts = []
+
+    def search(session, budget, sla, start, seed):
+        starts.append(start)
+        return MaxLoadResult(0.0, sla.target_ms, sla.percentile, [], (0.0, start), False, "start violates"), None
+
+    monkeypatch.setattr(profiler, "_search", search)
+    loads = profiler.node_max_loads(None, lambda n: None, SLA(target_ms=50.0), (1, 2), start_qps=0.0)
+    assert loads == {1: 0.0, 2: 0.0} and starts == [profiler.DEFAULT_START_QPS] * 2

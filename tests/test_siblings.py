@@ -357,8 +357,8 @@ def test_resizing_under_one_grpc_channel_fails_no_query():
         got = [answers.get(timeout=60) for _ in range(sent[0])]
         client.close()
         state = until(lambda: control.get_model(name), lambda st: st["siblings"]["forwarded"] > 0)
-    failed = [g for g in got if not isinstance(g, np.ndarray)]
-    assert failed == [] and all(np.allclose(g, expected, atol=1e-5) for g in got)
+    failed = [str(g) for g in got if not isinstance(g, np.ndarray)]
+    assert failed == [] and all(np.allclose(g, expected, atol=1e-5) for g in got), failed
     assert len(got) > 20 and state["siblings"]["forwarded"] > 0
 
 

@@ -44,6 +44,7 @@ from recserve.profiles import ProfileSet, ProfileTable
 from recserve.specs import SLA, ModelSpec, to_dict
 
 SERVER = "this-host"
+DEFAULT_START_QPS = 10.0  # where a max-load search starts with nothing measured to seed it
 BATCHES = (1, 8, 32, 64, 128, 256, 512, 1024)
 GATHERS = (1, 4, 16, 64, 256, 1024, 4096, 16384)
 
@@ -389,7 +390,7 @@ def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla
     budget = budget or dataclasses.replace(Budget.of(False), probe_s=2.5, probe_min_requests=20, max_probes=7,
                                            rtol=0.1)
     out: dict[int, float] = {}
-    start = start_qps
+    start = start_qps if start_qps > 0 else DEFAULT_START_QPS  # a seed measured at 0 (a busy host) seeds nothing
     for w in workers:
         set_workers(w)
         res, _ = _search(session, budget, sla, start, seed + w)
