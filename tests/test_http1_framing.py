@@ -12,7 +12,7 @@ import h11
 import numpy as np
 import pytest
 
-from recserve.serving.transport.http1 import MAX_HEAD_BYTES, HeadError, HeadReader, read_head
+from recserve.serving.transport.http1 import MAX_HEAD_BYTES, HeadError, HeadReader, keep_alive, read_head
 from tests.support.nodes import started
 from tests.support.scrape import metric_value, scrape
 
@@ -326,3 +326,11 @@ def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
         client.close()
         listener.close()
         loop.close()
+
+
+@pytest.mark.parametrize(("version", "connection", "stays"), [
+    ("HTTP/1.1", None, True), ("HTTP/1.1", "close", False), ("HTTP/1.1", "Keep-Alive, Close", False),
+    ("HTTP/1.0", None, False), ("HTTP/1.0", "keep-alive", True), ("HTTP/1.0", "keep-alive, upgrade", True),
+])
+def test_keep_alive_reads_the_connection_header_as_a_token_list(version, connection, stays):
+    assert keep_alive(version, {} if connection is None else {"connection": connection}) is stays

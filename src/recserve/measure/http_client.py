@@ -15,6 +15,8 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from recserve.serving.transport.http1 import keep_alive
+
 
 class HttpClientError(Exception):
     """The connection failed or the response was not HTTP/1.x."""
@@ -118,7 +120,7 @@ class _Connection(asyncio.Protocol):
             body = bytes(self.buf[start:used])
         del self.buf[:used]
         self._head = None
-        if _closes(self._version, headers.get("connection", "")):
+        if not keep_alive(self._version, headers):
             self.closed = True
         return Response(status, headers, body)
 
@@ -138,12 +140,6 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
-
-
-def _closes(version: str, connection: str) -> bool:
-    """Whether the server closes after this answer (RFC 9112 9.3): HTTP/1.0 unless it says keep-alive."""
-    tokens = {t.strip().lower() for t in connection.split(",")}
-    return "close" in tokens or (version == "HTTP/1.0" and "keep-alive" not in tokens)
 
 
 def _dechunk(buf: bytearray, start: int) -> tuple[bytes | None, int]:

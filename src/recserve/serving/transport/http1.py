@@ -154,3 +154,15 @@ class HeadReader:
 def read_head(buf: bytes | bytearray) -> tuple[int, Head] | None:
     """``HeadReader().read(buf)``: a head read from bytes at once (tests, and callers without a connection)."""
     return HeadReader().read(buf)
+
+
+def keep_alive(version: str, headers: dict[str, str]) -> bool:
+    """Whether the connection stays open after this message (RFC 9112 9.3): HTTP/1.1 unless ``Connection`` names
+    ``close``, HTTP/1.0 only if it names ``keep-alive``.  Headers by lower-case name; the same rule for a request
+    (the server) and for a response (``measure/http_client``)."""
+    conn = headers.get("connection", "").lower()
+    if "," not in conn:  # one token or none: every query of a plain client (this runs per request)
+        conn = conn.strip()
+        return conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
+    tokens = {t.strip() for t in conn.split(",")}
+    return "close" not in tokens if version == "HTTP/1.1" else "keep-alive" in tokens and "close" not in tokens

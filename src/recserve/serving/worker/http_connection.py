@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recserve.serving.transport.h2grpc import WRITE_HIGH
-from recserve.serving.transport.http1 import Head, HeadError, HeadReader
+from recserve.serving.transport.http1 import Head, HeadError, HeadReader, keep_alive
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
 
@@ -46,12 +46,6 @@ class Request:
     @property
     def keep_alive(self) -> bool:
         return keep_alive(self.version, self.headers)
-
-
-def keep_alive(version: str, headers: dict[str, str]) -> bool:
-    """Whether the connection stays open after this request (HTTP/1.1 by default, 1.0 only if asked)."""
-    conn = headers.get("connection", "").lower()
-    return conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
 
 
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
