@@ -217,14 +217,13 @@ def row_hera_measured_pairs() -> list[Row]:
 
 
 def row_hera(fresh: bool) -> list[Row]:
-    from benchmarks.common.scenarios import HERA_MODELS, cached_profiles
+    from benchmarks.common.scenarios import HERA_MODELS, HERA_PROFILES, hera_profiles
     from recserve.specs import get_server
 
     server = get_server("hera-xeon")
-    path = RESULTS / "profiles_hera.json"
-    if fresh and path.exists():
-        path.unlink()
-    profiles = cached_profiles(path, HERA_MODELS, [server.name], tables="copied", efficiency=False)
+    if fresh:
+        (RESULTS / HERA_PROFILES).unlink(missing_ok=True)
+    profiles = hera_profiles(RESULTS)
     variants = {"perfmodel LLC": _hera_outcome(profiles, server, HERA_MODELS)}
     for label, name in MEASURED_LLC.items():
         measured = _measured_hera_profiles(profiles, server, HERA_MODELS, name)

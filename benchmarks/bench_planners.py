@@ -25,6 +25,7 @@ from benchmarks.common.scenarios import (
     HERCULES_AVAILABLE,
     HERCULES_MODELS,
     cached_profiles,
+    hera_profiles,
     scenario_kairos,
 )
 from recserve.planners.hera import affinity_matrix, all_curves
@@ -136,8 +137,7 @@ def scenario_hera(results_dir: Path) -> dict:
     from recserve.specs import get_server
 
     server = get_server("hera-xeon")
-    profiles = cached_profiles(results_dir / "profiles_hera.json", HERA_MODELS, [server.name], tables="copied",
-                               efficiency=False)
+    profiles = hera_profiles(results_dir)
     curves = all_curves(profiles, HERA_MODELS, server)
     out: dict = {"classes": {c.name: "high" if c.high else "low" for c in curves}, "runs": []}
     for level, share in [(1, None), (2, None), (4, None), (8, None), (4, 0.1), (4, 0.25), (4, 0.5), (4, 0.75)]:

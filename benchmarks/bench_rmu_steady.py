@@ -18,7 +18,7 @@ import argparse
 
 from benchmarks import harness
 from benchmarks.papers import parties
-from recserve.sim.colocate import LoadShape, run_scenario
+from recserve.sim.colocate import LoadShape
 
 PAIRS = ("hera-ncf", "hera-dlrm-a", "hera-din", "hera-wnd")
 LOADS = ((0.4, 0.3), (0.6, 0.2), (0.6, 0.1))  # (DLRM(D)'s fraction x, the other model's fraction y)
@@ -28,8 +28,7 @@ def steady(node: parties.Node, controller: str, other: str, x: float, y: float, 
            t_monitor_s: float) -> dict:
     """One run: the windows after the warm-up (``WARMUP_WINDOWS`` of the claims table's 1-s windows, in seconds)."""
     shapes = [LoadShape([(0.0, x), (seconds, x)]), LoadShape([(0.0, y), (seconds, y)])]
-    res = run_scenario([node.models[parties.MODEL_X], node.models[other]], shapes, node.alone, node.profiles,
-                       parties.NODE, [controller], seconds, node.cores, node.ways, node.mem_bw, t_monitor_s)
+    res = node.run([parties.MODEL_X, other], shapes, [controller], seconds, t_monitor_s)
     windows = res["controllers"][controller]["windows"]
     measured = windows[round(parties.WARMUP_WINDOWS * parties.T_MONITOR_S / t_monitor_s):]
     bad = sum(any(v["over_sla"] > parties.MAX_SHARE_OVER * max(1, v["samples"]) for v in w["models"].values())
@@ -49,14 +48,10 @@ def main() -> None:
     parser.add_argument("--out", default="results/rmu_steady.json")
     args = parser.parse_args()
     from benchmarks.bench_papers import RESULTS
-    from benchmarks.common.scenarios import HERA_MODELS, cached_profiles
+    from benchmarks.common.scenarios import HERA_MODELS, hera_profiles
     from recserve.specs import get_server
 
-    server = get_server(parties.SERVER)
-    profiles = cached_profiles(RESULTS / "profiles_hera.json", HERA_MODELS, [server.name], tables="copied",
-                               efficiency=False)
-    node = parties.Node.profiled(parties.recserve_models(profiles, HERA_MODELS), server.cores, server.llc_ways,
-                                 server.mem_bw_gbs)
+    node = parties.Node.on(get_server(parties.SERVER), hera_profiles(RESULTS), HERA_MODELS)
     out = {"seconds": args.seconds, "t_monitor_s": args.t_monitor, "controllers": {},
            "warmup_s": parties.WARMUP_WINDOWS * parties.T_MONITOR_S}
     print(f"{'controller':10} {'other model':12} {'x':>4} {'y':>4} {'violating windows':>18} {'queries over SLA':>17}")

@@ -56,6 +56,15 @@ def cached_profiles(path: Path, models: list[str], servers: list[str], **kw) -> 
     return ProfileSet.load(profiles.save(path))
 
 
+HERA_PROFILES = "profiles_hera.json"
+
+
+def hera_profiles(results_dir: Path) -> ProfileSet:
+    """The perfmodel's profiles of Hera's eight models on hera-xeon (a table copy per worker), cached under
+    ``results_dir``."""
+    return cached_profiles(results_dir / HERA_PROFILES, HERA_MODELS, ["hera-xeon"], tables="copied", efficiency=False)
+
+
 def scenario_kairos(reference: Path) -> dict:
     from recserve.planners.kairos import plan_pool
 

@@ -185,10 +185,16 @@ class Node:
         alone = {m: prof.get(m, NODE, "maxload_vs_workers").interp(float(cores), "max_qps") for m in models}
         return cls(models, prof, alone, cores, ways, mem_bw)
 
+    @classmethod
+    def on(cls, server, profiles: ProfileSet, names: Sequence[str], inputs: Inputs | None = None) -> Node:
+        """``names`` with recserve's inputs (``inputs`` replacing some) on the simulated ``server``, profiled."""
+        return cls.profiled(with_inputs(recserve_models(profiles, names), inputs), server.cores, server.llc_ways,
+                            server.mem_bw_gbs)
+
     def run(self, names: Sequence[str], shapes: Sequence[LoadShape], controllers: Sequence[str],
-            seconds: float) -> dict[str, Any]:
+            seconds: float, t_monitor_s: float = T_MONITOR_S) -> dict[str, Any]:
         return run_scenario([self.models[n] for n in names], shapes, self.alone, self.profiles, NODE, controllers,
-                            seconds, self.cores, self.ways, self.mem_bw, T_MONITOR_S)
+                            seconds, self.cores, self.ways, self.mem_bw, t_monitor_s)
 
     def max_y(self, model_y: str, x: float, controller: str) -> float:
         seconds = (WARMUP_WINDOWS + MEASURED_WINDOWS) * T_MONITOR_S
@@ -212,8 +218,7 @@ class Node:
 
 
 def measure(profiles: ProfileSet, names: Sequence[str], inputs: Inputs | None, server) -> dict[str, Any]:
-    node = Node.profiled(with_inputs(recserve_models(profiles, names), inputs), server.cores, server.llc_ways,
-                         server.mem_bw_gbs)
+    node = Node.on(server, profiles, names, inputs)
     others = [m for m in names if m != MODEL_X]
     grid = node.fig12(others)
     return {"fig12": grid, "gains": emu_gains(grid["hera"], grid["parties"]), "fig14": node.fig14(),
@@ -281,13 +286,12 @@ def _fig14_text(res: dict[str, Any]) -> tuple[str, str]:
 
 def rows() -> list[Row]:
     from benchmarks.bench_papers import RESULTS, Row, judge, worst
-    from benchmarks.common.scenarios import HERA_MODELS, cached_profiles
+    from benchmarks.common.scenarios import HERA_MODELS, hera_profiles
     from recserve.specs import get_server
 
     start = time.perf_counter()
     server = get_server(SERVER)
-    profiles = cached_profiles(RESULTS / "profiles_hera.json", HERA_MODELS, [server.name], tables="copied",
-                               efficiency=False)
+    profiles = hera_profiles(RESULTS)
     paper = paper_inputs(server.llc_ways, server.mem_bw_gbs)
     ours = measure(profiles, HERA_MODELS, None, server)
     theirs = measure(profiles, HERA_MODELS, paper, server)
