@@ -383,7 +383,7 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
     Why: the live runs' load and the RMU's curve must describe this node at this hour.  On a shared host a profile
     taken in-process, or an hour earlier, was up to 2x off live, which made a load meant to be within reach
     impossible for every controller (docs/decisions/2026-11-28-demo-live-load-sized-live.md)."""
-    from recserve.measure.profiler import node_max_loads
+    from recserve.measure.profiler import DEFAULT_START_QPS, node_max_loads
     from recserve.serving.node.control_client import ControlClient
     from recserve.specs import get_model
 
@@ -397,7 +397,7 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
             with background_load(url, other, scale, (neighbour_qps or {}).get(m, 0.0)), \
                     production_session(url, m, scale, seed=2) as session:
                 out[m] = node_max_loads(session, lambda n, m=m: control.set_workers(m, n), get_model(m).sla, workers,
-                                        (start_qps or {}).get(m, 10.0), confirm=confirm)
+                                        (start_qps or {}).get(m, DEFAULT_START_QPS), confirm=confirm)
             control.set_workers(m, 1)
     finally:
         node.stop()

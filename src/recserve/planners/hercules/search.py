@@ -344,9 +344,9 @@ def search(server: ServerType, evaluate: Evaluator, batches: Iterable[int] = DEF
                 break
             make = _maker(mode, c, server, batches, fz)
             cfg, peak = _climb((1, 0) if mode == "model" else (1, 1, 0), make, counted)
-            if mode == "model":  # and from the corner where every core runs a thread (DeepRecSys' start at c = 1)
-                corner = _climb((min(n // c, MAX_DEVICE_THREADS) if server.accelerator else n // c, 0), make, counted)
-                cfg, peak = max((cfg, peak), corner, key=lambda x: x[1])
+            corner = min(n // c, MAX_DEVICE_THREADS) if server.accelerator else n // c
+            if mode == "model" and corner > 1:  # and from the corner where every core runs a thread (DeepRecSys' start)
+                cfg, peak = max((cfg, peak), _climb((corner, 0), make, counted), key=lambda x: x[1])
             if cfg is not None and peak > mode_best[1]:
                 mode_best = (cfg, peak)
             infeasible_run = infeasible_run + 1 if peak <= 0 else 0
