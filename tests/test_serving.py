@@ -31,6 +31,7 @@ from tests.support import grpc_client, http, models
 from tests.support.nodes import generous, started
 from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
 from tests.support.scrape import metric_value, scrape
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -108,11 +109,9 @@ def test_tritonclient_grpc_matches_in_process(node, references):
     config = client.get_model_config("rmc1", as_json=True)["config"]
     assert int(config.get("max_batch_size", 0)) == 0  # proto3 JSON leaves the 0 out
     assert config["parameters"]["max_query_size"]["string_value"] == "1024"
-    deadline = time.monotonic() + 60  # workers report their counts within milliseconds, unless the host is busy
-    while (count := int(client.get_inference_statistics("rmc1", as_json=True)["model_stats"][0]["inference_count"])) \
-            < 33 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert count >= 33
+    stats = until(lambda: client.get_inference_statistics("rmc1", as_json=True)["model_stats"][0],
+                  lambda s: int(s["inference_count"]) >= 33)
+    assert int(stats["inference_count"]) >= 33
 
 
 def test_grpc_typed_contents_request(node, references):

@@ -30,6 +30,7 @@ from tests.support import grpc_client, http
 from tests.support.nodes import node_config, started
 from tests.support.oip_inputs import grpc_inputs
 from tests.support.proc_net import holder, tcp_inodes
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -64,15 +65,6 @@ class AnswerSink:
     def answered(self, keep_alive: bool) -> None:
         pass
 
-
-def until(read, done, timeout_s: float = 60.0):
-    """``read()`` again until ``done`` holds of it (workers report every 25 ms; a busy host takes longer), or the
-    last read at ``timeout_s``."""
-    deadline, value = time.monotonic() + timeout_s, read()
-    while not done(value) and time.monotonic() < deadline:
-        time.sleep(0.02)
-        value = read()
-    return value
 
 def plane_at(loop, value: float, slot: int, loads: np.ndarray, records: list) -> WorkerPlane:
     plane = WorkerPlane(loop, "m", ConstantPath(value), records.append, lambda *handoff: None,

@@ -26,6 +26,7 @@ from tests.support.nodes import generous, started
 from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs
 from tests.support.proc_net import holder, tcp_inodes
 from tests.support.scrape import metric_value, scrape
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -543,11 +544,8 @@ def test_grpc_queries_are_answered_by_the_workers_and_other_calls_are_forwarded(
                 np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
     served_here = pipe_items(ports.http, "a") + pipe_items(ports.http, "b")
     assert served_here < 18  # queries that met a worker of their own model did not cross a pipe
-    deadline = time.monotonic() + 60  # workers report within STATS_FLUSH_S (25 ms), unless the host is busy
-    stats = client.get_inference_statistics("a").model_stats[0]
-    while stats.inference_stats.success.count < 9 and time.monotonic() < deadline:
-        time.sleep(0.02)
-        stats = client.get_inference_statistics("a").model_stats[0]
+    stats = until(lambda: client.get_inference_statistics("a").model_stats[0],
+                  lambda s: s.inference_stats.success.count >= 9)
     assert stats.inference_stats.success.count >= 9
     computed = stats.inference_stats  # perf_analyzer aborts over gRPC unless the three compute counts agree
     assert computed.compute_input.count == computed.compute_infer.count == computed.compute_output.count > 0
