@@ -140,6 +140,17 @@ def test_frames_past_a_turns_budget_are_left_for_the_host_to_hand_back():
     assert seen == [b"late"] and not conn.backlog and host.later == 1
 
 
+def test_a_graceful_close_asked_for_before_the_connection_is_made_is_done_once_it_is():
+    """Accepted, transport not made yet, when its worker retires: once made it gets our SETTINGS, then GOAWAY and
+    PING, so calls its client already sent are answered, not left to fail at the server's grace."""
+    host, wire = Host(), Wire()
+    conn = H2Connection(lambda path: None, 1 << 20, host, GrpcCall, SimpleQueue)
+    conn.close_gracefully()
+    assert wire.writes == [] and host.timers == []
+    conn.connection_made(wire)
+    assert [kind for kind, *_ in wire.frames()][-2:] == [GOAWAY, PING] and len(host.timers) == 1
+
+
 def test_a_graceful_close_asks_the_host_for_its_timer_and_ends_our_side_when_it_fires():
     conn, wire, host, _, _ = _open()
     conn.receive(_call(Encoder(), 1, b"hi"))

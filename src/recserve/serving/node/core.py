@@ -298,8 +298,8 @@ class NodeCore:
             for version, rt in loaded.items():
                 self.repo_state[(name, version)] = ("READY", "")
                 if version != newest and rt.is_default:
-                    rt.set_default(False)
-            loaded[newest].set_default(True)
+                    await rt.set_default(False)
+            await loaded[newest].set_default(True)
             self.models[name] = loaded[newest]
             retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
             for rt in retire:

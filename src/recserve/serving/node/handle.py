@@ -73,6 +73,7 @@ class WorkerHandle:
     items_done: int = 0
     queries_done: int = 0  # v2: queries this worker computed and answered (forwarded ones included: it computed them)
     last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
+    config_seq: int = 0  # v2: the last live settings change (``pipe.Config.seq``) it has applied
     conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
     slot: int = -1  # v2: its index in the model's shared load array
     outbox: Outbox | None = None

@@ -215,12 +215,13 @@ def build_app(core: NodeCore) -> web.Application:
     @routes.post("/control/models/{model}/sub_batch")
     async def control_sub_batch(request: web.Request) -> web.Response:
         rt = runtime(request)
-        return _json(rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
+        return _json(await rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
 
     @routes.post("/control/models/{model}/accelerator")
     async def control_accelerator(request: web.Request) -> web.Response:
         rt = runtime(request)
-        return _json(rt.set_min_items(control_api.accelerator_request(await _body(request), rt.cfg.max_batch_size)))
+        k = control_api.accelerator_request(await _body(request), rt.cfg.max_batch_size)
+        return _json(await rt.set_min_items(k))
 
     @routes.post("/control/models/{model}/llc")
     async def control_llc(request: web.Request) -> web.Response:

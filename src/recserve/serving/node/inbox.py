@@ -61,6 +61,8 @@ class PipeInbox:
             release(handle.conns, msg.fd)
         elif isinstance(msg, pipe.Handoff):
             self._handoff(handle, msg)
+        elif isinstance(msg, pipe.Applied):
+            handle.config_seq = max(handle.config_seq, int(msg.seq))
         elif isinstance(msg, pipe.Ready):
             self._ready(pool, handle, msg)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from recserve.serving.node.config import expand_cores
@@ -103,9 +103,10 @@ class WorkerPool:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=WORKER_START_TIMEOUT_S + WORKER_STOP_TIMEOUT_S)
 
-    async def resize(self, n: int, cores: Any, threads: int | None, retired: Callable[[], None]) -> None:
+    async def resize(self, n: int, cores: Any, threads: int | None,
+                     retired: Callable[[list[WorkerHandle]], Awaitable[None]]) -> None:
         """``n`` workers of ``threads`` threads; new workers are ready before old ones retire, retirees finish their
-        part.  ``retired`` runs once the retirees are marked, before they exit."""
+        part.  ``retired`` runs once the retirees are marked, before they are told to go."""
         async with self._control:
             threads = threads or self.threads
             current = self.active()
@@ -126,7 +127,7 @@ class WorkerPool:
                 self.cores_spec = flat_cores(cores)
             for w in retire:
                 w.retiring = True
-            retired()
+            await retired(retire)
             self.pump()
             await await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
 

@@ -9,6 +9,7 @@ lost workers), ``accelerators.AcceleratorPool``.  Everything runs on the supervi
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
@@ -30,7 +31,10 @@ from recserve.serving.wire.errors import InferError
 from recserve.serving.wire.model_info import ModelInfo
 from recserve.zoo.batch import QueryBatch
 
+log = logging.getLogger("recserve.serving")
+
 RESPONSIVE_S = 1.0  # a v2 worker silent longer than this is not counted on to accept connections
+APPLY_TIMEOUT_S = 10.0  # how long a live settings change waits for every working worker to apply it
 
 
 IO_BUFFER_CAP = 256 * 1024 * 1024
@@ -77,6 +81,7 @@ class ModelRuntime:
         self.worker_watch = WorkerWatch(cfg, self.metrics, self.pools, self.front)
         self.inbox = PipeInbox(cfg.name, self.metrics, self.front, self.dispatch, self.adopt)
         self._next_adopter = 0
+        self._config_seq = 0  # numbers the live settings changes sent to the workers (``configure``)
         for stage in cfg.stages():
             self.pools[stage] = self._pool(stage, cfg.threads, cfg.sparse_cores if stage == "sparse" else cfg.cores)
         if self.accel is not None:  # accelerator workers (serving/worker/accel.py)
@@ -195,6 +200,32 @@ class ModelRuntime:
         for w in self.pools["model"].workers:
             w.outbox.post(msg)  # type: ignore[union-attr]
 
+    async def configure(self, changes: dict[str, Any], timeout_s: float = APPLY_TIMEOUT_S,
+                        workers: list[WorkerHandle] | None = None) -> None:
+        """Send live settings to the model workers (or to ``workers`` of them) and return once every working one
+        has applied them, so that a control call's answer means the change is in effect.  A worker that exits or
+        hangs meanwhile is not waited for (its replacement starts with the settings).  ``InferError``
+        ("unavailable") past ``timeout_s``."""
+        if not self.accepts_in_workers:
+            return
+        self._config_seq += 1
+        seq = self._config_seq
+        targets = self.pools["model"].workers if workers is None else workers
+        message = pipe.encode(pipe.Config(changes, seq))
+        for w in targets:
+            w.outbox.post(message)  # type: ignore[union-attr]
+
+        def behind() -> list[WorkerHandle]:
+            return [w for w in targets if w.working and not w.exited.done() and w.config_seq < seq]
+
+        deadline = time.monotonic() + timeout_s
+        while behind():
+            if time.monotonic() >= deadline:
+                raise InferError("unavailable", f"model {self.name!r}: {len(behind())} worker(s) have not applied "
+                                 f"{sorted(changes)} within {timeout_s:g} s; they will when their loop next runs",
+                                 sorted(changes)[0])
+            await asyncio.sleep(0.002)
+
     # ------------------------------------------------------------------ control
     def stage_for(self, stage: str | None) -> WorkerPool:
         stage = stage or ("model" if self.cfg.mode == "model" else "dense")
@@ -211,9 +242,17 @@ class ModelRuntime:
             raise InferError("invalid", f"threads must be an integer >= 1, got {threads!r}", "threads")
         pool = self.stage_for(stage)
 
-        def retired() -> None:  # before they exit: the CPU workers stop sending to retiring accelerator workers
-            if pool.stage == "accel":
-                self._broadcast(pipe.encode(pipe.Config({"accel_sockets": self.accel_sockets()})))
+        async def retired(retirees: list[WorkerHandle]) -> None:
+            """Before any retiree closes a connection, every retiree stops accepting: a gRPC client it sends GOAWAY
+            reconnects, and grpc-core retries a call refused that way once only, so the new connection must reach a
+            worker that stays.  The CPU workers stop sending to retiring accelerator workers."""
+            try:
+                if pool.stage == "model":
+                    await self.configure({"accepting": False}, workers=retirees)
+                if pool.stage == "accel":
+                    await self.configure({"accel_sockets": self.accel_sockets()})
+            except InferError as exc:  # the retirees still finish what they hold
+                log.warning("%s", exc)
 
         await pool.resize(n, cores, threads, retired)
         return self.state()
@@ -222,23 +261,27 @@ class ModelRuntime:
         """Sockets of the accelerator workers the CPU workers may send to (not retiring)."""
         return self.accel.sockets() if self.accel is not None else []
 
-    def set_min_items(self, k: int) -> dict[str, Any]:
+    async def set_min_items(self, k: int) -> dict[str, Any]:
         """Queries with at least ``k`` items go to the accelerator workers (DeepRecSys' threshold, at run time)."""
         if self.accel is None:
             raise InferError("invalid", f"model {self.name!r} has no accelerator workers", "min_items")
         self.accel.set_min_items(k)
-        self._broadcast(pipe.encode(pipe.Config({"min_items": k})))
+        await self.configure({"min_items": k})
         return self.state()
 
-    def set_default(self, default: bool) -> None:
+    async def set_default(self, default: bool) -> None:
+        """Whether this version answers the unversioned path; a load that moves it has no one to answer an error."""
         self.is_default = default
-        self._broadcast(pipe.encode(pipe.Config({"default": default})))
+        try:
+            await self.configure({"default": default})
+        except InferError as exc:
+            log.warning("%s", exc)
 
-    def set_sub_batch(self, k: int) -> dict[str, Any]:
+    async def set_sub_batch(self, k: int) -> dict[str, Any]:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
         self.settings.sub_batch = k
-        self._broadcast(pipe.encode(pipe.Config({"sub_batch": k})))
+        await self.configure({"sub_batch": k})
         return self.state()
 
     # ------------------------------------------------------------------ state

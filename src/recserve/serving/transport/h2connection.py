@@ -93,6 +93,8 @@ class H2Connection:
         self.preface_received = False
         self.backlog = False  # this read left complete frames for the next turn of the loop
         self._goaway_ping = False  # the first of a graceful close's two GOAWAYs is out
+        self._made = False  # connection_made has run
+        self._close_when_made = False  # a graceful close asked for before it had (accepted, transport not made yet)
         self.last_read = clock()  # when the connection last read anything (``GrpcServer``'s timeouts)
 
     # ---- the connection's life ---------------------------------------------------------------------------
@@ -106,6 +108,9 @@ class H2Connection:
         opening = connection_window - DEFAULT_WINDOW
         wire.write(frame(SETTINGS, 0, 0, settings)
                    + (frame(WINDOW_UPDATE, 0, 0, opening.to_bytes(4, "big")) if opening > 0 else b""))
+        self._made = True
+        if self._close_when_made:
+            self.close_gracefully()
 
     def connection_lost(self) -> None:
         self.streams.drop_all()
@@ -133,7 +138,11 @@ class H2Connection:
         acknowledgement before the HEADERS of a stream it had numbered just before it read the first GOAWAY, so
         after one round trip such a stream could still cross the final GOAWAY (grpc-core retries a crossed call
         only once).  A client that does not acknowledge gets the final GOAWAY after ``GOAWAY_ACK_S``, and our
-        side ends once its calls have."""
+        side ends once its calls have.  A connection accepted but not yet made closes so once it is: its client
+        may already have sent calls, which would otherwise wait for the server's grace and fail."""
+        if not self._made:
+            self._close_when_made = True
+            return
         if self.replies.closing or self._goaway_ping or self.replies.wire is None:
             return
         self._goaway_ping = True

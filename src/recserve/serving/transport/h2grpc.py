@@ -283,14 +283,18 @@ class GrpcServer:
                                                                       ssl=ssl)
         self._sweep_silent()
 
+    def stop_accepting(self) -> None:
+        """Close the listening socket; the connections open are served on."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
     async def stop(self, grace: float) -> None:
         """Stop listening, send every connection GOAWAY, wait up to ``grace`` s for their calls, then close."""
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self.stop_accepting()
         for conn in list(self.connections):
             conn.close_gracefully()
         deadline = time.monotonic() + grace

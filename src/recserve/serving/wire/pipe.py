@@ -14,6 +14,13 @@ from typing import Any, NamedTuple
 
 
 # ------------------------------------------------------------------ worker -> supervisor
+class Applied(NamedTuple):
+    """The live settings change numbered ``seq`` (``Config.seq``) is in effect in this worker."""
+
+    TAG = "applied"
+    seq: int
+
+
 class Ready(NamedTuple):
     """The worker built its model (and listens, a worker that accepts connections)."""
 
@@ -74,10 +81,13 @@ class Adopt(NamedTuple):
 
 
 class Config(NamedTuple):
-    """Live settings: ``sub_batch``, ``default``; ``min_items``, ``accel_sockets`` with accelerator workers."""
+    """Live settings: ``sub_batch``, ``default``; ``min_items``, ``accel_sockets`` with accelerator workers;
+    ``accepting: False`` (a worker about to retire accepts no more connections).  A change with a ``seq`` is
+    answered with ``Applied(seq)`` once it is in effect."""
 
     TAG = "config"
     changes: dict
+    seq: int = 0
 
 
 class Drain(NamedTuple):
@@ -86,8 +96,9 @@ class Drain(NamedTuple):
     TAG = "drain"
 
 
-Message = Ready | Stats | Beat | Conn | Gone | Handoff | Adopt | Config | Drain
-KINDS: dict[str, type] = {kind.TAG: kind for kind in (Ready, Stats, Beat, Conn, Gone, Handoff, Adopt, Config, Drain)}
+Message = Applied | Ready | Stats | Beat | Conn | Gone | Handoff | Adopt | Config | Drain
+KINDS: dict[str, type] = {kind.TAG: kind for kind in (Applied, Ready, Stats, Beat, Conn, Gone, Handoff, Adopt, Config,
+                                                      Drain)}
 
 
 def encode(message: Message) -> tuple:

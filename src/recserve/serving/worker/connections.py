@@ -57,6 +57,7 @@ class ConnectionManager:
         self.scratch = memoryview(bytearray(RECV_BYTES))  # every connection's small reads (one loop: one at a time)
         self.open: set[Connection] = set()
         self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
+        self.on_stop_accepting: list[Callable[[], None]] = []  # ... and stop accepting connections
         self._listener: socket.socket | None = None
         self.connecting = 0  # accepted connections whose transport is not made yet
         self._moved_at = 0.0
@@ -141,11 +142,20 @@ class ConnectionManager:
         sock.setblocking(False)
         await self._serve(sock, prefix, False)
 
-    def stop_listening(self) -> None:
+    def stop_accepting(self) -> None:
+        """Accept no more connections (every transport); those open are served on.  A retiring worker does this
+        before any retiree sends GOAWAY, so that the clients it moves reconnect to a worker that stays."""
         if self._listener is not None:
             self.loop.remove_reader(self._listener.fileno())
             self._listener.close()
             self._listener = None
+        for hook in self.on_stop_accepting:
+            hook()
+        self.on_stop_accepting = []
+
+    def stop_listening(self) -> None:
+        """Accept no more connections and stop taking calls on them (gRPC: GOAWAY)."""
+        self.stop_accepting()
         for hook in self.on_stop_listening:
             hook()
         self.on_stop_listening = []

@@ -319,7 +319,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
                     plane.retire()
                 elif pipe.tagged(msg):
                     control = pipe.decode(msg)
-                    _control(plane, control, recv_handle(conn) if isinstance(control, pipe.Adopt) else None)
+                    _control(plane, control, recv_handle(conn) if isinstance(control, pipe.Adopt) else None, send)
                 else:
                     with plane.model_lock:  # a pass may be computing on the plane's compute thread
                         reply = _item(args, model, msg, in_buf, out_buf)
@@ -366,6 +366,7 @@ async def _serve_grpc(plane: Any, args: WorkerArgs, regions: Any) -> Callable[[]
 
     server = await serve_grpc(plane, args.grpc_listen, args.grpc_upstream, args.limits.max_body, regions)
     stopping: list[asyncio.Future] = []
+    plane.connections.on_stop_accepting.append(server.stop_accepting)
     plane.connections.on_stop_listening.append(
         lambda: stopping.append(asyncio.ensure_future(server.stop(grace=GRPC_GRACE_S))))
 
@@ -375,7 +376,8 @@ async def _serve_grpc(plane: Any, args: WorkerArgs, regions: Any) -> Callable[[]
     return stopped
 
 
-def _control(plane: Any, msg: pipe.Adopt | pipe.Config | pipe.Drain, fd: int | None) -> None:
+def _control(plane: Any, msg: pipe.Adopt | pipe.Config | pipe.Drain, fd: int | None,
+             send: Callable[[tuple], None]) -> None:
     if isinstance(msg, pipe.Adopt) and fd is not None:
         task = asyncio.ensure_future(plane.connections.adopt(fd, msg.prefix))
         task.add_done_callback(lambda t: t.exception())
@@ -388,6 +390,10 @@ def _control(plane: Any, msg: pipe.Adopt | pipe.Config | pipe.Drain, fd: int | N
             plane.offload.min_items = int(changes["min_items"])
         if plane.offload is not None and "accel_sockets" in changes:
             plane.offload.set_sockets(list(changes["accel_sockets"]))
+        if changes.get("accepting") is False:  # about to retire (``ModelRuntime.set_workers``)
+            plane.connections.stop_accepting()
+        if msg.seq:
+            send(pipe.encode(pipe.Applied(msg.seq)))
     elif isinstance(msg, pipe.Drain):
         plane.drain()
 
