@@ -121,3 +121,31 @@ def test_a_node_whose_workers_take_no_queries_sends_nothing():
         return rt.pools["model"].workers[0].outbox.changes
 
     assert asyncio.run(go()) == []
+
+
+def test_retiring_versions_all_stop_accepting_before_any_is_stopped():
+    """A new version loaded (or a model unloaded) retires old versions together: every one of their workers stops
+    accepting before any of them closes a connection, so a client moved by GOAWAY reaches a worker that stays."""
+    from recserve.serving.node.core import NodeCore
+
+    events: list[tuple[str, int]] = []
+
+    class Version:
+        in_flight = 0
+
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        async def stop_accepting(self) -> None:
+            await asyncio.sleep(0.02 * self.n)  # the later acknowledgement comes after the other's whole retirement
+            events.append(("accepting", self.n))
+
+        async def stop(self) -> None:
+            events.append(("stop", self.n))
+
+    versions = [Version(0), Version(1)]
+    core = SimpleNamespace(config=SimpleNamespace(drain_timeout_s=1.0), retiring=set(versions))
+    core._retire = lambda rt: NodeCore._retire(core, rt)  # type: ignore[arg-type]
+    asyncio.run(NodeCore._retire_all(core, versions))  # type: ignore[arg-type]
+    assert events[:2] == [("accepting", 0), ("accepting", 1)] and sorted(events[2:]) == [("stop", 0), ("stop", 1)]
+    assert core.retiring == set()

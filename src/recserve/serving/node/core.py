@@ -342,19 +342,26 @@ class NodeCore:
     def _retire_in_background(self, runtimes: list[ModelRuntime]) -> None:
         """Retire versions after answering: the load/unload call itself may have come through one of their workers
         (gRPC calls are forwarded by the worker that took them), which waits for its calls before it exits."""
-        for rt in runtimes:
-            self.retiring.add(rt)
-            task = asyncio.get_running_loop().create_task(self._retire(rt))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(lambda _, rt=rt: self.retiring.discard(rt))
+        self.retiring.update(runtimes)
+        task = asyncio.get_running_loop().create_task(self._retire_all(runtimes))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _retire_all(self, runtimes: list[ModelRuntime]) -> None:
+        """Every retiring version's workers stop accepting before any of them closes a connection
+        (``ModelRuntime.stop_accepting``); then each version retires."""
+        await asyncio.gather(*(rt.stop_accepting() for rt in runtimes))
+        await asyncio.gather(*(self._retire(rt) for rt in runtimes))
 
     async def _retire(self, rt: ModelRuntime) -> None:
         """Let queries admitted through the server finish, then stop the workers (they finish their own)."""
-        deadline = time.monotonic() + self.config.drain_timeout_s
-        while rt.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        await rt.stop()
+        try:
+            deadline = time.monotonic() + self.config.drain_timeout_s
+            while rt.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+            await rt.stop()
+        finally:
+            self.retiring.discard(rt)
 
     def _models_changed(self) -> None:
         """Keep the node's socket covered: this process accepts while no worker does (all models unloaded)."""

@@ -243,19 +243,25 @@ class ModelRuntime:
         pool = self.stage_for(stage)
 
         async def retired(retirees: list[WorkerHandle]) -> None:
-            """Before any retiree closes a connection, every retiree stops accepting: a gRPC client it sends GOAWAY
-            reconnects, and grpc-core retries a call refused that way once only, so the new connection must reach a
-            worker that stays.  The CPU workers stop sending to retiring accelerator workers."""
-            try:
-                if pool.stage == "model":
-                    await self.configure({"accepting": False}, workers=retirees)
-                if pool.stage == "accel":
+            if pool.stage == "model":
+                await self.stop_accepting(retirees)
+            if pool.stage == "accel":  # the CPU workers stop sending to retiring accelerator workers
+                try:
                     await self.configure({"accel_sockets": self.accel_sockets()})
-            except InferError as exc:  # the retirees still finish what they hold
-                log.warning("%s", exc)
+                except InferError as exc:  # the retirees still finish what they hold
+                    log.warning("%s", exc)
 
         await pool.resize(n, cores, threads, retired)
         return self.state()
+
+    async def stop_accepting(self, workers: list[WorkerHandle] | None = None) -> None:
+        """Its workers (or ``workers`` of them, about to retire) accept no more connections, acknowledged, before any
+        of them closes one: a gRPC client sent GOAWAY reconnects, and grpc-core retries a call refused that way
+        once only, so the new connection must reach a worker that stays."""
+        try:
+            await self.configure({"accepting": False}, workers=workers)
+        except InferError as exc:  # the workers still finish what they hold
+            log.warning("%s", exc)
 
     def accel_sockets(self) -> list[str]:
         """Sockets of the accelerator workers the CPU workers may send to (not retiring)."""
