@@ -1,6 +1,7 @@
-"""A live settings change (``ModelRuntime.configure``: sub_batch, min_items, the default version, accelerator
-sockets) returns once every working worker has applied it, without processes: a late acknowledgement is waited
-for, a worker that exits or hangs is not, and a worker that never answers is a 503 after the bound."""
+"""A live settings change (``live_settings.LiveSettings``: sub_batch, min_items, the default version, accelerator
+sockets, a retiree's ``accepting``) returns once every working worker has applied it, without processes: a late
+acknowledgement is waited for, a worker that exits or hangs is not, and a worker that never answers is a 503 after
+the bound.  Versions retired together all stop accepting before any is stopped."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from recserve.serving.node.handle import WorkerHandle
 from recserve.serving.node.inbox import PipeInbox
-from recserve.serving.node.runtime import ModelRuntime
+from recserve.serving.node.live_settings import LiveSettings
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
 
@@ -35,30 +36,29 @@ class Acking:
 INBOX = PipeInbox("m", None, None, None, None)  # type: ignore[arg-type]
 
 
-def runtime(delays: list[float | None]) -> SimpleNamespace:
-    """What ``configure`` reads of a runtime: its model pool's workers, each acknowledging after its delay."""
+def workers(delays: list[float | None]) -> list[WorkerHandle]:
+    """Ready workers, each acknowledging a change after its delay."""
     loop = asyncio.get_running_loop()
-    workers = []
+    out = []
     for i, delay in enumerate(delays):
         ready = loop.create_future()
         ready.set_result(100 + i)
         w = WorkerHandle(i, "model", [], 1, None, None, ready, loop.create_future(), np.zeros(0, np.uint8))
         w.outbox = Acking(w, delay)  # type: ignore[assignment]
-        workers.append(w)
-    return SimpleNamespace(name="m", accepts_in_workers=True, _config_seq=0,
-                           pools={"model": SimpleNamespace(workers=workers)})
+        out.append(w)
+    return out
 
 
-def configure(rt: SimpleNamespace, changes: dict, timeout_s: float = 30.0, workers=None):
-    return ModelRuntime.configure(rt, changes, timeout_s, workers)  # type: ignore[arg-type]
+def apply(ws: list[WorkerHandle], changes: dict, timeout_s: float = 30.0, live: LiveSettings | None = None):
+    return (live or LiveSettings("m")).apply(ws, changes, timeout_s)
 
 
 def test_a_change_returns_once_the_slowest_worker_has_applied_it():
     async def go() -> tuple[float, list[int]]:
-        rt = runtime([0.0, 0.3])
+        ws = workers([0.0, 0.3])
         t = asyncio.get_running_loop().time()
-        await configure(rt, {"sub_batch": 4})
-        return asyncio.get_running_loop().time() - t, [w.config_seq for w in rt.pools["model"].workers]
+        await apply(ws, {"sub_batch": 4})
+        return asyncio.get_running_loop().time() - t, [w.config_seq for w in ws]
 
     waited, seqs = asyncio.run(go())
     assert waited >= 0.3 and seqs == [1, 1]
@@ -66,18 +66,18 @@ def test_a_change_returns_once_the_slowest_worker_has_applied_it():
 
 def test_each_change_waits_for_its_own_number():
     async def go() -> list[list]:
-        rt = runtime([0.05, 0.05])
-        await configure(rt, {"sub_batch": 4})
-        await configure(rt, {"min_items": 8})
-        assert [w.config_seq for w in rt.pools["model"].workers] == [2, 2]
-        return [w.outbox.changes for w in rt.pools["model"].workers]
+        ws, live = workers([0.05, 0.05]), LiveSettings("m")
+        await apply(ws, {"sub_batch": 4}, live=live)
+        await apply(ws, {"min_items": 8}, live=live)
+        assert [w.config_seq for w in ws] == [2, 2]
+        return [w.outbox.changes for w in ws]
 
     assert asyncio.run(go()) == [[{"sub_batch": 4}, {"min_items": 8}]] * 2
 
 
 def test_a_worker_that_never_answers_is_a_503_after_the_bound():
     async def go() -> None:
-        await configure(runtime([0.0, None]), {"min_items": 8}, timeout_s=0.2)
+        await apply(workers([0.0, None]), {"min_items": 8}, timeout_s=0.2)
 
     with pytest.raises(InferError) as err:
         asyncio.run(go())
@@ -87,8 +87,8 @@ def test_a_worker_that_never_answers_is_a_503_after_the_bound():
 @pytest.mark.parametrize("gone", ["exits", "hangs"])
 def test_a_worker_that_exits_or_hangs_meanwhile_is_not_waited_for(gone):
     async def go() -> None:
-        rt = runtime([0.0, None])
-        silent = rt.pools["model"].workers[1]
+        ws = workers([0.0, None])
+        silent = ws[1]
 
         def lose() -> None:
             if gone == "exits":
@@ -97,30 +97,20 @@ def test_a_worker_that_exits_or_hangs_meanwhile_is_not_waited_for(gone):
                 silent.hung = True
 
         asyncio.get_running_loop().call_later(0.1, lose)
-        await configure(rt, {"sub_batch": 0}, timeout_s=30.0)
+        await apply(ws, {"sub_batch": 0})
 
     asyncio.run(asyncio.wait_for(go(), 10))
 
 
-def test_a_change_for_some_workers_reaches_and_waits_for_those_only():
-    """Retirees stop accepting before any of them closes a connection (``set_workers``); the others carry on."""
-    async def go() -> list[list]:
-        rt = runtime([None, 0.05, 0.05])
-        retirees = rt.pools["model"].workers[1:]
-        await configure(rt, {"accepting": False}, timeout_s=30.0, workers=retirees)
-        return [w.outbox.changes for w in rt.pools["model"].workers]
-
-    assert asyncio.run(go()) == [[], [{"accepting": False}], [{"accepting": False}]]
-
-
-def test_a_node_whose_workers_take_no_queries_sends_nothing():
+def test_a_worker_not_ready_yet_is_not_waited_for():
+    """It reads the change from its pipe before its first query (the pipe is read in order)."""
     async def go() -> list:
-        rt = runtime([None])
-        rt.accepts_in_workers = False
-        await configure(rt, {"sub_batch": 4}, timeout_s=0.1)
-        return rt.pools["model"].workers[0].outbox.changes
+        ws = workers([None])
+        ws[0].ready = asyncio.get_running_loop().create_future()
+        await apply(ws, {"sub_batch": 4}, timeout_s=0.2)
+        return ws[0].outbox.changes
 
-    assert asyncio.run(go()) == []
+    assert asyncio.run(go()) == [{"sub_batch": 4}]
 
 
 def test_retiring_versions_all_stop_accepting_before_any_is_stopped():

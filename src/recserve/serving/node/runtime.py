@@ -22,6 +22,7 @@ from recserve.serving.node.dispatch import QueryDispatcher
 from recserve.serving.node.handle import WorkerHandle
 from recserve.serving.node.inbox import PipeInbox
 from recserve.serving.node.launch import FrontEnd, WorkerLauncher, WorkerSettings
+from recserve.serving.node.live_settings import LiveSettings
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.pool import WorkerPool
@@ -34,7 +35,6 @@ from recserve.zoo.batch import QueryBatch
 log = logging.getLogger("recserve.serving")
 
 RESPONSIVE_S = 1.0  # a v2 worker silent longer than this is not counted on to accept connections
-APPLY_TIMEOUT_S = 10.0  # how long a live settings change waits for every working worker to apply it
 
 
 IO_BUFFER_CAP = 256 * 1024 * 1024
@@ -81,7 +81,7 @@ class ModelRuntime:
         self.worker_watch = WorkerWatch(cfg, self.metrics, self.pools, self.front)
         self.inbox = PipeInbox(cfg.name, self.metrics, self.front, self.dispatch, self.adopt)
         self._next_adopter = 0
-        self._config_seq = 0  # numbers the live settings changes sent to the workers (``configure``)
+        self.live = LiveSettings(cfg.name)  # settings changed at run time, acknowledged by the workers
         for stage in cfg.stages():
             self.pools[stage] = self._pool(stage, cfg.threads, cfg.sparse_cores if stage == "sparse" else cfg.cores)
         if self.accel is not None:  # accelerator workers (serving/worker/accel.py)
@@ -200,31 +200,11 @@ class ModelRuntime:
         for w in self.pools["model"].workers:
             w.outbox.post(msg)  # type: ignore[union-attr]
 
-    async def configure(self, changes: dict[str, Any], timeout_s: float = APPLY_TIMEOUT_S,
-                        workers: list[WorkerHandle] | None = None) -> None:
-        """Send live settings to the model workers (or to ``workers`` of them) and return once every working one
-        has applied them, so that a control call's answer means the change is in effect.  A worker that exits or
-        hangs meanwhile is not waited for (its replacement starts with the settings).  ``InferError``
-        ("unavailable") past ``timeout_s``."""
-        if not self.accepts_in_workers:
-            return
-        self._config_seq += 1
-        seq = self._config_seq
-        targets = self.pools["model"].workers if workers is None else workers
-        message = pipe.encode(pipe.Config(changes, seq))
-        for w in targets:
-            w.outbox.post(message)  # type: ignore[union-attr]
-
-        def behind() -> list[WorkerHandle]:
-            return [w for w in targets if w.working and not w.exited.done() and w.config_seq < seq]
-
-        deadline = time.monotonic() + timeout_s
-        while behind():
-            if time.monotonic() >= deadline:
-                raise InferError("unavailable", f"model {self.name!r}: {len(behind())} worker(s) have not applied "
-                                 f"{sorted(changes)} within {timeout_s:g} s; they will when their loop next runs",
-                                 sorted(changes)[0])
-            await asyncio.sleep(0.002)
+    async def configure(self, changes: dict[str, Any], workers: list[WorkerHandle] | None = None) -> None:
+        """Live settings to the model workers (or to ``workers`` of them), returning once they are in effect
+        (``live_settings.LiveSettings.apply``); nothing to send where the server process takes the queries."""
+        if self.accepts_in_workers:
+            await self.live.apply(self.pools["model"].workers if workers is None else workers, changes)
 
     # ------------------------------------------------------------------ control
     def stage_for(self, stage: str | None) -> WorkerPool:
@@ -276,7 +256,8 @@ class ModelRuntime:
         return self.state()
 
     async def set_default(self, default: bool) -> None:
-        """Whether this version answers the unversioned path; a load that moves it has no one to answer an error."""
+        """Whether this version answers the unversioned path.  A worker late to apply it is logged, not raised: the
+        version load that moves it has succeeded, and the worker applies it when its loop next runs."""
         self.is_default = default
         try:
             await self.configure({"default": default})
