@@ -1,4 +1,5 @@
-"""Workers resized again and again under one gRPC channel (tritonclient, four calls in flight): every call answered?
+"""Workers resized again and again under one gRPC channel (tritonclient, four calls in flight), or under four HTTP
+keep-alive connections (``--protocol http``): is every call answered?
 
 A resize that retires workers moves the channel's connection with GOAWAY (``serving/transport/h2grpc.py``); the
 client reconnects and grpc-core retries a call refused that way once only.  If the new connection reaches another
@@ -7,7 +8,7 @@ of them closes a connection (``ModelRuntime.set_workers``).  This script runs ``
 ``--sizes`` (a fresh channel each round), counts the calls and every failure by message, and writes JSON.  Run it
 beside CPU hogs to widen the races (``python3 -c "while True: pass" &``).
 
-    .venv/bin/python -m benchmarks.stress_resize_grpc --rounds 30 --sizes 3,1,3,1,2
+    .venv/bin/python -m benchmarks.stress_resize --rounds 30 --sizes 3,1,3,1,2 [--protocol http]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import tritonclient.grpc as tgrpc
+import tritonclient.http as thttp
 
 from benchmarks import harness
 from benchmarks.harness import ROOT
@@ -30,6 +32,37 @@ from recserve.serving.wire.codec import triton_inputs
 from recserve.zoo import sample_batch
 
 MODEL, SCALE, ITEMS, IN_FLIGHT = "hercules-rmc1", 1e-3, 128, 4
+
+
+def http_round(port: int, control: ControlClient, sizes: list[int], pause_s: float, batch,
+               failures: collections.Counter) -> int:
+    """The same over HTTP: ``IN_FLIGHT`` keep-alive connections, one query at a time each."""
+    stop, sent, lock = threading.Event(), [0], threading.Lock()
+
+    def send() -> None:
+        client = thttp.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=120, network_timeout=120)
+        while not stop.is_set():
+            with lock:
+                sent[0] += 1
+            try:
+                client.infer(MODEL, triton_inputs(thttp, batch.as_arrays()))
+            except Exception as exc:  # noqa: BLE001 - counted
+                with lock:
+                    failures[str(exc)[:160]] += 1
+        client.close()
+
+    senders = [threading.Thread(target=send) for _ in range(IN_FLIGHT)]
+    for t in senders:
+        t.start()
+    try:
+        for n in sizes:
+            time.sleep(pause_s)
+            control.set_workers(MODEL, n)
+    finally:
+        stop.set()
+        for t in senders:
+            t.join(timeout=120)
+    return sent[0]
 
 
 def one_round(port_grpc: int, control: ControlClient, sizes: list[int], pause_s: float, batch,
@@ -69,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--sizes", default="3,1,3,1,2", help="worker counts each round resizes through, in order")
     ap.add_argument("--pause-s", type=float, default=0.3, help="time between resizes")
-    ap.add_argument("--out", default=str(ROOT / "results" / "stress_resize_grpc.json"))
+    ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
+                    help="grpc: one channel, calls in flight; http: keep-alive connections, tritonclient.http")
+    ap.add_argument("--out", default=str(ROOT / "results" / "stress_resize.json"))
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     config = quick_config(MODEL, scale=SCALE, workers=2, deadline_ms=60_000)
@@ -79,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     with harness.node(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
         for r in range(args.rounds):
-            n = one_round(server.ports.grpc, control, sizes, args.pause_s, batch, failures)
+            if args.protocol == "grpc":
+                n = one_round(server.ports.grpc, control, sizes, args.pause_s, batch, failures)
+            else:
+                n = http_round(server.ports.http, control, sizes, args.pause_s, batch, failures)
             calls += n
             print(f"round {r + 1}/{args.rounds}: {n} calls, {sum(failures.values())} failed so far", flush=True)
             control.set_workers(MODEL, 2)
