@@ -49,6 +49,7 @@ from tests.support.accel import (
 from tests.support.nodes import started
 from tests.support.oip_inputs import grpc_inputs
 from tests.support.scrape import metric_value, scrape
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -646,15 +647,17 @@ def test_a_dead_accelerator_worker_is_an_explicit_503_and_is_replaced(node, mode
     finally:
         killer.join()
     assert status == 503
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        detail = http.get_json(ports.http, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
-        if detail and detail[0]["ready"] and detail[0]["pid"] != pid:
-            break
-        time.sleep(0.1)
+    assert replaced(ports.http, pid)
     [(status, scores)] = infer_many(ports.http, [batch])  # the replacement serves the same socket
     assert status == 200
     np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)
+
+
+def replaced(port: int, pid: int) -> bool:
+    """Whether the accelerator worker ``pid`` has a ready replacement (waited for, up to 60 s)."""
+    detail = until(lambda: http.get_json(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"],
+                   lambda d: bool(d) and d[0]["ready"] and d[0]["pid"] != pid)
+    return bool(detail) and detail[0]["ready"] and detail[0]["pid"] != pid
 
 
 def test_a_hung_accelerator_worker_is_replaced_and_its_queries_get_503_before_their_deadline():
@@ -677,12 +680,7 @@ def test_a_hung_accelerator_worker_is_replaced_and_its_queries_get_503_before_th
             except ProcessLookupError:
                 pass  # killed by the watchdog, as intended
         assert status == 503 and waited < 10.0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            detail = http.get_json(port, "/control/models/ncf")["stages"]["accel"]["worker_detail"]
-            if detail and detail[0]["ready"] and detail[0]["pid"] != pid:
-                break
-            time.sleep(0.1)
+        assert replaced(port, pid)
         [(status, scores)] = infer_many(port, [batch])
         assert status == 200
         np.testing.assert_allclose(scores, models.scores(model, batch), rtol=1e-5, atol=1e-6)

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -381,13 +380,8 @@ class Load:
         return self.results
 
 
-def wait_for(predicate, timeout_s=90.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
+def wait_for(predicate, timeout_s=90.0) -> bool:
+    return bool(until(predicate, bool, timeout_s))
 
 
 def test_killed_worker_fails_its_query_explicitly_and_comes_back(node, references):
