@@ -7,8 +7,9 @@ from queue import SimpleQueue
 
 from hpack import Encoder
 
-from recserve.serving.transport.h2connection import GOAWAY_ACK_S, H2Connection
+from recserve.serving.transport.h2connection import GOAWAY_ACK_S, GOAWAY_QUIET_MAX_S, GOAWAY_QUIET_S, H2Connection
 from recserve.serving.transport.h2frames import (
+    ACK,
     DATA,
     END_HEADERS,
     END_STREAM,
@@ -16,6 +17,8 @@ from recserve.serving.transport.h2frames import (
     FLOW_CONTROL_ERROR,
     FRAMES_PER_TURN,
     GOAWAY,
+    GOAWAY_PING,
+    GOAWAY_PING_AGAIN,
     HEADERS,
     PING,
     PREFACE,
@@ -162,3 +165,26 @@ def test_a_graceful_close_asks_the_host_for_its_timer_and_ends_our_side_when_it_
     fire()  # type: ignore[operator]
     [(kind, _, _, payload)] = wire.frames()
     assert kind == GOAWAY and int.from_bytes(payload[:4], "big") == 1 and wire.eof
+
+
+def test_streams_that_keep_arriving_after_the_acknowledgements_delay_the_final_goaway_up_to_a_bound():
+    """Each quiet check that saw a new stream waits again; ``GOAWAY_QUIET_MAX_S`` after the second acknowledgement
+    the final GOAWAY goes anyway, naming the last stream that arrived."""
+    now = [100.0]
+    conn, wire, host, seen, _ = _open(now=now)
+    encoder = Encoder()
+    conn.close_gracefully()
+    wire.frames()
+    conn.receive(frame(PING, ACK, 0, GOAWAY_PING))
+    conn.receive(frame(PING, ACK, 0, GOAWAY_PING_AGAIN))
+    stream = 1
+    while not wire.eof:
+        _, check = host.timers.pop()
+        conn.receive(_call(encoder, stream, b"x"))  # a stream within every quiet time
+        stream += 2
+        now[0] += GOAWAY_QUIET_S
+        check()  # type: ignore[operator]
+        assert stream < 200
+    last = [int.from_bytes(p[:4], "big") for kind, _, _, p in wire.frames() if kind == GOAWAY]
+    assert last == [stream - 2] and len(seen) == (stream - 1) // 2
+    assert now[0] - 100.0 >= GOAWAY_QUIET_MAX_S

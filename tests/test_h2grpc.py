@@ -386,11 +386,17 @@ def _goaway_last_ids(frames: list[tuple[int, int, int, bytes]]) -> list[int]:
     return [int.from_bytes(payload[:4], "big") for kind, _, _, payload in frames if kind == 7]
 
 
-def test_a_stream_the_client_sends_after_its_first_ping_acknowledgement_is_still_served():
+def test_a_stream_the_client_sends_after_its_ping_acknowledgements_is_still_served(monkeypatch):
     """grpc-core writes a PING's acknowledgement before the HEADERS of a stream it numbered just before it read
-    the first GOAWAY: the final GOAWAY waits for a second PING round trip, so that stream is answered instead of
-    crossing the final GOAWAY (grpc-core retries a crossed call only once)."""
+    the first GOAWAY, and behind a large message such HEADERS can trail both acknowledgements: the final GOAWAY
+    waits for a second PING round trip and then for ``GOAWAY_QUIET_S`` with no new stream, so those streams are
+    answered instead of crossing it (grpc-core retries a crossed call only while its message fits the retry
+    buffer).  A stream after the final GOAWAY is refused."""
     from hpack import Encoder
+
+    import recserve.serving.transport.h2connection as h2connection
+
+    monkeypatch.setattr(h2connection, "GOAWAY_QUIET_S", 0.05)
 
     async def run() -> None:
         conn, transport = _connection()
@@ -402,11 +408,20 @@ def test_a_stream_the_client_sends_after_its_first_ping_acknowledgement_is_still
         frames = transport.frames()
         assert (0, 0, 1, b"\x00\x00\x00\x00\x04late") in frames  # answered, not refused
         assert _goaway_last_ids(frames) == [] and (6, 0, 0, GOAWAY_PING_AGAIN) in frames
-        conn.data_received(_frame(6, 1, 0, GOAWAY_PING_AGAIN) + _call(3, b"later", encoder))
+        conn.data_received(_frame(6, 1, 0, GOAWAY_PING_AGAIN))
+        await asyncio.sleep(0.02)
+        conn.data_received(_call(3, b"later", encoder))  # after both acknowledgements, within the quiet time
+        await asyncio.sleep(0.02)
+        conn.data_received(_call(5, b"latest", encoder))  # arrivals restart the quiet time
         frames = transport.frames()
-        assert _goaway_last_ids(frames) == [1]  # stream 3 came after it: refused, the client retries it
-        assert (3, 0, 3, (7).to_bytes(4, "big")) in frames and transport.eof
-        assert conn.h2.refused_streams == 1
+        assert (0, 0, 3, b"\x00\x00\x00\x00\x05later") in frames
+        assert (0, 0, 5, b"\x00\x00\x00\x00\x06latest") in frames
+        assert _goaway_last_ids(frames) == []
+        await asyncio.sleep(0.3)
+        frames = transport.frames()
+        assert _goaway_last_ids(frames) == [5] and transport.eof  # quiet: the final GOAWAY names the last stream
+        conn.data_received(_call(7, b"crossed", encoder))  # refused (our side has ended: nothing more is written)
+        assert conn.h2.refused_streams == 1 and not [f for f in transport.frames() if f[2] == 7]
 
     asyncio.run(run())
 

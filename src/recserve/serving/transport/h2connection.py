@@ -57,6 +57,8 @@ from recserve.serving.transport.h2streams import Call, MessageSink, Method, Stre
 log = logging.getLogger(__name__)
 
 GOAWAY_ACK_S = 1.0  # a client that has not acknowledged a graceful close's PINGs by then gets the final GOAWAY
+GOAWAY_QUIET_S = 0.1  # ... one that has gets it once no new stream has arrived for this long
+GOAWAY_QUIET_MAX_S = 2.0  # ... or this long after its second acknowledgement, whichever comes first
 
 
 class Host(Protocol):
@@ -93,6 +95,7 @@ class H2Connection:
         self.preface_received = False
         self.backlog = False  # this read left complete frames for the next turn of the loop
         self._goaway_ping = False  # the first of a graceful close's two GOAWAYs is out
+        self._acked_since: float | None = None  # when the client acknowledged the graceful close's second PING
         self._made = False  # connection_made has run
         self._close_when_made = False  # a graceful close asked for before it had (accepted, transport not made yet)
         self.last_read = clock()  # when the connection last read anything (``GrpcServer``'s timeouts)
@@ -134,12 +137,12 @@ class H2Connection:
         """Stop taking calls, answer those in flight, then close.  Two GOAWAYs, as grpc-core's server does: the
         first (any stream id) tells the client to open no more streams here, and the second names the last stream
         that arrived.  A single GOAWAY would fail, UNAVAILABLE, a call whose HEADERS were on the wire as it went
-        out.  The second waits for two PING round trips, not one as grpc-core's: grpc-core writes a PING's
-        acknowledgement before the HEADERS of a stream it had numbered just before it read the first GOAWAY, so
-        after one round trip such a stream could still cross the final GOAWAY (grpc-core retries a crossed call
-        only once).  A client that does not acknowledge gets the final GOAWAY after ``GOAWAY_ACK_S``, and our
-        side ends once its calls have.  A connection accepted but not yet made closes so once it is: its client
-        may already have sent calls, which would otherwise wait for the server's grace and fail."""
+        out.  The second waits for two PING round trips, not one as grpc-core's (grpc-core writes a PING's
+        acknowledgement before the HEADERS of a stream it had numbered just before it read the first GOAWAY), and
+        then until no new stream has arrived for ``GOAWAY_QUIET_S`` (``_when_quiet``).  A client that does not
+        acknowledge gets the final GOAWAY after ``GOAWAY_ACK_S``, and our side ends once its calls have.  A
+        connection accepted but not yet made closes so once it is: its client may already have sent calls, which
+        would otherwise wait for the server's grace and fail."""
         if not self._made:
             self._close_when_made = True
             return
@@ -147,7 +150,27 @@ class H2Connection:
             return
         self._goaway_ping = True
         self.replies.write([goaway_frame(MAX_WINDOW), frame(PING, 0, 0, GOAWAY_PING)])
-        self.host.call_later(GOAWAY_ACK_S, self._final_goaway)
+        self.host.call_later(GOAWAY_ACK_S, self._unacknowledged)
+
+    def _unacknowledged(self) -> None:
+        if self._acked_since is None:
+            self._final_goaway()
+
+    def _when_quiet(self, last_id: int) -> None:
+        """The final GOAWAY once no stream has arrived for ``GOAWAY_QUIET_S``.  Two PING round trips are not always
+        enough: a client writing a large message can queue the HEADERS of a stream it numbered before the first
+        GOAWAY behind it, while its PING acknowledgements (control frames) go first.  Such a stream crossing the
+        final GOAWAY is retried by grpc-core only if its message fits the retry buffer (256 KiB by default): a
+        larger call fails UNAVAILABLE."""
+        if self.streams.last_id == last_id or self.clock() - self._acked_since >= GOAWAY_QUIET_MAX_S:
+            self._final_goaway()
+        else:
+            self._quiet_check()
+
+    def _quiet_check(self) -> None:
+        """``_when_quiet`` after ``GOAWAY_QUIET_S``, with the last stream that had arrived by now."""
+        last_id = self.streams.last_id
+        self.host.call_later(GOAWAY_QUIET_S, lambda: self._when_quiet(last_id))
 
     def _final_goaway(self) -> None:
         """The second GOAWAY, naming the last stream that arrived; our side ends when the calls in flight have."""
@@ -297,8 +320,9 @@ class H2Connection:
             self.replies.out.append(frame(PING, ACK, 0, payload))
         elif payload == GOAWAY_PING and not self.replies.closing:  # the client has seen the first GOAWAY
             self.replies.out.append(frame(PING, 0, 0, GOAWAY_PING_AGAIN))  # after the streams it had numbered
-        elif payload == GOAWAY_PING_AGAIN:  # every stream it opened has arrived
-            self._final_goaway()
+        elif payload == GOAWAY_PING_AGAIN and self._acked_since is None:  # the streams it had numbered are coming
+            self._acked_since = self.clock()
+            self._quiet_check()
 
     def _settings(self, flags: int, stream: int, payload: bytes) -> None:
         if stream or len(payload) % 6 or (flags & ACK and payload):
