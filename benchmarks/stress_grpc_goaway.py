@@ -2,12 +2,14 @@
 
 A worker that retires and the node's cover that stops both close their gRPC connections with GOAWAY
 (``serving/transport/h2grpc.py``, ``GrpcConnection.close_gracefully``).  A call whose HEADERS cross the final GOAWAY is
-refused and grpc-core retries it once, transparently; a call crossing twice fails ("Stream removed (GOAWAY
+refused and grpc-core retries it once, transparently, if its messages fit the call's retry buffer (256 KiB by
+default; a larger call fails at once); a call crossing twice fails ("Stream removed (GOAWAY
 received)"), as ``test_changing_workers_under_load_loses_no_query[grpc]`` once did in CI.  This script counts,
 for ``--closes`` rounds ``--gap-ms`` apart, the calls answered, the streams refused after a final GOAWAY
 (crossings) and every failure by code and message, and writes JSON.  Every call should be answered.
 
-    .venv/bin/python -m benchmarks.stress_grpc_goaway --threads 8 --closes 500 --gap-ms 20
+    .venv/bin/python -m benchmarks.stress_grpc_goaway --threads 8 --closes 500 --gap-ms 20 \
+        [--in-flight 4 --message-kb 1024]
 """
 
 from __future__ import annotations
@@ -52,15 +54,28 @@ def echo(path: str) -> h2grpc.Method:
     return h2grpc.Method(unary=lambda call, raw: call.reply(bytes(raw)))
 
 
-def call_until(port: int, stop: threading.Event, counts: Counts) -> None:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+def call_until(port: int, stop: threading.Event, counts: Counts, message: bytes = b"hello",
+               in_flight: int = 1, retry_buffer: int = 0) -> None:
+    """Calls of ``message`` on one channel, ``in_flight`` at a time, until ``stop``; ``retry_buffer``: the
+    channel's ``grpc.per_rpc_retry_buffer_size`` (0: grpc-core's default, 256 KiB)."""
+    window, lock = threading.Semaphore(in_flight), threading.Lock()
+
+    def done(future: grpc.Future) -> None:
+        exc = future.exception()
+        with lock:
+            counts["answered" if exc is None else f"{exc.code().name}: {exc.details()}"] += 1
+        window.release()
+
+    options = [("grpc.max_send_message_length", 1 << 26), ("grpc.max_receive_message_length", 1 << 26)]
+    if retry_buffer:
+        options.append(("grpc.per_rpc_retry_buffer_size", retry_buffer))
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
         send = channel.unary_unary("/stress.S/Echo")
         while not stop.is_set():
-            try:
-                send(b"hello", timeout=30)
-                counts["answered"] += 1
-            except grpc.RpcError as exc:
-                counts[f"{exc.code().name}: {exc.details()}"] += 1
+            window.acquire()
+            send.future(message, timeout=30).add_done_callback(done)
+        for _ in range(in_flight):
+            window.acquire()
 
 
 def total(per_thread: list[Counts]) -> Counts:
@@ -74,11 +89,13 @@ def total(per_thread: list[Counts]) -> Counts:
 
 async def stress(args: argparse.Namespace) -> dict:
     sock = listening_socket("127.0.0.1", 0)
-    server = CountingServer(echo, 1 << 20)
+    server = CountingServer(echo, max(1 << 20, 2 * args.message_kb << 10))
     await server.start(sock)
     stop = threading.Event()
     per_thread = [Counts() for _ in range(args.threads)]
-    threads = [threading.Thread(target=call_until, args=(sock.getsockname()[1], stop, counts))
+    message = b"x" * (args.message_kb << 10) if args.message_kb else b"hello"
+    threads = [threading.Thread(target=call_until, args=(sock.getsockname()[1], stop, counts, message, args.in_flight,
+                                                         args.retry_buffer_kb << 10))
                for counts in per_thread]
     for t in threads:
         t.start()
@@ -96,7 +113,9 @@ async def stress(args: argparse.Namespace) -> dict:
     await server.stop(grace=1.0)
     counts = total(per_thread)
     failed = sum(n for k, n in counts.items() if k not in ("answered", REFUSED))
-    return {"threads": args.threads, "closes": closed, "gap_ms": args.gap_ms, "loop": args.loop,
+    return {"threads": args.threads, "in_flight": args.in_flight, "message_kb": args.message_kb,
+            "retry_buffer_kb": args.retry_buffer_kb, "closes": closed,
+            "gap_ms": args.gap_ms, "loop": args.loop,
             "counts": dict(counts), "failed": failed}
 
 
@@ -111,6 +130,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="client threads, each with its own channel")
     parser.add_argument("--closes", type=int, default=500, help="rounds of closing every connection")
     parser.add_argument("--gap-ms", type=float, default=20.0, help="time between rounds")
+    parser.add_argument("--in-flight", type=int, default=1, help="calls each channel keeps in flight")
+    parser.add_argument("--message-kb", type=int, default=0,
+                        help="request size (0: 5 bytes); above 256, grpc-core cannot retry a crossed call")
+    parser.add_argument("--retry-buffer-kb", type=int, default=0,
+                        help="the clients' grpc.per_rpc_retry_buffer_size (0: grpc-core's 256 KiB)")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the server's event loop")
     parser.add_argument("--progress", action="store_true", help="print the counts every 100 rounds")
     parser.add_argument("--json", type=Path, default=ROOT / "results" / "stress_grpc_goaway.json")

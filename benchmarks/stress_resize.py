@@ -28,7 +28,7 @@ from benchmarks import harness
 from benchmarks.harness import ROOT
 from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
-from recserve.serving.wire.codec import triton_inputs
+from recserve.serving.wire.codec import grpc_client_options, triton_inputs
 from recserve.zoo import sample_batch
 
 MODEL, SCALE, ITEMS, IN_FLIGHT = "hercules-rmc1", 1e-3, 128, 4
@@ -66,9 +66,9 @@ def http_round(port: int, control: ControlClient, sizes: list[int], pause_s: flo
 
 
 def one_round(port_grpc: int, control: ControlClient, sizes: list[int], pause_s: float, batch,
-              failures: collections.Counter) -> int:
+              failures: collections.Counter, channel_args: list | None = None) -> int:
     """Calls kept in flight on one channel while the workers are resized through ``sizes``; returns the calls."""
-    client = tgrpc.InferenceServerClient(f"127.0.0.1:{port_grpc}")
+    client = tgrpc.InferenceServerClient(f"127.0.0.1:{port_grpc}", channel_args=channel_args)
     answers: queue.Queue = queue.Queue()
     window, stop, sent = threading.Semaphore(IN_FLIGHT), threading.Event(), [0]
 
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause-s", type=float, default=0.3, help="time between resizes")
     ap.add_argument("--protocol", choices=("grpc", "http"), default="grpc",
                     help="grpc: one channel, calls in flight; http: keep-alive connections, tritonclient.http")
+    ap.add_argument("--recommended-channel", action="store_true",
+                    help="gRPC with the channel options recserve recommends (codec.grpc_client_options: a retry "
+                         "buffer that holds the ~1 MB query), not tritonclient's defaults")
     ap.add_argument("--out", default=str(ROOT / "results" / "stress_resize.json"))
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -115,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         control = ControlClient("127.0.0.1", server.ports.http)
         for r in range(args.rounds):
             if args.protocol == "grpc":
-                n = one_round(server.ports.grpc, control, sizes, args.pause_s, batch, failures)
+                n = one_round(server.ports.grpc, control, sizes, args.pause_s, batch, failures,
+                              grpc_client_options() if args.recommended_channel else None)
             else:
                 n = http_round(server.ports.http, control, sizes, args.pause_s, batch, failures)
             calls += n

@@ -11,13 +11,17 @@ import grpc
 import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2_grpc
 
+from recserve.serving.wire.codec import grpc_client_options
+
 
 def address(port: int) -> str:
     return f"127.0.0.1:{port}"
 
 
 def triton(port: int, **options: Any) -> tgrpc.InferenceServerClient:
-    """tritonclient's gRPC client of the node whose gRPC port is ``port``."""
+    """tritonclient's gRPC client of the node whose gRPC port is ``port``, with the channel options recserve
+    recommends (``codec.grpc_client_options``: a retry buffer that holds a large query) unless ``channel_args``."""
+    options.setdefault("channel_args", grpc_client_options())
     return tgrpc.InferenceServerClient(address(port), **options)
 
 

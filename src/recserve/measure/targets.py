@@ -288,8 +288,7 @@ class GrpcTarget:
         pb = grpc_messages()
         self._requests = [(encode_grpc_request(b, self.model).SerializeToString(), b.size) for b in pool.batches()]
         if self._channel is None:
-            opts = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-            self._channel = grpc.aio.insecure_channel(self.address, options=opts)
+            self._channel = grpc.aio.insecure_channel(self.address, options=codec.grpc_client_options())
             # request_serializer=None: the pre-serialised bytes go out as they are
             self._call = self._channel.unary_unary(INFER_METHOD, request_serializer=None,
                                                    response_deserializer=pb.ModelInferResponse.FromString)

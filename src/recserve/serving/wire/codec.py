@@ -692,6 +692,18 @@ def decode_http_response(body: bytes, header_length: int | None) -> dict[str, np
 # ---------------------------------------------------------------- gRPC messages' contents
 
 
+RETRY_BUFFER_BYTES = 64 << 20  # a client channel's grpc.per_rpc_retry_buffer_size: queries up to 64 MiB
+
+
+def grpc_client_options(max_message: int = -1) -> list[tuple[str, int]]:
+    """The channel options recserve's gRPC clients use, and recommend: messages up to ``max_message`` (-1: any),
+    and a per-call retry buffer that holds a large query.  grpc-core retries a call refused by a server's GOAWAY
+    (a worker retiring, a node draining) only while the call's messages fit that buffer, 256 KiB by default; a
+    larger call sent as the GOAWAY arrives fails ``UNAVAILABLE: GOAWAY received`` instead."""
+    return [("grpc.max_send_message_length", max_message), ("grpc.max_receive_message_length", max_message),
+            ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES)]
+
+
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest's field number for ``raw_input_contents`` (grpc_service.proto)
 _RAW_KEY = RAW_INPUT_CONTENTS << 3 | 2  # its key byte: the field number and wire type 2 (length-delimited)
 _ID_KEY = 3 << 3 | 2  # ModelInferRequest.id (field 3, a string)
