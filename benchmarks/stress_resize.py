@@ -34,6 +34,12 @@ from recserve.zoo import sample_batch
 MODEL, SCALE, ITEMS, IN_FLIGHT = "hercules-rmc1", 1e-3, 128, 4
 
 
+def resize_through(control: ControlClient, sizes: list[int], pause_s: float) -> None:
+    for n in sizes:
+        time.sleep(pause_s)
+        control.set_workers(MODEL, n)
+
+
 def http_round(port: int, control: ControlClient, sizes: list[int], pause_s: float, batch,
                failures: collections.Counter) -> int:
     """The same over HTTP: ``IN_FLIGHT`` keep-alive connections, one query at a time each."""
@@ -55,9 +61,7 @@ def http_round(port: int, control: ControlClient, sizes: list[int], pause_s: flo
     for t in senders:
         t.start()
     try:
-        for n in sizes:
-            time.sleep(pause_s)
-            control.set_workers(MODEL, n)
+        resize_through(control, sizes, pause_s)
     finally:
         stop.set()
         for t in senders:
@@ -85,9 +89,7 @@ def one_round(port_grpc: int, control: ControlClient, sizes: list[int], pause_s:
     sender = threading.Thread(target=send)
     sender.start()
     try:
-        for n in sizes:
-            time.sleep(pause_s)
-            control.set_workers(MODEL, n)
+        resize_through(control, sizes, pause_s)
     finally:
         stop.set()
         sender.join(timeout=60)
