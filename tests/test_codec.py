@@ -85,6 +85,21 @@ def test_a_response_never_carries_nan():
     assert json.loads(body)["outputs"][0]["data"] == [0.5, 0.25]
 
 
+@pytest.mark.parametrize("request_id", [None, "q7", 2**70])
+def test_a_json_answer_reads_back_as_the_exact_scores_and_id(request_id):
+    """Each float32 score reads back as itself (as ``json`` wrote it, whichever library writes it); an ``id`` orjson
+    cannot write (past 64 bits) is written by ``json``."""
+    scores = np.random.default_rng(3).random((257, 1)).astype(np.float32) ** 9  # down to ~1e-30: exponents too
+    request = {} if request_id is None else {"id": request_id}
+    body, headers = codec.http_infer_response("m", request, scores, version="4")
+    answer = json.loads(body)
+    assert headers == {"Content-Type": "application/json"} and answer.get("id") == request_id
+    assert answer["model_version"] == "4" and answer["outputs"][0]["shape"] == [257, 1]
+    data = answer["outputs"][0]["data"]
+    assert data == scores.reshape(-1).tolist()  # the same float64 values json.dumps would have written
+    assert np.array_equal(np.asarray(data, np.float32), scores.reshape(-1))
+
+
 def _infer_request(raw: bool = True):
     from tritonclient.grpc import service_pb2
 
