@@ -200,11 +200,20 @@ class ModelRuntime:
         for w in self.pools["model"].workers:
             w.outbox.post(msg)  # type: ignore[union-attr]
 
-    async def configure(self, changes: dict[str, Any], workers: list[WorkerHandle] | None = None) -> None:
+    async def configure(self, changes: dict[str, Any], workers: list[WorkerHandle] | None = None,
+                        strict: bool = True) -> None:
         """Live settings to the model workers (or to ``workers`` of them), returning once they are in effect
-        (``live_settings.LiveSettings.apply``); nothing to send where the server process takes the queries."""
-        if self.accepts_in_workers:
+        (``live_settings.LiveSettings.apply``); nothing to send where the server process takes the queries.  A
+        worker late past the bound is an ``InferError``, or with ``strict=False`` a warning: where the change is
+        part of a step that goes on regardless (the worker applies it when its loop next runs)."""
+        if not self.accepts_in_workers:
+            return
+        try:
             await self.live.apply(self.pools["model"].workers if workers is None else workers, changes)
+        except InferError as exc:
+            if strict:
+                raise
+            log.warning("%s", exc)
 
     # ------------------------------------------------------------------ control
     def stage_for(self, stage: str | None) -> WorkerPool:
@@ -226,22 +235,16 @@ class ModelRuntime:
             if pool.stage == "model":
                 await self.stop_accepting(retirees)
             if pool.stage == "accel":  # the CPU workers stop sending to retiring accelerator workers
-                try:
-                    await self.configure({"accel_sockets": self.accel_sockets()})
-                except InferError as exc:  # the retirees still finish what they hold
-                    log.warning("%s", exc)
+                await self.configure({"accel_sockets": self.accel_sockets()}, strict=False)
 
         await pool.resize(n, cores, threads, retired)
         return self.state()
 
     async def stop_accepting(self, workers: list[WorkerHandle] | None = None) -> None:
         """Its workers (or ``workers`` of them, about to retire) accept no more connections, acknowledged, before any
-        of them closes one: a gRPC client sent GOAWAY reconnects, and grpc-core retries a call refused that way
-        once only, so the new connection must reach a worker that stays."""
-        try:
-            await self.configure({"accepting": False}, workers=workers)
-        except InferError as exc:  # the workers still finish what they hold
-            log.warning("%s", exc)
+        of them closes one: a gRPC client sent GOAWAY reconnects at once, and the new connection must reach a
+        worker that stays (docs/decisions/2026-11-29-retirees-stop-accepting-first.md)."""
+        await self.configure({"accepting": False}, workers=workers, strict=False)
 
     def accel_sockets(self) -> list[str]:
         """Sockets of the accelerator workers the CPU workers may send to (not retiring)."""
@@ -259,10 +262,7 @@ class ModelRuntime:
         """Whether this version answers the unversioned path.  A worker late to apply it is logged, not raised: the
         version load that moves it has succeeded, and the worker applies it when its loop next runs."""
         self.is_default = default
-        try:
-            await self.configure({"default": default})
-        except InferError as exc:
-            log.warning("%s", exc)
+        await self.configure({"default": default}, strict=False)
 
     async def set_sub_batch(self, k: int) -> dict[str, Any]:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
