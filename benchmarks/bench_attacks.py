@@ -190,6 +190,44 @@ def _json_burst(port: int, seconds: float, request: bytes, connections: int = 8)
     return counts
 
 
+HIDDEN = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"  # a request smuggled where a parser may see a body
+
+
+def _ambiguous_heads(path: str) -> list[bytes]:
+    """Request heads that frame their body ambiguously (RFC 9112 6.3, 5.2; the request-smuggling classes), each with
+    a second request hidden behind it: a server must refuse the head and close, never answer the hidden one."""
+    post, n = f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode(), len(HIDDEN)
+    return [post + b"Content-Length: 0\r\nContent-Length: %d\r\n\r\n" % n + HIDDEN,  # CL.CL
+            post + b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n0\r\n\r\n" % n + HIDDEN,  # TE.CL
+            post + b"Transfer-Encoding: gzip\r\n\r\n" + HIDDEN,  # TE not ending in chunked
+            post + b"X-A: a\r\n Content-Length: %d\r\n\r\n" % n + HIDDEN,  # obs-fold
+            post + b"Content-Length : %d\r\n\r\n" % n + HIDDEN,  # space before the colon
+            post + b"Content-Length: +%d\r\n\r\n" % n + HIDDEN,  # a signed length
+            post + b"X-A: a\rContent-Length: 0\r\n\r\n" + HIDDEN]  # a bare CR
+
+
+def _ambiguous(port: int, seconds: float, path: str) -> dict[str, int]:
+    """Each ambiguous head on a connection of its own, round after round: counts refusals (4xx/5xx and a close),
+    and answers to a hidden request (must stay 0)."""
+    end, counts = time.monotonic() + seconds, {"sent": 0, "refused_and_closed": 0, "hidden_answered": 0}
+    heads = _ambiguous_heads(path)
+    while time.monotonic() < end:
+        for message in heads:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(message)
+                reply = b""
+                try:
+                    while chunk := sock.recv(1 << 16):
+                        reply += chunk
+                except OSError:
+                    pass
+            counts["sent"] += 1
+            statuses = [line[9:12] for line in reply.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+            counts["hidden_answered"] += sum(st == b"200" for st in statuses)
+            counts["refused_and_closed"] += len(statuses) == 1 and statuses[0][:1] in (b"4", b"5")
+    return counts
+
+
 def _idle(ports: tuple[int, int], seconds: float, count: int) -> dict[str, int]:
     held = []
     for i in range(count):
@@ -211,12 +249,14 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
         results.put(_json_burst(http_port, seconds, json_request))
     elif kind == "idle_connections":
         results.put(_idle((http_port, grpc_port), seconds, 1500))
+    elif kind == "ambiguous_heads":
+        results.put(_ambiguous(http_port, seconds, http_request.split(b" ", 2)[1].decode()))
     else:
         results.put(_flood_grpc(kind, grpc_port, seconds, raw))
 
 
 ATTACKS = ("ping", "settings", "empty_data", "continuation", "rapid_reset_infer", "rapid_reset_forwarded",
-           "incomplete_messages", "http_pipeline", "idle_connections", "json_burst")
+           "incomplete_messages", "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst")
 
 
 def _json_body(batch: Any) -> bytes:
