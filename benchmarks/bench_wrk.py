@@ -16,7 +16,12 @@ competes with the server for cores), and for recserve's HTTP rows each worker's 
 held and the queries forwarded to an idle sibling (how the load spreads over the workers).
 A missing wrk or h2load skips its protocol's rows with a note; it never fails the benchmark.
 
-    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_wrk --workers 1,2 --duration 5
+Beside req/s each row reports its server's CPU per answer (every process descended from the one listening on
+its port, sampled over the measured seconds), and that over recserve's row of the same wire: on a small host the
+tool takes cores from the server, so req/s ratios move with it, while CPU per answer is the server's own work.
+``--binary-rows fastapi`` sends FastAPI the binary extension, as bench_peers does, for a like-for-like HTTP row.
+
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_wrk --workers 1,2 --duration 5 [--binary-rows fastapi]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.bench_peers import compare_scores, reference_scores, worker_counts
+from benchmarks.common.timing import listening_pids, process_tree, tree_cpu_s
 from benchmarks.peers import loadtools
 from benchmarks.peers.servers import NOTES, PEERS, runnable, say
 from recserve.measure.requests import RequestPool
@@ -55,13 +61,25 @@ from recserve.wire import OUTPUT_SCORES
 ROWS = ("recserve", "recserve-json", "recserve-grpc", "fastapi", "ray-serve", "kserve-rest", "kserve-grpc",
         "mlserver-rest", "mlserver-grpc")
 BASE = "recserve"  # the row every ratio is taken against
+# rows whose server computes outside the processes descended from the one listening on its port (Ray Serve's
+# replicas are actors started by Ray's raylet, not by its HTTP proxy): their server CPU is not reported
+PARTIAL_TREE = {"ray-serve"}
 
 
-def as_json(name: str, url: str) -> str:
-    """The row's URL: plain JSON for the peers' HTTP rows (what curl and most clients send); recserve's rows as
-    bench_peers names them (``recserve`` and its ablations binary, ``recserve-json`` JSON)."""
-    return url.replace("http://", "http+json://", 1) if not name.startswith(BASE) and url.startswith("http://") \
-        else url
+BINARY_PEERS = ("fastapi", "ray-serve")  # peers that read the binary tensor extension (bench_peers sends it them)
+
+
+def as_json(name: str, url: str, binary_rows: frozenset[str] = frozenset()) -> str:
+    """The row's URL: plain JSON for the peers' HTTP rows (what curl and most clients send) but those of
+    ``binary_rows``; recserve's rows as bench_peers names them (``recserve`` and its ablations binary,
+    ``recserve-json`` JSON)."""
+    json_row = not name.startswith(BASE) and name not in binary_rows
+    return url.replace("http://", "http+json://", 1) if json_row and url.startswith("http://") else url
+
+
+def wire_of(url: str) -> str:
+    """What a row's requests carry: ``grpc``, ``json`` or ``binary`` (the HTTP binary tensor extension)."""
+    return "grpc" if url.startswith("grpc://") else "json" if url.startswith("http+json://") else "binary"
 
 
 def protocol_of(url: str) -> str:
@@ -142,9 +160,10 @@ def connections_held(pid: int, port: int) -> int:
 
 
 def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: argparse.Namespace,
-             answer_bytes: int, folder: Path, per_worker: bool = False) -> dict:
-    """One measured run (after a 1 s warm-up) of the protocol's tool against ``url``, with its CPU, the host's, and
-    for a recserve HTTP row each worker's CPU and the tool's connections it held half-way through the run."""
+             answer_bytes: int, folder: Path, per_worker: bool = False, server_cpu: bool = True) -> dict:
+    """One measured run (after a 1 s warm-up) of the protocol's tool against ``url``, with its CPU, the host's, the
+    server's (``server_cpu``: every process descended from the one listening on the port, per answer), and for a
+    recserve HTTP row each worker's CPU and the tool's connections it held half-way through the run."""
     data = folder / "body.bin"
     data.write_bytes(body)
     if protocol_of(url) == "grpc":
@@ -158,9 +177,13 @@ def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: a
         cmd = loadtools.wrk_command(target, script, args.duration, args.connections)
     workers, siblings = recserve_state(url, model) if per_worker else ([], {})
     cpu0 = [cpu_seconds(w["pid"]) for w in workers]
+    server = process_tree(listening_pids(int(url.rsplit(":", 1)[1]))) - {os.getpid()} if server_cpu else set()
     tool0, (busy0, all0), t0 = resource.getrusage(resource.RUSAGE_CHILDREN), host_busy(), time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(args.duration / 2 + (1 if protocol_of(url) == "grpc" else 0))  # h2load warms up 1 s first
+    warm = 1 if protocol_of(url) == "grpc" else 0  # h2load warms up 1 s first (wrk warmed up above)
+    time.sleep(warm)
+    server0, server_t0 = tree_cpu_s(server), time.monotonic()
+    time.sleep(args.duration / 2)
     conns = [connections_held(w["pid"], int(url.rsplit(":", 1)[1])) for w in workers]
     stdout, stderr = proc.communicate()
     tool1, (busy1, all1), wall = resource.getrusage(resource.RUSAGE_CHILDREN), host_busy(), time.monotonic() - t0
@@ -172,6 +195,10 @@ def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: a
         result = loadtools.parse_wrk(stdout)
     result["tool_cpu_per_s"] = (tool1.ru_utime + tool1.ru_stime - tool0.ru_utime - tool0.ru_stime) / wall
     result["host_busy_cores"] = (busy1 - busy0) / max(1, all1 - all0) * os.cpu_count()
+    server_s, server_wall = tree_cpu_s(server) - server0, time.monotonic() - server_t0
+    result["server_processes"] = len(server)
+    result["server_cpu_per_s"] = server_s / server_wall if server else None
+    result["server_cpu_us_per_answer"] = server_s / result["ok"] * 1e6 if server and result["ok"] else None
     if workers:
         result["per_worker"] = [{"id": w["id"], "connections": n, "cpu_per_s": (cpu_seconds(w["pid"]) - c0) / wall}
                                 for w, n, c0 in zip(workers, conns, cpu0, strict=True)]
@@ -215,7 +242,8 @@ def one_worker_count(rows: list[str], workers: int, pool: RequestPool, args: arg
         urls = {}
         for name in rows:
             say(f"== {name}, {workers} workers: starting")
-            urls[name] = as_json(name, stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms)))
+            started = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms))
+            urls[name] = as_json(name, started, frozenset(args.binary_rows))
         for i, size in enumerate(pool.sizes):
             for name in rows:
                 check, answer_bytes = check_row(name, urls[name], args, pool, want, i)
@@ -224,31 +252,41 @@ def one_worker_count(rows: list[str], workers: int, pool: RequestPool, args: arg
                 with tempfile.TemporaryDirectory(prefix="bench-wrk-") as folder:
                     try:
                         result = run_tool(urls[name], args.model, body, headers, args, answer_bytes, Path(folder),
-                                          per_worker=name.startswith("recserve") and protocol_of(urls[name]) == "http")
+                                          per_worker=name.startswith("recserve") and protocol_of(urls[name]) == "http",
+                                          server_cpu=name not in PARTIAL_TREE)
                     except (subprocess.CalledProcessError, ValueError) as exc:
                         out = getattr(exc, "stderr", "") or ""
                         result = {"failed": f"{exc} {out[-500:]}".strip()}
                         say(f"!! {name}: {result['failed']}")
-                by_batch[str(size)][name] = {**result, "score_check": check,
+                by_batch[str(size)][name] = {**result, "score_check": check, "wire": wire_of(urls[name]),
                                              "load_avg": os.getloadavg()[0]}
     return by_batch
 
 
+RECSERVE_ROW_OF = {"binary": BASE, "json": "recserve-json", "grpc": "recserve-grpc"}
+
+
 def add_ratios(results: dict) -> None:
+    """req/s of recserve (binary) over each row's; and each row's server CPU per answer over that of recserve's row
+    carrying the same wire (how many times recserve's work per answer it does: capacity on a host with cores to
+    spare, where req/s on a small host also counts the tool's CPU)."""
     for by_batch in results["by_workers"].values():
         for by_row in by_batch.values():
             base = by_row.get(BASE, {}).get("rps")
             for r in by_row.values():
                 r["recserve_over_it"] = base / r["rps"] if base and r.get("rps") else None
+                own = by_row.get(RECSERVE_ROW_OF.get(r.get("wire"), ""), {}).get("server_cpu_us_per_answer")
+                it = r.get("server_cpu_us_per_answer")
+                r["cpu_over_recserve"] = it / own if it and own else None
 
 
 def print_table(results: dict) -> None:
     print(f"closed loop, one fixed request, {results['connections']} connections, {results['duration_s']:g} s per "
           f"run, {results['model']} scale {results['scale']}; load average {results['load_avg_before']:.2f} before, "
           f"{results['load_avg_after']:.2f} after")
-    print(f"{'workers':>7} {'batch':>5} {'server':15s} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>7} "
-          f"{'errors':>6} {'recserve/it':>11} {'tool CPU':>8} {'host busy':>9} {'scores':>6}  "
-          "per worker (connections, CPU)")
+    print(f"{'workers':>7} {'batch':>5} {'server':15s} {'wire':>6} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'non-2xx':>7} {'errors':>6} {'recserve/it':>11} {'tool CPU':>8} {'host busy':>9} {'server CPU':>10} "
+          f"{'us/answer':>9} {'x recserve':>10} {'scores':>6}  per worker (connections, CPU)")
     for workers, by_batch in results["by_workers"].items():
         for size, by_row in by_batch.items():
             for name, r in by_row.items():
@@ -261,11 +299,18 @@ def print_table(results: dict) -> None:
                 if r.get("siblings"):
                     spread += (f" (forwarded {r['siblings'].get('forwarded', 0)}, "
                                f"{r['worker_cpu_us_per_answer'] or 0:.0f} us CPU per answer)")
-                print(f"{workers:>7} {size:>5} {name:15s} {r['rps']:>8.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                      f"{r['non_2xx']:>7} {r['errors']:>6} {ratio:>11} {r['tool_cpu_per_s']:>8.2f} "
-                      f"{r['host_busy_cores']:>9.2f} {scores:>6}  {spread}")
+                cores, per_answer, over = (r.get(k) for k in ("server_cpu_per_s", "server_cpu_us_per_answer",
+                                                               "cpu_over_recserve"))
+                print(f"{workers:>7} {size:>5} {name:15s} {r.get('wire', ''):>6} {r['rps']:>8.1f} {r['p50_ms']:>8.2f} "
+                      f"{r['p99_ms']:>8.2f} {r['non_2xx']:>7} {r['errors']:>6} {ratio:>11} "
+                      f"{r['tool_cpu_per_s']:>8.2f} {r['host_busy_cores']:>9.2f} "
+                      f"{'n/a' if cores is None else f'{cores:.2f}':>10} "
+                      f"{'n/a' if per_answer is None else f'{per_answer:.0f}':>9} "
+                      f"{'n/a' if over is None else f'{over:.2f}x':>10} {scores:>6}  {spread}")
     print("(req/s: successful answers; non-2xx: for gRPC rows also the HTTP 200s that carried a gRPC error instead "
-          "of an answer; tool CPU: cores; host busy: the host's busy cores, all processes)")
+          "of an answer; tool CPU: cores; host busy: the host's busy cores, all processes; server CPU: cores of every "
+          "process descended from the one listening on the row's port, us/answer its CPU per successful answer, "
+          "x recserve that over recserve's row of the same wire)")
     for name, note in results["notes"].items():
         print(f"note: {name}: {note}")
     for name, why in results["skipped"].items():
@@ -295,8 +340,13 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     parser.add_argument("--connections", type=int, default=4, help="connections (wrk -c, h2load -c)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {','.join(ROWS)}")
+    parser.add_argument("--binary-rows", type=lambda t: [n.strip() for n in t.split(",") if n.strip()], default=[],
+                        help=f"peer rows sent the HTTP binary tensor extension instead of JSON, of "
+                             f"{','.join(BINARY_PEERS)}")
     parser.add_argument("--out", default="results/bench_wrk.json")
     args = parser.parse_args()
+    if unknown := set(args.binary_rows) - set(BINARY_PEERS):
+        parser.error(f"--binary-rows: {sorted(unknown)} read no binary tensors; choose from {','.join(BINARY_PEERS)}")
     spec = get_model(args.model)
     sla = args.sla_ms or spec.sla.target_ms
     pool = RequestPool(spec, args.scale, tuple(int(b) for b in args.batches.split(",")))

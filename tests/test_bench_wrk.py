@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
+import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from benchmarks import bench_wrk
+from benchmarks.common import timing
 from benchmarks.peers import loadtools
 
 # wrk 4.1.0 -t1 -c4 -d2s --latency with the generated script (a recserve batch-256 run: 2279 answers were 503)
@@ -136,6 +140,46 @@ def test_the_peers_http_rows_speak_plain_json_and_recserve_binary() -> None:
     assert bench_wrk.as_json("recserve-json", "http+json://h:1") == "http+json://h:1"
     assert bench_wrk.as_json("fastapi", "http://h:1") == "http+json://h:1"
     assert bench_wrk.as_json("kserve-grpc", "grpc://h:2") == "grpc://h:2"
+
+
+def test_binary_rows_send_a_peer_the_binary_extension_and_the_wire_names_what_a_row_carries() -> None:
+    assert bench_wrk.as_json("fastapi", "http://h:1", frozenset({"fastapi"})) == "http://h:1"
+    assert bench_wrk.as_json("kserve-rest", "http://h:1", frozenset({"fastapi"})) == "http+json://h:1"
+    assert [bench_wrk.wire_of(u) for u in ("http://h:1", "http+json://h:1", "grpc://h:2")] == ["binary", "json", "grpc"]
+
+
+def test_cpu_per_answer_is_compared_with_recserves_row_of_the_same_wire() -> None:
+    rows = {"recserve": {"rps": 100.0, "wire": "binary", "server_cpu_us_per_answer": 1000.0},
+            "fastapi": {"rps": 50.0, "wire": "binary", "server_cpu_us_per_answer": 1800.0},
+            "recserve-grpc": {"rps": 80.0, "wire": "grpc", "server_cpu_us_per_answer": 1200.0},
+            "kserve-grpc": {"rps": 40.0, "wire": "grpc", "server_cpu_us_per_answer": 3000.0},
+            "kserve-rest": {"rps": 5.0, "wire": "json", "server_cpu_us_per_answer": 9000.0},  # no recserve-json row
+            "ray-serve": {"rps": 10.0, "wire": "binary", "server_cpu_us_per_answer": None}}  # not measured
+    bench_wrk.add_ratios({"by_workers": {"1": {"240": rows}}})
+    assert rows["fastapi"]["cpu_over_recserve"] == pytest.approx(1.8)
+    assert rows["kserve-grpc"]["cpu_over_recserve"] == pytest.approx(2.5)
+    assert rows["recserve"]["cpu_over_recserve"] == pytest.approx(1.0)
+    assert rows["kserve-rest"]["cpu_over_recserve"] is None
+    assert rows["ray-serve"]["cpu_over_recserve"] is None
+    assert rows["fastapi"]["recserve_over_it"] == pytest.approx(2.0)
+
+
+def test_a_servers_processes_are_those_listening_on_its_port_and_their_descendants() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert os.getpid() in timing.listening_pids(port)
+            tree = timing.process_tree(timing.listening_pids(port))
+            assert {os.getpid(), child.pid} <= tree
+            assert timing.tree_cpu_s(tree) > 0
+        finally:
+            child.kill()
+            child.wait()
+    assert os.getpid() not in timing.listening_pids(port)
+    assert timing.tree_cpu_s({child.pid}) == 0  # a process gone counts nothing
 
 
 class _Echo(http.server.BaseHTTPRequestHandler):

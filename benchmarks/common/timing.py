@@ -7,6 +7,7 @@ import os
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +47,57 @@ def cpu_s(pid: int) -> float:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def listening_pids(port: int) -> set[int]:
+    """Processes holding a listening TCP socket on local ``port`` (IPv4 or IPv6): a server's front end."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    pids = set()
+    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                pids.add(pid)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return pids
+
+
+def process_tree(roots: set[int]) -> set[int]:
+    """``roots`` and every process descended from them (``/proc/PID/stat``'s parent field)."""
+    children: dict[int, list[int]] = {}
+    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(pid)
+    tree, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo += children.get(pid, [])
+    return tree
+
+
+def tree_cpu_s(pids: set[int]) -> float:
+    """CPU seconds of the live processes among ``pids`` (one that exited counts 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_s(pid)
+        except OSError:
+            pass
+    return total
 
 
 def timed_cpu(fn, n: int, server_pids: list[int], worker_pids: list[int],
