@@ -261,6 +261,40 @@ def test_what_the_fast_reader_cannot_be_sure_of_it_leaves_to_the_whole_decode(fa
     assert read_fast(body) == whole(body)
 
 
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_a_requests_skeleton_is_the_request_with_empty_data_and_names_its_rows_and_timeout(spelling):
+    inputs = entries(query(batch=5))
+    text = body_of(inputs, **SPELLINGS[spelling]).decode()
+    body = text.replace('{', '{"parameters": {"timeout": 2500}, ', 1).encode()
+    expected = json.loads(body)
+    for t in expected["inputs"]:
+        t["data"] = []
+    skeleton = codec.json_skeleton(bytearray(body))  # a worker's receive buffer
+    assert skeleton == expected
+    assert codec.dense_rows(skeleton) == 5 and codec.timeout_s(skeleton["parameters"]) == pytest.approx(0.0025)
+
+
+@pytest.mark.parametrize("case", ["escape in a key", "data in parameters", "data given twice", "data a number",
+                                  "not JSON", "no data", "inputs not a list"])
+def test_a_skeleton_is_none_where_it_might_not_be_what_the_whole_decode_reads(case):
+    text = body_of(entries(query())).decode()
+    if case == "escape in a key":
+        text = text.replace('"data"', '"d\\u0061ta"', 1)
+    elif case == "data in parameters":
+        text = text.replace('{"inputs"', '{"parameters": {"data": [1, 2]}, "inputs"', 1)
+    elif case == "data given twice":
+        text = text.replace('"data": [', '"data": [5], "data": [', 1)
+    elif case == "data a number":
+        text = text.replace('"data": [', '"data": 5, "x": [', 1)
+    elif case == "not JSON":
+        text = text[:-1]
+    elif case == "no data":
+        text = json.dumps({"inputs": [{"name": "dense", "shape": [1, 4], "datatype": "FP32"}]})
+    elif case == "inputs not a list":
+        text = '{"inputs": {"data": [1]}}'
+    assert codec.json_skeleton(text.encode()) is None
+
+
 @pytest.mark.parametrize("structure, regular", [
     (b"[,,]", True), (b"[[,],[,]]", True), (b"[[[,]],[[,]]]", True), (b"[[,],[,,]]", False), (b"[[,],[]]", False),
     (b"[[,],,]", False), (b"[[,]", False), (b"[[,]]]", False), (b"[]", True), (b"[[],[]]", True)])

@@ -713,6 +713,73 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
         loop.close()
 
 
+def test_a_large_plain_json_query_is_shed_from_its_skeleton_without_being_decoded():
+    """Under overload a large plain-JSON query is refused (503 + Retry-After) from its skeleton (the request without
+    its ``data`` arrays), before its ~4 ms decode; one the skeleton cannot read is decoded as always, and with the
+    worker idle a large JSON query is decoded and answered."""
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
+
+    decoded = []
+
+    class FakePath:
+        def decode(self, body, header_length):
+            decoded.append(len(body))
+            return {}, (np.zeros((1, 1), np.float32),), 1
+
+        arrivals = 12  # each pass sees another query arrive, so one always waits (a worker under load)
+
+        def compute(self, queries):
+            time.sleep(0.02)
+            if self.arrivals:
+                self.arrivals -= 1
+                plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)
+            return [np.zeros((1, 1), np.float32) for _ in queries]
+
+        def encode(self, request, scores):
+            return b"ok", {"Content-Type": "text/plain"}
+
+    def post(body: bytes) -> bytes:
+        return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                "Content-Type: application/json\r\n\r\n").encode() + body
+
+    rows = 512
+    good = json.dumps({"inputs": [{"name": "dense", "shape": [rows, 13], "datatype": "FP32",
+                                   "data": [0.5] * (rows * 13)}]}).encode()
+    unreadable = good.replace(b'"data"', b'"d\\u0061ta"', 1)  # an escape: the skeleton cannot be sure
+    assert len(good) >= 32 * 1024 and b"\\" in unreadable
+    query = (np.zeros((1, 1), np.float32),)
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                            sub_batch=0)
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        theirs.settimeout(5)
+        plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
+        assert len(plane.admission.queue) == 1  # the queue (limit 1) is full
+        theirs.sendall(post(good))
+        loop.run_until_complete(asyncio.sleep(0.05))
+        reply = theirs.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After:" in reply and b"overloaded" in reply, reply
+        assert decoded == []  # refused from its skeleton: never decoded
+        theirs.sendall(post(unreadable))  # still under load: decoded, then refused by the usual check
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert theirs.recv(65536).startswith(b"HTTP/1.1 503") and decoded == [len(unreadable)]
+        for _ in range(200):  # the queued queries are computed: the worker goes idle
+            if not plane.admission.busy():
+                break
+            loop.run_until_complete(asyncio.sleep(0.05))
+        assert not plane.admission.busy()
+        theirs.sendall(post(good))
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert theirs.recv(65536).startswith(b"HTTP/1.1 200 OK") and decoded[-1] == len(good)
+    finally:
+        theirs.close()
+        loop.close()
+
+
 def test_a_large_body_is_received_whole_with_its_binary_tensors_aligned():
     """A body of 64 KiB or more is received in place into an uninitialised buffer: every byte must be the client's,
     and the binary part after the JSON header must start 64-byte aligned (numpy reads unaligned ids at half

@@ -414,29 +414,14 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     the whole way."""
     if not isinstance(head, bytes):  # a worker's receive buffer (bytearray, memoryview): json_loads copies it too
         head = bytes(head)
-    if orjson is None or not json_numbers.enabled() or b"\\" in head:
+    if not json_numbers.enabled():
         return None
-    spans = _data_spans(head)
-    if not spans:
+    request, spans = _skeleton(head)
+    if request is None:
         return None
-    pieces, last = [], 0
-    for start, end in spans:
-        pieces += (head[last:start], b"[]")
-        last = end
-    pieces.append(head[last:])
-    try:
-        request = orjson.loads(b"".join(pieces))
-    except orjson.JSONDecodeError:
+    if not _one_data_per_input(request["inputs"], spans):
         return None
-    inputs = request.get("inputs") if isinstance(request, dict) else None
-    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
-        return None
-    # every "data" array found is one input's: none elsewhere, none given twice (the last would count); inputs
-    # without "data" (binary, shared memory) are read as always
-    holders = [t for t in inputs if "data" in t]
-    if len(holders) != len(spans) or not all(type(t["data"]) is list and not t["data"] for t in holders):
-        return None
-    for t, (start, end) in zip(holders, spans, strict=True):
+    for t, (start, end) in zip([t for t in request["inputs"] if "data" in t], spans, strict=True):
         span = head[start:end]
         data = json_numbers.read(span) if len(span) >= DATA_BYTES else None
         if data is None:
@@ -446,6 +431,47 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
                 return None
         t["data"] = data
     return request
+
+
+def json_skeleton(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
+    """A plain-JSON infer request with every input's ``data`` read as ``[]``: its names, shapes and parameters for
+    a fraction of a full decode (~0.1 of a ms for a 2.9 MB batch-256 query against ~4 ms), so a worker under load
+    can refuse it before decoding it (``WorkerPlane.admit``).  None where this cannot be sure to read what the full
+    decode would (see :func:`json_request`), or a request with no ``data`` array."""
+    if not isinstance(head, bytes):
+        head = bytes(head)
+    request, spans = _skeleton(head)
+    return request if request is not None and _one_data_per_input(request["inputs"], spans) else None
+
+
+def _one_data_per_input(inputs: list[dict[str, Any]], spans: list[tuple[int, int]]) -> bool:
+    """Every ``"data"`` array found is one input's: none elsewhere, none given twice (the last would count); inputs
+    without ``data`` (binary, shared memory) are read as always."""
+    holders = [t for t in inputs if "data" in t]
+    return len(holders) == len(spans) and all(type(t["data"]) is list and not t["data"] for t in holders)
+
+
+def _skeleton(head: bytes) -> tuple[dict[str, Any] | None, list[tuple[int, int]]]:
+    """``head`` parsed with each ``data`` array replaced by ``[]``, and where those arrays were; (None, []) for
+    JSON orjson refuses, escapes anywhere, no ``data`` array, or no list of input objects."""
+    if orjson is None or b"\\" in head:
+        return None, []
+    spans = _data_spans(head)
+    if not spans:
+        return None, []
+    pieces, last = [], 0
+    for start, end in spans:
+        pieces += (head[last:start], b"[]")
+        last = end
+    pieces.append(head[last:])
+    try:
+        request = orjson.loads(b"".join(pieces))
+    except orjson.JSONDecodeError:
+        return None, []
+    inputs = request.get("inputs") if isinstance(request, dict) else None
+    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
+        return None, []
+    return request, spans
 
 
 def _data_spans(head: bytes) -> list[tuple[int, int]] | None:
