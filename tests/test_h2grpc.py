@@ -488,7 +488,8 @@ def test_request_head_keeps_the_clients_metadata_for_forwarded_calls():
     assert conn.h2.opener.heads.decode(again)[4] == first[4] and conn.h2.opener.heads.decode(again)[4] == first[4]
 
 
-def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tuple[bytes, int]]]:
+def _landing_connection(lead: int, limits: FloodLimits | None = None
+                        ) -> tuple[GrpcConnection, _Transport, list[tuple[bytes, int]]]:
     """A connection whose Echo method receives large messages in ``codec.aligned_buffer``s aligning offset ``lead``
     and records each message as it came (its bytes, and the address of its byte ``lead`` modulo 64)."""
     import numpy as np
@@ -502,7 +503,7 @@ def _landing_connection(lead: int) -> tuple[GrpcConnection, _Transport, list[tup
     method = Method(unary=echo, land=lambda head, size: aligned_buffer(size, lead))
     wide = FloodLimits(stream_window=2**31 - 1, connection_window=2**31 - 1)  # these tests send past 1 MiB windows
     conn, transport = GrpcConnection(lambda path: method if path == "/t.S/Echo" else None, MAX_MESSAGE,
-                                     limits=wide), _Transport()
+                                     limits=limits or wide), _Transport()
     conn.connection_made(transport)
     conn.data_received(PREFACE + _frame(4, 0, 0, b""))
     transport.frames()
@@ -531,6 +532,81 @@ def test_a_large_unary_message_is_assembled_with_its_named_part_aligned(lead, pi
     assert [m for m, _ in seen] == [message, b"small"]
     assert seen[0][1] == 0
     assert [(kind, flags) for kind, flags, _, _ in transport.frames()].count((1, 5)) == 2  # both answered
+
+
+def _read_as_a_socket_would(conn: GrpcConnection, data: bytes, sizes: list[int]) -> tuple[int, list[int]]:
+    """``data`` handed to ``conn`` as asyncio hands a BufferedProtocol its reads: each read fills at most what
+    ``get_buffer`` offers and at most the next of ``sizes`` (cycled); returns how many reads went into a message,
+    and where each read ended.  No buffer offered is larger than the connection's own read buffer (DATA then
+    meets the windows in the same pieces whichever buffer a read goes to)."""
+    pos, direct, k, ends = 0, 0, 0, []
+    while pos < len(data):
+        buffer = conn.get_buffer(-1)
+        assert len(buffer) <= len(conn._reads)
+        n = min(len(buffer), sizes[k % len(sizes)], len(data) - pos)
+        k += 1
+        buffer[:n] = data[pos:pos + n]
+        direct += conn._direct
+        conn.buffer_updated(n)
+        pos += n
+        ends.append(pos)
+    return direct, ends
+
+
+@pytest.mark.parametrize("windows", [None, 1 << 20], ids=["wide windows", "1 MiB windows"])
+@pytest.mark.parametrize("seed", range(6))
+def test_reads_straight_into_a_message_give_the_messages_and_frames_of_reads_as_bytes(seed, windows):
+    """A differential test of the read paths: the same bytes (large and small calls on interleaved streams, DATA
+    cut into frames of 16 KiB to 1 MiB, PINGs between them) handed over as bytes and as a socket fills a
+    BufferedProtocol's buffers, some of them a message's own, give the same messages and the same frames out
+    (answers, PING acknowledgements, and with 1 MiB windows every WINDOW_UPDATE)."""
+    import random
+
+    from hpack import Encoder
+
+    rng = random.Random(seed)
+    encoder = Encoder()
+    parts, landed_in_large_frames = [], False
+    for stream in range(1, 16, 2):
+        message = rng.randbytes(rng.choice([10, 40_000, 300_000, 1_500_000]))
+        wire = _call(stream, message, encoder)
+        head_end = 9 + int.from_bytes(wire[:3], "big")
+        data = wire[head_end + 9:]
+        step = rng.choice([16_384, 100_000, 1 << 20])
+        landed_in_large_frames |= len(message) >= 300_000 and step >= 100_000
+        cuts = list(range(0, len(data), step)) + [len(data)]
+        frames = [_frame(0, 1 if b == len(data) else 0, stream, data[a:b]) for a, b in itertools.pairwise(cuts)]
+        parts.append(wire[:head_end] + b"".join(frames) + _frame(6, 0, 0, rng.randbytes(8)))
+    stream_bytes = b"".join(parts)
+    sizes = [rng.choice([1, 9, 4096, 65_536, 262_144]) for _ in range(7)]
+    limits = None if windows is None else FloodLimits(stream_window=windows, connection_window=16 * windows)
+    as_bytes, as_reads = _landing_connection(0, limits), _landing_connection(0, limits)
+    direct, ends = _read_as_a_socket_would(as_reads[0], stream_bytes, sizes)
+    for a, b in itertools.pairwise([0, *ends]):  # the same reads, as bytes
+        as_bytes[0].data_received(stream_bytes[a:b])
+    assert [m for m, _ in as_reads[2]] == [m for m, _ in as_bytes[2]] and len(as_bytes[2]) == 8
+    assert as_reads[1].frames() == as_bytes[1].frames()
+    assert (direct > 0) is landed_in_large_frames  # reads inside a large message's large frames went straight in
+
+
+def test_reads_into_a_message_count_its_data_in_the_pieces_other_reads_do():
+    """A read into a message is no larger than any other read, so DATA meets the windows in the same pieces: a
+    client that sends a 1.8 MB message in 1 MiB frames on a 1 MiB stream window without waiting for our
+    WINDOW_UPDATEs (as the benchmarks' bare client does) is served whether its bytes are read as bytes or into
+    the message, not reset for a read that took the whole rest of a frame at once."""
+    from hpack import Encoder
+
+    limits = FloodLimits(stream_window=1 << 20, connection_window=16 << 20)
+    conn, transport, seen = _landing_connection(0, limits)
+    message = os.urandom(1_800_000)
+    wire = _call(1, message, Encoder())
+    head_end = 9 + int.from_bytes(wire[:3], "big")
+    data = wire[head_end + 9:]
+    cuts = [*range(0, len(data), 1 << 20), len(data)]
+    frames = b"".join(_frame(0, 1 if b == len(data) else 0, 1, data[a:b]) for a, b in itertools.pairwise(cuts))
+    direct, _ = _read_as_a_socket_would(conn, wire[:head_end] + frames, [1 << 22])  # the socket fills any buffer
+    assert direct > 0 and [m for m, _ in seen] == [message]
+    assert 3 not in [kind for kind, _, _, _ in transport.frames()]  # no RST_STREAM
 
 
 def test_a_large_unary_message_followed_by_another_is_refused_as_before():

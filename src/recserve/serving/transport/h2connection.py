@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 GOAWAY_ACK_S = 1.0  # a client that has not acknowledged a graceful close's PINGs by then gets the final GOAWAY
 GOAWAY_QUIET_S = 0.1  # ... one that has gets it once no new stream has arrived for this long
 GOAWAY_QUIET_MAX_S = 2.0  # ... or this long after its second acknowledgement, whichever comes first
+DIRECT_BYTES = 16 * 1024  # a read of a message's DATA at least this long goes straight into the message
 
 
 class Host(Protocol):
@@ -226,6 +227,41 @@ class H2Connection:
         replies.flush()
         if self.backlog and replies.wire is not None:
             self.host.read_later()
+
+    def direct_buffer(self, most: int) -> memoryview | None:
+        """Where the next read may go straight, with no copy: the rest of a large message being assembled
+        (``RequestReader.in_place_room``) when the read falls inside one of its DATA frames, at least
+        ``DIRECT_BYTES`` of it and at most ``most`` (the size of the reads that go through ``receive``, so that DATA
+        is counted against the windows in the same pieces); else None (the read goes through ``receive``).
+        ``received_into`` takes that read."""
+        if self._partial is None or self._buf or self.backlog or self.replies.wire is None:
+            return None
+        stream_id, flags, left = self._partial
+        if flags & PADDED:
+            return None
+        room = self.requests.in_place_room(stream_id)
+        if room is None or min(left, len(room)) < DIRECT_BYTES:
+            return None
+        return room[:min(left, most)]
+
+    def received_into(self, size: int) -> None:
+        """``size`` bytes read into ``direct_buffer``: what ``receive`` would do with them, but the copy."""
+        self.last_read = self.clock()
+        stream, flags, left = self._partial  # type: ignore[misc]
+        self._partial = (stream, flags, left - size) if size < left else None
+        replies = self.replies
+        replies.reading = True
+        try:
+            self.requests.data_in_place(flags if size == left else flags & ~END_STREAM, stream, size)
+        except H2Error as error:
+            self.requests.ready.clear()
+            self._fail(error)
+            return
+        finally:
+            replies.reading = False
+        if self.requests.ready:
+            self.requests.start_ready()
+        replies.flush()
 
     def receive_backlog(self) -> None:
         """The frames a read left (``FRAMES_PER_TURN``), handled on a later turn (``Host.read_later``)."""

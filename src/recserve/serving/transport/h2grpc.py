@@ -68,6 +68,7 @@ PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by
 RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held this much: free memory returned after
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
+READ_BYTES = 256 * 1024  # one read's most, as uvloop reads for a plain Protocol
 PAUSED_WRITES, PAUSED_BACKLOG = 1, 2
 
 
@@ -127,21 +128,39 @@ class GrpcCall:
             self.on_cancel()
 
 
-class GrpcConnection(asyncio.Protocol):
+class GrpcConnection(asyncio.BufferedProtocol):
     """One client connection on asyncio: an ``H2Connection`` (``h2``) given the transport's reads, writing to it,
-    and run by the loop (``Host``).  ``methods`` maps ``/package.Service/Method`` to how it is served."""
+    and run by the loop (``Host``).  ``methods`` maps ``/package.Service/Method`` to how it is served.
+
+    Reads go into a buffer of this connection's and on to ``h2.receive`` as bytes, except a read that falls inside
+    a DATA frame of a large message being assembled: that one goes straight into the message
+    (``h2.direct_buffer``), which spares a large request two copies of most of its bytes (and the cache they
+    take from the model's pass after them)."""
 
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
                  on_close: Callable[[GrpcConnection], None] | None = None, limits: FloodLimits | None = None,
                  on_abuse: Callable[[str], None] | None = None, held: ByteBudget | None = None,
-                 server_resets: Bucket | None = None) -> None:
+                 server_resets: Bucket | None = None, reads: memoryview | None = None) -> None:
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self._paused = 0  # why reading is paused: PAUSED_WRITES (answers not taken), PAUSED_BACKLOG (frames left)
         self.h2 = H2Connection(methods, max_message, self, GrpcCall, asyncio.Queue, limits, on_abuse, held,
                                server_resets)
-        # asyncio hands each read to the protocol machine itself: no call in between on the per-query path
-        self.data_received = self.h2.receive  # type: ignore[method-assign]
+        self.data_received = self.h2.receive  # type: ignore[method-assign]  # for a transport that hands bytes
+        # where reads go but those into a message: the server's one buffer (a read is copied out before the next)
+        self._reads = reads if reads is not None else memoryview(bytearray(READ_BYTES))
+        self._direct = False  # the buffer last given out is a message's (``get_buffer``)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self.h2.direct_buffer(len(self._reads))
+        self._direct = direct is not None
+        return direct if direct is not None else self._reads
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._direct:
+            self.h2.received_into(nbytes)
+        else:
+            self.h2.receive(bytes(self._reads[:nbytes]))  # a copy: views of it outlive this read (``_frames``)
 
     @property
     def preface_received(self) -> bool:
@@ -244,6 +263,7 @@ class GrpcServer:
         self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
         self.resets = Bucket((limits or FloodLimits()).server_resets, time.monotonic())  # RST_STREAM, all of them
         self.connections: set[GrpcConnection] = set()
+        self._reads = memoryview(bytearray(READ_BYTES))  # every connection's reads but those into a message
         self._server: asyncio.Server | None = None
         self._sweep: asyncio.TimerHandle | None = None
 
@@ -255,7 +275,7 @@ class GrpcServer:
                 self.on_abuse("too_many_connections")
             return _Refused()
         conn = self.connection_type(self.methods, self.max_message, self._closed, self.limits,
-                                    self.on_abuse, self.held, self.resets)
+                                    self.on_abuse, self.held, self.resets, self._reads)
         self.connections.add(conn)
         return conn
 

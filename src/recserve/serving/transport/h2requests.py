@@ -48,7 +48,42 @@ class RequestReader:
         self.ready: list[tuple[Stream, Any]] = []  # unary calls completed in this read, started at its end
 
     def data(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        size = len(payload)
+        stream = self._taken(flags, stream_id, len(payload))
+        if stream is None:
+            return
+        if not stream.call.done:  # type: ignore[union-attr]
+            if flags & PADDED:
+                payload = unpad(flags, payload, priority=False)
+            if payload and stream.landing is not None:
+                payload = self._land(stream, payload)
+            if payload:
+                stream.chunks.append(payload)
+                stream.size += len(payload)
+            if stream.size >= 5:
+                self._messages(stream)
+        self._after_data(stream, flags)
+
+    def data_in_place(self, flags: int, stream_id: int, size: int) -> None:
+        """``data`` for ``size`` bytes of an unpadded DATA frame that the socket read straight into the stream's
+        message where ``_land`` would have copied them (``H2Connection.direct_buffer``): the same windows, budgets
+        and ends, with no copy."""
+        stream = self._taken(flags, stream_id, size)
+        if stream is None:
+            return
+        if not stream.call.done:  # type: ignore[union-attr]
+            stream.landed += size
+        self._after_data(stream, flags)
+
+    def in_place_room(self, stream_id: int) -> memoryview | None:
+        """The rest of the message a live stream is assembling (``_start_landing``), where its next DATA goes."""
+        stream = self.open.get(stream_id)
+        if stream is None or stream.landing is None or stream.call is None or stream.call.done:
+            return None
+        return stream.landing[stream.landed:]
+
+    def _taken(self, flags: int, stream_id: int, size: int) -> Stream | None:
+        """DATA of ``size`` bytes counted against the guard and the windows (and the stream's replenished while its
+        call takes its request); its stream, or None where the data is dropped."""
         if size:
             self.guard.empty_in_a_row = 0
         elif not flags & END_STREAM:
@@ -60,22 +95,16 @@ class RequestReader:
         if stream is None or stream.call is None:
             if stream_id > self.streams.last_id:
                 raise H2Error(PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
-            return  # a stream already answered or reset: its data is dropped (the window was counted above)
+            return None  # a stream already answered or reset: its data is dropped (the window was counted above)
         stream.recv_window -= size
         if stream.recv_window < 0:  # RFC 9113 6.9.1: a stream error
             self.streams.reset(stream, FLOW_CONTROL_ERROR)
-            return
+            return None
         if not stream.call.done:
             self._replenish_stream(stream, size, flags)
-            if flags & PADDED:
-                payload = unpad(flags, payload, priority=False)
-            if payload and stream.landing is not None:
-                payload = self._land(stream, payload)
-            if payload:
-                stream.chunks.append(payload)
-                stream.size += len(payload)
-            if stream.size >= 5:
-                self._messages(stream)
+        return stream
+
+    def _after_data(self, stream: Stream, flags: int) -> None:
         if flags & END_STREAM:
             stream.ended = True
             self.request_ended(stream)
