@@ -659,35 +659,45 @@ def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
         loop.close()
 
 
-def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
-    """Under overload a large query is refused (503 + Retry-After) as soon as its JSON header is in, before its
-    body: the body is then dropped as it arrives and the connection serves its next request normally."""
+def _busy_plane(loop: asyncio.AbstractEventLoop, arrivals: int, decoded: list[int] | None = None):
+    """A plane under load: each inline pass (20 ms) sees another query arrive, ``arrivals`` times, behind a queue
+    of one; its path records the length of each body it decodes in ``decoded``."""
     from recserve.serving.worker.limits import PlaneLimits
     from recserve.serving.worker.plane import WorkerPlane
 
-    class FakePath:
-        def decode(self, body, header_length):
-            return {}, (np.zeros((1, 1), np.float32),), 1
+    query = (np.zeros((1, 1), np.float32),)
 
-        arrivals = 10  # each pass sees another query arrive, so one always waits (a worker under load)
+    class FakePath:
+        left = arrivals
+
+        def decode(self, body, header_length):
+            if decoded is not None:
+                decoded.append(len(body))
+            return {}, query, 1
 
         def compute(self, queries):
             time.sleep(0.02)
-            if self.arrivals:
-                self.arrivals -= 1
+            if self.left:
+                self.left -= 1
                 plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)
             return [np.zeros((1, 1), np.float32) for _ in queries]
 
         def encode(self, request, scores):
             return b"ok", {"Content-Type": "text/plain"}
 
-    query = (np.zeros((1, 1), np.float32),)
+    plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
+                        PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                        sub_batch=0)  # inline passes: ``compute`` enqueues the next arrival on the loop's thread
+    return plane, query
+
+
+def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
+    """Under overload a large query is refused (503 + Retry-After) as soon as its JSON header is in, before its
+    body: the body is then dropped as it arrives and the connection serves its next request normally."""
     loop = asyncio.new_event_loop()
     ours, theirs = socket.socketpair()
     try:
-        plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
-                            PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
-                            sub_batch=0)  # inline passes: ``compute`` enqueues the next arrival on the loop's thread
+        plane, query = _busy_plane(loop, arrivals=10)
         loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
         plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
         assert len(plane.admission.queue) == 1  # the queue (limit 1) is full
@@ -717,28 +727,6 @@ def test_a_large_plain_json_query_is_shed_from_its_skeleton_without_being_decode
     """Under overload a large plain-JSON query is refused (503 + Retry-After) from its skeleton (the request without
     its ``data`` arrays), before its ~4 ms decode; one the skeleton cannot read is decoded as always, and with the
     worker idle a large JSON query is decoded and answered."""
-    from recserve.serving.worker.limits import PlaneLimits
-    from recserve.serving.worker.plane import WorkerPlane
-
-    decoded = []
-
-    class FakePath:
-        def decode(self, body, header_length):
-            decoded.append(len(body))
-            return {}, (np.zeros((1, 1), np.float32),), 1
-
-        arrivals = 12  # each pass sees another query arrive, so one always waits (a worker under load)
-
-        def compute(self, queries):
-            time.sleep(0.02)
-            if self.arrivals:
-                self.arrivals -= 1
-                plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)
-            return [np.zeros((1, 1), np.float32) for _ in queries]
-
-        def encode(self, request, scores):
-            return b"ok", {"Content-Type": "text/plain"}
-
     def post(body: bytes) -> bytes:
         return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
                 "Content-Type: application/json\r\n\r\n").encode() + body
@@ -748,13 +736,11 @@ def test_a_large_plain_json_query_is_shed_from_its_skeleton_without_being_decode
                                    "data": [0.5] * (rows * 13)}]}).encode()
     unreadable = good.replace(b'"data"', b'"d\\u0061ta"', 1)  # an escape: the skeleton cannot be sure
     assert len(good) >= 32 * 1024 and b"\\" in unreadable
-    query = (np.zeros((1, 1), np.float32),)
+    decoded: list[int] = []
     loop = asyncio.new_event_loop()
     ours, theirs = socket.socketpair()
     try:
-        plane = WorkerPlane(loop, "m", FakePath(), lambda msg: None, lambda *handoff: None,
-                            PlaneLimits(queue_limit=1, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
-                            sub_batch=0)
+        plane, query = _busy_plane(loop, arrivals=12, decoded=decoded)
         loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
         theirs.settimeout(5)
         plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once

@@ -204,9 +204,9 @@ class H2Connection:
         if not self.preface_received and not (data := self._after_preface(data)):
             return
         view, pos = memoryview(data), 0
-        replies = self.replies
-        replies.reading = True  # frames written meanwhile go out together at the end
-        try:
+
+        def frames() -> None:
+            nonlocal view, pos
             if self._partial is not None:
                 pos = self._rest_of_data(view)
             if self._buf and pos < len(view):  # complete the frame begun in the last read
@@ -214,19 +214,35 @@ class H2Connection:
                 view, pos = memoryview(bytes(self._buf)), 0
                 self._buf.clear()
             pos = self._frames(view, pos)
+
+        if not self._handled(frames):
+            return
+        if pos < len(view):
+            self._buf += view[pos:]
+        self._answered()
+        if self.backlog and self.replies.wire is not None:
+            self.host.read_later()
+
+    def _handled(self, handle: Callable[[], None]) -> bool:
+        """Run ``handle`` (what one read brought) with the frames it writes held to the end of the read (one
+        write); False where it failed the connection (GOAWAY sent, closed)."""
+        replies = self.replies
+        replies.reading = True
+        try:
+            handle()
         except H2Error as error:
             self.requests.ready.clear()
             self._fail(error)
-            return
+            return False
         finally:
             replies.reading = False
-        if pos < len(view):
-            self._buf += view[pos:]
+        return True
+
+    def _answered(self) -> None:
+        """The end of a read: start the unary calls it completed, write what it queued."""
         if self.requests.ready:
             self.requests.start_ready()
-        replies.flush()
-        if self.backlog and replies.wire is not None:
-            self.host.read_later()
+        self.replies.flush()
 
     def direct_buffer(self, most: int) -> memoryview | None:
         """Where the next read may go straight, with no copy: the rest of a large message being assembled
@@ -249,19 +265,9 @@ class H2Connection:
         self.last_read = self.clock()
         stream, flags, left = self._partial  # type: ignore[misc]
         self._partial = (stream, flags, left - size) if size < left else None
-        replies = self.replies
-        replies.reading = True
-        try:
-            self.requests.data_in_place(flags if size == left else flags & ~END_STREAM, stream, size)
-        except H2Error as error:
-            self.requests.ready.clear()
-            self._fail(error)
-            return
-        finally:
-            replies.reading = False
-        if self.requests.ready:
-            self.requests.start_ready()
-        replies.flush()
+        end = flags if size == left else flags & ~END_STREAM
+        if self._handled(lambda: self.requests.data_in_place(end, stream, size)):
+            self._answered()
 
     def receive_backlog(self) -> None:
         """The frames a read left (``FRAMES_PER_TURN``), handled on a later turn (``Host.read_later``)."""
