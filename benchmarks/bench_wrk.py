@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.bench_peers import compare_scores, reference_scores, worker_counts
-from benchmarks.common.timing import listening_pids, process_tree, tree_cpu_s
+from benchmarks.common.timing import listening_pids, process_tree, socket_links, tcp_sockets, tree_cpu_s
 from benchmarks.peers import loadtools
 from benchmarks.peers.servers import NOTES, PEERS, runnable, say
 from recserve.measure.requests import RequestPool
@@ -147,16 +147,7 @@ def recserve_state(url: str, model: str) -> tuple[list[dict], dict]:
 def connections_held(pid: int, port: int) -> int:
     """Established TCP connections to local ``port`` that process ``pid`` holds (IPv4 loopback; a connection
     held by two of its descriptors counts once)."""
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":
-            inodes.add(fields[9])
-    try:
-        links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-    except OSError:
-        return 0
-    return len({link[8:-1] for link in links if link.startswith("socket:[")} & inodes)
+    return len(socket_links(pid) & tcp_sockets(port, "01", ("/proc/net/tcp",)))
 
 
 def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: argparse.Namespace,
@@ -177,14 +168,15 @@ def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: a
         cmd = loadtools.wrk_command(target, script, args.duration, args.connections)
     workers, siblings = recserve_state(url, model) if per_worker else ([], {})
     cpu0 = [cpu_seconds(w["pid"]) for w in workers]
-    server = process_tree(listening_pids(int(url.rsplit(":", 1)[1]))) - {os.getpid()} if server_cpu else set()
+    port = int(url.rsplit(":", 1)[1])
+    server = process_tree(listening_pids(port)) - {os.getpid()} if server_cpu else set()
     tool0, (busy0, all0), t0 = resource.getrusage(resource.RUSAGE_CHILDREN), host_busy(), time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     warm = 1 if protocol_of(url) == "grpc" else 0  # h2load warms up 1 s first (wrk warmed up above)
     time.sleep(warm)
     server0, server_t0 = tree_cpu_s(server), time.monotonic()
     time.sleep(args.duration / 2)
-    conns = [connections_held(w["pid"], int(url.rsplit(":", 1)[1])) for w in workers]
+    conns = [connections_held(w["pid"], port) for w in workers]
     stdout, stderr = proc.communicate()
     tool1, (busy1, all1), wall = resource.getrusage(resource.RUSAGE_CHILDREN), host_busy(), time.monotonic() - t0
     if proc.returncode != 0:

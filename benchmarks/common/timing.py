@@ -49,26 +49,42 @@ def cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def listening_pids(port: int) -> set[int]:
-    """Processes holding a listening TCP socket on local ``port`` (IPv4 or IPv6): a server's front end."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def tcp_sockets(port: int, state: str, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> set[str]:
+    """The TCP sockets on local ``port`` in ``state`` (``/proc/net/tcp``'s code: ``0A`` listening, ``01``
+    established), as a process's descriptors link to them (``socket:[inode]``)."""
+    found = set()
+    for table in tables:
         try:
             lines = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                inodes.add(f"socket:[{fields[9]}]")
-    pids = set()
-    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+            if fields[3] == state and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def socket_links(pid: int) -> set[str]:
+    """The sockets process ``pid``'s descriptors hold (none if it is gone or not ours to read; a descriptor closed
+    meanwhile, such as the one that listed them, is skipped)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    links = set()
+    for fd in fds:
         try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                pids.add(pid)
-        except OSError:  # gone meanwhile, or not ours to read
+            links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
             continue
-    return pids
+    return {link for link in links if link.startswith("socket:[")}
+
+
+def listening_pids(port: int) -> set[int]:
+    """Processes holding a listening TCP socket on local ``port`` (IPv4 or IPv6): a server's front end."""
+    listening = tcp_sockets(port, "0A")
+    return {pid for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()) if socket_links(pid) & listening}
 
 
 def process_tree(roots: set[int]) -> set[int]:

@@ -132,7 +132,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
     """One client connection on asyncio: an ``H2Connection`` (``h2``) given the transport's reads, writing to it,
     and run by the loop (``Host``).  ``methods`` maps ``/package.Service/Method`` to how it is served.
 
-    Reads go into a buffer of this connection's and on to ``h2.receive`` as bytes, except a read that falls inside
+    Reads go into its server's one read buffer and on to ``h2.receive`` as bytes, except a read that falls inside
     a DATA frame of a large message being assembled: that one goes straight into the message
     (``h2.direct_buffer``), which spares a large request two copies of most of its bytes (and the cache they
     take from the model's pass after them)."""

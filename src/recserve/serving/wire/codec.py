@@ -419,8 +419,6 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     request, spans = _skeleton(head)
     if request is None:
         return None
-    if not _one_data_per_input(request["inputs"], spans):
-        return None
     for t, (start, end) in zip([t for t in request["inputs"] if "data" in t], spans, strict=True):
         span = head[start:end]
         data = json_numbers.read(span) if len(span) >= DATA_BYTES else None
@@ -440,8 +438,7 @@ def json_skeleton(head: bytes | bytearray | memoryview) -> dict[str, Any] | None
     decode would (see :func:`json_request`), or a request with no ``data`` array."""
     if not isinstance(head, bytes):
         head = bytes(head)
-    request, spans = _skeleton(head)
-    return request if request is not None and _one_data_per_input(request["inputs"], spans) else None
+    return _skeleton(head)[0]
 
 
 def _one_data_per_input(inputs: list[dict[str, Any]], spans: list[tuple[int, int]]) -> bool:
@@ -453,7 +450,8 @@ def _one_data_per_input(inputs: list[dict[str, Any]], spans: list[tuple[int, int
 
 def _skeleton(head: bytes) -> tuple[dict[str, Any] | None, list[tuple[int, int]]]:
     """``head`` parsed with each ``data`` array replaced by ``[]``, and where those arrays were; (None, []) for
-    JSON orjson refuses, escapes anywhere, no ``data`` array, or no list of input objects."""
+    JSON orjson refuses, escapes anywhere, no ``data`` array, no list of input objects, or a ``data`` array that is
+    not one input's (``_one_data_per_input``)."""
     if orjson is None or b"\\" in head:
         return None, []
     spans = _data_spans(head)
@@ -469,7 +467,8 @@ def _skeleton(head: bytes) -> tuple[dict[str, Any] | None, list[tuple[int, int]]
     except orjson.JSONDecodeError:
         return None, []
     inputs = request.get("inputs") if isinstance(request, dict) else None
-    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs):
+    if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs) \
+            or not _one_data_per_input(inputs, spans):
         return None, []
     return request, spans
 
