@@ -7,7 +7,8 @@ REPORT := $(VENV)/.installed-report
 
 .PHONY: demo test test-fast lint bench proto clean
 
-$(STAMP): pyproject.toml
+# setup.py builds the native JSON number reader (optional: skipped where no C compiler is found)
+$(STAMP): pyproject.toml setup.py src/recserve/serving/wire/_json_arrays.c src/recserve/serving/wire/_json_arrays_pow5.h
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'

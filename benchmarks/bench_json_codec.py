@@ -6,7 +6,8 @@ the binary tensor extension.
 The queries have a catalogue model's shape (default hercules-rmc1: 256 dense features, 10 tables of ~80 ids a
 row), made with numpy alone (no torch, no model).  JSON bodies come in two spellings: ``compact`` (no whitespace,
 as orjson and most non-Python clients write) and ``spaced`` (``json.dumps``' default ``", "``, as tritonclient
-sends).  Run it against another tree's codec for a before/after (``PYTHONPATH=/other/src``).
+sends).  Run it against another tree's codec for a before/after (``PYTHONPATH=/other/src``), or with
+``RECSERVE_JSON_READERS=simdjson`` for the readers but the native one (both the codec pass and the node).
 
 Prints a table and writes results/json_codec.json.  Usage:
     PYTHONPATH=src .venv/bin/python -m benchmarks.bench_json_codec [--model hercules-rmc1] [--batches 1 16 256]
@@ -168,7 +169,9 @@ def main() -> None:
     args = parser.parse_args()
     json_numbers.enable(json_numbers.probe()[0])  # as a node does (the codec pass; a node probes for itself)
     result = run(args)
-    result["json_reader"] = "simdjson" if json_numbers.enabled() else "lists"
+    readers = getattr(json_numbers, "readers", None)  # an older tree's codec (A/B) has one reader, on or off
+    result["json_reader"] = ("+".join(readers()) if readers else "simdjson" if json_numbers.enabled() else "") \
+        or "lists"
     print(f"codec: {result['codec']}")
     print(f"{'batch':>5} {'kind':<13} {'bytes':>9} {'decode us':>10} {'encode us':>10} {'us/item':>8} {'x binary':>8}")
     base = {r["batch"]: r["total_us_per_item"] for r in result["rows"] if r["kind"] == "binary"}

@@ -19,7 +19,7 @@ def fast(monkeypatch):
     """Every request and every integer array read the fast way, whatever its size."""
     monkeypatch.setattr(codec, "JSON_FAST_BYTES", 0)
     monkeypatch.setattr(codec, "DATA_BYTES", 0)
-    monkeypatch.setattr(json_numbers, "_enabled", True)
+    monkeypatch.setattr(json_numbers, "_readers", json_numbers.probe()[0])
 
 
 def query(batch: int = 3, lengths_dtype=np.int32, seed: int = 0) -> dict[str, np.ndarray]:
@@ -288,8 +288,8 @@ def test_a_nested_arrays_structure_is_regular_or_not(structure, regular):
     assert json_numbers.regular(structure) is regular
 
 
-def test_a_large_query_is_read_fast_once_simdjson_is_enabled(monkeypatch):
-    monkeypatch.setattr(json_numbers, "_enabled", True)
+def test_a_large_query_is_read_fast_once_a_reader_is_enabled(monkeypatch):
+    monkeypatch.setattr(json_numbers, "_readers", json_numbers.probe()[0])
     arrays = query(batch=256)
     arrays["sparse_values"] = np.random.default_rng(3).integers(0, 3_000_000, 20_000)
     arrays["sparse_lengths"][:] = 0
@@ -335,7 +335,7 @@ def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worke
     assert scores.dtype == twin.dtype and scores.tobytes() == twin.tobytes()
 
     control = ControlClient("127.0.0.1", server.ports.http)
-    assert control.get_model(cfg.name)["json_reader"] == "simdjson"  # its probe passed on this host
+    assert control.get_model(cfg.name)["json_reader"] == "+".join(json_numbers.probe()[0])  # as probed here
     pids = [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]]
     with ThreadPoolExecutor(4) as pool:
         replies = list(pool.map(lambda _: post_plain(), range(12)))

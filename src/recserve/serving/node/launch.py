@@ -96,7 +96,7 @@ class WorkerLauncher:
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.event_loop: dict[str, str] | None = None  # the loop the v2 workers run, and why not the one asked
-        self.json_numbers: bool | None = None  # whether the v2 workers read JSON tensors with simdjson
+        self.json_numbers: tuple[str, ...] | None = None  # the native readers of JSON tensors the v2 workers use
         self._slots: set[int] = set()
 
     async def launch(self, stage: str, cores: list[int], threads: int) -> WorkerHandle:
@@ -168,17 +168,18 @@ class WorkerLauncher:
             self.event_loop = {"loop": chosen, "asked": setting, "why": why}
         return self.event_loop["loop"]
 
-    async def _json_numbers(self) -> bool:
-        """Whether JSON tensors are read by simdjson (``serving/wire/json_numbers.py``), chosen once: its probe runs
-        a child process once per node, off this loop; the supervisor's own decode (handed-off requests) follows it."""
+    async def _json_numbers(self) -> tuple[str, ...]:
+        """Which native readers parse JSON tensors (``serving/wire/json_numbers.py``), chosen once: their probes run
+        child processes once per node, off this loop; the supervisor's own decode (handed-off requests) follows."""
         if self.json_numbers is None:
             from recserve.serving.wire import json_numbers
 
-            ok, why = await asyncio.get_running_loop().run_in_executor(None, json_numbers.probe)
-            if not ok:
-                log.warning("model %s: plain-JSON tensors read as lists (slower): %s", self.cfg.name, why)
-            json_numbers.enable(ok)
-            self.json_numbers = ok
+            passed, why = await asyncio.get_running_loop().run_in_executor(None, json_numbers.probe)
+            if why:
+                log.warning("model %s: plain-JSON tensors read by %s (slower): %s", self.cfg.name,
+                            " then ".join(passed) or "lists", why)
+            json_numbers.enable(passed)
+            self.json_numbers = passed
         return self.json_numbers
 
     def _limits(self) -> Any:

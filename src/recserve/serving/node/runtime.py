@@ -337,6 +337,6 @@ class ModelRuntime:
             "accelerator": self.accel_state(),
             "siblings": dict(self.siblings),
             "event_loop": self.event_loop,
-            "json_reader": "simdjson" if json_numbers.enabled() else "lists",
+            "json_reader": "+".join(json_numbers.readers()) or "lists",
             "server_pid": os.getpid(),
         }

@@ -1,19 +1,26 @@
-"""A JSON array of numbers read straight into numpy by simdjson (pysimdjson), with no Python object per number.
+"""A JSON array of numbers read straight into numpy, with no Python object per number.
 
 Why: a plain-JSON query carries its tensors as ``data`` arrays; orjson makes a Python int or float per number and
 numpy reads them back one by one (~37 ns a number), so a batch-256 hercules-rmc1 query (2.9 MB, 270k numbers)
-spent most of its decode there.  simdjson parses the array in C and exports it as one contiguous buffer.
+spent most of its decode there.  Two readers parse an array in C:
+
+- ``native``: recserve's own number parser (``_json_arrays.c``, built at install where a C compiler is found): ids
+  at ~4 ns a number, floats by the Eisel-Lemire algorithm, straight into the array's memory;
+- ``simdjson`` (pysimdjson): a document parsed, then exported as one buffer (~10 ns an id, ~19 ns a float).
+
+The native one goes first; what it refuses (a subnormal, more than 19 significant digits) goes to simdjson.
 
 The array read here is exactly what ``np.asarray`` makes of the list ``json.loads`` returns, or None where it might
 not be (the caller then reads the list): integers only -> int64; any JSON float among them -> float64 (ints
 converted as numpy converts them); anything else (true, null, strings, integers past int64, a ragged nesting)
--> None.  simdjson is native code, so it is used only once ``enable`` was called after a probe in a child process
-passed (``probe``): a wheel that is missing, or dies on this CPU, only means the lists.
+-> None.  Both readers are native code, so each is used only once ``enable`` named it after its probe in a child
+process passed (``probe``): a wheel or build that is missing, or dies on this CPU, only means the next reader.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import numpy as np
@@ -21,8 +28,19 @@ import numpy as np
 from recserve.hostinfo import probe_in_child
 
 PROBE_TIMEOUT_S = 20.0
-# parse and export both kinds of array: an import alone would miss an illegal instruction in the parser's kernels
-PROBE_CODE = """
+READERS = ("native", "simdjson")  # fastest first
+# parse both kinds of array: an import alone would miss an illegal instruction in the parser
+NATIVE_PROBE_CODE = """
+import numpy as np
+from recserve.serving.wire import _json_arrays
+out = np.empty(4, np.int64)
+assert _json_arrays.parse(b'[1, -2, 30000000000]', out) == (3, False, False)
+assert out[:3].tolist() == [1, -2, 30000000000]
+assert _json_arrays.parse(b'[0.5,2]', out) == (2, True, False) and out[:2].view(np.float64).tolist() == [0.5, 2.0]
+assert _json_arrays.data_spans(b'{"inputs": [{"data": [1, 2]}]}') == [(21, 27)]
+print("ok")
+"""
+SIMDJSON_PROBE_CODE = """
 import simdjson
 parser = simdjson.Parser()
 doc = parser.parse(b'[1, -2, 30000000000]')
@@ -36,33 +54,85 @@ print("ok")
 # what a nested array's brackets and commas are left of when its numbers and spaces are deleted
 NUMBER_BYTES = b"0123456789-+.eE \t\n\r"
 
-_enabled = False
+_readers: tuple[str, ...] = ()  # the readers this process may use, fastest first
 _local = threading.local()  # one parser per thread: a parser's buffers are reused, and parsers are not thread-safe
 
 
+READERS_ENV = "RECSERVE_JSON_READERS"  # e.g. "simdjson" (not the native one), "" (lists only); unset: both
+
+
 @functools.cache
-def probe() -> tuple[bool, str]:
-    """Whether simdjson parses and exports arrays in a child process of this interpreter, and why not."""
-    return probe_in_child(PROBE_CODE, "the simdjson probe", PROBE_TIMEOUT_S)
+def probe() -> tuple[tuple[str, ...], str]:
+    """The readers that parse arrays in a child process of this interpreter (fastest first), and why the others
+    did not; only those named in ``$RECSERVE_JSON_READERS`` (comma-separated) where it is set."""
+    wanted = os.environ.get(READERS_ENV)
+    allowed = READERS if wanted is None else tuple(r.strip() for r in wanted.split(",") if r.strip())
+    passed, why = [], []
+    for name, code in (("native", NATIVE_PROBE_CODE), ("simdjson", SIMDJSON_PROBE_CODE)):
+        if name not in allowed:
+            why.append(f"{name} not in ${READERS_ENV}")
+            continue
+        ok, reason = probe_in_child(code, f"the {name} JSON number reader's probe", PROBE_TIMEOUT_S)
+        if ok:
+            passed.append(name)
+        else:
+            why.append(reason)
+    return tuple(passed), "; ".join(why)
 
 
-def enable(on: bool = True) -> None:
-    """Read arrays with simdjson from now on in this process (only after ``probe`` passed), or stop."""
-    global _enabled
-    _enabled = on
+def enable(readers: tuple[str, ...] | list[str] = READERS) -> None:
+    """Read arrays with these readers from now on in this process (only those whose ``probe`` passed); () stops."""
+    global _readers
+    unknown = set(readers) - set(READERS)
+    if unknown:
+        raise ValueError(f"unknown JSON number readers {sorted(unknown)}; known: {list(READERS)}")
+    _readers = tuple(r for r in READERS if r in readers)
+
+
+def readers() -> tuple[str, ...]:
+    return _readers
 
 
 def enabled() -> bool:
-    return _enabled
+    return bool(_readers)
 
 
-def read(span: bytes) -> np.ndarray | None:
-    """The JSON array ``span`` (``[`` to ``]``) as the flat array ``np.asarray`` makes of its list, or None: not
-    enabled, or an array this cannot be sure to read alike (see the module's docstring)."""
-    if not _enabled:
+def read(span: bytes | memoryview) -> np.ndarray | None:
+    """The JSON array ``span`` (``[`` to ``]``) as the flat array ``np.asarray`` makes of its list, or None: no
+    reader enabled, or an array none can be sure to read alike (see the module's docstring)."""
+    for name in _readers:
+        values = _native(span) if name == "native" else _simdjson(bytes(span))
+        if values is not None:
+            return values
+    return None
+
+
+def data_spans(head: bytes | bytearray | memoryview) -> list[tuple[int, int]] | None:
+    """Where each ``"data": [...]`` array of a request's JSON lies, found by the native reader in ``head`` where it
+    is (a receive buffer: no copy of the request); None where it cannot be sure (``codec._data_spans``' rules, and
+    any backslash).  Only while the native reader is enabled."""
+    from recserve.serving.wire import _json_arrays
+
+    return _json_arrays.data_spans(head)
+
+
+def _native(span: bytes | memoryview) -> np.ndarray | None:
+    from recserve.serving.wire import _json_arrays
+
+    out = np.empty(_json_arrays.room(span), np.int64)  # one slot a comma, and one: exact for a flat array
+    result = _json_arrays.parse(span, out)
+    if result is None:
         return None
-    nested = span.find(b"[", 1) >= 0
-    if nested and not regular(span.translate(None, NUMBER_BYTES)):
+    count, floats, nested = result
+    if nested and not regular(bytes(span).translate(None, NUMBER_BYTES)):
+        return None  # numpy refuses a ragged nesting
+    if count < len(out):  # nested arrays' commas between their rows
+        out = out[:count].copy()
+    return out.view(np.float64) if floats else out
+
+
+def _simdjson(span: bytes) -> np.ndarray | None:
+    if span.find(b"[", 1) >= 0 and not regular(span.translate(None, NUMBER_BYTES)):
         return None  # simdjson flattens any nesting; numpy refuses a ragged one
     parser = getattr(_local, "parser", None)
     if parser is None:

@@ -115,7 +115,7 @@ class WorkerArgs:
     sub_batch: int = 0
     grpc_listen: Any = None  # data plane v2: the node's gRPC listening socket; None = gRPC in the server
     event_loop: str = "asyncio"  # data plane v2: the loop this worker runs ("uvloop" once the node's probe passed)
-    json_numbers: bool = False  # data plane v2: JSON tensors read by simdjson (once the node's probe passed)
+    json_numbers: tuple[str, ...] = ()  # data plane v2: the native readers of JSON tensors (the node's probes)
     grpc_upstream: str = ""  # the server's private gRPC address, for every call this worker does not answer
     version: str = "1"  # the model version this worker serves (repository models)
     default: bool = True  # whether it also answers the unversioned path (the model's newest loaded version)

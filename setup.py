@@ -1,0 +1,15 @@
+"""The one native piece: plain-JSON tensors' number parser (src/recserve/serving/wire/_json_arrays.c).
+
+It is optional: where no C compiler is found the install goes on without it, and the node reads JSON tensors
+with simdjson or as lists (serving/wire/json_numbers.py probes it in a child process before using it)."""
+
+import platform
+
+from setuptools import Extension, setup
+
+# x86-64: SSE4.1 (every x86-64 CPU since 2008-2011) reads 16 digits in four vector steps; a CPU without it fails
+# the child-process probe, and the node reads JSON tensors with simdjson instead
+ARGS = ["-O3", "-std=c11"] + (["-msse4.1"] if platform.machine().lower() in ("x86_64", "amd64") else [])
+
+setup(ext_modules=[Extension("recserve.serving.wire._json_arrays", ["src/recserve/serving/wire/_json_arrays.c"],
+                             extra_compile_args=ARGS, optional=True)])
