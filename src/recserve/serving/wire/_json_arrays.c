@@ -27,6 +27,10 @@
 
 #include "_json_arrays_pow5.h"
 
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the SWAR digit tricks read bytes little-endian: not built here (simdjson reads JSON tensors instead)"
+#endif
+
 typedef unsigned char uchar;
 
 enum { REFUSED = 0, INTEGER = 1, FLOAT = 2 };
