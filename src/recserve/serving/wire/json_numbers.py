@@ -8,7 +8,7 @@ spent most of its decode there.  Two readers parse an array in C:
   at ~4 ns a number, floats by the Eisel-Lemire algorithm, straight into the array's memory;
 - ``simdjson`` (pysimdjson): a document parsed, then exported as one buffer (~10 ns an id, ~19 ns a float).
 
-The native one goes first; what it refuses (a subnormal, more than 19 significant digits) goes to simdjson.
+The native one goes first; what it refuses (an infinite value, more than 19 significant digits) goes to simdjson.
 
 The array read here is exactly what ``np.asarray`` makes of the list ``json.loads`` returns, or None where it might
 not be (the caller then reads the list): integers only -> int64; any JSON float among them -> float64 (ints
@@ -30,14 +30,22 @@ from recserve.hostinfo import probe_in_child
 PROBE_TIMEOUT_S = 20.0
 READERS = ("native", "simdjson")  # fastest first
 # parse both kinds of array: an import alone would miss an illegal instruction in the parser
+# every exported function over arrays long enough for its vector paths (SSE2, SSE4.1): a short one would pass on a
+# CPU without them and leave the illegal instruction to a worker's first large query
 NATIVE_PROBE_CODE = """
 import numpy as np
 from recserve.serving.wire import _json_arrays
-out = np.empty(4, np.int64)
-assert _json_arrays.parse(b'[1, -2, 30000000000]', out) == (3, False, False)
-assert out[:3].tolist() == [1, -2, 30000000000]
-assert _json_arrays.parse(b'[0.5,2]', out) == (2, True, False) and out[:2].view(np.float64).tolist() == [0.5, 2.0]
-assert _json_arrays.data_spans(b'{"inputs": [{"data": [1, 2]}]}') == [(21, 27)]
+floats = b'[' + b', '.join([b'-1.7291035652160645', b'0.45616060495376587', b'12', b'1e-5'] * 64) + b']'
+out = np.empty(_json_arrays.room(floats), np.int64)
+assert len(out) == 256 and _json_arrays.parse(floats, out) == (256, True, False)
+assert out.view(np.float64)[:4].tolist() == [-1.7291035652160645, 0.45616060495376587, 12.0, 1e-5]
+ids = b'[' + b','.join(b'%d' % i for i in range(0, 3_000_000, 9_999)) + b']'
+out = np.empty(_json_arrays.room(ids), np.int64)
+assert _json_arrays.parse(ids, out) == (301, False, False) and out.tolist() == list(range(0, 3_000_000, 9_999))
+nested = b'[[1, 2], [3, 4]]'
+assert _json_arrays.parse(nested, out) == (4, False, True) and out[:4].tolist() == [1, 2, 3, 4]
+head = b'{"inputs": [{"name": "x", "data": ' + ids + b'}]}'
+assert _json_arrays.data_spans(head) == [(34, 34 + len(ids))]
 print("ok")
 """
 SIMDJSON_PROBE_CODE = """
