@@ -12,4 +12,5 @@ from setuptools import Extension, setup
 ARGS = ["-O3", "-std=c11"] + (["-msse4.1"] if platform.machine().lower() in ("x86_64", "amd64") else [])
 
 setup(ext_modules=[Extension("recserve.serving.wire._json_arrays", ["src/recserve/serving/wire/_json_arrays.c"],
+                             depends=["src/recserve/serving/wire/_json_arrays_pow5.h"],  # rebuilt, and shipped
                              extra_compile_args=ARGS, optional=True)])
