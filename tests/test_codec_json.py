@@ -280,6 +280,26 @@ def test_a_skeleton_is_none_where_it_might_not_be_what_the_whole_decode_reads(ca
     assert codec.json_skeleton(SPOILED[case](body_of(entries(query())).decode()).encode()) is None
 
 
+def test_the_native_data_spans_are_the_python_ones_on_every_text_and_corruption():
+    """``json_numbers.data_spans`` (C, on the receive buffer) finds what ``codec._data_spans`` finds, None for any
+    backslash: on the hand-written texts and on requests with a structural byte inserted, replaced or cut anywhere."""
+    if "native" not in json_numbers.probe()[0]:
+        pytest.skip("the native reader is not built here")
+    rng = np.random.default_rng(11)
+    heads = list(texts().values()) + [body_of(entries(query(batch=2)))]
+    for head in list(heads):
+        for _ in range(150):
+            k = int(rng.integers(0, len(head)))
+            byte = bytes([rng.choice(list(b'"{}[]:, \\da'))])
+            how = rng.integers(3)
+            heads.append(head[:k] + byte + head[k:] if how == 0 else head[:k] + byte + head[k + 1:] if how == 1
+                         else head[:k])
+    for head in heads:
+        want = None if b"\\" in head else codec._data_spans(head)
+        assert json_numbers.data_spans(head) == want, head
+        assert json_numbers.data_spans(memoryview(bytearray(head))) == want, head
+
+
 @pytest.mark.parametrize("structure, regular", [
     (b"[,,]", True), (b"[[,],[,]]", True), (b"[[[,]],[[,]]]", True), (b"[[,],[,,]]", False), (b"[[,],[]]", False),
     (b"[[,],,]", False), (b"[[,]", False), (b"[[,]]]", False), (b"[]", True), (b"[[],[]]", True)])

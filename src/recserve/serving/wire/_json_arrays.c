@@ -88,25 +88,41 @@ static const uint64_t POW10[17] = {1, 10, 100, 1000, 10000, 100000, 1000000, 100
                                    10000000000, 100000000000, 1000000000000, 10000000000000, 100000000000000,
                                    1000000000000000, 10000000000000000};
 
+/* Up to eight digits in v's low len bytes, as a number: the digits moved up behind leading zeros, then pairs,
+ * fours and eights summed by multiplies (SWAR). */
+static inline uint64_t swar_value(uint64_t v, int len) {
+    uint64_t d = (v - UINT64_C(0x3030303030303030)) << (8 * (8 - len));
+    d = d * 10 + (d >> 8);
+    return (((d & UINT64_C(0x000000FF000000FF)) * (100 + (UINT64_C(1000000) << 32)))
+            + (((d >> 16) & UINT64_C(0x000000FF000000FF)) * (1 + (UINT64_C(10000) << 32)))) >> 32;
+}
+
+/* Flags (the high bit of a byte) on v's bytes that are no digit: the first one exactly (later ones may be false). */
+static inline uint64_t non_digits(uint64_t v) {
+    const uint64_t ones = UINT64_C(0x0101010101010101), high = 0x80 * ones;
+    return (((v - 0x30 * ones) & ~v) | (v + 0x46 * ones) | v) & high;
+}
+
+/* A mask of v's low k bytes (1-8). */
+static inline uint64_t low_bytes(int k) { return k == 8 ? ~UINT64_C(0) : (UINT64_C(1) << (8 * k)) - 1; }
+
+/* How many of v's bytes lead as digits (0-8). */
+static inline int leading_digits(uint64_t v) {
+    uint64_t flags = non_digits(v);
+    return flags ? __builtin_ctzll(flags) >> 3 : 8;
+}
+
 /* The run of digits at p added to *w (*count digits so far, at most 19 in all), eight bytes at a time where eight
  * are there (SWAR: the first byte that is no digit found with bit tricks, then the digits' value by multiplies).
  * Returns where the digits end, or NULL past 19 digits. */
 static inline const uchar *digits(const uchar *p, const uchar *end, uint64_t *w, int *count) {
-    const uint64_t ones = UINT64_C(0x0101010101010101), zeros = 0x30 * ones, high = 0x80 * ones;
     while (end - p >= 8) {
         uint64_t v;
         memcpy(&v, p, 8);
-        uint64_t below = (v - zeros) & ~v & high;  /* bytes under '0': exact for the first one */
-        uint64_t above = ((v + 0x46 * ones) | v) & high;  /* bytes over '9' */
-        uint64_t others = below | above;
-        int k = others ? __builtin_ctzll(others) >> 3 : 8;
+        int k = leading_digits(v);
         if (k == 0) return p;
         if (*count + k > 19) return NULL;
-        uint64_t d = (v - zeros) << (8 * (8 - k));  /* the k digits, after 8 - k leading zeros */
-        d = d * 10 + (d >> 8);
-        d = (((d & UINT64_C(0x000000FF000000FF)) * (100 + (UINT64_C(1000000) << 32)))
-             + (((d >> 16) & UINT64_C(0x000000FF000000FF)) * (1 + (UINT64_C(10000) << 32)))) >> 32;
-        *w = *w * POW10[k] + d;
+        *w = *w * POW10[k] + swar_value(v, k);
         *count += k;
         p += k;
         if (k < 8) return p;
@@ -227,30 +243,6 @@ static inline int put(Sink *sink, int kind, int64_t as_int, double as_double) {
     return 1;
 }
 
-/* Up to eight digits in v's low len bytes, as a number: the digits moved up behind leading zeros, then pairs,
- * fours and eights summed by multiplies (SWAR). */
-static inline uint64_t swar_value(uint64_t v, int len) {
-    uint64_t d = (v - UINT64_C(0x3030303030303030)) << (8 * (8 - len));
-    d = d * 10 + (d >> 8);
-    return (((d & UINT64_C(0x000000FF000000FF)) * (100 + (UINT64_C(1000000) << 32)))
-            + (((d >> 16) & UINT64_C(0x000000FF000000FF)) * (1 + (UINT64_C(10000) << 32)))) >> 32;
-}
-
-/* Flags (the high bit of a byte) on v's bytes that are no digit: the first one exactly (later ones may be false). */
-static inline uint64_t non_digits(uint64_t v) {
-    const uint64_t ones = UINT64_C(0x0101010101010101), high = 0x80 * ones;
-    return (((v - 0x30 * ones) & ~v) | (v + 0x46 * ones) | v) & high;
-}
-
-/* A mask of v's low k bytes (1-8). */
-static inline uint64_t low_bytes(int k) { return k == 8 ? ~UINT64_C(0) : (UINT64_C(1) << (8 * k)) - 1; }
-
-/* How many of v's bytes lead as digits (0-8). */
-static inline int leading_digits(uint64_t v) {
-    uint64_t flags = non_digits(v);
-    return flags ? __builtin_ctzll(flags) >> 3 : 8;
-}
-
 /* The n (1-16) bytes before e as a number, in *value: 0 unless every one is a digit.  SSE4.1 where the build has
  * it (16 digits in four vector steps), else two SWAR words. */
 static inline int last_digits(const uchar *e, int n, uint64_t *value) {
@@ -348,13 +340,12 @@ static inline int element(Sink *sink, const uchar *begin, const uchar *s, const 
 /* A flat array "[n, n, ..., n]": its commas found 64 bytes at a time (comma_bits), then each element read from its
  * own start, so one number's parse never waits for the one before it.  -2 where anything is not so (a nested array,
  * a refusal): read_array then reads it, or refuses it. */
-static Py_ssize_t read_flat(const uchar *p, const uchar *end, Sink *shared) {
-    Sink local = *shared, *sink = &local;  /* a copy no store into the numbers can alias: kept in registers */
+static Py_ssize_t read_flat(const uchar *p, const uchar *end, Sink *sink) {
     const uchar *begin = p;
     while (p < end && is_space(*p)) p++;
     const uchar *close = end;
     while (close > p && is_space(close[-1])) close--;
-    if (close - p < 2 || *p != '[' || close[-1] != ']') return shared->n = 0, -2;
+    if (close - p < 2 || *p != '[' || close[-1] != ']') return -2;
     close--;
     const uchar *start = ++p;
     const uchar *q = p;
@@ -362,18 +353,17 @@ static Py_ssize_t read_flat(const uchar *p, const uchar *end, Sink *shared) {
         uint64_t commas = comma_bits(q);
         while (commas) {
             const uchar *comma = q + __builtin_ctzll(commas);
-            if (!element(sink, begin, start, comma, end)) return shared->n = 0, -2;
+            if (!element(sink, begin, start, comma, end)) return -2;
             start = comma + 1;
             commas &= commas - 1;
         }
     }
     for (; q < close; q++) {
         if (*q != ',') continue;
-        if (!element(sink, begin, start, q, end)) return shared->n = 0, -2;
+        if (!element(sink, begin, start, q, end)) return -2;
         start = q + 1;
     }
-    if (!element(sink, begin, start, close, end)) return shared->n = 0, -2;
-    *shared = local;
+    if (!element(sink, begin, start, close, end)) return -2;
     return sink->n;
 }
 

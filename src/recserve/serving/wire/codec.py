@@ -431,7 +431,7 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
 
 def json_skeleton(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     """A plain-JSON infer request with every input's ``data`` read as ``[]``: its names, shapes and parameters for
-    a fraction of a full decode (~0.1 of a ms for a 2.9 MB batch-256 query against ~2.5 ms), so a worker under load
+    a fraction of a full decode (~0.1 of a ms for a 2.9 MB batch-256 query against ~2 ms), so a worker under load
     can refuse it before decoding it (``WorkerPlane.admit``).  None where this cannot be sure to read what the full
     decode would (see :func:`json_request`), or a request with no ``data`` array."""
     return _skeleton(head)[1][0]

@@ -29,9 +29,9 @@ from recserve.hostinfo import probe_in_child
 
 PROBE_TIMEOUT_S = 20.0
 READERS = ("native", "simdjson")  # fastest first
-# parse both kinds of array: an import alone would miss an illegal instruction in the parser
-# every exported function over arrays long enough for its vector paths (SSE2, SSE4.1): a short one would pass on a
-# CPU without them and leave the illegal instruction to a worker's first large query
+# each probe parses both kinds of array (an import alone would miss an illegal instruction in a parser); the native
+# one runs every exported function over arrays long enough for its vector paths (SSE2, SSE4.1): a short one would
+# pass on a CPU without them and leave the illegal instruction to a worker's first large query
 NATIVE_PROBE_CODE = """
 import numpy as np
 from recserve.serving.wire import _json_arrays
@@ -132,16 +132,16 @@ def _native(span: bytes | memoryview) -> np.ndarray | None:
     if result is None:
         return None
     count, floats, nested = result
-    if nested and not regular(bytes(span).translate(None, NUMBER_BYTES)):
-        return None  # numpy refuses a ragged nesting
+    if nested and _ragged(span):
+        return None
     if count < len(out):  # nested arrays' commas between their rows
         out = out[:count].copy()
     return out.view(np.float64) if floats else out
 
 
 def _simdjson(span: bytes) -> np.ndarray | None:
-    if span.find(b"[", 1) >= 0 and not regular(span.translate(None, NUMBER_BYTES)):
-        return None  # simdjson flattens any nesting; numpy refuses a ragged one
+    if span.find(b"[", 1) >= 0 and _ragged(span):
+        return None
     parser = getattr(_local, "parser", None)
     if parser is None:
         import simdjson
@@ -169,6 +169,11 @@ def _exported(doc) -> np.ndarray | None:
         return np.frombuffer(doc.as_buffer(of_type="d"), np.float64).copy()
     except Exception:  # noqa: BLE001 - true, null, a string...: the list decides
         return None
+
+
+def _ragged(span: bytes | memoryview) -> bool:
+    """Whether a nested array is one numpy refuses (ragged, empty, too deep): both readers flatten any nesting."""
+    return not regular(bytes(span).translate(None, NUMBER_BYTES))
 
 
 MAX_DEPTH = 32  # deeper nesting is left to the lists (numpy refuses arrays of more than 64 dimensions)

@@ -103,7 +103,7 @@ class WorkerPlane:
     def admit(self, conn: Connection, req: Request) -> None:
         """An HTTP request: decode and validate now (errors answered at once), then queue it as a query.  Under
         load a large plain-JSON query is judged from its skeleton first (``early_json_refusal``): refused, it costs
-        a tenth of a ms, not the ~4 ms its decode takes, which a refusal after the decode would have wasted."""
+        a tenth of a ms, not the ~2 ms its decode takes, which a refusal after the decode would have wasted."""
         header_length = req.headers.get("inference-header-content-length")
         if header_length is None and len(req.body) >= codec.JSON_FAST_BYTES:
             error = self.early_json_refusal(req.body, req.arrived)
