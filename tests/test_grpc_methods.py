@@ -215,6 +215,33 @@ def test_the_largest_raw_content_is_found_from_a_requests_first_bytes():
     assert codec.largest_raw_content(memoryview(b"\xff\xff")) == 0  # garbage: nothing to align on
 
 
+def test_a_planned_request_lands_with_its_ids_aligned_whatever_has_arrived():
+    """A client that sends the dense tensor first fills a request's first bytes with it, so the ids' start has not
+    arrived when the buffer is taken; a request planned before knows where they will be.  The first of a kind is
+    aligned on the largest content whose start has arrived, as before."""
+    from recserve.serving.worker.grpc_methods import SERVICE
+
+    arrays = query(batch=4, ids=5000)
+    assert list(arrays)[0] == "dense"
+    message = request_of(arrays, request_id="a").SerializeToString()
+    ids_at = message.index(arrays["sparse_values"].tobytes())
+    dense_at = message.index(arrays["dense"].tobytes())
+    heads = (dense_at + 8, ids_at - 16, ids_at + 8, len(message))
+    methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    land = methods.method(SERVICE + "ModelInfer").land
+
+    def aligned_at(cut: int) -> int:
+        buffer = land(memoryview(message)[:cut], len(message))
+        assert len(buffer) == len(message)
+        return next(k for k in (ids_at, dense_at, 0) if np.frombuffer(buffer, np.uint8)[k:].ctypes.data % 64 == 0)
+
+    assert [aligned_at(cut) for cut in heads] == [dense_at, dense_at, ids_at, ids_at]
+    assert ask(methods, request_of(arrays, request_id="first"))[2] is None  # planned (the id is no part of the key)
+    assert [aligned_at(cut) for cut in heads] == [ids_at] * 4
+    assert aligned_at(dense_at - 40) == 0  # the raw contents not begun: nothing to find the plan by
+    assert land(memoryview(b"\xff\xff"), 100) is not None  # garbage: any buffer, the decode says why
+
+
 class FakeCall:
     """What ``InOrder`` asks of a streaming call: the messages it sends and how it ended."""
 

@@ -830,6 +830,42 @@ def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple
         return None
 
 
+def first_raw_content(head: memoryview) -> int:
+    """Where the first ``raw_input_contents`` field (its key) begins in the first bytes ``head`` of a serialized
+    ``ModelInferRequest``; -1 if it has not arrived or ``head`` is not well-formed that far.  Every other field of
+    the request lies before it (protobuf writes fields in number order; the raw contents are the last)."""
+    pos = 0
+    try:
+        while pos < len(head):
+            key, body = _varint(head, pos)
+            if key == _RAW_KEY:
+                return pos
+            wire = key & 7
+            if wire == 2:
+                length, start = _varint(head, body)
+                pos = start + length
+            elif wire == 0:
+                pos = _varint(head, body)[1]
+            elif wire in (1, 5):
+                pos = body + (8 if wire == 1 else 4)
+            else:
+                return -1
+    except (IndexError, ValueError):  # a field cut off where ``head`` ends
+        pass
+    return -1
+
+
+def raw_content_starts(first: int, sizes: Sequence[int]) -> list[int]:
+    """Where each raw content's data begins in a request whose first ``raw_input_contents`` key is at ``first`` and
+    whose contents are ``sizes`` bytes long, in order: each is one key byte and its length's varint, then its data."""
+    starts, pos = [], first
+    for size in sizes:
+        pos += 1 + max(1, (size.bit_length() + 6) // 7)
+        starts.append(pos)
+        pos += size
+    return starts
+
+
 def largest_raw_content(head: memoryview) -> int:
     """Where the data of the largest ``raw_input_contents`` entry begins in a serialized ``ModelInferRequest`` of
     which only ``head`` (its first bytes) has arrived, among the entries whose start is in it; 0 if none is.  What a

@@ -44,9 +44,21 @@ RESPONSE_ID_KEY = 3 << 3 | 2  # ModelInferResponse.id (field 3, a string)
 STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
 
-def _aligned_request(head: memoryview, size: int) -> memoryview:
-    """The buffer a large ``ModelInferRequest`` is received in: its largest raw content (the ids) aligned."""
-    return codec.aligned_buffer(size, codec.largest_raw_content(head))
+def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore | None = None) -> memoryview:
+    """The buffer a large ``ModelInferRequest`` is received in: its largest raw content (the ids) aligned.
+
+    Only ``head``, the message's first bytes, has arrived.  A request planned before (its fields but the raw
+    contents and id seen, ``plans``) gives every content's size, so the ids are found even where a larger-first
+    client's dense tensor fills ``head`` (their start has not arrived).  Any other is aligned on the largest content
+    whose start has arrived."""
+    first = codec.first_raw_content(head)
+    split = codec.split_raw_input_contents(head[:first], cut_id=True) if first > 0 and plans is not None else None
+    plan = plans.get(split[0]) if split is not None else None
+    if plan is None:
+        return codec.aligned_buffer(size, codec.largest_raw_content(head))
+    sizes = [nbytes for *_, nbytes in plan.inputs]
+    starts = codec.raw_content_starts(first, sizes)
+    return codec.aligned_buffer(size, starts[sizes.index(max(sizes))])
 
 
 def _fail(call: GrpcCall, error: InferError) -> None:
@@ -201,7 +213,7 @@ class WorkerMethods(Forwarder):
 
     def method(self, path: str) -> Method:
         if path == SERVICE + "ModelInfer":
-            return Method(unary=self._infer, land=_aligned_request)
+            return Method(unary=self._infer, land=lambda head, size: _aligned_request(head, size, self._plans))
         if path == SERVICE + "ModelStreamInfer":
             return Method(sink=self._stream)
         return super().method(path)
