@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,7 +70,7 @@ def test_a_model_fused_in_place_scores_exactly_as_before_on_both_paths(name):
     model.fuse_tables()
     # rmc1 and mtwnd take the one-width, all-pooled lookup (``_one_group_lookup``); din (sequences), sdm-m1 do not
     assert model.fused._one_pooled_group == (name in ("hercules-rmc1", "hercules-mtwnd"))
-    for size in (1, 37):
+    for size in (1, 37, 260):  # rmc1 at 260: each table's ids shifted on its own (``SHIFT_BY_TABLE_IDS``)
         batch = sample_batch(plain, size, rng=size)
         with torch.inference_mode():
             torch.testing.assert_close(model(batch), plain(batch), rtol=0, atol=0)
@@ -78,6 +79,28 @@ def test_a_model_fused_in_place_scores_exactly_as_before_on_both_paths(name):
             for got, want in zip(sparse, model.sparse(batch), strict=True):
                 torch.testing.assert_close(got, want, rtol=0, atol=0)
             model.fused = model_fused
+
+
+def test_ids_shifted_table_by_table_are_the_rows_the_repeat_gives(monkeypatch):
+    """Both ways of turning a query's ids into rows of the fused weight agree, for int32 and int64 ids, and a shift
+    past int32 does not wrap."""
+    from recserve.zoo import fused as fused_module
+
+    model = build(catalogue_models()["hercules-rmc1"], scale=1e-4)
+    model.fuse_tables()
+    batch = sample_batch(model, 30, rng=4)
+    for dtype in (np.int32, np.int64):
+        values, lengths = batch.values.numpy().astype(dtype), batch.lengths.numpy()
+        monkeypatch.setattr(fused_module, "SHIFT_BY_TABLE_IDS", 0)
+        by_table = model.fused._one_group_lookup(values, lengths)
+        monkeypatch.setattr(fused_module, "SHIFT_BY_TABLE_IDS", 10**12)
+        repeated = model.fused._one_group_lookup(values, lengths)
+        for got, want in zip(by_table, repeated, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    counts = np.zeros(model.fused.num_tables, np.int64)
+    counts[1] = 1
+    first = int(model.fused.first_row[1])
+    assert model.fused._shifted_by_table(np.array([2**31 - 1], np.int32), counts)[0] == 2**31 - 1 + first
 
 
 def test_fusing_in_place_moves_the_rows_so_the_tables_are_held_once():

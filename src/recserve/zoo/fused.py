@@ -38,6 +38,9 @@ def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
 # table the copy costs more than the calls it saves, so larger queries take the per-table path over the same rows
 # (``RecModel.sparse``; docs/decisions/2026-11-24-fuse-tables-in-node.md).
 HOST_FUSED_IDS_PER_TABLE = 30_000
+# From this many ids a table on, each table's ids are shifted by one add over its own slice instead of adding a repeat
+# of every bag's shift: the repeat writes and reads a temporary as long as the ids, the loop costs a call a table.
+SHIFT_BY_TABLE_IDS = 12_000  # docs/decisions/2026-11-29-shift-ids-by-table.md
 
 
 def shifted(values: np.ndarray, counts: np.ndarray, first_row: np.ndarray) -> np.ndarray:
@@ -140,16 +143,29 @@ class FusedTables(nn.Module):
         ``(table, sample)``, the tables' ``[B, dim]`` results as views of one ``unbind``."""
         tables, size = lengths.shape
         flat = lengths.reshape(-1).astype(np.int64)
-        shifts = self._bag_first_rows.get(size)
-        if shifts is None:
-            if len(self._bag_first_rows) >= 64:  # batch sizes come and go: keep the cache small
-                self._bag_first_rows.clear()
-            shifts = self._bag_first_rows[size] = np.repeat(self.first_row.numpy(), size)
-        ids = values.astype(np.int64, copy=False) + np.repeat(shifts, flat)
+        if values.shape[0] >= SHIFT_BY_TABLE_IDS * tables:
+            ids = self._shifted_by_table(values, flat.reshape(tables, size).sum(axis=1))
+        else:
+            shifts = self._bag_first_rows.get(size)
+            if shifts is None:
+                if len(self._bag_first_rows) >= 64:  # batch sizes come and go: keep the cache small
+                    self._bag_first_rows.clear()
+                shifts = self._bag_first_rows[size] = np.repeat(self.first_row.numpy(), size)
+            ids = values.astype(np.int64, copy=False) + np.repeat(shifts, flat)
         offsets = np.cumsum(flat)
         offsets -= flat
         bags = F.embedding_bag(torch.from_numpy(ids), self.weight0, torch.from_numpy(offsets), mode="sum")
         return list(bags.view(tables, size, -1).unbind(0))
+
+    def _shifted_by_table(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Table-major ``values`` (``counts[t]`` of table ``t`` in turn) as rows of the fused weight, one add a table
+        (computed in int64: a shift past int32 never wraps)."""
+        ids = np.empty(values.shape[0], np.int64)
+        start = 0
+        for first, count in zip(self.first_row.tolist(), counts.tolist(), strict=True):
+            np.add(values[start : start + count], first, out=ids[start : start + count], dtype=np.int64)
+            start += count
+        return ids
 
     def group_ids(self, values: torch.Tensor, lens: torch.Tensor, first_row: torch.Tensor | None = None,
                   members: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
