@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -830,29 +830,34 @@ def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple
         return None
 
 
-def first_raw_content(head: memoryview) -> int:
-    """Where the first ``raw_input_contents`` field (its key) begins in the first bytes ``head`` of a serialized
-    ``ModelInferRequest``; -1 if it has not arrived or ``head`` is not well-formed that far.  Every other field of
-    the request lies before it (protobuf writes fields in number order; the raw contents are the last)."""
+def _head_fields(head: memoryview) -> Iterator[tuple[int, int, int, int]]:
+    """Each top-level field of a serialized message of which ``head`` is the first bytes, as (where its key begins,
+    its key, where its value begins, the value's length), while its key and length are whole in ``head``; none after
+    a wire type that cannot be walked."""
     pos = 0
     try:
         while pos < len(head):
             key, body = _varint(head, pos)
-            if key == _RAW_KEY:
-                return pos
             wire = key & 7
             if wire == 2:
                 length, start = _varint(head, body)
-                pos = start + length
             elif wire == 0:
-                pos = _varint(head, body)[1]
+                start, length = body, _varint(head, body)[1] - body
             elif wire in (1, 5):
-                pos = body + (8 if wire == 1 else 4)
+                start, length = body, 8 if wire == 1 else 4
             else:
-                return -1
+                return
+            yield pos, key, start, length
+            pos = start + length
     except (IndexError, ValueError):  # a field cut off where ``head`` ends
-        pass
-    return -1
+        return
+
+
+def first_raw_content(head: memoryview) -> int:
+    """Where the first ``raw_input_contents`` field (its key) begins in the first bytes ``head`` of a serialized
+    ``ModelInferRequest``; -1 if it has not arrived or ``head`` is not well-formed that far.  Every other field of
+    the request lies before it (protobuf writes fields in number order; the raw contents are the last)."""
+    return next((pos for pos, key, _, _ in _head_fields(head) if key == _RAW_KEY), -1)
 
 
 def raw_content_starts(first: int, sizes: Sequence[int]) -> list[int]:
@@ -870,25 +875,8 @@ def largest_raw_content(head: memoryview) -> int:
     """Where the data of the largest ``raw_input_contents`` entry begins in a serialized ``ModelInferRequest`` of
     which only ``head`` (its first bytes) has arrived, among the entries whose start is in it; 0 if none is.  What a
     worker aligns a large gRPC request's buffer on (:func:`aligned_buffer`): a query's ids are its largest tensor."""
-    best, best_length, pos = 0, -1, 0
-    try:
-        while pos < len(head):
-            key, body = _varint(head, pos)
-            wire = key & 7
-            if wire == 2:
-                length, start = _varint(head, body)
-                if key == _RAW_KEY and length > best_length:
-                    best, best_length = start, length
-                pos = start + length
-            elif wire == 0:
-                pos = _varint(head, body)[1]
-            elif wire in (1, 5):
-                pos = body + (8 if wire == 1 else 4)
-            else:
-                break
-    except (IndexError, ValueError):  # a field cut off where ``head`` ends
-        pass
-    return best
+    raw = [(length, -start) for _, key, start, length in _head_fields(head) if key == _RAW_KEY]
+    return -max(raw)[1] if raw else 0
 
 
 def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None,
