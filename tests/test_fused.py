@@ -100,7 +100,9 @@ def test_ids_shifted_table_by_table_are_the_rows_the_repeat_gives(monkeypatch):
     counts = np.zeros(model.fused.num_tables, np.int64)
     counts[1] = 1
     first = int(model.fused.first_row[1])
-    assert model.fused._shifted_by_table(np.array([2**31 - 1], np.int32), counts)[0] == 2**31 - 1 + first
+    monkeypatch.setattr(fused_module, "SHIFT_BY_TABLE_IDS", 0)
+    ids = fused_module.shifted(np.array([2**31 - 1], np.int32), counts, model.fused.first_row.numpy())
+    assert ids[0] == 2**31 - 1 + first
 
 
 def test_fusing_in_place_moves_the_rows_so_the_tables_are_held_once():

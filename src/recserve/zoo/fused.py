@@ -38,15 +38,23 @@ def table_of_values(lens: torch.Tensor, count: int) -> torch.Tensor:
 # table the copy costs more than the calls it saves, so larger queries take the per-table path over the same rows
 # (``RecModel.sparse``; docs/decisions/2026-11-24-fuse-tables-in-node.md).
 HOST_FUSED_IDS_PER_TABLE = 30_000
-# From this many ids a table on, each table's ids are shifted by one add over its own slice instead of adding a repeat
-# of every bag's shift: the repeat writes and reads a temporary as long as the ids, the loop costs a call a table.
+# From this many ids a table on (on average), ``shifted`` adds each table's first row to its own slice, one call a
+# table, instead of adding a repeat of the shifts: a temporary as long as the ids, written and read again.
 SHIFT_BY_TABLE_IDS = 12_000  # docs/decisions/2026-11-29-shift-ids-by-table.md
 
 
 def shifted(values: np.ndarray, counts: np.ndarray, first_row: np.ndarray) -> np.ndarray:
     """Table-major ids (``counts[t]`` of table ``t`` in turn) as rows of the fused weight: each plus its table's
-    first row, as int64 (a new array; a ``repeat`` of the shifts costs ~1 ns an id, torch's index gather ~7)."""
-    return values.astype(np.int64, copy=False) + np.repeat(first_row, counts)
+    first row, as int64 (a new array; a ``repeat`` of the shifts costs ~1 ns an id, torch's index gather ~7).  Long
+    slices are shifted one add each, straight into the result, computed in int64 so no shift wraps."""
+    if len(values) < SHIFT_BY_TABLE_IDS * len(counts):
+        return values.astype(np.int64, copy=False) + np.repeat(first_row, counts)
+    ids = np.empty(len(values), np.int64)
+    start = 0
+    for first, count in zip(first_row.tolist(), counts.tolist(), strict=True):
+        np.add(values[start : start + count], first, out=ids[start : start + count], dtype=np.int64)
+        start += count
+    return ids
 
 
 class FusedTables(nn.Module):
@@ -81,6 +89,7 @@ class FusedTables(nn.Module):
                 table.bag.weight = nn.Parameter(rows, requires_grad=False)
         self.group_of = group_of
         self.register_buffer("first_row", torch.tensor(first_row, dtype=torch.int64), persistent=False)
+        self._first_rows = np.array(first_row, np.int64)  # the same as numpy, made once for the host passes
         for g in range(len(self.widths)):  # ids of other widths' tables become row 0, their bags discarded
             self.register_buffer(f"member{g}", torch.tensor([x == g for x in group_of]), persistent=False)
         # per width group, its pooled tables and its sequence tables (``_host_lookup``)
@@ -89,7 +98,6 @@ class FusedTables(nn.Module):
         self._sequences_in = [[t for t, x in enumerate(group_of) if x == g and t in self.sequence_lengths]
                               for g in range(len(self.widths))]
         self._one_pooled_group = len(self.widths) == 1 and not self.sequence_lengths
-        self._bag_first_rows: dict[int, np.ndarray] = {}  # batch size -> each bag's first row (``_one_group_lookup``)
 
     def weight(self, g: int) -> torch.Tensor:
         return getattr(self, f"weight{g}")
@@ -119,7 +127,7 @@ class FusedTables(nn.Module):
         counts = lengths.sum(axis=1, dtype=np.int64)
         ends = np.cumsum(counts)
         starts = ends - counts
-        first = self.first_row.numpy()
+        first = self._first_rows
         out: list[torch.Tensor | None] = [None] * tables
         for g, width in enumerate(self.widths):
             weight = self.weight(g)
@@ -139,33 +147,15 @@ class FusedTables(nn.Module):
 
     def _one_group_lookup(self, values: np.ndarray, lengths: np.ndarray) -> list[torch.Tensor]:
         """``_host_lookup`` when every table is pooled and of one width (DLRM's usual case) in fewer numpy and torch
-        calls: each value shifted by its bag's first row, one bag per
-        ``(table, sample)``, the tables' ``[B, dim]`` results as views of one ``unbind``."""
+        calls: each value shifted by its table's first row (:func:`shifted`), one bag per ``(table, sample)``, the
+        tables' ``[B, dim]`` results as views of one ``unbind``."""
         tables, size = lengths.shape
         flat = lengths.reshape(-1).astype(np.int64)
-        if values.shape[0] >= SHIFT_BY_TABLE_IDS * tables:
-            ids = self._shifted_by_table(values, flat.reshape(tables, size).sum(axis=1))
-        else:
-            shifts = self._bag_first_rows.get(size)
-            if shifts is None:
-                if len(self._bag_first_rows) >= 64:  # batch sizes come and go: keep the cache small
-                    self._bag_first_rows.clear()
-                shifts = self._bag_first_rows[size] = np.repeat(self.first_row.numpy(), size)
-            ids = values.astype(np.int64, copy=False) + np.repeat(shifts, flat)
+        ids = shifted(values, flat.reshape(tables, size).sum(axis=1), self._first_rows)
         offsets = np.cumsum(flat)
         offsets -= flat
         bags = F.embedding_bag(torch.from_numpy(ids), self.weight0, torch.from_numpy(offsets), mode="sum")
         return list(bags.view(tables, size, -1).unbind(0))
-
-    def _shifted_by_table(self, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Table-major ``values`` (``counts[t]`` of table ``t`` in turn) as rows of the fused weight, one add a table
-        (computed in int64: a shift past int32 never wraps)."""
-        ids = np.empty(values.shape[0], np.int64)
-        start = 0
-        for first, count in zip(self.first_row.tolist(), counts.tolist(), strict=True):
-            np.add(values[start : start + count], first, out=ids[start : start + count], dtype=np.int64)
-            start += count
-        return ids
 
     def group_ids(self, values: torch.Tensor, lens: torch.Tensor, first_row: torch.Tensor | None = None,
                   members: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
