@@ -875,8 +875,8 @@ def largest_raw_content(head: memoryview) -> int:
     """Where the data of the largest ``raw_input_contents`` entry begins in a serialized ``ModelInferRequest`` of
     which only ``head`` (its first bytes) has arrived, among the entries whose start is in it; 0 if none is.  What a
     worker aligns a large gRPC request's buffer on (:func:`aligned_buffer`): a query's ids are its largest tensor."""
-    raw = [(length, -start) for _, key, start, length in _head_fields(head) if key == _RAW_KEY]
-    return -max(raw)[1] if raw else 0
+    raw = [(start, length) for _, key, start, length in _head_fields(head) if key == _RAW_KEY]
+    return max(raw, key=lambda field: field[1])[0] if raw else 0  # the first of equal ones
 
 
 def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None,

@@ -44,7 +44,7 @@ RESPONSE_ID_KEY = 3 << 3 | 2  # ModelInferResponse.id (field 3, a string)
 STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
 
-def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore | None = None) -> memoryview:
+def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore) -> memoryview:
     """The buffer a large ``ModelInferRequest`` is received in: its largest raw content (the ids) aligned.
 
     Only ``head``, the message's first bytes, has arrived.  A request planned before (its fields but the raw
@@ -52,7 +52,7 @@ def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore | None 
     client's dense tensor fills ``head`` (their start has not arrived).  Any other is aligned on the largest content
     whose start has arrived."""
     first = codec.first_raw_content(head)
-    split = codec.split_raw_input_contents(head[:first], cut_id=True) if first > 0 and plans is not None else None
+    split = codec.split_raw_input_contents(head[:first], cut_id=True) if first > 0 else None
     plan = plans.get(split[0]) if split is not None else None
     if plan is None:
         return codec.aligned_buffer(size, codec.largest_raw_content(head))
