@@ -74,6 +74,33 @@ def test_pair_gives_idle_cores_to_the_partner_and_fits_memory(hera):
     assert plan.emu > 1.0  # a capacity-bound model leaves room for a compute-bound one
 
 
+def _serving_from(profiles: ProfileSet, model: str, first: int) -> ProfileSet:
+    """``profiles`` with ``model`` meeting its SLA at no load below ``first`` workers (as hera-dien from 10)."""
+    out = []
+    for t in profiles:
+        if t.model == model and t.kind == "maxload_vs_workers":
+            t = ProfileTable(t.model, t.server, t.kind, t.columns,
+                             [[w, q if w >= first else 0.0] for w, q in t.rows], source=t.source)
+        out.append(t)
+    return ProfileSet(out)
+
+
+@pytest.mark.parametrize("first_is_late", [True, False])
+def test_pair_gives_a_model_that_serves_nothing_on_half_the_cores_its_fewest_serving_workers(hera, first_is_late):
+    profiles, classes, _ = hera
+    late = _serving_from(profiles, "dien", 10)
+    curves = {c.name: c for c in all_curves(late, list(classes), NODE)}
+    assert curves["dien"].qps[NODE.cores // 2] == 0 and curves["dien"].qps[10] > 0
+    pair = ("dien", "dlrm-a") if first_is_late else ("dlrm-a", "dien")
+    plan = pair_allocation(curves[pair[0]], curves[pair[1]], NODE)
+    by = {p.model: p for p in plan.placements}
+    assert by["dien"].workers == 10 and by["dlrm-a"].workers == NODE.cores - 10
+    assert by["dien"].qps > 0 and by["dlrm-a"].qps > 0
+    # a partner that serves on its even share keeps it: the rule moves cores only to a model serving nothing
+    even = pair_allocation(curves["dlrm-a"], curves["ncf"], NODE)
+    assert [p.workers for p in even.placements] == [NODE.cores // 2, NODE.cores // 2]
+
+
 @pytest.mark.parametrize("low_share", [None, 0.25, 0.75])
 def test_hera_serves_every_target_and_pairs_low_with_high(hera, low_share):
     profiles, classes, curves = hera

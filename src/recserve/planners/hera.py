@@ -145,12 +145,24 @@ def affinity_matrix(curves: Sequence[ModelCurves], server: ServerType) -> dict[s
 
 
 def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType) -> ServerPlan:
-    """Initial allocation of a co-located pair and its predicted max QPS per model."""
+    """Allocation of a co-located pair and its predicted max QPS per model.
+
+    Cores are split evenly, a model's cores past its useful count going to the other (§V-C, initialisation).
+    A model that meets its SLA at no load on its half (``_first_serving`` above it) is given its fewest serving
+    workers, as the RMU's ``adjust_workers`` upsizes a model after its violations (Alg. 3), the other keeping the
+    rest; without that the pair would be planned with the model serving nothing.
+    """
     W, K = server.cores, max(server.llc_ways, 2)
     wa = min(W // 2, a.useful_workers)
     wb = min(W - wa, b.useful_workers)
     wa = min(W - wb, a.useful_workers)
     wa, wb = max(wa, 1), max(wb, 1)
+    if a.qps[wa] <= 0 and _first_serving(a) < W:
+        wa = _first_serving(a)
+        wb = max(1, min(W - wa, b.useful_workers))
+    elif b.qps[wb] <= 0 and _first_serving(b) < W:
+        wb = _first_serving(b)
+        wa = max(1, min(W - wb, a.useful_workers))
     while a.mem_gb[wa] + b.mem_gb[wb] > server.mem_gb and wa + wb > 2:
         if (a.mem_gb[wa] - a.mem_gb[wa - 1] >= b.mem_gb[wb] - b.mem_gb[wb - 1] and wa > 1) or wb == 1:
             wa -= 1
@@ -168,6 +180,11 @@ def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType) -> Serve
     qb = float(frac_b[i] * b.isolated_qps * dram)
     return ServerPlan(server.name, [Placement(a.name, int(wa), int(ka[i]), qa, a.isolated_qps),
                                     Placement(b.name, int(wb), int(K - ka[i]), qb, b.isolated_qps)])
+
+
+def _first_serving(c: ModelCurves) -> int:
+    """The fewest workers with which ``c`` meets its SLA at some load (``model_curves`` refuses a model with none)."""
+    return int(np.argmax(c.qps > 0))
 
 
 def isolated_allocation(c: ModelCurves, server: ServerType) -> ServerPlan:
