@@ -22,6 +22,7 @@ from recserve.policies.dispatch import (
 from recserve.policies.parties import PartiesController
 from recserve.policies.predictor import LatencyPredictor
 from recserve.policies.rmu import (
+    MAX_BACKOFF,
     CapacityProfile,
     HeraRMU,
     StaticController,
@@ -260,7 +261,11 @@ def test_hera_does_not_shrink_back_to_a_worker_count_just_seen_to_violate():
     assert node.workers["a"] == 2  # the fewest the profile allows, less the count that just failed at 53 qps
     rmu.step(3.0, node)
     assert node.workers["a"] == 2
-    rmu.step(4.0, node)  # the memory is three decisions long: the failure at step 1 is forgotten
+    rmu.step(4.0, node)  # past the memory's three decisions, but b is as busy as when a failed: still avoided
+    assert node.workers["a"] == 2
+    node.stats["b"] = WindowStats(85.0, 2, 2.0)  # b goes quiet: the failure beside it is forgotten
+    for t in (5.0, 6.0, 7.0):
+        rmu.step(t, node)
     assert node.workers["a"] == 1
 
 
@@ -269,9 +274,12 @@ def test_hera_remembers_a_count_that_fails_again_at_the_same_rate_twice_as_long(
     over, ok = WindowStats(250.0, 50, 53.0), WindowStats(40.0, 53, 53.0)
 
     def remembered(steps: int) -> int:
-        """After one worker fails at 53 qps: for how many of the next ``steps`` decisions it is avoided."""
+        """After one worker fails at 53 qps beside a neighbour that then goes quiet: for how many of the next
+        ``steps`` decisions it is avoided."""
         rmu._steps += 1
+        rmu._rates = {"b": 10.0}
         rmu._remember("a", 1, over, over.tail_ms / 100.0)
+        rmu._rates = {"b": 5.0}
         avoided = 0
         for _ in range(steps):
             rmu._steps += 1
@@ -286,6 +294,26 @@ def test_hera_remembers_a_count_that_fails_again_at_the_same_rate_twice_as_long(
     rmu._steps += 2
     rmu._remember("a", 1, WindowStats(250.0, 50, 30.0), 2.5)  # a failure at a clearly lower rate is new too
     assert rmu._failed["a"][1][2] == 3
+
+
+def test_hera_keeps_a_failure_past_its_span_while_the_neighbours_are_as_busy_up_to_the_cap():
+    rmu = HeraRMU({"a": linear_capacity(60.0, False), "b": linear_capacity(60.0, False)}, memory_windows=3)
+    rmu._observe_rates({"a": WindowStats(250.0, 50, 53.0), "b": WindowStats(50.0, 60, 60.0)})
+    rmu._steps += 1
+    rmu._remember("a", 1, WindowStats(250.0, 50, 53.0), 2.5)
+    noisy = [55.0, 70.0, 45.0, 62.0, 58.0]  # b at a steady ~60 qps, one window read at 45 (under 0.8 x 60)
+    kept = []
+    for i in range(MAX_BACKOFF * 3 + 2):
+        rmu._steps += 1
+        rmu._observe_rates({"a": WindowStats(40.0, 53, 53.0), "b": WindowStats(50.0, 60, noisy[i % len(noisy)])})
+        kept.append(rmu._failed_at("a", 1, 53.0))
+    assert all(kept[:MAX_BACKOFF * 3 - 1]) and not any(kept[MAX_BACKOFF * 3 - 1:])  # held to the cap, then tried
+    rmu._steps += 1
+    rmu._remember("a", 1, WindowStats(250.0, 50, 53.0), 2.5)
+    for _ in range(4):  # b drops to a third of its load: past the span the failure is forgotten
+        rmu._steps += 1
+        rmu._observe_rates({"a": WindowStats(40.0, 53, 53.0), "b": WindowStats(50.0, 20, 20.0)})
+    assert not rmu._failed_at("a", 1, 53.0)
 
 
 def test_hera_may_return_to_a_failed_worker_count_at_a_lower_rate():

@@ -20,7 +20,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -182,6 +182,19 @@ class StaticController(Controller):
 MARGINAL = 0.05
 """Share of the best profiled max load a worker must add to be worth a core when no count covers the traffic."""
 MAX_BACKOFF = 8  # a count that keeps failing at a steady load is avoided for at most 8 x memory_windows
+RATE_SMOOTHING = 0.3
+"""Weight of the newest window in a model's smoothed arrival rate (what a remembered failure's neighbours are compared
+by): a 1-s window at ~60 queries/s reads +-13% from Poisson noise alone, the smoothed rate about +-5%."""
+
+
+class Failure(NamedTuple):
+    """A worker count seen to miss the SLA: at what arrival rate, when, for how many windows it is remembered, and
+    the neighbours' smoothed arrival rates then."""
+
+    rate: float
+    step: int
+    span: int
+    neighbours: dict[str, float]
 
 
 class HeraRMU(Controller):
@@ -201,7 +214,10 @@ class HeraRMU(Controller):
     its workers' profiled load, beside a neighbour nearer its own that misses too, is left as it is
     (:meth:`_victims`).  A count that fails again soon after its memory lapsed, at a rate not clearly below the one
     remembered, is remembered twice as long (up to ``MAX_BACKOFF`` x): at a steady load the RMU would otherwise retry
-    the failing count every ``memory_windows`` windows and miss the SLA each time."""
+    the failing count every ``memory_windows`` windows and miss the SLA each time.  Past its span a failure is still
+    remembered (up to ``MAX_BACKOFF`` x ``memory_windows``) while no neighbour has gone clearly quieter than it was
+    then: under the same neighbours a retry would fail as the first try did, while a neighbour's burst that caused the
+    failure ends the memory when it passes."""
 
     name = "hera"
 
@@ -212,8 +228,8 @@ class HeraRMU(Controller):
         self.low, self.high = low, high
         self.memory_windows = memory_windows
         self._steps = 0
-        # model -> workers -> (arrival qps, step, windows remembered)
-        self._failed: dict[str, dict[int, tuple[float, int, int]]] = {}
+        self._failed: dict[str, dict[int, Failure]] = {}  # model -> workers -> the failure remembered
+        self._rates: dict[str, float] = {}  # model -> smoothed arrival rate (``RATE_SMOOTHING``)
         self._grown_at: dict[str, int] = {}  # model -> the step that last gave it more workers
         # windows in which a model over its SLA was held as a victim (``_victims``): kept apart from ``log``, which
         # counts changes made, so a user can see why a missing model was not given more workers
@@ -254,30 +270,46 @@ class HeraRMU(Controller):
         return min([1.0, *(rate / cap.max_qps(n) for n, rate in self._recent_failures(model) if cap.max_qps(n) > 0)])
 
     def _failed_at(self, model: str, workers: int, traffic_qps: float) -> bool:
-        """This many workers, or more, violated the SLA within the last ``memory_windows`` steps at a rate this one
+        """This many workers, or more, violated the SLA in a failure still remembered, at a rate this one
         is not clearly below (fewer workers than a count that failed would fail too).  "Clearly" is the slack band's
         ``low``: a rate read from one window is noisy, and a count that failed would be chosen again as soon as one
         window read a little less."""
         return any(n >= workers and traffic_qps >= self.low * rate for n, rate in self._recent_failures(model))
 
     def _recent_failures(self, model: str) -> list[tuple[int, float]]:
-        """(workers, arrival qps) of the failures still remembered (each for its span: ``_span``)."""
-        return [(n, rate) for n, (rate, step, span) in self._failed.get(model, {}).items()
-                if self._steps - step < span]
+        """(workers, arrival qps) of the failures still remembered: each for its span (``_span``), and past it, up
+        to ``MAX_BACKOFF`` x ``memory_windows``, while its neighbours are as busy as they were then."""
+        cap = MAX_BACKOFF * self.memory_windows
+        return [(n, f.rate) for n, f in self._failed.get(model, {}).items()
+                if self._steps - f.step < f.span
+                or (self._steps - f.step < cap and not self._neighbours_quieter(f.neighbours))]
+
+    def _neighbours_quieter(self, then: dict[str, float]) -> bool:
+        """A neighbour's smoothed arrival rate is clearly (``low`` x) under what it was at a failure, or it left."""
+        return any(self._rates.get(o, 0.0) < self.low * rate for o, rate in then.items() if rate > 0)
+
+    def _observe_rates(self, window: dict[str, WindowStats]) -> None:
+        for m, w in window.items():
+            before = self._rates.get(m)
+            self._rates[m] = w.arrival_qps if before is None else before + RATE_SMOOTHING * (w.arrival_qps - before)
+        for m in set(self._rates) - set(window):
+            del self._rates[m]
 
     def _remember(self, model: str, workers: int, stats: WindowStats, slack: float) -> None:
         settled = self._grown_at.get(model, -1) < self._steps - 1  # not grown at the decision before this window
         if slack > self.high and stats.arrival_qps > 0 and settled:
             failed = self._failed.setdefault(model, {})
-            failed[workers] = (stats.arrival_qps, self._steps, self._span(failed.get(workers), stats.arrival_qps))
+            neighbours = {o: r for o, r in self._rates.items() if o != model}
+            failed[workers] = Failure(stats.arrival_qps, self._steps,
+                                      self._span(failed.get(workers), stats.arrival_qps), neighbours)
 
-    def _span(self, before: tuple[float, int, int] | None, rate: float) -> int:
+    def _span(self, before: Failure | None, rate: float) -> int:
         """How many windows a failure at ``rate`` is remembered: ``memory_windows``, doubled (up to ``MAX_BACKOFF``
         x) when the same count failed before at a rate not clearly above this one and its memory lapsed no longer
         ago than it lasted (a retry of a count still too small), kept while that memory still holds."""
         if before is None or rate < self.low * before[0]:
             return self.memory_windows
-        _, step, span = before
+        step, span = before.step, before.span
         age = self._steps - step
         if age < span:
             return span
@@ -312,6 +344,7 @@ class HeraRMU(Controller):
         changed = False
         models = control.models()
         window = {m: control.window_stats(m) for m in models}
+        self._observe_rates(window)
         slacks = {m: self._slack(control, m, window[m]) for m in models}
         victims = self._victims(control, window, slacks)
         for m in models:
