@@ -296,7 +296,7 @@ def test_hera_remembers_a_count_that_fails_again_at_the_same_rate_twice_as_long(
     assert rmu._failed["a"][1][2] == 3
 
 
-def test_hera_keeps_a_failure_past_its_span_while_the_neighbours_are_as_busy_up_to_the_cap():
+def test_hera_keeps_a_failure_past_its_span_while_the_loads_hold_up_to_the_cap():
     rmu = HeraRMU({"a": linear_capacity(60.0, False), "b": linear_capacity(60.0, False)}, memory_windows=3)
     rmu._observe_rates({"a": WindowStats(250.0, 50, 53.0), "b": WindowStats(50.0, 60, 60.0)})
     rmu._steps += 1
@@ -314,6 +314,14 @@ def test_hera_keeps_a_failure_past_its_span_while_the_neighbours_are_as_busy_up_
         rmu._steps += 1
         rmu._observe_rates({"a": WindowStats(40.0, 53, 53.0), "b": WindowStats(50.0, 20, 20.0)})
     assert not rmu._failed_at("a", 1, 53.0)
+    rmu._observe_rates({"a": WindowStats(40.0, 53, 53.0), "b": WindowStats(50.0, 60, 60.0)})
+    rmu._steps += 1
+    rmu._remember("a", 1, WindowStats(250.0, 50, 53.0), 2.5)
+    for _ in range(6):  # b rises to three times its load: a change too (the node is rebalancing), forgotten
+        rmu._steps += 1
+        rmu._observe_rates({"a": WindowStats(40.0, 53, 53.0), "b": WindowStats(50.0, 180, 180.0)})
+    assert not rmu._failed_at("a", 1, 53.0)
+    assert rmu.derating("a") == 1.0  # the curve is derated for the span alone
 
 
 def test_hera_may_return_to_a_failed_worker_count_at_a_lower_rate():

@@ -215,9 +215,9 @@ class HeraRMU(Controller):
     (:meth:`_victims`).  A count that fails again soon after its memory lapsed, at a rate not clearly below the one
     remembered, is remembered twice as long (up to ``MAX_BACKOFF`` x): at a steady load the RMU would otherwise retry
     the failing count every ``memory_windows`` windows and miss the SLA each time.  Past its span a failure is still
-    remembered (up to ``MAX_BACKOFF`` x ``memory_windows``) while no neighbour has gone clearly quieter than it was
-    then: under the same neighbours a retry would fail as the first try did, while a neighbour's burst that caused the
-    failure ends the memory when it passes."""
+    remembered (up to ``MAX_BACKOFF`` x ``memory_windows``) while the model's and its neighbours' loads are as they were
+    then: under the same loads a retry would fail as the first try did, while any load that moves (a neighbour's
+    burst that caused the failure passing, the model's own rate changing) ends the memory at its span as before."""
 
     name = "hera"
 
@@ -274,19 +274,25 @@ class HeraRMU(Controller):
         is not clearly below (fewer workers than a count that failed would fail too).  "Clearly" is the slack band's
         ``low``: a rate read from one window is noisy, and a count that failed would be chosen again as soon as one
         window read a little less."""
-        return any(n >= workers and traffic_qps >= self.low * rate for n, rate in self._recent_failures(model))
+        return any(n >= workers and traffic_qps >= self.low * rate
+                   for n, rate in self._recent_failures(model, held=True))
 
-    def _recent_failures(self, model: str) -> list[tuple[int, float]]:
-        """(workers, arrival qps) of the failures still remembered: each for its span (``_span``), and past it, up
-        to ``MAX_BACKOFF`` x ``memory_windows``, while its neighbours are as busy as they were then."""
+    def _recent_failures(self, model: str, held: bool = False) -> list[tuple[int, float]]:
+        """(workers, arrival qps) of the failures still remembered, each for its span (``_span``); ``held``: also
+        those past it, up to ``MAX_BACKOFF`` x ``memory_windows``, while the node's loads are as they were then
+        (what keeps a count from being tried again; the curve's derating uses the span alone, so an old failure in
+        another regime does not hold the whole curve down and leave a missing model at its knee)."""
         cap = MAX_BACKOFF * self.memory_windows
         return [(n, f.rate) for n, f in self._failed.get(model, {}).items()
                 if self._steps - f.step < f.span
-                or (self._steps - f.step < cap and not self._neighbours_quieter(f.neighbours))]
+                or (held and self._steps - f.step < cap and self._unchanged(model, f))]
 
-    def _neighbours_quieter(self, then: dict[str, float]) -> bool:
-        """A neighbour's smoothed arrival rate is clearly (``low`` x) under what it was at a failure, or it left."""
-        return any(self._rates.get(o, 0.0) < self.low * rate for o, rate in then.items() if rate > 0)
+    def _unchanged(self, model: str, failure: Failure) -> bool:
+        """The node's load is as it was at ``failure``: the model's and every neighbour's smoothed arrival rate within
+        ``low`` .. 1 / ``low`` x its rate then (a neighbour that left, or came, is a change)."""
+        then = {model: failure.rate, **failure.neighbours}
+        return set(then) == set(self._rates) and all(
+            self.low * rate <= self._rates[m] <= rate / self.low for m, rate in then.items())
 
     def _observe_rates(self, window: dict[str, WindowStats]) -> None:
         for m, w in window.items():
