@@ -183,7 +183,7 @@ MARGINAL = 0.05
 """Share of the best profiled max load a worker must add to be worth a core when no count covers the traffic."""
 MAX_BACKOFF = 8  # a count that keeps failing at a steady load is avoided for at most 8 x memory_windows
 RATE_SMOOTHING = 0.3
-"""Weight of the newest window in a model's smoothed arrival rate (what a remembered failure's neighbours are compared
+"""Weight of the newest window in a model's smoothed arrival rate (what the loads at a remembered failure are compared
 by): a 1-s window at ~60 queries/s reads +-13% from Poisson noise alone, the smoothed rate about +-5%."""
 
 
