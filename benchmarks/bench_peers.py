@@ -12,7 +12,8 @@ made on first use.  Before any load, every server scores one fixed query, whose 
 for bit those of the model built in process (what every server builds, recserve included:
 ``score_check`` in the JSON; a mismatch is flagged, not fatal).  Ratios are taken within one run (the
 machine is shared and noisy).  At each max-load point the generator's own send lag p99 and CPU are
-reported: if the lag is large there, the generator, not the server, may have set the limit.
+reported: if the lag is large there, the generator, not the server, may have set the limit; so is the server's own
+CPU at every probe (its processes' core-seconds per second and per query answered: ``peers/proctree.py``).
 
 For each worker count the servers are all started, then their max-load searches take turns probe by
 probe (only one server is loaded at a time; the others idle): a shared VM's speed moved up to 2x
@@ -33,6 +34,7 @@ import asyncio
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import harness
+from benchmarks.peers.proctree import ServerProcesses
 from benchmarks.peers.servers import ALL_PEERS, NOTES, PEERS, choose_peers, runnable, say
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import confirm_max_load, find_max_load
@@ -79,15 +82,40 @@ class Turns:
         self._cv.notify_all()
 
 
+class ProbeWithServer:
+    """One probe's load result with the server's CPU over it: ``to_dict()["server"]`` holds its processes' core-seconds
+    per second and, over the answers per second, its CPU per query (``proctree``: what a peer's work costs at the
+    load, beside what its latency shows)."""
+
+    def __init__(self, result: Any, server: ServerProcesses, before: dict[int, float], started: float) -> None:
+        self.result = result
+        self.cpu_s, self.procs = server.cpu_since(before)
+        self.wall_s = time.monotonic() - started
+
+    def percentile(self, p: float) -> float:
+        return self.result.percentile(p)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.result.to_dict()
+        per_s = self.cpu_s / self.wall_s if self.wall_s > 0 else None
+        achieved = data.get("achieved_qps") or 0.0
+        data["server"] = {"procs": self.procs, "cpu_s": self.cpu_s, "cpu_per_s": per_s,
+                          "cpu_ms_per_query": 1e3 * per_s / achieved if per_s is not None and achieved > 0 else None}
+        return data
+
+
 def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, sla_ms: float,
-             turn: Callable[[], Any] = nullcontext, label: str = "") -> dict:
-    """The max-load search against one server, with the generator's lag and CPU at the max-load point; each probe
-    runs inside ``turn()`` (the interleaving of several searches)."""
+             turn: Callable[[], Any] = nullcontext, label: str = "", server: ServerProcesses | None = None) -> dict:
+    """The max-load search against one server, with the generator's lag and CPU at the max-load point and, given
+    ``server``, the server's CPU at every probe; each probe runs inside ``turn()`` (the interleaving of several
+    searches)."""
     target = make_target(url, model, timeout_s=max(5.0, 10 * sla_ms / 1000))
     with LoadSession(target, pool, warm=True, procs=args.procs) as session:
         def run_at(rate: float):
             with turn():
-                return session.run(rate, args.probe_s, warmup_s=1.0, seed=int(rate * 1000) % 2**31)
+                before, started = (server.reading() if server else {}), time.monotonic()
+                result = session.run(rate, args.probe_s, warmup_s=1.0, seed=int(rate * 1000) % 2**31)
+                return ProbeWithServer(result, server, before, started) if server else result
 
         run_at(args.start_qps)  # warm every worker before the search
         found = find_max_load(run_at, sla_ms, args.percentile, start_qps=args.start_qps, rtol=0.08,
@@ -99,6 +127,7 @@ def max_load(url: str, model: str, pool: RequestPool, args: argparse.Namespace, 
     result["generator_at_max"] = {"send_lag_ms_p99": (at_max.get("send_lag_ms") or {}).get("p99"),
                                   **{k: v for k, v in (at_max.get("generator") or {}).items()
                                      if k in ("procs", "cpu_per_s", "loop_cpu_s")}}
+    result["server_at_max"] = at_max.get("server") or {}
     return result
 
 
@@ -159,7 +188,7 @@ def print_table(results: dict) -> None:
     print(f"max load at p{results['percentile']:g} <= {results['sla_ms']:g} ms, {results['model']} scale "
           f"{results['scale']}, {results['mix']} mix, {results['procs']} generator process(es)")
     print(f"{'workers':>7} {'server':18s} {'max QPS':>9} {'recserve/it':>11} {'gen lag p99':>11} {'gen CPU':>8} "
-          f"{'scores':>8}")
+          f"{'srv CPU':>8} {'ms/query':>8} {'scores':>8}")
     for workers, by_peer in results["by_workers"].items():
         base = by_peer.get("recserve", {}).get("max_qps")
         for name, r in by_peer.items():
@@ -167,11 +196,16 @@ def print_table(results: dict) -> None:
             gen = r["generator_at_max"]
             lag = f"{gen['send_lag_ms_p99']:.2f} ms" if gen.get("send_lag_ms_p99") is not None else "n/a"
             cpu = f"{gen['cpu_per_s']:.2f}" if gen.get("cpu_per_s") is not None else "n/a"
+            srv = r.get("server_at_max") or {}
+            srv_cpu = f"{srv['cpu_per_s']:.2f}" if srv.get("cpu_per_s") is not None else "n/a"
+            per_query = f"{srv['cpu_ms_per_query']:.2f}" if srv.get("cpu_ms_per_query") is not None else "n/a"
             check = r.get("score_check") or {}
             scores = "same" if check.get("identical") else ("DIFFER" if check else "n/a")
-            print(f"{workers:>7} {name:18s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8} {scores:>8}")
-    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second; scores: the fixed "
-          "query's scores against the model built in process)")
+            print(f"{workers:>7} {name:18s} {r['max_qps']:>9.1f} {ratio:>11} {lag:>11} {cpu:>8} {srv_cpu:>8} "
+                  f"{per_query:>8} {scores:>8}")
+    print("(gen = the load generator at the max-load probe; CPU in core-seconds per second; srv = the server's "
+          "processes at that probe, ms/query = their CPU per query answered; scores: the fixed query's scores "
+          "against the model built in process)")
     for name, note in results.get("notes", {}).items():
         print(f"note: {name}: {note}")
     for name, why in results.get("skipped", {}).items():
@@ -219,9 +253,12 @@ def main() -> int:
         if args.sequential:
             for name in peers:
                 print(f"== {name}, {workers} workers (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
-                with PEERS[name](args.model, args.scale, workers, sla) as url:
+                with ExitStack() as stack:
+                    with ServerProcesses.started() as server:
+                        url = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla))
                     check = score_check(name, url, args, pool, want)
-                    by_peer[name] = {**max_load(url, args.model, pool, args, sla), "score_check": check}
+                    by_peer[name] = {**max_load(url, args.model, pool, args, sla, server=server),
+                                     "score_check": check}
                 save(results, args)  # after every search: a run cut short (a time limit) keeps what it measured
         else:
             by_peer.update(interleaved(peers, workers, pool, args, sla, want))
@@ -237,17 +274,18 @@ def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argpars
     """Every peer's server up at once; their searches probe in turn, so a drift of the host's speed falls on all."""
     turns, found, failed = Turns(len(peers)), {}, []
     with ExitStack() as stack:
-        urls, checks = {}, {}
+        urls, checks, servers = {}, {}, {}
         for name in peers:
             print(f"== {name}, {workers} workers: starting", file=sys.stderr)
-            urls[name] = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms))
+            with ServerProcesses.started() as servers[name]:
+                urls[name] = stack.enter_context(PEERS[name](args.model, args.scale, workers, sla_ms))
             checks[name] = score_check(name, urls[name], args, pool, want)
         print(f"== {workers} workers, searches in turn (load average {os.getloadavg()[0]:.2f})", file=sys.stderr)
 
         def search(i: int, name: str) -> None:
             try:
                 found[name] = max_load(urls[name], args.model, pool, args, sla_ms,
-                                       lambda: turns.take(i), f"[{name}] ")
+                                       lambda: turns.take(i), f"[{name}] ", servers[name])
             except BaseException as exc:  # noqa: BLE001 - re-raised below, after the other searches end
                 failed.append(exc)
             finally:

@@ -8,7 +8,9 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 from benchmarks import bench_peers
 from benchmarks.bench_peers import Turns
 from benchmarks.peers import servers, venvs
+from benchmarks.peers.proctree import ServerProcesses
 from benchmarks.peers.venvs import PeerVenv, peer_env
 
 
@@ -27,6 +30,56 @@ def _run(turns: Turns, i: int, probes: int, log: list[int]) -> None:
                 log.append(i)
     finally:
         turns.finish(i)
+
+
+# the server: a child that starts a grandchild; the grandchild spends 0.3 s of CPU, says so and waits to be stopped
+def test_a_servers_cpu_counts_the_processes_it_started_and_their_children_not_others() -> None:
+    code = ("import subprocess, sys, time\n"
+            "if sys.argv[1:] == ['child']:\n"
+            "    while time.process_time() < 0.3:\n"
+            "        pass\n"
+            "    print('spent', flush=True)\n"
+            "    time.sleep(60)\n"
+            "else:\n"
+            "    subprocess.Popen([sys.executable, '-c', sys.argv[1], 'child']).wait()\n")
+    with ServerProcesses.started() as server:
+        parent = subprocess.Popen([sys.executable, "-c", code, code], stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time\nwhile time.process_time() < 0.3: pass\n"
+                              "time.sleep(60)"])  # started after the server: never counted
+    try:
+        assert server.roots == {parent.pid}
+        before = server.reading()
+        assert parent.stdout.readline().strip() == "spent"  # the grandchild, born after the first reading
+        time.sleep(0.05)
+        cpu, procs = server.cpu_since(before)
+        assert procs == 2 and 0.25 <= cpu < 5.0
+        assert other.pid not in server.reading()
+    finally:
+        for p in (parent, other):
+            p.kill()
+            p.wait()
+    with ServerProcesses.started() as nothing:
+        pass
+    assert nothing.roots == set() and nothing.cpu_since({}) == (0.0, 0)
+
+
+def test_a_probe_carries_its_servers_cpu_per_query() -> None:
+    class Result:
+        def percentile(self, p: float) -> float:
+            return 12.0 if p == 95 else 0.0
+
+        def to_dict(self) -> dict:
+            return {"achieved_qps": 200.0}
+
+    class Server:
+        def cpu_since(self, before: dict) -> tuple[float, int]:
+            return 3.0, 4
+
+    probe = bench_peers.ProbeWithServer(Result(), Server(), {}, time.monotonic() - 6.0)
+    assert probe.percentile(95) == 12.0
+    server = probe.to_dict()["server"]
+    assert server["procs"] == 4 and server["cpu_per_s"] == pytest.approx(0.5, rel=0.01)
+    assert server["cpu_ms_per_query"] == pytest.approx(2.5, rel=0.01)  # 0.5 core at 200 answers/s
 
 
 def test_searches_alternate_and_a_finished_one_drops_out() -> None:
