@@ -1,4 +1,5 @@
-"""The CPU a server's processes spend, read from /proc: what bench_peers reports beside each probe's latency.
+"""The CPU a server's processes spend, read from /proc: what bench_peers reports beside each probe's latency (the
+process tree and CPU readers are ``benchmarks/common/timing.py``'s, as ``bench_wrk`` uses them).
 
 A server is the processes this benchmark started for it (``ServerProcesses.started``: the children that appeared
 while its context was entered) and their descendants at each reading, so workers a server spawns or restarts later
@@ -12,6 +13,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from benchmarks.common.timing import cpu_s, process_tree
 
 PROC = Path("/proc")
 
@@ -31,25 +34,6 @@ def children(pid: int) -> set[int]:
     return out
 
 
-def with_descendants(roots: set[int]) -> set[int]:
-    seen, todo = set(), list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in seen:
-            seen.add(pid)
-            todo.extend(children(pid))
-    return seen
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (all its threads), None when it is gone."""
-    try:
-        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 class ServerProcesses:
     """One server's processes: ``reading()`` before a probe, ``cpu_since(reading)`` after it."""
 
@@ -67,7 +51,16 @@ class ServerProcesses:
         found.roots = children(parent) - before
 
     def reading(self) -> dict[int, float]:
-        return {pid: cpu for pid in with_descendants(self.roots) if (cpu := cpu_seconds(pid)) is not None}
+        """CPU seconds of each live process of the server (``timing.process_tree``, ``timing.cpu_s``)."""
+        if not PROC.is_dir():
+            return {}
+        out = {}
+        for pid in process_tree(self.roots):
+            try:
+                out[pid] = cpu_s(pid)
+            except OSError:  # gone since the tree was read
+                continue
+        return out
 
     def cpu_since(self, before: dict[int, float]) -> tuple[float, int]:
         """CPU seconds spent since ``before`` by the processes alive now (new ones: all they spent), and their
