@@ -151,7 +151,7 @@ class FusedTables(nn.Module):
         tables' ``[B, dim]`` results as views of one ``unbind``."""
         tables, size = lengths.shape
         flat = lengths.reshape(-1).astype(np.int64)
-        ids = shifted(values, flat.reshape(tables, size).sum(axis=1), self._first_rows)
+        ids = shifted(values, lengths.sum(axis=1, dtype=np.int64), self._first_rows)
         offsets = np.cumsum(flat)
         offsets -= flat
         bags = F.embedding_bag(torch.from_numpy(ids), self.weight0, torch.from_numpy(offsets), mode="sum")
