@@ -58,7 +58,8 @@ def cpu_s(pid: int) -> float:
 @contextmanager
 def node(src: str, model: str, scale: float, workers: int, sla_ms: float) -> Iterator[dict]:
     """A node running ``src``'s recserve in a process of its own; yields its ports."""
-    env = {**os.environ, "PYTHONPATH": str(Path(src).resolve())}
+    inherited = os.environ.get("PYTHONPATH", "")  # what else the node needs (wheels installed elsewhere)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(src).resolve()), inherited]))}
     proc = subprocess.Popen([sys.executable, "-c", NODE, model, str(scale), str(workers), str(sla_ms)], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -15,6 +15,10 @@
 #   mixed    (9)   #16: max load of a GPU-only, a mixed CPU+GPU and a CPU-only node on the production mix
 #   route    (8)   #16: the Kairos router over a GPU node and a CPU node against FCFS, with the simulator beside
 #   protocols (8)  #51: one gRPC channel, plain JSON and the binary extension, max load at 1 / 8 / 16 workers
+#   native   (0.2) build the native JSON number reader for this Python (without it a node reads JSON with simdjson)
+#   grpc2    (2)   #51: one gRPC channel and HTTP binary, max load at 1 / 2 workers (the generator alone on its cores)
+#   peers16  (7)   #51: every recserve protocol beside FastAPI, max load at 1 / 8 / 16 workers, 4 generator processes
+#                  ($PEERS16: the servers, when FastAPI cannot run there)
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,8 +75,19 @@ print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), nump
       phase protocols 560 $PY -m benchmarks.bench_grpc_scale --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
         --workers "1,8,$CORES" --variants mine=src --protocols grpc,json,http --probe-s 2.5 --max-probes 7 \
         --out "$OUT/protocols.json" ;;
+    native)
+      phase native 60 bash -c "$PY setup.py -q build_ext --inplace 2>&1 | tail -3; \
+        $PY -c 'from recserve.serving.wire import json_numbers as j; print(\"JSON readers\", j.probe())'" ;;
+    grpc2)
+      phase grpc2 130 $PY -m benchmarks.bench_grpc_scale --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+        --workers 1,2 --protocols grpc,http --probe-s 2.5 --start-qps 150 --max-probes 7 \
+        --out "$OUT/grpc_scale_1_2.json" ;;
+    peers16)
+      phase peers16 420 $PY -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+        --workers "1,8,$CORES" --procs 4 --probe-s 2 --start-qps 300 --max-probes 6 --confirm 1 \
+        --peers "${PEERS16:-recserve,recserve-grpc,recserve-json,fastapi}" --out "$OUT/peers_protocols.json" ;;
     *)
-      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route protocols)" >&2
+      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route protocols native grpc2 peers16)" >&2
       exit 2 ;;
   esac
 done

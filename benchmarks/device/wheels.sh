@@ -13,9 +13,9 @@ PY=${PY:-.venv/bin/python}
 DEST=.whl
 PACKAGES=(hpack httptools orjson pysimdjson tritonclient python-rapidjson geventhttpclient gevent greenlet zope.event zope.interface
           brotli certifi grpcio protobuf fastapi starlette pydantic pydantic-core annotated-types typing-inspection
-          annotated-doc uvicorn h11 perf-analyzer)
+          annotated-doc opentelemetry-api anyio uvicorn h11 perf-analyzer)
 
-# versions taken where this venv has none: FastAPI from 0.12x imports opentelemetry, which the device lacks
+# versions taken where this venv has none (FastAPI from 0.12x imports opentelemetry: its API wheel travels too)
 declare -A FALLBACK=([fastapi]=0.115.12 [starlette]=0.46.2)
 
 version_here() {  # this venv's version of $1, else its fallback, or nothing
