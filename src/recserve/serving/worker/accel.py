@@ -380,7 +380,7 @@ class AcceleratorServer:
         if self._thread is None:
             from recserve.serving.worker.compute_thread import ComputeThread
 
-            self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock(), nice=0)
+            self._thread = ComputeThread(asyncio.get_running_loop(), self.compute, threading.Lock())
         future: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def done(scores: list[np.ndarray] | None, error: Exception | None, _seconds: float) -> None:

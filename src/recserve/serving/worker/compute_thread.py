@@ -9,7 +9,6 @@ costs ~50 µs, a tenth of a batch-1 pass).
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
 import time
@@ -17,21 +16,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-COMPUTE_NICE = 5  # the compute thread's niceness above the loop's: a woken loop reads and sheds at once
-
 
 class ComputeThread:
     """One daemon thread that runs the worker's long forward passes, so its event loop serves on meanwhile.
 
     A daemon thread, not an executor: a pass that never ends must not hold the process at exit (the watchdog
-    kills such a worker; an executor's threads are joined at interpreter exit)."""
+    kills such a worker; an executor's threads are joined at interpreter exit).  It runs at the loop's priority:
+    niced, it lost its core to any other process of the host (docs/decisions/2026-11-29-compute-thread-not-niced.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, compute: Callable[[list[tuple]], list[np.ndarray]],
-                 lock: threading.Lock, nice: int = COMPUTE_NICE) -> None:
+                 lock: threading.Lock) -> None:
         self.loop = loop
         self.compute = compute
         self.lock = lock
-        self.nice = nice  # above the loop's; 0 where the passes, not the loop, are what the worker is for
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="recserve-compute", daemon=True).start()
 
@@ -44,11 +41,6 @@ class ComputeThread:
         from recserve.zoo.threads import inherit_torch_threads
 
         inherit_torch_threads()  # else MKL runs this thread's GEMMs on every core of the host
-        try:  # the loop thread preempts this one when a request arrives (both may share one pinned core)
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + self.nice)
-        except OSError:
-            pass
         while True:
             arrays, done = self._jobs.get()
             start = time.perf_counter()
