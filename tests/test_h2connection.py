@@ -188,3 +188,49 @@ def test_streams_that_keep_arriving_after_the_acknowledgements_delay_the_final_g
     last = [int.from_bytes(p[:4], "big") for kind, _, _, p in wire.frames() if kind == GOAWAY]
     assert last == [stream - 2] and len(seen) == (stream - 1) // 2
     assert now[0] - 100.0 >= GOAWAY_QUIET_MAX_S
+
+
+def test_streams_refused_over_the_held_bytes_budget_are_each_counted_but_logged_once_per_interval(
+        monkeypatch, caplog):
+    """A client that opens stream after stream and never completes one is refused on each (RESOURCE_EXHAUSTED, one
+    abuse count each), but writes one log line per interval, not one per stream (log flooding)."""
+    from recserve.serving.transport import h2requests
+    from recserve.serving.transport.h2limits import ByteBudget, LogBudget
+
+    now = [100.0]
+    monkeypatch.setattr(h2requests, "REFUSED_LOG", LogBudget(10.0, clock=lambda: now[0]))
+    abused: list[str] = []
+    echo = Method(unary=lambda call, raw: call.reply(bytes(raw)))
+    wire = Wire()
+    conn = H2Connection(lambda path: echo, 1 << 20, Host(), GrpcCall, SimpleQueue, on_abuse=abused.append,
+                        held=ByteBudget(100), clock=lambda: now[0])
+    conn.connection_made(wire)
+    conn.receive(PREFACE + frame(SETTINGS, 0, 0))
+    encoder = Encoder()
+
+    def incomplete(stream: int) -> bytes:  # a 1,000-byte message of which 200 bytes came
+        return (frame(HEADERS, END_HEADERS, stream, encoder.encode(REQUEST))
+                + frame(DATA, 0, stream, b"\x00" + (1000).to_bytes(4, "big") + b"x" * 200))
+
+    with caplog.at_level("WARNING", logger=h2requests.__name__):
+        for stream in (1, 3, 5, 7, 9):
+            conn.receive(incomplete(stream))
+        now[0] += 11.0
+        conn.receive(incomplete(11))
+    assert abused == ["too_many_request_bytes"] * 6
+    lines = [r.getMessage() for r in caplog.records if "refused: incomplete requests" in r.getMessage()]
+    assert len(lines) == 2 and "stream 1 refused" in lines[0] and lines[1].endswith("(4 more such refusals since "
+                                                                                   "the last line)")
+
+
+def test_a_log_budget_lets_one_line_through_an_interval_and_counts_the_rest():
+    from recserve.serving.transport.h2limits import LogBudget
+
+    now = [0.0]
+    budget = LogBudget(10.0, clock=lambda: now[0])
+    assert budget.allow() == 0
+    assert [budget.allow() for _ in range(3)] == [None] * 3
+    now[0] = 9.9
+    assert budget.allow() is None
+    now[0] = 10.0
+    assert budget.allow() == 4 and budget.allow() is None

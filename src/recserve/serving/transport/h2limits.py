@@ -107,3 +107,25 @@ class ByteBudget:
 
     def over(self) -> bool:
         return self.used > self.limit
+
+
+class LogBudget:
+    """At most one log line every ``every_s`` for one kind of refusal in this process, counting those left out: a
+    client that trips a limit on every stream it opens must not write a line per stream (log flooding); the
+    refusals themselves are counted in the node's metrics, every one."""
+
+    __slots__ = ("every_s", "clock", "_last", "_left_out")
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self._last: float | None = None
+        self._left_out = 0
+
+    def allow(self) -> int | None:
+        """None: leave this line out; else log it, with the number left out since the last line."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self._left_out += 1
+            return None
+        left_out, self._last, self._left_out = self._left_out, now, 0
+        return left_out

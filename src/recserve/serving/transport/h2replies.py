@@ -38,9 +38,11 @@ from recserve.serving.transport.h2frames import (
     status_block,
     trailers,
 )
+from recserve.serving.transport.h2limits import LogBudget
 from recserve.serving.transport.h2streams import Stream, StreamTable
 
 log = logging.getLogger(__name__)
+DROPPED_LOG = LogBudget()  # one line per 10 s for streams reset over the held-answers budget
 
 
 class Wire(Protocol):
@@ -175,8 +177,9 @@ class ReplyWriter:
         """The client asks faster than its windows let it take the answers (a stream that keeps sending while its
         reader is stuck): rather than hold answers without bound, reset the stream that added the last of them
         (ENHANCE_YOUR_CALM; its call is cancelled, the client sees the reset) and keep the connection."""
-        log.warning("gRPC stream %d reset: %d bytes of answers held for the client's closed flow-control windows",
-                    stream.id, held)
+        if (left_out := DROPPED_LOG.allow()) is not None:
+            log.warning("gRPC stream %d reset: %d bytes of answers held for the client's closed flow-control windows "
+                        "(%d more such resets since the last line)", stream.id, held, left_out)
         stream.pending.clear()
         stream.pending_end = None
         self.streams.reset(stream, ENHANCE_YOUR_CALM)

@@ -24,10 +24,11 @@ from recserve.serving.transport.h2frames import (
     frame,
     unpad,
 )
-from recserve.serving.transport.h2limits import FloodGuard, FloodLimits
+from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, LogBudget
 from recserve.serving.transport.h2streams import Stream, StreamTable
 
 log = logging.getLogger(__name__)
+REFUSED_LOG = LogBudget()  # one line per 10 s for streams refused over the held-bytes budget
 
 
 class RequestReader:
@@ -143,7 +144,9 @@ class RequestReader:
     def _refuse_held(self, stream: Stream, used: int, limit: int) -> None:
         """The stream whose DATA took a budget past its limit is answered RESOURCE_EXHAUSTED and its bytes let go;
         the connection serves on."""
-        log.warning("gRPC stream %d refused: incomplete requests hold %d bytes, over %d", stream.id, used, limit)
+        if (left_out := REFUSED_LOG.allow()) is not None:
+            log.warning("gRPC stream %d refused: incomplete requests hold %d bytes, over %d (%d more such refusals "
+                        "since the last line)", stream.id, used, limit, left_out)
         if self.on_abuse is not None:
             self.on_abuse("too_many_request_bytes")
         stream.chunks, stream.size, stream.landing, stream.landed = [], 0, None, 0
