@@ -11,11 +11,12 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.plane import WorkerPlane
 from recserve.serving.worker.reporter import RETIRING_LOAD
-from recserve.serving.worker.siblings import SiblingClient, socket_path
+from recserve.serving.worker.siblings import LoopLoad, SiblingClient, socket_path
 
 
 def client(loads: list[int], slot: int = 0) -> SiblingClient:
@@ -74,6 +75,47 @@ def test_this_worker_free_slots_and_retiring_siblings_are_never_chosen():
     assert chosen(siblings, 1 << 20) is None
     assert set(siblings.by_slot) <= {0}  # no link made to a free slot or to itself
     assert siblings.by_slot[0].path == socket_path("/nonexistent", 0)
+
+
+def fronting(siblings: SiblingClient, share: float) -> SiblingClient:
+    """This worker's loop takes ``share`` of its core besides computing (a still clock: the estimate stays)."""
+    siblings.loop_load = LoopLoad(clock=lambda: 0.0, cpu=lambda: 0.0)
+    siblings.loop_load.share = share
+    return siblings
+
+
+def test_a_worker_whose_loop_takes_most_of_its_core_counts_its_queue_longer():
+    """Fronting a gRPC channel, its loop takes 60% of its core: its own passes get 40%, so its queue drains at 0.4x
+    a sibling's.  Holding none, it sends the query to an idle sibling; holding one, to a sibling of up to three."""
+    siblings = fronting(client([0, 0]), 0.6)
+    assert chosen(siblings, 0) == 1
+    siblings.loads[:] = [1, 3]
+    assert chosen(siblings, 1) == 1  # (1 + 1) / 0.4 = 5 counts as 4 besides the query itself
+    siblings.loads[1] = 4
+    assert chosen(siblings, 1) is None
+    fronting(siblings, 0.3)  # under half its core: holding none it keeps the query; one counts one (2 / 0.7)
+    siblings.loads[1] = 0
+    assert chosen(siblings, 0) is None and chosen(siblings, 1) == 1
+    siblings.loads[1] = 1
+    assert chosen(siblings, 1) is None
+    assert chosen(fronting(siblings, 0.4), 1) == 1  # one counts two (2 / 0.6)
+    assert chosen(fronting(siblings, 0.0), 1) is None
+
+
+def test_the_loop_load_is_its_cpu_less_inline_passes_over_windows_and_an_idle_window_lowers_it():
+    now, cpu = [0.0], [0.0]
+    load = LoopLoad(clock=lambda: now[0], cpu=lambda: cpu[0])
+    now[0], cpu[0] = 0.05, 0.05
+    assert load.left() == 1.0  # under a window: not read yet
+    now[0], cpu[0] = 0.1, 0.08
+    load.computed(0.02)  # of which an inline pass: 0.06 s of fronting in 0.1 s
+    assert load.left() == pytest.approx(1 - 0.3) and load.share == pytest.approx(0.3)
+    now[0], cpu[0] = 0.2, 0.14
+    assert load.share == pytest.approx(0.3) and load.left() == pytest.approx(1 - 0.45)
+    now[0] = 1.2  # a second with nothing to do
+    assert load.left() == pytest.approx(1 - 0.225)
+    now[0], cpu[0] = 1.3, 1.0  # more CPU than wall time (a stale clock read): counted as the whole core
+    assert load.left() == pytest.approx(max(0.1, 1 - (0.225 + 0.5 * (1 - 0.225))))
 
 
 class SlowPath:

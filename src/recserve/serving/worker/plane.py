@@ -140,8 +140,8 @@ class WorkerPlane:
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply,
                 forward: bool = True) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
-        ``reply`` is called once, with scores or the error.  While this worker is busy, a sibling worker of the
-        model holding fewer queries may compute it instead (``serving/worker/siblings.py``) if ``forward``: gRPC's
+        ``reply`` is called once, with scores or the error.  A sibling worker of the model holding fewer queries than
+        this worker's queue counts for may compute it instead (``serving/worker/siblings.py``) if ``forward``: gRPC's
         calls, which one connection brings to one worker.  HTTP/1.1 queries are not forwarded: their connections
         already spread over the workers (one accept queue, idle connections moved), and forwarding them as well
         shed queries at high load (docs/decisions/2026-11-28-grpc-one-channel-scaling.md)."""
@@ -152,13 +152,14 @@ class WorkerPlane:
                 self._offload(arrays, items, arrived, deadline, reply)
                 return
             self.reporter.record(("kind", "cpu", items))
-        if forward and self.siblings is not None and admission.busy() and not admission.draining and \
+        if forward and self.siblings is not None and not admission.draining and \
                 self._forward(arrays, items, arrived, deadline, reply):
             return
         self.enqueue_at(arrays, items, arrived, deadline, reply)
 
     def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> bool:
-        """Send the query to a sibling holding fewer queries than this worker, if there is one; it comes back here if
+        """Send the query to a sibling holding fewer queries than this worker's queue counts for
+        (``SiblingClient.less_loaded``), if there is one; it comes back here if
         the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left).
         Any other answer, scores or an error of the pass, is the client's.  The sibling records it in the node's
         statistics."""
@@ -285,13 +286,17 @@ class WorkerPlane:
             self._thread.submit(arrays, lambda scores, error, seconds: self._passed(group, items, start, scores,
                                                                                     error, seconds))
             return
+        cpu = time.thread_time()
         try:
             with self.model_lock:
                 scores = self.model.compute(arrays)
         except Exception as exc:  # noqa: BLE001 - every failure is answered; the worker lives on
-            self._passed(group, items, start, None, exc, time.perf_counter() - start)
+            scores, error = None, exc
         else:
-            self._passed(group, items, start, scores, None, time.perf_counter() - start)
+            error = None
+        if self.siblings is not None:  # computing, not fronting: not counted as the loop's load
+            self.siblings.loop_load.computed(time.thread_time() - cpu)
+        self._passed(group, items, start, scores, error, time.perf_counter() - start)
 
     def _passed(self, group: list[Query], items: int, start: float, scores: list[np.ndarray] | None,
                 error: Exception | None, seconds: float) -> None:

@@ -37,6 +37,37 @@ from recserve.serving.worker.accel import AcceleratorClient, Link, reply_frame, 
 # rule keeps a few outstanding per sibling; one that finds the arena full comes back unforwarded); its pages are
 # touched only as far as the queries outstanding at once reach, larger queries cross the socket
 STAGING_BYTES = 32 * 1024 * 1024
+LOAD_WINDOW_S = 0.1  # the loop's CPU is read over windows of at least this long (a read is a system call)
+
+
+class LoopLoad:
+    """The share of this worker's core that its loop takes besides computing passes: reading, decoding and answering
+    calls, and forwarding them.  A worker that fronts a gRPC channel for its siblings spends half a pass or more on
+    each call, and its own passes get only the rest of its core (they share it with the loop), so its queue drains
+    slower than a sibling's of the same length (docs/decisions/2026-11-29-a-fronting-worker-counts-its-queue-longer.md).
+
+    Read on the loop thread (``time.thread_time``): the loop's CPU over a window, less the inline passes' CPU
+    (``computed``), over the window's wall time; each window moves the estimate halfway, and a window with nothing
+    to read (an idle loop) reads as zero."""
+
+    def __init__(self, clock: Any = time.perf_counter, cpu: Any = time.thread_time) -> None:
+        self.clock, self.cpu = clock, cpu
+        self.share = 0.0  # of the core, smoothed
+        self._at, self._cpu_at, self._passes_cpu = clock(), cpu(), 0.0
+
+    def computed(self, cpu_s: float) -> None:
+        """An inline pass of the loop took ``cpu_s`` seconds of CPU (computing, not fronting)."""
+        self._passes_cpu += cpu_s
+
+    def left(self) -> float:
+        """The share of the core the worker's own passes get (at least a tenth)."""
+        now = self.clock()
+        if now - self._at >= LOAD_WINDOW_S:
+            cpu = self.cpu()
+            fronting = max(0.0, cpu - self._cpu_at - self._passes_cpu) / (now - self._at)
+            self.share += 0.5 * (min(1.0, fronting) - self.share)
+            self._at, self._cpu_at, self._passes_cpu = now, cpu, 0.0
+        return max(0.1, 1.0 - self.share)
 
 
 def socket_path(directory: str, slot: int) -> str:
@@ -81,15 +112,22 @@ class SiblingClient(AcceleratorClient):
         self.directory, self.slot, self.loads = directory, slot, loads
         self.by_slot: dict[int, Link] = {}
         self._next = 0
+        self.loop_load = LoopLoad()
 
-    def less_loaded(self, own: int) -> Link | None:
-        """The link to the sibling holding the fewest queries, if that is fewer than ``own`` (the queries this worker
-        holds), else None: a query joins the shorter queue (so ``own`` 1 sends it only to an idle sibling).
+    def less_loaded(self, held: int) -> Link | None:
+        """The link to the sibling holding the fewest queries, if that is fewer than this worker's queue counts for,
+        else None: a query joins the shorter queue.  ``held`` queries here, and the query, take as long as
+        ``(held + 1) / left`` would at a sibling whose loop is idle (``LoopLoad.left``: the share of its core this
+        worker's passes get), so they count as that, whole queries, less the query itself.  A worker whose loop is
+        idle counts what it holds (``held`` 1 sends the query only to an idle sibling, 0 keeps it); the busier its
+        loop, the longer its queue counts, and past half its core it sends a query to an idle sibling even when it
+        holds none.
 
         A sibling's load is the larger of what it publishes and what this worker has outstanding there (queries on
         their way are not published yet).  Siblings of equal load are taken in turn, so a burst spreads over them;
         a retiring one publishes a huge load and is never chosen."""
         loads = self.loads
+        own = int((held + 1) / self.loop_load.left()) - 1
         fewer = np.flatnonzero((loads >= 0) & (loads < own))
         if not fewer.size:
             return None
