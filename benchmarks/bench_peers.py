@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import threading
 import time
@@ -234,6 +235,7 @@ def main() -> int:
                         help="one server at a time, each search whole (default: all up, probes in turn)")
     parser.add_argument("--out", default="results/bench_peers.json")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _terminated)  # a `timeout` around the run: the servers it started are stopped
     spec = get_model(args.model)
     sla = args.sla_ms or spec.sla.target_ms
     pool = RequestPool.from_mix(spec, args.scale, args.mix, pool=64)
@@ -269,6 +271,12 @@ def main() -> int:
     return 0
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    """SIGTERM as an exit of the main thread, so that every server's context (its process group) is stopped: the
+    peer servers run in sessions of their own, which a signal to this process alone does not reach."""
+    raise SystemExit(128 + signum)
+
+
 def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argparse.Namespace,
                 sla_ms: float, want: np.ndarray) -> dict[str, dict]:
     """Every peer's server up at once; their searches probe in turn, so a drift of the host's speed falls on all."""
@@ -291,7 +299,8 @@ def interleaved(peers: list[str], workers: int, pool: RequestPool, args: argpars
             finally:
                 turns.finish(i)
 
-        threads = [threading.Thread(target=search, args=(i, name)) for i, name in enumerate(peers)]
+        # daemons: a run ended by SIGTERM stops the servers and exits without waiting for searches that probe them
+        threads = [threading.Thread(target=search, args=(i, name), daemon=True) for i, name in enumerate(peers)]
         for t in threads:
             t.start()
         for t in threads:

@@ -223,3 +223,52 @@ def test_a_peer_answers_the_models_scores_bit_for_bit_and_is_stopped(peer: str) 
     port = int(url.rsplit(":", 1)[1])
     with pytest.raises(OSError):  # stopped: nothing listens on its port any more
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _processes_marked(marker: str) -> list[int]:
+    """Processes whose environment carries ``marker`` (those a run started, and their children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.integration
+def test_a_run_ended_by_sigterm_stops_the_servers_it_started(tmp_path) -> None:
+    """``timeout`` sends SIGTERM to the benchmark alone; the peer servers run in sessions of their own, so without
+    the handler a FastAPI server (and its workers) outlived the run."""
+    pytest.importorskip("uvicorn")
+    import os
+    import signal
+    import uuid
+
+    marker = f"RECSERVE_TEST_RUN={uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": f"{Path.cwd() / 'src'}:{Path.cwd()}", marker.split("=")[0]: marker.split("=")[1]}
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_peers", "--peers", "fastapi", "--workers", "1",
+                             "--sla-ms", "1000", "--probe-s", "30", "--start-qps", "5", "--out",
+                             str(tmp_path / "peers.json")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not any("uvicorn" in Path(f"/proc/{pid}/cmdline").read_text(
+                errors="replace") for pid in _processes_marked(marker) if Path(f"/proc/{pid}").exists()):
+            assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
+            time.sleep(0.5)
+        time.sleep(2.0)  # probing now
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 30
+    while _processes_marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _processes_marked(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "processes the run started outlived it"
