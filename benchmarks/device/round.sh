@@ -16,7 +16,7 @@
 #   route    (8)   #16: the Kairos router over a GPU node and a CPU node against FCFS, with the simulator beside
 #   protocols (8)  #51: one gRPC channel, plain JSON and the binary extension, max load at 1 / 8 / 16 workers
 #   native   (0.2) build the native JSON number reader for this Python (without it a node reads JSON with simdjson)
-#   grpc2    (2)   #51: one gRPC channel and HTTP binary, max load at 1 / 2 workers (the generator alone on its cores)
+#   grpc2    (3)   #51: one gRPC channel and HTTP binary, max load at 1 / 2 / 8 workers (one generator process)
 #   peers16  (7)   #51: every recserve protocol beside FastAPI, max load at 1 / 8 / 16 workers, 4 generator processes
 #                  ($PEERS16: the servers, when FastAPI cannot run there)
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
@@ -79,9 +79,9 @@ print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), nump
       phase native 60 bash -c "$PY setup.py -q build_ext --inplace 2>&1 | tail -3; \
         $PY -c 'from recserve.serving.wire import json_numbers as j; print(\"JSON readers\", j.probe())'" ;;
     grpc2)
-      phase grpc2 130 $PY -m benchmarks.bench_grpc_scale --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
-        --workers 1,2 --protocols grpc,http --probe-s 2.5 --start-qps 150 --max-probes 7 \
-        --out "$OUT/grpc_scale_1_2.json" ;;
+      phase grpc2 200 $PY -m benchmarks.bench_grpc_scale --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+        --workers 1,2,8 --protocols grpc,http --probe-s 2.5 --start-qps 150 --max-probes 7 \
+        --out "$OUT/grpc_one_channel.json" ;;
     peers16)
       phase peers16 420 $PY -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
         --workers "1,8,$CORES" --procs 4 --probe-s 2 --start-qps 300 --max-probes 6 --confirm 1 \
