@@ -225,14 +225,15 @@ def test_a_peer_answers_the_models_scores_bit_for_bit_and_is_stopped(peer: str) 
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-def _processes_marked(marker: str) -> list[int]:
-    """Processes whose environment carries ``marker`` (those a run started, and their children)."""
-    found = []
+def _processes_marked(marker: str) -> dict[int, str]:
+    """Processes whose environment carries ``marker`` (those a run started, and their children), with their command
+    lines; one that ends while it is read is left out."""
+    found = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if marker.encode() in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
+                    found[int(entry.name)] = (entry / "cmdline").read_text(errors="replace")
             except OSError:
                 continue
     return found
@@ -247,16 +248,16 @@ def test_a_run_ended_by_sigterm_stops_the_servers_it_started(tmp_path) -> None:
     import signal
     import uuid
 
-    marker = f"RECSERVE_TEST_RUN={uuid.uuid4().hex}"
-    env = {**os.environ, "PYTHONPATH": f"{Path.cwd() / 'src'}:{Path.cwd()}", marker.split("=")[0]: marker.split("=")[1]}
+    run_id = uuid.uuid4().hex
+    marker = f"RECSERVE_TEST_RUN={run_id}"
+    env = {**os.environ, "PYTHONPATH": f"{Path.cwd() / 'src'}:{Path.cwd()}", "RECSERVE_TEST_RUN": run_id}
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_peers", "--peers", "fastapi", "--workers", "1",
                              "--sla-ms", "1000", "--probe-s", "30", "--start-qps", "5", "--out",
                              str(tmp_path / "peers.json")], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not any("uvicorn" in Path(f"/proc/{pid}/cmdline").read_text(
-                errors="replace") for pid in _processes_marked(marker) if Path(f"/proc/{pid}").exists()):
+        while time.monotonic() < deadline and not any("uvicorn" in cmd for cmd in _processes_marked(marker).values()):
             assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
             time.sleep(0.5)
         time.sleep(2.0)  # probing now
