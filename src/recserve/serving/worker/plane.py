@@ -286,7 +286,7 @@ class WorkerPlane:
             self._thread.submit(arrays, lambda scores, error, seconds: self._passed(group, items, start, scores,
                                                                                     error, seconds))
             return
-        cpu = time.thread_time()
+        cpu = time.thread_time() if self.siblings is not None else 0.0  # read only where a LoopLoad wants it
         try:
             with self.model_lock:
                 scores = self.model.compute(arrays)

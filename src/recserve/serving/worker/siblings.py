@@ -128,6 +128,8 @@ class SiblingClient(AcceleratorClient):
         a retiring one publishes a huge load and is never chosen."""
         loads = self.loads
         own = int((held + 1) / self.loop_load.left()) - 1
+        if own <= 0:  # no sibling holds fewer than nothing: the common idle case, without the array scan
+            return None
         fewer = np.flatnonzero((loads >= 0) & (loads < own))
         if not fewer.size:
             return None
