@@ -101,13 +101,17 @@ def test_a_planned_response_is_the_bytes_protobuf_makes(shape, request_id):
 
 
 class FakePlane:
-    """What ``WorkerMethods._query`` asks of a worker's plane; a query is answered at once with one score per item."""
+    """What ``WorkerMethods._query`` asks of a worker's plane and model path; a query is answered at once with one
+    score per item.  As the real path, a plan whose shapes passed once leaves its values' checks owed, and the plane
+    runs them (as a sibling would, had it been sent the query)."""
 
     model_name, version = "m", "1"
 
     def __init__(self) -> None:
         self.refusals: list[str] = []
         self.model = self
+        self.shaped: set = set()
+        self.owed_checks = 0
 
     def answers(self, version: str) -> bool:
         return version in ("", "1")
@@ -116,14 +120,34 @@ class FakePlane:
         return True
 
     def validate(self, arrays: dict[str, np.ndarray], plan=None) -> tuple[tuple, int]:
-        if int(arrays["sparse_values"].max()) >= 10:
+        query = (arrays["dense"], arrays["sparse_values"], arrays["sparse_lengths"])
+        self.check_owed(query)
+        if plan is not None:
+            self.shaped.add(plan)
+        return query, arrays["dense"].shape[0]
+
+    def owed(self, arrays: dict[str, np.ndarray], plan) -> tuple[tuple, int] | None:
+        query = (arrays["dense"], arrays["sparse_values"], arrays["sparse_lengths"])
+        return (query, arrays["dense"].shape[0]) if plan in self.shaped else None
+
+    def check_owed(self, query: tuple) -> None:
+        codec.check_inputs(dict(zip(("dense", "sparse_values", "sparse_lengths"), query, strict=True)))
+        if int(query[1].max()) >= 10:
             raise InferError("invalid", "sparse_values: id out of range", "sparse_values")
-        return (arrays["dense"],), arrays["dense"].shape[0]
 
     def refused(self, code: str) -> None:
         self.refusals.append(code)
 
-    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply) -> None:
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply,
+                owed: bool = False) -> None:
+        if owed:
+            self.owed_checks += 1
+            try:
+                self.check_owed(arrays)
+            except InferError as exc:
+                self.refused(exc.code)
+                reply(None, exc)
+                return
         reply(arrays[0].sum(axis=1, keepdims=True), None)
 
 
@@ -137,7 +161,8 @@ def ask(methods: WorkerMethods, request: service_pb2.ModelInferRequest) -> tuple
 
 
 def test_the_worker_answers_planned_requests_as_it_answers_new_ones():
-    methods = WorkerMethods(FakePlane(), upstream=_NoChannel())
+    plane = FakePlane()
+    methods = WorkerMethods(plane, upstream=_NoChannel())
     for seed in range(4):
         arrays = query(batch=2, seed=seed)
         taken, response, error = ask(methods, request_of(arrays, request_id="r"))
@@ -145,6 +170,7 @@ def test_the_worker_answers_planned_requests_as_it_answers_new_ones():
         expected = infer_response("m", "r", arrays["dense"].sum(axis=1, keepdims=True), "1").SerializeToString()
         assert response == expected
     assert len(methods._plans) == 1
+    assert plane.owed_checks == 3  # the first validated whole; the planned ones' values checked by the plane
     # refusals through a plan name the same field with the same message as the whole decode
     short = request_of(query(batch=2))
     short.raw_input_contents[1] = short.raw_input_contents[1][:-8]
@@ -153,6 +179,10 @@ def test_the_worker_answers_planned_requests_as_it_answers_new_ones():
     out_of_range = query(batch=2)
     out_of_range["sparse_values"][0] = 99
     assert "id out of range" in ask(methods, request_of(out_of_range, request_id="r"))[2]
+    # a planned request's lengths are checked (codec.check_inputs) where its values are, by the plane
+    overrun = query(batch=2)
+    overrun["sparse_lengths"][0, 0] += 1
+    assert ask(methods, request_of(overrun, request_id="r"))[2] == ask(fresh, request_of(overrun, request_id="r"))[2]
     # another model's or version's request is not this worker's, planned or not
     assert ask(methods, request_of(query(), model="other"))[0] is False
     assert ask(methods, request_of(query(), version="2"))[0] is False

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
 
 from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
+from recserve.serving.wire.codec import triton_inputs
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.http_connection import Request
 from recserve.serving.worker.limits import PlaneLimits
@@ -42,6 +45,12 @@ class ConstantPath:
 
     def __init__(self, value: float) -> None:
         self.value = value
+        self.checks = 0  # queries whose values this path checked (``check_owed``)
+
+    def check_owed(self, query: tuple) -> None:
+        self.checks += 1
+        if np.isnan(query[0]).any():
+            raise InferError("invalid", "dense holds NaN", "dense")
 
     def compute(self, queries):
         return [np.full((q[0].shape[0], 1), self.value, np.float32) for q in queries]
@@ -136,6 +145,48 @@ def test_a_busy_worker_sends_a_query_to_an_idle_sibling_which_computes_and_recor
         assert sum(r[0] == "done" for r in p.b_records) == 1 and p.b.admission.service.n == 1
 
 
+def enqueue_owed(plane: WorkerPlane, queries: list[tuple], answers: list) -> None:
+    """``enqueue_three`` with the given queries, each with its values' checks owed (a planned gRPC call's)."""
+    async def send() -> None:
+        for q in queries:
+            plane.enqueue(q, 4, time.perf_counter(), 10.0,
+                          lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)),
+                          owed=True)
+        await asyncio.sleep(0.5)
+
+    plane.loop.run_until_complete(send())
+
+
+def test_a_forwarded_querys_values_are_checked_by_the_sibling_not_by_the_worker_fronting_it():
+    """The worker that reads a gRPC channel checks the values of the queries it computes; those it forwards are
+    checked by the sibling, whose refusal is the client's answer and counted there."""
+    nan = (np.full((4, 3), np.nan, np.float32), QUERY[1], QUERY[2])
+    with two_planes() as p:
+        answers: list = []
+        enqueue_owed(p.a, [QUERY, QUERY, nan], answers)
+        assert answers[:2] == [0.0, 0.0] and "dense holds NaN" in answers[2]
+        assert p.a.model.checks == 2 and p.b.model.checks == 1
+        assert ("refused", "invalid") in p.b_records and ("refused", "invalid") not in p.a_records
+        assert ("sibling", "returned") not in p.a_records and p.b.admission.service.n == 0
+
+        answers.clear()  # a valid query forwarded is checked once, at the sibling, and computed there
+        enqueue_owed(p.a, [QUERY, QUERY, QUERY], answers)
+        assert sorted(answers) == [0.0, 0.0, 1.0] and p.a.model.checks == 4 and p.b.model.checks == 2
+
+
+def test_a_query_given_back_unchecked_is_checked_where_it_arrived():
+    """A sibling that refuses a query at admission (draining) gives it back; its owed checks then run here."""
+    nan = (np.full((4, 3), np.nan, np.float32), QUERY[1], QUERY[2])
+    with two_planes() as p:
+        p.b.admission.draining = True
+        p.b.model.check_owed = lambda query: None  # the sibling passes it, then its admission refuses it
+        answers: list = []
+        enqueue_owed(p.a, [QUERY, QUERY, nan], answers)
+        assert answers[:2] == [0.0, 0.0] and "dense holds NaN" in answers[2]
+        assert p.a_records.count(("sibling", "returned")) == 1 and ("refused", "invalid") in p.a_records
+        assert p.a.model.checks == 3
+
+
 def test_http_queries_are_not_forwarded_their_connections_spread_instead():
     """The same three queries as HTTP requests: the busy worker keeps the third (HTTP/1.1 connections spread over
     the workers by themselves; forwarding their queries too shed some at high load)."""
@@ -213,8 +264,19 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
             window.acquire()
             client.async_infer(name, grpc_inputs(batch), done)
         got = [answers.get(timeout=30) for _ in range(calls)]
+        # the same calls with an id past its table: refused alike, whichever worker computes (and checks) each
+        bad = dict(batch.as_arrays())
+        bad["sparse_values"] = bad["sparse_values"].copy()
+        bad["sparse_values"][-1] = 1 << 40
+        bad_inputs = triton_inputs(tgrpc, bad)
+        for _ in range(calls // 4):
+            window.acquire()
+            client.async_infer(name, bad_inputs, done)
+        refused = [answers.get(timeout=30) for _ in range(calls // 4)]
         client.close()
         assert all(isinstance(g, np.ndarray) and np.allclose(g, expected, atol=1e-5) for g in got), got[:3]
+        assert all(isinstance(r, InferenceServerException) and r.status() == "StatusCode.INVALID_ARGUMENT"
+                   and "index out of range" in r.message() for r in refused), refused[:3]
         def read_stats() -> dict:
             return http.get_json(server.ports.http, f"/v2/models/{name}/stats")["model_stats"][0]["inference_stats"]
 
@@ -374,12 +436,12 @@ def test_a_query_given_back_during_a_drain_is_still_computed():
 def test_a_pass_that_fails_at_the_sibling_is_answered_with_its_error_not_computed_again():
     """A corrupt SSD block (``data_loss``) in the sibling's pass: the client gets that error, once, and the query is
     not recomputed where it arrived (only a refusal or a lost sibling sends it back)."""
-    class Corrupt:
+    class Corrupt(ConstantPath):
         def compute(self, queries):
             raise InferError("data_loss", "table 3: block at 4096 fails its CRC")
 
     with two_planes() as p:
-        p.b.model = Corrupt()
+        p.b.model = Corrupt(1.0)
         answers: list = []
         enqueue_three(p.a, answers)
         assert answers[:2] == [0.0, 0.0] and len(answers) == 3

@@ -234,8 +234,9 @@ class WorkerMethods(Forwarder):
         serialized ``ModelInferResponse`` or the error.  False (nothing done) when the query is not this worker's.
 
         A request whose bytes but for its raw contents were seen before (``Plan``) is read without protobuf: its
-        tensors viewed where they arrived, only their sizes and values checked; any other is decoded whole and,
-        once accepted, remembered."""
+        tensors viewed where they arrived, only their sizes checked here and their values by the worker that
+        computes it (a sibling, if this one forwards it); any other is decoded whole and, once accepted,
+        remembered."""
         arrived = time.perf_counter()
         split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
         plan = self._plans.get(split[0]) if split is not None else None
@@ -255,8 +256,11 @@ class WorkerMethods(Forwarder):
             return False
         regions = self.regions
         target = None
+        owed = None  # a planned query's value checks, left to whichever worker computes it (``ModelPath.owed``)
         try:
-            arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1])  # type: ignore[index]
+            arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1], checked=False)  # type: ignore
+            if arrays is not None and (owed := self.plane.model.owed(arrays, plan.inputs)) is None:
+                codec.check_inputs(arrays)
             if arrays is None:  # not planned, or its tensors do not fit the plan: decoded whole, the error named
                 plan = None
                 if request is None:
@@ -267,7 +271,7 @@ class WorkerMethods(Forwarder):
                 if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
                     plan = Plan(request, inputs)
                     self._plans.remember(split[0], plan)
-            arrays, items = self.plane.model.validate(arrays, plan and plan.inputs)
+            arrays, items = owed or self.plane.model.validate(arrays, plan and plan.inputs)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
@@ -285,7 +289,7 @@ class WorkerMethods(Forwarder):
                     error = as_infer_error(exc)
             answer(response, error)
 
-        self.plane.enqueue(arrays, items, arrived, timeout_s, reply)
+        self.plane.enqueue(arrays, items, arrived, timeout_s, reply, owed=owed is not None)
         return True
 
     def _stream(self, call: GrpcCall) -> InOrder:

@@ -28,6 +28,8 @@ class ModelPath(Protocol):
 
     def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]: ...
     def validate(self, arrays: dict[str, np.ndarray], plan: Any = None) -> tuple[tuple, int]: ...
+    def owed(self, arrays: dict[str, np.ndarray], plan: Any) -> tuple[tuple, int] | None: ...
+    def check_owed(self, query: tuple) -> None: ...
     def compute(self, queries: list[tuple]) -> list[np.ndarray]: ...
     def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]: ...
 
@@ -38,7 +40,7 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
     (``regions``: the node's shared-memory regions, for tensors that name one)."""
     from recserve.serving.wire import protocol
-    from recserve.zoo.batch import BatchError, check_query, check_values, concat_arrays
+    from recserve.zoo.batch import BatchError, check_query, check_shapes, check_values, concat_arrays
 
     def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
         """One input as the model reads it: contiguous (a JSON-decoded or sliced array may not be)."""
@@ -74,6 +76,26 @@ def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
                     shaped.clear()
                 shaped.add(plan)
             return query, query[0].shape[0]
+
+        def owed(self, arrays: dict[str, np.ndarray], plan: codec.RawPlan) -> tuple[tuple, int] | None:
+            """The query and its items of arrays read by a ``plan`` whose dtypes and shapes passed before (read by
+            ``codec.parse_raw(..., checked=False)``), with every check of its values still owed: whichever worker
+            computes it runs ``check_owed``, so a worker fronting a gRPC channel does not check the queries its
+            siblings compute.  None for any other plan: ``validate`` it."""
+            if plan not in shaped:
+                return None
+            return (arrays[INPUT_DENSE], arrays[INPUT_VALUES], arrays[INPUT_LENGTHS]), arrays[INPUT_DENSE].shape[0]
+
+        def check_owed(self, query: tuple) -> None:
+            """Every check of a query's values (``codec.check_inputs``, then ids within their tables), with its
+            dtypes and shapes checked again first: a query a sibling forwarded, or one ``owed`` left unchecked."""
+            dense, values, lengths = query
+            try:
+                check_shapes(dense, values, lengths, info.dense_in, len(info.rows), max_batch_size)
+                codec.check_inputs({INPUT_DENSE: dense, INPUT_VALUES: values, INPUT_LENGTHS: lengths})
+                check_values(values, lengths, info.rows, info.seq_lens, lengths_checked=True)
+            except BatchError as exc:
+                raise InferError("invalid", str(exc), exc.field) from exc
 
         def compute(self, queries: list[tuple]) -> list[np.ndarray]:
             if len(queries) == 1:

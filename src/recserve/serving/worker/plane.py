@@ -138,31 +138,50 @@ class WorkerPlane:
         self.enqueue(arrays, items, req.arrived, timeout, reply, forward=False)
 
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply,
-                forward: bool = True) -> None:
+                forward: bool = True, owed: bool = False) -> None:
         """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
         ``reply`` is called once, with scores or the error.  A sibling worker of the model holding fewer queries than
         this worker's queue counts for may compute it instead (``serving/worker/siblings.py``) if ``forward``: gRPC's
         calls, which one connection brings to one worker.  HTTP/1.1 queries are not forwarded: their connections
         already spread over the workers (one accept queue, idle connections moved), and forwarding them as well
-        shed queries at high load (docs/decisions/2026-11-28-grpc-one-channel-scaling.md)."""
+        shed queries at high load (docs/decisions/2026-11-28-grpc-one-channel-scaling.md).  ``owed``: the checks of
+        the query's values are still to run (``ModelPath.owed``), here unless a sibling takes it (it checks every
+        query it is sent)."""
         admission = self.admission
         deadline = admission.deadline(timeout_s, arrived)
         if self.offload is not None and not admission.draining:  # a model with accelerator workers: route by size
+            if owed and not self.checked(arrays, reply):
+                return
+            owed = False
             if self.offload.takes(items):
                 self._offload(arrays, items, arrived, deadline, reply)
                 return
             self.reporter.record(("kind", "cpu", items))
         if forward and self.siblings is not None and not admission.draining and \
-                self._forward(arrays, items, arrived, deadline, reply):
+                self._forward(arrays, items, arrived, deadline, reply, owed):
+            return
+        if owed and not self.checked(arrays, reply):
             return
         self.enqueue_at(arrays, items, arrived, deadline, reply)
 
-    def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> bool:
+    def checked(self, query: tuple, reply: Reply) -> bool:
+        """Run the checks a query's values are owed (``ModelPath.check_owed``); refused, its error is answered."""
+        try:
+            self.model.check_owed(query)
+        except Exception as exc:  # noqa: BLE001 - an invalid query is answered; the worker lives on
+            error = as_infer_error(exc)
+            self.refused(error.code)
+            reply(None, error)
+            return False
+        return True
+
+    def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply,
+                 owed: bool = False) -> bool:
         """Send the query to a sibling holding fewer queries than this worker's queue counts for
         (``SiblingClient.less_loaded``), if there is one; it comes back here if
-        the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left).
-        Any other answer, scores or an error of the pass, is the client's.  The sibling records it in the node's
-        statistics."""
+        the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left,
+        its ``owed`` checks run first).  Any other answer, scores or an error of the pass or of the sibling's
+        checks, is the client's.  The sibling records it in the node's statistics."""
         link = self.siblings.less_loaded(self.admission.held())  # type: ignore[union-attr]
         if link is None:
             return False
@@ -174,7 +193,8 @@ class WorkerPlane:
                 reply(scores, error)
             else:
                 self.reporter.record(("sibling", "returned"))
-                self.enqueue_at(arrays, items, arrived, deadline, reply, returned=True)
+                if not owed or self.checked(arrays, reply):
+                    self.enqueue_at(arrays, items, arrived, deadline, reply, returned=True)
 
         self.siblings.submit(arrays, deadline, done, link)  # type: ignore[union-attr]
         return True

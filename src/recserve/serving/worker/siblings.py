@@ -9,9 +9,11 @@ throughput.
 
 So every worker of a whole-query model also serves a Unix socket named by its slot in the model's shared load
 array (``socket_path``), and a worker that receives a query while it is busy (queries queued, or a long pass on
-its compute thread) sends the query, already decoded and validated, to the sibling holding the fewest queries if
+its compute thread) sends the query, decoded, to the sibling holding the fewest queries if
 that is fewer than it holds itself (``SiblingClient.less_loaded``: the shorter queue, so one channel's queries
 spread over every worker, not only over the idle ones; see docs/decisions/2026-11-28-grpc-one-channel-scaling.md).
+The sibling checks the query's values (ids within their tables, lengths, finite features: ``ModelPath.check_owed``)
+before it queues it, so the forwarding worker, whose core fronts the channel, spends nothing on them.
 The frames, the staging arena and the deadline handling are the
 accelerator link's (``serving/worker/accel.py``): one implementation of "send a decoded query to another worker".  The
 sibling queues it through its own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it
@@ -95,7 +97,8 @@ class SiblingServer:
         if plane is None or plane.retiring:
             reply(None, InferError("unavailable", "sibling is retiring"))  # the sender queues it itself
             return
-        plane.enqueue_at(arrays, arrays[0].shape[0], time.perf_counter(), deadline, reply, forwarded=True)
+        if plane.checked(arrays, reply):  # the values' checks are this worker's (the sender left them)
+            plane.enqueue_at(arrays, arrays[0].shape[0], time.perf_counter(), deadline, reply, forwarded=True)
 
     def close(self) -> None:
         if self.server is not None:
