@@ -9,7 +9,9 @@ from setuptools import Extension, setup
 
 # x86-64: SSE4.1 (every x86-64 CPU since 2008-2011) reads 16 digits in four vector steps; a CPU without it fails
 # the child-process probe, and the node reads JSON tensors with simdjson instead
-ARGS = ["-O3", "-std=c11"] + (["-msse4.1"] if platform.machine().lower() in ("x86_64", "amd64") else [])
+# -fno-wrapv: Python's own CFLAGS ask for wrapping signed overflow, which the parser never relies on (its sums are
+# unsigned or bounded) and which costs its float path ~10% (docs/decisions/2026-11-29-json-numbers-native.md)
+ARGS = ["-O3", "-std=c11", "-fno-wrapv"] + (["-msse4.1"] if platform.machine().lower() in ("x86_64", "amd64") else [])
 
 setup(ext_modules=[Extension("recserve.serving.wire._json_arrays", ["src/recserve/serving/wire/_json_arrays.c"],
                              depends=["src/recserve/serving/wire/_json_arrays_pow5.h"],  # rebuilt, and shipped
