@@ -580,7 +580,8 @@ class AcceleratorClient:
         return None
 
     def submit(self, arrays: tuple[np.ndarray, ...], deadline: float, done: Done, link: Link | None = None) -> None:
-        """Send one validated query (on ``link``, else the least-loaded one); ``done`` is called exactly once
+        """Send one decoded query (on ``link``, else the least-loaded one: an accelerator worker gets validated
+        queries, a sibling checks what it is sent); ``done`` is called exactly once
         (scores, or the error)."""
         if link is None:
             if not self.links:

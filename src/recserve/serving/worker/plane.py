@@ -139,7 +139,7 @@ class WorkerPlane:
 
     def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply: Reply,
                 forward: bool = True, owed: bool = False) -> None:
-        """Queue a validated query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
+        """Queue a decoded query if it can meet its deadline (the transport's ``timeout_s``, else the model's);
         ``reply`` is called once, with scores or the error.  A sibling worker of the model holding fewer queries than
         this worker's queue counts for may compute it instead (``serving/worker/siblings.py``) if ``forward``: gRPC's
         calls, which one connection brings to one worker.  HTTP/1.1 queries are not forwarded: their connections
