@@ -122,41 +122,21 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
 
     ``simulated_hit`` replaces the ideal-fill hit rate of every cached SM table by one measured on an index
     trace (``sim.cache.simulate_tier_hits``)."""
-    if policy not in POLICIES:
-        raise SpecError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if not (0 < dram_gb < math.inf and 0 < qps < math.inf) or item_batch < 1 or queue_depth < 1:
-        raise SpecError(f"dram_gb and qps must be finite and > 0, item_batch and queue_depth >= 1; got {dram_gb}, "
-                        f"{qps}, {item_batch}, {queue_depth}")
-    for name, share in (("locality_user", locality_user), ("locality_item", locality_item),
-                        ("fm_fraction", fm_fraction), ("min_hit", min_hit)):
-        if not 0 <= share <= 1:
-            raise SpecError(f"{name} must be in [0, 1], got {share}")
+    _check_inputs(policy, dram_gb, qps, item_batch, queue_depth, {
+        "locality_user": locality_user, "locality_item": locality_item, "fm_fraction": fm_fraction,
+        "min_hit": min_hit})
     ssd = server.ssd if server is not None and server.ssd is not None else DEFAULT_SSD
     mem_bw = (server.mem_bw_gbs if server is not None else 50.0) * 1e9
     budget = dram_gb * 1e9
-    bpe = spec.bytes_per_elem
-    locality = {"user": locality_user, "item": locality_item}
-    sizes = [t.bytes(bpe) for t in spec.tables]
+    sizes = [t.bytes(spec.bytes_per_elem) for t in spec.tables]
     bw = [bandwidth_need(spec, t, qps, item_batch) for t in spec.tables]
-    n = len(spec.tables)
-
-    if policy == "fixed-fm":
-        fm_budget = budget * fm_fraction
-        order = sorted(range(n), key=lambda i: -bw[i] / sizes[i])
-        fm, used = [], 0.0
-        for i in order:
-            if used + sizes[i] <= fm_budget:
-                fm.append(i)
-                used += sizes[i]
-        sm = [i for i in range(n) if i not in fm]
-    else:
-        sm = [i for i, t in enumerate(spec.tables) if t.side in sm_sides]
-        fm = [i for i in range(n) if i not in sm]
+    fm, sm = _split(spec, policy, budget * fm_fraction, sm_sides, sizes, bw)
     fm_bytes = sum(sizes[i] for i in fm)
     if fm_bytes > budget:
         raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.1f} GB, more than the "
                               f"{dram_gb:g} GB budget; put more sides on SSD (--sm-sides) or raise --dram-gb")
     cache_bytes = budget - fm_bytes
+    locality = {"user": locality_user, "item": locality_item}
     cached = set(sm)
     hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
     if policy == "per-table-cache":
@@ -164,63 +144,25 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
     if simulated_hit is not None:
         hit = {i: (simulated_hit if i in cached and cache_bytes > 0 else 0.0) for i in sm}
-
-    placements = []
-    iops_total = 0.0
-    for i, t in enumerate(spec.tables):
-        on_sm = i in sm
-        iops = qps * side_batch(t, item_batch) * t.pooling * (1 - hit.get(i, 0.0)) if on_sm else 0.0
-        iops_total += iops
-        placements.append(TablePlacement(t.name, t.side, "SM" if on_sm else "FM", sizes[i], bw[i] / 1e9,
-                                         on_sm and i in cached, hit.get(i, 0.0) if on_sm else 1.0, iops))
-
-    # Eq. 3–4 latency budget, per query
-    utilisation = iops_total / ssd.iops
-    loaded_latency_us = ssd.read_latency_us / max(1e-3, 1 - utilisation) if utilisation < 1 else float("inf")
-    sm_ios_per_query = iops_total / qps
-    waves = -(-sm_ios_per_query // (queue_depth * tables_in_flight)) if sm_ios_per_query else 0
-    sm_hit_bytes = sum(side_batch(spec.tables[i], item_batch) * spec.tables[i].pooling * hit[i]
-                       * spec.tables[i].row_bytes(bpe) for i in sm)
-    t_user_ms = waves * loaded_latency_us / 1e3 + sm_hit_bytes / (mem_bw * GATHER_EFFICIENCY) * 1e3
-    item_bytes = sum(side_batch(t, item_batch) * t.pooling * t.row_bytes(bpe) for t in spec.tables
-                     if t.side == "item")
-    t_item_ms = item_bytes / (mem_bw * GATHER_EFFICIENCY) * 1e3
+    placements = [TablePlacement(t.name, t.side, "SM" if i in sm else "FM", sizes[i], bw[i] / 1e9,
+                                 i in sm and i in cached, hit.get(i, 0.0) if i in sm else 1.0,
+                                 qps * side_batch(t, item_batch) * t.pooling * (1 - hit.get(i, 0.0)) if i in sm
+                                 else 0.0)
+                  for i, t in enumerate(spec.tables)]
+    iops_total = sum(p.iops for p in placements)
     sm_bytes = sum(sizes[i] for i in sm)
-    lookups_sm = sum(side_batch(spec.tables[i], item_batch) * spec.tables[i].pooling for i in sm)
-    summary = {
-        "policy": policy,
-        "dram_budget_gb": dram_gb,
-        "fm_tables": len(fm),
-        "sm_tables": len(sm),
-        "fm_direct_gb": fm_bytes / 1e9,
-        "cache_gb": cache_bytes / 1e9,
-        "sm_gb": sm_bytes / 1e9,
-        "dram_saved_gb": max(0.0, sum(sizes) / 1e9 - dram_gb) if sm else 0.0,
-        "hit_rate": (1 - sm_ios_per_query / lookups_sm) if lookups_sm else 1.0,
-        "required_iops": iops_total,
-        "iops_no_cache": qps * lookups_sm,
-        "ssd_iops": ssd.iops,
-        "ssd_utilisation": utilisation,
-        "ssd_loaded_latency_us": loaded_latency_us,
-        "t_user_sm_ms": t_user_ms,
-        "t_item_fm_ms": t_item_ms,
-        "latency_exposed_ms": max(0.0, t_user_ms - t_item_ms),
-        "sla_ms": spec.sla.target_ms,
-        "feasible": utilisation < 1 and max(0.0, t_user_ms - t_item_ms) < spec.sla.target_ms,
-    }
+    summary = {"policy": policy, "dram_budget_gb": dram_gb, "fm_tables": len(fm), "sm_tables": len(sm),
+               "fm_direct_gb": fm_bytes / 1e9, "cache_gb": cache_bytes / 1e9, "sm_gb": sm_bytes / 1e9,
+               "dram_saved_gb": max(0.0, sum(sizes) / 1e9 - dram_gb) if sm else 0.0,
+               **_latency_budget(spec, sm, hit, iops_total, qps, item_batch, ssd, mem_bw,
+                                 queue_depth * tables_in_flight)}
     if sm_bytes > ssd.capacity_gb * 1e9:
         summary["feasible"] = False
-    notes = [
-        f"locality: top 10% rows take {100 * locality_user:g}% of user and {100 * locality_item:g}% of item accesses",
-        f"SSD: {ssd.iops:,.0f} IOPS, {ssd.read_latency_us:g} us, {ssd.capacity_gb:g} GB"
-        + ("" if server is not None and server.ssd is not None else " (assumed NAND, SDM Table 1)"),
-        f"DRAM gather bandwidth = {GATHER_EFFICIENCY:g} x {mem_bw / 1e9:g} GB/s (assumption)",
-        "hit rate: " + ("simulated on an index trace" if simulated_hit is not None else "ideal fill (no trace)"),
-    ]
+    notes = _notes(locality, ssd, server, mem_bw, simulated_hit is not None)
     if budget >= sum(sizes):
         notes.append(f"the {dram_gb:g} GB budget holds all {sum(sizes) / 1e9:,.1f} GB of tables: no SSD tier needed, "
                      "nothing saved")
-    if utilisation >= 1:
+    if summary["ssd_utilisation"] >= 1:
         notes.append(f"infeasible: {iops_total:,.0f} IOPS required exceeds the SSD's {ssd.iops:,.0f}")
     inputs = {"model": spec.name, "dram_gb": dram_gb, "qps": qps, "item_batch": item_batch, "policy": policy,
               "server": server.name if server is not None else None, "sm_sides": list(sm_sides),
@@ -228,6 +170,71 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
               "min_hit": min_hit, "queue_depth": queue_depth, "tables_in_flight": tables_in_flight,
               "simulated_hit": simulated_hit}
     return TierPlan(planner=f"sdm/{policy}", inputs=inputs, summary=summary, notes=notes, tables=placements)
+
+
+def _check_inputs(policy: str, dram_gb: float, qps: float, item_batch: int, queue_depth: int,
+                  shares: dict[str, float]) -> None:
+    if policy not in POLICIES:
+        raise SpecError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not (0 < dram_gb < math.inf and 0 < qps < math.inf) or item_batch < 1 or queue_depth < 1:
+        raise SpecError(f"dram_gb and qps must be finite and > 0, item_batch and queue_depth >= 1; got {dram_gb}, "
+                        f"{qps}, {item_batch}, {queue_depth}")
+    for name, share in shares.items():
+        if not 0 <= share <= 1:
+            raise SpecError(f"{name} must be in [0, 1], got {share}")
+
+
+def _split(spec: ModelSpec, policy: str, fm_budget: float, sm_sides: tuple[str, ...], sizes: list[int],
+           bw: list[float]) -> tuple[list[int], list[int]]:
+    """The tables mapped to DRAM (FM) and those on SSD (SM): ``fixed-fm`` fills ``fm_budget`` with the highest
+    bandwidth need per byte first (Eq. 2), the other policies put the ``sm_sides`` on SSD."""
+    n = len(spec.tables)
+    if policy == "fixed-fm":
+        fm, used = [], 0.0
+        for i in sorted(range(n), key=lambda i: -bw[i] / sizes[i]):
+            if used + sizes[i] <= fm_budget:
+                fm.append(i)
+                used += sizes[i]
+        return fm, [i for i in range(n) if i not in fm]
+    sm = [i for i, t in enumerate(spec.tables) if t.side in sm_sides]
+    return [i for i in range(n) if i not in sm], sm
+
+
+def _latency_budget(spec: ModelSpec, sm: list[int], hit: dict[int, float], iops_total: float, qps: float,
+                    item_batch: int, ssd: SSDSpec, mem_bw: float, ios_in_flight: int) -> dict[str, Any]:
+    """Eq. 3-4 per query: the user (SM) lookups' time against the item (FM) lookups' that hides it, with the SSD
+    loaded by Eq. 8's IOPS; ``ios_in_flight`` IOs are outstanding at once (queue depth x tables)."""
+    bpe = spec.bytes_per_elem
+    utilisation = iops_total / ssd.iops
+    loaded_latency_us = ssd.read_latency_us / max(1e-3, 1 - utilisation) if utilisation < 1 else float("inf")
+    sm_ios_per_query = iops_total / qps
+    waves = -(-sm_ios_per_query // ios_in_flight) if sm_ios_per_query else 0
+    sm_hit_bytes = sum(side_batch(spec.tables[i], item_batch) * spec.tables[i].pooling * hit[i]
+                       * spec.tables[i].row_bytes(bpe) for i in sm)
+    t_user_ms = waves * loaded_latency_us / 1e3 + sm_hit_bytes / (mem_bw * GATHER_EFFICIENCY) * 1e3
+    item_bytes = sum(side_batch(t, item_batch) * t.pooling * t.row_bytes(bpe) for t in spec.tables
+                     if t.side == "item")
+    t_item_ms = item_bytes / (mem_bw * GATHER_EFFICIENCY) * 1e3
+    lookups_sm = sum(side_batch(spec.tables[i], item_batch) * spec.tables[i].pooling for i in sm)
+    exposed = max(0.0, t_user_ms - t_item_ms)
+    return {"hit_rate": (1 - sm_ios_per_query / lookups_sm) if lookups_sm else 1.0,
+            "required_iops": iops_total, "iops_no_cache": qps * lookups_sm, "ssd_iops": ssd.iops,
+            "ssd_utilisation": utilisation, "ssd_loaded_latency_us": loaded_latency_us, "t_user_sm_ms": t_user_ms,
+            "t_item_fm_ms": t_item_ms, "latency_exposed_ms": exposed, "sla_ms": spec.sla.target_ms,
+            "feasible": utilisation < 1 and exposed < spec.sla.target_ms}
+
+
+def _notes(locality: dict[str, float], ssd: SSDSpec, server: ServerType | None, mem_bw: float,
+           simulated: bool) -> list[str]:
+    """The plan's assumptions, stated."""
+    return [
+        f"locality: top 10% rows take {100 * locality['user']:g}% of user and {100 * locality['item']:g}% of item "
+        "accesses",
+        f"SSD: {ssd.iops:,.0f} IOPS, {ssd.read_latency_us:g} us, {ssd.capacity_gb:g} GB"
+        + ("" if server is not None and server.ssd is not None else " (assumed NAND, SDM Table 1)"),
+        f"DRAM gather bandwidth = {GATHER_EFFICIENCY:g} x {mem_bw / 1e9:g} GB/s (assumption)",
+        "hit rate: " + ("simulated on an index trace" if simulated else "ideal fill (no trace)"),
+    ]
 
 
 def compare_policies(spec: ModelSpec, dram_gb: float, qps: float, **kwargs: Any) -> TierPlan:

@@ -71,6 +71,20 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def build_app(core: NodeCore) -> web.Application:
+    """The node's HTTP application: the v2 protocol, Triton's repository and shared-memory extensions, ``/metrics``
+    and the control API, behind the error, access and refusal-counting middlewares."""
+    control_api.check_exposure(core.config.host, core.config.control_token)
+    app = web.Application(client_max_size=core.config.max_body_bytes,
+                          middlewares=[_errors, _control_access(core.config.control_token), _refusal_counter(core)])
+    app.on_response_prepare.append(_plain_server_header)
+    routes = web.RouteTableDef()
+    for add in (_health_routes, _model_routes, _repository_routes, _shm_routes, _metrics_routes, _control_routes):
+        add(routes, core)
+    app.add_routes(routes)
+    return app
+
+
+def _refusal_counter(core: NodeCore) -> Any:
     @web.middleware
     async def count_refusals(request: web.Request, handler: Any) -> web.StreamResponse:
         """Inference requests refused before any model counted them (unknown model, bad route), by status."""
@@ -82,15 +96,15 @@ def build_app(core: NodeCore) -> web.Application:
                 core.refusals[code] = core.refusals.get(code, 0) + 1
             raise
 
-    control_api.check_exposure(core.config.host, core.config.control_token)
-    app = web.Application(client_max_size=core.config.max_body_bytes,
-                          middlewares=[_errors, _control_access(core.config.control_token), count_refusals])
-    app.on_response_prepare.append(_plain_server_header)
-    routes = web.RouteTableDef()
+    return count_refusals
 
-    def runtime(request: web.Request) -> ModelRuntime:
-        return core.runtime(request.match_info["model"], request.match_info.get("version"))
 
+def _runtime(core: NodeCore, request: web.Request) -> ModelRuntime:
+    """The model (and version) a request's path names."""
+    return core.runtime(request.match_info["model"], request.match_info.get("version"))
+
+
+def _health_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     @routes.get("/v2")
     async def server_metadata(_: web.Request) -> web.Response:
         return _json(protocol.server_metadata(core.config.server_name))
@@ -107,44 +121,52 @@ def build_app(core: NodeCore) -> web.Application:
     async def all_stats(_: web.Request) -> web.Response:
         return _json({"model_stats": [rt.metrics.triton_stats(rt.name) for rt in core.models.values()]})
 
+
+def _model_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
+    """Each model's metadata, readiness, config, statistics and inference, unversioned and by version."""
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         @routes.get(prefix)
         async def metadata(request: web.Request) -> web.Response:
-            rt = runtime(request)
+            rt = _runtime(core, request)
             return _json(protocol.model_metadata(rt.name, rt.info, sorted(core.versions.get(rt.name, {}), key=int)))
 
         @routes.get(prefix + "/ready")
         async def model_ready(request: web.Request) -> web.Response:
-            rt = runtime(request)
+            rt = _runtime(core, request)
             return _ready({"name": rt.name}, rt.ready)
 
         @routes.get(prefix + "/config")
         async def config(request: web.Request) -> web.Response:
-            rt = runtime(request)
-            return _json(core.model_config(rt))
+            return _json(core.model_config(_runtime(core, request)))
 
         @routes.get(prefix + "/stats")
         async def stats(request: web.Request) -> web.Response:
-            rt = runtime(request)
+            rt = _runtime(core, request)
             return _json({"model_stats": [rt.metrics.triton_stats(rt.name)]})
 
         @routes.post(prefix + "/infer")
         async def infer(request: web.Request) -> web.Response:
-            rt = runtime(request)
-            try:
-                body = await request.read()
-                req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH),
-                                                     core.config.max_json_bytes, core.shm)
-            except (InferError, web.HTTPRequestEntityTooLarge) as exc:
-                rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
-                exc.counted = True  # type: ignore[union-attr]
-                raise
-            scores = await rt.infer(arrays, codec.timeout_s(req.get("parameters") or {}))
-            payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
-            content_type = headers.pop("Content-Type")
-            return web.Response(body=payload, headers=headers, content_type=content_type)
+            return await _infer(core, _runtime(core, request), request)
 
-    # ---- model repository (Triton's model-repository extension) ----
+
+async def _infer(core: NodeCore, rt: ModelRuntime, request: web.Request) -> web.Response:
+    """One v2 inference request answered through the node (a model whose workers do not serve HTTP themselves)."""
+    try:
+        body = await request.read()
+        req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH),
+                                             core.config.max_json_bytes, core.shm)
+    except (InferError, web.HTTPRequestEntityTooLarge) as exc:
+        rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
+        exc.counted = True  # type: ignore[union-attr]
+        raise
+    scores = await rt.infer(arrays, codec.timeout_s(req.get("parameters") or {}))
+    payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
+    content_type = headers.pop("Content-Type")
+    return web.Response(body=payload, headers=headers, content_type=content_type)
+
+
+def _repository_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
+    """Triton's model-repository extension."""
     @routes.post("/v2/repository/index")
     async def repository_index(request: web.Request) -> web.Response:
         body = await _body(request) if request.can_read_body else {}
@@ -160,7 +182,9 @@ def build_app(core: NodeCore) -> web.Application:
         await core.unload_model(request.match_info["model"])
         return _json({})
 
-    # ---- system shared memory (Triton's extension; serving/wire/shm.py) ----
+
+def _shm_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
+    """Triton's system shared-memory extension (``serving/wire/shm.py``); CUDA shared memory answers 501."""
     @routes.get("/v2/systemsharedmemory/status")
     @routes.get("/v2/systemsharedmemory/region/{region}/status")
     async def shm_status(request: web.Request) -> web.Response:
@@ -181,13 +205,17 @@ def build_app(core: NodeCore) -> web.Application:
     async def cuda_shm(_: web.Request) -> web.Response:
         raise InferError("unsupported", CUDA_UNSUPPORTED)
 
+
+def _metrics_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     exporter = PrometheusExporter(lambda: metric_snapshot(core))
 
     @routes.get("/metrics")
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=exporter.render(), headers={"Content-Type": exporter.content_type})
 
-    # ---- control ----
+
+def _control_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
+    """The control API (module docstring), each request's fields checked by ``control_api``."""
     @routes.get("/control/models")
     async def control_models(_: web.Request) -> web.Response:
         return _json({"models": [rt.state() for rt in core.models.values()]})
@@ -198,38 +226,35 @@ def build_app(core: NodeCore) -> web.Application:
 
     @routes.get("/control/models/{model}/window")
     async def control_window(request: web.Request) -> web.Response:
-        rt = runtime(request)
+        rt = _runtime(core, request)
         seconds, percentile = control_api.window_query(request.query, rt.sla_percentile)
         return _json(rt.metrics.window(seconds, percentile))
 
     @routes.get("/control/models/{model}")
     async def control_model(request: web.Request) -> web.Response:
-        return _json(runtime(request).state())
+        return _json(_runtime(core, request).state())
 
     @routes.post("/control/models/{model}/workers")
     async def control_workers(request: web.Request) -> web.Response:
-        rt = runtime(request)
+        rt = _runtime(core, request)
         ask = control_api.workers_request(await _body(request), sorted(rt.pools))
         return _json(await rt.set_workers(ask.workers, ask.cores, ask.threads, ask.stage))
 
     @routes.post("/control/models/{model}/sub_batch")
     async def control_sub_batch(request: web.Request) -> web.Response:
-        rt = runtime(request)
+        rt = _runtime(core, request)
         return _json(await rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
 
     @routes.post("/control/models/{model}/accelerator")
     async def control_accelerator(request: web.Request) -> web.Response:
-        rt = runtime(request)
+        rt = _runtime(core, request)
         k = control_api.accelerator_request(await _body(request), rt.cfg.max_batch_size)
         return _json(await rt.set_min_items(k))
 
     @routes.post("/control/models/{model}/llc")
     async def control_llc(request: web.Request) -> web.Response:
-        rt = runtime(request)
+        rt = _runtime(core, request)
         return _json(core.set_llc_ways(rt, control_api.llc_request(await _body(request))))
-
-    app.add_routes(routes)
-    return app
 
 
 async def _body(request: web.Request) -> dict:
