@@ -838,15 +838,15 @@ def test_early_refusal_leaves_queries_for_the_accelerator_to_its_own_signal():
         header = {"inputs": [{"name": "dense", "datatype": "FP32", "shape": [512, 13]}]}
         plane.offload = Offload()
         plane.offload.lagging = True
-        assert "behind" in str(plane.early_refusal(json.dumps(header).encode()))  # refused with an empty queue
+        assert "behind" in str(plane.early.from_header(json.dumps(header).encode()))  # refused with an empty queue
         plane.offload = None
         plane.admission.running = True  # a pass in progress: what arrives now queues
         plane.enqueue((np.zeros((1, 1), np.float32),), 1, time.perf_counter(), None, lambda *answer: None)
-        assert plane.early_refusal(json.dumps(header).encode()) is not None  # queue full: refused
+        assert plane.early.from_header(json.dumps(header).encode()) is not None  # queue full: refused
         plane.offload = Offload()
-        assert plane.early_refusal(json.dumps(header).encode()) is None  # the accelerator's, and it keeps up
+        assert plane.early.from_header(json.dumps(header).encode()) is None  # the accelerator's, and it keeps up
         header["inputs"][0]["shape"] = [8, 13]
-        assert plane.early_refusal(json.dumps(header).encode()) is not None  # small: this queue's, still full
+        assert plane.early.from_header(json.dumps(header).encode()) is not None  # small: this queue's, still full
     finally:
         loop.close()
 

@@ -565,7 +565,7 @@ class AcceleratorClient:
         query this worker has outstanding there has already waited over half of the new query's time left.
 
         Why: the sojourn time of the head of the queue is the congestion signal (CoDel's), and it is known here
-        before the query is decoded (``WorkerPlane.early_refusal``).  Count and byte bounds alone let many times a
+        before the query is decoded (``EarlyRefusal.from_header``).  Count and byte bounds alone let many times a
         deadline's worth of work wait: the CPU worker then spent its core decoding queries it later answered 504
         while replies waited unread."""
         if not self.links:

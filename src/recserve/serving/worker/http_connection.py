@@ -246,7 +246,7 @@ class Connection(asyncio.BufferedProtocol):
         length = headers.get("inference-header-content-length", "")
         if not length.isdigit() or len(self.buf) < head_end + int(length):
             return False
-        error = self.plane.early_refusal(bytes(self.buf[head_end : head_end + int(length)]), self.arrived)
+        error = self.plane.early.from_header(bytes(self.buf[head_end : head_end + int(length)]), self.arrived)
         if error is None:
             return False
         self._skip_keep_alive = keep_alive(version, headers)

@@ -37,6 +37,7 @@ from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.admission import AdmissionQueue, Query, Reply
 from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
+from recserve.serving.worker.early_refusal import EarlyRefusal, request_timeout_s
 from recserve.serving.worker.http_connection import Connection, Request, error_response, response_bytes
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.model_path import ModelPath, as_infer_error
@@ -65,6 +66,7 @@ class WorkerPlane:
         self.exit_event = asyncio.Event()
         self._empty_since = 0.0  # when a retiring worker first had nothing left (``maybe_exit`` waits a little more)
         self.admission = AdmissionQueue(model_name, limits, self._fail)
+        self.early = EarlyRefusal(self.admission, lambda: self.offload)  # verdicts before a query is read whole
         self.reporter = Reporter(loop, send, self.admission, self.exit_event, regions, loads, slot)
         self.connections = ConnectionManager(self, send, hand_off, share, states, loads, slot)
         self.reporter.publish_load(False)
@@ -102,18 +104,18 @@ class WorkerPlane:
     # ---- routing a query ---------------------------------------------------------------------------
     def admit(self, conn: Connection, req: Request) -> None:
         """An HTTP request: decode and validate now (errors answered at once), then queue it as a query.  Under
-        load a large plain-JSON query is judged from its skeleton first (``early_json_refusal``): refused, it costs
-        a tenth of a ms, not the ~2 ms its decode takes, which a refusal after the decode would have wasted."""
+        load a large plain-JSON query is judged from its skeleton first (``EarlyRefusal.from_json``): refused, it
+        costs a tenth of a ms, not the ~2 ms its decode takes, which a refusal after the decode would have wasted."""
         header_length = req.headers.get("inference-header-content-length")
         if header_length is None and len(req.body) >= codec.JSON_FAST_BYTES:
-            error = self.early_json_refusal(req.body, req.arrived)
+            error = self.early.from_json(req.body, req.arrived)
             if error is not None:
                 self.shed(conn, error, req.keep_alive)
                 conn.answered(req.keep_alive)
                 return
         try:
             request, arrays, items = self.model.decode(req.body, header_length)
-            timeout = _timeout_s(request)
+            timeout = request_timeout_s(request)
         except Exception as exc:  # noqa: BLE001 - an unreadable request is answered; the worker lives on
             error = as_infer_error(exc)
             self.refused(error.code)
@@ -235,39 +237,6 @@ class WorkerPlane:
 
         self.offload.submit(arrays, deadline, done)  # type: ignore[union-attr]
 
-    def early_refusal(self, header: bytes, arrived: float | None = None) -> InferError | None:
-        """The admission decision for a query known only by its JSON header (its size and ``timeout``), or None
-        when it would be admitted or the header cannot tell (the whole request is then decoded as usual).  A query
-        for an accelerator worker is refused here when that worker is behind (``AcceleratorClient.behind``)."""
-        if not self.admission.busy() and self.offload is None:
-            return None  # alone, a query is always tried
-        try:
-            request = codec.parse_header(header)
-        except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
-            return None
-        return self._early_verdict(request, arrived)
-
-    def early_json_refusal(self, body: bytes | bytearray | memoryview, arrived: float | None = None
-                           ) -> InferError | None:
-        """``early_refusal`` for a plain-JSON query, judged from its skeleton (``codec.json_skeleton``: the request
-        without its ``data`` arrays), or None when it would be admitted or the skeleton cannot tell."""
-        if not self.admission.busy() and self.offload is None:
-            return None
-        request = codec.json_skeleton(body)
-        return None if request is None else self._early_verdict(request, arrived)
-
-    def _early_verdict(self, request: dict, arrived: float | None) -> InferError | None:
-        admission = self.admission
-        try:
-            items, timeout = codec.dense_rows(request), _timeout_s(request)
-        except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
-            return None
-        if self.offload is not None and self.offload.takes(items):
-            return None if admission.draining else self.offload.behind(admission.deadline(timeout, arrived))
-        if not admission.busy():
-            return None
-        return admission.refusal(items, admission.deadline(timeout, arrived))
-
     def shed(self, conn: Connection, error: InferError, keep_alive: bool) -> None:
         """Answer a query refused before it was read whole (503 with Retry-After), counted as a failure."""
         def reply(_scores: np.ndarray | None, exc: InferError | None) -> None:
@@ -371,7 +340,3 @@ class WorkerPlane:
             return
         self.reporter.flush()
         self.exit_event.set()
-
-def _timeout_s(request: dict) -> float | None:
-    """The client's deadline for this query from the ``timeout`` request parameter (microseconds, as Triton)."""
-    return codec.timeout_s(request.get("parameters") or {})
