@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
+from benchmarks.common.timing import cpu_s
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.maxload import find_max_load
 from recserve.measure.requests import RequestPool
@@ -46,13 +47,12 @@ server.stop()
 """
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (0 if it is gone)."""
+def cpu_or_zero(pid: int) -> float:
+    """A process's CPU seconds (``timing.cpu_s``), 0 if it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return cpu_s(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager
@@ -85,7 +85,7 @@ class Observed:
     def snapshot(self) -> dict[str, Any]:
         info = self.control.get_model(self.model)
         workers = info["stages"]["model"]["worker_detail"]
-        return {"cpu": [cpu_s(w["pid"]) for w in workers], "served": [w.get("queries_done") for w in workers],
+        return {"cpu": [cpu_or_zero(w["pid"]) for w in workers], "served": [w.get("queries_done") for w in workers],
                 "forwarded": info.get("siblings", {}).get("forwarded", 0),
                 "returned": info.get("siblings", {}).get("returned", 0)}
 
