@@ -465,7 +465,6 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     from recserve.policies.node_control import ControlLoop, ServerNodeControl
     from recserve.policies.rmu import make_controller
     from recserve.serving.node.control_client import ControlClient
-    from recserve.specs import get_model
 
     lo, hi = models
     capacity = capacity or profiled_capacity(run, models)
@@ -488,35 +487,8 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
         control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(models),
                                     total_cores=WORKER_SLOTS_PER_CORE * len(os.sched_getaffinity(0)))
         controller = make_controller(controller_name, capacity)
-        results: list[LiveWindow] = []
-        lock = threading.Lock()
-        t0 = time.monotonic()
-
-        failures: list[str] = []
-
-        def drive(model: str) -> None:
-            try:
-                drive_windows(model)
-            except Exception as exc:  # noqa: BLE001 - re-raised in the demo thread below
-                failures.append(f"{model}: {type(exc).__name__}: {exc}")
-
-        def drive_windows(model: str) -> None:
-            spec = get_model(model)
-            with production_session(urls[model], model, scale, seed=1) as session:
-                for w, rate in enumerate(rates[model]):
-                    r = session.run(float(rate), window_s, seed=w, timeout_s=5.0, min_requests=1)
-                    workers = control.get_workers(model) if model in control.models() else 1
-                    with lock:
-                        results.append(LiveWindow(time.monotonic() - t0, model, float(rate), r.achieved_qps,
-                                                  _finite(r.p95), spec.sla.target_ms, r.failed, workers,
-                                                  dict(r.errors)))
-
         with ControlLoop(controller, control, period_s=window_s) as loop:
-            threads = [threading.Thread(target=drive, args=(m,), name=f"load-{m}") for m in models]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            results, failures = _drive_windows(models, urls, rates, scale, window_s, control)
             loop_errors = list(loop.errors)
         stats = router.router.stats() if router is not None else None
         if failures:
@@ -533,6 +505,39 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
             "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
             "held": [d.__dict__ for d in getattr(controller, "held", [])],
             "router_stats": stats}
+
+
+def _drive_windows(models: tuple[str, ...], urls: dict[str, str], rates: dict[str, np.ndarray], scale: float,
+                   window_s: float, control: Any) -> tuple[list[LiveWindow], list[str]]:
+    """Every model's load, window by window at its ``rates``, each model from a thread of its own: the windows
+    measured (with the workers ``control`` gave the model) and any generator's failure."""
+    from recserve.specs import get_model
+
+    results: list[LiveWindow] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    t0 = time.monotonic()
+
+    def drive(model: str) -> None:
+        try:
+            spec = get_model(model)
+            with production_session(urls[model], model, scale, seed=1) as session:
+                for w, rate in enumerate(rates[model]):
+                    r = session.run(float(rate), window_s, seed=w, timeout_s=5.0, min_requests=1)
+                    workers = control.get_workers(model) if model in control.models() else 1
+                    with lock:
+                        results.append(LiveWindow(time.monotonic() - t0, model, float(rate), r.achieved_qps,
+                                                  _finite(r.p95), spec.sla.target_ms, r.failed, workers,
+                                                  dict(r.errors)))
+        except Exception as exc:  # noqa: BLE001 - reported by run_live
+            failures.append(f"{model}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=drive, args=(m,), name=f"load-{m}") for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, failures
 
 
 def _finite(x: float) -> float:
