@@ -41,7 +41,7 @@ def test_hera_paper_inputs_pass_through_the_printed_points() -> None:
     to 16 workers at Table II's 128 GB/s (§V-B), which makes it low-scalability as in the paper."""
     from dataclasses import replace
 
-    from benchmarks.bench_papers import HERA_PAPER_LLC, _paper_input_hera_profiles
+    from benchmarks.papers.hera import HERA_PAPER_LLC, _paper_input_hera_profiles
     from recserve.planners.hera import all_curves
     from recserve.profiles import ProfileSet
     from recserve.specs import get_server

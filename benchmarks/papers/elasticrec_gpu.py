@@ -28,7 +28,7 @@ FIG19_STEPS = (1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 6, 6,
 
 def gpu_outcome(name: str) -> dict[str, Any]:
     """Memory, nodes and added latency of ElasticRec vs model-wise for one model on the CPU-GPU node at 200 QPS."""
-    from benchmarks.bench_papers import ER_BATCH, ER_LOCALITY, OWN_RPC_MS, elasticrec_plan
+    from benchmarks.papers.elasticrec import ER_BATCH, ER_LOCALITY, OWN_RPC_MS, elasticrec_plan
     from recserve.planners.elasticrec import PAPER_GPU_RPC_MS, evaluate_plan, modelwise_replicas_implied
     from recserve.sim.shards import simulate_plan_latency
     from recserve.specs import get_server
@@ -85,7 +85,7 @@ def peak_ratio(steps: list[dict[str, float]]) -> float:
 
 def fig19(base_qps: float) -> dict[str, Any]:
     """RM1 on the CPU-only nodes (hera-xeon, as ``row_elasticrec``) through ``FIG19_STEPS`` x ``base_qps``."""
-    from benchmarks.bench_papers import elasticrec_plan
+    from benchmarks.papers.elasticrec import elasticrec_plan
     from recserve.planners.elasticrec import PAPER_RPC_MS
     from recserve.specs import get_server
 
@@ -98,7 +98,8 @@ def fig19(base_qps: float) -> dict[str, Any]:
 
 
 def rows() -> list[Row]:
-    from benchmarks.bench_papers import OWN_RPC_MS, Row, judge, worst
+    from benchmarks.bench_papers import Row, judge, worst
+    from benchmarks.papers.elasticrec import OWN_RPC_MS
     from recserve.planners.elasticrec import PAPER_GPU_RPC_MS
 
     out = {name: gpu_outcome(name) for name in PAPER_MEMORY}

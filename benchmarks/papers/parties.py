@@ -144,7 +144,7 @@ def paper_inputs(ways: int, mem_bw_gbs: float) -> Inputs:
     llc_sensitivity s by 1/r = 1 + s((W-k)/(W-1))^2; DLRM(D)'s bandwidth reaching Table II's 128 GB/s at 12
     workers gives 128/12 GB/s per busy worker, and +4% QPS from 12 to 16 workers (all busy) gives the memory
     fraction f: 16 / (12 (1 + f (16/12 - 1))) = 1.04."""
-    from benchmarks.bench_papers import HERA_PAPER_DLRM_D, HERA_PAPER_LLC
+    from benchmarks.papers.hera import HERA_PAPER_DLRM_D, HERA_PAPER_LLC
 
     over: dict[str, dict[str, float]] = {}
     for model, (k, kept) in HERA_PAPER_LLC.items():
