@@ -258,7 +258,7 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
 async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
                  ready: tuple, states: np.ndarray | None = None, loads: np.ndarray | None = None) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
-    from multiprocessing.reduction import recv_handle, send_handle
+    from multiprocessing.reduction import send_handle
 
     from recserve.serving.wire.shm import Regions
     from recserve.serving.worker.model_path import make_model_path
@@ -284,21 +284,43 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except OSError:
             plane.exit_event.set()
 
+    # the loop thread waits at most this long for the GIL while the compute thread runs Python (default 5 ms)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    regions = Regions(args.shm_dir) if args.shm_dir else None
+    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
+                           _model_runner(model), args.limits.max_json, args.version, regions)
+    siblings = await _serve_siblings(args) if args.sibling_dir and loads is not None and args.slot >= 0 else None
+    plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
+                        args.version, args.default, share if states is not None else None, states,
+                        loads, args.slot, regions)
+    _attach_peers(plane, args, siblings, loads)
+    grpc_stopped = await _serve_grpc(plane, args, regions) if args.grpc_listen is not None else None
+    await plane.listen(args.listen)
+    send(ready)
+    loop.add_reader(conn.fileno(), _pipe_reader(conn, args, plane, model, in_buf, out_buf, send))
+    # uvloop's add_reader makes the descriptor non-blocking; the pipe's messages are read (and the descriptors it
+    # carries taken) whole, in blocking calls, once the loop says a message has started to arrive
+    os.set_blocking(conn.fileno(), True)
+    await plane.exit_event.wait()
+    if grpc_stopped is not None:
+        await grpc_stopped()  # its calls still in flight (forwarded ones too) are answered before the exit
+    plane.reporter.flush()
+
+
+def _model_runner(model: RecModel) -> Callable[[tuple], np.ndarray]:
+    """The model's whole-query pass, in inference mode on whichever thread runs it."""
     def run(payload: tuple) -> np.ndarray:
         if torch.is_inference_mode_enabled():  # on the loop's thread (worker_main entered it): no mode switch per query
             return run_stage(model, "model", payload)
         with torch.inference_mode():  # thread-local: long passes run on the plane's compute thread
             return run_stage(model, "model", payload)
 
-    # the loop thread waits at most this long for the GIL while the compute thread runs Python (default 5 ms)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    regions = Regions(args.shm_dir) if args.shm_dir else None
-    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           run, args.limits.max_json, args.version, regions)
-    siblings = await _serve_siblings(args) if args.sibling_dir and loads is not None and args.slot >= 0 else None
-    plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
-                        args.version, args.default, share if states is not None else None, states,
-                        loads, args.slot, regions)
+    return run
+
+
+def _attach_peers(plane: Any, args: WorkerArgs, siblings: Any, loads: np.ndarray | None) -> None:
+    """Where the plane may send queries: its siblings (``siblings``: this worker's server of their queries, if it
+    serves one) and the model's accelerator workers."""
     if siblings is not None:
         from recserve.serving.worker.siblings import SiblingClient
 
@@ -310,6 +332,13 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
 
         plane.offload = AcceleratorClient(args.model_config.name, list(args.accel_sockets), args.accel_min_items,
                                           args.limits.queue_limit, args.model_config.accelerator.staging_mb << 20)
+
+
+def _pipe_reader(conn: Any, args: WorkerArgs, plane: Any, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
+                 send: Callable[[Any], None]) -> Callable[[], None]:
+    """The loop's reader of the server's pipe: ``None`` retires the worker, control messages configure it (an
+    adopted connection's descriptor follows its message), and anything else is a pipeline item computed here."""
+    from multiprocessing.reduction import recv_handle
 
     def on_pipe() -> None:
         try:
@@ -327,17 +356,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone
 
-    grpc_stopped = await _serve_grpc(plane, args, regions) if args.grpc_listen is not None else None
-    await plane.listen(args.listen)
-    send(ready)
-    loop.add_reader(conn.fileno(), on_pipe)
-    # uvloop's add_reader makes the descriptor non-blocking; the pipe's messages are read (and the descriptors it
-    # carries taken) whole, in blocking calls, once the loop says a message has started to arrive
-    os.set_blocking(conn.fileno(), True)
-    await plane.exit_event.wait()
-    if grpc_stopped is not None:
-        await grpc_stopped()  # its calls still in flight (forwarded ones too) are answered before the exit
-    plane.reporter.flush()
+    return on_pipe
 
 
 GRPC_GRACE_S = 5.0
