@@ -8,8 +8,9 @@ import time
 
 import numpy as np
 
+from recserve.serving.wire.codec import request_timeout_s
 from recserve.serving.worker.admission import AdmissionQueue
-from recserve.serving.worker.early_refusal import EarlyRefusal, request_timeout_s
+from recserve.serving.worker.early_refusal import EarlyRefusal
 from recserve.serving.worker.limits import PlaneLimits
 
 

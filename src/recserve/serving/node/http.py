@@ -159,7 +159,7 @@ async def _infer(core: NodeCore, rt: ModelRuntime, request: web.Request) -> web.
         rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
         exc.counted = True  # type: ignore[union-attr]
         raise
-    scores = await rt.infer(arrays, codec.timeout_s(req.get("parameters") or {}))
+    scores = await rt.infer(arrays, codec.request_timeout_s(req))
     payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
     content_type = headers.pop("Content-Type")
     return web.Response(body=payload, headers=headers, content_type=content_type)

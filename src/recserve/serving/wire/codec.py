@@ -316,6 +316,11 @@ def timeout_s(params: dict[str, Any]) -> float | None:
     return value / 1e6
 
 
+def request_timeout_s(request: dict[str, Any]) -> float | None:
+    """:func:`timeout_s` of a decoded request's ``parameters`` (none given: None)."""
+    return timeout_s(request.get("parameters") or {})
+
+
 def _check_request(request: dict[str, Any], regions: Any = None) -> None:
     """Everything of the request besides the input tensors: ``id``, ``parameters``, ``outputs``."""
     if "id" in request and not isinstance(request["id"], str):

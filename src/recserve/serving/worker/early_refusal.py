@@ -16,11 +16,6 @@ from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.admission import AdmissionQueue
 
 
-def request_timeout_s(request: dict) -> float | None:
-    """The client's deadline for this query from the ``timeout`` request parameter (microseconds, as Triton)."""
-    return codec.timeout_s(request.get("parameters") or {})
-
-
 class EarlyRefusal:
     """A worker's early verdicts: None (decode the query as usual) or the error to answer it with unread.
 
@@ -53,7 +48,7 @@ class EarlyRefusal:
     def _verdict(self, request: dict, arrived: float | None) -> InferError | None:
         admission, offload = self.admission, self.offload()
         try:
-            items, timeout = codec.dense_rows(request), request_timeout_s(request)
+            items, timeout = codec.dense_rows(request), codec.request_timeout_s(request)
         except Exception:  # noqa: BLE001 - malformed: the full decode answers it with the exact error
             return None
         if offload is not None and offload.takes(items):

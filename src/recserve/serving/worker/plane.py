@@ -37,7 +37,7 @@ from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.admission import AdmissionQueue, Query, Reply
 from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
-from recserve.serving.worker.early_refusal import EarlyRefusal, request_timeout_s
+from recserve.serving.worker.early_refusal import EarlyRefusal
 from recserve.serving.worker.http_connection import Connection, Request, error_response, response_bytes
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.model_path import ModelPath, as_infer_error
@@ -115,7 +115,7 @@ class WorkerPlane:
                 return
         try:
             request, arrays, items = self.model.decode(req.body, header_length)
-            timeout = request_timeout_s(request)
+            timeout = codec.request_timeout_s(request)
         except Exception as exc:  # noqa: BLE001 - an unreadable request is answered; the worker lives on
             error = as_infer_error(exc)
             self.refused(error.code)
