@@ -144,10 +144,10 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
     if simulated_hit is not None:
         hit = {i: (simulated_hit if i in cached and cache_bytes > 0 else 0.0) for i in sm}
-    placements = [TablePlacement(t.name, t.side, "SM" if i in sm else "FM", sizes[i], bw[i] / 1e9,
-                                 i in sm and i in cached, hit.get(i, 0.0) if i in sm else 1.0,
-                                 qps * side_batch(t, item_batch) * t.pooling * (1 - hit.get(i, 0.0)) if i in sm
-                                 else 0.0)
+    on_sm = set(sm)
+    placements = [TablePlacement(t.name, t.side, "SM", sizes[i], bw[i] / 1e9, i in cached, hit[i],
+                                 qps * side_batch(t, item_batch) * t.pooling * (1 - hit[i])) if i in on_sm
+                  else TablePlacement(t.name, t.side, "FM", sizes[i], bw[i] / 1e9, False, 1.0, 0.0)
                   for i, t in enumerate(spec.tables)]
     iops_total = sum(p.iops for p in placements)
     sm_bytes = sum(sizes[i] for i in sm)
