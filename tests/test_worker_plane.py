@@ -964,7 +964,7 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
-    states = np.ones(4096, np.uint8)  # stale bytes from earlier connections on the same descriptors
+    states = np.full(4096, -1, np.int64)  # stale states of earlier connections on the same descriptors
     client = socket.create_connection(listener.getsockname())
     try:
         plane = WorkerPlane(loop, "m", object(), lambda msg: events.append(msg),
@@ -984,6 +984,51 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
         assert plane.connections.connecting == 0 and plane.exit_event.is_set()
     finally:
         client.close()
+        loop.close()
+
+
+def test_a_connection_publishes_what_it_read_when_idle_and_held_while_a_request_is_read():
+    """The shared slot the supervisor reads if the worker dies (``node/watchdog.py``): ``HELD`` from the first byte
+    of a request until its answer, else the bytes of the connection read by then, counted from before this worker
+    took it (an adopted connection: what the kernel says was read) and less what leaves with a hand-off."""
+    from recserve.serving.worker.http_connection import HELD
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
+
+    loop = asyncio.new_event_loop()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    ours, _ = listener.accept()
+    states = np.full(4096, HELD, np.int64)  # stale: an earlier connection on the descriptor held a request
+    handed: list[tuple[int, bytes]] = []
+    try:
+        client.sendall(b"0123456789")
+        deadline = time.monotonic() + 5
+        while len(ours.recv(64, socket.MSG_PEEK)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert ours.recv(10) == b"0123456789"  # read before this worker: by the supervisor or another worker
+        plane = WorkerPlane(loop, "m", object(), lambda msg: None,
+                            lambda fd, prefix, to=None: handed.append((fd, prefix)), PlaneLimits(), sub_batch=0,
+                            share=lambda fd: None, states=states)
+        fd = os.dup(ours.fileno())
+        loop.run_until_complete(plane.connections.adopt(fd, b""))
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert states[fd] == 10  # idle: ten bytes read, by whoever
+        head = b"POST /v2/models/m/infer HTTP/1.1\r\n"  # a head still arriving
+        client.sendall(head)
+        deadline = time.monotonic() + 5
+        while states[fd] != HELD and time.monotonic() < deadline:
+            loop.run_until_complete(asyncio.sleep(0.005))
+        assert states[fd] == HELD
+        (conn,) = plane.connections.open
+        assert conn.read_here == len(head)
+        plane.connections.hand_off(conn)  # the partial head leaves with the connection
+        assert handed and handed[0][1] == head and states[fd] == 10
+    finally:
+        client.close()
+        ours.close()
         loop.close()
 
 

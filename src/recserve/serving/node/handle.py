@@ -77,7 +77,7 @@ class WorkerHandle:
     conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
     slot: int = -1  # v2: its index in the model's shared load array
     outbox: Outbox | None = None
-    states: np.ndarray | None = None  # v2: shared, one byte per worker descriptor: a request is unanswered
+    states: np.ndarray | None = None  # v2: shared, one slot per worker descriptor (``Connection.mark``)
     hung: bool = False
     accel_socket: str = ""  # an accelerator worker's Unix socket (serving/worker/accel.py)
 

@@ -3,8 +3,11 @@
 With data plane v2 a worker owns its clients' connections, so when it dies (a crash, the OOM killer) or stops
 (SIGSTOP, a deadlock) nobody else could answer them, and its kernel descriptors would close with it.  So the
 supervisor holds its own descriptor of every connection a worker serves (sent by SCM_RIGHTS when the worker
-takes the connection, dropped when the worker lets it go), and the worker keeps one shared byte per descriptor
-saying whether a request of that connection is read and not yet answered.  When the worker is gone:
+takes the connection, dropped when the worker lets it go), and the worker keeps one shared slot per descriptor
+saying whether a request of that connection is read and not yet answered, and if not, how many of its bytes it had
+read by then (``http_connection.Connection.mark``).  A worker can die between a read and its mark, so a connection
+whose kernel says more was read than its slot (``transport/tcp_reads.py``) holds a request too.  When the worker is
+gone:
 
 - a connection holding a query is answered with an error naming the worker (500 if it died, 504 if it hung)
   and closed: only the worker's own queries are lost, each with an explicit error;
@@ -25,6 +28,9 @@ import socket
 
 import numpy as np
 
+from recserve.serving.transport.tcp_reads import bytes_read
+from recserve.serving.worker.http_connection import HELD
+
 log = logging.getLogger("recserve.serving")
 
 CONN_SLOTS = 4096  # descriptors a worker's shared state covers; a connection on a higher one is reset if it dies
@@ -43,15 +49,25 @@ def _read_unread(sock: socket.socket) -> bool:
         got = True
 
 
+def holds_request(sock: socket.socket, state: int) -> bool:
+    """Whether a connection whose worker published ``state`` holds a request it read: one it marked
+    (``HELD``), or bytes read past what the worker last published as read when the connection went idle."""
+    if state == HELD:
+        return True
+    read = bytes_read(sock)
+    return read is not None and read > state
+
+
 def answer_held(conns: dict[int, int], states: np.ndarray, response: bytes, unread_too: bool) -> int:
-    """Answer ``response`` on each held connection (``conns``: the worker's descriptor -> ours) whose state byte
-    says a request is unanswered (or, with ``unread_too``, that has an unread request waiting), shut it down and
-    close our descriptor.  Answered connections leave ``conns``; the idle rest stay.  Returns how many."""
+    """Answer ``response`` on each held connection (``conns``: the worker's descriptor -> ours) whose state says
+    a request is read and unanswered (``holds_request``; or, with ``unread_too``, that has an unread request
+    waiting), shut it down and close our descriptor.  Answered connections leave ``conns``; the idle rest stay.
+    Returns how many."""
     answered = 0
     for theirs, ours in list(conns.items()):
         sock = socket.socket(fileno=os.dup(ours))
         try:
-            held = bool(states[theirs]) if 0 <= theirs < len(states) else False
+            held = holds_request(sock, int(states[theirs])) if 0 <= theirs < len(states) else False
             if not held and not (unread_too and _read_unread(sock)):
                 continue
             if held:

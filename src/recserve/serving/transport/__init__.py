@@ -1,2 +1,3 @@
 """The node's transports, knowing nothing of recserve: HTTP/1.1 request heads on llhttp (``http1``), and HTTP/2
-with gRPC framing (``h2grpc``) under per-connection budgets against floods (``h2limits``)."""
+with gRPC framing (``h2grpc``) under per-connection budgets against floods (``h2limits``), and a TCP socket's
+bytes read by the kernel's count (``tcp_reads``)."""

@@ -2,10 +2,10 @@
 
 - The node's HTTP listening socket is created once by the supervisor and inherited by every such worker; they all
   ``accept`` from its one queue (no SO_REUSEPORT: a worker that retires or dies drops no backlog).
-- The supervisor holds its own descriptor of every connection a worker serves, and a shared byte per connection
-  says whether a request of it is read and unanswered.  A worker that dies costs only its own queries: those
-  connections are answered 500 naming the worker, its idle ones move to another worker.  A worker that stops
-  beating (hung or stopped) gets the same, with 504, and is replaced.
+- The supervisor holds its own descriptor of every connection a worker serves, and a shared slot per connection
+  says whether a request of it is read and unanswered (else how many of its bytes were read by then).  A worker
+  that dies costs only its own queries: those connections are answered 500 naming the worker, its idle ones move
+  to another worker.  A worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
 - A connection goes to the supervisor over the worker's socket pair (SCM_RIGHTS) with the bytes already read from
   it when its request is not this worker's (``hand_off``), when it goes idle while queries wait here and a sibling
   is idle (``maybe_move``), and when the worker retires.
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.transport.tcp_reads import bytes_read
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.http_connection import RECV_BYTES, Connection, error_response
@@ -39,7 +40,8 @@ class ConnectionManager:
     """The worker's listening socket and HTTP/1.1 connections (``Connection``), for its ``WorkerPlane``.
 
     ``hand_off(fd, prefix, to_slot)`` gives a connection to the supervisor; ``share(fd)`` gives it a copy of a
-    connection's descriptor; ``states`` holds one shared byte per descriptor, ``loads`` one slot per sibling.
+    connection's descriptor; ``states`` holds one shared slot per descriptor (``Connection.mark``), ``loads`` one
+    per sibling.
     """
 
     def __init__(self, plane: Any, send: Callable[[Any], None], hand_off: Callable[..., None],
@@ -50,7 +52,7 @@ class ConnectionManager:
         self.send = send
         self._hand_off = hand_off
         self._share = share  # gives the supervisor its own descriptor of a connection (``opened``)
-        self.states = states if states is not None else np.zeros(0, np.uint8)  # shared: one byte per descriptor
+        self.states = states if states is not None else np.zeros(0, np.int64)  # shared: one slot per descriptor
         # shared with the model's other workers: queries each holds (-1 = no worker in that slot); see ``maybe_move``
         self.loads = loads if loads is not None and 0 <= slot < len(loads) else None
         self.slot = slot
@@ -96,7 +98,7 @@ class ConnectionManager:
             sock.setblocking(False)
             early = self._holds(sock.fileno())
             if early:
-                self.states[sock.fileno()] = False
+                self.states[sock.fileno()] = 0  # idle, nothing read
                 self._share(sock.fileno())  # type: ignore[misc]
             self.connecting += 1
             self.loop.create_task(self._connect(sock, early))
@@ -125,11 +127,13 @@ class ConnectionManager:
             if self.plane.retiring:
                 self.plane.maybe_exit()  # it was waiting for this connection: hand it on
 
-    async def _serve(self, sock: socket.socket, prefix: bytes, shared: bool) -> None:
-        """Serve ``sock`` (kept as the connection's own descriptor) through a transport on a duplicate of it."""
+    async def _serve(self, sock: socket.socket, prefix: bytes, shared: bool, read_before: int | None = 0) -> None:
+        """Serve ``sock`` (kept as the connection's own descriptor) through a transport on a duplicate of it;
+        ``read_before``: bytes of it read before it came here (None: unknown)."""
         copy = sock.dup()
         try:
-            await self.loop.connect_accepted_socket(lambda: Connection(self, sock, prefix, shared), copy)
+            await self.loop.connect_accepted_socket(lambda: Connection(self, sock, prefix, shared, read_before),
+                                                    copy)
         except OSError:  # the client went away before its transport was made
             if shared:
                 self.send(pipe.encode(pipe.Gone(sock.fileno())))
@@ -140,7 +144,7 @@ class ConnectionManager:
         """Serve a connection handed over by the supervisor (``prefix``: bytes already read from it)."""
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
-        await self._serve(sock, prefix, False)
+        await self._serve(sock, prefix, False, bytes_read(sock) if self._holds(fd) else None)
 
     def stop_accepting(self) -> None:
         """Accept no more connections (every transport); those open are served on.  A retiring worker does this
@@ -162,7 +166,7 @@ class ConnectionManager:
 
     # ---- connections the supervisor holds too ----------------------------------------------------------
     def _holds(self, fd: int) -> bool:
-        """Whether the supervisor holds a copy of descriptor ``fd`` (the descriptor has a state byte)."""
+        """Whether the supervisor holds a copy of descriptor ``fd`` (the descriptor has a state slot)."""
         return self._share is not None and 0 <= fd < len(self.states)
 
     def _shared(self, conn: Connection) -> bool:
@@ -170,7 +174,7 @@ class ConnectionManager:
 
     def opened(self, conn: Connection) -> None:
         """The supervisor keeps its own descriptor of every connection this worker serves (with the shared
-        state byte), so if this process dies its clients get an error for a query it held, and an idle
+        state slot), so if this process dies its clients get an error for a query it held, and an idle
         connection lives on in another worker, instead of a reset."""
         if self._shared(conn) and not conn.shared:
             self._share(conn.slot)  # type: ignore[misc]
@@ -235,7 +239,7 @@ class ConnectionManager:
         conn.closed = conn.handed_off = True
         transport.abort()  # closes the transport's duplicate; the connection's own descriptor keeps it open
         self.open.discard(conn)
-        conn.mark(False)
+        conn.mark(False, unanswered=len(prefix))
         if self._shared(conn):
             self.send(pipe.encode(pipe.Gone(conn.slot)))  # before the hand-off: the supervisor drops its descriptor
         try:

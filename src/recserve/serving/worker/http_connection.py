@@ -27,6 +27,8 @@ PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
 PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
+HELD = -1  # a connection's shared state while a request of it is read and unanswered; idle: its bytes read so far
+READ_UNKNOWN = 2**63 - 1  # idle, its bytes read unknown (the kernel did not say when this worker took it)
 HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
@@ -79,7 +81,8 @@ class Connection(asyncio.BufferedProtocol):
     reads land in the manager's one scratch buffer and are appended to the connection's buffer.
     """
 
-    def __init__(self, manager: Any, sock: socket.socket, prefix: bytes = b"", shared: bool = False) -> None:
+    def __init__(self, manager: Any, sock: socket.socket, prefix: bytes = b"", shared: bool = False,
+                 read_before: int | None = 0) -> None:
         self.manager = manager  # the worker's ConnectionManager (``worker/connections.py``)
         self.plane = manager.plane  # the WorkerPlane (``worker/plane.py``) its requests go to
         # this process's own descriptor of the connection (its number is the slot the supervisor knows it by): the
@@ -101,7 +104,10 @@ class Connection(asyncio.BufferedProtocol):
         self._filled = 0
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
-        self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared state bytes
+        self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared states
+        # bytes of the client's stream read before this worker took the connection (None: unknown), and since
+        self.read_before = read_before
+        self.read_here = 0
         self.handed_off = False
         self.leaving = False  # being handed off: no further request is read here
         self._skip = 0  # body bytes still to drop: the request was refused from its JSON header (``_shed_early``)
@@ -111,10 +117,10 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
         self.manager.open.add(self)
+        self.mark(bool(self.buf))  # before the supervisor takes its copy: the slot may hold an earlier connection's
         self.manager.opened(self)
         self.arrived = time.perf_counter()  # of its first request, or since when it is idle
         if self.buf:
-            self.mark(True)
             self.manager.loop.call_soon(self._advance)
 
     def pause_writing(self) -> None:
@@ -146,12 +152,19 @@ class Connection(asyncio.BufferedProtocol):
         elif self._paused & PAUSED_PIPELINE:
             self._resume(PAUSED_PIPELINE)
 
-    def mark(self, in_request: bool) -> None:
+    def mark(self, in_request: bool, unanswered: int = 0) -> None:
         """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the
-        supervisor reads if this process dies (answer it with an error, or pass the idle connection on)."""
+        supervisor reads if this process dies (answer it with an error, or pass the idle connection on).  An idle
+        connection publishes how many of its bytes had been read by then (less ``unanswered`` ones that leave
+        with it), so that a request read after it and not yet marked is seen too (``node/watchdog.py``)."""
         states = self.manager.states
         if 0 <= self.slot < len(states):
-            states[self.slot] = in_request
+            if in_request:
+                states[self.slot] = HELD
+            elif self.read_before is None:
+                states[self.slot] = READ_UNKNOWN
+            else:
+                states[self.slot] = self.read_before + self.read_here - unanswered
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
@@ -161,6 +174,7 @@ class Connection(asyncio.BufferedProtocol):
         return self.manager.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.read_here += nbytes
         if self._into_body:
             self._filled += nbytes
             if self._filled == len(self._body) and not self.busy:  # type: ignore[arg-type]
