@@ -1,7 +1,7 @@
 """The supervisor's view of a dead worker's connections (``node/watchdog.py``) on real loopback TCP sockets.
 
-A worker marks a connection as holding a request only after its read returns; one killed in between took the
-request's bytes with it while its slot still read idle.  The kernel's own count of bytes read tells them apart."""
+A worker publishes a connection's state with its bytes read or written only at its marks; one killed between a
+read or a write and its next mark left a stale slot.  The kernel's own counts of bytes read and written tell."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import time
 import numpy as np
 import pytest
 
-from recserve.serving.node.watchdog import answer_held, holds_request
-from recserve.serving.transport.tcp_reads import bytes_read
-from recserve.serving.worker.http_connection import HELD, READ_UNKNOWN
+from recserve.serving.node.watchdog import ANSWERED, HELD, IDLE, answer_held, verdict
+from recserve.serving.transport.tcp_counts import stream_counts
+from recserve.serving.worker.http_connection import HELD_WRITTEN_UNKNOWN, READ_UNKNOWN, held_state
 
 REQUEST = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-ANSWER = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+ERROR = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 @pytest.fixture
@@ -45,55 +46,69 @@ def arrived(sock: socket.socket, n: int) -> None:
     raise AssertionError("the bytes did not arrive")
 
 
-def supervisor_view(worker: socket.socket, state: int) -> tuple[int, dict[int, int]]:
+def request_read(client: socket.socket, worker: socket.socket) -> None:
+    client.sendall(REQUEST)
+    arrived(worker, len(REQUEST))
+    assert worker.recv(65536) == REQUEST  # the (dead) worker's read
+
+
+def after_death(worker: socket.socket, state: int) -> tuple[int, dict[int, int]]:
     """What ``answer_held`` does to the connection once its worker is gone: (answered, descriptors left)."""
     conns = {worker.fileno(): os.dup(worker.fileno())}
     states = np.zeros(4096, np.int64)
     states[worker.fileno()] = state
-    answered = answer_held(conns, states, ANSWER, unread_too=False)
+    answered = answer_held(conns, states, ERROR, unread_too=False)
     for ours in conns.values():
         os.close(ours)
     return answered, conns
 
 
-def test_bytes_read_counts_what_was_taken_from_the_socket_not_what_waits(pair):
+def rest_of(client: socket.socket) -> bytes:
+    """What the client reads until the connection closes."""
+    out = b""
+    while chunk := client.recv(65536):
+        out += chunk
+    return out
+
+
+def test_stream_counts_are_what_was_taken_from_and_given_to_the_socket(pair):
     client, worker = pair
-    assert bytes_read(worker) == 0
+    assert stream_counts(worker) == (0, 0)
     client.sendall(b"x" * 1000)
     arrived(worker, 1000)
-    assert bytes_read(worker) == 0
+    assert stream_counts(worker).read == 0
     worker.recv(300)
-    assert bytes_read(worker) == 300
+    assert stream_counts(worker).read == 300
     worker.recv(10_000)
-    assert bytes_read(worker) == 1000
+    worker.sendall(b"y" * 700)
+    assert stream_counts(worker) == (1000, 700)  # written: acknowledged or still queued, either way given
 
 
-def test_bytes_read_is_unknown_off_tcp():
+def test_stream_counts_are_unknown_off_tcp():
     a, b = socket.socketpair()
     try:
-        assert bytes_read(a) is None
+        assert stream_counts(a) is None
     finally:
         a.close()
         b.close()
 
 
 def test_a_request_read_but_not_yet_marked_is_answered_not_moved(pair):
-    """The worker read the request, then died before its mark: the slot reads idle with 0 bytes read."""
+    """The worker read the request, then died before its mark: the slot says idle, nothing read."""
     client, worker = pair
-    client.sendall(REQUEST)
-    arrived(worker, len(REQUEST))
-    worker.recv(65536)  # the dead worker's read
-    answered, left = supervisor_view(worker, 0)
+    request_read(client, worker)
+    assert verdict(worker, 0) == HELD
+    answered, left = after_death(worker, 0)
     assert answered == 1 and not left
-    assert client.recv(65536) == ANSWER
+    assert rest_of(client) == ERROR
 
 
 def test_an_idle_connection_whose_requests_were_answered_moves_on(pair):
     client, worker = pair
-    client.sendall(REQUEST)
-    arrived(worker, len(REQUEST))
-    worker.recv(65536)
-    answered, left = supervisor_view(worker, len(REQUEST))  # published when it went idle
+    request_read(client, worker)
+    worker.sendall(ANSWER)
+    assert verdict(worker, len(REQUEST)) == IDLE  # published when it went idle
+    answered, left = after_death(worker, len(REQUEST))
     assert answered == 0 and list(left) == [worker.fileno()]
 
 
@@ -102,15 +117,35 @@ def test_a_request_nobody_read_moves_with_its_connection(pair):
     client, worker = pair
     client.sendall(REQUEST)
     arrived(worker, len(REQUEST))
-    answered, left = supervisor_view(worker, 0)
+    answered, left = after_death(worker, 0)
     assert answered == 0 and left
     assert worker.recv(65536) == REQUEST
 
 
-def test_a_marked_request_is_answered_and_an_unknown_count_falls_back_to_the_mark(pair):
+def test_a_held_request_whose_answer_is_unwritten_gets_the_error(pair):
     client, worker = pair
-    client.sendall(REQUEST)
-    arrived(worker, len(REQUEST))
-    worker.recv(65536)
-    assert holds_request(worker, HELD)
-    assert not holds_request(worker, READ_UNKNOWN)  # a worker that could not count: its mark alone decides
+    request_read(client, worker)
+    assert verdict(worker, held_state(0)) == HELD
+    answered, left = after_death(worker, held_state(0))
+    assert answered == 1 and not left
+    assert rest_of(client) == ERROR
+
+
+def test_an_answer_written_before_the_idle_mark_is_not_followed_by_an_error(pair):
+    """The worker wrote its answer and died before marking the connection idle: the client reads the answer and
+    the close, not an error that its next request would take for its own answer."""
+    client, worker = pair
+    request_read(client, worker)
+    worker.sendall(ANSWER)
+    assert verdict(worker, held_state(0)) == ANSWERED
+    answered, left = after_death(worker, held_state(0))
+    assert answered == 0 and not left
+    assert rest_of(client) == ANSWER
+
+
+def test_unknown_counts_fall_back_to_the_mark_alone(pair):
+    client, worker = pair
+    request_read(client, worker)
+    worker.sendall(ANSWER)
+    assert verdict(worker, READ_UNKNOWN) == IDLE
+    assert verdict(worker, HELD_WRITTEN_UNKNOWN) == HELD

@@ -964,7 +964,7 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
-    states = np.full(4096, -1, np.int64)  # stale states of earlier connections on the same descriptors
+    states = np.full(4096, -1, np.int64)  # stale: earlier connections on the same descriptors held requests
     client = socket.create_connection(listener.getsockname())
     try:
         plane = WorkerPlane(loop, "m", object(), lambda msg: events.append(msg),
@@ -987,11 +987,12 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
         loop.close()
 
 
-def test_a_connection_publishes_what_it_read_when_idle_and_held_while_a_request_is_read():
-    """The shared slot the supervisor reads if the worker dies (``node/watchdog.py``): ``HELD`` from the first byte
-    of a request until its answer, else the bytes of the connection read by then, counted from before this worker
-    took it (an adopted connection: what the kernel says was read) and less what leaves with a hand-off."""
-    from recserve.serving.worker.http_connection import HELD
+def test_a_connection_publishes_what_it_read_when_idle_and_wrote_when_it_holds_a_request():
+    """The shared slot the supervisor reads if the worker dies (``node/watchdog.py``): from the first byte of a
+    request until its answer, held with the bytes written by then; else the bytes read by then.  Both are counted
+    from before this worker took the connection (an adopted one: what the kernel says), less what leaves with a
+    hand-off."""
+    from recserve.serving.worker.http_connection import held_state
     from recserve.serving.worker.limits import PlaneLimits
     from recserve.serving.worker.plane import WorkerPlane
 
@@ -1001,7 +1002,7 @@ def test_a_connection_publishes_what_it_read_when_idle_and_held_while_a_request_
     listener.listen(1)
     client = socket.create_connection(listener.getsockname())
     ours, _ = listener.accept()
-    states = np.full(4096, HELD, np.int64)  # stale: an earlier connection on the descriptor held a request
+    states = np.full(4096, held_state(0), np.int64)  # stale: an earlier connection on the descriptor held a request
     handed: list[tuple[int, bytes]] = []
     try:
         client.sendall(b"0123456789")
@@ -1009,6 +1010,7 @@ def test_a_connection_publishes_what_it_read_when_idle_and_held_while_a_request_
         while len(ours.recv(64, socket.MSG_PEEK)) < 10 and time.monotonic() < deadline:
             time.sleep(0.001)
         assert ours.recv(10) == b"0123456789"  # read before this worker: by the supervisor or another worker
+        ours.sendall(b"abc")  # and written
         plane = WorkerPlane(loop, "m", object(), lambda msg: None,
                             lambda fd, prefix, to=None: handed.append((fd, prefix)), PlaneLimits(), sub_batch=0,
                             share=lambda fd: None, states=states)
@@ -1019,9 +1021,9 @@ def test_a_connection_publishes_what_it_read_when_idle_and_held_while_a_request_
         head = b"POST /v2/models/m/infer HTTP/1.1\r\n"  # a head still arriving
         client.sendall(head)
         deadline = time.monotonic() + 5
-        while states[fd] != HELD and time.monotonic() < deadline:
+        while states[fd] != held_state(3) and time.monotonic() < deadline:
             loop.run_until_complete(asyncio.sleep(0.005))
-        assert states[fd] == HELD
+        assert states[fd] == held_state(3)  # holding a request, three bytes written so far
         (conn,) = plane.connections.open
         assert conn.read_here == len(head)
         plane.connections.hand_off(conn)  # the partial head leaves with the connection

@@ -4,15 +4,17 @@ With data plane v2 a worker owns its clients' connections, so when it dies (a cr
 (SIGSTOP, a deadlock) nobody else could answer them, and its kernel descriptors would close with it.  So the
 supervisor holds its own descriptor of every connection a worker serves (sent by SCM_RIGHTS when the worker
 takes the connection, dropped when the worker lets it go), and the worker keeps one shared slot per descriptor
-saying whether a request of that connection is read and not yet answered, and if not, how many of its bytes it had
-read by then (``http_connection.Connection.mark``).  A worker can die between a read and its mark, so a connection
-whose kernel says more was read than its slot (``transport/tcp_reads.py``) holds a request too.  When the worker is
-gone:
+saying whether a request of that connection is read and not yet answered, with the bytes written by then (else the
+bytes read by then: ``http_connection.Connection.mark``).  A worker can die between a read or a write and its next
+mark, so the supervisor compares the slot with the kernel's counts (``transport/tcp_counts.py``, ``verdict``).
+When the worker is gone:
 
 - a connection holding a query is answered with an error naming the worker (500 if it died, 504 if it hung)
   and closed: only the worker's own queries are lost, each with an explicit error;
 - an idle keep-alive connection moves to another worker (or the supervisor), so its client sees nothing, and
   a request the worker never started reading is served there.
+- a connection whose answer the worker had begun to write is only shut down: an error written after it would be
+  read as the answer to the client's next request.
 
 A hung worker is still alive and may wake: its held connections are shut down as they are answered (it can no
 longer write into them), a request it has not read yet is answered too (consumed, so that closing the socket
@@ -28,8 +30,8 @@ import socket
 
 import numpy as np
 
-from recserve.serving.transport.tcp_reads import bytes_read
-from recserve.serving.worker.http_connection import HELD
+from recserve.serving.transport.tcp_counts import stream_counts
+from recserve.serving.worker.http_connection import written_at_hold
 
 log = logging.getLogger("recserve.serving")
 
@@ -49,35 +51,55 @@ def _read_unread(sock: socket.socket) -> bool:
         got = True
 
 
-def holds_request(sock: socket.socket, state: int) -> bool:
-    """Whether a connection whose worker published ``state`` holds a request it read: one it marked
-    (``HELD``), or bytes read past what the worker last published as read when the connection went idle."""
-    if state == HELD:
-        return True
-    read = bytes_read(sock)
-    return read is not None and read > state
+IDLE, HELD, ANSWERED = "idle", "held", "answered"
+
+
+def verdict(sock: socket.socket, state: int) -> str:
+    """What a gone worker left on a connection whose shared state is ``state`` (``Connection.mark``):
+
+    - ``HELD``: a request read and unanswered: marked so, or idle but the kernel says more was read since (the
+      worker died between a read and its mark);
+    - ``ANSWERED``: marked holding a request, but more was written since its mark: the worker wrote (some of) its
+      answer and died before marking the connection idle, so no error may follow it on the connection;
+    - ``IDLE``: nothing read past the last answer (a request sent and not read yet stays for the next worker)."""
+    counts = stream_counts(sock)
+    if state >= 0:
+        return HELD if counts is not None and counts.read > state else IDLE
+    written = written_at_hold(state)
+    return ANSWERED if counts is not None and written is not None and counts.written > written else HELD
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def answer_held(conns: dict[int, int], states: np.ndarray, response: bytes, unread_too: bool) -> int:
-    """Answer ``response`` on each held connection (``conns``: the worker's descriptor -> ours) whose state says
-    a request is read and unanswered (``holds_request``; or, with ``unread_too``, that has an unread request
-    waiting), shut it down and close our descriptor.  Answered connections leave ``conns``; the idle rest stay.
-    Returns how many."""
+    """Answer ``response`` on each connection (``conns``: the worker's descriptor -> ours) holding a request
+    (``verdict``; or, with ``unread_too``, that has an unread request waiting), shut it down and close our
+    descriptor; one the worker answered itself is only shut down and closed.  Those leave ``conns``; the idle rest
+    stay.  Returns how many were answered here."""
     answered = 0
     for theirs, ours in list(conns.items()):
         sock = socket.socket(fileno=os.dup(ours))
         try:
-            held = holds_request(sock, int(states[theirs])) if 0 <= theirs < len(states) else False
-            if not held and not (unread_too and _read_unread(sock)):
+            found = verdict(sock, int(states[theirs])) if 0 <= theirs < len(states) else IDLE
+            if found == ANSWERED:
+                _shut(sock)
+                os.close(conns.pop(theirs))
                 continue
-            if held:
+            if found == IDLE and not (unread_too and _read_unread(sock)):
+                continue
+            if found == HELD:
                 _read_unread(sock)
             sock.settimeout(1.0)
             try:
                 sock.sendall(response)
-                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            _shut(sock)
             answered += 1
             os.close(conns.pop(theirs))
         finally:

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from recserve.serving.transport.tcp_reads import bytes_read
+from recserve.serving.transport.tcp_counts import StreamCounts, stream_counts
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.http_connection import RECV_BYTES, Connection, error_response
+from recserve.serving.worker.http_connection import NOTHING_YET, RECV_BYTES, Connection, error_response
 
 log = logging.getLogger("recserve.serving")
 
@@ -127,13 +127,13 @@ class ConnectionManager:
             if self.plane.retiring:
                 self.plane.maybe_exit()  # it was waiting for this connection: hand it on
 
-    async def _serve(self, sock: socket.socket, prefix: bytes, shared: bool, read_before: int | None = 0) -> None:
+    async def _serve(self, sock: socket.socket, prefix: bytes, shared: bool,
+                     before: StreamCounts | None = NOTHING_YET) -> None:
         """Serve ``sock`` (kept as the connection's own descriptor) through a transport on a duplicate of it;
-        ``read_before``: bytes of it read before it came here (None: unknown)."""
+        ``before``: bytes of it read and written before it came here (None: unknown)."""
         copy = sock.dup()
         try:
-            await self.loop.connect_accepted_socket(lambda: Connection(self, sock, prefix, shared, read_before),
-                                                    copy)
+            await self.loop.connect_accepted_socket(lambda: Connection(self, sock, prefix, shared, before), copy)
         except OSError:  # the client went away before its transport was made
             if shared:
                 self.send(pipe.encode(pipe.Gone(sock.fileno())))
@@ -144,7 +144,7 @@ class ConnectionManager:
         """Serve a connection handed over by the supervisor (``prefix``: bytes already read from it)."""
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
-        await self._serve(sock, prefix, False, bytes_read(sock) if self._holds(fd) else None)
+        await self._serve(sock, prefix, False, stream_counts(sock) if self._holds(fd) else None)
 
     def stop_accepting(self) -> None:
         """Accept no more connections (every transport); those open are served on.  A retiring worker does this

@@ -20,15 +20,29 @@ from typing import Any
 
 from recserve.serving.transport.h2grpc import WRITE_HIGH
 from recserve.serving.transport.http1 import Head, HeadError, HeadReader, keep_alive
+from recserve.serving.transport.tcp_counts import StreamCounts
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
 
+NOTHING_YET = StreamCounts(0, 0)  # a connection this worker accepted: nothing read or written before it
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
 PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
-HELD = -1  # a connection's shared state while a request of it is read and unanswered; idle: its bytes read so far
-READ_UNKNOWN = 2**63 - 1  # idle, its bytes read unknown (the kernel did not say when this worker took it)
+# A connection's shared state (``Connection.mark``), read by the supervisor if the worker dies or hangs
+# (``node/watchdog.py``): idle, the bytes of it read so far (>= 0); holding a request, -1 - the bytes written so far.
+READ_UNKNOWN = 2**63 - 1  # idle, bytes read unknown (the kernel did not say when this worker took the connection)
+HELD_WRITTEN_UNKNOWN = -(2**63)  # holding a request, bytes written unknown
+
+
+def held_state(written: int | None) -> int:
+    """The shared state of a connection holding a request, ``written`` bytes of it written so far."""
+    return HELD_WRITTEN_UNKNOWN if written is None else -1 - written
+
+
+def written_at_hold(state: int) -> int | None:
+    """The bytes written when a connection with ``state`` (< 0) was marked holding a request (None: unknown)."""
+    return None if state == HELD_WRITTEN_UNKNOWN else -1 - state
 HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
@@ -82,7 +96,7 @@ class Connection(asyncio.BufferedProtocol):
     """
 
     def __init__(self, manager: Any, sock: socket.socket, prefix: bytes = b"", shared: bool = False,
-                 read_before: int | None = 0) -> None:
+                 before: StreamCounts | None = NOTHING_YET) -> None:
         self.manager = manager  # the worker's ConnectionManager (``worker/connections.py``)
         self.plane = manager.plane  # the WorkerPlane (``worker/plane.py``) its requests go to
         # this process's own descriptor of the connection (its number is the slot the supervisor knows it by): the
@@ -105,9 +119,9 @@ class Connection(asyncio.BufferedProtocol):
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
         self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared states
-        # bytes of the client's stream read before this worker took the connection (None: unknown), and since
-        self.read_before = read_before
-        self.read_here = 0
+        # bytes of the connection read and written before this worker took it (None: unknown), and since
+        self.before = before
+        self.read_here = self.written_here = 0
         self.handed_off = False
         self.leaving = False  # being handed off: no further request is read here
         self._skip = 0  # body bytes still to drop: the request was refused from its JSON header (``_shed_early``)
@@ -154,17 +168,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def mark(self, in_request: bool, unanswered: int = 0) -> None:
         """Publish whether a request of this connection is read (in part or whole) and not yet answered: what the
-        supervisor reads if this process dies (answer it with an error, or pass the idle connection on).  An idle
-        connection publishes how many of its bytes had been read by then (less ``unanswered`` ones that leave
-        with it), so that a request read after it and not yet marked is seen too (``node/watchdog.py``)."""
+        supervisor reads if this process dies (answer it with an error, or pass the idle connection on).  With it
+        go the bytes written by then (holding a request) or read by then (idle, less ``unanswered`` ones that leave
+        with it), so that the supervisor also sees a request read, or an answer written, after the last mark
+        (``node/watchdog.py``)."""
         states = self.manager.states
         if 0 <= self.slot < len(states):
+            before = self.before
             if in_request:
-                states[self.slot] = HELD
-            elif self.read_before is None:
-                states[self.slot] = READ_UNKNOWN
+                states[self.slot] = held_state(None if before is None else before.written + self.written_here)
             else:
-                states[self.slot] = self.read_before + self.read_here - unanswered
+                states[self.slot] = READ_UNKNOWN if before is None else before.read + self.read_here - unanswered
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
@@ -240,7 +254,8 @@ class Connection(asyncio.BufferedProtocol):
             body, self._body = self._body, None
         elif len(self.buf) < self._needed:
             if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.mark(True)  # what it wrote is no answer
             if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers,
                                                                                      head.version):
                 self._start_body(head_end, headers.get("inference-header-content-length", ""))
@@ -325,7 +340,7 @@ class Connection(asyncio.BufferedProtocol):
         self.plane.refused(exc.code)
         if self.transport is None or self.closed:
             return
-        self.transport.write(error_response(exc, close=True))
+        self._send(error_response(exc, close=True))
         if self._paused:  # read again, only to drop what follows
             self._paused = 0
             self.transport.resume_reading()
@@ -347,10 +362,14 @@ class Connection(asyncio.BufferedProtocol):
         last one was answered)."""
         return 0.0 if self.busy or self.closed or self._receiving() else now - self.arrived
 
+    def _send(self, data: bytes) -> None:
+        self.transport.write(data)  # type: ignore[union-attr]
+        self.written_here += len(data)
+
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
             return
-        self.transport.write(data)
+        self._send(data)
         if close:
             self.transport.close()
             self.closed = True
@@ -366,4 +385,6 @@ class Connection(asyncio.BufferedProtocol):
             self.mark(False)
             if self.manager.maybe_move(self):
                 return
+        else:
+            self.mark(True)  # the next request, pipelined: held with what is written now
         self.manager.loop.call_soon(self._advance)
