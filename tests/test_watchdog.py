@@ -149,3 +149,57 @@ def test_unknown_counts_fall_back_to_the_mark_alone(pair):
     worker.sendall(ANSWER)
     assert verdict(worker, READ_UNKNOWN) == IDLE
     assert verdict(worker, HELD_WRITTEN_UNKNOWN) == HELD
+
+
+def test_a_connection_in_transit_is_held_until_registered_and_moves_on_if_its_worker_dies(pair):
+    """A connection moved between workers is in the supervisor's hands only until it posts it: kept as a copy
+    (``hold_in_transit``) until the new worker registers it, it survives that worker dying first."""
+    from types import SimpleNamespace
+
+    from recserve.serving.node.watchdog import hold_in_transit, registered
+    from recserve.serving.node.worker_watch import WorkerWatch
+
+    client, worker = pair
+    moved: list[tuple[int, bytes, str]] = []
+    front = SimpleNamespace(on_handoff=lambda fd, prefix, name: moved.append((fd, prefix, name)))
+    watch = WorkerWatch(SimpleNamespace(name="m", hang_timeout_s=10.0), None, {}, front)
+    dead = SimpleNamespace(conns={}, incoming={}, retiring=False, pid=1)
+    hold_in_transit(dead.incoming, worker.fileno(), b"GET")
+    worker.close()  # the caller's descriptor: posted, closed (the copy in the pipe is the worker's)
+    watch.rescue(SimpleNamespace(stopping=False), dead, -9)
+    assert not dead.incoming and len(moved) == 1 and moved[0][1:] == (b"GET", "m")
+    with socket.socket(fileno=moved[0][0]) as kept:  # the connection is still open: the next worker gets it
+        client.sendall(b"x")
+        assert kept.recv(1) == b"x"
+
+    second = socket.socket(fileno=os.dup(client.fileno()))
+    try:
+        incoming: dict = {}
+        hold_in_transit(incoming, second.fileno(), b"")
+        registered(incoming, os.dup(second.fileno()))  # the worker's own copy, sent back with its ``Conn``
+        assert incoming == {}
+    finally:
+        second.close()
+
+
+def test_in_transit_copies_are_closed_when_the_node_stops_or_a_live_worker_kept_them_long(pair):
+    from types import SimpleNamespace
+
+    from recserve.serving.node.watchdog import expire_in_transit, hold_in_transit
+    from recserve.serving.node.worker_watch import WorkerWatch
+
+    client, worker = pair
+    watch = WorkerWatch(SimpleNamespace(name="m", hang_timeout_s=10.0), None, {},
+                        SimpleNamespace(on_handoff=lambda *a: pytest.fail("moved while stopping")))
+    dead = SimpleNamespace(conns={}, incoming={}, retiring=False, pid=1)
+    hold_in_transit(dead.incoming, worker.fileno(), b"")
+    ours = next(iter(dead.incoming.values()))[0]
+    watch.rescue(SimpleNamespace(stopping=True), dead, 0)
+    with pytest.raises(OSError):
+        os.fstat(ours)  # closed
+    incoming: dict = {}
+    hold_in_transit(incoming, worker.fileno(), b"")
+    expire_in_transit(incoming, 60.0)
+    assert len(incoming) == 1
+    expire_in_transit(incoming, 0.0)
+    assert incoming == {}

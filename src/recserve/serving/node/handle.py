@@ -75,6 +75,8 @@ class WorkerHandle:
     last_beat: float = 0.0  # data plane v2: monotonic time of the worker's last heartbeat
     config_seq: int = 0  # v2: the last live settings change (``pipe.Config.seq``) it has applied
     conns: dict[int, int] = field(default_factory=dict)  # v2: the worker's connection descriptors -> ours
+    # v2: connections posted to it and not yet registered (``watchdog.hold_in_transit``): inode -> (ours, read, when)
+    incoming: dict[int, tuple[int, bytes, float]] = field(default_factory=dict)
     slot: int = -1  # v2: its index in the model's shared load array
     outbox: Outbox | None = None
     states: np.ndarray | None = None  # v2: shared, one slot per worker descriptor (``Connection.mark``)

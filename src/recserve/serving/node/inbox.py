@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from recserve.serving.node.handle import WorkerHandle
-from recserve.serving.node.watchdog import release
+from recserve.serving.node.watchdog import registered, release
 from recserve.serving.wire import pipe
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class PipeInbox:
 
             release(handle.conns, msg.fd)
             handle.conns[msg.fd] = recv_handle(handle.conn)
+            registered(handle.incoming, handle.conns[msg.fd])
         elif isinstance(msg, pipe.Gone):
             release(handle.conns, msg.fd)
         elif isinstance(msg, pipe.Handoff):

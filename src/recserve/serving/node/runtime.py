@@ -26,6 +26,7 @@ from recserve.serving.node.live_settings import LiveSettings
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.pool import WorkerPool
+from recserve.serving.node.watchdog import hold_in_transit
 from recserve.serving.node.worker_watch import WorkerWatch
 from recserve.serving.wire import json_numbers, pipe
 from recserve.serving.wire.errors import InferError
@@ -192,6 +193,7 @@ class ModelRuntime:
         self._next_adopter = (self._next_adopter + 1) % len(workers)
         worker = workers[self._next_adopter]
         worker.outbox.post(pipe.encode(pipe.Adopt(prefix)), fd)  # type: ignore[union-attr]
+        hold_in_transit(worker.incoming, fd, prefix)
         return True
 
     def _broadcast(self, msg: Any) -> None:

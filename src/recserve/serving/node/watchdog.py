@@ -15,6 +15,8 @@ When the worker is gone:
   a request the worker never started reading is served there.
 - a connection whose answer the worker had begun to write is only shut down: an error written after it would be
   read as the answer to the client's next request.
+- a connection posted to the worker and not yet registered by it (a move between workers) moves on too: the
+  supervisor keeps a copy of it until the worker registers it (``hold_in_transit``).
 
 A hung worker is still alive and may wake: its held connections are shut down as they are answered (it can no
 longer write into them), a request it has not read yet is answered too (consumed, so that closing the socket
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 import numpy as np
 
@@ -105,6 +108,31 @@ def answer_held(conns: dict[int, int], states: np.ndarray, response: bytes, unre
         finally:
             sock.close()
     return answered
+
+
+def hold_in_transit(incoming: dict[int, tuple[int, bytes, float]], fd: int, prefix: bytes) -> None:
+    """Keep a copy of connection ``fd`` (read of it: ``prefix``) posted to a worker, until the worker registers it
+    (``registered``): a worker that dies with the connection still in its pipe or not yet registered would close
+    it with no answer, so its exit moves it on instead (``WorkerWatch.rescue``).  Keyed by the socket's inode,
+    which every descriptor of it shares."""
+    incoming[os.fstat(fd).st_ino] = (os.dup(fd), prefix, time.monotonic())
+
+
+def registered(incoming: dict[int, tuple[int, bytes, float]], ours: int) -> None:
+    """The worker registered a connection (``ours``: the copy it sent): its in-transit copy goes."""
+    entry = incoming.pop(os.fstat(ours).st_ino, None)
+    if entry is not None:
+        os.close(entry[0])
+
+
+def expire_in_transit(incoming: dict[int, tuple[int, bytes, float]], older_than_s: float) -> None:
+    """Drop in-transit copies a live worker has had this long: it took the connection without registering it
+    (a descriptor past ``CONN_SLOTS``) or closed it."""
+    now = time.monotonic()
+    for key, (ours, _, posted) in list(incoming.items()):
+        if now - posted > older_than_s:
+            os.close(ours)
+            del incoming[key]
 
 
 def release(conns: dict[int, int], theirs: int) -> None:

@@ -8,11 +8,12 @@ holds the descriptors and the one shared slot per connection that says a request
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
 from recserve.serving.node.handle import WorkerHandle
-from recserve.serving.node.watchdog import answer_held, release
+from recserve.serving.node.watchdog import answer_held, expire_in_transit, release
 from recserve.serving.wire.errors import InferError
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class WorkerWatch:
         for w in list(self.pools["model"].workers):
             if w.working and not w.retiring and w.last_beat and now - w.last_beat > self.hang_timeout_s:
                 self._replace_hung(w, now - w.last_beat)
+            elif w.incoming and w.last_beat and now - w.last_beat < self.hang_timeout_s:
+                expire_in_transit(w.incoming, self.hang_timeout_s)  # beating all along: it has read its pipe
         accel = self.pools.get("accel")
         for w in list(accel.workers) if accel is not None else []:
             if not w.hung and not w.retiring and w.last_beat and now - w.last_beat > self.hang_timeout_s:
@@ -94,10 +97,18 @@ class WorkerWatch:
         return answered
 
     def rescue(self, pool: WorkerPool, handle: WorkerHandle, code: int | None) -> None:
-        """A v2 worker exited: its held queries get an explicit error, its idle connections another worker."""
+        """A v2 worker exited: its held queries get an explicit error, its idle connections and those still in
+        transit to it another worker."""
+        on_handoff = self.front.on_handoff
+        in_transit = list(handle.incoming.values())
+        handle.incoming.clear()
+        for ours, prefix, _ in in_transit:  # never registered: it read nothing of them
+            if pool.stopping or on_handoff is None:
+                os.close(ours)
+            else:
+                on_handoff(ours, prefix, self.name)
         if not handle.conns:
             return
-        on_handoff = self.front.on_handoff
         if handle.retiring or pool.stopping or on_handoff is None:
             for theirs in list(handle.conns):
                 release(handle.conns, theirs)
@@ -110,4 +121,4 @@ class WorkerWatch:
             on_handoff(ours, b"", self.name)  # routed to a live worker (or served here); takes the descriptor
         handle.conns.clear()
         log.warning("model %s: worker pid %s died: %d held queries answered with an error, %d idle connections "
-                    "moved on", self.name, handle.pid, answered, moved)
+                    "moved on, %d in transit to it moved on", self.name, handle.pid, answered, moved, len(in_transit))
