@@ -1,7 +1,7 @@
 """The supervisor's view of a dead worker's connections (``node/watchdog.py``) on real loopback TCP sockets.
 
 A worker publishes a connection's state with its bytes read or written only at its marks; one killed between a
-read or a write and its next mark left a stale slot.  The kernel's own counts of bytes read and written tell."""
+read or a write and its next mark left a stale row.  The kernel's own counts of bytes read and written tell."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from recserve.serving.node.watchdog import ANSWERED, HELD, IDLE, answer_held, verdict
+from recserve.serving.node.watchdog import CUT, HELD, IDLE, answer_held, verdict
 from recserve.serving.transport.tcp_counts import stream_counts
 from recserve.serving.worker.http_connection import HELD_WRITTEN_UNKNOWN, READ_UNKNOWN, held_state
 
@@ -52,11 +52,11 @@ def request_read(client: socket.socket, worker: socket.socket) -> None:
     assert worker.recv(65536) == REQUEST  # the (dead) worker's read
 
 
-def after_death(worker: socket.socket, state: int) -> tuple[int, dict[int, int]]:
+def after_death(worker: socket.socket, state: int, answer_end: int = 0) -> tuple[int, dict[int, int]]:
     """What ``answer_held`` does to the connection once its worker is gone: (answered, descriptors left)."""
     conns = {worker.fileno(): os.dup(worker.fileno())}
-    states = np.zeros(4096, np.int64)
-    states[worker.fileno()] = state
+    states = np.zeros((4096, 2), np.int64)
+    states[worker.fileno()] = state, answer_end
     answered = answer_held(conns, states, ERROR, unread_too=False)
     for ours in conns.values():
         os.close(ours)
@@ -97,7 +97,7 @@ def test_a_request_read_but_not_yet_marked_is_answered_not_moved(pair):
     """The worker read the request, then died before its mark: the slot says idle, nothing read."""
     client, worker = pair
     request_read(client, worker)
-    assert verdict(worker, 0) == HELD
+    assert verdict(worker, 0, 0) == HELD
     answered, left = after_death(worker, 0)
     assert answered == 1 and not left
     assert rest_of(client) == ERROR
@@ -107,7 +107,7 @@ def test_an_idle_connection_whose_requests_were_answered_moves_on(pair):
     client, worker = pair
     request_read(client, worker)
     worker.sendall(ANSWER)
-    assert verdict(worker, len(REQUEST)) == IDLE  # published when it went idle
+    assert verdict(worker, len(REQUEST), 0) == IDLE  # published when it went idle
     answered, left = after_death(worker, len(REQUEST))
     assert answered == 0 and list(left) == [worker.fileno()]
 
@@ -125,30 +125,45 @@ def test_a_request_nobody_read_moves_with_its_connection(pair):
 def test_a_held_request_whose_answer_is_unwritten_gets_the_error(pair):
     client, worker = pair
     request_read(client, worker)
-    assert verdict(worker, held_state(0)) == HELD
+    assert verdict(worker, held_state(0), 0) == HELD
     answered, left = after_death(worker, held_state(0))
     assert answered == 1 and not left
     assert rest_of(client) == ERROR
 
 
-def test_an_answer_written_before_the_idle_mark_is_not_followed_by_an_error(pair):
-    """The worker wrote its answer and died before marking the connection idle: the client reads the answer and
-    the close, not an error that its next request would take for its own answer."""
+def test_an_answer_cut_off_by_the_workers_death_is_not_followed_by_an_error(pair):
+    """The worker had written part of its answer (the end it published is further): the client reads what came
+    and the close, not an error that its next request would take for its own answer."""
+    client, worker = pair
+    request_read(client, worker)
+    worker.sendall(ANSWER[:20])
+    assert verdict(worker, held_state(0), len(ANSWER)) == CUT
+    assert verdict(worker, held_state(0), 0) == CUT  # no end claimed (bytes read ahead): cut too
+    answered, left = after_death(worker, held_state(0), len(ANSWER))
+    assert answered == 0 and not left
+    assert rest_of(client) == ANSWER[:20]
+
+
+def test_an_answer_written_whole_before_the_idle_mark_leaves_the_connection_idle(pair):
+    """The worker wrote its whole answer and died before marking the connection idle; the client has already
+    sent its next request: that request is unread, so the connection moves on with it."""
     client, worker = pair
     request_read(client, worker)
     worker.sendall(ANSWER)
-    assert verdict(worker, held_state(0)) == ANSWERED
-    answered, left = after_death(worker, held_state(0))
-    assert answered == 0 and not left
-    assert rest_of(client) == ANSWER
+    client.sendall(REQUEST)
+    arrived(worker, len(REQUEST))
+    assert verdict(worker, held_state(0), len(ANSWER)) == IDLE
+    answered, left = after_death(worker, held_state(0), len(ANSWER))
+    assert answered == 0 and list(left) == [worker.fileno()]
+    assert worker.recv(65536) == REQUEST  # for the next worker
 
 
 def test_unknown_counts_fall_back_to_the_mark_alone(pair):
     client, worker = pair
     request_read(client, worker)
     worker.sendall(ANSWER)
-    assert verdict(worker, READ_UNKNOWN) == IDLE
-    assert verdict(worker, HELD_WRITTEN_UNKNOWN) == HELD
+    assert verdict(worker, READ_UNKNOWN, 0) == IDLE
+    assert verdict(worker, HELD_WRITTEN_UNKNOWN, 0) == HELD
 
 
 def test_a_connection_in_transit_is_held_until_registered_and_moves_on_if_its_worker_dies(pair):

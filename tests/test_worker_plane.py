@@ -964,7 +964,7 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
-    states = np.full(4096, -1, np.int64)  # stale: earlier connections on the same descriptors held requests
+    states = np.full((4096, 2), -1, np.int64)  # stale: earlier connections on the same descriptors held requests
     client = socket.create_connection(listener.getsockname())
     try:
         plane = WorkerPlane(loop, "m", object(), lambda msg: events.append(msg),
@@ -975,7 +975,7 @@ def test_a_worker_gives_the_supervisor_a_connections_descriptor_at_accept_before
         shares = [e for e in events if e[0] == "share"]
         assert len(shares) == 1 and shares[0][2] == 0  # shared before any Connection existed
         fd = shares[0][1]
-        assert states[fd] == 0 and plane.connections.connecting == 1
+        assert states[fd, 0] == 0 and plane.connections.connecting == 1
         plane.retire()
         assert not plane.exit_event.is_set()
         loop.run_until_complete(asyncio.sleep(EXIT_SETTLE_S * 4))
@@ -1002,7 +1002,7 @@ def test_a_connection_publishes_what_it_read_when_idle_and_wrote_when_it_holds_a
     listener.listen(1)
     client = socket.create_connection(listener.getsockname())
     ours, _ = listener.accept()
-    states = np.full(4096, held_state(0), np.int64)  # stale: an earlier connection on the descriptor held a request
+    states = np.full((4096, 2), held_state(0), np.int64)  # stale: an earlier connection on the descriptor
     handed: list[tuple[int, bytes]] = []
     try:
         client.sendall(b"0123456789")
@@ -1017,17 +1017,21 @@ def test_a_connection_publishes_what_it_read_when_idle_and_wrote_when_it_holds_a
         fd = os.dup(ours.fileno())
         loop.run_until_complete(plane.connections.adopt(fd, b""))
         loop.run_until_complete(asyncio.sleep(0.05))
-        assert states[fd] == 10  # idle: ten bytes read, by whoever
+        assert list(states[fd]) == [10, 0]  # idle: ten bytes read, by whoever; no answer being written
         head = b"POST /v2/models/m/infer HTTP/1.1\r\n"  # a head still arriving
         client.sendall(head)
         deadline = time.monotonic() + 5
-        while states[fd] != held_state(3) and time.monotonic() < deadline:
+        while states[fd, 0] != held_state(3) and time.monotonic() < deadline:
             loop.run_until_complete(asyncio.sleep(0.005))
-        assert states[fd] == held_state(3)  # holding a request, three bytes written so far
+        assert states[fd, 0] == held_state(3)  # holding a request, three bytes written so far
         (conn,) = plane.connections.open
         assert conn.read_here == len(head)
+        conn.buf.clear()  # as if the request were read whole and answered: its answer's end is published first
+        conn.write(b"HTTP/1.1 200 OK\r\n")
+        assert states[fd, 1] == 3 + 17
+        conn.buf += head
         plane.connections.hand_off(conn)  # the partial head leaves with the connection
-        assert handed and handed[0][1] == head and states[fd] == 10
+        assert handed and handed[0][1] == head and states[fd, 0] == 10
     finally:
         client.close()
         ours.close()

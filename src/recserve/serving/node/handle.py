@@ -79,7 +79,7 @@ class WorkerHandle:
     incoming: dict[int, tuple[int, bytes, float]] = field(default_factory=dict)
     slot: int = -1  # v2: its index in the model's shared load array
     outbox: Outbox | None = None
-    states: np.ndarray | None = None  # v2: shared, one slot per worker descriptor (``Connection.mark``)
+    states: np.ndarray | None = None  # v2: shared, one row per worker descriptor (``Connection.mark``)
     hung: bool = False
     accel_socket: str = ""  # an accelerator worker's Unix socket (serving/worker/accel.py)
 

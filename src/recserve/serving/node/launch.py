@@ -109,7 +109,7 @@ class WorkerLauncher:
         args = WorkerArgs(wid, stage, list(cores), threads, self.cfg, split, self.io_uring_verdict)
         states = None
         if self.front.in_workers and stage == "model":
-            states = torch.zeros(CONN_SLOTS, dtype=torch.int64).share_memory_()  # ``Connection.mark``
+            states = torch.zeros((CONN_SLOTS, 2), dtype=torch.int64).share_memory_()  # ``Connection.mark``
             await self._front_end_args(args)
         if stage == "accel" and self.accel is not None:
             args.accel_socket, args.info = self.accel.claim_socket(), self.info

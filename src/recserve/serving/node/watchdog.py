@@ -3,18 +3,19 @@
 With data plane v2 a worker owns its clients' connections, so when it dies (a crash, the OOM killer) or stops
 (SIGSTOP, a deadlock) nobody else could answer them, and its kernel descriptors would close with it.  So the
 supervisor holds its own descriptor of every connection a worker serves (sent by SCM_RIGHTS when the worker
-takes the connection, dropped when the worker lets it go), and the worker keeps one shared slot per descriptor
+takes the connection, dropped when the worker lets it go), and the worker keeps one shared row per descriptor
 saying whether a request of that connection is read and not yet answered, with the bytes written by then (else the
-bytes read by then: ``http_connection.Connection.mark``).  A worker can die between a read or a write and its next
-mark, so the supervisor compares the slot with the kernel's counts (``transport/tcp_counts.py``, ``verdict``).
+bytes read by then), and where the answer it writes ends (``http_connection.Connection.mark``).  A worker can die
+between a read or a write and its next mark, so the supervisor compares the row with the kernel's counts
+(``transport/tcp_counts.py``, ``verdict``).
 When the worker is gone:
 
 - a connection holding a query is answered with an error naming the worker (500 if it died, 504 if it hung)
   and closed: only the worker's own queries are lost, each with an explicit error;
 - an idle keep-alive connection moves to another worker (or the supervisor), so its client sees nothing, and
   a request the worker never started reading is served there.
-- a connection whose answer the worker had begun to write is only shut down: an error written after it would be
-  read as the answer to the client's next request.
+- a connection whose answer the worker had begun to write is only shut down (an error written after it would be
+  read as the answer to the client's next request), unless the answer was written whole: then it is idle.
 - a connection posted to the worker and not yet registered by it (a move between workers) moves on too: the
   supervisor keeps a copy of it until the worker registers it (``hold_in_transit``).
 
@@ -54,22 +55,26 @@ def _read_unread(sock: socket.socket) -> bool:
         got = True
 
 
-IDLE, HELD, ANSWERED = "idle", "held", "answered"
+IDLE, HELD, CUT = "idle", "held", "cut"
 
 
-def verdict(sock: socket.socket, state: int) -> str:
-    """What a gone worker left on a connection whose shared state is ``state`` (``Connection.mark``):
+def verdict(sock: socket.socket, mark: int, answer_end: int) -> str:
+    """What a gone worker left on a connection whose shared state is ``mark``, ``answer_end``
+    (``Connection.mark``, ``Connection._publish_answer_end``):
 
-    - ``HELD``: a request read and unanswered: marked so, or idle but the kernel says more was read since (the
-      worker died between a read and its mark);
-    - ``ANSWERED``: marked holding a request, but more was written since its mark: the worker wrote (some of) its
-      answer and died before marking the connection idle, so no error may follow it on the connection;
-    - ``IDLE``: nothing read past the last answer (a request sent and not read yet stays for the next worker)."""
+    - ``HELD``: a request read and unanswered: marked so with nothing written since, or idle but the kernel says
+      more was read since (the worker died between a read and its mark);
+    - ``CUT``: marked holding a request and more written since, but not exactly the answer's end: an answer cut
+      off (or one whose read-ahead died with the worker): no error may follow it, the connection is only shut;
+    - ``IDLE``: nothing read past the last answer, or the answer given whole to the socket before the worker could
+      mark the connection idle (a request sent after it is unread: it stays for the next worker)."""
     counts = stream_counts(sock)
-    if state >= 0:
-        return HELD if counts is not None and counts.read > state else IDLE
-    written = written_at_hold(state)
-    return ANSWERED if counts is not None and written is not None and counts.written > written else HELD
+    if mark >= 0:
+        return HELD if counts is not None and counts.read > mark else IDLE
+    written = written_at_hold(mark)
+    if counts is None or written is None or counts.written <= written:
+        return HELD
+    return IDLE if counts.written == answer_end else CUT
 
 
 def _shut(sock: socket.socket) -> None:
@@ -82,14 +87,14 @@ def _shut(sock: socket.socket) -> None:
 def answer_held(conns: dict[int, int], states: np.ndarray, response: bytes, unread_too: bool) -> int:
     """Answer ``response`` on each connection (``conns``: the worker's descriptor -> ours) holding a request
     (``verdict``; or, with ``unread_too``, that has an unread request waiting), shut it down and close our
-    descriptor; one the worker answered itself is only shut down and closed.  Those leave ``conns``; the idle rest
+    descriptor; one whose answer the worker cut off is only shut down and closed.  Those leave ``conns``; the idle rest
     stay.  Returns how many were answered here."""
     answered = 0
     for theirs, ours in list(conns.items()):
         sock = socket.socket(fileno=os.dup(ours))
         try:
-            found = verdict(sock, int(states[theirs])) if 0 <= theirs < len(states) else IDLE
-            if found == ANSWERED:
+            found = verdict(sock, *map(int, states[theirs])) if 0 <= theirs < len(states) else IDLE
+            if found == CUT:
                 _shut(sock)
                 os.close(conns.pop(theirs))
                 continue

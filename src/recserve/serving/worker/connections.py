@@ -40,8 +40,8 @@ class ConnectionManager:
     """The worker's listening socket and HTTP/1.1 connections (``Connection``), for its ``WorkerPlane``.
 
     ``hand_off(fd, prefix, to_slot)`` gives a connection to the supervisor; ``share(fd)`` gives it a copy of a
-    connection's descriptor; ``states`` holds one shared slot per descriptor (``Connection.mark``), ``loads`` one
-    per sibling.
+    connection's descriptor; ``states`` holds one shared row per descriptor (``Connection.mark``), ``loads`` one
+    slot per sibling.
     """
 
     def __init__(self, plane: Any, send: Callable[[Any], None], hand_off: Callable[..., None],
@@ -52,7 +52,7 @@ class ConnectionManager:
         self.send = send
         self._hand_off = hand_off
         self._share = share  # gives the supervisor its own descriptor of a connection (``opened``)
-        self.states = states if states is not None else np.zeros(0, np.int64)  # shared: one slot per descriptor
+        self.states = states if states is not None else np.zeros((0, 2), np.int64)  # shared: one row per descriptor
         # shared with the model's other workers: queries each holds (-1 = no worker in that slot); see ``maybe_move``
         self.loads = loads if loads is not None and 0 <= slot < len(loads) else None
         self.slot = slot
@@ -98,7 +98,7 @@ class ConnectionManager:
             sock.setblocking(False)
             early = self._holds(sock.fileno())
             if early:
-                self.states[sock.fileno()] = 0  # idle, nothing read
+                self.states[sock.fileno()] = 0  # idle, nothing read, no answer being written
                 self._share(sock.fileno())  # type: ignore[misc]
             self.connecting += 1
             self.loop.create_task(self._connect(sock, early))

@@ -30,7 +30,10 @@ RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio
 PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
 PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
 # A connection's shared state (``Connection.mark``), read by the supervisor if the worker dies or hangs
-# (``node/watchdog.py``): idle, the bytes of it read so far (>= 0); holding a request, -1 - the bytes written so far.
+# (``node/watchdog.py``), two words: [MARK] idle, the bytes of it read so far (>= 0); holding a request, -1 - the
+# bytes written so far.  [ANSWER_END] the bytes written once the answer being written is all given to the socket
+# (0: none is, or the worker read past the request it answers: a clean end cannot be claimed).
+MARK, ANSWER_END = 0, 1
 READ_UNKNOWN = 2**63 - 1  # idle, bytes read unknown (the kernel did not say when this worker took the connection)
 HELD_WRITTEN_UNKNOWN = -(2**63)  # holding a request, bytes written unknown
 
@@ -131,7 +134,8 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
         self.manager.open.add(self)
-        self.mark(bool(self.buf))  # before the supervisor takes its copy: the slot may hold an earlier connection's
+        self._publish_answer_end(-1)  # none: the row may hold an earlier connection's (as may its mark)
+        self.mark(bool(self.buf))  # before the supervisor takes its copy
         self.manager.opened(self)
         self.arrived = time.perf_counter()  # of its first request, or since when it is idle
         if self.buf:
@@ -176,9 +180,9 @@ class Connection(asyncio.BufferedProtocol):
         if 0 <= self.slot < len(states):
             before = self.before
             if in_request:
-                states[self.slot] = held_state(None if before is None else before.written + self.written_here)
+                states[self.slot, MARK] = held_state(None if before is None else before.written + self.written_here)
             else:
-                states[self.slot] = READ_UNKNOWN if before is None else before.read + self.read_here - unanswered
+                states[self.slot, MARK] = READ_UNKNOWN if before is None else before.read + self.read_here - unanswered
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
@@ -366,9 +370,19 @@ class Connection(asyncio.BufferedProtocol):
         self.transport.write(data)  # type: ignore[union-attr]
         self.written_here += len(data)
 
+    def _publish_answer_end(self, length: int) -> None:
+        """Before an answer of ``length`` bytes is written: the written count at its end, so that the supervisor can
+        tell an answer given whole to the socket from one cut off by this worker's death (none claimed with bytes
+        read ahead, or with ``length`` -1)."""
+        states = self.manager.states
+        if 0 <= self.slot < len(states):
+            clean = length >= 0 and self.before is not None and not self.buf
+            states[self.slot, ANSWER_END] = self.before.written + self.written_here + length if clean else 0
+
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
             return
+        self._publish_answer_end(len(data))
         self._send(data)
         if close:
             self.transport.close()
