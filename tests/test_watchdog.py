@@ -218,3 +218,35 @@ def test_in_transit_copies_are_closed_when_the_node_stops_or_a_live_worker_kept_
     assert len(incoming) == 1
     expire_in_transit(incoming, 0.0)
     assert incoming == {}
+
+
+def test_a_hand_off_drops_the_supervisors_copy_only_once_the_descriptor_has_come(pair):
+    """A worker handing a connection over sends one message, then the descriptor: its copy in the supervisor goes
+    when the descriptor is in, so a worker that dies between the two leaves the copy there to be moved on."""
+    import multiprocessing
+    from multiprocessing.reduction import send_handle
+    from types import SimpleNamespace
+
+    from recserve.serving.node.inbox import PipeInbox
+    from recserve.serving.wire import pipe
+
+    client, worker = pair
+    routed: list[int] = []
+    front = SimpleNamespace(on_handoff=lambda fd, prefix, model: routed.append(fd))
+    inbox = PipeInbox("m", None, front, None, lambda fd, prefix, to_slot: False)
+    for dies_first in (True, False):
+        ours, theirs = multiprocessing.Pipe()
+        handle = SimpleNamespace(conn=ours, conns={7: os.dup(worker.fileno())})
+        if dies_first:
+            theirs.close()  # the message came, the descriptor never will
+            with pytest.raises(EOFError):
+                inbox._handoff(handle, pipe.Handoff(b"", "m", None, 7))
+            assert 7 in handle.conns and not routed  # still held: the worker's exit moves it on
+            os.close(handle.conns.pop(7))
+        else:
+            send_handle(theirs, worker.fileno(), os.getpid())
+            inbox._handoff(handle, pipe.Handoff(b"", "m", None, 7))
+            assert handle.conns == {} and len(routed) == 1
+            os.close(routed[0])
+            theirs.close()
+        ours.close()

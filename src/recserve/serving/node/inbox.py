@@ -72,6 +72,8 @@ class PipeInbox:
         from multiprocessing.reduction import recv_handle
 
         fd = recv_handle(handle.conn)
+        if msg.fd >= 0:  # its copy goes only now: had the worker died before sending the descriptor, it would stay
+            release(handle.conns, msg.fd)
         # moved to the idle sibling it named, with whatever was read of it (none today: only idle connections
         # move; a future move of a partly read request must not lose its bytes)
         if msg.to_slot is not None and self.adopt(fd, msg.prefix, msg.to_slot):

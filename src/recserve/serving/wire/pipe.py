@@ -64,12 +64,14 @@ class Gone(NamedTuple):
 
 class Handoff(NamedTuple):
     """A connection the worker does not serve (its descriptor follows), with the bytes read of it; to the idle
-    sibling in load slot ``to_slot`` if one is named, else to the node's router."""
+    sibling in load slot ``to_slot`` if one is named, else to the node's router.  ``fd``: the worker's number for
+    it where the supervisor holds a copy (``Conn``), which it drops once the descriptor has come (-1: none)."""
 
     TAG = "handoff"
     prefix: bytes
     model: str
     to_slot: int | None = None
+    fd: int = -1
 
 
 # ------------------------------------------------------------------ supervisor -> worker

@@ -240,10 +240,8 @@ class ConnectionManager:
         transport.abort()  # closes the transport's duplicate; the connection's own descriptor keeps it open
         self.open.discard(conn)
         conn.mark(False, unanswered=len(prefix))
-        if self._shared(conn):
-            self.send(pipe.encode(pipe.Gone(conn.slot)))  # before the hand-off: the supervisor drops its descriptor
-        try:
-            self._hand_off(conn.sock.fileno(), prefix, to_slot)
+        try:  # the supervisor drops its copy once it has this one: a death in between loses nothing
+            self._hand_off(conn.sock.fileno(), prefix, to_slot, self._shared(conn))
         finally:
             conn.sock.close()
 

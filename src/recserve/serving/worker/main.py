@@ -273,8 +273,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
         except (BrokenPipeError, OSError):
             plane.exit_event.set()
 
-    def hand_off(fd: int, prefix: bytes, to_slot: int | None = None) -> None:
-        send(pipe.encode(pipe.Handoff(prefix, args.model_config.name, to_slot)))
+    def hand_off(fd: int, prefix: bytes, to_slot: int | None = None, shared: bool = False) -> None:
+        send(pipe.encode(pipe.Handoff(prefix, args.model_config.name, to_slot, fd if shared else -1)))
         send_handle(conn, fd, server_pid)
 
     def share(fd: int) -> None:
