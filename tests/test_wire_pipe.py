@@ -15,7 +15,7 @@ from recserve.serving.wire import pipe
     (pipe.Beat(0.25), ("beat", 0.25)),
     (pipe.Conn(7), ("conn", 7)),
     (pipe.Gone(7), ("gone", 7)),
-    (pipe.Handoff(b"GET", "m", 3), ("handoff", b"GET", "m", 3)),
+    (pipe.Handoff(b"GET", "m", 3, 9), ("handoff", b"GET", "m", 3, 9)),
     (pipe.Adopt(b""), ("adopt", b"")),
     (pipe.Config({"sub_batch": 4}, 3), ("config", {"sub_batch": 4}, 3)),
     (pipe.Applied(3), ("applied", 3)),
@@ -32,6 +32,7 @@ def test_a_message_crosses_the_pipe_as_the_tuple_it_always_was(message, raw):
 def test_optional_fields_and_untagged_items():
     assert pipe.decode(("beat",)) == pipe.Beat(0.0)  # a beat without the age of a pass in flight
     assert pipe.decode(("handoff", b"", "m", None)).to_slot is None
+    assert pipe.decode(("handoff", b"", "m", None)).fd == -1  # the supervisor holds no copy of it
     assert pipe.decode(("config", {"sub_batch": 4})).seq == 0  # a change nobody waits for
     assert pipe.tagged(("gone", 3)) and not pipe.tagged((17, True, [1.0], 0.001))  # a stage worker's reply
     with pytest.raises(KeyError):

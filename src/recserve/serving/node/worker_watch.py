@@ -3,7 +3,7 @@
 A v2 worker silent for ``hang_timeout_s`` (no heartbeat), or any worker ``hang_timeout_s`` on one part of a query
 the supervisor dispatched, is hung: what it holds is answered 504 and it is killed; its pool restarts it.  A worker
 that died: the queries it held are answered 500, its idle connections go to another worker (``node/watchdog.py``
-holds the descriptors and the one shared slot per connection that says a request is unanswered)."""
+holds the descriptors and the one shared row per connection that says whether a request is unanswered)."""
 
 from __future__ import annotations
 

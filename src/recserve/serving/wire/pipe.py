@@ -48,7 +48,7 @@ class Beat(NamedTuple):
 
 
 class Conn(NamedTuple):
-    """A connection the worker serves (its descriptor follows): the supervisor holds a copy, and a shared slot per
+    """A connection the worker serves (its descriptor follows): the supervisor holds a copy, and a shared row per
     descriptor says whether a request of it is unanswered, for when the worker dies or hangs."""
 
     TAG = "conn"

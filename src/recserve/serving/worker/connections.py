@@ -2,7 +2,7 @@
 
 - The node's HTTP listening socket is created once by the supervisor and inherited by every such worker; they all
   ``accept`` from its one queue (no SO_REUSEPORT: a worker that retires or dies drops no backlog).
-- The supervisor holds its own descriptor of every connection a worker serves, and a shared slot per connection
+- The supervisor holds its own descriptor of every connection a worker serves, and a shared row per connection
   says whether a request of it is read and unanswered (else how many of its bytes were read by then).  A worker
   that dies costs only its own queries: those connections are answered 500 naming the worker, its idle ones move
   to another worker.  A worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
