@@ -1,14 +1,15 @@
-"""Workers SIGKILLed again and again under keep-alive HTTP clients: does every query get its answer or an explicit
-error, and never a hang, a reset or another query's answer?
+"""Workers SIGKILLed (or SIGSTOPped: ``--stop``) again and again under keep-alive HTTP clients: does every query get
+its answer or an explicit error, and never a hang, a reset or another query's answer?
 
 A dead worker's held queries are answered 500 by the supervisor, its idle connections move to another worker
 (``serving/node/watchdog.py``).  The races sit between a worker's socket read or write and its next mark of the
 connection, microseconds wide: this script kills ``--kills`` times, waits for each restart, and classifies every
-query: ``ok`` (the model's scores), ``died`` (the explicit 500), another error, ``lost`` (a transport failure or a
-client timeout: the query vanished), ``wrong`` (an answer with other scores).  Run it beside CPU hogs to widen the
-races (``python3 -c "while True: pass" &``).
+query: ``ok`` (the model's scores), ``explicit`` (the 500 naming the dead worker, or with ``--stop`` the 504 naming
+the hung one), another error, ``lost`` (a transport failure or a client timeout: the query vanished), ``wrong`` (an
+answer with other scores).  A stopped worker is found hung after ``--hang-timeout-s``, its held queries answered
+504, and it is killed and replaced.  Run it beside CPU hogs to widen the races (``python3 -c "while True: pass" &``).
 
-    .venv/bin/python -m benchmarks.stress_worker_kills --kills 60 --interval-s 0.3
+    .venv/bin/python -m benchmarks.stress_worker_kills --kills 60 --interval-s 0.3 [--stop --hang-timeout-s 1]
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def outcome(client: thttp.InferenceServerClient, batch, expected: np.ndarray) ->
         text = str(exc)
         if "timed out" in text.lower() or "timeout" in text.lower():
             return "lost: client timeout"
-        return "died" if "died" in text else f"error: {text[:120]}"
+        return "explicit" if "died" in text or "stopped responding" in text else f"error: {text[:120]}"
     except Exception as exc:  # noqa: BLE001 - a transport failure: the query is lost
         return f"lost: {type(exc).__name__}: {str(exc)[:100]}"
     return "ok" if np.allclose(got, expected, rtol=1e-5, atol=1e-6) else "wrong"
@@ -72,10 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4, help="keep-alive connections, one query at a time each")
     ap.add_argument("--client-timeout-s", type=float, default=20.0,
                     help="a query unanswered this long counts as lost (the node's deadline is 60 s)")
+    ap.add_argument("--stop", action="store_true", help="SIGSTOP the worker (a hang) instead of SIGKILL")
+    ap.add_argument("--hang-timeout-s", type=float, default=1.0,
+                    help="the model's hang_timeout_s: a worker silent this long is hung (default 1; the node's is 10)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "results" / "stress_worker_kills.json"))
     args = ap.parse_args(argv)
-    config = quick_config(MODEL, scale=SCALE, workers=args.workers, deadline_ms=60_000)
+    config = quick_config(MODEL, scale=SCALE, workers=args.workers, deadline_ms=60_000,
+                          hang_timeout_s=args.hang_timeout_s)
     model = build_worker_model(config.models[0])
     batches = [sample_batch(model, ITEMS, rng=i) for i in range(4)]
     with torch.no_grad():
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.interval_s)
                 state = control.get_model(MODEL)
                 pid = pick.choice([w["pid"] for w in state["stages"]["model"]["worker_detail"]])
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP if args.stop else signal.SIGKILL)
                 killed += 1
                 if not restarted(control, state["worker_restarts"] + 1, args.workers):
                     print(f"kill {k + 1}: the worker did not come back within 120 s", flush=True)
@@ -124,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
                 t.join(timeout=args.client_timeout_s + 30)
     total = sum(outcomes.values())
     bad = sum(n for fate, n in outcomes.items() if fate.startswith(("lost", "wrong", "error")))
-    print(f"{killed} workers killed, {total} queries: " + ", ".join(f"{n} {fate}" for fate, n in
-                                                                     outcomes.most_common()))
+    fates = ", ".join(f"{n} {fate}" for fate, n in outcomes.most_common())
+    print(f"{killed} workers {'stopped' if args.stop else 'killed'}, {total} queries: {fates}")
     headline = [harness.row("workers killed", killed), harness.row("queries", total),
-                harness.row("answered with the explicit error", outcomes["died"]),
+                harness.row("answered with the explicit error", outcomes["explicit"]),
                 harness.row("lost, wrong or other errors", bad, target=0)]
     harness.write_result(Path(args.out), args, headline,
                          {"killed": killed, "queries": total, "outcomes": dict(outcomes), "bad": bad})
