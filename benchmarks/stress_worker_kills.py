@@ -23,9 +23,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
@@ -39,15 +41,23 @@ from recserve.zoo import sample_batch
 MODEL, SCALE, ITEMS = "hercules-rmc1", 1e-3, 32
 
 
-def outcome(client: thttp.InferenceServerClient, batch, expected: np.ndarray) -> str:
+def outcome(client: Any, batch, expected: np.ndarray, timeout_s: float) -> str:
     """One query's fate (see the module's docstring)."""
     try:
-        got = client.infer(MODEL, triton_inputs(thttp, batch.as_arrays())).as_numpy("scores")
+        if isinstance(client, tgrpc.InferenceServerClient):
+            got = client.infer(MODEL, triton_inputs(tgrpc, batch.as_arrays()), client_timeout=timeout_s)
+        else:
+            got = client.infer(MODEL, triton_inputs(thttp, batch.as_arrays()))
+        got = got.as_numpy("scores")
     except InferenceServerException as exc:
         text = str(exc)
-        if "timed out" in text.lower() or "timeout" in text.lower():
+        if "timed out" in text.lower() or "timeout" in text.lower() or "DEADLINE_EXCEEDED" in text:
             return "lost: client timeout"
-        return "explicit" if "died" in text or "stopped responding" in text else f"error: {text[:120]}"
+        if "died" in text or "stopped responding" in text:
+            return "explicit"
+        if "UNAVAILABLE" in text:  # gRPC: the worker's connection closed under the call (the client may retry)
+            return "unavailable"
+        return f"error: {text[:120]}"
     except Exception as exc:  # noqa: BLE001 - a transport failure: the query is lost
         return f"lost: {type(exc).__name__}: {str(exc)[:100]}"
     return "ok" if np.allclose(got, expected, rtol=1e-5, atol=1e-6) else "wrong"
@@ -73,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=4, help="keep-alive connections, one query at a time each")
     ap.add_argument("--client-timeout-s", type=float, default=20.0,
                     help="a query unanswered this long counts as lost (the node's deadline is 60 s)")
+    ap.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                    help="http: keep-alive connections; grpc: a tritonclient channel per client (its calls in flight "
+                         "when the worker holding its connection dies fail UNAVAILABLE: counted apart)")
     ap.add_argument("--stop", action="store_true", help="SIGSTOP the worker (a hang) instead of SIGKILL")
     ap.add_argument("--hang-timeout-s", type=float, default=1.0,
                     help="the model's hang_timeout_s: a worker silent this long is hung (default 1; the node's is 10)")
@@ -89,24 +102,28 @@ def main(argv: list[str] | None = None) -> int:
     lock, stop = threading.Lock(), threading.Event()
     pick = random.Random(args.seed)
 
-    def send(i: int, port: int) -> None:
-        client = thttp.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=args.client_timeout_s,
-                                             network_timeout=args.client_timeout_s)
+    def connect(ports: Any) -> Any:
+        if args.protocol == "grpc":
+            return tgrpc.InferenceServerClient(f"127.0.0.1:{ports.grpc}")
+        return thttp.InferenceServerClient(f"127.0.0.1:{ports.http}", connection_timeout=args.client_timeout_s,
+                                           network_timeout=args.client_timeout_s)
+
+    def send(i: int, ports: Any) -> None:
+        client = connect(ports)
         while not stop.is_set():
             k = i % len(batches)
             i += 1
-            fate = outcome(client, batches[k], expected[k])
+            fate = outcome(client, batches[k], expected[k], args.client_timeout_s)
             with lock:
                 outcomes[fate] += 1
-            if fate != "ok":  # a connection that failed is not reused
+            if fate != "ok" and args.protocol == "http":  # a connection that failed is not reused
                 client.close()
-                client = thttp.InferenceServerClient(f"127.0.0.1:{port}", connection_timeout=args.client_timeout_s,
-                                                     network_timeout=args.client_timeout_s)
+                client = connect(ports)
         client.close()
 
     with harness.node(config) as server:
         control = ControlClient("127.0.0.1", server.ports.http)
-        senders = [threading.Thread(target=send, args=(i, server.ports.http)) for i in range(args.clients)]
+        senders = [threading.Thread(target=send, args=(i, server.ports)) for i in range(args.clients)]
         for t in senders:
             t.start()
         killed = 0
@@ -128,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             for t in senders:
                 t.join(timeout=args.client_timeout_s + 30)
     total = sum(outcomes.values())
-    bad = sum(n for fate, n in outcomes.items() if fate.startswith(("lost", "wrong", "error")))
+    bad = sum(n for fate, n in outcomes.items() if fate.startswith(("lost", "wrong", "error")))  # not UNAVAILABLE
     fates = ", ".join(f"{n} {fate}" for fate, n in outcomes.most_common())
     print(f"{killed} workers {'stopped' if args.stop else 'killed'}, {total} queries: {fates}")
     headline = [harness.row("workers killed", killed), harness.row("queries", total),
