@@ -87,7 +87,8 @@ def test_verify_a_tiny_deployed_plan(tmp_path, capsys):
     try:
         (tmp_path / "dep" / "endpoints.json").write_text(json.dumps({MODEL: [nodes[0].url]}))
         rc = main(["verify", "--plan", str(path), "--target", str(tmp_path / "dep" / "endpoints.json"),
-                   "--seconds", "3", "--max-load", "--probe-seconds", "1", "--out", str(tmp_path / "v.json")])
+                   "--seconds", "3", "--max-load", "--probe-seconds", "1", "--max-probes", "4",
+                   "--out", str(tmp_path / "v.json")])
     finally:
         stop_nodes(nodes)
     out = capsys.readouterr().out
@@ -96,6 +97,7 @@ def test_verify_a_tiny_deployed_plan(tmp_path, capsys):
     assert result["predicted_qps"] == pytest.approx(10.0) and result["offered_qps"] == pytest.approx(5.0)
     assert result["ok"] > 0 and result["achieved_qps"] > 0
     assert result["max_load_qps"] > 0 and result["max_load_error"] is not None
+    assert len(result["max_load_probes"]) <= 4 + 3  # the search, then at most three confirming probes
     assert rc == (0 if result["sla_held"] else 1)
     assert "measured max load" in out and MODEL in out
 

@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
         progress(f"{m}: {' '.join(d.urls)}; {d.basis} (x{d.fraction:.3g} of the plan's capacity)")
     checks = replay_mix(plan, deployed, load=args.load, seconds=args.seconds, seed=args.seed, log=progress)
     if args.max_load or args.replan:
-        measure_max_loads(checks, deployed, probe_s=args.probe_seconds, seed=args.seed + 100, repeats=args.repeats,
-                          log=progress)
+        measure_max_loads(checks, deployed, probe_s=args.probe_seconds, max_probes=args.max_probes,
+                          seed=args.seed + 100, repeats=args.repeats, log=progress)
     print(verify_table(checks, args.load))
     held = all(c.sla_held for c in checks.values())
     print(f"SLA held under the planned mix: {sum(c.sla_held for c in checks.values())}/{len(checks)} models")
@@ -86,6 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-load", action="store_true", help="also search each model's max load at its SLA")
     p.add_argument("--probe-seconds", type=number(0, 600, low_open=True), default=3.0,
                    help="each max-load probe's duration (default 3)")
+    p.add_argument("--max-probes", type=number(2, 100, integer=True), default=10,
+                   help="probes of one max-load search before it settles on the best rate that held (default 10)")
     p.add_argument("--repeats", type=number(1, 20, integer=True), default=1,
                    help="max-load searches per model; the median is kept (default 1)")
     p.add_argument("--replan", action="store_true",
