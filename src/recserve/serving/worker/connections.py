@@ -166,7 +166,7 @@ class ConnectionManager:
 
     # ---- connections the supervisor holds too ----------------------------------------------------------
     def _holds(self, fd: int) -> bool:
-        """Whether the supervisor holds a copy of descriptor ``fd`` (the descriptor has a state slot)."""
+        """Whether the supervisor holds a copy of descriptor ``fd`` (the descriptor has a state row)."""
         return self._share is not None and 0 <= fd < len(self.states)
 
     def _shared(self, conn: Connection) -> bool:
@@ -174,7 +174,7 @@ class ConnectionManager:
 
     def opened(self, conn: Connection) -> None:
         """The supervisor keeps its own descriptor of every connection this worker serves (with the shared
-        state slot), so if this process dies its clients get an error for a query it held, and an idle
+        state row), so if this process dies its clients get an error for a query it held, and an idle
         connection lives on in another worker, instead of a reset."""
         if self._shared(conn) and not conn.shared:
             self._share(conn.slot)  # type: ignore[misc]

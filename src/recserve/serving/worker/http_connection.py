@@ -29,6 +29,11 @@ PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
 RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio's own read size)
 PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
 PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
+HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
+LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable", 504: "Gateway Timeout"}
 # A connection's shared state (``Connection.mark``), read by the supervisor if the worker dies or hangs
 # (``node/watchdog.py``), two words: [MARK] idle, the bytes of it read so far (>= 0); holding a request, -1 - the
 # bytes written so far.  [ANSWER_END] the bytes written once the answer being written is all given to the socket
@@ -46,11 +51,6 @@ def held_state(written: int | None) -> int:
 def written_at_hold(state: int) -> int | None:
     """The bytes written when a connection with ``state`` (< 0) was marked holding a request (None: unknown)."""
     return None if state == HELD_WRITTEN_UNKNOWN else -1 - state
-HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
-LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
 @dataclass
