@@ -122,6 +122,8 @@ class Connection(asyncio.BufferedProtocol):
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
         self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared states
+        states = manager.states  # this connection's row of them (``mark``), if its descriptor has one
+        self._state = states[self.slot] if 0 <= self.slot < len(states) else None
         # bytes of the connection read and written before this worker took it (None: unknown), and since
         self.before = before
         self.read_here = self.written_here = 0
@@ -176,13 +178,13 @@ class Connection(asyncio.BufferedProtocol):
         go the bytes written by then (holding a request) or read by then (idle, less ``unanswered`` ones that leave
         with it), so that the supervisor also sees a request read, or an answer written, after the last mark
         (``node/watchdog.py``)."""
-        states = self.manager.states
-        if 0 <= self.slot < len(states):
-            before = self.before
-            if in_request:
-                states[self.slot, MARK] = held_state(None if before is None else before.written + self.written_here)
-            else:
-                states[self.slot, MARK] = READ_UNKNOWN if before is None else before.read + self.read_here - unanswered
+        row, before = self._state, self.before
+        if row is None:
+            return
+        if in_request:
+            row[MARK] = held_state(None if before is None else before.written + self.written_here)
+        else:
+            row[MARK] = READ_UNKNOWN if before is None else before.read + self.read_here - unanswered
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
@@ -374,10 +376,9 @@ class Connection(asyncio.BufferedProtocol):
         """Before an answer of ``length`` bytes is written: the written count at its end, so that the supervisor can
         tell an answer given whole to the socket from one cut off by this worker's death (none claimed with bytes
         read ahead, or with ``length`` -1)."""
-        states = self.manager.states
-        if 0 <= self.slot < len(states):
+        if self._state is not None:
             clean = length >= 0 and self.before is not None and not self.buf
-            states[self.slot, ANSWER_END] = self.before.written + self.written_here + length if clean else 0
+            self._state[ANSWER_END] = self.before.written + self.written_here + length if clean else 0
 
     def write(self, data: bytes, close: bool = False) -> None:
         if self.transport is None or self.closed:
