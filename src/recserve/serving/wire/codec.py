@@ -408,6 +408,7 @@ JSON_FAST_BYTES = 32 * 1024
 """A request's JSON part at least this long is read by :func:`json_request` first: below it, finding the tensors
 and reading the rest twice cost more than the lists save (docs/decisions/2026-11-28-json-tensors-simdjson.md)."""
 DATA_BYTES = 8 * 1024  # a shorter ``data`` array is read by orjson (simdjson's setup is not worth it)
+DataSpans = list[tuple[int, int, int | None]]  # each data array's start, end and room (None: not counted)
 
 
 def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
@@ -422,9 +423,9 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     head, (request, spans) = _skeleton(head)
     if request is None:
         return None
-    for t, (start, end) in zip([t for t in request["inputs"] if "data" in t], spans, strict=True):
+    for t, (start, end, room) in zip([t for t in request["inputs"] if "data" in t], spans, strict=True):
         span = head[start:end]
-        data = json_numbers.read(span) if len(span) >= DATA_BYTES else None
+        data = json_numbers.read(span, room) if len(span) >= DATA_BYTES else None
         if data is None:
             try:
                 data = orjson.loads(span)
@@ -442,7 +443,7 @@ def json_skeleton(head: bytes | bytearray | memoryview) -> dict[str, Any] | None
     return _skeleton(head)[1][0]
 
 
-def _one_data_per_input(inputs: list[dict[str, Any]], spans: list[tuple[int, int]]) -> bool:
+def _one_data_per_input(inputs: list[dict[str, Any]], spans: DataSpans) -> bool:
     """Every ``"data"`` array found is one input's: none elsewhere, none given twice (the last would count); inputs
     without ``data`` (binary, shared memory) are read as always."""
     holders = [t for t in inputs if "data" in t]
@@ -450,7 +451,7 @@ def _one_data_per_input(inputs: list[dict[str, Any]], spans: list[tuple[int, int
 
 
 def _skeleton(head: bytes | bytearray | memoryview) -> tuple[bytes | bytearray | memoryview,
-                                                             tuple[dict[str, Any] | None, list[tuple[int, int]]]]:
+                                                             tuple[dict[str, Any] | None, DataSpans]]:
     """``head`` parsed with each ``data`` array replaced by ``[]``, and where those arrays were; (None, []) for
     JSON orjson refuses, escapes anywhere, no ``data`` array, no list of input objects, or a ``data`` array that is
     not one input's (``_one_data_per_input``).  Returned with the head the spans index: ``head`` itself where the
@@ -461,11 +462,12 @@ def _skeleton(head: bytes | bytearray | memoryview) -> tuple[bytes | bytearray |
         spans = json_numbers.data_spans(head)
     else:
         head = head if isinstance(head, bytes) else bytes(head)
-        spans = None if b"\\" in head else _data_spans(head)
+        pairs = None if b"\\" in head else _data_spans(head)
+        spans = None if pairs is None else [(start, end, None) for start, end in pairs]
     if not spans:
         return head, (None, [])
     pieces, last = [], 0
-    for start, end in spans:
+    for start, end, _ in spans:
         pieces += (head[last:start], b"[]")
         last = end
     pieces.append(head[last:])

@@ -45,7 +45,7 @@ assert _json_arrays.parse(ids, out) == (301, False, False) and out.tolist() == l
 nested = b'[[1, 2], [3, 4]]'
 assert _json_arrays.parse(nested, out) == (4, False, True) and out[:4].tolist() == [1, 2, 3, 4]
 head = b'{"inputs": [{"name": "x", "data": ' + ids + b'}]}'
-assert _json_arrays.data_spans(head) == [(34, 34 + len(ids))]
+assert _json_arrays.data_spans(head) == [(34, 34 + len(ids), 301)]
 print("ok")
 """
 SIMDJSON_PROBE_CODE = """
@@ -105,29 +105,32 @@ def enabled() -> bool:
     return bool(_readers)
 
 
-def read(span: bytes | memoryview) -> np.ndarray | None:
+def read(span: bytes | memoryview, room: int | None = None) -> np.ndarray | None:
     """The JSON array ``span`` (``[`` to ``]``) as the flat array ``np.asarray`` makes of its list, or None: no
-    reader enabled, or an array none can be sure to read alike (see the module's docstring)."""
+    reader enabled, or an array none can be sure to read alike (see the module's docstring).  ``room``: the most
+    numbers it can hold, where :func:`data_spans` gave it (else the native reader counts them)."""
     for name in _readers:
-        values = _native(span) if name == "native" else _simdjson(bytes(span))
+        values = _native(span, room) if name == "native" else _simdjson(bytes(span))
         if values is not None:
             return values
     return None
 
 
-def data_spans(head: bytes | bytearray | memoryview) -> list[tuple[int, int]] | None:
-    """Where each ``"data": [...]`` array of a request's JSON lies, found by the native reader in ``head`` where it
-    is (a receive buffer: no copy of the request); None where it cannot be sure (``codec._data_spans``' rules, and
-    any backslash).  Only while the native reader is enabled."""
+def data_spans(head: bytes | bytearray | memoryview) -> list[tuple[int, int, int]] | None:
+    """Where each ``"data": [...]`` array of a request's JSON lies, and the most numbers it can hold (its commas
+    and one), found by the native reader in ``head`` where it is (a receive buffer: no copy of the request), one
+    pass over each array's bytes; None where it cannot be sure (``codec._data_spans``' rules, and any backslash).
+    Only while the native reader is enabled."""
     from recserve.serving.wire import _json_arrays
 
     return _json_arrays.data_spans(head)
 
 
-def _native(span: bytes | memoryview) -> np.ndarray | None:
+def _native(span: bytes | memoryview, room: int | None = None) -> np.ndarray | None:
     from recserve.serving.wire import _json_arrays
 
-    out = np.empty(_json_arrays.room(span), np.int64)  # one slot a comma, and one: exact for a flat array
+    # one slot a comma, and one: exact for a flat array
+    out = np.empty(_json_arrays.room(span) if room is None else room, np.int64)
     result = _json_arrays.parse(span, out)
     if result is None:
         return None
