@@ -6,10 +6,11 @@ who is shed at dequeue, how queries are fused and what backlog admission predict
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.admission import AdmissionQueue, ServiceTime
+from recserve.serving.worker.admission import AdmissionQueue, ModelHeld, ServiceTime
 from recserve.serving.worker.limits import PlaneLimits
 
 
@@ -21,11 +22,11 @@ class Clock:
         return self.now
 
 
-def queue_of(clock: Clock, pass_s: float = 0.010, **limits) -> tuple[AdmissionQueue, list[tuple]]:
+def queue_of(clock: Clock, pass_s: float = 0.010, others_held=None, **limits) -> tuple[AdmissionQueue, list[tuple]]:
     """A queue whose fit says every pass takes ``pass_s`` whatever its size; ``failed`` collects what it sheds."""
     failed: list[tuple] = []
     q = AdmissionQueue("m", PlaneLimits(**{"deadline_s": 1.0, **limits}),
-                       lambda reply, arrived, error: failed.append((arrived, error)), clock)
+                       lambda reply, arrived, error: failed.append((arrived, error)), clock, others_held)
     for _ in range(20):
         q.service.observe(4, pass_s)
     return q, failed
@@ -70,6 +71,45 @@ def test_the_queue_limit_refuses_whatever_the_deadline():
     assert q.refusal(1, clock.now + 60.0) is not None
     q.next_group()  # one pass taken: room again
     assert q.refusal(1, clock.now + 60.0) is None
+
+
+def test_the_models_queue_limit_counts_every_workers_queries_not_an_even_share():
+    """With the model's workers' loads known, one worker may queue past its even share while the model holds fewer
+    than ``model_queue_limit`` queries; once the workers hold that many together, a busy worker refuses (an idle
+    one still tries a query)."""
+    clock = Clock()
+    others = [0]
+    q, _ = queue_of(clock, pass_s=0.0001, others_held=lambda: others[0], queue_limit=2, model_queue_limit=8)
+    for _ in range(6):  # three times its share of 2: the siblings hold nothing
+        admit(q, 1, timeout_s=60.0)
+    assert len(q.queue) == 6
+    others[0] = 2  # 6 here and 2 there: the model's 8
+    with pytest.raises(InferError, match=r"its workers hold 8 queries \(queue_limit 8\)"):
+        admit(q, 1, timeout_s=60.0)
+    q.next_group()  # a pass taken (fuse_items 256: every queued query): room again
+    assert q.refusal(1, clock.now + 60.0) is None
+    idle, _ = queue_of(clock, pass_s=0.0001, others_held=lambda: 100, queue_limit=2, model_queue_limit=8)
+    assert idle.refusal(1, clock.now + 60.0) is None  # alone, a query is always tried
+    admit(idle, 1, timeout_s=60.0)
+    assert "its workers hold 101 queries" in str(idle.refusal(1, clock.now + 60.0))
+
+
+def test_without_the_models_loads_a_worker_keeps_to_its_share():
+    clock = Clock()
+    q, _ = queue_of(clock, pass_s=0.0001, queue_limit=2, model_queue_limit=8)  # no loads to count
+    for _ in range(2):
+        admit(q, 1, timeout_s=60.0)
+    assert "2 queries queued at this worker (limit 2)" in str(q.refusal(1, clock.now + 60.0))
+
+
+def test_model_held_sums_the_other_workers_published_loads():
+    """Free slots (-1), this worker's own slot and a retiring worker (which takes no new query) count as none."""
+    retiring = 1 << 30
+    loads = np.array([3, -1, 5, retiring, 0, 7], np.int32)
+    assert ModelHeld(loads, slot=2, retiring=retiring)() == 10
+    loads[1] = 4  # a worker that started since: read live from the shared slots
+    assert ModelHeld(loads, slot=2, retiring=retiring)() == 14
+    assert ModelHeld(loads, slot=-1, retiring=retiring)() == 19
 
 
 def test_lateness_headroom_tightens_admission():

@@ -619,6 +619,38 @@ def test_admission_by_count_and_by_time_on_one_worker_queue():
         loop.close()
 
 
+def test_a_worker_with_a_load_slot_queues_past_its_share_until_the_model_holds_its_limit():
+    """A worker given the model's shared loads counts every worker's queries against ``model_queue_limit``: with its
+    share at 1 it still queues while its siblings hold little, publishes what it holds, and refuses (503 naming the
+    model's count) once its own and its siblings' queries reach the model's limit."""
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
+
+    class NoPath:
+        def compute(self, queries):
+            return [np.zeros((q[0].shape[0], 1), np.float32) for q in queries]
+
+    loads = np.full(4, -1, np.int32)
+    loads[1] = 2  # a sibling holding two queries
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", NoPath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=1, model_queue_limit=6, deadline_s=10.0, fuse_items=0,
+                                        compute_thread_ms=-1), sub_batch=0, loads=loads, slot=0)
+        answers = []
+        query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
+        for _ in range(6):
+            plane.enqueue(query, 4, time.perf_counter(), 10.0, lambda scores, error: answers.append(error))
+        # the 1st is computed at once (the worker was idle); the 2nd to 5th queue (its 4 and the sibling's 2 are the
+        # model's 6, against a share of 1), the 6th is refused
+        assert loads[0] == 4 and len(answers) == 2
+        assert "its workers hold 6 queries (queue_limit 6)" in str(answers[1])
+        loop.run_until_complete(asyncio.sleep(0.2))
+        assert answers.count(None) == 5 and loads[0] == 0
+    finally:
+        loop.close()
+
+
 def test_a_long_pass_runs_off_the_loop_so_queries_are_shed_while_it_computes():
     """A pass the fit predicts at ``compute_thread_ms`` or more runs on the compute thread: a query arriving
     meanwhile is admitted or shed at once (not after the pass), admission counts what is left of the pass in

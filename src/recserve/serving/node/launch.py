@@ -183,12 +183,14 @@ class WorkerLauncher:
         return self.json_numbers
 
     def _limits(self) -> Any:
-        """One worker's share of this model's admission limits (data plane v2)."""
+        """One worker's admission limits (data plane v2): the model's queue limit, counted over its workers' published
+        loads, and an even share of it where a worker has no load slot."""
         from recserve.serving.worker.limits import PlaneLimits
 
         node, cfg = self.front.node, self.cfg
         share = max(1, -(-cfg.queue_limit // cfg.workers))
         return PlaneLimits(max_body=node.max_body_bytes, max_json=node.max_json_bytes, queue_limit=share,
+                           model_queue_limit=cfg.queue_limit,
                            deadline_s=cfg.deadline_ms / 1e3, fuse_items=cfg.fuse_items,
                            read_timeout_s=node.read_timeout_s, keep_alive_s=node.keep_alive_timeout_s,
                            max_connections=node.max_connections, flood=node.grpc_limits)

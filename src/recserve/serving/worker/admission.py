@@ -1,6 +1,8 @@
 """A worker's admission queue: which queries are let in, which are shed, and which are fused into one pass.
 
-- Queries wait in a bounded local FIFO (``queue_limit`` split over the workers).  A query is admitted only if it
+- Queries wait in a local FIFO, bounded by the queries the model's workers hold together (``model_queue_limit``,
+  counted from the loads each worker publishes: ``ModelHeld``), else by this worker's share.  A query is admitted
+  only if it
   can still finish before its deadline (the client's ``timeout`` parameter, else the model's SLA) given the work
   queued ahead of it, as predicted by an online fit of this worker's compute time (``ServiceTime``) plus the
   lateness recently seen (``Lateness``); the rest are shed at once with 503 and ``Retry-After``, and a query whose
@@ -115,9 +117,11 @@ class AdmissionQueue:
     """
 
     def __init__(self, model_name: str, limits: PlaneLimits, fail: Callable[[Reply, float, InferError], None],
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 others_held: Callable[[], int] | None = None) -> None:
         self.model_name = model_name
         self.limits = limits
+        self.others_held = others_held  # queries the model's other workers hold (``ModelHeld``), if known
         self.fail = fail
         self.clock = clock
         self.service = ServiceTime()
@@ -144,9 +148,9 @@ class AdmissionQueue:
         queued past admission, it waited for its deadline, the client's ``grpc-timeout`` of seconds)."""
         if self.draining and not admitted:
             raise InferError("unavailable", f"model {self.model_name!r} is not accepting queries (shutting down)")
-        if len(self.queue) >= self.limits.queue_limit:
-            raise InferError("unavailable", f"model {self.model_name!r} is overloaded: {len(self.queue)} queries "
-                                            f"queued at this worker (limit {self.limits.queue_limit}); retry later")
+        full = self.queue_full()
+        if full:
+            raise InferError("unavailable", f"model {self.model_name!r} is overloaded: {full}; retry later")
         finish = self.clock() + self.backlog_s(items)
         if not self.busy():
             return finish  # alone, a query is always tried: only its own deadline at dequeue can refuse it
@@ -157,6 +161,23 @@ class AdmissionQueue:
                                             f"behind {len(self.queue)} queued (with {headroom * 1e3:.1f} ms of "
                                             f"headroom for recent lateness); retry later. {self.deadline_hint()}")
         return finish
+
+    def queue_full(self) -> str:
+        """Why no query may join the queue now ("" if one may): the model's workers hold ``model_queue_limit``
+        queries together, or, where no model-wide count is known, this worker's queue holds its share.  A model-wide
+        bound lets one worker queue more while its siblings hold less (its connections' clients send more): an even
+        split refused there with the model far from its limit.  An idle worker always takes a query."""
+        limits, queued = self.limits, len(self.queue)
+        if self.others_held is None or limits.model_queue_limit <= 0:
+            if queued >= limits.queue_limit:
+                return f"{queued} queries queued at this worker (limit {limits.queue_limit})"
+            return ""
+        if not self.busy():
+            return ""
+        held = self.held() + self.others_held()
+        if held >= limits.model_queue_limit:
+            return f"its workers hold {held} queries (queue_limit {limits.model_queue_limit})"
+        return ""
 
     def refusal(self, items: int, deadline: float) -> InferError | None:
         """``check``'s verdict as a value: the error a query of ``items`` due by ``deadline`` is refused with, or
@@ -245,3 +266,21 @@ class AdmissionQueue:
     def _take(self, q: Query) -> None:
         self.queue.popleft()
         self.queued_items -= q.items
+
+
+class ModelHeld:
+    """Queries the model's other workers hold, from the load each publishes in its shared slot (``Reporter.
+    publish_load``: queued plus computing; -1 for a free slot, ``retiring`` for a retiring worker, which counts as
+    none: it takes no new query).  Read only while this worker is busy (``AdmissionQueue.queue_full``)."""
+
+    def __init__(self, loads: np.ndarray, slot: int, retiring: int) -> None:
+        self.loads = loads
+        self.slot = slot
+        self.retiring = retiring
+
+    def __call__(self) -> int:
+        loads = self.loads.tolist()  # 64 slots: a list sum costs ~1.5 us, numpy's masked sum twice that
+        if 0 <= self.slot < len(loads):
+            loads[self.slot] = 0
+        retiring = self.retiring
+        return sum(load for load in loads if 0 < load < retiring)

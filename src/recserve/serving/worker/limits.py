@@ -14,7 +14,8 @@ class PlaneLimits:
 
     max_body: int = 64 * 1024 * 1024
     max_json: int = MAX_JSON_BYTES  # the JSON part of a request (decoding blocks the worker's loop)
-    queue_limit: int = 64
+    queue_limit: int = 64  # this worker's share of the model's; the bound where no model-wide view is given
+    model_queue_limit: int = 0  # queries the model's workers together hold at most (0: only ``queue_limit``)
     deadline_s: float = 1.0  # per-query deadline when the client sets no ``timeout``
     fuse_items: int = 256  # largest fused forward pass in samples; 0 = one query per pass
     read_timeout_s: float = 30.0  # a request must arrive whole within this

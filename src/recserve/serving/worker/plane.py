@@ -34,14 +34,14 @@ import numpy as np
 
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.admission import AdmissionQueue, Query, Reply
+from recserve.serving.worker.admission import AdmissionQueue, ModelHeld, Query, Reply
 from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
 from recserve.serving.worker.early_refusal import EarlyRefusal
 from recserve.serving.worker.http_connection import Connection, Request, error_response, response_bytes
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.model_path import ModelPath, as_infer_error
-from recserve.serving.worker.reporter import Reporter
+from recserve.serving.worker.reporter import RETIRING_LOAD, Reporter
 
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 
@@ -65,7 +65,8 @@ class WorkerPlane:
         self.retiring = False  # hand every connection to the supervisor, then exit
         self.exit_event = asyncio.Event()
         self._empty_since = 0.0  # when a retiring worker first had nothing left (``maybe_exit`` waits a little more)
-        self.admission = AdmissionQueue(model_name, limits, self._fail)
+        others_held = ModelHeld(loads, slot, RETIRING_LOAD) if loads is not None and slot >= 0 else None
+        self.admission = AdmissionQueue(model_name, limits, self._fail, others_held=others_held)
         self.early = EarlyRefusal(self.admission, lambda: self.offload)  # verdicts before a query is read whole
         self.reporter = Reporter(loop, send, self.admission, self.exit_event, regions, loads, slot)
         self.connections = ConnectionManager(self, send, hand_off, share, states, loads, slot)
