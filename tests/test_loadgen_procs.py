@@ -78,9 +78,11 @@ def test_merge_undoes_the_deal_exactly():
     times, choice = np.arange(7, dtype=float), np.arange(7) * 10
     parts = deal(times, choice, 3)
     assert [list(c) for _, c in parts] == [[0, 30, 60], [10, 40], [20, 50]]
-    drives = [Drive(t * 2, [None if c % 20 else f"k{c}" for c in cs], t + 0.5, float(t[-1]), 1.0, 0.5)
-              for t, cs in parts]
+    drives = [Drive(t * 2, [None if c % 20 else f"k{c}" for c in cs], t + 0.5, float(t[-1]), 1.0, 0.5,
+                    reasons=[None if c % 20 else f"r{c}" for c in cs]) for t, cs in parts]
+    drives[1].reasons = None  # a part that kept no reasons (none of its queries was refused)
     merged = merge(drives)
+    assert merged.reasons == [None if c % 20 or j % 3 == 1 else f"r{c}" for j, c in enumerate(choice)]
     assert list(merged.latency_ms) == list(times * 2) and list(merged.lag_ms) == list(times + 0.5)
     assert merged.kinds == [f"k{c}" if c % 20 == 0 else None for c in choice]
     assert merged.last_s == 6.0 and merged.cpu_s == 3.0 and merged.loop_cpu_s == 1.5

@@ -97,7 +97,8 @@ class SerialTarget:
     async def infer(self, i):
         self.calls += 1
         if self.fail_every and self.calls % self.fail_every == 0:
-            raise RequestFailed("http_503", "overloaded")
+            raise RequestFailed("http_503", f'{{"error":"model \'m1\' is overloaded: {self.calls} queries queued at '
+                                            f'this worker (limit 4); retry later"}}')
         async with self._lock:
             await asyncio.sleep(self.service_s)
 
@@ -152,6 +153,10 @@ def test_inflight_cap_drops_and_failures_are_counted_by_kind():
     assert result.sent == 60
     assert result.errors.get("dropped", 0) > 10
     assert result.errors.get("http_503", 0) >= 1
+    # every 503 under one reason: the message without its numbers, its JSON wrapper or its advice
+    reason = "model 'm1' is overloaded: N queries queued at this worker (limit N)"
+    assert result.refusal_reasons == {reason: result.errors["http_503"]}
+    assert result.to_dict()["refusal_reasons"] == {reason: result.errors["http_503"]}
     assert result.ok + result.failed == 60
     assert math.isinf(result.p99)  # failures are infinitely slow for the SLA
     assert math.isfinite(result.percentile(99, failures_as_inf=False))

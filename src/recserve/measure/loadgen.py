@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import re
 import sys
 import threading
 import time
@@ -61,6 +62,8 @@ class LoadResult:
     loop_cpu_s: float = 0.0
     refused_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Time to the server's error answer, for queries it refused (503, 504, ...): how fast shedding is."""
+    refusal_reasons: dict[str, int] = field(default_factory=dict)
+    """The server's error messages, numbers as ``N`` and advice cut (``refusal_reason``), and how many had each."""
 
     @property
     def ok(self) -> int:
@@ -132,12 +135,23 @@ class LoadResult:
                 "max_ok": float(ok_lat.max()) if ok_lat.size else None,
             },
             "refused_answer_ms": {"p50": _pct(self.refused_ms, 50), "p99": _pct(self.refused_ms, 99)},
+            "refusal_reasons": dict(Counter(self.refusal_reasons).most_common(REASONS_KEPT)),
             "send_lag_ms_p99": _finite(self.send_lag(99)),
             "send_lag_ms": {"p50": _finite(self.send_lag(50)), "p99": _finite(self.send_lag(99)),
                             "max": _finite(self.send_lag(100))},
             "generator": {"procs": self.procs, "run_s": self.run_s, "cpu_s": self.cpu_s,
                           "cpu_per_s": self.cpu_per_s, "loop_cpu_s": self.loop_cpu_s},
         }
+
+
+REASONS_KEPT = 8  # distinct refusal messages a run's record keeps (the most frequent)
+
+
+def refusal_reason(detail: str) -> str:
+    """A server's error message as a class: its JSON wrapper off, cut at the first ``;`` (recserve's advice follows
+    it), numbers as ``N``: "model 'rmc1' is overloaded: N queries queued at this worker (limit N)"."""
+    text = re.sub(r'^\{\s*"error"\s*:\s*"', "", detail).split(";", 1)[0]
+    return re.sub(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?", "N", text)[:160]  # not the digits of a name (rmc1)
 
 
 def _finite(x: float) -> float | None:
@@ -174,6 +188,7 @@ class Drive:
     cpu_s: float  # process CPU seconds over the run (all threads)
     loop_cpu_s: float  # the event-loop thread's CPU seconds over the run
     refused_ms: np.ndarray | None = None  # from the scheduled time to the server's error answer; NaN otherwise
+    reasons: list[str | None] | None = None  # the server's error message (``refusal_reason``), None otherwise
 
 
 def deal(times: np.ndarray, choice: np.ndarray, procs: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -185,12 +200,15 @@ def merge(parts: list[Drive]) -> Drive:
     """Undo :func:`deal`: every scheduled query back at its place, counted once; CPU summed."""
     n, procs = sum(p.lag_ms.size for p in parts), len(parts)
     latency, lag, kinds, refused = np.empty(n), np.empty(n), [None] * n, np.full(n, np.nan)
+    reasons: list[str | None] = [None] * n
     for j, part in enumerate(parts):
         latency[j::procs], lag[j::procs], kinds[j::procs] = part.latency_ms, part.lag_ms, part.kinds
         if part.refused_ms is not None:
             refused[j::procs] = part.refused_ms
+        if part.reasons is not None:
+            reasons[j::procs] = part.reasons
     return Drive(latency, kinds, lag, max((p.last_s for p in parts), default=0.0),
-                 sum(p.cpu_s for p in parts), sum(p.loop_cpu_s for p in parts), refused)
+                 sum(p.cpu_s for p in parts), sum(p.loop_cpu_s for p in parts), refused, reasons)
 
 
 def _pct(values: np.ndarray, p: float) -> float | None:
@@ -213,6 +231,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
     n = len(times)
     latency, refused = np.full(n, np.nan), np.full(n, np.nan)
     kinds: list[str | None] = [None] * n
+    reasons: list[str | None] = [None] * n
     lag = np.zeros(n)
     state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0}
     cpu0, loop_cpu0 = time.process_time(), time.thread_time()
@@ -226,6 +245,8 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         except RequestFailed as exc:
             kinds[k] = exc.kind
             refused[k] = (loop.time() - start - times[k]) * 1000.0
+            if exc.detail:
+                reasons[k] = refusal_reason(exc.detail)
         except TimeoutError:
             kinds[k] = "timeout"
         except Exception as exc:  # any other client-side failure is still one failed query
@@ -265,7 +286,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         if progress is not None:
             progress.update(lambda: _status(n, n, state, loop.time() - start))
     return Drive(latency, kinds, lag, state["last"], time.process_time() - cpu0, time.thread_time() - loop_cpu0,
-                 refused)
+                 refused, reasons)
 
 
 class _Timespec(ctypes.Structure):
@@ -455,6 +476,8 @@ class LoadSession:
             errors=dict(failed), send_lag_ms=outcome.lag_ms[keep], mean_size=float(sizes.mean()),
             measured=int(keep.sum()), procs=self.procs, run_s=run_s, cpu_s=outcome.cpu_s,
             loop_cpu_s=outcome.loop_cpu_s, refused_ms=_answered(outcome.refused_ms, keep),
+            refusal_reasons=dict(Counter(r for r, m in zip(outcome.reasons or [None] * len(keep), keep, strict=True)
+                                         if m and r is not None)),
         )
 
     def close(self) -> None:

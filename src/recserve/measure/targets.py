@@ -40,6 +40,7 @@ class RequestFailed(Exception):
     def __init__(self, kind: str, detail: str = "") -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
+        self.detail = detail
 
 
 class Target(Protocol):
