@@ -5,6 +5,7 @@ against numpy are in ``test_json_numbers.py``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import struct
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recserve.serving.wire import json_numbers
-from tests.test_json_numbers import finite, same
+from tests.test_json_numbers import finite, numpy_or_none, same
 
 
 @pytest.fixture(autouse=True)
@@ -105,6 +106,26 @@ def test_edges_read_as_python_or_are_refused(texts):
             value = json.loads(text)
             digits = len(text.lstrip("-").split("e")[0].split("E")[0].replace(".", "").lstrip("0"))
             assert not finite(float(value)) or digits > 19, text
+
+
+def test_long_id_arrays_read_as_numpy_with_every_kind_of_element_at_every_offset():
+    """Integers of 1-8 digits are read 64 bytes at a time (``ids``): arrays of them from 1 to 3,000 elements, compact
+    and spaced as ``json.dumps`` spaces them, then one element spoiled at several positions (a 9- or 19-digit id, a
+    leading zero, a minus, a decimal, more whitespace, a letter): each reads as numpy reads its list, or is refused
+    where numpy's list is no array."""
+    rng = np.random.default_rng(5)
+    spoilers = ["123456789", "1234567890123456789", "007", "-42", "3.5", " 8", "  8", "9 ", "\t9", "1e3", "x1", ""]
+    for count, comma in itertools.product((1, 7, 8, 9, 63, 64, 65, 200, 3000), (",", ", ")):
+        ids = [str(v) for v in rng.integers(0, 10 ** rng.integers(1, 9, count))]
+        span = ("[" + comma.join(ids) + "]").encode()
+        same(span)
+        for at in sorted({0, count // 2, count - 1, *rng.integers(0, count, 6).tolist()}):
+            for spoiler in spoilers:
+                spoiled = ("[" + comma.join(ids[:at] + [spoiler] + ids[at + 1:]) + "]").encode()
+                if numpy_or_none(spoiled) is None:
+                    assert json_numbers.read(spoiled) is None, spoiled
+                else:
+                    same(spoiled)
 
 
 @pytest.mark.parametrize("span", [b"[ 1 ,\n2\t,\r3 ]", b"[\n  [1, 2],\n  [3, 4]\n]", b"[1.5e3 , -2]"])

@@ -311,7 +311,7 @@ static inline int plain_decimal(const uchar *begin, const uchar *s, const uchar 
 /* The element in [s, e) (between two commas, or a bracket and a comma): one number, whitespace around it.  Loads
  * may look past e up to the span's end (limit).  A non-negative integer of up to eight digits (most ids) is read
  * from one load with no branch per digit, a plain decimal by plain_decimal(), any other number by number(). */
-static inline int element(Sink *sink, const uchar *begin, const uchar *s, const uchar *e, const uchar *limit) {
+static inline __attribute__((always_inline)) int element(Sink *sink, const uchar *begin, const uchar *s, const uchar *e, const uchar *limit) {
     while (s < e && is_space(*s)) s++;
     while (e > s && is_space(e[-1])) e--;
     ptrdiff_t len = e - s;
@@ -337,6 +337,34 @@ static inline int element(Sink *sink, const uchar *begin, const uchar *s, const 
     return next == e && put(sink, kind, as_int, as_double);
 }
 
+/* The ids of one 64-byte step at q (its commas: the bits of commas), while each is an integer of 1-8 digits with no
+ * sign, no leading zero and at most one space before it: read from one load each, with none of element()'s other cases (whitespace, decimals, long
+ * integers).  Returns the commas left for element() (from the first element that is otherwise) and where that
+ * element starts, by value: the caller's start stays in a register.  The caller leaves room for 64 numbers and 8
+ * bytes past q's last byte (loads start at most seven bytes before a comma). */
+typedef struct {
+    uint64_t commas;
+    const uchar *start;
+} Step;
+
+static inline Step ids(Sink *sink, const uchar *q, uint64_t commas, const uchar *s) {
+    uint64_t *out = sink->out + sink->n;
+    Py_ssize_t k = 0;
+    while (commas) {
+        const uchar *comma = q + __builtin_ctzll(commas);
+        const uchar *digit = s + (*s == ' ');  /* json.dumps' ", " (tritonclient's spelling) */
+        uint64_t len = (uint64_t)(comma - digit), v;
+        memcpy(&v, digit, 8);
+        uint64_t digits_mask = ~UINT64_C(0) >> (64 - 8 * ((len & 7) ? (len & 7) : 8));  /* its len bytes (1-8) */
+        if (len - 1 > 7 || (non_digits(v) & digits_mask) || ((v & 0xFF) == '0' && len > 1)) break;
+        out[k++] = swar_value(v, (int)len);
+        s = comma + 1;
+        commas &= commas - 1;
+    }
+    sink->n += k;
+    return (Step){commas, s};
+}
+
 /* A flat array "[n, n, ..., n]": its commas found 64 bytes at a time (comma_bits), then each element read from its
  * own start, so one number's parse never waits for the one before it.  -2 where anything is not so (a nested array,
  * a refusal): read_array then reads it, or refuses it. */
@@ -349,6 +377,21 @@ static Py_ssize_t read_flat(const uchar *p, const uchar *end, Sink *sink) {
     close--;
     const uchar *start = ++p;
     const uchar *q = p;
+    /* ids first, 64 bytes a step while every element is a short integer (ids()); from the first other element (its step
+     * finished below), every number by element() */
+    for (; close - q >= 64 && end - q >= 72 && sink->cap - sink->n >= 64; q += 64) {
+        Step left = ids(sink, q, comma_bits(q), start);
+        start = left.start;
+        if (left.commas) {  /* the rest of this step by element(), then on from the next */
+            for (uint64_t commas = left.commas; commas; commas &= commas - 1) {
+                const uchar *comma = q + __builtin_ctzll(commas);
+                if (!element(sink, begin, start, comma, end)) return -2;
+                start = comma + 1;
+            }
+            q += 64;
+            break;
+        }
+    }
     for (; close - q >= 64; q += 64) {
         uint64_t commas = comma_bits(q);
         while (commas) {
