@@ -2,12 +2,11 @@
 
 - Queries wait in a local FIFO, bounded by the queries the model's workers hold together (``model_queue_limit``,
   counted from the loads each worker publishes: ``ModelHeld``), else by this worker's share.  A query is admitted
-  only if it
-  can still finish before its deadline (the client's ``timeout`` parameter, else the model's SLA) given the work
-  queued ahead of it, as predicted by an online fit of this worker's compute time (``ServiceTime``) plus the
-  lateness recently seen (``Lateness``); the rest are shed at once with 503 and ``Retry-After``, and a query whose
-  deadline passed while it waited is answered 504 without computing it (Triton's queue policy with timeouts, made
-  latency-aware).
+  only if it can still finish before its deadline (the client's ``timeout`` parameter, else the model's SLA) given
+  the work queued ahead of it, as predicted by an online fit of this worker's compute time (``ServiceTime``) plus
+  the lateness recently seen (``Lateness``); the rest are shed at once with 503 and ``Retry-After``, and a query
+  whose deadline passed while it waited is answered 504 without computing it (Triton's queue policy with timeouts,
+  made latency-aware).
 - Queries already queued when the worker turns to compute are fused into one forward pass (up to ``fuse_items``
   samples; Triton's dynamic batching with no added delay): a forward pass costs ~1 ms of fixed overhead at batch 1
   on a 2-core host, so under load this is where a worker gains throughput.
