@@ -128,6 +128,28 @@ def test_long_id_arrays_read_as_numpy_with_every_kind_of_element_at_every_offset
                     same(spoiled)
 
 
+def test_long_decimal_arrays_read_as_numpy_with_every_kind_of_element_at_every_offset():
+    """Decimals "-?d.d{1,18}" are read 64 bytes at a time once an array holds doubles (``decimals``): float32 and
+    float64 reprs and decimals of 1-18 fraction digits, compact and spaced, then one element spoiled at several
+    positions (an exponent, a 19-digit fraction, two whole digits, a leading zero, a sign, a missing digit, more
+    whitespace, -0.0, an integer): each reads as numpy reads its list, or is refused where numpy's list is no array."""
+    rng = np.random.default_rng(6)
+    spoilers = ["1.5e-05", "0.1234567890123456789", "12.5", "00.5", "+1.5", "1.", ".5", "- 1.5", "  1.5", "1.5 ",
+                "-0.0", "7", "1.2.3", "1e10", "7x12", "x", ""]
+    for count, comma in itertools.product((1, 5, 40, 400, 3000), (",", ", ")):
+        normal = rng.standard_normal(count)
+        texts = [repr(float(np.float32(v))) if k % 3 else repr(float(v)) for k, v in enumerate(normal)]
+        texts[::7] = [f"{v:.{1 + k % 18}f}" for k, v in enumerate(normal[::7])]  # 1-18 fraction digits
+        same(("[" + comma.join(texts) + "]").encode())
+        for at in sorted({0, count // 2, count - 1, *rng.integers(0, count, 5).tolist()}):
+            for spoiler in spoilers:
+                spoiled = ("[" + comma.join(texts[:at] + [spoiler] + texts[at + 1:]) + "]").encode()
+                if numpy_or_none(spoiled) is None:
+                    assert json_numbers.read(spoiled) is None, spoiled
+                else:
+                    same(spoiled)
+
+
 @pytest.mark.parametrize("span", [b"[ 1 ,\n2\t,\r3 ]", b"[\n  [1, 2],\n  [3, 4]\n]", b"[1.5e3 , -2]"])
 def test_whitespace_anywhere_JSON_allows_it(span):
     same(span)
