@@ -108,6 +108,20 @@ def test_edges_read_as_python_or_are_refused(texts):
             assert not finite(float(value)) or digits > 19, text
 
 
+def assert_spoiled_read_as_numpy(texts: list[str], comma: str, spoilers: list[str], rng: np.random.Generator) -> None:
+    """The array of ``texts`` reads as numpy reads it; so does each copy with one element replaced by a spoiler (at
+    the ends, the middle and six random places), or it is refused where numpy's list is no array."""
+    same(("[" + comma.join(texts) + "]").encode())
+    count = len(texts)
+    for at in sorted({0, count // 2, count - 1, *rng.integers(0, count, 6).tolist()}):
+        for spoiler in spoilers:
+            spoiled = ("[" + comma.join(texts[:at] + [spoiler] + texts[at + 1:]) + "]").encode()
+            if numpy_or_none(spoiled) is None:
+                assert json_numbers.read(spoiled) is None, spoiled
+            else:
+                same(spoiled)
+
+
 def test_long_id_arrays_read_as_numpy_with_every_kind_of_element_at_every_offset():
     """Integers of 1-8 digits are read 64 bytes at a time (``ids``): arrays of them from 1 to 3,000 elements, compact
     and spaced as ``json.dumps`` spaces them, then one element spoiled at several positions (a 9- or 19-digit id, a
@@ -117,15 +131,7 @@ def test_long_id_arrays_read_as_numpy_with_every_kind_of_element_at_every_offset
     spoilers = ["123456789", "1234567890123456789", "007", "-42", "3.5", " 8", "  8", "9 ", "\t9", "1e3", "x1", ""]
     for count, comma in itertools.product((1, 7, 8, 9, 63, 64, 65, 200, 3000), (",", ", ")):
         ids = [str(v) for v in rng.integers(0, 10 ** rng.integers(1, 9, count))]
-        span = ("[" + comma.join(ids) + "]").encode()
-        same(span)
-        for at in sorted({0, count // 2, count - 1, *rng.integers(0, count, 6).tolist()}):
-            for spoiler in spoilers:
-                spoiled = ("[" + comma.join(ids[:at] + [spoiler] + ids[at + 1:]) + "]").encode()
-                if numpy_or_none(spoiled) is None:
-                    assert json_numbers.read(spoiled) is None, spoiled
-                else:
-                    same(spoiled)
+        assert_spoiled_read_as_numpy(ids, comma, spoilers, rng)
 
 
 def test_long_decimal_arrays_read_as_numpy_with_every_kind_of_element_at_every_offset():
@@ -140,14 +146,7 @@ def test_long_decimal_arrays_read_as_numpy_with_every_kind_of_element_at_every_o
         normal = rng.standard_normal(count)
         texts = [repr(float(np.float32(v))) if k % 3 else repr(float(v)) for k, v in enumerate(normal)]
         texts[::7] = [f"{v:.{1 + k % 18}f}" for k, v in enumerate(normal[::7])]  # 1-18 fraction digits
-        same(("[" + comma.join(texts) + "]").encode())
-        for at in sorted({0, count // 2, count - 1, *rng.integers(0, count, 5).tolist()}):
-            for spoiler in spoilers:
-                spoiled = ("[" + comma.join(texts[:at] + [spoiler] + texts[at + 1:]) + "]").encode()
-                if numpy_or_none(spoiled) is None:
-                    assert json_numbers.read(spoiled) is None, spoiled
-                else:
-                    same(spoiled)
+        assert_spoiled_read_as_numpy(texts, comma, spoilers, rng)
 
 
 @pytest.mark.parametrize("span", [b"[ 1 ,\n2\t,\r3 ]", b"[\n  [1, 2],\n  [3, 4]\n]", b"[1.5e3 , -2]"])
