@@ -405,8 +405,9 @@ static inline Step decimals(Sink *sink, const uchar *begin, const uchar *q, uint
 }
 
 /* A flat array "[n, n, ..., n]": its commas found 64 bytes at a time (comma_bits), then each element read from its
- * own start, so one number's parse never waits for the one before it.  -2 where anything is not so (a nested array,
- * a refusal): read_array then reads it, or refuses it. */
+ * own start, so one number's parse never waits for the one before it; the common ids and decimals by ids() and
+ * decimals(), the rest by element().  -2 where anything is not so (a nested array, a refusal): read_array then reads
+ * it, or refuses it. */
 static Py_ssize_t read_flat(const uchar *p, const uchar *end, Sink *sink) {
     const uchar *begin = p;
     while (p < end && is_space(*p)) p++;
@@ -417,7 +418,7 @@ static Py_ssize_t read_flat(const uchar *p, const uchar *end, Sink *sink) {
     const uchar *start = ++p;
     const uchar *q = p;
     /* ids first, 64 bytes a step while every element is a short integer (ids()); from the first other element
-     * (its step finished below), every number by element() */
+     * (its step finished below) on, every number by element(), after decimals() in a float array */
     for (; close - q >= 64 && end - q >= 72 && sink->cap - sink->n >= 64; q += 64) {
         Step left = ids(sink, q, comma_bits(q), start);
         start = left.start;
