@@ -106,6 +106,11 @@ static inline uint64_t non_digits(uint64_t v) {
 /* A mask of v's low k bytes (1-8). */
 static inline uint64_t low_bytes(int k) { return k == 8 ? ~UINT64_C(0) : (UINT64_C(1) << (8 * k)) - 1; }
 
+/* Whether v's low len bytes (1-8) are an integer JSON allows (no leading zero): most ids, read by one swar_value. */
+static inline int short_integer(uint64_t v, int len) {
+    return (non_digits(v) & low_bytes(len)) == 0 && ((v & 0xFF) != '0' || len == 1);
+}
+
 /* How many of v's bytes lead as digits (0-8). */
 static inline int leading_digits(uint64_t v) {
     uint64_t flags = non_digits(v);
@@ -321,7 +326,7 @@ static inline __attribute__((always_inline)) int element(Sink *sink, const uchar
     if (len >= 1 && len <= 8 && limit - s >= 8 && !sink->floats && sink->n < sink->cap) {
         uint64_t v;
         memcpy(&v, s, 8);
-        if ((non_digits(v) & low_bytes((int)len)) == 0 && (s[0] != '0' || len == 1)) {
+        if (short_integer(v, (int)len)) {
             uint64_t value = swar_value(v, (int)len);
             memcpy(&sink->out[sink->n++], &value, sizeof value);
             return 1;
@@ -358,8 +363,7 @@ static inline Step ids(Sink *sink, const uchar *q, uint64_t commas, const uchar 
         const uchar *digit = s + (*s == ' ');  /* json.dumps' ", " (tritonclient's spelling) */
         uint64_t len = (uint64_t)(comma - digit), v;
         memcpy(&v, digit, 8);
-        uint64_t digits_mask = ~UINT64_C(0) >> (64 - 8 * ((len & 7) ? (len & 7) : 8));  /* its len bytes (1-8) */
-        if (len - 1 > 7 || (non_digits(v) & digits_mask) || ((v & 0xFF) == '0' && len > 1)) break;
+        if (len - 1 > 7 || !short_integer(v, (int)len)) break;
         out[k++] = swar_value(v, (int)len);
         s = comma + 1;
         commas &= commas - 1;
