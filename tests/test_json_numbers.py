@@ -84,6 +84,8 @@ def test_nothing_is_read_until_enabled(monkeypatch):
 
 
 def test_the_probes_pass_here_and_a_failing_one_only_means_the_next_reader(reader, monkeypatch):
+    monkeypatch.delenv(json_numbers.READERS_ENV, raising=False)  # every reader, whatever the caller narrowed
+    json_numbers.probe.cache_clear()
     passed, why = json_numbers.probe()
     assert "simdjson" in passed
     if importlib.util.find_spec("recserve.serving.wire._json_arrays") is not None:  # built at install (a C compiler)
