@@ -19,6 +19,8 @@
 #   grpc2    (3)   #51: one gRPC channel and HTTP binary, max load at 1 / 2 / 8 workers (one generator process)
 #   peers16  (7)   #51: every recserve protocol beside FastAPI, max load at 1 / 8 / 16 workers, 4 generator processes
 #                  ($PEERS16: the servers, when FastAPI cannot run there)
+#   threads  (3)   #50: threads sharing RMC1's tables, slowdown beside 1 / 3 / 7 / 15 co-runners, and one call's
+#                  op-parallel speed-up on 1-16 cores, each against the perfmodel (Hercules' CPU search rows)
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -86,8 +88,12 @@ print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), nump
       phase peers16 420 $PY -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
         --workers "1,8,$CORES" --procs 4 --probe-s 2 --start-qps 300 --max-probes 6 --confirm 1 \
         --peers "${PEERS16:-recserve,recserve-grpc,recserve-json,fastapi}" --out "$OUT/peers_protocols.json" ;;
+    threads)
+      phase threads 300 $PY -m benchmarks.bench_thread_interference --corunners "1,3,7,$((CORES - 1))" \
+        --op-threads "1,2,4,8,$CORES" --repeats 2 --seconds 1 --out "$OUT/thread_interference.json" ;;
     *)
-      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route protocols native grpc2 peers16)" >&2
+      echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route protocols native grpc2 peers16" \
+        "threads)" >&2
       exit 2 ;;
   esac
 done
