@@ -13,8 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-
-import numpy as np
+from typing import Any
 
 
 class ComputeThread:
@@ -24,17 +23,18 @@ class ComputeThread:
     kills such a worker; an executor's threads are joined at interpreter exit).  It runs at the loop's priority:
     niced, it lost its core to any other process of the host (docs/decisions/2026-11-29-compute-thread-not-niced.md)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, compute: Callable[[list[tuple]], list[np.ndarray]],
-                 lock: threading.Lock) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, compute: Callable[[Any], Any], lock: threading.Lock,
+                 name: str = "recserve-compute") -> None:
         self.loop = loop
         self.compute = compute
         self.lock = lock
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, name="recserve-compute", daemon=True).start()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    def submit(self, arrays: list[tuple], done: Callable[[list[np.ndarray] | None, Exception | None, float], None]
-               ) -> None:
-        """Compute ``arrays`` on the thread; ``done(scores, error, seconds)`` is then called on the loop."""
+    def submit(self, arrays: Any, done: Callable[[Any, Exception | None, float], None]) -> None:
+        """Compute ``arrays`` on the thread; ``done(scores, error, seconds)`` is then called on the loop.  (The
+        worker's other job for a thread, a large plain-JSON request's decode, passes its body and gets the decoded
+        query: ``WorkerPlane.admit``.)"""
         self._jobs.put((arrays, done))
 
     def _serve(self) -> None:
