@@ -1286,3 +1286,80 @@ def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch
         assert trimmed == [1] and not plane.reporter.trim_wanted
     finally:
         loop.close()
+
+
+def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_others():
+    """A plain-JSON request of ``JSON_DECODE_THREAD_BYTES`` or more is decoded on a thread of its own: while its
+    decode runs, the loop reads, computes and answers a small query on another connection; then the large one is
+    queued and answered, and one whose decode fails is answered with its error, the worker serving on."""
+    from recserve.serving.wire.errors import InferError
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import JSON_DECODE_THREAD_BYTES, WorkerPlane
+
+    release = threading.Event()
+    decoded_on: list[str] = []
+    query = (np.zeros((1, 1), np.float32),)
+
+    class GatedPath:
+        def decode(self, body, header_length):
+            if len(body) >= JSON_DECODE_THREAD_BYTES:
+                decoded_on.append(threading.current_thread().name)
+                assert release.wait(10.0)
+                if bytes(body[:1]) == b"!":
+                    raise InferError("invalid", "request: not JSON")
+            return {}, query, 1
+
+        def compute(self, queries):
+            return [np.zeros((1, 1), np.float32) for _ in queries]
+
+        def encode(self, request, scores):
+            return b"ok", {"Content-Type": "text/plain"}
+
+    def post(body: bytes) -> bytes:
+        return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                "Content-Type: application/json\r\n\r\n").encode() + body
+
+    def send(sock: socket.socket, data: bytes) -> None:  # from a thread: the loop must run to read it
+        sender = threading.Thread(target=sock.sendall, args=(data,))
+        sender.start()
+        for _ in range(100):
+            if not sender.is_alive():
+                return
+            loop.run_until_complete(asyncio.sleep(0.02))
+        raise AssertionError("the worker did not read the request")
+
+    def answer(sock: socket.socket) -> bytes:
+        for _ in range(100):
+            loop.run_until_complete(asyncio.sleep(0.02))
+            try:
+                return sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+        return b""
+
+    large = b"{" + b" " * JSON_DECODE_THREAD_BYTES + b"}"
+    loop = asyncio.new_event_loop()
+    pairs = [socket.socketpair() for _ in range(2)]
+    try:
+        plane = WorkerPlane(loop, "m", GatedPath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=8, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
+        for ours, theirs in pairs:
+            loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        (_, big), (_, small) = pairs
+        send(big, post(large))
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert decoded_on == ["recserve-json-decode"]  # its decode waits on the gate
+        send(small, post(b"{}"))
+        assert answer(small).startswith(b"HTTP/1.1 200 OK")  # answered while the large one is still decoding
+        release.set()
+        assert answer(big).startswith(b"HTTP/1.1 200 OK")
+        send(big, post(b"!" + large[1:]))  # a decode that fails on its thread: answered, the worker serves on
+        reply = answer(big)
+        assert reply.startswith(b"HTTP/1.1 400") and b"not JSON" in reply, reply
+        send(small, post(b"{}"))
+        assert answer(small).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        release.set()
+        for ours, theirs in pairs:
+            theirs.close()
+        loop.close()
