@@ -1290,11 +1290,12 @@ def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch
 
 def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_others():
     """A plain-JSON request of ``JSON_DECODE_THREAD_BYTES`` or more is decoded on a thread of its own: while its
-    decode runs, the loop reads, computes and answers a small query on another connection; then the large one is
+    decode runs, the loop reads, computes and answers a small query on another connection; past
+    ``JSON_DECODES_AT_ONCE`` given to the thread, the loop decodes a large one itself; then the waiting ones are
     queued and answered, and one whose decode fails is answered with its error, the worker serving on."""
     from recserve.serving.wire.errors import InferError
     from recserve.serving.worker.limits import PlaneLimits
-    from recserve.serving.worker.plane import JSON_DECODE_THREAD_BYTES, WorkerPlane
+    from recserve.serving.worker.plane import JSON_DECODE_THREAD_BYTES, JSON_DECODES_AT_ONCE, WorkerPlane
 
     release = threading.Event()
     decoded_on: list[str] = []
@@ -1304,7 +1305,8 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
         def decode(self, body, header_length):
             if len(body) >= JSON_DECODE_THREAD_BYTES:
                 decoded_on.append(threading.current_thread().name)
-                assert release.wait(10.0)
+                if decoded_on[-1] != "MainThread":  # off the loop: held until released
+                    assert release.wait(10.0)
                 if bytes(body[:1]) == b"!":
                     raise InferError("invalid", "request: not JSON")
             return {}, query, 1
@@ -1323,9 +1325,9 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
         sender = threading.Thread(target=sock.sendall, args=(data,))
         sender.start()
         for _ in range(100):
+            loop.run_until_complete(asyncio.sleep(0.02))
             if not sender.is_alive():
                 return
-            loop.run_until_complete(asyncio.sleep(0.02))
         raise AssertionError("the worker did not read the request")
 
     def answer(sock: socket.socket) -> bytes:
@@ -1337,29 +1339,33 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
                 continue
         return b""
 
+    assert JSON_DECODES_AT_ONCE == 2  # the connections below: two decoding off the loop, one past them
     large = b"{" + b" " * JSON_DECODE_THREAD_BYTES + b"}"
     loop = asyncio.new_event_loop()
-    pairs = [socket.socketpair() for _ in range(2)]
+    pairs = [socket.socketpair() for _ in range(4)]
     try:
         plane = WorkerPlane(loop, "m", GatedPath(), lambda msg: None, lambda *handoff: None,
                             PlaneLimits(queue_limit=8, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
-        for ours, theirs in pairs:
+        for ours, _ in pairs:
             loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
-        (_, big), (_, small) = pairs
+        big, big2, big3, small = (theirs for _, theirs in pairs)
         send(big, post(large))
-        loop.run_until_complete(asyncio.sleep(0.1))
-        assert decoded_on == ["recserve-json-decode"]  # its decode waits on the gate
+        send(big2, post(large))
+        assert decoded_on == ["recserve-json-decode"]  # its decode waits on the gate, the second behind it
         send(small, post(b"{}"))
-        assert answer(small).startswith(b"HTTP/1.1 200 OK")  # answered while the large one is still decoding
+        assert answer(small).startswith(b"HTTP/1.1 200 OK")  # answered while the large ones are still decoding
+        send(big3, post(large))  # two are with the thread already: the loop decodes this one
+        assert answer(big3).startswith(b"HTTP/1.1 200 OK") and decoded_on[-1] == "MainThread"
         release.set()
-        assert answer(big).startswith(b"HTTP/1.1 200 OK")
+        assert answer(big).startswith(b"HTTP/1.1 200 OK") and answer(big2).startswith(b"HTTP/1.1 200 OK")
         send(big, post(b"!" + large[1:]))  # a decode that fails on its thread: answered, the worker serves on
         reply = answer(big)
         assert reply.startswith(b"HTTP/1.1 400") and b"not JSON" in reply, reply
+        assert decoded_on[-1] == "recserve-json-decode"
         send(small, post(b"{}"))
         assert answer(small).startswith(b"HTTP/1.1 200 OK")
     finally:
         release.set()
-        for ours, theirs in pairs:
+        for _, theirs in pairs:
             theirs.close()
         loop.close()

@@ -46,6 +46,9 @@ from recserve.serving.worker.reporter import RETIRING_LOAD, Reporter
 # a plain-JSON request of at least this many bytes is decoded on a thread (~0.25 ms of numbers: a thread hop, ~50 µs,
 # is then small beside what the loop gets back)
 JSON_DECODE_THREAD_BYTES = 256 * 1024
+# decodes given to that thread at once; past them the loop decodes, as it did before, and reads no more meanwhile: a
+# burst of large queries waits in the sockets and meets early refusal, instead of piling up received in memory
+JSON_DECODES_AT_ONCE = 2
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 
 
@@ -83,6 +86,7 @@ class WorkerPlane:
         self.model_lock = threading.Lock()  # one forward pass at a time (the loop's pipe items take it too)
         self._thread: ComputeThread | None = None
         self._decoder: ComputeThread | None = None  # large plain-JSON requests' decodes (``admit``)
+        self._decoding = 0  # requests given to it and not yet back
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -122,18 +126,26 @@ class WorkerPlane:
                 self.shed(conn, error, req.keep_alive)
                 conn.answered(req.keep_alive)
                 return
-            if len(req.body) >= JSON_DECODE_THREAD_BYTES:
-                if self._decoder is None:
-                    self._decoder = ComputeThread(self.loop, lambda body: self.model.decode(body, None),
-                                                  threading.Lock(), name="recserve-json-decode")
-                self._decoder.submit(req.body, lambda decoded, error, _s: self._queue_decoded(conn, req, decoded,
-                                                                                              error))
+            if len(req.body) >= JSON_DECODE_THREAD_BYTES and self._decoding < JSON_DECODES_AT_ONCE:
+                self._decode_off_loop(conn, req)
                 return
         try:
             decoded, error = self.model.decode(req.body, header_length), None
         except Exception as exc:  # noqa: BLE001 - an unreadable request is answered; the worker lives on
             decoded, error = None, exc
         self._queue_decoded(conn, req, decoded, error)
+
+    def _decode_off_loop(self, conn: Connection, req: Request) -> None:
+        if self._decoder is None:
+            self._decoder = ComputeThread(self.loop, lambda body: self.model.decode(body, None), threading.Lock(),
+                                          name="recserve-json-decode")
+        self._decoding += 1
+
+        def decoded(query: tuple | None, error: Exception | None, _seconds: float) -> None:
+            self._decoding -= 1
+            self._queue_decoded(conn, req, query, error)
+
+        self._decoder.submit(req.body, decoded)
 
     def _queue_decoded(self, conn: Connection, req: Request, decoded: tuple | None, error: Exception | None) -> None:
         """Queue the query ``admit`` decoded (``decoded``: request, arrays, items), or answer why it is none."""
