@@ -1294,8 +1294,9 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
     ``JSON_DECODES_AT_ONCE`` given to the thread, the loop decodes a large one itself; then the waiting ones are
     queued and answered, and one whose decode fails is answered with its error, the worker serving on."""
     from recserve.serving.wire.errors import InferError
+    from recserve.serving.worker.json_decoder import JSON_DECODE_THREAD_BYTES, JSON_DECODES_AT_ONCE
     from recserve.serving.worker.limits import PlaneLimits
-    from recserve.serving.worker.plane import JSON_DECODE_THREAD_BYTES, JSON_DECODES_AT_ONCE, WorkerPlane
+    from recserve.serving.worker.plane import WorkerPlane
 
     release = threading.Event()
     decoded_on: list[str] = []

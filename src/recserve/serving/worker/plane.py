@@ -9,7 +9,8 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
   connection's descriptor with the supervisor, sweeps slow clients, moves idle connections and hands off what is
   not this worker's; each connection is an HTTP/1.1 ``Connection`` (``worker/http_connection.py``), and gRPC calls
   come through ``worker/grpc_methods.py``.
-- ``WorkerPlane`` (here) decodes and validates a query with the model path (``worker/model_path.py``), then routes
+- ``WorkerPlane`` (here) decodes and validates a query with the model path (``worker/model_path.py``; a large
+  plain-JSON one on a thread of its own, ``worker/json_decoder.py``, so the loop serves on meanwhile), then routes
   it: to an accelerator worker (``offload``: a query of at least its ``min_items`` items; ``worker/accel.py``), to
   a less loaded sibling while this worker is busy (``worker/siblings.py``), or into this worker's
   ``AdmissionQueue`` (``worker/admission.py``), which admits it by count and deadline or sheds it.
@@ -39,16 +40,11 @@ from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
 from recserve.serving.worker.early_refusal import EarlyRefusal
 from recserve.serving.worker.http_connection import Connection, Request, error_response, response_bytes
+from recserve.serving.worker.json_decoder import JsonDecoder
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.model_path import ModelPath, as_infer_error
 from recserve.serving.worker.reporter import RETIRING_LOAD, Reporter
 
-# a plain-JSON request of at least this many bytes is decoded on a thread (~0.25 ms of numbers: a thread hop, ~50 µs,
-# is then small beside what the loop gets back)
-JSON_DECODE_THREAD_BYTES = 256 * 1024
-# decodes given to that thread at once; past them the loop decodes, as it did before, and reads no more meanwhile: a
-# burst of large queries waits in the sockets and meets early refusal, instead of piling up received in memory
-JSON_DECODES_AT_ONCE = 2
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 
 
@@ -85,8 +81,7 @@ class WorkerPlane:
         self.siblings: Any = None  # a siblings.SiblingClient: idle workers of the model that take a busy one's queries
         self.model_lock = threading.Lock()  # one forward pass at a time (the loop's pipe items take it too)
         self._thread: ComputeThread | None = None
-        self._decoder: ComputeThread | None = None  # large plain-JSON requests' decodes (``admit``)
-        self._decoding = 0  # requests given to it and not yet back
+        self.json_decoder = JsonDecoder(loop, lambda body: self.model.decode(body, None))  # large plain JSON
 
     # ---- set-up ------------------------------------------------------------------------------------
     async def listen(self, sock: socket.socket) -> None:
@@ -115,10 +110,8 @@ class WorkerPlane:
         """An HTTP request: decode and validate it (errors answered at once), then queue it as a query.  A large
         plain-JSON request is judged from its skeleton first under load (``EarlyRefusal.from_json``: refused, it
         costs a tenth of a ms, not the milliseconds of its decode), then decoded on a thread of its own
-        (``JSON_DECODE_THREAD_BYTES``): its numbers are read with the GIL released, so this loop starts passes and
-        answers queries meanwhile.  Decoded on the loop, a 2 MB query held every answer and the next pass for ~2 ms,
-        and the lateness admission learnt from that refused queries at a fraction of the worker's CPU
-        (docs/decisions/2026-11-30-json-decoded-off-the-loop.md)."""
+        (``worker/json_decoder.py``): its numbers are read with the GIL released, so this loop starts passes and
+        answers queries meanwhile."""
         header_length = req.headers.get("inference-header-content-length")
         if header_length is None and len(req.body) >= codec.JSON_FAST_BYTES:
             error = self.early.from_json(req.body, req.arrived)
@@ -126,26 +119,15 @@ class WorkerPlane:
                 self.shed(conn, error, req.keep_alive)
                 conn.answered(req.keep_alive)
                 return
-            if len(req.body) >= JSON_DECODE_THREAD_BYTES and self._decoding < JSON_DECODES_AT_ONCE:
-                self._decode_off_loop(conn, req)
+            if self.json_decoder.takes(len(req.body)):
+                self.json_decoder.submit(req.body, lambda decoded, error: self._queue_decoded(conn, req, decoded,
+                                                                                              error))
                 return
         try:
             decoded, error = self.model.decode(req.body, header_length), None
         except Exception as exc:  # noqa: BLE001 - an unreadable request is answered; the worker lives on
             decoded, error = None, exc
         self._queue_decoded(conn, req, decoded, error)
-
-    def _decode_off_loop(self, conn: Connection, req: Request) -> None:
-        if self._decoder is None:
-            self._decoder = ComputeThread(self.loop, lambda body: self.model.decode(body, None), threading.Lock(),
-                                          name="recserve-json-decode")
-        self._decoding += 1
-
-        def decoded(query: tuple | None, error: Exception | None, _seconds: float) -> None:
-            self._decoding -= 1
-            self._queue_decoded(conn, req, query, error)
-
-        self._decoder.submit(req.body, decoded)
 
     def _queue_decoded(self, conn: Connection, req: Request, decoded: tuple | None, error: Exception | None) -> None:
         """Queue the query ``admit`` decoded (``decoded``: request, arrays, items), or answer why it is none."""
