@@ -33,8 +33,7 @@ class ComputeThread:
 
     def submit(self, arrays: Any, done: Callable[[Any, Exception | None, float], None]) -> None:
         """Compute ``arrays`` on the thread; ``done(scores, error, seconds)`` is then called on the loop.  (The
-        worker's other job for a thread, a large plain-JSON request's decode, passes its body and gets the decoded
-        query: ``WorkerPlane.admit``.)"""
+        worker's JSON decode thread passes a request's body and gets the decoded query: ``worker/json_decoder.py``.)"""
         self._jobs.put((arrays, done))
 
     def _serve(self) -> None:
