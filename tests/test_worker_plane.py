@@ -1289,16 +1289,18 @@ def test_a_burst_of_large_bodies_asks_for_free_memory_back_when_idle(monkeypatch
 
 
 def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_others():
-    """A plain-JSON request of ``JSON_DECODE_THREAD_BYTES`` or more is decoded on a thread of its own: while its
-    decode runs, the loop reads, computes and answers a small query on another connection; past
-    ``JSON_DECODES_AT_ONCE`` given to the thread, the loop decodes a large one itself; then the waiting ones are
-    queued and answered, and one whose decode fails is answered with its error, the worker serving on."""
+    """While a worker is busy, a plain-JSON request of ``JSON_DECODE_THREAD_BYTES`` or more is decoded on a thread of
+    its own: while its decode runs, the loop reads, computes and answers a small query on another connection; past
+    ``JSON_DECODES_AT_ONCE`` given to the thread, the loop decodes a large one itself, and so does an idle worker;
+    the waiting ones are then queued and answered, and one whose decode fails on the thread is answered with its
+    error, the worker serving on."""
     from recserve.serving.wire.errors import InferError
     from recserve.serving.worker.json_decoder import JSON_DECODE_THREAD_BYTES, JSON_DECODES_AT_ONCE
     from recserve.serving.worker.limits import PlaneLimits
     from recserve.serving.worker.plane import WorkerPlane
 
-    release = threading.Event()
+    release = threading.Event()  # lets the decodes on the thread finish
+    held, started = [], threading.Event()  # gates, each holding one pass on the compute thread
     decoded_on: list[str] = []
     query = (np.zeros((1, 1), np.float32),)
 
@@ -1313,10 +1315,23 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
             return {}, query, 1
 
         def compute(self, queries):
+            if held:
+                gate = held.pop(0)
+                started.set()
+                assert gate.wait(10.0)
             return [np.zeros((1, 1), np.float32) for _ in queries]
 
         def encode(self, request, scores):
             return b"ok", {"Content-Type": "text/plain"}
+
+    def hold_a_pass() -> threading.Event:
+        """The worker busy: a pass held on its compute thread until the gate returned is set."""
+        gate = threading.Event()
+        held.append(gate)
+        started.clear()
+        plane.enqueue(query, 1, time.perf_counter(), 10.0, lambda scores, error: None)
+        assert started.wait(5.0) and plane.admission.busy()
+        return gate
 
     def post(body: bytes) -> bytes:
         return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
@@ -1346,27 +1361,37 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
     pairs = [socket.socketpair() for _ in range(4)]
     try:
         plane = WorkerPlane(loop, "m", GatedPath(), lambda msg: None, lambda *handoff: None,
-                            PlaneLimits(queue_limit=8, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
+                            PlaneLimits(queue_limit=8, deadline_s=10.0, compute_thread_ms=0.0), sub_batch=0)
+        plane.admission.service.observe(1, 0.01)  # a fit, so that passes go to the compute thread
         for ours, _ in pairs:
             loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
         big, big2, big3, small = (theirs for _, theirs in pairs)
+        gate = hold_a_pass()
         send(big, post(large))
         send(big2, post(large))
         assert decoded_on == ["recserve-json-decode"]  # its decode waits on the gate, the second behind it
+        gate.set()  # the pass ends: the worker has only the decodes on the thread left
         send(small, post(b"{}"))
         assert answer(small).startswith(b"HTTP/1.1 200 OK")  # answered while the large ones are still decoding
         send(big3, post(large))  # two are with the thread already: the loop decodes this one
         assert answer(big3).startswith(b"HTTP/1.1 200 OK") and decoded_on[-1] == "MainThread"
         release.set()
         assert answer(big).startswith(b"HTTP/1.1 200 OK") and answer(big2).startswith(b"HTTP/1.1 200 OK")
-        send(big, post(b"!" + large[1:]))  # a decode that fails on its thread: answered, the worker serves on
+        assert not plane.admission.busy() and plane.json_decoder.in_flight == 0
+        send(big, post(large))  # an idle worker: decoded on the loop, no thread hop added to its latency
+        assert answer(big).startswith(b"HTTP/1.1 200 OK") and decoded_on[-1] == "MainThread"
+        gate = hold_a_pass()
+        send(big, post(b"!" + large[1:]))  # a decode that fails on the thread: answered, the worker serves on
         reply = answer(big)
         assert reply.startswith(b"HTTP/1.1 400") and b"not JSON" in reply, reply
         assert decoded_on[-1] == "recserve-json-decode"
+        gate.set()
         send(small, post(b"{}"))
         assert answer(small).startswith(b"HTTP/1.1 200 OK")
     finally:
         release.set()
+        for gate in held:
+            gate.set()
         for _, theirs in pairs:
             theirs.close()
         loop.close()

@@ -109,9 +109,9 @@ class WorkerPlane:
     def admit(self, conn: Connection, req: Request) -> None:
         """An HTTP request: decode and validate it (errors answered at once), then queue it as a query.  A large
         plain-JSON request is judged from its skeleton first under load (``EarlyRefusal.from_json``: refused, it
-        costs a tenth of a ms, not the milliseconds of its decode), then decoded on a thread of its own
-        (``worker/json_decoder.py``): its numbers are read with the GIL released, so this loop starts passes and
-        answers queries meanwhile."""
+        costs a tenth of a ms, not the milliseconds of its decode), then, while this worker is busy, decoded on a
+        thread of its own (``worker/json_decoder.py``): its numbers are read with the GIL released, so this loop
+        starts passes and answers queries meanwhile."""
         header_length = req.headers.get("inference-header-content-length")
         if header_length is None and len(req.body) >= codec.JSON_FAST_BYTES:
             error = self.early.from_json(req.body, req.arrived)
@@ -119,7 +119,7 @@ class WorkerPlane:
                 self.shed(conn, error, req.keep_alive)
                 conn.answered(req.keep_alive)
                 return
-            if self.json_decoder.takes(len(req.body)):
+            if self.json_decoder.takes(len(req.body), self.admission.busy()):
                 self.json_decoder.submit(req.body, lambda decoded, error: self._queue_decoded(conn, req, decoded,
                                                                                               error))
                 return
