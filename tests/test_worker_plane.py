@@ -755,14 +755,16 @@ def test_a_large_query_is_shed_from_its_json_header_and_its_body_dropped():
         loop.close()
 
 
+def _json_post(body: bytes) -> bytes:
+    """A plain-JSON infer request for model ``m`` carrying ``body``."""
+    return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            "Content-Type: application/json\r\n\r\n").encode() + body
+
+
 def test_a_large_plain_json_query_is_shed_from_its_skeleton_without_being_decoded():
     """Under overload a large plain-JSON query is refused (503 + Retry-After) from its skeleton (the request without
     its ``data`` arrays), before its ~4 ms decode; one the skeleton cannot read is decoded as always, and with the
     worker idle a large JSON query is decoded and answered."""
-    def post(body: bytes) -> bytes:
-        return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-                "Content-Type: application/json\r\n\r\n").encode() + body
-
     rows = 512
     good = json.dumps({"inputs": [{"name": "dense", "shape": [rows, 13], "datatype": "FP32",
                                    "data": [0.5] * (rows * 13)}]}).encode()
@@ -777,12 +779,12 @@ def test_a_large_plain_json_query_is_shed_from_its_skeleton_without_being_decode
         theirs.settimeout(5)
         plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # computed at once
         assert len(plane.admission.queue) == 1  # the queue (limit 1) is full
-        theirs.sendall(post(good))
+        theirs.sendall(_json_post(good))
         loop.run_until_complete(asyncio.sleep(0.05))
         reply = theirs.recv(65536)
         assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After:" in reply and b"overloaded" in reply, reply
         assert decoded == []  # refused from its skeleton: never decoded
-        theirs.sendall(post(unreadable))  # still under load: decoded, then refused by the usual check
+        theirs.sendall(_json_post(unreadable))  # still under load: decoded, then refused by the usual check
         loop.run_until_complete(asyncio.sleep(0.05))
         assert theirs.recv(65536).startswith(b"HTTP/1.1 503") and decoded == [len(unreadable)]
         for _ in range(200):  # the queued queries are computed: the worker goes idle
@@ -790,7 +792,7 @@ def test_a_large_plain_json_query_is_shed_from_its_skeleton_without_being_decode
                 break
             loop.run_until_complete(asyncio.sleep(0.05))
         assert not plane.admission.busy()
-        theirs.sendall(post(good))
+        theirs.sendall(_json_post(good))
         loop.run_until_complete(asyncio.sleep(0.1))
         assert theirs.recv(65536).startswith(b"HTTP/1.1 200 OK") and decoded[-1] == len(good)
     finally:
@@ -1333,10 +1335,6 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
         assert started.wait(5.0) and plane.admission.busy()
         return gate
 
-    def post(body: bytes) -> bytes:
-        return (f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-                "Content-Type: application/json\r\n\r\n").encode() + body
-
     def send(sock: socket.socket, data: bytes) -> None:  # from a thread: the loop must run to read it
         sender = threading.Thread(target=sock.sendall, args=(data,))
         sender.start()
@@ -1367,26 +1365,26 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
             loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
         big, big2, big3, small = (theirs for _, theirs in pairs)
         gate = hold_a_pass()
-        send(big, post(large))
-        send(big2, post(large))
+        send(big, _json_post(large))
+        send(big2, _json_post(large))
         assert decoded_on == ["recserve-json-decode"]  # its decode waits on the gate, the second behind it
         gate.set()  # the pass ends: the worker has only the decodes on the thread left
-        send(small, post(b"{}"))
+        send(small, _json_post(b"{}"))
         assert answer(small).startswith(b"HTTP/1.1 200 OK")  # answered while the large ones are still decoding
-        send(big3, post(large))  # two are with the thread already: the loop decodes this one
+        send(big3, _json_post(large))  # two are with the thread already: the loop decodes this one
         assert answer(big3).startswith(b"HTTP/1.1 200 OK") and decoded_on[-1] == "MainThread"
         release.set()
         assert answer(big).startswith(b"HTTP/1.1 200 OK") and answer(big2).startswith(b"HTTP/1.1 200 OK")
         assert not plane.admission.busy() and plane.json_decoder.in_flight == 0
-        send(big, post(large))  # an idle worker: decoded on the loop, no thread hop added to its latency
+        send(big, _json_post(large))  # an idle worker: decoded on the loop, no thread hop added to its latency
         assert answer(big).startswith(b"HTTP/1.1 200 OK") and decoded_on[-1] == "MainThread"
         gate = hold_a_pass()
-        send(big, post(b"!" + large[1:]))  # a decode that fails on the thread: answered, the worker serves on
+        send(big, _json_post(b"!" + large[1:]))  # a decode that fails on the thread: answered, the worker serves on
         reply = answer(big)
         assert reply.startswith(b"HTTP/1.1 400") and b"not JSON" in reply, reply
         assert decoded_on[-1] == "recserve-json-decode"
         gate.set()
-        send(small, post(b"{}"))
+        send(small, _json_post(b"{}"))
         assert answer(small).startswith(b"HTTP/1.1 200 OK")
     finally:
         release.set()
