@@ -290,13 +290,24 @@ def test_a_skeleton_is_none_where_it_might_not_be_what_the_whole_decode_reads(ca
     assert codec.json_skeleton(SPOILED[case](body_of(entries(query())).decode()).encode()) is None
 
 
+def assert_native_spans(head: bytes, context) -> list | None:
+    """The native ``data_spans`` of ``head`` lie where ``codec._data_spans`` finds them (None for a backslash), each
+    with its room: its commas and one, as ``room()`` counts them alone; returns them."""
+    from recserve.serving.wire import _json_arrays
+
+    want = None if b"\\" in head else codec._data_spans(head)
+    got = json_numbers.data_spans(head)
+    assert (got if got is None else [(start, end) for start, end, _ in got]) == want, context
+    for start, end, room in got or []:
+        assert room == _json_arrays.room(head[start:end]) == head[start:end].count(b",") + 1, context
+    return got
+
+
 def test_the_native_data_spans_are_the_python_ones_on_every_text_and_corruption():
     """``json_numbers.data_spans`` (C, on the receive buffer) finds what ``codec._data_spans`` finds, None for any
     backslash: on the hand-written texts and on requests with a structural byte inserted, replaced or cut anywhere."""
     if "native" not in json_numbers.probe()[0]:
         pytest.skip("the native reader is not built here")
-    from recserve.serving.wire import _json_arrays
-
     rng = np.random.default_rng(11)
     heads = list(texts().values()) + [body_of(entries(query(batch=2)))]
     for head in list(heads):
@@ -307,12 +318,8 @@ def test_the_native_data_spans_are_the_python_ones_on_every_text_and_corruption(
             heads.append(head[:k] + byte + head[k:] if how == 0 else head[:k] + byte + head[k + 1:] if how == 1
                          else head[:k])
     for head in heads:
-        want = None if b"\\" in head else codec._data_spans(head)
-        got = json_numbers.data_spans(head)
+        got = assert_native_spans(head, head)
         assert json_numbers.data_spans(memoryview(bytearray(head))) == got, head
-        assert (got if got is None else [(start, end) for start, end, _ in got]) == want, head
-        for start, end, room in got or []:  # room: the span's commas and one, as room() counts them alone
-            assert room == _json_arrays.room(head[start:end]) == head[start:end].count(b",") + 1, head
 
 
 def test_the_native_data_spans_count_long_arrays_at_every_offset_of_a_vector_step():
@@ -321,19 +328,13 @@ def test_the_native_data_spans_count_long_arrays_at_every_offset_of_a_vector_ste
     and stop where ``codec._data_spans`` does."""
     if "native" not in json_numbers.probe()[0]:
         pytest.skip("the native reader is not built here")
-    from recserve.serving.wire import _json_arrays
-
     rng = np.random.default_rng(12)
     for length in [1, 2, 15, 16, 17, 31, 33, 100, 4079, 4080, 4081, 4097, 8161, 9000]:
         values = b",".join(b"%d" % v for v in rng.integers(0, 10, length))[:length].rstrip(b",") or b"7"
         for tail in [b"]}", b']  , "shape": [1]}', b"] \\ }", b" ,]}", b"],,}"]:
             for pad in range(17):
                 head = b'{"inputs": [{"name": "x", "data": [' + b" " * pad + values + tail + b"]}"
-                want = None if b"\\" in head else codec._data_spans(head)
-                got = json_numbers.data_spans(head)
-                assert (got if got is None else [(start, end) for start, end, _ in got]) == want, (length, tail, pad)
-                for start, end, room in got or []:
-                    assert room == _json_arrays.room(head[start:end]), (length, tail, pad)
+                assert_native_spans(head, (length, tail, pad))
 
 
 @pytest.mark.parametrize("structure, regular", [
