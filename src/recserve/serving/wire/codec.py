@@ -753,6 +753,19 @@ def grpc_client_options(max_message: int = -1) -> list[tuple[str, int]]:
 RAW_INPUT_CONTENTS = 7  # ModelInferRequest's field number for ``raw_input_contents`` (grpc_service.proto)
 _RAW_KEY = RAW_INPUT_CONTENTS << 3 | 2  # its key byte: the field number and wire type 2 (length-delimited)
 _ID_KEY = 3 << 3 | 2  # ModelInferRequest.id (field 3, a string)
+# Top-level fields of one ModelInferRequest that a worker walks in Python (its name, version, id, parameters, inputs,
+# outputs and raw contents: two or three per input).  Past this many the request is refused: a message of tiny fields
+# (two bytes each) would otherwise hold the worker's loop ~0.2-0.3 s a MiB, and protobuf would then build an object
+# per field (16 MiB of empty inputs: 0.45 s, +700 MB).  At this bound a walk costs about a millisecond.
+MAX_REQUEST_FIELDS = 1024
+
+
+class TooManyFields(Exception):
+    """A serialized request with more than :data:`MAX_REQUEST_FIELDS` top-level fields."""
+
+    def error(self) -> InferError:
+        return invalid("request", f"more than {MAX_REQUEST_FIELDS} top-level fields (inputs, outputs, parameters "
+                                  "and raw contents together); send fewer inputs per request")
 
 
 def protobuf_field(key: int, value: bytes) -> bytes:
@@ -782,7 +795,8 @@ def _varint(data: memoryview, pos: int) -> tuple[int, int]:
 
 def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple[Any, ...] | None:
     """A serialized ``ModelInferRequest`` as (its bytes without ``raw_input_contents``, those contents as views
-    of ``message``); None if its top level is not well-formed (protobuf then parses it whole and says why).
+    of ``message``); None if its top level is not well-formed (protobuf then parses it whole and says why);
+    :class:`TooManyFields` past :data:`MAX_REQUEST_FIELDS` of them.
     ``cut_id``: the ``id`` field is cut out too and its value (the last one, as protobuf reads it; "" if none)
     comes third, so requests that differ only in their id share a plan (perf_analyzer ``--streaming`` numbers
     every request; docs/decisions/2026-11-28-grpc-plan-key-and-streams.md).
@@ -795,9 +809,12 @@ def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple
     raw: list[memoryview] = []
     request_id: memoryview | bytes = b""
     cut = _RAW_KEY, (_ID_KEY if cut_id else _RAW_KEY)
-    pos, size, kept = 0, len(message), 0
+    pos, size, kept, fields = 0, len(message), 0, 0
     try:
         while pos < size:  # single-byte keys and lengths (the usual case) read inline, not through _varint
+            fields += 1
+            if fields > MAX_REQUEST_FIELDS:
+                raise TooManyFields
             key, body = message[pos], pos + 1
             if key >= 0x80:
                 key, body = _varint(message, pos)
@@ -837,13 +854,22 @@ def split_raw_input_contents(message: memoryview, cut_id: bool = False) -> tuple
         return None
 
 
-def _head_fields(head: memoryview) -> Iterator[tuple[int, int, int, int]]:
+def check_request_fields(message: memoryview) -> None:
+    """:class:`TooManyFields` if ``message``, a serialized request, has more than :data:`MAX_REQUEST_FIELDS` top-level
+    fields (the walk stops there); a message not well-formed is left to protobuf."""
+    if sum(1 for _ in _head_fields(message, MAX_REQUEST_FIELDS + 1)) > MAX_REQUEST_FIELDS:
+        raise TooManyFields
+
+
+def _head_fields(head: memoryview, limit: int = MAX_REQUEST_FIELDS) -> Iterator[tuple[int, int, int, int]]:
     """Each top-level field of a serialized message of which ``head`` is the first bytes, as (where its key begins,
     its key, where its value begins, the value's length), while its key and length are whole in ``head``; none after
-    a wire type that cannot be walked."""
+    a wire type that cannot be walked, nor after ``limit`` of them (a request of more is refused once whole)."""
     pos = 0
     try:
-        while pos < len(head):
+        for _ in range(limit):
+            if pos >= len(head):
+                return
             key, body = _varint(head, pos)
             wire = key & 7
             if wire == 2:

@@ -13,15 +13,19 @@ from recserve.serving.wire.proto import service_pb2
 class Undecodable:
     """A request whose bytes are not the method's protobuf message (grpc would answer UNKNOWN)."""
 
-    def __init__(self, reason: str) -> None:
-        self.error = InferError("invalid", f"request: not a valid protobuf message ({reason})", "request")
+    def __init__(self, reason: str, error: InferError | None = None) -> None:
+        self.error = error or InferError("invalid", f"request: not a valid protobuf message ({reason})", "request")
 
 
 def tolerant(deserialize: Any) -> Any:
-    """``deserialize`` returning :class:`Undecodable` instead of raising (also used by the workers' gRPC)."""
+    """``deserialize`` returning :class:`Undecodable` instead of raising (also used by the workers' gRPC), and
+    instead of decoding a message of more than ``codec.MAX_REQUEST_FIELDS`` top-level fields."""
     def run(data: bytes) -> Any:
         try:
+            codec.check_request_fields(memoryview(data))
             return deserialize(data)
+        except codec.TooManyFields as exc:
+            return Undecodable("too many fields", exc.error())
         except Exception as exc:  # DecodeError and friends: the client's bytes, never our bug
             return Undecodable(type(exc).__name__)
     return run

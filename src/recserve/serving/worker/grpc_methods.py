@@ -52,6 +52,8 @@ def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore) -> mem
     client's dense tensor fills ``head`` (their start has not arrived).  Any other is aligned on the largest content
     whose start has arrived."""
     first = codec.first_raw_content(head)
+    if first < 0:  # no raw content has begun (or the head is not walkable): nothing to align on
+        return codec.aligned_buffer(size, 0)
     split = codec.split_raw_input_contents(head[:first], cut_id=True) if first > 0 else None
     plan = plans.get(split[0]) if split is not None else None
     if plan is None:
@@ -238,7 +240,11 @@ class WorkerMethods(Forwarder):
         computes it (a sibling, if this one forwards it); any other is decoded whole and, once accepted,
         remembered."""
         arrived = time.perf_counter()
-        split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
+        try:
+            split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
+        except codec.TooManyFields as exc:
+            answer(None, exc.error())
+            return True
         plan = self._plans.get(split[0]) if split is not None else None
         request = None
         request_id = split[2] if split is not None else ""
