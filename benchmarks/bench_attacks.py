@@ -36,7 +36,7 @@ from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.wire.codec import DATATYPES
 from recserve.specs import get_model
 
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, CONTINUATION = 0, 1, 3, 4, 6, 9
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE, CONTINUATION = 0, 1, 2, 3, 4, 6, 8, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
 SERVICE = "/inference.GRPCInferenceService/"
 
@@ -84,6 +84,13 @@ def _grpc_flood(kind: str, raw: bytes) -> tuple[bytes, Any]:
         return hello, lambda i: _frame(PING, 0, 0, b"12345678") * 1000
     if kind == "settings":
         return hello, lambda i: _frame(SETTINGS, 0, 0) * 1000
+    if kind == "window_update":  # the connection's window opened a byte at a time
+        return hello, lambda i: _frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x01") * 1000
+    if kind == "priority":  # PRIORITY frames for idle streams (RFC 9113 deprecates the scheme; they still parse)
+        return hello, lambda i: b"".join(_frame(PRIORITY, 0, 2 * k + 1, b"\x00\x00\x00\x00\x10")
+                                         for k in range(1000 * i, 1000 * i + 1000))
+    if kind == "unknown_frames":  # a frame type no one defines: ignored by RFC 9113 5.5
+        return hello, lambda i: _frame(0x42, 0, 0, b"x" * 8) * 1000
     if kind == "empty_data":
         return hello + _frame(HEADERS, END_HEADERS, 1, _block(SERVICE + "ModelInfer")), \
             lambda i: _frame(DATA, 0, 1) * 1000
@@ -251,6 +258,11 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
         results.put(_http_pipeline(http_port, seconds, http_request))
     elif kind == "json_burst":
         results.put(_json_burst(http_port, seconds, json_request))
+    elif kind == "json_containers":  # 8 MiB of empty arrays in one data array, back to back on one connection
+        path = http_request.split(b" ", 2)[1].decode()
+        body = (b'{"inputs":[{"name":"dense","shape":[1],"datatype":"FP32","data":['
+                + b",".join([b"[]"] * (4 << 20)) + b"]}]}")
+        results.put(_json_burst(http_port, seconds, encode_post("127.0.0.1", path, body, {}), connections=1))
     elif kind == "idle_connections":
         results.put(_idle((http_port, grpc_port), seconds, 1500))
     elif kind == "ambiguous_heads":
@@ -259,8 +271,9 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
         results.put(_flood_grpc(kind, grpc_port, seconds, raw))
 
 
-ATTACKS = ("ping", "settings", "empty_data", "continuation", "rapid_reset_infer", "rapid_reset_forwarded",
-           "incomplete_messages", "tiny_fields", "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst")
+ATTACKS = ("ping", "settings", "window_update", "priority", "unknown_frames", "empty_data", "continuation",
+           "rapid_reset_infer", "rapid_reset_forwarded", "incomplete_messages", "tiny_fields", "http_pipeline",
+           "ambiguous_heads", "idle_connections", "json_burst", "json_containers")
 
 
 def _json_body(batch: Any) -> bytes:

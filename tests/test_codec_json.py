@@ -398,3 +398,37 @@ def test_a_node_scores_a_large_plain_json_query_as_its_binary_twin_and_its_worke
         replies = list(pool.map(lambda _: post_plain(), range(12)))
     assert [r.status for r in replies] == [200] * 12, [r.body[:200] for r in replies if r.status != 200]
     assert [w["pid"] for w in control.get_model(cfg.name)["stages"]["model"]["worker_detail"]] == pids
+
+
+@pytest.mark.parametrize("with_readers", [True, False])
+def test_json_of_too_many_arrays_or_objects_is_refused_before_orjson_builds_them(monkeypatch, with_readers):
+    """Two-byte ``[]`` or ``{}`` become 30-60-byte Python objects: past MAX_JSON_CONTAINERS a request's JSON is refused
+    400 before it is parsed, whether its containers sit in a ``data`` array (the fast reader's fallback) or
+    anywhere else; within the bound a nested tensor reads as the whole decode reads it."""
+    if with_readers:
+        enable_readers(monkeypatch)
+    else:
+        monkeypatch.setattr(json_numbers, "_readers", ())
+    n = codec.MAX_JSON_CONTAINERS
+    empty_rows = body_of([{"name": "dense", "shape": [n, 0], "datatype": "FP32", "data": [[]] * n}])
+    empty_inputs = json.dumps({"inputs": [{}] * n}).encode()
+    valid = {"dense": np.full((n, 1), 0.5, np.float32), "sparse_values": np.zeros(0, np.int64),
+             "sparse_lengths": np.zeros((2, n), np.int32)}
+    regular_rows = body_of(entries(valid, nested=True))  # valid but for the bound; the native reader reads it
+    for body in (empty_rows, empty_inputs, regular_rows):
+        refused = read_fast(body)
+        assert refused[:3] == ("refused", "invalid", "body") and f"over {n};" in refused[3]
+        assert refused == whole(body)
+    assert codec.json_skeleton(empty_inputs) is None
+    arrays = query(batch=2)
+    arrays["dense"] = np.random.default_rng(1).standard_normal((n // 4, 2)).astype(np.float32)  # nested: n/4 rows
+    arrays["sparse_lengths"] = np.zeros((2, n // 4), np.int32)
+    arrays["sparse_values"] = np.zeros(0, np.int64)
+    body = body_of(entries(arrays, nested=True))
+    assert read_fast(body) == whole(body) and read_fast(body)[0] != "refused"
+
+
+def test_the_container_bound_counts_every_bracket_and_brace():
+    codec._check_containers(b"[{" * (codec.MAX_JSON_CONTAINERS // 2))
+    with pytest.raises(InferError, match="over"):
+        codec._check_containers(b"[{" * (codec.MAX_JSON_CONTAINERS // 2) + b"[")

@@ -274,7 +274,34 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return body[:n], memoryview(body)[n:]
 
 
-def _header(head: bytes) -> dict[str, Any]:
+MAX_JSON_CONTAINERS = 65_536
+"""``[`` and ``{`` characters (arrays and objects, and any inside strings) that a request's JSON part of at least
+``JSON_FAST_BYTES`` may hold before orjson reads it whole.  A Python list or dict is 30-60 bytes for each two-byte
+``[]``: 16 MiB of them took orjson 3 s and ~1 GB.  A nested tensor of 256 rows holds 257, and any tensor can be sent
+flat, its shape folding it; past the bound the request is refused 400."""
+
+
+def _containers(text: bytes | bytearray | memoryview) -> int:
+    """``[`` and ``{`` in ``text``: the bytes whose value with bit 5 set is ``{`` (0x5B, 0x7B), counted by numpy
+    where they lie (~0.25 ms a MiB; ``bytes.count`` twice took four times that), a MiB at a time so that its
+    temporaries stay small."""
+    view, found = np.frombuffer(text, np.uint8), 0
+    for at in range(0, len(view), 1 << 20):
+        found += int(np.count_nonzero((view[at : at + (1 << 20)] | 0x20) == 0x7B))
+    return found
+
+
+def _check_containers(text: bytes | bytearray | memoryview) -> None:
+    """:data:`MAX_JSON_CONTAINERS`, counted over ``text`` before it is parsed."""
+    found = _containers(text)
+    if found > MAX_JSON_CONTAINERS:
+        raise invalid("body", f"the JSON has {found} '[' and '{{' (arrays and objects), over {MAX_JSON_CONTAINERS}; "
+                              "send each tensor's data as one flat array (its shape folds it)")
+
+
+def _header(head: bytes | bytearray | memoryview) -> dict[str, Any]:
+    if len(head) >= JSON_FAST_BYTES:  # smaller ones cannot hold enough containers to matter
+        _check_containers(head)
     try:
         request = json_loads(head)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -420,12 +447,20 @@ def json_request(head: bytes | bytearray | memoryview) -> dict[str, Any] | None:
     request the whole way.  With the native reader, ``head`` is read where it lies (a worker's receive buffer)."""
     if not json_numbers.enabled():
         return None
-    head, (request, spans) = _skeleton(head)
+    head, (request, spans), containers = _skeleton(head)
     if request is None:
         return None
     for t, (start, end, room) in zip([t for t in request["inputs"] if "data" in t], spans, strict=True):
         span = head[start:end]
-        data = json_numbers.read(span, room) if len(span) >= DATA_BYTES else None
+        nested = _nested(span)
+        if nested:  # counted before a reader builds its structure; the skeleton counted the array's own "["
+            containers += _containers(span) - 1
+        data = json_numbers.read(span, room) if len(span) >= DATA_BYTES and containers <= MAX_JSON_CONTAINERS \
+            else None
+        if data is None and not nested:
+            containers += _containers(span) - 1
+        if containers > MAX_JSON_CONTAINERS:
+            return None  # the whole decode refuses it, with the same count (``_header``)
         if data is None:
             try:
                 data = orjson.loads(span)
@@ -443,6 +478,14 @@ def json_skeleton(head: bytes | bytearray | memoryview) -> dict[str, Any] | None
     return _skeleton(head)[1][0]
 
 
+def _nested(span: bytes | bytearray | memoryview) -> bool:
+    """Whether a ``data`` array's first element is an array (its first byte after ``[`` and any whitespace)."""
+    at = 1
+    while at < len(span) and span[at] in b" \t\n\r":
+        at += 1
+    return at < len(span) and span[at] == 0x5B
+
+
 def _one_data_per_input(inputs: list[dict[str, Any]], spans: DataSpans) -> bool:
     """Every ``"data"`` array found is one input's: none elsewhere, none given twice (the last would count); inputs
     without ``data`` (binary, shared memory) are read as always."""
@@ -451,13 +494,14 @@ def _one_data_per_input(inputs: list[dict[str, Any]], spans: DataSpans) -> bool:
 
 
 def _skeleton(head: bytes | bytearray | memoryview) -> tuple[bytes | bytearray | memoryview,
-                                                             tuple[dict[str, Any] | None, DataSpans]]:
+                                                             tuple[dict[str, Any] | None, DataSpans], int]:
     """``head`` parsed with each ``data`` array replaced by ``[]``, and where those arrays were; (None, []) for
-    JSON orjson refuses, escapes anywhere, no ``data`` array, no list of input objects, or a ``data`` array that is
-    not one input's (``_one_data_per_input``).  Returned with the head the spans index: ``head`` itself where the
-    native reader found them, else a copy as bytes."""
+    JSON orjson refuses, escapes anywhere, no ``data`` array, no list of input objects, a ``data`` array that is
+    not one input's (``_one_data_per_input``), or more than :data:`MAX_JSON_CONTAINERS` arrays and objects besides
+    the ``data`` arrays.  Returned with the head the spans index (``head`` itself where the native reader found
+    them, else a copy as bytes) and the arrays and objects it counted (each ``data`` array as one)."""
     if orjson is None:
-        return head, (None, [])
+        return head, (None, []), 0
     if "native" in json_numbers.readers():
         spans = json_numbers.data_spans(head)
     else:
@@ -465,21 +509,25 @@ def _skeleton(head: bytes | bytearray | memoryview) -> tuple[bytes | bytearray |
         pairs = None if b"\\" in head else _data_spans(head)
         spans = None if pairs is None else [(start, end, None) for start, end in pairs]
     if not spans:
-        return head, (None, [])
+        return head, (None, []), 0
     pieces, last = [], 0
     for start, end, _ in spans:
         pieces += (head[last:start], b"[]")
         last = end
     pieces.append(head[last:])
+    skeleton = b"".join(pieces)
+    containers = _containers(skeleton)
+    if containers > MAX_JSON_CONTAINERS:
+        return head, (None, []), containers  # the whole decode refuses it (``_header``)
     try:
-        request = orjson.loads(b"".join(pieces))
+        request = orjson.loads(skeleton)
     except orjson.JSONDecodeError:
-        return head, (None, [])
+        return head, (None, []), containers
     inputs = request.get("inputs") if isinstance(request, dict) else None
     if not isinstance(inputs, list) or not all(isinstance(t, dict) for t in inputs) \
             or not _one_data_per_input(inputs, spans):
-        return head, (None, [])
-    return head, (request, spans)
+        return head, (None, []), containers
+    return head, (request, spans), containers
 
 
 def _data_spans(head: bytes) -> list[tuple[int, int]] | None:
