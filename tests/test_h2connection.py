@@ -10,6 +10,7 @@ from hpack import Encoder
 from recserve.serving.transport.h2connection import GOAWAY_ACK_S, GOAWAY_QUIET_MAX_S, GOAWAY_QUIET_S, H2Connection
 from recserve.serving.transport.h2frames import (
     ACK,
+    COMPRESSION_ERROR,
     DATA,
     END_HEADERS,
     END_STREAM,
@@ -20,6 +21,7 @@ from recserve.serving.transport.h2frames import (
     GOAWAY_PING,
     GOAWAY_PING_AGAIN,
     HEADERS,
+    MAX_HEADER_LIST,
     PING,
     PREFACE,
     RST_STREAM,
@@ -234,3 +236,18 @@ def test_a_log_budget_lets_one_line_through_an_interval_and_counts_the_rest():
     assert budget.allow() is None
     now[0] = 10.0
     assert budget.allow() == 4 and budget.allow() is None
+
+
+def test_a_header_list_past_grpc_cores_metadata_limit_ends_the_connection_one_within_it_is_served():
+    """HPACK stops at MAX_HEADER_LIST decoded bytes (empty literal fields cost 32 each but take 3 bytes of block):
+    COMPRESSION_ERROR, the connection closed; 8 KiB of metadata, grpc-core's default limit, is a call like any."""
+    conn, wire, _, seen, _ = _open()
+    encoder = Encoder()
+    conn.receive(frame(HEADERS, END_HEADERS, 1, encoder.encode(REQUEST + [("x-big", "v" * (8 << 10))]))
+                 + frame(DATA, END_STREAM, 1, b"\x00\x00\x00\x00\x02hi"))
+    assert seen == [b"hi"] and not wire.closed
+    wire.frames()
+    empty_literals = b"\x00\x00\x00" * (MAX_HEADER_LIST // 32 + 1)
+    conn.receive(frame(HEADERS, END_HEADERS, 3, empty_literals))
+    goaway = [payload for kind, _, _, payload in wire.frames() if kind == GOAWAY]
+    assert len(goaway) == 1 and int.from_bytes(goaway[0][4:8], "big") == COMPRESSION_ERROR and wire.closed

@@ -17,6 +17,7 @@ from recserve.serving.transport.h2frames import (
     END_STREAM,
     ENHANCE_YOUR_CALM,
     MAX_HEADER_BLOCK,
+    MAX_HEADER_LIST,
     MAX_INDEXED_BLOCKS,
     MAX_STREAMS,
     PADDED,
@@ -53,6 +54,7 @@ class HeadDecoder:
 
     def __init__(self) -> None:
         self.decoder = Decoder()
+        self.decoder.max_header_list_size = MAX_HEADER_LIST
         self.indexed: dict[bytes, Head] = {}  # header blocks of indexed fields, at most ``MAX_INDEXED_BLOCKS``
 
     def decode(self, block: bytes) -> Head:
