@@ -91,6 +91,8 @@ def _grpc_flood(kind: str, raw: bytes) -> tuple[bytes, Any]:
                                          for k in range(1000 * i, 1000 * i + 1000))
     if kind == "unknown_frames":  # a frame type no one defines: ignored by RFC 9113 5.5
         return hello, lambda i: _frame(0x42, 0, 0, b"x" * 8) * 1000
+    if kind == "header_lists":  # 64 KiB header blocks of empty literal fields (HPACK's decoded size: 32 a field)
+        return hello, lambda i: _frame(HEADERS, END_HEADERS, 2 * i + 1, b"\x00\x00\x00" * 21845)
     if kind == "empty_data":
         return hello + _frame(HEADERS, END_HEADERS, 1, _block(SERVICE + "ModelInfer")), \
             lambda i: _frame(DATA, 0, 1) * 1000
@@ -271,9 +273,9 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
         results.put(_flood_grpc(kind, grpc_port, seconds, raw))
 
 
-ATTACKS = ("ping", "settings", "window_update", "priority", "unknown_frames", "empty_data", "continuation",
-           "rapid_reset_infer", "rapid_reset_forwarded", "incomplete_messages", "tiny_fields", "http_pipeline",
-           "ambiguous_heads", "idle_connections", "json_burst", "json_containers")
+ATTACKS = ("ping", "settings", "window_update", "priority", "unknown_frames", "header_lists", "empty_data",
+           "continuation", "rapid_reset_infer", "rapid_reset_forwarded", "incomplete_messages", "tiny_fields",
+           "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst", "json_containers")
 
 
 def _json_body(batch: Any) -> bytes:
