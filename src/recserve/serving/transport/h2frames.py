@@ -25,9 +25,9 @@ HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four l
 FRAMES_PER_TURN = 256  # frames handled per read before the loop runs other work: the rest waits, reading paused
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
-MAX_HEADER_LIST = 16 << 10  # a block's decoded fields (RFC 7541 4.1 sizes, 32 each and more): grpc-core's hard
-# limit on metadata, which refuses over 8 KiB by default; past it HPACK stops (COMPRESSION_ERROR) after ~4 ms of
-# Python where 64 KiB of two-byte fields took ~19 ms
+MAX_HEADER_LIST = 16 << 10  # a block's decoded size (RFC 7541 4.1: 32 a field and more), grpc-core's hard limit on
+# metadata: past it HPACK stops with COMPRESSION_ERROR before a block of tiny fields costs much Python
+# (docs/decisions/2026-11-30-grpc-request-fields-bounded.md)
 LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled in place (``Method.land``)
 LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most this many max messages
 MAX_INDEXED_BLOCKS = 64  # header blocks of indexed fields remembered per connection (a client repeats a few)

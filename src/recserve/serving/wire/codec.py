@@ -276,15 +276,14 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
 
 MAX_JSON_CONTAINERS = 65_536
 """``[`` and ``{`` characters (arrays and objects, and any inside strings) that a request's JSON part of at least
-``JSON_FAST_BYTES`` may hold before orjson reads it whole.  A Python list or dict is 30-60 bytes for each two-byte
-``[]``: 16 MiB of them took orjson 3 s and ~1 GB.  A nested tensor of 256 rows holds 257, and any tensor can be sent
-flat, its shape folding it; past the bound the request is refused 400."""
+``JSON_FAST_BYTES`` may hold before orjson reads it: each two-byte ``[]`` would become a Python list of 30-60 bytes
+(docs/decisions/2026-11-30-json-containers-bounded.md).  A nested tensor of 256 rows holds 257, and any tensor can be
+sent flat, its shape folding it; past the bound the request is refused 400."""
 
 
 def _containers(text: bytes | bytearray | memoryview) -> int:
     """``[`` and ``{`` in ``text``: the bytes whose value with bit 5 set is ``{`` (0x5B, 0x7B), counted by numpy
-    where they lie (~0.25 ms a MiB; ``bytes.count`` twice took four times that), a MiB at a time so that its
-    temporaries stay small."""
+    where they lie, a MiB at a time so that its temporaries stay small."""
     view, found = np.frombuffer(text, np.uint8), 0
     for at in range(0, len(view), 1 << 20):
         found += int(np.count_nonzero((view[at : at + (1 << 20)] | 0x20) == 0x7B))
@@ -803,8 +802,8 @@ _RAW_KEY = RAW_INPUT_CONTENTS << 3 | 2  # its key byte: the field number and wir
 _ID_KEY = 3 << 3 | 2  # ModelInferRequest.id (field 3, a string)
 # Top-level fields of one ModelInferRequest that a worker walks in Python (its name, version, id, parameters, inputs,
 # outputs and raw contents: two or three per input).  Past this many the request is refused: a message of tiny fields
-# (two bytes each) would otherwise hold the worker's loop ~0.2-0.3 s a MiB, and protobuf would then build an object
-# per field (16 MiB of empty inputs: 0.45 s, +700 MB).  At this bound a walk costs about a millisecond.
+# (two bytes each) would otherwise hold the worker's loop in proportion to its size, and protobuf would then build an
+# object per field (docs/decisions/2026-11-30-grpc-request-fields-bounded.md).
 MAX_REQUEST_FIELDS = 1024
 
 
