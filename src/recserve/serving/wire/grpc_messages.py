@@ -11,23 +11,27 @@ from recserve.serving.wire.proto import service_pb2
 
 
 class Undecodable:
-    """A request whose bytes are not the method's protobuf message (grpc would answer UNKNOWN)."""
+    """A request that is not the method's protobuf message (grpc would answer UNKNOWN), or one of more top-level
+    fields than are read (``codec.MAX_REQUEST_FIELDS``): ``error`` says which."""
 
-    def __init__(self, reason: str, error: InferError | None = None) -> None:
-        self.error = error or InferError("invalid", f"request: not a valid protobuf message ({reason})", "request")
+    def __init__(self, error: InferError) -> None:
+        self.error = error
 
 
-def tolerant(deserialize: Any) -> Any:
+def tolerant(deserialize: Any, fields_bounded: bool = False) -> Any:
     """``deserialize`` returning :class:`Undecodable` instead of raising (also used by the workers' gRPC), and
-    instead of decoding a message of more than ``codec.MAX_REQUEST_FIELDS`` top-level fields."""
+    instead of decoding a message of more than ``codec.MAX_REQUEST_FIELDS`` top-level fields; ``fields_bounded``:
+    the caller's own walk has bounded them already (the workers' ``codec.split_raw_input_contents``)."""
     def run(data: bytes) -> Any:
         try:
-            codec.check_request_fields(memoryview(data))
+            if not fields_bounded:
+                codec.check_request_fields(memoryview(data))
             return deserialize(data)
         except codec.TooManyFields as exc:
-            return Undecodable("too many fields", exc.error())
+            return Undecodable(exc.error())
         except Exception as exc:  # DecodeError and friends: the client's bytes, never our bug
-            return Undecodable(type(exc).__name__)
+            return Undecodable(InferError("invalid", f"request: not a valid protobuf message ({type(exc).__name__})",
+                                          "request"))
     return run
 
 

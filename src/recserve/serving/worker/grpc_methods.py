@@ -35,7 +35,9 @@ from recserve.serving.worker.plane import WorkerPlane
 log = logging.getLogger(__name__)
 
 SERVICE = "/inference.GRPCInferenceService/"
-decode_infer = tolerant(service_pb2.ModelInferRequest.FromString)
+# every request reaching it went through ``_query``'s split, whose walk refuses one of too many fields, or stopped
+# at the malformed field where the bound's walk would stop too
+decode_infer = tolerant(service_pb2.ModelInferRequest.FromString, fields_bounded=True)
 # every request's tensors are split off before protobuf parses the rest (the rest is also the plan's key); from
 # this size on that is what keeps a large query from being copied twice (codec.split_raw_input_contents)
 SPLIT_BYTES = 64 << 10
