@@ -75,9 +75,10 @@ def test_verify_refuses_a_missing_endpoint(tmp_path, capsys):
 def test_verify_a_tiny_deployed_plan(tmp_path, capsys):
     from recserve.deploy.local_fleet import fleet_node_configs, start_nodes, stop_nodes
 
-    plan = FleetPlan(groups=[FleetGroup("single", "this-host", 1, 1, {MODEL: 20.0}, {MODEL: "dram"}, "", "test",
+    # rates high enough that each max-load probe's minimum sample (50 queries) takes about its second
+    plan = FleetPlan(groups=[FleetGroup("single", "this-host", 1, 1, {MODEL: 200.0}, {MODEL: "dram"}, "", "test",
                                         {MODEL: {"workers": 2, "threads": 1}})],
-                     models={MODEL: {"peak_qps": 10.0, "capacity_qps": 20.0, "sla_ms": 500.0, "percentile": 95.0,
+                     models={MODEL: {"peak_qps": 100.0, "capacity_qps": 200.0, "sla_ms": 500.0, "percentile": 95.0,
                                      "served_by": ["1 x single on this-host"]}})
     path = plan.save(tmp_path / "fleet.json")
     configs, _ = fleet_node_configs(plan, scale=1e-4, cores=[0])
@@ -94,7 +95,7 @@ def test_verify_a_tiny_deployed_plan(tmp_path, capsys):
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "v.json").read_text())["models"][MODEL]
     # one worker deployed of the two planned: half the plan's capacity and half the peak offered
-    assert result["predicted_qps"] == pytest.approx(10.0) and result["offered_qps"] == pytest.approx(5.0)
+    assert result["predicted_qps"] == pytest.approx(100.0) and result["offered_qps"] == pytest.approx(50.0)
     assert result["ok"] > 0 and result["achieved_qps"] > 0
     assert result["max_load_qps"] > 0 and result["max_load_error"] is not None
     assert len(result["max_load_probes"]) <= 4 + 3  # the search, then at most three confirming probes

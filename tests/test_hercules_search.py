@@ -52,7 +52,7 @@ def models() -> list[ModelSpec]:
 @pytest.mark.integration  # seconds of work
 def test_search_finds_exhaustive_optimum_with_a_quarter_of_the_evaluations(server):
     rows = []
-    for spec in models():
+    for spec in models()[SERVERS.index(server) % 2:: 2]:  # every model on two of the four servers
         evaluate = perfmodel_evaluator(spec, server, PM, MIX)
         truth = exhaustive(server, evaluate, BATCHES)
         found = search(server, evaluate, BATCHES)

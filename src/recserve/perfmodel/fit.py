@@ -81,8 +81,17 @@ def points_from_profiles(profiles: ProfileSet, server: ServerType, models: Itera
 
 
 def predict(cal: Calibration, points: list[Point]) -> np.ndarray:
+    """Predicted mean ms of each point; the points of one model, server and thread width are predicted together."""
     pm = PerfModel(cal)
-    return np.array([pm.call_ms(p.spec, p.server, p.batch, Allocation(cores_per_worker=p.cores)) for p in points])
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault((id(p.spec), id(p.server), p.cores), []).append(i)
+    out = np.empty(len(points))
+    for idx in groups.values():
+        first = points[idx[0]]
+        batches = np.array([points[i].batch for i in idx], dtype=float)
+        out[idx] = pm.call_ms_many(first.spec, first.server, batches, Allocation(cores_per_worker=first.cores))
+    return out
 
 
 def errors(cal: Calibration, points: list[Point]) -> np.ndarray:

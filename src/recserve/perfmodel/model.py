@@ -36,7 +36,7 @@ import numpy as np
 
 from recserve.errors import SpecError
 from recserve.perfmodel.calibration import Calibration, load_calibration
-from recserve.perfmodel.corunners import default_mean_items, displaced_llc_bytes, job_items
+from recserve.perfmodel.corunners import corunner_threads, default_mean_items, displaced_llc_bytes, job_items
 from recserve.perfmodel.cost import ModelCost, model_cost, zipf_hit
 from recserve.perfmodel.queueing import SizeMix, Station, jitter, sojourn_percentile, solve_max_load
 from recserve.perfmodel.service_time import ServiceTimes
@@ -135,6 +135,17 @@ class PerfModel:
         else:
             self.cal = load_calibration(calibration)
         self.times = ServiceTimes(self.cal)
+        self._costs: dict[int, tuple[ModelSpec, ModelCost]] = {}
+
+    def _cost(self, spec: ModelSpec) -> ModelCost:
+        """``model_cost(spec)`` looked up by the spec object: a spec of many tables costs far more to hash than to
+        find by identity, and the planners evaluate one spec thousands of times."""
+        held = self._costs.get(id(spec))
+        if held is None or held[0] is not spec:
+            if len(self._costs) >= 256:
+                self._costs.clear()
+            held = self._costs[id(spec)] = (spec, model_cost(spec))
+        return held[1]
 
     def call_times(self, spec: ModelSpec, server: ServerType, alloc: Allocation, st: _Static, m: np.ndarray,
                    slow: float) -> list[np.ndarray]:
@@ -157,6 +168,18 @@ class PerfModel:
         st = self._static(spec, server, alloc, float(batch))
         times = self.call_times(spec, server, alloc, st, np.array([float(batch)]), self._slowdown(alloc, server, 0.0))
         return float(sum(t[0] for t in times))
+
+    def call_ms_many(self, spec: ModelSpec, server: ServerType, batches: np.ndarray,
+                     alloc: Allocation | None = None) -> np.ndarray:
+        """``call_ms`` of each batch size, computed together: with no co-runner the load-independent part of the
+        model does not depend on the call's size, so it is worked out once."""
+        alloc = alloc or Allocation()
+        sizes = np.asarray(batches, dtype=float)
+        if corunner_threads(alloc) or sizes.size == 0:
+            return np.array([self.call_ms(spec, server, int(b), alloc) for b in sizes])
+        st = self._static(spec, server, alloc, float(sizes[0]))
+        times = self.call_times(spec, server, alloc, st, sizes, self._slowdown(alloc, server, 0.0))
+        return np.sum(times, axis=0)
 
     def max_load(self, spec: ModelSpec, server: ServerType, alloc: Allocation | None = None,
                  sizes: np.ndarray | list[int] | None = None, sla: SLA | None = None) -> float:
@@ -264,7 +287,7 @@ class PerfModel:
         """``items``: the mean items of one call (a sub-batch), which sizes the co-runners' private LLC data;
         default ``alloc.batch``, else the default query mix's mean."""
         cal = self.cal
-        cost = model_cost(spec)
+        cost = self._cost(spec)
         on_accel = bool(server.accelerator) and alloc.accelerator is not False
         if alloc.accelerator and not server.accelerator:
             raise SpecError(f"server {server.name!r} has no accelerator")
