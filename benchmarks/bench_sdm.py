@@ -32,6 +32,7 @@ import torch
 
 from benchmarks import harness
 from recserve.embedding.blockio import BlockReader, io_uring_available
+from recserve.embedding.row_index import available, slot_overhead_bytes
 from recserve.embedding.rowcache import POLICIES, PooledCache, RowCache, bag_keys
 from recserve.embedding.tablefile import write_table
 from recserve.embedding.tiered import tier_model, tier_stats
@@ -138,12 +139,13 @@ def bench_row_cache(quick: bool) -> dict:
                 log(f"  cache {dist} P={p} {policy:5s} {f:5.0%}: hit {hit:.3f}  {cpu:.0f} CPU us/query")
         if dist == "two-level" and p == 0.9:
             out["index"] = []
-            for index in ("dict", "numpy"):
+            for index in ("dict", "native") if available()[0] else ("dict",):
                 for policy in POLICIES:
                     hit, us, cpu = run_cache(stream, int(rows * 0.05), policy, warm, index)
+                    overhead = slot_overhead_bytes(policy, index)
                     out["index"].append({"index": index, "policy": policy, "cache_fraction": 0.05, "hit_rate": hit,
-                                         "cpu_us_per_query": cpu})
-                    log(f"  index {index:5s} {policy:5s}: {cpu:.0f} CPU us/query")
+                                         "cpu_us_per_query": cpu, "slot_overhead_bytes": overhead})
+                    log(f"  index {index:6s} {policy:5s}: {cpu:.0f} CPU us/query, {overhead:.0f} B beside each row")
     return out
 
 

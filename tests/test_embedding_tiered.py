@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from recserve.embedding.blockio import BlockReader, TableIOError, io_uring_available
-from recserve.embedding.rowcache import DictIndex, KeyIndex, PooledCache, RowCache, bag_keys
+from recserve.embedding.row_index import NativeIndex, available
+from recserve.embedding.rowcache import DictIndex, PooledCache, RowCache, bag_keys
 from recserve.embedding.tablefile import (
     TableFileError,
     decode_rows,
@@ -25,6 +26,8 @@ from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
 
 ENGINES = ["threads"] + (["io_uring"] if io_uring_available() else [])
+
+NEEDS_NATIVE = pytest.mark.skipif(not available()[0], reason="the native row index is not usable here")
 
 
 def small_spec(dim: int = 16) -> ModelSpec:
@@ -216,7 +219,7 @@ def test_bag_keys_order_invariant_and_multiset_sensitive():
     assert hi1[0] != hi4[0]
 
 
-@pytest.mark.parametrize("index_cls", [KeyIndex, DictIndex])
+@pytest.mark.parametrize("index_cls", [pytest.param(NativeIndex, marks=NEEDS_NATIVE), DictIndex])
 def test_key_index_matches_a_dict(index_cls):
     rng = np.random.default_rng(0)
     index, truth = index_cls(500), {}
@@ -235,7 +238,7 @@ def test_key_index_matches_a_dict(index_cls):
         assert np.array_equal(index.find(probe), expect)
 
 
-@pytest.mark.parametrize("index", ["dict", "numpy"])
+@pytest.mark.parametrize("index", ["dict", pytest.param("native", marks=NEEDS_NATIVE)])
 @pytest.mark.parametrize("policy", ["lru", "clock", "lfu"])
 def test_row_cache_policies_keep_hot_rows(policy, index):
     cache = RowCache(capacity_bytes=100 * 16, slot_bytes=16, policy=policy, index=index)

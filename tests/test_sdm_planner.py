@@ -78,7 +78,7 @@ def test_ssd_overload_is_reported_infeasible():
 
 def test_per_table_cache_disables_cold_tables():
     tables = (TableSpec("hot", 1_000_000, 64, pooling=20, side="user"),
-              TableSpec("cold", 100_000_000, 64, pooling=1, side="user"),
+              TableSpec("cold", 1_000_000_000, 64, pooling=1, side="user"),
               TableSpec("i", 1000, 64, side="item"))
     s = ModelSpec("mix", "dlrm", 4, tables, "concat", SLA(10.0), top_mlp=(1,), bytes_per_elem=1)
     plan = plan_tier(s, 0.15, 100, policy="per-table-cache", server=SERVER)

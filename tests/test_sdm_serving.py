@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from recserve.embedding import uring
+from recserve.embedding import row_index, uring
 from recserve.serving import config_from_dict
 from recserve.specs import get_model
 from recserve.zoo import build, sample_batch
@@ -46,6 +46,8 @@ def test_node_server_serves_a_tiered_model_with_dram_scores(tmp_path, engine):
     np.testing.assert_array_equal(scores, expected)
     assert any(tmp_path.iterdir()), "the tier wrote its table files"
     assert tier_io and all(t["why"] for t in tier_io), "the node says which I/O engine each tiered table uses"
+    # and which key index its row cache has: the native one wherever this host's probe passes
+    assert {t["cache_index"] for t in tier_io} == {"native" if row_index.available()[0] else "dict"}
     engines = {t["engine"] for t in tier_io}
     if engine == "auto":
         assert engines == {"io_uring" if uring.probe()[0] else "threads"}

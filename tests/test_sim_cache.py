@@ -23,7 +23,7 @@ def test_hit_rate_grows_with_cache_and_stays_below_the_ideal_fill():
     rates = []
     for share in (0.02, 0.1, 0.4):
         r = simulate_tier_hits(spec, [0, 1], share * 40_000 * slot, queries=300, locality={"user": 0.9})
-        assert r.slots == int(share * 40_000)
+        assert abs(r.slots - share * 40_000) <= 1  # the bytes hold that many slots (to a rounding)
         rates.append(r.hit_rate)
         ideal = zipf_rank_cdf(20_000, zipf_alpha_for_locality(0.9, 20_000))[int(share * 20_000)]
         assert r.hit_rate <= ideal + 0.03      # no cache beats holding exactly the hottest rows

@@ -2,7 +2,8 @@
 
 Checks what decides how recserve runs here, each with its reason: the CPU's vector extensions (a native wheel
 built for AVX-512 traps without them), the SSD-tier read path (O_DIRECT on a directory, io_uring probed in a
-child process so that a crash cannot take this command down), and the PyTorch build and threads.
+child process so that a crash cannot take this command down) and its row cache's key index (native, probed the
+same way, or a dict), and the PyTorch build and threads.
 """
 
 from __future__ import annotations
@@ -46,10 +47,12 @@ def _direct_io(directory: Path) -> tuple[str, str]:
 def checks(directory: Path) -> dict:
     import torch
 
-    from recserve.embedding import uring
+    from recserve.embedding import row_index, uring
+    from recserve.embedding.rowcache import default_index
 
     flags = _cpu_flags()
     uring_ok, uring_why = uring.probe()
+    index = default_index()
     mode, mode_why = _direct_io(directory)
     return {
         "cpu": {"cores_usable": len(os.sched_getaffinity(0)), "avx2": "avx2" in flags,
@@ -57,7 +60,9 @@ def checks(directory: Path) -> dict:
         "torch": {"version": torch.__version__, "threads": torch.get_num_threads(),
                   "cuda": bool(torch.cuda.is_available())},
         "ssd_tier": {"directory": str(directory), "mode": mode, "mode_why": mode_why,
-                     "engine": "io_uring" if uring_ok else "threads", "engine_why": uring_why},
+                     "engine": "io_uring" if uring_ok else "threads", "engine_why": uring_why,
+                     "cache_index": index, "cache_index_why": row_index.available()[1],
+                     "cache_bytes_per_row": round(row_index.slot_overhead_bytes("clock", index), 1)},
     }
 
 
@@ -75,11 +80,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"torch       {tch['version']}, {tch['threads']} threads, cuda={'yes' if tch['cuda'] else 'no'}")
     print(f"tier mode   {tier['mode']} in {tier['directory']} ({tier['mode_why']})")
     print(f"tier engine {tier['engine']} ({tier['engine_why']})")
+    why = f"; {tier['cache_index_why']}" if tier["cache_index_why"] else ""
+    print(f"tier cache  {tier['cache_index']} key index, {tier['cache_bytes_per_row']:g} B beside each cached row "
+          f"(CLOCK{why})")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="what this host offers recserve (CPU, torch, SSD-tier read path) and why")
+    p = sub.add_parser("doctor", help="what this host offers recserve (CPU, torch, SSD-tier read path and cache "
+                                      "index) and why")
     p.add_argument("--dir", default=".", help="directory where tiered table files would live (default: .)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)

@@ -1,9 +1,9 @@
 """DRAM caches in front of SSD tables (SDM §4.3–4.4).
 
 - :class:`RowCache`: one *unified* row cache shared by all tiered tables (a byte budget, fixed-size slots),
-  keyed by ``(table, row)``.  Lookups, inserts and evictions take a whole batch of keys at once and run as
-  numpy array operations: the key → slot map is an open-addressing hash table held in numpy arrays
-  (:class:`KeyIndex`), row bytes live in one ``[slots, slot_bytes]`` uint8 arena.
+  keyed by ``(table, row)``.  Lookups, inserts and evictions take a whole batch of keys at once: the key → slot
+  map is the native open-addressing table of ``row_index.py`` (~17 B per row) where its probe passed, else a
+  Python dict (~114 B per row, :class:`DictIndex`); row bytes live in one ``[slots, slot_bytes]`` uint8 arena.
 - Eviction policies ``lru`` (exact, a timestamp per slot; victims by ``argpartition``), ``clock``
   (second chance: a reference bit per slot and a sweeping hand, vectorised over windows of slots) and ``lfu``
   (a frequency count per slot halved every ``slots`` accesses, victims = least frequent of 8 random
@@ -20,9 +20,10 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from recserve.embedding.row_index import DICT_BYTES_PER_ENTRY, NativeIndex, available
+
 POLICIES = ("lru", "clock", "lfu")
 _EMPTY = -1
-_TOMB = -2
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 ROW_BITS = 40  # key = table_id << 40 | row
 
@@ -36,102 +37,12 @@ def mix64(x: np.ndarray, seed: int = 0) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-class KeyIndex:
-    """int64 key → int32 value: open addressing over buckets of 8 (a key lives in its home bucket or, rarely,
-    a following one).  Every operation takes a batch of keys; a lookup is one ``[n, 8]`` gather and compare,
-    so it needs one numpy pass instead of a probe loop.  Deletions leave tombstones, swept by a rebuild."""
-
-    WIDTH = 8
-
-    def __init__(self, capacity: int) -> None:
-        self.bucket_bits = max(1, int(2 * max(capacity, 1) // self.WIDTH).bit_length())
-        self._alloc()
-        self.used = 0
-        self.tombs = 0
-
-    def _alloc(self) -> None:
-        self.buckets = 1 << self.bucket_bits
-        self.size = self.buckets * self.WIDTH
-        self.keys = np.full(self.size, _EMPTY, dtype=np.int64)
-        self.vals = np.zeros(self.size, dtype=np.int32)
-        self._lanes = np.arange(self.WIDTH, dtype=np.int64)
-
-    def _home(self, keys: np.ndarray) -> np.ndarray:
-        return (mix64(keys) >> np.uint64(64 - self.bucket_bits)).astype(np.int64)
-
-    def positions(self, keys: np.ndarray) -> np.ndarray:
-        """Table position of each key, -1 where absent."""
-        bucket = self._home(keys)
-        found = np.full(keys.size, -1, dtype=np.int64)
-        active = np.arange(keys.size)
-        while active.size:
-            base = bucket[active] * self.WIDTH
-            block = self.keys[base[:, None] + self._lanes]
-            eq = block == keys[active][:, None]
-            has = eq.any(axis=1)
-            found[active[has]] = base[has] + eq[has].argmax(axis=1)
-            go_on = ~has & ~(block == _EMPTY).any(axis=1)  # a bucket with an empty lane ends the search
-            active = active[go_on]
-            bucket[active] = (bucket[active] + 1) & (self.buckets - 1)
-        return found
-
-    def find(self, keys: np.ndarray) -> np.ndarray:
-        pos = self.positions(keys)
-        out = np.full(keys.size, -1, dtype=np.int64)
-        ok = pos >= 0
-        out[ok] = self.vals[pos[ok]]
-        return out
-
-    def insert(self, keys: np.ndarray, vals: np.ndarray) -> None:
-        """Insert keys that are absent and distinct."""
-        if self.used + self.tombs + keys.size > 0.6 * self.size:
-            self._rebuild(extra=keys.size)
-        bucket = self._home(keys)
-        pending = np.arange(keys.size)
-        while pending.size:
-            order = np.argsort(bucket[pending], kind="stable")
-            pending = pending[order]
-            b = bucket[pending]
-            first = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
-            rank = np.arange(b.size) - np.repeat(first, np.diff(np.r_[first, b.size]))
-            base = b * self.WIDTH
-            block = self.keys[base[:, None] + self._lanes]
-            free = (block == _EMPTY) | (block == _TOMB)
-            target = free & (np.cumsum(free, axis=1) == (rank + 1)[:, None])  # the rank-th free lane
-            placed = target.any(axis=1)
-            pos = base[placed] + target[placed].argmax(axis=1)
-            self.tombs -= int((self.keys[pos] == _TOMB).sum())
-            self.keys[pos] = keys[pending[placed]]
-            self.vals[pos] = vals[pending[placed]]
-            pending = pending[~placed]
-            bucket[pending] = (bucket[pending] + 1) & (self.buckets - 1)
-        self.used += keys.size
-
-    def remove(self, keys: np.ndarray) -> None:
-        pos = self.positions(keys)
-        pos = pos[pos >= 0]
-        self.keys[pos] = _TOMB
-        self.used -= pos.size
-        self.tombs += pos.size
-
-    def _rebuild(self, extra: int = 0) -> None:
-        live = self.keys >= 0
-        keys, vals = self.keys[live], self.vals[live]
-        while (keys.size + extra) > 0.5 * self.size:
-            self.bucket_bits += 1
-            self.size *= 2
-        self._alloc()
-        self.used = self.tombs = 0
-        if keys.size:
-            self.insert(keys, vals)
-
-
 class DictIndex:
-    """int64 key → slot in a Python dict, with the same batch interface as :class:`KeyIndex`.  At serving batch
-    sizes (tens to a few thousand distinct ids per table) one dict probe per key (~0.1 µs) beats the ~20 numpy
-    calls a vectorised probe costs; it takes ~100 B per entry instead of ~30 B (see docs/sdm.md)."""
+    """int64 key → slot in a Python dict, with the batch interface of ``row_index.NativeIndex``: the index where
+    the native one is not built or its probe failed.  It takes ~114 B per entry (key and value objects, the
+    dict's own arrays)."""
 
-    BYTES_PER_ENTRY = 100
+    BYTES_PER_ENTRY = DICT_BYTES_PER_ENTRY
 
     def __init__(self, capacity: int) -> None:
         self.map: dict[int, int] = {}
@@ -153,31 +64,42 @@ class DictIndex:
             pop(k, None)
 
 
-INDEXES = {"dict": DictIndex, "numpy": KeyIndex}
+INDEXES = {"dict": DictIndex, "native": NativeIndex}
+
+
+def default_index() -> str:
+    """The native index where this process may use it (``row_index.available``), else the dict."""
+    return "native" if available()[0] else "dict"
 
 
 class RowCache:
     """The unified DRAM row cache shared by every tiered table of a process (see module doc)."""
 
     def __init__(self, capacity_bytes: int, slot_bytes: int, policy: str = "clock", seed: int = 0,
-                 index: str = "dict") -> None:
+                 index: str | None = None) -> None:
+        """``index``: "native", "dict", or None for ``default_index()``."""
+        index = index or default_index()
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if index not in INDEXES:
             raise ValueError(f"index must be one of {sorted(INDEXES)}, got {index!r}")
+        if index == "native" and not available()[0]:
+            raise ValueError(f"the native row index cannot be used here: {available()[1]}")
         self.slot_bytes = int(slot_bytes)
         self.slots = max(0, int(capacity_bytes) // self.slot_bytes)
         self.capacity_bytes = self.slots * self.slot_bytes
         self.policy = policy
         self.data = np.zeros((self.slots, self.slot_bytes), dtype=np.uint8)
         self.slot_key = np.full(self.slots, _EMPTY, dtype=np.int64)
+        self.index_kind = index
         self.index = INDEXES[index](self.slots)
         self.filled = 0
         self.tick = 0
-        self.stamp = np.zeros(self.slots, dtype=np.int64)  # lru
-        self.ref = np.zeros(self.slots, dtype=bool)  # clock
+        # each policy's state, allocated for that policy only
+        self.stamp = np.zeros(self.slots if policy == "lru" else 0, dtype=np.int64)
+        self.ref = np.zeros(self.slots if policy == "clock" else 0, dtype=bool)
         self.hand = 0
-        self.freq = np.zeros(self.slots, dtype=np.uint32)  # lfu
+        self.freq = np.zeros(self.slots if policy == "lfu" else 0, dtype=np.uint32)
         self.since_aging = 0
         self.rng = np.random.default_rng(seed)
         self.lock = threading.Lock()
@@ -212,7 +134,7 @@ class RowCache:
         arrays = self.data.nbytes + self.slot_key.nbytes + self.stamp.nbytes + self.ref.nbytes + self.freq.nbytes
         if isinstance(self.index, DictIndex):
             return arrays + self.slots * DictIndex.BYTES_PER_ENTRY
-        return arrays + self.index.keys.nbytes + self.index.vals.nbytes
+        return arrays + self.index.nbytes
 
     # ---- batch operations (call under ``lock``) ----------------------------------
     def lookup(self, keys: np.ndarray) -> np.ndarray:

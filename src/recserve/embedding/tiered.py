@@ -168,6 +168,12 @@ class TieredTable(nn.Module):
         self._col = np.arange(h.row_bytes, dtype=np.int64)
         self._staged: tuple[np.ndarray, np.ndarray] | None = None
 
+    @property
+    def cache_index(self) -> str:
+        """The row cache's key index this table's rows go through ("native", "dict"), "" if none."""
+        cache = self.resources.row_cache
+        return cache.index_kind if self.use_cache and cache is not None else ""
+
     def _open_file(self) -> TableHeader:
         """Header, footer and (with ``verify``) every block checked; the file must be the expected table's."""
         try:
@@ -351,9 +357,10 @@ class TieredTable(nn.Module):
 
 
 def io_report(model: nn.Module) -> list[dict[str, str]]:
-    """Which read path each tiered table of ``model`` uses and why (served in the node's model state)."""
+    """Which read path each tiered table of ``model`` uses and why, and the row cache's key index ("native",
+    "dict", "" with no cache): served in the node's model state."""
     return [{"table": name or "?", "file": t.path.name, "mode": t.reader.mode, "engine": t.reader.engine,
-             "why": t.reader.engine_reason}
+             "why": t.reader.engine_reason, "cache_index": t.cache_index}
             for name, t in model.named_modules() if isinstance(t, TieredTable)]
 
 

@@ -32,13 +32,16 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from recserve.embedding.row_index import slot_overhead_bytes
 from recserve.errors import InfeasibleError, SpecError
 from recserve.planners.plan import Plan, format_table, register_plan
 from recserve.specs import ModelSpec, ServerType, SSDSpec, TableSpec
 
 POLICIES = ("sm-cache", "fixed-fm", "per-table-cache")
 HOT_FRACTION = 0.10
-CACHE_OVERHEAD_PER_SLOT = 121  # bytes beside the row (RowCache.dram_bytes): slot key 8, policy state 13, dict 100
+# bytes beside a cached row (RowCache.dram_bytes per slot): its key, CLOCK's bit, the native index's entry (the index an
+# install builds; where it is not built the node's dict index takes ~100 B instead, and a plan overstates its cache)
+CACHE_OVERHEAD_PER_SLOT = slot_overhead_bytes("clock", "native")
 DEFAULT_SSD = SSDSpec(iops=500_000, read_latency_us=100, capacity_gb=2000, kind="nand")  # SDM Table 1 NAND
 GATHER_EFFICIENCY = 0.25  # random row gathers reach about a quarter of peak DRAM bandwidth (assumption)
 

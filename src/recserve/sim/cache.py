@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from recserve.embedding.row_index import slot_overhead_bytes
 from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
 from recserve.errors import SpecError
 from recserve.specs import ModelSpec
 from recserve.workload.indices import ZipfSampler, zipf_alpha_for_locality
 
-SLOT_OVERHEAD = 121  # bytes beside each cached row (RowCache.dram_bytes per slot; = planners.sdm's constant)
+SLOT_OVERHEAD = slot_overhead_bytes("clock")  # bytes beside each cached row (CLOCK, the native index; = the planner's)
 
 
 @dataclass
@@ -52,7 +53,8 @@ def simulate_tier_hits(spec: ModelSpec, sm_tables: list[int], cache_bytes: float
     tables = [spec.tables[i] for i in sm_tables]
     total_rows = sum(t.rows for t in tables)
     scale = scale if scale is not None else min(1.0, max_rows / total_rows)
-    slot_bytes = {i: spec.tables[i].row_bytes(spec.bytes_per_elem) + SLOT_OVERHEAD for i in sm_tables}
+    overhead = slot_overhead_bytes(policy)
+    slot_bytes = {i: spec.tables[i].row_bytes(spec.bytes_per_elem) + overhead for i in sm_tables}
     mean_slot = float(np.mean(list(slot_bytes.values())))
     slots = int(cache_bytes * scale // mean_slot)
     cache = RowCache(max(slots, 0), 1, policy=policy, seed=seed)

@@ -62,15 +62,18 @@ class AccelRoute(Protocol):
     def release_socket(self, path: str) -> None: ...
 
 
-def io_uring_verdict(cfg: ModelConfig) -> str:
-    """For a tiered model, probe io_uring once here (in a child process) and hand the verdict to every worker:
-    the forkserver's environment predates it, and one probe per node beats one per worker."""
+def probe_verdicts(cfg: ModelConfig) -> dict[str, str]:
+    """For a tiered model, probe its native pieces once here (each in a child process: io_uring, the row cache's
+    index) and hand the verdicts to every worker as environment variables: the forkserver's environment predates
+    them, and one probe per node beats one per worker."""
     if not (cfg.options or {}).get("tier"):
-        return ""
-    from recserve.embedding import uring
+        return {}
+    from recserve.embedding import row_index, uring
 
-    ok, why = uring.probe()
-    return "ok" if ok else f"unavailable: {why}"
+    ring, why = uring.probe()
+    index, index_why = row_index.available()
+    return {uring.PROBE_ENV: "ok" if ring else f"unavailable: {why}",
+            row_index.PROBE_ENV: "ok" if index else f"unavailable: {index_why}"}
 
 
 class WorkerLauncher:
@@ -84,7 +87,7 @@ class WorkerLauncher:
         self.front = front
         self.settings = settings
         self.accel = accel
-        self.io_uring_verdict = io_uring_verdict(cfg)
+        self.probe_verdicts = probe_verdicts(cfg)
         # Artifacts are loaded by each worker: safetensors tables are memory-mapped (the page cache is the one
         # shared copy; share_memory_() would copy them), and programs are opaque.
         share = cfg.share_tables and not cfg.artifact
@@ -106,7 +109,7 @@ class WorkerLauncher:
         wid = next_id()
         split = self.info.io_in_bytes
         io = torch.empty(split + self.info.io_out_bytes, dtype=torch.uint8).share_memory_()
-        args = WorkerArgs(wid, stage, list(cores), threads, self.cfg, split, self.io_uring_verdict)
+        args = WorkerArgs(wid, stage, list(cores), threads, self.cfg, split, self.probe_verdicts)
         states = None
         if self.front.in_workers and stage == "model":
             states = torch.zeros((CONN_SLOTS, 2), dtype=torch.int64).share_memory_()  # ``Connection.mark``

@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -108,7 +108,9 @@ class WorkerArgs:
     threads: int
     model_config: Any
     io_split: int = 0  # bytes of the I/O buffer reserved for inputs; the rest holds outputs
-    io_uring_verdict: str = ""  # the server's io_uring probe result (embedding.uring.PROBE_ENV), "" = not probed
+    # the server's verdicts on native code, as the environment variables its probes read (embedding.uring.PROBE_ENV,
+    # embedding.row_index.PROBE_ENV); empty: not probed
+    probe_verdicts: dict[str, str] = field(default_factory=dict)
     listen: Any = None  # data plane v2: the node's HTTP listening socket (this worker accepts on it)
     info: Any = None  # the model's ModelInfo (validation without a round trip to the server)
     limits: Any = None  # worker.limits.PlaneLimits: this worker's share of the queue, deadlines, fused-pass size
@@ -200,10 +202,7 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
                 states: torch.Tensor | None = None, loads: torch.Tensor | None = None) -> None:
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
     _pin(args)
-    if args.io_uring_verdict:
-        from recserve.embedding.uring import PROBE_ENV
-
-        os.environ[PROBE_ENV] = args.io_uring_verdict
+    os.environ.update(args.probe_verdicts)
     model = shared_model if shared_model is not None else build_worker_model(args.model_config)
     model.eval()
     buf = io.numpy() if io is not None else np.zeros(0, np.uint8)

@@ -1,0 +1,31 @@
+"""``recserve doctor``: what this host offers, each fallback with its reason."""
+
+from __future__ import annotations
+
+import json
+
+from recserve.cli import main
+from recserve.embedding import row_index
+
+
+def test_doctor_reports_every_check_and_the_cache_index_a_node_would_use(tmp_path, capsys, monkeypatch):
+    assert main(["doctor", "--dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cpu"]["cores_usable"] >= 1 and report["torch"]["threads"] >= 1
+    tier = report["ssd_tier"]
+    assert tier["directory"] == str(tmp_path) and tier["mode"] and tier["engine"] in ("io_uring", "threads")
+    assert tier["cache_index"] == ("native" if row_index.available()[0] else "dict")
+    monkeypatch.setenv(row_index.INDEX_ENV, "dict")
+    row_index.available.cache_clear()
+    try:
+        assert main(["doctor", "--dir", str(tmp_path)]) == 0
+    finally:
+        monkeypatch.delenv(row_index.INDEX_ENV)
+        row_index.available.cache_clear()
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tier cache"))
+    assert "dict key index, 123 B beside each cached row" in line and "$RECSERVE_ROW_INDEX=dict" in line
+
+
+def test_doctor_refuses_a_directory_that_is_not_one(tmp_path, capsys):
+    assert main(["doctor", "--dir", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
