@@ -230,10 +230,12 @@ class KairosPolicy(DispatchPolicy):
         buckets = np.fromiter((q.bucket for q in qs), dtype=np.int64, count=len(qs))
         waits = now - np.fromiter((q.arrival for q in qs), dtype=float, count=len(qs))
         remaining = np.maximum(np.array(self.free_at) - now, 0.0)
-        latency = self.predictor.pred[self.type_of][:, buckets].T + remaining  # [m, n]
+        latency = self.predictor.pred.T[buckets][:, self.type_of]  # [n queries, m instances]
+        latency += remaining
         violates = latency + waits[:, None] > self.xi * self.qos_ms
         latency[violates] = self.penalty * self.qos_ms
-        return latency * self.predictor.coefficients()[self.type_of]
+        latency *= self.predictor.coefficients()[self.type_of]
+        return latency
 
     def assign(self, now: float, queued: Sequence[Query], idle: Sequence[Instance]) -> Pairs:
         if not queued or not idle:

@@ -78,14 +78,12 @@ class LatencyPredictor:
     def coefficients(self) -> np.ndarray:
         """Kairos heterogeneity coefficients C_j in (0, 1]: latency of the largest query on the fastest type
         divided by its latency on type j (Definition 1).  Unlearned types get 1."""
-        largest = self.pred[:, -1]
-        known = largest > 0
-        if not known.any():
+        largest = [row[-1] for row in self.rows]  # the list mirror: a policy asks once per decision
+        known = [x for x in largest if x > 0]
+        if not known:
             return np.ones(len(self.types))
-        base = largest[known].min()
-        out = np.ones(len(self.types))
-        out[known] = base / largest[known]
-        return out
+        base = min(known)
+        return np.array([base / x if x > 0 else 1.0 for x in largest])
 
     # ------------------------------------------------------------ learning
     def observe(self, type_idx: int, bucket: int, latency_ms: float) -> None:
