@@ -118,7 +118,8 @@ static PyObject *insert(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     release(&b);
-    if (bad >= 0) return PyErr_Format(PyExc_ValueError, "key %zd is negative", bad);
+    if (bad >= 0)
+        return PyErr_Format(PyExc_ValueError, "keys[%zd] is negative: keys are row ids, never negative", bad);
     if (full) return PyErr_Format(PyExc_OverflowError, "the index table is full");
     return PyLong_FromSsize_t(added);
 }
