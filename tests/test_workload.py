@@ -275,6 +275,10 @@ def test_cli_trace_and_indices(tmp_path, capsys):
                  "--out", str(out)]) == 0
     assert DiurnalTrace.load(out).times_s.size == 96
     capsys.readouterr()
+    assert main(["workload", "trace-show", str(out), "--plot", str(tmp_path / "trace.png")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("96 steps of 15 min") and "peak/valley 2." in shown
+    assert (tmp_path / "trace.png").stat().st_size > 0
     assert main(["workload", "indices", "--locality", "0.9", "--rows", "10000", "--n", "100000"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("measured locality"))
     assert abs(float(line.rsplit(" ", 1)[1]) - 0.9) <= 0.02
@@ -285,6 +289,7 @@ def test_cli_trace_and_indices(tmp_path, capsys):
     ["workload", "sample", "--dist", "file:/no/such.npy"],
     ["workload", "trace", "--peak-qps", "abc"],
     ["workload", "indices", "--locality", "2"],
+    ["workload", "trace-show", "/no/such/trace.json"],
 ])
 def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
     assert main(argv) == 2
