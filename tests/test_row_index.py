@@ -68,3 +68,36 @@ def test_the_dict_is_chosen_where_the_native_index_is_not_wanted(monkeypatch):
         monkeypatch.delenv(row_index.INDEX_ENV)
         row_index.available.cache_clear()
     assert isinstance(RowCache(1000, 16).index, NativeIndex)
+
+
+def test_the_native_functions_refuse_buffers_that_do_not_fit_them():
+    """Called directly (not through NativeIndex), every mismatch is an exception, never a read or write out of
+    bounds."""
+    from recserve.embedding import _row_index as native
+
+    tk, tv = np.full(16, -1, np.int64), np.zeros(16, np.int32)
+    keys, out = np.arange(4, dtype=np.int64), np.empty(4, np.int64)
+    bad_calls = [
+        (native.find, (tk, np.zeros(15, np.int32), keys, out)),           # vals of another length
+        (native.find, (tk[:0], tv[:0], keys, out)),                        # an empty table
+        (native.find, (tk, tv, keys, np.empty(3, np.int64))),             # output shorter than the keys
+        (native.find, (tk, tv, keys[:3].astype(np.int32), out)),          # keys of 12 bytes: not int64s
+        (native.insert, (tk, tv, keys, np.zeros(3, np.int32))),           # fewer values than keys
+        (native.remove, (tk[:15], tv, keys)),                             # table keys of another length
+    ]
+    for fn, args in bad_calls:
+        with pytest.raises(ValueError):
+            fn(*args)
+    readonly = tk.copy()
+    readonly.flags.writeable = False
+    for fn, args in [(native.insert, (readonly, tv, keys, np.zeros(4, np.int32))),
+                     (native.find, (tk[::2], tv[::2], keys, out))]:  # read-only, then not contiguous
+        with pytest.raises((TypeError, BufferError, ValueError)):
+            fn(*args)
+    assert native.insert(tk, tv, keys, np.arange(4, dtype=np.int32)) == 4
+    native.find(tk, tv, keys, out)
+    assert out.tolist() == [0, 1, 2, 3]
+    full = np.full(4, -1, np.int64), np.zeros(4, np.int32)
+    assert native.insert(*full, keys, np.zeros(4, np.int32)) == 4
+    with pytest.raises(OverflowError, match="full"):
+        native.insert(*full, np.array([99], np.int64), np.zeros(1, np.int32))
