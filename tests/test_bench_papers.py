@@ -73,3 +73,12 @@ def test_kairos_rows_name_the_models_that_miss_the_claim() -> None:
     assert _gap_text(gaps).endswith("below the Oracle (over 15%: dien, mtwnd)")
     del gaps["dien"], gaps["mtwnd"]
     assert _gap_text(gaps) == "rm2 12.5% / 12.5% below the Oracle"
+
+
+@pytest.mark.integration  # a section twice, one in a spawned process: seconds of work
+def test_sections_run_in_processes_give_the_rows_run_here() -> None:
+    from benchmarks.bench_papers import run_sections
+
+    here, _ = run_sections(["sdm"], False, 1)
+    apart, seconds = run_sections(["sdm"], False, 2)
+    assert [r.claim for r in apart] == [r.claim for r in here] and apart == here and seconds["sdm"] > 0

@@ -11,6 +11,7 @@ kind ``latency_vs_batch`` with columns ``batch, mean_ms, p50_ms, p99_ms``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +157,7 @@ class ProfileSet:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # two processes saving at once each rename whole
         tmp.write_text(json.dumps(self.to_dict(), indent=1))
         tmp.replace(path)
         return path
