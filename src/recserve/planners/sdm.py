@@ -40,7 +40,7 @@ from recserve.specs import ModelSpec, ServerType, SSDSpec, TableSpec
 POLICIES = ("sm-cache", "fixed-fm", "per-table-cache")
 HOT_FRACTION = 0.10
 # bytes beside a cached row (RowCache.dram_bytes per slot): its key, CLOCK's bit, the native index's entry (the index an
-# install builds; where it is not built the node's dict index takes ~100 B instead, and a plan overstates its cache)
+# install builds; where it is not built the node's dict index takes ~114 B instead, and a plan overstates its cache)
 CACHE_OVERHEAD_PER_SLOT = slot_overhead_bytes("clock", "native")
 DEFAULT_SSD = SSDSpec(iops=500_000, read_latency_us=100, capacity_gb=2000, kind="nand")  # SDM Table 1 NAND
 GATHER_EFFICIENCY = 0.25  # random row gathers reach about a quarter of peak DRAM bandwidth (assumption)
