@@ -237,6 +237,8 @@ def _notes(locality: dict[str, float], ssd: SSDSpec, server: ServerType | None, 
         + ("" if server is not None and server.ssd is not None else " (assumed NAND, SDM Table 1)"),
         f"DRAM gather bandwidth = {GATHER_EFFICIENCY:g} x {mem_bw / 1e9:g} GB/s (assumption)",
         "hit rate: " + ("simulated on an index trace" if simulated else "ideal fill (no trace)"),
+        f"cache: {CACHE_OVERHEAD_PER_SLOT:.0f} B per slot beside each row (CLOCK, the native key index; a node "
+        "without it indexes rows in a dict, ~114 B: `recserve doctor` says which)",
     ]
 
 
