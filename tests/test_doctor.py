@@ -15,6 +15,8 @@ def test_doctor_reports_every_check_and_the_cache_index_a_node_would_use(tmp_pat
     tier = report["ssd_tier"]
     assert tier["directory"] == str(tmp_path) and tier["mode"] and tier["engine"] in ("io_uring", "threads")
     assert tier["cache_index"] == ("native" if row_index.available()[0] else "dict")
+    serving = report["serving"]
+    assert serving["event_loop"] in ("uvloop", "asyncio") and set(serving["json_readers"]) <= {"native", "simdjson"}
     monkeypatch.setenv(row_index.INDEX_ENV, "dict")
     row_index.available.cache_clear()
     try:
@@ -29,3 +31,17 @@ def test_doctor_reports_every_check_and_the_cache_index_a_node_would_use(tmp_pat
 def test_doctor_refuses_a_directory_that_is_not_one(tmp_path, capsys):
     assert main(["doctor", "--dir", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_doctor_names_the_json_readers_left_and_why(tmp_path, capsys, monkeypatch):
+    from recserve.serving.wire import json_numbers
+
+    monkeypatch.setenv(json_numbers.READERS_ENV, "")
+    json_numbers.probe.cache_clear()
+    try:
+        assert main(["doctor", "--dir", str(tmp_path)]) == 0
+    finally:
+        monkeypatch.delenv(json_numbers.READERS_ENV)
+        json_numbers.probe.cache_clear()
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("json"))
+    assert line.startswith("json        tensors read by lists (") and "$RECSERVE_JSON_READERS" in line

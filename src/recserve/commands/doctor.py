@@ -3,7 +3,8 @@
 Checks what decides how recserve runs here, each with its reason: the CPU's vector extensions (a native wheel
 built for AVX-512 traps without them), the SSD-tier read path (O_DIRECT on a directory, io_uring probed in a
 child process so that a crash cannot take this command down) and its row cache's key index (native, probed the
-same way, or a dict), and the PyTorch build and threads.
+same way, or a dict), the workers' event loop (uvloop or asyncio) and JSON tensor readers (native, simdjson or
+lists), each probed the same way, and the PyTorch build and threads.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ def checks(directory: Path) -> dict:
     uring_ok, uring_why = uring.probe()
     index = default_index()
     mode, mode_why = _direct_io(directory)
+    from recserve.serving.wire import json_numbers
+    from recserve.serving.worker import eventloop
+
+    loop, loop_why = eventloop.choose("auto")
+    readers, readers_why = json_numbers.probe()
     return {
         "cpu": {"cores_usable": len(os.sched_getaffinity(0)), "avx2": "avx2" in flags,
                 "avx512f": "avx512f" in flags},
@@ -63,6 +69,8 @@ def checks(directory: Path) -> dict:
                      "engine": "io_uring" if uring_ok else "threads", "engine_why": uring_why,
                      "cache_index": index, "cache_index_why": row_index.available()[1],
                      "cache_bytes_per_row": round(row_index.slot_overhead_bytes("clock", index), 1)},
+        "serving": {"event_loop": loop, "event_loop_why": loop_why, "json_readers": list(readers),
+                    "json_readers_why": readers_why},
     }
 
 
@@ -83,12 +91,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     why = f"; {tier['cache_index_why']}" if tier["cache_index_why"] else ""
     print(f"tier cache  {tier['cache_index']} key index, {tier['cache_bytes_per_row']:g} B beside each cached row "
           f"(CLOCK{why})")
+    serving = result["serving"]
+    loop_why = f" ({serving['event_loop_why']})" if serving["event_loop_why"] else ""
+    print(f"event loop  {serving['event_loop']} in the workers{loop_why}")
+    readers = ", then ".join(serving["json_readers"] + ["lists"])
+    print(f"json        tensors read by {readers}" + (f" ({serving['json_readers_why']})"
+                                                        if serving["json_readers_why"] else ""))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="what this host offers recserve (CPU, torch, SSD-tier read path and cache "
-                                      "index) and why")
+                                      "index, the workers' event loop and JSON readers) and why")
     p.add_argument("--dir", default=".", help="directory where tiered table files would live (default: .)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)
