@@ -150,3 +150,14 @@ def test_profile_model_on_this_host_states_its_power_assumption(tmp_path):
     from recserve.hostinfo import this_host
 
     assert any(a.startswith("power_w=") and "assumed" in a for a in this_host()["assumptions"])
+
+
+def test_the_cli_parser_starts_without_torch():
+    """Every command's parser is built at start: none may import torch (1.4 s here) until a command needs it."""
+    import subprocess
+    import sys
+
+    code = "import sys; from recserve.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -27,10 +27,6 @@ from recserve.commands._plan_common import (
     seed,
 )
 from recserve.errors import RecserveError
-from recserve.measure.loadgen import LoadSession
-from recserve.measure.maxload import find_max_load, stderr_log
-from recserve.measure.requests import RequestPool
-from recserve.measure.targets import make_target
 from recserve.specs import get_model
 
 
@@ -47,6 +43,8 @@ def _run(args: argparse.Namespace) -> int:
             target = server.target(args.target.removeprefix("serve-"), timeout_s=args.timeout_ms / 1000.0)
             before_run = server.wait_idle
         else:
+            from recserve.measure.targets import make_target
+
             target = make_target(args.target, args.served_name or args.model, workers=args.workers,
                                  timeout_s=args.timeout_ms / 1000.0)
             before_run = None
@@ -54,6 +52,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: float, before_run=None) -> int:
+    # the load generator imports torch (its request pools build zoo batches): only when a command sends load, so
+    # every other command of the CLI starts without it
+    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.requests import RequestPool
+
     pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed, index=args.index)
     print(f"[bench] {target.name}: model {spec.name} at scale {args.scale:g}, sizes {args.sizes} "
           f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
@@ -100,6 +103,8 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
 def _max_load(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict,
               probe_seed: Iterator[int]):
     """``--find-max-load``'s search: each probe a run of ``--duration`` at its rate with the next seed."""
+    from recserve.measure.maxload import find_max_load, stderr_log
+
     return find_max_load(
         lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
                                  **run_kwargs),
