@@ -11,8 +11,10 @@ dict.  ``$RECSERVE_ROW_INDEX=dict`` chooses the dict regardless.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import os
+from types import ModuleType
 
 import numpy as np
 
@@ -53,10 +55,8 @@ def available() -> tuple[bool, str]:
     worker).  The verdict is left in the environment for this process's children."""
     if os.environ.get(INDEX_ENV, "native").strip().lower() == "dict":
         return False, f"${INDEX_ENV}=dict"
-    try:
-        from recserve.embedding import _row_index  # noqa: F401
-    except ImportError as exc:
-        return False, f"the native row index is not built ({exc})"
+    if importlib.util.find_spec("recserve.embedding._row_index") is None:  # found, not imported: only the probe runs it
+        return False, "the native row index is not built (no C compiler at install?)"
     inherited = os.environ.get(PROBE_ENV, "")
     if inherited == "ok":
         return True, ""
@@ -74,7 +74,7 @@ def slot_overhead_bytes(policy: str = "clock", index: str = "native") -> float:
     return 8 + POLICY_STATE_BYTES[policy] + entry
 
 
-def _native():  # noqa: ANN202 - the extension module
+def _native() -> ModuleType:
     from recserve.embedding import _row_index
 
     return _row_index
