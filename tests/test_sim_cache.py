@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from recserve.sim.cache import SLOT_OVERHEAD, simulate_tier_hits
+from recserve.embedding.row_index import slot_overhead_bytes
+from recserve.sim.cache import simulate_tier_hits
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.workload import zipf_alpha_for_locality, zipf_rank_cdf
 
@@ -19,7 +20,7 @@ def _spec(rows: int = 20_000, pooling: int = 20) -> ModelSpec:
 
 def test_hit_rate_grows_with_cache_and_stays_below_the_ideal_fill():
     spec = _spec()
-    slot = 16 + SLOT_OVERHEAD
+    slot = 16 + slot_overhead_bytes("clock")  # the simulator's default policy
     rates = []
     for share in (0.02, 0.1, 0.4):
         r = simulate_tier_hits(spec, [0, 1], share * 40_000 * slot, queries=300, locality={"user": 0.9})

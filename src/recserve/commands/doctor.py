@@ -50,14 +50,13 @@ def checks(directory: Path) -> dict:
 
     from recserve.embedding import row_index, uring
     from recserve.embedding.rowcache import default_index
+    from recserve.serving.wire import json_numbers
+    from recserve.serving.worker import eventloop
 
     flags = _cpu_flags()
     uring_ok, uring_why = uring.probe()
     index = default_index()
     mode, mode_why = _direct_io(directory)
-    from recserve.serving.wire import json_numbers
-    from recserve.serving.worker import eventloop
-
     loop, loop_why = eventloop.choose("auto")
     readers, readers_why = json_numbers.probe()
     return {

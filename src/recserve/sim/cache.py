@@ -21,8 +21,6 @@ from recserve.errors import SpecError
 from recserve.specs import ModelSpec
 from recserve.workload.indices import ZipfSampler, zipf_alpha_for_locality
 
-SLOT_OVERHEAD = slot_overhead_bytes("clock")  # bytes beside each cached row (CLOCK, the native index; = the planner's)
-
 
 @dataclass
 class CacheSimResult:
