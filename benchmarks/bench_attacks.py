@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import socket
 import sys
 import threading
@@ -319,6 +320,22 @@ def _workers_rss_mb(server: LocalServer) -> float:
                for w in stage.get("worker_detail", []))
 
 
+def _workers_cpu_s(server: LocalServer) -> float:
+    """CPU seconds (user + system) the model's workers have used: what an attack costs the server beyond the
+    well-behaved client's load (the p99 on a small host moves with the attacker's own CPU too)."""
+    state = server._control.get_model(server.served)
+    total = 0.0
+    for stage in state.get("stages", {}).values():
+        for worker in stage.get("worker_detail", []):
+            try:
+                with open(f"/proc/{worker['pid']}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, KeyError, TypeError):
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def phase(server: LocalServer, session: LoadSession, qps: float, seconds: float, attack: str | None,
           raw: bytes, http_request: bytes, json_request: bytes) -> dict[str, Any]:
     prober = Prober(server.ports.http)
@@ -343,7 +360,9 @@ def phase(server: LocalServer, session: LoadSession, qps: float, seconds: float,
                                                      http_request, json_request, results), daemon=True)
         process.start()
         time.sleep(0.5)  # the attack under way before the measured load starts
+    cpu_start = _workers_cpu_s(server)
     result = session.run(qps, seconds, seed=7, timeout_s=10.0)
+    cpu_s = _workers_cpu_s(server) - cpu_start
     attack_stats = {}
     if process is not None:
         process.join(seconds + 30)
@@ -358,7 +377,7 @@ def phase(server: LocalServer, session: LoadSession, qps: float, seconds: float,
     return {"attack": attack, "client_p99_ms": float(np.percentile(lat, 99)) if lat.size else float("inf"),
             "client_ok": result.ok, "client_errors": dict(result.errors),
             "health_max_s": max(prober.latencies, default=float("nan")), "health_failures": prober.failures,
-            "rss_peak_mb": max(rss, default=float("nan")), "attacker": attack_stats}
+            "rss_peak_mb": max(rss, default=float("nan")), "workers_cpu_s": cpu_s, "attacker": attack_stats}
 
 
 def headline(rows: list[dict]) -> list[dict]:
@@ -408,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["p99_ratio"] = hit["client_p99_ms"] / max(base["client_p99_ms"], 1e-9)
                 rows.append(row)
                 log(f"{attack}: client p99 {base['client_p99_ms']:.1f} -> {hit['client_p99_ms']:.1f} ms "
-                    f"({row['p99_ratio']:.2f}x), health max {hit['health_max_s']:.2f} s, RSS {rss_before:.0f} -> "
+                    f"({row['p99_ratio']:.2f}x), workers' CPU {base['workers_cpu_s']:.1f} -> "
+                    f"{hit['workers_cpu_s']:.1f} s, health max {hit['health_max_s']:.2f} s, RSS {rss_before:.0f} -> "
                     f"peak {hit['rss_peak_mb']:.0f} -> {row['rss_after_mb']:.0f} MB, restarts "
                     f"{row['worker_restarts']:g}, attacker {hit['attacker']}")
     print(f"\n{'attack':24} {'p99 base':>9} {'p99 hit':>9} {'ratio':>6} {'health max':>10} {'RSS before':>10} "

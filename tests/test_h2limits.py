@@ -17,7 +17,7 @@ from tests.support.nodes import started
 from tests.support.oip_inputs import grpc_inputs
 from tests.support.scrape import metric_value, scrape
 
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, CONTINUATION = 0, 1, 3, 4, 6, 7, 9
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 2, 3, 4, 6, 7, 8, 9
 END_STREAM, END_HEADERS = 0x1, 0x4
 
 
@@ -90,6 +90,9 @@ FLOODS = {  # name: (a frame a flood repeats, frames sent before it, the reason)
     "rapid reset": (None, b"", "too_many_resets"),
     "empty data": (_frame(DATA, 0, 1), _headers(1, END_HEADERS), "too_many_empty_frames"),
     "continuation": (_frame(CONTINUATION, 0, 1), _headers(1, 0), "too_many_continuations"),
+    "priority": (_frame(PRIORITY, 0, 3, b"\x00\x00\x00\x00\x10"), b"", "too_many_glitches"),
+    "unknown frames": (_frame(0x42, 0, 0, b"x" * 8), b"", "too_many_glitches"),
+    "window updates": (_frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x01"), b"", "too_many_glitches"),
 }
 
 
@@ -114,6 +117,41 @@ def test_what_a_well_behaved_client_sends_stays_within_every_budget(name):
     conn, transport, abused = _open()
     count = {"continuation": 8, "empty data": 16, "settings": 99}.get(name, 100)  # SETTINGS: the first was sent
     _feed(conn, _flood(name, count))
+    assert transport.goaway_codes() == [] and not transport.closed and abused == []
+
+
+def _reply_of(size: int, stream: int = 1) -> bytes:
+    """A call to the echo method on ``stream`` whose answer is ``size`` bytes."""
+    return _headers(stream, END_HEADERS) + _frame(DATA, END_STREAM, stream,
+                                                  b"\x00" + size.to_bytes(4, "big") + b"r" * size)
+
+
+def _update(stream: int, increment: int) -> bytes:
+    return _frame(WINDOW_UPDATE, 0, stream, increment.to_bytes(4, "big"))
+
+
+def test_an_answer_dribbled_through_a_window_kept_tiny_ends_the_connection():
+    """CVE-2019-9511: the client's stream window kept at 16 bytes, so the answer goes out 16 bytes a frame, each
+    WINDOW_UPDATE earning the next; none of those frames earns an update, and the glitch budget ends it."""
+    conn, transport, abused = _open()
+    _feed(conn, _frame(SETTINGS, 0, 0, b"\x00\x04" + (16).to_bytes(4, "big")) + _reply_of(64 << 10))
+    _feed(conn, _update(1, 16) * 1200)
+    sent = [p for kind, _, p in transport.frames(keep=True) if kind == DATA]
+    assert 1000 <= len(sent) <= 1002 and {len(p) for p in sent} == {16}
+    assert transport.goaway_codes() == [(ENHANCE_YOUR_CALM, b"too_many_glitches")] and abused == ["too_many_glitches"]
+
+
+def test_a_client_that_reopens_both_windows_for_every_frame_it_reads_stays_within_the_budget():
+    """The most eager well-behaved client: a connection and a stream WINDOW_UPDATE for every DATA frame read, over
+    answers larger than the default windows, many calls on one connection."""
+    conn, transport, abused = _open()
+    received = 0
+    for call in range(100):  # 100 x 7 frames x 2 updates: past the glitch budget's burst, were they not earned
+        _feed(conn, _reply_of(100_000, 2 * call + 1))
+        while frames := [(s, len(p)) for kind, s, p in transport.frames() if kind == DATA]:
+            received += sum(n for _, n in frames)
+            _feed(conn, b"".join(_update(0, n) + _update(s, n) for s, n in frames))
+    assert received == 100 * 100_005
     assert transport.goaway_codes() == [] and not transport.closed and abused == []
 
 

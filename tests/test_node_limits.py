@@ -77,8 +77,9 @@ def test_grpc_limits_are_validated_naming_the_field():
                        ({"stream_window": 1000}, "stream_window"), ({"connection_window": 2**31}, "connection_window")):
         with pytest.raises(SpecError, match=field):
             config_from_dict({"grpc_limits": bad, "models": [model]})
-    limits = config_from_dict({"grpc_limits": {"pings": [5, 2], "continuations": 4}, "models": [model]}).grpc_limits
-    assert limits == FloodLimits(pings=Rate(5.0, 2.0), continuations=4)
+    given = {"pings": [5, 2], "glitches": [50, 1], "continuations": 4}
+    limits = config_from_dict({"grpc_limits": given, "models": [model]}).grpc_limits
+    assert limits == FloodLimits(pings=Rate(5.0, 2.0), glitches=Rate(50.0, 1.0), continuations=4)
     windows = config_from_dict({"grpc_limits": {"stream_window": 65_535, "connection_window": 1 << 24},
                                 "models": [model]}).grpc_limits
     assert (windows.stream_window, windows.connection_window) == (65_535, 1 << 24)

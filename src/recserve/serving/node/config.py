@@ -305,6 +305,7 @@ class GrpcLimits(Schema):
     settings: Burst | None = None
     resets: Burst | None = None
     server_resets: Burst | None = None
+    glitches: Burst | None = None
     empty_data: integer(0) | None = None
     continuations: integer(0) | None = None
     stream_window: Window | None = None

@@ -5,8 +5,8 @@ asyncio one, and tests drive it with bytes alone.
 
 Reading: the preface, then frames; DATA kept as views of the received bytes (``RequestReader``), a DATA frame
 longer than the read handed on in parts as it arrives, at most ``FRAMES_PER_TURN`` frames per read.  Header blocks
-go to ``CallOpener``, answers out through ``ReplyWriter``; control frames (SETTINGS, PING, RST_STREAM, GOAWAY) are
-handled here, each within its budget (``h2limits``)."""
+go to ``CallOpener``, answers out through ``ReplyWriter``; control frames (SETTINGS, PING, RST_STREAM, GOAWAY,
+WINDOW_UPDATE, PRIORITY) are handled here, each within its budget (``h2limits``)."""
 
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ class H2Connection:
         if kind == HEADERS:
             self.opener.headers(flags, stream, payload)
         elif kind == WINDOW_UPDATE:  # grpcio sends two with every call
-            self.replies.window_update(stream, payload)
+            self._window_update(stream, payload)
         elif kind == CONTINUATION:
             self.opener.continuation(flags, stream, payload)
         elif kind == SETTINGS:
@@ -352,7 +352,16 @@ class H2Connection:
             self.replies.closing = True  # the client makes no new streams; ours finish, then we close
         elif kind == PUSH_PROMISE:
             raise H2Error(PROTOCOL_ERROR, "a client may not push")
-        # PRIORITY and unknown frame types are ignored (RFC 9113 5.5)
+        else:  # PRIORITY and unknown frame types are ignored (RFC 9113 5.5), within a budget
+            self._calm(self.guard.glitch())
+
+    def _window_update(self, stream: int, payload: bytes) -> None:
+        replies = self.replies
+        if replies.update_credit > 0:
+            replies.update_credit -= 1
+        else:
+            self._calm(self.guard.glitch())
+        replies.window_update(stream, payload)
 
     def _ping(self, flags: int, stream: int, payload: bytes) -> None:
         if len(payload) != 8 or stream:

@@ -1,7 +1,9 @@
 """Per-connection budgets for HTTP/2 frames that cost a server work but carry no request.
 
 The public HTTP/2 floods (CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty frames, Rapid Reset CVE-2023-44487,
-the 2024 CONTINUATION flood) keep a server's loop busy with frames a well-behaved client sends a few of.  Each
+the 2024 CONTINUATION flood, frames that change nothing: PRIORITY, unknown types and WINDOW_UPDATEs for data we
+never sent, which nghttp2 counts as "glitches") keep a server's loop busy with frames a well-behaved client sends a
+few of.  Each
 budget here is what nghttp2 or Envoy allow; past one the connection gets GOAWAY ENHANCE_YOUR_CALM, as nghttp2
 and grpc-core answer.  Sans-IO: the caller passes frames' facts in and a clock, and gets a reason back.
 """
@@ -28,6 +30,7 @@ class FloodLimits:
     resets: Rate = Rate(1000, 33)  # RST_STREAM from the client: nghttp2's stream-reset rate limit
     server_resets: Rate = Rate(2000, 200)  # the same over a server's (a worker's) connections: reconnecting
     # after each GOAWAY does not buy a Rapid Reset client a fresh budget
+    glitches: Rate = Rate(1000, 33)  # frames that change nothing: nghttp2's glitch rate limit
     empty_data: int = 16  # DATA frames in a row with no payload and no END_STREAM (Envoy allows 1)
     continuations: int = 8  # CONTINUATION frames in one header block: nghttp2's default
     # receive windows (RFC 9113 6.9): what a client may send before we replenish; replenished as DATA is taken
@@ -56,8 +59,8 @@ class FloodGuard:
     """One connection's budgets.  Each method returns None while the frame is within its budget, else the
     reason to send with GOAWAY ENHANCE_YOUR_CALM (also the name it is counted under)."""
 
-    __slots__ = ("limits", "clock", "_pings", "_settings", "_resets", "_server_resets", "empty_in_a_row",
-                 "continuations")
+    __slots__ = ("limits", "clock", "_pings", "_settings", "_resets", "_server_resets", "_glitches",
+                 "empty_in_a_row", "continuations")
 
     def __init__(self, limits: FloodLimits = FloodLimits(), clock: Callable[[], float] = time.monotonic,
                  server_resets: Bucket | None = None) -> None:
@@ -65,6 +68,7 @@ class FloodGuard:
         self.limits, self.clock = limits, clock
         self._pings, self._settings = Bucket(limits.pings, now), Bucket(limits.settings, now)
         self._resets = Bucket(limits.resets, now)
+        self._glitches = Bucket(limits.glitches, now)
         self._server_resets = server_resets  # shared by the server's connections (``GrpcServer``)
         self.empty_in_a_row = 0
         self.continuations = 0
@@ -80,6 +84,10 @@ class FloodGuard:
         if not self._resets.take(now) or (self._server_resets is not None and not self._server_resets.take(now)):
             return "too_many_resets"
         return None
+
+    def glitch(self) -> str | None:
+        """A frame that changes nothing: PRIORITY, an unknown type, a WINDOW_UPDATE our data did not earn."""
+        return None if self._glitches.take(self.clock()) else "too_many_glitches"
 
     def empty_data(self) -> str | None:
         """A DATA frame with no payload and no END_STREAM; a frame with payload sets ``empty_in_a_row`` to 0."""

@@ -42,6 +42,12 @@ from recserve.serving.transport.h2limits import LogBudget
 from recserve.serving.transport.h2streams import Stream, StreamTable
 
 log = logging.getLogger(__name__)
+# WINDOW_UPDATEs earned: a client reopens the stream's and the connection's windows for the data it took, so each
+# DATA frame we send earns two; a frame cut short by a window the client keeps below this (CVE-2019-9511's data
+# dribble) earns none, unless it ends the data.  Those not earned are glitches (``FloodGuard.glitch``).
+UPDATES_PER_FRAME = 2
+DRIBBLE_BYTES = 1024
+MAX_UPDATE_CREDIT = 4096
 DROPPED_LOG = LogBudget()  # one line per 10 s for streams reset over the held-answers budget
 
 
@@ -69,6 +75,7 @@ class ReplyWriter:
         self.initial_send_window = DEFAULT_WINDOW  # each new stream's (the client's SETTINGS)
         self.max_frame = DEFAULT_FRAME
         self.blocked = False  # a stream may have reply data waiting for the client's windows (``flush_pending``)
+        self.update_credit = 0  # WINDOW_UPDATEs the client may send for the DATA frames sent (``UPDATES_PER_FRAME``)
         # answers held for a client whose windows stay closed, past which the stream adding to them is reset
         self.hold_limit = max(HOLD_BYTES, 2 * max_message)
 
@@ -86,6 +93,7 @@ class ReplyWriter:
         stream.headers_sent = True
         self.send_window -= size
         stream.send_window -= size
+        self._earn()
         sid = stream.id
         out = self.out
         out += (REPLY_HEAD.pack(HEADERS_WORD, END_HEADERS, sid, RESPONSE_HEADERS, size << 8 | DATA, 0, sid, 0,
@@ -95,6 +103,9 @@ class ReplyWriter:
         out.clear()
         self.wire.write(data)  # type: ignore[union-attr]
         self.end(stream)
+
+    def _earn(self) -> None:
+        self.update_credit = min(MAX_UPDATE_CREDIT, self.update_credit + UPDATES_PER_FRAME)
 
     def _admits_whole(self, stream: Stream, size: int) -> bool:
         """A frame of ``size`` bytes for ``stream`` can be written now: one frame, within both windows, on a live
@@ -111,6 +122,7 @@ class ReplyWriter:
         # ``send_reply`` writes a unary answer (a worker's stream answers from the read that brought the request)
         self.send_window -= size
         stream.send_window -= size
+        self._earn()
         out = self.out
         out += (MESSAGE_HEAD.pack(size << 8 | DATA, 0, stream.id, 0, size - 5), message)
         data = b"".join(out)
@@ -153,6 +165,8 @@ class ReplyWriter:
             del pending[:size]
             self.send_window -= size
             stream.send_window -= size
+            if size >= DRIBBLE_BYTES or not pending:
+                self._earn()
         finished = not pending and stream.pending_end is not None
         if finished:
             frames.append(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.pending_end))
