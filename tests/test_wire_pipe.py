@@ -37,3 +37,21 @@ def test_optional_fields_and_untagged_items():
     assert pipe.tagged(("gone", 3)) and not pipe.tagged((17, True, [1.0], 0.001))  # a stage worker's reply
     with pytest.raises(KeyError):
         pipe.decode(("unknown", 1))
+
+
+def test_waiting_says_whether_a_message_or_the_end_is_on_the_pipe_as_poll_does():
+    import multiprocessing
+
+    ours, theirs = multiprocessing.Pipe()
+    waiting = pipe.waiting(ours)
+    assert not waiting() and not ours.poll()
+    theirs.send(pipe.encode(pipe.Beat(0.0)))
+    theirs.send(None)
+    assert waiting() and ours.poll()
+    assert pipe.decode(ours.recv()) == pipe.Beat(0.0)
+    assert waiting() and ours.recv() is None  # a message read whole leaves the next one readable
+    assert not waiting()
+    theirs.close()
+    assert waiting() and ours.poll()  # the end, which recv raises as EOFError
+    with pytest.raises(EOFError):
+        ours.recv()

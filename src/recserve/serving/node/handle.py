@@ -7,6 +7,7 @@ import itertools
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,7 @@ class WorkerHandle:
     states: np.ndarray | None = None  # v2: shared, one row per worker descriptor (``Connection.mark``)
     hung: bool = False
     accel_socket: str = ""  # an accelerator worker's Unix socket (serving/worker/accel.py)
+    waiting: Callable[[], bool] | None = None  # whether a message waits on ``conn`` (``pipe.waiting``)
 
     @property
     def working(self) -> bool:

@@ -37,7 +37,7 @@ class PipeInbox:
 
     def on_readable(self, pool: WorkerPool, handle: WorkerHandle) -> None:
         try:
-            while handle.conn.poll():
+            while handle.waiting():
                 self.on_message(pool, handle, handle.conn.recv())
         except (EOFError, OSError):
             pool.on_exit(handle)

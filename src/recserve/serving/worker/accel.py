@@ -765,9 +765,11 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
                                *arena_pinning(accel.device), pass_thread=accel.pass_thread)
     listening = await server.serve(args.accel_socket)
 
+    waiting = pipe.waiting(conn)
+
     def on_pipe() -> None:
         try:
-            while conn.poll():
+            while waiting():
                 if conn.recv() is None:
                     stop.set()
         except (EOFError, OSError):

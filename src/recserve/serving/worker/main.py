@@ -339,9 +339,11 @@ def _pipe_reader(conn: Any, args: WorkerArgs, plane: Any, model: RecModel, in_bu
     adopted connection's descriptor follows its message), and anything else is a pipeline item computed here."""
     from multiprocessing.reduction import recv_handle
 
+    waiting = pipe.waiting(conn)
+
     def on_pipe() -> None:
         try:
-            while conn.poll():
+            while waiting():
                 msg = conn.recv()
                 if msg is None:
                     plane.retire()
