@@ -35,6 +35,7 @@ from recserve.measure.targets import encode_grpc_request, encode_http_request
 from recserve.serving.transport.h2frames import PREFACE
 from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.wire.codec import DATATYPES
+from recserve.serving.worker.reporter import TRIM_QUIET_S
 from recserve.specs import get_model
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PING, WINDOW_UPDATE, CONTINUATION = 0, 1, 2, 3, 4, 6, 8, 9
@@ -420,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                 rss_before = _workers_rss_mb(server)
                 base = phase(server, session, args.qps, args.seconds, None, raw, http_request, json_request)
                 hit = phase(server, session, args.qps, args.seconds, attack, raw, http_request, json_request)
-                time.sleep(2.0)
+                time.sleep(TRIM_QUIET_S + 1.0)  # RSS after: once a worker may have returned a burst's free memory
                 row = {"attack": attack, "baseline": base, "attacked": hit, "rss_before_mb": rss_before,
                        "rss_after_mb": _workers_rss_mb(server),
                        "worker_restarts": _metric(server.ports.http, "recserve_worker_restarts_total") - restarts}
