@@ -1,11 +1,11 @@
 """Per-connection budgets for HTTP/2 frames that cost a server work but carry no request.
 
 The public HTTP/2 floods (CVE-2019-9512 PING, -9515 SETTINGS, -9518 empty frames, Rapid Reset CVE-2023-44487,
-the 2024 CONTINUATION flood, frames that change nothing: PRIORITY, unknown types and WINDOW_UPDATEs for data we
-never sent, which nghttp2 counts as "glitches") keep a server's loop busy with frames a well-behaved client sends a
-few of.  Each
-budget here is what nghttp2 or Envoy allow; past one the connection gets GOAWAY ENHANCE_YOUR_CALM, as nghttp2
-and grpc-core answer.  Sans-IO: the caller passes frames' facts in and a clock, and gets a reason back.
+the 2024 CONTINUATION flood, and the frames that change nothing which nghttp2 counts as "glitches": PRIORITY,
+unknown types, WINDOW_UPDATEs for data we never sent) keep a server's loop busy with frames a well-behaved client
+sends a few of.  Each budget here is what nghttp2 or Envoy allow; past one the connection gets GOAWAY
+ENHANCE_YOUR_CALM, as nghttp2 and grpc-core answer.  Sans-IO: the caller passes frames' facts in and a clock, and
+gets a reason back.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 
 def waiting(conn: Any) -> Callable[[], bool]:
-    """``conn.poll()`` at a tenth of its cost (~0.5 µs, not ~4): multiprocessing builds and closes a selector on
-    every call, this keeps one ``select.poll`` on the pipe's descriptor.  Equivalent because a ``Connection`` reads
-    each message whole and nothing ahead, so its descriptor is readable exactly when a message (or the end) waits."""
+    """``conn.poll()`` without its cost: multiprocessing builds and closes a selector on every call, this keeps one
+    ``select.poll`` on the pipe's descriptor.  Equivalent because a ``Connection`` reads each message whole and
+    nothing ahead, so its descriptor is readable exactly when a message (or the end) waits."""
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN)
     return lambda: bool(poller.poll(0))
