@@ -1393,3 +1393,44 @@ def test_a_large_plain_json_query_is_decoded_off_the_loop_while_it_answers_other
         for _, theirs in pairs:
             theirs.close()
         loop.close()
+
+
+def test_a_request_refused_while_decoded_lets_its_body_go_at_once():
+    """A request refused by its decode (400) frees its body as soon as it is answered: the caught error keeps no
+    frame that holds the body alive until the cyclic GC runs, which under a flood of refused large requests (few
+    Python objects made, so the GC seldom runs) let a worker keep hundreds of MB."""
+    import gc
+    import weakref
+
+    from recserve.serving.wire.errors import InferError
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
+
+    bodies = []
+
+    class RefusingPath:
+        def decode(self, body, header_length):
+            bodies.append(weakref.ref(body.obj))  # the buffer the body was received into
+            raise InferError("invalid", "body: refused")
+
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    gc.disable()
+    try:
+        plane = WorkerPlane(loop, "m", RefusingPath(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=4, deadline_s=10.0, compute_thread_ms=-1), sub_batch=0)
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        theirs.settimeout(5)
+        header = json.dumps({"inputs": []}).encode()
+        body = header + bytes(200_000)  # over 64 KiB: received in place, into a buffer of its own
+        theirs.sendall((f"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                        f"Inference-Header-Content-Length: {len(header)}\r\n\r\n").encode() + body[:100])
+        loop.run_until_complete(asyncio.sleep(0.05))  # the head read: the rest of the body goes into its buffer
+        theirs.sendall(body[100:])
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert theirs.recv(65536).startswith(b"HTTP/1.1 400")
+        assert len(bodies) == 1 and bodies[0]() is None
+    finally:
+        gc.enable()
+        theirs.close()
+        loop.close()

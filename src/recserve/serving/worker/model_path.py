@@ -14,13 +14,19 @@ from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
 
 def as_infer_error(exc: Exception) -> InferError:
     """A failure while answering a query, as the error the client is told about.  An exception from below the
-    serving layer may carry an error ``code`` of its own (a corrupt SSD table block is ``data_loss``)."""
-    if isinstance(exc, InferError):
-        return exc
-    code = getattr(exc, "code", None)
-    if isinstance(code, str) and code in STATUS:
-        return InferError(code, str(exc), getattr(exc, "field", None))
-    return InferError("internal", f"{type(exc).__name__}: {exc}")
+    serving layer may carry an error ``code`` of its own (a corrupt SSD table block is ``data_loss``).
+
+    ``exc`` is let go of its traceback and of the exceptions it was raised from: the answer needs none of them, and
+    a caught exception kept in a local of the frame that caught it is a cycle through that traceback's frames, which
+    holds their data (a refused request's buffer) until the cyclic GC next runs."""
+    error = exc if isinstance(exc, InferError) else None
+    if error is None:
+        code = getattr(exc, "code", None)
+        known = isinstance(code, str) and code in STATUS
+        error = InferError(code, str(exc), getattr(exc, "field", None)) if known else \
+            InferError("internal", f"{type(exc).__name__}: {exc}")
+    exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+    return error
 
 
 class ModelPath(Protocol):
