@@ -1434,3 +1434,40 @@ def test_a_request_refused_while_decoded_lets_its_body_go_at_once():
         gc.enable()
         theirs.close()
         loop.close()
+
+
+def test_a_large_plain_json_query_shed_from_its_skeleton_lets_its_body_go_at_once():
+    """The refusal a busy worker answers from a JSON skeleton keeps no frame that holds the body (the body of a
+    json_burst of 2 MB queries, else kept until the cyclic GC runs)."""
+    import gc
+    import weakref
+
+    body = json.dumps({"inputs": [{"name": "dense", "shape": [2048, 13], "datatype": "FP32",
+                                   "data": [0.5] * (2048 * 13)}]}).encode()  # over 64 KiB: received in place
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    gc.disable()
+    try:
+        plane, query = _busy_plane(loop, arrivals=12)
+        judged = []
+        from_json = plane.early.from_json
+
+        def recorded(request_body, arrived=None):
+            judged.append(weakref.ref(request_body.obj))  # the buffer the body was received into
+            return from_json(request_body, arrived)
+
+        plane.early.from_json = recorded
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        theirs.settimeout(5)
+        plane.enqueue(query, 1, time.perf_counter(), None, lambda scores, error: None)  # the queue is full
+        wire = _json_post(body)
+        theirs.sendall(wire[:300])
+        loop.run_until_complete(asyncio.sleep(0.05))
+        theirs.sendall(wire[300:])
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert theirs.recv(65536).startswith(b"HTTP/1.1 503")
+        assert len(judged) == 1 and judged[0]() is None
+    finally:
+        gc.enable()
+        theirs.close()
+        loop.close()

@@ -183,8 +183,8 @@ class AdmissionQueue:
         None if it would be admitted."""
         try:
             self.check(items, deadline)
-        except InferError as exc:
-            return exc
+        except InferError as exc:  # without its traceback, whose frames (the caller's request) it would keep
+            return exc.with_traceback(None)
         return None
 
     def push(self, reply: Reply, arrived: float, deadline: float, arrays: tuple, items: int,
