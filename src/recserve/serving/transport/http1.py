@@ -106,7 +106,7 @@ class HeadReader:
         except httptools.HttpParserUpgrade:  # Upgrade or CONNECT: the head is whole; nothing is upgraded here
             pass
         except httptools.HttpParserError as exc:
-            if self._error is not None:  # raised, not kept: kept, its traceback's frames would hold this reader
+            if self._error is not None:  # handed on, not kept: kept, its traceback would hold this reader (a cycle)
                 error, self._error = self._error, None
                 raise error from None
             raise HeadError(400, f"malformed request head: {exc}") from None
