@@ -769,3 +769,41 @@ def test_answers_held_for_a_client_that_never_opens_its_windows_are_bounded(monk
     conn.data_received(_frame(0, 0, 1, message))  # more of the reset stream: dropped
     conn.data_received(head(3, "/t.S/Echo") + _frame(0, 1, 3, b"\x00\x00\x00\x00\x02hi"))
     assert [(kind, sid) for kind, _, sid, _ in transport.frames()][:2] == [(1, 3), (0, 3)]  # served on
+
+
+def test_a_client_whose_calls_are_all_refused_keeps_its_connection(served):
+    """grpc-core announces its window on every stream it opens (a WINDOW_UPDATE), whether or not the answer carries
+    data: calls answered with an error status alone earn those updates, so 1,500 of them in a row (past the glitch
+    budget's burst of 1,000) keep their connection."""
+    channel, server = served[0], served[1]
+    abused: list[str] = []
+    server.on_abuse = abused.append  # before the channel's first call makes its connection
+    fail = channel.unary_unary("/t.S/Fail")
+    for _ in range(1500):
+        with pytest.raises(grpc.RpcError) as refused:
+            fail(b"x", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert abused == [] and len(server.connections) == 1
+
+
+def test_a_client_that_cancels_every_call_keeps_its_connection(served):
+    """Calls the client cancels (RST_STREAM: a deadline passed, a user gave up) earn the window announcement of
+    their stream too: 1,500 cancelled in a row, within a reset budget raised for the test, keep the connection."""
+    from recserve.serving.transport.h2limits import Rate
+
+    channel, server, service = served[0], served[1], served[3]
+    abused: list[str] = []
+    server.on_abuse = abused.append  # both before the channel's first call makes its connection
+    server.limits = FloodLimits(resets=Rate(5000, 1000))
+    never = channel.unary_unary("/t.S/Never")
+    assert channel.unary_unary("/t.S/Echo")(b"x", timeout=5) == b"x"  # connected
+    for i in range(1500):
+        call = never.future(b"x", timeout=5)
+        waited = time.monotonic() + 5
+        while not service.deadlines and time.monotonic() < waited:  # the server has the call: the cancel is a
+            time.sleep(0.0005)                                       # RST_STREAM
+        assert service.deadlines, f"call {i} never reached the server ({abused})"
+        service.deadlines.clear()
+        call.cancel()
+    assert channel.unary_unary("/t.S/Echo")(b"y", timeout=5) == b"y"
+    assert abused == [] and len(server.connections) == 1

@@ -44,7 +44,9 @@ from recserve.serving.transport.h2streams import Stream, StreamTable
 log = logging.getLogger(__name__)
 # WINDOW_UPDATEs earned: a client reopens the stream's and the connection's windows for the data it took, so each
 # DATA frame we send earns two; a frame cut short by a window the client keeps below this (CVE-2019-9511's data
-# dribble) earns none, unless it ends the data.  Those not earned are glitches (``FloodGuard.glitch``).
+# dribble) earns none, unless it ends the data.  Each stream closed, by us or by the client's RST_STREAM, earns two
+# more: grpc-core announces its window on every stream it opens, answered with data or not.  Those not earned are
+# glitches (``FloodGuard.glitch``).
 UPDATES_PER_FRAME = 2
 DRIBBLE_BYTES = 1024
 MAX_UPDATE_CREDIT = 4096
@@ -93,7 +95,7 @@ class ReplyWriter:
         stream.headers_sent = True
         self.send_window -= size
         stream.send_window -= size
-        self._earn()
+        self.earn()
         sid = stream.id
         out = self.out
         out += (REPLY_HEAD.pack(HEADERS_WORD, END_HEADERS, sid, RESPONSE_HEADERS, size << 8 | DATA, 0, sid, 0,
@@ -104,7 +106,8 @@ class ReplyWriter:
         self.wire.write(data)  # type: ignore[union-attr]
         self.end(stream)
 
-    def _earn(self) -> None:
+    def earn(self) -> None:
+        """Two WINDOW_UPDATEs the client may send: for a DATA frame sent, or a stream closed (``UPDATES_PER_FRAME``)."""
         self.update_credit = min(MAX_UPDATE_CREDIT, self.update_credit + UPDATES_PER_FRAME)
 
     def _admits_whole(self, stream: Stream, size: int) -> bool:
@@ -122,7 +125,7 @@ class ReplyWriter:
         # ``send_reply`` writes a unary answer (a worker's stream answers from the read that brought the request)
         self.send_window -= size
         stream.send_window -= size
-        self._earn()
+        self.earn()
         out = self.out
         out += (MESSAGE_HEAD.pack(size << 8 | DATA, 0, stream.id, 0, size - 5), message)
         data = b"".join(out)
@@ -166,7 +169,7 @@ class ReplyWriter:
             self.send_window -= size
             stream.send_window -= size
             if size >= DRIBBLE_BYTES or not pending:
-                self._earn()
+                self.earn()
         finished = not pending and stream.pending_end is not None
         if finished:
             frames.append(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.pending_end))
@@ -253,6 +256,7 @@ class ReplyWriter:
 
     def end(self, stream: Stream) -> None:
         """Our side of the stream is closed: forget it (a client still sending data gets it dropped)."""
+        self.earn()
         if stream.ended:
             self.streams.forget(stream.id)
         else:
