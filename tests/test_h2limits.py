@@ -137,7 +137,7 @@ def test_an_answer_dribbled_through_a_window_kept_tiny_ends_the_connection():
     _feed(conn, _frame(SETTINGS, 0, 0, b"\x00\x04" + (16).to_bytes(4, "big")) + _reply_of(64 << 10))
     _feed(conn, _update(1, 16) * 1200)
     sent = [p for kind, _, p in transport.frames(keep=True) if kind == DATA]
-    assert 1000 <= len(sent) <= 1002 and {len(p) for p in sent} == {16}
+    assert 1000 <= len(sent) <= 1004 and {len(p) for p in sent} == {16}  # the burst, and what opening earned
     assert transport.goaway_codes() == [(ENHANCE_YOUR_CALM, b"too_many_glitches")] and abused == ["too_many_glitches"]
 
 
@@ -425,3 +425,11 @@ def test_a_worker_returns_what_a_clients_incomplete_requests_took_once_the_clien
         while worker_rss_mb() > before + 32 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert worker_rss_mb() <= before + 32, (before, held, worker_rss_mb())
+
+
+def test_a_client_that_opens_many_streams_at_once_may_announce_each_ones_window():
+    """grpc-core sends a WINDOW_UPDATE on every stream it opens, before any answer: 1,500 open calls, each
+    announcing its window, stay within the budget (its burst is 1,000)."""
+    conn, transport, abused = _open()
+    _feed(conn, b"".join(_headers(2 * i + 1, END_HEADERS) + _update(2 * i + 1, 1 << 20) for i in range(1500)))
+    assert transport.goaway_codes() == [] and not transport.closed and abused == []

@@ -346,10 +346,8 @@ class H2Connection:
         elif kind == RST_STREAM:
             self._calm(self.guard.reset())
             stream_reset = self.streams.forget(stream)
-            if stream_reset is not None:
-                self.replies.earn()  # its window announcement, as a stream we end (``h2replies.UPDATES_PER_FRAME``)
-                if stream_reset.call is not None:
-                    stream_reset.call.cancel()
+            if stream_reset is not None and stream_reset.call is not None:
+                stream_reset.call.cancel()
         elif kind == GOAWAY:
             self.replies.closing = True  # the client makes no new streams; ours finish, then we close
         elif kind == PUSH_PROMISE:

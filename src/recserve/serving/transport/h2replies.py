@@ -44,9 +44,9 @@ from recserve.serving.transport.h2streams import Stream, StreamTable
 log = logging.getLogger(__name__)
 # WINDOW_UPDATEs earned: a client reopens the stream's and the connection's windows for the data it took, so each
 # DATA frame we send earns two; a frame cut short by a window the client keeps below this (CVE-2019-9511's data
-# dribble) earns none, unless it ends the data.  Each stream closed, by us or by the client's RST_STREAM, earns two
-# more: grpc-core announces its window on every stream it opens, answered with data or not.  Those not earned are
-# glitches (``FloodGuard.glitch``).
+# dribble) earns none, unless it ends the data.  Each stream the client opens earns two more: grpc-core announces
+# its window on every stream it opens, answered with data or not, and may open thousands at once.  Those not earned
+# are glitches (``FloodGuard.glitch``).
 UPDATES_PER_FRAME = 2
 DRIBBLE_BYTES = 1024
 MAX_UPDATE_CREDIT = 4096
@@ -107,7 +107,7 @@ class ReplyWriter:
         self.end(stream)
 
     def earn(self) -> None:
-        """Two WINDOW_UPDATEs the client may send: for a DATA frame sent, or a stream closed (``UPDATES_PER_FRAME``)."""
+        """Two WINDOW_UPDATEs the client may send: for a DATA frame sent, or a stream opened (``UPDATES_PER_FRAME``)."""
         self.update_credit = min(MAX_UPDATE_CREDIT, self.update_credit + UPDATES_PER_FRAME)
 
     def _admits_whole(self, stream: Stream, size: int) -> bool:
@@ -256,7 +256,6 @@ class ReplyWriter:
 
     def end(self, stream: Stream) -> None:
         """Our side of the stream is closed: forget it (a client still sending data gets it dropped)."""
-        self.earn()
         if stream.ended:
             self.streams.forget(stream.id)
         else:
