@@ -77,7 +77,7 @@ class ReplyWriter:
         self.initial_send_window = DEFAULT_WINDOW  # each new stream's (the client's SETTINGS)
         self.max_frame = DEFAULT_FRAME
         self.blocked = False  # a stream may have reply data waiting for the client's windows (``flush_pending``)
-        self.update_credit = 0  # WINDOW_UPDATEs the client may send for the DATA frames sent (``UPDATES_PER_FRAME``)
+        self.update_credit = 0  # WINDOW_UPDATEs the client may send: for DATA frames sent, streams opened (``earn``)
         # answers held for a client whose windows stay closed, past which the stream adding to them is reset
         self.hold_limit = max(HOLD_BYTES, 2 * max_message)
 
