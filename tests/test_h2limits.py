@@ -10,7 +10,7 @@ import pytest
 from recserve.serving.transport.h2frames import ENHANCE_YOUR_CALM, PREFACE
 from recserve.serving.transport.h2frames import frame as _frame
 from recserve.serving.transport.h2grpc import GrpcConnection, Method
-from recserve.serving.transport.h2limits import FloodGuard, FloodLimits, Rate
+from recserve.serving.transport.h2limits import MAX_UPDATE_CREDIT, FloodGuard, FloodLimits, Rate
 from tests.support import grpc_client, http
 from tests.support.h2_transport import Transport
 from tests.support.nodes import started
@@ -37,6 +37,15 @@ def test_a_rate_budget_allows_its_burst_then_refills_at_its_rate():
     assert [guard.ping() for _ in range(2)] == [None, "too_many_pings"]
     clock.now += 60  # refilled to the burst, never past it
     assert [guard.ping() for _ in range(4)] == [None, None, None, "too_many_pings"]
+
+
+def test_window_updates_are_taken_from_those_earned_then_from_the_glitch_budget():
+    guard = FloodGuard(FloodLimits(glitches=Rate(2, 1)), Clock())
+    guard.earned_updates()  # one DATA frame sent, or one stream opened: two updates
+    assert [guard.window_update() for _ in range(5)] == [None, None, None, None, "too_many_glitches"]
+    for _ in range(5000):
+        guard.earned_updates()
+    assert guard.update_credit == MAX_UPDATE_CREDIT  # banked up to a bound
 
 
 def test_counted_budgets_count_in_a_row_and_start_again_when_told():

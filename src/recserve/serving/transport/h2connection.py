@@ -87,7 +87,7 @@ class H2Connection:
         out: list[bytes] = []  # frames written at the end of this read: shared by the parts below
         # request bytes of incomplete messages: on this connection, and on every connection of the server (``held``)
         self.streams = StreamTable(out, ByteBudget(max(HELD_CONNECTION, 2 * max_message)), held)
-        self.replies = ReplyWriter(self.streams, out, max_message)
+        self.replies = ReplyWriter(self.streams, out, max_message, self.guard)
         self.requests = RequestReader(self.streams, out, max_message, limits, self.guard, self._calm, on_abuse)
         self.opener = CallOpener(self.streams, self.replies, self.requests, methods, new_call, new_queue, clock,
                                  self.guard, self._calm, limits.stream_window)
@@ -336,7 +336,8 @@ class H2Connection:
         if kind == HEADERS:
             self.opener.headers(flags, stream, payload)
         elif kind == WINDOW_UPDATE:  # grpcio sends two with every call
-            self._window_update(stream, payload)
+            self._calm(self.guard.window_update())
+            self.replies.window_update(stream, payload)
         elif kind == CONTINUATION:
             self.opener.continuation(flags, stream, payload)
         elif kind == SETTINGS:
@@ -354,14 +355,6 @@ class H2Connection:
             raise H2Error(PROTOCOL_ERROR, "a client may not push")
         else:  # PRIORITY and unknown frame types are ignored (RFC 9113 5.5), within a budget
             self._calm(self.guard.glitch())
-
-    def _window_update(self, stream: int, payload: bytes) -> None:
-        replies = self.replies
-        if replies.update_credit > 0:
-            replies.update_credit -= 1
-        else:
-            self._calm(self.guard.glitch())
-        replies.window_update(stream, payload)
 
     def _ping(self, flags: int, stream: int, payload: bytes) -> None:
         if len(payload) != 8 or stream:

@@ -128,7 +128,7 @@ class CallOpener:
             stream = Stream(stream_id, self.replies.initial_send_window, self.stream_window)
             stream.ended = bool(flags & END_STREAM)
             self.open[stream_id] = stream
-            self.replies.earn()  # the window announcement a client may send for it (``h2replies.UPDATES_PER_FRAME``)
+            self.guard.earned_updates()  # the window announcement a client may send for it
         if flags & END_HEADERS:  # the whole block in this frame (the usual case): no copy into ``self.block``
             if len(block) > MAX_HEADER_BLOCK:
                 raise H2Error(ENHANCE_YOUR_CALM, f"header block over {MAX_HEADER_BLOCK} bytes")

@@ -55,12 +55,17 @@ class Bucket:
         return True
 
 
+UPDATES_EARNED = 2  # WINDOW_UPDATEs a client may send for each DATA frame we send (the stream's window and the
+# connection's) and each stream it opens (grpc-core announces its window on every stream, answered with data or not)
+MAX_UPDATE_CREDIT = 4096  # earned updates banked at most
+
+
 class FloodGuard:
     """One connection's budgets.  Each method returns None while the frame is within its budget, else the
     reason to send with GOAWAY ENHANCE_YOUR_CALM (also the name it is counted under)."""
 
     __slots__ = ("limits", "clock", "_pings", "_settings", "_resets", "_server_resets", "_glitches",
-                 "empty_in_a_row", "continuations")
+                 "update_credit", "empty_in_a_row", "continuations")
 
     def __init__(self, limits: FloodLimits = FloodLimits(), clock: Callable[[], float] = time.monotonic,
                  server_resets: Bucket | None = None) -> None:
@@ -69,6 +74,7 @@ class FloodGuard:
         self._pings, self._settings = Bucket(limits.pings, now), Bucket(limits.settings, now)
         self._resets = Bucket(limits.resets, now)
         self._glitches = Bucket(limits.glitches, now)
+        self.update_credit = 0  # WINDOW_UPDATEs earned and not yet received (``earned_updates``)
         self._server_resets = server_resets  # shared by the server's connections (``GrpcServer``)
         self.empty_in_a_row = 0
         self.continuations = 0
@@ -88,6 +94,17 @@ class FloodGuard:
     def glitch(self) -> str | None:
         """A frame that changes nothing: PRIORITY, an unknown type, a WINDOW_UPDATE our data did not earn."""
         return None if self._glitches.take(self.clock()) else "too_many_glitches"
+
+    def earned_updates(self) -> None:
+        """A DATA frame sent or a stream opened: the WINDOW_UPDATEs a client may send for it (``UPDATES_EARNED``)."""
+        self.update_credit = min(MAX_UPDATE_CREDIT, self.update_credit + UPDATES_EARNED)
+
+    def window_update(self) -> str | None:
+        """A WINDOW_UPDATE: one of those earned, else a glitch."""
+        if self.update_credit > 0:
+            self.update_credit -= 1
+            return None
+        return self.glitch()
 
     def empty_data(self) -> str | None:
         """A DATA frame with no payload and no END_STREAM; a frame with payload sets ``empty_in_a_row`` to 0."""

@@ -38,18 +38,13 @@ from recserve.serving.transport.h2frames import (
     status_block,
     trailers,
 )
-from recserve.serving.transport.h2limits import LogBudget
+from recserve.serving.transport.h2limits import FloodGuard, LogBudget
 from recserve.serving.transport.h2streams import Stream, StreamTable
 
 log = logging.getLogger(__name__)
-# WINDOW_UPDATEs earned: a client reopens the stream's and the connection's windows for the data it took, so each
-# DATA frame we send earns two; a frame cut short by a window the client keeps below this (CVE-2019-9511's data
-# dribble) earns none, unless it ends the data.  Each stream the client opens earns two more: grpc-core announces
-# its window on every stream it opens, answered with data or not, and may open thousands at once.  Those not earned
-# are glitches (``FloodGuard.glitch``).
-UPDATES_PER_FRAME = 2
+# a DATA frame cut below this by a window the client keeps small earns no WINDOW_UPDATE (``FloodGuard.earned_updates``)
+# unless it ends the data: CVE-2019-9511's data dribble, a few bytes a frame, each update earning the next
 DRIBBLE_BYTES = 1024
-MAX_UPDATE_CREDIT = 4096
 DROPPED_LOG = LogBudget()  # one line per 10 s for streams reset over the held-answers budget
 
 
@@ -66,8 +61,9 @@ class Wire(Protocol):
 class ReplyWriter:
     """Answers of one connection's calls (``GrpcCall`` writes through it) and the frames its reader queues."""
 
-    def __init__(self, streams: StreamTable, out: list[bytes], max_message: int) -> None:
+    def __init__(self, streams: StreamTable, out: list[bytes], max_message: int, guard: FloodGuard) -> None:
         self.streams, self.open = streams, streams.open
+        self.guard = guard  # the connection's budgets: each DATA frame sent earns WINDOW_UPDATEs there
         self.out = out  # frames written at the end of this read (one write, one syscall)
         self.wire: Wire | None = None  # None before the connection is made and once it is lost
         self.reading = False  # within a read: frames queued go out together at its end
@@ -77,7 +73,6 @@ class ReplyWriter:
         self.initial_send_window = DEFAULT_WINDOW  # each new stream's (the client's SETTINGS)
         self.max_frame = DEFAULT_FRAME
         self.blocked = False  # a stream may have reply data waiting for the client's windows (``flush_pending``)
-        self.update_credit = 0  # WINDOW_UPDATEs the client may send: for DATA frames sent, streams opened (``earn``)
         # answers held for a client whose windows stay closed, past which the stream adding to them is reset
         self.hold_limit = max(HOLD_BYTES, 2 * max_message)
 
@@ -95,7 +90,7 @@ class ReplyWriter:
         stream.headers_sent = True
         self.send_window -= size
         stream.send_window -= size
-        self.earn()
+        self.guard.earned_updates()
         sid = stream.id
         out = self.out
         out += (REPLY_HEAD.pack(HEADERS_WORD, END_HEADERS, sid, RESPONSE_HEADERS, size << 8 | DATA, 0, sid, 0,
@@ -105,10 +100,6 @@ class ReplyWriter:
         out.clear()
         self.wire.write(data)  # type: ignore[union-attr]
         self.end(stream)
-
-    def earn(self) -> None:
-        """Two WINDOW_UPDATEs the client may send: for a DATA frame sent, or a stream opened (``UPDATES_PER_FRAME``)."""
-        self.update_credit = min(MAX_UPDATE_CREDIT, self.update_credit + UPDATES_PER_FRAME)
 
     def _admits_whole(self, stream: Stream, size: int) -> bool:
         """A frame of ``size`` bytes for ``stream`` can be written now: one frame, within both windows, on a live
@@ -125,7 +116,7 @@ class ReplyWriter:
         # ``send_reply`` writes a unary answer (a worker's stream answers from the read that brought the request)
         self.send_window -= size
         stream.send_window -= size
-        self.earn()
+        self.guard.earned_updates()
         out = self.out
         out += (MESSAGE_HEAD.pack(size << 8 | DATA, 0, stream.id, 0, size - 5), message)
         data = b"".join(out)
@@ -169,7 +160,7 @@ class ReplyWriter:
             self.send_window -= size
             stream.send_window -= size
             if size >= DRIBBLE_BYTES or not pending:
-                self.earn()
+                self.guard.earned_updates()
         finished = not pending and stream.pending_end is not None
         if finished:
             frames.append(frame(HEADERS, END_HEADERS | END_STREAM, stream.id, stream.pending_end))
