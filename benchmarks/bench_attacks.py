@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
-import os
 import socket
 import sys
 import threading
@@ -31,6 +31,7 @@ from recserve.measure.http_client import HttpClientError, HttpPool, encode_post
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.served import LocalServer
+from recserve.measure.sink import process_cpu_s
 from recserve.measure.targets import encode_grpc_request, encode_http_request
 from recserve.serving.transport.h2frames import PREFACE
 from recserve.serving.transport.h2frames import frame as _frame
@@ -315,25 +316,24 @@ def _metric(port: int, name: str) -> float:
                    if line.startswith(name + "{") or line.startswith(name + " "))
 
 
-def _workers_rss_mb(server: LocalServer) -> float:
+def _workers(server: LocalServer) -> list[dict]:
+    """The model's workers as its control API describes them (pid, RSS, ...)."""
     state = server._control.get_model(server.served)
-    return sum(float(w.get("rss_mb") or 0.0) for stage in state.get("stages", {}).values()
-               for w in stage.get("worker_detail", []))
+    return [w for stage in state.get("stages", {}).values() for w in stage.get("worker_detail", [])]
+
+
+def _workers_rss_mb(server: LocalServer) -> float:
+    return sum(float(w.get("rss_mb") or 0.0) for w in _workers(server))
 
 
 def _workers_cpu_s(server: LocalServer) -> float:
     """CPU seconds (user + system) the model's workers have used: what an attack costs the server beyond the
-    well-behaved client's load (the p99 on a small host moves with the attacker's own CPU too)."""
-    state = server._control.get_model(server.served)
+    well-behaved client's load (the p99 on a small host moves with the attacker's own CPU too).  A worker gone
+    meanwhile counts nothing."""
     total = 0.0
-    for stage in state.get("stages", {}).values():
-        for worker in stage.get("worker_detail", []):
-            try:
-                with open(f"/proc/{worker['pid']}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, KeyError, TypeError):
-                continue
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for worker in _workers(server):
+        with contextlib.suppress(OSError, KeyError, TypeError):
+            total += process_cpu_s([worker["pid"]])
     return total
 
 
