@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.wire import pipe
+
 next_id = itertools.count(1).__next__  # worker ids and the ids of the items sent to workers, unique in this process
 
 
@@ -83,7 +85,10 @@ class WorkerHandle:
     states: np.ndarray | None = None  # v2: shared, one row per worker descriptor (``Connection.mark``)
     hung: bool = False
     accel_socket: str = ""  # an accelerator worker's Unix socket (serving/worker/accel.py)
-    waiting: Callable[[], bool] | None = None  # whether a message waits on ``conn`` (``pipe.waiting``)
+    waiting: Callable[[], bool] = field(init=False)  # whether a message waits on ``conn`` (``pipe.waiting``)
+
+    def __post_init__(self) -> None:
+        self.waiting = pipe.waiting(self.conn) if self.conn is not None else lambda: False
 
     @property
     def working(self) -> bool:

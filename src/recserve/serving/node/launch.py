@@ -16,7 +16,6 @@ import torch
 from recserve.serving.node.config import ModelConfig
 from recserve.serving.node.handle import Outbox, WorkerHandle, next_id
 from recserve.serving.node.watchdog import CONN_SLOTS
-from recserve.serving.wire import pipe
 from recserve.serving.wire.model_info import ModelInfo
 from recserve.serving.worker.main import WorkerArgs, build_worker_model, share_model, worker_main
 
@@ -130,7 +129,6 @@ class WorkerLauncher:
                               states=states.numpy() if states is not None else None, slot=args.slot,
                               accel_socket=args.accel_socket)
         handle.outbox = Outbox(parent, proc.name)
-        handle.waiting = pipe.waiting(parent)
         return handle
 
     async def _front_end_args(self, args: WorkerArgs) -> None:
