@@ -19,6 +19,8 @@
 #   grpc2    (3)   #51: one gRPC channel and HTTP binary, max load at 1 / 2 / 8 workers (one generator process)
 #   peers16  (7)   #51: every recserve protocol beside FastAPI, max load at 1 / 8 / 16 workers, 4 generator processes
 #                  ($PEERS16: the servers, when FastAPI cannot run there)
+#   balance  (4)   #51: HTTP binary at 8 / 16 workers, fixed rates: each worker's share of the queries, p95 and 503s,
+#                  for main and each variant in benchmarks/device/variants/ (a patch of src, applied to a copy)
 #   threads  (3)   #50: threads sharing RMC1's tables, slowdown beside 1 / 3 / 7 / 15 co-runners, and one call's
 #                  op-parallel speed-up on 1-16 cores, each against the perfmodel (Hercules' CPU search rows)
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
@@ -88,12 +90,23 @@ print(sys.version.split()[0], torch.__version__, torch.cuda.is_available(), nump
       phase peers16 420 $PY -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
         --workers "1,8,$CORES" --procs 4 --probe-s 2 --start-qps 300 --max-probes 6 --confirm 1 \
         --peers "${PEERS16:-recserve,recserve-grpc,recserve-json,fastapi}" --out "$OUT/peers_protocols.json" ;;
+    balance)
+      variants=base=src
+      for patch in benchmarks/device/variants/*.patch; do
+        v=$(basename "$patch" .patch)
+        rm -rf "/tmp/variants/$v" && mkdir -p "/tmp/variants/$v" && cp -r src "/tmp/variants/$v/"
+        (cd "/tmp/variants/$v" && { patch -s -p1 < "$OLDPWD/$patch" || git apply "$OLDPWD/$patch"; }) \
+          && variants="$variants,$v=/tmp/variants/$v/src"
+      done
+      phase balance 300 $PY -m benchmarks.bench_grpc_scale --model hercules-rmc1 --scale 0.001 --sla-ms 100 \
+        --workers "${BALANCE_WORKERS:-8,$CORES}" --protocols http --variants "$variants" \
+        --rates "${BALANCE_RATES:-600,1100,1500}" --probe-s 3 --out "$OUT/balance.json" ;;
     threads)
       phase threads 300 $PY -m benchmarks.bench_thread_interference --corunners "1,3,7,$((CORES - 1))" \
         --op-threads "1,2,4,8,$CORES" --repeats 2 --seconds 1 --out "$OUT/thread_interference.json" ;;
     *)
       echo "round.sh: unknown phase '$name' (env scaling overhead pa gpu mixed route protocols native grpc2 peers16" \
-        "threads)" >&2
+        "balance threads)" >&2
       exit 2 ;;
   esac
 done
