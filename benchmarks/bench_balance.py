@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import urllib.request
 
@@ -22,14 +21,9 @@ from benchmarks import harness
 from benchmarks.peers.servers import recserve_server
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
+from recserve.measure.sink import process_cpu_s
 from recserve.measure.targets import HttpTarget
 from recserve.specs import get_model
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(args: argparse.Namespace, pool: RequestPool, reuse: str) -> dict:
@@ -38,9 +32,9 @@ def run(args: argparse.Namespace, pool: RequestPool, reuse: str) -> dict:
             pids = [w["pid"] for w in json.load(r)["stages"]["model"]["worker_detail"]]
         target = HttpTarget(url, args.model, timeout_s=10.0, reuse=reuse)
         with LoadSession(target, pool, warm=True) as session:
-            before = [cpu_s(p) for p in pids]
+            before = [process_cpu_s([p]) for p in pids]
             result = session.run(args.rate, args.seconds, warmup_s=1.0)
-            used = [cpu_s(p) - b for p, b in zip(pids, before, strict=True)]
+            used = [process_cpu_s([p]) - b for p, b in zip(pids, before, strict=True)]
     d = result.to_dict()
     return {"worker_cpu_s": used, "busiest_share": max(used) / max(1e-9, sum(used)),
             "latency_ms": d["latency_ms"], "ok": result.ok, "measured": result.measured, "errors": result.errors}

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
 from benchmarks import harness
+from recserve.measure.sink import process_cpu_s
 from recserve.serving.wire import codec, json_numbers
 from recserve.specs import catalogue_models
 
@@ -119,7 +118,7 @@ def served(args: argparse.Namespace) -> list[dict]:
             cpus = dict.fromkeys(bodies, 0.0)
             for i in range(args.served_repeat + 2):
                 for kind, (body, headers) in bodies.items():
-                    cpu = _cpu_s(pid)
+                    cpu = process_cpu_s([pid])
                     start = time.perf_counter()
                     conn.request("POST", path, body=body, headers=headers)
                     answer = conn.getresponse()
@@ -128,7 +127,7 @@ def served(args: argparse.Namespace) -> list[dict]:
                         raise SystemExit(f"{kind} batch {batch}: HTTP {answer.status}: {text[:300]!r}")
                     if i >= 2:  # the first two warm both paths
                         walls[kind].append(time.perf_counter() - start)
-                        cpus[kind] += _cpu_s(pid) - cpu  # clock ticks: summed over the queries, then divided
+                        cpus[kind] += process_cpu_s([pid]) - cpu  # clock ticks: summed over the queries, then divided
             for kind in bodies:
                 count = len(walls[kind]) * batch
                 rows.append({"batch": batch, "kind": kind,
@@ -139,11 +138,6 @@ def served(args: argparse.Namespace) -> list[dict]:
     finally:
         server.stop()
     return rows
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def headline(result: dict) -> list[dict]:

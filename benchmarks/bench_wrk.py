@@ -46,6 +46,7 @@ from benchmarks.common.timing import listening_pids, process_tree, socket_links,
 from benchmarks.peers import loadtools
 from benchmarks.peers.servers import NOTES, PEERS, runnable, say
 from recserve.measure.requests import RequestPool
+from recserve.measure.sink import process_cpu_s
 from recserve.measure.targets import (
     decode_grpc_response,
     decode_http_response,
@@ -123,10 +124,9 @@ def ask_once(url: str, model: str, body: bytes, headers: dict[str, str]) -> tupl
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of process ``pid`` so far (0 if it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return process_cpu_s([pid])
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def host_busy() -> tuple[float, float]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recserve.measure.sink import process_cpu_s
+
 
 def summary(samples_s: list[float]) -> dict[str, float]:
     ms = np.array(samples_s) * 1e3
@@ -44,9 +46,7 @@ def cpu_s(pid: int) -> float:
                 pass
         return total / 1e9
     except (OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s([pid])
 
 
 def tcp_sockets(port: int, state: str, tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> set[str]:
