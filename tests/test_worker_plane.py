@@ -504,6 +504,41 @@ def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):
                 s.close()
 
 
+def test_connections_spread_over_the_workers_by_how_many_each_serves(cases):
+    """Eight keep-alive connections land on one worker (the other is stopped while they connect); each then carries
+    one query at a time, so no queue forms and the backlog rule never moves one.  The worker serving two or more
+    connections than its sibling moves them as they go idle until each serves about half."""
+    config = config_from_dict({"models": [{"name": "h", "model": MODELS["a"], "scale": 1e-4, "workers": 2,
+                                           "max_batch_size": 128, "deadline_ms": 30_000, "fuse_items": 0}]})
+    batch, _ = cases["a"][0]
+    body, headers = body_of(batch)
+    request = infer_head("h", body, headers) + body
+    with started(config) as server:
+        port = server.ports.http
+        first, second = worker_pids(port, "h")
+        os.kill(second, signal.SIGSTOP)
+        try:
+            clients = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(8)]
+            for s in clients:
+                s.sendall(request)
+                assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
+        finally:
+            os.kill(second, signal.SIGCONT)
+        try:
+            owners = [connection_owner(s, [first, second]) for s in clients]
+            assert owners.count(first) == 8
+            deadline = time.monotonic() + 60  # a few sweeps (1 s each) on a quiet host
+            while abs(owners.count(first) - owners.count(second)) > 1 and time.monotonic() < deadline:
+                for s in clients:  # one at a time: never a query queued behind another
+                    s.sendall(request)
+                    assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
+                owners = [connection_owner(s, [first, second]) for s in clients]
+            assert owners.count(first) == owners.count(second) == 4, owners
+        finally:
+            for s in clients:
+                s.close()
+
+
 def headers_of(reply: bytes) -> dict[str, str]:
     lines = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
     return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}

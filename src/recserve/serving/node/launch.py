@@ -95,6 +95,9 @@ class WorkerLauncher:
         # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
         # connections from a worker with a backlog (``ConnectionManager.maybe_move``)
         self.loads = torch.full((LOAD_SLOTS,), -1, dtype=torch.int32).share_memory_()
+        # and the keep-alive connections each has lately served requests on: a worker with more than a sibling moves
+        # its connections there as they go idle (``ConnectionManager.fewer_active``)
+        self.active = torch.zeros((LOAD_SLOTS,), dtype=torch.int32).share_memory_()
         # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
@@ -116,7 +119,8 @@ class WorkerLauncher:
             await self._front_end_args(args)
         if stage == "accel" and self.accel is not None:
             args.accel_socket, args.info = self.accel.claim_socket(), self.info
-        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states, self.loads),
+        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states, self.loads,
+                                                                     self.active),
                                 daemon=True, name=f"recserve-{self.cfg.name}-{stage}-{wid}")
         try:
             await loop.run_in_executor(None, proc.start)
@@ -150,6 +154,7 @@ class WorkerLauncher:
         """An exited worker's load slot and accelerator socket are free for its replacement."""
         if 0 <= handle.slot < LOAD_SLOTS:
             self.loads[handle.slot] = -1
+            self.active[handle.slot] = 0
             self._slots.discard(handle.slot)
         if self.accel is not None and handle.accel_socket:
             self.accel.release_socket(handle.accel_socket)

@@ -8,7 +8,8 @@
   to another worker.  A worker that stops beating (hung or stopped) gets the same, with 504, and is replaced.
 - A connection goes to the supervisor over the worker's socket pair (SCM_RIGHTS) with the bytes already read from
   it when its request is not this worker's (``hand_off``), when it goes idle while queries wait here and a sibling
-  is idle (``maybe_move``), and when the worker retires.
+  is idle, or while this worker serves more active connections than a sibling (``maybe_move``), and when the worker
+  retires.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from recserve.serving.transport.tcp_counts import StreamCounts, stream_counts
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.http_connection import NOTHING_YET, RECV_BYTES, Connection, error_response
+from recserve.serving.worker.reporter import RETIRING_LOAD
 
 log = logging.getLogger("recserve.serving")
 
 SWEEP_S = 1.0  # how often connections are checked for a request that arrives too slowly
 MOVE_BACKLOG = 1  # queries waiting at a worker before it moves an idle connection to an idle sibling
 MOVE_GAP_S = 0.005  # at most one such move per worker this often
+ACTIVE_GAP = 2  # active connections over a sibling's at which a worker moves one there as it goes idle
 FORWARDED_RECENTLY_S = 0.05  # a worker that forwarded a query this recently moves a connection that goes idle
-ACCEPT_BATCH = 64  # connections taken per wake-up of the listening socket (asyncio's default backlog loop)
 ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
 
 
@@ -46,7 +48,7 @@ class ConnectionManager:
 
     def __init__(self, plane: Any, send: Callable[[Any], None], hand_off: Callable[..., None],
                  share: Callable[[int], None] | None = None, states: np.ndarray | None = None,
-                 loads: np.ndarray | None = None, slot: int = -1) -> None:
+                 loads: np.ndarray | None = None, slot: int = -1, active: np.ndarray | None = None) -> None:
         self.plane = plane  # the WorkerPlane (``worker/plane.py``): limits, admission, retiring, maybe_exit
         self.loop = plane.loop
         self.send = send
@@ -56,6 +58,9 @@ class ConnectionManager:
         # shared with the model's other workers: queries each holds (-1 = no worker in that slot); see ``maybe_move``
         self.loads = loads if loads is not None and 0 <= slot < len(loads) else None
         self.slot = slot
+        # shared likewise: the connections each worker served a request on over its last sweep (``fewer_active``)
+        self.active = active if active is not None and self.loads is not None else None
+        self._fewest = -1  # the sibling slot that published the fewest at this worker's last sweep
         self.scratch = memoryview(bytearray(RECV_BYTES))  # every connection's small reads (one loop: one at a time)
         self.open: set[Connection] = set()
         self.on_stop_listening: list[Callable[[], None]] = []  # other transports (gRPC) stop taking calls too
@@ -73,7 +78,11 @@ class ConnectionManager:
         self.loop.call_later(SWEEP_S, self._sweep)
 
     def _accept(self) -> None:
-        """Accept the queued connections and give the supervisor each one's descriptor at once, in this callback.
+        """Accept one queued connection and give the supervisor its descriptor at once, in this callback.
+
+        One a wake-up, as nginx's ``multi_accept off``: the listening socket wakes every worker, each takes one and
+        the rest stay queued for the next turn, so a burst of connections spreads over the model's workers instead
+        of landing on whichever woke first (docs/decisions/2026-11-30-connections-spread-over-workers.md).
 
         asyncio's own server makes the transport (and so ``connection_made``) a loop turn or two after
         ``accept``; a worker killed in between would take the only descriptor of a connection whose client may
@@ -81,27 +90,26 @@ class ConnectionManager:
         listener = self._listener
         if listener is None:
             return
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: no descriptor for it now; the client stays queued
-                log.warning("worker for %s: accept failed (%s); pausing accepts for %g s", self.plane.model_name,
-                            exc, ACCEPT_PAUSE_S)
-                self.loop.remove_reader(listener.fileno())
-                self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
-                return
-            if len(self.open) + self.connecting >= self.plane.limits.max_connections:
-                self._refuse_connection(sock)
-                continue
-            sock.setblocking(False)
-            early = self._holds(sock.fileno())
-            if early:
-                self.states[sock.fileno()] = 0  # idle, nothing read, no answer being written
-                self._share(sock.fileno())  # type: ignore[misc]
-            self.connecting += 1
-            self.loop.create_task(self._connect(sock, early))
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: no descriptor for it now; the client stays queued
+            log.warning("worker for %s: accept failed (%s); pausing accepts for %g s", self.plane.model_name,
+                        exc, ACCEPT_PAUSE_S)
+            self.loop.remove_reader(listener.fileno())
+            self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
+            return
+        if len(self.open) + self.connecting >= self.plane.limits.max_connections:
+            self._refuse_connection(sock)
+            return
+        sock.setblocking(False)
+        early = self._holds(sock.fileno())
+        if early:
+            self.states[sock.fileno()] = 0  # idle, nothing read, no answer being written
+            self._share(sock.fileno())  # type: ignore[misc]
+        self.connecting += 1
+        self.loop.create_task(self._connect(sock, early))
 
     def _refuse_connection(self, sock: socket.socket) -> None:
         """Past ``max_connections``: 503 and close, before the connection costs more than its descriptor."""
@@ -200,30 +208,67 @@ class ConnectionManager:
             conn.refuse(InferError("slow_client", f"request not received within {limits.read_timeout_s:g} s"))
         for conn in [c for c in self.open if c.idle_for(now) > limits.keep_alive_s]:
             conn.write(b"", close=True)  # an idle keep-alive connection: the client opens another when it needs
+        self._count_active()
         self.loop.call_later(SWEEP_S, self._sweep)
+
+    def _count_active(self) -> None:
+        """Publish how many connections carried a request since the last sweep, and note the live sibling that
+        published the fewest (``fewer_active`` moves connections there)."""
+        if self.active is None:
+            return
+        count = 0
+        for conn in self.open:
+            count += conn.requests > 0
+            conn.requests = 0
+        self.active[self.slot] = count
+        live = np.flatnonzero((self.loads >= 0) & (self.loads != RETIRING_LOAD))
+        live = live[live != self.slot]
+        self._fewest = int(live[np.argmin(self.active[live])]) if live.size else -1
 
     # ---- moving connections: to an idle sibling, to the supervisor ----------------------------------------
     def maybe_move(self, conn: Connection) -> bool:
-        """Move a keep-alive connection that just went idle to an idle sibling while queries wait here (or were just
-        forwarded to a sibling for want of this worker: moving the connection saves its next queries that hop).
+        """Move a keep-alive connection that just went idle to a sibling: to an idle one while queries wait here (or
+        were just forwarded to a sibling for want of this worker: moving the connection saves its next queries that
+        hop), else to one serving ``ACTIVE_GAP`` fewer active connections than this worker (``fewer_active``).
 
         Why: a worker keeps the connections it accepted, and a client that reuses few connections (a router, a
         pooled HTTP client reusing its most recent one) would keep a model's other workers idle while queries
-        queue at one (measured: 2:1 CPU split and p95 8x higher at 150 qps on two workers)."""
+        queue at one (measured: 2:1 CPU split and p95 8x higher at 150 qps on two workers).  A client that spreads
+        its queries over all its connections loads each worker by the connections it accepted, and which worker
+        accepts a connection is the kernel's choice: the backlog rule moves none while no queue forms, and the
+        worker holding most reaches its limit first (docs/decisions/2026-11-30-connections-spread-over-workers.md)."""
         if self.loads is None or self.plane.retiring:
             return False
         now = time.perf_counter()
-        if len(self.plane.admission.queue) < MOVE_BACKLOG and now - self.forwarded_at > FORWARDED_RECENTLY_S:
-            return False
         if now - self._moved_at < MOVE_GAP_S:
             return False
-        idle = np.flatnonzero(self.loads == 0)
-        idle = idle[idle != self.slot]
-        if not idle.size:
+        to = self._idle_sibling(now)
+        if to < 0:
+            to = self.fewer_active()
+        if to < 0:
             return False
         self._moved_at = now
-        self.hand_off(conn, to_slot=int(idle[0]))
+        if self.active is not None:  # until the next sweeps count them again
+            self.active[self.slot] -= 1
+            self.active[to] += 1
+        self.hand_off(conn, to_slot=to)
         return True
+
+    def _idle_sibling(self, now: float) -> int:
+        """An idle sibling's slot while queries wait here or one was forwarded just now (-1 if none)."""
+        if len(self.plane.admission.queue) < MOVE_BACKLOG and now - self.forwarded_at > FORWARDED_RECENTLY_S:
+            return -1
+        idle = np.flatnonzero(self.loads == 0)
+        idle = idle[idle != self.slot]
+        return int(idle[0]) if idle.size else -1
+
+    def fewer_active(self) -> int:
+        """The slot of the live sibling that serves ``ACTIVE_GAP`` or more fewer active connections than this worker
+        (-1 if none): the one that had the fewest at the last sweep, as its count stands now."""
+        to = self._fewest
+        if self.active is None or to < 0 or not 0 <= self.loads[to] < RETIRING_LOAD:
+            return -1
+        return to if self.active[self.slot] - self.active[to] >= ACTIVE_GAP else -1
 
     def hand_off(self, conn: Connection, to_slot: int | None = None) -> None:
         """Give the connection (and what was read of it) to the supervisor; once its writes are flushed."""

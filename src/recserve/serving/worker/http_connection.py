@@ -110,6 +110,7 @@ class Connection(asyncio.BufferedProtocol):
         self.buf = bytearray(prefix)
         self.transport: asyncio.Transport | None = None
         self.busy = False  # a request of this connection is queued or computing (no pipelining: one at a time)
+        self.requests = 0  # requests read since the manager last counted its active connections
         self.closed = False
         self.discarding = False  # refused: reading only to drop what the client still sends
         self.arrived = 0.0
@@ -271,6 +272,7 @@ class Connection(asyncio.BufferedProtocol):
             del self.buf[: self._needed]
         self._head, self._needed = None, 0
         self.busy = True
+        self.requests += 1
         self.plane.admit(self, Request(head.method, head.path, head.version, headers, body, self.arrived))
 
     def _shed_early(self, head_end: int, headers: dict[str, str], version: str) -> bool:

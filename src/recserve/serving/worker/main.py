@@ -199,7 +199,8 @@ def _pin(args: WorkerArgs) -> None:
 
 
 def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: torch.Tensor | None = None,
-                states: torch.Tensor | None = None, loads: torch.Tensor | None = None) -> None:
+                states: torch.Tensor | None = None, loads: torch.Tensor | None = None,
+                active: torch.Tensor | None = None) -> None:
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
     _pin(args)
     os.environ.update(args.probe_verdicts)
@@ -223,7 +224,8 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
 
             eventloop.run(_serve(conn, args, model, in_buf, out_buf, ready,
                                  states.numpy() if states is not None else None,
-                                 loads.numpy() if loads is not None else None), args.event_loop)
+                                 loads.numpy() if loads is not None else None,
+                                 active.numpy() if active is not None else None), args.event_loop)
             return
         conn.send(ready)
         while True:
@@ -255,7 +257,8 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
 
 
 async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarray, out_buf: np.ndarray,
-                 ready: tuple, states: np.ndarray | None = None, loads: np.ndarray | None = None) -> None:
+                 ready: tuple, states: np.ndarray | None = None, loads: np.ndarray | None = None,
+                 active: np.ndarray | None = None) -> None:
     """Data plane v2: accept and answer this model's queries, and keep serving the server's pipe."""
     from multiprocessing.reduction import send_handle
 
@@ -291,7 +294,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     siblings = await _serve_siblings(args) if args.sibling_dir and loads is not None and args.slot >= 0 else None
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,
-                        loads, args.slot, regions)
+                        loads, args.slot, regions, active)
     _attach_peers(plane, args, siblings, loads)
     grpc_stopped = await _serve_grpc(plane, args, regions) if args.grpc_listen is not None else None
     await plane.listen(args.listen)

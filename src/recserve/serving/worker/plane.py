@@ -55,7 +55,8 @@ class WorkerPlane:
                  send: Callable[[Any], None], hand_off: Callable[..., None], limits: PlaneLimits,
                  sub_batch: int, version: str = "1", default: bool = True,
                  share: Callable[[int], None] | None = None, states: np.ndarray | None = None,
-                 loads: np.ndarray | None = None, slot: int = -1, regions: Any = None) -> None:
+                 loads: np.ndarray | None = None, slot: int = -1, regions: Any = None,
+                 active: np.ndarray | None = None) -> None:
         self.loop = loop
         self.model_name = model_name
         self.model = model
@@ -71,7 +72,7 @@ class WorkerPlane:
         self.admission = AdmissionQueue(model_name, limits, self._fail, others_held=others_held)
         self.early = EarlyRefusal(self.admission, lambda: self.offload)  # verdicts before a query is read whole
         self.reporter = Reporter(loop, send, self.admission, self.exit_event, regions, loads, slot)
-        self.connections = ConnectionManager(self, send, hand_off, share, states, loads, slot)
+        self.connections = ConnectionManager(self, send, hand_off, share, states, loads, slot, active)
         self.reporter.publish_load(False)
         self.version = version
         self.default = default
