@@ -7,22 +7,34 @@ node (``--workers`` workers) at a fixed Poisson rate with the production mix and
 and the latency tail: with the node moving idle connections from a worker with queries waiting to an idle sibling,
 "newest" should stay close to "oldest".
 
+Then the connections themselves (``--burst N``): N connections opened at once to an idle node, each carrying one
+query at a time in turn for ``--burst-s`` seconds (no queue forms, so only the spread by count moves any): how many
+each worker holds after the first round and at the end.  With ``RECSERVE_BASE_SRC=<another tree>/src`` the same is
+measured on a node of that tree too, for a before/after in one run.
+
     .venv/bin/python -m benchmarks.bench_balance --model hercules-rmc1 --rate 150 --seconds 6
+    RECSERVE_BASE_SRC=/path/to/main/src .venv/bin/python -m benchmarks.bench_balance --workers 4 --burst 40
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import time
+import urllib.parse
 import urllib.request
 
 from benchmarks import harness
-from benchmarks.peers.servers import recserve_server
+from benchmarks.common.timing import connections_held
+from benchmarks.peers.servers import BASE_SRC_ENV, recserve_base_server, recserve_server
+from recserve.measure.http_client import encode_post
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.sink import process_cpu_s
-from recserve.measure.targets import HttpTarget
+from recserve.measure.targets import HttpTarget, encode_http_request
 from recserve.specs import get_model
 
 
@@ -40,12 +52,77 @@ def run(args: argparse.Namespace, pool: RequestPool, reuse: str) -> dict:
             "latency_ms": d["latency_ms"], "ok": result.ok, "measured": result.measured, "errors": result.errors}
 
 
-def headline(results: dict) -> list[dict]:
-    """Per connection reuse order: the busiest worker's share of the workers' CPU, and p99."""
+def worker_pids(url: str, model: str) -> list[int]:
+    with urllib.request.urlopen(f"{url}/control/models/{model}") as r:
+        return [w["pid"] for w in json.load(r)["stages"]["model"]["worker_detail"]]
+
+
+def burst(url: str, model: str, pool: RequestPool, connections: int, seconds: float) -> dict:
+    """``connections`` opened at once to the node at ``url``, one query each in turn for ``seconds``: the
+    connections each worker holds after the first round and at the end."""
+    port, pids = urllib.parse.urlsplit(url).port, worker_pids(url, model)
+    body, header_length = encode_http_request(pool.batch(0))
+    request = encode_post("127.0.0.1", f"/v2/models/{model}/infer", body,
+                          {"Inference-Header-Content-Length": str(header_length)})
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(connections)]
+    held: dict[str, list[int]] = {}
+    try:
+        end, rounds = None, 0
+        while end is None or time.monotonic() < end:
+            for s in socks:
+                s.sendall(request)
+                _read_answer(s)
+            rounds += 1
+            if end is None:
+                held["first_round"] = [connections_held(pid, port) for pid in pids]
+                end = time.monotonic() + seconds
+        held["end"] = [connections_held(pid, port) for pid in pids]
+    finally:
+        for s in socks:
+            s.close()
+    return {"connections": connections, "rounds": rounds, "held": held}
+
+
+def _read_answer(sock: socket.socket) -> None:
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += sock.recv(1 << 16) or _closed()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(f"the node answered {head[:120]!r}")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(
+        b"content-length:"))
+    while len(rest) < length:
+        rest += sock.recv(1 << 16) or _closed()
+
+
+def _closed() -> bytes:
+    raise RuntimeError("the node closed a connection")
+
+
+def bursts(args: argparse.Namespace, pool: RequestPool) -> dict:
+    """``burst`` on a node of this tree and, with ``$RECSERVE_BASE_SRC``, of that one."""
+    nodes = {"this tree": recserve_server}
+    if os.environ.get(BASE_SRC_ENV):
+        nodes["base"] = recserve_base_server
+    out = {}
+    for name, node in nodes.items():
+        with node(args.model, args.scale, args.workers, args.sla_ms) as url:
+            out[name] = burst(url, args.model, pool, args.burst, args.burst_s)
+    return out
+
+
+def headline(results: dict, burst_results: dict) -> list[dict]:
+    """Per connection reuse order: the busiest worker's share of the workers' CPU, and p99; per node of a burst: the
+    share of its connections the fullest worker holds."""
     out = []
     for reuse, r in results.items():
         out.append(harness.row(f"busiest worker's share of worker CPU, reuse {reuse}", r["busiest_share"], "fraction"))
         out.append(harness.row(f"p99, reuse {reuse}", harness.dig(r, "latency_ms", "p99"), "ms"))
+    for node, r in burst_results.items():
+        for when, held in r["held"].items():
+            out.append(harness.row(f"connections of the burst on the fullest worker, {when} ({node})",
+                                   max(held) / r["connections"], "fraction"))
     return out
 
 
@@ -58,18 +135,29 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--sla-ms", type=float, default=100.0, help="the node's query deadline")
     parser.add_argument("--mix", default="production")
+    parser.add_argument("--burst", type=int, default=0, help="connections opened at once (0: none)")
+    parser.add_argument("--burst-s", type=float, default=5.0, help="seconds their queries go on, one at a time")
+    parser.add_argument("--no-load", action="store_true", help="only the burst")
     parser.add_argument("--out", default="results/bench_balance.json")
     args = parser.parse_args()
     pool = RequestPool.from_mix(get_model(args.model), args.scale, args.mix, pool=64)
-    results = {reuse: run(args, pool, reuse) for reuse in ("oldest", "newest")}
-    print(f"{args.model}: {args.workers} workers, {args.rate:g} qps for {args.seconds:g} s ({args.mix} mix)")
-    print(f"{'reuse':>7} {'worker CPU s':>20} {'busiest':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'ok':>6}")
+    results = {} if args.no_load else {reuse: run(args, pool, reuse) for reuse in ("oldest", "newest")}
+    if results:
+        print(f"{args.model}: {args.workers} workers, {args.rate:g} qps for {args.seconds:g} s ({args.mix} mix)")
+        print(f"{'reuse':>7} {'worker CPU s':>20} {'busiest':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'ok':>6}")
     for reuse, r in results.items():
         lat = r["latency_ms"]
         cpus = " / ".join(f"{c:.2f}" for c in r["worker_cpu_s"])
         print(f"{reuse:>7} {cpus:>20} {r['busiest_share']:>8.0%} {lat['p50']:>8.1f} {lat['p95']:>8.1f} "
               f"{lat['p99']:>8.1f} {r['ok']:>6}")
-    harness.write_result(args.out, args, headline(results), {"args": vars(args), "results": results})
+    burst_results = bursts(args, pool) if args.burst else {}
+    if burst_results:
+        print(f"{args.burst} connections opened at once, one query each in turn: connections per worker")
+        for node, r in burst_results.items():
+            print(f"  {node:>9}: after the first round {r['held']['first_round']}, after {r['rounds']} rounds "
+                  f"{r['held']['end']}")
+    harness.write_result(args.out, args, headline(results, burst_results),
+                         {"args": vars(args), "results": results, "burst": burst_results})
     print(f"wrote {args.out}")
     return 0
 

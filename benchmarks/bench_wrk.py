@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.bench_peers import compare_scores, reference_scores, worker_counts
-from benchmarks.common.timing import listening_pids, process_tree, socket_links, tcp_sockets, tree_cpu_s
+from benchmarks.common.timing import connections_held, listening_pids, process_tree, tree_cpu_s
 from benchmarks.peers import loadtools
 from benchmarks.peers.servers import NOTES, PEERS, runnable, say
 from recserve.measure.requests import RequestPool
@@ -142,12 +142,6 @@ def recserve_state(url: str, model: str) -> tuple[list[dict], dict]:
         state = json.loads(resp.read())
     workers = [w for stage in state.get("stages", {}).values() for w in stage.get("worker_detail", [])]
     return workers, state.get("siblings", {})
-
-
-def connections_held(pid: int, port: int) -> int:
-    """Established TCP connections to local ``port`` that process ``pid`` holds (IPv4 loopback; a connection
-    held by two of its descriptors counts once)."""
-    return len(socket_links(pid) & tcp_sockets(port, "01", ("/proc/net/tcp",)))
 
 
 def run_tool(url: str, model: str, body: bytes, headers: dict[str, str], args: argparse.Namespace,

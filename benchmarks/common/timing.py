@@ -81,6 +81,12 @@ def socket_links(pid: int) -> set[str]:
     return {link for link in links if link.startswith("socket:[")}
 
 
+def connections_held(pid: int, port: int) -> int:
+    """Established TCP connections to local ``port`` that process ``pid`` holds (IPv4 loopback; a connection
+    held by two of its descriptors counts once)."""
+    return len(socket_links(pid) & tcp_sockets(port, "01", ("/proc/net/tcp",)))
+
+
 def listening_pids(port: int) -> set[int]:
     """Processes holding a listening TCP socket on local ``port`` (IPv4 or IPv6): a server's front end."""
     listening = tcp_sockets(port, "0A")
