@@ -20,7 +20,8 @@
 #   peers16  (7)   #51: every recserve protocol beside FastAPI, max load at 1 / 8 / 16 workers, 4 generator processes
 #                  ($PEERS16: the servers, when FastAPI cannot run there)
 #   balance  (4)   #51: HTTP binary at 8 / 16 workers, fixed rates: each worker's share of the queries, p95 and 503s,
-#                  for main and each variant in benchmarks/device/variants/ (a patch of src, applied to a copy)
+#                  for main and each variant in benchmarks/device/variants/ (a patch of src, applied to a copy; now
+#                  the tree before the connections' spread over workers)
 #   threads  (3)   #50: threads sharing RMC1's tables, slowdown beside 1 / 3 / 7 / 15 co-runners, and one call's
 #                  op-parallel speed-up on 1-16 cores, each against the perfmodel (Hercules' CPU search rows)
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
