@@ -9,7 +9,9 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import aiohttp
 import numpy as np
@@ -468,75 +470,66 @@ def connection_owner(client: socket.socket, pids: list[int]) -> int | None:
     return holder(tcp_inodes(lambda local, remote, _state: local == peer_port and remote == local_port), pids)
 
 
-def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):
-    """All four keep-alive connections land on one worker (the other is stopped while they connect); with
-    queries queued there, it moves a connection that goes idle to its idle sibling, which then serves it."""
+@contextmanager
+def connections_in_one_of_two_workers(request: bytes, count: int) -> Iterator[tuple[int, int, list[socket.socket]]]:
+    """A node of two workers of model ``h`` and ``count`` keep-alive connections that all live in the first (the
+    second is stopped while they connect and carry one ``request`` each): (first, second, the clients)."""
     config = config_from_dict({"models": [{"name": "h", "model": MODELS["a"], "scale": 1e-4, "workers": 2,
                                            "max_batch_size": 128, "deadline_ms": 30_000, "fuse_items": 0}]})
-    batch, _ = cases["a"][2]
-    body, headers = body_of(batch)
-    head = infer_head("h", body, headers)
-    with started(config) as server:
-        port = server.ports.http
-        busy, idle = worker_pids(port, "h")
-        os.kill(idle, signal.SIGSTOP)
-        try:
-            clients = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(4)]
-            for s in clients:  # one query each, one at a time: every connection now lives in the running worker
-                s.sendall(head + body)
-                assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
-        finally:
-            os.kill(idle, signal.SIGCONT)
-        try:
-            assert {connection_owner(s, [busy, idle]) for s in clients} == {busy}
-            owners: list[int | None] = []
-            for _ in range(30):
-                for s in clients:  # four at once: some wait behind others at the busy worker
-                    s.sendall(head + body)
-                for s in clients:
-                    assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
-                owners = [connection_owner(s, [busy, idle]) for s in clients]
-                if idle in owners:
-                    break
-            assert idle in owners and busy in owners, owners
-        finally:
-            for s in clients:
-                s.close()
-
-
-def test_connections_spread_over_the_workers_by_how_many_each_serves(cases):
-    """Eight keep-alive connections land on one worker (the other is stopped while they connect); each then carries
-    one query at a time, so no queue forms and the backlog rule never moves one.  The worker serving two or more
-    connections than its sibling moves them as they go idle until each serves about half."""
-    config = config_from_dict({"models": [{"name": "h", "model": MODELS["a"], "scale": 1e-4, "workers": 2,
-                                           "max_batch_size": 128, "deadline_ms": 30_000, "fuse_items": 0}]})
-    batch, _ = cases["a"][0]
-    body, headers = body_of(batch)
-    request = infer_head("h", body, headers) + body
     with started(config) as server:
         port = server.ports.http
         first, second = worker_pids(port, "h")
         os.kill(second, signal.SIGSTOP)
         try:
-            clients = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(8)]
+            clients = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(count)]
             for s in clients:
                 s.sendall(request)
                 assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
         finally:
             os.kill(second, signal.SIGCONT)
         try:
-            owners = [connection_owner(s, [first, second]) for s in clients]
-            assert owners.count(first) == 8
-            deadline = time.monotonic() + 60  # a few sweeps (1 s each) on a quiet host
-            while abs(owners.count(first) - owners.count(second)) > 1 and time.monotonic() < deadline:
-                for s in clients:  # one at a time: never a query queued behind another
-                    s.sendall(request)
-                    assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
-                owners = [connection_owner(s, [first, second]) for s in clients]
-            assert owners.count(first) == owners.count(second) == 4, owners
+            assert {connection_owner(s, [first, second]) for s in clients} == {first}
+            yield first, second, clients
         finally:
             for s in clients:
                 s.close()
+
+
+def test_an_idle_worker_takes_connections_from_a_worker_with_a_backlog(cases):
+    """All four keep-alive connections land on one worker; with queries queued there, it moves a connection that
+    goes idle to its idle sibling, which then serves it."""
+    batch, _ = cases["a"][2]
+    body, headers = body_of(batch)
+    request = infer_head("h", body, headers) + body
+    with connections_in_one_of_two_workers(request, 4) as (busy, idle, clients):
+        owners: list[int | None] = []
+        for _ in range(30):
+            for s in clients:  # four at once: some wait behind others at the busy worker
+                s.sendall(request)
+            for s in clients:
+                assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
+            owners = [connection_owner(s, [busy, idle]) for s in clients]
+            if idle in owners:
+                break
+        assert idle in owners and busy in owners, owners
+
+
+def test_connections_spread_over_the_workers_by_how_many_each_serves(cases):
+    """Eight keep-alive connections land on one worker; each then carries one query at a time, so no queue forms
+    and the backlog rule never moves one.  The worker serving two or more connections than its sibling moves them
+    as they go idle until each serves half."""
+    batch, _ = cases["a"][0]
+    body, headers = body_of(batch)
+    request = infer_head("h", body, headers) + body
+    with connections_in_one_of_two_workers(request, 8) as (first, second, clients):
+        owners = [first] * 8
+        deadline = time.monotonic() + 60  # a few sweeps (1 s each) on a quiet host
+        while abs(owners.count(first) - owners.count(second)) > 1 and time.monotonic() < deadline:
+            for s in clients:  # one at a time: never a query queued behind another
+                s.sendall(request)
+                assert _read_reply(s).startswith(b"HTTP/1.1 200 OK")
+            owners = [connection_owner(s, [first, second]) for s in clients]
+        assert owners.count(first) == owners.count(second) == 4, owners
 
 
 def headers_of(reply: bytes) -> dict[str, str]:
