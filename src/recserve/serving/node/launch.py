@@ -119,8 +119,8 @@ class WorkerLauncher:
             await self._front_end_args(args)
         if stage == "accel" and self.accel is not None:
             args.accel_socket, args.info = self.accel.claim_socket(), self.info
-        proc = self.ctx.Process(target=worker_main, args=(child, args, self.shared_model, io, states, self.loads,
-                                                                     self.active),
+        proc = self.ctx.Process(target=worker_main,
+                                args=(child, args, self.shared_model, io, states, self.loads, self.active),
                                 daemon=True, name=f"recserve-{self.cfg.name}-{stage}-{wid}")
         try:
             await loop.run_in_executor(None, proc.start)
