@@ -92,12 +92,13 @@ class WorkerLauncher:
         # shared copy; share_memory_() would copy them), and programs are opaque.
         share = cfg.share_tables and not cfg.artifact
         self.shared_model = share_model(build_worker_model(cfg)) if share else None
-        # v2: queries each model worker holds, one shared slot per live worker (-1 = free): idle siblings take
-        # connections from a worker with a backlog (``ConnectionManager.maybe_move``)
-        self.loads = torch.full((LOAD_SLOTS,), -1, dtype=torch.int32).share_memory_()
-        # and the keep-alive connections each has lately served requests on: a worker with more than a sibling moves
-        # its connections there as they go idle (``ConnectionManager.fewer_active``)
-        self.active = torch.zeros((LOAD_SLOTS,), dtype=torch.int32).share_memory_()
+        # v2, one shared segment: the queries each model worker holds, one slot per live worker (-1 = free): idle
+        # siblings take connections from a worker with a backlog (``ConnectionManager.maybe_move``); and the
+        # keep-alive connections each has lately served requests on: a worker serving more than a sibling moves its
+        # connections there as they go idle (``ConnectionManager.fewer_active``)
+        slots = torch.full((2, LOAD_SLOTS), -1, dtype=torch.int32).share_memory_()
+        self.loads, self.active = slots[0], slots[1]
+        self.active.zero_()
         # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
         self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
