@@ -113,7 +113,8 @@ def describe(result: Any) -> dict[str, Any]:
     d = result.to_dict()
     return {"rate": result.offered_qps, "achieved_qps": result.achieved_qps, "p95_ms": result.p95,
             "queries": round(result.achieved_qps * result.run_s),
-            "errors": d.get("errors"), "generator_cpu_s": result.cpu_s, "send_lag_ms_p99": result.send_lag(99),
+            "errors": d.get("errors"), "refusals": d.get("refusal_reasons") or {},
+            "generator_cpu_s": result.cpu_s, "send_lag_ms_p99": result.send_lag(99),
             **result.node}
 
 
@@ -220,6 +221,8 @@ def log(key: tuple, row: dict) -> None:
           f"{row['forwarded']} (returned {row.get('returned')}), generator CPU {row['generator_cpu_s']:.2f} s "
           f"(lag p99 {row.get('send_lag_ms_p99', float('nan')):.1f} ms), errors {row['errors']}, "
           f"load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+    for reason, count in row.get("refusals", {}).items():  # the server's own words for what it refused, and how often
+        print(f"      {count} x {reason}", file=sys.stderr, flush=True)
 
 
 def summary(out: dict) -> None:
