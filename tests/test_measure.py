@@ -294,3 +294,26 @@ def test_confirm_max_load_keeps_a_result_that_holds_and_marks_one_that_never_doe
     assert not lost.converged and "not confirmed in 2 probes" in lost.reason
     assert lost.max_qps == pytest.approx(0.9 * found.max_qps)
     assert confirm_max_load(lambda r: 500.0, found, tries=0) is found
+
+
+def test_a_failing_probes_log_line_says_what_failed_and_the_servers_most_frequent_refusal():
+    class Outcome:
+        def __init__(self, rate: float) -> None:
+            self.rate = rate
+
+        def percentile(self, p: float) -> float:
+            return 10.0 if self.rate <= 100 else math.inf
+
+        def to_dict(self) -> dict:
+            if self.rate <= 100:
+                return {"errors": {}}
+            return {"errors": {"http_503": 40, "http_504": 2},
+                    "refusal_reasons": {"model 'm' is overloaded": 40, "deadline exceeded": 2}}
+
+    lines: list[str] = []
+    find_max_load(Outcome, sla_ms=50, start_qps=100, max_probes=4, log=lines.append)
+    passed = [line for line in lines if " ok " in line]
+    failed = [line for line in lines if "VIOLATES" in line]
+    assert passed and failed and all("failed" not in line for line in passed)
+    assert all(line.endswith("; failed: 40 http_503, 2 http_504 (most often, 40x: model 'm' is overloaded)")
+               for line in failed)

@@ -48,6 +48,19 @@ class MaxLoadResult:
         return data
 
 
+def _failures(detail: dict[str, Any]) -> str:
+    """A probe's failed queries for its log line: how many of each kind, and the server's most frequent refusal."""
+    errors = detail.get("errors") or {}
+    if not errors:
+        return ""
+    text = "; failed: " + ", ".join(f"{count} {kind}" for kind, count in errors.items())
+    reasons = detail.get("refusal_reasons") or {}
+    if reasons:
+        reason, count = max(reasons.items(), key=lambda item: item[1])
+        text += f" (most often, {count}x: {reason})"
+    return text
+
+
 def _latency_of(outcome: Any, percentile: float) -> tuple[float, dict[str, Any]]:
     """A probe's outcome is either the percentile latency (ms) or an object with ``percentile(p)``."""
     if hasattr(outcome, "percentile"):
@@ -89,7 +102,7 @@ def find_max_load(
         probes.append(p := _probe(run_at, rate, sla_ms, percentile))
         if log:
             log(f"  {rate:10.2f} qps: p{percentile:g} {p.latency_ms:9.2f} ms {'ok' if p.ok else 'VIOLATES'} "
-                f"SLA {sla_ms:g} ms")
+                f"SLA {sla_ms:g} ms{_failures(p.detail)}")
         return p.ok
 
     lo, hi = 0.0, math.inf
