@@ -21,27 +21,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 import urllib.parse
 import urllib.request
 
 from benchmarks import harness
+from benchmarks.common.clients import MinimalHttp
 from benchmarks.common.timing import connections_held
 from benchmarks.peers.servers import BASE_SRC_ENV, recserve_base_server, recserve_server
-from recserve.measure.http_client import encode_post
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.requests import RequestPool
 from recserve.measure.sink import process_cpu_s
-from recserve.measure.targets import HttpTarget, encode_http_request
+from recserve.measure.targets import HttpTarget
 from recserve.specs import get_model
+
+
+def worker_pids(url: str, model: str) -> list[int]:
+    with urllib.request.urlopen(f"{url}/control/models/{model}") as r:
+        return [w["pid"] for w in json.load(r)["stages"]["model"]["worker_detail"]]
 
 
 def run(args: argparse.Namespace, pool: RequestPool, reuse: str) -> dict:
     with recserve_server(args.model, args.scale, args.workers, args.sla_ms) as url:
-        with urllib.request.urlopen(f"{url}/control/models/{args.model}") as r:
-            pids = [w["pid"] for w in json.load(r)["stages"]["model"]["worker_detail"]]
+        pids = worker_pids(url, args.model)
         target = HttpTarget(url, args.model, timeout_s=10.0, reuse=reuse)
         with LoadSession(target, pool, warm=True) as session:
             before = [process_cpu_s([p]) for p in pids]
@@ -52,52 +55,26 @@ def run(args: argparse.Namespace, pool: RequestPool, reuse: str) -> dict:
             "latency_ms": d["latency_ms"], "ok": result.ok, "measured": result.measured, "errors": result.errors}
 
 
-def worker_pids(url: str, model: str) -> list[int]:
-    with urllib.request.urlopen(f"{url}/control/models/{model}") as r:
-        return [w["pid"] for w in json.load(r)["stages"]["model"]["worker_detail"]]
-
-
 def burst(url: str, model: str, pool: RequestPool, connections: int, seconds: float) -> dict:
     """``connections`` opened at once to the node at ``url``, one query each in turn for ``seconds``: the
     connections each worker holds after the first round and at the end."""
     port, pids = urllib.parse.urlsplit(url).port, worker_pids(url, model)
-    body, header_length = encode_http_request(pool.batch(0))
-    request = encode_post("127.0.0.1", f"/v2/models/{model}/infer", body,
-                          {"Inference-Header-Content-Length": str(header_length)})
-    socks = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(connections)]
+    clients = [MinimalHttp(port, model, pool.batch(0)) for _ in range(connections)]
     held: dict[str, list[int]] = {}
     try:
         end, rounds = None, 0
         while end is None or time.monotonic() < end:
-            for s in socks:
-                s.sendall(request)
-                _read_answer(s)
+            for client in clients:
+                client.infer()
             rounds += 1
             if end is None:
                 held["first_round"] = [connections_held(pid, port) for pid in pids]
                 end = time.monotonic() + seconds
         held["end"] = [connections_held(pid, port) for pid in pids]
     finally:
-        for s in socks:
-            s.close()
+        for client in clients:
+            client.close()
     return {"connections": connections, "rounds": rounds, "held": held}
-
-
-def _read_answer(sock: socket.socket) -> None:
-    got = b""
-    while b"\r\n\r\n" not in got:
-        got += sock.recv(1 << 16) or _closed()
-    head, _, rest = got.partition(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise RuntimeError(f"the node answered {head[:120]!r}")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(
-        b"content-length:"))
-    while len(rest) < length:
-        rest += sock.recv(1 << 16) or _closed()
-
-
-def _closed() -> bytes:
-    raise RuntimeError("the node closed a connection")
 
 
 def bursts(args: argparse.Namespace, pool: RequestPool) -> dict:
