@@ -79,7 +79,8 @@ class GrpcCall:
 
     def __init__(self, conn: ReplyWriter, stream: Stream, method: str, deadline: float | None,
                  metadata: Metadata = ()) -> None:
-        self._conn, self._stream = conn, stream
+        self._conn = conn
+        self._stream: Stream | None = stream  # let go of as the call ends (``_let_go``)
         self.method = method
         self.metadata = metadata  # the client's own metadata (``authorization``, ...), as grpc.aio takes it
         self.deadline = deadline  # time.monotonic() by which the client stops waiting; None = no deadline
@@ -95,18 +96,24 @@ class GrpcCall:
         """A unary call's answer: headers, the message and an OK status in one write."""
         if not self.done:
             self.done = True
-            self._conn.send_reply(self._stream, message)
+            self._conn.send_reply(self._let_go(), message)
 
     def send(self, message: bytes) -> None:
         """One message of a streaming reply."""
         if not self.done:
-            self._conn.send_message(self._stream, message)
+            self._conn.send_message(self._stream, message)  # type: ignore[arg-type]
 
     def finish(self, code: int = OK, message: str = "") -> None:
         """End the call with a status (an error before any message is a trailers-only reply)."""
         if not self.done:
             self.done = True
-            self._conn.send_trailers(self._stream, code, message)
+            self._conn.send_trailers(self._let_go(), code, message)
+
+    def _let_go(self) -> Stream:
+        """The call's stream, which the ending call lets go of: the stream refers to its call too, and a call that
+        ended is freed once its handler drops it, not only by the cyclic garbage collector."""
+        stream, self._stream = self._stream, None
+        return stream  # type: ignore[return-value]
 
     def run(self, work: Any) -> None:
         """Run a coroutine for this call; it is cancelled with the call.  An exception it lets out is INTERNAL."""
@@ -120,6 +127,7 @@ class GrpcCall:
 
     def cancel(self) -> None:
         self.done = True
+        self._stream = None
         if self.requests is not None:
             self.requests.put_nowait(None)
         if self._task is not None:
