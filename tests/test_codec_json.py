@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from recserve.serving.wire import codec, json_numbers
+from recserve.serving.wire.codec import http_requests, json_tensors
 from recserve.serving.wire.errors import InferError
 
 
@@ -27,8 +28,8 @@ def enable_readers(monkeypatch) -> None:
 @pytest.fixture
 def fast(monkeypatch):
     """Every request and every integer array read the fast way, whatever its size."""
-    monkeypatch.setattr(codec, "JSON_FAST_BYTES", 0)
-    monkeypatch.setattr(codec, "DATA_BYTES", 0)
+    monkeypatch.setattr(http_requests, "JSON_FAST_BYTES", 0)  # where parse_http_infer reads it
+    monkeypatch.setattr(json_tensors, "DATA_BYTES", 0)
     enable_readers(monkeypatch)
 
 
@@ -56,7 +57,7 @@ def body_of(inputs: list[dict], **dumps) -> bytes:
 
 def whole(body: bytes):
     """Today's decode: the request's JSON read whole, its tensors as lists."""
-    return verdict(lambda: codec._parse_request(codec._header(body), memoryview(b""), None))
+    return verdict(lambda: http_requests._parse_request(http_requests._header(body), memoryview(b""), None))
 
 
 def verdict(parse):
@@ -242,7 +243,8 @@ def test_json_tensors_beside_binary_ones_read_alike(fast):
     inputs[0]["parameters"] = {"binary_data_size": arrays["dense"].nbytes}
     head = body_of(inputs)
     body = head + arrays["dense"].tobytes()
-    expected = verdict(lambda: codec._parse_request(codec._header(head), memoryview(body)[len(head):], None))
+    binary = memoryview(body)[len(head):]
+    expected = verdict(lambda: http_requests._parse_request(http_requests._header(head), binary, None))
     assert expected[0] != "refused"
     assert verdict(lambda: codec.parse_http_infer(body, str(len(head)))) == expected
     assert isinstance(codec.json_request(head)["inputs"][1]["data"], np.ndarray)
@@ -291,11 +293,11 @@ def test_a_skeleton_is_none_where_it_might_not_be_what_the_whole_decode_reads(ca
 
 
 def assert_native_spans(head: bytes, context) -> list | None:
-    """The native ``data_spans`` of ``head`` lie where ``codec._data_spans`` finds them (None for a backslash), each
-    with its room: its commas and one, as ``room()`` counts them alone; returns them."""
+    """The native ``data_spans`` of ``head`` lie where ``json_tensors._data_spans`` finds them (None for a backslash),
+    each with its room: its commas and one, as ``room()`` counts them alone; returns them."""
     from recserve.serving.wire import _json_arrays
 
-    want = None if b"\\" in head else codec._data_spans(head)
+    want = None if b"\\" in head else json_tensors._data_spans(head)
     got = json_numbers.data_spans(head)
     assert (got if got is None else [(start, end) for start, end, _ in got]) == want, context
     for start, end, room in got or []:
@@ -304,8 +306,9 @@ def assert_native_spans(head: bytes, context) -> list | None:
 
 
 def test_the_native_data_spans_are_the_python_ones_on_every_text_and_corruption():
-    """``json_numbers.data_spans`` (C, on the receive buffer) finds what ``codec._data_spans`` finds, None for any
-    backslash: on the hand-written texts and on requests with a structural byte inserted, replaced or cut anywhere."""
+    """``json_numbers.data_spans`` (C, on the receive buffer) finds what ``json_tensors._data_spans`` finds, None for
+    any backslash: on the hand-written texts and on requests with a structural byte inserted, replaced or cut
+    anywhere."""
     if "native" not in json_numbers.probe()[0]:
         pytest.skip("the native reader is not built here")
     rng = np.random.default_rng(11)
@@ -325,7 +328,7 @@ def test_the_native_data_spans_are_the_python_ones_on_every_text_and_corruption(
 def test_the_native_data_spans_count_long_arrays_at_every_offset_of_a_vector_step():
     """One pass reads each array 16 bytes a step, its comma counters summed every 255 steps: arrays of 1-9,000
     bytes, each with the next quote, brace or backslash at every offset of its last step, count as room() does
-    and stop where ``codec._data_spans`` does."""
+    and stop where ``json_tensors._data_spans`` does."""
     if "native" not in json_numbers.probe()[0]:
         pytest.skip("the native reader is not built here")
     rng = np.random.default_rng(12)
@@ -429,6 +432,6 @@ def test_json_of_too_many_arrays_or_objects_is_refused_before_orjson_builds_them
 
 
 def test_the_container_bound_counts_every_bracket_and_brace():
-    codec._check_containers(b"[{" * (codec.MAX_JSON_CONTAINERS // 2))
+    json_tensors.check_containers(b"[{" * (codec.MAX_JSON_CONTAINERS // 2))
     with pytest.raises(InferError, match="over"):
-        codec._check_containers(b"[{" * (codec.MAX_JSON_CONTAINERS // 2) + b"[")
+        json_tensors.check_containers(b"[{" * (codec.MAX_JSON_CONTAINERS // 2) + b"[")

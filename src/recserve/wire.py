@@ -1,6 +1,6 @@
 """Open Inference Protocol tensor names of the one input format (see ``zoo/batch.py``).
 
-They live in this dependency-free module so that the numpy-only codec (``serving/wire/codec.py``) and
+They live in this dependency-free module so that the numpy-only codec (``serving/wire/codec/``) and
 the router can name tensors without importing torch through ``recserve.zoo``.
 """
 

@@ -119,8 +119,8 @@ def read(span: bytes | memoryview, room: int | None = None) -> np.ndarray | None
 def data_spans(head: bytes | bytearray | memoryview) -> list[tuple[int, int, int]] | None:
     """Where each ``"data": [...]`` array of a request's JSON lies, and the most numbers it can hold (its commas
     and one), found by the native reader in ``head`` where it is (a receive buffer: no copy of the request), one
-    pass over each array's bytes; None where it cannot be sure (``codec._data_spans``' rules, and any backslash).
-    Only while the native reader is enabled."""
+    pass over each array's bytes; None where it cannot be sure (``codec.json_tensors._data_spans``' rules, and any
+    backslash).  Only while the native reader is enabled."""
     from recserve.serving.wire import _json_arrays
 
     return _json_arrays.data_spans(head)
