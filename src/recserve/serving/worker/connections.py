@@ -38,6 +38,12 @@ FORWARDED_RECENTLY_S = 0.05  # a worker that forwarded a query this recently mov
 ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
 
 
+def in_service(loads: Any) -> Any:
+    """Whether each worker of ``loads`` (the model's shared load slots, or one of them) is live and not retiring: a
+    slot of -1 is free, ``RETIRING_LOAD`` a worker on its way out."""
+    return (loads >= 0) & (loads < RETIRING_LOAD)
+
+
 class ConnectionManager:
     """The worker's listening socket and HTTP/1.1 connections (``Connection``), for its ``WorkerPlane``.
 
@@ -221,7 +227,7 @@ class ConnectionManager:
             count += conn.requests > 0
             conn.requests = 0
         self.active[self.slot] = count
-        live = np.flatnonzero((self.loads >= 0) & (self.loads != RETIRING_LOAD))
+        live = np.flatnonzero(in_service(self.loads))
         live = live[live != self.slot]
         self._fewest = int(live[np.argmin(self.active[live])]) if live.size else -1
 
@@ -266,7 +272,7 @@ class ConnectionManager:
         """The slot of the live sibling that serves ``ACTIVE_GAP`` or more fewer active connections than this worker
         (-1 if none): the one that had the fewest at the last sweep, as its count stands now."""
         to = self._fewest
-        if self.active is None or to < 0 or not 0 <= self.loads[to] < RETIRING_LOAD:
+        if self.active is None or to < 0 or not in_service(self.loads[to]):
             return -1
         return to if self.active[self.slot] - self.active[to] >= ACTIVE_GAP else -1
 
