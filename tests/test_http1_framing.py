@@ -334,3 +334,28 @@ def test_a_pipelining_client_is_held_back_by_tcp_not_buffered():
 ])
 def test_keep_alive_reads_the_connection_header_as_a_token_list(version, connection, stays):
     assert keep_alive(version, {} if connection is None else {"connection": connection}) is stays
+
+
+def test_a_reader_dropped_mid_head_or_after_a_refusal_is_freed_without_the_cyclic_gc():
+    """llhttp calls back into the reader that holds it: a reader dropped while its parser lives (a connection closed
+    mid-head, or after a refused head) must not wait for the cyclic GC, or a flood of such connections piles up."""
+    import gc
+
+    def alive() -> int:
+        return sum(type(o) is HeadReader for o in gc.get_objects())
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = alive()
+        for k in range(50):
+            reader = HeadReader()
+            assert reader.read(P + b"Host: x\r\nX-Seen: %d\r\n" % k) is None  # mid-head: its parser has seen it
+            for case in ("obs_fold", "te_gzip"):  # refused by llhttp, and by the reader's own checks
+                refused = HeadReader()
+                with pytest.raises(HeadError):
+                    refused.read(FRAMING[case][0])
+        del reader, refused
+        assert alive() == before
+    finally:
+        gc.enable()

@@ -48,22 +48,42 @@ class Head(NamedTuple):
 _heads: dict[bytes, Head] = {}
 
 
+class _Callbacks:
+    """What llhttp reads of a head, through its callbacks.  Apart from the reader: a parser holds its callbacks, so
+    a reader that were its own callbacks would make a cycle with its parser, freed only by the cyclic GC (each
+    connection closed mid-head, or refused)."""
+
+    __slots__ = ("url", "fields", "complete")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.complete = True  # the reader checks the head once llhttp returns
+
+
 class HeadReader:
     """Reads one request head at a time from a connection's buffer, feeding llhttp each byte once as it arrives
     (a broken head is refused before its end arrives).  Ready for the next head once one is returned."""
 
-    __slots__ = ("_parser", "_fed", "_url", "_fields", "_done", "_error")
+    __slots__ = ("_parser", "_read", "_fed", "_done")
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self._parser: httptools.HttpRequestParser | None = None
+        self._read: _Callbacks | None = None
         self._fed = 0  # bytes of the buffer the parser has seen
-        self._url = b""
-        self._fields: list[tuple[bytes, bytes]] = []
         self._done: Head | None = None
-        self._error: HeadError | None = None
 
     def read(self, buf: bytes | bytearray) -> tuple[int, Head] | None:
         """``(head_end, head)`` once ``buf`` (the bytes of the connection from this request's first byte on)
@@ -98,42 +118,34 @@ class HeadReader:
         if upto <= self._fed:
             return
         if self._parser is None:
-            self._parser = httptools.HttpRequestParser(self)
+            self._read = _Callbacks()
+            self._parser = httptools.HttpRequestParser(self._read)
         data = bytes(buf[self._fed : upto])
         self._fed = upto
+        error = None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # Upgrade or CONNECT: the head is whole; nothing is upgraded here
             pass
         except httptools.HttpParserError as exc:
-            if self._error is not None:  # handed on, not kept: kept, its traceback would hold this reader (a cycle)
-                error, self._error = self._error, None
-                raise error from None
-            raise HeadError(400, f"malformed request head: {exc}") from None
-
-    # ---- llhttp's callbacks ----------------------------------------------------------------------------
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        try:
-            self._done = self._checked()
-        except HeadError as exc:
-            self._error = exc
-            raise
+            error = HeadError(400, f"malformed request head: {exc}")
+        if self._read.complete and self._done is None:  # type: ignore[union-attr]
+            self._done = self._checked()  # its refusals first, as llhttp checks how a body is framed after them
+        if error is not None:
+            try:
+                raise error
+            finally:  # not left in this frame, which its traceback holds: the two would make a cycle
+                del error
 
     def _checked(self) -> Head:
         """The head from what llhttp read, with the checks llhttp does not make."""
-        parser = self._parser
+        parser, read = self._parser, self._read
         version = "HTTP/" + parser.get_http_version()  # type: ignore[union-attr]
         if version not in ("HTTP/1.1", "HTTP/1.0"):
             raise HeadError(400, f"unsupported HTTP version {version!r}")
         headers: dict[str, str] = {}
         hosts = 0
-        for raw_name, raw_value in self._fields:
+        for raw_name, raw_value in read.fields:  # type: ignore[union-attr]
             name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1").strip(" \t")
             hosts += name == "host"
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
@@ -149,7 +161,7 @@ class HeadReader:
                 raise HeadError(501, f"Transfer-Encoding {coding[:40]!r} is not implemented (only chunked)")
             length = -1
         method = parser.get_method().decode("ascii")  # type: ignore[union-attr]
-        return Head(method, self._url.decode("latin-1"), version, headers, length)
+        return Head(method, read.url.decode("latin-1"), version, headers, length)  # type: ignore[union-attr]
 
 
 def read_head(buf: bytes | bytearray) -> tuple[int, Head] | None:
