@@ -130,10 +130,10 @@ def test_the_plans_stay_bounded():
 def model_path(rows: tuple[int, ...] = (10, 10), seq_lens: dict[int, int] | None = None, dense_in: int = 4):
     """The worker's decode → validate path for a two-table model of ``small_query``'s layout."""
     from recserve.serving.wire.model_info import ModelInfo
-    from recserve.serving.worker.model_path import make_model_path
+    from recserve.serving.worker.model_path import ModelPath
 
     info = ModelInfo(dense_in=dense_in, rows=rows, seq_lens=seq_lens or {}, towers=1)
-    return make_model_path(None, "m", info, 64, lambda query: None, codec.MAX_JSON_BYTES)
+    return ModelPath("m", info, 64, lambda query: None, codec.MAX_JSON_BYTES)
 
 
 def path_verdict(path, body: bytes, length: str):

@@ -729,7 +729,7 @@ def arena_pinning(device: str) -> tuple[Callable[[np.ndarray], None], Callable[[
 
 async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
     """Entry of an accelerator worker (``worker_main`` with stage ``accel``): serve its socket until told to stop."""
-    from recserve.serving.worker.model_path import make_model_path
+    from recserve.serving.worker.model_path import ModelPath
     from recserve.serving.worker.reporter import BEAT_S
 
     loop = asyncio.get_running_loop()
@@ -760,7 +760,7 @@ async def serve_accelerator(conn: Any, args: Any, model: Any) -> None:
             counted[:] = cache.lookups, cache.hits
         send(pipe.encode(pipe.Stats(stats)))
 
-    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
+    path = ModelPath(args.model_config.name, args.info, args.model_config.max_batch_size, run, 0)
     server = AcceleratorServer(path.compute, accel.fuse_items, accel.fuse_delay_us, report,
                                *arena_pinning(accel.device), pass_thread=accel.pass_thread)
     listening = await server.serve(args.accel_socket)

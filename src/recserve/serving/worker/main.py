@@ -263,7 +263,7 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     from multiprocessing.reduction import send_handle
 
     from recserve.serving.wire.shm import Regions
-    from recserve.serving.worker.model_path import make_model_path
+    from recserve.serving.worker.model_path import ModelPath
     from recserve.serving.worker.plane import WorkerPlane
 
     loop = asyncio.get_running_loop()
@@ -289,8 +289,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
     # the loop thread waits at most this long for the GIL while the compute thread runs Python (default 5 ms)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     regions = Regions(args.shm_dir) if args.shm_dir else None
-    path = make_model_path(model, args.model_config.name, args.info, args.model_config.max_batch_size,
-                           _model_runner(model), args.limits.max_json, args.version, regions)
+    path = ModelPath(args.model_config.name, args.info, args.model_config.max_batch_size, _model_runner(model),
+                     args.limits.max_json, args.version, regions)
     siblings = await _serve_siblings(args) if args.sibling_dir and loads is not None and args.slot >= 0 else None
     plane = WorkerPlane(loop, args.model_config.name, path, send, hand_off, args.limits, args.sub_batch,
                         args.version, args.default, share if states is not None else None, states,

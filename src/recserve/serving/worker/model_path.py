@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -29,88 +29,83 @@ def as_infer_error(exc: Exception) -> InferError:
     return error
 
 
-class ModelPath(Protocol):
-    """The model side of a worker's query path (``make_model_path``)."""
+class ModelPath:
+    """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec.
 
-    def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]: ...
-    def validate(self, arrays: dict[str, np.ndarray], plan: Any = None) -> tuple[tuple, int]: ...
-    def owed(self, arrays: dict[str, np.ndarray], plan: Any) -> tuple[tuple, int] | None: ...
-    def check_owed(self, query: tuple) -> None: ...
-    def compute(self, queries: list[tuple]) -> list[np.ndarray]: ...
-    def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]: ...
+    ``run`` computes one query's arrays; ``info`` says what the model takes (``dense_in``, ``rows``, ``seq_lens``);
+    ``regions``: the node's shared-memory regions, for tensors that name one."""
 
+    def __init__(self, model_name: str, info: Any, max_batch_size: int, run: Callable[[tuple], np.ndarray],
+                 max_json: int, version: str = "1", regions: Any = None) -> None:
+        from recserve.zoo import batch  # torch: imported by a worker that computes, not by whoever imports this
 
-def make_model_path(model: Any, model_name: str, info: Any, max_batch_size: int,
-                    run: Callable[[tuple], np.ndarray], max_json: int, version: str = "1",
-                    regions: Any = None) -> ModelPath:
-    """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec
-    (``regions``: the node's shared-memory regions, for tensors that name one)."""
-    from recserve.serving.wire import protocol
-    from recserve.zoo.batch import BatchError, check_query, check_shapes, check_values, concat_arrays
+        self._batch = batch
+        self.model_name, self.info, self.max_batch_size = model_name, info, max_batch_size
+        self.run, self.max_json, self.version, self.regions = run, max_json, version, regions
+        self._plans = codec.HttpPlans()
+        self._shaped: set[codec.RawPlan] = set()  # plans whose dtypes and shapes this model accepted (HTTP, gRPC)
 
-    def wire_array(arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
+    def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]:
+        req, arrays, plan = self._plans.parse_planned(body, header_length, self.max_json, self.regions)  # outputs too
+        return (req, *self.validate(arrays, plan))
+
+    def validate(self, arrays: dict[str, np.ndarray], plan: codec.RawPlan | None = None) -> tuple[tuple, int]:
+        """``arrays`` as the codec decoded them (HTTP or gRPC): its ``check_inputs`` checked the lengths' values
+        and sum, which ``check_query`` does not repeat.  Arrays read by a ``plan`` whose dtypes and shapes passed
+        before are views of the request (contiguous) and have only their values checked: ~7 µs of a batch-1
+        query (issue #14)."""
+        batch, info = self._batch, self.info
+        try:
+            if plan is not None and plan in self._shaped:
+                query = (arrays[INPUT_DENSE], arrays[INPUT_VALUES], arrays[INPUT_LENGTHS])
+                batch.check_values(query[1], query[2], info.rows, info.seq_lens, lengths_checked=True)
+                return query, query[0].shape[0]
+            query = (self._wire_array(arrays, INPUT_DENSE), self._wire_array(arrays, INPUT_VALUES),
+                     self._wire_array(arrays, INPUT_LENGTHS))
+            batch.check_query(*query, info.dense_in, info.rows, info.seq_lens, self.max_batch_size,
+                              lengths_checked=True)
+        except batch.BatchError as exc:
+            raise InferError("invalid", str(exc), exc.field) from exc
+        if plan is not None:
+            if len(self._shaped) >= 4 * codec.PLANS:  # plans come and go (``PlanStore``): keep the set bounded too
+                self._shaped.clear()
+            self._shaped.add(plan)
+        return query, query[0].shape[0]
+
+    def _wire_array(self, arrays: dict[str, np.ndarray], name: str) -> np.ndarray:
         """One input as the model reads it: contiguous (a JSON-decoded or sliced array may not be)."""
         if name not in arrays:
-            raise BatchError(name, "input tensor missing")
+            raise self._batch.BatchError(name, "input tensor missing")
         return np.ascontiguousarray(arrays[name])
 
-    plans = codec.HttpPlans()
-    shaped: set[codec.RawPlan] = set()  # plans whose dtypes and shapes this model accepted (HTTP's and gRPC's)
+    def owed(self, arrays: dict[str, np.ndarray], plan: codec.RawPlan) -> tuple[tuple, int] | None:
+        """The query and its items of arrays read by a ``plan`` whose dtypes and shapes passed before (read by
+        ``codec.parse_raw(..., checked=False)``), with every check of its values still owed: whichever worker
+        computes it runs ``check_owed``, so a worker fronting a gRPC channel does not check the queries its
+        siblings compute.  None for any other plan: ``validate`` it."""
+        if plan not in self._shaped:
+            return None
+        return (arrays[INPUT_DENSE], arrays[INPUT_VALUES], arrays[INPUT_LENGTHS]), arrays[INPUT_DENSE].shape[0]
 
-    class Path:
-        def decode(self, body: bytearray | memoryview, header_length: str | None) -> tuple[dict, tuple, int]:
-            req, arrays, plan = plans.parse_planned(body, header_length, max_json, regions)  # outputs checked too
-            return (req, *self.validate(arrays, plan))
+    def check_owed(self, query: tuple) -> None:
+        """Every check of a query's values (``codec.check_inputs``, then ids within their tables), with its
+        dtypes and shapes checked again first: a query a sibling forwarded, or one ``owed`` left unchecked."""
+        batch, info = self._batch, self.info
+        dense, values, lengths = query
+        try:
+            batch.check_shapes(dense, values, lengths, info.dense_in, len(info.rows), self.max_batch_size)
+            codec.check_inputs({INPUT_DENSE: dense, INPUT_VALUES: values, INPUT_LENGTHS: lengths})
+            batch.check_values(values, lengths, info.rows, info.seq_lens, lengths_checked=True)
+        except batch.BatchError as exc:
+            raise InferError("invalid", str(exc), exc.field) from exc
 
-        def validate(self, arrays: dict[str, np.ndarray], plan: codec.RawPlan | None = None) -> tuple[tuple, int]:
-            """``arrays`` as the codec decoded them (HTTP or gRPC): its ``check_inputs`` checked the lengths' values
-            and sum, which ``check_query`` does not repeat.  Arrays read by a ``plan`` whose dtypes and shapes passed
-            before are views of the request (contiguous) and have only their values checked: ~7 µs of a batch-1
-            query (issue #14)."""
-            try:
-                if plan is not None and plan in shaped:
-                    query = (arrays[INPUT_DENSE], arrays[INPUT_VALUES], arrays[INPUT_LENGTHS])
-                    check_values(query[1], query[2], info.rows, info.seq_lens, lengths_checked=True)
-                    return query, query[0].shape[0]
-                query = (wire_array(arrays, INPUT_DENSE), wire_array(arrays, INPUT_VALUES),
-                         wire_array(arrays, INPUT_LENGTHS))
-                check_query(*query, info.dense_in, info.rows, info.seq_lens, max_batch_size, lengths_checked=True)
-            except BatchError as exc:
-                raise InferError("invalid", str(exc), exc.field) from exc
-            if plan is not None:
-                if len(shaped) >= 4 * codec.PLANS:  # plans come and go (``PlanStore``): keep the set bounded too
-                    shaped.clear()
-                shaped.add(plan)
-            return query, query[0].shape[0]
+    def compute(self, queries: list[tuple]) -> list[np.ndarray]:
+        """Each query's scores, from one pass over them all (fused) when there are several."""
+        if len(queries) == 1:
+            return [self.run(queries[0])]
+        scores = self.run(self._batch.concat_arrays(queries))
+        bounds = np.cumsum([q[0].shape[0] for q in queries])[:-1]
+        return np.split(scores, bounds)
 
-        def owed(self, arrays: dict[str, np.ndarray], plan: codec.RawPlan) -> tuple[tuple, int] | None:
-            """The query and its items of arrays read by a ``plan`` whose dtypes and shapes passed before (read by
-            ``codec.parse_raw(..., checked=False)``), with every check of its values still owed: whichever worker
-            computes it runs ``check_owed``, so a worker fronting a gRPC channel does not check the queries its
-            siblings compute.  None for any other plan: ``validate`` it."""
-            if plan not in shaped:
-                return None
-            return (arrays[INPUT_DENSE], arrays[INPUT_VALUES], arrays[INPUT_LENGTHS]), arrays[INPUT_DENSE].shape[0]
-
-        def check_owed(self, query: tuple) -> None:
-            """Every check of a query's values (``codec.check_inputs``, then ids within their tables), with its
-            dtypes and shapes checked again first: a query a sibling forwarded, or one ``owed`` left unchecked."""
-            dense, values, lengths = query
-            try:
-                check_shapes(dense, values, lengths, info.dense_in, len(info.rows), max_batch_size)
-                codec.check_inputs({INPUT_DENSE: dense, INPUT_VALUES: values, INPUT_LENGTHS: lengths})
-                check_values(values, lengths, info.rows, info.seq_lens, lengths_checked=True)
-            except BatchError as exc:
-                raise InferError("invalid", str(exc), exc.field) from exc
-
-        def compute(self, queries: list[tuple]) -> list[np.ndarray]:
-            if len(queries) == 1:
-                return [run(queries[0])]
-            scores = run(concat_arrays(queries))
-            bounds = np.cumsum([q[0].shape[0] for q in queries])[:-1]
-            return np.split(scores, bounds)
-
-        def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
-            return protocol.http_infer_response(model_name, request, scores, version, regions)
-
-    return Path()
+    def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        return codec.http_infer_response(self.model_name, request, scores, self.version, self.regions)
