@@ -24,6 +24,10 @@
 #                  the tree before the connections' spread over workers)
 #   threads  (3)   #50: threads sharing RMC1's tables, slowdown beside 1 / 3 / 7 / 15 co-runners, and one call's
 #                  op-parallel speed-up on 1-16 cores, each against the perfmodel (Hercules' CPU search rows)
+# With 15 device-minutes (start-up included) the open issues' device must-shows take two calls, most needed first:
+#   1. env native peers16   (~8 min)  #51: every recserve protocol and FastAPI at 1 / 8 / 16 workers
+#   2. grpc2 threads        (~6 min)  #51: one gRPC channel at 2 workers vs 1; #50: Hercules' CPU search rows
+# and balance (#51, the connections' spread) in a later session.
 # Every phase writes its JSON and its log to $OUT (the device tool brings them back); with no $OUT, to results/.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
