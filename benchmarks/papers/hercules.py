@@ -104,6 +104,21 @@ def _hercules_cpu_with_locality(pm, mix) -> dict[float, dict[str, float]]:
     return out
 
 
+def _device_launches(pm, server, models, mix) -> str:
+    """Each model's modelled launch time on ``server``'s device at the mean query and at 1,024 items, beside its
+    SLA: what bounds how many queries a fused launch can gather."""
+    from recserve.perfmodel.model import Allocation
+    from recserve.specs import get_model
+
+    one = Allocation(workers=1, accelerator=True)
+    parts = []
+    for m in models:
+        spec = get_model(m)
+        mean, full = (pm.call_ms(spec, server, items, one) for items in (round(mix.mean), 1024))
+        parts.append(f"{m.removeprefix('hercules-')} {mean:.1f} / {full:.1f} ms, SLA {spec.sla.target_ms:g} ms")
+    return f"{'; '.join(parts)} (mean query {mix.mean:.0f} items)"
+
+
 def row_hercules_search() -> list[Row]:
     from recserve.perfmodel import PerfModel, SizeMix
     from recserve.perfmodel.evaluator import perfmodel_evaluator
@@ -125,6 +140,7 @@ def row_hercules_search() -> list[Row]:
                 corunners[m] = _corunner_state(pm, get_model(m), server, dr.best.allocation(), ev.detail(dr.best), mix)
 
     local = _hercules_cpu_with_locality(pm, mix)
+    launches = _device_launches(pm, get_server("hercules-t7"), HERCULES_GPU_PAPER, mix)
 
     def txt(kind: str, paper: dict[str, float]) -> str:
         return " / ".join(f"{m.removeprefix('hercules-')} {gains[kind][m]:.2f}x" for m in paper)
@@ -154,7 +170,10 @@ def row_hercules_search() -> list[Row]:
                "the fused count the fixed point of arrivals over the model's own launch time) and co-locates threads "
                "or moves gathers to host threads (S-D pipeline); Baymax co-locates without fusion.  Fusion amortises "
                "only per-launch costs (kernel launches, PCIe latency, framework time per call): where host gathers of "
-               "tables that do not fit the 16 GB device, or device compute, dominate a launch, fusing gains little")
+               "tables that do not fit the 16 GB device, or device compute, dominate a launch, fusing gains little; "
+               "and a fused query waits for the launch in progress, then rides the next, so where two launches near "
+               "the SLA no launch can wait to gather more queries.  One launch on the device (the model, one thread), "
+               "at the mean query / at 1,024 items, against the SLA: " + launches)
     setup = "perfmodel evaluator (bundled calibration), Hercules' gradient-guided search (Alg. 1) vs "
     cpu_setup = setup + "DeepRecSys (one single-core thread per core, batch hill-climbed) on hercules-t1"
     gpu_setup = setup + ("a Baymax-style baseline (model-based threads co-located on the device, thread count and "
