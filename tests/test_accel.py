@@ -20,15 +20,14 @@ import torch
 from recserve.errors import SpecError
 from recserve.serving import config_from_dict
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.accel import (
+from recserve.serving.worker.accel import AcceleratorClient, AcceleratorServer
+from recserve.serving.worker.links import (
     ACK,
     ERROR_CODES,
     HELLO,
     INLINE,
     OK,
     REPLY,
-    AcceleratorClient,
-    AcceleratorServer,
     Arena,
     read_reply,
     read_request,

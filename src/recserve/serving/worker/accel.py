@@ -10,37 +10,20 @@ queries.  The accelerator worker fuses the queries waiting on all its connection
 ``fuse_items`` items, waiting at most ``fuse_delay_us`` for more (Triton's ``max_queue_delay``), copies inputs to the
 device once per pass and the scores back, and splits them per query.
 
-Frames on the socket (little endian; raw array bytes, never pickled tensors):
-
-- hello, once per connection from the CPU worker: ``HELLO`` (its pid, the fd of its staging arena, the arena's
-  bytes; 0 bytes: no arena), answered with one ``ACK`` byte (1: the accelerator worker mapped the arena).
-- request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, the query's deadline in nanoseconds
-  of ``CLOCK_MONOTONIC``, the arrays' offset in the arena or ``INLINE``) then, when inline, dense f32 ``[B, D]``,
-  values i64 ``[N]``, lengths i32 ``[T, B]``.
-- reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
-  ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
-
-The deadline travels with the query because the accelerator worker's queue is where a burst waits.  It is an absolute
-time on the host's monotonic clock (both workers' ``perf_counter``), not the time left: under overload a frame can wait
-in the socket before the accelerator worker reads it, and a budget counted from the read would give that wait back, so
-the worker would compute queries its CPU worker had already answered 504.  A query whose deadline passed is answered 504
-without computing it, and one that cannot finish in time by the worker's online fit of its pass time
-(``admission.ServiceTime``) is shed at once with 503, so an overload never leaves a backlog of abandoned work in front
-of new queries.
+Queries reach an accelerator worker over a link (``worker/links.py``: frames, staging arena, deadlines).  A query
+whose deadline passed is answered 504 without computing it, and one that cannot finish in time by the worker's online
+fit of its pass time (``admission.ServiceTime``) is shed at once with 503, so an overload never leaves a backlog of
+abandoned work in front of new queries.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
-import socket
-import struct
 import threading
 import time
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,222 +34,15 @@ import numpy as np
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.admission import ServiceTime
+from recserve.serving.worker.links import (
+    LinkClient,
+    reply_frame,
+    serve_links,
+)
 
 log = logging.getLogger("recserve.serving")
 
-HELLO = struct.Struct("<QQQ")
-ACK = struct.Struct("<B")
-REQUEST = struct.Struct("<QIIIQQQ")
-REPLY = struct.Struct("<QBxxxII")
-INLINE = 2**64 - 1  # a request whose arrays follow its header on the socket
-OK = 0
-# reply status i + 1; append only (a code's index is its status on the wire)
-ERROR_CODES = ("internal", "unavailable", "deadline", "data_loss", "invalid")
-# A large query is megabytes: with asyncio's 64 KiB stream limit and the default socket buffers it crosses the
-# socket in dozens of wake-ups; these let it cross in a few.
-STREAM_LIMIT = 16 * 1024 * 1024
-SOCKET_BUFFER = 4 * 1024 * 1024
-
-
-def _widen(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
-            except OSError:
-                pass  # the kernel's cap applies
-STOP_GRACE_S = 10.0
-SEND_BACKLOG = 32 * 1024 * 1024  # inline query bytes a CPU worker lets wait in an accelerator socket; more -> 503
-
-Done = Callable[[np.ndarray | None, InferError | None], None]
-
-
-def array_bytes(items: int, width: int, tables: int, ids: int) -> tuple[int, int, int]:
-    """Bytes of a query's dense, values and lengths arrays (how a frame or an arena slot is laid out)."""
-    return items * width * 4, ids * 8, tables * items * 4
-
-
-def request_header(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, offset: int = INLINE) -> bytes:
-    """``deadline``: ``time.perf_counter()`` seconds (``CLOCK_MONOTONIC``, the same clock in every process)."""
-    dense, values, lengths = arrays
-    return REQUEST.pack(request_id, dense.shape[0], dense.shape[1], lengths.shape[0], values.shape[0],
-                        max(0, int(deadline * 1e9)), offset)
-
-
-def wire_arrays(arrays: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-    """The arrays in the frame's dtypes (lengths as i32: sums fit, bounded by the body), contiguous."""
-    dense, values, lengths = arrays
-    lengths = lengths if lengths.dtype == np.int32 else lengths.astype(np.int32)
-    return tuple(np.ascontiguousarray(a) for a in (dense, values, lengths))
-
-
-def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, offset: int = INLINE
-                  ) -> list[bytes | memoryview]:
-    """A query as frame pieces: the header, then (inline) each array's bytes without a copy where it is
-    contiguous; a query staged at ``offset`` in the arena is its header alone."""
-    arrays = wire_arrays(arrays)
-    header = request_header(request_id, arrays, deadline, offset)
-    return [header, *(memoryview(a).cast("B") for a in arrays)] if offset == INLINE else [header]
-
-
-def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: int) -> tuple[np.ndarray, ...]:
-    """dense, values, lengths as views of ``buffer`` (uint8, laid out as ``array_bytes`` says)."""
-    sizes = array_bytes(items, width, tables, ids)
-    a, b = sizes[0], sizes[0] + sizes[1]
-    return (buffer[:a].view(np.float32).reshape(items, width), buffer[a:b].view(np.int64),
-            buffer[b : b + sizes[2]].view(np.int32).reshape(tables, items))
-
-
-async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = None
-                       ) -> tuple[int, tuple[np.ndarray, ...], float]:
-    """(id, arrays, deadline on this process's ``perf_counter``); arrays in ``arena`` are views of it."""
-    request_id, items, width, tables, ids, deadline_ns, offset = REQUEST.unpack(await reader.readexactly(REQUEST.size))
-    deadline = deadline_ns / 1e9
-    total = sum(array_bytes(items, width, tables, ids))
-    if offset == INLINE:
-        buffer = np.frombuffer(await reader.readexactly(total), np.uint8)
-    elif arena is not None and offset + total <= arena.shape[0]:
-        buffer = arena[offset : offset + total]
-    else:
-        raise ConnectionError(f"request {request_id} names arena bytes [{offset}, {offset + total}) this worker "
-                              "has not mapped")
-    return request_id, split_arrays(buffer, items, width, tables, ids), deadline
-
-
-# ---------------------------------------------------------------------------------------- staging arena
-
-
-class Arena:
-    """Shared staging memory of one CPU worker -> accelerator worker link (a memfd both map).
-
-    Why: a large query crossing the socket costs the two workers more CPU than the GPU pass itself (asyncio joins
-    and buffers the frame, the reader re-assembles it).  With
-    the arena the CPU worker copies the arrays once and sends only their offset; the accelerator worker reads
-    them in place, and on a GPU the arena is registered as pinned memory, so the host-to-device copy is DMA
-    straight from it.  A slot stays taken until its reply arrives (the accelerator may still be reading it
-    after the CPU worker gave up on the query); a query that does not fit crosses the socket as before.
-    """
-
-    ALIGN = 64
-
-    def __init__(self, size: int) -> None:
-        import mmap
-
-        self.size = size
-        self.fd = os.memfd_create("recserve-accel-staging")
-        self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when a dropped link is collected
-        os.ftruncate(self.fd, size)
-        self.map = mmap.mmap(self.fd, size)
-        self.view = np.frombuffer(self.map, np.uint8)
-        self.taken: dict[int, int] = {}  # offset -> bytes, of queries sent and not yet answered
-
-    def put(self, arrays: tuple[np.ndarray, ...]) -> int | None:
-        """Copy ``arrays`` (wire dtypes) into a free slot; its offset, or None when none is large enough."""
-        total = sum(a.nbytes for a in arrays)
-        offset = self._fit(total)
-        if offset is None:
-            return None
-        self.taken[offset] = total
-        at = offset
-        for a in arrays:
-            self.view[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
-            at += a.nbytes
-        return offset
-
-    def _fit(self, total: int) -> int | None:
-        start = 0
-        for offset in sorted(self.taken):
-            if offset - start >= total:
-                return start
-            start = -(-(offset + self.taken[offset]) // self.ALIGN) * self.ALIGN
-        return start if self.size - start >= total else None
-
-    def release(self, offset: int | None) -> None:
-        if offset is not None:
-            self.taken.pop(offset, None)
-
-    def close(self) -> None:
-        self.taken.clear()
-        self.view = np.zeros(0, np.uint8)
-        try:
-            self.map.close()
-        except BufferError:
-            pass  # a view is still alive: the mapping goes with it
-        self._close_fd()
-
-
-def map_arena(pid: int, fd: int, size: int) -> np.ndarray:
-    """The accelerator worker's view of a CPU worker's arena (read through /proc: no fd passing needed)."""
-    import mmap
-
-    with open(f"/proc/{pid}/fd/{fd}", "r+b") as f:
-        return np.frombuffer(mmap.mmap(f.fileno(), size), np.uint8)
-
-
-def reply_frame(request_id: int, scores: np.ndarray | None, error: InferError | None = None) -> bytes:
-    if scores is None:
-        error = error or InferError("internal", "no scores")
-        code = error.code if error.code in ERROR_CODES else "internal"
-        message = str(error).encode()
-        return REPLY.pack(request_id, ERROR_CODES.index(code) + 1, 0, len(message)) + message
-    scores = np.ascontiguousarray(scores, dtype=np.float32)
-    return REPLY.pack(request_id, OK, scores.shape[0], scores.shape[1]) + scores.tobytes()
-
-
-async def read_reply(reader: asyncio.StreamReader) -> tuple[int, np.ndarray | None, InferError | None]:
-    request_id, status, rows, columns = REPLY.unpack(await reader.readexactly(REPLY.size))
-    if status != OK:
-        message = (await reader.readexactly(columns)).decode(errors="replace")
-        code = ERROR_CODES[status - 1] if status <= len(ERROR_CODES) else "internal"
-        return request_id, None, InferError(code, message)
-    scores = np.frombuffer(await reader.readexactly(rows * columns * 4), np.float32).reshape(rows, columns)
-    return request_id, scores, None
-
-
-# ---------------------------------------------------------------------------------------- a link's receiving end
-
-OnRequest = Callable[[asyncio.StreamWriter, int, tuple[np.ndarray, ...], float], None]
-
-
-async def serve_links(path: str, on_request: OnRequest, adopt: Callable[[np.ndarray], None] = lambda arena: None,
-                      forget: Callable[[np.ndarray], None] = lambda arena: None) -> asyncio.AbstractServer:
-    """The receiving end of every ``Link`` to ``path`` (an accelerator worker, or a sibling CPU worker): per
-    connection the hello (the sender's staging arena mapped and ``adopt``-ed), then each request frame handed to
-    ``on_request(writer, id, arrays, deadline)`` until the connection closes (the arena then ``forget``-ed)."""
-    if os.path.exists(path):
-        os.unlink(path)  # a dead predecessor's socket file
-
-    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _widen(writer)
-        arena = None
-        try:
-            hello = HELLO.unpack(await reader.readexactly(HELLO.size))
-            # on a thread: pinning a 128 MiB arena (cudaHostRegister faults in and locks every page) took the loop
-            # away from the other links' queries for tens of ms per CPU worker as links opened under load
-            arena = await asyncio.get_running_loop().run_in_executor(None, _open_arena, *hello, adopt)
-            writer.write(ACK.pack(arena is not None))
-            while True:
-                on_request(writer, *await read_request(reader, arena))
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
-            writer.close()
-        finally:
-            if arena is not None:
-                forget(arena)
-
-    return await asyncio.start_unix_server(connection, path=path, limit=STREAM_LIMIT)
-
-
-def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None]) -> np.ndarray | None:
-    if not size:
-        return None
-    try:
-        arena = map_arena(pid, fd, size)
-        adopt(arena)
-    except (OSError, ValueError, RuntimeError) as exc:  # the link works without it, through the socket
-        log.warning("cannot map the staging arena of pid %d (%s); its queries will cross the socket", pid, exc)
-        return None
-    return arena
+STOP_GRACE_S = 10.0  # an accelerator worker told to stop finishes its passes this long at most
 
 
 # ---------------------------------------------------------------------------------------- accelerator worker
@@ -274,6 +50,8 @@ def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None
 
 @dataclass
 class Waiting:
+    """A query read from a link, waiting for its fused pass."""
+
     writer: asyncio.StreamWriter
     request_id: int
     arrays: tuple[np.ndarray, ...]
@@ -419,231 +197,19 @@ class AcceleratorServer:
             w.writer.write(frame)
 
 
-# ---------------------------------------------------------------------------------------- CPU worker side
+class AcceleratorClient(LinkClient):
+    """Sends a CPU worker's large queries (``min_items`` items or more) to the accelerator workers, the one with the
+    fewest outstanding first, and calls back with their scores."""
 
-
-class Link:
-    """One CPU worker's connection to one accelerator worker; queries outstanding on it by request id."""
-
-    def __init__(self, path: str, staging_bytes: int = 0) -> None:
-        self.path = path
-        self.staging_bytes = staging_bytes
-        self.arena: Arena | None = None  # mapped by the accelerator worker of the current connection
-        self.writer: asyncio.StreamWriter | None = None
-        self.connecting: asyncio.Future | None = None
-        self.outstanding: dict[int, Done] = {}
-        self.sent_at: dict[int, float] = {}  # request id -> when submitted, oldest first (pruned lazily)
-        self.slots: dict[int, int] = {}  # request id -> its arena offset, until the reply arrives
-
-    async def connect(self) -> asyncio.StreamWriter:
-        if self.writer is not None and not self.writer.is_closing():
-            return self.writer
-        if self.connecting is None:
-            self.connecting = asyncio.ensure_future(self._open())
-        try:
-            reader, writer, arena = await asyncio.shield(self.connecting)
-        finally:
-            self.connecting = None
-        if self.writer is None or self.writer.is_closing():
-            _widen(writer)
-            self.writer, self.arena = writer, arena
-            asyncio.get_running_loop().create_task(self._read(reader, writer))
-        return self.writer
-
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Arena | None]:
-        """Connect and offer the staging arena (made once per link; kept across reconnections)."""
-        reader, writer = await asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT)
-        if self.staging_bytes and self.arena is None:
-            try:
-                self.arena = Arena(self.staging_bytes)
-            except (OSError, AttributeError) as exc:  # AttributeError: no memfd_create on this platform
-                log.warning("accelerator link %s: no staging arena (%s); queries cross the socket", self.path, exc)
-                self.staging_bytes = 0
-        arena = self.arena
-        writer.write(HELLO.pack(os.getpid(), arena.fd if arena else 0, arena.size if arena else 0))
-        (mapped,) = ACK.unpack(await reader.readexactly(ACK.size))
-        return reader, writer, arena if mapped else None
-
-    def stage(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> int | None:
-        """The arena offset the query's arrays were copied to; ``INLINE`` when there is no arena or the query is
-        larger than all of it; None when it would fit but the slots are taken (the accelerator is that far behind)."""
-        if self.arena is None or sum(a.nbytes for a in arrays) > self.arena.size:
-            return INLINE
-        offset = self.arena.put(arrays)
-        if offset is not None:
-            self.slots[request_id] = offset
-        return offset
-
-    def oldest_wait(self, now: float) -> float:
-        """Seconds the oldest query still outstanding on this link has waited for its reply (0 if none)."""
-        while self.sent_at:
-            oldest = next(iter(self.sent_at))
-            if oldest in self.outstanding:
-                return now - self.sent_at[oldest]
-            del self.sent_at[oldest]
-        return 0.0
-
-    def backlogged(self) -> bool:
-        """Bytes written to the socket and not yet taken by the accelerator worker are over ``SEND_BACKLOG``."""
-        transport = self.writer.transport if self.writer is not None else None
-        return transport is not None and transport.get_write_buffer_size() > SEND_BACKLOG
-
-    def settled(self, request_id: int) -> None:
-        """The accelerator worker answered (or will never read): the query's slot is free again."""
-        offset = self.slots.pop(request_id, None)
-        if self.arena is not None:
-            self.arena.release(offset)
-
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                request_id, scores, error = await read_reply(reader)
-                self.settled(request_id)
-                done = self.outstanding.pop(request_id, None)
-                if done is not None:
-                    done(scores, error)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        if self.writer is writer:
-            self.writer = None
-        writer.close()
-        self.fail_all(f"accelerator worker at {self.path} closed the connection")
-
-    def fail_all(self, why: str) -> None:
-        for request_id in list(self.slots):  # the connection is gone: nothing reads the arena any more
-            self.settled(request_id)
-        waiting, self.outstanding = self.outstanding, {}
-        for done in waiting.values():
-            done(None, InferError("unavailable", f"{why}; the query was not answered, retry"))
-
-
-class AcceleratorClient:
-    """Sends a CPU worker's large queries to the accelerator workers and calls back with their scores.
-
-    Never a hang: a dead or unreachable accelerator worker is 503 at once, a silent one 504 at the deadline.
-    """
-
-    peer = "accelerator worker"  # what the errors call the other side
+    peer = "accelerator worker"
 
     def __init__(self, model_name: str, sockets: list[str], min_items: int, limit: int,
                  staging_bytes: int = 0) -> None:
-        self.model_name = model_name
+        super().__init__(model_name, sockets, limit, staging_bytes)
         self.min_items = min_items
-        self.staging_bytes = staging_bytes  # each link's shared arena (``Arena``); 0: every query on the socket
-        self.limit = limit  # queries outstanding per accelerator worker from this CPU worker; more -> 503
-        self.links: list[Link] = []
-        self._ids = itertools.count(1)
-        self.set_sockets(sockets)
-
-    def set_sockets(self, sockets: list[str]) -> None:
-        """The accelerator workers now running (the supervisor broadcasts them when their pool changes); new links
-        are opened at once, so their arenas are mapped and pinned before queries need them, not under load."""
-        keep = {link.path: link for link in self.links}
-        self.links = [keep.get(path) or Link(path, self.staging_bytes) for path in sockets]
-        self._turn = 0
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop yet: each link opens at its first query
-        for link in self.links:
-            if link.writer is None and link.connecting is None:
-                task = loop.create_task(link.connect())
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retried at the first query
 
     def takes(self, items: int) -> bool:
         return items >= self.min_items
-
-    def _least_loaded(self) -> Link:
-        """The link with the fewest queries outstanding, ties taken in turn (``submit`` moves the turn on, so the
-        ``behind`` check before it looks at the link the query will take): with ``min`` alone an idle node sent
-        every query to the first accelerator worker, and the others' links first opened under load."""
-        turn = self._turn % len(self.links)
-        return min(self.links[turn:] + self.links[:turn], key=lambda k: len(k.outstanding))
-
-    def behind(self, deadline: float, link: Link | None = None) -> InferError | None:
-        """503 when even the least-loaded accelerator worker is behind for a query due by ``deadline``: the oldest
-        query this worker has outstanding there has already waited over half of the new query's time left.
-
-        Why: the sojourn time of the head of the queue is the congestion signal (CoDel's), and it is known here
-        before the query is decoded (``EarlyRefusal.from_header``).  Count and byte bounds alone let many times a
-        deadline's worth of work wait: the CPU worker then spent its core decoding queries it later answered 504
-        while replies waited unread."""
-        if not self.links:
-            return None
-        now = time.perf_counter()
-        link = link or self._least_loaded()
-        waited, left = link.oldest_wait(now), deadline - now
-        if waited > left / 2:
-            return InferError("unavailable", f"model {self.model_name!r}: the accelerator worker is behind (its "
-                                             f"oldest query has waited {waited * 1e3:.0f} ms, this one has "
-                                             f"{left * 1e3:.0f} ms left); retry later")
-        return None
-
-    def submit(self, arrays: tuple[np.ndarray, ...], deadline: float, done: Done, link: Link | None = None) -> None:
-        """Send one decoded query (on ``link``, else the least-loaded one: an accelerator worker gets validated
-        queries, a sibling checks what it is sent); ``done`` is called exactly once
-        (scores, or the error)."""
-        if link is None:
-            if not self.links:
-                done(None, InferError("unavailable", f"model {self.model_name!r} has no accelerator worker running"))
-                return
-            link = self._least_loaded()
-            self._turn += 1
-        refusal = self.behind(deadline, link)
-        if refusal is not None:
-            done(None, refusal)
-            return
-        if len(link.outstanding) >= self.limit:
-            done(None, InferError("unavailable", f"model {self.model_name!r}: accelerator workers are overloaded "
-                                                 f"({self.limit} queries outstanding each); retry later"))
-            return
-        request_id = next(self._ids)
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(max(0.0, deadline - time.perf_counter()), self._expire, link, request_id)
-
-        def finish(scores: np.ndarray | None, error: InferError | None) -> None:
-            timer.cancel()
-            done(scores, error)
-
-        link.outstanding[request_id] = finish
-        link.sent_at[request_id] = time.perf_counter()
-        task = loop.create_task(self._send(link, request_id, arrays, deadline))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-    async def _send(self, link: Link, request_id: int, arrays: tuple[np.ndarray, ...], deadline: float) -> None:
-        try:
-            writer = await link.connect()
-            if request_id not in link.outstanding:
-                return  # expired while connecting
-            arrays = wire_arrays(arrays)
-            offset = link.stage(request_id, arrays)
-            if offset is None or (offset == INLINE and link.backlogged()):
-                self._refuse(link, request_id, "its staging arena is full" if offset is None else
-                             f"over {SEND_BACKLOG >> 20} MiB of queries wait in its socket")
-                return
-            writer.writelines(request_frame(request_id, arrays, deadline, offset))
-        except (OSError, ConnectionError) as exc:
-            self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: accelerator "
-                                                                     f"worker at {link.path} is unreachable ({exc}); "
-                                                                     "retry"))
-
-    def _refuse(self, link: Link, request_id: int, why: str) -> None:
-        """503 at once: the accelerator worker is behind by a full arena or socket, so this query would wait
-        behind at least that much work; queueing frames in memory without bound would spend the CPU worker's core
-        copying them while its own clients wait."""
-        self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: the accelerator "
-                                                                 f"worker is overloaded ({why}); retry later"))
-
-    def _expire(self, link: Link, request_id: int) -> None:
-        self._answer(link, request_id, InferError("deadline", f"model {self.model_name!r}: deadline exceeded "
-                                                              f"waiting for the {self.peer}"))
-
-    @staticmethod
-    def _answer(link: Link, request_id: int, error: InferError) -> None:
-        """Answer a query sent on ``link`` with ``error``, unless it was answered already (reply or deadline)."""
-        done = link.outstanding.pop(request_id, None)
-        if done is not None:
-            done(None, error)
 
 
 # ---------------------------------------------------------------------------------------- device pass

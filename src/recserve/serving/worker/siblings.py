@@ -14,8 +14,9 @@ that is fewer than it holds itself (``SiblingClient.less_loaded``: the shorter q
 spread over every worker, not only over the idle ones; see docs/decisions/2026-11-28-grpc-one-channel-scaling.md).
 The sibling checks the query's values (ids within their tables, lengths, finite features: ``ModelPath.check_owed``)
 before it queues it, so the forwarding worker, whose core fronts the channel, spends nothing on them.
-The frames, the staging arena and the deadline handling are the
-accelerator link's (``serving/worker/accel.py``): one implementation of "send a decoded query to another worker".  The
+The frames, the staging arena and the deadline handling are a link's
+(``serving/worker/links.py``), as an accelerator worker's: one implementation of "send a decoded query to another
+worker".  The
 sibling queues it through its own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it
 records the query in the node's statistics, the forwarding worker does not.  A sibling that refuses the query
 (it became busy meanwhile), retires or dies gives the query back: it is then queued where it arrived, as if it
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.accel import AcceleratorClient, Link, reply_frame, serve_links
+from recserve.serving.worker.links import Link, LinkClient, reply_frame, serve_links
 
 # each link's arena: several production-mix queries of the catalogue's whole-query models at once (the shorter-queue
 # rule keeps a few outstanding per sibling; one that finds the arena full comes back unforwarded); its pages are
@@ -105,13 +106,13 @@ class SiblingServer:
             self.server.close()
 
 
-class SiblingClient(AcceleratorClient):
+class SiblingClient(LinkClient):
     """The sending side: one link per sibling slot, opened at the first query sent there."""
 
     peer = "sibling worker"
 
     def __init__(self, model_name: str, directory: str, slot: int, loads: np.ndarray, limit: int) -> None:
-        super().__init__(model_name, [], 0, limit, STAGING_BYTES)
+        super().__init__(model_name, [], limit, STAGING_BYTES)
         self.directory, self.slot, self.loads = directory, slot, loads
         self.by_slot: dict[int, Link] = {}
         self._next = 0
