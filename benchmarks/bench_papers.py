@@ -8,15 +8,18 @@ numbers written here are the papers' own, as the reference column, and the input
 with the table) and the counts are printed at the end.
 
     PYTHONPATH=src .venv/bin/python -m benchmarks.bench_papers [--only hera,elasticrec] [--jobs 2]
-        [--out results/papers.json]
+        [--out results/papers.json] [--plot results/papers.png]
+    PYTHONPATH=src .venv/bin/python -m benchmarks.bench_papers --replot results/papers.json [--plot PNG]
 
 Prints a markdown table (claim | citation | setup | paper | recserve | verdict | with the paper's inputs | reason),
-the rule, the counts, and writes JSON.
+the rule, the counts, and writes JSON; ``--plot`` also draws the verdicts by paper (``--replot``: from an earlier
+run's JSON, without running anything).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -236,6 +239,48 @@ def summary_lines(rows: list[Row]) -> list[str]:
             f"Not counted: {sum(not r.counted for r in rows)} rows (project targets met: {met} of {len(targets)})"]
 
 
+PAPERS = ("Hera", "Hercules", "ElasticRec", "SDM", "Kairos")
+COLOURS = {"yes": "#2e7d32", "direction": "#9ccc65", "no": "#e57373", "n/a": "#bdbdbd"}
+
+
+def by_paper(rows: list[dict]) -> dict[str, Counter]:
+    """Verdicts of the counted rows (``asdict`` form, as the JSON holds them) by the paper their claim names."""
+    out: dict[str, Counter] = {p: Counter() for p in PAPERS}
+    for r in rows:
+        paper = next((p for p in PAPERS if r["claim"].startswith(p)), None)
+        if r.get("counted", True) and paper is not None:
+            out[paper][r["reproduced"]] += 1
+    return out
+
+
+def plot_verdicts(rows: list[dict], png: str) -> Path:
+    """One bar per paper, its counted claims stacked by verdict (RULE), the counts written in."""
+    from recserve.measure.plot import pyplot
+
+    plt = pyplot()
+    tally = by_paper(rows)
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    left = np.zeros(len(PAPERS))
+    for verdict in VERDICTS:
+        widths = np.array([tally[p][verdict] for p in PAPERS], float)
+        bars = ax.barh(PAPERS, widths, left=left, color=COLOURS[verdict], label=verdict)
+        ax.bar_label(bars, labels=[f"{w:.0f}" if w else "" for w in widths], label_type="center", fontsize=8)
+        left += widths
+    total = counts([Row(r["claim"], "", "", r["reproduced"], counted=r.get("counted", True)) for r in rows])
+    ax.set_title("papers' claims by verdict: " + " / ".join(f"{total[v]} {v}" for v in VERDICTS), fontsize=10)
+    ax.set_xlabel("claims (rows of bench_papers.py's table)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.invert_yaxis()
+    ax.legend(ncol=4, fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    path = Path(png)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def headline(rows: list[Row]) -> list[dict]:
     """The papers' claims by verdict, and the project targets met."""
     c = counts(rows)
@@ -283,7 +328,14 @@ def main() -> int:
                         help="sections run at once, each in a process of its own (default 1: each section's time "
                              "undisturbed by the others)")
     parser.add_argument("--out", default=str(RESULTS / "papers.json"))
+    parser.add_argument("--plot", default=None, metavar="PNG", help="also draw the verdicts by paper")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="only draw --plot (default: the JSON's name, .png) from an earlier run's JSON")
     args = parser.parse_args()
+    if args.replot:
+        rows = json.loads(Path(args.replot).read_text())["rows"]
+        print(f"wrote {plot_verdicts(rows, args.plot or str(Path(args.replot).with_suffix('.png')))}")
+        return 0
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     RESULTS.mkdir(exist_ok=True)
@@ -298,6 +350,8 @@ def main() -> int:
     out = harness.write_result(args.out, args, headline(rows), {"rows": [asdict(r) for r in rows], "rule": RULE,
                                                                "counts": counts(rows), "seconds": timings})
     print(f"wrote {out}")
+    if args.plot:
+        print(f"wrote {plot_verdicts([asdict(r) for r in rows], args.plot)}")
     return 0
 
 

@@ -82,3 +82,20 @@ def test_sections_run_in_processes_give_the_rows_run_here() -> None:
     here, _ = run_sections(["sdm"], False, 1)
     apart, seconds = run_sections(["sdm"], False, 2)
     assert [r.claim for r in apart] == [r.claim for r in here] and apart == here and seconds["sdm"] > 0
+
+
+def test_the_verdicts_are_tallied_and_drawn_by_the_paper_each_claim_names(tmp_path) -> None:
+    from dataclasses import asdict
+
+    from benchmarks.bench_papers import by_paper, plot_verdicts
+
+    rows = [asdict(r) for r in (Row("Hera: servers", "", "", "yes"), Row("Hera (measured LLC): EMU", "", "", "no"),
+                                Row("Kairos+: share", "", "", "direction"), Row("SDM M3", "", "", "n/a"),
+                                Row("ElasticRec: at 10k QPS", "", "", "yes", counted=False),
+                                Row("perfmodel on a host", "", "", "yes", counted=False))]
+    tally = by_paper(rows)
+    assert tally["Hera"] == {"yes": 1, "no": 1} and tally["Kairos"] == {"direction": 1}
+    assert tally["SDM"] == {"n/a": 1} and not tally["ElasticRec"] and not tally["Hercules"]
+    pytest.importorskip("matplotlib")
+    png = plot_verdicts(rows, str(tmp_path / "verdicts.png"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
