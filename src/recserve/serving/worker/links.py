@@ -260,8 +260,9 @@ def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None
 class Link:
     """One CPU worker's connection to one receiving worker; queries outstanding on it by request id."""
 
-    def __init__(self, path: str, staging_bytes: int = 0) -> None:
+    def __init__(self, path: str, staging_bytes: int = 0, peer: str = "worker") -> None:
         self.path = path
+        self.peer = peer  # what its errors call the receiving worker (``LinkClient.peer``)
         self.staging_bytes = staging_bytes
         self.arena: Arena | None = None  # mapped by the receiving worker of the current connection
         self.writer: asyncio.StreamWriter | None = None
@@ -342,7 +343,7 @@ class Link:
         if self.writer is writer:
             self.writer = None
         writer.close()
-        self.fail_all(f"the worker at {self.path} closed the connection")
+        self.fail_all(f"the {self.peer} at {self.path} closed the connection")
 
     def fail_all(self, why: str) -> None:
         for request_id in list(self.slots):  # the connection is gone: nothing reads the arena any more
@@ -371,7 +372,7 @@ class LinkClient:
         """The receiving workers now running (the supervisor broadcasts accelerator workers as their pool changes); new
         links are opened at once, so their arenas are mapped and pinned before queries need them, not under load."""
         keep = {link.path: link for link in self.links}
-        self.links = [keep.get(path) or Link(path, self.staging_bytes) for path in sockets]
+        self.links = [keep.get(path) or Link(path, self.staging_bytes, self.peer) for path in sockets]
         self._turn = 0
         try:
             loop = asyncio.get_running_loop()

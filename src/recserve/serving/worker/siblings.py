@@ -14,14 +14,12 @@ that is fewer than it holds itself (``SiblingClient.less_loaded``: the shorter q
 spread over every worker, not only over the idle ones; see docs/decisions/2026-11-28-grpc-one-channel-scaling.md).
 The sibling checks the query's values (ids within their tables, lengths, finite features: ``ModelPath.check_owed``)
 before it queues it, so the forwarding worker, whose core fronts the channel, spends nothing on them.
-The frames, the staging arena and the deadline handling are a link's
-(``serving/worker/links.py``), as an accelerator worker's: one implementation of "send a decoded query to another
-worker".  The
-sibling queues it through its own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it
-records the query in the node's statistics, the forwarding worker does not.  A sibling that refuses the query
-(it became busy meanwhile), retires or dies gives the query back: it is then queued where it arrived, as if it
-had never left, so resizing and a dying sibling cost no forwarded query.  A sibling never forwards a forwarded
-query.
+The frames, the staging arena and the deadline handling are a link's (``serving/worker/links.py``), as an accelerator
+worker's: one implementation of "send a decoded query to another worker".  The sibling queues it through its own
+admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it records the query in the node's
+statistics, the forwarding worker does not.  A sibling that refuses the query (it became busy meanwhile), retires or
+dies gives the query back: it is then queued where it arrived, as if it had never left, so resizing and a dying
+sibling cost no forwarded query.  A sibling never forwards a forwarded query.
 """
 
 from __future__ import annotations
@@ -145,7 +143,7 @@ class SiblingClient(LinkClient):
                 continue
             link = self.by_slot.get(slot)
             if link is None:
-                link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes)
+                link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes, self.peer)
             load = max(int(loads[slot]), len(link.outstanding))
             if load < best_load:
                 best, best_load = link, load
