@@ -124,3 +124,30 @@ def test_a_backend_url_with_a_route_prefix_is_posted_under_it(tmp_path, backend)
         assert http.get_json(port, "/router/stats")["errors"] == 1
     finally:
         thread.stop()
+
+
+def test_metadata_comes_from_the_first_backend_that_answers_and_all_down_is_a_502_naming_each(tmp_path, backend):
+    """A model's metadata GET skips a backend that refuses connections; with every backend down it is a 502 whose
+    JSON names each one, not aiohttp's bare 500."""
+    import socket
+
+    url, model = backend
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connections are refused
+        pool = tmp_path / "pool.yaml"
+        for backends, want in (((dead, url), 200), ((dead,), 502)):
+            pool.write_text("qos_ms: 200\npolicy: ribbon\nbackends:\n" + "".join(
+                f"  - {{url: '{u}', type: t{i}, slots: 1, base: {str(i == 0).lower()}}}\n"
+                for i, u in enumerate(backends)))
+            thread = RouterThread(Router(load_pool(pool)))
+            port = thread.start()
+            try:
+                reply = http.get(port, f"/v2/models/{model}")
+                assert reply.status == want
+                if want == 200:
+                    assert reply.json()["name"] == model
+                else:
+                    assert dead in reply.json()["error"] and "ClientConnectorError" in reply.json()["error"]
+            finally:
+                thread.stop()

@@ -25,6 +25,7 @@ Pool file (YAML)::
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -169,8 +170,7 @@ class Router:
             # the outer bound also covers connecting (a backend that drops SYNs would hold a query for minutes)
             resp = await asyncio.wait_for(pool.send(request, self.timeout_s), self.timeout_s)
         except (TimeoutError, HttpClientError, ValueError) as exc:  # ValueError: not an http(s) URL
-            return (502, f'{{"error": "backend {inst.endpoint}: {type(exc).__name__}"}}'.encode(),
-                    {"Content-Type": "application/json"})
+            return 502, backend_error([(inst.endpoint, exc)]), {"Content-Type": "application/json"}
         return resp.status, resp.body, {k: resp.headers[k.lower()] for k in FORWARD_HEADERS
                                         if k.lower() in resp.headers}
 
@@ -217,6 +217,25 @@ class Router:
     def app(self) -> web.Application:
         return router_app(lambda model: self, [self], self.stats, "recserve-router")
 
+    async def backend_get(self, path: str) -> web.Response:
+        """A metadata GET answered by the first backend that answers (each distinct one in the pool's order): one
+        backend down does not hide a model's metadata; all down is a 502 naming each and why."""
+        failed: list[tuple[str, BaseException]] = []
+        for endpoint in dict.fromkeys(inst.endpoint for inst in self.instances):
+            try:
+                async with self.session.get(endpoint + path) as resp:
+                    return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: not an http(s) URL
+                failed.append((endpoint, exc))
+        return web.Response(status=502, body=backend_error(failed), content_type="application/json")
+
+
+def backend_error(failed: list[tuple[str, BaseException]]) -> bytes:
+    """A 502's JSON body: each backend that failed, and how (the error's type and its message, where it has one)."""
+    reasons = [f"backend {endpoint}: {type(exc).__name__}" + (f" ({exc})" if str(exc) else "")
+               for endpoint, exc in failed]
+    return json.dumps({"error": "; ".join(reasons)}).encode()
+
 
 def router_app(pick: Callable[[str], Router | None], routers: list[Router], stats: Callable[[], Any],
                name: str, served: list[str] | None = None) -> web.Application:
@@ -246,8 +265,7 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
         router = pick(request.match_info["model"])
         if router is None:
             return unknown(request.match_info["model"])
-        async with router.session.get(router.instances[0].endpoint + request.path) as resp:
-            return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+        return await router.backend_get(request.path)
 
     async def live(_: web.Request) -> web.Response:
         return web.json_response({"live": True})
