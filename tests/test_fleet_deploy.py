@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +12,8 @@ import torch
 import tritonclient.http as thttp
 
 from recserve.cli import main
-from recserve.deploy.local_fleet import fleet_node_configs, start_nodes, stop_nodes
+from recserve.deploy.local_fleet import _ready, fleet_node_configs, keep_nodes, start_nodes, stop_nodes
+from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetGroup, FleetPlan
 from recserve.serving import build_worker_model, config_from_dict
 from recserve.zoo import sample_batch
@@ -81,3 +84,29 @@ def test_deployed_node_answers_its_models(tmp_path):
     finally:
         stop_nodes(nodes)
     assert all(n.process.poll() is not None for n in nodes)
+
+
+@pytest.mark.integration  # starts a node process, twice
+@pytest.mark.timeout(300)
+def test_a_node_that_dies_is_reported_and_started_again_on_its_port_until_its_restarts_run_out(tmp_path):
+    plan = FleetPlan(groups=[FleetGroup("single", "hercules-t1", 1, 1, {"hercules-rmc1": 1500.0},
+                                        {"hercules-rmc1": "dram"}, "", "Hercules search",
+                                        {"hercules-rmc1": {"workers": 1, "threads": 1}})])
+    configs, _ = fleet_node_configs(plan, scale=1e-4)
+    nodes = start_nodes(configs, tmp_path)
+    node, said = nodes[0], []
+    try:
+        os.kill(node.process.pid, signal.SIGKILL)
+        node.process.wait(timeout=30)
+        deadline = time.monotonic() + 180
+        while not any("ready again" in line for line in said) and time.monotonic() < deadline:
+            keep_nodes(nodes, 1.0, max_restarts=1, progress=said.append, poll_s=0.2)
+        assert "node 0 (hercules-rmc1) was stopped by SIGKILL" in said[0]
+        assert "starting it again (1 of at most 1)" in said[0] and str(node.log_path) in said[0]
+        assert "node 0 is ready again" in said[-1] and _ready(node.url)  # the same port: endpoints stay valid
+        os.kill(node.process.pid, signal.SIGKILL)
+        node.process.wait(timeout=30)
+        with pytest.raises(RecserveError, match=r"started again 1 time\(s\) already \(--max-restarts 1\)"):
+            keep_nodes(nodes, 30.0, max_restarts=1, progress=said.append, poll_s=0.2)
+    finally:
+        stop_nodes(nodes)

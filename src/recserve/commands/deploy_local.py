@@ -12,7 +12,8 @@ model are printed and written to ``DIR/endpoints.json``.  A fleet router in fron
 takes every model's queries on one URL and dispatches each to a node serving it (Kairos' policy, a few slots
 per worker); ``DIR/router-endpoints.json`` names it for ``recserve verify --target``.  Runs until Ctrl-C (or
 ``--seconds``), then stops the router and the node servers it started; SIGTERM (`kill PID`) stops them as Ctrl-C
-does.
+does.  A node server that exits meanwhile is started again on its ports (``--max-restarts`` times at most; one more
+exit stops them all).
 """
 
 from __future__ import annotations
@@ -20,17 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from recserve.commands._plan_common import core_list, non_negative, number, port, progress
+from recserve.commands._plan_common import core_list, non_negative, non_negative_int, number, port, progress
 
 
 def run(args: argparse.Namespace) -> int:
-    from recserve.deploy.local_fleet import fleet_node_configs, load_fleet_plan, start_nodes, stop_nodes
+    from recserve.deploy.local_fleet import fleet_node_configs, keep_nodes, load_fleet_plan, start_nodes, stop_nodes
 
     plan = load_fleet_plan(args.plan)
     workdir = Path(args.dir)
@@ -66,11 +66,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"router: {router.url}/v2/models/<model>/infer for every model ({workdir / 'router-endpoints.json'})")
         progress(f"wrote {workdir / 'endpoints.json'}; " + (f"stopping in {args.seconds:g} s" if args.seconds
                                                              else "Ctrl-C stops every node"))
-        if args.seconds:
-            time.sleep(args.seconds)
-        else:
-            while all(n.process.poll() is None for n in nodes):
-                time.sleep(1.0)
+        keep_nodes(nodes, args.seconds or None, args.max_restarts, progress=progress)
     except KeyboardInterrupt:
         pass
     finally:
@@ -101,4 +97,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="write the node configs and exit")
     p.add_argument("--router-port", type=port, default=0, help="the fleet router's port (default: a free one)")
     p.add_argument("--no-router", action="store_true", help="start the node servers only")
+    p.add_argument("--max-restarts", type=non_negative_int, default=3,
+                   help="times a node server that exits is started again before the whole fleet is stopped "
+                        "(default 3; 0: stop at the first exit)")
     p.set_defaults(func=run)

@@ -10,6 +10,7 @@ here (``recserve shards serve`` runs them).  The node server executes the config
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -92,12 +93,21 @@ class LocalNode:
     models: list[str]               # the plan's model names
     group: str
     process: subprocess.Popen
-
+    log_path: Path
     served: dict[str, str] = field(default_factory=dict)  # plan's model name -> the name it is served under
+    restarts: int = 0  # times ``keep_nodes`` started it again
+    restarted_at: float | None = None  # when it was last started again, until it says ready (monotonic)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+
+def _launch(config_path: Path, log_path: Path) -> subprocess.Popen:
+    """``recserve serve --config`` in its own session, its output appended to ``log_path``."""
+    with open(log_path, "ab") as log:  # the child holds its own copy of the file
+        return subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(config_path)],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _ready(url: str, timeout_s: float = 2.0) -> bool:
@@ -120,11 +130,11 @@ def start_nodes(configs: list[dict[str, Any]], workdir: str | Path, ready_timeou
             body["http_port"], body["grpc_port"] = _free_port(), _free_port()
             path = workdir / f"node{i}.yaml"
             path.write_text(yaml.safe_dump(body, sort_keys=False))
-            log = open(workdir / f"node{i}.log", "wb")  # noqa: SIM115 - the child keeps it
-            proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(path)],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log_path = workdir / f"node{i}.log"
+            log_path.write_bytes(b"")
             nodes.append(LocalNode(path, body["http_port"], [m["model"] for m in body["models"]],
-                                   cfg.get("_group", ""), proc, {m["model"]: m["name"] for m in body["models"]}))
+                                   cfg.get("_group", ""), _launch(path, log_path), log_path,
+                                   {m["model"]: m["name"] for m in body["models"]}))
             if progress:
                 progress(f"node {i}: {', '.join(nodes[-1].models)} ({nodes[-1].group}) on {nodes[-1].url}")
         deadline = time.monotonic() + ready_timeout_s
@@ -141,6 +151,52 @@ def start_nodes(configs: list[dict[str, Any]], workdir: str | Path, ready_timeou
         stop_nodes(nodes)
         raise
     return nodes
+
+
+def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int = 3, progress: Any = None,
+               poll_s: float = 1.0) -> None:
+    """Watch the node servers for ``seconds`` (None: until interrupted).  A node that exits is reported (how it
+    ended, its log's last line) and started again on its ports, so its endpoints and the router stay valid; a node
+    that exits once more after ``max_restarts`` restarts raises :class:`RecserveError` (the caller stops the fleet)."""
+    say = progress or (lambda _text: None)
+    end = None if seconds is None else time.monotonic() + seconds
+    while end is None or time.monotonic() < end:
+        for i, node in enumerate(nodes):
+            code = node.process.poll()
+            if code is None:
+                if node.restarted_at is not None and _ready(node.url):
+                    say(f"node {i} is ready again after {time.monotonic() - node.restarted_at:.1f} s")
+                    node.restarted_at = None
+                continue
+            what = (f"node {i} ({', '.join(node.models)}) {_ended(code)}; the last line of {node.log_path}: "
+                    f"{_last_line(node.log_path)!r}")
+            if node.restarts >= max_restarts:
+                raise RecserveError(f"{what}; it was started again {node.restarts} time(s) already "
+                                    f"(--max-restarts {max_restarts}): stopping every node")
+            node.restarts += 1
+            say(f"{what}; starting it again ({node.restarts} of at most {max_restarts})")
+            node.process, node.restarted_at = _launch(node.config_path, node.log_path), time.monotonic()
+        time.sleep(poll_s if end is None else max(0.0, min(poll_s, end - time.monotonic())))
+
+
+def _ended(code: int) -> str:
+    """How a process ended, in words: its exit status, or the signal that stopped it."""
+    if code < 0:
+        try:
+            return f"was stopped by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was stopped by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a node's log (its last 4 KiB read), or '' where there is none."""
+    if not path.exists():
+        return ""
+    with open(path, "rb") as log:
+        log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+        lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
 
 
 def stop_nodes(nodes: list[LocalNode], timeout_s: float = 20.0) -> None:
