@@ -98,6 +98,6 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--router-port", type=port, default=0, help="the fleet router's port (default: a free one)")
     p.add_argument("--no-router", action="store_true", help="start the node servers only")
     p.add_argument("--max-restarts", type=non_negative_int, default=3,
-                   help="times a node server that exits is started again before the whole fleet is stopped "
-                        "(default 3; 0: stop at the first exit)")
+                   help="times within 10 minutes a node server that exits is started again before every node "
+                        "is stopped (default 3; 0: stop at the first exit)")
     p.set_defaults(func=run)

@@ -27,6 +27,7 @@ from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
 
 TIER_CACHE_MB = 64
+RESTART_WINDOW_S = 600.0  # a node's restarts count against ``max_restarts`` for this long (as Kubernetes' back-off)
 
 
 def load_fleet_plan(path: str | Path) -> FleetPlan:
@@ -95,7 +96,7 @@ class LocalNode:
     process: subprocess.Popen
     log_path: Path
     served: dict[str, str] = field(default_factory=dict)  # plan's model name -> the name it is served under
-    restarts: int = 0  # times ``keep_nodes`` started it again
+    restarts: list[float] = field(default_factory=list)  # when ``keep_nodes`` started it again (monotonic)
     restarted_at: float | None = None  # when it was last started again, until it says ready (monotonic)
 
     @property
@@ -157,7 +158,8 @@ def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int 
                poll_s: float = 1.0) -> None:
     """Watch the node servers for ``seconds`` (None: until interrupted).  A node that exits is reported (how it
     ended, its log's last line) and started again on its ports, so its endpoints and the router stay valid; a node
-    that exits once more after ``max_restarts`` restarts raises :class:`RecserveError` (the caller stops the fleet)."""
+    that exits once more after ``max_restarts`` restarts within ``RESTART_WINDOW_S`` raises :class:`RecserveError`
+    (the caller stops the fleet)."""
     say = progress or (lambda _text: None)
     end = None if seconds is None else time.monotonic() + seconds
     while end is None or time.monotonic() < end:
@@ -170,12 +172,16 @@ def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int 
                 continue
             what = (f"node {i} ({', '.join(node.models)}) {_ended(code)}; the last line of {node.log_path}: "
                     f"{_last_line(node.log_path)!r}")
-            if node.restarts >= max_restarts:
-                raise RecserveError(f"{what}; it was started again {node.restarts} time(s) already "
-                                    f"(--max-restarts {max_restarts}): stopping every node")
-            node.restarts += 1
-            say(f"{what}; starting it again ({node.restarts} of at most {max_restarts})")
-            node.process, node.restarted_at = _launch(node.config_path, node.log_path), time.monotonic()
+            now = time.monotonic()
+            node.restarts = [t for t in node.restarts if now - t < RESTART_WINDOW_S]
+            if len(node.restarts) >= max_restarts:
+                raise RecserveError(f"{what}; it was started again {len(node.restarts)} time(s) in the last "
+                                    f"{RESTART_WINDOW_S / 60:g} minutes (--max-restarts {max_restarts}): stopping "
+                                    "every node")
+            node.restarts.append(now)
+            say(f"{what}; starting it again ({len(node.restarts)} of at most {max_restarts} in "
+                f"{RESTART_WINDOW_S / 60:g} minutes)")
+            node.process, node.restarted_at = _launch(node.config_path, node.log_path), now
         time.sleep(poll_s if end is None else max(0.0, min(poll_s, end - time.monotonic())))
 
 
