@@ -321,8 +321,41 @@ def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
         answer = http.triton(ports.http).infer("ctr_ts", http_inputs(batch))
         assert answer.get_response()["model_version"] == "1"
         assert np.abs(answer.as_numpy("scores") - scores(reference, batch)).max() <= 1e-6
+        assert http.triton(ports.http).is_server_ready()  # the model serves: a failed new version does not count
     finally:
         shutil.rmtree(target)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unloaded(tmp_path, strict):
+    """Triton's strict readiness: ready (HTTP and gRPC) only while no repository model failed to load and serves
+    no version; loading it once fixed, or unloading it, makes the node ready; ``strict_readiness: false`` is
+    ready throughout.  The failure is in the repository index either way."""
+    root = tmp_path / "repo"
+    (root / "ctr_ts" / "1").mkdir(parents=True)
+    (root / "ctr_ts" / "config.yaml").write_text("workers: 1\nsla: {target_ms: 20}\n" + generous_yaml())
+    (root / "ctr_ts" / "1" / "model.pt").write_bytes(b"not a torchscript archive")
+    with started(NodeConfig(models=[], repository=str(root), strict_readiness=strict)) as server:
+        over_http, over_grpc = http.triton(server.ports.http), grpc_client.triton(server.ports.grpc)
+        assert over_http.is_server_live()
+        assert over_http.is_server_ready() is not strict and over_grpc.is_server_ready() is not strict
+        assert http.get(server.ports.http, "/v2/health/ready").status == (503 if strict else 200)
+        index = http.post_json(server.ports.http, "/v2/repository/index", timeout_s=60).json()
+        assert [(e["name"], e["state"]) for e in index] == [("ctr_ts", "UNAVAILABLE")]
+        assert "cannot read the program" in index[0]["reason"]
+        over_http.unload_model("ctr_ts")  # no longer wanted
+        assert over_http.is_server_ready()
+        shutil.rmtree(root / "ctr_ts" / "1")
+        write_version(trained(0, "ctr_ts"), root / "ctr_ts", 1, "torchscript")
+        (root / "ctr_ts" / "2").mkdir()
+        (root / "ctr_ts" / "2" / "model.pt").write_bytes(b"not a torchscript archive either")
+        with pytest.raises(InferenceServerException, match="version 2 not loaded"):
+            over_http.load_model("ctr_ts")  # every version the policy selects, or none
+        assert over_http.is_server_ready() is not strict
+        shutil.rmtree(root / "ctr_ts" / "2")
+        over_http.load_model("ctr_ts")
+        assert over_http.is_server_ready() and over_grpc.is_server_ready()
+        over_grpc.close()
 
 
 def _body(batch) -> tuple[bytes, dict[str, str]]:

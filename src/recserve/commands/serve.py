@@ -41,6 +41,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               share_tables=not args.copy_tables, fuse_tables=not args.per_table)
     if args.host:
         config.host = args.host
+    if args.no_strict_readiness:
+        config.strict_readiness = False
     config.control_token = os.environ.get(TOKEN_ENV) or config.control_token
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
@@ -60,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="quick form: serve one catalogue model")
     p.add_argument("--repository", help="a model repository (REPO/<model>/config.yaml, REPO/<model>/<version>/...): "
                                         "load its models (with --config: beside the config's models)")
+    p.add_argument("--no-strict-readiness", action="store_true",
+                   help="ready even while a repository model failed to load (default: not ready until it loads or "
+                        "is unloaded, as Triton's --strict-readiness)")
     p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale for --model")
     p.add_argument("--workers", type=count, default=1)
     p.add_argument("--threads", type=count, default=1, help="torch threads per worker")

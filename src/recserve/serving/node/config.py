@@ -42,6 +42,7 @@ A node config is YAML::
                              # null = whole tables on the device.  Any device, cpu included; DRAM tables only
           pass_thread: false # true: passes on a thread, queries read and answered during one (no faster measured)
     repository: /srv/models  # optional: a model repository (serving/node/repository.py) loaded beside `models`
+    strict_readiness: true   # not ready while a repository model failed to load and serves no version (Triton's)
 
 Everything is validated here (pydantic models, ``recserve/schema.py``: unknown keys and wrong types refused) so
 that a typo fails at load time with one line ``where: field: message``.
@@ -343,6 +344,9 @@ class NodeConfig(Schema):
     tls_key: str | None = None
     # A model repository (serving/node/repository.py) whose models are loaded at start, beside ``models``.
     repository: str | None = None
+    # Triton's strict readiness: /v2/health/ready is false while a repository model failed to load and serves no
+    # version (false: ready whatever failed, the failures only in the repository index)
+    strict_readiness: StrictBool = True
 
     @classmethod
     def where_of(cls, data: dict[str, Any]) -> str:

@@ -224,7 +224,18 @@ class NodeCore:
 
     @property
     def ready(self) -> bool:
-        return self.accepting and all(rt.ready for rt in self.models.values())
+        """Accepting, every model's workers ready and, with ``strict_readiness``, no repository model failed."""
+        return (self.accepting and all(rt.ready for rt in self.models.values())
+                and not (self.config.strict_readiness and self.failed_models()))
+
+    def failed_models(self) -> dict[str, str]:
+        """Repository models that failed to load and serve no version, each with why (Triton's strict readiness,
+        except that a failed new version does not count while an older one serves)."""
+        failed: dict[str, str] = {}
+        for (name, version), (state, reason) in self.repo_state.items():
+            if state == "UNAVAILABLE" and not reason.startswith("unloaded") and not self.versions.get(name):
+                failed.setdefault(name, f"version {version}: {reason}" if version else reason)
+        return failed
 
     def all_runtimes(self) -> list[ModelRuntime]:
         """Every loaded version of every model."""
@@ -327,8 +338,13 @@ class NodeCore:
         return rt
 
     async def unload_model(self, name: str) -> None:
-        """Unload every version of ``name``; admitted queries finish, later ones get 404."""
+        """Unload every version of ``name``; admitted queries finish, later ones get 404.  A model that failed to
+        load is marked unloaded (it no longer holds the node unready)."""
         async with self._model_locks.setdefault(name, asyncio.Lock()):
+            if name not in self.models and name in self.failed_models():  # no longer wanted: ready again
+                for key in [key for key in self.repo_state if key[0] == name]:
+                    self.repo_state[key] = ("UNAVAILABLE", "unloaded")
+                return
             if name not in self.models:
                 raise InferError("not_found", f"model {name!r} is not loaded; loaded: {sorted(self.models)}",
                                  "model_name")
