@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -339,6 +340,7 @@ def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unlo
         over_http, over_grpc = http.triton(server.ports.http), grpc_client.triton(server.ports.grpc)
         assert over_http.is_server_live()
         assert over_http.is_server_ready() is not strict and over_grpc.is_server_ready() is not strict
+        assert health(server.ports.grpc) == ("NOT_SERVING" if strict else "SERVING")
         assert http.get(server.ports.http, "/v2/health/ready").status == (503 if strict else 200)
         index = http.post_json(server.ports.http, "/v2/repository/index", timeout_s=60).json()
         assert [(e["name"], e["state"]) for e in index] == [("ctr_ts", "UNAVAILABLE")]
@@ -355,7 +357,30 @@ def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unlo
         shutil.rmtree(root / "ctr_ts" / "2")
         over_http.load_model("ctr_ts")
         assert over_http.is_server_ready() and over_grpc.is_server_ready()
+        assert health(server.ports.grpc) == health(server.ports.grpc, "inference.GRPCInferenceService") == "SERVING"
         over_grpc.close()
+
+
+def health(port: int, service: str = "") -> str:
+    """The standard gRPC health check's answer (what a Kubernetes gRPC probe asks) for ``service``."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+
+
+def test_the_grpc_health_check_names_unknown_services_and_watch_is_not_served(node):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    _, ports = node
+    assert health(ports.grpc) == "SERVING"
+    with pytest.raises(grpc.RpcError) as unknown:
+        health(ports.grpc, "ctr")
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND and "unknown service 'ctr'" in unknown.value.details()
+    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel, pytest.raises(grpc.RpcError) as watch:
+        next(health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30))
+    assert watch.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def _body(batch) -> tuple[bytes, dict[str, str]]:

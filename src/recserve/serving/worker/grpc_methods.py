@@ -35,6 +35,7 @@ from recserve.serving.worker.plane import WorkerPlane
 log = logging.getLogger(__name__)
 
 SERVICE = "/inference.GRPCInferenceService/"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # answered by the supervisor (``node.grpc_service.HealthServicer``)
 # every request reaching it went through ``_query``'s split, whose walk refuses one of too many fields, or stopped
 # at the malformed field where the bound's walk would stop too
 decode_infer = tolerant(service_pb2.ModelInferRequest.FromString, fields_bounded=True)
@@ -159,16 +160,16 @@ class InOrder:
 
 
 class Forwarder:
-    """Calls of the inference service passed on byte for byte through a grpc.aio channel: what a worker does
-    not answer itself goes to the supervisor, and the supervisor's cover (no worker accepting) forwards every
-    call to its own gRPC service the same way."""
+    """Calls of the inference service, and health checks, passed on byte for byte through a grpc.aio channel: what
+    a worker does not answer itself goes to the supervisor, and the supervisor's cover (no worker accepting)
+    forwards every call to its own gRPC service the same way."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
         self._methods: dict[str, Method] = {}  # asked on every call: built once per method
 
     def __call__(self, path: str) -> Method | None:
-        if not path.startswith(SERVICE):
+        if not path.startswith(SERVICE) and path != HEALTH_CHECK:
             return None
         if path not in self._methods:
             self._methods[path] = self.method(path)
