@@ -345,7 +345,14 @@ def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unlo
         index = http.post_json(server.ports.http, "/v2/repository/index", timeout_s=60).json()
         assert [(e["name"], e["state"]) for e in index] == [("ctr_ts", "UNAVAILABLE")]
         assert "cannot read the program" in index[0]["reason"]
+        for mistyped in ("ctr", "..", "ctr_ts/.."):  # a name the repository does not hold changes nothing
+            with pytest.raises(InferenceServerException, match="no model"):
+                over_grpc.load_model(mistyped)  # in the message: no URL path to normalise
+        assert over_http.is_server_ready() is not strict and "ctr_ts" in server.core.failed_models()
         over_http.unload_model("ctr_ts")  # no longer wanted
+        assert over_http.is_server_ready()
+        with pytest.raises(InferenceServerException, match="no model 'ctr'"):
+            over_http.load_model("ctr")
         assert over_http.is_server_ready()
         shutil.rmtree(root / "ctr_ts" / "1")
         write_version(trained(0, "ctr_ts"), root / "ctr_ts", 1, "torchscript")

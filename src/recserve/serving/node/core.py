@@ -229,11 +229,13 @@ class NodeCore:
                 and not (self.config.strict_readiness and self.failed_models()))
 
     def failed_models(self) -> dict[str, str]:
-        """Repository models that failed to load and serve no version, each with why (Triton's strict readiness,
-        except that a failed new version does not count while an older one serves)."""
+        """Models the repository holds that failed to load and serve no version, each with why (Triton's strict
+        readiness, except that a failed new version does not count while an older one serves, nor a name the
+        repository does not hold: a mistyped load, or a model since taken out of it)."""
         failed: dict[str, str] = {}
         for (name, version), (state, reason) in self.repo_state.items():
-            if state == "UNAVAILABLE" and not reason.startswith("unloaded") and not self.versions.get(name):
+            if (state == "UNAVAILABLE" and not reason.startswith("unloaded") and not self.versions.get(name)
+                    and self.repository is not None and self.repository.holds(name)):
                 failed.setdefault(name, f"version {version}: {reason}" if version else reason)
         return failed
 
@@ -288,7 +290,8 @@ class NodeCore:
             try:
                 wanted = [str(v) for v in repo.selected_versions(name)]
             except RecserveError as exc:
-                self.repo_state[(name, "")] = ("UNAVAILABLE", str(exc))
+                if repo.holds(name):  # a name it does not hold gets no entry: the index lists what it holds
+                    self.repo_state[(name, "")] = ("UNAVAILABLE", str(exc))
                 raise InferError("invalid", str(exc), "model_name") from exc
             loaded = self.versions.setdefault(name, {})
             newest = max(wanted, key=int)

@@ -140,11 +140,14 @@ class Repository:
         return sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")
                       and ((d / CONFIG_FILE).exists() or self._version_dirs(d)))
 
+    def holds(self, name: str) -> bool:
+        """Whether ``name`` is a model directory of this repository (a plain name: no path into or out of it)."""
+        return "/" not in name and not name.startswith(".") and (self.root / name).is_dir()
+
     def model_dir(self, name: str) -> Path:
-        path = self.root / name
-        if "/" in name or name.startswith(".") or not path.is_dir():
+        if not self.holds(name):
             raise SpecError(f"model repository {self.root}: no model {name!r}; found: {self.names()}")
-        return path
+        return self.root / name
 
     @staticmethod
     def _version_dirs(model_dir: Path) -> list[int]:
