@@ -24,6 +24,7 @@ keeps the luckiest probe near the knee, and one 6 s probe there passes or fails 
 
     .venv/bin/python -m benchmarks.bench_peers --model hercules-rmc1 --scale 0.001 --sla-ms 100 --workers 1,2,all
     .venv/bin/python -m benchmarks.bench_peers --peers recserve,kserve-grpc,mlserver-rest --workers 1
+    .venv/bin/python -m benchmarks.bench_peers --replot results/bench_peers.json --plot results/bench_peers.png
     RECSERVE_BASE_SRC=/other/tree/src .venv/bin/python -m benchmarks.bench_peers --peers recserve,recserve-base,fastapi
 """
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -38,11 +40,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from benchmarks import harness
+from benchmarks.peers.figure import plot_max_loads
 from benchmarks.peers.proctree import ServerProcesses
 from benchmarks.peers.servers import ALL_PEERS, NOTES, PEERS, choose_peers, runnable, say
 from recserve.measure.loadgen import LoadSession
@@ -234,7 +238,14 @@ def main() -> int:
     parser.add_argument("--sequential", action="store_true",
                         help="one server at a time, each search whole (default: all up, probes in turn)")
     parser.add_argument("--out", default="results/bench_peers.json")
+    parser.add_argument("--plot", metavar="PNG", help="also draw each server's max load by protocol and workers")
+    parser.add_argument("--replot", metavar="JSON",
+                        help="only draw --plot (default: the JSON's name, .png) from an earlier run's JSON")
     args = parser.parse_args()
+    if args.replot:
+        earlier = json.loads(Path(args.replot).read_text())
+        print(f"wrote {plot_max_loads(earlier, args.plot or Path(args.replot).with_suffix('.png'))}")
+        return 0
     signal.signal(signal.SIGTERM, _terminated)  # a `timeout` around the run: the servers it started are stopped
     spec = get_model(args.model)
     sla = args.sla_ms or spec.sla.target_ms
@@ -268,6 +279,8 @@ def main() -> int:
     results["load_avg_after"] = os.getloadavg()[0]
     print_table(results)
     save(results, args)
+    if args.plot:
+        print(f"wrote {plot_max_loads(results, args.plot)}")
     return 0
 
 

@@ -273,3 +273,20 @@ def test_a_run_ended_by_sigterm_stops_the_servers_it_started(tmp_path) -> None:
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, "processes the run started outlived it"
+
+
+def test_replot_draws_every_server_grouped_by_protocol_from_a_runs_json(tmp_path) -> None:
+    from benchmarks.peers.figure import rows
+
+    run = {"model": "hercules-rmc1", "mix": "production", "percentile": 95, "sla_ms": 100,
+           "by_workers": {"1": {"recserve": {"max_qps": 300.0}, "kserve-grpc": {"max_qps": 170.0},
+                                "recserve-json": {"max_qps": 130.0}, "fastapi": {"max_qps": 210.0}},
+                          "2": {"recserve": {"max_qps": 500.0}, "kserve-rest": {"max_qps": 1.6}}}}
+    assert rows(run) == ["recserve", "fastapi", "recserve-json", "kserve-rest", "kserve-grpc"]
+    saved = tmp_path / "peers.json"
+    saved.write_text(json.dumps(run))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_peers", "--replot", str(saved)],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    png = saved.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in done.stdout
