@@ -3,8 +3,7 @@
 # git, carried with `carry: [".whl"]`), at this venv's versions where it has them; round.sh installs them there.
 #
 # The device's image has torch, numpy, scipy, aiohttp, pyyaml, uvloop, grpcio and protobuf, but not recserve's
-# serving dependencies (hpack, httptools, orjson, pysimdjson, grpcio-health-checking, tritonclient and its clients'
-# needs), the FastAPI peer, or perf_analyzer.
+# serving dependencies (hpack, httptools, orjson, pysimdjson, tritonclient and its clients' needs), the FastAPI peer, or perf_analyzer.
 # grpcio and protobuf travel too: tritonclient's generated stubs need the protobuf they were made with.
 #
 #     bash benchmarks/device/wheels.sh            # then: du -sh .whl (must stay well under the 64 MiB a call carries)
@@ -13,7 +12,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 DEST=.whl
 PACKAGES=(hpack httptools orjson pysimdjson tritonclient python-rapidjson geventhttpclient gevent greenlet zope.event zope.interface
-          brotli certifi grpcio grpcio-health-checking protobuf fastapi starlette pydantic pydantic-core annotated-types typing-inspection
+          brotli certifi grpcio protobuf fastapi starlette pydantic pydantic-core annotated-types typing-inspection
           annotated-doc opentelemetry-api anyio uvicorn h11 perf-analyzer)
 
 # versions taken where this venv has none (FastAPI from 0.12x imports opentelemetry: its API wheel travels too)

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from recserve.serving.node import control_api
+from recserve.serving.node import control_api, grpc_health
 from recserve.serving.node.llc import LlcUnsupported
 from recserve.serving.wire import codec, protocol
 from recserve.serving.wire.errors import InferError, grpc_code
@@ -236,27 +235,6 @@ async def answered_in_order(requests: AsyncIterator[Any], answer: Callable[[Any]
                 pending.cancel()
 
 
-HEALTH_SERVICES = ("", "inference.GRPCInferenceService")  # the whole server, and its one service
-
-
-class HealthServicer(health_pb2_grpc.HealthServicer):
-    """The standard ``grpc.health.v1.Health/Check`` (Kubernetes' gRPC probes, load balancers): SERVING while the
-    node is ready (``ServerReady``, strict readiness included), else NOT_SERVING; another service name NOT_FOUND.
-    ``Watch`` is not forwarded from the public port (UNIMPLEMENTED there): a stream held per watcher for no
-    probe that needs one."""
-
-    def __init__(self, core: NodeCore) -> None:
-        self.core = core
-
-    async def Check(self, request, context):  # noqa: N802 (generated names)
-        if request.service not in HEALTH_SERVICES:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; known: "
-                                                           f"{', '.join(repr(s) for s in HEALTH_SERVICES)}")
-        serving = health_pb2.HealthCheckResponse.SERVING if self.core.ready else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
-        return health_pb2.HealthCheckResponse(status=serving)
-
-
 def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:
     """The inference service with every request decoded tolerantly (bad bytes are INVALID_ARGUMENT, not UNKNOWN),
     and the health service."""
@@ -265,4 +243,4 @@ def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:
     handlers = {name: _with_tolerant_decoding(h) for name, h in registrar.handlers.items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(registrar.service, handlers),))
     server.add_registered_method_handlers(registrar.service, handlers)
-    health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(core), server)
+    grpc_health.add_to_server(server, core)
