@@ -255,7 +255,7 @@ def by_paper(rows: list[dict]) -> dict[str, Counter]:
 
 def plot_verdicts(rows: list[dict], png: str) -> Path:
     """One bar per paper, its counted claims stacked by verdict (RULE), the counts written in."""
-    from recserve.measure.plot import pyplot
+    from recserve.measure.plot import pyplot, save
 
     plt = pyplot()
     tally = by_paper(rows)
@@ -273,12 +273,7 @@ def plot_verdicts(rows: list[dict], png: str) -> Path:
     ax.invert_yaxis()
     ax.legend(ncol=4, fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
-    path = Path(png)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, png)
 
 
 def headline(rows: list[Row]) -> list[dict]:

@@ -32,6 +32,13 @@ def _plan() -> FleetPlan:
     ])
 
 
+def _one_worker_plan() -> FleetPlan:
+    """One server running hercules-rmc1 on one worker: the smallest node a test can start."""
+    return FleetPlan(groups=[FleetGroup("single", "hercules-t1", 1, 1, {"hercules-rmc1": 1500.0},
+                                        {"hercules-rmc1": "dram"}, "", "Hercules search",
+                                        {"hercules-rmc1": {"workers": 1, "threads": 1}})])
+
+
 def test_node_configs_one_per_group_scaled_onto_this_hosts_cores(tmp_path):
     host = sorted(os.sched_getaffinity(0))
     configs, notes = fleet_node_configs(_plan(), scale=1e-4, tier_dir=tmp_path)
@@ -67,10 +74,7 @@ def test_a_non_fleet_plan_is_refused(tmp_path, capsys):
 @pytest.mark.integration  # starts a node process
 @pytest.mark.timeout(300)
 def test_deployed_node_answers_its_models(tmp_path):
-    plan = FleetPlan(groups=[FleetGroup("single", "hercules-t1", 1, 1, {"hercules-rmc1": 1500.0},
-                                        {"hercules-rmc1": "dram"}, "", "Hercules search",
-                                        {"hercules-rmc1": {"workers": 1, "threads": 1}})])
-    configs, _ = fleet_node_configs(plan, scale=1e-4)
+    configs, _ = fleet_node_configs(_one_worker_plan(), scale=1e-4)
     nodes = start_nodes(configs, tmp_path)
     try:
         cfg = config_from_dict({k: v for k, v in configs[0].items() if not k.startswith("_")}, "test").models[0]
@@ -89,10 +93,7 @@ def test_deployed_node_answers_its_models(tmp_path):
 @pytest.mark.integration  # starts a node process, twice
 @pytest.mark.timeout(300)
 def test_a_node_that_dies_is_reported_and_started_again_on_its_port_until_its_restarts_run_out(tmp_path):
-    plan = FleetPlan(groups=[FleetGroup("single", "hercules-t1", 1, 1, {"hercules-rmc1": 1500.0},
-                                        {"hercules-rmc1": "dram"}, "", "Hercules search",
-                                        {"hercules-rmc1": {"workers": 1, "threads": 1}})])
-    configs, _ = fleet_node_configs(plan, scale=1e-4)
+    configs, _ = fleet_node_configs(_one_worker_plan(), scale=1e-4)
     nodes = start_nodes(configs, tmp_path)
     node, said = nodes[0], []
     try:

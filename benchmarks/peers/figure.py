@@ -23,7 +23,7 @@ def rows(results: dict) -> list[str]:
 
 def plot_max_loads(results: dict, png: str | Path) -> Path:
     """One group of bars per server (a bar per worker count), on a log axis: the peers span three decades."""
-    from recserve.measure.plot import pyplot
+    from recserve.measure.plot import pyplot, save
 
     plt = pyplot()
     names, workers = rows(results), list(results["by_workers"])
@@ -47,9 +47,4 @@ def plot_max_loads(results: dict, png: str | Path) -> Path:
                  f"{results['mix']} mix, one run", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3, which="both")
-    path = Path(png)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, png)

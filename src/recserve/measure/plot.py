@@ -50,7 +50,7 @@ def plot_latency_vs_load(result: MaxLoadResult, path: str | Path, title: str = "
     ax.set_title(title or "latency vs load")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_run(result: LoadResult, path: str | Path, title: str = "") -> Path:
@@ -70,7 +70,7 @@ def plot_run(result: LoadResult, path: str | Path, title: str = "") -> Path:
     ax.set_title(title or f"{result.offered_qps:.1f} qps offered, {result.achieved_qps:.1f} achieved")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_policies_vs_load(rates: list[float], tails_ms: dict[str, list[float]], qos_ms: float, path: str | Path,
@@ -92,10 +92,11 @@ def plot_policies_vs_load(rates: list[float], tails_ms: dict[str, list[float]], 
     ax.set_title(title or "dispatch policies vs load")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return save(fig, path)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save(fig: Any, path: str | Path) -> Path:
+    """``fig`` laid out and written as a PNG at ``path`` (its folder made), then closed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
