@@ -9,6 +9,7 @@ finish, then workers stop.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import shutil
 import signal
@@ -22,6 +23,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from recserve.errors import RecserveError
 from recserve.serving.node import grpc_service, tls
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
@@ -53,17 +55,24 @@ def raise_open_file_limit() -> int:
     return soft
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
+def listening_socket(host: str, port: int, what: str = "HTTP") -> socket.socket:
     """A node's listening socket (HTTP, and gRPC with data plane v2), created once here and inherited by every
     accepting worker.  Made with protocol ``IPPROTO_TCP``: a socket accepted from it carries that protocol, and
     only then does asyncio turn Nagle's algorithm off on its transports (``TCP_NODELAY``); with protocol 0 a
     small answer written while an earlier small frame was unacknowledged waited for the client's delayed ACK
-    (docs/decisions/2026-11-28-tcp-nodelay.md)."""
+    (docs/decisions/2026-11-28-tcp-nodelay.md).  A port it cannot take is a one-line error naming it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(4096)
+    except OSError as exc:
+        sock.close()
+        flag = "--http-port" if what == "HTTP" else "--grpc-port"
+        hint = (f"; another process listens there: give another port ({flag}, or http_port / grpc_port in the node "
+                "config; 0 takes any free one)" if exc.errno == errno.EADDRINUSE else "")
+        raise RecserveError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}{hint}") from exc
     sock.setblocking(False)
     return sock
 
@@ -141,7 +150,7 @@ class NodeServer:
         """Data plane v2 for gRPC: one public listening socket that every whole-query worker inherits and accepts
         on (as HTTP's), and a private Unix socket for this process's gRPC service, where the workers forward every
         call they do not answer."""
-        sock = self._grpc_listen = listening_socket(host, self.config.grpc_port)
+        sock = self._grpc_listen = listening_socket(host, self.config.grpc_port, "gRPC")
         upstream = self._private_grpc_address()
         self.core.grpc_listen, self.core.grpc_upstream = sock, upstream
         for rt in self.core.models.values():
@@ -164,11 +173,7 @@ class NodeServer:
         await self._grpc.start()
         if self._grpc_listen is not None:
             return self._grpc_listen.getsockname()[1]
-        try:
-            public = listening_socket(self.config.host, self.config.grpc_port)
-        except OSError as exc:
-            raise InferError("internal", f"cannot bind gRPC port {self.config.grpc_port} on {self.config.host}: "
-                                         f"{exc.strerror}") from exc
+        public = listening_socket(self.config.host, self.config.grpc_port, "gRPC")
         limit = self.config.max_body_bytes
         self._grpc_cover_methods = Forwarder(channel_to(upstream, limit))
         self._grpc_front = GrpcServer(self._grpc_cover_methods, limit, self.config.grpc_limits,
