@@ -151,3 +151,18 @@ def test_metadata_comes_from_the_first_backend_that_answers_and_all_down_is_a_50
                     assert dead in reply.json()["error"] and "ClientConnectorError" in reply.json()["error"]
             finally:
                 thread.stop()
+
+
+def test_route_on_a_taken_port_is_a_one_line_error(tmp_path, capsys):
+    import socket
+
+    from recserve.cli import main
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert main(["route", "--pool", write_pool(tmp_path, "http://127.0.0.1:1", "kairos"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"route: cannot listen on 127.0.0.1:{port}" in err and "give another --port" in err
+    assert "Traceback" not in err

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from recserve.commands._plan_common import port, positive
+from recserve.errors import RecserveError
 
 
 def cmd_route(args: argparse.Namespace) -> int:
@@ -28,7 +29,11 @@ def cmd_route(args: argparse.Namespace) -> int:
     print(f"recserve route: {router.policy.name} over {len(types)} slots "
           + ", ".join(f"{t}@{u}" for t, u in zip(types, urls, strict=True))
           + f" on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    web.run_app(router.app(), host=args.host, port=args.port, print=None)
+    try:
+        web.run_app(router.app(), host=args.host, port=args.port, print=None)
+    except OSError as exc:  # the port: taken, or an address this host does not have
+        raise RecserveError(f"route: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; give another "
+                            "--port") from exc
     return 0
 
 
