@@ -97,6 +97,20 @@ def test_bench_cli_in_process_run_writes_json_and_png(tmp_path, capsys):
     assert "achieved" in capsys.readouterr().out
 
 
+def test_bench_cli_run_with_no_answer_says_so_and_exits_1(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as bound:  # bound, never listening: every connection is refused
+        bound.bind(("127.0.0.1", 0))
+        target = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        js = tmp_path / "r.json"
+        rc = main(["bench", "--model", MODEL, "--scale", "1e-4", "--target", target, "--rate", "50", "--duration", "0",
+                   "--requests", "5", "--sizes", "fixed:4", "--pool", "2", "--no-warmup", "--quiet", "--json", str(js)])
+    assert rc == 1 and json.loads(js.read_text())["ok"] == 0  # the run is still written
+    err = capsys.readouterr().err
+    assert f"no query was answered with scores (connection=5): is a server up at {target}, serving {MODEL}?" in err
+
+
 @pytest.mark.integration  # seconds of work
 def test_bench_cli_max_load_search(tmp_path, capsys):
     js = tmp_path / "m.json"

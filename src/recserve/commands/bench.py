@@ -3,7 +3,8 @@
 One run at ``--rate``, or ``--find-max-load``: the latency-bounded QPS under the SLA percentile, or
 ``--tune-offload K1,K2,...``: that search with each accelerator threshold ``min_items`` set on a live node
 (DeepRecSys' offload threshold found by measurement), the best one left set.
-Latency is counted from each query's scheduled send time (no coordinated omission).
+Latency is counted from each query's scheduled send time (no coordinated omission).  A run that gets no answer
+with scores says so and exits with status 1 (a script's check that the server is up).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
           f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
     run_kwargs = dict(max_requests=args.requests, max_inflight=args.max_inflight, timeout_s=args.timeout_ms / 1000.0,
                       warmup_s=args.warmup, progress=not args.quiet, integer_ms=args.integer_ms_gaps)
+    failed = 0  # the exit status: 1 when a single run got no answer with scores
     with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run, procs=args.procs,
                      spin_ms=args.spin_ms) as session:
         if args.tune_offload:
@@ -84,6 +86,11 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
         else:
             result = session.run(args.rate, args.duration, seed=args.seed, **run_kwargs)
             print(result.summary())
+            if result.ok == 0:
+                failed = 1
+                errors = ", ".join(f"{kind}={n}" for kind, n in result.errors.items())
+                print(f"[bench] no query was answered with scores ({errors}): is a server up at {args.target}, serving "
+                      f"{args.served_name or spec.name}?", file=sys.stderr)
             out = {"kind": "load_run", "model": spec.name, "scale": args.scale, "sizes": args.sizes,
                    "index": args.index, "sla_ms": sla_ms, "percentile": percentile,
                    "meets_sla": result.percentile(percentile) <= sla_ms, **result.to_dict()}
@@ -97,7 +104,7 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
         print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot:
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
-    return 0
+    return failed
 
 
 def _max_load(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict,
