@@ -20,6 +20,16 @@ ASSUMED_POWER_PER_CORE_W = 8.0
 """Power cannot be read either (RAPL is rarely exposed to users): a stated estimate, so planners can run."""
 
 
+def signal_name(returncode: int) -> str | None:
+    """The signal that stopped a child process (``returncode`` < 0: ``SIGKILL``, ``SIGILL``...); None if it exited."""
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
 def probe_in_child(code: str, what: str, timeout_s: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
     """Run ``code`` in a child interpreter; ``(True, "")`` if it exits 0 having printed ``ok``, else ``(False,
     why)`` naming ``what``.  Native code (io_uring through ctypes, uvloop's wheel) may die on this CPU or kernel
@@ -31,11 +41,7 @@ def probe_in_child(code: str, what: str, timeout_s: float, env: dict[str, str] |
         return False, f"{what} did not finish in {timeout_s:.0f} s"
     except OSError as exc:
         return False, f"{what} could not start: {exc}"
-    if proc.returncode < 0:
-        try:
-            name = signal.Signals(-proc.returncode).name
-        except ValueError:
-            name = f"signal {-proc.returncode}"
+    if (name := signal_name(proc.returncode)) is not None:
         return False, f"{what} process was killed by {name}"
     if proc.returncode != 0 or proc.stdout.strip() != "ok":
         lines = (proc.stderr or proc.stdout).strip().splitlines()

@@ -10,7 +10,6 @@ here (``recserve shards serve`` runs them).  The node server executes the config
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import yaml
 
 from recserve.errors import RecserveError
+from recserve.hostinfo import signal_name
 from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
 
@@ -187,12 +187,8 @@ def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int 
 
 def _ended(code: int) -> str:
     """How a process ended, in words: its exit status, or the signal that stopped it."""
-    if code < 0:
-        try:
-            return f"was stopped by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was stopped by signal {-code}"
-    return f"exited with status {code}"
+    name = signal_name(code)
+    return f"exited with status {code}" if name is None else f"was stopped by {name}"
 
 
 def _last_line(path: Path) -> str:
