@@ -16,19 +16,22 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from recserve.serving.worker.grpc_methods import HEALTH_CHECK
+from recserve.serving.worker.grpc_methods import SERVICE as INFERENCE
+
 if TYPE_CHECKING:
     from recserve.serving.node.core import NodeCore
 
-SERVICE = "grpc.health.v1.Health"
-HEALTH_SERVICES = ("", "inference.GRPCInferenceService")  # the whole server, and its one service
+SERVICE, METHOD = HEALTH_CHECK.strip("/").split("/")  # the path the workers forward: grpc.health.v1.Health, Check
+PACKAGE = SERVICE.rpartition(".")[0]
+HEALTH_SERVICES = ("", INFERENCE.strip("/"))  # the whole server, and its one service
 STATUSES = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")  # HealthCheckResponse.ServingStatus
 
 
 def _messages() -> tuple[Any, Any]:
     """``HealthCheckRequest {string service = 1}`` and ``HealthCheckResponse {ServingStatus status = 1}``."""
     field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="recserve/grpc_health_v1.proto", package="grpc.health.v1",
-                                               syntax="proto3")
+    proto = descriptor_pb2.FileDescriptorProto(name="recserve/grpc_health_v1.proto", package=PACKAGE, syntax="proto3")
     request = proto.message_type.add(name="HealthCheckRequest")
     request.field.add(name="service", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
     response = proto.message_type.add(name="HealthCheckResponse")
@@ -36,10 +39,10 @@ def _messages() -> tuple[Any, Any]:
     for number, name in enumerate(STATUSES):
         status.value.add(name=name, number=number)
     response.field.add(name="status", number=1, type=field.TYPE_ENUM, label=field.LABEL_OPTIONAL,
-                       type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus")
+                       type_name=f".{PACKAGE}.HealthCheckResponse.ServingStatus")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"grpc.health.v1.{name}"))
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
                  for name in ("HealthCheckRequest", "HealthCheckResponse"))  # type: ignore[return-value]
 
 
@@ -57,4 +60,4 @@ def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:
 
     handler = grpc.unary_unary_rpc_method_handler(check, request_deserializer=HealthCheckRequest.FromString,
                                                   response_serializer=HealthCheckResponse.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Check": handler}),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
