@@ -275,6 +275,19 @@ def test_a_run_ended_by_sigterm_stops_the_servers_it_started(tmp_path) -> None:
     assert not left, "processes the run started outlived it"
 
 
+def test_the_figures_protocol_of_each_peer_is_the_one_its_starter_speaks() -> None:
+    """The figure reads a row's protocol off its name; each starter says its own in its arguments (``rest``: plain
+    JSON, ``grpc``; none: the binary extension)."""
+    from functools import partial
+
+    from benchmarks.peers.figure import protocol
+
+    for name, starter in servers.PEERS.items():
+        given = (*starter.args, *starter.keywords.values()) if isinstance(starter, partial) else ()
+        spoken = "gRPC" if "grpc" in given else "HTTP JSON" if "rest" in given else "HTTP binary"
+        assert protocol(name) == spoken, name
+
+
 def test_replot_draws_every_server_grouped_by_protocol_from_a_runs_json(tmp_path) -> None:
     from benchmarks.peers.figure import rows
 

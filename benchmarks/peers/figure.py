@@ -6,19 +6,19 @@ from pathlib import Path
 
 import numpy as np
 
-# the protocol each server row speaks (bench_peers drives FastAPI and Ray with the binary extension)
-PROTOCOL = {"recserve": "HTTP binary", "recserve-nofuse": "HTTP binary", "recserve-per-table": "HTTP binary",
-            "recserve-noforward": "HTTP binary", "recserve-base": "HTTP binary", "fastapi": "HTTP binary",
-            "ray-serve": "HTTP binary", "recserve-json": "HTTP JSON", "kserve-rest": "HTTP JSON",
-            "mlserver-rest": "HTTP JSON", "recserve-grpc": "gRPC", "recserve-base-grpc": "gRPC",
-            "kserve-grpc": "gRPC", "mlserver-grpc": "gRPC"}
 PROTOCOLS = ("HTTP binary", "HTTP JSON", "gRPC")
+
+
+def protocol(name: str) -> str:
+    """The protocol a server row speaks, by the peers' naming (``servers.PEERS``): ``-grpc`` raw tensor contents,
+    ``-rest`` / ``-json`` plain JSON, any other the HTTP binary extension (FastAPI and Ray are driven so)."""
+    return "gRPC" if name.endswith("-grpc") else "HTTP JSON" if name.endswith(("-rest", "-json")) else "HTTP binary"
 
 
 def rows(results: dict) -> list[str]:
     """The servers measured, grouped by protocol (in ``PROTOCOLS``' order), in the run's order within a group."""
     names = list(dict.fromkeys(n for by_peer in results["by_workers"].values() for n in by_peer))
-    return sorted(names, key=lambda n: PROTOCOLS.index(PROTOCOL.get(n, "gRPC")))
+    return sorted(names, key=lambda n: PROTOCOLS.index(protocol(n)))
 
 
 def plot_max_loads(results: dict, png: str | Path) -> Path:
@@ -36,7 +36,7 @@ def plot_max_loads(results: dict, png: str | Path) -> Path:
         ax.bar_label(bars, labels=["" if np.isnan(q) else f"{q:,.0f}" if q >= 10 else f"{q:.1f}" for q in qps],
                      fontsize=7, padding=2)
     ax.set_yticks(np.arange(len(names)) + height * (len(workers) - 1) / 2)
-    ax.set_yticklabels([f"{n} ({PROTOCOL.get(n, '?')})" for n in names], fontsize=8)
+    ax.set_yticklabels([f"{n} ({protocol(n)})" for n in names], fontsize=8)
     for label in ax.get_yticklabels():
         if label.get_text().startswith("recserve"):
             label.set_fontweight("bold")
