@@ -17,10 +17,17 @@ from tests.support import http
 BODY = {"inputs": [{"name": "dense", "shape": [3, 2], "datatype": "FP32", "data": [0.0] * 6}]}
 
 
-def _backend(name: str) -> tuple[ThreadingHTTPServer, str]:
-    """A stand-in node server: answers every infer with which backend and model it was."""
+def _backend(name: str, ready: tuple[str, ...] = ()) -> tuple[ThreadingHTTPServer, str]:
+    """A stand-in node server: answers every infer with which backend and model it was; of the models, those in
+    ``ready`` are ready (200), the rest not (503)."""
 
     class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            model = self.path.removeprefix("/v2/models/").removesuffix("/ready")
+            self.send_response(200 if model in ready else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             self.rfile.read(int(self.headers["Content-Length"]))
             body = json.dumps({"backend": name, "path": self.path}).encode()
@@ -76,4 +83,27 @@ def test_each_models_queries_reach_only_its_nodes_and_an_unknown_model_is_404():
     finally:
         router.stop()
         one.shutdown()
+        two.shutdown()
+
+
+@pytest.mark.integration  # starts HTTP servers
+def test_the_router_is_ready_while_every_model_has_a_ready_node():
+    """Ready (200) while each model has a node that says the model is ready; one model with none makes the router
+    503, naming the model and each of its nodes; a model's own ready is 200 where any of its nodes says so."""
+    (one, url_one), (two, url_two) = _backend("one", ready=("a",)), _backend("two", ready=("a", "b"))
+    router = RouterThread(FleetRouter([ModelRoute("a", 100.0, ((url_one, "t", 1),)),
+                                       ModelRoute("b", 100.0, ((url_one, "t", 1), (url_two, "u", 1)))]))
+    router.start()
+    try:
+        assert http.get(router.url, "/v2/health/ready").status == 200
+        assert http.get(router.url, "/v2/models/b/ready").status == 200  # node one says 503, node two 200
+        one.shutdown()
+        one.server_close()
+        reply = http.get(router.url, "/v2/health/ready")
+        assert reply.status == 503 and reply.json()["ready"] is False
+        assert f"model a: backend {url_one}: ClientConnectorError" in reply.json()["error"]
+        assert "model b" not in reply.json()["error"]
+        assert http.get(router.url, "/v2/models/b/ready").status == 200
+    finally:
+        router.stop()
         two.shutdown()

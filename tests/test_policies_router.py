@@ -126,7 +126,7 @@ def test_a_backend_url_with_a_route_prefix_is_posted_under_it(tmp_path, backend)
         thread.stop()
 
 
-def test_metadata_comes_from_the_first_backend_that_answers_and_all_down_is_a_502_naming_each(tmp_path, backend):
+def test_metadata_and_readiness_come_from_a_backend_that_answers_and_all_down_is_named(tmp_path, backend):
     """A model's metadata GET skips a backend that refuses connections; with every backend down it is a 502 whose
     JSON names each one, not aiohttp's bare 500."""
     import socket
@@ -145,10 +145,13 @@ def test_metadata_comes_from_the_first_backend_that_answers_and_all_down_is_a_50
             try:
                 reply = http.get(port, f"/v2/models/{model}")
                 assert reply.status == want
+                ready = http.get(port, "/v2/health/ready")  # the router's own: some backend ready
                 if want == 200:
                     assert reply.json()["name"] == model
+                    assert ready.status == 200 and ready.json() == {"ready": True}
                 else:
                     assert dead in reply.json()["error"] and "ClientConnectorError" in reply.json()["error"]
+                    assert ready.status == 503 and dead in ready.json()["error"]
             finally:
                 thread.stop()
 

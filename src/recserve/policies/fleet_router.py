@@ -44,7 +44,8 @@ class FleetRouter:
             backends = [Backend(url, kind, SLOTS_PER_WORKER * max(1, workers), base=(i == 0))
                         for i, (url, kind, workers) in enumerate(route.backends)]
             pool = PoolConfig(backends, route.qos_ms, policy)
-            self.routers[route.served] = Router(pool, pool.make_policy(), timeout_s=timeout_s)
+            self.routers[route.served] = Router(pool, pool.make_policy(), timeout_s=timeout_s,
+                                                model=route.served)
 
     def stats(self) -> dict[str, Any]:
         return {model: router.stats() for model, router in self.routers.items()}

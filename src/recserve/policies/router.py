@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import numpy as np
@@ -48,6 +49,7 @@ from recserve.serving.wire.errors import InferError
 from recserve.specs import read_yaml
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
+READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
 
 
 @dataclass
@@ -124,8 +126,9 @@ class Router:
 
     def __init__(self, pool: PoolConfig, policy: DispatchPolicy | None = None, timeout_s: float = 30.0,
                  transport: Transport | None = None, clock: Callable[[], float] | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, model: str | None = None) -> None:
         self.pool = pool
+        self.model = model  # the one model it routes, where it is known (a fleet's); None: whatever clients name
         types, urls = pool.instance_pool()
         self.instances, self.types = make_instances(types, urls)
         self.policy = policy or pool.make_policy()
@@ -218,23 +221,51 @@ class Router:
         return router_app(lambda model: self, [self], self.stats, "recserve-router")
 
     async def backend_get(self, path: str) -> web.Response:
-        """A metadata GET answered by the first backend that answers (each distinct one in the pool's order): one
-        backend down does not hide a model's metadata; all down is a 502 naming each and why."""
-        failed: list[tuple[str, BaseException]] = []
-        for endpoint in dict.fromkeys(inst.endpoint for inst in self.instances):
-            try:
-                async with self.session.get(endpoint + path) as resp:
-                    return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
-            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: not an http(s) URL
-                failed.append((endpoint, exc))
+        """A metadata GET answered by the first backend (in the pool's order) that answers 200, else by the first
+        that answers at all: one backend down or still loading does not hide a model; all down is a 502 naming
+        each and why."""
+        answers = await asyncio.gather(*(self._get(endpoint, path) for endpoint in self._endpoints()))
+        replies = [a for a in answers if isinstance(a, web.Response)]
+        if replies:
+            return next((r for r in replies if r.status == 200), replies[0])
+        failed = list(zip(self._endpoints(), answers, strict=True))
         return web.Response(status=502, body=backend_error(failed), content_type="application/json")
 
+    async def unready_reason(self) -> str | None:
+        """None while some backend is ready for this router's queries (its model ready, or the node ready where
+        the model is not known), else why none is: the router's own readiness (a probe's timeout is short)."""
+        path = f"/v2/models/{quote(self.model, safe='')}/ready" if self.model else "/v2/health/ready"
+        answers = await asyncio.gather(*(self._get(endpoint, path, READY_TIMEOUT_S) for endpoint in self._endpoints()))
+        if any(isinstance(a, web.Response) and a.status == 200 for a in answers):
+            return None
+        failed = [(endpoint, f"HTTP {a.status}" if isinstance(a, web.Response) else a)
+                  for endpoint, a in zip(self._endpoints(), answers, strict=True)]
+        return describe_failures(failed)
 
-def backend_error(failed: list[tuple[str, BaseException]]) -> bytes:
-    """A 502's JSON body: each backend that failed, and how (the error's type and its message, where it has one)."""
-    reasons = [f"backend {endpoint}: {type(exc).__name__}" + (f" ({exc})" if str(exc) else "")
-               for endpoint, exc in failed]
-    return json.dumps({"error": "; ".join(reasons)}).encode()
+    def _endpoints(self) -> list[str]:
+        return list(dict.fromkeys(inst.endpoint for inst in self.instances))
+
+    async def _get(self, endpoint: str, path: str, timeout_s: float | None = None) -> web.Response | BaseException:
+        """One backend's answer to a GET, or the error that kept it from answering."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
+        try:
+            async with self.session.get(endpoint + path, timeout=timeout) as resp:
+                return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: not an http(s) URL
+            return exc
+
+
+def describe_failures(failed: list[tuple[str, BaseException | str]]) -> str:
+    """Each backend that failed, and how: an error's type and its message, where it has one, or a reason."""
+    reasons = [f"backend {endpoint}: " + (why if isinstance(why, str) else
+                                          f"{type(why).__name__}" + (f" ({why})" if str(why) else ""))
+               for endpoint, why in failed]
+    return "; ".join(reasons)
+
+
+def backend_error(failed: list[tuple[str, BaseException | str]]) -> bytes:
+    """A 502's JSON body naming each backend that failed, and how."""
+    return json.dumps({"error": describe_failures(failed)}).encode()
 
 
 def router_app(pick: Callable[[str], Router | None], routers: list[Router], stats: Callable[[], Any],
@@ -271,6 +302,13 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
         return web.json_response({"live": True})
 
     async def ready(_: web.Request) -> web.Response:
+        """Ready while every router has a ready backend: a load balancer or Kubernetes sends traffic only then."""
+        reasons = await asyncio.gather(*(router.unready_reason() for router in routers))
+        unready = [(f"model {router.model}: " if router.model else "") + reason
+                   for router, reason in zip(routers, reasons, strict=True) if reason is not None]
+        if unready:
+            return web.json_response({"ready": False, "error": "no backend is ready: " + "; ".join(unready)},
+                                     status=503)
         return web.json_response({"ready": True})
 
     async def server_metadata(_: web.Request) -> web.Response:
