@@ -251,3 +251,35 @@ def test_a_header_list_past_grpc_cores_metadata_limit_ends_the_connection_one_wi
     conn.receive(frame(HEADERS, END_HEADERS, 3, empty_literals))
     goaway = [payload for kind, _, _, payload in wire.frames() if kind == GOAWAY]
     assert len(goaway) == 1 and int.from_bytes(goaway[0][4:8], "big") == COMPRESSION_ERROR and wire.closed
+
+
+def test_remembered_header_blocks_decode_as_hpack_does_whatever_the_table_went_through():
+    """The head of a remembered block (one that left the dynamic table alone) against hpack's own decoder (the
+    oracle) run over the same blocks, in streams of calls whose fields are indexed, literal without indexing, never
+    indexed and inserted, with table size updates and entries evicted by a small table."""
+    import random
+
+    from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
+
+    from recserve.serving.transport.h2heads import HeadDecoder, _head
+
+    rng = random.Random(7)
+    for table_size in (4096, 200):
+        encoder, oracle, heads = Encoder(), Decoder(), HeadDecoder()
+        encoder.header_table_size = table_size
+        hits = 0
+        for i in range(400):
+            if table_size == 4096 and i % 97 == 96:  # a size update: the next block starts with it (it may evict)
+                encoder.header_table_size = rng.choice([256, 1024, 4096])
+            fields = [(":method", "GET" if rng.random() < 0.1 else "POST"), (":scheme", "http"),
+                      (":path", f"/s.S/M{rng.randrange(2)}"), ("content-type", "application/grpc"),
+                      ("te", "trailers"), ("x-user", f"u{rng.randrange(2)}")]
+            if rng.random() < 0.3:
+                fields.append(("grpc-timeout", f"{rng.randrange(1, 3)}S"))
+            if rng.random() < 0.1:
+                fields.append(NeverIndexedHeaderTuple("authorization", f"t{rng.randrange(2)}"))
+            block = encoder.encode(fields, huffman=rng.random() < 0.5)
+            hits += block in heads.pure
+            assert heads.decode(block) == _head(oracle.decode(block, raw=True))
+        if table_size == 4096:  # in 200 bytes every block inserts and evicts: none leaves the table alone
+            assert hits > 100, hits  # repeated blocks were answered from memory, not all decoded

@@ -364,7 +364,7 @@ def test_a_unary_call_starts_at_the_end_of_its_read_and_its_answer_leaves_in_one
         assert [(kind, flags, sid) for kind, flags, sid, _ in frames] == [(6, 1, 0), (1, 4, stream),
                                                                          (0, 0, stream), (1, 5, stream)]
         assert frames[2][3] == b"\x00\x00\x00\x00\x02hi" and b"grpc-status" in frames[3][3]
-    assert len(conn.h2.opener.heads.indexed) == 1
+    assert len(conn.h2.opener.heads.pure) == 1
 
 
 def test_a_call_reset_in_the_read_that_completed_it_is_never_started():
@@ -468,7 +468,7 @@ def test_remembered_header_blocks_are_bounded():
     blocks = [b"".join(p) for p in itertools.permutations(fields)]
     for k, block in enumerate(blocks):
         conn.data_received(_frame(1, 5, 1 + 2 * k, block))
-    assert 0 < len(conn.h2.opener.heads.indexed) <= 64
+    assert 0 < len(conn.h2.opener.heads.pure) <= 64
     assert all(kind in (1, 3) for kind, *_ in transport.frames())  # answered (405 or UNIMPLEMENTED), never closed
 
 

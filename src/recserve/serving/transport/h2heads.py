@@ -1,5 +1,5 @@
 """Request header blocks of an HTTP/2 connection: HEADERS and CONTINUATION assembled into blocks (bounded in bytes
-and frames), decoded with HPACK (blocks of indexed fields remembered), checked, and turned into calls of the
+and frames), decoded with HPACK (blocks that leave the table alone remembered), checked, and turned into calls of the
 methods served.  Sans-IO."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from recserve.serving.transport.h2frames import (
     ENHANCE_YOUR_CALM,
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST,
-    MAX_INDEXED_BLOCKS,
+    MAX_PURE_BLOCKS,
     MAX_STREAMS,
     PADDED,
     PRIORITY_FLAG,
@@ -46,51 +46,64 @@ class HeadDecoder:
     """What a call needs of its header block: the method's path, ``grpc-timeout`` in seconds (None if absent), the
     HTTP status refusing a request that is not gRPC (None if it is), ``grpc-encoding``, the client's own metadata
     (a forwarded call carries it on: the control token's ``authorization``) and why the block is malformed (None
-    if it is not).  A block made only of single-byte indexed fields cannot change the dynamic table, so what it
-    says stays valid until a block that could change the table arrives: a client sends the same few such blocks
-    call after call (tritonclient's and grpcio's: 8-9 bytes), each decoded once."""
+    if it is not).
 
-    __slots__ = ("decoder", "indexed")
+    A block that leaves the dynamic table as it found it (indexed fields, literals not indexed) decodes the same
+    until a block that changes the table arrives, so its head is remembered by its bytes: a client sends the same
+    few such blocks call after call (grpc-core's and tritonclient's all indexed; nghttp2's with ``:path`` and
+    ``content-length`` never indexed), each decoded once."""
+
+    __slots__ = ("decoder", "pure")
 
     def __init__(self) -> None:
         self.decoder = Decoder()
         self.decoder.max_header_list_size = MAX_HEADER_LIST
-        self.indexed: dict[bytes, Head] = {}  # header blocks of indexed fields, at most ``MAX_INDEXED_BLOCKS``
+        self.pure: dict[bytes, Head] = {}  # heads of blocks that left the table alone, at most ``MAX_PURE_BLOCKS``
 
     def decode(self, block: bytes) -> Head:
-        head = self.indexed.get(block)
-        if head is not None:  # only blocks of indexed fields are kept
+        head = self.pure.get(block)
+        if head is not None:
             return head
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        first, count, size = entries[0] if entries else None, len(entries), table.maxsize
         try:
             headers = self.decoder.decode(block, raw=True)
         except HPACKError as exc:
             raise H2Error(COMPRESSION_ERROR, f"header block: {exc}") from exc
-        path = timeout = method = content_type = encoding = b""
-        metadata: list[tuple[str, str | bytes]] = []
-        for name, value in headers:
-            if name == b":path":
-                path = value
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name == b":method":
-                method = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif not name.startswith(b":") and name not in RESERVED_HEADERS and not name.startswith(b"grpc-"):
-                metadata.append(metadatum(name, value))
-        refusal = (None if method == b"POST" and content_type.startswith(b"application/grpc")
-                   else b"415" if method == b"POST" else b"405")
-        head = (path.decode("latin-1"), timeout_s(timeout) if timeout else None, refusal, encoding, tuple(metadata),
-                malformed(headers))
-        if all(byte >= 0x80 for byte in block):
-            if len(self.indexed) >= MAX_INDEXED_BLOCKS:  # a client sending ever new combinations: bounded
-                self.indexed.clear()
-            self.indexed[block] = head
+        head = _head(headers)
+        # an insertion puts a new entry first (``first`` is still referenced here, so no new one shares its id); a
+        # size update changes ``maxsize``; an eviction changes the count
+        if (entries[0] if entries else None) is first and len(entries) == count and table.maxsize == size:
+            if len(self.pure) >= MAX_PURE_BLOCKS:  # a client sending ever new blocks: bounded
+                self.pure.clear()
+            self.pure[block] = head
         else:
-            self.indexed.clear()
+            self.pure.clear()  # the table changed: a remembered block could decode differently now
         return head
+
+
+def _head(headers: list[tuple[bytes, bytes]]) -> Head:
+    """A decoded header block read as ``HeadDecoder`` describes."""
+    path = timeout = method = content_type = encoding = b""
+    metadata: list[tuple[str, str | bytes]] = []
+    for name, value in headers:
+        if name == b":path":
+            path = value
+        elif name == b"grpc-timeout":
+            timeout = value
+        elif name == b":method":
+            method = value
+        elif name == b"content-type":
+            content_type = value
+        elif name == b"grpc-encoding":
+            encoding = value
+        elif not name.startswith(b":") and name not in RESERVED_HEADERS and not name.startswith(b"grpc-"):
+            metadata.append(metadatum(name, value))
+    refusal = (None if method == b"POST" and content_type.startswith(b"application/grpc")
+               else b"415" if method == b"POST" else b"405")
+    return (path.decode("latin-1"), timeout_s(timeout) if timeout else None, refusal, encoding, tuple(metadata),
+            malformed(headers))
 
 
 class CallOpener:

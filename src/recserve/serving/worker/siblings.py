@@ -132,15 +132,13 @@ class SiblingClient(LinkClient):
         own = int((held + 1) / self.loop_load.left()) - 1
         if own <= 0:  # no sibling holds fewer than nothing: the common idle case, without the array scan
             return None
-        fewer = np.flatnonzero((loads >= 0) & (loads < own))
-        if not fewer.size:
+        fewer = [slot for slot in np.flatnonzero((loads >= 0) & (loads < own)).tolist() if slot != self.slot]
+        if not fewer:  # no sibling, or none holds fewer (a single worker: its own slot only)
             return None
         self._next += 1
+        turn = self._next % len(fewer)
         best, best_load = None, own
-        for k in np.roll(fewer, -(self._next % fewer.size)):
-            slot = int(k)
-            if slot == self.slot:
-                continue
+        for slot in fewer[turn:] + fewer[:turn]:
             link = self.by_slot.get(slot)
             if link is None:
                 link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes, self.peer)
