@@ -613,3 +613,32 @@ def test_a_node_with_no_model_loaded_answers_grpc_itself_on_the_public_port(tmp_
         with pytest.raises(InferenceServerException, match="absent"):
             client.infer("absent", grpc_inputs(sample_batch(trained(0, "ctr"), 2, rng=0)))
         client.close()
+
+
+def test_exit_on_error_stops_a_node_whose_model_failed_to_load(tmp_path):
+    """``serve --exit-on-error`` (Triton's): a model that fails to load at start ends the command with status 2,
+    naming the model and why, and leaves no process behind; the ports it took are free again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path / "repo"
+    (root / "ctr_ts" / "1").mkdir(parents=True)
+    (root / "ctr_ts" / "config.yaml").write_text("workers: 1\nsla: {target_ms: 20}\n" + generous_yaml())
+    (root / "ctr_ts" / "1" / "model.pt").write_bytes(b"not a torchscript archive")
+    proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--repository", str(root),
+                             "--exit-on-error", "--http-port", "0", "--grpc-port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, stderr[-2000:]
+    assert "ctr_ts failed to load" in stderr and "cannot read the program" in stderr
+    assert "exit_on_error" in stderr and "Traceback" not in stderr
+    time.sleep(1)  # a worker's exit is reaped by the kernel, not awaited by its parent
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # no process of the session it started is left

@@ -43,6 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config.host = args.host
     if args.no_strict_readiness:
         config.strict_readiness = False
+    if args.exit_on_error:
+        config.exit_on_error = True
     config.control_token = os.environ.get(TOKEN_ENV) or config.control_token
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
@@ -65,6 +67,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-strict-readiness", action="store_true",
                    help="ready even while a repository model failed to load (default: not ready until it loads or "
                         "is unloaded, as Triton's --strict-readiness)")
+    p.add_argument("--exit-on-error", action="store_true",
+                   help="stop and exit with the reasons when a model fails to load at start (Triton's "
+                        "--exit-on-error; default: serve the rest, not ready while strict readiness holds)")
     p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale for --model")
     p.add_argument("--workers", type=count, default=1)
     p.add_argument("--threads", type=count, default=1, help="torch threads per worker")

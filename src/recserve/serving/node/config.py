@@ -43,6 +43,7 @@ A node config is YAML::
           pass_thread: false # true: passes on a thread, queries read and answered during one (no faster measured)
     repository: /srv/models  # optional: a model repository (serving/node/repository.py) loaded beside `models`
     strict_readiness: true   # not ready while a repository model failed to load and serves no version (Triton's)
+    exit_on_error: false     # true: a model that fails to load at start stops the node (Triton's --exit-on-error)
 
 Everything is validated here (pydantic models, ``recserve/schema.py``: unknown keys and wrong types refused) so
 that a typo fails at load time with one line ``where: field: message``.
@@ -347,6 +348,9 @@ class NodeConfig(Schema):
     # Triton's strict readiness: /v2/health/ready is false while a repository model failed to load and serves no
     # version (false: ready whatever failed, the failures only in the repository index)
     strict_readiness: StrictBool = True
+    # Triton's --exit-on-error: a model that fails to load at start stops the node, which exits with the reasons
+    # (false: it serves what loaded, not ready while strict_readiness holds)
+    exit_on_error: StrictBool = False
 
     @classmethod
     def where_of(cls, data: dict[str, Any]) -> str:

@@ -293,11 +293,16 @@ class NodeServer:
 
     async def _run_until_signal(self) -> None:
         ports = await self._astart()
+        failed = self.core.failed_models() if self.core else {}
+        if failed and self.config.exit_on_error:
+            await self._ashutdown(drain=False)
+            raise RecserveError("; ".join(f"{name} failed to load ({why})" for name, why in failed.items())
+                                + ": stopped (exit_on_error; without it the node serves the rest, not ready)")
         names = ", ".join(self.core.models) if self.core and self.core.models else "no model loaded"
         print(f"recserve serve: {names} on http://{self.config.host}:{ports.http} "
               f"grpc {self.config.host}:{ports.grpc} (control under /control, metrics at /metrics)",
               file=sys.stderr, flush=True)
-        for name, why in (self.core.failed_models() if self.core else {}).items():
+        for name, why in failed.items():
             print(f"recserve serve: {name} failed to load ({why}); "
                   + ("not ready until it loads (recserve models load) or is unloaded" if self.config.strict_readiness
                      else "ready without it (strict_readiness: false)"), file=sys.stderr, flush=True)
