@@ -839,3 +839,42 @@ def test_calls_and_their_streams_are_freed_as_they_end_without_the_cyclic_gc():
         assert len(answered) == 50 and alive() == before
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("read_size", [7, 4096, 65536, 256 * 1024])
+def test_messages_read_through_the_reused_read_buffer_arrive_whole(read_size):
+    """Reads land in one buffer the next read overwrites (``get_buffer`` / ``buffer_updated``): every message,
+    small or landed in place, in one DATA frame or many, padded or not, split anywhere across reads, reaches its
+    method with exactly the bytes sent."""
+    from hpack import Encoder
+
+    from recserve.serving.transport.h2frames import PADDED
+
+    got: list[bytes] = []
+    method = Method(unary=lambda call, raw: (got.append(bytes(raw)), call.reply(b"ok")),
+                    land=lambda head, size: memoryview(bytearray(size)))
+    conn, transport = GrpcConnection(lambda path: method if path == "/t.S/M" else None, MAX_MESSAGE), _Transport()
+    conn.connection_made(transport)
+    encoder, sent, wire = Encoder(), [], bytearray(PREFACE + _frame(4, 0, 0, b""))
+    cases = [(3, 16384, False), (40_000, 16384, True), (300_000, 16384, False), (300_000, 1 << 20, False),
+             (70_000, 999, True), (50_000, 16384, False), (1, 16, False)]  # (message bytes, frame bytes, padded)
+    for k, (size, frame_size, padded) in enumerate(cases):
+        message = bytes((k * 31 + i) % 251 for i in range(size))
+        sent.append(message)
+        stream = 1 + 2 * k
+        body = b"\x00" + size.to_bytes(4, "big") + message
+        wire += _frame(1, 4, stream, encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"),
+                                                     (":authority", "x"), ("content-type", "application/grpc")]))
+        for at in range(0, len(body), frame_size):
+            piece, last = body[at:at + frame_size], at + frame_size >= len(body)
+            flags = int(last) | (PADDED if padded else 0)
+            wire += _frame(0, flags, stream, (b"\x02" + piece + b"\x00\x00") if padded else piece)
+    for at in range(0, len(wire), read_size):
+        chunk = wire[at:at + read_size]
+        while chunk:
+            buffer = conn.get_buffer(len(chunk))
+            n = min(len(buffer), len(chunk))
+            buffer[:n] = chunk[:n]
+            conn.buffer_updated(n)
+            chunk = chunk[n:]
+    assert got == sent

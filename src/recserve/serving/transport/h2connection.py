@@ -196,10 +196,13 @@ class H2Connection:
             raise H2Error(ENHANCE_YOUR_CALM, reason)
 
     # ---- reading -------------------------------------------------------------------------------------------
-    def receive(self, data: bytes) -> None:
-        """Bytes read from the client: every complete frame handled, answers and acknowledgements written."""
+    def receive(self, data: bytes | memoryview) -> None:
+        """Bytes read from the client: every complete frame handled, answers and acknowledgements written.  A
+        memoryview may be of a buffer the next read reuses: what outlives this call is copied out of it (a request
+        message's DATA kept to be joined, ``RequestReader.data``; an incomplete frame), DATA landed in place is
+        copied once, straight from it."""
         self.last_read = self.clock()
-        if type(data) is not bytes:
+        if type(data) is not bytes and type(data) is not memoryview:
             data = bytes(data)
         if not self.preface_received and not (data := self._after_preface(data)):
             return
@@ -291,9 +294,9 @@ class H2Connection:
         return data
 
     def _frames(self, view: memoryview, pos: int) -> int:
-        """Handle every complete frame in ``view`` from ``pos``; returns where the incomplete rest begins.  The
-        view is of immutable received bytes, so a DATA payload is kept as a view, not copied; a DATA frame longer
-        than this read is handed on in parts as it arrives (``_partial``) instead of being buffered."""
+        """Handle every complete frame in ``view`` from ``pos``; returns where the incomplete rest begins.  A DATA
+        payload is handed on as a view (copied where it is kept); a DATA frame longer than this read is handed on in
+        parts as it arrives (``_partial``) instead of being buffered."""
         size = len(view)
         unpack = HEAD.unpack_from
         data, opener, replies = self.requests.data, self.opener, self.replies

@@ -168,7 +168,7 @@ class GrpcConnection(asyncio.BufferedProtocol):
         if self._direct:
             self.h2.received_into(nbytes)
         else:
-            self.h2.receive(bytes(self._reads[:nbytes]))  # a copy: views of it outlive this read (``_frames``)
+            self.h2.receive(self._reads[:nbytes])  # what outlives the read is copied out (``H2Connection.receive``)
 
     @property
     def preface_received(self) -> bool:

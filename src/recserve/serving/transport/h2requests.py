@@ -58,6 +58,8 @@ class RequestReader:
             if payload and stream.landing is not None:
                 payload = self._land(stream, payload)
             if payload:
+                if type(payload.obj) is not bytes:  # a view of the read buffer, which the next read reuses
+                    payload = memoryview(payload.tobytes())
                 stream.chunks.append(payload)
                 stream.size += len(payload)
             if stream.size >= 5:
