@@ -302,14 +302,16 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
         return web.json_response({"live": True})
 
     async def ready(_: web.Request) -> web.Response:
-        """Ready while every router has a ready backend: a load balancer or Kubernetes sends traffic only then."""
+        """Ready while some model has a ready backend, naming those that have none: one model's outage must not take
+        the front door (a Kubernetes Service's endpoints) away from the others; each model's own readiness is
+        ``/v2/models/{m}/ready``."""
         reasons = await asyncio.gather(*(router.unready_reason() for router in routers))
         unready = [(f"model {router.model}: " if router.model else "") + reason
                    for router, reason in zip(routers, reasons, strict=True) if reason is not None]
-        if unready:
+        if len(unready) == len(routers):
             return web.json_response({"ready": False, "error": "no backend is ready: " + "; ".join(unready)},
                                      status=503)
-        return web.json_response({"ready": True})
+        return web.json_response({"ready": True, **({"unready": "; ".join(unready)} if unready else {})})
 
     async def server_metadata(_: web.Request) -> web.Response:
         return web.json_response(protocol.server_metadata(name))
