@@ -22,6 +22,7 @@ whole future and is not an online policy: :func:`oracle_throughput` computes its
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -123,6 +124,11 @@ class DispatchPolicy:
         else:
             self.free_at[j] = now
 
+    def set_in_service(self, now: float, inst: Instance, in_service: bool) -> None:
+        """An instance leaves service (its machine unreachable: never free, so no policy picks it) or returns to it
+        (free now)."""
+        self.free_at[inst.index] = now if in_service else math.inf
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "qos_ms": self.qos_ms}
 
@@ -171,7 +177,9 @@ class DRSPolicy(DispatchPolicy):
     def assign(self, now: float, queued: Sequence[Query], idle: Sequence[Instance]) -> Pairs:
         base = [i for i in idle if i.type_name in self.base_types]
         aux = [i for i in idle if i.type_name not in self.base_types]
-        has_aux = any(i.type_name not in self.base_types for i in self.instances)
+        in_service = [i for i in self.instances if self.free_at[i.index] != math.inf]
+        has_aux = any(i.type_name not in self.base_types for i in in_service)
+        has_base = any(i.type_name in self.base_types for i in in_service)  # else large queries go to aux ones
         if len(aux) > 1:
             pred = self.predictor.pred
             aux.sort(key=lambda i: pred[i.type_idx, -1])
@@ -179,7 +187,7 @@ class DRSPolicy(DispatchPolicy):
         for q in queued:
             if not base and not aux:
                 break
-            pick = base if (q.size > self.threshold or not has_aux) else aux
+            pick = base if ((q.size > self.threshold and has_base) or not has_aux) else aux
             if pick:
                 inst = pick.pop(0)
                 self.commit(now, q, inst)
@@ -206,6 +214,9 @@ class ClockworkPolicy(DispatchPolicy):
             self.commit(now, q, inst)
             out.append((q, inst))
         return out
+
+
+OUT_OF_SERVICE_COST = 1e12  # an instance out of service in Kairos' matching: finite, so the matching is feasible
 
 
 class KairosPolicy(DispatchPolicy):
@@ -235,6 +246,7 @@ class KairosPolicy(DispatchPolicy):
         violates = latency + waits[:, None] > self.xi * self.qos_ms
         latency[violates] = self.penalty * self.qos_ms
         latency *= self.predictor.coefficients()[self.type_of]
+        latency[:, np.isinf(remaining)] = OUT_OF_SERVICE_COST  # never matched while another instance is in service
         return latency
 
     def assign(self, now: float, queued: Sequence[Query], idle: Sequence[Instance]) -> Pairs:

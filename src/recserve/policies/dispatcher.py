@@ -7,7 +7,8 @@ the instance's next local query.  A driver supplies only time and transport:
 
 - ``arrive(now, size, payload)`` when a query comes in,
 - a ``start(query, instance, now)`` callback that sends the query (HTTP, a Ray replica, a heap event),
-- ``complete(now, instance)`` when that instance answers.
+- ``complete(now, instance)`` when that instance answers,
+- ``fail(instance)`` / ``park`` / ``restore`` when a live instance's machine cannot be reached (the live router).
 
 ``Query.bucket`` is always the policy's predictor bucket, computed here from the query size; a
 simulator keeps its own service-time draws by query id.  ``decisions`` (optional) records every
@@ -34,6 +35,7 @@ class Dispatcher:
         policy.bind(self.instances, types)
         self.queue: list[Query] = []
         self.idle: list[Instance] = list(self.instances)
+        self.out_of_service: set[Instance] = set()  # its machine unreachable: given no query until ``restore``
         self._start_fn = start
         self._bucket = policy.predictor.bucket
         self._next_id = 0
@@ -62,6 +64,8 @@ class Dispatcher:
             return
         taken = set()
         for q, inst in pairs:
+            if inst in self.out_of_service:  # a policy that picks among all instances named one out of service
+                continue
             taken.add(q.id)
             if inst.busy:
                 inst.local.append(q)
@@ -95,8 +99,39 @@ class Dispatcher:
         else:
             inst.busy = False
             inst.current = None
-            self.idle.append(inst)
+            if inst not in self.out_of_service:
+                self.idle.append(inst)
         return q
+
+    def fail(self, inst: Instance) -> Query:
+        """``inst`` could not serve its current query (its machine unreachable): the policy is taught nothing, the
+        instance leaves service until ``restore``, and its query, then those queued at it, return to the front of
+        the central queue.  Returns that query; the caller answers or dispatches it."""
+        q = inst.current
+        inst.busy, inst.current = False, None
+        self.queue[:0] = [q, *inst.local]
+        inst.local.clear()
+        self.park(inst)
+        return q
+
+    def park(self, inst: Instance) -> None:
+        """Take ``inst`` out of service: an idle one at once, a busy one when its query ends."""
+        self.out_of_service.add(inst)
+        self.policy.set_in_service(0.0, inst, False)
+        if inst in self.idle:
+            self.idle.remove(inst)
+
+    def restore(self, now: float, inst: Instance) -> None:
+        """Put ``inst`` back in service and dispatch."""
+        self.out_of_service.discard(inst)
+        self.policy.set_in_service(now, inst, True)
+        if not inst.busy and inst not in self.idle:
+            self.idle.append(inst)
+        self.dispatch(now)
+
+    def withdraw(self, q: Query) -> None:
+        """Take ``q`` out of the central queue (its driver answers it instead)."""
+        self.queue[:] = [other for other in self.queue if other is not q]
 
     def complete(self, now: float, inst: Instance) -> Query:
         """``finish`` then dispatch the central queue."""

@@ -50,6 +50,15 @@ from recserve.specs import read_yaml
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
 READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
+DOWN_FIRST_S, DOWN_MOST_S = 1.0, 30.0  # an unreachable backend's first time out of service, and the most (doubling)
+
+
+class BackendUnreachable(Exception):
+    """No answer came from a backend (refused, reset, closed, timed out): ``retry`` where another may answer it."""
+
+    def __init__(self, error: BaseException, retry: bool = True) -> None:
+        super().__init__(str(error))
+        self.error, self.retry = error, retry
 
 
 @dataclass
@@ -141,6 +150,9 @@ class Router:
         self._pools: dict[str, tuple[Endpoint, HttpPool]] = {}  # keep-alive connections per backend, for queries
         self.latencies: list[float] = []
         self.errors = 0
+        self.down: dict[str, float] = {}  # backend URL -> seconds it is out of service for (doubling while it fails)
+        self._backoff: dict[str, float] = {}  # backend URL -> its last time out of service, until it answers again
+        self._returns: dict[str, asyncio.TimerHandle] = {}  # backend URL -> when it goes back into service
 
     def _monotonic_ms(self) -> float:
         return (time.monotonic() - self.t0) * 1000.0
@@ -150,8 +162,11 @@ class Router:
 
     # ------------------------------------------------------------------ dispatch
     async def submit(self, model: str, body: bytes, headers: dict[str, str], size: int) -> tuple[int, bytes, dict]:
+        if self.down and len(self.down) == len(self._endpoints()):
+            self.errors += 1
+            return 502, backend_error(self._down_reasons()), {"Content-Type": "application/json"}
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        q = self.dispatcher.arrive(self.now_ms(), size, payload=(model, body, headers, fut))
+        q = self.dispatcher.arrive(self.now_ms(), size, payload=(model, body, headers, fut, []))
         status, payload, out_headers = await fut
         if status == 200:
             self.latencies.append(self.now_ms() - q.arrival)
@@ -172,8 +187,10 @@ class Router:
                                   body, headers)
             # the outer bound also covers connecting (a backend that drops SYNs would hold a query for minutes)
             resp = await asyncio.wait_for(pool.send(request, self.timeout_s), self.timeout_s)
-        except (TimeoutError, HttpClientError, ValueError) as exc:  # ValueError: not an http(s) URL
-            return 502, backend_error([(inst.endpoint, exc)]), {"Content-Type": "application/json"}
+        except (HttpClientError, ValueError) as exc:  # ValueError: not an http(s) URL
+            raise BackendUnreachable(exc) from exc
+        except TimeoutError as exc:  # the client's time is spent: answered, not sent elsewhere
+            raise BackendUnreachable(exc, retry=False) from exc
         return resp.status, resp.body, {k: resp.headers[k.lower()] for k in FORWARD_HEADERS
                                         if k.lower() in resp.headers}
 
@@ -184,13 +201,73 @@ class Router:
         return self._pools[url]
 
     async def _forward(self, q: Query, inst: Instance) -> None:
-        model, body, headers, fut = q.payload
-        result = await self.transport(inst, model, body, headers)
+        model, body, headers, fut, tried = q.payload
+        try:
+            result = await self.transport(inst, model, body, headers)
+        except BackendUnreachable as exc:
+            self._unreachable(q, inst, exc)
+            return
         now = self.now_ms()
+        self._reachable(inst.endpoint, now)
         self.dispatcher.finish(now, inst)
         if not fut.done():
             fut.set_result(result)
         self.dispatcher.dispatch(now)
+
+    def _unreachable(self, q: Query, inst: Instance, exc: BackendUnreachable) -> None:
+        """A backend gave no answer: it leaves service for a while (``DOWN_FIRST_S``, doubling up to ``DOWN_MOST_S``
+        while it keeps failing; the policy learns nothing from it), and the query goes to another backend, unless it
+        has tried every one, none is in service or its time is spent: then it is answered 502 naming each."""
+        now = self.now_ms()
+        tried = q.payload[4]
+        tried.append((inst.endpoint, exc.error))
+        self.dispatcher.fail(inst)
+        self._take_out(inst.endpoint)
+        endpoints = self._endpoints()
+        if not exc.retry or len({e for e, _ in tried}) == len(endpoints) or len(self.down) == len(endpoints):
+            self.dispatcher.withdraw(q)
+            self._answer_502(q)
+        if len(self.down) == len(endpoints):  # nothing can serve what waits: answered now, not at the time out
+            for waiting in list(self.dispatcher.queue):
+                self.dispatcher.withdraw(waiting)
+                self._answer_502(waiting)
+        self.dispatcher.dispatch(now)
+
+    def _answer_502(self, q: Query) -> None:
+        fut, tried = q.payload[3], q.payload[4]
+        if not fut.done():  # ``submit`` counts it
+            fut.set_result((502, backend_error(tried + self._down_reasons({e for e, _ in tried})),
+                            {"Content-Type": "application/json"}))
+
+    def _down_reasons(self, besides: set[str] = frozenset()) -> list[tuple[str, str]]:
+        """Each backend out of service (but those in ``besides``) and when it is tried again."""
+        return [(endpoint, f"unreachable; tried again within {s:.0f} s") for endpoint, s in self.down.items()
+                if endpoint not in besides]
+
+    def _take_out(self, endpoint: str) -> None:
+        if endpoint in self.down:
+            return
+        self.down[endpoint] = seconds = min(DOWN_MOST_S, self._backoff.get(endpoint, DOWN_FIRST_S / 2) * 2)
+        self._backoff[endpoint] = seconds
+        for inst in self.instances:
+            if inst.endpoint == endpoint:
+                self.dispatcher.park(inst)
+        self._returns[endpoint] = asyncio.get_running_loop().call_later(seconds, self._put_back, endpoint)
+
+    def _put_back(self, endpoint: str) -> None:
+        """A backend's time out of service is over: its instances take queries again (the next is its probe)."""
+        if self.down.pop(endpoint, None) is None:
+            return
+        self._returns.pop(endpoint).cancel()  # a no-op where it is the timer that called
+        now = self.now_ms()
+        for inst in self.instances:
+            if inst.endpoint == endpoint:
+                self.dispatcher.restore(now, inst)
+
+    def _reachable(self, endpoint: str, now: float) -> None:
+        """A backend answered: its back-off starts again from the first, and it is in service if it was not."""
+        if self._backoff.pop(endpoint, None) is not None:
+            self._put_back(endpoint)
 
     def stats(self) -> dict[str, Any]:
         lat = np.array(self.latencies) if self.latencies else np.zeros(0)
@@ -202,6 +279,7 @@ class Router:
             "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
             "served": {f"{i.index}:{i.type_name}@{i.endpoint}": i.served for i in self.instances},
+            "out_of_service_s": dict(self.down),  # backends unreachable, and for how long they are left alone
             "predictor_table_fraction": self.policy.predictor.table_fraction(),
         }
 
@@ -212,6 +290,8 @@ class Router:
                                              connector=aiohttp.TCPConnector(limit=0))
 
     async def close(self) -> None:
+        for timer in self._returns.values():
+            timer.cancel()
         if self.session is not None:
             await self.session.close()
         for _, pool in self._pools.values():
