@@ -140,6 +140,7 @@ class Router:
         self.model = model  # the one model it routes, where it is known (a fleet's); None: whatever clients name
         types, urls = pool.instance_pool()
         self.instances, self.types = make_instances(types, urls)
+        self.endpoints = list(dict.fromkeys(urls))  # each distinct backend, in the pool's order
         self.policy = policy or pool.make_policy()
         self.dispatcher = Dispatcher(self.policy, self.instances, self.types, self._start, record=record)
         self.timeout_s = timeout_s
@@ -162,7 +163,7 @@ class Router:
 
     # ------------------------------------------------------------------ dispatch
     async def submit(self, model: str, body: bytes, headers: dict[str, str], size: int) -> tuple[int, bytes, dict]:
-        if self.down and len(self.down) == len(self._endpoints()):
+        if self._all_down():
             self.errors += 1
             return 502, backend_error(self._down_reasons()), {"Content-Type": "application/json"}
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -223,15 +224,17 @@ class Router:
         tried.append((inst.endpoint, exc.error))
         self.dispatcher.fail(inst)
         self._take_out(inst.endpoint)
-        endpoints = self._endpoints()
-        if not exc.retry or len({e for e, _ in tried}) == len(endpoints) or len(self.down) == len(endpoints):
+        if not exc.retry or len({e for e, _ in tried}) == len(self.endpoints) or self._all_down():
             self.dispatcher.withdraw(q)
             self._answer_502(q)
-        if len(self.down) == len(endpoints):  # nothing can serve what waits: answered now, not at the time out
+        if self._all_down():  # nothing can serve what waits: answered now, not at the time out
             for waiting in list(self.dispatcher.queue):
                 self.dispatcher.withdraw(waiting)
                 self._answer_502(waiting)
         self.dispatcher.dispatch(now)
+
+    def _all_down(self) -> bool:
+        return len(self.down) == len(self.endpoints)
 
     def _answer_502(self, q: Query) -> None:
         fut, tried = q.payload[3], q.payload[4]
@@ -304,26 +307,23 @@ class Router:
         """A metadata GET answered by the first backend (in the pool's order) that answers 200, else by the first
         that answers at all: one backend down or still loading does not hide a model; all down is a 502 naming
         each and why."""
-        answers = await asyncio.gather(*(self._get(endpoint, path) for endpoint in self._endpoints()))
+        answers = await asyncio.gather(*(self._get(endpoint, path) for endpoint in self.endpoints))
         replies = [a for a in answers if isinstance(a, web.Response)]
         if replies:
             return next((r for r in replies if r.status == 200), replies[0])
-        failed = list(zip(self._endpoints(), answers, strict=True))
+        failed = list(zip(self.endpoints, answers, strict=True))
         return web.Response(status=502, body=backend_error(failed), content_type="application/json")
 
     async def unready_reason(self) -> str | None:
         """None while some backend is ready for this router's queries (its model ready, or the node ready where
         the model is not known), else why none is: the router's own readiness (a probe's timeout is short)."""
         path = f"/v2/models/{quote(self.model, safe='')}/ready" if self.model else "/v2/health/ready"
-        answers = await asyncio.gather(*(self._get(endpoint, path, READY_TIMEOUT_S) for endpoint in self._endpoints()))
+        answers = await asyncio.gather(*(self._get(endpoint, path, READY_TIMEOUT_S) for endpoint in self.endpoints))
         if any(isinstance(a, web.Response) and a.status == 200 for a in answers):
             return None
         failed = [(endpoint, f"HTTP {a.status}" if isinstance(a, web.Response) else a)
-                  for endpoint, a in zip(self._endpoints(), answers, strict=True)]
+                  for endpoint, a in zip(self.endpoints, answers, strict=True)]
         return describe_failures(failed)
-
-    def _endpoints(self) -> list[str]:
-        return list(dict.fromkeys(inst.endpoint for inst in self.instances))
 
     async def _get(self, endpoint: str, path: str, timeout_s: float | None = None) -> web.Response | BaseException:
         """One backend's answer to a GET, or the error that kept it from answering."""
@@ -336,11 +336,15 @@ class Router:
 
 
 def describe_failures(failed: list[tuple[str, BaseException | str]]) -> str:
-    """Each backend that failed, and how: an error's type and its message, where it has one, or a reason."""
-    reasons = [f"backend {endpoint}: " + (why if isinstance(why, str) else
-                                          f"{type(why).__name__}" + (f" ({why})" if str(why) else ""))
-               for endpoint, why in failed]
-    return "; ".join(reasons)
+    """Each backend that failed, and how."""
+    return "; ".join(f"backend {endpoint}: {_how(why)}" for endpoint, why in failed)
+
+
+def _how(why: BaseException | str) -> str:
+    """A reason as given, or an error's type and its message, where it has one."""
+    if isinstance(why, str):
+        return why
+    return type(why).__name__ + (f" ({why})" if str(why) else "")
 
 
 def backend_error(failed: list[tuple[str, BaseException | str]]) -> bytes:
