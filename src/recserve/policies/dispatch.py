@@ -124,10 +124,16 @@ class DispatchPolicy:
         else:
             self.free_at[j] = now
 
-    def set_in_service(self, now: float, inst: Instance, in_service: bool) -> None:
-        """An instance leaves service (its machine unreachable: never free, so no policy picks it) or returns to it
-        (free now)."""
-        self.free_at[inst.index] = now if in_service else math.inf
+    def take_out(self, inst: Instance) -> None:
+        """An instance leaves service (its machine unreachable): never free, so no policy picks it."""
+        self.free_at[inst.index] = math.inf
+
+    def put_back(self, now: float, inst: Instance) -> None:
+        """An instance returns to service, free now."""
+        self.free_at[inst.index] = now
+
+    def in_service(self, inst: Instance) -> bool:
+        return self.free_at[inst.index] != math.inf
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "qos_ms": self.qos_ms}
@@ -177,7 +183,7 @@ class DRSPolicy(DispatchPolicy):
     def assign(self, now: float, queued: Sequence[Query], idle: Sequence[Instance]) -> Pairs:
         base = [i for i in idle if i.type_name in self.base_types]
         aux = [i for i in idle if i.type_name not in self.base_types]
-        in_service = [i for i in self.instances if self.free_at[i.index] != math.inf]
+        in_service = [i for i in self.instances if self.in_service(i)]
         has_aux = any(i.type_name not in self.base_types for i in in_service)
         has_base = any(i.type_name in self.base_types for i in in_service)  # else large queries go to aux ones
         if len(aux) > 1:

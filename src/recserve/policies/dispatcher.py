@@ -117,14 +117,14 @@ class Dispatcher:
     def park(self, inst: Instance) -> None:
         """Take ``inst`` out of service: an idle one at once, a busy one when its query ends."""
         self.out_of_service.add(inst)
-        self.policy.set_in_service(0.0, inst, False)
+        self.policy.take_out(inst)
         if inst in self.idle:
             self.idle.remove(inst)
 
     def restore(self, now: float, inst: Instance) -> None:
         """Put ``inst`` back in service and dispatch."""
         self.out_of_service.discard(inst)
-        self.policy.set_in_service(now, inst, True)
+        self.policy.put_back(now, inst)
         if not inst.busy and inst not in self.idle:
             self.idle.append(inst)
         self.dispatch(now)
