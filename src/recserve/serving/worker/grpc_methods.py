@@ -159,6 +159,28 @@ class InOrder:
             call.finish()
 
 
+class InferCall:
+    """One ``ModelInfer`` call's request as far as it has been read: its split bytes (``None``: not split), its
+    plan, its protobuf-decoded request (``None`` while the plan serves), id and output target."""
+
+    __slots__ = ("split", "plan", "request", "request_id", "target")
+
+    def __init__(self, split: tuple[Any, ...] | None) -> None:
+        self.split = split
+        self.plan: Plan | None = None
+        self.request: Any = None
+        self.request_id: str = split[2] if split is not None else ""
+        self.target: Any = None
+
+    def took(self, request: Any) -> None:
+        """``request``, decoded from the split bytes (whose id was cut off: put back) or from the whole message."""
+        if self.split is not None:
+            request.id = self.request_id
+        else:
+            self.request_id = request.id
+        self.request = request
+
+
 class Forwarder:
     """Calls of the inference service, and health checks, passed on byte for byte through a grpc.aio channel: what
     a worker does not answer itself goes to the supervisor, and the supervisor's cover (no worker accepting)
@@ -243,63 +265,85 @@ class WorkerMethods(Forwarder):
         computes it (a sibling, if this one forwards it); any other is decoded whole and, once accepted,
         remembered."""
         arrived = time.perf_counter()
-        try:
-            split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
-        except codec.TooManyFields as exc:
-            answer(None, exc.error())
+        call = self._head(raw)
+        if isinstance(call, InferError):
+            answer(None, call)
             return True
-        plan = self._plans.get(split[0]) if split is not None else None
-        request = None
-        request_id = split[2] if split is not None else ""
-        if plan is None:
-            request = decode_infer(raw if split is None else split[0])
-            if isinstance(request, Undecodable):
-                answer(None, request.error)
-                return True
-            if split is not None:
-                request.id = request_id
-            name, version = request.model_name, request.model_version
-        else:
-            name, version = self.plane.model_name, plan.version  # only this model's requests have plans
-        if name != self.plane.model_name or not self.plane.answers(version) or not self.plane.serves_queries():
+        if not self._ours(call):
             return False
-        regions = self.regions
-        target = None
-        owed = None  # a planned query's value checks, left to whichever worker computes it (``ModelPath.owed``)
         try:
-            arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1], checked=False)  # type: ignore
-            if arrays is not None and (owed := self.plane.model.owed(arrays, plan.inputs)) is None:
-                codec.check_inputs(arrays)
-            if arrays is None:  # not planned, or its tensors do not fit the plan: decoded whole, the error named
-                plan = None
-                if request is None:
-                    request = decode_infer(split[0])  # type: ignore[index]
-                    request.id = request_id
-                arrays = codec.parse_grpc_infer(request, split and split[1], regions)
-                target = codec.grpc_output_target(request.outputs)
-                if split is not None and (inputs := codec.grpc_raw_plan(request, len(split[1]))) is not None:
-                    plan = Plan(request, inputs)
-                    self._plans.remember(split[0], plan)
-            arrays, items = owed or self.plane.model.validate(arrays, plan and plan.inputs)
+            arrays, items, owed = self._tensors(call)
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
             answer(None, error)
             return True
+        self.plane.enqueue(arrays, items, arrived, timeout_s, self._replier(call, answer), owed=owed)
+        return True
+
+    def _head(self, raw: memoryview) -> InferCall | InferError:
+        """The request's fields but its tensors: from its plan where its bytes (raw contents and id aside) were
+        seen before, else decoded by protobuf; the error where it cannot be read."""
+        try:
+            split = codec.split_raw_input_contents(raw, cut_id=True)  # (fields but raw contents and id, contents, id)
+        except codec.TooManyFields as exc:
+            return exc.error()
+        call = InferCall(split)
+        call.plan = self._plans.get(split[0]) if split is not None else None
+        if call.plan is None:
+            request = decode_infer(raw if split is None else split[0])
+            if isinstance(request, Undecodable):
+                return request.error
+            call.took(request)
+        return call
+
+    def _ours(self, call: InferCall) -> bool:
+        """Whether this worker answers the call: its model and a version it serves, while it serves queries (a
+        plan is only ever made for this worker's model)."""
+        name, version = ((call.request.model_name, call.request.model_version) if call.plan is None else
+                         (self.plane.model_name, call.plan.version))
+        return name == self.plane.model_name and self.plane.answers(version) and self.plane.serves_queries()
+
+    def _tensors(self, call: InferCall) -> tuple[tuple, int, bool]:
+        """The query's tensors and items, and whether their value checks are owed by whichever worker computes it
+        (``ModelPath.owed``): a planned request's read where they arrived, any other (or one whose tensors do not
+        fit its plan) decoded whole, with the error named, and planned for next time.  Raises what is refused."""
+        plan, split = call.plan, call.split
+        arrays = None if plan is None else codec.parse_raw(plan.inputs, split[1], checked=False)  # type: ignore
+        owed = None
+        if arrays is not None and (owed := self.plane.model.owed(arrays, plan.inputs)) is None:  # type: ignore
+            codec.check_inputs(arrays)
+        if arrays is None:
+            if call.request is None:
+                call.took(decode_infer(split[0]))  # type: ignore[index]
+            call.plan = None
+            arrays = codec.parse_grpc_infer(call.request, split and split[1], self.regions)
+            call.target = codec.grpc_output_target(call.request.outputs)
+            if split is not None and (inputs := codec.grpc_raw_plan(call.request, len(split[1]))) is not None:
+                call.plan = Plan(call.request, inputs)
+                self._plans.remember(split[0], call.plan)
+        query, items = owed or self.plane.model.validate(arrays, call.plan and call.plan.inputs)
+        return query, items, owed is not None
+
+    def _replier(self, call: InferCall, answer: Callable[[bytes | None, InferError | None], None]
+                 ) -> Callable[[np.ndarray | None, InferError | None], None]:
+        """The reply callback of a queued query: its scores serialized (by its plan where it has one) or its error,
+        passed to ``answer``."""
+        plane, regions = self.plane, self.regions
 
         def reply(scores: np.ndarray | None, error: InferError | None) -> None:
             response = None
             if error is None:
+                name, version = plane.model_name, plane.version  # the version answering now
                 try:  # scores into a shared-memory region may fail (too small): answered, never raised to the pass
-                    response = (plan.response(name, self.plane.version, scores, request_id) if plan is not None else
-                                infer_response(name, request.id, scores, self.plane.version, target,
-                                               regions).SerializeToString())
+                    response = (call.plan.response(name, version, scores, call.request_id) if call.plan is not None
+                                else infer_response(name, call.request.id, scores, version, call.target,
+                                                    regions).SerializeToString())
                 except Exception as exc:  # noqa: BLE001
                     error = as_infer_error(exc)
             answer(response, error)
 
-        self.plane.enqueue(arrays, items, arrived, timeout_s, reply, owed=owed is not None)
-        return True
+        return reply
 
     def _stream(self, call: GrpcCall) -> InOrder:
         """``ModelStreamInfer`` (tritonclient's ``start_stream``, perf_analyzer ``--streaming``) answered here as
