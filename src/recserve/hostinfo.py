@@ -30,6 +30,18 @@ def signal_name(returncode: int) -> str | None:
         return f"signal {-returncode}"
 
 
+def log_tail(path: Path, lines: int = 1, max_bytes: int = 4096) -> list[str]:
+    """The last ``lines`` non-empty lines of a process's log (its last ``max_bytes`` read), stripped; none where
+    the file is missing."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - max_bytes))
+            text = log.read().decode(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+
+
 def probe_in_child(code: str, what: str, timeout_s: float, env: dict[str, str] | None = None) -> tuple[bool, str]:
     """Run ``code`` in a child interpreter; ``(True, "")`` if it exits 0 having printed ``ok``, else ``(False,
     why)`` naming ``what``.  Native code (io_uring through ctypes, uvloop's wheel) may die on this CPU or kernel

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from recserve.errors import RecserveError
-from recserve.hostinfo import signal_name
+from recserve.hostinfo import log_tail, signal_name
 from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
 
@@ -171,7 +171,7 @@ def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int 
                     node.restarted_at = None
                 continue
             what = (f"node {i} ({', '.join(node.models)}) {_ended(code)}; the last line of {node.log_path}: "
-                    f"{_last_line(node.log_path)!r}")
+                    f"{''.join(log_tail(node.log_path))!r}")
             now = time.monotonic()
             node.restarts = [t for t in node.restarts if now - t < RESTART_WINDOW_S]
             if len(node.restarts) >= max_restarts:
@@ -189,16 +189,6 @@ def _ended(code: int) -> str:
     """How a process ended, in words: its exit status, or the signal that stopped it."""
     name = signal_name(code)
     return f"exited with status {code}" if name is None else f"was stopped by {name}"
-
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of a node's log (its last 4 KiB read), or '' where there is none."""
-    if not path.exists():
-        return ""
-    with open(path, "rb") as log:
-        log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
-        lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
 
 
 def stop_nodes(nodes: list[LocalNode], timeout_s: float = 20.0) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from recserve.errors import RecserveError
+from recserve.hostinfo import log_tail
 from recserve.measure.targets import GrpcTarget, HttpTarget, Target
 
 
@@ -109,8 +110,7 @@ class LocalServer:
     def _log_tail(self) -> str:
         if self._tmp is None:
             return ""
-        text = (Path(self._tmp.name) / "server.log").read_text(errors="replace")
-        return " | ".join(text.strip().splitlines()[-3:])
+        return " | ".join(log_tail(Path(self._tmp.name) / "server.log", lines=3))
 
     def _terminate(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
