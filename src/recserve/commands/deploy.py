@@ -8,4 +8,4 @@ from recserve.commands._group import register_group
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    register_group(sub, "deploy", "deploy a plan on Ray Serve or export Kubernetes manifests")
+    register_group(sub, "deploy", "deploy a plan: node servers on this host, Ray Serve, or Kubernetes manifests")

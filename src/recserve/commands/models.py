@@ -184,7 +184,7 @@ def cmd_unload(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="catalogue models and server types; a node's repository (load/unload/list)")
     msub = p.add_subparsers(dest="models_cmd", metavar="ACTION", required=True)
-    lp = msub.add_parser("list", help="one line per catalogue model")
+    lp = msub.add_parser("list", help="one line per catalogue model, or per model of a running node (--server)")
     lp.add_argument("--scale", type=positive, default=1e-3, help="live table-row scale for the MB column")
     lp.add_argument("--file", help="a YAML catalogue of models to list instead of the bundled one")
     lp.add_argument("--server", help="list a running node's model repository instead (http://HOST:PORT)")
