@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.papers.parties import emu_gains, fig12_verdict, fig14_verdict, max_passing, steady_ok
+from benchmarks.papers.parties import (
+    emu_gains,
+    fig12_verdict,
+    fig14_verdict,
+    max_passing,
+    phase_shares,
+    steady_ok,
+)
 
 
 def _window(over: int, samples: int = 100, other_over: int = 0) -> dict:
@@ -57,3 +64,14 @@ def test_fig12_is_judged_only_where_both_controllers_meet_the_sla_at_half_the_po
     assert fig12_verdict("direction", 28, {"hera": 9, "parties": 14}) == "direction"
     assert fig12_verdict("yes", 28, {"hera": 0, "parties": 15}) == "no"  # PARTIES met it at 13 of 28
     assert fig12_verdict("direction", 28, {"hera": 20, "parties": 28}) == "no"
+
+
+def test_phase_shares_split_the_run_in_thirds_by_window_end() -> None:
+    def window(t: float, tail: float) -> dict:
+        return {"t_s": t, "models": {"x": {"tail_over_sla": 0.5}, "y": {"tail_over_sla": tail}}}
+
+    # 12 s in 1-s windows ending at 1..12: to T1 (4 s] holds windows 1-4, T1-T2 5-8, after T2 9-12
+    tails = [0.5, 0.5, 2.0, 2.0] + [2.0] * 4 + [0.5] * 3 + [1.01]
+    shares = phase_shares([window(t + 1.0, x) for t, x in enumerate(tails)], 12.0)
+    assert shares == {"to T1": 0.5, "T1-T2": 1.0, "after T2": 0.25}
+    assert all(v != v for v in phase_shares([], 12.0).values())  # nothing measured: nan, not 0
