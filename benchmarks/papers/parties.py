@@ -237,8 +237,19 @@ def measure(profiles: ProfileSet, names: Sequence[str], inputs: Inputs | None, s
     node = Node.on(server, profiles, names, inputs)
     others = [m for m in names if m != MODEL_X]
     grid = node.fig12(others)
+    caption = {c: CAPTION_X + node.max_y(MODEL_CACHE, CAPTION_X, c) for c in ("hera", "parties")}
     return {"fig12": grid, "gains": emu_gains(grid["hera"], grid["parties"]), "fig14": node.fig14(),
-            "alone_qps": node.alone}
+            "alone_qps": node.alone, "caption_emu": caption}
+
+
+CAPTION_X = 0.5  # Fig. 12's caption: DLRM(D) at 50% beside NCF, EMU 100% under PARTIES and 130% under Hera
+
+
+def caption_text(res: dict[str, Any]) -> str:
+    """The Fig. 12 caption's one printed point, as this node gives it."""
+    emu = res["caption_emu"]
+    return (f"the caption's printed point (DLRM(D) at {CAPTION_X:.0%} beside NCF: PARTIES 100%, Hera 130% EMU) reads "
+            f"PARTIES {100 * emu['parties']:.0f}%, Hera {100 * emu['hera']:.0f}% here")
 
 
 def fig14_verdict(hera: float, parties: float, near_zero: float = NEAR_ZERO) -> str:
@@ -339,9 +350,11 @@ def rows() -> list[Row]:
     return [
         Row("Hera vs PARTIES: EMU of DLRM(D) co-located with each model, constant loads",
             "+12% average (max +55%) EMU over PARTIES", ours12, v12,
-            f"{rule12}; per pair (mean gain; y in % at each x): {_pair_text(ours)}",
-            {"gains": ours["gains"], "fig12": ours["fig12"], "paper_inputs": {"gains": theirs["gains"],
-                                                                               "fig12": theirs["fig12"]},
+            f"{rule12}; {caption_text(ours)} (paper inputs: {caption_text(theirs).rsplit(' reads ', 1)[1]}); "
+            f"per pair (mean gain; y in % at each x): {_pair_text(ours)}",
+            {"gains": ours["gains"], "fig12": ours["fig12"], "caption_emu": ours["caption_emu"],
+             "paper_inputs": {"gains": theirs["gains"], "fig12": theirs["fig12"],
+                              "caption_emu": theirs["caption_emu"]},
              "seconds": secs},
             cite="§VII-A item 2, Fig. 12 (Fig. 13: allocations)",
             setup=f"{SETUP}; DLRM(D) (Model_x) at x = " + "/".join(f"{100 * x:.0f}" for x in X_LOADS)
