@@ -199,6 +199,22 @@ def test_timeouts_and_messages_follow_the_grpc_wire_rules():
     assert _timeout_s(b"") is None and _timeout_s(b"10") is None and _timeout_s(b"x1m") is None
     assert _percent_encoded("a b%c\n") == b"a b%25c%0A"
     assert _percent_encoded("é") == b"%C3%A9"
+    assert _percent_encoded("") == b"" and _percent_encoded("~ !$&") == b"~ !$&"
+
+
+def test_grpc_message_percent_encoding_matches_the_rule_byte_by_byte():
+    """gRPC's rule spelled per byte (printable ASCII but '%' as is, any other byte %XX) as the oracle, over strings
+    of every byte value, control characters and multi-byte UTF-8."""
+    import random
+
+    def rule(text: str) -> bytes:
+        return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in text.encode())
+
+    rng = random.Random(7)
+    alphabet = [chr(c) for c in range(0x00, 0x80)] + ["é", "€", "\u2028", "\U0001F600", "%", "\x7f", "\x1f"]
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80))) for _ in range(500)]
+    for text in texts + ["".join(chr(c) for c in range(0x80))]:
+        assert _percent_encoded(text) == rule(text), text
 
 
 def _raw_connection(address: str) -> socket.socket:

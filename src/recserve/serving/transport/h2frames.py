@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import struct
 from typing import Any
 
@@ -103,9 +104,14 @@ def status_block(status: bytes) -> bytes:
     return b"\x08" + hpack_integer(len(status), 7) + status
 
 
+PERCENT_ENCODED = re.compile(rb"[^\x20-\x24\x26-\x7e]+")  # runs of the bytes ``grpc-message`` spells as %XX
+_PERCENT = [b"%%%02X" % b for b in range(256)]
+
+
 def percent_encoded(message: str) -> bytes:
-    """``grpc-message``: UTF-8, with every byte outside printable ASCII (and '%') as %XX (gRPC's rule)."""
-    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b for b in message.encode())
+    """``grpc-message``: UTF-8, with every byte outside printable ASCII (and '%') as %XX (gRPC's rule).  One regular
+    expression pass: a refusal's ~250-character message costs ~1 µs, not ~30 as a loop per byte did."""
+    return PERCENT_ENCODED.sub(lambda run: b"".join(map(_PERCENT.__getitem__, run.group())), message.encode())
 
 
 RESPONSE_HEADERS = b"\x88" + literal(b"content-type", b"application/grpc")  # 0x88: ":status: 200", static index 8
