@@ -33,16 +33,16 @@ class LoadShape:
 
 
 def hera_fig14(duration_s: float = 120.0, t1: float | None = None, t2: float | None = None,
-               memory_peak: float = 0.6, cache_peak: float = 0.5,
-               cache_spike: float = 0.6) -> tuple[LoadShape, LoadShape]:
+               memory_peak: float = 0.6, cache_peak: float = 0.5, cache_spike: float = 0.6,
+               cache_drop: float = 0.2) -> tuple[LoadShape, LoadShape]:
     """Loads for (memory-bound model, cache-sensitive model): gradual rise to T1 (to ``memory_peak`` and
-    ``cache_peak``); at T1 the cache-sensitive model drops to 20%; at T2 it spikes to ``cache_spike`` (the
-    paper's 60%) while the memory-bound one drops to 10%."""
+    ``cache_peak``); at T1 the cache-sensitive model drops to ``cache_drop`` (the paper's 20%); at T2 it spikes to
+    ``cache_spike`` (the paper's 60%) while the memory-bound one drops to 10%."""
     t1 = duration_s / 3 if t1 is None else t1
     t2 = 2 * duration_s / 3 if t2 is None else t2
     eps = 1e-3
     memory = LoadShape([(0, 0.1), (t1, memory_peak), (t2, memory_peak), (t2 + eps, 0.1), (duration_s, 0.1)])
-    cache = LoadShape([(0, 0.1), (t1, cache_peak), (t1 + eps, 0.2), (t2, 0.2), (t2 + eps, cache_spike),
+    cache = LoadShape([(0, 0.1), (t1, cache_peak), (t1 + eps, cache_drop), (t2, cache_drop), (t2 + eps, cache_spike),
                        (duration_s, cache_spike)])
     return memory, cache
 
