@@ -209,7 +209,7 @@ class Router:
             self._unreachable(q, inst, exc)
             return
         now = self.now_ms()
-        self._reachable(inst.endpoint, now)
+        self._reachable(inst.endpoint)
         self.dispatcher.finish(now, inst)
         if not fut.done():
             fut.set_result(result)
@@ -267,7 +267,7 @@ class Router:
             if inst.endpoint == endpoint:
                 self.dispatcher.restore(now, inst)
 
-    def _reachable(self, endpoint: str, now: float) -> None:
+    def _reachable(self, endpoint: str) -> None:
         """A backend answered: its back-off starts again from the first, and it is in service if it was not."""
         if self._backoff.pop(endpoint, None) is not None:
             self._put_back(endpoint)

@@ -31,8 +31,7 @@ MAX_HEADER_LIST = 16 << 10  # a block's decoded size (RFC 7541 4.1: 32 a field a
 # (docs/decisions/2026-11-30-grpc-request-fields-bounded.md)
 LAND_BYTES = 64 << 10  # a unary request message from this size on is assembled in place (``Method.land``)
 LAND_LIMIT = 2  # messages being assembled at once on a connection hold at most this many max messages
-MAX_PURE_BLOCKS = 64  # header blocks that leave the HPACK table alone, remembered per connection (a client
-# repeats a few)
+MAX_PURE_BLOCKS = 64  # header blocks that leave the HPACK table alone, remembered per connection (clients repeat few)
 RESERVED_HEADERS = frozenset({b"content-type", b"te", b"user-agent"})  # HTTP/2 and gRPC's own, not metadata
 CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                                  b"upgrade"})  # HTTP/1.1 fields a request over HTTP/2 must not carry (RFC 9113 8.2.2)
