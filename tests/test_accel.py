@@ -114,7 +114,7 @@ def test_a_cuda_device_on_a_host_without_cuda_is_refused_with_one_clear_error():
 async def _connect(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A raw link to an accelerator worker, as a CPU worker opens one without a staging arena."""
     reader, writer = await asyncio.open_unix_connection(path)
-    writer.write(HELLO.pack(os.getpid(), 0, 0))
+    writer.write(HELLO.pack(os.getpid(), 0, 0, 0, 0))
     assert ACK.unpack(await reader.readexactly(ACK.size)) == (0,)
     return reader, writer
 
@@ -276,7 +276,7 @@ def test_a_query_that_waited_unread_in_the_socket_keeps_its_deadline(tmp_path):
     def client(path: str, replies: list) -> None:  # its own thread: it sends while the server's loop computes
         with socket.socket(socket.AF_UNIX) as sock:
             sock.connect(path)
-            sock.sendall(HELLO.pack(os.getpid(), 0, 0))
+            sock.sendall(HELLO.pack(os.getpid(), 0, 0, 0, 0))
             sock.recv(ACK.size)
             sock.sendall(b"".join(request_frame(0, query(0), time.perf_counter() + 30.0)))
             time.sleep(0.05)  # the pass of query 0 has started
@@ -394,7 +394,7 @@ def test_pinning_a_new_links_arena_does_not_hold_the_other_links_queries(tmp_pat
         arena = Arena(4096)
         _, slow = await asyncio.open_unix_connection(str(tmp_path / "p.sock"))
         start = time.perf_counter()
-        slow.write(HELLO.pack(os.getpid(), arena.fd, arena.size))  # this hello's pinning takes 0.5 s
+        slow.write(HELLO.pack(os.getpid(), arena.fd, arena.size, 0, 0))  # this hello's pinning takes 0.5 s
         await asyncio.sleep(0.05)
         one = (np.ones((1, 2), np.float32), np.zeros(0, np.int64), np.zeros((1, 1), np.int32))
         writer.writelines(request_frame(1, one, time.perf_counter() + 30.0))

@@ -106,6 +106,7 @@ class FakePlane:
     runs them (as a sibling would, had it been sent the query)."""
 
     model_name, version = "m", "1"
+    siblings = None  # a lone worker: large requests land in private memory
 
     def __init__(self) -> None:
         self.refusals: list[str] = []

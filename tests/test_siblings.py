@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import queue
 import tempfile
@@ -24,6 +25,7 @@ from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
 from recserve.serving.wire.codec import triton_inputs
 from recserve.serving.wire.errors import InferError
+from recserve.serving.worker import links
 from recserve.serving.worker.http_connection import Request
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.plane import WorkerPlane
@@ -46,6 +48,7 @@ class ConstantPath:
     def __init__(self, value: float) -> None:
         self.value = value
         self.checks = 0  # queries whose values this path checked (``check_owed``)
+        self.computed: list[tuple] = []  # copies of the queries this path computed
 
     def check_owed(self, query: tuple) -> None:
         self.checks += 1
@@ -53,6 +56,7 @@ class ConstantPath:
             raise InferError("invalid", "dense holds NaN", "dense")
 
     def compute(self, queries):
+        self.computed.extend(tuple(a.copy() for a in q) for q in queries)
         return [np.full((q[0].shape[0], 1), self.value, np.float32) for q in queries]
 
     def decode(self, body, header_length):
@@ -448,3 +452,77 @@ def test_a_pass_that_fails_at_the_sibling_is_answered_with_its_error_not_compute
         assert "fails its CRC" in answers[2] and ("sibling", "returned") not in p.a_records
         assert sum(r[0] == "failed" and r[1] == "data_loss" for r in p.b_records) == 1
         assert sum(r[0] == "done" for r in p.a_records) == 2
+
+
+# ------------------------------------------------------------------------------ the landing arena: no copy to forward
+
+
+def test_a_landing_slot_is_aligned_where_asked_and_free_again_with_its_last_view():
+    arena = links.Arena(4096, "test-landing")
+    try:
+        buffer = arena.buffer(1000, 13)
+        assert len(buffer) == 1000 and (np.frombuffer(buffer, np.uint8).ctypes.data + 13) % 64 == 0
+        view = np.frombuffer(buffer, np.uint8)[100:200]
+        assert arena.buffer(4000, 0) is None  # no room beside the taken slot: the caller uses private memory
+        del buffer
+        assert len(arena.taken) == 1  # a view of the slot is still alive
+        inside = (view[:40].view(np.float32), view[40:48].view(np.int64))
+        places = arena.locate(inside)
+        assert places is not None and places[1] - places[0] == 40
+        assert arena.locate((np.zeros(10, np.float32),)) is None  # not in the arena
+        assert arena.locate((view[::2],)) is None  # not contiguous
+        assert arena.locate((view[:0], np.zeros(0, np.int64))) == (0, 0)  # empty arrays lie anywhere
+        del view, inside, places
+        assert arena.taken == {}
+    finally:
+        arena.close()
+
+
+def test_a_placed_frame_naming_bytes_outside_the_landing_arena_ends_the_link():
+    landing = np.zeros(256, np.uint8)
+    dense, values, lengths = links.placed_arrays(landing, (0, 64, 128), 2, 3, 1, 4)
+    assert dense.shape == (2, 3) and values.shape == (4,) and lengths.shape == (1, 2)
+    with pytest.raises(ConnectionError):
+        links.placed_arrays(landing, (0, 64, 250), 2, 3, 1, 4)
+    with pytest.raises(ConnectionError):
+        links.placed_arrays(None, (0, 64, 128), 2, 3, 1, 4)  # the sender's landing arena is not mapped here
+
+
+def landed_query(siblings: SiblingClient, fill: float) -> tuple:
+    """A query as a large gRPC request's arrays are: views of one buffer from ``SiblingClient.buffer``, the dense
+    tensor after a 5-byte head, the others unaligned after it."""
+    arrays = (np.full((4, 3), fill, np.float32), np.arange(6, dtype=np.int64), np.array([[1, 2, 0, 3]], np.int32))
+    raw = np.frombuffer(siblings.buffer(5 + sum(a.nbytes for a in arrays), 5), np.uint8)
+    at, views = 5, []
+    for a in arrays:
+        view = raw[at : at + a.nbytes].view(a.dtype).reshape(a.shape)
+        view[...] = a
+        views.append(view)
+        at += a.nbytes
+    return tuple(views)
+
+
+def test_a_query_received_in_the_landing_arena_goes_to_the_sibling_by_offsets_and_its_slot_frees_after_the_reply(
+        monkeypatch):
+    copies: list = []
+    put = links.Arena.put
+    monkeypatch.setattr(links.Arena, "put", lambda arena, arrays: copies.append(1) or put(arena, arrays))
+    with two_planes() as p:
+        answers: list = []
+
+        async def send() -> None:
+            for k in range(3):
+                p.a.enqueue(landed_query(p.a.siblings, 10.0 + k), 4, time.perf_counter(), 10.0,
+                            lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
+            await asyncio.sleep(0.5)
+
+        p.loop.run_until_complete(send())
+        assert sorted(answers) == [0.0, 0.0, 1.0]  # the third went to the sibling
+        link = p.a.siblings.by_slot[1]
+        assert link.landing_mapped and copies == [] and not link.placed and not link.slots
+        (dense, values, lengths), = p.b.model.computed  # what the sibling read, in place: the query's values
+        np.testing.assert_array_equal(dense, np.full((4, 3), 12.0, np.float32))
+        np.testing.assert_array_equal(values, np.arange(6))
+        np.testing.assert_array_equal(lengths, [[1, 2, 0, 3]])
+        gc.collect()
+        assert p.a.siblings.landing.taken == {}  # every query answered: every slot free

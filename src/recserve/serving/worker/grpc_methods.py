@@ -47,8 +47,10 @@ RESPONSE_ID_KEY = 3 << 3 | 2  # ModelInferResponse.id (field 3, a string)
 STREAM_INFER_KEY = 2 << 3 | 2  # ModelStreamInferResponse.infer_response (field 2, a message)
 
 
-def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore) -> memoryview:
-    """The buffer a large ``ModelInferRequest`` is received in: its largest raw content (the ids) aligned.
+def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore,
+                     buffer: Callable[[int, int], memoryview] = codec.aligned_buffer) -> memoryview:
+    """The buffer a large ``ModelInferRequest`` is received in (from ``buffer(size, lead)``): its largest raw
+    content (the ids) aligned.
 
     Only ``head``, the message's first bytes, has arrived.  A request planned before (its fields but the raw
     contents and id seen, ``plans``) gives every content's size, so the ids are found even where a larger-first
@@ -56,14 +58,14 @@ def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore) -> mem
     whose start has arrived."""
     first = codec.first_raw_content(head)
     if first < 0:  # no raw content has begun (or the head is not walkable): nothing to align on
-        return codec.aligned_buffer(size, 0)
+        return buffer(size, 0)
     split = codec.split_raw_input_contents(head[:first], cut_id=True) if first > 0 else None
     plan = plans.get(split[0]) if split is not None else None
     if plan is None:
-        return codec.aligned_buffer(size, codec.largest_raw_content(head))
+        return buffer(size, codec.largest_raw_content(head))
     sizes = [nbytes for *_, nbytes in plan.inputs]
     starts = codec.raw_content_starts(first, sizes)
-    return codec.aligned_buffer(size, starts[sizes.index(max(sizes))])
+    return buffer(size, starts[sizes.index(max(sizes))])
 
 
 def _fail(call: GrpcCall, error: InferError) -> None:
@@ -240,10 +242,16 @@ class WorkerMethods(Forwarder):
 
     def method(self, path: str) -> Method:
         if path == SERVICE + "ModelInfer":
-            return Method(unary=self._infer, land=lambda head, size: _aligned_request(head, size, self._plans))
+            return Method(unary=self._infer, land=lambda head, size: _aligned_request(head, size, self._plans,
+                                                                                      self._buffer))
         if path == SERVICE + "ModelStreamInfer":
             return Method(sink=self._stream)
         return super().method(path)
+
+    def _buffer(self, size: int, lead: int) -> memoryview:
+        """A large request's buffer: in the landing arena its siblings map, where the worker has siblings."""
+        siblings = self.plane.siblings
+        return codec.aligned_buffer(size, lead) if siblings is None else siblings.buffer(size, lead)
 
     def _infer(self, call: GrpcCall, raw: memoryview) -> None:
         def answer(response: bytes | None, error: InferError | None) -> None:

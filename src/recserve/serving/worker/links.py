@@ -6,11 +6,13 @@ to another worker" for both kinds of receiver; the receiving end (``serve_links`
 
 Frames on the socket (little endian; raw array bytes, never pickled tensors):
 
-- hello, once per connection from the CPU worker: ``HELLO`` (its pid, the fd of its staging arena, the arena's
-  bytes; 0 bytes: no arena), answered with one ``ACK`` byte (1: the receiving worker mapped the arena).
+- hello, once per connection from the CPU worker: ``HELLO`` (its pid, the fd of its staging arena and its bytes,
+  the fd of its landing arena and its bytes; 0 bytes: none), answered with one ``ACK`` byte (bit 0: the receiving
+  worker mapped the staging arena, bit 1: the landing arena).
 - request: ``REQUEST`` header (id, items B, dense width D, tables T, ids N, the query's deadline in nanoseconds
-  of ``CLOCK_MONOTONIC``, the arrays' offset in the arena or ``INLINE``) then, when inline, dense f32 ``[B, D]``,
-  values i64 ``[N]``, lengths i32 ``[T, B]``.
+  of ``CLOCK_MONOTONIC``, the arrays' offset in the staging arena or ``INLINE``, or ``PLACED`` with the dense
+  array's offset in the landing arena) then, when inline, dense f32 ``[B, D]``, values i64 ``[N]``, lengths i32
+  ``[T, B]``; when placed, ``PLACES`` (the values' and the lengths' offsets in the landing arena).
 - reply: ``REPLY`` header (id, status, rows, columns) then f32 ``[rows, columns]`` scores (status 0) or
   ``columns`` bytes of UTF-8 error message (status: the error code's index in ``ERROR_CODES``, from 1).
 
@@ -29,6 +31,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -39,11 +42,14 @@ from recserve.serving.wire.errors import InferError
 
 log = logging.getLogger("recserve.serving")
 
-HELLO = struct.Struct("<QQQ")
+HELLO = struct.Struct("<QQQQQ")
 ACK = struct.Struct("<B")
+STAGING_MAPPED, LANDING_MAPPED = 1, 2  # ACK's bits
 REQUEST = struct.Struct("<QIIIQQQ")
+PLACES = struct.Struct("<QQ")
 REPLY = struct.Struct("<QBxxxII")
 INLINE = 2**64 - 1  # a request whose arrays follow its header on the socket
+PLACED = 1 << 62  # a request whose arrays lie where the sender received them, in its landing arena
 OK = 0
 # reply status i + 1; append only (a code's index is its status on the wire)
 ERROR_CODES = ("internal", "unavailable", "deadline", "data_loss", "invalid")
@@ -95,6 +101,11 @@ def request_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: flo
     return [header, *(memoryview(a).cast("B") for a in arrays)] if offset == INLINE else [header]
 
 
+def placed_frame(request_id: int, arrays: tuple[np.ndarray, ...], deadline: float, places: tuple[int, ...]) -> bytes:
+    """A query whose arrays the receiver reads where they lie in the sender's landing arena, at ``places``."""
+    return request_header(request_id, arrays, deadline, PLACED | places[0]) + PLACES.pack(*places[1:])
+
+
 def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: int) -> tuple[np.ndarray, ...]:
     """dense, values, lengths as views of ``buffer`` (uint8, laid out as ``array_bytes`` says)."""
     sizes = array_bytes(items, width, tables, ids)
@@ -103,14 +114,18 @@ def split_arrays(buffer: np.ndarray, items: int, width: int, tables: int, ids: i
             buffer[b : b + sizes[2]].view(np.int32).reshape(tables, items))
 
 
-async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = None
-                       ) -> tuple[int, tuple[np.ndarray, ...], float]:
-    """(id, arrays, deadline on this process's ``perf_counter``); arrays in ``arena`` are views of it."""
+async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = None,
+                       landing: np.ndarray | None = None) -> tuple[int, tuple[np.ndarray, ...], float]:
+    """(id, arrays, deadline on this process's ``perf_counter``); arrays in ``arena`` or ``landing`` (the sender's
+    staging and landing arenas, as mapped here) are views of it."""
     request_id, items, width, tables, ids, deadline_ns, offset = REQUEST.unpack(await reader.readexactly(REQUEST.size))
     deadline = deadline_ns / 1e9
     total = sum(array_bytes(items, width, tables, ids))
     if offset == INLINE:
         buffer = np.frombuffer(await reader.readexactly(total), np.uint8)
+    elif offset & PLACED:
+        places = (offset & ~PLACED, *PLACES.unpack(await reader.readexactly(PLACES.size)))
+        return request_id, placed_arrays(landing, places, items, width, tables, ids), deadline
     elif arena is not None and offset + total <= arena.shape[0]:
         buffer = arena[offset : offset + total]
     else:
@@ -119,11 +134,23 @@ async def read_request(reader: asyncio.StreamReader, arena: np.ndarray | None = 
     return request_id, split_arrays(buffer, items, width, tables, ids), deadline
 
 
+def placed_arrays(landing: np.ndarray | None, places: tuple[int, ...], items: int, width: int, tables: int,
+                  ids: int) -> tuple[np.ndarray, ...]:
+    """dense, values, lengths as views of the sender's landing arena at ``places`` (their offsets)."""
+    sizes = array_bytes(items, width, tables, ids)
+    if landing is None or any(at + size > landing.shape[0] for at, size in zip(places, sizes, strict=True)):
+        raise ConnectionError(f"a request names landing arena bytes at {places} this worker has not mapped")
+    dense, values, lengths = (landing[at : at + size] for at, size in zip(places, sizes, strict=True))
+    return (dense.view(np.float32).reshape(items, width), values.view(np.int64),
+            lengths.view(np.int32).reshape(tables, items))
+
+
 # ---------------------------------------------------------------------------------------- staging arena
 
 
 class Arena:
-    """Shared staging memory of one link, CPU worker -> receiving worker (a memfd both map).
+    """Shared memory of a CPU worker that a receiving worker maps too (a memfd): a link's staging arena, or the
+    landing arena a worker receives large gRPC requests in.
 
     Why: a large query crossing the socket costs the two workers more CPU than the GPU pass itself (asyncio joins
     and buffers the frame, the reader re-assembles it).  With
@@ -131,45 +158,79 @@ class Arena:
     them in place, and on a GPU the arena is registered as pinned memory, so the host-to-device copy is DMA
     straight from it.  A slot stays taken until its reply arrives (the receiver may still be reading it
     after the CPU worker gave up on the query); a query that does not fit crosses the socket as before.
+    A query received into the landing arena (``buffer``) is not copied at all: its arrays' offsets are sent.
     """
 
     ALIGN = 64
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, name: str = "recserve-accel-staging") -> None:
         import mmap
 
         self.size = size
-        self.fd = os.memfd_create("recserve-accel-staging")
+        self.fd = os.memfd_create(name)
         self._close_fd = weakref.finalize(self, os.close, self.fd)  # also when a dropped link is collected
         os.ftruncate(self.fd, size)
         self.map = mmap.mmap(self.fd, size)
         self.view = np.frombuffer(self.map, np.uint8)
+        self.base = self.view.ctypes.data
         self.taken: dict[int, int] = {}  # offset -> bytes, of queries sent and not yet answered
+        # a landing slot is freed when its last view is collected, on whichever thread drops it (a pass's); re-entrant:
+        # a collection may run inside ``_fit``
+        self.lock = threading.RLock()
 
     def put(self, arrays: tuple[np.ndarray, ...]) -> int | None:
         """Copy ``arrays`` (wire dtypes) into a free slot; its offset, or None when none is large enough."""
         total = sum(a.nbytes for a in arrays)
-        offset = self._fit(total)
+        offset = self._take(total)
         if offset is None:
             return None
-        self.taken[offset] = total
         at = offset
         for a in arrays:
             self.view[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
             at += a.nbytes
         return offset
 
+    def buffer(self, size: int, lead: int) -> memoryview | None:
+        """An uninitialised slot of ``size`` bytes whose byte ``lead`` is ``ALIGN``-aligned (as
+        ``codec.aligned_buffer`` places a request), free again once nothing refers to it; None when none is free."""
+        offset = self._take(size + self.ALIGN)
+        if offset is None:
+            return None
+        slot = self.view[offset : offset + size + self.ALIGN]
+        weakref.finalize(slot, self.release, offset)
+        pad = -(offset + lead) % self.ALIGN
+        return memoryview(slot)[pad : pad + size]
+
+    def locate(self, arrays: tuple[np.ndarray, ...]) -> tuple[int, ...] | None:
+        """Each array's offset here, where every one lies in this arena (C-contiguous; an empty one anywhere), else
+        None."""
+        offsets = []
+        for a in arrays:
+            at = a.ctypes.data - self.base if a.nbytes else 0
+            if at < 0 or at + a.nbytes > self.size or not a.flags.c_contiguous:
+                return None
+            offsets.append(at)
+        return tuple(offsets)
+
+    def _take(self, total: int) -> int | None:
+        with self.lock:
+            offset = self._fit(total)
+            if offset is not None:
+                self.taken[offset] = total
+            return offset
+
     def _fit(self, total: int) -> int | None:
         start = 0
-        for offset in sorted(self.taken):
+        for offset, size in sorted(self.taken.items()):
             if offset - start >= total:
                 return start
-            start = -(-(offset + self.taken[offset]) // self.ALIGN) * self.ALIGN
+            start = -(-(offset + size) // self.ALIGN) * self.ALIGN
         return start if self.size - start >= total else None
 
     def release(self, offset: int | None) -> None:
         if offset is not None:
-            self.taken.pop(offset, None)
+            with self.lock:
+                self.taken.pop(offset, None)
 
     def close(self) -> None:
         self.taken.clear()
@@ -217,8 +278,9 @@ OnRequest = Callable[[asyncio.StreamWriter, int, tuple[np.ndarray, ...], float],
 async def serve_links(path: str, on_request: OnRequest, adopt: Callable[[np.ndarray], None] = lambda arena: None,
                       forget: Callable[[np.ndarray], None] = lambda arena: None) -> asyncio.AbstractServer:
     """The receiving end of every ``Link`` to ``path`` (an accelerator worker, or a sibling CPU worker): per
-    connection the hello (the sender's staging arena mapped and ``adopt``-ed), then each request frame handed to
-    ``on_request(writer, id, arrays, deadline)`` until the connection closes (the arena then ``forget``-ed)."""
+    connection the hello (the sender's staging arena mapped and ``adopt``-ed, its landing arena mapped), then each
+    request frame handed to ``on_request(writer, id, arrays, deadline)`` until the connection closes (the staging
+    arena then ``forget``-ed)."""
     if os.path.exists(path):
         os.unlink(path)  # a dead predecessor's socket file
 
@@ -226,13 +288,14 @@ async def serve_links(path: str, on_request: OnRequest, adopt: Callable[[np.ndar
         _widen(writer)
         arena = None
         try:
-            hello = HELLO.unpack(await reader.readexactly(HELLO.size))
+            pid, fd, size, landing_fd, landing_size = HELLO.unpack(await reader.readexactly(HELLO.size))
             # on a thread: pinning a 128 MiB arena (cudaHostRegister faults in and locks every page) took the loop
             # away from the other links' queries for tens of ms per CPU worker as links opened under load
-            arena = await asyncio.get_running_loop().run_in_executor(None, _open_arena, *hello, adopt)
-            writer.write(ACK.pack(arena is not None))
+            arena = await asyncio.get_running_loop().run_in_executor(None, _open_arena, pid, fd, size, adopt)
+            landing = _open_arena(pid, landing_fd, landing_size, what="landing arena", instead="be copied")
+            writer.write(ACK.pack((arena is not None) * STAGING_MAPPED | (landing is not None) * LANDING_MAPPED))
             while True:
-                on_request(writer, *await read_request(reader, arena))
+                on_request(writer, *await read_request(reader, arena, landing))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):  # closed, or the worker exits
             writer.close()
         finally:
@@ -242,14 +305,15 @@ async def serve_links(path: str, on_request: OnRequest, adopt: Callable[[np.ndar
     return await asyncio.start_unix_server(connection, path=path, limit=STREAM_LIMIT)
 
 
-def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None]) -> np.ndarray | None:
+def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None] = lambda arena: None,
+                what: str = "staging arena", instead: str = "cross the socket") -> np.ndarray | None:
     if not size:
         return None
     try:
         arena = map_arena(pid, fd, size)
         adopt(arena)
-    except (OSError, ValueError, RuntimeError) as exc:  # the link works without it, through the socket
-        log.warning("cannot map the staging arena of pid %d (%s); its queries will cross the socket", pid, exc)
+    except (OSError, ValueError, RuntimeError) as exc:  # the link works without it
+        log.warning("cannot map the %s of pid %d (%s); its queries will %s", what, pid, exc, instead)
         return None
     return arena
 
@@ -260,11 +324,14 @@ def _open_arena(pid: int, fd: int, size: int, adopt: Callable[[np.ndarray], None
 class Link:
     """One CPU worker's connection to one receiving worker; queries outstanding on it by request id."""
 
-    def __init__(self, path: str, staging_bytes: int = 0, peer: str = "worker") -> None:
+    def __init__(self, path: str, staging_bytes: int = 0, peer: str = "worker", landing: Arena | None = None) -> None:
         self.path = path
         self.peer = peer  # what its errors call the receiving worker (``LinkClient.peer``)
         self.staging_bytes = staging_bytes
         self.arena: Arena | None = None  # mapped by the receiving worker of the current connection
+        self.landing = landing  # the sending worker's landing arena (``SiblingClient.buffer``), shared by its links
+        self.landing_mapped = False  # by the receiving worker of the current connection
+        self.placed: dict[int, tuple] = {}  # request id -> its arrays read in the landing arena, until the reply
         self.writer: asyncio.StreamWriter | None = None
         self.connecting: asyncio.Future | None = None
         self.outstanding: dict[int, Done] = {}
@@ -277,17 +344,18 @@ class Link:
         if self.connecting is None:
             self.connecting = asyncio.ensure_future(self._open())
         try:
-            reader, writer, arena = await asyncio.shield(self.connecting)
+            reader, writer, arena, landing_mapped = await asyncio.shield(self.connecting)
         finally:
             self.connecting = None
         if self.writer is None or self.writer.is_closing():
             _widen(writer)
-            self.writer, self.arena = writer, arena
+            self.writer, self.arena, self.landing_mapped = writer, arena, landing_mapped
             asyncio.get_running_loop().create_task(self._read(reader, writer))
         return self.writer
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Arena | None]:
-        """Connect and offer the staging arena (made once per link; kept across reconnections)."""
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Arena | None, bool]:
+        """Connect and offer the staging arena (made once per link; kept across reconnections) and the landing
+        arena; the staging arena if it was mapped, and whether the landing arena was."""
         reader, writer = await asyncio.open_unix_connection(self.path, limit=STREAM_LIMIT)
         if self.staging_bytes and self.arena is None:
             try:
@@ -295,10 +363,21 @@ class Link:
             except (OSError, AttributeError) as exc:  # AttributeError: no memfd_create on this platform
                 log.warning("link %s: no staging arena (%s); queries cross the socket", self.path, exc)
                 self.staging_bytes = 0
-        arena = self.arena
-        writer.write(HELLO.pack(os.getpid(), arena.fd if arena else 0, arena.size if arena else 0))
+        arena, landing = self.arena, self.landing
+        writer.write(HELLO.pack(os.getpid(), arena.fd if arena else 0, arena.size if arena else 0,
+                                landing.fd if landing else 0, landing.size if landing else 0))
         (mapped,) = ACK.unpack(await reader.readexactly(ACK.size))
-        return reader, writer, arena if mapped else None
+        return reader, writer, arena if mapped & STAGING_MAPPED else None, bool(mapped & LANDING_MAPPED)
+
+    def place(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> tuple[int, ...] | None:
+        """The offsets of the query's arrays in the landing arena, where it was received there and the receiving
+        worker mapped it (the arrays are then kept until the reply: their slot stays taken); else None."""
+        if not self.landing_mapped:
+            return None
+        places = self.landing.locate(arrays)  # type: ignore[union-attr]
+        if places is not None:
+            self.placed[request_id] = arrays
+        return places
 
     def stage(self, request_id: int, arrays: tuple[np.ndarray, ...]) -> int | None:
         """The arena offset the query's arrays were copied to; ``INLINE`` when there is no arena or the query is
@@ -329,15 +408,12 @@ class Link:
         offset = self.slots.pop(request_id, None)
         if self.arena is not None:
             self.arena.release(offset)
+        self.placed.pop(request_id, None)  # its landing slot is freed with the last view of it
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request_id, scores, error = await read_reply(reader)
-                self.settled(request_id)
-                done = self.outstanding.pop(request_id, None)
-                if done is not None:
-                    done(scores, error)
+                self._answered(*await read_reply(reader))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         if self.writer is writer:
@@ -345,8 +421,16 @@ class Link:
         writer.close()
         self.fail_all(f"the {self.peer} at {self.path} closed the connection")
 
+    def _answered(self, request_id: int, scores: np.ndarray | None, error: InferError | None) -> None:
+        """A reply: the query's slot freed, its callback called (not kept in ``_read``'s frame while the next reply
+        is awaited: the callback holds the query's arrays, and those a landing slot)."""
+        self.settled(request_id)
+        done = self.outstanding.pop(request_id, None)
+        if done is not None:
+            done(scores, error)
+
     def fail_all(self, why: str) -> None:
-        for request_id in list(self.slots):  # the connection is gone: nothing reads the arena any more
+        for request_id in [*self.slots, *self.placed]:  # the connection is gone: nothing reads the arenas any more
             self.settled(request_id)
         waiting, self.outstanding = self.outstanding, {}
         for done in waiting.values():
@@ -446,6 +530,10 @@ class LinkClient:
             if request_id not in link.outstanding:
                 return  # expired while connecting
             arrays = wire_arrays(arrays)
+            places = link.place(request_id, arrays)
+            if places is not None:
+                writer.write(placed_frame(request_id, arrays, deadline, places))
+                return
             offset = link.stage(request_id, arrays)
             if offset is None or (offset == INLINE and link.backlogged()):
                 self._refuse(link, request_id, "its staging arena is full" if offset is None else

@@ -15,11 +15,13 @@ spread over every worker, not only over the idle ones; see docs/decisions/2026-1
 The sibling checks the query's values (ids within their tables, lengths, finite features: ``ModelPath.check_owed``)
 before it queues it, so the forwarding worker, whose core fronts the channel, spends nothing on them.
 The frames, the staging arena and the deadline handling are a link's (``serving/worker/links.py``), as an accelerator
-worker's: one implementation of "send a decoded query to another worker".  The sibling queues it through its own
-admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it records the query in the node's
+worker's: one implementation of "send a decoded query to another worker".  A large gRPC request is received into the
+worker's landing arena, which every sibling maps (``SiblingClient.buffer``), so forwarding it sends its arrays' offsets,
+not a copy: the forwarding worker's core fronts the channel and is the one to spare.  The sibling queues it through its
+own admission (``WorkerPlane.enqueue_at``) and fuses it with its own queries; it records the query in the node's
 statistics, the forwarding worker does not.  A sibling that refuses the query (it became busy meanwhile), retires or
-dies gives the query back: it is then queued where it arrived, as if it had never left, so resizing and a dying
-sibling cost no forwarded query.  A sibling never forwards a forwarded query.
+dies gives the query back: it is then queued where it arrived, as if it had never left, so resizing and a dying sibling
+cost no forwarded query.  A sibling never forwards a forwarded query.
 """
 
 from __future__ import annotations
@@ -31,13 +33,17 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.links import Link, LinkClient, reply_frame, serve_links
+from recserve.serving.worker.links import Arena, Link, LinkClient, log, reply_frame, serve_links
 
 # each link's arena: several production-mix queries of the catalogue's whole-query models at once (the shorter-queue
 # rule keeps a few outstanding per sibling; one that finds the arena full comes back unforwarded); its pages are
 # touched only as far as the queries outstanding at once reach, larger queries cross the socket
 STAGING_BYTES = 32 * 1024 * 1024
+# the large gRPC requests a worker holds at once (being received, queued, or forwarded and not yet answered) that
+# siblings read in place; past it a request lands in private memory and is copied when forwarded
+LANDING_BYTES = 64 * 1024 * 1024
 LOAD_WINDOW_S = 0.1  # the loop's CPU is read over windows of at least this long (a read is a system call)
 
 
@@ -115,6 +121,13 @@ class SiblingClient(LinkClient):
         self.by_slot: dict[int, Link] = {}
         self._next = 0
         self.loop_load = LoopLoad()
+        self.landing = _landing_arena()
+
+    def buffer(self, size: int, lead: int) -> memoryview:
+        """Where a large gRPC request is received (``codec.aligned_buffer``'s placement): the landing arena while it
+        has room, so that a sibling reads the query in place if it is forwarded; else private memory."""
+        slot = self.landing.buffer(size, lead) if self.landing is not None else None
+        return slot if slot is not None else codec.aligned_buffer(size, lead)
 
     def less_loaded(self, held: int) -> Link | None:
         """The link to the sibling holding the fewest queries, if that is fewer than this worker's queue counts for,
@@ -141,7 +154,8 @@ class SiblingClient(LinkClient):
         for slot in fewer[turn:] + fewer[:turn]:
             link = self.by_slot.get(slot)
             if link is None:
-                link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes, self.peer)
+                link = self.by_slot[slot] = Link(socket_path(self.directory, slot), self.staging_bytes, self.peer,
+                                                 self.landing)
             load = max(int(loads[slot]), len(link.outstanding))
             if load < best_load:
                 best, best_load = link, load
@@ -152,3 +166,11 @@ class SiblingClient(LinkClient):
         for link in self.by_slot.values():
             if link.writer is not None:
                 link.writer.close()
+
+
+def _landing_arena() -> Arena | None:
+    try:
+        return Arena(LANDING_BYTES, "recserve-landing")
+    except (OSError, AttributeError) as exc:  # AttributeError: no memfd_create on this platform
+        log.warning("no landing arena (%s); a forwarded gRPC query is copied to its sibling", exc)
+        return None
