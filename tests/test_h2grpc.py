@@ -553,12 +553,13 @@ def test_a_large_unary_message_is_assembled_with_its_named_part_aligned(lead, pi
 def _read_as_a_socket_would(conn: GrpcConnection, data: bytes, sizes: list[int]) -> tuple[int, list[int]]:
     """``data`` handed to ``conn`` as asyncio hands a BufferedProtocol its reads: each read fills at most what
     ``get_buffer`` offers and at most the next of ``sizes`` (cycled); returns how many reads went into a message,
-    and where each read ended.  No buffer offered is larger than the connection's own read buffer (DATA then
-    meets the windows in the same pieces whichever buffer a read goes to)."""
+    and where each read ended.  No buffer offered is larger than the connection's own read buffer, or a message's
+    larger than a quarter of the stream window (DATA then meets the windows in pieces that a client sending on
+    before our WINDOW_UPDATEs stays within)."""
     pos, direct, k, ends = 0, 0, 0, []
     while pos < len(data):
         buffer = conn.get_buffer(-1)
-        assert len(buffer) <= len(conn._reads)
+        assert len(buffer) <= (conn.h2.requests.stream_window // 4 if conn._direct else len(conn._reads))
         n = min(len(buffer), sizes[k % len(sizes)], len(data) - pos)
         k += 1
         buffer[:n] = data[pos:pos + n]
@@ -605,14 +606,15 @@ def test_reads_straight_into_a_message_give_the_messages_and_frames_of_reads_as_
     assert (direct > 0) is landed_in_large_frames  # reads inside a large message's large frames went straight in
 
 
-def test_reads_into_a_message_count_its_data_in_the_pieces_other_reads_do():
-    """A read into a message is no larger than any other read, so DATA meets the windows in the same pieces: a
-    client that sends a 1.8 MB message in 1 MiB frames on a 1 MiB stream window without waiting for our
-    WINDOW_UPDATEs (as the benchmarks' bare client does) is served whether its bytes are read as bytes or into
-    the message, not reset for a read that took the whole rest of a frame at once."""
+@pytest.mark.parametrize("window", [1 << 20, FloodLimits().stream_window])
+def test_reads_into_a_message_count_its_data_in_the_pieces_other_reads_do(window):
+    """A read into a message takes at most a quarter of the stream window, so DATA meets the windows in pieces
+    small enough: a client that sends a 1.8 MB message in 1 MiB frames without waiting for our WINDOW_UPDATEs (as
+    the benchmarks' bare client does) is served whether its bytes are read as bytes or into the message, not
+    reset for a read that took the whole rest of a frame at once (with a 1 MiB stream window, and the default)."""
     from hpack import Encoder
 
-    limits = FloodLimits(stream_window=1 << 20, connection_window=16 << 20)
+    limits = FloodLimits(stream_window=window, connection_window=16 << 20)
     conn, transport, seen = _landing_connection(0, limits)
     message = os.urandom(1_800_000)
     wire = _call(1, message, Encoder())

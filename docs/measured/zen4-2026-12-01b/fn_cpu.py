@@ -1,5 +1,6 @@
 """Scratch instrumentation, not part of recserve: each worker's CPU time (``time.thread_time``) inside chosen
-functions, by thread, with every thread's CPU, written to /tmp/fn_cpu/<pid>.json every 2 s (cumulative).
+functions, by thread, inclusive and exclusive of the other chosen functions they call, with every thread's CPU,
+written to /tmp/fn_cpu/<pid>.json every 2 s (cumulative; per function: calls, inclusive s, exclusive s).
 
 Use on a copy of the tree: put this file at ``src/recserve/_fn_cpu.py`` and call ``install()`` first thing in
 ``worker/main.py``'s ``worker_main``; run a benchmark with ``--variants prof=<copy>/src``; diff two dumps."""
@@ -23,6 +24,9 @@ TARGETS = {  # module: (class, method) pairs
 }
 
 
+STACK = threading.local()  # per thread: CPU seconds spent in chosen functions called by each open one
+
+
 def _wrap(cls, name):
     f = getattr(cls, name)
     base = f"{cls.__name__}.{name}"
@@ -33,15 +37,22 @@ def _wrap(cls, name):
         label = base + ("" if threading.current_thread() is threading.main_thread() else "@thread")
         level = getattr(depth, "n", 0)
         depth.n = level + 1
+        children = STACK.__dict__.setdefault("open", [])
+        children.append(0.0)
         start = time.thread_time()
         try:
             return f(*args, **kwargs)
         finally:
+            spent = time.thread_time() - start
+            inner = children.pop()
+            if children:
+                children[-1] += spent
             depth.n = level
+            entry = TOTALS.setdefault(label, [0, 0.0, 0.0])
+            entry[2] += spent - inner
             if level == 0:  # a recursive call is counted once
-                entry = TOTALS.setdefault(label, [0, 0.0])
                 entry[0] += 1
-                entry[1] += time.thread_time() - start
+                entry[1] += spent
 
     setattr(cls, name, timed)
 

@@ -250,8 +250,7 @@ class H2Connection:
     def direct_buffer(self, most: int) -> memoryview | None:
         """Where the next read may go straight, with no copy: the rest of a large message being assembled
         (``RequestReader.in_place_room``) when the read falls inside one of its DATA frames, at least
-        ``DIRECT_BYTES`` of it and at most ``most`` (the size of the reads that go through ``receive``, so that DATA
-        is counted against the windows in the same pieces); else None (the read goes through ``receive``).
+        ``DIRECT_BYTES`` of it and at most ``most`` bytes; else None (the read goes through ``receive``).
         ``received_into`` takes that read."""
         if self._partial is None or self._buf or self.backlog or self.replies.wire is None:
             return None

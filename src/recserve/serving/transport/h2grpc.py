@@ -69,6 +69,11 @@ RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held thi
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 READ_BYTES = 256 * 1024  # one read's most, as uvloop reads for a plain Protocol
+# one read's most when it goes straight into a large message (``h2.direct_buffer``), and at most a quarter of the
+# stream window, as the other reads are of the default window (DATA then meets the windows in pieces small enough
+# for a client that sends on before our WINDOW_UPDATEs): under load a megabyte query waits in the socket while a
+# pass runs, and each read costs the loop a frame's bookkeeping
+DIRECT_READ_BYTES = 1 << 20
 PAUSED_WRITES, PAUSED_BACKLOG = 1, 2
 
 
@@ -158,9 +163,10 @@ class GrpcConnection(asyncio.BufferedProtocol):
         # where reads go but those into a message: the server's one buffer (a read is copied out before the next)
         self._reads = reads if reads is not None else memoryview(bytearray(READ_BYTES))
         self._direct = False  # the buffer last given out is a message's (``get_buffer``)
+        self.direct_most = min(DIRECT_READ_BYTES, self.h2.requests.stream_window // 4)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        direct = self.h2.direct_buffer(len(self._reads))
+        direct = self.h2.direct_buffer(self.direct_most)
         self._direct = direct is not None
         return direct if direct is not None else self._reads
 

@@ -36,7 +36,9 @@ class FloodLimits:
     # receive windows (RFC 9113 6.9): what a client may send before we replenish; replenished as DATA is taken
     # into a message we will serve, so a stream answered or refused gets no more, and DATA past a window is a
     # FLOW_CONTROL_ERROR.  grpc-core starts at 64 KiB and grows to a few MiB; Envoy and nghttp2 set similar caps.
-    stream_window: int = 1 << 20
+    # A stream's is larger than a production-mix query (1.5-1.8 MB), so one needs no WINDOW_UPDATE; what a
+    # connection's streams hold at once stays bounded by the connection's window and the held-bytes budgets.
+    stream_window: int = 4 << 20
     connection_window: int = 16 << 20
 
 
