@@ -526,3 +526,24 @@ def test_a_query_received_in_the_landing_arena_goes_to_the_sibling_by_offsets_an
         np.testing.assert_array_equal(lengths, [[1, 2, 0, 3]])
         gc.collect()
         assert p.a.siblings.landing.taken == {}  # every query answered: every slot free
+
+
+def test_a_query_that_found_the_landing_arena_full_is_copied_to_the_sibling_as_before(monkeypatch):
+    copies: list = []
+    put = links.Arena.put
+    monkeypatch.setattr(links.Arena, "put", lambda arena, arrays: copies.append(1) or put(arena, arrays))
+    with two_planes() as p:
+        p.a.siblings.landing = links.Arena(4096, "test-landing")  # room for no query (each takes ~250 bytes + a slot)
+        held = [p.a.siblings.landing.buffer(4000, 0)]  # the arena is full: queries land in private memory
+        answers: list = []
+
+        async def send() -> None:
+            for k in range(3):
+                p.a.enqueue(landed_query(p.a.siblings, 10.0 + k), 4, time.perf_counter(), 10.0,
+                            lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
+            await asyncio.sleep(0.5)
+
+        p.loop.run_until_complete(send())
+        assert sorted(answers) == [0.0, 0.0, 1.0] and copies == [1]  # the forwarded one went by the staging arena
+        np.testing.assert_array_equal(p.b.model.computed[0][0], np.full((4, 3), 12.0, np.float32))
+        del held
