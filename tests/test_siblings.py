@@ -502,6 +502,18 @@ def landed_query(siblings: SiblingClient, fill: float) -> tuple:
     return tuple(views)
 
 
+def enqueue_landed(plane: WorkerPlane, answers: list) -> None:
+    """``enqueue_three`` with queries received as large gRPC requests are (``landed_query``, dense 10.0, 11.0, 12.0):
+    the third goes to the sibling."""
+    async def send() -> None:
+        for k in range(3):
+            plane.enqueue(landed_query(plane.siblings, 10.0 + k), 4, time.perf_counter(), 10.0,
+                          lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
+        await asyncio.sleep(0.5)
+
+    plane.loop.run_until_complete(send())
+
+
 def test_a_query_received_in_the_landing_arena_goes_to_the_sibling_by_offsets_and_its_slot_frees_after_the_reply(
         monkeypatch):
     copies: list = []
@@ -509,14 +521,7 @@ def test_a_query_received_in_the_landing_arena_goes_to_the_sibling_by_offsets_an
     monkeypatch.setattr(links.Arena, "put", lambda arena, arrays: copies.append(1) or put(arena, arrays))
     with two_planes() as p:
         answers: list = []
-
-        async def send() -> None:
-            for k in range(3):
-                p.a.enqueue(landed_query(p.a.siblings, 10.0 + k), 4, time.perf_counter(), 10.0,
-                            lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
-            await asyncio.sleep(0.5)
-
-        p.loop.run_until_complete(send())
+        enqueue_landed(p.a, answers)
         assert sorted(answers) == [0.0, 0.0, 1.0]  # the third went to the sibling
         link = p.a.siblings.by_slot[1]
         assert link.landing_mapped and copies == [] and not link.placed and not link.slots
@@ -536,14 +541,7 @@ def test_a_query_that_found_the_landing_arena_full_is_copied_to_the_sibling_as_b
         p.a.siblings.landing = links.Arena(4096, "test-landing")  # room for no query (each takes ~250 bytes + a slot)
         held = [p.a.siblings.landing.buffer(4000, 0)]  # the arena is full: queries land in private memory
         answers: list = []
-
-        async def send() -> None:
-            for k in range(3):
-                p.a.enqueue(landed_query(p.a.siblings, 10.0 + k), 4, time.perf_counter(), 10.0,
-                            lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
-            await asyncio.sleep(0.5)
-
-        p.loop.run_until_complete(send())
+        enqueue_landed(p.a, answers)
         assert sorted(answers) == [0.0, 0.0, 1.0] and copies == [1]  # the forwarded one went by the staging arena
         np.testing.assert_array_equal(p.b.model.computed[0][0], np.full((4, 3), 12.0, np.float32))
         del held
