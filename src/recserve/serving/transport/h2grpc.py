@@ -69,10 +69,10 @@ RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held thi
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 READ_BYTES = 256 * 1024  # one read's most, as uvloop reads for a plain Protocol
-# one read's most when it goes straight into a large message (``h2.direct_buffer``), and at most a quarter of the
-# stream window, as the other reads are of the default window (DATA then meets the windows in pieces small enough
-# for a client that sends on before our WINDOW_UPDATEs): under load a megabyte query waits in the socket while a
-# pass runs, and each read costs the loop a frame's bookkeeping
+# the most one read takes straight into a large message (``h2.direct_buffer``): under load a megabyte query waits in
+# the socket while a pass runs, and each read costs the loop a frame's bookkeeping.  Capped at a quarter of the
+# stream window, so DATA meets the windows in pieces small enough for a client that sends on before our
+# WINDOW_UPDATEs.
 DIRECT_READ_BYTES = 1 << 20
 PAUSED_WRITES, PAUSED_BACKLOG = 1, 2
 
