@@ -130,6 +130,7 @@ def two_planes():
             b = server.plane = plane_at(loop, 1.0, 1, loads, b_records)
             a = plane_at(loop, 0.0, 0, loads, a_records)
             a.siblings = SiblingClient("m", tmp, 0, loads, 8)
+            a.siblings.record = a_records.append
             yield Pair(loop, tmp, loads, a, b, server, a_records, b_records)
             a.siblings.close()
             server.close()
@@ -287,10 +288,10 @@ def test_one_grpc_channel_uses_every_worker_of_the_model(forward):
         stats = until(read_stats, lambda s: s["success"]["count"] >= calls)  # workers report every 25 ms
         state = ControlClient("127.0.0.1", server.ports.http).get_model(name)
     assert stats["success"]["count"] == calls  # a forwarded query is counted once, by the worker computing it
-    if forward:
-        assert state["siblings"]["forwarded"] > 0
+    if forward:  # every forwarded call was read by its sibling where it landed: none copied
+        assert state["siblings"]["forwarded"] > 0 and state["siblings"]["copied"] == 0
     else:
-        assert state["siblings"] == {"forwarded": 0, "returned": 0}
+        assert state["siblings"] == {"forwarded": 0, "returned": 0, "copied": 0}
     assert not directory or not os.path.exists(directory)  # removed at stop
 
 
@@ -525,6 +526,7 @@ def test_a_query_received_in_the_landing_arena_goes_to_the_sibling_by_offsets_an
         assert sorted(answers) == [0.0, 0.0, 1.0]  # the third went to the sibling
         link = p.a.siblings.by_slot[1]
         assert link.landing_mapped and copies == [] and not link.placed and not link.slots
+        assert ("sibling", "copied") not in p.a_records
         (dense, values, lengths), = p.b.model.computed  # what the sibling read, in place: the query's values
         np.testing.assert_array_equal(dense, np.full((4, 3), 12.0, np.float32))
         np.testing.assert_array_equal(values, np.arange(6))
@@ -543,5 +545,6 @@ def test_a_query_that_found_the_landing_arena_full_is_copied_to_the_sibling_as_b
         answers: list = []
         enqueue_landed(p.a, answers)
         assert sorted(answers) == [0.0, 0.0, 1.0] and copies == [1]  # the forwarded one went by the staging arena
+        assert p.a_records.count(("sibling", "copied")) == 1  # counted: the node shows a landing arena too small
         np.testing.assert_array_equal(p.b.model.computed[0][0], np.full((4, 3), 12.0, np.float32))
         del held

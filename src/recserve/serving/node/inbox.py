@@ -33,7 +33,8 @@ class PipeInbox:
         self.dispatch = dispatch
         self.adopt = adopt  # a connection to the model worker in a load slot (``ModelRuntime.adopt``)
         self.tier_io: list[dict[str, str]] = []  # tiered tables' read path, from the first ready worker
-        self.siblings = {"forwarded": 0, "returned": 0}  # queries busy workers sent to idle ones; given back
+        # queries busy workers sent to idle ones; given back; sent by a copy, not read in place (siblings.py)
+        self.siblings = {"forwarded": 0, "returned": 0, "copied": 0}
 
     def on_readable(self, pool: WorkerPool, handle: WorkerHandle) -> None:
         try:
@@ -104,7 +105,7 @@ class PipeInbox:
             if rec[0] == "cache":  # its device row cache during that pass: ("cache", lookups, hits)
                 self.metrics.device_cache(rec[1], rec[2])
                 continue
-            if rec[0] == "sibling":  # a query sent to an idle sibling worker, or given back by it (siblings.py)
+            if rec[0] == "sibling":  # a query sent to an idle sibling worker, given back by it, or copied to it
                 self.siblings[rec[1]] += 1
                 continue
             if rec[0] == "refused":  # not a query: an unreadable, oversized or too-slow request

@@ -43,7 +43,7 @@ class Ready(NamedTuple):
 class Stats(NamedTuple):
     """Records, batched: ``("done", items, e2e_s, queue_s, compute_s, executions)``, ``("error", code, e2e_s)``,
     ``("refused", code)``, ``("read_paused",)``, ``("kind", "cpu"|"accelerator", items)``,
-    ``("sibling", "forwarded"|"returned")``; an accelerator worker's ``("pass", items, queries, seconds)`` and
+    ``("sibling", "forwarded"|"returned"|"copied")``; an accelerator worker's ``("pass", items, queries, seconds)`` and
     ``("cache", lookups, hits)``."""
 
     TAG = "stats"

@@ -534,6 +534,8 @@ class LinkClient:
             if places is not None:
                 writer.write(placed_frame(request_id, arrays, deadline, places))
                 return
+            if link.landing_mapped:
+                self.copied()
             offset = link.stage(request_id, arrays)
             if offset is None or (offset == INLINE and link.backlogged()):
                 self._refuse(link, request_id, "its staging arena is full" if offset is None else
@@ -543,6 +545,10 @@ class LinkClient:
         except (OSError, ConnectionError) as exc:
             self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: the {self.peer} "
                                                                      f"at {link.path} is unreachable ({exc}); retry"))
+
+    def copied(self) -> None:
+        """A query the receiving worker could have read in place (its landing arena is mapped) is copied instead:
+        it was received elsewhere (the arena was full) or its arrays were converted."""
 
     def _refuse(self, link: Link, request_id: int, why: str) -> None:
         """503 at once: the receiving worker is behind by a full arena or socket, so this query would wait

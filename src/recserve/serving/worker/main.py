@@ -329,6 +329,7 @@ def _attach_peers(plane: Any, args: WorkerArgs, siblings: Any, loads: np.ndarray
         siblings.plane = plane
         plane.siblings = SiblingClient(args.model_config.name, args.sibling_dir, args.slot, loads,
                                        args.limits.queue_limit)
+        plane.siblings.record = plane.reporter.record
     if args.model_config.accelerator is not None:
         from recserve.serving.worker.accel import AcceleratorClient
 

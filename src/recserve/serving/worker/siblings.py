@@ -122,12 +122,16 @@ class SiblingClient(LinkClient):
         self._next = 0
         self.loop_load = LoopLoad()
         self.landing = _landing_arena()
+        self.record: Any = lambda record: None  # the worker's statistics (``Reporter.record``), set by its plane
 
     def buffer(self, size: int, lead: int) -> memoryview:
         """Where a large gRPC request is received (``codec.aligned_buffer``'s placement): the landing arena while it
         has room, so that a sibling reads the query in place if it is forwarded; else private memory."""
         slot = self.landing.buffer(size, lead) if self.landing is not None else None
         return slot if slot is not None else codec.aligned_buffer(size, lead)
+
+    def copied(self) -> None:
+        self.record(("sibling", "copied"))  # counted by the node: a landing arena too small shows here
 
     def less_loaded(self, held: int) -> Link | None:
         """The link to the sibling holding the fewest queries, if that is fewer than this worker's queue counts for,
