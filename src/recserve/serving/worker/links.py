@@ -534,13 +534,13 @@ class LinkClient:
             if places is not None:
                 writer.write(placed_frame(request_id, arrays, deadline, places))
                 return
-            if link.landing_mapped:
-                self.copied()
             offset = link.stage(request_id, arrays)
             if offset is None or (offset == INLINE and link.backlogged()):
                 self._refuse(link, request_id, "its staging arena is full" if offset is None else
                              f"over {SEND_BACKLOG >> 20} MiB of queries wait in its socket")
                 return
+            if link.landing_mapped:
+                self.copied()
             writer.writelines(request_frame(request_id, arrays, deadline, offset))
         except (OSError, ConnectionError) as exc:
             self._answer(link, request_id, InferError("unavailable", f"model {self.model_name!r}: the {self.peer} "
