@@ -150,8 +150,9 @@ def test_the_inbox_routes_worker_records_into_the_models_metrics():
     inbox = PipeInbox("m", metrics, SimpleNamespace(on_handoff=None), None, lambda *a: False)  # type: ignore[arg-type]
     handle = SimpleNamespace(queries_done=0)
     inbox.on_message(None, handle, ("stats", [("done", 8, 0.01, 0.002, 0.005, 1), ("sibling", "forwarded"),
-                                              ("refused", "too_large"), ("error", "deadline", 0.02)]))  # type: ignore[arg-type]
+                                              ("sibling", "copied"), ("refused", "too_large"),
+                                              ("error", "deadline", 0.02)]))  # type: ignore[arg-type]
     assert handle.queries_done == 1  # the queries this worker computed (worker_detail)
-    assert inbox.siblings == {"forwarded": 1, "returned": 0}
+    assert inbox.siblings == {"forwarded": 1, "returned": 0, "copied": 1}
     assert (metrics.requests, metrics.successes, metrics.items) == (2, 1, 8)
     assert metrics.errors == {"deadline": 1} and metrics.refusals == {"too_large": 1}
