@@ -6,6 +6,7 @@ whole decode."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -182,6 +183,14 @@ def texts() -> dict[str, bytes]:
 def test_hand_written_requests_get_the_whole_decodes_verdict(fast, case):
     body = texts()[case]
     assert read_fast(body) == whole(body)
+
+
+def test_a_number_past_fp32s_range_is_read_without_a_warning(fast):
+    """It becomes inf, which the query's checks refuse; a client must not be able to write to the worker's log."""
+    body = texts()["overflowing float"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_fast(body) == whole(body)
 
 
 @pytest.mark.parametrize("datatype", ["FP64", "INT32", "BYTES", "UINT64", None])

@@ -163,7 +163,8 @@ def from_list(field: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
     count = math.prod(dims)
     if arr.size != count:
         raise invalid(field, f"data holds {arr.size} elements, shape {list(dims)} needs {count}")
-    return arr.astype(dtype, copy=False).reshape(dims)
+    with np.errstate(over="ignore"):  # a number past FP32's range becomes inf, which ``check_inputs`` refuses
+        return arr.astype(dtype, copy=False).reshape(dims)
 
 
 def check_names(names: Sequence[Any]) -> None:
