@@ -53,6 +53,13 @@ class Target(Protocol):
     async def close(self) -> None: ...
 
 
+def check_scores(outputs: dict[str, np.ndarray], items: int) -> None:
+    """An answer holds one score row per item of its query; else :class:`RequestFailed` ``bad_response``."""
+    scores = outputs.get(OUTPUT_SCORES)
+    if scores is None or scores.shape[0] != items:
+        raise RequestFailed("bad_response", f"scores shape {None if scores is None else scores.shape}")
+
+
 # ---------------------------------------------------------------- HTTP (binary tensor extension)
 
 
@@ -111,9 +118,7 @@ class HttpTarget:
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)
         if self.check_outputs:
-            scores = outputs.get(OUTPUT_SCORES)
-            if scores is None or scores.shape[0] != self._requests[i][1]:
-                raise RequestFailed("bad_response", f"scores shape {None if scores is None else scores.shape}")
+            check_scores(outputs, self._requests[i][1])
 
     async def infer_outputs(self, i: int) -> dict[str, np.ndarray]:
         try:
@@ -297,9 +302,7 @@ class GrpcTarget:
     async def infer(self, i: int) -> None:
         outputs = await self.infer_outputs(i)
         if self.check_outputs:
-            scores = outputs.get(OUTPUT_SCORES)
-            if scores is None or scores.shape[0] != self._requests[i][1]:
-                raise RequestFailed("bad_response", f"scores shape {None if scores is None else scores.shape}")
+            check_scores(outputs, self._requests[i][1])
 
     async def infer_outputs(self, i: int) -> dict[str, np.ndarray]:
         import grpc
