@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -111,3 +115,83 @@ def test_a_node_that_dies_is_reported_and_started_again_on_its_port_until_its_re
             keep_nodes(nodes, 30.0, max_restarts=1, progress=said.append, poll_s=0.2)
     finally:
         stop_nodes(nodes)
+
+
+def _running_with(text: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line holds ``text``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def _wait_until(check, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()
+
+
+def test_a_tethered_process_stops_when_its_parent_is_killed(tmp_path):
+    child = ("import os, sys, time; from recserve.deploy.tethered import tether; "
+             "ok = tether(int(sys.argv[1])); print('tethered' if ok else 'parent gone', flush=True); time.sleep(120)")
+    parent = ("import os, subprocess, sys, time; "
+              f"subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid()), sys.argv[1] + '-child'], "
+              "start_new_session=True); time.sleep(120)")
+    marker = f"{tmp_path}-child"  # in the child's command line only
+    proc = subprocess.Popen([sys.executable, "-c", parent, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "tethered"
+        assert len(_running_with(marker)) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+    assert _wait_until(lambda: not _running_with(marker), 30), "the child outlived its parent"
+
+
+@pytest.mark.integration  # starts deploy local and a node process
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_killing_deploy_local_or_closing_its_terminal_stops_its_nodes(tmp_path, sig):
+    path = _one_worker_plan().save(tmp_path / "fleet.json")
+    workdir = tmp_path / "dep"
+    proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "deploy", "local", "--plan", str(path),
+                             "--dir", str(workdir), "--scale", "1e-4", "--no-router"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert _wait_until(lambda: (workdir / "endpoints.json").exists() or proc.poll() is not None, 240)
+        [url] = json.loads((workdir / "endpoints.json").read_text())["hercules-rmc1"]
+        assert _ready(url) and _running_with(str(workdir / "node0.yaml"))
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert _wait_until(lambda: not _running_with(str(workdir / "node0.yaml")), 60), "the node outlived deploy"
+        assert not _ready(url)
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in _running_with(str(workdir)):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_taken_router_port_is_refused_before_any_node_starts(tmp_path, capsys):
+    path = _one_worker_plan().save(tmp_path / "fleet.json")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["deploy", "local", "--plan", str(path), "--dir", str(tmp_path / "dep"),
+                     "--router-port", str(port)]) == 2
+    assert f"--router-port {port}: Address already in use; give another port" in capsys.readouterr().err
+    assert not (tmp_path / "dep" / "node0.yaml").exists()

@@ -155,3 +155,17 @@ def test_a_node_that_cannot_be_reached_is_left_alone_and_its_queries_go_to_the_o
     finally:
         router.stop()
         held.close()
+
+
+def test_a_router_that_cannot_listen_says_so_and_closes_its_client_sessions():
+    import socket
+
+    from recserve.errors import RecserveError
+
+    fleet = FleetRouter([ModelRoute("a", 100.0, (("http://127.0.0.1:1", "t", 1),))])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(RecserveError, match="router failed to start"):
+            RouterThread(fleet, port=taken.getsockname()[1]).start()
+    assert all(router.session is not None and router.session.closed for router in fleet.routers.values())

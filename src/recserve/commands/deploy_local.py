@@ -11,9 +11,10 @@ workers scaled to this host's cores and pinned round robin, tables scaled by ``-
 model are printed and written to ``DIR/endpoints.json``.  A fleet router in front of them (``--router-port``)
 takes every model's queries on one URL and dispatches each to a node serving it (Kairos' policy, a few slots
 per worker); ``DIR/router-endpoints.json`` names it for ``recserve verify --target``.  Runs until Ctrl-C (or
-``--seconds``), then stops the router and the node servers it started; SIGTERM (`kill PID`) stops them as Ctrl-C
-does.  A node server that exits meanwhile is started again on its ports (``--max-restarts`` times at most; one more
-exit stops them all).
+``--seconds``), then stops the router and the node servers it started; SIGTERM (`kill PID`) and SIGHUP (its
+terminal closed) stop them as Ctrl-C does, and a node server stops by itself when this command is killed outright.
+A node server that exits meanwhile is started again on its ports (``--max-restarts`` times at most; one more exit
+stops them all).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from recserve.commands._plan_common import core_list, non_negative, non_negative_int, number, port, progress
+from recserve.errors import RecserveError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,10 +47,13 @@ def run(args: argparse.Namespace) -> int:
             path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
             print(f"{path}: {cfg['_group']}: " + ", ".join(f"{m['name']} x{m['workers']}" for m in cfg["models"]))
         return 0
-    def stop(signum: int, frame: object) -> None:  # `kill PID` stops the nodes too, as Ctrl-C does
+    def stop(signum: int, frame: object) -> None:  # `kill PID` or a closed terminal stops the nodes, as Ctrl-C does
         raise KeyboardInterrupt
 
+    if not args.no_router:
+        _check_port_free(args.router_port)
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     nodes = start_nodes(configs, workdir, progress=progress)
     router = None
     try:
@@ -76,6 +82,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_port_free(port: int) -> None:
+    """Refuse a taken ``--router-port`` before any node starts (0: a free one is picked later)."""
+    if port == 0:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the router's listener does
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise RecserveError(f"--router-port {port}: {exc.strerror or exc}; give another port (0 picks a free "
+                                "one) or --no-router") from exc
+
+
 def _start_router(plan: Any, nodes: list[Any], configs: list[dict[str, Any]], port: int) -> Any:
     """A fleet router on ``port`` (0: a free one) over the started nodes, each model's SLA its policy's target."""
     from recserve.policies.fleet_router import FleetRouter, fleet_routes
@@ -91,7 +110,8 @@ def register(actions: argparse._SubParsersAction) -> None:
                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", required=True, metavar="JSON", help="`recserve plan fleet --out` file")
     p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale (default 1e-3)")
-    p.add_argument("--cores", type=core_list, help="cores to share out (default: every core this process may use)")
+    p.add_argument("--cores", type=core_list,
+                   help="the core ids to share out, e.g. 0-3 or 0,2,4 (default: every core this process may use)")
     p.add_argument("--dir", default="out/fleet-local", help="node configs, logs, tier files, endpoints.json")
     p.add_argument("--seconds", type=non_negative, default=0, help="stop after this long (0 = until Ctrl-C)")
     p.add_argument("--dry-run", action="store_true", help="write the node configs and exit")

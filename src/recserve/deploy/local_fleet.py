@@ -105,9 +105,11 @@ class LocalNode:
 
 
 def _launch(config_path: Path, log_path: Path) -> subprocess.Popen:
-    """``recserve serve --config`` in its own session, its output appended to ``log_path``."""
+    """``recserve serve --config`` in its own session, its output appended to ``log_path``; it stops when this
+    process ends, however that ends (``deploy/tethered.py``)."""
     with open(log_path, "ab") as log:  # the child holds its own copy of the file
-        return subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(config_path)],
+        return subprocess.Popen([sys.executable, "-m", "recserve.deploy.tethered", str(os.getpid()), "serve",
+                                 "--config", str(config_path)],
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -467,7 +467,11 @@ class RouterThread:
         self._runner = web.AppRunner(self.router.app())
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()  # the router's client session, opened at setup, is closed too
+            raise
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     def stop(self) -> None:
