@@ -3,7 +3,8 @@
 ``deploy local`` starts each node server this way.  The nodes run in sessions of their own (a terminal's Ctrl-C
 reaches ``deploy local`` only, which stops them in turn), so without this a ``deploy local`` killed outright, or
 whose terminal closed, would leave them serving.  Linux's parent-death signal sends the node SIGTERM, which it
-answers as ``kill`` would: it drains and stops its workers.  Elsewhere the node runs untethered."""
+answers as ``kill`` would: it drains and stops its workers.  The signal is kept across the ``exec`` into
+``python -m recserve.cli``.  Elsewhere the node runs untethered."""
 
 from __future__ import annotations
 
@@ -27,9 +28,7 @@ def tether(parent_pid: int) -> bool:
 def main(argv: list[str]) -> int:
     if not tether(int(argv[0])):
         return 0
-    from recserve.cli import main as recserve
-
-    return recserve(argv[1:])
+    os.execv(sys.executable, [sys.executable, "-m", "recserve.cli", *argv[1:]])
 
 
 if __name__ == "__main__":
