@@ -52,3 +52,12 @@ def test_diurnal_rates_peak_in_the_evening_of_the_compressed_day():
     rates = diurnal_rates(30.0, 24, ratio=3.0)
     assert rates.max() <= 30.0 + 1e-9 and rates.min() >= 10.0 - 1e-9
     assert 10 <= int(rates.argmax()) <= 14  # 20:00 in a day that starts at 08:00
+
+
+def test_a_missing_or_unreadable_result_file_is_one_clear_error(tmp_path, capsys):
+    (tmp_path / "fleet.yaml").write_text("models: []\n")
+    assert main(["report", str(tmp_path / "nonexistent.json"), "--out", str(tmp_path / "r.html")]) == 2
+    assert f"{tmp_path / 'nonexistent.json'}: no such result file" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "fleet.yaml"), "--out", str(tmp_path / "r.html")]) == 2
+    assert f"{tmp_path / 'fleet.yaml'}: not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from recserve.jsonio import read_json
+
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
@@ -94,7 +96,7 @@ def report_from_files(paths: list[str | Path], title: str = "recserve report") -
     sections = []
     for p in paths:
         path = Path(p)
-        data = json.loads(path.read_text())
+        data = read_json(path, what="result file")  # missing or not JSON: one clear error
         render = RENDERERS.get(data.get("kind", "")) if isinstance(data, dict) else None
         if render is not None:
             sections.append(render(data, path.parent))
