@@ -186,6 +186,15 @@ def test_broken_artifact_is_refused_naming_the_file_and_reason(tmp_path, case):
     assert reason in str(err.value)
 
 
+def test_a_file_that_is_no_export_archive_is_refused_in_one_line(tmp_path, caplog):
+    version = tmp_path / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "model.pt2").write_bytes(b"garbage")
+    with pytest.raises(ArtifactError, match="model.pt2: cannot read the program"):
+        Repository(tmp_path).model_config("m", 1)
+    assert not [r for r in caplog.records if "deserializing" in r.getMessage()]  # torch's traceback, not logged
+
+
 def test_program_artifacts_refuse_the_sparse_dense_split(repo, tmp_path):
     shutil.copytree(repo / "ctr_ts", tmp_path / "t")
     (tmp_path / "t" / "config.yaml").write_text(f"tiering: {{dir: {tmp_path}, tables: all}}\n")

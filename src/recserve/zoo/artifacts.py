@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -208,9 +209,19 @@ def _embedded_spec(artifact: Path, kind: str) -> dict[str, Any] | None:
 
 
 def _load_export(artifact: Path, extra: dict[str, str] | None = None) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pt2 archive warnings about weight grouping
-        return torch.export.load(str(artifact), extra_files=extra)
+    torch_log = logging.getLogger("torch.export")
+    torch_log.addFilter(_unreadable_archive)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pt2 archive warnings about weight grouping
+            return torch.export.load(str(artifact), extra_files=extra)
+    finally:
+        torch_log.removeFilter(_unreadable_archive)
+
+
+def _unreadable_archive(record: logging.LogRecord) -> bool:
+    """Drop torch's logged traceback for a file that is no archive: the load's error says it in one line."""
+    return not str(record.msg).startswith("Ran into the following error when deserializing")
 
 
 def _first_line(exc: BaseException) -> str:
