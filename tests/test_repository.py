@@ -354,12 +354,17 @@ def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unlo
         index = http.post_json(server.ports.http, "/v2/repository/index", timeout_s=60).json()
         assert [(e["name"], e["state"]) for e in index] == [("ctr_ts", "UNAVAILABLE")]
         assert "cannot read the program" in index[0]["reason"]
+        answer = http.post_json(server.ports.http, "/v2/models/ctr_ts/infer", {"inputs": []}, timeout_s=60)
+        assert answer.status == 404 and "model 'ctr_ts' failed to load: " in answer.json()["error"]
+        assert "cannot read the program" in answer.json()["error"]
         for mistyped in ("ctr", "..", "ctr_ts/.."):  # a name the repository does not hold changes nothing
             with pytest.raises(InferenceServerException, match="no model"):
                 over_grpc.load_model(mistyped)  # in the message: no URL path to normalise
         assert over_http.is_server_ready() is not strict and "ctr_ts" in server.core.failed_models()
         over_http.unload_model("ctr_ts")  # no longer wanted
         assert over_http.is_server_ready()
+        answer = http.post_json(server.ports.http, "/v2/models/ctr_ts/infer", {"inputs": []}, timeout_s=60)
+        assert answer.status == 404 and "model 'ctr_ts' is not loaded (unloaded)" in answer.json()["error"]
         with pytest.raises(InferenceServerException, match="no model 'ctr'"):
             over_http.load_model("ctr")
         assert over_http.is_server_ready()

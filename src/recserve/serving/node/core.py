@@ -187,7 +187,8 @@ class NodeCore:
     def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
         """Like :meth:`find`, raising the protocol's not-found error."""
         if name not in self.models:
-            raise InferError("not_found", f"unknown model {name!r}; served: {sorted(self.models)}", "model_name")
+            raise InferError("not_found", not_served(name, sorted(self.models), self.failed_models().get(name),
+                                                     self.repo_state), "model_name")
         rt = self.find(name, version or "")
         if rt is None:
             raise InferError("not_found", f"model {name!r} has no version {version!r} loaded; loaded: "
@@ -404,3 +405,10 @@ class NodeCore:
         return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
+def not_served(name: str, served: list[str], failure: str | None, repo_state: dict) -> str:
+    """Why a query's model is not served: it failed to load (and why), it was unloaded, or no such model."""
+    if failure is not None:
+        return f"model {name!r} failed to load: {failure}; load it again once fixed (`recserve models load`)"
+    if any(model == name for model, _version in repo_state):
+        return f"model {name!r} is not loaded (unloaded); `recserve models load` loads it again"
+    return f"unknown model {name!r}; served: {served}"
