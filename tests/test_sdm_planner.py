@@ -122,10 +122,10 @@ def test_fleet_eq5_to_7_hosts_and_power():
         fleet("none", big, 10, 0.0)
 
 
-def test_simulated_hit_replaces_ideal_fill_and_sets_iops():
-    ideal = plan_tier(spec(), 10, 1000, item_batch=50, server=SERVER)
-    low = plan_tier(spec(), 10, 1000, item_batch=50, server=SERVER, simulated_hit=0.2)
-    high = plan_tier(spec(), 10, 1000, item_batch=50, server=SERVER, simulated_hit=0.9)
+def test_simulated_hit_replaces_ideal_fill_and_sets_iops():  # 2 GB: under the 2.9 GB of tables, so a tier
+    ideal = plan_tier(spec(), 2, 1000, item_batch=50, server=SERVER)
+    low = plan_tier(spec(), 2, 1000, item_batch=50, server=SERVER, simulated_hit=0.2)
+    high = plan_tier(spec(), 2, 1000, item_batch=50, server=SERVER, simulated_hit=0.9)
     assert low.summary["hit_rate"] == pytest.approx(0.2)
     assert high.summary["required_iops"] == pytest.approx(low.summary["required_iops"] * 0.1 / 0.8)
     assert ideal.inputs["simulated_hit"] is None and high.inputs["simulated_hit"] == 0.9
@@ -136,9 +136,17 @@ def test_sdm_host_qps_grows_with_hit_rate_and_is_capped_by_compute():
 
     server = ServerType("box", cores=16, mem_gb=64, mem_bw_gbs=100, power_w=200.0,
                         ssd=SSDSpec(iops=200_000, read_latency_us=80, capacity_gb=1000))
-    q_low, why_low = sdm_host_qps(spec(), server, 10, 50, simulated_hit=0.2)
-    q_high, _ = sdm_host_qps(spec(), server, 10, 50, simulated_hit=0.99)
+    q_low, why_low = sdm_host_qps(spec(), server, 2, 50, simulated_hit=0.2)
+    q_high, _ = sdm_host_qps(spec(), server, 2, 50, simulated_hit=0.99)
     assert 0 < q_low < q_high
     assert "SSD" in why_low
-    s = plan_tier(spec(), 10, q_low, item_batch=50, server=server, simulated_hit=0.2).summary
+    s = plan_tier(spec(), 2, q_low, item_batch=50, server=server, simulated_hit=0.2).summary
     assert s["ssd_utilisation"] < 1
+
+
+def test_a_budget_that_holds_every_table_puts_none_on_ssd():
+    plan = plan_tier(spec(), 3.0, 1000, item_batch=50, server=SERVER)  # the tables are 2.94 GB
+    assert {p.tier for p in plan.tables} == {"FM"} and plan.summary["required_iops"] == 0
+    assert plan.summary["sm_tables"] == 0 and plan.summary["dram_saved_gb"] == 0
+    assert any("holds all 2.94 GB of tables: every table stays in DRAM" in note for note in plan.notes)
+    assert {p.tier for p in plan_tier(spec(), 2.9, 1000, item_batch=50, server=SERVER).tables} == {"FM", "SM"}

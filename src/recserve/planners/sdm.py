@@ -133,7 +133,10 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
     budget = dram_gb * 1e9
     sizes = [t.bytes(spec.bytes_per_elem) for t in spec.tables]
     bw = [bandwidth_need(spec, t, qps, item_batch) for t in spec.tables]
-    fm, sm = _split(spec, policy, budget * fm_fraction, sm_sides, sizes, bw)
+    if budget >= sum(sizes):  # DRAM holds every table: nothing goes to SSD
+        fm, sm = list(range(len(sizes))), []
+    else:
+        fm, sm = _split(spec, policy, budget * fm_fraction, sm_sides, sizes, bw)
     fm_bytes = sum(sizes[i] for i in fm)
     if fm_bytes > budget:
         raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.1f} GB, more than the "
@@ -163,8 +166,8 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         summary["feasible"] = False
     notes = _notes(locality, ssd, server, mem_bw, simulated_hit is not None)
     if budget >= sum(sizes):
-        notes.append(f"the {dram_gb:g} GB budget holds all {sum(sizes) / 1e9:,.1f} GB of tables: no SSD tier needed, "
-                     "nothing saved")
+        notes.append(f"the {dram_gb:g} GB budget holds all {sum(sizes) / 1e9:,.3g} GB of tables: every table stays "
+                     "in DRAM, no SSD tier needed, nothing saved")
     if summary["ssd_utilisation"] >= 1:
         notes.append(f"infeasible: {iops_total:,.0f} IOPS required exceeds the SSD's {ssd.iops:,.0f}")
     inputs = {"model": spec.name, "dram_gb": dram_gb, "qps": qps, "item_batch": item_batch, "policy": policy,
