@@ -131,3 +131,56 @@ def test_targets_take_the_deployed_share_and_served_name_from_the_node_configs(t
     assert dep.urls == ["http://127.0.0.1:1"] and dep.workers == 2
     plain = load_targets(plan, "http://127.0.0.1:1")["out/repo/ctr"]
     assert plain.fraction == 1.0 and plain.served == "ctr"
+
+
+def _measured_as(monkeypatch, max_load_qps: float, reason: str = "test") -> None:
+    """verify's measurements replaced: the model held its SLA under the mix, its max load ``max_load_qps``."""
+    from recserve.deploy import fleet_verify
+    from recserve.specs import SLA
+
+    def replay(plan, deployed, **_kwargs):
+        return {MODEL: fleet_verify.ModelCheck(MODEL, SLA(500.0), 300.0, 300.0, 300.0, offered_qps=300.0,
+                                               achieved_qps=300.0, latency_ms=10.0, ok=100)}
+
+    def max_loads(checks, deployed, **_kwargs):
+        checks[MODEL].max_load_qps, checks[MODEL].max_load_reason = max_load_qps, reason
+
+    monkeypatch.setattr(fleet_verify, "load_targets", lambda plan, target, scale=None: {
+        MODEL: fleet_verify.Deployed(MODEL, ["http://127.0.0.1:9"], 1e-3, 1.0, "test")})
+    monkeypatch.setattr(fleet_verify, "replay_mix", replay)
+    monkeypatch.setattr(fleet_verify, "measure_max_loads", max_loads)
+
+
+def test_a_model_whose_sla_no_load_met_is_left_as_planned(one_column, monkeypatch, tmp_path, capsys):
+    _measured_as(monkeypatch, 0.0, "unloaded p95 45.0 ms misses the SLA")
+    path = _plan().save(tmp_path / "fleet.json")
+    assert main(["verify", "--plan", str(path), "--target", "http://127.0.0.1:9", "--replan"]) == 0
+    out = capsys.readouterr().out
+    assert f"replan: {MODEL} is left as planned: no load met its SLA here (unloaded p95 45.0 ms" in out
+    assert "plan kept" in out and not (tmp_path / "fleet-replanned.json").exists()
+
+
+def test_a_replan_that_cannot_serve_every_peak_says_so_and_exits_1(one_column, monkeypatch, tmp_path, capsys):
+    _measured_as(monkeypatch, 15.0)  # 5% of the prediction: ten owned servers no longer carry the 300 QPS peak
+    path = _plan().save(tmp_path / "fleet.json")
+    assert main(["verify", "--plan", str(path), "--target", "http://127.0.0.1:9", "--replan"]) == 1
+    captured = capsys.readouterr()
+    assert "feasible True -> False" in captured.out and (tmp_path / "fleet-replanned.json").exists()
+    assert "replan: the new plan does NOT serve every peak with the measured capacities (short of peak: " \
+           f"{MODEL} by" in captured.err
+
+
+def test_verify_says_what_failed_when_nothing_answers(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    plan = FleetPlan(groups=[FleetGroup("single", "this-host", 1, 1, {MODEL: 20.0}, {MODEL: "dram"}, "", "",
+                                        {MODEL: {"workers": 1, "threads": 1}})],
+                     models={MODEL: {"peak_qps": 10.0, "capacity_qps": 20.0, "sla_ms": 500.0, "percentile": 95.0}})
+    path = plan.save(tmp_path / "fleet.json")
+    assert main(["verify", "--plan", str(path), "--target", f"http://127.0.0.1:{port}", "--seconds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"{MODEL}: no query was answered with scores (connection=" in err
+    assert f"is the deployment up at http://127.0.0.1:{port}?" in err

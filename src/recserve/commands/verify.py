@@ -14,15 +14,18 @@ throughput.  ``--max-load`` also searches each model's max load at its SLA (one 
 beside the plan's capacity for what is deployed, with the relative error.  ``--replan`` (implies ``--max-load``)
 plans again from the plan's own inputs when a model's measured max load differs from the prediction by more than
 ``--threshold``: every capacity option of that model is scaled by measured / predicted (a measured correction,
-kept in the new plan's summary), and what changed is printed.
+kept in the new plan's summary), and what changed is printed.  A model for which no load met its SLA is left as
+planned (a measurement of 0 is no correction).
 
-Exit status 1 when a model misses its SLA under the planned mix, 0 otherwise.
+Exit status 1 when a model misses its SLA under the planned mix, or when the replan cannot serve every peak; 0
+otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from recserve.commands._plan_common import number, progress
@@ -41,6 +44,11 @@ def run(args: argparse.Namespace) -> int:
         measure_max_loads(checks, deployed, probe_s=args.probe_seconds, max_probes=args.max_probes,
                           seed=args.seed + 100, repeats=args.repeats, log=progress)
     print(verify_table(checks, args.load))
+    for m, c in checks.items():
+        if c.ok == 0 and c.errors:  # nothing answered: say what failed, not only that it did
+            errors = ", ".join(f"{kind}={n}" for kind, n in c.errors.items())
+            print(f"{m}: no query was answered with scores ({errors}): is the deployment up at "
+                  f"{' '.join(deployed[m].urls)}?", file=sys.stderr)
     held = all(c.sla_held for c in checks.values())
     print(f"SLA held under the planned mix: {sum(c.sla_held for c in checks.values())}/{len(checks)} models")
     out: dict = {"plan": str(args.plan), "target": args.target, "load": args.load, "seconds": args.seconds,
@@ -48,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
     if args.replan:
         from recserve.planners.fleet import plan_changes, refit_corrections, replan
 
-        measured = {m: c.max_load_qps for m, c in checks.items() if c.max_load_qps is not None}
+        measured = {m: c.max_load_qps for m, c in checks.items() if c.max_load_qps}
+        for m, c in checks.items():
+            if c.max_load_qps == 0:  # no load met the SLA: a ratio of 0 would price the model out of every server
+                print(f"replan: {m} is left as planned: no load met its SLA here ({c.max_load_reason}); check the "
+                      "deployment and this host's load, then verify again")
         predicted = {m: c.predicted_qps for m, c in checks.items()}
         corrections, off = refit_corrections(plan, measured, predicted, args.threshold)
         out["disagree"] = off
@@ -64,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
             changes = plan_changes(plan, new)
             print("what changed:\n" + "\n".join(f"  {c}" for c in changes))
             print(f"wrote {path}")
-            out.update(corrections=corrections, new_plan=str(path), changes=changes)
+            out.update(corrections=corrections, new_plan=str(path), changes=changes, new_plan_feasible=new.feasible)
+            if not new.feasible:
+                short = [n for n in new.notes if n.startswith("short of peak")] or ["see its notes"]
+                print(f"replan: the new plan does NOT serve every peak with the measured capacities ({short[0]})",
+                      file=sys.stderr)
+                held = False
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))
