@@ -11,6 +11,7 @@ Only the standard library is used so that a policy process can import it cheaply
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -33,6 +34,11 @@ class LlcUnsupportedError(ControlError):
     """The node cannot partition its LLC (HTTP 501)."""
 
 
+class NodeUnreachableError(RecserveError, OSError):
+    """No answer from the node (refused, reset, unknown host, timed out); still an ``OSError`` for callers that
+    wait for a node to come up."""
+
+
 class ControlClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout_s: float = 180.0,
                  token: str | None = None) -> None:
@@ -48,7 +54,7 @@ class ControlClient:
         req = urllib.request.Request(self.base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read() or b"{}")
+                answer = resp.read()
         except urllib.error.HTTPError as exc:
             try:
                 detail = json.loads(exc.read() or b"{}")
@@ -57,6 +63,15 @@ class ControlClient:
             message = detail.get("error", exc.reason)
             cls = LlcUnsupportedError if exc.code == 501 else ControlError
             raise cls(exc.code, message, detail.get("field")) from None
+        except (OSError, http.client.HTTPException) as exc:  # URLError, a reset, a timeout, not HTTP
+            reason = getattr(exc, "reason", None) or exc
+            raise NodeUnreachableError(f"cannot reach a node at {self.base} ({reason}); is `recserve serve` "
+                                       "running there?") from None
+        try:
+            return json.loads(answer or b"{}")
+        except ValueError:
+            raise RecserveError(f"{self.base}{path} answered {len(answer)} bytes that are not JSON; is it a recserve "
+                                "node?") from None
 
     def models(self) -> list[dict[str, Any]]:
         return self._request("GET", "/control/models")["models"]
