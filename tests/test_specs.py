@@ -109,6 +109,7 @@ def test_user_file_is_listed(tmp_path, capsys):
 
 BAD_INPUTS = {
     "unknown": (["models", "show", "no-such-model"], None, "unknown model 'no-such-model'"),
+    "no-repo-dir": (["models", "show", "/nonexistent/repo/ctr"], None, "'/nonexistent/repo/ctr': no such directory"),
     "malformed": (["models", "list", "--file", "{path}"], "models: {tiny: [unclosed\n", "malformed YAML"),
     "negative": (["models", "list", "--file", "{path}"], GOOD.replace("rows: 100", "rows: -100"),
                  "rows must be a positive number"),

@@ -360,6 +360,9 @@ def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec
             spec = source(name)
             if spec is not None:
                 return spec
+        if "/" in name and not Path(name).exists():  # meant as a repository path: say that it is not there
+            raise SpecError(f"unknown model {name!r}: no such directory (a repository model is named by its path, "
+                            f"REPO/<model>[/<version>]; catalogue models: {', '.join(sorted(models))})")
         raise SpecError(f"unknown model {name!r}; known: {', '.join(sorted(models))} (or a repository model's "
                         "path, REPO/<model>)")
     return models[name]
