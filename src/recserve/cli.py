@@ -17,6 +17,7 @@ import pkgutil
 import sys
 from typing import NoReturn
 
+import recserve
 import recserve.serving.node.repository  # noqa: F401 - repository paths become model names (specs.add_model_source)
 from recserve import commands
 from recserve.errors import RecserveError
@@ -71,11 +72,36 @@ def _finite_floats(parser: argparse.ArgumentParser) -> None:
                 _finite_floats(sub)
 
 
+def version() -> str:
+    """The installed distribution's version; the package's own where recserve runs uninstalled (a source tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("recserve")
+    except PackageNotFoundError:
+        return recserve.__version__
+
+
+class VersionAction(argparse.Action):
+    """``--version``: prints ``recserve <version>`` and exits; the version is looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print recserve's version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> NoReturn:
+        print(f"recserve {version()}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="recserve",
         description="Serve recommendation models on heterogeneous hardware at the lowest cost that meets their SLAs.",
     )
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if "_" in info.name:

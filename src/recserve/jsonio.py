@@ -19,3 +19,30 @@ def read_json(path: str | Path, error: type[RecserveError] = RecserveError, what
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc})") from exc
+
+
+PLAN_COMMANDS = {
+    "fleet": "`recserve deploy local|k8s|ray --plan` or `recserve verify --plan`",
+    "colocate": "`recserve deploy k8s|ray --plan`",
+    "pool": "`recserve deploy k8s|ray --plan`",
+    "provision": "`recserve deploy k8s|ray --plan`",
+    "shard": "`recserve deploy k8s|ray --plan`",
+    "tier": "`recserve deploy k8s --plan` (or name it as a node config model's options.tier.plan)",
+}
+"""Each registered plan kind and the commands whose ``--plan`` takes it (kept here, not read from the planners'
+registry, as this layer imports no planner; tests/test_cli_help.py checks the two agree)."""
+
+
+def refuse_plan(path: str | Path, what: str, error: type[RecserveError] = RecserveError) -> None:
+    """Raise ``error`` when ``path`` holds a recserve plan (a mapping whose ``kind`` is a plan kind): a plan handed
+    to a command that reads ``what`` would otherwise fail on the first field it does not know.  A file that is
+    missing or does not parse passes: the command's own reader reports it."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())  # JSON parses as YAML
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if isinstance(kind, str) and kind in PLAN_COMMANDS:
+        raise error(f"{path} is a {kind} plan (kind {kind!r}), not {what}; give it to {PLAN_COMMANDS[kind]}")

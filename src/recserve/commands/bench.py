@@ -233,7 +233,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spin-ms", type=non_negative, default=0.0,
                    help="yield instead of sleeping for the last MS before each send: sub-ms send lag, more CPU")
     p.add_argument("--warmup", type=float, default=0.0, help="seconds at the start not counted")
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="seed of the queries and arrivals (default 0)")
     p.add_argument("--no-warmup", action="store_true", help="skip sending every pooled query once before timing")
     p.add_argument("--find-max-load", action="store_true", help="search the highest rate meeting the SLA")
     p.add_argument("--sweep", type=_rates, default=None, metavar="R1,R2,...",
@@ -245,8 +245,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--percentile", type=percentile, default=None, help="SLA percentile (default: the model's)")
     p.add_argument("--growth", type=growth, default=2.0, help="rate multiplier while no probe violates")
     p.add_argument("--rtol", type=float, default=0.05, help="bisect until the bracket is this fraction wide")
-    p.add_argument("--max-qps", type=float, default=1e5)
-    p.add_argument("--max-probes", type=count, default=30)
+    p.add_argument("--max-qps", type=float, default=1e5, help="highest rate a max-load search tries (QPS)")
+    p.add_argument("--max-probes", type=count, default=30, help="most probes one max-load search runs")
     p.add_argument("--min-requests", type=count, default=50,
                    help="each max-load probe sends at least this many queries (low rates run longer)")
     p.add_argument("--json", default=None, help="write the result as JSON here")

@@ -83,11 +83,17 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="instead of --plan: plan ElasticRec shards for this model now")
     p.add_argument("--qps", type=qps, help="with --model: target QPS the initial replicas are sized for")
     p.add_argument("--server", default="hera-xeon", help="with --model: server type the pods run on (cost model)")
-    p.add_argument("--batch", type=count, default=32)
-    p.add_argument("--locality", type=fraction, default=0.9)
-    p.add_argument("--image", default="recserve:latest")
-    p.add_argument("--max-replicas", type=count, default=16)
-    p.add_argument("--k8s-version", default="1.30.0")
+    p.add_argument("--batch", type=count, default=32,
+                   help="with --model: items per query the shard replicas are sized for (default %(default)s)")
+    p.add_argument("--locality", type=fraction, default=0.9,
+                   help="with --model: share of lookups on the hottest 10%% of rows (default %(default)s)")
+    p.add_argument("--image", default="recserve:latest", help="container image of every pod (default %(default)s)")
+    p.add_argument("--max-replicas", type=count, default=16,
+                   help="with --model: each shard autoscaler's maxReplicas, at least its initial replicas "
+                        "(default %(default)s)")
+    p.add_argument("--k8s-version", default="1.30.0",
+                   help="Kubernetes version whose API schema the manifests are validated against "
+                        "(default %(default)s)")
     p.add_argument("--reserved-cpus", type=non_negative_int, default=1,
                    help="fleet plans: cores each node keeps for the kubelet (the static CPU manager needs >= 1); a "
                         "group that fills a server's cores runs on the rest")

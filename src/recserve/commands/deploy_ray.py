@@ -475,17 +475,18 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="ElasticRec shards of this model (instead of --plan)")
     p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for this host")
     p.add_argument("--max-tables", type=non_negative_int, default=0, help="keep only the first N tables (small hosts)")
-    p.add_argument("--shards-per-table", type=count, default=2)
+    p.add_argument("--shards-per-table", type=count, default=2,
+                   help="with --model: shards per table (a hot shard + even cold shards)")
     p.add_argument("--locality", type=fraction, default=0.9, help="share of lookups on the hottest 10%% of rows")
     p.add_argument("--batch", type=count, default=64, help="items per query")
     p.add_argument("--address", default=None, help="join an existing Ray cluster (default: start a local one)")
     p.add_argument("--ramp", default="", help="comma-separated arrival rates to step through, e.g. 5,20,60")
     p.add_argument("--step-s", type=positive, default=20.0, help="seconds per ramp step")
-    p.add_argument("--max-replicas", type=count, default=4)
+    p.add_argument("--max-replicas", type=count, default=4, help="most replicas the autoscaler gives one shard")
     p.add_argument("--headroom", type=positive, default=0.5,
                    help="share of a shard's profiled gather QPSmax one replica may carry before another is added "
                         "(a Ray call costs more than the gather itself)")
-    p.add_argument("--no-autoscale", action="store_true")
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--no-autoscale", action="store_true", help="keep each shard at one replica")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the model's weights, queries and arrivals")
     p.add_argument("--json", default=None, help="write the run log here")
     p.set_defaults(func=cmd_ray)

@@ -101,7 +101,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="what this host offers recserve (CPU, torch, SSD-tier read path and cache "
-                                      "index, the workers' event loop and JSON readers) and why")
+                                      "index, the workers' event loop and JSON readers) and why",
+                       description="Check what decides how recserve runs on this host (CPU vector extensions, "
+                                   "PyTorch, the SSD tier's read path and row-cache index, the workers' event loop "
+                                   "and JSON readers) and print each choice with the reason for any fallback.")
     p.add_argument("--dir", default=".", help="directory where tiered table files would live (default: .)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_doctor)

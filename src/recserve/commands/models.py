@@ -192,15 +192,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     for action, func, what in (("load", cmd_load, "load (or reload: a new version swaps in) a repository model"),
                                ("unload", cmd_unload, "unload every version of a model")):
         ap = msub.add_parser(action, help=f"{what} on a running node")
-        ap.add_argument("name")
+        ap.add_argument("name", help="the model's name in the node's repository")
         ap.add_argument("--server", required=True, help="the node's HTTP address, http://HOST:PORT")
         ap.set_defaults(func=func)
     sp = msub.add_parser("show", help="full spec of one model as JSON")
-    sp.add_argument("name")
-    sp.add_argument("--scale", type=positive, default=1e-3)
+    sp.add_argument("name", help="a catalogue model name or a repository model's path, REPO/<model>")
+    sp.add_argument("--scale", type=positive, default=1e-3,
+                    help="live table-row scale for the derived embedding MB (default %(default)s)")
     sp.add_argument("--file", help="a YAML catalogue of models searched on top of the bundled one")
     sp.set_defaults(func=cmd_show)
     vp = msub.add_parser("servers", help="one line per server type, or one as JSON")
-    vp.add_argument("name", nargs="?")
+    vp.add_argument("name", nargs="?", help="print this server type as JSON (default: the table of all)")
     vp.add_argument("--file", help="a YAML catalogue of server types instead of the bundled one")
     vp.set_defaults(func=cmd_servers)

@@ -21,9 +21,11 @@ from recserve.commands._plan_common import emit, progress
 
 
 def run(args: argparse.Namespace) -> int:
+    from recserve.jsonio import refuse_plan
     from recserve.planners.fleet import plan_fleet
     from recserve.planners.fleet_spec import load_fleet
 
+    refuse_plan(args.spec, "a fleet spec")
     fleet = load_fleet(args.spec)
     progress(f"{args.spec}: {len(fleet.models)} model(s), {len(fleet.servers)} server type(s)")
     plan = plan_fleet(fleet, progress=progress, pairs=not args.no_pairs, shards=not args.no_shards,

@@ -81,8 +81,8 @@ def cmd_plan_search(args: argparse.Namespace) -> int:
 
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("search", help="Hercules task-scheduling search (threads x cores x batch) on one server")
-    p.add_argument("--model", required=True)
-    p.add_argument("--server", required=True)
+    p.add_argument("--model", required=True, help="catalogue model, or a repository model's path REPO/<model>")
+    p.add_argument("--server", required=True, help="catalogue server type (`recserve models servers`)")
     p.add_argument("--live", action="store_true", help="measure configurations on the node server")
     p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3,
                    help="--live: table-row scale of the served model")

@@ -100,14 +100,14 @@ def cmd_shard(args: argparse.Namespace) -> int:
 
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("shard", help="ElasticRec: split tables into hot/cold shards with per-shard replicas")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="catalogue model, or a repository model's path REPO/<model>")
     p.add_argument("--qps", type=qps, required=True, help="target queries per second")
     p.add_argument("--server", default="hera-xeon", help="server type the shards run on")
     p.add_argument("--profiles", default=None, help="Profile file with gather_qps and dense latency tables "
                                                     "(default: the calibrated perfmodel)")
     p.add_argument("--batch", type=count, default=32, help="items per query (ElasticRec uses 32)")
     p.add_argument("--locality", type=fraction, default=0.9, help="share of accesses on the hottest 10%% of rows")
-    p.add_argument("--max-shards", type=count, default=16)
+    p.add_argument("--max-shards", type=count, default=16, help="most shards per table the DP considers")
     p.add_argument("--grid", type=number(2, integer=True), default=512, help="boundary candidates per table for the DP")
     p.add_argument("--locality-model", choices=LOCALITY_MODELS, default="two-level",
                    help="access CDF with the given locality: hot/cold uniform groups, or Zipf")
@@ -125,6 +125,6 @@ def register(actions: argparse._SubParsersAction) -> None:
                         "the SLA budget (dense shard 65%% of the SLA)")
     p.add_argument("--min-mem-mb", type=non_negative, default=MEASURED_REPLICA_BYTES / 2**20,
                    help="fixed memory per replica (code, buffers; default: ~30 MB measured per replica process)")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the plan as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of shard replicas and memory")
     p.set_defaults(func=cmd_shard)

@@ -35,15 +35,21 @@ def cmd_tier(args: argparse.Namespace) -> int:
 
 def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("tier", help="place embedding tables on DRAM or SSD behind a row cache (SDM)")
-    p.add_argument("--model", required=True, help="catalogue model name")
+    p.add_argument("--model", required=True,
+                   help="catalogue model name or a model repository's path, REPO/<model>")
     p.add_argument("--dram-gb", type=positive, required=True, help="DRAM budget for embeddings (tables + caches)")
     p.add_argument("--qps", type=qps, required=True, help="queries per second per host")
     p.add_argument("--server", help="server type (its SSD spec and memory bandwidth); default: assumed NAND SSD")
-    p.add_argument("--policy", choices=POLICIES, default="sm-cache")
+    p.add_argument("--policy", choices=POLICIES, default="sm-cache",
+                   help="sm-cache: the SM sides' tables on SSD, the rest of DRAM row cache; fixed-fm: --fm-fraction "
+                        "of the budget maps tables directly; per-table-cache: sm-cache without caching tables "
+                        "below --min-hit (default %(default)s)")
     p.add_argument("--batch", type=count, default=100, help="candidate items per query (item batch); user batch 1")
     p.add_argument("--sm-sides", default="user", help="sides placed on SSD by sm-cache policies: user | user,item")
-    p.add_argument("--locality-user", type=fraction, default=0.9, help="share of accesses to the hottest 10%% rows")
-    p.add_argument("--locality-item", type=fraction, default=0.95)
+    p.add_argument("--locality-user", type=fraction, default=0.9,
+                   help="user tables: share of accesses to their hottest 10%% of rows (default %(default)s)")
+    p.add_argument("--locality-item", type=fraction, default=0.95,
+                   help="item tables: the same share (default %(default)s)")
     p.add_argument("--fm-fraction", type=fraction, default=0.5, help="fixed-fm: budget share mapped directly")
     p.add_argument("--min-hit", type=fraction, default=0.05, help="per-table-cache: cache tables above this hit rate")
     p.add_argument("--queue-depth", type=count, default=32, help="outstanding IOs per table")

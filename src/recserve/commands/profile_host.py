@@ -7,7 +7,7 @@ accelerator's tables under ``this-host-cuda`` (``measure/accel_profile.py``): la
 accelerator worker's pass, footprint in device memory, maxload_vs_workers over accelerator workers;
 ``--device-only`` measures those alone.  Then, e.g.::
 
-    recserve plan pool --profiles gpu.json --models hera-din --servers this-host,this-host-cuda \
+    recserve plan pool --profiles gpu.json --models hera-din --servers this-host,this-host-cuda \\
         --price this-host=1.0,this-host-cuda=3.0 --budget 10
 """
 

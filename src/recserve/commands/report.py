@@ -20,6 +20,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("report", help="an HTML report from saved JSON results (bench, plan, simulate, demo)")
     r.add_argument("results", nargs="+", help="result JSON files")
-    r.add_argument("--out", default="out/report.html")
-    r.add_argument("--title", default="recserve report")
+    r.add_argument("--out", default="out/report.html",
+                   help="HTML file to write, its folder created if missing (default %(default)s)")
+    r.add_argument("--title", default="recserve report", help="the page's title (default %(default)s)")
     r.set_defaults(func=cmd_report)

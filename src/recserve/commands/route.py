@@ -19,8 +19,10 @@ from recserve.errors import RecserveError
 def cmd_route(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from recserve.jsonio import refuse_plan
     from recserve.policies.router import Router, load_pool
 
+    refuse_plan(args.pool, "a pool file")
     pool = load_pool(args.pool)
     if args.qos_ms:
         pool.qos_ms = args.qos_ms
@@ -38,10 +40,13 @@ def cmd_route(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("route", help="live query router (KServe v2 HTTP) dispatching to node servers with a policy")
+    p = sub.add_parser("route", help="live query router (KServe v2 HTTP) dispatching to node servers with a policy",
+                       description="Route KServe v2 HTTP queries to the node servers of a pool file, each to the "
+                                   "backend slot a dispatch policy picks (GET /router/stats shows counts and "
+                                   "latencies).  Runs until Ctrl-C or SIGTERM.")
     p.add_argument("--pool", required=True, help="pool YAML: qos_ms, policy, backends [{url, type, slots, base}]")
     p.add_argument("--policy", help="override the pool file's policy: kairos | ribbon | drs | clockwork")
     p.add_argument("--qos-ms", type=positive, help="override the pool file's QoS target")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=port, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address the router listens on (default %(default)s)")
+    p.add_argument("--port", type=port, default=8000, help="HTTP port the router listens on (default %(default)s)")
     p.set_defaults(func=cmd_route)

@@ -6,11 +6,31 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from recserve.commands._plan_common import count, number
 from recserve.errors import RecserveError
 
+if TYPE_CHECKING:
+    from recserve.serving.node.config import NodeConfig
+
 PORT = number(0, 65535, integer=True)
+
+
+def _distinct_ports(args: argparse.Namespace, config: NodeConfig) -> None:
+    """HTTP and gRPC given one port: refused before anything starts, not as gRPC's bind failure once HTTP holds it.
+    Port 0 (any free port) is allowed for both: each gets its own."""
+    if not config.http_port or config.http_port != config.grpc_port:
+        return
+
+    def source(flag: str, field: str, given: int | None) -> str:
+        if given is not None:
+            return flag
+        return f"{field} of {args.config}" if args.config else f"{flag} (default)"
+
+    raise RecserveError(f"{source('--http-port', 'http_port', args.http_port)} and "
+                        f"{source('--grpc-port', 'grpc_port', args.grpc_port)} are the same port ({config.http_port}); "
+                        "give each its own (0 = any free port)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -22,7 +42,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise RecserveError("serve: give --config NODE.yaml, --model NAME or --repository REPO")
     if args.config:
         from recserve.deploy.nodeconfig import resolve_tier_plans
+        from recserve.jsonio import refuse_plan
 
+        refuse_plan(args.config, "a node config")
         config = resolve_tier_plans(load_config(args.config))
         config.repository = args.repository or config.repository
         if args.http_port is not None:
@@ -39,6 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                               grpc_port=8001 if args.grpc_port is None else args.grpc_port,
                               threads=args.threads, sub_batch=args.sub_batch, mode=args.mode,
                               share_tables=not args.copy_tables, fuse_tables=not args.per_table)
+    _distinct_ports(args, config)
     if args.host:
         config.host = args.host
     if args.no_strict_readiness:
@@ -59,7 +82,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run a node inference server (KServe v2 / Triton protocol, HTTP + gRPC)")
+    p = sub.add_parser("serve", help="run a node inference server (KServe v2 / Triton protocol, HTTP + gRPC)",
+                       description="Run a node inference server: the models of a node config, one catalogue model "
+                                   "(--model) or a model repository, served over HTTP and gRPC (KServe v2 / Triton "
+                                   "protocol) until Ctrl-C or SIGTERM, which drain in-flight queries and stop.")
     p.add_argument("--config", help="node config YAML (see examples/node-*.yaml)")
     p.add_argument("--model", help="quick form: serve one catalogue model")
     p.add_argument("--repository", help="a model repository (REPO/<model>/config.yaml, REPO/<model>/<version>/...): "
@@ -71,11 +97,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop and exit with the reasons when a model fails to load at start (Triton's "
                         "--exit-on-error; default: serve the rest, not ready while strict readiness holds)")
     p.add_argument("--scale", type=number(0, 1, low_open=True), default=1e-3, help="table-row scale for --model")
-    p.add_argument("--workers", type=count, default=1)
+    p.add_argument("--workers", type=count, default=1,
+                   help="worker processes for --model (pipeline mode: its dense workers; default %(default)s)")
     p.add_argument("--threads", type=count, default=1, help="torch threads per worker")
     p.add_argument("--sub-batch", type=number(0, integer=True), default=0,
                    help="split queries into parts of this many items")
-    p.add_argument("--mode", choices=("model", "pipeline"), default="model")
+    p.add_argument("--mode", choices=("model", "pipeline"), default="model",
+                   help="how --model runs: model = each worker runs the whole model; pipeline = a sparse worker "
+                        "(embedding lookups) feeds the dense workers (default %(default)s)")
     p.add_argument("--copy-tables", action="store_true", help="each worker builds its own tables")
     p.add_argument("--per-table", action="store_true",
                    help="pool each table with its own lookup (default: all tables of one width in one lookup)")

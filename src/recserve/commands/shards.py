@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dense-replicas", type=count, default=None, help="dense-shard workers (default: plan or 1)")
     p.add_argument("--locality", type=fraction, default=0.9, help="warm-up sample: share of lookups on hottest 10%%")
     p.add_argument("--warmup", type=count, default=50, help="warm-up queries for the hotness order")
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="seed of the tables' values and the warm-up sample")
     p.add_argument("--timeout", type=positive, default=10.0, help="deadline of each embedding-shard call (s)")
     p.add_argument("--host", default="127.0.0.1", help="bind address of the dense shard")
     p.add_argument("--http-port", type=port, default=8000, help="0 = any free port")

@@ -186,7 +186,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--queries", type=count, default=10000, help="queries per max-load probe")
     p.add_argument("--mix", default="production",
                    help="query-size distribution (recserve.workload spec), e.g. production, normal:mean=256,sd=32")
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="seed of the query sizes and arrivals")
     p.add_argument("--rtol", type=open_fraction, default=0.02, help="max-load bisection tolerance")
     p.add_argument("--no-homogeneous", action="store_true", help="skip the homogeneous baseline")
     p.add_argument("--ribbon-own-pool", action="store_true",
