@@ -145,7 +145,7 @@ def _wait_until(check, timeout_s: float) -> bool:
 
 
 def test_a_tethered_process_stops_when_its_parent_is_killed(tmp_path):
-    child = ("import os, sys, time; from recserve.deploy.tethered import tether; "
+    child = ("import os, sys, time; from recserve.tethered import tether; "
              "ok = tether(int(sys.argv[1])); print('tethered' if ok else 'parent gone', flush=True); time.sleep(120)")
     parent = ("import os, subprocess, sys, time; "
               f"subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid()), sys.argv[1] + '-child'], "

@@ -109,3 +109,74 @@ def test_a_spawned_server_keeps_the_deadline_it_was_given():
     from recserve.serving import config_from_dict
 
     assert config_from_dict(cfg).models[0].deadline_ms == 1234.0  # a config `recserve serve` accepts
+
+
+def _live_with(text: str) -> list[int]:
+    """Pids of live (not zombie) processes whose command line holds ``text``."""
+    import os
+
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as fh:
+                zombie = fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        if text in cmdline and not zombie:
+            pids.append(int(entry))
+    return pids
+
+
+def _node_ready(folder) -> bool:
+    """The node a bench started under ``folder`` answers ready."""
+    import urllib.request
+
+    import yaml
+
+    for config in folder.glob("recserve-measure-*/node.yaml"):
+        port = yaml.safe_load(config.read_text())["http_port"]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+    return False
+
+
+@pytest.mark.integration  # starts bench, which starts a node server
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_bench_stopped_or_killed_leaves_no_node_server_behind(tmp_path, sig):
+    """``bench --target serve-http`` starts a node of its own; SIGTERM stops it as Ctrl-C does (and removes its
+    folder), and SIGKILL leaves it to stop by itself (tethered: the parent-death signal)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the node's folder: recserve-measure-* under tmp_path
+    bench = subprocess.Popen([sys.executable, "-m", "recserve.cli", "bench", "--model", "hercules-rmc1", "--scale",
+                              "1e-4", "--target", "serve-http", "--workers", "1", "--rate", "5", "--duration", "120"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _node_ready(tmp_path):
+            assert bench.poll() is None and time.monotonic() < deadline, "bench ended or never started its node"
+            time.sleep(0.5)
+        bench.send_signal(getattr(signal, sig))
+        rc = bench.wait(timeout=90)
+        assert rc == (143 if sig == "SIGTERM" else -signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while _live_with(f"{tmp_path}/recserve-measure-") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _live_with(f"{tmp_path}/recserve-measure-"), "the node outlived bench"
+        if sig == "SIGTERM":
+            assert not list(tmp_path.glob("recserve-measure-*")) and "stopped (SIGTERM)" in bench.stderr.read()
+    finally:
+        bench.kill()
+        bench.wait()
+        for pid in _live_with(f"{tmp_path}/recserve-measure-"):
+            os.kill(pid, signal.SIGKILL)

@@ -14,8 +14,10 @@ import importlib
 import math
 import os
 import pkgutil
+import signal
 import sys
-from typing import NoReturn
+import threading
+from typing import Any, NoReturn
 
 import recserve
 import recserve.serving.node.repository  # noqa: F401 - repository paths become model names (specs.add_model_source)
@@ -112,6 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that its cleanup (servers it started, temporary files) runs as on
+    Ctrl-C.  Commands that stop in their own way on SIGTERM (``serve``, ``deploy local``) install their own."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _catch_sigterm() -> Any:
+    """Install ``_raise_terminated`` where SIGTERM would otherwise end the process at once; the handler it replaced,
+    to restore (None: left as it was: not the main thread, or a handler already set)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -121,17 +140,23 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    previous = _catch_sigterm()
     try:
         return int(args.func(args) or 0)
     except RecserveError as exc:
         print(f"recserve: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("recserve: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        stopped = isinstance(exc, Terminated)
+        print(("\n" if sys.stderr.isatty() else "") + f"recserve: {'stopped (SIGTERM)' if stopped else 'interrupted'}",
+              file=sys.stderr)  # on a terminal, not glued to a progress line
+        return 143 if stopped else 130
     except BrokenPipeError:  # e.g. `recserve models show X | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from recserve import tethered
 from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail, signal_name
 from recserve.planners.fleet import FleetPlan
@@ -106,10 +106,9 @@ class LocalNode:
 
 def _launch(config_path: Path, log_path: Path) -> subprocess.Popen:
     """``recserve serve --config`` in its own session, its output appended to ``log_path``; it stops when this
-    process ends, however that ends (``deploy/tethered.py``)."""
+    process ends, however that ends (``recserve/tethered.py``)."""
     with open(log_path, "ab") as log:  # the child holds its own copy of the file
-        return subprocess.Popen([sys.executable, "-m", "recserve.deploy.tethered", str(os.getpid()), "serve",
-                                 "--config", str(config_path)],
+        return subprocess.Popen(tethered.command("serve", "--config", str(config_path)),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

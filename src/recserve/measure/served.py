@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from recserve import tethered
 from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail
 from recserve.measure.targets import GrpcTarget, HttpTarget, Target
@@ -91,7 +92,7 @@ class LocalServer:
         path = Path(self._tmp.name) / "node.yaml"
         path.write_text(yaml.safe_dump(cfg))
         log = open(Path(self._tmp.name) / "server.log", "wb")  # noqa: SIM115 - kept open for the child's life
-        self._proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--config", str(path)],
+        self._proc = subprocess.Popen(tethered.command("serve", "--config", str(path)),  # stops with this process
                                       stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         deadline = time.monotonic() + self.start_timeout_s
         url = f"http://127.0.0.1:{self.ports.http}/v2/health/ready"

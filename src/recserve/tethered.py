@@ -1,9 +1,9 @@
-"""``python -m recserve.deploy.tethered PARENT_PID ARGS...``: ``recserve ARGS...`` that stops with its parent.
+"""``python -m recserve.tethered PARENT_PID ARGS...``: ``recserve ARGS...`` that stops with its parent.
 
-``deploy local`` starts each node server this way.  The nodes run in sessions of their own (a terminal's Ctrl-C
-reaches ``deploy local`` only, which stops them in turn), so without this a ``deploy local`` killed outright, or
-whose terminal closed, would leave them serving.  Linux's parent-death signal sends the node SIGTERM, which it
-answers as ``kill`` would: it drains and stops its workers.  The signal is kept across the ``exec`` into
+Commands that start node servers of their own (``deploy local``, ``bench --target serve-http``, ``plan search
+--live``) start them this way (``command``), so a parent killed outright, or whose terminal closed, leaves none
+serving.  Linux's parent-death signal sends the node SIGTERM, which it answers as ``kill`` would: it drains and
+stops its workers.  The signal is kept across the ``exec`` into
 ``python -m recserve.cli``.  Elsewhere the node runs untethered."""
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ def tether(parent_pid: int) -> bool:
     except (OSError, AttributeError):  # not Linux: no parent-death signal
         return True
     return os.getppid() == parent_pid  # else it ended before prctl took effect
+
+
+def command(*args: str) -> list[str]:
+    """The argv that runs ``recserve *args`` tethered to this process."""
+    return [sys.executable, "-m", "recserve.tethered", str(os.getpid()), *args]
 
 
 def main(argv: list[str]) -> int:
