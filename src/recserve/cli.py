@@ -4,7 +4,8 @@ Each top-level command lives in its own module under ``recserve.commands`` expos
 ``register(subparsers)``; the module sets ``func`` on its parser.  Command groups (``plan``,
 ``profile``, ``simulate``, ``deploy``) gather their actions from modules named ``<group>_<action>.py``
 (see ``commands/_group.py``).  Modules are discovered, so adding a command never touches this file.
-User errors (:class:`RecserveError`) print one line and exit with code 2.
+User errors (:class:`RecserveError`, and a file or folder that cannot be read or written) print one line and exit
+with code 2; SIGTERM stops a command as Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -154,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `recserve models show X | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # a file or folder the user named cannot be read or written: one line, as a user error
+        if exc.filename is None:
+            raise
+        print(f"recserve: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -77,6 +77,8 @@ def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict
                   "oracle_qps": oracle_qps}
     elif args.pool:
         pool, source = parse_pool(args.pool), {"config": args.pool, "chosen_by": "--pool"}
+        for name in set(pool):
+            ev.service.type_index(name)  # an instance type without a latency table: one line naming those there are
     else:
         pool, source = _planned_pool(profiles, model, qos, prices, caps, budget)
         source["chosen_by"] = "Kairos upper bound + similarity pick (recserve.planners.kairos)"

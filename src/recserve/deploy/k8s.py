@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from recserve.deploy.sharding import ShardLayout
+from recserve.errors import RecserveError
 from recserve.policies.shard_autoscaler import DENSE_LATENCY_FRACTION
 
 GRPC_PORT = 8001
@@ -140,6 +141,7 @@ def validate(objects: list[dict[str, Any]], version: str = "1.30.0") -> list[str
     """Validate each object against the Kubernetes API schema (kubernetes-validate, strict);
     returns the errors, empty when all objects are valid."""
     import kubernetes_validate
+    from kubernetes_validate.utils import VersionNotSupportedError
 
     errors = []
     for obj in objects:
@@ -147,4 +149,8 @@ def validate(objects: list[dict[str, Any]], version: str = "1.30.0") -> list[str
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+        except VersionNotSupportedError:
+            known = sorted(set(kubernetes_validate.utils.all_versions()), key=lambda v: tuple(map(int, v.split("."))))
+            raise RecserveError(f"Kubernetes version {version!r} has no API schema here; known: {known[0]} to "
+                                f"{known[-1]} (--k8s-version)") from None
     return errors

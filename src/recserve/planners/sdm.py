@@ -139,7 +139,7 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
         fm, sm = _split(spec, policy, budget * fm_fraction, sm_sides, sizes, bw)
     fm_bytes = sum(sizes[i] for i in fm)
     if fm_bytes > budget:
-        raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.1f} GB, more than the "
+        raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.3g} GB, more than the "
                               f"{dram_gb:g} GB budget; put more sides on SSD (--sm-sides) or raise --dram-gb")
     cache_bytes = budget - fm_bytes
     locality = {"user": locality_user, "item": locality_item}

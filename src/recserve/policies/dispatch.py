@@ -286,7 +286,7 @@ def make_policy(name: str, qos_ms: float, **kw: Any) -> DispatchPolicy:
     """A fresh policy by name (``drs`` needs ``threshold`` and ``base_types``)."""
     cls = POLICIES.get(name)
     if cls is None:
-        raise RecserveError(f"unknown dispatch policy {name!r}; known: {', '.join(sorted(POLICIES))}, oracle")
+        raise RecserveError(f"unknown dispatch policy {name!r}; known: {', '.join(sorted(POLICIES))}")
     if cls is not DRSPolicy:
         kw.pop("threshold", None)
         kw.pop("base_types", None)

@@ -1,0 +1,58 @@
+"""Mistakes a user makes on the command line are one line on stderr and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from recserve.cli import main
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("recserve: error: "), err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "tier", "--model", "hera-ncf", "--dram-gb", "1", "--qps", "10", "--out", "{file}/plan.json"],
+    ["deploy", "k8s", "--model", "elasticrec-rm1", "--qps", "3000", "--out", "{file}/k8s.yaml"],
+])
+def test_an_output_path_that_cannot_be_made_names_it(tmp_path, argv):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    rc, err = run([a.replace("{file}", str(blocker)) for a in argv])
+    assert rc == 2 and one_line(err) == f"recserve: error: {blocker}: File exists"
+
+
+def test_an_unknown_kubernetes_version_lists_the_known_ones(tmp_path):
+    rc, err = run(["deploy", "k8s", "--model", "elasticrec-rm1", "--qps", "3000", "--out", str(tmp_path / "k.yaml"),
+                   "--k8s-version", "9.99"])
+    assert rc == 2 and "Kubernetes version '9.99' has no API schema here; known: 1." in one_line(err)
+
+
+def test_a_pool_of_an_unknown_instance_type_names_the_known_ones():
+    rc, err = run(["simulate", "dispatch", "--reference", "kairos", "--model", "rm2", "--pool", "g4dn.xlarge=1,foo=2"])
+    assert rc == 2 and "no latency table for model 'kairos-rm2' on 'foo'; have ['g4dn.xlarge'" in one_line(err)
+
+
+def test_a_dram_need_under_a_tenth_of_a_gb_is_printed_as_it_is():
+    rc, err = run(["plan", "tier", "--model", "hera-ncf", "--dram-gb", "0.01", "--qps", "10"])
+    assert rc == 2 and "tables kept in DRAM need 0.0143 GB, more than the 0.01 GB budget" in one_line(err)
+
+
+def test_an_unknown_dispatch_policy_lists_only_those_there_are():
+    from recserve.errors import RecserveError
+    from recserve.policies.dispatch import make_policy
+
+    with pytest.raises(RecserveError) as exc:
+        make_policy("oracle", 100.0)
+    assert str(exc.value) == "unknown dispatch policy 'oracle'; known: clockwork, drs, fcfs, kairos, ribbon"
