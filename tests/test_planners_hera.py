@@ -117,6 +117,10 @@ def test_hera_serves_every_target_and_pairs_low_with_high(hera, low_share):
     assert plan.baselines["deeprecsys"]["servers"] == sum(math.ceil(t / isolated[m] - 1e-9)
                                                           for m, t in targets.items())
     assert plan.summary["servers"] <= plan.baselines["deeprecsys"]["servers"]
+    for policy, row in plan.baselines.items():  # every field of a seeded baseline describes the same runs
+        assert row["colocated_servers"] <= row["servers"], policy
+        if row["mean_pair_emu"] is not None:
+            assert row["min_pair_emu"] <= row["mean_pair_emu"] <= row["max_pair_emu"], policy
 
 
 def test_plan_round_trips_through_json(hera, tmp_path):
@@ -170,3 +174,18 @@ def test_identical_targets_make_deeprecsys_spend_servers_on_the_low_scalability_
     # per-model "servers' worth" targets do not show it: DeepRecSys then needs the same servers for each model
     even = targets_at_load(curves, 2.0)
     assert len({math.ceil(t / iso[m] - 1e-9) for m, t in even.items()}) == 1
+
+
+def test_a_seeded_baselines_fields_describe_the_same_runs(tmp_path):
+    """Random's servers are a mean over seeds, and so are its co-located servers and pair EMUs: never one seed's
+    count beside the mean of all."""
+    import json
+
+    from recserve.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "colocate", "--server", "hera-xeon", "--models", "hera-dlrm-a,hera-dlrm-b,hera-ncf",
+                 "--level", "4", "--low-share", "0.25", "--json", str(out)]) == 0
+    random = json.loads(out.read_text())["baselines"]["random"]
+    assert random["runs"] > 1 and random["colocated_servers"] <= random["servers"]
+    assert random["servers_min"] <= random["servers"] <= random["servers_max"]

@@ -293,7 +293,7 @@ def plan_colocation(profiles: ProfileSet, server: ServerType, targets: dict[str,
             raise InfeasibleError(f"unknown co-location policy {policy!r}; known: {POLICIES}")
         runs = [sched.run(targets, policy, np.random.default_rng(s)) for s in range(seeds if "random" in policy else 1)]
         counts = [len(r) for r in runs]
-        base[policy] = {**_summary(runs[0]), "servers": float(np.mean(counts)), "servers_min": min(counts),
+        base[policy] = {**_summary_of_runs([_summary(r) for r in runs]), "servers_min": min(counts),
                         "servers_max": max(counts), "runs": len(runs)}
     all_pairs = [sched.pair(a, b).emu for i, a in enumerate(models) for b in models[i + 1:]]
     summary.update({
@@ -337,6 +337,19 @@ def _summary(servers: list[ServerPlan]) -> dict[str, float | None]:
         "min_pair_emu": float(min(pairs)) if pairs else None,  # no co-located pair: nothing to report
         "max_pair_emu": float(max(pairs)) if pairs else None,
     }
+
+
+def _summary_of_runs(runs: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """The summaries of a baseline's seeded runs as one: each field's mean, its pair EMU range over every run (so
+    that every field describes the same runs)."""
+    def values(key: str) -> list[float]:
+        return [r[key] for r in runs if r[key] is not None]  # type: ignore[misc]
+
+    out: dict[str, float | None] = {k: float(np.mean(values(k))) if values(k) else None
+                                    for k in ("servers", "colocated_servers", "mean_emu", "mean_pair_emu")}
+    out["min_pair_emu"] = min(values("min_pair_emu"), default=None)
+    out["max_pair_emu"] = max(values("max_pair_emu"), default=None)
+    return out
 
 
 def identical_targets(curves: Sequence[ModelCurves], level: float) -> dict[str, float]:
