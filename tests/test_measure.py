@@ -317,3 +317,11 @@ def test_a_failing_probes_log_line_says_what_failed_and_the_servers_most_frequen
     assert passed and failed and all("failed" not in line for line in passed)
     assert all(line.endswith("; failed: 40 http_503, 2 http_504 (most often, 40x: model 'm' is overloaded)")
                for line in failed)
+
+
+def test_a_refusal_reason_is_the_message_without_its_json_wrapper():
+    from recserve.measure.loadgen import refusal_reason
+
+    detail = '{"error": "dense: batch 600 exceeds max_batch_size 512", "field": "dense"}'
+    assert refusal_reason(detail) == "dense: batch N exceeds max_batch_size N"
+    assert refusal_reason('{"error": "deadline exceeded"}') == "deadline exceeded"

@@ -180,3 +180,15 @@ def test_a_bench_stopped_or_killed_leaves_no_node_server_behind(tmp_path, sig):
         bench.wait()
         for pid in _live_with(f"{tmp_path}/recserve-measure-"):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.integration  # starts a node server
+@pytest.mark.timeout(300)
+def test_bench_says_why_the_server_refused_its_queries(capsys):
+    from recserve.cli import main
+
+    rc = main(["bench", "--model", "hercules-rmc1", "--scale", "1e-4", "--target", "serve-http", "--rate", "10",
+               "--duration", "1", "--sizes", "fixed:5000"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "[bench] the server refused queries: dense: batch N exceeds max_batch_size N (x" in err
+    assert "no query was answered with scores (http_400=" in err and "is a server up" not in err

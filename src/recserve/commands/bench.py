@@ -86,11 +86,16 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
         else:
             result = session.run(args.rate, args.duration, seed=args.seed, **run_kwargs)
             print(result.summary())
+            if result.refusal_reasons:  # the server's own words for what it refused: what to change
+                print("[bench] the server refused queries: " + "; ".join(
+                    f"{reason} (x{n})" for reason, n in sorted(result.refusal_reasons.items(), key=lambda kv: -kv[1])),
+                    file=sys.stderr)
             if result.ok == 0:
                 failed = 1
                 errors = ", ".join(f"{kind}={n}" for kind, n in result.errors.items())
-                print(f"[bench] no query was answered with scores ({errors}): is a server up at {args.target}, serving "
-                      f"{args.served_name or spec.name}?", file=sys.stderr)
+                print(f"[bench] no query was answered with scores ({errors})" + (
+                    "" if result.refusal_reasons else f": is a server up at {args.target}, serving "
+                                                      f"{args.served_name or spec.name}?"), file=sys.stderr)
             out = {"kind": "load_run", "model": spec.name, "scale": args.scale, "sizes": args.sizes,
                    "index": args.index, "sla_ms": sla_ms, "percentile": percentile,
                    "meets_sla": result.percentile(percentile) <= sla_ms, **result.to_dict()}

@@ -150,7 +150,7 @@ REASONS_KEPT = 8  # distinct refusal messages a run's record keeps (the most fre
 def refusal_reason(detail: str) -> str:
     """A server's error message as a class: its JSON wrapper off, cut at its first ``;`` or sentence end (recserve's
     advice follows), numbers as ``N``: "model 'rmc1' is overloaded: N queries queued at this worker (limit N)"."""
-    text = re.split(r";|\.\s", re.sub(r'^\{\s*"error"\s*:\s*"', "", detail), maxsplit=1)[0]
+    text = re.split(r';|\.\s|"\s*[,}]', re.sub(r'^\{\s*"error"\s*:\s*"', "", detail), maxsplit=1)[0]
     return re.sub(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?", "N", text)[:160]  # not the digits of a name (rmc1)
 
 
