@@ -154,6 +154,14 @@ def refusal_reason(detail: str) -> str:
     return re.sub(r"(?<![A-Za-z_\d.])\d+(?:\.\d+)?", "N", text)[:160]  # not the digits of a name (rmc1)
 
 
+async def _cancel_others() -> None:
+    """Cancel every other task of the running loop and wait for them."""
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
+
+
 def _finite(x: float) -> float | None:
     return x if np.isfinite(x) else None
 
@@ -486,6 +494,7 @@ class LoadSession:
         if self._loop.is_closed():
             return
         try:
+            self._call(_cancel_others())  # a run a Ctrl-C left behind ends here, not as a destroyed pending task
             self._call(self.target.close())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
