@@ -161,3 +161,13 @@ def test_the_cli_parser_starts_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_the_provision_example_plans_a_day_that_fits(tmp_path):
+    """The example `recserve plan provision --help` and docs/planners.md give, on the bundled perfmodel."""
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "examples" / "day.yaml"
+    rc, out, err = run(["plan", "provision", "--traffic", str(example), "--json", str(tmp_path / "prov.json")])
+    assert rc == 0, err
+    assert "hercules vs greedy" in out and (tmp_path / "prov.json").exists()

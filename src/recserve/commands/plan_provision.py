@@ -2,12 +2,12 @@
 
 Example::
 
-    recserve plan provision --traffic day.yaml --json prov.json --plot prov.png
+    recserve plan provision --traffic examples/day.yaml --json prov.json --plot prov.png
 
-``day.yaml``::
+``examples/day.yaml``::
 
     available: {hercules-t1: 100, hercules-t2: 100, hercules-t3: 15}   # or --available a=1,b=2
-    peak_qps: {hercules-rmc1: 50000, hercules-rmc2: 50000}          # diurnal trace from recserve.workload
+    peak_qps: {hercules-rmc1: 50000, hercules-rmc2: 10000}          # diurnal trace from recserve.workload
     steps: 48                                                          # provisioning intervals per day
     # or an explicit trace instead of peak_qps:
     # trace: {hours: [0, 1, ...], loads: {hercules-rmc1: [..], hercules-rmc2: [..]}}
