@@ -214,6 +214,9 @@ def test_calibration_file_round_trip_and_version(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="calibration version 7"):
         load_calibration(path)
+    path.write_text(json.dumps({"version": 1, "kind": "pool", "pools": []}))  # another recserve file
+    with pytest.raises(ProfileError, match=r"not a calibration \(it holds no 'constants'"):
+        load_calibration(path)
 
 
 def test_near_memory_processing_helps_multi_hot_tables_only():

@@ -66,7 +66,8 @@ def _measured_ways(profiles, specs: list, servers: list, path: str):
     have = {t.model for t in measured.find(kind="slowdown_vs_llc_occupied")}
     fits = {s.name: fit_interference(measured, s.name) for s in specs if s.name in have}
     if not fits:
-        raise RecserveError(f"{path}: no measured LLC sensitivity for any of {[s.name for s in specs]}")
+        raise RecserveError(f"{path}: no measured LLC sensitivity for any of {[s.name for s in specs]} (`recserve "
+                            "profile interference --models ... --out FILE` measures it)")
     for server in servers:
         if server.llc_ways > 0:
             profiles = with_measured_ways(profiles, server.name, fits, server.llc_mb, server.llc_ways)

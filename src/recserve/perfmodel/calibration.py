@@ -92,7 +92,10 @@ OPTIONAL_CONSTANTS = frozenset(f.name for f in fields(Calibration)
 
 
 def calibration_from_dict(data: dict[str, Any], where: str = "calibration") -> Calibration:
-    if not isinstance(data, dict) or data.get("version") != CALIBRATION_VERSION:
+    if not isinstance(data, dict) or "constants" not in data:
+        raise ProfileError(f"{where}: not a calibration (it holds no 'constants'; `recserve profile calibrate` writes "
+                           "one)")
+    if data.get("version") != CALIBRATION_VERSION:
         found = data.get("version") if isinstance(data, dict) else None
         raise ProfileError(f"{where}: calibration version {found!r} is not supported "
                            f"(this recserve reads version {CALIBRATION_VERSION})")
