@@ -56,3 +56,24 @@ def test_an_unknown_dispatch_policy_lists_only_those_there_are():
     with pytest.raises(RecserveError) as exc:
         make_policy("oracle", 100.0)
     assert str(exc.value) == "unknown dispatch policy 'oracle'; known: clockwork, drs, fcfs, kairos, ribbon"
+
+
+def test_a_pool_backend_whose_url_is_no_url_is_refused_at_start(tmp_path):
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("qos_ms: 100\nbackends:\n  - {url: notaurl, type: t}\n")
+    rc, err = run(["route", "--pool", str(pool)])
+    assert rc == 2
+    assert one_line(err).endswith("backend 0: url must be http[s]://host[:port][/prefix], got 'notaurl'")
+
+
+def test_route_on_a_taken_port_is_one_error_line(tmp_path):
+    import socket
+
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("qos_ms: 100\nbackends:\n  - {url: 'http://127.0.0.1:9', type: t}\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, err = run(["route", "--pool", str(pool), "--port", str(port)])
+    assert rc == 2 and f"route: cannot listen on 127.0.0.1:{port}: " in one_line(err)

@@ -28,11 +28,11 @@ def cmd_route(args: argparse.Namespace) -> int:
         pool.qos_ms = args.qos_ms
     router = Router(pool, pool.make_policy(args.policy))
     types, urls = pool.instance_pool()
-    print(f"recserve route: {router.policy.name} over {len(types)} slots "
-          + ", ".join(f"{t}@{u}" for t, u in zip(types, urls, strict=True))
-          + f" on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    try:
-        web.run_app(router.app(), host=args.host, port=args.port, print=None)
+    banner = (f"recserve route: {router.policy.name} over {len(types)} slots "
+              + ", ".join(f"{t}@{u}" for t, u in zip(types, urls, strict=True)) + f" on http://{args.host}:{args.port}")
+    try:  # the banner once the port is held: a taken port is one error line, not a banner and then the error
+        web.run_app(router.app(), host=args.host, port=args.port, print=lambda _: print(banner, file=sys.stderr,
+                                                                                          flush=True))
     except OSError as exc:  # the port: taken, or an address this host does not have
         raise RecserveError(f"route: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; give another "
                             "--port") from exc

@@ -101,6 +101,10 @@ def load_pool(path: str | Path) -> PoolConfig:
     for i, b in enumerate(data["backends"]):
         if not isinstance(b, dict) or "url" not in b:
             raise SpecError(f"{path}: backend {i} needs a 'url'")
+        try:
+            Endpoint.parse(str(b["url"]))
+        except ValueError as exc:
+            raise SpecError(f"{path}: backend {i}: url {exc}") from None
         slots = int(b.get("slots", 1))
         if slots < 1:
             raise SpecError(f"{path}: backend {i}: slots must be >= 1")
