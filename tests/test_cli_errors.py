@@ -77,3 +77,14 @@ def test_route_on_a_taken_port_is_one_error_line(tmp_path):
         port = taken.getsockname()[1]
         rc, err = run(["route", "--pool", str(pool), "--port", str(port)])
     assert rc == 2 and f"route: cannot listen on 127.0.0.1:{port}: " in one_line(err)
+
+
+def test_more_tables_than_the_model_has_is_refused():
+    import subprocess
+    import sys
+
+    # a subprocess: `shards serve` installs its own signal handlers first
+    done = subprocess.run([sys.executable, "-m", "recserve.cli", "shards", "serve", "--model", "elasticrec-rm1",
+                           "--max-tables", "99"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert one_line(done.stderr) == "recserve: error: --max-tables 99: elasticrec-rm1 has 10 tables"

@@ -366,6 +366,8 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
     from recserve.zoo import build, sample_batch
 
     spec = get_model(args.model)
+    if args.max_tables > len(spec.tables):
+        raise RecserveError(f"--max-tables {args.max_tables}: {spec.name} has {len(spec.tables)} tables")
     if args.max_tables:
         spec = replace(spec, tables=spec.tables[: args.max_tables])
     model = build(spec, scale=args.scale, seed=args.seed).eval()
@@ -474,7 +476,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--decisions", default=None, help="with a pool plan: JSON-lines log of the router's decisions")
     p.add_argument("--model", help="ElasticRec shards of this model (instead of --plan)")
     p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for this host")
-    p.add_argument("--max-tables", type=non_negative_int, default=0, help="keep only the first N tables (small hosts)")
+    p.add_argument("--max-tables", type=non_negative_int, default=0,
+                   help="keep only the first N tables (small hosts; 0: all)")
     p.add_argument("--shards-per-table", type=count, default=2,
                    help="with --model: shards per table (a hot shard + even cold shards)")
     p.add_argument("--locality", type=fraction, default=0.9, help="share of lookups on the hottest 10%% of rows")

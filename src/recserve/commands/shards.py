@@ -33,8 +33,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from recserve.zoo import build
 
     spec = get_model(args.model)
+    if args.max_tables > len(spec.tables):
+        raise RecserveError(f"--max-tables {args.max_tables}: {spec.name} has {len(spec.tables)} tables")
     if args.max_tables:
-        spec = first_tables(spec, min(args.max_tables, len(spec.tables)))
+        spec = first_tables(spec, args.max_tables)
     plan = plan_from_json(args.plan) if args.plan else None
     print(f"[shards] hotness from {args.warmup} warm-up queries (locality P={args.locality:g}) ...", file=sys.stderr)
     model = build(spec, scale=args.scale, seed=args.seed)
@@ -73,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = actions.add_parser("serve", help="start embedding-shard replicas and the dense shard on loopback")
     p.add_argument("--model", required=True, help="catalogue model (or <name>@tables=K)")
     p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for this host")
-    p.add_argument("--max-tables", type=non_negative_int, default=0, help="keep only the first N tables (small hosts)")
+    p.add_argument("--max-tables", type=non_negative_int, default=0,
+                   help="keep only the first N tables (small hosts; 0: all)")
     p.add_argument("--plan", default=None, help="`recserve plan shard --json` output (boundaries, replicas)")
     p.add_argument("--shards-per-table", type=count, default=2, help="without --plan: hot shard + even cold shards")
     p.add_argument("--replicas", default=None, help="replicas per shard position, e.g. 2,1 (overrides the plan)")
