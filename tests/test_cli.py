@@ -105,6 +105,8 @@ def test_provision_arguments(traffic, extra, names):
     ("available: {hercules-t1: 10}\npeak_qps: {hercules-rmc1: 100}\nsteps: 0\n", "steps"),
     ("available: {hercules-t1: -2}\npeak_qps: {hercules-rmc1: 100}\n", "available.hercules-t1"),
     ("available: {hercules-t1: 10}\npeak_qps: {hercules-rmc1: .nan}\n", "peak_qps.hercules-rmc1"),
+    ("available: {hercules-t1: 10}\ntrace: {hours: [0, 12], loads: {hercules-rmc1: [100]}}\n",
+     "trace.hours holds 2 value(s); give one per step of trace.loads (1)"),
 ])
 def test_provision_traffic_file_values(traffic, text, names):
     rc, _, err = run(["plan", "provision", "--traffic", traffic(text)])
@@ -171,3 +173,16 @@ def test_the_provision_example_plans_a_day_that_fits(tmp_path):
     rc, out, err = run(["plan", "provision", "--traffic", str(example), "--json", str(tmp_path / "prov.json")])
     assert rc == 0, err
     assert "hercules vs greedy" in out and (tmp_path / "prov.json").exists()
+
+
+def test_provision_alpha_names_both_forms():
+    from pathlib import Path
+
+    example = str(Path(__file__).parents[1] / "examples" / "day.yaml")
+    rc, _, err = run(["plan", "provision", "--traffic", example, "--alpha", "abc"])
+    assert rc == 2 and "must be a finite number in [0, 10], got 'abc', or 'history'" in error_line(err)
+
+
+def test_a_tier_plan_the_ssd_cannot_serve_exits_1():
+    rc, out, err = run(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "1e8"])
+    assert rc == 1 and "feasible" in out and "the plan is infeasible" in err

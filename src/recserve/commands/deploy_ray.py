@@ -86,7 +86,8 @@ def _measure_qps_max(weights: dict[str, np.ndarray], probes: dict[str, tuple[np.
 
 def cmd_ray(args: argparse.Namespace) -> int:
     if bool(args.plan) == bool(args.model):
-        raise RecserveError("deploy ray: give either --plan PLAN.json (pool, colocate) or --model NAME (shards)")
+        raise RecserveError("deploy ray: give either --plan PLAN.json (pool, colocate, provision, shard or fleet) or "
+                            "--model NAME (shards)")
     if args.plan:
         import recserve.planners.fleet  # noqa: F401 - registers the fleet plan kind
         from recserve.planners.plan import Plan

@@ -56,7 +56,7 @@ def day_loads(traffic: TrafficFile, where: str, steps: int | None) -> tuple[np.n
         hours = np.asarray(traffic.trace.hours if traffic.trace.hours is not None else np.arange(n) * 24.0 / n,
                            dtype=float)
         if hours.shape != (n,):
-            raise SpecError(f"{where}: trace.hours must be {n} finite numbers, one per step")
+            raise SpecError(f"{where}: trace.hours holds {hours.size} value(s); give one per step of trace.loads ({n})")
         return hours, loads
     if not traffic.peak_qps:
         raise SpecError(f"{where}: give 'peak_qps: {{model: qps}}' or 'trace: {{loads: ...}}'")
@@ -68,7 +68,12 @@ def day_loads(traffic: TrafficFile, where: str, steps: int | None) -> tuple[np.n
 
 def alpha_arg(text: str) -> float | str:
     """``--alpha``'s argparse type: ``history``, or a finite number in [0, 10] (one-line error otherwise)."""
-    return "history" if text.strip().lower() == "history" else number(0, 10)(text)
+    if text.strip().lower() == "history":
+        return "history"
+    try:
+        return number(0, 10)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or 'history'") from None
 
 
 def over_provision_rate(arg: str | float, loads: dict) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from recserve.commands._plan_common import count, fraction, positive, qps
 from recserve.errors import SpecError
@@ -30,6 +31,10 @@ def cmd_tier(args: argparse.Namespace) -> int:
         print(plan.table())
         for note in plan.notes:
             print(f"note: {note}")
+    if not plan.summary.get("feasible", True):
+        print("recserve: the plan is infeasible: the SSD cannot hold or serve its tables at this load (its capacity "
+              "and IOPS are in the summary)", file=sys.stderr)
+        return 1
     return 0
 
 

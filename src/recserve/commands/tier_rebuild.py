@@ -26,8 +26,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     chosen = [m for m in config.models if (m.options or {}).get("tier") and args.model in (None, m.name)]
     if not chosen:
-        raise RecserveError(f"--model: no served model with a 'tier:' section in {args.config}"
-                            + (f" named {args.model!r}" if args.model else ""))
+        raise RecserveError(f"{args.config}: no served model with a 'tier:' section"
+                            + (f" named {args.model!r} (--model)" if args.model else ": nothing to rebuild"))
     for cfg in chosen:
         model = build(get_model(cfg.model), scale=cfg.scale, seed=cfg.seed)
         resources = tier_from_config(model, cfg.options["tier"], f"model {cfg.name!r} tier", rebuild=True)
