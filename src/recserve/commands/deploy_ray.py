@@ -486,11 +486,12 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--address", default=None, help="join an existing Ray cluster (default: start a local one)")
     p.add_argument("--ramp", default="", help="comma-separated arrival rates to step through, e.g. 5,20,60")
     p.add_argument("--step-s", type=positive, default=20.0, help="seconds per ramp step")
-    p.add_argument("--max-replicas", type=count, default=4, help="most replicas the autoscaler gives one shard")
+    p.add_argument("--max-replicas", type=count, default=4,
+                   help="most replicas the autoscaler gives one shard (at least its initial ones)")
     p.add_argument("--headroom", type=positive, default=0.5,
                    help="share of a shard's profiled gather QPSmax one replica may carry before another is added "
                         "(a Ray call costs more than the gather itself)")
-    p.add_argument("--no-autoscale", action="store_true", help="keep each shard at one replica")
+    p.add_argument("--no-autoscale", action="store_true", help="keep each shard at its initial replicas")
     p.add_argument("--seed", type=seed, default=0, help="seed of the model's weights, queries and arrivals")
     p.add_argument("--json", default=None, help="write the run log here")
     p.set_defaults(func=cmd_ray)
