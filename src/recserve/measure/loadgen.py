@@ -253,7 +253,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
         except RequestFailed as exc:
             kinds[k] = exc.kind
             refused[k] = (loop.time() - start - times[k]) * 1000.0
-            if exc.detail:
+            if exc.detail and exc.kind.startswith(("http_", "grpc_")):  # the server's answer, not a client failure
                 reasons[k] = refusal_reason(exc.detail)
         except TimeoutError:
             kinds[k] = "timeout"
