@@ -1499,3 +1499,40 @@ def test_a_large_plain_json_query_shed_from_its_skeleton_lets_its_body_go_at_onc
         gc.enable()
         theirs.close()
         loop.close()
+
+
+def test_every_answer_during_a_drain_closes_its_connection():
+    """A keep-alive client whose query is answered (503 here) while the node drains is told ``Connection: close``
+    and the connection closes after the answer: it does not send its next query on a connection about to go."""
+    from recserve.serving.worker.http_connection import Request
+    from recserve.serving.worker.limits import PlaneLimits
+    from recserve.serving.worker.plane import WorkerPlane
+
+    query = (np.zeros((4, 1), np.float32), np.zeros(0, np.int64), np.zeros((0, 4), np.int32))
+
+    class Path:
+        def decode(self, body, header_length):
+            return {}, query, 4
+
+    class Conn:
+        arrived, writes, kept = 0.0, [], []
+
+        def write(self, data, close=False):
+            self.writes.append(bytes(data))
+
+        def answered(self, keep_alive):
+            self.kept.append(keep_alive)
+
+    loop = asyncio.new_event_loop()
+    try:
+        plane = WorkerPlane(loop, "m", Path(), lambda msg: None, lambda *handoff: None,
+                            PlaneLimits(queue_limit=3, deadline_s=10.0, fuse_items=0, compute_thread_ms=-1),
+                            sub_batch=0)
+        plane.admission.draining = True
+        conn = Conn()
+        plane.admit(conn, Request("POST", "/v2/models/m/infer", "HTTP/1.1", {}, bytearray(b"{}"), time.perf_counter()))
+        assert conn.writes[0].startswith(b"HTTP/1.1 503") and b"\r\nConnection: close\r\n" in conn.writes[0]
+        assert conn.kept == [False]
+        assert not plane.keeps(True)
+    finally:
+        loop.close()

@@ -286,7 +286,7 @@ class Connection(asyncio.BufferedProtocol):
         error = self.plane.early.from_header(bytes(self.buf[head_end : head_end + int(length)]), self.arrived)
         if error is None:
             return False
-        self._skip_keep_alive = keep_alive(version, headers)
+        self._skip_keep_alive = self.plane.keeps(keep_alive(version, headers))
         self.plane.shed(self, error, self._skip_keep_alive)
         self._skip = self._needed - len(self.buf)
         self.buf.clear()

@@ -117,8 +117,9 @@ class WorkerPlane:
         if header_length is None and len(req.body) >= codec.JSON_FAST_BYTES:
             error = self.early.from_json(req.body, req.arrived)
             if error is not None:
-                self.shed(conn, error, req.keep_alive)
-                conn.answered(req.keep_alive)
+                keep = self.keeps(req.keep_alive)
+                self.shed(conn, error, keep)
+                conn.answered(keep)
                 return
             if self.json_decoder.takes(len(req.body), self.admission.busy()):
                 self.json_decoder.submit(req.body, lambda decoded, error: self._queue_decoded(conn, req, decoded,
@@ -141,11 +142,13 @@ class WorkerPlane:
         if error is not None:
             refusal = as_infer_error(error)
             self.refused(refusal.code)
-            conn.write(error_response(refusal, close=not req.keep_alive))
-            conn.answered(req.keep_alive)
+            keep = self.keeps(req.keep_alive)
+            conn.write(error_response(refusal, close=not keep))
+            conn.answered(keep)
             return
 
         def reply(scores: np.ndarray | None, error: InferError | None) -> None:
+            keep = self.keeps(req.keep_alive)
             if error is None:
                 try:
                     payload, headers = self.model.encode(request, scores)
@@ -153,11 +156,11 @@ class WorkerPlane:
                     error = as_infer_error(exc)
                 else:
                     content_type = headers.pop("Content-Type")
-                    conn.write(response_bytes(200, payload, content_type, headers, close=not req.keep_alive))
+                    conn.write(response_bytes(200, payload, content_type, headers, close=not keep))
             if error is not None:
                 extra = {"Retry-After": self.admission.retry_after()} if error.code == "unavailable" else None
-                conn.write(error_response(error, close=not req.keep_alive, extra=extra))
-            conn.answered(req.keep_alive)
+                conn.write(error_response(error, close=not keep, extra=extra))
+            conn.answered(keep)
 
         self.enqueue(arrays, items, req.arrived, timeout, reply, forward=False)
 
@@ -258,6 +261,11 @@ class WorkerPlane:
             self.reporter.record(("done", items, now - arrived, sent - arrived, now - sent, 0))  # passes: the worker's
 
         self.offload.submit(arrays, deadline, done)  # type: ignore[union-attr]
+
+    def keeps(self, keep_alive: bool) -> bool:
+        """Whether a connection stays open after an answer: never while draining, so the answer says ``Connection:
+        close`` and the client sends its next request on a new connection, not on one about to be closed."""
+        return keep_alive and not self.admission.draining
 
     def shed(self, conn: Connection, error: InferError, keep_alive: bool) -> None:
         """Answer a query refused before it was read whole (503 with Retry-After), counted as a failure."""
