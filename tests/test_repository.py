@@ -568,6 +568,15 @@ def test_a_repository_path_builds_and_serves_its_own_artifact(repo):
         assert np.abs(scores(model, batch) - want).max() <= 1e-6
 
 
+def test_bench_sends_a_repository_model_ids_over_its_whole_tables(repo, capsys):
+    """A repository model is served as its files hold it, so bench's queries span its real rows (scale 1)."""
+    from recserve.cli import main
+
+    assert main(["bench", "--model", str(repo / "ctr"), "--target", "inprocess:thread", "--rate", "20",
+                 "--duration", "0.5"]) == 0
+    assert f"model {repo / 'ctr'} at scale 1," in capsys.readouterr().err
+
+
 def test_plan_and_perfmodel_take_a_repository_model(repo, tmp_path, capsys):
     from recserve.cli import main
 

@@ -22,6 +22,7 @@ from recserve.commands._plan_common import (
     growth,
     int_list,
     non_negative,
+    number,
     percentile,
     positive,
     qps,
@@ -33,6 +34,8 @@ from recserve.specs import get_model
 
 def _run(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
+    if args.scale is None:  # a repository model is served as its files hold it: unscaled
+        args.scale = 1.0 if Path(args.model).is_dir() else 1e-3
     sla_ms = args.sla_ms or spec.sla.target_ms
     percentile = args.percentile or spec.sla.percentile
     stack = contextlib.ExitStack()
@@ -216,7 +219,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "inprocess:thread, or "
                         "serve-http / serve-grpc (start a local node server with --workers workers)")
     p.add_argument("--served-name", default="", help="model name on the server (default: --model)")
-    p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale the server/model was built with")
+    p.add_argument("--scale", type=number(0, 1, low_open=True), default=None,
+                   help="table-row scale the server/model was built with (default 1e-3 for a catalogue model, 1 for "
+                        "a repository model's path)")
     p.add_argument("--workers", type=count, default=1,
                    help="workers for inprocess and serve-* targets (ignored for remote servers)")
     p.add_argument("--rate", type=qps, default=10.0, help="offered queries/s (start rate with --find-max-load)")
