@@ -665,3 +665,19 @@ def test_exit_on_error_stops_a_node_whose_model_failed_to_load(tmp_path):
     time.sleep(1)  # a worker's exit is reaped by the kernel, not awaited by its parent
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # no process of the session it started is left
+
+
+@pytest.mark.integration  # starts a node with two versions of a model
+@pytest.mark.timeout(300)
+def test_the_model_config_reports_the_version_policy_it_was_loaded_by(tmp_path):
+    root = tmp_path / "repo"
+    (root / "ctr").mkdir(parents=True)
+    (root / "ctr" / "config.yaml").write_text("workers: 1\nversion_policy: {all: {}}\n" + generous_yaml())
+    for version in (1, 2):
+        write_version(trained(0, "ctr"), root / "ctr", version, "safetensors")
+    with started(NodeConfig(models=[], repository=str(root))) as server:
+        config = http.get_json(server.ports.http, "/v2/models/ctr/config")
+        assert config["version_policy"] == {"all": {}}
+        over_grpc = grpc_client.triton(server.ports.grpc)
+        assert over_grpc.get_model_config("ctr", as_json=True)["config"]["version_policy"] == {"all": {}}
+        over_grpc.close()

@@ -94,6 +94,7 @@ class NodeCore:
         self.versions: dict[str, dict[str, ModelRuntime]] = {n: {rt.version: rt} for n, rt in self.models.items()}
         self.repository = Repository(config.repository) if config.repository else None
         self.repo_state: dict[tuple[str, str], tuple[str, str]] = {}  # (model, version) -> (state, reason)
+        self.policies: dict[str, Any] = {}  # repository model -> the VersionPolicy its versions were loaded by
         self._model_locks: dict[str, asyncio.Lock] = {}
         self.retiring: set[ModelRuntime] = set()  # versions unloaded or replaced, finishing their queries
         self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
@@ -246,7 +247,9 @@ class NodeCore:
 
     def model_config(self, rt: ModelRuntime) -> dict[str, Any]:
         workers = sum(len(p.active()) for p in rt.pools.values())
-        return protocol.model_config(rt.name, rt.info, rt.cfg.max_batch_size, workers)
+        policy = self.policies.get(rt.name)
+        return protocol.model_config(rt.name, rt.info, rt.cfg.max_batch_size, workers,
+                                     policy.as_triton() if policy is not None else None)
 
     def node_state(self) -> dict[str, Any]:
         supported = self.llc.supported
@@ -315,7 +318,7 @@ class NodeCore:
                 if version != newest and rt.is_default:
                     await rt.set_default(False)
             await loaded[newest].set_default(True)
-            self.models[name] = loaded[newest]
+            self.models[name], self.policies[name] = loaded[newest], repo.settings(name).policy
             retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
             for rt in retire:
                 self.repo_state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")

@@ -55,6 +55,14 @@ class VersionPolicy:
             return [v for v in available if v in self.versions]
         return available[-self.num_versions:]
 
+    def as_triton(self) -> dict[str, Any]:
+        """The policy as Triton's model configuration writes it."""
+        if self.kind == "all":
+            return {"all": {}}
+        if self.kind == "specific":
+            return {"specific": {"versions": list(self.versions)}}
+        return {"latest": {"num_versions": self.num_versions}}
+
 
 class LatestVersions(Schema):
     num_versions: integer(1) = 1

@@ -63,8 +63,10 @@ def model_metadata(name: str, info: ModelInfo, versions: list[str] | None = None
     return {"name": name, "versions": versions or ["1"], "platform": PLATFORM, "inputs": inputs, "outputs": outputs}
 
 
-def model_config(name: str, info: ModelInfo, max_batch_size: int, workers: int) -> dict[str, Any]:
-    """Triton's model configuration JSON (the fields perf_analyzer and tritonclient read).
+def model_config(name: str, info: ModelInfo, max_batch_size: int, workers: int,
+                 version_policy: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Triton's model configuration JSON (the fields perf_analyzer and tritonclient read); ``version_policy`` in
+    Triton's form (default: the newest version alone, what a node config's model serves).
 
     ``max_batch_size`` is the largest query the server admits (the node config's ``max_batch_size``);
     it is reported as ``parameters.max_query_size`` while the Triton field is 0 (see the module doc).
@@ -74,7 +76,7 @@ def model_config(name: str, info: ModelInfo, max_batch_size: int, workers: int) 
         "name": name,
         "platform": PLATFORM,
         "backend": BACKEND,
-        "version_policy": {"latest": {"num_versions": 1}},
+        "version_policy": version_policy or {"latest": {"num_versions": 1}},
         "max_batch_size": 0,
         "input": [{"name": t["name"], "data_type": "TYPE_" + t["datatype"], "format": "FORMAT_NONE",
                    "dims": t["shape"]} for t in inputs],
