@@ -38,6 +38,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         names = ", ".join(written[:4]) + (f", ... ({len(written) - 4} more)" if len(written) > 4 else "")
         print(f"{cfg.name}: {len(tables)} table file(s) in {cfg.options['tier']['dir']}: {len(tables) - len(written)} "
               f"valid, {len(written)} (re)written from DRAM" + (f": {names}" if written else ""))
+        if written:
+            print(f"note: a node serving {cfg.name} reads the rewritten files once its workers are replaced "
+                  f"(`POST /control/models/{cfg.name}/workers` with the same count, or a restart)")
     return 0
 
 
