@@ -268,11 +268,13 @@ def _gauge(name: str, help_text: str, labels: list[str], rows: Iterable[tuple[li
 
 
 def _request_families(models: dict[str, ModelGauges], node_refusals: dict[str, int]) -> Iterator[Metric]:
-    yield _counter("recserve_requests_total", "Inference requests received (admitted or not).", ["model"],
+    yield _counter("recserve_requests_total", "Queries that reached admission (read and valid; refused ones are in "
+                   "recserve_requests_refused_total).", ["model"],
                    (([name], m.requests) for name, (m, _, _) in models.items()))
     yield _counter("recserve_request_success_total", "Inference requests answered with scores.", ["model"],
                    (([name], m.successes) for name, (m, _, _) in models.items()))
-    yield _counter("recserve_request_errors_total", "Failed requests by reason.", ["model", "code"],
+    yield _counter("recserve_request_errors_total", "Queries that reached admission and failed, by code.",
+                   ["model", "code"],
                    (([name, code], count) for name, (m, _, _) in models.items()
                     for code, count in sorted(m.errors.items())))
     refused = [([name, code], count) for name, (m, _, _) in models.items()
