@@ -74,3 +74,26 @@ def test_models_list_against_no_node_is_one_line(capsys):
     assert main(["models", "list", "--server", f"http://127.0.0.1:{port}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"recserve: error: cannot reach a node at http://127.0.0.1:{port}") and "Traceback" not in err
+
+
+def test_a_refused_token_says_where_this_client_reads_it(monkeypatch):
+    class Guarded(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = b'{"error": "Authorization: the control API needs \'Bearer <token>\'"}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.delenv("RECSERVE_CONTROL_TOKEN", raising=False)
+    server = _serve(Guarded)
+    try:
+        with pytest.raises(RecserveError, match="HTTP 401: .*needs 'Bearer <token>' \\(this client sends the token "
+                                                "in RECSERVE_CONTROL_TOKEN"):
+            ControlClient("127.0.0.1", server.server_address[1], timeout_s=10).models()
+    finally:
+        server.shutdown()
+        server.server_close()

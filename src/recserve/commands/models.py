@@ -193,7 +193,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                ("unload", cmd_unload, "unload every version of a model")):
         ap = msub.add_parser(action, help=f"{what} on a running node")
         ap.add_argument("name", help="the model's name in the node's repository")
-        ap.add_argument("--server", required=True, help="the node's HTTP address, http://HOST:PORT")
+        ap.add_argument("--server", required=True,
+                        help="the node's HTTP address, http://HOST:PORT (a node with a control token: set "
+                             "RECSERVE_CONTROL_TOKEN)")
         ap.set_defaults(func=func)
     sp = msub.add_parser("show", help="full spec of one model as JSON")
     sp.add_argument("name", help="a catalogue model name or a repository model's path, REPO/<model>")

@@ -61,6 +61,8 @@ class ControlClient:
             except ValueError:
                 detail = {}
             message = detail.get("error", exc.reason)
+            if exc.code == 401 and not self.token:
+                message += " (this client sends the token in RECSERVE_CONTROL_TOKEN: set it to the node's)"
             cls = LlcUnsupportedError if exc.code == 501 else ControlError
             raise cls(exc.code, message, detail.get("field")) from None
         except (OSError, http.client.HTTPException) as exc:  # URLError, a reset, a timeout, not HTTP
