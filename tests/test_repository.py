@@ -681,3 +681,35 @@ def test_the_model_config_reports_the_version_policy_it_was_loaded_by(tmp_path):
         over_grpc = grpc_client.triton(server.ports.grpc)
         assert over_grpc.get_model_config("ctr", as_json=True)["config"]["version_policy"] == {"all": {}}
         over_grpc.close()
+
+
+@pytest.mark.integration  # starts a node whose repository model reads a table from an SSD-tier file
+@pytest.mark.timeout(300)
+def test_a_repository_models_broken_tier_file_is_named_and_rebuilt(tmp_path, disk_dir):
+    import os
+
+    import yaml
+
+    from recserve.cli import main
+    from recserve.embedding.tablefile import read_header
+
+    root = tmp_path / "repo"
+    (root / "ctr").mkdir(parents=True)
+    (root / "ctr" / "config.yaml").write_text(f"workers: 1\ntiering: {{dir: {disk_dir}, tables: all, cache_mb: 1}}\n"
+                                              + generous_yaml())
+    write_version(trained(0, "ctr"), root / "ctr", 1, "safetensors")
+    node = tmp_path / "node.yaml"
+    node.write_text(yaml.safe_dump({"repository": str(root), "models": []}))
+    assert main(["tier", "rebuild", "--config", str(node)]) == 0  # writes the files from the trained weights
+    first = sorted(p for p in os.listdir(disk_dir) if p.endswith(".tbl"))[0]
+    path = os.path.join(disk_dir, first)
+    with open(path, "r+b") as f:
+        f.seek(read_header(path).data_offset + 8)
+        f.write(b"\xff\xff\xff\xff")
+    with started(NodeConfig(models=[], repository=str(root), strict_readiness=False)) as server:
+        index = http.post_json(server.ports.http, "/v2/repository/index", timeout_s=60).json()
+        assert [(e["name"], e["state"]) for e in index] == [("ctr", "UNAVAILABLE")]
+        assert "checksum mismatch" in index[0]["reason"] and "recserve tier rebuild" in index[0]["reason"]
+        assert main(["tier", "rebuild", "--config", str(node), "--model", "ctr"]) == 0
+        http.triton(server.ports.http).load_model("ctr")
+        assert http.triton(server.ports.http).is_model_ready("ctr")

@@ -7,7 +7,8 @@ Example::
 
 A table file is rebuilt when it is missing, truncated, corrupt (header, footer or any block checksum), or was
 written from other weights (a file swapped in under the same name).  The DRAM copy is the model the config
-describes (catalogue spec, scale, seed), built here exactly as a worker builds it; files that pass are kept.
+describes (catalogue spec, scale, seed; a repository model's own weights, its newest selected version), built here
+exactly as a worker builds it; files that pass are kept.
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from recserve.zoo import build
 
     config = load_config(args.config)
-    chosen = [m for m in config.models if (m.options or {}).get("tier") and args.model in (None, m.name)]
+    served = list(config.models) + _repository_models(config.repository)
+    chosen = [m for m in served if (m.options or {}).get("tier") and args.model in (None, m.name)]
     if not chosen:
         raise RecserveError(f"{args.config}: no served model with a 'tier:' section"
                             + (f" named {args.model!r} (--model)" if args.model else ": nothing to rebuild"))
     for cfg in chosen:
-        model = build(get_model(cfg.model), scale=cfg.scale, seed=cfg.seed)
+        if cfg.artifact:  # a repository model: its own weights are the DRAM copy
+            from pathlib import Path
+
+            from recserve.zoo.artifacts import load_artifact
+
+            model = load_artifact(Path(cfg.artifact), cfg.spec)
+        else:
+            model = build(get_model(cfg.model), scale=cfg.scale, seed=cfg.seed)
         resources = tier_from_config(model, cfg.options["tier"], f"model {cfg.name!r} tier", rebuild=True)
         tables = [t for t in model.tables if isinstance(t, TieredTable)]
         for t in tables:
@@ -42,6 +51,16 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             print(f"note: a node serving {cfg.name} reads the rewritten files once its workers are replaced "
                   f"(`POST /control/models/{cfg.name}/workers` with the same count, or a restart)")
     return 0
+
+
+def _repository_models(root: str | None) -> list:
+    """The newest selected version of each model of the config's repository (``tiering:`` in its config.yaml)."""
+    if not root:
+        return []
+    from recserve.serving.node.repository import Repository
+
+    repo = Repository(root)
+    return [repo.model_config(name, repo.selected_versions(name)[-1]) for name in repo.names()]
 
 
 def register(actions: argparse._SubParsersAction) -> None:

@@ -67,6 +67,8 @@ class PipeInbox:
             handle.config_seq = max(handle.config_seq, int(msg.seq))
         elif isinstance(msg, pipe.Ready):
             self._ready(pool, handle, msg)
+        elif isinstance(msg, pipe.Failed):
+            pool.on_failed(handle, msg.reason)
 
     def _handoff(self, handle: WorkerHandle, msg: pipe.Handoff) -> None:
         """A connection its worker does not serve (the descriptor follows on the pipe)."""

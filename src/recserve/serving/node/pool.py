@@ -132,6 +132,12 @@ class WorkerPool:
             await await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
 
     # ------------------------------------------------------------------ worker events (from its pipe)
+    def on_failed(self, handle: WorkerHandle, reason: str) -> None:
+        """The worker could not build its model and exits: its start fails with the worker's own reason."""
+        if not handle.ready.done():
+            handle.ready.set_exception(InferError("invalid", f"model {self.name!r}: {reason}"))
+            handle.ready.exception()  # mark retrieved
+
     def on_ready(self, handle: WorkerHandle, pid: int) -> None:
         handle.pid = pid
         if self._llc is not None:

@@ -40,6 +40,13 @@ class Ready(NamedTuple):
     tier_io: list  # tiered tables' read path (``embedding.tiered.io_report``); [] for DRAM models
 
 
+class Failed(NamedTuple):
+    """The worker could not build its model (a user's file: a broken SSD-tier table, say); it exits."""
+
+    TAG = "failed"
+    reason: str
+
+
 class Stats(NamedTuple):
     """Records, batched: ``("done", items, e2e_s, queue_s, compute_s, executions)``, ``("error", code, e2e_s)``,
     ``("refused", code)``, ``("read_paused",)``, ``("kind", "cpu"|"accelerator", items)``,
@@ -109,9 +116,9 @@ class Drain(NamedTuple):
     TAG = "drain"
 
 
-Message = Applied | Ready | Stats | Beat | Conn | Gone | Handoff | Adopt | Config | Drain
-KINDS: dict[str, type] = {kind.TAG: kind for kind in (Applied, Ready, Stats, Beat, Conn, Gone, Handoff, Adopt, Config,
-                                                      Drain)}
+Message = Applied | Ready | Failed | Stats | Beat | Conn | Gone | Handoff | Adopt | Config | Drain
+KINDS: dict[str, type] = {kind.TAG: kind for kind in (Applied, Ready, Failed, Stats, Beat, Conn, Gone, Handoff, Adopt,
+                                                      Config, Drain)}
 
 
 def encode(message: Message) -> tuple:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recserve.errors import RecserveError
 from recserve.serving.wire import pipe
 from recserve.specs import get_model
 from recserve.zoo import RecModel, build
@@ -204,7 +205,11 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
     _pin(args)
     os.environ.update(args.probe_verdicts)
-    model = shared_model if shared_model is not None else build_worker_model(args.model_config)
+    try:
+        model = shared_model if shared_model is not None else build_worker_model(args.model_config)
+    except RecserveError as exc:  # the user's to fix: said to the supervisor in one line, no traceback
+        conn.send(pipe.encode(pipe.Failed(str(exc))))
+        sys.exit(1)
     model.eval()
     buf = io.numpy() if io is not None else np.zeros(0, np.uint8)
     in_buf, out_buf = buf[: args.io_split], buf[args.io_split :]
