@@ -22,6 +22,7 @@ from recserve.planners.fleet import FleetGroup, FleetPlan
 from recserve.serving import build_worker_model, config_from_dict
 from recserve.zoo import sample_batch
 from tests.support.oip_inputs import http_inputs
+from tests.support.procs import live_with
 
 
 def _plan() -> FleetPlan:
@@ -117,24 +118,6 @@ def test_a_node_that_dies_is_reported_and_started_again_on_its_port_until_its_re
         stop_nodes(nodes)
 
 
-def _running_with(text: str) -> list[int]:
-    """Pids of live (not zombie) processes whose command line holds ``text``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if text in cmdline and state != "Z":
-            pids.append(int(entry))
-    return pids
-
-
 def _wait_until(check, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -154,11 +137,11 @@ def test_a_tethered_process_stops_when_its_parent_is_killed(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", parent, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "tethered"
-        assert len(_running_with(marker)) == 1
+        assert len(live_with(marker)) == 1
     finally:
         proc.kill()
         proc.wait()
-    assert _wait_until(lambda: not _running_with(marker), 30), "the child outlived its parent"
+    assert _wait_until(lambda: not live_with(marker), 30), "the child outlived its parent"
 
 
 @pytest.mark.integration  # starts deploy local and a node process
@@ -173,15 +156,15 @@ def test_killing_deploy_local_or_closing_its_terminal_stops_its_nodes(tmp_path, 
     try:
         assert _wait_until(lambda: (workdir / "endpoints.json").exists() or proc.poll() is not None, 240)
         [url] = json.loads((workdir / "endpoints.json").read_text())["hercules-rmc1"]
-        assert _ready(url) and _running_with(str(workdir / "node0.yaml"))
+        assert _ready(url) and live_with(str(workdir / "node0.yaml"))
         proc.send_signal(sig)
         proc.wait(timeout=60)
-        assert _wait_until(lambda: not _running_with(str(workdir / "node0.yaml")), 60), "the node outlived deploy"
+        assert _wait_until(lambda: not live_with(str(workdir / "node0.yaml")), 60), "the node outlived deploy"
         assert not _ready(url)
     finally:
         proc.kill()
         proc.wait()
-        for pid in _running_with(str(workdir)):
+        for pid in live_with(str(workdir)):
             os.kill(pid, signal.SIGKILL)
 
 

@@ -11,6 +11,7 @@ from recserve.measure.loadgen import LoadSession
 from recserve.measure.profiler import Budget, maxload_tables
 from recserve.measure.requests import RequestPool
 from recserve.specs import SLA, catalogue_models, get_model
+from tests.support.procs import live_with
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -111,24 +112,6 @@ def test_a_spawned_server_keeps_the_deadline_it_was_given():
     assert config_from_dict(cfg).models[0].deadline_ms == 1234.0  # a config `recserve serve` accepts
 
 
-def _live_with(text: str) -> list[int]:
-    """Pids of live (not zombie) processes whose command line holds ``text``."""
-    import os
-
-    pids = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as fh:
-                zombie = fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-        except OSError:
-            continue
-        if text in cmdline and not zombie:
-            pids.append(int(entry))
-    return pids
-
-
 def _node_ready(folder) -> bool:
     """The node a bench started under ``folder`` answers ready."""
     import urllib.request
@@ -171,9 +154,9 @@ def test_a_bench_stopped_or_killed_leaves_no_node_server_behind(tmp_path, sig):
         rc = bench.wait(timeout=90)
         assert rc == (143 if sig == "SIGTERM" else -signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while _live_with(f"{tmp_path}/recserve-measure-") and time.monotonic() < deadline:
+        while live_with(f"{tmp_path}/recserve-measure-") and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not _live_with(f"{tmp_path}/recserve-measure-"), "the node outlived bench"
+        assert not live_with(f"{tmp_path}/recserve-measure-"), "the node outlived bench"
         if sig == "SIGTERM":
             err = bench.stderr.read()
             assert not list(tmp_path.glob("recserve-measure-*")) and "stopped (SIGTERM)" in err
@@ -181,7 +164,7 @@ def test_a_bench_stopped_or_killed_leaves_no_node_server_behind(tmp_path, sig):
     finally:
         bench.kill()
         bench.wait()
-        for pid in _live_with(f"{tmp_path}/recserve-measure-"):
+        for pid in live_with(f"{tmp_path}/recserve-measure-"):
             os.kill(pid, signal.SIGKILL)
 
 
