@@ -21,8 +21,7 @@ from recserve.errors import RecserveError
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from recserve.embedding.tiered import TieredTable, tier_from_config
     from recserve.serving.node.config import load_config
-    from recserve.specs import get_model
-    from recserve.zoo import build
+    from recserve.serving.worker.main import dram_model
 
     config = load_config(args.config)
     served = list(config.models) + _repository_models(config.repository)
@@ -31,14 +30,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         raise RecserveError(f"{args.config}: no served model with a 'tier:' section"
                             + (f" named {args.model!r} (--model)" if args.model else ": nothing to rebuild"))
     for cfg in chosen:
-        if cfg.artifact:  # a repository model: its own weights are the DRAM copy
-            from pathlib import Path
-
-            from recserve.zoo.artifacts import load_artifact
-
-            model = load_artifact(Path(cfg.artifact), cfg.spec)
-        else:
-            model = build(get_model(cfg.model), scale=cfg.scale, seed=cfg.seed)
+        model = dram_model(cfg)
         resources = tier_from_config(model, cfg.options["tier"], f"model {cfg.name!r} tier", rebuild=True)
         tables = [t for t in model.tables if isinstance(t, TieredTable)]
         for t in tables:

@@ -69,14 +69,7 @@ def build_worker_model(model_config: Any) -> RecModel:
         from recserve.errors import SpecError
 
         raise SpecError(f"model {model_config.name!r}: table_backend {backend!r} is not available")
-    if getattr(model_config, "artifact", ""):  # a repository model: the user's trained weights or program
-        from pathlib import Path
-
-        from recserve.zoo.artifacts import load_artifact
-
-        model = load_artifact(Path(model_config.artifact), model_config.spec)
-    else:
-        model = build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
+    model = dram_model(model_config)
     tier = (model_config.options or {}).get("tier")
     if tier:  # SDM: some tables served from SSD files behind DRAM caches (docs/sdm.md)
         from recserve.embedding.tiered import tier_from_config
@@ -90,6 +83,18 @@ def build_worker_model(model_config: Any) -> RecModel:
     if isinstance(model, RecModel):  # zoo families and safetensors artifacts; exported programs run as they are
         model.direct_layers()
     return model
+
+
+def dram_model(model_config: Any) -> RecModel:
+    """A served model's weights, every table in DRAM: a repository model's own artifact, else the catalogue model
+    built at its scale and seed (what ``tier rebuild`` writes SSD-tier files from)."""
+    if getattr(model_config, "artifact", ""):  # a repository model: the user's trained weights or program
+        from pathlib import Path
+
+        from recserve.zoo.artifacts import load_artifact
+
+        return load_artifact(Path(model_config.artifact), model_config.spec)
+    return build(get_model(model_config.model), scale=model_config.scale, seed=model_config.seed)
 
 
 def share_model(model: RecModel) -> RecModel:
