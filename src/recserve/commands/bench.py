@@ -35,7 +35,9 @@ from recserve.specs import get_model
 def _run(args: argparse.Namespace) -> int:
     spec = get_model(args.model)
     if args.scale is None:  # a repository model is served as its files hold it: unscaled
-        args.scale = 1.0 if Path(args.model).is_dir() else 1e-3
+        from recserve.serving.node.repository import is_reference
+
+        args.scale = 1.0 if is_reference(args.model) else 1e-3
     sla_ms = args.sla_ms or spec.sla.target_ms
     percentile = args.percentile or spec.sla.percentile
     stack = contextlib.ExitStack()
