@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -19,10 +21,26 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+@contextlib.contextmanager
+def _answering(status: int, body: bytes) -> Iterator[int]:
+    """A stand-in HTTP server that answers every GET ``status`` with ``body``; its port."""
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_node_that_is_not_there_is_unreachable_and_still_an_os_error():
@@ -33,24 +51,9 @@ def test_a_node_that_is_not_there_is_unreachable_and_still_an_os_error():
 
 
 def test_a_server_that_is_not_a_node_is_named_as_such():
-    class Html(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = b"<html>hello</html>"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = _serve(Html)
-    try:
+    with _answering(200, b"<html>hello</html>") as port:
         with pytest.raises(RecserveError, match="/control/models answered 18 bytes that are not JSON; is it a "):
-            ControlClient("127.0.0.1", server.server_address[1], timeout_s=10).models()
-    finally:
-        server.shutdown()
-        server.server_close()
+            ControlClient("127.0.0.1", port, timeout_s=10).models()
 
 
 def test_a_listener_that_does_not_speak_http_is_unreachable():
@@ -77,23 +80,8 @@ def test_models_list_against_no_node_is_one_line(capsys):
 
 
 def test_a_refused_token_says_where_this_client_reads_it(monkeypatch):
-    class Guarded(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = b'{"error": "Authorization: the control API needs \'Bearer <token>\'"}'
-            self.send_response(401)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
     monkeypatch.delenv("RECSERVE_CONTROL_TOKEN", raising=False)
-    server = _serve(Guarded)
-    try:
+    with _answering(401, b'{"error": "Authorization: the control API needs \'Bearer <token>\'"}') as port:
         with pytest.raises(RecserveError, match="HTTP 401: .*needs 'Bearer <token>' \\(this client sends the token "
                                                 "in RECSERVE_CONTROL_TOKEN"):
-            ControlClient("127.0.0.1", server.server_address[1], timeout_s=10).models()
-    finally:
-        server.shutdown()
-        server.server_close()
+            ControlClient("127.0.0.1", port, timeout_s=10).models()

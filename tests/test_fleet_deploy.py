@@ -23,6 +23,7 @@ from recserve.serving import build_worker_model, config_from_dict
 from recserve.zoo import sample_batch
 from tests.support.oip_inputs import http_inputs
 from tests.support.procs import live_with
+from tests.support.wait import until
 
 
 def _plan() -> FleetPlan:
@@ -118,15 +119,6 @@ def test_a_node_that_dies_is_reported_and_started_again_on_its_port_until_its_re
         stop_nodes(nodes)
 
 
-def _wait_until(check, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return check()
-
-
 def test_a_tethered_process_stops_when_its_parent_is_killed(tmp_path):
     child = ("import os, sys, time; from recserve.tethered import tether; "
              "ok = tether(int(sys.argv[1])); print('tethered' if ok else 'parent gone', flush=True); time.sleep(120)")
@@ -141,7 +133,7 @@ def test_a_tethered_process_stops_when_its_parent_is_killed(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-    assert _wait_until(lambda: not live_with(marker), 30), "the child outlived its parent"
+    assert until(lambda: not live_with(marker), bool, 30), "the child outlived its parent"
 
 
 @pytest.mark.integration  # starts deploy local and a node process
@@ -154,12 +146,12 @@ def test_killing_deploy_local_or_closing_its_terminal_stops_its_nodes(tmp_path, 
                              "--dir", str(workdir), "--scale", "1e-4", "--no-router"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert _wait_until(lambda: (workdir / "endpoints.json").exists() or proc.poll() is not None, 240)
+        assert until(lambda: (workdir / "endpoints.json").exists() or proc.poll() is not None, bool, 240)
         [url] = json.loads((workdir / "endpoints.json").read_text())["hercules-rmc1"]
         assert _ready(url) and live_with(str(workdir / "node0.yaml"))
         proc.send_signal(sig)
         proc.wait(timeout=60)
-        assert _wait_until(lambda: not live_with(str(workdir / "node0.yaml")), 60), "the node outlived deploy"
+        assert until(lambda: not live_with(str(workdir / "node0.yaml")), bool, 60), "the node outlived deploy"
         assert not _ready(url)
     finally:
         proc.kill()

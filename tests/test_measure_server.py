@@ -12,6 +12,7 @@ from recserve.measure.profiler import Budget, maxload_tables
 from recserve.measure.requests import RequestPool
 from recserve.specs import SLA, catalogue_models, get_model
 from tests.support.procs import live_with
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -153,10 +154,8 @@ def test_a_bench_stopped_or_killed_leaves_no_node_server_behind(tmp_path, sig):
         bench.send_signal(getattr(signal, sig))
         rc = bench.wait(timeout=90)
         assert rc == (143 if sig == "SIGTERM" else -signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while live_with(f"{tmp_path}/recserve-measure-") and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not live_with(f"{tmp_path}/recserve-measure-"), "the node outlived bench"
+        assert not until(lambda: live_with(f"{tmp_path}/recserve-measure-"), lambda pids: not pids, 60), \
+            "the node outlived bench"
         if sig == "SIGTERM":
             err = bench.stderr.read()
             assert not list(tmp_path.glob("recserve-measure-*")) and "stopped (SIGTERM)" in err
