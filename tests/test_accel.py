@@ -599,10 +599,10 @@ def test_the_threshold_moves_queries_at_run_time_and_is_validated(node, model):
         assert after["queries"]["accelerator"] == before["queries"]["accelerator"]
     finally:
         http.post_json(ports.http, path, {"min_items": MIN_ITEMS})
-    samples = scrape(ports.http)
-    assert metric_value(samples, "recserve_routed_queries_total", model="ncf", kind="accelerator") is not None
-    assert metric_value(samples, "recserve_accelerator_passes_total", model="ncf") is not None
-    assert metric_value(samples, "recserve_workers", model="ncf", stage="accel") == 1
+    samples, ncf = scrape(ports.http), {"model": "ncf", "version": "1"}
+    assert metric_value(samples, "recserve_routed_queries_total", **ncf, kind="accelerator") is not None
+    assert metric_value(samples, "recserve_accelerator_passes_total", **ncf) is not None
+    assert metric_value(samples, "recserve_workers", **ncf, stage="accel") == 1
 
 
 def test_accelerator_workers_are_resized_through_the_control_api(node, model):

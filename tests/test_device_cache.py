@@ -198,5 +198,5 @@ def test_an_accelerator_worker_with_a_table_budget_serves_a_node_end_to_end():
         assert after["queries"]["accelerator"] - before["queries"]["accelerator"] == 3
         cache = after["device_cache"]  # the cache's counters reach /control and /metrics
         assert cache["budget_mb"] == 0.004 and 0 <= cache["hits"] <= cache["lookups"] and cache["lookups"] > 0
-        counted = metric_value(scrape(port), "recserve_device_cache_lookups_total", model="ncf")
+        counted = metric_value(scrape(port), "recserve_device_cache_lookups_total", model="ncf", version="1")
         assert counted is not None and counted >= cache["lookups"]  # later passes may have reported meanwhile

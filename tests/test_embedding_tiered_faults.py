@@ -154,7 +154,7 @@ def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_d
     counted = None
     for _ in range(50):  # workers report their failures in short batches
         counted = metric_value(scrape(ports.http), "recserve_request_errors_total",
-                               model="sdm-m1", code="data_loss")
+                               model="sdm-m1", version="1", code="data_loss")
         if counted:
             break
         time.sleep(0.1)

@@ -189,7 +189,7 @@ def test_a_ping_flood_on_a_worker_ends_that_connection_counted_in_metrics_and_th
             except (ConnectionResetError, TimeoutError):
                 pass
         assert ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_pings" in received
-        labels = {"model": config.models[0].name, "reason": "h2_too_many_pings"}
+        labels = {"model": config.models[0].name, "version": "1", "reason": "h2_too_many_pings"}
         deadline = time.monotonic() + 30
         while True:
             refused = metric_value(scrape(ports.http), "recserve_requests_refused_total", **labels)

@@ -9,24 +9,24 @@ from tests.support.scrape import metric_value, parse
 
 # family -> (type, label names of its samples besides a histogram's ``le``): the exported contract
 FAMILIES = {
-    "recserve_requests": ("counter", {"model"}),
-    "recserve_request_success": ("counter", {"model"}),
-    "recserve_request_errors": ("counter", {"model", "code"}),
-    "recserve_requests_refused": ("counter", {"model", "reason"}),
-    "recserve_items": ("counter", {"model"}),
-    "recserve_items_per_second": ("gauge", {"model"}),
-    "recserve_queue_depth": ("gauge", {"model"}),
-    "recserve_workers": ("gauge", {"model", "stage"}),
-    "recserve_routed_queries": ("counter", {"model", "kind"}),
-    "recserve_routed_items": ("counter", {"model", "kind"}),
-    "recserve_accelerator_passes": ("counter", {"model"}),
-    "recserve_device_cache_lookups": ("counter", {"model"}),
-    "recserve_device_cache_hits": ("counter", {"model"}),
-    "recserve_http_read_pauses": ("counter", {"model"}),
-    "recserve_worker_restarts": ("counter", {"model"}),
-    "recserve_request_latency_seconds": ("histogram", {"model"}),
-    "recserve_queue_latency_seconds": ("histogram", {"model"}),
-    "recserve_compute_latency_seconds": ("histogram", {"model"}),
+    "recserve_requests": ("counter", {"model", "version"}),
+    "recserve_request_success": ("counter", {"model", "version"}),
+    "recserve_request_errors": ("counter", {"model", "version", "code"}),
+    "recserve_requests_refused": ("counter", {"model", "version", "reason"}),
+    "recserve_items": ("counter", {"model", "version"}),
+    "recserve_items_per_second": ("gauge", {"model", "version"}),
+    "recserve_queue_depth": ("gauge", {"model", "version"}),
+    "recserve_workers": ("gauge", {"model", "version", "stage"}),
+    "recserve_routed_queries": ("counter", {"model", "version", "kind"}),
+    "recserve_routed_items": ("counter", {"model", "version", "kind"}),
+    "recserve_accelerator_passes": ("counter", {"model", "version"}),
+    "recserve_device_cache_lookups": ("counter", {"model", "version"}),
+    "recserve_device_cache_hits": ("counter", {"model", "version"}),
+    "recserve_http_read_pauses": ("counter", {"model", "version"}),
+    "recserve_worker_restarts": ("counter", {"model", "version"}),
+    "recserve_request_latency_seconds": ("histogram", {"model", "version"}),
+    "recserve_queue_latency_seconds": ("histogram", {"model", "version"}),
+    "recserve_compute_latency_seconds": ("histogram", {"model", "version"}),
 }
 
 
@@ -52,7 +52,7 @@ def render(models: dict, node_refusals: dict[str, int] | None = None) -> str:
 
 
 def test_every_family_is_exported_with_its_type_and_labels():
-    text = render({"a": (busy_model(), 2, {"model": 2, "accel": 1})}, {"unknown_model": 4})
+    text = render({("a", "1"): (busy_model(), 2, {"model": 2, "accel": 1})}, {"unknown_model": 4})
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert {name: f.type for name, f in families.items()} == {name: t for name, (t, _) in FAMILIES.items()}
     for name, (_, labels) in FAMILIES.items():
@@ -62,7 +62,7 @@ def test_every_family_is_exported_with_its_type_and_labels():
 
 
 def test_the_values_are_the_supervisors_counters():
-    samples = parse(render({"a": (busy_model(), 2, {"model": 2, "accel": 1})}, {"unknown_model": 4}))
+    samples = parse(render({("a", "1"): (busy_model(), 2, {"model": 2, "accel": 1})}, {"unknown_model": 4}))
     expected = {
         ("recserve_requests_total", ("model", "a")): 3, ("recserve_request_success_total", ("model", "a")): 2,
         ("recserve_items_total", ("model", "a")): 10, ("recserve_queue_depth", ("model", "a")): 2,
@@ -73,45 +73,45 @@ def test_the_values_are_the_supervisors_counters():
         ("recserve_request_latency_seconds_count", ("model", "a")): 2,
     }
     for (name, (key, label)), count in expected.items():
-        assert metric_value(samples, name, **{key: label}) == count, name
-    assert metric_value(samples, "recserve_request_errors_total", model="a", code="deadline") == 1
-    assert metric_value(samples, "recserve_requests_refused_total", model="a", reason="slow_client") == 1
-    assert metric_value(samples, "recserve_requests_refused_total", model="", reason="unknown_model") == 4
-    assert metric_value(samples, "recserve_routed_queries_total", model="a", kind="accelerator") == 1
-    assert metric_value(samples, "recserve_routed_items_total", model="a", kind="cpu") == 5
-    assert metric_value(samples, "recserve_workers", model="a", stage="accel") == 1
-    assert abs(metric_value(samples, "recserve_request_latency_seconds_sum", model="a") - 0.304) < 1e-9
+        assert metric_value(samples, name, **{key: label, "version": "1"}) == count, name
+    assert metric_value(samples, "recserve_request_errors_total", model="a", version="1", code="deadline") == 1
+    assert metric_value(samples, "recserve_requests_refused_total", model="a", version="1", reason="slow_client") == 1
+    assert metric_value(samples, "recserve_requests_refused_total", model="", version="", reason="unknown_model") == 4
+    assert metric_value(samples, "recserve_routed_queries_total", model="a", version="1", kind="accelerator") == 1
+    assert metric_value(samples, "recserve_routed_items_total", model="a", version="1", kind="cpu") == 5
+    assert metric_value(samples, "recserve_workers", model="a", version="1", stage="accel") == 1
+    assert abs(metric_value(samples, "recserve_request_latency_seconds_sum", model="a", version="1") - 0.304) < 1e-9
 
 
 def test_histogram_buckets_are_cumulative_up_to_the_count():
-    samples = parse(render({"a": (busy_model(), 0, {})}))
-    buckets = [metric_value(samples, "recserve_compute_latency_seconds_bucket", model="a", le=f"{edge:g}")
+    samples = parse(render({("a", "1"): (busy_model(), 0, {})}))
+    buckets = [metric_value(samples, "recserve_compute_latency_seconds_bucket", model="a", version="1", le=f"{edge:g}")
                for edge in BUCKETS_S]
     assert buckets == sorted(buckets) and buckets[BUCKETS_S.index(0.002)] == 1 and buckets[-1] == 2
-    assert metric_value(samples, "recserve_compute_latency_seconds_bucket", model="a", le="+Inf") == 2
+    assert metric_value(samples, "recserve_compute_latency_seconds_bucket", model="a", version="1", le="+Inf") == 2
 
 
 def test_accelerator_and_cache_samples_appear_only_for_models_that_use_them():
-    samples = parse(render({"plain": (ModelMetrics(), 0, {"model": 1})}))
-    assert metric_value(samples, "recserve_requests_total", model="plain") == 0
-    assert metric_value(samples, "recserve_accelerator_passes_total", model="plain") is None
-    assert metric_value(samples, "recserve_device_cache_lookups_total", model="plain") is None
+    samples = parse(render({("plain", "1"): (ModelMetrics(), 0, {"model": 1})}))
+    assert metric_value(samples, "recserve_requests_total", model="plain", version="1") == 0
+    assert metric_value(samples, "recserve_accelerator_passes_total", model="plain", version="1") is None
+    assert metric_value(samples, "recserve_device_cache_lookups_total", model="plain", version="1") is None
 
 
 def test_a_label_value_with_a_quote_a_backslash_and_a_newline_round_trips_escaped():
     name = 'we"ird\\mo\ndel'
-    text = render({name: (busy_model(), 1, {"model": 1})}, {'bad"reason\n': 1})
+    text = render({(name, "1"): (busy_model(), 1, {"model": 1})}, {'bad"reason\n': 1})
     assert 'model="we\\"ird\\\\mo\\ndel"' in text  # escaped in the exposition, one sample per line
     samples = parse(text)
-    assert metric_value(samples, "recserve_requests_total", model=name) == 3
-    assert metric_value(samples, "recserve_workers", model=name, stage="model") == 1
-    assert metric_value(samples, "recserve_requests_refused_total", model="", reason='bad"reason\n') == 1
+    assert metric_value(samples, "recserve_requests_total", model=name, version="1") == 3
+    assert metric_value(samples, "recserve_workers", model=name, version="1", stage="model") == 1
+    assert metric_value(samples, "recserve_requests_refused_total", model="", version="", reason='bad"reason\n') == 1
 
 
 def test_the_exporter_reads_the_counters_at_each_scrape():
     m = ModelMetrics()
-    exporter = PrometheusExporter(lambda: ({"a": (m, 0, {})}, {}))
-    assert metric_value(parse(exporter.render().decode()), "recserve_requests_total", model="a") == 0
+    exporter = PrometheusExporter(lambda: ({("a", "1"): (m, 0, {})}, {}))
+    assert metric_value(parse(exporter.render().decode()), "recserve_requests_total", model="a", version="1") == 0
     m.arrived()
-    assert metric_value(parse(exporter.render().decode()), "recserve_requests_total", model="a") == 1
+    assert metric_value(parse(exporter.render().decode()), "recserve_requests_total", model="a", version="1") == 1
     assert exporter.content_type.startswith("text/plain; version=0.0.4")

@@ -34,6 +34,8 @@ from tests.support import grpc_client, http
 from tests.support.models import scores
 from tests.support.nodes import generous, generous_yaml, started
 from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs, http_inputs
+from tests.support.scrape import metric_value, scrape
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -669,17 +671,41 @@ def test_exit_on_error_stops_a_node_whose_model_failed_to_load(tmp_path):
 
 @pytest.mark.integration  # starts a node with two versions of a model
 @pytest.mark.timeout(300)
-def test_the_model_config_reports_the_version_policy_it_was_loaded_by(tmp_path):
+def _successes(stats: dict) -> dict[tuple[str, str], int]:
+    return {(e["name"], e["version"]): int(e["inference_stats"]["success"].get("count", 0))
+            for e in stats["model_stats"]}
+
+
+def test_two_loaded_versions_report_their_policy_and_count_their_queries_apart(tmp_path):
+    """Triton's statistics: all versions of all models, all versions of one model, or one version; ``/metrics``
+    labels each version; a version's counts survive loading the model again."""
     root = tmp_path / "repo"
     (root / "ctr").mkdir(parents=True)
     (root / "ctr" / "config.yaml").write_text("workers: 1\nversion_policy: {all: {}}\n" + generous_yaml())
     for version in (1, 2):
         write_version(trained(0, "ctr"), root / "ctr", version, "safetensors")
     with started(NodeConfig(models=[], repository=str(root))) as server:
-        config = http.get_json(server.ports.http, "/v2/models/ctr/config")
+        port = server.ports.http
+        config = http.get_json(port, "/v2/models/ctr/config")
         assert config["version_policy"] == {"all": {}}
-        over_grpc = grpc_client.triton(server.ports.grpc)
+        over_grpc, over_http = grpc_client.triton(server.ports.grpc), http.triton(port)
         assert over_grpc.get_model_config("ctr", as_json=True)["config"]["version_policy"] == {"all": {}}
+        inputs = http_inputs(sample_batch(trained(0, "ctr"), 3, rng=4))
+        for version in ("1", "1", "2", "2", "2", ""):  # "": the newest version answers
+            over_http.infer("ctr", inputs, model_version=version)
+        want = {("ctr", "1"): 2, ("ctr", "2"): 4}
+        everything = until(lambda: http.get_json(port, "/v2/models/stats"), lambda s: _successes(s) == want)
+        assert _successes(everything) == want
+        assert _successes(http.get_json(port, "/v2/models/ctr/stats")) == want
+        assert _successes(http.get_json(port, "/v2/models/ctr/versions/1/stats")) == {("ctr", "1"): 2}
+        assert _successes(over_grpc.get_inference_statistics("ctr", as_json=True)) == want
+        assert _successes(over_grpc.get_inference_statistics("ctr", "2", as_json=True)) == {("ctr", "2"): 4}
+        assert http.get(port, "/v2/models/ctr/versions/9/stats").status == 404
+        samples = scrape(port)
+        assert [metric_value(samples, "recserve_request_success_total", model="ctr", version=v)
+                for v in ("1", "2")] == [2, 4]
+        over_http.load_model("ctr")  # both versions still selected: they keep serving and keep their counts
+        assert _successes(http.get_json(port, "/v2/models/ctr/stats")) == want
         over_grpc.close()
 
 

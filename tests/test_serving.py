@@ -191,14 +191,14 @@ def test_prometheus_metrics(node, references):
     client = http.triton(ports.http)
     client.infer("rmc1", http_inputs(sample_batch(references["rmc1"], 2)))
     samples = scrape(ports.http)
-    assert metric_value(samples, "recserve_workers", model="rmc1", stage="model") == 2
-    for name, labels in (("recserve_queue_depth", {"model": "dlrm-a"}),
-                         ("recserve_request_latency_seconds_bucket", {"model": "rmc1", "le": "+Inf"}),
-                         ("recserve_queue_latency_seconds_count", {"model": "rmc1"}),
-                         ("recserve_compute_latency_seconds_sum", {"model": "rmc1"}),
-                         ("recserve_items_per_second", {"model": "rmc1"})):
+    assert metric_value(samples, "recserve_workers", model="rmc1", version="1", stage="model") == 2
+    for name, labels in (("recserve_queue_depth", {"model": "dlrm-a", "version": "1"}),
+                         ("recserve_request_latency_seconds_bucket", {"model": "rmc1", "version": "1", "le": "+Inf"}),
+                         ("recserve_queue_latency_seconds_count", {"model": "rmc1", "version": "1"}),
+                         ("recserve_compute_latency_seconds_sum", {"model": "rmc1", "version": "1"}),
+                         ("recserve_items_per_second", {"model": "rmc1", "version": "1"})):
         assert metric_value(samples, name, **labels) is not None, (name, labels)
-    assert metric_value(samples, "recserve_requests_total", model="rmc1") >= 1
+    assert metric_value(samples, "recserve_requests_total", model="rmc1", version="1") >= 1
 
 
 # ---------------------------------------------------------------- bad requests and overload

@@ -307,7 +307,8 @@ def test_client_timeout_is_a_deadline_and_is_validated(node, cases):
     deadline = time.monotonic() + 60
     codes = {503: "unavailable", 504: "deadline"}
     for status in set(statuses) - {200}:
-        while metric_value(scrape(port), "recserve_request_errors_total", model="b", code=codes[status]) is None:
+        labels = {"model": "b", "version": "1", "code": codes[status]}
+        while metric_value(scrape(port), "recserve_request_errors_total", **labels) is None:
             assert time.monotonic() < deadline
             time.sleep(0.02)
 
@@ -549,7 +550,7 @@ def test_slow_clients_are_cut_off_and_health_keeps_answering(fragile_node):
         for s in socks:
             s.close()
     assert all(r.startswith(b"HTTP/1.1 408") for r in replies), replies[:2]
-    labels = {"model": "h", "reason": "slow_client"}
+    labels = {"model": "h", "version": "1", "reason": "slow_client"}
     deadline = time.monotonic() + 60  # within milliseconds, unless the host is busy
     while metric_value(scrape(port), "recserve_requests_refused_total", **labels) != 20 and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -245,6 +245,18 @@ class NodeCore:
         """Every loaded version of every model."""
         return [rt for versions in self.versions.values() for rt in versions.values()]
 
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics answer, one entry per version: of every model (no name), of every loaded version of
+        one model (no version), or of the one named; an unknown model or version raises not found."""
+        if not name:
+            runtimes = sorted(self.all_runtimes(), key=lambda rt: (rt.name, int(rt.version)))
+        elif version:
+            runtimes = [self.runtime(name, version)]
+        else:
+            self.runtime(name)
+            runtimes = [rt for _, rt in sorted(self.versions[name].items(), key=lambda item: int(item[0]))]
+        return {"model_stats": [rt.metrics.triton_stats(rt.name, rt.version) for rt in runtimes]}
+
     def model_config(self, rt: ModelRuntime) -> dict[str, Any]:
         workers = sum(len(p.active()) for p in rt.pools.values())
         policy = self.policies.get(rt.name)

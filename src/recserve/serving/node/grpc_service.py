@@ -126,8 +126,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request, context):  # noqa: N802
         async def run():
-            models = [self._runtime(request.name, request.version)] if request.name else self.core.models.values()
-            stats = {"model_stats": [rt.metrics.triton_stats(rt.name) for rt in models]}
+            stats = self.core.statistics(request.name, request.version)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
         return await self._guard(context, run)
 

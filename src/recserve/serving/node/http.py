@@ -119,7 +119,7 @@ def _health_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
 
     @routes.get("/v2/models/stats")
     async def all_stats(_: web.Request) -> web.Response:
-        return _json({"model_stats": [rt.metrics.triton_stats(rt.name) for rt in core.models.values()]})
+        return _json(core.statistics())
 
 
 def _model_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
@@ -141,8 +141,8 @@ def _model_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
 
         @routes.get(prefix + "/stats")
         async def stats(request: web.Request) -> web.Response:
-            rt = _runtime(core, request)
-            return _json({"model_stats": [rt.metrics.triton_stats(rt.name)]})
+            info = request.match_info
+            return _json(core.statistics(info["model"], info.get("version", "")))
 
         @routes.post(prefix + "/infer")
         async def infer(request: web.Request) -> web.Response:
@@ -309,9 +309,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def metric_snapshot(core: NodeCore) -> NodeSnapshot:
-    """What ``/metrics`` exports: each served model's counters, queries in flight and ready workers per stage,
+    """What ``/metrics`` exports: each loaded version's counters, queries in flight and ready workers per stage,
     and the node's refusals before a model was known."""
     return {
-        name: (rt.metrics, rt.in_flight, {s: p.ready_count() for s, p in rt.pools.items()})
-        for name, rt in core.models.items()
+        (rt.name, rt.version): (rt.metrics, rt.in_flight, {s: p.ready_count() for s, p in rt.pools.items()})
+        for rt in core.all_runtimes()
     }, core.refusals

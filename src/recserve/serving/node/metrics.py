@@ -190,7 +190,7 @@ class ModelMetrics:
                 "qps": completed / seconds, "arrival_qps": self.arrivals.rate(seconds, now),
                 "failed": len(self.recent_failures.values(seconds, now)), "errors": int(sum(self.errors.values()))}
 
-    def triton_stats(self, name: str) -> dict:
+    def triton_stats(self, name: str, version: str) -> dict:
         """One entry of Triton's ``model_stats`` list (ints, as Triton's HTTP endpoint returns them).
 
         ``compute_input`` and ``compute_output`` carry the count of ``compute_infer`` with no time of their own:
@@ -201,7 +201,7 @@ class ModelMetrics:
         counted = Duration(count=self.compute_d.count).as_dict()
         return {
             "name": name,
-            "version": "1",
+            "version": version,
             "last_inference": self.last_inference_ms,
             "inference_count": self.items,
             "execution_count": self.executions,
@@ -220,7 +220,9 @@ class ModelMetrics:
 
 
 ModelGauges = tuple[ModelMetrics, int, dict[str, int]]  # metrics, queries in flight, ready workers per stage
-NodeSnapshot = tuple[dict[str, ModelGauges], dict[str, int]]  # served name -> gauges; node-wide refusals by reason
+# (served name, version) -> gauges; node-wide refusals by reason
+NodeSnapshot = tuple[dict[tuple[str, str], ModelGauges], dict[str, int]]
+MODEL_LABELS = ["model", "version"]  # every per-model family's labels, as Triton labels its own (nv_inference_*)
 
 
 class NodeCollector(Collector):
@@ -253,85 +255,93 @@ class PrometheusExporter:
         return generate_latest(self.registry)
 
 
-def _counter(name: str, help_text: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
+Models = dict[tuple[str, str], ModelGauges]
+Rows = Iterable[tuple[list[str], float]]
+
+
+def _counter(name: str, help_text: str, labels: list[str], rows: Rows) -> Metric:
     family = CounterMetricFamily(name, help_text, labels=labels)  # the sample keeps ``name``'s ``_total``
     for values, count in rows:
         family.add_metric(values, count)
     return family
 
 
-def _gauge(name: str, help_text: str, labels: list[str], rows: Iterable[tuple[list[str], float]]) -> Metric:
+def _gauge(name: str, help_text: str, labels: list[str], rows: Rows) -> Metric:
     family = GaugeMetricFamily(name, help_text, labels=labels)
     for values, value in rows:
         family.add_metric(values, value)
     return family
 
 
-def _request_families(models: dict[str, ModelGauges], node_refusals: dict[str, int]) -> Iterator[Metric]:
+def _each(models: Models, value: Callable[[ModelMetrics], float],
+          keep: Callable[[ModelMetrics], bool] = lambda _: True) -> Rows:
+    """One row per loaded version: its labels and ``value`` of its counters."""
+    return (([name, version], value(m)) for (name, version), (m, _, _) in models.items() if keep(m))
+
+
+def _each_by(models: Models, counts: Callable[[ModelGauges], dict[str, int]]) -> Rows:
+    """One row per loaded version and key of ``counts`` (an error code, a kind, a stage)."""
+    return (([name, version, key], count) for (name, version), gauges in models.items()
+            for key, count in sorted(counts(gauges).items()))
+
+
+def _request_families(models: Models, node_refusals: dict[str, int]) -> Iterator[Metric]:
     yield _counter("recserve_requests_total", "Queries that reached admission (read and valid; refused ones are in "
-                   "recserve_requests_refused_total).", ["model"],
-                   (([name], m.requests) for name, (m, _, _) in models.items()))
-    yield _counter("recserve_request_success_total", "Inference requests answered with scores.", ["model"],
-                   (([name], m.successes) for name, (m, _, _) in models.items()))
+                   "recserve_requests_refused_total).", MODEL_LABELS, _each(models, lambda m: m.requests))
+    yield _counter("recserve_request_success_total", "Inference requests answered with scores.", MODEL_LABELS,
+                   _each(models, lambda m: m.successes))
     yield _counter("recserve_request_errors_total", "Queries that reached admission and failed, by code.",
-                   ["model", "code"],
-                   (([name, code], count) for name, (m, _, _) in models.items()
-                    for code, count in sorted(m.errors.items())))
-    refused = [([name, code], count) for name, (m, _, _) in models.items()
-               for code, count in sorted(m.refusals.items())]
-    refused += [(["", code], count) for code, count in sorted(node_refusals.items())]
+                   [*MODEL_LABELS, "code"], _each_by(models, lambda g: g[0].errors))
+    refused = [*_each_by(models, lambda g: g[0].refusals)]
+    refused += [(["", "", code], count) for code, count in sorted(node_refusals.items())]
     yield _counter("recserve_requests_refused_total",
                    "Inference requests refused before admission (unreadable, invalid, too large, too slow), by "
-                   'reason; model="" when no served model was named.', ["model", "reason"], refused)
-    yield _counter("recserve_items_total", "Candidate items scored.", ["model"],
-                   (([name], m.items) for name, (m, _, _) in models.items()))
+                   'reason; model="" when no served model was named.', [*MODEL_LABELS, "reason"], refused)
+    yield _counter("recserve_items_total", "Candidate items scored.", MODEL_LABELS, _each(models, lambda m: m.items))
 
 
-def _load_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+def _load_families(models: Models) -> Iterator[Metric]:
     yield _gauge("recserve_items_per_second", f"Items scored per second over the last {RATE_WINDOW_S:g} s.",
-                 ["model"], (([name], m.items_per_s()) for name, (m, _, _) in models.items()))
-    yield _gauge("recserve_queue_depth", "Queries admitted and not yet answered.", ["model"],
-                 (([name], depth) for name, (_, depth, _) in models.items()))
-    yield _gauge("recserve_workers", "Ready worker processes per stage.", ["model", "stage"],
-                 (([name, stage], count) for name, (_, _, workers) in models.items()
-                  for stage, count in workers.items()))
+                 MODEL_LABELS, _each(models, ModelMetrics.items_per_s))
+    yield _gauge("recserve_queue_depth", "Queries admitted and not yet answered.", MODEL_LABELS,
+                 (([name, version], depth) for (name, version), (_, depth, _) in models.items()))
+    yield _gauge("recserve_workers", "Ready worker processes per stage.", [*MODEL_LABELS, "stage"],
+                 _each_by(models, lambda g: g[2]))
 
 
-def _accelerator_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+def _accelerator_families(models: Models) -> Iterator[Metric]:
     yield _counter("recserve_routed_queries_total",
                    "Queries of models with accelerator workers, by the kind of worker that computed them.",
-                   ["model", "kind"], (([name, kind], count) for name, (m, _, _) in models.items()
-                                       for kind, count in sorted(m.routed_queries.items())))
-    yield _counter("recserve_routed_items_total", "Items of those queries, by kind of worker.", ["model", "kind"],
-                   (([name, kind], count) for name, (m, _, _) in models.items()
-                    for kind, count in sorted(m.routed_items.items())))
-    yield _counter("recserve_accelerator_passes_total", "Fused passes (launches) of accelerator workers.", ["model"],
-                   (([name], m.accel_passes) for name, (m, _, _) in models.items() if m.routed_queries))
+                   [*MODEL_LABELS, "kind"], _each_by(models, lambda g: g[0].routed_queries))
+    yield _counter("recserve_routed_items_total", "Items of those queries, by kind of worker.",
+                   [*MODEL_LABELS, "kind"], _each_by(models, lambda g: g[0].routed_items))
+    yield _counter("recserve_accelerator_passes_total", "Fused passes (launches) of accelerator workers.",
+                   MODEL_LABELS, _each(models, lambda m: m.accel_passes, lambda m: bool(m.routed_queries)))
     yield _counter("recserve_device_cache_lookups_total",
                    "Embedding rows looked up through accelerator workers' device row caches "
-                   "(accelerator.device_table_mb).", ["model"],
-                   (([name], m.cache_lookups) for name, (m, _, _) in models.items() if m.cache_lookups))
-    yield _counter("recserve_device_cache_hits_total", "Of those, rows found in device memory.", ["model"],
-                   (([name], m.cache_hits) for name, (m, _, _) in models.items() if m.cache_lookups))
+                   "(accelerator.device_table_mb).", MODEL_LABELS,
+                   _each(models, lambda m: m.cache_lookups, lambda m: bool(m.cache_lookups)))
+    yield _counter("recserve_device_cache_hits_total", "Of those, rows found in device memory.", MODEL_LABELS,
+                   _each(models, lambda m: m.cache_hits, lambda m: bool(m.cache_lookups)))
 
 
-def _health_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+def _health_families(models: Models) -> Iterator[Metric]:
     yield _counter("recserve_http_read_pauses_total",
                    "HTTP/1.1 connections that stopped being read while over 64 KiB waited behind the request in "
-                   "flight (a pipelining client held back by TCP).", ["model"],
-                   (([name], m.read_pauses) for name, (m, _, _) in models.items()))
-    yield _counter("recserve_worker_restarts_total", "Workers that died and were replaced.", ["model"],
-                   (([name], m.worker_restarts) for name, (m, _, _) in models.items()))
+                   "flight (a pipelining client held back by TCP).", MODEL_LABELS,
+                   _each(models, lambda m: m.read_pauses))
+    yield _counter("recserve_worker_restarts_total", "Workers that died and were replaced.", MODEL_LABELS,
+                   _each(models, lambda m: m.worker_restarts))
 
 
-def _latency_families(models: dict[str, ModelGauges]) -> Iterator[Metric]:
+def _latency_families(models: Models) -> Iterator[Metric]:
     for metric, attr, help_text in (
         ("recserve_request_latency_seconds", "e2e", "End-to-end latency of successful queries."),
         ("recserve_queue_latency_seconds", "queue", "Time queries waited for a worker (summed over stages)."),
         ("recserve_compute_latency_seconds", "compute", "Worker compute time per query (longest part per stage)."),
     ):
-        family = HistogramMetricFamily(metric, help_text, labels=["model"])
-        for name, (m, _, _) in models.items():
+        family = HistogramMetricFamily(metric, help_text, labels=MODEL_LABELS)
+        for (name, version), (m, _, _) in models.items():
             histogram: Histogram = getattr(m, attr)
-            family.add_metric([name], histogram.buckets(), histogram.sum_s)
+            family.add_metric([name, version], histogram.buckets(), histogram.sum_s)
         yield family
