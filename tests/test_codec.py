@@ -180,3 +180,25 @@ def test_the_server_process_refuses_a_request_of_too_many_fields_before_protobuf
     assert isinstance(refused, Undecodable) and "top-level fields" in refused.error.public_message()
     assert isinstance(decode(b"\x0b"), Undecodable)  # not protobuf at all: as before
     codec.check_request_fields(memoryview(b"\x2a\x00" * codec.MAX_REQUEST_FIELDS))  # at the bound: walked, kept
+
+
+def test_aligned_hands_back_an_aligned_array_equal_to_its_input():
+    store = np.zeros(4 * 12 + codec.TENSOR_ALIGN, np.uint8)
+    start = -store.ctypes.data % codec.TENSOR_ALIGN
+    values = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for offset in (0, 4, 12):
+        placed = store[start + offset : start + offset + values.nbytes].view(np.float32).reshape(3, 4)
+        placed[...] = values
+        out = codec.aligned(placed)
+        assert out.ctypes.data % codec.TENSOR_ALIGN == 0 and np.array_equal(out, values) and out.dtype == np.float32
+        assert (out is placed) == (offset == 0)
+
+
+@pytest.mark.parametrize("name", ["config", "file:1/model.safetensors"])
+def test_a_load_that_overrides_the_config_or_sends_files_is_refused(name):
+    from recserve.serving.wire.protocol import check_load_parameters
+
+    with pytest.raises(InferError, match="not supported") as caught:
+        check_load_parameters({name: "x", "other": 1})
+    assert caught.value.code == "invalid" and caught.value.field == f"parameters.{name}"
+    check_load_parameters({"other": 1})  # what Triton's load does not read is let through

@@ -154,7 +154,7 @@ class FakePlane:
 
 def ask(methods: WorkerMethods, request: service_pb2.ModelInferRequest) -> tuple[bool, bytes | None, str | None]:
     got: list = []
-    taken = methods._query(memoryview(request.SerializeToString()), None, lambda r, e: got.append((r, e)))
+    taken = methods._query(memoryview(request.SerializeToString()), None, lambda r, e, _id: got.append((r, e)))
     if not got:
         return taken, None, None
     response, error = got[0]
@@ -227,7 +227,7 @@ def test_a_request_of_too_many_fields_is_refused_and_the_worker_answers_the_next
     methods = WorkerMethods(plane, upstream=_NoChannel())
     message = request_of(query()).SerializeToString() + b"\x2a\x00" * codec.MAX_REQUEST_FIELDS
     got: list = []
-    assert methods._query(memoryview(message), None, lambda r, e: got.append((r, e))) is True
+    assert methods._query(memoryview(message), None, lambda r, e, _id: got.append((r, e))) is True
     (response, error), = got
     assert response is None and error.code == "invalid"
     assert f"more than {codec.MAX_REQUEST_FIELDS} top-level fields" in error.public_message()

@@ -190,6 +190,8 @@ class NodeCore:
         if name not in self.models:
             raise InferError("not_found", not_served(name, sorted(self.models), self.failed_models().get(name),
                                                      self.repo_state), "model_name")
+        if version and not version.isdecimal():
+            raise InferError("invalid", f"model version must be a whole number, got {version!r}", "model_version")
         rt = self.find(name, version or "")
         if rt is None:
             raise InferError("not_found", f"model {name!r} has no version {version!r} loaded; loaded: "
@@ -299,10 +301,7 @@ class NodeCore:
         are stopped, the versions already serving keep serving, and the error names the file and the reason."""
         repo = self._repo()
         async with self._model_locks.setdefault(name, asyncio.Lock()):
-            current = self.models.get(name)
-            if current is not None and not current.cfg.artifact:
-                raise InferError("invalid", f"model {name!r} is a catalogue model of the node config, not a "
-                                            "repository model", "model_name")
+            self._refuse_catalogue_model(name)
             try:
                 wanted = [str(v) for v in repo.selected_versions(name)]
             except RecserveError as exc:
@@ -338,6 +337,13 @@ class NodeCore:
             self._retire_in_background(retire)
             return wanted
 
+    def _refuse_catalogue_model(self, name: str) -> None:
+        """A model of the node config (not loaded from the repository) is neither loaded nor unloaded here:
+        unloaded, no load could bring it back."""
+        if name in self.models and name not in self.policies:
+            raise InferError("invalid", f"model {name!r} is a model of the node config, not a repository model: it "
+                                        "serves until the node stops", "model_name")
+
     async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
         from recserve.zoo.artifacts import check_artifact
 
@@ -367,6 +373,7 @@ class NodeCore:
             if name not in self.models:
                 raise InferError("not_found", f"model {name!r} is not loaded; loaded: {sorted(self.models)}",
                                  "model_name")
+            self._refuse_catalogue_model(name)
             del self.models[name]
             versions = self.versions.pop(name, {})
             for version in versions:

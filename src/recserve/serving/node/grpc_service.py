@@ -27,7 +27,7 @@ from recserve.serving.node import control_api, grpc_health
 from recserve.serving.node.llc import LlcUnsupported
 from recserve.serving.wire import codec, protocol
 from recserve.serving.wire.errors import InferError, grpc_code
-from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
+from recserve.serving.wire.grpc_messages import Undecodable, infer_response, stream_error, tolerant
 from recserve.serving.wire.proto import model_config_pb2, service_pb2, service_pb2_grpc
 from recserve.serving.wire.shm import CUDA_UNSUPPORTED
 
@@ -152,6 +152,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request, context):  # noqa: N802
         async def run():
+            protocol.check_load_parameters(request.parameters)
             await self.core.load_model(request.model_name)
             return service_pb2.RepositoryModelLoadResponse()
         return await self._guard(context, run, "RepositoryModelLoad")
@@ -182,9 +183,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._guard(context, run, "SystemSharedMemoryUnregister")
 
     async def _no_cuda(self, context: grpc.aio.ServicerContext) -> Any:
-        async def run():
-            raise InferError("unsupported", CUDA_UNSUPPORTED)
-        return await self._guard(context, run)
+        return await self._unsupported(context, CUDA_UNSUPPORTED)
 
     async def CudaSharedMemoryStatus(self, request, context):  # noqa: N802
         return await self._no_cuda(context)
@@ -195,13 +194,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def CudaSharedMemoryUnregister(self, request, context):  # noqa: N802
         return await self._no_cuda(context)
 
+    async def _unsupported(self, context: grpc.aio.ServicerContext, message: str) -> Any:
+        async def run():
+            raise InferError("unsupported", message)
+        return await self._guard(context, run)
+
+    async def TraceSetting(self, request, context):  # noqa: N802
+        return await self._unsupported(context, protocol.TRACE_UNSUPPORTED)
+
+    async def LogSettings(self, request, context):  # noqa: N802
+        return await self._unsupported(context, protocol.LOGGING_UNSUPPORTED)
+
     async def _stream_answer(self, request: Any) -> Any:
+        """One streamed request's answer; an error names the request's id, as Triton's does, so that a client
+        knows which request failed."""
         try:
             return service_pb2.ModelStreamInferResponse(infer_response=await self._infer(request))
-        except InferError as exc:
-            return service_pb2.ModelStreamInferResponse(error_message=exc.public_message())
-        except LlcUnsupported as exc:
-            return service_pb2.ModelStreamInferResponse(error_message=str(exc))
+        except (InferError, LlcUnsupported) as exc:
+            message = exc.public_message() if isinstance(exc, InferError) else str(exc)
+            return stream_error(message, getattr(request, "id", ""))
 
     async def ModelStreamInfer(self, request_iterator, context) -> AsyncIterator[Any]:  # noqa: N802
         async for answer in answered_in_order(request_iterator, self._stream_answer):

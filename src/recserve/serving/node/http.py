@@ -174,6 +174,11 @@ def _repository_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
 
     @routes.post("/v2/repository/models/{model}/load")
     async def repository_load(request: web.Request) -> web.Response:
+        body = await _body(request) if request.can_read_body else {}
+        parameters = body.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise InferError("invalid", f"parameters: expected a JSON object, got {parameters!r}", "parameters")
+        protocol.check_load_parameters(parameters)
         await core.load_model(request.match_info["model"])
         return _json({})
 
@@ -204,6 +209,15 @@ def _shm_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     @routes.route("*", "/v2/cudasharedmemory{tail:(/.*)?}")
     async def cuda_shm(_: web.Request) -> web.Response:
         raise InferError("unsupported", CUDA_UNSUPPORTED)
+
+    @routes.route("*", "/v2/trace/setting")
+    @routes.route("*", "/v2/models/{model}/trace/setting")
+    async def trace_settings(_: web.Request) -> web.Response:
+        raise InferError("unsupported", protocol.TRACE_UNSUPPORTED)
+
+    @routes.route("*", "/v2/logging")
+    async def log_settings(_: web.Request) -> web.Response:
+        raise InferError("unsupported", protocol.LOGGING_UNSUPPORTED)
 
 
 def _metrics_routes(routes: web.RouteTableDef, core: NodeCore) -> None:

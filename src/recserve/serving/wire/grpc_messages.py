@@ -45,3 +45,10 @@ def infer_response(name: str, request_id: str, scores: Any, version: str = "1", 
     if raw is not None:
         response.raw_output_contents.append(raw)
     return response
+
+
+def stream_error(message: str, request_id: str = "") -> Any:
+    """A ``ModelStreamInferResponse`` answering one streamed request with an error; it names the request's id, as
+    Triton's does, so that a client knows which of its requests failed."""
+    return service_pb2.ModelStreamInferResponse(error_message=message,
+                                                infer_response=service_pb2.ModelInferResponse(id=request_id))

@@ -16,6 +16,7 @@ Errors and their HTTP/gRPC status are :mod:`recserve.serving.wire.errors`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from recserve.serving.wire.codec import (
@@ -30,18 +31,24 @@ from recserve.serving.wire.codec import (
     parse_http_infer,
     wants_binary_output,
 )
+from recserve.serving.wire.errors import InferError
 from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 
 if TYPE_CHECKING:
     from recserve.serving.wire.model_info import ModelInfo
 
-__all__ = ["DTYPES", "EXPECTED", "check_outputs", "from_list", "from_raw", "http_infer_response", "invalid",
-           "io_shapes", "model_config", "model_metadata", "parse_grpc_infer", "parse_http_infer",
-           "server_metadata", "wants_binary_output"]
+__all__ = ["DTYPES", "EXPECTED", "check_load_parameters", "check_outputs", "from_list", "from_raw",
+           "http_infer_response", "invalid", "io_shapes", "model_config", "model_metadata", "parse_grpc_infer",
+           "parse_http_infer", "server_metadata", "wants_binary_output"]
 
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository", "system_shared_memory",
               "recserve_control"]
+# Triton extensions this server does not offer, answered 501 / UNIMPLEMENTED with these words
+TRACE_UNSUPPORTED = ("trace settings are not supported by this server (Triton's trace extension); per-request "
+                     "timings are in /v2/models/{model}/stats and /metrics")
+LOGGING_UNSUPPORTED = ("log settings are not supported by this server (Triton's logging extension); the node "
+                       "logs at INFO level to its standard error")
 PLATFORM = "pytorch_libtorch"
 BACKEND = "pytorch"
 
@@ -89,3 +96,13 @@ def model_config(name: str, info: ModelInfo, max_batch_size: int, workers: int,
 
 def server_metadata(name: str) -> dict[str, Any]:
     return {"name": name, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+
+
+def check_load_parameters(names: Iterable[str]) -> None:
+    """A repository load's parameters: Triton's ``config`` override and ``file:`` contents are refused, not
+    ignored, since a load reads the model's folder as it is on disk."""
+    for name in names:
+        if name == "config" or name.startswith("file:"):
+            raise InferError("invalid", f"parameters.{name}: a load with a config override or model files is not "
+                                        "supported; this server loads REPO/<model> as it is on disk: change its "
+                                        "config.yaml or version folders, then load again", f"parameters.{name}")

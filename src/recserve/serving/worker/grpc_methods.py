@@ -27,7 +27,7 @@ import numpy as np
 from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError, grpc_code
-from recserve.serving.wire.grpc_messages import Undecodable, infer_response, tolerant
+from recserve.serving.wire.grpc_messages import Undecodable, infer_response, stream_error, tolerant
 from recserve.serving.wire.proto import service_pb2
 from recserve.serving.worker.model_path import as_infer_error
 from recserve.serving.worker.plane import WorkerPlane
@@ -66,6 +66,19 @@ def _aligned_request(head: memoryview, size: int, plans: codec.PlanStore,
     sizes = [nbytes for *_, nbytes in plan.inputs]
     starts = codec.raw_content_starts(first, sizes)
     return buffer(size, starts[sizes.index(max(sizes))])
+
+
+Answer = Callable[[bytes | None, InferError | None, str], None]
+"""A query's answer: its serialized ``ModelInferResponse`` or its error, and the request's id."""
+
+
+def _request_id(raw: bytes) -> str:
+    """The id of a serialized ``ModelInferRequest`` ("" when it cannot be read): for an error's answer only."""
+    try:
+        split = codec.split_raw_input_contents(memoryview(raw), cut_id=True)
+    except (codec.TooManyFields, UnicodeDecodeError):
+        return ""
+    return "" if split is None else split[2]
 
 
 def _fail(call: GrpcCall, error: InferError) -> None:
@@ -254,7 +267,7 @@ class WorkerMethods(Forwarder):
         return codec.aligned_buffer(size, lead) if siblings is None else siblings.buffer(size, lead)
 
     def _infer(self, call: GrpcCall, raw: memoryview) -> None:
-        def answer(response: bytes | None, error: InferError | None) -> None:
+        def answer(response: bytes | None, error: InferError | None, _request_id: str) -> None:
             if error is not None:
                 _fail(call, error)
             elif not call.done:
@@ -263,10 +276,10 @@ class WorkerMethods(Forwarder):
         if not self._query(raw, call.time_remaining(), answer):
             self._forward_infer(call, raw)  # type: ignore[misc]
 
-    def _query(self, raw: memoryview, timeout_s: float | None, answer: Callable[[bytes | None, InferError | None],
-                                                                                None]) -> bool:
+    def _query(self, raw: memoryview, timeout_s: float | None, answer: Answer) -> bool:
         """Decode, validate and queue a ``ModelInferRequest`` for this worker's model; ``answer`` gets the
-        serialized ``ModelInferResponse`` or the error.  False (nothing done) when the query is not this worker's.
+        serialized ``ModelInferResponse`` or the error, and the request's id.  False (nothing done) when the query
+        is not this worker's.
 
         A request whose bytes but for its raw contents were seen before (``Plan``) is read without protobuf: its
         tensors viewed where they arrived, only their sizes checked here and their values by the worker that
@@ -275,7 +288,7 @@ class WorkerMethods(Forwarder):
         arrived = time.perf_counter()
         call = self._head(raw)
         if isinstance(call, InferError):
-            answer(None, call)
+            answer(None, call, "")
             return True
         if not self._ours(call):
             return False
@@ -284,7 +297,7 @@ class WorkerMethods(Forwarder):
         except Exception as exc:  # noqa: BLE001 - answered as INVALID_ARGUMENT (or INTERNAL for a bug)
             error = as_infer_error(exc)
             self.plane.refused(error.code)
-            answer(None, error)
+            answer(None, error, call.request_id)
             return True
         self.plane.enqueue(arrays, items, arrived, timeout_s, self._replier(call, answer), owed=owed)
         return True
@@ -333,8 +346,7 @@ class WorkerMethods(Forwarder):
         query, items = owed or self.plane.model.validate(arrays, call.plan and call.plan.inputs)
         return query, items, owed is not None
 
-    def _replier(self, call: InferCall, answer: Callable[[bytes | None, InferError | None], None]
-                 ) -> Callable[[np.ndarray | None, InferError | None], None]:
+    def _replier(self, call: InferCall, answer: Answer) -> Callable[[np.ndarray | None, InferError | None], None]:
         """The reply callback of a queued query: its scores serialized (by its plan where it has one) or its error,
         passed to ``answer``."""
         plane, regions = self.plane, self.regions
@@ -349,7 +361,7 @@ class WorkerMethods(Forwarder):
                                                     regions).SerializeToString())
                 except Exception as exc:  # noqa: BLE001
                     error = as_infer_error(exc)
-            answer(response, error)
+            answer(response, error, call.request_id)
 
         return reply
 
@@ -366,8 +378,8 @@ class WorkerMethods(Forwarder):
         """One streamed request's serialized ``ModelStreamInferResponse``, given to ``answered`` once known; the
         future of a request answered by the server process."""
 
-        def answer(response: bytes | None, error: InferError | None) -> None:
-            answered(service_pb2.ModelStreamInferResponse(error_message=error.public_message()).SerializeToString()
+        def answer(response: bytes | None, error: InferError | None, request_id: str) -> None:
+            answered(stream_error(error.public_message(), request_id).SerializeToString()
                      if error else codec.protobuf_field(STREAM_INFER_KEY, response))  # type: ignore[arg-type]
 
         timeout_s = call.time_remaining()
@@ -382,7 +394,7 @@ class WorkerMethods(Forwarder):
             response = service_pb2.ModelInferResponse.FromString(await self._send_infer(raw, timeout=timeout_s))
             return service_pb2.ModelStreamInferResponse(infer_response=response).SerializeToString()
         except grpc.aio.AioRpcError as exc:
-            return service_pb2.ModelStreamInferResponse(error_message=exc.details() or "").SerializeToString()
+            return stream_error(exc.details() or "", _request_id(raw)).SerializeToString()
         except Exception:  # noqa: BLE001 - this request's answer; the stream goes on
             log.exception("forwarding a streamed request failed")
             return service_pb2.ModelStreamInferResponse(error_message="internal error").SerializeToString()

@@ -67,6 +67,12 @@ class Request:
         return keep_alive(self.version, self.headers)
 
 
+def _encoded(headers: dict[str, str]) -> bool:
+    """The body has a content coding (gzip, deflate: tritonclient's ``request_compression_algorithm``)."""
+    coding = headers.get("content-encoding")
+    return coding is not None and coding.strip().lower() != "identity"
+
+
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
                    close: bool = False) -> bytes:
     return _response_head(status, content_type, len(body), tuple((extra or {}).items()), close) + body
@@ -329,8 +335,10 @@ class Connection(asyncio.BufferedProtocol):
         if got is None:
             return False
         head_end, head = got
-        if head.chunked or not self.plane.serves(head.method, head.path):
-            self.manager.hand_off(self)  # the supervisor's aiohttp app reads chunked bodies and every other route
+        if head.chunked or _encoded(head.headers) or not self.plane.serves(head.method, head.path):
+            # the supervisor's aiohttp app reads chunked and compressed bodies (bounded as they inflate), and
+            # every other route
+            self.manager.hand_off(self)
             return False
         limit = self.plane.limits.max_body
         if head.length > limit:

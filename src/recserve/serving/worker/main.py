@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from recserve.errors import RecserveError
-from recserve.serving.wire import pipe
+from recserve.serving.wire import codec, pipe
 from recserve.specs import get_model
 from recserve.zoo import RecModel, build
 from recserve.zoo.batch import QueryBatch
@@ -173,11 +173,14 @@ def unflatten(stage: str, arrays: list[np.ndarray]) -> Any:
 
 
 def run_stage(model: RecModel, stage: str, payload: Any) -> Any:
+    """One stage's pass; its float inputs aligned (``codec.aligned``), so that a query's scores do not depend on
+    where its floats lay in the request."""
     if stage == "dense":
         dense, pooled = payload
-        return model.dense(torch.from_numpy(dense), [torch.from_numpy(p) for p in pooled]).numpy()
+        return model.dense(torch.from_numpy(codec.aligned(dense)),
+                           [torch.from_numpy(codec.aligned(p)) for p in pooled]).numpy()
     dense, values, lengths = payload
-    batch = QueryBatch(torch.from_numpy(dense), torch.from_numpy(values), torch.from_numpy(lengths))
+    batch = QueryBatch(torch.from_numpy(codec.aligned(dense)), torch.from_numpy(values), torch.from_numpy(lengths))
     if stage == "model":
         return model(batch).numpy()
     return [t.numpy() for t in model.sparse(batch)]

@@ -18,8 +18,8 @@ from recserve.serving.wire.codec.tensors import (
     Target,
     check_inputs,
     check_names,
+    check_output_params,
     check_outputs,
-    check_shm_output,
     checked_dtype,
     finite_scores,
     from_list,
@@ -225,7 +225,7 @@ def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None,
     check_outputs(o.name for o in request.outputs)
     for o in request.outputs:
         if o.parameters:
-            check_shm_output(o.name, grpc_params(o.parameters), regions)
+            check_output_params(o.name, grpc_params(o.parameters), regions)
     check_inputs(arrays)
     return arrays
 

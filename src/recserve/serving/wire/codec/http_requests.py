@@ -15,8 +15,8 @@ from recserve.serving.wire.codec.tensors import (
     LITTLE_ENDIAN,
     check_inputs,
     check_names,
+    check_output_params,
     check_outputs,
-    check_shm_output,
     checked_shape,
     from_list,
     from_raw,
@@ -108,7 +108,7 @@ def _check_request(request: dict[str, Any], regions: Any = None) -> None:
     for o in outputs:
         params = _parameters(o["name"], o, "binary_data")
         if params:
-            check_shm_output(o["name"], params, regions)
+            check_output_params(o["name"], params, regions)
 
 
 def _input_array(t: dict[str, Any], binary: memoryview, offset: int, regions: Any = None) -> tuple[np.ndarray, int]:

@@ -83,6 +83,21 @@ def aligned_buffer(size: int, lead: int = 0) -> memoryview:
     return memoryview(store)[pad : pad + size]
 
 
+def aligned(array: np.ndarray) -> np.ndarray:
+    """``array`` (C-contiguous) where its first byte is ``TENSOR_ALIGN``-aligned: itself, or a copy.
+
+    Why: BLAS picks its kernel by where a small matrix starts, so a query's scores differed in their last bit with
+    the offset its floats happened to have in the request (binary HTTP against JSON or gRPC).  The model gets its
+    floats at one alignment whatever the protocol."""
+    if array.ctypes.data % TENSOR_ALIGN == 0:
+        return array
+    store = np.empty(array.nbytes + TENSOR_ALIGN, np.uint8)
+    pad = -store.ctypes.data % TENSOR_ALIGN
+    out = store[pad : pad + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
 def invalid(field: str, message: str) -> InferError:
     """The 400 / INVALID_ARGUMENT of a malformed ``field``, its message naming it."""
     return InferError("invalid", f"{field}: {message}", field)
@@ -231,8 +246,13 @@ def shm_input(field: str, datatype: Any, shape: Any, target: Target, regions: An
     return regions.view(field, *target, LITTLE_ENDIAN[dtype], dims)
 
 
-def check_shm_output(field: str, params: dict[str, Any], regions: Any) -> None:
-    """A requested output's shared-memory parameters, checked (the region exists, the span lies within it)."""
+def check_output_params(field: str, params: dict[str, Any], regions: Any) -> None:
+    """A requested output's parameters, checked: shared memory (the region exists, the span lies within it); a
+    ``classification`` count (Triton's classification extension, tritonclient's ``class_count``, which this server
+    does not offer) refused, not ignored."""
+    if params.get("classification"):
+        raise invalid(field, "parameters.classification (class_count): the classification extension is not "
+                             "supported; the model's scores come back as FP32, to rank yourself")
     target = tensor_params(field, params)
     if target is not None:
         if regions is None:
