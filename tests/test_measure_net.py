@@ -43,6 +43,7 @@ class FakeOIP:
 
     def __init__(self, http_port: int, grpc_port: int, delay_s: float = 0.0, fail_status: int = 0) -> None:
         self.http_port, self.grpc_port, self.delay_s, self.fail_status = http_port, grpc_port, delay_s, fail_status
+        self.grpc_deadlines: list[float | None] = []  # each gRPC call's time remaining as it arrived
         self.seen: list[dict[str, np.ndarray]] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -79,6 +80,7 @@ class FakeOIP:
 
         class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             async def ModelInfer(self, request, context):  # noqa: N802 (protocol name)
+                fake.grpc_deadlines.append(context.time_remaining())
                 if fake.fail_status:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "fake failure")
                 arrays = {t.name: np.frombuffer(request.raw_input_contents[k], dtype=NP[t.datatype]).reshape(
@@ -191,3 +193,11 @@ def test_slow_server_answers_count_as_timeouts(ports, kind):
         with LoadSession(target, pool()) as session:
             res = session.run(20.0, None, max_requests=3, timeout_s=5.0)  # the client's own deadline fires
     assert res.errors == {"timeout": 3}
+
+
+def test_a_grpc_query_sends_no_deadline_as_an_http_one_sends_no_timeout(ports):
+    """The client's timeout stays the client's: over either protocol the server applies its own deadline."""
+    with FakeOIP(*ports) as fake:
+        with LoadSession(_targets(ports)["grpc"], pool()) as session:
+            res = session.run(20.0, None, max_requests=3)
+    assert res.ok == 3 and fake.grpc_deadlines and all(d is None for d in fake.grpc_deadlines)

@@ -239,7 +239,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="DeepRecSys-style integer-millisecond Poisson gaps instead of exponential gaps")
     p.add_argument("--pool", type=count, default=32, help="distinct pre-built queries (mix quantiles)")
     p.add_argument("--max-inflight", type=count, default=512, help="queries in flight at most; more are dropped")
-    p.add_argument("--timeout-ms", type=positive, default=10_000.0, help="per-query timeout")
+    p.add_argument("--timeout-ms", type=positive, default=10_000.0,
+                   help="how long the client waits for an answer (sent to the server as no deadline: over HTTP "
+                        "and gRPC alike, a node applies its own deadline_ms)")
     p.add_argument("--procs", type=count, default=1,
                    help="load-generator processes sharing the Poisson schedule (http/grpc/serve-* targets)")
     p.add_argument("--spin-ms", type=non_negative, default=0.0,

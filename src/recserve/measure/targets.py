@@ -277,7 +277,11 @@ def decode_grpc_response(resp: Any) -> dict[str, np.ndarray]:
 
 
 class GrpcTarget:
-    """``inference.GRPCInferenceService/ModelInfer`` with requests serialised before the run."""
+    """``inference.GRPCInferenceService/ModelInfer`` with requests serialised before the run.
+
+    ``timeout_s`` is the client's own: a call sends no deadline, as an HTTP query sends no ``timeout``, so over
+    either protocol the server applies its own deadline (a node's ``deadline_ms``) and a comparison of the two
+    compares like with like."""
 
     def __init__(self, address: str, model: str, timeout_s: float = 10.0, check_outputs: bool = True) -> None:
         self.address = address.removeprefix("grpc://")
@@ -308,12 +312,12 @@ class GrpcTarget:
         import grpc
 
         try:
-            resp = await self._call(self._requests[i][0], timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise RequestFailed("timeout", exc.details() or "") from exc
-            raise RequestFailed(f"grpc_{code.name}", exc.details() or "") from exc
+            async with asyncio.timeout(self.timeout_s):
+                resp = await self._call(self._requests[i][0])
+        except TimeoutError as exc:
+            raise RequestFailed("timeout", f"no answer within {self.timeout_s:g} s") from exc
+        except grpc.aio.AioRpcError as exc:  # the server's refusals, its DEADLINE_EXCEEDED among them
+            raise RequestFailed(f"grpc_{exc.code().name}", exc.details() or "") from exc
         return decode_grpc_response(resp)
 
     async def close(self) -> None:
