@@ -33,6 +33,12 @@ def test_doctor_refuses_a_directory_that_is_not_one(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_doctor_names_a_directory_it_cannot_write_in_not_its_test_file(capsys):
+    assert main(["doctor", "--dir", "/proc"]) == 2
+    err = capsys.readouterr().err
+    assert "--dir /proc: no test file can be written there" in err and ".recserve-doctor-" not in err
+
+
 def test_doctor_names_the_json_readers_left_and_why(tmp_path, capsys, monkeypatch):
     from recserve.serving.wire import json_numbers
 

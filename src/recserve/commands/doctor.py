@@ -32,7 +32,12 @@ def _direct_io(directory: Path) -> tuple[str, str]:
     """The read mode a table file in ``directory`` would get, and why (BlockReader's own decision)."""
     from recserve.embedding.blockio import BlockReader
 
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".recserve-doctor-") as f:
+    try:
+        probe = tempfile.NamedTemporaryFile(dir=directory, prefix=".recserve-doctor-")
+    except OSError as exc:
+        raise RecserveError(f"--dir {directory}: no test file can be written there ({exc.strerror}); give a "
+                            "folder on the disk where tier files would live") from None
+    with probe as f:
         f.write(b"\0" * 8192)
         f.flush()
         reader = BlockReader(f.name, 4096, engine="threads")
