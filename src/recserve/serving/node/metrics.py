@@ -296,7 +296,8 @@ def _request_families(models: Models, node_refusals: dict[str, int]) -> Iterator
     refused += [(["", "", code], count) for code, count in sorted(node_refusals.items())]
     yield _counter("recserve_requests_refused_total",
                    "Inference requests refused before admission (unreadable, invalid, too large, too slow), by "
-                   'reason; model="" when no served model was named.', [*MODEL_LABELS, "reason"], refused)
+                   'reason; model="" and version="" when no served model was named.', [*MODEL_LABELS, "reason"],
+                   refused)
     yield _counter("recserve_items_total", "Candidate items scored.", MODEL_LABELS, _each(models, lambda m: m.items))
 
 
