@@ -4,6 +4,7 @@ answered 400/431/501 and closed by a real worker; pipelined requests read only w
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import socket
 import threading
 import time
@@ -265,6 +266,54 @@ def read_pauses(port: int) -> float:
         if pauses or time.monotonic() > deadline:
             return pauses or 0.0
         time.sleep(0.05)
+
+
+@pytest.mark.integration  # starts a node or a worker plane
+def test_a_worker_answer_has_date_and_server_and_tells_an_http10_client_it_stays_open(port):
+    request = infer_request(port).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\nConnection: keep-alive\r\n", 1)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for _ in range(2):  # the second on the same connection: it stayed open as announced
+            s.sendall(request)
+            head = _answer_head(s)
+            assert head.startswith(b"HTTP/1.1 200") and b"\r\nConnection: keep-alive" in head, head
+            fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+            assert fields[b"Server"] == b"recserve"
+            sent = email.utils.parsedate_to_datetime(fields[b"Date"].decode()).timestamp()
+            assert abs(sent - time.time()) < 120
+
+
+@pytest.mark.integration  # starts a node or a worker plane
+def test_a_worker_ignores_an_http10_clients_expectation_and_names_the_grpc_port_to_an_http2_one(port):
+    request = infer_request(port).replace(b" HTTP/1.1\r\n", b" HTTP/1.0\r\nExpect: 100-continue\r\n", 1)
+    head_end = request.index(b"\r\n\r\n") + 4
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request[:head_end])
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # no interim 100 for HTTP/1.0 (RFC 9110 10.1.1)
+            s.recv(1 << 16)
+        s.settimeout(30)
+        s.sendall(request[head_end:])
+        assert _answer_head(s).startswith(b"HTTP/1.1 200")
+    reply = exchange(port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400") and b"gRPC port" in reply, reply
+
+
+def _answer_head(s: socket.socket) -> bytes:
+    """One answer read off ``s``: its head (the body, of its Content-Length, read and dropped)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(1 << 16)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.startswith(b"Content-Length:")))
+    while len(body) < length:
+        body += s.recv(1 << 16)
+    return head
+
+
+def test_an_http2_preface_is_refused_naming_the_grpc_port():
+    with pytest.raises(HeadError, match="gRPC port") as caught:
+        read_head(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+    assert caught.value.status == 400
 
 
 @pytest.mark.integration  # starts a node or a worker plane

@@ -19,6 +19,8 @@ MAX_HEAD_BYTES = 64 * 1024  # the request line and headers together, whether the
 HEADS = 64  # heads remembered parsed; more distinct ones start the store over
 HEAD_KEY_BYTES = 2048  # a longer head is parsed every time
 TERMINATOR = b"\r\n\r\n"
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n"  # how an HTTP/2 client with prior knowledge (gRPC's) opens (RFC 9113 3.4)
+HTTP2_ON_HTTP1 = "an HTTP/2 connection preface: this port speaks HTTP/1.1; HTTP/2 and gRPC are on the gRPC port"
 
 
 class HeadError(Exception):
@@ -105,7 +107,7 @@ class HeadReader:
             self._feed(buf, end)
             head = self._done
             if head is None:
-                raise HeadError(400, "malformed request head")
+                raise HeadError(400, HTTP2_ON_HTTP1 if raw.startswith(HTTP2_PREFACE) else "malformed request head")
             if end <= HEAD_KEY_BYTES:
                 if len(_heads) >= HEADS:
                     _heads.clear()

@@ -124,7 +124,7 @@ class ConnectionManager:
         error = InferError("unavailable", f"this worker holds {limit} connections; retry")
         try:
             sock.setblocking(False)
-            sock.send(error_response(error, close=True))
+            sock.send(error_response(error, close=True, extra={"Retry-After": "1"}))
         except OSError:
             pass
         sock.close()

@@ -11,6 +11,7 @@ connection's first request pays that hop, and the connection then stays where it
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import functools
 import json
 import socket
@@ -66,6 +67,10 @@ class Request:
     def keep_alive(self) -> bool:
         return keep_alive(self.version, self.headers)
 
+    def connection_fields(self, keep: bool) -> dict[str, bool]:
+        """The ``close`` and ``keep_http10`` of its answer, when the connection is ``keep``-t open or not."""
+        return {"close": not keep, "keep_http10": keep and self.version == "HTTP/1.0"}
+
 
 def _encoded(headers: dict[str, str]) -> bool:
     """The body has a content coding (gzip, deflate: tritonclient's ``request_compression_algorithm``)."""
@@ -74,25 +79,43 @@ def _encoded(headers: dict[str, str]) -> bool:
 
 
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
-                   close: bool = False) -> bytes:
-    return _response_head(status, content_type, len(body), tuple((extra or {}).items()), close) + body
+                   close: bool = False, keep_http10: bool = False) -> bytes:
+    """An answer's bytes; ``close`` says the connection ends after it, ``keep_http10`` that an HTTP/1.0 client's
+    connection stays open (which such a client assumes only when told, RFC 9112 9.3)."""
+    extra_fields = tuple((extra or {}).items()) + ((("Connection", "keep-alive"),) if keep_http10 else ())
+    return _response_head(status, content_type, len(body), extra_fields, close) + _date_end() + body
 
 
 @functools.lru_cache(maxsize=1024)
 def _response_head(status: int, content_type: str, length: int, extra: tuple[tuple[str, str], ...],
                    close: bool) -> bytes:
-    """A response's head, remembered: answers of one shape repeat it call after call (~3 µs of a batch-1 query)."""
-    head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", f"Content-Type: {content_type}",
+    """A response's head but its ``Date``, remembered: answers of one shape repeat it call after call (~3 µs of a
+    batch-1 query)."""
+    head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", "Server: recserve", f"Content-Type: {content_type}",
             f"Content-Length: {length}"]
     head += [f"{k}: {v}" for k, v in extra]
     if close:
         head.append("Connection: close")
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
+    return ("\r\n".join(head) + "\r\n").encode("latin-1")
 
 
-def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None) -> bytes:
+_date = [0, b""]  # the second and the Date field (with the head's end) last written
+
+
+def _date_end() -> bytes:
+    """``Date`` (RFC 9110 6.6.1: an origin server with a clock sends it) and the blank line ending a head, made
+    once a second."""
+    now = int(time.time())
+    if now != _date[0]:
+        _date[:] = now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n\r\n".encode("ascii")
+    return _date[1]  # type: ignore[return-value]
+
+
+def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None,
+                   keep_http10: bool = False) -> bytes:
     """The one JSON error answer (status from ``serving/wire/errors.py``'s table)."""
-    return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close)
+    return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close,
+                          keep_http10)
 
 
 
@@ -266,7 +289,8 @@ class Connection(asyncio.BufferedProtocol):
                 return
             body, self._body = self._body, None
         elif len(self.buf) < self._needed:
-            if headers.get("expect", "").lower() == "100-continue" and len(self.buf) == head_end:
+            if (head.version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
+                    and len(self.buf) == head_end):  # an HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1)
                 self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
                 self.mark(True)  # what it wrote is no answer
             if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers,
@@ -293,7 +317,7 @@ class Connection(asyncio.BufferedProtocol):
         if error is None:
             return False
         self._skip_keep_alive = self.plane.keeps(keep_alive(version, headers))
-        self.plane.shed(self, error, self._skip_keep_alive)
+        self.plane.shed(self, error, self._skip_keep_alive, version)
         self._skip = self._needed - len(self.buf)
         self.buf.clear()
         self._head, self._needed = None, 0
