@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import RecserveError
+from recserve.serving.node import handover
 from recserve.serving.node.config import NodeConfig, available_cores
 from recserve.serving.node.forkserver import mp_context
 from recserve.serving.node.llc import LlcAllocator
@@ -49,38 +50,6 @@ def _infer_target(prefix: bytes) -> str | None:
     return route[0] if route else None
 
 
-class _Prefixed(asyncio.Protocol):
-    """A handed-over connection's protocol, given the bytes a worker already read (``prefix``) as its first data in
-    ``connection_made``: feeding them after ``connect_accepted_socket`` returns let uvloop (which starts reading at
-    once) deliver the body first, and aiohttp answered 400 "Invalid method"."""
-
-    __slots__ = ("inner", "prefix")
-
-    def __init__(self, inner: asyncio.Protocol, prefix: bytes) -> None:
-        self.inner, self.prefix = inner, prefix
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.inner.connection_made(transport)
-        if self.prefix:
-            prefix, self.prefix = self.prefix, b""
-            self.inner.data_received(prefix)
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-
 class NodeCore:
     """State shared by both front ends: the model runtimes and node-wide settings."""
 
@@ -100,7 +69,8 @@ class NodeCore:
         self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
         self.grpc_upstream = ""
         self.accepting = False
-        self.http_server: Any = None  # aiohttp's protocol factory: serves connections the workers hand over
+        self.http_server: Any = None  # aiohttp's server: its protocols serve connections the workers hand over
+        self.http_options = handover.http_handler_options(config)  # and their settings
         self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
         self._tasks: set[asyncio.Task] = set()
         self._watchdog: asyncio.TimerHandle | None = None
@@ -151,7 +121,7 @@ class NodeCore:
         loop = asyncio.get_running_loop()
         if not covered and self._fallback is None:
             log.warning("no worker is accepting connections: the server process accepts them until one is back")
-            self._fallback = loop.create_task(loop.create_server(self.http_server, sock=self.listen_sock.dup()))
+            self._fallback = loop.create_task(loop.create_server(self.http_protocol, sock=self.listen_sock.dup()))
             self._cover_grpc(True)
         elif covered and self._fallback is not None:
             self._stop_fallback()
@@ -219,12 +189,28 @@ class NodeCore:
 
     async def _serve_here(self, fd: int, prefix: bytes) -> None:
         sock = socket.socket(fileno=fd)
-        if self.http_server is None:
-            sock.close()
-            return
         sock.setblocking(False)
-        factory = self.http_server
-        await asyncio.get_running_loop().connect_accepted_socket(lambda: _Prefixed(factory(), prefix), sock)
+        protocol = handover.Prefixed(self.http_protocol(), prefix)
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, sock)
+
+    def http_protocol(self) -> asyncio.Protocol:
+        """A protocol for a connection this process serves: aiohttp's; past ``max_connections``, 503 with
+        Retry-After; once its HTTP server is stopping (``http_server`` None), 503 at once rather than leaving the
+        client waiting for the end."""
+        server = self.http_server
+        if server is None:
+            return handover.Refused(handover.STOPPING)
+        if len(server.connections) >= self.config.max_connections:
+            self.refusals["too_many_connections"] = self.refusals.get("too_many_connections", 0) + 1
+            return handover.Refused(handover.too_many_connections(self.config.max_connections))
+        return handover.JsonErrors(server, loop=asyncio.get_running_loop(), **self.http_options)
+
+    def accept_while_stopping(self) -> None:
+        """Shutdown: the workers stop accepting as they drain, so this process accepts on the node's socket until
+        it closes: new clients hear 503 (not ready; not accepting queries) instead of waiting in the listen queue."""
+        if self.listen_sock is not None and self._fallback is None:
+            loop = asyncio.get_running_loop()
+            self._fallback = loop.create_task(loop.create_server(self.http_protocol, sock=self.listen_sock.dup()))
 
     @property
     def ready(self) -> bool:

@@ -31,8 +31,9 @@ System shared memory (Triton's extension, ``serving/wire/shm.py``; the control A
     *    /v2/cudasharedmemory/...             -> 501 (not supported)
 
 Every error, including aiohttp's own (unknown route 404, wrong method 405, body over
-``max_body_bytes`` 413), is answered as ``{"error": "...", "field"?: "..."}`` with
-``Content-Type: application/json``, with the status from :data:`recserve.serving.wire.errors.STATUS`.
+``max_body_bytes`` 413, a head it cannot parse: ``node/handover.py``), is answered as
+``{"error": "...", "field"?: "..."}`` with ``Content-Type: application/json``, with the status from
+:data:`recserve.serving.wire.errors.STATUS`.  Bodies are read whole and decoded by ``node/http_bodies.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from recserve.serving.node import control_api
+from recserve.serving.node.http_bodies import CODINGS, request_body
 from recserve.serving.node.llc import LlcUnsupported
 from recserve.serving.node.metrics import NodeSnapshot, PrometheusExporter
 from recserve.serving.wire import codec, protocol
@@ -55,10 +57,17 @@ if TYPE_CHECKING:
     from recserve.serving.node.runtime import ModelRuntime
 
 log = logging.getLogger("recserve.serving")
+CLOSING = frozenset({"slow_client", "too_large", "client_gone"})  # error codes whose answer ends the connection
 
 
 def error_response(exc: InferError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status.http)
+    """The JSON error answer; the connection closes after one whose body may still be arriving (408, 413) or
+    whose client left, and a 415 names the content codings accepted (RFC 9110 15.5.16)."""
+    headers = {"Accept-Encoding": CODINGS} if exc.code == "unsupported_media" else None
+    response = web.json_response(exc.body(), status=exc.status.http, headers=headers)
+    if exc.code in CLOSING:
+        response.force_close()
+    return response
 
 
 def _ready(data: dict[str, Any], ready: bool) -> web.Response:
@@ -152,12 +161,12 @@ def _model_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
 async def _infer(core: NodeCore, rt: ModelRuntime, request: web.Request) -> web.Response:
     """One v2 inference request answered through the node (a model whose workers do not serve HTTP themselves)."""
     try:
-        body = await request.read()
+        body = await _read(core, request)
         req, arrays = codec.parse_http_infer(body, request.headers.get(codec.HEADER_LENGTH),
                                              core.config.max_json_bytes, core.shm)
-    except (InferError, web.HTTPRequestEntityTooLarge) as exc:
-        rt.metrics.refused(exc.code if isinstance(exc, InferError) else "too_large")
-        exc.counted = True  # type: ignore[union-attr]
+    except InferError as exc:
+        rt.metrics.refused(exc.code)
+        exc.counted = True  # type: ignore[attr-defined]
         raise
     scores = await rt.infer(arrays, codec.request_timeout_s(req))
     payload, headers = codec.http_infer_response(rt.name, req, scores, rt.version, core.shm)
@@ -169,12 +178,12 @@ def _repository_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     """Triton's model-repository extension."""
     @routes.post("/v2/repository/index")
     async def repository_index(request: web.Request) -> web.Response:
-        body = await _body(request) if request.can_read_body else {}
+        body = await _body(core, request) if request.body_exists else {}
         return _json(core.repository_index(bool(body.get("ready", False))))
 
     @routes.post("/v2/repository/models/{model}/load")
     async def repository_load(request: web.Request) -> web.Response:
-        body = await _body(request) if request.can_read_body else {}
+        body = await _body(core, request) if request.body_exists else {}
         parameters = body.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise InferError("invalid", f"parameters: expected a JSON object, got {parameters!r}", "parameters")
@@ -197,7 +206,7 @@ def _shm_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
 
     @routes.post("/v2/systemsharedmemory/region/{region}/register")
     async def shm_register(request: web.Request) -> web.Response:
-        core.shm.register(request.match_info["region"], *register_request(await _body(request)))
+        core.shm.register(request.match_info["region"], *register_request(await _body(core, request)))
         return _json({})
 
     @routes.post("/v2/systemsharedmemory/unregister")
@@ -251,29 +260,35 @@ def _control_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     @routes.post("/control/models/{model}/workers")
     async def control_workers(request: web.Request) -> web.Response:
         rt = _runtime(core, request)
-        ask = control_api.workers_request(await _body(request), sorted(rt.pools))
+        ask = control_api.workers_request(await _body(core, request), sorted(rt.pools))
         return _json(await rt.set_workers(ask.workers, ask.cores, ask.threads, ask.stage))
 
     @routes.post("/control/models/{model}/sub_batch")
     async def control_sub_batch(request: web.Request) -> web.Response:
         rt = _runtime(core, request)
-        return _json(await rt.set_sub_batch(control_api.sub_batch_request(await _body(request), rt.cfg.max_batch_size)))
+        ask = control_api.sub_batch_request(await _body(core, request), rt.cfg.max_batch_size)
+        return _json(await rt.set_sub_batch(ask))
 
     @routes.post("/control/models/{model}/accelerator")
     async def control_accelerator(request: web.Request) -> web.Response:
         rt = _runtime(core, request)
-        k = control_api.accelerator_request(await _body(request), rt.cfg.max_batch_size)
+        k = control_api.accelerator_request(await _body(core, request), rt.cfg.max_batch_size)
         return _json(await rt.set_min_items(k))
 
     @routes.post("/control/models/{model}/llc")
     async def control_llc(request: web.Request) -> web.Response:
         rt = _runtime(core, request)
-        return _json(core.set_llc_ways(rt, control_api.llc_request(await _body(request))))
+        return _json(core.set_llc_ways(rt, control_api.llc_request(await _body(core, request))))
 
 
-async def _body(request: web.Request) -> dict:
+async def _read(core: NodeCore, request: web.Request) -> bytes:
+    """A request's body, whole and decoded (``http_bodies``), within the node's read timeout and body limit."""
+    return await request_body(request, core.config.read_timeout_s, core.config.max_body_bytes)
+
+
+async def _body(core: NodeCore, request: web.Request) -> dict:
     try:
-        body = await request.json()
+        body = json.loads(await _read(core, request))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InferError("invalid", f"body: not valid JSON: {exc}", "body") from exc
     if not isinstance(body, dict):

@@ -295,8 +295,9 @@ def _request_families(models: Models, node_refusals: dict[str, int]) -> Iterator
     refused = [*_each_by(models, lambda g: g[0].refusals)]
     refused += [(["", "", code], count) for code, count in sorted(node_refusals.items())]
     yield _counter("recserve_requests_refused_total",
-                   "Inference requests refused before admission (unreadable, invalid, too large, too slow), by "
-                   'reason; model="" and version="" when no served model was named.', [*MODEL_LABELS, "reason"],
+                   "Inference requests refused before admission (unreadable, invalid, too large, too slow, the "
+                   "client gone) and connections past max_connections, by reason; model=\"\" and version=\"\" when "
+                   "no served model was named (the server process's own connections).", [*MODEL_LABELS, "reason"],
                    refused)
     yield _counter("recserve_items_total", "Candidate items scored.", MODEL_LABELS, _each(models, lambda m: m.items))
 

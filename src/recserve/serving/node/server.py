@@ -102,6 +102,7 @@ class NodeServer:
         self._grpc: grpc.aio.Server | None = None
         self._stopped: asyncio.Event | None = None
         self._sock: socket.socket | None = None
+        self._accepting: asyncio.Server | None = None  # this process's accept loop on it when no worker accepts (v1)
         self._grpc_listen: socket.socket | None = None  # the public gRPC socket, while the workers accept on it
         self._grpc_dir = ""
         self._grpc_fallback: GrpcServer | None = None  # this process's accept loop on it while no worker accepts
@@ -121,12 +122,14 @@ class NodeServer:
             if in_workers:
                 self._listen_grpc(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
-            self._runner = web.AppRunner(build_app(self.core), access_log=None, handle_signals=False,
-                                         shutdown_timeout=SHUTDOWN_GRACE_S)
+            self._runner = web.AppRunner(build_app(self.core), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
+                                         **self.core.http_options)
             await self._runner.setup()
             self.core.http_server = self._runner.server
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
-                await web.SockSite(self._runner, sock, ssl_context=tls.http_context(self.config)).start()
+                loop = asyncio.get_running_loop()  # its protocols from the core: capped, and refused while stopping
+                self._accepting = await loop.create_server(self.core.http_protocol, sock=sock,
+                                                           ssl=tls.http_context(self.config))
             http_port = sock.getsockname()[1]
             grpc_port = await self._start_grpc()
             if self.core.repository is not None:
@@ -201,6 +204,7 @@ class NodeServer:
         if core is not None:
             core.accepting = False
             core.stop_watchdog()
+            core.accept_while_stopping()
             if drain:
                 await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
             abandoned = sum(rt.abandon("the node server is shutting down") for rt in [*core.all_runtimes(),
@@ -221,8 +225,15 @@ class NodeServer:
             shutil.rmtree(self._grpc_dir, ignore_errors=True)
             self._grpc_dir = ""
         if self._runner is not None:
+            if core is not None:
+                core.http_server = None  # connections taken from now on are answered 503 at once
             await self._runner.cleanup()
             self._runner = None
+        if core is not None:
+            core.stop_watchdog()  # and the accepting that covered the shutdown
+        if self._accepting is not None:
+            self._accepting.close()
+            self._accepting = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -29,6 +29,8 @@ STATUS: dict[str, Status] = {
     "data_loss": Status(500, "DATA_LOSS"),  # a corrupt SSD table block: the server's data, not the request
     "unsupported": Status(501, "UNIMPLEMENTED"),
     "head_too_large": Status(431, "RESOURCE_EXHAUSTED"),  # an HTTP/1.1 request head past 64 KiB
+    "unsupported_media": Status(415, "UNIMPLEMENTED"),  # a body's content coding other than gzip and deflate
+    "client_gone": Status(499, "CANCELLED"),  # the client left mid-request (nginx's 499); no answer reaches it
 }
 """Error code -> (HTTP status, gRPC status code name); an unknown code is answered as ``internal``."""
 

@@ -1,0 +1,172 @@
+"""The server process's HTTP front end (aiohttp) against slow, leaving and odd clients: the same limits and
+statuses as the workers' (idle and read timeouts, head size, connection cap), content codings it does not undo
+refused 415, and new clients answered 503 while the node stops."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import socket
+import threading
+import time
+import zlib
+
+import pytest
+
+from recserve.serving.wire.errors import InferError
+from tests.support.nodes import node_config, started
+from tests.support.scrape import metric_value, scrape
+
+INDEX = b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n"  # a route only the server process answers
+READY = b'{"ready": true}'
+
+
+def exchange(port: int, message: bytes, timeout_s: float = 30) -> tuple[bytes, float]:
+    """Send ``message``; everything answered until the server closes, and how long the close took."""
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        s.sendall(message)
+        chunks = []
+        while data := s.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks), time.monotonic() - began
+
+
+def status_of(reply: bytes) -> int:
+    return int(reply.split(b" ", 2)[1])
+
+
+def body_of(reply: bytes) -> dict:
+    return json.loads(reply.partition(b"\r\n\r\n")[2])
+
+
+def posted(body: bytes, coding: str) -> bytes:
+    return (INDEX + b"Content-Encoding: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % (coding.encode(),
+                                                                                                     len(body)) + body)
+
+
+@pytest.fixture(scope="module", params=["workers", "server"])
+def port(request):
+    """A node whose idle and read timeouts are 1 s, with the workers accepting (connections handed over to the
+    server process) or the server process accepting itself."""
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.front_end, config.keep_alive_timeout_s, config.read_timeout_s = request.param, 1.0, 1.0
+    with started(config) as server:
+        yield server.ports.http
+
+
+@pytest.mark.integration  # starts a node
+def test_idle_connections_close_and_stalled_bodies_answer_408(port):
+    reply, took = exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(reply) == 200 and took < 25  # then closed, idle past keep_alive_timeout_s
+    _, took = exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHo")  # a head that never ends
+    assert took < 25
+    for stalled in (INDEX + b"Content-Length: 100\r\n\r\n{", INDEX + b"Transfer-Encoding: chunked\r\n\r\n5\r\n{"):
+        reply, took = exchange(port, stalled)
+        assert status_of(reply) == 408 and b"Connection: close" in reply and took < 25, reply[:300]
+        assert "1 s" in body_of(reply)["error"]
+
+
+@pytest.mark.integration  # starts a node
+def test_content_codings_are_undone_or_refused_with_the_ones_accepted(port):
+    for coding, body in (("gzip", gzip.compress(READY)), ("x-gzip", gzip.compress(READY)),
+                         ("gzip, identity", gzip.compress(READY)), ("deflate", zlib.compress(READY)),
+                         ("deflate, gzip", gzip.compress(zlib.compress(READY))), ("identity", READY)):
+        reply, _ = exchange(port, posted(body, coding))
+        assert status_of(reply) == 200 and isinstance(body_of(reply), list), (coding, reply[:300])
+    for coding in ("br", "zstd", "compress"):
+        reply, _ = exchange(port, posted(b"abcd", coding))
+        assert status_of(reply) == 415 and b"Accept-Encoding: gzip, deflate" in reply, (coding, reply[:300])
+        assert body_of(reply)["field"] == "Content-Encoding" and coding in body_of(reply)["error"]
+    reply, _ = exchange(port, posted(b"\x1f\x8bnot gzip", "gzip"))
+    assert status_of(reply) == 400 and "not valid gzip" in body_of(reply)["error"], reply[:300]
+
+
+@pytest.mark.integration  # starts a node
+def test_a_head_the_workers_accept_is_accepted_and_a_longer_line_answers_431_in_json(port):
+    token = b"a" * 10_000  # past aiohttp's own 8 KiB line limit, within the workers' 64 KiB head
+    reply, _ = exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token
+                        + b"\r\nConnection: close\r\n\r\n")
+    assert status_of(reply) == 200, reply[:300]
+    reply, _ = exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70_000 + b"\r\n\r\n")
+    assert status_of(reply) == 431 and b"Server: recserve" in reply and "error" in body_of(reply), reply[:300]
+
+
+@pytest.mark.integration  # starts a node
+def test_a_client_leaving_mid_body_is_counted_not_logged_as_a_server_error(port, caplog):
+    caplog.set_level(logging.WARNING)
+    path = b"POST /v2/models/hercules-rmc1/infer HTTP/1.1\r\nHost: x\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:  # gzip: the server process decodes it
+        s.sendall(path + b"Content-Encoding: gzip\r\nContent-Length: 1000\r\n\r\n\x1f\x8b")
+        time.sleep(0.3)
+    deadline = time.monotonic() + 20
+    while not metric_value(scrape(port), "recserve_requests_refused_total", model="hercules-rmc1", version="1",
+                           reason="client_gone") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric_value(scrape(port), "recserve_requests_refused_total", model="hercules-rmc1", version="1",
+                        reason="client_gone") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.integration  # starts a node
+def test_new_clients_hear_503_while_the_node_stops():
+    from recserve.serving.node.server import NodeServer
+
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.read_timeout_s = 60.0  # a stalled request holds the HTTP server's stop for its whole grace
+    server = NodeServer(config)
+    server.start()
+    port = server.ports.http
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=30)
+    stopper = threading.Thread(target=server.stop)
+    try:
+        stalled.sendall(INDEX + b"Content-Length: 100\r\n\r\n{")
+        time.sleep(0.3)
+        stopper.start()
+        time.sleep(0.5)
+        reply, took = exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(reply) == 503 and took < 4, (took, reply[:300])  # within the 5 s grace, not after it
+    finally:
+        stalled.close()
+        stopper.join(60) if stopper.is_alive() else server.stop()
+
+
+@pytest.mark.integration  # starts a node
+def test_the_server_process_caps_its_connections_with_503_and_retry_after():
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.front_end, config.max_connections = "server", 2
+    with started(config) as server:
+        port = server.ports.http
+        kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+        try:
+            for sock in kept:
+                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(1 << 16).startswith(b"HTTP/1.1 200")
+            reply, _ = exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert status_of(reply) == 503 and b"Retry-After: 1" in reply and "2 connections" in body_of(reply)["error"]
+        finally:
+            for sock in kept:
+                sock.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # room again once the server process saw them close
+            reply, _ = exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            if status_of(reply) == 200:
+                break
+            time.sleep(0.1)
+        assert status_of(reply) == 200
+
+
+def test_inflating_is_bounded_and_checks_the_stream():
+    from recserve.serving.node.http_bodies import inflate
+
+    packed = gzip.compress(b"x" * 1000)
+    assert inflate(packed + gzip.compress(b"y"), "gzip", 2000) == b"x" * 1000 + b"y"  # two members (RFC 1952 2.2)
+    assert inflate(zlib.compress(b"z" * 10), "deflate", 10) == b"z" * 10
+    raw = zlib.compressobj(wbits=-15)
+    assert inflate(raw.compress(b"raw") + raw.flush(), "deflate", 10) == b"raw"  # raw deflate, as some clients send
+    for data, limit, code, words in ((packed, 999, "too_large", "more than 999"), (packed[:-12], 2000, "invalid",
+                                      "ends early"), (packed + b"junk", 2000, "invalid", "not valid gzip")):
+        with pytest.raises(InferError, match=words) as caught:
+            inflate(data, "gzip", limit)
+        assert caught.value.code == code
