@@ -15,6 +15,7 @@ import zlib
 import pytest
 
 from recserve.serving.wire.errors import InferError
+from tests.support.http1_cases import FRAMING
 from tests.support.nodes import node_config, started
 from tests.support.scrape import metric_value, scrape
 
@@ -91,6 +92,27 @@ def test_a_head_the_workers_accept_is_accepted_and_a_longer_line_answers_431_in_
     assert status_of(reply) == 200, reply[:300]
     reply, _ = exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70_000 + b"\r\n\r\n")
     assert status_of(reply) == 431 and b"Server: recserve" in reply and "error" in body_of(reply), reply[:300]
+
+
+@pytest.mark.integration  # starts a node
+@pytest.mark.parametrize("case", sorted(FRAMING))
+def test_a_connection_the_server_process_serves_refuses_each_framing_case_once_and_closes(port, case):
+    """The workers' framing cases (``test_http1_framing.py``) after a first request, so that aiohttp's parser reads
+    them whichever process accepted the connection: refused in JSON, closed, the request hidden in it never
+    answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b'{"live": true}'):
+            first += s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        s.sendall(FRAMING[case][0])
+        refusal = b""
+        while data := s.recv(65536):  # until the server closes
+            refusal += data
+    closes = b"Connection: close" in refusal or (refusal.startswith(b"HTTP/1.0") and b"keep-alive" not in refusal)
+    assert status_of(refusal) >= 400 and closes and b"application/json" in refusal, refusal
+    assert b'"ready"' not in refusal  # the hidden GET /v2/health/ready was not answered
 
 
 @pytest.mark.integration  # starts a node

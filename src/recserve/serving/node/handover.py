@@ -39,9 +39,10 @@ class JsonErrors(web.RequestHandler):
             return super().handle_error(request, status, exc, message)
         log.debug("unreadable request from %s: %s", request.remote, message or exc)
         code = "head_too_large" if isinstance(exc, http_exceptions.LineTooLong) else "invalid"
-        said = getattr(exc, "message", None) or message or "malformed"
+        said = (getattr(exc, "message", None) or message or "malformed").split("\n", 1)[0].rstrip(": ")
         error = InferError(code, "request: " + (HTTP2_ON_HTTP1 if said.startswith("Pause on PRI") else said))
-        response = web.json_response(error.body(), status=error.status.http, headers={"Server": "recserve"})
+        response = web.json_response(error.body(), status=error.status.http,
+                                     headers={"Server": "recserve", "Connection": "close"})
         response.force_close()
         return response
 

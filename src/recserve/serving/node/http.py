@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from recserve.serving.node import control_api
-from recserve.serving.node.http_bodies import CODINGS, request_body
+from recserve.serving.node.http_bodies import CODINGS, framing_error, request_body
 from recserve.serving.node.llc import LlcUnsupported
 from recserve.serving.node.metrics import NodeSnapshot, PrometheusExporter
 from recserve.serving.wire import codec, protocol
@@ -84,7 +84,8 @@ def build_app(core: NodeCore) -> web.Application:
     and the control API, behind the error, access and refusal-counting middlewares."""
     control_api.check_exposure(core.config.host, core.config.control_token)
     app = web.Application(client_max_size=core.config.max_body_bytes,
-                          middlewares=[_errors, _control_access(core.config.control_token), _refusal_counter(core)])
+                          middlewares=[_errors, _framing, _control_access(core.config.control_token),
+                                       _refusal_counter(core)])
     app.on_response_prepare.append(_plain_server_header)
     routes = web.RouteTableDef()
     for add in (_health_routes, _model_routes, _repository_routes, _shm_routes, _metrics_routes, _control_routes):
@@ -311,6 +312,17 @@ def _control_access(token: str | None) -> Any:
 
 async def _plain_server_header(_: web.Request, response: web.StreamResponse) -> None:
     response.headers["Server"] = "recserve"
+
+
+@web.middleware
+async def _framing(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A request whose framing the workers would refuse is refused here too, and its connection closed."""
+    error = framing_error(request)
+    if error is None:
+        return await handler(request)
+    response = error_response(error)
+    response.force_close()
+    return response
 
 
 @web.middleware

@@ -46,6 +46,21 @@ async def request_body(request: web.Request, timeout_s: float, limit: int) -> by
     return body
 
 
+def framing_error(request: web.Request) -> InferError | None:
+    """What the workers' head reader refuses (``serving/transport/http1.py``) and aiohttp's parser lets through: a
+    transfer coding in an HTTP/1.0 request (400; RFC 9112 6.1: its framing is faulty) or one other than chunked
+    alone (501).  Either way the connection must close after the answer."""
+    coding = request.headers.get("Transfer-Encoding")
+    if coding is None:
+        return None
+    if request.version < (1, 1):
+        return InferError("invalid", "request: Transfer-Encoding in an HTTP/1.0 request")
+    if coding.strip().lower() != "chunked":
+        return InferError("unsupported", f"request: Transfer-Encoding {coding[:40]!r} is not implemented (only "
+                          "chunked)")
+    return None
+
+
 def _codings(header: str) -> list[str]:
     """The content codings a ``Content-Encoding`` value lists, ``identity`` dropped; 415 for any not undone here."""
     codings = [c.strip().lower() for c in header.split(",")]
