@@ -67,10 +67,6 @@ class Request:
     def keep_alive(self) -> bool:
         return keep_alive(self.version, self.headers)
 
-    def connection_fields(self, keep: bool) -> dict[str, bool]:
-        """The ``close`` and ``keep_http10`` of its answer, when the connection is ``keep``-t open or not."""
-        return {"close": not keep, "keep_http10": keep and self.version == "HTTP/1.0"}
-
 
 def _encoded(headers: dict[str, str]) -> bool:
     """The body has a content coding (gzip, deflate: tritonclient's ``request_compression_algorithm``)."""
@@ -79,11 +75,13 @@ def _encoded(headers: dict[str, str]) -> bool:
 
 
 def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
-                   close: bool = False, keep_http10: bool = False) -> bytes:
-    """An answer's bytes; ``close`` says the connection ends after it, ``keep_http10`` that an HTTP/1.0 client's
-    connection stays open (which such a client assumes only when told, RFC 9112 9.3)."""
-    extra_fields = tuple((extra or {}).items()) + ((("Connection", "keep-alive"),) if keep_http10 else ())
-    return _response_head(status, content_type, len(body), extra_fields, close) + _date_end() + body
+                   close: bool = False, version: str = "HTTP/1.1") -> bytes:
+    """An answer's bytes; ``close`` says the connection ends after it.  An HTTP/1.0 client (``version``) whose
+    connection stays open is told so, as it assumes that only when told (RFC 9112 9.3)."""
+    fields = tuple(extra.items()) if extra else ()
+    if version == "HTTP/1.0" and not close:
+        fields += (("Connection", "keep-alive"),)
+    return b"".join((_response_head(status, content_type, len(body), fields, close), _date_end(), body))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -112,10 +110,10 @@ def _date_end() -> bytes:
 
 
 def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None,
-                   keep_http10: bool = False) -> bytes:
+                   version: str = "HTTP/1.1") -> bytes:
     """The one JSON error answer (status from ``serving/wire/errors.py``'s table)."""
     return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close,
-                          keep_http10)
+                          version)
 
 
 

@@ -143,7 +143,7 @@ class WorkerPlane:
             refusal = as_infer_error(error)
             self.refused(refusal.code)
             keep = self.keeps(req.keep_alive)
-            conn.write(error_response(refusal, **req.connection_fields(keep)))
+            conn.write(error_response(refusal, close=not keep, version=req.version))
             conn.answered(keep)
             return
 
@@ -156,10 +156,10 @@ class WorkerPlane:
                     error = as_infer_error(exc)
                 else:
                     content_type = headers.pop("Content-Type")
-                    conn.write(response_bytes(200, payload, content_type, headers, **req.connection_fields(keep)))
+                    conn.write(response_bytes(200, payload, content_type, headers, close=not keep, version=req.version))
             if error is not None:
                 extra = {"Retry-After": self.admission.retry_after()} if error.code == "unavailable" else None
-                conn.write(error_response(error, extra=extra, **req.connection_fields(keep)))
+                conn.write(error_response(error, close=not keep, extra=extra, version=req.version))
             conn.answered(keep)
 
         self.enqueue(arrays, items, req.arrived, timeout, reply, forward=False)
@@ -271,7 +271,7 @@ class WorkerPlane:
         """Answer a query refused before it was read whole (503 with Retry-After), counted as a failure."""
         def reply(_scores: np.ndarray | None, exc: InferError | None) -> None:
             conn.write(error_response(exc or error, extra={"Retry-After": self.admission.retry_after()},
-                                      close=not keep_alive, keep_http10=keep_alive and version == "HTTP/1.0"))
+                                      close=not keep_alive, version=version))
 
         self._fail(reply, conn.arrived, error)
 
