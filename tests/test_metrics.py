@@ -27,6 +27,15 @@ FAMILIES = {
     "recserve_request_latency_seconds": ("histogram", {"model", "version"}),
     "recserve_queue_latency_seconds": ("histogram", {"model", "version"}),
     "recserve_compute_latency_seconds": ("histogram", {"model", "version"}),
+    # Triton's names (serving/node/triton_metrics.py): untyped, so that their samples keep Triton's exact names
+    "nv_inference_request_success": ("unknown", {"model", "version"}),
+    "nv_inference_request_failure": ("unknown", {"model", "version"}),
+    "nv_inference_count": ("unknown", {"model", "version"}),
+    "nv_inference_exec_count": ("unknown", {"model", "version"}),
+    "nv_inference_request_duration_us": ("unknown", {"model", "version"}),
+    "nv_inference_queue_duration_us": ("unknown", {"model", "version"}),
+    "nv_inference_compute_infer_duration_us": ("unknown", {"model", "version"}),
+    "nv_inference_pending_request_count": ("gauge", {"model", "version"}),
 }
 
 
@@ -81,6 +90,18 @@ def test_the_values_are_the_supervisors_counters():
     assert metric_value(samples, "recserve_routed_items_total", model="a", version="1", kind="cpu") == 5
     assert metric_value(samples, "recserve_workers", model="a", version="1", stage="accel") == 1
     assert abs(metric_value(samples, "recserve_request_latency_seconds_sum", model="a", version="1") - 0.304) < 1e-9
+
+
+def test_tritons_names_carry_the_same_counts_in_tritons_units():
+    """What a dashboard written for Triton reads: requests counted once whatever their batch, inferences by item,
+    failures with refusals, durations in microseconds."""
+    samples = parse(render({("a", "1"): (busy_model(), 2, {})}))
+    expected = {"nv_inference_request_success": 2, "nv_inference_request_failure": 2, "nv_inference_count": 10,
+                "nv_inference_exec_count": 4, "nv_inference_pending_request_count": 2,
+                "nv_inference_queue_duration_us": 11_000, "nv_inference_compute_infer_duration_us": 202_000}
+    for name, value in expected.items():
+        assert abs(metric_value(samples, name, model="a", version="1") - value) < 1.0, name
+    assert metric_value(samples, "nv_inference_request_duration_us", model="a", version="1") >= 304_000
 
 
 def test_histogram_buckets_are_cumulative_up_to_the_count():

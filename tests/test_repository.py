@@ -704,6 +704,9 @@ def test_two_loaded_versions_report_their_policy_and_count_their_queries_apart(t
         samples = scrape(port)
         assert [metric_value(samples, "recserve_request_success_total", model="ctr", version=v)
                 for v in ("1", "2")] == [2, 4]
+        assert [metric_value(samples, "nv_inference_request_success", model="ctr", version=v)  # as Triton names it
+                for v in ("1", "2")] == [2, 4]
+        assert metric_value(samples, "nv_inference_count", model="ctr", version="2") == 12  # 4 queries of 3 items
         over_http.load_model("ctr")  # both versions still selected: they keep serving and keep their counts
         assert _successes(http.get_json(port, "/v2/models/ctr/stats")) == want
         over_grpc.close()

@@ -18,6 +18,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from recserve.serving.node.triton_metrics import triton_families
+
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 RATE_WINDOW_S = 10.0
 HISTORY_S = 60.0  # longest window the control API can report
@@ -240,6 +242,7 @@ class NodeCollector(Collector):
         yield from _accelerator_families(models)
         yield from _health_families(models)
         yield from _latency_families(models)
+        yield from triton_families(models)
 
 
 class PrometheusExporter:
