@@ -43,6 +43,7 @@ def test_the_deadline_is_the_clients_timeout_else_the_models_counted_from_arriva
     clock = Clock()
     q, _ = queue_of(clock, deadline_s=0.5)
     assert q.deadline(0.2, arrived=90.0) == pytest.approx(90.2)
+    assert q.deadline(0.0, arrived=90.0) == 90.0  # a gRPC deadline already passed stays passed
     assert q.deadline(None, arrived=90.0) == pytest.approx(90.5)
     assert q.deadline(None) == pytest.approx(100.5)  # no arrival known: from now
 
@@ -59,6 +60,15 @@ def test_a_query_alone_is_always_tried_and_one_behind_others_is_shed_if_it_would
         admit(q, 4, timeout_s=0.025)  # three passes (30 ms) > 25 ms
     assert refused.value.code == "unavailable" and "deadline_ms in the node config (1000 ms here)" in str(refused.value)
     assert len(q.queue) == 2
+
+
+def test_a_client_timeout_that_passed_before_admission_is_a_504_even_for_an_idle_worker():
+    clock = Clock()
+    q, _ = queue_of(clock, pass_s=0.010, fuse_items=0)
+    for arrived, timeout_s in ((clock.now - 0.002, 0.001), (clock.now, 0.0)):  # 0: a gRPC deadline read as passed
+        late = q.passed(q.deadline(timeout_s, arrived))
+        assert late is not None and late.code == "deadline" and "timeout passed" in str(late)
+    assert q.passed(q.deadline(0.001, clock.now)) is None
 
 
 def test_the_queue_limit_refuses_whatever_the_deadline():

@@ -66,6 +66,15 @@ MALFORMED = {
     "pseudo after regular": [*GOOD[:2], ("content-type", "application/grpc"), *GOOD[2:4], ("te", "trailers")],
     "unknown pseudo": [*GOOD[:4], (":protocol", "x"), *GOOD[4:]],
     "repeated pseudo": [*GOOD[:4], (":path", "/t.S/Other"), *GOOD[4:]],
+    # RFC 9113 8.2.1: characters a field name or value must not hold
+    "space in name": [*GOOD, ("x y", "1")],
+    "control in name": [*GOOD, ("x\x01y", "1")],
+    "non-ascii name": [*GOOD, ("x\xe9", "1")],
+    "empty name": [*GOOD, ("", "1")],
+    "cr lf in value": [*GOOD, ("x-v", "a\r\nx-injected: 1")],
+    "nul in value": [*GOOD, ("x-v", "a\x00b")],
+    "leading space in value": [*GOOD, ("x-v", " a")],
+    "trailing tab in value": [*GOOD, ("x-v", "a\t")],
 }
 
 
@@ -155,3 +164,46 @@ def test_a_call_already_answered_gets_no_more_stream_window():
     conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(bad)) + _message_frames(1, 60_000, end=False))
     updates = [(stream, _code(p)) for kind, stream, p in transport.frames() if kind == WINDOW_UPDATE]
     assert all(stream == 0 for stream, _ in updates)  # only the connection's window comes back
+
+
+# ---- compressed and cut-short messages (gRPC's PROTOCOL-HTTP2.md and compression.md) ------------------------------
+def _answer(headers: list[tuple[str, str]], data: bytes) -> tuple[dict[str, str], list[bytes]]:
+    """The trailers-only answer to one call (its fields decoded) and the messages the method was given."""
+    from hpack import Decoder
+
+    conn, transport, started, encoder = _open()
+    conn.data_received(_frame(HEADERS, END_HEADERS, 1, encoder.encode(headers)) + _frame(DATA, END_STREAM, 1, data))
+    blocks = [p for kind, stream, p in transport.frames() if kind == HEADERS and stream == 1]
+    decoder = Decoder()
+    return {k: v for block in blocks for k, v in decoder.decode(block)}, started
+
+
+def _compressed(payload: bytes) -> bytes:
+    return b"\x01" + len(payload).to_bytes(4, "big") + payload
+
+
+def test_a_compressed_message_is_inflated_only_when_whole_and_its_coding_named_and_undone():
+    import gzip
+
+    packed = gzip.compress(b"hi")
+    fields, started = _answer([*GOOD, ("grpc-encoding", "gzip")], _compressed(packed))
+    assert fields["grpc-status"] == "0" and started == [b"hi"]
+    for headers, payload, status, words in (
+        (GOOD, packed, "13", "names no compression"),  # the flag set, no grpc-encoding
+        ([*GOOD, ("grpc-encoding", "identity")], packed, "13", "names no compression"),
+        ([*GOOD, ("grpc-encoding", "snappy")], packed, "12", "'snappy': not supported"),
+        ([*GOOD, ("grpc-encoding", "gzip")], packed[:-8], "13", "ends early"),  # its CRC and size cut off
+        ([*GOOD, ("grpc-encoding", "gzip")], packed + b"junk", "13", "followed by other bytes"),
+    ):
+        fields, started = _answer(headers, _compressed(payload))
+        assert (fields["grpc-status"], started) == (status, []) and words in fields["grpc-message"], fields
+    assert fields.get("grpc-accept-encoding") is None
+    fields, _ = _answer([*GOOD, ("grpc-encoding", "snappy")], _compressed(packed))
+    assert fields["grpc-accept-encoding"] == "identity,deflate,gzip"  # what a refused coding's answer names
+
+
+def test_a_unary_request_cut_inside_its_message_says_so():
+    fields, started = _answer(GOOD, b"\x00" + (100).to_bytes(4, "big") + b"only ten b")
+    assert fields["grpc-status"] == "13" and "ended inside its message" in fields["grpc-message"] and not started
+    fields, _ = _answer(GOOD, MESSAGE + MESSAGE)
+    assert "exactly one request message" in fields["grpc-message"]

@@ -405,6 +405,22 @@ def test_the_grpc_health_check_names_unknown_services_and_watch_is_not_served(no
     with pytest.raises(grpc.RpcError) as watch:
         health(ports.grpc, method="Watch")
     assert watch.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as malformed:
+            check(b"\xff\xff", timeout=30)
+    assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, malformed.value.details()
+
+
+def test_calls_the_workers_forward_take_metadata_up_to_the_public_ports_limit(node):
+    """A call the server process answers crosses a private hop: grpc-core's own 8 KiB metadata limit there must not
+    refuse what the public port (16 KiB) accepted."""
+    _, ports = node
+    with grpc.insecure_channel(f"127.0.0.1:{ports.grpc}") as channel:
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive", request_serializer=None,
+                                   response_deserializer=None)
+        for size in (9_000, 12_000, 15_000) * 4:
+            assert live(b"", metadata=[("x-big", "a" * size)], timeout=30) == b"\x08\x01"  # live: true
 
 
 def _body(batch) -> tuple[bytes, dict[str, str]]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 from recserve.serving.worker.grpc_methods import HEALTH_CHECK
 from recserve.serving.worker.grpc_methods import SERVICE as INFERENCE
@@ -52,12 +53,15 @@ HealthCheckRequest, HealthCheckResponse = _messages()
 def add_to_server(server: grpc.aio.Server, core: NodeCore) -> None:
     """``Check`` on ``server``, answered from ``core``'s readiness."""
 
-    async def check(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def check(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:  # parsed here: a malformed request is the client's INVALID_ARGUMENT, not grpc's UNKNOWN and an ERROR log
+            request = HealthCheckRequest.FromString(raw)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid HealthCheckRequest")
         if request.service not in HEALTH_SERVICES:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}; known: "
                                                            f"{', '.join(repr(s) for s in HEALTH_SERVICES)}")
         return HealthCheckResponse(status=STATUSES.index("SERVING" if core.ready else "NOT_SERVING"))
 
-    handler = grpc.unary_unary_rpc_method_handler(check, request_deserializer=HealthCheckRequest.FromString,
-                                                  response_serializer=HealthCheckResponse.SerializeToString)
+    handler = grpc.unary_unary_rpc_method_handler(check, response_serializer=HealthCheckResponse.SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))

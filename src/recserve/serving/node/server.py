@@ -31,7 +31,7 @@ from recserve.serving.node.http import build_app
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.transport.h2grpc import GrpcServer
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.grpc_methods import Forwarder, channel_to
+from recserve.serving.worker.grpc_methods import Forwarder, channel_to, relay_options
 
 log = logging.getLogger("recserve.serving")
 
@@ -143,9 +143,7 @@ class NodeServer:
         return self.ports
 
     def _grpc_server(self) -> grpc.aio.Server:
-        limit = self.config.max_body_bytes
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                          ("grpc.max_send_message_length", limit)])
+        server = grpc.aio.server(options=relay_options(self.config.max_body_bytes))
         grpc_service.add_to_server(server, self.core)
         return server
 

@@ -123,10 +123,17 @@ MESSAGE_HEAD = struct.Struct(">IBIBI")  # a DATA frame's header and its message'
 HEADERS_WORD, TRAILERS_WORD = len(RESPONSE_HEADERS) << 8 | HEADERS, len(TRAILERS_OK) << 8 | HEADERS
 
 
+ACCEPT_ENCODING = literal(b"grpc-accept-encoding", b"identity,deflate,gzip")  # the message codings inflated
+
+
 def trailers(code: int, message: str) -> bytes:
+    """A call's status; an UNIMPLEMENTED one says which message codings are accepted (gRPC's compression.md asks it
+    of a refused coding)."""
     if code == OK and not message:
         return TRAILERS_OK
     block = literal(b"grpc-status", str(code).encode())
+    if code == UNIMPLEMENTED:
+        block += ACCEPT_ENCODING
     return block + literal(b"grpc-message", percent_encoded(message)) if message else block
 
 
@@ -147,11 +154,20 @@ def metadatum(name: bytes, value: bytes) -> tuple[str, str | bytes]:
     return key, value.decode("latin-1")
 
 
+_BAD_NAME = re.compile(rb"[\x00-\x20A-Z\x7f-\xff]")  # not in a field name (RFC 9113 8.2.1), after its first byte
+_BAD_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$")  # not in a field value (RFC 9113 8.2.1)
+
+
 def malformed(headers: list[tuple[bytes, bytes]]) -> str | None:
     """Why a request's header fields are malformed (RFC 9113 8.1.1, 8.2, 8.3.1), or None."""
     seen: set[bytes] = set()
     regular = False
     for name, value in headers:
+        if _BAD_NAME.search(name, 1) or not name:
+            return "a field name with a space, a control or non-ASCII character" if name == name.lower() \
+                else "an uppercase field name"
+        if _BAD_VALUE.search(value):
+            return f"field {name.decode('latin-1')[:40]!r}: a value with NUL, CR or LF, or leading or trailing space"
         if name.startswith(b":"):
             if regular:
                 return "a pseudo-header after a regular field"
@@ -160,8 +176,6 @@ def malformed(headers: list[tuple[bytes, bytes]]) -> str | None:
             seen.add(name)
         else:
             regular = True
-            if name != name.lower():
-                return "an uppercase field name"
             if name in CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
                 return f"connection-specific field {name.decode('latin-1')!r}"
     if not {b":method", b":scheme", b":path"} <= seen:

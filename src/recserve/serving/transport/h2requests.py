@@ -226,18 +226,30 @@ class RequestReader:
         return self._inflate(stream, message) if compressed else message
 
     def _inflate(self, stream: Stream, message: Any) -> bytes | None:
-        if stream.encoding not in (b"gzip", b"deflate"):
-            stream.call.finish(UNIMPLEMENTED,  # type: ignore[union-attr]
-                               f"message compressed with {stream.encoding.decode('latin-1')!r}: not supported")
+        """A message whose compressed flag is set, inflated; None when the call was ended instead: no coding named
+        (INTERNAL, as grpc-core answers), one not undone here (UNIMPLEMENTED), a stream that is corrupt, cut short or
+        followed by more bytes (INTERNAL), or one that inflates past the limit (RESOURCE_EXHAUSTED)."""
+        finish = stream.call.finish  # type: ignore[union-attr]
+        if stream.encoding in (b"", b"identity"):
+            finish(INTERNAL, "a message with its compressed flag set in a call whose grpc-encoding names no "
+                   "compression (send gzip or deflate, or clear the flag)")
             return None
+        if stream.encoding not in (b"gzip", b"deflate"):
+            finish(UNIMPLEMENTED, f"message compressed with {stream.encoding.decode('latin-1')!r}: not supported "
+                   "(gzip and deflate are)")
+            return None
+        inflater = zlib.decompressobj(wbits=31 if stream.encoding == b"gzip" else 15)
         try:
-            inflater = zlib.decompressobj(wbits=31 if stream.encoding == b"gzip" else 15)
             message = inflater.decompress(message, self.max_message + 1)
         except zlib.error as exc:
-            stream.call.finish(INTERNAL, f"cannot decompress the message: {exc}")  # type: ignore[union-attr]
+            finish(INTERNAL, f"cannot decompress the message: {exc}")
             return None
         if len(message) > self.max_message:
-            stream.call.finish(RESOURCE_EXHAUSTED, "decompressed message larger than max")  # type: ignore[union-attr]
+            finish(RESOURCE_EXHAUSTED, "decompressed message larger than max")
+            return None
+        if not inflater.eof or inflater.unused_data:
+            finish(INTERNAL, "cannot decompress the message: its stream "
+                   + ("ends early" if not inflater.eof else "is followed by other bytes"))
             return None
         return message
 
@@ -256,7 +268,9 @@ class RequestReader:
         if call.done:
             return
         if message is None or stream.size:
-            call.finish(INTERNAL, "a unary call takes exactly one request message")
+            cut = message is None and (stream.size or stream.landing is not None)
+            call.finish(INTERNAL, "the request ended inside its message (fewer bytes than its length prefix says)"
+                        if cut else "a unary call takes exactly one request message")
             return
         self.ready.append((stream, message))
 

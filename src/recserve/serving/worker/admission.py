@@ -137,7 +137,18 @@ class AdmissionQueue:
         """When a query must be answered: the transport's ``timeout_s``, else the model's default, counted from
         when its first byte arrived: the client's clock started before that, and counting from the whole request
         gave the upload time (milliseconds for a 1 MB query on a busy host) back to the node."""
-        return (self.clock() if arrived is None else arrived) + (timeout_s or self.limits.deadline_s)
+        timeout_s = self.limits.deadline_s if timeout_s is None else timeout_s  # 0: a deadline already passed
+        return (self.clock() if arrived is None else arrived) + timeout_s
+
+    def passed(self, deadline: float) -> InferError | None:
+        """504 for a query whose client's timeout passed before it was admitted (gRPC's deadline read as expired,
+        a tiny ``parameters.timeout``): the client has stopped waiting, so even an idle worker does not compute it.
+        The model's own deadline is not checked here: a query alone is always tried against it."""
+        late = self.clock() - deadline
+        if late < 0:
+            return None
+        return InferError("deadline", f"model {self.model_name!r}: deadline exceeded: the client's timeout passed "
+                                      f"{late * 1e3:.1f} ms before the query was admitted. {self.deadline_hint()}")
 
     def check(self, items: int, deadline: float, admitted: bool = False) -> float:
         """Raise 503 unless a query of ``items`` can be answered by ``deadline``; return when it is predicted to be
@@ -147,10 +158,11 @@ class AdmissionQueue:
         queued past admission, it waited for its deadline, the client's ``grpc-timeout`` of seconds)."""
         if self.draining and not admitted:
             raise InferError("unavailable", f"model {self.model_name!r} is not accepting queries (shutting down)")
+        now = self.clock()
         full = self.queue_full()
         if full:
             raise InferError("unavailable", f"model {self.model_name!r} is overloaded: {full}; retry later")
-        finish = self.clock() + self.backlog_s(items)
+        finish = now + self.backlog_s(items)
         if not self.busy():
             return finish  # alone, a query is always tried: only its own deadline at dequeue can refuse it
         headroom = self.lateness.headroom()

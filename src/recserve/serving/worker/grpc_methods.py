@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from recserve.serving.transport.h2frames import MAX_HEADER_LIST
 from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError, grpc_code
@@ -400,9 +401,19 @@ class WorkerMethods(Forwarder):
             return service_pb2.ModelStreamInferResponse(error_message="internal error").SerializeToString()
 
 
+RELAY_METADATA = 4 * MAX_HEADER_LIST  # grpc-core's metadata limits on the private hop: past any public block's
+
+
+def relay_options(max_message: int) -> list[tuple[str, int]]:
+    """grpc-core's options on both ends of the private hop to the server process: messages to the node's limit, and
+    metadata well past what the public port accepts (``MAX_HEADER_LIST``), so that grpc-core's own 8 KiB soft limit
+    never refuses, at random, a call the public port took."""
+    return [("grpc.max_receive_message_length", max_message), ("grpc.max_send_message_length", max_message),
+            ("grpc.max_metadata_size", RELAY_METADATA), ("grpc.absolute_max_metadata_size", RELAY_METADATA)]
+
+
 def channel_to(upstream: str, max_message: int) -> grpc.aio.Channel:
-    options = [("grpc.max_receive_message_length", max_message), ("grpc.max_send_message_length", max_message)]
-    return grpc.aio.insecure_channel(upstream, options=options)
+    return grpc.aio.insecure_channel(upstream, options=relay_options(max_message))
 
 
 async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max_message: int,

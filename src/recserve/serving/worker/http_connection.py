@@ -262,6 +262,8 @@ class Connection(asyncio.BufferedProtocol):
             self._advance()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed and (self._head is not None or self._body is not None):
+            self.plane.refused("client_gone")  # it left before its request arrived whole
         self.closed = True
         self.manager.open.discard(self)
         self.mark(False)

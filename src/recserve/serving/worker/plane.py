@@ -176,6 +176,10 @@ class WorkerPlane:
         query it is sent)."""
         admission = self.admission
         deadline = admission.deadline(timeout_s, arrived)
+        late = None if timeout_s is None else admission.passed(deadline)
+        if late is not None:
+            self._fail(reply, arrived, late)
+            return
         if self.offload is not None and not admission.draining:  # a model with accelerator workers: route by size
             if owed and not self.checked(arrays, reply):
                 return
