@@ -163,3 +163,8 @@ def test_fleet_costs_no_more_than_hercules_alone_or_the_chain():
         assert b["feasible"], b
         assert plan.cost_per_hr <= b["cost_per_hr"] + 1e-9
     assert "saving_vs_best_single" in plan.summary
+    table = plan.baseline_table()  # each row's note in the text, not only in the JSON: why a row is "-"
+    assert table.splitlines()[0].split()[-1] == "note"
+    for name, b in plan.baselines.items():
+        row = next(line for line in table.splitlines() if line.split()[0] == name)
+        assert str(b["note"]).splitlines()[0][:40] in row, (name, row)

@@ -75,7 +75,7 @@ def test_pair_gives_idle_cores_to_the_partner_and_fits_memory(hera):
 
 
 def _serving_from(profiles: ProfileSet, model: str, first: int) -> ProfileSet:
-    """``profiles`` with ``model`` meeting its SLA at no load below ``first`` workers (as hera-dien from 10)."""
+    """``profiles`` with ``model`` missing its SLA even at no load below ``first`` workers (as hera-dien from 10)."""
     out = []
     for t in profiles:
         if t.model == model and t.kind == "maxload_vs_workers":

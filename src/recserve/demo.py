@@ -470,7 +470,7 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     capacity = capacity or profiled_capacity(run, models)
     for m in models:  # before any server starts
         if capacity[m].max_qps(1) <= 0:
-            raise RecserveError(f"{m} meets its SLA at no load on one worker of this host (max load 0)")
+            raise RecserveError(f"{m} misses its SLA even at no load on one worker of this host (max load 0)")
     node_a = _node_a(models, scale)
     started: list[Any] = []
     try:

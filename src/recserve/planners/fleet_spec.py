@@ -115,7 +115,7 @@ def _model(name: str, raw: Any, where: str) -> FleetModel:
     try:
         spec = get_model(name)
     except RecserveError:
-        raise SpecError(f"{where}: unknown model {name!r} (a catalogue name from `recserve models`, or a "
+        raise SpecError(f"{where}: unknown model {name!r} (a catalogue name from `recserve models list`, or a "
                         "repository path REPO/<model>)") from None
     if "peak_qps" in raw and "trace" in raw:
         raise SpecError(f"{where}: give peak_qps or trace, not both")

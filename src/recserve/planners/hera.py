@@ -103,7 +103,7 @@ def model_curves(profiles: ProfileSet | dict, model: str, server: ServerType, th
     at = np.where(qps > 0, best, np.minimum(workers, feasible_workers))
     iso = qps[-1]
     if iso <= 0:
-        raise InfeasibleError(f"model {model!r} meets its SLA at no load on {server.name!r}")
+        raise InfeasibleError(f"model {model!r} misses its SLA even at no load on {server.name!r}")
     step = max(1, math.ceil(tail * W))
     slope = float((qps[W] - qps[W - step]) / iso / (step / W))
     useful = int(np.argmax(qps >= knee * iso))
@@ -148,7 +148,7 @@ def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType) -> Serve
     """Allocation of a co-located pair and its predicted max QPS per model.
 
     Cores are split evenly, a model's cores past its useful count going to the other (§V-C, initialisation).
-    A model that meets its SLA at no load on its half (``_first_serving`` above it) is given its fewest serving
+    A model that misses its SLA even at no load on its half (``_first_serving`` above it) is given its fewest serving
     workers, as the RMU's ``adjust_workers`` upsizes a model after its violations (Alg. 3), the other keeping the
     rest; without that the pair would be planned with the model serving nothing.
     """

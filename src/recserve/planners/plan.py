@@ -102,7 +102,11 @@ class Plan:
                 and isinstance(self.summary[k], int | float)]
         rows = [[self.planner, *(self.summary[k] for k in keys)]]
         rows += [[name, *(b[k] for k in keys)] for name, b in self.baselines.items()]
-        return format_table(["policy", *keys], rows)
+        notes = [str(b.get("note") or "") for b in self.baselines.values()]
+        if not any(notes):
+            return format_table(["policy", *keys], rows)
+        rows = [[*rows[0], ""], *([*row, _short(note)] for row, note in zip(rows[1:], notes, strict=True))]
+        return format_table(["policy", *keys, "note"], rows)  # why a row is "-" (infeasible) or what it chose
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "plan") -> Plan:
@@ -369,3 +373,8 @@ class ShardPlan(Plan):
                      f"{self.saving:.2f}x less memory")
         return "\n".join(lines)
 
+
+def _short(note: str, width: int = 100) -> str:
+    """A note on one table row: its first line, cut at ``width`` characters."""
+    line = note.splitlines()[0] if note else ""
+    return line if len(line) <= width else line[: width - 3] + "..."

@@ -88,10 +88,13 @@ class Refused(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        transport.write(self.answer)
-        if transport.can_write_eof():
-            transport.write_eof()
         asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        try:
+            transport.write(self.answer)
+            if transport.can_write_eof():
+                transport.write_eof()
+        except OSError:  # the client left already (ENOTCONN): nothing to answer
+            transport.abort()
 
     def data_received(self, data: bytes) -> None:
         pass
