@@ -194,3 +194,37 @@ def test_inflating_is_bounded_and_checks_the_stream():
         with pytest.raises(InferError, match=words) as caught:
             inflate(data, "gzip", limit)
         assert caught.value.code == code
+
+
+def test_a_refused_connection_whose_client_already_left_is_aborted_quietly():
+    import asyncio
+
+    from recserve.serving.node.handover import STOPPING, Refused
+
+    class Gone(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.aborted = self.closed = False
+
+        def write(self, data: bytes) -> None:
+            pass
+
+        def can_write_eof(self) -> bool:
+            return True
+
+        def write_eof(self) -> None:
+            raise OSError(107, "Transport endpoint is not connected")
+
+        def abort(self) -> None:
+            self.aborted = True
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def refuse() -> Gone:
+        transport = Gone()
+        Refused(STOPPING).connection_made(transport)  # raised OSError into the loop's log before
+        return transport
+
+    transport = asyncio.run(refuse())
+    assert transport.aborted
