@@ -168,3 +168,23 @@ def test_fleet_costs_no_more_than_hercules_alone_or_the_chain():
     for name, b in plan.baselines.items():
         row = next(line for line in table.splitlines() if line.split()[0] == name)
         assert str(b["note"]).splitlines()[0][:40] in row, (name, row)
+
+
+def test_two_models_served_under_one_name_are_refused_naming_both(tmp_path):
+    """REPO_A/ctr and REPO_B/ctr would both be served as 'ctr': one node could not hold both, and the router would
+    send both models' queries to one of them."""
+    import torch
+
+    from recserve.zoo import FAMILY_CLASSES
+    from recserve.zoo.artifacts import write_version
+    from tests.support.models import tiny_spec
+
+    spec = tiny_spec()
+    torch.manual_seed(0)
+    model = FAMILY_CLASSES[spec.family](spec, tuple(t.rows for t in spec.tables))
+    first, second = tmp_path / "a" / "ctr", tmp_path / "b" / "ctr"
+    for path in (first, second):
+        write_version(model, path, 1, "safetensors")
+    with pytest.raises(SpecError, match="would both be served as 'ctr'") as err:
+        parse_fleet(_spec(models={str(first): {"peak_qps": 5}, str(second): {"peak_qps": 5}}))
+    assert str(first) in str(err.value) and str(second) in str(err.value)

@@ -350,6 +350,18 @@ def add_model_source(source: Callable[[str], ModelSpec | None]) -> None:
         MODEL_SOURCES.append(source)
 
 
+def fleet_served_name(model: str) -> str:
+    """The name a fleet serves ``model`` under (its nodes, router and manifests): a repository model's path
+    (``REPO/ctr``, ``REPO/ctr/2``) is not one URL segment (``/v2/models/<name>/infer``), so it is served as its model
+    directory's name (``ctr``, ``ctr-v2``); a catalogue model as itself."""
+    if "/" not in model:
+        return model
+    parts = [p for p in model.rstrip("/").split("/") if p]
+    if parts[-1].isdigit() and len(parts) > 1:
+        return f"{parts[-2]}-v{parts[-1]}"
+    return parts[-1]
+
+
 def get_model(name: str, extra: dict[str, ModelSpec] | None = None) -> ModelSpec:
     models = {**catalogue_models(), **(extra or {})}
     base, sep, keep = name.rpartition(TABLES_SUFFIX)

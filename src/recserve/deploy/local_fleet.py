@@ -25,6 +25,7 @@ from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail, signal_name
 from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
+from recserve.specs import fleet_served_name
 
 TIER_CACHE_MB = 64
 RESTART_WINDOW_S = 600.0  # a node's restarts count against ``max_restarts`` for this long (as Kubernetes' back-off)
@@ -43,15 +44,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def served_name(model: str) -> str:
-    """The name a node serves ``model`` under: a repository model's path (``REPO/ctr``, ``REPO/ctr/2``) is not one
-    URL segment (``/v2/models/<name>/infer``), so it is served as its model directory's name (``ctr``, ``ctr-v2``)."""
-    if "/" not in model:
-        return model
-    parts = [p for p in model.rstrip("/").split("/") if p]
-    if parts[-1].isdigit() and len(parts) > 1:
-        return f"{parts[-2]}-v{parts[-1]}"
-    return parts[-1]
+served_name = fleet_served_name  # the one rule (specs.py), under the name deploy's modules use
 
 
 def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | None = None,

@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from recserve.errors import RecserveError, SpecError
-from recserve.specs import SLA, ModelSpec, ServerType, catalogue_servers, get_model, get_server, read_yaml
+from recserve.specs import (
+    SLA,
+    ModelSpec,
+    ServerType,
+    catalogue_servers,
+    fleet_served_name,
+    get_model,
+    get_server,
+    read_yaml,
+)
 
 TOP_FIELDS = ("models", "owned", "rentable", "budget", "constraints")
 MODEL_FIELDS = ("peak_qps", "trace", "sla_ms", "percentile")
@@ -139,6 +148,18 @@ def _model(name: str, raw: Any, where: str) -> FleetModel:
     return FleetModel(name, replace(spec, sla=SLA(sla_ms, pct)), peak, trace)
 
 
+def _served_once(models: list[FleetModel], where: str) -> None:
+    """Refuse two models served under one name (a repository model is served as its directory's name): a node
+    cannot hold both, and a router would send both models' queries to one of them."""
+    seen: dict[str, str] = {}
+    for m in models:
+        served = fleet_served_name(m.name)
+        other = seen.setdefault(served, m.name)
+        if other != m.name:
+            raise SpecError(f"{where}: models: {other!r} and {m.name!r} would both be served as {served!r}; "
+                            "rename one model's directory")
+
+
 def parse_fleet(data: Any, where: str = "fleet spec") -> FleetSpec:
     """Validate a parsed fleet spec; SpecError ``where: field: message`` on the first problem."""
     data = _mapping(data, where, "models/owned/rentable/budget/constraints")
@@ -148,6 +169,7 @@ def parse_fleet(data: Any, where: str = "fleet spec") -> FleetSpec:
     if not raw_models:
         raise SpecError(f"{where}: models: give at least one model (name: {{peak_qps: QPS}})")
     models = [_model(str(m), v, f"{where}: models.{m}") for m, v in raw_models.items()]
+    _served_once(models, where)
     servers: dict[str, ServerType] = {}
     owned: dict[str, int] = {}
     for name, n in _mapping(data.get("owned") or {}, f"{where}: owned", "server type to count").items():
