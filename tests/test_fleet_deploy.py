@@ -170,3 +170,21 @@ def test_a_taken_router_port_is_refused_before_any_node_starts(tmp_path, capsys)
                      "--router-port", str(port)]) == 2
     assert f"--router-port {port}: Address already in use; give another port" in capsys.readouterr().err
     assert not (tmp_path / "dep" / "node0.yaml").exists()
+
+
+def test_a_searched_configuration_is_deployed_as_planned_only_its_workers_scaled():
+    """The plan's threads per worker, sub-batch size and pipeline mode reach the node config (the capacity the plan
+    and ``verify`` claim is that configuration's); worker counts scale by the share of the planned cores."""
+    alloc = {"workers": 4, "threads": 2, "batch": 64, "mode": "pipeline", "sparse_workers": 2}
+    plan = FleetPlan(groups=[FleetGroup("single", "hercules-t2", 1, 1, {"hercules-rmc1": 500.0},
+                                        {"hercules-rmc1": "dram"}, "", "Hercules search", {"hercules-rmc1": alloc})])
+    (config,), _ = fleet_node_configs(plan, scale=1e-4, cores=list(range(6)))  # half the 12 planned cores
+    entry = config["models"][0]
+    assert (entry["threads"], entry["sub_batch"], entry["mode"]) == (2, 64, "pipeline")
+    assert (entry["workers"], entry["sparse_workers"]) == (2, 1)
+    assert entry["cores"] == [[0, 1], [2, 3]]
+    host = sorted(os.sched_getaffinity(0))[:2]
+    if len(host) == 2:  # what this host's node server accepts: one dense worker on both cores, one sparse
+        (config,), _ = fleet_node_configs(plan, scale=1e-4, cores=host)
+        assert config["models"][0]["cores"] == [host]
+        config_from_dict({k: v for k, v in config.items() if not k.startswith("_")}, "test")

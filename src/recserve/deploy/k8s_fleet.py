@@ -6,8 +6,9 @@ servers, one pod per planned server:
 - the node config is ``deploy local``'s (:func:`~recserve.deploy.local_fleet.fleet_node_configs` on that group,
   on a "host" of the pod's cores), less what the container decides: no core ids (the static CPU manager's exclusive
   cpuset), the pod's address and ports, the tier files on the pod's volume;
-- Guaranteed QoS with an integer CPU count = the config's workers; the kubelet keeps ``reserved_cpus`` of each node,
-  so a plan that fills a server's cores is scaled onto the rest as ``deploy local`` scales onto a smaller host;
+- Guaranteed QoS with an integer CPU count = the cores of the config's workers; the kubelet keeps ``reserved_cpus``
+  of each node, so a plan that fills a server's cores is scaled onto the rest as ``deploy local`` scales onto a
+  smaller host;
 - the node pool by ``nodeSelector`` on the instance-type label, and one fleet pod per node (required pod
   anti-affinity on the hostname): a plan's unit is one whole server;
 - an SSD-tiered model's table files on an ``emptyDir`` (on the node's disk, O_DIRECT works; it survives container
@@ -38,7 +39,7 @@ from recserve.deploy.k8s_plans import (
     node_server_pod,
     workload,
 )
-from recserve.deploy.local_fleet import fleet_node_configs, served_name
+from recserve.deploy.local_fleet import alloc_cores, entry_cores, fleet_node_configs, served_name
 from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetGroup, FleetPlan
 from recserve.specs import get_model, get_server
@@ -57,9 +58,9 @@ STARTUP = {"timeoutSeconds": 10, "periodSeconds": 10, "failureThreshold": 180}
 
 
 def planned_cores(group: FleetGroup) -> int:
-    """Cores one unit of ``group`` runs (workers x threads of each model), as ``deploy local`` counts them."""
-    return sum(group.alloc.get(m, {}).get("workers", 1) * group.alloc.get(m, {}).get("threads", 1)
-               for m in group.qps)
+    """Cores one unit of ``group`` runs (each model's workers and sparse workers x threads), as ``deploy local``
+    counts them."""
+    return sum(alloc_cores(group.alloc.get(m, {})) for m in group.qps)
 
 
 def local_config(group: FleetGroup, scale: float, cores: int) -> dict[str, Any]:
@@ -76,7 +77,7 @@ def fitted_config(group: FleetGroup, scale: float, allocatable: int) -> dict[str
         raise RecserveError(f"{group.server}: {allocatable} allocatable cores cannot run {len(group.qps)} models")
     for cores in range(min(planned_cores(group), allocatable), 0, -1):
         config = local_config(group, scale, cores)
-        if sum(m["workers"] for m in config["models"]) <= allocatable:
+        if sum(entry_cores(m) for m in config["models"]) <= allocatable:
             break
     models = [{k: v for k, v in m.items() if k != "cores"} for m in config["models"]]
     for m in models:
@@ -156,7 +157,7 @@ class FleetManifests:
         server = get_server(group.server)
         app = dns_name(self.name, f"g{i}", group.kind, group.server)
         config = fitted_config(group, self.scale, max(1, server.cores - self.reserved_cpus))
-        cpus = sum(m["workers"] for m in config["models"])
+        cpus = sum(entry_cores(m) for m in config["models"])
         share = cpus / max(1, planned_cores(group))
         if share < 1:
             self.notes.append(f"{app}: {cpus} of the plan's {planned_cores(group)} cores per {group.server} (the "

@@ -47,28 +47,35 @@ def _free_port() -> int:
 served_name = fleet_served_name  # the one rule (specs.py), under the name deploy's modules use
 
 
+def alloc_cores(alloc: dict[str, Any]) -> int:
+    """Cores a model's planned allocation runs: its workers (whole-model, or dense in a pipeline) and sparse workers,
+    each on ``threads`` cores."""
+    return (alloc.get("workers", 1) + (alloc.get("sparse_workers") or 0)) * alloc.get("threads", 1)
+
+
+def entry_cores(entry: dict[str, Any]) -> int:
+    """Cores a node config's model entry runs (its workers and sparse workers, ``threads`` each)."""
+    return (entry["workers"] + entry.get("sparse_workers", 0)) * entry.get("threads", 1)
+
+
 def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | None = None,
                        tier_dir: str | Path = "tiers") -> tuple[list[dict[str, Any]], list[str]]:
-    """(node configs, notes): one per server group of the plan, scaled onto ``cores`` (default: this process's)."""
+    """(node configs, notes): one per server group of the plan, scaled onto ``cores`` (default: this process's).
+    Each model keeps the configuration the plan chose for it (threads per worker, sub-batch size, pipeline mode):
+    only its worker counts are scaled, by the share of the planned cores this host has."""
     host = sorted(cores or os.sched_getaffinity(0))
     groups = [g for g in plan.groups if g.kind in ("single", "pair")]
     notes = [f"{g.count} x shards on {g.server} ({', '.join(g.qps)}): not deployed locally, run `recserve shards "
              "serve`" for g in plan.groups if g.kind == "shards"]
     if not groups:
         raise RecserveError("the plan has no single-model or co-located server to deploy locally")
-    planned = sum(a.get("workers", 1) * a.get("threads", 1) for g in groups for a in g.alloc.values()) or 1
+    share = len(host) / (sum(alloc_cores(a) for g in groups for a in g.alloc.values()) or 1)
     next_core = 0
     configs = []
     for i, g in enumerate(groups):
         models = []
         for m in g.qps:
-            a = g.alloc.get(m, {})
-            want = a.get("workers", 1) * a.get("threads", 1)
-            workers = max(1, min(len(host), round(want * len(host) / planned)))
-            pinned = [[host[(next_core + k) % len(host)]] for k in range(workers)]
-            next_core += workers
-            entry: dict[str, Any] = {"model": m, "name": served_name(m), "scale": scale, "workers": workers,
-                                     "threads": 1, "cores": pinned}
+            entry, next_core = _model_entry(m, g.alloc.get(m, {}), host, share, next_core, scale)
             if g.tier.get(m) == "ssd":
                 entry["options"] = {"tier": {"dir": str(Path(tier_dir) / f"group{i}-{m}"), "tables": "user",
                                              "cache_mb": TIER_CACHE_MB}}
@@ -78,6 +85,25 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
     if plan.notes:
         notes += [n for n in plan.notes if n.startswith("short of peak")]
     return configs, notes
+
+
+def _model_entry(model: str, alloc: dict[str, Any], host: list[int], share: float, next_core: int,
+                 scale: float) -> tuple[dict[str, Any], int]:
+    """One model's node config entry, its workers pinned from ``next_core`` on; and the next core."""
+    threads = min(max(1, int(alloc.get("threads", 1))), len(host))
+    workers = max(1, min(len(host) // threads, round(alloc.get("workers", 1) * share)))
+    pinned = []
+    for _ in range(workers):
+        pinned.append([host[(next_core + k) % len(host)] for k in range(threads)])
+        next_core += threads
+    entry: dict[str, Any] = {"model": model, "name": served_name(model), "scale": scale, "workers": workers,
+                             "threads": threads, "cores": pinned}
+    if alloc.get("batch"):
+        entry["sub_batch"] = int(alloc["batch"])
+    if alloc.get("mode") == "pipeline":
+        entry["mode"] = "pipeline"
+        entry["sparse_workers"] = max(1, round((alloc.get("sparse_workers") or 1) * share))
+    return entry, next_core
 
 
 @dataclass
