@@ -188,3 +188,19 @@ def test_a_searched_configuration_is_deployed_as_planned_only_its_workers_scaled
         (config,), _ = fleet_node_configs(plan, scale=1e-4, cores=host)
         assert config["models"][0]["cores"] == [host]
         config_from_dict({k: v for k, v in config.items() if not k.startswith("_")}, "test")
+
+
+def test_a_directory_another_deploy_local_holds_is_refused(tmp_path, capsys):
+    """Its node configs are what that deployment's nodes restart from: a second deploy there would overwrite them."""
+    from recserve.commands.deploy_local import _hold
+
+    path = _one_worker_plan().save(tmp_path / "fleet.json")
+    held = _hold(tmp_path / "dep")
+    try:
+        assert main(["deploy", "local", "--plan", str(path), "--dir", str(tmp_path / "dep"), "--dry-run"]) == 2
+        assert f"is in use by another `recserve deploy local` (pid {os.getpid()})" in capsys.readouterr().err
+        assert not (tmp_path / "dep" / "node0.yaml").exists()
+    finally:
+        held.close()
+    assert main(["deploy", "local", "--plan", str(path), "--dir", str(tmp_path / "dep"), "--dry-run"]) == 0
+    assert (tmp_path / "dep" / "node0.yaml").exists()

@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     plan = load_fleet_plan(args.plan)
     workdir = Path(args.dir)
     configs, notes = fleet_node_configs(plan, scale=args.scale, cores=args.cores, tier_dir=workdir / "tiers")
+    lock = _hold(workdir)  # held until this process ends: its nodes restart from the configs it wrote there
     for n in notes:
         progress(f"note: {n}")
     if args.dry_run:
-        workdir.mkdir(parents=True, exist_ok=True)
         for i, cfg in enumerate(configs):
             path = workdir / f"node{i}.yaml"
             path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
@@ -79,7 +79,30 @@ def run(args: argparse.Namespace) -> int:
         if router is not None:
             router.stop()
         stop_nodes(nodes)
+        lock.close()
     return 0
+
+
+def _hold(workdir: Path) -> Any:
+    """Take ``workdir`` for this command (an exclusive lock on ``DIR/.deploy.lock``, released when the process ends
+    however it ends): another ``deploy local`` there would overwrite the node configs this one's nodes restart from."""
+    import fcntl
+    import os
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = open(workdir / ".deploy.lock", "a+")  # noqa: SIM115 (held open for the command's life)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise RecserveError(f"{workdir} is in use by another `recserve deploy local` (pid {holder}); give another "
+                            "--dir, or stop that one first") from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
 
 
 def _check_port_free(port: int) -> None:
