@@ -188,3 +188,24 @@ def test_two_models_served_under_one_name_are_refused_naming_both(tmp_path):
     with pytest.raises(SpecError, match="would both be served as 'ctr'") as err:
         parse_fleet(_spec(models={str(first): {"peak_qps": 5}, str(second): {"peak_qps": 5}}))
     assert str(first) in str(err.value) and str(second) in str(err.value)
+
+
+def test_among_equal_cost_plans_the_ilp_keeps_the_one_of_least_power(tmp_path):
+    """The live example's fleet: a rented SDM server's pair covers the user's model, so a free owned server serving it
+    again costs nothing and adds power.  The power tie-break must drop it: with a solver gap wider than the
+    tie-break's share of the cost, HiGHS stopped with the redundant server kept."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples" / "fleet_live"))
+    try:
+        from make_repo_model import make
+    finally:
+        sys.path.pop(0)
+    ctr = str(make(tmp_path / "repo"))
+    fleet = parse_fleet({"models": {ctr: {"peak_qps": 100}, "hercules-rmc1": {"peak_qps": 40},
+                                    "elasticrec-rm1": {"peak_qps": 20}},
+                         "owned": {"this-host": 2}, "rentable": {"sdm-hw-ss": {"price": 0.9, "max": 2}}})
+    plan = plan_fleet(fleet)
+    serving_ctr = [g for g in plan.groups if ctr in g.qps]
+    assert len(serving_ctr) == 1, [(g.server, g.kind, list(g.qps)) for g in plan.groups]

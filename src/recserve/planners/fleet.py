@@ -32,7 +32,7 @@ from recserve.planners.plan import Plan, format_table, register_plan
 
 EPS_PER_W = 1e-6      # $/hr per provisioned W: only breaks ties (fewer, lower-power owned servers)
 TIME_LIMIT_S = 20.0
-MIP_GAP = 1e-4
+MIP_GAP = 1e-8  # relative: below the power tie-break's share of a plan's cost, so HiGHS resolves the tie
 
 
 @dataclass
