@@ -292,7 +292,9 @@ def test_confirm_max_load_keeps_a_result_that_holds_and_marks_one_that_never_doe
         found.probes) + 1
     lost = confirm_max_load(lambda r: 500.0, found, step=0.1, tries=2)
     assert not lost.converged and "not confirmed in 2 probes" in lost.reason
-    assert lost.max_qps == pytest.approx(0.9 * found.max_qps)
+    held = max(p.rate for p in found.probes if p.ok and p.rate < 0.9 * found.max_qps)  # never a rate that missed
+    assert lost.max_qps == held and all(p.ok for p in lost.probes if p.rate == lost.max_qps)
+    assert confirm_max_load(lambda r: 500.0, found, step=0.5, tries=3).max_qps == 0.0  # nothing held below
     assert confirm_max_load(lambda r: 500.0, found, tries=0) is found
 
 

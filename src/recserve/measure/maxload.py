@@ -148,8 +148,8 @@ def confirm_max_load(run_at: Callable[[float], Any], result: MaxLoadResult, step
                      ) -> MaxLoadResult:
     """``result`` probed again at its max load with ``run_at``'s next arrivals; each violation steps the rate down by
     ``step`` (of the found max) and probes again, up to ``tries`` probes.  The first rate that passes twice (in the
-    search and here, or here after a step down) is the max load; none passing gives the last rate tried, marked
-    unconverged.
+    search and here, or here after a step down) is the max load; none passing gives the highest rate that held in the
+    search below the rates tried here (0 if none did), marked unconverged.
 
     Why: the search keeps the highest rate that passed once, so on a noisy host it picks the luckiest probe near the
     knee (docs/decisions/2026-11-28-demo-live-load-sized-live.md)."""
@@ -166,8 +166,10 @@ def confirm_max_load(run_at: Callable[[float], Any], result: MaxLoadResult, step
         if p.ok:
             return MaxLoadResult(rate, result.sla_ms, result.percentile, probes, (rate, result.bracket[1]),
                                  result.converged, f"{result.reason}, confirmed" + (f" {k} step(s) down" if k else ""))
-    return MaxLoadResult(max(rate, 0.0), result.sla_ms, result.percentile, probes, (0.0, result.max_qps), False,
-                         f"{result.reason}, not confirmed in {tries} probes")
+    held = max((p.rate for p in probes if p.ok and p.rate < rate), default=0.0)  # the best rate that held
+    return MaxLoadResult(held, result.sla_ms, result.percentile, probes, (0.0, result.max_qps), False,
+                         f"{result.reason}, not confirmed in {tries} probes: {held:.1f} qps, the highest that held "
+                         "below them")
 
 
 def stderr_log(line: str) -> None:
