@@ -184,3 +184,35 @@ def test_verify_says_what_failed_when_nothing_answers(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{MODEL}: no query was answered with scores (connection=" in err
     assert f"is the deployment up at http://127.0.0.1:{port}?" in err
+
+
+def test_verify_tells_a_deployment_that_answers_errors_from_one_that_is_down(tmp_path, capsys):
+    import http.server
+    import threading
+
+    class Overloaded(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(503)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Overloaded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        plan = FleetPlan(groups=[FleetGroup("single", "this-host", 1, 1, {MODEL: 20.0}, {MODEL: "dram"}, "", "",
+                                            {MODEL: {"workers": 1, "threads": 1}})],
+                         models={MODEL: {"peak_qps": 10.0, "capacity_qps": 20.0, "sla_ms": 500.0, "percentile": 95.0}})
+        path = plan.save(tmp_path / "fleet.json")
+        assert main(["verify", "--plan", str(path), "--target", f"http://127.0.0.1:{port}", "--seconds", "1"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert "(http_503=" in err and "answers, with errors or not in time: overloaded or hung?" in err
+    assert "is the deployment up" not in err

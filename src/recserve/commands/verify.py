@@ -47,8 +47,11 @@ def run(args: argparse.Namespace) -> int:
     for m, c in checks.items():
         if c.ok == 0 and c.errors:  # nothing answered: say what failed, not only that it did
             errors = ", ".join(f"{kind}={n}" for kind, n in c.errors.items())
-            print(f"{m}: no query was answered with scores ({errors}): is the deployment up at "
-                  f"{' '.join(deployed[m].urls)}?", file=sys.stderr)
+            urls = " ".join(deployed[m].urls)
+            answered = any(kind.startswith("http_") or kind == "timeout" for kind in c.errors)
+            print(f"{m}: no query was answered with scores ({errors}): " + (
+                f"the deployment at {urls} answers, with errors or not in time: overloaded or hung? Its node logs "
+                "say which" if answered else f"is the deployment up at {urls}?"), file=sys.stderr)
     held = all(c.sla_held for c in checks.values())
     print(f"SLA held under the planned mix: {sum(c.sla_held for c in checks.values())}/{len(checks)} models")
     out: dict = {"plan": str(args.plan), "target": args.target, "load": args.load, "seconds": args.seconds,
