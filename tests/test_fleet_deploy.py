@@ -204,3 +204,14 @@ def test_a_directory_another_deploy_local_holds_is_refused(tmp_path, capsys):
         held.close()
     assert main(["deploy", "local", "--plan", str(path), "--dir", str(tmp_path / "dep"), "--dry-run"]) == 0
     assert (tmp_path / "dep" / "node0.yaml").exists()
+
+
+def test_the_tier_files_left_after_a_deployment_are_named_with_their_size(tmp_path, capsys):
+    from recserve.commands.deploy_local import _note_tier_files
+
+    _note_tier_files(tmp_path / "tiers")  # none: nothing said
+    assert "SSD-tier" not in capsys.readouterr().err
+    (tmp_path / "tiers" / "group0-sdm-m1").mkdir(parents=True)
+    (tmp_path / "tiers" / "group0-sdm-m1" / "t0.tbl").write_bytes(b"\0" * (3 << 20))
+    _note_tier_files(tmp_path / "tiers")
+    assert f"SSD-tier files kept in {tmp_path / 'tiers'} (3 MiB in 1 file)" in capsys.readouterr().err

@@ -80,7 +80,17 @@ def run(args: argparse.Namespace) -> int:
             router.stop()
         stop_nodes(nodes)
         lock.close()
+        _note_tier_files(workdir / "tiers")
     return 0
+
+
+def _note_tier_files(tiers: Path) -> None:
+    """Say where the SSD-tier files the nodes wrote stay (they are not removed: a large model's are gigabytes)."""
+    files = [f for f in tiers.rglob("*") if f.is_file()] if tiers.is_dir() else []
+    if files:
+        size, count = sum(f.stat().st_size for f in files), f"{len(files)} file" + ("s" if len(files) > 1 else "")
+        progress(f"SSD-tier files kept in {tiers} ({size / 2**20:,.0f} MiB in {count}): remove the folder when you "
+                 "no longer deploy there")
 
 
 def _hold(workdir: Path) -> Any:
