@@ -215,3 +215,13 @@ def test_the_tier_files_left_after_a_deployment_are_named_with_their_size(tmp_pa
     (tmp_path / "tiers" / "group0-sdm-m1" / "t0.tbl").write_bytes(b"\0" * (3 << 20))
     _note_tier_files(tmp_path / "tiers")
     assert f"SSD-tier files kept in {tmp_path / 'tiers'} (3 MiB in 1 file)" in capsys.readouterr().err
+
+
+def test_an_ssd_tiered_model_gets_the_row_cache_its_plan_assumed_scaled_as_its_tables():
+    from recserve.deploy.local_fleet import TIER_CACHE_MB, tier_cache_mb
+
+    full = tier_cache_mb("sdm-m1", "sdm-hw-ss", 1.0)
+    assert full > 1024  # gigabytes of SDM's DRAM share on a 64 GB server, not the local floor
+    (_, tiered), _ = fleet_node_configs(_plan(), scale=1.0, cores=list(range(40)))
+    assert tiered["models"][0]["options"]["tier"]["cache_mb"] == full
+    assert tier_cache_mb("sdm-m1", "sdm-hw-ss", 1e-4) == TIER_CACHE_MB  # scaled below the floor

@@ -27,7 +27,7 @@ from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
 from recserve.specs import fleet_served_name
 
-TIER_CACHE_MB = 64
+TIER_CACHE_MB = 64  # the least row cache an SSD-tiered model gets
 RESTART_WINDOW_S = 600.0  # a node's restarts count against ``max_restarts`` for this long (as Kubernetes' back-off)
 
 
@@ -45,6 +45,19 @@ def _free_port() -> int:
 
 
 served_name = fleet_served_name  # the one rule (specs.py), under the name deploy's modules use
+
+
+def tier_cache_mb(model: str, server: str, scale: float) -> int:
+    """The row cache of an SSD-tiered model: the one its plan assumed (SDM's DRAM share of the server, less the
+    DRAM-resident tables), scaled as its tables are, and at least ``TIER_CACHE_MB``."""
+    from recserve.planners.fleet_candidates import SDM_DRAM_SHARE, query_batch
+    from recserve.planners.sdm import plan_tier
+    from recserve.specs import get_model, get_server
+
+    host = get_server(server)
+    cache_gb = plan_tier(get_model(model), SDM_DRAM_SHARE * host.mem_gb, 1.0, item_batch=query_batch(),
+                         server=host).summary["cache_gb"]
+    return max(TIER_CACHE_MB, int(cache_gb * 1024 * scale))
 
 
 def alloc_cores(alloc: dict[str, Any]) -> int:
@@ -78,7 +91,7 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
             entry, next_core = _model_entry(m, g.alloc.get(m, {}), host, share, next_core, scale)
             if g.tier.get(m) == "ssd":
                 entry["options"] = {"tier": {"dir": str(Path(tier_dir) / f"group{i}-{m}"), "tables": "user",
-                                             "cache_mb": TIER_CACHE_MB}}
+                                             "cache_mb": tier_cache_mb(m, g.server, scale)}}
             models.append(entry)
         configs.append({"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "models": models,
                         "_group": f"{g.count} x {g.kind} on {g.server}", "_server": g.server})
