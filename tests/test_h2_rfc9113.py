@@ -207,3 +207,22 @@ def test_a_unary_request_cut_inside_its_message_says_so():
     assert fields["grpc-status"] == "13" and "ended inside its message" in fields["grpc-message"] and not started
     fields, _ = _answer(GOOD, MESSAGE + MESSAGE)
     assert "exactly one request message" in fields["grpc-message"]
+
+
+def test_a_unary_call_whose_client_leaves_mid_request_is_reported_gone_once():
+    """Reset mid-upload, or the connection lost mid-upload: ``client_gone`` (counted as HTTP's is); a call whose
+    request ended before the reset is not."""
+    reasons: list[str] = []
+    method = Method(unary=lambda call, raw: None)  # never answers: the call stays open
+    conn, transport = GrpcConnection(lambda path: method, 1 << 20, on_abuse=reasons.append), Transport()
+    conn.connection_made(transport)
+    encoder = Encoder()
+    conn.data_received(PREFACE + _frame(SETTINGS, 0, 0)
+                       + _frame(HEADERS, END_HEADERS, 1, encoder.encode(GOOD)) + _frame(DATA, 0, 1, MESSAGE[:4])
+                       + _frame(RST_STREAM, 0, 1, (8).to_bytes(4, "big")))  # CANCEL mid-message
+    assert reasons == ["client_gone"]
+    conn.data_received(_call(encoder, 3) + _frame(RST_STREAM, 0, 3, (8).to_bytes(4, "big")))  # sent whole first
+    assert reasons == ["client_gone"]
+    conn.data_received(_frame(HEADERS, END_HEADERS, 5, encoder.encode(GOOD)) + _frame(DATA, 0, 5, MESSAGE[:4]))
+    conn.connection_lost(None)
+    assert reasons == ["client_gone", "client_gone"]

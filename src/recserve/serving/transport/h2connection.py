@@ -52,8 +52,9 @@ from recserve.serving.transport.h2heads import CallOpener
 from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits
 from recserve.serving.transport.h2replies import ReplyWriter, Wire
 from recserve.serving.transport.h2requests import RequestReader
-from recserve.serving.transport.h2streams import Call, MessageSink, Method, StreamTable
+from recserve.serving.transport.h2streams import Call, MessageSink, Method, Stream, StreamTable
 
+CLIENT_GONE = "client_gone"  # ``on_abuse``'s one reason that is no abuse: a unary call's client left mid-request
 log = logging.getLogger(__name__)
 
 GOAWAY_ACK_S = 1.0  # a client that has not acknowledged a graceful close's PINGs by then gets the final GOAWAY
@@ -117,8 +118,18 @@ class H2Connection:
             self.close_gracefully()
 
     def connection_lost(self) -> None:
+        for stream in self.streams.open.values():
+            self._left(stream)
         self.streams.drop_all()
         self.replies.wire = None
+
+    def _left(self, stream: Stream) -> None:
+        """Report a unary call whose client left (reset it or closed the connection) part way through sending its
+        request (a stream reset before any of it, as Rapid Reset's, is the reset budget's business)."""
+        call = stream.call
+        if (call is not None and not call.done and not stream.ended and call.requests is None and self.on_abuse
+                and (stream.size or stream.landing is not None)):
+            self.on_abuse(CLIENT_GONE)
 
     @property
     def open_streams(self) -> int:
@@ -350,6 +361,7 @@ class H2Connection:
             self._calm(self.guard.reset())
             stream_reset = self.streams.forget(stream)
             if stream_reset is not None and stream_reset.call is not None:
+                self._left(stream_reset)
                 stream_reset.call.cancel()
         elif kind == GOAWAY:
             self.replies.closing = True  # the client makes no new streams; ours finish, then we close

@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from recserve.serving.transport.h2connection import CLIENT_GONE
 from recserve.serving.transport.h2frames import MAX_HEADER_LIST
 from recserve.serving.transport.h2grpc import GrpcCall, GrpcServer, Method
 from recserve.serving.wire import codec
@@ -422,7 +423,7 @@ async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max
     workers and the supervisor's cover), forwarding what this worker does not answer to ``upstream``."""
     methods = WorkerMethods(plane, channel_to(upstream, max_message), regions)
     server = GrpcServer(methods, max_message, plane.limits.flood,
-                        on_abuse=lambda reason: plane.refused(f"h2_{reason}"),
+                        on_abuse=lambda reason: plane.refused(reason if reason == CLIENT_GONE else f"h2_{reason}"),
                         max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
                         on_release=lambda: setattr(plane.reporter, "trim_wanted", True))
     await server.start(sock)
