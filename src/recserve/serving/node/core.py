@@ -69,14 +69,12 @@ class NodeCore:
         self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
         self.grpc_upstream = ""
         self.accepting = False
-        self.http_server: Any = None  # aiohttp's server: its protocols serve connections the workers hand over
-        self.http_options = handover.http_handler_options(config)  # and their settings
         self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
+        self.own = handover.OwnAccepts(config, self.refused)  # the HTTP connections this process serves itself
         self._tasks: set[asyncio.Task] = set()
         self._watchdog: asyncio.TimerHandle | None = None
         self._skipped = False  # the last tick was late and judged nothing
         self.listen_sock: socket.socket | None = None
-        self._fallback: Any = None  # the server process's own accept loop while no worker accepts
         self.cover_grpc: Callable[[bool], Awaitable[None]] | None = None  # the same for gRPC (NodeServer)
         # Triton's system shared memory: the node's one table of regions, which the workers follow (serving/wire/shm.py)
         self.shm = Registry()
@@ -104,27 +102,25 @@ class NodeCore:
             self._watchdog.cancel()
             self._watchdog = None
         self._skipped = False
-        self._stop_fallback()
+        self.own.stop_listening()
 
-    def _stop_fallback(self) -> None:
-        if self._fallback is not None:
-            fallback, self._fallback = self._fallback, None
-            fallback.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+    def refused(self, reason: str) -> None:
+        """Count a request (or connection) refused before any model counted it."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     def _cover_accepts(self) -> None:
         """With every accepting worker down, hung or restarting, nothing would take new connections: health,
         readiness and metrics would hang with them.  Accept here meanwhile (queries then wait for the restarted
         workers in this process's queue) and stop as soon as a worker is back."""
-        if self.listen_sock is None or self.http_server is None:
+        if self.listen_sock is None or self.own.server is None:
             return
         covered = any(rt.accepting_now() for rt in self.models.values())
-        loop = asyncio.get_running_loop()
-        if not covered and self._fallback is None:
+        if not covered and not self.own.listening:
             log.warning("no worker is accepting connections: the server process accepts them until one is back")
-            self._fallback = loop.create_task(loop.create_server(self.http_protocol, sock=self.listen_sock.dup()))
+            self.own.listen(self.listen_sock)
             self._cover_grpc(True)
-        elif covered and self._fallback is not None:
-            self._stop_fallback()
+        elif covered and self.own.listening:
+            self.own.stop_listening()
             self._cover_grpc(False)
 
     def _cover_grpc(self, cover: bool) -> None:
@@ -183,34 +179,15 @@ class NodeCore:
         if rt is not None and rt.adopt(fd, prefix):
             os.close(fd)
             return
-        task = asyncio.get_running_loop().create_task(self._serve_here(fd, prefix))
+        task = asyncio.get_running_loop().create_task(self.own.serve(fd, prefix))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _serve_here(self, fd: int, prefix: bytes) -> None:
-        sock = socket.socket(fileno=fd)
-        sock.setblocking(False)
-        protocol = handover.Prefixed(self.http_protocol(), prefix)
-        await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, sock)
-
-    def http_protocol(self) -> asyncio.Protocol:
-        """A protocol for a connection this process serves: aiohttp's; past ``max_connections``, 503 with
-        Retry-After; once its HTTP server is stopping (``http_server`` None), 503 at once rather than leaving the
-        client waiting for the end."""
-        server = self.http_server
-        if server is None:
-            return handover.Refused(handover.STOPPING)
-        if len(server.connections) >= self.config.max_connections:
-            self.refusals["too_many_connections"] = self.refusals.get("too_many_connections", 0) + 1
-            return handover.Refused(handover.too_many_connections(self.config.max_connections))
-        return handover.JsonErrors(server, loop=asyncio.get_running_loop(), **self.http_options)
 
     def accept_while_stopping(self) -> None:
         """Shutdown: the workers stop accepting as they drain, so this process accepts on the node's socket until
         it closes: new clients hear 503 (not ready; not accepting queries) instead of waiting in the listen queue."""
-        if self.listen_sock is not None and self._fallback is None:
-            loop = asyncio.get_running_loop()
-            self._fallback = loop.create_task(loop.create_server(self.http_protocol, sock=self.listen_sock.dup()))
+        if self.listen_sock is not None:
+            self.own.listen(self.listen_sock)
 
     @property
     def ready(self) -> bool:

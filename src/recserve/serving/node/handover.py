@@ -1,10 +1,13 @@
-"""Protocols for HTTP connections the server process takes itself: aiohttp's, made to answer as the workers do;
-one a worker handed over with the bytes it already read; one refused (the node stopping, or past its cap)."""
+"""The HTTP connections the server process takes itself (``OwnAccepts``): handed over by workers, or accepted on
+the node's socket while no worker accepts or while the node stops; and their protocols: aiohttp's, made to answer
+as the workers do; one given the bytes a worker already read; one refused (the node stopping, or past its cap)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import http_exceptions, web
@@ -107,3 +110,49 @@ def too_many_connections(limit: int) -> bytes:
     """The answer to a connection past the server process's ``max_connections``."""
     error = InferError("unavailable", f"the server process holds {limit} connections; retry")
     return error_response(error, close=True, extra={"Retry-After": "1"})
+
+
+class OwnAccepts:
+    """Where the server process's own HTTP connections come from and what protocol each gets (``protocol``).
+    ``server`` is aiohttp's ``Server`` once the app runs, and None again once it stops: a connection taken then is
+    answered 503 at once rather than left waiting for the end.  ``refused(reason)`` counts a connection past
+    ``max_connections``."""
+
+    def __init__(self, config: NodeConfig, refused: Callable[[str], None]) -> None:
+        self.server: Any = None
+        self.options = http_handler_options(config)
+        self.max_connections = config.max_connections
+        self._refused = refused
+        self._listening: asyncio.Task | None = None  # this process's accept loop on the node's socket
+
+    def protocol(self) -> asyncio.Protocol:
+        """aiohttp's protocol; past ``max_connections``, 503 with Retry-After; once stopping, 503."""
+        server = self.server
+        if server is None:
+            return Refused(STOPPING)
+        if len(server.connections) >= self.max_connections:
+            self._refused("too_many_connections")
+            return Refused(too_many_connections(self.max_connections))
+        return JsonErrors(server, loop=asyncio.get_running_loop(), **self.options)
+
+    async def serve(self, fd: int, prefix: bytes) -> None:
+        """A connection a worker handed over, the bytes it read (``prefix``) fed first."""
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        protocol = Prefixed(self.protocol(), prefix)
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: protocol, sock)
+
+    @property
+    def listening(self) -> bool:
+        return self._listening is not None
+
+    def listen(self, sock: socket.socket) -> None:
+        """Accept on the node's listening socket too (a copy of it), until ``stop_listening``."""
+        if self._listening is None:
+            loop = asyncio.get_running_loop()
+            self._listening = loop.create_task(loop.create_server(self.protocol, sock=sock.dup()))
+
+    def stop_listening(self) -> None:
+        if self._listening is not None:
+            listening, self._listening = self._listening, None
+            listening.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())

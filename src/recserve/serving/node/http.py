@@ -103,7 +103,7 @@ def _refusal_counter(core: NodeCore) -> Any:
         except Exception as exc:
             if request.path.endswith("/infer") and not getattr(exc, "counted", False):
                 code = exc.code if isinstance(exc, InferError) else str(getattr(exc, "status", "internal"))
-                core.refusals[code] = core.refusals.get(code, 0) + 1
+                core.refused(code)
             raise
 
     return count_refusals
@@ -334,8 +334,6 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return error_response(exc)
     except LlcUnsupported as exc:
         return web.json_response({"error": str(exc), "supported": False}, status=STATUS["unsupported"].http)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(InferError("too_large", f"body: {exc.text}", "body"))
     except json.JSONDecodeError as exc:
         return error_response(InferError("invalid", f"body: {exc}", "body"))
     except web.HTTPException as exc:

@@ -123,12 +123,12 @@ class NodeServer:
                 self._listen_grpc(host)
             await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             self._runner = web.AppRunner(build_app(self.core), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
-                                         **self.core.http_options)
+                                         **self.core.own.options)
             await self._runner.setup()
-            self.core.http_server = self._runner.server
+            self.core.own.server = self._runner.server
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
                 loop = asyncio.get_running_loop()  # its protocols from the core: capped, and refused while stopping
-                self._accepting = await loop.create_server(self.core.http_protocol, sock=sock,
+                self._accepting = await loop.create_server(self.core.own.protocol, sock=sock,
                                                            ssl=tls.http_context(self.config))
             http_port = sock.getsockname()[1]
             grpc_port = await self._start_grpc()
@@ -224,11 +224,11 @@ class NodeServer:
             self._grpc_dir = ""
         if self._runner is not None:
             if core is not None:
-                core.http_server = None  # connections taken from now on are answered 503 at once
+                core.own.server = None  # connections taken from now on are answered 503 at once
             await self._runner.cleanup()
             self._runner = None
         if core is not None:
-            core.stop_watchdog()  # and the accepting that covered the shutdown
+            core.own.stop_listening()  # the accepting that covered the shutdown
         if self._accepting is not None:
             self._accepting.close()
             self._accepting = None
