@@ -39,7 +39,7 @@ from recserve.deploy.k8s_plans import (
     node_server_pod,
     workload,
 )
-from recserve.deploy.local_fleet import alloc_cores, entry_cores, fleet_node_configs, served_name
+from recserve.deploy.local_fleet import cores_run, fleet_node_configs, served_name
 from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetGroup, FleetPlan
 from recserve.specs import get_model, get_server
@@ -60,7 +60,7 @@ STARTUP = {"timeoutSeconds": 10, "periodSeconds": 10, "failureThreshold": 180}
 def planned_cores(group: FleetGroup) -> int:
     """Cores one unit of ``group`` runs (each model's workers and sparse workers x threads), as ``deploy local``
     counts them."""
-    return sum(alloc_cores(group.alloc.get(m, {})) for m in group.qps)
+    return sum(cores_run(group.alloc.get(m, {})) for m in group.qps)
 
 
 def local_config(group: FleetGroup, scale: float, cores: int) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def fitted_config(group: FleetGroup, scale: float, allocatable: int) -> dict[str
         raise RecserveError(f"{group.server}: {allocatable} allocatable cores cannot run {len(group.qps)} models")
     for cores in range(min(planned_cores(group), allocatable), 0, -1):
         config = local_config(group, scale, cores)
-        if sum(entry_cores(m) for m in config["models"]) <= allocatable:
+        if sum(cores_run(m) for m in config["models"]) <= allocatable:
             break
     models = [{k: v for k, v in m.items() if k != "cores"} for m in config["models"]]
     for m in models:
@@ -157,7 +157,7 @@ class FleetManifests:
         server = get_server(group.server)
         app = dns_name(self.name, f"g{i}", group.kind, group.server)
         config = fitted_config(group, self.scale, max(1, server.cores - self.reserved_cpus))
-        cpus = sum(entry_cores(m) for m in config["models"])
+        cpus = sum(cores_run(m) for m in config["models"])
         share = cpus / max(1, planned_cores(group))
         if share < 1:
             self.notes.append(f"{app}: {cpus} of the plan's {planned_cores(group)} cores per {group.server} (the "

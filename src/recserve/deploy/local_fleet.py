@@ -60,15 +60,10 @@ def tier_cache_mb(model: str, server: str, scale: float) -> int:
     return max(TIER_CACHE_MB, int(cache_gb * 1024 * scale))
 
 
-def alloc_cores(alloc: dict[str, Any]) -> int:
-    """Cores a model's planned allocation runs: its workers (whole-model, or dense in a pipeline) and sparse workers,
-    each on ``threads`` cores."""
-    return (alloc.get("workers", 1) + (alloc.get("sparse_workers") or 0)) * alloc.get("threads", 1)
-
-
-def entry_cores(entry: dict[str, Any]) -> int:
-    """Cores a node config's model entry runs (its workers and sparse workers, ``threads`` each)."""
-    return (entry["workers"] + entry.get("sparse_workers", 0)) * entry.get("threads", 1)
+def cores_run(model: dict[str, Any]) -> int:
+    """Cores a model runs, from a plan's allocation or a node config's model entry (the same keys): its workers
+    (whole-model, or dense in a pipeline) and sparse workers, each on ``threads`` cores."""
+    return (model.get("workers", 1) + (model.get("sparse_workers") or 0)) * model.get("threads", 1)
 
 
 def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | None = None,
@@ -82,7 +77,7 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
              "serve`" for g in plan.groups if g.kind == "shards"]
     if not groups:
         raise RecserveError("the plan has no single-model or co-located server to deploy locally")
-    share = len(host) / (sum(alloc_cores(a) for g in groups for a in g.alloc.values()) or 1)
+    share = len(host) / (sum(cores_run(a) for g in groups for a in g.alloc.values()) or 1)
     next_core = 0
     configs = []
     for i, g in enumerate(groups):
