@@ -73,8 +73,8 @@ def test_microbenchmarks_return_positive_rates():
 def test_gather_profile_fits_a_line_that_grows_with_gathers():
     budget = Budget.of(True)
     rows, fit = gather_profile(16, Budget(**{**budget.__dict__, "gather_rows": 1 << 16, "gather_s": 0.02}),
-                               gathers=(1, 64, 4096))
-    assert [r[0] for r in rows] == [1, 64, 4096]
+                               gathers=(1, 1024, 4096))  # 64 gathers cost no more than 1 beside a call's overhead
+    assert [r[0] for r in rows] == [1, 1024, 4096]
     assert fit["fit_ms_per_gather"] > 0 and rows[-1][1] < rows[0][1]
 
 
