@@ -189,7 +189,8 @@ class AcceleratorServer:
         self.service.observe(items, seconds)
         self.report(items, len(group), seconds)
         for w, scores in zip(group, answers, strict=True):
-            self._write(w, reply_frame(w.request_id, scores))
+            failed = isinstance(scores, InferError)  # failed when run alone after its fused pass failed
+            self._write(w, reply_frame(w.request_id, None, scores) if failed else reply_frame(w.request_id, scores))
 
     @staticmethod
     def _write(w: Waiting, frame: bytes) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import STATUS, InferError
-from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES
+from recserve.wire import INPUT_DENSE, INPUT_LENGTHS, INPUT_VALUES, OUTPUT_SCORES
 
 
 def as_infer_error(exc: Exception) -> InferError:
@@ -99,13 +99,40 @@ class ModelPath:
         except batch.BatchError as exc:
             raise InferError("invalid", str(exc), exc.field) from exc
 
-    def compute(self, queries: list[tuple]) -> list[np.ndarray]:
-        """Each query's scores, from one pass over them all (fused) when there are several."""
+    def compute(self, queries: list[tuple]) -> list[np.ndarray | InferError]:
+        """Each query's scores, from one pass over them all (fused) when there are several.  A fused pass that
+        fails (the model raised, or its scores are not ``[items, towers]`` finite FP32) is run again query by query:
+        only the queries that fail alone are answered an error (an ``InferError`` in their place), and no query is
+        given scores cut from a wrongly shaped result.  A lone query's failure is raised."""
         if len(queries) == 1:
-            return [self.run(queries[0])]
-        scores = self.run(self._batch.concat_arrays(queries))
-        bounds = np.cumsum([q[0].shape[0] for q in queries])[:-1]
-        return np.split(scores, bounds)
+            return [self._scores(self.run(queries[0]), queries[0][0].shape[0])]
+        items = [q[0].shape[0] for q in queries]
+        try:
+            scores = self._scores(self.run(self._batch.concat_arrays(queries)), sum(items))
+        except Exception:  # noqa: BLE001 - which query failed it is found by running each alone
+            return [self._alone(q, n) for q, n in zip(queries, items, strict=True)]
+        return np.split(scores, np.cumsum(items)[:-1])
+
+    def _alone(self, query: tuple, items: int) -> np.ndarray | InferError:
+        try:
+            return self._scores(self.run(query), items)
+        except Exception as exc:  # noqa: BLE001 - this query's answer is its error
+            return as_infer_error(exc)
+
+    def _scores(self, scores: Any, items: int) -> np.ndarray:
+        """The model's scores for ``items`` samples, checked on every pass as the load checked them once: a model
+        whose output depends on its input can break the contract on some queries only."""
+        want = (items, self.info.towers)
+        if not isinstance(scores, np.ndarray) or scores.shape != want:
+            got = list(scores.shape) if isinstance(scores, np.ndarray) else type(scores).__name__
+            raise InferError("internal", f"model {self.model_name!r} returned scores {got} for {items} item(s), "
+                                         f"expected {list(want)}", OUTPUT_SCORES)
+        if scores.dtype != np.float32:
+            if scores.dtype != np.float16:  # a model converted to half precision on a device: widened exactly
+                raise InferError("internal", f"model {self.model_name!r} returned {scores.dtype} scores, expected "
+                                             "FP32", OUTPUT_SCORES)
+            scores = scores.astype(np.float32)
+        return codec.finite_scores(scores)
 
     def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
         return codec.http_infer_response(self.model_name, request, scores, self.version, self.regions)

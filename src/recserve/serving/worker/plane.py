@@ -334,6 +334,9 @@ class WorkerPlane:
             done = start + seconds
             admission.service.observe(items, seconds)
             for i, (q, answer) in enumerate(zip(group, scores, strict=True)):
+                if isinstance(answer, InferError):  # failed when run alone after its fused pass failed
+                    self._fail(q.reply, q.arrived, answer, start)
+                    continue
                 q.reply(answer, None)
                 admission.lateness.observe(time.perf_counter() - q.predicted)
                 self.reporter.record(("done", q.items, done - q.arrived, start - q.arrived, seconds, int(i == 0)))

@@ -1,0 +1,69 @@
+"""A worker's model pass (``ModelPath.compute``): scores checked on every pass, and a fused pass that fails run
+again query by query, so one client's query never fails or corrupts another's answer."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from recserve.serving.wire.errors import InferError
+from recserve.serving.wire.model_info import ModelInfo
+from recserve.serving.worker.model_path import ModelPath
+
+POISON = 666.0
+
+
+def query(items: int, first: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    dense = np.full((items, 2), 0.5, dtype=np.float32)
+    dense[0, 0] = first
+    return dense, np.zeros(items, dtype=np.int64), np.ones((1, items), dtype=np.int32)
+
+
+def path(fault: str) -> ModelPath:
+    """A one-table model whose scores are ``dense.sum(1)`` as ``[B, 1]``, but ``fault`` on a batch holding
+    ``POISON``: raises, returns NaN, the wrong shape or the wrong dtype."""
+    def run(q: tuple) -> np.ndarray:
+        dense = q[0]
+        scores = dense.sum(axis=1, keepdims=True).astype(np.float32)
+        if not (dense == POISON).any():
+            return scores
+        if fault == "raise":
+            raise RuntimeError("model refuses 666")
+        if fault == "nan":
+            return np.where(dense[:, :1] == POISON, np.nan, scores).astype(np.float32)
+        if fault == "shape":
+            return scores[:1]
+        if fault == "dtype":
+            return scores.astype(np.int64)
+        raise AssertionError(fault)
+
+    return ModelPath("m", ModelInfo(dense_in=2, rows=(10,), seq_lens={}, towers=1), 64, run, 1 << 20)
+
+
+@pytest.mark.parametrize("fault", ["raise", "nan", "shape", "dtype"])
+def test_a_query_that_breaks_a_fused_pass_fails_alone(fault):
+    answers = path(fault).compute([query(2), query(3, POISON), query(1)])
+    assert isinstance(answers[1], InferError)
+    assert answers[1].code == "internal"
+    for answer, items in ((answers[0], 2), (answers[2], 1)):
+        assert isinstance(answer, np.ndarray) and answer.dtype == np.float32
+        np.testing.assert_array_equal(answer, np.full((items, 1), 1.0, dtype=np.float32))
+
+
+@pytest.mark.parametrize(("fault", "said"), [("shape", "returned scores [1, 1] for 3 item(s), expected [3, 1]"),
+                                             ("dtype", "int64 scores, expected FP32"),
+                                             ("nan", "non-finite")])
+def test_a_lone_query_whose_scores_break_the_contract_is_refused_naming_it(fault, said):
+    with pytest.raises(InferError, match=re.escape(said)):
+        path(fault).compute([query(3, POISON)])
+
+
+def test_scores_of_half_precision_are_widened_and_others_pass_unchanged():
+    half = ModelPath("m", ModelInfo(dense_in=2, rows=(10,), seq_lens={}, towers=1), 64,
+                     lambda q: np.ones((q[0].shape[0], 1), dtype=np.float16), 1 << 20)
+    (scores,) = half.compute([query(2)])
+    assert scores.dtype == np.float32 and scores.shape == (2, 1)
+    answers = path("raise").compute([query(2), query(1)])
+    assert [a.shape for a in answers] == [(2, 1), (1, 1)]
