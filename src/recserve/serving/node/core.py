@@ -308,12 +308,12 @@ class NodeCore:
                                         "serves until the node stops", "model_name")
 
     async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
-        from recserve.zoo.artifacts import check_artifact
+        from recserve.serving.node.artifact_check import check_in_child
 
         cfg = self._repo().model_config(name, version)
         self.repo_state[(name, str(version))] = ("LOADING", "")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, check_artifact, Path(cfg.artifact), cfg.spec)
+        await loop.run_in_executor(None, check_in_child, self.ctx, Path(cfg.artifact), cfg.spec)
         rt = ModelRuntime(cfg, self.ctx, self.llc)
         rt.is_default = default
         self._attach(rt)
