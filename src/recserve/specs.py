@@ -8,6 +8,7 @@ full-size: planners need real capacities; only the live zoo shrinks rows (``zoo.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -406,3 +407,17 @@ __all__ = [
     "load_models",
     "load_servers",
 ]
+
+
+VERSION_NAME = re.compile(r"[1-9][0-9]{0,17}", re.ASCII)
+
+
+def version_number(name: str) -> int | None:
+    """A version directory's number, as Triton reads one: ASCII digits not starting with 0, within int64 (``01``,
+    ``0`` and ``٣`` are not versions, so no two directories name one version); None for any other name."""
+    return int(name) if VERSION_NAME.fullmatch(name) else None
+
+
+def version_dirs(model_dir: Path) -> list[int]:
+    """The versions of a model directory, oldest first."""
+    return sorted(v for d in model_dir.iterdir() if d.is_dir() and (v := version_number(d.name)) is not None)

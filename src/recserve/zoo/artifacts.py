@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from recserve.errors import RecserveError, SpecError
-from recserve.specs import ModelSpec, model_from_dict, read_yaml, to_dict
+from recserve.specs import ModelSpec, model_from_dict, read_yaml, to_dict, version_dirs, version_number
 from recserve.zoo.base import RecModel
 from recserve.zoo.batch import QueryBatch, random_batch
 
@@ -69,8 +69,8 @@ def find_artifact(version_dir: Path) -> Path:
 def reference_artifact(reference: str) -> Path:
     """The artifact a repository path names: ``REPO/<model>/<version>``, or the newest version of ``REPO/<model>``."""
     path = Path(reference.rstrip("/"))
-    if not path.name.isdigit():
-        versions = sorted(int(d.name) for d in path.iterdir() if d.is_dir() and d.name.isdigit())
+    if version_number(path.name) is None:
+        versions = version_dirs(path)
         if not versions:
             raise ArtifactError(path, "no version directory (e.g. 1/)")
         path = path / str(versions[-1])

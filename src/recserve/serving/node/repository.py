@@ -32,7 +32,7 @@ from pydantic import AliasChoices, Field, model_validator
 from recserve.errors import SpecError
 from recserve.schema import Schema, integer
 from recserve.serving.node.config import ModelConfig, ServingSettings
-from recserve.specs import SLA, ModelSpec, _build, add_model_source, read_yaml
+from recserve.specs import SLA, ModelSpec, _build, add_model_source, read_yaml, version_dirs, version_number
 
 CONFIG_FILE = "config.yaml"
 DEFAULT_SLA = {"target_ms": 100.0}  # when neither config.yaml nor the spec gives one
@@ -146,7 +146,7 @@ class Repository:
     def names(self) -> list[str]:
         """Models in the repository: every directory holding a config.yaml or a numeric version directory."""
         return sorted(d.name for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")
-                      and ((d / CONFIG_FILE).exists() or self._version_dirs(d)))
+                      and ((d / CONFIG_FILE).exists() or version_dirs(d)))
 
     def holds(self, name: str) -> bool:
         """Whether ``name`` is a model directory of this repository (a plain name: no path into or out of it)."""
@@ -157,13 +157,9 @@ class Repository:
             raise SpecError(f"model repository {self.root}: no model {name!r}; found: {self.names()}")
         return self.root / name
 
-    @staticmethod
-    def _version_dirs(model_dir: Path) -> list[int]:
-        return sorted(int(d.name) for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit())
-
     def versions(self, name: str) -> list[int]:
         """Version directories on disk, oldest first."""
-        return self._version_dirs(self.model_dir(name))
+        return version_dirs(self.model_dir(name))
 
     def settings(self, name: str) -> ModelSettings:
         path = self.model_dir(name) / CONFIG_FILE
@@ -174,6 +170,21 @@ class Repository:
         serving = {k: getattr(found, k) for k in found.model_fields_set & SERVING_FIELDS}
         policy = found.version_policy.policy() if found.version_policy is not None else VersionPolicy()
         return ModelSettings(name, serving, found.sla, found.tiering, policy)
+
+    def stamp(self, name: str, version: int) -> tuple[tuple[str, int, int], ...]:
+        """What tells a load that a loaded version's files changed (Triton reloads such a version): each file of
+        its directory and the model's config.yaml, with its size and modification time."""
+        model_dir = self.model_dir(name)
+        files = [model_dir / CONFIG_FILE, *sorted((model_dir / str(version)).rglob("*"))]
+        found = []
+        for path in files:
+            try:
+                st = path.stat()
+            except OSError:  # gone meanwhile, or never there (no config.yaml)
+                continue
+            if not path.is_dir():
+                found.append((str(path), st.st_size, st.st_mtime_ns))
+        return tuple(found)
 
     def selected_versions(self, name: str) -> list[int]:
         available = self.versions(name)
@@ -229,7 +240,7 @@ add_model_source(repository_model)
 def reference_spec(reference: str) -> ModelSpec:
     """The spec of a repository model named by path; its ``name`` is the path, so any process resolves it again."""
     path = Path(reference.rstrip("/"))
-    version = int(path.name) if path.name.isdigit() else None
+    version = version_number(path.name)
     model_dir = path.parent if version is not None else path
     spec, _ = Repository(model_dir.parent).spec(model_dir.name, version)
     return dataclasses.replace(spec, name=reference)
