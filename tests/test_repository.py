@@ -338,6 +338,40 @@ def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
         shutil.rmtree(target)
 
 
+def test_a_load_reloads_a_version_whose_files_changed_and_keeps_it_when_the_new_files_fail(node, repo, tmp_path):
+    """Triton's load of a loaded model: a version whose files were overwritten is loaded again and replaces the
+    one serving; if the new files fail their check, the loaded version keeps serving and the index says why."""
+    _, ports = node
+    shutil.copytree(repo / "ctr_ts", repo / "retrained")
+    client = http.triton(ports.http)
+
+    def load() -> tuple[int, dict]:
+        return http.post_json(ports.http, "/v2/repository/models/retrained/load", timeout_s=120).status_and_json()
+
+    def served_like(seed: int) -> bool:
+        batch = sample_batch(trained(seed, "ctr_ts"), 3, rng=4)
+        answer = client.infer("retrained", http_inputs(batch)).as_numpy("scores")
+        return float(np.abs(answer - scores(trained(seed, "ctr_ts"), batch)).max()) <= 1e-6
+
+    try:
+        assert load()[0] == 200 and served_like(0)
+        assert load()[0] == 200 and served_like(0)  # nothing changed: nothing reloaded
+        write_version(trained(1, "ctr_ts"), tmp_path / "new", 1, "torchscript")
+        shutil.copy(tmp_path / "new" / "1" / "model.pt", repo / "retrained" / "1" / "model.pt")
+        assert load()[0] == 200
+        assert served_like(1)
+        (repo / "retrained" / "1" / "model.pt").write_bytes(b"not a torchscript archive")
+        status, body = load()
+        assert status == 400 and "cannot read the program" in body["error"]
+        assert served_like(1)
+        index = http.post_json(ports.http, "/v2/repository/index", timeout_s=60).json()
+        entry = next(e for e in index if e["name"] == "retrained" and e["version"] == "1")
+        assert entry["state"] == "READY" and "reloading failed" in entry["reason"]
+    finally:
+        http.post_json(ports.http, "/v2/repository/models/retrained/unload", timeout_s=120)
+        shutil.rmtree(repo / "retrained")
+
+
 @pytest.mark.parametrize("strict", [True, False])
 def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unloaded(tmp_path, strict):
     """Triton's strict readiness: ready (HTTP and gRPC) only while no repository model failed to load and serves

@@ -66,6 +66,7 @@ class NodeCore:
         self.policies: dict[str, Any] = {}  # repository model -> the VersionPolicy its versions were loaded by
         self._model_locks: dict[str, asyncio.Lock] = {}
         self.retiring: set[ModelRuntime] = set()  # versions unloaded or replaced, finishing their queries
+        self._stamps: dict[tuple[str, str], tuple] = {}  # (model, version): its files when loaded (Repository.stamp)
         self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
         self.grpc_upstream = ""
         self.accepting = False
@@ -258,7 +259,8 @@ class NodeCore:
     async def load_model(self, name: str) -> list[str]:
         """Load (or reload) repository model ``name``: the versions its policy selects.
 
-        New versions are checked (one batch) and their workers started before anything changes; then the newest
+        New versions, and loaded ones whose files changed since (``Repository.stamp``), are checked (one batch) and
+        their workers started before anything changes; then the newest
         becomes the default and versions the policy no longer selects are retired after the answer (admitted
         queries finish, idle connections move to the new default).  If any new version fails, the ones started here
         are stopped, the versions already serving keep serving, and the error names the file and the reason."""
@@ -274,19 +276,29 @@ class NodeCore:
             loaded = self.versions.setdefault(name, {})
             newest = max(wanted, key=int)
             started: list[ModelRuntime] = []
-            for version in (v for v in wanted if v not in loaded):
+            stamps: dict[str, tuple] = {}
+            changed = [v for v in wanted if v in loaded and self._stamps.get((name, v)) != repo.stamp(name, int(v))]
+            for version in (v for v in wanted if v not in loaded or v in changed):
                 try:
-                    started.append(await self._start_version(name, int(version), version == newest))
+                    rt, stamps[version] = await self._start_version(name, int(version), version == newest)
+                    started.append(rt)
                 except (RecserveError, InferError) as exc:
                     reason = self.repository.relative(str(exc)) if self.repository is not None else str(exc)
-                    self.repo_state[(name, version)] = ("UNAVAILABLE", reason)
+                    log.warning("model %s version %s not loaded: %s", name, version, reason)
+                    self.repo_state[(name, version)] = ("READY", f"serving the files loaded before; reloading failed: "
+                                                                 f"{reason}") if version in loaded else \
+                        ("UNAVAILABLE", reason)
                     await asyncio.gather(*(rt.stop() for rt in started))
                     if not loaded:
                         self.versions.pop(name, None)
                     raise InferError("invalid", f"model {name!r} version {version} not loaded: {reason}",
                                      "model_name") from exc
+            replaced = [loaded[rt.version] for rt in started if rt.version in loaded]  # their files changed
             for rt in started:
                 loaded[rt.version] = rt
+                self._stamps[(name, rt.version)] = stamps[rt.version]
+            for rt in replaced:
+                await rt.set_default(False)
             for version, rt in loaded.items():
                 self.repo_state[(name, version)] = ("READY", "")
                 if version != newest and rt.is_default:
@@ -296,8 +308,9 @@ class NodeCore:
             retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
             for rt in retire:
                 self.repo_state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")
+                self._stamps.pop((name, rt.version), None)
             self._models_changed()
-            self._retire_in_background(retire)
+            self._retire_in_background(retire + replaced)
             return wanted
 
     def _refuse_catalogue_model(self, name: str) -> None:
@@ -307,10 +320,12 @@ class NodeCore:
             raise InferError("invalid", f"model {name!r} is a model of the node config, not a repository model: it "
                                         "serves until the node stops", "model_name")
 
-    async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
+    async def _start_version(self, name: str, version: int, default: bool) -> tuple[ModelRuntime, tuple]:
+        """A version's runtime started, its artifact checked first; and the stamp of the files it was loaded from."""
         from recserve.serving.node.artifact_check import check_in_child
 
         cfg = self._repo().model_config(name, version)
+        stamp = self._repo().stamp(name, version)  # before the check: files changed during it are seen next load
         self.repo_state[(name, str(version))] = ("LOADING", "")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, check_in_child, self.ctx, Path(cfg.artifact), cfg.spec)
@@ -323,7 +338,7 @@ class NodeCore:
             await rt.stop()
             raise
         log.info("model %s version %s loaded from %s", name, version, cfg.artifact)
-        return rt
+        return rt, stamp
 
     async def unload_model(self, name: str) -> None:
         """Unload every version of ``name``; admitted queries finish, later ones get 404.  A model that failed to
@@ -341,6 +356,7 @@ class NodeCore:
             versions = self.versions.pop(name, {})
             for version in versions:
                 self.repo_state[(name, version)] = ("UNAVAILABLE", "unloaded")
+                self._stamps.pop((name, version), None)
             self._models_changed()
             self._retire_in_background(list(versions.values()))
 
@@ -384,8 +400,9 @@ class NodeCore:
                 entries.append({"name": name, "version": "", "state": state, "reason": reason})
             for version in sorted(seen, key=int):
                 rt = self.versions.get(name, {}).get(version)
-                state, reason = ("READY" if rt.ready else "LOADING", "") if rt is not None else \
-                    self.repo_state.get((name, version), ("UNAVAILABLE", ""))
+                state, reason = self.repo_state.get((name, version), ("UNAVAILABLE", ""))
+                if rt is not None:  # serving; the reason says when a reload of its files failed
+                    state = "READY" if rt.ready else "LOADING"
                 entries.append({"name": name, "version": version, "state": state, "reason": reason})
         return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
