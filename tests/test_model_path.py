@@ -67,3 +67,22 @@ def test_scores_of_half_precision_are_widened_and_others_pass_unchanged():
     assert scores.dtype == np.float32 and scores.shape == (2, 1)
     answers = path("raise").compute([query(2), query(1)])
     assert [a.shape for a in answers] == [(2, 1), (1, 1)]
+
+
+def test_queries_the_model_failed_are_logged_at_most_once_a_period_with_a_count(caplog):
+    from types import SimpleNamespace
+
+    from recserve.serving.worker.plane import MODEL_FAILURE_LOG_S, WorkerPlane
+
+    plane = SimpleNamespace(model_name="m", version="2", _model_failures=0, _model_failure_said=-MODEL_FAILURE_LOG_S)
+    with caplog.at_level("WARNING", logger="recserve.serving"):
+        for _ in range(5):
+            WorkerPlane._model_failed(plane, InferError("internal", "RuntimeError: model refuses 666\n  traceback"))
+    assert [r.getMessage() for r in caplog.records] == [
+        "model m version 2: 1 query failed in the model since the last report; the latest: RuntimeError: model "
+        "refuses 666"]
+    assert plane._model_failures == 4
+    plane._model_failure_said -= MODEL_FAILURE_LOG_S
+    with caplog.at_level("WARNING", logger="recserve.serving"):
+        WorkerPlane._model_failed(plane, InferError("internal", "scores: the model produced non-finite scores"))
+    assert "5 queries failed" in caplog.records[-1].getMessage()
