@@ -10,6 +10,8 @@ the pool file format.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
 
 from recserve.commands._plan_common import port, positive
@@ -17,8 +19,6 @@ from recserve.errors import RecserveError
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    from aiohttp import web
-
     from recserve.jsonio import refuse_plan
     from recserve.policies.router import Router, load_pool
 
@@ -30,13 +30,29 @@ def cmd_route(args: argparse.Namespace) -> int:
     types, urls = pool.instance_pool()
     banner = (f"recserve route: {router.policy.name} over {len(types)} slots "
               + ", ".join(f"{t}@{u}" for t, u in zip(types, urls, strict=True)) + f" on http://{args.host}:{args.port}")
-    try:  # the banner once the port is held: a taken port is one error line, not a banner and then the error
-        web.run_app(router.app(), host=args.host, port=args.port, print=lambda _: print(banner, file=sys.stderr,
-                                                                                          flush=True))
-    except OSError as exc:  # the port: taken, or an address this host does not have
-        raise RecserveError(f"route: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}; give another "
-                            "--port") from exc
+    asyncio.run(_serve(router, args.host, args.port, banner))
     return 0
+
+
+async def _serve(router: object, host: str, port: int, banner: str) -> None:
+    """Serve until SIGINT or SIGTERM, then stop (queries in flight answered within the front door's grace)."""
+    from recserve.policies.front_door import FrontDoor
+
+    door = FrontDoor(router.app(), host, port)  # type: ignore[attr-defined]
+    try:  # the banner once the port is held: a taken port is one error line, not a banner and then the error
+        await door.start()
+    except OSError as exc:  # the port: taken, or an address this host does not have
+        raise RecserveError(f"route: cannot listen on {host}:{port}: {exc.strerror or exc}; give another "
+                            "--port") from exc
+    print(banner, file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await door.stop()
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,14 +42,18 @@ from recserve.errors import RecserveError, SpecError
 from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
 from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
 from recserve.policies.dispatcher import Dispatcher
+from recserve.policies.front_door import LIMITS, STOP_GRACE_S, FrontDoor
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
-from recserve.serving.node.http import error_response
+from recserve.serving.node.http import error_response, json_errors, plain_server_header, refuse_bad_framing
+from recserve.serving.node.http_bodies import request_body
 from recserve.serving.wire import protocol
 from recserve.serving.wire.codec import HEADER_LENGTH, batch_size_of
 from recserve.serving.wire.errors import InferError
 from recserve.specs import read_yaml
 
-FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)
+FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)  # a query's headers sent on to its backend
+ANSWER_HEADERS = (*FORWARD_HEADERS, "Retry-After")  # a backend's answer's headers given back to the client
+log = logging.getLogger("recserve.router")
 READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
 DOWN_FIRST_S, DOWN_MOST_S = 1.0, 30.0  # an unreachable backend's first time out of service, and the most (doubling)
 
@@ -196,7 +201,7 @@ class Router:
             raise BackendUnreachable(exc) from exc
         except TimeoutError as exc:  # the client's time is spent: answered, not sent elsewhere
             raise BackendUnreachable(exc, retry=False) from exc
-        return resp.status, resp.body, {k: resp.headers[k.lower()] for k in FORWARD_HEADERS
+        return resp.status, resp.body, {k: resp.headers[k.lower()] for k in ANSWER_HEADERS
                                         if k.lower() in resp.headers}
 
     def _backend(self, url: str) -> tuple[Endpoint, HttpPool]:
@@ -339,6 +344,19 @@ class Router:
             return exc
 
 
+def model_target(model: str, version: str = "") -> str:
+    """A model (and version) as the path segments of a backend's URL, every byte outside unreserved characters
+    percent-encoded: a name a client sent can neither add a request (CR LF), climb out of ``/v2/models`` (``../``)
+    nor fail to encode."""
+    return quote(model, safe="") + (f"/versions/{quote(version, safe='')}" if version else "")
+
+
+def forwarded(headers: Any) -> dict[str, str]:
+    """The query's headers its backend reads (``FORWARD_HEADERS``), those whose value is printable ASCII: one with
+    other bytes is not sent (a query is never lost to a header it could not encode)."""
+    return {k: v for k in FORWARD_HEADERS if (v := headers.get(k)) is not None and v.isascii() and v.isprintable()}
+
+
 def describe_failures(failed: list[tuple[str, BaseException | str]]) -> str:
     """Each backend that failed, and how."""
     return "; ".join(f"backend {endpoint}: {_how(why)}" for endpoint, why in failed)
@@ -360,7 +378,8 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
                name: str, served: list[str] | None = None) -> web.Application:
     """The Open Inference Protocol over HTTP in front of routers: ``pick(model)`` is the router a model's queries
     and metadata requests go to (None: 404 naming the served models); health is the app's own."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=LIMITS.max_body_bytes, middlewares=[json_errors, refuse_bad_framing])
+    app.on_response_prepare.append(plain_server_header)
 
     def unknown(model: str) -> web.Response:
         names = f"; served: {', '.join(served)}" if served else ""
@@ -371,20 +390,21 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
         router = pick(model)
         if router is None:
             return unknown(model)
-        body = await request.read()
-        try:
-            size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
-        except InferError as exc:
-            return error_response(exc)
-        headers = {k: request.headers[k] for k in FORWARD_HEADERS if k in request.headers}
-        status, payload, out = await router.submit(model, body, headers, size)
+        body = await request_body(request, LIMITS.read_timeout_s, LIMITS.max_body_bytes)
+        size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
+        status, payload, out = await router.submit(model_target(model, request.match_info.get("version", "")), body,
+                                                   forwarded(request.headers), size)
         return web.Response(status=status, body=payload, headers=out)
 
-    async def proxy_get(request: web.Request) -> web.Response:
-        router = pick(request.match_info["model"])
-        if router is None:
-            return unknown(request.match_info["model"])
-        return await router.backend_get(request.path)
+    def proxy_get(tail: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def get(request: web.Request) -> web.Response:
+            model = request.match_info["model"]
+            router = pick(model)
+            if router is None:
+                return unknown(model)
+            target = model_target(model, request.match_info.get("version", ""))
+            return await router.backend_get(f"/v2/models/{target}{tail}")
+        return get
 
     async def live(_: web.Request) -> web.Response:
         return web.json_response({"live": True})
@@ -420,8 +440,9 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
     app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
-    for path in ("/v2/models/{model}", "/v2/models/{model}/ready", "/v2/models/{model}/config"):
-        app.router.add_get(path, proxy_get)
+    for tail in ("", "/ready", "/config", "/stats"):
+        app.router.add_get("/v2/models/{model}" + tail, proxy_get(tail))
+        app.router.add_get("/v2/models/{model}/versions/{version}" + tail, proxy_get(tail))
     app.router.add_get("/router/stats", router_stats)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
@@ -435,7 +456,7 @@ class RouterThread:
     def __init__(self, router: Any, port: int = 0, host: str = "127.0.0.1") -> None:
         self.router, self.host, self.port = router, host, port
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
+        self._door: FrontDoor | None = None
         self._thread = None
 
     def start(self) -> int:
@@ -468,23 +489,19 @@ class RouterThread:
         return f"http://{self.host}:{self.port}"
 
     async def _serve(self) -> None:
-        self._runner = web.AppRunner(self.router.app())
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        try:
-            await site.start()
-        except BaseException:
-            await self._runner.cleanup()  # the router's client session, opened at setup, is closed too
-            raise
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._door = FrontDoor(self.router.app(), self.host, self.port)
+        self.port = await self._door.start()
 
     def stop(self) -> None:
         if self._loop is None:
             return
-        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._door.stop(), self._loop)
         try:
-            fut.result(timeout=30)
+            fut.result(timeout=STOP_GRACE_S + 10)
+        except TimeoutError:
+            log.warning("router: not stopped within %.0f s; closing its loop", STOP_GRACE_S + 10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout=30)
+            self._loop = None  # stopped: a second stop is a no-op

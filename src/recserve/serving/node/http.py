@@ -84,9 +84,9 @@ def build_app(core: NodeCore) -> web.Application:
     and the control API, behind the error, access and refusal-counting middlewares."""
     control_api.check_exposure(core.config.host, core.config.control_token)
     app = web.Application(client_max_size=core.config.max_body_bytes,
-                          middlewares=[_errors, _framing, _control_access(core.config.control_token),
+                          middlewares=[json_errors, refuse_bad_framing, _control_access(core.config.control_token),
                                        _refusal_counter(core)])
-    app.on_response_prepare.append(_plain_server_header)
+    app.on_response_prepare.append(plain_server_header)
     routes = web.RouteTableDef()
     for add in (_health_routes, _model_routes, _repository_routes, _shm_routes, _metrics_routes, _control_routes):
         add(routes, core)
@@ -310,12 +310,12 @@ def _control_access(token: str | None) -> Any:
     return check
 
 
-async def _plain_server_header(_: web.Request, response: web.StreamResponse) -> None:
+async def plain_server_header(_: web.Request, response: web.StreamResponse) -> None:
     response.headers["Server"] = "recserve"
 
 
 @web.middleware
-async def _framing(request: web.Request, handler: Any) -> web.StreamResponse:
+async def refuse_bad_framing(request: web.Request, handler: Any) -> web.StreamResponse:
     """A request whose framing the workers would refuse is refused here too, and its connection closed."""
     error = framing_error(request)
     if error is None:
@@ -326,7 +326,7 @@ async def _framing(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 @web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure as a JSON error body (clients such as KServe's parse it)."""
     try:
         return await handler(request)
