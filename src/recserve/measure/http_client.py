@@ -81,9 +81,12 @@ class _Connection(asyncio.Protocol):
         return self.waiter
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():  # bytes no request asked for: the stream is out of step
+            self.close()
+            return
         self.buf += data
         self.answered = True
-        if self.waiter is not None and not self.waiter.done():
+        if not self.waiter.done():
             try:
                 response = self._parse()
             except HttpClientError as exc:
@@ -120,7 +123,7 @@ class _Connection(asyncio.Protocol):
             body = bytes(self.buf[start:used])
         del self.buf[:used]
         self._head = None
-        if not keep_alive(self._version, headers):
+        if not keep_alive(self._version, headers) or self.buf:  # bytes past the answer: not reused
             self.closed = True
         return Response(status, headers, body)
 
