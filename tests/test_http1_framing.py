@@ -383,3 +383,14 @@ def test_a_reader_dropped_mid_head_or_after_a_refusal_is_freed_without_the_cycli
         assert alive() == before
     finally:
         gc.enable()
+
+
+@pytest.mark.integration  # starts a node or a worker plane
+@pytest.mark.parametrize("size", [100, 2 << 20])  # answered from the head, and from a body read into its own buffer
+def test_a_header_number_in_non_ascii_digits_is_refused_as_not_a_number(port, size):
+    body = b'{"inputs": []}' + b" " * size
+    message = (b"POST /v2/models/b/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               b"Inference-Header-Content-Length: \xb2\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    reply = exchange(port, message)
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"not an integer" in reply, reply[:300]

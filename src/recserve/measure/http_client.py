@@ -103,7 +103,7 @@ class _Connection(asyncio.Protocol):
                 return None
             lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
             parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isascii() and parts[1].isdigit()):
                 raise HttpClientError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
             headers = {}
             for line in lines[1:]:

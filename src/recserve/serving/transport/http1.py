@@ -166,6 +166,12 @@ class HeadReader:
         return Head(method, read.url.decode("latin-1"), version, headers, length)  # type: ignore[union-attr]
 
 
+def digits(value: str) -> bool:
+    """Whether a header value is a decimal number: ASCII digits only (``str.isdigit`` also takes ``²`` of a head
+    read as Latin-1, which ``int`` then refuses)."""
+    return value.isascii() and value.isdigit()
+
+
 def read_head(buf: bytes | bytearray) -> tuple[int, Head] | None:
     """``HeadReader().read(buf)``: a head read from bytes at once (tests, and callers without a connection)."""
     return HeadReader().read(buf)

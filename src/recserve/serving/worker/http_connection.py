@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recserve.serving.transport.h2grpc import WRITE_HIGH
-from recserve.serving.transport.http1 import Head, HeadError, HeadReader, keep_alive
+from recserve.serving.transport.http1 import Head, HeadError, HeadReader, digits, keep_alive
 from recserve.serving.transport.tcp_counts import StreamCounts
 from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
@@ -311,7 +311,7 @@ class Connection(asyncio.BufferedProtocol):
         Why: at 5x overload with ~1.8 MB queries, receiving and decoding the bodies of queries that are then shed
         took most of a worker's core, so the next requests waited in the socket before admission saw them."""
         length = headers.get("inference-header-content-length", "")
-        if not length.isdigit() or len(self.buf) < head_end + int(length):
+        if not digits(length) or len(self.buf) < head_end + int(length):
             return False
         error = self.plane.early.from_header(bytes(self.buf[head_end : head_end + int(length)]), self.arrived)
         if error is None:
@@ -330,7 +330,7 @@ class Connection(asyncio.BufferedProtocol):
         The buffer is uninitialised and its binary tensors, after the JSON header (``json_length`` bytes), start
         aligned (``codec.aligned_buffer``)."""
         size = self._needed - head_end
-        lead = int(json_length) if json_length.isdigit() and int(json_length) < size else 0
+        lead = int(json_length) if digits(json_length) and int(json_length) < size else 0
         self._body = codec.aligned_buffer(size, lead)
         self.plane.reporter.took_large_input(size)
         got = self.buf[head_end:]
