@@ -7,13 +7,16 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import shutil
 import socket
+import subprocess
 import threading
 import time
 import zlib
 
 import pytest
 
+from recserve.serving.transport.h2grpc import BACKLOG
 from recserve.serving.wire.errors import InferError
 from tests.support.http1_cases import FRAMING
 from tests.support.nodes import node_config, started
@@ -228,3 +231,11 @@ def test_a_refused_connection_whose_client_already_left_is_aborted_quietly():
 
     transport = asyncio.run(refuse())
     assert transport.aborted
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read a listening socket's backlog")
+def test_the_http_port_listens_with_the_nodes_backlog_on_either_front_end(port):
+    """asyncio's ``create_server`` listens again on the socket it is given, at 100 unless told; the node's 4096
+    must hold whichever process accepts (a burst of connections past 100 would otherwise wait for SYN retries)."""
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    assert [int(line.split()[2]) for line in out.splitlines()] == [BACKLOG]

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import http_exceptions, web
 
 from recserve.serving.node.config import NodeConfig
+from recserve.serving.transport.h2grpc import BACKLOG
 from recserve.serving.transport.http1 import HTTP2_ON_HTTP1, MAX_HEAD_BYTES
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.http_connection import LINGER_S, error_response
@@ -150,7 +151,8 @@ class OwnAccepts:
         """Accept on the node's listening socket too (a copy of it), until ``stop_listening``."""
         if self._listening is None:
             loop = asyncio.get_running_loop()
-            self._listening = loop.create_task(loop.create_server(self.protocol, sock=sock.dup()))
+            # asyncio listens on it again: at the node's backlog, not its default 100, which the shared socket kept
+            self._listening = loop.create_task(loop.create_server(self.protocol, sock=sock.dup(), backlog=BACKLOG))
 
     def stop_listening(self) -> None:
         if self._listening is not None:

@@ -29,7 +29,7 @@ from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
 from recserve.serving.node.http import build_app
 from recserve.serving.node.llc import LlcAllocator
-from recserve.serving.transport.h2grpc import GrpcServer
+from recserve.serving.transport.h2grpc import BACKLOG, GrpcServer
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.grpc_methods import Forwarder, channel_to, relay_options
 
@@ -66,7 +66,7 @@ def listening_socket(host: str, port: int, what: str = "HTTP") -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(4096)
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         flag = "--http-port" if what == "HTTP" else "--grpc-port"
@@ -128,7 +128,7 @@ class NodeServer:
             self.core.own.server = self._runner.server
             if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
                 loop = asyncio.get_running_loop()  # its protocols from the core: capped, and refused while stopping
-                self._accepting = await loop.create_server(self.core.own.protocol, sock=sock,
+                self._accepting = await loop.create_server(self.core.own.protocol, sock=sock, backlog=BACKLOG,
                                                            ssl=tls.http_context(self.config))
             http_port = sock.getsockname()[1]
             grpc_port = await self._start_grpc()

@@ -62,7 +62,7 @@ __all__ = ["ENHANCE_YOUR_CALM", "FRAMES_PER_TURN", "GOAWAY_PING", "GOAWAY_PING_A
 
 log = logging.getLogger(__name__)
 
-BACKLOG = 4096  # the listening socket's, as the node's HTTP socket (asyncio would set 100)
+BACKLOG = 4096  # every listening socket of the node, HTTP and gRPC (asyncio would set 100)
 MAX_CONNECTIONS = 1024  # per server (a worker): past it a new connection gets GOAWAY and is closed
 PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by then is closed
 RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held this much: free memory returned after
