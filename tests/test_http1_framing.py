@@ -394,3 +394,25 @@ def test_a_header_number_in_non_ascii_digits_is_refused_as_not_a_number(port, si
                b"Content-Length: %d\r\n\r\n" % len(body)) + body
     reply = exchange(port, message)
     assert reply.startswith(b"HTTP/1.1 400 ") and b"not an integer" in reply, reply[:300]
+
+
+@pytest.mark.integration  # starts a node or a worker plane
+def test_a_client_that_half_closes_after_its_requests_gets_every_answer_then_the_close(port):
+    request = infer_request(port)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request * 3)
+        s.shutdown(socket.SHUT_WR)  # as ``nc -N`` does once it has sent everything
+        answers = b""
+        while data := s.recv(65536):  # until the worker closes
+            answers += data
+    assert answers.count(b"HTTP/1.1 200 OK") == 3
+
+
+@pytest.mark.integration  # starts a node or a worker plane
+def test_a_request_cut_short_by_a_half_close_is_not_waited_for(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"POST /v2/models/b/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inputs\"")
+        s.shutdown(socket.SHUT_WR)
+        start = time.monotonic()
+        assert s.recv(65536) == b""  # closed at once, not at the read timeout
+        assert time.monotonic() - start < 10

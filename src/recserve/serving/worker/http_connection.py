@@ -139,6 +139,7 @@ class Connection(asyncio.BufferedProtocol):
         self.busy = False  # a request of this connection is queued or computing (no pipelining: one at a time)
         self.requests = 0  # requests read since the manager last counted its active connections
         self.closed = False
+        self.client_done = False  # the client half-closed: what it sent whole is answered, then the connection closes
         self.discarding = False  # refused: reading only to drop what the client still sends
         self.arrived = 0.0
         self._reader = HeadReader()
@@ -261,6 +262,17 @@ class Connection(asyncio.BufferedProtocol):
         elif len(self.buf) >= self._needed:
             self._advance()
 
+    def eof_received(self) -> bool:
+        """The client half-closed after its requests (``nc -N`` does, and a proxy may): those it sent whole are still
+        answered, then the connection closes (``_advance``); one it cut short is not waited for."""
+        self.client_done = True
+        if self.busy:
+            return True
+        if self.buf or self._body is not None:
+            self.manager.loop.call_soon(self._advance)
+            return True
+        return False  # nothing to answer: the transport closes
+
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed and (self._head is not None or self._body is not None):
             self.plane.refused("client_gone")  # it left before its request arrived whole
@@ -274,6 +286,8 @@ class Connection(asyncio.BufferedProtocol):
     def _advance(self) -> None:
         """Parse the next complete request, if any, and route it; then read on only if little more is buffered."""
         self._next_request()
+        if self.client_done and not self.busy and not self.leaving:  # a half-closed client's requests are answered
+            self.write(b"", close=True)
         if not self.closed:
             self._bound_pipeline()
 
@@ -430,6 +444,9 @@ class Connection(asyncio.BufferedProtocol):
             self.write(b"", close=True)
             return
         self.arrived = time.perf_counter()  # of the next request if it is here, else since when it is idle
+        if self.client_done:  # no more will come: answer what it sent, then close (``_advance``)
+            self.manager.loop.call_soon(self._advance)
+            return
         if not self.buf:
             self.mark(False)
             if self.manager.maybe_move(self):
