@@ -43,12 +43,18 @@ class Recorder(socketserver.BaseRequestHandler):
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-@pytest.fixture
-def routed():
-    backend = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Recorder)
+def recorder(port: int = 0) -> socketserver.ThreadingTCPServer:
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    backend = socketserver.ThreadingTCPServer(("127.0.0.1", port), Recorder)
     backend.daemon_threads = True
     backend.lines = []  # type: ignore[attr-defined]
     threading.Thread(target=backend.serve_forever, daemon=True).start()
+    return backend
+
+
+@pytest.fixture
+def routed():
+    backend = recorder()
     url = f"http://127.0.0.1:{backend.server_address[1]}"
     pool = PoolConfig([Backend(url, "node", slots=2, base=True)], qos_ms=1000.0)
     thread = RouterThread(Router(pool, pool.make_policy()))
@@ -150,3 +156,22 @@ def test_a_stalled_client_does_not_hold_the_routers_stop(routed):
         start = time.monotonic()
         thread.stop()
         assert time.monotonic() - start < front_door.STOP_GRACE_S + 5
+
+
+def test_a_backend_the_readiness_probe_finds_ready_is_back_in_service_at_once():
+    backend = recorder()
+    backend_port = backend.server_address[1]
+    pool = PoolConfig([Backend(f"http://127.0.0.1:{backend_port}", "node", slots=1, base=True)], qos_ms=1000.0)
+    thread = RouterThread(Router(pool, pool.make_policy()))
+    port = thread.start()
+    try:
+        backend.shutdown()
+        backend.server_close()
+        assert infer(port, "/v2/models/m/infer")[0] == 502  # out of service now, for a while
+        backend = recorder(backend_port)
+        assert exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
+        assert infer(port, "/v2/models/m/infer")[0] == 200  # the router's ready and its queries agree
+    finally:
+        thread.stop()
+        backend.shutdown()
+        backend.server_close()

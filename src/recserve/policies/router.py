@@ -328,7 +328,12 @@ class Router:
         the model is not known), else why none is: the router's own readiness (a probe's timeout is short)."""
         path = f"/v2/models/{quote(self.model, safe='')}/ready" if self.model else "/v2/health/ready"
         answers = await asyncio.gather(*(self._get(endpoint, path, READY_TIMEOUT_S) for endpoint in self.endpoints))
-        if any(isinstance(a, web.Response) and a.status == 200 for a in answers):
+        ready = [endpoint for endpoint, a in zip(self.endpoints, answers, strict=True)
+                 if isinstance(a, web.Response) and a.status == 200]
+        for endpoint in ready:  # back in service at once: ready here and refused by the back-off would disagree
+            if endpoint in self.down:
+                self._reachable(endpoint)
+        if ready:
             return None
         failed = [(endpoint, f"HTTP {a.status}" if isinstance(a, web.Response) else a)
                   for endpoint, a in zip(self.endpoints, answers, strict=True)]
