@@ -118,6 +118,8 @@ BAD_INPUTS = {
     "no-file": (["models", "list", "--file", "/nonexistent/models.yaml"], None, "no such file"),
     "bad-server": (["models", "servers", "--file", "{path}"], "servers: {s: {cores: 4, mem_gb: -1, mem_bw_gbs: 1}}",
                    "mem_gb must be a positive number"),
+    "negative-sla": (["models", "list", "--file", "{path}"], GOOD.replace("target_ms: 10", "target_ms: -5"),
+                     "model 'tiny' sla: target_ms must be a positive number, got -5"),
 }
 
 

@@ -208,19 +208,22 @@ class Traffic:
 # ---------------------------------------------------------------- loading
 
 
+def _label(obj: Any) -> str:
+    """What a field error names first: the object, where it has a name (an SLA is named by where it was read)."""
+    return f"{type(obj).__name__} {obj.name!r}: " if hasattr(obj, "name") else ""
+
+
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            label = getattr(obj, "name", type(obj).__name__)
-            raise SpecError(f"{type(obj).__name__} {label!r}: {name} must be a positive number, got {value!r}")
+            raise SpecError(f"{_label(obj)}{name} must be a positive number, got {value!r}")
 
 
 def _one_of(obj: Any, name: str, allowed: tuple[str, ...]) -> None:
     value = getattr(obj, name)
     if value not in allowed:
-        label = getattr(obj, "name", type(obj).__name__)
-        raise SpecError(f"{type(obj).__name__} {label!r}: {name} must be one of {allowed}, got {value!r}")
+        raise SpecError(f"{_label(obj)}{name} must be one of {allowed}, got {value!r}")
 
 
 def _build(cls: type, data: dict[str, Any], where: str) -> Any:
@@ -245,7 +248,7 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         kwargs[key] = value
     try:
         return cls(**kwargs)
-    except TypeError as exc:
+    except (TypeError, SpecError) as exc:  # a field's own check names the field, ``where`` the file
         raise SpecError(f"{where}: {exc}") from exc
 
 
