@@ -253,8 +253,8 @@ class NodeCore:
         for name in self._repo().names():
             try:
                 await self.load_model(name)
-            except InferError as exc:
-                log.error("repository model %s not loaded: %s", name, exc)
+            except InferError:
+                pass  # logged by ``load_model``, and in the repository index
 
     async def load_model(self, name: str) -> list[str]:
         """Load (or reload) repository model ``name``: the versions its policy selects.
@@ -272,6 +272,7 @@ class NodeCore:
             except RecserveError as exc:
                 if repo.holds(name):  # a name it does not hold gets no entry: the index lists what it holds
                     self.repo_state[(name, "")] = ("UNAVAILABLE", str(exc))
+                log.warning("model %s not loaded: %s", name, exc)
                 raise InferError("invalid", str(exc), "model_name") from exc
             loaded = self.versions.setdefault(name, {})
             newest = max(wanted, key=int)
