@@ -287,6 +287,8 @@ class Connection(asyncio.BufferedProtocol):
         """Parse the next complete request, if any, and route it; then read on only if little more is buffered."""
         self._next_request()
         if self.client_done and not self.busy and not self.leaving:  # a half-closed client's requests are answered
+            if self._head is not None or self._body is not None:
+                self.plane.refused("client_gone")  # it left before its request arrived whole
             self.write(b"", close=True)
         if not self.closed:
             self._bound_pipeline()
