@@ -26,4 +26,5 @@ FRAMING = {
     "no_host": (P + b"Content-Length: 0\r\n\r\n" + S, 400),
     "two_hosts": (P + b"Host: x\r\nHost: y\r\nContent-Length: 0\r\n\r\n" + S, 400),
     "head_70kb_at_once": (P + b"Host: x\r\n" + BIG + b"Content-Length: 0\r\n\r\n" + S, 431),
+    "no_version": (b"GET /v2/health/ready\r\nHost: x\r\n\r\n", 400),  # HTTP/0.9: its answer would have no head
 }

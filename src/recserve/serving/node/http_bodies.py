@@ -48,8 +48,12 @@ async def request_body(request: web.Request, timeout_s: float, limit: int) -> by
 
 def framing_error(request: web.Request) -> InferError | None:
     """What the workers' head reader refuses (``serving/transport/http1.py``) and aiohttp's parser lets through: a
-    transfer coding in an HTTP/1.0 request (400; RFC 9112 6.1: its framing is faulty) or one other than chunked
-    alone (501).  Either way the connection must close after the answer."""
+    request line with no version (HTTP/0.9, whose answer would have no head), a transfer coding in an HTTP/1.0 request
+    (400; RFC 9112 6.1: its framing is faulty) or one other than chunked alone (501).  Either way the connection must
+    close after the answer."""
+    if request.version < (1, 0):
+        major, minor = request.version
+        return InferError("invalid", f"request: unsupported HTTP version 'HTTP/{major}.{minor}'")
     coding = request.headers.get("Transfer-Encoding")
     if coding is None:
         return None
