@@ -19,6 +19,10 @@ from recserve.policies.router import Backend, PoolConfig, Router, RouterThread
 QUERY = json.dumps({"inputs": [{"name": "dense", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}).encode()
 
 
+STATS = {"name": "m", "version": "1", "last_inference": 5, "inference_count": 3,
+         "inference_stats": {"success": {"count": 2, "ns": 100}}, "batch_stats": []}
+
+
 class Recorder(socketserver.BaseRequestHandler):
     """A backend answering every request 200 with the request line it read as the JSON body (keep-alive)."""
 
@@ -38,7 +42,8 @@ class Recorder(socketserver.BaseRequestHandler):
                 data += self.request.recv(65536)
             data = data[length:]
             self.server.lines.append(lines[0])  # type: ignore[attr-defined]
-            body = json.dumps({"line": lines[0]}).encode()
+            stats = lines[0].split()[1].endswith("/stats")
+            body = json.dumps({"model_stats": [STATS]} if stats else {"line": lines[0]}).encode()
             self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                                  + str(len(body)).encode() + b"\r\n\r\n" + body)
 
@@ -175,3 +180,28 @@ def test_a_backend_the_readiness_probe_finds_ready_is_back_in_service_at_once():
         thread.stop()
         backend.shutdown()
         backend.server_close()
+
+
+def test_statistics_are_summed_over_the_nodes_and_only_offered_extensions_are_advertised():
+    backends = [recorder(), recorder()]
+    urls = [f"http://127.0.0.1:{b.server_address[1]}" for b in backends]
+    pool = PoolConfig([Backend(url, f"n{i}", slots=1, base=i == 0) for i, url in enumerate(urls)], qos_ms=1000.0)
+    thread = RouterThread(Router(pool, pool.make_policy()))
+    port = thread.start()
+
+    def get(path: str) -> dict:
+        reply = exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        return json.loads(reply.partition(b"\r\n\r\n")[2])
+
+    try:
+        want = {**STATS, "inference_count": 6, "inference_stats": {"success": {"count": 4, "ns": 200}}}
+        assert get("/v2/models/stats") == {"model_stats": [want]}
+        assert get("/v2/models/m/versions/1/stats") == {"model_stats": [want]}
+        assert all(b.lines[-1] == "GET /v2/models/m/versions/1/stats HTTP/1.1" for b in backends)
+        assert "model_repository" not in get("/v2")["extensions"]
+    finally:
+        thread.stop()
+        for backend in backends:
+            backend.shutdown()
+            backend.server_close()

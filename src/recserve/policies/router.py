@@ -53,6 +53,7 @@ from recserve.specs import read_yaml
 
 FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)  # a query's headers sent on to its backend
 ANSWER_HEADERS = (*FORWARD_HEADERS, "Retry-After")  # a backend's answer's headers given back to the client
+ROUTER_EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]  # no repository, no shared memory
 log = logging.getLogger("recserve.router")
 READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
 DOWN_FIRST_S, DOWN_MOST_S = 1.0, 30.0  # an unreachable backend's first time out of service, and the most (doubling)
@@ -323,6 +324,21 @@ class Router:
         failed = list(zip(self.endpoints, answers, strict=True))
         return web.Response(status=502, body=backend_error(failed), content_type="application/json")
 
+    async def backend_stats(self, path: str) -> tuple[list[dict], list[tuple[str, BaseException | str]]]:
+        """Triton statistics (``path``: ``/v2/models[/{m}[/versions/{v}]]/stats``) of every backend that answers,
+        each model version's entry summed over them (``summed_stats``), and the backends that did not answer."""
+        answers = await asyncio.gather(*(self._get(endpoint, path) for endpoint in self.endpoints))
+        entries, failed = [], []
+        for endpoint, answer in zip(self.endpoints, answers, strict=True):
+            if not isinstance(answer, web.Response) or answer.status != 200:
+                failed.append((endpoint, f"HTTP {answer.status}" if isinstance(answer, web.Response) else answer))
+                continue
+            try:
+                entries += json.loads(answer.body)["model_stats"]  # type: ignore[arg-type]
+            except (ValueError, KeyError, TypeError) as exc:
+                failed.append((endpoint, f"not Triton statistics: {exc}"))
+        return summed_stats(entries), failed
+
     async def unready_reason(self) -> str | None:
         """None while some backend is ready for this router's queries (its model ready, or the node ready where
         the model is not known), else why none is: the router's own readiness (a probe's timeout is short)."""
@@ -347,6 +363,25 @@ class Router:
                 return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: not an http(s) URL
             return exc
+
+
+def summed_stats(entries: list[dict]) -> list[dict]:
+    """Triton ``model_stats`` entries of one model version from several nodes as one: counts and durations added,
+    the latest ``last_inference`` kept."""
+    merged: dict[tuple[str, str], dict] = {}
+    for entry in entries:
+        key = (str(entry.get("name")), str(entry.get("version")))
+        merged[key] = _summed(merged[key], entry) if key in merged else entry
+    return list(merged.values())
+
+
+def _summed(a: Any, b: Any, key: str = "") -> Any:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _summed(a[k], b[k], k) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
+    numbers = isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool)
+    if not numbers:
+        return a  # names, versions, batch_stats: the first node's
+    return max(a, b) if key == "last_inference" else a + b
 
 
 def model_target(model: str, version: str = "") -> str:
@@ -411,6 +446,27 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
             return await router.backend_get(f"/v2/models/{target}{tail}")
         return get
 
+    async def model_stats(request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        router = pick(model)
+        if router is None:
+            return unknown(model)
+        target = model_target(model, request.match_info.get("version", ""))
+        return stats_answer(*await router.backend_stats(f"/v2/models/{target}/stats"))
+
+    async def all_stats(_: web.Request) -> web.Response:
+        """Every model's statistics: each router's models' (a fleet's: its one model's) summed over its nodes."""
+        paths = [f"/v2/models/{quote(r.model, safe='')}/stats" if r.model else "/v2/models/stats" for r in routers]
+        answers = await asyncio.gather(*(r.backend_stats(path) for r, path in zip(routers, paths, strict=True)))
+        return stats_answer([e for entries, _ in answers for e in entries], [f for _, fs in answers for f in fs],
+                            every=True)
+
+    def stats_answer(entries: list[dict], failed: list, every: bool = False) -> web.Response:
+        """The summed statistics; a 502 naming each node where none answered (with ``every``: where some failed)."""
+        if failed and (every or not entries):
+            return web.Response(status=502, body=backend_error(failed), content_type="application/json")
+        return web.json_response({"model_stats": entries})
+
     async def live(_: web.Request) -> web.Response:
         return web.json_response({"live": True})
 
@@ -427,7 +483,7 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
         return web.json_response({"ready": True, **({"unready": "; ".join(unready)} if unready else {})})
 
     async def server_metadata(_: web.Request) -> web.Response:
-        return web.json_response(protocol.server_metadata(name))
+        return web.json_response(protocol.server_metadata(name, ROUTER_EXTENSIONS))
 
     async def router_stats(_: web.Request) -> web.Response:
         return web.json_response(stats())
@@ -445,9 +501,12 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
     app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
-    for tail in ("", "/ready", "/config", "/stats"):
+    app.router.add_get("/v2/models/stats", all_stats)
+    for tail in ("", "/ready", "/config"):
         app.router.add_get("/v2/models/{model}" + tail, proxy_get(tail))
         app.router.add_get("/v2/models/{model}/versions/{version}" + tail, proxy_get(tail))
+    app.router.add_get("/v2/models/{model}/stats", model_stats)
+    app.router.add_get("/v2/models/{model}/versions/{version}/stats", model_stats)
     app.router.add_get("/router/stats", router_stats)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

@@ -94,8 +94,8 @@ def model_config(name: str, info: ModelInfo, max_batch_size: int, workers: int,
     }
 
 
-def server_metadata(name: str) -> dict[str, Any]:
-    return {"name": name, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
+def server_metadata(name: str, extensions: list[str] = EXTENSIONS) -> dict[str, Any]:
+    return {"name": name, "version": SERVER_VERSION, "extensions": list(extensions)}
 
 
 def check_load_parameters(names: Iterable[str]) -> None:
