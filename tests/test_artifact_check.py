@@ -65,3 +65,17 @@ def test_a_model_that_kills_its_process_is_refused_and_this_process_lives_on(tmp
         check_in_child(mp_context(), artifact, spec)
     # where torch checks the index the model raises instead; either way the model is refused, here
     assert "killed by SIGSEGV" in refused.value.reason or "raised" in refused.value.reason
+
+
+def test_the_check_says_the_largest_batch_an_exported_program_takes(tmp_path):
+    folder = tmp_path / "bounded" / "1"
+    folder.mkdir(parents=True)
+    (folder / "spec.yaml").write_text(SPEC)
+    example = (torch.randn(4, 4), torch.randint(0, 100, (8,)), torch.ones(2, 4, dtype=torch.int32))
+    for bound in (64, None):
+        batch = torch.export.Dim("batch", min=1, max=bound) if bound else torch.export.Dim("batch", min=1)
+        program = torch.export.export(Good().eval(), example,
+                                      dynamic_shapes=({0: batch}, {0: torch.export.Dim("ids", min=1)}, {1: batch}))
+        torch.export.save(program, str(folder / "model.pt2"))
+        spec = artifact_spec(folder / "model.pt2", "bounded", {"sla": {"target_ms": 50, "percentile": 95}})
+        assert check_in_child(mp_context(), folder / "model.pt2", spec) == bound

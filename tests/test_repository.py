@@ -74,13 +74,13 @@ class OwnArchitecture(nn.Module):
         return torch.sigmoid(self.mlp(torch.cat([dense, *pooled], 1)))
 
 
-def export_own(path: Path) -> nn.Module:
-    """A torch.export program with nothing recserve-specific inside (no spec)."""
+def export_own(path: Path, max_batch: int = 1 << 20) -> nn.Module:
+    """A torch.export program with nothing recserve-specific inside (no spec), for batches up to ``max_batch``."""
     module = OwnArchitecture().eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     lengths = torch.tensor([[1, 2, 1, 1], [1, 1, 1, 1]], dtype=torch.int32)
     example = (torch.randn(4, 6), torch.randint(0, 200, (9,)), lengths)
-    batch, ids = torch.export.Dim("batch", min=1, max=1 << 20), torch.export.Dim("ids", min=1)
+    batch, ids = torch.export.Dim("batch", min=1, max=max_batch), torch.export.Dim("ids", min=1)
     program = torch.export.export(module, example, dynamic_shapes=({0: batch}, {0: ids}, {1: batch}))
     torch.export.save(program, str(path))
     return module
@@ -370,6 +370,24 @@ def test_a_load_reloads_a_version_whose_files_changed_and_keeps_it_when_the_new_
     finally:
         http.post_json(ports.http, "/v2/repository/models/retrained/unload", timeout_s=120)
         shutil.rmtree(repo / "retrained")
+
+
+def test_a_program_exported_for_a_bounded_batch_serves_with_that_bound(node, repo):
+    """``Dim("batch", max=64)``: a batch of 65 is the client's error (400 naming the bound), not the program's 500."""
+    _, ports = node
+    export_own(repo / "bounded" / "1" / "model.pt2", max_batch=64)
+    try:
+        assert http.post_json(ports.http, "/v2/repository/models/bounded/load", timeout_s=120).status == 200
+        config = http.get_json(ports.http, "/v2/models/bounded/config")
+        assert config["parameters"]["max_query_size"] == {"string_value": "64"}  # Triton's dims are the full shape
+        client = http.triton(ports.http)
+        answer = client.infer("bounded", http_inputs(random_batch(6, (300, 200), (1, 1), 64, 1)))
+        assert answer.as_numpy("scores").shape == (64, 2)
+        with pytest.raises(InferenceServerException, match="batch 65 exceeds max_batch_size 64"):
+            client.infer("bounded", http_inputs(random_batch(6, (300, 200), (1, 1), 65, 1)))
+    finally:
+        http.post_json(ports.http, "/v2/repository/models/bounded/unload", timeout_s=120)
+        shutil.rmtree(repo / "bounded")
 
 
 @pytest.mark.parametrize("strict", [True, False])

@@ -175,6 +175,21 @@ def _static(artifact: Path, what: str, size: Any) -> int:
     return size
 
 
+def batch_bound(artifact: Path) -> int | None:
+    """The largest batch a ``torch.export`` program was exported to take (the range of its ``dense`` input's dim
+    0, ``Dim("batch", max=...)``); None for an unbounded batch or another kind of artifact."""
+    if artifact_kind(Path(artifact)) != "export":
+        return None
+    program = _load_export(artifact)
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    size = nodes[program.graph_signature.user_inputs[0]].meta["val"].shape[0]
+    if isinstance(size, int):
+        return size
+    upper = program.range_constraints.get(size.node.expr)
+    upper = getattr(upper, "upper", None)
+    return int(upper) if upper is not None and getattr(upper, "is_finite", True) and upper < 1 << 62 else None
+
+
 def _flops_per_item(program: Any, spec: ModelSpec) -> float:
     """Dense FLOPs per item: the FLOP counter's total at batch 3 minus at batch 1, halved (per-call work cancels)."""
     from torch.utils.flop_counter import FlopCounterMode

@@ -329,7 +329,11 @@ class NodeCore:
         stamp = self._repo().stamp(name, version)  # before the check: files changed during it are seen next load
         self.repo_state[(name, str(version))] = ("LOADING", "")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, check_in_child, self.ctx, Path(cfg.artifact), cfg.spec)
+        bound = await loop.run_in_executor(None, check_in_child, self.ctx, Path(cfg.artifact), cfg.spec)
+        if bound is not None and bound < cfg.max_batch_size:  # a program exported for batches up to ``bound``
+            log.info("model %s version %s: max_batch_size %d, the largest batch %s takes", name, version, bound,
+                     Path(cfg.artifact).name)
+            cfg = cfg.model_copy(update={"max_batch_size": bound})
         rt = ModelRuntime(cfg, self.ctx, self.llc)
         rt.is_default = default
         self._attach(rt)
