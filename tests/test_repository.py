@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import threading
 import time
@@ -388,6 +389,51 @@ def test_a_program_exported_for_a_bounded_batch_serves_with_that_bound(node, rep
     finally:
         http.post_json(ports.http, "/v2/repository/models/bounded/unload", timeout_s=120)
         shutil.rmtree(repo / "bounded")
+
+
+class ValueFaults(nn.Module):
+    """Scores ``[B, 1]``, but the wrong shape for a batch whose first feature is 666 and NaN for 777."""
+
+    def forward(self, dense: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        scores = torch.sigmoid(dense.sum(1, keepdim=True)) + 0.0 * values.sum().float() + 0.0 * lengths.sum().float()
+        if bool(dense[0, 0] == 666.0):
+            return scores[:1]
+        if bool(dense[0, 0] == 777.0):
+            return scores * float("nan")
+        return scores
+
+
+def test_scores_that_break_the_contract_fail_over_http_and_grpc_and_count_as_failures(node, repo):
+    """Checked on every pass whichever way the query came (a worker's own HTTP, the server's gRPC service over the
+    pipe): an error naming the fault, counted a failure, never OK with the wrong scores."""
+    _, ports = node
+    folder = repo / "faulty" / "1"
+    folder.mkdir(parents=True)
+    (folder / "spec.yaml").write_text("family: program\ninteraction: program\ndense_in: 4\ntowers: 1\ntables:\n"
+                                      "- {name: t0, rows: 100, dim: 4, pooling: 1}\n"
+                                      "- {name: t1, rows: 100, dim: 4, pooling: 1}\n")
+    torch.jit.save(torch.jit.script(ValueFaults().eval()), str(folder / "model.pt"))
+    try:
+        assert http.post_json(ports.http, "/v2/repository/models/faulty/load", timeout_s=120).status == 200
+        over_http, over_grpc = http.triton(ports.http), grpc_client.triton(ports.grpc)
+        for poison, said in ((666.0, "returned scores [1, 1] for 2 item(s)"), (777.0, "non-finite")):
+            batch = random_batch(4, (100, 100), (1, 1), 2, 3)
+            batch.dense[0, 0] = poison
+            with pytest.raises(InferenceServerException, match=re.escape(said)):
+                over_http.infer("faulty", http_inputs(batch))
+            with pytest.raises(InferenceServerException, match=re.escape(said)):
+                over_grpc.infer("faulty", grpc_inputs(batch))
+        good = random_batch(4, (100, 100), (1, 1), 2, 3)
+        assert over_grpc.infer("faulty", grpc_inputs(good)).as_numpy("scores").shape == (2, 1)
+
+        def counts() -> tuple[int, int]:
+            stats = http.get_json(ports.http, "/v2/models/faulty/stats")["model_stats"][0]["inference_stats"]
+            return stats["success"]["count"], stats["fail"]["count"]
+
+        assert until(counts, lambda got: got == (1, 4), timeout_s=30) == (1, 4)  # 1 success, 4 failures
+    finally:
+        http.post_json(ports.http, "/v2/repository/models/faulty/unload", timeout_s=120)
+        shutil.rmtree(repo / "faulty")
 
 
 @pytest.mark.parametrize("strict", [True, False])

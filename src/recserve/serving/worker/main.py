@@ -41,6 +41,7 @@ import torch
 
 from recserve.errors import RecserveError
 from recserve.serving.wire import codec, pipe
+from recserve.serving.worker.model_path import checked_scores
 from recserve.specs import get_model
 from recserve.zoo import RecModel, build
 from recserve.zoo.batch import QueryBatch
@@ -262,6 +263,8 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
         if descriptors is not None:
             payload = unflatten(args.stage, unpack(descriptors, in_buf, copy=False))
         result = run_stage(model, args.stage, payload)
+        if args.stage == "model":  # whole queries from the server (its gRPC service): checked as the plane checks
+            result = checked_scores(result, payload[0].shape[0], args.info.towers, args.model_config.name)
         arrays = result if isinstance(result, list) else [result]
         packed = pack(arrays, out_buf)
         return (item_id, True, ("shm", packed) if packed is not None else result, time.perf_counter() - start)

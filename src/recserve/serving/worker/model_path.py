@@ -29,6 +29,23 @@ def as_infer_error(exc: Exception) -> InferError:
     return error
 
 
+def checked_scores(scores: Any, items: int, towers: int, model_name: str) -> np.ndarray:
+    """A model's scores for ``items`` samples, checked on every pass as the load checked them once (``[items,
+    towers]``, finite FP32; FP16, a model converted to half precision on a device, widened exactly): a model whose
+    output depends on its input can break the contract on some queries only."""
+    want = (items, towers)
+    if not isinstance(scores, np.ndarray) or scores.shape != want:
+        got = list(scores.shape) if isinstance(scores, np.ndarray) else type(scores).__name__
+        raise InferError("internal", f"model {model_name!r} returned scores {got} for {items} item(s), expected "
+                                     f"{list(want)}", OUTPUT_SCORES)
+    if scores.dtype != np.float32:
+        if scores.dtype != np.float16:
+            raise InferError("internal", f"model {model_name!r} returned {scores.dtype} scores, expected FP32",
+                             OUTPUT_SCORES)
+        scores = scores.astype(np.float32)
+    return codec.finite_scores(scores)
+
+
 class ModelPath:
     """The worker's whole-query path: decode → validate → (fused) model → encode, with the shared codec.
 
@@ -120,19 +137,7 @@ class ModelPath:
             return as_infer_error(exc)
 
     def _scores(self, scores: Any, items: int) -> np.ndarray:
-        """The model's scores for ``items`` samples, checked on every pass as the load checked them once: a model
-        whose output depends on its input can break the contract on some queries only."""
-        want = (items, self.info.towers)
-        if not isinstance(scores, np.ndarray) or scores.shape != want:
-            got = list(scores.shape) if isinstance(scores, np.ndarray) else type(scores).__name__
-            raise InferError("internal", f"model {self.model_name!r} returned scores {got} for {items} item(s), "
-                                         f"expected {list(want)}", OUTPUT_SCORES)
-        if scores.dtype != np.float32:
-            if scores.dtype != np.float16:  # a model converted to half precision on a device: widened exactly
-                raise InferError("internal", f"model {self.model_name!r} returned {scores.dtype} scores, expected "
-                                             "FP32", OUTPUT_SCORES)
-            scores = scores.astype(np.float32)
-        return codec.finite_scores(scores)
+        return checked_scores(scores, items, self.info.towers, self.model_name)
 
     def encode(self, request: dict, scores: np.ndarray) -> tuple[bytes, dict[str, str]]:
         return codec.http_infer_response(self.model_name, request, scores, self.version, self.regions)
