@@ -425,33 +425,32 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
         names = f"; served: {', '.join(served)}" if served else ""
         return error_response(InferError("not_found", f"model {model!r} is not served here{names}"))
 
-    async def infer(request: web.Request) -> web.Response:
+    def routed(request: web.Request) -> tuple[Router | None, str]:
+        """The router of the model a request names (None: not served here) and the model's backend path segments."""
         model = request.match_info["model"]
-        router = pick(model)
+        return pick(model), model_target(model, request.match_info.get("version", ""))
+
+    async def infer(request: web.Request) -> web.Response:
+        router, target = routed(request)
         if router is None:
-            return unknown(model)
+            return unknown(request.match_info["model"])
         body = await request_body(request, LIMITS.read_timeout_s, LIMITS.max_body_bytes)
         size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
-        status, payload, out = await router.submit(model_target(model, request.match_info.get("version", "")), body,
-                                                   forwarded(request.headers), size)
+        status, payload, out = await router.submit(target, body, forwarded(request.headers), size)
         return web.Response(status=status, body=payload, headers=out)
 
     def proxy_get(tail: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def get(request: web.Request) -> web.Response:
-            model = request.match_info["model"]
-            router = pick(model)
+            router, target = routed(request)
             if router is None:
-                return unknown(model)
-            target = model_target(model, request.match_info.get("version", ""))
+                return unknown(request.match_info["model"])
             return await router.backend_get(f"/v2/models/{target}{tail}")
         return get
 
     async def model_stats(request: web.Request) -> web.Response:
-        model = request.match_info["model"]
-        router = pick(model)
+        router, target = routed(request)
         if router is None:
-            return unknown(model)
-        target = model_target(model, request.match_info.get("version", ""))
+            return unknown(request.match_info["model"])
         return stats_answer(*await router.backend_stats(f"/v2/models/{target}/stats"))
 
     async def all_stats(_: web.Request) -> web.Response:
