@@ -339,7 +339,8 @@ def test_broken_new_version_is_refused_and_the_old_keeps_serving(node, repo):
         shutil.rmtree(target)
 
 
-def test_a_load_reloads_a_version_whose_files_changed_and_keeps_it_when_the_new_files_fail(node, repo, tmp_path):
+def test_a_load_reloads_a_version_whose_files_changed_and_keeps_it_when_the_new_files_fail(node, repo, tmp_path,
+                                                                                             caplog):
     """Triton's load of a loaded model: a version whose files were overwritten is loaded again and replaces the
     one serving; if the new files fail their check, the loaded version keeps serving and the index says why."""
     _, ports = node
@@ -362,7 +363,10 @@ def test_a_load_reloads_a_version_whose_files_changed_and_keeps_it_when_the_new_
         assert load()[0] == 200
         assert served_like(1)
         (repo / "retrained" / "1" / "model.pt").write_bytes(b"not a torchscript archive")
+        caplog.set_level("WARNING", logger="recserve.serving")
         status, body = load()
+        assert any("reloading its changed files failed; the files loaded before serve on" in r.getMessage()
+                   for r in caplog.records)
         assert status == 400 and "cannot read the program" in body["error"]
         assert served_like(1)
         index = http.post_json(ports.http, "/v2/repository/index", timeout_s=60).json()

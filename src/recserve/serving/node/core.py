@@ -285,10 +285,14 @@ class NodeCore:
                     started.append(rt)
                 except (RecserveError, InferError) as exc:
                     reason = self.repository.relative(str(exc)) if self.repository is not None else str(exc)
-                    log.warning("model %s version %s not loaded: %s", name, version, reason)
-                    self.repo_state[(name, version)] = ("READY", f"serving the files loaded before; reloading failed: "
-                                                                 f"{reason}") if version in loaded else \
-                        ("UNAVAILABLE", reason)
+                    if version in loaded:  # its files changed and the new ones failed: the old ones serve on
+                        log.warning("model %s version %s: reloading its changed files failed; the files loaded "
+                                    "before serve on: %s", name, version, reason)
+                        self.repo_state[(name, version)] = ("READY", f"serving the files loaded before; reloading "
+                                                                     f"failed: {reason}")
+                    else:
+                        log.warning("model %s version %s not loaded: %s", name, version, reason)
+                        self.repo_state[(name, version)] = ("UNAVAILABLE", reason)
                     await asyncio.gather(*(rt.stop() for rt in started))
                     if not loaded:
                         self.versions.pop(name, None)
