@@ -264,7 +264,8 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
             payload = unflatten(args.stage, unpack(descriptors, in_buf, copy=False))
         result = run_stage(model, args.stage, payload)
         if args.stage == "model":  # whole queries from the server (its gRPC service): checked as the plane checks
-            result = checked_scores(result, payload[0].shape[0], args.info.towers, args.model_config.name)
+            towers = args.info.towers if args.info is not None else args.model_config.model_spec().towers
+            result = checked_scores(result, payload[0].shape[0], towers, args.model_config.name)
         arrays = result if isinstance(result, list) else [result]
         packed = pack(arrays, out_buf)
         return (item_id, True, ("shm", packed) if packed is not None else result, time.perf_counter() - start)
