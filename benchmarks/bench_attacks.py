@@ -257,6 +257,19 @@ def _idle(ports: tuple[int, int], seconds: float, count: int) -> dict[str, int]:
     return {"held": len(held)}
 
 
+def _abandoned_calls(port: int, seconds: float, raw: bytes) -> dict[str, int]:
+    """Whole ``ModelInfer`` calls, each on a connection of its own closed (FIN) before its answer arrives: what
+    clients that give up leave a worker (the row's RSS before and after says whether it keeps it)."""
+    call = (PREFACE + _frame(SETTINGS, 0, 0) + _frame(HEADERS, END_HEADERS, 1, _block(SERVICE + "ModelInfer"))
+            + _frame(DATA, END_STREAM, 1, _message(raw)))
+    end, sent = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(call)
+            sent += 1
+    return {"sent": sent}
+
+
 def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: bytes, http_request: bytes,
              json_request: bytes, results: Any) -> None:
     if kind == "http_pipeline":
@@ -272,13 +285,15 @@ def attacker(kind: str, http_port: int, grpc_port: int, seconds: float, raw: byt
         results.put(_idle((http_port, grpc_port), seconds, 1500))
     elif kind == "ambiguous_heads":
         results.put(_ambiguous(http_port, seconds, http_request.split(b" ", 2)[1].decode()))
+    elif kind == "abandoned_calls":
+        results.put(_abandoned_calls(grpc_port, seconds, raw))
     else:
         results.put(_flood_grpc(kind, grpc_port, seconds, raw))
 
 
 ATTACKS = ("ping", "settings", "window_update", "priority", "unknown_frames", "header_lists", "empty_data",
            "continuation", "rapid_reset_infer", "rapid_reset_forwarded", "incomplete_messages", "tiny_fields",
-           "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst", "json_containers")
+           "http_pipeline", "ambiguous_heads", "idle_connections", "json_burst", "json_containers", "abandoned_calls")
 
 
 def _json_body(batch: Any) -> bytes:
