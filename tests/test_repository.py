@@ -860,3 +860,16 @@ def test_a_repository_models_broken_tier_file_is_named_and_rebuilt(tmp_path, dis
         assert main(["tier", "rebuild", "--config", str(node), "--model", "ctr"]) == 0
         http.triton(server.ports.http).load_model("ctr")
         assert http.triton(server.ports.http).is_model_ready("ctr")
+
+
+def test_a_query_for_a_model_still_loading_hears_503_and_one_never_loaded_404():
+    from recserve.serving.node.core import not_served
+
+    loading = not_served("m", [], None, {("m", ""): ("LOADING", "")})
+    assert (loading.code, loading.status.http) == ("unavailable", 503) and "is loading" in str(loading)
+    assert not_served("m", [], None, {("m", "1"): ("LOADING", "")}).code == "unavailable"  # its check runs
+    unloaded = not_served("m", [], None, {("m", "1"): ("UNAVAILABLE", "unloaded")})
+    assert unloaded.code == "not_found" and "is not loaded (unloaded)" in str(unloaded)
+    failed = not_served("m", [], "m/1/model.pt: bad", {("m", "1"): ("UNAVAILABLE", "m/1/model.pt: bad")})
+    assert failed.code == "not_found" and "failed to load: m/1/model.pt: bad" in str(failed)
+    assert "unknown model 'x'; served: ['m']" in str(not_served("x", ["m"], None, {}))

@@ -155,8 +155,7 @@ class NodeCore:
     def runtime(self, name: str, version: str | None = None) -> ModelRuntime:
         """Like :meth:`find`, raising the protocol's not-found error."""
         if name not in self.models:
-            raise InferError("not_found", not_served(name, sorted(self.models), self.failed_models().get(name),
-                                                     self.repo_state), "model_name")
+            raise not_served(name, sorted(self.models), self.failed_models().get(name), self.repo_state)
         if version and not version.isdecimal():
             raise InferError("invalid", f"model version must be a whole number, got {version!r}", "model_version")
         rt = self.find(name, version or "")
@@ -249,8 +248,12 @@ class NodeCore:
         return self.repository
 
     async def load_repository(self) -> None:
-        """Start: load every repository model (Triton's default); a model that fails is logged and left out."""
-        for name in self._repo().names():
+        """Start: load every repository model (Triton's default); a model that fails is logged and left out.  Each
+        is LOADING until its turn has come and gone: its queries meanwhile hear 503 "loading", not 404."""
+        names = self._repo().names()
+        for name in names:
+            self.repo_state[(name, "")] = ("LOADING", "")
+        for name in names:
             try:
                 await self.load_model(name)
             except InferError:
@@ -266,6 +269,8 @@ class NodeCore:
         are stopped, the versions already serving keep serving, and the error names the file and the reason."""
         repo = self._repo()
         async with self._model_locks.setdefault(name, asyncio.Lock()):
+            if self.repo_state.get((name, "")) == ("LOADING", ""):  # its turn at start: its versions say the rest
+                del self.repo_state[(name, "")]
             self._refuse_catalogue_model(name)
             try:
                 wanted = [str(v) for v in repo.selected_versions(name)]
@@ -416,10 +421,15 @@ class NodeCore:
         return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
-def not_served(name: str, served: list[str], failure: str | None, repo_state: dict) -> str:
-    """Why a query's model is not served: it failed to load (and why), it was unloaded, or no such model."""
+def not_served(name: str, served: list[str], failure: str | None, repo_state: dict) -> InferError:
+    """Why a query's model is not served: it is still loading (503: retry), it failed to load (and why), it was
+    unloaded, or no such model (404)."""
+    if any(model == name and state == "LOADING" for (model, _version), (state, _why) in repo_state.items()):
+        return InferError("unavailable", f"model {name!r} is loading; retry shortly", "model_name")
     if failure is not None:
-        return f"model {name!r} failed to load: {failure}; load it again once fixed (`recserve models load`)"
-    if any(model == name for model, _version in repo_state):
-        return f"model {name!r} is not loaded (unloaded); `recserve models load` loads it again"
-    return f"unknown model {name!r}; served: {served}"
+        why = f"model {name!r} failed to load: {failure}; load it again once fixed (`recserve models load`)"
+    elif any(model == name for model, _version in repo_state):
+        why = f"model {name!r} is not loaded (unloaded); `recserve models load` loads it again"
+    else:
+        why = f"unknown model {name!r}; served: {served}"
+    return InferError("not_found", why, "model_name")
