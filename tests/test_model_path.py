@@ -70,19 +70,17 @@ def test_scores_of_half_precision_are_widened_and_others_pass_unchanged():
 
 
 def test_queries_the_model_failed_are_logged_at_most_once_a_period_with_a_count(caplog):
-    from types import SimpleNamespace
+    from recserve.serving.worker.failure_log import MODEL_FAILURE_LOG_S, ModelFailures
 
-    from recserve.serving.worker.plane import MODEL_FAILURE_LOG_S, WorkerPlane
-
-    plane = SimpleNamespace(model_name="m", version="2", _model_failures=0, _model_failure_said=-MODEL_FAILURE_LOG_S)
+    failures = ModelFailures("m", "2")
     with caplog.at_level("WARNING", logger="recserve.serving"):
         for _ in range(5):
-            WorkerPlane._model_failed(plane, InferError("internal", "RuntimeError: model refuses 666\n  traceback"))
+            failures.failed("RuntimeError: model refuses 666\n  traceback")
     assert [r.getMessage() for r in caplog.records] == [
         "model m version 2: 1 query failed in the model since the last report; the latest: RuntimeError: model "
         "refuses 666"]
-    assert plane._model_failures == 4
-    plane._model_failure_said -= MODEL_FAILURE_LOG_S
+    assert failures.count == 4
+    failures.said -= MODEL_FAILURE_LOG_S
     with caplog.at_level("WARNING", logger="recserve.serving"):
-        WorkerPlane._model_failed(plane, InferError("internal", "scores: the model produced non-finite scores"))
+        failures.failed("scores: the model produced non-finite scores")
     assert "5 queries failed" in caplog.records[-1].getMessage()

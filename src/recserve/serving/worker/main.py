@@ -41,6 +41,7 @@ import torch
 
 from recserve.errors import RecserveError
 from recserve.serving.wire import codec, pipe
+from recserve.serving.worker.failure_log import ModelFailures
 from recserve.serving.worker.model_path import checked_scores
 from recserve.specs import get_model
 from recserve.zoo import RecModel, build
@@ -242,6 +243,7 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
                                  active.numpy() if active is not None else None), args.event_loop)
             return
         conn.send(ready)
+        failures = ModelFailures(args.model_config.name, str(args.version))
         while True:
             try:
                 msg = conn.recv()
@@ -250,13 +252,14 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
             if msg is None:
                 return
             try:
-                conn.send(_item(args, model, msg, in_buf, out_buf))
+                conn.send(_item(args, model, msg, in_buf, out_buf, failures))
             except (BrokenPipeError, OSError):
                 return
 
 
-def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_buf: np.ndarray) -> tuple:
-    """Compute one item the server sent over the pipe; the reply to send back."""
+def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_buf: np.ndarray,
+          failures: ModelFailures) -> tuple:
+    """Compute one item the server sent over the pipe; the reply to send back (a failure also told ``failures``)."""
     item_id, payload, descriptors = msg
     start = time.perf_counter()
     try:
@@ -270,6 +273,7 @@ def _item(args: WorkerArgs, model: RecModel, msg: Any, in_buf: np.ndarray, out_b
         packed = pack(arrays, out_buf)
         return (item_id, True, ("shm", packed) if packed is not None else result, time.perf_counter() - start)
     except Exception as exc:  # a bad item must not kill the worker
+        failures.failed(f"{type(exc).__name__}: {exc}")
         return (item_id, False, f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
 
 
@@ -373,7 +377,7 @@ def _pipe_reader(conn: Any, args: WorkerArgs, plane: Any, model: RecModel, in_bu
                     _control(plane, control, recv_handle(conn) if isinstance(control, pipe.Adopt) else None, send)
                 else:
                     with plane.model_lock:  # a pass may be computing on the plane's compute thread
-                        reply = _item(args, model, msg, in_buf, out_buf)
+                        reply = _item(args, model, msg, in_buf, out_buf, plane.model_failures)
                     send(reply)
         except (EOFError, OSError):
             plane.exit_event.set()  # the server is gone

@@ -24,7 +24,6 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import threading
 import time
@@ -40,14 +39,12 @@ from recserve.serving.worker.admission import AdmissionQueue, ModelHeld, Query, 
 from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
 from recserve.serving.worker.early_refusal import EarlyRefusal
+from recserve.serving.worker.failure_log import ModelFailures
 from recserve.serving.worker.http_connection import Connection, Request, error_response, response_bytes
 from recserve.serving.worker.json_decoder import JsonDecoder
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.model_path import ModelPath, as_infer_error
 from recserve.serving.worker.reporter import RETIRING_LOAD, Reporter
-
-log = logging.getLogger("recserve.serving")
-MODEL_FAILURE_LOG_S = 10.0
 
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 
@@ -72,7 +69,7 @@ class WorkerPlane:
         self.retiring = False  # hand every connection to the supervisor, then exit
         self.exit_event = asyncio.Event()
         self._empty_since = 0.0  # when a retiring worker first had nothing left (``maybe_exit`` waits a little more)
-        self._model_failures, self._model_failure_said = 0, -MODEL_FAILURE_LOG_S  # queries the model failed; logged
+        self.model_failures = ModelFailures(model_name, version)  # queries the model failed, logged now and then
         others_held = ModelHeld(loads, slot, RETIRING_LOAD) if loads is not None and slot >= 0 else None
         self.admission = AdmissionQueue(model_name, limits, self._fail, others_held=others_held)
         self.early = EarlyRefusal(self.admission, lambda: self.offload)  # verdicts before a query is read whole
@@ -352,19 +349,8 @@ class WorkerPlane:
     def _fail(self, reply: Reply, arrived: float, exc: InferError, start: float | None = None) -> None:
         self.reporter.record(("failed", exc.code, time.perf_counter() - arrived, start is not None))
         if start is not None and exc.code == "internal":
-            self._model_failed(exc)
+            self.model_failures.failed(str(exc))
         reply(None, exc)
-
-    def _model_failed(self, exc: InferError) -> None:
-        """A query the model failed (it raised, or broke the scores' contract): the operator's to know, so logged,
-        at most once every ``MODEL_FAILURE_LOG_S`` with how many failed since, never a line per query."""
-        self._model_failures += 1
-        now = time.monotonic()
-        if now - self._model_failure_said >= MODEL_FAILURE_LOG_S:
-            log.warning("model %s version %s: %d quer%s failed in the model since the last report; the latest: %s",
-                        self.model_name, self.version, self._model_failures, "y" if self._model_failures == 1 else
-                        "ies", str(exc).split("\n", 1)[0][:500])
-            self._model_failures, self._model_failure_said = 0, now
 
     # ---- drain, retire, exit -------------------------------------------------------------------------
     def drain(self) -> None:
