@@ -175,19 +175,21 @@ def _static(artifact: Path, what: str, size: Any) -> int:
     return size
 
 
-def batch_bound(artifact: Path) -> int | None:
-    """The largest batch a ``torch.export`` program was exported to take (the range of its ``dense`` input's dim
-    0, ``Dim("batch", max=...)``); None for an unbounded batch or another kind of artifact."""
-    if artifact_kind(Path(artifact)) != "export":
-        return None
-    program = _load_export(artifact)
-    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    size = nodes[program.graph_signature.user_inputs[0]].meta["val"].shape[0]
-    if isinstance(size, int):
+def batch_bound(model: nn.Module) -> int | None:
+    """The largest batch a loaded (``load_artifact``) ``torch.export`` program was exported to take: the range of
+    its ``dense`` input's dim 0 (``Dim("batch", max=...)``), which its unlifted module keeps.  None for an unbounded
+    batch, another kind of model, or a torch that keeps the range elsewhere."""
+    program = model.__dict__.get("program")  # a ProgramModel's: TorchScript's is no fx graph
+    graph = program.graph if isinstance(program, torch.fx.GraphModule) else None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"] if graph is not None else []
+    size = placeholders[0].meta.get("val").shape[0] if placeholders and "val" in placeholders[0].meta else None
+    if size is None or isinstance(size, int):
         return size
-    upper = program.range_constraints.get(size.node.expr)
-    upper = getattr(upper, "upper", None)
-    return int(upper) if upper is not None and getattr(upper, "is_finite", True) and upper < 1 << 62 else None
+    try:
+        upper = size.node.shape_env.var_to_range[size.node.expr].upper
+    except (AttributeError, KeyError):
+        return None
+    return int(upper) if getattr(upper, "is_finite", True) and upper < 1 << 62 else None
 
 
 def _flops_per_item(program: Any, spec: ModelSpec) -> float:

@@ -18,8 +18,7 @@ def _check(conn: Any, artifact: str, spec: Any) -> None:
 
     bound = None
     try:
-        check_artifact(Path(artifact), spec)
-        bound = batch_bound(Path(artifact))
+        bound = batch_bound(check_artifact(Path(artifact), spec))
     except ArtifactError as exc:
         verdict: str | None = exc.reason
     except BaseException as exc:  # noqa: BLE001 - whatever loading raises, the artifact is refused with it
