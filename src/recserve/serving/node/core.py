@@ -66,7 +66,6 @@ class NodeCore:
         self.policies: dict[str, Any] = {}  # repository model -> the VersionPolicy its versions were loaded by
         self._model_locks: dict[str, asyncio.Lock] = {}
         self.retiring: set[ModelRuntime] = set()  # versions unloaded or replaced, finishing their queries
-        self._stamps: dict[tuple[str, str], tuple] = {}  # (model, version): its files when loaded (Repository.stamp)
         self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
         self.grpc_upstream = ""
         self.accepting = False
@@ -282,12 +281,10 @@ class NodeCore:
             loaded = self.versions.setdefault(name, {})
             newest = max(wanted, key=int)
             started: list[ModelRuntime] = []
-            stamps: dict[str, tuple] = {}
-            changed = [v for v in wanted if v in loaded and self._stamps.get((name, v)) != repo.stamp(name, int(v))]
+            changed = [v for v in wanted if v in loaded and loaded[v].files != repo.stamp(name, int(v))]
             for version in (v for v in wanted if v not in loaded or v in changed):
                 try:
-                    rt, stamps[version] = await self._start_version(name, int(version), version == newest)
-                    started.append(rt)
+                    started.append(await self._start_version(name, int(version), version == newest))
                 except (RecserveError, InferError) as exc:
                     reason = self.repository.relative(str(exc)) if self.repository is not None else str(exc)
                     if version in loaded:  # its files changed and the new ones failed: the old ones serve on
@@ -306,7 +303,6 @@ class NodeCore:
             replaced = [loaded[rt.version] for rt in started if rt.version in loaded]  # their files changed
             for rt in started:
                 loaded[rt.version] = rt
-                self._stamps[(name, rt.version)] = stamps[rt.version]
             for rt in replaced:
                 await rt.set_default(False)
             for version, rt in loaded.items():
@@ -318,7 +314,6 @@ class NodeCore:
             retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
             for rt in retire:
                 self.repo_state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")
-                self._stamps.pop((name, rt.version), None)
             self._models_changed()
             self._retire_in_background(retire + replaced)
             return wanted
@@ -330,8 +325,8 @@ class NodeCore:
             raise InferError("invalid", f"model {name!r} is a model of the node config, not a repository model: it "
                                         "serves until the node stops", "model_name")
 
-    async def _start_version(self, name: str, version: int, default: bool) -> tuple[ModelRuntime, tuple]:
-        """A version's runtime started, its artifact checked first; and the stamp of the files it was loaded from."""
+    async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:
+        """A version's runtime started, its artifact checked first; it keeps the stamp of the files it loaded."""
         from recserve.serving.node.artifact_check import check_in_child
 
         cfg = self._repo().model_config(name, version)
@@ -344,7 +339,7 @@ class NodeCore:
                      Path(cfg.artifact).name)
             cfg = cfg.model_copy(update={"max_batch_size": bound})
         rt = ModelRuntime(cfg, self.ctx, self.llc)
-        rt.is_default = default
+        rt.is_default, rt.files = default, stamp
         self._attach(rt)
         try:
             await rt.start()
@@ -352,7 +347,7 @@ class NodeCore:
             await rt.stop()
             raise
         log.info("model %s version %s loaded from %s", name, version, cfg.artifact)
-        return rt, stamp
+        return rt
 
     async def unload_model(self, name: str) -> None:
         """Unload every version of ``name``; admitted queries finish, later ones get 404.  A model that failed to
@@ -370,7 +365,6 @@ class NodeCore:
             versions = self.versions.pop(name, {})
             for version in versions:
                 self.repo_state[(name, version)] = ("UNAVAILABLE", "unloaded")
-                self._stamps.pop((name, version), None)
             self._models_changed()
             self._retire_in_background(list(versions.values()))
 

@@ -83,6 +83,7 @@ class ModelRuntime:
         self.inbox = PipeInbox(cfg.name, self.metrics, self.front, self.dispatch, self.adopt)
         self._next_adopter = 0
         self.live = LiveSettings(cfg.name)  # settings changed at run time, acknowledged by the workers
+        self.files: tuple = ()  # a repository version's files when it loaded (``Repository.stamp``)
         for stage in cfg.stages():
             self.pools[stage] = self._pool(stage, cfg.threads, cfg.sparse_cores if stage == "sparse" else cfg.cores)
         if self.accel is not None:  # accelerator workers (serving/worker/accel.py)
