@@ -6,7 +6,6 @@ the bound.  Versions retired together all stop accepting before any is stopped."
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -116,7 +115,7 @@ def test_a_worker_not_ready_yet_is_not_waited_for():
 def test_retiring_versions_all_stop_accepting_before_any_is_stopped():
     """A new version loaded (or a model unloaded) retires old versions together: every one of their workers stops
     accepting before any of them closes a connection, so a client moved by GOAWAY reaches a worker that stays."""
-    from recserve.serving.node.core import NodeCore
+    from recserve.serving.node.model_loader import ModelLoader
 
     events: list[tuple[str, int]] = []
 
@@ -134,8 +133,8 @@ def test_retiring_versions_all_stop_accepting_before_any_is_stopped():
             events.append(("stop", self.n))
 
     versions = [Version(0), Version(1)]
-    core = SimpleNamespace(config=SimpleNamespace(drain_timeout_s=1.0), retiring=set(versions))
-    core._retire = lambda rt: NodeCore._retire(core, rt)  # type: ignore[arg-type]
-    asyncio.run(NodeCore._retire_all(core, versions))  # type: ignore[arg-type]
+    loader = ModelLoader(None, {}, {}, lambda cfg: None, lambda: None, None, drain_timeout_s=1.0)
+    loader.retiring = set(versions)
+    asyncio.run(loader._retire_all(versions))  # type: ignore[arg-type]
     assert events[:2] == [("accepting", 0), ("accepting", 1)] and sorted(events[2:]) == [("stop", 0), ("stop", 1)]
-    assert core.retiring == set()
+    assert loader.retiring == set()

@@ -464,7 +464,7 @@ def test_a_model_that_failed_to_load_keeps_the_node_unready_until_loaded_or_unlo
         for mistyped in ("ctr", "..", "ctr_ts/.."):  # a name the repository does not hold changes nothing
             with pytest.raises(InferenceServerException, match="no model"):
                 over_grpc.load_model(mistyped)  # in the message: no URL path to normalise
-        assert over_http.is_server_ready() is not strict and "ctr_ts" in server.core.failed_models()
+        assert over_http.is_server_ready() is not strict and "ctr_ts" in server.core.loader.failed()
         over_http.unload_model("ctr_ts")  # no longer wanted
         assert over_http.is_server_ready()
         answer = http.post_json(server.ports.http, "/v2/models/ctr_ts/infer", {"inputs": []}, timeout_s=60)
@@ -863,7 +863,7 @@ def test_a_repository_models_broken_tier_file_is_named_and_rebuilt(tmp_path, dis
 
 
 def test_a_query_for_a_model_still_loading_hears_503_and_one_never_loaded_404():
-    from recserve.serving.node.core import not_served
+    from recserve.serving.node.model_loader import not_served
 
     loading = not_served("m", [], None, {("m", ""): ("LOADING", "")})
     assert (loading.code, loading.status.http) == ("unavailable", 503) and "is loading" in str(loading)

@@ -146,20 +146,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryIndex(self, request, context):  # noqa: N802
         async def run():
-            entries = self.core.repository_index(request.ready)
+            entries = self.core.loader.index(request.ready)
             return json_format.ParseDict({"models": entries}, service_pb2.RepositoryIndexResponse())
         return await self._guard(context, run)
 
     async def RepositoryModelLoad(self, request, context):  # noqa: N802
         async def run():
             protocol.check_load_parameters(request.parameters)
-            await self.core.load_model(request.model_name)
+            await self.core.loader.load(request.model_name)
             return service_pb2.RepositoryModelLoadResponse()
         return await self._guard(context, run, "RepositoryModelLoad")
 
     async def RepositoryModelUnload(self, request, context):  # noqa: N802
         async def run():
-            await self.core.unload_model(request.model_name)
+            await self.core.loader.unload(request.model_name)
             return service_pb2.RepositoryModelUnloadResponse()
         return await self._guard(context, run, "RepositoryModelUnload")
 

@@ -180,7 +180,7 @@ def _repository_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     @routes.post("/v2/repository/index")
     async def repository_index(request: web.Request) -> web.Response:
         body = await _body(core, request) if request.body_exists else {}
-        return _json(core.repository_index(bool(body.get("ready", False))))
+        return _json(core.loader.index(bool(body.get("ready", False))))
 
     @routes.post("/v2/repository/models/{model}/load")
     async def repository_load(request: web.Request) -> web.Response:
@@ -189,12 +189,12 @@ def _repository_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
         if not isinstance(parameters, dict):
             raise InferError("invalid", f"parameters: expected a JSON object, got {parameters!r}", "parameters")
         protocol.check_load_parameters(parameters)
-        await core.load_model(request.match_info["model"])
+        await core.loader.load(request.match_info["model"])
         return _json({})
 
     @routes.post("/v2/repository/models/{model}/unload")
     async def repository_unload(request: web.Request) -> web.Response:
-        await core.unload_model(request.match_info["model"])
+        await core.loader.unload(request.match_info["model"])
         return _json({})
 
 

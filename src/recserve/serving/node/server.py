@@ -132,8 +132,8 @@ class NodeServer:
                                                            ssl=tls.http_context(self.config))
             http_port = sock.getsockname()[1]
             grpc_port = await self._start_grpc()
-            if self.core.repository is not None:
-                await self.core.load_repository()
+            if self.core.loader.repository is not None:
+                await self.core.loader.load_all()
         except BaseException:
             await self._ashutdown(drain=False)
             raise
@@ -205,8 +205,8 @@ class NodeServer:
             core.accept_while_stopping()
             if drain:
                 await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
-            abandoned = sum(rt.abandon("the node server is shutting down") for rt in [*core.all_runtimes(),
-                                                                                       *core.retiring])
+            held = [*core.all_runtimes(), *core.loader.retiring]
+            abandoned = sum(rt.abandon("the node server is shutting down") for rt in held)
             if abandoned:
                 log.warning("shutting down: %d queries still held were answered with 503", abandoned)
         for server in (self._grpc_front, self._grpc, self._grpc_fallback):
@@ -236,7 +236,7 @@ class NodeServer:
             self._sock.close()
             self._sock = None
         if core is not None:
-            await asyncio.gather(*(rt.stop() for rt in [*core.all_runtimes(), *core.retiring]))
+            await asyncio.gather(*(rt.stop() for rt in [*core.all_runtimes(), *core.loader.retiring]))
             core.shm.close()
         if self._stopped is not None:
             self._stopped.set()
@@ -302,7 +302,7 @@ class NodeServer:
 
     async def _run_until_signal(self) -> None:
         ports = await self._astart()
-        failed = self.core.failed_models() if self.core else {}
+        failed = self.core.loader.failed() if self.core else {}
         if failed and self.config.exit_on_error:
             await self._ashutdown(drain=False)
             raise RecserveError("; ".join(f"{name} failed to load ({why})" for name, why in failed.items())
