@@ -133,3 +133,17 @@ def test_a_plan_file_is_read_back_and_checked(tmp_path):
     with pytest.raises(RecserveError) as error:
         Plan.from_dict({**plan.to_dict(), "kind": "shards"}, "p.json")
     one_line(error, r"p\.json: kind: unknown plan kind 'shards'; known: \[.*'shard'.*\]")
+
+
+def test_workers_running_more_threads_than_their_cores_are_named_with_the_threads_that_fit(monkeypatch):
+    """Loaded, with a warning at start: threads beyond the cores only wait for each other."""
+    from recserve.serving.node import config
+
+    monkeypatch.setattr(config, "available_cores", lambda: [0, 1])
+    fits = ModelConfig(model="hercules-rmc1", name="r", scale=1e-4, workers=2, threads=1)
+    assert fits.oversubscribed() == ""
+    many = ModelConfig(model="hercules-rmc1", name="r", scale=1e-4, workers=1, threads=64)
+    assert many.oversubscribed() == ("model 'r': 1 model worker(s) x 64 threads run on 2 core(s); set threads to at "
+                                     "most 2 (or give them more cores)")
+    pinned = ModelConfig(model="hercules-rmc1", name="r", scale=1e-4, workers=2, threads=2, cores=[[0], [0]])
+    assert "2 model worker(s) x 2 threads run on 1 core(s); set threads to at most 1" in pinned.oversubscribed()

@@ -287,6 +287,18 @@ class ModelConfig(ServingSettings):
     def sparse_worker_cores(self) -> list[list[int]]:
         return expand_cores(self.sparse_cores, self.sparse_workers, self.threads, f"model {self.name!r} sparse_cores")
 
+    def oversubscribed(self) -> str:
+        """Why this model's workers run more threads than they have cores ("" when they do not): each then waits
+        for the others' threads, so a pass takes longer than with fewer threads."""
+        usable = len(available_cores())
+        for stage, (workers, core_sets) in self.stages().items():
+            pinned = {c for cores in core_sets for c in cores}
+            cores = len(pinned) or usable
+            if workers * self.threads > cores:
+                return (f"model {self.name!r}: {workers} {stage} worker(s) x {self.threads} threads run on {cores} "
+                        f"core(s); set threads to at most {max(1, cores // workers)} (or give them more cores)")
+        return ""
+
     def stages(self) -> dict[str, tuple[int, list[list[int]]]]:
         """Worker pools: stage name -> (workers, per-worker cores)."""
         if self.mode == "model":
