@@ -4,6 +4,8 @@ again query by query, so one client's query never fails or corrupts another's an
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -84,3 +86,18 @@ def test_queries_the_model_failed_are_logged_at_most_once_a_period_with_a_count(
     with caplog.at_level("WARNING", logger="recserve.serving"):
         failures.failed("scores: the model produced non-finite scores")
     assert "5 queries failed" in caplog.records[-1].getMessage()
+
+
+def test_a_workers_log_lines_carry_the_time_level_and_worker():
+    """A worker (a forkserver child, no logging set up) writes its warnings as the server's lines read."""
+    script = ("import logging, types\n"
+              "from recserve.serving.worker.main import log_to_stderr\n"
+              "args = types.SimpleNamespace(model_config=types.SimpleNamespace(name='m'), version='2', stage='model', "
+              "worker_id=3)\n"
+              "log_to_stderr(args)\n"
+              "logging.getLogger('recserve.serving').warning('scores: non-finite')\n"
+              "logging.getLogger('recserve.serving').info('not shown')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} recserve\.serving WARNING \[m v2 model worker 3\] "
+                        r"scores: non-finite\n", done.stderr), done.stderr

@@ -195,6 +195,19 @@ def _io_report(model: RecModel) -> list[dict[str, str]]:
     return io_report(model)
 
 
+def log_to_stderr(args: WorkerArgs) -> None:
+    """Warnings to stderr with the time, the level and the worker that wrote them, as the server's lines read (a
+    forkserver child inherits no logging set-up: its lines would be bare messages)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    who = f"{args.model_config.name} v{args.version} {args.stage} worker {args.worker_id}"
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(name)s %(levelname)s [{who}] %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
 def _pin(args: WorkerArgs) -> None:
     # The server owns the worker's lifetime (it exits on ``None`` or when its pipe closes): a SIGTERM
     # or Ctrl-C sent to the whole process group must not kill queries the server is still draining.
@@ -213,6 +226,7 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
                 states: torch.Tensor | None = None, loads: torch.Tensor | None = None,
                 active: torch.Tensor | None = None) -> None:
     """Entry point of a worker process: pin, build (or adopt the shared model), serve items."""
+    log_to_stderr(args)
     _pin(args)
     os.environ.update(args.probe_verdicts)
     try:
