@@ -77,8 +77,8 @@ def test_router_answers_like_the_node_server(tmp_path, backend, policy):
 
 def test_pool_file_errors_are_clear(tmp_path):
     bad = tmp_path / "p.yaml"
-    bad.write_text("backends: []\n")
-    with pytest.raises(SpecError, match="backends"):
+    bad.write_text("qos_ms: 50\nbackends: []\n")
+    with pytest.raises(SpecError, match="backends: must be non-empty"):
         load_pool(bad)
     bad.write_text("backends:\n  - {url: 'http://x'}\n")
     with pytest.raises(SpecError, match="qos_ms"):

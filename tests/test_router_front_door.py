@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import socketserver
 import threading
@@ -205,3 +206,54 @@ def test_statistics_are_summed_over_the_nodes_and_only_offered_extensions_are_ad
         for backend in backends:
             backend.shutdown()
             backend.server_close()
+
+
+def test_queries_past_the_queue_limit_hear_503_and_those_waiting_past_the_deadline_504():
+    """The router's own queue is bounded: a full queue refuses at once with Retry-After, and a query no slot took
+    within the pool's deadline leaves the queue with 504; one a slot took is answered by its backend."""
+    import asyncio
+
+    release = asyncio.Event()
+
+    async def held(inst, model, body, headers):  # a backend that answers only when released
+        await release.wait()
+        return 200, b"{}", {}
+
+    pool = PoolConfig([Backend("http://127.0.0.1:9", "node", slots=1)], qos_ms=1000.0, queue_limit=2,
+                      deadline_ms=300.0)
+
+    async def go() -> list:
+        router = Router(pool, pool.make_policy(), transport=held)
+        first = asyncio.ensure_future(router.submit("m", b"{}", {}, 1))  # takes the one slot
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(router.submit("m", b"{}", {}, 1)) for _ in range(2)]
+        await asyncio.sleep(0)
+        full = await router.submit("m", b"{}", {}, 1)
+        expired = await asyncio.gather(*queued)
+        release.set()
+        return [full, *expired, await first, router.stats()]
+
+    full, *expired, first, stats = asyncio.run(asyncio.wait_for(go(), 30))
+    assert full[0] == 503 and full[2]["Retry-After"] == "1" and b"queue_limit" in full[1]
+    for status, body, _ in expired:
+        assert status == 504 and b"past the router's deadline of 300 ms" in body
+    assert first[0] == 200
+    assert (stats["shed_queue_full"], stats["expired_waiting"], stats["queued"]) == (1, 2, 0)
+
+
+def test_a_pool_file_is_validated_naming_the_field(tmp_path):
+    from recserve.errors import SpecError
+    from recserve.policies.router import load_pool
+
+    bad = tmp_path / "pool.yaml"
+    for text, said in (("qos_ms: 50\nbackends: [{url: 'http://x:1', slot: 2}]\n",
+                        "backends[0].slot: unknown field (did you mean 'slots'?)"),
+                       ("qos_ms: 50\nqueue_limit: 0\nbackends: [{url: 'http://x:1'}]\n",
+                        "queue_limit: must be >= 1, got 0"),
+                       ("qos_ms: 50\npolicy: fifo\nbackends: [{url: 'http://x:1'}]\n", "policy: must be"),
+                       ("qos_ms: 50\nbackends: [{url: 'ftp://x:1'}]\n", "backends[0].url:")):
+        bad.write_text(text)
+        with pytest.raises(SpecError, match=r"pool\.yaml: " + re.escape(said)):
+            load_pool(bad)
+    bad.write_text("qos_ms: 50\nbackends: [{url: 'http://x:1'}]\n")
+    assert load_pool(bad).deadline() == 100.0  # twice the target, as a node's default deadline

@@ -129,9 +129,18 @@ class Dispatcher:
             self.idle.append(inst)
         self.dispatch(now)
 
-    def withdraw(self, q: Query) -> None:
-        """Take ``q`` out of the central queue (its driver answers it instead)."""
+    def withdraw(self, q: Query) -> bool:
+        """Take ``q`` out of the central queue or an instance's own (its driver answers it instead); False if it
+        waits in neither (started, or answered)."""
+        before = len(self.queue)
         self.queue[:] = [other for other in self.queue if other is not q]
+        if len(self.queue) < before:
+            return True
+        for inst in self.instances:
+            if q in inst.local:
+                inst.local.remove(q)
+                return True
+        return False
 
     def complete(self, now: float, inst: Instance) -> Query:
         """``finish`` then dispatch the central queue."""

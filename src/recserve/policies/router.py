@@ -14,6 +14,8 @@ Pool file (YAML)::
     qos_ms: 50            # p99 target the policy plans for
     policy: kairos        # kairos | ribbon | drs | clockwork
     drs_threshold: 300    # for drs: queries larger than this go to base types
+    queue_limit: 1024     # queries waiting for a backend slot; past it 503 + Retry-After
+    deadline_ms: 100      # a query waiting longer for a slot is answered 504 (default 2 x qos_ms)
     prior:                # optional: seed the latency predictor from measured latency_vs_batch tables
       profiles: profiles/backends.json   # tables whose server name is the backend type
       model: kairos-wnd
@@ -31,12 +33,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
 import numpy as np
 from aiohttp import web
+from pydantic import Field
 
 from recserve.errors import RecserveError, SpecError
 from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
@@ -44,6 +47,8 @@ from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_ins
 from recserve.policies.dispatcher import Dispatcher
 from recserve.policies.front_door import LIMITS, STOP_GRACE_S, FrontDoor
 from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
+from recserve.schema import Schema, integer, number
+from recserve.serving.node.config import DEADLINE_SLA_FACTOR
 from recserve.serving.node.http import error_response, json_errors, plain_server_header, refuse_bad_framing
 from recserve.serving.node.http_bodies import request_body
 from recserve.serving.wire import protocol
@@ -57,6 +62,7 @@ ROUTER_EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"] 
 log = logging.getLogger("recserve.router")
 READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
 DOWN_FIRST_S, DOWN_MOST_S = 1.0, 30.0  # an unreachable backend's first time out of service, and the most (doubling)
+QUEUE_LIMIT = 1024  # queries waiting for a backend slot, by default
 
 
 class BackendUnreachable(Exception):
@@ -82,6 +88,12 @@ class PoolConfig:
     policy: str = "kairos"
     drs_threshold: int = 300
     prior: dict[str, np.ndarray] | None = None  # backend type -> mean latency per predictor bucket
+    queue_limit: int = QUEUE_LIMIT  # queries waiting for a slot; past it 503
+    deadline_ms: float | None = None  # a query waiting longer for a slot is answered 504; None: 2 x qos_ms
+
+    def deadline(self) -> float:
+        """Milliseconds a query may wait for a backend slot (the node's default rule: twice the target)."""
+        return self.deadline_ms if self.deadline_ms is not None else DEADLINE_SLA_FACTOR * self.qos_ms
 
     def instance_pool(self) -> tuple[list[str], list[str]]:
         """(type per instance, url per instance): each slot is one instance."""
@@ -99,38 +111,50 @@ class PoolConfig:
         return make_policy(name, self.qos_ms, threshold=self.drs_threshold, base_types=base, predictor=predictor)
 
 
+class BackendFile(Schema):
+    url: str
+    type: str | None = None  # default b<index>
+    slots: integer(1) = 1
+    base: bool = False
+
+
+class PriorFile(Schema):
+    profiles: str  # a ProfileSet file with latency_vs_batch tables whose server name is the backend type
+    model: str
+
+
+class PoolFile(Schema):
+    """A pool file (module docstring)."""
+
+    qos_ms: number(gt=0)
+    backends: list[BackendFile] = Field(min_length=1)
+    policy: Literal["kairos", "ribbon", "drs", "clockwork"] = "kairos"
+    drs_threshold: integer(0) = 300
+    prior: PriorFile | None = None
+    queue_limit: integer(1) = QUEUE_LIMIT
+    deadline_ms: number(gt=0) | None = None
+
+
 def load_pool(path: str | Path) -> PoolConfig:
-    data = read_yaml(path)
-    if not isinstance(data, dict) or not isinstance(data.get("backends"), list) or not data["backends"]:
-        raise SpecError(f"{path}: needs a non-empty 'backends' list")
+    found = PoolFile.parse(read_yaml(path), str(path))
     backends = []
-    for i, b in enumerate(data["backends"]):
-        if not isinstance(b, dict) or "url" not in b:
-            raise SpecError(f"{path}: backend {i} needs a 'url'")
+    for i, b in enumerate(found.backends):
         try:
-            Endpoint.parse(str(b["url"]))
+            Endpoint.parse(b.url)
         except ValueError as exc:
-            raise SpecError(f"{path}: backend {i}: url {exc}") from None
-        slots = int(b.get("slots", 1))
-        if slots < 1:
-            raise SpecError(f"{path}: backend {i}: slots must be >= 1")
-        backends.append(Backend(str(b["url"]), str(b.get("type", f"b{i}")), slots, bool(b.get("base", False))))
-    if "qos_ms" not in data:
-        raise SpecError(f"{path}: needs qos_ms (the p99 target the dispatch policy plans for)")
+            raise SpecError(f"{path}: backends[{i}].url: {exc}") from None
+        backends.append(Backend(b.url, b.type if b.type is not None else f"b{i}", b.slots, b.base))
     prior = None
-    if data.get("prior") is not None:
-        spec = data["prior"]
-        if not isinstance(spec, dict) or "profiles" not in spec or "model" not in spec:
-            raise SpecError(f"{path}: prior needs 'profiles' (a ProfileSet file) and 'model'")
+    if found.prior is not None:
         from recserve.profiles import ProfileSet
 
         types = [b.type for b in backends]
-        prior = prior_from_profiles(ProfileSet.load(spec["profiles"]), str(spec["model"]), types)
+        prior = prior_from_profiles(ProfileSet.load(found.prior.profiles), found.prior.model, types)
         if not prior:
-            raise SpecError(f"{path}: {spec['profiles']} has no latency_vs_batch table of {spec['model']!r} "
+            raise SpecError(f"{path}: {found.prior.profiles} has no latency_vs_batch table of {found.prior.model!r} "
                             f"on any backend type {sorted(set(types))}")
-    return PoolConfig(backends, float(data["qos_ms"]), str(data.get("policy", "kairos")),
-                      int(data.get("drs_threshold", 300)), prior)
+    return PoolConfig(backends, found.qos_ms, found.policy, found.drs_threshold, prior, found.queue_limit,
+                      found.deadline_ms)
 
 
 Transport = Callable[[Instance, str, bytes, dict[str, str]], Awaitable[tuple[int, bytes, dict]]]
@@ -161,6 +185,8 @@ class Router:
         self._pools: dict[str, tuple[Endpoint, HttpPool]] = {}  # keep-alive connections per backend, for queries
         self.latencies: list[float] = []
         self.errors = 0
+        self.shed = 0  # queries refused with the queue full (503)
+        self.expired = 0  # queries that waited past the deadline for a slot (504)
         self.down: dict[str, float] = {}  # backend URL -> seconds it is out of service for (doubling while it fails)
         self._backoff: dict[str, float] = {}  # backend URL -> its last time out of service, until it answers again
         self._returns: dict[str, asyncio.TimerHandle] = {}  # backend URL -> when it goes back into service
@@ -176,14 +202,41 @@ class Router:
         if self._all_down():
             self.errors += 1
             return 502, backend_error(self._down_reasons()), {"Content-Type": "application/json"}
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        if self.waiting() >= self.pool.queue_limit:
+            self.errors += 1
+            self.shed += 1
+            return refusal(InferError("unavailable", f"the router's queue holds {self.pool.queue_limit} queries "
+                                                     "waiting for a backend (the pool file's queue_limit); retry "
+                                                     "shortly"), {"Retry-After": "1"})
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
         q = self.dispatcher.arrive(self.now_ms(), size, payload=(model, body, headers, fut, []))
+        if not fut.done():
+            timer = loop.call_later(self.pool.deadline() / 1e3, self._expire, q)
+            fut.add_done_callback(lambda _: timer.cancel())
         status, payload, out_headers = await fut
         if status == 200:
             self.latencies.append(self.now_ms() - q.arrival)
         else:
             self.errors += 1
         return status, payload, out_headers
+
+    def waiting(self) -> int:
+        """Queries waiting for a backend slot (the central queue and, with Clockwork, the instances' own)."""
+        return len(self.dispatcher.queue) + sum(len(inst.local) for inst in self.instances)
+
+    def _expire(self, q: Query) -> None:
+        """``q`` waited its deadline: if no slot took it yet, it leaves the queue and is answered 504 (a backend it
+        was sent to answers it, within the router's timeout)."""
+        if not self.dispatcher.withdraw(q):
+            return
+        self.expired += 1
+        waited = self.now_ms() - q.arrival
+        fut = q.payload[3]
+        if not fut.done():  # ``submit`` counts it
+            fut.set_result(refusal(InferError(
+                "deadline", f"waited {waited:.0f} ms for a backend slot, past the router's deadline of "
+                            f"{self.pool.deadline():.0f} ms (the pool file's deadline_ms; default 2 x qos_ms)")))
 
     def _start(self, q: Query, inst: Instance, now: float) -> None:
         asyncio.get_running_loop().create_task(self._forward(q, inst))
@@ -288,7 +341,9 @@ class Router:
             "policy": self.policy.describe(),
             "completed": len(self.latencies),
             "errors": self.errors,
-            "queued": len(self.dispatcher.queue),
+            "shed_queue_full": self.shed,
+            "expired_waiting": self.expired,
+            "queued": self.waiting(),
             "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
             "served": {f"{i.index}:{i.type_name}@{i.endpoint}": i.served for i in self.instances},
@@ -407,6 +462,12 @@ def _how(why: BaseException | str) -> str:
     if isinstance(why, str):
         return why
     return type(why).__name__ + (f" ({why})" if str(why) else "")
+
+
+def refusal(error: InferError, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict]:
+    """A query the router answers itself: (status, JSON body, headers), as ``submit`` returns a backend's answer."""
+    return error.status.http, json.dumps(error.body()).encode(), {"Content-Type": "application/json",
+                                                                   **(headers or {})}
 
 
 def backend_error(failed: list[tuple[str, BaseException | str]]) -> bytes:
