@@ -19,6 +19,7 @@ from recserve.planners.plan import (
     ShardPlan,
     TableShards,
 )
+from recserve.policies.router import load_pool
 from recserve.specs import get_model
 
 pytest.importorskip("kubernetes_validate")
@@ -77,6 +78,8 @@ def test_kairos_pool_gives_node_pools_per_instance_type_and_a_router(tmp_path):
     assert len(routers) == 1 and container(routers[0])["args"][:3] == ["route", "--pool", "/etc/recserve/pool.yaml"]
     pool = yaml.safe_load(by_kind(objects, "ConfigMap")[routers[0]["metadata"]["name"]]["data"]["pool.yaml"])
     assert pool["qos_ms"] == 350.0 and pool["policy"] == "kairos"
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    assert load_pool(tmp_path / "pool.yaml").deadline() == 700.0  # the file the router reads is one it accepts
     assert [(b["type"], b["base"]) for b in pool["backends"]] == [("g4dn.xlarge", True)] + [("r5n.large", False)] * 3
     assert pool["backends"][1]["url"] == "http://kairos-kairos-rm2-r5n-large-0.kairos-kairos-rm2-r5n-large." \
                                          "default.svc.cluster.local:8000"
