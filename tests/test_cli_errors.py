@@ -63,7 +63,7 @@ def test_a_pool_backend_whose_url_is_no_url_is_refused_at_start(tmp_path):
     pool.write_text("qos_ms: 100\nbackends:\n  - {url: notaurl, type: t}\n")
     rc, err = run(["route", "--pool", str(pool)])
     assert rc == 2
-    assert one_line(err).endswith("backend 0: url must be http[s]://host[:port][/prefix], got 'notaurl'")
+    assert one_line(err).endswith("pool.yaml: backends[0].url: must be http[s]://host[:port][/prefix], got 'notaurl'")
 
 
 def test_route_on_a_taken_port_is_one_error_line(tmp_path):

@@ -121,7 +121,7 @@ def test_a_kind_that_is_no_plan_kind_is_left_to_the_reader(tmp_path):
     path.write_text("kind: something\n")
     rc, _, err = run(["route", "--pool", str(path)])
     assert rc == 2
-    assert "needs a non-empty 'backends' list" in err
+    assert "pool.yaml: qos_ms: required" in err  # read as a pool file, whose error it is
 
 
 # ----------------------------------------------------------------- serve's ports
