@@ -150,6 +150,29 @@ def test_queries_past_their_deadline_are_shed_at_dequeue_but_not_one_that_found_
     assert q.next_group() == [] and q.queued_items == 0
 
 
+def test_queries_behind_a_long_pass_are_answered_504_at_their_deadline_not_when_it_ends():
+    """A pass on the compute thread leaves the loop free: each beat answers the queries behind it whose deadline
+    passed (a hung pass would hold them until the node replaced the worker); the others wait on."""
+    clock = Clock()
+    q, failed = queue_of(clock, pass_s=0.001, fuse_items=0)
+    admit(q, 4, timeout_s=0.050)
+    assert [g.items for g in q.next_group()] == [4]
+    q.pass_started = clock.now  # on the compute thread
+    admit(q, 4, timeout_s=0.050)
+    admit(q, 8, timeout_s=5.0)
+    admit(q, 2, timeout_s=0.050)
+    q.expire_waiting()
+    assert failed == []
+    clock.now += 0.100  # the pass still runs
+    q.expire_waiting()
+    assert [(e.code, "still queued" in str(e)) for _, e in failed] == [("deadline", True)] * 2
+    assert [g.items for g in q.queue] == [8] and q.queued_items == 8
+    q.pass_started = 0.0
+    clock.now += 10.0  # no pass in flight: dequeue decides (a query alone is always tried)
+    q.expire_waiting()
+    assert len(failed) == 2
+
+
 def test_queued_queries_are_fused_up_to_fuse_items_in_arrival_order():
     clock = Clock()
     q, _ = queue_of(clock, pass_s=0.0001, fuse_items=256, queue_limit=100)

@@ -261,11 +261,7 @@ class AdmissionQueue:
             q = self.queue[0]
             if q.behind and q.deadline < now:
                 self._take(q)
-                self.lateness.observe(now - q.predicted)
-                waited = (now - q.arrived) * 1e3
-                self.fail(q.reply, q.arrived, InferError(
-                    "deadline", f"model {self.model_name!r}: deadline exceeded: {waited:.1f} ms after the request "
-                                f"arrived it was still queued. {self.deadline_hint()}"))
+                self._expired(q, now)
                 continue
             if group and (self.limits.fuse_items <= 0 or total + q.items > self.limits.fuse_items):
                 break
@@ -273,6 +269,25 @@ class AdmissionQueue:
             group.append(q)
             total += q.items
         return group
+
+    def expire_waiting(self) -> None:
+        """While a pass runs on the compute thread: queries queued behind it whose deadline passed are answered 504
+        now rather than when it ends (a pass that hangs would hold them until the node replaced the worker)."""
+        now = self.clock()
+        if not self.pass_started or not any(q.behind and q.deadline < now for q in self.queue):
+            return
+        late = [q for q in self.queue if q.behind and q.deadline < now]
+        self.queue = collections.deque(q for q in self.queue if not (q.behind and q.deadline < now))
+        for q in late:
+            self.queued_items -= q.items
+            self._expired(q, now)
+
+    def _expired(self, q: Query, now: float) -> None:
+        self.lateness.observe(now - q.predicted)
+        waited = (now - q.arrived) * 1e3
+        self.fail(q.reply, q.arrived, InferError(
+            "deadline", f"model {self.model_name!r}: deadline exceeded: {waited:.1f} ms after the request "
+                        f"arrived it was still queued. {self.deadline_hint()}"))
 
     def _take(self, q: Query) -> None:
         self.queue.popleft()

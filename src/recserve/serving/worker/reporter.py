@@ -80,10 +80,12 @@ class Reporter:
 
     # ---- heartbeat and memory ----------------------------------------------------------------------------
     def beat(self) -> None:
-        """Tell the supervisor this loop is alive (its watchdog's evidence); again every ``BEAT_S``."""
+        """Tell the supervisor this loop is alive (its watchdog's evidence), and answer queries queued past their
+        deadline behind a pass on the compute thread; again every ``BEAT_S``."""
         if self.exit_event.is_set():
             return
         self.send(pipe.encode(pipe.Beat(self.admission.busy_s())))
+        self.admission.expire_waiting()
         if self.regions is not None:  # unregistered regions' mappings are let go without waiting for a query
             self.regions.refresh()
         now = time.monotonic()
