@@ -257,3 +257,26 @@ def test_a_pool_file_is_validated_naming_the_field(tmp_path):
             load_pool(bad)
     bad.write_text("qos_ms: 50\nbackends: [{url: 'http://x:1'}]\n")
     assert load_pool(bad).deadline() == 100.0  # twice the target, as a node's default deadline
+
+
+def test_the_routers_latency_record_is_bounded_however_many_queries_it_answers(monkeypatch):
+    """A router runs for months: its percentiles read the latest answers, its count covers all of them."""
+    import asyncio
+
+    from recserve.policies import router as router_module
+
+    monkeypatch.setattr(router_module, "LATENCY_WINDOW", 8)
+
+    async def answer(inst, model, body, headers):
+        return 200, b"{}", {}
+
+    pool = PoolConfig([Backend("http://127.0.0.1:9", "node", slots=1)], qos_ms=1000.0)
+
+    async def go() -> dict:
+        router = Router(pool, pool.make_policy(), transport=answer)
+        for _ in range(20):
+            assert (await router.submit("m", b"{}", {}, 1))[0] == 200
+        return router.stats()
+
+    stats = asyncio.run(asyncio.wait_for(go(), 30))
+    assert (stats["completed"], stats["latency_window"]) == (20, 8)

@@ -27,6 +27,7 @@ Pool file (YAML)::
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -63,6 +64,7 @@ log = logging.getLogger("recserve.router")
 READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
 DOWN_FIRST_S, DOWN_MOST_S = 1.0, 30.0  # an unreachable backend's first time out of service, and the most (doubling)
 QUEUE_LIMIT = 1024  # queries waiting for a backend slot, by default
+LATENCY_WINDOW = 65_536  # the latest answered queries whose latencies the router's percentiles read
 
 
 class BackendUnreachable(Exception):
@@ -183,7 +185,8 @@ class Router:
         self.transport = transport or self._http
         self.session: aiohttp.ClientSession | None = None  # the few GETs proxied to a backend
         self._pools: dict[str, tuple[Endpoint, HttpPool]] = {}  # keep-alive connections per backend, for queries
-        self.latencies: list[float] = []
+        self.latencies: collections.deque[float] = collections.deque(maxlen=LATENCY_WINDOW)  # ms, the latest
+        self.completed = 0
         self.errors = 0
         self.shed = 0  # queries refused with the queue full (503)
         self.expired = 0  # queries that waited past the deadline for a slot (504)
@@ -216,6 +219,7 @@ class Router:
             fut.add_done_callback(lambda _: timer.cancel())
         status, payload, out_headers = await fut
         if status == 200:
+            self.completed += 1
             self.latencies.append(self.now_ms() - q.arrival)
         else:
             self.errors += 1
@@ -339,7 +343,8 @@ class Router:
         lat = np.array(self.latencies) if self.latencies else np.zeros(0)
         return {
             "policy": self.policy.describe(),
-            "completed": len(self.latencies),
+            "completed": self.completed,
+            "latency_window": len(lat),  # the latest answers the percentiles read
             "errors": self.errors,
             "shed_queue_full": self.shed,
             "expired_waiting": self.expired,
