@@ -366,3 +366,33 @@ def test_paper_dp_rule_keeps_the_constant_above_one_replica_so_the_dp_can_split(
     slow = ShardCostModel(5.0, 0.001, 50_000.0, 30 * 2**20)                 # an unsplit replica takes < 500 QPS
     assert paper_dp_target(cdf, 32 * 64, slow) == PAPER_DP_TARGET_QPS        # the paper's constant where it holds
     assert paper_dp_target(cdf, 32 * 64, fast) == pytest.approx(2 * float(fast.gather_qps(32 * 64)))
+
+
+@pytest.mark.parametrize("locality_model", ["two-level", "zipf"])
+def test_a_table_of_600m_rows_is_planned_and_evaluated_in_bounded_memory(locality_model):
+    """A modelled CDF is read at the candidate boundaries only: hercules-din's 600 M-row history table once took an
+    array of 600 M floats per CDF (4.5 GiB each, several at a time: 20 GB in a fleet plan)."""
+    import tracemalloc
+
+    from recserve.planners.elasticrec import ModelledCDF, modelled_cdf, plan_shards, shard_utility
+
+    MiB = 1 << 20
+    from recserve.specs import get_model
+
+    spec = get_model("hercules-din")
+    big = max(spec.tables, key=lambda t: t.rows)
+    assert big.rows >= 500_000_000
+    cost = ShardCostModel(0.05, 0.0004, 800.0, 64 * MiB, 1e6)
+    tracemalloc.start()
+    try:
+        plan = plan_shards(spec, 3000.0, cost, batch=32, locality_model=locality_model)
+        cdf = modelled_cdf(big.rows, 0.9, locality_model)
+        shards = next(t for t in plan.tables if t.table == big.name)
+        utility = shard_utility(cdf, shards.boundaries, 32_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 512 * MiB, peak / MiB
+    assert isinstance(cdf, ModelledCDF) and shards.boundaries[-1] == big.rows and len(utility) == len(shards.replicas)
+    assert float(cdf[big.rows]) == 1.0 and float(cdf[0]) == 0.0
+    assert cdf.rows_reaching(np.array([0.9]))[0] == pytest.approx(0.1 * big.rows, rel=0.01)  # locality P = 0.9

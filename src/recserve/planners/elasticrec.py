@@ -11,6 +11,7 @@ numpy, and :func:`partition_exact` keeps the full recurrence for checking the ga
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -32,6 +33,8 @@ PAPER_GPU_RPC_MS = 60.0            # §VI-C: on the CPU-GPU (GKE) cluster the co
 PAPER_NODE_SOCKETS = 2             # §V-A: "each CPU node is equipped with a dual-socket Intel Xeon Gold 6242 ...
                                    # 32 logical cores and 192 GB of DRAM per socket"; Fig. 15 counts such nodes
 LOCALITY_MODELS = ("two-level", "zipf")
+EXACT_ROWS = 1 << 20  # memory utility reads rows one by one up to here, ...
+UTILITY_BLOCKS = 1 << 16  # ... and beyond in this many geometric blocks
 
 
 @dataclass(frozen=True)
@@ -138,12 +141,42 @@ def access_cdf(sorted_counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(counts) / total])
 
 
-def locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> np.ndarray:
-    """CDF of a table whose hottest ``hot_fraction`` of rows take share ``locality`` of accesses,
-    uniform within each group — the locality-P model of ElasticRec §V-C."""
+class ModelledCDF:
+    """A modelled table's access CDF (``cdf[x]``: the share of accesses to the ``x`` hottest rows) evaluated at the
+    rows the planner reads: a few thousand candidate boundaries, so a table of 600 M rows never becomes an array of
+    600 M floats (4.5 GiB)."""
+
+    def __init__(self, rows: int, at: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.rows, self.size, self._at = rows, rows + 1, at
+
+    def __getitem__(self, x: Any) -> np.ndarray:
+        return self._at(np.asarray(x, dtype=np.int64))
+
+    def rows_reaching(self, shares: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(cdf, shares)``: for each share the fewest hottest rows whose accesses reach it."""
+        lo, hi = np.zeros(len(shares), np.int64), np.full(len(shares), self.rows, np.int64)
+        while np.any(lo < hi):
+            mid = (lo + hi) // 2
+            below = self[mid] < shares
+            lo, hi = np.where(below, mid + 1, lo), np.where(below, hi, mid)
+        return lo
+
+
+def two_level_at(rows: int, locality: float, hot_fraction: float = 0.1) -> Callable[[np.ndarray], np.ndarray]:
+    """The locality-P model of ElasticRec §V-C as a function of the rows: the hottest ``hot_fraction`` of rows take
+    share ``locality`` of accesses, uniform within each group."""
     hot = max(1, int(round(rows * hot_fraction)))
-    x = np.arange(rows + 1, dtype=float)
-    return np.where(x <= hot, locality * x / hot, locality + (1 - locality) * (x - hot) / max(rows - hot, 1))
+
+    def at(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return np.where(x <= hot, locality * x / hot, locality + (1 - locality) * (x - hot) / max(rows - hot, 1))
+
+    return at
+
+
+def locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> np.ndarray:
+    """:func:`two_level_at` over every row, as an array."""
+    return two_level_at(rows, locality, hot_fraction)(np.arange(rows + 1))
 
 
 def zipf_locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> np.ndarray:
@@ -154,10 +187,20 @@ def zipf_locality_cdf(rows: int, locality: float, hot_fraction: float = 0.1) -> 
     return zipf_rank_cdf(rows, zipf_alpha_for_locality(locality, rows, hot_fraction))
 
 
-def modelled_cdf(rows: int, locality: float, model: str = "two-level") -> np.ndarray:
+def modelled_cdf(rows: int, locality: float, model: str = "two-level") -> ModelledCDF:
+    """The CDF the planner reads for a table with no measured access counts."""
     if model not in LOCALITY_MODELS:
         raise SpecError(f"locality model must be one of {LOCALITY_MODELS}, got {model!r}")
-    return locality_cdf(rows, locality) if model == "two-level" else zipf_locality_cdf(rows, locality)
+    if model == "two-level":
+        return ModelledCDF(rows, two_level_at(rows, locality))
+    from recserve.workload.indices import zipf_alpha_for_locality, zipf_rank_cdf_at
+
+    return ModelledCDF(rows, zipf_rank_cdf_at(rows, zipf_alpha_for_locality(locality, rows, 0.1)))
+
+
+def rows_reaching(cdf: np.ndarray | ModelledCDF, shares: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(cdf, shares, side="left")`` for a measured CDF (an array) or a modelled one."""
+    return cdf.rows_reaching(shares) if isinstance(cdf, ModelledCDF) else np.searchsorted(cdf, shares, side="left")
 
 
 # ------------------------------------------------------------------ latency budget (§IV-D)
@@ -248,7 +291,7 @@ def candidate_points(cdf: np.ndarray, grid: int = 512) -> np.ndarray:
     n = cdf.size - 1
     if n + 1 <= grid * 2:
         return np.arange(n + 1)
-    quantiles = np.searchsorted(cdf, np.linspace(0, 1, grid), side="left")
+    quantiles = rows_reaching(cdf, np.linspace(0, 1, grid))
     logs = np.geomspace(1, n, grid).astype(np.int64)
     linear = np.linspace(0, n, grid).astype(np.int64)
     return np.unique(np.concatenate([[0, n], np.clip(quantiles, 0, n), logs, linear]))
@@ -415,14 +458,25 @@ def resize_shards(shards: TableShards, cdf: np.ndarray, gathers_per_query: float
 # ------------------------------------------------------------------ utility, servers, cost, SLA (§VI)
 
 
-def shard_utility(cdf: np.ndarray, boundaries: list[int], lookups: float) -> list[float]:
+def shard_utility(cdf: np.ndarray | ModelledCDF, boundaries: list[int], lookups: float) -> list[float]:
     """Expected share of each shard's rows touched by ``lookups`` draws from ``cdf`` (ElasticRec Fig. 14's
-    memory utility over the first 1,000 queries): a row of access probability p is touched with 1-(1-p)^n."""
-    p = np.clip(np.diff(cdf), 0.0, 1.0)
-    touched = -np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-15)))
+    memory utility over the first 1,000 queries): a row of access probability p is touched with 1-(1-p)^n.
+
+    Rows are read one by one up to ``EXACT_ROWS`` and beyond in geometric blocks of nearly equal p (each row of a
+    block taken at the block's mean), so a table of any size costs the same."""
+    n = cdf.size - 1
+    edges = np.arange(min(n, EXACT_ROWS) + 1)
+    if n > EXACT_ROWS:
+        edges = np.unique(np.concatenate([edges, np.geomspace(EXACT_ROWS, n, UTILITY_BLOCKS).astype(np.int64), [n],
+                                          np.asarray(boundaries, dtype=np.int64)]))
+    widths = np.diff(edges)
+    p = np.clip(np.diff(cdf[edges]) / widths, 0.0, 1.0)
+    touched = widths * -np.expm1(lookups * np.log1p(-np.minimum(p, 1 - 1e-15)))
     sums = np.concatenate([[0.0], np.cumsum(touched)])
+    at = np.searchsorted(edges, np.asarray(boundaries))
     b = np.asarray(boundaries)
-    return [float((sums[e] - sums[s]) / max(e - s, 1)) for s, e in zip(b[:-1], b[1:], strict=True)]
+    return [float((sums[j] - sums[i]) / max(e - s, 1))
+            for i, j, s, e in zip(at[:-1], at[1:], b[:-1], b[1:], strict=True)]
 
 
 @dataclass

@@ -18,6 +18,7 @@ sort.  :meth:`rank_to_row` / :meth:`row_rank` expose the true popularity order.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -181,22 +182,27 @@ def zipf_rank_cdf(rows: int, alpha: float) -> np.ndarray:
     """CDF over popularity ranks of the bounded Zipf that :class:`ZipfSampler` draws: ``cdf[x]`` = share of
     lookups to the ``x`` hottest rows (``cdf[0] = 0``, ``cdf[rows] = 1``), exact over the sampler's head and
     its continuous tail beyond — so a planner sees the same skew the live sampler produces."""
+    return zipf_rank_cdf_at(rows, alpha)(np.arange(rows + 1))
+
+
+def zipf_rank_cdf_at(rows: int, alpha: float) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`zipf_rank_cdf` as a function of the ranks asked for (no array of ``rows`` entries)."""
     head_cdf, head_mass, tail_mass = _zipf_parts(rows, alpha, 100_000)
-    h = len(head_cdf)
-    out = np.empty(rows + 1, dtype=np.float64)
-    out[0] = 0.0
-    out[1 : h + 1] = head_cdf
-    if rows > h:
-        x = np.arange(h + 1, rows + 1, dtype=np.float64) + 0.5
-        lo = h + 0.5
+    h, total = len(head_cdf), head_mass + tail_mass
+    head0, lo = np.concatenate([[0.0], head_cdf]), h + 0.5
+
+    def at(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.int64)
+        head = head0[np.clip(x, 0, h)]
+        ranks = np.maximum(x, h + 1).astype(np.float64) + 0.5
         if abs(alpha - 1.0) < 1e-12:
-            tail = np.log(x / lo)
+            tail = np.log(ranks / lo)
         else:
-            tail = (x ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
-        out[h + 1 :] = head_mass + tail
-    out /= head_mass + tail_mass
-    out[-1] = 1.0
-    return out
+            tail = (ranks ** (1 - alpha) - lo ** (1 - alpha)) / (1 - alpha)
+        out = np.where(x <= h, head, head_mass + tail) / total
+        return np.where(x >= rows, 1.0, out)
+
+    return at
 
 
 def zipf_alpha_for_locality(p: float, rows: int, hot_fraction: float = HOT_FRACTION) -> float:
