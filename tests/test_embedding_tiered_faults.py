@@ -168,3 +168,37 @@ def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_d
     # server's shutdown for its 60 s grace period; every restart attempt in between is watched
     status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 60)
     assert status != 200, "a worker served the swapped file"
+
+
+def test_a_serving_node_reads_rebuilt_files_once_its_workers_are_replaced(tmp_path, disk_dir, start_node, capsys):
+    """The recovery `recserve tier rebuild` prints: corrupt files rewritten, then the workers replaced through the
+    control API (same count, ``replace``) serve the rewritten files; a plain same-count resize changes nothing."""
+    from recserve.serving import config_from_dict
+    from recserve.specs import get_model
+
+    config_path = node_config(tmp_path, disk_dir)
+    served = yaml.safe_load(open(config_path))
+    served["models"] = [generous(m) for m in served["models"]]
+    reference = build(get_model("sdm-m1"), scale=2e-5)
+    ports = start_node(config_from_dict(served), drain=False).ports
+    assert _infer(ports.http, sample_batch(reference, 8, rng=1), 60)[0] == 200
+    path = sorted(os.path.join(disk_dir, f) for f in os.listdir(disk_dir) if f.endswith(".tbl"))[0]
+    header = read_header(path)
+    corrupt(path, header.data_offset, b"\x00\x00\xc0\x7f" * (header.data_bytes // 4))
+    assert _infer(ports.http, sample_batch(reference, 8, rng=2), 60)[0] == 500
+    assert main(["tier", "rebuild", "--config", config_path]) == 0
+    assert '"replace": true' in capsys.readouterr().out
+
+    def pids() -> list[int]:
+        state = http.get_json(ports.http, "/control/models/sdm-m1")
+        return [w["pid"] for w in state["stages"]["model"]["worker_detail"]]
+
+    before = pids()
+    assert http.post_json(ports.http, "/control/models/sdm-m1/workers", {"workers": 1}, timeout_s=120).status == 200
+    assert pids() == before  # the same count alone keeps the workers (and their open files)
+    assert _infer(ports.http, sample_batch(reference, 8, rng=3), 60)[0] == 500
+    reply = http.post_json(ports.http, "/control/models/sdm-m1/workers", {"workers": 1, "replace": True},
+                           timeout_s=120)
+    assert reply.status == 200 and len(pids()) == 1 and not set(pids()) & set(before)
+    status, body = _infer(ports.http, sample_batch(reference, 8, rng=4), 60)
+    assert status == 200, body

@@ -41,7 +41,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
               f"valid, {len(written)} (re)written from DRAM" + (f": {names}" if written else ""))
         if written:
             print(f"note: a node serving {cfg.name} reads the rewritten files once its workers are replaced "
-                  f"(`POST /control/models/{cfg.name}/workers` with the same count, or a restart)")
+                  f"(`POST /control/models/{cfg.name}/workers` with {{\"workers\": N, \"replace\": true}}, N its "
+                  "count; or a restart)")
     return 0
 
 

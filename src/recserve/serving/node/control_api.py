@@ -18,7 +18,16 @@ import hmac
 import ipaddress
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from recserve.errors import SpecError
 from recserve.schema import describe, field_path
@@ -64,12 +73,14 @@ CoreSets = CoreIds | Annotated[list[CoreIds], Field(min_length=1)]
 
 
 class WorkersRequest(Body):
-    """``POST /control/models/{m}/workers``: ``{"workers": n, "cores"?, "threads"?, "stage"?}``."""
+    """``POST /control/models/{m}/workers``: ``{"workers": n, "cores"?, "threads"?, "stage"?, "replace"?}``
+    (``replace``: every worker is replaced by a fresh one, e.g. to read table files rewritten since they started)."""
 
     workers: StrictInt
     cores: CoreSets | None = None
     threads: StrictInt | None = None
     stage: str | None = None
+    replace: StrictBool = False
 
     @field_validator("workers")
     @classmethod

@@ -83,9 +83,10 @@ class ControlClient:
         return self._request("GET", f"/control/models/{model}")
 
     def set_workers(self, model: str, n: int, cores: list[Any] | None = None, threads: int | None = None,
-                    stage: str | None = None) -> dict[str, Any]:
-        """Resize (and optionally re-pin) a model's workers; returns once old workers have retired."""
-        body: dict[str, Any] = {"workers": n, "cores": cores, "threads": threads, "stage": stage}
+                    stage: str | None = None, replace: bool = False) -> dict[str, Any]:
+        """Resize (and optionally re-pin) a model's workers (``replace``: every one by a fresh worker); returns once
+        old workers have retired."""
+        body: dict[str, Any] = {"workers": n, "cores": cores, "threads": threads, "stage": stage, "replace": replace}
         return self._request("POST", f"/control/models/{model}/workers", body)
 
     def set_sub_batch(self, model: str, k: int) -> dict[str, Any]:

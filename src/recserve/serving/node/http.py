@@ -262,7 +262,7 @@ def _control_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     async def control_workers(request: web.Request) -> web.Response:
         rt = _runtime(core, request)
         ask = control_api.workers_request(await _body(core, request), sorted(rt.pools))
-        return _json(await rt.set_workers(ask.workers, ask.cores, ask.threads, ask.stage))
+        return _json(await rt.set_workers(ask.workers, ask.cores, ask.threads, ask.stage, ask.replace))
 
     @routes.post("/control/models/{model}/sub_batch")
     async def control_sub_batch(request: web.Request) -> web.Response:

@@ -104,14 +104,15 @@ class WorkerPool:
             await asyncio.wait(list(self._tasks), timeout=WORKER_START_TIMEOUT_S + WORKER_STOP_TIMEOUT_S)
 
     async def resize(self, n: int, cores: Any, threads: int | None,
-                     retired: Callable[[list[WorkerHandle]], Awaitable[None]]) -> None:
-        """``n`` workers of ``threads`` threads; new workers are ready before old ones retire, retirees finish their
-        part.  ``retired`` runs once the retirees are marked, before they are told to go."""
+                     retired: Callable[[list[WorkerHandle]], Awaitable[None]], replace: bool = False) -> None:
+        """``n`` workers of ``threads`` threads (``replace``: all of them new); new workers are ready before old ones
+        retire, retirees finish their part.  ``retired`` runs once the retirees are marked, before they are told to
+        go."""
         async with self._control:
             threads = threads or self.threads
             current = self.active()
             try:
-                if cores is not None or threads != self.threads:
+                if replace or cores is not None or threads != self.threads:
                     spec = cores if cores is not None else self.cores_spec
                     sets = expand_cores(spec, n, threads, f"model {self.name!r} cores")
                     keep, start_sets = [], sets

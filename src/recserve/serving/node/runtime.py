@@ -228,8 +228,9 @@ class ModelRuntime:
         return self.pools[stage]
 
     async def set_workers(self, n: int, cores: Any = None, threads: int | None = None,
-                          stage: str | None = None) -> dict[str, Any]:
-        """Resize a stage's pool.  New workers are ready before old ones retire; retirees finish their part."""
+                          stage: str | None = None, replace: bool = False) -> dict[str, Any]:
+        """Resize a stage's pool (``replace``: with fresh workers only).  New workers are ready before old ones
+        retire; retirees finish their part."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InferError("invalid", f"workers must be an integer >= 1, got {n!r}", "workers")
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -242,7 +243,7 @@ class ModelRuntime:
             if pool.stage == "accel":  # the CPU workers stop sending to retiring accelerator workers
                 await self.configure({"accel_sockets": self.accel_sockets()}, strict=False)
 
-        await pool.resize(n, cores, threads, retired)
+        await pool.resize(n, cores, threads, retired, replace)
         return self.state()
 
     async def stop_accepting(self, workers: list[WorkerHandle] | None = None) -> None:
