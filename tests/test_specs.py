@@ -120,15 +120,22 @@ BAD_INPUTS = {
                    "mem_gb must be a positive number"),
     "negative-sla": (["models", "list", "--file", "{path}"], GOOD.replace("target_ms: 10", "target_ms: -5"),
                      "model 'tiny' sla: target_ms must be a positive number, got -5"),
+    "duplicate-key": (["models", "list", "--file", "{path}"], GOOD.replace("    sla: {target_ms: 10}\n",
+                                                                         "    sla: {target_ms: 10}\n    dense_in: 8\n"),
+                      "bad.yaml: line 11 malformed YAML: duplicate key 'dense_in'"),
+    "not-utf8": (["models", "list", "--file", "{path}"], b"models: {caf\xe9: {}}\n", "bad.yaml: not UTF-8 text"),
+    "directory": (["models", "list", "--file", "{dir}"], None, "is a directory, not a file"),
 }
 
 
 def _argv(case: str, tmp_path: Path) -> list[str]:
     argv, text, _ = BAD_INPUTS[case]
     path = tmp_path / "bad.yaml"
-    if text is not None:
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    elif text is not None:
         path.write_text(text)
-    return [a.replace("{path}", str(path)) for a in argv]
+    return [a.replace("{path}", str(path)).replace("{dir}", str(tmp_path)) for a in argv]
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -199,3 +206,12 @@ def test_models_list_prints_na_for_a_family_the_zoo_cannot_build(tmp_path, capsy
     assert main(["models", "list", "--file", str(path)]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("tiny-unbuilt"))
     assert " n/a " in row
+
+
+def test_a_json_file_with_a_key_given_twice_is_refused_naming_the_key(tmp_path):
+    from recserve.jsonio import read_json
+
+    path = tmp_path / "plan.json"
+    path.write_text('{"kind": "fleet", "kind": "pool"}')
+    with pytest.raises(SpecError, match=r"plan\.json: not valid JSON \(duplicate key 'kind'\)"):
+        read_json(path, SpecError)

@@ -1,4 +1,4 @@
-"""Reading JSON files users hand to recserve (profiles, plans, calibrations) with one clear error."""
+"""Reading the files users hand to recserve (specs, profiles, plans, calibrations) with one clear error."""
 
 from __future__ import annotations
 
@@ -9,6 +9,21 @@ from typing import Any
 from recserve.errors import RecserveError
 
 
+def read_text(path: str | Path, error: type[RecserveError] = RecserveError) -> str:
+    """A user's text file, or ``error`` saying in one line why it cannot be read (missing, a directory, not UTF-8)."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{path}: is a directory, not a file")
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
 def read_json(path: str | Path, error: type[RecserveError] = RecserveError, what: str = "file",
               hint: str = "") -> Any:
     """The parsed contents of ``path``; a missing file or invalid JSON raises ``error`` naming the path."""
@@ -16,9 +31,21 @@ def read_json(path: str | Path, error: type[RecserveError] = RecserveError, what
     if not path.exists():
         raise error(f"{path}: no such {what}" + (f" ({hint})" if hint else ""))
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path, error), object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc})") from exc
+    except ValueError as exc:  # a key given twice
+        raise error(f"{path}: not valid JSON ({exc})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (the last would silently win)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"duplicate key {key!r}")
+        found[key] = value
+    return found
 
 
 PLAN_COMMANDS = {

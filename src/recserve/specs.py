@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from recserve.errors import SpecError
+from recserve.jsonio import read_text
 
 # "program": a user's torch.export program of any architecture, described by what was read off it (zoo/artifacts.py)
 FAMILIES = ("dlrm", "wnd", "mtwnd", "ncf", "din", "dien", "program")
@@ -286,16 +287,30 @@ def server_from_dict(name: str, data: dict[str, Any]) -> ServerType:
     return _build(ServerType, data, where)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (the last would silently win: a model listed
+    twice planned at its second value, a second block replacing the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> Any:
-    path = Path(path)
-    if not path.exists():
-        raise SpecError(f"{path}: no such file")
+    """A YAML (or JSON) file's contents; one error line naming the file (and line) when it cannot be read."""
+    text = read_text(path, SpecError)
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise SpecError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}") from exc
+        kind = "JSON" if Path(path).suffix.lower() == ".json" else "YAML"
+        raise SpecError(f"{path}:{where} malformed {kind}: {getattr(exc, 'problem', exc)}") from exc
 
 
 def load_models(path: str | Path) -> dict[str, ModelSpec]:
