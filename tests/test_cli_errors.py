@@ -30,7 +30,7 @@ def test_an_output_path_that_cannot_be_made_names_it(tmp_path, argv):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     rc, err = run([a.replace("{file}", str(blocker)) for a in argv])
-    assert rc == 2 and one_line(err) == f"recserve: error: {blocker}: File exists"
+    assert rc == 2 and one_line(err).endswith(f"cannot be written: {blocker} is not a writable directory")
 
 
 def test_an_unknown_kubernetes_version_lists_the_known_ones(tmp_path):
@@ -88,3 +88,28 @@ def test_more_tables_than_the_model_has_is_refused():
                            "--max-tables", "99"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert one_line(done.stderr) == "recserve: error: --max-tables 99: elasticrec-rm1 has 10 tables"
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_work(tmp_path):
+    """`plan fleet --spec S --out S` once replaced the spec with the plan (an unwritable output: the test above)."""
+    spec = tmp_path / "fleet.yaml"
+    text = "models:\n  hercules-rmc1: {peak_qps: 10}\nowned: {this-host: 1}\n"
+    spec.write_text(text)
+    rc, err = run(["plan", "fleet", "--spec", str(spec), "--out", str(spec)])
+    assert rc == 2 and one_line(err).endswith("fleet.yaml: is also the command's --spec input; write the output to "
+                                              "another file") and spec.read_text() == text
+
+
+def test_a_plan_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    from recserve.jsonio import write_text_atomic
+
+    target = tmp_path / "plan.json"
+    target.write_text("old")
+
+    def fail(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.replace", fail)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(target, "new")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]

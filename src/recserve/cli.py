@@ -132,6 +132,22 @@ def _catch_sigterm() -> Any:
     return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+OUTPUT_FLAGS = ("out", "json", "json_out", "plot", "save_profiles", "save_measured", "save_micro")
+INPUT_FLAGS = ("spec", "plan", "config", "profiles", "pool", "measured", "calibration", "reference", "trace", "file")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every file a command will write, checked before it starts: not one of its inputs, and writable."""
+    from recserve.jsonio import check_output
+
+    inputs = {f"--{flag.replace('_', '-')}": value for flag in INPUT_FLAGS
+              if isinstance(value := getattr(args, flag, None), str) and value}
+    for flag in OUTPUT_FLAGS:
+        value = getattr(args, flag, None)
+        if isinstance(value, str) and value:
+            check_output(value, inputs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -143,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     previous = _catch_sigterm()
     try:
+        _check_outputs(args)
         return int(args.func(args) or 0)
     except RecserveError as exc:
         print(f"recserve: error: {exc}", file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +75,35 @@ def refuse_plan(path: str | Path, what: str, error: type[RecserveError] = Recser
     kind = data.get("kind") if isinstance(data, dict) else None
     if isinstance(kind, str) and kind in PLAN_COMMANDS:
         raise error(f"{path} is a {kind} plan (kind {kind!r}), not {what}; give it to {PLAN_COMMANDS[kind]}")
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all: a run stopped mid-write leaves the old file (or none), never
+    a half-written one a later command would read."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def check_output(path: str | Path, inputs: dict[str, str], error: type[RecserveError] = RecserveError) -> None:
+    """Before a command's work: refuse an output that would replace one of its ``inputs`` (flag -> path) or that
+    cannot be written, rather than find out after the work (or overwrite the spec it was planned from)."""
+    out = Path(path).resolve()
+    for flag, given in inputs.items():
+        if Path(given).resolve() == out:
+            raise error(f"{path}: is also the command's {flag} input; write the output to another file")
+    if out.exists():
+        if out.is_file() and not os.access(out, os.W_OK):
+            raise error(f"{path}: cannot be written (no write permission)")
+        return
+    ancestor = next(p for p in out.parents if p.exists())
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise error(f"{path}: cannot be written: {ancestor} is not a writable directory")

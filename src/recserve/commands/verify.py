@@ -34,6 +34,7 @@ from recserve.commands._plan_common import number, progress
 def run(args: argparse.Namespace) -> int:
     from recserve.deploy.fleet_verify import load_targets, measure_max_loads, replay_mix, verify_table
     from recserve.deploy.local_fleet import load_fleet_plan
+    from recserve.jsonio import write_text_atomic
 
     plan = load_fleet_plan(args.plan)
     deployed = load_targets(plan, args.target, args.scale)
@@ -86,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 held = False
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        write_text_atomic(args.out, json.dumps(out, indent=1))
         progress(f"wrote {args.out}")
     return 0 if held else 1
 

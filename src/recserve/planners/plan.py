@@ -85,10 +85,10 @@ class Plan:
         return json.dumps(self.to_dict(), indent=1)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
-        return path
+        """Written whole or not at all (a plan cut short by a stop is never left for a deploy to read)."""
+        from recserve.jsonio import write_text_atomic
+
+        return write_text_atomic(path, self.to_json())
 
     def table(self) -> str:
         rows = [[k, v] for k, v in self.summary.items()]
