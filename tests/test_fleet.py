@@ -209,3 +209,29 @@ def test_among_equal_cost_plans_the_ilp_keeps_the_one_of_least_power(tmp_path):
     plan = plan_fleet(fleet)
     serving_ctr = [g for g in plan.groups if ctr in g.qps]
     assert len(serving_ctr) == 1, [(g.server, g.kind, list(g.qps)) for g in plan.groups]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda g: g["alloc"][next(iter(g["alloc"]))].update(workers=0), r"groups\[0\]: alloc\['.*'\]\.workers must be a "
+                                                                       r"whole number >= 1, got 0"),
+    (lambda g: g["alloc"][next(iter(g["alloc"]))].update(workers="lots"), r"\.workers must be a whole number >= 1, "
+                                                                            r"got 'lots'"),
+    (lambda g: g.update(kind="bogus"), r"groups\[0\]: kind must be one of \['single', 'pair', 'shards'\], got 'bogus'"),
+    (lambda g: g.update(count=-1), r"groups\[0\]: count must be a whole number >= 0, got -1"),
+    (lambda g: g.update(qps={"no-such-model": 1.0}, alloc={}), r"groups\[0\] serves \['no-such-model'\], which the "
+                                                                r"plan's models do not list"),
+])
+def test_a_hand_edited_plan_a_deploy_cannot_carry_out_is_refused_naming_the_group(small_plan, tmp_path, edit,
+                                                                                    message):
+    """Once a traceback in deploy k8s (workers 0), or a group of an unknown kind silently not deployed."""
+    import json
+
+    from recserve.errors import RecserveError
+    from recserve.planners.plan import Plan
+
+    data = json.loads(small_plan.to_json())
+    edit(data["groups"][0])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecserveError, match=r"plan\.json: .*" + message):
+        Plan.load(path)

@@ -49,6 +49,27 @@ class FleetGroup:
     why: str
     alloc: dict[str, dict[str, Any]] = field(default_factory=dict)   # model -> node-config fields per unit
 
+    def __post_init__(self) -> None:
+        """A group a hand-edited plan file holds is one deploy can carry out, or the file is refused naming it."""
+        if self.kind not in GROUP_KINDS:
+            raise ValueError(f"kind must be one of {list(GROUP_KINDS)}, got {self.kind!r}")
+        for name, value in (("count", self.count), ("servers", self.servers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        if not self.qps:
+            raise ValueError("qps must name the models the group serves")
+        for model, fields in self.alloc.items():
+            if model not in self.qps:
+                raise ValueError(f"alloc names {model!r}, which the group does not serve ({list(self.qps)})")
+            for key, low in ALLOC_COUNTS.items():
+                value = fields.get(key)  # unset or null: the node's default
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                    raise ValueError(f"alloc[{model!r}].{key} must be a whole number >= {low}, got {value!r}")
+
+
+GROUP_KINDS = ("single", "pair", "shards")  # the columns ``fleet_candidates`` makes
+ALLOC_COUNTS = {"workers": 1, "threads": 1, "sparse_workers": 0, "ways": 0, "batch": 1}  # least value of each
+
 
 @register_plan
 @dataclass
@@ -61,6 +82,12 @@ class FleetPlan(Plan):
     feasible: bool = True
     within_budget: bool = True
     steps: list[dict[str, Any]] = field(default_factory=list)   # per trace step: servers kept, rented, $/hr
+
+    def __post_init__(self) -> None:
+        for i, group in enumerate(self.groups):
+            unknown = [m for m in group.qps if self.models and m not in self.models]
+            if unknown:
+                raise ValueError(f"groups[{i}] serves {unknown}, which the plan's models do not list")
 
     @property
     def cost_per_hr(self) -> float:
