@@ -218,8 +218,7 @@ def test_among_equal_cost_plans_the_ilp_keeps_the_one_of_least_power(tmp_path):
                                                                             r"got 'lots'"),
     (lambda g: g.update(kind="bogus"), r"groups\[0\]: kind must be one of \['single', 'pair', 'shards'\], got 'bogus'"),
     (lambda g: g.update(count=-1), r"groups\[0\]: count must be a whole number >= 0, got -1"),
-    (lambda g: g.update(qps={"no-such-model": 1.0}, alloc={}), r"groups\[0\] serves \['no-such-model'\], which the "
-                                                                r"plan's models do not list"),
+    (lambda g: g.update(qps={}, alloc={}), r"groups\[0\]: qps must name the models the group serves"),
 ])
 def test_a_hand_edited_plan_a_deploy_cannot_carry_out_is_refused_naming_the_group(small_plan, tmp_path, edit,
                                                                                     message):
@@ -235,3 +234,14 @@ def test_a_hand_edited_plan_a_deploy_cannot_carry_out_is_refused_naming_the_grou
     path.write_text(json.dumps(data))
     with pytest.raises(RecserveError, match=r"plan\.json: .*" + message):
         Plan.load(path)
+
+
+def test_a_repository_model_is_kept_by_its_absolute_path_and_a_control_character_refused(tmp_path, monkeypatch):
+    """A plan is deployed and verified from any directory; ``REPO/ctr/.`` is ``REPO/ctr``."""
+    from recserve.planners.fleet_spec import _model_name
+
+    monkeypatch.chdir(tmp_path)
+    assert _model_name("repo/ctr/.", "spec: models") == str(tmp_path / "repo" / "ctr")
+    assert _model_name("hercules-rmc1", "spec: models") == "hercules-rmc1"
+    with pytest.raises(SpecError, match=r"spec: models: model name 'ctr\\rx' has control characters"):
+        _model_name("ctr\rx", "spec: models")

@@ -17,6 +17,7 @@ Every error is one line, ``FILE: field: message``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,16 @@ def _model(name: str, raw: Any, where: str) -> FleetModel:
     return FleetModel(name, replace(spec, sla=SLA(sla_ms, pct)), peak, trace)
 
 
+def _model_name(name: Any, where: str) -> str:
+    """A spec's model name as the plan keeps it: a catalogue name as given; a repository path made absolute and
+    normalised (a plan is deployed and verified from any directory, and ``REPO/ctr/.`` is ``REPO/ctr``).  A name
+    with control characters is refused: it becomes a URL segment, a file name and a Kubernetes label."""
+    name = str(name)
+    if not name.isprintable():
+        raise SpecError(f"{where}: model name {name!r} has control characters")
+    return os.path.abspath(name) if "/" in name else name
+
+
 def _served_once(models: list[FleetModel], where: str) -> None:
     """Refuse two models served under one name (a repository model is served as its directory's name): a node
     cannot hold both, and a router would send both models' queries to one of them."""
@@ -168,7 +179,7 @@ def parse_fleet(data: Any, where: str = "fleet spec") -> FleetSpec:
         if "models" in data else None
     if not raw_models:
         raise SpecError(f"{where}: models: give at least one model (name: {{peak_qps: QPS}})")
-    models = [_model(str(m), v, f"{where}: models.{m}") for m, v in raw_models.items()]
+    models = [_model(_model_name(m, f"{where}: models"), v, f"{where}: models.{m}") for m, v in raw_models.items()]
     _served_once(models, where)
     servers: dict[str, ServerType] = {}
     owned: dict[str, int] = {}
