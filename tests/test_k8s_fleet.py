@@ -194,3 +194,45 @@ def test_a_plan_it_cannot_deploy_is_one_line(plan, message, tmp_path, capsys):
     assert main(["deploy", "k8s", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def gpu_plan(mode: str = "model") -> FleetPlan:
+    """hera-din on a g4dn.xlarge (a T4) as Hercules' search configures it there: device threads fusing queries."""
+    alloc = {"workers": 4, "threads": 1, "batch": 512, "mode": mode, "sparse_workers": 4 if mode == "pipeline" else 0}
+    return FleetPlan(inputs={"models": {"hera-din": {"peak_qps": 2000.0}}}, groups=[
+        FleetGroup("single", "g4dn.xlarge", 1, 1, {"hera-din": 2831.9}, {"hera-din": "dram"},
+                   "model-based: 4 threads x 1 cores, fused batch 512", "Hercules search", {"hera-din": alloc})])
+
+
+def test_a_gpu_server_types_pods_request_the_gpu_and_configure_its_accelerator_workers():
+    objects = FleetManifests(gpu_plan(), scale=0.01, name="fl").build()
+    assert validate(objects) == []
+    (deployment,) = by_kind(objects, "Deployment")
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == "1"
+    (model,) = node_config_of(objects, deployment)["models"]
+    assert model["accelerator"] == {"device": "cuda", "workers": model["workers"], "threads": 1, "min_items": 1,
+                                    "fuse_items": 512}  # every query to the device, fused as the plan assumed
+    model["accelerator"]["device"] = "cpu"  # this host has no GPU: the rest of the config as the node reads it
+    config_from_dict({"models": [model]}, "k8s")
+
+
+def test_deploy_local_configures_the_accelerator_on_the_planned_cores():
+    (config,), _ = fleet_node_configs(gpu_plan(), scale=0.01, cores=[0, 1, 2, 3])
+    (model,) = config["models"]
+    assert model["accelerator"]["cores"] == model["cores"] == [[0], [1], [2], [3]]
+    assert (model["accelerator"]["workers"], model["accelerator"]["fuse_items"]) == (4, 512)
+
+
+def test_a_cpu_server_types_pods_request_no_gpu(planned):
+    objects = plan_manifests(planned)
+    for d in by_kind(objects, "Deployment"):
+        assert "nvidia.com/gpu" not in d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert all("accelerator" not in m for m in node_config_of(objects, d)["models"])
+
+
+def test_a_pipeline_with_dense_threads_on_the_gpu_is_refused_naming_its_group(tmp_path, capsys):
+    path = gpu_plan("pipeline").save(tmp_path / "gpu.json")
+    assert main(["deploy", "k8s", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "single group on g4dn.xlarge (hera-din)" in err and "pipeline dense threads on the T4" in err

@@ -6,9 +6,10 @@ servers, one pod per planned server:
 - the node config is ``deploy local``'s (:func:`~recserve.deploy.local_fleet.fleet_node_configs` on that group,
   on a "host" of the pod's cores), less what the container decides: no core ids (the static CPU manager's exclusive
   cpuset), the pod's address and ports, the tier files on the pod's volume;
-- Guaranteed QoS with an integer CPU count = the cores of the config's workers; the kubelet keeps ``reserved_cpus``
-  of each node, so a plan that fills a server's cores is scaled onto the rest as ``deploy local`` scales onto a
-  smaller host;
+- Guaranteed QoS with an integer CPU count = the cores of the config's workers (and ``nvidia.com/gpu: 1`` where
+  the config has accelerator workers: a plan on a GPU server type counts on its fused device passes); the kubelet
+  keeps ``reserved_cpus`` of each node, so a plan that fills a server's cores is scaled onto the rest as ``deploy
+  local`` scales onto a smaller host;
 - the node pool by ``nodeSelector`` on the instance-type label, and one fleet pod per node (required pod
   anti-affinity on the hostname): a plan's unit is one whole server;
 - an SSD-tiered model's table files on an ``emptyDir`` (on the node's disk, O_DIRECT works; it survives container
@@ -81,6 +82,8 @@ def fitted_config(group: FleetGroup, scale: float, allocatable: int) -> dict[str
             break
     models = [{k: v for k, v in m.items() if k != "cores"} for m in config["models"]]
     for m in models:
+        if "accelerator" in m:
+            m["accelerator"] = {k: v for k, v in m["accelerator"].items() if k != "cores"}
         if "tier" in (m.get("options") or {}):
             m["options"]["tier"]["dir"] = f"{TIERS_DIR}/{m['name']}"
     return {"host": "0.0.0.0", "http_port": HTTP_PORT, "grpc_port": GRPC_PORT, "models": models}
@@ -181,7 +184,8 @@ class FleetManifests:
         annotations = {"recserve/node-config-sha256": hashlib.sha256(yaml.safe_dump(config).encode()).hexdigest()}
         if ways:
             annotations["recserve/llc-ways"] = ways
-        resources = guaranteed_resources(cpus, memory_share_mib(server, server.cores))
+        gpus = 1 if any("accelerator" in m for m in config["models"]) else 0  # the models share the server's one
+        resources = guaranteed_resources(cpus, memory_share_mib(server, server.cores), gpus)
         pod = node_server_pod(labels, self.image, app, resources, group.server, annotations)
         spec = pod["spec"]
         container = spec["containers"][0]

@@ -3,8 +3,10 @@
 Each group of identical servers (a Hercules-configured single model, a Hera pair, an SDM-tiered model) becomes one
 node config with the plan's models, its worker counts scaled to this host's cores (every model keeps at least one
 worker) and each worker pinned to a core, round robin; an SSD-tiered model gets a ``tier`` section (its user-side
-tables in files under the deployment's directory, behind the row cache).  ElasticRec shard blocks are left out
-here (``recserve shards serve`` runs them).  The node server executes the configs; it never reads the plan.
+tables in files under the deployment's directory, behind the row cache), a model on a server type with an
+accelerator an ``accelerator`` section (``deploy.nodeconfig.accelerator_section``: the plan's fused device passes).
+ElasticRec shard blocks are left out here (``recserve shards serve`` runs them).  The node server executes the
+configs; it never reads the plan.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from typing import Any
 import yaml
 
 from recserve import tethered
+from recserve.deploy.nodeconfig import accelerator_section
 from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail, signal_name
 from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
-from recserve.specs import fleet_served_name
+from recserve.specs import fleet_served_name, get_server
 
 TIER_CACHE_MB = 64  # the least row cache an SSD-tiered model gets
 RESTART_WINDOW_S = 600.0  # a node's restarts count against ``max_restarts`` for this long (as Kubernetes' back-off)
@@ -84,9 +87,12 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
         models = []
         for m in g.qps:
             entry, next_core = _model_entry(m, g.alloc.get(m, {}), host, share, next_core, scale)
-            if g.tier.get(m) == "ssd":
+            if g.tier.get(m) == "ssd":  # SDM's host rate: CPU workers, whatever the server has
                 entry["options"] = {"tier": {"dir": str(Path(tier_dir) / f"group{i}-{m}"), "tables": "user",
                                              "cache_mb": tier_cache_mb(m, g.server, scale)}}
+            elif accel := accelerator_section(get_server(g.server), g.alloc.get(m, {}), entry,
+                                              f"{g.kind} group on {g.server} ({', '.join(g.qps)})"):
+                entry["accelerator"] = accel
             models.append(entry)
         configs.append({"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "models": models,
                         "_group": f"{g.count} x {g.kind} on {g.server}", "_server": g.server})

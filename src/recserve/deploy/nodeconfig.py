@@ -4,14 +4,16 @@
   row cache), so storage gets a placement, not a plan file.
 - ``hera_node_configs``: a Hera co-location plan as one node config per distinct server group, each
   model with its planned workers (one core each).
+- ``accelerator_section``: a planned model's accelerator workers on a server type with an accelerator.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from recserve.errors import SpecError
+from recserve.errors import RecserveError, SpecError
 from recserve.planners.plan import ColocationPlan, Plan, ServerPlan
+from recserve.specs import ServerType
 
 
 def tier_section(plan: Plan, tier: dict[str, Any]) -> dict[str, Any]:
@@ -57,3 +59,25 @@ def node_config(server: ServerPlan, scale: float = 1e-3, http_port: int = 8000, 
 
 def planned_cpus(server: ServerPlan) -> int:
     return sum(p.workers for p in server.placements)
+
+
+def accelerator_section(server: ServerType, alloc: dict[str, Any], entry: dict[str, Any],
+                        where: str) -> dict[str, Any] | None:
+    """A planned model's node-config ``accelerator`` on ``server`` (None without an accelerator).  There Hercules'
+    model-based threads run on the device, fusing queued queries up to the planned batch: the plan's capacity.
+    So each of ``entry``'s workers gets an accelerator worker on its cores that takes every query (``min_items``
+    1); the CPU workers accept and forward.  A pipeline's dense threads on the device have no node-config form
+    (accelerator workers take whole queries): refused, naming ``where``."""
+    if not server.accelerator:
+        return None
+    mode = alloc.get("mode") or "model"
+    if mode != "model":
+        raise RecserveError(f"{where}: the plan runs its {mode} dense threads on the {server.accelerator}, which a "
+                            "node config cannot express (accelerator workers take whole queries, mode: model)")
+    section: dict[str, Any] = {"device": "cuda", "workers": entry["workers"], "threads": entry["threads"],
+                               "min_items": 1}
+    if alloc.get("batch"):
+        section["fuse_items"] = int(alloc["batch"])
+    if entry.get("cores"):
+        section["cores"] = [list(c) for c in entry["cores"]]
+    return section
