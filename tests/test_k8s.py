@@ -51,3 +51,15 @@ def test_deploy_k8s_cli_writes_valid_manifests(tmp_path):
     objects = list(yaml.safe_load_all(out.read_text()))
     assert validate(objects) == []
     assert {o["kind"] for o in objects} == {"Deployment", "Service", "HorizontalPodAutoscaler"}
+
+
+def test_names_labels_and_one_object_per_kind_and_name_are_validated(layout):
+    service, deployment = (next(o for o in manifests(layout) if o["kind"] == kind) for kind in ("Service",
+                                                                                                  "Deployment"))
+    bad_name = {**service, "metadata": {**service["metadata"], "name": "1ctr"}}
+    bad_label = {**deployment, "metadata": {**deployment["metadata"], "labels": {"recserve/serves-": "true"}}}
+    errors = validate([service, service, bad_name, bad_label])
+    assert any(e.startswith(f"Service/{service['metadata']['name']}: 2 objects") for e in errors)
+    assert any(e.startswith("Service/'1ctr': not a valid name (DNS-1035") for e in errors)
+    assert any("label recserve/serves-='true'" in e for e in errors)
+    assert len(errors) == 3

@@ -9,6 +9,8 @@ node server's Prometheus /metrics and exposed to the HPA through a custom-metric
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -137,9 +139,51 @@ KIND_FILES = ("configmap", "cronjob", "deployment", "horizontalpodautoscaler", "
               "serviceaccount", "statefulset")
 
 
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+NAME_LIMITS = {"Service": 63, "CronJob": 52}  # a CronJob's Jobs add 11 characters; the rest: DNS-1123 subdomains
+
+
+def name_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API schema leaves to the server: the object's name (a Service's a DNS-1035 label, every other a
+    DNS-1123 subdomain) and its labels and selectors."""
+    kind, name = obj["kind"], obj["metadata"].get("name", "")
+    form = DNS_1035 if kind == "Service" else DNS_1123
+    errors = []
+    if not form.fullmatch(name) or len(name) > NAME_LIMITS.get(kind, 253):
+        errors.append(f"{kind}/{name!r}: not a valid name ({'DNS-1035 label' if kind == 'Service' else 'DNS-1123'}"
+                      f", at most {NAME_LIMITS.get(kind, 253)} characters)")
+    spec = obj.get("spec") or {}
+    selector = spec.get("selector") or {}
+    for labels in (obj["metadata"].get("labels") or {}, (spec.get("template") or {}).get("metadata", {}).get(
+            "labels") or {}, selector.get("matchLabels", selector) if kind != "Service" else selector):
+        errors += [f"{kind}/{name}: label {k}={v!r}: {why}" for k, v in labels.items() if (why := label_error(k, v))]
+    return errors
+
+
+def label_error(key: str, value: Any) -> str:
+    """Why a label is invalid ('' when valid): a key of an optional DNS-1123 prefix and a name, a value of at
+    most 63 characters."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (not DNS_1123.fullmatch(prefix) or len(prefix) > 253):
+        return "its key's prefix is not a DNS-1123 subdomain"
+    if not LABEL_NAME.fullmatch(name) or len(name) > 63:
+        return "its key's name is not 1-63 letters, digits, '-', '_' or '.' between letters or digits"
+    if not isinstance(value, str) or (value and not LABEL_NAME.fullmatch(value)) or len(value) > 63:
+        return "its value is not at most 63 letters, digits, '-', '_' or '.' between letters or digits"
+    return ""
+
+
+def duplicate_errors(objects: list[dict[str, Any]]) -> list[str]:
+    """One object per kind and name: `kubectl apply` keeps only the last of several."""
+    counts = Counter((o["kind"], o["metadata"].get("name")) for o in objects)
+    return [f"{kind}/{name}: {n} objects have this name" for (kind, name), n in counts.items() if n > 1]
+
+
 def validate(objects: list[dict[str, Any]], version: str = "1.30.0") -> list[str]:
-    """Validate each object against the Kubernetes API schema (kubernetes-validate, strict);
-    returns the errors, empty when all objects are valid."""
+    """Validate each object against the Kubernetes API schema (kubernetes-validate, strict), its name and labels,
+    and that no two objects of a kind share a name; returns the errors, empty when all objects are valid."""
     import kubernetes_validate
     from kubernetes_validate.utils import VersionNotSupportedError
 
@@ -153,4 +197,5 @@ def validate(objects: list[dict[str, Any]], version: str = "1.30.0") -> list[str
             known = sorted(set(kubernetes_validate.utils.all_versions()), key=lambda v: tuple(map(int, v.split("."))))
             raise RecserveError(f"Kubernetes version {version!r} has no API schema here; known: {known[0]} to "
                                 f"{known[-1]} (--k8s-version)") from None
-    return errors
+        errors += name_errors(obj)
+    return errors + duplicate_errors(objects)
