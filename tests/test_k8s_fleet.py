@@ -13,6 +13,7 @@ from recserve.deploy.k8s import validate
 from recserve.deploy.k8s_fleet import HPA_TARGET_FRACTION, TIERS_DIR, FleetManifests, planned_cores
 from recserve.deploy.k8s_plans import INSTANCE_TYPE_LABEL, plan_manifests
 from recserve.deploy.local_fleet import fleet_node_configs
+from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetGroup, FleetPlan, plan_fleet
 from recserve.planners.fleet_spec import parse_fleet
 from recserve.planners.plan import Plan
@@ -236,3 +237,40 @@ def test_a_pipeline_with_dense_threads_on_the_gpu_is_refused_naming_its_group(tm
     assert main(["deploy", "k8s", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert "single group on g4dn.xlarge (hera-din)" in err and "pipeline dense threads on the T4" in err
+
+
+def one_group_each(*models: str) -> FleetPlan:
+    return FleetPlan(groups=[FleetGroup("single", "hercules-t2", 1, 1, {m: 100.0}, {m: "dram"}, "", "",
+                                        {m: {"workers": 2, "threads": 1}}) for m in models])
+
+
+def test_names_that_sanitise_alike_stay_distinct_and_valid():
+    models = ["Ctr_Model", "ctr-model", "ctr.model", "ctr model", "模型", "1ctr", "b" * 71, "b" * 70 + "c"]
+    objects = FleetManifests(one_group_each(*models), name="fl").build()
+    assert validate(objects) == []  # names, labels, and one object per kind and name
+    services = [s["metadata"]["name"] for s in by_kind(objects, "Service")]
+    assert len(set(services)) == len(models) and "fl-ctr-model" in services  # a valid name is kept as it is
+    for s in by_kind(objects, "Service"):  # each Service selects its own model's pods only
+        pods = [d for d in by_kind(objects, "Deployment")
+                if selects(s["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])]
+        assert len(pods) == 1
+
+
+def test_a_long_name_prefix_keeps_the_groups_apart(planned):
+    objects = FleetManifests(planned, name="x" * 61).build()
+    assert validate(objects) == []
+    names = [d["metadata"]["name"] for d in by_kind(objects, "Deployment")]
+    assert len(set(names)) == len(names) >= 2 and all(len(n) <= 63 for n in names)
+
+
+def test_two_models_served_under_one_name_are_refused_naming_both():
+    with pytest.raises(RecserveError, match="models 'repo/a/ctr' and 'repo/b/ctr' both become Service 'fl-ctr'"):
+        FleetManifests(one_group_each("repo/a/ctr", "repo/b/ctr"), name="fl").build()
+
+
+@pytest.mark.parametrize("prefix", ["---", "1fleet"])
+def test_a_name_prefix_no_service_name_can_start_with_is_refused(prefix, tmp_path, capsys):
+    path = one_group_each("ctr").save(tmp_path / "p.json")
+    assert main(["deploy", "k8s", "--plan", str(path), f"--name={prefix}", "--out", str(tmp_path / "out")]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "--name" in err and "must start with a letter" in err

@@ -35,8 +35,10 @@ from recserve.deploy.k8s_plans import (
     QPS_METRIC,
     config_map,
     dns_name,
+    dns_part,
     guaranteed_resources,
     memory_share_mib,
+    name_prefix,
     node_server_pod,
     workload,
 )
@@ -107,7 +109,7 @@ def labels_of(app: str, **extra: str) -> dict[str, str]:
 
 
 def serves_label(model: str) -> str:
-    return f"recserve/{dns_name('serves', served_name(model))}"
+    return f"recserve/{dns_name('serves', dns_part(served_name(model)))}"
 
 
 @dataclass
@@ -122,6 +124,7 @@ class FleetManifests:
     notes: list[str] = field(default_factory=list)
 
     def build(self) -> list[dict[str, Any]]:
+        self.name = name_prefix(dns_name(self.name))
         groups = [g for g in self.plan.groups if g.kind in ("single", "pair")]
         self.notes = [f"{g.count} x shards on {g.server} ({', '.join(g.qps)}): not in these manifests; `recserve "
                       f"deploy k8s --model {next(iter(g.qps))} --qps Q --server {g.server}` writes ElasticRec's"
@@ -137,8 +140,18 @@ class FleetManifests:
             objects += group_objects
             shares.append(share)
         models = list(dict.fromkeys(m for g in groups for m in g.qps))
+        self.check_distinct(models)
         self.notes += [n for m in models if (n := self.spread_note(m, groups, shares))]
         return objects + [self.model_service(m) for m in models]
+
+    def check_distinct(self, models: list[str]) -> None:
+        """Each model its own Service and pod label: two that met would each send traffic to both models' pods."""
+        for derive, what in ((self.service_name, "Service"), (serves_label, "pod label")):
+            seen: dict[str, str] = {}
+            for m in models:
+                other = seen.setdefault(derive(m), m)
+                if other != m:
+                    raise RecserveError(f"models {other!r} and {m!r} both become {what} {derive(m)!r}: rename one")
 
     def spread_note(self, model: str, groups: list[FleetGroup], shares: list[float]) -> str:
         """Why a model's Service alone may not hold its peak: it spreads connections evenly over the pods, where
@@ -218,11 +231,14 @@ class FleetManifests:
         scaler["spec"]["behavior"] = {"scaleDown": {"stabilizationWindowSeconds": SCALE_DOWN_WINDOW_S}}
         return scaler
 
+    def service_name(self, model: str) -> str:
+        return dns_name(self.name, dns_part(served_name(model)))
+
     def model_service(self, model: str) -> dict[str, Any]:
-        name = dns_name(self.name, served_name(model))
+        name = self.service_name(model)
         selector = {FLEET_LABEL: self.name, serves_label(model): "true"}
         return {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": name, "labels": labels_of(name, model=served_name(model))},
+                "metadata": {"name": name, "labels": labels_of(name, model=dns_part(served_name(model)))},
                 "spec": {"selector": selector, "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": HTTP_PORT},
                                                          {"name": "grpc", "port": GRPC_PORT,
                                                           "targetPort": GRPC_PORT}]}}

@@ -22,6 +22,7 @@ Pods run the image's ``recserve`` entry point (``serve --config``, ``route --poo
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from typing import Any
@@ -40,13 +41,40 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CONFIG_DIR = "/etc/recserve"
 ROUTER_PORT = 8080
 KUBECTL_IMAGE = "bitnami/kubectl:1.30"
+MAX_LABEL = 63                     # a DNS label's (and a label value's) characters
+NAME_HASH_CHARS = 6
 QPS_METRIC = "recserve_requests_per_second"  # rate(recserve_requests_total) per pod, via a custom-metrics adapter
 
 
+def name_hash(text: str) -> str:
+    """A short stable hash of ``text``: what keeps names apart that sanitising or truncating made alike."""
+    return hashlib.sha256(text.encode()).hexdigest()[:NAME_HASH_CHARS]
+
+
 def dns_name(*parts: str) -> str:
-    """A DNS-1035 label from parts (``g4dn.xlarge`` -> ``g4dn-xlarge``), at most 63 characters."""
-    name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
-    return name[:63].rstrip("-")
+    """A DNS label from parts (``g4dn.xlarge`` -> ``g4dn-xlarge``), at most 63 characters; one cut short ends
+    with a hash of the whole, so names that differ past the cut stay distinct."""
+    whole = "-".join(parts)
+    name = re.sub(r"[^a-z0-9-]+", "-", whole.lower()).strip("-")
+    if len(name) <= MAX_LABEL:
+        return name
+    return f"{name[:MAX_LABEL - NAME_HASH_CHARS - 1].rstrip('-')}-{name_hash(whole)}"
+
+
+def dns_part(text: str) -> str:
+    """``text`` (a model's name) as one part of a DNS label; where sanitising changed it (``Ctr_Model``,
+    ``ctr.model``, a non-ASCII name) a hash of ``text`` follows, so distinct names never meet."""
+    part = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return part if part == text else "-".join(p for p in (part, name_hash(text)) if p)
+
+
+def name_prefix(name: str) -> str:
+    """``name`` (``--name``, sanitised) checked as the start of every object name: a Service's must start with
+    a letter (DNS-1035)."""
+    if not re.match(r"[a-z]", name):
+        raise RecserveError(f"--name: the object name prefix {name!r} must start with a letter a-z (Service "
+                            "names are DNS-1035 labels)")
+    return name
 
 
 def _labels(app: str, **extra: str) -> dict[str, str]:
@@ -324,4 +352,4 @@ def plan_manifests(plan: Plan, image: str = "recserve:latest", scale: float = 1.
     build = BUILDERS.get(plan.kind)
     if build is None:
         raise RecserveError(f"no Kubernetes deployment for {plan.kind!r} plans; deployable kinds: {sorted(BUILDERS)}")
-    return build(plan, image, scale, dns_name(name or f"recserve-{plan.kind}"))
+    return build(plan, image, scale, name_prefix(dns_name(name or f"recserve-{plan.kind}")))
