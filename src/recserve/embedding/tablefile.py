@@ -48,6 +48,7 @@ DTYPES = {"fp32": 0, "int8": 1}
 _HEADER = struct.Struct("<8sIIQIIIIQQQQI")  # magic version dtype rows dim row_bytes stride align data_off
 #                                              data_bytes block_bytes footer_offset source_crc
 DEFAULT_BLOCK_BYTES = 1 << 20
+DEFAULT_ALIGN = 512
 
 
 class TableFileError(RecserveError):
@@ -178,25 +179,33 @@ def weights_crc(weight: torch.Tensor | np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(w).view(np.uint8)) & 0xFFFFFFFF
 
 
-def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str = "fp32", align: int = 512,
-                block_bytes: int = DEFAULT_BLOCK_BYTES) -> TableHeader:
-    """Write ``weight`` ``[rows, dim]`` once as a table file (atomically: temp file + rename + fsync)."""
+def table_header(rows: int, dim: int, dtype: str = "fp32", align: int = DEFAULT_ALIGN,
+                 block_bytes: int = DEFAULT_BLOCK_BYTES, source_crc: int = 0) -> TableHeader:
+    """The layout of a ``rows`` x ``dim`` table file (its ``file_bytes`` included) before a byte is written: what
+    :func:`write_table` writes, and what a deployment sizes a table volume by."""
     if align not in (512, 4096):
         raise TableFileError(f"align must be 512 or 4096, got {align}")
+    rb = row_bytes_for(dim, dtype)
+    stride = stride_for(rb, align)
+    data_bytes = _round_up(rows * stride, PAGE)
+    return TableHeader(dtype, rows, dim, rb, stride, align, HEADER_BYTES, data_bytes, block_bytes,
+                       HEADER_BYTES + data_bytes, source_crc)
+
+
+def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str = "fp32",
+                align: int = DEFAULT_ALIGN, block_bytes: int = DEFAULT_BLOCK_BYTES) -> TableHeader:
+    """Write ``weight`` ``[rows, dim]`` once as a table file (atomically: temp file + rename + fsync)."""
     w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
     if w.ndim != 2 or w.shape[0] < 1:
         raise TableFileError(f"weight must be [rows, dim] with rows ≥ 1, got shape {list(w.shape)}")
     rows, dim = w.shape
-    rb = row_bytes_for(dim, dtype)
-    stride = stride_for(rb, align)
+    header = table_header(rows, dim, dtype, align, block_bytes, weights_crc(w))
+    rb, stride, data_bytes = header.row_bytes, header.stride, header.data_bytes
     raw = quantize_rowwise(w) if dtype == "int8" else np.ascontiguousarray(w, dtype=np.float32).view(np.uint8)
     raw = raw.reshape(rows, rb)
     padded = np.zeros((rows, stride), dtype=np.uint8)
     padded[:, :rb] = raw
     data = padded.reshape(-1)
-    data_bytes = _round_up(data.size, PAGE)
-    header = TableHeader(dtype, rows, dim, rb, stride, align, HEADER_BYTES, data_bytes, block_bytes,
-                         HEADER_BYTES + data_bytes, weights_crc(w))
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     crcs = []

@@ -38,6 +38,7 @@ from recserve.embedding.tablefile import (
     decode_rows,
     footer_fingerprint,
     open_table_header,
+    table_header,
     weights_crc,
     write_table,
 )
@@ -459,12 +460,13 @@ def tier_stats(model: nn.Module) -> TierStats:
     return total
 
 
+TIER_DTYPE = "fp32"   # a tier's table files, unless it says otherwise
+TIER_TABLES = "user"
 TIER_KEYS = {"dir", "tables", "cache_mb", "dtype", "policy", "pooled_cache_mb", "pooled_min_len", "engine",
              "max_outstanding", "no_cache", "verify", "prefetch", "tables_in_flight"}
 
 
-def _table_ids(model: nn.Module, names: Any, where: str) -> list[int]:
-    spec_tables = model.spec.tables
+def _table_ids(spec_tables: Any, names: Any, where: str) -> list[int]:
     if names in ("user", "item"):
         return [i for i, t in enumerate(spec_tables) if t.side == names]
     if names == "all":
@@ -479,6 +481,15 @@ def _table_ids(model: nn.Module, names: Any, where: str) -> list[int]:
         else:
             raise SpecError(f"{where}: unknown table {n!r}")
     return out
+
+
+def tier_file_bytes(spec_tables: Any, rows: tuple[int, ...], tier: dict[str, Any], where: str = "tier") -> int:
+    """Disk the table files of a ``tier:`` section take for a model of ``spec_tables`` with ``rows`` rows each:
+    the tables :func:`tier_from_config` writes, each laid out as ``write_table`` lays it (header, padded rows,
+    footer), so a deployment's volume is sized by what the node writes."""
+    dtype = tier.get("dtype", TIER_DTYPE)
+    return sum(table_header(rows[t], spec_tables[t].dim, dtype).file_bytes
+               for t in _table_ids(spec_tables, tier.get("tables", TIER_TABLES), where))
 
 
 def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier",
@@ -500,11 +511,11 @@ def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier"
         raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TIER_KEYS)}")
     if "dir" not in tier:
         raise SpecError(f"{where}: 'dir' (a directory on the SSD for the table files) is required")
-    placement = {i: {} for i in _table_ids(model, tier.get("tables", "user"), where)}
-    no_cache = tuple(_table_ids(model, tier["no_cache"], where)) if "no_cache" in tier else ()
+    placement = {i: {} for i in _table_ids(model.spec.tables, tier.get("tables", TIER_TABLES), where)}
+    no_cache = tuple(_table_ids(model.spec.tables, tier["no_cache"], where)) if "no_cache" in tier else ()
     return tier_model(
         model, placement, tier["dir"], cache_bytes=int(float(tier.get("cache_mb", 64)) * 2**20),
-        dtype=tier.get("dtype", "fp32"), policy=tier.get("policy", "clock"),
+        dtype=tier.get("dtype", TIER_DTYPE), policy=tier.get("policy", "clock"),
         pooled_cache_bytes=int(float(tier.get("pooled_cache_mb", 0)) * 2**20),
         pooled_min_len=int(tier.get("pooled_min_len", 4)), engine=tier.get("engine", "auto"),
         max_outstanding=int(tier.get("max_outstanding", 32)), no_cache_tables=no_cache,
