@@ -13,6 +13,7 @@ from recserve.deploy.k8s import validate
 from recserve.deploy.k8s_fleet import HPA_TARGET_FRACTION, TIERS_DIR, FleetManifests, planned_cores
 from recserve.deploy.k8s_plans import INSTANCE_TYPE_LABEL, plan_manifests
 from recserve.deploy.local_fleet import fleet_node_configs
+from recserve.embedding.tiered import tier_file_bytes
 from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetGroup, FleetPlan, plan_fleet
 from recserve.planners.fleet_spec import parse_fleet
@@ -274,3 +275,31 @@ def test_a_name_prefix_no_service_name_can_start_with_is_refused(prefix, tmp_pat
     assert main(["deploy", "k8s", "--plan", str(path), f"--name={prefix}", "--out", str(tmp_path / "out")]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert "--name" in err and "must start with a letter" in err
+
+
+def test_the_tier_volume_holds_the_files_the_node_writes():
+    """Sized by the files as written (fp32 rows padded to their stride, each file's header and footer), not by the
+    catalogue's bytes per element: full-size sdm-m1 writes ~466 GiB of user tables, 1 byte a value would be 91."""
+    objects = FleetManifests(tiered_plan(), scale=1.0, name="fl").build()
+    tiered = by_kind(objects, "Deployment")[1]
+    tier = node_config_of(objects, tiered)["models"][0]["options"]["tier"]
+    pod = tiered["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tiers"]
+    spec = get_model("sdm-m1")
+    written = tier_file_bytes(spec.tables, spec.scaled_rows(1.0), tier)
+    assert written > sum(r * t.dim * 4 for r, t in zip(spec.scaled_rows(1.0), spec.tables, strict=True)
+                         if t.side == "user")
+    gib = int(volume["emptyDir"]["sizeLimit"].removesuffix("Gi"))
+    assert written <= gib * 2**30 <= written * 1.1 + 2**30
+    assert pod["containers"][0]["resources"]["limits"]["ephemeral-storage"] == f"{gib + 1}Gi"
+
+
+def test_tier_file_bytes_is_what_the_node_writes(tmp_path):
+    from recserve.embedding.tiered import tier_from_config
+    from recserve.zoo import build
+
+    spec = get_model("sdm-m1")
+    tier = {"dir": str(tmp_path), "tables": "user"}
+    tier_from_config(build(spec, scale=1e-4), dict(tier))
+    assert sum(f.stat().st_size for f in tmp_path.iterdir()) == tier_file_bytes(spec.tables, spec.scaled_rows(1e-4),
+                                                                                 tier)

@@ -13,7 +13,7 @@ servers, one pod per planned server:
 - the node pool by ``nodeSelector`` on the instance-type label, and one fleet pod per node (required pod
   anti-affinity on the hostname): a plan's unit is one whole server;
 - an SSD-tiered model's table files on an ``emptyDir`` (on the node's disk, O_DIRECT works; it survives container
-  restarts, and a new pod rewrites the files as a fresh node does), sized for its user tables;
+  restarts, and a new pod rewrites the files as a fresh node does), sized for the files the node writes;
 - replicas = the plan's units at peak; a group whose models' traces let it shrink gets an HPA between the traces'
   lowest share and the peak (why not a CronJob: docs/fleet.md).
 
@@ -92,14 +92,17 @@ def fitted_config(group: FleetGroup, scale: float, allocatable: int) -> dict[str
 
 
 def tier_gib(config: dict[str, Any]) -> int:
-    """Disk for the tier files of ``config``'s SSD-tiered models: their user tables at the config's scale, +10%."""
+    """Disk for the tier files of ``config``'s SSD-tiered models: the files their nodes write (``tier_file_bytes``:
+    rows as the tier stores them, fp32 unless it says otherwise, padded to their stride, each file's header and
+    footer), +10% for the filesystem."""
     total = 0
     for m in config["models"]:
         if "tier" in (m.get("options") or {}):
+            from recserve.embedding.tiered import tier_file_bytes  # torch: only where a model is tiered
+
             spec = get_model(m["model"])
-            rows = spec.scaled_rows(m["scale"])
-            total += sum(r * t.row_bytes(spec.bytes_per_elem)
-                         for r, t in zip(rows, spec.tables, strict=True) if t.side == "user")
+            total += tier_file_bytes(spec.tables, spec.scaled_rows(m["scale"]), m["options"]["tier"],
+                                     f"model {m.get('name') or m['model']!r} tier")
     return max(1, math.ceil(total * 1.1 / 2**30)) if total else 0
 
 
