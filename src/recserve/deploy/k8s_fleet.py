@@ -116,6 +116,23 @@ def serves_label(model: str) -> str:
 
 
 @dataclass
+class FittedGroup:
+    """A planned server group as its pods run it: the node config on the cores the kubelet leaves, the share of the
+    plan's cores (and so of its QPS) a pod gets, and the pods (the plan's servers, and any that restore a peak)."""
+
+    group: FleetGroup
+    app: str
+    config: dict[str, Any]
+    cpus: int
+    share: float
+    count: int
+    restores: list[str] = field(default_factory=list)  # the models whose peak made pods be added
+
+    def pod_qps(self, model: str) -> float:
+        return self.share * self.group.qps[model]
+
+
+@dataclass
 class FleetManifests:
     """The objects of one fleet plan, and what a reader should know about them (``notes``)."""
 
@@ -136,16 +153,23 @@ class FleetManifests:
         if not groups:
             raise RecserveError("the fleet plan has no single-model or co-located server group to deploy on "
                                 "Kubernetes")
-        objects: list[dict[str, Any]] = []
-        shares = []
-        for i, g in enumerate(groups):
-            group_objects, share = self.group_objects(i, g)
-            objects += group_objects
-            shares.append(share)
+        fitted = [self.fit(i, g) for i, g in enumerate(groups)]
         models = list(dict.fromkeys(m for g in groups for m in g.qps))
         self.check_distinct(models)
-        self.notes += [n for m in models if (n := self.spread_note(m, groups, shares))]
+        for m in models:
+            self.restore_peak(m, fitted)
+        self.notes += [f"{f.app}: {f.count} pods for the plan's {f.group.count} {f.group.server} servers, so that "
+                       f"{', '.join(f.restores)} keep{'s' if len(f.restores) == 1 else ''} the QPS the plan gives "
+                       f"at peak on the cores the kubelet leaves ({f.count - f.group.count} more in that node pool)"
+                       for f in fitted if f.restores]
+        objects = [o for f in fitted for o in self.group_objects(f)]
+        self.notes += [n for m in models if (n := self.spread_note(m, fitted))]
         return objects + [self.model_service(m) for m in models]
+
+    def peak(self, model: str) -> float:
+        """The model's peak QPS as the plan records it (0 where it does not)."""
+        return float((self.plan.models.get(model) or {}).get("peak_qps")
+                     or ((self.plan.inputs.get("models") or {}).get(model) or {}).get("peak_qps") or 0.0)
 
     def check_distinct(self, models: list[str]) -> None:
         """Each model its own Service and pod label: two that met would each send traffic to both models' pods."""
@@ -156,42 +180,60 @@ class FleetManifests:
                 if other != m:
                     raise RecserveError(f"models {other!r} and {m!r} both become {what} {derive(m)!r}: rename one")
 
-    def spread_note(self, model: str, groups: list[FleetGroup], shares: list[float]) -> str:
+    def restore_peak(self, model: str, fitted: list[FittedGroup]) -> None:
+        """Pods added where the cores the kubelet keeps leave ``model`` short of what the plan gives it at peak
+        (its peak, or the plan's whole capacity for it where that is less), to the group whose pod carries most."""
+        serving = [f for f in fitted if model in f.group.qps]
+        planned = sum(f.group.count * f.group.qps[model] for f in serving)
+        target = min(planned, self.peak(model) or planned)
+        short = target - sum(f.count * f.pod_qps(model) for f in serving)
+        best = max(serving, key=lambda f: f.pod_qps(model))
+        if short > 1e-9 * target and best.pod_qps(model) > 0:
+            best.count += math.ceil(short / best.pod_qps(model) - 1e-9)
+            best.restores.append(model)
+
+    def spread_note(self, model: str, fitted: list[FittedGroup]) -> str:
         """Why a model's Service alone may not hold its peak: it spreads connections evenly over the pods, where
         the plan splits the load by each pod's capacity."""
-        serving = [(g, share) for g, share in zip(groups, shares, strict=True) if model in g.qps]
-        pods = sum(g.count for g, _ in serving)
-        peak = float((self.plan.models.get(model) or {}).get("peak_qps")
-                     or ((self.plan.inputs.get("models") or {}).get(model) or {}).get("peak_qps") or 0.0)
-        weakest = min(serving, key=lambda gs: gs[0].qps[model] * gs[1])
-        capacity = weakest[0].qps[model] * weakest[1]
+        serving = [f for f in fitted if model in f.group.qps]
+        pods = sum(f.count for f in serving)
+        peak = self.peak(model)
+        weakest = min(serving, key=lambda f: f.pod_qps(model))
+        capacity = weakest.pod_qps(model)
         if pods < 2 or peak / pods <= capacity:
             return ""
         return (f"{model}: its Service spreads connections evenly over {pods} pods, {peak / pods:,.1f} QPS each at "
-                f"the {peak:,.1f} QPS peak, above the {capacity:,.1f} QPS a {weakest[0].server} pod carries; the plan "
-                "splits by capacity: put a router before them (`recserve route --pool`)")
+                f"the {peak:,.1f} QPS peak, above the {capacity:,.1f} QPS a {weakest.group.server} pod carries; the "
+                "plan splits by capacity: put a router before them (`recserve route --pool`)")
 
-    def group_objects(self, i: int, group: FleetGroup) -> tuple[list[dict[str, Any]], float]:
-        """The group's ConfigMap, Deployment (and HPA), and the share of the plan's cores its pods get."""
+    def fit(self, i: int, group: FleetGroup) -> FittedGroup:
+        """The group's node config on the cores the kubelet leaves of its server type."""
         server = get_server(group.server)
+        allocatable = max(1, server.cores - self.reserved_cpus)
         app = dns_name(self.name, f"g{i}", group.kind, group.server)
-        config = fitted_config(group, self.scale, max(1, server.cores - self.reserved_cpus))
+        config = fitted_config(group, self.scale, allocatable)
         cpus = sum(cores_run(m) for m in config["models"])
         share = cpus / max(1, planned_cores(group))
         if share < 1:
             self.notes.append(f"{app}: {cpus} of the plan's {planned_cores(group)} cores per {group.server} (the "
                               f"kubelet keeps {self.reserved_cpus}): about {100 * share:.0f}% of the planned QPS")
+        return FittedGroup(group, app, config, cpus, share, group.count)
+
+    def group_objects(self, fitted: FittedGroup) -> list[dict[str, Any]]:
+        """The group's ConfigMap and Deployment, and an HPA where its models' traces let it shrink."""
+        group, app, config = fitted.group, fitted.app, fitted.config
         labels = {**labels_of(app, server=group.server), FLEET_LABEL: self.name,
                   **{serves_label(m): "true" for m in group.qps}}
-        pod = self.pod(group, app, labels, config, cpus, server)
-        deployment = workload("Deployment", app, labels, group.count, pod)
+        pod = self.pod(group, app, labels, config, fitted.cpus, get_server(group.server))
+        deployment = workload("Deployment", app, labels, fitted.count, pod)
         deployment["spec"]["strategy"] = {"type": "RollingUpdate",  # one pod per node: no spare node to surge on
                                           "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
         objects = [config_map(app, labels, "node.yaml", config), deployment]
-        floor = self.trace_floor(group)
-        if floor < group.count:
-            objects.append(self.autoscaler(app, labels, floor, group.count, share * sum(group.qps.values())))
-        return objects, share
+        floor = self.trace_floor(group, fitted.count)
+        if floor < fitted.count:
+            objects.append(self.autoscaler(app, labels, floor, fitted.count,
+                                           fitted.share * sum(group.qps.values())))
+        return objects
 
     def pod(self, group: FleetGroup, app: str, labels: dict[str, str], config: dict[str, Any], cpus: int,
             server: Any) -> dict[str, Any]:
@@ -219,15 +261,15 @@ class FleetManifests:
                 amount["ephemeral-storage"] = f"{gib + 1}Gi"
         return pod
 
-    def trace_floor(self, group: FleetGroup) -> int:
-        """Units at the lowest step of the group's models' traces (each model's share of its peak; a model
-        without a trace stays at its peak)."""
+    def trace_floor(self, group: FleetGroup, count: int) -> int:
+        """Of ``count`` pods, those the lowest step of the group's models' traces needs (each model's share of its
+        peak; a model without a trace stays at its peak)."""
         inputs = self.plan.inputs.get("models") or {}
         share = 0.0
         for m in group.qps:
             trace = (inputs.get(m) or {}).get("trace") or []
             share = max(share, min(trace) / max(trace) if trace and max(trace) > 0 else 1.0)
-        return max(1, math.ceil(group.count * share - 1e-9))
+        return max(1, math.ceil(count * share - 1e-9))
 
     def autoscaler(self, app: str, labels: dict[str, str], floor: int, peak: int, unit_qps: float) -> dict[str, Any]:
         scaler = hpa(app, labels, QPS_METRIC, HPA_TARGET_FRACTION * unit_qps, floor, peak)
