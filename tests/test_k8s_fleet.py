@@ -104,6 +104,7 @@ def test_manifests_carry_the_plans_counts_pools_and_guaranteed_cores(planned):
     assert {n: (h["minReplicas"], h["maxReplicas"]) for n, h in hpas.items()} == \
         {n: (f, counts[n]) for n, f in floors.items() if f < counts[n]}
     assert hpas  # the spec's trace makes at least one
+    assert all("replicas" not in d["spec"] for d in deployments if d["metadata"]["name"] in hpas)  # the HPA's
 
 
 def test_the_node_config_is_the_one_deploy_local_gives_that_server(planned):
@@ -321,3 +322,9 @@ def test_pods_are_added_where_the_kubelets_core_leaves_a_model_short_of_its_peak
     assert any(n.startswith("fl-g0-single-hercules-t2: 3 pods for the plan's 2") and "kairos-rm2" in n
                for n in fleet.notes)
 
+
+def test_too_few_cores_left_by_the_kubelet_names_the_flag():
+    plan = tiered_plan()
+    with pytest.raises(RecserveError, match=r"hercules-t2: 0 allocatable cores \(20 less --reserved-cpus 20\) "
+                                            r"cannot run 2 models"):
+        FleetManifests(plan, reserved_cpus=20).build()

@@ -209,7 +209,11 @@ class FleetManifests:
     def fit(self, i: int, group: FleetGroup) -> FittedGroup:
         """The group's node config on the cores the kubelet leaves of its server type."""
         server = get_server(group.server)
-        allocatable = max(1, server.cores - self.reserved_cpus)
+        allocatable = server.cores - self.reserved_cpus
+        if allocatable < len(group.qps):
+            raise RecserveError(f"{group.server}: {max(0, allocatable)} allocatable cores ({server.cores} less "
+                                f"--reserved-cpus {self.reserved_cpus}) cannot run {len(group.qps)} models "
+                                f"({', '.join(group.qps)})")
         app = dns_name(self.name, f"g{i}", group.kind, group.server)
         config = fitted_config(group, self.scale, allocatable)
         cpus = sum(cores_run(m) for m in config["models"])
@@ -220,7 +224,8 @@ class FleetManifests:
         return FittedGroup(group, app, config, cpus, share, group.count)
 
     def group_objects(self, fitted: FittedGroup) -> list[dict[str, Any]]:
-        """The group's ConfigMap and Deployment, and an HPA where its models' traces let it shrink."""
+        """The group's ConfigMap and Deployment, and an HPA where its models' traces let it shrink (which then
+        owns the Deployment's replicas: none are set, so `kubectl apply` never resets its scale)."""
         group, app, config = fitted.group, fitted.app, fitted.config
         labels = {**labels_of(app, server=group.server), FLEET_LABEL: self.name,
                   **{serves_label(m): "true" for m in group.qps}}
@@ -231,6 +236,7 @@ class FleetManifests:
         objects = [config_map(app, labels, "node.yaml", config), deployment]
         floor = self.trace_floor(group, fitted.count)
         if floor < fitted.count:
+            del deployment["spec"]["replicas"]
             objects.append(self.autoscaler(app, labels, floor, fitted.count,
                                            fitted.share * sum(group.qps.values())))
         return objects
