@@ -225,3 +225,15 @@ def test_an_ssd_tiered_model_gets_the_row_cache_its_plan_assumed_scaled_as_its_t
     (_, tiered), _ = fleet_node_configs(_plan(), scale=1.0, cores=list(range(40)))
     assert tiered["models"][0]["options"]["tier"]["cache_mb"] == full
     assert tier_cache_mb("sdm-m1", "sdm-hw-ss", 1e-4) == TIER_CACHE_MB  # scaled below the floor
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host can run a GPU group")
+def test_a_gpu_group_on_a_host_without_one_is_refused_naming_it_before_any_node_starts(tmp_path, capsys):
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text("models:\n  hera-din: {peak_qps: 2000}\nrentable:\n  g4dn.xlarge: {max: 4}\n")
+    assert main(["plan", "fleet", "--spec", str(spec), "--out", str(tmp_path / "plan.json")]) == 0
+    capsys.readouterr()
+    rc = main(["deploy", "local", "--plan", str(tmp_path / "plan.json"), "--dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "this host cannot run the plan's 1 x single on g4dn.xlarge" in err and "CUDA" in err
+    assert not list((tmp_path / "out").glob("node*.log"))  # no node was started

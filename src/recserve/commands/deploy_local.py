@@ -50,10 +50,11 @@ def run(args: argparse.Namespace) -> int:
     def stop(signum: int, frame: object) -> None:  # `kill PID` or a closed terminal stops the nodes, as Ctrl-C does
         raise KeyboardInterrupt
 
+    _check_this_host(configs)
     if not args.no_router:
         _check_port_free(args.router_port)
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGHUP, stop)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # SIGINT too: a shell's background job ignores it
+        signal.signal(sig, stop)
     nodes = start_nodes(configs, workdir, progress=progress)
     router = None
     try:
@@ -113,6 +114,19 @@ def _hold(workdir: Path) -> Any:
     lock.write(str(os.getpid()))
     lock.flush()
     return lock
+
+
+def _check_this_host(configs: list[dict[str, Any]]) -> None:
+    """Every node config is one this host can run (its devices, its cores), checked before any node starts: a
+    plan's GPU group on a host without one is one line naming the group, not a node that exits at start."""
+    from recserve.errors import SpecError
+    from recserve.serving.node.config import config_from_dict
+
+    for i, cfg in enumerate(configs):
+        try:
+            config_from_dict({k: v for k, v in cfg.items() if not k.startswith("_")}, f"node {i}")
+        except SpecError as exc:
+            raise RecserveError(f"this host cannot run the plan's {cfg['_group']}: {exc}") from None
 
 
 def _check_port_free(port: int) -> None:
