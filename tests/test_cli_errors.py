@@ -113,3 +113,16 @@ def test_a_plan_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_text_atomic(target, "new")
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+def test_a_shard_plan_for_another_model_is_refused_before_anything_starts(tmp_path):
+    from recserve.planners.plan import ShardPlan, TableShards
+
+    plan = ShardPlan(model="elasticrec-rm1@tables=2", target_qps=100.0, batch=32, dense_replicas=1,
+                     dense_memory_bytes=1.0, tables=[TableShards("t", [0, 10], [1], [1.0], 1.0)], modelwise_replicas=1,
+                     modelwise_memory_bytes=1.0)
+    path = plan.save(tmp_path / "plan.json")
+    rc, err = run(["shards", "serve", "--model", "elasticrec-rm2", "--max-tables", "2", "--plan", str(path),
+                   "--http-port", "0", "--grpc-port", "0"])
+    assert rc == 2 and one_line(err).endswith("plan.json: a shard plan for 'elasticrec-rm1@tables=2', not "
+                                              "'elasticrec-rm2@tables=2' (--model elasticrec-rm2 --max-tables 2)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -125,7 +127,7 @@ def test_shard_service_serves_its_slice(sharded, model):
 
 def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
     """Hot shards have 2 replicas: losing one fails over.  A cold shard has 1: its queries get an error
-    reply (a gRPC status, not a hang), while queries that do not touch it still succeed."""
+    reply (a gRPC status, not a hang), while queries that do not touch it still succeed; restarted, both serve."""
     t0 = sharded.layout.tables[0]
     target = GrpcTarget(f"127.0.0.1:{sharded.ports.grpc}", sharded.model_name, timeout_s=30.0)
     with LoadSession(target, pool) as session:
@@ -146,6 +148,18 @@ def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
                 assert "grpc_INTERNAL" in str(exc) and "s2" in str(exc)
                 errors += 1
         assert errors >= 1
+        dead = {r.pid for r in sharded.replicas if not r.process.is_alive()}
+        assert len(dead) == 2 and sharded.restart_dead(progress=False) == 0  # `shards serve` does this each 0.5 s
+        assert not dead & {r.pid for r in sharded.replicas} and all(r.process.is_alive() for r in sharded.replicas)
+        deadline = time.monotonic() + 30  # on their own ports again: the dense workers' channels reconnect
+        while time.monotonic() < deadline:
+            try:
+                [session.outputs(i) for i in range(len(pool))]
+                break
+            except Exception:  # noqa: BLE001 - reconnecting, within the channel's back-off
+                time.sleep(0.2)
+        for i in range(len(pool)):
+            assert session.outputs(i)["scores"].shape == (pool.sizes[i], 1)
 
 
 def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):

@@ -8,8 +8,10 @@ import signal
 import sys
 import threading
 
-from recserve.commands._plan_common import count, fraction, non_negative_int, port, positive, seed
+from recserve.commands._plan_common import count, fraction, non_negative, non_negative_int, port, positive, seed
 from recserve.errors import RecserveError
+
+WATCH_S = 0.5  # how often the replicas are looked at: one that died is restarted
 
 
 def _replicas(text: str | None) -> list[int] | None:
@@ -38,6 +40,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_tables:
         spec = first_tables(spec, args.max_tables)
     plan = plan_from_json(args.plan) if args.plan else None
+    if plan is not None and plan.model != spec.name:
+        raise RecserveError(f"{args.plan}: a shard plan for {plan.model!r}, not {spec.name!r} (--model "
+                            f"{args.model}{f' --max-tables {args.max_tables}' if args.max_tables else ''})")
     print(f"[shards] hotness from {args.warmup} warm-up queries (locality P={args.locality:g}) ...", file=sys.stderr)
     model = build(spec, scale=args.scale, seed=args.seed)
     layout = make_layout(spec, args.scale, seed=args.seed, plan=plan, shards_per_table=args.shards_per_table,
@@ -62,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"recserve shards: {deployment.model_name} on http://{args.host}:{deployment.ports.http} "
           f"grpc {args.host}:{deployment.ports.grpc}; Ctrl-C to stop", file=sys.stderr, flush=True)
     try:
-        stop.wait()
+        while not stop.wait(WATCH_S):
+            deployment.restart_dead()
     finally:
         print("recserve shards: stopping", file=sys.stderr, flush=True)
         deployment.stop()
@@ -80,7 +86,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", default=None, help="`recserve plan shard --json` output (boundaries, replicas)")
     p.add_argument("--shards-per-table", type=count, default=2, help="without --plan: hot shard + even cold shards")
     p.add_argument("--replicas", default=None, help="replicas per shard position, e.g. 2,1 (overrides the plan)")
-    p.add_argument("--target-qps", type=float, default=0.0,
+    p.add_argument("--target-qps", type=non_negative, default=0.0,
                    help="set every shard's replicas to ceil(target / its measured rate) (ElasticRec Alg. 1)")
     p.add_argument("--dense-replicas", type=count, default=None, help="dense-shard workers (default: plan or 1)")
     p.add_argument("--locality", type=fraction, default=0.9, help="warm-up sample: share of lookups on hottest 10%%")

@@ -33,6 +33,8 @@ from recserve.serving.shards.service import (
 from recserve.specs import ModelSpec, get_model
 from recserve.zoo import RecModel, build, sample_batch
 
+RESTART_FIRST_S, RESTART_MOST_S = 1.0, 30.0  # a replica whose restart failed is tried again after this (doubling)
+
 
 def dense_options(layout: ShardLayout, rows: tuple[int, ...], endpoints: dict[str, list[str]],
                   timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
@@ -102,8 +104,11 @@ class ReplicaProcess:
     replica: int
     process: Any
     conn: Any
+    args: ReplicaArgs
     pid: int = 0
     port: int = 0
+    next_try: float = 0.0  # a restart that failed is tried again from then (monotonic s)
+    backoff_s: float = RESTART_FIRST_S
 
     @property
     def address(self) -> str:
@@ -119,6 +124,7 @@ class ShardedDeployment:
     replicas: list[ReplicaProcess]
     server: Any = None
     ports: Any = None
+    weights_dir: Path | None = None  # the shards' rows, which a replica that died is restarted from
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -153,6 +159,31 @@ class ShardedDeployment:
                 return r.pid
         raise KeyError(f"{shard} replica {replica}")
 
+    def restart_dead(self, progress: bool = True) -> int:
+        """Restart every replica whose process died, on its own port (the dense workers' channels reconnect to
+        it); each is logged.  A restart that fails is tried again after a back-off (1 s doubling to 30 s).
+        Returns how many replicas are down after this call."""
+        down = 0
+        for r in self.replicas:
+            if self._stopped or r.process.is_alive():
+                continue
+            now = time.monotonic()
+            if now < r.next_try:
+                down += 1
+                continue
+            _log(progress, f"embedding shard {r.shard} replica {r.replica} (pid {r.pid}) exited with code "
+                           f"{r.process.exitcode}; restarting it on port {r.port}")
+            try:
+                _relaunch(r)
+            except RecserveError as exc:
+                r.next_try, r.backoff_s = now + r.backoff_s, min(RESTART_MOST_S, 2 * r.backoff_s)
+                _log(progress, f"embedding shard {r.shard} replica {r.replica}: restart failed ({exc}); trying "
+                               f"again in {r.next_try - now:.0f} s")
+                down += 1
+            else:
+                r.backoff_s = RESTART_FIRST_S
+        return down
+
     def stop(self) -> None:
         if self._stopped:
             return
@@ -160,6 +191,8 @@ class ShardedDeployment:
         if self.server is not None:
             self.server.stop(drain=False)
         _stop_replicas(self.replicas)
+        if self.weights_dir is not None:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def __enter__(self) -> ShardedDeployment:
         return self
@@ -183,11 +216,48 @@ def _stop_replicas(replicas: list[ReplicaProcess]) -> None:
         r.conn.close()
 
 
-def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir: Path, threads: int,
-                    progress: bool) -> list[ReplicaProcess]:
+def _launch(args: ReplicaArgs) -> tuple[Any, Any]:
+    """(process, pipe) of a replica started with ``args``."""
     from recserve.serving.node.forkserver import mp_context
 
     ctx = mp_context()
+    parent, child = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=replica_main, args=(child, args), daemon=True,
+                       name=f"recserve-shard-{args.shard}-{args.replica}")
+    proc.start()
+    child.close()
+    return proc, parent
+
+
+def _await_ready(r: ReplicaProcess) -> None:
+    """Wait for a started replica's pid and port."""
+    if not r.conn.poll(120):
+        raise RecserveError(f"embedding shard {r.shard} replica {r.replica} did not start in time")
+    try:
+        msg = r.conn.recv()
+    except EOFError:
+        raise RecserveError(f"embedding shard {r.shard} replica {r.replica} exited while starting") from None
+    if msg[0] != "ready":
+        raise RecserveError(f"embedding shard {r.shard} replica {r.replica}: {msg[1]}")
+    r.pid, r.port = int(msg[1]), int(msg[2])
+
+
+def _relaunch(r: ReplicaProcess) -> None:
+    """A dead replica started again on its port."""
+    r.conn.close()
+    r.process.join(0)
+    r.args = replace(r.args, port=r.port)
+    r.process, r.conn = _launch(r.args)
+    try:
+        _await_ready(r)
+    except RecserveError:
+        r.process.kill()
+        r.process.join(2)
+        raise
+
+
+def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir: Path, threads: int,
+                    progress: bool) -> list[ReplicaProcess]:
     replicas: list[ReplicaProcess] = []
     try:
         for table in layout.tables:
@@ -196,20 +266,10 @@ def _start_replicas(layout: ShardLayout, weights: dict[str, np.ndarray], workdir
                 path = workdir / f"{name}.npy"
                 np.save(path, weights[name])
                 for k in range(int(count)):
-                    parent, child = ctx.Pipe(duplex=True)
                     args = ReplicaArgs(name, k, str(path), threads=threads)
-                    proc = ctx.Process(target=replica_main, args=(child, args), daemon=True,
-                                       name=f"recserve-shard-{name}-{k}")
-                    proc.start()
-                    child.close()
-                    replicas.append(ReplicaProcess(name, k, proc, parent))
+                    replicas.append(ReplicaProcess(name, k, *_launch(args), args))
         for r in replicas:
-            if not r.conn.poll(120):
-                raise RecserveError(f"embedding shard {r.shard} replica {r.replica} did not start in time")
-            msg = r.conn.recv()
-            if msg[0] != "ready":
-                raise RecserveError(f"embedding shard {r.shard} replica {r.replica}: {msg[1]}")
-            r.pid, r.port = int(msg[1]), int(msg[2])
+            _await_ready(r)
         _log(progress, f"{len(replicas)} embedding-shard replicas up: " + ", ".join(
             f"{r.shard}#{r.replica}@{r.port}" for r in replicas))
     except BaseException:
@@ -243,13 +303,15 @@ def start_sharded(layout: ShardLayout, *, model_name: str | None = None, dense_r
     _log(progress, f"cutting {len(layout.shard_names())} shards of {spec.name} (scale {layout.scale:g})")
     weights = shard_weights(model, layout)
     del model
-    workdir = Path(tempfile.mkdtemp(prefix="recserve-shards-"))
+    workdir = Path(tempfile.mkdtemp(prefix="recserve-shards-"))  # kept while the replicas may be restarted
     try:
         replicas = _start_replicas(layout, weights, workdir, threads, progress)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     finally:
         del weights
-        shutil.rmtree(workdir, ignore_errors=True)
-    deployment = ShardedDeployment(layout, model_name or spec.name, replicas)
+    deployment = ShardedDeployment(layout, model_name or spec.name, replicas, weights_dir=workdir)
     try:
         cfg = ModelConfig(model=spec.name, name=deployment.model_name, scale=layout.scale,
                           workers=int(dense_replicas or layout.dense_replicas), threads=threads, share_tables=False,

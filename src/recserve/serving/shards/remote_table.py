@@ -57,6 +57,11 @@ class ShardCallError(RuntimeError):
 # ---------------------------------------------------------------- client side (in dense workers)
 
 
+# a replica restarted on its port is reached within a second (gRPC's default back-off grows to 120 s)
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
 @dataclass
 class _Replica:
     address: str
@@ -76,7 +81,7 @@ class ShardClient:
         self._lock = threading.Lock()
 
     def _connect(self, r: _Replica) -> None:
-        r.channel = grpc.insecure_channel(r.address, options=GRPC_OPTIONS[:2])
+        r.channel = grpc.insecure_channel(r.address, options=GRPC_OPTIONS[:2] + RECONNECT_OPTIONS)
         r.call = r.channel.unary_unary(INFER_METHOD, request_serializer=service_pb2.ModelInferRequest.SerializeToString,
                                        response_deserializer=service_pb2.ModelInferResponse.FromString)
 
