@@ -189,3 +189,21 @@ def test_a_seeded_baselines_fields_describe_the_same_runs(tmp_path):
     random = json.loads(out.read_text())["baselines"]["random"]
     assert random["runs"] > 1 and random["colocated_servers"] <= random["servers"]
     assert random["servers_min"] <= random["servers"] <= random["servers_max"]
+
+
+@pytest.mark.parametrize("converged", [1.0, 0.0])
+def test_a_capacity_of_zero_says_whether_the_sla_is_missed_or_the_search_stopped_short(hera, converged):
+    """A quick profile whose few probes all failed measured no capacity; it was once reported as a model that
+    misses its SLA with no load, though its unloaded tail was under the SLA."""
+    profiles, _, _ = hera
+    dead = ProfileSet(list(profiles))
+    cols = ("workers", "max_qps", "violating_qps", "probes", "converged", "unloaded_pctl_ms")
+    for kind, columns, rows in [("maxload_vs_workers", cols, [[1.0, 0.0, 87.4, 4.0, converged, 12.2],
+                                                               [16.0, 0.0, 87.4, 4.0, converged, 12.2]]),
+                                ("maxload_vs_ways", ("ways", "max_qps"), [[1.0, 0.0], [11.0, 0.0]]),
+                                ("membw_vs_workers", ("workers", "gbs"), [[1.0, 1.0], [16.0, 1.0]])]:
+        dead.add(ProfileTable("slow", NODE.name, kind, columns, rows, source="measured"))
+    said = "misses its SLA even at no load" if converged else \
+        r"search at 1 worker\(s\) stopped before any rate met the SLA .*unloaded tail 12\.2 ms.*without --quick"
+    with pytest.raises(InfeasibleError, match=said):
+        plan_colocation(dead, NODE, {"slow": 1.0})

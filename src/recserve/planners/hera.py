@@ -71,6 +71,20 @@ def _resample(table: ProfileTable, y: str, xs: np.ndarray) -> np.ndarray:
     return np.array([table.interp(float(x), y) for x in xs])
 
 
+def _serves_nothing(table: ProfileTable, model: str, server: str) -> str:
+    """Why a model's measured max load is 0 at every worker count: its SLA is missed with no load, or the search
+    that measured it stopped before any rate passed (a quick profile's few probes), which says nothing of the SLA."""
+    cols = table.columns
+    unfinished = [r for r in table.rows if "converged" in cols and not r[cols.index("converged")]]
+    if not unfinished:
+        return f"model {model!r} misses its SLA even at no load on {server!r}"
+    row = unfinished[0]
+    unloaded = row[cols.index("unloaded_pctl_ms")] if "unloaded_pctl_ms" in cols else float("nan")
+    return (f"model {model!r} on {server!r}: the profile's max-load search at {row[cols.index('workers')]:g} "
+            f"worker(s) stopped before any rate met the SLA (its probes spent; unloaded tail {unloaded:.1f} ms), "
+            "so it measured no capacity: profile again with more probes (without --quick)")
+
+
 def model_curves(profiles: ProfileSet | dict, model: str, server: ServerType, threshold: float = 0.5,
                  tail: float = 0.25, knee: float = 0.95) -> ModelCurves:
     """Resample a model's Hera profiles on ``server``; ``profiles`` may be a prebuilt index."""
@@ -103,7 +117,7 @@ def model_curves(profiles: ProfileSet | dict, model: str, server: ServerType, th
     at = np.where(qps > 0, best, np.minimum(workers, feasible_workers))
     iso = qps[-1]
     if iso <= 0:
-        raise InfeasibleError(f"model {model!r} misses its SLA even at no load on {server.name!r}")
+        raise InfeasibleError(_serves_nothing(mw, model, server.name))
     step = max(1, math.ceil(tail * W))
     slope = float((qps[W] - qps[W - step]) / iso / (step / W))
     useful = int(np.argmax(qps >= knee * iso))
