@@ -290,8 +290,14 @@ def test_cli_trace_and_indices(tmp_path, capsys):
     ["workload", "trace", "--peak-qps", "abc"],
     ["workload", "indices", "--locality", "2"],
     ["workload", "trace-show", "/no/such/trace.json"],
+    ["workload", "sample", "--n", "2e9", "#at most 100,000,000"],  # once a 15 GiB allocation's traceback
+    ["workload", "trace", "--peak-qps", "a=1,a=2", "#names ['a'] more than once"],
+    ["workload", "trace", "--peak-qps", "5", "--hours", "8784", "--step-min", "0.02", "#at most 1,000,000"],
+    ["workload", "indices", "--hot-fraction", "2", "#in (0, 1]"],
 ])
 def test_cli_bad_input_exits_2_with_one_line(argv, capsys):
-    assert main(argv) == 2
+    said = [a[1:] for a in argv if a.startswith("#")]
+    assert main([a for a in argv if not a.startswith("#")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("recserve") and "error:" in err and "\n" not in err  # argparse: "recserve workload x: error:"
+    assert all(s in err for s in said), err

@@ -35,13 +35,21 @@ def _params(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+MAX_DRAWS = 100_000_000  # samples one command draws: 800 MB of int64, and its statistics
+MAX_TRACE_STEPS = 1_000_000  # steps of one trace (a year at 1 min is 527,040)
+
+
 def _positive_int(text: str) -> int:
+    """A count of draws, at most ``MAX_DRAWS`` (2e9 once tried to allocate 15 GiB)."""
     try:
-        value = int(text)
+        value = int(float(text)) if "e" in text.lower() else int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    if value > MAX_DRAWS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DRAWS:,} (about {MAX_DRAWS * 8 / 1e9:.1f} GB of draws), got "
+                                         f"{value:,}")
     return value
 
 
@@ -81,13 +89,21 @@ def _peaks(text: str) -> float | dict[str, float]:
     try:
         if "=" not in text:
             return float(text)
-        return {k.strip(): float(v) for k, _, v in (p.partition("=") for p in text.split(",") if p.strip())}
+        pairs = [(k.strip(), float(v)) for k, _, v in (p.partition("=") for p in text.split(",") if p.strip())]
     except ValueError:
         raise WorkloadError(f"--peak-qps expects a number or MODEL=QPS,MODEL=QPS, got {text!r}") from None
+    twice = sorted({k for k, _ in pairs if sum(1 for other, _ in pairs if other == k) > 1})
+    if twice:
+        raise WorkloadError(f"--peak-qps names {twice} more than once")
+    return dict(pairs)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     peaks = _peaks(args.peak_qps)
+    steps = args.hours * 60 / args.step_min
+    if steps > MAX_TRACE_STEPS:
+        raise WorkloadError(f"--hours {args.hours:g} at --step-min {args.step_min:g} is {steps:,.0f} steps; at most "
+                            f"{MAX_TRACE_STEPS:,} (a longer step, or fewer hours)")
     if args.models:
         if isinstance(peaks, dict):
             raise WorkloadError("give either --models with one --peak-qps number or MODEL=QPS pairs, not both")
@@ -222,7 +238,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ip = wsub.add_parser("indices", help="draw embedding indices and measure their locality")
     ip.add_argument("--locality", type=number(0, 1), help="share of lookups on the hottest rows (ElasticRec's P)")
     ip.add_argument("--zipf", type=positive, help="Zipf exponent alpha instead of --locality")
-    ip.add_argument("--hot-fraction", type=float, default=0.1,
+    ip.add_argument("--hot-fraction", type=number(0, 1, low_open=True), default=0.1,
                     help="share of the rows that are hot, for --locality and the measured locality "
                          "(default %(default)s)")
     ip.add_argument("--hot", choices=("scattered", "first"), default="scattered", help="where the hot rows lie")
