@@ -132,7 +132,7 @@ def _infer(port: int, batch, timeout_s: float) -> tuple[object, bytes]:
     return reply.status, reply.body
 
 
-def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_dir, start_node):
+def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(tmp_path, disk_dir, start_node):
     import signal
     import time
 
@@ -168,6 +168,13 @@ def test_served_corruption_is_an_error_and_a_swapped_file_is_never_served(disk_d
     # server's shutdown for its 60 s grace period; every restart attempt in between is watched
     status, body = _infer(ports.http, sample_batch(reference, 8, rng=3), 60)
     assert status != 200, "a worker served the swapped file"
+    # the restarts go on, backing off: once the file is rebuilt, the next one serves it
+    assert main(["tier", "rebuild", "--config", node_config(tmp_path, disk_dir)]) == 0
+    deadline = time.monotonic() + 120
+    while (status := _infer(ports.http, sample_batch(reference, 8, rng=4), 60)[0]) != 200 \
+            and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert status == 200
 
 
 def test_a_serving_node_reads_rebuilt_files_once_its_workers_are_replaced(tmp_path, disk_dir, start_node, capsys):

@@ -133,10 +133,11 @@ class QueryDispatcher:
         if not self.accepting:
             raise InferError("unavailable", f"model {self.name!r} is not accepting queries (shutting down)")
         batch = self.decode(arrays)
-        empty = [stage for stage, pool in self.pools.items() if not pool.workers and not pool.restarting]
+        empty = [stage for stage, pool in self.pools.items()
+                 if not pool.workers and (not pool.restarting or pool.crash_looping)]
         if empty:
             raise InferError("unavailable", f"model {self.name!r} has no {empty[0]} workers (they died and "
-                                            "could not be restarted)")
+                                            "restarting them fails; the node keeps trying, see its log)")
         if self.in_flight >= self.cfg.queue_limit:
             raise InferError("unavailable", f"model {self.name!r} is overloaded: {self.in_flight} queries "
                                             f"in flight (queue_limit {self.cfg.queue_limit}); retry later")

@@ -25,7 +25,8 @@ log = logging.getLogger("recserve.serving")
 
 WORKER_START_TIMEOUT_S = 120.0
 WORKER_STOP_TIMEOUT_S = 10.0
-MAX_RESTARTS_IN_A_ROW = 5
+MAX_RESTARTS_IN_A_ROW = 5  # failed restarts after which queries are refused at once (restarts go on)
+RESTART_MOST_S = 30.0  # the longest wait between two restart attempts
 
 
 class PoolEvents(Protocol):
@@ -54,6 +55,7 @@ class WorkerPool:
         self.cores_spec = flat_cores(cores_spec)
         self.workers: list[WorkerHandle] = []
         self.restarting = 0
+        self.crash_looping = 0  # restarts that failed MAX_RESTARTS_IN_A_ROW times and go on trying
         self.stopping = False
         self._launcher = launcher
         self._events = events
@@ -178,25 +180,46 @@ class WorkerPool:
         task.add_done_callback(self._tasks.discard)
 
     async def _restart(self, dead: WorkerHandle) -> None:
+        """Start a worker in the dead one's place; keep trying while it fails (what it needs may come back: a
+        table file rebuilt), backing off to ``RESTART_MOST_S``.  After ``MAX_RESTARTS_IN_A_ROW`` failures with no
+        worker left, queries are answered 503 at once rather than held for a worker that may never come."""
         self.restarting += 1
+        attempt = 0
         try:
-            for attempt in range(MAX_RESTARTS_IN_A_ROW):
-                if self.stopping:
-                    return
+            while not self.stopping:
                 try:
                     handle = await self.start_worker(dead.cores, dead.threads)
-                    if self.stopping:  # the model stopped while this worker started
-                        handle.retiring = True
-                        self.pump()
-                        await await_exit([handle], WORKER_STOP_TIMEOUT_S)
-                    return
                 except Exception as exc:  # noqa: BLE001 - an OSError (fork, pipe, memory) is a failed attempt too
-                    log.error("model %s: %s (restart attempt %d)", self.name, exc, attempt + 1)
-                    await asyncio.sleep(0.5 * (attempt + 1))
+                    attempt += 1
+                    wait_s = min(RESTART_MOST_S, 0.5 * attempt)
+                    log.error("model %s: %s worker restart attempt %d failed: %s; next attempt in %.1f s", self.name,
+                              self.stage, attempt, exc, wait_s)
+                    if attempt == MAX_RESTARTS_IN_A_ROW:
+                        self.crash_looping += 1
+                        if not self.workers:  # nobody will take the queued parts: answer, never hang
+                            self._events.unserved(self, f"model {self.name!r}: no {self.stage} worker could be "
+                                                        "restarted")
+                    await self._pause(wait_s)
+                    continue
+                if attempt:
+                    log.warning("model %s: %s worker restarted after %d failed attempts", self.name, self.stage,
+                                attempt)
+                if self.stopping:  # the model stopped while this worker started
+                    handle.retiring = True
+                    self.pump()
+                    await await_exit([handle], WORKER_STOP_TIMEOUT_S)
+                return
         finally:
             self.restarting -= 1
-        if not self.workers and not self.restarting:  # nobody will take the queued parts: answer, never hang
-            self._events.unserved(self, f"model {self.name!r}: no {self.stage} worker could be restarted")
+            if attempt >= MAX_RESTARTS_IN_A_ROW:
+                self.crash_looping -= 1
+
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if the pool stops meanwhile (a stop does not wait out a restart's back-off)."""
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end:
+            await asyncio.sleep(min(0.1, end - time.monotonic()))
 
 
 async def await_exit(workers: list[WorkerHandle], timeout_s: float) -> None:
