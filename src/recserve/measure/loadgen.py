@@ -361,14 +361,29 @@ async def until(loop: asyncio.AbstractEventLoop, when: float, spin_s: float = 0.
         await asyncio.sleep(0)
 
 
-async def warm_up(target: Target, n: int) -> None:
+def _warm_up_log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def warm_up(target: Target, n: int, log: Callable[[str], None] = _warm_up_log) -> bool:
     """Send pooled queries ``0..n-1`` once each, one at a time (connections, server caches, lazy init),
-    unclocked.  Failures are ignored: the measured runs count them."""
+    unclocked.  Failures are ignored (the measured runs count them), except a timeout: a server that
+    does not answer one query alone would make each of the ``n`` wait out the timeout in turn, so the
+    first ends the warm-up with a line naming the target and the timeout.  False if it ended so."""
+    timeout_s = getattr(target, "timeout_s", None)
     for i in range(n):
         try:
-            await target.infer(i)
+            async with asyncio.timeout(timeout_s):
+                await target.infer(i)
+        except (TimeoutError, RequestFailed) as exc:
+            if isinstance(exc, TimeoutError) or exc.kind == "timeout":
+                within = f" within {timeout_s:g} s (the client timeout)" if timeout_s else ""
+                log(f"[load] warm-up ended: no answer from {target.name}{within}; the measured run goes on, "
+                    "bounded by its duration plus that timeout")
+                return False
         except Exception:  # noqa: BLE001 - warm-up only
             pass
+    return True
 
 
 def _status(sent: int, n: int, state: dict, t: float) -> str:
