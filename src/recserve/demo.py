@@ -608,8 +608,9 @@ def render_demo(data: dict[str, Any], base: Path) -> str:
     return "<h2>Steps</h2>" + report.table(rows)
 
 
-report.RENDERERS["demo-live"] = render_live
-report.RENDERERS["demo"] = render_demo
+report.register("demo-live", render_live, models=list, windows=list, peak_qps=dict, violation_fraction=dict,
+                decisions=list)
+report.register("demo", render_demo, steps=list)
 
 
 def write_report(run: DemoRun) -> Path:

@@ -13,12 +13,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from recserve.errors import RecserveError
 from recserve.jsonio import read_json
 from recserve.report.html import STYLE, esc, fmt, image, page, table
 from recserve.report.results import BODIES, is_profile_set, profile_set
 from recserve.report.structure import render_value
 
-__all__ = ["RENDERERS", "STYLE", "esc", "fmt", "generic_section", "image", "page", "report_from_files", "table"]
+__all__ = ["FIELDS", "RENDERERS", "STYLE", "esc", "fmt", "generic_section", "image", "page", "register",
+           "report_from_files", "table"]
+
+JSON_TYPES = {dict: "mapping", list: "list", str: "string", bool: "true/false", int: "number", float: "number"}
 
 
 def _pngs(data: Any, base: Path) -> list[Path]:
@@ -62,19 +66,59 @@ def generic_section(title: str, data: dict[str, Any], base: Path) -> str:
     return "\n".join([f"<h2>{esc(heading)}</h2>", _body(data), *_figures(title, data, base)])
 
 
+def _json_type(value: Any) -> str:
+    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def check_fields(path: Path, data: dict[str, Any]) -> None:
+    """A result of a known kind has the top-level fields its renderer reads, of the right JSON type: else one
+    error naming the file and the field (a renderer would fail with a traceback)."""
+    kind = data.get("kind")
+    if "kind" in data and not isinstance(kind, str):
+        raise RecserveError(f"{path}: field 'kind' must be a string, not a {_json_type(kind)}")
+    for name, wanted in FIELDS.get(kind, {}).items():
+        if name not in data:
+            raise RecserveError(f"{path}: a {kind} result needs field {name!r}")
+        if not isinstance(data[name], wanted) or isinstance(data[name], bool) and wanted is not bool:
+            raise RecserveError(f"{path}: field {name!r} of a {kind} result must be a {JSON_TYPES[wanted]}, "
+                                f"not a {_json_type(data[name])}")
+
+
+def _section(path: Path, data: dict[str, Any]) -> str:
+    """One result's section; a malformed record deeper inside is one error naming the file, not a traceback."""
+    check_fields(path, data)
+    kind = data.get("kind")
+    try:
+        render = RENDERERS.get(kind)
+        return render(data, path.parent) if render is not None else generic_section(path.name, data, path.parent)
+    except KeyError as exc:
+        raise RecserveError(f"{path}: a record of this {kind or 'result'} lacks field {exc.args[0]!r}") from exc
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise RecserveError(f"{path}: a field of this {kind or 'result'} has the wrong type or value ({exc})") from exc
+
+
 def report_from_files(paths: list[str | Path], title: str = "recserve report") -> str:
     sections = []
     for p in paths:
         path = Path(p)
         data = read_json(path, what="result file")  # missing or not JSON: one clear error
-        render = RENDERERS.get(data.get("kind", "")) if isinstance(data, dict) else None
-        if render is not None:
-            sections.append(render(data, path.parent))
-        elif isinstance(data, dict):
-            sections.append(generic_section(path.name, data, path.parent))
+        if isinstance(data, dict):
+            sections.append(_section(path, data))
         else:
             sections.append(f"<h2>{esc(path.name)}</h2><pre>{esc(json.dumps(data, indent=1)[:5000])}</pre>")
     return page(title, sections, f"from {len(paths)} result file(s)")
 
 
 RENDERERS: dict[str, Any] = {}
+"""Renderers of whole sections by result kind, ``(data, folder) -> html`` (the demo's register here)."""
+FIELDS: dict[str, dict[str, type]] = {
+    "load_run": {"latency_ms": dict, "errors": dict}, "max_load": {"probes": list}, "sweep": {"probes": list},
+    "offload_threshold": {"results": list},
+}
+"""The top-level fields, and their JSON types, each known kind's renderer reads."""
+
+
+def register(kind: str, render: Any, **fields: type) -> None:
+    """Render results of ``kind`` with ``render``; ``fields``: the top-level fields it needs and their types."""
+    RENDERERS[kind] = render
+    FIELDS[kind] = fields
