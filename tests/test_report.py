@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import json
 
 import matplotlib
@@ -61,3 +62,17 @@ def test_a_missing_or_unreadable_result_file_is_one_clear_error(tmp_path, capsys
     assert main(["report", str(tmp_path / "fleet.yaml"), "--out", str(tmp_path / "r.html")]) == 2
     assert f"{tmp_path / 'fleet.yaml'}: not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_each_live_run_embeds_its_own_figure(tmp_path):
+    windows = [{"t_s": 3.0, "model": "a", "offered_qps": 5.0, "achieved_qps": 4.0, "p95_ms": 50.0, "sla_ms": 100.0,
+                "errors": 0, "workers": 1}]
+    live = {"kind": "demo-live", "models": ["a"], "windows": windows, "peak_qps": {"a": 5.0}, "window_s": 3.0,
+            "violation_fraction": {"a": 0.0}, "decisions": []}
+    _png(tmp_path / "live.png")
+    (tmp_path / "live_static.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"static-run-figure")
+    (tmp_path / "live_static.json").write_text(json.dumps({**live, "controller": "static"}))
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "live_static.json"), "--out", str(out)]) == 0
+    embedded = out.read_text().split("data:image/png;base64,")[1].split('"')[0]
+    assert base64.b64decode(embedded) == (tmp_path / "live_static.png").read_bytes()

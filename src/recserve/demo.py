@@ -240,7 +240,7 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
             data.update(measured.to_dict())
             if name == LIVE_CONTROLLERS[0]:
                 data["compared"] = compared
-            path = run.path("live/live.json" if name == LIVE_CONTROLLERS[0] else f"live/live_{name}.json")
+            path = run.path(f"live/{live_stem(name)}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(data, indent=1))
             step.outputs += [str(path), str(plot_live(data, path.with_suffix(".png")))]
@@ -250,6 +250,11 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
                                     for name, v in compared.items())
                         + f"; {len(lead['decisions'])} RMU decisions")
     return go
+
+
+def live_stem(controller: str) -> str:
+    """The file stem of a controller's live run (its JSON and figure): ``live`` for the report's main run."""
+    return "live" if controller == LIVE_CONTROLLERS[0] else f"live_{controller}"
 
 
 def live_rates(shape: str, capacity: dict[str, Any], windows: int, window_s: float,
@@ -599,7 +604,8 @@ def render_live(data: dict[str, Any], base: Path) -> str:
                 for name, v in data.get("compared", {}).items()]
     return ("<h2>Live deployment on this host</h2>" + report.table(rows)
             + (("<h3>Windows over the SLA, same load, by controller</h3>" + report.table(compared)) if compared else "")
-            + report.image(base / "live.png") + "<h3>Resource-manager decisions</h3>" + report.table(decisions))
+            + report.image(base / f"{live_stem(data.get('controller', LIVE_CONTROLLERS[0]))}.png")
+            + "<h3>Resource-manager decisions</h3>" + report.table(decisions))
 
 
 def render_demo(data: dict[str, Any], base: Path) -> str:
