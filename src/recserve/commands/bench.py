@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import itertools
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,9 +60,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: float, before_run=None) -> int:
+    """Send the load ``args`` ask for; save ``--json`` then ``--plot``.  Ctrl-C or SIGTERM saves what completed,
+    marked ``interrupted``, and then stops the command as the signal does."""
     # the load generator imports torch (its request pools build zoo batches): only when a command sends load, so
     # every other command of the CLI starts without it
-    from recserve.measure.loadgen import LoadSession
+    from recserve.measure.loadgen import LoadSession, RunInterrupted
+    from recserve.measure.maxload import SearchInterrupted
     from recserve.measure.requests import RequestPool
 
     pool = RequestPool.from_mix(spec, args.scale, args.sizes, pool=args.pool, seed=args.seed, index=args.index)
@@ -68,53 +73,126 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
           f"(pool of {len(pool)}, mean {pool.mean_size:.0f} items), indices {args.index}", file=sys.stderr)
     run_kwargs = dict(max_requests=args.requests, max_inflight=args.max_inflight, timeout_s=args.timeout_ms / 1000.0,
                       warmup_s=args.warmup, progress=not args.quiet, integer_ms=args.integer_ms_gaps)
-    failed = 0  # the exit status: 1 when a single run got no answer with scores
-    with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run, procs=args.procs,
-                     spin_ms=args.spin_ms) as session:
-        if args.tune_offload:
-            out = _tune_offload(args, spec, target, session, sla_ms, percentile, run_kwargs)
-        elif args.find_max_load:
-            print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
-                  f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)
-            result = _max_load(args, session, sla_ms, percentile, run_kwargs, itertools.count(args.seed))
-            print(f"max load {result.max_qps:.2f} qps at p{percentile:g} <= {sla_ms:g} ms "
+    measured = Measured(args, spec, target, sla_ms, percentile)
+    try:
+        with LoadSession(target, pool, warm=not args.no_warmup, before_run=before_run, procs=args.procs,
+                         spin_ms=args.spin_ms) as session:
+            if args.tune_offload:
+                measured.out = _tune_offload(args, spec, target, session, sla_ms, percentile, run_kwargs)
+            elif args.find_max_load:
+                print(f"[bench] max-load search: p{percentile:g} <= {sla_ms:g} ms, start {args.rate:g} qps, "
+                      f"x{args.growth:g} then bisect to {args.rtol:.0%}", file=sys.stderr)
+                measured.search(_max_load(args, session, sla_ms, percentile, run_kwargs, itertools.count(args.seed)))
+            elif args.sweep:
+                measured.sweep(_sweep(args, session, sla_ms, percentile, run_kwargs))
+            else:
+                measured.run(session.run(args.rate, args.duration, seed=args.seed, **run_kwargs))
+    except (RunInterrupted, SearchInterrupted) as exc:
+        measured.interrupted(exc.result)
+        _save(args, measured)
+        raise exc.signal from None
+    _save(args, measured)
+    return measured.failed
+
+
+class Measured:
+    """What one ``bench`` command measured, as printed lines, its ``--json`` record and its ``--plot`` figure."""
+
+    def __init__(self, args: argparse.Namespace, spec, target, sla_ms: float, percentile: float) -> None:
+        self.args, self.spec, self.target, self.sla_ms, self.percentile = args, spec, target, sla_ms, percentile
+        self.out: dict | None = None
+        self.draw = None  # a function of the plot path, or None
+        self.failed = 0  # the exit status: 1 when a single run got no answer with scores
+
+    def _head(self, kind: str) -> dict:
+        return {"kind": kind, "model": self.spec.name, "scale": self.args.scale, "target": self.target.name,
+                "sizes": self.args.sizes, "index": self.args.index}
+
+    def search(self, result, kind: str = "max_load", interrupted: bool = False) -> None:
+        """A max-load search (or a sweep's curve): its line, record and latency-vs-load figure."""
+        from recserve.measure.plot import plot_latency_vs_load
+
+        p = self.percentile
+        if kind == "max_load":
+            bound = ">=" if interrupted else ""
+            print(f"max load {bound}{result.max_qps:.2f} qps at p{p:g} <= {self.sla_ms:g} ms "
                   f"(bracket {result.bracket[0]:.2f}..{result.bracket[1]:.2f}, {len(result.probes)} probes, "
                   f"{result.reason})")
-            out = {"kind": "max_load", "model": spec.name, "scale": args.scale, "target": target.name,
-                   "sizes": args.sizes, "index": args.index, **result.to_dict()}
-            if args.plot:
-                from recserve.measure.plot import plot_latency_vs_load
+        self.out = {**self._head(kind), **result.to_dict(), **({"interrupted": True} if interrupted else {})}
+        self.draw = lambda path: plot_latency_vs_load(result, path, f"{self.spec.name} via {self.target.name}")
 
-                plot_latency_vs_load(result, args.plot, f"{spec.name} via {target.name}")
-        elif args.sweep:
-            out = _sweep(args, spec, target, session, sla_ms, percentile, run_kwargs)
+    def sweep(self, curve) -> None:
+        self.search(curve, "sweep")
+
+    def run(self, result, interrupted: bool = False) -> None:
+        """One run: its summary, the server's refusal reasons, and a status of 1 if nothing was answered."""
+        from recserve.measure.plot import plot_run
+
+        print(result.summary())
+        if result.refusal_reasons:  # the server's own words for what it refused: what to change
+            print("[bench] the server refused queries: " + "; ".join(
+                f"{reason} (x{n})" for reason, n in sorted(result.refusal_reasons.items(), key=lambda kv: -kv[1])),
+                file=sys.stderr)
+        if result.ok == 0 and not interrupted:
+            self.failed = 1
+            errors = ", ".join(f"{kind}={n}" for kind, n in result.errors.items())
+            print(f"[bench] no query was answered with scores ({errors})" + (
+                "" if result.refusal_reasons else f": is a server up at {self.args.target}, serving "
+                                                  f"{self.args.served_name or self.spec.name}?"), file=sys.stderr)
+        self.out = {"kind": "load_run", "model": self.spec.name, "scale": self.args.scale, "sizes": self.args.sizes,
+                    "index": self.args.index, "sla_ms": self.sla_ms, "percentile": self.percentile,
+                    "meets_sla": result.percentile(self.percentile) <= self.sla_ms, **result.to_dict(),
+                    **({"interrupted": True} if interrupted else {})}
+        self.draw = lambda path: plot_run(result, path, f"{self.spec.name} via {self.target.name} at "
+                                                        f"{self.args.rate:g} qps")
+
+    def interrupted(self, result) -> None:
+        """What completed before Ctrl-C or SIGTERM, printed and recorded as ``interrupted``."""
+        from recserve.measure.maxload import MaxLoadResult
+
+        if result is None:
+            print("[bench] interrupted before any query completed: nothing to save", file=sys.stderr)
+        elif isinstance(result, MaxLoadResult):
+            self.search(result, "sweep" if self.args.sweep else "max_load", interrupted=True)
         else:
-            result = session.run(args.rate, args.duration, seed=args.seed, **run_kwargs)
-            print(result.summary())
-            if result.refusal_reasons:  # the server's own words for what it refused: what to change
-                print("[bench] the server refused queries: " + "; ".join(
-                    f"{reason} (x{n})" for reason, n in sorted(result.refusal_reasons.items(), key=lambda kv: -kv[1])),
-                    file=sys.stderr)
-            if result.ok == 0:
-                failed = 1
-                errors = ", ".join(f"{kind}={n}" for kind, n in result.errors.items())
-                print(f"[bench] no query was answered with scores ({errors})" + (
-                    "" if result.refusal_reasons else f": is a server up at {args.target}, serving "
-                                                      f"{args.served_name or spec.name}?"), file=sys.stderr)
-            out = {"kind": "load_run", "model": spec.name, "scale": args.scale, "sizes": args.sizes,
-                   "index": args.index, "sla_ms": sla_ms, "percentile": percentile,
-                   "meets_sla": result.percentile(percentile) <= sla_ms, **result.to_dict()}
-            if args.plot:
-                from recserve.measure.plot import plot_run
+            self.run(result, interrupted=True)
 
-                plot_run(result, args.plot, f"{spec.name} via {target.name} at {args.rate:g} qps")
+
+def _save(args: argparse.Namespace, measured: Measured) -> None:
+    """``--json`` first (atomically), then ``--plot``: a figure that cannot be drawn does not cost the numbers."""
+    if measured.out is None:
+        return
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_atomically(Path(args.json), json.dumps(measured.out, indent=1))
         print(f"[bench] wrote {args.json}", file=sys.stderr)
-    if args.plot:
+    if args.plot and measured.draw is not None:
+        measured.draw(args.plot)
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
-    return failed
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_output(flag: str, name: str) -> None:
+    """``--json``/``--plot`` can be written (its folder made, a file created there): checked before any load is
+    sent, so a typo does not cost the run."""
+    path = Path(name)
+    if path.is_dir():
+        raise RecserveError(f"{flag} {name}: is a folder, not a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as exc:
+        raise RecserveError(f"{flag} {name}: cannot write there ({exc.strerror or exc})") from exc
 
 
 def _max_load(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict,
@@ -162,27 +240,28 @@ def _tune_offload(args: argparse.Namespace, spec, target, session, sla_ms: float
             "results": [r.to_dict() for r in results]}
 
 
-def _sweep(args: argparse.Namespace, spec, target, session, sla_ms: float, percentile: float,
-           run_kwargs: dict) -> dict:
+def _sweep(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict):
     """One run per rate in ``--sweep``: the latency-vs-load curve without a search."""
-    from recserve.measure.maxload import MaxLoadResult, Probe
+    from recserve.measure.maxload import MaxLoadResult, Probe, SearchInterrupted
 
     probes = []
+
+    def curve(reason: str) -> MaxLoadResult:
+        best = max((p.rate for p in probes if p.ok), default=0.0)
+        return MaxLoadResult(best, sla_ms, percentile, list(probes), (best, float("inf")), False, reason)
+
     for k, rate in enumerate(args.sweep):
-        result = session.run(rate, args.duration, seed=args.seed + k, **run_kwargs)
+        try:
+            result = session.run(rate, args.duration, seed=args.seed + k, **run_kwargs)
+        except KeyboardInterrupt as exc:
+            raise SearchInterrupted(curve(f"interrupted after {len(probes)} rate(s)"),
+                                    getattr(exc, "signal", exc)) from exc
         latency = result.percentile(percentile)
         probes.append(Probe(rate, latency, latency <= sla_ms, result.to_dict()))
         print(f"{rate:10.2f} qps: {result.summary()}")
-    passing = [p.rate for p in probes if p.ok]
-    best = max(passing, default=0.0)
-    print(f"highest swept rate meeting p{percentile:g} <= {sla_ms:g} ms: {best:g} qps")
-    curve = MaxLoadResult(best, sla_ms, percentile, probes, (best, float("inf")), False, "sweep")
-    if args.plot:
-        from recserve.measure.plot import plot_latency_vs_load
-
-        plot_latency_vs_load(curve, args.plot, f"{spec.name} via {target.name}")
-    return {"kind": "sweep", "model": spec.name, "scale": args.scale, "target": target.name, "sizes": args.sizes,
-            "index": args.index, **curve.to_dict()}
+    done = curve("sweep")
+    print(f"highest swept rate meeting p{percentile:g} <= {sla_ms:g} ms: {done.max_qps:g} qps")
+    return done
 
 
 def _rates(text: str) -> list[float]:
@@ -208,6 +287,9 @@ def _check(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _check(args)
+    for flag, name in (("--json", args.json), ("--plot", args.plot)):
+        if name:
+            check_output(flag, name)
     return _run(args)
 
 

@@ -144,6 +144,15 @@ class LoadResult:
         }
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run: ``result`` holds the queries that completed before it (None if none did),
+    ``signal`` the interrupt itself, to raise again once the result is saved."""
+
+    def __init__(self, result: LoadResult | None, signal: KeyboardInterrupt) -> None:
+        super().__init__()
+        self.result, self.signal = result, signal
+
+
 REASONS_KEPT = 8  # distinct refusal messages a run's record keeps (the most frequent)
 
 
@@ -231,19 +240,29 @@ def _answered(refused_ms: np.ndarray | None, keep: np.ndarray) -> np.ndarray:
 
 
 async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_inflight: int, timeout_s: float,
-                progress: _Progress | None = None, start_at: float | None = None, spin_s: float = 0.0) -> Drive:
+                progress: _Progress | None = None, start_at: float | None = None, spin_s: float = 0.0,
+                snapshots: list[Callable[[], tuple[np.ndarray, Drive]]] | None = None) -> Drive:
     """Send query ``choice[k]`` at ``times[k]`` (s from the start: ``start_at`` on the loop's clock,
     ``time.monotonic()``, which processes on one host share; default 5 ms from now).  ``spin_s``: see
-    :func:`until`."""
+    :func:`until`.  ``snapshots`` gets a function returning the queries completed so far (their indices and a
+    Drive of them), for a run that is interrupted."""
     loop = asyncio.get_running_loop()
     n = len(times)
     latency, refused = np.full(n, np.nan), np.full(n, np.nan)
     kinds: list[str | None] = [None] * n
     reasons: list[str | None] = [None] * n
     lag = np.zeros(n)
-    state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0}
+    state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0, "sent": 0}
     cpu0, loop_cpu0 = time.process_time(), time.thread_time()
     start = loop.time() + 0.005 if start_at is None else start_at
+
+    def snapshot() -> tuple[np.ndarray, Drive]:
+        idx = np.array([k for k in range(state["sent"]) if kinds[k] is not None or not np.isnan(latency[k])], int)
+        return idx, Drive(latency[idx], [kinds[k] for k in idx], lag[idx], state["last"], time.process_time() - cpu0,
+                          time.thread_time() - loop_cpu0, refused[idx], [reasons[k] for k in idx])
+
+    if snapshots is not None:
+        snapshots.append(snapshot)
 
     async def one(k: int) -> None:
         try:
@@ -276,6 +295,7 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
             await asyncio.sleep(0)  # behind schedule: still let responses in
             unyielded = 0
         lag[k] = (loop.time() - start - times[k]) * 1000.0
+        state["sent"] = k + 1
         if state["inflight"] >= max_inflight:
             kinds[k] = "dropped"
             state["done"] += 1
@@ -481,9 +501,29 @@ class LoadSession:
             outcome = self._spread.run(times, choice, max_inflight, timeout_s, self.spin_s)
         else:
             bar = _Progress(progress, f"[load {rate:.1f} qps]")
-            outcome = self._call(drive(self.target, times, choice, max_inflight, timeout_s, bar, spin_s=self.spin_s))
+            snapshots: list[Callable[[], tuple[np.ndarray, Drive]]] = []
+            run = asyncio.run_coroutine_threadsafe(drive(self.target, times, choice, max_inflight, timeout_s, bar,
+                                                         spin_s=self.spin_s, snapshots=snapshots), self._loop)
+            try:
+                outcome = run.result()
+            except KeyboardInterrupt as exc:
+                bar.done()
+                raise RunInterrupted(self._completed(run, snapshots, rate, duration_s, times, choice, warmup_s),
+                                     exc) from exc
             bar.done()
         return self._result(rate, duration_s, times, choice, outcome, warmup_s)
+
+    def _completed(self, run: Any, snapshots: list, rate: float, duration_s: float | None, times: np.ndarray,
+                   choice: np.ndarray, warmup_s: float) -> LoadResult | None:
+        """An interrupted run stopped (its queries in flight cancelled) and what completed before, or None."""
+        run.cancel()
+        self._call(_cancel_others())
+        if not snapshots:
+            return None
+        idx, outcome = snapshots[0]()
+        if idx.size == 0:
+            return None
+        return self._result(rate, duration_s, times[idx], choice[idx], outcome, warmup_s)
 
     def _result(self, rate: float, duration_s: float | None, times: np.ndarray, choice: np.ndarray, outcome: Drive,
                 warmup_s: float) -> LoadResult:

@@ -48,6 +48,23 @@ class MaxLoadResult:
         return data
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a search: ``result`` holds the probes completed before it (its max load a lower
+    bound), ``signal`` the interrupt itself, to raise again once the result is saved."""
+
+    def __init__(self, result: MaxLoadResult, signal: KeyboardInterrupt) -> None:
+        super().__init__()
+        self.result, self.signal = result, signal
+
+
+def interrupted_result(probes: list[Probe], sla_ms: float, percentile: float) -> MaxLoadResult:
+    """The search so far: the highest passing rate below the lowest violating one, a lower bound on the max load."""
+    hi = min((p.rate for p in probes if not p.ok), default=math.inf)
+    lo = max((p.rate for p in probes if p.ok and p.rate < hi), default=0.0)
+    return MaxLoadResult(lo, sla_ms, percentile, list(probes), (lo, hi), False,
+                         f"interrupted after {len(probes)} probe(s): max load >= {lo:.2f} qps")
+
+
 def _failures(detail: dict[str, Any]) -> str:
     """A probe's failed queries for its log line: how many of each kind, and the server's most frequent refusal."""
     errors = detail.get("errors") or {}
@@ -99,7 +116,12 @@ def find_max_load(
     probes: list[Probe] = []
 
     def probe(rate: float) -> bool:
-        probes.append(p := _probe(run_at, rate, sla_ms, percentile))
+        try:
+            p = _probe(run_at, rate, sla_ms, percentile)
+        except KeyboardInterrupt as exc:
+            raise SearchInterrupted(interrupted_result(probes, sla_ms, percentile),
+                                    getattr(exc, "signal", exc)) from exc
+        probes.append(p)
         if log:
             log(f"  {rate:10.2f} qps: p{percentile:g} {p.latency_ms:9.2f} ms {'ok' if p.ok else 'VIOLATES'} "
                 f"SLA {sla_ms:g} ms{_failures(p.detail)}")

@@ -1,0 +1,93 @@
+"""``bench`` keeps what it measured: output paths checked before load, JSON before the figure, and Ctrl-C or
+SIGTERM saving what completed, marked ``interrupted``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from recserve.cli import main
+from recserve.commands.bench import Measured, _save
+from recserve.measure.maxload import SearchInterrupted, find_max_load
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_load_is_sent(tmp_path, capsys, flag):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    t0 = time.monotonic()
+    code = main(["bench", "--model", "hera-ncf", "--target", "http://127.0.0.1:9", "--duration", "1",
+                 flag, str(blocker / "r.out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} {blocker / 'r.out'}: cannot write there" in err
+    assert "[bench]" not in err and time.monotonic() - t0 < 30  # refused before the pool was built or load sent
+
+
+def test_the_json_is_written_before_the_figure_so_a_failing_figure_does_not_lose_it(tmp_path):
+    measured = Measured(SimpleNamespace(), None, None, 10.0, 95.0)
+    measured.out = {"kind": "load_run", "ok": 3}
+
+    def draw(path):
+        raise OSError(5, "figure failed", path)
+
+    measured.draw = draw
+    args = SimpleNamespace(json=str(tmp_path / "r.json"), plot=str(tmp_path / "r.png"))
+    with pytest.raises(OSError):
+        _save(args, measured)
+    assert json.loads((tmp_path / "r.json").read_text()) == {"kind": "load_run", "ok": 3}
+
+
+def test_an_interrupted_search_keeps_its_completed_probes_as_a_lower_bound():
+    calls = []
+
+    def run_at(rate):
+        calls.append(rate)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return 5.0
+
+    with pytest.raises(SearchInterrupted) as caught:
+        find_max_load(run_at, 10.0, start_qps=5.0)
+    result = caught.value.result
+    assert [p.rate for p in result.probes] == [5.0, 10.0] and result.max_qps == 10.0 and not result.converged
+    assert "interrupted after 2 probe(s)" in result.reason and type(caught.value.signal) is KeyboardInterrupt
+
+
+@pytest.mark.integration
+def test_sigterm_during_a_run_saves_what_completed_marked_interrupted(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "bench", "--model", "hera-ncf", "--target",
+                             "inprocess:thread", "--rate", "20", "--duration", "120", "--json", str(out)],
+                            env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(64), "")), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while "sent " not in "".join(err) or "done 0 " in "".join(err).rsplit("[load", 1)[-1]:
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(err)
+            time.sleep(0.5)
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGTERM)
+        stdout = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    assert proc.returncode == 143 and "stopped (SIGTERM)" in "".join(err)
+    assert "offered 20.0 qps" in stdout  # the summary of what completed
+    saved = json.loads(out.read_text())
+    assert saved["kind"] == "load_run" and saved["interrupted"] is True and 0 < saved["measured"] < 2400
