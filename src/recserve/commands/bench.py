@@ -110,15 +110,17 @@ class Measured:
 
     def search(self, result, kind: str = "max_load", interrupted: bool = False) -> None:
         """A max-load search (or a sweep's curve): its line, record and latency-vs-load figure."""
+        from recserve.measure.maxload import refusal_bound
         from recserve.measure.plot import plot_latency_vs_load
 
-        p = self.percentile
+        p, limited = self.percentile, refusal_bound(result)
         if kind == "max_load":
             bound = ">=" if interrupted else ""
             print(f"max load {bound}{result.max_qps:.2f} qps at p{p:g} <= {self.sla_ms:g} ms "
                   f"(bracket {result.bracket[0]:.2f}..{result.bracket[1]:.2f}, {len(result.probes)} probes, "
-                  f"{result.reason})")
-        self.out = {**self._head(kind), **result.to_dict(), **({"interrupted": True} if interrupted else {})}
+                  f"{result.reason})" + (f"; {limited}" if limited else ""))
+        self.out = {**self._head(kind), **result.to_dict(), **({"interrupted": True} if interrupted else {}),
+                    **({"limited_by": "refusals", "limited_note": limited} if limited else {})}
         self.draw = lambda path: plot_latency_vs_load(result, path, f"{self.spec.name} via {self.target.name}")
 
     def sweep(self, curve) -> None:

@@ -79,11 +79,43 @@ def _failures(detail: dict[str, Any]) -> str:
 
 
 def _latency_of(outcome: Any, percentile: float) -> tuple[float, dict[str, Any]]:
-    """A probe's outcome is either the percentile latency (ms) or an object with ``percentile(p)``."""
+    """A probe's outcome is either the percentile latency (ms) or an object with ``percentile(p)``; a load run's
+    detail also keeps the percentile of its answered queries alone (``answered_pctl_ms``)."""
     if hasattr(outcome, "percentile"):
         detail = outcome.to_dict() if hasattr(outcome, "to_dict") else {}
+        if hasattr(outcome, "latencies_ms"):
+            answered = float(outcome.percentile(percentile, failures_as_inf=False))
+            detail["answered_pctl_ms"] = answered if math.isfinite(answered) else None
         return float(outcome.percentile(percentile)), detail
     return float(outcome), {}
+
+
+REFUSAL_KINDS = ("http_503", "http_504", "http_429", "grpc_UNAVAILABLE", "grpc_DEADLINE_EXCEEDED",
+                 "grpc_RESOURCE_EXHAUSTED")
+"""Failures that are the server shedding a query (overloaded, past its own deadline), not a client failure."""
+
+
+def refusal_bound(result: MaxLoadResult) -> str:
+    """Why the SLA broke when the server's refusals, not latency, did it: every violating probe's answered queries
+    met the SLA and the server refused some (a node whose deadline_ms is under the SLA sheds queries the SLA would
+    still count as met).  Empty when latency bounded the search or it cannot tell."""
+    violating = [p for p in result.probes if not p.ok and p.rate > 0]
+    if not violating:
+        return ""
+    for p in violating:
+        answered = p.detail.get("answered_pctl_ms")
+        refused = sum((p.detail.get("errors") or {}).get(kind, 0) for kind in REFUSAL_KINDS)
+        if answered is None or answered > result.sla_ms or refused == 0:
+            return ""
+    reasons: dict[str, int] = {}
+    for p in violating:
+        for reason, n in (p.detail.get("refusal_reasons") or {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    top = max(reasons, key=lambda r: reasons[r]) if reasons else ""
+    return ("bounded by the server's refusals, not by latency: the queries it answered met the SLA"
+            + (f" (most often: {top})" if top else "")
+            + "; a node sheds at its deadline_ms (default 2 x the model's SLA): raise it in the node's config, "
+              "or give --sla-ms under it")
 
 
 def _probe(run_at: Callable[[float], Any], rate: float, sla_ms: float, percentile: float) -> Probe:

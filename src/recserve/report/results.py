@@ -18,7 +18,7 @@ LOAD_HEAD = ("model", "target", "scale", "sizes", "index", "offered_qps", "achie
              "sent", "measured", "ok", "sla_ms", "percentile", "meets_sla", "interrupted")
 LATENCY = ("p50", "p95", "p99", "mean_ok", "max_ok")
 SEARCH_HEAD = ("model", "target", "scale", "sizes", "index", "max_qps", "sla_ms", "percentile", "bracket",
-               "converged", "reason", "limited_by", "interrupted")
+               "converged", "reason", "limited_by", "limited_note", "interrupted")
 
 
 def _fields(data: dict[str, Any], names: tuple[str, ...]) -> str:
