@@ -39,3 +39,21 @@ def test_the_printed_line_and_the_json_carry_the_note(capsys):
     line = capsys.readouterr().out
     assert line.startswith("max load 40.00 qps") and "bounded by the server's refusals" in line
     assert measured.out["limited_by"] == "refusals" and "deadline_ms" in measured.out["limited_note"]
+
+
+def test_an_sla_missed_even_unloaded_gives_max_load_0_at_once(tmp_path, capsys):
+    import json
+    import time
+
+    from recserve.cli import main
+
+    out = tmp_path / "m.json"
+    t0 = time.monotonic()
+    assert main(["bench", "--model", "hera-ncf", "--target", "inprocess:thread", "--find-max-load", "--sla-ms",
+                 "0.0001", "--duration", "1", "--quiet", "--json", str(out)]) == 0
+    assert time.monotonic() - t0 < 60  # halving from 10 qps with 50-query probes would take hours
+    captured = capsys.readouterr()
+    assert captured.out.startswith("max load 0.00 qps") and "unloaded p95" in captured.out
+    assert "no rate can meet it" in captured.err
+    saved = json.loads(out.read_text())
+    assert saved["max_qps"] == 0 and len(saved["probes"]) == 1 and saved["probes"][0]["rate"] == 0

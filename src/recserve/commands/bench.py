@@ -199,9 +199,14 @@ def check_output(flag: str, name: str) -> None:
 
 def _max_load(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict,
               probe_seed: Iterator[int]):
-    """``--find-max-load``'s search: each probe a run of ``--duration`` at its rate with the next seed."""
-    from recserve.measure.maxload import find_max_load, stderr_log
+    """``--find-max-load``'s search: each probe a run of ``--duration`` at its rate with the next seed, after
+    checking queries sent one at a time meet the SLA (else max load 0 at once, as ``profile host`` does)."""
+    from recserve.measure.maxload import find_max_load, stderr_log, unloaded_miss
 
+    missed = unloaded_miss(session.unloaded_latency_ms(), sla_ms, percentile)
+    if missed is not None:
+        stderr_log(f"[bench] {missed.reason} {sla_ms:g} ms with each pooled query sent alone: no rate can meet it")
+        return missed
     return find_max_load(
         lambda rate: session.run(rate, args.duration, seed=next(probe_seed), min_requests=args.min_requests,
                                  **run_kwargs),

@@ -455,7 +455,8 @@ class LoadSession:
     def unloaded_latency_ms(self) -> np.ndarray:
         """Each pooled query sent alone, one after another: latency with no queueing at all (ms).
 
-        If its SLA percentile already misses the target, no arrival rate can meet it."""
+        If its SLA percentile already misses the target, no arrival rate can meet it.  A query that times out
+        leaves the rest unsent and infinitely slow: a server that does not answer would hold each for the timeout."""
         self.settle()
 
         async def one_by_one() -> list[float]:
@@ -465,8 +466,10 @@ class LoadSession:
                 try:
                     await self.target.infer(i)
                     out.append((time.perf_counter() - t0) * 1000.0)
-                except RequestFailed:
+                except RequestFailed as exc:
                     out.append(float("inf"))
+                    if exc.kind == "timeout":
+                        return out + [float("inf")] * (len(self.pool) - len(out))
             return out
 
         return np.asarray(self._call(one_by_one()))

@@ -65,6 +65,21 @@ def interrupted_result(probes: list[Probe], sla_ms: float, percentile: float) ->
                          f"interrupted after {len(probes)} probe(s): max load >= {lo:.2f} qps")
 
 
+def unloaded_miss(unloaded_ms: Any, sla_ms: float, percentile: float) -> MaxLoadResult | None:
+    """Max load 0 when queries sent one at a time (``unloaded_ms``, ms each) already miss the SLA percentile: no
+    rate can meet it, and halving the rate probe after probe would only take minutes to say so.  None otherwise."""
+    import numpy as np
+
+    unloaded = np.asarray(unloaded_ms, dtype=float)
+    floor = float(np.percentile(unloaded, percentile, method="higher")) if unloaded.size else math.inf
+    if floor <= sla_ms:
+        return None
+    probe = Probe(0.0, floor, False, {"unloaded_latency_ms": [x if math.isfinite(x) else None for x in
+                                                              map(float, unloaded)]})
+    return MaxLoadResult(0.0, sla_ms, percentile, [probe], (0.0, 0.0), True,
+                         f"unloaded p{percentile:g} {floor:.1f} ms misses the SLA")
+
+
 def _failures(detail: dict[str, Any]) -> str:
     """A probe's failed queries for its log line: how many of each kind, and the server's most frequent refusal."""
     errors = detail.get("errors") or {}

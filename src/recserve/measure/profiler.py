@@ -37,7 +37,7 @@ import torch
 
 from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
-from recserve.measure.maxload import MaxLoadResult, Probe, confirm_max_load, find_max_load
+from recserve.measure.maxload import MaxLoadResult, confirm_max_load, find_max_load, unloaded_miss
 from recserve.measure.requests import RequestPool, pool_sizes
 from recserve.measure.targets import InProcessTarget
 from recserve.profiles import ProfileSet, ProfileTable
@@ -289,10 +289,9 @@ def _search(session: LoadSession, budget: Budget, sla: SLA, start: float, seed: 
     already miss it, no rate can meet it (max load 0) and probing ever lower rates would only take time."""
     unloaded = session.unloaded_latency_ms()
     floor = float(np.percentile(unloaded, sla.percentile, method="higher"))
-    if floor > sla.target_ms:
-        probe = Probe(0.0, floor, False, {"unloaded_latency_ms": [float(x) for x in unloaded]})
-        return MaxLoadResult(0.0, sla.target_ms, sla.percentile, [probe], (0.0, 0.0), True,
-                             f"unloaded p{sla.percentile:g} {floor:.1f} ms misses the SLA"), floor
+    missed = unloaded_miss(unloaded, sla.target_ms, sla.percentile)
+    if missed is not None:
+        return missed, floor
     return find_max_load(_probe_fn(session, budget, sla.target_ms, seed), sla.target_ms, sla.percentile,
                          start_qps=start, rtol=budget.rtol, max_probes=budget.max_probes,
                          min_qps=max(0.05, start / 32)), floor
