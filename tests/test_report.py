@@ -76,3 +76,19 @@ def test_each_live_run_embeds_its_own_figure(tmp_path):
     assert main(["report", str(tmp_path / "live_static.json"), "--out", str(out)]) == 0
     embedded = out.read_text().split("data:image/png;base64,")[1].split('"')[0]
     assert base64.b64decode(embedded) == (tmp_path / "live_static.png").read_bytes()
+
+
+def test_only_real_pngs_in_the_results_folder_are_embedded(tmp_path):
+    (tmp_path / "secret.png").write_text("TOPSECRET-not-a-png")
+    inner = tmp_path / "run"
+    inner.mkdir()
+    outside = _png(tmp_path / "outside.png")
+    (inner / "fake.png").write_text("also-not-a-png")
+    _png(inner / "fig.png")
+    (inner / "r.json").write_text(json.dumps({"a": "../secret.png", "b": str(outside), "c": "fake.png",
+                                              "d": "fig.png"}))
+    out = tmp_path / "r.html"
+    assert main(["report", str(inner / "r.json"), "--out", str(out)]) == 0
+    html = out.read_text()
+    embedded = [base64.b64decode(x.split('"')[0]) for x in html.split("data:image/png;base64,")[1:]]
+    assert embedded == [(inner / "fig.png").read_bytes()]

@@ -15,7 +15,7 @@ from typing import Any
 
 from recserve.errors import RecserveError
 from recserve.jsonio import read_json
-from recserve.report.html import STYLE, esc, fmt, image, page, table
+from recserve.report.html import STYLE, esc, fmt, image, is_png, page, table
 from recserve.report.results import BODIES, is_profile_set, profile_set
 from recserve.report.structure import render_value
 
@@ -26,6 +26,7 @@ JSON_TYPES = {dict: "mapping", list: "list", str: "string", bool: "true/false", 
 
 
 def _pngs(data: Any, base: Path) -> list[Path]:
+    """The PNG files a result names: only real PNGs in its own folder or below (not ``../`` or elsewhere)."""
     found: list[Path] = []
     if isinstance(data, dict):
         for value in data.values():
@@ -34,8 +35,8 @@ def _pngs(data: Any, base: Path) -> list[Path]:
         for value in data:
             found += _pngs(value, base)
     elif isinstance(data, str) and data.endswith(".png"):
-        path = Path(data) if Path(data).is_absolute() else base / data
-        if path.exists():
+        path = (base / data).resolve()  # an absolute name stays as it is
+        if path.is_relative_to(base.resolve()) and is_png(path):
             found.append(path)
     return found
 
@@ -43,8 +44,8 @@ def _pngs(data: Any, base: Path) -> list[Path]:
 def _figures(title: str, data: dict[str, Any], base: Path) -> list[str]:
     """The PNGs a result names, and the one beside it with its file's stem (``bench --plot``'s usual place)."""
     named = list(dict.fromkeys(_pngs(data, base)))
-    sibling = base / f"{Path(title).stem}.png"
-    if sibling.exists() and sibling not in named:
+    sibling = (base / f"{Path(title).stem}.png").resolve()
+    if is_png(sibling) and sibling not in named:
         named.append(sibling)
     return [image(p) for p in named]
 

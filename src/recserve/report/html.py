@@ -45,10 +45,24 @@ def table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def is_png(path: Path) -> bool:
+    """A regular file that starts as a PNG does: only those are embedded, whatever a result names."""
+    try:
+        with path.open("rb") as f:
+            return path.is_file() and f.read(len(PNG_MAGIC)) == PNG_MAGIC
+    except OSError:
+        return False
+
+
 def image(path: str | Path, alt: str = "") -> str:
     path = Path(path)
     if not path.exists():
         return f"<p class=muted>(figure {esc(path.name)} missing)</p>"
+    if not is_png(path):
+        return f"<p class=muted>(figure {esc(path.name)} is not a PNG file: not embedded)</p>"
     data = base64.b64encode(path.read_bytes()).decode()
     return f'<img alt="{esc(alt or path.stem)}" src="data:image/png;base64,{data}">'
 
