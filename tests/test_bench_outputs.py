@@ -91,3 +91,11 @@ def test_sigterm_during_a_run_saves_what_completed_marked_interrupted(tmp_path):
     assert "offered 20.0 qps" in stdout  # the summary of what completed
     saved = json.loads(out.read_text())
     assert saved["kind"] == "load_run" and saved["interrupted"] is True and 0 < saved["measured"] < 2400
+
+
+@pytest.mark.parametrize("warmup", ["-5", "2", "5"])
+def test_a_warmup_below_0_or_not_under_the_duration_is_refused(capsys, warmup):
+    assert main(["bench", "--model", "hera-ncf", "--target", "http://127.0.0.1:9", "--duration", "2",
+                 "--warmup", warmup]) == 2
+    err = capsys.readouterr().err
+    assert f"--warmup must be >= 0 and under --duration (2 s), got {warmup}" in err and "[bench]" not in err

@@ -288,6 +288,9 @@ def _check(args: argparse.Namespace) -> None:
         args.duration = None
     if args.duration is None and args.requests is None:
         raise RecserveError("give --duration or --requests (or both) to bound the run")
+    if args.warmup < 0 or (args.duration is not None and args.warmup >= args.duration):
+        raise RecserveError(f"--warmup must be >= 0 and under --duration ({args.duration:g} s), got {args.warmup:g}"
+                            if args.duration is not None else f"--warmup must be >= 0, got {args.warmup:g}")
     if args.max_inflight < 1 or args.pool < 1 or args.procs < 1 or args.timeout_ms <= 0 or args.spin_ms < 0:
         raise RecserveError("--max-inflight, --pool and --procs must be >= 1, --timeout-ms > 0, --spin-ms >= 0")
 
