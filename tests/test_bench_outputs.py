@@ -99,3 +99,18 @@ def test_a_warmup_below_0_or_not_under_the_duration_is_refused(capsys, warmup):
                  "--warmup", warmup]) == 2
     err = capsys.readouterr().err
     assert f"--warmup must be >= 0 and under --duration (2 s), got {warmup}" in err and "[bench]" not in err
+
+
+@pytest.mark.parametrize(("ok", "failed", "status"), [(71, 218, 1), (90, 10, 0), (0, 5, 1)])
+def test_a_run_where_most_queries_failed_exits_with_status_1(capsys, ok, failed, status):
+    import numpy as np
+
+    from recserve.measure.loadgen import LoadResult
+
+    run = LoadResult(target="http t", offered_qps=20.0, duration_s=15.0, elapsed_s=15.0, sent=ok + failed,
+                     latencies_ms=np.full(ok, 5.0), errors={"connection": failed}, measured=ok + failed)
+    args = SimpleNamespace(scale=1e-3, sizes="production", index="uniform", rate=20.0, target="http://x",
+                           served_name="")
+    measured = Measured(args, SimpleNamespace(name="m"), SimpleNamespace(name="http t"), 20.0, 95.0)
+    measured.run(run)
+    assert measured.failed == status

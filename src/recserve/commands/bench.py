@@ -4,7 +4,8 @@ One run at ``--rate``, or ``--find-max-load``: the latency-bounded QPS under the
 ``--tune-offload K1,K2,...``: that search with each accelerator threshold ``min_items`` set on a live node
 (DeepRecSys' offload threshold found by measurement), the best one left set.
 Latency is counted from each query's scheduled send time (no coordinated omission).  A run that gets no answer
-with scores says so and exits with status 1 (a script's check that the server is up).
+with scores, or whose failed queries are more than half of those measured, says so and exits with status 1 (a
+script's check that the server is up and serving).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ def _bench(args: argparse.Namespace, spec, target, sla_ms: float, percentile: fl
     return measured.failed
 
 
+MAX_FAILED_SHARE = 0.5  # a single run with more of its measured queries failed than this exits with status 1
+
+
 class Measured:
     """What one ``bench`` command measured, as printed lines, its ``--json`` record and its ``--plot`` figure."""
 
@@ -141,6 +145,10 @@ class Measured:
             print(f"[bench] no query was answered with scores ({errors})" + (
                 "" if result.refusal_reasons else f": is a server up at {self.args.target}, serving "
                                                   f"{self.args.served_name or self.spec.name}?"), file=sys.stderr)
+        elif result.failed > MAX_FAILED_SHARE * result.measured and not interrupted:
+            self.failed = 1
+            print(f"[bench] most queries failed ({result.failed} of {result.measured}): exit status 1",
+                  file=sys.stderr)
         self.out = {"kind": "load_run", "model": self.spec.name, "scale": self.args.scale, "sizes": self.args.sizes,
                     "index": self.args.index, "sla_ms": self.sla_ms, "percentile": self.percentile,
                     "meets_sla": result.percentile(self.percentile) <= self.sla_ms, **result.to_dict(),
