@@ -327,3 +327,17 @@ def test_a_refusal_reason_is_the_message_without_its_json_wrapper():
     detail = '{"error": "dense: batch 600 exceeds max_batch_size 512", "field": "dense"}'
     assert refusal_reason(detail) == "dense: batch N exceeds max_batch_size N"
     assert refusal_reason('{"error": "deadline exceeded"}') == "deadline exceeded"
+
+
+def test_progress_on_a_stderr_that_is_not_a_terminal_is_plain_lines(capsys, monkeypatch):
+    from recserve.measure import loadgen
+
+    clock = iter(range(0, 1000, 3))
+    monkeypatch.setattr(loadgen.time, "monotonic", lambda: float(next(clock)))
+    bar = loadgen._Progress(True, "[load 5.0 qps]")
+    for k in range(6):
+        bar.update(lambda k=k: f"sent {k}")
+    bar.done()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    assert err and all(line.startswith("[load 5.0 qps] sent ") for line in err.splitlines())

@@ -176,21 +176,27 @@ def _finite(x: float) -> float | None:
 
 
 class _Progress:
-    """One self-overwriting status line on stderr, at most every ``every`` seconds."""
+    """One self-overwriting status line on a terminal's stderr, at most every ``every`` seconds; on a stderr that
+    is not a terminal (a log file), a plain line at most every ``log_every`` seconds, without control codes."""
 
-    def __init__(self, enabled: bool, label: str, every: float = 0.5) -> None:
-        self.enabled, self.label, self.every = enabled, label, every
-        self._last = 0.0
+    def __init__(self, enabled: bool, label: str, every: float = 0.5, log_every: float = 5.0) -> None:
+        self.tty = sys.stderr.isatty()
+        self.enabled, self.label = enabled, label
+        self.every = every if self.tty else log_every
+        self._last = 0.0 if self.tty else time.monotonic()
 
     def update(self, text: Callable[[], str], force: bool = False) -> None:
         """``text`` is only called when a line is due, so the hot loop pays for a clock read only."""
         now = time.monotonic()
         if self.enabled and (force or now - self._last >= self.every):
             self._last = now
-            print(f"\r{self.label} {text()}\033[K", end="", file=sys.stderr, flush=True)
+            if self.tty:
+                print(f"\r{self.label} {text()}\033[K", end="", file=sys.stderr, flush=True)
+            else:
+                print(f"{self.label} {text()}", file=sys.stderr, flush=True)
 
     def done(self) -> None:
-        if self.enabled:
+        if self.enabled and self.tty:
             print(file=sys.stderr, flush=True)
 
 
