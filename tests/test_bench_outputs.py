@@ -114,3 +114,23 @@ def test_a_run_where_most_queries_failed_exits_with_status_1(capsys, ok, failed,
     measured = Measured(args, SimpleNamespace(name="m"), SimpleNamespace(name="http t"), 20.0, 95.0)
     measured.run(run)
     assert measured.failed == status
+
+
+@pytest.mark.parametrize(("errors", "words", "not_words"), [
+    ({"http_500": 24}, "the server failed queries with server errors", "refused"),
+    ({"grpc_UNAVAILABLE": 9}, "the server refused queries", "server errors"),
+])
+def test_server_errors_are_not_called_refusals(capsys, errors, words, not_words):
+    import numpy as np
+
+    from recserve.measure.loadgen import LoadResult
+
+    n = sum(errors.values())
+    run = LoadResult(target="http t", offered_qps=20.0, duration_s=5.0, elapsed_s=5.0, sent=100 + n,
+                     latencies_ms=np.full(100, 5.0), errors=errors, measured=100 + n,
+                     refusal_reasons={"internal failure N": n})
+    args = SimpleNamespace(scale=1e-3, sizes="production", index="uniform", rate=20.0, target="http://x",
+                           served_name="")
+    Measured(args, SimpleNamespace(name="m"), SimpleNamespace(name="http t"), 20.0, 95.0).run(run)
+    err = capsys.readouterr().err
+    assert f"[bench] {words}: internal failure N (x{n})" in err and not_words not in err

@@ -135,8 +135,8 @@ class Measured:
         from recserve.measure.plot import plot_run
 
         print(result.summary())
-        if result.refusal_reasons:  # the server's own words for what it refused: what to change
-            print("[bench] the server refused queries: " + "; ".join(
+        if result.refusal_reasons:  # the server's own words for what it refused or failed: what to change
+            print(f"[bench] {server_answers(result.errors)}: " + "; ".join(
                 f"{reason} (x{n})" for reason, n in sorted(result.refusal_reasons.items(), key=lambda kv: -kv[1])),
                 file=sys.stderr)
         if result.ok == 0 and not interrupted:
@@ -166,6 +166,22 @@ class Measured:
             self.search(result, "sweep" if self.args.sweep else "max_load", interrupted=True)
         else:
             self.run(result, interrupted=True)
+
+
+SERVER_ERROR_CODES = ("grpc_INTERNAL", "grpc_UNKNOWN", "grpc_DATA_LOSS", "grpc_UNIMPLEMENTED")
+
+
+def server_answers(errors: dict[str, int]) -> str:
+    """What the server's error answers were: refusals (it turned the query away: overloaded, past its deadline,
+    a bad request), server errors (it failed: HTTP 5xx other than 503/504, gRPC INTERNAL and kin), or both."""
+    from recserve.measure.maxload import REFUSAL_KINDS
+
+    kinds = [k for k in errors if k.startswith(("http_", "grpc_"))]
+    broken = [k for k in kinds if k in SERVER_ERROR_CODES or (k.startswith("http_5") and k not in REFUSAL_KINDS)]
+    refused = [k for k in kinds if k not in broken]
+    return {(True, False): "the server refused queries", (False, True): "the server failed queries with server errors",
+            (True, True): "the server refused queries or failed them with server errors"}.get(
+        (bool(refused), bool(broken)), "the server answered queries with errors")
 
 
 def _save(args: argparse.Namespace, measured: Measured) -> None:

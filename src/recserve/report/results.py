@@ -44,7 +44,8 @@ def load_run(data: dict[str, Any]) -> str:
              table([{k: latency.get(k) for k in LATENCY}], list(LATENCY)),
              "<p class=muted>— : not finite (failed queries reach into that percentile)</p>",
              "<h3>Failed queries by kind</h3>", _counts(data.get("errors") or {}, "kind"),
-             "<h3>The server's refusal reasons</h3>", _counts(data.get("refusal_reasons") or {}, "reason")]
+             "<h3>The server's error answers (refusals and server errors)</h3>",
+             _counts(data.get("refusal_reasons") or {}, "reason")]
     shown = set(LOAD_HEAD) | {"latency_ms", "errors", "refusal_reasons"}
     return "".join(parts) + _rest(data, shown)
 
