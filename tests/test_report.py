@@ -92,3 +92,16 @@ def test_only_real_pngs_in_the_results_folder_are_embedded(tmp_path):
     html = out.read_text()
     embedded = [base64.b64decode(x.split('"')[0]) for x in html.split("data:image/png;base64,")[1:]]
     assert embedded == [(inner / "fig.png").read_bytes()]
+
+
+def test_live_results_are_written_as_standard_json_and_still_render(tmp_path):
+    from recserve.demo import strict_json
+
+    data = {"kind": "demo-live", "models": ["a"], "peak_qps": {"a": 5.0}, "violation_fraction": {"a": 1.0},
+            "decisions": [], "slack": float("inf"),
+            "windows": [{"t_s": 3.0, "model": "a", "offered_qps": 5.0, "achieved_qps": 0.0, "p95_ms": float("nan"),
+                         "sla_ms": 100.0, "errors": 15, "workers": 1}]}
+    text = json.dumps(strict_json(data), allow_nan=False)
+    assert json.loads(text)["windows"][0]["p95_ms"] is None and json.loads(text)["slack"] is None
+    (tmp_path / "live.json").write_text(text)
+    assert main(["report", str(tmp_path / "live.json"), "--out", str(tmp_path / "r.html")]) == 0

@@ -242,7 +242,7 @@ def live_step(run: DemoRun, scale: float, seconds: float, window_s: float) -> Ca
                 data["compared"] = compared
             path = run.path(f"live/{live_stem(name)}.json")
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(data, indent=1))
+            path.write_text(json.dumps(strict_json(data), indent=1, allow_nan=False))
             step.outputs += [str(path), str(plot_live(data, path.with_suffix(".png")))]
         lead = runs[LIVE_CONTROLLERS[0]]
         step.summary = (f"{len(lead['windows']) // 2} windows per model; SLA violated in "
@@ -545,6 +545,17 @@ def _drive_windows(models: tuple[str, ...], urls: dict[str, str], rates: dict[st
     return results, failures
 
 
+def strict_json(data: Any) -> Any:
+    """``data`` with every NaN or infinite float as None: standard JSON (null), as ``bench --json`` writes it."""
+    if isinstance(data, float):
+        return data if np.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict_json(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict_json(v) for v in data]
+    return data
+
+
 def _finite(x: float) -> float:
     return float(x) if np.isfinite(x) else float("nan")
 
@@ -591,7 +602,7 @@ def render_live(data: dict[str, Any], base: Path) -> str:
     rows = []
     for m in data["models"]:
         ws = [w for w in data["windows"] if w["model"] == m]
-        p95 = [w["p95_ms"] for w in ws if w["p95_ms"] == w["p95_ms"]]
+        p95 = [w["p95_ms"] for w in ws if w["p95_ms"] is not None and w["p95_ms"] == w["p95_ms"]]
         rows.append({"model": m, "windows": len(ws), "SLA ms": ws[0]["sla_ms"] if ws else "",
                      "median p95 ms": float(np.median(p95)) if p95 else float("nan"),
                      "windows violating": f"{100 * data['violation_fraction'][m]:.0f}%",
