@@ -30,7 +30,7 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_load_is_sen
     code = main(["bench", "--model", "hera-ncf", "--target", "http://127.0.0.1:9", "--duration", "1",
                  flag, str(blocker / "r.out")])
     err = capsys.readouterr().err
-    assert code == 2 and f"{flag} {blocker / 'r.out'}: cannot write there" in err
+    assert code == 2 and f"{flag} {blocker / 'r.out'}: cannot be written: {blocker} is not a writable directory" in err
     assert "[bench]" not in err and time.monotonic() - t0 < 30  # refused before the pool was built or load sent
 
 

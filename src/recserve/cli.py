@@ -145,7 +145,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for flag in OUTPUT_FLAGS:
         value = getattr(args, flag, None)
         if isinstance(value, str) and value:
-            check_output(value, inputs)
+            check_output(value, inputs, flag=f"--{flag.replace('_', '-')}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,17 +93,23 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
-def check_output(path: str | Path, inputs: dict[str, str], error: type[RecserveError] = RecserveError) -> None:
-    """Before a command's work: refuse an output that would replace one of its ``inputs`` (flag -> path) or that
-    cannot be written, rather than find out after the work (or overwrite the spec it was planned from)."""
+def check_output(path: str | Path, inputs: dict[str, str], error: type[RecserveError] = RecserveError,
+                 flag: str = "") -> None:
+    """Before a command's work: refuse an output (given as ``flag``) that would replace one of its ``inputs`` (flag
+    -> path) or that cannot be written, rather than find out after the work (or overwrite the spec it was planned
+    from)."""
+    named = f"{flag} {path}" if flag else str(path)
     out = Path(path).resolve()
-    for flag, given in inputs.items():
+    for given_flag, given in inputs.items():
         if Path(given).resolve() == out:
-            raise error(f"{path}: is also the command's {flag} input; write the output to another file")
-    if out.exists():
-        if out.is_file() and not os.access(out, os.W_OK):
-            raise error(f"{path}: cannot be written (no write permission)")
-        return
+            raise error(f"{named}: is also the command's {given_flag} input; write the output to another file")
+    if out.is_dir():
+        return  # a command's output folder
     ancestor = next(p for p in out.parents if p.exists())
-    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise error(f"{path}: cannot be written: {ancestor} is not a writable directory")
+    try:  # a file made where the output's folder is (or will be made): what the write will need
+        if not ancestor.is_dir():
+            raise NotADirectoryError(f"{ancestor} is a file")
+        with tempfile.TemporaryFile(dir=out.parent if out.parent.exists() else ancestor):
+            pass
+    except OSError:
+        raise error(f"{named}: cannot be written: {ancestor} is not a writable directory") from None

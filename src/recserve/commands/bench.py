@@ -14,11 +14,8 @@ import argparse
 import contextlib
 import itertools
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 from recserve.commands._plan_common import (
     count,
@@ -32,6 +29,7 @@ from recserve.commands._plan_common import (
     seed,
 )
 from recserve.errors import RecserveError
+from recserve.jsonio import write_text_atomic
 from recserve.specs import get_model
 
 
@@ -189,36 +187,11 @@ def _save(args: argparse.Namespace, measured: Measured) -> None:
     if measured.out is None:
         return
     if args.json:
-        write_atomically(Path(args.json), json.dumps(measured.out, indent=1))
+        write_text_atomic(args.json, json.dumps(measured.out, indent=1))
         print(f"[bench] wrote {args.json}", file=sys.stderr)
     if args.plot and measured.draw is not None:
         measured.draw(args.plot)
         print(f"[bench] wrote {args.plot}", file=sys.stderr)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file beside it, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def check_output(flag: str, name: str) -> None:
-    """``--json``/``--plot`` can be written (its folder made, a file created there): checked before any load is
-    sent, so a typo does not cost the run."""
-    path = Path(name)
-    if path.is_dir():
-        raise RecserveError(f"{flag} {name}: is a folder, not a file")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
-            pass
-    except OSError as exc:
-        raise RecserveError(f"{flag} {name}: cannot write there ({exc.strerror or exc})") from exc
 
 
 def _max_load(args: argparse.Namespace, session, sla_ms: float, percentile: float, run_kwargs: dict,
@@ -320,10 +293,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    _check(args)
-    for flag, name in (("--json", args.json), ("--plot", args.plot)):
-        if name:
-            check_output(flag, name)
+    _check(args)  # --json and --plot: checked writable before any command runs (``cli._check_outputs``)
     return _run(args)
 
 
