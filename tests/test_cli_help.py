@@ -173,3 +173,21 @@ def test_serve_refuses_one_port_in_a_node_config(tmp_path, started):
 def test_serve_allows_any_free_port_for_both(started):
     assert run([*SERVE, "--http-port", "0", "--grpc-port", "0"])[0] == 0
     assert [(c.http_port, c.grpc_port) for c in started] == [(0, 0)]
+
+
+def test_every_option_with_a_default_says_it_in_its_help():
+    import argparse
+
+    from recserve.cli import build_parser
+
+    def parsers(parser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in set(action.choices.values()):
+                    yield from parsers(sub)
+
+    silent = [f"{p.prog} {a.option_strings[0]}" for p in parsers(build_parser()) for a in p._actions
+              if a.option_strings and a.default not in (None, False, "", argparse.SUPPRESS)
+              and "default" not in (a.help or "").lower()]
+    assert silent == []

@@ -62,17 +62,28 @@ def seed_value(text: str) -> int:
 seed_value.__name__ = "an integer >= 0"
 
 
-def _finite_floats(parser: argparse.ArgumentParser) -> None:
-    """Swap ``type=float`` for :func:`finite_float` and integer seeds for :func:`seed_value` in ``parser`` and its
-    sub-parsers: rules for every command, so that commands keep writing plain ``float`` / ``int``."""
+def _every_option(parser: argparse.ArgumentParser) -> None:
+    """Rules for every option of ``parser`` and its sub-parsers: ``type=float`` is :func:`finite_float`, integer
+    seeds are :func:`seed_value` (commands keep writing plain ``float`` / ``int``), and help shows the default."""
     for action in parser._actions:
         if action.type is float:
             action.type = finite_float
         if action.type is int and (action.dest == "seed" or action.dest.endswith("_seed")):
             action.type = seed_value
+        _show_default(action)
         if isinstance(action, argparse._SubParsersAction):
             for sub in set(action.choices.values()):
-                _finite_floats(sub)
+                _every_option(sub)
+
+
+def _show_default(action: argparse.Action) -> None:
+    """An option's help ends with its default where it has one and does not say it already (every command's
+    ``--help`` tells what an option left out does)."""
+    default, text = action.default, action.help or ""
+    if (not action.option_strings or default in (None, False, "", argparse.SUPPRESS) or text == argparse.SUPPRESS
+            or "default" in text.lower() or isinstance(action, argparse._VersionAction)):
+        return
+    action.help = f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 def version() -> str:
@@ -111,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # private helpers and group actions (<group>_<action>) are registered by their group
         module = importlib.import_module(f"recserve.commands.{info.name}")
         module.register(sub)
-    _finite_floats(parser)
+    _every_option(parser)
     return parser
 
 
