@@ -245,3 +245,18 @@ def test_a_repository_model_is_kept_by_its_absolute_path_and_a_control_character
     assert _model_name("hercules-rmc1", "spec: models") == "hercules-rmc1"
     with pytest.raises(SpecError, match=r"spec: models: model name 'ctr\\rx' has control characters"):
         _model_name("ctr\rx", "spec: models")
+
+
+@pytest.mark.parametrize("peak", [1e5, 1e7, 1e12])
+def test_a_peak_beyond_every_server_uses_them_all_whatever_its_size(peak):
+    """Best effort the same way at every scale: once 1e7 QPS kept only the owned servers and 1e12 none at all (each
+    server covered too small a share of the peak for its price, or for the solver's tolerance)."""
+    from recserve.planners.fleet import plan_fleet
+    from recserve.planners.fleet_spec import parse_fleet
+
+    fleet = parse_fleet({"models": {"hercules-rmc1": {"peak_qps": peak}}, "owned": {"hercules-t2": 2},
+                         "rentable": {"c5n.2xlarge": {"max": 5}}})
+    plan = plan_fleet(fleet)
+    assert not plan.feasible and (plan.summary["owned_used"], plan.summary["rented"]) == (2, 5)
+    capacity = plan.models["hercules-rmc1"]["capacity_qps"]
+    assert plan.models["hercules-rmc1"]["attainment"] == pytest.approx(capacity / peak, rel=1e-6)

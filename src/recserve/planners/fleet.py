@@ -146,6 +146,13 @@ def solve(fleet: FleetSpec, cols: list[Column], time_limit_s: float = TIME_LIMIT
     upper = np.array([1.0 if col.block else fleet.available(col.server) // col.servers for col in cols], dtype=float)
     if most is not None:
         upper = np.minimum(upper, most)
+    # a demand beyond every server's capacity together is solved as that capacity (and its shortfall said against
+    # the real one): covered as a share of a far larger peak, each server counts too little for its price, or its
+    # coefficient falls under the solver's tolerance and the plan uses no server at all
+    reach = np.maximum(np.array([sum(col.qps.get(m, 0.0) * u for col, u in zip(cols, upper, strict=True))
+                                 for m in models]), 1e-9)
+    scale = np.minimum(1.0, reach / peak)
+    cover[:, :K] /= scale[:, None]
     upper = np.concatenate([upper, rent_max, np.ones(M)])
     integrality = np.concatenate([np.ones(K + H), np.zeros(M)])
     res = milp(c, integrality=integrality, bounds=Bounds(np.zeros(n), upper),
@@ -156,7 +163,8 @@ def solve(fleet: FleetSpec, cols: list[Column], time_limit_s: float = TIME_LIMIT
     x = res.x
     info = {"status": int(res.status), "gap": float(getattr(res, "mip_gap", 0.0) or 0.0), "columns": K,
             "message": str(res.message)}
-    return np.rint(x[:K]).astype(int), np.rint(x[K:K + H]).astype(int), np.maximum(x[K + H:], 0.0), info
+    short = 1.0 - (1.0 - np.clip(x[K + H:], 0.0, 1.0)) * scale  # of the real demand
+    return np.rint(x[:K]).astype(int), np.rint(x[K:K + H]).astype(int), np.maximum(short, 0.0), info
 
 
 def corrected(cols: list[Column], corrections: dict[str, float]) -> list[Column]:
