@@ -28,10 +28,15 @@ Only the header and footer are memory-mapped (metadata); rows are read with O_DI
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import struct
+import tempfile
+import threading
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,35 +199,135 @@ def table_header(rows: int, dim: int, dtype: str = "fp32", align: int = DEFAULT_
 
 def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str = "fp32",
                 align: int = DEFAULT_ALIGN, block_bytes: int = DEFAULT_BLOCK_BYTES) -> TableHeader:
-    """Write ``weight`` ``[rows, dim]`` once as a table file (atomically: temp file + rename + fsync)."""
+    """Write ``weight`` ``[rows, dim]`` as a table file, atomically: a temp file of its own (``mkstemp``) in the
+    same directory, fsync'd, renamed over ``path``, then the directory fsync'd.  No reader ever sees a partial
+    file, and writers of one path take turns (:func:`table_lock`), so two never race on one temp file."""
     w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
     if w.ndim != 2 or w.shape[0] < 1:
         raise TableFileError(f"weight must be [rows, dim] with rows ≥ 1, got shape {list(w.shape)}")
-    rows, dim = w.shape
-    header = table_header(rows, dim, dtype, align, block_bytes, weights_crc(w))
-    rb, stride, data_bytes = header.row_bytes, header.stride, header.data_bytes
+    header = table_header(w.shape[0], w.shape[1], dtype, align, block_bytes, weights_crc(w))
     raw = quantize_rowwise(w) if dtype == "int8" else np.ascontiguousarray(w, dtype=np.float32).view(np.uint8)
-    raw = raw.reshape(rows, rb)
-    padded = np.zeros((rows, stride), dtype=np.uint8)
-    padded[:, :rb] = raw
-    data = padded.reshape(-1)
+    raw = raw.reshape(header.rows, header.row_bytes)
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    crcs = []
-    with open(tmp, "wb") as f:
+    with table_lock(path):
+        tmp = _write_temp(path, header, raw)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    return header
+
+
+def _write_temp(path: Path, header: TableHeader, raw: np.ndarray) -> Path:
+    """Header, data blocks and footer into a new temp file beside ``path``, fsync'd; its path."""
+    fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with open(fd, "wb") as f:
         f.write(header.pack().ljust(HEADER_BYTES, b"\0"))
-        pad = np.zeros(data_bytes - data.size, dtype=np.uint8)
-        full = np.concatenate([data, pad]) if pad.size else data
-        for start in range(0, data_bytes, block_bytes):
-            block = full[start : start + block_bytes]
+        crcs = []
+        for block in _data_blocks(raw, header):
             crcs.append(zlib.crc32(block))
-            f.write(block.tobytes())
+            f.write(block)
         listing = row_crcs(raw).astype("<u4").tobytes() + np.asarray(crcs, dtype="<u4").tobytes()
         f.write((listing + struct.pack("<I", zlib.crc32(listing))).ljust(header.footer_bytes, b"\0"))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return header
+    return Path(name)
+
+
+def _data_blocks(raw: np.ndarray, header: TableHeader) -> Iterator[bytes]:
+    """The data region in ``block_bytes`` blocks: rows padded to their stride, the end zero-padded to a page."""
+    padded = np.zeros((header.rows, header.stride), dtype=np.uint8)
+    padded[:, : header.row_bytes] = raw
+    data = padded.reshape(-1)
+    for start in range(0, header.data_bytes, header.block_bytes):
+        length = min(header.block_bytes, header.data_bytes - start)
+        yield data[start : start + length].tobytes().ljust(length, b"\0")
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort: some file systems refuse fsync on a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_held = threading.local()
+
+
+@contextmanager
+def table_lock(path: str | Path) -> Iterator[None]:
+    """Hold the writer lock of table file ``path``: an ``fcntl.flock`` on ``<name>.lock`` beside it, so writers of
+    one table in any process or thread take turns, and one that waited can find the other's finished file.
+    Re-entrant within a thread.  While held, temp files of writers that died (killed mid-write) are removed."""
+    path = Path(path)
+    held = _held.__dict__.setdefault("paths", set())
+    key = os.path.abspath(path)
+    if key in held:
+        yield
+        return
+    lock = path.with_name(path.name + ".lock")
+    fd = _acquire(lock)
+    held.add(key)
+    try:
+        _remove_dead_temps(path)
+        yield
+    finally:
+        held.discard(key)
+        _release(fd, lock)
+
+
+def _acquire(lock: Path) -> int:
+    """An fd holding an exclusive flock on ``lock``; retried when the holder removed the file meanwhile."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _same_file(fd, lock):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _release(fd: int, lock: Path) -> None:
+    """Remove the lock file while still holding it (a waiter then finds it gone and retries), then unlock."""
+    try:
+        os.unlink(lock)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_dead_temps(path: Path) -> None:
+    """Temp files of ``path`` (``<name>.*.tmp``, ``<name>.tmp``): only a writer that died leaves one, since the
+    caller holds the lock every writer takes."""
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if name == path.name + ".tmp" or (name.startswith(path.name + ".") and name.endswith(".tmp")):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
 
 
 def _map_region(fd: int, offset: int, length: int) -> bytes:

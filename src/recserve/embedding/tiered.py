@@ -39,6 +39,7 @@ from recserve.embedding.tablefile import (
     footer_fingerprint,
     open_table_header,
     table_header,
+    table_lock,
     weights_crc,
     write_table,
 )
@@ -398,8 +399,7 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
         tag = weights_crc(weight)
         path = table_path(directory, model, t, dtype, tag)
         expect = (weight.shape[0], weight.shape[1], tag)
-        if not path.exists() or (rebuild and not _valid_file(path, expect)):
-            write_table(path, weight, dtype)
+        if _ensure_file(path, weight, dtype, expect, rebuild):
             resources.rebuilt.append(path.name)
         use_cache = opts.get("cache", t not in no_cache_tables)
         model.replace_table(t, TieredTable(path, resources, use_cache=use_cache, verify=verify,
@@ -407,6 +407,19 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
     if prefetch and pooled is None and hasattr(model, "register_forward_pre_hook"):
         resources.prefetch_handle = model.register_forward_pre_hook(prefetch_hook)
     return resources
+
+
+def _ensure_file(path: Path, weight: torch.Tensor, dtype: str, expect: tuple[int, int, int], rebuild: bool) -> bool:
+    """Write ``path`` from ``weight`` if it is missing (or, with ``rebuild``, invalid); whether it was written.
+    Writers of one file take turns under its lock and re-check there, so a node that waited for another (two
+    replicas starting on one directory, a node starting during ``tier rebuild``) keeps the file that one wrote."""
+    if path.exists() and not (rebuild and not _valid_file(path, expect)):
+        return False
+    with table_lock(path):
+        if path.exists() and (not rebuild or _valid_file(path, expect)):
+            return False
+        write_table(path, weight, dtype)
+    return True
 
 
 def _valid_file(path: Path, expect: tuple[int, int, int]) -> bool:

@@ -1,0 +1,99 @@
+"""Writing SSD-tier table files: concurrent writers of one file, a full disk, a directory where a file should be."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from recserve.embedding import tablefile
+from recserve.embedding.tablefile import read_header, verify_table, write_table
+from recserve.embedding.tiered import TieredTable, tier_model
+from recserve.specs import SLA, ModelSpec, TableSpec
+from recserve.zoo import build, sample_batch
+
+
+def two_table_spec() -> ModelSpec:
+    tables = (TableSpec("u0", 3000, 16, pooling=8, side="user"), TableSpec("i0", 500, 16, pooling=2, side="item"))
+    return ModelSpec("sdm-files", "dlrm", 8, tables, "dot", SLA(50.0), bottom_mlp=(32, 16), top_mlp=(16, 1))
+
+
+def leftovers(directory: str) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if not n.endswith(".tbl"))
+
+
+def fsync_meeting(monkeypatch, parties: int = 2, timeout_s: float = 2.0) -> None:
+    """Make every writer wait at its fsync until all have reached theirs (or ``timeout_s``): writers that do not
+    take turns are then all mid-write at once, deterministically."""
+    barrier, real = threading.Barrier(parties), os.fsync
+
+    def fsync(fd: int) -> None:
+        try:
+            barrier.wait(timeout_s)
+        except threading.BrokenBarrierError:
+            pass
+        real(fd)
+
+    monkeypatch.setattr(tablefile.os, "fsync", fsync)
+
+
+def test_two_writers_of_one_table_take_turns_and_the_second_keeps_the_first_file(disk_dir, monkeypatch):
+    spec = two_table_spec()
+    models = [build(spec, scale=1.0), build(spec, scale=1.0)]  # same seed: same weights, same file name
+    ref = build(spec, scale=1.0)
+    fsync_meeting(monkeypatch)
+    results, errors = [None, None], []
+
+    def start(k: int) -> None:
+        try:
+            results[k] = tier_model(models[k], [0], disk_dir, cache_bytes=1 << 16)
+        except Exception as exc:  # noqa: BLE001 - the test reports what a writer raised
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert sorted(len(r.rebuilt) for r in results) == [0, 1], "one writer wrote, the other kept its file"
+    assert leftovers(disk_dir) == [], "no temp or lock file is left"
+    (name,) = os.listdir(disk_dir)
+    verify_table(os.path.join(disk_dir, name))
+    batch = sample_batch(ref, 8, rng=1)
+    with torch.no_grad():
+        for model in models:
+            assert isinstance(model.tables[0], TieredTable)
+            assert torch.equal(model(batch), ref(batch))
+
+
+def test_concurrent_write_table_calls_never_expose_a_partial_file(disk_dir, monkeypatch):
+    path = os.path.join(disk_dir, "t.tbl")
+    weight = torch.randn(2000, 16)
+    fsync_meeting(monkeypatch)
+    errors: list[Exception] = []
+
+    def write() -> None:
+        try:
+            write_table(path, weight)
+        except Exception as exc:  # noqa: BLE001 - the test reports what a writer raised
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    verify_table(path, read_header(path))
+    assert leftovers(disk_dir) == []
+
+
+def test_temp_files_of_a_dead_writer_are_removed_by_the_next_write(disk_dir):
+    path = os.path.join(disk_dir, "t.tbl")
+    for stale in ("t.tbl.tmp", "t.tbl.k3j9x.tmp"):
+        with open(os.path.join(disk_dir, stale), "wb") as f:
+            f.write(b"x" * 100)
+    write_table(path, torch.randn(100, 8))
+    assert leftovers(disk_dir) == []
