@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
 import os
 import threading
+from types import SimpleNamespace
 
+import pytest
 import torch
+import yaml
 
+from recserve.cli import main
 from recserve.embedding import tablefile
-from recserve.embedding.tablefile import read_header, verify_table, write_table
+from recserve.embedding.tablefile import TableFileError, read_header, verify_table, write_table
 from recserve.embedding.tiered import TieredTable, tier_model
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import build, sample_batch
@@ -97,3 +103,62 @@ def test_temp_files_of_a_dead_writer_are_removed_by_the_next_write(disk_dir):
             f.write(b"x" * 100)
     write_table(path, torch.randn(100, 8))
     assert leftovers(disk_dir) == []
+
+
+def disk_fills_after(monkeypatch, limit: int) -> None:
+    """Table files written from now on fail with ENOSPC once ``limit`` bytes are written (a full file system)."""
+
+    class Filling:
+        def __init__(self, f) -> None:
+            self.f, self.written = f, 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+        def write(self, data: bytes) -> int:
+            if self.written + len(data) > limit:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.written += len(data)
+            return self.f.write(data)
+
+        def __getattr__(self, name: str):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(tablefile, "open", lambda *a, **k: Filling(builtins.open(*a, **k)), raising=False)
+
+
+def test_disk_full_mid_write_is_one_line_and_leaves_no_temp_file(disk_dir, monkeypatch):
+    disk_fills_after(monkeypatch, 32 * 1024)
+    with pytest.raises(TableFileError, match=r"no space left writing t\.tbl: [\d,]+ bytes .* needed, .* free") as err:
+        write_table(os.path.join(disk_dir, "t.tbl"), torch.randn(4000, 16))
+    assert disk_dir in str(err.value) and "\n" not in str(err.value)
+    assert os.listdir(disk_dir) == [], "the partial temp file (and the lock) are removed"
+
+
+def test_too_little_free_space_is_refused_before_writing(disk_dir, monkeypatch):
+    monkeypatch.setattr(tablefile.os, "statvfs", lambda _: SimpleNamespace(f_bavail=10, f_frsize=4096))
+    with pytest.raises(TableFileError, match=r"not enough free space for 1 table file\(s\): [\d,]+ bytes "
+                                             r"\([\d.]+ MiB\) needed, 40,960 bytes \(0\.0 MiB\) free"):
+        tier_model(build(two_table_spec(), scale=1.0), [0], disk_dir, cache_bytes=0)
+    assert os.listdir(disk_dir) == []
+
+
+def tier_node_config(tmp_path, tier_dir: str) -> str:
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"http_port": 0, "grpc_port": 0, "models": [{
+        "model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
+        "options": {"tier": {"dir": tier_dir, "tables": [0, 1], "cache_mb": 1, "engine": "threads"}}}]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("command", [["tier", "rebuild"], ["serve"]])
+def test_disk_full_in_serve_and_rebuild_is_one_line_exit_2(tmp_path, disk_dir, monkeypatch, capsys, command):
+    disk_fills_after(monkeypatch, 64 * 1024)
+    assert main([*command, "--config", tier_node_config(tmp_path, disk_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "no space left writing sdm-m1.t" in err[-1] and "needed" in err[-1], err
+    assert not any("Traceback" in line for line in err), err
+    assert [n for n in os.listdir(disk_dir) if not n.endswith(".tbl")] == []

@@ -28,6 +28,7 @@ Only the header and footer are memory-mapped (metadata); rows are read with O_DI
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import mmap
 import os
@@ -39,6 +40,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -210,26 +212,82 @@ def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str 
     raw = raw.reshape(header.rows, header.row_bytes)
     path = Path(path)
     with table_lock(path):
+        check_free_space(path.parent, header.file_bytes, path.name)
         tmp = _write_temp(path, header, raw)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            _remove_quietly(tmp)
+            raise _write_error(path, exc, header.file_bytes) from None
         _fsync_dir(path.parent)
     return header
 
 
+def check_free_space(directory: str | Path, needed: int, what: str) -> None:
+    """Refuse up front (one line) to write ``needed`` bytes of ``what`` where the file system has less free:
+    running out half-way would leave a partial file filling the disk.  Skipped if ``statvfs`` is unavailable."""
+    free = _free_bytes(directory)
+    if free is not None and free < needed:
+        raise TableFileError(f"{directory}: not enough free space for {what}: {_size(needed)} needed, "
+                             f"{_size(free)} free")
+
+
+def _free_bytes(directory: str | Path) -> int | None:
+    try:
+        st = os.statvfs(directory)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes ({n / 2**20:,.1f} MiB)"
+
+
+def _write_error(path: Path, exc: OSError, needed: int) -> TableFileError:
+    """A failed write of table file ``path`` as one line: out of space names the directory, needed and free."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = _free_bytes(path.parent)
+        return TableFileError(f"{path.parent}: no space left writing {path.name}: {_size(needed)} needed, "
+                              + (f"{_size(free)} free" if free is not None else "free space unknown"))
+    return TableFileError(f"{path}: cannot write the table file: {exc.strerror or exc}")
+
+
+def _remove_quietly(path: str | Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _write_temp(path: Path, header: TableHeader, raw: np.ndarray) -> Path:
-    """Header, data blocks and footer into a new temp file beside ``path``, fsync'd; its path."""
-    fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with open(fd, "wb") as f:
-        f.write(header.pack().ljust(HEADER_BYTES, b"\0"))
-        crcs = []
-        for block in _data_blocks(raw, header):
-            crcs.append(zlib.crc32(block))
-            f.write(block)
-        listing = row_crcs(raw).astype("<u4").tobytes() + np.asarray(crcs, dtype="<u4").tobytes()
-        f.write((listing + struct.pack("<I", zlib.crc32(listing))).ljust(header.footer_bytes, b"\0"))
-        f.flush()
-        os.fsync(f.fileno())
+    """Header, data blocks and footer into a new temp file beside ``path``, fsync'd; its path.  On any failure
+    (no space, I/O error, interrupted) the temp file is removed, and an ``OSError`` becomes one line."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _write_error(path, exc, header.file_bytes) from None
+    try:
+        with open(fd, "wb") as f:
+            _write_contents(f, header, raw)
+    except BaseException as exc:
+        _remove_quietly(name)
+        if isinstance(exc, OSError):
+            raise _write_error(path, exc, header.file_bytes) from None
+        raise
     return Path(name)
+
+
+def _write_contents(f: BinaryIO, header: TableHeader, raw: np.ndarray) -> None:
+    f.write(header.pack().ljust(HEADER_BYTES, b"\0"))
+    crcs = []
+    for block in _data_blocks(raw, header):
+        crcs.append(zlib.crc32(block))
+        f.write(block)
+    listing = row_crcs(raw).astype("<u4").tobytes() + np.asarray(crcs, dtype="<u4").tobytes()
+    f.write((listing + struct.pack("<I", zlib.crc32(listing))).ljust(header.footer_bytes, b"\0"))
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def _data_blocks(raw: np.ndarray, header: TableHeader) -> Iterator[bytes]:
@@ -284,7 +342,10 @@ def table_lock(path: str | Path) -> Iterator[None]:
 def _acquire(lock: Path) -> int:
     """An fd holding an exclusive flock on ``lock``; retried when the holder removed the file meanwhile."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise TableFileError(f"{lock.parent}: cannot write table files there: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if _same_file(fd, lock):
@@ -324,10 +385,7 @@ def _remove_dead_temps(path: Path) -> None:
     for entry in entries:
         name = entry.name
         if name == path.name + ".tmp" or (name.startswith(path.name + ".") and name.endswith(".tmp")):
-            try:
-                os.unlink(entry.path)
-            except OSError:
-                pass
+            _remove_quietly(entry.path)
 
 
 def _map_region(fd: int, offset: int, length: int) -> bytes:

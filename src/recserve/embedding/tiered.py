@@ -35,6 +35,7 @@ from recserve.embedding.tablefile import (
     RowChecksums,
     TableFileError,
     TableHeader,
+    check_free_space,
     decode_rows,
     footer_fingerprint,
     open_table_header,
@@ -391,14 +392,10 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
     cache = RowCache(cache_bytes, slot, policy) if cache_bytes > 0 else None
     pooled = PooledCache(pooled_cache_bytes, pooled_min_len) if pooled_cache_bytes > 0 else None
     resources = TierResources(cache, pooled, engine, max_outstanding, tables_in_flight=tables_in_flight)
-    for t, opts in sorted(chosen.items()):
-        table = model.tables[t]
-        if isinstance(table, TieredTable):
-            continue
-        weight = table.weight.detach().contiguous()
-        tag = weights_crc(weight)
-        path = table_path(directory, model, t, dtype, tag)
-        expect = (weight.shape[0], weight.shape[1], tag)
+    files = _table_files(model, chosen, directory, dtype)
+    _check_space_for_missing(directory, files, dtype)
+    for t, weight, path, expect in files:
+        opts = chosen[t]
         if _ensure_file(path, weight, dtype, expect, rebuild):
             resources.rebuilt.append(path.name)
         use_cache = opts.get("cache", t not in no_cache_tables)
@@ -407,6 +404,29 @@ def tier_model(model: nn.Module, placement: list[int] | dict[int, dict], directo
     if prefetch and pooled is None and hasattr(model, "register_forward_pre_hook"):
         resources.prefetch_handle = model.register_forward_pre_hook(prefetch_hook)
     return resources
+
+
+def _table_files(model: nn.Module, chosen: dict[int, dict], directory: Path,
+                 dtype: str) -> list[tuple[int, torch.Tensor, Path, tuple[int, int, int]]]:
+    """(table id, DRAM weight, file path, (rows, dim, weights' CRC)) of each chosen table not yet tiered."""
+    out = []
+    for t in sorted(chosen):
+        table = model.tables[t]
+        if isinstance(table, TieredTable):
+            continue
+        weight = table.weight.detach().contiguous()
+        tag = weights_crc(weight)
+        out.append((t, weight, table_path(directory, model, t, dtype, tag), (weight.shape[0], weight.shape[1], tag)))
+    return out
+
+
+def _check_space_for_missing(directory: Path, files: list, dtype: str) -> None:
+    """Refuse up front when the missing files cannot all fit (one line with bytes needed and free), rather than
+    fill the disk and fail at the Nth file; each write checks again for the file it writes."""
+    missing = [expect for _, _, path, expect in files if not path.exists()]
+    if missing:
+        needed = sum(table_header(rows, dim, dtype).file_bytes for rows, dim, _ in missing)
+        check_free_space(directory, needed, f"{len(missing)} table file(s)")
 
 
 def _ensure_file(path: Path, weight: torch.Tensor, dtype: str, expect: tuple[int, int, int], rebuild: bool) -> bool:
