@@ -288,7 +288,7 @@ def test_tier_from_config_sides_names_and_errors(disk_dir):
     batch = sample_batch(model, 8, rng=3)
     with torch.no_grad():
         assert torch.equal(model(batch), ref(batch))
-    with pytest.raises(SpecError, match="unknown key"):
+    with pytest.raises(SpecError, match="cache: unknown field"):
         tier_from_config(build(spec, scale=1.0), {"dir": disk_dir, "cache": 1})
     with pytest.raises(SpecError, match="unknown table"):
         tier_from_config(build(spec, scale=1.0), {"dir": disk_dir, "tables": ["nope"]})

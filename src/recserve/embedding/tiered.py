@@ -44,6 +44,7 @@ from recserve.embedding.tablefile import (
     weights_crc,
     write_table,
 )
+from recserve.embedding.tierconfig import TierSettings
 from recserve.errors import SpecError
 from recserve.zoo.threads import inherit_torch_threads
 
@@ -493,12 +494,6 @@ def tier_stats(model: nn.Module) -> TierStats:
     return total
 
 
-TIER_DTYPE = "fp32"   # a tier's table files, unless it says otherwise
-TIER_TABLES = "user"
-TIER_KEYS = {"dir", "tables", "cache_mb", "dtype", "policy", "pooled_cache_mb", "pooled_min_len", "engine",
-             "max_outstanding", "no_cache", "verify", "prefetch", "tables_in_flight"}
-
-
 def _table_ids(spec_tables: Any, names: Any, where: str) -> list[int]:
     if names in ("user", "item"):
         return [i for i, t in enumerate(spec_tables) if t.side == names]
@@ -520,9 +515,9 @@ def tier_file_bytes(spec_tables: Any, rows: tuple[int, ...], tier: dict[str, Any
     """Disk the table files of a ``tier:`` section take for a model of ``spec_tables`` with ``rows`` rows each:
     the tables :func:`tier_from_config` writes, each laid out as ``write_table`` lays it (header, padded rows,
     footer), so a deployment's volume is sized by what the node writes."""
-    dtype = tier.get("dtype", TIER_DTYPE)
-    return sum(table_header(rows[t], spec_tables[t].dim, dtype).file_bytes
-               for t in _table_ids(spec_tables, tier.get("tables", TIER_TABLES), where))
+    s = TierSettings.parse(tier, where)
+    return sum(table_header(rows[t], spec_tables[t].dim, s.dtype).file_bytes
+               for t in _table_ids(spec_tables, s.tables, where))
 
 
 def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier",
@@ -539,19 +534,14 @@ def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier"
     if "plan" in tier:
         raise SpecError(f"{where}: 'plan' must be resolved into 'tables'/'no_cache' first "
                         "(recserve serve does it; in code: recserve.deploy.nodeconfig.resolve_tier_plans)")
-    unknown = sorted(set(tier) - TIER_KEYS)
-    if unknown:
-        raise SpecError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(TIER_KEYS)}")
     if "dir" not in tier:
         raise SpecError(f"{where}: 'dir' (a directory on the SSD for the table files) is required")
-    placement = {i: {} for i in _table_ids(model.spec.tables, tier.get("tables", TIER_TABLES), where)}
-    no_cache = tuple(_table_ids(model.spec.tables, tier["no_cache"], where)) if "no_cache" in tier else ()
+    s = TierSettings.parse(tier, where)
+    placement = {i: {} for i in _table_ids(model.spec.tables, s.tables, where)}
+    no_cache = tuple(_table_ids(model.spec.tables, s.no_cache, where)) if s.no_cache is not None else ()
     return tier_model(
-        model, placement, tier["dir"], cache_bytes=int(float(tier.get("cache_mb", 64)) * 2**20),
-        dtype=tier.get("dtype", TIER_DTYPE), policy=tier.get("policy", "clock"),
-        pooled_cache_bytes=int(float(tier.get("pooled_cache_mb", 0)) * 2**20),
-        pooled_min_len=int(tier.get("pooled_min_len", 4)), engine=tier.get("engine", "auto"),
-        max_outstanding=int(tier.get("max_outstanding", 32)), no_cache_tables=no_cache,
-        verify=bool(tier.get("verify", True)), prefetch=bool(tier.get("prefetch", True)),
-        tables_in_flight=int(tier.get("tables_in_flight", 4)), rebuild=rebuild,
+        model, placement, s.dir, cache_bytes=int(s.cache_mb * 2**20), dtype=s.dtype, policy=s.policy,
+        pooled_cache_bytes=int(s.pooled_cache_mb * 2**20), pooled_min_len=s.pooled_min_len, engine=s.engine,
+        max_outstanding=s.max_outstanding, no_cache_tables=no_cache, verify=s.verify, prefetch=s.prefetch,
+        tables_in_flight=s.tables_in_flight, rebuild=rebuild,
     )
