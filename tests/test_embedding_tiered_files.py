@@ -162,3 +162,19 @@ def test_disk_full_in_serve_and_rebuild_is_one_line_exit_2(tmp_path, disk_dir, m
     assert "no space left writing sdm-m1.t" in err[-1] and "needed" in err[-1], err
     assert not any("Traceback" in line for line in err), err
     assert [n for n in os.listdir(disk_dir) if not n.endswith(".tbl")] == []
+
+
+def test_a_directory_at_a_table_path_is_one_line_in_serve_and_rebuild(tmp_path, disk_dir, capsys):
+    config = tier_node_config(tmp_path, disk_dir)
+    assert main(["tier", "rebuild", "--config", config]) == 0
+    name = sorted(n for n in os.listdir(disk_dir) if n.endswith(".tbl"))[0]
+    os.unlink(os.path.join(disk_dir, name))
+    os.mkdir(os.path.join(disk_dir, name))
+    capsys.readouterr()
+    assert main(["serve", "--config", config]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f"{name}: a directory, not a table file; rebuild it" in err[-1], err
+    assert main(["tier", "rebuild", "--config", config]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert f"{name}: a directory is where this table file goes; remove it" in err[-1], err
+    assert os.path.isdir(os.path.join(disk_dir, name)), "the user's directory is never removed"

@@ -212,6 +212,7 @@ def write_table(path: str | Path, weight: torch.Tensor | np.ndarray, dtype: str 
     raw = raw.reshape(header.rows, header.row_bytes)
     path = Path(path)
     with table_lock(path):
+        _refuse_non_file(path)
         check_free_space(path.parent, header.file_bytes, path.name)
         tmp = _write_temp(path, header, raw)
         try:
@@ -400,17 +401,33 @@ def read_header(path: str | Path) -> TableHeader:
     path = Path(path)
     if not path.exists():
         raise TableFileError(f"{path}: no such table file")
+    if not path.is_file():
+        raise TableFileError(f"{path}: {_kind(path)}, not a table file")
     size = path.stat().st_size
     if size < HEADER_BYTES:
         raise TableFileError(f"{path}: truncated ({size} bytes, smaller than the {HEADER_BYTES}-byte header)")
     fd = _open_readable(path)
     try:
         header = TableHeader.unpack(_map_region(fd, 0, _HEADER.size + 4), path)
+    except OSError as exc:
+        raise TableFileError(f"{path}: cannot read the header: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     if size != header.file_bytes:
         raise TableFileError(f"{path}: truncated or padded: {size} bytes, header says {header.file_bytes}")
     return header
+
+
+def _kind(path: Path) -> str:
+    """What is at ``path`` where a table file should be, for an error."""
+    return "a directory" if path.is_dir() else "not a regular file (a device, socket or pipe)"
+
+
+def _refuse_non_file(path: Path) -> None:
+    """A directory (or other non-file) where the table file goes is the user's: never removed, named instead."""
+    if path.exists() and not path.is_file():
+        raise TableFileError(f"{path}: {_kind(path)} is where this table file goes; remove it, then run "
+                             "`recserve tier rebuild` again")
 
 
 def _open_readable(path: Path) -> int:
