@@ -105,6 +105,27 @@ def test_plan_tier_cli_table_and_errors(capsys):
     assert "more than" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sm-sides", "foo"], "argument --sm-sides: must be user, item or user,item, got 'foo'"),
+    (["--sm-sides", "user,foo"], "argument --sm-sides: must be user, item or user,item, got 'user,foo'"),
+    (["--locality-user", "0"], "argument --locality-user: must be a finite number in [0.1, 1], got '0'"),
+    (["--locality-item", "0.05"], "argument --locality-item: must be a finite number in [0.1, 1], got '0.05'"),
+])
+def test_plan_tier_cli_refuses_unknown_sides_and_localities_below_uniform(capsys, args, message):
+    assert main(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "48", "--qps", "120", *args]) == 2
+    assert capsys.readouterr().err.strip() == f"recserve plan tier: error: {message}"
+
+
+def test_plan_tier_checks_sides_and_locality_bounds():
+    from recserve.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"sm_sides must be user and/or item, got \['user', 'foo'\]"):
+        plan_tier(spec(), 10, 100, sm_sides=("user", "foo"))
+    with pytest.raises(SpecError, match=r"locality_user must be in \[0.1, 1\]"):
+        plan_tier(spec(), 10, 100, locality_user=0.0)
+    assert plan_tier(spec(), 10, 100, sm_sides=("user", "item"), locality_user=0.1).tables
+
+
 # ------------------------------------------------------------------ Eq. 5-7 and simulated hit rates
 
 

@@ -6,10 +6,24 @@ import argparse
 import json
 import sys
 
-from recserve.commands._plan_common import count, fraction, positive, qps
+from recserve.commands._plan_common import count, fraction, number, positive, qps
 from recserve.errors import SpecError
-from recserve.planners.sdm import POLICIES, compare_policies
+from recserve.planners.sdm import HOT_FRACTION, POLICIES, SIDES, compare_policies
 from recserve.specs import get_model, get_server
+
+locality = number(HOT_FRACTION, 1)
+"""A locality: the share of accesses to a table's hottest 10 % of rows, from uniform (0.1) to all (1)."""
+
+
+def sides(text: str) -> tuple[str, ...]:
+    """``--sm-sides``: ``user``, ``item`` or both, comma-separated; anything else is an argument error."""
+    chosen = tuple(dict.fromkeys(s.strip() for s in text.split(",")))
+    if not chosen or any(s not in SIDES for s in chosen):
+        raise argparse.ArgumentTypeError(f"must be {', '.join(SIDES)} or {','.join(SIDES)}, got {text!r}")
+    return chosen
+
+
+sides.__name__ = "sides"
 
 
 def cmd_tier(args: argparse.Namespace) -> int:
@@ -19,7 +33,7 @@ def cmd_tier(args: argparse.Namespace) -> int:
         raise SpecError(f"--server: {server.name} has no SSD; omit --server to assume a NAND SSD (SDM Table 1)")
     plan = compare_policies(
         spec, args.dram_gb, args.qps, policy=args.policy, item_batch=args.batch, server=server,
-        sm_sides=tuple(args.sm_sides.split(",")), locality_user=args.locality_user,
+        sm_sides=args.sm_sides, locality_user=args.locality_user,
         locality_item=args.locality_item, fm_fraction=args.fm_fraction, min_hit=args.min_hit,
         queue_depth=args.queue_depth,
     )
@@ -50,11 +64,13 @@ def register(actions: argparse._SubParsersAction) -> None:
                         "of the budget maps tables directly; per-table-cache: sm-cache without caching tables "
                         "below --min-hit (default %(default)s)")
     p.add_argument("--batch", type=count, default=100, help="candidate items per query (item batch); user batch 1")
-    p.add_argument("--sm-sides", default="user", help="sides placed on SSD by sm-cache policies: user | user,item")
-    p.add_argument("--locality-user", type=fraction, default=0.9,
-                   help="user tables: share of accesses to their hottest 10%% of rows (default %(default)s)")
-    p.add_argument("--locality-item", type=fraction, default=0.95,
-                   help="item tables: the same share (default %(default)s)")
+    p.add_argument("--sm-sides", type=sides, default=("user",), metavar="SIDES",
+                   help="sides placed on SSD by sm-cache policies: user | item | user,item (default user)")
+    p.add_argument("--locality-user", type=locality, default=0.9,
+                   help="user tables: share of accesses to their hottest 10%% of rows, in [0.1, 1] (0.1: uniform "
+                        "access, 1: only hot rows) (default %(default)s)")
+    p.add_argument("--locality-item", type=locality, default=0.95,
+                   help="item tables: the same share, in [0.1, 1] (default %(default)s)")
     p.add_argument("--fm-fraction", type=fraction, default=0.5, help="fixed-fm: budget share mapped directly")
     p.add_argument("--min-hit", type=fraction, default=0.05, help="per-table-cache: cache tables above this hit rate")
     p.add_argument("--queue-depth", type=count, default=32, help="outstanding IOs per table")

@@ -38,6 +38,7 @@ from recserve.planners.plan import Plan, format_table, register_plan
 from recserve.specs import ModelSpec, ServerType, SSDSpec, TableSpec
 
 POLICIES = ("sm-cache", "fixed-fm", "per-table-cache")
+SIDES = ("user", "item")
 HOT_FRACTION = 0.10
 # bytes beside a cached row (RowCache.dram_bytes per slot): its key, CLOCK's bit, the native index's entry (the index an
 # install builds; where it is not built the node's dict index takes ~114 B instead, and a plan overstates its cache)
@@ -125,9 +126,8 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
 
     ``simulated_hit`` replaces the ideal-fill hit rate of every cached SM table by one measured on an index
     trace (``sim.cache.simulate_tier_hits``)."""
-    _check_inputs(policy, dram_gb, qps, item_batch, queue_depth, {
-        "locality_user": locality_user, "locality_item": locality_item, "fm_fraction": fm_fraction,
-        "min_hit": min_hit})
+    _check_inputs(policy, dram_gb, qps, item_batch, queue_depth, {"fm_fraction": fm_fraction, "min_hit": min_hit})
+    _check_locality(sm_sides, {"locality_user": locality_user, "locality_item": locality_item})
     ssd = server.ssd if server is not None and server.ssd is not None else DEFAULT_SSD
     mem_bw = (server.mem_bw_gbs if server is not None else 50.0) * 1e9
     budget = dram_gb * 1e9
@@ -188,6 +188,18 @@ def _check_inputs(policy: str, dram_gb: float, qps: float, item_batch: int, queu
     for name, share in shares.items():
         if not 0 <= share <= 1:
             raise SpecError(f"{name} must be in [0, 1], got {share}")
+
+
+def _check_locality(sm_sides: tuple[str, ...], localities: dict[str, float]) -> None:
+    """SM sides are ``user``/``item``; a locality (the hottest 10 % of rows' share of accesses) below 10 % would
+    make the hot rows colder than the rest, which the locality model does not describe."""
+    bad = [s for s in sm_sides if s not in SIDES]
+    if bad or not sm_sides:
+        raise SpecError(f"sm_sides must be {' and/or '.join(SIDES)}, got {list(sm_sides)}")
+    for name, share in localities.items():
+        if not HOT_FRACTION <= share <= 1:
+            raise SpecError(f"{name} must be in [{HOT_FRACTION:g}, 1] (the share of accesses to the hottest "
+                            f"{HOT_FRACTION:.0%} of rows; {HOT_FRACTION:g} is uniform), got {share}")
 
 
 def _split(spec: ModelSpec, policy: str, fm_budget: float, sm_sides: tuple[str, ...], sizes: list[int],
