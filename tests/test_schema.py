@@ -100,7 +100,8 @@ def test_repository_settings_refuse_unknown_keys_and_name_wrong_types(tmp_path):
 
 @pytest.mark.parametrize(("call", "field", "pattern"), [
     (lambda: control_api.workers_request({"workers": 1, "cores": [0], "thread": 1}, ["model"]), "thread",
-     r"thread: unknown field \(did you mean 'threads'\?\); allowed: \['cores', 'stage', 'threads', 'workers'\]"),
+     r"thread: unknown field \(did you mean 'threads'\?\); allowed: "
+     r"\['cores', 'replace', 'stage', 'threads', 'workers'\]"),
     (lambda: control_api.sub_batch_request({"sub_batch": 1, "k": 2}, 64), "k", r"k: unknown field; allowed: .*"),
     (lambda: control_api.accelerator_request({"min_items": 1.5}, 64), "min_items",
      r"min_items: must be an integer, got 1\.5"),
