@@ -140,8 +140,9 @@ def test_tier_budget_beyond_the_tables_saves_nothing():
 
 
 def test_search_without_a_feasible_baseline_prints_no_infinite_gain():
-    rc, out, _ = run(SEARCH + ["--sla-ms", "0.01"])
-    assert rc == 0 and "infx" not in out and "no feasible configuration" in out
+    rc, out, err = run(SEARCH + ["--sla-ms", "0.01"])
+    assert rc == 2 and "infx" not in out and "no feasible configuration" in out  # an impossible request: exit 2
+    assert "no configuration meets" in err
 
 
 def test_profile_model_on_this_host_states_its_power_assumption(tmp_path):

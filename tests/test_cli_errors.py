@@ -126,3 +126,12 @@ def test_a_shard_plan_for_another_model_is_refused_before_anything_starts(tmp_pa
                    "--http-port", "0", "--grpc-port", "0"])
     assert rc == 2 and one_line(err).endswith("plan.json: a shard plan for 'elasticrec-rm1@tables=2', not "
                                               "'elasticrec-rm2@tables=2' (--model elasticrec-rm2 --max-tables 2)")
+
+
+def test_a_model_named_twice_is_refused_and_an_impossible_search_exits_2(tmp_path):
+    rc, err = run(["plan", "colocate", "--server", "hera-xeon", "--models", "hera-ncf,hera-ncf", "--level", "1"])
+    assert rc == 2 and one_line(err).endswith("--models: 'hera-ncf' given more than once in 'hera-ncf,hera-ncf'")
+    rc, err = run(["plan", "search", "--model", "hercules-rmc1", "--server", "hera-xeon", "--sla-ms", "0.001",
+                   "--no-exhaustive", "--json", str(tmp_path / "search.json")])
+    assert rc == 2 and "no configuration meets p95 < 0.001 ms" in err
+    assert (tmp_path / "search.json").exists()  # the rows that failed are kept for the reader

@@ -121,14 +121,21 @@ def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def names(text: str | None) -> list[str]:
-    return [x.strip() for x in (text or "").split(",") if x.strip()]
+def names(text: str | None, what: str = "") -> list[str]:
+    """``a,b`` -> ["a", "b"]; an item given twice is refused (``--models a,a`` once planned one model twice)."""
+    items = [x.strip() for x in (text or "").split(",") if x.strip()]
+    keys = [x.partition("=")[0].strip() for x in items]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise RecserveError(f"{f'--{what}: ' if what else ''}{', '.join(repr(k) for k in twice)} given more than once "
+                            f"in {text!r}")
+    return items
 
 
 def counts(text: str | None, what: str) -> dict[str, int]:
     """``a=3,b=5`` -> {"a": 3, "b": 5}."""
     out: dict[str, int] = {}
-    for item in names(text):
+    for item in names(text, what):
         name, sep, value = item.partition("=")
         if not sep:
             raise RecserveError(f"--{what}: expected NAME=COUNT, got {item!r}")
@@ -144,7 +151,7 @@ def counts(text: str | None, what: str) -> dict[str, int]:
 def prices(text: str | None, what: str = "price") -> dict[str, float]:
     """``a=1.5,b=0.2`` -> {"a": 1.5, "b": 0.2} ($/hr, > 0)."""
     out: dict[str, float] = {}
-    for item in names(text):
+    for item in names(text, what):
         name, sep, value = item.partition("=")
         try:
             price = float(value) if sep else float("nan")

@@ -36,7 +36,7 @@ from recserve.specs import get_server
 def run(args: argparse.Namespace) -> int:
     server = get_server(args.server)
     targets = static_targets(read_traffic(args.traffic), args.traffic) if args.traffic else {}
-    models = names(args.models) or list(targets)
+    models = names(args.models, "models") or list(targets)
     if not models:
         raise RecserveError("give --traffic FILE (model: qps) or --models with --level")
     profiles = profiles_for(args, models, [server.name], tables=args.tables, efficiency=False)

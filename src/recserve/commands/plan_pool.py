@@ -45,10 +45,10 @@ def run(args: argparse.Namespace) -> int:
         cost = {**meta["prices_usd_per_hr"], **prices(args.price)}
         caps = {**meta.get("max_instances", {}), **caps}
         budget = args.budget if args.budget is not None else meta.get("budget_usd_per_hr")
-        models = names(args.models) or sorted(qos)
-        types = names(args.servers) or None
+        models = names(args.models, "models") or sorted(qos)
+        types = names(args.servers, "servers") or None
     else:
-        models, types = names(args.models), names(args.servers)
+        models, types = names(args.models, "models"), names(args.servers, "servers")
         if not models or not types:
             raise RecserveError("without --reference give --models and --servers (catalogue names)")
         given = prices(args.price)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from recserve.commands._plan_common import int_list, names, number, positive, progress
-from recserve.errors import RecserveError
+from recserve.errors import InfeasibleError, RecserveError
+from recserve.jsonio import write_text_atomic
 from recserve.measure.config_eval import live_evaluator
 from recserve.perfmodel import PerfModel
 from recserve.perfmodel.evaluator import perfmodel_evaluator
@@ -73,9 +73,12 @@ def cmd_plan_search(args: argparse.Namespace) -> int:
                "percentile": sla.percentile}, "power_budget_w": args.power_budget, "batches": list(batches),
                "evaluator": "live" if args.live else "perfmodel", "hercules": herc.to_dict(),
                "deeprecsys": drs.to_dict(), "exhaustive": ex.to_dict() if ex else None}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_text_atomic(args.json, json.dumps(out, indent=1))
         progress(f"wrote {args.json}")
+    if herc.best is None:
+        raise InfeasibleError(f"{spec.name} on {server.name}: no configuration meets p{sla.percentile:g} < "
+                              f"{sla.target_ms:g} ms" + (f" within {args.power_budget:g} W" if args.power_budget
+                                                          else "") + " (the rows above)")
     return 0
 
 

@@ -20,7 +20,7 @@ def cmd_profile_interference(args: argparse.Namespace) -> int:
     from recserve.hostinfo import this_host
     from recserve.measure.interference import measure_interference, summary_lines
 
-    specs = [get_model(m) for m in names(args.models)]
+    specs = [get_model(m) for m in names(args.models, "models")]
     if not specs:
         raise RecserveError("--models needs at least one catalogue model")
     llc_mb = args.llc_mb or this_host()["llc_mb"]
