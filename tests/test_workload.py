@@ -87,6 +87,7 @@ def test_sizes_round_trip_through_files_and_file_distribution(tmp_path, suffix):
     ("fixed:0", "positive integer"),
     ("fixed", "needs a size"),
     ("lognormal:sigma=-1", "sigma must be >= 0"),
+    ("normal:mean=-5", r"mean must be within \[lo, hi\] = \[1, 1024\] items, got -5"),
     ("file:/no/such/sizes.npy", "no such file"),
 ])
 def test_bad_size_specs_raise_one_clear_error(spec, message):

@@ -130,6 +130,8 @@ def normal(mean: float = 165.0, sd: float = 16.0, lo: float = MIN_SIZE, hi: floa
     if sd < 0:
         raise WorkloadError(f"normal: sd must be >= 0, got {sd:g}")
     lo, hi = _bounds({"lo": lo, "hi": hi}, "normal")
+    if not lo <= mean <= hi:  # else nearly every draw is clipped to a bound: a fixed size in disguise
+        raise WorkloadError(f"normal: mean must be within [lo, hi] = [{lo:g}, {hi:g}] items, got {mean:g}")
     return SizeDistribution("normal", {"mean": mean, "sd": sd, "lo": lo, "hi": hi},
                             lambda n, rng: _clip_round(rng.normal(mean, sd, n), lo, hi))
 
