@@ -205,6 +205,16 @@ def test_wrong_profile_version_is_refused_clearly(tmp_path):
     assert main(["profile", "calibrate", "--measured", str(path), "--out", str(tmp_path / "c.json")]) == 2
 
 
+def test_a_calibration_given_as_a_profile_is_named_as_one(tmp_path):
+    from recserve.perfmodel.calibration import load_calibration
+
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(load_calibration().to_dict()))
+    with pytest.raises(ProfileError, match=r"calibration\.json: a perfmodel calibration, not a profile \(give it to "
+                                            r"--calibration\)"):
+        ProfileSet.load(path)
+
+
 def test_calibration_file_round_trip_and_version(tmp_path):
     cal = load_calibration()
     path = cal.with_values(fixed_ms=0.123).save(tmp_path / "cal.json")
@@ -272,3 +282,13 @@ def test_burstable_cpu_share_stretches_host_time():
     assert get_server("t3.xlarge").cpu_share == 0.4
     with pytest.raises(SpecError):
         _replace(full, cpu_share=0.0)
+
+
+def test_a_calibration_to_distrust_is_called_out():
+    from recserve.commands.profile_calibrate import _fit_warnings
+    from recserve.perfmodel.fit import FIT_PARAMS
+
+    assert _fit_warnings(200, 12.0, 20.0) == []
+    few, off = _fit_warnings(len(FIT_PARAMS) - 1, 12.0, 215.4)
+    assert "the fit is underdetermined" in few and "held-out models 215% off" in off
+    assert _fit_warnings(200, 80.0, None) == ["it misses its own points by 80% (median)"]

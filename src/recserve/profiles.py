@@ -166,6 +166,8 @@ class ProfileSet:
     def from_dict(cls, data: dict[str, Any], where: str = "profile") -> ProfileSet:
         if not isinstance(data, dict) or "version" not in data:
             raise ProfileError(f"{where}: not a recserve profile file (no 'version')")
+        if "tables" not in data and "constants" in data:  # `recserve profile calibrate --out`'s file
+            raise ProfileError(f"{where}: a perfmodel calibration, not a profile (give it to --calibration)")
         if data["version"] != PROFILE_VERSION:
             raise ProfileError(f"{where}: profile version {data['version']} is not supported "
                                f"(this recserve reads version {PROFILE_VERSION}); re-run `recserve profile`")

@@ -23,6 +23,8 @@ from recserve.perfmodel.fit import FIT_PARAMS, errors, fit, points_from_profiles
 from recserve.profiles import ProfileSet
 from recserve.specs import get_model, get_server
 
+DISTRUST_PCT = 50.0  # a median error above which a fitted calibration is called out
+
 
 def cmd_profile_calibrate(args: argparse.Namespace) -> int:
     if args.server == "this-host":
@@ -69,8 +71,25 @@ def cmd_profile_calibrate(args: argparse.Namespace) -> int:
     print(f"fit: {len(points)} points from {len(models)} models, median |error| {fit_err:.1f}%")
     if heldout is not None:
         print(f"held-out models (fit on half, evaluated on the other half): median |error| {heldout:.1f}%")
+    for warning in _fit_warnings(len(points), fit_err, heldout):
+        progress(f"warning: {warning}")
     progress(f"wrote {args.out}")
     return 0
+
+
+def _fit_warnings(points: int, fit_err: float, heldout: float | None) -> list[str]:
+    """What makes a fitted calibration one to distrust: fewer points than constants, or large errors (it would
+    predict worse than the bundled defaults, which ``profile model`` uses when no --calibration is given)."""
+    out = []
+    if points <= len(FIT_PARAMS):
+        out.append(f"{points} measured points for {len(FIT_PARAMS)} constants: the fit is underdetermined; measure "
+                   "more models (--measure a,b,c)")
+    if heldout is not None and heldout > DISTRUST_PCT:
+        out.append(f"it predicts the held-out models {heldout:.0f}% off (median): prefer the bundled defaults "
+                   "(give no --calibration) or measure more models")
+    elif fit_err > DISTRUST_PCT:
+        out.append(f"it misses its own points by {fit_err:.0f}% (median)")
+    return out
 
 
 def _micro(args: argparse.Namespace, server, base) -> int:
