@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from recserve.cli import main
 from recserve.embedding import row_index
@@ -51,3 +52,17 @@ def test_doctor_names_the_json_readers_left_and_why(tmp_path, capsys, monkeypatc
         json_numbers.probe.cache_clear()
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("json"))
     assert line.startswith("json        tensors read by lists (") and "$RECSERVE_JSON_READERS" in line
+
+
+def test_a_memory_file_system_is_named_as_one_where_tier_files_would_go(tmp_path, monkeypatch):
+    """O_DIRECT opens on tmpfs, but the files are DRAM: tiering there saves no memory."""
+    from recserve.commands import doctor
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/root / ext4 rw 0 0\ntmpfs {tmp_path} tmpfs rw 0 0\n")
+    real = Path
+
+    monkeypatch.setattr(doctor, "Path", lambda p: mounts if p == "/proc/self/mounts" else real(p))
+    assert doctor.filesystem_type(tmp_path / "sub") == "tmpfs" and doctor.filesystem_type(real("/")) == "ext4"
+    _, why = doctor._direct_io(tmp_path)
+    assert why.startswith("a memory file system (tmpfs): the table files would be in DRAM")

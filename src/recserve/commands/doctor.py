@@ -47,7 +47,32 @@ def _direct_io(directory: Path) -> tuple[str, str]:
             reader.close()
     why = "reads bypass the page cache" if mode == "O_DIRECT" else \
         "this file system refuses O_DIRECT: buffered reads, pages dropped after each read"
+    kind = filesystem_type(directory)
+    if kind in MEMORY_FILESYSTEMS:
+        why = (f"a memory file system ({kind}): the table files would be in DRAM, so tiering saves none; give a "
+               "folder on the SSD")
     return mode, why
+
+
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs", "devtmpfs", "hugetlbfs")
+
+
+def filesystem_type(directory: Path) -> str:
+    """The type of the file system holding ``directory`` (the mount point its path lies deepest under, from
+    /proc/self/mounts); "" where that cannot be read."""
+    path, best, kind = str(Path(directory).resolve()), -1, ""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > best:
+            best, kind = len(point), fields[2]
+    return kind
 
 
 def checks(directory: Path) -> dict:
