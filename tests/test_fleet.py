@@ -260,3 +260,15 @@ def test_a_peak_beyond_every_server_uses_them_all_whatever_its_size(peak):
     assert not plan.feasible and (plan.summary["owned_used"], plan.summary["rented"]) == (2, 5)
     capacity = plan.models["hercules-rmc1"]["capacity_qps"]
     assert plan.models["hercules-rmc1"]["attainment"] == pytest.approx(capacity / peak, rel=1e-6)
+
+
+def test_a_shorter_trace_is_said_to_be_repeated_and_an_infeasible_plan_says_why_it_has_no_steps():
+    from recserve.planners.fleet import _trace_notes
+    from recserve.planners.fleet_spec import parse_fleet
+
+    fleet = parse_fleet({"models": {"hercules-rmc1": {"trace": [10, 20, 30]},
+                                    "kairos-rm2": {"trace": [5.0] * 24}}, "owned": {"hercules-t2": 2}})
+    assert _trace_notes(fleet, True) == ["hercules-rmc1's trace of 3 steps is repeated to fill the longest trace's "
+                                         "24 steps"]
+    assert _trace_notes(fleet, False)[-1] == ("no step-by-step provisioning over the traces: the servers cannot "
+                                              "carry the peak")

@@ -196,6 +196,7 @@ def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str]
         plan.summary["capacity_corrections"] = dict(corrections)
         plan.notes.insert(1, "capacities corrected by measurement (measured / predicted max load, `recserve "
                              "verify --replan`): " + ", ".join(f"{m} x{f:.3f}" for m, f in corrections.items()))
+    plan.notes += _trace_notes(fleet, plan.feasible)
     if any(m.trace for m in fleet.models) and plan.feasible:
         plan.steps = hourly_steps(fleet, cols, x)
         plan.summary["avg_cost_per_hr_over_trace"] = float(np.mean([s["cost_per_hr"] for s in plan.steps]))
@@ -208,6 +209,20 @@ def plan_fleet(fleet: FleetSpec, perfmodel: Any = None, progress: Callable[[str]
         if best is not None and plan.feasible:
             plan.summary["saving_vs_best_single"] = 1 - plan.cost_per_hr / best if best > 0 else 0.0
     return plan
+
+
+def _trace_notes(fleet: FleetSpec, feasible: bool) -> list[str]:
+    """What the plan does with the traces that a reader would otherwise not know: shorter ones repeated to the
+    longest; none provisioned step by step when the peak itself cannot be served."""
+    traced = [m for m in fleet.models if m.trace]
+    if not traced:
+        return []
+    steps = max(len(m.trace) for m in traced)
+    notes = [f"{m.name}'s trace of {len(m.trace)} steps is repeated to fill the longest trace's {steps} steps"
+             for m in traced if len(m.trace) < steps]
+    if not feasible:
+        notes.append("no step-by-step provisioning over the traces: the servers cannot carry the peak")
+    return notes
 
 
 def hourly_steps(fleet: FleetSpec, cols: list[Column], peak_units: np.ndarray) -> list[dict[str, Any]]:
