@@ -58,6 +58,10 @@ def test_node_configs_one_per_group_scaled_onto_this_hosts_cores(tmp_path):
             assert all(c[0] in host for c in m["cores"]) and len(m["cores"]) == m["workers"]
     assert tiered["models"][0]["options"]["tier"]["tables"] == "user"
     assert "options" not in pair["models"][0]
+    _, notes = fleet_node_configs(_plan(), scale=1e-4, cores=[0], tier_dir=tmp_path)  # 3 models, 1 core each at least
+    assert any(n.startswith("2 node(s) run 3 worker threads on 1 core(s) of this host: they take turns") for n in notes)
+    _, notes = fleet_node_configs(_one_worker_plan(), scale=1e-4, cores=[0])
+    assert not any("take turns" in n for n in notes)
     for cfg in configs:  # the node server accepts every config as written
         config_from_dict({k: v for k, v in cfg.items() if not k.startswith("_")}, "test")
 

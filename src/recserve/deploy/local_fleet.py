@@ -96,6 +96,11 @@ def fleet_node_configs(plan: FleetPlan, scale: float = 1e-3, cores: list[int] | 
             models.append(entry)
         configs.append({"host": "127.0.0.1", "http_port": 0, "grpc_port": 0, "models": models,
                         "_group": f"{g.count} x {g.kind} on {g.server}", "_server": g.server})
+    threads = sum(m["workers"] * m["threads"] + m.get("sparse_workers", 0) * m["threads"]
+                  for cfg in configs for m in cfg["models"])
+    if threads > len(host):
+        notes.append(f"{len(configs)} node(s) run {threads} worker threads on {len(host)} core(s) of this host: they "
+                     "take turns, so latency and max load measured here understate what the plan's servers carry")
     if plan.notes:
         notes += [n for n in plan.notes if n.startswith("short of peak")]
     return configs, notes
