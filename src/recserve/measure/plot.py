@@ -42,6 +42,11 @@ def plot_latency_vs_load(result: MaxLoadResult, path: str | Path, title: str = "
     if not any(p.detail for p in probes):
         ax.plot(rates, [p.latency_ms for p in probes], "o-", label=f"p{result.percentile:g}")
     ax.axhline(result.sla_ms, color="red", ls="--", lw=1, label=f"SLA p{result.percentile:g} {result.sla_ms:g} ms")
+    failed = [p.rate for p in probes if not p.ok]
+    if failed:  # an infinite tail (failed queries) draws no line: each such probe is marked on the top edge
+        finite = [p.latency_ms for p in probes if np.isfinite(p.latency_ms)]
+        top = max([*finite, result.sla_ms]) * 1.5
+        ax.plot(failed, [top] * len(failed), "x", color="red", markersize=8, label="probe violating the SLA")
     what = "highest swept rate meeting SLA" if result.reason == "sweep" else "max load"
     ax.axvline(result.max_qps, color="green", ls=":", lw=1, label=f"{what} {result.max_qps:.1f} qps")
     ax.set_xlabel("offered load (queries/s, Poisson)")
