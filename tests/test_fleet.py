@@ -272,3 +272,18 @@ def test_a_shorter_trace_is_said_to_be_repeated_and_an_infeasible_plan_says_why_
                                          "24 steps"]
     assert _trace_notes(fleet, False)[-1] == ("no step-by-step provisioning over the traces: the servers cannot "
                                               "carry the peak")
+
+
+def test_a_long_server_type_says_which_model_its_candidates_are_at(monkeypatch):
+    from recserve.perfmodel import PerfModel
+    from recserve.planners import fleet_candidates
+    from recserve.planners.fleet_spec import parse_fleet
+
+    monkeypatch.setattr(fleet_candidates, "PROGRESS_EVERY_S", -1.0)  # every model "late"
+    fleet = parse_fleet({"models": {"hercules-rmc1": {"peak_qps": 10}, "hera-ncf": {"peak_qps": 10}},
+                         "owned": {"hercules-t2": 1}})
+    said: list[str] = []
+    fleet_candidates.columns(fleet, PerfModel(), said.append, pairs=False, shards=False)
+    assert said == ["candidates on hercules-t2 (1 of 1 types): Hercules search, SDM tiering, ElasticRec shards, "
+                    "Hera pairs", "  hercules-t2: model 1 of 2 (hercules-rmc1)",
+                    "  hercules-t2: model 2 of 2 (hera-ncf)"]

@@ -21,6 +21,7 @@ A column says what one unit (a server, or the shard block) serves of each model,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from recserve.specs import ModelSpec, ServerType
 SDM_DRAM_SHARE = 0.75
 """SDM's DRAM budget for embeddings (FM: direct tables + row cache) as a share of the server's memory; the rest
 holds the dense weights, activations and the OS.  An input assumption, the same for the SDM-alone baseline."""
+PROGRESS_EVERY_S = 5.0  # a server type whose candidates take longer says which model it is at, this often
 
 
 @dataclass
@@ -220,10 +222,15 @@ def columns(fleet: FleetSpec, perfmodel: Any, progress: Progress | None = None,
     out: list[Column] = []
     rejected: list[str] = []
     types = [fleet.servers[s] for s in fleet.servers if fleet.available(s) > 0]
-    for server in types:
+    for t, server in enumerate(types, 1):
         if progress:
-            progress(f"candidates on {server.name}: Hercules search, SDM tiering, ElasticRec shards, Hera pairs")
-        for fm in fleet.models:
+            progress(f"candidates on {server.name} ({t} of {len(types)} types): Hercules search, SDM tiering, "
+                     "ElasticRec shards, Hera pairs")
+        said = time.monotonic()
+        for k, fm in enumerate(fleet.models, 1):
+            if progress and time.monotonic() - said > PROGRESS_EVERY_S:  # a long type says where it is
+                progress(f"  {server.name}: model {k} of {len(fleet.models)} ({fm.name})")
+                said = time.monotonic()
             singles = single_columns(fm, server, fleet, perfmodel, rejected)
             out += singles
             if shards and not any(c.tier[fm.name] == "dram" for c in singles):
