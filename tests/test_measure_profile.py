@@ -174,3 +174,21 @@ def test_node_max_loads_seeded_at_zero_starts_its_search_at_the_default(monkeypa
     monkeypatch.setattr(profiler, "_search", search)
     loads = profiler.node_max_loads(None, lambda n: None, SLA(target_ms=50.0), (1, 2), start_qps=0.0)
     assert loads == {1: 0.0, 2: 0.0} and starts == [profiler.DEFAULT_START_QPS] * 2
+
+
+def test_a_node_carrying_less_with_more_workers_is_said_naming_the_model(monkeypatch):
+    from recserve.measure import profiler
+    from recserve.measure.maxload import MaxLoadResult
+
+    found = iter([46.9, 45.0])
+    said: list[str] = []
+
+    def search(session, budget, sla, start, seed):
+        q = next(found)
+        return MaxLoadResult(q, sla.target_ms, sla.percentile, [], (q, 2 * q), True, "bisected"), None
+
+    monkeypatch.setattr(profiler, "_search", search)
+    monkeypatch.setattr(profiler, "log", said.append)
+    profiler.node_max_loads(None, lambda n: None, SLA(target_ms=50.0), (1, 2), start_qps=10.0, model="hera-dlrm-b")
+    assert said[0].startswith("hera-dlrm-b: 1 worker(s): max load 46.9 qps")
+    assert said[-1].startswith("warning: hera-dlrm-b carries less with 2 workers than with 1 (45.0 < 46.9 qps)")

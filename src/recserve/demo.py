@@ -402,7 +402,7 @@ def live_capacity(scale: float, models: tuple[str, str] = LIVE_MODELS, workers: 
             with background_load(url, other, scale, (neighbour_qps or {}).get(m, 0.0)), \
                     production_session(url, m, scale, seed=2) as session:
                 out[m] = node_max_loads(session, lambda n, m=m: control.set_workers(m, n), get_model(m).sla, workers,
-                                        (start_qps or {}).get(m, DEFAULT_START_QPS), confirm=confirm)
+                                        (start_qps or {}).get(m, DEFAULT_START_QPS), confirm=confirm, model=m)
             control.set_workers(m, 1)
     finally:
         node.stop()

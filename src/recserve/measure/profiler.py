@@ -377,8 +377,8 @@ def maxload_tables(spec: ModelSpec, scale: float, budget: Budget, workers: Seque
 
 
 def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla: SLA, workers: Sequence[int],
-                   start_qps: float, budget: Budget | None = None, seed: int = 0, confirm: int = 0
-                   ) -> dict[int, float]:
+                   start_qps: float, budget: Budget | None = None, seed: int = 0, confirm: int = 0,
+                   model: str = "the model") -> dict[int, float]:
     """Max load of one model of a running node at each worker count, resized through ``set_workers``; ``confirm``
     > 0 probes each result again (stepping down on a violation, see :func:`confirm_max_load`).
 
@@ -397,7 +397,11 @@ def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla
             res = confirm_max_load(_probe_fn(session, budget, sla.target_ms, seed + 7919 * (w + 1)), res,
                                    step=budget.rtol, tries=confirm)
         out[w] = res.max_qps
-        log(f"{w} worker(s): max load {res.max_qps:.1f} qps ({len(res.probes)} probes, {res.reason})")
+        log(f"{model}: {w} worker(s): max load {res.max_qps:.1f} qps ({len(res.probes)} probes, {res.reason})")
+        fewer = [n for n in out if n < w and out[n] > res.max_qps]
+        if fewer:  # more workers carrying less: the host's other work took the cores the search measured
+            log(f"warning: {model} carries less with {w} workers than with {fewer[-1]} ({res.max_qps:.1f} < "
+                f"{out[fewer[-1]]:.1f} qps): this host is busy, and what is sized from these numbers may not hold")
         start = max(start, 0.7 * res.max_qps)
     return out
 
