@@ -129,3 +129,11 @@ def test_every_bundled_measurement_covers_each_hera_model(name):
         inter = fit_interference(measured, model)
         assert inter.llc_mb == measured.meta["llc_mb"] and len(inter.occupied_mb) >= 4
         assert all(0.5 < s < 3.0 for s in inter.slowdown_llc) and inter.slowdown_bw > 0.5
+
+
+def test_a_slowdown_the_hosts_noise_could_make_is_doubted():
+    from recserve.measure.interference import Bracket
+
+    assert Bracket(10.0, 12.0, spread=0.01).doubt() == ""
+    assert "faster with the co-runner" in Bracket(10.0, 8.06, spread=0.01).doubt()
+    assert "the alone runs differ by 25%" in Bracket(10.0, 12.0, spread=0.25).doubt()

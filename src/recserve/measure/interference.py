@@ -194,15 +194,28 @@ def _pinned(core: int | None) -> Callable[[], None]:
     return lambda: os.sched_setaffinity(0, before)
 
 
+NOISY_SPREAD = 0.10  # alone runs this far apart make the bracket's slowdown the host's noise
+FASTER_TOLERANCE = 0.02  # a co-runner "speeding up" the model past this is noise, never interference
+
+
 @dataclass
 class Bracket:
     alone_ms: float
     with_ms: float
     extra: float = float("nan")  # co-runner GB/s for stream
+    spread: float = 0.0  # how far the two alone runs differ, as a share of their mean: this host's noise
 
     @property
     def slowdown(self) -> float:
         return self.with_ms / self.alone_ms
+
+    def doubt(self) -> str:
+        """Why this slowdown may be the host's noise rather than interference ("" when it looks sound)."""
+        if self.spread > NOISY_SPREAD:
+            return f" (the alone runs differ by {self.spread:.0%}: noise on this host; more --seconds)"
+        if self.slowdown < 1 - max(self.spread, FASTER_TOLERANCE):
+            return " (faster with the co-runner: noise on this host; more --seconds)"
+        return ""
 
 
 def corunner_is_stream(co: CoRunner) -> bool:
@@ -216,7 +229,7 @@ def bracket(timer: CallTimer, corunner: Callable[[], CoRunner], seconds: float) 
         during = timer.median_ms(seconds)
         gbs = co.gbs() if corunner_is_stream(co) else float("nan")
     after = timer.median_ms(seconds)
-    return Bracket((before + after) / 2, during, gbs)
+    return Bracket((before + after) / 2, during, gbs, abs(before - after) / ((before + after) / 2))
 
 
 def table_scale(spec: ModelSpec, max_table_mb: float) -> float:
@@ -246,13 +259,13 @@ def measure_interference(specs: Sequence[ModelSpec], *, max_table_mb: float = 12
             for frac in occupy_fractions:
                 mb = frac * llc_mb
                 b = bracket(timer, lambda mb=mb: CoRunner("occupy", mb, other), seconds)
-                say(f"{spec.name}: LLC occupied {mb:.0f} MB -> x{b.slowdown:.3f}")
+                say(f"{spec.name}: LLC occupied {mb:.0f} MB -> x{b.slowdown:.3f}{b.doubt()}")
                 rows.append([mb, b.alone_ms, b.with_ms, b.slowdown])
             if rows:
                 out.add(ProfileTable(spec.name, HOST, "slowdown_vs_llc_occupied",
                                      ("occupied_mb", "alone_ms", "with_ms", "slowdown"), rows, "measured", cond))
             b = bracket(timer, lambda: CoRunner("stream", "", other), seconds)
-            say(f"{spec.name}: streaming co-runner at {b.extra:.1f} GB/s -> x{b.slowdown:.3f}")
+            say(f"{spec.name}: streaming co-runner at {b.extra:.1f} GB/s -> x{b.slowdown:.3f}{b.doubt()}")
             out.add(ProfileTable(spec.name, HOST, "slowdown_vs_corunner_gbs",
                                  ("corunner_gbs", "alone_ms", "with_ms", "slowdown"),
                                  [[0.0, b.alone_ms, b.alone_ms, 1.0], [b.extra, b.alone_ms, b.with_ms, b.slowdown]],
@@ -263,7 +276,7 @@ def measure_interference(specs: Sequence[ModelSpec], *, max_table_mb: float = 12
                         continue
                     b = bracket(timer, lambda p=partner: CoRunner("model", p.name, other,
                                                                   table_scale(p, max_table_mb), batch), seconds)
-                    say(f"{spec.name} with {partner.name} -> x{b.slowdown:.3f}")
+                    say(f"{spec.name} with {partner.name} -> x{b.slowdown:.3f}{b.doubt()}")
                     out.add(ProfileTable(spec.name, HOST, "colocated_slowdown", ("alone_ms", "with_ms", "slowdown"),
                                          [[b.alone_ms, b.with_ms, b.slowdown]], "measured",
                                          {**cond, "with": partner.name}))
