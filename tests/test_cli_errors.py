@@ -135,3 +135,13 @@ def test_a_model_named_twice_is_refused_and_an_impossible_search_exits_2(tmp_pat
                    "--no-exhaustive", "--json", str(tmp_path / "search.json")])
     assert rc == 2 and "no configuration meets p95 < 0.001 ms" in err
     assert (tmp_path / "search.json").exists()  # the rows that failed are kept for the reader
+
+
+@pytest.mark.parametrize(("replicas", "said"), [
+    ("2,1,1,1", "--replicas gives 4 counts, but the tables have at most 2 shards"),
+    ("1000", "--replicas values must be between 1 and 64, got '1000'"),
+])
+def test_replica_counts_beyond_the_shards_or_the_host_are_refused(replicas, said):
+    rc, err = run(["shards", "serve", "--model", "elasticrec-rm1", "--max-tables", "1", "--scale", "1e-4",
+                   "--replicas", replicas, "--warmup", "2", "--http-port", "0", "--grpc-port", "0"])
+    assert rc == 2 and said in err.splitlines()[-1] and err.splitlines()[-1].startswith("recserve: error: ")

@@ -12,6 +12,7 @@ from recserve.commands._plan_common import count, fraction, non_negative, non_ne
 from recserve.errors import RecserveError
 
 WATCH_S = 0.5  # how often the replicas are looked at: one that died is restarted
+MAX_REPLICAS = 64  # replicas of one shard on this host (each a process)
 
 
 def _replicas(text: str | None) -> list[int] | None:
@@ -21,8 +22,8 @@ def _replicas(text: str | None) -> list[int] | None:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise RecserveError(f"--replicas must be comma-separated integers, got {text!r}") from exc
-    if not values or any(v < 1 for v in values):
-        raise RecserveError("--replicas values must be >= 1")
+    if not values or any(v < 1 or v > MAX_REPLICAS for v in values):
+        raise RecserveError(f"--replicas values must be between 1 and {MAX_REPLICAS}, got {text!r}")
     return values
 
 

@@ -83,6 +83,10 @@ def make_layout(spec: ModelSpec, scale: float, seed: int = 0, plan: ShardPlan | 
     else:
         layout = even_layout(model, counts, shards_per_table, seed=seed, scale=scale)
     if replicas:
+        most = max(len(t.replicas) for t in layout.tables)
+        if len(replicas) > most:
+            raise RecserveError(f"--replicas gives {len(replicas)} counts, but the tables have at most {most} shards "
+                                f"(one count per shard position, the last repeated)")
         for t in layout.tables:
             t.replicas = [int(replicas[min(s, len(replicas) - 1)]) for s in range(len(t.replicas))]
     if dense_replicas:
