@@ -209,3 +209,28 @@ def test_a_serving_node_reads_rebuilt_files_once_its_workers_are_replaced(tmp_pa
     assert reply.status == 200 and len(pids()) == 1 and not set(pids()) & set(before)
     status, body = _infer(ports.http, sample_batch(reference, 8, rng=4), 60)
     assert status == 200, body
+
+
+def test_the_tiers_counters_are_in_the_nodes_metrics(disk_dir, start_node):
+    """What the tier planner predicted, seen live: lookups, cache hits and misses, reads and bytes read, checksum
+    failures, per model version."""
+    import time
+
+    from recserve.serving import config_from_dict
+    from recserve.specs import get_model
+
+    model = generous({"model": "sdm-m1", "scale": 2e-5, "workers": 1, "max_batch_size": 64,
+                      "options": {"tier": {"dir": disk_dir, "tables": [0, 1], "cache_mb": 1, "engine": "threads"}}})
+    ports = start_node(config_from_dict({"models": [model]}), drain=False).ports
+    reference = build(get_model("sdm-m1"), scale=2e-5)
+    for rng in range(4):
+        assert _infer(ports.http, sample_batch(reference, 8, rng=rng), 60)[0] == 200
+
+    def counted(name: str) -> float:
+        return metric_value(scrape(ports.http), f"recserve_tier_{name}_total", model="sdm-m1", version="1") or 0.0
+
+    deadline = time.monotonic() + 30  # reported each heartbeat
+    while counted("lookups") == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert counted("lookups") > 0 and counted("misses") > 0 and counted("ios") > 0 and counted("bytes_read") > 0
+    assert counted("checksum_errors") == 0

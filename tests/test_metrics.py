@@ -23,6 +23,8 @@ FAMILIES = {
     "recserve_device_cache_lookups": ("counter", {"model", "version"}),
     "recserve_device_cache_hits": ("counter", {"model", "version"}),
     "recserve_http_read_pauses": ("counter", {"model", "version"}),
+    **{f"recserve_tier_{name}": ("counter", {"model", "version"})
+       for name in ("lookups", "hits", "misses", "ios", "bytes_read", "checksum_errors")},
     "recserve_worker_restarts": ("counter", {"model", "version"}),
     "recserve_request_latency_seconds": ("histogram", {"model", "version"}),
     "recserve_queue_latency_seconds": ("histogram", {"model", "version"}),
@@ -51,6 +53,8 @@ def busy_model() -> ModelMetrics:
     m.routed("accelerator", 9)
     m.accel_pass(items=9, queries=1, seconds=0.01)
     m.device_cache(lookups=10, hits=4)
+    m.tier((100, 60, 40, 12, 49152, 1))
+    m.tier((20, 15, 5, 2, 8192, 0))  # a later beat's deltas add up
     m.read_pauses, m.worker_restarts = 2, 1
     return m
 
@@ -79,6 +83,9 @@ def test_the_values_are_the_supervisors_counters():
         ("recserve_device_cache_lookups_total", ("model", "a")): 10,
         ("recserve_device_cache_hits_total", ("model", "a")): 4,
         ("recserve_http_read_pauses_total", ("model", "a")): 2, ("recserve_worker_restarts_total", ("model", "a")): 1,
+        ("recserve_tier_lookups_total", ("model", "a")): 120, ("recserve_tier_misses_total", ("model", "a")): 45,
+        ("recserve_tier_bytes_read_total", ("model", "a")): 57344,
+        ("recserve_tier_checksum_errors_total", ("model", "a")): 1,
         ("recserve_request_latency_seconds_count", ("model", "a")): 2,
     }
     for (name, (key, label)), count in expected.items():

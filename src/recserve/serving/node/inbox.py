@@ -107,6 +107,9 @@ class PipeInbox:
             if rec[0] == "cache":  # its device row cache during that pass: ("cache", lookups, hits)
                 self.metrics.device_cache(rec[1], rec[2])
                 continue
+            if rec[0] == "tier":  # its SSD tier since the last beat: ("tier", lookups, hits, misses, ios, ...)
+                self.metrics.tier(rec[1:])
+                continue
             if rec[0] == "sibling":  # a query sent to an idle sibling worker, given back by it, or copied to it
                 self.siblings[rec[1]] += 1
                 continue

@@ -132,6 +132,7 @@ class ModelMetrics:
     cache_lookups: int = 0  # rows looked up through accelerator workers' device row caches (device_table_mb)
     cache_hits: int = 0  # of those, rows found on the device
     read_pauses: int = 0  # HTTP/1.1 connections whose reading paused: a client pipelined too far ahead
+    tier_counts: dict[str, int] = field(default_factory=dict)  # SSD tier counters (worker/tier_counts.FIELDS)
 
     def routed(self, kind: str, items: int) -> None:
         self.routed_queries[kind] = self.routed_queries.get(kind, 0) + 1
@@ -147,6 +148,13 @@ class ModelMetrics:
     def device_cache(self, lookups: int, hits: int) -> None:
         self.cache_lookups += lookups
         self.cache_hits += hits
+
+    def tier(self, deltas: tuple) -> None:
+        """A worker's SSD-tier counters since its last beat, in ``worker/tier_counts.FIELDS`` order."""
+        from recserve.serving.worker.tier_counts import FIELDS
+
+        for name, delta in zip(FIELDS, deltas, strict=False):
+            self.tier_counts[name] = self.tier_counts.get(name, 0) + int(delta)
 
     def arrived(self) -> None:
         self.requests += 1
@@ -240,6 +248,7 @@ class NodeCollector(Collector):
         yield from _request_families(models, node_refusals)
         yield from _load_families(models)
         yield from _accelerator_families(models)
+        yield from _tier_families(models)
         yield from _health_families(models)
         yield from _latency_families(models)
         yield from triton_families(models)
@@ -328,6 +337,20 @@ def _accelerator_families(models: Models) -> Iterator[Metric]:
                    _each(models, lambda m: m.cache_lookups, lambda m: bool(m.cache_lookups)))
     yield _counter("recserve_device_cache_hits_total", "Of those, rows found in device memory.", MODEL_LABELS,
                    _each(models, lambda m: m.cache_hits, lambda m: bool(m.cache_lookups)))
+
+
+TIER_HELP = {"lookups": "Embedding ids looked up in the model's SSD-tiered tables.",
+             "hits": "Of the distinct ids of each batch, rows found in the DRAM row cache.",
+             "misses": "Of those, rows read from the SSD table files.",
+             "ios": "Reads submitted to the SSD table files.",
+             "bytes_read": "Bytes read from the SSD table files (read amplification: over the rows used).",
+             "checksum_errors": "Rows read whose checksum did not match (each failed its query)."}
+
+
+def _tier_families(models: Models) -> Iterator[Metric]:
+    for name, text in TIER_HELP.items():
+        yield _counter(f"recserve_tier_{name}_total", text, MODEL_LABELS,
+                       _each(models, lambda m, n=name: m.tier_counts.get(n, 0), lambda m: bool(m.tier_counts)))
 
 
 def _health_families(models: Models) -> Iterator[Metric]:

@@ -43,6 +43,7 @@ from recserve.errors import RecserveError
 from recserve.serving.wire import codec, pipe
 from recserve.serving.worker.failure_log import ModelFailures
 from recserve.serving.worker.model_path import checked_scores
+from recserve.serving.worker.tier_counts import tier_counts
 from recserve.specs import get_model
 from recserve.zoo import RecModel, build
 from recserve.zoo.batch import QueryBatch
@@ -332,6 +333,8 @@ async def _serve(conn: Any, args: WorkerArgs, model: RecModel, in_buf: np.ndarra
                         loads, args.slot, regions, active)
     _attach_peers(plane, args, siblings, loads)
     grpc_stopped = await _serve_grpc(plane, args, regions) if args.grpc_listen is not None else None
+    if (counts := tier_counts(model)) is not None:  # an SSD-tiered model: its tier's counters each beat
+        plane.reporter.sources.append(counts)
     await plane.listen(args.listen)
     send(ready)
     loop.add_reader(conn.fileno(), _pipe_reader(conn, args, plane, model, in_buf, out_buf, send))

@@ -45,6 +45,7 @@ class Reporter:
         self.slot = slot
         self.read_pauses = 0  # connections paused for pipelining more than PIPELINE_BYTES behind a request
         self._records: list[tuple] = []
+        self.sources: list[Callable[[], list[tuple]]] = []  # counters read each beat (the SSD tier's), as records
         self._flush_at: asyncio.TimerHandle | None = None
         self.trim_wanted = False  # a client's large input was let go: return free memory when idle (``beat``)
         self._large_input_bytes = 0  # large request bodies received since free memory was last asked back
@@ -80,12 +81,15 @@ class Reporter:
 
     # ---- heartbeat and memory ----------------------------------------------------------------------------
     def beat(self) -> None:
-        """Tell the supervisor this loop is alive (its watchdog's evidence), and answer queries queued past their
-        deadline behind a pass on the compute thread; again every ``BEAT_S``."""
+        """Tell the supervisor this loop is alive (its watchdog's evidence), answer queries queued past their
+        deadline behind a pass on the compute thread, and report ``sources``' counters; again every ``BEAT_S``."""
         if self.exit_event.is_set():
             return
         self.send(pipe.encode(pipe.Beat(self.admission.busy_s())))
         self.admission.expire_waiting()
+        for source in self.sources:
+            for record in source():
+                self.record(record)
         if self.regions is not None:  # unregistered regions' mappings are let go without waiting for a query
             self.regions.refresh()
         now = time.monotonic()
