@@ -214,7 +214,6 @@ class WorkerPool:
             if attempt >= MAX_RESTARTS_IN_A_ROW:
                 self.crash_looping -= 1
 
-
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds``, or less if the pool stops meanwhile (a stop does not wait out a restart's back-off)."""
         end = time.monotonic() + seconds
