@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import types
 
 import numpy as np
 import pytest
@@ -13,7 +14,9 @@ import yaml
 
 from recserve.cli import main
 from recserve.embedding.tablefile import TableFileError, read_header, write_table
-from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, tier_model
+from recserve.embedding.tiered import TableChecksumError, TieredTable, TierResources, open_errors, tier_model
+from recserve.errors import RecserveError
+from recserve.serving.worker.main import _refuse_unservable
 from recserve.specs import SLA, ModelSpec, TableSpec
 from recserve.zoo import DramTable, build, sample_batch
 from tests.support import http
@@ -79,8 +82,13 @@ def test_worker_reopen_after_file_swap_is_refused(disk_dir):
     shipped = pickle.dumps(table)  # what the server sends a (re)starting worker
     assert pickle.loads(shipped).fingerprint == table.fingerprint  # unchanged file: reopens fine
     write_table(path, other.weight)  # same shape, other contents, same path (a rename over it)
+    reopened = pickle.loads(shipped)  # as a worker's bootstrap does: kept, for the worker to say why
     with pytest.raises(TableFileError, match="changed since the server opened it"):
-        pickle.loads(shipped)
+        reopened.reader  # noqa: B018 - any read refuses the file
+    model = types.SimpleNamespace(tables=[reopened])
+    assert open_errors(model) == [reopened.open_error] and "rebuild it" in reopened.open_error
+    with pytest.raises(RecserveError, match="table u0: t.tbl changed since the server opened it"):
+        _refuse_unservable(model)  # the worker's start: one line to the supervisor, which logs it
     table.close()
 
 

@@ -49,7 +49,7 @@ from recserve.errors import SpecError
 from recserve.zoo.threads import inherit_torch_threads
 
 __all__ = ["TableChecksumError", "TableIOError", "TierResources", "TierStats", "TieredTable", "tier_from_config",
-           "tier_model", "tier_stats"]
+           "open_errors", "tier_model", "tier_stats"]
 
 
 @dataclass
@@ -206,16 +206,25 @@ class TieredTable(nn.Module):
         return state
 
     def __setstate__(self, state: dict) -> None:
+        """A worker (re)starting reopens the file by path: it must still be the file the server validated.  A file
+        that is not is kept as ``open_error`` (raised on any read, and said by the worker as the reason it cannot
+        start: unpickling happens before the worker's own code runs, where an exception would only end it)."""
         super().__setstate__(state)  # the reader reopens on first use, once the worker has its settings
-        # A worker (re)starting reopens the file by path: it must still be the file the server validated.
         pickled, fingerprint = self.header, self.fingerprint
-        header = self._open_file()
+        try:
+            header = self._open_file()
+        except TableFileError as exc:
+            self.open_error = str(exc)
+            return
         if header != pickled or self.fingerprint != fingerprint:
-            raise TableFileError(f"table {self.name}: {self.path.name} changed since the server opened it "
-                                 "(header or checksums differ); refusing to serve another file")
+            self.open_error = (f"table {self.name}: {self.path.name} changed since the server opened it (header or "
+                               "checksums differ); refusing to serve another file; rebuild it (recserve tier "
+                               "rebuild)")
 
     @property
     def reader(self) -> BlockReader:
+        if self.__dict__.get("open_error"):
+            raise TableFileError(self.open_error)
         reader = self.__dict__.get("_reader")
         if reader is None:
             r = self.resources
@@ -483,6 +492,13 @@ def prefetch_hook(model: nn.Module, args: tuple) -> None:
         if p.windows.size:
             p.complete(next(buffers))
         p.table._staged = (uniq, p.out)
+
+
+def open_errors(model: nn.Module) -> list[str]:
+    """Why tiered tables of ``model`` (as a worker unpickled it) cannot be served: files changed or broken since
+    the server opened them."""
+    return [t.open_error for t in getattr(model, "tables", ()) if isinstance(t, TieredTable)
+            and t.__dict__.get("open_error")]
 
 
 def tier_stats(model: nn.Module) -> TierStats:

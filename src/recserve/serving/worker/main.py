@@ -196,6 +196,16 @@ def _io_report(model: RecModel) -> list[dict[str, str]]:
     return io_report(model)
 
 
+def _refuse_unservable(model: RecModel) -> None:
+    """A model shipped with tiered tables whose files changed or broke since the server opened them: the reason,
+    raised where the worker says it to the supervisor."""
+    from recserve.embedding.tiered import open_errors
+
+    errors = open_errors(model)
+    if errors:
+        raise RecserveError(errors[0])
+
+
 def log_to_stderr(args: WorkerArgs) -> None:
     """Warnings to stderr with the time, the level and the worker that wrote them, as the server's lines read (a
     forkserver child inherits no logging set-up: its lines would be bare messages)."""
@@ -232,6 +242,7 @@ def worker_main(conn: Any, args: WorkerArgs, shared_model: RecModel | None, io: 
     os.environ.update(args.probe_verdicts)
     try:
         model = shared_model if shared_model is not None else build_worker_model(args.model_config)
+        _refuse_unservable(model)
     except RecserveError as exc:  # the user's to fix: said to the supervisor in one line, no traceback
         conn.send(pipe.encode(pipe.Failed(str(exc))))
         sys.exit(1)
