@@ -402,7 +402,7 @@ class Router:
     async def unready_reason(self) -> str | None:
         """None while some backend is ready for this router's queries (its model ready, or the node ready where
         the model is not known), else why none is: the router's own readiness (a probe's timeout is short)."""
-        path = f"/v2/models/{quote(self.model, safe='')}/ready" if self.model else "/v2/health/ready"
+        path = f"/v2/models/{model_target(self.model)}/ready" if self.model else "/v2/health/ready"
         answers = await asyncio.gather(*(self._get(endpoint, path, READY_TIMEOUT_S) for endpoint in self.endpoints))
         ready = [endpoint for endpoint, a in zip(self.endpoints, answers, strict=True)
                  if isinstance(a, web.Response) and a.status == 200]
@@ -521,7 +521,7 @@ def router_app(pick: Callable[[str], Router | None], routers: list[Router], stat
 
     async def all_stats(_: web.Request) -> web.Response:
         """Every model's statistics: each router's models' (a fleet's: its one model's) summed over its nodes."""
-        paths = [f"/v2/models/{quote(r.model, safe='')}/stats" if r.model else "/v2/models/stats" for r in routers]
+        paths = [f"/v2/models/{model_target(r.model)}/stats" if r.model else "/v2/models/stats" for r in routers]
         answers = await asyncio.gather(*(r.backend_stats(path) for r, path in zip(routers, paths, strict=True)))
         return stats_answer([e for entries, _ in answers for e in entries], [f for _, fs in answers for f in fs],
                             every=True)
