@@ -11,7 +11,6 @@ kind ``latency_vs_batch`` with columns ``batch, mean_ms, p50_ms, p99_ms``.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from recserve.errors import ProfileError
-from recserve.jsonio import read_json
+from recserve.jsonio import read_json, write_text_atomic
 
 PROFILE_VERSION = 1
 
@@ -155,12 +154,8 @@ class ProfileSet:
         return {"version": PROFILE_VERSION, "meta": self.meta, "tables": [t.to_dict() for t in self]}
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")  # two processes saving at once each rename whole
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(path)
-        return path
+        """Written whole or not at all (two processes saving at once each rename a whole file)."""
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "profile") -> ProfileSet:
