@@ -443,10 +443,13 @@ def _ensure_file(path: Path, weight: torch.Tensor, dtype: str, expect: tuple[int
     """Write ``path`` from ``weight`` if it is missing (or, with ``rebuild``, invalid); whether it was written.
     Writers of one file take turns under its lock and re-check there, so a node that waited for another (two
     replicas starting on one directory, a node starting during ``tier rebuild``) keeps the file that one wrote."""
-    if path.exists() and not (rebuild and not _valid_file(path, expect)):
+    def kept() -> bool:  # there, and (with rebuild) valid
+        return path.exists() and (not rebuild or _valid_file(path, expect))
+
+    if kept():
         return False
     with table_lock(path):
-        if path.exists() and (not rebuild or _valid_file(path, expect)):
+        if kept():  # another writer finished it while this one waited
             return False
         write_table(path, weight, dtype)
     return True
