@@ -113,8 +113,8 @@ class ModelRuntime:
 
                 raise SpecError(f"model {self.name!r}: an accelerator needs the node's front_end: workers")
             await self.accel.start()
-        if self.cfg.oversubscribed():
-            log.warning("%s", self.cfg.oversubscribed())
+        if oversubscribed := self.cfg.oversubscribed():
+            log.warning("%s", oversubscribed)
         starts = []
         for stage, (n, core_sets) in self.cfg.stages().items():
             pool = self.pools[stage]
