@@ -273,10 +273,12 @@ class AdmissionQueue:
     def expire_waiting(self) -> None:
         """While a pass runs on the compute thread: queries queued behind it whose deadline passed are answered 504
         now rather than when it ends (a pass that hangs would hold them until the node replaced the worker)."""
-        now = self.clock()
-        if not self.pass_started or not any(q.behind and q.deadline < now for q in self.queue):
+        if not self.pass_started:
             return
+        now = self.clock()
         late = [q for q in self.queue if q.behind and q.deadline < now]
+        if not late:
+            return
         self.queue = collections.deque(q for q in self.queue if not (q.behind and q.deadline < now))
         for q in late:
             self.queued_items -= q.items
