@@ -15,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from recserve.serving.transport.http1 import keep_alive
+from recserve.serving.transport.http1 import digits, keep_alive
 
 
 class HttpClientError(Exception):
@@ -103,7 +103,7 @@ class _Connection(asyncio.Protocol):
                 return None
             lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
             parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isascii() and parts[1].isdigit()):
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not digits(parts[1]):
                 raise HttpClientError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
             headers = {}
             for line in lines[1:]:
