@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -66,29 +65,27 @@ def test_an_interrupted_search_keeps_its_completed_probes_as_a_lower_bound():
 
 @pytest.mark.integration
 def test_sigterm_during_a_run_saves_what_completed_marked_interrupted(tmp_path):
-    out = tmp_path / "r.json"
-    proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "bench", "--model", "hera-ncf", "--target",
-                             "inprocess:thread", "--rate", "20", "--duration", "120", "--json", str(out)],
-                            env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    err: list[str] = []
-    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(64), "")), daemon=True)
-    reader.start()
+    out, err_path, out_path = tmp_path / "r.json", tmp_path / "stderr", tmp_path / "stdout"
+    # stdout and stderr go to files, each read by the test alone (two readers of one pipe split its lines)
+    with open(err_path, "w") as err_file, open(out_path, "w") as out_file:
+        proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "bench", "--model", "hera-ncf", "--target",
+                                 "inprocess:thread", "--rate", "20", "--duration", "120", "--json", str(out)],
+                                env={**os.environ, "PYTHONPATH": SRC}, stdout=out_file, stderr=err_file)
     try:
         deadline = time.monotonic() + 120
-        while "sent " not in "".join(err) or "done 0 " in "".join(err).rsplit("[load", 1)[-1]:
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(err)
+        while "sent " not in (err := err_path.read_text()) or "done 0 " in err.rsplit("[load", 1)[-1]:
+            assert time.monotonic() < deadline and proc.poll() is None, err
             time.sleep(0.5)
         time.sleep(2.0)
         proc.send_signal(signal.SIGTERM)
-        stdout = proc.communicate(timeout=60)[0]
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    reader.join(timeout=10)
-    assert proc.returncode == 143 and "stopped (SIGTERM)" in "".join(err)
-    assert "offered 20.0 qps" in stdout  # the summary of what completed
+    err = err_path.read_text()
+    assert proc.returncode == 143 and "stopped (SIGTERM)" in err, err
+    assert "offered 20.0 qps" in out_path.read_text()  # the summary of what completed
     saved = json.loads(out.read_text())
     assert saved["kind"] == "load_run" and saved["interrupted"] is True and 0 < saved["measured"] < 2400
 
