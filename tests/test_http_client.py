@@ -141,3 +141,22 @@ def test_an_http_1_0_answer_closes_its_connection_and_a_stale_kept_alive_one_is_
             server.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\nhello",
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: -3\r\n\r\nhello",
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
+                                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\nx\r\n0\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\nab\r\n0\r\n\r\n"])
+def test_a_body_length_that_is_not_a_plain_number_is_an_error_at_once(answer):
+    async def run() -> None:
+        port = free_port()
+        server = await serve(port, [answer], [])
+        try:
+            with pytest.raises(HttpClientError, match="malformed"):  # not a wait for the timeout
+                await HttpPool("127.0.0.1", port).send(encode_post("x", "/", b"", {}), 30.0)
+        finally:
+            server.close()
+
+    asyncio.run(asyncio.wait_for(run(), 20))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import ssl
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -117,7 +118,10 @@ class _Connection(asyncio.Protocol):
             if body is None:
                 return None
         else:
-            used = start + int(headers.get("content-length", "0"))
+            length = headers.get("content-length", "0")
+            if not digits(length):
+                raise HttpClientError(f"malformed Content-Length {length[:40]!r}")
+            used = start + int(length)
             if len(self.buf) < used:
                 return None
             body = bytes(self.buf[start:used])
@@ -145,6 +149,9 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_HEX_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")  # 1*HEXDIG, at most 64 bits: not int()'s sign, "0x" or "_"
+
+
 def _dechunk(buf: bytearray, start: int) -> tuple[bytes | None, int]:
     """A complete chunked body from ``start`` and the bytes it used, or (None, 0) while incomplete."""
     out, at = bytearray(), start
@@ -152,10 +159,10 @@ def _dechunk(buf: bytearray, start: int) -> tuple[bytes | None, int]:
         eol = buf.find(b"\r\n", at)
         if eol < 0:
             return None, 0
-        try:
-            size = int(bytes(buf[at:eol]).split(b";")[0], 16)
-        except ValueError as exc:
-            raise HttpClientError("malformed chunk size") from exc
+        text = bytes(buf[at:eol]).split(b";")[0].rstrip(b" \t")  # chunk-size [BWS ; ext] (RFC 9112 7.1)
+        if not _HEX_SIZE.fullmatch(text):
+            raise HttpClientError(f"malformed chunk size {text[:40]!r}")
+        size = int(text, 16)
         if size == 0:
             end = buf.find(b"\r\n\r\n", eol)  # trailers end with an empty line
             return (bytes(out), end + 4) if end >= 0 else (None, 0)
