@@ -123,3 +123,40 @@ def test_dry_run_prints_the_ray_start_flags(tmp_path, capsys):
     assert """this-host: ray start --resources '{"recserve_type_this_host": 2}'""" in out
     assert """sdm-hw-ss: ray start --resources '{"recserve_type_sdm_hw_ss": 1}'""" in out
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["node0.yaml", "node1.yaml", "node2.yaml"]
+
+
+def _gpu_plan() -> FleetPlan:
+    """hera-din on a g4dn.xlarge (a T4), its dense part on the device as Hercules' search configures it there."""
+    alloc = {"workers": 4, "threads": 1, "batch": 512, "mode": "model", "sparse_workers": 0}
+    return FleetPlan(inputs={"models": {"hera-din": {"peak_qps": 2000.0}}}, groups=[
+        FleetGroup("single", "g4dn.xlarge", 1, 1, {"hera-din": 2831.9}, {"hera-din": "dram"}, "", "Hercules search",
+                   {"hera-din": alloc}), *_plan().groups[:1]])
+
+
+def test_a_replica_whose_model_runs_on_the_gpu_asks_ray_for_one_and_its_nodes_must_have_it():
+    deployments, _ = ray_fleet.fleet_deployments(_gpu_plan(), cpus=4, scale=1e-4)
+    gpu, cpu = deployments
+    assert (gpu.gpus, cpu.gpus) == (1, 0)
+    assert ray_fleet.actor_options(gpu, 0.5) == {"num_cpus": gpu.workers * 0.5, "num_gpus": 1,
+                                                 "resources": {"recserve_type_g4dn_xlarge": 1}}
+    assert "num_gpus" not in ray_fleet.actor_options(cpu)
+    flags = ray_fleet.start_flags(deployments)
+    assert flags["g4dn.xlarge"] == """--resources '{"recserve_type_g4dn_xlarge": 1}' --num-gpus 1"""
+    assert "--num-gpus" not in flags["this-host"]
+    no_gpu = _nodes(("gpu", 4, {"recserve_type_g4dn_xlarge": 1}), ("cpu", 4, {"recserve_type_this_host": 1}))
+    with pytest.raises(Exception, match=r"g4dn.xlarge.*fewer GPUs.*ray start --resources .* --num-gpus 1"):
+        ray_fleet.check_cluster(deployments, no_gpu)
+    elsewhere = _nodes(("gpu", 4, {"recserve_type_g4dn_xlarge": 1}), ("cpu", 4, {"recserve_type_this_host": 1,
+                                                                                 "GPU": 1}))
+    with pytest.raises(Exception, match="fewer GPUs"):  # a GPU on a node of another type does not count
+        ray_fleet.check_cluster(deployments, elsewhere)
+    ray_fleet.check_cluster(deployments, _nodes(("gpu", 4, {"recserve_type_g4dn_xlarge": 1, "GPU": 1}),
+                                                ("cpu", 4, {"recserve_type_this_host": 1})))
+
+
+def test_dry_run_says_which_nodes_need_a_gpu(tmp_path, capsys):
+    path = _gpu_plan().save(tmp_path / "gpu.json")
+    assert main(["deploy", "ray", "--plan", str(path), "--dry-run", "--dir", str(tmp_path / "out"),
+                 "--scale", "1e-4"]) == 0
+    out = capsys.readouterr().out
+    assert """g4dn.xlarge: ray start --resources '{"recserve_type_g4dn_xlarge": 1}' --num-gpus 1""" in out

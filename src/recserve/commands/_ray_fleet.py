@@ -2,7 +2,7 @@
 
 Example (a two-node cluster on one host, the plan's server types this-host and sdm-hw-ss)::
 
-    recserve deploy ray --plan fleet.json --dry-run                # each type's `ray start --resources`
+    recserve deploy ray --plan fleet.json --dry-run                # each type's `ray start` flags
     ray start --head --port 6379 --num-cpus 1 --resources '{"recserve_type_this_host": 2}'
     ray start --address 127.0.0.1:6379 --num-cpus 1 --resources '{"recserve_type_sdm_hw_ss": 1}'
     recserve deploy ray --plan fleet.json --address 127.0.0.1:6379 --dir out/fleet-ray &
@@ -19,7 +19,6 @@ SIGTERM or ``--seconds``; with ``--json`` it comes up, writes the placement ther
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -42,8 +41,8 @@ def dry_run(args: argparse.Namespace, plan: Any) -> int:
                                                      workdir.resolve() / "tiers")
     for n in notes:
         _say(f"note: {n}")
-    for server, resources in ray_fleet.node_resources(deployments).items():
-        print(f"{server}: ray start --resources '{json.dumps(resources)}'")
+    for server, flags in ray_fleet.start_flags(deployments).items():
+        print(f"{server}: ray start {flags}")
     workdir.mkdir(parents=True, exist_ok=True)
     for k, d in enumerate(deployments):
         path = workdir / f"node{k}.yaml"

@@ -48,6 +48,11 @@ class FleetDeployment:
         return type_resource(self.server)
 
     @property
+    def gpus(self) -> int:
+        """GPUs its replica asks Ray for: one where the plan runs a model's dense part on the type's accelerator."""
+        return int(any((m.get("accelerator") or {}).get("device", "cpu") != "cpu" for m in self.config["models"]))
+
+    @property
     def workers(self) -> int:
         return sum(int(m.get("workers", 1)) * int(m.get("threads", 1)) for m in self.config["models"])
 
@@ -76,6 +81,34 @@ def node_resources(deployments: list[FleetDeployment]) -> dict[str, dict[str, in
     out: dict[str, dict[str, int]] = {}
     for d in deployments:
         out.setdefault(d.server, {d.resource: 0})[d.resource] += 1
+    return out
+
+
+def node_gpus(deployments: list[FleetDeployment]) -> dict[str, int]:
+    """Per server type with an accelerator the plan uses, the GPUs (``ray start --num-gpus``) of one node hosting all
+    of that type's planned servers."""
+    out: dict[str, int] = {}
+    for d in deployments:
+        if d.gpus:
+            out[d.server] = out.get(d.server, 0) + d.gpus
+    return out
+
+
+def start_flags(deployments: list[FleetDeployment]) -> dict[str, str]:
+    """Per server type, the ``ray start`` flags of one node hosting all of that type's planned servers."""
+    gpus = node_gpus(deployments)
+    return {t: f"--resources '{json.dumps(r)}'" + (f" --num-gpus {gpus[t]}" if t in gpus else "")
+            for t, r in node_resources(deployments).items()}
+
+
+def missing_gpus(deployments: list[FleetDeployment], nodes: list[dict[str, Any]]) -> dict[str, int]:
+    """Server types whose replicas need a GPU that no node carrying the type's resource has: {type: GPUs wanted}."""
+    out = {}
+    for server, wanted in node_gpus(deployments).items():
+        have = sum(float((n.get("Resources") or {}).get("GPU", 0)) for n in nodes
+                   if n.get("Alive", True) and type_resource(server) in (n.get("Resources") or {}))
+        if have < wanted:
+            out[server] = wanted
     return out
 
 
@@ -205,13 +238,21 @@ class FleetNode:
             node.stop(drain=False)
 
 
+def actor_options(d: FleetDeployment, cpus_per_worker: float = 1.0) -> dict[str, Any]:
+    """The Ray resources one replica of ``d`` asks for: its workers' CPUs, its type's marker, its GPU if any."""
+    options: dict[str, Any] = {"num_cpus": d.workers * cpus_per_worker, "resources": {d.resource: 1}}
+    if d.gpus:
+        options["num_gpus"] = d.gpus
+    return options
+
+
 def fleet_app(d: FleetDeployment, cpus_per_worker: float = 1.0) -> Any:
     """The Ray Serve application of one planned server group (not yet running): one replica on a node of its type."""
     from ray import serve
 
     deployment = serve.deployment(FleetNode).options(
         name=d.name, num_replicas=1, max_ongoing_requests=MAX_ONGOING, max_queued_requests=-1,
-        ray_actor_options={"num_cpus": d.workers * cpus_per_worker, "resources": {d.resource: 1}},
+        ray_actor_options=actor_options(d, cpus_per_worker),
         health_check_period_s=10.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=20.0)
     return deployment.bind(replica_config(d))
 
@@ -244,10 +285,14 @@ def placement(deployments: list[FleetDeployment], where: dict[str, dict[str, str
 
 
 def check_cluster(deployments: list[FleetDeployment], nodes: list[dict[str, Any]]) -> None:
-    """Refuse (one line naming the flags) when no node says it is a planned server type."""
-    missing = missing_types(deployments, nodes)
+    """Refuse (one line naming the flags) when no node says it is a planned server type, or none of a type whose
+    plan runs on its accelerator has the GPUs."""
+    missing, flags = missing_types(deployments, nodes), start_flags(deployments)
     if missing:
-        flags = node_resources(deployments)
         raise RecserveError("no Ray node offers " + ", ".join(f"{n} x {type_resource(t)}" for t, n in missing.items())
-                            + "; start nodes with " + "; ".join(f"{t}: ray start --resources '{json.dumps(flags[t])}'"
-                                                               for t in missing))
+                            + "; start nodes with " + "; ".join(f"{t}: ray start {flags[t]}" for t in missing))
+    short = missing_gpus(deployments, nodes)
+    if short:
+        raise RecserveError("the plan runs " + ", ".join(f"{n} {t} server(s)" for t, n in short.items())
+                            + " on their GPU, but the Ray nodes of that type have fewer GPUs; start them with "
+                            + "; ".join(f"{t}: ray start {flags[t]}" for t in short))
