@@ -10,7 +10,7 @@ import yaml
 
 from recserve.cli import main
 from recserve.deploy.k8s import validate
-from recserve.deploy.k8s_fleet import HPA_TARGET_FRACTION, TIERS_DIR, FleetManifests, planned_cores
+from recserve.deploy.k8s_fleet import HPA_TARGET_FRACTION, TIERS_DIR, FleetManifests, dram_bytes, planned_cores
 from recserve.deploy.k8s_plans import INSTANCE_TYPE_LABEL, plan_manifests
 from recserve.deploy.local_fleet import fleet_node_configs
 from recserve.embedding.tiered import tier_file_bytes
@@ -281,19 +281,42 @@ def test_a_name_prefix_no_service_name_can_start_with_is_refused(prefix, tmp_pat
 
 def test_the_tier_volume_holds_the_files_the_node_writes():
     """Sized by the files as written (fp32 rows padded to their stride, each file's header and footer), not by the
-    catalogue's bytes per element: full-size sdm-m1 writes ~466 GiB of user tables, 1 byte a value would be 91."""
-    objects = FleetManifests(tiered_plan(), scale=1.0, name="fl").build()
+    catalogue's bytes per element: sdm-m1 at 0.3 writes ~111 GiB of user tables, 1 byte a value would be 27."""
+    objects = FleetManifests(tiered_plan(), scale=0.3, name="fl").build()
     tiered = by_kind(objects, "Deployment")[1]
     tier = node_config_of(objects, tiered)["models"][0]["options"]["tier"]
     pod = tiered["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "tiers"]
     spec = get_model("sdm-m1")
-    written = tier_file_bytes(spec.tables, spec.scaled_rows(1.0), tier)
-    assert written > sum(r * t.dim * 4 for r, t in zip(spec.scaled_rows(1.0), spec.tables, strict=True)
+    written = tier_file_bytes(spec.tables, spec.scaled_rows(0.3), tier)
+    assert written > sum(r * t.dim * 4 for r, t in zip(spec.scaled_rows(0.3), spec.tables, strict=True)
                          if t.side == "user")
     gib = int(volume["emptyDir"]["sizeLimit"].removesuffix("Gi"))
     assert written <= gib * 2**30 <= written * 1.1 + 2**30
     assert pod["containers"][0]["resources"]["limits"]["ephemeral-storage"] == f"{gib + 1}Gi"
+
+
+def test_a_group_whose_tables_cannot_fit_its_pods_memory_is_refused_naming_the_scale_that_fits(tmp_path, capsys):
+    """Full-size sdm-m1 keeps its item tables in DRAM: 162 GiB at the node's fp32 (40 at the catalogue's 1 byte a
+    value) on a 64 GB sdm-hw-ss: every pod would be killed at start."""
+    path = tiered_plan().save(tmp_path / "p.json")
+    assert main(["deploy", "k8s", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "sdm-m1" in err and "166.5 GiB of embedding tables in DRAM" in err and "57.6 GiB" in err
+    scale = float(err.split("--scale ")[1].split()[0])
+    assert scale == 0.34  # 57.6 / 166.5 rounded down
+    FleetManifests(tiered_plan(), scale=scale, name="fl").build()  # the scale it names fits
+
+
+def test_dram_bytes_counts_the_tables_off_the_tier_at_fp32_and_the_tiers_caches():
+    spec = get_model("sdm-m1")
+    rows = spec.scaled_rows(0.01)
+    item = sum(r * t.dim * 4 for r, t in zip(rows, spec.tables, strict=True) if t.side == "item")
+    model = {"model": "sdm-m1", "scale": 0.01}
+    assert dram_bytes({"models": [model]}) == sum(r * t.dim * 4 for r, t in zip(rows, spec.tables, strict=True))
+    tier = {"dir": "/x", "tables": "user", "cache_mb": 100, "pooled_cache_mb": 28}
+    assert dram_bytes({"models": [{**model, "options": {"tier": tier}}]}) == item + 128 * 2**20
+    assert dram_bytes({"models": [{"model": "/models/own", "scale": 1.0}]}) == 0  # a repository model: its file's
 
 
 def test_tier_file_bytes_is_what_the_node_writes(tmp_path):

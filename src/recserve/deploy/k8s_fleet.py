@@ -106,6 +106,32 @@ def tier_gib(config: dict[str, Any]) -> int:
     return max(1, math.ceil(total * 1.1 / 2**30)) if total else 0
 
 
+def dram_bytes(config: dict[str, Any]) -> int:
+    """DRAM the embedding tables of ``config``'s catalogue models take on a node: every table not on an SSD tier at
+    4 bytes a value (the node builds fp32 tables whatever the catalogue's bytes a value), shared by a model's
+    workers, plus each tier's caches.  A repository model's tables are its file's: not counted."""
+    total = 0
+    for m in config["models"]:
+        try:
+            spec = get_model(m["model"])
+        except RecserveError:
+            continue
+        rows, on_ssd = spec.scaled_rows(m["scale"]), set()
+        if "tier" in (m.get("options") or {}):
+            from recserve.embedding.tiered import tier_layout  # torch: only where a model is tiered
+
+            ids, caches = tier_layout(spec.tables, m["options"]["tier"], f"model {m.get('name') or m['model']!r} tier")
+            on_ssd, total = set(ids), total + caches
+        total += sum(rows[t] * table.dim * 4 for t, table in enumerate(spec.tables) if t not in on_ssd)
+    return total
+
+
+def floor_2_digits(x: float) -> float:
+    """``x`` rounded down to two significant digits (a bound a user can type that still holds)."""
+    step = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return math.floor(x / step) * step
+
+
 def labels_of(app: str, **extra: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "recserve", "app.kubernetes.io/instance": app, "recserve/plan": "fleet",
             **{f"recserve/{k}": dns_name(v) for k, v in extra.items()}}
@@ -216,12 +242,24 @@ class FleetManifests:
                                 f"({', '.join(group.qps)})")
         app = dns_name(self.name, f"g{i}", group.kind, group.server)
         config = fitted_config(group, self.scale, allocatable)
+        self.check_memory(app, group, config, server)
         cpus = sum(cores_run(m) for m in config["models"])
         share = cpus / max(1, planned_cores(group))
         if share < 1:
             self.notes.append(f"{app}: {cpus} of the plan's {planned_cores(group)} cores per {group.server} (the "
                               f"kubelet keeps {self.reserved_cpus}): about {100 * share:.0f}% of the planned QPS")
         return FittedGroup(group, app, config, cpus, share, group.count)
+
+    def check_memory(self, app: str, group: FleetGroup, config: dict[str, Any], server: Any) -> None:
+        """Refuse a group whose node's tables cannot fit its pod's memory: the pod would be killed at every start."""
+        need, limit = dram_bytes(config), memory_share_mib(server, server.cores) * 2**20
+        if need > limit:
+            fits = floor_2_digits(self.scale * limit / need)
+            raise RecserveError(
+                f"{app} ({group.kind} on {group.server}: {', '.join(group.qps)}): its node holds "
+                f"{need / 2**30:,.1f} GiB of embedding tables in DRAM (the node builds fp32 tables; the plan counts "
+                f"the catalogue's bytes a value), more than the {limit / 2**30:,.1f} GiB a {group.server} pod has; "
+                f"deploy at --scale {fits:g} or less, or put more tables on SSD")
 
     def group_objects(self, fitted: FittedGroup) -> list[dict[str, Any]]:
         """The group's ConfigMap and Deployment, and an HPA where its models' traces let it shrink (which then

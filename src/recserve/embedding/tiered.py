@@ -539,6 +539,13 @@ def tier_file_bytes(spec_tables: Any, rows: tuple[int, ...], tier: dict[str, Any
                for t in _table_ids(spec_tables, s.tables, where))
 
 
+def tier_layout(spec_tables: Any, tier: dict[str, Any], where: str = "tier") -> tuple[list[int], int]:
+    """What a ``tier:`` section puts where: (the tables it writes to SSD, the bytes of DRAM its row and pooled
+    caches take, allocated up front)."""
+    s = TierSettings.parse(tier, where)
+    return _table_ids(spec_tables, s.tables, where), int((s.cache_mb + s.pooled_cache_mb) * 2**20)
+
+
 def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier",
                      rebuild: bool = False) -> TierResources:
     """Apply a node-config ``tier:`` section to a freshly built model (the server's hook), e.g.::
