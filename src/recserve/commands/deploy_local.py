@@ -127,6 +127,18 @@ def _check_this_host(configs: list[dict[str, Any]]) -> None:
             config_from_dict({k: v for k, v in cfg.items() if not k.startswith("_")}, f"node {i}")
         except SpecError as exc:
             raise RecserveError(f"this host cannot run the plan's {cfg['_group']}: {exc}") from None
+    _check_memory(configs)
+
+
+def _check_memory(configs: list[dict[str, Any]]) -> None:
+    """Refuse nodes whose tables together cannot fit this host's memory (each would be killed, or swap)."""
+    from recserve.deploy.local_fleet import dram_bytes
+    from recserve.embedding.tierconfig import host_memory_mb
+
+    need, have = sum(dram_bytes(cfg) for cfg in configs), host_memory_mb()
+    if have is not None and need > have * 2**20:
+        raise RecserveError(f"the plan's nodes hold {need / 2**30:,.1f} GiB of embedding tables in DRAM (fp32), more "
+                            f"than this host's {have / 1024:,.1f} GiB; give a smaller --scale")
 
 
 def _check_port_free(port: int) -> None:

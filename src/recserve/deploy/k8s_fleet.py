@@ -42,7 +42,7 @@ from recserve.deploy.k8s_plans import (
     node_server_pod,
     workload,
 )
-from recserve.deploy.local_fleet import cores_run, fleet_node_configs, served_name
+from recserve.deploy.local_fleet import cores_run, dram_bytes, fleet_node_configs, served_name
 from recserve.errors import RecserveError
 from recserve.planners.fleet import FleetGroup, FleetPlan
 from recserve.specs import get_model, get_server
@@ -104,26 +104,6 @@ def tier_gib(config: dict[str, Any]) -> int:
             total += tier_file_bytes(spec.tables, spec.scaled_rows(m["scale"]), m["options"]["tier"],
                                      f"model {m.get('name') or m['model']!r} tier")
     return max(1, math.ceil(total * 1.1 / 2**30)) if total else 0
-
-
-def dram_bytes(config: dict[str, Any]) -> int:
-    """DRAM the embedding tables of ``config``'s catalogue models take on a node: every table not on an SSD tier at
-    4 bytes a value (the node builds fp32 tables whatever the catalogue's bytes a value), shared by a model's
-    workers, plus each tier's caches.  A repository model's tables are its file's: not counted."""
-    total = 0
-    for m in config["models"]:
-        try:
-            spec = get_model(m["model"])
-        except RecserveError:
-            continue
-        rows, on_ssd = spec.scaled_rows(m["scale"]), set()
-        if "tier" in (m.get("options") or {}):
-            from recserve.embedding.tiered import tier_layout  # torch: only where a model is tiered
-
-            ids, caches = tier_layout(spec.tables, m["options"]["tier"], f"model {m.get('name') or m['model']!r} tier")
-            on_ssd, total = set(ids), total + caches
-        total += sum(rows[t] * table.dim * 4 for t, table in enumerate(spec.tables) if t not in on_ssd)
-    return total
 
 
 def floor_2_digits(x: float) -> float:

@@ -28,7 +28,7 @@ from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail, signal_name
 from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
-from recserve.specs import fleet_served_name, get_server
+from recserve.specs import fleet_served_name, get_model, get_server
 
 TIER_CACHE_MB = 64  # the least row cache an SSD-tiered model gets
 RESTART_WINDOW_S = 600.0  # a node's restarts count against ``max_restarts`` for this long (as Kubernetes' back-off)
@@ -61,6 +61,26 @@ def tier_cache_mb(model: str, server: str, scale: float) -> int:
     cache_gb = plan_tier(get_model(model), SDM_DRAM_SHARE * host.mem_gb, 1.0, item_batch=query_batch(),
                          server=host).summary["cache_gb"]
     return max(TIER_CACHE_MB, int(cache_gb * 1024 * scale))
+
+
+def dram_bytes(config: dict[str, Any]) -> int:
+    """DRAM the embedding tables of ``config``'s catalogue models take on a node: every table not on an SSD tier at
+    4 bytes a value (the node builds fp32 tables whatever the catalogue's bytes a value), shared by a model's
+    workers, plus each tier's caches.  A repository model's tables are its file's: not counted."""
+    total = 0
+    for m in config["models"]:
+        try:
+            spec = get_model(m["model"])
+        except RecserveError:
+            continue
+        rows, on_ssd = spec.scaled_rows(m["scale"]), set()
+        if "tier" in (m.get("options") or {}):
+            from recserve.embedding.tiered import tier_layout  # torch: only where a model is tiered
+
+            ids, caches = tier_layout(spec.tables, m["options"]["tier"], f"model {m.get('name') or m['model']!r} tier")
+            on_ssd, total = set(ids), total + caches
+        total += sum(rows[t] * table.dim * 4 for t, table in enumerate(spec.tables) if t not in on_ssd)
+    return total
 
 
 def cores_run(model: dict[str, Any]) -> int:
