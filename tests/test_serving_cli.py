@@ -53,10 +53,11 @@ def pipeline_server(tmp_path_factory):
                 ports.update(http=int(m.group(1)), grpc=int(m.group(2)))
                 found.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         assert found.wait(150), "".join(lines)
-        yield proc, ports, config, lines
+        yield proc, ports, config, lines, reader
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -64,7 +65,7 @@ def pipeline_server(tmp_path_factory):
 
 
 def test_pipeline_mode_matches_in_process(pipeline_server):
-    _, ports, config, _ = pipeline_server
+    _, ports, config, _, _ = pipeline_server
     cfg = config.models[0]
     model = build_worker_model(cfg)
     batch = sample_batch(model, 300, rng=9)  # sub_batch 128: three parts, each sparse stage then dense stage
@@ -79,7 +80,7 @@ def test_pipeline_mode_matches_in_process(pipeline_server):
 
 
 def test_sigterm_drains_in_flight_queries(pipeline_server):
-    proc, ports, config, lines = pipeline_server
+    proc, ports, config, lines, reader = pipeline_server
     cfg = config.models[0]
     model = build_worker_model(cfg)
     batch = sample_batch(model, 1024, rng=1)
@@ -109,6 +110,7 @@ def test_sigterm_drains_in_flight_queries(pipeline_server):
     for t in threads:
         t.join(120)
     assert proc.wait(60) == 0, "".join(lines)
+    reader.join(30)  # the exit comes before the reader thread has read the last lines of the pipe
     assert results.count("ok") == 4, results
     assert any("draining" in line for line in lines)
 
