@@ -309,21 +309,45 @@ def test_queued_queries_are_fused_into_one_pass_with_the_same_scores(node, cases
     pids = worker_pids(port, "b")
     pairs = cases["b"] * 3
 
+    body_bytes = sum(len(body_of(batch)[0]) for batch, _ in pairs)
+
     async def burst() -> list[np.ndarray]:
-        async with aiohttp.ClientSession() as s:
+        written, all_written = [0], asyncio.Event()
+
+        async def on_chunk_sent(session, context, params) -> None:
+            written[0] += len(params.chunk)
+            if written[0] >= body_bytes:
+                all_written.set()
+
+        async def resume_once_all_are_sent() -> None:  # the stopped workers find every query waiting
+            try:
+                await asyncio.wait_for(all_written.wait(), 60)
+            finally:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+
+        trace = aiohttp.TraceConfig()
+        trace.on_request_chunk_sent.append(on_chunk_sent)
+        async with aiohttp.ClientSession(trace_configs=[trace]) as s:
             s.port = port
-            return await asyncio.gather(*(post_scores(s, "b", batch) for batch, _ in pairs))
+            resume = asyncio.ensure_future(resume_once_all_are_sent())
+            got = await asyncio.gather(*(post_scores(s, "b", batch) for batch, _ in pairs))
+            await resume
+            return got
 
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
-    timer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGCONT) for pid in pids])
-    timer.start()
-    got = asyncio.run(burst())
-    timer.join()
+    try:
+        got = asyncio.run(burst())
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
     for scores, (_, expected) in zip(got, pairs, strict=True):
         np.testing.assert_allclose(scores, expected, rtol=1e-5, atol=1e-6)
-    time.sleep(0.1)
-    after = http.get_json(port, "/v2/models/b/stats")["model_stats"][0]
+    # the workers report their counts within STATS_FLUSH_S, later on a busy host
+    after = until(lambda: http.get_json(port, "/v2/models/b/stats")["model_stats"][0],
+                  lambda now: now["inference_stats"]["success"]["count"]
+                  - stats["inference_stats"]["success"]["count"] >= len(pairs))
     queries = after["inference_stats"]["success"]["count"] - stats["inference_stats"]["success"]["count"]
     passes = after["execution_count"] - stats["execution_count"]
     assert queries == len(pairs) and passes < queries, (queries, passes)
