@@ -32,6 +32,7 @@ from recserve.serving.transport.h2grpc import (
 )
 from recserve.serving.transport.h2limits import FloodLimits
 from recserve.serving.wire.codec import aligned_buffer
+from tests.support.wait import until
 
 MAX_MESSAGE = 8 << 20
 
@@ -43,6 +44,7 @@ class Service:
         self.loop = loop
         self.cancelled = threading.Event()
         self.deadlines: list[float | None] = []
+        self.slow_calls = 0
 
     def __call__(self, path: str) -> Method | None:
         return {
@@ -56,6 +58,7 @@ class Service:
 
     def _slow(self, call: GrpcCall, raw: memoryview) -> None:
         message = bytes(raw)
+        self.slow_calls += 1
         self.loop.call_later(0.3, call.reply, message)
 
     def _never(self, call: GrpcCall, raw: memoryview) -> None:
@@ -182,11 +185,11 @@ def test_a_client_that_does_not_speak_http2_is_closed_with_goaway(served):
 
 
 def test_a_graceful_stop_answers_the_calls_in_flight_and_takes_no_new_connection(served):
-    channel, server, loop, _, address = served
+    channel, server, loop, service, address = served
     slow = channel.unary_unary("/t.S/Slow")
     with ThreadPoolExecutor(4) as pool:
         in_flight = [pool.submit(slow, b"%d" % i, timeout=10) for i in range(4)]
-        time.sleep(0.1)
+        assert until(lambda: service.slow_calls, lambda calls: calls == 4) == 4  # all four reached the server
         asyncio.run_coroutine_threadsafe(server.stop(grace=5.0), loop).result(10)
         assert [f.result() for f in in_flight] == [b"%d" % i for i in range(4)]
     with pytest.raises(OSError):
