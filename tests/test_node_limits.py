@@ -43,14 +43,24 @@ def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
     import time
 
     from tests.support.nodes import node_config, started
+    from tests.support.proc_net import holder, tcp_inodes
+    from tests.support.wait import until
 
     pytest.importorskip("httptools")
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
-    config.keep_alive_timeout_s, config.max_connections = 1.0, 2
+    # idle long enough that the third connection comes while the first two are still open, on a busy host too
+    config.keep_alive_timeout_s, config.max_connections = 3.0, 2
     with started(config) as server:
         port = server.ports.http
+        (pid,) = [w.pid for rt in server.core.models.values() for pool in rt.pools.values() for w in pool.workers]
         kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
-        time.sleep(0.3)  # both accepted by the worker
+
+        def accepted() -> int:
+            ends = {s.getsockname()[1] for s in kept}
+            return sum(holder(tcp_inodes(lambda local, remote, _, end=end: (local, remote) == (port, end)), [pid])
+                       is not None for end in ends)
+
+        assert until(accepted, lambda n: n == 2) == 2  # both accepted by the worker
         with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
             answer = b""
             while chunk := third.recv(1 << 16):
