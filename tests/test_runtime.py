@@ -23,6 +23,7 @@ from recserve.serving.node.control_client import ControlClient
 from recserve.zoo import sample_batch
 from tests.support.nodes import started
 from tests.support.oip_inputs import http_inputs
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -51,6 +52,14 @@ def node():
 
 def sparse_pid(port: int) -> int:
     return ControlClient("127.0.0.1", port).get_model(MODEL)["stages"]["sparse"]["worker_detail"][0]["pid"]
+
+
+def held_by_the_node(port: int, queries: int) -> None:
+    """Waits until the node holds ``queries`` queries (sent from threads, they reach it in no set time)."""
+    def read() -> int:
+        return ControlClient("127.0.0.1", port).get_model(MODEL)["in_flight"]
+
+    assert until(read, lambda n: n == queries) == queries
 
 
 @contextlib.contextmanager
@@ -95,7 +104,7 @@ def check_deadline_and_hang(server: NodeServer, ports) -> None:
     pid = sparse_pid(ports.http)
     with stopped(pid):
         held = client.send()  # reaches the frozen worker
-        time.sleep(0.3)
+        held_by_the_node(ports.http, 1)
         queued = client.send(timeout=300_000)  # 0.3 s (Triton's microseconds), behind it
         kind, message, took = queued.result(30)
         assert kind == "error" and "deadline exceeded" in message and "still queued" in message, message
@@ -126,9 +135,9 @@ def test_a_restart_that_raises_oserror_still_answers_the_queue(node, monkeypatch
     pid = sparse_pid(ports.http)
     with stopped(pid):
         held = client.send()
-        time.sleep(0.3)
+        held_by_the_node(ports.http, 1)
         queued = client.send()
-        time.sleep(0.3)
+        held_by_the_node(ports.http, 2)
         monkeypatch.setattr(sparse, "start_worker", no_fork)
         os.kill(pid, signal.SIGKILL)
         kind, message, _ = held.result(30)
@@ -148,9 +157,9 @@ def test_stopping_node_answers_held_queries_at_once():
         pid = sparse_pid(ports.http)
         with stopped(pid):
             held, queued = client.send(), None
-            time.sleep(0.3)
+            held_by_the_node(ports.http, 1)
             queued = client.send()
-            time.sleep(0.3)
+            held_by_the_node(ports.http, 2)
             stopper = threading.Thread(target=server.stop)
             started = time.monotonic()
             stopper.start()
