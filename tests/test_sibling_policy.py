@@ -17,6 +17,7 @@ from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.plane import WorkerPlane
 from recserve.serving.worker.reporter import RETIRING_LOAD
 from recserve.serving.worker.siblings import LoopLoad, SiblingClient, socket_path
+from tests.support.wait import run_until
 
 
 def client(loads: list[int], slot: int = 0) -> SiblingClient:
@@ -151,7 +152,7 @@ def test_a_query_a_sibling_gave_back_meets_this_workers_admission_but_not_its_dr
         plane.admission.draining = True
         plane.enqueue_at(query, 4, now, time.perf_counter() + 10.0, reply, returned=True)
         assert len(answers) == 2 and len(plane.admission.queue) == 2  # queued behind the 2nd, drain or not
-        loop.run_until_complete(asyncio.sleep(0.3))
-        assert answers.count("ok") == 3
+        run_until(loop, lambda: len(answers) == 4)  # the two queued are answered
+        assert answers.count("ok") == 3 and len(answers) == 4
     finally:
         loop.close()

@@ -87,6 +87,15 @@ def plane_at(loop, value: float, slot: int, loads: np.ndarray, records: list) ->
     return plane
 
 
+async def answered(answers: list, n: int = 3) -> None:
+    """Until ``n`` answers are in (60 s at most, a busy host's pace), then half a second more for what follows
+    them (records, freed slots)."""
+    deadline = time.monotonic() + 60
+    while len(answers) < n and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.5)
+
+
 def enqueue_three(plane: WorkerPlane, answers: list) -> None:
     """The 1st query is computed at once, the 2nd queues behind the pass's next turn, the 3rd finds the worker
     busy (one queued): only the 3rd may go to a sibling.  Then the loop runs until the answers are in."""
@@ -94,7 +103,7 @@ def enqueue_three(plane: WorkerPlane, answers: list) -> None:
         for _ in range(3):
             plane.enqueue(QUERY, 4, time.perf_counter(), 10.0,
                           lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
-        await asyncio.sleep(0.5)
+        await answered(answers)
 
     plane.loop.run_until_complete(send())
 
@@ -157,7 +166,7 @@ def enqueue_owed(plane: WorkerPlane, queries: list[tuple], answers: list) -> Non
             plane.enqueue(q, 4, time.perf_counter(), 10.0,
                           lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)),
                           owed=True)
-        await asyncio.sleep(0.5)
+        await answered(answers, len(queries))
 
     plane.loop.run_until_complete(send())
 
@@ -201,7 +210,7 @@ def test_http_queries_are_not_forwarded_their_connections_spread_instead():
         async def send() -> None:
             for _ in range(3):
                 p.a.admit(sink, Request("POST", "/v2/models/m/infer", "HTTP/1.1", {}, bytearray(), time.perf_counter()))
-            await asyncio.sleep(0.5)
+            await answered(sink.written)
 
         p.loop.run_until_complete(send())
         scores = [np.frombuffer(w.split(b"\r\n\r\n", 1)[1], np.float32)[0] for w in sink.written]
@@ -432,7 +441,7 @@ def test_a_query_given_back_during_a_drain_is_still_computed():
                 p.a.enqueue(QUERY, 4, time.perf_counter(), 10.0,
                             lambda s, e: answers.append(float(s[0, 0]) if e is None else str(e)))
             p.a.admission.draining = p.b.admission.draining = True
-            await asyncio.sleep(0.5)
+            await answered(answers)
 
         run(p.loop, send_then_drain())
         assert answers == [0.0, 0.0, 0.0] and p.a_records.count(("sibling", "returned")) == 1
@@ -510,7 +519,7 @@ def enqueue_landed(plane: WorkerPlane, answers: list) -> None:
         for k in range(3):
             plane.enqueue(landed_query(plane.siblings, 10.0 + k), 4, time.perf_counter(), 10.0,
                           lambda scores, error: answers.append(float(scores[0, 0]) if error is None else str(error)))
-        await asyncio.sleep(0.5)
+        await answered(answers)
 
     plane.loop.run_until_complete(send())
 

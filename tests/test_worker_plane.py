@@ -29,20 +29,9 @@ from tests.support.nodes import generous, started
 from tests.support.oip_inputs import DTYPE_NAMES, grpc_inputs
 from tests.support.proc_net import holder, tcp_inodes
 from tests.support.scrape import metric_value, scrape
-from tests.support.wait import until
+from tests.support.wait import run_until, until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
-
-
-def run_until(loop: asyncio.AbstractEventLoop, done, timeout_s: float = 60.0) -> None:
-    """Runs ``loop`` until ``done()`` holds, or ``timeout_s`` (the caller asserts on what it waited for): a loop
-    run for a fixed time may not have reached it on a busy host."""
-    async def wait() -> None:
-        deadline = time.monotonic() + timeout_s
-        while not done() and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-
-    loop.run_until_complete(wait())
 
 
 def answered(sock: socket.socket) -> bool:

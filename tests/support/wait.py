@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -17,3 +18,14 @@ def until(read: Callable[[], T], done: Callable[[T], bool], timeout_s: float = 6
         time.sleep(0.02)
         value = read()
     return value
+
+
+def run_until(loop: asyncio.AbstractEventLoop, done: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Runs ``loop`` until ``done()`` holds, or ``timeout_s`` (the caller asserts on what it waited for): a loop run
+    for a fixed time may not have got there on a busy host."""
+    async def wait() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+
+    loop.run_until_complete(wait())
