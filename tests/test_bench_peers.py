@@ -251,14 +251,16 @@ def test_a_run_ended_by_sigterm_stops_the_servers_it_started(tmp_path) -> None:
     run_id = uuid.uuid4().hex
     marker = f"RECSERVE_TEST_RUN={run_id}"
     env = {**os.environ, "PYTHONPATH": f"{Path.cwd() / 'src'}:{Path.cwd()}", "RECSERVE_TEST_RUN": run_id}
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_peers", "--peers", "fastapi", "--workers", "1",
-                             "--sla-ms", "1000", "--probe-s", "30", "--start-qps", "5", "--out",
-                             str(tmp_path / "peers.json")], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    err_path = tmp_path / "stderr"
+    # stderr goes to a file: a pipe nobody reads while the run goes on could fill and block its writers
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bench_peers", "--peers", "fastapi", "--workers",
+                                 "1", "--sla-ms", "1000", "--probe-s", "30", "--start-qps", "5", "--out",
+                                 str(tmp_path / "peers.json")], env=env, stdout=subprocess.DEVNULL, stderr=err_file)
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not any("uvicorn" in cmd for cmd in _processes_marked(marker).values()):
-            assert proc.poll() is None, proc.stderr.read()  # type: ignore[union-attr]
+            assert proc.poll() is None, err_path.read_text()
             time.sleep(0.5)
         time.sleep(2.0)  # probing now
         proc.send_signal(signal.SIGTERM)
