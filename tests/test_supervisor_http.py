@@ -21,6 +21,7 @@ from recserve.serving.wire.errors import InferError
 from tests.support.http1_cases import FRAMING
 from tests.support.nodes import node_config, started
 from tests.support.scrape import metric_value, scrape
+from tests.support.wait import until
 
 INDEX = b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\n"  # a route only the server process answers
 READY = b'{"ready": true}'
@@ -152,7 +153,7 @@ def test_new_clients_hear_503_while_the_node_stops():
         stalled.sendall(INDEX + b"Content-Length: 100\r\n\r\n{")
         time.sleep(0.3)
         stopper.start()
-        time.sleep(0.5)
+        assert not until(lambda: server.core.accepting, lambda accepting: not accepting)  # the stop has begun
         reply, took = exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status_of(reply) == 503 and took < 4, (took, reply[:300])  # within the 5 s grace, not after it
     finally:
