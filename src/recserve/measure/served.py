@@ -1,16 +1,16 @@
 """A real node server for one model on loopback, for measurements "through the server".
 
-By default the server is its own process (``recserve serve --config`` on free ports), so its
-front end does not share a GIL or an event loop with the load generator, as in a deployment; with
-``in_process=True`` it runs in a background thread of this process instead (faster to start, what
-tests of the server itself do).  Workers are resized through the control API between load levels,
+By default the server is its own process (``recserve serve --config`` on ports it picks itself and names in its
+ready line), so its front end does not share a GIL or an event loop with the load generator, as in a deployment;
+with ``in_process=True`` it runs in a background thread of this process instead (faster to start, what tests of
+the server itself do).  Workers are resized through the control API between load levels,
 and worker memory (PSS) is read from the same API.
 """
 
 from __future__ import annotations
 
 import os
-import socket
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,11 +27,8 @@ from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail
 from recserve.measure.targets import GrpcTarget, HttpTarget, Target
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# the line ``recserve serve`` prints once it listens (server.py, _run_until_signal), with the ports it bound
+_READY = re.compile(rb"^recserve serve: .* on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+) ", re.MULTILINE)
 
 
 def _log(msg: str) -> None:
@@ -68,9 +65,8 @@ class LocalServer:
             self._server = NodeServer(self.config)
             self.ports = self._server.start()
         else:
-            self.ports = Ports(_free_port(), _free_port())
             try:
-                self._spawn()
+                self.ports = Ports(*self._spawn())
             except BaseException:
                 self._terminate()
                 raise
@@ -86,25 +82,32 @@ class LocalServer:
                             "queue_limit": model.queue_limit, "threads": model.threads,
                             "deadline_ms": model.deadline_ms}]}
 
-    def _spawn(self) -> None:
-        cfg = self.node_config(self.ports.http, self.ports.grpc)
+    def _spawn(self) -> tuple[int, int]:
+        """Starts the server on ports 0 (it binds free ones itself: ports picked here and bound seconds later, once
+        it has started, could be taken meanwhile by any connection's ephemeral port) and returns its (http, grpc)
+        ports, read from its ready line, once it answers ready."""
+        cfg = self.node_config(0, 0)
         self._tmp = tempfile.TemporaryDirectory(prefix="recserve-measure-")
         path = Path(self._tmp.name) / "node.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        log = open(Path(self._tmp.name) / "server.log", "wb")  # noqa: SIM115 - kept open for the child's life
+        log_path = Path(self._tmp.name) / "server.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's life
         self._proc = subprocess.Popen(tethered.command("serve", "--config", str(path)),  # stops with this process
                                       stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
         deadline = time.monotonic() + self.start_timeout_s
-        url = f"http://127.0.0.1:{self.ports.http}/v2/health/ready"
+        ports: tuple[int, int] | None = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RecserveError(f"node server exited with code {self._proc.returncode}: {self._log_tail()}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+            if ports is None and (found := _READY.search(log_path.read_bytes())):
+                ports = int(found[1]), int(found[2])
+            if ports is not None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=2) as resp:
+                        if resp.status == 200:
+                            return ports
+                except (urllib.error.URLError, OSError):
+                    pass
             time.sleep(0.2)
         raise RecserveError(f"node server not ready after {self.start_timeout_s:g} s: {self._log_tail()}")
 
