@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+# the line ``recserve serve`` prints once it listens (node/server.py, ``_run_until_signal``), naming its ports
+_READY = re.compile(rb"^recserve serve: .* on http://[^\s:]+:(\d+) grpc [^\s:]+:(\d+) ", re.MULTILINE)
 
 
 def tether(parent_pid: int) -> bool:
@@ -28,6 +31,14 @@ def tether(parent_pid: int) -> bool:
 def command(*args: str) -> list[str]:
     """The argv that runs ``recserve *args`` tethered to this process."""
     return [sys.executable, "-m", "recserve.tethered", str(os.getpid()), *args]
+
+
+def ready_ports(output: bytes) -> tuple[int, int] | None:
+    """The (http, grpc) ports a ``recserve serve`` started on ports 0 bound, from its output's ready line; None
+    before that line.  (Ports picked by the parent and bound seconds later, once the child has started, could be
+    taken meanwhile by any connection's ephemeral port.)"""
+    found = _READY.search(output)
+    return None if found is None else (int(found[1]), int(found[2]))
 
 
 def main(argv: list[str]) -> int:

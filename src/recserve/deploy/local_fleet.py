@@ -12,7 +12,6 @@ configs; it never reads the plan.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -39,12 +38,6 @@ def load_fleet_plan(path: str | Path) -> FleetPlan:
     if not isinstance(plan, FleetPlan):
         raise RecserveError(f"{path}: not a `recserve plan fleet` plan (a {plan.kind!r} plan)")
     return plan
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 served_name = fleet_served_name  # the one rule (specs.py), under the name deploy's modules use
@@ -148,7 +141,7 @@ def _model_entry(model: str, alloc: dict[str, Any], host: list[int], share: floa
 @dataclass
 class LocalNode:
     config_path: Path
-    http_port: int
+    http_port: int                  # 0 until the node names the port it bound (its ready line)
     models: list[str]               # the plan's model names
     group: str
     process: subprocess.Popen
@@ -187,19 +180,22 @@ def start_nodes(configs: list[dict[str, Any]], workdir: str | Path, ready_timeou
     try:
         for i, cfg in enumerate(configs):
             body = {k: v for k, v in cfg.items() if not k.startswith("_")}
-            body["http_port"], body["grpc_port"] = _free_port(), _free_port()
+            body["http_port"], body["grpc_port"] = 0, 0  # it binds free ones and names them (tethered.ready_ports)
             path = workdir / f"node{i}.yaml"
             path.write_text(yaml.safe_dump(body, sort_keys=False))
             log_path = workdir / f"node{i}.log"
             log_path.write_bytes(b"")
-            nodes.append(LocalNode(path, body["http_port"], [m["model"] for m in body["models"]],
+            nodes.append(LocalNode(path, 0, [m["model"] for m in body["models"]],
                                    cfg.get("_group", ""), _launch(path, log_path), log_path,
                                    {m["model"]: m["name"] for m in body["models"]}))
-            if progress:
-                progress(f"node {i}: {', '.join(nodes[-1].models)} ({nodes[-1].group}) on {nodes[-1].url}")
         deadline = time.monotonic() + ready_timeout_s
         for i, node in enumerate(nodes):
-            while not _ready(node.url):
+            while not (node.http_port and _ready(node.url)):
+                if not node.http_port and (ports := tethered.ready_ports(node.log_path.read_bytes())):
+                    _keep_ports(node, *ports)
+                    if progress:
+                        progress(f"node {i}: {', '.join(node.models)} ({node.group}) on {node.url}")
+                    continue
                 if node.process.poll() is not None:
                     raise RecserveError(f"node {i} exited with {node.process.returncode}; see "
                                         f"{workdir / f'node{i}.log'}")
@@ -211,6 +207,15 @@ def start_nodes(configs: list[dict[str, Any]], workdir: str | Path, ready_timeou
         stop_nodes(nodes)
         raise
     return nodes
+
+
+def _keep_ports(node: LocalNode, http_port: int, grpc_port: int) -> None:
+    """The ports a node bound, kept in its config: started again (``keep_nodes``) it takes the same ones, so its
+    endpoints and the router stay valid."""
+    node.http_port = http_port
+    body = yaml.safe_load(node.config_path.read_text())
+    body["http_port"], body["grpc_port"] = http_port, grpc_port
+    node.config_path.write_text(yaml.safe_dump(body, sort_keys=False))
 
 
 def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int = 3, progress: Any = None,

@@ -10,7 +10,6 @@ and worker memory (PSS) is read from the same API.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,9 +25,6 @@ from recserve import tethered
 from recserve.errors import RecserveError
 from recserve.hostinfo import log_tail
 from recserve.measure.targets import GrpcTarget, HttpTarget, Target
-
-# the line ``recserve serve`` prints once it listens (server.py, _run_until_signal), with the ports it bound
-_READY = re.compile(rb"^recserve serve: .* on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+) ", re.MULTILINE)
 
 
 def _log(msg: str) -> None:
@@ -83,9 +79,8 @@ class LocalServer:
                             "deadline_ms": model.deadline_ms}]}
 
     def _spawn(self) -> tuple[int, int]:
-        """Starts the server on ports 0 (it binds free ones itself: ports picked here and bound seconds later, once
-        it has started, could be taken meanwhile by any connection's ephemeral port) and returns its (http, grpc)
-        ports, read from its ready line, once it answers ready."""
+        """Starts the server on ports 0 (it binds free ones itself, ``tethered.ready_ports``) and returns its (http,
+        grpc) ports, read from its ready line, once it answers ready."""
         cfg = self.node_config(0, 0)
         self._tmp = tempfile.TemporaryDirectory(prefix="recserve-measure-")
         path = Path(self._tmp.name) / "node.yaml"
@@ -99,8 +94,8 @@ class LocalServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise RecserveError(f"node server exited with code {self._proc.returncode}: {self._log_tail()}")
-            if ports is None and (found := _READY.search(log_path.read_bytes())):
-                ports = int(found[1]), int(found[2])
+            if ports is None:
+                ports = tethered.ready_ports(log_path.read_bytes())
             if ports is not None:
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{ports[0]}/v2/health/ready", timeout=2) as resp:
