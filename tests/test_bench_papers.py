@@ -76,6 +76,7 @@ def test_kairos_rows_name_the_models_that_miss_the_claim() -> None:
 
 
 @pytest.mark.integration  # a section twice, one in a spawned process: seconds of work
+@pytest.mark.timeout(900)  # minutes of work on a busy host: room past the default 300 s
 def test_sections_run_in_processes_give_the_rows_run_here() -> None:
     from benchmarks.bench_papers import run_sections
 
