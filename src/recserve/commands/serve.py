@@ -85,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run a node inference server (KServe v2 / Triton protocol, HTTP + gRPC)",
                        description="Run a node inference server: the models of a node config, one catalogue model "
                                    "(--model) or a model repository, served over HTTP and gRPC (KServe v2 / Triton "
-                                   "protocol) until Ctrl-C or SIGTERM, which drain in-flight queries and stop.")
+                                   "protocol) until Ctrl-C, SIGTERM or SIGHUP, which drain in-flight queries and stop.")
     p.add_argument("--config", help="node config YAML (see examples/node-*.yaml)")
     p.add_argument("--model", help="quick form: serve one catalogue model")
     p.add_argument("--repository", help="a model repository (REPO/<model>/config.yaml, REPO/<model>/<version>/...): "

@@ -133,6 +133,9 @@ class ModelLoader:
                     self.versions.pop(name, None)
                 raise InferError("invalid", f"model {name!r} version {version} not loaded: {reason}",
                                  "model_name") from exc
+            except BaseException:  # cancelled (the node stops while loading): what started here stops too
+                await asyncio.gather(*(rt.stop() for rt in started))
+                raise
         return started
 
     async def _start_version(self, name: str, version: int, default: bool) -> ModelRuntime:

@@ -9,6 +9,7 @@ finish, then workers stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import shutil
@@ -301,12 +302,32 @@ class NodeServer:
             runner.run(self._run_until_signal())
 
     async def _run_until_signal(self) -> None:
-        ports = await self._astart()
+        """Serve until SIGTERM, SIGINT or SIGHUP, which drain; from the first line on, so that a signal while the
+        models load stops the node as cleanly (its workers and temporary folders gone) instead of killing it."""
+        signals = StopSignals(asyncio.get_running_loop())
+        starting = asyncio.ensure_future(self._astart())
+        stop = asyncio.ensure_future(signals.first.wait())
+        await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            print(f"recserve serve: {signals.name} while starting: stopping", file=sys.stderr, flush=True)
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting  # ``_astart`` stops what it started
+            return
+        ports = starting.result()
         failed = self.core.loader.failed() if self.core else {}
         if failed and self.config.exit_on_error:
+            stop.cancel()
             await self._ashutdown(drain=False)
             raise RecserveError("; ".join(f"{name} failed to load ({why})" for name, why in failed.items())
                                 + ": stopped (exit_on_error; without it the node serves the rest, not ready)")
+        self._announce(ports, failed)
+        await stop
+        print(f"recserve serve: {signals.name}: draining in-flight queries, then stopping workers",
+              file=sys.stderr, flush=True)
+        await self._ashutdown(drain=True)
+
+    def _announce(self, ports: Ports, failed: dict[str, str]) -> None:
         names = ", ".join(self.core.models) if self.core and self.core.models else "no model loaded"
         print(f"recserve serve: {names} on http://{self.config.host}:{ports.http} "
               f"grpc {self.config.host}:{ports.grpc} (control under /control, metrics at /metrics)",
@@ -315,10 +336,21 @@ class NodeServer:
             print(f"recserve serve: {name} failed to load ({why}); "
                   + ("not ready until it loads (recserve models load) or is unloaded" if self.config.strict_readiness
                      else "ready without it (strict_readiness: false)"), file=sys.stderr, flush=True)
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        print("recserve serve: draining in-flight queries, then stopping workers", file=sys.stderr, flush=True)
-        await self._ashutdown(drain=True)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class StopSignals:
+    """The signals that stop a node (SIGHUP too: a closed terminal or session), counted on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.first = asyncio.Event()
+        self.name = ""
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._received, sig)
+
+    def _received(self, sig: signal.Signals) -> None:
+        if not self.first.is_set():
+            self.name = sig.name
+            self.first.set()
