@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import http
-from tests.support.nodes import generous_yaml
+from tests.support.nodes import generous, generous_yaml
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -105,3 +106,55 @@ def test_sighup_drains_and_stops_like_sigterm(serve):
     assert node.proc.wait(60) == 0, node.log()
     assert "SIGHUP: draining in-flight queries" in node.log(), node.log()
     assert node.left_behind() == [], node.left_behind()
+
+
+def test_a_second_signal_ends_the_drain_at_once(serve, tmp_path):
+    """A query held for a stopped (SIGSTOP) worker keeps the drain waiting up to drain_timeout_s (30 s); a second
+    SIGTERM stops the node now: the query is answered 503 and the worker killed."""
+    config = tmp_path / "node.yaml"
+    config.write_text(yaml.safe_dump({"models": [generous({"model": "hercules-rmc1", "scale": 1e-4})]}))
+    node = serve("--config", str(config))
+    assert node.ready.wait(150), node.log()
+    port = node.ports["http"]
+    worker = http.get_json(port, "/control/models/hercules-rmc1")["stages"]["model"]["worker_detail"][0]["pid"]
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        node.wait_for("the server process accepts them", timeout_s=30)  # the supervisor covers its socket
+        answers: list[int] = []
+        query = threading.Thread(target=lambda: answers.append(_infer(port)))
+        query.start()
+        deadline = time.monotonic() + 30
+        while http.get_json(port, "/control/models/hercules-rmc1")["in_flight"] < 1:
+            assert time.monotonic() < deadline, node.log()
+            time.sleep(0.05)
+        node.proc.send_signal(signal.SIGTERM)
+        node.wait_for("draining in-flight queries")
+        stopping = time.monotonic()
+        node.proc.send_signal(signal.SIGTERM)
+        assert node.proc.wait(60) == 0, node.log()
+        assert time.monotonic() - stopping < 15, node.log()
+        query.join(30)
+        assert answers == [503], (answers, node.log())
+        assert not os.path.exists(f"/proc/{worker}") or _zombie(worker), node.log()
+        assert node.left_behind() == [], node.left_behind()
+    finally:
+        if os.path.exists(f"/proc/{worker}"):
+            os.kill(worker, signal.SIGKILL)
+
+
+def _infer(port: int) -> int:
+    from recserve.specs import get_model
+    from recserve.zoo.batch import random_batch
+
+    spec = get_model("hercules-rmc1")
+    batch = random_batch(spec.dense_in, spec.scaled_rows(1e-4), tuple(t.pooling for t in spec.tables), 2, 0)
+    reply = http.infer(port, "hercules-rmc1", batch.as_arrays(), timeout_s=120)
+    return reply.status
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -94,14 +94,15 @@ class WorkerPool:
                 w.stop_sent = True
                 w.outbox.post(None)  # type: ignore[union-attr]
 
-    async def stop(self) -> None:
-        """Retire every worker and wait for them, and for the restarts in flight (each stops what it started)."""
+    async def stop(self, timeout_s: float = WORKER_STOP_TIMEOUT_S) -> None:
+        """Retire every worker and wait for them (killed after ``timeout_s``), and for the restarts in flight (each
+        stops what it started)."""
         self.stopping = True
         workers = list(self.workers)
         for w in workers:
             w.retiring = True
         self.pump()
-        await await_exit(workers, WORKER_STOP_TIMEOUT_S)
+        await await_exit(workers, timeout_s)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=WORKER_START_TIMEOUT_S + WORKER_STOP_TIMEOUT_S)
 

@@ -25,7 +25,7 @@ from recserve.serving.node.launch import FrontEnd, WorkerLauncher, WorkerSetting
 from recserve.serving.node.live_settings import LiveSettings
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
-from recserve.serving.node.pool import WorkerPool
+from recserve.serving.node.pool import WORKER_STOP_TIMEOUT_S, WorkerPool
 from recserve.serving.node.watchdog import hold_in_transit
 from recserve.serving.node.worker_watch import WorkerWatch
 from recserve.serving.wire import json_numbers, pipe
@@ -133,11 +133,12 @@ class ModelRuntime:
         while self.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = WORKER_STOP_TIMEOUT_S) -> None:
+        """Stop every worker: those not gone within ``timeout_s`` are killed."""
         self.accepting = False
         for pool in self.pools.values():
             pool.stopping = True
-        await asyncio.gather(*(pool.stop() for pool in self.pools.values()))
+        await asyncio.gather(*(pool.stop(timeout_s) for pool in self.pools.values()))
         for stage in self.pools:
             self.dispatch.fail_pending(stage, f"model {self.name!r} stopped")
         self.launcher.cleanup()

@@ -30,12 +30,14 @@ from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
 from recserve.serving.node.http import build_app
 from recserve.serving.node.llc import LlcAllocator
+from recserve.serving.node.pool import WORKER_STOP_TIMEOUT_S
 from recserve.serving.transport.h2grpc import BACKLOG, GrpcServer
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.grpc_methods import Forwarder, channel_to, relay_options
 
 log = logging.getLogger("recserve.serving")
 
+HURRIED_STOP_S = 1.0  # after a second stop signal: how long workers get to exit before they are killed
 SHUTDOWN_GRACE_S = 5.0  # HTTP handlers still running after the drain (and its 503s) get this long, not aiohttp's 60 s
 
 
@@ -109,6 +111,7 @@ class NodeServer:
         self._grpc_fallback: GrpcServer | None = None  # this process's accept loop on it while no worker accepts
         self._grpc_front: GrpcServer | None = None  # the public gRPC port when this process serves it (TLS, v1)
         self._grpc_cover_methods: Forwarder | None = None
+        self._hurry: asyncio.Event | None = None  # set: the drain ends now and workers are killed at once
 
     # ------------------------------------------------------------------ async core
     async def _astart(self) -> Ports:
@@ -205,7 +208,7 @@ class NodeServer:
             core.stop_watchdog()
             core.accept_while_stopping()
             if drain:
-                await asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
+                await self._drain(core)
             held = [*core.all_runtimes(), *core.loader.retiring]
             abandoned = sum(rt.abandon("the node server is shutting down") for rt in held)
             if abandoned:
@@ -237,10 +240,28 @@ class NodeServer:
             self._sock.close()
             self._sock = None
         if core is not None:
-            await asyncio.gather(*(rt.stop() for rt in [*core.all_runtimes(), *core.loader.retiring]))
+            stop_s = HURRIED_STOP_S if self._hurried() else WORKER_STOP_TIMEOUT_S
+            await asyncio.gather(*(rt.stop(stop_s) for rt in [*core.all_runtimes(), *core.loader.retiring]))
             core.shm.close()
         if self._stopped is not None:
             self._stopped.set()
+
+    async def _drain(self, core: NodeCore) -> None:
+        """Every model drains (``drain_timeout_s`` at most), or less once ``_hurry`` is set."""
+        drains = asyncio.gather(*(rt.drain(self.config.drain_timeout_s) for rt in core.all_runtimes()))
+        if self._hurry is None:
+            await drains
+            return
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        await asyncio.wait({drains, hurry}, return_when=asyncio.FIRST_COMPLETED)
+        hurry.cancel()
+        if not drains.done():
+            drains.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drains
+
+    def _hurried(self) -> bool:
+        return self._hurry is not None and self._hurry.is_set()
 
     # ------------------------------------------------------------------ background-thread API
     def start(self, timeout_s: float = 180.0) -> Ports:
@@ -323,8 +344,9 @@ class NodeServer:
                                 + ": stopped (exit_on_error; without it the node serves the rest, not ready)")
         self._announce(ports, failed)
         await stop
-        print(f"recserve serve: {signals.name}: draining in-flight queries, then stopping workers",
-              file=sys.stderr, flush=True)
+        print(f"recserve serve: {signals.name}: draining in-flight queries, then stopping workers (again to stop "
+              "now)", file=sys.stderr, flush=True)
+        self._hurry = signals.again
         await self._ashutdown(drain=True)
 
     def _announce(self, ports: Ports, failed: dict[str, str]) -> None:
@@ -346,6 +368,7 @@ class StopSignals:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.first = asyncio.Event()
+        self.again = asyncio.Event()  # a second one: stop now, without waiting out the drain
         self.name = ""
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, self._received, sig)
@@ -354,3 +377,7 @@ class StopSignals:
         if not self.first.is_set():
             self.name = sig.name
             self.first.set()
+        elif not self.again.is_set():
+            print(f"recserve serve: {sig.name} again: stopping now (queries still held get 503, workers are killed)",
+                  file=sys.stderr, flush=True)
+            self.again.set()
