@@ -48,3 +48,60 @@ def test_a_node_whose_grpc_port_is_taken_refuses_to_start_and_lets_its_http_port
         node.stop()
     with listening_socket("127.0.0.1", http_port):  # the node's HTTP socket was closed with it
         pass
+
+
+@pytest.mark.integration  # starts a node
+def test_health_is_answered_while_the_models_start(monkeypatch):
+    """From the moment the ports are bound: live (HTTP and gRPC) says yes and ready says no while the workers start,
+    rather than connections waiting unanswered in the listen queue (a liveness probe would time out)."""
+    import asyncio
+    import threading
+
+    import tritonclient.grpc as tgrpc
+
+    from recserve.serving import NodeServer
+    from recserve.serving.node.runtime import ModelRuntime
+    from tests.support import http
+    from tests.support.nodes import node_config
+    from tests.support.ports import free_port
+
+    gate, start = threading.Event(), ModelRuntime.start
+
+    async def held(self: ModelRuntime) -> None:
+        while not gate.is_set():
+            await asyncio.sleep(0.05)
+        await start(self)
+
+    monkeypatch.setattr(ModelRuntime, "start", held)
+    config = node_config("hercules-rmc1", http_port=free_port(), grpc_port=free_port())
+    server = NodeServer(config)
+    started = threading.Thread(target=server.start, daemon=True)
+    started.start()
+    try:
+        live = _when_bound(lambda: http.get(config.http_port, "/v2/health/live", timeout_s=10))
+        assert live.status == 200, live.body
+        assert http.get(config.http_port, "/v2/health/ready", timeout_s=10).status == 503
+        client = tgrpc.InferenceServerClient(f"127.0.0.1:{config.grpc_port}")
+        assert client.is_server_live(client_timeout=10) and not client.is_server_ready(client_timeout=10)
+        gate.set()
+        started.join(180)
+        assert http.get(config.http_port, "/v2/health/ready", timeout_s=10).status == 200
+    finally:
+        gate.set()
+        started.join(180)
+        server.stop()
+
+
+def _when_bound(probe):
+    """``probe()`` once the port takes connections (refused until the node binds it)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return probe()
+        except OSError as exc:  # urllib's URLError wraps the refusal
+            if not isinstance(getattr(exc, "reason", exc), ConnectionRefusedError):
+                raise
+            assert time.monotonic() < deadline, "the node never bound its port"
+            time.sleep(0.05)

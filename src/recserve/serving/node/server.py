@@ -125,17 +125,13 @@ class NodeServer:
                           and self.core.use_worker_front_end(sock))
             if in_workers:
                 self._listen_grpc(host)
-            await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
-            self._runner = web.AppRunner(build_app(self.core), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
-                                         **self.core.own.options)
-            await self._runner.setup()
-            self.core.own.server = self._runner.server
-            if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
-                loop = asyncio.get_running_loop()  # its protocols from the core: capped, and refused while stopping
-                self._accepting = await loop.create_server(self.core.own.protocol, sock=sock, backlog=BACKLOG,
-                                                           ssl=tls.http_context(self.config))
+            await self._serve_app(sock, in_workers)
             http_port = sock.getsockname()[1]
             grpc_port = await self._start_grpc()
+            if in_workers:  # until a worker accepts (the watchdog's first tick): health answers, not a full backlog
+                self.core.own.listen(sock)
+                await self._cover_grpc(True)
+            await asyncio.gather(*(rt.start() for rt in self.core.models.values()))
             if self.core.loader.repository is not None:
                 await self.core.loader.load_all()
         except BaseException:
@@ -145,6 +141,18 @@ class NodeServer:
         self.core.start_watchdog()
         self.ports = Ports(http_port, grpc_port)
         return self.ports
+
+    async def _serve_app(self, sock: socket.socket, in_workers: bool) -> None:
+        """This process's aiohttp app, before any model starts: health, readiness (503 until every model is ready)
+        and metrics are answered while the models start."""
+        self._runner = web.AppRunner(build_app(self.core), handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
+                                     **self.core.own.options)
+        await self._runner.setup()
+        self.core.own.server = self._runner.server
+        if not in_workers:  # v1 layout, or no whole-query model: this process accepts itself
+            loop = asyncio.get_running_loop()  # its protocols from the core: capped, and refused while stopping
+            self._accepting = await loop.create_server(self.core.own.protocol, sock=sock, backlog=BACKLOG,
+                                                       ssl=tls.http_context(self.config))
 
     def _grpc_server(self) -> grpc.aio.Server:
         server = grpc.aio.server(options=relay_options(self.config.max_body_bytes))
