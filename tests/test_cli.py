@@ -187,3 +187,27 @@ def test_provision_alpha_names_both_forms():
 def test_a_tier_plan_the_ssd_cannot_serve_exits_1():
     rc, out, err = run(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "1e8"])
     assert rc == 1 and "feasible" in out and "the plan is infeasible" in err
+
+
+@pytest.mark.parametrize("flag, server, workers", [(None, "INFO", "WARNING"), ("warning", "WARNING", "WARNING"),
+                                                   ("error", "ERROR", "ERROR"), ("debug", "DEBUG", "WARNING")])
+def test_serve_log_level_sets_the_servers_and_its_workers_level(monkeypatch, request, flag, server, workers):
+    import logging
+
+    from recserve.serving.node.server import NodeServer
+    from recserve.serving.worker.main import LOG_LEVEL_ENV, worker_log_level
+
+    seen: dict[str, int] = {}
+    monkeypatch.setattr(NodeServer, "run_forever", lambda self: seen.update(level=logging.getLogger(
+        "recserve").getEffectiveLevel(), workers=worker_log_level()))
+    monkeypatch.setenv(LOG_LEVEL_ENV, "")
+    logger = logging.getLogger("recserve")
+    request.addfinalizer(lambda level=logger.level: logger.setLevel(level))
+    argv = ["serve", "--model", "hercules-rmc1", "--http-port", "0", "--grpc-port", "0"]
+    assert main(argv + (["--log-level", flag] if flag else [])) == 0
+    assert seen == {"level": getattr(logging, server), "workers": getattr(logging, workers)}
+
+
+def test_serve_refuses_an_unknown_log_level(capsys):
+    assert main(["serve", "--model", "hercules-rmc1", "--log-level", "loud"]) == 2
+    assert "--log-level" in capsys.readouterr().err

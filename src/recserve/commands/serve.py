@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from recserve.serving.node.config import NodeConfig
 
 PORT = number(0, 65535, integer=True)
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _distinct_ports(args: argparse.Namespace, config: NodeConfig) -> None:
@@ -31,6 +32,17 @@ def _distinct_ports(args: argparse.Namespace, config: NodeConfig) -> None:
     raise RecserveError(f"{source('--http-port', 'http_port', args.http_port)} and "
                         f"{source('--grpc-port', 'grpc_port', args.grpc_port)} are the same port ({config.http_port}); "
                         "give each its own (0 = any free port)")
+
+
+def _set_log_level(name: str) -> None:
+    """The node's log level: the server process's lines at ``name`` and above; its workers (forkserver children,
+    which inherit the environment) log warnings and above, errors only at ``error``."""
+    from recserve.serving.worker.main import LOG_LEVEL_ENV
+
+    level = getattr(logging, name.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("recserve").setLevel(level)
+    os.environ[LOG_LEVEL_ENV] = name.upper()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -76,7 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if config.tls_cert:
         print("recserve serve: TLS on HTTP and gRPC (one front-end process: front_end server)", file=sys.stderr)
     print(f"recserve serve: {check_exposure(config.host, config.control_token)}", file=sys.stderr, flush=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _set_log_level(args.log_level)
     NodeServer(config).run_forever()
     return 0
 
@@ -112,6 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bind address (default 127.0.0.1; any other needs RECSERVE_CONTROL_TOKEN)")
     p.add_argument("--http-port", type=PORT, default=None, help="0 = any free port (default 8000 / config)")
     p.add_argument("--grpc-port", type=PORT, default=None, help="0 = any free port (default 8001 / config)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                   help="the server process's log lines at this level and above (default %(default)s); its "
+                        "workers log warnings and errors (only errors at error)")
     p.add_argument("--tls-cert", metavar="PEM", help="certificate chain: serve HTTPS and gRPC over TLS")
     p.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     p.set_defaults(func=cmd_serve)

@@ -206,9 +206,13 @@ def _refuse_unservable(model: RecModel) -> None:
         raise RecserveError(errors[0])
 
 
+LOG_LEVEL_ENV = "RECSERVE_LOG_LEVEL"  # ``recserve serve --log-level``, as the workers inherit it
+
+
 def log_to_stderr(args: WorkerArgs) -> None:
-    """Warnings to stderr with the time, the level and the worker that wrote them, as the server's lines read (a
-    forkserver child inherits no logging set-up: its lines would be bare messages)."""
+    """Warnings (or only errors, at ``--log-level error``) to stderr with the time, the level and the worker that
+    wrote them, as the server's lines read (a forkserver child inherits no logging set-up: its lines would be bare
+    messages)."""
     root = logging.getLogger()
     if root.handlers:
         return
@@ -216,7 +220,12 @@ def log_to_stderr(args: WorkerArgs) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"%(asctime)s %(name)s %(levelname)s [{who}] %(message)s"))
     root.addHandler(handler)
-    root.setLevel(logging.WARNING)
+    root.setLevel(worker_log_level())
+
+
+def worker_log_level() -> int:
+    """Warnings, or the node's level where it is stricter (``LOG_LEVEL_ENV``)."""
+    return max(logging.WARNING, logging.getLevelNamesMapping().get(os.environ.get(LOG_LEVEL_ENV, ""), 0))
 
 
 def _pin(args: WorkerArgs) -> None:
