@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from recserve.hostinfo import signal_name
 from recserve.serving.node.config import expand_cores
 from recserve.serving.node.handle import WorkerHandle
 from recserve.serving.wire.errors import InferError
@@ -125,6 +126,8 @@ class WorkerPool:
             except Exception as exc:
                 raise InferError("invalid", str(exc), "cores") from exc
             retire = [w for w in current if w not in keep]
+            log.info("model %s: %s workers %d -> %d%s: starting %d, retiring pids %s", self.name, self.stage,
+                     len(current), n, " (all replaced)" if not keep else "", len(start_sets), [w.pid for w in retire])
             await asyncio.gather(*(self.start_worker(s, threads) for s in start_sets))
             self.threads = threads
             if cores is not None:
@@ -134,6 +137,7 @@ class WorkerPool:
             await retired(retire)
             self.pump()
             await await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
+            log.info("model %s: %s workers now pids %s", self.name, self.stage, [w.pid for w in self.active()])
 
     # ------------------------------------------------------------------ worker events (from its pipe)
     def on_failed(self, handle: WorkerHandle, reason: str) -> None:
@@ -174,7 +178,8 @@ class WorkerPool:
             self._llc.forget_pid(self.name, handle.pid)
         if handle.retiring or self.stopping or not handle.pid:
             return  # retired, shutting down, or never started (the starter sees the error)
-        log.warning("model %s: %s worker pid %s died (exit %s); restarting", self.name, self.stage, handle.pid, code)
+        log.warning("model %s: %s worker pid %s died (%s); restarting", self.name, self.stage, handle.pid,
+                    how_it_ended(code))
         self._metrics.worker_restarts += 1
         task = loop.create_task(self._restart(handle))
         self._tasks.add(task)
@@ -203,8 +208,11 @@ class WorkerPool:
                     await self._pause(wait_s)
                     continue
                 if attempt:
-                    log.warning("model %s: %s worker restarted after %d failed attempts", self.name, self.stage,
-                                attempt)
+                    log.warning("model %s: %s worker restarted as pid %s after %d failed attempts", self.name,
+                                self.stage, handle.pid, attempt)
+                else:
+                    log.info("model %s: %s worker pid %s replaced by pid %s", self.name, self.stage, dead.pid,
+                             handle.pid)
                 if self.stopping:  # the model stopped while this worker started
                     handle.retiring = True
                     self.pump()
@@ -220,6 +228,13 @@ class WorkerPool:
         end = time.monotonic() + seconds
         while not self.stopping and time.monotonic() < end:
             await asyncio.sleep(min(0.1, end - time.monotonic()))
+
+
+def how_it_ended(code: int | None) -> str:
+    """A worker's exit status in words: ``killed by SIGKILL``, ``exit code 1``."""
+    if code is None:
+        return "exit status unknown"
+    return f"killed by {signal_name(code)}" if code < 0 else f"exit code {code}"
 
 
 async def await_exit(workers: list[WorkerHandle], timeout_s: float) -> None:

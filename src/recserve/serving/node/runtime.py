@@ -263,6 +263,7 @@ class ModelRuntime:
             raise InferError("invalid", f"model {self.name!r} has no accelerator workers", "min_items")
         self.accel.set_min_items(k)
         await self.configure({"min_items": k})
+        log.info("model %s: queries of %d items or more go to the accelerator workers", self.name, k)
         return self.state()
 
     async def set_default(self, default: bool) -> None:
@@ -276,6 +277,7 @@ class ModelRuntime:
             raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
         self.settings.sub_batch = k
         await self.configure({"sub_batch": k})
+        log.info("model %s: sub_batch %d", self.name, k)
         return self.state()
 
     # ------------------------------------------------------------------ state
