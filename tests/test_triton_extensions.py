@@ -170,3 +170,13 @@ def test_a_streamed_error_names_the_request_it_answers(node):
         answers = list(stub.ModelStreamInfer(iter(requests), timeout=120))
     assert [a.infer_response.id for a in answers] == ["ok-1", "bad-shape", "no-model", "ok-2"]
     assert [bool(a.error_message) for a in answers] == [False, True, True, False], answers
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v2/repository/index", {"ready": "false"}, "ready"), ("/v2/repository/index", {"ready": 1}, "ready"),
+    ("/v2/repository/models/ctr/load", {"parameters": []}, "parameters"),
+    ("/v2/repository/models/ctr/load", {"parameters": ""}, "parameters")])
+def test_repository_bodies_of_the_wrong_type_are_refused_naming_the_field(node, path, body, field):
+    reply = http.post_json(node.http, path, body)
+    assert reply.status == 400 and reply.json()["field"] == field, reply.body[:200]
+    assert http.post_json(node.http, "/v2/repository/index", {"ready": True}).status == 200

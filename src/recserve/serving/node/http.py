@@ -180,12 +180,15 @@ def _repository_routes(routes: web.RouteTableDef, core: NodeCore) -> None:
     @routes.post("/v2/repository/index")
     async def repository_index(request: web.Request) -> web.Response:
         body = await _body(core, request) if request.body_exists else {}
-        return _json(core.loader.index(bool(body.get("ready", False))))
+        ready = body.get("ready", False)
+        if not isinstance(ready, bool):  # "false" is no false
+            raise InferError("invalid", f"ready: expected true or false, got {ready!r}", "ready")
+        return _json(core.loader.index(ready))
 
     @routes.post("/v2/repository/models/{model}/load")
     async def repository_load(request: web.Request) -> web.Response:
         body = await _body(core, request) if request.body_exists else {}
-        parameters = body.get("parameters") or {}
+        parameters = body.get("parameters", {})
         if not isinstance(parameters, dict):
             raise InferError("invalid", f"parameters: expected a JSON object, got {parameters!r}", "parameters")
         protocol.check_load_parameters(parameters)
