@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import shutil
 import threading
@@ -293,7 +294,8 @@ async def _state(server, name: str) -> dict:
     return server.core.runtime(name).state()
 
 
-def test_repository_index_versioned_paths_and_unload_load(node):
+def test_repository_index_versioned_paths_and_unload_load(node, caplog):
+    caplog.set_level(logging.INFO, logger="recserve")
     _, ports = node
     status, index = http.post_json(ports.http, "/v2/repository/index", timeout_s=120).status_and_json()
     assert status == 200
@@ -308,6 +310,7 @@ def test_repository_index_versioned_paths_and_unload_load(node):
     over_grpc = grpc_client.triton(ports.grpc)
     over_grpc.unload_model("ctr_ts")
     assert not over_http.is_model_ready("ctr_ts")
+    assert "model ctr_ts unloaded: version(s) 1 retire" in caplog.text  # the operator reads it in the log
     index = over_grpc.get_model_repository_index(as_json=True)["models"]  # proto JSON leaves out empty fields
     states = {e["name"]: (e.get("state", ""), e.get("reason", "")) for e in index}
     assert states["ctr_ts"] == ("UNAVAILABLE", "unloaded")

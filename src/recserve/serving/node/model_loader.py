@@ -185,6 +185,8 @@ class ModelLoader:
             for version in versions:
                 self.state[(name, version)] = ("UNAVAILABLE", "unloaded")
             self._on_change()
+            log.info("model %s unloaded: version(s) %s retire once their queries are answered", name,
+                     ", ".join(sorted(versions, key=int)))
             self._retire_in_background(list(versions.values()))
 
     def _retire_in_background(self, runtimes: list[ModelRuntime]) -> None:

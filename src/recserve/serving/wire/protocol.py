@@ -48,7 +48,7 @@ EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_
 TRACE_UNSUPPORTED = ("trace settings are not supported by this server (Triton's trace extension); per-request "
                      "timings are in /v2/models/{model}/stats and /metrics")
 LOGGING_UNSUPPORTED = ("log settings are not supported by this server (Triton's logging extension); the node "
-                       "logs at INFO level to its standard error")
+                       "logs to its standard error at the level of `recserve serve --log-level` (default info)")
 PLATFORM = "pytorch_libtorch"
 BACKEND = "pytorch"
 
