@@ -25,6 +25,7 @@ from recserve.serving.node.launch import FrontEnd, WorkerLauncher, WorkerSetting
 from recserve.serving.node.live_settings import LiveSettings
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
+from recserve.serving.node.overload_log import OverloadLog
 from recserve.serving.node.pool import WORKER_STOP_TIMEOUT_S, WorkerPool
 from recserve.serving.node.watchdog import hold_in_transit
 from recserve.serving.node.worker_watch import WorkerWatch
@@ -80,6 +81,7 @@ class ModelRuntime:
         self.pools: dict[str, WorkerPool] = {}
         self.dispatch = QueryDispatcher(cfg, self.info, self.metrics, self.settings, self.pools)
         self.worker_watch = WorkerWatch(cfg, self.metrics, self.pools, self.front)
+        self.overload_log = OverloadLog(cfg.name, self.metrics)
         self.inbox = PipeInbox(cfg.name, self.metrics, self.front, self.dispatch, self.adopt)
         self._next_adopter = 0
         self.live = LiveSettings(cfg.name)  # settings changed at run time, acknowledged by the workers
@@ -152,8 +154,9 @@ class ModelRuntime:
         return self.dispatch.abandon(message)
 
     def watch(self) -> None:
-        """Watchdog tick (``worker_watch.WorkerWatch.tick``)."""
+        """Watchdog tick (``worker_watch.WorkerWatch.tick``, ``overload_log.OverloadLog.tick``)."""
         self.worker_watch.tick()
+        self.overload_log.tick()
 
     # ------------------------------------------------------------------ queries through the supervisor
     def decode(self, arrays: dict[str, np.ndarray]) -> QueryBatch:
