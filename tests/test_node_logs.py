@@ -1,5 +1,5 @@
-"""What an operator reads in a node's log: the control API's changes to the workers, and a dead worker's
-replacement, each with the pids concerned."""
+"""What an operator reads in a node's log: its models' workers starting, the control API's changes to them, and a
+dead worker's replacement, each with the pids concerned."""
 
 from __future__ import annotations
 
@@ -31,11 +31,14 @@ def _wait_for(caplog, text: str, timeout_s: float = 120) -> str:
     raise AssertionError(f"no log line with {text!r}: {[r.getMessage() for r in caplog.records]}")
 
 
-def test_resizes_and_restarts_are_logged_with_their_pids(caplog):
+def test_starts_resizes_and_restarts_are_logged_with_their_pids(caplog):
     caplog.set_level(logging.INFO, logger="recserve")
     with started(node_config("hercules-rmc1")) as server:
         port = server.ports.http
         first = _pids(port)
+        assert "model hercules-rmc1 version 1: starting 1 workers" in caplog.text
+        assert "model hercules-rmc1 version 1: workers ready in" in caplog.text
+        assert f": model pids {first}" in caplog.text
         assert http.post_json(port, "/control/models/hercules-rmc1/workers", {"workers": 2}).status == 200
         assert "model hercules-rmc1: model workers 1 -> 2" in _wait_for(caplog, "workers 1 -> 2")
         both = _pids(port)

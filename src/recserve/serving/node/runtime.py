@@ -121,7 +121,12 @@ class ModelRuntime:
         for stage, (n, core_sets) in self.cfg.stages().items():
             pool = self.pools[stage]
             starts += [pool.start_worker(core_sets[i], pool.threads) for i in range(n)]
+        log.info("model %s version %s: starting %d workers", self.name, self.version, len(starts))
+        began = time.monotonic()
         await asyncio.gather(*starts)
+        log.info("model %s version %s: workers ready in %.1f s: %s", self.name, self.version,
+                 time.monotonic() - began, "; ".join(f"{stage} pids {[w.pid for w in pool.active()]}"
+                                                     for stage, pool in self.pools.items() if stage != "accel"))
 
     @property
     def ready(self) -> bool:
