@@ -65,6 +65,7 @@ class NodeCore:
         self.grpc_listen: socket.socket | None = None  # gRPC in the workers (NodeServer sets it), for loaded models
         self.grpc_upstream = ""
         self.accepting = False
+        self.stopping = False  # the node drains and stops (``NodeServer._ashutdown``)
         self.refusals: dict[str, int] = {}  # inference requests refused before a model was known, by reason
         self.own = handover.OwnAccepts(config, self.refused)  # the HTTP connections this process serves itself
         self._tasks: set[asyncio.Task] = set()

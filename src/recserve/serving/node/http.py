@@ -87,6 +87,7 @@ def build_app(core: NodeCore) -> web.Application:
                           middlewares=[json_errors, refuse_bad_framing, _control_access(core.config.control_token),
                                        _refusal_counter(core)])
     app.on_response_prepare.append(plain_server_header)
+    app.on_response_prepare.append(_closing_while_stopping(core))
     routes = web.RouteTableDef()
     for add in (_health_routes, _model_routes, _repository_routes, _shm_routes, _metrics_routes, _control_routes):
         add(routes, core)
@@ -311,6 +312,18 @@ def _control_access(token: str | None) -> Any:
         return await handler(request)
 
     return check
+
+
+def _closing_while_stopping(core: NodeCore) -> Any:
+    """Once the node drains, every answer says ``Connection: close`` (as the workers' do): a keep-alive client sends
+    its next query on a new connection, not on this one, which the node closes as it stops."""
+
+    async def closing(_: web.Request, response: web.StreamResponse) -> None:
+        if core.stopping:  # the hook runs after aiohttp wrote its Connection header: both are set here
+            response.force_close()
+            response.headers["Connection"] = "close"
+
+    return closing
 
 
 async def plain_server_header(_: web.Request, response: web.StreamResponse) -> None:

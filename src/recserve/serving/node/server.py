@@ -212,7 +212,7 @@ class NodeServer:
     async def _ashutdown(self, drain: bool = True) -> None:
         core = self.core
         if core is not None:
-            core.accepting = False
+            core.accepting, core.stopping = False, True
             core.stop_watchdog()
             core.accept_while_stopping()
             if drain:
