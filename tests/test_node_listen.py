@@ -105,3 +105,21 @@ def _when_bound(probe):
                 raise
             assert time.monotonic() < deadline, "the node never bound its port"
             time.sleep(0.05)
+
+
+def test_a_tmpdir_too_deep_for_unix_sockets_is_a_one_line_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import tempfile
+
+    from recserve.serving.node.launch import socket_folder
+
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(RecserveError, match=r"too deep for the node's Unix sockets \(\d+ bytes, at most 107\): set "
+                                            "TMPDIR to a shorter folder"):
+        socket_folder("recserve-grpc-", "server.sock")
+    assert list(deep.iterdir()) == []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path.parent.parent.parent))
+    folder = socket_folder("recserve-grpc-", "server.sock")
+    assert os.path.isdir(folder)
+    os.rmdir(folder)

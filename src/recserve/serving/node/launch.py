@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
+from recserve.errors import RecserveError
 from recserve.serving.node.config import ModelConfig
 from recserve.serving.node.handle import Outbox, WorkerHandle, next_id
 from recserve.serving.node.watchdog import CONN_SLOTS
@@ -22,6 +24,21 @@ from recserve.serving.worker.main import WorkerArgs, build_worker_model, share_m
 log = logging.getLogger("recserve.serving")
 
 LOAD_SLOTS = 64  # model workers that share connections by load; more are served but never take moved connections
+
+
+UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (``sun_path`` holds 108 with its NUL)
+
+
+def socket_folder(prefix: str, longest: str) -> str:
+    """A private temporary folder for Unix sockets named up to ``longest``; under a TMPDIR too deep for their paths,
+    a one-line error saying so (binding failed later with a traceback)."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    length = len(os.fsencode(os.path.join(folder, longest)))
+    if length > UNIX_PATH_MAX:
+        os.rmdir(folder)
+        raise RecserveError(f"the temporary folder {os.path.dirname(folder)} is too deep for the node's Unix sockets "
+                            f"({length} bytes, at most {UNIX_PATH_MAX}): set TMPDIR to a shorter folder (e.g. /tmp)")
+    return folder
 
 
 @dataclass
@@ -100,7 +117,7 @@ class WorkerLauncher:
         self.loads, self.active = slots[0], slots[1]
         self.active.zero_()
         # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
-        self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
+        self.sibling_dir = socket_folder("recserve-siblings-", f"slot-{LOAD_SLOTS}.sock") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.event_loop: dict[str, str] | None = None  # the loop the v2 workers run, and why not the one asked
         self.json_numbers: tuple[str, ...] | None = None  # the native readers of JSON tensors the v2 workers use

@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from recserve.serving.node import grpc_service, tls
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
 from recserve.serving.node.http import build_app
+from recserve.serving.node.launch import socket_folder
 from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.pool import WORKER_STOP_TIMEOUT_S
 from recserve.serving.transport.h2grpc import BACKLOG, GrpcServer
@@ -172,7 +172,7 @@ class NodeServer:
         self.core.cover_grpc = self._cover_grpc
 
     def _private_grpc_address(self) -> str:
-        self._grpc_dir = tempfile.mkdtemp(prefix="recserve-grpc-")
+        self._grpc_dir = socket_folder("recserve-grpc-", "server.sock")
         return f"unix:{self._grpc_dir}/server.sock"
 
     async def _start_grpc(self) -> int:
