@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,11 +25,12 @@ pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
 READY_LINE = re.compile(r"on http://127\.0\.0\.1:(\d+) grpc 127\.0\.0\.1:(\d+)")
 class Serve:
-    """One ``recserve serve`` child, its stderr read line by line and its temporary folders under ``tmp``."""
+    """One ``recserve serve`` child, its stderr read line by line and its temporary folders in a TMPDIR of its
+    own."""
 
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.tmp = tmp / "tmpdir"
-        self.tmp.mkdir()
+    def __init__(self, *args: str) -> None:
+        # short: a Unix socket's path holds at most 107 bytes, and pytest's own folders are deep
+        self.tmp = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
         env = {**os.environ, "TMPDIR": str(self.tmp)}
         self.proc = subprocess.Popen([sys.executable, "-m", "recserve.cli", "serve", "--http-port", "0",
                                       "--grpc-port", "0", *args], stderr=subprocess.PIPE, text=True, env=env)
@@ -59,14 +62,15 @@ class Serve:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(30)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 @pytest.fixture
-def serve(tmp_path):
+def serve():
     started: list[Serve] = []
 
     def start(*args: str) -> Serve:
-        started.append(Serve(tmp_path, *args))
+        started.append(Serve(*args))
         return started[-1]
 
     yield start

@@ -334,6 +334,7 @@ class NodeServer:
         """Serve until SIGTERM, SIGINT or SIGHUP, which drain; from the first line on, so that a signal while the
         models load stops the node as cleanly (its workers and temporary folders gone) instead of killing it."""
         signals = StopSignals(asyncio.get_running_loop())
+        self._hurry = signals.again  # a second signal also hurries a stop begun while the models load
         starting = asyncio.ensure_future(self._astart())
         stop = asyncio.ensure_future(signals.first.wait())
         await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -354,7 +355,6 @@ class NodeServer:
         await stop
         print(f"recserve serve: {signals.name}: draining in-flight queries, then stopping workers (again to stop "
               "now)", file=sys.stderr, flush=True)
-        self._hurry = signals.again
         await self._ashutdown(drain=True)
 
     def _announce(self, ports: Ports, failed: dict[str, str]) -> None:
