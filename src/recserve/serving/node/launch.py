@@ -30,8 +30,8 @@ UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (``sun_path`` holds 108 wit
 
 
 def socket_folder(prefix: str, longest: str) -> str:
-    """A private temporary folder for Unix sockets named up to ``longest``; under a TMPDIR too deep for their paths,
-    a one-line error saying so (binding failed later with a traceback)."""
+    """A private temporary folder for Unix sockets the node cannot run without, named up to ``longest``; under a
+    TMPDIR too deep for their paths, a one-line error saying so (binding failed later with a traceback)."""
     folder = tempfile.mkdtemp(prefix=prefix)
     length = len(os.fsencode(os.path.join(folder, longest)))
     if length > UNIX_PATH_MAX:
@@ -117,7 +117,8 @@ class WorkerLauncher:
         self.loads, self.active = slots[0], slots[1]
         self.active.zero_()
         # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
-        self.sibling_dir = socket_folder("recserve-siblings-", f"slot-{LOAD_SLOTS}.sock") \
+        # (a socket that cannot be made there only costs its worker its siblings' queries: ``_serve_siblings``)
+        self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.event_loop: dict[str, str] | None = None  # the loop the v2 workers run, and why not the one asked
         self.json_numbers: tuple[str, ...] | None = None  # the native readers of JSON tensors the v2 workers use
