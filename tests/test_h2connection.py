@@ -28,6 +28,7 @@ from recserve.serving.transport.h2frames import (
     SETTINGS,
     WINDOW_UPDATE,
     frame,
+    timeout_s,
 )
 from recserve.serving.transport.h2grpc import GrpcCall
 from recserve.serving.transport.h2limits import FloodLimits, Rate
@@ -283,3 +284,17 @@ def test_remembered_header_blocks_decode_as_hpack_does_whatever_the_table_went_t
             assert heads.decode(block) == _head(oracle.decode(block, raw=True))
         if table_size == 4096:  # in 200 bytes every block inserts and evicts: none leaves the table alone
             assert hits > 100, hits  # repeated blocks were answered from memory, not all decoded
+
+
+def test_a_grpc_timeout_of_more_than_eight_digits_is_ignored_not_a_failure_of_the_connection():
+    """gRPC's TimeoutValue has at most 8 digits; a longer one (``int`` refuses thousands of digits, ``float``
+    overflows on hundreds) is ignored as grpc-core ignores one it cannot parse, and the call is served."""
+    assert timeout_s(b"99999999H") == 99999999 * 3600.0 and timeout_s(b"5S") == 5.0
+    assert timeout_s(b"1" * 9 + b"S") is None
+    conn, wire, _, seen, _ = _open()
+    encoder = Encoder()
+    for stream, digits in ((1, 400), (3, 5000)):
+        conn.receive(frame(HEADERS, END_HEADERS, stream,
+                           encoder.encode(REQUEST + [("grpc-timeout", "9" * digits + "S")]))
+                     + frame(DATA, END_STREAM, stream, b"\x00\x00\x00\x00\x02hi"))
+    assert seen == [b"hi", b"hi"] and not wire.closed

@@ -184,7 +184,8 @@ def malformed(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 def timeout_s(value: bytes) -> float | None:
-    """``grpc-timeout`` (up to 8 digits and a unit) in seconds; None when absent or malformed."""
-    if len(value) < 2 or value[-1] not in TIMEOUT_UNITS or not value[:-1].isdigit():
+    """``grpc-timeout`` (up to 8 digits and a unit) in seconds; None when absent or malformed, as grpc-core takes a
+    value it cannot parse (more digits too: ``int`` refuses thousands, ``float`` overflows on hundreds)."""
+    if not 2 <= len(value) <= 9 or value[-1] not in TIMEOUT_UNITS or not value[:-1].isdigit():
         return None
     return int(value[:-1]) * TIMEOUT_UNITS[value[-1]]
