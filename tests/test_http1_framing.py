@@ -397,6 +397,18 @@ def test_a_header_number_in_non_ascii_digits_is_refused_as_not_a_number(port, si
 
 
 @pytest.mark.integration  # starts a node or a worker plane
+@pytest.mark.parametrize("size", [100, 2 << 20])
+def test_a_header_number_of_thousands_of_digits_is_refused_as_not_a_number(port, size):
+    """Past ``int``'s 4300 digits: a 400 answer, not an exception in the worker's protocol (a dropped connection)."""
+    body = b'{"inputs": []}' + b" " * size
+    message = (b"POST /v2/models/b/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               b"Inference-Header-Content-Length: " + b"9" * 5000 + b"\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    reply = exchange(port, message)
+    assert reply.startswith(b"HTTP/1.1 400 ") and b"not an integer" in reply, reply[:300]
+
+
+@pytest.mark.integration  # starts a node or a worker plane
 def test_a_client_that_half_closes_after_its_requests_gets_every_answer_then_the_close(port):
     request = infer_request(port)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:

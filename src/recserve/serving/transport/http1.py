@@ -166,10 +166,14 @@ class HeadReader:
         return Head(method, read.url.decode("latin-1"), version, headers, length)  # type: ignore[union-attr]
 
 
+MAX_DIGITS = 18  # the longest number ``digits`` takes: any int64 count of bytes, far from ``int``'s 4300-digit limit
+
+
 def digits(value: str) -> bool:
-    """Whether a header value is a decimal number: ASCII digits only (``str.isdigit`` also takes ``²`` of a head
-    read as Latin-1, which ``int`` then refuses)."""
-    return value.isascii() and value.isdigit()
+    """Whether a header value is a decimal number of at most ``MAX_DIGITS`` digits: ASCII digits only
+    (``str.isdigit`` also takes ``²`` of a head read as Latin-1, which ``int`` then refuses), and few of them (a
+    client's thousands of digits would make ``int`` raise where the caller reads it)."""
+    return len(value) <= MAX_DIGITS and value.isascii() and value.isdigit()
 
 
 def read_head(buf: bytes | bytearray) -> tuple[int, Head] | None:
