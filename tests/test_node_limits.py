@@ -37,13 +37,43 @@ def test_connection_limits_are_validated_naming_the_field():
     assert (config.keep_alive_timeout_s, config.max_connections) == (5, 8)
 
 
+def _exchange(port: int, request: bytes) -> bytes:
+    """``request`` on a connection of its own; everything answered until the server closes it."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(1 << 16):
+            answer += chunk
+    return answer
+
+
+LIVE_CLOSE = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+
+
+def _accepted(port: int, pid: int, socks: list) -> int:
+    """How many of ``socks`` (connected to ``port``) the worker ``pid`` holds (accepted, per /proc)."""
+    from tests.support.proc_net import holder, tcp_inodes
+
+    ends = {s.getsockname()[1] for s in socks}
+    return sum(holder(tcp_inodes(lambda local, remote, _, end=end: (local, remote) == (port, end)), [pid])
+               is not None for end in ends)
+
+
+def _worker_pid(server) -> int:
+    (pid,) = [w.pid for rt in server.core.models.values() for pool in rt.pools.values() for w in pool.workers]
+    return pid
+
+
 @pytest.mark.integration  # starts a node
-def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
+def test_a_worker_at_its_cap_closes_its_longest_idle_connection_for_a_new_one_and_idle_ones_time_out():
+    """Connections that send nothing cannot hold a worker's every slot: a new client is served and the connection
+    idle longest closed (503 only when none is idle); the idle keep-alive timeout closes the rest."""
     import socket
     import time
 
     from tests.support.nodes import node_config, started
-    from tests.support.proc_net import holder, tcp_inodes
     from tests.support.wait import until
 
     pytest.importorskip("httptools")
@@ -52,28 +82,51 @@ def test_a_worker_closes_idle_http_connections_and_refuses_those_past_its_cap():
     config.keep_alive_timeout_s, config.max_connections = 3.0, 2
     with started(config) as server:
         port = server.ports.http
-        (pid,) = [w.pid for rt in server.core.models.values() for pool in rt.pools.values() for w in pool.workers]
+        pid = _worker_pid(server)
         kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
-
-        def accepted() -> int:
-            ends = {s.getsockname()[1] for s in kept}
-            return sum(holder(tcp_inodes(lambda local, remote, _, end=end: (local, remote) == (port, end)), [pid])
-                       is not None for end in ends)
-
-        assert until(accepted, lambda n: n == 2) == 2  # both accepted by the worker
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
-            answer = b""
-            while chunk := third.recv(1 << 16):
-                answer += chunk
-        assert answer.startswith(b"HTTP/1.1 503") and b"connections" in answer
+        assert until(lambda: _accepted(port, pid, kept), lambda n: n == 2) == 2  # both accepted by the worker
+        answer = _exchange(port, LIVE_CLOSE)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert kept[0].recv(1 << 16) == b""  # the one idle longest made room
         began = time.monotonic()
-        for sock in kept:  # idle past keep_alive_timeout_s: closed by the worker (recv sees the end)
-            assert sock.recv(1 << 16) == b""
-            sock.close()
+        assert kept[1].recv(1 << 16) == b""  # idle past keep_alive_timeout_s: closed by the worker
         assert time.monotonic() - began < 25
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as again:  # room again
-            again.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert again.recv(1 << 16).startswith(b"HTTP/1.1 200")
+        for sock in kept:
+            sock.close()
+        assert _exchange(port, LIVE_CLOSE).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.integration  # starts a node
+def test_a_worker_at_its_cap_refuses_while_requests_are_arriving_then_closes_the_slowest_for_a_new_one():
+    import socket
+    import time
+
+    from tests.support.nodes import node_config, started
+    from tests.support.wait import until
+
+    pytest.importorskip("httptools")
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.max_connections = 2
+    with started(config) as server:
+        port = server.ports.http
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+        for sock in slow:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHo")  # a head begun, never finished
+        assert until(lambda: _accepted(port, _worker_pid(server), slow), lambda n: n == 2) == 2
+        answer = _exchange(port, b"")  # (a request the refusal leaves unread would turn its close into a reset)
+        assert answer.startswith(b"HTTP/1.1 503") and b"connections" in answer  # none idle, none slow yet
+        time.sleep(1.5)  # both heads arriving for longer than SLOW_FOR_S
+        answer = _exchange(port, LIVE_CLOSE)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        refused = 0
+        for sock in slow:
+            sock.settimeout(10)
+            try:
+                refused += sock.recv(1 << 16).startswith(b"HTTP/1.1 408")
+            except TimeoutError:
+                pass
+            sock.close()
+        assert refused >= 1
 
 
 def test_grpc_limits_are_validated_naming_the_field():

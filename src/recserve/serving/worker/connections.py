@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.transport.room import Room
 from recserve.serving.transport.tcp_counts import StreamCounts, stream_counts
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
@@ -36,6 +37,7 @@ MOVE_GAP_S = 0.005  # at most one such move per worker this often
 ACTIVE_GAP = 2  # active connections over a sibling's at which a worker moves one there as it goes idle
 FORWARDED_RECENTLY_S = 0.05  # a worker that forwarded a query this recently moves a connection that goes idle
 ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
+SLOW_FOR_S = 1.0  # at the connection cap, a request arriving for this long makes room for a new connection
 
 
 def in_service(loads: Any) -> Any:
@@ -75,6 +77,7 @@ class ConnectionManager:
         self.connecting = 0  # accepted connections whose transport is not made yet
         self._moved_at = 0.0
         self.forwarded_at = 0.0  # when a query last went to a sibling (``maybe_move``)
+        self._room = Room()  # which connections to close for a new one past ``max_connections`` (``_make_room``)
 
     # ---- accepting ----------------------------------------------------------------------------------------
     def listen(self, sock: socket.socket) -> None:
@@ -106,7 +109,7 @@ class ConnectionManager:
             self.loop.remove_reader(listener.fileno())
             self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
             return
-        if len(self.open) + self.connecting >= self.plane.limits.max_connections:
+        if len(self.open) + self.connecting >= self.plane.limits.max_connections and not self._make_room():
             self._refuse_connection(sock)
             return
         sock.setblocking(False)
@@ -116,6 +119,25 @@ class ConnectionManager:
             self._share(sock.fileno())  # type: ignore[misc]
         self.connecting += 1
         self.loop.create_task(self._connect(sock, early))
+
+    def _make_room(self) -> bool:
+        """At ``max_connections``: close the connections idle longest (``transport/room.py``), else those whose
+        request has been arriving for ``SLOW_FOR_S`` (408); whether any was (the new connection takes their room)."""
+        now = time.perf_counter()
+        waiting = []
+        for conn in self.open:
+            if (idle := conn.idle_for(now)) > 0:
+                waiting.append(((0, -idle), conn))
+            elif conn.too_slow(now, SLOW_FOR_S):
+                waiting.append(((1, conn.arrived), conn))
+        picked = self._room.pick(waiting, now)
+        for conn in picked:
+            if conn.idle_for(now) > 0:
+                conn.write(b"", close=True)
+            else:
+                conn.refuse(InferError("slow_client", "request arriving too slowly while the worker is at its "
+                                       "connection limit"))
+        return bool(picked)
 
     def _refuse_connection(self, sock: socket.socket) -> None:
         """Past ``max_connections``: 503 and close, before the connection costs more than its descriptor."""
