@@ -129,6 +129,33 @@ def test_a_worker_at_its_cap_refuses_while_requests_are_arriving_then_closes_the
         assert refused >= 1
 
 
+@pytest.mark.integration  # starts a node
+def test_the_server_process_at_its_cap_closes_the_connection_idle_longest_for_a_handed_over_one():
+    """Keep-alive connections handed to the server process (health, metrics, control) cannot hold its every slot:
+    a new probe is answered and the connection idle longest closed."""
+    import socket
+    import time
+
+    from tests.support.nodes import node_config, started
+
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.max_connections = 2
+    with started(config) as server:
+        port = server.ports.http
+        kept = []
+        for _ in range(2):  # each handed over by the worker, answered, then idle in the server process
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(1 << 16).startswith(b"HTTP/1.1 200")
+            kept.append(sock)
+            time.sleep(0.1)
+        answer = _exchange(port, LIVE_CLOSE)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert kept[0].recv(1 << 16) == b""  # the one idle longest made room
+        for sock in kept:
+            sock.close()
+
+
 def test_grpc_limits_are_validated_naming_the_field():
     from recserve.errors import SpecError
     from recserve.serving import config_from_dict

@@ -163,6 +163,8 @@ def test_new_clients_hear_503_while_the_node_stops():
 
 @pytest.mark.integration  # starts a node
 def test_the_server_process_caps_its_connections_with_503_and_retry_after():
+    """Past the cap while every connection has a request in progress (a body on its way): 503.  (Connections
+    waiting for a request make room instead: ``test_node_limits``.)"""
     config = node_config("hercules-rmc1", scale=1e-4, workers=1)
     config.front_end, config.max_connections = "server", 2
     with started(config) as server:
@@ -170,8 +172,8 @@ def test_the_server_process_caps_its_connections_with_503_and_retry_after():
         kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
         try:
             for sock in kept:
-                sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert sock.recv(1 << 16).startswith(b"HTTP/1.1 200")
+                sock.sendall(b"POST /v2/models/hercules-rmc1/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            time.sleep(0.5)  # both requests being handled, their bodies awaited
             reply, _ = exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
             assert status_of(reply) == 503 and b"Retry-After: 1" in reply and "2 connections" in body_of(reply)["error"]
         finally:

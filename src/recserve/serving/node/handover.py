@@ -15,6 +15,7 @@ from aiohttp import http_exceptions, web
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.transport.h2grpc import BACKLOG
 from recserve.serving.transport.http1 import HTTP2_ON_HTTP1, MAX_HEAD_BYTES
+from recserve.serving.transport.room import Room
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.http_connection import LINGER_S, error_response
 
@@ -35,7 +36,23 @@ def http_handler_options(config: NodeConfig) -> dict[str, Any]:
 class JsonErrors(web.RequestHandler):
     """aiohttp's connection protocol, answering a request it cannot parse as every front end answers errors (JSON,
     ``Server: recserve``; 431 for a head line over the limit) and logging it at debug: the client's fault, not a
-    server error with its traceback."""
+    server error with its traceback.  ``waiting_since``: when it began waiting for a request (None: it is not)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.last_read = asyncio.get_running_loop().time()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self._loop.time()
+        super().data_received(data)
+
+    def waiting_since(self) -> float | None:
+        """aiohttp's own test of a connection waiting for its next request (``_process_keepalive``): a request
+        neither queued nor being handled, since the last bytes read (a head begun counts as waiting)."""
+        waiter = getattr(self, "_waiter", None)
+        if waiter is None or waiter.done() or getattr(self, "_request_in_progress", True):
+            return None
+        return self.last_read
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -125,16 +142,26 @@ class OwnAccepts:
         self.max_connections = config.max_connections
         self._refused = refused
         self._listening: asyncio.Task | None = None  # this process's accept loop on the node's socket
+        self._room = Room()  # which connections to close for a new one past ``max_connections``
 
     def protocol(self) -> asyncio.Protocol:
         """aiohttp's protocol; past ``max_connections``, 503 with Retry-After; once stopping, 503."""
         server = self.server
         if server is None:
             return Refused(STOPPING)
-        if len(server.connections) >= self.max_connections:
+        if len(server.connections) >= self.max_connections and not self._make_room(server.connections):
             self._refused("too_many_connections")
             return Refused(too_many_connections(self.max_connections))
         return JsonErrors(server, loop=asyncio.get_running_loop(), **self.options)
+
+    def _make_room(self, handlers: list[Any]) -> bool:
+        """Close the connections that have waited longest for a request (``transport/room.py``); whether any was."""
+        waiting = ((since, h) for h in handlers
+                   if isinstance(h, JsonErrors) and (since := h.waiting_since()) is not None)
+        picked = self._room.pick(waiting, asyncio.get_running_loop().time())
+        for handler in picked:
+            handler.force_close()
+        return bool(picked)
 
     async def serve(self, fd: int, prefix: bytes) -> None:
         """A connection a worker handed over, the bytes it read (``prefix``) fed first."""
