@@ -293,12 +293,34 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return received
 
 
-def test_connections_past_the_cap_get_goaway_and_the_others_serve_on(grpc_server):
+def test_a_connection_past_the_cap_closes_the_one_idle_longest_and_is_served(grpc_server):
+    """Connections with no call open cannot hold every slot: the one that read nothing for longest gets GOAWAY and
+    is closed, and the new one is served."""
     port = grpc_server(max_connections=2)
     kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
     for sock in kept:
         sock.sendall(PREFACE + _frame(SETTINGS, 0, 0))
         sock.recv(1 << 16)  # our SETTINGS: the connection is served
+        time.sleep(0.05)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
+        third.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678"))
+        data = b""
+        while b"12345678" not in data and b"too_many_connections" not in data and (more := third.recv(1 << 16)):
+            data += more
+        assert b"12345678" in data and b"too_many_connections" not in data
+    closed = _read_until_closed(kept[0])
+    assert b"\x07\x00\x00\x00\x00\x00" in closed  # a GOAWAY frame header (type 7, flags 0, stream 0)
+    for sock in kept:
+        sock.close()
+
+
+def test_connections_past_the_cap_get_goaway_while_every_one_has_a_call_open(grpc_server):
+    port = grpc_server(max_connections=2)
+    kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+    for sock in kept:
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _headers(1, END_HEADERS))  # a call whose message never comes
+        sock.recv(1 << 16)  # our SETTINGS: the connection is served
+    time.sleep(0.2)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
         assert ENHANCE_YOUR_CALM.to_bytes(4, "big") + b"too_many_connections" in _read_until_closed(third)
     kept.pop().close()

@@ -55,6 +55,7 @@ from recserve.serving.transport.h2frames import (
 from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodLimits
 from recserve.serving.transport.h2replies import ReplyWriter
 from recserve.serving.transport.h2streams import MessageSink, Method, Stream
+from recserve.serving.transport.room import Room
 
 __all__ = ["ENHANCE_YOUR_CALM", "FRAMES_PER_TURN", "GOAWAY_PING", "GOAWAY_PING_AGAIN", "INTERNAL", "INVALID_ARGUMENT",
            "OK", "PREFACE", "RESOURCE_EXHAUSTED", "RESPONSE_HEADERS", "UNIMPLEMENTED", "WRITE_HIGH", "GrpcCall",
@@ -217,6 +218,14 @@ class GrpcConnection(asyncio.BufferedProtocol):
         """Stop taking calls, answer those in flight, then close (``H2Connection.close_gracefully``)."""
         self.h2.close_gracefully()
 
+    def close_idle(self) -> None:
+        """Closed with no call open, to make room for a new connection (``GrpcServer``): GOAWAY naming the last
+        stream (a call crossing it is retried elsewhere by its client), then the close."""
+        if self.transport is not None:
+            if self.preface_received:
+                self.transport.write(goaway_frame(self.h2.streams.last_id))
+            self.transport.close()
+
     def pause_writing(self) -> None:
         """Answers wait in our write buffer past ``WRITE_HIGH``: the client is not reading them.  Read none of its
         requests until it does (TCP then stops its sending), so that a client cannot make a worker hold answers
@@ -277,6 +286,7 @@ class GrpcServer:
         self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
         self.resets = Bucket((limits or FloodLimits()).server_resets, time.monotonic())  # RST_STREAM, all of them
         self.connections: set[GrpcConnection] = set()
+        self._room = Room()  # which connections to close for a new one past ``max_connections``
         self._reads = memoryview(bytearray(READ_BYTES))  # every connection's reads but those into a message
         self._server: asyncio.Server | None = None
         self._sweep: asyncio.TimerHandle | None = None
@@ -284,7 +294,7 @@ class GrpcServer:
     connection_type = GrpcConnection  # what each accepted connection is served by
 
     def _connection(self) -> asyncio.Protocol:
-        if len(self.connections) >= self.max_connections:
+        if len(self.connections) >= self.max_connections and not self._make_room():
             if self.on_abuse is not None:
                 self.on_abuse("too_many_connections")
             return _Refused()
@@ -292,6 +302,15 @@ class GrpcServer:
                                     self.on_abuse, self.held, self.resets, self._reads)
         self.connections.add(conn)
         return conn
+
+    def _make_room(self) -> bool:
+        """At ``max_connections``: close the connections with no call open that read nothing for longest
+        (``transport/room.py``); whether any was (the new connection takes their room)."""
+        waiting = ((c.last_read, c) for c in self.connections if c.transport is not None and not c.open_streams)
+        picked = self._room.pick(waiting, time.monotonic())
+        for conn in picked:
+            conn.close_idle()
+        return bool(picked)
 
     def _closed(self, conn: GrpcConnection) -> None:
         self.connections.discard(conn)
