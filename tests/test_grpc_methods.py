@@ -350,3 +350,52 @@ def test_a_stream_sends_its_answers_in_request_order_and_ends_after_the_last():
         return fetching.cancelled() and cancelled_call.sent == []
 
     assert asyncio.run(cancelled_forward())
+
+
+def test_forwarded_calls_past_the_limit_are_unavailable_at_once_and_a_finished_one_frees_its_place():
+    """Each forwarded call holds a task and a grpc.aio call: thousands of tiny calls must not all be held."""
+    import asyncio
+    from queue import SimpleQueue
+
+    from hpack import Encoder
+
+    from recserve.serving.transport.h2connection import H2Connection
+    from recserve.serving.transport.h2frames import DATA, END_HEADERS, END_STREAM, HEADERS, PREFACE, SETTINGS, frame
+    from recserve.serving.transport.h2grpc import GrpcCall
+    from recserve.serving.worker.grpc_methods import SERVICE, Forwarder
+    from tests.test_h2connection import REQUEST, Host, Wire
+
+    async def run() -> None:
+        release = asyncio.Event()
+
+        class Channel:
+            def unary_unary(self, path):  # type: ignore[no-untyped-def]
+                async def send(request, timeout=None, metadata=None):  # type: ignore[no-untyped-def]
+                    await release.wait()
+                    return b"up"
+                return send
+
+        forwarder, wire = Forwarder(Channel(), limit=2), Wire()  # type: ignore[arg-type]
+        conn = H2Connection(forwarder, 1 << 20, Host(), GrpcCall, SimpleQueue)
+        conn.connection_made(wire)
+        encoder = Encoder()
+        request = [(k, SERVICE + "ServerMetadata" if k == ":path" else v) for k, v in REQUEST]
+
+        def call(stream: int) -> bytes:
+            return (frame(HEADERS, END_HEADERS, stream, encoder.encode(request))
+                    + frame(DATA, END_STREAM, stream, b"\x00\x00\x00\x00\x00"))
+
+        conn.receive(PREFACE + frame(SETTINGS, 0, 0) + call(1) + call(3) + call(5))
+        await asyncio.sleep(0)
+        written = b"".join(wire.writes)
+        assert forwarder.forwarding == 2 and written.count(b"grpc-status\x0214") == 1  # the third: UNAVAILABLE
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert forwarder.forwarding == 0 and b"".join(wire.writes).count(b"\x00\x00\x00\x00\x02up") == 2
+        conn.receive(call(7))  # a place again
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert forwarder.forwarding == 0 and b"".join(wire.writes).count(b"\x00\x00\x00\x00\x02up") == 3
+
+    asyncio.run(run())

@@ -121,10 +121,11 @@ class GrpcCall:
         stream, self._stream = self._stream, None
         return stream  # type: ignore[return-value]
 
-    def run(self, work: Any) -> None:
+    def run(self, work: Any) -> asyncio.Task:
         """Run a coroutine for this call; it is cancelled with the call.  An exception it lets out is INTERNAL."""
         self._task = asyncio.ensure_future(work)
         self._task.add_done_callback(self._ran)
+        return self._task
 
     def _ran(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:

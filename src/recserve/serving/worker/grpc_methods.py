@@ -37,6 +37,8 @@ from recserve.serving.worker.plane import WorkerPlane
 log = logging.getLogger(__name__)
 
 SERVICE = "/inference.GRPCInferenceService/"
+FORWARD_LIMIT = 1024  # calls a process forwards at once (``Forwarder``); past it UNAVAILABLE, which clients retry
+UNAVAILABLE = 14
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # answered by the supervisor (``node.grpc_service.HealthServicer``)
 # every request reaching it went through ``_query``'s split, whose walk refuses one of too many fields, or stopped
 # at the malformed field where the bound's walk would stop too
@@ -203,9 +205,25 @@ class Forwarder:
     a worker does not answer itself goes to the supervisor, and the supervisor's cover (no worker accepting)
     forwards every call to its own gRPC service the same way."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, limit: int = FORWARD_LIMIT) -> None:
         self.channel = channel
         self._methods: dict[str, Method] = {}  # asked on every call: built once per method
+        self.limit, self.forwarding = limit, 0  # calls forwarded at once: at most ``limit``
+
+    def _start(self, call: GrpcCall, work: Any) -> None:
+        """Run ``work``, the relay of ``call``, unless ``limit`` calls are being forwarded: then UNAVAILABLE at once
+        (``work`` is closed unstarted).  Why: each relay holds a task and a grpc.aio call, and a client sending tiny
+        calls for the supervisor (metadata, statistics) on thousands of streams made a worker hold 80,000 of them
+        (most of a GB) while its loop served little else."""
+        if self.forwarding >= self.limit:
+            work.close()
+            call.finish(UNAVAILABLE, f"this process forwards {self.limit} calls at once; retry")
+            return
+        self.forwarding += 1
+        call.run(work).add_done_callback(self._forwarded)
+
+    def _forwarded(self, _task: asyncio.Task) -> None:
+        self.forwarding -= 1
 
     def __call__(self, path: str) -> Method | None:
         if not path.startswith(SERVICE) and path != HEALTH_CHECK:
@@ -226,7 +244,7 @@ class Forwarder:
             except grpc.aio.AioRpcError as exc:
                 call.finish(exc.code().value[0], exc.details() or "")
 
-        return Method(unary=lambda call, raw: call.run(relay(call, raw)))
+        return Method(unary=lambda call, raw: self._start(call, relay(call, raw)))
 
     def _stream(self, path: str) -> Method:
         open_stream = self.channel.stream_stream(path)
@@ -241,7 +259,7 @@ class Forwarder:
             except grpc.aio.AioRpcError as exc:
                 call.finish(exc.code().value[0], exc.details() or "")
 
-        return Method(stream=lambda call: call.run(relay(call)))
+        return Method(stream=lambda call: self._start(call, relay(call)))
 
 
 class WorkerMethods(Forwarder):
