@@ -156,6 +156,42 @@ def test_the_server_process_at_its_cap_closes_the_connection_idle_longest_for_a_
             sock.close()
 
 
+@pytest.mark.integration  # starts a node
+def test_large_bodies_a_worker_receives_at_once_are_bounded_and_a_stalled_one_gives_its_room_back():
+    """Clients that send all of a large body but its last byte cannot make a worker hold bodies without bound: past
+    its budget (four largest bodies) a new one is refused 503 before it is received; a closed one frees its room."""
+    import socket
+    import time
+
+    from recserve.serving.transport.h2frames import HELD_WORKER
+    from tests.support.nodes import node_config, started
+
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.max_body_bytes = size = HELD_WORKER // 4
+    head = (b"POST /v2/models/hercules-rmc1/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % size)
+    with started(config) as server:
+        port = server.ports.http
+        held = []
+        for _ in range(4):  # the budget's worth, each a byte short
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(head + b" " * (size - 1))
+            held.append(sock)
+        time.sleep(0.5)
+        answer = _exchange(port, head + b" " * (256 << 10))
+        assert answer.startswith(b"HTTP/1.1 503") and b"request bodies" in answer, answer[:300]
+        held.pop().close()
+        deadline = time.monotonic() + 20
+        while True:  # once the worker saw the close, a body is received again (and answered: not valid JSON)
+            answer = _exchange(port, head + b" " * size)
+            if not answer.startswith(b"HTTP/1.1 503") or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+        for sock in held:
+            sock.close()
+
+
 def test_grpc_limits_are_validated_naming_the_field():
     from recserve.errors import SpecError
     from recserve.serving import config_from_dict

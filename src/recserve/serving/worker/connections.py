@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.transport.h2frames import HELD_WORKER
+from recserve.serving.transport.h2limits import ByteBudget
 from recserve.serving.transport.room import Room
 from recserve.serving.transport.tcp_counts import StreamCounts, stream_counts
 from recserve.serving.wire import pipe
@@ -77,6 +79,8 @@ class ConnectionManager:
         self.connecting = 0  # accepted connections whose transport is not made yet
         self._moved_at = 0.0
         self.forwarded_at = 0.0  # when a query last went to a sibling (``maybe_move``)
+        # the large bodies its connections are receiving in place (``Connection._start_body``): past this, refused
+        self.bodies = ByteBudget(max(HELD_WORKER, 4 * plane.limits.max_body))
         self._room = Room()  # which connections to close for a new one past ``max_connections`` (``_make_room``)
 
     # ---- accepting ----------------------------------------------------------------------------------------

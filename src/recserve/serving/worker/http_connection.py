@@ -148,6 +148,7 @@ class Connection(asyncio.BufferedProtocol):
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
         self._body: memoryview | None = None  # a large body being received in place (``_start_body``)
         self._filled = 0
+        self._held = 0  # the body's bytes counted in the manager's ``bodies`` budget
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
         self._head_bytes = b""
         self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared states
@@ -276,6 +277,10 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed and (self._head is not None or self._body is not None):
             self.plane.refused("client_gone")  # it left before its request arrived whole
+        if self._body is not None:  # a large body never completed: its memory is returned once the worker is idle
+            self._body = None
+            self._release_body()
+            self.plane.reporter.trim_wanted = True
         self.closed = True
         self.manager.open.discard(self)
         self.mark(False)
@@ -304,6 +309,7 @@ class Connection(asyncio.BufferedProtocol):
             if self._filled < len(self._body):
                 return
             body, self._body = self._body, None
+            self._release_body()
         elif len(self.buf) < self._needed:
             if (head.version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
                     and len(self.buf) == head_end):  # an HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1)
@@ -346,6 +352,14 @@ class Connection(asyncio.BufferedProtocol):
         The buffer is uninitialised and its binary tensors, after the JSON header (``json_length`` bytes), start
         aligned (``codec.aligned_buffer``)."""
         size = self._needed - head_end
+        bodies = self.manager.bodies
+        bodies.add(size)
+        if bodies.over():
+            bodies.add(-size)
+            self.refuse(InferError("unavailable", f"request bodies being received hold {bodies.limit} bytes of this "
+                                   "worker; retry"))
+            return
+        self._held = size
         lead = int(json_length) if digits(json_length) and int(json_length) < size else 0
         self._body = codec.aligned_buffer(size, lead)
         self.plane.reporter.took_large_input(size)
@@ -354,6 +368,10 @@ class Connection(asyncio.BufferedProtocol):
         self._filled = len(got)
         self._head_bytes = bytes(self.buf[:head_end])
         self.buf.clear()
+
+    def _release_body(self) -> None:
+        self.manager.bodies.add(-self._held)
+        self._held = 0
 
     def pending(self) -> bytes:
         """Everything read and not yet answered, as received (what a hand-off passes on)."""
