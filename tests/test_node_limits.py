@@ -192,6 +192,35 @@ def test_large_bodies_a_worker_receives_at_once_are_bounded_and_a_stalled_one_gi
             sock.close()
 
 
+@pytest.mark.integration  # a fresh interpreter, its open files limited
+def test_a_worker_out_of_descriptors_closes_idle_connections_to_accept_a_new_one():
+    """Idle connections that take every descriptor a worker may open (below ``max_connections``) do not leave new
+    clients waiting unanswered: the worker closes the connections idle longest and accepts again."""
+    code = """
+import resource, socket, time
+resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400))
+from tests.support.nodes import node_config, started
+config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+with started(config) as server:
+    port = server.ports.http
+    idle = []
+    for _ in range(260):  # past what the worker can hold: two descriptors a connection
+        idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+    time.sleep(1.0)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n")
+        try:
+            answer = sock.recv(1 << 16)
+        except TimeoutError:
+            answer = b"timed out"
+    print(answer[:12].decode("latin-1"))
+    for sock in idle:
+        sock.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().endswith("HTTP/1.1 200"), out.stdout[-500:] + out.stderr[-2000:]
+
+
 def test_grpc_limits_are_validated_naming_the_field():
     from recserve.errors import SpecError
     from recserve.serving import config_from_dict

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from recserve.serving.transport.h2frames import HELD_WORKER
-from recserve.serving.transport.h2limits import ByteBudget
+from recserve.serving.transport.h2limits import ByteBudget, LogBudget
 from recserve.serving.transport.room import Room
 from recserve.serving.transport.tcp_counts import StreamCounts, stream_counts
 from recserve.serving.wire import pipe
@@ -39,6 +39,8 @@ MOVE_GAP_S = 0.005  # at most one such move per worker this often
 ACTIVE_GAP = 2  # active connections over a sibling's at which a worker moves one there as it goes idle
 FORWARDED_RECENTLY_S = 0.05  # a worker that forwarded a query this recently moves a connection that goes idle
 ACCEPT_PAUSE_S = 1.0  # out of descriptors (EMFILE): stop accepting this long, as asyncio does
+ROOM_PAUSE_S = 0.01  # ... or this long where idle connections were closed to give theirs back
+ACCEPT_FAILED_LOG = LogBudget()  # one line per 10 s for failed accepts
 SLOW_FOR_S = 1.0  # at the connection cap, a request arriving for this long makes room for a new connection
 
 
@@ -108,10 +110,13 @@ class ConnectionManager:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: no descriptor for it now; the client stays queued
-            log.warning("worker for %s: accept failed (%s); pausing accepts for %g s", self.plane.model_name,
-                        exc, ACCEPT_PAUSE_S)
+            # idle connections give theirs back (as past ``max_connections``): accept again once they are closed
+            pause = ROOM_PAUSE_S if self._make_room() else ACCEPT_PAUSE_S
+            if (left_out := ACCEPT_FAILED_LOG.allow()) is not None:
+                log.warning("worker for %s: accept failed (%s); pausing accepts for %g s (%d more failures since the "
+                            "last line)", self.plane.model_name, exc, pause, left_out)
             self.loop.remove_reader(listener.fileno())
-            self.loop.call_later(ACCEPT_PAUSE_S, self._resume_accepting)
+            self.loop.call_later(pause, self._resume_accepting)
             return
         if len(self.open) + self.connecting >= self.plane.limits.max_connections and not self._make_room():
             self._refuse_connection(sock)
