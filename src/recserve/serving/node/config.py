@@ -339,7 +339,8 @@ class NodeConfig(Schema):
     max_json_bytes: integer(1) = MAX_JSON_BYTES  # the JSON part of an infer request; tensors beyond go binary
     read_timeout_s: number(gt=0, lt=1e6) = 30.0  # a request must arrive whole within this, else 408 and close
     keep_alive_timeout_s: number(gt=0, lt=1e6) = 300.0  # a connection with no request in progress this long closes
-    max_connections: integer(1) = 4096  # per worker and protocol; past it HTTP answers 503, gRPC GOAWAY, and close
+    max_connections: integer(1) = 4096  # per worker and protocol; at it the connections waiting longest for a
+    # request make room for a new one; with none such HTTP answers 503, gRPC GOAWAY, and close
     # HTTP/2 frames that carry no request, per connection: given as GrpcLimits, held as FloodLimits
     grpc_limits: GrpcLimits | None = None
     drain_timeout_s: number(ge=0) = 30.0
