@@ -298,3 +298,25 @@ def test_a_grpc_timeout_of_more_than_eight_digits_is_ignored_not_a_failure_of_th
                            encoder.encode(REQUEST + [("grpc-timeout", "9" * digits + "S")]))
                      + frame(DATA, END_STREAM, stream, b"\x00\x00\x00\x00\x02hi"))
     assert seen == [b"hi", b"hi"] and not wire.closed
+
+
+def test_an_unexpected_error_on_what_a_client_sent_ends_its_connection_with_goaway_and_one_log_line(caplog):
+    """A bug a client's bytes reach (here the method lookup failing) ends that connection with GOAWAY
+    INTERNAL_ERROR, not an exception out of ``receive`` (the event loop's "fatal error" and a traceback each)."""
+    import logging
+
+    from recserve.serving.transport import h2connection
+
+    def methods(path: str) -> Method:
+        raise RuntimeError("a bug")
+
+    h2connection.BUG_LOG._last = None
+    for _ in range(2):
+        wire = Wire()
+        conn = H2Connection(methods, 1 << 20, Host(), GrpcCall, SimpleQueue)
+        conn.connection_made(wire)
+        with caplog.at_level(logging.ERROR, logger="recserve.serving.transport.h2connection"):
+            conn.receive(PREFACE + frame(SETTINGS, 0, 0) + _call(Encoder(), 1, b"hi"))
+        goaway = [payload for kind, _, _, payload in wire.frames() if kind == GOAWAY]
+        assert len(goaway) == 1 and int.from_bytes(goaway[0][4:8], "big") == 0x2 and wire.closed
+    assert len([r for r in caplog.records if "gRPC connection failed" in r.getMessage()]) == 1

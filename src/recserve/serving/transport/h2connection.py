@@ -49,13 +49,15 @@ from recserve.serving.transport.h2frames import (
     goaway_frame,
 )
 from recserve.serving.transport.h2heads import CallOpener
-from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits
+from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits, LogBudget
 from recserve.serving.transport.h2replies import ReplyWriter, Wire
 from recserve.serving.transport.h2requests import RequestReader
 from recserve.serving.transport.h2streams import Call, MessageSink, Method, Stream, StreamTable
 
 CLIENT_GONE = "client_gone"  # ``on_abuse``'s one reason that is no abuse: a unary call's client left mid-request
 log = logging.getLogger(__name__)
+BUG_LOG = LogBudget()  # one line per 10 s for connections failed by an unexpected error
+INTERNAL_ERROR = 0x2
 
 GOAWAY_ACK_S = 1.0  # a client that has not acknowledged a graceful close's PINGs by then gets the final GOAWAY
 GOAWAY_QUIET_S = 0.1  # ... one that has gets it once no new stream has arrived for this long
@@ -247,6 +249,13 @@ class H2Connection:
         except H2Error as error:
             self.requests.ready.clear()
             self._fail(error)
+            return False
+        except Exception as exc:  # a bug a client's bytes reached: this connection ends, not with a log line each
+            if (left_out := BUG_LOG.allow()) is not None:
+                log.error("gRPC connection failed on what its client sent (%d more since the last line)", left_out,
+                          exc_info=exc)
+            self.requests.ready.clear()
+            self._fail(H2Error(INTERNAL_ERROR, "internal error"))
             return False
         finally:
             replies.reading = False
