@@ -338,6 +338,29 @@ def test_connections_past_the_cap_get_goaway_while_every_one_has_a_call_open(grp
     kept[0].close()
 
 
+def test_past_the_cap_a_connection_whose_open_call_stalled_makes_room(grpc_server, monkeypatch):
+    """A call opened and left there (its message never sent) does not hold its connection's place at the cap:
+    once the connection read nothing for ``STALLED_S``, it is closed for a new one."""
+    from recserve.serving.transport import h2grpc
+
+    monkeypatch.setattr(h2grpc, "STALLED_S", 0.3)
+    port = grpc_server(max_connections=2)
+    kept = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+    for sock in kept:
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _headers(1, END_HEADERS))
+        sock.recv(1 << 16)
+    time.sleep(0.6)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
+        third.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678"))
+        data = b""
+        while b"12345678" not in data and b"too_many_connections" not in data and (more := third.recv(1 << 16)):
+            data += more
+        assert b"12345678" in data and b"too_many_connections" not in data
+    assert b"\x07\x00\x00\x00\x00\x00" in _read_until_closed(kept[0])  # GOAWAY, then the close
+    for sock in kept:
+        sock.close()
+
+
 def test_a_connection_silent_before_its_preface_is_closed_and_an_idle_one_gets_goaway(grpc_server):
     port = grpc_server(preface_timeout_s=0.3, idle_timeout_s=0.5)
     with socket.create_connection(("127.0.0.1", port), timeout=30) as silent:

@@ -67,6 +67,7 @@ BACKLOG = 4096  # every listening socket of the node, HTTP and gRPC (asyncio wou
 MAX_CONNECTIONS = 1024  # per server (a worker): past it a new connection gets GOAWAY and is closed
 PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by then is closed
 RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held this much: free memory returned after
+STALLED_S = 10.0  # at the connection cap, a connection with calls open that read nothing this long makes room
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 READ_BYTES = 256 * 1024  # one read's most, as uvloop reads for a plain Protocol
@@ -220,8 +221,8 @@ class GrpcConnection(asyncio.BufferedProtocol):
         self.h2.close_gracefully()
 
     def close_idle(self) -> None:
-        """Closed with no call open, to make room for a new connection (``GrpcServer``): GOAWAY naming the last
-        stream (a call crossing it is retried elsewhere by its client), then the close."""
+        """Closed to make room for a new connection (``GrpcServer``): GOAWAY naming the last stream (a call
+        crossing it is retried elsewhere by its client), then the close (its open calls cancelled)."""
         if self.transport is not None:
             if self.preface_received:
                 self.transport.write(goaway_frame(self.h2.streams.last_id))
@@ -305,10 +306,13 @@ class GrpcServer:
         return conn
 
     def _make_room(self) -> bool:
-        """At ``max_connections``: close the connections with no call open that read nothing for longest
-        (``transport/room.py``); whether any was (the new connection takes their room)."""
-        waiting = ((c.last_read, c) for c in self.connections if c.transport is not None and not c.open_streams)
-        picked = self._room.pick(waiting, time.monotonic())
+        """At ``max_connections``: close the connections with no call open that read nothing for longest, else
+        those with calls open that read nothing for ``STALLED_S`` (a call opened and left there holds its
+        connection past the idle timeout) (``transport/room.py``); whether any was (the new one takes their room)."""
+        now = time.monotonic()
+        waiting = (((0 if not c.open_streams else 1, c.last_read), c) for c in self.connections
+                   if c.transport is not None and (not c.open_streams or now - c.last_read > STALLED_S))
+        picked = self._room.pick(waiting, now)
         for conn in picked:
             conn.close_idle()
         return bool(picked)
