@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -26,6 +28,14 @@ def test_manifests_validate_against_the_kubernetes_schema(layout, tmp_path):
     assert validate(objects) == []
     again = list(yaml.safe_load_all(write_manifests(objects, tmp_path / "m.yaml").read_text()))
     assert again == objects
+
+
+def test_a_model_variants_name_becomes_valid_object_names_and_labels(layout):
+    # `recserve plan shard --model elasticrec-rm1@tables=2` (docs/elasticrec.md) names its model with '@' and '='
+    spec = dataclasses.replace(layout.spec, name="tiny_rm@tables=2")
+    objects = manifests(dataclasses.replace(layout, spec=spec))
+    assert validate(objects) == []
+    assert "tiny-rm-tables-2-dense" in {o["metadata"]["name"] for o in objects}
 
 
 def test_hpa_targets_follow_elasticrec(layout):

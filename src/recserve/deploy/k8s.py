@@ -24,8 +24,14 @@ GRPC_PORT = 8001
 HTTP_PORT = 8000
 
 
+def _dns(text: str) -> str:
+    """``text`` (a model or shard name: ``elasticrec-rm1@tables=2``, ``t_0-s1``) in a DNS label's characters."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
 def _labels(layout: ShardLayout, shard: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "recserve", "recserve/model": layout.spec.name, "recserve/shard": shard}
+    return {"app.kubernetes.io/name": "recserve", "recserve/model": _dns(layout.spec.name),
+            "recserve/shard": _dns(shard)}
 
 
 def _deployment(name: str, labels: dict[str, str], image: str, args: list[str], replicas: int, cpu: str,
@@ -86,7 +92,7 @@ def hpa(name: str, labels: dict[str, str], metric: str, target: float, min_repli
 def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict[str, float] | None = None,
               max_replicas: int = 16, cpu: str = "1") -> list[dict[str, Any]]:
     """Every object for ``layout``: dense shard first, then one triple per embedding shard."""
-    base = layout.spec.name.replace("_", "-").lower()
+    base = _dns(layout.spec.name)
     objects: list[dict[str, Any]] = []
     dense = f"{base}-dense"
     labels = _labels(layout, "dense")
@@ -97,7 +103,7 @@ def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict
     for table in layout.tables:
         for s, replicas in enumerate(table.replicas):
             shard = f"{table.name}-s{s}"
-            name = f"{base}-{shard}".replace("_", "-").lower()
+            name = f"{base}-{_dns(shard)}"
             labels = _labels(layout, shard)
             rows = table.boundaries[s + 1] - table.boundaries[s]
             nbytes = rows * layout.spec.tables[table.table].row_bytes(layout.spec.bytes_per_elem)
