@@ -163,6 +163,11 @@ class ProfileSet:
             raise ProfileError(f"{where}: not a recserve profile file (no 'version')")
         if "tables" not in data and "constants" in data:  # `recserve profile calibrate --out`'s file
             raise ProfileError(f"{where}: a perfmodel calibration, not a profile (give it to --calibration)")
+        if "tables" not in data and isinstance(data.get("kind"), str):  # a Plan (planners/plan.py)
+            raise ProfileError(f"{where}: a {data['kind']} plan, not a profile (`recserve profile host|model` "
+                               "writes one)")
+        if not isinstance(data.get("tables"), list):
+            raise ProfileError(f"{where}: not a recserve profile file (no 'tables' list)")
         if data["version"] != PROFILE_VERSION:
             raise ProfileError(f"{where}: profile version {data['version']} is not supported "
                                f"(this recserve reads version {PROFILE_VERSION}); re-run `recserve profile`")

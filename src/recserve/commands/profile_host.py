@@ -49,6 +49,7 @@ def _measure(args: argparse.Namespace, specs: list[ModelSpec], batches: list[int
 
     if args.device_only and not args.device:
         raise RecserveError("--device-only needs --device (e.g. --device cuda)")
+    device_workers = _ints(args.device_workers, "--device-workers")
     if args.device:
         from recserve.serving.node.config import check_device
 
@@ -62,7 +63,7 @@ def _measure(args: argparse.Namespace, specs: list[ModelSpec], batches: list[int
     if args.device:
         for spec in specs:
             for table in device_tables(spec, args.scale, Budget.of(args.quick), batches,
-                                       args.device, _ints(args.device_workers, "--device-workers"),
+                                       args.device, device_workers,
                                        skip_maxload=args.no_maxload, sla=sla):
                 profiles.add(table)
     return profiles
@@ -107,10 +108,11 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     sla = None
     if args.sla_ms or args.percentile:
         sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
-    profiles = _measure(args, specs, batches, workers, sla)
     out = Path(args.out)
-    if args.merge and out.exists():
-        profiles = ProfileSet.load(out).merge(profiles)
+    earlier = ProfileSet.load(out) if args.merge and out.exists() else None  # a bad --out fails before measuring
+    profiles = _measure(args, specs, batches, workers, sla)
+    if earlier is not None:
+        profiles = earlier.merge(profiles)
     profiles.save(out)
     print(f"wrote {len(profiles)} tables to {out}")
     _print(args, profiles, specs)

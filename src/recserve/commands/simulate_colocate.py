@@ -90,6 +90,9 @@ def node_profiles(args: argparse.Namespace, models: list[ColocModel]) -> Profile
         cached = ProfileSet.load(path)
         if cached.meta.get("key") == key:
             return cached
+        if "key" not in cached.meta:
+            raise RecserveError(f"--node-profiles {path}: profiles not made by `simulate colocate`; name a new file "
+                                "for its cache (it is rewritten whenever the node's settings change)")
     print("profiling the simulated node (max-load searches; cached for next time)...", file=sys.stderr)
     prof = profile_node(models, args.cores, args.ways, args.mem_bw, NODE, queries=args.profile_queries,
                         log=lambda s: print(s, file=sys.stderr, flush=True))
