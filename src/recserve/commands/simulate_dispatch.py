@@ -66,6 +66,21 @@ def _planned_pool(profiles: ProfileSet, model: str, qos: float, prices: dict, ca
                                            "planner_homogeneous": choice.homogeneous}
 
 
+def _plan_file_pool(path: str, model: str) -> tuple[list[str], dict[str, Any]]:
+    """The pool that a ``recserve plan pool --json`` file chose for ``model``."""
+    from recserve.planners.plan import Plan, PoolPlan
+
+    plan = Plan.load(path)
+    if not isinstance(plan, PoolPlan):
+        raise RecserveError(f"--pool {path}: a {plan.kind} plan, not a pool plan (`recserve plan pool --json` "
+                            "writes one)")
+    choice = next((p for p in plan.pools if p.model == model), None)
+    if choice is None:
+        raise RecserveError(f"--pool {path}: no pool for {model!r}; it plans {[p.model for p in plan.pools]}")
+    return config_to_pool(choice.config), {"config": choice.config, "chosen_by": f"--pool {path}",
+                                           "upper_bound_qps": choice.upper_bound_qps}
+
+
 def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict[str, Any]:
     model = resolve_model(profiles, name)
     qos, prices, caps, budget = _settings(profiles, args, model)
@@ -75,13 +90,15 @@ def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict
         pool, oracle_qps = oracle_best_pool(ev, prices, caps, budget)
         source = {"config": pool_text(pool), "chosen_by": "highest Oracle throughput under the budget",
                   "oracle_qps": oracle_qps}
+    elif args.pool and (Path(args.pool).suffix == ".json" or Path(args.pool).is_file()):
+        pool, source = _plan_file_pool(args.pool, model)
     elif args.pool:
         pool, source = parse_pool(args.pool), {"config": args.pool, "chosen_by": "--pool"}
-        for name in set(pool):
-            ev.service.type_index(name)  # an instance type without a latency table: one line naming those there are
     else:
         pool, source = _planned_pool(profiles, model, qos, prices, caps, budget)
         source["chosen_by"] = "Kairos upper bound + similarity pick (recserve.planners.kairos)"
+    for name in set(pool):
+        ev.service.type_index(name)  # an instance type without a latency table: one line naming those there are
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     print(f"{model}: pool {pool_text(pool)} (QoS p99 {qos:g} ms)", file=sys.stderr)
     results = ev.evaluate(pool, policies)
@@ -180,8 +197,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", help="Kairos AWS latency JSON, or 'kairos' for the bundled copy")
     p.add_argument("--profiles", help="a recserve profile file with latency_vs_batch tables instead")
     p.add_argument("--model", required=True, help="model name(s), comma-separated, or 'all' (rm2 = kairos-rm2)")
-    p.add_argument("--pool", help="instances, e.g. g4dn.xlarge=1,c5n.2xlarge=2, or 'oracle-best' "
-                   "(default: the Kairos planner's pick)")
+    p.add_argument("--pool", help="instances, e.g. g4dn.xlarge=1,c5n.2xlarge=2, a `plan pool --json` file (its "
+                   "pool for each model), or 'oracle-best' (default: the Kairos planner's pick)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
     p.add_argument("--budget", type=positive, help="$/hr budget for the planner and homogeneous pool")
     p.add_argument("--qos-ms", type=positive, help="p99 target (default: from the reference)")
