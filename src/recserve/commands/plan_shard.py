@@ -26,6 +26,9 @@ from recserve.profiles import ProfileSet
 from recserve.sim.shards import simulate_plan_latency
 from recserve.specs import get_model, get_server
 
+MAX_GRID = 2048
+MAX_SHARDS = 64
+
 
 def plot_plan(plan: ShardPlan, path: str | Path) -> Path:
     plt = pyplot()
@@ -107,8 +110,11 @@ def register(actions: argparse._SubParsersAction) -> None:
                                                     "(default: the calibrated perfmodel)")
     p.add_argument("--batch", type=count, default=32, help="items per query (ElasticRec uses 32)")
     p.add_argument("--locality", type=fraction, default=0.9, help="share of accesses on the hottest 10%% of rows")
-    p.add_argument("--max-shards", type=count, default=16, help="most shards per table the DP considers")
-    p.add_argument("--grid", type=number(2, integer=True), default=512, help="boundary candidates per table for the DP")
+    p.add_argument("--max-shards", type=number(1, MAX_SHARDS, integer=True), default=16,
+                   help="most shards per table the DP considers (one DP level each)")
+    p.add_argument("--grid", type=number(2, MAX_GRID, integer=True), default=512,
+                   help="boundary candidates per table for the DP (its arrays hold (3 x grid)^2 cells: ~3 GB at "
+                        f"the largest, {MAX_GRID})")
     p.add_argument("--locality-model", choices=LOCALITY_MODELS, default="two-level",
                    help="access CDF with the given locality: hot/cold uniform groups, or Zipf")
     p.add_argument("--paper-dp-constant", action="store_true",

@@ -91,6 +91,15 @@ def _print(args: argparse.Namespace, profiles: ProfileSet, specs: list[ModelSpec
                 print("  memory: " + ", ".join(f"{int(r[0])}w {r[1]:.3f} GB" for r in t.rows))
 
 
+def _check_array_mb(array_mb: int | None) -> None:
+    """The bandwidth microbenchmarks allocate ``array_mb`` MiB: at most half this host's memory."""
+    from recserve.hostinfo import this_host
+
+    most = int(this_host()["mem_gb"] * 1024 / 2)
+    if array_mb is not None and array_mb > most:
+        raise RecserveError(f"--array-mb {array_mb} is more than half this host's memory ({most} MiB)")
+
+
 def cmd_profile_host(args: argparse.Namespace) -> int:
     import torch
 
@@ -103,6 +112,7 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     specs = [get_model(m.strip()) for m in names]
     if not 0 < args.scale <= 1:
         raise RecserveError(f"--scale must be in (0, 1], got {args.scale}")
+    _check_array_mb(args.array_mb)
     batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
     workers = _ints(args.workers, "--workers") if args.workers else None
     sla = None
@@ -135,7 +145,8 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="SLA target for the max-load tables (default: each model's own)")
     p.add_argument("--percentile", type=percentile, default=None, help="SLA percentile (default: each model's own)")
     p.add_argument("--array-mb", type=count, default=None,
-                   help="array size for the bandwidth microbenchmarks (default 256 quick, 1024 full)")
+                   help="array size for the bandwidth microbenchmarks, MiB, at most half this host's memory "
+                        "(default 256 quick, 1024 full)")
     p.add_argument("--device", default=None, help="also measure this accelerator's tables (cuda, cuda:N; cpu runs "
                                                    "the same path on a CPU accelerator worker)")
     p.add_argument("--device-workers", default="1,2", help="accelerator worker counts for its maxload_vs_workers")

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from recserve.commands._plan_common import count, percentile, positive, seed
+from recserve.commands._plan_common import count, number, percentile, positive, seed
 from recserve.errors import RecserveError
 from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
@@ -34,11 +35,29 @@ from recserve.sim.node import ColocModel, profile_node
 NODE = "sim-node"
 
 
-def _floats(text: str, n: int, what: str) -> list[float]:
-    vals = [float(x) for x in text.split(",") if x.strip()]
-    if len(vals) != n:
-        raise RecserveError(f"--{what} needs {n} comma-separated values, got {text!r}")
+MAX_DURATION_S = 3600.0
+"""An hour of simulated time: the arrivals of both models are held in memory, and each controller replays them."""
+MAX_CORES = 256
+
+
+def _floats(text: str, n: int, what: str, high: float = math.inf) -> list[float]:
+    """``n`` comma-separated finite numbers in [0, high]."""
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        vals = []
+    if len(vals) != n or not all(math.isfinite(v) and 0 <= v <= high for v in vals):
+        bounds = f"in [0, {high:g}]" if math.isfinite(high) else ">= 0"
+        raise RecserveError(f"--{what} needs {n} comma-separated finite numbers {bounds}, got {text!r}")
     return vals
+
+
+def _check_times(args: argparse.Namespace) -> None:
+    if args.duration > MAX_DURATION_S:
+        raise RecserveError(f"--duration {args.duration:g} s is more than {MAX_DURATION_S:g} s of simulated time")
+    if args.t_monitor * 2 > args.duration:
+        raise RecserveError(f"--t-monitor {args.t_monitor:g} s leaves fewer than two monitoring windows in "
+                            f"--duration {args.duration:g} s")
 
 
 def build_models(args: argparse.Namespace) -> list[ColocModel]:
@@ -48,7 +67,7 @@ def build_models(args: argparse.Namespace) -> list[ColocModel]:
         raise RecserveError("--models needs exactly two models: memory-bound first, cache-sensitive second")
     llc = _floats(args.llc_sensitivity, 2, "llc-sensitivity")
     bw = _floats(args.bw_per_worker, 2, "bw-per-worker")
-    memf = _floats(args.memory_fraction, 2, "memory-fraction")
+    memf = _floats(args.memory_fraction, 2, "memory-fraction", high=1.0)
     if args.interference:
         llc, memf = measured_sensitivities(args, names, llc, memf)
     qos = profiles.meta.get("qos_p99_ms", {})
@@ -129,6 +148,7 @@ def _plot(res: dict[str, Any], path: str) -> None:
 def cmd_colocate(args: argparse.Namespace) -> int:
     if not args.reference and not args.profiles:
         raise RecserveError("give --reference (Kairos latency JSON) or --profiles (latency_vs_batch tables)")
+    _check_times(args)
     models = build_models(args)
     prof = node_profiles(args, models)
     alone = {m.name: prof.get(m.name, NODE, "maxload_vs_workers").interp(float(args.cores), "max_qps")
@@ -177,9 +197,10 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--controllers", default="hera,parties,static",
                    help="comma-separated controllers to compare: hera, parties, static")
     p.add_argument("--scenario", default="fig14", help="load over time: fig14 (rise, drop, spike) | diurnal | steps")
-    p.add_argument("--duration", type=positive, default=120.0, help="seconds of simulated time")
+    p.add_argument("--duration", type=positive, default=120.0,
+                   help=f"seconds of simulated time, at most {MAX_DURATION_S:g}")
     p.add_argument("--t-monitor", type=positive, default=2.0, help="monitoring window T_monitor (s)")
-    p.add_argument("--cores", type=count, default=16, help="cores of the simulated node")
+    p.add_argument("--cores", type=number(1, MAX_CORES, integer=True), default=16, help="cores of the simulated node")
     p.add_argument("--ways", type=count, default=11, help="LLC ways of the simulated node")
     p.add_argument("--mem-bw", type=positive, default=60.0, help="node memory bandwidth GB/s")
     p.add_argument("--percentile", type=percentile, default=95.0, help="SLA percentile (Hera uses p95)")

@@ -1,0 +1,54 @@
+"""Sizes that would exhaust memory or run without end are refused up front: one line and exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+
+from recserve.cli import main
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
+SHARD = ["plan", "shard", "--model", "elasticrec-rm1", "--qps", "1000"]
+COLOCATE = ["simulate", "colocate", "--reference", "kairos", "--duration", "10"]
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--grid", "10000000"], "argument --grid: must be an integer in [2, 2048], got '10000000'"),
+    (["--max-shards", "100000"], "argument --max-shards: must be an integer in [1, 64], got '100000'"),
+])
+def test_plan_shard_bounds_the_dp(extra, said):
+    rc, err = run(SHARD + extra)
+    assert rc == 2 and err.strip().endswith(said) and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--duration", "1e9"], "--duration 1e+09 s is more than 3600 s of simulated time"),
+    (["--t-monitor", "1000"], "--t-monitor 1000 s leaves fewer than two monitoring windows in --duration 10 s"),
+    (["--cores", "100000"], "argument --cores: must be an integer in [1, 256]"),
+    (["--bw-per-worker", "nan,1"], "--bw-per-worker needs 2 comma-separated finite numbers >= 0, got 'nan,1'"),
+    (["--bw-per-worker", "abc,1"], "--bw-per-worker needs 2 comma-separated finite numbers >= 0, got 'abc,1'"),
+    (["--llc-sensitivity", "inf,1"], "--llc-sensitivity needs 2 comma-separated finite numbers >= 0"),
+    (["--memory-fraction", "2,0.2"], "--memory-fraction needs 2 comma-separated finite numbers in [0, 1]"),
+])
+def test_simulate_colocate_refuses_what_it_cannot_simulate(tmp_path, extra, said):
+    rc, err = run(COLOCATE + ["--node-profiles", str(tmp_path / "cache.json")] + extra)
+    assert rc == 2 and said in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "cache.json").exists()
+
+
+def test_profile_host_refuses_an_array_larger_than_memory(tmp_path, monkeypatch):
+    import recserve.measure.profiler as profiler
+
+    monkeypatch.setattr(profiler, "profile_host", lambda *a, **k: pytest.fail("measured"))
+    rc, err = run(["profile", "host", "--models", "hera-ncf", "--array-mb", "100000000", "--out",
+                   str(tmp_path / "p.json")])
+    assert rc == 2 and "--array-mb 100000000 is more than half this host's memory" in err
