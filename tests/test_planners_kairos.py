@@ -162,3 +162,25 @@ def test_plan_pool_runs_kairos_plus_with_an_injected_evaluator(ref):
     assert 1 <= kp["evaluations"] < pool.details["configurations"]
     assert kp["qps"] >= pool.evaluated_qps == evaluate("kairos-rm2", pool.config)
     assert pool.homogeneous["evaluated_qps"] == pytest.approx(4 * 15.0 * 2.5 / (4 * 0.526))
+
+
+@needs_ref
+def test_the_homogeneous_baseline_buys_no_more_than_its_cap(ref):
+    meta = ref.meta
+    caps = meta["max_instances"]
+    plan = plan_pool(ref, ["kairos-rm2"], 100.0, meta["prices_usd_per_hr"], meta["qos_p99_ms"], caps)
+    homo = plan.pools[0].homogeneous
+    assert homo["count"] == caps[homo["type"]]
+    assert homo["qps"] == pytest.approx(homo["qps_unscaled"])
+    assert plan.pools[0].upper_bound_qps > homo["qps"]
+
+
+@needs_ref
+def test_the_simulated_homogeneous_pool_is_scaled_no_further_than_its_cap():
+    from recserve.sim.dispatch_eval import DispatchEvaluation, homogeneous_pool
+    from recserve.sim.latency import load_reference
+
+    profiles = load_reference(REF / "kairos_aws_latency.json")
+    ev = DispatchEvaluation(profiles, "kairos-rm2", 350.0, queries=100)
+    pool, scale = homogeneous_pool(ev.service, {"g4dn.xlarge": 0.526}, 100.0, 350.0, {"g4dn.xlarge": 5})
+    assert pool == ["g4dn.xlarge"] * 5 and scale == pytest.approx(1.0)

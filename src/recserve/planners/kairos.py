@@ -15,7 +15,7 @@ measured here.
   ``evaluate(config) -> allowable QPS`` (simulator or live), pruning by upper bound and by
   sub-configuration.
 * ``homogeneous``: the base type alone, as many as fit, throughput scaled to the whole budget (the
-  paper's conservative comparison).
+  paper's conservative comparison), or to what its cap lets it spend.
 """
 
 from __future__ import annotations
@@ -321,14 +321,15 @@ def kairos_plus(configs: np.ndarray, bounds: np.ndarray, evaluate: Callable[[np.
 
 
 def homogeneous(inputs: PoolInputs, budget: float) -> dict[str, Any]:
-    """Best homogeneous pool: the base type, as many as the budget buys, QPS scaled to the full budget."""
+    """Best homogeneous pool: the base type, as many as the budget buys, QPS scaled to the full budget (to the most
+    its cap lets it spend, where the budget buys more instances than the cap allows)."""
     base = inputs.base
     count = min(base.cap, int(math.floor(budget / base.price + 1e-9)))
     if count < 1:
         raise InfeasibleError(f"model {inputs.model!r}: budget ${budget:g}/hr is below one {base.name} "
                               f"(${base.price:g}/hr), the cheapest type that meets QoS for every query")
     return {"type": base.name, "count": count, "cost_per_hr": count * base.price,
-            "qps_unscaled": count * base.qps, "qps": base.qps * budget / base.price}
+            "qps_unscaled": count * base.qps, "qps": base.qps * min(budget, base.cap * base.price) / base.price}
 
 
 # ----------------------------------------------------------------- the planner

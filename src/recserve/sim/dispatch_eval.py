@@ -153,18 +153,21 @@ class DispatchEvaluation:
 def homogeneous_pool(service: ServiceModel, prices: dict[str, float], budget: float, qos_ms: float,
                      caps: dict[str, int] | None = None, base: str | None = None) -> tuple[list[str], float]:
     """The paper's homogeneous baseline: the base type (fastest on the largest query, meeting QoS for
-    every size), as many as the budget buys; returns (pool, budget / cost scale factor)."""
+    every size), as many as the budget buys; returns (pool, budget / cost scale factor), the budget no more than
+    its cap lets it spend."""
     if base is None:
         full = [t for t in service.types if (service.mean[service.type_index(t)] <= qos_ms).all() and t in prices]
         if not full:
             raise RecserveError(f"model {service.model!r}: no type meets QoS for every batch size")
         base = min(full, key=lambda t: service.mean[service.type_index(t), -1])
     n = int(math.floor(budget / prices[base] + 1e-9))
+    spendable = budget
     if caps and base in caps:
         n = min(n, int(caps[base]))
+        spendable = min(budget, int(caps[base]) * prices[base])
     if n < 1:
         raise RecserveError(f"budget ${budget}/hr buys no {base}")
-    return [base] * n, budget / (n * prices[base])
+    return [base] * n, spendable / (n * prices[base])
 
 
 def oracle_best_pool(ev: DispatchEvaluation, prices: dict[str, float], caps: dict[str, int],
