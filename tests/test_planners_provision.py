@@ -106,3 +106,27 @@ def test_alpha_from_history_is_the_largest_growth_per_interval():
     assert alpha_from_history({"flat": [5, 5, 4]}) == 0.0
     with pytest.raises(InfeasibleError):
         alpha_from_history({"a": [1.0]})
+
+
+def test_a_long_day_reports_its_progress_in_tenths():
+    qps = {("w1", "t1"): 1000.0}
+    power = {("w1", "t1"): 100.0}
+    hours, loads = diurnal_trace({"w1": 5000.0}, steps=100)
+    lines: list[str] = []
+    plan_provision(efficiency_profiles(qps, power), {"t1": 10}, loads, hours, alpha=0.0, progress=lines.append)
+    assert [line for line in lines if line.startswith("hercules: ")] == [
+        *(f"hercules: {k}/100 steps" for k in range(10, 100, 10)), "hercules: 100 steps, peak 500 W"]
+
+
+@pytest.mark.parametrize(("traffic", "argv", "said"), [
+    ("peak_qps: {hercules-rmc1: 5000}\nsteps: 100000\n", [], "100000 steps a day is more than 1440 (one a minute)"),
+    ("peak_qps: {hercules-rmc1: 5000}\n", ["--steps", "1441"], "argument --steps: must be an integer in [1, 1440]"),
+    ("trace: {loads: {hercules-rmc1: [" + ",".join(["1"] * 1441) + "]}}\n", [], "holds 1441 steps, more than 1440"),
+])
+def test_a_day_of_more_intervals_than_minutes_is_refused(tmp_path, capsys, traffic, argv, said):
+    from recserve.cli import main
+
+    path = tmp_path / "day.yaml"
+    path.write_text("available: {hercules-t1: 10}\n" + traffic)
+    assert main(["plan", "provision", "--traffic", str(path), *argv]) == 2
+    assert said in capsys.readouterr().err

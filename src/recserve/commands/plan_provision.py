@@ -25,7 +25,6 @@ import numpy as np
 from recserve.commands._plan_common import (
     TrafficFile,
     add_output_args,
-    count,
     counts,
     emit,
     figure,
@@ -42,6 +41,9 @@ from recserve.errors import SpecError
 from recserve.planners.hercules.provision import STEP_TIME_LIMIT_S, diurnal_trace, plan_provision
 from recserve.planners.plan import ProvisionPlan
 
+MAX_STEPS = 1440
+"""One provisioning interval a minute; each interval is one ILP of up to --time-limit seconds."""
+
 
 def day_loads(traffic: TrafficFile, where: str, steps: int | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Hours and per-workload loads from a traffic file (peak_qps for a diurnal trace, or trace)."""
@@ -53,6 +55,8 @@ def day_loads(traffic: TrafficFile, where: str, steps: int | None) -> tuple[np.n
         n = lengths.pop()
         if n == 0 or not any(v.any() for v in loads.values()):
             raise SpecError(f"{where}: trace.loads holds no load above 0: nothing to provision")
+        if n > MAX_STEPS:
+            raise SpecError(f"{where}: trace.loads holds {n} steps, more than {MAX_STEPS} (one a minute)")
         hours = np.asarray(traffic.trace.hours if traffic.trace.hours is not None else np.arange(n) * 24.0 / n,
                            dtype=float)
         if hours.shape != (n,):
@@ -62,7 +66,10 @@ def day_loads(traffic: TrafficFile, where: str, steps: int | None) -> tuple[np.n
         raise SpecError(f"{where}: give 'peak_qps: {{model: qps}}' or 'trace: {{loads: ...}}'")
     if not any(traffic.peak_qps.values()):
         raise SpecError(f"{where}: every peak_qps is 0: nothing to provision")
-    return diurnal_trace(dict(traffic.peak_qps), steps=steps if steps is not None else traffic.steps,
+    steps = steps if steps is not None else traffic.steps
+    if steps > MAX_STEPS:
+        raise SpecError(f"{where}: {steps} steps a day is more than {MAX_STEPS} (one a minute)")
+    return diurnal_trace(dict(traffic.peak_qps), steps=steps,
                          trough_ratio=traffic.trough_ratio)
 
 
@@ -130,7 +137,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha", type=alpha_arg, default=0.05,
                    help="over-provision rate α in [0, 10] (0 = none), or 'history' to estimate it from the load "
                         "trace's growth per interval (Hercules §IV-C)")
-    p.add_argument("--steps", type=count, help="provisioning intervals per day (default 48 or 'steps:')")
+    p.add_argument("--steps", type=number(1, MAX_STEPS, integer=True),
+                   help=f"provisioning intervals per day, at most {MAX_STEPS} (default 48 or 'steps:')")
     p.add_argument("--seed", type=seed, default=0, help="seed of the heterogeneity-oblivious baseline")
     p.add_argument("--time-limit", type=positive, default=STEP_TIME_LIMIT_S,
                    help="HiGHS time limit per interval (s); its best allocation is kept and the gap reported")

@@ -234,6 +234,12 @@ def _step(eff: Efficiency, x: np.ndarray, t: float, demand: np.ndarray) -> Provi
                          float((eff.power * x).sum()), cap, short)
 
 
+def _report_step(progress: Callable[[str], None] | None, name: str, done: int, total: int) -> None:
+    """A line at every tenth of a long day (100 steps or more), so a day of many intervals shows it is moving."""
+    if progress and total >= 100 and done < total and done % (total // 10) == 0:
+        progress(f"{name}: {done}/{total} steps")
+
+
 def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[str, Sequence[float]],
                    hours: Sequence[float], alpha: float = 0.05, baselines: Sequence[str] = BASELINES,
                    seed: int = 0, progress: Callable[[str], None] | None = None, mip_rel_gap: float = 1e-3,
@@ -269,6 +275,7 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
                 x = solve_ilp(eff, demand[:, k], avail, alpha, t, mip_rel_gap, time_limit_s, info)
                 worst_gap = max(worst_gap, info["gap"])
             steps.append(_step(eff, x, t, demand[:, k]))
+            _report_step(progress, name, k + 1, len(hours))
         series[name] = steps
         if progress:
             progress(f"{name}: {len(steps)} steps, peak {max(s.power_w for s in steps):,.0f} W")
