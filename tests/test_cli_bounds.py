@@ -52,3 +52,18 @@ def test_profile_host_refuses_an_array_larger_than_memory(tmp_path, monkeypatch)
     rc, err = run(["profile", "host", "--models", "hera-ncf", "--array-mb", "100000000", "--out",
                    str(tmp_path / "p.json")])
     assert rc == 2 and "--array-mb 100000000 is more than half this host's memory" in err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["plan", "colocate", "--server", "hera-xeon", "--models", "hera-ncf", "--level", "1", "--seeds", "100000000"],
+     "argument --seeds: must be an integer in [1, 10000]"),
+    (["simulate", "dispatch", "--reference", "kairos", "--model", "rm2", "--queries", "1000000000"],
+     "argument --queries: must be an integer in [1, 1e+06]"),
+    (["plan", "pool", "--reference", "kairos", "--sim-queries", "1000000000"],
+     "argument --sim-queries: must be an integer in [1, 1e+06]"),
+    (["simulate", "colocate", "--reference", "kairos", "--profile-queries", "1000000000"],
+     "argument --profile-queries: must be an integer in [1, 1e+06]"),
+])
+def test_repetitions_are_bounded(argv, said):
+    rc, err = run(argv)
+    assert rc == 2 and said in err and err.count("\n") == 1

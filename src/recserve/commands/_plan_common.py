@@ -85,6 +85,9 @@ open_fraction = number(0, 1, low_open=True, high_open=True)
 growth = number(1, 1e6, low_open=True)
 hour = number(0, 24, high_open=True)
 """Seeds (numpy's range), TCP ports (0 = any free one), tail percentiles, tolerances, multipliers, hours of a day."""
+simulated_queries = number(1, 1_000_000, integer=True)
+repeats = number(1, 10_000, integer=True)
+"""Queries per simulated probe (a hundred times the defaults) and runs averaged: work that grows with them, bounded."""
 
 
 def int_list(text: str) -> list[int]:

@@ -16,7 +16,6 @@ import argparse
 
 from recserve.commands._plan_common import (
     add_output_args,
-    count,
     emit,
     figure,
     fraction,
@@ -24,6 +23,7 @@ from recserve.commands._plan_common import (
     positive,
     profiles_for,
     read_traffic,
+    repeats,
     save_figure,
     static_targets,
 )
@@ -80,7 +80,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--low-share", type=fraction, help="share of the total target for low-scalability models")
     p.add_argument("--threshold", type=fraction, default=0.5,
                    help="normalised slope over the last quarter of cores below which scalability is low")
-    p.add_argument("--seeds", type=count, default=20, help="runs averaged for the random baselines")
+    p.add_argument("--seeds", type=repeats, default=20, help="runs averaged for the random baselines")
     p.add_argument("--tables", default="copied", choices=("copied", "shared"),
                    help="perfmodel only: each worker holds its own tables (Hera's servers) or shares one copy")
     add_output_args(p)

@@ -19,7 +19,6 @@ import numpy as np
 
 from recserve.commands._plan_common import (
     add_output_args,
-    count,
     counts,
     emit,
     figure,
@@ -28,6 +27,7 @@ from recserve.commands._plan_common import (
     prices,
     profiles_for,
     save_figure,
+    simulated_queries,
 )
 from recserve.errors import InfeasibleError, RecserveError
 from recserve.planners.kairos import empirical_size_mix, load_kairos_reference, plan_pool
@@ -149,6 +149,6 @@ def register(actions: argparse._SubParsersAction) -> None:
                    help="observed query sizes (one per line or .npy) instead of the production-like mix")
     p.add_argument("--evaluate", choices=("none", "sim"), default="none",
                    help="sim: also run Kairos+ (Alg. 1) with simulated allowable throughput under Kairos dispatch")
-    p.add_argument("--sim-queries", type=count, default=2000, help="queries per simulated evaluation")
+    p.add_argument("--sim-queries", type=simulated_queries, default=2000, help="queries per simulated evaluation")
     add_output_args(p)
     p.set_defaults(func=run)

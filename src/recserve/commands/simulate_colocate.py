@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recserve.commands._plan_common import count, number, percentile, positive, seed
+from recserve.commands._plan_common import count, number, percentile, positive, seed, simulated_queries
 from recserve.errors import RecserveError
 from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
@@ -215,7 +215,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-peak", type=positive, default=0.5, help="cache-sensitive model's load before T1")
     p.add_argument("--node-profiles", default="results/colocate_node_profiles.json",
                    help="cache of the node's worker/ways profiles (made on first use)")
-    p.add_argument("--profile-queries", type=count, default=3000, help="queries per profiling max-load probe")
+    p.add_argument("--profile-queries", type=simulated_queries, default=3000,
+                   help="queries per profiling max-load probe")
     p.add_argument("--seed", type=seed, default=0, help="seed of the arrivals and query sizes")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--json-out", help="write the full timeline JSON here")

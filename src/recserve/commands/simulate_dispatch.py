@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recserve.commands._plan_common import count, open_fraction, positive, seed
+from recserve.commands._plan_common import open_fraction, positive, seed, simulated_queries
 from recserve.errors import RecserveError
 from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
@@ -202,7 +202,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
     p.add_argument("--budget", type=positive, help="$/hr budget for the planner and homogeneous pool")
     p.add_argument("--qos-ms", type=positive, help="p99 target (default: from the reference)")
-    p.add_argument("--queries", type=count, default=10000, help="queries per max-load probe")
+    p.add_argument("--queries", type=simulated_queries, default=10000, help="queries per max-load probe")
     p.add_argument("--mix", default="production",
                    help="query-size distribution (recserve.workload spec), e.g. production, normal:mean=256,sd=32")
     p.add_argument("--seed", type=seed, default=0, help="seed of the query sizes and arrivals")
