@@ -184,3 +184,20 @@ def test_the_simulated_homogeneous_pool_is_scaled_no_further_than_its_cap():
     ev = DispatchEvaluation(profiles, "kairos-rm2", 350.0, queries=100)
     pool, scale = homogeneous_pool(ev.service, {"g4dn.xlarge": 0.526}, 100.0, 350.0, {"g4dn.xlarge": 5})
     assert pool == ["g4dn.xlarge"] * 5 and scale == pytest.approx(1.0)
+
+
+@needs_ref
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--reference", "kairos", "--cap", "g4dn.xlarg=1"], "--cap: no instance type g4dn.xlarg here; known: "
+                                                         "c5n.2xlarge, g4dn.xlarge, r5n.large, t3.xlarge"),
+    (["--reference", "kairos", "--price", "nosuch=1"], "--price: no instance type nosuch here"),
+    (["--reference", "kairos", "--servers", "g4dn.xlarge,nosuch"], "--servers: no instance type nosuch here"),
+    (["--models", "kairos-rm2", "--servers", "g4dn.xlarge", "--budget", "2", "--cap", "t3.xlarge=2"],
+     "--cap: no instance type t3.xlarge here; known: g4dn.xlarge"),
+])
+def test_a_type_named_by_an_option_is_one_the_plan_uses(capsys, argv, said):
+    from recserve.cli import main
+
+    assert main(["plan", "pool", *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1

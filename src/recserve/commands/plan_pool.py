@@ -47,10 +47,12 @@ def run(args: argparse.Namespace) -> int:
         budget = args.budget if args.budget is not None else meta.get("budget_usd_per_hr")
         models = names(args.models, "models") or sorted(qos)
         types = names(args.servers, "servers") or None
+        _check_named_types(args, types, list(meta["prices_usd_per_hr"]))
     else:
         models, types = names(args.models, "models"), names(args.servers, "servers")
         if not models or not types:
             raise RecserveError("without --reference give --models and --servers (catalogue names)")
+        _check_named_types(args, types, types)
         given = prices(args.price)
         cost = {**{s: get_server(s).price_per_hr for s in types if s not in given}, **given}
         unpriced = [s for s in types if not cost.get(s)]
@@ -83,6 +85,16 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(plan, args.plot, profiles, cost, qos, caps, args.stat, types)
     return 0
+
+
+def _check_named_types(args: argparse.Namespace, types: list[str] | None, available: list[str]) -> None:
+    """Every type named by --servers, --cap and --price is one the plan can use (a typo is not a silent no-op)."""
+    for flag, given in (("--servers", types or []), ("--cap", counts(args.cap, "cap")),
+                        ("--price", prices(args.price))):
+        unknown = sorted(set(given) - set(available))
+        if unknown:
+            raise RecserveError(f"{flag}: no instance type {', '.join(unknown)} here; known: "
+                                f"{', '.join(sorted(available))}")
 
 
 def sim_evaluator(profiles, qos: dict[str, float], queries: int):
