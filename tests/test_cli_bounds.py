@@ -67,3 +67,14 @@ def test_profile_host_refuses_an_array_larger_than_memory(tmp_path, monkeypatch)
 def test_repetitions_are_bounded(argv, said):
     rc, err = run(argv)
     assert rc == 2 and said in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["10", "100", "0"])
+@pytest.mark.parametrize("argv", [
+    ["plan", "search", "--model", "hercules-rmc1", "--server", "hercules-t2", "--no-exhaustive"],
+    ["simulate", "colocate", "--reference", "kairos"],
+    ["profile", "host", "--models", "hera-ncf"],
+])
+def test_a_percentile_outside_an_slas_range_is_refused_by_the_parser(argv, value):
+    rc, err = run([*argv, "--percentile", value])
+    assert rc == 2 and f"argument --percentile: must be a finite number in [50, 100), got '{value}'" in err

@@ -80,11 +80,12 @@ query rates (a billion QPS is beyond any cluster a plan here describes; larger v
 non_negative_int = number(0, integer=True)
 seed = number(0, integer=True)
 port = number(0, 65535, integer=True)
-percentile = number(0, 100, low_open=True)
+percentile = number(50, 100, high_open=True)
 open_fraction = number(0, 1, low_open=True, high_open=True)
 growth = number(1, 1e6, low_open=True)
 hour = number(0, 24, high_open=True)
-"""Seeds (numpy's range), TCP ports (0 = any free one), tail percentiles, tolerances, multipliers, hours of a day."""
+"""Seeds (numpy's range), TCP ports (0 = any free one), tail percentiles (an SLA's: [50, 100)), tolerances,
+multipliers, hours of a day."""
 simulated_queries = number(1, 1_000_000, integer=True)
 repeats = number(1, 10_000, integer=True)
 """Queries per simulated probe (a hundred times the defaults) and runs averaged: work that grows with them, bounded."""

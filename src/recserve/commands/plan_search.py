@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from recserve.commands._plan_common import int_list, names, number, positive, progress
+from recserve.commands._plan_common import int_list, names, number, percentile, positive, progress
 from recserve.errors import InfeasibleError, RecserveError
 from recserve.jsonio import write_text_atomic
 from recserve.measure.config_eval import live_evaluator
@@ -92,7 +92,7 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=positive, default=3.0, help="--live: seconds per load probe")
     p.add_argument("--calibration", metavar="FILE", help="perfmodel calibration JSON")
     p.add_argument("--sla-ms", type=positive, help="override the model's SLA target")
-    p.add_argument("--percentile", type=number(0, 100, low_open=True), help="override the SLA percentile")
+    p.add_argument("--percentile", type=percentile, help="override the SLA percentile")
     p.add_argument("--power-budget", type=positive, metavar="W", help="reject configurations drawing more power")
     p.add_argument("--batches", type=int_list,
                    help=f"sub-batch sizes to consider (default {','.join(map(str, DEFAULT_BATCHES))})")
