@@ -78,3 +78,8 @@ def test_repetitions_are_bounded(argv, said):
 def test_a_percentile_outside_an_slas_range_is_refused_by_the_parser(argv, value):
     rc, err = run([*argv, "--percentile", value])
     assert rc == 2 and f"argument --percentile: must be a finite number in [50, 100), got '{value}'" in err
+
+
+def test_plan_tier_refuses_more_dram_than_the_server_has():
+    rc, err = run(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "1000", "--qps", "1000", "--server", "sdm-hw-ss"])
+    assert rc == 2 and err.strip() == "recserve: error: --dram-gb 1000 is more than sdm-hw-ss's 64 GB of DRAM"

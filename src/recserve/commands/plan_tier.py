@@ -31,6 +31,8 @@ def cmd_tier(args: argparse.Namespace) -> int:
     server = get_server(args.server) if args.server else None
     if server is not None and server.ssd is None:
         raise SpecError(f"--server: {server.name} has no SSD; omit --server to assume a NAND SSD (SDM Table 1)")
+    if server is not None and args.dram_gb > server.mem_gb:
+        raise SpecError(f"--dram-gb {args.dram_gb:g} is more than {server.name}'s {server.mem_gb:g} GB of DRAM")
     plan = compare_policies(
         spec, args.dram_gb, args.qps, policy=args.policy, item_batch=args.batch, server=server,
         sm_sides=args.sm_sides, locality_user=args.locality_user,
@@ -56,7 +58,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p = actions.add_parser("tier", help="place embedding tables on DRAM or SSD behind a row cache (SDM)")
     p.add_argument("--model", required=True,
                    help="catalogue model name or a model repository's path, REPO/<model>")
-    p.add_argument("--dram-gb", type=positive, required=True, help="DRAM budget for embeddings (tables + caches)")
+    p.add_argument("--dram-gb", type=positive, required=True, help="DRAM budget for embeddings (tables + caches), GB; "
+                   "at most --server's memory")
     p.add_argument("--qps", type=qps, required=True, help="queries per second per host")
     p.add_argument("--server", help="server type (its SSD spec and memory bandwidth); default: assumed NAND SSD")
     p.add_argument("--policy", choices=POLICIES, default="sm-cache",
