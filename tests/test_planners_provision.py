@@ -130,3 +130,14 @@ def test_a_day_of_more_intervals_than_minutes_is_refused(tmp_path, capsys, traff
     path.write_text("available: {hercules-t1: 10}\n" + traffic)
     assert main(["plan", "provision", "--traffic", str(path), *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_profiles_without_the_workloads_tables_say_so_rather_than_an_sla_miss():
+    from recserve.errors import ProfileError
+
+    profiles = efficiency_profiles({("w1", "t1"): 1000.0}, {("w1", "t1"): 100.0})
+    with pytest.raises(ProfileError, match=r"no 'efficiency' profile for workload 'w1' on any of \['t2'\]; the "
+                                           r"profiles hold \['w1'\] on \['t1'\]"):
+        efficiency_matrix(profiles, ["w1"], ["t2"])
+    with pytest.raises(ProfileError, match="no 'efficiency' profiles given"):
+        efficiency_matrix(type(profiles)(), ["w1"], ["t1"])

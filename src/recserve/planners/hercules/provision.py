@@ -48,9 +48,14 @@ STEP_TIME_LIMIT_S = 0.9
 
 def efficiency_matrix(profiles: ProfileSet, workloads: Sequence[str], servers: Sequence[str]) -> Efficiency:
     index = {(t.model, t.server): t for t in profiles.find(kind="efficiency")}
+    if not index:
+        raise ProfileError("no 'efficiency' profiles given (max_qps, power_w per model and server type)")
     qps = np.zeros((len(workloads), len(servers)))
     power = np.zeros_like(qps)
     for i, w in enumerate(workloads):
+        if not any((w, h) in index for h in servers):
+            raise ProfileError(f"no 'efficiency' profile for workload {w!r} on any of {list(servers)}; the profiles "
+                               f"hold {sorted({m for m, _ in index})} on {sorted({h for _, h in index})}")
         for j, h in enumerate(servers):
             table = index.get((w, h))
             if table is None:
@@ -61,8 +66,6 @@ def efficiency_matrix(profiles: ProfileSet, workloads: Sequence[str], servers: S
         if not (qps[i] > 0).any():
             raise InfeasibleError(f"workload {w!r} meets its SLA on none of the server types {list(servers)} "
                                   "(no efficiency profile with max_qps > 0)")
-    if not index:
-        raise ProfileError("no 'efficiency' profiles given (max_qps, power_w per model and server type)")
     return Efficiency(list(workloads), list(servers), qps, power)
 
 
