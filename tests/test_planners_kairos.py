@@ -201,3 +201,20 @@ def test_a_type_named_by_an_option_is_one_the_plan_uses(capsys, argv, said):
     assert main(["plan", "pool", *argv]) == 2
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1
+
+
+def test_the_pick_is_never_a_sub_configuration_of_a_better_affordable_one():
+    configs = np.array([[1], [2], [3]])
+    assert kairos_pick(configs, np.array([1.0, 2.0, 3.0])) == 2          # one type: the similarity rule's medoid is 2
+    configs = np.array([[1, 0], [1, 3], [2, 0], [1, 1], [0, 4]])
+    bounds = np.array([1.0, 5.0, 4.0, 2.0, 0.0])
+    assert kairos_pick(configs, bounds) == 1
+
+
+@needs_ref
+def test_more_budget_never_picks_a_lower_bound(ref):
+    meta = ref.meta
+    for model in sorted(meta["qos_p99_ms"]):
+        bounds = [plan_pool(ref, [model], budget, meta["prices_usd_per_hr"], meta["qos_p99_ms"],
+                            meta["max_instances"]).pools[0].upper_bound_qps for budget in (2.5, 2.8, 3.0, 3.5, 5.0)]
+        assert bounds == sorted(bounds), model

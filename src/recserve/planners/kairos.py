@@ -288,7 +288,15 @@ def kairos_pick(configs: np.ndarray, bounds: np.ndarray) -> int:
     top10 = order[:10]
     pts = configs[top10].astype(float)
     d2 = ((pts[:, None, :] - pts[None, :, :]) ** 2).sum(axis=2).sum(axis=1)
-    return int(top10[int(np.argmin(d2))])
+    return _undominated(configs, bounds, int(top10[int(np.argmin(d2))]))
+
+
+def _undominated(configs: np.ndarray, bounds: np.ndarray, pick: int) -> int:
+    """The pick, or the highest-bound configuration with at least as many instances of every type and a higher
+    bound: a sub-configuration of an affordable one cannot do better (Alg. 1's pruning rule), and the similarity
+    rule picks one when the top ten are few or spread along one type."""
+    more = np.flatnonzero((configs >= configs[pick]).all(axis=1) & (bounds > bounds[pick]))
+    return int(more[np.argmax(bounds[more])]) if more.size else pick
 
 
 @dataclass
