@@ -84,3 +84,23 @@ def test_profile_host_checks_device_workers_before_measuring(tmp_path, monkeypat
     rc, err = run(["profile", "host", "--models", "hera-ncf", "--out", str(tmp_path / "p.json"),
                    "--device", "cpu", "--device-workers", "0"])
     assert rc == 2 and "--device-workers must hold integers >= 1" in err
+
+
+def _other_hosts_profiles(tmp_path):
+    import os
+
+    rows = [[b, 0.5 + 0.3 * b, 0.5 + 0.3 * b, 0.6 + 0.4 * b] for b in (1, 32, 128, 256, 512, 1024)]
+    table = ProfileTable("hera-ncf", "this-host", "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"), rows)
+    cores = len(os.sched_getaffinity(0)) + 14
+    return ProfileSet([table], {"host": {"cores": cores}}).save(tmp_path / "there.json"), cores
+
+
+def test_this_host_tables_from_a_host_of_another_core_count_are_refused(tmp_path):
+    path, cores = _other_hosts_profiles(tmp_path)
+    for argv in (["plan", "pool", "--profiles", str(path), "--models", "hera-ncf", "--servers", "this-host",
+                  "--price", "this-host=1", "--budget", "3"],
+                 ["simulate", "dispatch", "--profiles", str(path), "--model", "hera-ncf", "--pool", "this-host=2",
+                  "--qos-ms", "500", "--queries", "100"]):
+        rc, err = run(argv)
+        assert rc == 2 and f"its this-host tables were measured on a {cores}-core host" in err, argv
+        assert err.count("\n") == 1

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, StrictFloat, StrictInt
 
-from recserve.errors import RecserveError, SpecError
+from recserve.errors import ProfileError, RecserveError, SpecError
 from recserve.measure.plot import pyplot
 from recserve.planners.plan import Plan
 from recserve.profiles import ProfileSet
@@ -232,10 +232,25 @@ def resolve_specs(models: list[str], servers: list[str]) -> tuple[list[ModelSpec
     return [get_model(m) for m in models], [get_server(s) for s in servers]
 
 
+def check_this_host(profiles: ProfileSet, servers: list[str], where: str) -> ProfileSet:
+    """``this-host`` tables measured on a host with another core count describe that host, not this one (whose
+    cores and memory ``this-host`` names at run time): refused where a command plans for ``this-host``."""
+    from recserve.hostinfo import this_host
+
+    measured = profiles.meta.get("host")
+    if "this-host" not in servers or not isinstance(measured, dict) or "cores" not in measured:
+        return profiles
+    cores = this_host()["cores"]
+    if measured["cores"] != cores:
+        raise ProfileError(f"{where}: its this-host tables were measured on a {measured['cores']}-core host, this one "
+                           f"has {cores} cores; measure here with `recserve profile host`")
+    return profiles
+
+
 def profiles_for(args: argparse.Namespace, models: list[str], servers: list[str], **model_kw: Any) -> ProfileSet:
     """``--profiles FILE`` if given, else the analytic perfmodel for exactly these models and servers."""
     if getattr(args, "profiles", None):
-        return ProfileSet.load(args.profiles)
+        return check_this_host(ProfileSet.load(args.profiles), servers, args.profiles)
     specs, types = resolve_specs(models, servers)
     try:
         from recserve.perfmodel import model_profiles

@@ -40,7 +40,10 @@ def _profiles(args: argparse.Namespace) -> ProfileSet:
     if args.reference:
         return load_reference(resolve_reference(args.reference))
     if args.profiles:
-        return ProfileSet.load(args.profiles)
+        from recserve.commands._plan_common import check_this_host
+
+        profiles = ProfileSet.load(args.profiles)
+        return check_this_host(profiles, profiles.servers(), args.profiles)
     raise RecserveError("give --reference (Kairos latency JSON) or --profiles (a recserve profile file)")
 
 
