@@ -10,10 +10,38 @@ a ProfileSet of slowdown tables (see ``recserve.measure.interference``) and prin
 from __future__ import annotations
 
 import argparse
+import math
 
-from recserve.commands._plan_common import count, names, positive, progress
+from recserve.commands._plan_common import count, names, number, positive, progress
 from recserve.errors import RecserveError
 from recserve.specs import get_model
+
+MAX_SECONDS = 60.0
+
+
+def multiples(text: str) -> list[float]:
+    """``--occupy`` / ``--table-sweep``: comma-separated finite numbers > 0 ('' = none)."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = [math.nan]
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated finite numbers > 0, got {text!r}")
+    return values
+
+
+multiples.__name__ = "comma-separated numbers > 0"
+
+
+def _check_occupy(llc_mb: float, fractions: list[float]) -> None:
+    """The co-runner's buffers are fractions of the LLC: at most half this host's memory (a table sweep is held to
+    the model's own tables)."""
+    from recserve.hostinfo import this_host
+
+    most_mb = this_host()["mem_gb"] * 1024 / 2
+    if fractions and max(fractions) * llc_mb > most_mb:
+        raise RecserveError(f"--occupy {max(fractions):g} x the {llc_mb:g} MB LLC is more than half this host's "
+                            f"memory ({most_mb:,.0f} MB)")
 
 
 def cmd_profile_interference(args: argparse.Namespace) -> int:
@@ -24,8 +52,8 @@ def cmd_profile_interference(args: argparse.Namespace) -> int:
     if not specs:
         raise RecserveError("--models needs at least one catalogue model")
     llc_mb = args.llc_mb or this_host()["llc_mb"]
-    fractions = [float(x) for x in args.occupy.split(",") if x.strip()]
-    sweep = [float(x) for x in args.table_sweep.split(",") if x.strip()]
+    fractions, sweep = args.occupy, args.table_sweep
+    _check_occupy(llc_mb, fractions)
     profiles = measure_interference(specs, max_table_mb=args.max_table_mb, batch=args.batch, seconds=args.seconds,
                                     llc_mb=llc_mb, occupy_fractions=fractions, table_sweep=sweep,
                                     pairs=not args.no_pairs, progress=progress)
@@ -42,10 +70,13 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--models", required=True, help="comma-separated catalogue model names")
     p.add_argument("--max-table-mb", type=positive, default=128.0, help="shrink each model's tables to at most this")
     p.add_argument("--batch", type=count, default=64, help="items per query")
-    p.add_argument("--seconds", type=positive, default=1.0, help="timing per run (each condition runs 3)")
+    p.add_argument("--seconds", type=number(0, MAX_SECONDS, low_open=True), default=1.0,
+                   help=f"timing per run (each condition runs 3), at most {MAX_SECONDS:g}")
     p.add_argument("--llc-mb", type=positive, default=None, help="LLC size (default: detected)")
-    p.add_argument("--occupy", default="0.25,0.5,1,2", help="co-runner buffer sizes as fractions of the LLC")
-    p.add_argument("--table-sweep", default="0.25,1,4", help="table sizes as multiples of the LLC ('' = none)")
+    p.add_argument("--occupy", type=multiples, default="0.25,0.5,1,2",
+                   help="co-runner buffer sizes as fractions of the LLC")
+    p.add_argument("--table-sweep", type=multiples, default="0.25,1,4",
+                   help="table sizes as multiples of the LLC ('' = none)")
     p.add_argument("--no-pairs", action="store_true", help="skip model-with-model runs")
     p.add_argument("--out", default="interference.json", help="Profile JSON to write (default %(default)s)")
     p.set_defaults(func=cmd_profile_interference)
