@@ -104,3 +104,18 @@ def test_this_host_tables_from_a_host_of_another_core_count_are_refused(tmp_path
         rc, err = run(argv)
         assert rc == 2 and f"its this-host tables were measured on a {cores}-core host" in err, argv
         assert err.count("\n") == 1
+
+
+def test_simulate_colocate_takes_a_catalogue_models_sla_from_the_catalogue(tmp_path):
+    def latency(model: str) -> ProfileTable:
+        rows = [[b, 20 + 0.05 * b, 20 + 0.05 * b, 25 + 0.06 * b] for b in (1, 32, 128, 256, 512, 1024)]
+        return ProfileTable(model, "x", "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"), rows)
+
+    path = ProfileSet([latency("hera-dlrm-b"), latency("hera-din")]).save(tmp_path / "measured.json")
+    out = tmp_path / "sim.json"
+    rc, err = run(["simulate", "colocate", "--profiles", str(path), "--models", "hera-dlrm-b,hera-din", "--server",
+                   "x", "--duration", "6", "--cores", "4", "--profile-queries", "200", "--controllers", "static",
+                   "--node-profiles", str(tmp_path / "cache.json"), "--json-out", str(out)])
+    assert rc == 0, err
+    assert {m: v["sla_ms"] for m, v in json.loads(out.read_text())["models"].items()} == {"hera-dlrm-b": 400.0,
+                                                                                         "hera-din": 100.0}

@@ -60,6 +60,18 @@ def _check_times(args: argparse.Namespace) -> None:
                             f"--duration {args.duration:g} s")
 
 
+def _catalogue_sla_ms(model: str) -> float:
+    """The SLA target of a model the profile meta gives none for (profiles from `profile host|model`)."""
+    from recserve.errors import SpecError
+    from recserve.specs import get_model
+
+    try:
+        return get_model(model).sla.target_ms
+    except SpecError:
+        raise RecserveError(f"no SLA target for {model!r} in the profile meta, and no catalogue model of that "
+                            "name") from None
+
+
 def build_models(args: argparse.Namespace) -> list[ColocModel]:
     profiles = load_reference(resolve_reference(args.reference)) if args.reference else ProfileSet.load(args.profiles)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -74,9 +86,7 @@ def build_models(args: argparse.Namespace) -> list[ColocModel]:
     out = []
     for k, name in enumerate(names):
         model = resolve_model(profiles, name)
-        sla = qos.get(model)
-        if not sla:
-            raise RecserveError(f"no SLA target for {model!r} in the profile meta")
+        sla = qos.get(model) or _catalogue_sla_ms(model)
         service = ServiceModel.from_profiles(profiles, model, [args.server])
         out.append(ColocModel(name, service, args.server, float(sla), args.percentile, llc[k], bw[k], memf[k]))
     return out
