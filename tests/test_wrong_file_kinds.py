@@ -106,16 +106,26 @@ def test_this_host_tables_from_a_host_of_another_core_count_are_refused(tmp_path
         assert err.count("\n") == 1
 
 
-def test_simulate_colocate_takes_a_catalogue_models_sla_from_the_catalogue(tmp_path):
+def _simulate_measured(tmp_path, out):
     def latency(model: str) -> ProfileTable:
         rows = [[b, 20 + 0.05 * b, 20 + 0.05 * b, 25 + 0.06 * b] for b in (1, 32, 128, 256, 512, 1024)]
         return ProfileTable(model, "x", "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"), rows)
 
     path = ProfileSet([latency("hera-dlrm-b"), latency("hera-din")]).save(tmp_path / "measured.json")
-    out = tmp_path / "sim.json"
     rc, err = run(["simulate", "colocate", "--profiles", str(path), "--models", "hera-dlrm-b,hera-din", "--server",
                    "x", "--duration", "6", "--cores", "4", "--profile-queries", "200", "--controllers", "static",
                    "--node-profiles", str(tmp_path / "cache.json"), "--json-out", str(out)])
     assert rc == 0, err
+    return err
+
+
+def test_simulate_colocate_says_which_controller_it_simulates(tmp_path):
+    err = _simulate_measured(tmp_path, tmp_path / "sim.json")
+    assert "simulating static: " in err and " queries over 6 s" in err
+
+
+def test_simulate_colocate_takes_a_catalogue_models_sla_from_the_catalogue(tmp_path):
+    out = tmp_path / "sim.json"
+    _simulate_measured(tmp_path, out)
     assert {m: v["sla_ms"] for m, v in json.loads(out.read_text())["models"].items()} == {"hera-dlrm-b": 400.0,
                                                                                          "hera-din": 100.0}

@@ -171,7 +171,7 @@ def cmd_colocate(args: argparse.Namespace) -> int:
         raise RecserveError(f"unknown scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}")
     ctls = [c.strip() for c in args.controllers.split(",") if c.strip()]
     res = run_scenario(models, shapes, alone, prof, NODE, ctls, args.duration, args.cores, args.ways, args.mem_bw,
-                       args.t_monitor, args.seed)
+                       args.t_monitor, args.seed, progress=lambda line: print(line, file=sys.stderr, flush=True))
     res["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
     res["models"] = {m.name: {"sla_ms": m.sla_ms, "percentile": m.percentile, "llc_sensitivity": m.llc_sensitivity,
                               "bw_per_worker_gbs": m.bw_per_worker_gbs, "memory_fraction": m.memory_fraction}

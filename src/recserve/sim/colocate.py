@@ -77,8 +77,9 @@ SCENARIOS = {"fig14": hera_fig14, "diurnal": diurnal, "steps": steps}
 def run_scenario(models: Sequence[ColocModel], shapes: Sequence[LoadShape], alone_max_qps: dict[str, float],
                  profiles: ProfileSet, server: str, controllers: Sequence[str], duration_s: float,
                  cores: int = 16, ways: int = 11, mem_bw_gbs: float = 60.0, t_monitor_s: float = 1.0,
-                 seed: int = 0) -> dict[str, Any]:
-    """Run every controller on the same arrivals; returns per-controller windows and violation fractions."""
+                 seed: int = 0, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every controller on the same arrivals; returns per-controller windows and violation fractions.
+    ``progress`` hears of each controller as its run starts."""
     streams, arrivals = {}, {}
     for k, (m, shape) in enumerate(zip(models, shapes, strict=True)):
         rate = shape.rate(alone_max_qps[m.name])
@@ -91,6 +92,8 @@ def run_scenario(models: Sequence[ColocModel], shapes: Sequence[LoadShape], alon
     for name in controllers:
         node = ColocNode(models, cores=cores, ways=ways, mem_bw_gbs=mem_bw_gbs, t_monitor_s=t_monitor_s)
         ctl = make_controller(name, capacity)
+        if progress:
+            progress(f"simulating {name}: {sum(len(a) for a in arrivals.values()):,} queries over {duration_s:g} s")
         windows = node.run(arrivals, streams, ctl, duration_s)
         out["controllers"][name] = {
             "violating_window_fraction": _violating(windows),
