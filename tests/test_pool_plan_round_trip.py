@@ -38,3 +38,19 @@ def test_a_plan_of_another_kind_or_model_is_named(tmp_path):
     assert run(["plan", "tier", "--model", "hera-ncf", "--dram-gb", "1", "--qps", "10", "--out", str(other)])[0] == 0
     rc, err = run(["simulate", "dispatch", "--reference", "kairos", "--model", "rm2", "--pool", str(other)])
     assert rc == 2 and "a tier plan, not a pool plan" in err
+
+
+def test_a_run_stopped_while_writing_json_out_leaves_the_earlier_file(tmp_path, monkeypatch):
+    import recserve.jsonio
+
+    out = tmp_path / "sim.json"
+    out.write_text('{"earlier": true}')
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recserve.jsonio.os, "replace", stopped)
+    rc, _ = run(["simulate", "dispatch", "--reference", "kairos", "--model", "rm2", "--pool", "g4dn.xlarge=1",
+                 "--policies", "kairos", "--queries", "200", "--no-homogeneous", "--json-out", str(out)])
+    assert rc == 130 and json.loads(out.read_text()) == {"earlier": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["sim.json"]

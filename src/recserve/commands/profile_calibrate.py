@@ -18,6 +18,7 @@ import numpy as np
 
 from recserve.commands._plan_common import names, positive, progress
 from recserve.errors import SpecError
+from recserve.jsonio import write_text_atomic
 from recserve.perfmodel import load_calibration
 from recserve.perfmodel.fit import FIT_PARAMS, errors, fit, points_from_profiles
 from recserve.profiles import ProfileSet
@@ -120,8 +121,7 @@ def _micro(args: argparse.Namespace, server, base) -> int:
               f"(base constants: {bundled:.1f}%)")
     cal.save(args.out)
     if args.save_micro:
-        with open(args.save_micro, "w") as f:
-            json.dump(micro, f, indent=1)
+        write_text_atomic(args.save_micro, json.dumps(micro, indent=1))
     for name in ("compute_eff", "batch_half", "fixed_ms", "per_op_us", "per_module_us", "lookup_ns",
                  "llc_gbs_per_core", "dram_gbs_per_core", "stream_gbs_per_core", "act_gbs_per_core"):
         print(f"{name:20s} {getattr(base, name):10.4g} -> {getattr(cal, name):10.4g}")

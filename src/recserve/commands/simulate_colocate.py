@@ -24,6 +24,7 @@ from typing import Any
 
 from recserve.commands._plan_common import count, number, percentile, positive, seed, simulated_queries
 from recserve.errors import RecserveError
+from recserve.jsonio import write_text_atomic
 from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
@@ -177,8 +178,7 @@ def cmd_colocate(args: argparse.Namespace) -> int:
                               "bw_per_worker_gbs": m.bw_per_worker_gbs, "memory_fraction": m.memory_fraction}
                      for m in models}
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(res, indent=1))
+        write_text_atomic(args.json_out, json.dumps(res, indent=1))
     if args.plot:
         _plot(res, args.plot)
     summary = {name: {"violating_window_fraction": v["violating_window_fraction"],

@@ -19,6 +19,7 @@ from typing import Any
 
 from recserve.commands._plan_common import open_fraction, positive, seed, simulated_queries
 from recserve.errors import RecserveError
+from recserve.jsonio import write_text_atomic
 from recserve.measure.plot import pyplot
 from recserve.profiles import ProfileSet
 from recserve.reference import resolve_reference
@@ -182,9 +183,8 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     for r in results:
         r["ratios"] = _ratios(r)
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps({"queries_per_probe": args.queries, "seed": args.seed,
-                                                   "results": results}, indent=1))
+        write_text_atomic(args.json_out, json.dumps({"queries_per_probe": args.queries, "seed": args.seed,
+                                                     "results": results}, indent=1))
     if args.plot:
         _plot(results, args.plot)
     if args.json:
