@@ -292,3 +292,12 @@ def test_a_calibration_to_distrust_is_called_out():
     few, off = _fit_warnings(len(FIT_PARAMS) - 1, 12.0, 215.4)
     assert "the fit is underdetermined" in few and "held-out models 215% off" in off
     assert _fit_warnings(200, 80.0, None) == ["it misses its own points by 80% (median)"]
+
+
+def test_model_profiles_counts_the_pairs_it_models():
+    spec = dlrm(tables=2)
+    small = ServerType(name="t-small", cores=2, mem_gb=16, mem_bw_gbs=20, llc_mb=4, llc_ways=4, power_w=40)
+    other = ServerType(name="t-other", cores=4, mem_gb=16, mem_bw_gbs=20, llc_mb=4, llc_ways=4, power_w=60)
+    lines: list[str] = []
+    model_profiles([spec], [small, other], sizes=[64, 128], progress=lines.append)
+    assert lines == [f"modelling {spec.name} on t-small (1/2)", f"modelling {spec.name} on t-other (2/2)"]

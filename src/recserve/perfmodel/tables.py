@@ -85,12 +85,12 @@ def model_profiles(specs: list[ModelSpec], servers: list[ServerType],
     mix = SizeMix.of(sizes)
     out = ProfileSet(meta={"source": "recserve.perfmodel", "calibration": pm.cal.fitted_on or "bundled defaults",
                            "query_sizes_mean": mix.mean, "tables": tables})
-    for spec in specs:
-        for server in servers:
-            if progress:
-                progress(f"modelling {spec.name} on {server.name}")
-            for t in pair_tables(pm, spec, server, mix, tables) + (extra(pm, spec, server, mix) if extra else []):
-                out.add(t)
+    pairs = len(specs) * len(servers)
+    for k, (spec, server) in enumerate((spec, server) for spec in specs for server in servers):
+        if progress:
+            progress(f"modelling {spec.name} on {server.name}" + (f" ({k + 1}/{pairs})" if pairs > 1 else ""))
+        for t in pair_tables(pm, spec, server, mix, tables) + (extra(pm, spec, server, mix) if extra else []):
+            out.add(t)
     return out
 
 
