@@ -141,3 +141,22 @@ def test_profiles_without_the_workloads_tables_say_so_rather_than_an_sla_miss():
         efficiency_matrix(profiles, ["w1"], ["t2"])
     with pytest.raises(ProfileError, match="no 'efficiency' profiles given"):
         efficiency_matrix(type(profiles)(), ["w1"], ["t1"])
+
+
+def test_a_load_only_the_servers_together_cannot_serve_is_named_in_qps():
+    eff = Efficiency(["a", "b"], ["x"], np.array([[100.0], [100.0]]), np.array([[200.0], [200.0]]))
+    with pytest.raises(InfeasibleError) as exc:
+        solve_ilp(eff, np.array([600.0, 600.0]), np.array([10]))
+    assert str(exc.value).endswith("exceeds what the available servers can serve together (needs a 600 QPS, "
+                                   "b 600 QPS)")
+
+
+def test_a_cluster_of_no_servers_is_refused_before_modelling(tmp_path, capsys, monkeypatch):
+    import recserve.perfmodel as perfmodel
+    from recserve.cli import main
+
+    monkeypatch.setattr(perfmodel, "model_profiles", lambda *a, **k: pytest.fail("modelled"))
+    path = tmp_path / "day.yaml"
+    path.write_text("peak_qps: {hercules-rmc1: 5000}\n")
+    assert main(["plan", "provision", "--traffic", str(path), "--available", "hercules-t1=0,hercules-t2=0"]) == 2
+    assert "no servers available: every count is 0" in capsys.readouterr().err

@@ -103,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
     available = counts(args.available, "available") or dict(traffic.available or {})
     if not available:
         raise SpecError("give the cluster: --available NAME=COUNT,... or 'available:' in the traffic file")
+    if not any(available.values()):
+        raise SpecError(f"no servers available: every count is 0 in {available}")
     hours, loads = day_loads(traffic, args.traffic, args.steps)
-    profiles = profiles_for(args, list(loads), list(available))
+    profiles = profiles_for(args, list(loads), [h for h, n in available.items() if n > 0])
     alpha = over_provision_rate(args.alpha, loads)
     plan = plan_provision(profiles, available, loads, hours, alpha=alpha, seed=args.seed, progress=progress,
                           time_limit_s=args.time_limit, mip_rel_gap=args.gap)

@@ -119,7 +119,8 @@ def solve_ilp(eff: Efficiency, demand: np.ndarray, avail: np.ndarray, alpha: flo
         when = f" at t={t:g} h" if t is not None else ""
         if res.status == 2:
             raise InfeasibleError(f"load{when} exceeds what the available servers can serve together "
-                                  f"(needs {dict(zip(eff.workloads, need.round(1), strict=True))})")
+                                  "(needs " + ", ".join(f"{w} {q:,.0f} QPS" for w, q in zip(eff.workloads, need,
+                                                                                            strict=True)) + ")")
         raise InfeasibleError(f"provisioning solver found no allocation{when}: {res.message}")
     if info is not None:
         info["status"] = int(res.status)
