@@ -83,3 +83,8 @@ def test_a_percentile_outside_an_slas_range_is_refused_by_the_parser(argv, value
 def test_plan_tier_refuses_more_dram_than_the_server_has():
     rc, err = run(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "1000", "--qps", "1000", "--server", "sdm-hw-ss"])
     assert rc == 2 and err.strip() == "recserve: error: --dram-gb 1000 is more than sdm-hw-ss's 64 GB of DRAM"
+
+
+def test_plan_shard_refuses_a_locality_below_uniform():
+    rc, err = run(SHARD + ["--locality", "0"])
+    assert rc == 2 and "argument --locality: must be a finite number in [0.1, 1], got '0'" in err

@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from recserve.commands._plan_common import count, fraction, non_negative, number, qps
+from recserve.commands._plan_common import count, non_negative, number, qps
 from recserve.errors import ProfileError
 from recserve.measure.plot import pyplot
 from recserve.planners.elasticrec import (
@@ -109,7 +109,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--profiles", default=None, help="Profile file with gather_qps and dense latency tables "
                                                     "(default: the calibrated perfmodel)")
     p.add_argument("--batch", type=count, default=32, help="items per query (ElasticRec uses 32)")
-    p.add_argument("--locality", type=fraction, default=0.9, help="share of accesses on the hottest 10%% of rows")
+    p.add_argument("--locality", type=number(0.1, 1), default=0.9,
+                   help="share of accesses on the hottest 10%% of rows, in [0.1, 1] (0.1: uniform access)")
     p.add_argument("--max-shards", type=number(1, MAX_SHARDS, integer=True), default=16,
                    help="most shards per table the DP considers (one DP level each)")
     p.add_argument("--grid", type=number(2, MAX_GRID, integer=True), default=512,
