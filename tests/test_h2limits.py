@@ -293,6 +293,16 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return received
 
 
+def _ping_on_a_new_connection(port: int) -> bytes:
+    """What a new connection's preface and PING are answered with: the PING's echo, or a refusal."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678"))
+        data = b""
+        while b"12345678" not in data and b"too_many_connections" not in data and (more := sock.recv(1 << 16)):
+            data += more
+    return data
+
+
 def test_a_connection_past_the_cap_closes_the_one_idle_longest_and_is_served(grpc_server):
     """Connections with no call open cannot hold every slot: the one that read nothing for longest gets GOAWAY and
     is closed, and the new one is served."""
@@ -302,12 +312,8 @@ def test_a_connection_past_the_cap_closes_the_one_idle_longest_and_is_served(grp
         sock.sendall(PREFACE + _frame(SETTINGS, 0, 0))
         sock.recv(1 << 16)  # our SETTINGS: the connection is served
         time.sleep(0.05)
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
-        third.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678"))
-        data = b""
-        while b"12345678" not in data and b"too_many_connections" not in data and (more := third.recv(1 << 16)):
-            data += more
-        assert b"12345678" in data and b"too_many_connections" not in data
+    data = _ping_on_a_new_connection(port)
+    assert b"12345678" in data and b"too_many_connections" not in data
     closed = _read_until_closed(kept[0])
     assert b"\x07\x00\x00\x00\x00\x00" in closed  # a GOAWAY frame header (type 7, flags 0, stream 0)
     for sock in kept:
@@ -350,12 +356,8 @@ def test_past_the_cap_a_connection_whose_open_call_stalled_makes_room(grpc_serve
         sock.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _headers(1, END_HEADERS))
         sock.recv(1 << 16)
     time.sleep(0.6)
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as third:
-        third.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _frame(PING, 0, 0, b"12345678"))
-        data = b""
-        while b"12345678" not in data and b"too_many_connections" not in data and (more := third.recv(1 << 16)):
-            data += more
-        assert b"12345678" in data and b"too_many_connections" not in data
+    data = _ping_on_a_new_connection(port)
+    assert b"12345678" in data and b"too_many_connections" not in data
     assert b"\x07\x00\x00\x00\x00\x00" in _read_until_closed(kept[0])  # GOAWAY, then the close
     for sock in kept:
         sock.close()
