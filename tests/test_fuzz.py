@@ -480,7 +480,7 @@ def test_cli_error_is_one_line_in_a_subprocess():
                            "--seeds", "0"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        "recserve plan colocate: error: argument --seeds: must be an integer >= 1, got '0'"]
+        "recserve plan colocate: error: argument --seeds: must be an integer in [1, 10000], got '0'"]
 
 
 def test_non_loopback_server_without_token_refuses_to_start(monkeypatch):
