@@ -29,11 +29,19 @@ def test_workers_request_names_the_bad_field(body, field):
     assert field_of(control_api.workers_request, body, ["model"]) == field
 
 
+@pytest.mark.parametrize("cores", [[[0], []], [[0], 1], [-1], [], [[0], [True]], "0"])
+def test_a_bad_cores_shape_is_named_with_both_shapes_it_may_take(cores):
+    with pytest.raises(InferError) as info:
+        control_api.workers_request({"workers": 1, "cores": cores}, ["model"])
+    assert str(info.value).startswith(f"cores: must be {control_api.CORES_SHAPE}, got ")
+
+
 def test_valid_workers_request_passes_within_the_host_bounds():
     most_workers, most_threads = control_api.worker_limits()
     ask = control_api.workers_request({"workers": most_workers, "threads": most_threads, "cores": [[0]] * 1,
                                        "stage": "model"}, ["model"])
     assert (ask.workers, ask.threads, ask.stage) == (most_workers, most_threads, "model")
+    assert control_api.workers_request({"workers": 2, "cores": [0, 1]}, ["model"]).cores == [0, 1]
 
 
 @pytest.mark.parametrize(("query", "field"), [

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Annotated, Any
+import json
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -67,9 +68,20 @@ class Body(BaseModel):
             raise invalid(field, describe(error, cls)) from None
 
 
-CoreIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
-CoreSets = CoreIds | Annotated[list[CoreIds], Field(min_length=1)]
-"""A flat list of core ids or a list of non-empty core-id lists (whether this host has them: the runtime's check)."""
+CORES_SHAPE = "a list of core ids ([0, 1]) or a list of non-empty core-id lists ([[0], [1]])"
+
+
+def _core_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _core_sets(value: Any) -> Any:
+    """A flat list of core ids or a list of non-empty core-id lists (whether this host has them: the runtime's
+    check); one message naming both shapes, not the first of a union's errors."""
+    if isinstance(value, list) and value and (all(_core_id(c) for c in value) or all(
+            isinstance(c, list) and c and all(_core_id(i) for i in c) for c in value)):
+        return value
+    raise ValueError(f"must be {CORES_SHAPE}, got {json.dumps(value)[:80]}")
 
 
 class WorkersRequest(Body):
@@ -77,7 +89,7 @@ class WorkersRequest(Body):
     (``replace``: every worker is replaced by a fresh one, e.g. to read table files rewritten since they started)."""
 
     workers: StrictInt
-    cores: CoreSets | None = None
+    cores: list[Any] | None = None
     threads: StrictInt | None = None
     stage: str | None = None
     replace: StrictBool = False
@@ -86,6 +98,11 @@ class WorkersRequest(Body):
     @classmethod
     def _workers(cls, value: int, info: ValidationInfo) -> int:
         return _within(value, 1, info.context["max_workers"])
+
+    @field_validator("cores", mode="before")
+    @classmethod
+    def _cores(cls, value: Any) -> Any:
+        return None if value is None else _core_sets(value)
 
     @field_validator("threads")
     @classmethod
