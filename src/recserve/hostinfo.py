@@ -6,9 +6,12 @@ Memory bandwidth cannot be read from sysfs; it is an assumption until ``recserve
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +118,44 @@ def this_host() -> dict[str, Any]:
             else "no /sys/fs/resctrl: LLC ways not partitionable",
         ),
     )
+
+
+_PRIVATE = re.compile(r"recserve-[a-z]+-(\d+)-")  # a private folder's name: its kind, then its process's pid
+
+
+def private_folder(kind: str) -> str:
+    """A new private temporary folder of this process (``recserve-<kind>-<pid>-XXXXXXXX``): its sockets or shared
+    files; the pid lets a later process remove it if this one is killed before it could (``remove_orphaned``)."""
+    return tempfile.mkdtemp(prefix=f"recserve-{kind}-{os.getpid()}-")
+
+
+def remove_orphaned(directory: str | None = None) -> list[str]:
+    """Remove the private folders (``private_folder``) of this user's processes that are gone (killed before they
+    could remove their own); those of live processes are never touched.  The folders removed."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _PRIVATE.match(entry.name)
+        try:
+            if not match or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if not _alive(int(match.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid: alive
+        return True
+    return True

@@ -7,9 +7,9 @@ import asyncio
 import itertools
 import os
 import shutil
-import tempfile
 from typing import TYPE_CHECKING, Any
 
+from recserve.hostinfo import private_folder
 from recserve.serving.wire.errors import InferError
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class AcceleratorPool:
         self.config = config
         self.metrics = metrics
         self.min_items = config.min_items
-        self.directory = tempfile.mkdtemp(prefix="recserve-accel-")  # their sockets; removed at stop
+        self.directory = private_folder("accel")  # their sockets; removed at stop
         self.pool: WorkerPool | None = None  # set by the runtime once the pool exists
         self._taken: set[str] = set()
         metrics.routed_queries = {"cpu": 0, "accelerator": 0}

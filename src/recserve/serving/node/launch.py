@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from recserve.errors import RecserveError
+from recserve.hostinfo import private_folder
 from recserve.serving.node.config import ModelConfig
 from recserve.serving.node.handle import Outbox, WorkerHandle, next_id
 from recserve.serving.node.watchdog import CONN_SLOTS
@@ -29,10 +29,10 @@ LOAD_SLOTS = 64  # model workers that share connections by load; more are served
 UNIX_PATH_MAX = 107  # bytes of a Unix socket's path (``sun_path`` holds 108 with its NUL)
 
 
-def socket_folder(prefix: str, longest: str) -> str:
+def socket_folder(kind: str, longest: str) -> str:
     """A private temporary folder for Unix sockets the node cannot run without, named up to ``longest``; under a
     TMPDIR too deep for their paths, a one-line error saying so (binding failed later with a traceback)."""
-    folder = tempfile.mkdtemp(prefix=prefix)
+    folder = private_folder(kind)
     length = len(os.fsencode(os.path.join(folder, longest)))
     if length > UNIX_PATH_MAX:
         os.rmdir(folder)
@@ -118,7 +118,7 @@ class WorkerLauncher:
         self.active.zero_()
         # and each serves a socket there for the queries busy siblings forward (``serving/worker/siblings.py``)
         # (a socket that cannot be made there only costs its worker its siblings' queries: ``_serve_siblings``)
-        self.sibling_dir = tempfile.mkdtemp(prefix="recserve-siblings-") \
+        self.sibling_dir = private_folder("siblings") \
             if cfg.forward_to_idle and cfg.mode == "model" else ""
         self.event_loop: dict[str, str] | None = None  # the loop the v2 workers run, and why not the one asked
         self.json_numbers: tuple[str, ...] | None = None  # the native readers of JSON tensors the v2 workers use

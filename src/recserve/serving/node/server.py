@@ -24,6 +24,7 @@ import grpc
 from aiohttp import web
 
 from recserve.errors import RecserveError
+from recserve.hostinfo import remove_orphaned
 from recserve.serving.node import grpc_service, tls
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
@@ -117,6 +118,9 @@ class NodeServer:
     async def _astart(self) -> Ports:
         self._stopped = asyncio.Event()
         raise_open_file_limit()
+        left = remove_orphaned()  # what a node killed before it could remove its own left in the temporary folder
+        if left:
+            log.info("removed %d temporary folder(s) of node processes that are gone: %s", len(left), ", ".join(left))
         self.core = NodeCore(self.config, self._llc)
         try:
             host = self.config.host
@@ -172,7 +176,7 @@ class NodeServer:
         self.core.cover_grpc = self._cover_grpc
 
     def _private_grpc_address(self) -> str:
-        self._grpc_dir = socket_folder("recserve-grpc-", "server.sock")
+        self._grpc_dir = socket_folder("grpc", "server.sock")
         return f"unix:{self._grpc_dir}/server.sock"
 
     async def _start_grpc(self) -> int:

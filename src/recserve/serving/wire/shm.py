@@ -55,13 +55,13 @@ import os
 import shutil
 import stat
 import struct
-import tempfile
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from recserve.hostinfo import private_folder
 from recserve.serving.wire.errors import InferError
 
 SHM_ROOT = "/dev/shm"
@@ -279,7 +279,7 @@ class Registry(Regions):
     Every call runs on the supervisor's one event loop (HTTP and gRPC alike), so no lock is needed."""
 
     def __init__(self, directory: str | None = None) -> None:
-        super().__init__(directory or tempfile.mkdtemp(prefix="recserve-shm-"))
+        super().__init__(directory or private_folder("shm"))
         self._fds: dict[str, int] = {}
         self._serial = 0
         self._cleanup = weakref.finalize(self, _remove, self.directory, self._fds)
