@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -122,28 +124,33 @@ def test_a_tmpdir_too_deep_for_unix_sockets_is_a_one_line_error_and_leaves_nothi
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path.parent.parent.parent))
     folder = socket_folder("grpc", "server.sock")
     assert os.path.isdir(folder)
-    os.rmdir(folder)
+    shutil.rmtree(folder)
 
 
 def test_the_private_folders_of_processes_that_are_gone_are_removed_and_no_live_ones(tmp_path):
     import subprocess
     import sys
 
-    from recserve.hostinfo import private_folder, remove_orphaned
+    from recserve.hostinfo import OWNER, private_folder, remove_orphaned
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    mine = tmp_path / f"recserve-grpc-{os.getpid()}-abc"
-    orphans = [tmp_path / f"recserve-{kind}-{gone.pid}-x1y2" for kind in ("grpc", "shm", "siblings", "accel")]
-    others = [tmp_path / f"recserve-measure-{gone.pid}", tmp_path / "recserve-grpc-abcdef", tmp_path / "unrelated"]
-    for folder in (mine, *orphans, *others):
-        folder.mkdir()
+
+    def folder(name: str, owner: int | None) -> Path:
+        (tmp_path / name).mkdir()
+        if owner is not None:
+            (tmp_path / name / OWNER).write_text(str(owner))
+        return tmp_path / name
+
+    orphans = [folder(f"recserve-{kind}-x1y2", gone.pid) for kind in ("grpc", "shm", "siblings", "accel")]
     (orphans[0] / "server.sock").write_text("")
+    kept = [folder("recserve-grpc-mine", os.getpid()), folder("recserve-grpc-nobody", None),
+            folder("recserve-measure-abc", None), folder("unrelated", gone.pid)]
     assert sorted(remove_orphaned(str(tmp_path))) == sorted(str(p) for p in orphans)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (mine, *others))
-    folder = private_folder("grpc")  # named with this process's pid: never removed while it lives
+    assert sorted(tmp_path.iterdir()) == sorted(kept)
+    made = private_folder("grpc")  # its owner this process: never removed while it lives
     try:
-        assert os.path.basename(folder).startswith(f"recserve-grpc-{os.getpid()}-")
-        assert folder not in remove_orphaned(os.path.dirname(folder))
+        assert os.path.basename(made).startswith("recserve-grpc-")
+        assert made not in remove_orphaned(os.path.dirname(made))
     finally:
-        os.rmdir(folder)
+        shutil.rmtree(made)

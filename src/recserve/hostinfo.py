@@ -120,18 +120,24 @@ def this_host() -> dict[str, Any]:
     )
 
 
-_PRIVATE = re.compile(r"recserve-[a-z]+-(\d+)-")  # a private folder's name: its kind, then its process's pid
+_PRIVATE = re.compile(r"recserve-[a-z]+-")  # a private folder's name: its kind, then mkdtemp's random part
+OWNER = ".owner"  # in a private folder: the pid of the process that made it
 
 
 def private_folder(kind: str) -> str:
-    """A new private temporary folder of this process (``recserve-<kind>-<pid>-XXXXXXXX``): its sockets or shared
-    files; the pid lets a later process remove it if this one is killed before it could (``remove_orphaned``)."""
-    return tempfile.mkdtemp(prefix=f"recserve-{kind}-{os.getpid()}-")
+    """A new private temporary folder of this process (``recserve-<kind>-XXXXXXXX``, as short as Unix socket paths
+    need) for its sockets or shared files, its pid in ``.owner`` so that a later process can remove it if this one
+    is killed before it could (``remove_orphaned``)."""
+    folder = tempfile.mkdtemp(prefix=f"recserve-{kind}-")
+    with open(os.path.join(folder, OWNER), "w") as owner:
+        owner.write(str(os.getpid()))
+    return folder
 
 
 def remove_orphaned(directory: str | None = None) -> list[str]:
     """Remove the private folders (``private_folder``) of this user's processes that are gone (killed before they
-    could remove their own); those of live processes are never touched.  The folders removed."""
+    could remove their own); those of live processes, and folders without an owner, are never touched.  The folders
+    removed."""
     directory = directory or tempfile.gettempdir()
     removed = []
     try:
@@ -139,13 +145,16 @@ def remove_orphaned(directory: str | None = None) -> list[str]:
     except OSError:
         return removed
     for entry in entries:
-        match = _PRIVATE.match(entry.name)
-        try:
-            if not match or not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
-                continue
-        except OSError:
+        if not _PRIVATE.match(entry.name):
             continue
-        if not _alive(int(match.group(1))):
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+            with open(os.path.join(entry.path, OWNER)) as owner:
+                pid = int(owner.read(16))
+        except (OSError, ValueError):
+            continue
+        if not _alive(pid):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
     return removed

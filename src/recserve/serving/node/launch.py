@@ -35,7 +35,7 @@ def socket_folder(kind: str, longest: str) -> str:
     folder = private_folder(kind)
     length = len(os.fsencode(os.path.join(folder, longest)))
     if length > UNIX_PATH_MAX:
-        os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
         raise RecserveError(f"the temporary folder {os.path.dirname(folder)} is too deep for the node's Unix sockets "
                             f"({length} bytes, at most {UNIX_PATH_MAX}): set TMPDIR to a shorter folder (e.g. /tmp)")
     return folder
