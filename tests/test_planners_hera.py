@@ -145,6 +145,16 @@ def test_missing_profile_and_unservable_model_are_clear_errors(hera):
         plan_colocation(dead, NODE, {"slow": 1.0})
 
 
+@pytest.mark.parametrize(("target", "count"), [(1e300, "e+"), (1e9, ",")])
+def test_targets_beyond_any_cluster_are_refused_with_a_readable_count(hera, target, count):
+    profiles, classes, _ = hera
+    model = next(iter(classes))
+    with pytest.raises(InfeasibleError, match="servers .one model per server.") as info:
+        plan_colocation(profiles, NODE, {model: target})
+    message = str(info.value)
+    assert len(message) < 200 and count in message.split(" servers")[0]
+
+
 def test_whole_server_table_wins_over_per_condition_tables(hera):
     profiles, classes, curves = hera
     extra = ProfileSet(list(profiles))

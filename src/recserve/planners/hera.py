@@ -335,7 +335,8 @@ MAX_CLUSTER_SERVERS = 100_000
 def _check_cluster_size(curves: Sequence[ModelCurves], targets: dict[str, float], server: ServerType) -> None:
     needed = sum(targets[c.name] / c.isolated_qps for c in curves if c.isolated_qps > 0)
     if needed > MAX_CLUSTER_SERVERS:
-        raise InfeasibleError(f"targets need at least {needed:,.0f} {server.name} servers (one model per server), "
+        count = f"{needed:,.0f}" if needed < 1e12 else f"{needed:.3g}"  # not a 300-digit number
+        raise InfeasibleError(f"targets need at least {count} {server.name} servers (one model per server), "
                               f"more than the {MAX_CLUSTER_SERVERS:,} this planner places; lower the target QPS")
 
 
