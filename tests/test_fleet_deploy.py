@@ -244,12 +244,12 @@ def test_a_gpu_group_on_a_host_without_one_is_refused_naming_it_before_any_node_
 
 
 def test_nodes_whose_tables_exceed_this_hosts_memory_are_refused_before_any_starts(tmp_path, capsys, monkeypatch):
-    from recserve.embedding import tierconfig
+    from recserve import hostinfo
 
     plan = FleetPlan(groups=[FleetGroup("single", "this-host", 1, 1, {"hercules-rmc1": 100.0},
                                         {"hercules-rmc1": "dram"}, "", "", {"hercules-rmc1": {"workers": 1}})])
     path = plan.save(tmp_path / "plan.json")
-    monkeypatch.setattr(tierconfig, "host_memory_mb", lambda: 1.0)  # a host of 1 MiB: rmc1 at 1e-3 holds more
+    monkeypatch.setattr(hostinfo, "memory_mb", lambda: 1.0)  # a host of 1 MiB: rmc1 at 1e-3 holds more
     rc = main(["deploy", "local", "--plan", str(path), "--dir", str(tmp_path / "out"), "--no-router"])
     err = capsys.readouterr().err
     assert rc == 2 and "GiB of embedding tables in DRAM (fp32), more than this host's 0.0 GiB" in err

@@ -80,14 +80,12 @@ def _llc() -> tuple[float, int]:
     return best[1], best[2]
 
 
-def _mem_gb() -> float:
+def memory_mb() -> float | None:
+    """This host's physical memory in MiB (None where the OS does not say)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
-    return 1.0
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def resctrl_available() -> bool:
@@ -103,7 +101,7 @@ def this_host() -> dict[str, Any]:
     return dict(
         name="this-host",
         cores=cores,
-        mem_gb=round(_mem_gb(), 1),
+        mem_gb=round((memory_mb() or 1024.0) / 1024, 1),
         mem_bw_gbs=ASSUMED_MEM_BW_GBS,
         llc_mb=llc_mb,
         llc_ways=ways,

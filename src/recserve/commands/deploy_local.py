@@ -133,9 +133,9 @@ def _check_this_host(configs: list[dict[str, Any]]) -> None:
 def _check_memory(configs: list[dict[str, Any]]) -> None:
     """Refuse nodes whose tables together cannot fit this host's memory (each would be killed, or swap)."""
     from recserve.deploy.local_fleet import dram_bytes
-    from recserve.embedding.tierconfig import host_memory_mb
+    from recserve.hostinfo import memory_mb
 
-    need, have = sum(dram_bytes(cfg) for cfg in configs), host_memory_mb()
+    need, have = sum(dram_bytes(cfg) for cfg in configs), memory_mb()
     if have is not None and need > have * 2**20:
         raise RecserveError(f"the plan's nodes hold {need / 2**30:,.1f} GiB of embedding tables in DRAM (fp32), more "
                             f"than this host's {have / 1024:,.1f} GiB; give a smaller --scale")

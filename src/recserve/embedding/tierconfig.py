@@ -8,13 +8,13 @@ or a node that serves with a setting that cannot work (a negative cache, no IO a
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StrictFloat, StrictInt, field_validator
 
 from recserve.embedding.blockio import ENGINES, RING_ENTRIES
 from recserve.embedding.rowcache import POLICIES
+from recserve.hostinfo import memory_mb
 from recserve.schema import Schema, integer
 
 MAX_TABLES_IN_FLIGHT = 256
@@ -31,14 +31,6 @@ def _yaml_number(value: Any) -> Any:
 
 MegaBytes = Annotated[StrictFloat, BeforeValidator(_yaml_number), Field(ge=0, allow_inf_nan=False)]
 Tables = str | StrictInt | list[str | StrictInt]
-
-
-def host_memory_mb() -> float | None:
-    """This host's physical memory in MiB (None where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 class TierSettings(Schema):
@@ -62,7 +54,7 @@ class TierSettings(Schema):
     @classmethod
     def _fits_in_memory(cls, mb: float) -> float:
         """A cache is allocated up front in DRAM: more than the host has can never be allocated."""
-        limit = host_memory_mb()
+        limit = memory_mb()
         if limit is not None and mb > limit:
             raise ValueError(f"must be at most this host's memory ({limit:,.0f} MiB), got {mb:g}")
         return mb
