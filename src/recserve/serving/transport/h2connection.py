@@ -30,6 +30,7 @@ from recserve.serving.transport.h2frames import (
     HEAD,
     HEADERS,
     HELD_CONNECTION,
+    INTERNAL_ERROR,
     MAX_STREAMS,
     MAX_WINDOW,
     PADDED,
@@ -57,7 +58,6 @@ from recserve.serving.transport.h2streams import Call, MessageSink, Method, Stre
 CLIENT_GONE = "client_gone"  # ``on_abuse``'s one reason that is no abuse: a unary call's client left mid-request
 log = logging.getLogger(__name__)
 BUG_LOG = LogBudget()  # one line per 10 s for connections failed by an unexpected error
-INTERNAL_ERROR = 0x2
 
 GOAWAY_ACK_S = 1.0  # a client that has not acknowledged a graceful close's PINGs by then gets the final GOAWAY
 GOAWAY_QUIET_S = 0.1  # ... one that has gets it once no new stream has arrived for this long

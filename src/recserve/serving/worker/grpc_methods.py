@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 SERVICE = "/inference.GRPCInferenceService/"
 FORWARD_LIMIT = 1024  # calls a process forwards at once (``Forwarder``); past it UNAVAILABLE, which clients retry
-UNAVAILABLE = 14
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # answered by the supervisor (``node.grpc_service.HealthServicer``)
 # every request reaching it went through ``_query``'s split, whose walk refuses one of too many fields, or stopped
 # at the malformed field where the bound's walk would stop too
@@ -217,7 +216,7 @@ class Forwarder:
         (most of a GB) while its loop served little else."""
         if self.forwarding >= self.limit:
             work.close()
-            call.finish(UNAVAILABLE, f"this process forwards {self.limit} calls at once; retry")
+            _fail(call, InferError("unavailable", f"this process forwards {self.limit} calls at once; retry"))
             return
         self.forwarding += 1
         call.run(work).add_done_callback(self._forwarded)
