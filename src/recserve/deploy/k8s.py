@@ -8,6 +8,7 @@ node server's Prometheus /metrics and exposed to the HPA through a custom-metric
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -24,14 +25,28 @@ GRPC_PORT = 8001
 HTTP_PORT = 8000
 
 
-def _dns(text: str) -> str:
-    """``text`` (a model or shard name: ``elasticrec-rm1@tables=2``, ``t_0-s1``) in a DNS label's characters."""
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+MAX_LABEL = 63  # a DNS label's (and a label value's) characters
+NAME_HASH_CHARS = 6
+
+
+def name_hash(text: str) -> str:
+    """A short stable hash of ``text``: what keeps names apart that sanitising or truncating made alike."""
+    return hashlib.sha256(text.encode()).hexdigest()[:NAME_HASH_CHARS]
+
+
+def dns_name(*parts: str) -> str:
+    """A DNS label from parts (``g4dn.xlarge`` -> ``g4dn-xlarge``), at most 63 characters; one cut short ends
+    with a hash of the whole, so names that differ past the cut stay distinct."""
+    whole = "-".join(parts)
+    name = re.sub(r"[^a-z0-9-]+", "-", whole.lower()).strip("-")
+    if len(name) <= MAX_LABEL:
+        return name
+    return f"{name[:MAX_LABEL - NAME_HASH_CHARS - 1].rstrip('-')}-{name_hash(whole)}"
 
 
 def _labels(layout: ShardLayout, shard: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "recserve", "recserve/model": _dns(layout.spec.name),
-            "recserve/shard": _dns(shard)}
+    return {"app.kubernetes.io/name": "recserve", "recserve/model": dns_name(layout.spec.name),
+            "recserve/shard": dns_name(shard)}
 
 
 def _deployment(name: str, labels: dict[str, str], image: str, args: list[str], replicas: int, cpu: str,
@@ -92,7 +107,7 @@ def hpa(name: str, labels: dict[str, str], metric: str, target: float, min_repli
 def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict[str, float] | None = None,
               max_replicas: int = 16, cpu: str = "1") -> list[dict[str, Any]]:
     """Every object for ``layout``: dense shard first, then one triple per embedding shard."""
-    base = _dns(layout.spec.name)
+    base = dns_name(layout.spec.name)
     objects: list[dict[str, Any]] = []
     dense = f"{base}-dense"
     labels = _labels(layout, "dense")
@@ -103,7 +118,7 @@ def manifests(layout: ShardLayout, image: str = "recserve:latest", qps_max: dict
     for table in layout.tables:
         for s, replicas in enumerate(table.replicas):
             shard = f"{table.name}-s{s}"
-            name = f"{base}-{_dns(shard)}"
+            name = dns_name(base, shard)
             labels = _labels(layout, shard)
             rows = table.boundaries[s + 1] - table.boundaries[s]
             nbytes = rows * layout.spec.tables[table.table].row_bytes(layout.spec.bytes_per_elem)

@@ -22,14 +22,13 @@ Pods run the image's ``recserve`` entry point (``serve --config``, ``route --poo
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 from typing import Any
 
 import yaml
 
-from recserve.deploy.k8s import GRPC_PORT, HTTP_PORT, hpa, manifests
+from recserve.deploy.k8s import GRPC_PORT, HTTP_PORT, dns_name, hpa, manifests, name_hash
 from recserve.deploy.nodeconfig import node_config, planned_cpus, server_groups, tier_section
 from recserve.deploy.sharding import layout_for_export
 from recserve.errors import RecserveError
@@ -41,24 +40,7 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CONFIG_DIR = "/etc/recserve"
 ROUTER_PORT = 8080
 KUBECTL_IMAGE = "bitnami/kubectl:1.30"
-MAX_LABEL = 63                     # a DNS label's (and a label value's) characters
-NAME_HASH_CHARS = 6
 QPS_METRIC = "recserve_requests_per_second"  # rate(recserve_requests_total) per pod, via a custom-metrics adapter
-
-
-def name_hash(text: str) -> str:
-    """A short stable hash of ``text``: what keeps names apart that sanitising or truncating made alike."""
-    return hashlib.sha256(text.encode()).hexdigest()[:NAME_HASH_CHARS]
-
-
-def dns_name(*parts: str) -> str:
-    """A DNS label from parts (``g4dn.xlarge`` -> ``g4dn-xlarge``), at most 63 characters; one cut short ends
-    with a hash of the whole, so names that differ past the cut stay distinct."""
-    whole = "-".join(parts)
-    name = re.sub(r"[^a-z0-9-]+", "-", whole.lower()).strip("-")
-    if len(name) <= MAX_LABEL:
-        return name
-    return f"{name[:MAX_LABEL - NAME_HASH_CHARS - 1].rstrip('-')}-{name_hash(whole)}"
 
 
 def dns_part(text: str) -> str:
