@@ -56,3 +56,13 @@ def test_serve_with_a_bad_tier_policy_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "recserve: error: model 'm1' tier: policy: must be 'lru', 'clock' or 'lfu', got 'fifo'", err
     assert not os.path.exists(tmp_path / "tier")
+
+
+def test_a_row_cache_too_small_for_one_row_is_refused_not_silently_off(tmp_path):
+    tier_dir = tmp_path / "tier"
+    with pytest.raises(SpecError) as err:
+        tier_from_config(small_model(), {"dir": str(tier_dir), "cache_mb": 1e-6}, "model 'm1' tier")
+    assert str(err.value).startswith("model 'm1' tier: cache_mb: 1e-06 MiB holds no row of these tables (32 bytes"), \
+        str(err.value)
+    assert not tier_dir.exists()
+    assert tier_from_config(small_model(), {"dir": str(tier_dir), "cache_mb": 0}).row_cache is None

@@ -546,6 +546,18 @@ def tier_layout(spec_tables: Any, tier: dict[str, Any], where: str = "tier") -> 
     return _table_ids(spec_tables, s.tables, where), int((s.cache_mb + s.pooled_cache_mb) * 2**20)
 
 
+def _check_cache_holds_a_row(model: nn.Module, placement: dict[int, dict], s: TierSettings, where: str) -> None:
+    """A row cache too small for one row would be no cache at all, silently: refuse it (0 says "no cache")."""
+    from recserve.embedding.tablefile import row_bytes_for
+
+    if not placement or s.cache_mb <= 0:
+        return
+    slot = max(row_bytes_for(model.tables[t].dim, s.dtype) for t in placement)
+    if int(s.cache_mb * 2**20) < slot:
+        raise SpecError(f"{where}: cache_mb: {s.cache_mb:g} MiB holds no row of these tables ({slot} bytes each): "
+                        f"give at least {slot / 2**20:.2g} MiB, or 0 for no row cache")
+
+
 def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier",
                      rebuild: bool = False) -> TierResources:
     """Apply a node-config ``tier:`` section to a freshly built model (the server's hook), e.g.::
@@ -564,6 +576,7 @@ def tier_from_config(model: nn.Module, tier: dict[str, Any], where: str = "tier"
         raise SpecError(f"{where}: 'dir' (a directory on the SSD for the table files) is required")
     s = TierSettings.parse(tier, where)
     placement = {i: {} for i in _table_ids(model.spec.tables, s.tables, where)}
+    _check_cache_holds_a_row(model, placement, s, where)
     no_cache = tuple(_table_ids(model.spec.tables, s.no_cache, where)) if s.no_cache is not None else ()
     return tier_model(
         model, placement, s.dir, cache_bytes=int(s.cache_mb * 2**20), dtype=s.dtype, policy=s.policy,
