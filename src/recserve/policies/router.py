@@ -9,19 +9,9 @@ idle backend instance serves it.  Each backend *slot* is one
 instance serving one query at a time (Kairos Sec. 6); the measured round trip teaches the policy's
 latency predictor.  The backend's response (status, headers, body) is returned unchanged.
 
-Pool file (YAML)::
-
-    qos_ms: 50            # p99 target the policy plans for
-    policy: kairos        # kairos | ribbon | drs | clockwork
-    drs_threshold: 300    # for drs: queries larger than this go to base types
-    queue_limit: 1024     # queries waiting for a backend slot; past it 503 + Retry-After
-    deadline_ms: 100      # a query waiting longer for a slot is answered 504 (default 2 x qos_ms)
-    prior:                # optional: seed the latency predictor from measured latency_vs_batch tables
-      profiles: profiles/backends.json   # tables whose server name is the backend type
-      model: kairos-wnd
-    backends:
-      - {url: http://127.0.0.1:8001, type: fast, slots: 1, base: true}
-      - {url: http://127.0.0.1:8002, type: slow, slots: 1}
+This module holds the :class:`Router` (queue, dispatch, backends in and out of service); its pool file is read by
+:mod:`~recserve.policies.router_pool`, its HTTP app and thread are :mod:`~recserve.policies.router_http`, and what it
+answers itself is :mod:`~recserve.policies.router_answers` (all importable from here, as before).
 """
 
 from __future__ import annotations
@@ -29,41 +19,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import Any
 
 import aiohttp
 import numpy as np
 from aiohttp import web
-from pydantic import Field
 
-from recserve.errors import RecserveError, SpecError
 from recserve.measure.http_client import Endpoint, HttpClientError, HttpPool, encode_post
-from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances, make_policy
+from recserve.policies.dispatch import DispatchPolicy, Instance, Query, make_instances
 from recserve.policies.dispatcher import Dispatcher
-from recserve.policies.front_door import LIMITS, STOP_GRACE_S, FrontDoor
-from recserve.policies.predictor import LatencyPredictor, prior_from_profiles
-from recserve.schema import Schema, integer, number
-from recserve.serving.node.config import DEADLINE_SLA_FACTOR
-from recserve.serving.node.http import error_response, json_errors, plain_server_header, refuse_bad_framing
-from recserve.serving.node.http_bodies import request_body
-from recserve.serving.wire import protocol
-from recserve.serving.wire.codec import HEADER_LENGTH, batch_size_of
+from recserve.policies.router_answers import (
+    ANSWER_HEADERS,
+    FORWARD_HEADERS,
+    backend_error,
+    describe_failures,
+    forwarded,
+    model_target,
+    refusal,
+    summed_stats,
+)
+from recserve.policies.router_http import ROUTER_EXTENSIONS, RouterThread, router_app
+from recserve.policies.router_pool import QUEUE_LIMIT, Backend, PoolConfig, load_pool
 from recserve.serving.wire.errors import InferError
-from recserve.specs import read_yaml
 
-FORWARD_HEADERS = ("Content-Type", HEADER_LENGTH)  # a query's headers sent on to its backend
-ANSWER_HEADERS = (*FORWARD_HEADERS, "Retry-After")  # a backend's answer's headers given back to the client
-ROUTER_EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]  # no repository, no shared memory
-log = logging.getLogger("recserve.router")
+__all__ = ["ANSWER_HEADERS", "FORWARD_HEADERS", "QUEUE_LIMIT", "ROUTER_EXTENSIONS", "Backend", "BackendUnreachable",
+           "PoolConfig", "Router", "RouterThread", "Transport", "backend_error", "describe_failures", "forwarded",
+           "load_pool", "model_target", "refusal", "router_app", "summed_stats"]
 READY_TIMEOUT_S = 2.0  # one backend's answer to a readiness probe: probes time out in a few seconds
 DOWN_FIRST_S, DOWN_MOST_S = 1.0, 30.0  # an unreachable backend's first time out of service, and the most (doubling)
-QUEUE_LIMIT = 1024  # queries waiting for a backend slot, by default
 LATENCY_WINDOW = 65_536  # the latest answered queries whose latencies the router's percentiles read
 
 
@@ -73,90 +58,6 @@ class BackendUnreachable(Exception):
     def __init__(self, error: BaseException, retry: bool = True) -> None:
         super().__init__(str(error))
         self.error, self.retry = error, retry
-
-
-@dataclass
-class Backend:
-    url: str
-    type: str
-    slots: int = 1
-    base: bool = False
-
-
-@dataclass
-class PoolConfig:
-    backends: list[Backend]
-    qos_ms: float
-    policy: str = "kairos"
-    drs_threshold: int = 300
-    prior: dict[str, np.ndarray] | None = None  # backend type -> mean latency per predictor bucket
-    queue_limit: int = QUEUE_LIMIT  # queries waiting for a slot; past it 503
-    deadline_ms: float | None = None  # a query waiting longer for a slot is answered 504; None: 2 x qos_ms
-
-    def deadline(self) -> float:
-        """Milliseconds a query may wait for a backend slot (the node's default rule: twice the target)."""
-        return self.deadline_ms if self.deadline_ms is not None else DEADLINE_SLA_FACTOR * self.qos_ms
-
-    def instance_pool(self) -> tuple[list[str], list[str]]:
-        """(type per instance, url per instance): each slot is one instance."""
-        types, urls = [], []
-        for b in self.backends:
-            types += [b.type] * b.slots
-            urls += [b.url.rstrip("/")] * b.slots
-        return types, urls
-
-    def make_policy(self, name: str | None = None) -> DispatchPolicy:
-        name = name or self.policy
-        base = [b.type for b in self.backends if b.base] or [self.backends[0].type]
-        types = list(dict.fromkeys(b.type for b in self.backends))
-        predictor = LatencyPredictor(types, prior=self.prior) if self.prior else None
-        return make_policy(name, self.qos_ms, threshold=self.drs_threshold, base_types=base, predictor=predictor)
-
-
-class BackendFile(Schema):
-    url: str
-    type: str | None = None  # default b<index>
-    slots: integer(1) = 1
-    base: bool = False
-
-
-class PriorFile(Schema):
-    profiles: str  # a ProfileSet file with latency_vs_batch tables whose server name is the backend type
-    model: str
-
-
-class PoolFile(Schema):
-    """A pool file (module docstring)."""
-
-    qos_ms: number(gt=0)
-    backends: list[BackendFile] = Field(min_length=1)
-    policy: Literal["kairos", "ribbon", "drs", "clockwork"] = "kairos"
-    drs_threshold: integer(0) = 300
-    prior: PriorFile | None = None
-    queue_limit: integer(1) = QUEUE_LIMIT
-    deadline_ms: number(gt=0) | None = None
-
-
-def load_pool(path: str | Path) -> PoolConfig:
-    found = PoolFile.parse(read_yaml(path), str(path))
-    backends = []
-    for i, b in enumerate(found.backends):
-        try:
-            Endpoint.parse(b.url)
-        except ValueError as exc:
-            raise SpecError(f"{path}: backends[{i}].url: {exc}") from None
-        backends.append(Backend(b.url, b.type if b.type is not None else f"b{i}", b.slots, b.base))
-    prior = None
-    if found.prior is not None:
-        from recserve.profiles import ProfileSet
-
-        types = [b.type for b in backends]
-        prior = prior_from_profiles(ProfileSet.load(found.prior.profiles), found.prior.model, types)
-        if not prior:
-            raise SpecError(f"{path}: {found.prior.profiles} has no latency_vs_batch table of {found.prior.model!r} "
-                            f"on any backend type {sorted(set(types))}")
-    return PoolConfig(backends, found.qos_ms, found.policy, found.drs_threshold, prior, found.queue_limit,
-                      found.deadline_ms)
 
 
 Transport = Callable[[Instance, str, bytes, dict[str, str]], Awaitable[tuple[int, bytes, dict]]]
@@ -423,214 +324,3 @@ class Router:
                 return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:  # ValueError: not an http(s) URL
             return exc
-
-
-def summed_stats(entries: list[dict]) -> list[dict]:
-    """Triton ``model_stats`` entries of one model version from several nodes as one: counts and durations added,
-    the latest ``last_inference`` kept."""
-    merged: dict[tuple[str, str], dict] = {}
-    for entry in entries:
-        key = (str(entry.get("name")), str(entry.get("version")))
-        merged[key] = _summed(merged[key], entry) if key in merged else entry
-    return list(merged.values())
-
-
-def _summed(a: Any, b: Any, key: str = "") -> Any:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return {k: _summed(a[k], b[k], k) if k in a and k in b else a.get(k, b.get(k)) for k in {**a, **b}}
-    numbers = isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool)
-    if not numbers:
-        return a  # names, versions, batch_stats: the first node's
-    return max(a, b) if key == "last_inference" else a + b
-
-
-def model_target(model: str, version: str = "") -> str:
-    """A model (and version) as the path segments of a backend's URL, every byte outside unreserved characters
-    percent-encoded: a name a client sent can neither add a request (CR LF), climb out of ``/v2/models`` (``../``)
-    nor fail to encode."""
-    return quote(model, safe="") + (f"/versions/{quote(version, safe='')}" if version else "")
-
-
-def forwarded(headers: Any) -> dict[str, str]:
-    """The query's headers its backend reads (``FORWARD_HEADERS``), those whose value is printable ASCII: one with
-    other bytes is not sent (a query is never lost to a header it could not encode)."""
-    return {k: v for k in FORWARD_HEADERS if (v := headers.get(k)) is not None and v.isascii() and v.isprintable()}
-
-
-def describe_failures(failed: list[tuple[str, BaseException | str]]) -> str:
-    """Each backend that failed, and how."""
-    return "; ".join(f"backend {endpoint}: {_how(why)}" for endpoint, why in failed)
-
-
-def _how(why: BaseException | str) -> str:
-    """A reason as given, or an error's type and its message, where it has one."""
-    if isinstance(why, str):
-        return why
-    return type(why).__name__ + (f" ({why})" if str(why) else "")
-
-
-def refusal(error: InferError, headers: dict[str, str] | None = None) -> tuple[int, bytes, dict]:
-    """A query the router answers itself: (status, JSON body, headers), as ``submit`` returns a backend's answer."""
-    return error.status.http, json.dumps(error.body()).encode(), {"Content-Type": "application/json",
-                                                                   **(headers or {})}
-
-
-def backend_error(failed: list[tuple[str, BaseException | str]]) -> bytes:
-    """A 502's JSON body naming each backend that failed, and how."""
-    return json.dumps({"error": describe_failures(failed)}).encode()
-
-
-def router_app(pick: Callable[[str], Router | None], routers: list[Router], stats: Callable[[], Any],
-               name: str, served: list[str] | None = None) -> web.Application:
-    """The Open Inference Protocol over HTTP in front of routers: ``pick(model)`` is the router a model's queries
-    and metadata requests go to (None: 404 naming the served models); health is the app's own."""
-    app = web.Application(client_max_size=LIMITS.max_body_bytes, middlewares=[json_errors, refuse_bad_framing])
-    app.on_response_prepare.append(plain_server_header)
-
-    def unknown(model: str) -> web.Response:
-        names = f"; served: {', '.join(served)}" if served else ""
-        return error_response(InferError("not_found", f"model {model!r} is not served here{names}"))
-
-    def routed(request: web.Request) -> tuple[Router | None, str]:
-        """The router of the model a request names (None: not served here) and the model's backend path segments."""
-        model = request.match_info["model"]
-        return pick(model), model_target(model, request.match_info.get("version", ""))
-
-    async def infer(request: web.Request) -> web.Response:
-        router, target = routed(request)
-        if router is None:
-            return unknown(request.match_info["model"])
-        body = await request_body(request, LIMITS.read_timeout_s, LIMITS.max_body_bytes)
-        size = batch_size_of(body, request.headers.get(HEADER_LENGTH))
-        status, payload, out = await router.submit(target, body, forwarded(request.headers), size)
-        return web.Response(status=status, body=payload, headers=out)
-
-    def proxy_get(tail: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def get(request: web.Request) -> web.Response:
-            router, target = routed(request)
-            if router is None:
-                return unknown(request.match_info["model"])
-            return await router.backend_get(f"/v2/models/{target}{tail}")
-        return get
-
-    async def model_stats(request: web.Request) -> web.Response:
-        router, target = routed(request)
-        if router is None:
-            return unknown(request.match_info["model"])
-        return stats_answer(*await router.backend_stats(f"/v2/models/{target}/stats"))
-
-    async def all_stats(_: web.Request) -> web.Response:
-        """Every model's statistics: each router's models' (a fleet's: its one model's) summed over its nodes."""
-        paths = [f"/v2/models/{model_target(r.model)}/stats" if r.model else "/v2/models/stats" for r in routers]
-        answers = await asyncio.gather(*(r.backend_stats(path) for r, path in zip(routers, paths, strict=True)))
-        return stats_answer([e for entries, _ in answers for e in entries], [f for _, fs in answers for f in fs],
-                            every=True)
-
-    def stats_answer(entries: list[dict], failed: list, every: bool = False) -> web.Response:
-        """The summed statistics; a 502 naming each node where none answered (with ``every``: where some failed)."""
-        if failed and (every or not entries):
-            return web.Response(status=502, body=backend_error(failed), content_type="application/json")
-        return web.json_response({"model_stats": entries})
-
-    async def live(_: web.Request) -> web.Response:
-        return web.json_response({"live": True})
-
-    async def ready(_: web.Request) -> web.Response:
-        """Ready while some model has a ready backend, naming those that have none: one model's outage must not take
-        the front door (a Kubernetes Service's endpoints) away from the others; each model's own readiness is
-        ``/v2/models/{m}/ready``."""
-        reasons = await asyncio.gather(*(router.unready_reason() for router in routers))
-        unready = [(f"model {router.model}: " if router.model else "") + reason
-                   for router, reason in zip(routers, reasons, strict=True) if reason is not None]
-        if len(unready) == len(routers):
-            return web.json_response({"ready": False, "error": "no backend is ready: " + "; ".join(unready)},
-                                     status=503)
-        return web.json_response({"ready": True, **({"unready": "; ".join(unready)} if unready else {})})
-
-    async def server_metadata(_: web.Request) -> web.Response:
-        return web.json_response(protocol.server_metadata(name, ROUTER_EXTENSIONS))
-
-    async def router_stats(_: web.Request) -> web.Response:
-        return web.json_response(stats())
-
-    async def on_startup(_: web.Application) -> None:
-        for router in routers:
-            await router.open()
-
-    async def on_cleanup(_: web.Application) -> None:
-        for router in routers:
-            await router.close()
-
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    app.router.add_post("/v2/models/{model}/versions/{version}/infer", infer)
-    app.router.add_get("/v2", server_metadata)
-    app.router.add_get("/v2/health/live", live)
-    app.router.add_get("/v2/health/ready", ready)
-    app.router.add_get("/v2/models/stats", all_stats)
-    for tail in ("", "/ready", "/config"):
-        app.router.add_get("/v2/models/{model}" + tail, proxy_get(tail))
-        app.router.add_get("/v2/models/{model}/versions/{version}" + tail, proxy_get(tail))
-    app.router.add_get("/v2/models/{model}/stats", model_stats)
-    app.router.add_get("/v2/models/{model}/versions/{version}/stats", model_stats)
-    app.router.add_get("/router/stats", router_stats)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    return app
-
-
-class RouterThread:
-    """Run a router (a :class:`Router` or a ``FleetRouter``: anything with ``app()``) on 127.0.0.1 in a background
-    thread; ``port`` and ``url`` after ``start``."""
-
-    def __init__(self, router: Any, port: int = 0, host: str = "127.0.0.1") -> None:
-        self.router, self.host, self.port = router, host, port
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._door: FrontDoor | None = None
-        self._thread = None
-
-    def start(self) -> int:
-        import threading
-
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self._loop)
-            try:
-                self._loop.run_until_complete(self._serve())
-            except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                failure.append(exc)
-                ready.set()
-                return
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True, name="recserve-router")
-        self._thread.start()
-        ready.wait(30)
-        if failure:
-            raise RecserveError(f"router failed to start: {failure[0]}")
-        return self.port
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def _serve(self) -> None:
-        self._door = FrontDoor(self.router.app(), self.host, self.port)
-        self.port = await self._door.start()
-
-    def stop(self) -> None:
-        if self._loop is None:
-            return
-        fut = asyncio.run_coroutine_threadsafe(self._door.stop(), self._loop)
-        try:
-            fut.result(timeout=STOP_GRACE_S + 10)
-        except TimeoutError:
-            log.warning("router: not stopped within %.0f s; closing its loop", STOP_GRACE_S + 10)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._thread is not None:
-                self._thread.join(timeout=30)
-            self._loop = None  # stopped: a second stop is a no-op
