@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +245,40 @@ def _answered(refused_ms: np.ndarray | None, keep: np.ndarray) -> np.ndarray:
     return kept[~np.isnan(kept)]
 
 
+@dataclass
+class _Record:
+    """Per query of a schedule, what :func:`drive` saw so far (the arrays a :class:`Drive` is made of), with its
+    counters (``state``: in flight, done, failed, last completion, sent) and the CPU clocks at its start."""
+
+    latency: np.ndarray
+    refused: np.ndarray
+    kinds: list[str | None]
+    reasons: list[str | None]
+    lag: np.ndarray
+    state: dict
+    cpu0: float
+    loop_cpu0: float
+
+    @classmethod
+    def empty(cls, n: int) -> _Record:
+        return cls(np.full(n, np.nan), np.full(n, np.nan), [None] * n, [None] * n, np.zeros(n),
+                   {"inflight": 0, "done": 0, "failed": 0, "last": 0.0, "sent": 0},
+                   time.process_time(), time.thread_time())
+
+    def snapshot(self) -> tuple[np.ndarray, Drive]:
+        """The queries completed so far: their indices and a Drive of them."""
+        latency, kinds, reasons = self.latency, self.kinds, self.reasons
+        idx = np.array([k for k in range(self.state["sent"]) if kinds[k] is not None or not np.isnan(latency[k])],
+                       int)
+        return idx, Drive(latency[idx], [kinds[k] for k in idx], self.lag[idx], self.state["last"],
+                          time.process_time() - self.cpu0, time.thread_time() - self.loop_cpu0, self.refused[idx],
+                          [reasons[k] for k in idx])
+
+    def result(self) -> Drive:
+        return Drive(self.latency, self.kinds, self.lag, self.state["last"], time.process_time() - self.cpu0,
+                     time.thread_time() - self.loop_cpu0, self.refused, self.reasons)
+
+
 async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_inflight: int, timeout_s: float,
                 progress: _Progress | None = None, start_at: float | None = None, spin_s: float = 0.0,
                 snapshots: list[Callable[[], tuple[np.ndarray, Drive]]] | None = None) -> Drive:
@@ -253,22 +287,22 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
     :func:`until`.  ``snapshots`` gets a function returning the queries completed so far (their indices and a
     Drive of them), for a run that is interrupted."""
     loop = asyncio.get_running_loop()
-    n = len(times)
-    latency, refused = np.full(n, np.nan), np.full(n, np.nan)
-    kinds: list[str | None] = [None] * n
-    reasons: list[str | None] = [None] * n
-    lag = np.zeros(n)
-    state = {"inflight": 0, "done": 0, "failed": 0, "last": 0.0, "sent": 0}
-    cpu0, loop_cpu0 = time.process_time(), time.thread_time()
+    record = _Record.empty(len(times))
     start = loop.time() + 0.005 if start_at is None else start_at
-
-    def snapshot() -> tuple[np.ndarray, Drive]:
-        idx = np.array([k for k in range(state["sent"]) if kinds[k] is not None or not np.isnan(latency[k])], int)
-        return idx, Drive(latency[idx], [kinds[k] for k in idx], lag[idx], state["last"], time.process_time() - cpu0,
-                          time.thread_time() - loop_cpu0, refused[idx], [reasons[k] for k in idx])
-
     if snapshots is not None:
-        snapshots.append(snapshot)
+        snapshots.append(record.snapshot)
+    tasks: set[asyncio.Task] = set()
+    one = _query_sender(target, times, choice, timeout_s, loop, start, record)
+    await _send_schedule(times, max_inflight, progress, spin_s, loop, start, record, one, tasks)
+    await _drain(tasks, progress, len(times), record.state, loop, start)
+    return record.result()
+
+
+def _query_sender(target: Target, times: np.ndarray, choice: np.ndarray, timeout_s: float,
+                  loop: asyncio.AbstractEventLoop, start: float, record: _Record) -> Callable[[int], Awaitable[None]]:
+    """The coroutine that sends query ``k`` and records how it ended (its latency from the scheduled time, or its
+    failure's kind, with the server's reason where the server refused it)."""
+    latency, refused, kinds, reasons, state = record.latency, record.refused, record.kinds, record.reasons, record.state
 
     async def one(k: int) -> None:
         try:
@@ -290,7 +324,15 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
             state["done"] += 1
             state["last"] = loop.time() - start
 
-    tasks: set[asyncio.Task] = set()
+    return one
+
+
+async def _send_schedule(times: np.ndarray, max_inflight: int, progress: _Progress | None, spin_s: float,
+                         loop: asyncio.AbstractEventLoop, start: float, record: _Record,
+                         one: Callable[[int], Awaitable[None]], tasks: set[asyncio.Task]) -> None:
+    """Each query at its time (a task of ``one``, kept in ``tasks``), or dropped with ``max_inflight`` in flight;
+    behind schedule, the loop still yields every 32 sends so that responses come in."""
+    n, lag, kinds, state = len(times), record.lag, record.kinds, record.state
     unyielded = 0
     waker = ExactWaker.open(loop) if spin_s <= 0 else None
     for k in range(n):
@@ -315,12 +357,15 @@ async def drive(target: Target, times: np.ndarray, choice: np.ndarray, max_infli
             progress.update(lambda k=k: _status(k + 1, n, state, times[k]))
     if waker is not None:
         waker.close()
+
+
+async def _drain(tasks: set[asyncio.Task], progress: _Progress | None, n: int, state: dict,
+                 loop: asyncio.AbstractEventLoop, start: float) -> None:
+    """Wait for the queries still in flight, the status line kept current."""
     while tasks:
         await asyncio.wait(set(tasks), timeout=0.5)
         if progress is not None:
             progress.update(lambda: _status(n, n, state, loop.time() - start))
-    return Drive(latency, kinds, lag, state["last"], time.process_time() - cpu0, time.thread_time() - loop_cpu0,
-                 refused, reasons)
 
 
 class _Timespec(ctypes.Structure):
