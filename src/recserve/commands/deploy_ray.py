@@ -281,10 +281,7 @@ def _load_plan(args: argparse.Namespace, plan: Any, models: list[str]) -> dict[s
 def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str, str],
               log_path: str | None) -> dict[str, Any]:
     """Scores against the in-process model, then one Poisson run through Ray's proxy, beside the prediction."""
-    import torch
-
-    from recserve.deploy.ray_plans import pool_list, predict_pool
-    from recserve.measure.loadgen import LoadSession, schedule
+    from recserve.measure.loadgen import LoadSession
     from recserve.measure.targets import HttpTarget
     from recserve.zoo import build
 
@@ -295,51 +292,84 @@ def _run_load(args: argparse.Namespace, drive: dict[str, Any], routes: dict[str,
     out: dict[str, Any] = {"model": choice.model, "pool": choice.config, "qos_ms": drive["qos_ms"],
                            "rate_qps": args.rate, "seconds": args.seconds}
     with LoadSession(target, pool) as session:
-        diffs, unloaded = [], []
-        for _ in range(2):  # every pooled query twice, one at a time: scores, warm-up, unloaded latency via Ray
-            for i in range(len(pool.sizes)):
-                start = time.perf_counter()
-                got = session.outputs(i)["scores"]
-                unloaded.append([pool.sizes[i], (time.perf_counter() - start) * 1e3])
-                with torch.inference_mode():
-                    want = model(pool.batch(i)).numpy()
-                diffs.append(float(np.abs(got.reshape(want.shape) - want).max()))
+        diffs, unloaded = _scores_and_unloaded(session, pool, model)
         out["scores_max_abs_diff"] = max(diffs)
         print(f"scores vs the in-process model: max |diff| {max(diffs):.3g} over {len(diffs)} queries", file=sys.stderr)
         first_measured = len(Path(log_path).read_text().splitlines()) if log_path else 0
         result = session.run(args.rate, args.seconds, timeout_s=30.0, seed=args.seed)
-    times, choices = schedule(args.rate, args.seconds, None, len(pool.sizes), args.seed)
-    sizes = np.asarray(pool.sizes)[choices]
-    prior = drive.get("prior")
-    out["router_prior"] = bool(prior)
-    predicted = predict_pool(drive["latency"], pool_list(choice.config), drive["qos_ms"], times, sizes, args.policy,
-                             args.seed, prior)
-    via_ray = unloaded_table(drive["latency"], unloaded[len(pool.sizes):])  # the second, warm pass
-    out["simulated_with_ray_overhead"] = predict_pool(via_ray, pool_list(choice.config), drive["qos_ms"], times, sizes,
-                                                      args.policy, args.seed, prior)
-    lat = result.latencies_ms
-    out["measured"] = {"sent": result.sent, "ok": result.ok, "errors": result.errors,
-                       "achieved_qps": result.achieved_qps, "p50_ms": float(np.percentile(lat, 50)),
-                       "p99_ms": result.percentile(99), "mean_ms": float(lat.mean())}
+    out["router_prior"] = bool(drive.get("prior"))
+    sizes, predicted, out["simulated_with_ray_overhead"] = _predict(args, drive, unloaded)
+    out["measured"] = _measured(result)
     out["simulated"] = predicted
     out["latency_table"] = drive["latency"].to_dict()
     if log_path:
-        records = [json.loads(line) for line in Path(log_path).read_text().splitlines()]
-        out["router_pool"] = next((r["instances"] for r in reversed(records) if r.get("event") == "pool"), None)
-        starts = [r for r in records[first_measured:] if r.get("event") == "start"]
-        by_type: dict[str, int] = {}
-        for r in starts:
-            by_type[r["type"]] = by_type.get(r["type"], 0) + 1
-        out["measured"]["served_by_type"] = by_type
-        out["router_decisions"] = len(starts)
-        out["router_sizes_match_sent"] = sorted(r["size"] for r in starts) == sorted(int(s) for s in sizes)
-    m, p, v = out["measured"], predicted, out["simulated_with_ray_overhead"]
+        _router_decisions(log_path, first_measured, sizes, out)
+    _print_load(args, choice, out)
+    return out
+
+
+def _scores_and_unloaded(session: Any, pool: Any, model: Any) -> tuple[list[float], list[list[float]]]:
+    """Every pooled query twice, one at a time, through Ray: its scores' max |difference| from the in-process
+    model's (also the warm-up), and its unloaded latency via Ray as [size, ms]."""
+    import torch
+
+    diffs, unloaded = [], []
+    for _ in range(2):
+        for i in range(len(pool.sizes)):
+            start = time.perf_counter()
+            got = session.outputs(i)["scores"]
+            unloaded.append([pool.sizes[i], (time.perf_counter() - start) * 1e3])
+            with torch.inference_mode():
+                want = model(pool.batch(i)).numpy()
+            diffs.append(float(np.abs(got.reshape(want.shape) - want).max()))
+    return diffs, unloaded
+
+
+def _predict(args: argparse.Namespace, drive: dict[str, Any],
+             unloaded: list[list[float]]) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
+    """The sizes of the trace sent and the simulator's predictions for it: with the in-process service times, and
+    with the unloaded latency via Ray as service time."""
+    from recserve.deploy.ray_plans import pool_list, predict_pool
+    from recserve.measure.loadgen import schedule
+
+    choice, pool = drive["choice"], drive["pool"]
+    times, choices = schedule(args.rate, args.seconds, None, len(pool.sizes), args.seed)
+    sizes = np.asarray(pool.sizes)[choices]
+    prior = drive.get("prior")
+    predicted = predict_pool(drive["latency"], pool_list(choice.config), drive["qos_ms"], times, sizes, args.policy,
+                             args.seed, prior)
+    via_ray = unloaded_table(drive["latency"], unloaded[len(pool.sizes):])  # the second, warm pass
+    return sizes, predicted, predict_pool(via_ray, pool_list(choice.config), drive["qos_ms"], times, sizes,
+                                          args.policy, args.seed, prior)
+
+
+def _measured(result: Any) -> dict[str, Any]:
+    lat = result.latencies_ms
+    return {"sent": result.sent, "ok": result.ok, "errors": result.errors, "achieved_qps": result.achieved_qps,
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": result.percentile(99), "mean_ms": float(lat.mean())}
+
+
+def _router_decisions(log_path: str, first_measured: int, sizes: np.ndarray, out: dict[str, Any]) -> None:
+    """From the router's decision log: its pool, and the queries of the measured run it started, by type (were
+    they the sizes sent?)."""
+    records = [json.loads(line) for line in Path(log_path).read_text().splitlines()]
+    out["router_pool"] = next((r["instances"] for r in reversed(records) if r.get("event") == "pool"), None)
+    starts = [r for r in records[first_measured:] if r.get("event") == "start"]
+    by_type: dict[str, int] = {}
+    for r in starts:
+        by_type[r["type"]] = by_type.get(r["type"], 0) + 1
+    out["measured"]["served_by_type"] = by_type
+    out["router_decisions"] = len(starts)
+    out["router_sizes_match_sent"] = sorted(r["size"] for r in starts) == sorted(int(s) for s in sizes)
+
+
+def _print_load(args: argparse.Namespace, choice: Any, out: dict[str, Any]) -> None:
+    m, p, v = out["measured"], out["simulated"], out["simulated_with_ray_overhead"]
     print(f"{choice.model} on {choice.config} at {args.rate:g} qps for {args.seconds:g} s: measured p50 "
           f"{m['p50_ms']:.1f} ms p99 {m['p99_ms']:.1f} ms ({m['ok']}/{m['sent']} ok, by type "
           f"{m.get('served_by_type')}); simulated (in-process service times) p50 {p['p50_ms']:.1f} ms p99 "
           f"{p['p99_ms']:.1f} ms (by type {p['served_by_type']}); simulated (unloaded latency via Ray as service "
           f"time) p50 {v['p50_ms']:.1f} ms p99 {v['p99_ms']:.1f} ms (by type {v['served_by_type']})", file=sys.stderr)
-    return out
 
 
 def unloaded_table(like: Any, samples: list[list[float]]) -> Any:
