@@ -386,13 +386,34 @@ def unloaded_table(like: Any, samples: list[list[float]]) -> Any:
 
 
 def cmd_ray_shards(args: argparse.Namespace) -> int:
+    from recserve.deploy import ray_serve
+
+    spec, model, sampler, history = _shard_model(args)
+    layout = _shard_layout(args, len(spec.tables), model, history, getattr(args, "shard_plan", None))
+    print(f"deploying {spec.name} ({len(spec.tables)} tables, {len(layout.shard_names())} shards) on Ray Serve ...",
+          file=sys.stderr)
+    log: dict[str, Any] = {"model": spec.name, "scale": args.scale, "shards": layout.shard_names(), "steps": []}
+    try:
+        log["qps_max"] = _shard_qps_max(args, model, layout, history[-1])
+        ray_serve.start_ray(args.address)
+        handle = ray_serve.deploy(layout, autoscale=not args.no_autoscale, qps_max=log["qps_max"],
+                                  max_replicas=args.max_replicas)
+        _check_shards(handle, model, layout, args.batch, sampler, log)
+        if not args.ramp and not args.json:
+            _serve_shards_until_stopped()
+        _ramp(args, handle, model, sampler, log)
+    finally:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(log, indent=1))
+        ray_serve.shutdown()
+    return 0
+
+
+def _shard_model(args: argparse.Namespace) -> tuple[Any, Any, Any, list[Any]]:
+    """The model (``--max-tables`` first tables), its index sampler and 50 queries of history for the layout."""
     from dataclasses import replace
 
-    import torch
-
-    from recserve.deploy import ray_serve
-    from recserve.deploy.sharding import access_counts, even_layout, layout_from_plan, shard_weights
-    from recserve.embedding.sharded import bucketize
     from recserve.workload.indices import index_sampler
     from recserve.zoo import build, sample_batch
 
@@ -404,61 +425,83 @@ def cmd_ray_shards(args: argparse.Namespace) -> int:
     model = build(spec, scale=args.scale, seed=args.seed).eval()
     sampler = index_sampler(f"locality:p={args.locality}")
     history = [sample_batch(model, args.batch, rng=i, sampler=sampler) for i in range(50)]
-    plan = getattr(args, "shard_plan", None)
+    return spec, model, sampler, history
+
+
+def _shard_layout(args: argparse.Namespace, tables: int, model: Any, history: list[Any], plan: Any) -> Any:
+    """The shard plan's layout (its first ``tables`` tables, the model's), else ``--shards-per-table`` even shards
+    a table."""
+    from dataclasses import replace
+
+    from recserve.deploy.sharding import access_counts, even_layout, layout_from_plan
+
     if plan is not None:
-        plan = replace(plan, tables=plan.tables[: len(spec.tables)])
-        layout = layout_from_plan(plan, model, access_counts(model, history), seed=args.seed, scale=args.scale)
-    else:
-        layout = even_layout(model, access_counts(model, history), args.shards_per_table, seed=args.seed,
-                             scale=args.scale)
-    print(f"deploying {spec.name} ({len(spec.tables)} tables, {len(layout.shard_names())} shards) on Ray Serve ...",
-          file=sys.stderr)
-    log: dict[str, Any] = {"model": spec.name, "scale": args.scale, "shards": layout.shard_names(), "steps": []}
-    try:
-        weights = shard_weights(model, layout)
-        probe_batch = history[-1]
-        probes = {}
-        for table in layout.tables:
-            indices, offsets = probe_batch.table(table.table)
-            parts = bucketize(torch.from_numpy(table.remap)[indices], offsets, torch.tensor(table.boundaries))
-            for s, part in enumerate(parts):
-                probes[f"{table.name}-s{s}"] = (part.indices.numpy(), part.offsets.numpy())
-        measured = _measure_qps_max(weights, probes)  # before Ray starts: its start-up would skew the timing
-        # a replica carries at most --headroom of its profiled gather rate (Ray calls cost more than the gather)
-        qps_max = {k: v * args.headroom for k, v in measured.items()}
-        log["qps_max"] = qps_max
-        print("QPSmax per shard (x headroom): " + ", ".join(f"{k}={v:.1f}" for k, v in qps_max.items()),
-              file=sys.stderr)
-        ray_serve.start_ray(args.address)
-        handle = ray_serve.deploy(layout, autoscale=not args.no_autoscale, qps_max=qps_max,
-                                  max_replicas=args.max_replicas)
-        log["planned_replicas"] = ray_serve.planned_replicas(layout)
-        start = time.monotonic()
-        log["replicas_after_deploy"] = ray_serve.wait_replicas(log["planned_replicas"])
-        log["replicas_wait_s"] = time.monotonic() - start
-        log["replicas_as_planned"] = log["replicas_after_deploy"] == log["planned_replicas"]
-        log["scores_max_abs_diff"] = _shard_scores_diff(handle, model, args.batch, sampler)
-        print(f"shards: replicas as planned {log['replicas_as_planned']} ({log['replicas_after_deploy']}); scores vs "
-              f"the in-process model, max |diff| {log['scores_max_abs_diff']:.3g}", file=sys.stderr)
-        if not args.ramp and not args.json:
-            print("serving; Ctrl-C to stop", file=sys.stderr)
-            while True:
-                time.sleep(5)
-                print(json.dumps(ray_serve.replica_counts()), file=sys.stderr)
-        queries = [sample_batch(model, args.batch, rng=1000 + i, sampler=sampler).as_arrays() for i in range(64)]
-        rng = np.random.default_rng(args.seed)
-        for rate in _parse_rates(args.ramp) if args.ramp else []:
-            result = asyncio.run(_drive(handle, queries, rate, args.step_s, rng))
-            result["replicas"] = ray_serve.replica_counts()
-            log["steps"].append(result)
-            print(f"rate {rate:g}/s: p95 {result['p95_ms']:.1f} ms, errors {result['errors']}, "
-                  f"replicas {result['replicas']}", file=sys.stderr)
-    finally:
-        if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(log, indent=1))
-        ray_serve.shutdown()
-    return 0
+        plan = replace(plan, tables=plan.tables[:tables])
+        return layout_from_plan(plan, model, access_counts(model, history), seed=args.seed, scale=args.scale)
+    return even_layout(model, access_counts(model, history), args.shards_per_table, seed=args.seed, scale=args.scale)
+
+
+def _shard_qps_max(args: argparse.Namespace, model: Any, layout: Any, probe_batch: Any) -> dict[str, float]:
+    """Each sparse shard's QPSmax, measured on its part of ``probe_batch`` before Ray starts (its start-up would
+    skew the timing), times ``--headroom``: a replica carries at most that share of its profiled gather rate (Ray
+    calls cost more than the gather)."""
+    import torch
+
+    from recserve.deploy.sharding import shard_weights
+    from recserve.embedding.sharded import bucketize
+
+    weights = shard_weights(model, layout)
+    probes = {}
+    for table in layout.tables:
+        indices, offsets = probe_batch.table(table.table)
+        parts = bucketize(torch.from_numpy(table.remap)[indices], offsets, torch.tensor(table.boundaries))
+        for s, part in enumerate(parts):
+            probes[f"{table.name}-s{s}"] = (part.indices.numpy(), part.offsets.numpy())
+    measured = _measure_qps_max(weights, probes)
+    qps_max = {k: v * args.headroom for k, v in measured.items()}
+    print("QPSmax per shard (x headroom): " + ", ".join(f"{k}={v:.1f}" for k, v in qps_max.items()), file=sys.stderr)
+    return qps_max
+
+
+def _check_shards(handle: Any, model: Any, layout: Any, batch: int, sampler: Any, log: dict[str, Any]) -> None:
+    """Into ``log``: the replicas Ray runs once they come up, against the plan's, and the shards' scores against
+    the in-process model's."""
+    from recserve.deploy import ray_serve
+
+    log["planned_replicas"] = ray_serve.planned_replicas(layout)
+    start = time.monotonic()
+    log["replicas_after_deploy"] = ray_serve.wait_replicas(log["planned_replicas"])
+    log["replicas_wait_s"] = time.monotonic() - start
+    log["replicas_as_planned"] = log["replicas_after_deploy"] == log["planned_replicas"]
+    log["scores_max_abs_diff"] = _shard_scores_diff(handle, model, batch, sampler)
+    print(f"shards: replicas as planned {log['replicas_as_planned']} ({log['replicas_after_deploy']}); scores vs "
+          f"the in-process model, max |diff| {log['scores_max_abs_diff']:.3g}", file=sys.stderr)
+
+
+def _serve_shards_until_stopped() -> None:
+    """Serve until Ctrl-C, printing the replica counts every 5 s."""
+    from recserve.deploy import ray_serve
+
+    print("serving; Ctrl-C to stop", file=sys.stderr)
+    while True:
+        time.sleep(5)
+        print(json.dumps(ray_serve.replica_counts()), file=sys.stderr)
+
+
+def _ramp(args: argparse.Namespace, handle: Any, model: Any, sampler: Any, log: dict[str, Any]) -> None:
+    """Each ``--ramp`` rate for ``--step-s`` through the dense shard's handle, its latency and the replica counts
+    after it appended to ``log["steps"]``."""
+    from recserve.deploy import ray_serve
+    from recserve.zoo import sample_batch
+
+    queries = [sample_batch(model, args.batch, rng=1000 + i, sampler=sampler).as_arrays() for i in range(64)]
+    rng = np.random.default_rng(args.seed)
+    for rate in _parse_rates(args.ramp) if args.ramp else []:
+        result = asyncio.run(_drive(handle, queries, rate, args.step_s, rng))
+        result["replicas"] = ray_serve.replica_counts()
+        log["steps"].append(result)
+        print(f"rate {rate:g}/s: p95 {result['p95_ms']:.1f} ms, errors {result['errors']}, "
+              f"replicas {result['replicas']}", file=sys.stderr)
 
 
 def _shard_scores_diff(handle: Any, model: Any, batch: int, sampler: Any, queries: int = 4) -> float:
