@@ -160,57 +160,87 @@ def find_max_load(
     """
     if sla_ms <= 0 or start_qps <= 0 or growth <= 1 or rtol < 0 or atol < 0:
         raise RecserveError("max-load search needs sla_ms > 0, start_qps > 0, growth > 1 and tolerances >= 0")
-    probes: list[Probe] = []
-
-    def probe(rate: float) -> bool:
-        try:
-            p = _probe(run_at, rate, sla_ms, percentile)
-        except KeyboardInterrupt as exc:
-            raise SearchInterrupted(interrupted_result(probes, sla_ms, percentile),
-                                    getattr(exc, "signal", exc)) from exc
-        probes.append(p)
-        if log:
-            log(f"  {rate:10.2f} qps: p{percentile:g} {p.latency_ms:9.2f} ms {'ok' if p.ok else 'VIOLATES'} "
-                f"SLA {sla_ms:g} ms{_failures(p.detail)}")
-        return p.ok
-
-    lo, hi = 0.0, math.inf
+    search = _Search(run_at, sla_ms, percentile, max_probes, log)
     rate = min(start_qps, max_qps)
     # 1. grow until the SLA breaks (or shrink until it holds)
-    if probe(rate):
-        lo = rate
-        while len(probes) < max_probes and lo < max_qps:
+    bracket = (search.grow(rate, growth, max_qps) if search.probe(rate)
+               else search.shrink(rate, growth, min_qps))
+    if isinstance(bracket, MaxLoadResult):
+        return bracket
+    # 2. bisect the bracket
+    return search.bisect(*bracket, rtol, atol)
+
+
+@dataclass
+class _Search:
+    """A max-load search's probes so far, and what each needs: ``run_at``, the SLA, the probe budget, the log."""
+
+    run_at: Callable[[float], Any]
+    sla_ms: float
+    percentile: float
+    max_probes: int
+    log: Callable[[str], None] | None
+    probes: list[Probe] = field(default_factory=list)
+
+    def probe(self, rate: float) -> bool:
+        """One probe at ``rate``, kept and logged: whether it met the SLA.  Interrupted, the search so far is
+        raised with the interrupt (``SearchInterrupted``)."""
+        try:
+            p = _probe(self.run_at, rate, self.sla_ms, self.percentile)
+        except KeyboardInterrupt as exc:
+            raise SearchInterrupted(interrupted_result(self.probes, self.sla_ms, self.percentile),
+                                    getattr(exc, "signal", exc)) from exc
+        self.probes.append(p)
+        if self.log:
+            self.log(f"  {rate:10.2f} qps: p{self.percentile:g} {p.latency_ms:9.2f} ms "
+                     f"{'ok' if p.ok else 'VIOLATES'} SLA {self.sla_ms:g} ms{_failures(p.detail)}")
+        return p.ok
+
+    def result(self, max_qps: float, bracket: tuple[float, float], converged: bool, reason: str) -> MaxLoadResult:
+        return MaxLoadResult(max_qps, self.sla_ms, self.percentile, self.probes, bracket, converged, reason)
+
+    def grow(self, lo: float, growth: float, max_qps: float) -> tuple[float, float] | MaxLoadResult:
+        """From a passing rate ``lo``, times ``growth`` until a probe violates: the bracket [last ok, first
+        violating], or the result where ``max_qps`` or the probe budget came first."""
+        hi = math.inf
+        while len(self.probes) < self.max_probes and lo < max_qps:
             rate = min(lo * growth, max_qps)
-            if probe(rate):
+            if self.probe(rate):
                 lo = rate
             else:
                 hi = rate
                 break
         if math.isinf(hi):
             reason = "reached max_qps" if lo >= max_qps else "probe budget spent while growing"
-            return MaxLoadResult(lo, sla_ms, percentile, probes, (lo, hi), lo >= max_qps, reason)
-    else:
-        hi = rate
-        while len(probes) < max_probes:
+            return self.result(lo, (lo, hi), lo >= max_qps, reason)
+        return lo, hi
+
+    def shrink(self, hi: float, growth: float, min_qps: float) -> tuple[float, float] | MaxLoadResult:
+        """From a violating rate ``hi``, divided by ``growth`` until a probe passes: the bracket, or max load 0
+        where the rate fell under ``min_qps`` or the probe budget was spent first."""
+        lo = 0.0
+        while len(self.probes) < self.max_probes:
             rate = hi / growth
             if rate < min_qps:
-                return MaxLoadResult(0.0, sla_ms, percentile, probes, (0.0, hi), True, "start violates")
-            if probe(rate):
+                return self.result(0.0, (0.0, hi), True, "start violates")
+            if self.probe(rate):
                 lo = rate
                 break
             hi = rate
         if lo == 0.0:
-            return MaxLoadResult(0.0, sla_ms, percentile, probes, (0.0, hi), False, "probe budget spent")
-    # 2. bisect the bracket
-    while hi - lo > max(rtol * hi, atol) and len(probes) < max_probes:
-        mid = 0.5 * (lo + hi)
-        if probe(mid):
-            lo = mid
-        else:
-            hi = mid
-    converged = hi - lo <= max(rtol * hi, atol)
-    return MaxLoadResult(lo, sla_ms, percentile, probes, (lo, hi), converged,
-                         "bisected" if converged else "probe budget spent while bisecting")
+            return self.result(0.0, (0.0, hi), False, "probe budget spent")
+        return lo, hi
+
+    def bisect(self, lo: float, hi: float, rtol: float, atol: float) -> MaxLoadResult:
+        """The bracket halved until narrower than ``rtol`` x its upper end (or ``atol``), or the budget is spent."""
+        while hi - lo > max(rtol * hi, atol) and len(self.probes) < self.max_probes:
+            mid = 0.5 * (lo + hi)
+            if self.probe(mid):
+                lo = mid
+            else:
+                hi = mid
+        converged = hi - lo <= max(rtol * hi, atol)
+        return self.result(lo, (lo, hi), converged, "bisected" if converged else "probe budget spent while bisecting")
 
 
 def confirm_max_load(run_at: Callable[[float], Any], result: MaxLoadResult, step: float = 0.1, tries: int = 3
