@@ -18,7 +18,7 @@ import torch
 from recserve.embedding.row_index import slot_overhead_bytes
 from recserve.embedding.rowcache import ROW_BITS, PooledCache, RowCache, bag_keys
 from recserve.errors import SpecError
-from recserve.specs import ModelSpec
+from recserve.specs import ModelSpec, TableSpec
 from recserve.workload.indices import ZipfSampler, zipf_alpha_for_locality
 
 
@@ -49,62 +49,110 @@ def simulate_tier_hits(spec: ModelSpec, sm_tables: list[int], cache_bytes: float
         raise SpecError("no SM tables to simulate")
     locality = locality or {"user": 0.9, "item": 0.95}
     tables = [spec.tables[i] for i in sm_tables]
-    total_rows = sum(t.rows for t in tables)
-    scale = scale if scale is not None else min(1.0, max_rows / total_rows)
+    scale = scale if scale is not None else min(1.0, max_rows / sum(t.rows for t in tables))
+    slots = _cache_slots(spec, sm_tables, cache_bytes, scale, policy)
+    cache = RowCache(max(slots, 0), 1, policy=policy, seed=seed)
+    pooled = PooledCache(int(pooled_bytes * scale), min_len=4) if pooled_bytes > 0 else None
+    trace = _Trace.of(sm_tables, tables, locality, scale, item_batch, pooled, seed)
+    counts = _replay(cache, pooled, trace, queries, warmup)
+    return CacheSimResult(counts.hit_rate(), counts.per_table(), pooled.hit_rate if pooled is not None else 0.0,
+                          counts.measured, counts.warm_done, scale, slots,
+                          notes=[f"Zipf traces with locality {locality}, rows and cache scaled by {scale:.3g}",
+                                 f"{policy} row cache of {slots:,} slots; pooled cache "
+                                 f"{'off' if pooled is None else f'{pooled_bytes * scale / 1e6:.1f} MB'}"])
+
+
+def _cache_slots(spec: ModelSpec, sm_tables: list[int], cache_bytes: float, scale: float, policy: str) -> int:
+    """Row cache slots in ``cache_bytes`` scaled: a slot is the tables' mean row plus the policy's overhead."""
     overhead = slot_overhead_bytes(policy)
     slot_bytes = {i: spec.tables[i].row_bytes(spec.bytes_per_elem) + overhead for i in sm_tables}
     mean_slot = float(np.mean(list(slot_bytes.values())))
-    slots = int(cache_bytes * scale // mean_slot)
-    cache = RowCache(max(slots, 0), 1, policy=policy, seed=seed)
-    pooled = PooledCache(int(pooled_bytes * scale), min_len=4) if pooled_bytes > 0 else None
-    rng = np.random.default_rng(seed)
-    samplers, rows_of = {}, {}
-    for i, t in zip(sm_tables, tables, strict=True):
-        rows_of[i] = _scaled_rows(t.rows, scale)
-        samplers[i] = ZipfSampler(alpha=zipf_alpha_for_locality(locality[t.side], rows_of[i]), hot="scattered",
-                                  perm_seed=seed + i)
-    per_hits = {i: 0 for i in sm_tables}
-    per_total = {i: 0 for i in sm_tables}
-    dummy = torch.zeros(1)
+    return int(cache_bytes * scale // mean_slot)
 
-    def query_keys() -> np.ndarray:
-        keys_all = []
+
+@dataclass
+class _Trace:
+    """The SM tables' scaled index traces: per table a Zipf sampler over its scaled rows; one query looks up a bag
+    per user table and ``item_batch`` bags per item table, a bag that hits the pooled cache skipping its rows."""
+
+    sm_tables: list[int]
+    tables: list[TableSpec]
+    rows_of: dict[int, int]
+    samplers: dict[int, ZipfSampler]
+    item_batch: int
+    pooled: PooledCache | None
+    rng: np.random.Generator
+    dummy: torch.Tensor
+
+    @classmethod
+    def of(cls, sm_tables: list[int], tables: list[TableSpec], locality: dict[str, float], scale: float,
+           item_batch: int, pooled: PooledCache | None, seed: int) -> _Trace:
+        rng = np.random.default_rng(seed)
+        samplers, rows_of = {}, {}
         for i, t in zip(sm_tables, tables, strict=True):
-            bags = 1 if t.side == "user" else item_batch
-            idx = samplers[i](rows_of[i], bags * t.pooling, rng)
-            if pooled is not None and t.pooling >= pooled.min_len:
-                idx = idx[_pooled_misses(pooled, idx, bags, t.pooling, i, dummy)]
+            rows_of[i] = _scaled_rows(t.rows, scale)
+            samplers[i] = ZipfSampler(alpha=zipf_alpha_for_locality(locality[t.side], rows_of[i]), hot="scattered",
+                                      perm_seed=seed + i)
+        return cls(sm_tables, tables, rows_of, samplers, item_batch, pooled, rng, torch.zeros(1))
+
+    def query_keys(self) -> np.ndarray:
+        """One query's distinct row keys (table index in the high bits), those of pooled-cache hits left out."""
+        keys_all = []
+        for i, t in zip(self.sm_tables, self.tables, strict=True):
+            bags = 1 if t.side == "user" else self.item_batch
+            idx = self.samplers[i](self.rows_of[i], bags * t.pooling, self.rng)
+            if self.pooled is not None and t.pooling >= self.pooled.min_len:
+                idx = idx[_pooled_misses(self.pooled, idx, bags, t.pooling, i, self.dummy)]
             keys_all.append((np.int64(i) << ROW_BITS) | np.unique(idx))
         return np.concatenate(keys_all)
 
-    warming, warm_done, measured = warmup != 0, 0, 0
-    while measured < queries:
-        keys = query_keys()
+
+@dataclass
+class _Counts:
+    """Row cache hits and lookups per table over the measured queries, and how many queries warmed it up."""
+
+    per_hits: dict[int, int]
+    per_total: dict[int, int]
+    measured: int = 0
+    warm_done: int = 0
+
+    def add(self, sm_tables: list[int], keys: np.ndarray, found: np.ndarray) -> None:
+        """One measured query's lookups (``keys``) and where the cache found them (``found``, -1: missed)."""
+        self.measured += 1
+        table_of = keys >> ROW_BITS
+        for i in sm_tables:
+            mine = table_of == i
+            self.per_total[i] += int(mine.sum())
+            self.per_hits[i] += int((found[mine] >= 0).sum())
+
+    def hit_rate(self) -> float:
+        total = sum(self.per_total.values())
+        return sum(self.per_hits.values()) / total if total else 0.0
+
+    def per_table(self) -> dict[int, float]:
+        return {i: self.per_hits[i] / n if n else 0.0 for i, n in self.per_total.items()}
+
+
+def _replay(cache: RowCache, pooled: PooledCache | None, trace: _Trace, queries: int, warmup: int | None) -> _Counts:
+    """``trace``'s queries through the row cache (a miss inserted): the first ``warmup`` (None: until the cache is
+    full, at most ``queries``) warm it up, the next ``queries`` are counted."""
+    counts = _Counts({i: 0 for i in trace.sm_tables}, {i: 0 for i in trace.sm_tables})
+    warming = warmup != 0
+    while counts.measured < queries:
+        keys = trace.query_keys()
         with cache.lock:
             found = cache.lookup(keys)
             missing = keys[found < 0]
             cache.insert(missing, np.zeros((missing.size, 1), dtype=np.uint8))
         if warming:
-            warm_done += 1
-            full = cache.filled >= cache.slots or warm_done >= queries
-            warming = warm_done < warmup if warmup is not None else not full
+            counts.warm_done += 1
+            full = cache.filled >= cache.slots or counts.warm_done >= queries
+            warming = counts.warm_done < warmup if warmup is not None else not full
             if pooled is not None and not warming:
                 pooled.reset_stats()
             continue
-        measured += 1
-        table_of = keys >> ROW_BITS
-        for i in sm_tables:
-            mine = table_of == i
-            per_total[i] += int(mine.sum())
-            per_hits[i] += int((found[mine] >= 0).sum())
-    total = sum(per_total.values())
-    hit = sum(per_hits.values()) / total if total else 0.0
-    pooled_rate = pooled.hit_rate if pooled is not None else 0.0
-    return CacheSimResult(hit, {i: per_hits[i] / per_total[i] if per_total[i] else 0.0 for i in sm_tables},
-                          pooled_rate, measured, warm_done, scale, slots,
-                          notes=[f"Zipf traces with locality {locality}, rows and cache scaled by {scale:.3g}",
-                                 f"{policy} row cache of {slots:,} slots; pooled cache "
-                                 f"{'off' if pooled is None else f'{pooled_bytes * scale / 1e6:.1f} MB'}"])
+        counts.add(trace.sm_tables, keys, found)
+    return counts
 
 
 def _pooled_misses(pooled: PooledCache, idx: np.ndarray, bags: int, pooling: int, table: int,
