@@ -202,7 +202,11 @@ def cmd_arrivals(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("workload", help="query sizes, arrivals, index skew and diurnal traces")
     wsub = p.add_subparsers(dest="workload_cmd", metavar="ACTION", required=True)
+    for add in (_add_sample, _add_trace, _add_trace_show, _add_indices, _add_arrivals):
+        add(wsub)
 
+
+def _add_sample(wsub: argparse._SubParsersAction) -> None:
     sp = wsub.add_parser("sample", help="draw query sizes and print mean/median/p90/p99")
     sp.add_argument("--dist", default="production",
                     help="production | lognormal[:mu=,sigma=] | normal[:mean=,sd=] | fixed:N | file:PATH")
@@ -213,6 +217,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--plot", help="save a histogram PNG")
     sp.set_defaults(func=cmd_sample)
 
+
+def _add_trace(wsub: argparse._SubParsersAction) -> None:
     tp = wsub.add_parser("trace", help="a synchronous diurnal QPS trace")
     tp.add_argument("--peak-qps", required=True, help="peak QPS, or MODEL=QPS,MODEL=QPS for several models")
     tp.add_argument("--models", help="comma-separated model names sharing one --peak-qps")
@@ -230,11 +236,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="save a PNG of QPS over time (default name: --out with .png, else trace.png)")
     tp.set_defaults(func=cmd_trace)
 
+
+def _add_trace_show(wsub: argparse._SubParsersAction) -> None:
     vp = wsub.add_parser("trace-show", help="summarise (and plot) a saved trace")
     vp.add_argument("path", help="a trace saved by `recserve workload trace --out` (.json or .csv)")
     vp.add_argument("--plot", metavar="PNG", help="save a PNG of QPS over time")
     vp.set_defaults(func=cmd_trace_show)
 
+
+def _add_indices(wsub: argparse._SubParsersAction) -> None:
     ip = wsub.add_parser("indices", help="draw embedding indices and measure their locality")
     ip.add_argument("--locality", type=number(0, 1), help="share of lookups on the hottest rows (ElasticRec's P)")
     ip.add_argument("--zipf", type=positive, help="Zipf exponent alpha instead of --locality")
@@ -249,6 +259,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ip.add_argument("--out", help="save the indices (.npy)")
     ip.set_defaults(func=cmd_indices)
 
+
+def _add_arrivals(wsub: argparse._SubParsersAction) -> None:
     ap = wsub.add_parser("arrivals", help="a Poisson query stream (arrival times and sizes)")
     ap.add_argument("--qps", type=qps, required=True, help="mean arrival rate, queries per second")
     ap.add_argument("--n", type=_positive_int, default=10000, help="queries in the stream (default %(default)s)")
