@@ -169,10 +169,45 @@ def _forward_profile(model, batch: int = 4) -> tuple[tuple[float, ...], tuple[in
     its operators count as its steps (as ``CallCounts.device_dense_ops`` does).  DIEN's scripted AUGRU loop is
     ATen operators on the device too, ~11 kernels and ~6 views per step: counted as it runs."""
     import torch
-    from torch import nn
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from recserve.zoo import sample_batch
+
+    runs, launches = [], (0, 0)
+    hooks = _RnnSteps(model)  # they count into the current profile (the warm-up call's is dropped)
+    try:
+        with torch.no_grad():
+            for b in (batch, 3 * batch):
+                query = sample_batch(model, b)
+                model(query)
+                sizes, split = _profiled_call(model, query, hooks)
+                runs.append(sizes)
+                if b == batch:
+                    launches = split
+    finally:
+        hooks.remove()
+    if len(runs[0]) != len(runs[1]):
+        return (), launches
+    per_item = ((big - small) / (2 * batch) for small, big in zip(*runs, strict=True))
+    return tuple(s for s in per_item if s >= 1024.0), launches
+
+
+def _profiled_call(model, query, hooks: _RnnSteps) -> tuple[list[float], tuple[int, int]]:  # noqa: ANN001 - zoo
+    """One call, sparse part then dense part, under a fresh dispatch profile: the storage bytes of each tensor it
+    allocates, and the kernels it launches (sparse, dense)."""
+    mode = hooks.mode = _dispatch_profile()()
+    with mode:
+        pooled = model.sparse(query)
+        sparse_launches = mode.launches
+        model.dense(query.dense, pooled)
+    return mode.sizes, (sparse_launches, mode.launches - sparse_launches)
+
+
+@cache
+def _dispatch_profile() -> type:
+    """A torch dispatch mode that records the storage bytes of every tensor an operator allocates and counts the
+    operators that write a tensor of their own (kernel launches), none inside an RNN module (``rnn_depth``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Profile(TorchDispatchMode):
         def __init__(self) -> None:
@@ -193,38 +228,34 @@ def _forward_profile(model, batch: int = 4) -> tuple[tuple[float, ...], tuple[in
             self.launches += owned and not self.rnn_depth
             return out
 
-    def rnn_enter(module: nn.RNNBase, inputs: tuple) -> None:
-        mode.rnn_depth += 1
-        if mode.rnn_depth == 1 and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() == 3:
-            mode.launches += int(inputs[0].shape[1 if module.batch_first else 0])
+    return Profile
 
-    def rnn_leave(*_: object) -> None:
-        mode.rnn_depth -= 1
 
-    rnns = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
-    handles = [h for m in rnns for h in (m.register_forward_pre_hook(rnn_enter), m.register_forward_hook(rnn_leave))]
-    runs, launches = [], (0, 0)
-    mode = Profile()  # the RNN hooks count into the current one (the warm-up call's is dropped)
-    try:
-        with torch.no_grad():
-            for b in (batch, 3 * batch):
-                query = sample_batch(model, b)
-                model(query)
-                mode = Profile()
-                with mode:
-                    pooled = model.sparse(query)
-                    sparse_launches = mode.launches
-                    model.dense(query.dense, pooled)
-                runs.append(mode.sizes)
-                if b == batch:
-                    launches = (sparse_launches, mode.launches - sparse_launches)
-    finally:
-        for h in handles:
+class _RnnSteps:
+    """Hooks on a model's ``nn.RNNBase`` modules: a call of one counts its time steps as launches of the current
+    profile (``mode``), and the operators inside it none."""
+
+    def __init__(self, model) -> None:  # noqa: ANN001 - zoo module
+        from torch import nn
+
+        self.mode = _dispatch_profile()()
+        rnns = [m for m in model.modules() if isinstance(m, nn.RNNBase)]
+        self._handles = [h for m in rnns for h in (m.register_forward_pre_hook(self.enter),
+                                                   m.register_forward_hook(self.leave))]
+
+    def enter(self, module, inputs: tuple) -> None:  # noqa: ANN001 - nn.RNNBase
+        import torch
+
+        self.mode.rnn_depth += 1
+        if self.mode.rnn_depth == 1 and inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].dim() == 3:
+            self.mode.launches += int(inputs[0].shape[1 if module.batch_first else 0])
+
+    def leave(self, *_: object) -> None:
+        self.mode.rnn_depth -= 1
+
+    def remove(self) -> None:
+        for h in self._handles:
             h.remove()
-    if len(runs[0]) != len(runs[1]):
-        return (), launches
-    per_item = ((big - small) / (2 * batch) for small, big in zip(*runs, strict=True))
-    return tuple(s for s in per_item if s >= 1024.0), launches
 
 
 @cache
