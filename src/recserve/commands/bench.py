@@ -300,6 +300,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="open-loop Poisson load: latency percentiles and max load (latency-bounded QPS)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for add in (_add_target_options, _add_load_options, _add_search_options, _add_output_options):
+        add(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_target_options(p: argparse.ArgumentParser) -> None:
+    """What is measured: the model, the server (or in-process pool) and its workers."""
     p.add_argument("--model", required=True, help="catalogue model (queries are built to fit it)")
     p.add_argument("--target", default="inprocess",
                    help="http://HOST:PORT, http+json://HOST:PORT (plain JSON), http+shm://HOST:PORT (queries in "
@@ -312,6 +319,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "a repository model's path)")
     p.add_argument("--workers", type=count, default=1,
                    help="workers for inprocess and serve-* targets (ignored for remote servers)")
+
+
+def _add_load_options(p: argparse.ArgumentParser) -> None:
+    """The offered load: rate, length, query sizes and skew, the generator's limits and seeds."""
     p.add_argument("--rate", type=qps, default=10.0, help="offered queries/s (start rate with --find-max-load)")
     p.add_argument("--duration", type=non_negative, default=10.0,
                    help="seconds per run (0 = bounded by --requests only)")
@@ -335,6 +346,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=float, default=0.0, help="seconds at the start not counted")
     p.add_argument("--seed", type=seed, default=0, help="seed of the queries and arrivals (default 0)")
     p.add_argument("--no-warmup", action="store_true", help="skip sending every pooled query once before timing")
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+    """What to find: a max-load search (its SLA, steps and budget), a sweep or the best offload threshold."""
     p.add_argument("--find-max-load", action="store_true", help="search the highest rate meeting the SLA")
     p.add_argument("--sweep", type=_rates, default=None, metavar="R1,R2,...",
                    help="one run per rate (latency-vs-load curve, plotted with --plot) instead of a search")
@@ -349,7 +364,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-probes", type=count, default=30, help="most probes one max-load search runs")
     p.add_argument("--min-requests", type=count, default=50,
                    help="each max-load probe sends at least this many queries (low rates run longer)")
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """Where the result goes, and the progress line."""
     p.add_argument("--json", default=None, help="write the result as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG (latency vs load, or the run's latency CDF)")
     p.add_argument("--quiet", action="store_true", help="no progress line on stderr")
-    p.set_defaults(func=cmd_bench)
