@@ -160,3 +160,48 @@ def test_dry_run_says_which_nodes_need_a_gpu(tmp_path, capsys):
                  "--scale", "1e-4"]) == 0
     out = capsys.readouterr().out
     assert """g4dn.xlarge: ray start --resources '{"recserve_type_g4dn_xlarge": 1}' --num-gpus 1""" in out
+
+
+def test_a_fleet_comes_up_on_the_typed_nodes_and_reports_where_each_group_runs(tmp_path, monkeypatch, capsys):
+    """The whole `deploy ray --plan fleet.json --json` run with Ray faked: the local Ray started with each type's
+    resource, the groups served, the placement, endpoints and each model's route reported, then shut down."""
+    import signal
+    from types import SimpleNamespace
+
+    from recserve.deploy import ray_serve
+
+    nodes = _nodes(("head", 1, {"recserve_type_this_host": 2}), ("node", 1, {"recserve_type_sdm_hw_ss": 1}))
+    calls: list = []
+    monkeypatch.setattr(ray_serve, "_require_ray", lambda: (SimpleNamespace(nodes=lambda: nodes), None))
+    monkeypatch.setattr(ray_serve, "start_ray", lambda address, resources=None: calls.append(("start", resources)))
+    monkeypatch.setattr(ray_serve, "shutdown", lambda: calls.append(("shutdown",)))
+
+    def serve_fleet(deployments, share, http_port):
+        calls.append(("serve", [d.name for d in deployments], share, http_port))
+        return ({d.name: f"http://127.0.0.1:{http_port}/{d.name}" for d in deployments},
+                {d.name: {"node_id": "n1" if d.server == "sdm-hw-ss" else "n0", "url": f"http://10.0.0.{k}:1"}
+                 for k, d in enumerate(deployments)})
+
+    monkeypatch.setattr(ray_fleet, "serve_fleet", serve_fleet)
+    path = _plan().save(tmp_path / "fleet.json")
+    report_path = tmp_path / "report.json"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["deploy", "ray", "--plan", str(path), "--dir", str(tmp_path / "out"), "--scale", "1e-4",
+                     "--json", str(report_path)]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert calls == [("start", {"recserve_type_this_host": 2.0, "recserve_type_sdm_hw_ss": 1.0}),
+                     ("serve", ["fleet-0", "fleet-1", "fleet-2"], pytest.approx(1 / 3), 8000), ("shutdown",)]
+    report = json.loads(report_path.read_text())
+    assert (report["plan"], report["kind"], report["scale"], report["address"]) == (str(path), "fleet", 1e-4, None)
+    assert report["endpoints"] == str(tmp_path / "out" / "endpoints.json")
+    assert {name: (p["node_id"], p["as_planned"]) for name, p in report["placement"].items()} == {
+        "fleet-0": ("n0", True), "fleet-1": ("n1", True), "fleet-2": ("n0", True)}
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["hercules-rmc1: http://127.0.0.1:8000/fleet-0/v2/models/hercules-rmc1/infer",
+                                "kairos-rm2: http://127.0.0.1:8000/fleet-0/v2/models/kairos-rm2/infer",
+                                "hercules-rmc2: http://127.0.0.1:8000/fleet-1/v2/models/hercules-rmc2/infer",
+                                "kairos-rm2: http://127.0.0.1:8000/fleet-2/v2/models/kairos-rm2/infer"]
+    assert "3 server group(s) onto 2 CPU(s) of 2 Ray node(s), 0.333 Ray CPU per worker" in err
+    assert "stopping now (--json)" in err and "fleet-1 (1 x single on sdm-hw-ss: hercules-rmc2): node n1" in err
