@@ -31,7 +31,7 @@ FAMILIES = {
     "recserve_compute_latency_seconds": ("histogram", {"model", "version"}),
     # Triton's names (serving/node/triton_metrics.py): untyped, so that their samples keep Triton's exact names
     "nv_inference_request_success": ("unknown", {"model", "version"}),
-    "nv_inference_request_failure": ("unknown", {"model", "version"}),
+    "nv_inference_request_failure": ("unknown", {"model", "version", "reason"}),
     "nv_inference_count": ("unknown", {"model", "version"}),
     "nv_inference_exec_count": ("unknown", {"model", "version"}),
     "nv_inference_request_duration_us": ("unknown", {"model", "version"}),
@@ -103,12 +103,33 @@ def test_tritons_names_carry_the_same_counts_in_tritons_units():
     """What a dashboard written for Triton reads: requests counted once whatever their batch, inferences by item,
     failures with refusals, durations in microseconds."""
     samples = parse(render({("a", "1"): (busy_model(), 2, {})}))
-    expected = {"nv_inference_request_success": 2, "nv_inference_request_failure": 2, "nv_inference_count": 10,
+    expected = {"nv_inference_request_success": 2, "nv_inference_count": 10,
                 "nv_inference_exec_count": 4, "nv_inference_pending_request_count": 2,
                 "nv_inference_queue_duration_us": 11_000, "nv_inference_compute_infer_duration_us": 202_000}
     for name, value in expected.items():
         assert abs(metric_value(samples, name, model="a", version="1") - value) < 1.0, name
     assert metric_value(samples, "nv_inference_request_duration_us", model="a", version="1") >= 304_000
+    failures = {reason: metric_value(samples, "nv_inference_request_failure", model="a", version="1", reason=reason)
+                for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
+    assert failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 1}  # deadline; slow_client
+
+
+def test_tritons_durations_sum_successful_requests_only_and_failures_carry_tritons_reason():
+    """As Triton's InferenceStatsAggregator: a failure adds to the failure count only, so that
+    rate(nv_inference_request_duration_us) / rate(nv_inference_request_success) is the mean latency of answered
+    requests, and shed, cancelled and broken requests are told apart by ``reason``."""
+    m = ModelMetrics()
+    m.done(items=1, e2e_s=0.010, queue_s=0.001, compute_s=0.005, parts=1)
+    for code, seconds in (("unavailable", 2.0), ("deadline", 3.0), ("internal", 0.5)):
+        m.error(code)
+        m.failed(seconds)
+    for code in ("client_gone", "too_many_connections", "invalid"):
+        m.refused(code)
+    samples = parse(render({("a", "1"): (m, 0, {})}))
+    assert abs(metric_value(samples, "nv_inference_request_duration_us", model="a", version="1") - 10_000) < 1.0
+    failures = {reason: metric_value(samples, "nv_inference_request_failure", model="a", version="1", reason=reason)
+                for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER")}
+    assert failures == {"REJECTED": 3, "CANCELED": 1, "BACKEND": 1, "OTHER": 1}
 
 
 def test_histogram_buckets_are_cumulative_up_to_the_count():
