@@ -132,12 +132,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: Any, timeout_s: float | None = None) -> Any:
         """The ``ModelInferResponse`` to one request, or :class:`InferError`; ``timeout_s``: the call's deadline."""
-        if isinstance(request, Undecodable):
-            raise request.error
-        rt = self._runtime(request.model_name, request.model_version)
+        try:  # refusals counted as HTTP's are (http._refusal_counter, http._infer): /metrics says the same for both
+            if isinstance(request, Undecodable):
+                raise request.error
+            rt = self._runtime(request.model_name, request.model_version)
+        except InferError as exc:
+            self.core.refused(exc.code)
+            raise
         regions = self.core.shm
-        arrays = codec.parse_grpc_infer(request, regions=regions)
-        target = codec.grpc_output_target(request.outputs)
+        try:
+            arrays = codec.parse_grpc_infer(request, regions=regions)
+            target = codec.grpc_output_target(request.outputs)
+        except InferError as exc:
+            rt.metrics.refused(exc.code)
+            raise
         scores = await rt.infer(arrays, timeout_s)
         return infer_response(rt.name, request.id, scores, rt.version, target, regions)
 
