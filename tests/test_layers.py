@@ -9,7 +9,7 @@ import recserve
 
 # lowest first; a package may import from its own layer and any layer below it
 LAYERS: list[set[str]] = [
-    {"errors", "jsonio", "schema", "wire", "reference", "hostinfo", "tethered"},
+    {"errors", "jsonio", "schema", "wire", "reference", "hostinfo", "tethered", "logs"},
     {"specs"},
     {"zoo", "workload", "embedding"},
     {"profiles"},

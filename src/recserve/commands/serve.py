@@ -37,10 +37,11 @@ def _distinct_ports(args: argparse.Namespace, config: NodeConfig) -> None:
 def _set_log_level(name: str) -> None:
     """The node's log level: the server process's lines at ``name`` and above; its workers (forkserver children,
     which inherit the environment) log warnings and above, errors only at ``error``."""
+    from recserve.logs import log_to_stderr
     from recserve.serving.worker.main import LOG_LEVEL_ENV
 
     level = getattr(logging, name.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_to_stderr(level, "%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("recserve").setLevel(level)
     os.environ[LOG_LEVEL_ENV] = name.upper()
 

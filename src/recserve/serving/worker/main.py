@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recserve import logs
 from recserve.errors import RecserveError
 from recserve.serving.wire import codec, pipe
 from recserve.serving.worker.failure_log import ModelFailures
@@ -213,14 +214,9 @@ def log_to_stderr(args: WorkerArgs) -> None:
     """Warnings (or only errors, at ``--log-level error``) to stderr with the time, the level and the worker that
     wrote them, as the server's lines read (a forkserver child inherits no logging set-up: its lines would be bare
     messages)."""
-    root = logging.getLogger()
-    if root.handlers:
-        return
     who = f"{args.model_config.name} v{args.version} {args.stage} worker {args.worker_id}"
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"%(asctime)s %(name)s %(levelname)s [{who}] %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(worker_log_level())
+    who = who.translate(logs.CONTROL).replace("%", "%%")  # a served name is any text: neither a line nor a format
+    logs.log_to_stderr(worker_log_level(), f"%(asctime)s %(name)s %(levelname)s [{who}] %(message)s")
 
 
 def worker_log_level() -> int:
