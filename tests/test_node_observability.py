@@ -3,6 +3,9 @@ line per event under hostile input."""
 
 from __future__ import annotations
 
+import logging
+import urllib.parse
+
 import numpy as np
 import pytest
 from tritonclient.grpc import InferInput
@@ -19,8 +22,11 @@ UNSERVED = (("no-such-model", "", "not_found"), ("hercules-rmc1", "7", "not_foun
 
 
 @pytest.fixture(scope="module")
-def ports():
-    with started(node_config("hercules-rmc1", scale=1e-4, workers=1)) as server:
+def ports(tmp_path_factory):
+    """A node of one catalogue model beside an empty model repository."""
+    config = node_config("hercules-rmc1", scale=1e-4, workers=1)
+    config.repository = str(tmp_path_factory.mktemp("repository"))
+    with started(config) as server:
         yield server.ports
 
 
@@ -53,3 +59,14 @@ def test_grpc_requests_for_unserved_models_are_counted_as_http_ones_are(ports):
         with pytest.raises(InferenceServerException):
             client.infer(name, [tensor], model_version=version)
     assert until(lambda: node_refusals(ports.http), lambda now: now == expected(after_http)) == expected(after_http)
+
+
+@pytest.mark.integration  # starts a node
+def test_loading_a_model_the_repository_does_not_hold_is_the_clients_error_not_a_warning(ports, caplog):
+    """Each such load wrote a WARNING naming the client's text: a client repeating it flooded the log."""
+    caplog.set_level(logging.INFO)
+    for i in range(20):
+        name = urllib.parse.quote(f"typo{i}\nforged line", safe="")
+        reply = http.post(ports.http, f"/v2/repository/models/{name}/load")
+        assert reply.status == 400 and b"no model" in reply.body
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

@@ -105,9 +105,9 @@ class ModelLoader:
         try:
             return [str(v) for v in repo.selected_versions(name)]
         except RecserveError as exc:
-            if repo.holds(name):
+            if repo.holds(name):  # the operator's to see; a name it does not hold is the client's error (400)
                 self.state[(name, "")] = ("UNAVAILABLE", str(exc))
-            log.warning("model %s not loaded: %s", name, exc)
+                log.warning("model %s not loaded: %s", name, exc)
             raise InferError("invalid", str(exc), "model_name") from exc
 
     async def _start_versions(self, name: str, versions: list[str], newest: str) -> list[ModelRuntime]:
