@@ -380,6 +380,35 @@ def test_a_load_reloads_a_version_whose_files_changed_and_keeps_it_when_the_new_
         shutil.rmtree(repo / "retrained")
 
 
+def test_a_reloaded_versions_counters_go_on_from_the_replaced_ones(node, repo, tmp_path):
+    """A version reloaded for its changed files keeps its series (same model and version labels): its counters
+    continue from the replaced runtime's, as Prometheus requires of a counter, rather than restarting at 0."""
+    _, ports = node
+    shutil.copytree(repo / "ctr_ts", repo / "recounted")
+    client = http.triton(ports.http)
+
+    def load() -> int:
+        return http.post_json(ports.http, "/v2/repository/models/recounted/load", timeout_s=120).status
+
+    def successes() -> float | None:
+        return metric_value(scrape(ports.http), "recserve_request_success_total", model="recounted", version="1")
+
+    try:
+        assert load() == 200
+        for _ in range(3):
+            client.infer("recounted", http_inputs(sample_batch(trained(0, "ctr_ts"), 3, rng=4)))
+        assert until(successes, lambda count: count == 3) == 3
+        write_version(trained(1, "ctr_ts"), tmp_path / "new", 1, "torchscript")
+        shutil.copy(tmp_path / "new" / "1" / "model.pt", repo / "recounted" / "1" / "model.pt")
+        assert load() == 200
+        assert successes() == 3
+        client.infer("recounted", http_inputs(sample_batch(trained(0, "ctr_ts"), 3, rng=4)))
+        assert until(successes, lambda count: count == 4) == 4
+    finally:
+        http.post_json(ports.http, "/v2/repository/models/recounted/unload", timeout_s=120)
+        shutil.rmtree(repo / "recounted")
+
+
 def test_a_program_exported_for_a_bounded_batch_serves_with_that_bound(node, repo):
     """``Dim("batch", max=64)``: a batch of 65 is the client's error (400 naming the bound), not the program's 500."""
     _, ports = node

@@ -16,6 +16,7 @@ from recserve.serving.node import handover
 from recserve.serving.node.config import ModelConfig, NodeConfig, available_cores
 from recserve.serving.node.forkserver import mp_context
 from recserve.serving.node.llc import LlcAllocator
+from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.model_loader import ModelLoader
 from recserve.serving.node.repository import Repository
 from recserve.serving.node.runtime import ModelRuntime
@@ -135,9 +136,10 @@ class NodeCore:
             self._attach(rt)
         return self.listen_sock is not None
 
-    def _new_runtime(self, cfg: ModelConfig) -> ModelRuntime:
-        """A repository version's runtime, its workers accepting on the node's sockets when it is a whole-query one."""
-        rt = ModelRuntime(cfg, self.ctx, self.llc)
+    def _new_runtime(self, cfg: ModelConfig, metrics: ModelMetrics | None = None) -> ModelRuntime:
+        """A repository version's runtime, its workers accepting on the node's sockets when it is a whole-query one
+        (``metrics``: those of the runtime it replaces)."""
+        rt = ModelRuntime(cfg, self.ctx, self.llc, metrics)
         self._attach(rt)
         return rt
 

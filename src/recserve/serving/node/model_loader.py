@@ -16,6 +16,7 @@ from typing import Any
 
 from recserve.errors import RecserveError
 from recserve.serving.node.config import ModelConfig
+from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.repository import Repository, VersionPolicy
 from recserve.serving.node.runtime import ModelRuntime
 from recserve.serving.wire.errors import InferError
@@ -29,7 +30,8 @@ class ModelLoader:
     """Load, reload and unload repository models on a node, one model at a time."""
 
     def __init__(self, repository: Repository | None, models: dict[str, ModelRuntime],
-                 versions: dict[str, dict[str, ModelRuntime]], new_runtime: Callable[[ModelConfig], ModelRuntime],
+                 versions: dict[str, dict[str, ModelRuntime]],
+                 new_runtime: Callable[[ModelConfig, ModelMetrics | None], ModelRuntime],
                  on_change: Callable[[], None], ctx: Any, drain_timeout_s: float) -> None:
         self.repository = repository
         self.models, self.versions = models, versions
@@ -151,7 +153,8 @@ class ModelLoader:
             log.info("model %s version %s: max_batch_size %d, the largest batch %s takes", name, version, bound,
                      Path(cfg.artifact).name)
             cfg = cfg.model_copy(update={"max_batch_size": bound})
-        rt = self._new_runtime(cfg)
+        replaced = self.versions.get(name, {}).get(str(version))  # its files changed: its counters go on
+        rt = self._new_runtime(cfg, replaced.metrics if replaced else None)
         rt.is_default, rt.files = default, stamp
         try:
             await rt.start()

@@ -65,13 +65,15 @@ def model_info(cfg: ModelConfig) -> ModelInfo:
 class ModelRuntime:
     """Workers, queues and counters of one served model version."""
 
-    def __init__(self, cfg: ModelConfig, ctx: Any, llc: LlcAllocator | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, ctx: Any, llc: LlcAllocator | None = None,
+                 metrics: ModelMetrics | None = None) -> None:
+        """``metrics``: the counters of the runtime this one replaces (a reloaded version: one series goes on)."""
         self.cfg = cfg
         self.name = cfg.name
         self.llc = llc
         self.info = model_info(cfg)
         self.sla = cfg.model_spec().sla
-        self.metrics = ModelMetrics()
+        self.metrics = metrics or ModelMetrics()
         self.settings = WorkerSettings(str(cfg.version), True, cfg.sub_batch)
         # data plane v2: the node fills it before start() when this model's workers accept queries themselves
         self.front = FrontEnd(whole_query=cfg.mode == "model")
