@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from recserve.serving.node.metrics import BUCKETS_S, ModelMetrics, NodeSnapshot, PrometheusExporter
@@ -164,3 +167,23 @@ def test_the_exporter_reads_the_counters_at_each_scrape():
     m.arrived()
     assert metric_value(parse(exporter.render().decode()), "recserve_requests_total", model="a", version="1") == 1
     assert exporter.content_type.startswith("text/plain; version=0.0.4")
+
+
+def documented_names() -> set[str]:
+    """The metric names docs/serving.md's Metrics and Monitoring sections mention, ``{a,b}`` expanded."""
+    text = (Path(__file__).parent.parent / "docs" / "serving.md").read_text()
+    section = text[text.index("## Metrics"):text.index("## Robustness")]
+    names = set()
+    for head, options, tail in re.findall(r"\b((?:recserve|nv)_[a-z_]*)(?:\{([a-z_,]+)\}([a-z_]*))?", section):
+        names.update(head + option + tail for option in (options.split(",") if options else [""]))
+    return {name for name in names if not name.endswith("_")}  # not ``nv_gpu_*``: families said to be absent
+
+
+def test_the_docs_name_every_exported_family_and_only_those():
+    text = render({("a", "1"): (busy_model(), 2, {"model": 2, "accel": 1})}, {"unknown_model": 4})
+    exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    families = {n.removesuffix(suffix) for n in exported for suffix in ("_bucket", "_count", "_sum")
+                if n.endswith(suffix) and n.removesuffix(suffix).endswith("_seconds")}
+    documented = documented_names()
+    assert documented - exported - families == set()
+    assert {n for n in exported if not n.endswith(("_bucket", "_count", "_sum"))} | families <= documented
