@@ -126,14 +126,15 @@ class StallingTarget:
 
 
 def test_latency_counts_from_the_scheduled_time_when_the_generator_stalls():
-    result = run_load(StallingTarget(0.3), 200.0, 1.0, tiny_pool(), seed=2)
-    # ~60 queries were due during the 0.3 s stall; each waited (0.3 s - its offset), so the slowest
-    # few are close to 300 ms although the "server" answers instantly.  Timing from the actual send
-    # (coordinated omission) would report ~0 ms for all of them.
-    assert result.latencies_ms.max() > 250
-    assert np.sum(result.latencies_ms > 100) > 20
-    assert result.p50 < 100
-    assert result.send_lag_ms.max() > 250
+    result = run_load(StallingTarget(0.6), 200.0, 2.0, tiny_pool(), seed=2)
+    # ~120 queries were due during the 0.6 s stall; each waited (0.6 s - its offset), so the slowest
+    # few are close to 600 ms although the "server" answers instantly.  Timing from the actual send
+    # (coordinated omission) would report ~0 ms for all of them.  Margins for a busy host: the 1.4 s
+    # after the stall are on time unless the generator itself is starved for most of them.
+    assert result.latencies_ms.max() > 500
+    assert np.sum(result.latencies_ms > 100) > 40
+    assert result.p50 < 300
+    assert result.send_lag_ms.max() > 500
 
 
 def test_queueing_behind_a_slow_server_is_visible():
