@@ -226,3 +226,39 @@ def test_a_unary_call_whose_client_leaves_mid_request_is_reported_gone_once():
     conn.data_received(_frame(HEADERS, END_HEADERS, 5, encoder.encode(GOOD)) + _frame(DATA, 0, 5, MESSAGE[:4]))
     conn.connection_lost(None)
     assert reasons == ["client_gone", "client_gone"]
+
+
+PRIORITY = 2
+
+
+@pytest.mark.parametrize("kind, stream, payload", [
+    (RST_STREAM, 5, b"\x00\x00\x00\x08"),  # a client stream not opened yet
+    (RST_STREAM, 2, b"\x00\x00\x00\x08"),  # a server stream: we push none
+    (RST_STREAM, 0, b"\x00\x00\x00\x08"),
+    (WINDOW_UPDATE, 5, b"\x00\x00\x00\x01"),
+    (PRIORITY, 0, b"\x00\x00\x00\x00\x10"),
+])
+def test_a_frame_on_an_idle_stream_or_stream_zero_is_a_connection_error(kind, stream, payload):
+    """RFC 9113 5.1: on an idle stream only HEADERS and PRIORITY; 6.4, 6.3: RST_STREAM and PRIORITY never on 0."""
+    conn, transport, started, encoder = _open()
+    conn.data_received(_call(encoder, 1))
+    transport.frames()
+    conn.data_received(_frame(kind, 0, stream, payload))
+    goaways = [p for k, _, p in transport.frames() if k == GOAWAY]
+    assert goaways and _code(goaways[0], 4) == PROTOCOL_ERROR and transport.closed
+
+
+def test_a_reset_of_a_stream_once_open_and_priority_on_an_idle_one_are_no_errors():
+    conn, transport, started, encoder = _open()
+    conn.data_received(_call(encoder, 1))  # answered: the frames below cross our answer
+    conn.data_received(_frame(RST_STREAM, 0, 1, b"\x00\x00\x00\x08") + _frame(WINDOW_UPDATE, 0, 1, b"\x00\x00\x00\x01")
+                       + _frame(PRIORITY, 0, 7, b"\x00\x00\x00\x00\x10") + _call(encoder, 3))
+    assert len(started) == 2 and not any(kind == GOAWAY for kind, _, _ in transport.frames())
+    assert not transport.closed
+
+
+def test_a_reset_of_the_wrong_length_is_a_frame_size_error():
+    conn, transport, _, encoder = _open()
+    conn.data_received(_call(encoder, 1) + _frame(RST_STREAM, 0, 1, b"\x00\x00\x08"))
+    goaways = [p for k, _, p in transport.frames() if k == GOAWAY]
+    assert goaways and _code(goaways[0], 4) == 0x6 and transport.closed

@@ -36,6 +36,7 @@ from recserve.serving.transport.h2frames import (
     PADDED,
     PING,
     PREFACE,
+    PRIORITY,
     PROTOCOL_ERROR,
     PUSH_PROMISE,
     RECEIVE_FRAME,
@@ -358,6 +359,7 @@ class H2Connection:
         if kind == HEADERS:
             self.opener.headers(flags, stream, payload)
         elif kind == WINDOW_UPDATE:  # grpcio sends two with every call
+            self._not_idle(stream, "WINDOW_UPDATE")
             self._calm(self.guard.window_update())
             self.replies.window_update(stream, payload)
         elif kind == CONTINUATION:
@@ -367,6 +369,9 @@ class H2Connection:
         elif kind == PING:
             self._ping(flags, stream, payload)
         elif kind == RST_STREAM:
+            if len(payload) != 4:
+                raise H2Error(FRAME_SIZE_ERROR, "bad RST_STREAM")
+            self._not_idle(stream, "RST_STREAM")
             self._calm(self.guard.reset())
             stream_reset = self.streams.forget(stream)
             if stream_reset is not None and stream_reset.call is not None:
@@ -376,8 +381,16 @@ class H2Connection:
             self.replies.closing = True  # the client makes no new streams; ours finish, then we close
         elif kind == PUSH_PROMISE:
             raise H2Error(PROTOCOL_ERROR, "a client may not push")
-        else:  # PRIORITY and unknown frame types are ignored (RFC 9113 5.5), within a budget
+        elif kind == PRIORITY and not stream:
+            raise H2Error(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        else:  # PRIORITY (on an idle stream too) and unknown frame types are ignored (RFC 9113 5.5), within a budget
             self._calm(self.guard.glitch())
+
+    def _not_idle(self, stream: int, kind: str) -> None:
+        """RFC 9113 5.1 and 6.4: a frame other than HEADERS or PRIORITY on an idle stream (or RST_STREAM on stream 0)
+        is a connection error (nghttp2 too; the h2 library ignores an idle stream's RST_STREAM)."""
+        if (kind == "RST_STREAM" and not stream) or (stream and self.streams.idle(stream)):
+            raise H2Error(PROTOCOL_ERROR, f"{kind} on idle stream {stream}")
 
     def _ping(self, flags: int, stream: int, payload: bytes) -> None:
         if len(payload) != 8 or stream:

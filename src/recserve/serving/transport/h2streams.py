@@ -81,6 +81,11 @@ class StreamTable:
         self.out = out  # frames to write at the end of this read (``ReplyWriter.out``)
         self.held, self.shared_held = held, shared_held
 
+    def idle(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` (not 0) names a stream still idle (RFC 9113 5.1): one the client has not opened, or
+        an even one (we push none)."""
+        return stream_id > self.last_id or stream_id % 2 == 0
+
     def forget(self, stream_id: int) -> Stream | None:
         stream = self.open.pop(stream_id, None)
         if stream is not None:
