@@ -491,3 +491,80 @@ def test_a_client_that_opens_many_streams_at_once_may_announce_each_ones_window(
     conn, transport, abused = _open()
     _feed(conn, b"".join(_headers(2 * i + 1, END_HEADERS) + _update(2 * i + 1, 1 << 20) for i in range(1500)))
     assert transport.goaway_codes() == [] and not transport.closed and abused == []
+
+
+def _rst_codes(data: bytes) -> list[tuple[int, int]]:
+    """(stream, error code) of each RST_STREAM in ``data``."""
+    out = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[:3], "big")
+        if data[3] == RST_STREAM:
+            out.append((int.from_bytes(data[5:9], "big"), int.from_bytes(data[9:13], "big")))
+        data = data[9 + length:]
+    return out
+
+
+def test_calls_open_over_a_servers_connections_are_bounded_and_let_go_on_close():
+    """HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS bounds one connection's calls; a client opening many connections
+    with calls that never finish their request meets the server's budget: further calls are refused with
+    RST_STREAM REFUSED_STREAM (retried by gRPC clients: none of it ran), counted, and a finished call's place is
+    taken again."""
+    from recserve.serving.transport.h2limits import StreamBudget
+
+    echo = Method(unary=lambda call, raw: call.reply(b"ok"))
+    budget, abused = StreamBudget(10), []
+    conns = []
+    for _ in range(2):
+        conn, transport = GrpcConnection(lambda path: echo, 1 << 20, on_abuse=abused.append, streams=budget), \
+            _Transport()
+        conn.connection_made(transport)
+        conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
+        transport.data = b""
+        conns.append((conn, transport))
+    (first, first_out), (second, second_out) = conns
+    first.data_received(b"".join(_headers(2 * i + 1, END_HEADERS) for i in range(8)))  # requests never finished
+    second.data_received(b"".join(_headers(2 * i + 1, END_HEADERS) for i in range(8)))
+    assert budget.open == 10 and first.open_streams == 8 and second.open_streams == 2
+    assert _rst_codes(second_out.data) == [(2 * i + 1, 0x7) for i in range(2, 8)]  # REFUSED_STREAM
+    assert abused == ["too_many_streams"] * 6 and not second_out.closed
+    first.data_received(_frame(DATA, END_STREAM, 1, b"\x00\x00\x00\x00\x02hi"))  # one finishes: its place is free
+    second_out.data = b""
+    second.data_received(_headers(17, END_HEADERS) + _frame(DATA, END_STREAM, 17, b"\x00\x00\x00\x00\x02hi"))
+    assert b"\x00\x00\x00\x00\x02ok" in second_out.data and budget.open == 9
+    first.connection_lost(None)
+    second.connection_lost(None)
+    assert budget.open == 0
+
+
+def test_a_unary_request_not_arrived_whole_in_time_is_answered_deadline_exceeded_and_reset():
+    """A unary call whose request stops arriving ends with grpc-status DEADLINE_EXCEEDED (an HTTP request's 408)
+    and RST_STREAM NO_ERROR once ``request_timeout_s`` has passed since its HEADERS; a streaming call, whose client
+    sends messages when it likes, and a unary call still within its time are left open."""
+    echo = Method(unary=lambda call, raw: call.reply(b"ok"))
+    chat = Method(stream=lambda call: None)
+    abused: list[str] = []
+    conn = GrpcConnection(lambda path: chat if path == "/t.S/Chat" else echo, 1 << 20, on_abuse=abused.append)
+    transport = _Transport()
+    conn.connection_made(transport)
+    conn.data_received(PREFACE + _frame(SETTINGS, 0, 0) + _partial_request(1, 1000, 100)
+                       + _headers(3, END_HEADERS, "/t.S/Chat"))
+    transport.data = b""
+    conn.h2.expire_requests(time.monotonic() - 30, 30)  # opened since: still within its time
+    assert transport.data == b"" and conn.open_streams == 2
+    conn.h2.expire_requests(time.monotonic() + 1, 30)  # opened before: late
+    statuses = _trailer_statuses(transport.data)
+    assert len(statuses) == 1 and b"grpc-status\x014" in statuses[0] and b"received" in statuses[0]
+    assert _rst_codes(transport.data) == [(1, 0)] and conn.open_streams == 1 and abused == ["slow_client"]
+
+
+def test_a_server_ends_late_unary_requests_on_its_sweep_and_serves_on(grpc_server):
+    port = grpc_server(request_timeout_s=0.3)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+        slow.sendall(PREFACE + _frame(SETTINGS, 0, 0) + _partial_request(1, 1000, 100))
+        received = b""
+        while b"grpc-status" not in received:
+            received += slow.recv(1 << 16)  # a socket timeout (30 s) here fails the test
+        assert b"grpc-status\x014" in received
+        slow.sendall(_headers(3, END_HEADERS) + _frame(DATA, END_STREAM, 3, b"\x00\x00\x00\x00\x02hi"))
+        while b"\x00\x00\x00\x00\x02ok" not in received:
+            received += slow.recv(1 << 16)

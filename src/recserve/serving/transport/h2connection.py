@@ -19,6 +19,7 @@ from recserve.serving.transport.h2frames import (
     ACK,
     CONTINUATION,
     DATA,
+    DEADLINE_EXCEEDED,
     DEFAULT_WINDOW,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -51,7 +52,7 @@ from recserve.serving.transport.h2frames import (
     goaway_frame,
 )
 from recserve.serving.transport.h2heads import CallOpener
-from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits, LogBudget
+from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits, LogBudget, StreamBudget
 from recserve.serving.transport.h2replies import ReplyWriter, Wire
 from recserve.serving.transport.h2requests import RequestReader
 from recserve.serving.transport.h2streams import Call, MessageSink, Method, Stream, StreamTable
@@ -84,17 +85,17 @@ class H2Connection:
                  new_call: Callable[..., Call], new_queue: Callable[[], MessageSink],
                  limits: FloodLimits | None = None, on_abuse: Callable[[str], None] | None = None,
                  held: ByteBudget | None = None, server_resets: Bucket | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, server_streams: StreamBudget | None = None) -> None:
         limits = limits or FloodLimits()
         self.host, self.clock, self.on_abuse = host, clock, on_abuse
         self.guard = FloodGuard(limits, clock, server_resets)  # frames with no request
         out: list[bytes] = []  # frames written at the end of this read: shared by the parts below
         # request bytes of incomplete messages: on this connection, and on every connection of the server (``held``)
-        self.streams = StreamTable(out, ByteBudget(max(HELD_CONNECTION, 2 * max_message)), held)
+        self.streams = StreamTable(out, ByteBudget(max(HELD_CONNECTION, 2 * max_message)), held, server_streams)
         self.replies = ReplyWriter(self.streams, out, max_message, self.guard)
         self.requests = RequestReader(self.streams, out, max_message, limits, self.guard, self._calm, on_abuse)
         self.opener = CallOpener(self.streams, self.replies, self.requests, methods, new_call, new_queue, clock,
-                                 self.guard, self._calm, limits.stream_window)
+                                 self.guard, self._calm, limits.stream_window, on_abuse)
         self._buf = bytearray()  # the start of a frame (or of the preface) that the next read completes
         self._partial: tuple[int, int, int] | None = None  # a DATA frame read in parts: stream, flags, bytes left
         self.preface_received = False
@@ -137,6 +138,19 @@ class H2Connection:
     @property
     def open_streams(self) -> int:
         return len(self.streams.open)
+
+    def expire_requests(self, before: float, timeout_s: float) -> None:
+        """Unary calls whose request has not arrived whole since ``before`` (opened ``timeout_s`` earlier) end with
+        DEADLINE_EXCEEDED, as a slow HTTP request gets 408 (a stream not ended by the client is then reset
+        NO_ERROR): open calls that never finish their request would hold the worker's streams for ever.  A
+        streaming call's stream stays open as long as its client wants (the server's stream budget bounds them)."""
+        late = [s for s in self.streams.open.values() if s.opened < before and not s.ended and s.call is not None
+                and not s.call.done and s.call.requests is None and s.method is not None and s.method.unary]
+        for stream in late:
+            if self.on_abuse is not None:
+                self.on_abuse("slow_client")
+            stream.call.finish(DEADLINE_EXCEEDED,  # type: ignore[union-attr]
+                               f"request not received within {timeout_s:g} s")
 
     @property
     def request_bytes_peak(self) -> int:

@@ -25,6 +25,7 @@ HELD_CONNECTION = 16 << 20  # request bytes of incomplete messages a connection 
 HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four largest messages)
 FRAMES_PER_TURN = 256  # frames handled per read before the loop runs other work: the rest waits, reading paused
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
+SERVER_STREAMS = 8192  # ... and over a server's (a worker's) connections: many connections would multiply the first
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 MAX_HEADER_LIST = 16 << 10  # a block's decoded size (RFC 7541 4.1: 32 a field and more), grpc-core's hard limit on
 # metadata: past it HPACK stops with COMPRESSION_ERROR before a block of tiny fields costs much Python
@@ -43,7 +44,7 @@ Metadata = tuple[tuple[str, "str | bytes"], ...]
 GOAWAY_PING, GOAWAY_PING_AGAIN = b"goaway\x00\x01", b"goaway\x00\x02"
 
 # gRPC status codes (grpc.StatusCode values), named here so that this layer needs no grpc import
-OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 3, 8, 12, 13
+OK, INVALID_ARGUMENT, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL = 0, 3, 4, 8, 12, 13
 TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 
 HEAD = struct.Struct(">IBI")  # a frame's 9-byte header: length << 8 | type, flags, stream id

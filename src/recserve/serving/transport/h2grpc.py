@@ -46,13 +46,14 @@ from recserve.serving.transport.h2frames import (
     PREFACE,
     RESOURCE_EXHAUSTED,
     RESPONSE_HEADERS,
+    SERVER_STREAMS,
     SETTINGS,
     UNIMPLEMENTED,
     Metadata,
     frame,
     goaway_frame,
 )
-from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodLimits
+from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodLimits, StreamBudget
 from recserve.serving.transport.h2replies import ReplyWriter
 from recserve.serving.transport.h2streams import MessageSink, Method, Stream
 from recserve.serving.transport.room import Room
@@ -69,6 +70,7 @@ PREFACE_TIMEOUT_S = 10.0  # a connection that has not sent the HTTP/2 preface by
 RELEASE_BYTES = 16 << 20  # a connection whose incomplete requests once held this much: free memory returned after
 STALLED_S = 10.0  # at the connection cap, a connection with calls open that read nothing this long makes room
 IDLE_TIMEOUT_S = 300.0  # a connection with no call open that read nothing this long gets GOAWAY (clients reconnect)
+REQUEST_TIMEOUT_S = 30.0  # a unary call's request must arrive whole within this (``H2Connection.expire_requests``)
 WRITE_HIGH = 1 << 20  # answers a connection may hold unsent before its requests stop being read (pause_writing)
 READ_BYTES = 256 * 1024  # one read's most, as uvloop reads for a plain Protocol
 # the most one read takes straight into a large message (``h2.direct_buffer``): under load a megabyte query waits in
@@ -156,12 +158,13 @@ class GrpcConnection(asyncio.BufferedProtocol):
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
                  on_close: Callable[[GrpcConnection], None] | None = None, limits: FloodLimits | None = None,
                  on_abuse: Callable[[str], None] | None = None, held: ByteBudget | None = None,
-                 server_resets: Bucket | None = None, reads: memoryview | None = None) -> None:
+                 server_resets: Bucket | None = None, reads: memoryview | None = None,
+                 streams: StreamBudget | None = None) -> None:
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self._paused = 0  # why reading is paused: PAUSED_WRITES (answers not taken), PAUSED_BACKLOG (frames left)
         self.h2 = H2Connection(methods, max_message, self, GrpcCall, asyncio.Queue, limits, on_abuse, held,
-                               server_resets)
+                               server_resets, server_streams=streams)
         self.data_received = self.h2.receive  # type: ignore[method-assign]  # for a transport that hands bytes
         # where reads go but those into a message: the server's one buffer (a read is copied out before the next)
         self._reads = reads if reads is not None else memoryview(bytearray(READ_BYTES))
@@ -272,19 +275,23 @@ class _Refused(asyncio.Protocol):
 
 
 class GrpcServer:
-    """Connections accepted on one listening socket: at most ``max_connections``, timed out when silent before
-    their preface or idle, and stopped gracefully."""
+    """Connections accepted on one listening socket: at most ``max_connections`` and ``SERVER_STREAMS`` calls open
+    over them, timed out when silent before their preface or idle, a unary request that does not arrive whole
+    within ``request_timeout_s`` answered DEADLINE_EXCEEDED, and stopped gracefully."""
 
     def __init__(self, methods: Callable[[str], Method | None], max_message: int,
                  limits: FloodLimits | None = None, on_abuse: Callable[[str], None] | None = None,
                  max_connections: int = MAX_CONNECTIONS, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 preface_timeout_s: float = PREFACE_TIMEOUT_S, on_release: Callable[[], None] | None = None) -> None:
+                 preface_timeout_s: float = PREFACE_TIMEOUT_S, on_release: Callable[[], None] | None = None,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S, max_streams: int = SERVER_STREAMS) -> None:
         self.methods = methods
         self.max_message = max_message
         self.limits, self.on_abuse = limits, on_abuse
         self.on_release = on_release  # a connection that held large incomplete requests is gone (return memory)
         self.max_connections, self.idle_timeout_s, self.preface_timeout_s = \
             max_connections, idle_timeout_s, preface_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.streams = StreamBudget(max_streams)  # calls open over its connections
         self.held = ByteBudget(max(HELD_WORKER, 4 * max_message))  # incomplete requests over its connections
         self.resets = Bucket((limits or FloodLimits()).server_resets, time.monotonic())  # RST_STREAM, all of them
         self.connections: set[GrpcConnection] = set()
@@ -301,7 +308,7 @@ class GrpcServer:
                 self.on_abuse("too_many_connections")
             return _Refused()
         conn = self.connection_type(self.methods, self.max_message, self._closed, self.limits,
-                                    self.on_abuse, self.held, self.resets, self._reads)
+                                    self.on_abuse, self.held, self.resets, self._reads, self.streams)
         self.connections.add(conn)
         return conn
 
@@ -323,7 +330,8 @@ class GrpcServer:
             self.on_release()
 
     def _sweep_silent(self) -> None:
-        """Close connections that sent no preface in time; send GOAWAY to those idle with no call open."""
+        """Close connections that sent no preface in time; send GOAWAY to those idle with no call open; end unary
+        calls whose request is late."""
         now = time.monotonic()
         for conn in list(self.connections):
             if conn.transport is None:
@@ -332,6 +340,8 @@ class GrpcServer:
                 conn.transport.close()
             elif conn.preface_received and not conn.open_streams and now - conn.last_read > self.idle_timeout_s:
                 conn.close_gracefully()
+            elif conn.open_streams:
+                conn.h2.expire_requests(now - self.request_timeout_s, self.request_timeout_s)
         self._sweep = asyncio.get_running_loop().call_later(min(1.0, self.preface_timeout_s / 2), self._sweep_silent)
 
     async def start(self, sock: Any, ssl: Any = None) -> None:

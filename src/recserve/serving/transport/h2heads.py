@@ -19,7 +19,6 @@ from recserve.serving.transport.h2frames import (
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST,
     MAX_PURE_BLOCKS,
-    MAX_STREAMS,
     PADDED,
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
@@ -113,10 +112,11 @@ class CallOpener:
     def __init__(self, streams: StreamTable, replies: ReplyWriter, requests: RequestReader,
                  methods: Callable[[str], Method | None], new_call: Callable[..., Call],
                  new_queue: Callable[[], MessageSink], clock: Callable[[], float], guard: FloodGuard,
-                 calm: Callable[[str | None], None], stream_window: int) -> None:
+                 calm: Callable[[str | None], None], stream_window: int,
+                 on_abuse: Callable[[str], None] | None = None) -> None:
         self.streams, self.open, self.replies, self.requests = streams, streams.open, replies, requests
         self.methods, self.new_call, self.new_queue, self.clock = methods, new_call, new_queue, clock
-        self.guard, self.calm = guard, calm
+        self.guard, self.calm, self.on_abuse = guard, calm, on_abuse
         self.stream_window = stream_window  # each new stream's receive window
         self.heads = HeadDecoder()
         self.continuing: Stream | None = None  # a HEADERS frame without END_HEADERS: only CONTINUATION may follow
@@ -138,9 +138,9 @@ class CallOpener:
             if stream_id % 2 == 0 or stream_id <= streams.last_id:
                 raise H2Error(PROTOCOL_ERROR, f"stream {stream_id} is not a new client stream")
             streams.last_id = stream_id
-            stream = Stream(stream_id, self.replies.initial_send_window, self.stream_window)
+            stream = Stream(stream_id, self.replies.initial_send_window, self.stream_window, self.clock())
             stream.ended = bool(flags & END_STREAM)
-            self.open[stream_id] = stream
+            streams.add(stream)
             self.guard.earned_updates()  # the window announcement a client may send for it
         if flags & END_HEADERS:  # the whole block in this frame (the usual case): no copy into ``self.block``
             if len(block) > MAX_HEADER_BLOCK:
@@ -178,9 +178,11 @@ class CallOpener:
             log.debug("gRPC stream %d reset: malformed request (%s)", stream.id, why)
             self.streams.reset(stream, PROTOCOL_ERROR)
             return
-        if self.replies.closing or len(self.open) > MAX_STREAMS:  # retried by gRPC clients on another connection
+        if self.replies.closing or self.streams.too_many():  # retried by gRPC clients (nothing of it was run)
             if self.replies.closing:
                 self.refused += 1
+            elif self.on_abuse is not None and self.streams.shared_open is not None and self.streams.shared_open.over():
+                self.on_abuse("too_many_streams")
             self.streams.reset(stream, REFUSED_STREAM)
             return
         call = self.new_call(self.replies, stream, path, None if seconds is None else self.clock() + seconds,

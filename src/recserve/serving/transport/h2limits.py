@@ -136,6 +136,20 @@ class ByteBudget:
         return self.used > self.limit
 
 
+class StreamBudget:
+    """Streams open over a server's connections, against a limit (``H2Connection``'s ``server_streams``): a client
+    opening many connections, each with ``MAX_STREAMS`` calls that never finish, would otherwise hold a worker's
+    memory without bound."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.open = limit, 0
+
+    def over(self) -> bool:
+        return self.open > self.limit
+
+
 class LogBudget:
     """At most one log line every ``every_s`` for one kind of refusal in this process, counting those left out: a
     client that trips a limit on every stream it opens must not write a line per stream (log flooding); the

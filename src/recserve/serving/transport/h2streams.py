@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from recserve.serving.transport.h2frames import RESETS_REMEMBERED, RST_STREAM, frame
-from recserve.serving.transport.h2limits import ByteBudget
+from recserve.serving.transport.h2frames import MAX_STREAMS, RESETS_REMEMBERED, RST_STREAM, frame
+from recserve.serving.transport.h2limits import ByteBudget, StreamBudget
 
 
 class MessageSink(Protocol):
@@ -47,10 +47,11 @@ class Method:
 
 class Stream:
     __slots__ = ("id", "call", "ended", "chunks", "size", "unacked", "recv_window", "send_window", "pending",
-                 "pending_end", "headers_sent", "encoding", "method", "landing", "landed", "held")
+                 "pending_end", "headers_sent", "encoding", "method", "landing", "landed", "held", "opened")
 
-    def __init__(self, stream_id: int, send_window: int, recv_window: int = 0) -> None:
+    def __init__(self, stream_id: int, send_window: int, recv_window: int = 0, opened: float = 0.0) -> None:
         self.id = stream_id
+        self.opened = opened  # when its HEADERS arrived (the connection's clock): a request must arrive whole in time
         self.call: Call | None = None
         self.ended = False  # the client half-closed
         self.chunks: list[Any] = []  # DATA not yet split into messages: views of the received bytes, not copies
@@ -72,10 +73,12 @@ class StreamTable:
     """The connection's open streams by id, the request bytes of incomplete messages they hold (against this
     connection's budget and the server's shared one), and the streams we reset, whose late frames are ignored."""
 
-    __slots__ = ("open", "reset_ids", "last_id", "out", "held", "shared_held")
+    __slots__ = ("open", "reset_ids", "last_id", "out", "held", "shared_held", "shared_open")
 
-    def __init__(self, out: list[bytes], held: ByteBudget, shared_held: ByteBudget | None) -> None:
+    def __init__(self, out: list[bytes], held: ByteBudget, shared_held: ByteBudget | None,
+                 shared_open: StreamBudget | None = None) -> None:
         self.open: dict[int, Stream] = {}
+        self.shared_open = shared_open  # streams open over the server's connections
         self.reset_ids: dict[int, None] = {}  # oldest first (``RESETS_REMEMBERED``)
         self.last_id = 0  # the highest stream id the client opened
         self.out = out  # frames to write at the end of this read (``ReplyWriter.out``)
@@ -86,10 +89,21 @@ class StreamTable:
         an even one (we push none)."""
         return stream_id > self.last_id or stream_id % 2 == 0
 
+    def add(self, stream: Stream) -> None:
+        self.open[stream.id] = stream
+        if self.shared_open is not None:
+            self.shared_open.open += 1
+
+    def too_many(self) -> bool:
+        """More streams are open than the connection advertised, or than the server's budget."""
+        return len(self.open) > MAX_STREAMS or (self.shared_open is not None and self.shared_open.over())
+
     def forget(self, stream_id: int) -> Stream | None:
         stream = self.open.pop(stream_id, None)
         if stream is not None:
             self.count_held(stream, 0)
+            if self.shared_open is not None:
+                self.shared_open.open -= 1
         return stream
 
     def count_held(self, stream: Stream, held: int) -> None:
@@ -122,6 +136,8 @@ class StreamTable:
         """The connection is gone: every stream let go, its call cancelled (streams and calls refer to each other)."""
         streams = list(self.open.values())
         self.open.clear()  # in place: the reader and the writer share this dict
+        if self.shared_open is not None:
+            self.shared_open.open -= len(streams)
         for stream in streams:
             self.count_held(stream, 0)
             stream.chunks, stream.landing = [], None

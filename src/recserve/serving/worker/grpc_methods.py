@@ -442,6 +442,7 @@ async def serve_grpc(plane: WorkerPlane, sock: socket.socket, upstream: str, max
     server = GrpcServer(methods, max_message, plane.limits.flood,
                         on_abuse=lambda reason: plane.refused(reason if reason == CLIENT_GONE else f"h2_{reason}"),
                         max_connections=plane.limits.max_connections, idle_timeout_s=plane.limits.keep_alive_s,
+                        request_timeout_s=plane.limits.read_timeout_s,
                         on_release=lambda: setattr(plane.reporter, "trim_wanted", True))
     await server.start(sock)
     return server
