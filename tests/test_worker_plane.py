@@ -1554,3 +1554,41 @@ def test_every_answer_during_a_drain_closes_its_connection():
         assert not plane.keeps(True)
     finally:
         loop.close()
+
+
+def test_a_request_on_its_way_as_a_draining_worker_lets_an_idle_connection_go_is_answered_not_reset():
+    """HTTP/1.1's keep-alive race at shutdown: the worker lets its idle connections go while a client's next request
+    is on its way.  Closed at once with that request unread, the connection was reset under the client; now the
+    request is answered (503, ``Connection: close``) and the connection closes by a half-close, read to its end."""
+    loop = asyncio.new_event_loop()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname(), timeout=60)
+    ours, _ = listener.accept()
+    listener.close()
+    request = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+    try:
+        plane, _ = _busy_plane(loop, arrivals=0)
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        client.sendall(request)
+        run_until(loop, lambda: answered(client))
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 OK")  # and the connection stays open
+        plane.drain()  # what the supervisor sends at SIGTERM: drain, then stop
+        plane.retire()
+        client.sendall(request)  # the client's next request, on its way as the worker lets idle connections go
+        run_until(loop, lambda: answered(client))
+        reply = b""
+        while answered(client) or not reply.endswith(b"}"):
+            chunk = client.recv(65536)  # a reset raises here
+            if not chunk:
+                break
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 503") and b"\r\nConnection: close\r\n" in reply, reply
+        run_until(loop, lambda: answered(client))
+        assert client.recv(65536) == b""  # then the end of the stream, not a reset
+        client.close()
+        run_until(loop, plane.exit_event.is_set)
+        assert plane.exit_event.is_set()
+    finally:
+        client.close()
+        loop.close()
+

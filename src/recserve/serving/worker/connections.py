@@ -244,7 +244,7 @@ class ConnectionManager:
         for conn in [c for c in self.open if c.too_slow(now, limits.read_timeout_s)]:
             conn.refuse(InferError("slow_client", f"request not received within {limits.read_timeout_s:g} s"))
         for conn in [c for c in self.open if c.idle_for(now) > limits.keep_alive_s]:
-            conn.write(b"", close=True)  # an idle keep-alive connection: the client opens another when it needs
+            conn.linger_close()  # an idle keep-alive connection: the client opens another when it needs
         self._count_active()
         self.loop.call_later(SWEEP_S, self._sweep)
 
@@ -329,12 +329,12 @@ class ConnectionManager:
 
     def let_idle_go(self, close: bool) -> bool:
         """Hand every connection with no request in progress to the supervisor (``close``: the node is shutting
-        down, nobody to hand it to: close it); whether none is left here, nor any accepted one still to come."""
+        down, nobody to hand it to: close it once idle a moment, ``Connection.close_idle``); whether none is left
+        here, nor any accepted one still to come."""
         for conn in list(self.open):
             if not conn.busy and not conn.closed:
                 if close:
-                    conn.write(b"", close=True)
-                    self.open.discard(conn)
+                    conn.close_idle()
                 else:
                     self.hand_off(conn)
         return not (self.open or self.connecting)

@@ -32,6 +32,7 @@ PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in f
 PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
 HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
 LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
+DRAIN_IDLE_S = 1.0  # draining: an idle keep-alive connection is closed once idle this long (``close_idle``)
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
            431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
            503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -161,6 +162,7 @@ class Connection(asyncio.BufferedProtocol):
         self.leaving = False  # being handed off: no further request is read here
         self._skip = 0  # body bytes still to drop: the request was refused from its JSON header (``_shed_early``)
         self._skip_keep_alive = True
+        self._closing_idle = False  # draining: closed once idle long enough (``close_idle``)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -415,6 +417,14 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is None or self.closed:
             return
         self._send(error_response(exc, close=True))
+        self.linger_close()
+
+    def linger_close(self) -> None:
+        """Close without a reset (RFC 9112 9.6): the write side is shut after what is written, and what the client
+        still sends is read and dropped for ``LINGER_S`` or until it closes.  Closed with unread bytes, a socket
+        sends RST, which can also discard an answer its client has not read yet."""
+        if self.transport is None or self.closed:
+            return
         if self._paused:  # read again, only to drop what follows
             self._paused = 0
             self.transport.resume_reading()
@@ -423,6 +433,20 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.manager.loop.call_later(LINGER_S, self.transport.close)
+
+    def close_idle(self) -> None:
+        """The node drains: close this idle connection once it has been idle ``DRAIN_IDLE_S``, without a reset.
+        Its client may have sent a request it has not received yet (HTTP/1.1's keep-alive race): that request is
+        answered (a query with 503, ``Connection: close``) and the connection closes after it."""
+        if self._closing_idle or self.closed:
+            return
+        self._closing_idle = True
+        wait = DRAIN_IDLE_S - (time.perf_counter() - self.arrived)
+        self.manager.loop.call_later(max(0.0, wait), self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        if not (self.busy or self._receiving() or self.leaving):
+            self.linger_close()  # else a request came: its answer closes the connection (``answered``)
 
     def _receiving(self) -> bool:
         return bool(self.buf) or self._body is not None or self._skip > 0
@@ -461,7 +485,10 @@ class Connection(asyncio.BufferedProtocol):
         """The current request is answered: read on, or close."""
         self.busy = False
         if not keep_alive:
-            self.write(b"", close=True)
+            if self.plane.admission.draining:  # the client may have sent more: it reads this answer, not a reset
+                self.linger_close()
+            else:
+                self.write(b"", close=True)
             return
         self.arrived = time.perf_counter()  # of the next request if it is here, else since when it is idle
         if self.client_done:  # no more will come: answer what it sent, then close (``_advance``)

@@ -105,8 +105,9 @@ class WorkerPlane:
         return method == "POST" and path.partition("?")[0] in self._paths and self.serves_queries()
 
     def serves_queries(self) -> bool:
-        """Whole queries of this model are answered here (not while sub-batching or retiring)."""
-        return self.sub_batch <= 0 and not self.retiring
+        """Whole queries of this model are answered here (not while sub-batching, nor while retiring unless the node
+        drains: a query on a connection it still holds is then refused here, 503 and ``Connection: close``)."""
+        return self.sub_batch <= 0 and (not self.retiring or self.admission.draining)
 
     # ---- routing a query ---------------------------------------------------------------------------
     def admit(self, conn: Connection, req: Request) -> None:
