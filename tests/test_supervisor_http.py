@@ -243,3 +243,16 @@ def test_the_http_port_listens_with_the_nodes_backlog_on_either_front_end(port):
     must hold whichever process accepts (a burst of connections past 100 would otherwise wait for SYN retries)."""
     out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
     assert [int(line.split()[2]) for line in out.splitlines()] == [BACKLOG]
+
+
+@pytest.mark.integration  # starts a node
+def test_a_body_over_the_limit_that_waits_for_100_continue_gets_413_without_the_100(port):
+    """RFC 9110 10.1.1: a request the server will refuse from its head gets the final status, not ``100 Continue``
+    asking the client to send a body only to be refused (aiohttp sends the 100 before any handler runs)."""
+    over = b"Content-Length: 999999999999\r\nExpect: 100-continue\r\n\r\n"
+    for head in (INDEX, b"POST /v2/models/hercules-rmc1/infer HTTP/1.1\r\nHost: x\r\n",
+                 b"POST /v2/models/hercules-rmc1/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"):
+        reply, took = exchange(port, head + over)
+        assert reply.startswith(b"HTTP/1.1 413") and b"100 Continue" not in reply and took < 25, reply[:300]
+    reply, _ = exchange(port, INDEX + b"Content-Length: 2\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), reply[:300]  # within the limit: asked for the body

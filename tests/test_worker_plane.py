@@ -1592,3 +1592,24 @@ def test_a_request_on_its_way_as_a_draining_worker_lets_an_idle_connection_go_is
         client.close()
         loop.close()
 
+
+def test_a_large_body_refused_for_want_of_memory_gets_no_100_continue_first():
+    """A body the worker will not receive (the bodies being received hold its budget) is refused from its head,
+    503, without the ``100 Continue`` that would have the client send it for nothing (RFC 9110 10.1.1)."""
+    loop = asyncio.new_event_loop()
+    ours, theirs = socket.socketpair()
+    try:
+        plane, _ = _busy_plane(loop, arrivals=0)
+        bodies = plane.connections.bodies
+        bodies.add(bodies.limit)  # every byte of the budget taken
+        loop.run_until_complete(plane.connections.adopt(ours.detach(), b""))
+        theirs.sendall(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n"
+                       b"Expect: 100-continue\r\n\r\n")
+        run_until(loop, lambda: answered(theirs))
+        theirs.settimeout(30)
+        reply = theirs.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 503") and b"100 Continue" not in reply, reply
+        bodies.add(-bodies.limit)
+    finally:
+        theirs.close()
+        loop.close()

@@ -91,8 +91,31 @@ def build_app(core: NodeCore) -> web.Application:
     routes = web.RouteTableDef()
     for add in (_health_routes, _model_routes, _repository_routes, _shm_routes, _metrics_routes, _control_routes):
         add(routes, core)
-    app.add_routes(routes)
+    expect = _expect_within(core)
+    app.add_routes([web.RouteDef(r.method, r.path, r.handler, {**r.kwargs, "expect_handler": expect})
+                    for r in routes if isinstance(r, web.RouteDef)])
     return app
+
+
+def _expect_within(core: NodeCore) -> Any:
+    async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` with a body over ``max_body_bytes``: 413 at once, without the 100 that would
+        have the client send the body first (RFC 9110 10.1.1), as the workers answer; else aiohttp's own (100 to
+        an HTTP/1.1 client, 417 for any other expectation)."""
+        limit, length = core.config.max_body_bytes, request.content_length
+        if length is not None and length > limit and request.headers.get("Expect", "").lower() == "100-continue":
+            error = InferError("too_large", f"body: {length} bytes exceed the limit of {limit}", "body")
+            if request.path.endswith("/infer"):
+                core.refused(error.code)
+            return error_response(error)
+        if request.version >= (1, 1):
+            if request.headers.get("Expect", "").lower() != "100-continue":
+                raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the answer's own bytes start after it
+        return None
+
+    return expect_continue
 
 
 def _refusal_counter(core: NodeCore) -> Any:

@@ -313,13 +313,14 @@ class Connection(asyncio.BufferedProtocol):
             body, self._body = self._body, None
             self._release_body()
         elif len(self.buf) < self._needed:
-            if (head.version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
-                    and len(self.buf) == head_end):  # an HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1)
-                self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
-                self.mark(True)  # what it wrote is no answer
+            waits = (head.version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
+                     and len(self.buf) == head_end)  # an HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1)
             if self._needed - head_end >= PREALLOCATE_BYTES and not self._shed_early(head_end, headers,
                                                                                      head.version):
                 self._start_body(head_end, headers.get("inference-header-content-length", ""))
+            if waits and not self.closed:  # not before a refusal: the client would send the body for nothing
+                self._send(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.mark(True)  # what it wrote is no answer
             return
         else:
             body = self.buf[head_end : self._needed]
