@@ -28,7 +28,8 @@ from recserve.serving.transport.room import Room
 from recserve.serving.transport.tcp_counts import StreamCounts, stream_counts
 from recserve.serving.wire import pipe
 from recserve.serving.wire.errors import InferError
-from recserve.serving.worker.http_connection import NOTHING_YET, RECV_BYTES, Connection, error_response
+from recserve.serving.worker.http_connection import NOTHING_YET, RECV_BYTES, Connection
+from recserve.serving.worker.http_responses import error_response
 from recserve.serving.worker.reporter import RETIRING_LOAD
 
 log = logging.getLogger("recserve.serving")

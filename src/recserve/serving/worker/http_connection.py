@@ -1,4 +1,4 @@
-"""One client's HTTP/1.1 connection on a whole-query worker, and the bytes of the answers it writes.
+"""One client's HTTP/1.1 connection on a whole-query worker: requests read, handed to the plane, answers written.
 
 A request ``POST /v2/models/<own model>[/versions/<own version>]/infer`` has its head parsed by llhttp
 (``serving/transport/http1.py``) and goes to the worker's plane (``WorkerPlane.admit``): decoded, validated, queued,
@@ -11,19 +11,19 @@ connection's first request pays that hop, and the connection then stays where it
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import functools
-import json
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from recserve.serving.transport.h2grpc import WRITE_HIGH
-from recserve.serving.transport.http1 import Head, HeadError, HeadReader, digits, keep_alive
+from recserve.serving.transport.http1 import Head, HeadError, HeadReader, keep_alive
 from recserve.serving.transport.tcp_counts import StreamCounts
-from recserve.serving.wire import codec
 from recserve.serving.wire.errors import InferError
+from recserve.serving.worker.http_closing import LINGER_S as LINGER_S  # node/handover.py's
+from recserve.serving.worker.http_closing import ConnectionEnding
+from recserve.serving.worker.http_responses import error_response as error_response  # node/ takes it from here
+from recserve.serving.worker.large_body import LargeBody
 
 NOTHING_YET = StreamCounts(0, 0)  # a connection this worker accepted: nothing read or written before it
 PREALLOCATE_BYTES = 64 * 1024  # bodies from this size on are received in place
@@ -31,11 +31,6 @@ RECV_BYTES = 256 * 1024  # the most one read takes outside a large body (asyncio
 PIPELINE_BYTES = 64 * 1024  # a connection stops reading while a request is in flight and this much more is buffered
 PAUSED_PIPELINE, PAUSED_WRITING = 1, 2  # why a connection's reading is paused (``Connection._pause``)
 HEAD_ERRORS = {400: "invalid", 431: "head_too_large", 501: "unsupported"}  # ``HeadError.status`` -> error code
-LINGER_S = 2.0  # after refusing a request, drop what the client still sends for this long before closing
-DRAIN_IDLE_S = 1.0  # draining: an idle keep-alive connection is closed once idle this long (``close_idle``)
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-           503: "Service Unavailable", 504: "Gateway Timeout"}
 # A connection's shared state (``Connection.mark``), read by the supervisor if the worker dies or hangs
 # (``node/watchdog.py``), two words: [MARK] idle, the bytes of it read so far (>= 0); holding a request, -1 - the
 # bytes written so far.  [ANSWER_END] the bytes written once the answer being written is all given to the socket
@@ -75,50 +70,7 @@ def _encoded(headers: dict[str, str]) -> bool:
     return coding is not None and coding.strip().lower() != "identity"
 
 
-def response_bytes(status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None,
-                   close: bool = False, version: str = "HTTP/1.1") -> bytes:
-    """An answer's bytes; ``close`` says the connection ends after it.  An HTTP/1.0 client (``version``) whose
-    connection stays open is told so, as it assumes that only when told (RFC 9112 9.3)."""
-    fields = tuple(extra.items()) if extra else ()
-    if version == "HTTP/1.0" and not close:
-        fields += (("Connection", "keep-alive"),)
-    return b"".join((_response_head(status, content_type, len(body), fields, close), _date_end(), body))
-
-
-@functools.lru_cache(maxsize=1024)
-def _response_head(status: int, content_type: str, length: int, extra: tuple[tuple[str, str], ...],
-                   close: bool) -> bytes:
-    """A response's head but its ``Date``, remembered: answers of one shape repeat it call after call (~3 µs of a
-    batch-1 query)."""
-    head = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", "Server: recserve", f"Content-Type: {content_type}",
-            f"Content-Length: {length}"]
-    head += [f"{k}: {v}" for k, v in extra]
-    if close:
-        head.append("Connection: close")
-    return ("\r\n".join(head) + "\r\n").encode("latin-1")
-
-
-_date = [0, b""]  # the second and the Date field (with the head's end) last written
-
-
-def _date_end() -> bytes:
-    """``Date`` (RFC 9110 6.6.1: an origin server with a clock sends it) and the blank line ending a head, made
-    once a second."""
-    now = int(time.time())
-    if now != _date[0]:
-        _date[:] = now, f"Date: {email.utils.formatdate(now, usegmt=True)}\r\n\r\n".encode("ascii")
-    return _date[1]  # type: ignore[return-value]
-
-
-def error_response(exc: InferError, close: bool = False, extra: dict[str, str] | None = None,
-                   version: str = "HTTP/1.1") -> bytes:
-    """The one JSON error answer (status from ``serving/wire/errors.py``'s table)."""
-    return response_bytes(exc.status.http, json.dumps(exc.body()).encode(), "application/json", extra, close,
-                          version)
-
-
-
-class Connection(asyncio.BufferedProtocol):
+class Connection(ConnectionEnding):
     """One client connection on a worker: reads requests, hands them to the plane, writes answers in order.
 
     The head of a request is parsed once.  A large body is received straight into a buffer of its size
@@ -147,11 +99,8 @@ class Connection(asyncio.BufferedProtocol):
         self._head: tuple[int, Head] | None = None  # the pending request's (head_end, head)
         self._paused = 0  # why reading is paused: PAUSED_PIPELINE | PAUSED_WRITING
         self._needed = 0  # bytes the buffer must hold before the pending request is complete
-        self._body: memoryview | None = None  # a large body being received in place (``_start_body``)
-        self._filled = 0
-        self._held = 0  # the body's bytes counted in the manager's ``bodies`` budget
+        self._body: LargeBody | None = None  # a large body being received in place (``_start_body``)
         self._into_body = False  # the last ``get_buffer`` handed out the body's free part
-        self._head_bytes = b""
         self.slot = sock.fileno()  # this connection's descriptor, its index in the manager's shared states
         states = manager.states  # this connection's row of them (``mark``), if its descriptor has one
         self._state = states[self.slot] if 0 <= self.slot < len(states) else None
@@ -220,16 +169,15 @@ class Connection(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         body = self._body
-        self._into_body = body is not None and self._filled < len(body) and not self.discarding
+        self._into_body = body is not None and not body.whole and not self.discarding
         if self._into_body:
-            return body[self._filled :]  # type: ignore[index]
+            return body.free()  # type: ignore[union-attr]
         return self.manager.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
         self.read_here += nbytes
         if self._into_body:
-            self._filled += nbytes
-            if self._filled == len(self._body) and not self.busy:  # type: ignore[arg-type]
+            if self._body.received(nbytes) and not self.busy:  # type: ignore[union-attr]
                 self._advance()
             return
         self.data_received(self.manager.scratch[:nbytes])
@@ -247,13 +195,10 @@ class Connection(asyncio.BufferedProtocol):
             self.answered(self._skip_keep_alive)
             return
         if self._body is not None:  # the rest of a body started from bytes already buffered
-            take = min(len(data), len(self._body) - self._filled)
-            self._body[self._filled : self._filled + take] = data[:take]
-            self._filled += take
-            data = data[take:]
-            if data:
-                self.buf += data
-            if self._filled == len(self._body) and not self.busy:
+            rest = self._body.take(data)
+            if rest:
+                self.buf += rest
+            if self._body.whole and not self.busy:
                 self._advance()
             return
         if not self.buf:
@@ -280,8 +225,8 @@ class Connection(asyncio.BufferedProtocol):
         if not self.closed and (self._head is not None or self._body is not None):
             self.plane.refused("client_gone")  # it left before its request arrived whole
         if self._body is not None:  # a large body never completed: its memory is returned once the worker is idle
+            self._body.release()
             self._body = None
-            self._release_body()
             self.plane.reporter.trim_wanted = True
         self.closed = True
         self.manager.open.discard(self)
@@ -308,10 +253,9 @@ class Connection(asyncio.BufferedProtocol):
         head_end, head = self._head  # type: ignore[misc]
         headers = head.headers
         if self._body is not None:
-            if self._filled < len(self._body):
+            if not self._body.whole:
                 return
-            body, self._body = self._body, None
-            self._release_body()
+            body, self._body = self._body.release(), None
         elif len(self.buf) < self._needed:
             waits = (head.version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue"
                      and len(self.buf) == head_end)  # an HTTP/1.0 client's expectation is ignored (RFC 9110 10.1.1)
@@ -330,57 +274,21 @@ class Connection(asyncio.BufferedProtocol):
         self.requests += 1
         self.plane.admit(self, Request(head.method, head.path, head.version, headers, body, self.arrived))
 
-    def _shed_early(self, head_end: int, headers: dict[str, str], version: str) -> bool:
-        """Under overload, refuse a large query from its JSON header alone and drop its body as it arrives.
-
-        Why: at 5x overload with ~1.8 MB queries, receiving and decoding the bodies of queries that are then shed
-        took most of a worker's core, so the next requests waited in the socket before admission saw them."""
-        length = headers.get("inference-header-content-length", "")
-        if not digits(length) or len(self.buf) < head_end + int(length):
-            return False
-        error = self.plane.early.from_header(bytes(self.buf[head_end : head_end + int(length)]), self.arrived)
-        if error is None:
-            return False
-        self._skip_keep_alive = self.plane.keeps(keep_alive(version, headers))
-        self.plane.shed(self, error, self._skip_keep_alive, version)
-        self._skip = self._needed - len(self.buf)
-        self.buf.clear()
-        self._head, self._needed = None, 0
-        return True
-
     def _start_body(self, head_end: int, json_length: str) -> None:
-        """Receive the rest of a large body straight into a buffer of its size: appending megabytes to a growing
-        buffer re-copied it on every chunk (~60% of a worker's CPU at 1.9 MB requests).
-
-        The buffer is uninitialised and its binary tensors, after the JSON header (``json_length`` bytes), start
-        aligned (``codec.aligned_buffer``)."""
-        size = self._needed - head_end
-        bodies = self.manager.bodies
-        bodies.add(size)
-        if bodies.over():
-            bodies.add(-size)
+        """Receive the rest of a large body straight into a buffer of its size (``worker/large_body.py``), or
+        refuse it (503) while the bodies being received hold the worker's budget."""
+        size, bodies = self._needed - head_end, self.manager.bodies
+        self._body = LargeBody.start(bodies, size, json_length, bytes(self.buf[:head_end]), self.buf[head_end:])
+        if self._body is None:
             self.refuse(InferError("unavailable", f"request bodies being received hold {bodies.limit} bytes of this "
                                    "worker; retry"))
             return
-        self._held = size
-        lead = int(json_length) if digits(json_length) and int(json_length) < size else 0
-        self._body = codec.aligned_buffer(size, lead)
         self.plane.reporter.took_large_input(size)
-        got = self.buf[head_end:]
-        self._body[: len(got)] = got
-        self._filled = len(got)
-        self._head_bytes = bytes(self.buf[:head_end])
         self.buf.clear()
-
-    def _release_body(self) -> None:
-        self.manager.bodies.add(-self._held)
-        self._held = 0
 
     def pending(self) -> bytes:
         """Everything read and not yet answered, as received (what a hand-off passes on)."""
-        if self._body is None:
-            return bytes(self.buf)
-        return self._head_bytes + bytes(self._body[: self._filled]) + bytes(self.buf)
+        return bytes(self.buf) if self._body is None else self._body.pending() + bytes(self.buf)
 
     def _read_head(self) -> bool:
         """Parse the head; True if the request is ours to read on, False if answered, handed off or incomplete.
@@ -407,59 +315,6 @@ class Connection(asyncio.BufferedProtocol):
             return False
         self._head, self._needed = got, head_end + head.length
         return True
-
-    def refuse(self, exc: InferError) -> None:
-        """Answer an unreadable request and close: what follows it on the connection cannot be trusted.
-
-        A lingering close (RFC 9112 9.6): the write side is shut and what the client still sends is read and
-        dropped for ``LINGER_S``, so a client still uploading a refused body reads the answer instead of a reset.
-        """
-        self.plane.refused(exc.code)
-        if self.transport is None or self.closed:
-            return
-        self._send(error_response(exc, close=True))
-        self.linger_close()
-
-    def linger_close(self) -> None:
-        """Close without a reset (RFC 9112 9.6): the write side is shut after what is written, and what the client
-        still sends is read and dropped for ``LINGER_S`` or until it closes.  Closed with unread bytes, a socket
-        sends RST, which can also discard an answer its client has not read yet."""
-        if self.transport is None or self.closed:
-            return
-        if self._paused:  # read again, only to drop what follows
-            self._paused = 0
-            self.transport.resume_reading()
-        self.closed = self.discarding = True
-        self.buf.clear()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.manager.loop.call_later(LINGER_S, self.transport.close)
-
-    def close_idle(self) -> None:
-        """The node drains: close this idle connection once it has been idle ``DRAIN_IDLE_S``, without a reset.
-        Its client may have sent a request it has not received yet (HTTP/1.1's keep-alive race): that request is
-        answered (a query with 503, ``Connection: close``) and the connection closes after it."""
-        if self._closing_idle or self.closed:
-            return
-        self._closing_idle = True
-        wait = DRAIN_IDLE_S - (time.perf_counter() - self.arrived)
-        self.manager.loop.call_later(max(0.0, wait), self._close_if_idle)
-
-    def _close_if_idle(self) -> None:
-        if not (self.busy or self._receiving() or self.leaving):
-            self.linger_close()  # else a request came: its answer closes the connection (``answered``)
-
-    def _receiving(self) -> bool:
-        return bool(self.buf) or self._body is not None or self._skip > 0
-
-    def too_slow(self, now: float, limit_s: float) -> bool:
-        """A request has been arriving for longer than ``limit_s`` (a slow or stalled client)."""
-        return not self.busy and not self.closed and self._receiving() and now - self.arrived > limit_s
-
-    def idle_for(self, now: float) -> float:
-        """How long the connection has had no request in progress (0 while one is; ``arrived`` marks when the
-        last one was answered)."""
-        return 0.0 if self.busy or self.closed or self._receiving() else now - self.arrived
 
     def _send(self, data: bytes) -> None:
         self.transport.write(data)  # type: ignore[union-attr]

@@ -40,7 +40,8 @@ from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
 from recserve.serving.worker.early_refusal import EarlyRefusal
 from recserve.serving.worker.failure_log import ModelFailures
-from recserve.serving.worker.http_connection import Connection, Request, error_response, response_bytes
+from recserve.serving.worker.http_connection import Connection, Request
+from recserve.serving.worker.http_responses import error_response, response_bytes
 from recserve.serving.worker.json_decoder import JsonDecoder
 from recserve.serving.worker.limits import PlaneLimits
 from recserve.serving.worker.model_path import ModelPath, as_infer_error
