@@ -504,35 +504,38 @@ def _rst_codes(data: bytes) -> list[tuple[int, int]]:
     return out
 
 
-def test_calls_open_over_a_servers_connections_are_bounded_and_let_go_on_close():
-    """HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS bounds one connection's calls; a client opening many connections
-    with calls that never finish their request meets the server's budget: further calls are refused with
-    RST_STREAM REFUSED_STREAM (retried by gRPC clients: none of it ran), counted, and a finished call's place is
-    taken again."""
+def test_calls_open_over_a_servers_connections_are_bounded_and_a_client_with_few_is_served():
+    """HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS bounds one connection's calls; calls that never finish their request
+    over many connections meet the server's budget: past it, a connection holding more than ``FEW_STREAMS`` has new
+    calls refused with RST_STREAM REFUSED_STREAM (retried by gRPC clients: none of it ran), counted, while a
+    client with a few calls is still served.  The budget is given back as calls end and connections close."""
+    from recserve.serving.transport.h2frames import FEW_STREAMS
     from recserve.serving.transport.h2limits import StreamBudget
 
     echo = Method(unary=lambda call, raw: call.reply(b"ok"))
     budget, abused = StreamBudget(10), []
-    conns = []
-    for _ in range(2):
+
+    def connect() -> tuple[GrpcConnection, _Transport]:
         conn, transport = GrpcConnection(lambda path: echo, 1 << 20, on_abuse=abused.append, streams=budget), \
             _Transport()
         conn.connection_made(transport)
         conn.data_received(PREFACE + _frame(SETTINGS, 0, 0))
         transport.data = b""
-        conns.append((conn, transport))
-    (first, first_out), (second, second_out) = conns
-    first.data_received(b"".join(_headers(2 * i + 1, END_HEADERS) for i in range(8)))  # requests never finished
-    second.data_received(b"".join(_headers(2 * i + 1, END_HEADERS) for i in range(8)))
-    assert budget.open == 10 and first.open_streams == 8 and second.open_streams == 2
-    assert _rst_codes(second_out.data) == [(2 * i + 1, 0x7) for i in range(2, 8)]  # REFUSED_STREAM
-    assert abused == ["too_many_streams"] * 6 and not second_out.closed
-    first.data_received(_frame(DATA, END_STREAM, 1, b"\x00\x00\x00\x00\x02hi"))  # one finishes: its place is free
-    second_out.data = b""
-    second.data_received(_headers(17, END_HEADERS) + _frame(DATA, END_STREAM, 17, b"\x00\x00\x00\x00\x02hi"))
-    assert b"\x00\x00\x00\x00\x02ok" in second_out.data and budget.open == 9
-    first.connection_lost(None)
-    second.connection_lost(None)
+        return conn, transport
+
+    message = b"\x00\x00\x00\x00\x02hi"
+    (many, many_out), (few, few_out), (good, good_out) = connect(), connect(), connect()
+    many.data_received(b"".join(_headers(2 * i + 1, END_HEADERS) for i in range(12)))  # requests never finished
+    assert many.open_streams == 10 and _rst_codes(many_out.data) == [(21, 0x7), (23, 0x7)]  # REFUSED_STREAM
+    few.data_received(b"".join(_headers(2 * i + 1, END_HEADERS) for i in range(FEW_STREAMS + 1)))
+    assert few.open_streams == FEW_STREAMS and _rst_codes(few_out.data) == [(2 * FEW_STREAMS + 1, 0x7)]
+    assert budget.open == 10 + FEW_STREAMS and abused == ["too_many_streams"] * 3 and not many_out.closed
+    good.data_received(_headers(1, END_HEADERS) + _frame(DATA, END_STREAM, 1, message))  # past the budget: served
+    assert b"\x00\x00\x00\x00\x02ok" in good_out.data and budget.open == 10 + FEW_STREAMS
+    many.data_received(_frame(DATA, END_STREAM, 1, message))  # one finishes: its place is given back
+    assert b"\x00\x00\x00\x00\x02ok" in many_out.data and budget.open == 9 + FEW_STREAMS
+    for conn in (many, few, good):
+        conn.connection_lost(None)
     assert budget.open == 0
 
 

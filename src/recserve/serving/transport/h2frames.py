@@ -26,6 +26,8 @@ HELD_WORKER = 64 << 20  # the same, over a server's connections (at least four l
 FRAMES_PER_TURN = 256  # frames handled per read before the loop runs other work: the rest waits, reading paused
 MAX_STREAMS = 4096  # concurrent calls per connection (advertised); admission proper is the worker's queue
 SERVER_STREAMS = 8192  # ... and over a server's (a worker's) connections: many connections would multiply the first
+FEW_STREAMS = 8  # a connection with no more calls open than this is served past SERVER_STREAMS: a client with a few
+# calls is not refused for the many of others, and over a server's connections these add a bounded number
 MAX_HEADER_BLOCK = 64 << 10  # a header block's encoded bytes (HEADERS + CONTINUATION): a CONTINUATION flood ends here
 MAX_HEADER_LIST = 16 << 10  # a block's decoded size (RFC 7541 4.1: 32 a field and more), grpc-core's hard limit on
 # metadata: past it HPACK stops with COMPRESSION_ERROR before a block of tiny fields costs much Python

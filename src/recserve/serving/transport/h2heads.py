@@ -19,6 +19,7 @@ from recserve.serving.transport.h2frames import (
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST,
     MAX_PURE_BLOCKS,
+    MAX_STREAMS,
     PADDED,
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
@@ -181,8 +182,8 @@ class CallOpener:
         if self.replies.closing or self.streams.too_many():  # retried by gRPC clients (nothing of it was run)
             if self.replies.closing:
                 self.refused += 1
-            elif self.on_abuse is not None and self.streams.shared_open is not None and self.streams.shared_open.over():
-                self.on_abuse("too_many_streams")
+            elif self.on_abuse is not None and len(self.open) <= MAX_STREAMS:
+                self.on_abuse("too_many_streams")  # the server's budget
             self.streams.reset(stream, REFUSED_STREAM)
             return
         call = self.new_call(self.replies, stream, path, None if seconds is None else self.clock() + seconds,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from recserve.serving.transport.h2frames import MAX_STREAMS, RESETS_REMEMBERED, RST_STREAM, frame
+from recserve.serving.transport.h2frames import FEW_STREAMS, MAX_STREAMS, RESETS_REMEMBERED, RST_STREAM, frame
 from recserve.serving.transport.h2limits import ByteBudget, StreamBudget
 
 
@@ -95,8 +95,11 @@ class StreamTable:
             self.shared_open.open += 1
 
     def too_many(self) -> bool:
-        """More streams are open than the connection advertised, or than the server's budget."""
-        return len(self.open) > MAX_STREAMS or (self.shared_open is not None and self.shared_open.over())
+        """More streams are open than the connection advertised, or than the server's budget while this
+        connection holds more than ``FEW_STREAMS``."""
+        open_here = len(self.open)
+        return open_here > MAX_STREAMS or (open_here > FEW_STREAMS and self.shared_open is not None
+                                           and self.shared_open.over())
 
     def forget(self, stream_id: int) -> Stream | None:
         stream = self.open.pop(stream_id, None)
