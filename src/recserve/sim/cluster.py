@@ -126,14 +126,32 @@ def replay(policy: DispatchPolicy, pool: Sequence[str], sizes: list[int], arriva
     first_measured = int(n * warmup)
     budget = (n - first_measured) * (1.0 - percentile / 100.0)
     heap: list[tuple[float, int, int]] = []
-    heappush, heappop = heapq.heappush, heapq.heappop
+    heappush = heapq.heappush
 
     def start(q: Query, inst: Instance, now: float) -> None:
         heappush(heap, (now + service[q.id][inst.type_idx], q.id, inst.index))
 
     instances, types = make_instances(pool)
     dispatcher = Dispatcher(policy, instances, types, start, record=record)
+    latencies, violations, aborted, now, events = _run_events(
+        dispatcher, instances, heap, sizes, arrivals, qos_ms, first_measured, budget if abort_on_violation else None)
+    result = SimResult(np.array(latencies), len(latencies), n - first_measured, violations, aborted, now,
+                       time.perf_counter() - t0, {t: sum(x.served for x in instances if x.type_name == t)
+                                                   for t in types}, events)
+    result.decisions = dispatcher.decisions
+    return result
+
+
+def _run_events(dispatcher: Dispatcher, instances: list[Instance], heap: list[tuple[float, int, int]],
+                sizes: list[int], arrivals: list[float], qos_ms: float, first_measured: int,
+                budget: float | None) -> tuple[list[float], int, bool, float, int]:
+    """The event loop: the next completion (``heap``, filled by the dispatcher's start) or the next arrival, in time
+    order, until both run out, or the violations pass ``budget`` (None: never stop early).  Returns the measured
+    latencies, the violations among them, whether it stopped early, the last event's time and the events."""
+    heappop = heapq.heappop
     arrive, finish, dispatch = dispatcher.arrive, dispatcher.finish, dispatcher.dispatch
+    abort_on_violation = budget is not None
+    n = len(arrivals)
     latencies: list[float] = []
     violations = events = 0
     aborted = False
@@ -161,8 +179,4 @@ def replay(policy: DispatchPolicy, pool: Sequence[str], sizes: list[int], arriva
             now = t_arr
             arrive(now, sizes[i], query_id=i)
             i += 1
-    result = SimResult(np.array(latencies), len(latencies), n - first_measured, violations, aborted, now,
-                       time.perf_counter() - t0, {t: sum(x.served for x in instances if x.type_name == t)
-                                                   for t in types}, events)
-    result.decisions = dispatcher.decisions
-    return result
+    return latencies, violations, aborted, now, events
