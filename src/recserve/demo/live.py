@@ -77,49 +77,66 @@ def run_live(run: DemoRun, scale: float, seconds: float, window_s: float, contro
     ``controller_name`` (hera | parties | static) resizes node A's workers every window under the
     ``shape`` load (see :func:`live_rates`), sized from ``capacity`` (default: the run's profile of this host),
     which is also the RMU's curve."""
-    from recserve.policies.node_control import ControlLoop, ServerNodeControl
-    from recserve.policies.rmu import make_controller
-    from recserve.serving.node.control_client import ControlClient
-
     lo, hi = models
     capacity = capacity or profiled_capacity(run, models)
-    for m in models:  # before any server starts
-        if capacity[m].max_qps(1) <= 0:
-            raise RecserveError(f"{m} misses its SLA even at no load on one worker of this host (max load 0)")
+    _check_capacity(capacity, models)  # before any server starts
     node_a = node_a_server(models, scale)
     started: list[Any] = []
     try:
         ports_a = node_a.start()
         started.append(node_a)
         router = _replica_router(run, lo, scale, ports_a.http, live_cores()[-1], started) if use_router else None
-        windows = max(4, int(seconds / window_s))
-        rates = live_rates(shape, capacity, windows, window_s, models, peaks)
-        peak = {m: float(np.max(r)) for m, r in rates.items()}
+        rates = live_rates(shape, capacity, max(4, int(seconds / window_s)), window_s, models, peaks)
         front = router.port if router is not None else ports_a.http
         urls = {lo: f"http://127.0.0.1:{front}", hi: f"http://127.0.0.1:{ports_a.http}"}
-        # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
-        # the demo lets it place up to WORKER_SLOTS_PER_CORE workers per core (time-shared processes).
-        control = ServerNodeControl(ControlClient(port=ports_a.http), window_s=window_s, models=list(models),
-                                    total_cores=WORKER_SLOTS_PER_CORE * len(os.sched_getaffinity(0)))
-        controller = make_controller(controller_name, capacity)
-        with ControlLoop(controller, control, period_s=window_s) as loop:
-            results, failures = _drive_windows(models, urls, rates, scale, window_s, control)
-            loop_errors = list(loop.errors)
+        controller, results, failures, loop_errors = _controlled_windows(controller_name, capacity, ports_a.http,
+                                                                         models, urls, rates, scale, window_s)
         stats = router.router.stats() if router is not None else None
         if failures:
             raise RecserveError("load generation failed: " + "; ".join(failures))
     finally:
         for s in reversed(started):
             s.stop()
-    by_model = {m: [w for w in results if w.model == m] for m in models}
-    violation = {m: float(np.mean([w.violates(window_s) for w in ws])) if ws else 1.0 for m, ws in by_model.items()}
     return {"kind": "demo-live", "controller": controller_name, "router": use_router, "shape": shape,
             "models": list(models), "scale": scale, "window_s": window_s,
             "capacity_qps": {m: [capacity[m].max_qps(n) for n in (1, 2, 3)] for m in models},
-            "peak_qps": peak, "windows": [w.__dict__ for w in results], "violation_fraction": violation,
+            "peak_qps": {m: float(np.max(r)) for m, r in rates.items()}, "windows": [w.__dict__ for w in results],
+            "violation_fraction": _violation_fraction(results, models, window_s),
             "decisions": [d.__dict__ for d in controller.log], "controller_errors": loop_errors,
             "held": [d.__dict__ for d in getattr(controller, "held", [])],
             "router_stats": stats}
+
+
+def _check_capacity(capacity: dict[str, Any], models: tuple[str, str]) -> None:
+    for m in models:
+        if capacity[m].max_qps(1) <= 0:
+            raise RecserveError(f"{m} misses its SLA even at no load on one worker of this host (max load 0)")
+
+
+def _controlled_windows(controller_name: str, capacity: dict[str, Any], port_a: int, models: tuple[str, str],
+                        urls: dict[str, str], rates: dict[str, np.ndarray], scale: float,
+                        window_s: float) -> tuple[Any, list[LiveWindow], list[str], list[str]]:
+    """The live load, window by window, while ``controller_name`` resizes node A's workers each window over its
+    control API: (the controller, the windows measured, the load generators' failures, the control loop's)."""
+    from recserve.policies.node_control import ControlLoop, ServerNodeControl
+    from recserve.policies.rmu import make_controller
+    from recserve.serving.node.control_client import ControlClient
+
+    # Two co-located models on a 2-core host leave the RMU nothing to move (each needs one worker), so
+    # the demo lets it place up to WORKER_SLOTS_PER_CORE workers per core (time-shared processes).
+    control = ServerNodeControl(ControlClient(port=port_a), window_s=window_s, models=list(models),
+                                total_cores=WORKER_SLOTS_PER_CORE * len(os.sched_getaffinity(0)))
+    controller = make_controller(controller_name, capacity)
+    with ControlLoop(controller, control, period_s=window_s) as loop:
+        results, failures = _drive_windows(models, urls, rates, scale, window_s, control)
+        loop_errors = list(loop.errors)
+    return controller, results, failures, loop_errors
+
+
+def _violation_fraction(results: list[LiveWindow], models: tuple[str, str], window_s: float) -> dict[str, float]:
+    """Per model, the share of its windows that missed the SLA (1.0 where it has none)."""
+    by_model = {m: [w for w in results if w.model == m] for m in models}
+    return {m: float(np.mean([w.violates(window_s) for w in ws])) if ws else 1.0 for m, ws in by_model.items()}
 
 
 def _drive_windows(models: tuple[str, ...], urls: dict[str, str], rates: dict[str, np.ndarray], scale: float,
