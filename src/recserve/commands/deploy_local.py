@@ -42,35 +42,20 @@ def run(args: argparse.Namespace) -> int:
     for n in notes:
         progress(f"note: {n}")
     if args.dry_run:
-        for i, cfg in enumerate(configs):
-            path = workdir / f"node{i}.yaml"
-            path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
-            print(f"{path}: {cfg['_group']}: " + ", ".join(f"{m['name']} x{m['workers']}" for m in cfg["models"]))
+        _write_node_configs(configs, workdir)
         return 0
-    def stop(signum: int, frame: object) -> None:  # `kill PID` or a closed terminal stops the nodes, as Ctrl-C does
-        raise KeyboardInterrupt
-
     _check_this_host(configs)
     if not args.no_router:
         _check_port_free(args.router_port)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # SIGINT too: a shell's background job ignores it
-        signal.signal(sig, stop)
+        signal.signal(sig, _stop)
     nodes = start_nodes(configs, workdir, progress=progress)
     router = None
     try:
-        endpoints: dict[str, list[str]] = {}
-        served: dict[str, str] = {}
-        for node in nodes:
-            for m in node.models:
-                endpoints.setdefault(m, []).append(node.url)
-                served[m] = node.served.get(m, m)
-        (workdir / "endpoints.json").write_text(json.dumps(endpoints, indent=1))
-        for m, urls in endpoints.items():
-            print(f"{m}: {' '.join(f'{u}/v2/models/{served[m]}/infer' for u in urls)}")
+        endpoints = _write_endpoints(nodes, workdir)
         if not args.no_router:
             router = _start_router(plan, nodes, configs, args.router_port)
-            (workdir / "router-endpoints.json").write_text(json.dumps({m: [router.url] for m in endpoints}, indent=1))
-            print(f"router: {router.url}/v2/models/<model>/infer for every model ({workdir / 'router-endpoints.json'})")
+            _write_router_endpoints(router, endpoints, workdir)
         progress(f"wrote {workdir / 'endpoints.json'}; " + (f"stopping in {args.seconds:g} s" if args.seconds
                                                              else "Ctrl-C stops every node"))
         keep_nodes(nodes, args.seconds or None, args.max_restarts, progress=progress)
@@ -83,6 +68,39 @@ def run(args: argparse.Namespace) -> int:
         lock.close()
         _note_tier_files(workdir / "tiers")
     return 0
+
+
+def _stop(signum: int, frame: object) -> None:
+    """`kill PID` or a closed terminal stops the nodes, as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _write_node_configs(configs: list[dict[str, Any]], workdir: Path) -> None:
+    """``--dry-run``: each node's config as ``node<i>.yaml``, and a line naming its group and models."""
+    for i, cfg in enumerate(configs):
+        path = workdir / f"node{i}.yaml"
+        path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
+        print(f"{path}: {cfg['_group']}: " + ", ".join(f"{m['name']} x{m['workers']}" for m in cfg["models"]))
+
+
+def _write_endpoints(nodes: list[Any], workdir: Path) -> dict[str, list[str]]:
+    """Each model's node URLs, written to ``endpoints.json`` and printed as inference URLs; returned."""
+    endpoints: dict[str, list[str]] = {}
+    served: dict[str, str] = {}
+    for node in nodes:
+        for m in node.models:
+            endpoints.setdefault(m, []).append(node.url)
+            served[m] = node.served.get(m, m)
+    (workdir / "endpoints.json").write_text(json.dumps(endpoints, indent=1))
+    for m, urls in endpoints.items():
+        print(f"{m}: {' '.join(f'{u}/v2/models/{served[m]}/infer' for u in urls)}")
+    return endpoints
+
+
+def _write_router_endpoints(router: Any, endpoints: dict[str, list[str]], workdir: Path) -> None:
+    """Every model at the router's URL, in ``router-endpoints.json``."""
+    (workdir / "router-endpoints.json").write_text(json.dumps({m: [router.url] for m in endpoints}, indent=1))
+    print(f"router: {router.url}/v2/models/<model>/infer for every model ({workdir / 'router-endpoints.json'})")
 
 
 def _note_tier_files(tiers: Path) -> None:
