@@ -88,3 +88,24 @@ def test_plan_tier_refuses_more_dram_than_the_server_has():
 def test_plan_shard_refuses_a_locality_below_uniform():
     rc, err = run(SHARD + ["--locality", "0"])
     assert rc == 2 and "argument --locality: must be a finite number in [0.1, 1], got '0'" in err
+
+
+def test_profile_host_refuses_more_workers_than_the_node_runs(tmp_path, monkeypatch):
+    import recserve.measure.profiler as profiler
+    from recserve.serving.node import control_api
+
+    monkeypatch.setattr(control_api, "available_cores", lambda: [0, 1])
+    monkeypatch.setattr(profiler, "profile_host", lambda *a, **k: pytest.fail("measured"))
+    rc, err = run(["profile", "host", "--models", "hera-ncf", "--workers", "1,2,1000", "--out",
+                   str(tmp_path / "p.json")])
+    assert rc == 2 and err.count("\n") == 1
+    assert "--workers 1000: at most 8 on this 2-core host (4 per core" in err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_profile_host_keeps_oversubscription_up_to_four_workers_per_core(monkeypatch):
+    from recserve.measure.profiler import check_worker_counts
+    from recserve.serving.node import control_api
+
+    monkeypatch.setattr(control_api, "available_cores", lambda: [0, 1])
+    check_worker_counts([1, 2, 4, 8])

@@ -103,7 +103,7 @@ def _check_array_mb(array_mb: int | None) -> None:
 def cmd_profile_host(args: argparse.Namespace) -> int:
     import torch
 
-    from recserve.measure.profiler import BATCHES
+    from recserve.measure.profiler import BATCHES, check_worker_counts
 
     torch.set_num_threads(1)
     names = [m for m in args.models.split(",") if m.strip()]
@@ -115,6 +115,8 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     _check_array_mb(args.array_mb)
     batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
     workers = _ints(args.workers, "--workers") if args.workers else None
+    if workers:
+        check_worker_counts(workers)
     sla = None
     if args.sla_ms or args.percentile:
         sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
@@ -137,7 +139,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="profiles/this-host.json", help="ProfileSet JSON to write")
     p.add_argument("--quick", action="store_true", help="short measurements (about 30 s per model)")
     p.add_argument("--batches", default="", help="batch sizes for latency_vs_batch (default 1,8,...,1024)")
-    p.add_argument("--workers", default="", help="worker counts for maxload_vs_workers (default 1..cores)")
+    p.add_argument("--workers", default="", help="worker counts for maxload_vs_workers (default 1..cores; at most "
+                                                 "4 per core, 256 in all)")
     p.add_argument("--via", choices=("server", "inprocess"), default="server",
                    help="max-load tables through a local node server (HTTP) or an in-process worker pool")
     p.add_argument("--no-maxload", action="store_true", help="skip the max-load / footprint / membw tables")

@@ -406,6 +406,22 @@ def node_max_loads(session: LoadSession, set_workers: Callable[[int], None], sla
     return out
 
 
+def check_worker_counts(workers: Sequence[int], what: str = "--workers") -> None:
+    """Refuse worker counts past the node server's own limit (``worker_limits``: 4 per usable core, at most 256).
+
+    Each count is a max-load search over that many worker processes, each holding the model: past a few per core
+    the extra ones only wait for a core (the curve is flat from about the core count on, and planners resample it
+    at 1..cores), while each costs a process, its memory and a search that slows as they contend.  Some
+    oversubscription is kept on purpose (the point where more workers stop helping is worth seeing); the node's
+    control API, which ``via="server"`` resizes through, refuses more anyway."""
+    from recserve.serving.node.control_api import MAX_WORKERS, MAX_WORKERS_PER_CORE, worker_limits
+
+    most, cores = worker_limits()
+    if workers and max(workers) > most:
+        raise RecserveError(f"{what} {max(workers)}: at most {most} on this {cores}-core host ({MAX_WORKERS_PER_CORE} "
+                            f"per core, at most {MAX_WORKERS}: more workers only wait for a core)")
+
+
 def profile_host(specs: Sequence[ModelSpec], scale: float, quick: bool = False,
                  batches: Sequence[int] = BATCHES, workers: Sequence[int] | None = None,
                  skip_maxload: bool = False, sla: SLA | None = None, array_mb: int | None = None,
@@ -418,6 +434,7 @@ def profile_host(specs: Sequence[ModelSpec], scale: float, quick: bool = False,
         budget = dataclasses.replace(budget, array_mb=array_mb, gather_rows=0)
     cores = len(os.sched_getaffinity(0))
     workers = list(workers or range(1, cores + 1))
+    check_worker_counts(workers)
     started = time.perf_counter()
     meta = {"server": SERVER, "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "quick": quick, "scale": scale, "torch": torch.__version__, "load_avg_before": os.getloadavg(),
