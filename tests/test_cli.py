@@ -115,16 +115,16 @@ def test_provision_traffic_file_values(traffic, text, names):
 
 def test_colocate_beyond_any_cluster_is_refused_not_a_hang(traffic):
     rc, _, err = run(["plan", "colocate", "--server", "hera-xeon", "--traffic", traffic("hera-dlrm-a: 1e12\n")])
-    assert rc == 2 and "lower the target QPS" in error_line(err)
+    assert rc == 3 and "lower the target QPS" in error_line(err)
     rc, _, err = run(COLOCATE + ["--level", "1e12"])
-    assert rc == 2 and "lower the target QPS" in error_line(err)
+    assert rc == 3 and "lower the target QPS" in error_line(err)
 
 
 def test_shard_checks_the_sla_and_says_when_sharding_does_not_pay():
     rc, _, err = run(SHARD + ["--qps", "100", "--batch", "100000"])
-    assert rc == 2 and "of the 20 ms p95 SLA" in error_line(err) and "lower the batch" in error_line(err)
+    assert rc == 3 and "of the 20 ms p95 SLA" in error_line(err) and "lower the batch" in error_line(err)
     rc, _, err = run(SHARD + ["--qps", "100", "--batch", "100000", "--saturation-sizing"])
-    assert rc == 2 and "over the 20 ms p95 SLA" in error_line(err)
+    assert rc == 3 and "over the 20 ms p95 SLA" in error_line(err)
     rc, out, _ = run(SHARD + ["--qps", "100", "--grid", "64"])
     assert rc == 0 and ("less memory" in out or "more memory (sharding does not pay" in out)
 
@@ -141,7 +141,7 @@ def test_tier_budget_beyond_the_tables_saves_nothing():
 
 def test_search_without_a_feasible_baseline_prints_no_infinite_gain():
     rc, out, err = run(SEARCH + ["--sla-ms", "0.01"])
-    assert rc == 2 and "infx" not in out and "no feasible configuration" in out  # an impossible request: exit 2
+    assert rc == 3 and "infx" not in out and "no feasible configuration" in out  # an impossible request: exit 3
     assert "no configuration meets" in err
 
 
@@ -184,9 +184,9 @@ def test_provision_alpha_names_both_forms():
     assert rc == 2 and "must be a finite number in [0, 10], got 'abc', or 'history'" in error_line(err)
 
 
-def test_a_tier_plan_the_ssd_cannot_serve_exits_1():
+def test_a_tier_plan_the_ssd_cannot_serve_exits_3_not_a_crashs_1():
     rc, out, err = run(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "1e8"])
-    assert rc == 1 and "feasible" in out and "the plan is infeasible" in err
+    assert rc == 3 and "feasible" in out and "the plan is infeasible" in err
 
 
 @pytest.mark.parametrize("flag, server, workers", [(None, "INFO", "WARNING"), ("warning", "WARNING", "WARNING"),

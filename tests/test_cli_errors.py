@@ -46,7 +46,7 @@ def test_a_pool_of_an_unknown_instance_type_names_the_known_ones():
 
 def test_a_dram_need_under_a_tenth_of_a_gb_is_printed_as_it_is():
     rc, err = run(["plan", "tier", "--model", "hera-ncf", "--dram-gb", "0.01", "--qps", "10"])
-    assert rc == 2 and "tables kept in DRAM need 0.0143 GB, more than the 0.01 GB budget" in one_line(err)
+    assert rc == 3 and "tables kept in DRAM need 0.0143 GB, more than the 0.01 GB budget" in one_line(err)
 
 
 def test_an_unknown_dispatch_policy_lists_only_those_there_are():
@@ -128,12 +128,12 @@ def test_a_shard_plan_for_another_model_is_refused_before_anything_starts(tmp_pa
                                               "'elasticrec-rm2@tables=2' (--model elasticrec-rm2 --max-tables 2)")
 
 
-def test_a_model_named_twice_is_refused_and_an_impossible_search_exits_2(tmp_path):
+def test_a_model_named_twice_is_refused_and_an_impossible_search_exits_3(tmp_path):
     rc, err = run(["plan", "colocate", "--server", "hera-xeon", "--models", "hera-ncf,hera-ncf", "--level", "1"])
     assert rc == 2 and one_line(err).endswith("--models: 'hera-ncf' given more than once in 'hera-ncf,hera-ncf'")
     rc, err = run(["plan", "search", "--model", "hercules-rmc1", "--server", "hera-xeon", "--sla-ms", "0.001",
                    "--no-exhaustive", "--json", str(tmp_path / "search.json")])
-    assert rc == 2 and "no configuration meets p95 < 0.001 ms" in err
+    assert rc == 3 and "no configuration meets p95 < 0.001 ms" in err
     assert (tmp_path / "search.json").exists()  # the rows that failed are kept for the reader
 
 

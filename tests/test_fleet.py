@@ -124,12 +124,12 @@ def test_plan_round_trips_through_the_registered_plan_json(small_plan, tmp_path)
     assert json.loads(path.read_text())["kind"] == "fleet"
 
 
-def test_cli_writes_the_plan_and_exits_1_over_budget(tmp_path, capsys):
+def test_cli_writes_the_plan_and_exits_3_over_budget(tmp_path, capsys):
     spec = tmp_path / "fleet.yaml"
     spec.write_text(json.dumps(_spec(budget=0.01)))
     rc = main(["plan", "fleet", "--spec", str(spec), "--out", str(tmp_path / "f.json"), "--no-pairs"])
     out = capsys.readouterr().out
-    assert rc == 1 and "CANNOT stay within the budget" in out and "predicted SLA attainment" in out
+    assert rc == 3 and "CANNOT stay within the budget" in out and "predicted SLA attainment" in out
     assert Plan.load(tmp_path / "f.json").kind == "fleet"
 
 

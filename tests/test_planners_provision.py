@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from recserve.errors import InfeasibleError
+from recserve.errors import InfeasibleError, SpecError
 from recserve.planners.hercules.provision import (
     Efficiency,
     diurnal_trace,
@@ -104,7 +104,7 @@ def test_alpha_from_history_is_the_largest_growth_per_interval():
     assert alpha_from_history(history, interval_steps=2) == pytest.approx(0.2)  # b: 50 -> 60 beats a: 110 -> 120
     assert alpha_from_history(history, quantile=0.5) < alpha_from_history(history)
     assert alpha_from_history({"flat": [5, 5, 4]}) == 0.0
-    with pytest.raises(InfeasibleError):
+    with pytest.raises(SpecError, match="too short"):  # bad input (exit 2), not an infeasible request (3)
         alpha_from_history({"a": [1.0]})
 
 

@@ -101,7 +101,7 @@ def test_plan_tier_cli_json_roundtrip(capsys, tmp_path):
 def test_plan_tier_cli_table_and_errors(capsys):
     assert main(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "64", "--qps", "120"]) == 0
     assert "required_iops" in capsys.readouterr().out
-    assert main(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "1", "--qps", "120"]) == 2
+    assert main(["plan", "tier", "--model", "sdm-m1", "--dram-gb", "1", "--qps", "120"]) == 3
     assert "more than" in capsys.readouterr().err
 
 

@@ -5,7 +5,8 @@ Each top-level command lives in its own module under ``recserve.commands`` expos
 ``profile``, ``simulate``, ``deploy``) gather their actions from modules named ``<group>_<action>.py``
 (see ``commands/_group.py``).  Modules are discovered, so adding a command never touches this file.
 User errors (:class:`RecserveError`, and a file or folder that cannot be read or written) print one line and exit
-with code 2; SIGTERM stops a command as Ctrl-C does.
+with code 2; a valid request that no plan can meet (:class:`InfeasibleError`, or a plan printed and marked
+infeasible) exits with code 3 (``EXIT_INFEASIBLE``); 1 is left to a crash.  SIGTERM stops a command as Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, NoReturn
 import recserve
 import recserve.serving.node.repository  # noqa: F401 - repository paths become model names (specs.add_model_source)
 from recserve import commands
-from recserve.errors import RecserveError
+from recserve.errors import EXIT_INFEASIBLE, InfeasibleError, RecserveError
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_outputs(args)
         return int(args.func(args) or 0)
+    except InfeasibleError as exc:
+        print(f"recserve: error: {exc}", file=sys.stderr)
+        return EXIT_INFEASIBLE
     except RecserveError as exc:
         print(f"recserve: error: {exc}", file=sys.stderr)
         return 2

@@ -1,6 +1,9 @@
-"""Errors a user can cause and fix: the CLI prints them as one line and exits with code 2."""
+"""Errors a user can cause and fix: the CLI prints them as one line and exits with code 2 (3 when infeasible)."""
 
 from __future__ import annotations
+
+EXIT_INFEASIBLE = 3
+"""The CLI's exit code for a valid request that no plan meets: not a typo (2), not a crash (1)."""
 
 
 class RecserveError(Exception):
@@ -16,4 +19,4 @@ class ProfileError(RecserveError):
 
 
 class InfeasibleError(RecserveError):
-    """A planner was asked for something no deployment can satisfy (load, budget, SLA)."""
+    """A planner was asked for something no deployment can satisfy (load, budget, SLA): exit code 3."""

@@ -9,7 +9,7 @@ The spec (YAML or JSON) lists models with their SLA and traffic, servers owned, 
 $/hr and limits, a budget and constraints (see ``examples/fleet.yaml``).  Capacities come from the analytic
 perfmodel; every decision is made by the single planners' own functions (Hercules' search, SDM's tiering,
 ElasticRec's shards, Hera's pairs) and one integer program picks the cheapest mix of them that carries every
-model's peak.  Exit status 1 when the plan cannot serve every peak or exceeds the budget (the plan is still
+model's peak.  Exit status 3 when the plan cannot serve every peak or exceeds the budget (the plan is still
 printed and written).
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from recserve.commands._plan_common import emit, progress
+from recserve.errors import EXIT_INFEASIBLE
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
                       baselines=args.baselines)
     args.json = args.out
     emit(plan, args)
-    return 0 if plan.feasible and plan.within_budget else 1
+    return 0 if plan.feasible and plan.within_budget else EXIT_INFEASIBLE
 
 
 def register(actions: argparse._SubParsersAction) -> None:

@@ -29,7 +29,7 @@ from recserve.commands._plan_common import (
     save_figure,
     simulated_queries,
 )
-from recserve.errors import InfeasibleError, RecserveError
+from recserve.errors import InfeasibleError, ProfileError, RecserveError
 from recserve.planners.kairos import empirical_size_mix, load_kairos_reference, plan_pool
 from recserve.planners.plan import PoolPlan
 from recserve.reference import resolve_reference
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise RecserveError("give --budget ($/hr)")
     unknown = [m for m in models if m not in qos]
     if unknown:
-        raise InfeasibleError(f"no QoS target (or latency table) for {unknown}; known: {sorted(qos)}")
+        raise ProfileError(f"no QoS target (or latency table) for {unknown}; known: {sorted(qos)}")
     evaluate = sim_evaluator(profiles, qos, args.sim_queries) if args.evaluate == "sim" else None
     mix = None
     if args.sizes:

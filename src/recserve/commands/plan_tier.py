@@ -7,7 +7,7 @@ import json
 import sys
 
 from recserve.commands._plan_common import count, fraction, number, positive, qps
-from recserve.errors import SpecError
+from recserve.errors import EXIT_INFEASIBLE, SpecError
 from recserve.planners.sdm import HOT_FRACTION, POLICIES, SIDES, compare_policies
 from recserve.specs import get_model, get_server
 
@@ -50,7 +50,7 @@ def cmd_tier(args: argparse.Namespace) -> int:
     if not plan.summary.get("feasible", True):
         print("recserve: the plan is infeasible: the SSD cannot hold or serve its tables at this load (its capacity "
               "and IOPS are in the summary)", file=sys.stderr)
-        return 1
+        return EXIT_INFEASIBLE
     return 0
 
 

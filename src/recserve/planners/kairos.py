@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from recserve.errors import InfeasibleError, ProfileError
+from recserve.errors import InfeasibleError, ProfileError, SpecError
 from recserve.planners.plan import PoolChoice, PoolPlan
 from recserve.profiles import ProfileSet, ProfileTable
 
@@ -118,7 +118,7 @@ def empirical_size_mix(samples: Sequence[int], step: int = 10, max_size: int = 1
     idx = np.clip(np.ceil(np.asarray(samples, dtype=float) / step).astype(int) - 1, 0, len(sizes) - 1)
     pmf = np.bincount(idx, minlength=len(sizes)).astype(float)
     if pmf.sum() == 0:
-        raise InfeasibleError("empty query-size sample")
+        raise SpecError("empty query-size sample")
     return sizes, pmf / pmf.sum()
 
 

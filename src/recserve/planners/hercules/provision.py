@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from recserve.errors import InfeasibleError, ProfileError
+from recserve.errors import InfeasibleError, ProfileError, SpecError
 from recserve.planners.plan import ProvisionPlan, ProvisionStep
 from recserve.profiles import ProfileSet
 
@@ -192,7 +192,7 @@ def alpha_from_history(history: dict[str, Sequence[float]], interval_steps: int 
     estimated from past loads — the ``quantile`` (default: the largest) of every workload's relative increase
     over ``interval_steps`` consecutive samples (0 when loads never rise)."""
     if interval_steps < 1:
-        raise InfeasibleError("interval_steps must be >= 1")
+        raise SpecError("interval_steps must be >= 1")
     rises = []
     for series in history.values():
         x = np.asarray(series, dtype=float)
@@ -202,7 +202,7 @@ def alpha_from_history(history: dict[str, Sequence[float]], interval_steps: int 
         ok = before > 0
         rises.append(np.maximum(after[ok] / before[ok] - 1.0, 0.0))
     if not rises:
-        raise InfeasibleError("load history too short to estimate the over-provision rate")
+        raise SpecError("load history too short to estimate the over-provision rate")
     return float(np.quantile(np.concatenate(rises), quantile))
 
 
@@ -250,10 +250,10 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
                    time_limit_s: float = STEP_TIME_LIMIT_S) -> ProvisionPlan:
     """Provision every interval of a day with the ILP and the baselines; summarise peak/average savings."""
     if not (0 <= alpha < float("inf")) or mip_rel_gap < 0 or not time_limit_s > 0:
-        raise InfeasibleError(f"alpha and mip_rel_gap must be >= 0 (an under-provisioning alpha < 0 meets no load) "
-                              f"and time_limit_s > 0; got {alpha}, {mip_rel_gap}, {time_limit_s}")
+        raise SpecError(f"alpha and mip_rel_gap must be >= 0 (an under-provisioning alpha < 0 meets no load) "
+                        f"and time_limit_s > 0; got {alpha}, {mip_rel_gap}, {time_limit_s}")
     if any(n < 0 for n in available.values()):
-        raise InfeasibleError(f"available server counts must be >= 0, got {available}")
+        raise SpecError(f"available server counts must be >= 0, got {available}")
     workloads = list(loads)
     servers = [h for h, n in available.items() if n > 0]
     if not servers:
@@ -263,7 +263,7 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
     demand = np.stack([np.asarray(loads[w], dtype=float) for w in workloads])   # [W, T]
     for name in baselines:
         if name not in BASELINES:
-            raise InfeasibleError(f"unknown provisioning baseline {name!r}; known: {BASELINES}")
+            raise SpecError(f"unknown provisioning baseline {name!r}; known: {BASELINES}")
     series: dict[str, list[ProvisionStep]] = {}
     worst_gap = 0.0
     for name in ["hercules", *baselines]:
