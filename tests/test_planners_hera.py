@@ -217,3 +217,24 @@ def test_a_capacity_of_zero_says_whether_the_sla_is_missed_or_the_search_stopped
         r"search at 1 worker\(s\) stopped before any rate met the SLA .*unloaded tail 12\.2 ms.*without --quick"
     with pytest.raises(InfeasibleError, match=said):
         plan_colocation(dead, NODE, {"slow": 1.0})
+
+
+@pytest.mark.parametrize("level", [0.5, 1.0, 1.5, 2.0, 3.0, 4.0])
+@pytest.mark.parametrize("low_share", [None, 0.25, 0.5])
+def test_hera_never_needs_more_servers_than_deeprecsys(hera, level, low_share):
+    """A low model's last pair carries only what it still needs: the RMU sizes its workers to that traffic
+    (Alg. 3's find_number_of_workers) and the partner takes the freed cores; planned at full share, a low model
+    needing one server's worth took two pairs and its partner a third server (10 servers where DeepRecSys used 8)."""
+    profiles, _, curves = hera
+    plan = plan_colocation(profiles, NODE, targets_at_load(curves, level, low_share), seeds=3)
+    assert plan.summary["servers"] <= plan.baselines["deeprecsys"]["servers"]
+
+
+def test_a_pair_sized_to_the_low_models_remaining_traffic_gives_the_partner_its_cores(hera):
+    _, _, curves = hera
+    by = {c.name: c for c in curves}
+    full = pair_allocation(by["dlrm-b"], by["dlrm-a"], NODE)
+    sized = pair_allocation(by["dlrm-b"], by["dlrm-a"], NODE, need_a=10.0)
+    assert sized.placements[0].workers < full.placements[0].workers
+    assert sized.placements[0].qps >= 10.0 and sized.placements[1].qps > full.placements[1].qps
+    assert pair_allocation(by["dlrm-b"], by["dlrm-a"], NODE, need_a=1e9).placements == full.placements

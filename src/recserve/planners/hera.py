@@ -11,7 +11,8 @@ From four Profile tables per model on one server type (``maxload_vs_workers``, `
   the cores; affinity = min of the two.
 * the **node allocation** of a pair (Sec. VI-C): cores split evenly, a model that cannot use its half
   (it reaches 95 % of its max load with fewer workers, or memory runs out) gives its idle cores to
-  the partner; LLC ways split as the RMU would (Alg. 3, here maximising the pair's EMU); a shared
+  the partner; a model needing less than its share keeps only the workers that carry it (the RMU sizes workers
+  to traffic, Alg. 3); LLC ways split as the RMU would (Alg. 3, here maximising the pair's EMU); a shared
   memory-bandwidth overload scales both models by BW_sys / (BW_A + BW_B).
 * the **cluster schedule** (Alg. 2) for per-model target QPS, and the paper's baselines
   DeepRecSys (one model per server, max workers), Random pairs and Hera(Random).  Two readings of
@@ -158,15 +159,32 @@ def affinity_matrix(curves: Sequence[ModelCurves], server: ServerType) -> dict[s
 # ----------------------------------------------------------------- node allocation
 
 
-def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType) -> ServerPlan:
+def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType, need_a: float = math.inf) -> ServerPlan:
     """Allocation of a co-located pair and its predicted max QPS per model.
 
     Cores are split evenly, a model's cores past its useful count going to the other (§V-C, initialisation).
     A model that misses its SLA even at no load on its half (``_first_serving`` above it) is given its fewest serving
     workers, as the RMU's ``adjust_workers`` upsizes a model after its violations (Alg. 3), the other keeping the
-    rest; without that the pair would be planned with the model serving nothing.
+    rest; without that the pair would be planned with the model serving nothing.  ``need_a`` is the traffic of a
+    still to place: when the split carries more of it, a keeps only the fewest workers that carry it and b gets
+    the cores this frees, as ``adjust_workers`` sizes a model to its arrival rate (``find_number_of_workers``).
     """
-    W, K = server.cores, max(server.llc_ways, 2)
+    wa, wb = _even_split(a, b, server)
+    plan = _predicted_pair(a, b, *_fit_memory(a, b, wa, wb, server), server)
+    if plan.placements[0].qps <= need_a:
+        return plan
+    for fewer in range(_first_serving(a), wa):
+        sized = _predicted_pair(a, b, *_fit_memory(a, b, fewer, min(server.cores - fewer, b.useful_workers), server),
+                                server)
+        if sized.placements[0].qps >= need_a and sized.placements[1].qps >= plan.placements[1].qps:
+            return sized
+    return plan
+
+
+def _even_split(a: ModelCurves, b: ModelCurves, server: ServerType) -> tuple[int, int]:
+    """Workers of a and b at initialisation: half the cores each, idle cores to the other, a model that serves
+    nothing on its half given its fewest serving workers."""
+    W = server.cores
     wa = min(W // 2, a.useful_workers)
     wb = min(W - wa, b.useful_workers)
     wa = min(W - wb, a.useful_workers)
@@ -177,6 +195,12 @@ def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType) -> Serve
     elif b.qps[wb] <= 0 and _first_serving(b) < W:
         wb = _first_serving(b)
         wa = max(1, min(W - wb, a.useful_workers))
+    return wa, wb
+
+
+def _fit_memory(a: ModelCurves, b: ModelCurves, wa: int, wb: int, server: ServerType) -> tuple[int, int]:
+    """Workers removed (where the footprint grows most) until both models fit in the server's DRAM."""
+    wa, wb = max(wa, 1), max(wb, 1)
     while a.mem_gb[wa] + b.mem_gb[wb] > server.mem_gb and wa + wb > 2:
         if (a.mem_gb[wa] - a.mem_gb[wa - 1] >= b.mem_gb[wb] - b.mem_gb[wb - 1] and wa > 1) or wb == 1:
             wa -= 1
@@ -184,6 +208,13 @@ def pair_allocation(a: ModelCurves, b: ModelCurves, server: ServerType) -> Serve
             wb -= 1
     if a.mem_gb[wa] + b.mem_gb[wb] > server.mem_gb:
         raise InfeasibleError(f"{a.name} and {b.name} do not fit together in {server.mem_gb:g} GB")
+    return wa, wb
+
+
+def _predicted_pair(a: ModelCurves, b: ModelCurves, wa: int, wb: int, server: ServerType) -> ServerPlan:
+    """The pair at these worker counts: the LLC split maximising its EMU, both scaled down by a shared bandwidth
+    overload."""
+    K = max(server.llc_ways, 2)
     ka = np.arange(1, K)
     frac_a = a.qps[wa] / a.isolated_qps * a.ways_ratio[ka]
     frac_b = b.qps[wb] / b.isolated_qps * b.ways_ratio[K - ka]
@@ -218,10 +249,15 @@ class _Scheduler:
         self.affinity = affinity
         self._pairs: dict[tuple[str, str], ServerPlan] = {}
 
-    def pair(self, a: str, b: str) -> ServerPlan:
+    def pair(self, a: str, b: str, need_a: float = math.inf) -> ServerPlan:
+        """The pair's allocation, a sized to ``need_a`` (its traffic still to place) when that is less than its
+        share (every policy: the paper runs all four with the same RMU, §VII-A)."""
         if (a, b) not in self._pairs:
             self._pairs[(a, b)] = pair_allocation(self.curves[a], self.curves[b], self.server)
-        return self._pairs[(a, b)]
+        full = self._pairs[(a, b)]
+        if full.placements[0].qps <= need_a:
+            return full
+        return pair_allocation(self.curves[a], self.curves[b], self.server, need_a)
 
     def run(self, targets: dict[str, float], policy: str, rng: np.random.Generator) -> list[ServerPlan]:
         served = dict.fromkeys(targets, 0.0)
@@ -236,6 +272,9 @@ class _Scheduler:
         def unmet(m: str) -> bool:
             return served[m] < targets[m] - 1e-9
 
+        def need(m: str) -> float:
+            return targets[m] - served[m]
+
         if policy == "random":
             while any(unmet(m) for m in targets):
                 todo = [m for m in targets if unmet(m)]
@@ -244,7 +283,7 @@ class _Scheduler:
                 if not others:
                     add(isolated_allocation(self.curves[a], self.server))
                     continue
-                plan = self.pair(a, others[rng.integers(len(others))])
+                plan = self.pair(a, others[rng.integers(len(others))], need(a))
                 add(plan if plan.placements[0].qps > 0 else isolated_allocation(self.curves[a], self.server))
             return servers
         if policy in ("hera", "hera-random"):
@@ -254,7 +293,7 @@ class _Scheduler:
                 while unmet(mi):
                     waiting = {m for m in targets if unmet(m)}
                     mj = self._partner(mi, high, policy, rng, waiting)
-                    plan = self.pair(mi, mj) if mj is not None else None
+                    plan = self.pair(mi, mj, need(mi)) if mj is not None else None
                     iso = isolated_allocation(self.curves[mi], self.server)
                     if plan is None or plan.placements[0].qps <= 0:
                         plan = iso
