@@ -277,18 +277,50 @@ def upper_bounds(inputs: PoolInputs, configs: np.ndarray) -> np.ndarray:
     return np.where(has_aux, np.nan_to_num(ub), u * q_base)
 
 
-def kairos_pick(configs: np.ndarray, bounds: np.ndarray) -> int:
-    """Index of Kairos' one-shot choice among configurations (Sec. 5.2 similarity rule)."""
+def kairos_pick(configs: np.ndarray, bounds: np.ndarray, cost: np.ndarray | None = None) -> int:
+    """Index of Kairos' one-shot choice among configurations (Sec. 5.2 similarity rule), moved to the best
+    affordable configuration containing it (``_undominated``).
+
+    With ``cost`` (each configuration's $/hr) the budget is read as a ceiling: the similarity rule's pick at every
+    lower budget (the configurations costing at most that much) is affordable too, and the one whose bound is
+    highest is chosen.  The rule alone is not monotone in the budget: a larger budget adds configurations to the top
+    ten, and the medoid of the new ten can have a lower bound than the last pick, which is still affordable."""
     order = np.argsort(-bounds, kind="stable")
-    top3 = order[:3]
-    if len(top3) == 0:
+    if len(order) == 0:
         raise InfeasibleError("no configuration to choose from")
-    if len(set(configs[top3, 0].tolist())) == 1:
+    picks = {_similarity_pick(configs, order)} if cost is None else _picks_at_every_budget(configs, bounds, cost)
+    best = [_undominated(configs, bounds, pick) for pick in sorted(picks)]
+    return max(best, key=lambda i: (bounds[i], -i))
+
+
+def _similarity_pick(configs: np.ndarray, order: Sequence[int]) -> int:
+    """Sec. 5.2 on configurations ranked by upper bound (``order``, best first): the best one if the top three share
+    the base count, else the one of the top ten with the least sum of squared distances to the other nine."""
+    if len({int(configs[i, 0]) for i in order[:3]}) == 1:
         return int(order[0])
-    top10 = order[:10]
+    top10 = np.asarray(order[:10])
     pts = configs[top10].astype(float)
     d2 = ((pts[:, None, :] - pts[None, :, :]) ** 2).sum(axis=2).sum(axis=1)
-    return _undominated(configs, bounds, int(top10[int(np.argmin(d2))]))
+    return int(top10[int(np.argmin(d2))])
+
+
+def _picks_at_every_budget(configs: np.ndarray, bounds: np.ndarray, cost: np.ndarray) -> set[int]:
+    """The similarity rule's pick among the configurations costing at most c, for every configuration cost c: the
+    top ten kept as configurations are added in cost order (ties in bound ranked by index, as a stable sort)."""
+    rank = {int(i): r for r, i in enumerate(np.argsort(-bounds, kind="stable"))}  # lower: ranked higher
+    by_cost = np.argsort(cost, kind="stable").tolist()
+    costs = np.asarray(cost)[by_cost].tolist()
+    picks: set[int] = set()
+    top: list[int] = []
+    changed = False
+    for n, i in enumerate(by_cost):
+        if len(top) < 10 or rank[i] < rank[top[-1]]:
+            top = sorted([*top, i], key=rank.__getitem__)[:10]
+            changed = True
+        if changed and (n + 1 == len(by_cost) or costs[n + 1] != costs[n]):  # every configuration of this cost in
+            picks.add(_similarity_pick(configs, top))
+            changed = False
+    return picks
 
 
 def _undominated(configs: np.ndarray, bounds: np.ndarray, pick: int) -> int:
@@ -376,7 +408,7 @@ def _plan_one(inputs: PoolInputs, budget: float,
     prices = [t.price for t in inputs.types]
     configs = enumerate_configs(prices, [t.cap for t in inputs.types], budget)
     bounds = upper_bounds(inputs, configs)
-    pick = kairos_pick(configs, bounds)
+    pick = kairos_pick(configs, bounds, configs @ np.asarray(prices))
     names = inputs.names
 
     def as_dict(row: np.ndarray) -> dict[str, int]:
