@@ -178,12 +178,11 @@ def test_the_homogeneous_baseline_buys_no_more_than_its_cap(ref):
 
 @needs_ref
 def test_the_simulated_homogeneous_pool_is_scaled_no_further_than_its_cap():
-    from recserve.sim.dispatch_eval import DispatchEvaluation, homogeneous_pool
+    from recserve.sim.dispatch_eval import homogeneous_pool
     from recserve.sim.latency import load_reference
 
     profiles = load_reference(REF / "kairos_aws_latency.json")
-    ev = DispatchEvaluation(profiles, "kairos-rm2", 350.0, queries=100)
-    pool, scale = homogeneous_pool(ev.service, {"g4dn.xlarge": 0.526}, 100.0, 350.0, {"g4dn.xlarge": 5})
+    pool, scale = homogeneous_pool(profiles, "kairos-rm2", {"g4dn.xlarge": 0.526}, 100.0, 350.0, {"g4dn.xlarge": 5})
     assert pool == ["g4dn.xlarge"] * 5 and scale == pytest.approx(1.0)
 
 
@@ -245,3 +244,19 @@ def test_more_budget_never_lowers_the_picked_bound_on_random_catalogues(seed):
     bounds = [plan_pool(profiles, ["m"], budget, prices, {"m": 350.0}, caps).pools[0].upper_bound_qps
               for budget in np.linspace(max(prices.values()), 8 * base + max(prices.values()), 15)]
     assert all(b2 >= b1 - 1e-9 for b1, b2 in itertools.pairwise(bounds)), bounds
+
+
+def test_the_simulator_and_the_planner_share_one_homogeneous_baseline():
+    """Two types meet QoS at every size: the planner's base is the more cost-effective one (cheap), and the
+    simulator's baseline is that pool (it took the fastest on the largest query, fast, by a rule of its own)."""
+    from recserve.sim.dispatch_eval import homogeneous_pool
+
+    batches = [1, 100, 1000]
+    tables = [ProfileTable("m", name, "latency_vs_batch", ("batch", "mean_ms", "p50_ms", "p99_ms"),
+                           [[b, ms * b, ms * b, ms * b] for b in batches], source="reference")
+              for name, ms in (("fast", 0.05), ("cheap", 0.1))]
+    profiles, prices, caps = ProfileSet(tables), {"fast": 1.0, "cheap": 0.2}, {"fast": 10, "cheap": 3}
+    planned = plan_pool(profiles, ["m"], 2.0, prices, {"m": 350.0}, caps).pools[0].homogeneous
+    pool, scale = homogeneous_pool(profiles, "m", prices, 2.0, 350.0, caps)
+    assert pool == [planned["type"]] * planned["count"] == ["cheap"] * 3
+    assert scale == pytest.approx(planned["budget_scale"]) == pytest.approx(1.0)  # the cap: 3 x $0.2 is all it spends

@@ -115,8 +115,7 @@ def test_kairos_beats_fcfs_and_stays_below_oracle_on_a_heterogeneous_pool(refere
 
 
 def test_homogeneous_pool_fills_the_budget_with_the_base_type(reference):
-    svc = ServiceModel.from_profiles(reference, "kairos-rm2")
-    pool, scale = homogeneous_pool(svc, reference.meta["prices_usd_per_hr"], 2.5, 350.0)
+    pool, scale = homogeneous_pool(reference, "kairos-rm2", reference.meta["prices_usd_per_hr"], 2.5, 350.0)
     assert pool == ["g4dn.xlarge"] * 4 and scale == pytest.approx(2.5 / (4 * 0.526))
 
 

@@ -28,7 +28,7 @@ def _kairos_homogeneous(profiles: ProfileSet, pools: dict, latency_cv: float | N
         qos = meta["qos_p99_ms"][model]
         ev = DispatchEvaluation(profiles, model, qos, queries=10000, log=None, latency_cv=latency_cv)
         pool = config_to_pool(p["config"])
-        homo, scale = homogeneous_pool(ev.service, meta["prices_usd_per_hr"], meta["budget_usd_per_hr"], qos,
+        homo, scale = homogeneous_pool(profiles, model, meta["prices_usd_per_hr"], meta["budget_usd_per_hr"], qos,
                                        meta["max_instances"])
         k = ev.evaluate(pool, ["kairos"])["kairos"].max_qps
         h = ev.evaluate(homo, ["kairos"])["kairos"].max_qps

@@ -112,7 +112,7 @@ def run_model(profiles: ProfileSet, args: argparse.Namespace, name: str) -> dict
         "policies": {k: {"max_qps": v.max_qps, "probes": v.probes, **v.details} for k, v in results.items()},
     }
     if not args.no_homogeneous and prices:
-        homo, scale = homogeneous_pool(ev.service, prices, budget, qos, caps)
+        homo, scale = homogeneous_pool(profiles, model, prices, budget, qos, caps)
         homo_res = ev.evaluate(homo, ["kairos"])["kairos"]
         out["homogeneous"] = {"pool": pool_text(homo), "max_qps": homo_res.max_qps,
                               "budget_scale": scale, "max_qps_scaled_to_budget": homo_res.max_qps * scale}

@@ -361,15 +361,18 @@ def kairos_plus(configs: np.ndarray, bounds: np.ndarray, evaluate: Callable[[np.
 
 
 def homogeneous(inputs: PoolInputs, budget: float) -> dict[str, Any]:
-    """Best homogeneous pool: the base type, as many as the budget buys, QPS scaled to the full budget (to the most
-    its cap lets it spend, where the budget buys more instances than the cap allows)."""
+    """Best homogeneous pool (the paper's baseline, §8.1): the base type, as many as the budget buys, QPS scaled to
+    the full budget (``budget_scale``; to the most its cap lets it spend, where the budget buys more instances than
+    the cap allows).  The one implementation: the simulator's baseline (``sim.dispatch_eval.homogeneous_pool``)
+    is this pool."""
     base = inputs.base
     count = min(base.cap, int(math.floor(budget / base.price + 1e-9)))
     if count < 1:
         raise InfeasibleError(f"model {inputs.model!r}: budget ${budget:g}/hr is below one {base.name} "
                               f"(${base.price:g}/hr), the cheapest type that meets QoS for every query")
-    return {"type": base.name, "count": count, "cost_per_hr": count * base.price,
-            "qps_unscaled": count * base.qps, "qps": base.qps * min(budget, base.cap * base.price) / base.price}
+    scale = min(budget, base.cap * base.price) / (count * base.price)
+    return {"type": base.name, "count": count, "cost_per_hr": count * base.price, "budget_scale": scale,
+            "qps_unscaled": count * base.qps, "qps": count * base.qps * scale}
 
 
 # ----------------------------------------------------------------- the planner
@@ -430,6 +433,6 @@ def _plan_one(inputs: PoolInputs, budget: float,
         details["kairos_plus"] = {"config": best, "qps": res.best_qps, "evaluations": res.evaluations}
         evaluated = float(evaluate(inputs.model, as_dict(configs[pick])))
         homo_config = {n: (homo["count"] if n == inputs.base.name else 0) for n in names}
-        homo["evaluated_qps"] = float(evaluate(inputs.model, homo_config)) * budget / homo["cost_per_hr"]
+        homo["evaluated_qps"] = float(evaluate(inputs.model, homo_config)) * homo["budget_scale"]
     return PoolChoice(inputs.model, as_dict(configs[pick]), float(configs[pick] @ prices), float(bounds[pick]),
                       homo, evaluated, details)

@@ -9,7 +9,6 @@ pool (the base type, as many as the budget buys) is simulated alongside.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -150,24 +149,16 @@ class DispatchEvaluation:
                                                       "hill_climb": [[t, q] for t, q in trace]})
 
 
-def homogeneous_pool(service: ServiceModel, prices: dict[str, float], budget: float, qos_ms: float,
-                     caps: dict[str, int] | None = None, base: str | None = None) -> tuple[list[str], float]:
-    """The paper's homogeneous baseline: the base type (fastest on the largest query, meeting QoS for
-    every size), as many as the budget buys; returns (pool, budget / cost scale factor), the budget no more than
-    its cap lets it spend."""
-    if base is None:
-        full = [t for t in service.types if (service.mean[service.type_index(t)] <= qos_ms).all() and t in prices]
-        if not full:
-            raise RecserveError(f"model {service.model!r}: no type meets QoS for every batch size")
-        base = min(full, key=lambda t: service.mean[service.type_index(t), -1])
-    n = int(math.floor(budget / prices[base] + 1e-9))
-    spendable = budget
-    if caps and base in caps:
-        n = min(n, int(caps[base]))
-        spendable = min(budget, int(caps[base]) * prices[base])
-    if n < 1:
-        raise RecserveError(f"budget ${budget}/hr buys no {base}")
-    return [base] * n, spendable / (n * prices[base])
+def homogeneous_pool(profiles: ProfileSet, model: str, prices: dict[str, float], budget: float, qos_ms: float,
+                     caps: dict[str, int] | None = None) -> tuple[list[str], float]:
+    """The paper's homogeneous baseline as the pool planner sizes it (``planners.kairos.homogeneous``: the base
+    type, as many as the budget buys within its cap), as a pool to simulate, and the factor scaling its throughput to
+    the budget.  Only the priced types are candidates for the base."""
+    from recserve.planners.kairos import homogeneous, type_stats
+
+    priced = [t.server for t in profiles.find(model=model, kind="latency_vs_batch") if t.server in prices]
+    homo = homogeneous(type_stats(profiles, model, qos_ms, prices, caps, types=priced), budget)
+    return [homo["type"]] * homo["count"], homo["budget_scale"]
 
 
 def oracle_best_pool(ev: DispatchEvaluation, prices: dict[str, float], caps: dict[str, int],
