@@ -34,10 +34,11 @@ def test_plan_shard_bounds_the_dp(extra, said):
     (["--duration", "1e9"], "--duration 1e+09 s is more than 3600 s of simulated time"),
     (["--t-monitor", "1000"], "--t-monitor 1000 s leaves fewer than two monitoring windows in --duration 10 s"),
     (["--cores", "100000"], "argument --cores: must be an integer in [1, 256]"),
-    (["--bw-per-worker", "nan,1"], "--bw-per-worker needs 2 comma-separated finite numbers >= 0, got 'nan,1'"),
-    (["--bw-per-worker", "abc,1"], "--bw-per-worker needs 2 comma-separated finite numbers >= 0, got 'abc,1'"),
-    (["--llc-sensitivity", "inf,1"], "--llc-sensitivity needs 2 comma-separated finite numbers >= 0"),
-    (["--memory-fraction", "2,0.2"], "--memory-fraction needs 2 comma-separated finite numbers in [0, 1]"),
+    (["--bw-per-worker", "nan,1"], "--bw-per-worker: must be 2 comma-separated finite numbers >= 0, got 'nan,1'"),
+    (["--bw-per-worker", "abc,1"], "--bw-per-worker: must be 2 comma-separated finite numbers >= 0, got 'abc,1'"),
+    (["--bw-per-worker", "1"], "argument --bw-per-worker: must be 2 comma-separated finite numbers >= 0, got '1'"),
+    (["--llc-sensitivity", "inf,1"], "argument --llc-sensitivity: must be 2 comma-separated finite numbers >= 0"),
+    (["--memory-fraction", "2,0.2"], "argument --memory-fraction: must be 2 comma-separated finite numbers in [0, 1]"),
 ])
 def test_simulate_colocate_refuses_what_it_cannot_simulate(tmp_path, extra, said):
     rc, err = run(COLOCATE + ["--node-profiles", str(tmp_path / "cache.json")] + extra)

@@ -91,6 +91,27 @@ repeats = number(1, 10_000, integer=True)
 """Queries per simulated probe (a hundred times the defaults) and runs averaged: work that grows with them, bounded."""
 
 
+def number_list(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+                high_open: bool = False, length: int | None = None) -> Callable[[str], list[float]]:
+    """An argparse ``type`` for ``0.1,1.0``: comma-separated finite numbers within the bounds, exactly ``length`` of
+    them if given ('' = none where no length is asked); else a one-line error naming the flag."""
+    wanted = _bounds_text(low, high, low_open, high_open, False).replace("a finite number", "finite numbers")
+    wanted = f"{length} comma-separated {wanted}" if length else f"comma-separated {wanted}"
+
+    def parse(text: str) -> list[float]:
+        try:
+            values = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = [math.nan]  # reported below with the bounds
+        if (length is not None and len(values) != length) or any(
+                _complaint(v, low, high, low_open, high_open, False) for v in values):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return values
+
+    parse.__name__ = wanted
+    return parse
+
+
 def int_list(text: str) -> list[int]:
     """An argparse ``type`` for ``8,16,32``: positive integers, at least one."""
     items = names(text)
@@ -119,6 +140,16 @@ def core_list(text: str) -> list[int]:
     if not cores or any(c not in usable for c in cores):
         raise argparse.ArgumentTypeError(f"cores {text!r} are not all usable here ({sorted(usable)})")
     return cores
+
+
+def check_half_memory(mb: float, what: str) -> None:
+    """A measurement's own buffers of ``mb`` MiB are refused past half this host's memory (the rest stays for the
+    models it measures, the OS and the host's other work); ``what`` names the request in the one-line error."""
+    from recserve.hostinfo import this_host
+
+    most = this_host()["mem_gb"] * 1024 / 2
+    if mb > most:
+        raise RecserveError(f"{what} is more than half this host's memory ({most:,.0f} MiB)")
 
 
 def progress(msg: str) -> None:

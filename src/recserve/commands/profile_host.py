@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recserve.commands._plan_common import count, percentile, positive
+from recserve.commands._plan_common import check_half_memory, count, percentile, positive
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
 from recserve.specs import SLA, ModelSpec, get_model
@@ -91,15 +91,6 @@ def _print(args: argparse.Namespace, profiles: ProfileSet, specs: list[ModelSpec
                 print("  memory: " + ", ".join(f"{int(r[0])}w {r[1]:.3f} GB" for r in t.rows))
 
 
-def _check_array_mb(array_mb: int | None) -> None:
-    """The bandwidth microbenchmarks allocate ``array_mb`` MiB: at most half this host's memory."""
-    from recserve.hostinfo import this_host
-
-    most = int(this_host()["mem_gb"] * 1024 / 2)
-    if array_mb is not None and array_mb > most:
-        raise RecserveError(f"--array-mb {array_mb} is more than half this host's memory ({most} MiB)")
-
-
 def cmd_profile_host(args: argparse.Namespace) -> int:
     import torch
 
@@ -112,7 +103,8 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     specs = [get_model(m.strip()) for m in names]
     if not 0 < args.scale <= 1:
         raise RecserveError(f"--scale must be in (0, 1], got {args.scale}")
-    _check_array_mb(args.array_mb)
+    if args.array_mb is not None:  # the bandwidth microbenchmarks' arrays
+        check_half_memory(args.array_mb, f"--array-mb {args.array_mb}")
     batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
     workers = _ints(args.workers, "--workers") if args.workers else None
     if workers:

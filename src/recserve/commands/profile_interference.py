@@ -10,38 +10,16 @@ a ProfileSet of slowdown tables (see ``recserve.measure.interference``) and prin
 from __future__ import annotations
 
 import argparse
-import math
 
-from recserve.commands._plan_common import count, names, number, positive, progress
+from recserve.commands._plan_common import check_half_memory, count, names, number, number_list, positive, progress
 from recserve.errors import RecserveError
 from recserve.specs import get_model
 
 MAX_SECONDS = 60.0
 
 
-def multiples(text: str) -> list[float]:
-    """``--occupy`` / ``--table-sweep``: comma-separated finite numbers > 0 ('' = none)."""
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = [math.nan]
-    if not all(math.isfinite(v) and v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"must be comma-separated finite numbers > 0, got {text!r}")
-    return values
-
-
-multiples.__name__ = "comma-separated numbers > 0"
-
-
-def _check_occupy(llc_mb: float, fractions: list[float]) -> None:
-    """The co-runner's buffers are fractions of the LLC: at most half this host's memory (a table sweep is held to
-    the model's own tables)."""
-    from recserve.hostinfo import this_host
-
-    most_mb = this_host()["mem_gb"] * 1024 / 2
-    if fractions and max(fractions) * llc_mb > most_mb:
-        raise RecserveError(f"--occupy {max(fractions):g} x the {llc_mb:g} MB LLC is more than half this host's "
-                            f"memory ({most_mb:,.0f} MB)")
+multiples = number_list(0, low_open=True)
+"""``--occupy`` / ``--table-sweep``: comma-separated finite numbers > 0 ('' = none)."""
 
 
 def cmd_profile_interference(args: argparse.Namespace) -> int:
@@ -53,7 +31,8 @@ def cmd_profile_interference(args: argparse.Namespace) -> int:
         raise RecserveError("--models needs at least one catalogue model")
     llc_mb = args.llc_mb or this_host()["llc_mb"]
     fractions, sweep = args.occupy, args.table_sweep
-    _check_occupy(llc_mb, fractions)
+    if fractions:  # the co-runner's buffers (a table sweep is held to the model's own tables)
+        check_half_memory(max(fractions) * llc_mb, f"--occupy {max(fractions):g} x the {llc_mb:g} MB LLC")
     profiles = measure_interference(specs, max_table_mb=args.max_table_mb, batch=args.batch, seconds=args.seconds,
                                     llc_mb=llc_mb, occupy_fractions=fractions, table_sweep=sweep,
                                     pairs=not args.no_pairs, progress=progress)

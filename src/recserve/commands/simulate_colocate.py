@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from recserve.commands._plan_common import count, number, percentile, positive, seed, simulated_queries
+from recserve.commands._plan_common import (
+    count,
+    number,
+    number_list,
+    percentile,
+    positive,
+    seed,
+    simulated_queries,
+)
 from recserve.errors import RecserveError
 from recserve.jsonio import write_text_atomic
 from recserve.measure.plot import pyplot
@@ -39,18 +46,6 @@ NODE = "sim-node"
 MAX_DURATION_S = 3600.0
 """An hour of simulated time: the arrivals of both models are held in memory, and each controller replays them."""
 MAX_CORES = 256
-
-
-def _floats(text: str, n: int, what: str, high: float = math.inf) -> list[float]:
-    """``n`` comma-separated finite numbers in [0, high]."""
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        vals = []
-    if len(vals) != n or not all(math.isfinite(v) and 0 <= v <= high for v in vals):
-        bounds = f"in [0, {high:g}]" if math.isfinite(high) else ">= 0"
-        raise RecserveError(f"--{what} needs {n} comma-separated finite numbers {bounds}, got {text!r}")
-    return vals
 
 
 def _check_times(args: argparse.Namespace) -> None:
@@ -78,9 +73,7 @@ def build_models(args: argparse.Namespace) -> list[ColocModel]:
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     if len(names) != 2:
         raise RecserveError("--models needs exactly two models: memory-bound first, cache-sensitive second")
-    llc = _floats(args.llc_sensitivity, 2, "llc-sensitivity")
-    bw = _floats(args.bw_per_worker, 2, "bw-per-worker")
-    memf = _floats(args.memory_fraction, 2, "memory-fraction", high=1.0)
+    llc, bw, memf = args.llc_sensitivity, args.bw_per_worker, args.memory_fraction
     if args.interference:
         llc, memf = measured_sensitivities(args, names, llc, memf)
     qos = profiles.meta.get("qos_p99_ms", {})
@@ -214,9 +207,12 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--ways", type=count, default=11, help="LLC ways of the simulated node")
     p.add_argument("--mem-bw", type=positive, default=60.0, help="node memory bandwidth GB/s")
     p.add_argument("--percentile", type=percentile, default=95.0, help="SLA percentile (Hera uses p95)")
-    p.add_argument("--llc-sensitivity", default="0.1,1.0", help="slowdown at 1 LLC way minus 1, per model")
-    p.add_argument("--bw-per-worker", default="6,1", help="GB/s each busy worker draws, per model")
-    p.add_argument("--memory-fraction", default="0.8,0.2", help="share of service time bound by DRAM bandwidth")
+    p.add_argument("--llc-sensitivity", type=number_list(0, length=2), default="0.1,1.0",
+                   help="slowdown at 1 LLC way minus 1, per model")
+    p.add_argument("--bw-per-worker", type=number_list(0, length=2), default="6,1",
+                   help="GB/s each busy worker draws, per model")
+    p.add_argument("--memory-fraction", type=number_list(0, 1, length=2), default="0.8,0.2",
+                   help="share of service time bound by DRAM bandwidth, per model")
     p.add_argument("--interference", metavar="FILE",
                    help="measured interference (`recserve profile interference`): fit --llc-sensitivity and "
                         "--memory-fraction to it instead of the documented defaults")
