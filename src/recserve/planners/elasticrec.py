@@ -359,6 +359,25 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
     ``paper_dp_rule`` does so at :func:`paper_dp_target` per table (the constant, kept above one replica's rate).
     ``size_for_sla`` gives every replica (shards and the model-wise baseline alike) its QPSmax under the
     SLA's :class:`LatencyBudget` instead of its saturation rate, as the paper's autoscaler targets do."""
+    budget = _shard_budget(spec, target_qps, batch, max_shards, locality, size_for_sla, rpc_ms)
+    tables, total_gathers = _partition_tables(spec, target_qps, cost, batch, locality, cdfs, max_shards, grid,
+                                              locality_model, dp_target_qps, paper_dp_rule, budget)
+    _check_sla(spec, batch, cost, tables)
+    dense_rate, model_rate = _whole_rates(spec, cost, total_gathers, budget)
+    dense_replicas = int(replicas_for(target_qps, dense_rate))
+    dense_memory = dense_replicas * cost.dense_replica_bytes()
+    model_replicas = int(replicas_for(target_qps, model_rate))
+    model_memory = model_replicas * cost.modelwise_replica_bytes(spec)
+    return ShardPlan(model=spec.name, target_qps=target_qps, batch=batch, dense_replicas=dense_replicas,
+                     dense_memory_bytes=dense_memory, tables=tables, modelwise_replicas=model_replicas,
+                     modelwise_memory_bytes=model_memory,
+                     assumptions=_assumptions(spec, target_qps, cost, tables, locality, locality_model, bool(cdfs),
+                                              dp_target_qps, paper_dp_rule, budget))
+
+
+def _shard_budget(spec: ModelSpec, target_qps: float, batch: int, max_shards: int, locality: float,
+                  size_for_sla: bool, rpc_ms: float) -> LatencyBudget | None:
+    """The inputs checked, and the SLA's latency budget replicas are sized under (None: saturation rates)."""
     if not (math.isfinite(target_qps) and target_qps > 0):
         raise SpecError(f"target QPS must be a finite number > 0, got {target_qps}")
     if batch < 1 or max_shards < 1 or not 0 <= locality <= 1:
@@ -368,6 +387,15 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
     if budget is not None and budget.gather_ms <= 0:
         raise InfeasibleError(f"{spec.name}: the {rpc_ms:g} ms RPC hop leaves the gathers no time in the "
                               f"{spec.sla.target_ms:g} ms SLA after the dense shard's 65%")
+    return budget
+
+
+def _partition_tables(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch: int, locality: float,
+                      cdfs: dict[str, np.ndarray] | None, max_shards: int, grid: int, locality_model: str,
+                      dp_target_qps: float | None, paper_dp_rule: bool,
+                      budget: LatencyBudget | None) -> tuple[list[TableShards], float]:
+    """Each table's shards (the DP at its partitioning target, replicas resized for ``target_qps`` where that
+    differs), and the gathers per query over all tables."""
     tables = []
     total_gathers = 0.0
     solved: dict[tuple[int, int, int], TableShards] = {}  # identical modelled tables share one DP
@@ -389,27 +417,25 @@ def plan_shards(spec: ModelSpec, target_qps: float, cost: ShardCostModel, batch:
         if cdf is None:
             solved[key] = shards
         tables.append(shards)
-    _check_sla(spec, batch, cost, tables)
-    dense_rate, model_rate = _whole_rates(spec, cost, total_gathers, budget)
-    dense_replicas = int(replicas_for(target_qps, dense_rate))
-    dense_memory = dense_replicas * cost.dense_replica_bytes()
-    model_replicas = int(replicas_for(target_qps, model_rate))
-    model_memory = model_replicas * cost.modelwise_replica_bytes(spec)
-    return ShardPlan(model=spec.name, target_qps=target_qps, batch=batch, dense_replicas=dense_replicas,
-                     dense_memory_bytes=dense_memory, tables=tables, modelwise_replicas=model_replicas,
-                     modelwise_memory_bytes=model_memory,
-                     assumptions=[f"locality P={locality:g} ({locality_model}) where no access counts given"
-                                  if not cdfs else "CDFs from measured access counts",
-                                  *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "
-                                     f"{target_qps:g} QPS"] if dp_target_qps and not paper_dp_rule else []),
-                                  *([f"partitioned at the paper's DP constant ({PAPER_DP_TARGET_QPS:g} QPS, raised per "
-                                     "table to twice an unsplit replica's rate where one replica would take it), "
-                                     f"replicas sized for {target_qps:g} QPS"] if paper_dp_rule else []),
-                                  budget.describe() if budget else "replicas sized to saturation rates (no SLA budget)",
-                                  f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
-                                  f"cost model source: {cost.source or 'given'}",
-                                  f"unloaded query latency {unloaded_latency_ms(cost, tables):.2f} ms within the "
-                                  f"{spec.sla.target_ms:g} ms SLA"])
+    return tables, total_gathers
+
+
+def _assumptions(spec: ModelSpec, target_qps: float, cost: ShardCostModel, tables: list[TableShards],
+                 locality: float, locality_model: str, measured_cdfs: bool, dp_target_qps: float | None,
+                 paper_dp_rule: bool, budget: LatencyBudget | None) -> list[str]:
+    """What the plan took as given, in the order the plan prints them."""
+    return [f"locality P={locality:g} ({locality_model}) where no access counts given"
+            if not measured_cdfs else "CDFs from measured access counts",
+            *([f"partitioned at the paper's constant {dp_target_qps:g} QPS, replicas sized for "
+               f"{target_qps:g} QPS"] if dp_target_qps and not paper_dp_rule else []),
+            *([f"partitioned at the paper's DP constant ({PAPER_DP_TARGET_QPS:g} QPS, raised per "
+               "table to twice an unsplit replica's rate where one replica would take it), "
+               f"replicas sized for {target_qps:g} QPS"] if paper_dp_rule else []),
+            budget.describe() if budget else "replicas sized to saturation rates (no SLA budget)",
+            f"min memory per replica {cost.min_mem_bytes / MiB:.0f} MiB",
+            f"cost model source: {cost.source or 'given'}",
+            f"unloaded query latency {unloaded_latency_ms(cost, tables):.2f} ms within the "
+            f"{spec.sla.target_ms:g} ms SLA"]
 
 
 def paper_dp_target(cdf: np.ndarray, gathers_per_query: float, cost: ShardCostModel,

@@ -133,28 +133,12 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
     budget = dram_gb * 1e9
     sizes = [t.bytes(spec.bytes_per_elem) for t in spec.tables]
     bw = [bandwidth_need(spec, t, qps, item_batch) for t in spec.tables]
-    if budget >= sum(sizes):  # DRAM holds every table: nothing goes to SSD
-        fm, sm = list(range(len(sizes))), []
-    else:
-        fm, sm = _split(spec, policy, budget * fm_fraction, sm_sides, sizes, bw)
+    fm, sm = _fm_and_sm(spec, policy, dram_gb, fm_fraction, sm_sides, sizes, bw)
     fm_bytes = sum(sizes[i] for i in fm)
-    if fm_bytes > budget:
-        raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.3g} GB, more than the "
-                              f"{dram_gb:g} GB budget; put more sides on SSD (--sm-sides) or raise --dram-gb")
     cache_bytes = budget - fm_bytes
     locality = {"user": locality_user, "item": locality_item}
-    cached = set(sm)
-    hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
-    if policy == "per-table-cache":
-        cached = {i for i in sm if hit[i] >= min_hit}
-        hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
-    if simulated_hit is not None:
-        hit = {i: (simulated_hit if i in cached and cache_bytes > 0 else 0.0) for i in sm}
-    on_sm = set(sm)
-    placements = [TablePlacement(t.name, t.side, "SM", sizes[i], bw[i] / 1e9, i in cached, hit[i],
-                                 qps * side_batch(t, item_batch) * t.pooling * (1 - hit[i])) if i in on_sm
-                  else TablePlacement(t.name, t.side, "FM", sizes[i], bw[i] / 1e9, False, 1.0, 0.0)
-                  for i, t in enumerate(spec.tables)]
+    cached, hit = _cache_hits(spec, policy, sm, cache_bytes, qps, item_batch, locality, min_hit, simulated_hit)
+    placements = _placements(spec, sizes, bw, set(sm), cached, hit, qps, item_batch)
     iops_total = sum(p.iops for p in placements)
     sm_bytes = sum(sizes[i] for i in sm)
     summary = {"policy": policy, "dram_budget_gb": dram_gb, "fm_tables": len(fm), "sm_tables": len(sm),
@@ -176,6 +160,46 @@ def plan_tier(spec: ModelSpec, dram_gb: float, qps: float, *, item_batch: int = 
               "min_hit": min_hit, "queue_depth": queue_depth, "tables_in_flight": tables_in_flight,
               "simulated_hit": simulated_hit}
     return TierPlan(planner=f"sdm/{policy}", inputs=inputs, summary=summary, notes=notes, tables=placements)
+
+
+def _fm_and_sm(spec: ModelSpec, policy: str, dram_gb: float, fm_fraction: float, sm_sides: tuple[str, ...],
+               sizes: list[int], bw: list[float]) -> tuple[list[int], list[int]]:
+    """Indices of the tables mapped in DRAM (FM) and of those on SSD (SM); InfeasibleError when the FM ones alone
+    overflow the budget."""
+    budget = dram_gb * 1e9
+    if budget >= sum(sizes):  # DRAM holds every table: nothing goes to SSD
+        fm, sm = list(range(len(sizes))), []
+    else:
+        fm, sm = _split(spec, policy, budget * fm_fraction, sm_sides, sizes, bw)
+    fm_bytes = sum(sizes[i] for i in fm)
+    if fm_bytes > budget:
+        raise InfeasibleError(f"{spec.name}: tables kept in DRAM need {fm_bytes / 1e9:,.3g} GB, more than the "
+                              f"{dram_gb:g} GB budget; put more sides on SSD (--sm-sides) or raise --dram-gb")
+    return fm, sm
+
+
+def _cache_hits(spec: ModelSpec, policy: str, sm: list[int], cache_bytes: float, qps: float, item_batch: int,
+                locality: dict[str, float], min_hit: float,
+                simulated_hit: float | None) -> tuple[set[int], dict[int, float]]:
+    """The SM tables given row cache (per-table-cache: those whose hit rate reaches ``min_hit``) and every SM
+    table's hit rate (the ideal fill's, or ``simulated_hit`` for each cached one)."""
+    cached = set(sm)
+    hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
+    if policy == "per-table-cache":
+        cached = {i for i in sm if hit[i] >= min_hit}
+        hit = _hit_rates(spec, sm, cached, cache_bytes, qps, item_batch, locality)
+    if simulated_hit is not None:
+        hit = {i: (simulated_hit if i in cached and cache_bytes > 0 else 0.0) for i in sm}
+    return cached, hit
+
+
+def _placements(spec: ModelSpec, sizes: list[int], bw: list[float], on_sm: set[int], cached: set[int],
+                hit: dict[int, float], qps: float, item_batch: int) -> list[TablePlacement]:
+    """Each table's tier, and for an SM one its cache, hit rate and the SSD reads its misses cost."""
+    return [TablePlacement(t.name, t.side, "SM", sizes[i], bw[i] / 1e9, i in cached, hit[i],
+                           qps * side_batch(t, item_batch) * t.pooling * (1 - hit[i])) if i in on_sm
+            else TablePlacement(t.name, t.side, "FM", sizes[i], bw[i] / 1e9, False, 1.0, 0.0)
+            for i, t in enumerate(spec.tables)]
 
 
 def _check_inputs(policy: str, dram_gb: float, qps: float, item_batch: int, queue_depth: int,
