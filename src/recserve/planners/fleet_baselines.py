@@ -199,9 +199,29 @@ def sdm_alone(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
 def sequential(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
     """Each stage fixes its decision before the next; see the module docstring."""
     from recserve.planners.fleet import solve
-    from recserve.planners.hera import plan_colocation
 
     types = _types(fleet)
+    cols, stages, failed = _tier_then_shard_columns(fleet, pm, types)
+    if failed:
+        return _fail(failed)
+    x, rented, short, _ = solve(fleet, cols)
+    if (short > 1e-6).any():
+        return _fail("the servers cannot carry every peak")
+    counts = {h: 0 for h in fleet.servers}
+    for c, n in zip(cols, x, strict=True):
+        counts[c.server] += int(n) * c.servers
+    for h in types:  # Hera: consolidate each CPU type's single-model servers into pairs where that takes fewer
+        saved = _hera_pairs_saving(fleet, pm, h, cols, x)
+        if saved is not None:
+            singles, paired = saved
+            counts[h] -= singles - paired
+            stages.append(f"Hera pairs on {h}: {singles} -> {paired} servers")
+    return _result(fleet, counts, "; ".join(stages) or "all in DRAM, no pairs saved a server")
+
+
+def _tier_then_shard_columns(fleet: FleetSpec, pm: Any, types: list[str]) -> tuple[list[Column], list[str], str]:
+    """Each model's columns, stage by stage: DRAM where some type holds it (SDM), else the SSD tier, else
+    ElasticRec's shard blocks; the stages taken, and why none could be ("" when every model has columns)."""
     cols: list[Column] = []
     rejected: list[str] = []
     stages = []
@@ -218,39 +238,38 @@ def sequential(fleet: FleetSpec, pm: Any) -> dict[str, Any]:
             continue
         blocks = [c for h in types for c in shard_columns(m, fleet.servers[h], pm, rejected)]
         if not blocks:
-            return _fail(f"{m.name}: fits no type in DRAM or SSD, and no shard plan holds its SLA")
+            return cols, stages, f"{m.name}: fits no type in DRAM or SSD, and no shard plan holds its SLA"
         stages.append(f"{m.name}: ElasticRec shards")
         cols += blocks
-    x, rented, short, _ = solve(fleet, cols)
-    if (short > 1e-6).any():
-        return _fail("the servers cannot carry every peak")
-    counts = {h: 0 for h in fleet.servers}
+    return cols, stages, ""
+
+
+def _hera_pairs_saving(fleet: FleetSpec, pm: Any, h: str, cols: list[Column],
+                       x: Any) -> tuple[int, int] | None:
+    """(single-model DRAM servers of type ``h``, the servers Hera's pairs need for their load) where the pairs need
+    fewer; None where they do not, or ``h`` cannot co-locate (an accelerator, no LLC ways to split, one model)."""
+    from recserve.planners.hera import plan_colocation
+
+    server = fleet.servers[h]
+    load: dict[str, float] = {}
     for c, n in zip(cols, x, strict=True):
-        counts[c.server] += int(n) * c.servers
-    # Hera: consolidate each CPU type's single-model servers into pairs where that takes fewer servers
-    for h in types:
-        server = fleet.servers[h]
-        load = {}
-        for c, n in zip(cols, x, strict=True):
-            if n and c.server == h and c.kind == "single" and all(t == "dram" for t in c.tier.values()):
-                for mname, q in c.qps.items():
-                    load[mname] = load.get(mname, 0.0) + q * n
-        singles = sum(int(n) for c, n in zip(cols, x, strict=True) if c.server == h and c.kind == "single"
-                      and all(t == "dram" for t in c.tier.values()))
-        if len(load) < 2 or server.accelerator or server.llc_ways < 2:
-            continue
-        peaks = {m.name: m.peak_qps for m in fleet.models}
-        total = {mname: sum(c.qps.get(mname, 0.0) * n for c, n in zip(cols, x, strict=True)) for mname in load}
-        targets = {mname: peaks[mname] * q / total[mname] for mname, q in load.items()}  # h's share of the peak
-        try:
-            plan = plan_colocation(hera_profiles([m.spec for m in fleet.models if m.name in load], server, pm),
-                                   server, targets, baselines=())
-        except RecserveError:
-            continue
-        if plan.summary["servers"] < singles:
-            counts[h] -= singles - int(plan.summary["servers"])
-            stages.append(f"Hera pairs on {h}: {singles} -> {plan.summary['servers']} servers")
-    return _result(fleet, counts, "; ".join(stages) or "all in DRAM, no pairs saved a server")
+        if n and c.server == h and c.kind == "single" and all(t == "dram" for t in c.tier.values()):
+            for mname, q in c.qps.items():
+                load[mname] = load.get(mname, 0.0) + q * n
+    singles = sum(int(n) for c, n in zip(cols, x, strict=True) if c.server == h and c.kind == "single"
+                  and all(t == "dram" for t in c.tier.values()))
+    if len(load) < 2 or server.accelerator or server.llc_ways < 2:
+        return None
+    peaks = {m.name: m.peak_qps for m in fleet.models}
+    total = {mname: sum(c.qps.get(mname, 0.0) * n for c, n in zip(cols, x, strict=True)) for mname in load}
+    targets = {mname: peaks[mname] * q / total[mname] for mname, q in load.items()}  # h's share of the peak
+    try:
+        plan = plan_colocation(hera_profiles([m.spec for m in fleet.models if m.name in load], server, pm),
+                               server, targets, baselines=())
+    except RecserveError:
+        return None
+    paired = int(plan.summary["servers"])
+    return (singles, paired) if plan.summary["servers"] < singles else None
 
 
 BASELINES: dict[str, Callable[[FleetSpec, Any], dict[str, Any]]] = {
