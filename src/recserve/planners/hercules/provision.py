@@ -249,11 +249,7 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
                    seed: int = 0, progress: Callable[[str], None] | None = None, mip_rel_gap: float = 1e-3,
                    time_limit_s: float = STEP_TIME_LIMIT_S) -> ProvisionPlan:
     """Provision every interval of a day with the ILP and the baselines; summarise peak/average savings."""
-    if not (0 <= alpha < float("inf")) or mip_rel_gap < 0 or not time_limit_s > 0:
-        raise SpecError(f"alpha and mip_rel_gap must be >= 0 (an under-provisioning alpha < 0 meets no load) "
-                        f"and time_limit_s > 0; got {alpha}, {mip_rel_gap}, {time_limit_s}")
-    if any(n < 0 for n in available.values()):
-        raise SpecError(f"available server counts must be >= 0, got {available}")
+    _check_provision_inputs(available, alpha, mip_rel_gap, time_limit_s)
     workloads = list(loads)
     servers = [h for h, n in available.items() if n > 0]
     if not servers:
@@ -261,39 +257,19 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
     eff = efficiency_matrix(profiles, workloads, servers)
     avail = np.array([available[h] for h in servers])
     demand = np.stack([np.asarray(loads[w], dtype=float) for w in workloads])   # [W, T]
-    for name in baselines:
-        if name not in BASELINES:
-            raise SpecError(f"unknown provisioning baseline {name!r}; known: {BASELINES}")
+    unknown = [name for name in baselines if name not in BASELINES]
+    if unknown:
+        raise SpecError(f"unknown provisioning baseline {unknown[0]!r}; known: {BASELINES}")
     series: dict[str, list[ProvisionStep]] = {}
     worst_gap = 0.0
     for name in ["hercules", *baselines]:
-        rng = np.random.default_rng(seed)
-        steps = []
-        for k, t in enumerate(hours):
-            if name == "oblivious":
-                x = solve_oblivious(eff, demand[:, k], avail, alpha, t, rng, strict=False)
-            elif name == "greedy":
-                x = solve_greedy(eff, demand[:, k], avail, alpha, t, strict=False)
-            else:
-                info: dict = {}
-                x = solve_ilp(eff, demand[:, k], avail, alpha, t, mip_rel_gap, time_limit_s, info)
-                worst_gap = max(worst_gap, info["gap"])
-            steps.append(_step(eff, x, t, demand[:, k]))
-            _report_step(progress, name, k + 1, len(hours))
-        series[name] = steps
-        if progress:
-            progress(f"{name}: {len(steps)} steps, peak {max(s.power_w for s in steps):,.0f} W")
+        series[name], gap = _provision_day(name, eff, demand, avail, hours, alpha, seed, mip_rel_gap, time_limit_s,
+                                           progress)
+        worst_gap = max(worst_gap, gap)
     main = series.pop("hercules")
     summary = _day_summary(main)
     summary["worst_ilp_gap"] = worst_gap
-    base = {}
-    for name, steps in series.items():
-        other = _day_summary(steps)
-        other["hercules_power_saving_peak"] = 1 - summary["peak_power_w"] / other["peak_power_w"]
-        other["hercules_power_saving_avg"] = 1 - summary["avg_power_w"] / other["avg_power_w"]
-        other["hercules_server_saving_peak"] = 1 - summary["peak_servers"] / other["peak_servers"]
-        other["hercules_server_saving_avg"] = 1 - summary["avg_servers"] / other["avg_servers"]
-        base[name] = other
+    base = {name: _savings(summary, _day_summary(steps)) for name, steps in series.items()}
     inputs = {"available": dict(available), "alpha": alpha, "workloads": workloads,
               "peak_load_qps": {w: float(demand[i].max()) for i, w in enumerate(workloads)},
               "efficiency": {w: {h: {"qps": float(eff.qps[i, j]), "power_w": float(eff.power[i, j])}
@@ -302,6 +278,47 @@ def plan_provision(profiles: ProfileSet, available: dict[str, int], loads: dict[
     return ProvisionPlan("hercules", inputs=inputs, summary=summary, baselines=base, steps=main,
                          baseline_steps=series,
                          notes=["power is provisioned power (Σ servers × their power budget), not measured draw"])
+
+
+def _check_provision_inputs(available: dict[str, int], alpha: float, mip_rel_gap: float, time_limit_s: float) -> None:
+    if not (0 <= alpha < float("inf")) or mip_rel_gap < 0 or not time_limit_s > 0:
+        raise SpecError(f"alpha and mip_rel_gap must be >= 0 (an under-provisioning alpha < 0 meets no load) "
+                        f"and time_limit_s > 0; got {alpha}, {mip_rel_gap}, {time_limit_s}")
+    if any(n < 0 for n in available.values()):
+        raise SpecError(f"available server counts must be >= 0, got {available}")
+
+
+def _provision_day(name: str, eff: Efficiency, demand: np.ndarray, avail: np.ndarray, hours: Sequence[float],
+                   alpha: float, seed: int, mip_rel_gap: float, time_limit_s: float,
+                   progress: Callable[[str], None] | None) -> tuple[list[ProvisionStep], float]:
+    """One policy's allocation at every interval ("hercules": the ILP; "greedy", "oblivious": the baselines, which
+    may fall short), and the ILP's worst relative gap (0 for a baseline)."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    worst_gap = 0.0
+    for k, t in enumerate(hours):
+        if name == "oblivious":
+            x = solve_oblivious(eff, demand[:, k], avail, alpha, t, rng, strict=False)
+        elif name == "greedy":
+            x = solve_greedy(eff, demand[:, k], avail, alpha, t, strict=False)
+        else:
+            info: dict = {}
+            x = solve_ilp(eff, demand[:, k], avail, alpha, t, mip_rel_gap, time_limit_s, info)
+            worst_gap = max(worst_gap, info["gap"])
+        steps.append(_step(eff, x, t, demand[:, k]))
+        _report_step(progress, name, k + 1, len(hours))
+    if progress:
+        progress(f"{name}: {len(steps)} steps, peak {max(s.power_w for s in steps):,.0f} W")
+    return steps, worst_gap
+
+
+def _savings(hercules: dict[str, float], other: dict[str, float]) -> dict[str, float]:
+    """A baseline's day summary with the ILP's peak and average power and server savings over it."""
+    other["hercules_power_saving_peak"] = 1 - hercules["peak_power_w"] / other["peak_power_w"]
+    other["hercules_power_saving_avg"] = 1 - hercules["avg_power_w"] / other["avg_power_w"]
+    other["hercules_server_saving_peak"] = 1 - hercules["peak_servers"] / other["peak_servers"]
+    other["hercules_server_saving_avg"] = 1 - hercules["avg_servers"] / other["avg_servers"]
+    return other
 
 
 def _day_summary(steps: list[ProvisionStep]) -> dict[str, float]:
