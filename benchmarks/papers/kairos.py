@@ -148,6 +148,13 @@ def _gap_text(d: dict[str, dict]) -> str:
             + " below the Oracle" + (f" (over 15%: {', '.join(over)})" if over else ""))
 
 
+def _t3_note(art: dict[str, dict]) -> str:
+    """Which models' Kairos pools hold a t3.xlarge, whose latency tail costs online dispatch (the predictor row)."""
+    with_t3 = [m for m, v in art.items() if v["kairos_config"].get("t3.xlarge")]
+    return (f"{', '.join(with_t3)}'s Kairos pool holds the t3 whose tail costs online dispatch (see the predictor "
+            "row); " if with_t3 else "")
+
+
 def _kairos_plus_rows(profiles: ProfileSet, homogeneous: dict[str, dict[str, dict]]) -> list[Row]:
     """Kairos §8.3 (Fig. 9): Kairos+ evaluates under 1% of the configuration space online; §8.4: Kairos and Kairos+
     are within 15% of the Oracle.  Each evaluation is the simulated allowable QPS of Kairos' dispatch on that pool;
@@ -187,9 +194,8 @@ def _kairos_plus_rows(profiles: ProfileSet, homogeneous: dict[str, dict[str, dic
                 "upper bound, itself above any dispatcher's allowable QPS by Def. 2, is 'lower than but close to "
                 "the Oracle'); even the homogeneous g4dn pool, where dispatch has no choice, runs "
                 + ", ".join(f"{m} {100 * q:.0f}%" for m, q in queueing["artifact"].items())
-                + " below its own Oracle rate (Poisson queueing at the p99); mtwnd's Kairos pool holds the t3 "
-                "whose tail costs online dispatch (see the predictor row); against the Oracle on each one's own pool "
-                "instead (not the paper's): " + ", ".join(
+                + " below its own Oracle rate (Poisson queueing at the p99); " + _t3_note(art)
+                + "against the Oracle on each one's own pool instead (not the paper's): " + ", ".join(
                     f"{m} {100 * (1 - v['kairos_qps'] / v['oracle_on_own_pool']['kairos']):.1f}%"
                     for m, v in art.items()) + " for Kairos; a bound: yes when met, else RULE's level reading",
                 {"gap": {m: v["gap"] for m, v in art.items()}, "detail": art, "paper_spread": pap,
