@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from recserve.hostinfo import log_tail, signal_name
+from recserve.hostinfo import how_it_ended, log_tail, signal_name
 
 
 def test_log_tail_reads_the_last_non_empty_lines(tmp_path):
@@ -28,3 +28,11 @@ def test_signal_name_names_a_stopping_signal():
     assert signal_name(-signal.SIGKILL) == "SIGKILL"
     assert signal_name(0) is None
     assert signal_name(2) is None
+
+
+def test_how_it_ended_is_one_wording_for_every_process_end():
+    assert how_it_ended(-signal.SIGKILL) == "killed by SIGKILL (signal 9)"
+    assert how_it_ended(-signal.SIGSEGV) == "killed by SIGSEGV (signal 11)"
+    assert how_it_ended(-99) == "killed by signal 99"
+    assert how_it_ended(1) == "exited with code 1"
+    assert how_it_ended(None) == "exit status unknown"

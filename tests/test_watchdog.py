@@ -250,3 +250,23 @@ def test_a_hand_off_drops_the_supervisors_copy_only_once_the_descriptor_has_come
             os.close(routed[0])
             theirs.close()
         ours.close()
+
+
+def test_a_dead_workers_held_query_hears_how_the_worker_ended(pair):
+    """The 500 for a query a dead worker held names its end in the one wording (``hostinfo.how_it_ended``)."""
+    from types import SimpleNamespace
+
+    from recserve.serving.node.worker_watch import WorkerWatch
+
+    client, worker = pair
+    request_read(client, worker)
+    states = np.zeros((4096, 2), np.int64)
+    states[worker.fileno()] = held_state(0), 0
+    metrics = SimpleNamespace(arrived=lambda: None, error=lambda code: None, failed=lambda s: None)
+    watch = WorkerWatch(SimpleNamespace(name="m", hang_timeout_s=10.0), metrics, {},
+                        SimpleNamespace(on_handoff=lambda *a: None))
+    dead = SimpleNamespace(conns={worker.fileno(): os.dup(worker.fileno())}, incoming={}, retiring=False, pid=7,
+                           states=states)
+    watch.rescue(SimpleNamespace(stopping=False), dead, -9)
+    answer = rest_of(client)
+    assert answer.startswith(b"HTTP/1.1 500") and b"worker pid 7 died (killed by SIGKILL (signal 9))" in answer

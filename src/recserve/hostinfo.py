@@ -33,6 +33,17 @@ def signal_name(returncode: int) -> str | None:
         return f"signal {-returncode}"
 
 
+def how_it_ended(returncode: int | None) -> str:
+    """A child process's end in words, the one wording every message uses: ``killed by SIGKILL (signal 9)``,
+    ``exited with code 1``, ``exit status unknown`` (None: not reaped)."""
+    if returncode is None:
+        return "exit status unknown"
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    name = signal_name(returncode)
+    return f"killed by {name}" if name == f"signal {-returncode}" else f"killed by {name} (signal {-returncode})"
+
+
 def log_tail(path: Path, lines: int = 1, max_bytes: int = 4096) -> list[str]:
     """The last ``lines`` non-empty lines of a process's log (its last ``max_bytes`` read), stripped; none where
     the file is missing."""

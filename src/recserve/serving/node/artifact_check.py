@@ -4,9 +4,10 @@ server process that serves every other model."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
+
+from recserve.hostinfo import how_it_ended
 
 CHECK_TIMEOUT_S = 300.0  # loading and one batch of 2: a model still at it after this is taken to hang
 
@@ -46,7 +47,8 @@ def check_in_child(context: Any, artifact: Path, spec: Any, timeout_s: float = C
             (f"checking it ran over {timeout_s:.0f} s (loading and one batch of {CHECK_BATCH}); stopped", None)
     except EOFError:  # the process ended without a verdict
         process.join(5)
-        verdict = f"the process checking it (loading and one batch of {CHECK_BATCH}) {_death(process.exitcode)}"
+        verdict = (f"the process checking it (loading and one batch of {CHECK_BATCH}) ended: "
+                   f"{how_it_ended(process.exitcode)}")
     finally:
         if process.is_alive():
             process.kill()
@@ -56,11 +58,3 @@ def check_in_child(context: Any, artifact: Path, spec: Any, timeout_s: float = C
         raise ArtifactError(artifact, verdict)
     return bound
 
-
-def _death(exitcode: int | None) -> str:
-    if exitcode is not None and exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"

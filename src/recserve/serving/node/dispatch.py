@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from recserve.hostinfo import how_it_ended
 from recserve.serving.node.handle import WorkerHandle, next_id
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker.main import flatten, pack, unpack
@@ -216,7 +217,7 @@ class QueryDispatcher:
         """A worker died holding a part: its query is answered."""
         if handle.current is not None:
             handle.current.query.fail(InferError(
-                "internal", f"model {self.name!r}: worker pid {handle.pid} died (exit code {code}) "
+                "internal", f"model {self.name!r}: worker pid {handle.pid} died ({how_it_ended(code)}) "
                             "while computing this query"))
             handle.current = None
 

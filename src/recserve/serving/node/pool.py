@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from recserve.hostinfo import signal_name
+from recserve.hostinfo import how_it_ended
 from recserve.serving.node.config import expand_cores
 from recserve.serving.node.handle import WorkerHandle
 from recserve.serving.wire.errors import InferError
@@ -170,7 +170,7 @@ class WorkerPool:
         self._events.lost(self, handle, code)
         if not handle.ready.done():
             handle.ready.set_exception(InferError(
-                "internal", f"model {self.name!r}: worker exited with code {code} before it was ready"))
+                "internal", f"model {self.name!r}: worker {how_it_ended(code)} before it was ready"))
             handle.ready.exception()  # mark retrieved
         if not handle.exited.done():
             handle.exited.set_result(code)
@@ -228,13 +228,6 @@ class WorkerPool:
         end = time.monotonic() + seconds
         while not self.stopping and time.monotonic() < end:
             await asyncio.sleep(min(0.1, end - time.monotonic()))
-
-
-def how_it_ended(code: int | None) -> str:
-    """A worker's exit status in words: ``killed by SIGKILL``, ``exit code 1``."""
-    if code is None:
-        return "exit status unknown"
-    return f"killed by {signal_name(code)}" if code < 0 else f"exit code {code}"
 
 
 async def await_exit(workers: list[WorkerHandle], timeout_s: float) -> None:

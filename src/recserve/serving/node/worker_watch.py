@@ -12,6 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from recserve.hostinfo import how_it_ended
 from recserve.serving.node.handle import WorkerHandle
 from recserve.serving.node.watchdog import answer_held, expire_in_transit, release
 from recserve.serving.wire.errors import InferError
@@ -113,8 +114,8 @@ class WorkerWatch:
             for theirs in list(handle.conns):
                 release(handle.conns, theirs)
             return
-        exc = InferError("internal", f"model {self.name!r}: worker pid {handle.pid} died (exit code {code}) while "
-                                     "holding this query; it was not answered")
+        exc = InferError("internal", f"model {self.name!r}: worker pid {handle.pid} died ({how_it_ended(code)}) "
+                                     "while holding this query; it was not answered")
         answered = self._answer_held(handle, exc, 0.0, unread_too=False)
         moved = len(handle.conns)
         for ours in handle.conns.values():
