@@ -181,3 +181,29 @@ def test_stopping_during_a_restart_leaves_no_worker_behind():
         time.sleep(0.2)  # the server sees the exit and starts a replacement
     left = [p.name for p in multiprocessing.active_children() if MODEL in p.name]
     assert not left, left  # (before: the replacement outlived the node and held the interpreter's exit)
+
+
+def test_a_worker_that_hangs_while_the_node_drains_is_killed_and_its_query_answered():
+    """The watchdog keeps watching through the drain: a part stuck on a frozen worker is answered 504 and the
+    worker killed then, so the drain ends with it (it used to stop at the drain's start: the query waited out the
+    whole drain and heard 503 "shutting down")."""
+    server = NodeServer(pipeline_config(hang_timeout_s=60.0).model_copy(update={"drain_timeout_s": 60.0}))
+    ports = server.start()
+    stopper = threading.Thread(target=server.stop)
+    try:
+        client = Client(server, ports.http)
+        pid = sparse_pid(ports.http)
+        with stopped(pid):
+            held = client.send()
+            held_by_the_node(ports.http, 1)
+            stopper.start()
+            assert until(lambda: server.core.stopping, bool)
+            server.core.models[MODEL].worker_watch.hang_timeout_s = 0.5  # the part is hung from now on
+            kind, message, _ = held.result(120)
+            assert kind == "error" and "stopped responding" in message, message
+    finally:
+        if stopper.is_alive() or stopper.ident is not None:
+            stopper.join(120)
+            assert not stopper.is_alive()
+        else:
+            server.stop()

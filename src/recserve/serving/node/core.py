@@ -84,14 +84,19 @@ class NodeCore:
         A tick that runs ``STALE_TICK_S`` late judges nothing: this process was not running (a host stall, or a thread
         of an embedding program holding the GIL), so heartbeats may wait unread in the workers' pipes and every worker
         would look silent (docs/decisions/2026-11-28-dead-and-hung-workers.md).  The loop reads them before the next
-        tick, which judges."""
+        tick, which judges.
+
+        It keeps ticking while the node drains (a worker hung then is killed and its queries answered, not waited
+        for until the drain's timeout), and watches versions retiring after an unload or a reload as well; only
+        the covering is left to the shutdown, which accepts on the node's socket itself."""
         loop = asyncio.get_running_loop()
         late = loop.time() - self._watchdog.when() if self._watchdog is not None else 0.0  # this tick's timer
         stale = late >= STALE_TICK_S and not self._skipped
         if not stale:  # never two skipped in a row: a loop late on every tick still has its workers watched
-            for rt in self.all_runtimes():
+            for rt in [*self.all_runtimes(), *self.loader.retiring]:
                 rt.watch()
-            self._cover_accepts()
+            if not self.stopping:
+                self._cover_accepts()
         self._skipped = stale
         self._watchdog = loop.call_later(WATCHDOG_S, self.start_watchdog)
 
@@ -100,7 +105,6 @@ class NodeCore:
             self._watchdog.cancel()
             self._watchdog = None
         self._skipped = False
-        self.own.stop_listening()
 
     def refused(self, reason: str) -> None:
         """Count a request (or connection) refused before any model counted it."""

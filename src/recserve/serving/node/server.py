@@ -217,10 +217,10 @@ class NodeServer:
         core = self.core
         if core is not None:
             core.accepting, core.stopping = False, True
-            core.stop_watchdog()
             core.accept_while_stopping()
-            if drain:
+            if drain:  # watched throughout: a worker that hangs now is killed and its queries answered
                 await self._drain(core)
+            core.stop_watchdog()
             held = [*core.all_runtimes(), *core.loader.retiring]
             abandoned = sum(rt.abandon("the node server is shutting down") for rt in held)
             if abandoned:
