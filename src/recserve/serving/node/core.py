@@ -232,6 +232,7 @@ class NodeCore:
                         "message": "" if supported else self.llc.why_unsupported()}}
 
     def set_llc_ways(self, rt: ModelRuntime, ways: Any) -> dict[str, Any]:
+        rt.check_served("nothing was changed")
         pids = [w.pid for p in rt.pools.values() for w in p.active()]
         try:
             return self.llc.set_ways(rt.name, ways, pids)

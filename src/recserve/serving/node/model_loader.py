@@ -86,6 +86,7 @@ class ModelLoader:
             for rt in started:
                 loaded[rt.version] = rt
             for rt in replaced:
+                rt.withdrawn = "replaced by a reload of its changed files"
                 await rt.set_default(False)
             for version, rt in loaded.items():
                 self.state[(name, version)] = ("READY", "")
@@ -95,6 +96,7 @@ class ModelLoader:
             self.models[name], self.policies[name] = loaded[newest], repo.settings(name).policy
             retire = [loaded.pop(v) for v in list(loaded) if v not in wanted]
             for rt in retire:
+                rt.withdrawn = "unloaded (not selected by the version policy)"
                 self.state[(name, rt.version)] = ("UNAVAILABLE", "unloaded: not selected by the version policy")
             self._on_change()
             self._retire_in_background(retire + replaced)
@@ -185,7 +187,8 @@ class ModelLoader:
             self._refuse_catalogue_model(name)
             del self.models[name]
             versions = self.versions.pop(name, {})
-            for version in versions:
+            for version, rt in versions.items():
+                rt.withdrawn = "unloaded"
                 self.state[(name, version)] = ("UNAVAILABLE", "unloaded")
             self._on_change()
             log.info("model %s unloaded: version(s) %s retire once their queries are answered", name,

@@ -128,7 +128,11 @@ class WorkerPool:
             retire = [w for w in current if w not in keep]
             log.info("model %s: %s workers %d -> %d%s: starting %d, retiring pids %s", self.name, self.stage,
                      len(current), n, " (all replaced)" if not keep else "", len(start_sets), [w.pid for w in retire])
-            await asyncio.gather(*(self.start_worker(s, threads) for s in start_sets))
+            started = await asyncio.gather(*(self.start_worker(s, threads) for s in start_sets))
+            if self.stopping:  # the model stopped while they started: its stop did not see them
+                await self._retire_now(list(started))
+                raise InferError("not_found", f"model {self.name!r} stopped (unloaded, or the node stops) while "
+                                              "this resize started workers: nothing was resized", "model_name")
             self.threads = threads
             if cores is not None:
                 self.cores_spec = flat_cores(cores)
@@ -138,6 +142,12 @@ class WorkerPool:
             self.pump()
             await await_exit(retire, WORKER_STOP_TIMEOUT_S + 60)
             log.info("model %s: %s workers now pids %s", self.name, self.stage, [w.pid for w in self.active()])
+
+    async def _retire_now(self, workers: list[WorkerHandle]) -> None:
+        for w in workers:
+            w.retiring = True
+        self.pump()
+        await await_exit(workers, WORKER_STOP_TIMEOUT_S)
 
     # ------------------------------------------------------------------ worker events (from its pipe)
     def on_failed(self, handle: WorkerHandle, reason: str) -> None:
@@ -214,9 +224,7 @@ class WorkerPool:
                     log.info("model %s: %s worker pid %s replaced by pid %s", self.name, self.stage, dead.pid,
                              handle.pid)
                 if self.stopping:  # the model stopped while this worker started
-                    handle.retiring = True
-                    self.pump()
-                    await await_exit([handle], WORKER_STOP_TIMEOUT_S)
+                    await self._retire_now([handle])
                 return
         finally:
             self.restarting -= 1

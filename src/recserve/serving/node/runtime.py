@@ -88,6 +88,7 @@ class ModelRuntime:
         self._next_adopter = 0
         self.live = LiveSettings(cfg.name)  # settings changed at run time, acknowledged by the workers
         self.files: tuple = ()  # a repository version's files when it loaded (``Repository.stamp``)
+        self.withdrawn = ""  # why this version serves no more ("unloaded", ...): control requests then fail
         for stage in cfg.stages():
             self.pools[stage] = self._pool(stage, cfg.threads, cfg.sparse_cores if stage == "sparse" else cfg.cores)
         if self.accel is not None:  # accelerator workers (serving/worker/accel.py)
@@ -247,6 +248,7 @@ class ModelRuntime:
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise InferError("invalid", f"threads must be an integer >= 1, got {threads!r}", "threads")
         pool = self.stage_for(stage)
+        self.check_served("nothing was resized")
 
         async def retired(retirees: list[WorkerHandle]) -> None:
             if pool.stage == "model":
@@ -255,7 +257,17 @@ class ModelRuntime:
                 await self.configure({"accel_sockets": self.accel_sockets()}, strict=False)
 
         await pool.resize(n, cores, threads, retired, replace)
+        if self.withdrawn:  # withdrawn while its workers started: none of them may take connections
+            await self.stop_accepting()
+        self.check_served("the workers it started retire with it")
         return self.state()
+
+    def check_served(self, consequence: str) -> None:
+        """A control request for a version withdrawn (unloaded, or replaced by a reload) since the request named
+        it: a 404 saying so, never a 200 for a change to workers that are retiring."""
+        if self.withdrawn:
+            raise InferError("not_found", f"model {self.name!r} version {self.version} was {self.withdrawn} while "
+                                          f"this request waited: {consequence}", "model_name")
 
     async def stop_accepting(self, workers: list[WorkerHandle] | None = None) -> None:
         """Its workers (or ``workers`` of them, about to retire) accept no more connections, acknowledged, before any
@@ -271,6 +283,7 @@ class ModelRuntime:
         """Queries with at least ``k`` items go to the accelerator workers (DeepRecSys' threshold, at run time)."""
         if self.accel is None:
             raise InferError("invalid", f"model {self.name!r} has no accelerator workers", "min_items")
+        self.check_served("nothing was changed")
         self.accel.set_min_items(k)
         await self.configure({"min_items": k})
         log.info("model %s: queries of %d items or more go to the accelerator workers", self.name, k)
@@ -285,6 +298,7 @@ class ModelRuntime:
     async def set_sub_batch(self, k: int) -> dict[str, Any]:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise InferError("invalid", f"sub_batch must be an integer >= 0, got {k!r}", "sub_batch")
+        self.check_served("nothing was changed")
         self.settings.sub_batch = k
         await self.configure({"sub_batch": k})
         log.info("model %s: sub_batch %d", self.name, k)
