@@ -4,8 +4,10 @@ close; and clients sending nonstop across the drain get answers, never a reset."
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
+import socket
 import threading
 import time
 from http.client import HTTPConnection, HTTPException
@@ -105,3 +107,43 @@ def test_keep_alive_clients_sending_across_a_drain_get_whole_answers_never_a_res
         server.stop(drain=False)
     for out in outcomes:
         assert all(status in (200, 503) for status in out) and len(out) >= 3, out
+def _knock(port: int, stop: threading.Event, outcomes: list[str]) -> None:
+    """Connect and ask for readiness again and again until the node's port refuses: each connection's outcome
+    (``answered <status>``, ``closed`` (EOF or reset without an answer) or ``hung`` (nothing in 20 s))."""
+    request = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    while not stop.is_set():
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        except OSError:  # refused: the node has stopped listening
+            return
+        with sock:
+            try:
+                sock.sendall(request)
+                answer = sock.recv(65536)
+                outcomes.append(f"answered {answer.split()[1].decode()}" if answer else "closed")
+            except TimeoutError:
+                outcomes.append("hung")
+            except OSError:
+                outcomes.append("closed")
+
+
+def test_connections_accepted_while_an_embedded_node_stops_are_answered_or_closed():
+    """Clients connect in a tight loop while ``stop()`` runs: each connection is answered (200 or 503) or closed,
+    none left open and unanswered (the server process's listener used to take connections in its last
+    milliseconds whose protocol never ran before its loop ended: their clients waited for ever)."""
+    server = NodeServer(node_config("hercules-rmc1"))
+    port = server.start().http
+    stop, outcomes = threading.Event(), []
+    knockers = [threading.Thread(target=_knock, args=(port, stop, outcomes)) for _ in range(8)]
+    try:
+        for knocker in knockers:
+            knocker.start()
+        assert until(lambda: len(outcomes), lambda n: n >= 20) >= 20
+        server.stop()
+    finally:
+        server.stop(drain=False)
+        for knocker in knockers:
+            knocker.join(90)
+        stop.set()
+    assert "hung" not in outcomes, collections.Counter(outcomes)
+    assert set(outcomes) <= {"answered 200", "answered 503", "closed"}, collections.Counter(outcomes)

@@ -5,6 +5,7 @@ as the workers do; one given the bytes a worker already read; one refused (the n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -104,8 +105,8 @@ class Refused(asyncio.Protocol):
     """An error answer and close, whatever the client sent.  A lingering close (RFC 9112 9.6): the write side is
     shut and what still arrives is dropped for ``LINGER_S``, so the client reads the answer rather than a reset."""
 
-    def __init__(self, answer: bytes) -> None:
-        self.answer = answer
+    def __init__(self, answer: bytes, on_lost: Callable[[Refused], None] = lambda _: None) -> None:
+        self.answer, self.on_lost = answer, on_lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -122,6 +123,9 @@ class Refused(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.on_lost(self)
 
 
 def too_many_connections(limit: int) -> bytes:
@@ -143,16 +147,31 @@ class OwnAccepts:
         self._refused = refused
         self._listening: asyncio.Task | None = None  # this process's accept loop on the node's socket
         self._room = Room()  # which connections to close for a new one past ``max_connections``
+        self._refusing: set[Refused] = set()  # connections being refused, until closed
 
     def protocol(self) -> asyncio.Protocol:
         """aiohttp's protocol; past ``max_connections``, 503 with Retry-After; once stopping, 503."""
         server = self.server
         if server is None:
-            return Refused(STOPPING)
+            return self._refuse(STOPPING)
         if len(server.connections) >= self.max_connections and not self._make_room(server.connections):
             self._refused("too_many_connections")
-            return Refused(too_many_connections(self.max_connections))
+            return self._refuse(too_many_connections(self.max_connections))
         return JsonErrors(server, loop=asyncio.get_running_loop(), **self.options)
+
+    def _refuse(self, answer: bytes) -> Refused:
+        refused = Refused(answer, self._refusing.discard)
+        self._refusing.add(refused)
+        return refused
+
+    async def refused_all(self, timeout_s: float = LINGER_S + 1.0) -> None:
+        """Once nothing accepts any more: wait until every connection taken has been refused and closed.  asyncio
+        makes an accepted socket's transport (and runs its protocol) in a task a loop turn or more after the accept,
+        so a loop that ended right after its listener closed left such connections open and unanswered."""
+        await asyncio.sleep(0)  # accepts made before the listener closed create their protocols now
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._refusing and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
 
     def _make_room(self, handlers: list[Any]) -> bool:
         """Close the connections that have waited longest for a request (``transport/room.py``); whether any was."""
@@ -185,3 +204,10 @@ class OwnAccepts:
         if self._listening is not None:
             listening, self._listening = self._listening, None
             listening.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+
+    async def close_listening(self) -> None:
+        """Stop accepting, the listener closed before this returns (``stop_listening`` closes it later)."""
+        if self._listening is not None:
+            listening, self._listening = self._listening, None
+            with contextlib.suppress(OSError):
+                (await listening).close()

@@ -243,8 +243,22 @@ class NodeServer:
                 core.own.server = None  # connections taken from now on are answered 503 at once
             await self._runner.cleanup()
             self._runner = None
+        if core is not None:  # meanwhile this process answers new connections 503 (the workers hold the socket too)
+            stop_s = HURRIED_STOP_S if self._hurried() else WORKER_STOP_TIMEOUT_S
+            await asyncio.gather(*(rt.stop(stop_s) for rt in [*core.all_runtimes(), *core.loader.retiring]))
+        await self._stop_accepting()
         if core is not None:
-            core.own.stop_listening()  # the accepting that covered the shutdown
+            core.shm.close()
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def _stop_accepting(self) -> None:
+        """Last: stop accepting (every copy of the listening socket closed: a connection still in its queue is
+        reset, not left waiting), then answer and close every connection taken before, and only then let the loop
+        end (uvicorn's and aiohttp's order: close the listener, then the connections, then stop)."""
+        core = self.core
+        if core is not None:
+            await core.own.close_listening()  # the accepting that covered the shutdown
         if self._accepting is not None:
             self._accepting.close()
             self._accepting = None
@@ -252,11 +266,7 @@ class NodeServer:
             self._sock.close()
             self._sock = None
         if core is not None:
-            stop_s = HURRIED_STOP_S if self._hurried() else WORKER_STOP_TIMEOUT_S
-            await asyncio.gather(*(rt.stop(stop_s) for rt in [*core.all_runtimes(), *core.loader.retiring]))
-            core.shm.close()
-        if self._stopped is not None:
-            self._stopped.set()
+            await core.own.refused_all()
 
     async def _drain(self, core: NodeCore) -> None:
         """Every model drains (``drain_timeout_s`` at most), or less once ``_hurry`` is set."""
