@@ -16,7 +16,9 @@ from recserve.serving.shards.remote_table import ShardClient
 from recserve.serving.shards.service import OUTPUT_POOLED, lookup
 from recserve.specs import get_model
 from recserve.zoo import build
+from tests.support import http
 from tests.support.nodes import DEADLINE_MS, node_config, started
+from tests.support.wait import until
 
 pytestmark = pytest.mark.integration  # starts nodes, processes or servers
 
@@ -160,6 +162,30 @@ def test_killed_replica_gives_error_reply_or_failover(sharded, pool):
                 time.sleep(0.2)
         for i in range(len(pool)):
             assert session.outputs(i)["scores"].shape == (pool.sizes[i], 1)
+
+
+def test_readiness_follows_whether_every_shard_has_a_replica_serving(sharded):
+    """Readiness while replicas restart: not ready while a shard has no replica (its queries would fail), ready
+    while a shard keeps one healthy replica of two (every query is answered, the dead one's calls fail over)."""
+    t0 = sharded.layout.tables[0]
+    port = sharded.ports.http
+
+    def ready() -> int:
+        return http.get(port, "/v2/health/ready").status
+
+    assert until(ready, lambda s: s == 200) == 200
+    sharded.kill_replica(f"{t0.name}-s2", 0)  # the cold shard's only replica
+    assert until(ready, lambda s: s == 503) == 503
+    assert http.get(port, f"/v2/models/{sharded.model_name}/ready").status == 503
+    assert sharded.restart_dead(progress=False) == 0
+    assert until(ready, lambda s: s == 200) == 200
+    sharded.kill_replica(f"{t0.name}-s0", 0)  # a hot shard keeps its second replica
+    rt = sharded.server.core.models[sharded.model_name]
+    dead = next(r.address for r in sharded.replicas if r.shard == f"{t0.name}-s0" and r.replica == 0)
+    assert until(lambda: rt.upstreams.reachable(dead), lambda up: not up) is False  # the node has seen it go
+    assert ready() == 200
+    assert sharded.restart_dead(progress=False) == 0
+    assert until(lambda: rt.upstreams.reachable(dead), bool) is True
 
 
 def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):

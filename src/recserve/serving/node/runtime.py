@@ -27,6 +27,7 @@ from recserve.serving.node.llc import LlcAllocator
 from recserve.serving.node.metrics import ModelMetrics
 from recserve.serving.node.overload_log import OverloadLog
 from recserve.serving.node.pool import WORKER_STOP_TIMEOUT_S, WorkerPool
+from recserve.serving.node.upstreams import Upstreams
 from recserve.serving.node.watchdog import hold_in_transit
 from recserve.serving.node.worker_watch import WorkerWatch
 from recserve.serving.wire import json_numbers, pipe
@@ -89,6 +90,7 @@ class ModelRuntime:
         self.live = LiveSettings(cfg.name)  # settings changed at run time, acknowledged by the workers
         self.files: tuple = ()  # a repository version's files when it loaded (``Repository.stamp``)
         self.withdrawn = ""  # why this version serves no more ("unloaded", ...): control requests then fail
+        self.upstreams: Upstreams | None = None  # the shard services its workers call (``options.endpoints``)
         for stage in cfg.stages():
             self.pools[stage] = self._pool(stage, cfg.threads, cfg.sparse_cores if stage == "sparse" else cfg.cores)
         if self.accel is not None:  # accelerator workers (serving/worker/accel.py)
@@ -125,6 +127,7 @@ class ModelRuntime:
             pool = self.pools[stage]
             starts += [pool.start_worker(core_sets[i], pool.threads) for i in range(n)]
         log.info("model %s version %s: starting %d workers", self.name, self.version, len(starts))
+        self.upstreams = Upstreams.of(self.cfg.options)
         began = time.monotonic()
         await asyncio.gather(*starts)
         log.info("model %s version %s: workers ready in %.1f s: %s", self.name, self.version,
@@ -133,7 +136,9 @@ class ModelRuntime:
 
     @property
     def ready(self) -> bool:
-        return self.accepting and all(p.ready_count() > 0 for p in self.pools.values())
+        """Accepting, a working worker in every stage, and a reachable replica of every shard service it calls."""
+        return (self.accepting and all(p.ready_count() > 0 for p in self.pools.values())
+                and not (self.upstreams is not None and self.upstreams.missing()))
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new queries and wait for admitted ones to finish."""
@@ -152,6 +157,8 @@ class ModelRuntime:
         for stage in self.pools:
             self.dispatch.fail_pending(stage, f"model {self.name!r} stopped")
         self.launcher.cleanup()
+        if self.upstreams is not None:
+            self.upstreams.close()
         if self.accel is not None:
             self.accel.cleanup()
 
@@ -162,9 +169,11 @@ class ModelRuntime:
         return self.dispatch.abandon(message)
 
     def watch(self) -> None:
-        """Watchdog tick (``worker_watch.WorkerWatch.tick``, ``overload_log.OverloadLog.tick``)."""
+        """Watchdog tick (``worker_watch.WorkerWatch.tick``, ``overload_log.OverloadLog.tick``, ``Upstreams.poke``)."""
         self.worker_watch.tick()
         self.overload_log.tick()
+        if self.upstreams is not None:
+            self.upstreams.poke()
 
     # ------------------------------------------------------------------ queries through the supervisor
     def decode(self, arrays: dict[str, np.ndarray]) -> QueryBatch:
