@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tritonclient.utils import InferenceServerException
 
 from recserve.serving.node.config import NodeConfig
 from recserve.specs import model_from_dict
-from recserve.zoo import FAMILY_CLASSES
+from recserve.zoo import FAMILY_CLASSES, sample_batch
 from recserve.zoo.artifacts import write_version
 from tests.support import http
 from tests.support.nodes import generous_yaml, started
+from tests.support.oip_inputs import http_inputs
 from tests.support.scrape import metric_value, scrape
 from tests.support.wait import until
 
@@ -132,3 +134,32 @@ def test_concurrent_control_requests_answer_the_truth_and_leave_the_node_consist
             assert metric_value(samples, "recserve_workers", model=name, version="1", stage="model") == workers
         assert until(lambda n=name: len(workers_of(n)), lambda n, w=workers: n == w) == workers, answers
     assert until(lambda: http.get(port, "/v2/health/ready").status, lambda s: s == 200) == 200
+
+
+def test_a_worker_that_hangs_while_its_unloaded_version_retires_is_killed_and_its_query_answered(tmp_path):
+    """The hang watchdog watches retiring versions too: a pipeline model unloaded while its sparse worker is
+    frozen on a query's part answers that query 504 once the part is hung, rather than holding it for the whole
+    drain and answering 500 when the worker is killed at the end."""
+    from tests.test_runtime import MODEL, held_by_the_node, stopped
+
+    folder = tmp_path / "repo" / MODEL
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("mode: pipeline\nsparse_workers: 1\nworkers: 1\n" + generous_yaml())
+    spec = model_from_dict(MODEL, SPEC)
+    torch.manual_seed(0)
+    model = FAMILY_CLASSES["dlrm"](spec, tuple(t.rows for t in spec.tables)).eval()
+    write_version(model, folder, 1, "safetensors")
+    inputs = http_inputs(sample_batch(model, 8, rng=3))
+    with started(NodeConfig(models=[], repository=str(tmp_path / "repo"), drain_timeout_s=60.0)) as node, \
+            ThreadPoolExecutor(1) as pool:
+        port = node.ports.http
+        rt = node.core.models[MODEL]
+        with stopped(rt.pools["sparse"].workers[0].pid):
+            held = pool.submit(http.triton(port, network_timeout=180).infer, MODEL, inputs)
+            held_by_the_node(port, 1)
+            assert http.post_json(port, f"/v2/repository/models/{MODEL}/unload", timeout_s=120).status == 200
+            assert rt in node.core.loader.retiring
+            rt.worker_watch.hang_timeout_s = 0.5  # the part is hung from now on
+            with pytest.raises(InferenceServerException, match="stopped responding"):
+                held.result(120)
+        assert until(lambda: set(node.core.loader.retiring), lambda left: not left) == set()
