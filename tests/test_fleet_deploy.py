@@ -112,7 +112,7 @@ def test_a_node_that_dies_is_reported_and_started_again_on_its_port_until_its_re
         deadline = time.monotonic() + 180
         while not any("ready again" in line for line in said) and time.monotonic() < deadline:
             keep_nodes(nodes, 1.0, max_restarts=1, progress=said.append, poll_s=0.2)
-        assert "node 0 (hercules-rmc1) was stopped by SIGKILL" in said[0]
+        assert "node 0 (hercules-rmc1) killed by SIGKILL (signal 9)" in said[0]
         assert "starting it again (1 of at most 1 in 10 minutes)" in said[0] and str(node.log_path) in said[0]
         assert "node 0 is ready again" in said[-1] and _ready(node.url)  # the same port: endpoints stay valid
         os.kill(node.process.pid, signal.SIGKILL)

@@ -24,7 +24,7 @@ import yaml
 from recserve import tethered
 from recserve.deploy.nodeconfig import accelerator_section
 from recserve.errors import RecserveError
-from recserve.hostinfo import log_tail, signal_name
+from recserve.hostinfo import how_it_ended, log_tail
 from recserve.planners.fleet import FleetPlan
 from recserve.planners.plan import Plan
 from recserve.specs import fleet_served_name, get_model, get_server
@@ -234,7 +234,7 @@ def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int 
                     say(f"node {i} is ready again after {time.monotonic() - node.restarted_at:.1f} s")
                     node.restarted_at = None
                 continue
-            what = (f"node {i} ({', '.join(node.models)}) {_ended(code)}; the last line of {node.log_path}: "
+            what = (f"node {i} ({', '.join(node.models)}) {how_it_ended(code)}; the last line of {node.log_path}: "
                     f"{''.join(log_tail(node.log_path))!r}")
             now = time.monotonic()
             node.restarts = [t for t in node.restarts if now - t < RESTART_WINDOW_S]
@@ -247,12 +247,6 @@ def keep_nodes(nodes: list[LocalNode], seconds: float | None, max_restarts: int 
                 f"{RESTART_WINDOW_S / 60:g} minutes)")
             node.process, node.restarted_at = _launch(node.config_path, node.log_path), now
         time.sleep(poll_s if end is None else max(0.0, min(poll_s, end - time.monotonic())))
-
-
-def _ended(code: int) -> str:
-    """How a process ended, in words: its exit status, or the signal that stopped it."""
-    name = signal_name(code)
-    return f"exited with status {code}" if name is None else f"was stopped by {name}"
 
 
 def stop_nodes(nodes: list[LocalNode], timeout_s: float = 20.0) -> None:

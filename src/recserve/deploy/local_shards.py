@@ -23,6 +23,7 @@ import torch
 
 from recserve.deploy.sharding import ShardLayout, access_counts, even_layout, layout_from_plan, shard_weights
 from recserve.errors import RecserveError, SpecError
+from recserve.hostinfo import how_it_ended
 from recserve.planners.plan import Plan, ShardPlan
 from recserve.planners.replicas import replicas_for
 from recserve.serving.shards.remote_table import BACKEND, DEFAULT_TIMEOUT_S
@@ -175,8 +176,8 @@ class ShardedDeployment:
             if now < r.next_try:
                 down += 1
                 continue
-            _log(progress, f"embedding shard {r.shard} replica {r.replica} (pid {r.pid}) exited with code "
-                           f"{r.process.exitcode}; restarting it on port {r.port}")
+            _log(progress, f"embedding shard {r.shard} replica {r.replica} (pid {r.pid}) "
+                           f"{how_it_ended(r.process.exitcode)}; restarting it on port {r.port}")
             try:
                 _relaunch(r)
             except RecserveError as exc:
