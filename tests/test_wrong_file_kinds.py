@@ -83,7 +83,7 @@ def test_profile_host_checks_device_workers_before_measuring(tmp_path, monkeypat
     monkeypatch.setattr(profiler, "profile_host", lambda *a, **k: pytest.fail("measured before checking"))
     rc, err = run(["profile", "host", "--models", "hera-ncf", "--out", str(tmp_path / "p.json"),
                    "--device", "cpu", "--device-workers", "0"])
-    assert rc == 2 and "--device-workers must hold integers >= 1" in err
+    assert rc == 2 and "argument --device-workers: must be comma-separated integers >= 1" in err
 
 
 def _other_hosts_profiles(tmp_path):

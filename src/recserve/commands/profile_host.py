@@ -16,20 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recserve.commands._plan_common import check_half_memory, count, percentile, positive
+from recserve.commands._plan_common import check_half_memory, count, int_list, percentile, positive
 from recserve.errors import RecserveError
 from recserve.profiles import ProfileSet
 from recserve.specs import SLA, ModelSpec, get_model
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise RecserveError(f"{what} must be a comma-separated list of integers, got {text!r}") from exc
-    if not values or min(values) < 1:
-        raise RecserveError(f"{what} must hold integers >= 1, got {text!r}")
-    return values
 
 
 def _maxload_cell(row: list[float]) -> str:
@@ -49,7 +39,7 @@ def _measure(args: argparse.Namespace, specs: list[ModelSpec], batches: list[int
 
     if args.device_only and not args.device:
         raise RecserveError("--device-only needs --device (e.g. --device cuda)")
-    device_workers = _ints(args.device_workers, "--device-workers")
+    device_workers = args.device_workers
     if args.device:
         from recserve.serving.node.config import check_device
 
@@ -105,8 +95,8 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
         raise RecserveError(f"--scale must be in (0, 1], got {args.scale}")
     if args.array_mb is not None:  # the bandwidth microbenchmarks' arrays
         check_half_memory(args.array_mb, f"--array-mb {args.array_mb}")
-    batches = _ints(args.batches, "--batches") if args.batches else list(BATCHES)
-    workers = _ints(args.workers, "--workers") if args.workers else None
+    batches = args.batches or list(BATCHES)
+    workers = args.workers
     if workers:
         check_worker_counts(workers)
     sla = None
@@ -130,9 +120,10 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=positive, default=1e-3, help="table-row scale for the live models")
     p.add_argument("--out", default="profiles/this-host.json", help="ProfileSet JSON to write")
     p.add_argument("--quick", action="store_true", help="short measurements (about 30 s per model)")
-    p.add_argument("--batches", default="", help="batch sizes for latency_vs_batch (default 1,8,...,1024)")
-    p.add_argument("--workers", default="", help="worker counts for maxload_vs_workers (default 1..cores; at most "
-                                                 "4 per core, 256 in all)")
+    p.add_argument("--batches", type=int_list, default=None,
+                   help="batch sizes for latency_vs_batch (default 1,8,...,1024)")
+    p.add_argument("--workers", type=int_list, default=None,
+                   help="worker counts for maxload_vs_workers (default 1..cores; at most 4 per core, 256 in all)")
     p.add_argument("--via", choices=("server", "inprocess"), default="server",
                    help="max-load tables through a local node server (HTTP) or an in-process worker pool")
     p.add_argument("--no-maxload", action="store_true", help="skip the max-load / footprint / membw tables")
@@ -144,7 +135,8 @@ def register(actions: argparse._SubParsersAction) -> None:
                         "(default 256 quick, 1024 full)")
     p.add_argument("--device", default=None, help="also measure this accelerator's tables (cuda, cuda:N; cpu runs "
                                                    "the same path on a CPU accelerator worker)")
-    p.add_argument("--device-workers", default="1,2", help="accelerator worker counts for its maxload_vs_workers")
+    p.add_argument("--device-workers", type=int_list, default=[1, 2],
+                   help="accelerator worker counts for its maxload_vs_workers (default 1,2)")
     p.add_argument("--device-only", action="store_true", help="measure only the accelerator's tables")
     p.add_argument("--merge", action="store_true", help="merge into --out if it exists instead of replacing it")
     p.set_defaults(func=cmd_profile_host)
