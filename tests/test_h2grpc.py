@@ -415,9 +415,9 @@ def test_a_stream_the_client_sends_after_its_ping_acknowledgements_is_still_serv
     buffer).  A stream after the final GOAWAY is refused."""
     from hpack import Encoder
 
-    import recserve.serving.transport.h2connection as h2connection
+    import recserve.serving.transport.h2closing as h2closing
 
-    monkeypatch.setattr(h2connection, "GOAWAY_QUIET_S", 0.05)
+    monkeypatch.setattr(h2closing, "GOAWAY_QUIET_S", 0.05)
 
     async def run() -> None:
         conn, transport = _connection()
@@ -448,9 +448,9 @@ def test_a_stream_the_client_sends_after_its_ping_acknowledgements_is_still_serv
 
 
 def test_a_client_that_never_acknowledges_gets_the_final_goaway_after_a_while(monkeypatch):
-    import recserve.serving.transport.h2connection as h2connection
+    import recserve.serving.transport.h2closing as h2closing
 
-    monkeypatch.setattr(h2connection, "GOAWAY_ACK_S", 0.01)
+    monkeypatch.setattr(h2closing, "GOAWAY_ACK_S", 0.01)
 
     from hpack import Encoder
 

@@ -6,7 +6,8 @@ asyncio one, and tests drive it with bytes alone.
 Reading: the preface, then frames; DATA kept as views of the received bytes (``RequestReader``), a DATA frame
 longer than the read handed on in parts as it arrives, at most ``FRAMES_PER_TURN`` frames per read.  Header blocks
 go to ``CallOpener``, answers out through ``ReplyWriter``; control frames (SETTINGS, PING, RST_STREAM, GOAWAY,
-WINDOW_UPDATE, PRIORITY) are handled here, each within its budget (``h2limits``)."""
+WINDOW_UPDATE, PRIORITY) are handled here, each within its budget (``h2limits``).  The graceful close, and calls
+ended for a slow or departed client, are the base class's (``h2closing.ConnectionClosing``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,17 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from recserve.serving.transport.h2closing import (  # noqa: F401 - GOAWAY_*, CLIENT_GONE: imported from here too
+    CLIENT_GONE,
+    GOAWAY_ACK_S,
+    GOAWAY_QUIET_MAX_S,
+    GOAWAY_QUIET_S,
+    ConnectionClosing,
+)
 from recserve.serving.transport.h2frames import (
     ACK,
     CONTINUATION,
     DATA,
-    DEADLINE_EXCEEDED,
     DEFAULT_WINDOW,
     END_STREAM,
     ENHANCE_YOUR_CALM,
@@ -33,7 +40,6 @@ from recserve.serving.transport.h2frames import (
     HELD_CONNECTION,
     INTERNAL_ERROR,
     MAX_STREAMS,
-    MAX_WINDOW,
     PADDED,
     PING,
     PREFACE,
@@ -55,15 +61,11 @@ from recserve.serving.transport.h2heads import CallOpener
 from recserve.serving.transport.h2limits import Bucket, ByteBudget, FloodGuard, FloodLimits, LogBudget, StreamBudget
 from recserve.serving.transport.h2replies import ReplyWriter, Wire
 from recserve.serving.transport.h2requests import RequestReader
-from recserve.serving.transport.h2streams import Call, MessageSink, Method, Stream, StreamTable
+from recserve.serving.transport.h2streams import Call, MessageSink, Method, StreamTable
 
-CLIENT_GONE = "client_gone"  # ``on_abuse``'s one reason that is no abuse: a unary call's client left mid-request
 log = logging.getLogger(__name__)
 BUG_LOG = LogBudget()  # one line per 10 s for connections failed by an unexpected error
 
-GOAWAY_ACK_S = 1.0  # a client that has not acknowledged a graceful close's PINGs by then gets the final GOAWAY
-GOAWAY_QUIET_S = 0.1  # ... one that has gets it once no new stream has arrived for this long
-GOAWAY_QUIET_MAX_S = 2.0  # ... or this long after its second acknowledgement, whichever comes first
 DIRECT_BYTES = 16 * 1024  # a read of a message's DATA at least this long goes straight into the message
 
 
@@ -77,7 +79,7 @@ class Host(Protocol):
         """A read left complete frames (``FRAMES_PER_TURN``): read no more now, and call ``receive_backlog`` soon."""
 
 
-class H2Connection:
+class H2Connection(ConnectionClosing):
     """One client connection.  ``methods`` maps ``/package.Service/Method`` to how it is served; ``new_call``
     makes the call a handler sees (``GrpcCall``'s signature), ``new_queue`` a streaming method's ``requests``."""
 
@@ -127,30 +129,9 @@ class H2Connection:
         self.streams.drop_all()
         self.replies.wire = None
 
-    def _left(self, stream: Stream) -> None:
-        """Report a unary call whose client left (reset it or closed the connection) part way through sending its
-        request (a stream reset before any of it, as Rapid Reset's, is the reset budget's business)."""
-        call = stream.call
-        if (call is not None and not call.done and not stream.ended and call.requests is None and self.on_abuse
-                and (stream.size or stream.landing is not None)):
-            self.on_abuse(CLIENT_GONE)
-
     @property
     def open_streams(self) -> int:
         return len(self.streams.open)
-
-    def expire_requests(self, before: float, timeout_s: float) -> None:
-        """Unary calls whose request has not arrived whole since ``before`` (opened ``timeout_s`` earlier) end with
-        DEADLINE_EXCEEDED, as a slow HTTP request gets 408 (a stream not ended by the client is then reset
-        NO_ERROR): open calls that never finish their request would hold the worker's streams for ever.  A
-        streaming call's stream stays open as long as its client wants (the server's stream budget bounds them)."""
-        late = [s for s in self.streams.open.values() if s.opened < before and not s.ended and s.call is not None
-                and not s.call.done and s.call.requests is None and s.method is not None and s.method.unary]
-        for stream in late:
-            if self.on_abuse is not None:
-                self.on_abuse("slow_client")
-            stream.call.finish(DEADLINE_EXCEEDED,  # type: ignore[union-attr]
-                               f"request not received within {timeout_s:g} s")
 
     @property
     def request_bytes_peak(self) -> int:
@@ -161,52 +142,6 @@ class H2Connection:
     def refused_streams(self) -> int:
         """New streams refused after GOAWAY (their clients retry them on another connection)."""
         return self.opener.refused
-
-    def close_gracefully(self) -> None:
-        """Stop taking calls, answer those in flight, then close.  Two GOAWAYs, as grpc-core's server does: the
-        first (any stream id) tells the client to open no more streams here, and the second names the last stream
-        that arrived.  A single GOAWAY would fail, UNAVAILABLE, a call whose HEADERS were on the wire as it went
-        out.  The second waits for two PING round trips, not one as grpc-core's (grpc-core writes a PING's
-        acknowledgement before the HEADERS of a stream it had numbered just before it read the first GOAWAY), and
-        then until no new stream has arrived for ``GOAWAY_QUIET_S`` (``_when_quiet``).  A client that does not
-        acknowledge gets the final GOAWAY after ``GOAWAY_ACK_S``, and our side ends once its calls have.  A
-        connection accepted but not yet made closes so once it is: its client may already have sent calls, which
-        would otherwise wait for the server's grace and fail."""
-        if not self._made:
-            self._close_when_made = True
-            return
-        if self.replies.closing or self._goaway_ping or self.replies.wire is None:
-            return
-        self._goaway_ping = True
-        self.replies.write([goaway_frame(MAX_WINDOW), frame(PING, 0, 0, GOAWAY_PING)])
-        self.host.call_later(GOAWAY_ACK_S, self._unacknowledged)
-
-    def _unacknowledged(self) -> None:
-        if self._acked_since is None:
-            self._final_goaway()
-
-    def _when_quiet(self, last_id: int) -> None:
-        """The final GOAWAY once no stream has arrived for ``GOAWAY_QUIET_S``.  Two PING round trips are not always
-        enough: a client writing a large message can queue the HEADERS of a stream it numbered before the first
-        GOAWAY behind it, while its PING acknowledgements (control frames) go first.  Such a stream crossing the
-        final GOAWAY is retried by grpc-core only if its message fits the retry buffer (256 KiB by default): a
-        larger call fails UNAVAILABLE."""
-        if self.streams.last_id == last_id or self.clock() - self._acked_since >= GOAWAY_QUIET_MAX_S:
-            self._final_goaway()
-        else:
-            self._quiet_check()
-
-    def _quiet_check(self) -> None:
-        """``_when_quiet`` after ``GOAWAY_QUIET_S``, with the last stream that had arrived by now."""
-        last_id = self.streams.last_id
-        self.host.call_later(GOAWAY_QUIET_S, lambda: self._when_quiet(last_id))
-
-    def _final_goaway(self) -> None:
-        """The second GOAWAY, naming the last stream that arrived; our side ends when the calls in flight have."""
-        if self.replies.closing or self.replies.wire is None:
-            return
-        self.replies.closing = True
-        self.replies.write([goaway_frame(self.streams.last_id)])
 
     def _fail(self, error: H2Error) -> None:
         wire, out = self.replies.wire, self.replies.out
