@@ -12,8 +12,9 @@ whatever its worker count.  Here every worker of a whole-query (``mode: model``)
 - ``WorkerPlane`` (here) decodes and validates a query with the model path (``worker/model_path.py``; a large
   plain-JSON one on a thread of its own, ``worker/json_decoder.py``, so the loop serves on meanwhile), then routes
   it: to an accelerator worker (``offload``: a query of at least its ``min_items`` items; ``worker/accel.py``), to
-  a less loaded sibling while this worker is busy (``worker/siblings.py``), or into this worker's
-  ``AdmissionQueue`` (``worker/admission.py``), which admits it by count and deadline or sheds it.
+  a less loaded sibling while this worker is busy (``worker/siblings.py``; both sent by ``worker/forwarding.py``),
+  or into this worker's ``AdmissionQueue`` (``worker/admission.py``), which admits it by count and deadline or
+  sheds it.
 - The queued queries are fused into one forward pass, inline or, for a pass predicted to take
   ``compute_thread_ms`` or more, on the ``ComputeThread`` (``worker/compute_thread.py``) so this loop keeps
   reading, admitting and shedding meanwhile.
@@ -40,6 +41,7 @@ from recserve.serving.worker.compute_thread import ComputeThread
 from recserve.serving.worker.connections import ConnectionManager
 from recserve.serving.worker.early_refusal import EarlyRefusal
 from recserve.serving.worker.failure_log import ModelFailures
+from recserve.serving.worker.forwarding import QueryForwarding
 from recserve.serving.worker.http_connection import Connection, Request
 from recserve.serving.worker.http_responses import error_response, response_bytes
 from recserve.serving.worker.json_decoder import JsonDecoder
@@ -50,7 +52,7 @@ from recserve.serving.worker.reporter import RETIRING_LOAD, Reporter
 EXIT_SETTLE_S = 0.02  # a retiring worker exits only if it still has nothing left this long after it first had none
 
 
-class WorkerPlane:
+class WorkerPlane(QueryForwarding):
     """The worker's event loop side: routes each decoded query, computes the admitted ones, retires and drains."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, model_name: str, model: ModelPath,
@@ -210,30 +212,6 @@ class WorkerPlane:
             return False
         return True
 
-    def _forward(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply,
-                 owed: bool = False) -> bool:
-        """Send the query to a sibling holding fewer queries than this worker's queue counts for
-        (``SiblingClient.less_loaded``), if there is one; it comes back here if
-        the sibling refuses it, retires or dies (503 ``unavailable``; it is then queued as if it had never left,
-        its ``owed`` checks run first).  Any other answer, scores or an error of the pass or of the sibling's
-        checks, is the client's.  The sibling records it in the node's statistics."""
-        link = self.siblings.less_loaded(self.admission.held())  # type: ignore[union-attr]
-        if link is None:
-            return False
-        self.reporter.record(("sibling", "forwarded"))
-        self.connections.forwarded_at = time.perf_counter()
-
-        def done(scores: np.ndarray | None, error: InferError | None) -> None:
-            if error is None or error.code != "unavailable":  # scores, or the sibling's verdict on the query
-                reply(scores, error)
-            else:
-                self.reporter.record(("sibling", "returned"))
-                if not owed or self.checked(arrays, reply):
-                    self.enqueue_at(arrays, items, arrived, deadline, reply, returned=True)
-
-        self.siblings.submit(arrays, deadline, done, link)  # type: ignore[union-attr]
-        return True
-
     def enqueue_at(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply,
                    forwarded: bool = False, returned: bool = False) -> None:
         """Queue a validated query due by ``deadline`` if admission lets it in (``forwarded``: a sibling sent it,
@@ -254,21 +232,6 @@ class WorkerPlane:
         if not admission.running:  # idle: compute now (a loop turn costs ~30 µs); later arrivals queue and fuse
             admission.running = True
             self._run_next()
-
-    def _offload(self, arrays: tuple, items: int, arrived: float, deadline: float, reply: Reply) -> None:
-        """A large query goes to an accelerator worker (``serving/worker/accel.py``); this loop serves on meanwhile."""
-        self.reporter.record(("kind", "accelerator", items))
-        sent = time.perf_counter()
-
-        def done(scores: np.ndarray | None, error: InferError | None) -> None:
-            if error is not None:
-                self._fail(reply, arrived, error, sent)
-                return
-            reply(scores, None)
-            now = time.perf_counter()
-            self.reporter.record(("done", items, now - arrived, sent - arrived, now - sent, 0))  # passes: the worker's
-
-        self.offload.submit(arrays, deadline, done)  # type: ignore[union-attr]
 
     def keeps(self, keep_alive: bool) -> bool:
         """Whether a connection stays open after an answer: never while draining, so the answer says ``Connection:
