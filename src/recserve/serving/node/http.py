@@ -43,6 +43,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler  # aiohttp's 100 / 417, used for the rest
 
 from recserve.serving.node import control_api
 from recserve.serving.node.http_bodies import CODINGS, framing_error, request_body
@@ -108,12 +109,7 @@ def _expect_within(core: NodeCore) -> Any:
             if request.path.endswith("/infer"):
                 core.refused(error.code)
             return error_response(error)
-        if request.version >= (1, 1):
-            if request.headers.get("Expect", "").lower() != "100-continue":
-                raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.writer.output_size = 0  # the answer's own bytes start after it
-        return None
+        return await _default_expect_handler(request)
 
     return expect_continue
 
