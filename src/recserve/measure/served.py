@@ -23,7 +23,7 @@ import yaml
 
 from recserve import tethered
 from recserve.errors import RecserveError
-from recserve.hostinfo import log_tail
+from recserve.hostinfo import how_it_ended, log_tail
 from recserve.measure.targets import GrpcTarget, HttpTarget, Target
 
 
@@ -93,7 +93,7 @@ class LocalServer:
         ports: tuple[int, int] | None = None
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RecserveError(f"node server exited with code {self._proc.returncode}: {self._log_tail()}")
+                raise RecserveError(f"node server {how_it_ended(self._proc.returncode)}: {self._log_tail()}")
             if ports is None:
                 ports = tethered.ready_ports(log_path.read_bytes())
             if ports is not None:
