@@ -110,3 +110,28 @@ def test_small_queries_get_the_same_verdict_as_large_ones(monkeypatch, lengths_c
         assert verdicts[0] == verdicts[1], (lengths.tolist(), values.tolist())
         cases += verdicts[0] is not None
     assert 50 < cases < 290  # both verdicts were exercised
+
+
+@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("bad_id", [-1, 10**9, 2**63 - 1])
+def test_an_id_outside_its_table_is_refused_naming_the_table_its_size_the_place_and_the_id(monkeypatch, small,
+                                                                                           bad_id):
+    """Not wrapped or clamped (another item's row would be scored): the first bad id, where it is and its table's
+    size, on the small-query path and the numpy path alike; tables before it may be empty."""
+    import numpy as np
+
+    from recserve.wire import SMALL_QUERY_LENGTHS
+    from recserve.zoo.batch import check_query
+
+    monkeypatch.setattr("recserve.zoo.batch.SMALL_QUERY_LENGTHS", SMALL_QUERY_LENGTHS if small else 0)
+    model = build(get_model("hercules-rmc1"), scale=1e-4)
+    rows = tuple(model.rows)
+    lengths = np.full((len(rows), 2), 2, np.int32)
+    lengths[0] = 0  # an empty first table: the bad id's place counts from the tables before it
+    values = np.ones(int(lengths.sum()), np.int64)
+    values[[5, 9]] = bad_id, 10**9  # table 2's second bag (table 1 holds 0-3); a later bad id is not named
+    with pytest.raises(BatchError) as err:
+        check_query(np.zeros((2, model.spec.dense_in), np.float32), values, lengths, model.spec.dense_in, rows)
+    assert err.value.field == "sparse_values"
+    assert str(err.value) == (f"sparse_values: table 2 index out of range [0, {rows[2]}): "
+                              f"sparse_values[5] is {bad_id}")

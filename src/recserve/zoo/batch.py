@@ -196,7 +196,7 @@ def _check_small(values: np.ndarray, lengths: np.ndarray, rows: tuple[int, ...],
     if np.count_nonzero(over):  # count_nonzero: ``.any()``'s Python wrapper costs more
         first = int(np.flatnonzero(over)[0])
         t = int(np.searchsorted(np.cumsum(counts), first, side="right"))
-        raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
+        raise _out_of_range(values, first, t, rows[t])
 
 
 def _check_ids(values: np.ndarray, counts: np.ndarray, rows: tuple[int, ...]) -> None:
@@ -212,7 +212,16 @@ def _check_ids(values: np.ndarray, counts: np.ndarray, rows: tuple[int, ...]) ->
     bad = np.flatnonzero(np.maximum.reduceat(values.view(np.uint64), starts) >= bounds)
     if bad.size:
         t = int(bad[0] if nonempty is None else nonempty[bad[0]])
-        raise BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows[t]})")
+        start = int(counts[:t].sum())
+        table_ids = values[start : start + int(counts[t])].view(np.uint64)
+        raise _out_of_range(values, start + int(np.flatnonzero(table_ids >= rows[t])[0]), t, rows[t])
+
+
+def _out_of_range(values: np.ndarray, at: int, t: int, rows: int) -> BatchError:
+    """The 400 of an id outside its table: the first such id, where it is and the table's size, so a client can
+    find it (a silent wrap or clamp would answer with another item's row)."""
+    return BatchError(INPUT_VALUES, f"table {t} index out of range [0, {rows}): sparse_values[{at}] is "
+                                    f"{int(values[at])}")
 
 
 _ROW_BOUNDS: dict[tuple[int, ...], np.ndarray] = {}
