@@ -399,3 +399,46 @@ def test_forwarded_calls_past_the_limit_are_unavailable_at_once_and_a_finished_o
         assert forwarder.forwarding == 0 and b"".join(wire.writes).count(b"\x00\x00\x00\x00\x02up") == 3
 
     asyncio.run(run())
+
+
+class TimedPlane(FakePlane):
+    """A plane that records the timeout each query is queued with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def enqueue(self, arrays: tuple, items: int, arrived: float, timeout_s: float | None, reply,
+                owed: bool = False) -> None:
+        self.timeouts.append(timeout_s)
+        super().enqueue(arrays, items, arrived, timeout_s, reply, owed)
+
+
+def test_a_requests_timeout_parameter_bounds_its_query_as_over_http_and_a_malformed_one_is_refused_alike():
+    """tritonclient.grpc's ``infer(..., timeout=µs)`` sends ``parameters["timeout"]``: it bounds the query (the
+    earlier of it and the call's deadline), planned or not, and a timeout HTTP refuses is refused with its words."""
+    plane = TimedPlane()
+    methods = WorkerMethods(plane, upstream=_NoChannel())
+    timed = request_of(query(batch=2))
+    timed.parameters["timeout"].int64_param = 5000
+    errors: list = []
+    for deadline in (None, None, 60.0, 0.001):  # the second and later are read by the plan the first made
+        methods._query(memoryview(timed.SerializeToString()), deadline, lambda r, e, _id: errors.append(e))
+    assert errors == [None] * 4
+    assert plane.timeouts == [0.005, 0.005, 0.005, 0.001]
+    assert ask(methods, request_of(query(batch=2)))[2] is None and plane.timeouts[-1] is None
+    for bad in ("5", True, 0, 3600 * 10**6 + 1):
+        malformed = request_of(query(batch=2))
+        param = malformed.parameters["timeout"]
+        if isinstance(bad, str):
+            param.string_param = bad
+        elif isinstance(bad, bool):
+            param.bool_param = bad
+        else:
+            param.int64_param = bad
+        with pytest.raises(InferError) as http_error:
+            codec.timeout_s({"timeout": bad})
+        fresh = WorkerMethods(TimedPlane(), upstream=_NoChannel())
+        assert ask(fresh, malformed)[2] == http_error.value.public_message()
+        with pytest.raises(InferError):
+            codec.parse_grpc_infer(malformed)  # the server process's path (grpc_service) decodes with it too

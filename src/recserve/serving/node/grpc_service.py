@@ -146,7 +146,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except InferError as exc:
             rt.metrics.refused(exc.code)
             raise
-        scores = await rt.infer(arrays, timeout_s)
+        scores = await rt.infer(arrays, codec.earliest(timeout_s, codec.grpc_timeout_s(request)))
         return infer_response(rt.name, request.id, scores, rt.version, target, regions)
 
     async def ModelInfer(self, request, context):  # noqa: N802

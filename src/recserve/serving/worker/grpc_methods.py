@@ -93,11 +93,12 @@ class Plan:
     bytes (the raw input contents aside) needs, so that protobuf is not asked again (tritonclient and grpcio
     clients send the same names, datatypes and shapes on every call)."""
 
-    __slots__ = ("version", "inputs", "heads")
+    __slots__ = ("version", "inputs", "heads", "timeout_s")
 
     def __init__(self, request: Any, inputs: codec.RawPlan) -> None:
         self.version: str = request.model_version
         self.inputs = inputs
+        self.timeout_s = codec.grpc_timeout_s(request)  # its parameters are part of the plan's key
         # per answering version and scores shape: the response's fields before its id, and after it but for its
         # raw contents (a plan serves requests of any id: the id is not part of its key)
         self.heads: dict[tuple[str, tuple[int, ...]], tuple[bytes, bytes]] = {}
@@ -318,7 +319,9 @@ class WorkerMethods(Forwarder):
             self.plane.refused(error.code)
             answer(None, error, call.request_id)
             return True
-        self.plane.enqueue(arrays, items, arrived, timeout_s, self._replier(call, answer), owed=owed)
+        own = call.plan.timeout_s if call.plan is not None else codec.grpc_timeout_s(call.request)
+        self.plane.enqueue(arrays, items, arrived, codec.earliest(timeout_s, own), self._replier(call, answer),
+                           owed=owed)
         return True
 
     def _head(self, raw: memoryview) -> InferCall | InferError:

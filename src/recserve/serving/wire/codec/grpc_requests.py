@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from recserve.serving.wire.codec.http_requests import timeout_s
 from recserve.serving.wire.codec.plans import RawPlan
 from recserve.serving.wire.codec.tensors import (
     DTYPES,
@@ -226,8 +227,25 @@ def parse_grpc_infer(request: Any, raw_contents: list[memoryview] | None = None,
     for o in request.outputs:
         if o.parameters:
             check_output_params(o.name, grpc_params(o.parameters), regions)
+    grpc_timeout_s(request)
     check_inputs(arrays)
     return arrays
+
+
+def grpc_timeout_s(request: Any) -> float | None:
+    """A ``ModelInferRequest``'s ``timeout`` parameter (tritonclient.grpc's ``timeout=``: microseconds, Triton's
+    convention) in seconds, checked as HTTP's is (``timeout_s``); None if absent.  It bounds the query as the
+    call's own deadline does: the earlier of the two applies (``earliest``)."""
+    if "timeout" not in request.parameters:
+        return None
+    return timeout_s(grpc_params(request.parameters))
+
+
+def earliest(first: float | None, second: float | None) -> float | None:
+    """The shorter of two timeouts in seconds, either of which may be None (none set)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return min(first, second)
 
 
 def grpc_raw_plan(request: Any, raw_count: int) -> RawPlan | None:
