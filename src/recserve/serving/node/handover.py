@@ -148,6 +148,7 @@ class OwnAccepts:
         self._listening: asyncio.Task | None = None  # this process's accept loop on the node's socket
         self._room = Room()  # which connections to close for a new one past ``max_connections``
         self._refusing: set[Refused] = set()  # connections being refused, until closed
+        self._closing: set[asyncio.Task] = set()  # listeners ``stop_listening`` is closing
 
     def protocol(self) -> asyncio.Protocol:
         """aiohttp's protocol; past ``max_connections``, 503 with Retry-After; once stopping, 503."""
@@ -165,10 +166,9 @@ class OwnAccepts:
         return refused
 
     async def refused_all(self, timeout_s: float = LINGER_S + 1.0) -> None:
-        """Once nothing accepts any more: wait until every connection taken has been refused and closed.  asyncio
-        makes an accepted socket's transport (and runs its protocol) in a task a loop turn or more after the accept,
-        so a loop that ended right after its listener closed left such connections open and unanswered."""
-        await asyncio.sleep(0)  # accepts made before the listener closed create their protocols now
+        """Once nothing accepts any more (``close_listening``): wait until every connection taken has been refused and
+        closed, so that none is left open and unanswered when the loop ends."""
+        await asyncio.sleep(0)  # connections handed over just now (``serve`` tasks) get their protocols
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self._refusing and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
@@ -201,13 +201,38 @@ class OwnAccepts:
             self._listening = loop.create_task(loop.create_server(self.protocol, sock=sock.dup(), backlog=BACKLOG))
 
     def stop_listening(self) -> None:
+        """Stop accepting; the listener closes a loop turn later (``close_listener``), ``close_listening`` waits."""
         if self._listening is not None:
             listening, self._listening = self._listening, None
-            listening.add_done_callback(lambda t: t.cancelled() or t.exception() or t.result().close())
+            closing = asyncio.get_running_loop().create_task(self._close(listening))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def close_listening(self) -> None:
-        """Stop accepting, the listener closed before this returns (``stop_listening`` closes it later)."""
+        """Stop accepting: every listener closed, and every connection it took given its protocol, before this
+        returns."""
         if self._listening is not None:
             listening, self._listening = self._listening, None
+            await self._close(listening)
+        await asyncio.gather(*self._closing)
+
+    @staticmethod
+    async def _close(listening: asyncio.Task) -> None:
+        await asyncio.wait([listening])
+        if not listening.cancelled() and listening.exception() is None:
             with contextlib.suppress(OSError):
-                (await listening).close()
+                await close_listener(listening.result())
+
+
+async def close_listener(server: asyncio.AbstractServer) -> None:
+    """Close an asyncio listener without losing a connection it accepted.  asyncio's selector loop builds an
+    accepted socket's transport in a task a loop turn after the accept; if the server closed in between,
+    ``Server._attach`` fails (CPython gh-109564), silently: the socket stays open, unread and unanswered, its
+    protocol never run, until a garbage collection.  So: stop watching the listening sockets, let the loop run the
+    accepts already taken (one turn: their tasks were scheduled before this one resumes), then close."""
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, asyncio.SelectorEventLoop) and isinstance(server, asyncio.Server):
+        for sock in server.sockets:
+            loop.remove_reader(sock.fileno())
+        await asyncio.sleep(0)
+    server.close()

@@ -28,6 +28,7 @@ from recserve.hostinfo import remove_orphaned
 from recserve.serving.node import grpc_service, tls
 from recserve.serving.node.config import NodeConfig
 from recserve.serving.node.core import NodeCore
+from recserve.serving.node.handover import close_listener
 from recserve.serving.node.http import build_app
 from recserve.serving.node.launch import socket_folder
 from recserve.serving.node.llc import LlcAllocator
@@ -260,8 +261,8 @@ class NodeServer:
         if core is not None:
             await core.own.close_listening()  # the accepting that covered the shutdown
         if self._accepting is not None:
-            self._accepting.close()
-            self._accepting = None
+            accepting, self._accepting = self._accepting, None
+            await close_listener(accepting)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
