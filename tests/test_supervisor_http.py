@@ -237,6 +237,7 @@ def test_a_refused_connection_whose_client_already_left_is_aborted_quietly():
     assert transport.aborted
 
 
+@pytest.mark.integration  # starts a node
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read a listening socket's backlog")
 def test_the_http_port_listens_with_the_nodes_backlog_on_either_front_end(port):
     """asyncio's ``create_server`` listens again on the socket it is given, at 100 unless told; the node's 4096
