@@ -175,7 +175,7 @@ def test_bench_says_why_the_server_refused_its_queries(capsys):
     from recserve.cli import main
 
     rc = main(["bench", "--model", "hercules-rmc1", "--scale", "1e-4", "--target", "serve-http", "--rate", "10",
-               "--duration", "1", "--sizes", "fixed:5000"])
+               "--duration", "1", "--sizes", "fixed:2000"])  # over the node's max_batch_size of 1024
     err = capsys.readouterr().err
     assert rc == 1 and "[bench] the server refused queries: dense: batch N exceeds max_batch_size N (x" in err
     assert "no query was answered with scores (http_400=" in err and "is a server up" not in err
