@@ -121,7 +121,7 @@ def test_plan_shard_cli_packs_nodes_of_several_sockets(capsys):
 
     counts = []
     for sockets in ("1", "2"):
-        assert main(["plan", "shard", "--model", "elasticrec-rm2", "--qps", "10000", "--grid", "64",
+        assert main(["plan", "shard", "--model", "elasticrec-rm2", "--qps", "10000", "--grid", "32",
                      "--node-sockets", sockets]) == 0
         line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("servers:"))
         counts.append(int(line.split()[1]))
