@@ -31,7 +31,7 @@ demo: $(REPORT)
 test: test-fast
 	$(PYTEST) -m 'integration and not slow'
 
-# the unit tier alone (under a minute on a 2-core host)
+# the unit tier alone (about two minutes on a quiet 2-core host; the integration tier about six)
 test-fast: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(PYTEST) -m 'not slow and not integration'
