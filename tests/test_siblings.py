@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from recserve.serving import build_worker_model, quick_config
 from recserve.serving.node.control_client import ControlClient
+from recserve.serving.wire import codec
 from recserve.serving.wire.codec import triton_inputs
 from recserve.serving.wire.errors import InferError
 from recserve.serving.worker import links
@@ -483,6 +484,39 @@ def test_a_landing_slot_is_aligned_where_asked_and_free_again_with_its_last_view
         assert arena.locate((view[::2],)) is None  # not contiguous
         assert arena.locate((view[:0], np.zeros(0, np.int64))) == (0, 0)  # empty arrays lie anywhere
         del view, inside, places
+        assert arena.taken == {}
+    finally:
+        arena.close()
+
+
+def test_a_landing_slot_stays_taken_while_a_planned_requests_arrays_live():
+    """A repeated gRPC request is read by its plan (``codec.parse_raw``: ``np.ndarray(buffer=...)``), whose arrays
+    must keep their slot taken: freed early, the next large request landed over a query still queued or being
+    forwarded, and the model read another request's ids and lengths (an id far out of range, lengths not summing
+    to the ids, or wrong scores)."""
+    from tritonclient.grpc import service_pb2
+
+    tensors = {"dense": np.ones((2, 4), np.float32), "sparse_values": np.arange(6, dtype=np.int64),
+               "sparse_lengths": np.full((3, 2), 1, np.int32)}
+    request = service_pb2.ModelInferRequest(model_name="m")
+    for name, array in tensors.items():
+        request.inputs.add(name=name, datatype=codec.DATATYPES[array.dtype], shape=list(array.shape))
+        request.raw_input_contents.append(array.tobytes())
+    body = request.SerializeToString()
+    arena = links.Arena(1 << 16, "test-landing")
+    try:
+        received = arena.buffer(len(body), 0)
+        received[:] = body
+        fields, contents, _ = codec.split_raw_input_contents(received, cut_id=True)
+        plan = codec.grpc_raw_plan(service_pb2.ModelInferRequest.FromString(bytes(fields)), len(contents))
+        arrays = codec.parse_raw(plan, contents, checked=False)
+        del received, fields, contents
+        assert len(arena.taken) == 1  # the arrays still read the slot
+        again = arena.buffer(len(body), 0)
+        again[:] = b"\xff" * len(body)  # the next request lands elsewhere
+        for name, array in tensors.items():
+            np.testing.assert_array_equal(arrays[name], array)
+        del arrays, again
         assert arena.taken == {}
     finally:
         arena.close()

@@ -26,6 +26,7 @@ unreachable worker is 503 at once, a silent one 504 at the deadline (``LinkClien
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
 import logging
 import os
@@ -196,10 +197,13 @@ class Arena:
         offset = self._take(size + self.ALIGN)
         if offset is None:
             return None
-        slot = self.view[offset : offset + size + self.ALIGN]
+        # the slot's own object (not a numpy view: numpy collapses a view's base to the arena's whole array, so an
+        # array made by ``np.ndarray(buffer=...)``, as ``codec.parse_raw`` makes a planned request's, would not keep
+        # it alive and the slot would be taken again while that query is queued)
+        slot = (ctypes.c_char * (size + self.ALIGN)).from_buffer(self.map, offset)
         weakref.finalize(slot, self.release, offset)
         pad = -(offset + lead) % self.ALIGN
-        return memoryview(slot)[pad : pad + size]
+        return memoryview(slot).cast("B")[pad : pad + size]
 
     def locate(self, arrays: tuple[np.ndarray, ...]) -> tuple[int, ...] | None:
         """Each array's offset here, where every one lies in this arena (C-contiguous; an empty one anywhere), else
