@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import numpy as np
@@ -186,6 +188,25 @@ def test_readiness_follows_whether_every_shard_has_a_replica_serving(sharded):
     assert ready() == 200
     assert sharded.restart_dead(progress=False) == 0
     assert until(lambda: rt.upstreams.reachable(dead), bool) is True
+
+
+def test_a_hung_shard_replica_makes_the_model_not_ready_until_it_resumes(sharded):
+    """A stopped (SIGSTOP) replica still completes TCP handshakes; it does not answer ServerReady, so the cold
+    shard whose only replica it is has none serving: the model is not ready, and ready again once it resumes."""
+    port = sharded.ports.http
+    hung = next(r for r in sharded.replicas if r.shard == f"{sharded.layout.tables[0].name}-s2")
+
+    def ready() -> int:
+        return http.get(port, "/v2/health/ready").status
+
+    assert until(ready, lambda s: s == 200) == 200
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        assert until(ready, lambda s: s == 503) == 503
+        assert http.get(port, f"/v2/models/{sharded.model_name}/ready").status == 503
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+    assert until(ready, lambda s: s == 200) == 200
 
 
 def test_layout_from_plan_json_and_planned_replicas(tmp_path, spec, model):
