@@ -110,3 +110,28 @@ def test_profile_host_keeps_oversubscription_up_to_four_workers_per_core(monkeyp
 
     monkeypatch.setattr(control_api, "available_cores", lambda: [0, 1])
     check_worker_counts([1, 2, 4, 8])
+
+
+def test_profile_host_refuses_more_device_workers_than_a_device_shares(tmp_path, monkeypatch):
+    import recserve.measure.profiler as profiler
+    from recserve.serving.node import control_api
+
+    monkeypatch.setattr(control_api, "available_cores", lambda: list(range(16)))
+    monkeypatch.setattr(profiler, "profile_host", lambda *a, **k: pytest.fail("measured"))
+    rc, err = run(["profile", "host", "--models", "hera-ncf", "--device", "cpu", "--device-workers", "1,2,1000",
+                   "--out", str(tmp_path / "p.json")])
+    assert rc == 2 and err.count("\n") == 1
+    assert "--device-workers 1000: at most 8 per device on this 16-core host (8 per device, 4 per core" in err
+    assert not (tmp_path / "p.json").exists()
+    monkeypatch.setattr(control_api, "available_cores", lambda: [0])  # one core: 4 processes at most, as --workers
+    rc, err = run(["profile", "host", "--models", "hera-ncf", "--device", "cpu", "--device-workers", "5",
+                   "--out", str(tmp_path / "p.json")])
+    assert rc == 2 and "--device-workers 5: at most 4 per device on this 1-core host" in err
+
+
+def test_profile_host_takes_device_workers_up_to_the_bound(monkeypatch):
+    from recserve.measure.accel_profile import check_device_worker_counts
+    from recserve.serving.node import control_api
+
+    monkeypatch.setattr(control_api, "available_cores", lambda: list(range(16)))
+    check_device_worker_counts([1, 2, 4, 8])

@@ -84,6 +84,7 @@ def _print(args: argparse.Namespace, profiles: ProfileSet, specs: list[ModelSpec
 def cmd_profile_host(args: argparse.Namespace) -> int:
     import torch
 
+    from recserve.measure.accel_profile import check_device_worker_counts
     from recserve.measure.profiler import BATCHES, check_worker_counts
 
     torch.set_num_threads(1)
@@ -99,6 +100,7 @@ def cmd_profile_host(args: argparse.Namespace) -> int:
     workers = args.workers
     if workers:
         check_worker_counts(workers)
+    check_device_worker_counts(args.device_workers)
     sla = None
     if args.sla_ms or args.percentile:
         sla = SLA(args.sla_ms or specs[0].sla.target_ms, args.percentile or specs[0].sla.percentile)
@@ -136,7 +138,8 @@ def register(actions: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="also measure this accelerator's tables (cuda, cuda:N; cpu runs "
                                                    "the same path on a CPU accelerator worker)")
     p.add_argument("--device-workers", type=int_list, default=[1, 2],
-                   help="accelerator worker counts for its maxload_vs_workers (default 1,2)")
+                   help="accelerator worker counts for its maxload_vs_workers (default 1,2; at most 8 per device, "
+                        "and 4 per core: they time-slice one device, each with its own context and weights)")
     p.add_argument("--device-only", action="store_true", help="measure only the accelerator's tables")
     p.add_argument("--merge", action="store_true", help="merge into --out if it exists instead of replacing it")
     p.set_defaults(func=cmd_profile_host)

@@ -23,11 +23,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from recserve.errors import RecserveError
 from recserve.measure.loadgen import LoadSession
 from recserve.measure.profiler import SERVER, Budget, _cycling, _search, _start_rate, _timed, log
 from recserve.measure.requests import RequestPool, pool_sizes
 from recserve.profiles import ProfileTable
 from recserve.specs import SLA, ModelSpec
+
+MAX_WORKERS_PER_DEVICE = 8
+"""Accelerator workers sharing one device: each is a process with its own device context (hundreds of MB) and its
+own copy of the weights, and their passes time-slice the device, so past a few the curve is flat; 8 leaves room to
+see where it flattens."""
+
+
+def check_device_worker_counts(workers: Sequence[int], what: str = "--device-workers") -> None:
+    """Refuse accelerator worker counts past ``MAX_WORKERS_PER_DEVICE``, or past the node's own worker limit
+    (``worker_limits``: each is a process with a CPU thread; the control API the search resizes through refuses more).
+    ``device_maxload`` starts the largest count at once, so an unbounded one would start that many processes."""
+    from recserve.serving.node.control_api import MAX_WORKERS_PER_CORE, worker_limits
+
+    most, cores = worker_limits()
+    if workers and max(workers) > min(most, MAX_WORKERS_PER_DEVICE):
+        raise RecserveError(f"{what} {max(workers)}: at most {min(most, MAX_WORKERS_PER_DEVICE)} per device on this "
+                            f"{cores}-core host ({MAX_WORKERS_PER_DEVICE} per device, {MAX_WORKERS_PER_CORE} per core: "
+                            "accelerator workers time-slice one device, each with its own context and weights)")
 
 
 def device_server(device: str) -> str:
