@@ -257,3 +257,23 @@ def test_a_body_over_the_limit_that_waits_for_100_continue_gets_413_without_the_
         assert reply.startswith(b"HTTP/1.1 413") and b"100 Continue" not in reply and took < 25, reply[:300]
     reply, _ = exchange(port, INDEX + b"Content-Length: 2\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), reply[:300]  # within the limit: asked for the body
+
+
+@pytest.mark.integration  # starts a node
+@pytest.mark.parametrize(("head", "status", "allow"), [
+    (b"POST /v2/nowhere HTTP/1.1\r\n", 404, None),
+    (b"PUT /v2/health/ready HTTP/1.1\r\n", 405, b"GET,HEAD"),
+    (b"PUT /v2/models/hercules-rmc1/infer HTTP/1.1\r\n", 405, b"POST"),
+])
+def test_a_route_that_refuses_the_request_answers_without_100_continue(port, head, status, allow):
+    """RFC 9110 10.1.1: an unknown route or a wrong method is refused from the head, so a client waiting for
+    ``100 Continue`` gets the 404 / 405 instead (aiohttp's own route for these sent the 100 first), and the
+    connection closes: the body it announced is not read.  Without the expectation the answer is the same."""
+    announced = b"Host: x\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n"
+    reply, took = exchange(port, head + announced)
+    assert status_of(reply) == status and b"100 Continue" not in reply and took < 25, reply[:300]
+    assert b"\r\nConnection: close\r\n" in reply.partition(b"\r\n\r\n")[0] + b"\r\n"
+    assert (b"\r\nAllow: " + allow + b"\r\n" in reply) if allow else b"Allow:" not in reply
+    said = body_of(reply)["error"]
+    plain, _ = exchange(port, head + b"Host: x\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789")
+    assert status_of(plain) == status and body_of(plain)["error"] == said

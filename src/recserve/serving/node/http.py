@@ -95,7 +95,12 @@ def build_app(core: NodeCore) -> web.Application:
     expect = _expect_within(core)
     app.add_routes([web.RouteDef(r.method, r.path, r.handler, {**r.kwargs, "expect_handler": expect})
                     for r in routes if isinstance(r, web.RouteDef)])
+    _add_unrouted(app, core)
     return app
+
+
+def _waits_for_100(request: web.Request) -> bool:
+    return request.headers.get("Expect", "").lower() == "100-continue"
 
 
 def _expect_within(core: NodeCore) -> Any:
@@ -104,7 +109,7 @@ def _expect_within(core: NodeCore) -> Any:
         have the client send the body first (RFC 9110 10.1.1), as the workers answer; else aiohttp's own (100 to
         an HTTP/1.1 client, 417 for any other expectation)."""
         limit, length = core.config.max_body_bytes, request.content_length
-        if length is not None and length > limit and request.headers.get("Expect", "").lower() == "100-continue":
+        if length is not None and length > limit and _waits_for_100(request):
             error = InferError("too_large", f"body: {length} bytes exceed the limit of {limit}", "body")
             if request.path.endswith("/infer"):
                 core.refused(error.code)
@@ -112,6 +117,36 @@ def _expect_within(core: NodeCore) -> Any:
         return await _default_expect_handler(request)
 
     return expect_continue
+
+
+def _add_unrouted(app: web.Application, core: NodeCore) -> None:
+    """The last route, taking every request no other route takes, with the 404 or 405 aiohttp would give.  It has
+    its own Expect handler: aiohttp's answer to an unrouted request comes from a route of its own that sends
+    ``100 Continue`` first, asking the client for a body only to refuse it.  Here the refusal is the final status
+    instead of the 100 (RFC 9110 10.1.1), and the connection closes (the body it announced is never read)."""
+    unrouted = app.router.add_resource("/{unrouted:.*}")
+    others = [r for r in app.router.resources() if r is not unrouted]
+
+    async def route_error(request: web.Request) -> web.HTTPException:
+        allowed: set[str] = set()
+        for resource in others:
+            allowed |= (await resource.resolve(request))[1]
+        return web.HTTPMethodNotAllowed(request.method, allowed) if allowed else web.HTTPNotFound()
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise await route_error(request)
+
+    async def refuse_before_body(request: web.Request) -> web.StreamResponse | None:
+        if not _waits_for_100(request):
+            return await _default_expect_handler(request)
+        error = await route_error(request)
+        if request.path.endswith("/infer"):
+            core.refused(str(error.status))
+        response = http_error_response(request, error)
+        response.force_close()
+        return response
+
+    unrouted.add_route("*", refuse, expect_handler=refuse_before_body)
 
 
 def _refusal_counter(core: NodeCore) -> Any:
@@ -374,12 +409,17 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"},
-                                 status=exc.status, headers=allow)
+        return http_error_response(request, exc)
     except Exception as exc:  # a bug: still a JSON answer, and the traceback in the log
         log.exception("unexpected error answering %s %s", request.method, request.path)
         return error_response(InferError("internal", f"{type(exc).__name__}: {exc}"))
+
+
+def http_error_response(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's error (404, 405 with its Allow, 413 ...) as a JSON error body."""
+    allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"}, status=exc.status,
+                             headers=allow)
 
 
 def metric_snapshot(core: NodeCore) -> NodeSnapshot:
