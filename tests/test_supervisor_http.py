@@ -4,6 +4,7 @@ refused 415, and new clients answered 503 while the node stops."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -277,3 +278,46 @@ def test_a_route_that_refuses_the_request_answers_without_100_continue(port, hea
     said = body_of(reply)["error"]
     plain, _ = exchange(port, head + b"Host: x\r\nContent-Length: 10\r\nConnection: close\r\n\r\n0123456789")
     assert status_of(plain) == status and body_of(plain)["error"] == said
+
+
+def exchange_in_parts(port: int, *parts: bytes, timeout_s: float = 30) -> tuple[bytes, float]:
+    """``exchange`` with the message sent in ``parts`` (the head and its first chunk, then the rest)."""
+    began = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        for part in parts:
+            try:
+                s.sendall(part)
+            except OSError:  # refused and closed before all was sent: the answer is still there to read
+                break
+        chunks = []
+        with contextlib.suppress(ConnectionResetError):
+            while data := s.recv(65536):
+                chunks.append(data)
+    return b"".join(chunks), time.monotonic() - began
+
+
+CHUNKED = INDEX + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(READY), READY)
+MANY_TRAILERS = b"0\r\n" + b"".join(b"X-T%d: v\r\n" % i for i in range(20_000)) + b"\r\n"
+
+
+@pytest.mark.integration  # starts a node
+@pytest.mark.parametrize(("rest", "status", "said"), [
+    (MANY_TRAILERS, 431, "Too many headers"),  # 20,000 fields: past max_headers, head and trailers together
+    (b"0\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431, "Got more than"),  # one field past 64 KiB
+    (b"zz\r\n", 400, "chunk size"),  # a chunk-size line after the head was taken
+], ids=["20000-trailer-fields", "a-trailer-field-over-64KiB", "a-bad-chunk-size"])
+def test_a_chunked_body_the_parser_refuses_after_its_head_is_answered_at_once(port, rest, status, said):
+    """aiohttp's parser refuses these once the request is already being handled; it queued that error behind the
+    request, whose body then never ended: the client waited for the read timeout's 408.  Now the request's own
+    answer says why (431 past the head's limits, else 400) and the connection closes."""
+    reply, took = exchange_in_parts(port, CHUNKED, rest)
+    assert status_of(reply) == status and took < 25, reply[:300]
+    assert said in body_of(reply)["error"] and b"\r\nConnection: close\r\n" in reply.partition(b"\r\n\r\n")[0] + b"\r\n"
+    assert reply.count(b"HTTP/1.") == 1  # one answer, not the error again behind it
+
+
+@pytest.mark.integration  # starts a node
+def test_a_chunked_body_with_a_few_trailer_fields_is_read(port):
+    reply, _ = exchange_in_parts(port, CHUNKED, b"0\r\nX-Checksum: 1\r\nX-Other: 2\r\n\r\n",
+                                 b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert status_of(reply) == 200 and reply.count(b"HTTP/1.1 200 ") == 2, reply[:600]

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import http_exceptions, web
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import _ErrInfo  # aiohttp's queued parse error (no public name)
 
 from recserve.serving.node.config import NodeConfig
+from recserve.serving.node.http_bodies import UnreadableBody
 from recserve.serving.transport.h2grpc import BACKLOG
 from recserve.serving.transport.http1 import HTTP2_ON_HTTP1, MAX_HEAD_BYTES
 from recserve.serving.transport.room import Room
@@ -42,10 +45,36 @@ class JsonErrors(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.last_read = asyncio.get_running_loop().time()
+        self._latest: StreamReader | None = None  # the body of the latest request parsed
+        self._refused: tuple[StreamReader, UnreadableBody] | None = None
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self._loop.time()
+        reading = self._latest if self._latest is not None and not self._latest.is_eof() else None
         super().data_received(data)
+        if not self._messages:
+            return
+        message, payload = self._messages[-1]
+        if not isinstance(message, _ErrInfo):
+            self._latest = payload
+        elif reading is not None:
+            self._messages.pop()
+            self._refuse_body(reading, message.exc)
+
+    def _refuse_body(self, payload: StreamReader, exc: BaseException) -> None:
+        """The parser refused what followed a head (a chunk-size line, a trailer section over the head's limits:
+        more fields than ``max_headers``, head and trailers together, or one past ``max_field_size``).  aiohttp
+        would queue that error behind the request, whose body then never ends: its handler waited for the read
+        timeout (408).  The body ends now, its reader is told why (``body_error``: 431 for a section over the
+        limits, else 400), and the connection closes after the answer."""
+        code, said = _parse_error(exc)
+        self._refused = payload, UnreadableBody(code, "request body: " + said)
+        payload.feed_eof()  # not an exception: aiohttp itself may be draining the body (its lingering read)
+        self.close()
+
+    def body_error(self, payload: StreamReader) -> UnreadableBody | None:
+        """Why ``payload`` (a request's body read whole) ended early, if the parser refused what followed its head."""
+        return self._refused[1] if self._refused is not None and self._refused[0] is payload else None
 
     def waiting_since(self) -> float | None:
         """aiohttp's own test of a connection waiting for its next request (``_process_keepalive``): a request
@@ -60,13 +89,22 @@ class JsonErrors(web.RequestHandler):
         if status >= 500:
             return super().handle_error(request, status, exc, message)
         log.debug("unreadable request from %s: %s", request.remote, message or exc)
-        code = "head_too_large" if isinstance(exc, http_exceptions.LineTooLong) else "invalid"
-        said = (getattr(exc, "message", None) or message or "malformed").split("\n", 1)[0].rstrip(": ")
+        code, said = _parse_error(exc, message)
         error = InferError(code, "request: " + (HTTP2_ON_HTTP1 if said.startswith("Pause on PRI") else said))
         response = web.json_response(error.body(), status=error.status.http,
                                      headers={"Server": "recserve", "Connection": "close"})
         response.force_close()
         return response
+
+
+def _parse_error(exc: BaseException | None, message: str | None = None) -> tuple[str, str]:
+    """(error code, first line of what it says) for what aiohttp's parser refused: ``head_too_large`` (431) for a
+    line past ``max_field_size`` / ``max_line_size`` or more fields than ``max_headers``, else ``invalid``."""
+    said = (getattr(exc, "message", None) or message or str(exc or "") or "malformed").split("\n", 1)[0]
+    said = said.rstrip(": ")
+    too_large = isinstance(exc, http_exceptions.LineTooLong) or said.startswith(("Too many headers",
+                                                                                 "Too many trailers"))
+    return ("head_too_large" if too_large else "invalid"), said
 
 
 class Prefixed(asyncio.Protocol):

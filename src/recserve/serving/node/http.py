@@ -46,7 +46,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler  # aiohttp's 100 / 417, used for the rest
 
 from recserve.serving.node import control_api
-from recserve.serving.node.http_bodies import CODINGS, framing_error, request_body
+from recserve.serving.node.http_bodies import CODINGS, UnreadableBody, framing_error, request_body
 from recserve.serving.node.llc import LlcUnsupported
 from recserve.serving.node.metrics import NodeSnapshot, PrometheusExporter
 from recserve.serving.wire import codec, protocol
@@ -66,7 +66,7 @@ def error_response(exc: InferError) -> web.Response:
     whose client left, and a 415 names the content codings accepted (RFC 9110 15.5.16)."""
     headers = {"Accept-Encoding": CODINGS} if exc.code == "unsupported_media" else None
     response = web.json_response(exc.body(), status=exc.status.http, headers=headers)
-    if exc.code in CLOSING:
+    if exc.code in CLOSING or isinstance(exc, UnreadableBody):
         response.force_close()
     return response
 

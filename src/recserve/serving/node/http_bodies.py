@@ -17,6 +17,13 @@ from aiohttp import web
 
 from recserve.serving.wire.errors import InferError
 
+
+class UnreadableBody(InferError):
+    """What aiohttp's parser refused after a request's head (a chunk-size line, a trailer section past the head's
+    limits), as that request's answer (``handover.JsonErrors``): the connection closes after it, since the parser
+    cannot read on."""
+
+
 CODINGS = "gzip, deflate"  # the content codings a request body may carry (the 415's ``Accept-Encoding``)
 _WBITS = {"gzip": 31, "x-gzip": 31}
 
@@ -25,8 +32,9 @@ async def request_body(request: web.Request, timeout_s: float, limit: int) -> by
     """The body of ``request`` as sent before any content coding (b"" when it has none).
 
     Raises ``InferError``: ``slow_client`` (not all received within ``timeout_s``), ``too_large`` (over
-    ``limit`` as sent or inflated), ``client_gone``, ``invalid`` (malformed framing or coding) or
-    ``unsupported_media`` (a coding other than gzip and deflate)."""
+    ``limit`` as sent or inflated), ``client_gone``, ``invalid`` (malformed framing or coding),
+    ``unsupported_media`` (a coding other than gzip and deflate), or an ``UnreadableBody`` (``head_too_large``: a
+    trailer section past the head's limits; ``invalid``) when the parser refused what followed the head."""
     if not request.body_exists:
         return b""
     codings = _codings(request.headers.get("Content-Encoding", ""))  # refused before the body is waited for
@@ -41,6 +49,9 @@ async def request_body(request: web.Request, timeout_s: float, limit: int) -> by
         raise InferError("client_gone", "the client closed the connection before its body arrived") from None
     except web.RequestPayloadError as exc:
         raise InferError("invalid", f"body: malformed framing: {exc}", "body") from None
+    body_error = getattr(request.protocol, "body_error", None)  # ``handover.JsonErrors``, the server's protocol
+    if body_error is not None and (error := body_error(request.content)) is not None:
+        raise error
     for coding in reversed(codings):
         body = inflate(body, coding, limit)
     return body
